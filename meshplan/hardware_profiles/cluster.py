@@ -1,0 +1,211 @@
+"""Clusters: nodes of GPUs on an NVSwitch fabric, joined by a rail-optimized InfiniBand network."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from meshplan.errors import ConfigError, ProfileError, require_positive_int, unknown_name_error
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.gpu import GPUSpec
+from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_table, curve, get,
+                                                gpu_from_table, read_toml)
+
+RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSpec:
+    """Inter-node fabric: ``nics_per_node`` NICs of ``nic_gbps`` GB/s each per direction."""
+
+    nics_per_node: int
+    nic_gbps: float
+    latency_us: float
+    topology: str = "fat-tree"
+    oversubscription: float = 1.0
+    efficiency: Curve = Curve(((1e9, 0.9),))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """GPUs, how they are wired, and what they cost.
+
+    >>> c = Cluster.preset("dgx-a100-80gb", nodes=2)
+    >>> c.num_gpus, c.gpu.name
+    (16, 'A100-SXM4-80GB')
+    """
+
+    name: str
+    gpu: GPUSpec
+    gpus_per_node: int
+    nodes: int
+    intra_latency_us: float
+    network: NetworkSpec
+    price_per_gpu_hour: float
+    memory_reserve_bytes: int = 1 << 30
+    memory_reserve_fraction: float = 0.05
+    rank_order: str = "tp-dp-pp"
+
+    def __post_init__(self) -> None:
+        require_positive_int("Cluster", "gpus_per_node", self.gpus_per_node)
+        require_positive_int("Cluster", "nodes", self.nodes)
+        if self.price_per_gpu_hour < 0:
+            raise ConfigError(f"Cluster.price_per_gpu_hour must be >= 0, got {self.price_per_gpu_hour}")
+        if self.memory_reserve_bytes < 0 or not 0 <= self.memory_reserve_fraction < 1:
+            raise ConfigError(
+                f"Cluster memory reserve must be >= 0 bytes and a fraction in [0, 1); got "
+                f"{self.memory_reserve_bytes} bytes, fraction {self.memory_reserve_fraction}")
+        if self.rank_order not in RANK_ORDERS:
+            raise ConfigError(f"Cluster.rank_order = {self.rank_order!r}; choose one of {RANK_ORDERS}")
+        if self.usable_memory_bytes <= 0:
+            raise ConfigError(f"Cluster {self.name!r}: the memory reserve exceeds the GPU's "
+                              f"{self.gpu.memory_bytes} bytes")
+
+    # ---- sizes -----------------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """GPU memory a training process can fill: capacity less the documented reserve."""
+        cap = self.gpu.memory_bytes
+        return cap - self.memory_reserve_bytes - self.memory_reserve_fraction * cap
+
+    @property
+    def nic_gbps_per_gpu(self) -> float:
+        return self.network.nics_per_node * self.network.nic_gbps / self.gpus_per_node
+
+    # ---- construction ----------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, nodes: int | None = None, **overrides: Any) -> "Cluster":
+        """A built-in cluster; ``meshplan profiles`` lists them. ``overrides`` replace fields."""
+        table = builtin_table("clusters.toml")
+        if name not in table:
+            raise unknown_name_error("cluster preset", name, table)
+        c = _cluster_from_table(name, table[name], f"built-in clusters.toml [{name}]", None)
+        if nodes is not None:
+            overrides["nodes"] = nodes
+        return replace(c, **overrides) if overrides else c
+
+    @classmethod
+    def preset_names(cls) -> list[str]:
+        return list(builtin_table("clusters.toml"))
+
+    @classmethod
+    def from_toml(cls, path: str | Path, name: str | None = None,
+                  nodes: int | None = None) -> "Cluster":
+        """Read a cluster from a TOML file.
+
+        The file holds ``[clusters.NAME]`` tables (or one cluster table at top level) and
+        may define its own GPUs under ``[gpus.NAME]``; ``gpu = "NAME"`` may also name a
+        built-in GPU. ``name`` picks one cluster when the file has several.
+        """
+        data = read_toml(path)
+        where_file = str(path)
+        gpus = data.get("gpus", {})
+        if not isinstance(gpus, dict):
+            raise ProfileError(f"{where_file}: [gpus] must be a table of GPU tables")
+        clusters = data.get("clusters")
+        if clusters is None:
+            clusters = {name or data.get("name", Path(path).stem): data}
+        if not isinstance(clusters, dict) or not clusters:
+            raise ProfileError(f"{where_file}: [clusters] must hold at least one cluster table")
+        if name is None:
+            if len(clusters) > 1:
+                raise ProfileError(f"{where_file} defines clusters {sorted(clusters)}; pass name=")
+            name = next(iter(clusters))
+        if name not in clusters:
+            raise unknown_name_error(f"cluster in {where_file}", name, clusters)
+        t = clusters[name]
+        c = _cluster_from_table(name, t, f"{where_file} [clusters.{name}]", (gpus, where_file))
+        return replace(c, nodes=nodes) if nodes is not None else c
+
+    def with_gpu(self, gpu: GPUSpec) -> "Cluster":
+        return replace(self, gpu=gpu)
+
+    def replace(self, **changes: Any) -> "Cluster":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("gpu", "network")}
+        d["gpu"] = self.gpu.to_dict()
+        net = asdict(self.network)
+        net["efficiency"] = self.network.efficiency.to_list()
+        d["network"] = net
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Cluster":
+        """Inverse of :meth:`to_dict` (used by plan files)."""
+        try:
+            d = dict(d)
+            g = dict(d.pop("gpu"))
+            gname = g.pop("name")
+            gpu = gpu_from_table(gname, g, f"plan file cluster.gpu [{gname}]")
+            net = dict(d.pop("network"))
+            net["efficiency"] = Curve(tuple(tuple(p) for p in net["efficiency"]))
+            return cls(gpu=gpu, network=NetworkSpec(**net), **d)
+        except (KeyError, TypeError) as exc:
+            raise ProfileError(f"cluster description is incomplete or has unknown keys: {exc}") from None
+
+    # ---- wiring ----------------------------------------------------------------------
+    def topology(self, max_nodes: int | None = None):
+        """The cluster as a networkx graph (see :mod:`meshplan.hardware_profiles.topology`)."""
+        from meshplan.hardware_profiles.topology import build_topology
+        return build_topology(self, max_nodes=max_nodes)
+
+    def group_link(self, size: int, stride: int):
+        """How a ring collective over ``size`` ranks spaced ``stride`` apart is carried.
+
+        Cached per cluster; see :func:`meshplan.hardware_profiles.topology.group_link`.
+        """
+        return _group_link_cached(self, size, stride)
+
+
+@lru_cache(maxsize=4096)
+def _group_link_cached(cluster: Cluster, size: int, stride: int):
+    from meshplan.hardware_profiles.topology import group_link
+    return group_link(cluster, size, stride)
+
+
+def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,
+                        file_gpus: tuple[Mapping[str, Any], str] | None) -> Cluster:
+    gname = get(t, "gpu", (str, dict), where)
+    if isinstance(gname, dict):
+        gpu = gpu_from_table(f"{name}-gpu", gname, f"{where}.gpu")
+    elif file_gpus is not None and gname in file_gpus[0]:
+        gpu = gpu_from_table(gname, file_gpus[0][gname], f"{file_gpus[1]} [gpus.{gname}]")
+    else:
+        gpu = builtin_gpu(gname)
+    intra = get(t, "intra_node", dict, where, {})
+    net = get(t, "network", dict, where)
+    nwhere = f"{where}.network"
+    network = NetworkSpec(
+        nics_per_node=get(net, "nics_per_node", int, nwhere),
+        nic_gbps=float(get(net, "nic_gbps", _NUM, nwhere)),
+        latency_us=float(get(net, "latency_us", _NUM, nwhere, 5.0)),
+        topology=get(net, "topology", str, nwhere, "fat-tree"),
+        oversubscription=float(get(net, "oversubscription", _NUM, nwhere, 1.0)),
+        efficiency=curve(t, "network_efficiency", where) if "network_efficiency" in t
+        else Curve(((1e9, 0.9),)),
+    )
+    if network.nics_per_node < 1 or network.nic_gbps <= 0 or network.oversubscription < 1:
+        raise ProfileError(f"{nwhere}: nics_per_node >= 1, nic_gbps > 0 and oversubscription "
+                           f">= 1 are required, got {net!r}")
+    try:
+        return Cluster(
+            name=name, gpu=gpu,
+            gpus_per_node=get(t, "gpus_per_node", int, where),
+            nodes=get(t, "nodes", int, where, 1),
+            intra_latency_us=float(get(intra, "latency_us", _NUM, f"{where}.intra_node", 3.0)),
+            network=network,
+            price_per_gpu_hour=float(get(t, "price_per_gpu_hour", _NUM, where, 0.0)),
+            memory_reserve_bytes=int(get(t, "memory_reserve_bytes", int, where, 1 << 30)),
+            memory_reserve_fraction=float(get(t, "memory_reserve_fraction", _NUM, where, 0.05)),
+            rank_order=get(t, "rank_order", str, where, "tp-dp-pp"),
+        )
+    except ConfigError as exc:
+        raise ProfileError(f"{where}: {exc}") from None

@@ -1,0 +1,57 @@
+"""A GPU's datasheet figures and efficiency curves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from meshplan.errors import ConfigError
+from meshplan.hardware_profiles.curve import Curve
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    """One GPU model. Bandwidths in GB/s (1e9 B/s) per direction, peaks in TFLOP/s (dense)."""
+
+    name: str
+    peak_tflops: Mapping[str, float]
+    memory_bytes: int
+    hbm_gbps: float
+    nvlink_gbps: float
+    gemm_efficiency: Curve
+    attention_efficiency: Curve
+    hbm_efficiency: float
+    nvlink_efficiency: Curve
+    provenance: str = "datasheet"
+    # Fixed costs measured by calibration (0 for datasheet profiles).
+    layer_overhead_s: float = 0.0
+    microbatch_overhead_s: float = 0.0
+
+    def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
+        return hash((self.name, self.provenance, self.memory_bytes))
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs)."""
+        key = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[precision]
+        peak = float(self.peak_tflops.get(key, 0.0))
+        if peak <= 0:
+            # V100 has no bf16 units: a bf16 job there runs fp16 math.
+            peak = float(self.peak_tflops.get("fp16", 0.0)) if key == "bf16" else 0.0
+        if peak <= 0:
+            raise ConfigError(f"GPU {self.name!r} has no {precision} peak in its profile; "
+                              f"known: {dict(self.peak_tflops)}")
+        return peak * 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "peak_tflops": dict(self.peak_tflops),
+            "memory_bytes": self.memory_bytes, "hbm_gbps": self.hbm_gbps,
+            "nvlink_gbps": self.nvlink_gbps,
+            "gemm_efficiency": self.gemm_efficiency.to_list(),
+            "attention_efficiency": self.attention_efficiency.to_list(),
+            "hbm_efficiency": self.hbm_efficiency,
+            "nvlink_efficiency": self.nvlink_efficiency.to_list(),
+            "provenance": self.provenance,
+            "layer_overhead_s": self.layer_overhead_s,
+            "microbatch_overhead_s": self.microbatch_overhead_s,
+        }

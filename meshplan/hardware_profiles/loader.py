@@ -1,0 +1,102 @@
+"""Read GPU and cluster profiles from TOML, naming the file, key and expected type on error."""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.gpu import GPUSpec
+
+_NUM = (int, float)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"profile file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+@lru_cache(maxsize=None)
+def builtin_table(filename: str) -> dict[str, Any]:
+    with resources.files("meshplan.hardware_profiles").joinpath("data", filename).open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def get(table: Mapping[str, Any], key: str, kind: type | tuple, where: str,
+        default: Any = ...) -> Any:
+    """``table[key]`` checked against ``kind``; ``where`` = 'file [section]' for messages."""
+    if key not in table:
+        if default is ...:
+            raise ProfileError(f"{where}: missing key {key!r}")
+        return default
+    value = table[key]
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (_NUM, int, float))
+    if not ok:
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ProfileError(f"{where}: key {key!r} must be {names}, got {value!r}")
+    return value
+
+
+def curve(table: Mapping[str, Any], key: str, where: str) -> Curve:
+    pts = get(table, key, list, where)
+    if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, _NUM) for v in p)
+               for p in pts):
+        raise ProfileError(f"{where}: key {key!r} must be a list of [size, value] number pairs, "
+                           f"got {pts!r}")
+    try:
+        return Curve(tuple((p[0], p[1]) for p in pts))
+    except ProfileError as exc:
+        raise ProfileError(f"{where}: key {key!r}: {exc}") from None
+
+
+def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
+    peaks = get(t, "peak_tflops", dict, where)
+    for k, v in peaks.items():
+        if not isinstance(v, _NUM) or v < 0:
+            raise ProfileError(f"{where}: peak_tflops.{k} must be a non-negative number, got {v!r}")
+    positive = {"memory_bytes": get(t, "memory_bytes", int, where),
+                "hbm_gbps": get(t, "hbm_gbps", _NUM, where),
+                "nvlink_gbps": get(t, "nvlink_gbps", _NUM, where)}
+    for k, v in positive.items():
+        if v <= 0:
+            raise ProfileError(f"{where}: key {k!r} must be positive, got {v!r}")
+    hbm_eff = get(t, "hbm_efficiency", _NUM, where)
+    if not 0 < hbm_eff <= 1:
+        raise ProfileError(f"{where}: hbm_efficiency must be in (0, 1], got {hbm_eff!r}")
+    return GPUSpec(
+        name=name, peak_tflops=dict(peaks), **positive,
+        gemm_efficiency=curve(t, "gemm_efficiency", where),
+        attention_efficiency=curve(t, "attention_efficiency", where),
+        hbm_efficiency=float(hbm_eff),
+        nvlink_efficiency=curve(t, "nvlink_efficiency", where),
+        provenance=str(t.get("provenance", "datasheet")),
+        layer_overhead_s=float(get(t, "layer_overhead_s", _NUM, where, 0.0)),
+        microbatch_overhead_s=float(get(t, "microbatch_overhead_s", _NUM, where, 0.0)),
+    )
+
+
+def builtin_gpu(name: str) -> GPUSpec:
+    from meshplan.errors import unknown_name_error
+    table = builtin_table("gpus.toml")
+    if name not in table:
+        raise unknown_name_error("GPU", name, table)
+    return gpu_from_table(name, table[name], f"built-in gpus.toml [{name}]")
+
+
+def builtin_gpu_names() -> list[str]:
+    return list(builtin_table("gpus.toml"))
