@@ -1,0 +1,130 @@
+"""Plan files: one JSON document that reproduces a plan — model, cluster, job, layout, prediction.
+
+Schema (version 1)::
+
+    {"schema": "meshplan.plan", "version": 1, "created": "...", "meshplan_version": "...",
+     "model": {...ModelSpec}, "cluster": {...Cluster}, "job": {...Job},
+     "layout": {...Layout}, "prediction": {...Estimate.to_dict()},
+     "candidates": [{"layout": {...}, "prediction": {...}}, ...]}   # optional, ranked
+
+This module imports neither torch nor ortools, so the executor can read plan files on
+machines that have only one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.errors import MeshplanError, PlanFileError
+from meshplan.hardware_profiles import Cluster
+
+SCHEMA = "meshplan.plan"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    model: ModelSpec
+    cluster: Cluster
+    job: Job
+    layout: Layout
+    prediction: dict[str, Any] = field(default_factory=dict)
+    candidates: tuple[dict[str, Any], ...] = ()
+
+
+def plan_document(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                  prediction: dict[str, Any] | None = None,
+                  candidates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    from meshplan import __version__
+    return {
+        "schema": SCHEMA, "version": VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "meshplan_version": __version__,
+        "model": model.to_dict(), "cluster": cluster.to_dict(), "job": job.to_dict(),
+        "layout": layout.to_dict(), "prediction": prediction or {},
+        "candidates": candidates or [],
+    }
+
+
+def write_json_atomic(path: str | Path, document: Any, *, overwrite: bool = True) -> Path:
+    """Write JSON to ``path`` via a temporary file and rename (never a half-written file)."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise MeshplanError(f"{str(path)!r} exists; refusing to overwrite it (pass --force / "
+                            f"overwrite=True to replace it)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(document, fh, indent=2, default=_json_default)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return list(obj)
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def save_plan_file(path: str | Path, model: ModelSpec, cluster: Cluster, job: Job,
+                   layout: Layout, prediction: dict[str, Any] | None = None,
+                   candidates: list[dict[str, Any]] | None = None,
+                   *, overwrite: bool = True) -> Path:
+    return write_json_atomic(path, plan_document(model, cluster, job, layout, prediction,
+                                                 candidates), overwrite=overwrite)
+
+
+def load_plan_file(path: str | Path) -> PlanRecord:
+    """Read and validate a plan file; errors name the file and the offending field."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {str(path)!r} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanFileError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
+    return parse_plan_document(doc, str(path))
+
+
+def parse_plan_document(doc: Any, source: str = "<plan>") -> PlanRecord:
+    if not isinstance(doc, dict):
+        raise PlanFileError(f"{source}: a plan file holds a JSON object, got {type(doc).__name__}")
+    if doc.get("schema") != SCHEMA:
+        raise PlanFileError(f"{source}: field 'schema' is {doc.get('schema')!r}, expected "
+                            f"{SCHEMA!r} (not a meshplan plan file)")
+    if doc.get("version") != VERSION:
+        raise PlanFileError(f"{source}: field 'version' is {doc.get('version')!r}; this meshplan "
+                            f"reads version {VERSION}")
+    parts: dict[str, Any] = {}
+    for key, loader in (("model", ModelSpec.from_dict), ("cluster", Cluster.from_dict),
+                        ("job", Job.from_dict), ("layout", Layout.from_dict)):
+        if key not in doc:
+            raise PlanFileError(f"{source}: field {key!r} is missing")
+        try:
+            parts[key] = loader(doc[key])
+        except MeshplanError as exc:
+            raise PlanFileError(f"{source}: field {key!r} is invalid: {exc}") from None
+        except Exception as exc:  # a foreign shape: wrong types inside the field
+            raise PlanFileError(f"{source}: field {key!r} is malformed: {exc}") from None
+    prediction = doc.get("prediction", {})
+    if not isinstance(prediction, dict):
+        raise PlanFileError(f"{source}: field 'prediction' must be an object")
+    cands = doc.get("candidates", [])
+    if not isinstance(cands, list):
+        raise PlanFileError(f"{source}: field 'candidates' must be a list")
+    return PlanRecord(parts["model"], parts["cluster"], parts["job"], parts["layout"],
+                      prediction, tuple(cands))
