@@ -1,0 +1,56 @@
+"""Floating-point operations of a training step: model FLOPs and hardware FLOPs.
+
+Convention (Narayanan et al. 2021, arXiv 2104.04473, eq. 3; Korthikanti et al. 2022,
+arXiv 2205.05198, eq. 7-8): a matrix multiply of an (m×k) by a (k×n) matrix costs 2mkn;
+the backward pass costs twice the forward; attention scores and the attention-weighted
+sum cost 2·s·q_dim each per token *without* halving for the causal mask (as the papers
+count it); biases, norms, softmax and activations are not counted. For GPT this gives
+
+    model FLOPs    = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))          (Korthikanti eq. 7)
+    full recompute = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))          (Narayanan eq. 3)
+    selective      = 72·B·s·l·h²·(1 + s/(3h) + V/(12·l·h))          (Korthikanti eq. 8)
+
+and the same bookkeeping generalizes to GQA and SwiGLU through the layer's matmul weights.
+"""
+
+from __future__ import annotations
+
+from meshplan.costmodel.specs import ModelSpec
+
+
+def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float]:
+    """(matmul FLOPs, attention-core FLOPs) of one layer's forward pass, per token."""
+    matmul = 2.0 * model.layer_matmul_params()
+    attention = 4.0 * seq_len * model.q_dim
+    return matmul, attention
+
+
+def logits_forward_flops_per_token(model: ModelSpec) -> float:
+    return 2.0 * model.hidden_size * model.vocab_size
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
+    """Model FLOPs of one optimizer step (forward + backward, no recompute)."""
+    tokens = global_batch * seq_len
+    mm, attn = layer_forward_flops_per_token(model, seq_len)
+    per_token = model.num_layers * (mm + attn) + logits_forward_flops_per_token(model)
+    return 3.0 * tokens * per_token
+
+
+def recompute_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
+                             recompute: str) -> float:
+    """Extra forward FLOPs that activation recomputation adds in one step."""
+    tokens = global_batch * seq_len
+    mm, attn = layer_forward_flops_per_token(model, seq_len)
+    if recompute == "full":
+        return tokens * model.num_layers * (mm + attn)
+    if recompute == "selective":
+        return tokens * model.num_layers * attn
+    return 0.0
+
+
+def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
+                            recompute: str) -> float:
+    """Model FLOPs plus recomputation (what the GPUs actually execute)."""
+    return (model_flops_per_step(model, global_batch, seq_len)
+            + recompute_flops_per_step(model, global_batch, seq_len, recompute))
