@@ -1,0 +1,11 @@
+"""Analytical cost model: pure Python (no torch, no ortools).
+
+``estimate(model, cluster, job, layout) -> Estimate`` is the single source of predictions;
+the planner, the reports and the executor's comparison all call it.
+"""
+
+from meshplan.costmodel.estimate import estimate
+from meshplan.costmodel.result import Estimate, StageMemory, TimeBreakdown
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+
+__all__ = ["estimate", "Estimate", "StageMemory", "TimeBreakdown", "ModelSpec", "Job", "Layout"]

@@ -1,0 +1,189 @@
+"""Time of one transformer layer (and of the embedding and logits) on one GPU, per micro-batch.
+
+* GEMMs: FLOPs / (peak × efficiency(FLOPs)), one term per matrix multiply of the layer
+  (QKV, attention output, MLP up/gate, MLP down), each with its tensor-parallel shard shape
+  (Shoeybi et al. 2019 §3 for the column/row split). Backward = data-gradient +
+  weight-gradient GEMMs, twice the forward FLOPs (Narayanan et al. 2021 §5.1).
+* Attention core: the QKᵀ and attention-weighted-sum FLOPs (4·b·s²·q_dim/t forward). Fused
+  (flash) causal kernels skip the masked half (Dao 2022, arXiv 2205.14135) and run at the
+  attention efficiency curve; backward does 2.5× the forward work (recomputing the scores).
+  Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
+* Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
+  bytes moved / (HBM bandwidth × efficiency); backward moves about twice the forward bytes.
+* Tensor-parallel collectives: two all-reduces of the layer's activations per pass (forward:
+  after attention and after the MLP; backward: the conjugate ones), or with sequence
+  parallelism two all-gathers and two reduce-scatters of the same total volume
+  (Korthikanti et al. 2022 §4.2.2). Full recompute reruns the forward ones in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from meshplan.costmodel import comm
+from meshplan.costmodel.memory import activation_bytes_per_element
+from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.hardware_profiles import Cluster, GPUSpec
+from meshplan.hardware_profiles.topology import GroupLink
+
+FLASH_BACKWARD_FACTOR = 2.5  # flash attention backward / forward work (Dao 2022, §3.1)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds of one pass (forward or backward) split by kind."""
+
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    memory_bound_s: float = 0.0
+    tp_comm_s: float = 0.0
+    overhead_s: float = 0.0
+    zero3_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return (self.gemm_s + self.attention_s + self.memory_bound_s + self.tp_comm_s
+                + self.overhead_s + self.zero3_s)
+
+    def __add__(self, other: "PassCost") -> "PassCost":
+        return PassCost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def scaled(self, k: float) -> "PassCost":
+        return PassCost(*(getattr(self, f.name) * k for f in fields(self)))
+
+
+def gemm_s(gpu: GPUSpec, peak_flops: float, flops: float) -> float:
+    if flops <= 0:
+        return 0.0
+    return flops / (peak_flops * gpu.gemm_efficiency(flops))
+
+
+def hbm_s(gpu: GPUSpec, nbytes: float) -> float:
+    return nbytes / (gpu.hbm_gbps * 1e9 * gpu.hbm_efficiency)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    forward: PassCost
+    backward: PassCost          # includes recomputation
+    recompute: PassCost         # the part of ``backward`` that is recomputed forward work
+    wgrad_s: float              # weight-gradient GEMMs inside ``backward`` (zero-bubble's W)
+    tp_wire_bytes: float        # bytes each GPU sends for tp collectives, fwd + bwd (+ recompute)
+
+
+def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
+               sequence_parallel: bool, recompute: str, tp_link: GroupLink) -> LayerCost:
+    """Forward and backward time of one transformer layer on one GPU for one micro-batch."""
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(job.precision)
+    e = activation_bytes_per_element(job)
+    s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
+    tokens = s * b
+    f = model.ffn_hidden_size
+
+    # GEMMs, tensor-parallel shards: (m, k, n) -> 2mkn FLOPs each.
+    shapes = (
+        (tokens, h, (model.q_dim + 2 * model.kv_dim) / t),   # QKV (column parallel)
+        (tokens, model.q_dim / t, h),                         # attention output (row parallel)
+        (tokens, h, model.ffn_matrices * f / t),              # MLP up (+ gate)
+        (tokens, f / t, h),                                   # MLP down (row parallel)
+    )
+    fwd_gemm = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in shapes)
+
+    # Attention core.
+    heads = model.num_heads / t
+    core_flops = 4.0 * b * s * s * model.head_dim * heads
+    if job.flash_attention:
+        executed = core_flops / 2  # causal: masked blocks skipped
+        fwd_attn = executed / (peak * gpu.attention_efficiency(executed))
+        bwd_attn = fwd_attn * FLASH_BACKWARD_FACTOR
+        softmax_bytes = 0.0
+    else:
+        fwd_attn = 2 * gemm_s(gpu, peak, core_flops / 2)     # QKᵀ and PV batched GEMMs
+        bwd_attn = 2 * fwd_attn
+        per = heads * s * s * b                              # score elements per GPU
+        softmax_bytes = per * e * 2 + (per * (e * 2 + 1) if model.dropout else 0)
+
+    # Memory-bound traffic of the forward pass, in bytes.
+    seq_shard = t if sequence_parallel else 1
+    hidden_elems = tokens * h / seq_shard
+    mb_fwd = hidden_elems * e * (4 + 6)                      # two norms, two residual adds
+    if model.dropout:
+        mb_fwd += hidden_elems * (2 * e + 1) * 2             # two residual dropouts
+    act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
+    mb_fwd += (act_in + tokens * f / t) * e                  # activation function
+    if model.position_embedding == "rope":
+        mb_fwd += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
+    mb_fwd += softmax_bytes
+    fwd_mb = hbm_s(gpu, mb_fwd)
+    bwd_mb = 2 * fwd_mb
+
+    # Tensor-parallel collectives: 2 per pass; same volume with sequence parallelism.
+    act_bytes = tokens * h * e
+    if t > 1:
+        if sequence_parallel:
+            one = comm.all_gather_s(tp_link, act_bytes) + comm.reduce_scatter_s(tp_link, act_bytes)
+        else:
+            one = 2 * comm.all_reduce_s(tp_link, act_bytes)
+        tp_pass = one  # both collectives of a pass
+        wire_pass = 2 * comm.wire_bytes_all_reduce(t, act_bytes)
+    else:
+        tp_pass = wire_pass = 0.0
+    if job.overlap_tp_comm:
+        tp_pass_exposed = max(0.0, tp_pass - 0.5 * fwd_gemm)
+    else:
+        tp_pass_exposed = tp_pass
+
+    overhead = gpu.layer_overhead_s / 3  # calibrated fixed cost, 1/3 forward, 2/3 backward
+    forward = PassCost(fwd_gemm, fwd_attn, fwd_mb, tp_pass_exposed, overhead)
+    backward = PassCost(2 * fwd_gemm, bwd_attn, bwd_mb, tp_pass_exposed, 2 * overhead)
+    if recompute == "full":
+        rc = forward
+        wire = 3 * wire_pass
+    elif recompute == "selective":
+        rc = PassCost(attention_s=fwd_attn, memory_bound_s=hbm_s(gpu, softmax_bytes))
+        wire = 2 * wire_pass
+    else:
+        rc = PassCost()
+        wire = 2 * wire_pass
+    return LayerCost(forward, backward + rc, rc, fwd_gemm, wire)
+
+
+def embedding_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
+                   sequence_parallel: bool, tp_link: GroupLink) -> tuple[PassCost, PassCost]:
+    """First stage: vocab-parallel embedding lookup, summed over tp ranks by an all-reduce
+    (or a reduce-scatter with sequence parallelism) (Shoeybi et al. 2019 §3)."""
+    e = activation_bytes_per_element(job)
+    nbytes = job.seq_len * micro_batch * model.hidden_size * e
+    mb = hbm_s(cluster.gpu, 2 * nbytes)
+    if tp > 1:
+        c = (comm.reduce_scatter_s(tp_link, nbytes) if sequence_parallel
+             else comm.all_reduce_s(tp_link, nbytes))
+    else:
+        c = 0.0
+    return PassCost(memory_bound_s=mb, tp_comm_s=c), PassCost(memory_bound_s=2 * mb)
+
+
+def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
+                sequence_parallel: bool, tp_link: GroupLink) -> tuple[PassCost, PassCost, float]:
+    """Last stage: final norm, vocab-parallel output GEMM and cross-entropy.
+
+    Returns (forward, backward, weight-gradient seconds inside backward). The loss needs
+    three small all-reduces of per-token scalars over tp (max, sum-exp, target logit).
+    """
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(job.precision)
+    e = activation_bytes_per_element(job)
+    tokens = job.seq_len * micro_batch
+    h = model.hidden_size
+    fwd_gemm = gemm_s(gpu, peak, 2.0 * tokens * h * model.vocab_size / tp)
+    logits = tokens * model.vocab_size / tp
+    # fp32 cross-entropy: write logits, upcast, max, exp-sum, loss (Megatron's vocab-parallel CE).
+    fwd_mb = hbm_s(gpu, logits * (e + 4 * 3) + tokens * h * e * 2 / (tp if sequence_parallel else 1))
+    bwd_mb = hbm_s(gpu, logits * (4 * 2 + e))
+    c = 3 * comm.all_reduce_s(tp_link, tokens * 4) if tp > 1 else 0.0
+    if tp > 1 and sequence_parallel:
+        c += comm.all_gather_s(tp_link, tokens * h * e)
+    fwd = PassCost(gemm_s=fwd_gemm, memory_bound_s=fwd_mb, tp_comm_s=c)
+    bwd = PassCost(gemm_s=2 * fwd_gemm, memory_bound_s=bwd_mb)
+    return fwd, bwd, fwd_gemm

@@ -1,0 +1,150 @@
+"""Memory per GPU: model states (weights, gradients, optimizer) and activations.
+
+Sources:
+* Activations per layer: Korthikanti et al. 2022, "Reducing Activation Recomputation in
+  Large Transformer Models", arXiv 2205.05198, §4 and Table 2. The terms are kept one by
+  one so that GQA (smaller K/V), SwiGLU (three ffn-wide tensors), fused attention (no s²
+  tensors) and no-dropout models follow from the same bookkeeping; for a GPT layer with
+  dropout and unfused attention they add up to Table 2 exactly.
+* Model states: mixed-precision Adam keeps 2 (weights) + 2 (gradients) + 12 (fp32 master
+  weights, momentum, variance) bytes per parameter; ZeRO stages 1/2/3 shard the optimizer
+  state / + gradients / + weights over the data-parallel group (Rajbhandari et al. 2019,
+  "ZeRO", arXiv 1910.02054, §5 and Table 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+
+MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti 2022 §4.1)
+
+
+def activation_bytes_per_element(job: Job) -> int:
+    """16-bit activations under mixed precision, 32-bit in fp32 training."""
+    return 4 if job.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one transformer layer keeps for backward, for one micro-batch on one GPU."""
+
+    replicated_bytes: float   # kept whole on every tp rank unless sequence parallel
+    sharded_bytes: float      # split over tp ranks (already divided)
+    attention_core_bytes: float  # the s² terms, dropped by selective recompute (already divided)
+    input_bytes: float        # the layer input: all full recompute keeps
+
+    def stored(self, recompute: str) -> float:
+        if recompute == "full":
+            return self.input_bytes
+        if recompute == "selective":
+            return self.replicated_bytes + self.sharded_bytes
+        return self.replicated_bytes + self.sharded_bytes + self.attention_core_bytes
+
+    @property
+    def full_bytes(self) -> float:
+        """Everything a layer's forward leaves for backward (the recompute working set)."""
+        return self.replicated_bytes + self.sharded_bytes + self.attention_core_bytes
+
+
+def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
+                      sequence_parallel: bool) -> LayerActivations:
+    """Activation bytes of one layer (Korthikanti et al. 2022, §4.1-4.2, Table 2).
+
+    GPT check (a = heads, e = 2 bytes): replicated = LayerNorm inputs 4sbh + QKV and MLP
+    inputs 4sbh + two dropout masks 2sbh = 10sbh; sharded = Q, K, V 6sbh + projection input
+    2sbh + GeLU input and output 16sbh = 24sbh/t; attention core = softmax output 2as²b +
+    its dropout mask as²b + dropout output 2as²b = 5as²b/t.
+    """
+    e = activation_bytes_per_element(job)
+    s, b, h = job.seq_len, micro_batch, model.hidden_size
+    sb = s * b
+    t = tp
+    drop = model.dropout
+    replicated = sb * h * (2 * e + 2 * e) + (2 * sb * h * MASK_BYTES if drop else 0)
+    sharded = sb * (e * (model.q_dim + 2 * model.kv_dim)     # Q, K, V
+                    + e * model.q_dim                        # attention output = out-proj input
+                    + e * model.ffn_hidden_size * (3 if model.activation == "swiglu" else 2))
+    if job.flash_attention:
+        # Fused attention keeps only the log-sum-exp of each row (fp32) besides its output.
+        core = 4.0 * sb * model.num_heads
+    else:
+        a_s2b = model.num_heads * s * s * b
+        core = e * a_s2b + ((MASK_BYTES + e) * a_s2b if drop else 0)
+    if sequence_parallel:
+        replicated /= t
+    layer_input = e * sb * h / (t if sequence_parallel else 1)
+    return LayerActivations(replicated, sharded / t, core / t, layer_input)
+
+
+def logits_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int) -> float:
+    """Last stage: vocab-parallel logits (16-bit) and their fp32 copy for the cross-entropy.
+
+    Megatron's vocab-parallel cross-entropy upcasts the logits shard to fp32
+    (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.3 counts the output layer's 4sbv/t).
+    """
+    e = activation_bytes_per_element(job)
+    return job.seq_len * micro_batch * model.vocab_size / tp * (e + 4)
+
+
+@dataclass(frozen=True)
+class StateBytesPerParam:
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def state_bytes_per_param(job: Job) -> StateBytesPerParam:
+    """Bytes per parameter before sharding (ZeRO Table 1: K = 12 for mixed-precision Adam)."""
+    if job.precision == "fp32":
+        opt = 8.0 if job.optimizer == "adam" else 4.0   # Adam m, v / SGD momentum
+        return StateBytesPerParam(4.0, 4.0, opt)
+    opt = 12.0 if job.optimizer == "adam" else 8.0      # fp32 master + m, v / + momentum
+    return StateBytesPerParam(2.0, 2.0, opt)
+
+
+def model_state_bytes(params: float, job: Job, zero: int, dp: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes on one GPU holding ``params`` parameters.
+
+    ZeRO (Rajbhandari et al. 2019, Table 1): stage 1 shards the optimizer state (4P + 12P/N_d
+    with mixed-precision Adam), stage 2 also the gradients (2P + 14P/N_d), stage 3 also the
+    weights (16P/N_d).
+    """
+    per = state_bytes_per_param(job)
+    w, g, o = params * per.weights, params * per.grads, params * per.optimizer
+    if zero >= 1:
+        o /= dp
+    if zero >= 2:
+        g /= dp
+    if zero >= 3:
+        w /= dp
+    return w, g, o
+
+
+def stage_params(model: ModelSpec, layers: int, tp: int, *, first: bool, last: bool,
+                 pp: int) -> float:
+    """Parameters one GPU of a pipeline stage holds.
+
+    Matmul weights and column-parallel biases are split over tp; norms and row-parallel
+    biases are replicated (Shoeybi et al. 2019 §3). The embedding is vocab-parallel on the
+    first stage; the last stage holds the output layer, which for tied embeddings is a copy
+    of the embedding kept in sync by an all-reduce (Narayanan et al. 2021 §4, Megatron).
+    """
+    h = model.hidden_size
+    norm = h * (2 if model.norm == "layernorm" else 1)
+    col_bias = (model.q_dim + 2 * model.kv_dim + model.ffn_matrices * model.ffn_hidden_size
+                if model.bias else 0)
+    row_bias = 2 * h if model.bias else 0
+    per_layer = (model.layer_matmul_params() + col_bias) / tp + row_bias + 2 * norm
+    n = layers * per_layer
+    vh = model.vocab_size * h / tp
+    if first:
+        n += vh
+        if model.position_embedding == "learned":
+            n += model.max_seq_len * h
+    if last:
+        n += norm
+        if not model.tied_embeddings or not first:
+            n += vh
+    return n

@@ -1,0 +1,58 @@
+"""Checks that need model, cluster, job and layout together. Each names the values at fault."""
+
+from __future__ import annotations
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec, default_stage_layers
+from meshplan.errors import ConfigError
+from meshplan.hardware_profiles import Cluster
+
+
+def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
+                 exact_gpus: bool = False) -> tuple[int, ...]:
+    """Raise :class:`ConfigError` if the layout cannot run; return layers per virtual stage.
+
+    ``exact_gpus``: require dp·pp·tp to equal the cluster's GPUs (the planner's default);
+    otherwise a layout may use a subset of the cluster.
+    """
+    dp, pp, tp = layout.dp, layout.pp, layout.tp
+    n = layout.num_gpus
+    if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
+        rel = "≠" if exact_gpus else ">"
+        raise ConfigError(f"dp·pp·tp = {dp}·{pp}·{tp} = {n} {rel} {cluster.num_gpus} GPUs of "
+                          f"cluster {cluster.name!r} ({cluster.nodes} nodes × "
+                          f"{cluster.gpus_per_node})")
+    if model.num_heads % tp or model.num_kv_heads % tp:
+        raise ConfigError(
+            f"tp = {tp} must divide the attention heads ({model.num_heads}) and the key/value "
+            f"heads ({model.num_kv_heads}) of {model.name!r}; valid tp: "
+            f"{_divisors_of_both(model.num_heads, model.num_kv_heads)}")
+    if model.ffn_hidden_size % tp:
+        raise ConfigError(f"tp = {tp} must divide ffn_hidden_size = {model.ffn_hidden_size} "
+                          f"of {model.name!r}")
+    if job.global_batch % (dp * layout.micro_batch):
+        raise ConfigError(
+            f"global_batch = {job.global_batch} is not divisible by dp·micro_batch = "
+            f"{dp}·{layout.micro_batch} = {dp * layout.micro_batch}")
+    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
+        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
+                          f"embeddings (max_seq_len = {model.max_seq_len})")
+    m = layout.num_microbatches(job.global_batch)
+    stages = pp * layout.vpp
+    if layout.schedule == "interleaved-1f1b" and pp > 1 and m % pp:
+        raise ConfigError(
+            f"interleaved-1f1b needs the number of micro-batches ({m} = {job.global_batch} / "
+            f"({dp}·{layout.micro_batch})) to be a multiple of pp = {pp}")
+    if layout.stage_layers is not None:
+        total = sum(layout.stage_layers)
+        if total != model.num_layers:
+            raise ConfigError(f"Layout.stage_layers {list(layout.stage_layers)} sum to {total}; "
+                              f"{model.name!r} has {model.num_layers} layers")
+        return layout.stage_layers
+    if model.num_layers < stages:
+        raise ConfigError(f"{model.name!r} has {model.num_layers} layers, fewer than pp·vpp = "
+                          f"{pp}·{layout.vpp} = {stages} pipeline stages")
+    return default_stage_layers(model.num_layers, stages)
+
+
+def _divisors_of_both(a: int, b: int) -> list[int]:
+    return [d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0]
