@@ -236,3 +236,86 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         memory=tuple(stage_mem), time=time, comm_bytes=comm_bytes, comm_bytes_by_link=by_link,
         num_microbatches=m, num_gpus=n_gpus, stage_forward_s=f_s, stage_backward_s=b_s,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)
+
+
+@dataclass(frozen=True)
+class LayerTables:
+    """Per-layer and per-stage-extra costs of a layout, for deciding the stage partition.
+
+    For pipeline rank r holding ``n`` layers (virtual stage c holding ``n_c``):
+    forward time of c = n_c·layer_forward_s + (c == 0)·first_forward_s
+    + (c == last)·last_forward_s (+ microbatch overhead), same for backward; memory of
+    rank r = n·(layer_state_bytes + layer_activation_bytes·inflight[r])
+    + (r == 0)·first_extra_bytes + (r == last rank)·last_extra_bytes + fixed_bytes[r].
+    :func:`estimate` with the same ``stage_layers`` gives the same numbers (a test checks it).
+    """
+
+    layer_forward_s: float
+    layer_backward_s: float
+    layer_wgrad_s: float
+    first_forward_s: float
+    first_backward_s: float
+    last_forward_s: float
+    last_backward_s: float
+    last_wgrad_s: float
+    microbatch_overhead_s: float   # added to each virtual stage's forward and backward
+    p2p_s: float
+    layer_state_bytes: float       # weights + grads + optimizer of one layer, after ZeRO
+    layer_activation_bytes: float  # stored activations of one layer, one micro-batch
+    inflight: tuple[float, ...]    # per pipeline rank
+    first_extra_bytes: float       # embedding states + embedding activations (rank 0)
+    last_extra_bytes: float        # output layer states + logits (last rank)
+    fixed_bytes: tuple[float, ...]  # buffers per rank (independent of its layer count)
+    num_microbatches: int
+
+
+def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> LayerTables:
+    """The linear pieces :func:`estimate` is built from (stage_layers of ``layout`` ignored)."""
+    check_layout(model, cluster, job, layout.replace(stage_layers=None)
+                 if model.num_layers >= layout.pp * layout.vpp else layout)
+    est = _estimate(model, cluster, job, layout.replace(stage_layers=None),
+                    _uniform_probe(model, layout))
+    dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
+    mb, sp = layout.micro_batch, layout.sequence_parallel
+    links = group_links(cluster, layout)
+    layer, (emb_f, emb_b), (log_f, log_b, log_w), acts, msg, p2p = _layer_parts(
+        model, cluster, job, mb, tp, sp, layout.recompute, links.tp, links.pp)
+    per = state_bytes_per_param(job)
+    layer_param_bytes = stage_params(model, 1, tp, first=False, last=False, pp=pp) * per.weights
+    z3_fwd = z3_bwd = 0.0
+    if layout.zero == 3 and dp > 1:
+        ag = comm.all_gather_s(links.dp, layer_param_bytes)
+        rs = comm.reduce_scatter_s(links.dp, layer_param_bytes)
+        z3_fwd = max(0.0, ag - layer.forward.total_s)
+        z3_bwd = max(0.0, ag + rs - layer.backward.total_s)
+    e = activation_bytes_per_element(job)
+    one_layer = sum(model_state_bytes(stage_params(model, 1, tp, first=False, last=False, pp=pp),
+                                      job, layout.zero, dp))
+    first_params = (stage_params(model, 0, tp, first=True, last=False, pp=pp))
+    last_params = (stage_params(model, 0, tp, first=False, last=True, pp=pp))
+    m = layout.num_microbatches(job.global_batch)
+    inflight = tuple(sm.inflight_microbatches for sm in est.memory)
+    first_extra = sum(model_state_bytes(first_params, job, layout.zero, dp)) + \
+        inflight[0] * job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
+    last_rank = (pp * v - 1) % pp
+    last_extra = sum(model_state_bytes(last_params, job, layout.zero, dp)) + \
+        logits_bytes(model, job, mb, tp) * (inflight[last_rank] if layout.schedule == "gpipe"
+                                            else 1.0)
+    fixed = tuple(sm.buffers_bytes for sm in est.memory)
+    return LayerTables(
+        layer_forward_s=layer.forward.total_s + z3_fwd,
+        layer_backward_s=layer.backward.total_s + z3_bwd,
+        layer_wgrad_s=layer.wgrad_s,
+        first_forward_s=emb_f.total_s, first_backward_s=emb_b.total_s,
+        last_forward_s=log_f.total_s, last_backward_s=log_b.total_s, last_wgrad_s=log_w,
+        microbatch_overhead_s=cluster.gpu.microbatch_overhead_s / (2 * v),
+        p2p_s=p2p if pp > 1 else 0.0,
+        layer_state_bytes=one_layer, layer_activation_bytes=acts.stored(layout.recompute),
+        inflight=inflight, first_extra_bytes=first_extra, last_extra_bytes=last_extra,
+        fixed_bytes=fixed, num_microbatches=m)
+
+
+def _uniform_probe(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    from meshplan.costmodel.specs import default_stage_layers
+    n = layout.pp * layout.vpp
+    return default_stage_layers(max(model.num_layers, n), n)

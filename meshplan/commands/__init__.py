@@ -1,0 +1,1 @@
+"""CLI subcommands: one module each, with ``add_arguments(parser)`` and ``main(args)``."""

@@ -1,0 +1,120 @@
+"""Arguments shared by several subcommands: model, cluster, job, layout."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES, Job, Layout, ModelSpec
+from meshplan.errors import ConfigError
+from meshplan.hardware_profiles import Cluster
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
+def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | None = None,
+                           cluster_default: str | None = None) -> None:
+    g = p.add_argument_group("model and cluster")
+    g.add_argument("--model", default=model_default, required=model_default is None,
+                   help="model preset name (see `meshplan profiles`) or path to a Hugging Face "
+                        "config.json")
+    g.add_argument("--cluster", default=cluster_default, required=cluster_default is None,
+                   help="cluster preset name or path to a cluster TOML file")
+    g.add_argument("--nodes", type=positive_int, default=None, help="number of nodes")
+    g.add_argument("--profile", default=None,
+                   help="calibrated GPU profile TOML (from `meshplan calibrate`) to use")
+
+
+def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
+                 seq_len: int | None = None) -> None:
+    g = p.add_argument_group("job")
+    g.add_argument("--global-batch", type=positive_int, default=global_batch,
+                   required=global_batch is None, help="sequences per optimizer step")
+    g.add_argument("--seq-len", type=positive_int, default=seq_len, required=seq_len is None,
+                   help="tokens per sequence")
+    g.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
+    g.add_argument("--tokens", type=positive_float, default=None,
+                   help="tokens of the whole training run (for time-to-train and cost)")
+    g.add_argument("--no-flash-attention", action="store_true",
+                   help="model unfused attention (s² activations)")
+    g.add_argument("--no-overlap-dp", action="store_true",
+                   help="gradient reduction after backward, not overlapped with it")
+
+
+def add_layout_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout")
+    g.add_argument("--dp", type=positive_int, default=1)
+    g.add_argument("--pp", type=positive_int, default=1)
+    g.add_argument("--tp", type=positive_int, default=1)
+    g.add_argument("--micro-batch", type=positive_int, default=1)
+    g.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
+    g.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--stage-layers", default=None,
+                   help="comma-separated layers per (virtual) stage, e.g. 9,10,10,9")
+
+
+def load_model(text: str) -> ModelSpec:
+    if text.endswith(".json") or os.path.sep in text:
+        return ModelSpec.from_hf_config(Path(text))
+    return ModelSpec.preset(text)
+
+
+def load_cluster(text: str, nodes: int | None, profile: str | None = None) -> Cluster:
+    if text.endswith(".toml") or os.path.sep in text:
+        cluster = Cluster.from_toml(Path(text), nodes=nodes)
+    else:
+        cluster = Cluster.preset(text, nodes=nodes)
+    if profile:
+        from meshplan.hardware_profiles.calibrated import apply_profile
+        cluster = apply_profile(cluster, Path(profile))
+    return cluster
+
+
+def model_cluster_from_args(args) -> tuple[ModelSpec, Cluster]:
+    return load_model(args.model), load_cluster(args.cluster, args.nodes, args.profile)
+
+
+def job_from_args(args) -> Job:
+    return Job(global_batch=args.global_batch, seq_len=args.seq_len, precision=args.precision,
+               tokens=args.tokens, flash_attention=not args.no_flash_attention,
+               overlap_dp_comm=not args.no_overlap_dp)
+
+
+def layout_from_args(args) -> Layout:
+    stage_layers = None
+    if args.stage_layers:
+        try:
+            stage_layers = tuple(int(x) for x in args.stage_layers.split(","))
+        except ValueError:
+            raise ConfigError(f"--stage-layers {args.stage_layers!r} must be comma-separated "
+                              f"integers") from None
+    return Layout(dp=args.dp, pp=args.pp, tp=args.tp, micro_batch=args.micro_batch,
+                  schedule=args.schedule, vpp=args.vpp, recompute=args.recompute,
+                  zero=args.zero, sequence_parallel=args.sequence_parallel,
+                  stage_layers=stage_layers)
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"

@@ -1,0 +1,36 @@
+"""``meshplan estimate``: memory and time breakdown of one layout.
+
+    meshplan estimate --model gpt3-175b --cluster dgx-a100-80gb --nodes 128 --dp 8 --pp 16 \\
+        --tp 8 --micro-batch 1 --global-batch 1536 --seq-len 2048 \\
+        --schedule interleaved-1f1b --vpp 2 --recompute full
+"""
+
+from __future__ import annotations
+
+import json
+
+from meshplan.commands.common import (add_job_args, add_layout_args, add_model_cluster_args,
+                                      job_from_args, layout_from_args, model_cluster_from_args)
+from meshplan.commands.format import format_estimate
+
+
+def add_arguments(p) -> None:
+    add_model_cluster_args(p)
+    add_job_args(p)
+    add_layout_args(p)
+    p.add_argument("--json", action="store_true", help="print the Estimate as JSON")
+
+
+def main(args) -> int:
+    from meshplan.costmodel import estimate
+    model, cluster = model_cluster_from_args(args)
+    job, layout = job_from_args(args), layout_from_args(args)
+    est = estimate(model, cluster, job, layout)
+    if args.json:
+        print(json.dumps(est.to_dict(), indent=2))
+        return 0
+    print(f"{model.name} ({model.num_params() / 1e9:.2f}B params) on {cluster.name} "
+          f"({cluster.nodes}×{cluster.gpus_per_node} {cluster.gpu.name}); "
+          f"batch {job.global_batch}×{job.seq_len}; {layout.short()}")
+    print(format_estimate(est))
+    return 0

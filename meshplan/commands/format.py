@@ -1,0 +1,49 @@
+"""Plain-text rendering of an Estimate: memory per stage and the step-time breakdown."""
+
+from __future__ import annotations
+
+from meshplan.costmodel.result import Estimate
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def format_estimate(est: Estimate) -> str:
+    g = 2**30
+    out = []
+    out.append(f"step time {est.step_time_s:.3f} s | {est.tokens_per_s:,.0f} tokens/s | "
+               f"{est.model_tflops_per_gpu:.1f} model TFLOP/s/GPU | MFU {est.mfu:.1%} | "
+               f"HFU {est.hfu:.1%} | {est.num_microbatches} micro-batches on {est.num_gpus} GPUs")
+    verdict = "fits" if est.fits else "DOES NOT FIT"
+    out.append(f"peak memory {est.memory_peak_bytes / g:.1f} GiB of {est.usable_memory_bytes / g:.1f} "
+               f"GiB usable: {verdict}")
+    rows = [[str(m.stage), str(m.layers), f"{m.weights_bytes / g:.2f}", f"{m.grads_bytes / g:.2f}",
+             f"{m.optimizer_bytes / g:.2f}", f"{m.activations_bytes / g:.2f}",
+             f"{m.embedding_logits_bytes / g:.2f}", f"{m.buffers_bytes / g:.2f}",
+             f"{m.inflight_microbatches:g}", f"{m.total_bytes / g:.2f}"] for m in est.memory]
+    if len(rows) > 12:  # long pipelines: first, worst and last stages
+        worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total_bytes)
+        keep = sorted({0, 1, worst, len(rows) - 2, len(rows) - 1})
+        rows = [rows[i] for i in keep]
+    out.append("\nmemory per GPU by pipeline stage (GiB)")
+    out.append(_table(rows, ["stage", "layers", "weights", "grads", "optim", "activ",
+                             "logits", "buffers", "in-flight", "total"]))
+    t = est.time
+    parts = [("GEMM", t.gemm_s), ("attention", t.attention_s),
+             ("memory-bound ops", t.memory_bound_s), ("fixed overheads", t.overhead_s),
+             ("TP/SP communication", t.tp_comm_s), ("PP point-to-point", t.pp_comm_s),
+             ("pipeline bubble", t.bubble_s), ("DP communication (exposed)", t.dp_comm_exposed_s),
+             ("ZeRO-3 gathers (exposed)", t.zero3_gather_s), ("optimizer step", t.optimizer_s)]
+    rows = [[name, f"{s:.4f}", f"{s / est.step_time_s:.1%}"] for name, s in parts]
+    rows.append(["DP communication (total, overlapped or not)", f"{t.dp_comm_total_s:.4f}", ""])
+    out.append("\nstep time on the busiest pipeline rank")
+    out.append(_table(rows, ["part", "seconds", "share"]))
+    rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
+    rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]
+    out.append("\ncommunication sent per GPU per step (GiB)")
+    out.append(_table(rows, ["collective", "GiB"]))
+    return "\n".join(out)
