@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from meshplan.costmodel import comm
 from meshplan.costmodel.memory import activation_bytes_per_element
@@ -45,11 +45,14 @@ class PassCost:
         return (self.gemm_s + self.attention_s + self.memory_bound_s + self.tp_comm_s
                 + self.overhead_s + self.zero3_s)
 
-    def __add__(self, other: "PassCost") -> "PassCost":
-        return PassCost(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+    def __add__(self, o: "PassCost") -> "PassCost":
+        return PassCost(self.gemm_s + o.gemm_s, self.attention_s + o.attention_s,
+                        self.memory_bound_s + o.memory_bound_s, self.tp_comm_s + o.tp_comm_s,
+                        self.overhead_s + o.overhead_s, self.zero3_s + o.zero3_s)
 
     def scaled(self, k: float) -> "PassCost":
-        return PassCost(*(getattr(self, f.name) * k for f in fields(self)))
+        return PassCost(self.gemm_s * k, self.attention_s * k, self.memory_bound_s * k,
+                        self.tp_comm_s * k, self.overhead_s * k, self.zero3_s * k)
 
 
 def gemm_s(gpu: GPUSpec, peak_flops: float, flops: float) -> float:

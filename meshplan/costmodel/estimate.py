@@ -20,7 +20,7 @@ from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activ
                                        logits_bytes, model_state_bytes, stage_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.pipeline import closed_form_step_time, inflight_microbatches
-from meshplan.costmodel.result import Estimate, StageMemory, TimeBreakdown
+from meshplan.costmodel.result import Estimate, StageMemories, TimeBreakdown
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
 from meshplan.costmodel.validate import check_layout
 from meshplan.hardware_profiles import Cluster
@@ -77,7 +77,7 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
               stage_layers: tuple[int, ...]) -> Estimate:
     gpu = cluster.gpu
     dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
-    mb, sp = layout.micro_batch, layout.sequence_parallel
+    mb, sp, zero = layout.micro_batch, layout.sequence_parallel, layout.zero
     m = layout.num_microbatches(job.global_batch)
     nstages = pp * v
     links = group_links(cluster, layout)
@@ -87,9 +87,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     # ---- ZeRO-3: parameters gathered per layer per micro-batch, gradients reduce-scattered.
     per = state_bytes_per_param(job)
     layer_param_bytes = stage_params(model, 1, tp, first=False, last=False, pp=pp) * per.weights
-    z3_fwd = z3_bwd = 0.0
-    z3_wire_layer = 0.0
-    if layout.zero == 3 and dp > 1:
+    z3_fwd = z3_bwd = z3_wire_layer = 0.0
+    if zero == 3 and dp > 1:
         ag = comm.all_gather_s(links.dp, layer_param_bytes)
         rs = comm.reduce_scatter_s(links.dp, layer_param_bytes)
         # FSDP prefetches the next layer's gather behind this layer's compute (Zhao et al. 2023,
@@ -97,134 +96,126 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         z3_fwd = max(0.0, ag - layer.forward.total_s)
         z3_bwd = max(0.0, ag + rs - layer.backward.total_s)
         z3_wire_layer = 3 * comm.wire_bytes_gather(dp, layer_param_bytes)
-    fwd_layer = layer.forward + PassCost(zero3_s=z3_fwd)
-    bwd_layer = layer.backward + PassCost(zero3_s=z3_bwd)
-    mb_overhead = PassCost(overhead_s=gpu.microbatch_overhead_s / (2 * v))
 
-    # ---- per virtual stage, per micro-batch
-    fwd: list[PassCost] = []
-    bwd: list[PassCost] = []
-    wgrad: list[float] = []
-    for c, n in enumerate(stage_layers):
-        f = fwd_layer.scaled(n) + mb_overhead
-        b = bwd_layer.scaled(n) + mb_overhead
-        w = n * layer.wgrad_s
-        if c == 0:
-            f, b = f + emb_f, b + emb_b
-        if c == nstages - 1:
-            f, b, w = f + log_f, b + log_b, w + log_w
-        fwd.append(f)
-        bwd.append(b)
-        wgrad.append(w)
-    f_s = tuple(x.total_s for x in fwd)
-    b_s = tuple(x.total_s for x in bwd)
-    pipe_s = closed_form_step_time(layout.schedule, f_s, b_s, m, pp=pp, vpp=v,
-                                   wgrad_s=tuple(wgrad), p2p_s=p2p if pp > 1 else 0.0)
-    pipe_no_p2p = (closed_form_step_time(layout.schedule, f_s, b_s, m, pp=pp, vpp=v,
-                                         wgrad_s=tuple(wgrad), p2p_s=0.0) if pp > 1 else pipe_s)
+    # ---- per virtual stage, per micro-batch (plain floats: this is the planner's hot path)
+    lf = layer.forward.total_s + z3_fwd
+    lb = layer.backward.total_s + z3_bwd
+    lw = layer.wgrad_s
+    mbo = gpu.microbatch_overhead_s / (2 * v)
+    f_s = [n * lf + mbo for n in stage_layers]
+    b_s = [n * lb + mbo for n in stage_layers]
+    w_s = [n * lw for n in stage_layers]
+    f_s[0] += emb_f.total_s
+    b_s[0] += emb_b.total_s
+    f_s[-1] += log_f.total_s
+    b_s[-1] += log_b.total_s
+    w_s[-1] += log_w
+    pipe_s, pipe_no_p2p = _pipeline_time(layout.schedule, tuple(f_s), tuple(b_s), tuple(w_s),
+                                         m, pp, v, p2p if pp > 1 else 0.0)
 
-    # ---- per pipeline rank: busy time, parameters, DP communication, optimizer, memory
+    # ---- per pipeline rank. Ranks with the same (layers, first, last) share model-state and
+    # data-parallel figures; only the in-flight activations differ.
     e = activation_bytes_per_element(job)
-    usable = cluster.usable_memory_bytes
-    stage_mem: list[StageMemory] = []
-    rank_tail: list[float] = []
-    rank_busy: list[float] = []
-    dp_total = dp_exposed_worst = 0.0
-    dp_wire_worst = 0.0
+    stored = acts.stored(layout.recompute)
+    emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
+    logits_b = logits_bytes(model, job, mb, tp)
+    gpipe = layout.schedule == "gpipe"
+    last_rank = (nstages - 1) % pp
+    base_buf = (2 * msg if pp > 1 else 0.0) + (2 * DP_BUCKET_BYTES if dp > 1 and zero < 3 else 0.0) \
+        + (2 * layer_param_bytes if zero == 3 and dp > 1 else 0.0)
+    shared: dict[tuple[int, bool, bool], tuple] = {}
+    tails: dict[tuple, float] = {}
+    inflight_all = _inflight_table(layout.schedule, pp, v, m)
+    rows: list[tuple] = []
+    worst_tail = -1.0
+    dp_total = dp_wire_worst = 0.0
+    dp_exposed_worst = opt_worst = 0.0
+    busy_best, br = -1.0, 0
+    recompute_buf = acts.full_bytes if layout.recompute != "none" else 0.0
     for r in range(pp):
-        chunks = range(r, nstages, pp)
-        layers_r = sum(stage_layers[c] for c in chunks)
-        first, last = r == 0, r == (nstages - 1) % pp
-        params_r = stage_params(model, layers_r, tp, first=first, last=last, pp=pp)
-        busy = m * sum(f_s[c] + b_s[c] for c in chunks)
-        rank_busy.append(busy)
+        if v == 1:
+            layers_r, fwd_r, bwd_r = stage_layers[r], f_s[r], b_s[r]
+        else:
+            chunks = range(r, nstages, pp)
+            layers_r = sum(stage_layers[c] for c in chunks)
+            fwd_r = sum(f_s[c] for c in chunks)
+            bwd_r = sum(b_s[c] for c in chunks)
+        if fwd_r + bwd_r > busy_best:
+            busy_best, br = fwd_r + bwd_r, r
+        first, last = r == 0, r == last_rank
+        key = (layers_r, first, last)
+        sh = shared.get(key)
+        if sh is None:
+            params_r = stage_params(model, layers_r, tp, first=first, last=last, pp=pp)
+            states = model_state_bytes(params_r, job, zero, dp)
+            dp_s, rs_or_ar, ag, wire = _dp_comm(links.dp, dp, zero, params_r, per, m, layers_r,
+                                                z3_fwd + z3_bwd, z3_wire_layer)
+            local = params_r / dp if zero >= 1 else params_r
+            opt_s = hbm_s(gpu, local * OPTIMIZER_BYTES_PER_PARAM)
+            tail_bucket = (comm.all_reduce_s(links.dp, min(params_r * per.grads, DP_BUCKET_BYTES))
+                           if job.overlap_dp_comm and dp > 1 else 0.0)
+            sh = shared[key] = (states, dp_s, rs_or_ar, ag, wire, opt_s, tail_bucket)
+            dp_total = max(dp_total, dp_s)
+            dp_wire_worst = max(dp_wire_worst, wire)
+        states, dp_s, rs_or_ar, ag, wire, opt_s, tail_bucket = sh
+        tkey = (key, fwd_r, bwd_r)
+        if tkey not in tails:
+            # Exposed data-parallel time: the gradient reduction can hide behind the last
+            # micro-batch's backward on this rank, the ZeRO-1/2 parameter all-gather behind
+            # the next step's first forward; the last bucket is always exposed (PyTorch DDP,
+            # Li et al. 2020, arXiv 2006.15704 §3.2.3; Megatron-Core overlap_grad_reduce and
+            # overlap_param_gather).
+            if zero == 3 or dp == 1:
+                exposed = 0.0
+            elif job.overlap_dp_comm:
+                exposed = max(tail_bucket, rs_or_ar - bwd_r) + max(0.0, ag - fwd_r)
+            else:
+                exposed = dp_s
+            tails[tkey] = exposed
+            if exposed + opt_s > worst_tail:
+                worst_tail, dp_exposed_worst, opt_worst = exposed + opt_s, exposed, opt_s
+        inflight = inflight_all[r]
+        act_b = inflight * layers_r * stored + (inflight * emb_act if first else 0.0)
+        logit_b = logits_b * (inflight if gpipe else 1.0) if last else 0.0
+        buf = base_buf + (recompute_buf if layers_r else 0.0)
+        rows.append((r, layers_r, states[0], states[1], states[2], act_b, logit_b, buf, inflight))
 
-        # Data-parallel gradient reduction (and ZeRO-1/2 parameter all-gather).
-        grad_bytes = params_r * per.grads
-        dp_s = exposed = wire = 0.0
-        if dp > 1:
-            last_bwd = sum(b_s[c] for c in chunks)
-            first_fwd = sum(f_s[c] for c in chunks)
-            tail = comm.all_reduce_s(links.dp, min(grad_bytes, DP_BUCKET_BYTES)) \
-                if job.overlap_dp_comm else 0.0
-            if layout.zero == 0:
-                dp_s = comm.all_reduce_s(links.dp, grad_bytes)
-                wire = comm.wire_bytes_all_reduce(dp, grad_bytes)
-                exposed = (max(tail, dp_s - last_bwd) if job.overlap_dp_comm else dp_s)
-            elif layout.zero in (1, 2):
-                rs = comm.reduce_scatter_s(links.dp, grad_bytes)
-                ag = comm.all_gather_s(links.dp, params_r * per.weights)
-                dp_s = rs + ag
-                wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
-                    dp, params_r * per.weights)
-                if job.overlap_dp_comm:
-                    exposed = max(tail, rs - last_bwd) + max(0.0, ag - first_fwd)
-                else:
-                    exposed = dp_s
-            else:  # ZeRO-3: per-layer traffic is in the stage times; count its volume here
-                dp_s = m * layers_r * (z3_fwd + z3_bwd)
-                wire = m * layers_r * z3_wire_layer
-        dp_total = max(dp_total, dp_s)
-        dp_wire_worst = max(dp_wire_worst, wire)
-        local_params = params_r / dp if layout.zero >= 1 else params_r
-        opt_s = hbm_s(gpu, local_params * OPTIMIZER_BYTES_PER_PARAM)
-        rank_tail.append(exposed + opt_s)
-        if exposed + opt_s >= max(rank_tail):
-            dp_exposed_worst, opt_worst = exposed, opt_s
+    step = pipe_s + worst_tail
+    busy = m * busy_best
 
-        # Memory.
-        w_b, g_b, o_b = model_state_bytes(params_r, job, layout.zero, dp)
-        inflight = inflight_microbatches(layout.schedule, pp, v, m, r)
-        act_b = inflight * layers_r * acts.stored(layout.recompute)
-        if first:  # embedding output (kept as the first layer's input / dropout mask)
-            act_b += inflight * job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
-        logit_b = logits_bytes(model, job, mb, tp) * (inflight if layout.schedule == "gpipe"
-                                                      else 1.0) if last else 0.0
-        buf = 2 * msg if pp > 1 else 0.0                       # p2p send/recv buffers
-        if dp > 1 and layout.zero < 3:
-            buf += 2 * DP_BUCKET_BYTES                        # buckets in flight
-        if layout.zero == 3 and dp > 1:
-            buf += 2 * layer_param_bytes                      # current + prefetched layer
-        if layout.recompute != "none" and layers_r:
-            buf += acts.full_bytes                            # one layer re-materialized
-        stage_mem.append(StageMemory(
-            stage=r, layers=layers_r, weights_bytes=w_b, grads_bytes=g_b, optimizer_bytes=o_b,
-            activations_bytes=act_b, embedding_logits_bytes=logit_b, buffers_bytes=buf,
-            inflight_microbatches=inflight))
-
-    worst = max(range(pp), key=lambda r: rank_tail[r])
-    tail_s = rank_tail[worst]
-    step = pipe_s + tail_s
-
-    # ---- breakdown on the busiest rank
-    br = max(range(pp), key=lambda r: rank_busy[r])
-    tot = PassCost()
-    for c in range(br, nstages, pp):
-        tot = tot + fwd[c] + bwd[c]
+    # ---- breakdown on the busiest rank (component sums, computed once)
+    chunks_br = range(br, nstages, pp)
+    layers_br = sum(stage_layers[c] for c in chunks_br)
+    tot = (layer.forward + layer.backward).scaled(layers_br) + PassCost(
+        overhead_s=2 * v * mbo, zero3_s=layers_br * (z3_fwd + z3_bwd))
+    if br == 0:
+        tot = tot + emb_f + emb_b
+    if br == last_rank:
+        tot = tot + log_f + log_b
     tot = tot.scaled(m)
     time = TimeBreakdown(
         gemm_s=tot.gemm_s, attention_s=tot.attention_s, memory_bound_s=tot.memory_bound_s,
         overhead_s=tot.overhead_s, tp_comm_s=tot.tp_comm_s,
-        pp_comm_s=pipe_s - pipe_no_p2p, bubble_s=max(0.0, pipe_no_p2p - rank_busy[br]),
+        pp_comm_s=pipe_s - pipe_no_p2p, bubble_s=max(0.0, pipe_no_p2p - busy),
         dp_comm_exposed_s=dp_exposed_worst, dp_comm_total_s=dp_total,
         zero3_gather_s=tot.zero3_s, optimizer_s=opt_worst)
 
     # ---- communication volume per GPU per step (busiest rank)
-    layers_br = sum(stage_layers[c] for c in range(br, nstages, pp))
-    tp_wire = m * layers_br * layer.tp_wire_bytes
-    pp_wire = m * v * 2 * msg if pp > 1 else 0.0
     z3_wire = m * layers_br * z3_wire_layer
-    dp_wire = dp_wire_worst - (z3_wire if layout.zero == 3 else 0.0)
-    comm_bytes = {"tp": tp_wire, "pp": pp_wire, "dp": max(0.0, dp_wire), "zero3": z3_wire}
+    comm_bytes = {"tp": m * layers_br * layer.tp_wire_bytes,
+                  "pp": m * v * 2 * msg if pp > 1 else 0.0,
+                  "dp": dp_wire_worst if zero < 3 else 0.0, "zero3": z3_wire}
     by_link = {"nvlink": 0.0, "network": 0.0}
-    for key, link in (("tp", links.tp), ("pp", links.pp), ("dp", links.dp), ("zero3", links.dp)):
-        by_link[link.link_class] += comm_bytes[key]
+    for k, link in (("tp", links.tp), ("pp", links.pp), ("dp", links.dp), ("zero3", links.dp)):
+        by_link[link.link_class] += comm_bytes[k]
 
-    peak_mem = max(sm.total_bytes for sm in stage_mem)
+    stage_mem = StageMemories(rows)
+    peak_mem = max(w + g + o + a + lg + bu for _, _, w, g, o, a, lg, bu, _ in rows)
     n_gpus = layout.num_gpus
     model_flops = model_flops_per_step(model, job.global_batch, job.seq_len)
     hw_flops = hardware_flops_per_step(model, job.global_batch, job.seq_len, layout.recompute)
     peak_flops = gpu.peak_flops(job.precision)
+    usable = cluster.usable_memory_bytes
     return Estimate(
         step_time_s=step,
         tokens_per_s=job.tokens_per_step / step,
@@ -233,9 +224,51 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         mfu=model_flops / step / n_gpus / peak_flops,
         hfu=hw_flops / step / n_gpus / peak_flops,
         memory_peak_bytes=peak_mem, usable_memory_bytes=usable, fits=peak_mem <= usable,
-        memory=tuple(stage_mem), time=time, comm_bytes=comm_bytes, comm_bytes_by_link=by_link,
-        num_microbatches=m, num_gpus=n_gpus, stage_forward_s=f_s, stage_backward_s=b_s,
-        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)
+        memory=stage_mem, time=time, comm_bytes=comm_bytes, comm_bytes_by_link=by_link,
+        num_microbatches=m, num_gpus=n_gpus, stage_forward_s=tuple(f_s),
+        stage_backward_s=tuple(b_s), model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops)
+
+
+@lru_cache(maxsize=65536)
+def _pipeline_time(schedule: str, f_s: tuple, b_s: tuple, w_s: tuple, m: int, pp: int, v: int,
+                   p2p: float) -> tuple[float, float]:
+    """Pipeline time with and without point-to-point transfers (cached: ZeRO 0-2 layouts
+    of the same shape share it)."""
+    with_p2p = closed_form_step_time(schedule, f_s, b_s, m, pp=pp, vpp=v, wgrad_s=w_s, p2p_s=p2p)
+    without = (closed_form_step_time(schedule, f_s, b_s, m, pp=pp, vpp=v, wgrad_s=w_s, p2p_s=0.0)
+               if p2p else with_p2p)
+    return with_p2p, without
+
+
+@lru_cache(maxsize=4096)
+def _inflight_table(schedule: str, pp: int, v: int, m: int) -> tuple[float, ...]:
+    return tuple(inflight_microbatches(schedule, pp, v, m, r) for r in range(pp))
+
+
+def _dp_comm(link, dp: int, zero: int, params_r: float, per, m: int, layers_r: int,
+             z3_layer_s: float, z3_wire_layer: float) -> tuple[float, float, float, float]:
+    """Data-parallel communication of one pipeline rank per step.
+
+    Returns (total seconds, gradient all-reduce / reduce-scatter seconds, parameter
+    all-gather seconds, bytes sent). ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter
+    gradients and all-gather updated parameters (the same volume, Rajbhandari et al. 2019
+    §7); ZeRO-3's per-layer traffic is inside the stage times (its exposed part) and counted
+    here for the totals.
+    """
+    if dp == 1:
+        return 0.0, 0.0, 0.0, 0.0
+    grad_bytes = params_r * per.grads
+    if zero == 0:
+        ar = comm.all_reduce_s(link, grad_bytes)
+        return ar, ar, 0.0, comm.wire_bytes_all_reduce(dp, grad_bytes)
+    if zero in (1, 2):
+        rs = comm.reduce_scatter_s(link, grad_bytes)
+        ag = comm.all_gather_s(link, params_r * per.weights)
+        wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
+            dp, params_r * per.weights)
+        return rs + ag, rs, ag, wire
+    return m * layers_r * z3_layer_s, 0.0, 0.0, m * layers_r * z3_wire_layer
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ Sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
 
@@ -131,20 +132,25 @@ def stage_params(model: ModelSpec, layers: int, tp: int, *, first: bool, last: b
     first stage; the last stage holds the output layer, which for tied embeddings is a copy
     of the embedding kept in sync by an all-reduce (Narayanan et al. 2021 §4, Megatron).
     """
+    per_layer, vh, pos, norm = _param_parts(model, tp)
+    n = layers * per_layer
+    if first:
+        n += vh + pos
+    if last:
+        n += norm
+        if not model.tied_embeddings or not first:
+            n += vh
+    return n
+
+
+@lru_cache(maxsize=1024)
+def _param_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, float]:
+    """(per-layer params on one tp rank, vocab shard, position embedding, final norm)."""
     h = model.hidden_size
     norm = h * (2 if model.norm == "layernorm" else 1)
     col_bias = (model.q_dim + 2 * model.kv_dim + model.ffn_matrices * model.ffn_hidden_size
                 if model.bias else 0)
     row_bias = 2 * h if model.bias else 0
     per_layer = (model.layer_matmul_params() + col_bias) / tp + row_bias + 2 * norm
-    n = layers * per_layer
-    vh = model.vocab_size * h / tp
-    if first:
-        n += vh
-        if model.position_embedding == "learned":
-            n += model.max_seq_len * h
-    if last:
-        n += norm
-        if not model.tied_embeddings or not first:
-            n += vh
-    return n
+    pos = model.max_seq_len * h if model.position_embedding == "learned" else 0
+    return per_layer, model.vocab_size * h / tp, pos, norm

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -28,6 +29,38 @@ class StageMemory:
     @property
     def model_state_bytes(self) -> float:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+class StageMemories(Sequence):
+    """The per-stage memory rows of an Estimate, turned into :class:`StageMemory` objects
+    only when read (the planner evaluates many estimates and reads few of them)."""
+
+    __slots__ = ("_rows", "_items")
+
+    def __init__(self, rows: Sequence[tuple]):
+        self._rows = tuple(rows)
+        self._items: tuple[StageMemory, ...] | None = None
+
+    def _all(self) -> tuple[StageMemory, ...]:
+        if self._items is None:
+            names = [f.name for f in fields(StageMemory)]
+            self._items = tuple(StageMemory(**dict(zip(names, row))) for row in self._rows)
+        return self._items
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __repr__(self) -> str:
+        return f"StageMemories({list(self._all())!r})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +107,7 @@ class Estimate:
     memory_peak_bytes: float
     usable_memory_bytes: float
     fits: bool
-    memory: tuple[StageMemory, ...]
+    memory: Sequence[StageMemory]         # per pipeline rank
     time: TimeBreakdown
     comm_bytes: dict[str, float]          # per GPU per step, by collective: tp, pp, dp, zero3
     comm_bytes_by_link: dict[str, float]  # per GPU per step: nvlink, network
@@ -90,7 +123,9 @@ class Estimate:
         return self.memory_peak_bytes / 2**30
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("memory", "time")}
+        d["comm_bytes"] = dict(self.comm_bytes)
+        d["comm_bytes_by_link"] = dict(self.comm_bytes_by_link)
         d["memory"] = [dict(asdict(m), total_bytes=m.total_bytes) for m in self.memory]
         d["time"] = dict(asdict(self.time), compute_s=self.time.compute_s)
         d["stage_forward_s"] = list(self.stage_forward_s)

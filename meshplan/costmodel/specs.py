@@ -78,6 +78,13 @@ class ModelSpec:
                 f"ModelSpec.num_heads = {self.num_heads} is not a multiple of "
                 f"num_kv_heads = {self.num_kv_heads}")
 
+    def __hash__(self) -> int:  # cached: specs key the cost model's caches
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # ---- derived sizes -------------------------------------------------------------
     @property
     def q_dim(self) -> int:

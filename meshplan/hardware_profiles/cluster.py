@@ -63,6 +63,15 @@ class Cluster:
             raise ConfigError(f"Cluster {self.name!r}: the memory reserve exceeds the GPU's "
                               f"{self.gpu.memory_bytes} bytes")
 
+    def __hash__(self) -> int:  # cached: clusters key the cost model's caches
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.name, self.gpu, self.gpus_per_node, self.nodes, self.intra_latency_us,
+                      self.network, self.price_per_gpu_hour, self.memory_reserve_bytes,
+                      self.memory_reserve_fraction, self.rank_order))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # ---- sizes -----------------------------------------------------------------------
     @property
     def num_gpus(self) -> int:
