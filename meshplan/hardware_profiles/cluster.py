@@ -188,7 +188,10 @@ def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,
     elif file_gpus is not None and gname in file_gpus[0]:
         gpu = gpu_from_table(gname, file_gpus[0][gname], f"{file_gpus[1]} [gpus.{gname}]")
     else:
-        gpu = builtin_gpu(gname)
+        try:
+            gpu = builtin_gpu(gname)
+        except ConfigError as exc:
+            raise ProfileError(f"{where}: key 'gpu': {exc}") from None
     intra = get(t, "intra_node", dict, where, {})
     net = get(t, "network", dict, where)
     nwhere = f"{where}.network"

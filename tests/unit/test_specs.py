@@ -1,0 +1,127 @@
+"""ModelSpec / Job / Layout: presets, Hugging Face configs, validation messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import meshplan as mp
+from meshplan.costmodel.specs import default_stage_layers
+
+
+@pytest.mark.parametrize("name,billions,tol", [
+    ("llama3-8b", 8.03, 0.005), ("llama3-70b", 70.55, 0.01), ("llama3-405b", 405.85, 0.01),
+    ("llama2-7b", 6.74, 0.005), ("llama2-13b", 13.02, 0.01), ("llama2-70b", 68.98, 0.01),
+    ("gpt3-175b", 174.6, 0.05), ("megatron-8.3b", 8.3, 0.05), ("gpt-1t", 1008.0, 0.1),
+])
+def test_preset_parameter_counts_match_published(name, billions, tol):
+    assert mp.ModelSpec.preset(name).num_params() / 1e9 == pytest.approx(billions, abs=tol)
+
+
+def test_every_preset_builds():
+    for name in mp.ModelSpec.preset_names():
+        m = mp.ModelSpec.preset(name)
+        assert m.num_params() > 1e9 and m.name == name
+
+
+def test_unknown_preset_suggests_closest():
+    with pytest.raises(mp.UnknownPresetError, match="llama3-8b"):
+        mp.ModelSpec.preset("llama3-8")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_layers=0), "num_layers"),
+    (dict(hidden_size=-4), "hidden_size"),
+    (dict(num_heads=7), "divisible by num_heads"),
+    (dict(num_kv_heads=3), "num_kv_heads"),
+    (dict(activation="relu"), "activation"),
+])
+def test_model_spec_rejects_bad_values(kwargs, match):
+    base = dict(num_layers=2, hidden_size=64, num_heads=4, vocab_size=100)
+    base.update(kwargs)
+    with pytest.raises(mp.ConfigError, match=match):
+        mp.ModelSpec(**base)
+
+
+LLAMA3_8B_HF = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+}
+
+
+def test_from_hf_config_llama_matches_preset(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA3_8B_HF))
+    m = mp.ModelSpec.from_hf_config(path)
+    assert m.num_params() == mp.ModelSpec.preset("llama3-8b").num_params()
+
+
+@pytest.mark.parametrize("cfg,params_b", [
+    ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+      "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+      "vocab_size": 32000, "tie_word_embeddings": False}, 7.24),
+    ({"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+      "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+      "vocab_size": 152064, "tie_word_embeddings": False, "attention_bias": True}, 7.62),
+    ({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+      "n_positions": 1024}, 0.124),
+    ({"model_type": "gpt_neox", "hidden_size": 2560, "intermediate_size": 10240,
+      "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 50304,
+      "max_position_embeddings": 2048, "tie_word_embeddings": False}, 2.78),
+])
+def test_from_hf_config_families(cfg, params_b):
+    m = mp.ModelSpec.from_hf_config(cfg)
+    assert m.num_params() / 1e9 == pytest.approx(params_b, rel=0.01)
+
+
+def test_from_hf_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(mp.ConfigError, match="does not exist"):
+        mp.ModelSpec.from_hf_config(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(mp.ConfigError, match="not valid JSON"):
+        mp.ModelSpec.from_hf_config(bad)
+    with pytest.raises(mp.ConfigError, match="num_attention_heads"):
+        mp.ModelSpec.from_hf_config({"model_type": "llama", "hidden_size": 64,
+                                     "intermediate_size": 128, "num_hidden_layers": 2,
+                                     "vocab_size": 10})
+    with pytest.raises(mp.ConfigError, match="not understood"):
+        mp.ModelSpec.from_hf_config({"model_type": "t5"})
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dp=0), "dp"), (dict(schedule="pipedream"), "schedule"),
+    (dict(vpp=2), "interleaved"), (dict(sequence_parallel=True), "tp > 1"),
+    (dict(recompute="some"), "recompute"), (dict(zero=4), "zero"),
+    (dict(pp=2, stage_layers=(3,)), "pp·vpp"), (dict(pp=2, stage_layers=(3, -1)), "non-negative"),
+])
+def test_layout_rejects_bad_values(kwargs, match):
+    with pytest.raises(mp.ConfigError, match=match):
+        mp.Layout(**kwargs)
+
+
+def test_job_rejects_bad_values():
+    with pytest.raises(mp.ConfigError, match="global_batch"):
+        mp.Job(global_batch=0, seq_len=10)
+    with pytest.raises(mp.ConfigError, match="precision"):
+        mp.Job(global_batch=1, seq_len=10, precision="int8")
+    with pytest.raises(mp.ConfigError, match="tokens"):
+        mp.Job(global_batch=1, seq_len=10, tokens=-5)
+
+
+def test_layout_round_trips_through_dict():
+    lay = mp.Layout(dp=2, pp=2, tp=2, schedule="interleaved-1f1b", vpp=2,
+                    stage_layers=(1, 2, 2, 1), sequence_parallel=True, zero=1)
+    assert mp.Layout.from_dict(lay.to_dict()) == lay
+    with pytest.raises(mp.ConfigError, match="no field"):
+        mp.Layout.from_dict({"dp": 1, "bogus": 3})
+
+
+def test_default_stage_layers_even_and_complete():
+    assert default_stage_layers(10, 4) == (2, 3, 3, 2)
+    assert default_stage_layers(8, 4) == (2, 2, 2, 2)
+    for n, s in [(96, 16), (126, 16), (5, 5), (7, 2)]:
+        split = default_stage_layers(n, s)
+        assert sum(split) == n and max(split) - min(split) <= 1

@@ -1,0 +1,127 @@
+"""The cost model against published numbers: exact formulas and published training runs."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from meshplan import ModelSpec
+from meshplan.costmodel import estimate
+from meshplan.costmodel.flops import (hardware_flops_per_step, model_flops_per_step)
+from meshplan.costmodel.memory import layer_activations, model_state_bytes
+from meshplan.costmodel.specs import Job
+
+from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, narayanan2021, read_rows,
+                            shoeybi2019)
+
+
+# ---- exact formulas -------------------------------------------------------------------
+
+KORTHIKANTI_CASES = [  # (s, b, h, a, t)
+    (2048, 1, 12288, 96, 8), (2048, 4, 4096, 32, 2), (1024, 8, 3072, 32, 4), (512, 2, 1024, 16, 1),
+]
+
+
+def _gpt(h, a):
+    return ModelSpec(num_layers=2, hidden_size=h, num_heads=a, vocab_size=51200,
+                     max_seq_len=4096, dropout=True)
+
+
+@pytest.mark.parametrize("s,b,h,a,t", KORTHIKANTI_CASES)
+def test_korthikanti_table2_activation_bytes(s, b, h, a, t):
+    """Korthikanti et al. 2022 Table 2, every configuration, to the byte."""
+    model = _gpt(h, a)
+    job = Job(global_batch=b, seq_len=s, flash_attention=False)
+    sbh = s * b * h
+    tp = layer_activations(model, job, b, t, False)
+    sp = layer_activations(model, job, b, t, True)
+    one = layer_activations(model, job, b, 1, False)
+    assert one.stored("none") == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-12)
+    assert tp.stored("none") == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert sp.stored("none") == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert tp.stored("selective") == pytest.approx(sbh * (10 + 24 / t), rel=1e-12)
+    assert sp.stored("selective") == pytest.approx(34 * sbh / t, rel=1e-12)
+    assert tp.stored("full") == pytest.approx(2 * sbh, rel=1e-12)
+
+
+def test_korthikanti_reference_file_is_the_one_checked():
+    text = (DATA / "korthikanti2022_activation_memory.md").read_text()
+    assert "s*b*h*(10 + 24/t + 5*a*s/(h*t))" in text and "34*s*b*h/t" in text
+
+
+@pytest.mark.parametrize("row", read_rows("narayanan2021_table1.csv"), ids=lambda r: r["params_b"])
+def test_narayanan_eq2_parameter_count(row):
+    """Eq. 2: P = 12lh²(1 + 13/(12h) + (V + s)/(12lh)); the Table 1 sizes follow from it."""
+    l, h, V, s = int(row["layers"]), int(row["hidden"]), 51200, 2048
+    eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    model = ModelSpec(num_layers=l, hidden_size=h, num_heads=int(row["heads"]), vocab_size=V,
+                      max_seq_len=s)
+    # meshplan also counts the final LayerNorm (2h), which eq. 2 leaves out.
+    assert model.num_params() - 2 * h == pytest.approx(eq2, rel=1e-12)
+    assert model.num_params() / 1e9 == pytest.approx(float(row["params_b"]), abs=0.051)
+
+
+@pytest.mark.parametrize("row", read_rows("narayanan2021_table1.csv"), ids=lambda r: r["params_b"])
+def test_narayanan_eq3_flops_and_tflops_column(row):
+    """Eq. 3 (full recompute): F = 96Bslh²(1 + s/(6h) + V/(16lh)); with the published step
+    time it reproduces the table's TFLOP/s column."""
+    l, h, V, s, B = int(row["layers"]), int(row["hidden"]), 51200, 2048, int(row["global_batch"])
+    model = ModelSpec(num_layers=l, hidden_size=h, num_heads=int(row["heads"]), vocab_size=V,
+                      max_seq_len=s)
+    eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    assert hardware_flops_per_step(model, B, s, "full") == pytest.approx(eq3, rel=1e-12)
+    tflops = eq3 / float(row["implied_step_time_s"]) / int(row["gpus"]) / 1e12
+    assert tflops == pytest.approx(float(row["tflops_per_gpu"]), rel=0.01)
+
+
+def test_korthikanti_eq7_model_flops():
+    model = ModelSpec.preset("gpt3-175b")
+    B, s, l, h, V = 1536, 2048, 96, 12288, 51200
+    eq7 = 72 * B * l * s * h * h * (1 + s / (6 * h) + V / (12 * h * l))
+    assert model_flops_per_step(model, B, s) == pytest.approx(eq7, rel=1e-12)
+
+
+@pytest.mark.parametrize("row", read_rows("zero2019_model_states.csv"),
+                         ids=lambda r: f"{r['params_b']}B-dp{r['dp']}")
+def test_zero_table1_model_states(row):
+    """Rajbhandari et al. 2019 Table 1 (GB = 1e9 bytes, as printed, to its rounding)."""
+    params, dp = float(row["params_b"]) * 1e9, int(row["dp"])
+    job = Job(global_batch=1, seq_len=1, precision="fp16")
+    for zero, col in ((1, "zero1_gb"), (2, "zero2_gb"), (3, "zero3_gb")):
+        got = sum(model_state_bytes(params, job, zero, dp)) / 1e9
+        want = float(row[col])
+        # the table prints 2-4 significant digits
+        assert got == pytest.approx(want, rel=0.006, abs=0.006), (zero, got, want)
+
+
+# ---- published runs ---------------------------------------------------------------------
+
+NARAYANAN = narayanan2021()
+
+
+@pytest.mark.parametrize("run", NARAYANAN, ids=lambda r: r.label)
+def test_narayanan_table1_step_time_within_10pct(run):
+    est = estimate(run.model, run.cluster, run.job, run.layout)
+    err = (est.step_time_s - run.published) / run.published
+    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
+
+
+def test_narayanan_table1_mean_error_within_5pct():
+    errs = [abs(estimate(r.model, r.cluster, r.job, r.layout).step_time_s - r.published)
+            / r.published for r in NARAYANAN]
+    assert sum(errs) / len(errs) <= 0.05, [round(e, 3) for e in errs]
+
+
+def test_shoeybi_2019_baseline_and_scaling():
+    runs = {(r.model.name, r.layout.num_gpus): r for r in shoeybi2019()}
+    def hw_tflops(key):
+        r = runs[key]
+        return estimate(r.model, r.cluster, r.job, r.layout).hardware_tflops_per_gpu
+    base = hw_tflops(("megatron-1.2b", 1))
+    assert base == pytest.approx(SHOEYBI_BASELINE_TFLOPS, rel=0.05)
+    for key in (("megatron-8.3b", 8), ("megatron-8.3b", 512)):
+        eff = 100 * hw_tflops(key) / base
+        assert abs(eff - runs[key].published) <= 5.0, (key, eff, runs[key].published)
