@@ -1,0 +1,252 @@
+"""Turn raw microbenchmark timings into a calibrated profile (pure Python, no torch).
+
+Every efficiency is defined so that the cost model, fed the profile, reproduces the
+measured time of the benchmark it came from (meshplan/costmodel/compute.py and comm.py):
+
+* GEMM (x[m,k] · W[n,k]ᵀ, forward + data-gradient + weight-gradient): the cost model
+  charges ``F / (peak · eff(F))`` forward and twice that backward, F = 2mkn (Narayanan et
+  al. 2021, arXiv 2104.04473 §5.1), so ``eff(F) = 3F / (peak · t_fwd+bwd)``.
+* Causal flash attention: executed forward FLOPs ``E = 4·b·s²·d·heads / 2`` (masked half
+  skipped, Dao 2022, arXiv 2205.14135) and backward = 2.5 × forward, so
+  ``eff(E) = 3.5·E / (peak · t_fwd+bwd)``.
+* Memory-bound ops: bytes counted as the cost model counts them (norm 2 elements per
+  element, residual add 3, activation in+out, optimizer 32 B/param), forward + backward
+  (backward moves twice the forward bytes); ``hbm_efficiency = Σbytes / (Σt · hbm_gbps)``.
+* Collectives (ring; Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention,
+  nccl-tests/doc/PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer in 2(n-1) steps,
+  reduce-scatter / all-gather (n-1)/n in n-1 steps; ``eff(S) = bus_bytes / ((t - steps ·
+  hop_latency) · nvlink_gbps)``.
+
+Outside the measured range a curve falls back to the base (datasheet) profile's shape,
+scaled to meet the nearest measured point, so there is no jump at the edge.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR
+from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.gpu import GPUSpec
+
+MERGE_DECADES = 0.05       # points closer than this in log10(size) are averaged
+MAX_EFFICIENCY = 1.0
+MIN_EFFICIENCY = 1e-4
+# Collective sizes whose time is mostly latency are kept out of the bandwidth curve.
+MIN_CURVE_MESSAGE_BYTES = 1 << 16
+
+
+def gemm_efficiency(m: int, k: int, n: int, seconds: float, peak_flops: float) -> float:
+    return 3.0 * (2.0 * m * k * n) / (peak_flops * seconds)
+
+
+def attention_executed_flops(batch: int, seq: int, heads: int, head_dim: int) -> float:
+    return 4.0 * batch * seq * seq * head_dim * heads / 2
+
+
+def attention_efficiency(batch: int, seq: int, heads: int, head_dim: int, seconds: float,
+                         peak_flops: float) -> float:
+    e = attention_executed_flops(batch, seq, heads, head_dim)
+    return (1.0 + FLASH_BACKWARD_FACTOR) * e / (peak_flops * seconds)
+
+
+def collective_bus_bytes(op: str, group_size: int, nbytes: float) -> tuple[float, int]:
+    """(bytes each rank moves, ring steps) of one collective of an ``nbytes`` buffer."""
+    n = group_size
+    if op == "all_reduce":
+        return 2 * (n - 1) / n * nbytes, 2 * (n - 1)
+    if op in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n * nbytes, n - 1
+    if op == "p2p":
+        return float(nbytes), 1
+    raise ProfileError(f"unknown collective {op!r}; expected all_reduce, reduce_scatter, "
+                       f"all_gather or p2p")
+
+
+def collective_efficiency(op: str, group_size: int, nbytes: float, seconds: float,
+                          link_gbps: float, hop_latency_s: float) -> float:
+    bus, steps = collective_bus_bytes(op, group_size, nbytes)
+    # Latency can only explain part of the time; the floor keeps tiny messages finite.
+    t = max(seconds - steps * hop_latency_s, 0.5 * seconds)
+    return bus / (t * link_gbps * 1e9)
+
+
+def merge_points(points: Iterable[tuple[float, float]],
+                 decades: float = MERGE_DECADES) -> list[tuple[float, float]]:
+    """Sort by size and average runs of points closer than ``decades`` in log10(size)
+    (geometric mean of sizes, arithmetic mean of efficiencies); clip to (0, 1]."""
+    pts = sorted((float(x), float(y)) for x, y in points if x > 0 and math.isfinite(y))
+    out: list[tuple[float, float]] = []
+    group: list[tuple[float, float]] = []
+
+    def flush():
+        if group:
+            lx = sum(math.log10(x) for x, _ in group) / len(group)
+            y = sum(y for _, y in group) / len(group)
+            out.append((_sig(10 ** lx), _sig(min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, y)))))
+
+    for p in pts:
+        if group and math.log10(p[0]) - math.log10(group[0][0]) > decades:
+            flush()
+            group = []
+        group.append(p)
+    flush()
+    return out
+
+
+def _sig(x: float, digits: int = 5) -> float:
+    """Round to significant digits: profiles are read by people too."""
+    return float(f"{x:.{digits}g}")
+
+
+def extend_with_base(measured: Sequence[tuple[float, float]], base: Curve | None) -> Curve:
+    """Measured points, plus the base curve's points outside the measured range scaled so
+    they meet the first / last measured point (datasheet shape as the fallback)."""
+    if not measured:
+        raise ProfileError("no measured points for an efficiency curve")
+    pts = list(measured)
+    if base is not None:
+        (x0, y0), (x1, y1) = pts[0], pts[-1]
+        lo_scale = y0 / base(x0) if base(x0) > 0 else 1.0
+        hi_scale = y1 / base(x1) if base(x1) > 0 else 1.0
+        margin = 10 ** MERGE_DECADES
+        below = [(x, min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, y * lo_scale)))
+                 for x, y in base.points if x < x0 / margin]
+        above = [(x, min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, y * hi_scale)))
+                 for x, y in base.points if x > x1 * margin]
+        pts = below + pts + above
+    return Curve(tuple(pts))
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
+                  base: GPUSpec | None, device: str, provenance: Mapping[str, Any],
+                  cpu_peak_tflops: float | None = None, cpu_memory_gbps: float | None = None,
+                  memory_bytes: int | None = None, precision: str = "bf16") -> dict[str, Any]:
+    """The profile document (a dict for :func:`meshplan.calibrate.tomlfile.dumps`).
+
+    ``measurements`` holds the raw rows of each benchmark: ``gemm`` (m, k, n, seconds),
+    ``attention`` (batch, seq, heads, head_dim, seconds), ``membound`` (op, model_bytes,
+    seconds), ``collectives`` (op, group_size, nbytes, seconds), ``latency`` (group_size,
+    seconds), ``overheads`` (kind, seconds). On CPU there is no datasheet: ``base`` is None
+    and the peak (``cpu_peak_tflops``, a measured matmul peak) and memory bandwidth
+    (``cpu_memory_gbps``, a measured copy) stand in for it.
+    """
+    measured: list[str] = []
+    rows = {k: list(v) for k, v in measurements.items()}
+    if base is None:
+        if not (cpu_peak_tflops and cpu_memory_gbps and memory_bytes):
+            raise ProfileError("a profile without a base GPU needs the measured peak, memory "
+                               "bandwidth and memory size")
+        peak_tflops = {"bf16": cpu_peak_tflops, "fp16": cpu_peak_tflops, "fp32": cpu_peak_tflops}
+        hbm_gbps, link_gbps = float(cpu_memory_gbps), None
+        measured += ["peak_tflops", "hbm_gbps", "memory_bytes"]
+    else:
+        peak_tflops = dict(base.peak_tflops)
+        hbm_gbps, link_gbps = base.hbm_gbps, base.nvlink_gbps
+    peak = float(peak_tflops[precision if precision in peak_tflops else "bf16"]) * 1e12
+    if base is not None:
+        peak = base.peak_flops(precision)
+
+    gpu: dict[str, Any] = {}
+    for r in rows.get("gemm", []):
+        r["flops"] = 2.0 * r["m"] * r["k"] * r["n"]
+        r["efficiency"] = gemm_efficiency(r["m"], r["k"], r["n"], r["seconds"], peak)
+    if rows.get("gemm"):
+        pts = merge_points((r["flops"], r["efficiency"]) for r in rows["gemm"])
+        gpu["gemm_efficiency"] = extend_with_base(pts, base and base.gemm_efficiency).to_list()
+        measured.append("gemm_efficiency")
+    for r in rows.get("attention", []):
+        r["executed_flops"] = attention_executed_flops(r["batch"], r["seq"], r["heads"],
+                                                       r["head_dim"])
+        r["efficiency"] = attention_efficiency(r["batch"], r["seq"], r["heads"], r["head_dim"],
+                                               r["seconds"], peak)
+    if rows.get("attention"):
+        pts = merge_points((r["executed_flops"], r["efficiency"]) for r in rows["attention"])
+        gpu["attention_efficiency"] = extend_with_base(
+            pts, base and base.attention_efficiency).to_list()
+        measured.append("attention_efficiency")
+    mb = rows.get("membound", [])
+    for r in mb:
+        r["achieved_gbps"] = r["model_bytes"] / r["seconds"] / 1e9
+        r["efficiency"] = r["achieved_gbps"] / hbm_gbps
+    if mb:
+        eff = sum(r["model_bytes"] for r in mb) / sum(r["seconds"] for r in mb) / 1e9 / hbm_gbps
+        gpu["hbm_efficiency"] = min(MAX_EFFICIENCY, eff)
+        measured.append("hbm_efficiency")
+
+    cluster: dict[str, Any] = {}
+    lat_rows = rows.get("latency", [])
+    hop_latency_s = None
+    if lat_rows:
+        hop_latency_s = _median([r["seconds"] / collective_bus_bytes("all_reduce",
+                                                                     r["group_size"], 1)[1]
+                                 for r in lat_rows])
+        cluster["intra_latency_us"] = hop_latency_s * 1e6
+        measured.append("intra_latency_us")
+    coll = [r for r in rows.get("collectives", []) if r["op"] != "p2p"]
+    if coll:
+        if link_gbps is None:  # CPU/gloo: the best bus bandwidth seen stands in for the link
+            link_gbps = max(collective_bus_bytes(r["op"], r["group_size"], r["nbytes"])[0]
+                            / r["seconds"] / 1e9 for r in coll)
+            measured.append("nvlink_gbps")
+        lat = hop_latency_s or 0.0
+        for r in rows.get("collectives", []):
+            r["busbw_gbps"] = (collective_bus_bytes(r["op"], r["group_size"], r["nbytes"])[0]
+                               / r["seconds"] / 1e9)
+            r["efficiency"] = collective_efficiency(r["op"], r["group_size"], r["nbytes"],
+                                                    r["seconds"], link_gbps, lat)
+        # p2p is kept out: the cost model has one NVLink curve for collectives and p2p,
+        # and pipeline p2p reaches a different fraction of the link (see docs/calibrate.md).
+        pts = merge_points((r["nbytes"], r["efficiency"]) for r in coll
+                           if r["nbytes"] >= MIN_CURVE_MESSAGE_BYTES)
+        if pts:
+            gpu["nvlink_efficiency"] = extend_with_base(
+                pts, base and base.nvlink_efficiency).to_list()
+            measured.append("nvlink_efficiency")
+    for kind in ("layer_overhead_s", "microbatch_overhead_s"):
+        vals = [r["seconds"] for r in rows.get("overheads", []) if r["kind"] == kind]
+        if vals:
+            gpu[kind] = max(0.0, _median(vals))
+            measured.append(kind)
+
+    if base is not None:
+        full = base.to_dict()
+        name, base_name = base.name, base.name
+    else:
+        name, base_name = "cpu", ""
+        full = {"peak_tflops": peak_tflops, "memory_bytes": int(memory_bytes),
+                "hbm_gbps": hbm_gbps,
+                # no NVLink on a CPU: placeholders, marked unmeasured unless gloo was timed
+                "nvlink_gbps": link_gbps or hbm_gbps,
+                "gemm_efficiency": [[1e9, 0.5]], "attention_efficiency": [[1e9, 0.5]],
+                "hbm_efficiency": 0.5, "nvlink_efficiency": [[1e6, 0.5]],
+                "layer_overhead_s": 0.0, "microbatch_overhead_s": 0.0}
+    full.update(gpu)
+    if link_gbps is not None:
+        full["nvlink_gbps"] = link_gbps
+    full["peak_tflops"] = peak_tflops
+    prov = dict(provenance)
+    full["provenance"] = (f"calibrated on {prov.get('machine', '?')} ({prov.get('gpu_name', device)})"
+                          f" {prov.get('date', '')}, torch {prov.get('torch', '?')}")
+    full.pop("name", None)
+    gpu_table = {"name": name, "base": base_name, **full}
+    doc: dict[str, Any] = {"schema": SCHEMA, "version": VERSION, "measured": measured,
+                           "provenance": prov, "gpu": gpu_table}
+    if cluster:
+        doc["cluster"] = cluster
+    doc["measurements"] = {k: v for k, v in rows.items() if v}
+    return doc
+
+
+__all__ = ["build_profile", "merge_points", "extend_with_base", "gemm_efficiency",
+           "attention_efficiency", "collective_efficiency", "collective_bus_bytes",
+           "attention_executed_flops"]

@@ -1,0 +1,181 @@
+"""``meshplan calibrate``: run the microbenchmarks on this machine and write a profile.
+
+Launched as one process (CPU, or one GPU) or by torchrun across the node's GPUs
+(``WORLD_SIZE`` > 1: NCCL on CUDA, gloo on CPU). Every rank runs the compute benchmarks at
+the same time — training keeps all GPUs busy, so clocks and power are as in a real step —
+then the collectives; rank 0 writes the profile, atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from meshplan.costmodel.specs import ModelSpec
+from meshplan.errors import ConfigError, ProfileError
+
+# torch device name fragment -> built-in GPU profile (checked in order)
+DEVICE_NAME_TO_GPU = (("H200", "H200-SXM-141GB"), ("H100", "H100-SXM5-80GB"),
+                      ("B200", "B200"), ("V100", "V100-SXM3-32GB"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    out: Path
+    device: str = "auto"           # auto | cuda | cpu
+    quick: bool = False
+    model: ModelSpec | None = None
+    seq_len: int | None = None
+    base_gpu: str | None = None
+    max_tp: int = 8
+    show_progress: bool = True
+
+
+def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
+    for frag, name in DEVICE_NAME_TO_GPU:
+        if frag in device_name:
+            return name
+    if "A100" in device_name:
+        return "A100-SXM4-80GB" if memory_bytes > 60 * 2**30 else "A100-SXM4-40GB"
+    from meshplan.hardware_profiles import builtin_gpu_names
+    raise ConfigError(f"cannot tell which built-in GPU profile {device_name!r} extends; pass "
+                      f"--base-gpu with one of {', '.join(builtin_gpu_names())}")
+
+
+def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
+    import torch
+    from meshplan import __version__
+    cuda = device.type == "cuda"
+    nccl = ""
+    if cuda:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # NCCL missing from this build: leave it empty
+            nccl = ""
+    return {
+        "machine": socket.gethostname(), "date": datetime.now(timezone.utc).isoformat(
+            timespec="seconds"),
+        "device": device.type,
+        "gpu_name": torch.cuda.get_device_name(device) if cuda else
+        (platform.processor() or platform.machine() or "cpu"),
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "world_size": world, "torch": torch.__version__,
+        "cuda": torch.version.cuda or "" if cuda else "", "nccl": nccl,
+        "cpu_threads": torch.get_num_threads(),
+        "python": platform.python_version(), "meshplan": __version__,
+        "quick": options.quick, "model": options.model.name if options.model else "",
+        "command": " ".join(sys.argv),
+    }
+
+
+def _init_distributed(device_kind: str):
+    import torch
+    import torch.distributed as dist
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if device_kind == "auto":
+        device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device; use "
+                          "--device cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local}" if device_kind == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+    return device, world
+
+
+def calibrate(options: CalibrateOptions) -> Path | None:
+    """Run everything; rank 0 returns the written profile's path, other ranks None."""
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.calibrate import bench_comm, bench_compute, bench_overhead, shapes
+    from meshplan.calibrate.profile import build_profile
+    from meshplan.calibrate.progress import Progress
+    from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+    from meshplan.hardware_profiles import builtin_gpu
+
+    device, world = _init_distributed(options.device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    kind = device.type
+    base = None
+    if kind == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        base = builtin_gpu(options.base_gpu or detect_base_gpu(props.name, props.total_memory))
+    elif options.base_gpu:
+        raise ConfigError(f"--base-gpu {options.base_gpu!r} applies to GPU calibration; a CPU "
+                          f"profile is measured against the CPU's own matmul peak")
+    if kind == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if options.model is not None:
+        seq = options.seq_len or options.model.max_seq_len
+        gemms = shapes.model_gemm_shapes(options.model, seq, max_tp=options.max_tp)
+        attn = shapes.model_attention_shapes(options.model, seq, max_tp=options.max_tp)
+        if kind == "cpu" and options.quick:
+            gemms, attn = gemms[:6], attn[:4]
+    else:
+        gemms = shapes.default_gemm_shapes(options.quick, kind)
+        attn = shapes.default_attention_shapes(options.quick, kind)
+    sizes = shapes.collective_sizes(options.quick, kind)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
+    total = len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
+    prog = Progress(total, enabled=options.show_progress and rank == 0)
+    prog.note(f"meshplan calibrate: {kind}, world size {world}, "
+              f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes"
+              + (f", base profile {base.name}" if base else ""))
+
+    rows: dict[str, list[dict[str, Any]]] = {"gemm": [], "attention": [], "membound": [],
+                                             "overheads": [], "collectives": [], "latency": []}
+    cpu_peak = cpu_bw = mem = None
+    if kind == "cpu":
+        cpu_peak, rows["cpu_peak"] = bench_compute.cpu_matmul_peak_tflops(options.quick)
+        cpu_bw = bench_compute.cpu_copy_gbps(shapes.membound_elements(options.quick, kind))
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        prog.step(f"cpu peak {cpu_peak:.3f} TFLOP/s, copy {cpu_bw:.1f} GB/s")
+    for g in gemms:
+        r = bench_compute.bench_gemm(g, device)
+        rows["gemm"].append(r)
+        prog.step(f"gemm {g.m}x{g.k}x{g.n} {g.label}: "
+                  f"{6 * g.m * g.k * g.n / r['seconds'] / 1e12:.2f} TFLOP/s")
+    for a in attn:
+        r = bench_compute.bench_attention(a, device)
+        rows["attention"].append(r)
+        prog.step(f"attention b{a.batch} s{a.seq} h{a.heads} d{a.head_dim}: "
+                  f"{r['seconds'] * 1e3:.3f} ms")
+    rows["membound"] = bench_compute.bench_membound(shapes.membound_elements(options.quick, kind),
+                                                    device)
+    prog.step("memory-bound ops: " + ", ".join(
+        f"{r['op']} {r['model_bytes'] / r['seconds'] / 1e9:.0f} GB/s" for r in rows["membound"]))
+    rows["overheads"] = bench_overhead.bench_overheads(device, options.model,
+                                                       iters=5 if options.quick else 10)
+    prog.step("fixed overheads: " + ", ".join(f"{r['kind']} {r['seconds'] * 1e6:.0f} us"
+                                                for r in rows["overheads"]))
+    if world > 1:
+        dist.barrier()
+        rows.update(bench_comm.bench_collectives(sizes, device, iters=10 if options.quick else 20,
+                                                 progress=prog))
+    else:
+        prog.note("world size 1: collectives skipped (launch with torchrun across the GPUs "
+                  "to measure them)")
+    path = None
+    if rank == 0:
+        doc = build_profile(measurements=rows, base=base, device=kind,
+                            provenance=provenance(device, options, world),
+                            cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem)
+        path = write_text_atomic(options.out, dumps(doc))
+        prog.note(f"wrote {path} (measured: {', '.join(doc['measured'])})")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return path

@@ -1,0 +1,74 @@
+"""``meshplan calibrate``: measure this machine and write a profile for ``--profile``.
+
+    meshplan calibrate --device cpu --quick --out cpu.toml          # one process, CPU
+    meshplan calibrate --nproc 4 --out h100.toml                    # spawns torchrun on 4 GPUs
+    torchrun --nproc-per-node 4 -m meshplan.cli calibrate --out h100.toml   # the same, by hand
+
+See docs/calibrate.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from meshplan.commands.common import load_model, positive_int
+
+# NVLink SHARP / multicast paths are off on the lent machines (and unneeded for calibration).
+CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+             "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", default="profile.toml", help="profile TOML to write (atomically)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--quick", action="store_true", help="fewer, smaller sizes (smoke test)")
+    p.add_argument("--model", default=None,
+                   help="time the GEMM/attention shapes of this model (preset or HF config.json)"
+                        " instead of the representative default set")
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help="sequence length for --model shapes (default: the model's max)")
+    p.add_argument("--base-gpu", default=None,
+                   help="built-in GPU profile the measurement extends (default: from the "
+                        "device name)")
+    p.add_argument("--max-tp", type=positive_int, default=8,
+                   help="largest tensor-parallel degree whose shard shapes are timed")
+    p.add_argument("--nproc", type=positive_int, default=None,
+                   help="spawn torchrun with this many local processes (one per GPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
+
+
+def main(args) -> int:
+    if args.nproc and "WORLD_SIZE" not in os.environ:
+        return _spawn(args)
+    from meshplan.calibrate.run import CalibrateOptions, calibrate
+    model = load_model(args.model) if args.model else None
+    calibrate(CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
+                               model=model, seq_len=args.seq_len, base_gpu=args.base_gpu,
+                               max_tp=args.max_tp, show_progress=not args.no_progress))
+    return 0
+
+
+def _spawn(args) -> int:
+    argv = [a for a in sys.argv[1:]]
+    # drop "--nproc N" / "--nproc=N" so the children run the benchmarks themselves
+    cleaned, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        cleaned.append(a)
+    if "calibrate" not in cleaned:
+        cleaned = ["calibrate", *cleaned]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={args.nproc}", "-m", "meshplan.cli", *cleaned]
+    env = {**os.environ, **CHILD_ENV}
+    print("meshplan calibrate: " + " ".join(cmd), file=sys.stderr)
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,114 @@
+"""Calibrated GPU profiles: TOML files written by ``meshplan calibrate``.
+
+A profile is a complete GPU table (the format of ``data/gpus.toml``, read by
+:func:`meshplan.hardware_profiles.loader.gpu_from_table`) whose efficiency curves and fixed
+overheads were measured on a machine, plus where and how they were measured::
+
+    schema = "meshplan.profile"
+    version = 1
+    [provenance]            # machine, date, device, gpu_name, torch, cuda, nccl, ...
+    [gpu]                   # name, base, peak_tflops, ..., gemm_efficiency, ... (measured)
+    measured = [...]        # which [gpu] / [cluster] keys were measured (rest: base profile)
+    [cluster]               # optional: intra_latency_us, network_efficiency (if measured)
+    [[measurements.gemm]]   # the raw points, for inspection; not read by the cost model
+
+:func:`apply_profile` returns a copy of a cluster that uses the profile's GPU (and measured
+cluster-level values). A profile measured on another GPU type than the cluster's raises
+:class:`~meshplan.errors.ProfileError` unless ``override=True``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.cluster import Cluster
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.gpu import GPUSpec
+from meshplan.hardware_profiles.loader import _NUM, curve, get, gpu_from_table, read_toml
+
+SCHEMA = "meshplan.profile"
+VERSION = 1
+_GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
+             "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
+             "layer_overhead_s", "microbatch_overhead_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibratedProfile:
+    """A profile file, parsed. ``base_gpu`` is the built-in GPU it extends (None for CPU)."""
+
+    path: str
+    gpu: GPUSpec
+    base_gpu: str | None
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    measured: tuple[str, ...] = ()
+    intra_latency_us: float | None = None
+    network_efficiency: Curve | None = None
+
+    @property
+    def device_name(self) -> str:
+        return str(self.provenance.get("gpu_name") or self.provenance.get("device") or "?")
+
+
+def load_profile(path: str | Path) -> CalibratedProfile:
+    """Read and check a calibrated profile; errors name the file and the offending key."""
+    path = Path(path)
+    doc = read_toml(path)
+    where = str(path)
+    if doc.get("schema") != SCHEMA:
+        raise ProfileError(f"{where}: key 'schema' is {doc.get('schema')!r}, expected {SCHEMA!r} "
+                           f"(not a profile written by `meshplan calibrate`)")
+    if doc.get("version") != VERSION:
+        raise ProfileError(f"{where}: key 'version' is {doc.get('version')!r}; this meshplan "
+                           f"reads profile version {VERSION}")
+    g = get(doc, "gpu", dict, where)
+    gwhere = f"{where} [gpu]"
+    name = get(g, "name", str, gwhere)
+    base = get(g, "base", str, gwhere, "") or None
+    gpu = gpu_from_table(name, {k: g[k] for k in _GPU_KEYS if k in g}, gwhere)
+    for k in ("layer_overhead_s", "microbatch_overhead_s"):
+        if getattr(gpu, k) < 0:
+            raise ProfileError(f"{gwhere}: {k} must be >= 0, got {getattr(gpu, k)!r}")
+    prov = get(doc, "provenance", dict, where, {})
+    measured = get(doc, "measured", list, where, [])
+    c = get(doc, "cluster", dict, where, {})
+    cwhere = f"{where} [cluster]"
+    lat = get(c, "intra_latency_us", _NUM, cwhere, None)
+    if lat is not None and lat < 0:
+        raise ProfileError(f"{cwhere}: intra_latency_us must be >= 0, got {lat!r}")
+    net = curve(c, "network_efficiency", cwhere) if "network_efficiency" in c else None
+    return CalibratedProfile(path=where, gpu=gpu, base_gpu=base, provenance=dict(prov),
+                             measured=tuple(str(m) for m in measured),
+                             intra_latency_us=None if lat is None else float(lat),
+                             network_efficiency=net)
+
+
+def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False) -> Cluster:
+    """``cluster`` with the profile's GPU spec (and measured intra-node latency and network
+    efficiency, where the profile has them).
+
+    The profile must come from the cluster's GPU type: its ``base`` (or its name) must equal
+    ``cluster.gpu.name``. ``override=True`` applies it anyway (e.g. to predict a CPU run
+    with a CPU profile on a GPU cluster's shape); the cluster then takes the profile's GPU
+    whole, memory size included.
+    """
+    prof = load_profile(path)
+    profile_gpu = prof.base_gpu or prof.gpu.name
+    if profile_gpu != cluster.gpu.name and not override:
+        raise ProfileError(
+            f"profile {prof.path!r} was measured on {profile_gpu!r} (device "
+            f"{prof.device_name!r}), but cluster {cluster.name!r} has {cluster.gpu.name!r} "
+            f"GPUs; use a cluster with {profile_gpu!r} GPUs, or apply it anyway with "
+            f"override=True (`--profile-override` on the command line)")
+    changes: dict[str, Any] = {"gpu": prof.gpu}
+    if prof.intra_latency_us is not None:
+        changes["intra_latency_us"] = prof.intra_latency_us
+    if prof.network_efficiency is not None:
+        changes["network"] = replace(cluster.network, efficiency=prof.network_efficiency)
+    return replace(cluster, **changes)
+
+
+__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "SCHEMA", "VERSION"]
