@@ -1,0 +1,79 @@
+"""``meshplan report``: a capacity-planning report (HTML, Markdown, PNGs, CSVs).
+
+    meshplan report --model llama3-70b --cluster dgx-h100 --gpus 64,128,256,512,1024 \\
+        --global-batch 1024 --seq-len 8192 --tokens 2e12 --price-per-gpu-hour 2.5 \\
+        --compare-gpus a100-80gb,h100,h200 -o report/
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_from_args,
+                                      load_cluster, load_model, positive_int)
+
+
+def gpu_counts(text: str) -> list[int]:
+    """``"64,128,256"`` -> [64, 128, 256] (argparse type)."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            n = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"GPU count {item!r} is not an integer; give counts like 64,128,256") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"GPU count {n} must be >= 1")
+        out.append(n)
+    return out
+
+
+def nonnegative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
+
+
+def add_arguments(p) -> None:
+    add_model_cluster_args(p)
+    add_job_args(p)
+    g = p.add_argument_group("report")
+    g.add_argument("--gpus", type=gpu_counts, required=True,
+                   help="comma-separated GPU counts to plan, e.g. 64,128,256,512,1024")
+    g.add_argument("--objective", default="throughput",
+                   choices=["throughput", "cost", "time_to_train"],
+                   help="what the recommendation optimizes (default throughput)")
+    g.add_argument("--top-k", type=positive_int, default=10, help="plans in the top-k table")
+    g.add_argument("--main-gpus", type=positive_int, default=None,
+                   help="GPU count drawn in detail (default: the recommended one)")
+    g.add_argument("--price-per-gpu-hour", type=nonnegative_float, default=None,
+                   help="USD per GPU-hour (default: the cluster preset's price)")
+    g.add_argument("--compare-gpus", default=None,
+                   help="GPU types to compare at the main count, e.g. a100-80gb,h100,h200")
+    g.add_argument("--measurements", nargs="+", default=[], metavar="RESULTS_JSON",
+                   help="executor results.json files for the measured-vs-predicted section")
+    g.add_argument("--no-sensitivity", action="store_true",
+                   help="skip the global-batch and sequence-length what-ifs (faster)")
+    g.add_argument("-o", "--out", required=True, help="output directory")
+    g.add_argument("--force", action="store_true",
+                   help="write into a non-empty directory (replaces a previous report's files; "
+                        "never deletes other files)")
+
+
+def main(args) -> int:
+    from meshplan.report.build import build_report
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, args.nodes, args.profile)
+    r = build_report(model, cluster, job_from_args(args), gpus=args.gpus, out_dir=args.out,
+                     objective=args.objective, top_k=args.top_k, main_gpus=args.main_gpus,
+                     price_per_gpu_hour=args.price_per_gpu_hour,
+                     compare_gpus=args.compare_gpus, measurements=args.measurements,
+                     sensitivity=not args.no_sensitivity, force=args.force, progress=True)
+    print(r.recommendation)
+    print(f"report: {r.paths['report.html']}")
+    return 0
