@@ -130,18 +130,18 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     worst_tail = -1.0
     dp_total = dp_wire_worst = 0.0
     dp_exposed_worst = opt_worst = 0.0
-    busy_best, br = -1.0, 0
     recompute_buf = acts.full_bytes if layout.recompute != "none" else 0.0
+    if v == 1:
+        layers_all, fwd_all, bwd_all = stage_layers, f_s, b_s
+    else:
+        layers_all = [sum(stage_layers[r::pp]) for r in range(pp)]
+        fwd_all = [sum(f_s[r::pp]) for r in range(pp)]
+        bwd_all = [sum(b_s[r::pp]) for r in range(pp)]
+    fb_all = [x + y for x, y in zip(fwd_all, bwd_all)]
+    busy_best = max(fb_all)
+    br = fb_all.index(busy_best)
     for r in range(pp):
-        if v == 1:
-            layers_r, fwd_r, bwd_r = stage_layers[r], f_s[r], b_s[r]
-        else:
-            chunks = range(r, nstages, pp)
-            layers_r = sum(stage_layers[c] for c in chunks)
-            fwd_r = sum(f_s[c] for c in chunks)
-            bwd_r = sum(b_s[c] for c in chunks)
-        if fwd_r + bwd_r > busy_best:
-            busy_best, br = fwd_r + bwd_r, r
+        layers_r, fwd_r, bwd_r = layers_all[r], fwd_all[r], bwd_all[r]
         first, last = r == 0, r == last_rank
         key = (layers_r, first, last)
         sh = shared.get(key)
