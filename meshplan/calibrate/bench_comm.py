@@ -9,6 +9,7 @@ the same sequence of collectives.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -17,6 +18,11 @@ import torch.distributed as dist
 from meshplan.calibrate.timing import time_fn
 
 LATENCY_PROBE_BYTES = 256
+
+# torch >= 2.12 renamed the *_tensor collectives; torch 2.11 (the GPU machines) lacks the
+# new names, so the old ones stay and the rename notice is silenced.
+warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)"
+                        r".* is deprecated", category=FutureWarning)
 
 
 def node_group_sizes(world: int, local_world: int) -> list[int]:

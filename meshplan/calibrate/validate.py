@@ -1,0 +1,314 @@
+"""The validate driver: run layouts with the executor and compare with the cost model.
+
+For each layout: predict with :func:`meshplan.costmodel.estimate` (never the CP-SAT planner,
+so no ortools), write a plan file, run it with ``torchrun -m meshplan.executor.run`` in a
+subprocess with a timeout, and read its results.json. A layout that runs out of memory,
+fails or times out is recorded as such and the next one runs. Then: mean and max absolute
+step-time error, per-rank peak-memory error, Spearman rank correlation and whether the
+predicted-best layout is the measured-best (and by how much it is slower if not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from meshplan.calibrate.stats import pct_error, spearman
+from meshplan.costmodel import estimate
+from meshplan.costmodel.specs import SCHEDULES, Job, Layout, ModelSpec
+from meshplan.costmodel.validate import check_layout
+from meshplan.errors import ConfigError, MeshplanError
+from meshplan.hardware_profiles import Cluster
+from meshplan.planner.planfile import save_plan_file, write_json_atomic
+
+CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+             "NVSHMEM_DISABLE_NVLS": "1"}
+_OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateOptions:
+    out_dir: Path
+    nproc: int
+    device: str = "cuda"               # cuda | cpu
+    steps: int = 10
+    warmup: int = 3
+    timeout_s: float = 120.0           # per layout
+    budget_s: float | None = None      # all layouts; later ones are skipped when exceeded
+    extra_args: tuple[str, ...] = ()
+    python: str = sys.executable
+    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+# ---- choosing layouts ----------------------------------------------------------------------
+def enumerate_layouts(model: ModelSpec, cluster: Cluster, job: Job, nproc: int, *,
+                      micro_batches: Sequence[int] = (1, 2)) -> list[Layout]:
+    """Every layout of ``nproc`` ranks the cost model accepts and predicts to fit."""
+    out = []
+    for tp in _divisors(nproc):
+        for pp in _divisors(nproc // tp):
+            dp = nproc // (tp * pp)
+            for mb in micro_batches:
+                for sched, vpp in _schedules(pp):
+                    for rc in ("none", "selective", "full"):
+                        for zero in ((0, 1, 2, 3) if dp > 1 else (0,)):
+                            for sp in ((False, True) if tp > 1 else (False,)):
+                                lay = Layout(dp=dp, pp=pp, tp=tp, micro_batch=mb, schedule=sched,
+                                             vpp=vpp, recompute=rc, zero=zero,
+                                             sequence_parallel=sp)
+                                if _runnable(model, cluster, job, lay):
+                                    out.append(lay)
+    return out
+
+
+def pick_spread(model, cluster, job, layouts: list[Layout], n: int) -> list[Layout]:
+    """``n`` layouts spread evenly over the predicted step-time range (rank correlation is
+    only informative when the layouts differ)."""
+    if n >= len(layouts):
+        return layouts
+    ranked = sorted(layouts, key=lambda l: estimate(model, cluster, job, l).step_time_s)
+    idx = sorted({round(i * (len(ranked) - 1) / max(1, n - 1)) for i in range(n)})
+    return [ranked[i] for i in idx]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _schedules(pp: int) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)]
+    return [(s, 2 if s == "interleaved-1f1b" else 1) for s in SCHEDULES]
+
+
+def _runnable(model, cluster, job, layout) -> bool:
+    try:
+        check_layout(model, cluster, job, layout)
+        if not estimate(model, cluster, job, layout).fits:
+            return False
+    except MeshplanError:
+        return False
+    try:  # the executor's own schedule rules, where the executor is installed
+        from meshplan.executor.pipeline import check_schedule
+        check_schedule(layout, layout.num_microbatches(job.global_batch))
+    except ImportError:
+        pass
+    except MeshplanError:
+        return False
+    return True
+
+
+# ---- running ---------------------------------------------------------------------------------
+def predicted_memory_per_rank(est, layout: Layout, cluster: Cluster) -> list[float]:
+    """Predicted peak bytes of every global rank (its pipeline stage's figure)."""
+    out = []
+    for r in range(layout.num_gpus):
+        if cluster.rank_order == "tp-dp-pp":
+            pp_rank = r // (layout.tp * layout.dp)
+        else:
+            pp_rank = (r // layout.tp) % layout.pp
+        out.append(est.memory[pp_rank].total_bytes)
+    return out
+
+
+def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[Layout],
+                options: ValidateOptions, *, names: Sequence[str] | None = None
+                ) -> list[dict[str, Any]]:
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    records = []
+    for i, layout in enumerate(layouts):
+        name = names[i] if names else f"L{i:02d}"
+        rec: dict[str, Any] = {"name": name, "layout": layout.to_dict(), "short": layout.short(),
+                               "model": model.name}
+        try:
+            est = estimate(model, cluster, job, layout)
+        except MeshplanError as exc:
+            rec.update(status="invalid", error=str(exc))
+            records.append(rec)
+            options.log(f"[{i + 1}/{len(layouts)}] {name} {layout.short()}: invalid: {exc}")
+            continue
+        rec["predicted"] = {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
+                            "memory_per_rank_bytes": predicted_memory_per_rank(est, layout, cluster),
+                            "fits": est.fits, "mfu": est.mfu}
+        elapsed = time.perf_counter() - t_start
+        if options.budget_s is not None and elapsed > options.budget_s:
+            rec.update(status="skipped", error=f"time budget of {options.budget_s:.0f} s spent")
+            records.append(rec)
+            continue
+        rec.update(_run_one(model, cluster, job, layout, est, name, options))
+        records.append(rec)
+        m = rec.get("measured", {})
+        msg = (f"predicted {est.step_time_s:.4f} s, measured {m['step_time_s']:.4f} s "
+               f"({rec['step_time_error_pct']:+.1f}%)" if rec["status"] == "ok"
+               else f"{rec['status']}: {rec.get('error', '')[:200]}")
+        options.log(f"[{i + 1}/{len(layouts)}] {name} {layout.short()}: {msg} "
+                    f"[{rec.get('wall_s', 0):.0f} s]")
+    return records
+
+
+def _run_one(model, cluster, job, layout, est, name, options: ValidateOptions) -> dict[str, Any]:
+    d = options.out_dir / name
+    d.mkdir(parents=True, exist_ok=True)
+    plan = save_plan_file(d / "plan.json", model, cluster, job, layout, est.to_dict())
+    results = d / "results.json"
+    results.unlink(missing_ok=True)
+    n = layout.num_gpus
+    cmd = [options.python, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", "-m", "meshplan.executor.run", "--plan", str(plan),
+           "--out", str(results), "--steps", str(options.steps), "--warmup", str(options.warmup),
+           *(["--device", options.device] if options.device else []), *options.extra_args]
+    env = {**os.environ, **CHILD_ENV}
+    if options.device == "cpu":
+        # ranks share the cores: one thread each keeps them from fighting over them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    t0 = time.perf_counter()
+    log_path = d / "log.txt"
+    try:
+        with log_path.open("w") as log:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=options.timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"no result within {options.timeout_s:.0f} s",
+                "wall_s": time.perf_counter() - t0, "command": " ".join(cmd)}
+    wall = time.perf_counter() - t0
+    text = log_path.read_text(errors="replace")
+    base = {"wall_s": wall, "command": " ".join(cmd), "log": str(log_path)}
+    if rc != 0 or not results.exists():
+        status = "oom" if _OOM.search(text) else "failed"
+        tail = text.strip().splitlines()[-5:]
+        return {**base, "status": status, "returncode": rc, "error": " | ".join(tail)}
+    try:
+        meas = read_measurement(json.loads(results.read_text()), n)
+    except (ValueError, KeyError, TypeError) as exc:
+        return {**base, "status": "failed", "error": f"unreadable {results}: {exc}"}
+    pred = est.step_time_s
+    out = {**base, "status": "ok", "measured": meas,
+           "step_time_error_pct": pct_error(pred, meas["step_time_s"])}
+    pm = predicted_memory_per_rank(est, layout, cluster)
+    mm = meas.get("memory_per_rank_bytes") or []
+    if len(mm) == len(pm) and all(v > 0 for v in mm):
+        out["memory_error_pct_per_rank"] = [pct_error(p, m) for p, m in zip(pm, mm)]
+    if meas.get("memory_peak_bytes"):
+        out["memory_peak_error_pct"] = pct_error(est.memory_peak_bytes, meas["memory_peak_bytes"])
+    return out
+
+
+# ---- reading the executor's results.json -----------------------------------------------------
+def _find(doc: Any, *paths: str) -> Any:
+    for path in paths:
+        cur = doc
+        for part in path.split("."):
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            else:
+                cur = None
+                break
+        if cur is not None:
+            return cur
+    return None
+
+
+def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
+    """Median step time and per-rank peak memory from an executor results.json."""
+    st = _find(doc, "measured.step_time_s", "measurement.step_time_s", "measured.step_time",
+               "measurement.step_time")
+    if isinstance(st, dict):
+        st = _find(st, "median", "median_s")
+    if st is None:
+        st = _find(doc, "measured.step_time_median_s", "measurement.step_time_median_s")
+    if not isinstance(st, (int, float)) or st <= 0:
+        raise ValueError(f"no positive step time found (keys: {sorted(doc)})")
+    per_rank = _find(doc, "measured.memory_per_rank_bytes", "measurement.memory_per_rank_bytes",
+                     "measured.peak_memory_allocated_bytes", "measurement.peak_memory_allocated_bytes",
+                     "measured.ranks", "measurement.ranks", "ranks")
+    mem: list[float] = []
+    if isinstance(per_rank, list):
+        for item in per_rank:
+            if isinstance(item, (int, float)):
+                mem.append(float(item))
+            elif isinstance(item, dict):
+                v = _find(item, "peak_allocated_bytes", "memory_peak_allocated_bytes",
+                          "max_memory_allocated_bytes", "peak_memory_bytes", "memory_peak_bytes")
+                mem.append(float(v) if isinstance(v, (int, float)) else 0.0)
+    peak = _find(doc, "measured.memory_peak_bytes", "measurement.memory_peak_bytes")
+    if peak is None and mem:
+        peak = max(mem)
+    return {"step_time_s": float(st),
+            "step_time_spread": _find(doc, "measured.step_time_s.spread",
+                                      "measurement.step_time_s.spread", "measured.step_time_iqr_s"),
+            "memory_per_rank_bytes": mem if len(mem) == nranks else [],
+            "memory_peak_bytes": float(peak) if isinstance(peak, (int, float)) else None}
+
+
+# ---- summary ---------------------------------------------------------------------------------
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in records if r.get("status") == "ok"]
+    s: dict[str, Any] = {"layouts": len(records), "ok": len(ok),
+                         "not_ok": {k: sum(1 for r in records if r.get("status") == k)
+                                    for k in ("oom", "failed", "timeout", "skipped", "invalid")}}
+    if not ok:
+        return s
+    errs = [abs(r["step_time_error_pct"]) for r in ok]
+    s["step_time_mean_abs_error_pct"] = sum(errs) / len(errs)
+    s["step_time_max_abs_error_pct"] = max(errs)
+    s["step_time_mean_signed_error_pct"] = sum(r["step_time_error_pct"] for r in ok) / len(ok)
+    pred = [r["predicted"]["step_time_s"] for r in ok]
+    meas = [r["measured"]["step_time_s"] for r in ok]
+    s["spearman"] = spearman(pred, meas) if len(ok) >= 2 else None
+    best_p = min(range(len(ok)), key=lambda i: pred[i])
+    best_m = min(range(len(ok)), key=lambda i: meas[i])
+    s["predicted_best"] = ok[best_p]["name"]
+    s["measured_best"] = ok[best_m]["name"]
+    s["predicted_best_is_measured_best"] = best_p == best_m
+    s["predicted_best_gap_pct"] = (meas[best_p] - meas[best_m]) / meas[best_m] * 100
+    mem = [abs(e) for r in ok for e in r.get("memory_error_pct_per_rank", [])]
+    if mem:
+        s["memory_mean_abs_error_pct"] = sum(mem) / len(mem)
+        s["memory_max_abs_error_pct"] = max(mem)
+    return s
+
+
+def by_model(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Summaries per model (rank correlation and best layout only make sense within one)."""
+    names = sorted({r.get("model", "") for r in records})
+    return {n: summarize([r for r in records if r.get("model", "") == n]) for n in names}
+
+
+def write_accuracy(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[str, Any]
+                   ) -> dict[str, Path]:
+    """accuracy.json, accuracy.md and accuracy.png in ``out_dir``; returns their paths."""
+    from meshplan.calibrate.accuracy_report import markdown, scatter_png
+    from meshplan.calibrate.tomlfile import write_text_atomic
+    summary = summarize(records)
+    per_model = by_model(records)
+    doc = {"schema": "meshplan.accuracy", "version": 1, **meta, "summary": summary,
+           "summary_by_model": per_model, "records": list(records)}
+    paths = {"json": write_json_atomic(out_dir / "accuracy.json", doc)}
+    paths["png"] = scatter_png(out_dir / "accuracy.png", records)
+    paths["md"] = write_text_atomic(out_dir / "accuracy.md",
+                                    markdown(records, summary, per_model, meta, paths["png"].name))
+    return paths
+
+
+def layouts_from_json(path: Path) -> tuple[list[Layout], list[str] | None]:
+    """A JSON list of layout objects (Layout fields; an optional "name" each)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"layout list {str(path)!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"layout list {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"layout list {str(path)!r} must be a non-empty JSON list of layouts")
+    names = [d.pop("name", None) if isinstance(d, dict) else None for d in data]
+    layouts = [Layout.from_dict(d) for d in data]
+    return layouts, (names if all(names) else None)
