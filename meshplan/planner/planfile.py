@@ -5,7 +5,8 @@ Schema (version 1)::
     {"schema": "meshplan.plan", "version": 1, "created": "...", "meshplan_version": "...",
      "model": {...ModelSpec}, "cluster": {...Cluster}, "job": {...Job},
      "layout": {...Layout}, "prediction": {...Estimate.to_dict()},
-     "candidates": [{"layout": {...}, "prediction": {...}}, ...]}   # optional, ranked
+     "candidates": [{"layout": {...}, "prediction": {...}}, ...],   # optional, ranked
+     "search": {"objective": ..., "constraints": {...}, "stats": {...}}}  # optional
 
 This module imports neither torch nor ortools, so the executor can read plan files on
 machines that have only one of them.
@@ -37,13 +38,15 @@ class PlanRecord:
     layout: Layout
     prediction: dict[str, Any] = field(default_factory=dict)
     candidates: tuple[dict[str, Any], ...] = ()
+    search: dict[str, Any] = field(default_factory=dict)   # objective, constraints, stats
 
 
 def plan_document(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                   prediction: dict[str, Any] | None = None,
-                  candidates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  candidates: list[dict[str, Any]] | None = None,
+                  search: dict[str, Any] | None = None) -> dict[str, Any]:
     from meshplan import __version__
-    return {
+    doc = {
         "schema": SCHEMA, "version": VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "meshplan_version": __version__,
@@ -51,6 +54,9 @@ def plan_document(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         "layout": layout.to_dict(), "prediction": prediction or {},
         "candidates": candidates or [],
     }
+    if search:
+        doc["search"] = search
+    return doc
 
 
 def write_json_atomic(path: str | Path, document: Any, *, overwrite: bool = True) -> Path:
@@ -83,9 +89,9 @@ def _json_default(obj: Any) -> Any:
 def save_plan_file(path: str | Path, model: ModelSpec, cluster: Cluster, job: Job,
                    layout: Layout, prediction: dict[str, Any] | None = None,
                    candidates: list[dict[str, Any]] | None = None,
-                   *, overwrite: bool = True) -> Path:
+                   *, overwrite: bool = True, search: dict[str, Any] | None = None) -> Path:
     return write_json_atomic(path, plan_document(model, cluster, job, layout, prediction,
-                                                 candidates), overwrite=overwrite)
+                                                 candidates, search), overwrite=overwrite)
 
 
 def load_plan_file(path: str | Path) -> PlanRecord:
@@ -126,5 +132,8 @@ def parse_plan_document(doc: Any, source: str = "<plan>") -> PlanRecord:
     cands = doc.get("candidates", [])
     if not isinstance(cands, list):
         raise PlanFileError(f"{source}: field 'candidates' must be a list")
+    search = doc.get("search", {})
+    if not isinstance(search, dict):
+        raise PlanFileError(f"{source}: field 'search' must be an object")
     return PlanRecord(parts["model"], parts["cluster"], parts["job"], parts["layout"],
-                      prediction, tuple(cands))
+                      prediction, tuple(cands), search)

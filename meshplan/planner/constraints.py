@@ -1,0 +1,144 @@
+"""What the user allows the planner to choose: :class:`Constraints`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES, Layout
+from meshplan.errors import ConfigError
+
+OBJECTIVES = ("throughput", "cost", "time_to_train")
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraints:
+    """Limits on the layouts the planner may return.
+
+    ``fixed`` pins any :class:`~meshplan.Layout` field, e.g. ``fixed={"pp": 4, "zero": 1}``
+    (``stage_layers`` may be pinned too; the solver then keeps that partition).
+    ``memory_headroom`` keeps that fraction of the cluster's usable memory free
+    (0.1 = plan for 90 %). ``allow_idle_gpus``: the layout may use fewer GPUs than offered
+    (None = only for the ``time_to_train`` objective). ``max_vpp`` caps virtual stages per
+    pipeline rank (None = as many as the layers allow).
+    """
+
+    max_tp: int | None = None
+    tp_within_node: bool = True
+    schedules: tuple[str, ...] = SCHEDULES
+    recompute: tuple[str, ...] = RECOMPUTE
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    memory_headroom: float = 0.0
+    allow_idle_gpus: bool | None = None
+    max_micro_batch: int = 16
+    max_vpp: int | None = None
+    min_layers_per_stage: int = 1
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("schedules", "recompute", "zero", "sequence_parallel"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int, bool)):
+                value = (value,)
+            try:
+                value = tuple(value)
+            except TypeError:
+                raise ConfigError(f"Constraints.{name} must be a list of options, "
+                                  f"got {value!r}") from None
+            object.__setattr__(self, name, value)
+            if not value:
+                raise ConfigError(f"Constraints.{name} is empty: allow at least one option")
+        _check_subset("schedules", self.schedules, SCHEDULES)
+        _check_subset("recompute", self.recompute, RECOMPUTE)
+        _check_subset("zero", self.zero, (0, 1, 2, 3))
+        _check_subset("sequence_parallel", self.sequence_parallel, (False, True))
+        if self.max_tp is not None:
+            _positive("max_tp", self.max_tp)
+        _positive("max_micro_batch", self.max_micro_batch)
+        if self.max_vpp is not None:
+            _positive("max_vpp", self.max_vpp)
+        if isinstance(self.min_layers_per_stage, bool) or not isinstance(
+                self.min_layers_per_stage, int) or self.min_layers_per_stage < 0:
+            raise ConfigError(f"Constraints.min_layers_per_stage must be an integer >= 0, got "
+                              f"{self.min_layers_per_stage!r}")
+        if not isinstance(self.memory_headroom, (int, float)) or isinstance(
+                self.memory_headroom, bool) or not 0 <= self.memory_headroom < 1:
+            raise ConfigError(f"Constraints.memory_headroom must be a fraction in [0, 1), got "
+                              f"{self.memory_headroom!r}")
+        if not isinstance(self.fixed, Mapping):
+            raise ConfigError(f"Constraints.fixed must be a mapping of Layout fields, got "
+                              f"{type(self.fixed).__name__}")
+        bad = sorted(set(self.fixed) - set(_LAYOUT_FIELDS))
+        if bad:
+            raise ConfigError(f"Constraints.fixed names unknown Layout field(s) {bad}; valid: "
+                              f"{', '.join(_LAYOUT_FIELDS)}")
+        fixed = dict(self.fixed)
+        if fixed.get("stage_layers") is not None:
+            fixed["stage_layers"] = tuple(fixed["stage_layers"])
+        object.__setattr__(self, "fixed", fixed)
+        # A fixed value must itself be a valid Layout value ...
+        try:
+            Layout(**{k: v for k, v in fixed.items() if k != "stage_layers"})
+        except ConfigError as exc:
+            raise ConfigError(f"Constraints.fixed = {fixed!r} is not a valid layout: {exc}") \
+                from None
+        # ... and must not contradict the option lists.
+        for key, options in (("schedule", self.schedules), ("recompute", self.recompute),
+                             ("zero", self.zero), ("sequence_parallel", self.sequence_parallel)):
+            if key in fixed and fixed[key] not in options:
+                plural = "schedules" if key == "schedule" else key
+                raise ConfigError(f"contradictory constraints: fixed {key}={fixed[key]!r} but "
+                                  f"Constraints.{plural} allows only {list(options)}")
+        if "tp" in fixed and self.max_tp is not None and fixed["tp"] > self.max_tp:
+            raise ConfigError(f"contradictory constraints: fixed tp={fixed['tp']} exceeds "
+                              f"max_tp={self.max_tp}")
+        if "micro_batch" in fixed and fixed["micro_batch"] > self.max_micro_batch:
+            raise ConfigError(f"contradictory constraints: fixed micro_batch="
+                              f"{fixed['micro_batch']} exceeds max_micro_batch="
+                              f"{self.max_micro_batch}")
+        if "vpp" in fixed and self.max_vpp is not None and fixed["vpp"] > self.max_vpp:
+            raise ConfigError(f"contradictory constraints: fixed vpp={fixed['vpp']} exceeds "
+                              f"max_vpp={self.max_vpp}")
+
+    def allows(self, layout: Layout) -> str | None:
+        """None if ``layout`` satisfies these constraints, else the first violated one."""
+        if self.max_tp is not None and layout.tp > self.max_tp:
+            return f"tp={layout.tp} > max_tp={self.max_tp}"
+        if layout.schedule not in self.schedules:
+            return f"schedule {layout.schedule!r} not in {list(self.schedules)}"
+        if layout.recompute not in self.recompute:
+            return f"recompute {layout.recompute!r} not in {list(self.recompute)}"
+        if layout.zero not in self.zero:
+            return f"zero {layout.zero} not in {list(self.zero)}"
+        if layout.sequence_parallel not in self.sequence_parallel:
+            return f"sequence_parallel {layout.sequence_parallel} not allowed"
+        if layout.micro_batch > self.max_micro_batch:
+            return f"micro_batch {layout.micro_batch} > max_micro_batch {self.max_micro_batch}"
+        if self.max_vpp is not None and layout.vpp > self.max_vpp:
+            return f"vpp {layout.vpp} > max_vpp {self.max_vpp}"
+        for key, value in self.fixed.items():
+            if getattr(layout, key) != value:
+                return f"{key}={getattr(layout, key)!r} but fixed {key}={value!r}"
+        if layout.stage_layers is not None and "stage_layers" not in self.fixed and \
+                min(layout.stage_layers) < self.min_layers_per_stage:
+            return f"a stage has fewer than {self.min_layers_per_stage} layers"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["fixed"] = dict(self.fixed)
+        return d
+
+
+def _check_subset(name: str, values: tuple, valid: tuple) -> None:
+    for v in values:
+        if v not in valid or (isinstance(v, bool) and not isinstance(valid[0], bool)):
+            raise ConfigError(f"Constraints.{name} contains {v!r}; valid options: "
+                              f"{', '.join(repr(x) for x in valid)}")
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"Constraints.{name} must be a positive integer, got {value!r}")

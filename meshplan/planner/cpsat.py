@@ -1,0 +1,224 @@
+"""The CP-SAT model: one solver decides the layout fields and the layers of every stage.
+
+Variables (per surviving configuration ``k`` of :mod:`meshplan.planner.search`):
+
+* ``x_k`` (bool): configuration ``k`` is chosen; exactly one is. The layout fields ``dp,
+  pp, tp, micro_batch, vpp, schedule, recompute, zero, sequence_parallel`` are integer
+  variables tied to the ``x_k`` (``tp = Σ_k tp_k·x_k`` ...), and the rules of DESIGN.md
+  are solver constraints on them: ``dp·pp·tp = GPUs`` (one of the allowed counts),
+  ``global_batch = dp·micro_batch·m`` (divisibility), ``tp·a = heads``, ``tp·b = kv
+  heads``, ``tp·c = GPUs per node`` (tp inside one NVLink domain) where asked.
+* ``n_{k,c}`` (int): transformer layers of virtual stage ``c`` (``Σ_c n_{k,c} = L·x_k``,
+  each ≥ the minimum when chosen) — the uneven partition is the solver's choice.
+* ``N_{k,r} = Σ_{c≡r} n_{k,c}``: layers of pipeline rank ``r``; memory:
+  ``N_{k,r} ≤ cap_{k,r}``, the most layers rank ``r`` can hold within usable memory × (1 −
+  headroom) (the per-rank memory is linear in ``N``: states and in-flight activations per
+  layer, plus embedding/logits/buffers; the bound is computed with the cost model's
+  floating-point formula so it agrees with ``estimate``'s comparison exactly).
+
+Costs are integer tables in units of 0.1 ns built from the cost model
+(:mod:`meshplan.planner.tables`): per-layer forward/backward/weight-gradient times, the
+first/last stage extras, p2p, and, per rank, the exposed data-parallel + optimizer tail as
+a function of its layer count (``AddElement``). The pipeline time is the closed form of
+:func:`meshplan.costmodel.pipeline.closed_form_step_time` written in linear form with
+``max`` variables for the bottleneck stage. Objective: minimize ``Σ_k w_k·step_k`` (w = 1
+for throughput and time to train, GPUs for cost).
+
+ortools is imported here only, inside :func:`solve` (GPU machines have no ortools).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES, Job, ModelSpec
+from meshplan.errors import MeshplanError
+from meshplan.hardware_profiles import Cluster
+from meshplan.planner.search import Survivor, objective_weight
+
+UNITS_PER_S = 10**10  # 0.1 ns: rounding stays ~1e-9 of a step
+
+
+def _u(seconds: float) -> int:
+    return int(round(seconds * UNITS_PER_S))
+
+
+@dataclass(frozen=True)
+class Solution:
+    survivor: int                 # index into the survivor list
+    partition: tuple[int, ...]
+    objective_units: int
+    optimal: bool
+
+
+def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Survivor], *,
+          objective: str, top_k: int, gpu_counts: Sequence[int], min_layers: int,
+          tp_within_node: bool, fixed_partition: tuple[int, ...] | None = None,
+          time_limit_s: float = 60.0, workers: int = 2,
+          progress: Callable[[str], None] | None = None) -> tuple[list[Solution], dict]:
+    """Best ``top_k`` distinct configurations with their solver-chosen partitions, best first.
+
+    The k-th solve forbids the k-1 configurations already returned.
+    """
+    from ortools.sat.python import cp_model
+
+    L = model.num_layers
+    lo = max(1, min_layers)
+    M = cp_model.CpModel()
+    xs, steps, parts = [], [], []
+    for k, s in enumerate(survivors):
+        t = s.tables
+        cfg = t.config
+        S, pp, v = cfg.stages, cfg.pp, cfg.vpp
+        x = M.NewBoolVar(f"x{k}")
+        n = [M.NewIntVar(0, L, f"n{k}_{c}") for c in range(S)]
+        M.Add(sum(n) == L * x)
+        for c in range(S):
+            if fixed_partition is not None:
+                M.Add(n[c] == fixed_partition[c] * x)
+            else:
+                M.Add(n[c] >= lo * x)
+        N = []
+        for r in range(pp):
+            Nr = M.NewIntVar(0, s.rank_capacity[r], f"N{k}_{r}")
+            M.Add(Nr == sum(n[r::pp]))
+            N.append(Nr)
+
+        # ---- pipeline time (closed form, linear in n with max-variables)
+        af, ab, aw = _u(t.layer_forward_s), _u(t.layer_backward_s), _u(t.layer_wgrad_s)
+        ov = _u(t.overhead_s)
+        ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
+        gf, gb, gw = _u(t.last_forward_s), _u(t.last_backward_s), _u(t.last_wgrad_s)
+        p2p = 2 * (S - 1) * _u(t.p2p_s)
+        m = t.num_microbatches
+
+        def f_(c):
+            return af * n[c] + ov + (ef if c == 0 else 0) + (gf if c == S - 1 else 0)
+
+        def b_(c):
+            return ab * n[c] + ov + (eb if c == 0 else 0) + (gb if c == S - 1 else 0)
+
+        def w_(c):
+            return aw * n[c] + (gw if c == S - 1 else 0)
+
+        big = _u(1e4)
+        total = sum(f_(c) + b_(c) for c in range(S))
+        if cfg.schedule == "gpipe":
+            mf, mb_ = M.NewIntVar(0, big, f"mf{k}"), M.NewIntVar(0, big, f"mb{k}")
+            for c in range(S):
+                M.Add(mf >= f_(c))
+                M.Add(mb_ >= b_(c))
+            pipe = total + (m - 1) * (mf + mb_) + p2p
+        elif cfg.schedule == "1f1b" or (v == 1 and cfg.schedule != "zero-bubble"):
+            mx = M.NewIntVar(0, big, f"mx{k}")
+            for c in range(S):
+                M.Add(mx >= f_(c) + b_(c))
+            pipe = total + (m - 1) * mx + p2p
+        elif cfg.schedule == "zero-bubble":
+            pipe = m * (f_(0) + b_(0)) + (pp - 1) * (f_(0) + b_(0) - 2 * w_(0)) + p2p
+        else:  # interleaved-1f1b
+            pipe = (m * v + pp - 1) * (f_(0) + b_(0)) + p2p
+
+        # ---- data-parallel + optimizer tail per rank (tables over the rank's layers)
+        tm = M.NewIntVar(0, big, f"tail{k}")
+        cache: dict[tuple[bool, bool], list[int]] = {}
+        for r in range(pp):
+            rlo = v * lo if fixed_partition is None else sum(fixed_partition[r::pp])
+            cap = s.rank_capacity[r]
+            key = (r == 0, r == pp - 1, rlo)
+            if key not in cache:
+                hi = max(s.rank_capacity[q] for q in range(pp)
+                         if (q == 0, q == pp - 1) == key[:2])
+                cache[key] = [_u(t.rank_tail_s(r, nn)) for nn in range(rlo, hi + 1)]
+            table = cache[key][: cap - rlo + 1]
+            idx = M.NewIntVar(0, cap - rlo, f"i{k}_{r}")
+            M.Add(idx == N[r] - rlo * x)
+            tr = M.NewIntVar(min(table), max(table), f"t{k}_{r}")
+            M.AddElement(idx, table, tr)
+            M.Add(tm >= tr)
+        step = M.NewIntVar(0, big, f"step{k}")
+        M.Add(step >= pipe + tm).OnlyEnforceIf(x)
+        xs.append(x)
+        steps.append(objective_weight(cfg, objective) * step)
+        parts.append(n)
+        if progress is not None and k % 100 == 99:
+            progress(f"CP-SAT model: {k + 1}/{len(survivors)} configurations")
+    M.AddExactlyOne(xs)
+    _field_constraints(M, model, cluster, job, survivors, xs, gpu_counts, tp_within_node)
+    M.Minimize(sum(steps))
+    # Warm start from the pre-pass's best incumbent.
+    best = min(range(len(survivors)), key=lambda i: survivors[i].upper_bound)
+    for i, x in enumerate(xs):
+        M.AddHint(x, i == best)
+    for c, nv in enumerate(parts[best]):
+        M.AddHint(nv, survivors[best].partition[c])
+
+    out: list[Solution] = []
+    stats = {"variables": len(M.Proto().variables), "constraints": len(M.Proto().constraints),
+             "solves": 0, "wall_s": 0.0}
+    for rank in range(min(top_k, len(survivors))):
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.num_workers = workers
+        status = solver.Solve(M)
+        stats["solves"] += 1
+        stats["wall_s"] += solver.WallTime()
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if rank == 0:
+                raise MeshplanError(f"CP-SAT found no solution ({solver.StatusName(status)}) "
+                                    f"among {len(survivors)} candidate configurations")
+            break
+        k = next(i for i, x in enumerate(xs) if solver.Value(x))
+        partition = tuple(int(solver.Value(nv)) for nv in parts[k])
+        out.append(Solution(k, partition, int(solver.ObjectiveValue()),
+                            status == cp_model.OPTIMAL))
+        if progress is not None:
+            progress(f"CP-SAT: candidate {rank + 1}/{top_k} "
+                     f"({survivors[k].tables.config.num_gpus} GPUs), "
+                     f"{'optimal' if status == cp_model.OPTIMAL else 'time limit'}")
+        M.Add(xs[k] == 0)
+    return out, stats
+
+
+def _field_constraints(M, model: ModelSpec, cluster: Cluster, job: Job,
+                       survivors: Sequence[Survivor], xs, gpu_counts: Sequence[int],
+                       tp_within_node: bool) -> None:
+    """Layout fields as solver variables, with DESIGN.md's rules as constraints on them."""
+    from ortools.sat.python import cp_model
+
+    cfgs = [s.tables.config for s in survivors]
+
+    def field(name, values):
+        lo_, hi_ = min(values), max(values)
+        var = M.NewIntVar(lo_, hi_, name)
+        M.Add(var == sum(v * x for v, x in zip(values, xs)))
+        return var
+
+    dp = field("dp", [c.dp for c in cfgs])
+    pp = field("pp", [c.pp for c in cfgs])
+    tp = field("tp", [c.tp for c in cfgs])
+    mb = field("micro_batch", [c.micro_batch for c in cfgs])
+    field("vpp", [c.vpp for c in cfgs])
+    field("schedule", [SCHEDULES.index(c.schedule) for c in cfgs])
+    field("recompute", [RECOMPUTE.index(c.recompute) for c in cfgs])
+    field("zero", [c.zero for c in cfgs])
+    field("sequence_parallel", [int(c.sequence_parallel) for c in cfgs])
+    gpus = M.NewIntVarFromDomain(cp_model.Domain.FromValues(list(gpu_counts)), "gpus")
+    dp_pp = M.NewIntVar(1, max(gpu_counts), "dp_pp")
+    M.AddMultiplicationEquality(dp_pp, [dp, pp])
+    M.AddMultiplicationEquality(gpus, [dp_pp, tp])
+    dp_mb = M.NewIntVar(1, job.global_batch, "dp_mb")
+    M.AddMultiplicationEquality(dp_mb, [dp, mb])
+    m = M.NewIntVar(1, job.global_batch, "microbatches")
+    M.AddMultiplicationEquality(job.global_batch, [dp_mb, m])
+    for name, whole in (("heads", model.num_heads), ("kv_heads", model.num_kv_heads),
+                        ("ffn", model.ffn_hidden_size)):
+        q = M.NewIntVar(1, whole, f"{name}_per_tp")
+        M.AddMultiplicationEquality(whole, [tp, q])
+    if tp_within_node:
+        q = M.NewIntVar(1, cluster.gpus_per_node, "tp_groups_per_node")
+        M.AddMultiplicationEquality(cluster.gpus_per_node, [tp, q])
+
+
+__all__ = ["solve", "Solution", "UNITS_PER_S"]

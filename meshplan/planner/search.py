@@ -1,0 +1,262 @@
+"""Bounds and pruning before the solver: which configurations can possibly be in the top k.
+
+Every configuration gets a lower bound on its step time that holds for *every* stage
+partition (:func:`time_lower_bound`); configurations are then visited best bound first,
+each one's tables built, its memory feasibility decided exactly and a feasible partition's
+true step time taken as an upper bound. Once ``k`` feasible configurations have upper bounds
+below the next lower bound, no configuration left can enter the top ``k``: it is pruned
+(provably: its best possible value exceeds ``k`` values already achieved). What is left —
+the *survivors* — goes to the CP-SAT model, which decides among them and their partitions.
+
+Lower bound, per schedule (S = pp·vpp stages, m micro-batches; Σ = Σ_c (f_c + b_c) is the
+same for every partition because every layer runs once per pass):
+
+* ``1f1b`` and ``gpipe``: step ≥ Σ + (m-1)·max(Σ/S, ⌈L/S⌉·(f+b per layer)) + p2p terms —
+  some stage holds at least ⌈L/S⌉ layers and the slowest stage is at least the average
+  (closed forms of :mod:`meshplan.costmodel.pipeline`: fill/drain + (m-1)·bottleneck).
+* ``interleaved-1f1b`` and ``zero-bubble``: the closed form is linear in the first
+  stage's layer count ``n_0``, so its minimum is at ``n_0``'s smallest or largest value.
+
+The data-parallel/optimizer tail is bounded below by 0.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable, Sequence
+
+from meshplan.costmodel import comm
+from meshplan.costmodel.estimate import _layer_parts
+from meshplan.costmodel.memory import stage_params, state_bytes_per_param
+from meshplan.costmodel.specs import Job, ModelSpec, default_stage_layers
+from meshplan.hardware_profiles import Cluster
+from meshplan.planner.space import Config
+from meshplan.planner.tables import ConfigTables, _links, build_tables
+
+
+def objective_weight(cfg: Config, objective: str) -> int:
+    """Minimized value = weight · step time. Throughput and time-to-train minimize the step
+    time (tokens per step are fixed by the job); cost minimizes GPU-seconds per step."""
+    return cfg.num_gpus if objective == "cost" else 1
+
+
+@lru_cache(maxsize=65536)
+def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
+                mb: int, sp: bool, rc: str, zero: int):
+    links = _links(cluster, dp, pp, tp)
+    layer, (ef, eb), (gf, gb, gw), _, _, p2p = _layer_parts(
+        model, cluster, job, mb, tp, sp, rc, links.tp, links.pp)
+    z3f = z3b = 0.0
+    if zero == 3 and dp > 1:
+        per = state_bytes_per_param(job)
+        lpb = stage_params(model, 1, tp, first=False, last=False, pp=pp) * per.weights
+        ag = comm.all_gather_s(links.dp, lpb)
+        rs = comm.reduce_scatter_s(links.dp, lpb)
+        z3f = max(0.0, ag - layer.forward.total_s)
+        z3b = max(0.0, ag + rs - layer.backward.total_s)
+    return (layer.forward.total_s + z3f, layer.backward.total_s + z3b, layer.wgrad_s,
+            ef.total_s, eb.total_s, gf.total_s, gb.total_s, gw, p2p if pp > 1 else 0.0)
+
+
+def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
+                     min_layers: int) -> float:
+    """A step time no stage partition of ``cfg`` (≥ ``min_layers`` per stage) beats."""
+    lf, lb, lw, ef, eb, gf, gb, gw, c = _pass_times(
+        model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
+        cfg.recompute, cfg.zero)
+    L, S, pp, v = model.num_layers, cfg.stages, cfg.pp, cfg.vpp
+    m = job.global_batch // (cfg.dp * cfg.micro_batch)
+    ovh = cluster.gpu.microbatch_overhead_s / (2 * v)
+    p2p = 2 * (S - 1) * c
+    lo, hi = max(1, min_layers), L - (S - 1) * max(1, min_layers)
+    if cfg.schedule in ("1f1b", "gpipe"):
+        total = L * (lf + lb) + 2 * S * ovh + ef + eb + gf + gb
+        bottleneck = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
+        return total + (m - 1) * bottleneck + p2p
+
+    def first_stage(n0: int) -> float:
+        f0 = n0 * lf + ovh + ef + (gf if S == 1 else 0.0)
+        b0 = n0 * lb + ovh + eb + (gb if S == 1 else 0.0)
+        w0 = n0 * lw + (gw if S == 1 else 0.0)
+        if cfg.schedule == "zero-bubble":
+            return m * (f0 + b0) + (pp - 1) * (f0 + b0 - 2 * w0) + p2p
+        return (m * v + pp - 1) * (f0 + b0) + p2p
+    return min(first_stage(lo), first_stage(hi))
+
+
+def tail_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, t: ConfigTables) -> float:
+    """A bound on the data-parallel/optimizer tail every partition pays.
+
+    Some rank holds ≥ ⌈L/pp⌉ layers; the first and last ranks hold more parameters than a
+    middle rank with as many layers, and the optimizer step and the last gradient bucket
+    (the whole reduction when it is not overlapped) grow with a rank's parameters, so the
+    tail of a middle rank with ⌈L/pp⌉ layers, counting only those terms, bounds it below.
+    """
+    cfg = t.config
+    n = -(-model.num_layers // cfg.pp)
+    _, _, job_, per, link = t._ctx
+    params = stage_params(model, n, cfg.tp, first=False, last=False, pp=cfg.pp)
+    local = params / cfg.dp if cfg.zero >= 1 else params
+    from meshplan.costmodel.compute import hbm_s
+    from meshplan.costmodel.estimate import DP_BUCKET_BYTES, OPTIMIZER_BYTES_PER_PARAM
+    out = hbm_s(cluster.gpu, local * OPTIMIZER_BYTES_PER_PARAM)
+    if cfg.dp > 1 and cfg.zero < 3:
+        grads = params * per.grads
+        if job.overlap_dp_comm:
+            out += comm.all_reduce_s(link, min(grads, DP_BUCKET_BYTES))
+        elif cfg.zero == 0:
+            out += comm.all_reduce_s(link, grads)
+        else:
+            out += comm.reduce_scatter_s(link, grads) + comm.all_gather_s(
+                link, params * per.weights)
+    return out
+
+
+def candidate_partitions(t: ConfigTables, min_layers: int) -> list[tuple[int, ...]]:
+    """A few cheap starting partitions: even; fewer layers on the first/last stage (they
+    carry the embedding and the logits); the smallest first stage."""
+    L, S = t.num_layers, t.config.stages
+    lo = max(1, min_layers)
+    even = list(default_stage_layers(L, S))
+    out = [tuple(even)]
+    if S > 2:
+        for cut_first, cut_last in ((1, 0), (0, 1), (1, 1), (2, 1), (1, 2), (2, 2)):
+            if even[0] - cut_first < lo or even[-1] - cut_last < lo:
+                continue
+            p = even[:]
+            p[0] -= cut_first
+            p[-1] -= cut_last
+            extra = cut_first + cut_last
+            mids = sorted(range(1, S - 1), key=lambda i: p[i])
+            for i in range(extra):
+                p[mids[i % len(mids)]] += 1
+            out.append(tuple(p))
+    if S > 1 and even[0] > lo:
+        rest = default_stage_layers(L - lo, S - 1)
+        out.append((lo, *rest))
+    return out
+
+
+@dataclass
+class Survivor:
+    """A configuration that may be in the top k, with what the solver needs about it."""
+
+    tables: ConfigTables
+    lower_bound: float           # weighted objective
+    upper_bound: float           # weighted objective of ``partition``
+    partition: tuple[int, ...]   # a memory-feasible partition (the incumbent)
+    rank_capacity: tuple[int, ...]  # most layers each pipeline rank can hold in memory
+
+
+@dataclass
+class Pruning:
+    """What the pre-pass did (reported in Plan.stats)."""
+
+    configs: int = 0
+    tables_built: int = 0
+    memory_infeasible: int = 0
+    pruned_by_bound: int = 0
+    survivors: list[Survivor] = field(default_factory=list)
+    least_memory: tuple[float, Config] | None = None   # smallest peak over infeasible configs
+
+
+def rank_capacities(t: ConfigTables, capacity_bytes: float) -> tuple[int, ...]:
+    return tuple(t.max_rank_layers(r, capacity_bytes) for r in range(t.config.pp))
+
+
+def memory_feasible(t: ConfigTables, caps: Sequence[int], min_layers: int) -> bool:
+    need = t.config.vpp * max(1, min_layers)
+    return min(caps) >= need and sum(caps) >= t.num_layers
+
+
+def repair_partition(t: ConfigTables, caps: Sequence[int], min_layers: int,
+                     start: Sequence[int] | None = None) -> tuple[int, ...] | None:
+    """A partition near ``start`` (default: even) that respects every rank's capacity."""
+    cfg = t.config
+    pp, S = cfg.pp, cfg.stages
+    lo = max(1, min_layers)
+    parts = list(start or default_stage_layers(t.num_layers, S))
+    ranks = [sum(parts[r::pp]) for r in range(pp)]
+    for r in range(pp):
+        while ranks[r] > caps[r]:
+            c = max(range(r, S, pp), key=lambda i: parts[i])
+            if parts[c] <= lo:
+                return None
+            # give the layer to the least loaded rank with room
+            dst = min((q for q in range(pp) if ranks[q] < caps[q]), default=None,
+                      key=lambda q: ranks[q])
+            if dst is None:
+                return None
+            d = min(range(dst, S, pp), key=lambda i: parts[i])
+            parts[c] -= 1
+            parts[d] += 1
+            ranks[r] -= 1
+            ranks[dst] += 1
+    return tuple(parts)
+
+
+def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config], *,
+          objective: str, top_k: int, capacity_bytes: float, min_layers: int,
+          fixed_partition: tuple[int, ...] | None = None, progress=None) -> Pruning:
+    """Best-bound-first pre-pass (see the module docstring)."""
+    out = Pruning()
+    keyed = []
+    for cfg in configs:
+        w = objective_weight(cfg, objective)
+        keyed.append((w * time_lower_bound(model, cluster, job, cfg, min_layers), cfg))
+    out.configs = len(keyed)
+    keyed.sort(key=lambda x: x[0])
+    best_ubs: list[float] = []       # max-heap (negated) of the k smallest upper bounds
+    for i, (lb, cfg) in enumerate(keyed):
+        if len(best_ubs) >= top_k and lb > -best_ubs[0] * (1 + 1e-9):
+            out.pruned_by_bound = len(keyed) - i
+            break
+        if progress is not None and i % 2000 == 0:
+            progress(f"bounding: {i:,}/{len(keyed):,} configurations, "
+                     f"{len(out.survivors):,} candidates")
+        t = build_tables(model, cluster, job, cfg)
+        out.tables_built += 1
+        caps = rank_capacities(t, capacity_bytes)
+        if fixed_partition is not None:
+            ok = len(fixed_partition) == cfg.stages and all(
+                n <= cap for n, cap in zip(t.rank_layers(fixed_partition), caps))
+            part = fixed_partition if ok else None
+        else:
+            part = None
+            if memory_feasible(t, caps, min_layers):
+                best = math.inf
+                for start in candidate_partitions(t, min_layers):
+                    p = repair_partition(t, caps, min_layers, start)
+                    if p is not None:
+                        v = t.step_time_s(p)
+                        if v < best:
+                            best, part = v, p
+        if part is None:
+            out.memory_infeasible += 1
+            peak = t.peak_memory_bytes(fixed_partition if fixed_partition is not None and
+                                       len(fixed_partition) == cfg.stages else
+                                       default_stage_layers(t.num_layers, cfg.stages))
+            if out.least_memory is None or peak < out.least_memory[0]:
+                out.least_memory = (peak, cfg)
+            continue
+        w = objective_weight(cfg, objective)
+        lb = max(lb, w * (lb / w + tail_lower_bound(model, cluster, job, t)))
+        ub = w * t.step_time_s(part)
+        if len(best_ubs) < top_k:
+            heapq.heappush(best_ubs, -ub)
+        elif ub < -best_ubs[0]:
+            heapq.heapreplace(best_ubs, -ub)
+        out.survivors.append(Survivor(t, lb, ub, part, caps))
+    if best_ubs and len(best_ubs) >= top_k:
+        kth = -best_ubs[0]
+        before = len(out.survivors)
+        out.survivors = [s for s in out.survivors if s.lower_bound <= kth * (1 + 1e-9)]
+        out.pruned_by_bound += before - len(out.survivors)
+    return out
+
+
+__all__ = ["objective_weight", "time_lower_bound", "prune", "Pruning", "Survivor",
+           "repair_partition", "memory_feasible", "rank_capacities", "math"]

@@ -1,0 +1,172 @@
+"""The layout search space: every discrete choice the planner may make, before partitioning.
+
+A :class:`Config` is a :class:`~meshplan.Layout` without ``stage_layers``; the planner then
+decides how the model's layers are split over the ``pp·vpp`` (virtual) stages.
+
+The space holds, for each allowed GPU count ``n``: ``tp`` dividing the attention heads,
+the key/value heads and the MLP width (≤ ``max_tp``; a divisor of the node size when
+``tp_within_node``), ``pp`` dividing ``n / tp`` with ``layers ≥ pp``, ``dp = n / (tp·pp)``
+dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
+``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
+``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
+recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
+2022 §4.2.2). These are exactly the layouts :func:`meshplan.costmodel.validate.check_layout`
+accepts. Two redundant encodings are left out: ZeRO stages > 0 when ``dp = 1`` (nothing to
+shard over: the smallest allowed stage stands for all) and ``interleaved-1f1b`` with
+``vpp = 1`` (it *is* 1F1B).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.errors import ConfigError
+from meshplan.hardware_profiles import Cluster
+from meshplan.planner.constraints import Constraints
+
+
+class Config(NamedTuple):
+    """One point of the discrete space (a Layout without its stage partition)."""
+
+    dp: int
+    pp: int
+    tp: int
+    micro_batch: int
+    schedule: str
+    vpp: int
+    recompute: str
+    zero: int
+    sequence_parallel: bool
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def stages(self) -> int:
+        return self.pp * self.vpp
+
+    def layout(self, stage_layers: Sequence[int] | None = None) -> Layout:
+        return Layout(dp=self.dp, pp=self.pp, tp=self.tp, micro_batch=self.micro_batch,
+                      schedule=self.schedule, vpp=self.vpp, recompute=self.recompute,
+                      zero=self.zero, sequence_parallel=self.sequence_parallel,
+                      stage_layers=tuple(stage_layers) if stage_layers is not None else None)
+
+    @classmethod
+    def of(cls, layout: Layout) -> "Config":
+        return cls(layout.dp, layout.pp, layout.tp, layout.micro_batch, layout.schedule,
+                   layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel)
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def gpu_counts(cluster: Cluster, gpus: int | Iterable[int] | None, objective: str,
+               constraints: Constraints) -> list[int]:
+    """The GPU counts to search, validated against the cluster."""
+    total = cluster.num_gpus
+    if gpus is None:
+        idle = constraints.allow_idle_gpus
+        if idle is None:
+            idle = objective == "time_to_train"
+        if not idle:
+            return [total]
+        # Whole nodes, or a part of one node that divides it (a job never shares a node).
+        g = cluster.gpus_per_node
+        return sorted({d for d in divisors(g)} | {k * g for k in range(1, cluster.nodes + 1)})
+    if isinstance(gpus, bool):
+        raise ConfigError(f"gpus must be a GPU count, a range or a list of counts, got {gpus!r}")
+    counts = [gpus] if isinstance(gpus, int) else list(gpus) if isinstance(
+        gpus, (range, list, tuple, set, frozenset)) else None
+    if counts is None:
+        raise ConfigError(f"gpus must be an int, a range or a list of ints, got "
+                          f"{type(gpus).__name__}")
+    if not counts:
+        raise ConfigError(f"gpus = {gpus!r} holds no GPU count")
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"gpus: {n!r} is not a positive GPU count")
+        if n > total:
+            raise ConfigError(f"gpus: {n} GPUs asked for, but cluster {cluster.name!r} has "
+                              f"{total} ({cluster.nodes} nodes × {cluster.gpus_per_node}); "
+                              f"use at most {total} or a cluster with more nodes")
+    return sorted(set(counts))
+
+
+def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> list[int]:
+    out = []
+    g = cluster.gpus_per_node
+    for t in divisors(model.num_heads):
+        if model.num_kv_heads % t or model.ffn_hidden_size % t:
+            continue
+        if constraints.max_tp is not None and t > constraints.max_tp:
+            continue
+        if constraints.tp_within_node and g % t:
+            continue
+        out.append(t)
+    return out
+
+
+def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
+                      constraints: Constraints) -> Iterator[Config]:
+    """Every :class:`Config` of the space (see the module docstring), in a fixed order."""
+    fx = constraints.fixed
+    L, B = model.num_layers, job.global_batch
+    min_layers = max(1, constraints.min_layers_per_stage)
+    tps = tp_options(model, cluster, constraints)
+    plain = [s for s in constraints.schedules if s != "interleaved-1f1b"]
+    interleaved = "interleaved-1f1b" in constraints.schedules
+    max_vpp = constraints.max_vpp or L
+    zeros = sorted(constraints.zero)
+    sps = sorted(constraints.sequence_parallel)
+    for n in counts:
+        for tp in tps:
+            if n % tp or fx.get("tp", tp) != tp:
+                continue
+            for pp in divisors(n // tp):
+                if pp * min_layers > L or fx.get("pp", pp) != pp:
+                    continue
+                dp = n // (tp * pp)
+                if B % dp or fx.get("dp", dp) != dp:
+                    continue
+                for mb in divisors(B // dp):
+                    if mb > constraints.max_micro_batch:
+                        break
+                    if fx.get("micro_batch", mb) != mb:
+                        continue
+                    m = B // (dp * mb)
+                    sched: list[tuple[str, int]] = [(s, 1) for s in plain]
+                    if interleaved and pp > 1 and m % pp == 0:
+                        sched += [("interleaved-1f1b", v)
+                                  for v in range(2, min(max_vpp, L // (pp * min_layers)) + 1)]
+                    for s, v in sched:
+                        if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
+                            continue
+                        for rc in constraints.recompute:
+                            if fx.get("recompute", rc) != rc:
+                                continue
+                            zs = [fx["zero"]] if "zero" in fx else zeros if dp > 1 else zeros[:1]
+                            for z in zs:
+                                for sp in sps:
+                                    if sp and tp == 1:
+                                        continue
+                                    if fx.get("sequence_parallel", sp) != sp:
+                                        continue
+                                    yield Config(dp, pp, tp, mb, s, v, rc, z, sp)
+
+
+def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
+    """Errors no layout can avoid (seq_len beyond learned position embeddings)."""
+    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
+        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
+                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run it")
