@@ -44,6 +44,7 @@ class ValidateOptions:
     budget_s: float | None = None      # all layouts; later ones are skipped when exceeded
     extra_args: tuple[str, ...] = ()
     python: str = sys.executable
+    runner_module: str = "meshplan.executor.run"   # tests swap in a stand-in executor
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
 
 
@@ -162,7 +163,7 @@ def _run_one(model, cluster, job, layout, est, name, options: ValidateOptions) -
     results.unlink(missing_ok=True)
     n = layout.num_gpus
     cmd = [options.python, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", "-m", "meshplan.executor.run", "--plan", str(plan),
+           f"--nproc-per-node={n}", "-m", options.runner_module, "--plan", str(plan),
            "--out", str(results), "--steps", str(options.steps), "--warmup", str(options.warmup),
            *(["--device", options.device] if options.device else []), *options.extra_args]
     env = {**os.environ, **CHILD_ENV}

@@ -1,0 +1,226 @@
+"""Unit tests of the calibration and validation tooling (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibrate import profile as prof
+from meshplan.calibrate.stats import pct_error, ranks, spearman
+from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+from meshplan.calibrate.validate import (enumerate_layouts, predicted_memory_per_rank,
+                                         read_measurement, summarize)
+from meshplan.costmodel import estimate
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.errors import ConfigError, ProfileError
+from meshplan.hardware_profiles import Cluster, Curve, builtin_gpu
+from meshplan.hardware_profiles.calibrated import apply_profile, load_profile
+
+
+# ---- Spearman --------------------------------------------------------------------------------
+def test_ranks_average_ties():
+    assert ranks([10, 20, 20, 5]) == [2.0, 3.5, 3.5, 1.0]
+
+
+def test_spearman_known_values():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # textbook example: d = (0, -1, 1, 0, 0) -> rho = 1 - 6·2 / (5·24) = 0.9
+    assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 4, 5]) == pytest.approx(0.9)
+    # monotone but non-linear: Spearman 1, Pearson would not be
+    assert spearman([1, 2, 3, 4], [1, 8, 27, 1000]) == pytest.approx(1.0)
+
+
+def test_spearman_with_ties_matches_pearson_of_average_ranks():
+    # x ranks [1, 2.5, 2.5, 4], y ranks [1, 2, 3, 4]: Sxy = 4.5, Sxx = 4.5, Syy = 5
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+
+
+def test_spearman_rejects_unequal_lengths():
+    with pytest.raises(ConfigError, match="equal-length"):
+        spearman([1, 2], [1])
+
+
+def test_pct_error_sign_and_bad_measurement():
+    assert pct_error(1.1, 1.0) == pytest.approx(10.0)
+    assert pct_error(0.9, 1.0) == pytest.approx(-10.0)
+    with pytest.raises(ConfigError, match="positive"):
+        pct_error(1.0, 0.0)
+
+
+# ---- TOML and atomic writes ------------------------------------------------------------------
+def test_toml_round_trip():
+    doc = {"a": 1, "b": 2.5, "s": 'q"uote', "flag": True, "pts": [[1e9, 0.5], [1e10, 0.7]],
+           "inline": {"bf16": 989.0}, "t": {"x": [1, 2], "inf": float("inf")},
+           "rows": [{"m": 1, "label": "qkv tp1"}, {"m": 2, "label": "x"}]}
+    back = tomllib.loads(dumps(doc))
+    assert back == doc
+
+
+def test_atomic_write_interrupted_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
+    target = tmp_path / "profile.toml"
+    target.write_text("old\n")
+
+    def boom(fd):
+        raise KeyboardInterrupt  # Ctrl-C between writing and renaming
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.toml"]
+
+
+def test_atomic_write_interrupted_without_old_file_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(tmp_path / "p.toml", "x = 1\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- profile building and applying --------------------------------------------------------
+H100 = builtin_gpu("H100-SXM5-80GB")
+
+
+def _gpu_rows():
+    peak = H100.peak_flops("bf16")
+    # a GEMM of 2mkn = 2^34 FLOPs taking 3F / (0.6 · peak) s, so its efficiency is 0.6
+    f = 2.0 * 2048 * 2048 * 2048
+    return {
+        "gemm": [{"m": 2048, "k": 2048, "n": 2048, "seconds": 3 * f / (0.6 * peak)}],
+        "attention": [{"batch": 1, "seq": 2048, "heads": 16, "head_dim": 128,
+                       "seconds": 3.5 * prof.attention_executed_flops(1, 2048, 16, 128) / (0.4 * peak)}],
+        "membound": [{"op": "add", "model_bytes": 0.7 * 3350e9, "seconds": 1.0}],
+        "collectives": [{"op": "all_reduce", "group_size": 4, "nbytes": 1 << 26,
+                         "seconds": 1.5 * (1 << 26) / (450e9 * 0.75)}],
+        "latency": [{"group_size": 2, "seconds": 2 * 3e-6}],
+        "overheads": [{"kind": "layer_overhead_s", "seconds": 4e-5},
+                      {"kind": "microbatch_overhead_s", "seconds": -1e-6}],
+    }
+
+
+def _write_gpu_profile(path: Path) -> Path:
+    doc = prof.build_profile(measurements=_gpu_rows(), base=H100, device="cuda",
+                             provenance={"machine": "test", "gpu_name": "NVIDIA H100 80GB HBM3"})
+    return write_text_atomic(path, dumps(doc))
+
+
+def test_profile_efficiencies_invert_the_cost_model(tmp_path):
+    p = load_profile(_write_gpu_profile(tmp_path / "h100.toml"))
+    assert p.base_gpu == "H100-SXM5-80GB" and p.gpu.name == "H100-SXM5-80GB"
+    assert p.gpu.gemm_efficiency(2.0 * 2048**3) == pytest.approx(0.6, rel=1e-4)
+    assert p.gpu.attention_efficiency(prof.attention_executed_flops(1, 2048, 16, 128)) == \
+        pytest.approx(0.4, rel=1e-4)
+    assert p.gpu.hbm_efficiency == pytest.approx(0.7, rel=1e-9)
+    assert p.intra_latency_us == pytest.approx(3.0)
+    # all-reduce of 64 MiB over 4 ranks: bus bytes / (t - 6 hops · 3 us)
+    t = 1.5 * (1 << 26) / (450e9 * 0.75)
+    want = 1.5 * (1 << 26) / ((t - 6 * 3e-6) * 450e9)
+    assert p.gpu.nvlink_efficiency(1 << 26) == pytest.approx(want, rel=1e-4)
+    assert p.gpu.layer_overhead_s == pytest.approx(4e-5)
+    assert p.gpu.microbatch_overhead_s == 0.0   # a negative intercept is clamped
+    assert "gemm_efficiency" in p.measured and p.provenance["machine"] == "test"
+
+
+def test_curve_falls_back_to_datasheet_shape_outside_measured_range():
+    base = Curve(((1e8, 0.05), (1e9, 0.2), (1e10, 0.5), (1e11, 0.7), (1e12, 0.8)))
+    c = prof.extend_with_base([(1e10, 0.4), (1e11, 0.6)], base)
+    assert c(1e10) == pytest.approx(0.4) and c(1e11) == pytest.approx(0.6)
+    assert c(1e12) == pytest.approx(0.8 * 0.6 / 0.7)      # datasheet shape, scaled to meet
+    assert c(1e9) == pytest.approx(0.2 * 0.4 / 0.5)
+
+
+def test_merge_points_averages_close_sizes():
+    pts = prof.merge_points([(1e9, 0.5), (1.05e9, 0.7), (1e10, 0.8)])
+    assert len(pts) == 2 and pts[0][1] == pytest.approx(0.6)
+
+
+def test_apply_profile_changes_estimate(tmp_path):
+    path = _write_gpu_profile(tmp_path / "h100.toml")
+    cluster = Cluster.preset("dgx-h100", nodes=1)
+    cal = apply_profile(cluster, path)
+    assert cal.gpu.provenance.startswith("calibrated") and cal.intra_latency_us == 3.0
+    model, job = ModelSpec.preset("gpt-1.7b"), Job(global_batch=16, seq_len=2048)
+    lay = Layout(dp=2, tp=4)
+    assert estimate(model, cal, job, lay).step_time_s != estimate(model, cluster, job, lay).step_time_s
+
+
+def test_profile_of_other_gpu_is_refused_unless_override(tmp_path):
+    path = _write_gpu_profile(tmp_path / "h100.toml")
+    a100 = Cluster.preset("dgx-a100-80gb", nodes=1)
+    with pytest.raises(ProfileError, match=r"H100-SXM5-80GB.*A100-SXM4-80GB.*override"):
+        apply_profile(a100, path)
+    forced = apply_profile(a100, path, override=True)
+    assert forced.gpu.name == "H100-SXM5-80GB"
+
+
+def test_load_profile_rejects_foreign_and_broken_files(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema = "something-else"\nversion = 1\n')
+    with pytest.raises(ProfileError, match="schema"):
+        load_profile(bad)
+    bad.write_text("schema = \n")
+    with pytest.raises(ProfileError, match="not valid TOML"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "missing.toml")
+    doc = tomllib.loads(_write_gpu_profile(tmp_path / "ok.toml").read_text())
+    doc["gpu"]["hbm_efficiency"] = 1.5
+    bad.write_text(dumps(doc))
+    with pytest.raises(ProfileError, match="hbm_efficiency"):
+        load_profile(bad)
+
+
+# ---- validate bookkeeping --------------------------------------------------------------------
+def test_read_measurement_accepts_nested_and_per_rank_forms():
+    doc = {"measured": {"step_time_s": {"median": 0.5, "spread": 0.01},
+                        "ranks": [{"rank": 0, "peak_allocated_bytes": 10},
+                                  {"rank": 1, "peak_allocated_bytes": 12}]}}
+    m = read_measurement(doc, 2)
+    assert m["step_time_s"] == 0.5 and m["memory_per_rank_bytes"] == [10.0, 12.0]
+    assert m["memory_peak_bytes"] == 12.0
+    with pytest.raises(ValueError, match="step time"):
+        read_measurement({"measured": {}}, 1)
+
+
+def test_summarize_best_layout_and_failures():
+    def rec(name, p, m, status="ok"):
+        r = {"name": name, "model": "x", "status": status, "predicted": {"step_time_s": p}}
+        if status == "ok":
+            r.update(measured={"step_time_s": m}, step_time_error_pct=pct_error(p, m))
+        return r
+    records = [rec("a", 1.0, 1.1), rec("b", 2.0, 1.9), rec("c", 0.9, 1.2), rec("d", 3, 0, "oom")]
+    s = summarize(records)
+    assert s["ok"] == 3 and s["not_ok"]["oom"] == 1
+    assert s["predicted_best"] == "c" and s["measured_best"] == "a"
+    assert not s["predicted_best_is_measured_best"]
+    assert s["predicted_best_gap_pct"] == pytest.approx((1.2 - 1.1) / 1.1 * 100)
+    assert s["step_time_max_abs_error_pct"] == pytest.approx(25.0)
+
+
+def test_enumerate_layouts_are_valid_and_fit():
+    model = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
+                      max_seq_len=64)
+    cluster = Cluster.preset("dgx-h100", nodes=1)
+    job = Job(global_batch=8, seq_len=64)
+    lays = enumerate_layouts(model, cluster, job, 4)
+    assert lays and all(l.num_gpus == 4 for l in lays)
+    assert {l.schedule for l in lays if l.pp > 1} >= {"gpipe", "1f1b", "interleaved-1f1b"}
+    est = estimate(model, cluster, job, Layout(dp=1, pp=2, tp=2))
+    per_rank = predicted_memory_per_rank(est, Layout(dp=1, pp=2, tp=2), cluster)
+    assert per_rank == [est.memory[0].total_bytes] * 2 + [est.memory[1].total_bytes] * 2
+
+
+def test_calibrate_and_validate_paths_never_import_ortools_or_torch_at_import():
+    code = ("import sys; sys.modules['ortools'] = None\n"
+            "import meshplan.calibrate.validate, meshplan.calibrate.profile, "
+            "meshplan.commands.calibrate, meshplan.commands.validate, "
+            "meshplan.hardware_profiles.calibrated\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
