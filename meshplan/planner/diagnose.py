@@ -16,6 +16,10 @@ from meshplan.planner.tables import build_tables
 GIB = 2**30
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
+
+
 def least_memory(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
                  constraints: Constraints, limit: int = 50_000):
     """(peak bytes, config) of the layout needing the least memory per GPU (over every
@@ -73,14 +77,14 @@ def explain(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
         r = least_memory(model, cluster, job, counts, c2, limit=20_000)
         if r is not None:
             verdict = "fits" if r[0] <= cap2 else "still too much"
-            ways.append(f"{what}: least memory {r[0] / GIB:.1f} GiB per GPU ({verdict}; "
+            ways.append(f"{what}: least memory {_size(r[0])} per GPU ({verdict}; "
                         f"e.g. {r[1].layout().short()})")
     more = _more_gpus(model, cluster, job, constraints, max(counts))
     if more:
         ways.append(more)
     msg = (f"no layout of {where} fits in memory: the least any of the {num_configs:,} "
-           f"configurations needs is {need_b / GIB:.1f} GiB per GPU "
-           f"({cfg.layout().short()}), but {capacity_bytes / GIB:.1f} GiB is usable "
+           f"configurations needs is {_size(need_b)} per GPU "
+           f"({cfg.layout().short()}), but {_size(capacity_bytes)} is usable "
            f"({cluster.gpu.name}, after the reserve and "
            f"{constraints.memory_headroom:.0%} headroom). Binding constraint: GPU memory. "
            f"Ways out: " + ("; ".join(ways) if ways else "a GPU with more memory"))
