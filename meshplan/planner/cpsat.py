@@ -74,9 +74,10 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
         x = M.NewBoolVar(f"x{k}")
         n = [M.NewIntVar(0, L, f"n{k}_{c}") for c in range(S)]
         M.Add(sum(n) == L * x)
+        forced = s.forced
         for c in range(S):
-            if fixed_partition is not None:
-                M.Add(n[c] == fixed_partition[c] * x)
+            if forced is not None:
+                M.Add(n[c] == forced[c] * x)
             else:
                 M.Add(n[c] >= lo * x)
         N = []
@@ -124,7 +125,7 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
         tm = M.NewIntVar(0, big, f"tail{k}")
         cache: dict[tuple[bool, bool], list[int]] = {}
         for r in range(pp):
-            rlo = v * lo if fixed_partition is None else sum(fixed_partition[r::pp])
+            rlo = v * lo if forced is None else sum(forced[r::pp])
             cap = s.rank_capacity[r]
             key = (r == 0, r == pp - 1, rlo)
             if key not in cache:

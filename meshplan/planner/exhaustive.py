@@ -12,7 +12,7 @@ from meshplan.costmodel import estimate
 from meshplan.costmodel.specs import Job, ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
-from meshplan.planner.search import objective_weight
+from meshplan.planner.search import forced_partition, objective_weight
 from meshplan.planner.space import Config
 
 MAX_EVALUATIONS = 2_000_000
@@ -43,8 +43,8 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
     configs = list(configs)
     lo = max(1, min_layers)
     L = model.num_layers
-    work = sum(1 if fixed_partition is not None else count_compositions(L, c.stages, lo)
-               for c in configs)
+    work = sum(1 if forced_partition(c, L, fixed_partition) is not None
+               else count_compositions(L, c.stages, lo) for c in configs)
     if work > MAX_EVALUATIONS:
         raise ConfigError(f"exhaustive search would evaluate {work:,} layouts (limit "
                           f"{MAX_EVALUATIONS:,}); use solver='cp-sat' or fix more fields")
@@ -53,8 +53,8 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
     for i, cfg in enumerate(configs):
         w = objective_weight(cfg, objective)
         best = None
-        parts: Sequence = ([fixed_partition] if fixed_partition is not None
-                           else compositions(L, cfg.stages, lo))
+        forced = forced_partition(cfg, L, fixed_partition)
+        parts: Sequence = [forced] if forced is not None else compositions(L, cfg.stages, lo)
         for p in parts:
             if len(p) != cfg.stages:
                 continue

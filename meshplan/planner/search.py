@@ -36,6 +36,18 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.planner.space import Config
 from meshplan.planner.tables import ConfigTables, _links, build_tables
 
+from meshplan.planner.space import EVEN_PARTITION_SCHEDULES  # noqa: E402  (see space.py)
+
+
+def forced_partition(cfg: Config, num_layers: int,
+                     fixed_partition: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The only partition the planner allows for ``cfg``, or None when the solver decides."""
+    if fixed_partition is not None:
+        return fixed_partition
+    if cfg.schedule in EVEN_PARTITION_SCHEDULES and cfg.stages > 1:
+        return default_stage_layers(num_layers, cfg.stages)
+    return None
+
 
 def objective_weight(cfg: Config, objective: str) -> int:
     """Minimized value = weight · step time. Throughput and time-to-train minimize the step
@@ -76,6 +88,10 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
         total = L * (lf + lb) + 2 * S * ovh + ef + eb + gf + gb
         bottleneck = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
         return total + (m - 1) * bottleneck + p2p
+
+    even = forced_partition(cfg, L, None)
+    if even is not None:
+        lo = hi = even[0]
 
     def first_stage(n0: int) -> float:
         f0 = n0 * lf + ovh + ef + (gf if S == 1 else 0.0)
@@ -149,6 +165,7 @@ class Survivor:
     upper_bound: float           # weighted objective of ``partition``
     partition: tuple[int, ...]   # a memory-feasible partition (the incumbent)
     rank_capacity: tuple[int, ...]  # most layers each pipeline rank can hold in memory
+    forced: tuple[int, ...] | None = None  # the partition, when the planner does not choose it
 
 
 @dataclass
@@ -220,10 +237,11 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
         t = build_tables(model, cluster, job, cfg)
         out.tables_built += 1
         caps = rank_capacities(t, capacity_bytes)
-        if fixed_partition is not None:
-            ok = len(fixed_partition) == cfg.stages and all(
-                n <= cap for n, cap in zip(t.rank_layers(fixed_partition), caps))
-            part = fixed_partition if ok else None
+        forced = forced_partition(cfg, model.num_layers, fixed_partition)
+        if forced is not None:
+            ok = len(forced) == cfg.stages and all(
+                n <= cap for n, cap in zip(t.rank_layers(forced), caps))
+            part = forced if ok else None
         else:
             part = None
             if memory_feasible(t, caps, min_layers):
@@ -236,8 +254,8 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
                             best, part = v, p
         if part is None:
             out.memory_infeasible += 1
-            peak = t.peak_memory_bytes(fixed_partition if fixed_partition is not None and
-                                       len(fixed_partition) == cfg.stages else
+            peak = t.peak_memory_bytes(forced if forced is not None and
+                                       len(forced) == cfg.stages else
                                        default_stage_layers(t.num_layers, cfg.stages))
             if out.least_memory is None or peak < out.least_memory[0]:
                 out.least_memory = (peak, cfg)
@@ -249,7 +267,7 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
             heapq.heappush(best_ubs, -ub)
         elif ub < -best_ubs[0]:
             heapq.heapreplace(best_ubs, -ub)
-        out.survivors.append(Survivor(t, lb, ub, part, caps))
+        out.survivors.append(Survivor(t, lb, ub, part, caps, forced))
     if best_ubs and len(best_ubs) >= top_k:
         kth = -best_ubs[0]
         before = len(out.survivors)

@@ -26,6 +26,13 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
 
 
+# Schedules whose closed form (meshplan.costmodel.pipeline) reads only the first stage's
+# times, i.e. assumes uniform stages: the planner offers them only where the layers split
+# evenly (L % (pp·vpp) == 0, Megatron-LM's own requirement for the interleaved schedule),
+# so the closed form prices them correctly.
+EVEN_PARTITION_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+
+
 class Config(NamedTuple):
     """One point of the discrete space (a Layout without its stage partition)."""
 
@@ -151,6 +158,8 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                                   for v in range(2, min(max_vpp, L // (pp * min_layers)) + 1)]
                     for s, v in sched:
                         if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
+                            continue
+                        if s in EVEN_PARTITION_SCHEDULES and pp * v > 1 and L % (pp * v):
                             continue
                         for rc in constraints.recompute:
                             if fx.get("recompute", rc) != rc:

@@ -1,0 +1,155 @@
+"""``meshplan plan``: search layouts, print the ranked table and the winner's breakdown, write
+the plan file.
+
+    meshplan plan --model llama3-70b --cluster dgx-h100 --nodes 32 --global-batch 1024 \\
+        --seq-len 8192 --top-k 10 -o plan.json
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_from_args,
+                                      model_cluster_from_args, positive_int)
+from meshplan.commands.format import format_estimate
+from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES
+from meshplan.errors import ConfigError, MeshplanError
+
+
+def _gpus(text: str):
+    try:
+        if "-" in text:
+            a, b = (int(x) for x in text.split("-", 1))
+            if a < 1 or b < a:
+                raise ValueError
+            return range(a, b + 1)
+        if "," in text:
+            return [int(x) for x in text.split(",")]
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--gpus {text!r} must be N, A-B (A ≤ B) or a comma list") from None
+
+
+def add_arguments(p) -> None:
+    add_model_cluster_args(p)
+    add_job_args(p)
+    g = p.add_argument_group("search")
+    g.add_argument("--gpus", default=None, help="GPUs to use: N, a range A-B or a list "
+                   "N1,N2 (the planner picks); default all GPUs of the cluster")
+    g.add_argument("--objective", default="throughput",
+                   choices=["throughput", "cost", "time_to_train"])
+    g.add_argument("--top-k", type=positive_int, default=10)
+    g.add_argument("--solver", default="cp-sat", choices=["cp-sat", "exhaustive"])
+    g.add_argument("--max-tp", type=positive_int, default=None)
+    g.add_argument("--tp-across-nodes", action="store_true",
+                   help="allow tensor parallel groups to span nodes")
+    g.add_argument("--schedules", default=None,
+                   help=f"comma list of allowed schedules ({','.join(SCHEDULES)})")
+    g.add_argument("--recompute-options", default=None,
+                   help=f"comma list of allowed recompute modes ({','.join(RECOMPUTE)})")
+    g.add_argument("--zero-options", default=None, help="comma list of ZeRO stages (0,1,2,3)")
+    g.add_argument("--max-micro-batch", type=positive_int, default=16)
+    g.add_argument("--memory-headroom", type=float, default=0.0,
+                   help="fraction of usable memory to keep free (e.g. 0.1)")
+    g.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
+                   help="pin a layout field, e.g. --fix pp=4 --fix schedule=1f1b")
+    g.add_argument("-o", "--output", default="plan.json", help="plan file to write")
+    g.add_argument("--force", action="store_true", help="overwrite an existing plan file")
+    g.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _split(text, cast=str):
+    return None if text is None else tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+
+
+def _fixed(items) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--fix {item!r} must be FIELD=VALUE")
+        k, v = item.split("=", 1)
+        k = k.strip().replace("-", "_")
+        if k in ("sequence_parallel",):
+            out[k] = v.lower() in ("1", "true", "yes")
+        elif k in ("schedule", "recompute"):
+            out[k] = v
+        elif k == "stage_layers":
+            out[k] = tuple(int(x) for x in v.split(","))
+        else:
+            try:
+                out[k] = int(v)
+            except ValueError:
+                raise ConfigError(f"--fix {item!r}: {k} needs an integer") from None
+    return out
+
+
+def constraints_from_args(args):
+    from meshplan.planner import Constraints
+    kw = dict(max_tp=args.max_tp, tp_within_node=not args.tp_across_nodes,
+              max_micro_batch=args.max_micro_batch, memory_headroom=args.memory_headroom,
+              fixed=_fixed(args.fix))
+    for key, text, cast in (("schedules", args.schedules, str),
+                            ("recompute", args.recompute_options, str),
+                            ("zero", args.zero_options, int)):
+        try:
+            val = _split(text, cast)
+        except ValueError:
+            raise ConfigError(f"--{key.replace('_', '-')}-options {text!r} is not a comma "
+                              f"list of integers") from None
+        if val is not None:
+            kw[key] = val
+    return Constraints(**kw)
+
+
+def main(args) -> int:
+    from meshplan.planner import plan as run_plan
+    model, cluster = model_cluster_from_args(args)
+    job = job_from_args(args)
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise MeshplanError(f"{str(out)!r} exists; refusing to overwrite it (pass --force)")
+    constraints = constraints_from_args(args)
+    gpus = _gpus(args.gpus) if args.gpus else None
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
+
+    progress(f"planning {model.name} ({model.num_params() / 1e9:.2f}B) on {cluster.name} "
+             f"({cluster.num_gpus} GPUs), objective {args.objective}")
+    p = run_plan(model, cluster, job, gpus=gpus, objective=args.objective, top_k=args.top_k,
+                 constraints=constraints, solver=args.solver, progress=progress)
+    st = p.stats
+    progress(f"done: {st.get('configurations', 0):,} configurations "
+             f"({st.get('space_layouts', 0):,} layouts with stage partitions); "
+             f"{st.get('tables_built', st.get('layouts_evaluated', 0)):,} evaluated, "
+             f"{st.get('survivors', '-')} in the CP-SAT model, {st['wall_s']:.2f} s")
+    print(f"{model.name} ({model.num_params() / 1e9:.2f}B params) on {cluster.name} "
+          f"({cluster.nodes}×{cluster.gpus_per_node} {cluster.gpu.name}); batch "
+          f"{job.global_batch}×{job.seq_len}; objective {args.objective}\n")
+    print(_table(p))
+    print(f"\nbest: {p.best.layout.short()}  stage_layers={list(p.best.layout.stage_layers)}")
+    print(format_estimate(p.best.estimate))
+    p.to_json(out, overwrite=True)
+    print(f"\nplan written to {out}")
+    return 0
+
+
+def _table(p) -> str:
+    df = p.table
+    cols = ["gpus", "dp", "pp", "tp", "micro_batch", "schedule", "vpp", "recompute", "zero",
+            "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib",
+            "bubble_s", "dp_comm_exposed_s"]
+    extra = [c for c in ("usd_per_million_tokens", "time_to_train_s") if c in df.columns]
+    df = df[cols + extra].copy()
+    df["mfu"] = (df["mfu"] * 100).map("{:.1f}%".format)
+    df["tokens_per_s"] = df["tokens_per_s"].map("{:,.0f}".format)
+    for c in ("step_time_s", "bubble_s", "dp_comm_exposed_s"):
+        df[c] = df[c].map("{:.3f}".format)
+    df["memory_peak_gib"] = df["memory_peak_gib"].map("{:.1f}".format)
+    df = df.rename(columns={"micro_batch": "mb", "sequence_parallel": "sp",
+                            "memory_peak_gib": "peak GiB", "dp_comm_exposed_s": "dp_exposed_s"})
+    return df.to_string()
