@@ -1,0 +1,37 @@
+"""Planner wall time on three large cases -> docs/benchmarks/planner.md (prints Markdown rows).
+
+    python benchmarks/planner_speed.py
+"""
+
+import platform
+import time
+from datetime import date
+
+import meshplan as mp
+
+CASES = [("gpt3-175b", "dgx-a100-80gb", 128, 1536, 2048, 2.0),
+         ("gpt-1t", "dgx-a100-80gb", 384, 3072, 2048, 5.0),
+         ("llama3-405b", "dgx-h100", 2048, 2048, 8192, 10.0)]
+
+
+def main() -> None:
+    print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
+          f"date {date.today()}")
+    print("| case | GPUs | goal s | wall s | configurations | layouts (with partitions) | "
+          "tables built | CP-SAT configs | best | tokens/s | MFU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, cl, nodes, batch, seq, goal in CASES:
+        model, cluster = mp.ModelSpec.preset(name), mp.Cluster.preset(cl, nodes=nodes)
+        job = mp.Job(global_batch=batch, seq_len=seq)
+        t = time.perf_counter()
+        p = mp.plan(model, cluster, job, top_k=10)
+        wall = time.perf_counter() - t
+        s = p.stats
+        print(f"| {name} b{batch} s{seq} | {cluster.num_gpus} | {goal} | {wall:.2f} | "
+              f"{s['configurations']:,} | {s['space_layouts']:.3g} | {s['tables_built']:,} | "
+              f"{s['survivors']} | {p.best.layout.short()} | {p.best.estimate.tokens_per_s:,.0f} | "
+              f"{p.best.estimate.mfu:.1%} |")
+
+
+if __name__ == "__main__":
+    main()
