@@ -1,0 +1,67 @@
+"""Training tokens: synthetic (seeded, the default) or a flat token file read with memmap.
+
+Each step draws the *global* batch (global_batch × (seq_len + 1) tokens) from the step
+number alone, and a dp rank keeps its contiguous share, so every layout — and the
+single-process reference in the tests — sees the same sequences in the same order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from meshplan.errors import ExecutorError
+
+
+class SyntheticTokens:
+    """Uniformly random token ids; batch ``step`` depends only on (seed, step)."""
+
+    def __init__(self, vocab_size: int, seq_len: int, *, seed: int = 0):
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+
+    def global_batch(self, step: int, global_batch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 7919 + step)
+        return torch.randint(0, self.vocab_size, (global_batch, self.seq_len + 1), generator=g)
+
+
+class TokenFile:
+    """A flat binary file of uint16 or uint32 token ids (as nanoGPT's ``train.bin``).
+
+    Sequences start at offsets drawn from (seed, step); the file is opened with
+    ``numpy.memmap`` so nothing beyond the sampled windows is read.
+    """
+
+    def __init__(self, path: str | Path, vocab_size: int, seq_len: int, *,
+                 dtype: str = "uint16", seed: int = 0):
+        path = Path(path)
+        if dtype not in ("uint16", "uint32"):
+            raise ExecutorError(f"--data-dtype {dtype!r} is not supported; use uint16 or uint32")
+        if not path.is_file():
+            raise ExecutorError(f"token file {str(path)!r} does not exist")
+        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        if len(self.tokens) < seq_len + 2:
+            raise ExecutorError(f"token file {str(path)!r} holds {len(self.tokens)} tokens; at "
+                                f"least seq_len + 2 = {seq_len + 2} are needed")
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+
+    def global_batch(self, step: int, global_batch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 7919 + step)
+        hi = len(self.tokens) - self.seq_len - 1
+        starts = torch.randint(0, hi, (global_batch,), generator=g).tolist()
+        rows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64)
+                         for s in starts])
+        if rows.max() >= self.vocab_size:
+            raise ExecutorError(f"token file holds id {int(rows.max())} >= the model's "
+                                f"vocab_size {self.vocab_size}")
+        return torch.from_numpy(rows)
+
+
+def local_share(batch: torch.Tensor, dp: int, dp_rank: int) -> torch.Tensor:
+    """This dp rank's contiguous block of sequences."""
+    n = batch.shape[0] // dp
+    return batch[dp_rank * n:(dp_rank + 1) * n]
+
+
+__all__ = ["SyntheticTokens", "TokenFile", "local_share"]

@@ -1,0 +1,68 @@
+"""Data parallelism and the optimizer: ZeRO stages 0-3 (Rajbhandari et al. 2019, arXiv 1910.02054).
+
+* ZeRO-0: every dp rank keeps everything; gradients are all-reduced (averaged) over the
+  dp group by ``DistributedDataParallel``, overlapped with the backward pass in buckets.
+* ZeRO-1 (P_os): DDP's gradient all-reduce plus
+  ``torch.distributed.optim.ZeroRedundancyOptimizer``, which keeps the Adam states of
+  1/dp of the parameters on each rank and broadcasts the updated parameters.
+* ZeRO-2 (P_os+g) / ZeRO-3 (P_os+g+p): FSDP2 ``fully_shard`` per transformer block and
+  at the root on the dp mesh, ``reshard_after_forward`` False / True. Gradients are
+  reduce-scattered; with ZeRO-3 the parameters are all-gathered before each use.
+
+Precision: fp32 on CPU. On GPU, bf16 compute with fp32 master weights: ZeRO-0/1 keep fp32
+parameters and run forward/backward under ``torch.autocast(bfloat16)`` (the fp32
+parameters are the master copy); ZeRO-2/3 use FSDP2's ``MixedPrecisionPolicy``
+(bf16 unsharded parameters, fp32 sharded master parameters and fp32 gradient reduction).
+AdamW (Loshchilov & Hutter 2017, arXiv 1711.05101) is ``fused=True`` on CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
+def wrap_data_parallel(module: nn.Module, *, zero: int, groups, device: torch.device,
+                       bf16: bool) -> nn.Module:
+    """Return the module the training loop calls (DDP-wrapped, FSDP-sharded or as is)."""
+    if zero >= 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if bf16 else MixedPrecisionPolicy())
+        reshard = zero == 3
+        for block in module.layers.values():
+            fully_shard(block, mesh=groups.dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(module, mesh=groups.dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        return module
+    if groups.dp > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(module, process_group=groups.dp_group,
+                   device_ids=[device.index] if device.type == "cuda" else None,
+                   gradient_as_bucket_view=True)
+    return module
+
+
+def build_optimizer(params: list[nn.Parameter], *, zero: int, groups, device: torch.device,
+                    config: OptimizerConfig) -> torch.optim.Optimizer:
+    kwargs = dict(lr=config.lr, betas=config.betas, eps=config.eps,
+                  weight_decay=config.weight_decay)
+    if device.type == "cuda":
+        kwargs["fused"] = True
+    if zero == 1 and groups.dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                       process_group=groups.dp_group, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
+
+
+__all__ = ["OptimizerConfig", "wrap_data_parallel", "build_optimizer"]

@@ -1,0 +1,255 @@
+"""Apply a Layout to the model: build this rank's part, cut it, wrap it, and train it.
+
+Order of construction (every rank):
+
+1. the model parts this pipeline rank owns (:func:`meshplan.executor.pipeline.local_parts`)
+   are built on the meta device, pruned to their layers, materialized on the device and
+   initialized per parameter from the seed (identical to a single-process model);
+2. tensor parallelism slices them in place (:mod:`meshplan.executor.tensor_parallel`);
+3. activation recomputation flags (full: whole block; selective: attention core);
+4. optional ``torch.compile`` per block;
+5. data parallelism (DDP / FSDP2, :mod:`meshplan.executor.data_parallel`);
+6. pipeline stages and schedule when pp > 1; the optimizer.
+
+One optimizer step = all micro-batches of this dp rank's share of the global batch,
+gradient reduction, the tensor-parallel fix-ups (sequence-parallel gradients, tied
+embedding copies), then AdamW.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.errors import ExecutorError
+from meshplan.executor.data_parallel import OptimizerConfig, build_optimizer, wrap_data_parallel
+from meshplan.executor.mesh import MeshGroups
+from meshplan.executor.model import Transformer, cross_entropy
+from meshplan.executor.pipeline import (PartSpec, build_schedule, build_stage, check_schedule,
+                                        local_parts)
+from meshplan.executor import tensor_parallel as tpm
+
+
+def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
+    """Checks that need no process group; returns the number of micro-batches per step."""
+    per = layout.dp * layout.micro_batch
+    if job.global_batch % per:
+        raise ExecutorError(f"Job.global_batch = {job.global_batch} is not divisible by "
+                            f"dp·micro_batch = {layout.dp}·{layout.micro_batch} = {per}")
+    if job.seq_len > model.max_seq_len:
+        raise ExecutorError(f"Job.seq_len = {job.seq_len} exceeds ModelSpec.max_seq_len = "
+                            f"{model.max_seq_len}")
+    if layout.sequence_parallel and job.seq_len % layout.tp:
+        raise ExecutorError(f"sequence parallelism needs seq_len divisible by tp; seq_len "
+                            f"{job.seq_len}, tp {layout.tp}")
+    if layout.tp > 1:
+        for field in ("num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
+            v = getattr(model, field)
+            if v % layout.tp:
+                raise ExecutorError(f"tp = {layout.tp} must divide ModelSpec.{field} = {v}")
+    if layout.pp > model.num_layers:
+        raise ExecutorError(f"pp = {layout.pp} exceeds num_layers = {model.num_layers}")
+    if job.precision == "fp16":
+        raise ExecutorError("Job.precision = 'fp16' needs loss scaling, which the executor does "
+                            "not implement; use 'bf16' or 'fp32'")
+    n = job.global_batch // per
+    check_schedule(layout, n)
+    return n
+
+
+@dataclass
+class _Part:
+    spec: PartSpec
+    module: Transformer            # unwrapped (parameter names as in the full model)
+    wrapped: torch.nn.Module       # what is called (DDP / FSDP / the module itself)
+
+
+class ParallelTrainer:
+    """Trains ``model`` cut by ``layout`` on this rank's share of the mesh."""
+
+    def __init__(self, model: ModelSpec, job: Job, layout: Layout, groups: MeshGroups,
+                 device: torch.device, *, seed: int = 0,
+                 optimizer: OptimizerConfig = OptimizerConfig(), compile: bool = False):
+        self.model_spec, self.job, self.layout, self.groups = model, job, layout, groups
+        self.device = device
+        self.num_microbatches = check_layout_runnable(model, job, layout)
+        self.bf16 = device.type == "cuda" and job.precision == "bf16"
+        act_dtype = torch.bfloat16 if self.bf16 else torch.float32
+        self.use_autocast = self.bf16 and layout.zero < 2
+        self.shards: dict[str, tpm.ShardSpec] = {}
+        self.parts: list[_Part] = []
+        sp = layout.sequence_parallel
+        for ps in local_parts(model, layout, groups.pp_rank):
+            with torch.device("meta"):
+                m = Transformer(model)
+            m.keep_part(ps.first_layer, ps.num_layers, embeds_input=ps.is_first,
+                        computes_logits=ps.is_last)
+            m.to_empty(device=device)
+            m.init_weights(seed)
+            if layout.tp > 1:
+                self.shards.update(tpm.apply_tensor_parallel(m, groups.tp_group,
+                                                             sequence_parallel=sp))
+            m.activation_dtype = act_dtype if self.bf16 else None
+            for block in m.layers.values():
+                block.recompute_block = layout.recompute == "full"
+                block.attn.recompute_core = layout.recompute == "selective"
+                if compile:
+                    block.compile()
+            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups, device=device,
+                                         bf16=self.bf16)
+            self.parts.append(_Part(ps, m, wrapped))
+        self.sp_params = []
+        if sp:
+            for part in self.parts:
+                named = dict(part.module.named_parameters())
+                self.sp_params += [named[n] for n in tpm.sequence_parallel_param_names(part.module)]
+        self.embed_params = []
+        if groups.embed_group is not None:
+            for part in self.parts:
+                if part.spec.is_first or part.spec.is_last:
+                    self.embed_params.append(part.module.tok_embeddings.weight)
+        params = [p for part in self.parts for p in part.module.parameters()]
+        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups, device=device,
+                                         config=optimizer)
+        self.vocab_start = groups.tp_rank * (model.vocab_size // layout.tp)
+        self.has_last = any(p.spec.is_last for p in self.parts)
+        self.has_first = any(p.spec.is_first for p in self.parts)
+        self.schedule = None
+        if layout.pp > 1:
+            self.stages = [self._make_stage(p) for p in self.parts]
+            self.schedule = build_schedule(layout, self.stages, self.num_microbatches,
+                                           self.loss_fn)
+
+    # ---- construction helpers ----------------------------------------------------------
+    def _make_stage(self, part: _Part):
+        return build_stage(part.wrapped, part.spec, device=self.device,
+                           group=self.groups.pp_group)
+
+    # ---- training ----------------------------------------------------------------------
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.layout.tp > 1:
+            return tpm.vocab_parallel_cross_entropy(logits, targets, self.vocab_start,
+                                                    self.groups.tp_group)
+        return cross_entropy(logits, targets)
+
+    def _autocast(self):
+        if self.use_autocast:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self, batch: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on this dp rank's sequences ``batch`` (b, seq_len + 1).
+
+        Returns the global mean loss (a 0-dim tensor, identical on every rank).
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        x = batch[:, :-1].contiguous()
+        y = batch[:, 1:].contiguous()
+        with self._autocast():
+            if self.schedule is None:
+                local = self._step_local(x, y)
+            else:
+                local = self._step_pipeline(x, y)
+        self._finish_grads()
+        self.optimizer.step()
+        return self._global_loss(local)
+
+    def _step_local(self, x, y) -> torch.Tensor:
+        part = self.parts[0]
+        n = self.num_microbatches
+        total = torch.zeros((), device=self.device)
+        ddp = hasattr(part.wrapped, "no_sync")
+        for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
+            sync = not ddp or i == n - 1
+            with (contextlib.nullcontext() if sync else part.wrapped.no_sync()):
+                loss = self.loss_fn(part.wrapped(xm), ym)
+                (loss / n).backward()
+            total += loss.detach()
+        return total / n
+
+    def _step_pipeline(self, x, y) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.has_first else ()
+        if self.has_last:
+            self.schedule.step(*args, target=y, losses=losses)
+            return torch.stack([l.detach().float() for l in losses]).mean()
+        self.schedule.step(*args)
+        return torch.zeros((), device=self.device)
+
+    def _finish_grads(self) -> None:
+        if self.sp_params:
+            tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
+        if self.embed_params:
+            for p in self.embed_params:
+                if p.grad is not None:
+                    g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    dist.all_reduce(g, group=self.groups.embed_group)
+
+    def _global_loss(self, local: torch.Tensor) -> torch.Tensor:
+        contrib = local if (self.has_last and self.groups.tp_rank == 0) else torch.zeros_like(local)
+        contrib = contrib.clone()
+        if dist.get_world_size() > 1:
+            dist.all_reduce(contrib)
+        return contrib / self.layout.dp
+
+    # ---- introspection (tests, memory reports) -----------------------------------------
+    def named_parameters(self):
+        for part in self.parts:
+            yield from part.module.named_parameters()
+
+    def stage_indices(self) -> list[int]:
+        return [p.spec.stage_index for p in self.parts]
+
+
+def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] | None:
+    """Reassemble full parameters (``kind="param"``) or gradients (``"grad"``) on rank 0.
+
+    Collective over the world. Every copy of a replicated or tied parameter is returned
+    under ``name`` (first copy) and ``name@dp{d}pp{p}tp{t}`` (all copies), so a test can
+    check both the value and that replicas agree.
+    """
+    g = trainer.groups
+    mine = []
+    for name, p in trainer.named_parameters():
+        t = p if kind == "param" else p.grad
+        if t is None:
+            mine.append((name, None))
+            continue
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        mine.append((name, t.detach().float().cpu()))
+    record = ((g.dp_rank, g.pp_rank, g.tp_rank), mine)
+    world = dist.get_world_size()
+    gathered = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(record, gathered, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    pieces: dict[str, dict[tuple[int, int, int], torch.Tensor | None]] = {}
+    for coord, items in gathered:
+        for name, t in items:
+            pieces.setdefault(name, {})[coord] = t
+    out: dict[str, torch.Tensor] = {}
+    for name, by_coord in pieces.items():
+        for coord, t in by_coord.items():
+            if name not in trainer.shards:
+                out[f"{name}@dp{coord[0]}pp{coord[1]}tp{coord[2]}"] = t
+        pp_ranks = sorted({c[1] for c in by_coord})
+        for pr in pp_ranks:
+            for d in range(g.dp):
+                ts = [by_coord.get((d, pr, t)) for t in range(g.tp)]
+                if any(x is None for x in ts):
+                    full = None
+                elif name in trainer.shards:
+                    full = trainer.shards[name].unshard(ts)
+                else:
+                    full = ts[0]
+                key = name if (d == 0 and pr == pp_ranks[0]) else f"{name}@dp{d}pp{pr}"
+                out[key] = full
+    return out
+
+
+__all__ = ["ParallelTrainer", "check_layout_runnable", "gather_full"]

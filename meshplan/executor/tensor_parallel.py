@@ -1,0 +1,412 @@
+"""Megatron-style tensor parallelism with plain tensors and explicit collectives.
+
+Shoeybi et al. 2019 (arXiv 1909.08053) §3, Fig. 3: an MLP or attention block is a
+column-parallel linear (weight rows split over the tp group) followed by a row-parallel
+linear (weight columns split), joined by the conjugate operators
+
+* ``f``: identity forward, all-reduce backward (:func:`copy_to_tp`),
+* ``g``: all-reduce forward, identity backward (:func:`reduce_from_tp`).
+
+With sequence parallelism (Korthikanti et al. 2022, arXiv 2205.05198 §4.2.2, Fig. 5)
+``f`` becomes an all-gather along the sequence (reduce-scatter backward) and ``g`` a
+reduce-scatter (all-gather backward); norms and dropout then run on a 1/tp slice of the
+sequence, and the gradients of the parameters that live there (norm gains, row-parallel
+biases, positions) are partial sums that :func:`allreduce_sequence_parallel_grads` adds
+up over the tp group.
+
+Vocabulary-parallel embedding and cross-entropy: Shoeybi et al. 2019 §3 (last two
+paragraphs): the embedding rows and the logits' vocabulary dimension are split over the
+tp group; the loss needs only the max, the sum of exponentials and the target logit,
+each all-reduced as one number per token.
+
+Activations are ``[batch, seq, hidden]``; the sequence dimension is 1.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from meshplan.errors import ExecutorError
+
+SEQ_DIM = 1
+
+# torch >= 2.12 renamed the *_tensor collectives; the old names exist in every version we
+# support (2.11 lacks the new ones), so keep them and silence the rename notice.
+warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)"
+                        r".* is deprecated", category=FutureWarning)
+
+
+# ---- collectives along the sequence dimension ------------------------------------------
+def _all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:
+    n = dist.get_world_size(group)
+    x = x.contiguous()
+    # gloo wants the concatenated shape (tp·b, ...); NCCL accepts it too
+    out = torch.empty((n * x.shape[0],) + x.shape[1:], dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x, group=group)
+    out = out.view((n,) + x.shape)                                      # (tp, b, s/tp, h)
+    return out.transpose(0, 1).flatten(1, 2)                           # (b, s, h)
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
+    n = dist.get_world_size(group)
+    b, s = x.shape[0], x.shape[1]
+    if s % n:
+        raise ExecutorError(f"sequence parallel needs seq_len divisible by tp; got seq_len "
+                            f"{s}, tp {n}")
+    chunks = x.reshape(b, n, s // n, *x.shape[2:]).transpose(0, 1).contiguous()  # (tp, b, s/tp, h)
+    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
+    return out                                                          # (b, s/tp, h)
+
+
+def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(n, dim=SEQ_DIM)[r].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    """f: identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromSP(torch.autograd.Function):
+    """f with sequence parallelism: all-gather forward, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter_seq(grad, ctx.group), None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    """g with sequence parallelism: reduce-scatter forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_seq(grad, ctx.group), None
+
+
+class _ScatterToSP(torch.autograd.Function):
+    """Keep this rank's sequence slice forward, all-gather backward (full -> SP region)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_seq(grad, ctx.group), None
+
+
+def copy_to_tp(x, group):
+    return _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x, group):
+    return _ReduceFromTP.apply(x, group)
+
+
+def gather_from_sp(x, group):
+    return _GatherFromSP.apply(x, group)
+
+
+def reduce_scatter_to_sp(x, group):
+    return _ReduceScatterToSP.apply(x, group)
+
+
+def scatter_to_sp(x, group):
+    return _ScatterToSP.apply(x, group)
+
+
+# ---- how a parameter is cut ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardSpec:
+    """A tp-sharded parameter: split along ``dim``; with ``sections`` each section of the
+    full tensor (e.g. q | k | v rows) is split separately and the local pieces concatenated."""
+
+    dim: int
+    sections: tuple[int, ...] | None = None
+
+    def shard(self, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+        parts = full.split(self.sections, dim=self.dim) if self.sections else (full,)
+        return torch.cat([p.chunk(size, dim=self.dim)[rank] for p in parts], dim=self.dim)
+
+    def unshard(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """Inverse of :meth:`shard` given every rank's piece in rank order."""
+        size = len(pieces)
+        if not self.sections:
+            return torch.cat(pieces, dim=self.dim)
+        local = [s // size for s in self.sections]
+        split = [p.split(local, dim=self.dim) for p in pieces]
+        return torch.cat([torch.cat([sp[i] for sp in split], dim=self.dim)
+                          for i in range(len(self.sections))], dim=self.dim)
+
+
+# ---- layers --------------------------------------------------------------------------------
+class ColumnParallelLinear(nn.Module):
+    """y = x Aᵢᵀ (+ bᵢ) with A's output rows split over tp (Shoeybi et al. 2019, eq. 3).
+
+    Input: full activations (or, with sequence parallelism, this rank's sequence slice,
+    all-gathered first). Output: this rank's slice of the features, full sequence.
+    """
+
+    def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool,
+                 sections: tuple[int, ...] | None = None):
+        super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        self.weight_spec = ShardSpec(0, sections)
+        self.weight = nn.Parameter(self.weight_spec.shard(linear.weight.detach(), rank, size).clone())
+        self.bias = (nn.Parameter(self.weight_spec.shard(linear.bias.detach(), rank, size).clone())
+                     if linear.bias is not None else None)
+
+    def forward(self, x):
+        x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
+        return F.linear(x, self.weight, self.bias)   # (b, s, out/tp)
+
+
+class RowParallelLinear(nn.Module):
+    """y = Σᵢ xᵢ Bᵢᵀ + b with B's input columns split over tp (Shoeybi et al. 2019, eq. 3).
+
+    The bias is added once, after the reduction (replicated; partial gradient under SP).
+    """
+
+    def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool):
+        super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        self.weight_spec = ShardSpec(1)
+        self.weight = nn.Parameter(self.weight_spec.shard(linear.weight.detach(), rank, size).clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)                 # (b, s, out), partial sum
+        y = (reduce_scatter_to_sp(y, self.group) if self.sequence_parallel
+             else reduce_from_tp(y, self.group))     # (b, s/tp, out) or (b, s, out)
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows [r·V/tp, (r+1)·V/tp) on tp rank r; other ids contribute zeros and the
+    partial lookups are summed (all-reduce, or reduce-scatter under SP)."""
+
+    def __init__(self, embedding: nn.Embedding, group, *, sequence_parallel: bool):
+        super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        vocab = embedding.weight.shape[0]
+        self.vocab_start, self.vocab_end = rank * vocab // size, (rank + 1) * vocab // size
+        self.weight_spec = ShardSpec(0)
+        self.weight = nn.Parameter(self.weight_spec.shard(embedding.weight.detach(), rank, size).clone())
+
+    def forward(self, ids):
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local = (ids - self.vocab_start).masked_fill(outside, 0)
+        h = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)  # (b, s, h)
+        return (reduce_scatter_to_sp(h, self.group) if self.sequence_parallel
+                else reduce_from_tp(h, self.group))
+
+
+class SequenceSlicePositions(nn.Module):
+    """Learned positions for this tp rank's sequence slice (sequence parallelism)."""
+
+    def __init__(self, pos: nn.Embedding, group):
+        super().__init__()
+        self.group = group
+        self.weight = pos.weight
+
+    def positions_for(self, h):
+        s_local, r = h.shape[1], dist.get_rank(self.group)
+        return self.weight[r * s_local:(r + 1) * s_local]    # (s/tp, h)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits whose vocabulary is split over tp (fp32 math)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, vocab_start, group):
+        # logits: (N, V/tp); targets: (N,)
+        logits = logits.float()
+        vmax = logits.max(dim=-1).values
+        dist.all_reduce(vmax, op=dist.ReduceOp.MAX, group=group)
+        logits = logits - vmax.unsqueeze(-1)
+        n_local = logits.shape[-1]
+        local_t = targets - vocab_start
+        outside = (local_t < 0) | (local_t >= n_local)
+        local_t = local_t.masked_fill(outside, 0)
+        target_logit = logits.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        exp = logits.exp_()
+        sum_exp = exp.sum(dim=-1)
+        both = torch.stack((target_logit, sum_exp))       # one all-reduce for both
+        dist.all_reduce(both, group=group)
+        target_logit, sum_exp = both[0], both[1]
+        loss = torch.log(sum_exp) - target_logit           # (N,)
+        exp.div_(sum_exp.unsqueeze(-1))                    # softmax, kept for backward
+        ctx.save_for_backward(exp, local_t, outside)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local_t, outside = ctx.saved_tensors
+        grad = softmax
+        grad.scatter_add_(-1, local_t.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
+        grad.mul_(grad_loss.unsqueeze(-1))
+        return grad, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits_local: torch.Tensor, targets: torch.Tensor,
+                                 vocab_start: int, group) -> torch.Tensor:
+    """Mean cross-entropy; ``logits_local`` (b, s, V/tp) holds vocab rows from ``vocab_start``."""
+    losses = _VocabParallelCrossEntropy.apply(logits_local.flatten(0, 1), targets.flatten(),
+                                              vocab_start, group)
+    return losses.mean()
+
+
+class VocabParallelHead(nn.Module):
+    """Logits for this rank's vocabulary slice from the full (gathered) final hidden state.
+
+    Holds no parameter of its own: the weight is the (tp-sharded) output or tied embedding
+    weight of the model it serves.
+    """
+
+    def __init__(self, model, group, *, sequence_parallel: bool):
+        super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self._model = [model]    # a list: do not register the model as a submodule
+
+    def forward(self, h):
+        h = gather_from_sp(h, self.group) if self.sequence_parallel else copy_to_tp(h, self.group)
+        return F.linear(h, self._model[0].head_weight())    # (b, s, V/tp)
+
+
+# ---- apply to a model ------------------------------------------------------------------
+def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str, ShardSpec]:
+    """Replace the linears, embedding and head of ``model`` (a :class:`Transformer` or a
+    part of one) by their tp versions, slicing the full weights already in place.
+
+    Returns {parameter name: ShardSpec} for the sharded parameters (names unchanged);
+    the parameters not listed are replicated over tp.
+    """
+    size = dist.get_world_size(group)
+    spec = model.spec
+    _check_divisible(spec, size)
+    shards: dict[str, ShardSpec] = {}
+    for lname, block in model.layers.items():
+        attn, mlp = block.attn, block.mlp
+        sections = (spec.q_dim, spec.kv_dim, spec.kv_dim)
+        attn.qkv = ColumnParallelLinear(attn.qkv, group, sequence_parallel=sequence_parallel,
+                                        sections=sections)
+        attn.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
+        attn.num_heads //= size
+        attn.num_kv_heads //= size
+        fc_sections = (spec.ffn_hidden_size,) * spec.ffn_matrices
+        mlp.fc = ColumnParallelLinear(mlp.fc, group, sequence_parallel=sequence_parallel,
+                                      sections=fc_sections if spec.ffn_matrices > 1 else None)
+        mlp.proj = RowParallelLinear(mlp.proj, group, sequence_parallel=sequence_parallel)
+        p = f"layers.{lname}."
+        shards[p + "attn.qkv.weight"] = attn.qkv.weight_spec
+        shards[p + "attn.proj.weight"] = attn.proj.weight_spec
+        shards[p + "mlp.fc.weight"] = mlp.fc.weight_spec
+        shards[p + "mlp.proj.weight"] = mlp.proj.weight_spec
+        if spec.bias:
+            shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
+            shards[p + "mlp.fc.bias"] = mlp.fc.weight_spec
+    if model.tok_embeddings is not None:
+        model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, group,
+                                                      sequence_parallel=sequence_parallel)
+        shards["tok_embeddings.weight"] = ShardSpec(0)
+    if model.output is not None:
+        out = model.output
+        model.output = nn.Module()
+        model.output.weight = nn.Parameter(ShardSpec(0).shard(out.weight.detach(),
+                                                               dist.get_rank(group), size).clone())
+        shards["output.weight"] = ShardSpec(0)
+    if sequence_parallel and model.pos_embeddings is not None:
+        model.pos_embeddings = SequenceSlicePositions(model.pos_embeddings, group)
+    if model.computes_logits:
+        model.head_override = VocabParallelHead(model, group, sequence_parallel=sequence_parallel)
+    if sequence_parallel and model.embeds_input and model.tok_embeddings is None:
+        raise ExecutorError("internal: a first stage without an input embedding")
+    return shards
+
+
+def sequence_parallel_param_names(model) -> list[str]:
+    """Replicated parameters applied to a sequence slice: their grads are partial over tp."""
+    names = []
+    for name, p in model.named_parameters():
+        if "norm" in name or name.startswith("pos_embeddings"):
+            names.append(name)
+        elif name.endswith("proj.bias"):      # row-parallel biases, added after the reduction
+            names.append(name)
+    return names
+
+
+def allreduce_sequence_parallel_grads(params: list[torch.Tensor], group) -> None:
+    """Sum the partial gradients of sequence-parallel parameters over the tp group."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    flat = torch.cat([g.reshape(-1) for g in local])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in local:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n
+
+
+def _check_divisible(spec, tp: int) -> None:
+    checks = (("num_heads", spec.num_heads), ("num_kv_heads", spec.num_kv_heads),
+              ("ffn_hidden_size", spec.ffn_hidden_size), ("vocab_size", spec.vocab_size))
+    for field, value in checks:
+        if value % tp:
+            raise ExecutorError(f"tensor parallel size tp={tp} must divide ModelSpec.{field} = "
+                                f"{value}; choose tp among the divisors of {value}")
+
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+           "VocabParallelHead", "ShardSpec", "apply_tensor_parallel",
+           "vocab_parallel_cross_entropy", "sequence_parallel_param_names",
+           "allreduce_sequence_parallel_grads", "copy_to_tp", "reduce_from_tp",
+           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp"]
