@@ -1,0 +1,142 @@
+"""Predicted vs measured step time and memory on the local GPUs (issue 5, item 3).
+
+Runs 16 layouts of two models — a GPT-style ≈0.54B and a Llama-style ≈1.64B — on 4 GPUs,
+covering dp/pp/tp combinations, all four schedules, ZeRO 0-3, the three recompute modes and
+sequence parallelism, each with the executor (``torchrun -m meshplan.executor.run``), and
+writes accuracy.json / accuracy.md / accuracy.png into ``--out``. No ortools needed: plans
+come from Layouts and ``meshplan.costmodel.estimate``.
+
+    # on the GPU machine (after `meshplan calibrate --nproc 4 --out profile.toml`):
+    python benchmarks/validate_device.py --profile profile.toml --out $OUT
+    # CPU check of the script itself (tiny models, 2 gloo ranks):
+    python benchmarks/validate_device.py --device cpu --out /tmp/val
+
+See docs/calibrate.md for the exact device commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from meshplan.calibrate.validate import (ValidateOptions, by_model, run_layouts, summarize,  # noqa: E402
+                                         write_accuracy)
+from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+
+GPT_05B = ModelSpec(name="gpt-0.54b", num_layers=24, hidden_size=1280, num_heads=20,
+                    vocab_size=51200, max_seq_len=2048, activation="gelu", norm="layernorm",
+                    position_embedding="learned", tied_embeddings=True, bias=True)
+LLAMA_16B = ModelSpec(name="llama-1.64b", num_layers=24, hidden_size=2048, num_heads=16,
+                      num_kv_heads=8, ffn_hidden_size=8192, vocab_size=32000, max_seq_len=2048,
+                      activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                      tied_embeddings=False, bias=False)
+JOB = Job(global_batch=32, seq_len=2048)
+
+
+def L(**kw) -> Layout:
+    return Layout(**kw)
+
+
+# (name, model, layout): 8 layouts per model; every schedule, ZeRO stage, recompute mode, SP.
+GPU_LAYOUTS = [
+    ("g01", GPT_05B, L(dp=4, micro_batch=2)),
+    ("g02", GPT_05B, L(dp=4, micro_batch=2, zero=1)),
+    ("g03", GPT_05B, L(dp=4, micro_batch=1, zero=2)),
+    ("g04", GPT_05B, L(dp=2, tp=2, micro_batch=2)),
+    ("g05", GPT_05B, L(tp=4, micro_batch=2, sequence_parallel=True, recompute="selective")),
+    ("g06", GPT_05B, L(pp=4, micro_batch=1, schedule="1f1b")),
+    ("g07", GPT_05B, L(dp=2, pp=2, micro_batch=2, schedule="gpipe")),
+    ("g08", GPT_05B, L(pp=2, tp=2, micro_batch=1, schedule="zero-bubble")),
+    ("l09", LLAMA_16B, L(dp=4, micro_batch=1, zero=3, recompute="full")),
+    ("l10", LLAMA_16B, L(dp=4, micro_batch=2, zero=2, recompute="selective")),
+    ("l11", LLAMA_16B, L(dp=2, tp=2, micro_batch=2, zero=1, sequence_parallel=True)),
+    ("l12", LLAMA_16B, L(tp=4, micro_batch=4, sequence_parallel=True)),
+    ("l13", LLAMA_16B, L(pp=4, micro_batch=1, schedule="interleaved-1f1b", vpp=2)),
+    ("l14", LLAMA_16B, L(dp=2, pp=2, micro_batch=2, schedule="1f1b", zero=1)),
+    ("l15", LLAMA_16B, L(pp=2, tp=2, micro_batch=1, schedule="interleaved-1f1b", vpp=2,
+                         sequence_parallel=True, recompute="selective")),
+    ("l16", LLAMA_16B, L(dp=2, pp=2, micro_batch=1, schedule="zero-bubble", recompute="full")),
+]
+
+TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
+                     max_seq_len=64)
+TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=64, num_heads=4,
+                       num_kv_heads=2, ffn_hidden_size=128, vocab_size=128, max_seq_len=64,
+                       activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                       tied_embeddings=False, bias=False)
+CPU_JOB = Job(global_batch=4, seq_len=32)
+CPU_LAYOUTS = [
+    ("c01", TINY_GPT, L(dp=2, zero=1)),
+    ("c02", TINY_GPT, L(pp=2, schedule="gpipe")),
+    ("c03", TINY_LLAMA, L(tp=2, sequence_parallel=True, recompute="selective")),
+    ("c04", TINY_LLAMA, L(pp=2, schedule="interleaved-1f1b", vpp=2, recompute="full")),
+]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--profile", default=None, help="calibrated profile from `meshplan calibrate`")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=90.0, help="seconds per layout")
+    p.add_argument("--budget", type=float, default=400.0,
+                   help="seconds for all layouts (7-minute device limit with margin)")
+    p.add_argument("--only", default=None, help="comma-separated layout names to run")
+    args = p.parse_args(argv)
+
+    if args.device == "cuda":
+        import torch
+        name = torch.cuda.get_device_name(0)
+        preset = "dgx-h200" if "H200" in name else "dgx-h100"
+        cluster = Cluster.preset(preset, nodes=1, gpus_per_node=4)
+        entries, job, torch_version = GPU_LAYOUTS, JOB, torch.__version__
+    else:
+        import torch
+        name, cluster = platform.machine(), Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+        entries, job, torch_version = CPU_LAYOUTS, CPU_JOB, torch.__version__
+    if args.profile:
+        cluster = apply_profile(cluster, args.profile, override=args.device == "cpu")
+    if args.only:
+        keep = set(args.only.split(","))
+        entries = [e for e in entries if e[0] in keep]
+    opts = ValidateOptions(out_dir=args.out, nproc=4 if args.device == "cuda" else 2,
+                           device=args.device, steps=args.steps, warmup=args.warmup,
+                           timeout_s=args.timeout, budget_s=args.budget)
+    t0 = time.perf_counter()
+    records = []
+    for name_, model, layout in entries:
+        remaining = None if args.budget is None else args.budget - (time.perf_counter() - t0)
+        o = ValidateOptions(**{**opts.__dict__, "budget_s": remaining if remaining is None
+                               else max(0.0, remaining)})
+        records += run_layouts(model, cluster, job, [layout], o, names=[name_])
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": socket.gethostname(), "device": args.device, "gpu_name": name,
+            "torch": torch_version, "cluster": f"{cluster.name} ({cluster.gpus_per_node} GPUs)",
+            "profile": args.profile or "datasheet", "gpu_profile": cluster.gpu.provenance,
+            "job": job.to_dict(), "command": " ".join(["python", *sys.argv]),
+            "wall_s": time.perf_counter() - t0}
+    paths = write_accuracy(args.out, records, meta)
+    for model_name, s in by_model(records).items():
+        print(f"{model_name}: {s.get('ok', 0)}/{s['layouts']} ok; step-time mean abs err "
+              f"{s.get('step_time_mean_abs_error_pct', float('nan')):.2f}%, max "
+              f"{s.get('step_time_max_abs_error_pct', float('nan')):.2f}%, Spearman "
+              f"{s.get('spearman')}, best={s.get('predicted_best_is_measured_best')}")
+    s = summarize(records)
+    print(f"all: {s.get('ok', 0)}/{s['layouts']} ok in {meta['wall_s']:.0f} s; wrote "
+          f"{', '.join(str(v) for v in paths.values())}")
+    return 0 if s.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
