@@ -13,20 +13,23 @@ from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_
                                       load_cluster, load_model, positive_int)
 
 
-def gpu_counts(text: str) -> list[int]:
-    """``"64,128,256"`` -> [64, 128, 256] (argparse type)."""
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        try:
-            n = int(item)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"GPU count {item!r} is not an integer; give counts like 64,128,256") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"GPU count {n} must be >= 1")
-        out.append(n)
-    return out
+def int_list(what: str):
+    """An argparse type for comma-separated positive integers, e.g. ``"64,128,256"``."""
+    def parse(text: str) -> list[int]:
+        out = []
+        for item in text.split(","):
+            item = item.strip()
+            try:
+                n = int(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{what} {item!r} is not an integer; give a comma-separated list like "
+                    f"64,128,256") from None
+            if n < 1:
+                raise argparse.ArgumentTypeError(f"{what} {n} must be >= 1")
+            out.append(n)
+        return out
+    return parse
 
 
 def nonnegative_float(text: str) -> float:
@@ -43,7 +46,7 @@ def add_arguments(p) -> None:
     add_model_cluster_args(p)
     add_job_args(p)
     g = p.add_argument_group("report")
-    g.add_argument("--gpus", type=gpu_counts, required=True,
+    g.add_argument("--gpus", type=int_list("GPU count"), required=True,
                    help="comma-separated GPU counts to plan, e.g. 64,128,256,512,1024")
     g.add_argument("--objective", default="throughput",
                    choices=["throughput", "cost", "time_to_train"],
@@ -59,6 +62,10 @@ def add_arguments(p) -> None:
                    help="executor results.json files for the measured-vs-predicted section")
     g.add_argument("--no-sensitivity", action="store_true",
                    help="skip the global-batch and sequence-length what-ifs (faster)")
+    g.add_argument("--what-if-global-batch", type=int_list("global batch"), default=None, metavar="B1,B2",
+                   help="global batches for the sensitivity section (default ×¼, ×½, ×2, ×4)")
+    g.add_argument("--what-if-seq-len", type=int_list("sequence length"), default=None, metavar="S1,S2",
+                   help="sequence lengths for the sensitivity section (default ×½, ×2)")
     g.add_argument("-o", "--out", required=True, help="output directory")
     g.add_argument("--force", action="store_true",
                    help="write into a non-empty directory (replaces a previous report's files; "
@@ -73,7 +80,9 @@ def main(args) -> int:
                      objective=args.objective, top_k=args.top_k, main_gpus=args.main_gpus,
                      price_per_gpu_hour=args.price_per_gpu_hour,
                      compare_gpus=args.compare_gpus, measurements=args.measurements,
-                     sensitivity=not args.no_sensitivity, force=args.force, progress=True)
+                     sensitivity=not args.no_sensitivity,
+                     what_if_global_batch=args.what_if_global_batch,
+                     what_if_seq_len=args.what_if_seq_len, force=args.force, progress=True)
     print(r.recommendation)
     print(f"report: {r.paths['report.html']}")
     return 0

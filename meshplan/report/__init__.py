@@ -24,7 +24,8 @@ def report(model, cluster, job=None, *, gpus: int | Sequence[int],
            price_per_gpu_hour: float | None = None,
            compare_gpus: str | Sequence[str] | None = None,
            measurements: Sequence[str | Path] = (), sensitivity: bool = True,
-           constraints=None, force: bool = False,
+           what_if_global_batch: Sequence[int] | None = None,
+           what_if_seq_len: Sequence[int] | None = None, constraints=None, force: bool = False,
            progress: bool | Callable[[str], None] | None = True):
     """Plan ``model`` on ``gpus`` GPUs of ``cluster`` and build a capacity-planning report.
 
@@ -34,7 +35,9 @@ def report(model, cluster, job=None, *, gpus: int | Sequence[int],
     that serves it best, and its plan is the one drawn in detail (``main_gpus`` overrides).
     ``compare_gpus``: short GPU names ("a100-80gb,h100,h200") planned at the main count.
     ``measurements``: executor ``results.json`` files for the measured-vs-predicted section.
-    ``sensitivity``: re-plan for ×¼…×4 global batch and ×½, ×2 sequence length.
+    ``sensitivity``: re-plan for other global batches and sequence lengths (default ×¼, ×½,
+    ×2, ×4 and ×½, ×2; or the values in ``what_if_global_batch`` / ``what_if_seq_len``).
+    ``constraints``: a :class:`meshplan.planner.Constraints` passed to every plan.
     ``out_dir``: write report.html (self-contained), report.md, PNGs and CSVs there; a
     non-empty directory is refused unless ``force``. Progress goes to stderr (``progress``
     may also be a callable taking a line, or False).
@@ -47,7 +50,8 @@ def report(model, cluster, job=None, *, gpus: int | Sequence[int],
                         objective=objective, top_k=top_k, main_gpus=main_gpus,
                         price_per_gpu_hour=price_per_gpu_hour, compare_gpus=compare_gpus,
                         measurements=measurements, sensitivity=sensitivity,
-                        constraints=constraints, force=force, progress=progress)
+                        what_if_global_batch=what_if_global_batch,
+                        what_if_seq_len=what_if_seq_len, constraints=constraints, force=force, progress=progress)
 
 
 __all__ = ["report"]

@@ -86,6 +86,17 @@ def _as_job(job: Job | None, global_batch, seq_len, tokens) -> Job:
     return dataclasses.replace(job, **changes) if changes else job
 
 
+def _what_if(name: str, values) -> tuple[int, ...]:
+    try:
+        vals = tuple(values)
+    except TypeError:
+        raise ConfigError(f"{name} must be a list of integers, got {values!r}") from None
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}: {v!r} is not valid; give integers >= 1")
+    return vals
+
+
 def _pick(summary, objective: str) -> int | None:
     """Index into ``summary`` of the GPU count that best serves ``objective``."""
     feas = summary[summary["feasible"]]
@@ -128,9 +139,16 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
                  main_gpus: int | None = None, price_per_gpu_hour: float | None = None,
                  compare_gpus: str | Sequence[str] | None = None,
                  measurements: Sequence[str | Path] = (), sensitivity: bool = True,
+                 what_if_global_batch: Sequence[int] | None = None,
+                 what_if_seq_len: Sequence[int] | None = None,
                  constraints=None, force: bool = False,
                  progress: bool | Callable[[str], None] | None = True) -> Report:
-    """Plan, tabulate, draw and (with ``out_dir``) write a capacity-planning report."""
+    """Plan, tabulate, draw and (with ``out_dir``) write a capacity-planning report.
+
+    ``what_if_global_batch`` / ``what_if_seq_len``: the values the sensitivity section
+    re-plans for (default ×¼, ×½, ×2, ×4 of the global batch and ×½, ×2 of the sequence
+    length); ignored when ``sensitivity`` is False.
+    """
     say = _progress_fn(progress)
     t_start = time.perf_counter()
     model, cluster = _as_model(model), _as_cluster(cluster)
@@ -207,13 +225,20 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     batch_outcomes: list[PlanOutcome] = []
     seq_outcomes: list[PlanOutcome] = []
     if sensitivity:
-        for gb in sensitivity_values(job.global_batch, BATCH_FACTORS):
+        batches = (sensitivity_values(job.global_batch, BATCH_FACTORS)
+                   if what_if_global_batch is None else
+                   tuple(sorted({job.global_batch, *_what_if("what_if_global_batch",
+                                                             what_if_global_batch)})))
+        for gb in batches:
             jb = dataclasses.replace(job, global_batch=gb)
             batch_outcomes.append(main if gb == job.global_batch else
                                   run(cluster, main_n, jb, f"global batch {gb}"))
         high = model.max_seq_len if model.position_embedding == "learned" else None
-        for s in sensitivity_values(job.seq_len, SEQ_FACTORS, low=min(128, job.seq_len),
-                                    high=high):
+        seqs = (sensitivity_values(job.seq_len, SEQ_FACTORS, low=min(128, job.seq_len),
+                                   high=high)
+                if what_if_seq_len is None else
+                tuple(sorted({job.seq_len, *_what_if("what_if_seq_len", what_if_seq_len)})))
+        for s in seqs:
             jb = dataclasses.replace(job, seq_len=s)
             seq_outcomes.append(main if s == job.seq_len else
                                 run(cluster, main_n, jb, f"sequence length {s}"))

@@ -99,6 +99,7 @@ def step_time_breakdown(labeled: Sequence[tuple[str, Estimate]], *, title: str |
         ax.set_yticks(ys, labels, fontsize=8)
         ax.set_xlim(0, max(left) * 1.13)
         ax.set_xlabel("time per optimizer step (s)")
+        ax.set_ylabel("plan (rank: layout)")
         ax.set_title(title or "Where the step time goes")
         from matplotlib.lines import Line2D
         handles, names = ax.get_legend_handles_labels()

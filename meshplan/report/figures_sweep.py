@@ -91,6 +91,7 @@ def gpu_comparison(df, *, title: str | None = None):
             for i, v in enumerate(vals):
                 ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
             ax.set_xticks(range(len(names)), names, fontsize=8)
+            ax.set_xlabel("GPU type")
             ax.set_ylabel(ylabel)
             ax.set_title(ttl)
             ax.set_ylim(0, max(vals) * 1.18 if vals and max(vals) > 0 else 1)
