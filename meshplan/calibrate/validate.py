@@ -185,8 +185,7 @@ def _run_one(model, cluster, job, layout, est, name, options: ValidateOptions) -
     base = {"wall_s": wall, "command": " ".join(cmd), "log": str(log_path)}
     if rc != 0 or not results.exists():
         status = "oom" if _OOM.search(text) else "failed"
-        tail = text.strip().splitlines()[-5:]
-        return {**base, "status": status, "returncode": rc, "error": " | ".join(tail)}
+        return {**base, "status": status, "returncode": rc, "error": _error_line(text)}
     try:
         meas = read_measurement(json.loads(results.read_text()), n)
     except (ValueError, KeyError, TypeError) as exc:
@@ -201,6 +200,18 @@ def _run_one(model, cluster, job, layout, est, name, options: ValidateOptions) -
     if meas.get("memory_peak_bytes"):
         out["memory_peak_error_pct"] = pct_error(est.memory_peak_bytes, meas["memory_peak_bytes"])
     return out
+
+
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|No module named)")
+
+
+def _error_line(text: str) -> str:
+    """The child's own error (the last exception line), not torchrun's failure banner."""
+    hits = [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)
+            and "ChildFailedError" not in line and "elastic" not in line]
+    if hits:
+        return hits[-1][:500]
+    return " | ".join(text.strip().splitlines()[-3:])[:500]
 
 
 # ---- reading the executor's results.json -----------------------------------------------------
