@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import meshplan as mp  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
-from meshplan.costmodel.estimate import _layer_parts  # noqa: E402
+from meshplan.costmodel.estimate import _layer_tables, _pipeline_time, layer_parts  # noqa: E402
 from meshplan.hardware_profiles.cluster import _group_link_cached  # noqa: E402
 
 
@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     lays = layouts(model, cluster, job)
     rates = []
     for _ in range(args.repeats):
-        _layer_parts.cache_clear()
+        for cached in (layer_parts, _layer_tables, _pipeline_time):
+            cached.cache_clear()
         _group_link_cached.cache_clear()
         t0 = time.perf_counter()
         for lay in lays:

@@ -9,7 +9,7 @@ comes from (compute, memory, comm, pipeline, flops).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.costmodel import comm
@@ -57,8 +57,24 @@ def estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> Es
     return _estimate(model, cluster, job, layout, stage_layers)
 
 
+
+@dataclass(frozen=True)
+class LayerParts:
+    """Per-micro-batch pieces shared by every layout with the same (tp, micro-batch, sp,
+    recompute) and process-group links: one layer, embedding, logits, activations, p2p."""
+
+    layer: object          # compute.LayerCost
+    embedding: tuple       # (forward PassCost, backward PassCost)
+    logits: tuple          # (forward PassCost, backward PassCost, wgrad seconds)
+    activations: object    # memory.LayerActivations
+    p2p_bytes: float       # activation sent between pipeline stages
+    p2p_s: float
+
+
 @lru_cache(maxsize=8192)
-def _layer_parts(model, cluster, job, mb, tp, sp, recompute, tp_link, pp_link):
+def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
+                sequence_parallel: bool, recompute: str, tp_link, pp_link) -> LayerParts:
+    mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, tp_link=tp_link)
     emb = embedding_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
@@ -69,68 +85,116 @@ def _layer_parts(model, cluster, job, mb, tp, sp, recompute, tp_link, pp_link):
     e = activation_bytes_per_element(job)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
-    p2p = comm.p2p_s(pp_link, msg)
-    return layer, emb, logit, acts, msg, p2p
+    return LayerParts(layer, emb, logit, acts, msg, comm.p2p_s(pp_link, msg))
+
+
+@dataclass(frozen=True)
+class Zero3Layer:
+    """ZeRO-3 per layer and micro-batch: exposed gather time and bytes sent."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    wire_bytes: float = 0.0
+
+
+def zero3_layer(layer, layer_param_bytes: float, dp_link, dp: int, zero: int) -> Zero3Layer:
+    """Parameters gathered per layer per micro-batch (forward and backward), gradients
+    reduce-scattered; FSDP prefetches the next layer's gather behind this layer's compute
+    (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed."""
+    if zero != 3 or dp == 1:
+        return Zero3Layer()
+    ag = comm.all_gather_s(dp_link, layer_param_bytes)
+    rs = comm.reduce_scatter_s(dp_link, layer_param_bytes)
+    return Zero3Layer(max(0.0, ag - layer.forward.total_s),
+                      max(0.0, ag + rs - layer.backward.total_s),
+                      3 * comm.wire_bytes_gather(dp, layer_param_bytes))
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What one pipeline rank's parameters cost, independent of the schedule."""
+
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    dp_total_s: float        # all data-parallel communication of a step
+    grad_reduce_s: float     # gradient all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2)
+    param_gather_s: float    # ZeRO-1/2 parameter all-gather
+    dp_wire_bytes: float
+    optimizer_s: float
+    last_bucket_s: float     # the gradient bucket that can never overlap
+
+
+def rank_state(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, dp_link,
+               layers: int, *, first: bool, last: bool, z3: Zero3Layer) -> RankState:
+    """Model states, data-parallel communication and optimizer time of one pipeline rank.
+
+    ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
+    parameters (the same volume, Rajbhandari et al. 2019 §7); ZeRO-3's per-layer traffic is
+    inside the stage times and counted here for the totals. The optimizer step is
+    memory-bound (fused Adam reads and writes master weights, m, v and gradients).
+    """
+    dp, zero = layout.dp, layout.zero
+    m = layout.num_microbatches(job.global_batch)
+    per = state_bytes_per_param(job)
+    params = stage_params(model, layers, layout.tp, first=first, last=last, pp=layout.pp)
+    w, g, o = model_state_bytes(params, job, zero, dp)
+    grad_bytes = params * per.grads
+    dp_s = red = gat = wire = bucket = 0.0
+    if dp > 1:
+        if zero == 0:
+            dp_s = red = comm.all_reduce_s(dp_link, grad_bytes)
+            wire = comm.wire_bytes_all_reduce(dp, grad_bytes)
+        elif zero in (1, 2):
+            red = comm.reduce_scatter_s(dp_link, grad_bytes)
+            gat = comm.all_gather_s(dp_link, params * per.weights)
+            dp_s = red + gat
+            wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
+                dp, params * per.weights)
+        else:
+            dp_s = m * layers * (z3.forward_s + z3.backward_s)
+            wire = m * layers * z3.wire_bytes
+        if job.overlap_dp_comm and zero < 3:
+            bucket = comm.all_reduce_s(dp_link, min(grad_bytes, DP_BUCKET_BYTES))
+    local = params / dp if zero >= 1 else params
+    return RankState(w, g, o, dp_s, red, gat, wire,
+                     hbm_s(cluster.gpu, local * OPTIMIZER_BYTES_PER_PARAM), bucket)
+
+
+def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
+                 backward_s: float) -> float:
+    """Data-parallel time left on the critical path of a rank whose forward and backward of
+    one micro-batch (all its chunks) take ``forward_s`` and ``backward_s``.
+
+    The gradient reduction hides behind the last micro-batch's backward, the ZeRO-1/2
+    parameter all-gather behind the next step's first forward; the last bucket is always
+    exposed (PyTorch DDP, Li et al. 2020, arXiv 2006.15704 §3.2.3; Megatron-Core
+    overlap_grad_reduce / overlap_param_gather). Without overlap everything is exposed.
+    """
+    if layout.zero == 3 or layout.dp == 1:
+        return 0.0
+    if not job.overlap_dp_comm:
+        return st.dp_total_s
+    return (max(st.last_bucket_s, st.grad_reduce_s - backward_s)
+            + max(0.0, st.param_gather_s - forward_s))
 
 
 def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
               stage_layers: tuple[int, ...]) -> Estimate:
+    t = layer_tables(model, cluster, job, layout, checked=True)
     gpu = cluster.gpu
-    dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
-    mb, sp, zero = layout.micro_batch, layout.sequence_parallel, layout.zero
-    m = layout.num_microbatches(job.global_batch)
-    nstages = pp * v
-    links = group_links(cluster, layout)
-    layer, (emb_f, emb_b), (log_f, log_b, log_w), acts, msg, p2p = _layer_parts(
-        model, cluster, job, mb, tp, sp, layout.recompute, links.tp, links.pp)
+    pp, v = layout.pp, layout.vpp
+    m, last_rank = t.num_microbatches, t.last_rank
+    parts, z3 = t.parts, t.zero3
+    layer = parts.layer
+    (emb_f, emb_b), (log_f, log_b, _) = parts.embedding, parts.logits
 
-    # ---- ZeRO-3: parameters gathered per layer per micro-batch, gradients reduce-scattered.
-    per = state_bytes_per_param(job)
-    layer_param_bytes = stage_params(model, 1, tp, first=False, last=False, pp=pp) * per.weights
-    z3_fwd = z3_bwd = z3_wire_layer = 0.0
-    if zero == 3 and dp > 1:
-        ag = comm.all_gather_s(links.dp, layer_param_bytes)
-        rs = comm.reduce_scatter_s(links.dp, layer_param_bytes)
-        # FSDP prefetches the next layer's gather behind this layer's compute (Zhao et al. 2023,
-        # arXiv 2304.11277 §3.3): only what compute cannot cover is exposed.
-        z3_fwd = max(0.0, ag - layer.forward.total_s)
-        z3_bwd = max(0.0, ag + rs - layer.backward.total_s)
-        z3_wire_layer = 3 * comm.wire_bytes_gather(dp, layer_param_bytes)
-
-    # ---- per virtual stage, per micro-batch (plain floats: this is the planner's hot path)
-    lf = layer.forward.total_s + z3_fwd
-    lb = layer.backward.total_s + z3_bwd
-    lw = layer.wgrad_s
-    mbo = gpu.microbatch_overhead_s / (2 * v)
-    f_s = [n * lf + mbo for n in stage_layers]
-    b_s = [n * lb + mbo for n in stage_layers]
-    w_s = [n * lw for n in stage_layers]
-    f_s[0] += emb_f.total_s
-    b_s[0] += emb_b.total_s
-    f_s[-1] += log_f.total_s
-    b_s[-1] += log_b.total_s
-    w_s[-1] += log_w
+    f_s, b_s, w_s = t.stage_times(stage_layers)
     pipe_s, pipe_no_p2p = _pipeline_time(layout.schedule, tuple(f_s), tuple(b_s), tuple(w_s),
-                                         m, pp, v, p2p if pp > 1 else 0.0)
+                                         m, pp, v, t.p2p_s)
 
     # ---- per pipeline rank. Ranks with the same (layers, first, last) share model-state and
     # data-parallel figures; only the in-flight activations differ.
-    e = activation_bytes_per_element(job)
-    stored = acts.stored(layout.recompute)
-    emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
-    logits_b = logits_bytes(model, job, mb, tp)
-    gpipe = layout.schedule == "gpipe"
-    last_rank = (nstages - 1) % pp
-    base_buf = (2 * msg if pp > 1 else 0.0) + (2 * DP_BUCKET_BYTES if dp > 1 and zero < 3 else 0.0) \
-        + (2 * layer_param_bytes if zero == 3 and dp > 1 else 0.0)
-    shared: dict[tuple[int, bool, bool], tuple] = {}
-    tails: dict[tuple, float] = {}
-    inflight_all = _inflight_table(layout.schedule, pp, v, m)
-    rows: list[tuple] = []
-    worst_tail = -1.0
-    dp_total = dp_wire_worst = 0.0
-    dp_exposed_worst = opt_worst = 0.0
-    recompute_buf = acts.full_bytes if layout.recompute != "none" else 0.0
     if v == 1:
         layers_all, fwd_all, bwd_all = stage_layers, f_s, b_s
     else:
@@ -140,54 +204,33 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     fb_all = [x + y for x, y in zip(fwd_all, bwd_all)]
     busy_best = max(fb_all)
     br = fb_all.index(busy_best)
+    states: dict[tuple[int, int], RankState] = {}
+    rows: list[tuple] = []
+    worst_tail = -1.0
+    dp_total = dp_wire_worst = dp_exposed_worst = opt_worst = 0.0
     for r in range(pp):
-        layers_r, fwd_r, bwd_r = layers_all[r], fwd_all[r], bwd_all[r]
-        first, last = r == 0, r == last_rank
-        key = (layers_r, first, last)
-        sh = shared.get(key)
-        if sh is None:
-            params_r = stage_params(model, layers_r, tp, first=first, last=last, pp=pp)
-            states = model_state_bytes(params_r, job, zero, dp)
-            dp_s, rs_or_ar, ag, wire = _dp_comm(links.dp, dp, zero, params_r, per, m, layers_r,
-                                                z3_fwd + z3_bwd, z3_wire_layer)
-            local = params_r / dp if zero >= 1 else params_r
-            opt_s = hbm_s(gpu, local * OPTIMIZER_BYTES_PER_PARAM)
-            tail_bucket = (comm.all_reduce_s(links.dp, min(params_r * per.grads, DP_BUCKET_BYTES))
-                           if job.overlap_dp_comm and dp > 1 else 0.0)
-            sh = shared[key] = (states, dp_s, rs_or_ar, ag, wire, opt_s, tail_bucket)
-            dp_total = max(dp_total, dp_s)
-            dp_wire_worst = max(dp_wire_worst, wire)
-        states, dp_s, rs_or_ar, ag, wire, opt_s, tail_bucket = sh
-        tkey = (key, fwd_r, bwd_r)
-        if tkey not in tails:
-            # Exposed data-parallel time: the gradient reduction can hide behind the last
-            # micro-batch's backward on this rank, the ZeRO-1/2 parameter all-gather behind
-            # the next step's first forward; the last bucket is always exposed (PyTorch DDP,
-            # Li et al. 2020, arXiv 2006.15704 §3.2.3; Megatron-Core overlap_grad_reduce and
-            # overlap_param_gather).
-            if zero == 3 or dp == 1:
-                exposed = 0.0
-            elif job.overlap_dp_comm:
-                exposed = max(tail_bucket, rs_or_ar - bwd_r) + max(0.0, ag - fwd_r)
-            else:
-                exposed = dp_s
-            tails[tkey] = exposed
-            if exposed + opt_s > worst_tail:
-                worst_tail, dp_exposed_worst, opt_worst = exposed + opt_s, exposed, opt_s
-        inflight = inflight_all[r]
-        act_b = inflight * layers_r * stored + (inflight * emb_act if first else 0.0)
-        logit_b = logits_b * (inflight if gpipe else 1.0) if last else 0.0
-        buf = base_buf + (recompute_buf if layers_r else 0.0)
-        rows.append((r, layers_r, states[0], states[1], states[2], act_b, logit_b, buf, inflight))
+        layers_r = layers_all[r]
+        kind = (layers_r, r == 0, r == last_rank)
+        st = states.get(kind)
+        if st is None:
+            st = states[kind] = t.rank_state(r, layers_r)
+            dp_total = max(dp_total, st.dp_total_s)
+            dp_wire_worst = max(dp_wire_worst, st.dp_wire_bytes)
+        exposed = exposed_dp_s(st, layout, job, fwd_all[r], bwd_all[r])
+        if exposed + st.optimizer_s > worst_tail:
+            worst_tail, dp_exposed_worst, opt_worst = exposed + st.optimizer_s, exposed, \
+                st.optimizer_s
+        act_b, logit_b, buf = t.rank_variable_bytes(r, layers_r)
+        rows.append((r, layers_r, st.weights_bytes, st.grads_bytes, st.optimizer_bytes, act_b,
+                     logit_b, buf, t.inflight[r]))
 
     step = pipe_s + worst_tail
     busy = m * busy_best
 
     # ---- breakdown on the busiest rank (component sums, computed once)
-    chunks_br = range(br, nstages, pp)
-    layers_br = sum(stage_layers[c] for c in chunks_br)
+    layers_br = layers_all[br]
     tot = (layer.forward + layer.backward).scaled(layers_br) + PassCost(
-        overhead_s=2 * v * mbo, zero3_s=layers_br * (z3_fwd + z3_bwd))
+        overhead_s=2 * v * t.overhead_s, zero3_s=layers_br * (z3.forward_s + z3.backward_s))
     if br == 0:
         tot = tot + emb_f + emb_b
     if br == last_rank:
@@ -201,15 +244,15 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         zero3_gather_s=tot.zero3_s, optimizer_s=opt_worst)
 
     # ---- communication volume per GPU per step (busiest rank)
-    z3_wire = m * layers_br * z3_wire_layer
+    links = t.links
+    z3_wire = m * layers_br * z3.wire_bytes
     comm_bytes = {"tp": m * layers_br * layer.tp_wire_bytes,
-                  "pp": m * v * 2 * msg if pp > 1 else 0.0,
-                  "dp": dp_wire_worst if zero < 3 else 0.0, "zero3": z3_wire}
+                  "pp": m * v * 2 * parts.p2p_bytes if pp > 1 else 0.0,
+                  "dp": dp_wire_worst if layout.zero < 3 else 0.0, "zero3": z3_wire}
     by_link = {"nvlink": 0.0, "network": 0.0}
     for k, link in (("tp", links.tp), ("pp", links.pp), ("dp", links.dp), ("zero3", links.dp)):
         by_link[link.link_class] += comm_bytes[k]
 
-    stage_mem = StageMemories(rows)
     peak_mem = max(w + g + o + a + lg + bu for _, _, w, g, o, a, lg, bu, _ in rows)
     n_gpus = layout.num_gpus
     model_flops = model_flops_per_step(model, job.global_batch, job.seq_len)
@@ -224,10 +267,10 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         mfu=model_flops / step / n_gpus / peak_flops,
         hfu=hw_flops / step / n_gpus / peak_flops,
         memory_peak_bytes=peak_mem, usable_memory_bytes=usable, fits=peak_mem <= usable,
-        memory=stage_mem, time=time, comm_bytes=comm_bytes, comm_bytes_by_link=by_link,
-        num_microbatches=m, num_gpus=n_gpus, stage_forward_s=tuple(f_s),
-        stage_backward_s=tuple(b_s), model_flops_per_step=model_flops,
-        hardware_flops_per_step=hw_flops)
+        memory=StageMemories(rows), time=time, comm_bytes=comm_bytes,
+        comm_bytes_by_link=by_link, num_microbatches=m, num_gpus=n_gpus,
+        stage_forward_s=tuple(f_s), stage_backward_s=tuple(b_s),
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)
 
 
 @lru_cache(maxsize=65536)
@@ -246,43 +289,28 @@ def _inflight_table(schedule: str, pp: int, v: int, m: int) -> tuple[float, ...]
     return tuple(inflight_microbatches(schedule, pp, v, m, r) for r in range(pp))
 
 
-def _dp_comm(link, dp: int, zero: int, params_r: float, per, m: int, layers_r: int,
-             z3_layer_s: float, z3_wire_layer: float) -> tuple[float, float, float, float]:
-    """Data-parallel communication of one pipeline rank per step.
-
-    Returns (total seconds, gradient all-reduce / reduce-scatter seconds, parameter
-    all-gather seconds, bytes sent). ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter
-    gradients and all-gather updated parameters (the same volume, Rajbhandari et al. 2019
-    §7); ZeRO-3's per-layer traffic is inside the stage times (its exposed part) and counted
-    here for the totals.
-    """
-    if dp == 1:
-        return 0.0, 0.0, 0.0, 0.0
-    grad_bytes = params_r * per.grads
-    if zero == 0:
-        ar = comm.all_reduce_s(link, grad_bytes)
-        return ar, ar, 0.0, comm.wire_bytes_all_reduce(dp, grad_bytes)
-    if zero in (1, 2):
-        rs = comm.reduce_scatter_s(link, grad_bytes)
-        ag = comm.all_gather_s(link, params_r * per.weights)
-        wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
-            dp, params_r * per.weights)
-        return rs + ag, rs, ag, wire
-    return m * layers_r * z3_layer_s, 0.0, 0.0, m * layers_r * z3_wire_layer
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerTables:
-    """Per-layer and per-stage-extra costs of a layout, for deciding the stage partition.
+    """A layout's costs as functions of the layers each (virtual) stage holds.
 
-    For pipeline rank r holding ``n`` layers (virtual stage c holding ``n_c``):
-    forward time of c = n_c·layer_forward_s + (c == 0)·first_forward_s
-    + (c == last)·last_forward_s (+ microbatch overhead), same for backward; memory of
-    rank r = n·(layer_state_bytes + layer_activation_bytes·inflight[r])
-    + (r == 0)·first_extra_bytes + (r == last rank)·last_extra_bytes + fixed_bytes[r].
-    :func:`estimate` with the same ``stage_layers`` gives the same numbers (a test checks it).
+    Virtual stage c (chunk c lives on rank c % pp) holding n_c layers runs, per micro-batch,
+    forward f_c = n_c·layer_forward_s + overhead_s + [c = 0]·first_forward_s
+    + [c = last]·last_forward_s (backward and weight-gradient alike). Pipeline rank r holding
+    N_r layers needs N_r·(layer_state_bytes + inflight[r]·layer_activation_bytes)
+    + const_bytes[r] of memory. :func:`estimate` is built from exactly these pieces, and the
+    planner's CP-SAT model uses them to choose the stage partition.
     """
 
+    model: ModelSpec
+    cluster: Cluster
+    job: Job
+    layout: Layout
+    links: Groups
+    parts: LayerParts
+    zero3: Zero3Layer
+    num_layers: int
+    num_microbatches: int
+    last_rank: int
     layer_forward_s: float
     layer_backward_s: float
     layer_wgrad_s: float
@@ -291,64 +319,183 @@ class LayerTables:
     last_forward_s: float
     last_backward_s: float
     last_wgrad_s: float
-    microbatch_overhead_s: float   # added to each virtual stage's forward and backward
+    overhead_s: float              # per virtual stage, added to its forward and its backward
     p2p_s: float
     layer_state_bytes: float       # weights + grads + optimizer of one layer, after ZeRO
     layer_activation_bytes: float  # stored activations of one layer, one micro-batch
     inflight: tuple[float, ...]    # per pipeline rank
+    fixed_bytes: tuple[float, ...]  # buffers per rank when it holds at least one layer
     first_extra_bytes: float       # embedding states + embedding activations (rank 0)
     last_extra_bytes: float        # output layer states + logits (last rank)
-    fixed_bytes: tuple[float, ...]  # buffers per rank (independent of its layer count)
-    num_microbatches: int
+
+    @property
+    def microbatch_overhead_s(self) -> float:
+        return self.overhead_s
+
+    @property
+    def const_bytes(self) -> tuple[float, ...]:
+        """Per rank: memory that does not grow with its layer count."""
+        return tuple(self.fixed_bytes[r] + (self.first_extra_bytes if r == 0 else 0.0)
+                     + (self.last_extra_bytes if r == self.last_rank else 0.0)
+                     for r in range(self.layout.pp))
+
+    # ---- time ---------------------------------------------------------------------
+    def stage_times(self, stage_layers) -> tuple[list[float], list[float], list[float]]:
+        """Per-micro-batch forward, backward and weight-gradient seconds of each virtual stage."""
+        f = [n * self.layer_forward_s + self.overhead_s for n in stage_layers]
+        b = [n * self.layer_backward_s + self.overhead_s for n in stage_layers]
+        w = [n * self.layer_wgrad_s for n in stage_layers]
+        f[0] += self.first_forward_s
+        b[0] += self.first_backward_s
+        f[-1] += self.last_forward_s
+        b[-1] += self.last_backward_s
+        w[-1] += self.last_wgrad_s
+        return f, b, w
+
+    def pipeline_s(self, stage_layers) -> float:
+        f, b, w = self.stage_times(stage_layers)
+        lay = self.layout
+        return _pipeline_time(lay.schedule, tuple(f), tuple(b), tuple(w), self.num_microbatches,
+                              lay.pp, lay.vpp, self.p2p_s)[0]
+
+    def rank_layers(self, stage_layers) -> list[int]:
+        pp = self.layout.pp
+        return [sum(stage_layers[r::pp]) for r in range(pp)]
+
+    def rank_state(self, rank: int, layers: int) -> RankState:
+        return rank_state(self.model, self.cluster, self.job, self.layout, self.links.dp, layers,
+                          first=rank == 0, last=rank == self.last_rank, z3=self.zero3)
+
+    def rank_pass_s(self, rank: int, layers: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch through all of a rank's chunks."""
+        v = self.layout.vpp
+        f = layers * self.layer_forward_s + v * self.overhead_s
+        b = layers * self.layer_backward_s + v * self.overhead_s
+        if rank == 0:
+            f, b = f + self.first_forward_s, b + self.first_backward_s
+        if rank == self.last_rank:
+            f, b = f + self.last_forward_s, b + self.last_backward_s
+        return f, b
+
+    def rank_tail_s(self, rank: int, layers: int) -> float:
+        """Exposed data-parallel communication + optimizer step of a rank holding ``layers``."""
+        st = self.rank_state(rank, layers)
+        f, b = self.rank_pass_s(rank, layers)
+        return exposed_dp_s(st, self.layout, self.job, f, b) + st.optimizer_s
+
+    def tail_lower_bound_s(self) -> float:
+        """No partition's tail is smaller: some rank holds ⌈L/pp⌉ layers; a middle rank with
+        that many, with unlimited room to overlap, pays at least this."""
+        n = -(-self.num_layers // self.layout.pp)
+        st = rank_state(self.model, self.cluster, self.job, self.layout, self.links.dp, n,
+                        first=False, last=False, z3=self.zero3)
+        return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
+
+    def step_time_s(self, stage_layers) -> float:
+        return self.pipeline_s(stage_layers) + max(
+            self.rank_tail_s(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
+
+    # ---- memory -------------------------------------------------------------------
+    def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
+        """(activations, embedding/logits, buffers) of a rank holding ``layers``."""
+        inflight = self.inflight[rank]
+        act = inflight * layers * self.layer_activation_bytes
+        if rank == 0:
+            act += inflight * self._embedding_act_bytes
+        logit = self._logits_bytes if rank == self.last_rank else 0.0
+        buf = self.fixed_bytes[rank] - (0.0 if layers else self._recompute_buf_bytes)
+        return act, logit, buf
+
+    @property
+    def _embedding_act_bytes(self) -> float:
+        job, lay = self.job, self.layout
+        e = activation_bytes_per_element(job)
+        return job.seq_len * lay.micro_batch * self.model.hidden_size * e / (
+            lay.tp if lay.sequence_parallel else 1)
+
+    @property
+    def _logits_bytes(self) -> float:
+        lay = self.layout
+        b = logits_bytes(self.model, self.job, lay.micro_batch, lay.tp)
+        return b * (self.inflight[self.last_rank] if lay.schedule == "gpipe" else 1.0)
+
+    @property
+    def _recompute_buf_bytes(self) -> float:
+        return self.parts.activations.full_bytes if self.layout.recompute != "none" else 0.0
+
+    def rank_memory_bytes(self, rank: int, layers: int) -> float:
+        return layers * (self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes) \
+            + self.const_bytes[rank]
+
+    def peak_memory_bytes(self, stage_layers) -> float:
+        return max(self.rank_memory_bytes(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
+
+    def max_rank_layers(self, rank: int, capacity_bytes: float) -> int:
+        """The most layers ``rank`` can hold within ``capacity_bytes`` (-1: not even 0)."""
+        per = self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes
+        const = self.const_bytes[rank]
+        if const > capacity_bytes:
+            return -1
+        n = min(self.num_layers, int((capacity_bytes - const) // per) if per > 0
+                else self.num_layers)
+        while n > 0 and self.rank_memory_bytes(rank, n) > capacity_bytes:
+            n -= 1
+        while n < self.num_layers and self.rank_memory_bytes(rank, n + 1) <= capacity_bytes:
+            n += 1
+        return n
+
+    def stage_sum_s(self) -> float:
+        """Σ_c (f_c + b_c): the same for every partition (every layer runs once per pass)."""
+        return (self.num_layers * (self.layer_forward_s + self.layer_backward_s)
+                + 2 * self.layout.pp * self.layout.vpp * self.overhead_s + self.first_forward_s
+                + self.first_backward_s + self.last_forward_s + self.last_backward_s)
 
 
-def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> LayerTables:
-    """The linear pieces :func:`estimate` is built from (stage_layers of ``layout`` ignored)."""
-    check_layout(model, cluster, job, layout.replace(stage_layers=None)
-                 if model.num_layers >= layout.pp * layout.vpp else layout)
-    est = _estimate(model, cluster, job, layout.replace(stage_layers=None),
-                    _uniform_probe(model, layout))
+def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
+                 checked: bool = False) -> LayerTables:
+    """The linear pieces :func:`estimate` is built from (``layout.stage_layers`` ignored)."""
+    if not checked:
+        check_layout(model, cluster, job, layout.replace(stage_layers=None)
+                     if model.num_layers >= layout.pp * layout.vpp else layout)
+    return _layer_tables(model, cluster, job, layout.replace(stage_layers=None)
+                         if layout.stage_layers is not None else layout)
+
+
+@lru_cache(maxsize=65536)
+def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> LayerTables:
     dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
-    mb, sp = layout.micro_batch, layout.sequence_parallel
     links = group_links(cluster, layout)
-    layer, (emb_f, emb_b), (log_f, log_b, log_w), acts, msg, p2p = _layer_parts(
-        model, cluster, job, mb, tp, sp, layout.recompute, links.tp, links.pp)
+    parts = layer_parts(model, cluster, job, layout.micro_batch, tp, layout.sequence_parallel,
+                        layout.recompute, links.tp, links.pp)
     per = state_bytes_per_param(job)
-    layer_param_bytes = stage_params(model, 1, tp, first=False, last=False, pp=pp) * per.weights
-    z3_fwd = z3_bwd = 0.0
-    if layout.zero == 3 and dp > 1:
-        ag = comm.all_gather_s(links.dp, layer_param_bytes)
-        rs = comm.reduce_scatter_s(links.dp, layer_param_bytes)
-        z3_fwd = max(0.0, ag - layer.forward.total_s)
-        z3_bwd = max(0.0, ag + rs - layer.backward.total_s)
-    e = activation_bytes_per_element(job)
-    one_layer = sum(model_state_bytes(stage_params(model, 1, tp, first=False, last=False, pp=pp),
-                                      job, layout.zero, dp))
-    first_params = (stage_params(model, 0, tp, first=True, last=False, pp=pp))
-    last_params = (stage_params(model, 0, tp, first=False, last=True, pp=pp))
+    layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
+    z3 = zero3_layer(parts.layer, layer_params * per.weights, links.dp, dp, layout.zero)
     m = layout.num_microbatches(job.global_batch)
-    inflight = tuple(sm.inflight_microbatches for sm in est.memory)
-    first_extra = sum(model_state_bytes(first_params, job, layout.zero, dp)) + \
-        inflight[0] * job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
     last_rank = (pp * v - 1) % pp
-    last_extra = sum(model_state_bytes(last_params, job, layout.zero, dp)) + \
-        logits_bytes(model, job, mb, tp) * (inflight[last_rank] if layout.schedule == "gpipe"
-                                            else 1.0)
-    fixed = tuple(sm.buffers_bytes for sm in est.memory)
-    return LayerTables(
-        layer_forward_s=layer.forward.total_s + z3_fwd,
-        layer_backward_s=layer.backward.total_s + z3_bwd,
-        layer_wgrad_s=layer.wgrad_s,
-        first_forward_s=emb_f.total_s, first_backward_s=emb_b.total_s,
-        last_forward_s=log_f.total_s, last_backward_s=log_b.total_s, last_wgrad_s=log_w,
-        microbatch_overhead_s=cluster.gpu.microbatch_overhead_s / (2 * v),
-        p2p_s=p2p if pp > 1 else 0.0,
-        layer_state_bytes=one_layer, layer_activation_bytes=acts.stored(layout.recompute),
-        inflight=inflight, first_extra_bytes=first_extra, last_extra_bytes=last_extra,
-        fixed_bytes=fixed, num_microbatches=m)
-
-
-def _uniform_probe(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
-    from meshplan.costmodel.specs import default_stage_layers
-    n = layout.pp * layout.vpp
-    return default_stage_layers(max(model.num_layers, n), n)
+    inflight = _inflight_table(layout.schedule, pp, v, m)
+    base_buf = ((2 * parts.p2p_bytes if pp > 1 else 0.0)
+                + (2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0)
+                + (2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0)
+                + (parts.activations.full_bytes if layout.recompute != "none" else 0.0))
+    t = LayerTables(
+        model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
+        num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
+        layer_forward_s=parts.layer.forward.total_s + z3.forward_s,
+        layer_backward_s=parts.layer.backward.total_s + z3.backward_s,
+        layer_wgrad_s=parts.layer.wgrad_s,
+        first_forward_s=parts.embedding[0].total_s, first_backward_s=parts.embedding[1].total_s,
+        last_forward_s=parts.logits[0].total_s, last_backward_s=parts.logits[1].total_s,
+        last_wgrad_s=parts.logits[2],
+        overhead_s=cluster.gpu.microbatch_overhead_s / (2 * v),
+        p2p_s=parts.p2p_s if pp > 1 else 0.0,
+        layer_state_bytes=sum(model_state_bytes(layer_params, job, layout.zero, dp)),
+        layer_activation_bytes=parts.activations.stored(layout.recompute),
+        inflight=inflight, fixed_bytes=(base_buf,) * pp,
+        first_extra_bytes=0.0, last_extra_bytes=0.0)
+    first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
+    last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp) if pp > 1 else 0.0
+    first_extra = sum(model_state_bytes(first_params, job, layout.zero, dp)) \
+        + inflight[0] * t._embedding_act_bytes + (t._logits_bytes if pp == 1 else 0.0)
+    last_extra = (sum(model_state_bytes(last_params, job, layout.zero, dp)) + t._logits_bytes
+                  if pp > 1 else 0.0)
+    return replace(t, first_extra_bytes=first_extra, last_extra_bytes=last_extra)

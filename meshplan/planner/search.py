@@ -28,13 +28,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Sequence
 
-from meshplan.costmodel import comm
-from meshplan.costmodel.estimate import _layer_parts
-from meshplan.costmodel.memory import stage_params, state_bytes_per_param
+from meshplan.costmodel.estimate import layer_tables
 from meshplan.costmodel.specs import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.space import Config
-from meshplan.planner.tables import ConfigTables, _links, build_tables
+from meshplan.planner.tables import ConfigTables, build_tables
 
 from meshplan.planner.space import EVEN_PARTITION_SCHEDULES  # noqa: E402  (see space.py)
 
@@ -58,19 +56,10 @@ def objective_weight(cfg: Config, objective: str) -> int:
 @lru_cache(maxsize=65536)
 def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
                 mb: int, sp: bool, rc: str, zero: int):
-    links = _links(cluster, dp, pp, tp)
-    layer, (ef, eb), (gf, gb, gw), _, _, p2p = _layer_parts(
-        model, cluster, job, mb, tp, sp, rc, links.tp, links.pp)
-    z3f = z3b = 0.0
-    if zero == 3 and dp > 1:
-        per = state_bytes_per_param(job)
-        lpb = stage_params(model, 1, tp, first=False, last=False, pp=pp) * per.weights
-        ag = comm.all_gather_s(links.dp, lpb)
-        rs = comm.reduce_scatter_s(links.dp, lpb)
-        z3f = max(0.0, ag - layer.forward.total_s)
-        z3b = max(0.0, ag + rs - layer.backward.total_s)
-    return (layer.forward.total_s + z3f, layer.backward.total_s + z3b, layer.wgrad_s,
-            ef.total_s, eb.total_s, gf.total_s, gb.total_s, gw, p2p if pp > 1 else 0.0)
+    t = layer_tables(model, cluster, job,
+                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp).layout(), checked=True)
+    return (t.layer_forward_s, t.layer_backward_s, t.layer_wgrad_s, t.first_forward_s,
+            t.first_backward_s, t.last_forward_s, t.last_backward_s, t.last_wgrad_s, t.p2p_s)
 
 
 def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
@@ -104,31 +93,9 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
 
 
 def tail_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, t: ConfigTables) -> float:
-    """A bound on the data-parallel/optimizer tail every partition pays.
-
-    Some rank holds ≥ ⌈L/pp⌉ layers; the first and last ranks hold more parameters than a
-    middle rank with as many layers, and the optimizer step and the last gradient bucket
-    (the whole reduction when it is not overlapped) grow with a rank's parameters, so the
-    tail of a middle rank with ⌈L/pp⌉ layers, counting only those terms, bounds it below.
-    """
-    cfg = t.config
-    n = -(-model.num_layers // cfg.pp)
-    _, _, job_, per, link = t._ctx
-    params = stage_params(model, n, cfg.tp, first=False, last=False, pp=cfg.pp)
-    local = params / cfg.dp if cfg.zero >= 1 else params
-    from meshplan.costmodel.compute import hbm_s
-    from meshplan.costmodel.estimate import DP_BUCKET_BYTES, OPTIMIZER_BYTES_PER_PARAM
-    out = hbm_s(cluster.gpu, local * OPTIMIZER_BYTES_PER_PARAM)
-    if cfg.dp > 1 and cfg.zero < 3:
-        grads = params * per.grads
-        if job.overlap_dp_comm:
-            out += comm.all_reduce_s(link, min(grads, DP_BUCKET_BYTES))
-        elif cfg.zero == 0:
-            out += comm.all_reduce_s(link, grads)
-        else:
-            out += comm.reduce_scatter_s(link, grads) + comm.all_gather_s(
-                link, params * per.weights)
-    return out
+    """A bound on the data-parallel/optimizer tail every partition pays (see
+    :meth:`meshplan.costmodel.estimate.LayerTables.tail_lower_bound_s`)."""
+    return t.tail_lower_bound_s()
 
 
 def candidate_partitions(t: ConfigTables, min_layers: int) -> list[tuple[int, ...]]:
