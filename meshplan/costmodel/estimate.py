@@ -9,7 +9,7 @@ comes from (compute, memory, comm, pipeline, flops).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.costmodel import comm
@@ -204,7 +204,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     fb_all = [x + y for x, y in zip(fwd_all, bwd_all)]
     busy_best = max(fb_all)
     br = fb_all.index(busy_best)
-    states: dict[tuple[int, int], RankState] = {}
+    states: dict[tuple[int, bool, bool], RankState] = {}
+    seen: set[tuple] = set()
     rows: list[tuple] = []
     worst_tail = -1.0
     dp_total = dp_wire_worst = dp_exposed_worst = opt_worst = 0.0
@@ -216,10 +217,13 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
             st = states[kind] = t.rank_state(r, layers_r)
             dp_total = max(dp_total, st.dp_total_s)
             dp_wire_worst = max(dp_wire_worst, st.dp_wire_bytes)
-        exposed = exposed_dp_s(st, layout, job, fwd_all[r], bwd_all[r])
-        if exposed + st.optimizer_s > worst_tail:
-            worst_tail, dp_exposed_worst, opt_worst = exposed + st.optimizer_s, exposed, \
-                st.optimizer_s
+        sig = (kind, fwd_all[r], bwd_all[r])
+        if sig not in seen:
+            seen.add(sig)
+            exposed = exposed_dp_s(st, layout, job, fwd_all[r], bwd_all[r])
+            if exposed + st.optimizer_s > worst_tail:
+                worst_tail, dp_exposed_worst, opt_worst = exposed + st.optimizer_s, exposed, \
+                    st.optimizer_s
         act_b, logit_b, buf = t.rank_variable_bytes(r, layers_r)
         rows.append((r, layers_r, st.weights_bytes, st.grads_bytes, st.optimizer_bytes, act_b,
                      logit_b, buf, t.inflight[r]))
@@ -327,6 +331,13 @@ class LayerTables:
     fixed_bytes: tuple[float, ...]  # buffers per rank when it holds at least one layer
     first_extra_bytes: float       # embedding states + embedding activations (rank 0)
     last_extra_bytes: float        # output layer states + logits (last rank)
+    embedding_act_bytes: float     # one micro-batch's embedding output (rank 0)
+    logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
+    recompute_buf_bytes: float     # one layer re-materialized (0 without recomputation)
+
+    def __post_init__(self) -> None:
+        # memo of rank_state by (layers, first, last): the planner prices many partitions
+        object.__setattr__(self, "_states", {})
 
     @property
     def microbatch_overhead_s(self) -> float:
@@ -363,8 +374,13 @@ class LayerTables:
         return [sum(stage_layers[r::pp]) for r in range(pp)]
 
     def rank_state(self, rank: int, layers: int) -> RankState:
-        return rank_state(self.model, self.cluster, self.job, self.layout, self.links.dp, layers,
-                          first=rank == 0, last=rank == self.last_rank, z3=self.zero3)
+        key = (layers, rank == 0, rank == self.last_rank)
+        st = self._states.get(key)  # type: ignore[attr-defined]
+        if st is None:
+            st = self._states[key] = rank_state(  # type: ignore[attr-defined]
+                self.model, self.cluster, self.job, self.layout, self.links.dp, layers,
+                first=key[1], last=key[2], z3=self.zero3)
+        return st
 
     def rank_pass_s(self, rank: int, layers: int) -> tuple[float, float]:
         """(forward, backward) seconds of one micro-batch through all of a rank's chunks."""
@@ -401,27 +417,10 @@ class LayerTables:
         inflight = self.inflight[rank]
         act = inflight * layers * self.layer_activation_bytes
         if rank == 0:
-            act += inflight * self._embedding_act_bytes
-        logit = self._logits_bytes if rank == self.last_rank else 0.0
-        buf = self.fixed_bytes[rank] - (0.0 if layers else self._recompute_buf_bytes)
+            act += inflight * self.embedding_act_bytes
+        logit = self.logits_bytes if rank == self.last_rank else 0.0
+        buf = self.fixed_bytes[rank] - (0.0 if layers else self.recompute_buf_bytes)
         return act, logit, buf
-
-    @property
-    def _embedding_act_bytes(self) -> float:
-        job, lay = self.job, self.layout
-        e = activation_bytes_per_element(job)
-        return job.seq_len * lay.micro_batch * self.model.hidden_size * e / (
-            lay.tp if lay.sequence_parallel else 1)
-
-    @property
-    def _logits_bytes(self) -> float:
-        lay = self.layout
-        b = logits_bytes(self.model, self.job, lay.micro_batch, lay.tp)
-        return b * (self.inflight[self.last_rank] if lay.schedule == "gpipe" else 1.0)
-
-    @property
-    def _recompute_buf_bytes(self) -> float:
-        return self.parts.activations.full_bytes if self.layout.recompute != "none" else 0.0
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         return layers * (self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes) \
@@ -473,11 +472,24 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
+    e = activation_bytes_per_element(job)
+    emb_act = job.seq_len * layout.micro_batch * model.hidden_size * e / (
+        tp if layout.sequence_parallel else 1)
+    logits_b = logits_bytes(model, job, layout.micro_batch, tp) * (
+        inflight[last_rank] if layout.schedule == "gpipe" else 1.0)
+    recompute_buf = parts.activations.full_bytes if layout.recompute != "none" else 0.0
     base_buf = ((2 * parts.p2p_bytes if pp > 1 else 0.0)
                 + (2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0)
                 + (2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0)
-                + (parts.activations.full_bytes if layout.recompute != "none" else 0.0))
-    t = LayerTables(
+                + recompute_buf)
+    first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
+    first_extra = (sum(model_state_bytes(first_params, job, layout.zero, dp))
+                   + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0))
+    last_extra = 0.0
+    if pp > 1:
+        last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp)
+        last_extra = sum(model_state_bytes(last_params, job, layout.zero, dp)) + logits_b
+    return LayerTables(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
         num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
         layer_forward_s=parts.layer.forward.total_s + z3.forward_s,
@@ -491,11 +503,5 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         layer_state_bytes=sum(model_state_bytes(layer_params, job, layout.zero, dp)),
         layer_activation_bytes=parts.activations.stored(layout.recompute),
         inflight=inflight, fixed_bytes=(base_buf,) * pp,
-        first_extra_bytes=0.0, last_extra_bytes=0.0)
-    first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
-    last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp) if pp > 1 else 0.0
-    first_extra = sum(model_state_bytes(first_params, job, layout.zero, dp)) \
-        + inflight[0] * t._embedding_act_bytes + (t._logits_bytes if pp == 1 else 0.0)
-    last_extra = (sum(model_state_bytes(last_params, job, layout.zero, dp)) + t._logits_bytes
-                  if pp > 1 else 0.0)
-    return replace(t, first_extra_bytes=first_extra, last_extra_bytes=last_extra)
+        first_extra_bytes=first_extra, last_extra_bytes=last_extra,
+        embedding_act_bytes=emb_act, logits_bytes=logits_b, recompute_buf_bytes=recompute_buf)

@@ -98,10 +98,15 @@ class StateBytesPerParam:
 
 def state_bytes_per_param(job: Job) -> StateBytesPerParam:
     """Bytes per parameter before sharding (ZeRO Table 1: K = 12 for mixed-precision Adam)."""
-    if job.precision == "fp32":
-        opt = 8.0 if job.optimizer == "adam" else 4.0   # Adam m, v / SGD momentum
+    return _state_bytes(job.precision, job.optimizer)
+
+
+@lru_cache(maxsize=None)
+def _state_bytes(precision: str, optimizer: str) -> StateBytesPerParam:
+    if precision == "fp32":
+        opt = 8.0 if optimizer == "adam" else 4.0   # Adam m, v / SGD momentum
         return StateBytesPerParam(4.0, 4.0, opt)
-    opt = 12.0 if job.optimizer == "adam" else 8.0      # fp32 master + m, v / + momentum
+    opt = 12.0 if optimizer == "adam" else 8.0      # fp32 master + m, v / + momentum
     return StateBytesPerParam(2.0, 2.0, opt)
 
 
