@@ -42,6 +42,8 @@ def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | N
     g.add_argument("--nodes", type=positive_int, default=None, help="number of nodes")
     g.add_argument("--profile", default=None,
                    help="calibrated GPU profile TOML (from `meshplan calibrate`) to use")
+    g.add_argument("--profile-override", action="store_true",
+                   help="use --profile even if it was measured on another GPU type")
 
 
 def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
@@ -81,19 +83,21 @@ def load_model(text: str) -> ModelSpec:
     return ModelSpec.preset(text)
 
 
-def load_cluster(text: str, nodes: int | None, profile: str | None = None) -> Cluster:
+def load_cluster(text: str, nodes: int | None, profile: str | None = None,
+                 override: bool = False) -> Cluster:
     if text.endswith(".toml") or os.path.sep in text:
         cluster = Cluster.from_toml(Path(text), nodes=nodes)
     else:
         cluster = Cluster.preset(text, nodes=nodes)
     if profile:
         from meshplan.hardware_profiles.calibrated import apply_profile
-        cluster = apply_profile(cluster, Path(profile))
+        cluster = apply_profile(cluster, Path(profile), override=override)
     return cluster
 
 
 def model_cluster_from_args(args) -> tuple[ModelSpec, Cluster]:
-    return load_model(args.model), load_cluster(args.cluster, args.nodes, args.profile)
+    return load_model(args.model), load_cluster(args.cluster, args.nodes, args.profile,
+                                                getattr(args, "profile_override", False))
 
 
 def job_from_args(args) -> Job:
