@@ -22,8 +22,6 @@ from meshplan.errors import ConfigError
 
 def add_arguments(p) -> None:
     add_model_cluster_args(p)
-    p.add_argument("--profile-override", action="store_true",
-                   help="apply --profile even if it was measured on another GPU type")
     add_job_args(p, global_batch=16, seq_len=2048)
     g = p.add_argument_group("validation")
     g.add_argument("--out", required=True, help="directory for plans, logs and accuracy.*")
@@ -63,11 +61,8 @@ def main(args) -> int:
     from meshplan.calibrate.validate import (ValidateOptions, enumerate_layouts,
                                              layouts_from_json, pick_spread, run_layouts,
                                              write_accuracy)
-    from meshplan.hardware_profiles.calibrated import apply_profile
     model = load_model(args.model)
-    cluster = load_cluster(args.cluster, args.nodes)
-    if args.profile:
-        cluster = apply_profile(cluster, Path(args.profile), override=args.profile_override)
+    cluster = load_cluster(args.cluster, args.nodes, args.profile, args.profile_override)
     job = job_from_args(args)
     device, nproc, dev_name, torch_version = _device_and_nproc(args.device, args.nproc)
     if nproc > cluster.num_gpus:
