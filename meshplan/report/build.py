@@ -304,7 +304,7 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
             caption=f"Memory per GPU by pipeline stage, {n} GPUs, {main.layout.short()}"),),
         tables=(Table(name="memory_per_stage", title="Memory per stage (GiB)",
                       raw=tables.memory_table(main),
-                      display=tables.memory_table(main).round(2)),)))
+                      display=tables.display_memory(tables.memory_table(main))),)))
 
     shown = main.candidates[:MAX_BREAKDOWN_BARS]
     labeled = [(f"#{i} {lay.short()}", e) for i, (lay, e) in enumerate(shown, start=1)]
@@ -328,8 +328,8 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
         figures=(FigureItem(name="step_time_breakdown", figure=figures_plan.step_time_breakdown(
             labeled, title=f"Where the step time goes — top plans on {n} GPUs"),
             caption=f"Step-time breakdown of the top {len(shown)} plans on {n} GPUs"),),
-        tables=(Table(name="step_time_breakdown", title="", raw=breakdown,
-                      display=breakdown.round(4)),)))
+        tables=(Table(name="step_time_breakdown", title="Seconds per step", raw=breakdown,
+                      display=tables.display_breakdown(breakdown)),)))
 
     from meshplan.report.timeline import pipeline_seconds, simulate_plan
     lay = main.layout

@@ -64,7 +64,8 @@ def memory_per_stage(est: Estimate, *, title: str | None = None, gpu_memory_byte
         ax.set_ylabel("memory per GPU (GiB)")
         if n <= 24:
             ax.set_xticks(xs)
-        ax.set_xlim(-0.6, n - 0.4)
+        pad = 0.6 + max(0, 4 - n) / 2   # a lone stage should not fill the axis
+        ax.set_xlim(-pad, n - 1 + pad)
         peak = max(range(n), key=lambda i: est.memory[i].total_bytes)
         ax.annotate(f"peak {est.memory[peak].total_bytes / GIB:.1f} GiB",
                     (peak, bottom[peak]), xytext=(0, 4), textcoords="offset points",

@@ -89,7 +89,8 @@ def gpu_comparison(df, *, title: str | None = None):
             vals = [v * scale for v in d[col]]
             ax.bar(range(len(names)), vals, color=colors, width=0.6)
             for i, v in enumerate(vals):
-                ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+                ax.text(i, v, f"{v:,.0f}" if v >= 100 else f"{v:.3g}", ha="center",
+                        va="bottom", fontsize=8)
             ax.set_xticks(range(len(names)), names, fontsize=8)
             ax.set_xlabel("GPU type")
             ax.set_ylabel(ylabel)

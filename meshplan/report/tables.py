@@ -170,6 +170,25 @@ def display_topk(df):
                                "tp_comm_s": "TP comm s", "dp_exposed_s": "DP exposed s"})
 
 
+def display_breakdown(df):
+    """Step-time parts (seconds) of the top plans, 4 significant digits, readable headers."""
+    out = df.copy()
+    for col in out.columns:
+        if col.endswith("_s"):
+            _fmt_col(out, col, lambda v: f"{v:.4g}")
+    return out.rename(columns=lambda c: c[:-2].replace("_", " ") if c.endswith("_s") else c)
+
+
+def display_memory(df):
+    """Memory per stage in GiB with two decimals and readable headers."""
+    out = df.copy()
+    for col in out.columns:
+        if col.endswith("_gib"):
+            _fmt_col(out, col, lambda v: f"{v:.2f}")
+    out = out.rename(columns=lambda c: c[:-4] if c.endswith("_gib") else c)
+    return out.rename(columns={"inflight_microbatches": "in-flight mb"})
+
+
 def display_measurements(df):
     out = df.copy()
     for key, fn in (("step_time_s", lambda v: f"{v:.3f} s"),

@@ -64,23 +64,13 @@ def test_timeline_simulation_has_every_pass_and_matches_the_estimate(layout):
         busy = m * sum(est.stage_forward_s[c] + est.stage_backward_s[c] for c in stages)
         assert sim.busy_s[r] == pytest.approx(busy, rel=1e-9)
     assert sim.step_time_s >= max(sim.busy_s) - 1e-12
-    # the cost model's closed form and the simulator agree (the last stage carries the
-    # logits, so the stages are not uniform)
-    if layout.schedule in ("gpipe", "1f1b") or layout.pp == 1:
-        assert sim.step_time_s == pytest.approx(pipeline_seconds(est), rel=0.02)
-
-
-@pytest.mark.xfail(strict=False, reason="costmodel.pipeline.closed_form_step_time uses stage 0's "
-                   "times only for zero-bubble and interleaved-1f1b; with a heavier last stage "
-                   "(logits) it is 20-40 % below the simulator (reported to the cost model owner)")
-@pytest.mark.parametrize("layout", [
-    mp.Layout(dp=4, pp=2, tp=2, schedule="zero-bubble"),
-    mp.Layout(dp=2, pp=4, tp=2, schedule="interleaved-1f1b", vpp=2),
-])
-def test_timeline_matches_closed_form_for_uneven_stages(layout):
-    o = outcome(layout)
-    sim = simulate_plan(GPT, o.cluster, JOB, layout, o.estimate)
-    assert sim.step_time_s == pytest.approx(pipeline_seconds(o.estimate), rel=0.02)
+    # the cost model's closed form and the simulator agree, though the stages are not
+    # uniform (the last carries the logits): this also checks that the timeline is fed the
+    # same p2p and weight-gradient times as the estimate. The interleaved closed form is
+    # documented as close, not exact, when the first/last chunks differ
+    # (meshplan/costmodel/pipeline.py), hence its looser tolerance.
+    rel = 0.01 if layout.vpp > 1 else 1e-9
+    assert sim.step_time_s == pytest.approx(pipeline_seconds(est), rel=rel)
 
 
 def test_figures_are_agg_figures_with_labeled_axes():
