@@ -86,40 +86,13 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
             M.Add(Nr == sum(n[r::pp]))
             N.append(Nr)
 
-        # ---- pipeline time (closed form, linear in n with max-variables)
-        af, ab, aw = _u(t.layer_forward_s), _u(t.layer_backward_s), _u(t.layer_wgrad_s)
-        ov = _u(t.overhead_s)
-        ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
-        gf, gb, gw = _u(t.last_forward_s), _u(t.last_backward_s), _u(t.last_wgrad_s)
-        p2p = 2 * (S - 1) * _u(t.p2p_s)
-        m = t.num_microbatches
-
-        def f_(c):
-            return af * n[c] + ov + (ef if c == 0 else 0) + (gf if c == S - 1 else 0)
-
-        def b_(c):
-            return ab * n[c] + ov + (eb if c == 0 else 0) + (gb if c == S - 1 else 0)
-
-        def w_(c):
-            return aw * n[c] + (gw if c == S - 1 else 0)
-
+        # ---- pipeline time: the cost model's own number when the partition is fixed,
+        # else its closed form written with max-variables (see pipeline_units)
         big = _u(1e4)
-        total = sum(f_(c) + b_(c) for c in range(S))
-        if cfg.schedule == "gpipe":
-            mf, mb_ = M.NewIntVar(0, big, f"mf{k}"), M.NewIntVar(0, big, f"mb{k}")
-            for c in range(S):
-                M.Add(mf >= f_(c))
-                M.Add(mb_ >= b_(c))
-            pipe = total + (m - 1) * (mf + mb_) + p2p
-        elif cfg.schedule == "1f1b" or (v == 1 and cfg.schedule != "zero-bubble"):
-            mx = M.NewIntVar(0, big, f"mx{k}")
-            for c in range(S):
-                M.Add(mx >= f_(c) + b_(c))
-            pipe = total + (m - 1) * mx + p2p
-        elif cfg.schedule == "zero-bubble":
-            pipe = m * (f_(0) + b_(0)) + (pp - 1) * (f_(0) + b_(0) - 2 * w_(0)) + p2p
-        else:  # interleaved-1f1b
-            pipe = (m * v + pp - 1) * (f_(0) + b_(0)) + p2p
+        if forced is not None:
+            pipe = _u(t.pipeline_s(forced)) * x
+        else:
+            pipe = pipeline_units(M, t, n, f"{k}")
 
         # ---- data-parallel + optimizer tail per rank (tables over the rank's layers)
         tm = M.NewIntVar(0, big, f"tail{k}")
@@ -182,6 +155,108 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
     return out, stats
 
 
+def pipeline_units(M, t, n, tag: str):
+    """The pipeline time of :func:`meshplan.costmodel.pipeline.closed_form_step_time` as a
+    CP-SAT expression of the layer counts ``n`` (integer units of 0.1 ns).
+
+    Only the schedules whose closed form is a max-plus expression of the stage times with
+    non-negative weights on every max are encoded here (``gpipe``, ``1f1b``); the planner
+    fixes the partition of the others (see ``space.EVEN_PARTITION_SCHEDULES``) and takes
+    their time from the cost model as a constant. Each ``max`` becomes a variable bounded
+    below by its arguments; since every such variable enters the minimised step time with
+    a non-negative weight, at the optimum it equals the max, so the solver's minimum is the
+    closed form's minimum over partitions. The 1F1B form follows
+    ``pipeline._one_f_one_b`` (Narayanan et al. 2021 §2.2.1, longest path through a home
+    rank with first/last round trips and p2p detours); the GPipe form ``pipeline._gpipe``
+    (Huang et al. 2019). ``tests/unit/test_planner_cpsat.py`` checks this expression
+    against ``LayerTables.pipeline_s`` on fixed partitions, so a change of the closed form
+    in the cost model cannot silently diverge from the solver.
+    """
+    cfg = t.config
+    S, p, m = cfg.stages, cfg.pp, t.num_microbatches
+    if cfg.vpp != 1 or cfg.schedule not in ("gpipe", "1f1b"):
+        raise MeshplanError(f"schedule {cfg.schedule!r} with vpp={cfg.vpp}: the CP-SAT model "
+                            f"encodes free partitions for gpipe and 1f1b only")
+    af, ab = _u(t.layer_forward_s), _u(t.layer_backward_s)
+    ov = _u(t.overhead_s)
+    ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
+    gf, gb = _u(t.last_forward_s), _u(t.last_backward_s)
+    c = _u(t.p2p_s) if p > 1 else 0
+    f = [af * n[i] + ov + (ef if i == 0 else 0) + (gf if i == S - 1 else 0) for i in range(S)]
+    b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
+    big = _u(1e4)
+
+    def var(name):
+        return M.NewIntVar(0, big, f"{name}{tag}")
+
+    if cfg.schedule == "gpipe":
+        mf, mb = var("gmf"), var("gmb")
+        for i in range(S):
+            M.Add(mf >= f[i])
+            M.Add(mb >= b[i])
+        return sum(f) + sum(b) + (m - 1) * (mf + mb) + 2 * (p - 1) * c
+
+    # prefix sums (linear) and prefix maxima (variables)
+    fp, bp, mf, mb = [], [], [], []
+    for e in range(p):
+        fp.append(f[e] + (fp[-1] if e else 0))
+        bp.append(b[e] + (bp[-1] if e else 0))
+        xf, xb = var(f"mf{e}_"), var(f"mb{e}_")
+        M.Add(xf >= f[e])
+        M.Add(xb >= b[e])
+        if e:
+            M.Add(xf >= mf[-1])
+            M.Add(xb >= mb[-1])
+        mf.append(xf)
+        mb.append(xb)
+    # suffix maxima of the first / last round trips
+    sphi: list = [None] * p
+    spsi: list = [None] * p
+    for e in range(p - 1, -1, -1):
+        x_e = min(p - 1 - e, m - 1)
+        base = fp[e] + bp[e] + 2 * c * e
+        a, z = var(f"sphi{e}_"), var(f"spsi{e}_")
+        M.Add(a >= base + x_e * mf[e])
+        M.Add(z >= base + x_e * mb[e])
+        if e < p - 1:
+            M.Add(a >= sphi[e + 1])
+            M.Add(z >= spsi[e + 1])
+        sphi[e], spsi[e] = a, z
+    pipe = var("pipe")
+    for k in range(p):
+        nf = m - 1 - min(p - 1 - k, m)
+        if nf >= 1:
+            g = f[k] + b[k]
+            expr = sphi[k] + spsi[k] - fp[k] - bp[k] - 2 * c * k + nf * g
+            if c > 0 and nf >= 3 and k < p - 1:
+                expr += _detour_units(M, fp, bp, g, c, nf - 1, k, p - 1 - k, var)
+            M.Add(pipe >= expr)
+        else:
+            M.Add(pipe >= sphi[k] + (m - 1) * mb[k])
+            M.Add(pipe >= spsi[k] + (m - 1) * mf[k])
+    return pipe
+
+
+def _detour_units(M, fp, bp, g_home, c, slots, k, depth, var):
+    """``pipeline._detours`` (home rank ``k``, no deferred weight gradients) as a variable:
+    max over detour depths of repeated positive gains, each gain a max with 0."""
+    best = var(f"det{k}_")
+    for d in (depth, 1) if depth > 1 else (1,):
+        reps, rest = divmod(slots, d + 1)
+        gain = fp[k + d] - fp[k] + bp[k + d] - bp[k] + 2 * d * c - d * g_home
+        tot = 0
+        if reps:
+            gp = var(f"gain{k}_{d}_")
+            M.Add(gp >= gain)
+            tot += reps * gp
+        if rest >= 2 and d == depth:
+            r = rest - 1
+            pg = var(f"part{k}_{d}_")
+            M.Add(pg >= fp[k + r] - fp[k] + bp[k + r] - bp[k] + 2 * r * c - r * g_home)
+            tot += pg
+        M.Add(best >= tot)
+    return best
+
 def _field_constraints(M, model: ModelSpec, cluster: Cluster, job: Job,
                        survivors: Sequence[Survivor], xs, gpu_counts: Sequence[int],
                        tp_within_node: bool) -> None:
@@ -222,4 +297,4 @@ def _field_constraints(M, model: ModelSpec, cluster: Cluster, job: Job,
         M.AddMultiplicationEquality(cluster.gpus_per_node, [tp, q])
 
 
-__all__ = ["solve", "Solution", "UNITS_PER_S"]
+__all__ = ["solve", "Solution", "UNITS_PER_S", "pipeline_units"]

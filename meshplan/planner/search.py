@@ -8,16 +8,11 @@ below the next lower bound, no configuration left can enter the top ``k``: it is
 (provably: its best possible value exceeds ``k`` values already achieved). What is left —
 the *survivors* — goes to the CP-SAT model, which decides among them and their partitions.
 
-Lower bound, per schedule (S = pp·vpp stages, m micro-batches; Σ = Σ_c (f_c + b_c) is the
-same for every partition because every layer runs once per pass):
-
-* ``1f1b`` and ``gpipe``: step ≥ Σ + (m-1)·max(Σ/S, ⌈L/S⌉·(f+b per layer)) + p2p terms —
-  some stage holds at least ⌈L/S⌉ layers and the slowest stage is at least the average
-  (closed forms of :mod:`meshplan.costmodel.pipeline`: fill/drain + (m-1)·bottleneck).
-* ``interleaved-1f1b`` and ``zero-bubble``: the closed form is linear in the first
-  stage's layer count ``n_0``, so its minimum is at ``n_0``'s smallest or largest value.
-
-The data-parallel/optimizer tail is bounded below by 0.
+Lower bounds (:func:`time_lower_bound`): the cost model's own pipeline time where the
+partition is fixed (one stage, or the even split of interleaved-1f1b / zero-bubble), else a
+bound read off the gpipe / 1f1b closed forms of :mod:`meshplan.costmodel.pipeline` (see the
+function). After the tables are built, the data-parallel/optimizer tail's bound
+(``LayerTables.tail_lower_bound_s``) is added.
 """
 
 from __future__ import annotations
@@ -42,6 +37,8 @@ def forced_partition(cfg: Config, num_layers: int,
     """The only partition the planner allows for ``cfg``, or None when the solver decides."""
     if fixed_partition is not None:
         return fixed_partition
+    if cfg.stages == 1:
+        return (num_layers,)
     if cfg.schedule in EVEN_PARTITION_SCHEDULES and cfg.stages > 1:
         return default_stage_layers(num_layers, cfg.stages)
     return None
@@ -59,37 +56,43 @@ def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, 
     t = layer_tables(model, cluster, job,
                      Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp).layout(), checked=True)
     return (t.layer_forward_s, t.layer_backward_s, t.layer_wgrad_s, t.first_forward_s,
-            t.first_backward_s, t.last_forward_s, t.last_backward_s, t.last_wgrad_s, t.p2p_s)
+            t.first_backward_s, t.last_forward_s, t.last_backward_s, t.last_wgrad_s, t.p2p_s,
+            t.overhead_s, t.stage_sum_s())
 
 
 def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
                      min_layers: int) -> float:
-    """A step time no stage partition of ``cfg`` (≥ ``min_layers`` per stage) beats."""
-    lf, lb, lw, ef, eb, gf, gb, gw, c = _pass_times(
-        model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
-        cfg.recompute, cfg.zero)
+    """A step time no stage partition of ``cfg`` (≥ ``min_layers`` per stage) beats.
+
+    Schedules whose partition the planner fixes (:func:`forced_partition`): the cost
+    model's own pipeline time of that partition (``LayerTables.pipeline_s``). Otherwise,
+    with ``g_c = f_c + b_c`` and Σ = Σ_c g_c (the same for every partition):
+
+    * gpipe: ``Σ + (m-1)(max f + max b) + 2(p-1)c`` (``pipeline._gpipe``) and
+      ``max f + max b ≥ max g ≥ G* = max(Σ/S, ⌈L/S⌉·(f+b per layer) + 2·overhead)``;
+    * 1f1b: the longest path through the last rank is ``Σ + 2(p-1)c + (m-1)·g_last``,
+      and the one through the busiest rank ``k`` is at least ``m·g_k`` (its m forwards and
+      backwards all lie on it; ``pipeline._one_f_one_b``), so
+      ``max(Σ + 2(p-1)c + (m-1)·g_last_min, m·G*)`` with ``g_last_min`` the last stage
+      holding the fewest layers it may.
+
+    ``tests/unit/test_planner_cpsat.py`` checks the bound against ``LayerTables.step_time_s``
+    on random partitions.
+    """
     L, S, pp, v = model.num_layers, cfg.stages, cfg.pp, cfg.vpp
+    forced = forced_partition(cfg, L, None)
+    if forced is not None:
+        return layer_tables(model, cluster, job, cfg.layout(), checked=True).pipeline_s(forced)
+    lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
+        model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
+        cfg.recompute, cfg.zero)   # gpipe and 1f1b: vpp = 1, like these tables
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
-    ovh = cluster.gpu.microbatch_overhead_s / (2 * v)
-    p2p = 2 * (S - 1) * c
-    lo, hi = max(1, min_layers), L - (S - 1) * max(1, min_layers)
-    if cfg.schedule in ("1f1b", "gpipe"):
-        total = L * (lf + lb) + 2 * S * ovh + ef + eb + gf + gb
-        bottleneck = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
-        return total + (m - 1) * bottleneck + p2p
-
-    even = forced_partition(cfg, L, None)
-    if even is not None:
-        lo = hi = even[0]
-
-    def first_stage(n0: int) -> float:
-        f0 = n0 * lf + ovh + ef + (gf if S == 1 else 0.0)
-        b0 = n0 * lb + ovh + eb + (gb if S == 1 else 0.0)
-        w0 = n0 * lw + (gw if S == 1 else 0.0)
-        if cfg.schedule == "zero-bubble":
-            return m * (f0 + b0) + (pp - 1) * (f0 + b0 - 2 * w0) + p2p
-        return (m * v + pp - 1) * (f0 + b0) + p2p
-    return min(first_stage(lo), first_stage(hi))
+    lo = max(1, min_layers)
+    g_star = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
+    if cfg.schedule == "gpipe":
+        return total + (m - 1) * g_star + 2 * (pp - 1) * c
+    g_last = lo * (lf + lb) + 2 * ovh + gf + gb
+    return max(total + 2 * (pp - 1) * c + (m - 1) * g_last, m * g_star)
 
 
 def tail_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, t: ConfigTables) -> float:

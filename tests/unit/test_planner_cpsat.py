@@ -1,0 +1,75 @@
+"""The CP-SAT model's pipeline expression equals the cost model's closed form on fixed
+partitions, and the search's lower bounds never exceed a partition's true step time."""
+
+import random
+
+import pytest
+
+import meshplan as mp
+from meshplan.planner.constraints import Constraints
+from meshplan.planner.cpsat import UNITS_PER_S, pipeline_units
+from meshplan.planner.search import time_lower_bound
+from meshplan.planner.space import enumerate_configs
+from meshplan.planner.tables import build_tables
+
+CASES = [
+    ("gpt-1.7b", "dgx-a100-80gb", 4, 64, 2048),
+    ("llama3-8b", "dgx-h100", 2, 32, 4096),
+]
+
+
+def _random_partition(rng, layers, stages):
+    cuts = sorted(rng.sample(range(1, layers), stages - 1))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
+
+
+def _solve_fixed(t, part):
+    from ortools.sat.python import cp_model
+    M = cp_model.CpModel()
+    n = [M.NewIntVar(v, v, f"n{i}") for i, v in enumerate(part)]
+    pipe = pipeline_units(M, t, n, "t")
+    obj = M.NewIntVar(0, 10**15, "obj")
+    M.Add(obj == pipe)
+    M.Minimize(obj)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    assert solver.Solve(M) == cp_model.OPTIMAL
+    return solver.Value(obj) / UNITS_PER_S
+
+
+@pytest.mark.parametrize("name,cluster_name,nodes,batch,seq", CASES)
+def test_pipeline_expression_matches_cost_model(name, cluster_name, nodes, batch, seq):
+    rng = random.Random(3)
+    model = mp.ModelSpec.preset(name)
+    cluster = mp.Cluster.preset(cluster_name, nodes=nodes)
+    job = mp.Job(global_batch=batch, seq_len=seq)
+    cons = Constraints(schedules=("gpipe", "1f1b"), zero=(0, 3), recompute=("none", "full"))
+    configs = [c for c in enumerate_configs(model, cluster, job, [cluster.num_gpus], cons)
+               if c.pp > 1]
+    assert {c.schedule for c in configs} == {"gpipe", "1f1b"}
+    for cfg in rng.sample(configs, 25):
+        t = build_tables(model, cluster, job, cfg)
+        for part in (_random_partition(rng, model.num_layers, cfg.stages),
+                     _random_partition(rng, model.num_layers, cfg.stages)):
+            assert _solve_fixed(t, part) == pytest.approx(t.pipeline_s(part), rel=1e-7), \
+                (cfg, part)
+
+
+@pytest.mark.parametrize("name,cluster_name,nodes,batch,seq", CASES)
+def test_lower_bound_below_every_partition(name, cluster_name, nodes, batch, seq):
+    rng = random.Random(5)
+    model = mp.ModelSpec.preset(name)
+    cluster = mp.Cluster.preset(cluster_name, nodes=nodes)
+    job = mp.Job(global_batch=batch, seq_len=seq)
+    configs = list(enumerate_configs(model, cluster, job, [cluster.num_gpus], Constraints()))
+    from meshplan.planner.search import forced_partition
+    for cfg in rng.sample(configs, 150):
+        t = build_tables(model, cluster, job, cfg)
+        lb = time_lower_bound(model, cluster, job, cfg, 1)
+        forced = forced_partition(cfg, model.num_layers, None)
+        parts = [forced] if forced else [_random_partition(rng, model.num_layers, cfg.stages)
+                                         for _ in range(5)] + [
+            tuple(model.num_layers // cfg.stages + (i < model.num_layers % cfg.stages)
+                  for i in range(cfg.stages))]
+        for part in parts:
+            assert lb <= t.step_time_s(part) * (1 + 1e-12), (cfg, part)
