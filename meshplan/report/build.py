@@ -308,8 +308,8 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
 
     shown = main.candidates[:MAX_BREAKDOWN_BARS]
     labeled = [(f"#{i} {lay.short()}", e) for i, (lay, e) in enumerate(shown, start=1)]
-    breakdown = topk.iloc[:len(shown)][[c for c in topk.columns if c.endswith("_s")
-                                       or c == "rank"]]
+    breakdown = topk.iloc[:len(shown)][[c for c in topk.columns if c == "rank" or (
+        c.endswith("_s") and c != "tokens_per_s")]]
     off = [(i, e.step_time_s, e.time.total_s) for i, (_, e) in enumerate(shown, start=1)
            if abs(e.time.total_s - e.step_time_s) > 0.01 * e.step_time_s]
     check = ("Consistency check: for every plan shown the parts sum to the step time within 1 %."

@@ -24,10 +24,10 @@ from meshplan.hardware_profiles import Cluster
 
 # measured key -> candidate key names (the executor's names first, then tolerated aliases)
 _MEASURED_KEYS = {
-    "step_time_s": ("step_time_s", "step_time_median_s", "median_step_time_s"),
+    "step_time_s": ("step_time_s", "step_time_median_s", "median_step_time_s", "step_time"),
     "tokens_per_s": ("tokens_per_s",),
     "mfu": ("mfu",),
-    "memory_peak_bytes": ("memory_peak_bytes", "peak_memory_bytes",
+    "memory_peak_bytes": ("memory_peak_bytes", "peak_memory_bytes", "peak_allocated_bytes",
                           "memory_peak_allocated_bytes", "max_memory_allocated_bytes"),
 }
 
@@ -75,19 +75,24 @@ def _pick(d: Mapping[str, Any], key: str) -> float | None:
         if k in d:
             v = d[k]
             if isinstance(v, Mapping):  # e.g. {"median": ..., "spread": ...}
-                v = v.get("median", v.get("value"))
+                v = v.get("median", v.get("median_s", v.get("value")))
             n = _number(v)
             if n is not None:
                 return n
     return None
 
 
-def _peak_from_ranks(d: Mapping[str, Any]) -> float | None:
-    """Worst rank's peak memory when the file lists ranks instead of one peak."""
-    for key in ("per_rank", "ranks", "memory_per_rank"):
-        ranks = d.get(key)
-        if isinstance(ranks, list):
-            vals = [_pick(r, "memory_peak_bytes") for r in ranks if isinstance(r, Mapping)]
+def _peak_from_ranks(*docs: Mapping[str, Any]) -> float | None:
+    """Worst rank's peak memory when a file lists ranks instead of one peak (a list of
+    numbers or of per-rank objects, under any of the keys the executor has used)."""
+    for d in docs:
+        for key in ("memory_per_rank_bytes", "peak_memory_allocated_bytes", "per_rank",
+                    "ranks", "memory_per_rank"):
+            ranks = d.get(key)
+            if not isinstance(ranks, list):
+                continue
+            vals = [_number(r) if not isinstance(r, Mapping) else _pick(r, "memory_peak_bytes")
+                    for r in ranks]
             vals = [v for v in vals if v is not None]
             if vals:
                 return max(vals)
@@ -167,7 +172,7 @@ def load_measurement(path: str | Path, model: ModelSpec, cluster: Cluster) -> Me
             f"`python -m meshplan.executor.run`?")
     measured = {k: _pick(measured_doc, k) for k in _MEASURED_KEYS}
     if measured["memory_peak_bytes"] is None:
-        measured["memory_peak_bytes"] = _peak_from_ranks(measured_doc)
+        measured["memory_peak_bytes"] = _peak_from_ranks(measured_doc, doc)
     if all(v is None for v in measured.values()):
         raise PlanFileError(
             f"measurement file {str(p)!r}: 'measured' holds none of "

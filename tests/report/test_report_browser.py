@@ -59,19 +59,38 @@ def run_chromium(binary: str, profile: Path, *args: str) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
+def synthetic_results(path: Path) -> Path:
+    """A results.json in the executor's shape, its "measurement" the prediction × 1.1 (this
+    test checks how the page renders, not the cost model's accuracy)."""
+    import json
+
+    import meshplan as mp
+    model, cluster = mp.ModelSpec.preset("gpt-1.7b"), mp.Cluster.preset("dgx-a100-80gb")
+    job, layout = mp.Job(global_batch=16, seq_len=2048), mp.Layout(dp=2, tp=2)
+    est = mp.estimate(model, cluster, job, layout)
+    path.write_text(json.dumps({
+        "model": model.to_dict(), "cluster": cluster.to_dict(), "job": job.to_dict(),
+        "layout": layout.to_dict(), "prediction": est.to_dict(),
+        "measured": {"step_time_s": est.step_time_s * 1.1,
+                     "memory_peak_bytes": est.memory_peak_bytes * 0.9}}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> Path:
     from meshplan import planner
     if not hasattr(planner, "plan"):
         pytest.skip("meshplan.planner.plan is not in this checkout yet")
-    out = tmp_path_factory.mktemp("browser") / "report"
+    base = tmp_path_factory.mktemp("browser")
+    out = base / "report"
+    results = synthetic_results(base / "results.json")
     # a small case so the planner is quick; every section is present
     proc = subprocess.run(
         [sys.executable, "-m", "meshplan.cli", "report", "--model", "gpt-1.7b",
          "--cluster", "dgx-a100-80gb", "--gpus", "8,16", "--global-batch", "64",
          "--seq-len", "2048", "--tokens", "3e10", "--compare-gpus", "a100-80gb,h100",
          "--what-if-global-batch", "128", "--what-if-seq-len", "1024", "--top-k", "5",
-         "-o", str(out)],
+         "--measurements", str(results), "-o", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
@@ -87,7 +106,8 @@ def test_report_html_loads_in_chromium_with_every_image(report_dir, tmp_path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
     assert "<link" not in html and "@import" not in html
     n_imgs = html.count("<img ")
-    assert n_imgs >= 6
+    # memory, step time, timeline, scaling, GPU types, sensitivity, measured vs predicted
+    assert n_imgs == 7
 
     probe = tmp_path / "probe.html"
     probe.write_text(html.replace("</body>", PROBE + "</body>"))

@@ -82,16 +82,34 @@ def test_cli_bad_gpu_count(capsys):
 
 # ---------------------------------------------------------------- end to end (planner)
 
+def synthetic_results(path, layout, factor):
+    """A results.json in the executor's shape; the "measurement" is the prediction × factor
+    (these tests check the report's plumbing, not the cost model's accuracy)."""
+    model, cluster = mp.ModelSpec.preset("gpt-1.7b"), mp.Cluster.preset("dgx-a100-80gb")
+    job = mp.Job(global_batch=16, seq_len=2048)
+    est = mp.estimate(model, cluster, job, layout)
+    path.write_text(json.dumps({
+        "model": model.to_dict(), "cluster": cluster.to_dict(), "job": job.to_dict(),
+        "layout": layout.to_dict(), "prediction": est.to_dict(),
+        "measured": {"step_time_s": {"median": est.step_time_s * factor, "spread": 0.01},
+                     "tokens_per_s": est.tokens_per_s / factor, "mfu": est.mfu / factor,
+                     "memory_per_rank_bytes": [est.memory_peak_bytes * 0.9] * layout.num_gpus}}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def small_report(tmp_path_factory):
     needs_planner()
-    out = tmp_path_factory.mktemp("rep") / "report"
+    base = tmp_path_factory.mktemp("rep")
+    out = base / "report"
+    results = [synthetic_results(base / "r1.json", mp.Layout(dp=2, tp=2), 1.1),
+               synthetic_results(base / "r2.json", mp.Layout(pp=2, tp=2), 0.95)]
     lines: list[str] = []
     t0 = time.perf_counter()
     r = mp.report(SMALL["model"], SMALL["cluster"], gpus=[8, 16], global_batch=64,
                   seq_len=2048, tokens=3e10, top_k=5, compare_gpus="a100-80gb,h100",
-                  what_if_global_batch=[128], what_if_seq_len=[1024], out_dir=out,
-                  progress=lines.append)
+                  what_if_global_batch=[128], what_if_seq_len=[1024], measurements=results,
+                  out_dir=out, progress=lines.append)
     return r, out, lines, time.perf_counter() - t0
 
 
@@ -100,7 +118,8 @@ def test_report_writes_every_output(small_report):
     names = {p.name for p in out.iterdir()}
     for f in ("report.html", "report.md", "summary.csv", "top_plans.csv", "memory_per_stage.csv",
               "step_time_breakdown.csv", "gpu_comparison.csv", "sensitivity_global_batch.csv",
-              "sensitivity_seq_len.csv", "memory_per_stage.png", "step_time_breakdown.png",
+              "sensitivity_seq_len.csv", "measurements.csv", "measured_vs_predicted.png",
+              "memory_per_stage.png", "step_time_breakdown.png",
               "pipeline_timeline.png", "scaling.png", "gpu_comparison.png", "sensitivity.png"):
         assert f in names, f
     assert any("planning 16 GPUs" in ln for ln in lines) and "wrote" in lines[-1]
@@ -120,7 +139,8 @@ def test_html_is_self_contained_and_md_links_exist(small_report):
     for link in re.findall(r"\]\(([^)#]+)\)", md):
         assert (out / link).is_file(), link
     for section in ("Summary", "Top plans on", "Memory per pipeline stage", "Step-time breakdown",
-                    "Pipeline timeline", "Scaling", "GPU types compared", "Sensitivity"):
+                    "Pipeline timeline", "Scaling", "GPU types compared", "Sensitivity",
+                    "Measured vs predicted"):
         assert section in html and section in md
 
 
@@ -148,6 +168,15 @@ def test_numbers_are_the_cost_models(small_report):
     assert list(mem["total_gib"]) == pytest.approx(
         [m.total_bytes / 2**30 for m in main.estimate.memory], rel=1e-9)
     assert (mem["total_gib"] <= mem["usable_gib"] + 1e-9).all()
+
+
+def test_measured_vs_predicted_table(small_report):
+    r, out, _, _ = small_report
+    df = pd.read_csv(out / "measurements.csv")
+    assert list(df["prediction"]) == ["re-estimated", "re-estimated"]
+    assert list(df["error_pct_step_time_s"]) == pytest.approx([100 * (1 / 1.1 - 1),
+                                                              100 * (1 / 0.95 - 1)])
+    assert list(df["gpus"]) == [4, 4]
 
 
 def test_force_rewrites_but_keeps_foreign_files(small_report, tmp_path):

@@ -65,6 +65,17 @@ def test_median_dicts_and_per_rank_memory(tmp_path):
     assert m.measured["mfu"] is None
 
 
+def test_per_rank_memory_as_numbers_or_top_level_ranks(tmp_path):
+    doc = results_doc(measured={"step_time": {"median_s": 3.0},
+                                "memory_per_rank_bytes": [1.0, 9.0, 4.0]})
+    m = load_measurement(write(tmp_path, doc), MODEL, CLUSTER)
+    assert m.measured["step_time_s"] == 3.0 and m.measured["memory_peak_bytes"] == 9.0
+    doc = results_doc(measured={"step_time_s": 1.0},
+                      ranks=[{"peak_allocated_bytes": 2.0}, {"peak_allocated_bytes": 6.0}])
+    assert load_measurement(write(tmp_path, doc), MODEL, CLUSTER).measured[
+        "memory_peak_bytes"] == 6.0
+
+
 def test_other_model_names_the_field(tmp_path):
     other = mp.ModelSpec.preset("llama3-70b").to_dict()
     with pytest.raises(MeshplanError, match=r"another model \('llama3-70b'.*model\.num_layers: "
