@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 
@@ -33,8 +34,14 @@ class OptimizerConfig:
 
 
 def wrap_data_parallel(module: nn.Module, *, zero: int, groups, device: torch.device,
-                       bf16: bool) -> nn.Module:
-    """Return the module the training loop calls (DDP-wrapped, FSDP-sharded or as is)."""
+                       bf16: bool, pipelined: bool) -> nn.Module:
+    """Return the module the training loop calls (DDP-wrapped, FSDP-sharded or as is).
+
+    Under a pipeline schedule ZeRO-0/1 do not use DDP: its bucket rebuilding fails on the
+    schedule's per-micro-batch backward calls (torch 2.13: "rebuilt parameter indices size
+    is not same as original model parameters size"); :func:`allreduce_grads` reduces the
+    gradients after the schedule instead (not overlapped with the backward pass).
+    """
     if zero >= 2:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -44,12 +51,40 @@ def wrap_data_parallel(module: nn.Module, *, zero: int, groups, device: torch.de
             fully_shard(block, mesh=groups.dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(module, mesh=groups.dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
         return module
-    if groups.dp > 1:
+    if groups.dp > 1 and not pipelined:
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(module, process_group=groups.dp_group,
                    device_ids=[device.index] if device.type == "cuda" else None,
                    gradient_as_bucket_view=True)
     return module
+
+
+def allreduce_grads(params: list[nn.Parameter], group, dp: int,
+                    bucket_bytes: int = 64 << 20) -> None:
+    """Average gradients over the dp group in flat buckets of about ``bucket_bytes``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    bucket: list[torch.Tensor] = []
+    size = 0
+
+    def flush():
+        if not bucket:
+            return
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, group=group)
+        flat.div_(dp)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+        bucket.clear()
+
+    for g in grads:
+        bucket.append(g)
+        size += g.numel() * g.element_size()
+        if size >= bucket_bytes:
+            flush()
+            size = 0
+    flush()
 
 
 def build_optimizer(params: list[nn.Parameter], *, zero: int, groups, device: torch.device,

@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
 from meshplan.errors import ExecutorError
-from meshplan.executor.data_parallel import OptimizerConfig, build_optimizer, wrap_data_parallel
+from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
+                                             wrap_data_parallel)
 from meshplan.executor.mesh import MeshGroups
 from meshplan.executor.model import Transformer, cross_entropy
 from meshplan.executor.pipeline import (PartSpec, build_schedule, build_stage, check_schedule,
@@ -100,7 +101,7 @@ class ParallelTrainer:
                 if compile:
                     block.compile()
             wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups, device=device,
-                                         bf16=self.bf16)
+                                         bf16=self.bf16, pipelined=layout.pp > 1)
             self.parts.append(_Part(ps, m, wrapped))
         self.sp_params = []
         if sp:
@@ -181,6 +182,9 @@ class ParallelTrainer:
         return torch.zeros((), device=self.device)
 
     def _finish_grads(self) -> None:
+        if self.layout.pp > 1 and self.layout.zero < 2 and self.groups.dp > 1:
+            allreduce_grads([p for part in self.parts for p in part.module.parameters()],
+                            self.groups.dp_group, self.groups.dp)
         if self.sp_params:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
         if self.embed_params:
@@ -222,20 +226,22 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()
         mine.append((name, t.detach().float().cpu()))
-    record = ((g.dp_rank, g.pp_rank, g.tp_rank), mine)
+    record = ((g.dp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
     world = dist.get_world_size()
     gathered = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(record, gathered, dst=0)
     if dist.get_rank() != 0:
         return None
     pieces: dict[str, dict[tuple[int, int, int], torch.Tensor | None]] = {}
-    for coord, items in gathered:
+    shards: dict = {}
+    for coord, items, rank_shards in gathered:
+        shards.update(rank_shards)
         for name, t in items:
             pieces.setdefault(name, {})[coord] = t
     out: dict[str, torch.Tensor] = {}
     for name, by_coord in pieces.items():
         for coord, t in by_coord.items():
-            if name not in trainer.shards:
+            if name not in shards:
                 out[f"{name}@dp{coord[0]}pp{coord[1]}tp{coord[2]}"] = t
         pp_ranks = sorted({c[1] for c in by_coord})
         for pr in pp_ranks:
@@ -243,8 +249,8 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
                 ts = [by_coord.get((d, pr, t)) for t in range(g.tp)]
                 if any(x is None for x in ts):
                     full = None
-                elif name in trainer.shards:
-                    full = trainer.shards[name].unshard(ts)
+                elif name in shards:
+                    full = shards[name].unshard(ts)
                 else:
                     full = ts[0]
                 key = name if (d == 0 and pr == pp_ranks[0]) else f"{name}@dp{d}pp{pr}"

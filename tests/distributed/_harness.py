@@ -36,7 +36,7 @@ class Case:
     name: str
     model: ModelSpec
     job: Job
-    layout: Layout
+    layout: Layout | None     # None: compare hand-written TP layers with DTensor's
 
 
 def free_port() -> int:
@@ -63,6 +63,71 @@ def _run_case(case: Case):
     return {"losses": losses, "grads": grads, "params": params}
 
 
+def _dtensor_check(model: ModelSpec) -> dict:
+    """Hand-written tp layers against DTensor ``parallelize_module`` on the same weights.
+
+    Returns {check: max abs difference} for outputs, input gradients and weight gradients.
+    """
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from meshplan.executor import tensor_parallel as tpm
+    from meshplan.executor.model import MLP
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    group = mesh.get_group("tp")
+    rank = dist.get_rank(group)
+    out = {}
+    for sp in (False, True):
+        torch.manual_seed(SEED)                       # same weights and inputs on every rank
+        mlp = MLP(model)
+        ref, hand = copy.deepcopy(mlp), copy.deepcopy(mlp)
+        if sp:
+            plan = {"fc": ColwiseParallel(input_layouts=Shard(1)),
+                    "proj": RowwiseParallel(output_layouts=Shard(1))}
+        else:
+            plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+        parallelize_module(ref, mesh, plan)
+        hand.fc = tpm.ColumnParallelLinear(hand.fc, group, sequence_parallel=sp)
+        hand.proj = tpm.RowParallelLinear(hand.proj, group, sequence_parallel=sp)
+        x = torch.randn(2, 8, model.hidden_size)      # (b, s, h)
+        if sp:
+            x = x.chunk(world, dim=1)[rank]           # (b, s/tp, h)
+        xr, xh = x.clone().requires_grad_(), x.clone().requires_grad_()
+        yr, yh = ref(xr), hand(xh)
+        gy = torch.randn_like(yh)
+        yr.backward(gy)
+        yh.backward(gy)
+        tag = "sp" if sp else "tp"
+        out[f"mlp-{tag} output"] = (yr - yh).abs().max().item()
+        out[f"mlp-{tag} input grad"] = (xr.grad - xh.grad).abs().max().item()
+        for lin in ("fc", "proj"):
+            gh = getattr(hand, lin).weight.grad
+            full = getattr(ref, lin).weight.grad.full_tensor()
+            gr = getattr(hand, lin).weight_spec.shard(full, rank, world)
+            out[f"mlp-{tag} {lin}.weight grad"] = (gr - gh).abs().max().item()
+    torch.manual_seed(SEED)
+    emb = torch.nn.Embedding(model.vocab_size, model.hidden_size)
+    ref, hand = copy.deepcopy(emb), tpm.VocabParallelEmbedding(copy.deepcopy(emb), group,
+                                                               sequence_parallel=False)
+    # ids are replicated (RowwiseParallel's default input layout is Shard(-1))
+    parallelize_module(ref, mesh, RowwiseParallel(input_layouts=Replicate()))
+    ids = torch.randint(0, model.vocab_size, (2, 8))
+    yr, yh = ref(ids), hand(ids)
+    gy = torch.randn_like(yh)
+    yr.backward(gy)
+    yh.backward(gy)
+    out["embedding output"] = (yr - yh).abs().max().item()
+    out["embedding weight grad"] = (hand.weight_spec.shard(ref.weight.grad.full_tensor(), rank, world)
+                                    - hand.weight.grad).abs().max().item()
+    return out
+
+
 def _worker(rank: int, world: int, port: int, cases: list[Case], out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -70,7 +135,8 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out_path: str) 
     results = {}
     for case in cases:
         try:
-            results[case.name] = _run_case(case)
+            results[case.name] = (_run_case(case) if case.layout is not None
+                                  else {"dtensor": _dtensor_check(case.model)})
         except Exception:
             results[case.name] = {"error": f"rank {rank}: {traceback.format_exc()}"}
             break   # the group may now be out of step; later cases are reported as not run

@@ -1,0 +1,63 @@
+"""Tiny models and the layouts the distributed tests run (fp32, CPU, gloo)."""
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+
+from _harness import Case
+
+# GPT-2 style: learned positions, LayerNorm with bias, GELU, tied embeddings.
+GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=32, num_heads=4, vocab_size=128,
+                max_seq_len=16)
+# Llama style: RoPE, RMSNorm, SwiGLU, untied, no bias, GQA (4 query heads, 2 kv heads).
+LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=32, num_heads=4,
+                  num_kv_heads=2, ffn_hidden_size=64, vocab_size=128, max_seq_len=16,
+                  activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                  tied_embeddings=False, bias=False)
+JOB = Job(global_batch=8, seq_len=16, precision="fp32")
+JOB16 = Job(global_batch=16, seq_len=16, precision="fp32")
+
+# Tolerances: the losses of all three steps and the first step's full gradients must
+# match the single-process run with rtol 1e-5; atol 1e-6 only absorbs fp32 rounding of
+# gradient entries near zero (the largest gradient entries are ~1e-2).
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def L(**kw):
+    return Layout(micro_batch=kw.pop("micro_batch", 2), **kw)
+
+
+WORLD1 = [Case("dp1pp1tp1", LLAMA, JOB, L()),
+          Case("dp1pp1tp1-gpt-full", GPT, JOB, L(recompute="full"))]
+
+WORLD2 = [
+    Case("dp2", GPT, JOB, L(dp=2)),
+    Case("dp2-zero1", LLAMA, JOB, L(dp=2, zero=1)),
+    Case("dp2-zero2", LLAMA, JOB, L(dp=2, zero=2)),
+    Case("dp2-zero3", GPT, JOB, L(dp=2, zero=3)),
+    Case("tp2-gpt", GPT, JOB, L(tp=2)),
+    Case("tp2-llama-gqa", LLAMA, JOB, L(tp=2)),
+    Case("tp2-sp-gpt", GPT, JOB, L(tp=2, sequence_parallel=True)),
+    Case("tp2-sp-llama", LLAMA, JOB, L(tp=2, sequence_parallel=True)),
+    Case("tp2-selective", LLAMA, JOB, L(tp=2, recompute="selective")),
+    Case("dp2-full", GPT, JOB, L(dp=2, recompute="full")),
+    Case("pp2-gpipe-tied", GPT, JOB, L(pp=2, schedule="gpipe")),
+    Case("pp2-1f1b", LLAMA, JOB, L(pp=2, schedule="1f1b", stage_layers=(1, 3))),
+    Case("pp2-interleaved", LLAMA, JOB, L(pp=2, schedule="interleaved-1f1b", vpp=2, micro_batch=1)),
+    Case("pp2-interleaved-tied", GPT, JOB, L(pp=2, schedule="interleaved-1f1b", vpp=2)),
+    Case("pp2-zero-bubble", LLAMA, JOB, L(pp=2, schedule="zero-bubble")),
+    Case("pp2-1f1b-full", GPT, JOB, L(pp=2, recompute="full")),
+    Case("dtensor-reference", GPT, JOB, None),
+]
+
+WORLD4 = [
+    Case("dp2-tp2-sp-zero1", LLAMA, JOB, L(dp=2, tp=2, sequence_parallel=True, zero=1)),
+    Case("dp2-pp2-1f1b", GPT, JOB, L(dp=2, pp=2, schedule="1f1b", micro_batch=2)),
+    Case("dp2-pp2-zero3", LLAMA, JOB16, L(dp=2, pp=2, zero=3)),
+    Case("pp2-tp2-interleaved", LLAMA, JOB, L(pp=2, tp=2, schedule="interleaved-1f1b", vpp=2, micro_batch=1)),
+    Case("pp2-tp2-zero-bubble-sp", GPT, JOB, L(pp=2, tp=2, schedule="zero-bubble", sequence_parallel=True)),
+    Case("tp4-gpt-selective", GPT, JOB, L(tp=4, recompute="selective")),
+]
+
+WORLD8 = [
+    Case("dp2-pp2-tp2-1f1b-sp", LLAMA, JOB16, L(dp=2, pp=2, tp=2, sequence_parallel=True, zero=1)),
+    Case("dp2-pp2-tp2-gpipe-zero2-full", GPT, JOB16, L(dp=2, pp=2, tp=2, schedule="gpipe", zero=2, recompute="full")),
+]
