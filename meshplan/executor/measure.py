@@ -1,0 +1,178 @@
+"""Timing, memory and environment measurement, and the measured-vs-predicted comparison.
+
+Step time is taken per optimizer step after the warm-up steps: CUDA events on the
+current stream on GPU (the time the GPU spent between the start of one step's work and
+the end of it), wall clock on CPU. We report the median (robust to the odd slow step) and
+the spread (min, max, 10th/90th percentiles). MFU follows the cost model's convention:
+model FLOPs of :func:`meshplan.costmodel.flops.model_flops_per_step` (Narayanan et al.
+2021, arXiv 2104.04473, eq. 3; Korthikanti et al. 2022, arXiv 2205.05198, eq. 7) over
+step time × GPUs × the GPU profile's dense peak for the job's precision.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import time
+from typing import Any
+
+import torch
+
+from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
+
+
+class StepTimer:
+    """Per-step durations: CUDA events on GPU, ``time.perf_counter`` on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[Any, Any]] = []
+        self._start = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._start, end))
+        else:
+            self._pending.append((self._start, time.perf_counter()))
+
+    def durations_s(self) -> list[float]:
+        """All recorded durations (synchronizes the device on GPU)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [s.elapsed_time(e) / 1e3 for s, e in self._pending]
+        return [e - s for s, e in self._pending]
+
+
+def summarize(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    v = sorted(values)
+
+    def q(p: float) -> float:
+        i = p * (len(v) - 1)
+        lo, hi = int(i), min(int(i) + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (i - lo)
+
+    med = statistics.median(v)
+    return {"median": med, "min": v[0], "max": v[-1], "p10": q(0.1), "p90": q(0.9),
+            "spread_pct": 100.0 * (q(0.9) - q(0.1)) / med if med else 0.0, "n": len(v)}
+
+
+def peak_memory(device: torch.device) -> dict[str, float | None]:
+    """Peak bytes of this process: CUDA caching allocator on GPU, max RSS on CPU."""
+    if device.type == "cuda":
+        return {"allocated_bytes": float(torch.cuda.max_memory_allocated(device)),
+                "reserved_bytes": float(torch.cuda.max_memory_reserved(device))}
+    # Linux reports ru_maxrss in KiB; it is the whole process, not only tensors.
+    return {"allocated_bytes": None,
+            "reserved_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def environment(device: torch.device, world_size: int) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "device": device.type, "world_size": world_size, "torch": torch.__version__,
+        "python": platform.python_version(), "host": socket.gethostname(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if device.type == "cuda":
+        env["gpu_name"] = torch.cuda.get_device_name(device)
+        env["gpu_count"] = torch.cuda.device_count()
+        env["cuda"] = torch.version.cuda
+        try:
+            env["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # NCCL missing from this build
+            env["nccl"] = None
+        env["driver"] = _driver_version()
+    else:
+        env["gpu_name"] = None
+        env["cpu"] = platform.processor() or platform.machine()
+        env["cpu_count"] = os.cpu_count()
+    return env
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def throughput(model, job, layout, step_time_s: float | None, peak_flops: float | None,
+               ) -> dict[str, float | None]:
+    """tokens/s, model and hardware TFLOP/s per GPU and MFU for a median step time."""
+    if not step_time_s:
+        return {"tokens_per_s": None, "model_tflops_per_gpu": None,
+                "hardware_tflops_per_gpu": None, "mfu": None, "hfu": None}
+    n = layout.num_gpus
+    mf = model_flops_per_step(model, job.global_batch, job.seq_len)
+    hf = hardware_flops_per_step(model, job.global_batch, job.seq_len, layout.recompute)
+    return {"tokens_per_s": job.tokens_per_step / step_time_s,
+            "model_tflops_per_gpu": mf / step_time_s / n / 1e12,
+            "hardware_tflops_per_gpu": hf / step_time_s / n / 1e12,
+            "mfu": mf / step_time_s / n / peak_flops if peak_flops else None,
+            "hfu": hf / step_time_s / n / peak_flops if peak_flops else None}
+
+
+def error_pct(measured: float | None, predicted: float | None) -> float | None:
+    """(predicted - measured) / measured in %: positive = the cost model over-predicts."""
+    if measured is None or predicted is None or not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+COMPARED = ("step_time_s", "tokens_per_s", "mfu", "memory_peak_bytes")
+
+
+def comparison(measured: dict[str, Any], prediction: dict[str, Any]) -> dict[str, float | None]:
+    return {k: error_pct(measured.get(k), _num(prediction.get(k))) for k in COMPARED}
+
+
+def _num(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def format_table(measured: dict[str, Any], prediction: dict[str, Any],
+                 errors: dict[str, float | None]) -> str:
+    """predicted | measured | error for step time, tokens/s, MFU, peak memory (worst rank)."""
+    def fmt(key, v):
+        if v is None:
+            return "-"
+        if key == "memory_peak_bytes":
+            return f"{v / 2**30:.2f} GiB"
+        if key == "mfu":
+            return f"{100 * v:.1f} %"
+        if key == "step_time_s":
+            return f"{v * 1e3:.1f} ms"
+        return f"{v:,.0f}"
+
+    labels = {"step_time_s": "step time", "tokens_per_s": "tokens/s", "mfu": "MFU",
+              "memory_peak_bytes": "peak memory (worst rank)"}
+    rows = [("", "predicted", "measured", "error")]
+    for k in COMPARED:
+        e = errors.get(k)
+        rows.append((labels[k], fmt(k, _num(prediction.get(k))), fmt(k, measured.get(k)),
+                     "-" if e is None else f"{e:+.1f} %"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                        enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+__all__ = ["StepTimer", "summarize", "peak_memory", "environment", "throughput", "error_pct",
+           "comparison", "format_table"]
