@@ -29,6 +29,7 @@ ortools is imported here only, inside :func:`solve` (GPU machines have no ortool
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -55,104 +56,155 @@ class Solution:
 def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Survivor], *,
           objective: str, top_k: int, gpu_counts: Sequence[int], min_layers: int,
           tp_within_node: bool, fixed_partition: tuple[int, ...] | None = None,
-          time_limit_s: float = 60.0, workers: int = 2,
+          time_limit_s: float = 30.0, workers: int = 2,
           progress: Callable[[str], None] | None = None) -> tuple[list[Solution], dict]:
     """Best ``top_k`` distinct configurations with their solver-chosen partitions, best first.
 
-    The k-th solve forbids the k-1 configurations already returned.
+    Phase 1 visits the survivors best lower bound first; a configuration whose partition
+    is fixed costs its cost-model value, the others get their own CP-SAT model (layer
+    counts, memory caps, pipeline closed form, per-rank tails) with ``step ≤ k-th best so
+    far`` as a cut; visiting stops once a lower bound exceeds the k-th best value (nothing
+    later can enter the top k). Phase 2 is the selection model over those configurations
+    (the layout fields as variables under DESIGN.md's rules), solved ``top_k`` times, each
+    solve forbidding the configurations already returned. One global model with every
+    survivor's partition variables is the same optimisation, but CP-SAT needed minutes to
+    prove it optimal on large cases where the decomposed one needs a fraction of a second.
     """
     from ortools.sat.python import cp_model
 
-    L = model.num_layers
     lo = max(1, min_layers)
-    M = cp_model.CpModel()
-    xs, steps, parts = [], [], []
-    for k, s in enumerate(survivors):
-        t = s.tables
-        cfg = t.config
-        S, pp, v = cfg.stages, cfg.pp, cfg.vpp
-        x = M.NewBoolVar(f"x{k}")
-        n = [M.NewIntVar(0, L, f"n{k}_{c}") for c in range(S)]
-        M.Add(sum(n) == L * x)
-        forced = s.forced
-        for c in range(S):
-            if forced is not None:
-                M.Add(n[c] == forced[c] * x)
-            else:
-                M.Add(n[c] >= lo * x)
-        N = []
-        for r in range(pp):
-            Nr = M.NewIntVar(0, s.rank_capacity[r], f"N{k}_{r}")
-            M.Add(Nr == sum(n[r::pp]))
-            N.append(Nr)
-
-        # ---- pipeline time: the cost model's own number when the partition is fixed,
-        # else its closed form written with max-variables (see pipeline_units)
-        big = _u(1e4)
-        if forced is not None:
-            pipe = _u(t.pipeline_s(forced)) * x
+    stats = {"variables": 0, "constraints": 0, "solves": 0, "wall_s": 0.0,
+             "partition_models": 0, "all_optimal": True}
+    found: dict[int, tuple[int, tuple[int, ...], bool]] = {}   # survivor -> (value, part, opt)
+    best: list[int] = []            # max-heap (negated) of the k smallest values
+    order = sorted(range(len(survivors)), key=lambda i: survivors[i].lower_bound)
+    for visited, i in enumerate(order):
+        s = survivors[i]
+        kth = -best[0] if len(best) >= top_k else None
+        if kth is not None and s.lower_bound > kth / UNITS_PER_S * (1 + 1e-9):
+            break
+        w = objective_weight(s.tables.config, objective)
+        if s.forced is not None:
+            value, part, opt = w * _u(s.tables.step_time_s(s.forced)), s.forced, True
         else:
-            pipe = pipeline_units(M, t, n, f"{k}")
+            M = cp_model.CpModel()
+            x, step, n = _config_model(M, s, "", lo)
+            M.Add(x == 1)
+            if kth is not None:
+                M.Add(w * step <= kth)
+            for nv, v in zip(n, s.partition):
+                M.AddHint(nv, v)
+            M.Minimize(step)
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = time_limit_s
+            solver.parameters.num_workers = workers
+            status = solver.Solve(M)
+            stats["partition_models"] += 1
+            stats["solves"] += 1
+            stats["wall_s"] += solver.WallTime()
+            stats["variables"] += len(M.Proto().variables)
+            stats["constraints"] += len(M.Proto().constraints)
+            if status == cp_model.INFEASIBLE:
+                continue          # cannot beat the k-th best
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                raise MeshplanError(f"CP-SAT found no partition for {s.tables.config} "
+                                    f"({solver.StatusName(status)}) within {time_limit_s} s")
+            opt = status == cp_model.OPTIMAL
+            stats["all_optimal"] &= opt
+            value = w * int(solver.Value(step))
+            part = tuple(int(solver.Value(nv)) for nv in n)
+        found[i] = (value, part, opt)
+        if len(best) < top_k:
+            heapq.heappush(best, -value)
+        elif value < -best[0]:
+            heapq.heapreplace(best, -value)
+        if progress is not None and visited % 10 == 9:
+            progress(f"CP-SAT partitions: {visited + 1}/{len(survivors)} candidate "
+                     f"configurations, {stats['partition_models']} partition models")
+    if not found:
+        raise MeshplanError(f"CP-SAT found no solution among {len(survivors)} candidate "
+                            f"configurations")
 
-        # ---- data-parallel + optimizer tail per rank (tables over the rank's layers)
-        tm = M.NewIntVar(0, big, f"tail{k}")
-        cache: dict[tuple[bool, bool], list[int]] = {}
-        for r in range(pp):
-            rlo = v * lo if forced is None else sum(forced[r::pp])
-            cap = s.rank_capacity[r]
-            key = (r == 0, r == pp - 1, rlo)
-            if key not in cache:
-                hi = max(s.rank_capacity[q] for q in range(pp)
-                         if (q == 0, q == pp - 1) == key[:2])
-                cache[key] = [_u(t.rank_tail_s(r, nn)) for nn in range(rlo, hi + 1)]
-            table = cache[key][: cap - rlo + 1]
-            idx = M.NewIntVar(0, cap - rlo, f"i{k}_{r}")
-            M.Add(idx == N[r] - rlo * x)
-            tr = M.NewIntVar(min(table), max(table), f"t{k}_{r}")
-            M.AddElement(idx, table, tr)
-            M.Add(tm >= tr)
-        step = M.NewIntVar(0, big, f"step{k}")
-        M.Add(step >= pipe + tm).OnlyEnforceIf(x)
-        xs.append(x)
-        steps.append(objective_weight(cfg, objective) * step)
-        parts.append(n)
-        if progress is not None and k % 100 == 99:
-            progress(f"CP-SAT model: {k + 1}/{len(survivors)} configurations")
+    # ---- phase 2: the selection model
+    idx = sorted(found)
+    M = cp_model.CpModel()
+    xs = [M.NewBoolVar(f"x{i}") for i in idx]
     M.AddExactlyOne(xs)
-    _field_constraints(M, model, cluster, job, survivors, xs, gpu_counts, tp_within_node)
-    M.Minimize(sum(steps))
-    # Warm start from the pre-pass's best incumbent.
-    best = min(range(len(survivors)), key=lambda i: survivors[i].upper_bound)
-    for i, x in enumerate(xs):
-        M.AddHint(x, i == best)
-    for c, nv in enumerate(parts[best]):
-        M.AddHint(nv, survivors[best].partition[c])
-
+    _field_constraints(M, model, cluster, job, [survivors[i] for i in idx], xs, gpu_counts,
+                       tp_within_node)
+    M.Minimize(sum(found[i][0] * x for i, x in zip(idx, xs)))
+    stats["variables"] += len(M.Proto().variables)
+    stats["constraints"] += len(M.Proto().constraints)
     out: list[Solution] = []
-    stats = {"variables": len(M.Proto().variables), "constraints": len(M.Proto().constraints),
-             "solves": 0, "wall_s": 0.0}
-    for rank in range(min(top_k, len(survivors))):
+    for rank in range(min(top_k, len(idx))):
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
         solver.parameters.num_workers = workers
         status = solver.Solve(M)
         stats["solves"] += 1
         stats["wall_s"] += solver.WallTime()
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status != cp_model.OPTIMAL:
             if rank == 0:
-                raise MeshplanError(f"CP-SAT found no solution ({solver.StatusName(status)}) "
-                                    f"among {len(survivors)} candidate configurations")
+                raise MeshplanError(f"CP-SAT selection failed ({solver.StatusName(status)})")
             break
-        k = next(i for i, x in enumerate(xs) if solver.Value(x))
-        partition = tuple(int(solver.Value(nv)) for nv in parts[k])
-        out.append(Solution(k, partition, int(solver.ObjectiveValue()),
-                            status == cp_model.OPTIMAL))
+        j = next(q for q, x in enumerate(xs) if solver.Value(x))
+        value, part, opt = found[idx[j]]
+        out.append(Solution(idx[j], part, value, opt))
         if progress is not None:
             progress(f"CP-SAT: candidate {rank + 1}/{top_k} "
-                     f"({survivors[k].tables.config.num_gpus} GPUs), "
-                     f"{'optimal' if status == cp_model.OPTIMAL else 'time limit'}")
-        M.Add(xs[k] == 0)
+                     f"({survivors[idx[j]].tables.config.num_gpus} GPUs)")
+        M.Add(xs[j] == 0)
     return out, stats
+
+
+def _config_model(M, s: Survivor, tag: str, lo: int):
+    """One configuration's variables: layer counts per virtual stage, per-rank layers within
+    the memory caps, the pipeline time and the per-rank tail (both from the cost model's
+    tables). Returns (x, step, n): ``step ≥ pipeline + max tail`` when ``x``."""
+    t = s.tables
+    cfg = t.config
+    L = t.num_layers
+    S, pp, v = cfg.stages, cfg.pp, cfg.vpp
+    x = M.NewBoolVar(f"x{tag}")
+    n = [M.NewIntVar(0, L, f"n{tag}_{c}") for c in range(S)]
+    M.Add(sum(n) == L * x)
+    forced = s.forced
+    for c in range(S):
+        if forced is not None:
+            M.Add(n[c] == forced[c] * x)
+        else:
+            M.Add(n[c] >= lo * x)
+    N = []
+    for r in range(pp):
+        Nr = M.NewIntVar(0, s.rank_capacity[r], f"N{tag}_{r}")
+        M.Add(Nr == sum(n[r::pp]))
+        N.append(Nr)
+    # ---- pipeline time: the cost model's own number when the partition is fixed,
+    # else its closed form written with max-variables (see pipeline_units)
+    big = _u(1e4)
+    if forced is not None:
+        pipe = _u(t.pipeline_s(forced)) * x
+    else:
+        pipe = pipeline_units(M, t, n, tag)
+    # ---- data-parallel + optimizer tail per rank (tables over the rank's layers)
+    tm = M.NewIntVar(0, big, f"tail{tag}")
+    cache: dict[tuple, list[int]] = {}
+    for r in range(pp):
+        rlo = v * lo if forced is None else sum(forced[r::pp])
+        cap = s.rank_capacity[r]
+        key = (r == 0, r == t.last_rank, rlo)
+        if key not in cache:
+            hi = max(s.rank_capacity[q] for q in range(pp)
+                     if (q == 0, q == t.last_rank) == key[:2])
+            cache[key] = [_u(t.rank_tail_s(r, nn)) for nn in range(rlo, hi + 1)]
+        table = cache[key][: cap - rlo + 1]
+        idx = M.NewIntVar(0, cap - rlo, f"i{tag}_{r}")
+        M.Add(idx == N[r] - rlo * x)
+        tr = M.NewIntVar(min(table), max(table), f"t{tag}_{r}")
+        M.AddElement(idx, table, tr)
+        M.Add(tm >= tr)
+    step = M.NewIntVar(0, big, f"step{tag}")
+    M.Add(step >= pipe + tm).OnlyEnforceIf(x)
+    return x, step, n
 
 
 def pipeline_units(M, t, n, tag: str):
