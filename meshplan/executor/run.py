@@ -165,7 +165,10 @@ def collect_rank_errors(out: Path, world: int) -> list[dict]:
     return errs
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
+    """Run the plan; returns the exit code. ``hard_exit`` (the ``python -m`` entry point)
+    skips destroying the process group: gloo with FSDP2 aborts in its teardown ("terminate
+    called without an active exception", torch 2.13 CPU), and the process ends anyway."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank, world, local_rank, local_world = _dist_env()
@@ -176,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             _log(f"error: {exc}")
         return EXIT_BAD_INPUT
-    return _run(plan, args, argv, rank, world, local_rank, device_type)
+    return _run(plan, args, argv, rank, world, local_rank, device_type, hard_exit)
 
 
-def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type) -> int:
+def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
+         hard_exit: bool) -> int:
     import torch
     import torch.distributed as dist
 
@@ -311,6 +315,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type) -> 
         _flush_and_exit(EXIT_FAILED)
 
     if rank == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the results below are the real ones
         summary = summarize(times)
         step_s = summary["median"] if summary else None
         peak_flops = plan.cluster.gpu.peak_flops(job.precision) if device_type == "cuda" else None
@@ -333,7 +338,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type) -> 
         print(format_table(measured, prediction, doc["errors_pct"]), flush=True)
         _log(f"wrote {out}")
     dist.barrier()
-    dist.destroy_process_group()
+    if not hard_exit:
+        dist.destroy_process_group()
     return 0
 
 
@@ -383,4 +389,4 @@ def _stop_profiler(prof, directory: str, rank: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _flush_and_exit(main(hard_exit=True))
