@@ -21,7 +21,7 @@ def _plan_numbers(o: PlanOutcome) -> dict[str, Any]:
         return {"feasible": False, "layout": "", "gpus_used": nan, "tokens_per_s": nan,
                 "mfu": nan, "step_time_s": nan, "memory_peak_gib": nan,
                 "usd_per_million_tokens": nan, "time_to_train_s": nan, "cost_usd": nan,
-                "note": (o.error or "").splitlines()[0][:300]}
+                "note": " ".join((o.error or "no feasible layout").split())}
     est, lay = o.estimate, o.layout
     price = o.cluster.price_per_gpu_hour
     usd_per_step = price * est.num_gpus * est.step_time_s / 3600.0
@@ -143,8 +143,11 @@ def display_plans(df, *, key: str | None = None):
         _fmt_col(out, "gpus_used", lambda v: f"{int(v)}")
     if "feasible" in out:
         out = out.drop(columns=["feasible"])
-    if "note" in out and not any(out["note"]):
-        out = out.drop(columns=["note"])
+    if "note" in out:
+        if not any(out["note"]):
+            out = out.drop(columns=["note"])
+        else:
+            out["note"] = [n if len(n) <= 240 else n[:239] + "…" for n in out["note"]]
     names = {"tokens_per_s": "throughput", "mfu": "MFU", "step_time_s": "step time",
              "memory_peak_gib": "peak memory", "usd_per_million_tokens": "$ / M tokens",
              "time_to_train_s": "time to train", "cost_usd": "cost of run",

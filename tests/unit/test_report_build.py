@@ -191,6 +191,20 @@ def test_force_rewrites_but_keeps_foreign_files(small_report, tmp_path):
     assert set(r2.paths) <= names
 
 
+def test_gpu_count_where_nothing_fits_is_a_row_with_the_reason(tmp_path):
+    needs_planner()
+    r = mp.report("gpt-7.5b", "dgx-a100-80gb", gpus=[1, 8], global_batch=32, seq_len=2048,
+                  top_k=3, sensitivity=False, out_dir=tmp_path / "r", progress=False)
+    df = r.tables["summary"]
+    assert list(df["feasible"]) == [False, True]
+    assert "fits in memory" in df.iloc[0]["note"] and "Recommendation" in r.recommendation
+    assert "no layout of 'gpt-7.5b' on 1 GPU" in (tmp_path / "r" / "report.html").read_text()
+    assert "scaling" not in r.figures   # one feasible count: nothing to draw a line through
+    with pytest.raises(mp.NoFeasiblePlan, match=r"no GPU count in \[1\] has a layout"):
+        mp.report("gpt-7.5b", "dgx-a100-80gb", gpus=[1], global_batch=32, seq_len=2048,
+                  sensitivity=False, progress=False)
+
+
 def test_cli_end_to_end(tmp_path, capsys):
     needs_planner()
     out = tmp_path / "cli"

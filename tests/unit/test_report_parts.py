@@ -126,7 +126,7 @@ def test_infeasible_outcome_is_a_row_with_its_reason():
                       error="needs 90 GiB, 74.7 GiB usable\nmore text")
     df = tables.summary_table([outcome(PP4), bad])
     assert list(df["feasible"]) == [True, False]
-    assert df.iloc[1]["note"] == "needs 90 GiB, 74.7 GiB usable"
+    assert df.iloc[1]["note"] == "needs 90 GiB, 74.7 GiB usable more text"
     shown = tables.display_plans(df)
     assert "note" in shown.columns and "–" in list(shown["throughput"])
 
