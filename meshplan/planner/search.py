@@ -74,7 +74,8 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
       and the one through the busiest rank ``k`` is at least ``m·g_k`` (its m forwards and
       backwards all lie on it; ``pipeline._one_f_one_b``), so
       ``max(Σ + 2(p-1)c + (m-1)·g_last_min, m·G*)`` with ``g_last_min`` the last stage
-      holding the fewest layers it may.
+      holding the fewest layers it may; and a water-filling relaxation over the home-rank
+      paths (in the code).
 
     ``tests/unit/test_planner_cpsat.py`` checks the bound against ``LayerTables.step_time_s``
     on random partitions.
@@ -92,7 +93,27 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     if cfg.schedule == "gpipe":
         return total + (m - 1) * g_star + 2 * (pp - 1) * c
     g_last = lo * (lf + lb) + 2 * ovh + gf + gb
-    return max(total + 2 * (pp - 1) * c + (m - 1) * g_last, m * g_star)
+    bound = max(total + 2 * (pp - 1) * c + (m - 1) * g_last, m * g_star)
+    if m < 2:
+        return bound
+    # The path through home rank k is at least Σ + 2(p-1)c + x_k·b_k + nf_k·g_k (first
+    # trip to the last stage, last trip from k), or Σ + 2(p-1)c + (m-1)·b_k when rank k
+    # never reaches a steady state (nf_k < 1). Each is affine in n_k, α_k·n_k + β_k, so the
+    # smallest max over k subject to Σ n_k = L (n real: a relaxation) is the T with
+    # Σ_k (T - β_k)/α_k = L.
+    inv = rhs = 0.0
+    for k in range(pp):
+        eb_k = (eb if k == 0 else 0.0) + (gb if k == pp - 1 else 0.0)
+        e_k = (ef + eb if k == 0 else 0.0) + (gf + gb if k == pp - 1 else 0.0)
+        x = min(pp - 1 - k, m - 1)
+        nf = m - 1 - min(pp - 1 - k, m)
+        if nf >= 1:
+            alpha, beta = x * lb + nf * (lf + lb), x * (ovh + eb_k) + nf * (2 * ovh + e_k)
+        else:
+            alpha, beta = (m - 1) * lb, (m - 1) * (ovh + eb_k)
+        inv += 1 / alpha
+        rhs += beta / alpha
+    return max(bound, total + 2 * (pp - 1) * c + (L + rhs) / inv)
 
 
 def tail_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, t: ConfigTables) -> float:
