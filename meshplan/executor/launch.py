@@ -56,7 +56,12 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     cmd = torchrun_command(plan_path, nproc=nproc, steps=steps, warmup=warmup, out=out,
                            force=force, extra_args=extra_args)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    rc = subprocess.call(cmd, env=os.environ.copy())
+    env = os.environ.copy()
+    # the ranks import the same meshplan as this process, installed or not
+    import meshplan
+    root = str(Path(meshplan.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    rc = subprocess.call(cmd, env=env)
     if rc != 0:
         _write_failure(plan, out, nproc, rc, cmd, force)
     return rc

@@ -203,9 +203,14 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         torch.backends.cudnn.allow_tf32 = True
     else:
         device = torch.device("cpu")
-    if world > 1 or not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                                **({"device_id": device} if device_type == "cuda" else {}))
+    kwargs: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
+    if world == 1 and "MASTER_ADDR" not in os.environ:   # plain `python -m`, no torchrun
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        kwargs.update(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", **kwargs)
     prediction = prediction_of(plan)
     env = environment(device, world)
     state: dict[str, Any] = {"step": -1, "phase": "setup", "groups": None}

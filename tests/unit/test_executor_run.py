@@ -1,0 +1,67 @@
+"""The runner's checks before any allocation, and a one-process run end to end (CPU)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.executor.planfiles import write_plan_for_layout  # noqa: E402
+from meshplan.executor.run import EXIT_BAD_INPUT, gpu_family, main  # noqa: E402
+
+M = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64,
+              max_seq_len=16)
+JOB = Job(global_batch=4, seq_len=16, precision="fp32")
+
+
+@pytest.fixture(autouse=True)
+def no_torchrun_env(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_world_size_mismatch_is_refused(tmp_path, capsys):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(dp=2, micro_batch=2))
+    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(tmp_path / "r.json")])
+    assert rc == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "needs dp·pp·tp = 2 processes" in err and "WORLD_SIZE is 1" in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_existing_results_are_kept_without_force(tmp_path, capsys):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(["--plan", str(plan), "--device", "cpu", "--out", str(out)]) == EXIT_BAD_INPUT
+    assert "--force" in capsys.readouterr().err
+    assert out.read_text() == "{}"
+
+
+def test_bad_plan_file(tmp_path, capsys):
+    p = tmp_path / "p.json"
+    p.write_text('{"schema": "something else"}')
+    assert main(["--plan", str(p), "--out", str(tmp_path / "r.json")]) == EXIT_BAD_INPUT
+    assert "not a meshplan plan file" in capsys.readouterr().err
+
+
+def test_one_process_run_writes_results(tmp_path, capsys):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
+    out = tmp_path / "r.json"
+    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "3",
+               "--warmup", "1"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "ok" and doc["layout"]["dp"] == 1
+    m = doc["measured"]
+    assert m["step_time_s"] > 0 and len(m["step_times_s"]) == 3 and len(m["loss_per_step"]) == 4
+    assert m["tokens_per_s"] == pytest.approx(JOB.tokens_per_step / m["step_time_s"])
+    assert m["memory_per_rank"][0]["rank"] == 0
+    assert set(doc["errors_pct"]) == {"step_time_s", "tokens_per_s", "mfu", "memory_peak_bytes"}
+    assert "step time" in capsys.readouterr().out
+
+
+def test_gpu_family():
+    assert gpu_family("H100-SXM5-80GB") == gpu_family("NVIDIA H100 80GB HBM3") == "H100"
+    assert gpu_family("NVIDIA H200") != gpu_family("H100-SXM5-80GB")
