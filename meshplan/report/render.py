@@ -100,7 +100,7 @@ padding:10px 14px;margin:14px 0}nav a{margin-right:12px;font-size:0.9em}
 table.tbl{border-collapse:collapse;font-size:0.82em;margin:6px 0 4px;width:100%}
 table.tbl th{background:#f0f0f0;text-align:left;padding:4px 6px;border-bottom:1px solid #ccc}
 table.tbl td{padding:3px 6px;border-bottom:1px solid #eee;white-space:nowrap}
-table.tbl td:last-child{white-space:normal;min-width:12em}
+table.notes td:last-child{white-space:normal;min-width:16em}
 .scroll{overflow-x:auto}figure{margin:10px 0 18px}figure img{width:100%;height:auto;
 border:1px solid #eee}figcaption{color:#555;font-size:0.88em}.csv{font-size:0.8em;color:#777}
 """
@@ -135,8 +135,10 @@ def render_html(title: str, meta: str, sections: list[Section], pngs: dict[str, 
             else:
                 if item.title:
                     parts.append(f"<h3>{html.escape(item.title)}</h3>")
+                # a free-text last column (the planner's reasons) wraps; numbers never do
+                cls = "tbl notes" if list(item.display.columns)[-1:] == ["note"] else "tbl"
                 parts.append('<div class="scroll">' + item.display.to_html(
-                    index=False, border=0, classes="tbl", escape=True, na_rep="–") + "</div>")
+                    index=False, border=0, classes=cls, escape=True, na_rep="–") + "</div>")
                 parts.append(f'<p class="csv">data: {html.escape(item.name)}.csv</p>')
         parts.append("</section>")
     parts.append("</main></body></html>")
