@@ -77,7 +77,16 @@ def synthetic_results(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def report_dir(tmp_path_factory) -> Path:
+def browser() -> str:
+    binary = chromium()
+    if binary is None:
+        pytest.skip("Chromium is not installed (apt-get install -y chromium); "
+                    "the browser check of report.html needs it")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def report_dir(browser, tmp_path_factory) -> Path:
     from meshplan import planner
     if not hasattr(planner, "plan"):
         pytest.skip("meshplan.planner.plan is not in this checkout yet")
@@ -96,11 +105,8 @@ def report_dir(tmp_path_factory) -> Path:
     return out
 
 
-def test_report_html_loads_in_chromium_with_every_image(report_dir, tmp_path):
-    binary = chromium()
-    if binary is None:
-        pytest.skip("Chromium is not installed (apt-get install -y chromium); "
-                    "the browser check of report.html needs it")
+def test_report_html_loads_in_chromium_with_every_image(browser, report_dir, tmp_path):
+    binary = browser
     html = (report_dir / "report.html").read_text()
     # self-contained: no external resources of any kind
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
