@@ -30,6 +30,7 @@ ortools is imported here only, inside :func:`solve` (GPU machines have no ortool
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -76,12 +77,16 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
     stats = {"variables": 0, "constraints": 0, "solves": 0, "wall_s": 0.0,
              "partition_models": 0, "all_optimal": True}
     found: dict[int, tuple[int, tuple[int, ...], bool]] = {}   # survivor -> (value, part, opt)
-    best: list[int] = []            # max-heap (negated) of the k smallest values
+    # Best value known per configuration: its incumbent partition's (the pre-pass upper
+    # bound), replaced by the solver's optimum once solved; the k-th smallest is a cutoff.
+    known = {i: s.upper_bound for i, s in enumerate(survivors)}
     order = sorted(range(len(survivors)), key=lambda i: survivors[i].lower_bound)
     for visited, i in enumerate(order):
         s = survivors[i]
-        kth = -best[0] if len(best) >= top_k else None
-        if kth is not None and s.lower_bound > kth / UNITS_PER_S * (1 + 1e-9):
+        kth = heapq.nsmallest(top_k, known.values())[-1] if len(known) >= top_k else None
+        if kth == math.inf:
+            kth = None
+        if kth is not None and s.lower_bound > kth * (1 + 1e-9):
             break
         w = objective_weight(s.tables.config, objective)
         if s.forced is not None:
@@ -90,8 +95,8 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
             M = cp_model.CpModel()
             x, step, n = _config_model(M, s, "", lo)
             M.Add(x == 1)
-            if kth is not None:
-                M.Add(w * step <= kth)
+            if kth is not None:   # slack: integer rounding of the stage times
+                M.Add(w * step <= int(kth * UNITS_PER_S * (1 + 1e-6)) + 1)
             for nv, v in zip(n, s.partition):
                 M.AddHint(nv, v)
             M.Minimize(step)
@@ -105,7 +110,8 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
             stats["variables"] += len(M.Proto().variables)
             stats["constraints"] += len(M.Proto().constraints)
             if status == cp_model.INFEASIBLE:
-                continue          # cannot beat the k-th best
+                known[i] = math.inf           # cannot beat the k-th best
+                continue
             if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 raise MeshplanError(f"CP-SAT found no partition for {s.tables.config} "
                                     f"({solver.StatusName(status)}) within {time_limit_s} s")
@@ -114,10 +120,7 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
             value = w * int(solver.Value(step))
             part = tuple(int(solver.Value(nv)) for nv in n)
         found[i] = (value, part, opt)
-        if len(best) < top_k:
-            heapq.heappush(best, -value)
-        elif value < -best[0]:
-            heapq.heapreplace(best, -value)
+        known[i] = value / UNITS_PER_S
         if progress is not None and visited % 10 == 9:
             progress(f"CP-SAT partitions: {visited + 1}/{len(survivors)} candidate "
                      f"configurations, {stats['partition_models']} partition models")

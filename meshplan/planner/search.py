@@ -61,7 +61,7 @@ def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, 
 
 
 def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
-                     min_layers: int) -> float:
+                     min_layers: int, fixed_partition: tuple[int, ...] | None = None) -> float:
     """A step time no stage partition of ``cfg`` (≥ ``min_layers`` per stage) beats.
 
     Schedules whose partition the planner fixes (:func:`forced_partition`): the cost
@@ -81,9 +81,15 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     on random partitions.
     """
     L, S, pp, v = model.num_layers, cfg.stages, cfg.pp, cfg.vpp
-    forced = forced_partition(cfg, L, None)
+    forced = forced_partition(cfg, L, fixed_partition)
+    if forced is not None and len(forced) != S:
+        return 0.0      # the fixed partition does not fit this configuration: infeasible
     if forced is not None:
-        return layer_tables(model, cluster, job, cfg.layout(), checked=True).pipeline_s(forced)
+        # ZeRO 0-2 differ in memory and in the data-parallel tail, not in stage times
+        # (only ZeRO-3 adds per-layer gathers: LayerTables.layer_forward_s), so they share
+        # one pipeline time.
+        return _forced_pipeline_s(model, cluster, job, cfg._replace(zero=0 if cfg.zero < 3
+                                                                       else 3), forced)
     lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
         model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
         cfg.recompute, cfg.zero)   # gpipe and 1f1b: vpp = 1, like these tables
@@ -114,6 +120,23 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
         inv += 1 / alpha
         rhs += beta / alpha
     return max(bound, total + 2 * (pp - 1) * c + (L + rhs) / inv)
+
+
+@lru_cache(maxsize=65536)
+def _forced_pipeline_s(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
+                       forced: tuple[int, ...]) -> float:
+    return layer_tables(model, cluster, job, cfg.layout(), checked=True).pipeline_s(forced)
+
+
+def busy_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) -> float:
+    """A cheap bound for every schedule: the busiest pipeline rank runs at least its share
+    of the layers' forward and backward passes for each of the m micro-batches (every
+    closed form of :mod:`meshplan.costmodel.pipeline` contains some rank's whole busy
+    time; checked against ``LayerTables.step_time_s`` in the tests)."""
+    lf, lb = _pass_times(model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch,
+                         cfg.sequence_parallel, cfg.recompute, cfg.zero)[:2]
+    m = job.global_batch // (cfg.dp * cfg.micro_batch)
+    return m * model.num_layers * (lf + lb) / cfg.pp
 
 
 def tail_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, t: ConfigTables) -> float:
@@ -211,20 +234,37 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
           fixed_partition: tuple[int, ...] | None = None, progress=None) -> Pruning:
     """Best-bound-first pre-pass (see the module docstring)."""
     out = Pruning()
-    keyed = []
-    for cfg in configs:
+    # (bound, exact?, order, config): configurations whose partition is fixed start with the
+    # cheap busy-time bound and get their exact one (a pipeline evaluation) only when they
+    # reach the front of the queue.
+    queue = []
+    for i, cfg in enumerate(configs):
         w = objective_weight(cfg, objective)
-        keyed.append((w * time_lower_bound(model, cluster, job, cfg, min_layers), cfg))
-    out.configs = len(keyed)
-    keyed.sort(key=lambda x: x[0])
+        if forced_partition(cfg, model.num_layers, fixed_partition) is not None and \
+                cfg.stages > 1:
+            queue.append((w * busy_lower_bound(model, cluster, job, cfg), False, i, cfg))
+        else:
+            queue.append((w * time_lower_bound(model, cluster, job, cfg, min_layers,
+                                               fixed_partition), True, i, cfg))
+    out.configs = len(queue)
+    heapq.heapify(queue)
     best_ubs: list[float] = []       # max-heap (negated) of the k smallest upper bounds
-    for i, (lb, cfg) in enumerate(keyed):
+    visited = 0
+    while queue:
+        lb, exact, i, cfg = queue[0]
         if len(best_ubs) >= top_k and lb > -best_ubs[0] * (1 + 1e-9):
-            out.pruned_by_bound = len(keyed) - i
+            out.pruned_by_bound += len(queue)
             break
-        if progress is not None and i % 2000 == 0:
-            progress(f"bounding: {i:,}/{len(keyed):,} configurations, "
+        if not exact:
+            w = objective_weight(cfg, objective)
+            heapq.heapreplace(queue, (max(lb, w * time_lower_bound(
+                model, cluster, job, cfg, min_layers, fixed_partition)), True, i, cfg))
+            continue
+        heapq.heappop(queue)
+        if progress is not None and visited % 2000 == 0:
+            progress(f"bounding: {visited:,}/{out.configs:,} configurations, "
                      f"{len(out.survivors):,} candidates")
+        visited += 1
         t = build_tables(model, cluster, job, cfg)
         out.tables_built += 1
         caps = rank_capacities(t, capacity_bytes)

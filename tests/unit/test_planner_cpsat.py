@@ -8,7 +8,7 @@ import pytest
 import meshplan as mp
 from meshplan.planner.constraints import Constraints
 from meshplan.planner.cpsat import UNITS_PER_S, pipeline_units
-from meshplan.planner.search import time_lower_bound
+from meshplan.planner.search import busy_lower_bound, time_lower_bound
 from meshplan.planner.space import enumerate_configs
 from meshplan.planner.tables import build_tables
 
@@ -65,7 +65,8 @@ def test_lower_bound_below_every_partition(name, cluster_name, nodes, batch, seq
     from meshplan.planner.search import forced_partition
     for cfg in rng.sample(configs, 150):
         t = build_tables(model, cluster, job, cfg)
-        lb = time_lower_bound(model, cluster, job, cfg, 1)
+        lb = max(time_lower_bound(model, cluster, job, cfg, 1),
+                 busy_lower_bound(model, cluster, job, cfg))
         forced = forced_partition(cfg, model.num_layers, None)
         parts = [forced] if forced else [_random_partition(rng, model.num_layers, cfg.stages)
                                          for _ in range(5)] + [
