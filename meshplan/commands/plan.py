@@ -3,6 +3,8 @@ the plan file.
 
     meshplan plan --model llama3-70b --cluster dgx-h100 --nodes 32 --global-batch 1024 \\
         --seq-len 8192 --top-k 10 -o plan.json
+
+Without ``-o`` nothing is written (the README's first command only prints).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def add_arguments(p) -> None:
                    help="fraction of usable memory to keep free (e.g. 0.1)")
     g.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                    help="pin a layout field, e.g. --fix pp=4 --fix schedule=1f1b")
-    g.add_argument("-o", "--output", default="plan.json", help="plan file to write")
+    g.add_argument("-o", "--output", default=None,
+                   help="plan file to write (default: none; the table is printed either way)")
     g.add_argument("--force", action="store_true", help="overwrite an existing plan file")
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -107,8 +110,8 @@ def main(args) -> int:
     from meshplan.planner import plan as run_plan
     model, cluster = model_cluster_from_args(args)
     job = job_from_args(args)
-    out = Path(args.output)
-    if out.exists() and not args.force:
+    out = Path(args.output) if args.output else None
+    if out is not None and out.exists() and not args.force:
         raise MeshplanError(f"{str(out)!r} exists; refusing to overwrite it (pass --force)")
     constraints = constraints_from_args(args)
     gpus = _gpus(args.gpus) if args.gpus else None
@@ -133,8 +136,11 @@ def main(args) -> int:
     print(_table(p))
     print(f"\nbest: {p.best.layout.short()}  stage_layers={list(p.best.layout.stage_layers)}")
     print(format_estimate(p.best.estimate))
-    p.to_json(out, overwrite=True)
-    print(f"\nplan written to {out}")
+    if out is not None:
+        p.to_json(out, overwrite=True)
+        print(f"\nplan written to {out}")
+    else:
+        print("\n(no plan file written; add -o plan.json to save it)")
     return 0
 
 
