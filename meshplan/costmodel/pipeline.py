@@ -26,8 +26,11 @@ Uniform stages (all ``f``, ``b``, ``w`` equal) reduce to the published forms:
 With ``p2p_s = c > 0`` the simulator's answer is not just ``+ 2(p-1)c``: in 1F1B each
 steady-state micro-batch waits for a round trip to the last stage, so uniform 1F1B takes
 ``(m+p-1)(f+b) + 2c·((p-1) + floor((m-1)(p-1)/p))``; Megatron's interleaved warm-up
-(two extra chunks per hop) hides it, giving ``+ 2(p·v - 1)c``. The formulas reproduce the
-simulator exactly for uniform stages (tests), also with ``c > 0``.
+(two extra chunks per hop) hides it, giving ``+ 2(p·v - 1)c``, as long as
+``c <= min(f, b)`` of a chunk (found with the simulator). The formulas reproduce the
+simulator exactly for uniform stages (tests), also with ``c > 0`` (interleaved: within
+that bound; a p2p latency above a chunk's forward or backward exposes round trips the
+closed form does not count, e.g. -8 % at ``c = 2 min(f, b)``, -23 % at ``5 min(f, b)``).
 
 Non-uniform stages (uneven layers, embedding on the first stage, logits on the last):
 
@@ -50,6 +53,7 @@ Non-uniform stages (uneven layers, embedding on the first stage, logits on the l
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Sequence
 
 from meshplan.costmodel.pipeline_sim import (PipelineEvent, Simulation, check_p2p,
@@ -175,30 +179,30 @@ def _one_f_one_b(f, b, m, p, c):
     detour) and one-hop detours are added, which is exact for uniform stages.
     """
     fp, bp, mf, mb = _prefix(f, b)
-    phi = [0.0] * p     # first trip to depth e (forward-heavy warm-up)
-    psi = [0.0] * p     # last trip from depth e (backward-heavy cool-down)
-    for e in range(p):
-        x = min(p - 1 - e, m - 1)
-        base = fp[e] + bp[e] + 2.0 * c * e
-        phi[e] = base + x * mf[e]
-        psi[e] = base + x * mb[e]
+    c2 = 2.0 * c
+    m1 = m - 1
+    base = [x + y + c2 * e for e, (x, y) in enumerate(zip(fp, bp))]
+    xs = [p - 1 - e if p - 1 - e < m1 else m1 for e in range(p)]
+    # first trip to depth e spends its x(e) spare warm-up forwards on the heaviest stage
+    # <= e; the last trip its spare cool-down backwards likewise; both maximised over
+    # depths >= k with suffix maxima
+    s_phi = _suffix_max([z + x * y for z, x, y in zip(base, xs, mf)])
+    s_psi = _suffix_max([z + x * y for z, x, y in zip(base, xs, mb)])
     best = _NEG
-    sphi = spsi = _NEG
-    for k in range(p - 1, -1, -1):
-        if phi[k] > sphi:
-            sphi = phi[k]
-        if psi[k] > spsi:
-            spsi = psi[k]
-        nf = m - 1 - min(p - 1 - k, m)
+    for k in range(p):
+        nf = m1 - (p - 1 - k if p - 1 - k < m else m)
         if nf >= 1:
             g = f[k] + b[k]
-            t = sphi + spsi - fp[k] - bp[k] - 2.0 * c * k + nf * g
+            t = s_phi[k] + s_psi[k] - fp[k] - bp[k] - c2 * k + nf * g
             if c > 0.0 and nf >= 3 and k < p - 1:
                 t += _detours(fp, bp, g, c, nf - 1, k, p - 1 - k, 0.0)
         else:
             # rank k only warms up and cools down (m small): its forwards and backwards
             # come in two blocks, spent where the prefix is heaviest
-            t = max(sphi + (m - 1) * mb[k], spsi + (m - 1) * mf[k])
+            t = s_phi[k] + m1 * mb[k]
+            u = s_psi[k] + m1 * mf[k]
+            if u > t:
+                t = u
         if t > best:
             best = t
     return best
@@ -210,38 +214,47 @@ def _detours(fp, bp, g_home, c, slots, k, depth, w_home):
     A detour of depth ``d`` leaves at a forward, visits stages k+1..k+d, and returns
     ``d+1`` slots later; it adds stages k+1..k+d's ``f+b`` and ``2dc`` and skips ``d``
     home slots (``g_home`` each, plus the home's deferred ``w_home`` for zero-bubble).
+    Full-depth detours (the leftover slots as one shorter one) and one-hop detours.
     """
-    best = 0.0
-    for d in (depth, 1) if depth > 1 else (1,):
-        reps, rest = divmod(slots, d + 1)
-        gain = fp[k + d] - fp[k] + bp[k + d] - bp[k] + 2.0 * d * c - d * (g_home + w_home)
+    lose = g_home + w_home - 2.0 * c           # per hop: home slot given up minus p2p gained
+    f0 = fp[k]
+    b0 = bp[k]
+    gain1 = fp[k + 1] - f0 + bp[k + 1] - b0 - lose
+    best = (slots // 2) * gain1 if gain1 > 0.0 else 0.0
+    if depth > 1:
+        reps, rest = divmod(slots, depth + 1)
+        gain = fp[k + depth] - f0 + bp[k + depth] - b0 - depth * lose
         tot = reps * gain if gain > 0.0 else 0.0
-        if rest >= 2 and d == depth:
-            r = rest - 1
-            pg = fp[k + r] - fp[k] + bp[k + r] - bp[k] + 2.0 * r * c - r * (g_home + w_home)
-            if pg > 0.0:
-                tot += pg
+        if rest >= 2:
+            r = k + rest - 1
+            part = fp[r] - f0 + bp[r] - b0 - (rest - 1) * lose
+            if part > 0.0:
+                tot += part
         if tot > best:
             best = tot
     return best
 
 
 def _prefix(f, b):
-    fp, bp, mf, mb = [], [], [], []
-    sf = sb = 0.0
-    xf = xb = _NEG
-    for x, y in zip(f, b):
-        sf += x
-        sb += y
-        if x > xf:
-            xf = x
-        if y > xb:
-            xb = y
-        fp.append(sf)
-        bp.append(sb)
-        mf.append(xf)
-        mb.append(xb)
-    return fp, bp, mf, mb
+    """Prefix sums and prefix maxima of f and b."""
+    return list(accumulate(f)), list(accumulate(b)), _running_max(f), _running_max(b)
+
+
+def _running_max(xs):
+    # a plain loop: accumulate(xs, max) pays a builtin call per element, ~10x slower
+    out = []
+    cur = _NEG
+    for x in xs:
+        if x > cur:
+            cur = x
+        out.append(cur)
+    return out
+
+
+def _suffix_max(xs):
+    out = _running_max(reversed(xs))
+    out.reverse()
+    return out
 
 
 # ----------------------------------------------------------------------------- ZB-H1
@@ -262,62 +275,60 @@ def _zero_bubble(f, b_full, wg, m, p, c):
     b = [x - y for x, y in zip(b_full, wg)]      # input-gradient part
     w = wg
     fp, bp, mf, _ = _prefix(f, b)
-    phi = [0.0] * p
-    end_top = [0.0] * p    # last trip from depth e, B pairs on the heaviest stage, end on rank 0
-    end_mid = [0.0] * p    # last trip from depth e, B pairs on e, end on the best rank h <= e
-    up_end = [0.0] * p     # best "climb to h <= e, run h's last W passes" (prefix max)
-    up_pairs = [0.0] * p   # best "climb to h <= e at micro-batch 0, run all of h's B and W"
-    best_pair = q_best = r_best = _NEG
-    for e in range(p):
-        x = min(p - 1 - e, m - 1)
-        phi[e] = fp[e] + bp[e] + x * mf[e] + 2.0 * c * e
-        above = bp[e - 1] if e else 0.0
-        q = -above - c * e + min(m, e + 1) * w[e]
-        r = -above - c * e + (m - 1) * b[e] + m * w[e]
-        q_best = q if q > q_best else q_best
-        r_best = r if r > r_best else r_best
-        up_end[e] = q_best
-        up_pairs[e] = r_best
-        # x cool-down stays land on micro-batches y+1..m-1; the one landing on t brings
-        # the W of slot t-1 along when t-1 >= the rank's deferral
-        y = m - 1 - x
-        pair = b[e] + w[e]
-        best_pair = pair if pair > best_pair else best_pair
-        stay_e = x * b[e] + max(0, m - 1 - max(y, e)) * w[e]
-        if m >= p:
-            stay_top = x * best_pair
-        else:
-            stay_top = max(stay_e, x * b[0] + max(0, m - 1 - y) * w[0])
-        end_top[e] = fp[e] + bp[e] + stay_top + w[0] + 2.0 * c * e
-        end_mid[e] = fp[e] + bp[e] + stay_e + 2.0 * c * e + q_best
+    m1 = m - 1
+    c2 = 2.0 * c
+    above = [0.0] + bp[:-1]                      # Σ b over the stages above e
+    base = [x + y + c2 * e for e, (x, y) in enumerate(zip(fp, bp))]
+    xs = [p - 1 - e if p - 1 - e < m1 else m1 for e in range(p)]
+    s_phi = _suffix_max([z + x * y for z, x, y in zip(base, xs, mf)])
+    # ending on rank h after its last min(m, h+1) W passes, having climbed from below
+    q_best = _running_max([(e + 1 if e < m else m) * w[e] - above[e] - c * e
+                           for e in range(p)])
+    # x cool-down stays land on micro-batches y+1..m-1 (y = m-1-x); the one landing on t
+    # brings the W of slot t-1 along when t-1 >= the rank's deferral
+    if m >= p:                                  # y >= e: every stay has its W
+        pairs = [x + y for x, y in zip(b, w)]
+        w0 = w[0]
+        ends = [x * bt + w0 if x * bt + w0 > x * pr + qb else x * pr + qb
+                for x, bt, pr, qb in zip(xs, _running_max(pairs), pairs, q_best)]
+        ends = [z + e for z, e in zip(base, ends)]
+    else:
+        ends = []
+        for e in range(p):
+            x = xs[e]
+            y = m1 - x
+            stay_e = x * b[e] + max(0, m1 - max(y, e)) * w[e]
+            stay_top = max(stay_e, x * b[0] + max(0, m1 - y) * w[0])
+            ends.append(max(base[e] + stay_top + w[0], base[e] + stay_e + q_best[e]))
+    s_end = _suffix_max(ends)
     best = _NEG
-    s_phi = s_end = _NEG
     g_last = f[p - 1] + b[p - 1]
-    for k in range(p - 1, -1, -1):
-        s_phi = max(s_phi, phi[k])
-        s_end = max(s_end, end_top[k], end_mid[k])
-        nf = m - 1 - min(p - 1 - k, m)
-        above = bp[k - 1] if k else 0.0
-        first = s_phi - above - c * k                 # ... through B(k, 0)
-        tail = s_end - c * k - fp[k]                  # after F(k, m-1) to the end
+    for k in range(p):
+        nf = m1 - (p - 1 - k if p - 1 - k < m else m)
+        first = s_phi[k] - above[k] - c * k           # ... through B(k, 0)
+        tail = s_end[k] - c * k - fp[k]                # after F(k, m-1) to the end
         if nf >= 1:
-            g = f[k] + b[k]
-            home = nf * f[k] + (nf - 1) * b[k] + max(0, nf - k) * w[k]
+            fk = f[k]
+            bk = b[k]
+            g = fk + bk
+            home = nf * fk + (nf - 1) * bk + (nf - k if nf > k else 0) * w[k]
             # linger on the last stage for the home's first W-less slots
-            j = min(k, nf - 1)
-            linger = j * (g_last - g) if j > 0 and g_last > g else 0.0
-            extra = 0.0
+            j = k if k < nf - 1 else nf - 1
+            extra = j * (g_last - g) if j > 0 and g_last > g else 0.0
             if c > 0.0 and nf >= 3 and k < p - 1:
-                extra = _detours(fp, bp, g, c, nf - 1, k, p - 1 - k, w[k])
-            t = first + max(linger, extra) + home + tail
+                det = _detours(fp, bp, g, c, nf - 1, k, p - 1 - k, w[k])
+                if det > extra:
+                    extra = det
+            t = first + extra + home + tail
         else:
             # rank k's forwards form one block: either all of them (on the heaviest
             # stage above) then the last trip, or the first trip and then the remaining
-            # B/W passes on k (climbing to h afterwards) or on some h above it
-            fill = fp[k] + (m - 1) * mf[k] + c * k
-            stays_k = (m - 1) * b[k] + max(0, m - 1 - k) * w[k]
-            t = max(fill + tail,
-                    first + above + c * k + max(stays_k + up_end[k], up_pairs[k]))
+            # B/W passes on k (climbing to h afterwards) or on some h above it, all of
+            # whose B and W passes follow its first B
+            stays_k = m1 * b[k] + max(0, m1 - k) * w[k]
+            climb = max(m1 * b[h] + m * w[h] - above[h] - c * h for h in range(k + 1))
+            t = max(fp[k] + m1 * mf[k] + c * k + tail,
+                    first + above[k] + c * k + max(stays_k + q_best[k], climb))
         if t > best:
             best = t
     return best
@@ -336,46 +347,55 @@ def _interleaved(f, b, m, p, v, c):
     chunk on ranks ``<= h`` (exact when chunks are uniform), plus one stage per rank
     crossed. The cool-down backwards walk the chunks in the mirror order of the warm-up
     forwards, so both use the same per-chunk counts. p2p adds ``2(p·v - 1)c``: the
-    doubled warm-up hides it in the steady state (a simulation property, tested).
+    doubled warm-up hides it in the steady state while ``c <= min(f, b)`` (a simulation
+    property, tested).
     """
     pv = p * v
     mv = m * v
     best = _NEG
-    run_f = [_NEG] * v     # per chunk: max f over ranks <= h
+    run_f = [_NEG] * v     # per chunk: heaviest forward on ranks <= h
     run_b = [_NEG] * v
     down_f = up_b = 0.0    # one forward entering each rank 1..h, one backward leaving 0..h-1
+    f0 = f[0]
+    b0 = b[0]
     for h in range(p):
         warm = 2 * (p - 1 - h) + (v - 1) * p
         if warm > mv:
             warm = mv
         q, rr = divmod(warm, pv)
-        # chunks that have started warming up by the end of the warm-up
-        top = v - 1 if q or rr > (v - 1) * p else (rr - 1) // p
-        t = 0.0
+        # chunks already warming up when the lattice enters rank h: all of them, but
+        # the last one on the last rank (its first forward is the home's own)
+        top = v - 1 if h < p - 1 else v - 2
+        t = busy = 0.0
         df = ub = _NEG
         i = h
         for ch in range(v):
             fh = f[i]
             bh = b[i]
-            if fh > run_f[ch]:
-                run_f[ch] = fh
-            if bh > run_b[ch]:
-                run_b[ch] = bh
+            busy += fh + bh
+            rf = run_f[ch]
+            if fh > rf:
+                run_f[ch] = rf = fh
+            rb = run_b[ch]
+            if bh > rb:
+                run_b[ch] = rb = bh
             if ch <= top and fh > df:
                 df = fh
             if h and b[i - 1] > ub:
                 ub = b[i - 1]
-            # units of chunk ch among the first `warm` (chunk of unit u = (u % pv) // p)
+            # units of chunk ch among the first `warm` (chunk of unit u: (u % pv) // p)
+            # are spent on the heaviest stage of the chunk, not on h's own
             part = rr - ch * p
             cnt = q * p + (0 if part < 0 else part if part < p else p)
-            t += m * (fh + bh) + cnt * (run_f[ch] - fh + run_b[ch] - bh)
+            if cnt:
+                t += cnt * (rf - fh + rb - bh)
             i += p
         if h:
             down_f += df
             up_b += ub
         if warm < mv:
             # the lattices start at stage 0's first forward and end at its last backward
-            t += down_f + up_b - (run_f[0] - f[0]) - (run_b[0] - b[0])
+            t += m * busy + down_f + up_b - (run_f[0] - f0) - (run_b[0] - b0)
             if t > best:
                 best = t
     return best + 2.0 * (pv - 1) * c

@@ -146,11 +146,13 @@ def check_schedule_args(schedule: str, pp: int, vpp: int, num_microbatches: int)
 
 
 def check_times(name: str, values: Sequence[float], expected_len: int, pp: int,
-                vpp: int) -> tuple[float, ...]:
-    """``values`` as a tuple of floats, or ConfigError if the length or a value is wrong."""
+                vpp: int) -> Sequence[float]:
+    """``values`` (a list or tuple of numbers is returned as is, anything else as a tuple
+    of floats), or ConfigError if the length or a value is wrong."""
     try:
         n = len(values)
-        out = tuple(map(float, values))
+        lo = min(values)
+        total = sum(values)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be a sequence of {expected_len} times in seconds, "
                           f"got {values!r}") from None
@@ -158,14 +160,16 @@ def check_times(name: str, values: Sequence[float], expected_len: int, pp: int,
         raise ConfigError(
             f"{name} has {n} entries; pp·vpp = {pp}·{vpp} = {expected_len} are needed "
             f"(one per virtual stage, in model order)")
-    # one pass in C for the common case; the sum is NaN or inf if any entry is
-    if not (min(out) >= 0.0 and sum(out) < _INF):
-        for i, v in enumerate(out):
+    # the sum is NaN or inf if any entry is; min catches negatives
+    if not (lo >= 0.0 and total < _INF):
+        for i, v in enumerate(values):
             if not 0.0 <= v < _INF:
                 raise ConfigError(
                     f"{name}[{i}] = {values[i]!r}; times must be finite and >= 0 s")
         raise ConfigError(f"{name} sums to more than the largest float; times must be finite")
-    return out
+    if type(values) in (list, tuple) and type(total) in (float, int):
+        return values          # the hot path: no copy
+    return tuple(map(float, values))
 
 
 def resolve_wgrad(backward: tuple[float, ...], wgrad_s: Sequence[float] | None, pp: int,
