@@ -165,6 +165,9 @@ def load_measurement(path: str | Path, model: ModelSpec, cluster: Cluster) -> Me
     doc = _load_json(p)
     check_matches(str(p), doc, model, cluster)
     measured_doc = doc.get("measured", doc.get("measurement"))
+    if not measured_doc and doc.get("error"):
+        raise PlanFileError(f"measurement file {str(p)!r} records a failed run "
+                            f"(status {doc.get('status', '?')!r}): {doc['error']}")
     if not isinstance(measured_doc, Mapping):
         raise PlanFileError(
             f"measurement file {str(p)!r} has no 'measured' object (keys: "
@@ -189,8 +192,11 @@ def load_measurement(path: str | Path, model: ModelSpec, cluster: Cluster) -> Me
         source = "file"
     c = doc.get("cluster") if isinstance(doc.get("cluster"), Mapping) else {}
     env = doc.get("environment") if isinstance(doc.get("environment"), Mapping) else {}
-    gpu = env.get("gpu_name") or (c.get("gpu", {}).get("name") if isinstance(c.get("gpu"), Mapping)
-                                  else None) or cluster.gpu.name
+    # where it ran: the executor's device name ("cpu" for CPU test runs, which measure
+    # nothing about the GPU the prediction is for), else the file's cluster GPU
+    gpu = env.get("gpu_name") or env.get("device") or (
+        c.get("gpu", {}).get("name") if isinstance(c.get("gpu"), Mapping) else None
+    ) or cluster.gpu.name
     lay = doc.get("layout") if isinstance(doc.get("layout"), Mapping) else {}
     n = None
     if all(isinstance(lay.get(k), int) for k in ("dp", "pp", "tp")):

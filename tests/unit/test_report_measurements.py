@@ -111,6 +111,17 @@ def test_bad_files(tmp_path, content, msg):
         load_measurement(p, MODEL, CLUSTER)
 
 
+def test_failed_run_says_why(tmp_path):
+    doc = results_doc(measured={}, status="oom", error="rank 1 (stage 1) ran out of memory")
+    with pytest.raises(PlanFileError, match=r"failed run \(status 'oom'\): rank 1"):
+        load_measurement(write(tmp_path, doc), MODEL, CLUSTER)
+
+
+def test_cpu_runs_are_labelled_cpu(tmp_path):
+    doc = results_doc(environment={"device": "cpu", "gpu_name": None})
+    assert load_measurement(write(tmp_path, doc), MODEL, CLUSTER).gpu == "cpu"
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(PlanFileError, match="does not exist"):
         load_measurement(tmp_path / "nope.json", MODEL, CLUSTER)
