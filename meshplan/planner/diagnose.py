@@ -80,8 +80,8 @@ def explain(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
             ways.append(f"{what}: least memory {_size(r[0])} per GPU ({verdict}; "
                         f"e.g. {r[1].layout().short()})")
     more = _more_gpus(model, cluster, job, constraints, max(counts))
-    if more:
-        ways.append(more)
+    ways.append(more or f"more GPUs: no count up to {64 * max(counts)} GPUs fits with these "
+                        f"options (the per-GPU part that no split shrinks is too large)")
     msg = (f"no layout of {where} fits in memory: the least any of the {num_configs:,} "
            f"configurations needs is {_size(need_b)} per GPU "
            f"({cfg.layout().short()}), but {_size(capacity_bytes)} is usable "
