@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from meshplan.costmodel.specs import Layout, ModelSpec, default_stage_layers
 from meshplan.errors import ExecutorError
 
