@@ -26,11 +26,18 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
 
 
-# Schedules whose closed form (meshplan.costmodel.pipeline) reads only the first stage's
-# times, i.e. assumes uniform stages: the planner offers them only where the layers split
-# evenly (L % (pp·vpp) == 0, Megatron-LM's own requirement for the interleaved schedule),
-# so the closed form prices them correctly.
+# Schedules whose stage partition the planner does not choose: it takes the cost model's
+# time of the as-even-as-possible split (meshplan.costmodel.specs.default_stage_layers).
+# interleaved-1f1b: its closed form (meshplan.costmodel.pipeline._interleaved) is exact
+# for uniform chunks but, per its docstring, -16 % to +11 % off the simulation with uneven
+# layers per chunk — a solver free to choose the chunks would exploit that error — so it
+# is offered only where the layers split evenly (L % (pp·vpp) == 0, also Megatron-LM's
+# requirement). zero-bubble: its closed form is never high but up to -6.7 % low on uneven
+# cuts with m < pp, and it was still being revised when this was written; the planner
+# prices the near-even split (layer counts differing by at most one) and does not
+# optimise over partitions. gpipe and 1f1b partitions are the CP-SAT model's choice.
 EVEN_PARTITION_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+EVEN_ONLY_SCHEDULES = ("interleaved-1f1b",)
 
 
 class Config(NamedTuple):
@@ -159,7 +166,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                     for s, v in sched:
                         if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
                             continue
-                        if s in EVEN_PARTITION_SCHEDULES and pp * v > 1 and L % (pp * v):
+                        if s in EVEN_ONLY_SCHEDULES and L % (pp * v):
                             continue
                         for rc in constraints.recompute:
                             if fx.get("recompute", rc) != rc:
