@@ -3,6 +3,7 @@
     python benchmarks/planner_speed.py
 """
 
+import os
 import platform
 import time
 from datetime import date
@@ -15,11 +16,13 @@ CASES = [("gpt3-175b", "dgx-a100-80gb", 128, 1536, 2048, 2.0),
 
 
 def main() -> None:
-    print(f"machine: {platform.processor() or platform.machine()}, {platform.python_version()}, "
-          f"date {date.today()}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, date {date.today()}, load average "
+          f"{os.getloadavg()[0]:.2f} before")
     print("| case | GPUs | goal s | wall s | configurations | layouts (with partitions) | "
-          "tables built | CP-SAT configs | best | tokens/s | MFU |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "tables built | CP-SAT candidates | partition models | all optimal | best | "
+          "tokens/s | MFU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, cl, nodes, batch, seq, goal in CASES:
         model, cluster = mp.ModelSpec.preset(name), mp.Cluster.preset(cl, nodes=nodes)
         job = mp.Job(global_batch=batch, seq_len=seq)
@@ -29,8 +32,10 @@ def main() -> None:
         s = p.stats
         print(f"| {name} b{batch} s{seq} | {cluster.num_gpus} | {goal} | {wall:.2f} | "
               f"{s['configurations']:,} | {s['space_layouts']:.3g} | {s['tables_built']:,} | "
-              f"{s['survivors']} | {p.best.layout.short()} | {p.best.estimate.tokens_per_s:,.0f} | "
-              f"{p.best.estimate.mfu:.1%} |")
+              f"{s['survivors']} | {s.get('cpsat_partition_models', 0)} | "
+              f"{s.get('all_optimal', True)} | {p.best.layout.short()} | "
+              f"{p.best.estimate.tokens_per_s:,.0f} | {p.best.estimate.mfu:.1%} |")
+    print(f"load average {os.getloadavg()[0]:.2f} after")
 
 
 if __name__ == "__main__":

@@ -211,7 +211,8 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
                                    fixed_partition=fixed_partition, progress=progress)
             stats.update(cpsat_variables=st["variables"], cpsat_constraints=st["constraints"],
                          cpsat_solves=st["solves"], cpsat_wall_s=st["wall_s"],
-                         all_optimal=all(s.optimal for s in sols))
+                         cpsat_partition_models=st["partition_models"],
+                         all_optimal=st["all_optimal"] and all(s.optimal for s in sols))
             results = [(pr.survivors[s.survivor].tables.config, s.partition) for s in sols]
     stats["space_layouts"] = _space_size(model, configs, min_layers, fixed_partition)
     if not results:
