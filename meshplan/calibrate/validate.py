@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from meshplan.calibrate.stats import pct_error, spearman
 from meshplan.costmodel import estimate
@@ -230,33 +230,29 @@ def _find(doc: Any, *paths: str) -> Any:
 
 
 def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
-    """Median step time and per-rank peak memory from an executor results.json."""
-    st = _find(doc, "measured.step_time_s", "measurement.step_time_s", "measured.step_time",
-               "measurement.step_time")
-    if isinstance(st, dict):
-        st = _find(st, "median", "median_s")
-    if st is None:
-        st = _find(doc, "measured.step_time_median_s", "measurement.step_time_median_s")
+    """Median step time and per-rank peak memory from an executor results.json.
+
+    The executor writes ``measured.step_time_s`` (median), ``measured.step_time`` (median,
+    spread_pct, ...) and ``measured.memory_per_rank`` (per rank: allocated_bytes on GPU,
+    reserved_bytes; allocated is null on CPU, where the process RSS is all there is).
+    """
+    measured = doc.get("measured")
+    if not isinstance(measured, dict):
+        raise ValueError(f"results file has no 'measured' object (keys: {sorted(doc)})")
+    st = measured.get("step_time_s")
     if not isinstance(st, (int, float)) or st <= 0:
-        raise ValueError(f"no positive step time found (keys: {sorted(doc)})")
-    per_rank = _find(doc, "measured.memory_per_rank_bytes", "measurement.memory_per_rank_bytes",
-                     "measured.peak_memory_allocated_bytes", "measurement.peak_memory_allocated_bytes",
-                     "measured.ranks", "measurement.ranks", "ranks")
+        raise ValueError(f"no positive step time: measured.step_time_s is {st!r}")
     mem: list[float] = []
-    if isinstance(per_rank, list):
-        for item in per_rank:
-            if isinstance(item, (int, float)):
-                mem.append(float(item))
-            elif isinstance(item, dict):
-                v = _find(item, "peak_allocated_bytes", "memory_peak_allocated_bytes",
-                          "max_memory_allocated_bytes", "peak_memory_bytes", "memory_peak_bytes")
-                mem.append(float(v) if isinstance(v, (int, float)) else 0.0)
-    peak = _find(doc, "measured.memory_peak_bytes", "measurement.memory_peak_bytes")
+    for item in measured.get("memory_per_rank") or []:
+        v = item.get("allocated_bytes")
+        if v is None:
+            v = item.get("reserved_bytes")
+        mem.append(float(v) if isinstance(v, (int, float)) else 0.0)
+    peak = measured.get("memory_peak_bytes")
     if peak is None and mem:
         peak = max(mem)
-    return {"step_time_s": float(st),
-            "step_time_spread": _find(doc, "measured.step_time_s.spread",
-                                      "measurement.step_time_s.spread", "measured.step_time_iqr_s"),
+    spread = (measured.get("step_time") or {}).get("spread_pct")
+    return {"step_time_s": float(st), "step_time_spread": spread,
             "memory_per_rank_bytes": mem if len(mem) == nranks else [],
             "memory_peak_bytes": float(peak) if isinstance(peak, (int, float)) else None}
 

@@ -179,9 +179,9 @@ def test_load_profile_rejects_foreign_and_broken_files(tmp_path):
 
 # ---- validate bookkeeping --------------------------------------------------------------------
 def test_read_measurement_accepts_nested_and_per_rank_forms():
-    doc = {"measured": {"step_time_s": {"median": 0.5, "spread": 0.01},
-                        "ranks": [{"rank": 0, "peak_allocated_bytes": 10},
-                                  {"rank": 1, "peak_allocated_bytes": 12}]}}
+    doc = {"measured": {"step_time_s": 0.5, "step_time": {"median": 0.5, "spread_pct": 2.0},
+                        "memory_per_rank": [{"rank": 0, "allocated_bytes": 10},
+                                            {"rank": 1, "allocated_bytes": 12}]}}
     m = read_measurement(doc, 2)
     assert m["step_time_s"] == 0.5 and m["memory_per_rank_bytes"] == [10.0, 12.0]
     assert m["memory_peak_bytes"] == 12.0

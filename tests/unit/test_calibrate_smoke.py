@@ -72,8 +72,8 @@ if plan["layout"]["dp"] == 2 and os.environ.get("RANK") == "0":
 if os.environ.get("RANK") == "0":
     pred = plan["prediction"]
     mem = [st["total_bytes"] * 1.02 for st in pred["memory"]]
-    json.dump({"measured": {"step_time_s": {"median": pred["step_time_s"] * 1.05},
-                            "ranks": [{"rank": 0, "peak_allocated_bytes": mem[0]}]}},
+    json.dump({"measured": {"step_time_s": pred["step_time_s"] * 1.05,
+                            "memory_per_rank": [{"rank": 0, "allocated_bytes": mem[0]}]}},
               open(a.out, "w"))
 '''
 

@@ -1,0 +1,45 @@
+"""``meshplan run plan.json``: run a plan on this node's GPUs (or CPU) via torchrun.
+
+    meshplan run plan.json --steps 30 --warmup 5 --out results.json
+    meshplan run plan.json --device cpu --steps 3 --warmup 1     # CPU + gloo, fp32
+
+Multi-node runs use the launch scripts the planner writes (``Plan.write_launch_script``).
+Prints predicted | measured | error for step time, tokens/s, MFU and peak memory, and writes
+``results.json`` (never over an existing one unless ``--force``).
+"""
+
+from __future__ import annotations
+
+from meshplan.commands.common import positive_int
+
+
+def add_arguments(p) -> None:
+    p.add_argument("plan", help="plan file written by `meshplan plan -o` or Plan.to_json")
+    p.add_argument("--steps", type=positive_int, default=30, help="measured steps")
+    p.add_argument("--warmup", type=positive_int, default=5, help="steps before measuring")
+    p.add_argument("--out", default="results.json", help="results file (JSON)")
+    p.add_argument("--force", action="store_true", help="replace an existing results file")
+    p.add_argument("--nproc", type=positive_int, default=None,
+                   help="processes to start (default: the plan's dp·pp·tp)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="default: cuda when available")
+    p.add_argument("--data", default=None, help="flat uint16/uint32 token file (memmap)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+
+
+def main(args) -> int:
+    try:
+        from meshplan.executor.launch import run_local
+    except ImportError as exc:  # torch missing
+        from meshplan.errors import ExecutorError
+        raise ExecutorError(f"meshplan run needs PyTorch: pip install 'meshplan[executor]' "
+                            f"({exc})") from None
+    extra: list[str] = []
+    if args.device:
+        extra += ["--device", args.device]
+    if args.data:
+        extra += ["--data", args.data]
+    if args.compile:
+        extra.append("--compile")
+    return run_local(args.plan, nproc=args.nproc, steps=args.steps, warmup=args.warmup,
+                     out=args.out, force=args.force, extra_args=extra)

@@ -1,0 +1,37 @@
+"""`meshplan run plan.json` end to end on CPU: 2 gloo ranks, tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import meshplan as mp
+from meshplan.cli import main
+
+pytestmark = pytest.mark.distributed
+
+TINY = mp.ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64,
+                    max_seq_len=16, activation="swiglu", norm="rmsnorm",
+                    position_embedding="rope", tied_embeddings=False, bias=False)
+
+
+def test_meshplan_run_writes_results_and_refuses_overwrite(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from meshplan.executor.planfiles import write_plan_for_layout
+    plan = tmp_path / "plan.json"
+    cluster = mp.Cluster.preset("dgx-h100", nodes=1)
+    write_plan_for_layout(plan, TINY, mp.Job(global_batch=4, seq_len=16, precision="fp32"),
+                          mp.Layout(dp=2), cluster)
+    out = tmp_path / "results.json"
+    rc = main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
+               "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["measured"]["step_time_s"] > 0 and doc["status"] == "ok"
+    # a second run without --force must not touch the file
+    before = out.read_text()
+    rc = main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
+               "--out", str(out)])
+    assert rc == 2 and "refusing to overwrite" in capsys.readouterr().err
+    assert out.read_text() == before
