@@ -1,30 +1,28 @@
-"""The CP-SAT model: one solver decides the layout fields and the layers of every stage.
+"""The CP-SAT models: the layers of every stage, and the choice among configurations.
 
-Variables (per surviving configuration ``k`` of :mod:`meshplan.planner.search`):
+Per surviving configuration of :mod:`meshplan.planner.search` whose partition is free
+(``_config_model``):
 
-* ``x_k`` (bool): configuration ``k`` is chosen; exactly one is. The layout fields ``dp,
-  pp, tp, micro_batch, vpp, schedule, recompute, zero, sequence_parallel`` are integer
-  variables tied to the ``x_k`` (``tp = Σ_k tp_k·x_k`` ...), and the rules of DESIGN.md
-  are solver constraints on them: ``dp·pp·tp = GPUs`` (one of the allowed counts),
-  ``global_batch = dp·micro_batch·m`` (divisibility), ``tp·a = heads``, ``tp·b = kv
-  heads``, ``tp·c = GPUs per node`` (tp inside one NVLink domain) where asked.
-* ``n_{k,c}`` (int): transformer layers of virtual stage ``c`` (``Σ_c n_{k,c} = L·x_k``,
-  each ≥ the minimum when chosen) — the uneven partition is the solver's choice.
-* ``N_{k,r} = Σ_{c≡r} n_{k,c}``: layers of pipeline rank ``r``; memory:
-  ``N_{k,r} ≤ cap_{k,r}``, the most layers rank ``r`` can hold within usable memory × (1 −
-  headroom) (the per-rank memory is linear in ``N``: states and in-flight activations per
-  layer, plus embedding/logits/buffers; the bound is computed with the cost model's
-  floating-point formula so it agrees with ``estimate``'s comparison exactly).
+* ``n_c`` (int): transformer layers of virtual stage ``c`` (``Σ_c n_c = L``, each ≥ the
+  minimum) — the uneven partition is the solver's choice;
+* ``N_r = Σ_{c≡r} n_c``: layers of pipeline rank ``r``, with ``N_r ≤ cap_r``, the most
+  layers rank ``r`` holds within usable memory × (1 − headroom) (the per-rank memory is
+  linear in ``N``; ``LayerTables.max_rank_layers`` computes the cap with the cost model's
+  own floating-point formula so it agrees with ``estimate``'s comparison exactly);
+* the pipeline time: the closed form of
+  :func:`meshplan.costmodel.pipeline.closed_form_step_time` written with max-variables
+  (:func:`pipeline_units`); the per-rank exposed data-parallel + optimizer tail as a table
+  over the rank's layer count (``AddElement`` on ``LayerTables.rank_tail_s``).
 
-Costs are integer tables in units of 0.1 ns built from the cost model
-(:mod:`meshplan.planner.tables`): per-layer forward/backward/weight-gradient times, the
-first/last stage extras, p2p, and, per rank, the exposed data-parallel + optimizer tail as
-a function of its layer count (``AddElement``). The pipeline time is the closed form of
-:func:`meshplan.costmodel.pipeline.closed_form_step_time` written in linear form with
-``max`` variables for the bottleneck stage. Objective: minimize ``Σ_k w_k·step_k`` (w = 1
-for throughput and time to train, GPUs for cost).
+Costs are integers in units of 0.1 ns. The selection model (:func:`solve`, phase 2) has
+one boolean per configuration, exactly one true, the layout fields ``dp, pp, tp,
+micro_batch, vpp, schedule, recompute, zero, sequence_parallel`` as integer variables tied
+to them, and the rules of DESIGN.md as constraints: ``dp·pp·tp = GPUs`` (one of the
+allowed counts), ``global_batch = dp·micro_batch·m``, ``tp·a = heads``, ``tp·b = kv
+heads``, ``tp·q = ffn``, ``tp·c = GPUs per node`` (tp inside one NVLink domain) where
+asked. Objective: ``w·step`` (w = 1 for throughput and time to train, GPUs for cost).
 
-ortools is imported here only, inside :func:`solve` (GPU machines have no ortools).
+ortools is imported here only, inside the functions (GPU machines have no ortools).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
 recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
 2022 §4.2.2). These are exactly the layouts :func:`meshplan.costmodel.validate.check_layout`
-accepts. Two redundant encodings are left out: ZeRO stages > 0 when ``dp = 1`` (nothing to
-shard over: the smallest allowed stage stands for all) and ``interleaved-1f1b`` with
-``vpp = 1`` (it *is* 1F1B).
+accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp = 1`` (nothing to
+shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
+``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
+(with one stage there is no bubble to fill: the cost model gives both the same time and
+the same in-flight activations).
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                     for s, v in sched:
                         if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
                             continue
+                        if s == "zero-bubble" and pp == 1 and "1f1b" in plain and \
+                                fx.get("schedule") != s:
+                            continue      # one stage: ZB-H1 is 1F1B (see the docstring)
                         if s in EVEN_ONLY_SCHEDULES and L % (pp * v):
                             continue
                         for rc in constraints.recompute:
