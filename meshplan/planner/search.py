@@ -80,7 +80,7 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     ``tests/unit/test_planner_cpsat.py`` checks the bound against ``LayerTables.step_time_s``
     on random partitions.
     """
-    L, S, pp, v = model.num_layers, cfg.stages, cfg.pp, cfg.vpp
+    L, S, pp = model.num_layers, cfg.stages, cfg.pp
     forced = forced_partition(cfg, L, fixed_partition)
     if forced is not None and len(forced) != S:
         return 0.0      # the fixed partition does not fit this configuration: infeasible
