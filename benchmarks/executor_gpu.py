@@ -101,6 +101,8 @@ def run_case(case: Case, args, model, job, cluster, out: Path) -> dict:
            "--warmup", str(args.warmup), "--device", args.device, "--force"]
     if args.compile or case.compile:
         cmd.append("--compile")
+    if args.profile:
+        cmd += ["--profile", str(out / "profiles" / case.name)]
     if args.allow_gpu_mismatch:
         cmd.append("--allow-gpu-mismatch")
     env = dict(os.environ, **NCCL_ENV)
@@ -208,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="a tiny fp32 model (CPU check)")
     p.add_argument("--only", default=None, help="comma-separated layout names")
     p.add_argument("--compile", action="store_true", help="pass --compile to the executor")
+    p.add_argument("--profile", action="store_true",
+                   help="record a torch.profiler trace per layout under --out/profiles/")
     p.add_argument("--allow-gpu-mismatch", action="store_true")
     args = p.parse_args(argv)
     out = Path(args.out)
