@@ -273,7 +273,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         memory_peak_bytes=peak_mem, usable_memory_bytes=usable, fits=peak_mem <= usable,
         memory=StageMemories(rows), time=time, comm_bytes=comm_bytes,
         comm_bytes_by_link=by_link, num_microbatches=m, num_gpus=n_gpus,
-        stage_forward_s=tuple(f_s), stage_backward_s=tuple(b_s),
+        stage_forward_s=tuple(f_s), stage_backward_s=tuple(b_s), stage_wgrad_s=tuple(w_s),
+        p2p_s=t.p2p_s, pipeline_s=pipe_s,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)
 
 

@@ -115,6 +115,9 @@ class Estimate:
     num_gpus: int
     stage_forward_s: tuple[float, ...] = field(default=())   # per micro-batch, per virtual stage
     stage_backward_s: tuple[float, ...] = field(default=())
+    stage_wgrad_s: tuple[float, ...] = field(default=())    # weight-gradient part of backward
+    p2p_s: float = 0.0                                      # one activation send between stages
+    pipeline_s: float = 0.0                                 # first forward to last backward
     model_flops_per_step: float = 0.0
     hardware_flops_per_step: float = 0.0
 
@@ -130,4 +133,5 @@ class Estimate:
         d["time"] = dict(asdict(self.time), compute_s=self.time.compute_s)
         d["stage_forward_s"] = list(self.stage_forward_s)
         d["stage_backward_s"] = list(self.stage_backward_s)
+        d["stage_wgrad_s"] = list(self.stage_wgrad_s)
         return d

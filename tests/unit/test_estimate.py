@@ -156,3 +156,44 @@ def test_estimate_to_dict_is_json_ready():
     back = json.loads(json.dumps(d))
     assert back["step_time_s"] == pytest.approx(est(PUBLISHED).step_time_s)
     assert len(back["memory"]) == 16 and "total_bytes" in back["memory"][0]
+
+
+# ---- the closed form inside estimate against the schedule simulator ----------------------
+
+from meshplan.costmodel.pipeline import simulate  # noqa: E402
+
+SIM_JOB = mp.Job(global_batch=64, seq_len=4096)
+
+
+def _sim(e, layout):
+    return simulate(layout.schedule, e.stage_forward_s, e.stage_backward_s, e.num_microbatches,
+                    pp=layout.pp, vpp=layout.vpp, wgrad_s=e.stage_wgrad_s, p2p_s=e.p2p_s)
+
+
+@pytest.mark.parametrize("layout", [
+    mp.Layout(dp=2, pp=4, tp=2, schedule="gpipe"),
+    mp.Layout(dp=2, pp=4, tp=2, schedule="1f1b"),
+    mp.Layout(dp=2, pp=4, tp=2, schedule="zero-bubble"),
+    mp.Layout(dp=2, pp=4, tp=2, schedule="interleaved-1f1b", vpp=2),
+    mp.Layout(dp=1, pp=8, tp=2, schedule="1f1b", micro_batch=2),
+])
+def test_estimate_pipeline_time_matches_simulation_when_layers_are_even(layout):
+    """Even layer split: only the embedding (first stage) and logits (last stage) differ."""
+    e = estimate(LLAMA8, H100_16, SIM_JOB, layout)
+    sim = _sim(e, layout)
+    tol = 0.012 if layout.schedule == "interleaved-1f1b" else 0.01
+    assert e.pipeline_s == pytest.approx(sim.step_time_s, rel=tol)
+    assert e.step_time_s == pytest.approx(e.pipeline_s + e.time.dp_comm_exposed_s
+                                          + e.time.optimizer_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,split", [
+    ("gpipe", (5, 9, 9, 9)), ("1f1b", (10, 7, 7, 8)), ("1f1b", (4, 10, 10, 8)),
+    ("zero-bubble", (6, 9, 9, 8)),
+])
+def test_estimate_agrees_with_simulation_for_uneven_stages(schedule, split):
+    layout = mp.Layout(dp=2, pp=4, tp=2, schedule=schedule, stage_layers=split)
+    e = estimate(LLAMA8, H100_16, SIM_JOB, layout)
+    sim = _sim(e, layout)
+    # gpipe and 1f1b are exact without p2p and within 0.6% with it; ZB-H1 within 1% for m >= pp
+    assert e.pipeline_s == pytest.approx(sim.step_time_s, rel=0.01)
