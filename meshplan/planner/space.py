@@ -171,6 +171,9 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                         if s == "zero-bubble" and pp == 1 and "1f1b" in plain and \
                                 fx.get("schedule") != s:
                             continue      # one stage: ZB-H1 is 1F1B (see the docstring)
+                        if s == "gpipe" and pp == 1 and "1f1b" in plain and \
+                                fx.get("schedule") != s:
+                            continue      # one stage: GPipe = 1F1B's time, m× its activations
                         if s in EVEN_ONLY_SCHEDULES and L % (pp * v):
                             continue
                         for rc in constraints.recompute:
