@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import meshplan as mp  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
-from meshplan.costmodel.estimate import _layer_tables, _pipeline_time, layer_parts  # noqa: E402
+from meshplan.costmodel.estimate import (_layer_tables, _pipeline_time, layer_parts,  # noqa: E402
+                                         rank_state)
+from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step  # noqa: E402
 from meshplan.hardware_profiles.cluster import _group_link_cached  # noqa: E402
 
 
@@ -60,7 +62,8 @@ def main(argv=None) -> int:
     lays = layouts(model, cluster, job)
     rates = []
     for _ in range(args.repeats):
-        for cached in (layer_parts, _layer_tables, _pipeline_time):
+        for cached in (layer_parts, _layer_tables, _pipeline_time, rank_state,
+                       model_flops_per_step, hardware_flops_per_step):
             cached.cache_clear()
         _group_link_cached.cache_clear()
         t0 = time.perf_counter()

@@ -125,8 +125,10 @@ class RankState:
     last_bucket_s: float     # the gradient bucket that can never overlap
 
 
-def rank_state(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, dp_link,
-               layers: int, *, first: bool, last: bool, z3: Zero3Layer) -> RankState:
+@lru_cache(maxsize=65536)
+def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
+               zero: int, num_microbatches: int, dp_link, layers: int, first: bool, last: bool,
+               z3: Zero3Layer) -> RankState:
     """Model states, data-parallel communication and optimizer time of one pipeline rank.
 
     ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
@@ -134,10 +136,9 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, dp_
     inside the stage times and counted here for the totals. The optimizer step is
     memory-bound (fused Adam reads and writes master weights, m, v and gradients).
     """
-    dp, zero = layout.dp, layout.zero
-    m = layout.num_microbatches(job.global_batch)
+    m = num_microbatches
     per = state_bytes_per_param(job)
-    params = stage_params(model, layers, layout.tp, first=first, last=last, pp=layout.pp)
+    params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
     w, g, o = model_state_bytes(params, job, zero, dp)
     grad_bytes = params * per.grads
     dp_s = red = gat = wire = bucket = 0.0
@@ -378,9 +379,13 @@ class LayerTables:
         key = (layers, rank == 0, rank == self.last_rank)
         st = self._states.get(key)  # type: ignore[attr-defined]
         if st is None:
+            lay = self.layout
+            # Only these layout fields matter (m only through ZeRO-3's per-layer traffic), so
+            # layouts differing in schedule, recompute or micro-batch share the result.
             st = self._states[key] = rank_state(  # type: ignore[attr-defined]
-                self.model, self.cluster, self.job, self.layout, self.links.dp, layers,
-                first=key[1], last=key[2], z3=self.zero3)
+                self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
+                self.num_microbatches if lay.zero == 3 else 0, self.links.dp, layers,
+                key[1], key[2], self.zero3)
         return st
 
     def rank_pass_s(self, rank: int, layers: int) -> tuple[float, float]:
@@ -404,8 +409,10 @@ class LayerTables:
         """No partition's tail is smaller: some rank holds ⌈L/pp⌉ layers; a middle rank with
         that many, with unlimited room to overlap, pays at least this."""
         n = -(-self.num_layers // self.layout.pp)
-        st = rank_state(self.model, self.cluster, self.job, self.layout, self.links.dp, n,
-                        first=False, last=False, z3=self.zero3)
+        lay = self.layout
+        st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
+                        self.num_microbatches if lay.zero == 3 else 0, self.links.dp, n,
+                        False, False, self.zero3)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
 
     def step_time_s(self, stage_layers) -> float:

@@ -15,6 +15,8 @@ and the same bookkeeping generalizes to GQA and SwiGLU through the layer's matmu
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from meshplan.costmodel.specs import ModelSpec
 
 
@@ -29,6 +31,7 @@ def logits_forward_flops_per_token(model: ModelSpec) -> float:
     return 2.0 * model.hidden_size * model.vocab_size
 
 
+@lru_cache(maxsize=4096)
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
     """Model FLOPs of one optimizer step (forward + backward, no recompute)."""
     tokens = global_batch * seq_len
@@ -49,6 +52,7 @@ def recompute_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
     return 0.0
 
 
+@lru_cache(maxsize=4096)
 def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
                             recompute: str) -> float:
     """Model FLOPs plus recomputation (what the GPUs actually execute)."""
