@@ -26,6 +26,12 @@ from meshplan.costmodel.validate import check_layout
 from meshplan.hardware_profiles import Cluster
 
 DP_BUCKET_BYTES = 25 * 2**20        # PyTorch DDP's default bucket (bucket_cap_mb=25)
+# Communication hidden behind compute is not free: NCCL kernels take SMs and memory
+# bandwidth from the GEMMs they overlap (Rashidi et al. 2021, "Enabling Compute-Communication
+# Overlap in Distributed Deep Learning Training Platforms", ISCA, §3). We charge this
+# fraction of the hidden time; 0.15 is an assumption, consistent with Shoeybi et al. 2019's
+# 74% at 512 GPUs (docs/benchmarks/published.md).
+OVERLAP_INTERFERENCE = 0.15
 OPTIMIZER_BYTES_PER_PARAM = 32.0    # fused Adam: read+write master, m, v; read grad, write weight
 
 
@@ -92,9 +98,10 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
 class Zero3Layer:
     """ZeRO-3 per layer and micro-batch: exposed gather time and bytes sent."""
 
-    forward_s: float = 0.0
-    backward_s: float = 0.0
+    forward_s: float = 0.0    # exposed in forward
+    backward_s: float = 0.0   # exposed in backward
     wire_bytes: float = 0.0
+    total_s: float = 0.0      # all of it: two all-gathers and one reduce-scatter
 
 
 def zero3_layer(layer, layer_param_bytes: float, dp_link, dp: int, zero: int) -> Zero3Layer:
@@ -105,9 +112,9 @@ def zero3_layer(layer, layer_param_bytes: float, dp_link, dp: int, zero: int) ->
         return Zero3Layer()
     ag = comm.all_gather_s(dp_link, layer_param_bytes)
     rs = comm.reduce_scatter_s(dp_link, layer_param_bytes)
-    return Zero3Layer(max(0.0, ag - layer.forward.total_s),
-                      max(0.0, ag + rs - layer.backward.total_s),
-                      3 * comm.wire_bytes_gather(dp, layer_param_bytes))
+    f, b = layer.forward.total_s, layer.backward.total_s
+    return Zero3Layer(_exposed(ag, f), _exposed(ag + rs, b),
+                      3 * comm.wire_bytes_gather(dp, layer_param_bytes), 2 * ag + rs)
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,7 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
             wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
                 dp, params * per.weights)
         else:
-            dp_s = m * layers * (z3.forward_s + z3.backward_s)
+            dp_s = m * layers * z3.total_s
             wire = m * layers * z3.wire_bytes
         if job.overlap_dp_comm and zero < 3:
             bucket = comm.all_reduce_s(dp_link, min(grad_bytes, DP_BUCKET_BYTES))
@@ -176,8 +183,15 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
         return 0.0
     if not job.overlap_dp_comm:
         return st.dp_total_s
-    return (max(st.last_bucket_s, st.grad_reduce_s - backward_s)
-            + max(0.0, st.param_gather_s - forward_s))
+    reduce = max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s))
+    return reduce + _exposed(st.param_gather_s, forward_s)
+
+
+def _exposed(comm_s: float, compute_s: float) -> float:
+    """Time communication overlapped with ``compute_s`` adds to the critical path: what does
+    not fit behind the compute, plus the interference of what does."""
+    hidden = min(comm_s, compute_s)
+    return comm_s - hidden + OVERLAP_INTERFERENCE * hidden
 
 
 def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
