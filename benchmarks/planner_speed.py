@@ -5,10 +5,14 @@
 
 import os
 import platform
+import sys
 import time
 from datetime import date
+from pathlib import Path
 
-import meshplan as mp
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import meshplan as mp  # noqa: E402
 
 CASES = [("gpt3-175b", "dgx-a100-80gb", 128, 1536, 2048, 2.0),
          ("gpt-1t", "dgx-a100-80gb", 384, 3072, 2048, 5.0),
