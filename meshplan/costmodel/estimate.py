@@ -19,7 +19,7 @@ from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_st
 from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
                                        logits_bytes, model_state_bytes, stage_params,
                                        state_bytes_per_param)
-from meshplan.costmodel.pipeline import closed_form_step_time, inflight_microbatches
+from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
 from meshplan.costmodel.result import Estimate, StageMemories, TimeBreakdown
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
 from meshplan.costmodel.validate import check_layout
@@ -298,9 +298,8 @@ def _pipeline_time(schedule: str, f_s: tuple, b_s: tuple, w_s: tuple, m: int, pp
                    p2p: float) -> tuple[float, float]:
     """Pipeline time with and without point-to-point transfers (cached: ZeRO 0-2 layouts
     of the same shape share it)."""
-    with_p2p = closed_form_step_time(schedule, f_s, b_s, m, pp=pp, vpp=v, wgrad_s=w_s, p2p_s=p2p)
-    without = (closed_form_step_time(schedule, f_s, b_s, m, pp=pp, vpp=v, wgrad_s=w_s, p2p_s=0.0)
-               if p2p else with_p2p)
+    with_p2p = closed_form_unchecked(schedule, f_s, b_s, w_s, m, pp, v, p2p)
+    without = closed_form_unchecked(schedule, f_s, b_s, w_s, m, pp, v, 0.0) if p2p else with_p2p
     return with_p2p, without
 
 

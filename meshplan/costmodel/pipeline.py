@@ -134,6 +134,20 @@ def closed_form_step_time(schedule: str, forward_s: Sequence[float],
     return _interleaved(f, b, m, pp, vpp, c)
 
 
+def closed_form_unchecked(schedule: str, f: tuple, b: tuple, w: tuple, m: int, pp: int,
+                          vpp: int, p2p_s: float) -> float:
+    """:func:`closed_form_step_time` without its input checks, for callers that build the
+    stage times themselves (the cost model's hot path): tuples of length pp·vpp, w ≤ b."""
+    c = p2p_s if pp > 1 else 0.0
+    if schedule == "gpipe":
+        return _gpipe(f, b, m, pp, c)
+    if schedule == "zero-bubble":
+        return _zero_bubble(f, b, w, m, pp, c)
+    if schedule == "1f1b" or vpp == 1:
+        return _one_f_one_b(f, b, m, pp, c)
+    return _interleaved(f, b, m, pp, vpp, c)
+
+
 def bubble_time(schedule: str, forward_s: Sequence[float], backward_s: Sequence[float],
                 num_microbatches: int, *, pp: int, vpp: int = 1,
                 wgrad_s: Sequence[float] | None = None, p2p_s: float = 0.0) -> float:
