@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.executor.child_env import child_env  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 
 # Llama-style 1.26B: 24 layers, hidden 2048, 16 heads of 128, GQA with 8 kv heads (tp4
@@ -41,8 +42,6 @@ TINY = ModelSpec(name="tiny-llama", num_layers=8, hidden_size=64, num_heads=4, n
                  norm="rmsnorm", position_embedding="rope", tied_embeddings=False, bias=False)
 TINY_JOB = Job(global_batch=32, seq_len=64, precision="fp32")
 
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ def run_case(case: Case, args, model, job, cluster, out: Path) -> dict:
         cmd += ["--profile", str(out / "profiles" / case.name)]
     if args.allow_gpu_mismatch:
         cmd.append("--allow-gpu-mismatch")
-    env = dict(os.environ, **NCCL_ENV)
+    env = child_env()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.time()
     status = "ok"

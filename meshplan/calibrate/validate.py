@@ -25,11 +25,10 @@ from meshplan.costmodel import estimate
 from meshplan.costmodel.specs import SCHEDULES, Job, Layout, ModelSpec
 from meshplan.costmodel.validate import check_layout
 from meshplan.errors import ConfigError, MeshplanError
+from meshplan.executor.child_env import child_env
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.planfile import save_plan_file, write_json_atomic
 
-CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-             "NVSHMEM_DISABLE_NVLS": "1"}
 _OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.I)
 
 
@@ -166,7 +165,7 @@ def _run_one(model, cluster, job, layout, est, name, options: ValidateOptions) -
            f"--nproc-per-node={n}", "-m", options.runner_module, "--plan", str(plan),
            "--out", str(results), "--steps", str(options.steps), "--warmup", str(options.warmup),
            *(["--device", options.device] if options.device else []), *options.extra_args]
-    env = {**os.environ, **CHILD_ENV}
+    env = child_env()
     if options.device == "cpu":
         # ranks share the cores: one thread each keeps them from fighting over them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))

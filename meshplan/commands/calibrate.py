@@ -16,9 +16,6 @@ from pathlib import Path
 
 from meshplan.commands.common import load_model, positive_int
 
-# NVLink SHARP / multicast paths are off on the lent machines (and unneeded for calibration).
-CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-             "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def add_arguments(p) -> None:
@@ -69,6 +66,7 @@ def _spawn(args) -> int:
         cleaned = ["calibrate", *cleaned]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.nproc}", "-m", "meshplan.cli", *cleaned]
-    env = {**os.environ, **CHILD_ENV}
+    from meshplan.executor.child_env import child_env
+    env = child_env()
     print("meshplan calibrate: " + " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd, env=env)
