@@ -31,6 +31,10 @@ class Curve:
         object.__setattr__(self, "points", pts)
         object.__setattr__(self, "_lx", tuple(math.log10(x) for x in xs))
         object.__setattr__(self, "_ys", tuple(y for _, y in pts))
+        object.__setattr__(self, "_hash", hash(pts))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     def __call__(self, x: float) -> float:
         lx, ys = self._lx, self._ys  # type: ignore[attr-defined]

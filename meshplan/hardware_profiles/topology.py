@@ -44,6 +44,14 @@ class GroupLink:
     nodes_spanned: int
     ranks_per_node: int
 
+    def __hash__(self) -> int:  # cached: links key the cost model's caches
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.size, self.link_class, self.busbw_gbps, self.hop_latency_s,
+                      self.efficiency, self.nodes_spanned, self.ranks_per_node))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
         return self.busbw_gbps * 1e9 * self.efficiency(message_bytes)
 
