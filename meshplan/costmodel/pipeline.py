@@ -124,14 +124,7 @@ def closed_form_step_time(schedule: str, forward_s: Sequence[float],
     b = check_times("backward_s", backward_s, n, pp, vpp)
     w = resolve_wgrad(b, wgrad_s, pp, vpp, needed=schedule == "zero-bubble")
     c = check_p2p(p2p_s) if pp > 1 else 0.0
-    m = num_microbatches
-    if schedule == "gpipe":
-        return _gpipe(f, b, m, pp, c)
-    if schedule == "zero-bubble":
-        return _zero_bubble(f, b, w, m, pp, c)
-    if schedule == "1f1b" or vpp == 1:
-        return _one_f_one_b(f, b, m, pp, c)
-    return _interleaved(f, b, m, pp, vpp, c)
+    return closed_form_unchecked(schedule, f, b, w, num_microbatches, pp, vpp, c)
 
 
 def closed_form_unchecked(schedule: str, f: tuple, b: tuple, w: tuple, m: int, pp: int,
