@@ -81,3 +81,23 @@ def test_summary_and_errors():
     assert error_pct(2.0, 3.0) == pytest.approx(50.0)
     assert error_pct(None, 3.0) is None
     json.dumps(s)
+
+
+def test_executor_never_imports_ortools(tmp_path):
+    """GPU machines have torch but no ortools: the executor and plan files must not need it."""
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    code = (
+        "import sys; sys.modules['ortools'] = None\n"   # any `import ortools` now fails
+        "import meshplan as mp\n"
+        "import meshplan.executor.run, meshplan.executor.parallelize, meshplan.executor.launch\n"
+        "from meshplan.executor.planfiles import write_plan_for_layout\n"
+        "from meshplan.planner.planfile import load_plan_file\n"
+        "m = mp.ModelSpec(num_layers=2, hidden_size=32, num_heads=4, vocab_size=64, max_seq_len=16)\n"
+        f"p = write_plan_for_layout({str(tmp_path / 'plan.json')!r}, m,\n"
+        "    mp.Job(global_batch=4, seq_len=16, precision='fp32'), mp.Layout(dp=2))\n"
+        "assert load_plan_file(p).layout.dp == 2\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
