@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.costmodel.specs import ModelSpec
-from meshplan.errors import ConfigError, ProfileError
+from meshplan.errors import ConfigError
 
 # torch device name fragment -> built-in GPU profile (checked in order)
 DEVICE_NAME_TO_GPU = (("H200", "H200-SXM-141GB"), ("H100", "H100-SXM5-80GB"),

@@ -219,20 +219,16 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     fb_all = [x + y for x, y in zip(fwd_all, bwd_all)]
     busy_best = max(fb_all)
     br = fb_all.index(busy_best)
-    states: dict[tuple[int, bool, bool], RankState] = {}
     seen: set[tuple] = set()
     rows: list[tuple] = []
     worst_tail = -1.0
     dp_total = dp_wire_worst = dp_exposed_worst = opt_worst = 0.0
     for r in range(pp):
         layers_r = layers_all[r]
-        kind = (layers_r, r == 0, r == last_rank)
-        st = states.get(kind)
-        if st is None:
-            st = states[kind] = t.rank_state(r, layers_r)
-            dp_total = max(dp_total, st.dp_total_s)
-            dp_wire_worst = max(dp_wire_worst, st.dp_wire_bytes)
-        sig = (kind, fwd_all[r], bwd_all[r])
+        st = t.rank_state(r, layers_r)   # memoized per (layers, first, last)
+        dp_total = max(dp_total, st.dp_total_s)
+        dp_wire_worst = max(dp_wire_worst, st.dp_wire_bytes)
+        sig = (layers_r, r == 0, r == last_rank, fwd_all[r], bwd_all[r])
         if sig not in seen:
             seen.add(sig)
             exposed = exposed_dp_s(st, layout, job, fwd_all[r], bwd_all[r])
@@ -343,7 +339,7 @@ class LayerTables:
     layer_state_bytes: float       # weights + grads + optimizer of one layer, after ZeRO
     layer_activation_bytes: float  # stored activations of one layer, one micro-batch
     inflight: tuple[float, ...]    # per pipeline rank
-    fixed_bytes: tuple[float, ...]  # buffers per rank when it holds at least one layer
+    buffer_bytes: float            # buffers of a rank holding at least one layer
     first_extra_bytes: float       # embedding states + embedding activations (rank 0)
     last_extra_bytes: float        # output layer states + logits (last rank)
     embedding_act_bytes: float     # one micro-batch's embedding output (rank 0)
@@ -355,13 +351,9 @@ class LayerTables:
         object.__setattr__(self, "_states", {})
 
     @property
-    def microbatch_overhead_s(self) -> float:
-        return self.overhead_s
-
-    @property
     def const_bytes(self) -> tuple[float, ...]:
         """Per rank: memory that does not grow with its layer count."""
-        return tuple(self.fixed_bytes[r] + (self.first_extra_bytes if r == 0 else 0.0)
+        return tuple(self.buffer_bytes + (self.first_extra_bytes if r == 0 else 0.0)
                      + (self.last_extra_bytes if r == self.last_rank else 0.0)
                      for r in range(self.layout.pp))
 
@@ -440,7 +432,7 @@ class LayerTables:
         if rank == 0:
             act += inflight * self.embedding_act_bytes
         logit = self.logits_bytes if rank == self.last_rank else 0.0
-        buf = self.fixed_bytes[rank] - (0.0 if layers else self.recompute_buf_bytes)
+        buf = self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
         return act, logit, buf
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
@@ -523,6 +515,6 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         layer_state_bytes=sum(model_state_bytes(layer_params, job, layout.zero, dp)),
         layer_activation_bytes=parts.activations.stored(layout.recompute),
-        inflight=inflight, fixed_bytes=(base_buf,) * pp,
+        inflight=inflight, buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b, recompute_buf_bytes=recompute_buf)

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.calibrate.validate import ValidateOptions, run_layouts, summarize, write_accuracy
+from meshplan.calibrate.validate import ValidateOptions, run_layouts, write_accuracy
 from meshplan.cli import main as cli_main
 from meshplan.costmodel import estimate
 from meshplan.costmodel.specs import Job, Layout, ModelSpec

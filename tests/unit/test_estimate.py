@@ -118,11 +118,11 @@ def test_uneven_stage_layers_follow_the_layer_tables():
     e = est(lay, LLAMA8, H100_16, job)
     t = layer_tables(LLAMA8, H100_16, job, lay)
     for r, n in enumerate(lay.stage_layers):
-        f = n * t.layer_forward_s + t.microbatch_overhead_s + (t.first_forward_s if r == 0 else 0) \
+        f = n * t.layer_forward_s + t.overhead_s + (t.first_forward_s if r == 0 else 0) \
             + (t.last_forward_s if r == 3 else 0)
         assert e.stage_forward_s[r] == pytest.approx(f, rel=1e-12)
         mem = n * (t.layer_state_bytes + t.layer_activation_bytes * t.inflight[r]) \
-            + t.fixed_bytes[r] + (t.first_extra_bytes if r == 0 else 0) \
+            + t.buffer_bytes + (t.first_extra_bytes if r == 0 else 0) \
             + (t.last_extra_bytes if r == 3 else 0)
         assert e.memory[r].total_bytes == pytest.approx(mem, rel=1e-9)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import math
 
 import pytest
 
