@@ -1,0 +1,205 @@
+"""Measured layer tables: what a calibrated profile knows about the executor's own layers.
+
+``meshplan calibrate --model M`` times the executor's transformer block (its tensor-parallel
+linears, recomputation and, for ZeRO-2/3, FSDP2 sharding over a data-parallel group) and its
+first/last-stage ends (embedding; final norm + logits + loss) at the shapes of model ``M``.
+The cost model then takes a layer's forward/backward seconds and activation bytes from these
+rows instead of composing them from GEMM/attention/memory-bound curves, so every cost the
+curves do not see — unfused element-wise kernels, Python dispatch of small kernels and
+collectives, FSDP2's per-layer hooks — is in the prediction. Layouts are never measured:
+the rows are per layer and micro-batch, the pipeline, data-parallel and optimizer terms stay
+analytical (:mod:`meshplan.costmodel.estimate`).
+
+Rows are matched by the model's *shape key* (every field that changes a layer's work), the
+sequence length, tp, sequence parallelism, recompute mode and (FSDP rows) ZeRO stage and dp
+size; between measured micro-batch sizes the values are interpolated linearly, outside them
+extrapolated from the two nearest (one point: proportional to the micro-batch). A layout with
+no matching row falls back to the analytical layer model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Iterable, Mapping
+
+from meshplan.costmodel.specs import ModelSpec
+from meshplan.errors import ProfileError
+
+ENDS = ("embedding", "output")
+
+
+def layer_shape_key(model: ModelSpec) -> str:
+    """Every ModelSpec field that changes one transformer layer's work or memory."""
+    return (f"h{model.hidden_size}-f{model.ffn_hidden_size}-q{model.num_heads}"
+            f"-kv{model.num_kv_heads}-d{model.head_dim}-{model.activation}-{model.norm}"
+            f"-{model.position_embedding}-{'bias' if model.bias else 'nobias'}"
+            f"-drop{model.dropout:g}")
+
+
+def ends_shape_key(model: ModelSpec) -> str:
+    """The layer key plus what the embedding and output layer add (vocabulary, tying)."""
+    return (f"{layer_shape_key(model)}-v{model.vocab_size}"
+            f"-{'tied' if model.tied_embeddings else 'untied'}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredLayer:
+    """One transformer layer, one micro-batch, on one GPU (seconds and bytes per layer)."""
+
+    shape: str                  # layer_shape_key(model)
+    seq_len: int
+    tp: int
+    sequence_parallel: bool
+    recompute: str
+    micro_batch: int
+    zero: int = 0               # 0: parameters local (ZeRO-0/1); 2/3: FSDP2 over ``dp`` ranks
+    dp: int = 1
+    forward_s: float
+    backward_s: float           # includes the recomputation
+    activation_bytes: float     # kept from forward to backward
+    backward_peak_bytes: float  # working memory of one layer's backward above what is kept
+    model: str = ""             # the model it was measured for (information only)
+
+    @property
+    def group(self) -> tuple:
+        return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
+                self.zero, self.dp if self.zero >= 2 else 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredEnd:
+    """The embedding (first stage) or the output (last stage: final norm, logits, loss)."""
+
+    shape: str                  # ends_shape_key(model)
+    part: str                   # "embedding" | "output"
+    seq_len: int
+    tp: int
+    sequence_parallel: bool
+    micro_batch: int
+    forward_s: float
+    backward_s: float
+    activation_bytes: float     # kept from forward to backward, per micro-batch
+    peak_bytes: float           # working memory of forward + backward above what is kept
+    model: str = ""
+
+    @property
+    def group(self) -> tuple:
+        return (self.shape, self.part, self.seq_len, self.tp, self.sequence_parallel)
+
+
+@dataclass(frozen=True)
+class Interpolated:
+    forward_s: float
+    backward_s: float
+    activation_bytes: float
+    peak_bytes: float
+
+
+def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
+    """Linear in the micro-batch between/beyond the two nearest measured sizes."""
+    def vals(r):
+        return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field))
+    exact = [r for r in rows if r.micro_batch == mb]
+    if exact:
+        return Interpolated(*vals(exact[0]))
+    if len(rows) == 1:
+        k = mb / rows[0].micro_batch
+        return Interpolated(*(v * k for v in vals(rows[0])))
+    below = [r for r in rows if r.micro_batch < mb]
+    above = [r for r in rows if r.micro_batch > mb]
+    if below and above:
+        a, b = below[-1], above[0]
+    elif above:
+        a, b = above[0], above[1]
+    else:
+        a, b = below[-2], below[-1]
+    w = (mb - a.micro_batch) / (b.micro_batch - a.micro_batch)
+    return Interpolated(*(max(0.0, x + w * (y - x)) for x, y in zip(vals(a), vals(b))))
+
+
+@dataclass(frozen=True)
+class MeasuredTables:
+    """The rows of a profile, indexed by everything but the micro-batch."""
+
+    layers: tuple[MeasuredLayer, ...] = ()
+    ends: tuple[MeasuredEnd, ...] = ()
+
+    def __post_init__(self) -> None:
+        idx: dict[tuple, list] = {}
+        for r in (*self.layers, *self.ends):
+            idx.setdefault(r.group, []).append(r)
+        for rows in idx.values():
+            rows.sort(key=lambda r: r.micro_batch)
+        object.__setattr__(self, "_index", idx)
+
+    def __bool__(self) -> bool:
+        return bool(self.layers or self.ends)
+
+    def __hash__(self) -> int:
+        return hash((len(self.layers), len(self.ends)))
+
+    def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
+              recompute: str, micro_batch: int, zero: int = 0, dp: int = 1
+              ) -> Interpolated | None:
+        """The measured layer for these settings, or None (no row: use the analytical model).
+
+        ``zero`` 2/3 with ``dp`` > 1 look for FSDP2 rows of that group size; ZeRO-0/1 (and
+        ZeRO-2/3 with dp = 1) use the plain rows.
+        """
+        fsdp = zero >= 2 and dp > 1
+        key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
+               recompute, zero if fsdp else 0, dp if fsdp else 1)
+        rows = self._index.get(key)  # type: ignore[attr-defined]
+        return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
+
+    def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
+            sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
+        key = (ends_shape_key(model), part, seq_len, tp, bool(sequence_parallel and tp > 1))
+        rows = self._index.get(key)  # type: ignore[attr-defined]
+        return _interp(rows, micro_batch, "peak_bytes") if rows else None
+
+    def to_rows(self) -> dict[str, list[dict[str, Any]]]:
+        return {"layers": [_asdict(r) for r in self.layers],
+                "ends": [_asdict(r) for r in self.ends]}
+
+
+def _asdict(r) -> dict[str, Any]:
+    return {f.name: getattr(r, f.name) for f in fields(r)}
+
+
+def _row(cls, raw: Mapping[str, Any], where: str):
+    names = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {unknown}; expected {sorted(names)}")
+    try:
+        r = cls(**dict(raw))
+    except TypeError as exc:
+        missing = sorted(n for n, f in names.items() if n not in raw
+                         and f.default is MISSING and f.default_factory is MISSING)
+        raise ProfileError(f"{where}: missing key(s) {missing} ({exc})") from None
+    for k in ("forward_s", "backward_s", "activation_bytes"):
+        v = getattr(r, k)
+        if not isinstance(v, (int, float)) or v < 0:
+            raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
+    for k in ("seq_len", "tp", "micro_batch"):
+        v = getattr(r, k)
+        if not isinstance(v, int) or v < 1:
+            raise ProfileError(f"{where}: {k} must be an integer >= 1, got {v!r}")
+    return r
+
+
+def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping[str, Any]],
+                     where: str) -> MeasuredTables:
+    """Parse ``[[layers]]`` / ``[[ends]]`` rows of a profile; errors name the row."""
+    ls = tuple(_row(MeasuredLayer, r, f"{where} [[layers]] #{i + 1}")
+               for i, r in enumerate(layers))
+    es = tuple(_row(MeasuredEnd, r, f"{where} [[ends]] #{i + 1}") for i, r in enumerate(ends))
+    for i, e in enumerate(es):
+        if e.part not in ENDS:
+            raise ProfileError(f"{where} [[ends]] #{i + 1}: part {e.part!r} is not one of {ENDS}")
+    return MeasuredTables(ls, es)
+
+
+__all__ = ["MeasuredLayer", "MeasuredEnd", "MeasuredTables", "Interpolated", "layer_shape_key",
+           "ends_shape_key", "tables_from_rows"]
