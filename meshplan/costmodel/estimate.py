@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.costmodel import comm
-from meshplan.costmodel.compute import (PassCost, embedding_cost, hbm_s, layer_cost,
+from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, hbm_s, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
+from meshplan.costmodel.memory import (activation_bytes_per_element,
+                                       compute_weight_bytes_per_param, layer_activations,
                                        logits_bytes, model_state_bytes, stage_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
@@ -33,6 +34,17 @@ DP_BUCKET_BYTES = 25 * 2**20        # PyTorch DDP's default bucket (bucket_cap_m
 # 74% at 512 GPUs (docs/benchmarks/published.md).
 OVERLAP_INTERFERENCE = 0.15
 OPTIMIZER_BYTES_PER_PARAM = 32.0    # fused Adam: read+write master, m, v; read grad, write weight
+# runtime "torch", pipelined: gradients are averaged after the schedule through a flat
+# buffer (executor.data_parallel.allreduce_grads): cat (read + write), div_ (read + write),
+# copy back (read + write) = 6 passes over the fp32 gradients.
+GRAD_FLATTEN_PASSES = 6.0
+
+
+def fsdp_per_microbatch(job: Job, zero: int) -> bool:
+    """ZeRO stages whose communication happens per layer and per micro-batch: ZeRO-3, and
+    ZeRO-2 as FSDP2 runs it (runtime "torch": gradients are reduce-scattered after every
+    micro-batch's backward and the weights re-gathered for the next forward)."""
+    return zero == 3 or (zero == 2 and job.runtime == "torch")
 
 
 @dataclass(frozen=True)
@@ -69,17 +81,25 @@ class LayerParts:
     """Per-micro-batch pieces shared by every layout with the same (tp, micro-batch, sp,
     recompute) and process-group links: one layer, embedding, logits, activations, p2p."""
 
-    layer: object          # compute.LayerCost
+    layer: LayerCost
     embedding: tuple       # (forward PassCost, backward PassCost)
     logits: tuple          # (forward PassCost, backward PassCost, wgrad seconds)
-    activations: object    # memory.LayerActivations
+    activation_bytes: float     # kept by one layer for one micro-batch (this recompute mode)
+    backward_buf_bytes: float   # working memory of one layer's backward beyond that
+    embedding_act_bytes: float  # kept per micro-batch by the embedding (first stage)
+    logits_bytes: float         # kept per micro-batch by the output layer (last stage)
+    output_peak_bytes: float    # working memory of the output layer beyond that
     p2p_bytes: float       # activation sent between pipeline stages
     p2p_s: float
+    measured: tuple[str, ...] = ()   # parts taken from the profile's measured tables
 
 
 @lru_cache(maxsize=8192)
 def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
                 sequence_parallel: bool, recompute: str, tp_link, pp_link) -> LayerParts:
+    """Analytical pieces (compute.py, memory.py), replaced by the profile's measured layer
+    and ends where it has them (:mod:`meshplan.costmodel.measured`): the measured time is
+    split over the analytical categories in their proportions, so breakdowns stay readable."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, tp_link=tp_link)
@@ -89,9 +109,51 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                         tp_link=tp_link)
     acts = layer_activations(model, job, mb, tp, sp)
     e = activation_bytes_per_element(job)
+    act_b = acts.stored(recompute)
+    bwd_buf = acts.full_bytes if recompute != "none" else 0.0
+    emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
+    logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
+    measured: list[str] = []
+    tables = cluster.gpu.measured
+    if tables:
+        kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
+        ml = tables.layer(model, recompute=recompute, **kw)
+        if ml is not None:
+            layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
+            act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
+            measured.append("layer")
+        me = tables.end(model, "embedding", **kw)
+        if me is not None:
+            emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
+            emb_act = me.activation_bytes
+            measured.append("embedding")
+        mo = tables.end(model, "output", **kw)
+        if mo is not None:
+            kb = _ratio(mo.backward_s, logit[1].total_s)
+            logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
+            logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
+            measured.append("output")
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
-    return LayerParts(layer, emb, logit, acts, msg, comm.p2p_s(pp_link, msg))
+    return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
+                      comm.p2p_s(pp_link, msg), tuple(measured))
+
+
+def _ratio(measured_s: float, analytical_s: float) -> float:
+    return measured_s / analytical_s if analytical_s > 0 else 0.0
+
+
+def _scaled(p: PassCost, measured_s: float) -> PassCost:
+    """``p`` rescaled to total ``measured_s`` (all of it overhead if ``p`` is empty)."""
+    if p.total_s <= 0:
+        return PassCost(overhead_s=measured_s)
+    return p.scaled(measured_s / p.total_s)
+
+
+def _scaled_layer(an: LayerCost, forward_s: float, backward_s: float) -> LayerCost:
+    kb = _ratio(backward_s, an.backward.total_s)
+    return LayerCost(_scaled(an.forward, forward_s), _scaled(an.backward, backward_s),
+                     an.recompute.scaled(kb), an.wgrad_s * kb, an.tp_wire_bytes)
 
 
 @dataclass(frozen=True)
@@ -104,17 +166,28 @@ class Zero3Layer:
     total_s: float = 0.0      # all of it: two all-gathers and one reduce-scatter
 
 
-def zero3_layer(layer, layer_param_bytes: float, dp_link, dp: int, zero: int) -> Zero3Layer:
+def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Job) -> Zero3Layer:
     """Parameters gathered per layer per micro-batch (forward and backward), gradients
     reduce-scattered; FSDP prefetches the next layer's gather behind this layer's compute
-    (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed."""
-    if zero != 3 or dp == 1:
+    (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed.
+
+    Runtime "torch" (FSDP2 with bf16 compute and fp32 reduction): 16-bit weights are
+    gathered and fp32 gradients reduce-scattered; its ZeRO-2 gathers once per micro-batch
+    (kept from forward to backward) instead of twice.
+    """
+    if not fsdp_per_microbatch(job, zero) or dp == 1:
         return Zero3Layer()
-    ag = comm.all_gather_s(dp_link, layer_param_bytes)
-    rs = comm.reduce_scatter_s(dp_link, layer_param_bytes)
+    per = state_bytes_per_param(job)
+    gather_b = layer_params * (compute_weight_bytes_per_param(job) or per.weights)
+    reduce_b = layer_params * per.grads
+    ag = comm.all_gather_s(dp_link, gather_b)
+    rs = comm.reduce_scatter_s(dp_link, reduce_b)
+    gathers = 2 if zero == 3 else 1
     f, b = layer.forward.total_s, layer.backward.total_s
-    return Zero3Layer(_exposed(ag, f), _exposed(ag + rs, b),
-                      3 * comm.wire_bytes_gather(dp, layer_param_bytes), 2 * ag + rs)
+    bwd = (ag if zero == 3 else 0.0) + rs
+    return Zero3Layer(_exposed(ag, f), _exposed(bwd, b),
+                      gathers * comm.wire_bytes_gather(dp, gather_b)
+                      + comm.wire_bytes_gather(dp, reduce_b), gathers * ag + rs)
 
 
 @dataclass(frozen=True)
@@ -130,6 +203,7 @@ class RankState:
     dp_wire_bytes: float
     optimizer_s: float
     last_bucket_s: float     # the gradient bucket that can never overlap
+    grad_copy_s: float = 0.0  # runtime "torch", pipelined: flattening the gradients to reduce
 
 
 @lru_cache(maxsize=65536)
@@ -141,19 +215,31 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
     parameters (the same volume, Rajbhandari et al. 2019 §7); ZeRO-3's per-layer traffic is
     inside the stage times and counted here for the totals. The optimizer step is
-    memory-bound (fused Adam reads and writes master weights, m, v and gradients).
+    memory-bound (fused Adam reads and writes master weights, m, v and gradients), at the
+    calibrated optimizer bandwidth when the profile has one.
+
+    Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
+    ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
+    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3.
     """
     m = num_microbatches
     per = state_bytes_per_param(job)
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
     w, g, o = model_state_bytes(params, job, zero, dp)
     grad_bytes = params * per.grads
-    dp_s = red = gat = wire = bucket = 0.0
+    dp_s = red = gat = wire = bucket = copy = 0.0
+    torch_rt = job.runtime == "torch"
     if dp > 1:
-        if zero == 0:
+        if zero == 0 or (zero == 1 and torch_rt):
             dp_s = red = comm.all_reduce_s(dp_link, grad_bytes)
             wire = comm.wire_bytes_all_reduce(dp, grad_bytes)
-        elif zero in (1, 2):
+            if zero == 1:
+                gat = comm.all_gather_s(dp_link, params * per.weights)
+                dp_s += gat
+                wire += comm.wire_bytes_gather(dp, params * per.weights)
+            if torch_rt and pp > 1:
+                copy = hbm_s(cluster.gpu, GRAD_FLATTEN_PASSES * grad_bytes)
+        elif zero in (1, 2) and not fsdp_per_microbatch(job, zero):
             red = comm.reduce_scatter_s(dp_link, grad_bytes)
             gat = comm.all_gather_s(dp_link, params * per.weights)
             dp_s = red + gat
@@ -162,11 +248,13 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
         else:
             dp_s = m * layers * z3.total_s
             wire = m * layers * z3.wire_bytes
-        if job.overlap_dp_comm and zero < 3:
+        if job.overlap_dp_comm and not fsdp_per_microbatch(job, zero):
             bucket = comm.all_reduce_s(dp_link, min(grad_bytes, DP_BUCKET_BYTES))
     local = params / dp if zero >= 1 else params
-    return RankState(w, g, o, dp_s, red, gat, wire,
-                     hbm_s(cluster.gpu, local * OPTIMIZER_BYTES_PER_PARAM), bucket)
+    gpu = cluster.gpu
+    opt_s = (local * OPTIMIZER_BYTES_PER_PARAM / (gpu.optimizer_gbps * 1e9)
+             if gpu.optimizer_gbps > 0 else hbm_s(gpu, local * OPTIMIZER_BYTES_PER_PARAM))
+    return RankState(w, g, o, dp_s, red, gat, wire, opt_s, bucket, copy)
 
 
 def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
@@ -178,11 +266,18 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
     parameter all-gather behind the next step's first forward; the last bucket is always
     exposed (PyTorch DDP, Li et al. 2020, arXiv 2006.15704 §3.2.3; Megatron-Core
     overlap_grad_reduce / overlap_param_gather). Without overlap everything is exposed.
+
+    Runtime "torch": pipelined layouts reduce after the schedule (nothing overlaps), and
+    ZeroRedundancyOptimizer's broadcast follows the optimizer step (exposed).
     """
-    if layout.zero == 3 or layout.dp == 1:
+    if fsdp_per_microbatch(job, layout.zero) or layout.dp == 1:
         return 0.0
+    if job.runtime == "torch" and layout.pp > 1:
+        return st.dp_total_s + st.grad_copy_s
     if not job.overlap_dp_comm:
         return st.dp_total_s
+    if job.runtime == "torch":
+        return max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s)) + st.param_gather_s
     reduce = max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s))
     return reduce + _exposed(st.param_gather_s, forward_s)
 
@@ -344,7 +439,7 @@ class LayerTables:
     last_extra_bytes: float        # output layer states + logits (last rank)
     embedding_act_bytes: float     # one micro-batch's embedding output (rank 0)
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
-    recompute_buf_bytes: float     # one layer re-materialized (0 without recomputation)
+    recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
 
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions
@@ -389,7 +484,8 @@ class LayerTables:
             # layouts differing in schedule, recompute or micro-batch share the result.
             st = self._states[key] = rank_state(  # type: ignore[attr-defined]
                 self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
-                self.num_microbatches if lay.zero == 3 else 0, self.links.dp, layers,
+                self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero) else 0,
+                self.links.dp, layers,
                 key[1], key[2], self.zero3)
         return st
 
@@ -416,7 +512,8 @@ class LayerTables:
         n = -(-self.num_layers // self.layout.pp)
         lay = self.layout
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
-                        self.num_microbatches if lay.zero == 3 else 0, self.links.dp, n,
+                        self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero) else 0,
+                        self.links.dp, n,
                         False, False, self.zero3)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
 
@@ -479,42 +576,104 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     links = group_links(cluster, layout)
     parts = layer_parts(model, cluster, job, layout.micro_batch, tp, layout.sequence_parallel,
                         layout.recompute, links.tp, links.pp)
-    per = state_bytes_per_param(job)
     layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
-    z3 = zero3_layer(parts.layer, layer_params * per.weights, links.dp, dp, layout.zero)
+    z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job)
+    layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
+    fsdp = fsdp_per_microbatch(job, layout.zero) and dp > 1
+    tables = cluster.gpu.measured
+    fs = (tables.layer(model, seq_len=job.seq_len, tp=tp,
+                       sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
+                       micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
+          if fsdp and tables else None)
+    if fs is not None:
+        # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
+        z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
+                        z3.total_s)
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
-    e = activation_bytes_per_element(job)
-    emb_act = job.seq_len * layout.micro_batch * model.hidden_size * e / (
-        tp if layout.sequence_parallel else 1)
-    logits_b = logits_bytes(model, job, layout.micro_batch, tp) * (
-        inflight[last_rank] if layout.schedule == "gpipe" else 1.0)
-    recompute_buf = parts.activations.full_bytes if layout.recompute != "none" else 0.0
-    base_buf = ((2 * parts.p2p_bytes if pp > 1 else 0.0)
-                + (2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0)
-                + (2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0)
-                + recompute_buf)
+    copy_b = compute_weight_bytes_per_param(job)    # 16-bit compute copies (runtime torch)
+    per = state_bytes_per_param(job)
+    logits_b = parts.logits_bytes * (inflight[last_rank] if layout.schedule == "gpipe"
+                                     else 1.0) + parts.output_peak_bytes
+    if job.runtime == "torch":
+        # FSDP2 gathers 16-bit weights: ZeRO-3 holds about two layers (this one and the
+        # prefetched next); ZeRO-2 keeps every layer's from forward to backward.
+        gathered = 2 * layer_params * copy_b if layout.zero == 3 and dp > 1 else 0.0
+        layer_copy = layer_params * copy_b if layout.zero < 3 or dp == 1 else 0.0
+        dp_buf = 0.0     # DDP reduces in place (gradient_as_bucket_view); FSDP2 per layer
+    else:
+        gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
+        layer_copy = 0.0
+        dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
+    base_buf = ((2 * parts.p2p_bytes if pp > 1 else 0.0) + dp_buf + gathered
+                + parts.backward_buf_bytes)
+    emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
     first_extra = (sum(model_state_bytes(first_params, job, layout.zero, dp))
-                   + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0))
+                   + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0)
+                   + _ends_copy_bytes(model, job, layout, tp, first_params, first=True,
+                                      last=pp == 1))
     last_extra = 0.0
     if pp > 1:
         last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp)
-        last_extra = sum(model_state_bytes(last_params, job, layout.zero, dp)) + logits_b
+        last_extra = (sum(model_state_bytes(last_params, job, layout.zero, dp)) + logits_b
+                      + _ends_copy_bytes(model, job, layout, tp, last_params, first=False,
+                                         last=True))
+    first_f, first_b = parts.embedding[0].total_s, parts.embedding[1].total_s
+    last_f, last_b = parts.logits[0].total_s, parts.logits[1].total_s
+    if fsdp and job.runtime == "torch":
+        # the root FSDP2 unit (embedding, final norm, output layer) gathers before the first
+        # layer and reduce-scatters after the last backward: nothing to hide behind
+        first_f += _root_gather_s(first_params, copy_b, links.dp)
+        first_b += _root_reduce_s(first_params, per.grads, links.dp)
+        if pp > 1:
+            last_f += _root_gather_s(last_params, copy_b, links.dp)
+            last_b += _root_reduce_s(last_params, per.grads, links.dp)
+    gpu = cluster.gpu
+    if pp > 1 and gpu.pipeline_action_s > 0:
+        overhead = gpu.pipeline_action_s
+    elif "output" in parts.measured and pp == 1:
+        overhead = 0.0   # the measured ends hold the per-micro-batch work
+    else:
+        overhead = gpu.microbatch_overhead_s / (2 * v)
     return LayerTables(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
         num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
-        layer_forward_s=parts.layer.forward.total_s + z3.forward_s,
-        layer_backward_s=parts.layer.backward.total_s + z3.backward_s,
+        layer_forward_s=layer_f + z3.forward_s,
+        layer_backward_s=layer_b + z3.backward_s,
         layer_wgrad_s=parts.layer.wgrad_s,
-        first_forward_s=parts.embedding[0].total_s, first_backward_s=parts.embedding[1].total_s,
-        last_forward_s=parts.logits[0].total_s, last_backward_s=parts.logits[1].total_s,
+        first_forward_s=first_f, first_backward_s=first_b,
+        last_forward_s=last_f, last_backward_s=last_b,
         last_wgrad_s=parts.logits[2],
-        overhead_s=cluster.gpu.microbatch_overhead_s / (2 * v),
+        overhead_s=overhead,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
-        layer_state_bytes=sum(model_state_bytes(layer_params, job, layout.zero, dp)),
-        layer_activation_bytes=parts.activations.stored(layout.recompute),
+        layer_state_bytes=sum(model_state_bytes(layer_params, job, layout.zero, dp)) + layer_copy,
+        layer_activation_bytes=parts.activation_bytes,
         inflight=inflight, buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
-        embedding_act_bytes=emb_act, logits_bytes=logits_b, recompute_buf_bytes=recompute_buf)
+        embedding_act_bytes=emb_act, logits_bytes=logits_b,
+        recompute_buf_bytes=parts.backward_buf_bytes)
+
+
+def _root_gather_s(params: float, bytes_per_param: float, dp_link) -> float:
+    return comm.all_gather_s(dp_link, params * bytes_per_param) if params else 0.0
+
+
+def _root_reduce_s(params: float, bytes_per_param: float, dp_link) -> float:
+    return comm.reduce_scatter_s(dp_link, params * bytes_per_param) if params else 0.0
+
+
+def _ends_copy_bytes(model: ModelSpec, job: Job, layout: Layout, tp: int, params: float, *,
+                     first: bool, last: bool) -> float:
+    """Runtime "torch": 16-bit copies of the embedding / output weights. Autocast casts the
+    output layer's weight (not the embedding table, which is indexed in fp32); FSDP2
+    (ZeRO-2/3) gathers the whole root unit in 16 bits."""
+    copy_b = compute_weight_bytes_per_param(job)
+    if not copy_b:
+        return 0.0
+    if layout.zero >= 2 and layout.dp > 1:
+        return params * copy_b
+    if last:
+        return model.vocab_size * model.hidden_size / tp * copy_b
+    return 0.0

@@ -97,17 +97,30 @@ class StateBytesPerParam:
 
 
 def state_bytes_per_param(job: Job) -> StateBytesPerParam:
-    """Bytes per parameter before sharding (ZeRO Table 1: K = 12 for mixed-precision Adam)."""
-    return _state_bytes(job.precision, job.optimizer)
+    """Bytes per parameter before sharding (ZeRO Table 1: K = 12 for mixed-precision Adam).
+
+    ``runtime="torch"`` keeps fp32 parameters and gradients and computes in 16 bits
+    (torch.autocast / FSDP2 mixed precision): 4 + 4 + 8 bytes with Adam, like fp32 training.
+    """
+    return _state_bytes(job.precision, job.optimizer, job.runtime)
 
 
 @lru_cache(maxsize=None)
-def _state_bytes(precision: str, optimizer: str) -> StateBytesPerParam:
-    if precision == "fp32":
+def _state_bytes(precision: str, optimizer: str, runtime: str = "megatron") -> StateBytesPerParam:
+    if precision == "fp32" or runtime == "torch":
         opt = 8.0 if optimizer == "adam" else 4.0   # Adam m, v / SGD momentum
         return StateBytesPerParam(4.0, 4.0, opt)
     opt = 12.0 if optimizer == "adam" else 8.0      # fp32 master + m, v / + momentum
     return StateBytesPerParam(2.0, 2.0, opt)
+
+
+def compute_weight_bytes_per_param(job: Job) -> float:
+    """Bytes of the 16-bit copy of a weight that compute uses when the stored weight is fp32
+    (``runtime="torch"``: autocast's cached cast for ZeRO-0/1, FSDP2's unsharded parameter
+    for ZeRO-2/3); 0 when compute uses the stored weight itself."""
+    if job.runtime == "torch" and job.precision != "fp32":
+        return float(activation_bytes_per_element(job))
+    return 0.0
 
 
 def model_state_bytes(params: float, job: Job, zero: int, dp: int) -> tuple[float, float, float]:
@@ -123,7 +136,9 @@ def model_state_bytes(params: float, job: Job, zero: int, dp: int) -> tuple[floa
         o /= dp
     if zero >= 2:
         g /= dp
-    if zero >= 3:
+    # FSDP2 (runtime "torch") shards the stored weights for ZeRO-2 too; it differs from
+    # ZeRO-3 only in keeping the gathered 16-bit weights from forward to backward.
+    if zero >= 3 or (zero == 2 and job.runtime == "torch"):
         w /= dp
     return w, g, o
 

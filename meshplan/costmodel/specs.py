@@ -23,6 +23,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adam", "sgd")
+RUNTIMES = ("megatron", "torch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +206,18 @@ class Job:
     blocks); ``overlap_dp_comm`` (gradient reduction overlapped with the last
     micro-batch's backward, as PyTorch DDP/FSDP and Megatron-Core do; Megatron-LM of
     2021 reduced after the backward pass); ``overlap_tp_comm`` (not by default).
+
+    ``runtime`` says whose conventions the step follows (see docs/costmodel.md):
+
+    * ``"megatron"`` (default): 16-bit weights and gradients, fp32 master weights inside the
+      optimizer (ZeRO's 2 + 2 + 12 bytes per parameter); ZeRO-1/2 reduce-scatter gradients
+      and all-gather 16-bit weights once per step; ZeRO-3 gathers per layer.
+    * ``"torch"``: plain PyTorch as meshplan's executor runs it — fp32 parameters and
+      gradients with bf16 compute (``torch.autocast`` for ZeRO-0/1, whose weight casts are
+      cached for the step; FSDP2 ``MixedPrecisionPolicy`` for ZeRO-2/3), 4 + 4 + 8 bytes per
+      parameter; fp32 gradient reduction (DDP buckets; after the schedule when pipelined);
+      ZeRO-1 = DDP all-reduce + ``ZeroRedundancyOptimizer`` broadcasts of the updated fp32
+      shards; ZeRO-2/3 = FSDP2, which gathers and reduce-scatters every micro-batch.
     """
 
     global_batch: int
@@ -215,9 +228,11 @@ class Job:
     flash_attention: bool = True
     overlap_dp_comm: bool = True
     overlap_tp_comm: bool = False
+    runtime: str = "megatron"
 
     def __post_init__(self) -> None:
         require_positive_int("Job", "global_batch", self.global_batch)
+        require_choice("Job", "runtime", self.runtime, RUNTIMES)
         require_positive_int("Job", "seq_len", self.seq_len)
         require_choice("Job", "precision", self.precision, PRECISIONS)
         require_choice("Job", "optimizer", self.optimizer, OPTIMIZERS)

@@ -26,9 +26,20 @@ class GPUSpec:
     # Fixed costs measured by calibration (0 for datasheet profiles).
     layer_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
+    # Measured by ``meshplan calibrate`` with the executor's own code (absent: analytical).
+    pipeline_action_s: float = 0.0      # fixed cost of one pipeline-stage forward or backward
+    optimizer_gbps: float = 0.0         # achieved bytes/s of the fused AdamW step (0: HBM model)
+    measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
+
+    def __eq__(self, other: object) -> bool:
+        # identity of the measured tables, not their rows: profiles are compared in every
+        # cost-model cache lookup
+        if not isinstance(other, GPUSpec):
+            return NotImplemented
+        return self.to_dict() == other.to_dict() and self.measured is other.measured
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs)."""
@@ -54,4 +65,6 @@ class GPUSpec:
             "provenance": self.provenance,
             "layer_overhead_s": self.layer_overhead_s,
             "microbatch_overhead_s": self.microbatch_overhead_s,
+            "pipeline_action_s": self.pipeline_action_s,
+            "optimizer_gbps": self.optimizer_gbps,
         }

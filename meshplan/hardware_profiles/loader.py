@@ -87,6 +87,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         provenance=str(t.get("provenance", "datasheet")),
         layer_overhead_s=float(get(t, "layer_overhead_s", _NUM, where, 0.0)),
         microbatch_overhead_s=float(get(t, "microbatch_overhead_s", _NUM, where, 0.0)),
+        pipeline_action_s=float(get(t, "pipeline_action_s", _NUM, where, 0.0)),
+        optimizer_gbps=float(get(t, "optimizer_gbps", _NUM, where, 0.0)),
     )
 
 
