@@ -135,9 +135,7 @@ def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[
             records.append(rec)
             options.log(f"[{i + 1}/{len(layouts)}] {name} {layout.short()}: invalid: {exc}")
             continue
-        rec["predicted"] = {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
-                            "memory_per_rank_bytes": predicted_memory_per_rank(est, layout, cluster),
-                            "fits": est.fits, "mfu": est.mfu}
+        rec["predicted"] = predicted_record(est, layout, cluster)
         elapsed = time.perf_counter() - t_start
         if options.budget_s is not None and elapsed > options.budget_s:
             rec.update(status="skipped", error=f"time budget of {options.budget_s:.0f} s spent")
@@ -189,15 +187,40 @@ def _run_one(model, cluster, job, layout, est, name, options: ValidateOptions) -
         meas = read_measurement(json.loads(results.read_text()), n)
     except (ValueError, KeyError, TypeError) as exc:
         return {**base, "status": "failed", "error": f"unreadable {results}: {exc}"}
-    pred = est.step_time_s
-    out = {**base, "status": "ok", "measured": meas,
-           "step_time_error_pct": pct_error(pred, meas["step_time_s"])}
-    pm = predicted_memory_per_rank(est, layout, cluster)
+    return {**base, "status": "ok", "measured": meas,
+            **score(predicted_record(est, layout, cluster), meas)}
+
+
+def predicted_record(est, layout: Layout, cluster: Cluster) -> dict[str, Any]:
+    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
+            "memory_per_rank_bytes": predicted_memory_per_rank(est, layout, cluster),
+            "fits": est.fits, "mfu": est.mfu}
+
+
+def score(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:
+    """Errors of a prediction against a measurement, in % of the measurement."""
+    out: dict[str, Any] = {"step_time_error_pct": pct_error(pred["step_time_s"],
+                                                            meas["step_time_s"])}
+    pm = pred["memory_per_rank_bytes"]
     mm = meas.get("memory_per_rank_bytes") or []
     if len(mm) == len(pm) and all(v > 0 for v in mm):
         out["memory_error_pct_per_rank"] = [pct_error(p, m) for p, m in zip(pm, mm)]
     if meas.get("memory_peak_bytes"):
-        out["memory_peak_error_pct"] = pct_error(est.memory_peak_bytes, meas["memory_peak_bytes"])
+        out["memory_peak_error_pct"] = pct_error(pred["memory_peak_bytes"],
+                                                 meas["memory_peak_bytes"])
+    return out
+
+
+def rescore(record: dict[str, Any], model: ModelSpec, cluster: Cluster, job: Job
+            ) -> dict[str, Any]:
+    """A measured record with the current cost model's prediction (no run): to see what a
+    new profile or model change predicts for layouts measured before."""
+    layout = Layout.from_dict(record["layout"])
+    out = {k: v for k, v in record.items() if k not in (
+        "predicted", "step_time_error_pct", "memory_error_pct_per_rank", "memory_peak_error_pct")}
+    out["predicted"] = predicted_record(estimate(model, cluster, job, layout), layout, cluster)
+    if record.get("status") == "ok":
+        out.update(score(out["predicted"], record["measured"]))
     return out
 
 

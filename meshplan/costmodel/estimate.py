@@ -226,6 +226,7 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     per = state_bytes_per_param(job)
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
     w, g, o = model_state_bytes(params, job, zero, dp)
+    w += compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
     grad_bytes = params * per.grads
     dp_s = red = gat = wire = bucket = copy = 0.0
     torch_rt = job.runtime == "torch"
@@ -597,29 +598,26 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     logits_b = parts.logits_bytes * (inflight[last_rank] if layout.schedule == "gpipe"
                                      else 1.0) + parts.output_peak_bytes
     if job.runtime == "torch":
-        # FSDP2 gathers 16-bit weights: ZeRO-3 holds about two layers (this one and the
-        # prefetched next); ZeRO-2 keeps every layer's from forward to backward.
+        # FSDP2's ZeRO-3 holds about two gathered 16-bit layers (this one and the prefetched
+        # next); the other copies are counted with the weights (compute_copy_bytes)
         gathered = 2 * layer_params * copy_b if layout.zero == 3 and dp > 1 else 0.0
-        layer_copy = layer_params * copy_b if layout.zero < 3 or dp == 1 else 0.0
         dp_buf = 0.0     # DDP reduces in place (gradient_as_bucket_view); FSDP2 per layer
     else:
         gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
-        layer_copy = 0.0
         dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
+    copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp)
     base_buf = ((2 * parts.p2p_bytes if pp > 1 else 0.0) + dp_buf + gathered
                 + parts.backward_buf_bytes)
     emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
     first_extra = (sum(model_state_bytes(first_params, job, layout.zero, dp))
                    + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0)
-                   + _ends_copy_bytes(model, job, layout, tp, first_params, first=True,
-                                      last=pp == 1))
+                   + compute_copy_bytes(model, layers=0, first=True, last=pp == 1, **copy_kw))
     last_extra = 0.0
     if pp > 1:
         last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp)
         last_extra = (sum(model_state_bytes(last_params, job, layout.zero, dp)) + logits_b
-                      + _ends_copy_bytes(model, job, layout, tp, last_params, first=False,
-                                         last=True))
+                      + compute_copy_bytes(model, layers=0, first=False, last=True, **copy_kw))
     first_f, first_b = parts.embedding[0].total_s, parts.embedding[1].total_s
     last_f, last_b = parts.logits[0].total_s, parts.logits[1].total_s
     if fsdp and job.runtime == "torch":
@@ -648,7 +646,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_wgrad_s=parts.logits[2],
         overhead_s=overhead,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
-        layer_state_bytes=sum(model_state_bytes(layer_params, job, layout.zero, dp)) + layer_copy,
+        layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
+                           + compute_copy_bytes(model, layers=1, first=False, last=False,
+                                                **copy_kw)),
         layer_activation_bytes=parts.activation_bytes,
         inflight=inflight, buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
@@ -664,16 +664,22 @@ def _root_reduce_s(params: float, bytes_per_param: float, dp_link) -> float:
     return comm.reduce_scatter_s(dp_link, params * bytes_per_param) if params else 0.0
 
 
-def _ends_copy_bytes(model: ModelSpec, job: Job, layout: Layout, tp: int, params: float, *,
-                     first: bool, last: bool) -> float:
-    """Runtime "torch": 16-bit copies of the embedding / output weights. Autocast casts the
-    output layer's weight (not the embedding table, which is indexed in fp32); FSDP2
-    (ZeRO-2/3) gathers the whole root unit in 16 bits."""
+def compute_copy_bytes(model: ModelSpec, job: Job, zero: int, dp: int, tp: int, pp: int,
+                       layers: int, *, first: bool, last: bool) -> float:
+    """Runtime "torch": the 16-bit copies of fp32 weights that compute uses, counted with the
+    weights. ZeRO-0/1: autocast caches one cast per weight for the step (the embedding table
+    is indexed in fp32, not cast); FSDP2's ZeRO-2 keeps every layer's gathered weights from
+    forward to backward, with the root unit (embedding, norm, output); ZeRO-3's two gathered
+    layers are a buffer (see :func:`_layer_tables`), its root unit is counted here."""
     copy_b = compute_weight_bytes_per_param(job)
     if not copy_b:
         return 0.0
-    if layout.zero >= 2 and layout.dp > 1:
-        return params * copy_b
-    if last:
-        return model.vocab_size * model.hidden_size / tp * copy_b
-    return 0.0
+    fsdp = zero >= 2 and dp > 1
+    ends = stage_params(model, 0, tp, first=first, last=last, pp=pp) if (first or last) else 0.0
+    if fsdp:
+        layer_part = 0.0 if zero == 3 else layers * stage_params(model, 1, tp, first=False,
+                                                                 last=False, pp=pp)
+        return (layer_part + ends) * copy_b
+    layer_part = layers * stage_params(model, 1, tp, first=False, last=False, pp=pp)
+    head = model.vocab_size * model.hidden_size / tp if last else 0.0
+    return (layer_part + head) * copy_b

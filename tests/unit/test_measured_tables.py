@@ -1,0 +1,127 @@
+"""Measured layer tables and runtime="torch" in the cost model (meshplan.costmodel.measured)."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.costmodel import estimate
+from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
+                                         ends_shape_key, layer_shape_key, tables_from_rows)
+from meshplan.costmodel.memory import model_state_bytes, stage_params
+from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.errors import ConfigError, ProfileError
+from meshplan.hardware_profiles import Cluster
+
+MODEL = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_heads=16, vocab_size=32000,
+                  max_seq_len=1024)
+JOB = Job(global_batch=16, seq_len=1024, runtime="torch")
+
+
+def _layer(mb, fwd, bwd, act, peak, **kw):
+    base = dict(shape=layer_shape_key(MODEL), seq_len=1024, tp=1, sequence_parallel=False,
+                recompute="none", micro_batch=mb, forward_s=fwd, backward_s=bwd,
+                activation_bytes=act, backward_peak_bytes=peak)
+    return MeasuredLayer(**{**base, **kw})
+
+
+def _end(part, mb, fwd, bwd, act, peak):
+    return MeasuredEnd(shape=ends_shape_key(MODEL), part=part, seq_len=1024, tp=1,
+                       sequence_parallel=False, micro_batch=mb, forward_s=fwd, backward_s=bwd,
+                       activation_bytes=act, peak_bytes=peak)
+
+
+def _cluster(tables):
+    c = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    return replace(c, gpu=replace(c.gpu, measured=tables))
+
+
+TABLES = MeasuredTables(
+    (_layer(1, 1e-3, 2e-3, 100e6, 50e6), _layer(2, 1.8e-3, 3.8e-3, 200e6, 90e6),
+     _layer(1, 1.5e-3, 3.5e-3, 0.0, 0.0, zero=2, dp=2)),
+    (_end("embedding", 1, 1e-4, 2e-4, 1e6, 0.0), _end("output", 1, 5e-4, 9e-4, 400e6, 300e6)))
+
+
+def test_runtime_is_checked():
+    with pytest.raises(ConfigError, match="runtime"):
+        Job(global_batch=8, seq_len=128, runtime="jax")
+
+
+def test_torch_runtime_state_bytes_and_fsdp_sharding():
+    # fp32 weights + fp32 grads + Adam m, v = 16 B/param; FSDP2's ZeRO-2 shards the weights too
+    assert model_state_bytes(1000, JOB, 0, 4) == (4000, 4000, 8000)
+    assert model_state_bytes(1000, JOB, 2, 4) == (1000, 1000, 2000)
+    mega = Job(global_batch=16, seq_len=1024)
+    assert model_state_bytes(1000, mega, 2, 4) == (2000, 500, 3000)
+
+
+def test_measured_layer_and_ends_replace_the_analytical_ones():
+    c = _cluster(TABLES)
+    est = estimate(MODEL, c, JOB, Layout(dp=1, micro_batch=1))
+    # one stage: 8 measured layers + measured embedding + measured output, no extra overhead
+    assert est.stage_forward_s[0] == pytest.approx(8 * 1e-3 + 1e-4 + 5e-4)
+    assert est.stage_backward_s[0] == pytest.approx(8 * 2e-3 + 2e-4 + 9e-4)
+    mem = est.memory[0]
+    params = stage_params(MODEL, 8, 1, first=True, last=True, pp=1)
+    assert mem.activations_bytes == pytest.approx(8 * 100e6 + 1e6)
+    # weights + grads + Adam, plus the bf16 cast of every layer and the output weight
+    copy = 2 * (stage_params(MODEL, 8, 1, first=False, last=False, pp=1)
+                + MODEL.vocab_size * MODEL.hidden_size)
+    assert mem.total_bytes == pytest.approx(16 * params + copy + 8 * 100e6 + 1e6
+                                            + 400e6 + 300e6 + 50e6)
+
+
+def test_micro_batch_interpolation_and_analytical_fallback():
+    c = _cluster(TABLES)
+    est2 = estimate(MODEL, c, JOB, Layout(micro_batch=2))
+    est4 = estimate(MODEL, c, JOB, Layout(micro_batch=4))
+    assert est2.stage_forward_s[0] == pytest.approx(8 * 1.8e-3 + 2 * 1e-4 + 2 * 5e-4)
+    # mb 4 extrapolates the layer linearly through (1, 1.0 ms) and (2, 1.8 ms): 3.4 ms
+    assert est4.stage_forward_s[0] == pytest.approx(8 * 3.4e-3 + 4 * 1e-4 + 4 * 5e-4)
+    # recompute="full" has no row: the analytical layer is used, not a measured one
+    from meshplan.costmodel.estimate import layer_tables
+    datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    lay = Layout(micro_batch=1, recompute="full")
+    assert layer_tables(MODEL, c, JOB, lay).layer_forward_s == pytest.approx(
+        layer_tables(MODEL, datasheet, JOB, lay).layer_forward_s)
+    assert layer_tables(MODEL, c, JOB, lay).layer_forward_s != pytest.approx(1e-3)
+
+
+def test_fsdp_rows_are_used_for_torch_zero2():
+    c = _cluster(TABLES)
+    est = estimate(MODEL, c, JOB, Layout(dp=2, micro_batch=1, zero=2))
+    # the FSDP2 row's layer times, plus the root unit's gather / reduce-scatter
+    assert est.stage_forward_s[0] > 8 * 1.5e-3 + 1e-4 + 5e-4
+    assert est.stage_forward_s[0] < 8 * 1.5e-3 + 1e-4 + 5e-4 + 5e-3
+    assert est.stage_backward_s[0] > 8 * 3.5e-3 + 2e-4 + 9e-4
+    # dp 4 has no FSDP row: analytical gathers on top of the plain measured layer
+    est4 = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=1, zero=2))
+    assert est4.time.zero3_gather_s > 0
+
+
+def test_rows_are_checked_and_name_the_row():
+    with pytest.raises(ProfileError, match=r"\[\[layers\]\] #1: missing key"):
+        tables_from_rows([{"shape": "x", "seq_len": 8}], [], "p.toml")
+    good = {k: getattr(_end("output", 1, 1, 1, 1, 1), k) for k in (
+        "shape", "part", "seq_len", "tp", "sequence_parallel", "micro_batch", "forward_s",
+        "backward_s", "activation_bytes", "peak_bytes")}
+    with pytest.raises(ProfileError, match="part 'head'"):
+        tables_from_rows([], [{**good, "part": "head"}], "p.toml")
+    with pytest.raises(ProfileError, match="forward_s must be a number >= 0"):
+        tables_from_rows([], [{**good, "forward_s": -1.0}], "p.toml")
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(dp=4, micro_batch=1, zero=1), Layout(dp=2, pp=2, micro_batch=2, zero=1),
+    Layout(dp=2, micro_batch=1, zero=2), Layout(dp=4, micro_batch=2, zero=3, recompute="full"),
+    Layout(pp=4, micro_batch=1, schedule="gpipe"), Layout(tp=2, pp=2, micro_batch=1,
+                                                          schedule="zero-bubble"),
+])
+def test_planner_tables_agree_with_estimate_under_torch_runtime(layout):
+    """The planner prices partitions from LayerTables; estimate must give the same numbers."""
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    est = estimate(MODEL, c, JOB, layout)
+    t = layer_tables(MODEL, c, JOB, layout)
+    stages = [MODEL.num_layers // (layout.pp * layout.vpp)] * (layout.pp * layout.vpp)
+    assert t.step_time_s(stages) == pytest.approx(est.step_time_s, rel=1e-9)
+    assert t.peak_memory_bytes(stages) == pytest.approx(est.memory_peak_bytes, rel=1e-9)
