@@ -130,13 +130,20 @@ def _median(xs: Sequence[float]) -> float:
 def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
                   base: GPUSpec | None, device: str, provenance: Mapping[str, Any],
                   cpu_peak_tflops: float | None = None, cpu_memory_gbps: float | None = None,
-                  memory_bytes: int | None = None, precision: str = "bf16") -> dict[str, Any]:
+                  memory_bytes: int | None = None, precision: str = "bf16",
+                  layers: Iterable[Mapping[str, Any]] = (),
+                  ends: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The profile document (a dict for :func:`meshplan.calibrate.tomlfile.dumps`).
 
     ``measurements`` holds the raw rows of each benchmark: ``gemm`` (m, k, n, seconds),
     ``attention`` (batch, seq, heads, head_dim, seconds), ``membound`` (op, model_bytes,
     seconds), ``collectives`` (op, group_size, nbytes, seconds), ``latency`` (group_size,
-    seconds), ``overheads`` (kind, seconds). On CPU there is no datasheet: ``base`` is None
+    seconds), ``overheads`` (kind, seconds), ``pipeline`` (kind "pipeline_action_s", seconds).
+    ``layers`` / ``ends``: rows of :class:`meshplan.costmodel.measured.MeasuredLayer` /
+    ``MeasuredEnd`` (layer-level benchmarks), written as top-level ``[[layers]]`` /
+    ``[[ends]]``. The ``[gpu]`` table also gets ``pipeline_action_s`` (the pipeline row) and
+    ``optimizer_gbps`` (bytes the cost model counts for the "adamw" membound row over its
+    seconds) when they were measured. On CPU there is no datasheet: ``base`` is None
     and the peak (``cpu_peak_tflops``, a measured matmul peak) and memory bandwidth
     (``cpu_memory_gbps``, a measured copy) stand in for it.
     """
@@ -217,6 +224,14 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         if vals:
             gpu[kind] = max(0.0, _median(vals))
             measured.append(kind)
+    pipe = [r["seconds"] for r in rows.get("pipeline", []) if r["kind"] == "pipeline_action_s"]
+    if pipe:
+        gpu["pipeline_action_s"] = max(0.0, _median(pipe))
+        measured.append("pipeline_action_s")
+    adamw = [r for r in mb if r["op"] == "adamw" and r["seconds"] > 0]
+    if adamw:
+        gpu["optimizer_gbps"] = _median([r["model_bytes"] / r["seconds"] / 1e9 for r in adamw])
+        measured.append("optimizer_gbps")
 
     if base is not None:
         full = base.to_dict()
@@ -244,6 +259,13 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     if cluster:
         doc["cluster"] = cluster
     doc["measurements"] = {k: v for k, v in rows.items() if v}
+    layer_rows, end_rows = [dict(r) for r in layers], [dict(r) for r in ends]
+    if layer_rows:
+        doc["layers"] = layer_rows
+        measured.append("layers")
+    if end_rows:
+        doc["ends"] = end_rows
+        measured.append("ends")
     return doc
 
 

@@ -12,6 +12,7 @@ import os
 import platform
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +31,7 @@ class CalibrateOptions:
     out: Path
     device: str = "auto"           # auto | cuda | cpu
     quick: bool = False
-    model: ModelSpec | None = None
+    models: tuple[ModelSpec, ...] = ()   # with models: their GEMM shapes and layer tables
     seq_len: int | None = None
     base_gpu: str | None = None
     max_tp: int = 8
@@ -70,7 +71,7 @@ def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
         "cuda": torch.version.cuda or "" if cuda else "", "nccl": nccl,
         "cpu_threads": torch.get_num_threads(),
         "python": platform.python_version(), "meshplan": __version__,
-        "quick": options.quick, "model": options.model.name if options.model else "",
+        "quick": options.quick, "model": ", ".join(m.name for m in options.models),
         "command": " ".join(sys.argv),
     }
 
@@ -99,12 +100,14 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     import torch
     import torch.distributed as dist
 
-    from meshplan.calibrate import bench_comm, bench_compute, bench_overhead, shapes
+    from meshplan.calibrate import (bench_comm, bench_compute, bench_layers, bench_overhead,
+                                    bench_pipeline, shapes)
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
     from meshplan.hardware_profiles import builtin_gpu
 
+    t_start = time.perf_counter()
     device, world = _init_distributed(options.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     kind = device.type
@@ -117,22 +120,29 @@ def calibrate(options: CalibrateOptions) -> Path | None:
                           f"profile is measured against the CPU's own matmul peak")
     if kind == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    if options.model is not None:
-        seq = options.seq_len or options.model.max_seq_len
-        gemms = shapes.model_gemm_shapes(options.model, seq, max_tp=options.max_tp)
-        attn = shapes.model_attention_shapes(options.model, seq, max_tp=options.max_tp)
+    if options.models:
+        gemm_set, attn_set = set(), set()
+        for m in options.models:
+            seq = options.seq_len or m.max_seq_len
+            gemm_set.update(shapes.model_gemm_shapes(m, seq, max_tp=options.max_tp))
+            attn_set.update(shapes.model_attention_shapes(m, seq, max_tp=options.max_tp))
+        gemms, attn = sorted(gemm_set), sorted(attn_set)
         if kind == "cpu" and options.quick:
             gemms, attn = gemms[:6], attn[:4]
     else:
         gemms = shapes.default_gemm_shapes(options.quick, kind)
         attn = shapes.default_attention_shapes(options.quick, kind)
+    grid = (bench_layers.plan_grid(options.models, options.seq_len, world, quick=options.quick,
+                                   max_tp=options.max_tp) if options.models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
-    total = len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
+    total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0) + len(grid)
+             + (1 if world > 1 else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "
-              f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes"
+              f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes, "
+              f"{len(grid)} layer configurations"
               + (f", base profile {base.name}" if base else ""))
 
     rows: dict[str, list[dict[str, Any]]] = {"gemm": [], "attention": [], "membound": [],
@@ -157,7 +167,8 @@ def calibrate(options: CalibrateOptions) -> Path | None:
                                                     device)
     prog.step("memory-bound ops: " + ", ".join(
         f"{r['op']} {r['model_bytes'] / r['seconds'] / 1e9:.0f} GB/s" for r in rows["membound"]))
-    rows["overheads"] = bench_overhead.bench_overheads(device, options.model,
+    like = options.models[0] if options.models else None
+    rows["overheads"] = bench_overhead.bench_overheads(device, like,
                                                        iters=5 if options.quick else 10)
     prog.step("fixed overheads: " + ", ".join(f"{r['kind']} {r['seconds'] * 1e6:.0f} us"
                                                 for r in rows["overheads"]))
@@ -168,13 +179,32 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     else:
         prog.note("world size 1: collectives skipped (launch with torchrun across the GPUs "
                   "to measure them)")
+    layers: list[dict[str, Any]] = []
+    ends: list[dict[str, Any]] = []
+    if grid:
+        t0 = time.perf_counter()
+        if world > 1:
+            dist.barrier()
+        layers, ends = bench_layers.bench_layer_rows(
+            options.models, options.seq_len, device, world, rank, quick=options.quick,
+            progress=prog, max_tp=options.max_tp)
+        prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows in "
+                  f"{time.perf_counter() - t0:.1f} s")
+    if world > 1:
+        dist.barrier()
+        r = bench_pipeline.bench_pipeline_action_s(device, world)
+        rows["pipeline"] = [r]
+        prog.step(f"pipeline action (1f1b, pp {r['pp']}, {r['microbatches']} micro-batches): "
+                  f"{r['seconds'] * 1e6:.0f} us")
     path = None
     if rank == 0:
         doc = build_profile(measurements=rows, base=base, device=kind,
                             provenance=provenance(device, options, world),
-                            cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem)
+                            cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
+                            layers=layers, ends=ends)
         path = write_text_atomic(options.out, dumps(doc))
-        prog.note(f"wrote {path} (measured: {', '.join(doc['measured'])})")
+        prog.note(f"wrote {path} (measured: {', '.join(doc['measured'])}) in "
+                  f"{time.perf_counter() - t_start:.1f} s")
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -17,16 +17,19 @@ from pathlib import Path
 from meshplan.commands.common import load_model, positive_int
 
 
-
 def add_arguments(p) -> None:
     p.add_argument("--out", default="profile.toml", help="profile TOML to write (atomically)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer, smaller sizes (smoke test)")
-    p.add_argument("--model", default=None,
-                   help="time the GEMM/attention shapes of this model (preset or HF config.json)"
-                        " instead of the representative default set")
+    p.add_argument("--model", action="append", default=None,
+                   help="a model (preset, Hugging Face config.json or meshplan ModelSpec JSON);"
+                        " repeatable. Times the GEMM/attention shapes of the models instead "
+                        "of the representative default set, and enables the layer tables: the"
+                        " executor's own transformer layers and embedding/output ends timed "
+                        "per tp, sequence parallelism, recompute, ZeRO-2/3 dp and micro-batch")
     p.add_argument("--seq-len", type=positive_int, default=None,
-                   help="sequence length for --model shapes (default: the model's max)")
+                   help="sequence length for --model shapes and layer tables (default: each "
+                        "model's max)")
     p.add_argument("--base-gpu", default=None,
                    help="built-in GPU profile the measurement extends (default: from the "
                         "device name)")
@@ -41,9 +44,9 @@ def main(args) -> int:
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     from meshplan.calibrate.run import CalibrateOptions, calibrate
-    model = load_model(args.model) if args.model else None
+    models = tuple(load_model(m) for m in args.model or ())
     calibrate(CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
-                               model=model, seq_len=args.seq_len, base_gpu=args.base_gpu,
+                               models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
                                max_tp=args.max_tp, show_progress=not args.no_progress))
     return 0
 
