@@ -92,6 +92,7 @@ class LayerParts:
     p2p_bytes: float       # activation sent between pipeline stages
     p2p_s: float
     measured: tuple[str, ...] = ()   # parts taken from the profile's measured tables
+    split_backward: tuple[float, float] | None = None  # measured zero-bubble B, W of a layer
 
 
 @lru_cache(maxsize=8192)
@@ -114,6 +115,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
     logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
+    split = None
     tables = cluster.gpu.measured
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
@@ -121,6 +123,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
+            split = ml.split_backward
             measured.append("layer")
         me = tables.end(model, "embedding", **kw)
         if me is not None:
@@ -136,7 +139,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
-                      comm.p2p_s(pp_link, msg), tuple(measured))
+                      comm.p2p_s(pp_link, msg), tuple(measured), split)
 
 
 def _ratio(measured_s: float, analytical_s: float) -> float:
@@ -580,6 +583,10 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
     z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job)
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
+    layer_w = parts.layer.wgrad_s
+    if layout.schedule == "zero-bubble" and parts.split_backward is not None:
+        # measured B and W actions (their sum can exceed one fused backward)
+        layer_b, layer_w = sum(parts.split_backward), parts.split_backward[1]
     fsdp = fsdp_per_microbatch(job, layout.zero) and dp > 1
     tables = cluster.gpu.measured
     fs = (tables.layer(model, seq_len=job.seq_len, tp=tp,
@@ -640,7 +647,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
         layer_forward_s=layer_f + z3.forward_s,
         layer_backward_s=layer_b + z3.backward_s,
-        layer_wgrad_s=parts.layer.wgrad_s,
+        layer_wgrad_s=layer_w,
         first_forward_s=first_f, first_backward_s=first_b,
         last_forward_s=last_f, last_backward_s=last_b,
         last_wgrad_s=parts.logits[2],

@@ -59,6 +59,9 @@ class MeasuredLayer:
     activation_bytes: float     # kept from forward to backward
     backward_peak_bytes: float  # working memory of one layer's backward above what is kept
     model: str = ""             # the model it was measured for (information only)
+    # zero-bubble's split backward (input gradients, then weight gradients; 0: not measured)
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -93,12 +96,22 @@ class Interpolated:
     backward_s: float
     activation_bytes: float
     peak_bytes: float
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+
+    @property
+    def split_backward(self) -> tuple[float, float] | None:
+        """(input-gradient s, weight-gradient s) of zero-bubble's split backward, if measured."""
+        if self.backward_input_s > 0 and self.backward_weight_s > 0:
+            return self.backward_input_s, self.backward_weight_s
+        return None
 
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
     def vals(r):
-        return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field))
+        return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field),
+                getattr(r, "backward_input_s", 0.0), getattr(r, "backward_weight_s", 0.0))
     exact = [r for r in rows if r.micro_batch == mb]
     if exact:
         return Interpolated(*vals(exact[0]))

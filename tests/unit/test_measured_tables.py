@@ -125,3 +125,14 @@ def test_planner_tables_agree_with_estimate_under_torch_runtime(layout):
     stages = [MODEL.num_layers // (layout.pp * layout.vpp)] * (layout.pp * layout.vpp)
     assert t.step_time_s(stages) == pytest.approx(est.step_time_s, rel=1e-9)
     assert t.peak_memory_bytes(stages) == pytest.approx(est.memory_peak_bytes, rel=1e-9)
+
+
+def test_zero_bubble_uses_the_measured_split_backward():
+    split = MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, backward_input_s=1.5e-3,
+                                   backward_weight_s=4e-3),), ())
+    c = _cluster(split)
+    zb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="zero-bubble"))
+    fb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="1f1b"))
+    # 4 layers per stage; the ends are analytical here (no end rows), identical in both
+    assert zb.stage_backward_s[0] - fb.stage_backward_s[0] == pytest.approx(4 * (5.5e-3 - 2e-3))
+    assert zb.stage_wgrad_s[0] == pytest.approx(4 * 4e-3)

@@ -1,0 +1,65 @@
+"""Zero-bubble's split backward, timed on a layer stack: input-gradient pass (B) and
+weight-gradient pass (W) run by torch.distributed.pipelining's own functions.
+
+The zero-bubble schedule (Qi et al. 2023, arXiv 2401.10241 §2) runs a stage's backward as
+two actions: B computes the gradient of the stage input only, W later the weight gradients
+from the graph B kept. ``ScheduleInterleavedZeroBubble`` does it with
+``stage_backward_input`` / ``stage_backward_weight`` (torch/distributed/pipelining/
+_backward.py); in eager PyTorch the two together can cost much more than one fused backward
+(with activation checkpointing, each weight group's gradient replays the recomputation), so
+the cost model takes B and W from this measurement when it has it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, iters: int = 3
+                     ) -> tuple[float, float] | None:
+    """Median (B seconds, W seconds) of ``iters`` split backwards, or None when this torch
+    has no split backward (private API) or it fails.
+
+    ``run_forward()`` returns ``(output, grad_output, input)`` of a fresh forward pass whose
+    ``input`` requires grad.
+    """
+    import statistics
+
+    import torch
+    try:
+        from torch.distributed.pipelining._backward import (stage_backward_input,
+                                                            stage_backward_weight)
+    except ImportError:
+        return None
+    cuda = torch.device(device).type == "cuda"
+    bs, ws = [], []
+    try:
+        for i in range(iters + 1):                     # the first one warms up
+            y, g, x = run_forward()
+            if cuda:
+                torch.cuda.synchronize()
+                e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                e0.record()
+            t0 = time.perf_counter()
+            _, groups = stage_backward_input([y], [g], [x], iter(params))
+            if cuda:
+                e1.record()
+            t1 = time.perf_counter()
+            stage_backward_weight(iter(params), groups)
+            if cuda:
+                e2.record()
+                e2.synchronize()
+                b, w = e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
+            else:
+                b, w = t1 - t0, time.perf_counter() - t1
+            if i:
+                bs.append(b)
+                ws.append(w)
+            del y, g, x, groups
+    except Exception:  # private API changed shape between torch versions: no measurement
+        return None
+    return statistics.median(bs), statistics.median(ws)
+
+
+__all__ = ["split_backward_s"]
