@@ -364,6 +364,7 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier
 def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier
              ) -> tuple[float, float, float, float]:
     import torch
+    import torch.distributed as dist
 
     from meshplan.executor import tensor_parallel as tpm
     from meshplan.executor.model import cross_entropy
@@ -391,8 +392,8 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier
         s = seq // cfg.tp if cfg.sequence_parallel else seq
         x = torch.randn(mb, s, h, device=device, dtype=act, requires_grad=True)
         input_bytes = _nbytes(x)
-        vocab_start = (torch.distributed.get_rank(tp_group) * (vocab // cfg.tp)
-                       if cfg.tp > 1 else 0)
+        # as ParallelTrainer.vocab_start: this tp rank's first vocabulary row
+        vocab_start = dist.get_rank(tp_group) * (vocab // cfg.tp) if cfg.tp > 1 else 0
 
         def reset():
             x.grad = None

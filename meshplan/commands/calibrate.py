@@ -41,34 +41,37 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    models = tuple(load_model(m) for m in args.model or ())   # bad --model: fail before torchrun
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     from meshplan.calibrate.run import CalibrateOptions, calibrate
-    models = tuple(load_model(m) for m in args.model or ())
     calibrate(CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
                                max_tp=args.max_tp, show_progress=not args.no_progress))
     return 0
 
 
+def child_argv(args) -> list[str]:
+    """The ``calibrate`` arguments each torchrun child gets: the parsed options without
+    ``--nproc`` (rebuilt from ``args``, so it works when called as ``cli.main(argv)``)."""
+    out = ["calibrate", "--out", str(args.out), "--device", args.device,
+           "--max-tp", str(args.max_tp)]
+    for m in args.model or ():
+        out += ["--model", m]
+    if args.seq_len:
+        out += ["--seq-len", str(args.seq_len)]
+    if args.base_gpu:
+        out += ["--base-gpu", args.base_gpu]
+    if args.quick:
+        out.append("--quick")
+    if args.no_progress:
+        out.append("--no-progress")
+    return out
+
+
 def _spawn(args) -> int:
-    argv = [a for a in sys.argv[1:]]
-    # drop "--nproc N" / "--nproc=N" so the children run the benchmarks themselves
-    cleaned, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = True
-            continue
-        if a.startswith("--nproc="):
-            continue
-        cleaned.append(a)
-    if "calibrate" not in cleaned:
-        cleaned = ["calibrate", *cleaned]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.nproc}", "-m", "meshplan.cli", *cleaned]
+           f"--nproc-per-node={args.nproc}", "-m", "meshplan.cli", *child_argv(args)]
     from meshplan.executor.child_env import child_env
     env = child_env()
     print("meshplan calibrate: " + " ".join(cmd), file=sys.stderr)

@@ -1,0 +1,253 @@
+"""Layer-level calibration: the grid, the per-row arithmetic, the profile rows, --model JSON,
+and a 2-rank gloo run of `meshplan calibrate --model` whose rows the cost model can look up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibrate import profile as prof
+from meshplan.calibrate.bench_layers import (Config, Sample, end_row, end_values, layer_row,
+                                             layer_values, plan_grid)
+from meshplan.calibrate.tomlfile import dumps
+from meshplan.commands.calibrate import add_arguments, child_argv
+from meshplan.commands.common import load_model
+from meshplan.costmodel.measured import layer_shape_key, tables_from_rows
+from meshplan.costmodel.specs import ModelSpec
+from meshplan.errors import ConfigError
+from meshplan.hardware_profiles import builtin_gpu
+
+ROOT = Path(__file__).parents[2]
+TINY = ModelSpec(name="tiny-llama", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                 ffn_hidden_size=128, vocab_size=128, max_seq_len=32, activation="swiglu",
+                 norm="rmsnorm", position_embedding="rope", tied_embeddings=False, bias=False)
+# tp 1, 2, 4 valid (heads 8, kv 4, ffn 256); vocab 102 is divisible by 2, not by 4
+GPTISH = ModelSpec(name="gptish", num_layers=4, hidden_size=128, num_heads=8, num_kv_heads=4,
+                   ffn_hidden_size=256, vocab_size=102, max_seq_len=64)
+
+
+# ---- grid ------------------------------------------------------------------------------------
+def _count(grid, **kw):
+    return sum(all(getattr(c, k) == v for k, v in kw.items()) for c in grid)
+
+
+def test_grid_on_four_ranks_matches_the_spec():
+    model = replace(GPTISH, vocab_size=128)
+    grid = plan_grid([model], None, 4, quick=False)
+    plain = [c for c in grid if not c.part and c.zero == 0]
+    # tp1 (no SP) + tp2 (SP off/on) + tp4 (SP off/on) = 5, × 3 recompute × 3 micro-batches
+    assert len(plain) == 5 * 3 * 3
+    assert {(c.tp, c.sequence_parallel) for c in plain} == {(1, False), (2, False), (2, True),
+                                                            (4, False), (4, True)}
+    assert {c.micro_batch for c in plain} == {1, 2, 4}
+    fsdp = [c for c in grid if c.zero]
+    # zero 2/3 × dp 2/4 × 3 recompute × micro-batch 1/2, tp 1
+    assert len(fsdp) == 2 * 2 * 3 * 2
+    assert {(c.zero, c.dp) for c in fsdp} == {(2, 2), (2, 4), (3, 2), (3, 4)}
+    assert all(c.tp == 1 and not c.sequence_parallel for c in fsdp)
+    ends = [c for c in grid if c.part]
+    assert len(ends) == 2 * 5 * 3
+    assert all(c.seq_len == model.max_seq_len for c in grid)
+    # configurations sharing a module are adjacent, so each module is built once
+    keys = [c.build_key for c in grid]
+    assert len(set(keys)) == sum(1 for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k)
+
+
+def test_grid_respects_world_seq_vocab_and_quick():
+    grid = plan_grid([GPTISH], 60, 4, quick=True)     # 60 % 8 != 0 but 60 % 4 == 0
+    assert {c.micro_batch for c in grid} == {1, 2}
+    assert _count(grid, tp=4, sequence_parallel=True, part="") == 3 * 2
+    ends = {(c.part, c.tp) for c in grid if c.part}
+    assert ends == {("embedding", 1), ("embedding", 2), ("output", 1), ("output", 2)}  # 102 % 4
+    grid = plan_grid([GPTISH], 62, 4, quick=True)     # 62 % 4 != 0: no SP at tp 4
+    assert _count(grid, tp=4, sequence_parallel=True) == 0
+    assert _count(grid, tp=4, sequence_parallel=False, part="") == 3 * 2
+    one = plan_grid([GPTISH], None, 1, quick=True)    # one rank: tp 1 only, no FSDP
+    assert {c.tp for c in one} == {1} and not any(c.zero for c in one)
+    three = plan_grid([GPTISH], None, 3, quick=True)  # tp must divide the world: 1 only
+    assert {c.tp for c in three} == {1} and {c.dp for c in three if c.zero} == {3}
+    two_models = plan_grid([GPTISH, TINY], None, 2, quick=True)
+    assert {c.model.name for c in two_models} == {"gptish", "tiny-llama"}
+    assert {c.seq_len for c in two_models if c.model.name == "tiny-llama"} == {32}
+
+
+def test_grid_rejects_a_sequence_longer_than_the_model():
+    with pytest.raises(ConfigError, match="--seq-len 128 exceeds tiny-llama"):
+        plan_grid([TINY], 128, 2, quick=True)
+
+
+# ---- per-row arithmetic ----------------------------------------------------------------------
+def test_layer_values_per_layer_time_and_memory():
+    s = [Sample(0.004, 0.010, 100.0, 1100.0, 1500.0), Sample(0.008, 0.014, 100.0, 1100.0, 1450.0),
+         Sample(0.006, 0.012, 100.0, 1060.0, 1400.0)]
+    fwd, bwd, act, peak = layer_values(s, layers=4, input_bytes=40.0, output_bytes=60.0)
+    assert fwd == pytest.approx(0.006 / 4) and bwd == pytest.approx(0.012 / 4)
+    # the largest kept (1000) − output (60) + input (40), over 4 layers
+    assert act == pytest.approx(980.0 / 4)
+    assert peak == pytest.approx(400.0)              # max(peak − after forward)
+    _, _, act_held, _ = layer_values(s, layers=4, input_bytes=40.0, output_bytes=60.0,
+                                     held_bytes=180.0)
+    assert act_held == pytest.approx(800.0 / 4)
+    assert layer_values(s, layers=4, input_bytes=40.0, output_bytes=60.0,
+                        memory=False)[2:] == (0.0, 0.0)
+    low = [Sample(0.001, 0.002, 100.0, 50.0, 40.0)]  # allocator readings below: clamp at 0
+    assert layer_values(low, layers=2, input_bytes=0.0, output_bytes=10.0)[2:] == (0.0, 0.0)
+
+
+def test_end_values_count_the_input_of_the_output_part_only():
+    s = [Sample(0.002, 0.003, 1000.0, 1800.0, 2600.0)]
+    emb = end_values(s, input_bytes=0.0, output_bytes=300.0)
+    assert emb == pytest.approx((0.002, 0.003, 500.0, 800.0))
+    out = end_values(s, input_bytes=300.0, output_bytes=4.0)
+    assert out == pytest.approx((0.002, 0.003, 1096.0, 800.0))
+
+
+def test_rows_parse_and_look_up_with_interpolation():
+    rows = [layer_row(Config(model=TINY, seq_len=32, tp=2, sequence_parallel=True,
+                             recompute="full", micro_batch=mb), (mb * 1e-3, mb * 2e-3, mb * 1e6, 5e5))
+            for mb in (1, 2)]
+    rows.append(layer_row(Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False,
+                                 recompute="none", micro_batch=1, zero=3, dp=2),
+                          (1e-3, 3e-3, 2e6, 1e6)))
+    ends = [end_row(Config(model=TINY, seq_len=32, tp=2, sequence_parallel=False, micro_batch=1,
+                           part="output"), (1e-4, 2e-4, 3e5, 4e5))]
+    assert rows[0]["shape"] == layer_shape_key(TINY) and rows[0]["model"] == "tiny-llama"
+    t = tables_from_rows(rows, ends, "test")
+    r = t.layer(TINY, seq_len=32, tp=2, sequence_parallel=True, recompute="full", micro_batch=4)
+    assert r.forward_s == pytest.approx(4e-3) and r.activation_bytes == pytest.approx(4e6)
+    z = t.layer(TINY, seq_len=32, tp=1, sequence_parallel=False, recompute="none",
+                micro_batch=1, zero=3, dp=2)
+    assert z.backward_s == pytest.approx(3e-3) and z.peak_bytes == pytest.approx(1e6)
+    e = t.end(TINY, "output", seq_len=32, tp=2, sequence_parallel=False, micro_batch=1)
+    assert e.peak_bytes == pytest.approx(4e5)
+
+
+# ---- profile ---------------------------------------------------------------------------------
+def test_profile_writes_layers_ends_pipeline_and_optimizer():
+    h100 = builtin_gpu("H100-SXM5-80GB")
+    layers = [layer_row(Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False,
+                               micro_batch=1), (1e-3, 2e-3, 1e6, 2e6))]
+    ends = [end_row(Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False, micro_batch=1,
+                           part="embedding"), (1e-4, 2e-4, 0.0, 1e5))]
+    rows = {"membound": [{"op": "adamw", "elements": 1000, "model_bytes": 32e9, "seconds": 0.02}],
+            "pipeline": [{"kind": "pipeline_action_s", "seconds": 2.5e-4, "step_seconds": 0.01,
+                          "pp": 4, "microbatches": 8}]}
+    doc = prof.build_profile(measurements=rows, base=h100, device="cuda",
+                             provenance={"machine": "m"}, layers=layers, ends=ends)
+    back = tomllib.loads(dumps(doc))
+    assert back["gpu"]["pipeline_action_s"] == pytest.approx(2.5e-4)
+    assert back["gpu"]["optimizer_gbps"] == pytest.approx(32e9 / 0.02 / 1e9)
+    assert {"pipeline_action_s", "optimizer_gbps", "layers", "ends"} <= set(back["measured"])
+    assert back["layers"] == layers and back["ends"] == ends
+    plain = prof.build_profile(measurements={}, base=h100, device="cuda", provenance={})
+    assert "layers" not in plain and "pipeline_action_s" not in plain["measured"]
+
+
+def test_pipeline_action_arithmetic():
+    pytest.importorskip("torch")
+    from meshplan.calibrate.bench_pipeline import action_seconds
+    # 1F1B, pp 2, 4 micro-batches: 5 slots of forward + backward on the critical path
+    assert action_seconds(1.0, 4, 2) == pytest.approx(0.1)
+
+
+# ---- command line ----------------------------------------------------------------------------
+def test_load_model_reads_modelspec_json_and_hf_config(tmp_path):
+    spec_file = tmp_path / "tiny.json"
+    spec_file.write_text(json.dumps(TINY.to_dict()))
+    assert load_model(str(spec_file)) == TINY
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                              "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "intermediate_size": 128, "vocab_size": 128,
+                              "max_position_embeddings": 64}))
+    m = load_model(str(hf))
+    assert m.num_kv_heads == 2 and m.activation == "swiglu"
+
+
+def test_load_model_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**TINY.to_dict(), "num_heads": 3}))   # 64 % 3 != 0
+    with pytest.raises(ConfigError, match="bad.json.*num_heads"):
+        load_model(str(bad))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({**TINY.to_dict(), "hiden": 1}))
+    with pytest.raises(ConfigError, match="unknown.json.*hiden"):
+        load_model(str(unknown))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match="broken.json.*not valid JSON"):
+        load_model(str(broken))
+    with pytest.raises(ConfigError, match="missing.json.*does not exist"):
+        load_model(str(tmp_path / "missing.json"))
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="list.json.*JSON object"):
+        load_model(str(listed))
+
+
+def test_child_argv_keeps_every_model_and_drops_nproc():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--model", "a.json", "--model", "llama3-8b", "--nproc", "4", "--quick",
+                         "--out", "x.toml", "--seq-len", "1024", "--no-progress"])
+    argv = child_argv(args)
+    assert "--nproc" not in argv and argv[0] == "calibrate"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--model"] == ["a.json", "llama3-8b"]
+    again = p.parse_args(argv[1:])
+    for k in ("model", "quick", "out", "seq_len", "no_progress", "device", "max_tp"):
+        assert getattr(again, k) == getattr(args, k)
+
+
+# ---- end to end: two gloo ranks --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def layer_profile(tmp_path_factory) -> dict:
+    pytest.importorskip("torch")
+    from meshplan.cli import main as cli_main
+    d = tmp_path_factory.mktemp("layers")
+    spec = d / "tiny.json"
+    spec.write_text(json.dumps(TINY.to_dict()))
+    out = d / "p.toml"
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env_path}"
+    try:
+        rc = cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                       "--nproc", "2", "--out", str(out), "--no-progress"])
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    assert rc == 0
+    return tomllib.loads(out.read_text())
+
+
+def test_two_rank_calibrate_writes_layer_tables(layer_profile):
+    doc = layer_profile
+    t = tables_from_rows(doc["layers"], doc["ends"], "profile")
+    r = t.layer(TINY, seq_len=32, tp=2, sequence_parallel=True, recompute="full", micro_batch=1)
+    assert r is not None and r.forward_s > 0 and r.backward_s > 0
+    # every plain configuration of the quick grid on two ranks is there
+    plain = {(x["tp"], x["sequence_parallel"], x["recompute"], x["micro_batch"])
+             for x in doc["layers"] if x["zero"] == 0}
+    assert len(plain) == 3 * 3 * 2
+    fsdp = {(x["zero"], x["dp"]) for x in doc["layers"] if x["zero"]}
+    assert fsdp == {(2, 2), (3, 2)}
+    for zero in (2, 3):
+        z = t.layer(TINY, seq_len=32, tp=1, sequence_parallel=False, recompute="selective",
+                    micro_batch=2, zero=zero, dp=2)
+        assert z is not None and z.forward_s > 0 and z.backward_s > 0
+    for part in ("embedding", "output"):
+        for tp, sp in ((1, False), (2, False), (2, True)):
+            e = t.end(TINY, part, seq_len=32, tp=tp, sequence_parallel=sp, micro_batch=1)
+            assert e is not None and e.forward_s > 0 and e.backward_s > 0
+    # CPU: no allocator statistics, so no memory figures
+    assert all(x["activation_bytes"] == 0.0 for x in doc["layers"])
+    assert doc["gpu"]["pipeline_action_s"] > 0 and doc["gpu"]["optimizer_gbps"] > 0
+    pipe = doc["measurements"]["pipeline"][0]
+    assert pipe["pp"] == 2 and pipe["microbatches"] == 4
+    assert pipe["seconds"] == pytest.approx(pipe["step_seconds"] / 10)
+    assert {"layers", "ends", "pipeline_action_s"} <= set(doc["measured"])
+    assert doc["provenance"]["model"] == "tiny-llama"
