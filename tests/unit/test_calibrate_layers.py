@@ -251,3 +251,45 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
     assert pipe["seconds"] == pytest.approx(pipe["step_seconds"] / 10)
     assert {"layers", "ends", "pipeline_action_s"} <= set(doc["measured"])
     assert doc["provenance"]["model"] == "tiny-llama"
+
+
+# ---- out of memory: skipped, larger micro-batches of the same setting not tried ---------------
+class _FakeOOM(Exception):
+    pass
+
+
+class _Recorder:
+    def __init__(self):
+        self.messages: list[str] = []
+
+    def step(self, message: str) -> None:
+        self.messages.append(message)
+
+
+def test_out_of_memory_skips_the_row_and_larger_micro_batches(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    real = bench_layers._run_layer
+    tried: list[tuple[str, int]] = []
+
+    def run_layer(cfg, *a, **kw):
+        tried.append((cfg.recompute, cfg.micro_batch))
+        if cfg.recompute == "none" and cfg.micro_batch >= 2:
+            raise _FakeOOM("CUDA out of memory")
+        return real(cfg, *a, **kw)
+
+    monkeypatch.setattr(bench_layers, "_oom_types", lambda: (_FakeOOM,))
+    monkeypatch.setattr(bench_layers, "_run_layer", run_layer)
+    prog = _Recorder()
+    layers, ends = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                                 quick=False, progress=prog)
+    got = {(r["recompute"], r["micro_batch"]) for r in layers}
+    assert got == {("none", 1)} | {(rc, mb) for rc in ("selective", "full") for mb in (1, 2, 4)}
+    assert ("none", 4) not in tried                     # known to fail after mb 2 did
+    assert len(prog.messages) == len(plan_grid([TINY], None, 1, quick=False))
+    assert sum("out of memory on some rank" in m for m in prog.messages) == 1
+    assert sum("smaller micro-batch" in m for m in prog.messages) == 1
+    assert sum("skipped" in m for m in prog.messages) == 2
+    assert {(e["part"], e["micro_batch"]) for e in ends} == {(p, mb) for p in ("embedding", "output")
+                                                            for mb in (1, 2, 4)}
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in layers + ends)
