@@ -27,6 +27,9 @@ same time, the slowest rank's median is kept, memory is the largest over ranks):
   ``backward_peak_bytes`` = peak allocated during forward + backward − allocated after
   forward (not divided by L: the working memory of the one layer whose backward is
   running — recomputed activations, gradients in flight, FSDP2 unsharded gradients).
+  ``backward_input_s`` / ``backward_weight_s`` (ZeRO-0 rows only; 0 = not measured): the
+  zero-bubble schedule's split backward of the same L blocks over L, run by
+  torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`).
 * ends: ``embedding`` = the token embedding (+ learned positions) of the first stage;
   ``output`` = final norm, logits and the loss (vocabulary-parallel cross-entropy for
   tp > 1, as ``ParallelTrainer.loss_fn``) of the last stage. ``activation_bytes`` = allocated
@@ -178,13 +181,15 @@ def end_values(samples: Sequence[Sample], *, input_bytes: float, output_bytes: f
 
 
 def layer_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
-    fwd, bwd, act, peak = values
+    """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
+    optionally the split backward's input- and weight-gradient seconds (0: not measured)."""
+    fwd, bwd, act, peak, b_in, b_w = (*values, 0.0, 0.0)[:6]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, recompute=cfg.recompute,
         micro_batch=cfg.micro_batch, zero=cfg.zero, dp=cfg.dp, forward_s=float(fwd),
         backward_s=float(bwd), activation_bytes=float(act), backward_peak_bytes=float(peak),
-        model=cfg.model.name))
+        model=cfg.model.name, backward_input_s=float(b_in), backward_weight_s=float(b_w)))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -325,8 +330,13 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
 
 
 def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier
-               ) -> tuple[float, float, float, float]:
+               ) -> tuple[float, ...]:
+    """(forward_s, backward_s, activation_bytes, backward_peak_bytes, backward_input_s,
+    backward_weight_s) per layer; the last two (zero-bubble's split backward) are measured
+    for ZeRO-0 rows only and are 0 where torch's split backward is unavailable."""
     import torch
+
+    from meshplan.calibrate.bench_split import split_backward_s
     cuda = device.type == "cuda"
     act = torch.bfloat16 if cuda else torch.float32
     h = cfg.model.hidden_size
@@ -349,16 +359,24 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier
     # ZeRO-0/1 run the whole step under one autocast, so the bf16 weight copies are cast
     # once per step and cached: one context over warm-up and timed iterations does the same.
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.zero < 2 else nullcontext()
+    split = None
     with amp:
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier)
+        if cfg.zero == 0:
+            def fresh():
+                xi = torch.randn_like(x).requires_grad_()
+                return m(xi), grad[0], xi                # (mb, s, h) output, its grad, input
+            barrier()
+            split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
+    b_in, b_w = (t / layers for t in split) if split else (0.0, 0.0)
     held = 0.0
     if cfg.zero == 2 and cuda:
         # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
         # parameters from forward to the end of its backward (DTensor numel is global).
         held = float(sum(p.numel() for p in m.parameters()) * 2)
-    return layer_values(samples, layers=layers, input_bytes=_nbytes(x), output_bytes=out_bytes,
-                        held_bytes=held, memory=cuda)
+    return (*layer_values(samples, layers=layers, input_bytes=_nbytes(x),
+                          output_bytes=out_bytes, held_bytes=held, memory=cuda), b_in, b_w)
 
 
 def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier
@@ -464,7 +482,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
             _step(progress, f"{cfg.label()}: skipped (a smaller micro-batch ran out of memory)")
             continue
-        values, oom = [0.0] * 4, 0.0
+        values, oom = [0.0] * (4 if cfg.part else 6), 0.0
         try:
             if module is None:
                 module, tp_group = _build(cfg, layers, device, groups)
@@ -492,7 +510,9 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             layer_rows.append(layer_row(cfg, values))
         _step(progress, f"{cfg.label()}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                         f" ms{' per layer' if not cfg.part else ''}"
-                        + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda" else ""))
+                        + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda" else "")
+                        + (f", split B {values[4] * 1e3:.3f} / W {values[5] * 1e3:.3f} ms"
+                           if not cfg.part and values[4] > 0 else ""))
     module = tp_group = None
     _free(device)
     return layer_rows, end_rows

@@ -118,6 +118,10 @@ def test_rows_parse_and_look_up_with_interpolation():
     ends = [end_row(Config(model=TINY, seq_len=32, tp=2, sequence_parallel=False, micro_batch=1,
                            part="output"), (1e-4, 2e-4, 3e5, 4e5))]
     assert rows[0]["shape"] == layer_shape_key(TINY) and rows[0]["model"] == "tiny-llama"
+    assert rows[0]["backward_input_s"] == 0.0              # four values: split not measured
+    split = layer_row(Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False,
+                             micro_batch=1), (1e-3, 2e-3, 0.0, 0.0, 1.5e-3, 1e-3))
+    assert (split["backward_input_s"], split["backward_weight_s"]) == (1.5e-3, 1e-3)
     t = tables_from_rows(rows, ends, "test")
     r = t.layer(TINY, seq_len=32, tp=2, sequence_parallel=True, recompute="full", micro_batch=4)
     assert r.forward_s == pytest.approx(4e-3) and r.activation_bytes == pytest.approx(4e6)
@@ -243,6 +247,14 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
         for tp, sp in ((1, False), (2, False), (2, True)):
             e = t.end(TINY, part, seq_len=32, tp=tp, sequence_parallel=sp, micro_batch=1)
             assert e is not None and e.forward_s > 0 and e.backward_s > 0
+    # zero-bubble's split backward: measured for the plain rows where torch has it
+    import importlib.util
+    if importlib.util.find_spec("torch.distributed.pipelining._backward") is not None:
+        assert all(x["backward_input_s"] > 0 and x["backward_weight_s"] > 0
+                   for x in doc["layers"] if x["zero"] == 0)
+        assert r.split_backward is not None
+    assert all(x["backward_input_s"] == 0 == x["backward_weight_s"]
+               for x in doc["layers"] if x["zero"])
     # CPU: no allocator statistics, so no memory figures
     assert all(x["activation_bytes"] == 0.0 for x in doc["layers"])
     assert doc["gpu"]["pipeline_action_s"] > 0 and doc["gpu"]["optimizer_gbps"] > 0
