@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 5 on a lent 4-GPU machine: calibrate once, then validate the held-out layouts.
+#
+#   bash benchmarks/device_accuracy.sh calibrate   # ≈ 4 min: $OUT/profile.toml (+ a copy in $KEEP)
+#   bash benchmarks/device_accuracy.sh validate    # ≈ 8 min: $OUT/accuracy.{json,md,png}
+#
+# The two steps are separate `device` calls (10 minutes per command at most); the second
+# reuses the profile the first left in $KEEP on the same (still warm) machine, and
+# calibrates again first if the machine is a fresh one.
+set -euo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-/tmp/meshplan-out}
+KEEP=${KEEP:-/tmp/meshplan-keep}
+mkdir -p "$OUT" "$KEEP"
+
+calibrate() {
+  python benchmarks/validate_device.py --write-models "$KEEP/models" >/dev/null
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpus.csv" || true
+  python -m meshplan.cli calibrate --nproc 4 --seq-len 2048 \
+    --model "$KEEP/models/gpt-0.54b.json" --model "$KEEP/models/llama-1.64b.json" \
+    --out "$KEEP/profile.toml" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 400 >"$OUT/calibrate.log"
+  cp "$KEEP/profile.toml" "$OUT/profile.toml"
+}
+
+case "${1:-}" in
+  calibrate) calibrate ;;
+  validate)
+    budget=${BUDGET:-500}
+    if [ ! -f "$KEEP/profile.toml" ]; then
+      echo "no profile on this machine: calibrating first" >&2
+      t0=$(date +%s); calibrate; budget=$((budget - $(date +%s) + t0))
+    fi
+    python benchmarks/validate_device.py --profile "$KEEP/profile.toml" --set "${SET:-test}" \
+      --out "$KEEP/val" --budget "$budget" --timeout 90 2>&1 | tail -n 60 >"$OUT/validate.log"
+    cp "$KEEP/val/accuracy.json" "$KEEP/val/accuracy.md" "$KEEP/val/accuracy.png" "$OUT/"
+    (cd "$KEEP/val" && tar czf "$OUT/logs.tgz" */log.txt) || true
+    ;;
+  *) echo "usage: $0 calibrate|validate" >&2; exit 2 ;;
+esac
