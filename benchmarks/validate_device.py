@@ -155,7 +155,8 @@ def _print_summary(records, paths) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", type=Path, help="directory for accuracy.{json,md,png} (required "
+                                          "unless --write-models)")
     p.add_argument("--profile", default=None, help="calibrated profile from `meshplan calibrate`")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--steps", type=int, default=8)
@@ -179,6 +180,8 @@ def main(argv=None) -> int:
             (args.write_models / f"{m.name}.json").write_text(json.dumps(m.to_dict(), indent=2))
             print(args.write_models / f"{m.name}.json")
         return 0
+    if args.out is None:
+        p.error("--out is required")
     if args.repredict:
         return repredict(args)
 
