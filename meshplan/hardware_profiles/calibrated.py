@@ -10,6 +10,7 @@ overheads were measured on a machine, plus where and how they were measured::
     [gpu]                   # name, base, peak_tflops, ..., gemm_efficiency, ... (measured)
     measured = [...]        # which [gpu] / [cluster] keys were measured (rest: base profile)
     [cluster]               # optional: intra_latency_us, network_efficiency (if measured)
+    [[layers]] / [[ends]]   # measured executor layers (meshplan.costmodel.measured), optional
     [[measurements.gemm]]   # the raw points, for inspection; not read by the cost model
 
 :func:`apply_profile` returns a copy of a cluster that uses the profile's GPU (and measured
@@ -72,6 +73,11 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps"):
         if getattr(gpu, k) < 0:
             raise ProfileError(f"{gwhere}: {k} must be >= 0, got {getattr(gpu, k)!r}")
+    layers = get(doc, "layers", list, where, [])
+    ends = get(doc, "ends", list, where, [])
+    if layers or ends:
+        from meshplan.costmodel.measured import tables_from_rows
+        gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
     prov = get(doc, "provenance", dict, where, {})
     measured = get(doc, "measured", list, where, [])
     c = get(doc, "cluster", dict, where, {})
