@@ -136,3 +136,25 @@ def test_zero_bubble_uses_the_measured_split_backward():
     # 4 layers per stage; the ends are analytical here (no end rows), identical in both
     assert zb.stage_backward_s[0] - fb.stage_backward_s[0] == pytest.approx(4 * (5.5e-3 - 2e-3))
     assert zb.stage_wgrad_s[0] == pytest.approx(4 * 4e-3)
+
+
+def test_profile_file_tables_reach_the_cost_model(tmp_path):
+    """Regression: load_profile once dropped the [[layers]]/[[ends]] rows of a profile."""
+    from meshplan.calibrate.profile import build_profile
+    from meshplan.calibrate.tomlfile import dumps
+    from meshplan.hardware_profiles import builtin_gpu
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    rows = MeasuredTables((_layer(1, 1e-3, 2e-3, 100e6, 50e6),),
+                          (_end("output", 1, 5e-4, 9e-4, 400e6, 300e6),)).to_rows()
+    doc = build_profile(measurements={}, base=builtin_gpu("H100-SXM5-80GB"), device="cuda",
+                        provenance={"machine": "t"}, layers=rows["layers"], ends=rows["ends"])
+    path = tmp_path / "p.toml"
+    path.write_text(dumps(doc))
+    c = apply_profile(Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4), path)
+    assert c.gpu.measured is not None and len(c.gpu.measured.layers) == 1
+    from meshplan.costmodel.estimate import layer_tables
+    lay = Layout(micro_batch=1)
+    t = layer_tables(MODEL, c, JOB, lay)
+    assert t.parts.measured == ("layer", "output")      # the embedding stays analytical
+    assert estimate(MODEL, c, JOB, lay).stage_forward_s[0] == pytest.approx(
+        8 * 1e-3 + t.first_forward_s + 5e-4)
