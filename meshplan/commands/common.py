@@ -61,6 +61,10 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
                    help="model unfused attention (s² activations)")
     g.add_argument("--no-overlap-dp", action="store_true",
                    help="gradient reduction after backward, not overlapped with it")
+    g.add_argument("--runtime", default="megatron", choices=["megatron", "torch"],
+                   help="whose conventions to predict: 'megatron' (16-bit weights, fp32 master "
+                        "in the optimizer) or 'torch' (fp32 weights + autocast, DDP/FSDP2: "
+                        "what `meshplan run` executes) [megatron]")
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -132,7 +136,8 @@ def model_cluster_from_args(args) -> tuple[ModelSpec, Cluster]:
 def job_from_args(args) -> Job:
     return Job(global_batch=args.global_batch, seq_len=args.seq_len, precision=args.precision,
                tokens=args.tokens, flash_attention=not args.no_flash_attention,
-               overlap_dp_comm=not args.no_overlap_dp)
+               overlap_dp_comm=not args.no_overlap_dp,
+               runtime=getattr(args, "runtime", "megatron"))
 
 
 def layout_from_args(args) -> Layout:
