@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/device_accuracy.sh calibrate   # ≈ 4 min: $OUT/profile.toml (+ a copy in $KEEP)
 #   bash benchmarks/device_accuracy.sh validate    # ≈ 8 min: $OUT/accuracy.{json,md,png}
+#   ONLY=u10,g08 bash benchmarks/device_accuracy.sh probe   # calibrate + a few layouts
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -13,13 +14,18 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/meshplan-out}
 KEEP=${KEEP:-/tmp/meshplan-keep}
 mkdir -p "$OUT" "$KEEP"
+# GPU clocks, temperature and power every 2 s while this script runs (drift diagnosis)
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,power.draw,utilization.gpu \
+  --format=csv -l 2 >"$OUT/gpu_clocks_${1:-x}.csv" 2>/dev/null &
+CLOCKS=$!
+trap 'kill $CLOCKS 2>/dev/null || true' EXIT
 
 calibrate() {
   python benchmarks/validate_device.py --write-models "$KEEP/models" >/dev/null
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpus.csv" || true
   python -m meshplan.cli calibrate --nproc 4 --seq-len 2048 \
     --model "$KEEP/models/gpt-0.54b.json" --model "$KEEP/models/llama-1.64b.json" \
-    --out "$KEEP/profile.toml" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 400 >"$OUT/calibrate.log"
+    --out "$KEEP/profile.toml" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2000 >"$OUT/calibrate.log"
   cp "$KEEP/profile.toml" "$OUT/profile.toml"
 }
 
@@ -34,7 +40,16 @@ case "${1:-}" in
     python benchmarks/validate_device.py --profile "$KEEP/profile.toml" --set "${SET:-test}" \
       --out "$KEEP/val" --budget "$budget" --timeout 90 2>&1 | tail -n 60 >"$OUT/validate.log"
     cp "$KEEP/val/accuracy.json" "$KEEP/val/accuracy.md" "$KEEP/val/accuracy.png" "$OUT/"
-    (cd "$KEEP/val" && tar czf "$OUT/logs.tgz" */log.txt) || true
+    (cd "$KEEP/val" && tar czf "$OUT/logs.tgz" */log.txt */results.json) || true
     ;;
-  *) echo "usage: $0 calibrate|validate" >&2; exit 2 ;;
+  probe)
+    # calibrate, then run a few layouts (ONLY=name,name SET=dev|test|all) on the same machine
+    t0=$(date +%s); calibrate
+    python benchmarks/validate_device.py --profile "$KEEP/profile.toml" --set "${SET:-all}" \
+      --only "$ONLY" --out "$KEEP/probe" --budget "$((${BUDGET:-500} - $(date +%s) + t0))" \
+      --timeout 90 2>&1 | tail -n 60 >"$OUT/probe.log"
+    cp "$KEEP/probe/accuracy.json" "$OUT/probe_accuracy.json" || true
+    (cd "$KEEP/probe" && tar czf "$OUT/probe_logs.tgz" */log.txt */results.json) || true
+    ;;
+  *) echo "usage: $0 calibrate|validate|probe" >&2; exit 2 ;;
 esac

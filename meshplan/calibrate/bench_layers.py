@@ -54,12 +54,13 @@ from meshplan.costmodel.measured import MeasuredEnd, MeasuredLayer, ends_shape_k
 from meshplan.costmodel.specs import ModelSpec
 from meshplan.errors import ConfigError
 
-LAYERS_CUDA = 4
+LAYERS_CUDA = 2       # queued behind one spin kernel: few enough for the launch queue
 LAYERS_CPU = 2
 RECOMPUTE = ("none", "selective", "full")
 FSDP_ZERO = (2, 3)
 WARMUP = 2            # the first iteration allocates the parameter gradients
-ITERS, ITERS_QUICK = 5, 3
+ITERS, ITERS_QUICK = 4, 3
+ROUNDS_CUDA = 3       # the grid is measured this many times, spread over the calibration
 SEED = 0
 
 
@@ -147,58 +148,87 @@ class Sample:
     mem_before: float = 0.0
     mem_after_forward: float = 0.0
     mem_peak: float = 0.0
+    forward_cpu_s: float = 0.0      # CPU dispatch (queued timing only; 0: not measured)
+    backward_cpu_s: float = 0.0
+    queued_ok: bool = True          # False: the CPU could not queue it all behind the spin
 
 
 def layer_values(samples: Sequence[Sample], *, layers: int, input_bytes: float,
-                 output_bytes: float, held_bytes: float = 0.0, memory: bool = True
-                 ) -> tuple[float, float, float, float]:
+                 output_bytes: float, held_bytes: float = 0.0, memory: bool = True,
+                 kept_bytes: float | None = None) -> tuple[float, float, float, float]:
     """(forward_s, backward_s, activation_bytes, backward_peak_bytes) per layer of an
     ``layers``-block part; see the module docstring for the definitions. ``held_bytes``:
     memory kept from forward to backward that is not per micro-batch (ZeRO-2's unsharded
-    parameters)."""
+    parameters). ``kept_bytes``: what a second forward keeps (:func:`_kept_bytes`), used
+    instead of the timed iterations' allocator difference when given."""
     fwd = statistics.median(s.forward_s for s in samples) / layers
     bwd = statistics.median(s.backward_s for s in samples) / layers
     if not memory:
         return fwd, bwd, 0.0, 0.0
-    kept = max(s.mem_after_forward - s.mem_before for s in samples)
+    kept = (kept_bytes if kept_bytes is not None
+            else max(s.mem_after_forward - s.mem_before for s in samples))
     act = max(0.0, kept - output_bytes + input_bytes - held_bytes) / layers
     peak = max(0.0, max(s.mem_peak - s.mem_after_forward for s in samples))
     return fwd, bwd, act, peak
 
 
 def end_values(samples: Sequence[Sample], *, input_bytes: float, output_bytes: float,
-               memory: bool = True) -> tuple[float, float, float, float]:
+               memory: bool = True, kept_bytes: float | None = None
+               ) -> tuple[float, float, float, float]:
     """(forward_s, backward_s, activation_bytes, peak_bytes) of an embedding / output part.
-    ``input_bytes``: the hidden state entering the output part (0 for the embedding)."""
+    ``input_bytes``: the hidden state entering the output part (0 for the embedding);
+    ``kept_bytes`` as in :func:`layer_values`."""
     fwd = statistics.median(s.forward_s for s in samples)
     bwd = statistics.median(s.backward_s for s in samples)
     if not memory:
         return fwd, bwd, 0.0, 0.0
-    kept = max(s.mem_after_forward - s.mem_before for s in samples)
+    kept = (kept_bytes if kept_bytes is not None
+            else max(s.mem_after_forward - s.mem_before for s in samples))
     act = max(0.0, kept - output_bytes + input_bytes)
     peak = max(0.0, max(s.mem_peak - s.mem_after_forward for s in samples))
     return fwd, bwd, act, peak
 
 
+def cpu_values(samples: Sequence[Sample], *, layers: int = 1) -> tuple[float, float]:
+    """Median CPU dispatch seconds (forward, backward) per layer; 0 where not measured."""
+    return (statistics.median(s.forward_cpu_s for s in samples) / layers,
+            statistics.median(s.backward_cpu_s for s in samples) / layers)
+
+
+def combine_rounds(rounds: Sequence[Sequence[float]], memory_fields: Iterable[int]
+                   ) -> list[float]:
+    """One row from the same configuration measured in several rounds spread over the
+    calibration: the median of each time (a round that hit a slow moment does not move
+    it), the largest of each memory field."""
+    mem = set(memory_fields)
+    return [max(col) if j in mem else statistics.median(col)
+            for j, col in enumerate(zip(*rounds))]
+
+
 def layer_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
-    optionally the split backward's input- and weight-gradient seconds (0: not measured)."""
-    fwd, bwd, act, peak, b_in, b_w = (*values, 0.0, 0.0)[:6]
+    optionally the split backward's input- and weight-gradient seconds and the forward /
+    backward CPU dispatch seconds (0: not measured)."""
+    fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu = (*values, 0.0, 0.0, 0.0, 0.0)[:8]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, recompute=cfg.recompute,
         micro_batch=cfg.micro_batch, zero=cfg.zero, dp=cfg.dp, forward_s=float(fwd),
         backward_s=float(bwd), activation_bytes=float(act), backward_peak_bytes=float(peak),
-        model=cfg.model.name, backward_input_s=float(b_in), backward_weight_s=float(b_w)))
+        model=cfg.model.name, backward_input_s=float(b_in), backward_weight_s=float(b_w),
+        forward_cpu_s=float(f_cpu), backward_cpu_s=float(b_cpu)))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
-    fwd, bwd, act, peak = values
+    """``values``: forward_s, backward_s, activation_bytes, peak_bytes and optionally the
+    forward / backward CPU dispatch seconds."""
+    fwd, bwd, act, peak, f_cpu, b_cpu = (*values, 0.0, 0.0)[:6]
     return asdict(MeasuredEnd(
         shape=ends_shape_key(cfg.model), part=cfg.part, seq_len=cfg.seq_len, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
         forward_s=float(fwd), backward_s=float(bwd), activation_bytes=float(act),
-        peak_bytes=float(peak), model=cfg.model.name))
+        peak_bytes=float(peak), model=cfg.model.name, forward_cpu_s=float(f_cpu),
+        backward_cpu_s=float(b_cpu)))
 
 
 # ---- torch side --------------------------------------------------------------------------
@@ -289,15 +319,53 @@ def _nbytes(t) -> float:
     return float(t.numel() * t.element_size())
 
 
+class _Queue:
+    """GPU-busy timing: a spin kernel (``torch.cuda._sleep``) holds the stream while the CPU
+    queues the measured work, so CUDA events time the GPU alone and ``perf_counter`` the
+    CPU's dispatch alone. In a training step the CPU runs ahead of the GPU across many
+    layers and micro-batches, so a step costs about max(Σ CPU, Σ GPU) rather than the sum of
+    synchronized per-layer timings, each of which is max(CPU, GPU) of its own layer; the cost
+    model needs the two separately (:mod:`meshplan.costmodel.estimate`)."""
+
+    def __init__(self, device, agree: Callable[[list[float]], list[float]]):
+        import torch
+        self.agree = agree     # element-wise max over ranks (every rank must queue alike)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        cycles = 20_000_000
+        e0.record()
+        torch.cuda._sleep(cycles)
+        e1.record()
+        e1.synchronize()
+        rate = cycles / max(1e-6, e0.elapsed_time(e1) / 1e3)   # spin cycles per second
+        self.cycles_per_s = agree([-rate])[0] * -1.0           # the slowest rank's rate
+
+    def sleep(self, seconds: float) -> None:
+        import torch
+        torch.cuda._sleep(int(seconds * self.cycles_per_s))
+
+
 def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
-             reset: Callable[[], None], *, device, warmup: int, iters: int, barrier
-             ) -> tuple[list[Sample], float]:
-    """Warm-up, then ``iters`` timed iterations; returns the samples and the output's bytes."""
+             reset: Callable[[], None], *, device, warmup: int, iters: int, barrier,
+             queue: _Queue | None = None) -> tuple[list[Sample], float]:
+    """Warm-up, then ``iters`` timed iterations; returns the samples and the output's bytes.
+
+    With ``queue`` (CUDA) the timed iterations are queued behind a spin kernel longer than
+    the CPU's dispatch (checked: the GPU must still be spinning when the CPU has queued the
+    whole backward, else the spin is doubled and the iteration repeated), giving GPU-busy
+    forward/backward seconds and CPU dispatch seconds; the warm-up iterations are
+    synchronized timings, which size the spin. Without it (CPU, or synchronized timing on
+    purpose) every iteration is synchronized and the CPU fields are 0.
+    """
     import torch
     cuda = device.type == "cuda"
     samples: list[Sample] = []
     out_bytes = 0.0
-    for i in range(warmup + iters):
+    spin_s = 0.0
+    attempts = 0
+    i = 0
+    while i < warmup + iters:
+        queued = queue is not None and i >= warmup
         reset()
         barrier()
         if cuda:
@@ -305,35 +373,79 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
             mem0 = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            if queued:
+                queue.sleep(spin_s)
             e0.record()
+            t0 = time.perf_counter()
             y = forward()
+            t1 = time.perf_counter()
             e1.record()
             mem1 = torch.cuda.memory_allocated(device)   # allocations are made at dispatch
             backward(y)
+            t2 = time.perf_counter()
             e2.record()
+            # the GPU must not have reached e0 before the CPU queued everything
+            valid = not queued or not e0.query()
             e2.synchronize()
             peak = torch.cuda.max_memory_allocated(device)
             s = Sample(e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3,
-                       float(mem0), float(mem1), float(peak))
+                       float(mem0), float(mem1), float(peak),
+                       (t1 - t0) if queued else 0.0, (t2 - t1) if queued else 0.0)
         else:
             t0 = time.perf_counter()
             y = forward()
             t1 = time.perf_counter()
             backward(y)
             t2 = time.perf_counter()
-            s = Sample(t1 - t0, t2 - t1)
+            s, valid = Sample(t1 - t0, t2 - t1), True
         out_bytes = _nbytes(y)
         del y
+        if queue is not None and cuda:
+            # every rank takes the same decisions from agreed values (collectives follow)
+            if queued:
+                valid = queue.agree([0.0 if valid else 1.0])[0] == 0.0
+            if i == warmup - 1 or (queued and not valid):
+                # size the spin from the synchronized time (>= the CPU's dispatch); after a
+                # failed check, triple it
+                base = s.forward_s + s.backward_s if i < warmup else 2 * spin_s
+                spin_s = queue.agree([1.5 * base + 2e-3])[0]
+            if queued:
+                attempts += 1
+                if not valid and attempts < iters + 4:
+                    continue
+                if not valid:   # gave up: a synchronized-like sample, flagged
+                    s = replace(s, queued_ok=False)
         if i >= warmup:
             samples.append(s)
+        i += 1
     return samples, out_bytes
 
 
-def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier
-               ) -> tuple[float, ...]:
+def _bad(samples: Sequence[Sample]) -> float:
+    """Samples whose queued timing failed its check (reported, not used to choose)."""
+    return float(sum(not s.queued_ok for s in samples))
+
+
+def _kept_bytes(forward_fresh: Callable[[], Any], device) -> float:
+    """Bytes a *second* forward pass keeps alive (its saved tensors and its output): what
+    one more micro-batch in flight costs. The first pass of a step also fills one-time
+    caches (autocast's 16-bit weight copies), which the cost model counts once per step."""
+    import torch
+    torch.cuda.synchronize(device)
+    y1 = forward_fresh()
+    m1 = torch.cuda.memory_allocated(device)
+    y2 = forward_fresh()
+    m2 = torch.cuda.memory_allocated(device)
+    del y1, y2
+    return float(m2 - m1)
+
+
+def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
+               queue: _Queue | None = None) -> tuple[float, ...]:
     """(forward_s, backward_s, activation_bytes, backward_peak_bytes, backward_input_s,
-    backward_weight_s) per layer; the last two (zero-bubble's split backward) are measured
-    for ZeRO-0 rows only and are 0 where torch's split backward is unavailable."""
+    backward_weight_s, forward_cpu_s, backward_cpu_s) per layer; the split backward
+    (zero-bubble) is measured for ZeRO-0 rows only and is 0 where torch's split backward is
+    unavailable; the CPU fields are 0 without ``queue``."""
     import torch
 
     from meshplan.calibrate.bench_split import split_backward_s
@@ -362,7 +474,11 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier
     split = None
     with amp:
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
-                                      iters=iters, barrier=barrier)
+                                      iters=iters, barrier=barrier, queue=queue)
+        kept = None
+        if cfg.zero == 0 and cuda:
+            # FSDP2 rows keep the timed iterations' reading: their hooks expect a backward
+            kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()), device)
         if cfg.zero == 0:
             def fresh():
                 xi = torch.randn_like(x).requires_grad_()
@@ -376,11 +492,14 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier
         # parameters from forward to the end of its backward (DTensor numel is global).
         held = float(sum(p.numel() for p in m.parameters()) * 2)
     return (*layer_values(samples, layers=layers, input_bytes=_nbytes(x),
-                          output_bytes=out_bytes, held_bytes=held, memory=cuda), b_in, b_w)
+                          output_bytes=out_bytes, held_bytes=held, memory=cuda,
+                          kept_bytes=kept), b_in, b_w, *cpu_values(samples, layers=layers),
+            _bad(samples))
 
 
-def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier
-             ) -> tuple[float, float, float, float]:
+def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
+             queue: _Queue | None = None) -> tuple[float, ...]:
+    """(forward_s, backward_s, activation_bytes, peak_bytes, forward_cpu_s, backward_cpu_s)."""
     import torch
     import torch.distributed as dist
 
@@ -428,19 +547,10 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
     with amp:
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
-                                      iters=iters, barrier=barrier)
-    return end_values(samples, input_bytes=input_bytes, output_bytes=out_bytes, memory=cuda)
-
-
-def _reduce_max(values: Iterable[float], device, world: int) -> list[float]:
-    import torch
-    import torch.distributed as dist
-    vals = list(values)
-    if world == 1 or not dist.is_initialized():
-        return vals
-    t = torch.tensor(vals, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+                                      iters=iters, barrier=barrier, queue=queue)
+        kept = _kept_bytes(forward, device) if cuda else None
+    return (*end_values(samples, input_bytes=input_bytes, output_bytes=out_bytes, memory=cuda,
+                        kept_bytes=kept), *cpu_values(samples), _bad(samples))
 
 
 def _free(device) -> None:
@@ -455,14 +565,22 @@ def _oom_types() -> tuple[type, ...]:
     return (torch.cuda.OutOfMemoryError,)
 
 
+def rounds_for(device, quick: bool) -> int:
+    """How many times the whole grid is measured (rows are the median over rounds)."""
+    return ROUNDS_CUDA if device.type == "cuda" and not quick else 1
+
+
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Measure every configuration of :func:`plan_grid`; returns (layer rows, end rows),
-    dicts with exactly the fields of ``MeasuredLayer`` / ``MeasuredEnd``.
+    """Measure every configuration of :func:`plan_grid` in :func:`rounds_for` rounds;
+    returns (layer rows, end rows), dicts with exactly the fields of ``MeasuredLayer`` /
+    ``MeasuredEnd``.
 
     Collective over the world: every rank must call it with the same arguments. A
-    configuration that runs out of GPU memory on any rank is skipped on all of them.
+    configuration that runs out of GPU memory on any rank is skipped on all of them. Times
+    are averaged over ranks (replicated ranks are independent samples of the same work;
+    tensor-parallel ranks wait for each other anyway), memory is the largest over ranks.
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp)
@@ -470,52 +588,94 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)
     barrier = dist.barrier if world > 1 and dist.is_initialized() else (lambda: None)
+    queue = (_Queue(device, lambda v: _reduce(v, range(len(v)), device, world))
+             if device.type == "cuda" else None)
+    measured: dict[int, list[list[float]]] = {}
+    skipped: set[int] = set()
+    for rnd in range(rounds_for(device, quick)):
+        built_key, module, tp_group = None, None, None
+        oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
+        for idx, cfg in enumerate(grid):
+            tag = f"round {rnd + 1}: {cfg.label()}"
+            if cfg.build_key != built_key:
+                module = tp_group = None
+                _free(device)
+                built_key = cfg.build_key
+            if idx in skipped:
+                _step(progress, f"{tag}: skipped (out of memory in an earlier round)")
+                continue
+            if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
+                skipped.add(idx)
+                _step(progress, f"{tag}: skipped (a smaller micro-batch ran out of memory)")
+                continue
+            n_values = 7 if cfg.part else 9      # the last: samples failing the queue check
+            values, oom = [0.0] * n_values, 0.0
+            try:
+                if module is None:
+                    module, tp_group = _build(cfg, layers, device, groups)
+                if cfg.part:
+                    values = list(_run_end(cfg, module, tp_group, device, iters=iters,
+                                           barrier=barrier, queue=queue))
+                else:
+                    values = list(_run_layer(cfg, module, layers, device, iters=iters,
+                                             barrier=barrier, queue=queue))
+            except _oom_types():
+                oom = 1.0
+            if oom:
+                module = tp_group = None    # FSDP/autograd state of a failed step: rebuild
+                _free(device)
+            mem = _memory_fields(cfg)
+            values = _reduce([*values, oom], [*mem, n_values - 1, n_values], device, world)
+            if values.pop():
+                oom_at.add((cfg.build_key, cfg.recompute))
+                skipped.add(idx)
+                measured.pop(idx, None)
+                module = None
+                _free(device)
+                _step(progress, f"{tag}: out of memory on some rank, skipped")
+                continue
+            measured.setdefault(idx, []).append(values)
+            _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
+                            f" ms{' per layer' if not cfg.part else ''}"
+                            + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"
+                               else "")
+                            + (f", cpu {values[-3] * 1e3:.3f} / {values[-2] * 1e3:.3f} ms"
+                               if values[-2] > 0 else "")
+                            + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
+        module = tp_group = None
+        _free(device)
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []
-    built_key, module, tp_group = None, None, None
-    oom_at: set[tuple] = set()     # (build key, recompute) whose smaller micro-batch ran out
-    for cfg in grid:
-        if cfg.build_key != built_key:
-            module = tp_group = None
-            _free(device)
-            built_key = cfg.build_key
-        if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
-            _step(progress, f"{cfg.label()}: skipped (a smaller micro-batch ran out of memory)")
+    for idx, cfg in enumerate(grid):
+        if idx in skipped or idx not in measured:
             continue
-        values, oom = [0.0] * (4 if cfg.part else 6), 0.0
-        try:
-            if module is None:
-                module, tp_group = _build(cfg, layers, device, groups)
-            if cfg.part:
-                values = list(_run_end(cfg, module, tp_group, device, iters=iters,
-                                       barrier=barrier))
-            else:
-                values = list(_run_layer(cfg, module, layers, device, iters=iters,
-                                         barrier=barrier))
-        except _oom_types():
-            oom = 1.0
-        if oom:
-            module = tp_group = None    # FSDP/autograd state of a failed step: rebuild
-            _free(device)
-        *values, oom = _reduce_max([*values, oom], device, world)
-        if oom:
-            oom_at.add((cfg.build_key, cfg.recompute))
-            module = None
-            _free(device)
-            _step(progress, f"{cfg.label()}: out of memory on some rank, skipped")
-            continue
+        values = combine_rounds(measured[idx], _memory_fields(cfg))
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         else:
             layer_rows.append(layer_row(cfg, values))
-        _step(progress, f"{cfg.label()}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
-                        f" ms{' per layer' if not cfg.part else ''}"
-                        + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda" else "")
-                        + (f", split B {values[4] * 1e3:.3f} / W {values[5] * 1e3:.3f} ms"
-                           if not cfg.part and values[4] > 0 else ""))
-    module = tp_group = None
-    _free(device)
     return layer_rows, end_rows
+
+
+def _memory_fields(cfg: Config) -> tuple[int, ...]:
+    """Indices of the byte fields in a row's values (the rest are seconds)."""
+    return (2, 3)
+
+
+def _reduce(values: Iterable[float], max_fields: Iterable[int], device, world: int
+            ) -> list[float]:
+    """Across ranks: the mean of each value, the max of those at ``max_fields``."""
+    import torch
+    import torch.distributed as dist
+    vals = list(values)
+    if world == 1 or not dist.is_initialized():
+        return vals
+    hi = set(max_fields)
+    t = torch.tensor(vals, dtype=torch.float64, device=device)
+    mx = t.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    return [float(mx[j]) if j in hi else float(t[j]) / world for j in range(len(vals))]
 
 
 def _step(progress, message: str) -> None:
@@ -523,5 +683,6 @@ def _step(progress, message: str) -> None:
         progress.step(message)
 
 
-__all__ = ["Config", "Sample", "plan_grid", "layer_values", "end_values", "layer_row",
-           "end_row", "bench_layer_rows", "LAYERS_CUDA", "LAYERS_CPU"]
+__all__ = ["Config", "Sample", "plan_grid", "layer_values", "end_values", "cpu_values",
+           "combine_rounds", "layer_row", "end_row", "bench_layer_rows", "rounds_for",
+           "LAYERS_CUDA", "LAYERS_CPU"]

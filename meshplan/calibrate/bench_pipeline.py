@@ -10,7 +10,10 @@ and gradients, the schedule's bookkeeping.
 With ``pp`` stages and ``m`` micro-batches, 1F1B's critical path has ``m + pp − 1`` slots,
 each holding one forward and one backward action (Narayanan et al. 2021, arXiv 2104.04473
 §2.2.1: the pipeline bubble is ``(pp − 1)`` slots of forward + backward), so one action
-costs ``step / (2 · (m + pp − 1))``.
+costs ``step / (2 · (m + pp − 1))``. The tiny layers' own dispatch is in that figure too; the
+model is run with 2 and with 4 layers per stage and the cost extrapolated to 0 layers
+(``2·a(2) − a(4)``), which is the schedule's cost alone: the cost model adds it to the CPU
+time of each action, next to the layers' measured CPU dispatch.
 """
 
 from __future__ import annotations
@@ -33,18 +36,30 @@ def action_seconds(step_s: float, microbatches: int, pp: int) -> float:
 
 def bench_pipeline_action_s(device, world: int, *, warmup: int = 3, steps: int = 10
                             ) -> dict[str, Any]:
-    """Collective over the world (world >= 2); returns the row
-    ``{"kind": "pipeline_action_s", "seconds", "step_seconds", "pp", "microbatches"}``."""
+    """Collective over the world (world >= 2); returns the row ``{"kind":
+    "pipeline_action_s", "seconds", "step_seconds", "pp", "microbatches", "per_layer_s"}``."""
+    import torch.distributed as dist
+    if world < 2 or not dist.is_initialized() or dist.get_world_size() != world:
+        raise ConfigError(f"the pipeline benchmark needs an initialized process group of "
+                          f"world size >= 2 (pp = world), got world {world}")
+    m = 2 * world
+    step2 = _tiny_step_s(device, world, 2, warmup, steps)
+    step4 = _tiny_step_s(device, world, 4, warmup, steps)
+    a2, a4 = action_seconds(step2, m, world), action_seconds(step4, m, world)
+    return {"kind": "pipeline_action_s", "seconds": max(0.0, 2 * a2 - a4),
+            "step_seconds": step2, "pp": world, "microbatches": m,
+            "per_layer_s": max(0.0, (a4 - a2) / 2)}
+
+
+def _tiny_step_s(device, world: int, layers_per_stage: int, warmup: int, steps: int) -> float:
+    """Median 1F1B step seconds of the tiny model (the slowest rank's)."""
     import torch
     import torch.distributed as dist
 
     from meshplan.executor.mesh import build_mesh
     from meshplan.executor.parallelize import ParallelTrainer
-    if world < 2 or not dist.is_initialized() or dist.get_world_size() != world:
-        raise ConfigError(f"the pipeline benchmark needs an initialized process group of "
-                          f"world size >= 2 (pp = world), got world {world}")
     m = 2 * world
-    spec = tiny_spec(None, 2 * world)
+    spec = tiny_spec(None, layers_per_stage * world)
     layout = Layout(pp=world, schedule="1f1b", micro_batch=1)
     job = Job(global_batch=m, seq_len=SEQ_LEN)
     groups = build_mesh(layout, device.type, tied_embeddings=spec.tied_embeddings)
@@ -71,10 +86,8 @@ def bench_pipeline_action_s(device, world: int, *, warmup: int = 3, steps: int =
     t = torch.tensor([statistics.median(times)], dtype=torch.float64,
                      device=device if cuda else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    step_s = float(t.item())
     del trainer
-    return {"kind": "pipeline_action_s", "seconds": action_seconds(step_s, m, world),
-            "step_seconds": step_s, "pp": world, "microbatches": m}
+    return float(t.item())
 
 
 __all__ = ["bench_pipeline_action_s", "action_seconds"]

@@ -137,7 +137,8 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
-    total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0) + len(grid)
+    total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
+             + len(grid) * bench_layers.rounds_for(device, options.quick)
              + (1 if world > 1 else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "

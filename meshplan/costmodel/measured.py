@@ -62,6 +62,10 @@ class MeasuredLayer:
     # zero-bubble's split backward (input gradients, then weight gradients; 0: not measured)
     backward_input_s: float = 0.0
     backward_weight_s: float = 0.0
+    # CPU time to dispatch the forward / backward (0: not measured; then forward_s and
+    # backward_s are synchronized timings, which are max(CPU, GPU) rather than GPU time)
+    forward_cpu_s: float = 0.0
+    backward_cpu_s: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -84,6 +88,8 @@ class MeasuredEnd:
     activation_bytes: float     # kept from forward to backward, per micro-batch
     peak_bytes: float           # working memory of forward + backward above what is kept
     model: str = ""
+    forward_cpu_s: float = 0.0  # as MeasuredLayer
+    backward_cpu_s: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -98,6 +104,12 @@ class Interpolated:
     peak_bytes: float
     backward_input_s: float = 0.0
     backward_weight_s: float = 0.0
+    forward_cpu_s: float = 0.0
+    backward_cpu_s: float = 0.0
+
+    @property
+    def cpu_measured(self) -> bool:
+        return self.forward_cpu_s > 0 and self.backward_cpu_s > 0
 
     @property
     def split_backward(self) -> tuple[float, float] | None:
@@ -111,7 +123,8 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
     def vals(r):
         return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field),
-                getattr(r, "backward_input_s", 0.0), getattr(r, "backward_weight_s", 0.0))
+                getattr(r, "backward_input_s", 0.0), getattr(r, "backward_weight_s", 0.0),
+                r.forward_cpu_s, r.backward_cpu_s)
     exact = [r for r in rows if r.micro_batch == mb]
     if exact:
         return Interpolated(*vals(exact[0]))

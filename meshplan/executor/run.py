@@ -267,6 +267,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             torch.cuda.reset_peak_memory_stats(device)
         timer = StepTimer(device)
         losses = []
+        peak_after_step: list[float] = []   # running peak: shows which step set it
         prof = None
         for step in range(steps_total):
             state["step"], state["phase"] = step, ("warm-up" if step < args.warmup else "measure")
@@ -286,6 +287,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                     _stop_profiler(prof, args.profile, rank)
                     prof = None
             losses.append(loss)
+            if device_type == "cuda":
+                peak_after_step.append(float(torch.cuda.max_memory_allocated(device)))
             if rank == 0 and step > 0:   # one step behind: no sync on the step just queued
                 _log(f"step {step - 1}: loss {float(losses[-2]):.4f}")
         state["phase"] = "report"
@@ -293,7 +296,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         loss_values = [float(l) for l in losses]
         mem = peak_memory(device)
         mine = {"rank": rank, "dp": groups.dp_rank, "pp": groups.pp_rank, "tp": groups.tp_rank,
-                "stages": trainer.stage_indices(), **mem,
+                "stages": trainer.stage_indices(), **mem, "peak_after_step": peak_after_step,
                 "predicted_bytes": stage_prediction_bytes(prediction, groups.pp_rank)}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)

@@ -260,7 +260,8 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
     assert doc["gpu"]["pipeline_action_s"] > 0 and doc["gpu"]["optimizer_gbps"] > 0
     pipe = doc["measurements"]["pipeline"][0]
     assert pipe["pp"] == 2 and pipe["microbatches"] == 4
-    assert pipe["seconds"] == pytest.approx(pipe["step_seconds"] / 10)
+    # the 2-layer-per-stage action cost, extrapolated to 0 layers with the 4-layer run
+    assert pipe["seconds"] <= pipe["step_seconds"] / 10 and pipe["per_layer_s"] >= 0
     assert {"layers", "ends", "pipeline_action_s"} <= set(doc["measured"])
     assert doc["provenance"]["model"] == "tiny-llama"
 
