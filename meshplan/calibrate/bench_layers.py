@@ -11,33 +11,44 @@ tensor-parallel collective issued from Python and FSDP2's per-block hooks are in
 that is what the isolated GEMM/attention curves miss.
 
 Row semantics (one GPU, one micro-batch; every rank runs the same configuration at the
-same time, the slowest rank's median is kept, memory is the largest over ranks):
+same time; times are the mean over ranks of each rank's median, memory the largest over
+ranks; the whole grid is measured :data:`ROUNDS_CUDA` times, spread over the run, and each
+time is the median over rounds):
 
 * layers (``L`` = :data:`LAYERS_CUDA` blocks on GPU, :data:`LAYERS_CPU` on CPU):
-  ``forward_s`` / ``backward_s`` = median time of the L-block forward / backward over L
-  (backward includes recomputation and, for FSDP rows, the gradient reduce-scatter and
-  ZeRO-3 re-gathers); ``activation_bytes`` = (allocated after forward − before − the
-  output + the input) / L: what one layer keeps for its backward *including its own input*
-  (the part's input was allocated before the forward and the last block's output is
-  nobody's saved tensor, so a part of L layers would otherwise count L − 1 inputs; this
-  matches the per-layer convention of Korthikanti et al. 2022, arXiv 2205.05198, Table 2,
-  whose 2sbh-per-layer "full recompute" term is the layer's input). For ZeRO-2 rows the
-  unsharded bf16 parameters FSDP2 keeps from forward to backward are subtracted too: they
-  are held once per stage, not per micro-batch in flight.
+  ``forward_s`` / ``backward_s`` = GPU-busy time of the L-block forward / backward over L,
+  timed *queued*: a spin kernel holds the stream while the CPU dispatches the whole
+  forward and backward, so the CUDA events see the GPU alone (checked per iteration; see
+  :class:`_Queue`). Backward includes recomputation and, for FSDP rows, the gradient
+  reduce-scatter and ZeRO-3 re-gathers. ``forward_cpu_s`` / ``backward_cpu_s`` = the CPU's
+  dispatch time of the same calls over L (pooled over the micro-batch sizes of a setting,
+  :func:`pooled_cpu`). A step costs about max(Σ CPU, Σ GPU) because the CPU runs ahead of
+  the GPU; the cost model takes both (:mod:`meshplan.costmodel.estimate`).
+  ``activation_bytes`` = (what a *second* forward keeps alive − its output + its input) / L:
+  what one more micro-batch in flight costs, *including the layer's own input* (the last
+  block's output is nobody's saved tensor; this matches the per-layer convention of
+  Korthikanti et al. 2022, arXiv 2205.05198, Table 2, whose 2sbh-per-layer "full recompute"
+  term is the layer's input). The first forward of a step also fills one-time caches
+  (autocast's 16-bit weight copies), which the cost model counts once per step; FSDP rows
+  keep the timed iterations' allocator difference, with ZeRO-2's unsharded bf16
+  parameters subtracted (held once per stage, not per micro-batch in flight).
   ``backward_peak_bytes`` = peak allocated during forward + backward − allocated after
   forward (not divided by L: the working memory of the one layer whose backward is
   running — recomputed activations, gradients in flight, FSDP2 unsharded gradients).
   ``backward_input_s`` / ``backward_weight_s`` (ZeRO-0 rows only; 0 = not measured): the
   zero-bubble schedule's split backward of the same L blocks over L, run by
-  torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`).
+  torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`),
+  synchronized timings.
 * ends: ``embedding`` = the token embedding (+ learned positions) of the first stage;
   ``output`` = final norm, logits and the loss (vocabulary-parallel cross-entropy for
   tp > 1, as ``ParallelTrainer.loss_fn``) of the last stage. ``activation_bytes`` = allocated
   after forward − before − the output (embedding: the hidden state, which the first layer
   counts; output: the loss scalar) + the input for the output part (its input is the last
-  layer's output, which no layer counts). ``peak_bytes`` = peak − allocated after forward.
+  layer's output, which no layer counts), from a second forward as for layers.
+  ``peak_bytes`` = peak − allocated after forward. Times and CPU fields as for layers.
 
-On CPU (tests, gloo) the times are wall-clock medians and the memory fields are 0.
+On CPU (tests, gloo) the times are synchronized wall-clock medians, one round, and the
+memory and CPU fields are 0.
 """
 
 from __future__ import annotations
@@ -644,17 +655,50 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                             + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
         module = tp_group = None
         _free(device)
+    cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []
     for idx, cfg in enumerate(grid):
         if idx in skipped or idx not in measured:
             continue
         values = combine_rounds(measured[idx], _memory_fields(cfg))
+        if idx in cpu:
+            values[_cpu_fields(cfg)[0]], values[_cpu_fields(cfg)[1]] = cpu[idx]
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         else:
             layer_rows.append(layer_row(cfg, values))
     return layer_rows, end_rows
+
+
+def _cpu_fields(cfg: Config) -> tuple[int, int]:
+    """Indices of the forward / backward CPU seconds in a row's values."""
+    return (4, 5) if cfg.part else (6, 7)
+
+
+def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]]
+               ) -> dict[int, tuple[float, float]]:
+    """CPU dispatch per row, pooled over the micro-batch sizes of the same setting.
+
+    The CPU issues the same kernels whatever the micro-batch, and its timings are far
+    noisier than the GPU's (measured on 4 × H200, 2026-11-26: the three rounds of a row
+    differ by 13% median in CPU time, 0.8% in GPU time), so the median over every round of
+    every micro-batch of a setting is the better estimate for each of them."""
+    groups: dict[tuple, list[int]] = {}
+    for idx in measured:
+        cfg = grid[idx]
+        groups.setdefault((cfg.build_key, cfg.recompute), []).append(idx)
+    out: dict[int, tuple[float, float]] = {}
+    for members in groups.values():
+        f, b = _cpu_fields(grid[members[0]])
+        fs = [v[f] for i in members for v in measured[i]]
+        bs = [v[b] for i in members for v in measured[i]]
+        if min(fs + bs, default=0.0) <= 0:
+            continue                      # not measured (CPU device): leave the rows as they are
+        pooled = (statistics.median(fs), statistics.median(bs))
+        for i in members:
+            out[i] = pooled
+    return out
 
 
 def _memory_fields(cfg: Config) -> tuple[int, ...]:
@@ -684,5 +728,5 @@ def _step(progress, message: str) -> None:
 
 
 __all__ = ["Config", "Sample", "plan_grid", "layer_values", "end_values", "cpu_values",
-           "combine_rounds", "layer_row", "end_row", "bench_layer_rows", "rounds_for",
+           "combine_rounds", "pooled_cpu", "layer_row", "end_row", "bench_layer_rows", "rounds_for",
            "LAYERS_CUDA", "LAYERS_CPU"]

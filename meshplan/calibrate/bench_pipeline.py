@@ -45,10 +45,18 @@ def bench_pipeline_action_s(device, world: int, *, warmup: int = 3, steps: int =
     m = 2 * world
     step2 = _tiny_step_s(device, world, 2, warmup, steps)
     step4 = _tiny_step_s(device, world, 4, warmup, steps)
-    a2, a4 = action_seconds(step2, m, world), action_seconds(step4, m, world)
-    return {"kind": "pipeline_action_s", "seconds": max(0.0, 2 * a2 - a4),
-            "step_seconds": step2, "pp": world, "microbatches": m,
-            "per_layer_s": max(0.0, (a4 - a2) / 2)}
+    action, per_layer = extrapolate_action(step2, step4, m, world)
+    return {"kind": "pipeline_action_s", "seconds": action, "step_seconds": step2,
+            "pp": world, "microbatches": m, "per_layer_s": per_layer}
+
+
+def extrapolate_action(step2_s: float, step4_s: float, microbatches: int, pp: int
+                       ) -> tuple[float, float]:
+    """(seconds per action at 0 layers, seconds per layer per action) from the steps of the
+    2- and 4-layers-per-stage runs; both clamped at 0 (timing noise can invert them)."""
+    a2 = action_seconds(step2_s, microbatches, pp)
+    a4 = action_seconds(step4_s, microbatches, pp)
+    return max(0.0, 2 * a2 - a4), max(0.0, (a4 - a2) / 2)
 
 
 def _tiny_step_s(device, world: int, layers_per_stage: int, warmup: int, steps: int) -> float:
@@ -90,4 +98,4 @@ def _tiny_step_s(device, world: int, layers_per_stage: int, warmup: int, steps: 
     return float(t.item())
 
 
-__all__ = ["bench_pipeline_action_s", "action_seconds"]
+__all__ = ["bench_pipeline_action_s", "action_seconds", "extrapolate_action"]

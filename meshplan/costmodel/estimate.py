@@ -1,8 +1,12 @@
 """``estimate(model, cluster, job, layout) -> Estimate``: the single source of predictions.
 
-Step time = pipeline time (per-stage forward/backward per micro-batch through the schedule's
-closed form, :mod:`meshplan.costmodel.pipeline`) + the slowest rank's exposed data-parallel
-communication and optimizer step. Memory = model states + in-flight activations + buffers
+Step time = max(pipeline time, host bound) + the slowest rank's exposed data-parallel
+communication and optimizer step. The pipeline time puts per-stage forward/backward per
+micro-batch through the schedule's closed form (:mod:`meshplan.costmodel.pipeline`). The
+host bound applies where the profile has measured CPU dispatch times (``meshplan
+calibrate`` layer tables): PyTorch's CPU queues kernels ahead of the GPU, so a rank cannot
+finish before its CPU has dispatched all its work (:meth:`LayerTables.host_bound_s`); for
+small layers on fast GPUs this, not the GPU, sets the step time. Memory = model states + in-flight activations + buffers
 per pipeline rank; the peak is the worst rank. Sources are cited in the modules each term
 comes from (compute, memory, comm, pipeline, flops).
 """
@@ -56,6 +60,16 @@ class Groups:
     pp: object
 
 
+def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
+    """Runtime "torch" with DDP (ZeRO-0/1, no pipeline, dp > 1) and several micro-batches:
+    the first m − 1 backward passes run under ``no_sync``, so their gradients accumulate in
+    ordinary ``.grad`` tensors beside DDP's bucket storage, and both exist until the last
+    micro-batch's backward copies them into the buckets — one more fp32 gradient copy
+    (torch.nn.parallel.DistributedDataParallel with gradient_as_bucket_view=True)."""
+    return (job.runtime == "torch" and layout.pp == 1 and layout.dp > 1 and layout.zero < 2
+            and microbatches > 1)
+
+
 def group_links(cluster: Cluster, layout: Layout) -> Groups:
     """Megatron's rank order: tp ranks adjacent, then dp, then pp (``tp-dp-pp``), or
     ``tp-pp-dp`` (Megatron-Core ``RankGenerator`` order strings)."""
@@ -93,6 +107,8 @@ class LayerParts:
     p2p_s: float
     measured: tuple[str, ...] = ()   # parts taken from the profile's measured tables
     split_backward: tuple[float, float] | None = None  # measured zero-bubble B, W of a layer
+    # measured CPU dispatch seconds (layer f, b, embedding f, b, output f, b); None: unknown
+    cpu: tuple[float, ...] | None = None
 
 
 @lru_cache(maxsize=8192)
@@ -116,6 +132,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
     split = None
+    cpu = None
     tables = cluster.gpu.measured
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
@@ -136,10 +153,14 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
             logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
             measured.append("output")
+        if ml is not None and me is not None and mo is not None and all(
+                r.cpu_measured for r in (ml, me, mo)):
+            cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
+                   mo.forward_cpu_s, mo.backward_cpu_s)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
-                      comm.p2p_s(pp_link, msg), tuple(measured), split)
+                      comm.p2p_s(pp_link, msg), tuple(measured), split, cpu)
 
 
 def _ratio(measured_s: float, analytical_s: float) -> float:
@@ -212,7 +233,7 @@ class RankState:
 @lru_cache(maxsize=65536)
 def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
                zero: int, num_microbatches: int, dp_link, layers: int, first: bool, last: bool,
-               z3: Zero3Layer) -> RankState:
+               z3: Zero3Layer, grad_copies: int = 1) -> RankState:
     """Model states, data-parallel communication and optimizer time of one pipeline rank.
 
     ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
@@ -223,12 +244,14 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
 
     Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
     ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
-    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3.
+    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies`` = 2 where
+    :func:`ddp_accumulates`.
     """
     m = num_microbatches
     per = state_bytes_per_param(job)
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
     w, g, o = model_state_bytes(params, job, zero, dp)
+    g *= grad_copies
     w += compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
     grad_bytes = params * per.grads
     dp_s = red = gat = wire = bucket = copy = 0.0
@@ -338,7 +361,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         rows.append((r, layers_r, st.weights_bytes, st.grads_bytes, st.optimizer_bytes, act_b,
                      logit_b, buf, t.inflight[r]))
 
-    step = pipe_s + worst_tail
+    host_s = t.host_bound_s(stage_layers)
+    step = max(pipe_s, host_s) + worst_tail
     busy = m * busy_best
 
     # ---- breakdown on the busiest rank (component sums, computed once)
@@ -355,7 +379,7 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         overhead_s=tot.overhead_s, tp_comm_s=tot.tp_comm_s,
         pp_comm_s=pipe_s - pipe_no_p2p, bubble_s=max(0.0, pipe_no_p2p - busy),
         dp_comm_exposed_s=dp_exposed_worst, dp_comm_total_s=dp_total,
-        zero3_gather_s=tot.zero3_s, optimizer_s=opt_worst)
+        zero3_gather_s=tot.zero3_s, optimizer_s=opt_worst, host_wait_s=max(0.0, host_s - pipe_s))
 
     # ---- communication volume per GPU per step (busiest rank)
     links = t.links
@@ -435,6 +459,13 @@ class LayerTables:
     last_wgrad_s: float
     overhead_s: float              # per virtual stage, added to its forward and its backward
     p2p_s: float
+    # CPU dispatch per micro-batch (measured profiles): a layer's forward + backward, the
+    # embedding's, the output's, and the pipeline schedule's cost per action
+    cpu_layer_s: float
+    cpu_first_s: float
+    cpu_last_s: float
+    cpu_action_s: float
+    cpu_known: bool
     layer_state_bytes: float       # weights + grads + optimizer of one layer, after ZeRO
     layer_activation_bytes: float  # stored activations of one layer, one micro-batch
     inflight: tuple[float, ...]    # per pipeline rank
@@ -444,6 +475,10 @@ class LayerTables:
     embedding_act_bytes: float     # one micro-batch's embedding output (rank 0)
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
+    grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
+    last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
+    last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
+    last_states_bytes: float = 0.0  # last rank's non-layer model states (for the end-of-step peak)
 
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions
@@ -490,7 +525,7 @@ class LayerTables:
                 self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                 self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero) else 0,
                 self.links.dp, layers,
-                key[1], key[2], self.zero3)
+                key[1], key[2], self.zero3, self.grad_copies)
         return st
 
     def rank_pass_s(self, rank: int, layers: int) -> tuple[float, float]:
@@ -518,11 +553,42 @@ class LayerTables:
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                         self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero) else 0,
                         self.links.dp, n,
-                        False, False, self.zero3)
+                        False, False, self.zero3, self.grad_copies)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
 
+    def rank_cpu_s(self, rank: int, layers: int) -> float:
+        """CPU seconds to dispatch a rank's share of one step's forward and backward."""
+        lay = self.layout
+        per_mb = layers * self.cpu_layer_s + 2 * lay.vpp * self.cpu_action_s
+        if rank == 0:
+            per_mb += self.cpu_first_s
+        if rank == self.last_rank:
+            per_mb += self.cpu_last_s
+        return self.num_microbatches * per_mb
+
+    def host_bound_s(self, stage_layers) -> float:
+        """When the CPU, not the GPU, sets the pace (0 without measured CPU times).
+
+        The CPU runs ahead of its GPU (kernel launches and NCCL waits do not block it), so a
+        rank's GPU finishes about when its CPU has dispatched everything — except that the
+        last micro-batch's backward still has to travel from the last stage to rank r:
+        rank r ends no earlier than its CPU total plus the backward (input-gradient) time
+        and p2p of every stage before it on that path. With ``v`` chunks per rank only the
+        first chunk's path is counted (an approximation)."""
+        if not self.cpu_known:
+            return 0.0
+        _, b, w = self.stage_times(stage_layers)
+        pp = self.layout.pp
+        out, path = 0.0, 0.0
+        for r, n in enumerate(self.rank_layers(stage_layers)):
+            out = max(out, self.rank_cpu_s(r, n) + path)
+            path += (b[r] - w[r] if self.layout.schedule == "zero-bubble" else b[r]) + self.p2p_s
+            if r >= pp - 1:
+                break
+        return out
+
     def step_time_s(self, stage_layers) -> float:
-        return self.pipeline_s(stage_layers) + max(
+        return max(self.pipeline_s(stage_layers), self.host_bound_s(stage_layers)) + max(
             self.rank_tail_s(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
 
     # ---- memory -------------------------------------------------------------------
@@ -532,13 +598,21 @@ class LayerTables:
         act = inflight * layers * self.layer_activation_bytes
         if rank == 0:
             act += inflight * self.embedding_act_bytes
-        logit = self.logits_bytes if rank == self.last_rank else 0.0
+        logit = self.logits_bytes + self.last_chunks_bytes if rank == self.last_rank else 0.0
         buf = self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
+        if rank == self.last_rank and self.last_merge_bytes > act + logit + buf:
+            # the end-of-step concatenation of the kept outputs is this rank's peak: count it
+            # as the output part so that states + act + logit + buf is still the peak
+            logit = self.last_merge_bytes - act - buf
         return act, logit, buf
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
-        return layers * (self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes) \
+        mem = layers * (self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes) \
             + self.const_bytes[rank]
+        if rank == self.last_rank:
+            mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
+                      + self.last_states_bytes + self.last_merge_bytes)
+        return mem
 
     def peak_memory_bytes(self, stage_layers) -> float:
         return max(self.rank_memory_bytes(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
@@ -547,7 +621,7 @@ class LayerTables:
         """The most layers ``rank`` can hold within ``capacity_bytes`` (-1: not even 0)."""
         per = self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes
         const = self.const_bytes[rank]
-        if const > capacity_bytes:
+        if self.rank_memory_bytes(rank, 0) > capacity_bytes:
             return -1
         n = min(self.num_layers, int((capacity_bytes - const) // per) if per > 0
                 else self.num_layers)
@@ -597,9 +671,19 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
                         z3.total_s)
+    cpu = parts.cpu
+    if cpu is not None and fsdp:
+        cpu = ((fs.forward_cpu_s, fs.backward_cpu_s, *cpu[2:])
+               if fs is not None and fs.cpu_measured else None)
+    cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
+    if cpu and layout.schedule == "zero-bubble" and parts.split_backward is not None:
+        # the split backward is timed synchronized (>= its CPU dispatch): two autograd
+        # passes per layer cost the CPU more than one fused backward
+        cpu_layer = cpu[0] + max(cpu[1], sum(parts.split_backward))
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
+    grad_copies = 2 if ddp_accumulates(job, layout, m) else 1
     copy_b = compute_weight_bytes_per_param(job)    # 16-bit compute copies (runtime torch)
     per = state_bytes_per_param(job)
     logits_b = parts.logits_bytes * (inflight[last_rank] if layout.schedule == "gpipe"
@@ -618,6 +702,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
     first_extra = (sum(model_state_bytes(first_params, job, layout.zero, dp))
+                   + (grad_copies - 1) * first_params * per.grads
                    + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0)
                    + compute_copy_bytes(model, layers=0, first=True, last=pp == 1, **copy_kw))
     last_extra = 0.0
@@ -636,12 +721,26 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
             last_f += _root_gather_s(last_params, copy_b, links.dp)
             last_b += _root_reduce_s(last_params, per.grads, links.dp)
     gpu = cluster.gpu
-    if pp > 1 and gpu.pipeline_action_s > 0:
+    action_cpu = 0.0
+    if cpu is not None:
+        # GPU-busy rows: the schedule's per-action cost is CPU time, on the CPU's timeline
+        overhead = 0.0
+        action_cpu = gpu.pipeline_action_s if pp > 1 else 0.0
+    elif pp > 1 and gpu.pipeline_action_s > 0:
         overhead = gpu.pipeline_action_s
     elif "output" in parts.measured and pp == 1:
         overhead = 0.0   # the measured ends hold the per-micro-batch work
     else:
         overhead = gpu.microbatch_overhead_s / (2 * v)
+    # runtime "torch", pipelined: torch.distributed.pipelining keeps every micro-batch's
+    # stage output (the 16-bit logits) of the last stage until the step ends, then
+    # concatenates them (PipelineSchedule*.step → _merge_outputs(stage.output_chunks))
+    chunks = merge = 0.0
+    if job.runtime == "torch" and pp > 1:
+        chunk = (layout.micro_batch * job.seq_len * model.vocab_size / tp
+                 * activation_bytes_per_element(job))
+        chunks, merge = m * chunk, 2 * m * chunk
+    last_states = last_extra - logits_b if pp > 1 else 0.0
     return LayerTables(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
         num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
@@ -652,8 +751,15 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_forward_s=last_f, last_backward_s=last_b,
         last_wgrad_s=parts.logits[2],
         overhead_s=overhead,
+        cpu_layer_s=cpu_layer,
+        cpu_first_s=(cpu[2] + cpu[3]) if cpu else 0.0,
+        cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
+        cpu_action_s=action_cpu, cpu_known=cpu is not None,
+        last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
+        grad_copies=grad_copies,
         layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
+                           + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
                                                 **copy_kw)),
         layer_activation_bytes=parts.activation_bytes,

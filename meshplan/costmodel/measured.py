@@ -8,7 +8,9 @@ rows instead of composing them from GEMM/attention/memory-bound curves, so every
 curves do not see — unfused element-wise kernels, Python dispatch of small kernels and
 collectives, FSDP2's per-layer hooks — is in the prediction. Layouts are never measured:
 the rows are per layer and micro-batch, the pipeline, data-parallel and optimizer terms stay
-analytical (:mod:`meshplan.costmodel.estimate`).
+analytical (:mod:`meshplan.costmodel.estimate`). Rows from a calibration with CPU fields
+carry GPU-busy seconds plus the CPU's dispatch seconds separately; older rows carry
+synchronized timings and no CPU fields, and the cost model then uses them as before.
 
 Rows are matched by the model's *shape key* (every field that changes a layer's work), the
 sequence length, tp, sequence parallelism, recompute mode and (FSDP rows) ZeRO stage and dp

@@ -83,6 +83,9 @@ class TimeBreakdown:
     dp_comm_total_s: float
     zero3_gather_s: float
     optimizer_s: float
+    # the GPUs waiting for the CPU to dispatch work (measured CPU dispatch exceeds the GPU
+    # critical path; profiles with CPU times only, see costmodel.estimate)
+    host_wait_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -91,7 +94,8 @@ class TimeBreakdown:
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
-                + self.dp_comm_exposed_s + self.zero3_gather_s + self.optimizer_s)
+                + self.dp_comm_exposed_s + self.zero3_gather_s + self.optimizer_s
+                + self.host_wait_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -183,9 +183,11 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     # else its closed form written with max-variables (see pipeline_units)
     big = _u(1e4)
     if forced is not None:
-        pipe = _u(t.pipeline_s(forced)) * x
+        pipe = _u(max(t.pipeline_s(forced), t.host_bound_s(forced))) * x
     else:
         pipe = pipeline_units(M, t, n, tag)
+        if t.cpu_known:
+            pipe = _host_bound_units(M, t, n, N, x, pipe, tag)
     # ---- data-parallel + optimizer tail per rank (tables over the rank's layers)
     tm = M.NewIntVar(0, big, f"tail{tag}")
     cache: dict[tuple, list[int]] = {}
@@ -206,6 +208,28 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     step = M.NewIntVar(0, big, f"step{tag}")
     M.Add(step >= pipe + tm).OnlyEnforceIf(x)
     return x, step, n
+
+
+def _host_bound_units(M, t, n, N, x, pipe, tag: str):
+    """max(GPU pipeline, :meth:`LayerTables.host_bound_s`) for free 1F1B/GPipe partitions:
+    rank r's CPU total (linear in its layers N_r) plus the backward path of the stages
+    before it (linear in their layers); a variable bounded below by each, and by ``pipe``,
+    equals their max at the optimum (it enters the minimised step with weight 1)."""
+    cfg = t.config
+    S, pp, m = cfg.stages, cfg.pp, t.num_microbatches
+    ab, ov = _u(t.layer_backward_s), _u(t.overhead_s)
+    eb, gb = _u(t.first_backward_s), _u(t.last_backward_s)
+    c = _u(t.p2p_s) if pp > 1 else 0
+    b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
+    per_layer = _u(m * t.cpu_layer_s)
+    top = M.NewIntVar(0, _u(1e4), f"host{tag}")
+    M.Add(top >= pipe).OnlyEnforceIf(x)
+    path = 0
+    for r in range(pp):
+        const = t.rank_cpu_s(r, 0)
+        M.Add(top >= per_layer * N[r] + _u(const) + path).OnlyEnforceIf(x)
+        path = path + b[r] + c
+    return top
 
 
 def pipeline_units(M, t, n, tag: str):

@@ -125,7 +125,8 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
 @lru_cache(maxsize=65536)
 def _forced_pipeline_s(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
                        forced: tuple[int, ...]) -> float:
-    return layer_tables(model, cluster, job, cfg.layout(), checked=True).pipeline_s(forced)
+    t = layer_tables(model, cluster, job, cfg.layout(), checked=True)
+    return max(t.pipeline_s(forced), t.host_bound_s(forced))
 
 
 def busy_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) -> float:

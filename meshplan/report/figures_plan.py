@@ -30,7 +30,8 @@ def time_parts(est: Estimate) -> dict[str, float]:
     t = est.time
     return {"compute": t.compute_s, "TP comm": t.tp_comm_s, "PP comm": t.pp_comm_s,
             "bubble": t.bubble_s, "DP exposed": t.dp_comm_exposed_s,
-            "ZeRO-3 gathers": t.zero3_gather_s, "optimizer": t.optimizer_s}
+            "ZeRO-3 gathers": t.zero3_gather_s, "optimizer": t.optimizer_s,
+            "waiting for the CPU": t.host_wait_s}
 
 
 def memory_per_stage(est: Estimate, *, title: str | None = None, gpu_memory_bytes: float | None = None):

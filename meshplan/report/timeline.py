@@ -17,10 +17,12 @@ from meshplan.hardware_profiles import Cluster
 def pipeline_seconds(est: Estimate) -> float:
     """The cost model's pipeline time (what the simulator reproduces).
 
-    Step time = pipeline + exposed DP communication + optimizer step
-    (:mod:`meshplan.costmodel.estimate`), so the pipeline part is the step time less those two.
+    Step time = max(pipeline, CPU dispatch bound) + exposed DP communication + optimizer
+    step (:mod:`meshplan.costmodel.estimate`), so the pipeline part is the step time less
+    those and less the time the GPUs wait for the CPU.
     """
-    return est.step_time_s - est.time.dp_comm_exposed_s - est.time.optimizer_s
+    t = est.time
+    return est.step_time_s - t.dp_comm_exposed_s - t.optimizer_s - t.host_wait_s
 
 
 def simulate_plan(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

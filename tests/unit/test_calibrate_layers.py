@@ -155,7 +155,11 @@ def test_profile_writes_layers_ends_pipeline_and_optimizer():
 
 def test_pipeline_action_arithmetic():
     pytest.importorskip("torch")
-    from meshplan.calibrate.bench_pipeline import action_seconds
+    from meshplan.calibrate.bench_pipeline import action_seconds, extrapolate_action
+    # 2 and 4 layers per stage, 8 micro-batches, pp 4: 22 actions on the critical path;
+    # 0.1 ms per action + 1 ms per layer per action
+    assert extrapolate_action(22 * 2.1e-3, 22 * 4.1e-3, 8, 4) == pytest.approx((1e-4, 1e-3))
+    assert extrapolate_action(22 * 4e-3, 22 * 3e-3, 8, 4)[1] == 0.0   # noise: clamped
     # 1F1B, pp 2, 4 micro-batches: 5 slots of forward + backward on the critical path
     assert action_seconds(1.0, 4, 2) == pytest.approx(0.1)
 
@@ -257,11 +261,12 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
                for x in doc["layers"] if x["zero"])
     # CPU: no allocator statistics, so no memory figures
     assert all(x["activation_bytes"] == 0.0 for x in doc["layers"])
-    assert doc["gpu"]["pipeline_action_s"] > 0 and doc["gpu"]["optimizer_gbps"] > 0
+    # the schedule's own cost per action, extrapolated to 0 layers: >= 0 (0 when it is
+    # lost in the tiny layers' CPU noise, as on a loaded 2-core machine)
+    assert doc["gpu"]["pipeline_action_s"] >= 0 and doc["gpu"]["optimizer_gbps"] > 0
     pipe = doc["measurements"]["pipeline"][0]
     assert pipe["pp"] == 2 and pipe["microbatches"] == 4
-    # the 2-layer-per-stage action cost, extrapolated to 0 layers with the 4-layer run
-    assert pipe["seconds"] <= pipe["step_seconds"] / 10 and pipe["per_layer_s"] >= 0
+    assert pipe["seconds"] >= 0 and pipe["per_layer_s"] >= 0 and pipe["step_seconds"] > 0
     assert {"layers", "ends", "pipeline_action_s"} <= set(doc["measured"])
     assert doc["provenance"]["model"] == "tiny-llama"
 
@@ -306,3 +311,22 @@ def test_out_of_memory_skips_the_row_and_larger_micro_batches(monkeypatch):
     assert {(e["part"], e["micro_batch"]) for e in ends} == {(p, mb) for p in ("embedding", "output")
                                                             for mb in (1, 2, 4)}
     assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in layers + ends)
+
+
+def test_rounds_combine_by_median_and_cpu_pools_over_micro_batches():
+    from meshplan.calibrate.bench_layers import combine_rounds, pooled_cpu
+    # times: median of the rounds (a slow round does not move it); memory: the largest
+    rounds = [[1.0, 2.0, 100.0, 7.0], [1.2, 2.2, 120.0, 5.0], [5.0, 9.0, 110.0, 6.0]]
+    assert combine_rounds(rounds, (2, 3)) == [1.2, 2.2, 120.0, 7.0]
+    grid = plan_grid([TINY], None, 1, quick=False)
+    idx = [i for i, c in enumerate(grid) if not c.part and c.tp == 1
+           and c.recompute == "none"]                       # micro-batch 1, 2, 4
+    assert len(idx) == 3
+    # values: fwd, bwd, act, peak, B, W, fwd cpu, bwd cpu, bad; two rounds each
+    measured = {i: [[0, 0, 0, 0, 0, 0, 1e-3 * (k + 1), 2e-3, 0],
+                    [0, 0, 0, 0, 0, 0, 3e-3, 4e-3 * (k + 1), 0]] for k, i in enumerate(idx)}
+    pooled = pooled_cpu(grid, measured)
+    # forward CPU samples 1, 3, 2, 3, 3, 3 ms -> 3 ms; backward 2, 4, 2, 8, 2, 12 -> 3 ms
+    assert all(pooled[i] == pytest.approx((3e-3, 3e-3)) for i in idx)
+    # not measured (CPU device, zeros): left alone
+    assert pooled_cpu(grid, {idx[0]: [[0.0] * 9]}) == {}

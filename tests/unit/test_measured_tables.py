@@ -158,3 +158,99 @@ def test_profile_file_tables_reach_the_cost_model(tmp_path):
     assert t.parts.measured == ("layer", "output")      # the embedding stays analytical
     assert estimate(MODEL, c, JOB, lay).stage_forward_s[0] == pytest.approx(
         8 * 1e-3 + t.first_forward_s + 5e-4)
+
+
+# ---- round 3: CPU dispatch (host bound), pipelining's kept outputs, DDP no_sync grads ----------
+def _cpu_tables(layer_cpu=(3e-3, 5e-3), end_cpu=(1e-4, 2e-4)):
+    """GPU-busy rows with CPU dispatch times: the layer's CPU (8 ms) exceeds its GPU (3 ms)."""
+    lay = _layer(1, 1e-3, 2e-3, 100e6, 50e6, forward_cpu_s=layer_cpu[0],
+                 backward_cpu_s=layer_cpu[1])
+    ends = tuple(replace(_end(p, 1, 1e-4, 2e-4, 1e6, 0.0), forward_cpu_s=end_cpu[0],
+                         backward_cpu_s=end_cpu[1]) for p in ("embedding", "output"))
+    return MeasuredTables((lay,), ends)
+
+
+def test_cpu_fields_interpolate_and_are_optional():
+    t = _cpu_tables()
+    r = t.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
+                micro_batch=1)
+    assert r.cpu_measured and (r.forward_cpu_s, r.backward_cpu_s) == (3e-3, 5e-3)
+    assert not TABLES.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False,
+                            recompute="none", micro_batch=1).cpu_measured
+
+
+def test_host_bound_sets_the_step_when_the_cpu_is_slower():
+    c = _cluster(_cpu_tables())
+    est = estimate(MODEL, c, JOB, Layout(micro_batch=1))
+    m = JOB.global_batch
+    cpu = m * (8 * 8e-3 + 3e-4 + 3e-4)           # layers + embedding + output, per micro-batch
+    gpu = m * (8 * 3e-3 + 3e-4 + 3e-4)
+    tail = est.time.optimizer_s + est.time.dp_comm_exposed_s
+    assert est.step_time_s == pytest.approx(cpu + tail)
+    assert est.time.host_wait_s == pytest.approx(cpu - gpu)
+    assert est.time.total_s == pytest.approx(est.step_time_s)
+    # a GPU-bound profile: CPU dispatch below the GPU time changes nothing
+    fast = _cluster(_cpu_tables(layer_cpu=(1e-4, 1e-4), end_cpu=(1e-5, 1e-5)))
+    e2 = estimate(MODEL, fast, JOB, Layout(micro_batch=1))
+    assert e2.time.host_wait_s == 0.0
+    assert e2.step_time_s == pytest.approx(m * gpu / m + e2.time.optimizer_s)
+
+
+def test_host_bound_adds_the_last_backward_path_across_stages():
+    from meshplan.costmodel.estimate import layer_tables
+    c = replace(_cluster(_cpu_tables()), gpu=replace(_cluster(_cpu_tables()).gpu,
+                                                     pipeline_action_s=1e-4))
+    lay = Layout(pp=2, micro_batch=1)
+    t = layer_tables(MODEL, c, JOB, lay)
+    m = JOB.global_batch
+    cpu0 = m * (4 * 8e-3 + 3e-4 + 2 * 1e-4)       # rank 0: 4 layers, embedding, 2 actions
+    cpu1 = m * (4 * 8e-3 + 3e-4 + 2 * 1e-4)       # rank 1: 4 layers, output, 2 actions
+    _, b, _ = t.stage_times((4, 4))
+    # rank 1 finishes dispatching, then rank 0 still runs the last micro-batch's backward
+    assert t.host_bound_s((4, 4)) == pytest.approx(max(cpu0, cpu1 + b[0] + t.p2p_s))
+    assert t.overhead_s == 0.0                     # the action cost is CPU time only
+    assert t.step_time_s((4, 4)) == pytest.approx(estimate(MODEL, c, JOB, lay).step_time_s)
+
+
+def test_pipelined_last_stage_keeps_every_output_runtime_torch():
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    lay = Layout(pp=2, micro_batch=1)
+    t = layer_tables(MODEL, c, JOB, lay)
+    chunk = 1 * JOB.seq_len * MODEL.vocab_size * 2          # bf16 logits of one micro-batch
+    assert t.last_chunks_bytes == pytest.approx(JOB.global_batch * chunk)
+    assert t.last_merge_bytes == pytest.approx(2 * JOB.global_batch * chunk)
+    # the megatron runtime keeps nothing of the kind
+    mega = layer_tables(MODEL, c, Job(global_batch=16, seq_len=1024), lay)
+    assert mega.last_chunks_bytes == 0.0 == mega.last_merge_bytes
+    # the last rank's peak is the larger of mid-step (+ chunks) and the end-of-step merge
+    est = estimate(MODEL, c, JOB, lay)
+    assert est.memory[1].total_bytes == pytest.approx(t.rank_memory_bytes(1, 4))
+    assert t.rank_memory_bytes(1, 4) >= 4 * t.layer_state_bytes + t.last_merge_bytes
+
+
+def test_ddp_micro_batches_hold_a_second_gradient_copy():
+    c = _cluster(TABLES)
+    one = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=4))           # m = 1: no no_sync
+    many = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=1))          # m = 4
+    assert many.memory[0].grads_bytes == pytest.approx(2 * one.memory[0].grads_bytes)
+    # FSDP (ZeRO-2) and pipelines reduce differently: one copy
+    z2 = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=1, zero=2))
+    params = stage_params(MODEL, 8, 1, first=True, last=True, pp=1)
+    assert z2.memory[0].grads_bytes == pytest.approx(params * 4 / 4)
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(micro_batch=1), Layout(pp=2, micro_batch=1), Layout(pp=4, micro_batch=2,
+                                                               schedule="gpipe"),
+    Layout(pp=2, micro_batch=1, schedule="interleaved-1f1b", vpp=2),
+    Layout(dp=2, pp=2, micro_batch=1, zero=1),
+])
+def test_planner_tables_agree_with_estimate_with_cpu_times(layout):
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(_cpu_tables())
+    est = estimate(MODEL, c, JOB, layout)
+    t = layer_tables(MODEL, c, JOB, layout)
+    stages = [MODEL.num_layers // (layout.pp * layout.vpp)] * (layout.pp * layout.vpp)
+    assert t.step_time_s(stages) == pytest.approx(est.step_time_s, rel=1e-9)
+    assert t.peak_memory_bytes(stages) == pytest.approx(est.memory_peak_bytes, rel=1e-9)
