@@ -44,11 +44,14 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0    # fused Adam: read+write master, m, v; read 
 GRAD_FLATTEN_PASSES = 6.0
 
 
-def fsdp_per_microbatch(job: Job, zero: int) -> bool:
+def fsdp_per_microbatch(job: Job, zero: int, pp: int = 1) -> bool:
     """ZeRO stages whose communication happens per layer and per micro-batch: ZeRO-3, and
-    ZeRO-2 as FSDP2 runs it (runtime "torch": gradients are reduce-scattered after every
-    micro-batch's backward and the weights re-gathered for the next forward)."""
-    return zero == 3 or (zero == 2 and job.runtime == "torch")
+    ZeRO-2 as FSDP2 runs it without a pipeline (runtime "torch": gradients are
+    reduce-scattered after every micro-batch's backward and the weights re-gathered for the
+    next forward). Under torch.distributed.pipelining, FSDP2's ZeRO-2 is gathered once and
+    reduced once per step: the stage turns off gradient sync and resharding after backward
+    for every micro-batch but the last (``_PipelineStageBase.backward_maybe_with_nosync``)."""
+    return zero == 3 or (zero == 2 and job.runtime == "torch" and pp == 1)
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,8 @@ class Zero3Layer:
     total_s: float = 0.0      # all of it: two all-gathers and one reduce-scatter
 
 
-def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Job) -> Zero3Layer:
+def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Job,
+                pp: int = 1) -> Zero3Layer:
     """Parameters gathered per layer per micro-batch (forward and backward), gradients
     reduce-scattered; FSDP prefetches the next layer's gather behind this layer's compute
     (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed.
@@ -199,7 +203,7 @@ def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Jo
     gathered and fp32 gradients reduce-scattered; its ZeRO-2 gathers once per micro-batch
     (kept from forward to backward) instead of twice.
     """
-    if not fsdp_per_microbatch(job, zero) or dp == 1:
+    if not fsdp_per_microbatch(job, zero, pp) or dp == 1:
         return Zero3Layer()
     per = state_bytes_per_param(job)
     gather_b = layer_params * (compute_weight_bytes_per_param(job) or per.weights)
@@ -266,16 +270,20 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
                 wire += comm.wire_bytes_gather(dp, params * per.weights)
             if torch_rt and pp > 1:
                 copy = hbm_s(cluster.gpu, GRAD_FLATTEN_PASSES * grad_bytes)
-        elif zero in (1, 2) and not fsdp_per_microbatch(job, zero):
+        elif zero in (1, 2) and not fsdp_per_microbatch(job, zero, pp):
+            # runtime "torch" (FSDP2 ZeRO-2 under a pipeline): the 16-bit compute weights
+            # are gathered, the fp32 gradients reduce-scattered, once per step
+            gather_bpp = (compute_weight_bytes_per_param(job) or per.weights) if torch_rt \
+                else per.weights
             red = comm.reduce_scatter_s(dp_link, grad_bytes)
-            gat = comm.all_gather_s(dp_link, params * per.weights)
+            gat = comm.all_gather_s(dp_link, params * gather_bpp)
             dp_s = red + gat
             wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
-                dp, params * per.weights)
+                dp, params * gather_bpp)
         else:
             dp_s = m * layers * z3.total_s
             wire = m * layers * z3.wire_bytes
-        if job.overlap_dp_comm and not fsdp_per_microbatch(job, zero):
+        if job.overlap_dp_comm and not fsdp_per_microbatch(job, zero, pp):
             bucket = comm.all_reduce_s(dp_link, min(grad_bytes, DP_BUCKET_BYTES))
     local = params / dp if zero >= 1 else params
     gpu = cluster.gpu
@@ -297,7 +305,7 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
     Runtime "torch": pipelined layouts reduce after the schedule (nothing overlaps), and
     ZeroRedundancyOptimizer's broadcast follows the optimizer step (exposed).
     """
-    if fsdp_per_microbatch(job, layout.zero) or layout.dp == 1:
+    if fsdp_per_microbatch(job, layout.zero, layout.pp) or layout.dp == 1:
         return 0.0
     if job.runtime == "torch" and layout.pp > 1:
         return st.dp_total_s + st.grad_copy_s
@@ -523,7 +531,8 @@ class LayerTables:
             # layouts differing in schedule, recompute or micro-batch share the result.
             st = self._states[key] = rank_state(  # type: ignore[attr-defined]
                 self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
-                self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero) else 0,
+                self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero, lay.pp)
+                else 0,
                 self.links.dp, layers,
                 key[1], key[2], self.zero3, self.grad_copies)
         return st
@@ -551,7 +560,8 @@ class LayerTables:
         n = -(-self.num_layers // self.layout.pp)
         lay = self.layout
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
-                        self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero) else 0,
+                        self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero, lay.pp)
+                else 0,
                         self.links.dp, n,
                         False, False, self.zero3, self.grad_copies)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
@@ -655,13 +665,13 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     parts = layer_parts(model, cluster, job, layout.micro_batch, tp, layout.sequence_parallel,
                         layout.recompute, links.tp, links.pp)
     layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
-    z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job)
+    z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp)
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
     if layout.schedule == "zero-bubble" and parts.split_backward is not None:
         # measured B and W actions (their sum can exceed one fused backward)
         layer_b, layer_w = sum(parts.split_backward), parts.split_backward[1]
-    fsdp = fsdp_per_microbatch(job, layout.zero) and dp > 1
+    fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
     tables = cluster.gpu.measured
     fs = (tables.layer(model, seq_len=job.seq_len, tp=tp,
                        sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
