@@ -254,3 +254,51 @@ def test_planner_tables_agree_with_estimate_with_cpu_times(layout):
     stages = [MODEL.num_layers // (layout.pp * layout.vpp)] * (layout.pp * layout.vpp)
     assert t.step_time_s(stages) == pytest.approx(est.step_time_s, rel=1e-9)
     assert t.peak_memory_bytes(stages) == pytest.approx(est.memory_peak_bytes, rel=1e-9)
+
+
+def test_zero2_under_a_pipeline_reduces_once_per_step():
+    """torch.distributed.pipelining turns FSDP2's gradient sync off for all but the last
+    micro-batch: no per-micro-batch FSDP rows, one gather + one reduce-scatter per step."""
+    from meshplan.costmodel.estimate import fsdp_per_microbatch, layer_tables
+    assert fsdp_per_microbatch(JOB, 2) and not fsdp_per_microbatch(JOB, 2, pp=2)
+    assert fsdp_per_microbatch(JOB, 3, pp=2)
+    c = _cluster(TABLES)
+    piped = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=1, zero=2))
+    plain = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=1, zero=0))
+    assert piped.layer_forward_s == plain.layer_forward_s        # the plain row, no FSDP
+    st = piped.rank_state(0, 4)
+    assert st.grad_reduce_s > 0 and st.param_gather_s > 0          # once per step
+    one = layer_tables(MODEL, c, JOB, Layout(dp=2, micro_batch=1, zero=2))
+    assert one.layer_forward_s == pytest.approx(1.5e-3)            # pp = 1: the FSDP row
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_cpsat_host_bound_matches_the_cost_model(schedule):
+    """The CP-SAT expression of max(pipeline, host bound) equals LayerTables' on fixed
+    partitions (free 1F1B/GPipe partitions are what the solver optimizes)."""
+    pytest.importorskip("ortools")
+    from ortools.sat.python import cp_model
+
+    from meshplan.planner.cpsat import UNITS_PER_S, _host_bound_units, pipeline_units
+    from meshplan.planner.space import Config
+    from meshplan.planner.tables import build_tables
+    c = replace(_cluster(_cpu_tables()), gpu=replace(_cluster(_cpu_tables()).gpu,
+                                                     pipeline_action_s=2e-4))
+    cfg = Config(dp=1, pp=2, tp=1, micro_batch=1, schedule=schedule, vpp=1,
+                 recompute="none", zero=0, sequence_parallel=False)
+    t = build_tables(MODEL, c, JOB, cfg)
+    assert t.cpu_known
+    for part in ((4, 4), (2, 6), (7, 1)):
+        M = cp_model.CpModel()
+        x = M.NewBoolVar("x")
+        M.Add(x == 1)
+        n = [M.NewIntVar(v, v, f"n{i}") for i, v in enumerate(part)]
+        top = _host_bound_units(M, t, n, n, x, pipeline_units(M, t, n, "t"), "t")
+        obj = M.NewIntVar(0, 10**15, "obj")
+        M.Add(obj == top)
+        M.Minimize(obj)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        assert solver.Solve(M) == cp_model.OPTIMAL
+        want = max(t.pipeline_s(part), t.host_bound_s(part))
+        assert solver.Value(obj) / UNITS_PER_S == pytest.approx(want, rel=1e-6), part
