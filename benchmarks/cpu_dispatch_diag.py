@@ -15,35 +15,24 @@ executor's own blocks five ways (per layer, forward + backward, median over rank
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
-    import torch
     import torch.distributed as dist
 
     from meshplan.calibrate import bench_layers as bl
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from layer_insitu import start
     from validate_device import GPT_05B, LLAMA_16B
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True, type=Path)
-    args = p.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    world = dist.get_world_size()
-    groups = bl._Groups(world, dist.get_rank(), "cuda")
+    args, device, world, _, groups = start()
     queue = bl._Queue(device, lambda v: bl._reduce(v, range(len(v)), device, world))
     configs = [(GPT_05B, 1, False, "none", 1), (GPT_05B, 4, True, "none", 2),
                (GPT_05B, 1, False, "full", 1), (GPT_05B, 2, True, "selective", 2),

@@ -22,14 +22,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def main() -> int:
+def start():
+    """``--out DIR`` and an NCCL process group over the torchrun world, as the layer
+    benchmarks expect: returns (args, device, world, rank, bench_layers' process groups)."""
     import torch
     import torch.distributed as dist
 
     from meshplan.calibrate import bench_layers as bl
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from validate_device import GPT_05B, LLAMA_16B
-
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args()
@@ -38,7 +37,17 @@ def main() -> int:
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     world, rank = dist.get_world_size(), dist.get_rank()
-    groups = bl._Groups(world, rank, "cuda")
+    return args, device, world, rank, bl._Groups(world, rank, "cuda")
+
+
+def main() -> int:
+    import torch.distributed as dist
+
+    from meshplan.calibrate import bench_layers as bl
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from validate_device import GPT_05B, LLAMA_16B
+
+    args, device, world, rank, groups = start()
     configs = [(LLAMA_16B, 1, False, "none", 1), (LLAMA_16B, 1, False, "none", 4),
                (GPT_05B, 1, False, "none", 2), (LLAMA_16B, 4, True, "full", 2),
                (GPT_05B, 2, True, "none", 4), (LLAMA_16B, 2, True, "selective", 2)]
