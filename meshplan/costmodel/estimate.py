@@ -6,8 +6,8 @@ micro-batch through the schedule's closed form (:mod:`meshplan.costmodel.pipelin
 host bound applies where the profile has measured CPU dispatch times (``meshplan
 calibrate`` layer tables): PyTorch's CPU queues kernels ahead of the GPU, so a rank cannot
 finish before its CPU has dispatched all its work (:meth:`LayerTables.host_bound_s`); for
-small layers on fast GPUs this, not the GPU, sets the step time. Memory = model states + in-flight activations + buffers
-per pipeline rank; the peak is the worst rank. Sources are cited in the modules each term
+small layers on fast GPUs this, not the GPU, sets the step time. Memory = model states +
+in-flight activations + buffers per pipeline rank; the peak is the worst rank. Sources are cited in the modules each term
 comes from (compute, memory, comm, pipeline, flops).
 """
 
@@ -531,9 +531,7 @@ class LayerTables:
             # layouts differing in schedule, recompute or micro-batch share the result.
             st = self._states[key] = rank_state(  # type: ignore[attr-defined]
                 self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
-                self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero, lay.pp)
-                else 0,
-                self.links.dp, layers,
+                self._fsdp_microbatches, self.links.dp, layers,
                 key[1], key[2], self.zero3, self.grad_copies)
         return st
 
@@ -560,16 +558,23 @@ class LayerTables:
         n = -(-self.num_layers // self.layout.pp)
         lay = self.layout
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
-                        self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero, lay.pp)
-                else 0,
-                        self.links.dp, n,
+                        self._fsdp_microbatches, self.links.dp, n,
                         False, False, self.zero3, self.grad_copies)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
 
-    def rank_cpu_s(self, rank: int, layers: int) -> float:
-        """CPU seconds to dispatch a rank's share of one step's forward and backward."""
+    @property
+    def _fsdp_microbatches(self) -> int:
+        """rank_state's micro-batch count: only per-micro-batch FSDP traffic depends on it,
+        so other layouts share one memoized result."""
         lay = self.layout
-        per_mb = layers * self.cpu_layer_s + 2 * lay.vpp * self.cpu_action_s
+        return self.num_microbatches if fsdp_per_microbatch(self.job, lay.zero, lay.pp) else 0
+
+    def rank_cpu_s(self, rank: int, layers: int) -> float:
+        """CPU seconds to dispatch a rank's share of one step's forward and backward (and,
+        zero-bubble, weight-gradient) actions."""
+        lay = self.layout
+        actions = 3 if lay.schedule == "zero-bubble" else 2
+        per_mb = layers * self.cpu_layer_s + actions * lay.vpp * self.cpu_action_s
         if rank == 0:
             per_mb += self.cpu_first_s
         if rank == self.last_rank:
