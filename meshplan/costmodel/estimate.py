@@ -73,6 +73,23 @@ def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
             and microbatches > 1)
 
 
+def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[float, ...]:
+    """Per pipeline rank: micro-batches whose input-gradient pass (I) has run but whose
+    weight-gradient pass (W) has not, at the rank's activation peak — each keeps, besides
+    its activations, the output gradients W needs (``stage_backward_input`` keeps them for
+    ``stage_backward_weight``), about one more non-recomputed activation set per layer.
+
+    torch.distributed.pipelining's ``ScheduleInterleavedZeroBubble`` (ZB1P, Qi et al. 2023,
+    arXiv 2401.10241) with one stage per rank runs pp − r forwards ahead of rank r's first
+    I and defers its Ws until pp forwards are alive, so rank r holds r such micro-batches
+    (counted from the schedule's own action order, torch 2.13, pp 2 and 4, 8-32
+    micro-batches). Runtime "torch" and vpp = 1 only; elsewhere 0."""
+    pp = layout.pp
+    if job.runtime != "torch" or layout.schedule != "zero-bubble" or layout.vpp != 1:
+        return ()
+    return tuple(float(min(r, microbatches)) for r in range(pp))
+
+
 def group_links(cluster: Cluster, layout: Layout) -> Groups:
     """Megatron's rank order: tp ranks adjacent, then dp, then pp (``tp-dp-pp``), or
     ``tp-pp-dp`` (Megatron-Core ``RankGenerator`` order strings)."""
@@ -112,6 +129,7 @@ class LayerParts:
     split_backward: tuple[float, float] | None = None  # measured zero-bubble B, W of a layer
     # measured CPU dispatch seconds (layer f, b, embedding f, b, output f, b); None: unknown
     cpu: tuple[float, ...] | None = None
+    full_act_bytes: float = 0.0   # one layer's activations without recomputation
 
 
 @lru_cache(maxsize=8192)
@@ -136,6 +154,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     measured: list[str] = []
     split = None
     cpu = None
+    full_act = acts.full_bytes
     tables = cluster.gpu.measured
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
@@ -156,6 +175,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
             logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
             measured.append("output")
+        plain = ml if recompute == "none" else tables.layer(model, recompute="none", **kw)
+        if plain is not None:
+            full_act = plain.activation_bytes
         if ml is not None and me is not None and mo is not None and all(
                 r.cpu_measured for r in (ml, me, mo)):
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
@@ -163,7 +185,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
-                      comm.p2p_s(pp_link, msg), tuple(measured), split, cpu)
+                      comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act)
 
 
 def _ratio(measured_s: float, analytical_s: float) -> float:
@@ -484,6 +506,8 @@ class LayerTables:
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
+    wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
+    wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
     last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
     last_states_bytes: float = 0.0  # last rank's non-layer model states (for the end-of-step peak)
@@ -610,7 +634,7 @@ class LayerTables:
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
         """(activations, embedding/logits, buffers) of a rank holding ``layers``."""
         inflight = self.inflight[rank]
-        act = inflight * layers * self.layer_activation_bytes
+        act = layers * self._layer_act_bytes(rank)
         if rank == 0:
             act += inflight * self.embedding_act_bytes
         logit = self.logits_bytes + self.last_chunks_bytes if rank == self.last_rank else 0.0
@@ -621,8 +645,14 @@ class LayerTables:
             logit = self.last_merge_bytes - act - buf
         return act, logit, buf
 
+    def _layer_act_bytes(self, rank: int) -> float:
+        """Activation memory one layer of ``rank`` holds at the rank's peak."""
+        pending = self.wgrad_pending[rank] if self.wgrad_pending else 0.0
+        return (self.inflight[rank] * self.layer_activation_bytes
+                + pending * self.wgrad_pending_bytes)
+
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
-        mem = layers * (self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes) \
+        mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
             + self.const_bytes[rank]
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
@@ -634,7 +664,7 @@ class LayerTables:
 
     def max_rank_layers(self, rank: int, capacity_bytes: float) -> int:
         """The most layers ``rank`` can hold within ``capacity_bytes`` (-1: not even 0)."""
-        per = self.layer_state_bytes + self.inflight[rank] * self.layer_activation_bytes
+        per = self.layer_state_bytes + self._layer_act_bytes(rank)
         const = self.const_bytes[rank]
         if self.rank_memory_bytes(rank, 0) > capacity_bytes:
             return -1
@@ -699,6 +729,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
     grad_copies = 2 if ddp_accumulates(job, layout, m) else 1
+    pending = zero_bubble_pending_w(job, layout, m)
     copy_b = compute_weight_bytes_per_param(job)    # 16-bit compute copies (runtime torch)
     per = state_bytes_per_param(job)
     logits_b = parts.logits_bytes * (inflight[last_rank] if layout.schedule == "gpipe"
@@ -773,6 +804,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         grad_copies=grad_copies,
+        wgrad_pending=pending, wgrad_pending_bytes=parts.full_act_bytes if any(pending) else 0.0,
         layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,

@@ -291,3 +291,21 @@ def test_cpsat_host_bound_matches_the_cost_model(schedule):
         assert solver.Solve(M) == cp_model.OPTIMAL
         want = max(t.pipeline_s(part), t.host_bound_s(part))
         assert solver.Value(obj) / UNITS_PER_S == pytest.approx(want, rel=1e-6), part
+
+
+def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():
+    from meshplan.costmodel.estimate import layer_tables, zero_bubble_pending_w
+    lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble")
+    assert zero_bubble_pending_w(JOB, lay, 16) == (0.0, 1.0, 2.0, 3.0)
+    assert zero_bubble_pending_w(Job(global_batch=16, seq_len=1024), lay, 16) == ()
+    assert zero_bubble_pending_w(JOB, Layout(pp=4, micro_batch=1), 16) == ()
+    c = _cluster(TABLES)
+    t = layer_tables(MODEL, c, JOB, lay)
+    one = layer_tables(MODEL, c, JOB, Layout(pp=4, micro_batch=1, schedule="1f1b"))
+    assert t.wgrad_pending_bytes == pytest.approx(100e6)       # the recompute="none" row
+    # rank 3 of 1F1B holds 1 micro-batch; of zero-bubble 4 in flight + 3 awaiting W
+    assert one.inflight[3] == 1 and t.inflight[3] == 4
+    act, _, _ = t.rank_variable_bytes(3, 2)
+    assert act == pytest.approx(2 * (4 * 100e6 + 3 * 100e6))
+    est = estimate(MODEL, c, JOB, lay)
+    assert est.memory_peak_bytes == pytest.approx(t.peak_memory_bytes((2, 2, 2, 2)))
