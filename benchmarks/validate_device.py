@@ -124,8 +124,19 @@ HOLDOUT2_LAYOUTS = [
     ("h15", LLAMA_16B, L(pp=4, micro_batch=1, schedule="zero-bubble")),
     ("h16", LLAMA_16B, L(dp=4, micro_batch=1, recompute="selective", zero=3)),
 ]
+# "check3": four layouts never run before, to test the two post-hoc changes made after
+# "holdout2" (FSDP2 ZeRO-2 under a pipeline; zero-bubble's pending-W memory) out of sample.
+CHECK3_LAYOUTS = [
+    ("x01", LLAMA_16B, L(dp=2, pp=2, micro_batch=1, schedule="zero-bubble",
+                         recompute="selective", zero=1)),
+    ("x02", GPT_05B, L(pp=4, micro_batch=2, schedule="zero-bubble")),
+    ("x03", LLAMA_16B, L(dp=2, pp=2, micro_batch=1, schedule="1f1b", zero=2)),
+    ("x04", GPT_05B, L(dp=2, pp=2, micro_batch=1, schedule="gpipe", zero=2,
+                       recompute="full")),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
-        "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS}
+        "check3": CHECK3_LAYOUTS,
+        "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
@@ -197,7 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated layout names to run")
     p.add_argument("--set", default="test", choices=sorted(SETS),
                    help="GPU layout set: 'test' [default], 'dev', 'holdout2' (held out from "
-                        "the round-3 model) or 'all'")
+                        "the round-3 model), 'check3' (after its post-hoc fixes) or 'all'")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
                         "`meshplan calibrate --model DIR/NAME.json`) and exit")
