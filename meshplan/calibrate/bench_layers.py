@@ -363,7 +363,7 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
 
     With ``queue`` (CUDA) the timed iterations are queued behind a spin kernel longer than
     the CPU's dispatch (checked: the GPU must still be spinning when the CPU has queued the
-    whole backward, else the spin is doubled and the iteration repeated), giving GPU-busy
+    whole backward, else the spin is tripled and the iteration repeated), giving GPU-busy
     forward/backward seconds and CPU dispatch seconds; the warm-up iterations are
     synchronized timings, which size the spin. Without it (CPU, or synchronized timing on
     purpose) every iteration is synchronized and the CPU fields are 0.
