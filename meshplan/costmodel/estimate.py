@@ -73,6 +73,31 @@ def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
             and microbatches > 1)
 
 
+def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_size: int,
+                          inflight: tuple[float, ...]) -> tuple[float, ...]:
+    """Per pipeline rank (runtime "torch"): the receive buffers torch.distributed.pipelining
+    allocates when it sets a stage up — one activation buffer per micro-batch for every
+    stage but the first, one gradient buffer per micro-batch for every stage but the last
+    (``_setup_forward_recv_info`` / ``_setup_backward_recv_info``), each the size of the
+    stage's input, (micro-batch, sequence / tp with SP, hidden) in 16 bits. Held for the
+    whole run; rank r holds the stages r, r + pp, ... . A received activation is also the
+    first layer's input, which the per-layer activation bytes already count for the
+    ``inflight`` micro-batches: those are not counted twice."""
+    pp, v = layout.pp, layout.vpp
+    if job.runtime != "torch" or pp == 1:
+        return ()
+    seq = job.seq_len // layout.tp if layout.sequence_parallel else job.seq_len
+    io = layout.micro_batch * seq * hidden_size * activation_bytes_per_element(job)
+    last = pp * v - 1
+    out = []
+    for r in range(pp):
+        chunks = range(r, pp * v, pp)
+        receiving = sum(c != 0 for c in chunks)
+        sending = sum(c != last for c in chunks)
+        out.append(((receiving + sending) * microbatches - receiving * inflight[r]) * io)
+    return tuple(out)
+
+
 def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[float, ...]:
     """Per pipeline rank: micro-batches whose input-gradient pass (I) has run but whose
     weight-gradient pass (W) has not, at the rank's activation peak — each keeps, besides
@@ -506,6 +531,7 @@ class LayerTables:
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
+    recv_buffers: tuple[float, ...] = ()   # per rank: pipeline_recv_buffers
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
@@ -521,6 +547,7 @@ class LayerTables:
         """Per rank: memory that does not grow with its layer count."""
         return tuple(self.buffer_bytes + (self.first_extra_bytes if r == 0 else 0.0)
                      + (self.last_extra_bytes if r == self.last_rank else 0.0)
+                     + (self.recv_buffers[r] if self.recv_buffers else 0.0)
                      for r in range(self.layout.pp))
 
     # ---- time ---------------------------------------------------------------------
@@ -639,6 +666,8 @@ class LayerTables:
             act += inflight * self.embedding_act_bytes
         logit = self.logits_bytes + self.last_chunks_bytes if rank == self.last_rank else 0.0
         buf = self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
+        if self.recv_buffers:
+            buf += self.recv_buffers[rank]
         if rank == self.last_rank and self.last_merge_bytes > act + logit + buf:
             # the end-of-step concatenation of the kept outputs is this rank's peak: count it
             # as the output part so that states + act + logit + buf is still the peak
@@ -743,7 +772,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
         dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
     copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp)
-    base_buf = ((2 * parts.p2p_bytes if pp > 1 else 0.0) + dp_buf + gathered
+    recv = pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight)
+    base_buf = ((2 * parts.p2p_bytes if pp > 1 and not recv else 0.0) + dp_buf + gathered
                 + parts.backward_buf_bytes)
     emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
@@ -803,7 +833,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         cpu_action_s=action_cpu, cpu_known=cpu is not None,
         last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
-        grad_copies=grad_copies,
+        grad_copies=grad_copies, recv_buffers=recv,
         wgrad_pending=pending, wgrad_pending_bytes=parts.full_act_bytes if any(pending) else 0.0,
         layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
                            + (grad_copies - 1) * layer_params * per.grads

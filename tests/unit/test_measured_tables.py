@@ -309,3 +309,23 @@ def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():
     assert act == pytest.approx(2 * (4 * 100e6 + 3 * 100e6))
     est = estimate(MODEL, c, JOB, lay)
     assert est.memory_peak_bytes == pytest.approx(t.peak_memory_bytes((2, 2, 2, 2)))
+
+
+def test_pipeline_stages_keep_a_receive_buffer_per_micro_batch():
+    from meshplan.costmodel.estimate import layer_tables, pipeline_recv_buffers
+    io = 1 * 1024 * MODEL.hidden_size * 2                    # (mb, s, h) in bf16
+    m = JOB.global_batch
+    lay = Layout(pp=2, micro_batch=1)
+    # rank 0 (first stage) receives gradients only; rank 1 (last) activations only, and
+    # the in-flight ones are the first layer's inputs, already counted as activations
+    assert pipeline_recv_buffers(JOB, lay, m, MODEL.hidden_size, (2.0, 1.0)) == \
+        pytest.approx((m * io, (m - 1) * io))
+    v2 = Layout(pp=2, micro_batch=1, schedule="interleaved-1f1b", vpp=2)
+    # rank 0 holds stages 0 and 2: 3 buffers per micro-batch, 1 of them receiving
+    assert pipeline_recv_buffers(JOB, v2, m, MODEL.hidden_size, (2.5, 1.5))[0] == \
+        pytest.approx((3 * m - 2.5) * io)
+    assert pipeline_recv_buffers(Job(global_batch=16, seq_len=1024), lay, m,
+                                 MODEL.hidden_size, (2.0, 1.0)) == ()
+    t = layer_tables(MODEL, _cluster(TABLES), JOB, lay)
+    assert t.const_bytes[1] - t.last_extra_bytes - t.buffer_bytes == pytest.approx(
+        (m - t.inflight[1]) * io)
