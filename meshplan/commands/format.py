@@ -12,6 +12,9 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+HOST_BOUND_NOTE = 0.1   # share of the step the GPUs wait for the CPU above which we say so
+
+
 def format_estimate(est: Estimate) -> str:
     g = 2**30
     out = []
@@ -43,6 +46,12 @@ def format_estimate(est: Estimate) -> str:
     rows.append(["DP communication (total, overlapped or not)", f"{t.dp_comm_total_s:.4f}", ""])
     out.append("\nstep time on the busiest pipeline rank")
     out.append(_table(rows, ["part", "seconds", "share"]))
+    if t.host_wait_s > HOST_BOUND_NOTE * est.step_time_s:
+        out.append(f"note: the CPU's kernel dispatch sets this step ({t.host_wait_s / est.step_time_s:.0%}"
+                   " of it is the GPUs waiting): larger micro-batches, fewer pipeline stages or "
+                   "compiled blocks (`meshplan run --compile`) dispatch less per token, and "
+                   "the time depends on the host CPU (measured ±8 % mean, up to 25 % between "
+                   "machines of one type: docs/benchmarks/accuracy.md)")
     rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
     rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]
     out.append("\ncommunication sent per GPU per step (GiB)")

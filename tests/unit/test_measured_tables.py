@@ -329,3 +329,12 @@ def test_pipeline_stages_keep_a_receive_buffer_per_micro_batch():
     t = layer_tables(MODEL, _cluster(TABLES), JOB, lay)
     assert t.const_bytes[1] - t.last_extra_bytes - t.buffer_bytes == pytest.approx(
         (m - t.inflight[1]) * io)
+
+
+def test_estimate_output_says_when_the_cpu_sets_the_step():
+    from meshplan.commands.format import format_estimate
+    slow = estimate(MODEL, _cluster(_cpu_tables()), JOB, Layout(micro_batch=1))
+    assert "GPUs waiting for CPU dispatch" in format_estimate(slow)
+    assert "the CPU's kernel dispatch sets this step" in format_estimate(slow)
+    fast = estimate(MODEL, _cluster(TABLES), JOB, Layout(micro_batch=1))
+    assert "kernel dispatch sets" not in format_estimate(fast)
