@@ -599,8 +599,14 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)
     barrier = dist.barrier if world > 1 and dist.is_initialized() else (lambda: None)
-    queue = (_Queue(device, lambda v: _reduce(v, range(len(v)), device, world))
-             if device.type == "cuda" else None)
+    queue = None
+    if device.type == "cuda":
+        import torch
+        if hasattr(torch.cuda, "_sleep"):
+            queue = _Queue(device, lambda v: _reduce(v, range(len(v)), device, world))
+        elif progress is not None:   # private API gone: synchronized timings, no CPU fields
+            progress.note("torch.cuda._sleep is missing in this torch: layer rows are "
+                          "synchronized timings without CPU dispatch times")
     measured: dict[int, list[list[float]]] = {}
     skipped: set[int] = set()
     for rnd in range(rounds_for(device, quick)):
