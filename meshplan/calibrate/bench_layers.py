@@ -72,6 +72,7 @@ FSDP_ZERO = (2, 3)
 WARMUP = 2            # the first iteration allocates the parameter gradients
 ITERS, ITERS_QUICK = 4, 3
 ROUNDS_CUDA = 3       # the grid is measured this many times, spread over the calibration
+MEMORY_FIELDS = (2, 3)  # indices of the byte fields in a row's values (the rest: seconds)
 SEED = 0
 
 
@@ -641,8 +642,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if oom:
                 module = tp_group = None    # FSDP/autograd state of a failed step: rebuild
                 _free(device)
-            mem = _memory_fields(cfg)
-            values = _reduce([*values, oom], [*mem, n_values - 1, n_values], device, world)
+            values = _reduce([*values, oom], [*MEMORY_FIELDS, n_values - 1, n_values], device,
+                             world)
             if values.pop():
                 oom_at.add((cfg.build_key, cfg.recompute))
                 skipped.add(idx)
@@ -667,9 +668,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     for idx, cfg in enumerate(grid):
         if idx in skipped or idx not in measured:
             continue
-        values = combine_rounds(measured[idx], _memory_fields(cfg))
+        values = combine_rounds(measured[idx], MEMORY_FIELDS)
         if idx in cpu:
-            values[_cpu_fields(cfg)[0]], values[_cpu_fields(cfg)[1]] = cpu[idx]
+            f, b = _cpu_fields(cfg)
+            values[f], values[b] = cpu[idx]
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         else:
@@ -705,11 +707,6 @@ def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]]
         for i in members:
             out[i] = pooled
     return out
-
-
-def _memory_fields(cfg: Config) -> tuple[int, ...]:
-    """Indices of the byte fields in a row's values (the rest are seconds)."""
-    return (2, 3)
 
 
 def _reduce(values: Iterable[float], max_fields: Iterable[int], device, world: int

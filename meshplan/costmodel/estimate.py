@@ -416,7 +416,7 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         rows.append((r, layers_r, st.weights_bytes, st.grads_bytes, st.optimizer_bytes, act_b,
                      logit_b, buf, t.inflight[r]))
 
-    host_s = t.host_bound_s(stage_layers)
+    host_s = t.host_bound_s(stage_layers, (f_s, b_s, w_s))
     step = max(pipe_s, host_s) + worst_tail
     busy = m * busy_best
 
@@ -632,7 +632,7 @@ class LayerTables:
             per_mb += self.cpu_last_s
         return self.num_microbatches * per_mb
 
-    def host_bound_s(self, stage_layers) -> float:
+    def host_bound_s(self, stage_layers, times: tuple | None = None) -> float:
         """When the CPU, not the GPU, sets the pace (0 without measured CPU times).
 
         The CPU runs ahead of its GPU (kernel launches and NCCL waits do not block it), so a
@@ -640,17 +640,15 @@ class LayerTables:
         last micro-batch's backward still has to travel from the last stage to rank r:
         rank r ends no earlier than its CPU total plus the backward (input-gradient) time
         and p2p of every stage before it on that path. With ``v`` chunks per rank only the
-        first chunk's path is counted (an approximation)."""
+        first chunk's path is counted (an approximation). ``times``: :meth:`stage_times` of
+        ``stage_layers`` where the caller has them already."""
         if not self.cpu_known:
             return 0.0
-        _, b, w = self.stage_times(stage_layers)
-        pp = self.layout.pp
+        _, b, w = times or self.stage_times(stage_layers)
         out, path = 0.0, 0.0
         for r, n in enumerate(self.rank_layers(stage_layers)):
             out = max(out, self.rank_cpu_s(r, n) + path)
             path += (b[r] - w[r] if self.layout.schedule == "zero-bubble" else b[r]) + self.p2p_s
-            if r >= pp - 1:
-                break
         return out
 
     def step_time_s(self, stage_layers) -> float:
