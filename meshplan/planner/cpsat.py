@@ -210,17 +210,27 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     return x, step, n
 
 
+def _stage_units(t, n) -> tuple[list, list]:
+    """Per-micro-batch forward and backward time of each stage as CP-SAT expressions of its
+    layer count (``LayerTables.stage_times`` in integer units)."""
+    S = t.config.stages
+    af, ab, ov = _u(t.layer_forward_s), _u(t.layer_backward_s), _u(t.overhead_s)
+    ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
+    gf, gb = _u(t.last_forward_s), _u(t.last_backward_s)
+    f = [af * n[i] + ov + (ef if i == 0 else 0) + (gf if i == S - 1 else 0) for i in range(S)]
+    b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
+    return f, b
+
+
 def _host_bound_units(M, t, n, N, x, pipe, tag: str):
     """max(GPU pipeline, :meth:`LayerTables.host_bound_s`) for free 1F1B/GPipe partitions:
     rank r's CPU total (linear in its layers N_r) plus the backward path of the stages
     before it (linear in their layers); a variable bounded below by each, and by ``pipe``,
     equals their max at the optimum (it enters the minimised step with weight 1)."""
     cfg = t.config
-    S, pp, m = cfg.stages, cfg.pp, t.num_microbatches
-    ab, ov = _u(t.layer_backward_s), _u(t.overhead_s)
-    eb, gb = _u(t.first_backward_s), _u(t.last_backward_s)
+    pp, m = cfg.pp, t.num_microbatches
     c = _u(t.p2p_s) if pp > 1 else 0
-    b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
+    _, b = _stage_units(t, n)
     per_layer = _u(m * t.cpu_layer_s)
     top = M.NewIntVar(0, _u(1e4), f"host{tag}")
     M.Add(top >= pipe).OnlyEnforceIf(x)
@@ -254,13 +264,8 @@ def pipeline_units(M, t, n, tag: str):
     if cfg.vpp != 1 or cfg.schedule not in ("gpipe", "1f1b"):
         raise MeshplanError(f"schedule {cfg.schedule!r} with vpp={cfg.vpp}: the CP-SAT model "
                             f"encodes free partitions for gpipe and 1f1b only")
-    af, ab = _u(t.layer_forward_s), _u(t.layer_backward_s)
-    ov = _u(t.overhead_s)
-    ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
-    gf, gb = _u(t.last_forward_s), _u(t.last_backward_s)
     c = _u(t.p2p_s) if p > 1 else 0
-    f = [af * n[i] + ov + (ef if i == 0 else 0) + (gf if i == S - 1 else 0) for i in range(S)]
-    b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
+    f, b = _stage_units(t, n)
     big = _u(1e4)
 
     def var(name):
