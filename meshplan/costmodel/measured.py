@@ -206,7 +206,7 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         missing = sorted(n for n, f in names.items() if n not in raw
                          and f.default is MISSING and f.default_factory is MISSING)
         raise ProfileError(f"{where}: missing key(s) {missing} ({exc})") from None
-    for k in ("forward_s", "backward_s", "activation_bytes"):
+    for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s"):
         v = getattr(r, k)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")

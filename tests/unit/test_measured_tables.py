@@ -108,6 +108,8 @@ def test_rows_are_checked_and_name_the_row():
         tables_from_rows([], [{**good, "part": "head"}], "p.toml")
     with pytest.raises(ProfileError, match="forward_s must be a number >= 0"):
         tables_from_rows([], [{**good, "forward_s": -1.0}], "p.toml")
+    with pytest.raises(ProfileError, match=r"#1: backward_cpu_s must be a number >= 0"):
+        tables_from_rows([], [{**good, "backward_cpu_s": "fast"}], "p.toml")
 
 
 @pytest.mark.parametrize("cpu_times", [False, True])
