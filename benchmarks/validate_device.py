@@ -134,9 +134,38 @@ CHECK3_LAYOUTS = [
     ("x04", GPT_05B, L(dp=2, pp=2, micro_batch=1, schedule="gpipe", zero=2,
                        recompute="full")),
 ]
+# "holdout3" (round 4): 16 new layouts at the per-GPU work a throughput-minded user runs
+# these models with — micro-batches of 4-8 sequences, global batch 64 — where the GPU, not
+# the CPU's kernel dispatch, sets the step (rounds 1-3 used micro-batches of 1-4 and global
+# batch 32, where most layouts were dispatch-bound). Calibrate with --micro-batches 2,4,8.
+# Chosen before the run from the cost model's memory (≤ 60 GiB, so they fit an H100 too) and
+# host-bound estimates with the round-3 profile; never run before.
+JOB4 = Job(global_batch=64, seq_len=2048, runtime="torch")
+HOLDOUT3_LAYOUTS = [
+    ("k01", GPT_05B, L(dp=4, micro_batch=8, zero=1)),
+    ("k02", GPT_05B, L(dp=4, micro_batch=8, zero=3, recompute="selective")),
+    ("k03", GPT_05B, L(dp=2, tp=2, micro_batch=8, sequence_parallel=True)),
+    ("k04", GPT_05B, L(pp=4, micro_batch=4, schedule="1f1b")),
+    ("k05", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("k06", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                       recompute="selective", zero=2)),
+    ("k07", GPT_05B, L(pp=4, micro_batch=8, schedule="zero-bubble")),
+    ("k08", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", zero=1)),
+    ("k09", LLAMA_16B, L(dp=4, micro_batch=4, zero=2, recompute="selective")),
+    ("k10", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, sequence_parallel=True,
+                         recompute="selective", zero=1)),
+    ("k11", LLAMA_16B, L(tp=4, micro_batch=8, sequence_parallel=True)),
+    ("k12", LLAMA_16B, L(pp=4, micro_batch=4, schedule="interleaved-1f1b", vpp=2)),
+    ("k13", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", recompute="full", zero=1)),
+    ("k14", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="gpipe", sequence_parallel=True,
+                         recompute="full")),
+    ("k15", LLAMA_16B, L(pp=4, micro_batch=4, schedule="zero-bubble", recompute="selective")),
+    ("k16", LLAMA_16B, L(dp=4, micro_batch=4, zero=3)),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
-        "check3": CHECK3_LAYOUTS,
+        "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
+SET_JOBS = {"holdout3": JOB4}       # the other sets use JOB
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
@@ -161,7 +190,8 @@ def repredict(args) -> int:
     if args.profile:
         cluster = apply_profile(cluster, args.profile)
     models = {m.name: m for m in (GPT_05B, LLAMA_16B, TINY_GPT, TINY_LLAMA)}
-    job = JOB if doc.get("device") == "cuda" else CPU_JOB
+    job = (Job.from_dict(doc["job"]) if doc.get("job")
+           else JOB if doc.get("device") == "cuda" else CPU_JOB)
     records = [rescore(r, models[r["model"]], cluster, job) for r in doc["records"]]
     meta = {k: doc.get(k) for k in ("date", "machine", "device", "gpu_name", "torch", "cluster")}
     meta.update(profile=args.profile or "datasheet", gpu_profile=cluster.gpu.provenance,
@@ -208,7 +238,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated layout names to run")
     p.add_argument("--set", default="test", choices=sorted(SETS),
                    help="GPU layout set: 'test' [default], 'dev', 'holdout2' (held out from "
-                        "the round-3 model), 'check3' (after its post-hoc fixes) or 'all'")
+                        "the round-3 model), 'check3' (after its post-hoc fixes), 'holdout3' "
+                        "(round 4: GPU-bound micro-batches, global batch 64) or 'all' (rounds "
+                        "1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
                         "`meshplan calibrate --model DIR/NAME.json`) and exit")
@@ -232,7 +264,8 @@ def main(argv=None) -> int:
         name = torch.cuda.get_device_name(0)
         preset = "dgx-h200" if "H200" in name else "dgx-h100"
         cluster = Cluster.preset(preset, nodes=1, gpus_per_node=4)
-        entries, job, torch_version = SETS[args.set], JOB, torch.__version__
+        entries, job, torch_version = SETS[args.set], SET_JOBS.get(args.set, JOB), \
+            torch.__version__
     else:
         import torch
         name, cluster = platform.machine(), Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)

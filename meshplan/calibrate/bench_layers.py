@@ -38,7 +38,14 @@ time is the median over rounds):
   ``backward_input_s`` / ``backward_weight_s`` (ZeRO-0 rows only; 0 = not measured): the
   zero-bubble schedule's split backward of the same L blocks over L, run by
   torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`),
-  synchronized timings.
+  synchronized timings. ``split_layers`` = that L, and ``backward_input_depth_s`` /
+  ``backward_weight_depth_s`` = how much B and W per layer grow per extra layer in the
+  stack, from the same split timed once more on :data:`SPLIT_DEEP_LAYERS` blocks (last
+  round only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
+  call per parameter group, and each call's engine walks the whole graph reachable from
+  its roots — the rest of the stage — first (``compute_dependencies``): the CPU cost of a
+  stage's W is quadratic in its layers (tiny Llama blocks on one CPU thread, torch 2.13:
+  W per layer 0.47 ms on 2 blocks, 0.70 on 6, 1.03 on 12 — linear in the depth).
 * ends: ``embedding`` = the token embedding (+ learned positions) of the first stage;
   ``output`` = final norm, logits and the loss (vocabulary-parallel cross-entropy for
   tp > 1, as ``ParallelTrainer.loss_fn``) of the last stage. ``activation_bytes`` = allocated
@@ -72,6 +79,7 @@ FSDP_ZERO = (2, 3)
 WARMUP = 2            # the first iteration allocates the parameter gradients
 ITERS, ITERS_QUICK = 4, 3
 ROUNDS_CUDA = 3       # the grid is measured this many times, spread over the calibration
+SPLIT_DEEP_LAYERS = 6  # zero-bubble's split backward is timed again on this many blocks
 MEMORY_FIELDS = (2, 3)  # indices of the byte fields in a row's values (the rest: seconds)
 SEED = 0
 
@@ -117,11 +125,25 @@ def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[in
     return out
 
 
+def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
+                      ) -> tuple[int, ...]:
+    """The micro-batch sizes the layer tables are timed at, ascending and distinct
+    (default 1, 2, 4; quick 1, 2). Choose them around the micro-batches you will plan with:
+    between measured sizes the cost model interpolates, beyond them it extrapolates."""
+    if micro_batches is None:
+        return (1, 2) if quick else (1, 2, 4)
+    bad = [m for m in micro_batches if not isinstance(m, int) or m < 1]
+    if bad or not micro_batches:
+        raise ConfigError(f"micro-batch sizes must be integers >= 1, got {list(micro_batches)}")
+    return tuple(sorted(set(micro_batches)))
+
+
 def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
-              max_tp: int = 8) -> list[Config]:
-    """Every configuration, in run order (grouped by :attr:`Config.build_key`)."""
+              max_tp: int = 8, micro_batches: Sequence[int] | None = None) -> list[Config]:
+    """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
+    (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only."""
     out: list[Config] = []
-    mbs = (1, 2) if quick else (1, 2, 4)
+    mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
         if seq > model.max_seq_len:
@@ -136,7 +158,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         for zero in FSDP_ZERO if world > 1 else ():
             for dp in (d for d in range(2, world + 1) if world % d == 0):
                 for rc in RECOMPUTE:
-                    for mb in (1, 2):
+                    for mb in mbs[:2]:
                         out.append(Config(model=model, seq_len=seq, tp=1,
                                           sequence_parallel=False, recompute=rc,
                                           micro_batch=mb, zero=zero, dp=dp))
@@ -217,10 +239,22 @@ def combine_rounds(rounds: Sequence[Sequence[float]], memory_fields: Iterable[in
             for j, col in enumerate(zip(*rounds))]
 
 
-def layer_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
+def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers: int,
+                deep_layers: int) -> tuple[float, float]:
+    """(B, W) growth per layer per extra layer in the stack, from the per-layer split
+    backward timed on ``shallow_layers`` and ``deep_layers`` blocks (0 where either is 0)."""
+    if deep_layers <= shallow_layers:
+        raise ValueError(f"deep_layers {deep_layers} must exceed shallow_layers {shallow_layers}")
+    return tuple(((d - s) / (deep_layers - shallow_layers) if s > 0 and d > 0 else 0.0)
+                 for s, d in zip(shallow, deep))  # type: ignore[return-value]
+
+
+def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
+              depth: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds and the forward /
-    backward CPU dispatch seconds (0: not measured)."""
+    backward CPU dispatch seconds (0: not measured); ``split_layers`` / ``depth``: the stack
+    the split was timed on and :func:`split_depth`."""
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu = (*values, 0.0, 0.0, 0.0, 0.0)[:8]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -228,7 +262,9 @@ def layer_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
         micro_batch=cfg.micro_batch, zero=cfg.zero, dp=cfg.dp, forward_s=float(fwd),
         backward_s=float(bwd), activation_bytes=float(act), backward_peak_bytes=float(peak),
         model=cfg.model.name, backward_input_s=float(b_in), backward_weight_s=float(b_w),
-        forward_cpu_s=float(f_cpu), backward_cpu_s=float(b_cpu)))
+        forward_cpu_s=float(f_cpu), backward_cpu_s=float(b_cpu),
+        split_layers=split_layers if b_in > 0 and b_w > 0 else 0,
+        backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1])))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -460,12 +496,8 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
     unavailable; the CPU fields are 0 without ``queue``."""
     import torch
 
-    from meshplan.calibrate.bench_split import split_backward_s
     cuda = device.type == "cuda"
-    act = torch.bfloat16 if cuda else torch.float32
-    h = cfg.model.hidden_size
-    s = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
-    x = torch.randn(cfg.micro_batch, s, h, device=device, dtype=act, requires_grad=True)
+    x = _layer_input(cfg, device)
     grad: list = []
     _set_recompute(m, cfg.recompute)
 
@@ -480,11 +512,8 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             grad.append(torch.randn_like(y))
         y.backward(grad[0])
 
-    # ZeRO-0/1 run the whole step under one autocast, so the bf16 weight copies are cast
-    # once per step and cached: one context over warm-up and timed iterations does the same.
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and cfg.zero < 2 else nullcontext()
-    split = None
-    with amp:
+    b_in = b_w = 0.0
+    with _layer_amp(cfg, device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
         kept = None
@@ -492,12 +521,8 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             # FSDP2 rows keep the timed iterations' reading: their hooks expect a backward
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()), device)
         if cfg.zero == 0:
-            def fresh():
-                xi = torch.randn_like(x).requires_grad_()
-                return m(xi), grad[0], xi                # (mb, s, h) output, its grad, input
-            barrier()
-            split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
-    b_in, b_w = (t / layers for t in split) if split else (0.0, 0.0)
+            b_in, b_w = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
+                                         barrier=barrier)
     held = 0.0
     if cfg.zero == 2 and cuda:
         # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
@@ -507,6 +532,52 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
                           output_bytes=out_bytes, held_bytes=held, memory=cuda,
                           kept_bytes=kept), b_in, b_w, *cpu_values(samples, layers=layers),
             _bad(samples))
+
+
+def _layer_input(cfg: Config, device):
+    """A random input of one layer: (mb, s or s/tp, h), requiring grad."""
+    import torch
+    act = torch.bfloat16 if device.type == "cuda" else torch.float32
+    s = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
+    return torch.randn(cfg.micro_batch, s, cfg.model.hidden_size, device=device, dtype=act,
+                       requires_grad=True)
+
+
+def _layer_amp(cfg: Config, device):
+    """ZeRO-0/1 run the whole step under one autocast, so the bf16 weight copies are cast
+    once per step and cached: one context over warm-up and timed iterations does the same."""
+    import torch
+    if device.type == "cuda" and cfg.zero < 2:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier
+                     ) -> tuple[float, float]:
+    """Zero-bubble's split backward (B, W) of the ``layers`` blocks of ``m`` over ``layers``
+    (0, 0 where torch has none); ``grad``: the output gradient (None: a random one)."""
+    import torch
+
+    from meshplan.calibrate.bench_split import split_backward_s
+    g: list = [grad] if grad is not None else []
+
+    def fresh():
+        xi = torch.randn_like(x).requires_grad_()
+        y = m(xi)                                    # (mb, s, h)
+        if not g:
+            g.append(torch.randn_like(y))
+        return y, g[0], xi
+    barrier()
+    split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
+    return (split[0] / layers, split[1] / layers) if split else (0.0, 0.0)
+
+
+def _run_split_deep(cfg: Config, m, device, *, iters: int, barrier) -> tuple[float, float]:
+    """:func:`_split_per_layer` on a module of :data:`SPLIT_DEEP_LAYERS` blocks."""
+    _set_recompute(m, cfg.recompute)
+    with _layer_amp(cfg, device):
+        return _split_per_layer(m, _layer_input(cfg, device), None, SPLIT_DEEP_LAYERS, device,
+                                iters=iters, barrier=barrier)
 
 
 def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
@@ -583,7 +654,8 @@ def rounds_for(device, quick: bool) -> int:
 
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
-                     rank: int, *, quick: bool, progress=None, max_tp: int = 8
+                     rank: int, *, quick: bool, progress=None, max_tp: int = 8,
+                     micro_batches: Sequence[int] | None = None
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Measure every configuration of :func:`plan_grid` in :func:`rounds_for` rounds;
     returns (layer rows, end rows), dicts with exactly the fields of ``MeasuredLayer`` /
@@ -595,7 +667,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     tensor-parallel ranks wait for each other anyway), memory is the largest over ranks.
     """
     import torch.distributed as dist
-    grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp)
+    grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
+                     micro_batches=micro_batches)
     layers = LAYERS_CUDA if device.type == "cuda" and not quick else LAYERS_CPU
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)
@@ -609,8 +682,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             progress.note("torch.cuda._sleep is missing in this torch: layer rows are "
                           "synchronized timings without CPU dispatch times")
     measured: dict[int, list[list[float]]] = {}
+    deep: dict[int, tuple[float, float]] = {}      # split backward on SPLIT_DEEP_LAYERS blocks
     skipped: set[int] = set()
-    for rnd in range(rounds_for(device, quick)):
+    rounds = rounds_for(device, quick)
+    deep_key, deep_module = None, None
+    for rnd in range(rounds):
         built_key, module, tp_group = None, None, None
         oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
         for idx, cfg in enumerate(grid):
@@ -653,6 +729,12 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 _step(progress, f"{tag}: out of memory on some rank, skipped")
                 continue
             measured.setdefault(idx, []).append(values)
+            if rnd == rounds - 1 and not cfg.part and cfg.zero == 0 and values[5] > 0:
+                deep_key, deep_module, split = _deep_split(
+                    cfg, deep_key, deep_module, device, groups, iters=iters, barrier=barrier,
+                    world=world)
+                if split is not None:
+                    deep[idx] = split
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"
@@ -660,7 +742,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                             + (f", cpu {values[-3] * 1e3:.3f} / {values[-2] * 1e3:.3f} ms"
                                if values[-2] > 0 else "")
                             + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
-        module = tp_group = None
+        module = tp_group = deep_module = None
         _free(device)
     cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
@@ -674,9 +756,33 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             values[f], values[b] = cpu[idx]
         if cfg.part:
             end_rows.append(end_row(cfg, values))
+        elif idx in deep:
+            layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
+                values[4:6], deep[idx], layers, SPLIT_DEEP_LAYERS)))
         else:
-            layer_rows.append(layer_row(cfg, values))
+            layer_rows.append(layer_row(cfg, values, split_layers=layers))
     return layer_rows, end_rows
+
+
+def _deep_split(cfg: Config, key, module, device, groups, *, iters: int, barrier, world: int):
+    """Zero-bubble's split backward of ``cfg`` on :data:`SPLIT_DEEP_LAYERS` blocks, averaged
+    over ranks: (build key, module to reuse, (B, W) per layer or None where any rank ran
+    out of memory or has no split backward)."""
+    if key != cfg.build_key:
+        module = None
+        _free(device)
+    values, oom = [0.0, 0.0], 0.0
+    try:
+        if module is None:
+            module, _ = _build(cfg, SPLIT_DEEP_LAYERS, device, groups)
+        values = list(_run_split_deep(cfg, module, device, iters=iters, barrier=barrier))
+    except _oom_types():
+        oom, module = 1.0, None
+        _free(device)
+    lo = _reduce([*values, oom, -min(values)], [2, 3], device, world)
+    if lo[2] or lo[3] >= 0:          # out of memory, or some rank measured nothing
+        return cfg.build_key, module, None
+    return cfg.build_key, module, (lo[0], lo[1])
 
 
 def _cpu_fields(cfg: Config) -> tuple[int, int]:
@@ -730,6 +836,6 @@ def _step(progress, message: str) -> None:
         progress.step(message)
 
 
-__all__ = ["Config", "Sample", "plan_grid", "layer_values", "end_values", "cpu_values",
+__all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values", "cpu_values",
            "combine_rounds", "pooled_cpu", "layer_row", "end_row", "bench_layer_rows", "rounds_for",
            "LAYERS_CUDA", "LAYERS_CPU"]

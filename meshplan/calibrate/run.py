@@ -35,6 +35,7 @@ class CalibrateOptions:
     seq_len: int | None = None
     base_gpu: str | None = None
     max_tp: int = 8
+    micro_batches: tuple[int, ...] | None = None   # layer-table sizes (None: the default set)
     show_progress: bool = True
 
 
@@ -51,6 +52,8 @@ def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
 
 def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
     import torch
+
+    from meshplan.calibrate.bench_layers import micro_batch_sizes
     from meshplan import __version__
     cuda = device.type == "cuda"
     nccl = ""
@@ -72,6 +75,8 @@ def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
         "cpu_threads": torch.get_num_threads(),
         "python": platform.python_version(), "meshplan": __version__,
         "quick": options.quick, "model": ", ".join(m.name for m in options.models),
+        "micro_batches": ", ".join(map(str, micro_batch_sizes(
+            options.quick, options.micro_batches))),
         "command": " ".join(sys.argv),
     }
 
@@ -133,7 +138,8 @@ def calibrate(options: CalibrateOptions) -> Path | None:
         gemms = shapes.default_gemm_shapes(options.quick, kind)
         attn = shapes.default_attention_shapes(options.quick, kind)
     grid = (bench_layers.plan_grid(options.models, options.seq_len, world, quick=options.quick,
-                                   max_tp=options.max_tp) if options.models else [])
+                                   max_tp=options.max_tp, micro_batches=options.micro_batches)
+            if options.models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
@@ -188,7 +194,7 @@ def calibrate(options: CalibrateOptions) -> Path | None:
             dist.barrier()
         layers, ends = bench_layers.bench_layer_rows(
             options.models, options.seq_len, device, world, rank, quick=options.quick,
-            progress=prog, max_tp=options.max_tp)
+            progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches)
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows in "
                   f"{time.perf_counter() - t0:.1f} s")
     if world > 1:

@@ -9,6 +9,7 @@ See docs/calibrate.md.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -35,6 +36,9 @@ def add_arguments(p) -> None:
                         "device name)")
     p.add_argument("--max-tp", type=positive_int, default=8,
                    help="largest tensor-parallel degree whose shard shapes are timed")
+    p.add_argument("--micro-batches", type=_sizes, default=None, metavar="N,N,...",
+                   help="micro-batch sizes the layer tables are timed at (default 1,2,4); "
+                        "choose them around the micro-batches you will plan with")
     p.add_argument("--nproc", type=positive_int, default=None,
                    help="spawn torchrun with this many local processes (one per GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
@@ -47,7 +51,8 @@ def main(args) -> int:
     from meshplan.calibrate.run import CalibrateOptions, calibrate
     calibrate(CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
-                               max_tp=args.max_tp, show_progress=not args.no_progress))
+                               max_tp=args.max_tp, micro_batches=args.micro_batches,
+                               show_progress=not args.no_progress))
     return 0
 
 
@@ -62,11 +67,21 @@ def child_argv(args) -> list[str]:
         out += ["--seq-len", str(args.seq_len)]
     if args.base_gpu:
         out += ["--base-gpu", args.base_gpu]
+    if args.micro_batches:
+        out += ["--micro-batches", ",".join(map(str, args.micro_batches))]
     if args.quick:
         out.append("--quick")
     if args.no_progress:
         out.append("--no-progress")
     return out
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """``--micro-batches 2,4,8`` → (2, 4, 8)."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes separated by commas, e.g. 2,4,8")
+    return tuple(positive_int(t) for t in parts)
 
 
 def _spawn(args) -> int:

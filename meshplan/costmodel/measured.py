@@ -68,6 +68,12 @@ class MeasuredLayer:
     # backward_s are synchronized timings, which are max(CPU, GPU) rather than GPU time)
     forward_cpu_s: float = 0.0
     backward_cpu_s: float = 0.0
+    # the stack the split backward was timed on, and how much its B / W per layer grow per
+    # extra layer in a stage (torch's W walks the rest of the stage's graph once per
+    # parameter group; 0: not measured, no growth)
+    split_layers: int = 0
+    backward_input_depth_s: float = 0.0
+    backward_weight_depth_s: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -108,6 +114,9 @@ class Interpolated:
     backward_weight_s: float = 0.0
     forward_cpu_s: float = 0.0
     backward_cpu_s: float = 0.0
+    split_layers: float = 0.0
+    backward_input_depth_s: float = 0.0
+    backward_weight_depth_s: float = 0.0
 
     @property
     def cpu_measured(self) -> bool:
@@ -120,13 +129,39 @@ class Interpolated:
             return self.backward_input_s, self.backward_weight_s
         return None
 
+    @property
+    def split_depth(self) -> tuple[float, float, float] | None:
+        """(B growth, W growth, stack timed on) for :func:`split_backward_at`, if measured."""
+        if self.split_backward is None or self.split_layers <= 0:
+            return None
+        return self.backward_input_depth_s, self.backward_weight_depth_s, self.split_layers
+
+
+def split_backward_at(split: tuple[float, float], depth: tuple[float, float, float] | None,
+                      stage_layers: float) -> tuple[float, float]:
+    """Zero-bubble's (B, W) seconds per layer in a stage of ``stage_layers`` layers.
+
+    The split backward was timed on ``depth[2]`` blocks; per layer, B and W grow linearly
+    with the stack (``depth[0]``, ``depth[1]`` seconds per extra layer): each of W's
+    ``torch.autograd.grad`` calls (one per parameter group) first walks the graph reachable
+    from its roots, the rest of the stage. Never below 0."""
+    if depth is None:
+        return split
+    extra = stage_layers - depth[2]
+    return (max(0.0, split[0] + depth[0] * extra), max(0.0, split[1] + depth[1] * extra))
+
+
+DEPTH_FIELDS = 9      # Interpolated's fields from here on are depth growths (may be < 0)
+
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
     def vals(r):
         return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field),
                 getattr(r, "backward_input_s", 0.0), getattr(r, "backward_weight_s", 0.0),
-                r.forward_cpu_s, r.backward_cpu_s)
+                r.forward_cpu_s, r.backward_cpu_s, getattr(r, "split_layers", 0),
+                getattr(r, "backward_input_depth_s", 0.0),
+                getattr(r, "backward_weight_depth_s", 0.0))
     exact = [r for r in rows if r.micro_batch == mb]
     if exact:
         return Interpolated(*vals(exact[0]))
@@ -142,7 +177,9 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     else:
         a, b = below[-2], below[-1]
     w = (mb - a.micro_batch) / (b.micro_batch - a.micro_batch)
-    return Interpolated(*(max(0.0, x + w * (y - x)) for x, y in zip(vals(a), vals(b))))
+    # depth growths may be negative (timing noise); everything else is a time or size
+    return Interpolated(*(v if j >= DEPTH_FIELDS else max(0.0, v) for j, v in enumerate(
+        x + w * (y - x) for x, y in zip(vals(a), vals(b)))))
 
 
 @dataclass(frozen=True)
@@ -210,6 +247,13 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
+    for k in ("backward_input_depth_s", "backward_weight_depth_s"):
+        v = getattr(r, k, 0.0)
+        if not isinstance(v, (int, float)):
+            raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
+    if not isinstance(getattr(r, "split_layers", 0), int) or getattr(r, "split_layers", 0) < 0:
+        raise ProfileError(f"{where}: split_layers must be an integer >= 0, got "
+                           f"{getattr(r, 'split_layers')!r}")
     for k in ("seq_len", "tp", "micro_batch"):
         v = getattr(r, k)
         if not isinstance(v, int) or v < 1:
@@ -229,5 +273,5 @@ def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping
     return MeasuredTables(ls, es)
 
 
-__all__ = ["MeasuredLayer", "MeasuredEnd", "MeasuredTables", "Interpolated", "layer_shape_key",
+__all__ = ["split_backward_at", "MeasuredLayer", "MeasuredEnd", "MeasuredTables", "Interpolated", "layer_shape_key",
            "ends_shape_key", "tables_from_rows"]

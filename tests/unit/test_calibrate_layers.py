@@ -212,6 +212,34 @@ def test_child_argv_keeps_every_model_and_drops_nproc():
         assert getattr(again, k) == getattr(args, k)
 
 
+def test_micro_batch_sizes_option_sets_the_grid():
+    from meshplan.calibrate.bench_layers import micro_batch_sizes
+    assert micro_batch_sizes(False) == (1, 2, 4) and micro_batch_sizes(True) == (1, 2)
+    assert micro_batch_sizes(False, (8, 2, 4, 2)) == (2, 4, 8)
+    with pytest.raises(ConfigError, match=r"integers >= 1, got \[2, 0\]"):
+        micro_batch_sizes(False, (2, 0))
+    grid = plan_grid([TINY], 32, 4, quick=False, micro_batches=(2, 4, 8))
+    assert {c.micro_batch for c in grid if not c.zero} == {2, 4, 8}
+    assert {c.micro_batch for c in grid if c.zero} == {2, 4}      # FSDP rows: the two smallest
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--micro-batches", "2,4, 8", "--out", "x.toml"])
+    assert args.micro_batches == (2, 4, 8)
+    assert child_argv(args)[child_argv(args).index("--micro-batches") + 1] == "2,4,8"
+    for bad in ("2,x", "0", ","):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--micro-batches", bad])
+
+
+def test_split_depth_is_the_growth_per_extra_layer():
+    from meshplan.calibrate.bench_layers import split_depth
+    # per layer: W 1.0 ms on 2 blocks, 1.4 ms on 6 → +0.1 ms per extra layer; B unchanged
+    assert split_depth((0.5e-3, 1.0e-3), (0.5e-3, 1.4e-3), 2, 6) == pytest.approx((0.0, 1e-4))
+    assert split_depth((0.0, 1.0e-3), (0.5e-3, 1.4e-3), 2, 6)[0] == 0.0   # not measured
+    with pytest.raises(ValueError, match="must exceed"):
+        split_depth((1, 1), (1, 1), 6, 2)
+
+
 # ---- end to end: two gloo ranks --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def layer_profile(tmp_path_factory) -> dict:
@@ -257,6 +285,10 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
         assert all(x["backward_input_s"] > 0 and x["backward_weight_s"] > 0
                    for x in doc["layers"] if x["zero"] == 0)
         assert r.split_backward is not None
+        # ... and its growth with the stack, from the same split on SPLIT_DEEP_LAYERS blocks
+        from meshplan.calibrate.bench_layers import LAYERS_CPU
+        assert all(x["split_layers"] == LAYERS_CPU for x in doc["layers"] if x["zero"] == 0)
+        assert r.split_depth is not None and r.split_depth[2] == LAYERS_CPU
     assert all(x["backward_input_s"] == 0 == x["backward_weight_s"]
                for x in doc["layers"] if x["zero"])
     # CPU: no allocator statistics, so no memory figures
@@ -269,6 +301,7 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
     assert pipe["seconds"] >= 0 and pipe["per_layer_s"] >= 0 and pipe["step_seconds"] > 0
     assert {"layers", "ends", "pipeline_action_s"} <= set(doc["measured"])
     assert doc["provenance"]["model"] == "tiny-llama"
+    assert doc["provenance"]["micro_batches"] == "1, 2"
 
 
 # ---- out of memory: skipped, larger micro-batches of the same setting not tried ---------------

@@ -145,6 +145,23 @@ def test_zero_bubble_uses_the_measured_split_backward():
     assert zb.stage_wgrad_s[0] == pytest.approx(4 * 4e-3)
 
 
+def test_zero_bubble_split_backward_grows_with_the_stage_depth():
+    # timed on 2 blocks; W per layer grows 0.25 ms per extra layer in the stack
+    row = dict(backward_input_s=1.5e-3, backward_weight_s=4e-3, split_layers=2,
+               backward_weight_depth_s=2.5e-4)
+    c = _cluster(MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, **row),), ()))
+    for pp, n in ((2, 4), (4, 2)):
+        zb = estimate(MODEL, c, JOB, Layout(pp=pp, micro_batch=1, schedule="zero-bubble"))
+        w = 4e-3 + 2.5e-4 * (n - 2)
+        assert zb.stage_wgrad_s[0] == pytest.approx(n * w)
+    from meshplan.costmodel.measured import split_backward_at
+    assert split_backward_at((1.0, 2.0), (0.5, -1.0, 2), 6) == (3.0, 0.0)   # never below 0
+    assert split_backward_at((1.0, 2.0), None, 6) == (1.0, 2.0)
+    with pytest.raises(ProfileError, match="split_layers must be an integer >= 0"):
+        tables_from_rows([{**_layer(1, 1e-3, 2e-3, 1e6, 0.0).__dict__, "split_layers": -1}], [],
+                         "p.toml")
+
+
 def test_profile_file_tables_reach_the_cost_model(tmp_path):
     """Regression: load_profile once dropped the [[layers]]/[[ends]] rows of a profile."""
     from meshplan.calibrate.profile import build_profile
