@@ -252,11 +252,10 @@ def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers:
 def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
-    optionally the split backward's input- and weight-gradient seconds, the forward /
-    backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
-    ``split_layers`` / ``depth``: the stack the split was timed on and :func:`split_depth`
-    (of the CPU times where they were measured)."""
-    fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
+    optionally the split backward's input- and weight-gradient seconds and the forward /
+    backward CPU dispatch seconds (0: not measured); ``split_layers`` / ``depth``: the stack
+    the split was timed on and :func:`split_depth`."""
+    fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu = (*values, 0.0, 0.0, 0.0, 0.0)[:8]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, recompute=cfg.recompute,
@@ -264,7 +263,6 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         backward_s=float(bwd), activation_bytes=float(act), backward_peak_bytes=float(peak),
         model=cfg.model.name, backward_input_s=float(b_in), backward_weight_s=float(b_w),
         forward_cpu_s=float(f_cpu), backward_cpu_s=float(b_cpu),
-        backward_input_cpu_s=float(bi_cpu), backward_weight_cpu_s=float(bw_cpu),
         split_layers=split_layers if b_in > 0 and b_w > 0 else 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1])))
 
@@ -514,6 +512,7 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             grad.append(torch.randn_like(y))
         y.backward(grad[0])
 
+    b_in = b_w = 0.0
     with _layer_amp(cfg, device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
@@ -521,9 +520,9 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
         if cfg.zero == 0 and cuda:
             # FSDP2 rows keep the timed iterations' reading: their hooks expect a backward
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()), device)
-        split = (_split_per_layer(m, x, grad[0], layers, device, iters=iters, barrier=barrier,
-                                  queue=queue, forward=samples)
-                 if cfg.zero == 0 else (0.0, 0.0, 0.0, 0.0))
+        if cfg.zero == 0:
+            b_in, b_w = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
+                                         barrier=barrier)
     held = 0.0
     if cfg.zero == 2 and cuda:
         # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
@@ -531,8 +530,8 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
         held = float(sum(p.numel() for p in m.parameters()) * 2)
     return (*layer_values(samples, layers=layers, input_bytes=_nbytes(x),
                           output_bytes=out_bytes, held_bytes=held, memory=cuda,
-                          kept_bytes=kept), *split[:2], *cpu_values(samples, layers=layers),
-            *split[2:], _bad(samples))
+                          kept_bytes=kept), b_in, b_w, *cpu_values(samples, layers=layers),
+            _bad(samples))
 
 
 def _layer_input(cfg: Config, device):
@@ -553,76 +552,32 @@ def _layer_amp(cfg: Config, device):
     return nullcontext()
 
 
-def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
-                     queue: _Queue | None = None, forward: Sequence[Sample] = ()
-                     ) -> tuple[float, float, float, float]:
-    """Zero-bubble's split backward of the ``layers`` blocks of ``m``, per layer: (B, W,
-    B's CPU, W's CPU) seconds; zeros where torch has no split backward.
-
-    With ``queue`` (CUDA) it is timed like the rows: queued, GPU-busy and CPU dispatch apart.
-    The untimed part cannot be left out of a queued iteration, so each iteration runs the
-    stage forward and B together and W alone; B is that minus the row's own ``forward``
-    samples (the same forward, timed the same way). Without ``queue``: synchronized B and W
-    (:func:`meshplan.calibrate.bench_split.split_backward_s`) and no CPU fields.
-    ``grad``: the output gradient (None: a random one)."""
+def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier
+                     ) -> tuple[float, float]:
+    """Zero-bubble's split backward (B, W) of the ``layers`` blocks of ``m`` over ``layers``
+    (0, 0 where torch has none); ``grad``: the output gradient (None: a random one)."""
     import torch
 
-    from meshplan.calibrate.bench_split import split_backward_s, split_functions
+    from meshplan.calibrate.bench_split import split_backward_s
     g: list = [grad] if grad is not None else []
-    if queue is None or not forward:
-        def fresh():
-            xi = torch.randn_like(x).requires_grad_()
-            y = m(xi)                                    # (mb, s, h)
-            if not g:
-                g.append(torch.randn_like(y))
-            return y, g[0], xi
-        barrier()
-        split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
-        return (split[0] / layers, split[1] / layers, 0.0, 0.0) if split else (0.0,) * 4
-    fns = split_functions()
-    if fns is None:
-        return (0.0,) * 4
-    backward_input, backward_weight = fns
-    params = list(m.parameters())
-    groups: list = []
 
-    def forward_and_b():
+    def fresh():
         xi = torch.randn_like(x).requires_grad_()
-        y = m(xi)                                        # (mb, s, h)
+        y = m(xi)                                    # (mb, s, h)
         if not g:
             g.append(torch.randn_like(y))
-        groups[:] = [backward_input([y], [g[0]], [xi], iter(params))[1]]
-        return y
-
-    def w(_y):
-        backward_weight(iter(params), groups.pop())
-    try:
-        samples, _ = _measure(forward_and_b, w, lambda: None, device=device, warmup=WARMUP,
-                              iters=iters, barrier=barrier, queue=queue)
-    except RuntimeError:     # private API changed between torch versions: no measurement
-        return (0.0,) * 4
-    med = statistics.median
-    f_gpu, f_cpu = med(s.forward_s for s in forward), med(s.forward_cpu_s for s in forward)
-    return (max(0.0, med(s.forward_s for s in samples) - f_gpu) / layers,
-            med(s.backward_s for s in samples) / layers,
-            max(0.0, med(s.forward_cpu_s for s in samples) - f_cpu) / layers,
-            med(s.backward_cpu_s for s in samples) / layers)
+        return y, g[0], xi
+    barrier()
+    split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
+    return (split[0] / layers, split[1] / layers) if split else (0.0, 0.0)
 
 
-def _run_split_deep(cfg: Config, m, device, *, iters: int, barrier,
-                    queue: _Queue | None = None) -> tuple[float, float, float, float]:
+def _run_split_deep(cfg: Config, m, device, *, iters: int, barrier) -> tuple[float, float]:
     """:func:`_split_per_layer` on a module of :data:`SPLIT_DEEP_LAYERS` blocks."""
-    import torch
     _set_recompute(m, cfg.recompute)
-    x = _layer_input(cfg, device)
     with _layer_amp(cfg, device):
-        forward: list[Sample] = []
-        if queue is not None:    # the forward alone, timed as the rows time it
-            forward, _ = _measure(lambda: m(torch.randn_like(x)), lambda y: None,
-                                  lambda: None, device=device, warmup=WARMUP, iters=iters,
-                                  barrier=barrier, queue=queue)
-        return _split_per_layer(m, x, None, SPLIT_DEEP_LAYERS, device, iters=iters,
-                                barrier=barrier, queue=queue, forward=forward)
+        return _split_per_layer(m, _layer_input(cfg, device), None, SPLIT_DEEP_LAYERS, device,
+                                iters=iters, barrier=barrier)
 
 
 def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
@@ -747,7 +702,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 skipped.add(idx)
                 _step(progress, f"{tag}: skipped (a smaller micro-batch ran out of memory)")
                 continue
-            n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
+            n_values = 7 if cfg.part else 9      # the last: samples failing the queue check
             values, oom = [0.0] * n_values, 0.0
             try:
                 if module is None:
@@ -774,19 +729,18 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 _step(progress, f"{tag}: out of memory on some rank, skipped")
                 continue
             measured.setdefault(idx, []).append(values)
-            fc, bc = _cpu_fields(cfg)
             if rnd == rounds - 1 and not cfg.part and cfg.zero == 0 and values[5] > 0:
                 deep_key, deep_module, split = _deep_split(
                     cfg, deep_key, deep_module, device, groups, iters=iters, barrier=barrier,
-                    world=world, queue=queue)
+                    world=world)
                 if split is not None:
                     deep[idx] = split
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"
                                else "")
-                            + (f", cpu {values[fc] * 1e3:.3f} / {values[bc] * 1e3:.3f} ms"
-                               if values[bc] > 0 else "")
+                            + (f", cpu {values[-3] * 1e3:.3f} / {values[-2] * 1e3:.3f} ms"
+                               if values[-2] > 0 else "")
                             + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
         module = tp_group = deep_module = None
         _free(device)
@@ -803,39 +757,32 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         elif idx in deep:
-            # the growth with depth is the CPU's (graph walks) where the CPU was timed apart
-            cpu_split = values[9] > 0 and deep[idx][3] > 0
-            shallow = values[8:10] if cpu_split else values[4:6]
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
-                shallow, deep[idx][2:] if cpu_split else deep[idx][:2], layers,
-                SPLIT_DEEP_LAYERS)))
+                values[4:6], deep[idx], layers, SPLIT_DEEP_LAYERS)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers))
     return layer_rows, end_rows
 
 
-def _deep_split(cfg: Config, key, module, device, groups, *, iters: int, barrier, world: int,
-                queue: _Queue | None = None):
+def _deep_split(cfg: Config, key, module, device, groups, *, iters: int, barrier, world: int):
     """Zero-bubble's split backward of ``cfg`` on :data:`SPLIT_DEEP_LAYERS` blocks, averaged
-    over ranks: (build key, module to reuse, (B, W, B's CPU, W's CPU) per layer, or None
-    where any rank ran out of memory or has no split backward)."""
+    over ranks: (build key, module to reuse, (B, W) per layer or None where any rank ran
+    out of memory or has no split backward)."""
     if key != cfg.build_key:
         module = None
         _free(device)
-    values, oom = [0.0] * 4, 0.0
+    values, oom = [0.0, 0.0], 0.0
     try:
         if module is None:
             module, _ = _build(cfg, SPLIT_DEEP_LAYERS, device, groups)
-        values = list(_run_split_deep(cfg, module, device, iters=iters, barrier=barrier,
-                                      queue=queue))
+        values = list(_run_split_deep(cfg, module, device, iters=iters, barrier=barrier))
     except _oom_types():
         oom, module = 1.0, None
         _free(device)
-    lo = _reduce([*values, oom, -min(values[1], values[3] or values[1])], [4, 5], device,
-                 world)
-    if lo[4] or lo[5] >= 0:          # out of memory, or some rank measured nothing
+    lo = _reduce([*values, oom, -min(values)], [2, 3], device, world)
+    if lo[2] or lo[3] >= 0:          # out of memory, or some rank measured nothing
         return cfg.build_key, module, None
-    return cfg.build_key, module, tuple(lo[:4])
+    return cfg.build_key, module, (lo[0], lo[1])
 
 
 def _cpu_fields(cfg: Config) -> tuple[int, int]:
