@@ -26,7 +26,11 @@ calibrate() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpus.csv" || true
   python -m meshplan.cli calibrate --nproc 4 --seq-len 2048 --micro-batches "${MBS:-1,2,4}" \
     --model "$KEEP/models/gpt-0.54b.json" --model "$KEEP/models/llama-1.64b.json" \
-    --out "$KEEP/profile.toml" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 2000 >"$OUT/calibrate.log"
+    --out "$KEEP/profile.toml" >"$OUT/calibrate.raw" 2>&1 || status=$?
+  # written as it runs (a command killed at the time limit still leaves its log)
+  tr '\r' '\n' <"$OUT/calibrate.raw" | grep -v '^\s*$' | tail -n 2000 >"$OUT/calibrate.log"
+  rm -f "$OUT/calibrate.raw"
+  [ "${status:-0}" = 0 ] || return "$status"
   cp "$KEEP/profile.toml" "$OUT/profile.toml"
 }
 

@@ -79,6 +79,10 @@ FSDP_ZERO = (2, 3)
 WARMUP = 2            # the first iteration allocates the parameter gradients
 ITERS, ITERS_QUICK = 4, 3
 ROUNDS_CUDA = 3       # the grid is measured this many times, spread over the calibration
+# A longer spin cannot help: when thousands of kernels are queued, CUDA's launch queue fills
+# and the CPU waits for the GPU whatever the spin (seen with zero-bubble's weight pass of a
+# fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
+SPIN_MAX_S = 2.0
 SPLIT_DEEP_LAYERS = 6  # zero-bubble's split backward is timed again on this many blocks
 MEMORY_FIELDS = (2, 3)  # indices of the byte fields in a row's values (the rest: seconds)
 SEED = 0
@@ -456,7 +460,7 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
                 # size the spin from the synchronized time (>= the CPU's dispatch); after a
                 # failed check, triple it
                 base = s.forward_s + s.backward_s if i < warmup else 2 * spin_s
-                spin_s = queue.agree([1.5 * base + 2e-3])[0]
+                spin_s = min(SPIN_MAX_S, queue.agree([1.5 * base + 2e-3])[0])
             if queued:
                 attempts += 1
                 if not valid and attempts < iters + 4:
