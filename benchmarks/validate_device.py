@@ -162,10 +162,33 @@ HOLDOUT3_LAYOUTS = [
     ("k15", LLAMA_16B, L(pp=4, micro_batch=4, schedule="zero-bubble", recompute="selective")),
     ("k16", LLAMA_16B, L(dp=4, micro_batch=4, zero=3)),
 ]
+# "holdout4" (after round 4; not run yet): 16 more new layouts in the same regime, to be run
+# with a fresh calibration (`--micro-batches 2,4,8 --split-timing queued`, which times
+# zero-bubble's split backward queued, GPU-busy and CPU apart) — chosen after holdout3.
+HOLDOUT4_LAYOUTS = [
+    ("n01", GPT_05B, L(dp=4, micro_batch=4)),
+    ("n02", GPT_05B, L(dp=2, tp=2, micro_batch=8, recompute="selective", zero=1)),
+    ("n03", GPT_05B, L(dp=4, micro_batch=8, zero=2, recompute="full")),
+    ("n04", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", recompute="selective")),
+    ("n05", GPT_05B, L(pp=4, micro_batch=4, schedule="gpipe", recompute="full")),
+    ("n06", GPT_05B, L(pp=4, micro_batch=4, schedule="interleaved-1f1b", vpp=2)),
+    ("n07", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble",
+                       recompute="selective")),
+    ("n08", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="zero-bubble",
+                       sequence_parallel=True)),
+    ("n09", LLAMA_16B, L(dp=4, micro_batch=8, recompute="full", zero=1)),
+    ("n10", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, sequence_parallel=True)),
+    ("n11", LLAMA_16B, L(dp=4, micro_batch=4, zero=3, recompute="selective")),
+    ("n12", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2)),
+    ("n13", LLAMA_16B, L(pp=4, micro_batch=8, schedule="1f1b", recompute="selective")),
+    ("n14", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="gpipe", recompute="full", zero=2)),
+    ("n15", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble")),
+    ("n16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="zero-bubble", recompute="full")),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
-        "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS,
+        "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
-SET_JOBS = {"holdout3": JOB4}       # the other sets use JOB
+SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4}       # the other sets use JOB
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
@@ -239,8 +262,8 @@ def main(argv=None) -> int:
     p.add_argument("--set", default="test", choices=sorted(SETS),
                    help="GPU layout set: 'test' [default], 'dev', 'holdout2' (held out from "
                         "the round-3 model), 'check3' (after its post-hoc fixes), 'holdout3' "
-                        "(round 4: GPU-bound micro-batches, global batch 64) or 'all' (rounds "
-                        "1-3)")
+                        "(round 4: GPU-bound micro-batches, global batch 64), 'holdout4' (round"
+                        " 4, after holdout3) or 'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
                         "`meshplan calibrate --model DIR/NAME.json`) and exit")

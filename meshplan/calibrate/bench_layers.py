@@ -38,10 +38,12 @@ time is the median over rounds):
   ``backward_input_s`` / ``backward_weight_s`` (ZeRO-0 rows only; 0 = not measured): the
   zero-bubble schedule's split backward of the same L blocks over L, run by
   torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`),
-  synchronized timings. ``split_layers`` = that L, and ``backward_input_depth_s`` /
-  ``backward_weight_depth_s`` = how much B and W per layer grow per extra layer in the
-  stack, from the same split timed once more on :data:`SPLIT_DEEP_LAYERS` blocks (last
-  round only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
+  synchronized timings (``--split-timing queued``: GPU-busy, with their CPU dispatch in
+  ``backward_input_cpu_s`` / ``backward_weight_cpu_s``; not yet validated on GPUs).
+  ``split_layers`` = that L, and ``backward_input_depth_s`` / ``backward_weight_depth_s`` =
+  how much B and W per layer grow per extra layer in the stack, from the split timed
+  synchronized on L and on :data:`SPLIT_DEEP_LAYERS` blocks back to back (last round
+  only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
   call per parameter group, and each call's engine walks the whole graph reachable from
   its roots — the rest of the stage — first (``compute_dependencies``): the CPU cost of a
   stage's W is quadratic in its layers (tiny Llama blocks on one CPU thread, torch 2.13:
@@ -256,10 +258,11 @@ def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers:
 def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
-    optionally the split backward's input- and weight-gradient seconds and the forward /
-    backward CPU dispatch seconds (0: not measured); ``split_layers`` / ``depth``: the stack
-    the split was timed on and :func:`split_depth`."""
-    fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu = (*values, 0.0, 0.0, 0.0, 0.0)[:8]
+    optionally the split backward's input- and weight-gradient seconds, the forward /
+    backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
+    ``split_layers`` / ``depth``: the stack the split was timed on and :func:`split_depth`
+    (of the CPU times where they were measured)."""
+    fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, recompute=cfg.recompute,
@@ -267,6 +270,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         backward_s=float(bwd), activation_bytes=float(act), backward_peak_bytes=float(peak),
         model=cfg.model.name, backward_input_s=float(b_in), backward_weight_s=float(b_w),
         forward_cpu_s=float(f_cpu), backward_cpu_s=float(b_cpu),
+        backward_input_cpu_s=float(bi_cpu), backward_weight_cpu_s=float(bw_cpu),
         split_layers=split_layers if b_in > 0 and b_w > 0 else 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1])))
 
@@ -493,11 +497,13 @@ def _kept_bytes(forward_fresh: Callable[[], Any], device) -> float:
 
 
 def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
-               queue: _Queue | None = None) -> tuple[float, ...]:
+               queue: _Queue | None = None, split_queued: bool = False) -> tuple[float, ...]:
     """(forward_s, backward_s, activation_bytes, backward_peak_bytes, backward_input_s,
-    backward_weight_s, forward_cpu_s, backward_cpu_s) per layer; the split backward
+    backward_weight_s, forward_cpu_s, backward_cpu_s, backward_input_cpu_s,
+    backward_weight_cpu_s, samples failing the queue check) per layer; the split backward
     (zero-bubble) is measured for ZeRO-0 rows only and is 0 where torch's split backward is
-    unavailable; the CPU fields are 0 without ``queue``."""
+    unavailable: synchronized, or queued like the row with ``split_queued`` (then its CPU
+    fields are set); the CPU fields are 0 without ``queue``."""
     import torch
 
     cuda = device.type == "cuda"
@@ -516,7 +522,6 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             grad.append(torch.randn_like(y))
         y.backward(grad[0])
 
-    b_in = b_w = 0.0
     with _layer_amp(cfg, device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
@@ -524,9 +529,9 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
         if cfg.zero == 0 and cuda:
             # FSDP2 rows keep the timed iterations' reading: their hooks expect a backward
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()), device)
-        if cfg.zero == 0:
-            b_in, b_w = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
-                                         barrier=barrier)
+        split = (_split_per_layer(m, x, grad[0], layers, device, iters=iters, barrier=barrier,
+                                  queue=queue if split_queued else None, forward=samples)
+                 if cfg.zero == 0 else (0.0, 0.0, 0.0, 0.0))
     held = 0.0
     if cfg.zero == 2 and cuda:
         # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
@@ -534,8 +539,8 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
         held = float(sum(p.numel() for p in m.parameters()) * 2)
     return (*layer_values(samples, layers=layers, input_bytes=_nbytes(x),
                           output_bytes=out_bytes, held_bytes=held, memory=cuda,
-                          kept_bytes=kept), b_in, b_w, *cpu_values(samples, layers=layers),
-            _bad(samples))
+                          kept_bytes=kept), *split[:2], *cpu_values(samples, layers=layers),
+            *split[2:], _bad(samples))
 
 
 def _layer_input(cfg: Config, device):
@@ -556,32 +561,69 @@ def _layer_amp(cfg: Config, device):
     return nullcontext()
 
 
-def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier
-                     ) -> tuple[float, float]:
-    """Zero-bubble's split backward (B, W) of the ``layers`` blocks of ``m`` over ``layers``
-    (0, 0 where torch has none); ``grad``: the output gradient (None: a random one)."""
+def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
+                     queue: _Queue | None = None, forward: Sequence[Sample] = ()
+                     ) -> tuple[float, float, float, float]:
+    """Zero-bubble's split backward of the ``layers`` blocks of ``m``, per layer: (B, W,
+    B's CPU, W's CPU) seconds; zeros where torch has no split backward.
+
+    With ``queue`` (CUDA) it is timed like the rows: queued, GPU-busy and CPU dispatch apart.
+    The untimed part cannot be left out of a queued iteration, so each iteration runs the
+    stage forward and B together and W alone; B is that minus the row's own ``forward``
+    samples (the same forward, timed the same way). Without ``queue``: synchronized B and W
+    (:func:`meshplan.calibrate.bench_split.split_backward_s`) and no CPU fields.
+    ``grad``: the output gradient (None: a random one)."""
     import torch
 
-    from meshplan.calibrate.bench_split import split_backward_s
+    from meshplan.calibrate.bench_split import split_backward_s, split_functions
     g: list = [grad] if grad is not None else []
+    if queue is None or not forward:
+        def fresh():
+            xi = torch.randn_like(x).requires_grad_()
+            y = m(xi)                                    # (mb, s, h)
+            if not g:
+                g.append(torch.randn_like(y))
+            return y, g[0], xi
+        barrier()
+        split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
+        return (split[0] / layers, split[1] / layers, 0.0, 0.0) if split else (0.0,) * 4
+    fns = split_functions()
+    if fns is None:
+        return (0.0,) * 4
+    backward_input, backward_weight = fns
+    params = list(m.parameters())
+    groups: list = []
 
-    def fresh():
+    def forward_and_b():
         xi = torch.randn_like(x).requires_grad_()
-        y = m(xi)                                    # (mb, s, h)
+        y = m(xi)                                        # (mb, s, h)
         if not g:
             g.append(torch.randn_like(y))
-        return y, g[0], xi
-    barrier()
-    split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
-    return (split[0] / layers, split[1] / layers) if split else (0.0, 0.0)
+        groups[:] = [backward_input([y], [g[0]], [xi], iter(params))[1]]
+        return y
+
+    def w(_y):
+        backward_weight(iter(params), groups.pop())
+    try:
+        samples, _ = _measure(forward_and_b, w, lambda: None, device=device, warmup=WARMUP,
+                              iters=iters, barrier=barrier, queue=queue)
+    except RuntimeError:     # private API changed between torch versions: no measurement
+        return (0.0,) * 4
+    med = statistics.median
+    f_gpu, f_cpu = med(s.forward_s for s in forward), med(s.forward_cpu_s for s in forward)
+    return (max(0.0, med(s.forward_s for s in samples) - f_gpu) / layers,
+            med(s.backward_s for s in samples) / layers,
+            max(0.0, med(s.forward_cpu_s for s in samples) - f_cpu) / layers,
+            med(s.backward_cpu_s for s in samples) / layers)
 
 
-def _run_split_deep(cfg: Config, m, device, *, iters: int, barrier) -> tuple[float, float]:
-    """:func:`_split_per_layer` on a module of :data:`SPLIT_DEEP_LAYERS` blocks."""
+def _sync_split(cfg: Config, m, layers: int, device, *, iters: int, barrier
+                ) -> tuple[float, float]:
+    """Synchronized :func:`_split_per_layer` (B, W) of the ``layers`` blocks of ``m``."""
     _set_recompute(m, cfg.recompute)
     with _layer_amp(cfg, device):
-        return _split_per_layer(m, _layer_input(cfg, device), None, SPLIT_DEEP_LAYERS, device,
-                                iters=iters, barrier=barrier)
+        return _split_per_layer(m, _layer_input(cfg, device), None, layers, device,
+                                iters=iters, barrier=barrier)[:2]
 
 
 def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
@@ -659,7 +701,7 @@ def rounds_for(device, quick: bool) -> int:
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
-                     micro_batches: Sequence[int] | None = None
+                     micro_batches: Sequence[int] | None = None, split_queued: bool = False
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Measure every configuration of :func:`plan_grid` in :func:`rounds_for` rounds;
     returns (layer rows, end rows), dicts with exactly the fields of ``MeasuredLayer`` /
@@ -706,7 +748,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 skipped.add(idx)
                 _step(progress, f"{tag}: skipped (a smaller micro-batch ran out of memory)")
                 continue
-            n_values = 7 if cfg.part else 9      # the last: samples failing the queue check
+            n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
             values, oom = [0.0] * n_values, 0.0
             try:
                 if module is None:
@@ -716,7 +758,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                            barrier=barrier, queue=queue))
                 else:
                     values = list(_run_layer(cfg, module, layers, device, iters=iters,
-                                             barrier=barrier, queue=queue))
+                                             barrier=barrier, queue=queue,
+                                             split_queued=split_queued))
             except _oom_types():
                 oom = 1.0
             if oom:
@@ -733,18 +776,19 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 _step(progress, f"{tag}: out of memory on some rank, skipped")
                 continue
             measured.setdefault(idx, []).append(values)
+            fc, bc = _cpu_fields(cfg)
             if rnd == rounds - 1 and not cfg.part and cfg.zero == 0 and values[5] > 0:
                 deep_key, deep_module, split = _deep_split(
-                    cfg, deep_key, deep_module, device, groups, iters=iters, barrier=barrier,
-                    world=world)
+                    cfg, deep_key, deep_module, module, layers, device, groups, iters=iters,
+                    barrier=barrier, world=world)
                 if split is not None:
                     deep[idx] = split
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"
                                else "")
-                            + (f", cpu {values[-3] * 1e3:.3f} / {values[-2] * 1e3:.3f} ms"
-                               if values[-2] > 0 else "")
+                            + (f", cpu {values[fc] * 1e3:.3f} / {values[bc] * 1e3:.3f} ms"
+                               if values[bc] > 0 else "")
                             + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
         module = tp_group = deep_module = None
         _free(device)
@@ -762,31 +806,38 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             end_rows.append(end_row(cfg, values))
         elif idx in deep:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
-                values[4:6], deep[idx], layers, SPLIT_DEEP_LAYERS)))
+                deep[idx][:2], deep[idx][2:], layers, SPLIT_DEEP_LAYERS)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers))
     return layer_rows, end_rows
 
 
-def _deep_split(cfg: Config, key, module, device, groups, *, iters: int, barrier, world: int):
-    """Zero-bubble's split backward of ``cfg`` on :data:`SPLIT_DEEP_LAYERS` blocks, averaged
-    over ranks: (build key, module to reuse, (B, W) per layer or None where any rank ran
-    out of memory or has no split backward)."""
+def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, *,
+                iters: int, barrier, world: int):
+    """Zero-bubble's split backward of ``cfg``, synchronized, on the row's ``layers``-block
+    module ``shallow`` and on :data:`SPLIT_DEEP_LAYERS` blocks (built once per build key),
+    back to back, averaged over ranks: (build key, deep module to reuse, (B, W) per layer
+    shallow + (B, W) deep, or None where any rank ran out of memory or measured nothing).
+
+    Always synchronized: queued, a deep stack's weight pass can queue more kernels than
+    CUDA's launch queue holds (see :data:`SPIN_MAX_S`)."""
     if key != cfg.build_key:
         module = None
         _free(device)
-    values, oom = [0.0, 0.0], 0.0
+    values, oom = [0.0] * 4, 0.0
     try:
         if module is None:
             module, _ = _build(cfg, SPLIT_DEEP_LAYERS, device, groups)
-        values = list(_run_split_deep(cfg, module, device, iters=iters, barrier=barrier))
+        values = [*_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier),
+                  *_sync_split(cfg, module, SPLIT_DEEP_LAYERS, device, iters=iters,
+                               barrier=barrier)]
     except _oom_types():
         oom, module = 1.0, None
         _free(device)
-    lo = _reduce([*values, oom, -min(values)], [2, 3], device, world)
-    if lo[2] or lo[3] >= 0:          # out of memory, or some rank measured nothing
+    lo = _reduce([*values, oom, -min(values)], [4, 5], device, world)
+    if lo[4] or lo[5] >= 0:          # out of memory, or some rank measured nothing
         return cfg.build_key, module, None
-    return cfg.build_key, module, (lo[0], lo[1])
+    return cfg.build_key, module, tuple(lo[:4])
 
 
 def _cpu_fields(cfg: Config) -> tuple[int, int]:

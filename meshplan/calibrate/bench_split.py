@@ -16,6 +16,17 @@ import time
 from typing import Callable
 
 
+def split_functions():
+    """torch's (stage_backward_input, stage_backward_weight), or None where this torch has
+    no split backward (a private API)."""
+    try:
+        from torch.distributed.pipelining._backward import (stage_backward_input,
+                                                            stage_backward_weight)
+    except ImportError:
+        return None
+    return stage_backward_input, stage_backward_weight
+
+
 def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, iters: int = 3
                      ) -> tuple[float, float] | None:
     """Median (B seconds, W seconds) of ``iters`` split backwards, or None when this torch
@@ -27,11 +38,10 @@ def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, 
     import statistics
 
     import torch
-    try:
-        from torch.distributed.pipelining._backward import (stage_backward_input,
-                                                            stage_backward_weight)
-    except ImportError:
+    fns = split_functions()
+    if fns is None:
         return None
+    stage_backward_input, stage_backward_weight = fns
     cuda = torch.device(device).type == "cuda"
     bs, ws = [], []
     try:
@@ -62,4 +72,4 @@ def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, 
     return statistics.median(bs), statistics.median(ws)
 
 
-__all__ = ["split_backward_s"]
+__all__ = ["split_backward_s", "split_functions"]

@@ -36,6 +36,7 @@ class CalibrateOptions:
     base_gpu: str | None = None
     max_tp: int = 8
     micro_batches: tuple[int, ...] | None = None   # layer-table sizes (None: the default set)
+    split_timing: str = "synchronized"   # zero-bubble's split backward: synchronized | queued
     show_progress: bool = True
 
 
@@ -77,6 +78,7 @@ def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
         "quick": options.quick, "model": ", ".join(m.name for m in options.models),
         "micro_batches": ", ".join(map(str, micro_batch_sizes(
             options.quick, options.micro_batches))),
+        "split_timing": options.split_timing,
         "command": " ".join(sys.argv),
     }
 
@@ -194,7 +196,8 @@ def calibrate(options: CalibrateOptions) -> Path | None:
             dist.barrier()
         layers, ends = bench_layers.bench_layer_rows(
             options.models, options.seq_len, device, world, rank, quick=options.quick,
-            progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches)
+            progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
+            split_queued=options.split_timing == "queued")
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows in "
                   f"{time.perf_counter() - t0:.1f} s")
     if world > 1:

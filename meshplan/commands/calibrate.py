@@ -39,6 +39,10 @@ def add_arguments(p) -> None:
     p.add_argument("--micro-batches", type=_sizes, default=None, metavar="N,N,...",
                    help="micro-batch sizes the layer tables are timed at (default 1,2,4); "
                         "choose them around the micro-batches you will plan with")
+    p.add_argument("--split-timing", default="synchronized", choices=["synchronized", "queued"],
+                   help="zero-bubble's split backward: synchronized timings (validated, "
+                        "default) or queued like the other rows, GPU-busy and CPU dispatch "
+                        "apart (experimental, docs/calibrate.md)")
     p.add_argument("--nproc", type=positive_int, default=None,
                    help="spawn torchrun with this many local processes (one per GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
@@ -52,6 +56,7 @@ def main(args) -> int:
     calibrate(CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
                                max_tp=args.max_tp, micro_batches=args.micro_batches,
+                               split_timing=args.split_timing,
                                show_progress=not args.no_progress))
     return 0
 
@@ -69,6 +74,8 @@ def child_argv(args) -> list[str]:
         out += ["--base-gpu", args.base_gpu]
     if args.micro_batches:
         out += ["--micro-batches", ",".join(map(str, args.micro_batches))]
+    if args.split_timing != "synchronized":
+        out += ["--split-timing", args.split_timing]
     if args.quick:
         out.append("--quick")
     if args.no_progress:

@@ -157,6 +157,7 @@ class LayerParts:
     cpu: tuple[float, ...] | None = None
     full_act_bytes: float = 0.0   # one layer's activations without recomputation
     split_depth: tuple[float, float, float] | None = None  # split_backward's growth with depth
+    split_cpu: tuple[float, float] | None = None  # its B, W CPU dispatch (then B, W: GPU-busy)
 
 
 @lru_cache(maxsize=8192)
@@ -179,7 +180,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
     logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
-    split = split_depth = None
+    split = split_depth = split_cpu = None
     cpu = None
     full_act = acts.full_bytes
     tables = cluster.gpu.measured
@@ -189,7 +190,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
-            split, split_depth = ml.split_backward, ml.split_depth
+            split, split_depth, split_cpu = ml.split_backward, ml.split_depth, ml.split_cpu
             measured.append("layer")
         me = tables.end(model, "embedding", **kw)
         if me is not None:
@@ -213,7 +214,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
-                      split_depth=split_depth)
+                      split_depth=split_depth, split_cpu=split_cpu)
 
 
 def _ratio(measured_s: float, analytical_s: float) -> float:
@@ -733,12 +734,19 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp)
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
-    split = None
+    split = split_cpu = None
     if layout.schedule == "zero-bubble" and parts.split_backward is not None:
-        # measured B and W actions (their sum can exceed one fused backward), at the mean
-        # stage depth (uneven partitions are off by second-order terms)
-        split = split_backward_at(parts.split_backward, parts.split_depth,
-                                  model.num_layers / (pp * v))
+        # measured B and W actions (their sum can exceed one fused backward). What grows
+        # with the stage's depth (at its mean; uneven partitions are off by second-order
+        # terms) is the CPU's graph walk: the CPU times where they were timed apart, else
+        # the synchronized ones, which then stand for both GPU and CPU
+        depth = model.num_layers / (pp * v)
+        if parts.split_cpu is not None:
+            split = parts.split_backward
+            split_cpu = split_backward_at(parts.split_cpu, parts.split_depth, depth)
+        else:
+            split = split_cpu = split_backward_at(parts.split_backward, parts.split_depth,
+                                                  depth)
         layer_b, layer_w = sum(split), split[1]
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
     tables = cluster.gpu.measured
@@ -755,10 +763,11 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         cpu = ((fs.forward_cpu_s, fs.backward_cpu_s, *cpu[2:])
                if fs is not None and fs.cpu_measured else None)
     cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
-    if cpu and split is not None:
-        # the split backward is timed synchronized (>= its CPU dispatch): two autograd
-        # passes per layer cost the CPU more than one fused backward
-        cpu_layer = cpu[0] + max(cpu[1], sum(split))
+    if cpu and split_cpu is not None:
+        # two autograd passes per layer cost the CPU more than one fused backward (timed
+        # apart, or bounded by the synchronized timing)
+        cpu_layer = cpu[0] + (sum(split_cpu) if parts.split_cpu is not None
+                              else max(cpu[1], sum(split_cpu)))
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)

@@ -68,9 +68,14 @@ class MeasuredLayer:
     # backward_s are synchronized timings, which are max(CPU, GPU) rather than GPU time)
     forward_cpu_s: float = 0.0
     backward_cpu_s: float = 0.0
+    # the split backward's CPU dispatch (0: not measured; then backward_input_s and
+    # backward_weight_s are synchronized timings, else GPU-busy ones)
+    backward_input_cpu_s: float = 0.0
+    backward_weight_cpu_s: float = 0.0
     # the stack the split backward was timed on, and how much its B / W per layer grow per
     # extra layer in a stage (torch's W walks the rest of the stage's graph once per
-    # parameter group; 0: not measured, no growth)
+    # parameter group: CPU time, so these are the CPU fields' growth where those exist;
+    # 0: not measured, no growth)
     split_layers: int = 0
     backward_input_depth_s: float = 0.0
     backward_weight_depth_s: float = 0.0
@@ -114,6 +119,8 @@ class Interpolated:
     backward_weight_s: float = 0.0
     forward_cpu_s: float = 0.0
     backward_cpu_s: float = 0.0
+    backward_input_cpu_s: float = 0.0
+    backward_weight_cpu_s: float = 0.0
     split_layers: float = 0.0
     backward_input_depth_s: float = 0.0
     backward_weight_depth_s: float = 0.0
@@ -127,6 +134,14 @@ class Interpolated:
         """(input-gradient s, weight-gradient s) of zero-bubble's split backward, if measured."""
         if self.backward_input_s > 0 and self.backward_weight_s > 0:
             return self.backward_input_s, self.backward_weight_s
+        return None
+
+    @property
+    def split_cpu(self) -> tuple[float, float] | None:
+        """(B's, W's CPU dispatch seconds) of the split backward, if timed apart from the GPU."""
+        if self.split_backward is not None and self.backward_input_cpu_s > 0 \
+                and self.backward_weight_cpu_s > 0:
+            return self.backward_input_cpu_s, self.backward_weight_cpu_s
         return None
 
     @property
@@ -151,7 +166,7 @@ def split_backward_at(split: tuple[float, float], depth: tuple[float, float, flo
     return (max(0.0, split[0] + depth[0] * extra), max(0.0, split[1] + depth[1] * extra))
 
 
-DEPTH_FIELDS = 9      # Interpolated's fields from here on are depth growths (may be < 0)
+DEPTH_FIELDS = 11     # Interpolated's fields from here on are depth growths (may be < 0)
 
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
@@ -159,7 +174,8 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     def vals(r):
         return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field),
                 getattr(r, "backward_input_s", 0.0), getattr(r, "backward_weight_s", 0.0),
-                r.forward_cpu_s, r.backward_cpu_s, getattr(r, "split_layers", 0),
+                r.forward_cpu_s, r.backward_cpu_s, getattr(r, "backward_input_cpu_s", 0.0),
+                getattr(r, "backward_weight_cpu_s", 0.0), getattr(r, "split_layers", 0),
                 getattr(r, "backward_input_depth_s", 0.0),
                 getattr(r, "backward_weight_depth_s", 0.0))
     exact = [r for r in rows if r.micro_batch == mb]
@@ -243,8 +259,9 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         missing = sorted(n for n, f in names.items() if n not in raw
                          and f.default is MISSING and f.default_factory is MISSING)
         raise ProfileError(f"{where}: missing key(s) {missing} ({exc})") from None
-    for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s"):
-        v = getattr(r, k)
+    for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s",
+              "backward_input_cpu_s", "backward_weight_cpu_s"):
+        v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
     for k in ("backward_input_depth_s", "backward_weight_depth_s"):

@@ -226,6 +226,9 @@ def test_micro_batch_sizes_option_sets_the_grid():
     args = p.parse_args(["--micro-batches", "2,4, 8", "--out", "x.toml"])
     assert args.micro_batches == (2, 4, 8)
     assert child_argv(args)[child_argv(args).index("--micro-batches") + 1] == "2,4,8"
+    assert "--split-timing" not in child_argv(args)         # the default is not repeated
+    queued = p.parse_args(["--split-timing", "queued", "--out", "x.toml"])
+    assert child_argv(queued)[child_argv(queued).index("--split-timing") + 1] == "queued"
     for bad in ("2,x", "0", ","):
         with pytest.raises(SystemExit):
             p.parse_args(["--micro-batches", bad])
@@ -363,3 +366,30 @@ def test_rounds_combine_by_median_and_cpu_pools_over_micro_batches():
     assert all(pooled[i] == pytest.approx((3e-3, 3e-3)) for i in idx)
     # not measured (CPU device, zeros): left alone
     assert pooled_cpu(grid, {idx[0]: [[0.0] * 9]}) == {}
+
+
+def test_queued_split_backward_subtracts_the_rows_forward():
+    """The queued path (CUDA) times forward+B and W; B is that minus the row's forward. On
+    CPU the same code runs synchronized, which is enough to check the arithmetic."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    from meshplan.calibrate.bench_split import split_functions
+    if split_functions() is None:
+        pytest.skip("this torch has no split backward")
+    cfg = Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False, recompute="none",
+                 micro_batch=1)
+    m, _ = bench_layers._build(cfg, 2, torch.device("cpu"), bench_layers._Groups(1, 0, "cpu"))
+    x = bench_layers._layer_input(cfg, torch.device("cpu"))
+    huge = [Sample(1e3, 0.0, forward_cpu_s=1e3)] * 3     # a forward longer than forward+B
+    b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
+        m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None, queue=object(),
+        forward=huge)
+    assert b == 0.0 and b_cpu == 0.0 and w > 0      # clamped at 0, never negative
+    b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
+        m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None, queue=object(),
+        forward=[Sample(0.0, 0.0)] * 3)
+    assert b > 0 and w > 0 and b_cpu == 0.0 == w_cpu   # CPU: synchronized, no CPU fields
+    # without a queue: the synchronized split of bench_split, no CPU fields
+    b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
+        m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None)
+    assert b > 0 and w > 0 and b_cpu == 0.0 == w_cpu

@@ -162,6 +162,24 @@ def test_zero_bubble_split_backward_grows_with_the_stage_depth():
                          "p.toml")
 
 
+def test_zero_bubble_with_the_split_timed_queued():
+    # GPU-busy B, W on the pipeline's timeline; their CPU dispatch (growing with the stage
+    # depth) in the host bound, instead of the synchronized sum
+    row = dict(backward_input_s=1.0e-3, backward_weight_s=1.2e-3, backward_input_cpu_s=3e-3,
+               backward_weight_cpu_s=4e-3, split_layers=2, backward_weight_depth_s=5e-4,
+               forward_cpu_s=1e-3, backward_cpu_s=2e-3)
+    ends = tuple(replace(_end(part, 1, 1e-4, 2e-4, 1e6, 0.0), forward_cpu_s=1e-4,
+                         backward_cpu_s=2e-4) for part in ("embedding", "output"))
+    c = _cluster(MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, **row),), ends))
+    lay = Layout(pp=2, micro_batch=1, schedule="zero-bubble")
+    zb = estimate(MODEL, c, JOB, lay)
+    assert zb.stage_wgrad_s[0] == pytest.approx(4 * 1.2e-3)        # GPU: no depth growth
+    from meshplan.costmodel.estimate import layer_tables
+    t = layer_tables(MODEL, c, JOB, lay)
+    # CPU per layer: forward + B + W at depth 4 (W + 2 extra layers x 0.5 ms)
+    assert t.cpu_layer_s == pytest.approx(1e-3 + 3e-3 + 4e-3 + 2 * 5e-4)
+
+
 def test_profile_file_tables_reach_the_cost_model(tmp_path):
     """Regression: load_profile once dropped the [[layers]]/[[ends]] rows of a profile."""
     from meshplan.calibrate.profile import build_profile
