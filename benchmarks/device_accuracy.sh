@@ -5,6 +5,7 @@
 #   bash benchmarks/device_accuracy.sh validate    # ≈ 8 min: $OUT/accuracy.{json,md,png}
 #   ONLY=u10,g08 bash benchmarks/device_accuracy.sh probe   # calibrate + a few layouts
 #   MBS=2,4,8 ... calibrate / SET=holdout3 ... validate       # round 4 (docs/benchmarks/accuracy.md)
+#   MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout4 ...   # next: the queued split, new layouts
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -25,6 +26,7 @@ calibrate() {
   python benchmarks/validate_device.py --write-models "$KEEP/models" >/dev/null
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpus.csv" || true
   python -m meshplan.cli calibrate --nproc 4 --seq-len 2048 --micro-batches "${MBS:-1,2,4}" \
+    --split-timing "${SPLIT:-synchronized}" \
     --model "$KEEP/models/gpt-0.54b.json" --model "$KEEP/models/llama-1.64b.json" \
     --out "$KEEP/profile.toml" >"$OUT/calibrate.raw" 2>&1 || status=$?
   # written as it runs (a command killed at the time limit still leaves its log)
