@@ -604,11 +604,9 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
 
     def w(_y):
         backward_weight(iter(params), groups.pop())
-    try:
-        samples, _ = _measure(forward_and_b, w, lambda: None, device=device, warmup=WARMUP,
-                              iters=iters, barrier=barrier, queue=queue)
-    except RuntimeError:     # private API changed between torch versions: no measurement
-        return (0.0,) * 4
+    # out-of-memory propagates to the row's handling (every rank must agree on skipping)
+    samples, _ = _measure(forward_and_b, w, lambda: None, device=device, warmup=WARMUP,
+                          iters=iters, barrier=barrier, queue=queue)
     med = statistics.median
     f_gpu, f_cpu = med(s.forward_s for s in forward), med(s.forward_cpu_s for s in forward)
     return (max(0.0, med(s.forward_s for s in samples) - f_gpu) / layers,
@@ -891,6 +889,6 @@ def _step(progress, message: str) -> None:
         progress.step(message)
 
 
-__all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values", "cpu_values",
-           "combine_rounds", "pooled_cpu", "layer_row", "end_row", "bench_layer_rows", "rounds_for",
-           "LAYERS_CUDA", "LAYERS_CPU"]
+__all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",
+           "cpu_values", "split_depth", "combine_rounds", "pooled_cpu", "layer_row", "end_row",
+           "bench_layer_rows", "rounds_for", "LAYERS_CUDA", "LAYERS_CPU"]
