@@ -166,24 +166,25 @@ def split_backward_at(split: tuple[float, float], depth: tuple[float, float, flo
     return (max(0.0, split[0] + depth[0] * extra), max(0.0, split[1] + depth[1] * extra))
 
 
-DEPTH_FIELDS = 11     # Interpolated's fields from here on are depth growths (may be < 0)
+# Interpolated fields that describe the timed stack, not one micro-batch: never scaled with
+# the micro-batch; the depth growths may be negative (timing noise), the rest are >= 0
+_PER_STACK = ("split_layers", "backward_input_depth_s", "backward_weight_depth_s")
+_SIGNED = ("backward_input_depth_s", "backward_weight_depth_s")
 
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
-    def vals(r):
-        return (r.forward_s, r.backward_s, r.activation_bytes, getattr(r, peak_field),
-                getattr(r, "backward_input_s", 0.0), getattr(r, "backward_weight_s", 0.0),
-                r.forward_cpu_s, r.backward_cpu_s, getattr(r, "backward_input_cpu_s", 0.0),
-                getattr(r, "backward_weight_cpu_s", 0.0), getattr(r, "split_layers", 0),
-                getattr(r, "backward_input_depth_s", 0.0),
-                getattr(r, "backward_weight_depth_s", 0.0))
+    names = [f.name for f in fields(Interpolated)]
+
+    def vals(r):   # end rows lack the split fields: 0
+        return [getattr(r, peak_field if n == "peak_bytes" else n, 0.0) for n in names]
     exact = [r for r in rows if r.micro_batch == mb]
     if exact:
         return Interpolated(*vals(exact[0]))
     if len(rows) == 1:
         k = mb / rows[0].micro_batch
-        return Interpolated(*(v * k for v in vals(rows[0])))
+        return Interpolated(*(v if n in _PER_STACK else v * k
+                              for n, v in zip(names, vals(rows[0]))))
     below = [r for r in rows if r.micro_batch < mb]
     above = [r for r in rows if r.micro_batch > mb]
     if below and above:
@@ -193,9 +194,8 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     else:
         a, b = below[-2], below[-1]
     w = (mb - a.micro_batch) / (b.micro_batch - a.micro_batch)
-    # depth growths may be negative (timing noise); everything else is a time or size
-    return Interpolated(*(v if j >= DEPTH_FIELDS else max(0.0, v) for j, v in enumerate(
-        x + w * (y - x) for x, y in zip(vals(a), vals(b)))))
+    return Interpolated(*(v if n in _SIGNED else max(0.0, v) for n, v in zip(
+        names, (x + w * (y - x) for x, y in zip(vals(a), vals(b))))))
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,12 @@ def test_zero_bubble_split_backward_grows_with_the_stage_depth():
         zb = estimate(MODEL, c, JOB, Layout(pp=pp, micro_batch=1, schedule="zero-bubble"))
         w = 4e-3 + 2.5e-4 * (n - 2)
         assert zb.stage_wgrad_s[0] == pytest.approx(n * w)
+    # one measured micro-batch: times scale with it, the timed stack and its growth do not
+    one = MeasuredTables((_layer(2, 1e-3, 2e-3, 1e6, 0.0, **row),), ())
+    r = one.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
+                  micro_batch=4)
+    assert r.backward_weight_s == pytest.approx(8e-3) and r.split_layers == 2
+    assert r.split_depth == pytest.approx((0.0, 2.5e-4, 2))
     from meshplan.costmodel.measured import split_backward_at
     assert split_backward_at((1.0, 2.0), (0.5, -1.0, 2), 6) == (3.0, 0.0)   # never below 0
     assert split_backward_at((1.0, 2.0), None, 6) == (1.0, 2.0)
