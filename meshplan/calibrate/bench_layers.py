@@ -42,8 +42,8 @@ time is the median over rounds):
   ``backward_input_cpu_s`` / ``backward_weight_cpu_s``; not yet validated on GPUs).
   ``split_layers`` = that L, and ``backward_input_depth_s`` / ``backward_weight_depth_s`` =
   how much B and W per layer grow per extra layer in the stack, from the split timed
-  synchronized on L and on :data:`SPLIT_DEEP_LAYERS` blocks back to back (last round
-  only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
+  synchronized on L (the row itself, or again right before when the row was queued) and on
+  :data:`SPLIT_DEEP_LAYERS` blocks (last round only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
   call per parameter group, and each call's engine walks the whole graph reachable from
   its roots — the rest of the stage — first (``compute_dependencies``): the CPU cost of a
   stage's W is quadratic in its layers (tiny Llama blocks on one CPU thread, torch 2.13:
@@ -776,9 +776,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             measured.setdefault(idx, []).append(values)
             fc, bc = _cpu_fields(cfg)
             if rnd == rounds - 1 and not cfg.part and cfg.zero == 0 and values[5] > 0:
+                # synchronized rows already hold the shallow split; queued ones need it again
                 deep_key, deep_module, split = _deep_split(
-                    cfg, deep_key, deep_module, module, layers, device, groups, iters=iters,
-                    barrier=barrier, world=world)
+                    cfg, deep_key, deep_module, module if split_queued else None, layers,
+                    device, groups, iters=iters, barrier=barrier, world=world)
                 if split is not None:
                     deep[idx] = split
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
@@ -803,8 +804,9 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         elif idx in deep:
+            shallow = deep[idx][:2] if split_queued else values[4:6]
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
-                deep[idx][:2], deep[idx][2:], layers, SPLIT_DEEP_LAYERS)))
+                shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers))
     return layer_rows, end_rows
@@ -812,10 +814,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
 
 def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, *,
                 iters: int, barrier, world: int):
-    """Zero-bubble's split backward of ``cfg``, synchronized, on the row's ``layers``-block
-    module ``shallow`` and on :data:`SPLIT_DEEP_LAYERS` blocks (built once per build key),
-    back to back, averaged over ranks: (build key, deep module to reuse, (B, W) per layer
-    shallow + (B, W) deep, or None where any rank ran out of memory or measured nothing).
+    """Zero-bubble's split backward of ``cfg``, synchronized, on :data:`SPLIT_DEEP_LAYERS`
+    blocks (built once per build key) and, if given, right before it on the row's
+    ``layers``-block module ``shallow``, averaged over ranks: (build key, deep module to
+    reuse, (B, W) per layer shallow (0, 0 without ``shallow``) + (B, W) deep, or None where
+    any rank ran out of memory or measured nothing).
 
     Always synchronized: queued, a deep stack's weight pass can queue more kernels than
     CUDA's launch queue holds (see :data:`SPIN_MAX_S`)."""
@@ -826,13 +829,15 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
     try:
         if module is None:
             module, _ = _build(cfg, SPLIT_DEEP_LAYERS, device, groups)
-        values = [*_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier),
+        values = [*(_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier)
+                    if shallow is not None else (0.0, 0.0)),
                   *_sync_split(cfg, module, SPLIT_DEEP_LAYERS, device, iters=iters,
                                barrier=barrier)]
     except _oom_types():
         oom, module = 1.0, None
         _free(device)
-    lo = _reduce([*values, oom, -min(values)], [4, 5], device, world)
+    measured = values if shallow is not None else values[2:]
+    lo = _reduce([*values, oom, -min(measured)], [4, 5], device, world)
     if lo[4] or lo[5] >= 0:          # out of memory, or some rank measured nothing
         return cfg.build_key, module, None
     return cfg.build_key, module, tuple(lo[:4])
