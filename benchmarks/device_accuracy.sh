@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Issue 5 on a lent 4-GPU machine: calibrate once, then validate the held-out layouts.
+# Issue 5 on a lent 4-GPU (or, with NPROC=2 and SET=holdout5, 2-GPU) machine: calibrate once, then validate the held-out layouts.
 #
 #   bash benchmarks/device_accuracy.sh calibrate   # ≈ 4 min: $OUT/profile.toml (+ a copy in $KEEP)
 #   bash benchmarks/device_accuracy.sh validate    # ≈ 8 min: $OUT/accuracy.{json,md,png}
 #   ONLY=u10,g08 bash benchmarks/device_accuracy.sh probe   # calibrate + a few layouts
 #   MBS=2,4,8 ... calibrate / SET=holdout3 ... validate       # round 4 (docs/benchmarks/accuracy.md)
 #   MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout4 ...   # next: the queued split, new layouts
+#   NPROC=2 MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout5 ...   # round 5, on 2 GPUs
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -25,7 +26,7 @@ trap 'kill $CLOCKS 2>/dev/null || true' EXIT
 calibrate() {
   python benchmarks/validate_device.py --write-models "$KEEP/models" >/dev/null
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpus.csv" || true
-  python -m meshplan.cli calibrate --nproc 4 --seq-len 2048 --micro-batches "${MBS:-1,2,4}" \
+  timeout "${CAL_TIMEOUT:-560}" python -m meshplan.cli calibrate --nproc "${NPROC:-4}" --seq-len 2048 --micro-batches "${MBS:-1,2,4}" \
     --split-timing "${SPLIT:-synchronized}" \
     --model "$KEEP/models/gpt-0.54b.json" --model "$KEEP/models/llama-1.64b.json" \
     --out "$KEEP/profile.toml" >"$OUT/calibrate.raw" 2>&1 || status=$?

@@ -185,10 +185,36 @@ HOLDOUT4_LAYOUTS = [
     ("n15", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble")),
     ("n16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="zero-bubble", recompute="full")),
 ]
+# "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
+# 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
+# SP) at the same per-GPU work as holdout3 — micro-batches 4-8, global batch 32 on 2 GPUs as
+# 64 on 4. Chosen before round 5's calibration (`--micro-batches 2,4,8 --split-timing
+# queued`, on 2 GPUs) from round 4's model: memory <= 60 GiB so they fit an H100 too.
+JOB2 = Job(global_batch=32, seq_len=2048, runtime="torch")
+HOLDOUT5_LAYOUTS = [
+    ("h01", GPT_05B, L(dp=2, micro_batch=8)),
+    ("h02", GPT_05B, L(dp=2, micro_batch=4, zero=3, recompute="selective")),
+    ("h03", GPT_05B, L(tp=2, micro_batch=8, sequence_parallel=True)),
+    ("h04", GPT_05B, L(pp=2, micro_batch=4, schedule="1f1b")),
+    ("h05", GPT_05B, L(pp=2, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("h06", GPT_05B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                       recompute="selective")),
+    ("h07", GPT_05B, L(pp=2, micro_batch=4, schedule="zero-bubble")),
+    ("h08", GPT_05B, L(dp=2, micro_batch=8, zero=1, recompute="full")),
+    ("h09", LLAMA_16B, L(dp=2, micro_batch=4, zero=2, recompute="selective")),
+    ("h10", LLAMA_16B, L(tp=2, micro_batch=4, sequence_parallel=True, recompute="selective")),
+    ("h11", LLAMA_16B, L(tp=2, micro_batch=8)),
+    ("h12", LLAMA_16B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2)),
+    ("h13", LLAMA_16B, L(pp=2, micro_batch=4, schedule="1f1b", recompute="full")),
+    ("h14", LLAMA_16B, L(pp=2, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("h15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="selective")),
+    ("h16", LLAMA_16B, L(dp=2, micro_batch=4, zero=3)),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
-        "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
-SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4}       # the other sets use JOB
+        "holdout5": HOLDOUT5_LAYOUTS, "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
+SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2}  # the other sets use JOB
+SET_NPROC = {"holdout5": 2}                                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
@@ -209,7 +235,7 @@ def repredict(args) -> int:
     """Re-predict measured records (``--repredict accuracy.json``) and write a new report."""
     doc = json.loads(args.repredict.read_text())
     preset = "dgx-h200" if "H200" in str(doc.get("gpu_name")) else "dgx-h100"
-    cluster = Cluster.preset(preset, nodes=1, gpus_per_node=4)
+    cluster = Cluster.preset(preset, nodes=1, gpus_per_node=int(doc.get("nproc") or 4))
     if args.profile:
         cluster = apply_profile(cluster, args.profile)
     models = {m.name: m for m in (GPT_05B, LLAMA_16B, TINY_GPT, TINY_LLAMA)}
@@ -286,19 +312,21 @@ def main(argv=None) -> int:
         import torch
         name = torch.cuda.get_device_name(0)
         preset = "dgx-h200" if "H200" in name else "dgx-h100"
-        cluster = Cluster.preset(preset, nodes=1, gpus_per_node=4)
+        nproc = SET_NPROC.get(args.set, 4)
+        cluster = Cluster.preset(preset, nodes=1, gpus_per_node=nproc)
         entries, job, torch_version = SETS[args.set], SET_JOBS.get(args.set, JOB), \
             torch.__version__
     else:
         import torch
         name, cluster = platform.machine(), Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+        nproc = 2
         entries, job, torch_version = CPU_LAYOUTS, CPU_JOB, torch.__version__
     if args.profile:
         cluster = apply_profile(cluster, args.profile, override=args.device == "cpu")
     if args.only:
         keep = set(args.only.split(","))
         entries = [e for e in entries if e[0] in keep]
-    opts = ValidateOptions(out_dir=args.out, nproc=4 if args.device == "cuda" else 2,
+    opts = ValidateOptions(out_dir=args.out, nproc=nproc,
                            device=args.device, steps=args.steps, warmup=args.warmup,
                            timeout_s=args.timeout, budget_s=args.budget)
     t0 = time.perf_counter()
@@ -312,7 +340,7 @@ def main(argv=None) -> int:
             "machine": socket.gethostname(), "device": args.device, "gpu_name": name,
             "torch": torch_version, "cluster": f"{cluster.name} ({cluster.gpus_per_node} GPUs)",
             "profile": args.profile or "datasheet", "gpu_profile": cluster.gpu.provenance,
-            "job": job.to_dict(), "command": " ".join(["python", *sys.argv]),
+            "job": job.to_dict(), "nproc": nproc, "command": " ".join(["python", *sys.argv]),
             "wall_s": time.perf_counter() - t0}
     paths = write_accuracy(args.out, records, meta)
     _print_summary(records, paths)
