@@ -256,12 +256,15 @@ def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers:
 
 
 def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
-              depth: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
+              depth: tuple[float, float] = (0.0, 0.0),
+              split_sync: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds, the forward /
     backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
     ``split_layers`` / ``depth``: the stack the split was timed on and :func:`split_depth`
-    (of the CPU times where they were measured)."""
+    (of the CPU times where they were measured); ``split_sync``: the split's synchronized
+    B / W per layer on that stack where the split itself was timed queued (kept for
+    comparison)."""
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -272,7 +275,8 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         forward_cpu_s=float(f_cpu), backward_cpu_s=float(b_cpu),
         backward_input_cpu_s=float(bi_cpu), backward_weight_cpu_s=float(bw_cpu),
         split_layers=split_layers if b_in > 0 and b_w > 0 else 0,
-        backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1])))
+        backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1]),
+        backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1])))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -806,7 +810,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         elif idx in deep:
             shallow = deep[idx][:2] if split_queued else values[4:6]
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
-                shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS)))
+                shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS),
+                split_sync=shallow if split_queued else (0.0, 0.0)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers))
     return layer_rows, end_rows

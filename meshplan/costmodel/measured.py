@@ -79,6 +79,10 @@ class MeasuredLayer:
     split_layers: int = 0
     backward_input_depth_s: float = 0.0
     backward_weight_depth_s: float = 0.0
+    # where the split was timed queued: its synchronized timing on the same stack, kept for
+    # comparison (not used by the cost model; 0: not measured)
+    backward_input_sync_s: float = 0.0
+    backward_weight_sync_s: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -260,7 +264,8 @@ def _row(cls, raw: Mapping[str, Any], where: str):
                          and f.default is MISSING and f.default_factory is MISSING)
         raise ProfileError(f"{where}: missing key(s) {missing} ({exc})") from None
     for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s",
-              "backward_input_cpu_s", "backward_weight_cpu_s"):
+              "backward_input_cpu_s", "backward_weight_cpu_s", "backward_input_sync_s",
+              "backward_weight_sync_s"):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")

@@ -393,3 +393,25 @@ def test_queued_split_backward_subtracts_the_rows_forward():
     b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
         m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None)
     assert b > 0 and w > 0 and b_cpu == 0.0 == w_cpu
+
+
+def test_queued_split_rows_keep_the_synchronized_split_beside_it():
+    """With ``split_queued`` a row's split comes from the queued path, and the synchronized
+    2-block split timed for the depth growth is kept beside it (for comparison); a
+    synchronized calibration leaves those fields 0. CPU runs both paths synchronized."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    from meshplan.calibrate.bench_split import split_functions
+    from meshplan.costmodel.measured import tables_from_rows
+    if split_functions() is None:
+        pytest.skip("this torch has no split backward")
+    kw = dict(quick=False, micro_batches=(1,))
+    queued, _ = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                              split_queued=True, **kw)
+    split_rows = [r for r in queued if r["backward_input_s"] > 0]
+    assert split_rows
+    assert all(r["backward_input_sync_s"] > 0 and r["backward_weight_sync_s"] > 0
+               for r in split_rows)
+    plain, ends = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0, **kw)
+    assert all(r["backward_input_sync_s"] == 0 == r["backward_weight_sync_s"] for r in plain)
+    tables_from_rows(queued, ends, "test")          # the new fields parse
