@@ -210,11 +210,36 @@ HOLDOUT5_LAYOUTS = [
     ("h15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="selective")),
     ("h16", LLAMA_16B, L(dp=2, micro_batch=4, zero=3)),
 ]
+# "holdout6" (round 5, 2 GPUs, after holdout5 with no model change between): 16 more new
+# layouts of 2 ranks — other micro-batches, recompute modes and ZeRO stages per schedule —
+# for a second held-out sample of the same model and profile (holdout5's calibration);
+# memory <= 60 GiB predicted.
+HOLDOUT6_LAYOUTS = [
+    ("j01", GPT_05B, L(dp=2, micro_batch=4, zero=1)),
+    ("j02", GPT_05B, L(dp=2, micro_batch=8, zero=2, recompute="selective")),
+    ("j03", GPT_05B, L(tp=2, micro_batch=4, recompute="selective")),
+    ("j04", GPT_05B, L(pp=2, micro_batch=8, schedule="1f1b", recompute="selective")),
+    ("j05", GPT_05B, L(pp=2, micro_batch=4, schedule="gpipe", recompute="full")),
+    ("j06", GPT_05B, L(pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=2,
+                       recompute="full")),
+    ("j07", GPT_05B, L(pp=2, micro_batch=8, schedule="zero-bubble", recompute="selective")),
+    ("j08", GPT_05B, L(tp=2, micro_batch=8, sequence_parallel=True, recompute="full")),
+    ("j09", LLAMA_16B, L(dp=2, micro_batch=8, zero=1, recompute="full")),
+    ("j10", LLAMA_16B, L(dp=2, micro_batch=2, zero=3, recompute="selective")),
+    ("j11", LLAMA_16B, L(tp=2, micro_batch=8, sequence_parallel=True, recompute="selective")),
+    ("j12", LLAMA_16B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                         recompute="selective")),
+    ("j13", LLAMA_16B, L(pp=2, micro_batch=8, schedule="1f1b")),
+    ("j14", LLAMA_16B, L(pp=2, micro_batch=2, schedule="gpipe", recompute="full")),
+    ("j15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="full")),
+    ("j16", LLAMA_16B, L(tp=2, micro_batch=4)),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
-        "holdout5": HOLDOUT5_LAYOUTS, "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
-SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2}  # the other sets use JOB
-SET_NPROC = {"holdout5": 2}                                          # the other sets use 4
+        "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS, "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
+SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2,
+            "holdout6": JOB2}                                        # the other sets use JOB
+SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
