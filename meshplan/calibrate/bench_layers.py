@@ -86,6 +86,8 @@ ROUNDS_CUDA = 3       # the grid is measured this many times, spread over the ca
 # fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
 SPIN_MAX_S = 2.0
 SPLIT_DEEP_LAYERS = 6  # zero-bubble's split backward is timed again on this many blocks
+CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many blocks (8 Llama
+#                        blocks overfill CUDA's launch queue: 2026-11-26, 2 x H200)
 MEMORY_FIELDS = (2, 3)  # indices of the byte fields in a row's values (the rest: seconds)
 SEED = 0
 
@@ -235,6 +237,29 @@ def cpu_values(samples: Sequence[Sample], *, layers: int = 1) -> tuple[float, fl
             statistics.median(s.backward_cpu_s for s in samples) / layers)
 
 
+def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shallow_layers: int,
+              deep_layers: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Split a setting's CPU dispatch into a per-layer and a per-call part.
+
+    ``samples``: (forward, backward) CPU per layer timed on ``shallow_layers`` blocks, then
+    on ``deep_layers`` blocks, back to back; ``pooled``: the setting's (forward, backward)
+    per layer on ``shallow_layers`` blocks (:func:`pooled_cpu`). If a call costs
+    ``fixed + n * per_layer`` on n blocks, per layer it is ``per_layer + fixed / n``, so
+    ``fixed = (s - d) * S * D / (D - S)`` for per-layer times s on S blocks and d on D;
+    the median over samples, kept within [0, S * pooled]. Returns ((forward, backward) per
+    layer, (forward, backward) per call). Measured on 2 x H200 (2026-11-26): 2.8 ms per
+    call for GPT-0.54B tp2 forward+backward, 1.2 ms per layer beyond it, against 2.0 ms per
+    layer when the call's part is spread over 2 blocks."""
+    k = shallow_layers * deep_layers / (deep_layers - shallow_layers)
+    per_layer, per_call = [], []
+    for j, p in enumerate(pooled):
+        fixed = statistics.median((row[j] - row[2 + j]) * k for row in samples)
+        fixed = min(max(0.0, fixed), shallow_layers * p)
+        per_layer.append(p - fixed / shallow_layers)
+        per_call.append(fixed)
+    return (per_layer[0], per_layer[1]), (per_call[0], per_call[1])
+
+
 def combine_rounds(rounds: Sequence[Sequence[float]], memory_fields: Iterable[int]
                    ) -> list[float]:
     """One row from the same configuration measured in several rounds spread over the
@@ -257,14 +282,16 @@ def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers:
 
 def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0),
-              split_sync: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
+              split_sync: tuple[float, float] = (0.0, 0.0),
+              cpu_fixed: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds, the forward /
     backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
     ``split_layers`` / ``depth``: the stack the split was timed on and :func:`split_depth`
     (of the CPU times where they were measured); ``split_sync``: the split's synchronized
     B / W per layer on that stack where the split itself was timed queued (kept for
-    comparison)."""
+    comparison); ``cpu_fixed``: the forward / backward CPU dispatch per call (the CPU fields
+    then hold the per-layer rest; :func:`cpu_fixed`)."""
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -276,7 +303,8 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         backward_input_cpu_s=float(bi_cpu), backward_weight_cpu_s=float(bw_cpu),
         split_layers=split_layers if b_in > 0 and b_w > 0 else 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1]),
-        backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1])))
+        backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1]),
+        forward_cpu_fixed_s=float(cpu_fixed[0]), backward_cpu_fixed_s=float(cpu_fixed[1])))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -511,21 +539,7 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
     import torch
 
     cuda = device.type == "cuda"
-    x = _layer_input(cfg, device)
-    grad: list = []
-    _set_recompute(m, cfg.recompute)
-
-    def reset():
-        x.grad = None        # the input gradient is the backward's product, not kept state
-
-    def forward():
-        return m(x)          # (mb, s, h)
-
-    def backward(y):
-        if not grad:
-            grad.append(torch.randn_like(y))
-        y.backward(grad[0])
-
+    x, grad, reset, forward, backward = _layer_step(cfg, m, device)
     with _layer_amp(cfg, device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
@@ -545,6 +559,55 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
                           output_bytes=out_bytes, held_bytes=held, memory=cuda,
                           kept_bytes=kept), *split[:2], *cpu_values(samples, layers=layers),
             *split[2:], _bad(samples))
+
+
+def _layer_step(cfg: Config, m, device):
+    """(input, output-gradient holder, reset, forward, backward) timing ``m`` as ``cfg``."""
+    import torch
+    x = _layer_input(cfg, device)
+    grad: list = []
+    _set_recompute(m, cfg.recompute)
+
+    def reset():
+        x.grad = None        # the input gradient is the backward's product, not kept state
+
+    def forward():
+        return m(x)          # (mb, s, h)
+
+    def backward(y):
+        if not grad:
+            grad.append(torch.randn_like(y))
+        y.backward(grad[0])
+
+    return x, grad, reset, forward, backward
+
+
+def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue, *, iters: int,
+              barrier, world: int):
+    """The row's forward / backward CPU dispatch per layer, queued, on
+    :data:`CPU_DEEP_LAYERS` blocks (built once per build key), averaged over ranks: (build
+    key, deep module to reuse, (forward, backward) per layer or None where any rank ran out
+    of memory or a sample failed the queue check). With the row's own 2-block timing it
+    splits the CPU time of a call into a per-call and a per-layer part (:func:`cpu_fixed`)."""
+    if key != cfg.build_key:
+        module = None
+        _free(device)
+    values, oom = [0.0, 0.0, 0.0], 0.0
+    try:
+        if module is None:
+            module, _ = _build(cfg, CPU_DEEP_LAYERS, device, groups)
+        _, _, reset, forward, backward = _layer_step(cfg, module, device)
+        with _layer_amp(cfg, device):
+            samples, _ = _measure(forward, backward, reset, device=device, warmup=WARMUP,
+                                  iters=iters, barrier=barrier, queue=queue)
+        values = [*cpu_values(samples, layers=CPU_DEEP_LAYERS), _bad(samples)]
+    except _oom_types():
+        oom, module = 1.0, None
+        _free(device)
+    lo = _reduce([*values, oom], [2, 3], device, world)
+    if lo[2] or lo[3] or min(lo[:2]) <= 0:
+        return cfg.build_key, module, None
+    return cfg.build_key, module, (lo[0], lo[1])
 
 
 def _layer_input(cfg: Config, device):
@@ -731,6 +794,14 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                           "synchronized timings without CPU dispatch times")
     measured: dict[int, list[list[float]]] = {}
     deep: dict[int, tuple[float, float]] = {}      # split backward on SPLIT_DEEP_LAYERS blocks
+    # CPU per layer on 2 and CPU_DEEP_LAYERS blocks, per setting (its smallest micro-batch)
+    cpu_deep: dict[tuple, list[tuple[float, float, float, float]]] = {}
+    smallest: dict[tuple, int] = {}
+    for cfg in grid:
+        if not cfg.part:
+            k = (cfg.build_key, cfg.recompute)
+            smallest[k] = min(smallest.get(k, cfg.micro_batch), cfg.micro_batch)
+    cpu_key, cpu_module = None, None
     skipped: set[int] = set()
     rounds = rounds_for(device, quick)
     deep_key, deep_module = None, None
@@ -786,14 +857,27 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     device, groups, iters=iters, barrier=barrier, world=world)
                 if split is not None:
                     deep[idx] = split
+            cpu_note = ""
+            if queue is not None and not cfg.part and values[bc] > 0 \
+                    and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
+                cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
+                                                   queue, iters=iters, barrier=barrier,
+                                                   world=world)
+                if d is not None:
+                    cpu_deep.setdefault((cfg.build_key, cfg.recompute), []).append(
+                        (values[fc], values[bc], *d))
+                    cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks {d[0] * 1e3:.3f} / "
+                                f"{d[1] * 1e3:.3f} ms")
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"
                                else "")
                             + (f", cpu {values[fc] * 1e3:.3f} / {values[bc] * 1e3:.3f} ms"
                                if values[bc] > 0 else "")
+                            + cpu_note
                             + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
-        module = tp_group = deep_module = None
+        module = tp_group = deep_module = cpu_module = None
+        cpu_key = None
         _free(device)
     cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
@@ -802,18 +886,23 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if idx in skipped or idx not in measured:
             continue
         values = combine_rounds(measured[idx], MEMORY_FIELDS)
+        fixed = (0.0, 0.0)
         if idx in cpu:
             f, b = _cpu_fields(cfg)
             values[f], values[b] = cpu[idx]
+            samples = cpu_deep.get((cfg.build_key, cfg.recompute))
+            if samples and not cfg.part:
+                (values[f], values[b]), fixed = cpu_fixed(samples, cpu[idx], layers,
+                                                          CPU_DEEP_LAYERS)
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         elif idx in deep:
             shallow = deep[idx][:2] if split_queued else values[4:6]
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
                 shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS),
-                split_sync=shallow if split_queued else (0.0, 0.0)))
+                split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed))
         else:
-            layer_rows.append(layer_row(cfg, values, split_layers=layers))
+            layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
     return layer_rows, end_rows
 
 

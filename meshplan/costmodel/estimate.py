@@ -158,6 +158,9 @@ class LayerParts:
     full_act_bytes: float = 0.0   # one layer's activations without recomputation
     split_depth: tuple[float, float, float] | None = None  # split_backward's growth with depth
     split_cpu: tuple[float, float] | None = None  # its B, W CPU dispatch (then B, W: GPU-busy)
+    # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
+    # values are then the per-layer rest)
+    cpu_fixed: tuple[float, float] = (0.0, 0.0)
 
 
 @lru_cache(maxsize=8192)
@@ -181,7 +184,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
     split = split_depth = split_cpu = None
-    cpu = None
+    cpu, cpu_fixed = None, (0.0, 0.0)
     full_act = acts.full_bytes
     tables = cluster.gpu.measured
     if tables:
@@ -210,11 +213,12 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                 r.cpu_measured for r in (ml, me, mo)):
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
                    mo.forward_cpu_s, mo.backward_cpu_s)
+            cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
-                      split_depth=split_depth, split_cpu=split_cpu)
+                      split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed)
 
 
 def _ratio(measured_s: float, analytical_s: float) -> float:
@@ -521,6 +525,7 @@ class LayerTables:
     # CPU dispatch per micro-batch (measured profiles): a layer's forward + backward, the
     # embedding's, the output's, and the pipeline schedule's cost per action
     cpu_layer_s: float
+    cpu_call_s: float             # per chunk and micro-batch, whatever its layers
     cpu_first_s: float
     cpu_last_s: float
     cpu_action_s: float
@@ -626,10 +631,13 @@ class LayerTables:
 
     def rank_cpu_s(self, rank: int, layers: int) -> float:
         """CPU seconds to dispatch a rank's share of one step's forward and backward (and,
-        zero-bubble, weight-gradient) actions."""
+        zero-bubble, weight-gradient) actions: per micro-batch, its layers' per-layer part,
+        each chunk's per-call part (measured on two stack depths, else 0) and the
+        schedule's per-action cost."""
         lay = self.layout
         actions = 3 if lay.schedule == "zero-bubble" else 2
-        per_mb = layers * self.cpu_layer_s + actions * lay.vpp * self.cpu_action_s
+        per_mb = (layers * self.cpu_layer_s + lay.vpp * self.cpu_call_s
+                  + actions * lay.vpp * self.cpu_action_s)
         if rank == 0:
             per_mb += self.cpu_first_s
         if rank == self.last_rank:
@@ -758,16 +766,21 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
                         z3.total_s)
-    cpu = parts.cpu
+    cpu, cpu_fixed = parts.cpu, parts.cpu_fixed
     if cpu is not None and fsdp:
         cpu = ((fs.forward_cpu_s, fs.backward_cpu_s, *cpu[2:])
                if fs is not None and fs.cpu_measured else None)
+        cpu_fixed = (fs.forward_cpu_fixed_s, fs.backward_cpu_fixed_s) if cpu else (0.0, 0.0)
     cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
+    # once per chunk's forward and backward call of a micro-batch (see rank_cpu_s)
+    cpu_call = sum(cpu_fixed) if cpu else 0.0
     if cpu and split_cpu is not None:
         # two autograd passes per layer cost the CPU more than one fused backward (timed
-        # apart, or bounded by the synchronized timing)
+        # apart, or bounded by the synchronized timing); the split's timings hold their own
+        # per-call part, so only the forward's is added
         cpu_layer = cpu[0] + (sum(split_cpu) if parts.split_cpu is not None
                               else max(cpu[1], sum(split_cpu)))
+        cpu_call = cpu_fixed[0]
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
@@ -841,7 +854,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_forward_s=last_f, last_backward_s=last_b,
         last_wgrad_s=parts.logits[2],
         overhead_s=overhead,
-        cpu_layer_s=cpu_layer,
+        cpu_layer_s=cpu_layer, cpu_call_s=cpu_call,
         cpu_first_s=(cpu[2] + cpu[3]) if cpu else 0.0,
         cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
         cpu_action_s=action_cpu, cpu_known=cpu is not None,

@@ -83,6 +83,11 @@ class MeasuredLayer:
     # comparison (not used by the cost model; 0: not measured)
     backward_input_sync_s: float = 0.0
     backward_weight_sync_s: float = 0.0
+    # CPU dispatch of one forward / backward call that does not grow with the blocks in it
+    # (timed on two stack depths); forward_cpu_s / backward_cpu_s are then the per-layer
+    # rest. 0: not measured (the per-layer fields then hold it, spread over the stack)
+    forward_cpu_fixed_s: float = 0.0
+    backward_cpu_fixed_s: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -128,6 +133,8 @@ class Interpolated:
     split_layers: float = 0.0
     backward_input_depth_s: float = 0.0
     backward_weight_depth_s: float = 0.0
+    forward_cpu_fixed_s: float = 0.0
+    backward_cpu_fixed_s: float = 0.0
 
     @property
     def cpu_measured(self) -> bool:
@@ -170,9 +177,11 @@ def split_backward_at(split: tuple[float, float], depth: tuple[float, float, flo
     return (max(0.0, split[0] + depth[0] * extra), max(0.0, split[1] + depth[1] * extra))
 
 
-# Interpolated fields that describe the timed stack, not one micro-batch: never scaled with
-# the micro-batch; the depth growths may be negative (timing noise), the rest are >= 0
-_PER_STACK = ("split_layers", "backward_input_depth_s", "backward_weight_depth_s")
+# Interpolated fields that describe the timed stack or one call, not one micro-batch's work:
+# never scaled with the micro-batch; the depth growths may be negative (timing noise), the
+# rest are >= 0
+_PER_STACK = ("split_layers", "backward_input_depth_s", "backward_weight_depth_s",
+              "forward_cpu_fixed_s", "backward_cpu_fixed_s")
 _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s")
 
 
@@ -265,7 +274,7 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         raise ProfileError(f"{where}: missing key(s) {missing} ({exc})") from None
     for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s",
               "backward_input_cpu_s", "backward_weight_cpu_s", "backward_input_sync_s",
-              "backward_weight_sync_s"):
+              "backward_weight_sync_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s"):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")

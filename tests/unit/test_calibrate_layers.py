@@ -415,3 +415,19 @@ def test_queued_split_rows_keep_the_synchronized_split_beside_it():
     plain, ends = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0, **kw)
     assert all(r["backward_input_sync_s"] == 0 == r["backward_weight_sync_s"] for r in plain)
     tables_from_rows(queued, ends, "test")          # the new fields parse
+
+
+def test_cpu_fixed_splits_a_call_into_per_call_and_per_layer_parts():
+    from meshplan.calibrate.bench_layers import cpu_fixed
+    # a call costs 2 ms + 1 ms per layer (forward) and 4 ms + 3 ms per layer (backward):
+    # per layer 2 and 5 ms on 2 blocks, 1.5 and 4 ms on 4
+    samples = [(2e-3, 5e-3, 1.5e-3, 4e-3)] * 3
+    per_layer, per_call = cpu_fixed(samples, (2e-3, 5e-3), 2, 4)
+    assert per_layer == pytest.approx((1e-3, 3e-3))
+    assert per_call == pytest.approx((2e-3, 4e-3))
+    # noise that makes the deep stack dearer per layer: no per-call part, nothing changes
+    per_layer, per_call = cpu_fixed([(2e-3, 5e-3, 2.2e-3, 5.5e-3)], (2e-3, 5e-3), 2, 4)
+    assert per_call == (0.0, 0.0) and per_layer == pytest.approx((2e-3, 5e-3))
+    # never more per call than the whole 2-block call: the per-layer part stays >= 0
+    per_layer, per_call = cpu_fixed([(2e-3, 5e-3, 0.1e-3, 0.1e-3)], (2e-3, 5e-3), 2, 4)
+    assert per_call == pytest.approx((4e-3, 10e-3)) and per_layer == pytest.approx((0, 0))

@@ -209,10 +209,11 @@ def test_profile_file_tables_reach_the_cost_model(tmp_path):
 
 
 # ---- round 3: CPU dispatch (host bound), pipelining's kept outputs, DDP no_sync grads ----------
-def _cpu_tables(layer_cpu=(3e-3, 5e-3), end_cpu=(1e-4, 2e-4)):
+def _cpu_tables(layer_cpu=(3e-3, 5e-3), end_cpu=(1e-4, 2e-4), fixed=(0.0, 0.0)):
     """GPU-busy rows with CPU dispatch times: the layer's CPU (8 ms) exceeds its GPU (3 ms)."""
     lay = _layer(1, 1e-3, 2e-3, 100e6, 50e6, forward_cpu_s=layer_cpu[0],
-                 backward_cpu_s=layer_cpu[1])
+                 backward_cpu_s=layer_cpu[1], forward_cpu_fixed_s=fixed[0],
+                 backward_cpu_fixed_s=fixed[1])
     ends = tuple(replace(_end(p, 1, 1e-4, 2e-4, 1e6, 0.0), forward_cpu_s=end_cpu[0],
                          backward_cpu_s=end_cpu[1]) for p in ("embedding", "output"))
     return MeasuredTables((lay,), ends)
@@ -242,6 +243,25 @@ def test_host_bound_sets_the_step_when_the_cpu_is_slower():
     e2 = estimate(MODEL, fast, JOB, Layout(micro_batch=1))
     assert e2.time.host_wait_s == 0.0
     assert e2.step_time_s == pytest.approx(m * gpu / m + e2.time.optimizer_s)
+
+
+def test_per_call_cpu_is_paid_once_per_chunk_and_micro_batch():
+    """A row's per-call CPU part is charged once per forward/backward call of a stage's
+    chunk, not per layer: a deep stage pays it once, interleaving pays it per chunk."""
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(_cpu_tables(layer_cpu=(2e-3, 4e-3), fixed=(1e-3, 3e-3)))
+    m = JOB.global_batch
+    est = estimate(MODEL, c, JOB, Layout(micro_batch=1))
+    cpu = m * (8 * 6e-3 + 4e-3 + 3e-4 + 3e-4)     # 8 layers + one call + embedding + output
+    assert est.step_time_s == pytest.approx(cpu + est.time.optimizer_s
+                                            + est.time.dp_comm_exposed_s)
+    c = replace(c, gpu=replace(c.gpu, pipeline_action_s=1e-4))
+    for v in (1, 2):
+        lay = Layout(pp=2, micro_batch=1, vpp=v,
+                     schedule="1f1b" if v == 1 else "interleaved-1f1b")
+        t = layer_tables(MODEL, c, JOB, lay)
+        assert t.rank_cpu_s(0, 4) == pytest.approx(
+            m * (4 * 6e-3 + v * 4e-3 + 3e-4 + 2 * v * 1e-4))
 
 
 def test_host_bound_adds_the_last_backward_path_across_stages():
