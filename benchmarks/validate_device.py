@@ -1,6 +1,7 @@
 """Predicted vs measured step time and memory on the local GPUs (issue 5, item 3).
 
-Runs 16 layouts of two models — a GPT-style ≈0.54B and a Llama-style ≈1.64B — on 4 GPUs,
+Runs 16 layouts of two models — a GPT-style ≈0.54B and a Llama-style ≈1.64B — on 4 GPUs (2
+for the sets in ``SET_NPROC``),
 covering dp/pp/tp combinations, all four schedules, ZeRO 0-3, the three recompute modes and
 sequence parallelism, each with the executor (``torchrun -m meshplan.executor.run``), and
 writes accuracy.json / accuracy.md / accuracy.png into ``--out``. No ortools needed: plans
@@ -236,7 +237,8 @@ HOLDOUT6_LAYOUTS = [
 ]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
-        "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS, "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
+        "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
+        "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2,
             "holdout6": JOB2}                                        # the other sets use JOB
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
@@ -267,7 +269,8 @@ def repredict(args) -> int:
     job = (Job.from_dict(doc["job"]) if doc.get("job")
            else JOB if doc.get("device") == "cuda" else CPU_JOB)
     records = [rescore(r, models[r["model"]], cluster, job) for r in doc["records"]]
-    meta = {k: doc.get(k) for k in ("date", "machine", "device", "gpu_name", "torch", "cluster")}
+    meta = {k: doc.get(k) for k in ("date", "machine", "device", "gpu_name", "torch", "cluster",
+                                    "nproc")}
     meta.update(profile=args.profile or "datasheet", gpu_profile=cluster.gpu.provenance,
                 job=job.to_dict(), command=" ".join(["python", *sys.argv]),
                 measured_by=doc.get("command"), repredicted_from=str(args.repredict))
@@ -314,7 +317,8 @@ def main(argv=None) -> int:
                    help="GPU layout set: 'test' [default], 'dev', 'holdout2' (held out from "
                         "the round-3 model), 'check3' (after its post-hoc fixes), 'holdout3' "
                         "(round 4: GPU-bound micro-batches, global batch 64), 'holdout4' (round"
-                        " 4, after holdout3) or 'all' (rounds 1-3)")
+                        " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs) or "
+                        "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
                         "`meshplan calibrate --model DIR/NAME.json`) and exit")
