@@ -1,11 +1,10 @@
 """Predicted vs measured step time and memory on the local GPUs (issue 5, item 3).
 
 Runs 16 layouts of two models — a GPT-style ≈0.54B and a Llama-style ≈1.64B — on 4 GPUs (2
-for the sets in ``SET_NPROC``),
-covering dp/pp/tp combinations, all four schedules, ZeRO 0-3, the three recompute modes and
-sequence parallelism, each with the executor (``torchrun -m meshplan.executor.run``), and
-writes accuracy.json / accuracy.md / accuracy.png into ``--out``. No ortools needed: plans
-come from Layouts and ``meshplan.costmodel.estimate``.
+for the sets in ``SET_NPROC``), covering dp/pp/tp combinations, all four schedules, ZeRO 0-3,
+the three recompute modes and sequence parallelism, each with the executor (``torchrun -m
+meshplan.executor.run``), and writes accuracy.json / accuracy.md / accuracy.png into
+``--out``. No ortools needed: plans come from Layouts and ``meshplan.costmodel.estimate``.
 
     # on the GPU machine (after `meshplan calibrate --nproc 4 --out profile.toml`):
     python benchmarks/validate_device.py --profile profile.toml --out $OUT
