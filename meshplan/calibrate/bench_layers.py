@@ -582,7 +582,7 @@ def _layer_step(cfg: Config, m, device):
     return x, grad, reset, forward, backward
 
 
-def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue, *, iters: int,
+def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *, iters: int,
               barrier, world: int):
     """The row's forward / backward CPU dispatch per layer, queued, on
     :data:`CPU_DEEP_LAYERS` blocks (built once per build key), averaged over ranks: (build
@@ -858,7 +858,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 if split is not None:
                     deep[idx] = split
             cpu_note = ""
-            if queue is not None and not cfg.part and values[bc] > 0 \
+            # CPU fields are > 0 only where the row was timed queued (CUDA)
+            if not cfg.part and values[bc] > 0 \
                     and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
                 cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
                                                    queue, iters=iters, barrier=barrier,

@@ -431,3 +431,33 @@ def test_cpu_fixed_splits_a_call_into_per_call_and_per_layer_parts():
     # never more per call than the whole 2-block call: the per-layer part stays >= 0
     per_layer, per_call = cpu_fixed([(2e-3, 5e-3, 0.1e-3, 0.1e-3)], (2e-3, 5e-3), 2, 4)
     assert per_call == pytest.approx((4e-3, 10e-3)) and per_layer == pytest.approx((0, 0))
+
+
+def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
+    """Where rows carry CPU dispatch times (queued on CUDA; here: the synchronized CPU timings
+    copied into the CPU fields), each setting's smallest micro-batch is timed again on
+    CPU_DEEP_LAYERS blocks and its rows get a per-call part and a per-layer rest."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    real = bench_layers._measure
+
+    def measure(*a, **kw):
+        samples, out = real(*a, **kw)
+        return [replace(s, forward_cpu_s=s.forward_s, backward_cpu_s=s.backward_s)
+                for s in samples], out
+
+    monkeypatch.setattr(bench_layers, "_measure", measure)
+    prog = _Recorder()
+    layers, _ = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                              quick=False, progress=prog,
+                                              micro_batches=(1, 2))
+    deep = [m for m in prog.messages if f"cpu on {bench_layers.CPU_DEEP_LAYERS} blocks" in m]
+    assert len(deep) == 3 and all("mb1" in m for m in deep)   # one per recompute mode
+    assert all(r["forward_cpu_s"] > 0 and r["backward_cpu_s"] > 0 for r in layers)
+    assert all(r["forward_cpu_fixed_s"] >= 0 and r["backward_cpu_fixed_s"] >= 0
+               for r in layers)
+    # the per-call part is the setting's: equal across its micro-batches
+    for rc in ("none", "selective", "full"):
+        fixed = {(r["forward_cpu_fixed_s"], r["backward_cpu_fixed_s"]) for r in layers
+                 if r["recompute"] == rc and r["tp"] == 1}
+        assert len(fixed) == 1
