@@ -247,9 +247,9 @@ def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shall
     ``fixed + n * per_layer`` on n blocks, per layer it is ``per_layer + fixed / n``, so
     ``fixed = (s - d) * S * D / (D - S)`` for per-layer times s on S blocks and d on D;
     the median over samples, kept within [0, S * pooled]. Returns ((forward, backward) per
-    layer, (forward, backward) per call). Measured on 2 x H200 (2026-11-26): 2.8 ms per
-    call for GPT-0.54B tp2 forward+backward, 1.2 ms per layer beyond it, against 2.0 ms per
-    layer when the call's part is spread over 2 blocks."""
+    layer, (forward, backward) per call). Measured on 2 x H200 (2026-11-26, GPT-0.54B tp2
+    selective, on 2, 4 and 8 blocks): 2.8 ms per forward+backward call, then 1.24 / 1.25 ms
+    per layer, against 1.62 / 2.40 ms per layer with the call's part spread over 2 blocks."""
     k = shallow_layers * deep_layers / (deep_layers - shallow_layers)
     per_layer, per_call = [], []
     for j, p in enumerate(pooled):
