@@ -7,6 +7,7 @@
 #   MBS=2,4,8 ... calibrate / SET=holdout3 ... validate       # round 4 (docs/benchmarks/accuracy.md)
 #   MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout4 ...   # next: the queued split, new layouts
 #   NPROC=2 MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout5 ...   # round 5, on 2 GPUs
+#   ONLY=n06,n12 SET=holdout4 PROFILE=docs/benchmarks/... bash ... trace   # profiler traces
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -59,5 +60,18 @@ case "${1:-}" in
     cp "$KEEP/probe/accuracy.json" "$OUT/probe_accuracy.json" || true
     (cd "$KEEP/probe" && tar czf "$OUT/probe_logs.tgz" */log.txt */results.json) || true
     ;;
-  *) echo "usage: $0 calibrate|validate|probe" >&2; exit 2 ;;
+  trace)
+    # profiler traces of a few layouts (ONLY=name,name SET=...) with the profile calibrated
+    # on this machine (or PROFILE=file): GPU compute vs NCCL overlap per rank
+    prof=${PROFILE:-$KEEP/profile.toml}
+    python benchmarks/validate_device.py --profile "$prof" --set "${SET:-all}" --only "$ONLY" \
+      --out "$KEEP/trace" --budget "${BUDGET:-300}" --timeout 120 --trace 2>&1 | tail -n 30 \
+      >"$OUT/trace.log"
+    for d in "$KEEP"/trace/*/trace; do
+      python benchmarks/trace_overlap.py "$d"/trace_rank*.json --steps 3 \
+        --json "$OUT/overlap_$(basename "$(dirname "$d")").json" >>"$OUT/trace.log" 2>&1 || true
+    done
+    (cd "$KEEP/trace" && tar czf "$OUT/trace_logs.tgz" */log.txt */results.json */trace/top_ops*) || true
+    ;;
+  *) echo "usage: $0 calibrate|validate|probe|trace" >&2; exit 2 ;;
 esac

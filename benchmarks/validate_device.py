@@ -312,6 +312,10 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=400.0,
                    help="seconds for all layouts (7-minute device limit with margin)")
     p.add_argument("--only", default=None, help="comma-separated layout names to run")
+    p.add_argument("--trace", action="store_true",
+                   help="record a torch.profiler trace of 3 measured steps per layout into "
+                        "OUT/NAME/trace (diagnostics: benchmarks/trace_overlap.py; the traced "
+                        "steps are slower, so the step times are not for accuracy)")
     p.add_argument("--set", default="test", choices=sorted(SETS),
                    help="GPU layout set: 'test' [default], 'dev', 'holdout2' (held out from "
                         "the round-3 model), 'check3' (after its post-hoc fixes), 'holdout3' "
@@ -362,7 +366,9 @@ def main(argv=None) -> int:
     for name_, model, layout in entries:
         remaining = None if args.budget is None else args.budget - (time.perf_counter() - t0)
         o = ValidateOptions(**{**opts.__dict__, "budget_s": remaining if remaining is None
-                               else max(0.0, remaining)})
+                               else max(0.0, remaining),
+                               "extra_args": ("--profile", str(args.out / name_ / "trace"))
+                               if args.trace else ()})
         records += run_layouts(model, cluster, job, [layout], o, names=[name_])
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": socket.gethostname(), "device": args.device, "gpu_name": name,
