@@ -1,21 +1,13 @@
 """benchmarks/diag_pipeline_fifo.py: torch's lowered pipeline replayed (round 5 diagnostic)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "diag_pipeline_fifo.py"
 
 
 @pytest.fixture(scope="module")
-def diag():
-    spec = importlib.util.spec_from_file_location("diag_pipeline_fifo", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+def diag(load_benchmark):
+    mod = load_benchmark("diag_pipeline_fifo")
     try:
         mod.lowered(2, 2, 4, "interleaved-1f1b")
     except (AttributeError, TypeError) as exc:   # a private torch API: may move

@@ -1,22 +1,13 @@
 """benchmarks/trace_overlap.py on a synthetic Chrome trace."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "trace_overlap.py"
-
 
 @pytest.fixture(scope="module")
-def tool():
-    spec = importlib.util.spec_from_file_location("trace_overlap", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def tool(load_benchmark):
+    return load_benchmark("trace_overlap")
 
 
 def _k(name, ts, dur, cat="kernel"):
