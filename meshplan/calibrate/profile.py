@@ -228,6 +228,10 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     if pipe:
         gpu["pipeline_action_s"] = max(0.0, _median(pipe))
         measured.append("pipeline_action_s")
+    lap = [r["value"] for r in rows.get("overlap", []) if r["kind"] == "overlap_interference"]
+    if lap:
+        gpu["overlap_interference"] = min(2.0, max(0.0, _median(lap)))
+        measured.append("overlap_interference")
     adamw = [r for r in mb if r["op"] == "adamw" and r["seconds"] > 0]
     if adamw:
         gpu["optimizer_gbps"] = _median([r["model_bytes"] / r["seconds"] / 1e9 for r in adamw])

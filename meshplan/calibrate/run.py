@@ -108,7 +108,7 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     import torch.distributed as dist
 
     from meshplan.calibrate import (bench_comm, bench_compute, bench_layers, bench_overhead,
-                                    bench_pipeline, shapes)
+                                    bench_overlap, bench_pipeline, shapes)
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
@@ -147,7 +147,7 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
              + len(grid) * bench_layers.rounds_for(device, options.quick)
-             + (1 if world > 1 else 0))
+             + (2 if world > 1 else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "
               f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes, "
@@ -206,6 +206,12 @@ def calibrate(options: CalibrateOptions) -> Path | None:
         rows["pipeline"] = [r]
         prog.step(f"pipeline action (1f1b, pp {r['pp']}, {r['microbatches']} micro-batches): "
                   f"{r['seconds'] * 1e6:.0f} us")
+        dist.barrier()
+        o = bench_overlap.bench_overlap(device, world)
+        rows["overlap"] = [o]
+        prog.step(f"overlap interference (all-reduce {o['comm_s'] * 1e3:.1f} ms behind "
+                  f"{o['gemms']} GEMMs {o['compute_s'] * 1e3:.1f} ms, together "
+                  f"{o['both_s'] * 1e3:.1f} ms): {o['value']:.2f}")
     path = None
     if rank == 0:
         doc = build_profile(measurements=rows, base=base, device=kind,

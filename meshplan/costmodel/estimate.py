@@ -30,14 +30,9 @@ from meshplan.costmodel.result import Estimate, StageMemories, TimeBreakdown
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
 from meshplan.costmodel.validate import check_layout
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE
 
 DP_BUCKET_BYTES = 25 * 2**20        # PyTorch DDP's default bucket (bucket_cap_mb=25)
-# Communication hidden behind compute is not free: NCCL kernels take SMs and memory
-# bandwidth from the GEMMs they overlap (Rashidi et al. 2021, "Enabling Compute-Communication
-# Overlap in Distributed Deep Learning Training Platforms", ISCA, §3). We charge this
-# fraction of the hidden time; 0.15 is an assumption, consistent with Shoeybi et al. 2019's
-# 74% at 512 GPUs (docs/benchmarks/published.md).
-OVERLAP_INTERFERENCE = 0.15
 OPTIMIZER_BYTES_PER_PARAM = 32.0    # fused Adam: read+write master, m, v; read grad, write weight
 # runtime "torch", pipelined: gradients are averaged after the schedule through a flat
 # buffer (executor.data_parallel.allreduce_grads): cat (read + write), div_ (read + write),
@@ -249,7 +244,7 @@ class Zero3Layer:
 
 
 def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Job,
-                pp: int = 1) -> Zero3Layer:
+                pp: int = 1, interference: float = DEFAULT_OVERLAP_INTERFERENCE) -> Zero3Layer:
     """Parameters gathered per layer per micro-batch (forward and backward), gradients
     reduce-scattered; FSDP prefetches the next layer's gather behind this layer's compute
     (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed.
@@ -268,7 +263,8 @@ def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Jo
     gathers = 2 if zero == 3 else 1
     f, b = layer.forward.total_s, layer.backward.total_s
     bwd = (ag if zero == 3 else 0.0) + rs
-    return Zero3Layer(_exposed(ag, f), _exposed(bwd, b),
+    k = interference
+    return Zero3Layer(_exposed(ag, f, k), _exposed(bwd, b, k),
                       gathers * comm.wire_bytes_gather(dp, gather_b)
                       + comm.wire_bytes_gather(dp, reduce_b), gathers * ag + rs)
 
@@ -348,7 +344,7 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
 
 
 def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
-                 backward_s: float) -> float:
+                 backward_s: float, interference: float) -> float:
     """Data-parallel time left on the critical path of a rank whose forward and backward of
     one micro-batch (all its chunks) take ``forward_s`` and ``backward_s``.
 
@@ -359,6 +355,7 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
 
     Runtime "torch": pipelined layouts reduce after the schedule (nothing overlaps), and
     ZeroRedundancyOptimizer's broadcast follows the optimizer step (exposed).
+    ``interference``: the profile's ``overlap_interference`` (see :func:`_exposed`).
     """
     if fsdp_per_microbatch(job, layout.zero, layout.pp) or layout.dp == 1:
         return 0.0
@@ -366,17 +363,20 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
         return st.dp_total_s + st.grad_copy_s
     if not job.overlap_dp_comm:
         return st.dp_total_s
+    k = interference
     if job.runtime == "torch":
-        return max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s)) + st.param_gather_s
-    reduce = max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s))
-    return reduce + _exposed(st.param_gather_s, forward_s)
+        return max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s, k)) \
+            + st.param_gather_s
+    reduce = max(st.last_bucket_s, _exposed(st.grad_reduce_s, backward_s, k))
+    return reduce + _exposed(st.param_gather_s, forward_s, k)
 
 
-def _exposed(comm_s: float, compute_s: float) -> float:
+def _exposed(comm_s: float, compute_s: float, interference: float) -> float:
     """Time communication overlapped with ``compute_s`` adds to the critical path: what does
-    not fit behind the compute, plus the interference of what does."""
+    not fit behind the compute, plus ``interference`` (the GPU profile's
+    ``overlap_interference``: NCCL kernels slow the GEMMs they overlap) of what does."""
     hidden = min(comm_s, compute_s)
-    return comm_s - hidden + OVERLAP_INTERFERENCE * hidden
+    return comm_s - hidden + interference * hidden
 
 
 def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
@@ -416,7 +416,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         sig = (layers_r, r == 0, r == last_rank, fwd_all[r], bwd_all[r])
         if sig not in seen:
             seen.add(sig)
-            exposed = exposed_dp_s(st, layout, job, fwd_all[r], bwd_all[r])
+            exposed = exposed_dp_s(st, layout, job, fwd_all[r], bwd_all[r],
+                                   gpu.overlap_interference)
             if exposed + st.optimizer_s > worst_tail:
                 worst_tail, dp_exposed_worst, opt_worst = exposed + st.optimizer_s, exposed, \
                     st.optimizer_s
@@ -610,7 +611,8 @@ class LayerTables:
         """Exposed data-parallel communication + optimizer step of a rank holding ``layers``."""
         st = self.rank_state(rank, layers)
         f, b = self.rank_pass_s(rank, layers)
-        return exposed_dp_s(st, self.layout, self.job, f, b) + st.optimizer_s
+        return exposed_dp_s(st, self.layout, self.job, f, b,
+                            self.cluster.gpu.overlap_interference) + st.optimizer_s
 
     def tail_lower_bound_s(self) -> float:
         """No partition's tail is smaller: some rank holds ⌈L/pp⌉ layers; a middle rank with
@@ -620,7 +622,8 @@ class LayerTables:
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                         self._fsdp_microbatches, self.links.dp, n,
                         False, False, self.zero3, self.grad_copies)
-        return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf")) + st.optimizer_s
+        return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf"),
+                            self.cluster.gpu.overlap_interference) + st.optimizer_s
 
     @property
     def _fsdp_microbatches(self) -> int:
@@ -739,7 +742,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     parts = layer_parts(model, cluster, job, layout.micro_batch, tp, layout.sequence_parallel,
                         layout.recompute, links.tp, links.pp)
     layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
-    z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp)
+    z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp,
+                     cluster.gpu.overlap_interference)
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
     split = split_cpu = None

@@ -34,7 +34,8 @@ SCHEMA = "meshplan.profile"
 VERSION = 1
 _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
-             "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps")
+             "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
+             "overlap_interference")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +71,8 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     name = get(g, "name", str, gwhere)
     base = get(g, "base", str, gwhere, "") or None
     gpu = gpu_from_table(name, {k: g[k] for k in _GPU_KEYS if k in g}, gwhere)
-    for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps"):
+    for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
+              "overlap_interference"):
         if getattr(gpu, k) < 0:
             raise ProfileError(f"{gwhere}: {k} must be >= 0, got {getattr(gpu, k)!r}")
     layers = get(doc, "layers", list, where, [])

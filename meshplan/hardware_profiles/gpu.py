@@ -9,6 +9,15 @@ from meshplan.errors import ConfigError
 from meshplan.hardware_profiles.curve import Curve
 
 
+# Communication hidden behind compute is not free: NCCL kernels take SMs and memory
+# bandwidth from the GEMMs they overlap (Rashidi et al. 2021, "Enabling Compute-Communication
+# Overlap in Distributed Deep Learning Training Platforms", ISCA, §3). The cost model charges
+# this fraction of the hidden time; 0.15 is an assumption for datasheet profiles, consistent
+# with Shoeybi et al. 2019's 74% at 512 GPUs (docs/benchmarks/published.md); `meshplan
+# calibrate` measures it (meshplan.calibrate.bench_overlap).
+DEFAULT_OVERLAP_INTERFERENCE = 0.15
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPUSpec:
     """One GPU model. Bandwidths in GB/s (1e9 B/s) per direction, peaks in TFLOP/s (dense)."""
@@ -29,6 +38,9 @@ class GPUSpec:
     # Measured by ``meshplan calibrate`` with the executor's own code (absent: analytical).
     pipeline_action_s: float = 0.0      # fixed cost of one pipeline-stage forward or backward
     optimizer_gbps: float = 0.0         # achieved bytes/s of the fused AdamW step (0: HBM model)
+    # fraction of communication hidden behind compute that still costs time (see
+    # DEFAULT_OVERLAP_INTERFERENCE)
+    overlap_interference: float = DEFAULT_OVERLAP_INTERFERENCE
     measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
@@ -67,4 +79,5 @@ class GPUSpec:
             "microbatch_overhead_s": self.microbatch_overhead_s,
             "pipeline_action_s": self.pipeline_action_s,
             "optimizer_gbps": self.optimizer_gbps,
+            "overlap_interference": self.overlap_interference,
         }

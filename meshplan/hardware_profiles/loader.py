@@ -15,7 +15,7 @@ else:  # pragma: no cover
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.gpu import GPUSpec
+from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE, GPUSpec
 
 _NUM = (int, float)
 
@@ -89,6 +89,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         microbatch_overhead_s=float(get(t, "microbatch_overhead_s", _NUM, where, 0.0)),
         pipeline_action_s=float(get(t, "pipeline_action_s", _NUM, where, 0.0)),
         optimizer_gbps=float(get(t, "optimizer_gbps", _NUM, where, 0.0)),
+        overlap_interference=float(get(t, "overlap_interference", _NUM, where,
+                                       DEFAULT_OVERLAP_INTERFERENCE)),
     )
 
 

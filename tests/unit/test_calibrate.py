@@ -174,6 +174,21 @@ def test_load_profile_rejects_foreign_and_broken_files(tmp_path):
     bad.write_text(dumps(doc))
     with pytest.raises(ProfileError, match="hbm_efficiency"):
         load_profile(bad)
+    doc["gpu"]["hbm_efficiency"] = 0.9
+    doc["gpu"]["overlap_interference"] = -0.1
+    bad.write_text(dumps(doc))
+    with pytest.raises(ProfileError, match="overlap_interference must be >= 0"):
+        load_profile(bad)
+
+
+def test_overlap_interference_arithmetic():
+    from meshplan.calibrate.bench_overlap import interference
+    assert interference(3.0, 1.0, 3.0) == 0.0             # hidden entirely
+    assert interference(3.0, 1.0, 4.0) == 1.0             # as if one after the other
+    assert interference(3.0, 1.0, 3.5) == pytest.approx(0.5)
+    assert interference(3.0, 1.0, 2.9) == 0.0             # timing noise: never below 0
+    assert interference(3.0, 1.0, 9.0) == 2.0             # nor above 2
+    assert interference(0.0, 1.0, 1.0) == 0.0
 
 
 # ---- validate bookkeeping --------------------------------------------------------------------

@@ -299,6 +299,8 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
     # the schedule's own cost per action, extrapolated to 0 layers: >= 0 (0 when it is
     # lost in the tiny layers' CPU noise, as on a loaded 2-core machine)
     assert doc["gpu"]["pipeline_action_s"] >= 0 and doc["gpu"]["optimizer_gbps"] > 0
+    assert 0 <= doc["gpu"]["overlap_interference"] <= 2
+    assert "overlap_interference" in doc["measured"]
     pipe = doc["measurements"]["pipeline"][0]
     assert pipe["pp"] == 2 and pipe["microbatches"] == 4
     assert pipe["seconds"] >= 0 and pipe["per_layer_s"] >= 0 and pipe["step_seconds"] > 0

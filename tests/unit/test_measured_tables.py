@@ -401,3 +401,18 @@ def test_estimate_output_says_when_the_cpu_sets_the_step():
     assert "the CPU's kernel dispatch sets this step" in format_estimate(slow)
     fast = estimate(MODEL, _cluster(TABLES), JOB, Layout(micro_batch=1))
     assert "kernel dispatch sets" not in format_estimate(fast)
+
+
+def test_overlap_interference_charges_hidden_gradient_reduction():
+    """DDP's all-reduce hides behind the last backward; the profile's overlap_interference
+    is the part of it that still costs (0: only the last bucket is exposed, 1: all of it)."""
+    c = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    lay = Layout(dp=4, micro_batch=1)
+    est = {k: estimate(MODEL, replace(c, gpu=replace(c.gpu, overlap_interference=k)), JOB, lay)
+           for k in (0.0, 0.15, 1.0)}
+    total = est[1.0].time.dp_comm_total_s
+    assert est[1.0].time.dp_comm_exposed_s == pytest.approx(total)
+    assert est[0.0].time.dp_comm_exposed_s < est[0.15].time.dp_comm_exposed_s < total
+    assert est[1.0].step_time_s - est[0.0].step_time_s == pytest.approx(
+        total - est[0.0].time.dp_comm_exposed_s)
+    assert c.gpu.overlap_interference == 0.15           # datasheet profiles: the assumption
