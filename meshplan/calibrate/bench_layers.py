@@ -794,9 +794,13 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                           "synchronized timings without CPU dispatch times")
     measured: dict[int, list[list[float]]] = {}
     deep: dict[int, tuple[float, float]] = {}      # split backward on SPLIT_DEEP_LAYERS blocks
-    # CPU per layer on 2 and CPU_DEEP_LAYERS blocks, per setting (the CPU's work does not
-    # depend on the micro-batch: every row of the setting is a sample)
+    # CPU per layer on 2 and CPU_DEEP_LAYERS blocks, per setting (its smallest micro-batch)
     cpu_deep: dict[tuple, list[tuple[float, float, float, float]]] = {}
+    smallest: dict[tuple, int] = {}
+    for cfg in grid:
+        if not cfg.part:
+            k = (cfg.build_key, cfg.recompute)
+            smallest[k] = min(smallest.get(k, cfg.micro_batch), cfg.micro_batch)
     cpu_key, cpu_module = None, None
     skipped: set[int] = set()
     rounds = rounds_for(device, quick)
@@ -855,7 +859,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     deep[idx] = split
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA)
-            if not cfg.part and values[bc] > 0:
+            if not cfg.part and values[bc] > 0 \
+                    and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
                 cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
                                                    queue, iters=iters, barrier=barrier,
                                                    world=world)
