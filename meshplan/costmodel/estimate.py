@@ -547,6 +547,11 @@ class LayerTables:
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
     last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
     last_states_bytes: float = 0.0  # last rank's non-layer model states (for the end-of-step peak)
+    # GPipe, runtime "torch": gradients are None until the first backward, which frees one
+    # micro-batch's activations while it allocates them (see gpipe_relief_bytes); per layer
+    # and per rank's non-layer parameters; 0 where that does not apply
+    relief_layer_grad_bytes: float = 0.0
+    relief_const_grad_bytes: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions
@@ -671,12 +676,31 @@ class LayerTables:
             self.rank_tail_s(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
 
     # ---- memory -------------------------------------------------------------------
+    def gpipe_relief_bytes(self, rank: int, layers: int) -> float:
+        """Bytes of a GPipe rank's gradients and activations that never coexist.
+
+        The executor sets gradients to None at each step's start (``zero_grad(set_to_none=
+        True)``; pipelined layouts average them after the schedule, without DDP's persistent
+        buckets), and GPipe runs every forward before any backward. The first backward
+        allocates the gradients G while it frees one micro-batch's activations A1 (both
+        layer by layer), so the rank's peak is states + max(A(m), A(m) − A1 + G) rather
+        than states + G + A(m): ``min(G, A1)`` less (A1 without the last stage's logits,
+        kept conservative). 1F1B reaches G + A(in flight) after its first backward."""
+        if not self.relief_const_grad_bytes:
+            return 0.0
+        grads = layers * self.relief_layer_grad_bytes + self.relief_const_grad_bytes[rank]
+        one_mb = layers * self.layer_activation_bytes + (self.embedding_act_bytes
+                                                         if rank == 0 else 0.0)
+        return min(grads, one_mb)
+
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
-        """(activations, embedding/logits, buffers) of a rank holding ``layers``."""
+        """(activations, embedding/logits, buffers) of a rank holding ``layers``; for GPipe
+        the activations are those coexisting with all gradients (:meth:`gpipe_relief_bytes`)."""
         inflight = self.inflight[rank]
         act = layers * self._layer_act_bytes(rank)
         if rank == 0:
             act += inflight * self.embedding_act_bytes
+        act -= self.gpipe_relief_bytes(rank, layers)
         logit = self.logits_bytes + self.last_chunks_bytes if rank == self.last_rank else 0.0
         buf = self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
         if self.recv_buffers:
@@ -695,7 +719,7 @@ class LayerTables:
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
-            + self.const_bytes[rank]
+            + self.const_bytes[rank] - self.gpipe_relief_bytes(rank, layers)
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
                       + self.last_states_bytes + self.last_merge_bytes)
@@ -874,7 +898,27 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         inflight=inflight, buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
-        recompute_buf_bytes=parts.backward_buf_bytes)
+        recompute_buf_bytes=parts.backward_buf_bytes,
+        **_gpipe_relief(model, job, layout, layer_params, grad_copies))
+
+
+def _gpipe_relief(model: ModelSpec, job: Job, layout: Layout, layer_params: float,
+                  grad_copies: int) -> dict:
+    """LayerTables' relief fields (:meth:`LayerTables.gpipe_relief_bytes`): runtime "torch",
+    GPipe over pp > 1, gradients not sharded by FSDP and not kept in DDP buckets."""
+    pp, dp, zero = layout.pp, layout.dp, layout.zero
+    if job.runtime != "torch" or layout.schedule != "gpipe" or pp == 1 or zero >= 2 \
+            or grad_copies != 1:
+        return {}
+    last = (pp * layout.vpp - 1) % pp
+
+    def grads(params: float) -> float:
+        return model_state_bytes(params, job, zero, dp)[1]
+    const = tuple((grads(stage_params(model, 0, layout.tp, first=True, last=False, pp=pp))
+                   if r == 0 else 0.0)
+                  + (grads(stage_params(model, 0, layout.tp, first=False, last=True, pp=pp))
+                     if r == last else 0.0) for r in range(pp))
+    return {"relief_layer_grad_bytes": grads(layer_params), "relief_const_grad_bytes": const}
 
 
 def _root_gather_s(params: float, bytes_per_param: float, dp_link) -> float:

@@ -416,3 +416,28 @@ def test_overlap_interference_charges_hidden_gradient_reduction():
     assert est[1.0].step_time_s - est[0.0].step_time_s == pytest.approx(
         total - est[0.0].time.dp_comm_exposed_s)
     assert c.gpu.overlap_interference == 0.15           # datasheet profiles: the assumption
+
+
+def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
+    """GPipe under runtime "torch": gradients appear during the first backward, which frees
+    one micro-batch's activations, so the peak is min(G, A1) below states + G + A(m)."""
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    gp = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="gpipe"))
+    g = gp.relief_layer_grad_bytes
+    assert g == pytest.approx(model_state_bytes(stage_params(MODEL, 1, 1, first=False,
+                                                             last=False, pp=2), JOB, 0, 1)[1])
+    one_mb = 4 * gp.layer_activation_bytes + gp.embedding_act_bytes
+    grads = 4 * g + gp.relief_const_grad_bytes[0]
+    assert gp.gpipe_relief_bytes(0, 4) == pytest.approx(min(grads, one_mb))
+    assert min(grads, one_mb) > 0
+    act, _, _ = gp.rank_variable_bytes(0, 4)
+    assert act == pytest.approx(4 * gp.inflight[0] * gp.layer_activation_bytes
+                                + gp.inflight[0] * gp.embedding_act_bytes - min(grads, one_mb))
+    # not for 1F1B, nor where gradients persist or are sharded (DDP buckets, FSDP)
+    for lay in (Layout(pp=2, micro_batch=1), Layout(dp=2, micro_batch=1, zero=2, pp=2,
+                                                    schedule="gpipe")):
+        assert layer_tables(MODEL, c, JOB, lay).gpipe_relief_bytes(0, 4) == 0.0
+    mega = Job(global_batch=16, seq_len=1024)           # Megatron runtime: no relief
+    assert layer_tables(MODEL, c, mega, Layout(pp=2, micro_batch=1, schedule="gpipe")
+                        ).gpipe_relief_bytes(0, 4) == 0.0
