@@ -899,25 +899,24 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
         recompute_buf_bytes=parts.backward_buf_bytes,
-        **_gpipe_relief(model, job, layout, layer_params, grad_copies))
+        **_gpipe_relief(job, layout, grad_copies, layer_params, first_params,
+                        last_params if pp > 1 else 0.0, last_rank))
 
 
-def _gpipe_relief(model: ModelSpec, job: Job, layout: Layout, layer_params: float,
-                  grad_copies: int) -> dict:
+def _gpipe_relief(job: Job, layout: Layout, grad_copies: int, layer_params: float,
+                  first_params: float, last_params: float, last_rank: int) -> dict:
     """LayerTables' relief fields (:meth:`LayerTables.gpipe_relief_bytes`): runtime "torch",
-    GPipe over pp > 1, gradients not sharded by FSDP and not kept in DDP buckets."""
+    GPipe over pp > 1, gradients not sharded by FSDP and not kept in DDP buckets.
+    ``first_params`` / ``last_params``: the first / last rank's non-layer parameters."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero
     if job.runtime != "torch" or layout.schedule != "gpipe" or pp == 1 or zero >= 2 \
             or grad_copies != 1:
         return {}
-    last = (pp * layout.vpp - 1) % pp
 
     def grads(params: float) -> float:
         return model_state_bytes(params, job, zero, dp)[1]
-    const = tuple((grads(stage_params(model, 0, layout.tp, first=True, last=False, pp=pp))
-                   if r == 0 else 0.0)
-                  + (grads(stage_params(model, 0, layout.tp, first=False, last=True, pp=pp))
-                     if r == last else 0.0) for r in range(pp))
+    const = tuple((grads(first_params) if r == 0 else 0.0)
+                  + (grads(last_params) if r == last_rank else 0.0) for r in range(pp))
     return {"relief_layer_grad_bytes": grads(layer_params), "relief_const_grad_bytes": const}
 
 
