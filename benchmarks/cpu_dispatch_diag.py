@@ -67,10 +67,7 @@ def _plain(m, cfg, n, device, dist) -> dict:
     import torch
 
     from meshplan.calibrate import bench_layers as bl
-    h = cfg.model.hidden_size
-    s = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
-    x = torch.randn(cfg.micro_batch, s, h, device=device, dtype=torch.bfloat16,
-                    requires_grad=True)
+    x = bl._layer_input(cfg, device)        # (mb, s or s/tp, h), bf16 on CUDA
     bl._set_recompute(m, cfg.recompute)
     out = {}
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -37,38 +37,24 @@ def main(argv=None) -> int:
         queue = bl._Queue(device, lambda v: bl._reduce(v, range(len(v)), device, world))
     else:
         device, queue = torch.device("cpu"), None
-        GPT_05B, LLAMA_16B = TINY_GPT, TINY_LLAMA
+    gpt, llama = (GPT_05B, LLAMA_16B) if cuda else (TINY_GPT, TINY_LLAMA)
     seq = 2048 if cuda else 32
     groups = bl._Groups(world, rank, device.type)
-    cfgs = [bl.Config(model=GPT_05B, seq_len=seq, tp=1, sequence_parallel=False,
+    cfgs = [bl.Config(model=gpt, seq_len=seq, tp=1, sequence_parallel=False,
                       micro_batch=4, recompute="none"),
-            bl.Config(model=GPT_05B, seq_len=seq, tp=2, sequence_parallel=False,
+            bl.Config(model=gpt, seq_len=seq, tp=2, sequence_parallel=False,
                       micro_batch=4, recompute="selective"),
-            bl.Config(model=GPT_05B, seq_len=seq, tp=1, sequence_parallel=False,
+            bl.Config(model=gpt, seq_len=seq, tp=1, sequence_parallel=False,
                       micro_batch=4, recompute="selective", zero=3, dp=2),
-            bl.Config(model=LLAMA_16B, seq_len=seq, tp=1, sequence_parallel=False,
+            bl.Config(model=llama, seq_len=seq, tp=1, sequence_parallel=False,
                       micro_batch=2, recompute="full"),
-            bl.Config(model=LLAMA_16B, seq_len=seq, tp=1, sequence_parallel=False,
+            bl.Config(model=llama, seq_len=seq, tp=1, sequence_parallel=False,
                       micro_batch=4, recompute="none")]
     rows = []
     for cfg in cfgs:
         for n in (int(b) for b in args.blocks.split(",")):
             m, _ = bl._build(cfg, n, device, groups)
-            bl._set_recompute(m, cfg.recompute)
-            x = bl._layer_input(cfg, device)
-            grad: list = []
-
-            def reset():
-                x.grad = None
-
-            def forward():
-                return m(x)
-
-            def backward(y):
-                if not grad:
-                    grad.append(torch.randn_like(y))
-                y.backward(grad[0])
-
+            _, _, reset, forward, backward = bl._layer_step(cfg, m, device)
             with bl._layer_amp(cfg, device):
                 samples, _ = bl._measure(forward, backward, reset, device=device,
                                          warmup=bl.WARMUP, iters=bl.ITERS,
@@ -76,11 +62,8 @@ def main(argv=None) -> int:
             if not cuda:   # synchronized: report the wall times in the CPU fields
                 samples = [bl.Sample(s.forward_s, s.backward_s, forward_cpu_s=s.forward_s,
                                      backward_cpu_s=s.backward_s) for s in samples]
-            vals = [statistics.median(s.forward_cpu_s for s in samples),
-                    statistics.median(s.backward_cpu_s for s in samples),
-                    statistics.median(s.forward_s for s in samples),
-                    statistics.median(s.backward_s for s in samples),
-                    float(sum(not s.queued_ok for s in samples))]
+            vals = [*bl.cpu_values(samples), statistics.median(s.forward_s for s in samples),
+                    statistics.median(s.backward_s for s in samples), bl._bad(samples)]
             vals = bl._reduce(vals, [4], device, world)
             row = {"config": cfg.label(), "blocks": n, "forward_cpu_s": vals[0],
                    "backward_cpu_s": vals[1], "forward_gpu_s": vals[2],
@@ -88,7 +71,7 @@ def main(argv=None) -> int:
             rows.append(row)
             if rank == 0:
                 print(json.dumps(row), flush=True)
-            del m, x, grad
+            del m, reset, forward, backward
             bl._free(device)
     if rank == 0:
         fits = {}

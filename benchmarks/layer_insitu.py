@@ -78,12 +78,9 @@ def main() -> int:
 
 def _modes(m, cfg, n, device, dist) -> dict:
     import torch
-    h = cfg.model.hidden_size
-    s = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
-    x = torch.randn(cfg.micro_batch, s, h, device=device, dtype=torch.bfloat16,
-                    requires_grad=True)
-    bl_set = __import__("meshplan.calibrate.bench_layers", fromlist=["_set_recompute"])
-    bl_set._set_recompute(m, cfg.recompute)
+    from meshplan.calibrate import bench_layers as bl
+    x = bl._layer_input(cfg, device)        # (mb, s or s/tp, h), bf16 on CUDA
+    bl._set_recompute(m, cfg.recompute)
     out = {}
     with torch.autocast("cuda", dtype=torch.bfloat16):
         y = m(x)
