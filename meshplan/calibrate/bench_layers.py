@@ -589,13 +589,9 @@ def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *,
     key, deep module to reuse, (forward, backward) per layer or None where any rank ran out
     of memory or a sample failed the queue check). With the row's own 2-block timing it
     splits the CPU time of a call into a per-call and a per-layer part (:func:`cpu_fixed`)."""
-    if key != cfg.build_key:
-        module = None
-        _free(device)
     values, oom = [0.0, 0.0, 0.0], 0.0
     try:
-        if module is None:
-            module, _ = _build(cfg, CPU_DEEP_LAYERS, device, groups)
+        module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)
         _, _, reset, forward, backward = _layer_step(cfg, module, device)
         with _layer_amp(cfg, device):
             samples, _ = _measure(forward, backward, reset, device=device, warmup=WARMUP,
@@ -608,6 +604,17 @@ def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *,
     if lo[2] or lo[3] or min(lo[:2]) <= 0:
         return cfg.build_key, module, None
     return cfg.build_key, module, (lo[0], lo[1])
+
+
+def _deep_module(cfg: Config, key, module, layers: int, device, groups):
+    """``module`` (``layers`` blocks, built for build key ``key``) if it was built for
+    ``cfg``'s build key, else a new one: deep stacks are built once per build key."""
+    if key != cfg.build_key:
+        module = None
+        _free(device)
+    if module is None:
+        module, _ = _build(cfg, layers, device, groups)
+    return module
 
 
 def _layer_input(cfg: Config, device):
@@ -644,13 +651,16 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
 
     from meshplan.calibrate.bench_split import split_backward_s, split_functions
     g: list = [grad] if grad is not None else []
+
+    def fresh():
+        """(output, its gradient, input) of a forward on a fresh input."""
+        xi = torch.randn_like(x).requires_grad_()
+        y = m(xi)                                        # (mb, s, h)
+        if not g:
+            g.append(torch.randn_like(y))
+        return y, g[0], xi
+
     if queue is None or not forward:
-        def fresh():
-            xi = torch.randn_like(x).requires_grad_()
-            y = m(xi)                                    # (mb, s, h)
-            if not g:
-                g.append(torch.randn_like(y))
-            return y, g[0], xi
         barrier()
         split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
         return (split[0] / layers, split[1] / layers, 0.0, 0.0) if split else (0.0,) * 4
@@ -662,11 +672,8 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
     groups: list = []
 
     def forward_and_b():
-        xi = torch.randn_like(x).requires_grad_()
-        y = m(xi)                                        # (mb, s, h)
-        if not g:
-            g.append(torch.randn_like(y))
-        groups[:] = [backward_input([y], [g[0]], [xi], iter(params))[1]]
+        y, gy, xi = fresh()
+        groups[:] = [backward_input([y], [gy], [xi], iter(params))[1]]
         return y
 
     def w(_y):
@@ -917,13 +924,9 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
 
     Always synchronized: queued, a deep stack's weight pass can queue more kernels than
     CUDA's launch queue holds (see :data:`SPIN_MAX_S`)."""
-    if key != cfg.build_key:
-        module = None
-        _free(device)
     values, oom = [0.0] * 4, 0.0
     try:
-        if module is None:
-            module, _ = _build(cfg, SPLIT_DEEP_LAYERS, device, groups)
+        module = _deep_module(cfg, key, module, SPLIT_DEEP_LAYERS, device, groups)
         values = [*(_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier)
                     if shallow is not None else (0.0, 0.0)),
                   *_sync_split(cfg, module, SPLIT_DEEP_LAYERS, device, iters=iters,
