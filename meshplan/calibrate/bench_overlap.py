@@ -93,7 +93,6 @@ def bench_overlap(device, world: int, *, iters: int = 3) -> dict[str, Any]:
     t_both = statistics.median(timed(both) for _ in range(iters))
     t_gemm, t_comm, t_both = (_max_over_ranks(torch, dist, device, v)
                               for v in (t_gemm, t_comm, t_both))
-    del a, b, buckets
     return {"kind": "overlap_interference", "value": interference(t_gemm, t_comm, t_both),
             "compute_s": t_gemm, "comm_s": t_comm, "both_s": t_both, "gemms": k,
             "comm_bytes": BUCKET_BYTES * (BUCKETS_CUDA if cuda else BUCKETS_CPU)}
