@@ -21,3 +21,29 @@ def load_benchmark():
         spec.loader.exec_module(mod)
         return mod
     return load
+
+
+@pytest.fixture(scope="session")
+def solve_fixed_partition():
+    """The planner's CP-SAT step expression minimised on a fixed partition ``part`` of the
+    tables ``t``, in seconds: the pipeline (``pipeline_units``), or with ``host=True``
+    max(pipeline, host bound) (``_host_bound_units``)."""
+    cp_model = pytest.importorskip("ortools.sat.python.cp_model")
+    from meshplan.planner.cpsat import UNITS_PER_S, _host_bound_units, pipeline_units
+
+    def solve(t, part, *, host: bool = False) -> float:
+        M = cp_model.CpModel()
+        n = [M.NewIntVar(v, v, f"n{i}") for i, v in enumerate(part)]
+        top = pipeline_units(M, t, n, "t")
+        if host:
+            x = M.NewBoolVar("x")
+            M.Add(x == 1)
+            top = _host_bound_units(M, t, n, n, x, top, "t")
+        obj = M.NewIntVar(0, 10**15, "obj")
+        M.Add(obj == top)
+        M.Minimize(obj)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        assert solver.Solve(M) == cp_model.OPTIMAL
+        return solver.Value(obj) / UNITS_PER_S
+    return solve

@@ -325,13 +325,9 @@ def test_zero2_under_a_pipeline_reduces_once_per_step():
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_cpsat_host_bound_matches_the_cost_model(schedule):
+def test_cpsat_host_bound_matches_the_cost_model(schedule, solve_fixed_partition):
     """The CP-SAT expression of max(pipeline, host bound) equals LayerTables' on fixed
     partitions (free 1F1B/GPipe partitions are what the solver optimizes)."""
-    pytest.importorskip("ortools")
-    from ortools.sat.python import cp_model
-
-    from meshplan.planner.cpsat import UNITS_PER_S, _host_bound_units, pipeline_units
     from meshplan.planner.space import Config
     from meshplan.planner.tables import build_tables
     c = replace(_cluster(_cpu_tables()), gpu=replace(_cluster(_cpu_tables()).gpu,
@@ -341,19 +337,8 @@ def test_cpsat_host_bound_matches_the_cost_model(schedule):
     t = build_tables(MODEL, c, JOB, cfg)
     assert t.cpu_known
     for part in ((4, 4), (2, 6), (7, 1)):
-        M = cp_model.CpModel()
-        x = M.NewBoolVar("x")
-        M.Add(x == 1)
-        n = [M.NewIntVar(v, v, f"n{i}") for i, v in enumerate(part)]
-        top = _host_bound_units(M, t, n, n, x, pipeline_units(M, t, n, "t"), "t")
-        obj = M.NewIntVar(0, 10**15, "obj")
-        M.Add(obj == top)
-        M.Minimize(obj)
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1
-        assert solver.Solve(M) == cp_model.OPTIMAL
         want = max(t.pipeline_s(part), t.host_bound_s(part))
-        assert solver.Value(obj) / UNITS_PER_S == pytest.approx(want, rel=1e-6), part
+        assert solve_fixed_partition(t, part, host=True) == pytest.approx(want, rel=1e-6), part
 
 
 def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():

@@ -7,7 +7,6 @@ import pytest
 
 import meshplan as mp
 from meshplan.planner.constraints import Constraints
-from meshplan.planner.cpsat import UNITS_PER_S, pipeline_units
 from meshplan.planner.search import busy_lower_bound, time_lower_bound
 from meshplan.planner.space import enumerate_configs
 from meshplan.planner.tables import build_tables
@@ -23,22 +22,9 @@ def _random_partition(rng, layers, stages):
     return [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
 
 
-def _solve_fixed(t, part):
-    from ortools.sat.python import cp_model
-    M = cp_model.CpModel()
-    n = [M.NewIntVar(v, v, f"n{i}") for i, v in enumerate(part)]
-    pipe = pipeline_units(M, t, n, "t")
-    obj = M.NewIntVar(0, 10**15, "obj")
-    M.Add(obj == pipe)
-    M.Minimize(obj)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    assert solver.Solve(M) == cp_model.OPTIMAL
-    return solver.Value(obj) / UNITS_PER_S
-
-
 @pytest.mark.parametrize("name,cluster_name,nodes,batch,seq", CASES)
-def test_pipeline_expression_matches_cost_model(name, cluster_name, nodes, batch, seq):
+def test_pipeline_expression_matches_cost_model(name, cluster_name, nodes, batch, seq,
+                                                 solve_fixed_partition):
     rng = random.Random(3)
     model = mp.ModelSpec.preset(name)
     cluster = mp.Cluster.preset(cluster_name, nodes=nodes)
@@ -51,7 +37,7 @@ def test_pipeline_expression_matches_cost_model(name, cluster_name, nodes, batch
         t = build_tables(model, cluster, job, cfg)
         for part in (_random_partition(rng, model.num_layers, cfg.stages),
                      _random_partition(rng, model.num_layers, cfg.stages)):
-            assert _solve_fixed(t, part) == pytest.approx(t.pipeline_s(part), rel=1e-7), \
+            assert solve_fixed_partition(t, part) == pytest.approx(t.pipeline_s(part), rel=1e-7), \
                 (cfg, part)
 
 
