@@ -66,14 +66,10 @@ def main() -> int:
 def _plain(m, cfg, n, device, dist) -> dict:
     import torch
 
-    from meshplan.calibrate import bench_layers as bl
-    x = bl._layer_input(cfg, device)        # (mb, s or s/tp, h), bf16 on CUDA
-    bl._set_recompute(m, cfg.recompute)
+    from layer_insitu import warm_layer
     out = {}
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = m(x)
-        g = torch.randn_like(y)
-        y.backward(g)
+        x, g = warm_layer(m, cfg, device)
         cpu = []
         for _ in range(5):
             dist.barrier()

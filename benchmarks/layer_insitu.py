@@ -76,16 +76,26 @@ def main() -> int:
     return 0
 
 
+def warm_layer(m, cfg, device):
+    """One untimed forward + backward of ``m`` as ``cfg`` (call under the autocast the
+    timing uses); returns its input (mb, s or s/tp, h) and output gradient for the timed
+    iterations."""
+    import torch
+
+    from meshplan.calibrate import bench_layers as bl
+    x = bl._layer_input(cfg, device)
+    bl._set_recompute(m, cfg.recompute)
+    y = m(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    return x, g
+
+
 def _modes(m, cfg, n, device, dist) -> dict:
     import torch
-    from meshplan.calibrate import bench_layers as bl
-    x = bl._layer_input(cfg, device)        # (mb, s or s/tp, h), bf16 on CUDA
-    bl._set_recompute(m, cfg.recompute)
     out = {}
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = m(x)
-        g = torch.randn_like(y)
-        y.backward(g)
+        x, g = warm_layer(m, cfg, device)
         # streamed: 6 iterations back to back, one sync at the end
         dist.barrier()
         torch.cuda.synchronize()
