@@ -112,6 +112,7 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+    from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE
     from meshplan.hardware_profiles import builtin_gpu
 
     t_start = time.perf_counter()
@@ -211,8 +212,8 @@ def calibrate(options: CalibrateOptions) -> Path | None:
             o = bench_overlap.bench_overlap(device, world)
         except RuntimeError as exc:   # every rank runs the same code: they fail alike
             # a failed optional measurement must not cost the whole profile
-            prog.step(f"overlap interference not measured ({exc}); the profile keeps the "
-                      f"base GPU's {base.overlap_interference if base else 0.15}")
+            kept = base.overlap_interference if base else DEFAULT_OVERLAP_INTERFERENCE
+            prog.step(f"overlap interference not measured ({exc}); the profile keeps {kept}")
         else:
             rows["overlap"] = [o]
             prog.step(f"overlap interference (all-reduce {o['comm_s'] * 1e3:.1f} ms behind "
