@@ -257,11 +257,16 @@ CPU_LAYOUTS = [
 ]
 
 
+def _gpu_cluster(gpu_name: str, nproc: int) -> Cluster:
+    """The one-node cluster preset of the lent GPUs (H200 or H100) with ``nproc`` GPUs."""
+    preset = "dgx-h200" if "H200" in gpu_name else "dgx-h100"
+    return Cluster.preset(preset, nodes=1, gpus_per_node=nproc)
+
+
 def repredict(args) -> int:
     """Re-predict measured records (``--repredict accuracy.json``) and write a new report."""
     doc = json.loads(args.repredict.read_text())
-    preset = "dgx-h200" if "H200" in str(doc.get("gpu_name")) else "dgx-h100"
-    cluster = Cluster.preset(preset, nodes=1, gpus_per_node=int(doc.get("nproc") or 4))
+    cluster = _gpu_cluster(str(doc.get("gpu_name")), int(doc.get("nproc") or 4))
     if args.profile:
         cluster = apply_profile(cluster, args.profile)
     models = {m.name: m for m in (GPT_05B, LLAMA_16B, TINY_GPT, TINY_LLAMA)}
@@ -343,9 +348,8 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         import torch
         name = torch.cuda.get_device_name(0)
-        preset = "dgx-h200" if "H200" in name else "dgx-h100"
         nproc = SET_NPROC.get(args.set, 4)
-        cluster = Cluster.preset(preset, nodes=1, gpus_per_node=nproc)
+        cluster = _gpu_cluster(name, nproc)
         entries, job, torch_version = SETS[args.set], SET_JOBS.get(args.set, JOB), \
             torch.__version__
     else:
