@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 5 on a lent 4-GPU (or, with NPROC=2 and SET=holdout5, 2-GPU) machine: calibrate once, then validate the held-out layouts.
+# Issue 5 on a lent 4-GPU (or, with NPROC=2 and SET=holdout5, 2-GPU) machine: calibrate
+# once, then validate the held-out layouts.
 #
 #   bash benchmarks/device_accuracy.sh calibrate   # ≈ 4 min: $OUT/profile.toml (+ a copy in $KEEP)
 #   bash benchmarks/device_accuracy.sh validate    # ≈ 8 min: $OUT/accuracy.{json,md,png}
@@ -38,6 +39,16 @@ calibrate() {
   cp "$KEEP/profile.toml" "$OUT/profile.toml"
 }
 
+# run_layouts DIR LOG TGZ [validate_device.py args...]: layouts into $KEEP/DIR, the last
+# lines of their output into $OUT/LOG, their executor logs and results into $OUT/TGZ
+run_layouts() {
+  local dir=$1 log=$2 tgz=$3
+  shift 3
+  python benchmarks/validate_device.py --out "$KEEP/$dir" "$@" 2>&1 | tail -n 60 >"$OUT/$log"
+  (cd "$KEEP/$dir" && tar czf "$OUT/$tgz" */log.txt */results.json \
+    $(ls -d */trace/top_ops* 2>/dev/null)) || true
+}
+
 case "${1:-}" in
   calibrate) calibrate ;;
   validate)
@@ -46,32 +57,28 @@ case "${1:-}" in
       echo "no profile on this machine: calibrating first" >&2
       t0=$(date +%s); calibrate; budget=$((budget - $(date +%s) + t0))
     fi
-    python benchmarks/validate_device.py --profile "$KEEP/profile.toml" --set "${SET:-test}" \
-      --out "$KEEP/val" --budget "$budget" --timeout 90 2>&1 | tail -n 60 >"$OUT/validate.log"
+    run_layouts val validate.log logs.tgz --profile "$KEEP/profile.toml" --set "${SET:-test}" \
+      --budget "$budget" --timeout 90
     cp "$KEEP/val/accuracy.json" "$KEEP/val/accuracy.md" "$KEEP/val/accuracy.png" "$OUT/"
-    (cd "$KEEP/val" && tar czf "$OUT/logs.tgz" */log.txt */results.json) || true
     ;;
   probe)
     # calibrate, then run a few layouts (ONLY=name,name SET=dev|test|all) on the same machine
     t0=$(date +%s); calibrate
-    python benchmarks/validate_device.py --profile "$KEEP/profile.toml" --set "${SET:-all}" \
-      --only "$ONLY" --out "$KEEP/probe" --budget "$((${BUDGET:-500} - $(date +%s) + t0))" \
-      --timeout 90 2>&1 | tail -n 60 >"$OUT/probe.log"
+    run_layouts probe probe.log probe_logs.tgz --profile "$KEEP/profile.toml" \
+      --set "${SET:-all}" --only "$ONLY" --budget "$((${BUDGET:-500} - $(date +%s) + t0))" \
+      --timeout 90
     cp "$KEEP/probe/accuracy.json" "$OUT/probe_accuracy.json" || true
-    (cd "$KEEP/probe" && tar czf "$OUT/probe_logs.tgz" */log.txt */results.json) || true
     ;;
   trace)
     # profiler traces of a few layouts (ONLY=name,name SET=...) with the profile calibrated
     # on this machine (or PROFILE=file): GPU compute vs NCCL overlap per rank
     prof=${PROFILE:-$KEEP/profile.toml}
-    python benchmarks/validate_device.py --profile "$prof" --set "${SET:-all}" --only "$ONLY" \
-      --out "$KEEP/trace" --budget "${BUDGET:-300}" --timeout 120 --trace 2>&1 | tail -n 30 \
-      >"$OUT/trace.log"
+    run_layouts trace trace.log trace_logs.tgz --profile "$prof" --set "${SET:-all}" \
+      --only "$ONLY" --budget "${BUDGET:-300}" --timeout 120 --trace
     for d in "$KEEP"/trace/*/trace; do
       python benchmarks/trace_overlap.py "$d"/trace_rank*.json --steps 3 \
         --json "$OUT/overlap_$(basename "$(dirname "$d")").json" >>"$OUT/trace.log" 2>&1 || true
     done
-    (cd "$KEEP/trace" && tar czf "$OUT/trace_logs.tgz" */log.txt */results.json */trace/top_ops*) || true
     ;;
   *) echo "usage: $0 calibrate|validate|probe|trace" >&2; exit 2 ;;
 esac
