@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from meshplan.calibrate.shapes import valid_tps
+from meshplan.calibrate.stats import two_depth_fit
 from meshplan.costmodel.measured import MeasuredEnd, MeasuredLayer, ends_shape_key, layer_shape_key
 from meshplan.costmodel.specs import ModelSpec
 from meshplan.errors import ConfigError
@@ -245,15 +246,17 @@ def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shall
     on ``deep_layers`` blocks, back to back; ``pooled``: the setting's (forward, backward)
     per layer on ``shallow_layers`` blocks (:func:`pooled_cpu`). If a call costs
     ``fixed + n * per_layer`` on n blocks, per layer it is ``per_layer + fixed / n``, so
-    ``fixed = (s - d) * S * D / (D - S)`` for per-layer times s on S blocks and d on D;
+    ``fixed = (s - d) * S * D / (D - S)`` for per-layer times s on S blocks and d on D
+    (:func:`~meshplan.calibrate.stats.two_depth_fit` of the call totals S·s and D·d);
     the median over samples, kept within [0, S * pooled]. Returns ((forward, backward) per
     layer, (forward, backward) per call). Measured on 2 x H200 (2026-11-26, GPT-0.54B tp2
     selective, on 2, 4 and 8 blocks): 2.8 ms per forward+backward call, then 1.24 / 1.25 ms
     per layer, against 1.62 / 2.40 ms per layer with the call's part spread over 2 blocks."""
-    k = shallow_layers * deep_layers / (deep_layers - shallow_layers)
     per_layer, per_call = [], []
     for j, p in enumerate(pooled):
-        fixed = statistics.median((row[j] - row[2 + j]) * k for row in samples)
+        fixed = statistics.median(
+            two_depth_fit(shallow_layers, shallow_layers * row[j],
+                          deep_layers, deep_layers * row[2 + j])[0] for row in samples)
         fixed = min(max(0.0, fixed), shallow_layers * p)
         per_layer.append(p - fixed / shallow_layers)
         per_call.append(fixed)

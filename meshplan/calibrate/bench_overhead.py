@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from meshplan.calibrate.stats import two_depth_fit
 from meshplan.costmodel.specs import ModelSpec
 
 LAYER_COUNTS = (2, 8)
@@ -107,8 +108,7 @@ def bench_overheads(device: torch.device, like: ModelSpec | None, *, iters: int 
     a, b = LAYER_COUNTS
     rows = []
     for label, t in (("", gpu), ("_cpu_dispatch", cpu)):
-        per_layer = (t[b] - t[a]) / (b - a)
-        per_mb = t[a] - a * per_layer
+        per_mb, per_layer = two_depth_fit(a, t[a], b, t[b])
         rows.append({"kind": f"layer{label}_overhead_s" if not label else f"layer{label}_s",
                      "seconds": per_layer, "layers": list(LAYER_COUNTS),
                      "step_seconds": [t[a], t[b]]})

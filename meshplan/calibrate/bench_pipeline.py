@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from meshplan.calibrate.bench_overhead import tiny_spec
+from meshplan.calibrate.stats import two_depth_fit
 from meshplan.costmodel.specs import Job, Layout
 from meshplan.errors import ConfigError
 
@@ -54,9 +55,9 @@ def extrapolate_action(step2_s: float, step4_s: float, microbatches: int, pp: in
                        ) -> tuple[float, float]:
     """(seconds per action at 0 layers, seconds per layer per action) from the steps of the
     2- and 4-layers-per-stage runs; both clamped at 0 (timing noise can invert them)."""
-    a2 = action_seconds(step2_s, microbatches, pp)
-    a4 = action_seconds(step4_s, microbatches, pp)
-    return max(0.0, 2 * a2 - a4), max(0.0, (a4 - a2) / 2)
+    fixed, per_layer = two_depth_fit(2, action_seconds(step2_s, microbatches, pp),
+                                     4, action_seconds(step4_s, microbatches, pp))
+    return max(0.0, fixed), max(0.0, per_layer)
 
 
 def _tiny_step_s(device, world: int, layers_per_stage: int, warmup: int, steps: int) -> float:

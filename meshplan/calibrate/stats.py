@@ -8,6 +8,17 @@ from typing import Sequence
 from meshplan.errors import ConfigError
 
 
+def two_depth_fit(n1: float, t1: float, n2: float, t2: float) -> tuple[float, float]:
+    """(per-call, per-layer) seconds of a call timed at ``t1`` on ``n1`` layers and ``t2``
+    on ``n2``, for t(n) = per_call + n · per_layer: the line through the two points.
+    Calibration separates fixed costs from per-layer ones this way (tiny-model overheads,
+    the pipeline action, a layer row's CPU dispatch)."""
+    if n1 == n2:
+        raise ValueError(f"two different depths are needed, got {n1} and {n2}")
+    per_layer = (t2 - t1) / (n2 - n1)
+    return t1 - n1 * per_layer, per_layer
+
+
 def pct_error(predicted: float, measured: float) -> float:
     """Signed error of a prediction in percent of the measurement."""
     if not measured > 0:

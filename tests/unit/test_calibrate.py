@@ -181,6 +181,14 @@ def test_load_profile_rejects_foreign_and_broken_files(tmp_path):
         load_profile(bad)
 
 
+def test_two_depth_fit_is_the_line_through_two_stack_depths():
+    from meshplan.calibrate.stats import two_depth_fit
+    assert two_depth_fit(2, 7.0, 4, 11.0) == pytest.approx((3.0, 2.0))   # 3 + 2 n
+    assert two_depth_fit(8, 19.0, 2, 7.0) == pytest.approx((3.0, 2.0))   # either order
+    with pytest.raises(ValueError, match="two different depths"):
+        two_depth_fit(2, 1.0, 2, 2.0)
+
+
 def test_overlap_interference_arithmetic():
     from meshplan.calibrate.bench_overlap import interference
     assert interference(3.0, 1.0, 3.0) == 0.0             # hidden entirely
