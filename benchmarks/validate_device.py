@@ -342,6 +342,8 @@ def main(argv=None) -> int:
         return 0
     if args.out is None:
         p.error("--out is required")
+    if args.trace and args.steps < 3:
+        p.error(f"--trace records 3 measured steps: --steps must be >= 3, got {args.steps}")
     if args.repredict:
         return repredict(args)
 
