@@ -283,6 +283,34 @@ def repredict(args) -> int:
     return 0
 
 
+MERGE_KEYS = ("gpu_name", "nproc", "job", "profile", "device")
+
+
+def merge(args) -> int:
+    """Join the records of several runs of one set (``--merge a.json,b.json``) into one
+    report, each record with the prediction it was run with. The runs must agree on the GPU,
+    rank count, job, profile and device; a layout measured twice keeps the later file's."""
+    paths = [Path(f) for f in args.merge.split(",")]
+    docs = [json.loads(f.read_text()) for f in paths]
+    for f, d in zip(paths[1:], docs[1:]):
+        differ = [k for k in MERGE_KEYS if d.get(k) != docs[0].get(k)]
+        if differ:
+            raise SystemExit(f"--merge: {f} differs from {paths[0]} in "
+                             + ", ".join(f"{k} ({d.get(k)!r} vs {docs[0].get(k)!r})"
+                                         for k in differ))
+    records = {}
+    for d in docs:
+        records.update({r["name"]: r for r in d["records"]})
+    meta = {k: docs[-1].get(k) for k in ("date", "machine", *MERGE_KEYS, "cluster", "torch",
+                                         "gpu_profile")}
+    meta.update(merged_from=[str(f) for f in paths],
+                commands=[d.get("command") for d in docs],
+                command=" ".join(["python", *sys.argv]))
+    out = write_accuracy(args.out, [records[k] for k in sorted(records)], meta)
+    _print_summary([records[k] for k in sorted(records)], out)
+    return 0
+
+
 def _print_summary(records, paths) -> None:
     for model_name, s in by_model(records).items():
         print(f"{model_name}: {s.get('ok', 0)}/{s['layouts']} ok; step-time mean abs err "
@@ -333,6 +361,9 @@ def main(argv=None) -> int:
     p.add_argument("--repredict", default=None, type=Path, metavar="ACCURACY_JSON",
                    help="no runs: recompute the predictions of the measured records in this "
                         "accuracy.json with the current cost model and --profile")
+    p.add_argument("--merge", default=None, metavar="A.json,B.json",
+                   help="no runs: join the records of several runs of one set (same GPU, "
+                        "rank count, job and profile) into one report, as run")
     args = p.parse_args(argv)
     if args.write_models:
         args.write_models.mkdir(parents=True, exist_ok=True)
@@ -346,6 +377,8 @@ def main(argv=None) -> int:
         p.error(f"--trace records 3 measured steps: --steps must be >= 3, got {args.steps}")
     if args.repredict:
         return repredict(args)
+    if args.merge:
+        return merge(args)
 
     if args.device == "cuda":
         import torch

