@@ -185,6 +185,36 @@ HOLDOUT4_LAYOUTS = [
     ("n15", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble")),
     ("n16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="zero-bubble", recompute="full")),
 ]
+# "holdout7" (after round 6; not run yet): 16 new 4-rank layouts at holdout4's sizes (global
+# batch 64, micro-batches 4-8, <= 62 GiB predicted so they fit an H100), chosen before any
+# of them ran: tp 4 for both models, GPT zero-bubble with full recomputation (round 6's
+# memory terms were fitted on Llama only), vpp 3, ZeRO 0-3, the three recompute modes and
+# sequence parallelism over all four schedules.
+HOLDOUT7_LAYOUTS = [
+    ("p01", GPT_05B, L(tp=4, micro_batch=8, sequence_parallel=True)),
+    ("p02", GPT_05B, L(dp=2, tp=2, micro_batch=4, zero=2, recompute="selective")),
+    ("p03", GPT_05B, L(dp=4, micro_batch=4, zero=3, recompute="full")),
+    ("p04", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="1f1b", recompute="full",
+                       sequence_parallel=True)),
+    ("p05", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="gpipe", zero=1,
+                       recompute="selective")),
+    ("p06", GPT_05B, L(pp=2, tp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                       recompute="selective")),
+    ("p07", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", recompute="full")),
+    ("p08", GPT_05B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3)),
+    ("p09", LLAMA_16B, L(tp=4, micro_batch=4, recompute="selective", sequence_parallel=True)),
+    ("p10", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=1, recompute="full",
+                         sequence_parallel=True)),
+    ("p11", LLAMA_16B, L(dp=4, micro_batch=8, zero=2, recompute="selective")),
+    ("p12", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="1f1b", sequence_parallel=True)),
+    ("p13", LLAMA_16B, L(pp=4, micro_batch=4, schedule="gpipe", recompute="full")),
+    ("p14", LLAMA_16B, L(pp=4, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                         recompute="selective")),
+    ("p15", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", zero=1,
+                         recompute="selective")),
+    ("p16", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="zero-bubble",
+                         recompute="selective", sequence_parallel=True)),
+]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
 # SP) at the same per-GPU work as holdout3 — micro-batches 4-8, global batch 32 on 2 GPUs as
@@ -237,9 +267,11 @@ HOLDOUT6_LAYOUTS = [
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
+        "holdout7": HOLDOUT7_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
-SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2,
-            "holdout6": JOB2}                                        # the other sets use JOB
+# the other sets use JOB
+SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
+            "holdout7": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
@@ -353,7 +385,8 @@ def main(argv=None) -> int:
                    help="GPU layout set: 'test' [default], 'dev', 'holdout2' (held out from "
                         "the round-3 model), 'check3' (after its post-hoc fixes), 'holdout3' "
                         "(round 4: GPU-bound micro-batches, global batch 64), 'holdout4' (round"
-                        " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs) or "
+                        " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs), "
+                        "'holdout7' (after round 6, not run yet) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
