@@ -9,6 +9,7 @@
 #   MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout4 ...   # next: the queued split, new layouts
 #   NPROC=2 MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout5 ...   # round 5, on 2 GPUs
 #   ONLY=n06,n12 SET=holdout4 PROFILE=docs/benchmarks/... bash ... trace   # profiler traces
+#   SET=holdout4 PROFILE=docs/benchmarks/profile_h200_round4.toml ... validate  # round 6
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -52,12 +53,16 @@ run_layouts() {
 case "${1:-}" in
   calibrate) calibrate ;;
   validate)
+    # PROFILE=file: a profile calibrated earlier on this GPU type (validate_device.py refuses
+    # one of another GPU); otherwise this machine's, calibrated first if there is none
     budget=${BUDGET:-500}
-    if [ ! -f "$KEEP/profile.toml" ]; then
+    prof=${PROFILE:-$KEEP/profile.toml}
+    if [ ! -f "$prof" ]; then
+      [ -z "${PROFILE:-}" ] || { echo "PROFILE=$PROFILE: no such file" >&2; exit 2; }
       echo "no profile on this machine: calibrating first" >&2
       t0=$(date +%s); calibrate; budget=$((budget - $(date +%s) + t0))
     fi
-    run_layouts val validate.log logs.tgz --profile "$KEEP/profile.toml" --set "${SET:-test}" \
+    run_layouts val validate.log logs.tgz --profile "$prof" --set "${SET:-test}" \
       --budget "$budget" --timeout 90
     cp "$KEEP/val/accuracy.json" "$KEEP/val/accuracy.md" "$KEEP/val/accuracy.png" "$OUT/"
     ;;
