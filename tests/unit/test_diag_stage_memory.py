@@ -1,0 +1,54 @@
+"""benchmarks/diag_stage_memory.py's summary and validate_device.py --merge, on CPU."""
+
+import json
+
+import pytest
+
+
+def _write_log(path, entries):
+    path.write_text(json.dumps([{"stage": 1, "action": a, "mb": mb, "allocated": al * 2**30,
+                                 "peak": pk * 2**30} for a, mb, al, pk in entries]))
+
+
+def test_stage_memory_summary_keeps_the_measured_step_and_its_peak(load_benchmark, tmp_path):
+    tool = load_benchmark("diag_stage_memory")
+    warm = [("F", 0, 1.0, 1.0), ("I", 0, 2.0, 99.0)]          # the warm-up step: dropped
+    step = [("F", 0, 1.0, 1.5), ("I", 0, 2.0, 2.5), ("W", 0, 1.2, 9.0)]
+    _write_log(tmp_path / "mem_rank1.json", warm + [("F", 1, 1.0, 1.0)] + step)
+    out = tool.summarize(tmp_path, {"memory": [{"total_bytes": 2 * 2**30},
+                                               {"total_bytes": 3 * 2**30}]})
+    rank = out["ranks"][1]
+    assert rank["peak_gib"] == pytest.approx(9.0)
+    assert rank["peak_at"] == "W0"
+    assert rank["actions"].startswith("F0:1.0 I0:2.0 W0:1.2")
+    assert out["predicted_gib"] == pytest.approx([2.0, 3.0])
+
+
+def _accuracy_doc(names, **meta):
+    base = {"gpu_name": "NVIDIA H200", "nproc": 4, "job": {"global_batch": 64},
+            "profile": "p.toml", "device": "cuda", "date": "2026-11-26", "command": "run"}
+    base.update(meta)
+    records = [{"name": n, "model": "gpt-0.54b", "short": n, "status": "ok",
+                "layout": {"dp": 4}, "predicted": {"step_time_s": 1.0 + i,
+                                                   "memory_per_rank_bytes": [1.0] * 4},
+                "measured": {"step_time_s": 1.1 + i, "memory_per_rank_bytes": [1.0] * 4},
+                "step_time_error_pct": (1.0 + i - (1.1 + i)) / (1.1 + i) * 100,
+                "memory_error_pct_per_rank": [0.0] * 4, "memory_peak_error_pct": 0.0}
+               for i, n in enumerate(names)]
+    return {**base, "records": records}
+
+
+def test_merge_joins_runs_of_one_set_and_refuses_different_setups(load_benchmark, tmp_path):
+    vd = load_benchmark("validate_device")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_accuracy_doc(["n01", "n02"])))
+    b.write_text(json.dumps(_accuracy_doc(["n02", "n03"], command="again")))
+    assert vd.main(["--merge", f"{a},{b}", "--out", str(tmp_path / "m")]) == 0
+    doc = json.loads((tmp_path / "m" / "accuracy.json").read_text())
+    assert [r["name"] for r in doc["records"]] == ["n01", "n02", "n03"]
+    assert doc["summary"]["layouts"] == 3
+    assert doc["commands"] == ["run", "again"]
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(_accuracy_doc(["n04"], nproc=2)))
+    with pytest.raises(SystemExit, match="nproc"):
+        vd.main(["--merge", f"{a},{c}", "--out", str(tmp_path / "m2")])
