@@ -43,7 +43,8 @@ time is the median over rounds):
   ``split_layers`` = that L, and ``backward_input_depth_s`` / ``backward_weight_depth_s`` =
   how much B and W per layer grow per extra layer in the stack, from the split timed
   synchronized on L (the row itself, or again right before when the row was queued) and on
-  :data:`SPLIT_DEEP_LAYERS` blocks (last round only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
+  :data:`SPLIT_DEEP_LAYERS` blocks (first round only, so that it is there however many
+  rounds run). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
   call per parameter group, and each call's engine walks the whole graph reachable from
   its roots — the rest of the stage — first (``compute_dependencies``): the CPU cost of a
   stage's W is quadratic in its layers (tiny Llama blocks on one CPU thread, torch 2.13:
@@ -860,8 +861,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             measured.setdefault(idx, []).append(values)
             fc, bc = _cpu_fields(cfg)
-            if rnd == rounds - 1 and not cfg.part and cfg.zero == 0 and values[5] > 0:
-                # synchronized rows already hold the shallow split; queued ones need it again
+            if rnd == 0 and not cfg.part and cfg.zero == 0 and values[5] > 0:
+                # once per row, in the first round: that is the only round sure to run.
+                # Synchronized rows already hold the shallow split (combined over rounds
+                # below); queued ones need it again, right before the deep one
                 deep_key, deep_module, split = _deep_split(
                     cfg, deep_key, deep_module, module if split_queued else None, layers,
                     device, groups, iters=iters, barrier=barrier, world=world)
