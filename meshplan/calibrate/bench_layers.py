@@ -12,8 +12,9 @@ that is what the isolated GEMM/attention curves miss.
 
 Row semantics (one GPU, one micro-batch; every rank runs the same configuration at the
 same time; times are the mean over ranks of each rank's median, memory the largest over
-ranks; the whole grid is measured :data:`ROUNDS_CUDA` times, spread over the run, and each
-time is the median over rounds):
+ranks; the whole grid is measured :data:`ROUNDS_CUDA` times (``--rounds``; fewer where
+``--time-budget`` stops them, :mod:`meshplan.calibrate.budget`), spread over the run, and
+each time is the median over rounds):
 
 * layers (``L`` = :data:`LAYERS_CUDA` blocks on GPU, :data:`LAYERS_CPU` on CPU):
   ``forward_s`` / ``backward_s`` = GPU-busy time of the L-block forward / backward over L,
@@ -43,7 +44,8 @@ time is the median over rounds):
   ``split_layers`` = that L, and ``backward_input_depth_s`` / ``backward_weight_depth_s`` =
   how much B and W per layer grow per extra layer in the stack, from the split timed
   synchronized on L (the row itself, or again right before when the row was queued) and on
-  :data:`SPLIT_DEEP_LAYERS` blocks (last round only). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
+  :data:`SPLIT_DEEP_LAYERS` blocks (first round only, so that it is there however many
+  rounds run). W grows because ``stage_backward_weight`` makes one ``torch.autograd.grad``
   call per parameter group, and each call's engine walks the whole graph reachable from
   its roots — the rest of the stage — first (``compute_dependencies``): the CPU cost of a
   stage's W is quadratic in its layers (tiny Llama blocks on one CPU thread, torch 2.13:
@@ -69,11 +71,12 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
+from meshplan.calibrate.budget import RoundBudget, next_round
 from meshplan.calibrate.shapes import valid_tps
 from meshplan.calibrate.stats import two_depth_fit
 from meshplan.costmodel.measured import MeasuredEnd, MeasuredLayer, ends_shape_key, layer_shape_key
 from meshplan.costmodel.specs import ModelSpec
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, require_positive_int
 
 LAYERS_CUDA = 2       # queued behind one spin kernel: few enough for the launch queue
 LAYERS_CPU = 2
@@ -770,22 +773,36 @@ def _oom_types() -> tuple[type, ...]:
 
 
 def rounds_for(device, quick: bool) -> int:
-    """How many times the whole grid is measured (rows are the median over rounds)."""
+    """How many times the whole grid is measured by default (rows are the median over
+    rounds); ``--rounds`` sets it, ``--time-budget`` may stop earlier."""
     return ROUNDS_CUDA if device.type == "cuda" and not quick else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerTables:
+    """What :func:`bench_layer_rows` measured: rows with exactly the fields of
+    ``MeasuredLayer`` / ``MeasuredEnd``, and how many rounds each row's median is over."""
+
+    layers: list[dict[str, Any]]
+    ends: list[dict[str, Any]]
+    rounds: int          # rounds measured (fewer than asked for where the budget stopped them)
 
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
-                     micro_batches: Sequence[int] | None = None, split_queued: bool = False
-                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Measure every configuration of :func:`plan_grid` in :func:`rounds_for` rounds;
-    returns (layer rows, end rows), dicts with exactly the fields of ``MeasuredLayer`` /
-    ``MeasuredEnd``.
+                     micro_batches: Sequence[int] | None = None, split_queued: bool = False,
+                     rounds: int | None = None, budget: RoundBudget | None = None
+                     ) -> LayerTables:
+    """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
+    :func:`rounds_for`); with ``budget``, a round after the first runs only if
+    :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
 
     Collective over the world: every rank must call it with the same arguments. A
     configuration that runs out of GPU memory on any rank is skipped on all of them. Times
     are averaged over ranks (replicated ranks are independent samples of the same work;
     tensor-parallel ranks wait for each other anyway), memory is the largest over ranks.
+    The budget's decision is taken from the largest elapsed and round times over ranks, so
+    every rank takes the same.
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
@@ -813,9 +830,19 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             smallest[k] = min(smallest.get(k, cfg.micro_batch), cfg.micro_batch)
     cpu_key, cpu_module = None, None
     skipped: set[int] = set()
-    rounds = rounds_for(device, quick)
+    rounds = rounds_for(device, quick) if rounds is None else rounds
+    require_positive_int("bench_layer_rows", "rounds", rounds)
+    spent_s = budget.elapsed_s() if budget is not None else 0.0
+    if budget is not None and spent_s + budget.allowance_s > budget.budget_s:
+        # a note only (rank 0's view): nothing is decided from it
+        _note(progress, f"--time-budget {budget.budget_s:g} s is spent before the layer "
+                        f"tables ({spent_s:.0f} s elapsed): round 1 runs anyway (a profile "
+                        f"from one round is better than none)")
     deep_key, deep_module = None, None
+    ran = 0
     for rnd in range(rounds):
+        t_round = time.perf_counter()
+        first_only_s = 0.0   # the deep split, which later rounds do not repeat
         built_key, module, tp_group = None, None, None
         oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
         for idx, cfg in enumerate(grid):
@@ -860,11 +887,15 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             measured.setdefault(idx, []).append(values)
             fc, bc = _cpu_fields(cfg)
-            if rnd == rounds - 1 and not cfg.part and cfg.zero == 0 and values[5] > 0:
-                # synchronized rows already hold the shallow split; queued ones need it again
+            if rnd == 0 and not cfg.part and cfg.zero == 0 and values[5] > 0:
+                # once per row, in the first round: that is the only round sure to run.
+                # Synchronized rows already hold the shallow split (combined over rounds
+                # below); queued ones need it again, right before the deep one
+                t_deep = time.perf_counter()
                 deep_key, deep_module, split = _deep_split(
                     cfg, deep_key, deep_module, module if split_queued else None, layers,
                     device, groups, iters=iters, barrier=barrier, world=world)
+                first_only_s += time.perf_counter() - t_deep
                 if split is not None:
                     deep[idx] = split
             cpu_note = ""
@@ -890,6 +921,13 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         module = tp_group = deep_module = cpu_module = None
         cpu_key = None
         _free(device)
+        ran = rnd + 1
+        if budget is not None and _budget_stops(
+                ran, rounds, budget, time.perf_counter() - t_round - first_only_s, device,
+                world, progress):
+            if progress is not None:
+                progress.drop(len(grid) * (rounds - ran))   # keep [done/total] honest
+            break
     cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []
@@ -914,7 +952,33 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
-    return layer_rows, end_rows
+    return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
+
+
+def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, device,
+                  world: int, progress) -> bool:
+    """After ``done`` of at most ``rounds`` layer rounds, the last of which took ``round_s``
+    (without what only the first round measures): whether ``budget`` stops them here.
+    Collective: every rank must call it; all decide from the largest elapsed and round
+    times over ranks, so they agree (ranks that disagreed would deadlock in the next
+    round's collectives)."""
+    elapsed_s, last_s = _reduce([budget.elapsed_s(), round_s], [0, 1], device, world)
+    if done == 1 and elapsed_s + budget.allowance_s > budget.budget_s:
+        _note(progress, f"round 1 ended {elapsed_s:.0f} s into the calibration: with "
+                        f"~{budget.allowance_s:.0f} s still to come it overruns --time-budget "
+                        f"{budget.budget_s:g} s (kept: a profile from one round is better "
+                        f"than none)")
+    if done >= rounds:
+        return False
+    decision = next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
+                          allowance_s=budget.allowance_s)
+    if decision.run:
+        return False
+    _note(progress, f"round {done + 1} skipped: projected {decision.projected_end_s:.0f} s > "
+                    f"--time-budget {budget.budget_s:g} s (round {done} took {last_s:.0f} s,"
+                    f" ~{budget.allowance_s:.0f} s to come after the layer tables): layer "
+                    f"tables from {done} of {rounds} rounds")
+    return True
 
 
 def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, *,
@@ -995,6 +1059,11 @@ def _step(progress, message: str) -> None:
         progress.step(message)
 
 
+def _note(progress, message: str) -> None:
+    if progress is not None:
+        progress.note(message)
+
+
 __all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",
            "cpu_values", "split_depth", "combine_rounds", "pooled_cpu", "layer_row", "end_row",
-           "bench_layer_rows", "rounds_for", "LAYERS_CUDA", "LAYERS_CPU"]
+           "bench_layer_rows", "LayerTables", "rounds_for", "LAYERS_CUDA", "LAYERS_CPU"]

@@ -30,6 +30,11 @@ class Progress:
             self.stream.write(f"[{self.done:3d}/{self.total}] {elapsed:6.1f}s {message}\n")
         self.stream.flush()
 
+    def drop(self, steps: int) -> None:
+        """``steps`` counted in the total will not run (layer rounds stopped by
+        ``--time-budget``): the bar ends at its true end."""
+        self.total = max(1, self.done, self.total - steps)
+
     def note(self, message: str) -> None:
         if self.enabled:
             self.stream.write(("\n" if self.tty else "") + message + "\n")

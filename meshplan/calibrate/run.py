@@ -18,8 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from meshplan.calibrate.budget import check_time_budget
 from meshplan.costmodel.specs import ModelSpec
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, require_positive_int
 
 # torch device name fragment -> built-in GPU profile (checked in order)
 DEVICE_NAME_TO_GPU = (("H200", "H200-SXM-141GB"), ("H100", "H100-SXM5-80GB"),
@@ -38,6 +39,18 @@ class CalibrateOptions:
     micro_batches: tuple[int, ...] | None = None   # layer-table sizes (None: the default set)
     split_timing: str = "synchronized"   # zero-bubble's split backward: synchronized | queued
     show_progress: bool = True
+    # layer-table rounds at most (None: bench_layers.rounds_for, 3 on GPU)
+    layer_rounds: int | None = None
+    # wall clock for the whole calibration (None: no limit); a layer round after the first
+    # runs only if projected to fit (meshplan.calibrate.budget)
+    time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        # checked here as well as by the CLI: torchrun children would fail one by one
+        if self.layer_rounds is not None:
+            require_positive_int("CalibrateOptions", "layer_rounds", self.layer_rounds)
+        if self.time_budget_s is not None:
+            check_time_budget("CalibrateOptions.time_budget_s", self.time_budget_s)
 
 
 def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
@@ -51,7 +64,10 @@ def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
                       f"--base-gpu with one of {', '.join(builtin_gpu_names())}")
 
 
-def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
+def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: int = 0
+               ) -> dict[str, Any]:
+    """Where and how the profile was measured. ``layer_rounds``: the rounds the layer tables
+    were measured in (0: no layer tables); ``time_budget_s`` only where one was given."""
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
@@ -79,6 +95,9 @@ def provenance(device, options: CalibrateOptions, world: int) -> dict[str, Any]:
         "micro_batches": ", ".join(map(str, micro_batch_sizes(
             options.quick, options.micro_batches))),
         "split_timing": options.split_timing,
+        "layer_rounds": layer_rounds,
+        **({"time_budget_s": float(options.time_budget_s)}
+           if options.time_budget_s is not None else {}),
         "command": " ".join(sys.argv),
     }
 
@@ -109,6 +128,7 @@ def calibrate(options: CalibrateOptions) -> Path | None:
 
     from meshplan.calibrate import (bench_comm, bench_compute, bench_layers, bench_overhead,
                                     bench_overlap, bench_pipeline, shapes)
+    from meshplan.calibrate.budget import RoundBudget
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
@@ -146,13 +166,16 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
+    rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
-             + len(grid) * bench_layers.rounds_for(device, options.quick)
-             + (2 if world > 1 else 0))
+             + len(grid) * rounds + (2 if world > 1 else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "
               f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes, "
               f"{len(grid)} layer configurations"
+              + (f" in up to {rounds} rounds" if grid else "")
+              + (f", time budget {options.time_budget_s:g} s" if options.time_budget_s
+                 else "")
               + (f", base profile {base.name}" if base else ""))
 
     rows: dict[str, list[dict[str, Any]]] = {"gemm": [], "attention": [], "membound": [],
@@ -191,16 +214,20 @@ def calibrate(options: CalibrateOptions) -> Path | None:
                   "to measure them)")
     layers: list[dict[str, Any]] = []
     ends: list[dict[str, Any]] = []
+    layer_rounds = 0
     if grid:
         t0 = time.perf_counter()
         if world > 1:
             dist.barrier()
-        layers, ends = bench_layers.bench_layer_rows(
+        budget = (RoundBudget(budget_s=options.time_budget_s, started_s=t_start)
+                  if options.time_budget_s is not None else None)
+        tables = bench_layers.bench_layer_rows(
             options.models, options.seq_len, device, world, rank, quick=options.quick,
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
-            split_queued=options.split_timing == "queued")
-        prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows in "
-                  f"{time.perf_counter() - t0:.1f} s")
+            split_queued=options.split_timing == "queued", rounds=rounds, budget=budget)
+        layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
+        prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
+                  f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")
     if world > 1:
         dist.barrier()
         r = bench_pipeline.bench_pipeline_action_s(device, world)
@@ -222,7 +249,8 @@ def calibrate(options: CalibrateOptions) -> Path | None:
     path = None
     if rank == 0:
         doc = build_profile(measurements=rows, base=base, device=kind,
-                            provenance=provenance(device, options, world),
+                            provenance=provenance(device, options, world,
+                                                  layer_rounds=layer_rounds),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
         path = write_text_atomic(options.out, dumps(doc))

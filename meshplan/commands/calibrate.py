@@ -2,6 +2,7 @@
 
     meshplan calibrate --device cpu --quick --out cpu.toml          # one process, CPU
     meshplan calibrate --nproc 4 --out h100.toml                    # spawns torchrun on 4 GPUs
+    meshplan calibrate --nproc 4 --model m.json --time-budget 540 --out h100.toml  # <= 9 min
     torchrun --nproc-per-node 4 -m meshplan.cli calibrate --out h100.toml   # the same, by hand
 
 See docs/calibrate.md.
@@ -15,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from meshplan.commands.common import load_model, positive_int
+from meshplan.commands.common import load_model, positive_float, positive_int
 
 
 def add_arguments(p) -> None:
@@ -43,21 +44,31 @@ def add_arguments(p) -> None:
                    help="zero-bubble's split backward: synchronized timings (validated, "
                         "default) or queued like the other rows, GPU-busy and CPU dispatch "
                         "apart (experimental, docs/calibrate.md)")
+    p.add_argument("--rounds", type=positive_int, default=None, metavar="N",
+                   help="measure the layer tables at most N times (rows: the median over "
+                        "rounds; default 3 on GPU, 1 on CPU or with --quick)")
+    p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
+                   help="wall-clock budget for the whole calibration: a layer round after the "
+                        "first runs only if it is projected to end, with the benchmarks after "
+                        "it, within SECONDS (for job time limits; docs/calibrate.md)")
     p.add_argument("--nproc", type=positive_int, default=None,
                    help="spawn torchrun with this many local processes (one per GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
 
 
 def main(args) -> int:
-    models = tuple(load_model(m) for m in args.model or ())   # bad --model: fail before torchrun
-    if args.nproc and "WORLD_SIZE" not in os.environ:
-        return _spawn(args)
     from meshplan.calibrate.run import CalibrateOptions, calibrate
-    calibrate(CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
+    models = tuple(load_model(m) for m in args.model or ())
+    # bad options fail here, once, before torchrun starts its children
+    options = CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
                                max_tp=args.max_tp, micro_batches=args.micro_batches,
                                split_timing=args.split_timing,
-                               show_progress=not args.no_progress))
+                               show_progress=not args.no_progress,
+                               layer_rounds=args.rounds, time_budget_s=args.time_budget)
+    if args.nproc and "WORLD_SIZE" not in os.environ:
+        return _spawn(args)
+    calibrate(options)
     return 0
 
 
@@ -76,6 +87,10 @@ def child_argv(args) -> list[str]:
         out += ["--micro-batches", ",".join(map(str, args.micro_batches))]
     if args.split_timing != "synchronized":
         out += ["--split-timing", args.split_timing]
+    if args.rounds:
+        out += ["--rounds", str(args.rounds)]
+    if args.time_budget:
+        out += ["--time-budget", repr(args.time_budget)]
     if args.quick:
         out.append("--quick")
     if args.no_progress:

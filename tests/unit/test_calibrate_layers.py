@@ -337,8 +337,9 @@ def test_out_of_memory_skips_the_row_and_larger_micro_batches(monkeypatch):
     monkeypatch.setattr(bench_layers, "_oom_types", lambda: (_FakeOOM,))
     monkeypatch.setattr(bench_layers, "_run_layer", run_layer)
     prog = _Recorder()
-    layers, ends = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
-                                                 quick=False, progress=prog)
+    tables = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                           quick=False, progress=prog)
+    layers, ends = tables.layers, tables.ends
     got = {(r["recompute"], r["micro_batch"]) for r in layers}
     assert got == {("none", 1)} | {(rc, mb) for rc in ("selective", "full") for mb in (1, 2, 4)}
     assert ("none", 4) not in tried                     # known to fail after mb 2 did
@@ -408,13 +409,14 @@ def test_queued_split_rows_keep_the_synchronized_split_beside_it():
     if split_functions() is None:
         pytest.skip("this torch has no split backward")
     kw = dict(quick=False, micro_batches=(1,))
-    queued, _ = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
-                                              split_queued=True, **kw)
+    queued = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                           split_queued=True, **kw).layers
     split_rows = [r for r in queued if r["backward_input_s"] > 0]
     assert split_rows
     assert all(r["backward_input_sync_s"] > 0 and r["backward_weight_sync_s"] > 0
                for r in split_rows)
-    plain, ends = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0, **kw)
+    tables = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0, **kw)
+    plain, ends = tables.layers, tables.ends
     assert all(r["backward_input_sync_s"] == 0 == r["backward_weight_sync_s"] for r in plain)
     tables_from_rows(queued, ends, "test")          # the new fields parse
 
@@ -450,9 +452,9 @@ def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
 
     monkeypatch.setattr(bench_layers, "_measure", measure)
     prog = _Recorder()
-    layers, _ = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
-                                              quick=False, progress=prog,
-                                              micro_batches=(1, 2))
+    layers = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                           quick=False, progress=prog,
+                                           micro_batches=(1, 2)).layers
     deep = [m for m in prog.messages if f"cpu on {bench_layers.CPU_DEEP_LAYERS} blocks" in m]
     assert len(deep) == 3 and all("mb1" in m for m in deep)   # one per recompute mode
     fields = ("forward_cpu_s", "backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")

@@ -1,0 +1,210 @@
+"""`meshplan calibrate --rounds / --time-budget`: the round decision, its agreement over
+ranks (gloo), tiny CPU calibrations that record the rounds, and the errors for bad values."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibrate.budget import AFTER_LAYERS_ALLOWANCE_S, RoundBudget, next_round
+from meshplan.commands.calibrate import add_arguments, child_argv
+from meshplan.errors import ConfigError
+
+TINY = {"name": "tiny-llama", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+        "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "max_seq_len": 32,
+        "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
+        "tied_embeddings": False, "bias": False}
+
+
+# ---- the decision (pure) ---------------------------------------------------------------------
+def test_next_round_runs_only_if_the_projected_end_fits():
+    # 4 x H200, two models, micro-batches 2,4,8: ~60 s before the layer tables, ~180 s a round
+    second = next_round(elapsed_s=240.0, last_round_s=180.0, budget_s=560.0, allowance_s=15.0)
+    assert second.run and second.projected_end_s == pytest.approx(435.0)
+    third = next_round(elapsed_s=417.0, last_round_s=180.0, budget_s=560.0, allowance_s=15.0)
+    assert not third.run and third.projected_end_s == pytest.approx(612.0)
+    # ending exactly at the budget fits
+    assert next_round(elapsed_s=300.0, last_round_s=245.0, budget_s=560.0,
+                      allowance_s=15.0).run
+    # the allowance for what follows the layer tables can tip it: 540 s fits 550 s, 555 s not
+    assert next_round(elapsed_s=300.0, last_round_s=240.0, budget_s=550.0, allowance_s=0.0).run
+    assert not next_round(elapsed_s=300.0, last_round_s=240.0, budget_s=550.0,
+                          allowance_s=15.0).run
+    # the default allowance is the named one
+    d = next_round(elapsed_s=10.0, last_round_s=5.0, budget_s=1000.0)
+    assert d.projected_end_s == pytest.approx(15.0 + AFTER_LAYERS_ALLOWANCE_S)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -5.0, math.inf, math.nan, True, "540"])
+def test_time_budget_must_be_a_finite_positive_number(bad):
+    from meshplan.calibrate.run import CalibrateOptions
+    message = (r"CalibrateOptions\.time_budget_s must be a finite number of seconds > 0, got "
+               + re.escape(repr(bad)))
+    with pytest.raises(ConfigError, match=message):
+        CalibrateOptions(out=Path("p.toml"), time_budget_s=bad)
+    with pytest.raises(ConfigError, match=r"RoundBudget\.budget_s must be"):
+        RoundBudget(budget_s=bad, started_s=0.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_rounds_must_be_a_positive_integer(bad):
+    from meshplan.calibrate.run import CalibrateOptions
+    with pytest.raises(ConfigError, match=r"CalibrateOptions\.layer_rounds must be a positive "
+                                          r"integer, got " + re.escape(repr(bad))):
+        CalibrateOptions(out=Path("p.toml"), layer_rounds=bad)
+
+
+def test_good_rounds_and_budget_are_kept():
+    from meshplan.calibrate.run import CalibrateOptions
+    ok = CalibrateOptions(out=Path("p.toml"), layer_rounds=2, time_budget_s=540)
+    assert ok.layer_rounds == 2 and ok.time_budget_s == 540
+    assert CalibrateOptions(out=Path("p.toml")).time_budget_s is None   # default: no limit
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "argument --rounds: '0' must be >= 1"),
+    (["--rounds", "2.5"], "argument --rounds: '2.5' is not an integer"),
+    (["--time-budget", "0"], "argument --time-budget: '0' must be > 0"),
+    (["--time-budget", "-60"], "argument --time-budget: '-60' must be > 0"),
+    (["--time-budget", "soon"], "argument --time-budget: 'soon' is not a number"),
+])
+def test_cli_rejects_bad_rounds_and_budgets(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_cli_infinite_budget_is_a_config_error_before_anything_runs(tmp_path, capsys):
+    from meshplan.cli import main as cli_main
+    # --nproc: the error must come before torchrun starts its children
+    rc = cli_main(["calibrate", "--device", "cpu", "--nproc", "2", "--time-budget", "inf",
+                   "--out", str(tmp_path / "p.toml")])
+    assert rc == 2
+    assert "time_budget_s must be a finite number of seconds > 0, got inf" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_child_argv_passes_rounds_and_budget_on():
+    p = _parser()
+    args = p.parse_args(["--rounds", "2", "--time-budget", "540.5", "--nproc", "4"])
+    argv = child_argv(args)
+    again = p.parse_args(argv[1:])
+    assert again.rounds == 2 and again.time_budget == 540.5
+    plain = child_argv(p.parse_args([]))
+    assert "--rounds" not in plain and "--time-budget" not in plain   # defaults not repeated
+
+
+# ---- tiny CPU calibrations -------------------------------------------------------------------
+def _calibrate(tmp_path: Path, *extra: str) -> dict:
+    pytest.importorskip("torch")
+    from meshplan.cli import main as cli_main
+    spec = tmp_path / "tiny.json"
+    spec.write_text(json.dumps(TINY))
+    out = tmp_path / "p.toml"
+    rc = cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                   "--micro-batches", "1", "--out", str(out), *extra])
+    assert rc == 0
+    return tomllib.loads(out.read_text())
+
+
+def test_rounds_2_measures_the_layer_tables_twice(tmp_path, capsys):
+    doc = _calibrate(tmp_path, "--rounds", "2")
+    err = capsys.readouterr().err
+    assert doc["provenance"]["layer_rounds"] == 2
+    assert "time_budget_s" not in doc["provenance"]              # none given
+    assert "round 2: layer tiny-llama" in err and "round 3:" not in err
+    assert "from 2 of 2 rounds" in err
+    assert doc["layers"] and all(r["forward_s"] > 0 for r in doc["layers"])
+    assert {"layers", "ends"} <= set(doc["measured"])
+
+
+def test_a_tiny_budget_keeps_one_round_and_says_why(tmp_path, capsys):
+    # 1 ms: spent before the layer tables even start, so round 1 runs anyway and no other
+    doc = _calibrate(tmp_path, "--rounds", "3", "--time-budget", "0.001")
+    err = capsys.readouterr().err
+    prov = doc["provenance"]
+    assert prov["layer_rounds"] == 1 and prov["time_budget_s"] == 0.001
+    assert "round 1 runs anyway" in err and "overruns --time-budget" in err
+    assert "round 2 skipped: projected" in err and "> --time-budget 0.001 s" in err
+    assert "round 2: " not in err                                 # no row of round 2 ran
+    assert "from 1 of 3 rounds" in err
+    # a complete profile all the same
+    from meshplan.costmodel.measured import tables_from_rows
+    assert doc["layers"] and doc["ends"]
+    tables_from_rows(doc["layers"], doc["ends"], "profile")
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_large_budget_cuts_nothing(tmp_path, capsys):
+    doc = _calibrate(tmp_path, "--rounds", "2", "--time-budget", "100000", "--no-progress")
+    assert doc["provenance"]["layer_rounds"] == 2
+    assert doc["provenance"]["time_budget_s"] == 100000.0
+    assert "skipped" not in capsys.readouterr().err
+
+
+# ---- every rank takes the same decision (two gloo ranks) -------------------------------------
+# (elapsed, round seconds) per rank; budget 560 s, allowance 15 s. Rank 0 alone would run the
+# next round in the first two cases, rank 1 alone would not: all must stop.
+AGREE_CASES = [((100.0, 50.0), (500.0, 50.0)),    # rank 1 started earlier (torchrun skew)
+               ((300.0, 50.0), (300.0, 260.0)),   # rank 1's round was slower
+               ((100.0, 50.0), (120.0, 60.0))]    # both fit: both run
+AGREE_STOPS = [True, True, False]
+
+
+def _agree_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.calibrate.bench_layers import _budget_stops
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    stops = []
+    for case in AGREE_CASES:
+        elapsed_s, round_s = case[rank]
+        budget = RoundBudget(budget_s=560.0, started_s=time.perf_counter() - elapsed_s,
+                             allowance_s=15.0)
+        stops.append(_budget_stops(1, 3, budget, round_s, torch.device("cpu"), world, None))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(stops))
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_ranks_agree_on_the_next_round(tmp_path):
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+    mp.start_processes(_agree_worker, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)),
+                       nprocs=2, join=True, start_method="spawn")
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert got[0] == got[1] == AGREE_STOPS
+
+
+@pytest.mark.distributed
+def test_two_rank_calibration_runs_the_rounds_the_budget_allows(tmp_path):
+    """The real loop on two gloo ranks (torchrun): the agreed decision lets round 2 run, and
+    its collectives line up on both ranks (a disagreement would hang here, not pass)."""
+    import os
+    root = Path(__file__).parents[2]
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{root}{os.pathsep}{env_path}"
+    try:
+        doc = _calibrate(tmp_path, "--nproc", "2", "--rounds", "2", "--time-budget", "100000")
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    assert doc["provenance"]["world_size"] == 2
+    assert doc["provenance"]["layer_rounds"] == 2
+    assert doc["provenance"]["time_budget_s"] == 100000.0
+    assert {(r["tp"], r["zero"]) for r in doc["layers"]} >= {(1, 0), (2, 0), (1, 2), (1, 3)}
