@@ -563,6 +563,7 @@ class LayerTables:
     embedding_act_bytes: float     # one micro-batch's embedding output (rank 0)
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
+    output_peak_bytes: float = 0.0  # the output layer's working memory (part of logits_bytes)
     grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
     recv_buffers: tuple[float, ...] = ()   # per rank: pipeline_recv_buffers
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
@@ -585,9 +586,18 @@ class LayerTables:
     def const_bytes(self) -> tuple[float, ...]:
         """Per rank: memory that does not grow with its layer count."""
         return tuple(self.buffer_bytes + (self.first_extra_bytes if r == 0 else 0.0)
-                     + (self.last_extra_bytes if r == self.last_rank else 0.0)
+                     + (self.last_extra_bytes - self.output_overlap_bytes
+                        if r == self.last_rank else 0.0)
                      + (self.recv_buffers[r] if self.recv_buffers else 0.0)
                      for r in range(self.layout.pp))
+
+    @property
+    def output_overlap_bytes(self) -> float:
+        """The output layer's working memory (loss forward and backward) and a layer's
+        backward working memory never coexist — a rank runs one of them at a time, and the
+        output's backward ends before its layers' begin — so the last rank holds the larger
+        of the two, not their sum."""
+        return min(self.output_peak_bytes, self.recompute_buf_bytes)
 
     # ---- time ---------------------------------------------------------------------
     def stage_times(self, stage_layers) -> tuple[list[float], list[float], list[float]]:
@@ -725,7 +735,8 @@ class LayerTables:
         if rank == 0:
             act += inflight * self.embedding_act_bytes
         act -= self.gpipe_relief_bytes(rank, layers)
-        logit = self.logits_bytes + self.last_chunks_bytes if rank == self.last_rank else 0.0
+        logit = (self.logits_bytes + self.last_chunks_bytes - self.output_overlap_bytes
+                 if rank == self.last_rank else 0.0)
         buf = self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
         if self.recv_buffers:
             buf += self.recv_buffers[rank]
@@ -924,7 +935,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         inflight=inflight, buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
-        recompute_buf_bytes=parts.backward_buf_bytes,
+        recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=parts.output_peak_bytes,
         **_gpipe_relief(job, layout, grad_copies, layer_params, first_params,
                         last_params if pp > 1 else 0.0, last_rank))
 

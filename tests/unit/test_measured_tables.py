@@ -66,8 +66,10 @@ def test_measured_layer_and_ends_replace_the_analytical_ones():
     # weights + grads + Adam, plus the bf16 cast of every layer and the output weight
     copy = 2 * (stage_params(MODEL, 8, 1, first=False, last=False, pp=1)
                 + MODEL.vocab_size * MODEL.hidden_size)
+    # logits 400e6, then the larger of the output's working memory (300e6) and a layer
+    # backward's (50e6): the rank runs one of them at a time
     assert mem.total_bytes == pytest.approx(16 * params + copy + 8 * 100e6 + 1e6
-                                            + 400e6 + 300e6 + 50e6)
+                                            + 400e6 + max(300e6, 50e6))
 
 
 def test_micro_batch_interpolation_and_analytical_fallback():
@@ -397,8 +399,8 @@ def test_pipeline_stages_keep_a_receive_buffer_per_micro_batch():
     assert pipeline_recv_buffers(Job(global_batch=16, seq_len=1024), lay, m,
                                  MODEL.hidden_size, (2.0, 1.0)) == ()
     t = layer_tables(MODEL, _cluster(TABLES), JOB, lay)
-    assert t.const_bytes[1] - t.last_extra_bytes - t.buffer_bytes == pytest.approx(
-        (m - t.inflight[1]) * io)
+    recv = t.const_bytes[1] - t.last_extra_bytes + t.output_overlap_bytes - t.buffer_bytes
+    assert recv == pytest.approx((m - t.inflight[1]) * io)
 
 
 def test_estimate_output_says_when_the_cpu_sets_the_step():
