@@ -1,11 +1,13 @@
-"""Diagnostic (issue 5, round 6): GPU memory after every pipeline action of a real run.
+"""Diagnostic (issue 5, round 6): GPU memory after every pipeline action and step phase.
 
 Round 5's largest memory error was a zero-bubble layout with full recomputation whose last
-stage peaked at 70.7 GiB against 33.9 GiB predicted (holdout6 j15), while the same schedule
-without full recomputation was within 1 %. This runs a validation layout with the executor,
-records ``torch.cuda.memory_allocated`` after each forward (F), input-gradient (I or full
-backward B) and weight-gradient (W) action of each stage and the peak inside it, and prints
-per rank where the peak was and how many activation sets were alive then.
+stage peaked at 70.7 GiB against 33.9 GiB predicted (holdout6 j15); round 6 found why with
+this (a deferred weight pass re-runs the checkpointed forwards). It runs a validation
+layout with the executor and records ``torch.cuda.memory_allocated`` after each forward
+(F), input-gradient (I, or full backward B) and weight-gradient (W) action of each stage,
+and after each of the step's phases (FB: a pp = 1 step's forwards and backwards, G:
+gradient averaging, O: the optimizer step), with the peak inside
+each (printed as allocated/peak GiB), and per rank where the step's peak was.
 
     python benchmarks/diag_stage_memory.py --set holdout6 --only j15,j07 --out $OUT/stage_mem
 
@@ -28,29 +30,60 @@ _ACTIONS = {"forward_one_chunk": "F", "backward_one_chunk": "B",
             "backward_weight_one_chunk": "W"}
 
 
-def _patch_stage(log: list, device) -> None:
-    """Wrap the stage's F / B / W calls to log allocated memory and the peak inside each."""
+def _record(log: list, device, fn, tag: str, stage: int = -1, mb: int = -1):
+    """Call ``fn`` and log allocated memory after it and the peak inside it."""
     import torch
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    log.append({"stage": stage, "action": tag, "mb": mb,
+                "allocated": float(torch.cuda.memory_allocated(device)) if cuda else 0.0,
+                "peak": float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0})
+    return out
+
+
+def _patch_stage(log: list, device) -> None:
+    """Wrap the stage's F / B (I: input gradient only) / W calls."""
     from torch.distributed.pipelining import stage as st
 
     def wrap(name, kind):
         orig = getattr(st._PipelineStageBase, name)
 
         def inner(self, chunk_id, *args, **kwargs):
-            cuda = device.type == "cuda"
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            out = orig(self, chunk_id, *args, **kwargs)
             full = kwargs.get("full_backward", True)
             tag = kind if kind != "B" or full else "I"
-            log.append({"stage": self.stage_index, "action": tag, "mb": int(chunk_id),
-                        "allocated": float(torch.cuda.memory_allocated(device)) if cuda else 0.0,
-                        "peak": float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0})
-            return out
+            return _record(log, device, lambda: orig(self, chunk_id, *args, **kwargs), tag,
+                           self.stage_index, int(chunk_id))
         setattr(st._PipelineStageBase, name, inner)
 
     for name, kind in _ACTIONS.items():
         wrap(name, kind)
+
+
+def _patch_trainer(log: list, device) -> None:
+    """Wrap the executor's step phases: FB (a pp = 1 step's forwards and backwards), G
+    (gradient averaging after them or the schedule) and O (the optimizer step)."""
+    from meshplan.executor import parallelize as par
+
+    def wrap(name, tag):
+        orig = getattr(par.ParallelTrainer, name)
+
+        def inner(self, *args, **kwargs):
+            return _record(log, device, lambda: orig(self, *args, **kwargs), tag)
+        setattr(par.ParallelTrainer, name, inner)
+
+    # (not the pipeline schedule as a whole: its actions reset the peak counter inside it)
+    for name, tag in (("_step_local", "FB"), ("_finish_grads", "G")):
+        wrap(name, tag)
+    build = par.build_optimizer
+
+    def build_logged(*args, **kwargs):
+        opt = build(*args, **kwargs)
+        step = opt.step
+        opt.step = lambda *a, **k: _record(log, device, lambda: step(*a, **k), "O")
+        return opt
+    par.build_optimizer = build_logged
 
 
 def worker(args) -> int:
@@ -63,6 +96,7 @@ def worker(args) -> int:
     device = torch.device("cuda", local) if not args.cpu else torch.device("cpu")
     log: list = []
     _patch_stage(log, device)
+    _patch_trainer(log, device)
     rc = executor_run.main(["--plan", str(args.plan), "--out", str(args.out / "results.json"),
                             "--steps", "1", "--warmup", "1",
                             "--device", "cpu" if args.cpu else "cuda"])
@@ -79,10 +113,12 @@ def summarize(out: Path, prediction: dict) -> dict:
         log = json.loads(f.read_text())
         step = log[len(log) // 2:]       # warm-up + 1 measured step: keep the second half
         peak = max(step, key=lambda e: e["peak"], default=None)
-        ranks[r] = {"actions": " ".join(f"{e['action']}{e['mb']}:{e['allocated'] / 2**30:.1f}"
-                                        for e in step),
+        ranks[r] = {"actions": " ".join(
+                        f"{e['action']}{e['mb'] if e['mb'] >= 0 else ''}:"
+                        f"{e['allocated'] / 2**30:.1f}/{e['peak'] / 2**30:.1f}" for e in step),
                     "peak_gib": peak["peak"] / 2**30 if peak else None,
-                    "peak_at": f"{peak['action']}{peak['mb']}" if peak else None}
+                    "peak_at": (f"{peak['action']}{peak['mb'] if peak['mb'] >= 0 else ''}"
+                                if peak else None)}
     return {"ranks": ranks, "predicted_gib": [b / 2**30 for b in per_rank_pred]}
 
 

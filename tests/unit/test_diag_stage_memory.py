@@ -20,7 +20,7 @@ def test_stage_memory_summary_keeps_the_measured_step_and_its_peak(load_benchmar
     rank = out["ranks"][1]
     assert rank["peak_gib"] == pytest.approx(9.0)
     assert rank["peak_at"] == "W0"
-    assert rank["actions"].startswith("F0:1.0 I0:2.0 W0:1.2")
+    assert rank["actions"] == "F0:1.0/1.5 I0:2.0/2.5 W0:1.2/9.0"     # allocated/peak GiB
     assert out["predicted_gib"] == pytest.approx([2.0, 3.0])
 
 
@@ -36,6 +36,16 @@ def _accuracy_doc(names, **meta):
                 "memory_error_pct_per_rank": [0.0] * 4, "memory_peak_error_pct": 0.0}
                for i, n in enumerate(names)]
     return {**base, "records": records}
+
+
+def test_stage_memory_summary_names_step_phases_without_a_micro_batch(load_benchmark,
+                                                                     tmp_path):
+    tool = load_benchmark("diag_stage_memory")
+    phases = [("FB", -1, 20.0, 30.0), ("G", -1, 20.0, 20.5), ("O", -1, 18.0, 36.0)]
+    _write_log(tmp_path / "mem_rank0.json", phases + phases)
+    rank = tool.summarize(tmp_path, {})["ranks"][0]
+    assert rank["actions"] == "FB:20.0/30.0 G:20.0/20.5 O:18.0/36.0"
+    assert rank["peak_at"] == "O" and rank["peak_gib"] == pytest.approx(36.0)
 
 
 def test_merge_joins_runs_of_one_set_and_refuses_different_setups(load_benchmark, tmp_path):
