@@ -10,6 +10,7 @@
 #   NPROC=2 MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout5 ...   # round 5, on 2 GPUs
 #   ONLY=n06,n12 SET=holdout4 PROFILE=docs/benchmarks/... bash ... trace   # profiler traces
 #   SET=holdout4 PROFILE=docs/benchmarks/profile_h200_round4.toml ... validate  # round 6
+#   ONLY=n09,n05 SET=holdout4 bash ... memory     # memory per pipeline action / step phase
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -88,5 +89,13 @@ case "${1:-}" in
         --json "$OUT/overlap_$(basename "$(dirname "$d")").json" >>"$OUT/trace.log" 2>&1 || true
     done
     ;;
-  *) echo "usage: $0 calibrate|validate|probe|trace" >&2; exit 2 ;;
+  memory)
+    # GPU memory after every pipeline action and step phase of a few layouts (ONLY=name,name
+    # SET=...; PROFILE=file for the predictions): benchmarks/diag_stage_memory.py
+    timeout "${BUDGET:-300}" python benchmarks/diag_stage_memory.py --set "${SET:-holdout4}" \
+      --only "$ONLY" --out "$KEEP/memory" ${PROFILE:+--profile "$PROFILE"} \
+      >"$OUT/memory.log" 2>&1 || true
+    (cd "$KEEP" && tar czf "$OUT/memory.tgz" memory) || true
+    ;;
+  *) echo "usage: $0 calibrate|validate|probe|trace|memory" >&2; exit 2 ;;
 esac
