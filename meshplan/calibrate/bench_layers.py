@@ -25,11 +25,13 @@ each time is the median over rounds):
   dispatch time of the same calls over L (pooled over the micro-batch sizes of a setting,
   :func:`pooled_cpu`). A step costs about max(Σ CPU, Σ GPU) because the CPU runs ahead of
   the GPU; the cost model takes both (:mod:`meshplan.costmodel.estimate`).
-  ``activation_bytes`` = (what a *second* forward keeps alive − its output + its input) / L:
-  what one more micro-batch in flight costs, *including the layer's own input* (the last
-  block's output is nobody's saved tensor; this matches the per-layer convention of
-  Korthikanti et al. 2022, arXiv 2205.05198, Table 2, whose 2sbh-per-layer "full recompute"
-  term is the layer's input). The first forward of a step also fills one-time caches
+  ``activation_bytes`` = (what a *second* forward of a fresh input keeps alive, that input
+  included, − its output) / L: what one more micro-batch in flight costs, *including the
+  layer's own input once* (the last block's output is nobody's saved tensor — a pipeline
+  stage keeps it apart, ``costmodel.estimate.pipeline_kept_outputs``; this matches the
+  per-layer convention of Korthikanti et al. 2022, arXiv 2205.05198, Table 2, whose
+  2sbh-per-layer "full recompute" term is the layer's input). Profile version 1 added the
+  input a second time (``hardware_profiles.calibrated._v1_layer_row`` corrects it). The first forward of a step also fills one-time caches
   (autocast's 16-bit weight copies), which the cost model counts once per step; FSDP rows
   keep the timed iterations' allocator difference, with ZeRO-2's unsharded bf16
   parameters subtracted (held once per stage, not per micro-batch in flight).
@@ -552,7 +554,10 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
         kept = None
         if cfg.zero == 0 and cuda:
             # FSDP2 rows keep the timed iterations' reading: their hooks expect a backward
-            kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()), device)
+            # the fresh input is allocated inside the reading (layer_values adds the input
+            # once, as it must for the timed iterations' reading, where x lives outside)
+            kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()),
+                               device) - _nbytes(x)
         split = (_split_per_layer(m, x, grad[0], layers, device, iters=iters, barrier=barrier,
                                   queue=queue if split_queued else None, forward=samples)
                  if cfg.zero == 0 else (0.0, 0.0, 0.0, 0.0))

@@ -94,6 +94,26 @@ def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_si
     return tuple(out)
 
 
+def pipeline_kept_outputs(job: Job, layout: Layout, hidden_size: int,
+                          inflight: tuple[float, ...]) -> tuple[float, ...]:
+    """Per pipeline rank (runtime "torch"): the stage outputs kept for backward. A stage
+    keeps each micro-batch's output until that micro-batch's backward
+    (``_PipelineStageBase.fwd_cache``, popped by ``backward_one_chunk``); the output of a
+    stage's last layer is no layer's saved tensor, so the per-layer activation bytes do not
+    hold it. Every stage but the last (whose output is the logits, counted apart) keeps one
+    (micro-batch, sequence / tp with SP, hidden) 16-bit tensor per micro-batch in flight;
+    rank r's ``inflight[r]`` micro-batches are spread over its chunks, so its non-last chunks
+    hold ``inflight[r]`` × (their number) of them."""
+    pp, v = layout.pp, layout.vpp
+    if job.runtime != "torch" or pp == 1:
+        return ()
+    seq = job.seq_len // layout.tp if layout.sequence_parallel else job.seq_len
+    io = layout.micro_batch * seq * hidden_size * activation_bytes_per_element(job)
+    last = pp * v - 1
+    return tuple(inflight[r] * sum(c != last for c in range(r, pp * v, pp)) * io
+                 for r in range(pp))
+
+
 def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[float, ...]:
     """Per pipeline rank: micro-batches whose input-gradient pass (I) has run but whose
     weight-gradient pass (W) has not, at the rank's activation peak — each keeps, besides
@@ -565,7 +585,7 @@ class LayerTables:
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     output_peak_bytes: float = 0.0  # the output layer's working memory (part of logits_bytes)
     grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
-    recv_buffers: tuple[float, ...] = ()   # per rank: pipeline_recv_buffers
+    recv_buffers: tuple[float, ...] = ()   # per rank: pipeline_recv_buffers + pipeline_kept_outputs
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
     wgrad_transient_bytes: float = 0.0     # per layer, while a deferred W runs (ranks r > 0)
@@ -863,7 +883,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
         dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
     copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp)
-    recv = pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight)
+    recv = tuple(a + b for a, b in zip(
+        pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight),
+        pipeline_kept_outputs(job, layout, model.hidden_size, inflight)))
     base_buf = ((2 * parts.p2p_bytes if pp > 1 and not recv else 0.0) + dp_buf + gathered
                 + parts.backward_buf_bytes)
     emb_act = parts.embedding_act_bytes

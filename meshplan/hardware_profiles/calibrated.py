@@ -20,6 +20,7 @@ cluster-level values). A profile measured on another GPU type than the cluster's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,7 +32,10 @@ from meshplan.hardware_profiles.gpu import GPUSpec
 from meshplan.hardware_profiles.loader import _NUM, curve, get, gpu_from_table, read_toml
 
 SCHEMA = "meshplan.profile"
-VERSION = 1
+# 2: CUDA layer rows count their input once (version 1 counted it twice; read_profile
+# corrects them, see _v1_layer_row)
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
@@ -55,6 +59,30 @@ class CalibratedProfile:
         return str(self.provenance.get("gpu_name") or self.provenance.get("device") or "?")
 
 
+V1_LAYER_BLOCKS = 2    # the blocks a version-1 CUDA layer row was measured on
+
+
+def _v1_layer_row(row: Any) -> Any:
+    """A version-1 CUDA layer row with its activation bytes as version 2 measures them.
+
+    Version 1 read ``activation_bytes`` of ZeRO-0 rows from a second forward of a *fresh*
+    input (``bench_layers._kept_bytes``), which already holds that input, and then added the
+    input once more: every such row counted ``input / L`` bytes too many per layer (half an
+    input at L = 2 blocks; a third of a full-recompute row, whose real cost is the input).
+    Rows of other ZeRO stages were read around a persistent input and are right."""
+    if not isinstance(row, dict) or row.get("zero", 0) != 0:
+        return row
+    m = re.match(r"h(\d+)-", str(row.get("shape", "")))
+    needed = ("micro_batch", "seq_len", "tp", "activation_bytes")
+    if m is None or not all(isinstance(row.get(k), (int, float)) for k in needed):
+        return row             # malformed: tables_from_rows reports it
+    tp = int(row["tp"]) or 1
+    seq = row["seq_len"] // tp if row.get("sequence_parallel") else row["seq_len"]
+    input_bytes = row["micro_batch"] * seq * int(m[1]) * 2          # bf16 on CUDA
+    blocks = row.get("split_layers") or V1_LAYER_BLOCKS
+    return {**row, "activation_bytes": max(0.0, row["activation_bytes"] - input_bytes / blocks)}
+
+
 def load_profile(path: str | Path) -> CalibratedProfile:
     """Read and check a calibrated profile; errors name the file and the offending key."""
     path = Path(path)
@@ -63,9 +91,10 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     if doc.get("schema") != SCHEMA:
         raise ProfileError(f"{where}: key 'schema' is {doc.get('schema')!r}, expected {SCHEMA!r} "
                            f"(not a profile written by `meshplan calibrate`)")
-    if doc.get("version") != VERSION:
-        raise ProfileError(f"{where}: key 'version' is {doc.get('version')!r}; this meshplan "
-                           f"reads profile version {VERSION}")
+    version = doc.get("version")
+    if version not in READABLE_VERSIONS:
+        raise ProfileError(f"{where}: key 'version' is {version!r}; this meshplan reads "
+                           f"profile versions {', '.join(map(str, READABLE_VERSIONS))}")
     g = get(doc, "gpu", dict, where)
     gwhere = f"{where} [gpu]"
     name = get(g, "name", str, gwhere)
@@ -75,12 +104,14 @@ def load_profile(path: str | Path) -> CalibratedProfile:
               "overlap_interference"):
         if getattr(gpu, k) < 0:
             raise ProfileError(f"{gwhere}: {k} must be >= 0, got {getattr(gpu, k)!r}")
+    prov = get(doc, "provenance", dict, where, {})
     layers = get(doc, "layers", list, where, [])
     ends = get(doc, "ends", list, where, [])
+    if version == 1 and prov.get("device") == "cuda":
+        layers = [_v1_layer_row(r) for r in layers]
     if layers or ends:
         from meshplan.costmodel.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
-    prov = get(doc, "provenance", dict, where, {})
     measured = get(doc, "measured", list, where, [])
     c = get(doc, "cluster", dict, where, {})
     cwhere = f"{where} [cluster]"
@@ -119,4 +150,5 @@ def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False)
     return replace(cluster, **changes)
 
 
-__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "SCHEMA", "VERSION"]
+__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "SCHEMA", "VERSION",
+           "READABLE_VERSIONS"]

@@ -181,6 +181,37 @@ def test_load_profile_rejects_foreign_and_broken_files(tmp_path):
         load_profile(bad)
 
 
+def test_version_1_cuda_layer_rows_lose_their_second_input(tmp_path):
+    """Version 1 counted a ZeRO-0 CUDA layer row's input twice (once in the fresh-input
+    reading, once added): loading removes input / L; other rows and version 2 stay."""
+    from meshplan.hardware_profiles.calibrated import READABLE_VERSIONS, VERSION
+    assert VERSION == 2 and READABLE_VERSIONS == (1, 2)
+    doc = tomllib.loads(_write_gpu_profile(tmp_path / "ok.toml").read_text())
+    shape = "h1280-f5120-q20-kv20-d64-gelu-layernorm-learned-bias-drop0"
+    row = {"shape": shape, "seq_len": 2048, "tp": 1, "sequence_parallel": False,
+           "recompute": "full", "micro_batch": 4, "zero": 0, "dp": 1, "forward_s": 1e-3,
+           "backward_s": 2e-3, "activation_bytes": 30 * 2**20,
+           "backward_peak_bytes": 400 * 2**20, "model": "gpt", "split_layers": 2}
+    fsdp = {**row, "zero": 2, "dp": 2, "split_layers": 0}
+    doc["layers"] = [row, fsdp]
+    input_bytes = 4 * 2048 * 1280 * 2                        # 20 MiB
+
+    def loaded(version, device):
+        d = {**doc, "version": version, "provenance": {**doc["provenance"], "device": device}}
+        path = tmp_path / f"v{version}{device}.toml"
+        path.write_text(dumps(d))
+        tables = load_profile(path).gpu.measured
+        return [r.activation_bytes for r in tables.layers]
+
+    assert loaded(1, "cuda") == pytest.approx([30 * 2**20 - input_bytes / 2, 30 * 2**20])
+    assert loaded(2, "cuda") == pytest.approx([30 * 2**20] * 2)
+    assert loaded(1, "cpu") == pytest.approx([30 * 2**20] * 2)   # CPU rows: no fresh input
+    bad = tmp_path / "v3.toml"
+    bad.write_text(dumps({**doc, "version": 3}))
+    with pytest.raises(ProfileError, match="version.*3.*reads profile versions 1, 2"):
+        load_profile(bad)
+
+
 def test_two_depth_fit_is_the_line_through_two_stack_depths():
     from meshplan.calibrate.stats import two_depth_fit
     assert two_depth_fit(2, 7.0, 4, 11.0) == pytest.approx((3.0, 2.0))   # 3 + 2 n

@@ -383,6 +383,24 @@ def test_zero_bubble_with_full_recompute_pays_the_weight_pass_transient():
                                       + ZB_FULL_W_TRANSIENT_SETS * full_set))
 
 
+def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
+    """torch keeps each stage's output until that micro-batch's backward (fwd_cache); the
+    last stage's output is the logits, counted apart."""
+    from meshplan.costmodel.estimate import layer_tables, pipeline_kept_outputs
+    io = 1 * 1024 * MODEL.hidden_size * 2
+    assert pipeline_kept_outputs(JOB, Layout(pp=2, micro_batch=1), MODEL.hidden_size,
+                                 (2.0, 1.0)) == pytest.approx((2 * io, 0.0))
+    v2 = Layout(pp=2, micro_batch=1, schedule="interleaved-1f1b", vpp=2)
+    # rank 0 runs stages 0 and 2 (both send on), rank 1 stages 1 and 3 (3 is the last)
+    assert pipeline_kept_outputs(JOB, v2, MODEL.hidden_size, (2.5, 1.5)) == \
+        pytest.approx((2.5 * 2 * io, 1.5 * 1 * io))
+    assert pipeline_kept_outputs(Job(global_batch=16, seq_len=1024), v2, MODEL.hidden_size,
+                                 (2.5, 1.5)) == ()                 # runtime megatron
+    assert pipeline_kept_outputs(JOB, Layout(micro_batch=1), MODEL.hidden_size, (1.0,)) == ()
+    t = layer_tables(MODEL, _cluster(TABLES), JOB, Layout(pp=2, micro_batch=1))
+    assert t.recv_buffers[0] == pytest.approx(JOB.global_batch * io + t.inflight[0] * io)
+
+
 def test_pipeline_stages_keep_a_receive_buffer_per_micro_batch():
     from meshplan.costmodel.estimate import layer_tables, pipeline_recv_buffers
     io = 1 * 1024 * MODEL.hidden_size * 2                    # (mb, s, h) in bf16
