@@ -134,15 +134,16 @@ def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[
 # Zero-bubble with full recomputation, runtime "torch" (measured with
 # benchmarks/diag_stage_memory.py on 4 × H200, torch 2.11, Llama 1.64B: holdout6 j15 pp 2
 # and holdout4 n16 pp 4, every rank r > 0 alike): after a micro-batch's input-gradient pass
-# the rank keeps 0.40 of the layers' non-recomputed activations until its W (the
-# recomputed tensors that pass did not consume, and the output gradients W needs), and
-# while a deferred W runs it holds 4.0 such sets more. torch.distributed.pipelining's
-# stage_backward_weight runs one autograd.grad per parameter group, and non-reentrant
-# checkpointing re-runs a layer's forward for every such graph task, keeping what that task
-# does not consume until the graph is freed. Fitted on those two layouts, so not a
-# held-out result; without recomputation a pending W keeps one set (j07, within 1 %).
-ZB_FULL_PENDING_SETS = 0.40
-ZB_FULL_W_TRANSIENT_SETS = 4.0
+# the rank keeps 0.42 of the layers' non-recomputed activations until its W (the
+# recomputed tensors that pass did not consume, and the output gradients W needs: 4.4-4.6
+# GiB per I on 10.7 GiB sets), and while a deferred W runs it holds 4.1 such sets more
+# (+43.4-44.0 GiB). torch.distributed.pipelining's stage_backward_weight runs one
+# autograd.grad per parameter group, and non-reentrant checkpointing re-runs a layer's
+# forward for every such graph task, keeping what that task does not consume until the
+# graph is freed. Sets in profile-version-2 units (input counted once). Read off those two
+# layouts, so not a held-out result; without recomputation a pending W keeps one set (j07).
+ZB_FULL_PENDING_SETS = 0.42
+ZB_FULL_W_TRANSIENT_SETS = 4.1
 
 
 def _wgrad_bytes(layout: Layout, full_act_bytes: float) -> dict[str, float]:
