@@ -79,19 +79,32 @@ def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_si
     whole run; rank r holds the stages r, r + pp, ... . A received activation is also the
     first layer's input, which the per-layer activation bytes already count for the
     ``inflight`` micro-batches: those are not counted twice."""
-    pp, v = layout.pp, layout.vpp
-    if job.runtime != "torch" or pp == 1:
+    io = _stage_io_bytes(job, layout, hidden_size)
+    if io is None:
         return ()
-    seq = job.seq_len // layout.tp if layout.sequence_parallel else job.seq_len
-    io = layout.micro_batch * seq * hidden_size * activation_bytes_per_element(job)
-    last = pp * v - 1
     out = []
-    for r in range(pp):
-        chunks = range(r, pp * v, pp)
-        receiving = sum(c != 0 for c in chunks)
-        sending = sum(c != last for c in chunks)
+    for r in range(layout.pp):
+        receiving, sending = _chunks_receiving_sending(layout, r)
         out.append(((receiving + sending) * microbatches - receiving * inflight[r]) * io)
     return tuple(out)
+
+
+def _stage_io_bytes(job: Job, layout: Layout, hidden_size: int) -> float | None:
+    """One stage input / output, (micro-batch, sequence / tp with SP, hidden) in 16 bits,
+    where torch.distributed.pipelining runs the pipeline (runtime "torch", pp > 1); else
+    None."""
+    if job.runtime != "torch" or layout.pp == 1:
+        return None
+    seq = job.seq_len // layout.tp if layout.sequence_parallel else job.seq_len
+    return layout.micro_batch * seq * hidden_size * activation_bytes_per_element(job)
+
+
+def _chunks_receiving_sending(layout: Layout, rank: int) -> tuple[int, int]:
+    """How many of ``rank``'s chunks (stages rank, rank + pp, ...) receive an activation
+    (all but the first stage) and send one on (all but the last)."""
+    pp, v = layout.pp, layout.vpp
+    chunks = range(rank, pp * v, pp)
+    return sum(c != 0 for c in chunks), sum(c != pp * v - 1 for c in chunks)
 
 
 def pipeline_kept_outputs(job: Job, layout: Layout, hidden_size: int,
@@ -104,14 +117,11 @@ def pipeline_kept_outputs(job: Job, layout: Layout, hidden_size: int,
     (micro-batch, sequence / tp with SP, hidden) 16-bit tensor per micro-batch in flight;
     rank r's ``inflight[r]`` micro-batches are spread over its chunks, so its non-last chunks
     hold ``inflight[r]`` × (their number) of them."""
-    pp, v = layout.pp, layout.vpp
-    if job.runtime != "torch" or pp == 1:
+    io = _stage_io_bytes(job, layout, hidden_size)
+    if io is None:
         return ()
-    seq = job.seq_len // layout.tp if layout.sequence_parallel else job.seq_len
-    io = layout.micro_batch * seq * hidden_size * activation_bytes_per_element(job)
-    last = pp * v - 1
-    return tuple(inflight[r] * sum(c != last for c in range(r, pp * v, pp)) * io
-                 for r in range(pp))
+    return tuple(inflight[r] * _chunks_receiving_sending(layout, r)[1] * io
+                 for r in range(layout.pp))
 
 
 def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[float, ...]:
