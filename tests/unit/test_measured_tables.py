@@ -383,6 +383,27 @@ def test_zero_bubble_with_full_recompute_pays_the_weight_pass_transient():
                                       + ZB_FULL_W_TRANSIENT_SETS * full_set))
 
 
+def test_fsdp_layouts_take_their_activation_bytes_from_fsdp_rows():
+    """FSDP2 runs bf16 without autocast, which keeps fp32 copies under ZeRO-0/1: a layout
+    with FSDP rows of its (zero, dp) uses their activation bytes, others the plain rows'."""
+    from meshplan.costmodel.estimate import layer_tables
+    tables = MeasuredTables(
+        (_layer(1, 1e-3, 2e-3, 100e6, 50e6), _layer(2, 1.8e-3, 3.8e-3, 200e6, 90e6),
+         _layer(1, 1.5e-3, 3.5e-3, 80e6, 60e6, zero=3, dp=2),
+         _layer(2, 2.8e-3, 6.5e-3, 160e6, 100e6, zero=3, dp=2)),
+        (_end("embedding", 1, 1e-4, 2e-4, 1e6, 0.0), _end("output", 1, 5e-4, 9e-4, 400e6, 300e6)))
+    c = _cluster(tables)
+
+    def act(**kw):
+        return layer_tables(MODEL, c, JOB, Layout(micro_batch=2, **kw)).layer_activation_bytes
+    assert act(dp=2, zero=3) == pytest.approx(160e6)
+    assert act(dp=2, zero=1) == pytest.approx(200e6)              # DDP: autocast, plain row
+    assert act(dp=4, zero=3) == pytest.approx(200e6)              # no FSDP row of dp 4
+    mega = Job(global_batch=JOB.global_batch, seq_len=1024)       # runtime megatron
+    assert layer_tables(MODEL, c, mega, Layout(micro_batch=2, dp=2, zero=3)
+                        ).layer_activation_bytes == pytest.approx(200e6)
+
+
 def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
     """torch keeps each stage's output until that micro-batch's backward (fwd_cache); the
     last stage's output is the logits, counted apart."""
