@@ -69,8 +69,15 @@ def _v1_layer_row(row: Any) -> Any:
     input (``bench_layers._kept_bytes``), which already holds that input, and then added the
     input once more: every such row counted ``input / L`` bytes too many per layer (half an
     input at L = 2 blocks; a third of a full-recompute row, whose real cost is the input).
-    Rows of other ZeRO stages were read around a persistent input and are right."""
+    Rows of other ZeRO stages were read around a persistent input and are right, and so
+    were all rows of calibrations older than that second-forward reading, which came in
+    together with the queued CPU timing: a row without ``forward_cpu_s`` is left alone (a
+    version-1 calibration on a torch without ``torch.cuda._sleep`` is the one case this
+    misses)."""
     if not isinstance(row, dict) or row.get("zero", 0) != 0:
+        return row
+    cpu = row.get("forward_cpu_s", 0.0)
+    if not isinstance(cpu, (int, float)) or cpu <= 0:
         return row
     m = re.match(r"h(\d+)-", str(row.get("shape", "")))
     needed = ("micro_batch", "seq_len", "tp", "activation_bytes")

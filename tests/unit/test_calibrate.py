@@ -191,9 +191,12 @@ def test_version_1_cuda_layer_rows_lose_their_second_input(tmp_path):
     row = {"shape": shape, "seq_len": 2048, "tp": 1, "sequence_parallel": False,
            "recompute": "full", "micro_batch": 4, "zero": 0, "dp": 1, "forward_s": 1e-3,
            "backward_s": 2e-3, "activation_bytes": 30 * 2**20,
-           "backward_peak_bytes": 400 * 2**20, "model": "gpt", "split_layers": 2}
+           "backward_peak_bytes": 400 * 2**20, "model": "gpt", "split_layers": 2,
+           "forward_cpu_s": 1e-3, "backward_cpu_s": 2e-3}
     fsdp = {**row, "zero": 2, "dp": 2, "split_layers": 0}
-    doc["layers"] = [row, fsdp]
+    # a row from before the second-forward reading (no CPU timing; tp 2 for its own key)
+    older = {k: v for k, v in row.items() if not k.endswith("_cpu_s")} | {"tp": 2}
+    doc["layers"] = [row, fsdp, older]
     input_bytes = 4 * 2048 * 1280 * 2                        # 20 MiB
 
     def loaded(version, device):
@@ -203,9 +206,9 @@ def test_version_1_cuda_layer_rows_lose_their_second_input(tmp_path):
         tables = load_profile(path).gpu.measured
         return [r.activation_bytes for r in tables.layers]
 
-    assert loaded(1, "cuda") == pytest.approx([30 * 2**20 - input_bytes / 2, 30 * 2**20])
-    assert loaded(2, "cuda") == pytest.approx([30 * 2**20] * 2)
-    assert loaded(1, "cpu") == pytest.approx([30 * 2**20] * 2)   # CPU rows: no fresh input
+    assert loaded(1, "cuda") == pytest.approx([30 * 2**20 - input_bytes / 2] + [30 * 2**20] * 2)
+    assert loaded(2, "cuda") == pytest.approx([30 * 2**20] * 3)
+    assert loaded(1, "cpu") == pytest.approx([30 * 2**20] * 3)   # CPU rows: no fresh input
     bad = tmp_path / "v3.toml"
     bad.write_text(dumps({**doc, "version": 3}))
     with pytest.raises(ProfileError, match="version.*3.*reads profile versions 1, 2"):
