@@ -611,7 +611,7 @@ class LayerTables:
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     output_peak_bytes: float = 0.0  # the output layer's working memory (part of logits_bytes)
     grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
-    recv_buffers: tuple[float, ...] = ()   # per rank: pipeline_recv_buffers + pipeline_kept_outputs
+    recv_buffers: tuple[float, ...] = ()   # per rank: receive buffers + kept stage outputs
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
     wgrad_transient_bytes: float = 0.0     # per layer, while a deferred W runs (ranks r > 0)
