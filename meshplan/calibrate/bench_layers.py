@@ -31,10 +31,11 @@ each time is the median over rounds):
   stage keeps it apart, ``costmodel.estimate.pipeline_kept_outputs``; this matches the
   per-layer convention of Korthikanti et al. 2022, arXiv 2205.05198, Table 2, whose
   2sbh-per-layer "full recompute" term is the layer's input). Profile version 1 added the
-  input a second time (``hardware_profiles.calibrated._v1_layer_row`` corrects it). The first forward of a step also fills one-time caches
-  (autocast's 16-bit weight copies), which the cost model counts once per step; FSDP rows
-  keep the timed iterations' allocator difference, with ZeRO-2's unsharded bf16
-  parameters subtracted (held once per stage, not per micro-batch in flight).
+  input a second time (``hardware_profiles.calibrated._v1_layer_row`` corrects it). The
+  first forward of a step also fills one-time caches (autocast's 16-bit weight copies),
+  which the cost model counts once per step; FSDP rows keep the timed iterations'
+  allocator difference, with ZeRO-2's unsharded bf16 parameters subtracted (held once per
+  stage, not per micro-batch in flight).
   ``backward_peak_bytes`` = peak allocated during forward + backward − allocated after
   forward (not divided by L: the working memory of the one layer whose backward is
   running — recomputed activations, gradients in flight, FSDP2 unsharded gradients).
