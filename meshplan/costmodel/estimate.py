@@ -40,21 +40,6 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0    # fused Adam: read+write master, m, v; read 
 GRAD_FLATTEN_PASSES = 6.0
 
 
-def _fsdp_activation_bytes(model: ModelSpec, job: Job, layout: Layout, tables,
-                           plain_bytes: float) -> float:
-    """A layer's activation bytes under FSDP2 (ZeRO-2/3, dp > 1, runtime "torch"): from the
-    profile's FSDP rows where it has them, else the plain rows' ``plain_bytes``. The
-    executor runs FSDP2 in bf16 without autocast (``MixedPrecisionPolicy``) and ZeRO-0/1
-    under autocast, which keeps fp32 copies where it runs ops in fp32 (LayerNorm's input):
-    GPT-0.54B's FSDP rows hold 13 % less than its plain ones (round 6)."""
-    if not tables or job.runtime != "torch" or layout.zero < 2 or layout.dp == 1:
-        return plain_bytes
-    fa = tables.layer(model, seq_len=job.seq_len, tp=layout.tp,
-                      sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
-                      micro_batch=layout.micro_batch, zero=layout.zero, dp=layout.dp)
-    return fa.activation_bytes if fa is not None else plain_bytes
-
-
 def fsdp_per_microbatch(job: Job, zero: int, pp: int = 1) -> bool:
     """ZeRO stages whose communication happens per layer and per micro-batch: ZeRO-3, and
     ZeRO-2 as FSDP2 runs it without a pipeline (runtime "torch": gradients are
@@ -868,10 +853,19 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         layer_b, layer_w = sum(split), split[1]
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
     tables = cluster.gpu.measured
-    fs = (tables.layer(model, seq_len=job.seq_len, tp=tp,
-                       sequence_parallel=layout.sequence_parallel, recompute=layout.recompute,
-                       micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
-          if fsdp and tables else None)
+    # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
+    fsdp_row = (tables.layer(model, seq_len=job.seq_len, tp=tp,
+                             sequence_parallel=layout.sequence_parallel,
+                             recompute=layout.recompute, micro_batch=layout.micro_batch,
+                             zero=layout.zero, dp=dp)
+                if tables and layout.zero >= 2 and dp > 1 else None)
+    fs = fsdp_row if fsdp else None
+    act_bytes = parts.activation_bytes
+    if fsdp_row is not None and job.runtime == "torch":
+        # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
+        # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
+        # (LayerNorm's input): GPT-0.54B's FSDP rows hold 13 % less than its plain ones
+        act_bytes = fsdp_row.activation_bytes
     if fs is not None:
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
@@ -979,8 +973,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
                                                 **copy_kw)),
-        layer_activation_bytes=_fsdp_activation_bytes(model, job, layout, tables,
-                                                      parts.activation_bytes),
+        layer_activation_bytes=act_bytes,
         inflight=inflight, buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
