@@ -104,6 +104,11 @@ def worker(args) -> int:
     return rc
 
 
+def _tag(entry: dict) -> str:
+    """An action with its micro-batch (F3, I0, W2) or a step phase alone (FB, G, O)."""
+    return entry["action"] + (str(entry["mb"]) if entry["mb"] >= 0 else "")
+
+
 def summarize(out: Path, prediction: dict) -> dict:
     """Per rank: the last step's actions with allocated GiB, and the peak action."""
     ranks = {}
@@ -113,12 +118,10 @@ def summarize(out: Path, prediction: dict) -> dict:
         log = json.loads(f.read_text())
         step = log[len(log) // 2:]       # warm-up + 1 measured step: keep the second half
         peak = max(step, key=lambda e: e["peak"], default=None)
-        ranks[r] = {"actions": " ".join(
-                        f"{e['action']}{e['mb'] if e['mb'] >= 0 else ''}:"
-                        f"{e['allocated'] / 2**30:.1f}/{e['peak'] / 2**30:.1f}" for e in step),
+        ranks[r] = {"actions": " ".join(f"{_tag(e)}:{e['allocated'] / 2**30:.1f}/"
+                                        f"{e['peak'] / 2**30:.1f}" for e in step),
                     "peak_gib": peak["peak"] / 2**30 if peak else None,
-                    "peak_at": (f"{peak['action']}{peak['mb'] if peak['mb'] >= 0 else ''}"
-                                if peak else None)}
+                    "peak_at": _tag(peak) if peak else None}
     return {"ranks": ranks, "predicted_gib": [b / 2**30 for b in per_rank_pred]}
 
 
