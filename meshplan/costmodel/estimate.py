@@ -854,11 +854,10 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
     tables = cluster.gpu.measured
     # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
-    fsdp_row = (tables.layer(model, seq_len=job.seq_len, tp=tp,
-                             sequence_parallel=layout.sequence_parallel,
-                             recompute=layout.recompute, micro_batch=layout.micro_batch,
-                             zero=layout.zero, dp=dp)
-                if tables and layout.zero >= 2 and dp > 1 else None)
+    fsdp_row, composed = (tables.fsdp_layer(
+        model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
+        if tables and layout.zero >= 2 and dp > 1 else (None, False))
     fs = fsdp_row if fsdp else None
     act_bytes = parts.activation_bytes
     if fsdp_row is not None and job.runtime == "torch":
@@ -866,7 +865,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
         # (LayerNorm's input): GPT-0.54B's FSDP rows hold 13 % less than its plain ones
         act_bytes = fsdp_row.activation_bytes
-    if fs is not None:
+    if fs is not None and not composed:
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
                         z3.total_s)

@@ -246,6 +246,41 @@ class MeasuredTables:
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
 
+    def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
+                   recompute: str, micro_batch: int, zero: int, dp: int
+                   ) -> tuple[Interpolated | None, bool]:
+        """An FSDP2 layer (ZeRO-2/3 over ``dp`` > 1) and whether it was composed.
+
+        The profile's own row where it has one. Calibration times FSDP2 on tp = 1 only, so
+        for tp > 1 (FSDP2 over dp of tensor-parallel layers, a 2-D mesh) the row is composed
+        from three measured ones: the plain tp row plus what FSDP2 adds to the plain tp = 1
+        row. FSDP2's per-layer hooks (pre-forward gather, post-backward reduce-scatter) cost
+        the CPU per FSDP unit, whatever the tensor-parallel split of its parameters, so their
+        CPU seconds are carried over as a difference; activation bytes scale by the tp = 1
+        ratio (FSDP2 runs in bf16 without autocast's fp32 copies; the ratio is per element,
+        so it holds for tp-sharded activations). GPU seconds stay the plain tp row's: the
+        caller adds the gather/reduce analytically (their bytes shrink with tp). (None,
+        False) where a row is missing."""
+        row = self.layer(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
+                         recompute=recompute, micro_batch=micro_batch, zero=zero, dp=dp)
+        if row is not None or tp == 1:
+            return row, False
+        kw = dict(seq_len=seq_len, recompute=recompute, micro_batch=micro_batch)
+        fsdp1 = self.layer(model, tp=1, sequence_parallel=False, zero=zero, dp=dp, **kw)
+        plain1 = self.layer(model, tp=1, sequence_parallel=False, **kw)
+        plain = self.layer(model, tp=tp, sequence_parallel=sequence_parallel, **kw)
+        if fsdp1 is None or plain1 is None or plain is None or plain1.activation_bytes <= 0:
+            return None, False
+        ratio = fsdp1.activation_bytes / plain1.activation_bytes
+
+        def added(name: str) -> float:
+            return max(0.0, getattr(plain, name) + getattr(fsdp1, name) - getattr(plain1, name))
+        cpu_known = fsdp1.cpu_measured and plain1.cpu_measured and plain.cpu_measured
+        cpu = {n: added(n) if cpu_known else 0.0 for n in (
+            "forward_cpu_s", "backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")}
+        return Interpolated(plain.forward_s, plain.backward_s, plain.activation_bytes * ratio,
+                            plain.peak_bytes, **cpu), True
+
     def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
             sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
         key = (ends_shape_key(model), part, seq_len, tp, bool(sequence_parallel and tp > 1))

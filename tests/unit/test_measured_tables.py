@@ -404,6 +404,39 @@ def test_fsdp_layouts_take_their_activation_bytes_from_fsdp_rows():
                         ).layer_activation_bytes == pytest.approx(200e6)
 
 
+def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
+    """Calibration times FSDP2 on tp = 1 only. FSDP2 over dp of tp = 2 layers (holdout7 p02:
+    without it the model had no CPU times and predicted a CPU-bound step 22.8 % too fast)
+    takes the plain tp = 2 row plus FSDP2's measured CPU increment at tp = 1, and scales the
+    activation bytes by the tp = 1 FSDP / plain ratio."""
+    from meshplan.costmodel.estimate import layer_tables
+    cpu = dict(forward_cpu_s=1e-3, backward_cpu_s=2e-3, backward_cpu_fixed_s=4e-4)
+    tables = MeasuredTables(
+        (_layer(1, 1e-3, 2e-3, 100e6, 50e6, **cpu),
+         _layer(1, 1.5e-3, 3.5e-3, 80e6, 60e6, zero=2, dp=2, forward_cpu_s=1.8e-3,
+                backward_cpu_s=2.5e-3, backward_cpu_fixed_s=6e-4),
+         _layer(1, 0.6e-3, 1.2e-3, 60e6, 30e6, tp=2, forward_cpu_s=1.5e-3,
+                backward_cpu_s=2.4e-3, backward_cpu_fixed_s=5e-4)),
+        tuple(replace(_end(p, 1, 1e-4, 2e-4, 1e6, 0.0), forward_cpu_s=1e-4, backward_cpu_s=2e-4,
+                      tp=tp) for p in ("embedding", "output") for tp in (1, 2)))
+    kw = dict(seq_len=1024, sequence_parallel=False, recompute="none", micro_batch=1, zero=2,
+              dp=2)
+    row, composed = tables.fsdp_layer(MODEL, tp=2, **kw)
+    assert composed
+    assert (row.forward_cpu_s, row.backward_cpu_s) == pytest.approx((2.3e-3, 2.9e-3))
+    assert row.backward_cpu_fixed_s == pytest.approx(7e-4)
+    assert row.activation_bytes == pytest.approx(60e6 * 0.8)
+    assert (row.forward_s, row.backward_s) == (0.6e-3, 1.2e-3)    # the plain tp row's GPU
+    direct, composed1 = tables.fsdp_layer(MODEL, tp=1, **kw)
+    assert not composed1 and direct.forward_cpu_s == pytest.approx(1.8e-3)
+    assert tables.fsdp_layer(MODEL, tp=2, **{**kw, "dp": 4}) == (None, False)  # no tp1 dp4 row
+    t = layer_tables(MODEL, _cluster(tables), JOB, Layout(dp=2, tp=2, micro_batch=1, zero=2))
+    assert t.cpu_known and t.cpu_layer_s == pytest.approx(5.2e-3)
+    assert t.layer_activation_bytes == pytest.approx(48e6)
+    # the gather/reduce stays analytical (a composed row has no FSDP2 GPU timing)
+    assert t.layer_forward_s > 0.6e-3
+
+
 def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
     """torch keeps each stage's output until that micro-batch's backward (fwd_cache); the
     last stage's output is the logits, counted apart."""
