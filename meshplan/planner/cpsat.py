@@ -217,6 +217,14 @@ def _stage_units(t, n) -> tuple[list, list]:
     af, ab, ov = _u(t.layer_forward_s), _u(t.layer_backward_s), _u(t.overhead_s)
     ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
     gf, gb = _u(t.last_forward_s), _u(t.last_backward_s)
+    if t.slowdown:   # LayerTables.stage_times scales each stage by its rank's factor
+        k = t.slowdown
+        return ([_u(k[i] * t.layer_forward_s) * n[i] + _u(k[i] * (
+                    t.overhead_s + (t.first_forward_s if i == 0 else 0.0)
+                    + (t.last_forward_s if i == S - 1 else 0.0))) for i in range(S)],
+                [_u(k[i] * t.layer_backward_s) * n[i] + _u(k[i] * (
+                    t.overhead_s + (t.first_backward_s if i == 0 else 0.0)
+                    + (t.last_backward_s if i == S - 1 else 0.0))) for i in range(S)])
     f = [af * n[i] + ov + (ef if i == 0 else 0) + (gf if i == S - 1 else 0) for i in range(S)]
     b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
     return f, b

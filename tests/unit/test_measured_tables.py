@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.costmodel import estimate
+from meshplan.costmodel.estimate import TORCH_P2P_SLOWDOWN_PER_OP
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.costmodel.memory import model_state_bytes, stage_params
@@ -142,9 +143,12 @@ def test_zero_bubble_uses_the_measured_split_backward():
     c = _cluster(split)
     zb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="zero-bubble"))
     fb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="1f1b"))
-    # 4 layers per stage; the ends are analytical here (no end rows), identical in both
-    assert zb.stage_backward_s[0] - fb.stage_backward_s[0] == pytest.approx(4 * (5.5e-3 - 2e-3))
-    assert zb.stage_wgrad_s[0] == pytest.approx(4 * 4e-3)
+    # 4 layers per stage; the ends are analytical here (no end rows), identical in both;
+    # stage 0's rank runs 2 p2p operations per micro-batch (TORCH_P2P_SLOWDOWN_PER_OP)
+    k = 1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP
+    assert zb.stage_backward_s[0] - fb.stage_backward_s[0] == pytest.approx(
+        k * 4 * (5.5e-3 - 2e-3))
+    assert zb.stage_wgrad_s[0] == pytest.approx(k * 4 * 4e-3)
 
 
 def test_zero_bubble_split_backward_grows_with_the_stage_depth():
@@ -155,7 +159,7 @@ def test_zero_bubble_split_backward_grows_with_the_stage_depth():
     for pp, n in ((2, 4), (4, 2)):
         zb = estimate(MODEL, c, JOB, Layout(pp=pp, micro_batch=1, schedule="zero-bubble"))
         w = 4e-3 + 2.5e-4 * (n - 2)
-        assert zb.stage_wgrad_s[0] == pytest.approx(n * w)
+        assert zb.stage_wgrad_s[0] == pytest.approx(n * w * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
     # one measured micro-batch: times scale with it, the timed stack and its growth do not
     one = MeasuredTables((_layer(2, 1e-3, 2e-3, 1e6, 0.0, **row),), ())
     r = one.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
@@ -181,7 +185,8 @@ def test_zero_bubble_with_the_split_timed_queued():
     c = _cluster(MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, **row),), ends))
     lay = Layout(pp=2, micro_batch=1, schedule="zero-bubble")
     zb = estimate(MODEL, c, JOB, lay)
-    assert zb.stage_wgrad_s[0] == pytest.approx(4 * 1.2e-3)        # GPU: no depth growth
+    assert zb.stage_wgrad_s[0] == pytest.approx(                    # GPU: no depth growth
+        4 * 1.2e-3 * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
     from meshplan.costmodel.estimate import layer_tables
     t = layer_tables(MODEL, c, JOB, lay)
     # CPU per layer: forward + B + W at depth 4 (W + 2 extra layers x 0.5 ms)
@@ -522,3 +527,30 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     mega = Job(global_batch=16, seq_len=1024)           # Megatron runtime: no relief
     assert layer_tables(MODEL, c, mega, Layout(pp=2, micro_batch=1, schedule="gpipe")
                         ).gpipe_relief_bytes(0, 4) == 0.0
+
+
+def test_pipeline_ranks_compute_slower_per_p2p_operation():
+    """Runtime "torch": each send/receive a rank runs per micro-batch slows its compute by
+    TORCH_P2P_SLOWDOWN_PER_OP (interleaving multiplies them); other runtimes are unchanged."""
+    from meshplan.costmodel.estimate import layer_tables, p2p_ops_per_microbatch
+    assert p2p_ops_per_microbatch(1, 1) == (0,)
+    assert p2p_ops_per_microbatch(4, 1) == (2, 4, 4, 2)
+    assert p2p_ops_per_microbatch(2, 2) == (6, 6)
+    assert p2p_ops_per_microbatch(4, 2) == (6, 8, 8, 6)
+    assert p2p_ops_per_microbatch(4, 3) == (10, 12, 12, 10)
+    c = _cluster(TABLES)
+    lam = TORCH_P2P_SLOWDOWN_PER_OP
+    for lay in (Layout(pp=4, micro_batch=1), Layout(pp=2, vpp=2, micro_batch=1,
+                                                      schedule="interleaved-1f1b")):
+        t = layer_tables(MODEL, c, JOB, lay)
+        plain = replace(t, slowdown=())
+        ops = p2p_ops_per_microbatch(lay.pp, lay.vpp)
+        sl = (MODEL.num_layers // (lay.pp * lay.vpp),) * (lay.pp * lay.vpp)
+        for got, base in zip(t.stage_times(sl), plain.stage_times(sl)):
+            assert got == pytest.approx([x * (1 + lam * ops[i % lay.pp])
+                                         for i, x in enumerate(base)])
+        assert t.rank_pass_s(1, 2)[0] == pytest.approx(plain.rank_pass_s(1, 2)[0]
+                                                       * (1 + lam * ops[1]))
+    mega = Job(global_batch=JOB.global_batch, seq_len=1024)
+    assert layer_tables(MODEL, c, mega, Layout(pp=4, micro_batch=1)).slowdown == ()
+    assert layer_tables(MODEL, c, JOB, Layout(dp=4, micro_batch=1)).slowdown == ()
