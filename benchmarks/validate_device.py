@@ -185,7 +185,7 @@ HOLDOUT4_LAYOUTS = [
     ("n15", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble")),
     ("n16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="zero-bubble", recompute="full")),
 ]
-# "holdout7" (after round 6; not run yet): 16 new 4-rank layouts at holdout4's sizes (global
+# "holdout7" (after round 6; run in round 7): 16 new 4-rank layouts at holdout4's sizes (global
 # batch 64, micro-batches 4-8, <= 62 GiB predicted so they fit an H100), chosen before any
 # of them ran: tp 4 for both models, GPT zero-bubble with full recomputation (round 6's
 # memory terms were fitted on Llama only), vpp 3, ZeRO 0-3, the three recompute modes and
@@ -214,6 +214,35 @@ HOLDOUT7_LAYOUTS = [
                          recompute="selective")),
     ("p16", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="zero-bubble",
                          recompute="selective", sequence_parallel=True)),
+]
+# "holdout8" (round 7, after holdout7's post-hoc changes; not run yet): 16 new 4-rank
+# layouts at holdout4's sizes, chosen before any of them ran, weighted to what those changes
+# act on — FSDP2 over tensor-parallel layers (composed rows) and the per-p2p pipeline
+# slowdown (interleaved vpp 2-3 with dp, 1F1B/GPipe/zero-bubble at pp 4) — plus ZeRO-1/3
+# data parallelism and tp 4; <= 62 GiB predicted so they fit an H100.
+HOLDOUT8_LAYOUTS = [
+    ("q01", GPT_05B, L(dp=2, tp=2, micro_batch=8, zero=3)),
+    ("q02", GPT_05B, L(dp=2, tp=2, micro_batch=4, zero=2, recompute="full",
+                       sequence_parallel=True)),
+    ("q03", GPT_05B, L(pp=4, micro_batch=4, schedule="interleaved-1f1b", vpp=3,
+                       recompute="selective")),
+    ("q04", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=2)),
+    ("q05", GPT_05B, L(pp=4, micro_batch=8, schedule="1f1b", recompute="full")),
+    ("q06", GPT_05B, L(dp=4, micro_batch=8, zero=1, recompute="selective")),
+    ("q07", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="gpipe", recompute="full",
+                       sequence_parallel=True)),
+    ("q08", GPT_05B, L(pp=4, micro_batch=4, schedule="zero-bubble")),
+    ("q09", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=3, recompute="selective")),
+    ("q10", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3,
+                         recompute="full")),
+    ("q11", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                         recompute="selective")),
+    ("q12", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="gpipe", recompute="full",
+                         sequence_parallel=True)),
+    ("q13", LLAMA_16B, L(dp=4, micro_batch=4, zero=3, recompute="full")),
+    ("q14", LLAMA_16B, L(tp=4, micro_batch=8, recompute="full", sequence_parallel=True)),
+    ("q15", LLAMA_16B, L(pp=4, micro_batch=4, schedule="zero-bubble", recompute="full")),
+    ("q16", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", zero=2)),
 ]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
@@ -268,10 +297,11 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
         "holdout7": HOLDOUT7_LAYOUTS,
+        "holdout8": HOLDOUT8_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
-            "holdout7": JOB4}
+            "holdout7": JOB4, "holdout8": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
@@ -386,7 +416,8 @@ def main(argv=None) -> int:
                         "the round-3 model), 'check3' (after its post-hoc fixes), 'holdout3' "
                         "(round 4: GPU-bound micro-batches, global batch 64), 'holdout4' (round"
                         " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs), "
-                        "'holdout7' (after round 6, not run yet) or "
+                        "'holdout7' (round 7), 'holdout8' (after round 7's post-hoc "
+                        "changes) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
