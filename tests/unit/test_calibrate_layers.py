@@ -47,16 +47,29 @@ def test_grid_on_four_ranks_matches_the_spec():
                                                             (4, False), (4, True)}
     assert {c.micro_batch for c in plain} == {1, 2, 4}
     fsdp = [c for c in grid if c.zero]
-    # zero 2/3 × dp 2/4 × 3 recompute × micro-batch 1/2, tp 1
-    assert len(fsdp) == 2 * 2 * 3 * 2
-    assert {(c.zero, c.dp) for c in fsdp} == {(2, 2), (2, 4), (3, 2), (3, 4)}
-    assert all(c.tp == 1 and not c.sequence_parallel for c in fsdp)
+    # zero 2/3 × 3 recompute × micro-batch 1/2 × (tp 1 at dp 2 and 4, tp 2 with SP off/on at
+    # dp 2: dp·tp must tile the 4 ranks; tp 4 leaves no dp)
+    assert len(fsdp) == 2 * 3 * 2 * (2 + 2)
+    assert {(c.zero, c.dp, c.tp, c.sequence_parallel) for c in fsdp} == {
+        (z, dp, tp, sp) for z in (2, 3) for dp, tp, sp in
+        ((2, 1, False), (4, 1, False), (2, 2, False), (2, 2, True))}
+    assert "zero2 dp2 tp2 sp" in next(c for c in fsdp if c.tp == 2 and c.sequence_parallel
+                                       and c.zero == 2).label()
     ends = [c for c in grid if c.part]
     assert len(ends) == 2 * 5 * 3
     assert all(c.seq_len == model.max_seq_len for c in grid)
     # configurations sharing a module are adjacent, so each module is built once
     keys = [c.build_key for c in grid]
     assert len(set(keys)) == sum(1 for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k)
+
+
+def test_fsdp_rows_cross_their_tp_groups_like_the_executor_mesh():
+    from meshplan.calibrate.bench_layers import dp_mesh_shape
+    assert dp_mesh_shape(4, 2, 2) == (1, 2, 2)   # dp groups {0, 2}, {1, 3}; tp {0, 1}, {2, 3}
+    assert dp_mesh_shape(4, 2, 1) == (2, 2, 1)
+    assert dp_mesh_shape(8, 2, 2) == (2, 2, 2)
+    with pytest.raises(ConfigError, match="dp 4 × tp 2 does not tile a world of 4"):
+        dp_mesh_shape(4, 4, 2)
 
 
 def test_grid_respects_world_seq_vocab_and_quick():
@@ -467,3 +480,42 @@ def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
         assert len({(r["forward_cpu_fixed_s"], r["backward_cpu_fixed_s"]) for r in rows}) == 1
         totals = {round(2 * r["forward_cpu_s"] + r["forward_cpu_fixed_s"], 12) for r in rows}
         assert len(totals) == 1 and totals.pop() > 0
+
+
+# ---- FSDP2 over tensor-parallel layers: the row's module on four gloo ranks ------------------
+def _fsdp_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.calibrate.bench_layers import _build, _Groups, _layer_step
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model = replace(GPTISH, vocab_size=128)
+    out = {}
+    for zero, sp in ((3, False), (2, True)):
+        cfg = Config(model=model, seq_len=64, tp=2, sequence_parallel=sp, micro_batch=1,
+                     recompute="selective", zero=zero, dp=2)
+        groups = _Groups(world, rank, "cpu")
+        m, tp_group = _build(cfg, 2, torch.device("cpu"), groups)
+        x, _, reset, forward, backward = _layer_step(cfg, m, torch.device("cpu"))
+        backward(forward())
+        dp_ranks = dist.get_process_group_ranks(groups.dp_mesh(2, 2).get_group())
+        out[f"z{zero}"] = {"dp": dp_ranks, "tp": dist.get_process_group_ranks(tp_group),
+                           "grad_finite": bool(torch.isfinite(x.grad).all()),
+                           "x_shape": list(x.shape)}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_fsdp_rows_of_tensor_parallel_layers_build_and_run_on_four_ranks(tmp_path):
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+    mp.start_processes(_fsdp_tp_worker, args=(4, f"file://{tmp_path / 'store'}", str(tmp_path)),
+                       nprocs=4, join=True, start_method="spawn")
+    for r in range(4):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        for z in ("z3", "z2"):
+            assert sorted(got[z]["dp"]) == ([0, 2] if r % 2 == 0 else [1, 3])
+            assert sorted(got[z]["tp"]) == ([0, 1] if r < 2 else [2, 3])
+            assert got[z]["grad_finite"]
+        assert got["z2"]["x_shape"] == [1, 32, 128]     # sequence-parallel input: s / tp
