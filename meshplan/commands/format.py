@@ -52,6 +52,7 @@ def format_estimate(est: Estimate) -> str:
                    "compiled blocks (`meshplan run --compile`) dispatch less per token, and "
                    "the time depends on the host CPU (measured ±8 % mean, up to 25 % between "
                    "machines of one type: docs/benchmarks/accuracy.md)")
+    out.extend(f"caution: {c}" for c in est.caveats)
     rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
     rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]
     out.append("\ncommunication sent per GPU per step (GiB)")

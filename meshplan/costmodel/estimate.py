@@ -173,6 +173,12 @@ ZB_FULL_W_TRANSIENT_SETS = 4.1
 # differently, and the published-runs validation keeps its documented model).
 TORCH_P2P_SLOWDOWN_PER_OP = 0.012
 
+FSDP_OVER_TP_CAVEAT = (
+    "ZeRO-2/3 over tensor-parallel layers is priced from rows composed out of tp = 1 FSDP2 "
+    "measurements (this profile has no FSDP2 rows at this tp): such layouts ran 22-48 % "
+    "slower than predicted on 4 x H200 (docs/benchmarks/accuracy.md, holdout8); re-run "
+    "`meshplan calibrate`, which now measures them")
+
 
 def p2p_ops_per_microbatch(pp: int, vpp: int) -> tuple[int, ...]:
     """Per pipeline rank: sends + receives it runs per micro-batch (forward activations and
@@ -572,7 +578,7 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         comm_bytes_by_link=by_link, num_microbatches=m, num_gpus=n_gpus,
         stage_forward_s=tuple(f_s), stage_backward_s=tuple(b_s), stage_wgrad_s=tuple(w_s),
         p2p_s=t.p2p_s, pipeline_s=pipe_s,
-        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, caveats=t.caveats)
 
 
 @lru_cache(maxsize=65536)
@@ -655,6 +661,7 @@ class LayerTables:
     relief_const_grad_bytes: tuple[float, ...] = ()
     # per virtual stage: compute slowed by the rank's p2p kernels (stage_slowdown); () = none
     slowdown: tuple[float, ...] = ()
+    caveats: tuple[str, ...] = ()   # Estimate.caveats
 
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions
@@ -1034,6 +1041,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
         recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=parts.output_peak_bytes,
         slowdown=stage_slowdown(job, layout),
+        caveats=(FSDP_OVER_TP_CAVEAT,) if composed and fs is not None else (),
         **_gpipe_relief(job, layout, grad_copies, layer_params, first_params,
                         last_params if pp > 1 else 0.0, last_rank))
 

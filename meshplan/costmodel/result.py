@@ -124,6 +124,8 @@ class Estimate:
     pipeline_s: float = 0.0                                 # first forward to last backward
     model_flops_per_step: float = 0.0
     hardware_flops_per_step: float = 0.0
+    # what the prediction rests on that measurements have shown to be weak (plain sentences)
+    caveats: tuple[str, ...] = field(default=())
 
     @property
     def memory_peak_gib(self) -> float:
@@ -138,4 +140,5 @@ class Estimate:
         d["stage_forward_s"] = list(self.stage_forward_s)
         d["stage_backward_s"] = list(self.stage_backward_s)
         d["stage_wgrad_s"] = list(self.stage_wgrad_s)
+        d["caveats"] = list(self.caveats)
         return d

@@ -440,6 +440,14 @@ def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
     assert t.layer_activation_bytes == pytest.approx(48e6)
     # the gather/reduce stays analytical (a composed row has no FSDP2 GPU timing)
     assert t.layer_forward_s > 0.6e-3
+    # and the estimate says that it rests on a composition measured to be optimistic
+    from meshplan.commands.format import format_estimate
+    est = estimate(MODEL, _cluster(tables), JOB, Layout(dp=2, tp=2, micro_batch=1, zero=2))
+    assert len(est.caveats) == 1 and "composed" in est.caveats[0]
+    assert est.to_dict()["caveats"] == list(est.caveats)
+    assert "caution: ZeRO-2/3 over tensor-parallel layers" in format_estimate(est)
+    assert estimate(MODEL, _cluster(tables), JOB, Layout(dp=2, micro_batch=1, zero=2)
+                    ).caveats == ()
 
 
 def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
