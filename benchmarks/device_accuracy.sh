@@ -11,6 +11,8 @@
 #   ONLY=n06,n12 SET=holdout4 PROFILE=docs/benchmarks/... bash ... trace   # profiler traces
 #   SET=holdout4 PROFILE=docs/benchmarks/profile_h200_round4.toml ... validate  # round 6
 #   ONLY=n09,n05 SET=holdout4 bash ... memory     # memory per pipeline action / step phase
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout7 ... validate  # round 7
+#   SET=holdout8 PROFILE=docs/benchmarks/profile_h200x4_round7.toml ... validate    # round 7
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
