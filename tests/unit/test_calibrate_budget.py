@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from _gloo import run_gloo_ranks, write_rank_result
+
 from meshplan.calibrate.budget import AFTER_LAYERS_ALLOWANCE_S, RoundBudget, next_round
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.errors import ConfigError
@@ -178,17 +180,13 @@ def _agree_worker(rank: int, world: int, init: str, out_dir: str) -> None:
         budget = RoundBudget(budget_s=560.0, started_s=time.perf_counter() - elapsed_s,
                              allowance_s=15.0)
         stops.append(_budget_stops(1, 3, budget, round_s, torch.device("cpu"), world, None))
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(stops))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, rank, stops)
 
 
 @pytest.mark.distributed
 def test_ranks_agree_on_the_next_round(tmp_path):
     pytest.importorskip("torch")
-    import torch.multiprocessing as mp
-    mp.start_processes(_agree_worker, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)),
-                       nprocs=2, join=True, start_method="spawn")
-    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    got = run_gloo_ranks(_agree_worker, 2, tmp_path)
     assert got[0] == got[1] == AGREE_STOPS
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from _gloo import run_gloo_ranks, write_rank_result
+
 from meshplan.calibrate import profile as prof
 from meshplan.calibrate.bench_layers import (Config, Sample, end_row, end_values, layer_row,
                                              layer_values, plan_grid)
@@ -502,18 +504,13 @@ def _fsdp_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
         out[f"z{zero}"] = {"dp": dp_ranks, "tp": dist.get_process_group_ranks(tp_group),
                            "grad_finite": bool(torch.isfinite(x.grad).all()),
                            "x_shape": list(x.shape)}
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
-    dist.destroy_process_group()
+    write_rank_result(out_dir, rank, out)
 
 
 @pytest.mark.distributed
 def test_fsdp_rows_of_tensor_parallel_layers_build_and_run_on_four_ranks(tmp_path):
     pytest.importorskip("torch")
-    import torch.multiprocessing as mp
-    mp.start_processes(_fsdp_tp_worker, args=(4, f"file://{tmp_path / 'store'}", str(tmp_path)),
-                       nprocs=4, join=True, start_method="spawn")
-    for r in range(4):
-        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+    for r, got in enumerate(run_gloo_ranks(_fsdp_tp_worker, 4, tmp_path)):
         for z in ("z3", "z2"):
             assert sorted(got[z]["dp"]) == ([0, 2] if r % 2 == 0 else [1, 3])
             assert sorted(got[z]["tp"]) == ([0, 1] if r < 2 else [2, 3])
