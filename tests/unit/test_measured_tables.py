@@ -149,6 +149,8 @@ def test_zero_bubble_uses_the_measured_split_backward():
     assert zb.stage_backward_s[0] - fb.stage_backward_s[0] == pytest.approx(
         k * 4 * (5.5e-3 - 2e-3))
     assert zb.stage_wgrad_s[0] == pytest.approx(k * 4 * 4e-3)
+    # the split's extra cost is in the breakdown, which adds up to the step
+    assert zb.time.total_s == pytest.approx(zb.step_time_s)
 
 
 def test_zero_bubble_split_backward_grows_with_the_stage_depth():
@@ -559,6 +561,8 @@ def test_pipeline_ranks_compute_slower_per_p2p_operation():
                                          for i, x in enumerate(base)])
         assert t.rank_pass_s(1, 2)[0] == pytest.approx(plain.rank_pass_s(1, 2)[0]
                                                        * (1 + lam * ops[1]))
+        est = estimate(MODEL, c, JOB, lay)          # the breakdown still adds up to the step
+        assert est.time.total_s == pytest.approx(est.step_time_s)
     mega = Job(global_batch=JOB.global_batch, seq_len=1024)
     assert layer_tables(MODEL, c, mega, Layout(pp=4, micro_batch=1)).slowdown == ()
     assert layer_tables(MODEL, c, JOB, Layout(dp=4, micro_batch=1)).slowdown == ()
