@@ -538,8 +538,13 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
 
     # ---- breakdown on the busiest rank (component sums, computed once)
     layers_br = layers_all[br]
+    # A measured FSDP2 row can be faster than the plain one (FSDP2 runs bf16 without
+    # autocast's cast kernels): that part is memory-bound work saved, not a negative gather
+    z3_pos = max(0.0, z3.forward_s) + max(0.0, z3.backward_s)
+    z3_neg = min(0.0, z3.forward_s) + min(0.0, z3.backward_s)
     tot = (layer.forward + layer.backward).scaled(layers_br) + PassCost(
-        overhead_s=2 * v * t.overhead_s, zero3_s=layers_br * (z3.forward_s + z3.backward_s))
+        overhead_s=2 * v * t.overhead_s, zero3_s=layers_br * z3_pos,
+        memory_bound_s=layers_br * z3_neg)
     if br == 0:
         tot = tot + emb_f + emb_b
     if br == last_rank:
