@@ -11,6 +11,7 @@
 #   ONLY=n06,n12 SET=holdout4 PROFILE=docs/benchmarks/... bash ... trace   # profiler traces
 #   SET=holdout4 PROFILE=docs/benchmarks/profile_h200_round4.toml ... validate  # round 6
 #   ONLY=n09,n05 SET=holdout4 bash ... memory     # memory per pipeline action / step phase
+#   SNAPSHOT=1 ONLY=p04,p07 SET=holdout7 ... memory  # + what is alive at each rank's peak
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout7 ... validate  # round 7
 #   SET=holdout8 PROFILE=docs/benchmarks/profile_h200x4_round7.toml ... validate    # round 7
 #
@@ -95,7 +96,7 @@ case "${1:-}" in
     # GPU memory after every pipeline action and step phase of a few layouts (ONLY=name,name
     # SET=...; PROFILE=file for the predictions): benchmarks/diag_stage_memory.py
     timeout "${BUDGET:-300}" python benchmarks/diag_stage_memory.py --set "${SET:-holdout4}" \
-      --only "$ONLY" --out "$KEEP/memory" ${PROFILE:+--profile "$PROFILE"} \
+      --only "$ONLY" --out "$KEEP/memory" ${PROFILE:+--profile "$PROFILE"} ${SNAPSHOT:+--snapshot} \
       >"$OUT/memory.log" 2>&1 || true
     (cd "$KEEP" && tar czf "$OUT/memory.tgz" memory) || true
     ;;

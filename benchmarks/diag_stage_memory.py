@@ -12,7 +12,9 @@ each (printed as allocated/peak GiB), and per rank where the step's peak was.
     python benchmarks/diag_stage_memory.py --set holdout6 --only j15,j07 --out $OUT/stage_mem
 
 (spawns ``torchrun`` per layout; CUDA only; ``--cpu`` checks the script on gloo, where the
-allocator numbers are all zero).
+allocator numbers are all zero). ``--snapshot`` also records every allocation with its Python
+stack and writes, per rank, what was alive at the peak grouped by allocation site
+(``benchmarks/memory_peak.py``; the tensors a memory prediction missed).
 """
 from __future__ import annotations
 
@@ -97,10 +99,20 @@ def worker(args) -> int:
     log: list = []
     _patch_stage(log, device)
     _patch_trainer(log, device)
+    snapshot = args.snapshot and device.type == "cuda"
+    if snapshot:   # before the model exists, so that every block's allocation is traced
+        torch.cuda.memory._record_memory_history(context="alloc", stacks="python",
+                                                 max_entries=4_000_000, device=device)
     rc = executor_run.main(["--plan", str(args.plan), "--out", str(args.out / "results.json"),
                             "--steps", "1", "--warmup", "1",
                             "--device", "cpu" if args.cpu else "cuda"])
     (args.out / f"mem_rank{rank}.json").write_text(json.dumps(log))
+    if snapshot:
+        from memory_peak import peak_live_set
+        traces = torch.cuda.memory._snapshot(device)["device_traces"]
+        peak = peak_live_set(traces[device.index] if len(traces) > device.index else [])
+        (args.out / f"peak_rank{rank}.json").write_text(json.dumps(peak, indent=1))
+        torch.cuda.memory._record_memory_history(enabled=None)
     return rc
 
 
@@ -122,6 +134,12 @@ def summarize(out: Path, prediction: dict) -> dict:
                                         f"{e['peak'] / 2**30:.1f}" for e in step),
                     "peak_gib": peak["peak"] / 2**30 if peak else None,
                     "peak_at": _tag(peak) if peak else None}
+        sites = out / f"peak_rank{r}.json"
+        if sites.exists():   # --snapshot: the largest allocation sites alive at the peak
+            live = json.loads(sites.read_text())
+            ranks[r]["live_at_peak"] = [f"{s['bytes'] / 2**30:.3f} GiB x{s['blocks']} {s['site']}"
+                                        for s in live["sites"][:12]]
+            ranks[r]["trace_complete"] = live["complete"]
     return {"ranks": ranks, "predicted_gib": [b / 2**30 for b in per_rank_pred]}
 
 
@@ -132,6 +150,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--profile", type=Path, help="calibrated profile for the predictions")
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--snapshot", action="store_true",
+                   help="record allocations with their Python stacks (CUDA) and report what "
+                        "is alive at each rank's peak, by allocation site")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -162,7 +183,8 @@ def main(argv=None) -> int:
         plan = write_plan_for_layout(d / "plan.json", model, job, layout, cluster)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={layout.num_gpus}", __file__, "--worker", "--plan", str(plan),
-               "--out", str(d), *(["--cpu"] if args.cpu else [])]
+               "--out", str(d), *(["--cpu"] if args.cpu else []),
+               *(["--snapshot"] if args.snapshot else [])]
         with (d / "log.txt").open("w") as log:
             subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300)
         prediction = json.loads(plan.read_text()).get("prediction", {})

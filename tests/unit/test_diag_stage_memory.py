@@ -22,6 +22,14 @@ def test_stage_memory_summary_keeps_the_measured_step_and_its_peak(load_benchmar
     assert rank["peak_at"] == "W0"
     assert rank["actions"] == "F0:1.0/1.5 I0:2.0/2.5 W0:1.2/9.0"     # allocated/peak GiB
     assert out["predicted_gib"] == pytest.approx([2.0, 3.0])
+    assert "live_at_peak" not in rank
+    # --snapshot: the allocation sites alive at the peak join the rank's summary
+    (tmp_path / "peak_rank1.json").write_text(json.dumps({
+        "peak_bytes": 3 * 2**30, "complete": True, "events": 9,
+        "sites": [{"bytes": 2**30, "blocks": 4, "site": "meshplan/executor/model.py:9 f"}]}))
+    rank = tool.summarize(tmp_path, {})["ranks"][1]
+    assert rank["live_at_peak"] == ["1.000 GiB x4 meshplan/executor/model.py:9 f"]
+    assert rank["trace_complete"] is True
 
 
 def _accuracy_doc(names, **meta):
