@@ -43,7 +43,7 @@ each time is the median over rounds):
   zero-bubble schedule's split backward of the same L blocks over L, run by
   torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`),
   synchronized timings (``--split-timing queued``: GPU-busy, with their CPU dispatch in
-  ``backward_input_cpu_s`` / ``backward_weight_cpu_s``; not yet validated on GPUs).
+  ``backward_input_cpu_s`` / ``backward_weight_cpu_s``; run on 2 and 4 × H200 in rounds 5-7).
   ``split_layers`` = that L, and ``backward_input_depth_s`` / ``backward_weight_depth_s`` =
   how much B and W per layer grow per extra layer in the stack, from the split timed
   synchronized on L (the row itself, or again right before when the row was queued) and on
