@@ -39,6 +39,7 @@ def format_estimate(est: Estimate) -> str:
     parts = [("GEMM", t.gemm_s), ("attention", t.attention_s),
              ("memory-bound ops", t.memory_bound_s), ("fixed overheads", t.overhead_s),
              ("TP/SP communication", t.tp_comm_s), ("PP point-to-point", t.pp_comm_s),
+             ("compute slowed by PP p2p kernels", t.pp_interference_s),
              ("pipeline bubble", t.bubble_s), ("DP communication (exposed)", t.dp_comm_exposed_s),
              ("ZeRO-3 gathers (exposed)", t.zero3_gather_s), ("optimizer step", t.optimizer_s),
              ("GPUs waiting for CPU dispatch", t.host_wait_s)]

@@ -549,17 +549,19 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         tot = tot + emb_f + emb_b
     if br == last_rank:
         tot = tot + log_f + log_b
-    # what the stage times hold beyond these parts — the busiest rank's p2p slowdown
-    # (stage_slowdown), zero-bubble's split backward costing more than the fused one —
-    # stretches each part in proportion, so that the breakdown adds up to the step
+    # the busiest rank's p2p slowdown (stage_slowdown) is a line of its own; what else its
+    # stage times hold beyond these parts (zero-bubble's split backward costing more than
+    # the fused one) stretches each part in proportion, so the breakdown adds up to the step
+    k_br = t.slowdown[br] if t.slowdown else 1.0
     whole = tot.total_s
-    tot = tot.scaled(m * (busy_best / whole if whole > 0 else 1.0))
+    tot = tot.scaled(m * (busy_best / k_br / whole if whole > 0 else 1.0))
     time = TimeBreakdown(
         gemm_s=tot.gemm_s, attention_s=tot.attention_s, memory_bound_s=tot.memory_bound_s,
         overhead_s=tot.overhead_s, tp_comm_s=tot.tp_comm_s,
         pp_comm_s=pipe_s - pipe_no_p2p, bubble_s=max(0.0, pipe_no_p2p - busy),
         dp_comm_exposed_s=dp_exposed_worst, dp_comm_total_s=dp_total,
-        zero3_gather_s=tot.zero3_s, optimizer_s=opt_worst, host_wait_s=max(0.0, host_s - pipe_s))
+        zero3_gather_s=tot.zero3_s, optimizer_s=opt_worst, host_wait_s=max(0.0, host_s - pipe_s),
+        pp_interference_s=busy - busy / k_br)
 
     # ---- communication volume per GPU per step (busiest rank)
     links = t.links

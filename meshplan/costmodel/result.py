@@ -86,6 +86,9 @@ class TimeBreakdown:
     # the GPUs waiting for the CPU to dispatch work (measured CPU dispatch exceeds the GPU
     # critical path; profiles with CPU times only, see costmodel.estimate)
     host_wait_s: float = 0.0
+    # runtime "torch" pipelines: the busiest rank's compute slowed by its p2p kernels
+    # (TORCH_P2P_SLOWDOWN_PER_OP in costmodel.estimate)
+    pp_interference_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -95,7 +98,7 @@ class TimeBreakdown:
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
                 + self.dp_comm_exposed_s + self.zero3_gather_s + self.optimizer_s
-                + self.host_wait_s)
+                + self.host_wait_s + self.pp_interference_s)
 
 
 @dataclass(frozen=True, kw_only=True)

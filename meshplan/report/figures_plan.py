@@ -29,6 +29,7 @@ def time_parts(est: Estimate) -> dict[str, float]:
     """Step-time parts in seconds; they sum to ``est.step_time_s`` (TimeBreakdown.total_s)."""
     t = est.time
     return {"compute": t.compute_s, "TP comm": t.tp_comm_s, "PP comm": t.pp_comm_s,
+            "PP p2p interference": t.pp_interference_s,
             "bubble": t.bubble_s, "DP exposed": t.dp_comm_exposed_s,
             "ZeRO-3 gathers": t.zero3_gather_s, "optimizer": t.optimizer_s,
             "waiting for the CPU": t.host_wait_s}

@@ -23,8 +23,9 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F
 MEMORY_COLORS = {"weights": "#0072B2", "grads": "#56B4E9", "optimizer": "#009E73",
                  "activations": "#E69F00", "other": "#999999"}
 TIME_COLORS = {"compute": "#0072B2", "TP comm": "#E69F00", "PP comm": "#CC79A7",
-               "bubble": "#D9D9D9", "DP exposed": "#D55E00", "ZeRO-3 gathers": "#F0E442",
-               "optimizer": "#009E73"}
+               "PP p2p interference": "#882255", "bubble": "#D9D9D9",
+               "DP exposed": "#D55E00", "ZeRO-3 gathers": "#F0E442", "optimizer": "#009E73",
+               "waiting for the CPU": "#666666"}
 PASS_COLORS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
 ACCENT = "#D55E00"
 REFERENCE = "#555555"

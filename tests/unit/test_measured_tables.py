@@ -563,6 +563,14 @@ def test_pipeline_ranks_compute_slower_per_p2p_operation():
                                                        * (1 + lam * ops[1]))
         est = estimate(MODEL, c, JOB, lay)          # the breakdown still adds up to the step
         assert est.time.total_s == pytest.approx(est.step_time_s)
+        # ... with the slowdown on a line of its own: (k - 1) / k of the busiest rank's time
+        per_rank = [sum(est.stage_forward_s[r::lay.pp]) + sum(est.stage_backward_s[r::lay.pp])
+                    for r in range(lay.pp)]
+        br = per_rank.index(max(per_rank))
+        k = 1 + lam * ops[br]
+        assert est.time.pp_interference_s == pytest.approx(
+            est.num_microbatches * per_rank[br] * (k - 1) / k)
     mega = Job(global_batch=JOB.global_batch, seq_len=1024)
     assert layer_tables(MODEL, c, mega, Layout(pp=4, micro_batch=1)).slowdown == ()
+    assert estimate(MODEL, c, mega, Layout(pp=4, micro_batch=1)).time.pp_interference_s == 0
     assert layer_tables(MODEL, c, JOB, Layout(dp=4, micro_batch=1)).slowdown == ()
