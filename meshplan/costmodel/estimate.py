@@ -84,7 +84,7 @@ def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_si
         return ()
     out = []
     for r in range(layout.pp):
-        receiving, sending = _chunks_receiving_sending(layout, r)
+        receiving, sending = _chunks_receiving_sending(layout.pp, layout.vpp, r)
         out.append(((receiving + sending) * microbatches - receiving * inflight[r]) * io)
     return tuple(out)
 
@@ -99,12 +99,11 @@ def _stage_io_bytes(job: Job, layout: Layout, hidden_size: int) -> float | None:
     return layout.micro_batch * seq * hidden_size * activation_bytes_per_element(job)
 
 
-def _chunks_receiving_sending(layout: Layout, rank: int) -> tuple[int, int]:
+def _chunks_receiving_sending(pp: int, vpp: int, rank: int) -> tuple[int, int]:
     """How many of ``rank``'s chunks (stages rank, rank + pp, ...) receive an activation
     (all but the first stage) and send one on (all but the last)."""
-    pp, v = layout.pp, layout.vpp
-    chunks = range(rank, pp * v, pp)
-    return sum(c != 0 for c in chunks), sum(c != pp * v - 1 for c in chunks)
+    chunks = range(rank, pp * vpp, pp)
+    return sum(c != 0 for c in chunks), sum(c != pp * vpp - 1 for c in chunks)
 
 
 def pipeline_kept_outputs(job: Job, layout: Layout, hidden_size: int,
@@ -120,7 +119,7 @@ def pipeline_kept_outputs(job: Job, layout: Layout, hidden_size: int,
     io = _stage_io_bytes(job, layout, hidden_size)
     if io is None:
         return ()
-    return tuple(inflight[r] * _chunks_receiving_sending(layout, r)[1] * io
+    return tuple(inflight[r] * _chunks_receiving_sending(layout.pp, layout.vpp, r)[1] * io
                  for r in range(layout.pp))
 
 
@@ -192,11 +191,9 @@ def p2p_ops_per_microbatch(pp: int, vpp: int) -> tuple[int, ...]:
     pp = 4, vpp = 2 → (6, 8, 8, 6)."""
     if pp <= 1:
         return (0,) * max(pp, 1)
-    stages = pp * vpp
-    ops = [0] * pp
-    for c in range(stages):
-        ops[c % pp] += 2 * ((c > 0) + (c < stages - 1))
-    return tuple(ops)
+    # a chunk that receives an activation sends its gradient back, one that sends an
+    # activation on receives a gradient: two operations per boundary it touches
+    return tuple(2 * sum(_chunks_receiving_sending(pp, vpp, r)) for r in range(pp))
 
 
 def stage_slowdown(job: Job, layout: Layout) -> tuple[float, ...]:

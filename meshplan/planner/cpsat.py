@@ -214,20 +214,15 @@ def _stage_units(t, n) -> tuple[list, list]:
     """Per-micro-batch forward and backward time of each stage as CP-SAT expressions of its
     layer count (``LayerTables.stage_times`` in integer units)."""
     S = t.config.stages
-    af, ab, ov = _u(t.layer_forward_s), _u(t.layer_backward_s), _u(t.overhead_s)
-    ef, eb = _u(t.first_forward_s), _u(t.first_backward_s)
-    gf, gb = _u(t.last_forward_s), _u(t.last_backward_s)
-    if t.slowdown:   # LayerTables.stage_times scales each stage by its rank's factor
-        k = t.slowdown
-        return ([_u(k[i] * t.layer_forward_s) * n[i] + _u(k[i] * (
-                    t.overhead_s + (t.first_forward_s if i == 0 else 0.0)
-                    + (t.last_forward_s if i == S - 1 else 0.0))) for i in range(S)],
-                [_u(k[i] * t.layer_backward_s) * n[i] + _u(k[i] * (
-                    t.overhead_s + (t.first_backward_s if i == 0 else 0.0)
-                    + (t.last_backward_s if i == S - 1 else 0.0))) for i in range(S)])
-    f = [af * n[i] + ov + (ef if i == 0 else 0) + (gf if i == S - 1 else 0) for i in range(S)]
-    b = [ab * n[i] + ov + (eb if i == 0 else 0) + (gb if i == S - 1 else 0) for i in range(S)]
-    return f, b
+    # stage i scaled by its rank's p2p slowdown, as LayerTables.stage_times does
+    k = t.slowdown or (1.0,) * S
+
+    def stage(i: int, layer_s: float, first_s: float, last_s: float):
+        return (_u(k[i] * layer_s) * n[i] + _u(k[i] * t.overhead_s)
+                + (_u(k[i] * first_s) if i == 0 else 0) + (_u(k[i] * last_s) if i == S - 1 else 0))
+    return ([stage(i, t.layer_forward_s, t.first_forward_s, t.last_forward_s) for i in range(S)],
+            [stage(i, t.layer_backward_s, t.first_backward_s, t.last_backward_s)
+             for i in range(S)])
 
 
 def _host_bound_units(M, t, n, N, x, pipe, tag: str):
