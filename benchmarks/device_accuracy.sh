@@ -14,6 +14,7 @@
 #   SNAPSHOT=1 ONLY=p04,p07 SET=holdout7 ... memory  # + what is alive at each rank's peak
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout7 ... validate  # round 7
 #   SET=holdout8 PROFILE=docs/benchmarks/profile_h200x4_round7.toml ... validate    # round 7
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout9 ... validate  # round 8
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and

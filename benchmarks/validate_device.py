@@ -244,6 +244,38 @@ HOLDOUT8_LAYOUTS = [
     ("q15", LLAMA_16B, L(pp=4, micro_batch=4, schedule="zero-bubble", recompute="full")),
     ("q16", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", zero=2)),
 ]
+# "holdout9" (round 8, chosen before any ran, before round 8's calibration): 16 new 4-rank
+# layouts, weighted to round 7's largest misses — ZeRO-2/3 (FSDP2) over tensor-parallel
+# layers, now with measured FSDP2 rows of tp 2 in the profile (r01, r02, r09, r10), and Llama
+# with full recomputation under tp + SP (r09, r11, r12) — plus every schedule, vpp 2-3 and
+# ZeRO 0-3; <= 50 GiB predicted so they fit an H100.
+HOLDOUT9_LAYOUTS = [
+    ("r01", GPT_05B, L(dp=2, tp=2, micro_batch=4, zero=3, recompute="selective",
+                       sequence_parallel=True)),
+    ("r02", GPT_05B, L(dp=2, tp=2, micro_batch=8, zero=2)),
+    ("r03", GPT_05B, L(tp=4, micro_batch=4, recompute="full", sequence_parallel=True)),
+    ("r04", GPT_05B, L(dp=4, micro_batch=8, zero=3)),
+    ("r05", GPT_05B, L(pp=2, tp=2, micro_batch=4, schedule="1f1b", recompute="selective",
+                       sequence_parallel=True)),
+    ("r06", GPT_05B, L(pp=4, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("r07", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=3,
+                       recompute="full")),
+    ("r08", GPT_05B, L(pp=2, tp=2, micro_batch=4, schedule="zero-bubble",
+                       sequence_parallel=True)),
+    ("r09", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=3, recompute="full",
+                         sequence_parallel=True)),
+    ("r10", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=2, recompute="selective",
+                         sequence_parallel=True)),
+    ("r11", LLAMA_16B, L(tp=4, micro_batch=4, recompute="full", sequence_parallel=True)),
+    ("r12", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="1f1b", recompute="full",
+                         sequence_parallel=True)),
+    ("r13", LLAMA_16B, L(pp=4, micro_batch=4, schedule="1f1b", recompute="full")),
+    ("r14", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="gpipe", recompute="full",
+                         zero=1)),
+    ("r15", LLAMA_16B, L(pp=4, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                         recompute="full")),
+    ("r16", LLAMA_16B, L(dp=4, micro_batch=4, zero=1, recompute="selective")),
+]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
 # SP) at the same per-GPU work as holdout3 — micro-batches 4-8, global batch 32 on 2 GPUs as
@@ -298,10 +330,11 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
         "holdout7": HOLDOUT7_LAYOUTS,
         "holdout8": HOLDOUT8_LAYOUTS,
+        "holdout9": HOLDOUT9_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
-            "holdout7": JOB4, "holdout8": JOB4}
+            "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
@@ -417,7 +450,7 @@ def main(argv=None) -> int:
                         "(round 4: GPU-bound micro-batches, global batch 64), 'holdout4' (round"
                         " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs), "
                         "'holdout7' (round 7), 'holdout8' (after round 7's post-hoc "
-                        "changes) or "
+                        "changes), 'holdout9' (round 8) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
