@@ -215,6 +215,52 @@ def test_version_1_cuda_layer_rows_lose_their_second_input(tmp_path):
         load_profile(bad)
 
 
+def test_loading_pools_the_per_call_cpu_part_per_layer_shape(tmp_path):
+    """Each setting's per-call CPU part is a noisy two-depth fit; loading replaces it with
+    the median over the rows of the same shape and re-derives the per-layer rest so that the
+    2-block call it was timed on costs what was measured. Other shapes, rows without CPU
+    times and CPU-device profiles stay as written."""
+    from meshplan.hardware_profiles.calibrated import pool_cpu_fixed
+    doc = tomllib.loads(_write_gpu_profile(tmp_path / "ok.toml").read_text())
+    gpt = "h1280-f5120-q20-kv20-d64-gelu-layernorm-learned-bias-drop0"
+    base = {"shape": gpt, "seq_len": 2048, "tp": 1, "sequence_parallel": False,
+            "recompute": "none", "micro_batch": 4, "zero": 0, "dp": 1, "forward_s": 1e-3,
+            "backward_s": 2e-3, "activation_bytes": 30 * 2**20,
+            "backward_peak_bytes": 400 * 2**20, "model": "gpt"}
+    ms = 1e-3
+    # (forward per layer, backward per layer, forward per call, backward per call), ms
+    cpu = [(1.0, 2.0, 0.0, 3.0), (1.2, 2.4, 0.4, 1.0), (0.5, 1.0, 2.0, 0.0)]
+    rows = [{**base, "tp": tp, "forward_cpu_s": f * ms, "backward_cpu_s": b * ms,
+             "forward_cpu_fixed_s": ff * ms, "backward_cpu_fixed_s": bf * ms}
+            for tp, (f, b, ff, bf) in zip((1, 2, 4), cpu)]
+    other = {**rows[0], "shape": "h2048-other", "forward_cpu_fixed_s": 5 * ms}
+    no_cpu = {**base, "tp": 8}
+    pooled = pool_cpu_fixed([*rows, other, no_cpu])
+    assert [r["forward_cpu_fixed_s"] for r in pooled[:3]] == pytest.approx([0.4 * ms] * 3)
+    assert [r["backward_cpu_fixed_s"] for r in pooled[:3]] == pytest.approx([1.0 * ms] * 3)
+    for before, after in zip(rows, pooled):      # the 2-block call: per layer + per call / 2
+        for layer, call in (("forward_cpu_s", "forward_cpu_fixed_s"),
+                            ("backward_cpu_s", "backward_cpu_fixed_s")):
+            assert after[layer] + after[call] / 2 == pytest.approx(
+                before[layer] + before[call] / 2)
+    assert pooled[3] == other and pooled[4] == no_cpu       # alone in its shape; no CPU
+    assert rows[0]["forward_cpu_fixed_s"] == 0.0             # the input is not modified
+    # the part never exceeds the 2-block call's whole dispatch (per layer >= 0)
+    tiny = [{**rows[0], "forward_cpu_s": 0.1 * ms, "forward_cpu_fixed_s": 0.0}, *rows[1:]]
+    assert pool_cpu_fixed(tiny)[0]["forward_cpu_s"] == pytest.approx(0.0)
+    assert pool_cpu_fixed(tiny)[0]["forward_cpu_fixed_s"] == pytest.approx(0.2 * ms)
+
+    doc["layers"] = rows
+
+    def loaded(device):
+        d = {**doc, "provenance": {**doc["provenance"], "device": device}}
+        path = tmp_path / f"{device}.toml"
+        path.write_text(dumps(d))
+        return [r.forward_cpu_fixed_s for r in load_profile(path).gpu.measured.layers]
+    assert loaded("cuda") == pytest.approx([0.4 * ms] * 3)
+    assert loaded("cpu") == pytest.approx([0.0, 0.4 * ms, 2.0 * ms])
+
+
 def test_two_depth_fit_is_the_line_through_two_stack_depths():
     from meshplan.calibrate.stats import two_depth_fit
     assert two_depth_fit(2, 7.0, 4, 11.0) == pytest.approx((3.0, 2.0))   # 3 + 2 n
