@@ -530,6 +530,17 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     act, _, _ = gp.rank_variable_bytes(0, 4)
     assert act == pytest.approx(4 * gp.inflight[0] * gp.layer_activation_bytes
                                 + gp.inflight[0] * gp.embedding_act_bytes - min(grads, one_mb))
+    # the last rank's first backward also frees its micro-batch's output-layer/loss bytes
+    last = gp.last_rank
+    per_mb_logits = (gp.logits_bytes - gp.output_peak_bytes) / gp.inflight[last]
+    assert per_mb_logits > 0
+    last_grads = 4 * g + gp.relief_const_grad_bytes[last]
+    assert gp.gpipe_relief_bytes(last, 4) == pytest.approx(
+        min(last_grads, 4 * gp.layer_activation_bytes + per_mb_logits))
+    # with no layers only the output's share can be freed (before round 8: nothing)
+    assert gp.gpipe_relief_bytes(last, 0) == pytest.approx(
+        min(gp.relief_const_grad_bytes[last], per_mb_logits))
+    assert gp.gpipe_relief_bytes(last, 0) > 0
     # not for 1F1B, nor where gradients persist or are sharded (DDP buckets, FSDP)
     for lay in (Layout(pp=2, micro_batch=1), Layout(dp=2, micro_batch=1, zero=2, pp=2,
                                                     schedule="gpipe")):
