@@ -76,6 +76,23 @@ def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
             and microbatches > 1)
 
 
+def ddp_keeps_old_buckets(job: Job, layout: Layout) -> bool:
+    """Runtime "torch" with DDP (ZeRO-0/1, no pipeline, dp > 1) over unsplit layers (tp = 1):
+    from the second step on, a rank holds one more fp32 gradient-sized buffer.
+
+    Measured, not explained by a trace: in the 15 such layouts run on GPUs (rounds 1-8,
+    GPT-0.54B and Llama-1.64B, ZeRO-0 and -1, 2 and 4 ranks, 2-16 micro-batches) 42 of 52
+    ranks peaked one fp32 copy of the parameters (2.0 GiB GPT, 6.1 GiB Llama) above the rest
+    of the model, reached at step 2 (the step that also first holds the optimizer states);
+    the other ranks peaked without the copy. No rank of the 5 DDP layouts over
+    tp = 2 did. DDP rebuilds its gradient buckets at the start of the second iteration and
+    may allocate the new buckets before releasing the old ones (torch PR #44326, review);
+    old buckets still referenced on some ranks would fit both the size and the rank-to-rank
+    difference. The model counts the copy on every rank: the worst rank sets what fits."""
+    return (job.runtime == "torch" and layout.pp == 1 and layout.dp > 1 and layout.zero < 2
+            and layout.tp == 1)
+
+
 def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_size: int,
                           inflight: tuple[float, ...]) -> tuple[float, ...]:
     """Per pipeline rank (runtime "torch"): the receive buffers torch.distributed.pipelining
@@ -410,8 +427,8 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
 
     Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
     ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
-    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies`` = 2 where
-    :func:`ddp_accumulates`.
+    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies``: fp32
+    gradient copies (:func:`ddp_accumulates`, :func:`ddp_keeps_old_buckets`).
     """
     m = num_microbatches
     per = state_bytes_per_param(job)
@@ -663,7 +680,7 @@ class LayerTables:
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     output_peak_bytes: float = 0.0  # the output layer's working memory (part of logits_bytes)
-    grad_copies: int = 1            # 2 where ddp_accumulates (no_sync gradients + buckets)
+    grad_copies: int = 1            # + 1 where ddp_accumulates, + 1 where ddp_keeps_old_buckets
     recv_buffers: tuple[float, ...] = ()   # per rank: receive buffers + kept stage outputs
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
@@ -973,7 +990,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
-    grad_copies = 2 if ddp_accumulates(job, layout, m) else 1
+    grad_copies = 1 + ddp_accumulates(job, layout, m) + ddp_keeps_old_buckets(job, layout)
     pending = zero_bubble_pending_w(job, layout, m)
     copy_b = compute_weight_bytes_per_param(job)    # 16-bit compute copies (runtime torch)
     per = state_bytes_per_param(job)

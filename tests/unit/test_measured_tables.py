@@ -308,9 +308,15 @@ def test_pipelined_last_stage_keeps_every_output_runtime_torch():
 
 def test_ddp_micro_batches_hold_a_second_gradient_copy():
     c = _cluster(TABLES)
+    fp32 = stage_params(MODEL, 8, 1, first=True, last=True, pp=1) * 4
     one = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=4))           # m = 1: no no_sync
     many = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=1))          # m = 4
-    assert many.memory[0].grads_bytes == pytest.approx(2 * one.memory[0].grads_bytes)
+    assert many.memory[0].grads_bytes == pytest.approx(one.memory[0].grads_bytes + fp32)
+    # DDP over tp = 1 keeps its pre-rebuild buckets too (ddp_keeps_old_buckets): + 1 copy
+    assert one.memory[0].grads_bytes == pytest.approx(2 * fp32)
+    tp2 = estimate(MODEL, c, JOB, Layout(dp=2, tp=2, micro_batch=4))    # m = 2, tp 2
+    fp32_tp2 = stage_params(MODEL, 8, 2, first=True, last=True, pp=1) * 4
+    assert tp2.memory[0].grads_bytes == pytest.approx(2 * fp32_tp2)
     # FSDP (ZeRO-2) and pipelines reduce differently: one copy
     z2 = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=1, zero=2))
     params = stage_params(MODEL, 8, 1, first=True, last=True, pp=1)
