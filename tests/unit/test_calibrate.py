@@ -261,6 +261,19 @@ def test_loading_pools_the_per_call_cpu_part_per_layer_shape(tmp_path):
     assert loaded("cpu") == pytest.approx([0.0, 0.4 * ms, 2.0 * ms])
 
 
+def test_split_backward_cpu_is_bounded_by_its_synchronized_timing():
+    """A queued CPU dispatch time far above the synchronized timing of the same call (which
+    ends after its last launch) is lowered to it; timing spread below that, and rows without
+    a synchronized timing, stay."""
+    from meshplan.hardware_profiles.calibrated import bound_split_cpu
+    row = {"backward_input_cpu_s": 12e-3, "backward_input_sync_s": 8e-3,
+           "backward_weight_cpu_s": 0.58, "backward_weight_sync_s": 23e-3}
+    assert bound_split_cpu(row) == {**row, "backward_weight_cpu_s": 23e-3}
+    assert row["backward_weight_cpu_s"] == 0.58                 # the input is not modified
+    unsynced = {"backward_input_cpu_s": 7e-3, "backward_weight_cpu_s": 0.58}
+    assert bound_split_cpu(unsynced) == unsynced
+
+
 def test_two_depth_fit_is_the_line_through_two_stack_depths():
     from meshplan.calibrate.stats import two_depth_fit
     assert two_depth_fit(2, 7.0, 4, 11.0) == pytest.approx((3.0, 2.0))   # 3 + 2 n
