@@ -276,6 +276,37 @@ HOLDOUT9_LAYOUTS = [
                          recompute="full")),
     ("r16", LLAMA_16B, L(dp=4, micro_batch=4, zero=1, recompute="selective")),
 ]
+# "holdout10" (after round 8; not run yet): 16 new 4-rank layouts chosen before any ran, to
+# hold out round 8's post-hoc changes — DDP over tp 1 and 2 (s01, s02, s09, s10: the kept
+# bucket copy at tp 1 only), Llama GPipe last stages (s11, s12), and layouts the H100 host
+# makes host-bound (tp 2-4 with SP, FSDP2 over tp: the pooled per-call CPU part) — plus
+# every schedule; <= 62 GiB predicted on the round-8 H100 profile.
+HOLDOUT10_LAYOUTS = [
+    ("s01", GPT_05B, L(dp=4, micro_batch=8, recompute="full")),
+    ("s02", GPT_05B, L(dp=2, tp=2, micro_batch=4, recompute="full", sequence_parallel=True)),
+    ("s03", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="1f1b", recompute="selective",
+                       sequence_parallel=True)),
+    ("s04", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=2,
+                       recompute="selective")),
+    ("s05", GPT_05B, L(pp=2, tp=2, micro_batch=4, schedule="gpipe", recompute="selective",
+                       sequence_parallel=True)),
+    ("s06", GPT_05B, L(tp=4, micro_batch=8, recompute="selective", sequence_parallel=True)),
+    ("s07", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", recompute="selective",
+                       zero=1)),
+    ("s08", GPT_05B, L(dp=2, tp=2, micro_batch=4, zero=3, recompute="full",
+                       sequence_parallel=True)),
+    ("s09", LLAMA_16B, L(dp=4, micro_batch=4, zero=1, recompute="full")),
+    ("s10", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, recompute="selective",
+                         sequence_parallel=True)),
+    ("s11", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("s12", LLAMA_16B, L(pp=4, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("s13", LLAMA_16B, L(pp=4, micro_batch=8, schedule="1f1b", recompute="full")),
+    ("s14", LLAMA_16B, L(tp=4, micro_batch=8, recompute="selective", sequence_parallel=True)),
+    ("s15", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="zero-bubble",
+                         sequence_parallel=True)),
+    ("s16", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=2, recompute="full",
+                         sequence_parallel=True)),
+]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
 # SP) at the same per-GPU work as holdout3 — micro-batches 4-8, global batch 32 on 2 GPUs as
@@ -331,10 +362,12 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout7": HOLDOUT7_LAYOUTS,
         "holdout8": HOLDOUT8_LAYOUTS,
         "holdout9": HOLDOUT9_LAYOUTS,
+        "holdout10": HOLDOUT10_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
-            "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4}
+            "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
+            "holdout10": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
@@ -450,7 +483,8 @@ def main(argv=None) -> int:
                         "(round 4: GPU-bound micro-batches, global batch 64), 'holdout4' (round"
                         " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs), "
                         "'holdout7' (round 7), 'holdout8' (after round 7's post-hoc "
-                        "changes), 'holdout9' (round 8) or "
+                        "changes), 'holdout9' (round 8), 'holdout10' (after "
+                        "round 8's post-hoc changes) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
