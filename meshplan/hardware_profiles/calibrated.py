@@ -111,8 +111,9 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
     groups: dict[str, list[dict]] = {}
     for r in rows:
         cpu = r.get("forward_cpu_s", 0.0) if isinstance(r, dict) else 0.0
+        # malformed rows stay as written, so that tables_from_rows names the user's value
         if isinstance(cpu, (int, float)) and cpu > 0 and all(
-                isinstance(r.get(k, 0.0), (int, float))
+                isinstance(r.get(k, 0.0), (int, float)) and r.get(k, 0.0) >= 0
                 for k in ("backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")):
             groups.setdefault(str(r.get("shape", "")), []).append(r)
     pooled: dict[int, dict] = {}

@@ -244,6 +244,8 @@ def test_loading_pools_the_per_call_cpu_part_per_layer_shape(tmp_path):
             assert after[layer] + after[call] / 2 == pytest.approx(
                 before[layer] + before[call] / 2)
     assert pooled[3] == other and pooled[4] == no_cpu       # alone in its shape; no CPU
+    bad = {**rows[0], "backward_cpu_fixed_s": -1e-3}         # left for the row check to name
+    assert pool_cpu_fixed([bad, *rows[1:]])[0] == bad
     assert rows[0]["forward_cpu_fixed_s"] == 0.0             # the input is not modified
     # the part never exceeds the 2-block call's whole dispatch (per layer >= 0)
     tiny = [{**rows[0], "forward_cpu_s": 0.1 * ms, "forward_cpu_fixed_s": 0.0}, *rows[1:]]
