@@ -66,18 +66,23 @@ def torch_pipelined(job: Job, pp: int) -> bool:
     return job.runtime == "torch" and pp > 1
 
 
+def torch_ddp(job: Job, layout: Layout) -> bool:
+    """The executor wraps the model in DistributedDataParallel: runtime "torch", ZeRO-0/1,
+    no pipeline, dp > 1 (``executor.data_parallel.wrap_data_parallel``)."""
+    return job.runtime == "torch" and layout.pp == 1 and layout.dp > 1 and layout.zero < 2
+
+
 def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
-    """Runtime "torch" with DDP (ZeRO-0/1, no pipeline, dp > 1) and several micro-batches:
+    """Runtime "torch" with DDP (:func:`torch_ddp`) and several micro-batches:
     the first m − 1 backward passes run under ``no_sync``, so their gradients accumulate in
     ordinary ``.grad`` tensors beside DDP's bucket storage, and both exist until the last
     micro-batch's backward copies them into the buckets — one more fp32 gradient copy
     (torch.nn.parallel.DistributedDataParallel with gradient_as_bucket_view=True)."""
-    return (job.runtime == "torch" and layout.pp == 1 and layout.dp > 1 and layout.zero < 2
-            and microbatches > 1)
+    return torch_ddp(job, layout) and microbatches > 1
 
 
 def ddp_keeps_old_buckets(job: Job, layout: Layout) -> bool:
-    """Runtime "torch" with DDP (ZeRO-0/1, no pipeline, dp > 1) over unsplit layers (tp = 1):
+    """DDP (:func:`torch_ddp`) over unsplit layers (tp = 1):
     from the second step on, a rank holds one more fp32 gradient-sized buffer.
 
     Measured, not explained by a trace: in the 15 such layouts run on GPUs (rounds 1-8,
@@ -89,8 +94,7 @@ def ddp_keeps_old_buckets(job: Job, layout: Layout) -> bool:
     may allocate the new buckets before releasing the old ones (torch PR #44326, review);
     old buckets still referenced on some ranks would fit both the size and the rank-to-rank
     difference. The model counts the copy on every rank: the worst rank sets what fits."""
-    return (job.runtime == "torch" and layout.pp == 1 and layout.dp > 1 and layout.zero < 2
-            and layout.tp == 1)
+    return torch_ddp(job, layout) and layout.tp == 1
 
 
 def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_size: int,

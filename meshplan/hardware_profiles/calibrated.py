@@ -183,9 +183,9 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     prov = get(doc, "provenance", dict, where, {})
     layers = get(doc, "layers", list, where, [])
     ends = get(doc, "ends", list, where, [])
-    if version == 1 and prov.get("device") == "cuda":
-        layers = [_v1_layer_row(r) for r in layers]
     if prov.get("device") == "cuda":
+        if version == 1:
+            layers = [_v1_layer_row(r) for r in layers]
         layers = pool_cpu_fixed([bound_split_cpu(r) for r in layers])
     if layers or ends:
         from meshplan.costmodel.measured import tables_from_rows
