@@ -129,6 +129,31 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
     return [pooled.get(id(r), r) for r in rows]
 
 
+SPLIT_DEPTH_FIELDS = ("backward_input_depth_s", "backward_weight_depth_s")
+
+
+def drop_split_depth(row: Any) -> Any:
+    """A GPU layer row without its zero-bubble split backward's growth with stage depth.
+
+    Calibration times B and W on a 2- and a deeper stack and stores each setting's growth
+    per extra layer (``bench_layers.split_depth``), which the cost model would extend to
+    the stage's depth (:func:`meshplan.costmodel.measured.split_backward_at`, up to 22
+    extra layers). On one CPU thread the growth is real (tiny Llama blocks, W per layer
+    0.47 ms on 2 blocks, 1.03 ms on 12; docs/calibrate.md). On the GPUs it is a difference
+    of two noisy timings: over the six calibrations of rounds 4-9 single rows range from
+    −2.2 to +1.0 ms per layer, around per-model medians of −0.06 to −0.02 ms (B) and −0.01
+    to +0.16 ms (W), and the held-out
+    zero-bubble layouts came out better without it in rounds 4, 5 and 9 — post hoc on the
+    eight measured sets, the twelve zero-bubble layouts' mean absolute step-time error went
+    12.2 → 7.2 % (round 9's s07: −42 → −10 %), and using the per-model median growth instead
+    was worse than none on five of the eight sets (docs/benchmarks/accuracy.md, round 9). So CUDA rows
+    load with no growth; the fields stay in the file."""
+    if not isinstance(row, dict) or not any(
+            isinstance(row.get(k), (int, float)) and row.get(k) != 0 for k in SPLIT_DEPTH_FIELDS):
+        return row
+    return {**row, **{k: 0.0 for k in SPLIT_DEPTH_FIELDS if k in row}}
+
+
 SPLIT_CPU_OVER_SYNC_MAX = 3.0   # bound_split_cpu: beyond this, a timing is not a dispatch
 
 
@@ -186,7 +211,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     if prov.get("device") == "cuda":
         if version == 1:
             layers = [_v1_layer_row(r) for r in layers]
-        layers = pool_cpu_fixed([bound_split_cpu(r) for r in layers])
+        layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
     if layers or ends:
         from meshplan.costmodel.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))

@@ -276,6 +276,47 @@ def test_split_backward_cpu_is_bounded_by_its_synchronized_timing():
     assert bound_split_cpu(unsynced) == unsynced
 
 
+def test_gpu_profiles_load_without_the_split_backward_depth_growth(tmp_path):
+    """On CUDA the split backward's growth per extra layer is timing noise (round 9): a GPU
+    profile loads with none, so zero-bubble's B and W per layer are the timed ones at every
+    stage depth; a CPU profile keeps the growth it measured."""
+    from meshplan.costmodel.estimate import layer_tables
+    from meshplan.hardware_profiles.calibrated import drop_split_depth
+    row = {"backward_input_depth_s": -1e-4, "backward_weight_depth_s": 3e-4, "x": 1}
+    assert drop_split_depth(row) == {**row, "backward_input_depth_s": 0.0,
+                                     "backward_weight_depth_s": 0.0}
+    assert row["backward_weight_depth_s"] == 3e-4                # the input is not modified
+    flat = {"backward_weight_depth_s": 0.0, "x": 1}
+    assert drop_split_depth(flat) is flat and drop_split_depth("bad") == "bad"
+
+    doc = tomllib.loads(_write_gpu_profile(tmp_path / "ok.toml").read_text())
+    gpt = "h1280-f5120-q20-kv20-d64-gelu-layernorm-learned-bias-drop0"
+    doc["layers"] = [{"shape": gpt, "seq_len": 2048, "tp": 1, "sequence_parallel": False,
+                      "recompute": "none", "micro_batch": 4, "zero": 0, "dp": 1,
+                      "forward_s": 1e-3, "backward_s": 2e-3, "activation_bytes": 30 * 2**20,
+                      "backward_peak_bytes": 400 * 2**20, "model": "gpt",
+                      "backward_input_s": 1.2e-3, "backward_weight_s": 1.0e-3,
+                      "split_layers": 2, "backward_input_depth_s": 0.0,
+                      "backward_weight_depth_s": 0.5e-3}]
+
+    def wgrad_per_layer(device):
+        d = {**doc, "provenance": {**doc["provenance"], "device": device}}
+        path = tmp_path / f"{device}.toml"
+        path.write_text(dumps(d))
+        cluster = apply_profile(Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4), path,
+                                override=True)
+        lay = Layout(pp=2, micro_batch=4, schedule="zero-bubble")
+        gpt_05b = ModelSpec(name="gpt-0.54b", num_layers=24, hidden_size=1280, num_heads=20,
+                            vocab_size=51200, max_seq_len=2048, activation="gelu",
+                            norm="layernorm", position_embedding="learned",
+                            tied_embeddings=True, bias=True)
+        return layer_tables(gpt_05b, cluster,
+                            Job(global_batch=8, seq_len=2048), lay).layer_wgrad_s
+    # 12-layer stages: 10 layers beyond the 2-block stack the split was timed on
+    assert wgrad_per_layer("cuda") == pytest.approx(1.0e-3)
+    assert wgrad_per_layer("cpu") == pytest.approx(1.0e-3 + 10 * 0.5e-3)
+
+
 def test_two_depth_fit_is_the_line_through_two_stack_depths():
     from meshplan.calibrate.stats import two_depth_fit
     assert two_depth_fit(2, 7.0, 4, 11.0) == pytest.approx((3.0, 2.0))   # 3 + 2 n
