@@ -15,7 +15,10 @@
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout7 ... validate  # round 7
 #   SET=holdout8 PROFILE=docs/benchmarks/profile_h200x4_round7.toml ... validate    # round 7
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout9 ... validate  # round 8
-#   SET=holdout10 PROFILE=docs/benchmarks/profile_h100x4_round8.toml ... validate  # next (H100)
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout10 ... validate # round 9
+#   SET=holdout11 PROFILE=docs/benchmarks/profile_h200x4_round9.toml ... validate  # next (H200;
+#     on an H100 host: PROFILE=docs/benchmarks/profile_h100x4_round8.toml)
+#   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -54,7 +57,8 @@ calibrate() {
 run_layouts() {
   local dir=$1 log=$2 tgz=$3
   shift 3
-  python benchmarks/validate_device.py --out "$KEEP/$dir" "$@" 2>&1 | tail -n 60 >"$OUT/$log"
+  python benchmarks/validate_device.py --out "$KEEP/$dir" --cpu-affinity "${AFFINITY:-none}" "$@" \
+    2>&1 | tail -n 60 >"$OUT/$log"
   (cd "$KEEP/$dir" && tar czf "$OUT/$tgz" */log.txt */results.json \
     $(ls -d */trace/top_ops* 2>/dev/null)) || true
 }

@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
                    help="default: cuda when available")
     p.add_argument("--data", default=None, help="flat uint16/uint32 token file (memmap)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--cpu-affinity", choices=["none", "split"], default="none",
+                   help="split: pin each rank to its own block of physical CPU cores "
+                        "(steadier steps where CPU dispatch sets the pace) [none]")
 
 
 def main(args) -> int:
@@ -41,5 +44,7 @@ def main(args) -> int:
         extra += ["--data", args.data]
     if args.compile:
         extra.append("--compile")
+    if args.cpu_affinity != "none":
+        extra += ["--cpu-affinity", args.cpu_affinity]
     return run_local(args.plan, nproc=args.nproc, steps=args.steps, warmup=args.warmup,
                      out=args.out, force=args.force, extra_args=extra)

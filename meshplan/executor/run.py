@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import ExecutorError, MeshplanError
+from meshplan.executor.affinity import AFFINITY_MODES, pin_local_rank
 from meshplan.planner.planfile import PlanRecord, load_plan_file, write_json_atomic
 
 RESULTS_SCHEMA = "meshplan.results"
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run even if the GPUs are not the plan's GPU type")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="record a torch.profiler trace of 3 steps after warm-up into DIR")
+    p.add_argument("--cpu-affinity", default="none", choices=AFFINITY_MODES,
+                   help="split: pin each local rank to its own block of physical cores "
+                        "(meshplan/executor/affinity.py) [none]")
     return p
 
 
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     try:
         plan = load_plan_file(args.plan)
         device_type = preflight(plan, args, world, local_world)
+        args.pinned_cpus = pin_local_rank(args.cpu_affinity, local_rank, local_world)
     except MeshplanError as exc:
         if rank == 0:
             _log(f"error: {exc}")
@@ -213,6 +218,9 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", **kwargs)
     prediction = prediction_of(plan)
     env = environment(device, world)
+    pinned = getattr(args, "pinned_cpus", None)
+    env["cpu_affinity"] = (f"{args.cpu_affinity}: {len(pinned)} CPUs per rank" if pinned
+                           else "none")
     state: dict[str, Any] = {"step": -1, "phase": "setup", "groups": None}
     steps_total = args.warmup + args.steps
 

@@ -50,10 +50,11 @@ def test_one_process_run_writes_results(tmp_path, capsys):
     plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
     out = tmp_path / "r.json"
     rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "3",
-               "--warmup", "1"])
+               "--warmup", "1", "--cpu-affinity", "split"])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["status"] == "ok" and doc["layout"]["dp"] == 1
+    assert doc["environment"]["cpu_affinity"].startswith("split: ")   # one rank: every CPU
     m = doc["measured"]
     assert m["step_time_s"] > 0 and len(m["step_times_s"]) == 3 and len(m["loss_per_step"]) == 4
     assert m["tokens_per_s"] == pytest.approx(JOB.tokens_per_step / m["step_time_s"])
