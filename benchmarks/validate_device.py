@@ -276,7 +276,7 @@ HOLDOUT9_LAYOUTS = [
                          recompute="full")),
     ("r16", LLAMA_16B, L(dp=4, micro_batch=4, zero=1, recompute="selective")),
 ]
-# "holdout10" (after round 8; not run yet): 16 new 4-rank layouts chosen before any ran, to
+# "holdout10" (after round 8; run in round 9): 16 new 4-rank layouts chosen before any ran, to
 # hold out round 8's post-hoc changes — DDP over tp 1 and 2 (s01, s02, s09, s10: the kept
 # bucket copy at tp 1 only), Llama GPipe last stages (s11, s12), and layouts the H100 host
 # makes host-bound (tp 2-4 with SP, FSDP2 over tp: the pooled per-call CPU part) — plus
@@ -305,6 +305,36 @@ HOLDOUT10_LAYOUTS = [
     ("s15", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="zero-bubble",
                          sequence_parallel=True)),
     ("s16", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=2, recompute="full",
+                         sequence_parallel=True)),
+]
+# "holdout11" (after round 9; not run yet): 16 new 4-rank layouts chosen before any ran, to
+# hold out round 9's change (zero-bubble without depth growth on GPU profiles): seven
+# zero-bubble layouts at stage depths 6 and 12 (t01-t04, t09, t11, t12: both models, tp 1
+# and 2, every recompute mode, ZeRO-0/1), plus DDP/FSDP2, interleaved and 1F1B pipelines
+# and tp 2 with SP; <= 62 GiB predicted on the round-8 H100 profile (~16 s of predicted
+# steps, about the size of holdout10).
+HOLDOUT11_LAYOUTS = [
+    ("t01", GPT_05B, L(pp=4, micro_batch=4, schedule="zero-bubble", recompute="selective")),
+    ("t02", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble", zero=1)),
+    ("t03", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble", recompute="full")),
+    ("t04", GPT_05B, L(pp=4, micro_batch=8, schedule="zero-bubble", recompute="full")),
+    ("t05", GPT_05B, L(dp=4, micro_batch=4, zero=2, recompute="selective")),
+    ("t06", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=2,
+                       recompute="selective", sequence_parallel=True)),
+    ("t07", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", recompute="full", zero=1)),
+    ("t08", GPT_05B, L(dp=2, tp=2, micro_batch=8, zero=1, recompute="selective",
+                       sequence_parallel=True)),
+    ("t09", LLAMA_16B, L(pp=4, micro_batch=4, schedule="zero-bubble")),
+    ("t10", LLAMA_16B, L(dp=4, micro_batch=8, zero=2, recompute="full")),
+    ("t11", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="zero-bubble",
+                         recompute="selective", sequence_parallel=True)),
+    ("t12", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", zero=1)),
+    ("t13", LLAMA_16B, L(dp=4, micro_batch=8, recompute="full")),
+    ("t14", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2,
+                         recompute="selective", zero=1)),
+    ("t15", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="1f1b", recompute="selective",
+                         sequence_parallel=True)),
+    ("t16", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=3, recompute="full",
                          sequence_parallel=True)),
 ]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
@@ -363,11 +393,12 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout8": HOLDOUT8_LAYOUTS,
         "holdout9": HOLDOUT9_LAYOUTS,
         "holdout10": HOLDOUT10_LAYOUTS,
+        "holdout11": HOLDOUT11_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
-            "holdout10": JOB4}
+            "holdout10": JOB4, "holdout11": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
@@ -473,6 +504,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=400.0,
                    help="seconds for all layouts (7-minute device limit with margin)")
     p.add_argument("--only", default=None, help="comma-separated layout names to run")
+    p.add_argument("--cpu-affinity", default="none", choices=["none", "split"],
+                   help="the executor's --cpu-affinity: split pins each rank to its own "
+                        "physical cores [none]")
     p.add_argument("--trace", action="store_true",
                    help="record a torch.profiler trace of 3 measured steps per layout into "
                         "OUT/NAME/trace (diagnostics: benchmarks/trace_overlap.py; the traced "
@@ -537,8 +571,9 @@ def main(argv=None) -> int:
         remaining = None if args.budget is None else args.budget - (time.perf_counter() - t0)
         o = ValidateOptions(**{**opts.__dict__, "budget_s": remaining if remaining is None
                                else max(0.0, remaining),
-                               "extra_args": ("--profile", str(args.out / name_ / "trace"))
-                               if args.trace else ()})
+                               "extra_args": (("--profile", str(args.out / name_ / "trace"))
+                                              if args.trace else ())
+                               + ("--cpu-affinity", args.cpu_affinity)})
         records += run_layouts(model, cluster, job, [layout], o, names=[name_])
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": socket.gethostname(), "device": args.device, "gpu_name": name,
