@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from meshplan.calibrate.validate import STEADY_SPREAD_PCT
+
 GIB = 2**30
 
 
@@ -43,12 +45,21 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
     out.append("Errors are (predicted − measured) / measured. Spearman and the best-layout check "
                "are computed per model (across models they compare unlike work); the 'all' row "
                "pools the layouts.")
+    if summary.get("steady_layouts"):
+        out.append("")
+        out.append(f"Layouts whose measured steps were steady (p90 − p10 ≤ "
+                   f"{STEADY_SPREAD_PCT:g} % of the median step): {summary['steady_layouts']} of "
+                   f"{summary.get('ok', 0)}, step time mean abs err "
+                   f"{_fmt(summary.get('steady_step_time_mean_abs_error_pct'), '.2f', '%')}, "
+                   f"max {_fmt(summary.get('steady_step_time_max_abs_error_pct'), '.2f', '%')}. "
+                   f"The others varied more than the goal from step to step.")
     out.append("")
     out.append("## Layouts")
     out.append("")
-    out.append("| name | model | layout | status | predicted step (s) | measured step (s) | err | "
-               "predicted peak mem (GiB) | measured peak mem per rank (GiB) | worst rank mem err |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| name | model | layout | status | predicted step (s) | measured step (s) | "
+               "step spread | err | predicted peak mem (GiB) | measured peak mem per rank (GiB) | "
+               "worst rank mem err |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
         p, m = r.get("predicted", {}), r.get("measured", {})
         mem = m.get("memory_per_rank_bytes") or []
@@ -60,6 +71,7 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
         out.append(
             f"| {r['name']} | {r.get('model', '')} | {r['short']} | {status} | "
             f"{_fmt(p.get('step_time_s'), '.4f')} | {_fmt(m.get('step_time_s'), '.4f')} | "
+            f"{_fmt(m.get('step_time_spread'), '.0f', '%')} | "
             f"{_fmt(r.get('step_time_error_pct'), '+.1f', '%')} | "
             f"{_fmt(p.get('memory_peak_bytes') and p['memory_peak_bytes'] / GIB, '.2f')} | "
             f"{' '.join(f'{v / GIB:.2f}' for v in mem) or '—'} | {_fmt(worst, '+.1f', '%')} |")

@@ -360,6 +360,30 @@ def test_summarize_best_layout_and_failures():
     assert not s["predicted_best_is_measured_best"]
     assert s["predicted_best_gap_pct"] == pytest.approx((1.2 - 1.1) / 1.1 * 100)
     assert s["step_time_max_abs_error_pct"] == pytest.approx(25.0)
+    assert s["steady_layouts"] == 0 and "steady_step_time_mean_abs_error_pct" not in s
+
+
+def test_summary_reports_the_steadily_measured_layouts_apart():
+    """Layouts whose timed steps spread by more than 5 % are still in every figure; the
+    steady ones are summarized on their own as well, and accuracy.md shows each spread."""
+    from meshplan.calibrate.accuracy_report import markdown
+
+    def rec(name, p, m, spread):
+        return {"name": name, "model": "x", "status": "ok", "short": name,
+                "predicted": {"step_time_s": p},
+                "measured": {"step_time_s": m, "step_time_spread": spread},
+                "step_time_error_pct": pct_error(p, m)}
+    records = [rec("a", 1.0, 1.02, 3.0), rec("b", 1.0, 1.25, 30.0), rec("c", 2.0, 1.96, 5.0),
+               rec("d", 1.0, 1.1, None)]
+    s = summarize(records)
+    assert s["step_time_max_abs_error_pct"] == pytest.approx(20.0)
+    assert s["steady_layouts"] == 2
+    assert s["steady_step_time_mean_abs_error_pct"] == pytest.approx(
+        (100 * 0.02 / 1.02 + 100 * 0.04 / 1.96) / 2)
+    assert s["steady_step_time_max_abs_error_pct"] == pytest.approx(100 * 0.04 / 1.96)
+    md = markdown(records, s, {"x": s}, {}, "accuracy.png")
+    assert "steady (p90 − p10 ≤ 5 % of the median step): 2 of 4" in md
+    assert "| b | x | b | ok | 1.0000 | 1.2500 | 30% | -20.0% |" in md
 
 
 def test_enumerate_layouts_are_valid_and_fit():
