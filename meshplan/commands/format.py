@@ -50,9 +50,11 @@ def format_estimate(est: Estimate) -> str:
     if t.host_wait_s > HOST_BOUND_NOTE * est.step_time_s:
         out.append(f"note: the CPU's kernel dispatch sets this step ({t.host_wait_s / est.step_time_s:.0%}"
                    " of it is the GPUs waiting): larger micro-batches, fewer pipeline stages or "
-                   "compiled blocks (`meshplan run --compile`) dispatch less per token, and "
-                   "the time depends on the host CPU (measured ±8 % mean, up to 25 % between "
-                   "machines of one type: docs/benchmarks/accuracy.md)")
+                   "compiled blocks (`meshplan run --compile`) dispatch less per token. The "
+                   "time depends on the host CPU and is not steady: on lent 4-GPU hosts such "
+                   "layouts' steps varied 10-46 % within a run and 5-24 % between runs, and "
+                   "held-out predictions were 12-14 % off on average against about 1-3 % for "
+                   "GPU-bound ones (docs/benchmarks/accuracy.md, rounds 8-9)")
     out.extend(f"caution: {c}" for c in est.caveats)
     rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
     rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]

@@ -142,12 +142,12 @@ def drop_split_depth(row: Any) -> Any:
     0.47 ms on 2 blocks, 1.03 ms on 12; docs/calibrate.md). On the GPUs it is a difference
     of two noisy timings: over the six calibrations of rounds 4-9 single rows range from
     −2.2 to +1.0 ms per layer, around per-model medians of −0.06 to −0.02 ms (B) and −0.01
-    to +0.16 ms (W), and the held-out
-    zero-bubble layouts came out better without it in rounds 4, 5 and 9 — post hoc on the
-    eight measured sets, the twelve zero-bubble layouts' mean absolute step-time error went
-    12.2 → 7.2 % (round 9's s07: −42 → −10 %), and using the per-model median growth instead
-    was worse than none on five of the eight sets (docs/benchmarks/accuracy.md, round 9). So CUDA rows
-    load with no growth; the fields stay in the file."""
+    to +0.16 ms (W), and the held-out zero-bubble layouts came out better without it in
+    rounds 4, 5 and 9 — post hoc on the eight measured sets, the twelve zero-bubble layouts'
+    mean absolute step-time error went 12.2 → 7.2 % (round 9's s07: −42 → −10 %), and the
+    per-model median growth (clamped at 0) instead of none was worse on five of the eight
+    sets (docs/benchmarks/accuracy.md, round 9). So CUDA rows load with no growth; the
+    fields stay in the file."""
     if not isinstance(row, dict) or not any(
             isinstance(row.get(k), (int, float)) and row.get(k) != 0 for k in SPLIT_DEPTH_FIELDS):
         return row
