@@ -19,6 +19,7 @@
 #   SET=holdout11 PROFILE=docs/benchmarks/profile_h200x4_round9.toml ... validate  # next (H200;
 #     on an H100 host: PROFILE=docs/benchmarks/profile_h100x4_round8.toml)
 #   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
+#   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -98,6 +99,24 @@ case "${1:-}" in
         --json "$OUT/overlap_$(basename "$(dirname "$d")").json" >>"$OUT/trace.log" 2>&1 || true
     done
     ;;
+  ab)
+    # repeatability with and without pinning each rank to its own cores (ONLY=name,name
+    # SET=... PROFILE=...): the layouts run 4 times, none/split/none/split, BUDGET s each;
+    # $OUT/ab.log compares them (benchmarks/compare_runs.py), $OUT/ab_runs.tgz keeps the runs
+    prof=${PROFILE:-$KEEP/profile.toml}
+    mkdir -p "$KEEP/ab_out"
+    runs=()
+    for i in 1 2; do
+      for a in none split; do
+        AFFINITY=$a OUT="$KEEP/ab_out" run_layouts "ab_${a}_$i" "ab_${a}_$i.log" "ab_${a}_$i.tgz" \
+          --profile "$prof" --set "${SET:-holdout10}" --only "$ONLY" --budget "${BUDGET:-130}" \
+          --timeout 90
+        runs+=("$a=$KEEP/ab_${a}_$i/accuracy.json")
+      done
+    done
+    python benchmarks/compare_runs.py "${runs[@]}" --json "$OUT/ab.json" >"$OUT/ab.log" 2>&1 || true
+    (cd "$KEEP" && tar czf "$OUT/ab_runs.tgz" ab_out ab_*/accuracy.json) || true
+    ;;
   memory)
     # GPU memory after every pipeline action and step phase of a few layouts (ONLY=name,name
     # SET=...; PROFILE=file for the predictions): benchmarks/diag_stage_memory.py
@@ -106,5 +125,5 @@ case "${1:-}" in
       >"$OUT/memory.log" 2>&1 || true
     (cd "$KEEP" && tar czf "$OUT/memory.tgz" memory) || true
     ;;
-  *) echo "usage: $0 calibrate|validate|probe|trace|memory" >&2; exit 2 ;;
+  *) echo "usage: $0 calibrate|validate|probe|trace|ab|memory" >&2; exit 2 ;;
 esac

@@ -1,0 +1,56 @@
+"""benchmarks/compare_runs.py (repeatability across validate runs) and
+benchmarks/trace_cpu.py (CPU-side CUDA calls of a trace)."""
+
+import json
+
+import pytest
+
+from meshplan.errors import ConfigError
+
+
+def _accuracy(path, steps):
+    recs = [{"name": n, "status": "ok", "measured": {"step_time_s": s, "step_time_spread": sp}}
+            for n, (s, sp) in steps.items()]
+    recs.append({"name": "x", "status": "timeout", "measured": {}})
+    path.write_text(json.dumps({"records": recs}))
+    return str(path)
+
+
+def test_compare_runs_spreads_and_run_to_run_changes(load_benchmark, tmp_path):
+    tool = load_benchmark("compare_runs")
+    a1 = _accuracy(tmp_path / "a1.json", {"s1": (1.0, 10.0), "s2": (2.0, 20.0)})
+    b1 = _accuracy(tmp_path / "b1.json", {"s1": (1.1, 2.0)})
+    a2 = _accuracy(tmp_path / "a2.json", {"s1": (1.2, 30.0), "s2": (2.0, 0.0)})
+    out = tool.compare(tool.load_runs([f"none={a1}", f"split={b1}", f"none={a2}"]))
+    assert out["layouts"]["s1"] == [("none", 1.0, 10.0), ("split", 1.1, 2.0),
+                                    ("none", 1.2, 30.0)]
+    assert "x" not in out["layouts"]                                # not measured
+    assert out["labels"]["none"]["mean_spread_pct"] == pytest.approx(15.0)
+    assert out["labels"]["none"]["mean_run_to_run_pct"] == pytest.approx((20.0 + 0.0) / 2)
+    assert out["labels"]["split"]["mean_run_to_run_pct"] is None    # one run
+    assert out["mean_range_pct"] == pytest.approx((20.0 + 0.0) / 2)
+    with pytest.raises(ConfigError, match="expected LABEL=path"):
+        tool.load_runs(["a1.json"])
+    with pytest.raises(ConfigError, match="not a readable accuracy.json"):
+        tool.load_runs([f"a={tmp_path / 'missing.json'}"])
+
+
+def test_trace_cpu_sums_runtime_calls_per_step_and_finds_gaps(load_benchmark, tmp_path):
+    tool = load_benchmark("trace_cpu")
+    ev = [{"name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000},
+          {"name": "ProfilerStep#2", "cat": "user_annotation", "ts": 1000, "dur": 1000},
+          {"name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 10, "dur": 4},
+          {"name": "cudaStreamSynchronize", "cat": "cuda_runtime", "ts": 20, "dur": 600},
+          {"name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 1500, "dur": 4},
+          {"name": "aten::mm", "cat": "cpu_op", "ts": 30, "dur": 50}]
+    p = tmp_path / "trace_rank0.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    s = tool.summarize(p, top=2)
+    assert s["steps"] == 2 and s["step_span_s"] == pytest.approx(1e-3)
+    assert list(s["runtime_per_step"]) == ["cudaStreamSynchronize", "cudaLaunchKernel"]
+    assert s["runtime_per_step"]["cudaStreamSynchronize"] == {"s": pytest.approx(300e-6),
+                                                              "calls": 0.5}
+    assert s["longest_gaps_s"] == [pytest.approx(880e-6), pytest.approx(6e-6)]
+    # no step marks: the caller's count of traced steps
+    p.write_text(json.dumps({"traceEvents": ev[2:]}))
+    assert tool.summarize(p, top=2, steps_in_window=4)["steps"] == 0
