@@ -27,7 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--cpu-affinity", choices=["none", "split"], default="none",
                    help="split: pin each rank to its own block of physical CPU cores "
-                        "(steadier steps where CPU dispatch sets the pace) [none]")
+                        "(meant for layouts whose CPU dispatch sets the pace; its effect "
+                        "is not yet measured on GPUs) [none]")
 
 
 def main(args) -> int:
