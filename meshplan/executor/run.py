@@ -178,8 +178,10 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     rank, world, local_rank, local_world = _dist_env()
     try:
         plan = load_plan_file(args.plan)
-        device_type = preflight(plan, args, world, local_world)
+        # before anything imports torch: threads inherit the affinity of the thread that
+        # starts them, and CUDA / NCCL start theirs at initialization
         args.pinned_cpus = pin_local_rank(args.cpu_affinity, local_rank, local_world)
+        device_type = preflight(plan, args, world, local_world)
     except MeshplanError as exc:
         if rank == 0:
             _log(f"error: {exc}")
