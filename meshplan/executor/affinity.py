@@ -9,6 +9,10 @@ hyper-threads of a core to the same rank, removes one source of that variation.
 
 Worked example: 8 CPUs as 4 cores with siblings (0, 4), (1, 5), (2, 6), (3, 7), two local
 ranks → rank 0 gets cores (0, 4), (1, 5) = CPUs {0, 1, 4, 5}, rank 1 gets {2, 3, 6, 7}.
+
+The blocks follow CPU numbering, not each GPU's NUMA node: on a multi-socket host where
+the GPUs report their NUMA locality, torchrun's own ``--numa-binding=exclusive`` (torch >=
+2.11) divides each node's cores among its GPUs instead.
 """
 
 from __future__ import annotations
