@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from meshplan.calibrate.validate import (ValidateOptions, by_model, rescore, run_layouts,  # noqa: E402
                                          summarize, write_accuracy)
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.executor.affinity import AFFINITY_MODES  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 
@@ -504,7 +505,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=400.0,
                    help="seconds for all layouts (7-minute device limit with margin)")
     p.add_argument("--only", default=None, help="comma-separated layout names to run")
-    p.add_argument("--cpu-affinity", default="none", choices=["none", "split"],
+    p.add_argument("--cpu-affinity", default="none", choices=AFFINITY_MODES,
                    help="the executor's --cpu-affinity: split pins each rank to its own "
                         "physical cores [none]")
     p.add_argument("--trace", action="store_true",

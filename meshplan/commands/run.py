@@ -11,6 +11,7 @@ Prints predicted | measured | error for step time, tokens/s, MFU and peak memory
 from __future__ import annotations
 
 from meshplan.commands.common import positive_int
+from meshplan.executor.affinity import AFFINITY_MODES
 
 
 def add_arguments(p) -> None:
@@ -25,7 +26,7 @@ def add_arguments(p) -> None:
                    help="default: cuda when available")
     p.add_argument("--data", default=None, help="flat uint16/uint32 token file (memmap)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
-    p.add_argument("--cpu-affinity", choices=["none", "split"], default="none",
+    p.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default="none",
                    help="split: pin each rank to its own block of physical CPU cores "
                         "(meant for layouts whose CPU dispatch sets the pace; its effect "
                         "is not yet measured on GPUs) [none]")
