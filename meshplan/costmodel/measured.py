@@ -251,8 +251,9 @@ class MeasuredTables:
                    ) -> tuple[Interpolated | None, bool]:
         """An FSDP2 layer (ZeRO-2/3 over ``dp`` > 1) and whether it was composed.
 
-        The profile's own row where it has one. Calibration times FSDP2 on tp = 1 only, so
-        for tp > 1 (FSDP2 over dp of tensor-parallel layers, a 2-D mesh) the row is composed
+        The profile's own row where it has one. Calibrations before round 8 timed FSDP2 on
+        tp = 1 only, so for tp > 1 (FSDP2 over dp of tensor-parallel layers, a 2-D mesh)
+        without a measured row the row is composed
         from three measured ones: the plain tp row plus what FSDP2 adds to the plain tp = 1
         row. FSDP2's per-layer hooks (pre-forward gather, post-backward reduce-scatter) cost
         the CPU per FSDP unit, whatever the tensor-parallel split of its parameters, so their
