@@ -20,6 +20,8 @@
 #     on an H100 host: PROFILE=docs/benchmarks/profile_h100x4_round8.toml)
 #   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
+#   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off
+#   GC=auto ... validate    # CPython's collector left on in the timed steps (executor --gc)
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -35,6 +37,8 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,temperature.gpu,powe
   --format=csv -l 2 >"$OUT/gpu_clocks_${1:-x}.csv" 2>/dev/null &
 CLOCKS=$!
 trap 'kill $CLOCKS 2>/dev/null || true' EXIT
+# the host's CPU (host-bound layouts depend on it; profiles from other hosts may not fit)
+{ lscpu; nvidia-smi topo -m; } >"$OUT/host_${1:-x}.txt" 2>&1 || true
 
 calibrate() {
   python benchmarks/validate_device.py --write-models "$KEEP/models" >/dev/null
@@ -58,7 +62,8 @@ calibrate() {
 run_layouts() {
   local dir=$1 log=$2 tgz=$3
   shift 3
-  python benchmarks/validate_device.py --out "$KEEP/$dir" --cpu-affinity "${AFFINITY:-none}" "$@" \
+  python benchmarks/validate_device.py --out "$KEEP/$dir" --cpu-affinity "${AFFINITY:-none}" \
+    --gc "${GC:-manual}" "$@" \
     2>&1 | tail -n 60 >"$OUT/$log"
   (cd "$KEEP/$dir" && tar czf "$OUT/$tgz" */log.txt */results.json \
     $(ls -d */trace/top_ops* 2>/dev/null)) || true
@@ -100,19 +105,21 @@ case "${1:-}" in
     done
     ;;
   ab)
-    # repeatability with and without pinning each rank to its own cores (ONLY=name,name
-    # SET=... PROFILE=...): the layouts run 4 times, none/split/none/split, BUDGET s each;
-    # $OUT/ab.log compares them (benchmarks/compare_runs.py), $OUT/ab_runs.tgz keeps the runs
+    # repeatability under executor settings (ONLY=name,name SET=... PROFILE=...): the layouts
+    # run once per arm of ARMS, in order, BUDGET s each; an arm is AFFINITY/GC (default
+    # "none/manual split/manual none/manual split/manual"); $OUT/ab.log compares them
+    # (benchmarks/compare_runs.py), $OUT/ab_runs.tgz keeps the runs
     prof=${PROFILE:-$KEEP/profile.toml}
     mkdir -p "$KEEP/ab_out"
     runs=()
-    for i in 1 2; do
-      for a in none split; do
-        AFFINITY=$a OUT="$KEEP/ab_out" run_layouts "ab_${a}_$i" "ab_${a}_$i.log" "ab_${a}_$i.tgz" \
-          --profile "$prof" --set "${SET:-holdout10}" --only "$ONLY" --budget "${BUDGET:-130}" \
-          --timeout 90
-        runs+=("$a=$KEEP/ab_${a}_$i/accuracy.json")
-      done
+    i=0
+    for arm in ${ARMS:-none/manual split/manual none/manual split/manual}; do
+      i=$((i + 1))
+      a=${arm%/*} g=${arm#*/}
+      AFFINITY=$a GC=$g OUT="$KEEP/ab_out" run_layouts "ab_${a}_${g}_$i" "ab_${a}_${g}_$i.log" \
+        "ab_${a}_${g}_$i.tgz" --profile "$prof" --set "${SET:-holdout10}" --only "$ONLY" \
+        --budget "${BUDGET:-130}" --timeout 90
+      runs+=("$a/$g=$KEEP/ab_${a}_${g}_$i/accuracy.json")
     done
     python benchmarks/compare_runs.py "${runs[@]}" --json "$OUT/ab.json" >"$OUT/ab.log" 2>&1 || true
     (cd "$KEEP" && tar czf "$OUT/ab_runs.tgz" ab_out ab_*/accuracy.json) || true

@@ -31,6 +31,7 @@ from meshplan.calibrate.validate import (ValidateOptions, by_model, rescore, run
                                          summarize, write_accuracy)
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.affinity import AFFINITY_MODES  # noqa: E402
+from meshplan.executor.gc_control import GC_MODES  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 
@@ -508,6 +509,9 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-affinity", default="none", choices=AFFINITY_MODES,
                    help="the executor's --cpu-affinity: split pins each rank to its own "
                         "physical cores [none]")
+    p.add_argument("--gc", default="manual", choices=GC_MODES,
+                   help="the executor's --gc: manual collects Python garbage only every "
+                        "50 steps, auto leaves CPython's collector on [manual]")
     p.add_argument("--trace", action="store_true",
                    help="record a torch.profiler trace of 3 measured steps per layout into "
                         "OUT/NAME/trace (diagnostics: benchmarks/trace_overlap.py; the traced "
@@ -574,7 +578,7 @@ def main(argv=None) -> int:
                                else max(0.0, remaining),
                                "extra_args": (("--profile", str(args.out / name_ / "trace"))
                                               if args.trace else ())
-                               + ("--cpu-affinity", args.cpu_affinity)})
+                               + ("--cpu-affinity", args.cpu_affinity, "--gc", args.gc)})
         records += run_layouts(model, cluster, job, [layout], o, names=[name_])
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": socket.gethostname(), "device": args.device, "gpu_name": name,

@@ -275,6 +275,7 @@ def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
         peak = max(mem)
     spread = (measured.get("step_time") or {}).get("spread_pct")
     return {"step_time_s": float(st), "step_time_spread": spread,
+            "step_times_s": measured.get("step_times_s"), "gc": measured.get("gc"),
             "memory_per_rank_bytes": mem if len(mem) == nranks else [],
             "memory_peak_bytes": float(peak) if isinstance(peak, (int, float)) else None}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from meshplan.commands.common import positive_int
 from meshplan.executor.affinity import AFFINITY_MODES
+from meshplan.executor.gc_control import GC_MODES
 
 
 def add_arguments(p) -> None:
@@ -30,6 +31,10 @@ def add_arguments(p) -> None:
                    help="split: pin each rank to its own block of physical CPU cores "
                         "(meant for layouts whose CPU dispatch sets the pace; its effect "
                         "is not yet measured on GPUs) [none]")
+    p.add_argument("--gc", choices=GC_MODES, default="manual",
+                   help="manual: Python's garbage collector off during the timed steps, a "
+                        "collection every 50 steps (as torchtitan); auto: CPython's own "
+                        "[manual]")
 
 
 def main(args) -> int:
@@ -48,5 +53,7 @@ def main(args) -> int:
         extra.append("--compile")
     if args.cpu_affinity != "none":
         extra += ["--cpu-affinity", args.cpu_affinity]
+    if args.gc != "manual":
+        extra += ["--gc", args.gc]
     return run_local(args.plan, nproc=args.nproc, steps=args.steps, warmup=args.warmup,
                      out=args.out, force=args.force, extra_args=extra)

@@ -23,6 +23,8 @@ from typing import Any
 
 from meshplan.errors import ExecutorError, MeshplanError
 from meshplan.executor.affinity import AFFINITY_MODES, pin_local_rank
+from meshplan.executor.gc_control import (DEFAULT_GC_PERIOD_STEPS, GC_MODES, GcPolicy,
+                                          gc_across_ranks)
 from meshplan.planner.planfile import PlanRecord, load_plan_file, write_json_atomic
 
 RESULTS_SCHEMA = "meshplan.results"
@@ -53,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-affinity", default="none", choices=AFFINITY_MODES,
                    help="split: pin each local rank to its own block of physical cores "
                         "(meshplan/executor/affinity.py) [none]")
+    p.add_argument("--gc", default="manual", choices=GC_MODES,
+                   help="manual: after warm-up, freeze the survivors and collect Python "
+                        "garbage only every --gc-period steps, inside the timed step, as "
+                        "torchtitan does; auto: CPython's own collector. Either way "
+                        "results.json counts the collections in the timed steps "
+                        "(meshplan/executor/gc_control.py) [manual]")
+    p.add_argument("--gc-period", type=int, default=DEFAULT_GC_PERIOD_STEPS,
+                   help=f"steps between collections with --gc manual [{DEFAULT_GC_PERIOD_STEPS}]")
     return p
 
 
@@ -105,6 +115,8 @@ def preflight(plan: PlanRecord, args, world: int, local_world: int) -> str:
     if args.steps < 1 or args.warmup < 0:
         raise ExecutorError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, "
                             f"{args.warmup}")
+    if args.gc_period < 1:
+        raise ExecutorError(f"--gc-period must be >= 1 step, got {args.gc_period}")
     check_layout_runnable(plan.model, plan.job, layout)
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -276,6 +288,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
         timer = StepTimer(device)
+        gc_policy = GcPolicy(args.gc, args.gc_period)
         losses = []
         peak_after_step: list[float] = []   # running peak: shows which step set it
         prof = None
@@ -285,8 +298,11 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                                 groups.dp_rank).to(device, non_blocking=True)
             if args.profile and step == args.warmup:
                 prof = _start_profiler(device_type)
+            if step == args.warmup:
+                gc_policy.begin_measure()
             if step >= args.warmup:
                 timer.start()
+                gc_policy.in_step()
             _maybe_inject_failure(rank, step)
             loss = trainer.step(batch)
             if step >= args.warmup:
@@ -301,12 +317,14 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 peak_after_step.append(float(torch.cuda.max_memory_allocated(device)))
             if rank == 0 and step > 0:   # one step behind: no sync on the step just queued
                 _log(f"step {step - 1}: loss {float(losses[-2]):.4f}")
+        gc_policy.end()
         state["phase"] = "report"
         times = timer.durations_s()
         loss_values = [float(l) for l in losses]
         mem = peak_memory(device)
         mine = {"rank": rank, "dp": groups.dp_rank, "pp": groups.pp_rank, "tp": groups.tp_rank,
                 "stages": trainer.stage_indices(), **mem, "peak_after_step": peak_after_step,
+                "gc": gc_policy.summary(),
                 "predicted_bytes": stage_prediction_bytes(prediction, groups.pp_rank)}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)
@@ -348,6 +366,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             "memory_per_rank": per_rank,
             "loss_per_step": loss_values, "steps": args.steps, "warmup": args.warmup,
             "num_microbatches": trainer.num_microbatches,
+            "gc": gc_across_ranks([r["gc"] for r in per_rank]),
             "mfu_note": None if device_type == "cuda" else "MFU needs a GPU peak; CPU run",
         }
         doc = results_document(plan, prediction, measured, env, status="ok", error=None,

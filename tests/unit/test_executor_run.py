@@ -61,6 +61,29 @@ def test_one_process_run_writes_results(tmp_path, capsys):
     assert m["memory_per_rank"][0]["rank"] == 0
     assert set(doc["errors_pct"]) == {"step_time_s", "tokens_per_s", "mfu", "memory_peak_bytes"}
     assert "step time" in capsys.readouterr().out
+    # the default --gc manual: no automatic collection in 3 timed steps (period 50), and
+    # the collector is back on afterwards
+    assert m["gc"]["mode"] == "manual" and m["gc"]["period_steps"] == 50
+    assert [m["gc"][g]["count"] for g in ("gen0", "gen1", "gen2")] == [0, 0, 0]
+    import gc
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_gc_period_collects_inside_timed_steps(tmp_path):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
+    out = tmp_path / "r.json"
+    assert main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "4",
+                 "--warmup", "1", "--gc-period", "2"]) == 0
+    g = json.loads(out.read_text())["measured"]["gc"]
+    assert g["gen1"]["count"] == 2 and g["gen0"]["count"] == 0   # at timed steps 2 and 4
+
+
+def test_bad_gc_period_is_refused(tmp_path, capsys):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
+    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(tmp_path / "r.json"),
+               "--gc-period", "0"])
+    assert rc == EXIT_BAD_INPUT
+    assert "--gc-period must be >= 1 step, got 0" in capsys.readouterr().err
 
 
 def test_gpu_family():
