@@ -95,6 +95,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "micro_batches": ", ".join(map(str, micro_batch_sizes(
             options.quick, options.micro_batches))),
         "split_timing": options.split_timing,
+        "python_gc": "off while timing",
         "layer_rounds": layer_rounds,
         **({"time_budget_s": float(options.time_budget_s)}
            if options.time_budget_s is not None else {}),
@@ -122,7 +123,20 @@ def _init_distributed(device_kind: str):
 
 
 def calibrate(options: CalibrateOptions) -> Path | None:
-    """Run everything; rank 0 returns the written profile's path, other ranks None."""
+    """Run everything; rank 0 returns the written profile's path, other ranks None.
+
+    Python's automatic garbage collection is off throughout (``gc_paused``; the layer
+    tables still collect between rows), as in the executor's timed steps with its default
+    ``--gc manual``: a collector pause inside a timed iteration would otherwise land in the
+    CPU dispatch times the cost model prices host-bound layouts with (on 4 × H100 the
+    executor with the collector on ran 29 gen-0 collections per step of GPT pp 4 and one
+    161 ms gen-2 pause in 8 steps; docs/benchmarks/accuracy.md, round 10)."""
+    from meshplan.executor.gc_control import gc_paused
+    with gc_paused():
+        return _calibrate(options)
+
+
+def _calibrate(options: CalibrateOptions) -> Path | None:
     import torch
     import torch.distributed as dist
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 GC_MODES = ("auto", "manual")
@@ -112,6 +113,25 @@ class GcPolicy:
         return {"mode": self.mode, "period_steps": self.period_steps, **self.watch.summary()}
 
 
+@contextmanager
+def gc_paused():
+    """Automatic collection off inside the block, as in the executor's timed steps under
+    ``manual``: collect once, freeze the survivors, disable; restored on exit. Explicit
+    ``gc.collect()`` calls inside still run (and skip the frozen objects). ``meshplan
+    calibrate`` times its microbenchmarks this way so that their CPU dispatch times carry
+    no collector pauses the executor would not have."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
 def gc_across_ranks(per_rank: list[dict]) -> dict:
     """The busiest rank's collections per generation (a pause on any rank stalls its peers):
     ``{"mode", "period_steps", "gen2": {"count", "total_ms", "max_ms"}, ...}``, each the
@@ -124,4 +144,5 @@ def gc_across_ranks(per_rank: list[dict]) -> dict:
     return out
 
 
-__all__ = ["GC_MODES", "DEFAULT_GC_PERIOD_STEPS", "GcWatch", "GcPolicy", "gc_across_ranks"]
+__all__ = ["GC_MODES", "DEFAULT_GC_PERIOD_STEPS", "GcWatch", "GcPolicy", "gc_paused",
+           "gc_across_ranks"]

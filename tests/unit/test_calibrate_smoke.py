@@ -36,6 +36,7 @@ def test_cpu_calibrate_writes_a_valid_profile(cpu_profile):
     p = load_profile(cpu_profile)
     assert p.gpu.name == "cpu" and p.base_gpu is None
     assert p.provenance["device"] == "cpu" and p.provenance["torch"] == torch.__version__
+    assert p.provenance["python_gc"] == "off while timing"
     for key in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency",
                 "layer_overhead_s", "microbatch_overhead_s"):
         assert key in p.measured

@@ -71,3 +71,16 @@ def test_across_ranks_takes_the_busiest_rank():
     assert out["mode"] == "auto" and out["gen2"]["count"] == 1
     assert out["gen2"]["max_ms"] == pytest.approx(100) and out["gen0"]["count"] == 5
     assert gc_across_ranks([]) == {}
+
+
+def test_gc_paused_block_restores_collector():
+    from meshplan.executor.gc_control import gc_paused
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+        gc.collect()     # explicit collections still allowed
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with gc_paused():
+            raise RuntimeError("boom")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
