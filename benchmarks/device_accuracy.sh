@@ -16,8 +16,8 @@
 #   SET=holdout8 PROFILE=docs/benchmarks/profile_h200x4_round7.toml ... validate    # round 7
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout9 ... validate  # round 8
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout10 ... validate # round 9
-#   SET=holdout11 PROFILE=docs/benchmarks/profile_h200x4_round9.toml ... validate  # next (H200;
-#     on an H100 host: PROFILE=docs/benchmarks/profile_h100x4_round8.toml)
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout11 ... validate # round 10
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout12 ... validate # next
 #   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off

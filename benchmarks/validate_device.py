@@ -309,7 +309,7 @@ HOLDOUT10_LAYOUTS = [
     ("s16", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=2, recompute="full",
                          sequence_parallel=True)),
 ]
-# "holdout11" (after round 9; not run yet): 16 new 4-rank layouts chosen before any ran, to
+# "holdout11" (after round 9; run in round 10): 16 new 4-rank layouts chosen before any ran, to
 # hold out round 9's change (zero-bubble without depth growth on GPU profiles): seven
 # zero-bubble layouts at stage depths 6 and 12 (t01-t04, t09, t11, t12: both models, tp 1
 # and 2, every recompute mode, ZeRO-0/1), plus DDP/FSDP2, interleaved and 1F1B pipelines
@@ -338,6 +338,38 @@ HOLDOUT11_LAYOUTS = [
                          sequence_parallel=True)),
     ("t16", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=3, recompute="full",
                          sequence_parallel=True)),
+]
+# "holdout12" (after round 10; not run yet): 16 new 4-rank layouts chosen before any ran,
+# none in an earlier set: GPipe (missing from holdout11) in five, ZeRO-2/3 under pipeline
+# and tp, interleaved vpp 2 at pp 2 and 4 with full recompute, 1F1B at pp 4, zero-bubble
+# with selective and (GPT, ZeRO-1) full recompute; both models, micro-batches 2-8; <= 65
+# GiB predicted on the round-10 H100 profile (~16.7 s of predicted steps).
+HOLDOUT12_LAYOUTS = [
+    ("u01", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="gpipe", recompute="selective")),
+    ("u02", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", recompute="full",
+                       zero=1)),
+    ("u03", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="gpipe", sequence_parallel=True)),
+    ("u04", GPT_05B, L(dp=4, micro_batch=4, zero=3)),
+    ("u05", GPT_05B, L(dp=2, tp=2, micro_batch=8, zero=2, recompute="full",
+                       sequence_parallel=True)),
+    ("u06", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=2,
+                       recompute="full")),
+    ("u07", GPT_05B, L(pp=4, micro_batch=8, schedule="1f1b", recompute="selective")),
+    ("u08", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble",
+                       recompute="selective", zero=1)),
+    ("u09", LLAMA_16B, L(dp=2, pp=2, micro_batch=2, schedule="gpipe", recompute="full")),
+    ("u10", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", recompute="selective",
+                         zero=2)),
+    ("u11", LLAMA_16B, L(dp=4, micro_batch=8, zero=3, recompute="full")),
+    ("u12", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, recompute="selective",
+                         sequence_parallel=True)),
+    ("u13", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=2,
+                         recompute="full")),
+    ("u14", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="1f1b", recompute="full",
+                         sequence_parallel=True)),
+    ("u15", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble",
+                         recompute="selective")),
+    ("u16", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=1, sequence_parallel=True)),
 ]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
@@ -396,11 +428,12 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout9": HOLDOUT9_LAYOUTS,
         "holdout10": HOLDOUT10_LAYOUTS,
         "holdout11": HOLDOUT11_LAYOUTS,
+        "holdout12": HOLDOUT12_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
-            "holdout10": JOB4, "holdout11": JOB4}
+            "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
@@ -523,7 +556,8 @@ def main(argv=None) -> int:
                         " 4, after holdout3), 'holdout5' / 'holdout6' (round 5, 2 GPUs), "
                         "'holdout7' (round 7), 'holdout8' (after round 7's post-hoc "
                         "changes), 'holdout9' (round 8), 'holdout10' (after "
-                        "round 8's post-hoc changes) or "
+                        "round 8's post-hoc changes), 'holdout11' (round 10), 'holdout12' "
+                        "(after round 10) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "

@@ -1,0 +1,39 @@
+"""The GPU layout sets of benchmarks/validate_device.py: a held-out set must be new."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import validate_device as vd  # noqa: E402
+
+ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
+         "holdout10", "holdout11", "holdout12"]
+
+
+def test_every_set_has_unique_names():
+    for name, entries in vd.SETS.items():
+        if name == "all":
+            continue
+        names = [n for n, _, _ in entries]
+        assert len(names) == len(set(names)), name
+
+
+def test_newest_holdout_sets_repeat_no_earlier_layout():
+    seen: dict = {}
+    for s in ("dev", "test", "holdout2", "check3", *ORDER):
+        for n, model, layout in vd.SETS[s]:
+            key = (model.name, layout)
+            if s in ("holdout11", "holdout12"):
+                assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
+            seen.setdefault(key, f"{s} {n}")
+
+
+def test_holdout12_covers_every_schedule_zero_stage_and_recompute_mode():
+    ls = [layout for _, _, layout in vd.HOLDOUT12_LAYOUTS]
+    assert {l.schedule for l in ls} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert {l.zero for l in ls} == {0, 1, 2, 3}
+    assert {l.recompute for l in ls} == {"none", "selective", "full"}
+    assert any(l.sequence_parallel for l in ls)
+    assert {m.name for _, m, _ in vd.HOLDOUT12_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
+    assert all(l.num_gpus == 4 for l in ls)
