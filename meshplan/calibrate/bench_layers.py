@@ -296,7 +296,8 @@ def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers:
 def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0),
               split_sync: tuple[float, float] = (0.0, 0.0),
-              cpu_fixed: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
+              cpu_fixed: tuple[float, float] = (0.0, 0.0),
+              split_memory: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds, the forward /
     backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
@@ -304,7 +305,9 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
     (of the CPU times where they were measured); ``split_sync``: the split's synchronized
     B / W per layer on that stack where the split itself was timed queued (kept for
     comparison); ``cpu_fixed``: the forward / backward CPU dispatch per call (the CPU fields
-    then hold the per-layer rest; :func:`cpu_fixed`)."""
+    then hold the per-layer rest; :func:`cpu_fixed`); ``split_memory``: what a micro-batch
+    waiting for its W keeps and what W needs while it runs, bytes per layer (full
+    recomputation; :mod:`meshplan.calibrate.split_memory`)."""
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -317,7 +320,9 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         split_layers=split_layers if b_in > 0 and b_w > 0 else 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1]),
         backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1]),
-        forward_cpu_fixed_s=float(cpu_fixed[0]), backward_cpu_fixed_s=float(cpu_fixed[1])))
+        forward_cpu_fixed_s=float(cpu_fixed[0]), backward_cpu_fixed_s=float(cpu_fixed[1]),
+        wgrad_pending_bytes=float(split_memory[0]),
+        wgrad_transient_bytes=float(split_memory[1])))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -846,6 +851,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                           "synchronized timings without CPU dispatch times")
     measured: dict[int, list[list[float]]] = {}
     deep: dict[int, tuple[float, float]] = {}      # split backward on SPLIT_DEEP_LAYERS blocks
+    deep_mem: dict[int, tuple[float, float]] = {}  # its pending / W-transient bytes per layer
     # CPU per layer on 2 and CPU_DEEP_LAYERS blocks, per setting (its smallest micro-batch)
     cpu_deep: dict[tuple, list[tuple[float, float, float, float]]] = {}
     smallest: dict[tuple, int] = {}
@@ -917,12 +923,13 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 # Synchronized rows already hold the shallow split (combined over rounds
                 # below); queued ones need it again, right before the deep one
                 t_deep = time.perf_counter()
-                deep_key, deep_module, split = _deep_split(
+                deep_key, deep_module, split, wmem = _deep_split(
                     cfg, deep_key, deep_module, module if split_queued else None, layers,
                     device, groups, iters=iters, barrier=barrier, world=world)
                 first_only_s += time.perf_counter() - t_deep
                 if split is not None:
                     deep[idx] = split
+                    deep_mem[idx] = wmem
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA)
             if not cfg.part and values[bc] > 0 \
@@ -974,7 +981,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             shallow = deep[idx][:2] if split_queued else values[4:6]
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
                 shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS),
-                split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed))
+                split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed,
+                split_memory=deep_mem.get(idx, (0.0, 0.0))))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
@@ -1012,25 +1020,33 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
     blocks (built once per build key) and, if given, right before it on the row's
     ``layers``-block module ``shallow``, averaged over ranks: (build key, deep module to
     reuse, (B, W) per layer shallow (0, 0 without ``shallow``) + (B, W) deep, or None where
-    any rank ran out of memory or measured nothing).
+    any rank ran out of memory or measured nothing, (pending, transient) bytes per layer
+    of the deep stack's split with full recomputation, the largest rank's
+    (:func:`meshplan.calibrate.split_memory.split_memory_per_layer`; (0, 0) for other
+    recompute modes or where not measured)).
 
     Always synchronized: queued, a deep stack's weight pass can queue more kernels than
     CUDA's launch queue holds (see :data:`SPIN_MAX_S`)."""
-    values, oom = [0.0] * 4, 0.0
+    from meshplan.calibrate.split_memory import split_memory_per_layer
+    values, oom, mem = [0.0] * 4, 0.0, [0.0, 0.0]
     try:
         module = _deep_module(cfg, key, module, SPLIT_DEEP_LAYERS, device, groups)
         values = [*(_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier)
                     if shallow is not None else (0.0, 0.0)),
                   *_sync_split(cfg, module, SPLIT_DEEP_LAYERS, device, iters=iters,
                                barrier=barrier)]
+        if cfg.recompute == "full":     # _sync_split left the module recomputing
+            with _layer_amp(cfg, device):
+                mem = list(split_memory_per_layer(module, lambda: _layer_input(cfg, device),
+                                                  SPLIT_DEEP_LAYERS, device))
     except _oom_types():
         oom, module = 1.0, None
         _free(device)
     measured = values if shallow is not None else values[2:]
-    lo = _reduce([*values, oom, -min(measured)], [4, 5], device, world)
+    lo = _reduce([*values, oom, -min(measured), *mem], [4, 5, 6, 7], device, world)
     if lo[4] or lo[5] >= 0:          # out of memory, or some rank measured nothing
-        return cfg.build_key, module, None
-    return cfg.build_key, module, tuple(lo[:4])
+        return cfg.build_key, module, None, (0.0, 0.0)
+    return cfg.build_key, module, tuple(lo[:4]), (lo[6], lo[7])
 
 
 def _cpu_fields(cfg: Config) -> tuple[int, int]:

@@ -239,10 +239,18 @@ def stage_slowdown(job: Job, layout: Layout) -> tuple[float, ...]:
                  for c in range(layout.pp * layout.vpp))
 
 
-def _wgrad_bytes(layout: Layout, full_act_bytes: float) -> dict[str, float]:
+def _wgrad_bytes(layout: Layout, full_act_bytes: float,
+                 measured: tuple[float, float] | None = None) -> dict[str, float]:
     """Per layer: what a pending zero-bubble W keeps (``wgrad_pending_bytes``) and the
-    transient of running one (``wgrad_transient_bytes``); see ZB_FULL_PENDING_SETS."""
+    transient of running one (``wgrad_transient_bytes``). With full recomputation these
+    depend on the block (one recomputation per parameter group): the profile's measured
+    pair where the calibration has one (``measured``,
+    :mod:`meshplan.calibrate.split_memory`), else ZB_FULL_PENDING_SETS and
+    ZB_FULL_W_TRANSIENT_SETS sets, read off Llama stages. ``full_act_bytes`` = 0: no
+    pending W on any rank (nothing is added)."""
     if layout.recompute == "full":
+        if measured is not None and full_act_bytes > 0:
+            return {"wgrad_pending_bytes": measured[0], "wgrad_transient_bytes": measured[1]}
         return {"wgrad_pending_bytes": ZB_FULL_PENDING_SETS * full_act_bytes,
                 "wgrad_transient_bytes": ZB_FULL_W_TRANSIENT_SETS * full_act_bytes}
     return {"wgrad_pending_bytes": full_act_bytes, "wgrad_transient_bytes": 0.0}
@@ -293,6 +301,8 @@ class LayerParts:
     # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
     # values are then the per-layer rest)
     cpu_fixed: tuple[float, float] = (0.0, 0.0)
+    # zero-bubble with full recomputation: measured (pending, W transient) bytes per layer
+    wgrad_measured: tuple[float, float] | None = None
 
 
 @lru_cache(maxsize=8192)
@@ -315,7 +325,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
     logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
-    split = split_depth = split_cpu = None
+    split = split_depth = split_cpu = wgrad = None
     cpu, cpu_fixed = None, (0.0, 0.0)
     full_act = acts.full_bytes
     tables = cluster.gpu.measured
@@ -326,6 +336,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
             split, split_depth, split_cpu = ml.split_backward, ml.split_depth, ml.split_cpu
+            if recompute == "full" and ml.wgrad_transient_bytes > 0:
+                wgrad = (ml.wgrad_pending_bytes, ml.wgrad_transient_bytes)
             measured.append("layer")
         me = tables.end(model, "embedding", **kw)
         if me is not None:
@@ -350,7 +362,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
-                      split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed)
+                      split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
+                      wgrad_measured=wgrad)
 
 
 def _ratio(measured_s: float, analytical_s: float) -> float:
@@ -1079,7 +1092,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         grad_copies=grad_copies, recv_buffers=recv,
         wgrad_pending=pending,
-        **_wgrad_bytes(layout, parts.full_act_bytes if any(pending) else 0.0),
+        **_wgrad_bytes(layout, parts.full_act_bytes if any(pending) else 0.0,
+                       parts.wgrad_measured),
         layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,

@@ -88,6 +88,11 @@ class MeasuredLayer:
     # rest. 0: not measured (the per-layer fields then hold it, spread over the stack)
     forward_cpu_fixed_s: float = 0.0
     backward_cpu_fixed_s: float = 0.0
+    # zero-bubble with full recomputation, per layer: what a micro-batch keeps between its
+    # B and its W, and what W needs while it runs (measured on the deep split stack,
+    # meshplan/calibrate/split_memory.py; 0: not measured, the cost model's constants)
+    wgrad_pending_bytes: float = 0.0
+    wgrad_transient_bytes: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -135,6 +140,8 @@ class Interpolated:
     backward_weight_depth_s: float = 0.0
     forward_cpu_fixed_s: float = 0.0
     backward_cpu_fixed_s: float = 0.0
+    wgrad_pending_bytes: float = 0.0
+    wgrad_transient_bytes: float = 0.0
 
     @property
     def cpu_measured(self) -> bool:
@@ -310,7 +317,8 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         raise ProfileError(f"{where}: missing key(s) {missing} ({exc})") from None
     for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s",
               "backward_input_cpu_s", "backward_weight_cpu_s", "backward_input_sync_s",
-              "backward_weight_sync_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s"):
+              "backward_weight_sync_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s",
+              "wgrad_pending_bytes", "wgrad_transient_bytes"):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")

@@ -516,3 +516,30 @@ def test_fsdp_rows_of_tensor_parallel_layers_build_and_run_on_four_ranks(tmp_pat
             assert sorted(got[z]["tp"]) == ([0, 1] if r < 2 else [2, 3])
             assert got[z]["grad_finite"]
         assert got["z2"]["x_shape"] == [1, 32, 128]     # sequence-parallel input: s / tp
+
+
+def test_split_memory_rows_for_full_recompute_only():
+    """The deep split stack of a full-recompute row measures what a micro-batch keeps
+    between B and W and what W needs (on CPU through LiveBytes); other rows leave 0."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    from meshplan.calibrate.bench_split import split_functions
+    from meshplan.costmodel.measured import tables_from_rows
+    if split_functions() is None:
+        pytest.skip("this torch has no split backward")
+    tables = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                           quick=False, micro_batches=(1, 2))
+    by_rc = {}
+    for r in tables.layers:
+        if r["tp"] == 1 and r["backward_weight_s"] > 0:
+            by_rc.setdefault(r["recompute"], []).append(r)
+    assert {"none", "full"} <= set(by_rc)
+    assert all(r["wgrad_pending_bytes"] == 0 == r["wgrad_transient_bytes"]
+               for r in by_rc["none"])
+    full = by_rc["full"]
+    assert all(r["wgrad_transient_bytes"] > 0 and r["wgrad_pending_bytes"] > 0 for r in full)
+    # W re-runs each block's forward once per parameter group: more than one layer's
+    # no-recompute activations, for every micro-batch measured
+    plain = {r["micro_batch"]: r["activation_bytes"] for r in by_rc["none"]}
+    assert all(r["wgrad_transient_bytes"] > plain[r["micro_batch"]] for r in full)
+    tables_from_rows(tables.layers, tables.ends, "test")      # the new fields parse

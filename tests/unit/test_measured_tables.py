@@ -591,3 +591,26 @@ def test_pipeline_ranks_compute_slower_per_p2p_operation():
     assert layer_tables(MODEL, c, mega, Layout(pp=4, micro_batch=1)).slowdown == ()
     assert estimate(MODEL, c, mega, Layout(pp=4, micro_batch=1)).time.pp_interference_s == 0
     assert layer_tables(MODEL, c, JOB, Layout(dp=4, micro_batch=1)).slowdown == ()
+
+
+def test_zero_bubble_full_recompute_takes_measured_split_memory_from_the_profile():
+    """A full-recompute row with the calibration's split-memory pair (per layer, scaled
+    with the micro-batch) replaces ZB_FULL_PENDING_SETS / ZB_FULL_W_TRANSIENT_SETS."""
+    from meshplan.costmodel.estimate import layer_tables
+    full = [_layer(1, 1e-3, 3e-3, 5e6, 80e6, recompute="full", wgrad_pending_bytes=30e6,
+                   wgrad_transient_bytes=250e6),
+            _layer(2, 2e-3, 6e-3, 10e6, 160e6, recompute="full", wgrad_pending_bytes=60e6,
+                   wgrad_transient_bytes=500e6)]
+    c = _cluster(MeasuredTables((*TABLES.layers, *full), TABLES.ends))
+    lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble", recompute="full")
+    t = layer_tables(MODEL, c, JOB, lay)
+    assert (t.wgrad_pending_bytes, t.wgrad_transient_bytes) == (30e6, 250e6)
+    t4 = layer_tables(MODEL, c, Job(global_batch=32, seq_len=1024, runtime="torch"),
+                      replace(lay, micro_batch=4))       # extrapolated from mb 1 and 2
+    assert t4.wgrad_transient_bytes == pytest.approx(1000e6)
+    act3, _, _ = t.rank_variable_bytes(3, 2)
+    assert act3 == pytest.approx(2 * (t.inflight[3] * t.layer_activation_bytes + 3 * 30e6
+                                      + 250e6))
+    # a 1F1B layout has no pending W: nothing added
+    one = layer_tables(MODEL, c, JOB, replace(lay, schedule="1f1b"))
+    assert one.wgrad_transient_bytes == 0.0
