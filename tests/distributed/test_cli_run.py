@@ -29,6 +29,11 @@ def test_meshplan_run_writes_results_and_refuses_overwrite(tmp_path, capsys):
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["measured"]["step_time_s"] > 0 and doc["status"] == "ok"
+    assert doc["measured"]["gc"]["mode"] == "manual"           # the default
+    auto = tmp_path / "auto.json"
+    assert main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
+                 "--out", str(auto), "--gc", "auto"]) == 0
+    assert json.loads(auto.read_text())["measured"]["gc"]["mode"] == "auto"
     # a second run without --force must not touch the file
     before = out.read_text()
     rc = main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
