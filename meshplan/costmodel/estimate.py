@@ -703,6 +703,8 @@ class LayerTables:
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     output_peak_bytes: float = 0.0  # the output layer's working memory (part of logits_bytes)
     grad_copies: int = 1            # + 1 where ddp_accumulates, + 1 where ddp_keeps_old_buckets
+    # zero-bubble: a layer's weight-pass CPU dispatch (part of cpu_layer_s; 0: not timed apart)
+    cpu_wgrad_layer_s: float = 0.0
     recv_buffers: tuple[float, ...] = ()   # per rank: receive buffers + kept stage outputs
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
@@ -842,15 +844,25 @@ class LayerTables:
         last micro-batch's backward still has to travel from the last stage to rank r:
         rank r ends no earlier than its CPU total plus the backward (input-gradient) time
         and p2p of every stage before it on that path. With ``v`` chunks per rank only the
-        first chunk's path is counted (an approximation). ``times``: :meth:`stage_times` of
-        ``stage_layers`` where the caller has them already."""
+        first chunk's path is counted (an approximation). Zero-bubble: the path is the input-
+        gradient passes, the weight passes a rank dispatches after its last B are not on it
+        (round 10 of docs/benchmarks/accuracy.md; post hoc). ``times``:
+        :meth:`stage_times` of ``stage_layers`` where the caller has them already."""
         if not self.cpu_known:
             return 0.0
         _, b, w = times or self.stage_times(stage_layers)
+        zb = self.layout.schedule == "zero-bubble"
         out, path = 0.0, 0.0
         for r, n in enumerate(self.rank_layers(stage_layers)):
-            out = max(out, self.rank_cpu_s(r, n) + path)
-            path += (b[r] - w[r] if self.layout.schedule == "zero-bubble" else b[r]) + self.p2p_s
+            cpu = self.rank_cpu_s(r, n)
+            # zero-bubble rank r dispatches r + 1 deferred weight passes after its last
+            # input-gradient pass (pipeline_sim.rank_order): the last micro-batch's B
+            # travels on while they are dispatched, so they do not lengthen that path,
+            # which ends with rank 0's own last weight pass
+            trail = (r + 1) * n * self.cpu_wgrad_layer_s if zb and self.layout.vpp == 1 else 0.0
+            end = w[0] if zb and r > 0 else 0.0
+            out = max(out, cpu, cpu - min(trail, cpu) + path + end)
+            path += (b[r] - w[r] if zb else b[r]) + self.p2p_s
         return out
 
     def step_time_s(self, stage_layers) -> float:
@@ -1085,6 +1097,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_wgrad_s=parts.logits[2],
         overhead_s=overhead,
         cpu_layer_s=cpu_layer, cpu_call_s=cpu_call,
+        cpu_wgrad_layer_s=split_cpu[1] if cpu and split_cpu is not None else 0.0,
         cpu_first_s=(cpu[2] + cpu[3]) if cpu else 0.0,
         cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
         cpu_action_s=action_cpu, cpu_known=cpu is not None,

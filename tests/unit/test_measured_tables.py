@@ -289,6 +289,28 @@ def test_host_bound_adds_the_last_backward_path_across_stages():
     assert t.step_time_s((4, 4)) == pytest.approx(estimate(MODEL, c, JOB, lay).step_time_s)
 
 
+def test_zero_bubble_trailing_weight_passes_do_not_lengthen_the_backward_path():
+    """Zero-bubble rank r dispatches r + 1 deferred W after its last B; the last
+    micro-batch's B chain towards rank 0 runs while it does, and ends with rank 0's W."""
+    from meshplan.costmodel.estimate import layer_tables
+    base = _cpu_tables()
+    split = replace(base.layers[0], backward_input_s=1.5e-3, backward_weight_s=1e-3,
+                    backward_input_cpu_s=3e-3, backward_weight_cpu_s=2.5e-3)
+    c = _cluster(MeasuredTables((split,), base.ends))
+    lay = Layout(pp=2, micro_batch=1, schedule="zero-bubble")
+    t = layer_tables(MODEL, c, JOB, lay)
+    assert t.cpu_wgrad_layer_s == pytest.approx(2.5e-3)
+    _, b, w = t.stage_times((4, 4))
+    cpu0, cpu1 = t.rank_cpu_s(0, 4), t.rank_cpu_s(1, 4)
+    chain = cpu1 - 2 * 4 * 2.5e-3 + (b[0] - w[0]) + t.p2p_s + w[0]
+    assert t.host_bound_s((4, 4)) == pytest.approx(max(cpu0, cpu1, chain))
+    # before: the trailing W counted on the path too (larger)
+    assert t.host_bound_s((4, 4)) < cpu1 + (b[0] - w[0]) + t.p2p_s
+    # 1F1B on the same rows: no split, the whole backward is the path
+    one = layer_tables(MODEL, c, JOB, replace(lay, schedule="1f1b"))
+    assert one.cpu_wgrad_layer_s == 0.0
+
+
 def test_pipelined_last_stage_keeps_every_output_runtime_torch():
     from meshplan.costmodel.estimate import layer_tables
     c = _cluster(TABLES)
