@@ -265,7 +265,8 @@ def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
     if not isinstance(st, (int, float)) or st <= 0:
         raise ValueError(f"no positive step time: measured.step_time_s is {st!r}")
     mem: list[float] = []
-    for item in measured.get("memory_per_rank") or []:
+    ranks = measured.get("memory_per_rank") or []
+    for item in ranks:
         v = item.get("allocated_bytes")
         if v is None:
             v = item.get("reserved_bytes")
@@ -276,6 +277,9 @@ def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
     spread = (measured.get("step_time") or {}).get("spread_pct")
     return {"step_time_s": float(st), "step_time_spread": spread,
             "step_times_s": measured.get("step_times_s"), "gc": measured.get("gc"),
+            # per rank: its own median step and the CPU's wall time per step (diagnostics)
+            "step_median_s_per_rank": [r.get("step_median_s") for r in ranks],
+            "host_step_median_s_per_rank": [r.get("host_step_median_s") for r in ranks],
             "memory_per_rank_bytes": mem if len(mem) == nranks else [],
             "memory_peak_bytes": float(peak) if isinstance(peak, (int, float)) else None}
 

@@ -26,27 +26,38 @@ from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_st
 
 
 class StepTimer:
-    """Per-step durations: CUDA events on GPU, ``time.perf_counter`` on CPU."""
+    """Per-step durations: CUDA events on GPU, ``time.perf_counter`` on CPU; and, either way,
+    the host's wall time from a step's start to the return of its last call (on GPU: how
+    long the CPU took to dispatch the step, blocking included — about the step time when
+    the CPU sets the pace, less when it runs ahead of the GPU)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self._pending: list[tuple[Any, Any]] = []
+        self._host: list[float] = []
         self._start = None
+        self._host_start = 0.0
 
     def start(self) -> None:
+        self._host_start = time.perf_counter()
         if self.cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
         else:
-            self._start = time.perf_counter()
+            self._start = self._host_start
 
     def stop(self) -> None:
+        now = time.perf_counter()
+        self._host.append(now - self._host_start)
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending.append((self._start, end))
         else:
-            self._pending.append((self._start, time.perf_counter()))
+            self._pending.append((self._start, now))
+
+    def host_durations_s(self) -> list[float]:
+        return list(self._host)
 
     def durations_s(self) -> list[float]:
         """All recorded durations (synchronizes the device on GPU)."""

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -325,6 +326,11 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         mine = {"rank": rank, "dp": groups.dp_rank, "pp": groups.pp_rank, "tp": groups.tp_rank,
                 "stages": trainer.stage_indices(), **mem, "peak_after_step": peak_after_step,
                 "gc": gc_policy.summary(),
+                # this rank's own median step and host dispatch time per step (rank 0's
+                # steps are the measurement; these show which rank's CPU kept up)
+                "step_median_s": statistics.median(times) if times else None,
+                "host_step_median_s": (statistics.median(timer.host_durations_s())
+                                       if times else None),
                 "predicted_bytes": stage_prediction_bytes(prediction, groups.pp_rank)}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)

@@ -59,6 +59,9 @@ def test_one_process_run_writes_results(tmp_path, capsys):
     assert m["step_time_s"] > 0 and len(m["step_times_s"]) == 3 and len(m["loss_per_step"]) == 4
     assert m["tokens_per_s"] == pytest.approx(JOB.tokens_per_step / m["step_time_s"])
     assert m["memory_per_rank"][0]["rank"] == 0
+    r0 = m["memory_per_rank"][0]
+    assert r0["step_median_s"] == pytest.approx(m["step_time_s"])
+    assert 0 < r0["host_step_median_s"] <= 1.5 * r0["step_median_s"]   # CPU: the same clock
     assert set(doc["errors_pct"]) == {"step_time_s", "tokens_per_s", "mfu", "memory_peak_bytes"}
     assert "step time" in capsys.readouterr().out
     # the default --gc manual: no automatic collection in 3 timed steps (period 50), and
