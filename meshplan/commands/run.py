@@ -29,8 +29,9 @@ def add_arguments(p) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default="none",
                    help="split: pin each rank to its own block of physical CPU cores "
-                        "(meant for layouts whose CPU dispatch sets the pace; its effect "
-                        "is not yet measured on GPUs) [none]")
+                        "(meant for layouts whose CPU dispatch sets the pace; it did not "
+                        "steady them on a 4 x H100 host, docs/benchmarks/accuracy.md "
+                        "round 10) [none]")
     p.add_argument("--gc", choices=GC_MODES, default="manual",
                    help="manual: Python's garbage collector off during the timed steps, a "
                         "collection every 50 steps (as torchtitan); auto: CPython's own "
