@@ -6,8 +6,8 @@ two a micro-batch keeps more than its activations, and while W runs it needs mor
 With full recomputation (non-reentrant checkpointing) both depend on the block's
 structure: W makes one ``torch.autograd.grad`` call per parameter group, every call re-runs
 the block's forward, and what a call does not consume stays until the stage's graph is
-freed. An emulation on CPU (bf16 autocast, stacks of 2/6/12 blocks of the validation
-models' shapes scaled down) gave a W transient of 2.3-2.9 no-recompute activation sets per
+freed. An emulation on CPU (``benchmarks/emulate_split_memory.py``: bf16 autocast,
+stacks of 2/6/12 blocks of the validation models' structure scaled down) gave a W transient of 2.3-2.9 no-recompute activation sets per
 layer for GPT-style blocks (biases, LayerNorm, GELU) and 3.4-3.9 for Llama-style ones
 (RMSNorm, SwiGLU), falling with the stack's depth; on 4 × H200 a Llama stage measured 4.1
 (``ZB_FULL_W_TRANSIENT_SETS`` in :mod:`meshplan.costmodel.estimate`) and GPT stages
