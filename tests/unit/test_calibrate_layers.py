@@ -307,6 +307,12 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
         from meshplan.calibrate.bench_layers import LAYERS_CPU
         assert all(x["split_layers"] == LAYERS_CPU for x in doc["layers"] if x["zero"] == 0)
         assert r.split_depth is not None and r.split_depth[2] == LAYERS_CPU
+        # ... and with full recomputation its memory, on the 2-rank tp rows too (CPU:
+        # through the dispatch-mode tracker)
+        for x in doc["layers"]:
+            if x["zero"] == 0:
+                assert (x["wgrad_transient_bytes"] > 0) == (x["recompute"] == "full"), x
+        assert r.wgrad_transient_bytes > 0 and r.wgrad_pending_bytes >= 0
     assert all(x["backward_input_s"] == 0 == x["backward_weight_s"]
                for x in doc["layers"] if x["zero"])
     # CPU: no allocator statistics, so no memory figures
