@@ -7,9 +7,10 @@ With full recomputation (non-reentrant checkpointing) both depend on the block's
 structure: W makes one ``torch.autograd.grad`` call per parameter group, every call re-runs
 the block's forward, and what a call does not consume stays until the stage's graph is
 freed. An emulation on CPU (``benchmarks/emulate_split_memory.py``: bf16 autocast,
-stacks of 2/6/12 blocks of the validation models' structure scaled down) gave a W transient of 2.3-2.9 no-recompute activation sets per
-layer for GPT-style blocks (biases, LayerNorm, GELU) and 3.4-3.9 for Llama-style ones
-(RMSNorm, SwiGLU), falling with the stack's depth; on 4 × H200 a Llama stage measured 4.1
+stacks of 2/6/12 blocks of the validation models' structure scaled down) gave a W
+transient of 2.3-2.9 no-recompute activation sets per layer for GPT-style blocks
+(biases, LayerNorm, GELU) and 3.4-3.9 for Llama-style ones (RMSNorm, SwiGLU), falling
+with the stack's depth; on 4 × H200 a Llama stage measured 4.1
 (``ZB_FULL_W_TRANSIENT_SETS`` in :mod:`meshplan.costmodel.estimate`) and GPT stages
 2.2-3.0 on 4 × H100 (round 10). So it is measured per model rather than taken as one
 constant.

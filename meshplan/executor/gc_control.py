@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import gc
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+
+from meshplan.errors import ExecutorError
 
 GC_MODES = ("auto", "manual")
 DEFAULT_GC_PERIOD_STEPS = 50
@@ -77,23 +79,17 @@ class GcPolicy:
 
     def __init__(self, mode: str, period_steps: int = DEFAULT_GC_PERIOD_STEPS):
         if mode not in GC_MODES:
-            from meshplan.errors import ExecutorError
             raise ExecutorError(f"--gc {mode!r}: expected one of {', '.join(GC_MODES)}")
         if period_steps < 1:
-            from meshplan.errors import ExecutorError
             raise ExecutorError(f"--gc-period {period_steps}: must be >= 1 step")
         self.mode, self.period_steps = mode, period_steps
         self.watch = GcWatch()
-        self._was_enabled = gc.isenabled()
-        self._frozen = False
+        self._paused = ExitStack()
         self._measured = 0
 
     def begin_measure(self) -> None:
         if self.mode == "manual":
-            gc.collect()
-            gc.freeze()
-            self._frozen = True
-            gc.disable()
+            self._paused.enter_context(gc_paused())
         self.watch.start()
 
     def in_step(self) -> None:
@@ -103,11 +99,7 @@ class GcPolicy:
 
     def end(self) -> None:
         self.watch.stop()
-        if self._frozen:
-            gc.unfreeze()
-            self._frozen = False
-        if self._was_enabled:
-            gc.enable()
+        self._paused.close()
 
     def summary(self) -> dict:
         return {"mode": self.mode, "period_steps": self.period_steps, **self.watch.summary()}
