@@ -66,6 +66,31 @@ def torch_pipelined(job: Job, pp: int) -> bool:
     return job.runtime == "torch" and pp > 1
 
 
+def fsdp_accumulates_unsharded(job: Job, zero: int, dp: int, pp: int) -> bool:
+    """FSDP2 (ZeRO-2/3, dp > 1) under torch.distributed.pipelining keeps each rank's
+    gradients unsharded in fp32 through the step: the stage runs every micro-batch's backward
+    with gradient sync off (``_PipelineStageBase.backward_maybe_with_nosync``:
+    ``set_requires_gradient_sync(False)``), FSDP2 then upcasts each unsharded gradient to the
+    reduce dtype and accumulates it (``FSDPParam.to_accumulated_grad_if_needed``), and only
+    ``perform_reduce_grad`` after the schedule reduce-scatters. At the peak a rank holds
+    params × 4 bytes of gradients, not params × 4 / dp (torch 2.11 and 2.13).
+
+    Measured: Llama dp2 pp2 1F1B ZeRO-2 peaked 1.22-1.44 GiB (q16, 4 × H200, round 7; u10,
+    4 × H100, round 11) and GPT's interleaved k06 0.60-0.64 GiB above the model that had
+    the gradients sharded: params × 4 × (1 − 1/dp) is 1.53 and 0.56 GiB."""
+    return job.runtime == "torch" and pp > 1 and zero >= 2 and dp > 1
+
+
+def state_bytes_at_peak(params: float, job: Job, zero: int, dp: int,
+                        pp: int) -> tuple[float, float, float]:
+    """:func:`model_state_bytes`, with the gradients unsharded where FSDP2 accumulates them
+    so under a pipeline (:func:`fsdp_accumulates_unsharded`)."""
+    w, g, o = model_state_bytes(params, job, zero, dp)
+    if fsdp_accumulates_unsharded(job, zero, dp, pp):
+        g = params * state_bytes_per_param(job).grads
+    return w, g, o
+
+
 def torch_ddp(job: Job, layout: Layout) -> bool:
     """The executor wraps the model in DistributedDataParallel: runtime "torch", ZeRO-0/1,
     no pipeline, dp > 1 (``executor.data_parallel.wrap_data_parallel``)."""
@@ -212,6 +237,28 @@ FSDP_OVER_TP_CAVEAT = (
     "measurements (this profile has no FSDP2 rows at this tp): such layouts ran 22-48 % "
     "slower than predicted on 4 x H200 (docs/benchmarks/accuracy.md, holdout8); re-run "
     "`meshplan calibrate`, which now measures them")
+
+
+# Estimate.caveats carries host_bound_caveat where the CPU's wait is at least this share of
+# the step (below it the two sides are within calibration noise of each other).
+HOST_BOUND_CAVEAT_SHARE = 0.05
+
+
+def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
+    """The caution for a layout whose step the CPU's dispatch sets (``host_wait_s`` > 0).
+
+    Such layouts are the least repeatable we have measured (docs/benchmarks/accuracy.md,
+    rounds 8-11, 4 × H100 and 4 × H200 VMs): one ran 0.385-0.575 s over six runs on one
+    machine (t05), and the 29 runs of 21 host-bound layouts missed their predictions by
+    −24 % to +36 %, while GPU-bound layouts repeated within 1.6 %. The planner still ranks
+    them by the prediction; this says how far to trust it."""
+    share = host_wait_s / step_s if step_s > 0 else 0.0
+    return (f"host-bound: the GPUs wait {host_wait_s * 1e3:.0f} ms ({share:.0%} of the step) "
+            "for the CPU's kernel launches; measured host-bound layouts missed their "
+            "predictions by -24 % to +36 % and ran up to 49 % apart between runs "
+            "(docs/benchmarks/accuracy.md; GPU-bound ones repeated within 2 %). Calibrate on "
+            "the training host, and where a GPU-bound layout is within a few percent, "
+            "prefer it")
 
 
 def p2p_ops_per_microbatch(pp: int, vpp: int) -> tuple[int, ...]:
@@ -455,7 +502,7 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     m = num_microbatches
     per = state_bytes_per_param(job)
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
-    w, g, o = model_state_bytes(params, job, zero, dp)
+    w, g, o = state_bytes_at_peak(params, job, zero, dp, pp)
     g *= grad_copies
     w += compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
     grad_bytes = params * per.grads
@@ -634,7 +681,10 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         comm_bytes_by_link=by_link, num_microbatches=m, num_gpus=n_gpus,
         stage_forward_s=tuple(f_s), stage_backward_s=tuple(b_s), stage_wgrad_s=tuple(w_s),
         p2p_s=t.p2p_s, pipeline_s=pipe_s,
-        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, caveats=t.caveats)
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+        caveats=t.caveats + ((host_bound_caveat(time.host_wait_s, step),)
+                             if time.host_wait_s >= HOST_BOUND_CAVEAT_SHARE * step
+                             else ()))
 
 
 @lru_cache(maxsize=65536)
@@ -1046,14 +1096,15 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
                 + parts.backward_buf_bytes)
     emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
-    first_extra = (sum(model_state_bytes(first_params, job, layout.zero, dp))
+    first_extra = (sum(state_bytes_at_peak(first_params, job, layout.zero, dp, pp))
                    + (grad_copies - 1) * first_params * per.grads
                    + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0)
                    + compute_copy_bytes(model, layers=0, first=True, last=pp == 1, **copy_kw))
     last_extra = 0.0
     if pp > 1:
         last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp)
-        last_extra = (sum(model_state_bytes(last_params, job, layout.zero, dp)) + logits_b
+        last_extra = (sum(state_bytes_at_peak(last_params, job, layout.zero, dp, pp))
+                      + logits_b
                       + compute_copy_bytes(model, layers=0, first=False, last=True, **copy_kw))
     first_f, first_b = parts.embedding[0].total_s, parts.embedding[1].total_s
     last_f, last_b = parts.logits[0].total_s, parts.logits[1].total_s
@@ -1107,7 +1158,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         wgrad_pending=pending,
         **_wgrad_bytes(layout, parts.full_act_bytes if any(pending) else 0.0,
                        parts.wgrad_measured),
-        layer_state_bytes=(sum(model_state_bytes(layer_params, job, layout.zero, dp))
+        layer_state_bytes=(sum(state_bytes_at_peak(layer_params, job, layout.zero, dp, pp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
                                                 **copy_kw)),
@@ -1125,15 +1176,17 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
 def _gpipe_relief(job: Job, layout: Layout, grad_copies: int, layer_params: float,
                   first_params: float, last_params: float, last_rank: int) -> dict:
     """LayerTables' relief fields (:meth:`LayerTables.gpipe_relief_bytes`): runtime "torch",
-    GPipe over pp > 1, gradients not sharded by FSDP and not kept in DDP buckets.
+    GPipe over pp > 1, gradients allocated by the first backward (not sharded by FSDP per
+    micro-batch, FSDP2's unsharded accumulators included: :func:`fsdp_accumulates_unsharded`)
+    and not kept in DDP buckets.
     ``first_params`` / ``last_params``: the first / last rank's non-layer parameters."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero
-    if job.runtime != "torch" or layout.schedule != "gpipe" or pp == 1 or zero >= 2 \
-            or grad_copies != 1:
+    if job.runtime != "torch" or layout.schedule != "gpipe" or pp == 1 or grad_copies != 1 \
+            or (zero >= 2 and not fsdp_accumulates_unsharded(job, zero, dp, pp)):
         return {}
 
     def grads(params: float) -> float:
-        return model_state_bytes(params, job, zero, dp)[1]
+        return state_bytes_at_peak(params, job, zero, dp, pp)[1]
     const = tuple((grads(first_params) if r == 0 else 0.0)
                   + (grads(last_params) if r == last_rank else 0.0) for r in range(pp))
     return {"relief_layer_grad_bytes": grads(layer_params), "relief_const_grad_bytes": const}

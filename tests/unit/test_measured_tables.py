@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.costmodel import estimate
-from meshplan.costmodel.estimate import TORCH_P2P_SLOWDOWN_PER_OP
+from meshplan.costmodel.estimate import FSDP_OVER_TP_CAVEAT, TORCH_P2P_SLOWDOWN_PER_OP
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.costmodel.memory import model_state_bytes, stage_params
@@ -252,6 +252,14 @@ def test_host_bound_sets_the_step_when_the_cpu_is_slower():
     e2 = estimate(MODEL, fast, JOB, Layout(micro_batch=1))
     assert e2.time.host_wait_s == 0.0
     assert e2.step_time_s == pytest.approx(m * gpu / m + e2.time.optimizer_s)
+    # the host-bound estimate says how far it was trusted on GPUs; the GPU-bound one does not
+    from meshplan.commands.format import format_estimate
+    share = f"{est.time.host_wait_s / est.step_time_s:.0%} of the step"
+    assert [c for c in est.caveats if c.startswith("host-bound")] == [
+        c for c in est.caveats if share in c]
+    assert len([c for c in est.caveats if c.startswith("host-bound")]) == 1
+    assert "caution: host-bound: the GPUs wait" in format_estimate(est)
+    assert not any(c.startswith("host-bound") for c in e2.caveats)
 
 
 def test_per_call_cpu_is_paid_once_per_chunk_and_micro_batch():
@@ -343,6 +351,33 @@ def test_ddp_micro_batches_hold_a_second_gradient_copy():
     z2 = estimate(MODEL, c, JOB, Layout(dp=4, micro_batch=1, zero=2))
     params = stage_params(MODEL, 8, 1, first=True, last=True, pp=1)
     assert z2.memory[0].grads_bytes == pytest.approx(params * 4 / 4)
+
+
+def test_fsdp2_under_a_pipeline_holds_unsharded_fp32_gradients():
+    """torch.distributed.pipelining runs every backward with FSDP2's gradient sync off, so
+    FSDP2 accumulates unsharded fp32 gradients (params × 4 bytes) until the step's
+    reduce-scatter; without a pipeline it reduce-scatters per micro-batch (params × 4 / dp)."""
+    from meshplan.costmodel.estimate import fsdp_accumulates_unsharded, layer_tables
+    c = _cluster(TABLES)
+    for zero in (2, 3):
+        assert fsdp_accumulates_unsharded(JOB, zero, 2, 2)
+        assert not fsdp_accumulates_unsharded(JOB, zero, 2, 1)    # no pipeline
+        assert not fsdp_accumulates_unsharded(JOB, zero, 1, 2)    # no FSDP at dp 1
+    assert not fsdp_accumulates_unsharded(JOB, 1, 2, 2)           # DDP's own copies
+    assert not fsdp_accumulates_unsharded(Job(global_batch=16, seq_len=1024), 2, 2, 2)
+    pipe = estimate(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=2, zero=2))
+    flat = estimate(MODEL, c, JOB, Layout(dp=2, micro_batch=2, zero=2))
+    for st in pipe.memory:
+        params = stage_params(MODEL, 4, 1, first=st.stage == 0, last=st.stage == 1, pp=2)
+        assert st.grads_bytes == pytest.approx(params * 4)
+    params = stage_params(MODEL, 8, 1, first=True, last=True, pp=1)
+    assert flat.memory[0].grads_bytes == pytest.approx(params * 4 / 2)
+    # the per-layer state the stage-layer search uses carries the same gradients
+    t = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=2, zero=2))
+    layer = stage_params(MODEL, 1, 1, first=False, last=False, pp=2)
+    t0 = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=2, zero=1))
+    # ZeRO-1 holds fp32 grads (4) + weights (4) + 16-bit copy; ZeRO-2 shards the weights
+    assert t.layer_state_bytes - t0.layer_state_bytes == pytest.approx(-layer * 4 / 2)
 
 
 def test_zero2_under_a_pipeline_reduces_once_per_step():
@@ -473,11 +508,11 @@ def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
     # and the estimate says that it rests on a composition measured to be optimistic
     from meshplan.commands.format import format_estimate
     est = estimate(MODEL, _cluster(tables), JOB, Layout(dp=2, tp=2, micro_batch=1, zero=2))
-    assert len(est.caveats) == 1 and "composed" in est.caveats[0]
+    assert [c for c in est.caveats if "composed" in c] == [FSDP_OVER_TP_CAVEAT]
     assert est.to_dict()["caveats"] == list(est.caveats)
     assert "caution: ZeRO-2/3 over tensor-parallel layers" in format_estimate(est)
-    assert estimate(MODEL, _cluster(tables), JOB, Layout(dp=2, micro_batch=1, zero=2)
-                    ).caveats == ()
+    assert FSDP_OVER_TP_CAVEAT not in estimate(
+        MODEL, _cluster(tables), JOB, Layout(dp=2, micro_batch=1, zero=2)).caveats
 
 
 def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
@@ -569,10 +604,14 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     assert gp.gpipe_relief_bytes(last, 0) == pytest.approx(
         min(gp.relief_const_grad_bytes[last], per_mb_logits))
     assert gp.gpipe_relief_bytes(last, 0) > 0
-    # not for 1F1B, nor where gradients persist or are sharded (DDP buckets, FSDP)
-    for lay in (Layout(pp=2, micro_batch=1), Layout(dp=2, micro_batch=1, zero=2, pp=2,
-                                                    schedule="gpipe")):
-        assert layer_tables(MODEL, c, JOB, lay).gpipe_relief_bytes(0, 4) == 0.0
+    # not for 1F1B
+    assert layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1)).gpipe_relief_bytes(0, 4) \
+        == 0.0
+    # FSDP2 under the pipeline allocates its unsharded fp32 accumulators in the first
+    # backward too: the same relief, with the unsharded gradient per layer
+    z2 = layer_tables(MODEL, c, JOB, Layout(dp=2, micro_batch=1, zero=2, pp=2,
+                                            schedule="gpipe"))
+    assert z2.relief_layer_grad_bytes == pytest.approx(g) and z2.gpipe_relief_bytes(0, 4) > 0
     mega = Job(global_batch=16, seq_len=1024)           # Megatron runtime: no relief
     assert layer_tables(MODEL, c, mega, Layout(pp=2, micro_batch=1, schedule="gpipe")
                         ).gpipe_relief_bytes(0, 4) == 0.0
