@@ -17,7 +17,8 @@
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout9 ... validate  # round 8
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout10 ... validate # round 9
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout11 ... validate # round 10
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout12 ... validate # next
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout12 ... validate # round 11
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout13 ... validate # next
 #   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off

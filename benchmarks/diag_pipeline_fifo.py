@@ -10,7 +10,12 @@ torch API, so this is a diagnostic, not part of meshplan) and times it two ways:
   the receiver's matching recv once both reach the heads of their streams;
 * ``fifo=False``: each transfer starts as soon as its data is ready (dependencies only).
 
-Compute runs in each rank's order and waits for its received input. No GPU needed:
+Compute runs in each rank's order and waits for its received input.
+
+Superseded (round 11): torch's ``batch_isend_irecv`` groups run on the pipeline group's own
+communicator, one NCCL stream per rank, not one per peer pair, and each kernel also waits
+for the compute enqueued before it; :mod:`meshplan.costmodel.torch_p2p` replays that, and
+finds the pp ≥ 3 waits this per-peer replay missed. No GPU needed:
 
     python benchmarks/diag_pipeline_fifo.py --pp 2 --vpp 2 --microbatches 8 \\
         --forward-ms 17.16 --backward-ms 34.26 --p2p-ms 0.3      # h12: Llama pp2 v2 mb4

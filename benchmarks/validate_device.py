@@ -371,6 +371,38 @@ HOLDOUT12_LAYOUTS = [
                          recompute="selective")),
     ("u16", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=1, sequence_parallel=True)),
 ]
+# "holdout13" (after round 11; not run yet): 16 new 4-rank layouts chosen before any ran,
+# none in an earlier set, to hold out round 11's two model changes: interleaved 1F1B over
+# pp 4 at 2-16 micro-batches per step and vpp 2-3 (torch's p2p order binds at m <= 4·pp,
+# not at 32), and ZeRO-2/3 under pp 2 (FSDP2's unsharded gradients; ZeRO-3 under a
+# pipeline for the first time) with every schedule; plus tp 4, dp 4 and tp 2 FSDP2 rows;
+# <= 55 GiB predicted on the round-11 H100 profile (~17.3 s of predicted steps).
+INTERLEAVED = "interleaved-1f1b"
+HOLDOUT13_LAYOUTS = [
+    ("v01", GPT_05B, L(pp=4, micro_batch=16, schedule=INTERLEAVED, vpp=2, recompute="full")),
+    ("v02", GPT_05B, L(pp=4, micro_batch=4, schedule=INTERLEAVED, vpp=2,
+                       recompute="selective")),
+    ("v03", GPT_05B, L(pp=4, micro_batch=8, schedule=INTERLEAVED, vpp=3, recompute="full")),
+    ("v04", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="gpipe", zero=2)),
+    ("v05", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", zero=3, recompute="full")),
+    ("v06", GPT_05B, L(tp=4, micro_batch=8, recompute="full", sequence_parallel=True)),
+    ("v07", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble",
+                       recompute="selective", zero=2)),
+    ("v08", GPT_05B, L(dp=4, micro_batch=4, zero=1, recompute="full")),
+    ("v09", LLAMA_16B, L(pp=4, micro_batch=16, schedule=INTERLEAVED, vpp=2,
+                         recompute="full")),
+    ("v10", LLAMA_16B, L(pp=4, micro_batch=2, schedule=INTERLEAVED, vpp=2, recompute="full")),
+    ("v11", LLAMA_16B, L(pp=4, micro_batch=4, schedule=INTERLEAVED, vpp=3, recompute="full")),
+    ("v12", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule=INTERLEAVED, vpp=2,
+                         recompute="full", zero=2)),
+    ("v13", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", recompute="full",
+                         zero=3)),
+    ("v14", LLAMA_16B, L(pp=4, micro_batch=4, schedule="1f1b", recompute="selective")),
+    ("v15", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, recompute="full", zero=2,
+                         sequence_parallel=True)),
+    ("v16", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="1f1b", recompute="selective",
+                         sequence_parallel=True)),
+]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
 # SP) at the same per-GPU work as holdout3 — micro-batches 4-8, global batch 32 on 2 GPUs as
@@ -429,11 +461,13 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout10": HOLDOUT10_LAYOUTS,
         "holdout11": HOLDOUT11_LAYOUTS,
         "holdout12": HOLDOUT12_LAYOUTS,
+        "holdout13": HOLDOUT13_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
-            "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4}
+            "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
+            "holdout13": JOB4}
 SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.costmodel import comm
+from meshplan.costmodel import comm, torch_p2p
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, hbm_s, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
@@ -229,7 +229,9 @@ ZB_FULL_W_TRANSIENT_SETS = 4.1
 # pipelined layouts were predicted at 5.4 % mean error (9.7 % without the term; round 7 of
 # docs/benchmarks/accuracy.md). The compute it slows is measured per layer, so the
 # term only scales it; it is not applied to other runtimes (Megatron overlaps p2p
-# differently, and the published-runs validation keeps its documented model).
+# differently, and the published-runs validation keeps its documented model). Interleaved
+# over pp ≥ 3 takes the longer of this and torch's own p2p order (torch_p2p.fifo_step_s),
+# whose waits bind at a few micro-batches per rank.
 TORCH_P2P_SLOWDOWN_PER_OP = 0.012
 
 FSDP_OVER_TP_CAVEAT = (
@@ -589,6 +591,12 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     f_s, b_s, w_s = t.stage_times(stage_layers)
     pipe_s, pipe_no_p2p = _pipeline_time(layout.schedule, tuple(f_s), tuple(b_s), tuple(w_s),
                                          m, pp, v, t.p2p_s)
+    # torch's p2p order (torch_p2p) can hold the step longer than the slowed closed form;
+    # then its waits are the bubble and the compute runs unslowed
+    order_s = t.p2p_order_s(f_s, b_s)
+    order_bound = order_s > pipe_s
+    if order_bound:
+        pipe_s, pipe_no_p2p = order_s, t.p2p_order_s(f_s, b_s, p2p=False)
 
     # ---- per pipeline rank. Ranks with the same (layers, first, last) share model-state and
     # data-parallel figures; only the in-flight activations differ.
@@ -645,6 +653,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     k_br = t.slowdown[br] if t.slowdown else 1.0
     whole = tot.total_s
     tot = tot.scaled(m * (busy_best / k_br / whole if whole > 0 else 1.0))
+    if order_bound:
+        busy, k_br = busy / k_br, 1.0
     time = TimeBreakdown(
         gemm_s=tot.gemm_s, attention_s=tot.attention_s, memory_bound_s=tot.memory_bound_s,
         overhead_s=tot.overhead_s, tp_comm_s=tot.tp_comm_s,
@@ -810,11 +820,33 @@ class LayerTables:
             w = [x * y for x, y in zip(w, k)]
         return f, b, w
 
-    def pipeline_s(self, stage_layers) -> float:
+    def pipeline_s(self, stage_layers, *, torch_order: bool = True) -> float:
+        """The pipeline's time for ``stage_layers``: the schedule's closed form, or where
+        torch's p2p order holds it longer, that (:meth:`p2p_order_s`). ``torch_order=False``
+        leaves the order out — a lower bound, cheap enough for the search's pruning."""
         f, b, w = self.stage_times(stage_layers)
         lay = self.layout
-        return _pipeline_time(lay.schedule, tuple(f), tuple(b), tuple(w), self.num_microbatches,
-                              lay.pp, lay.vpp, self.p2p_s)[0]
+        closed = _pipeline_time(lay.schedule, tuple(f), tuple(b), tuple(w),
+                                self.num_microbatches, lay.pp, lay.vpp, self.p2p_s)[0]
+        return max(closed, self.p2p_order_s(f, b)) if torch_order else closed
+
+    def p2p_order_s(self, f_s, b_s, *, p2p: bool = True) -> float:
+        """Interleaved 1F1B under torch's runtime: the step as torch orders its sends and
+        receives on one NCCL stream per rank (:func:`meshplan.costmodel.torch_p2p.
+        fifo_step_s`), with the compute unslowed — where the order holds the pipeline
+        longer than the per-operation slowdown does, the p2p kernels wait while the GPU
+        idles rather than overlap compute. 0.0 where it does not apply
+        (:func:`meshplan.costmodel.torch_p2p.applies`). ``f_s``/``b_s``: stage times as
+        :meth:`stage_times` returns them."""
+        lay = self.layout
+        if not torch_p2p.applies(self.job.runtime, lay.schedule, lay.pp, lay.vpp,
+                                 self.num_microbatches):
+            return 0.0
+        k = self.slowdown or (1.0,) * len(f_s)
+        return torch_p2p.fifo_step_s(tuple(x / y for x, y in zip(f_s, k)),
+                                     tuple(x / y for x, y in zip(b_s, k)),
+                                     self.num_microbatches, lay.pp, lay.vpp,
+                                     self.p2p_s if p2p else 0.0)
 
     def rank_layers(self, stage_layers) -> list[int]:
         pp = self.layout.pp

@@ -65,7 +65,8 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     """A step time no stage partition of ``cfg`` (≥ ``min_layers`` per stage) beats.
 
     Schedules whose partition the planner fixes (:func:`forced_partition`): the cost
-    model's own pipeline time of that partition (``LayerTables.pipeline_s``). Otherwise,
+    model's own pipeline time of that partition (``LayerTables.pipeline_s``, without
+    torch's p2p order, which only lengthens it). Otherwise,
     with ``g_c = f_c + b_c`` and Σ = Σ_c g_c (the same for every partition):
 
     * gpipe: ``Σ + (m-1)(max f + max b) + 2(p-1)c`` (``pipeline._gpipe``) and
@@ -126,7 +127,9 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
 def _forced_pipeline_s(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
                        forced: tuple[int, ...]) -> float:
     t = layer_tables(model, cluster, job, cfg.layout(), checked=True)
-    return max(t.pipeline_s(forced), t.host_bound_s(forced))
+    # without torch's p2p order, which can only lengthen the step: still a lower bound,
+    # and the search does not replay every interleaved candidate
+    return max(t.pipeline_s(forced, torch_order=False), t.host_bound_s(forced))
 
 
 def busy_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) -> float:

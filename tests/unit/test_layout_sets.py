@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
-         "holdout10", "holdout11", "holdout12"]
+         "holdout10", "holdout11", "holdout12", "holdout13"]
 
 
 def test_every_set_has_unique_names():
@@ -24,7 +24,7 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
     for s in ("dev", "test", "holdout2", "check3", *ORDER):
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
-            if s in ("holdout11", "holdout12"):
+            if s in ("holdout11", "holdout12", "holdout13"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
@@ -37,3 +37,18 @@ def test_holdout12_covers_every_schedule_zero_stage_and_recompute_mode():
     assert any(l.sequence_parallel for l in ls)
     assert {m.name for _, m, _ in vd.HOLDOUT12_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
     assert all(l.num_gpus == 4 for l in ls)
+
+
+def test_holdout13_holds_out_round_11s_changes():
+    ls = [layout for _, _, layout in vd.HOLDOUT13_LAYOUTS]
+    assert {l.schedule for l in ls} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert {l.zero for l in ls} == {0, 1, 2, 3}
+    assert {l.recompute for l in ls} == {"none", "selective", "full"}
+    # torch's p2p order: interleaved over pp 4 at micro-batch counts on both sides of 4·pp
+    counts = {vd.JOB4.global_batch // (l.dp * l.micro_batch)
+              for l in ls if l.schedule == "interleaved-1f1b" and l.pp == 4}
+    assert min(counts) <= 4 and max(counts) > 16
+    # FSDP2 under a pipeline, ZeRO-2 and ZeRO-3
+    assert {l.zero for l in ls if l.pp > 1 and l.dp > 1 and l.zero >= 2} == {2, 3}
+    assert all(l.num_gpus == 4 for l in ls)
+

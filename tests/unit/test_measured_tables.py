@@ -675,3 +675,39 @@ def test_zero_bubble_full_recompute_takes_measured_split_memory_from_the_profile
     # a 1F1B layout has no pending W: nothing added
     one = layer_tables(MODEL, c, JOB, replace(lay, schedule="1f1b"))
     assert one.wgrad_transient_bytes == 0.0
+
+
+def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form():
+    """Interleaved over pp ≥ 3 under torch's runtime (costmodel.torch_p2p): the order's
+    waits are paid once per step (warm-up, cool-down), the per-operation slowdown per
+    micro-batch, so the order binds at few micro-batches and the slowdown at many."""
+    from meshplan.costmodel import torch_p2p
+    from meshplan.costmodel.estimate import layer_tables
+    from meshplan.costmodel.specs import default_stage_layers
+    c = _cluster(TABLES)
+    lay = Layout(pp=4, vpp=2, micro_batch=2, schedule="interleaved-1f1b")
+    stages = default_stage_layers(MODEL.num_layers, 8)
+    few = Job(global_batch=16, seq_len=1024, runtime="torch")            # 8 micro-batches
+    t = layer_tables(MODEL, c, few, lay)
+    est = estimate(MODEL, c, few, lay)
+    order = t.p2p_order_s(*t.stage_times(stages)[:2])
+    assert est.pipeline_s == pytest.approx(order) == pytest.approx(t.pipeline_s(stages))
+    # its waits are the bubble, the compute runs unslowed, the breakdown adds up
+    assert est.time.pp_interference_s == 0.0 and est.time.bubble_s > 0
+    assert est.time.total_s == pytest.approx(est.step_time_s)
+    # at 32 micro-batches (8·pp) the replay would fall below the slowed closed form, and
+    # past MAX_MICROBATCHES_PER_RANK·pp it is not run: the closed form stands alone
+    many = Job(global_batch=64, seq_len=1024, runtime="torch")           # 32 micro-batches
+    t32 = layer_tables(MODEL, c, many, lay)
+    e32 = estimate(MODEL, c, many, lay)
+    f32, b32, _ = t32.stage_times(stages)
+    k = t32.slowdown
+    replay32 = torch_p2p.fifo_step_s(tuple(x / y for x, y in zip(f32, k)),
+                                     tuple(x / y for x, y in zip(b32, k)), 32, 4, 2, t32.p2p_s)
+    assert 0 < replay32 < e32.pipeline_s
+    assert 32 > torch_p2p.MAX_MICROBATCHES_PER_RANK * 4 and t32.p2p_order_s(f32, b32) == 0.0
+    assert e32.time.pp_interference_s > 0
+    assert e32.time.total_s == pytest.approx(e32.step_time_s)
+    # megatron's runtime keeps the closed form alone
+    mega = layer_tables(MODEL, c, Job(global_batch=16, seq_len=1024), lay)
+    assert mega.p2p_order_s(*mega.stage_times(stages)[:2]) == 0.0
