@@ -241,6 +241,12 @@ FSDP_OVER_TP_CAVEAT = (
     "`meshplan calibrate`, which now measures them")
 
 
+P2P_ORDER_CAVEAT = (
+    "pipeline bubble: set by the order in which torch.distributed.pipelining posts its sends "
+    "and receives (one NCCL stream per rank; an early receive holds back later sends), "
+    "not by the schedule alone; more micro-batches per step amortise it "
+    "(meshplan/costmodel/torch_p2p.py)")
+
 # Estimate.caveats carries host_bound_caveat where the CPU's wait is at least this share of
 # the step (below it the two sides are within calibration noise of each other).
 HOST_BOUND_CAVEAT_SHARE = 0.05
@@ -694,7 +700,7 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
         caveats=t.caveats + ((host_bound_caveat(time.host_wait_s, step),)
                              if time.host_wait_s >= HOST_BOUND_CAVEAT_SHARE * step
-                             else ()))
+                             else ()) + ((P2P_ORDER_CAVEAT,) if order_bound else ()))
 
 
 @lru_cache(maxsize=65536)

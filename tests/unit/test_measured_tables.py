@@ -695,6 +695,7 @@ def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form()
     # its waits are the bubble, the compute runs unslowed, the breakdown adds up
     assert est.time.pp_interference_s == 0.0 and est.time.bubble_s > 0
     assert est.time.total_s == pytest.approx(est.step_time_s)
+    assert any(c.startswith("pipeline bubble: set by the order") for c in est.caveats)
     # at 32 micro-batches (8·pp) the replay would fall below the slowed closed form, and
     # past MAX_MICROBATCHES_PER_RANK·pp it is not run: the closed form stands alone
     many = Job(global_batch=64, seq_len=1024, runtime="torch")           # 32 micro-batches
@@ -708,6 +709,7 @@ def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form()
     assert 32 > torch_p2p.MAX_MICROBATCHES_PER_RANK * 4 and t32.p2p_order_s(f32, b32) == 0.0
     assert e32.time.pp_interference_s > 0
     assert e32.time.total_s == pytest.approx(e32.step_time_s)
+    assert not any(c.startswith("pipeline bubble") for c in e32.caveats)
     # megatron's runtime keeps the closed form alone
     mega = layer_tables(MODEL, c, Job(global_batch=16, seq_len=1024), lay)
     assert mega.p2p_order_s(*mega.stage_times(stages)[:2]) == 0.0

@@ -1,41 +1,24 @@
-"""torch's interleaved p2p order (costmodel.torch_p2p) and what the estimate does with it."""
+"""torch's interleaved p2p order (costmodel.torch_p2p); the estimate's use of it is tested in
+test_measured_tables.py."""
 
 import random
-import re
 
 import pytest
 
 from meshplan.costmodel import torch_p2p
 from meshplan.costmodel.pipeline_sim import simulate
 
-_ACTION = re.compile(r"^(\d+)(F|B|SEND_F|SEND_B|RECV_F|RECV_B)(\d+)$")
 
-
-def _torch_lowered(pp: int, vpp: int, m: int) -> list[list[tuple[str, int, int]]]:
-    sch = pytest.importorskip("torch.distributed.pipelining.schedules")
-
-    class _Stage:     # what ScheduleInterleaved1F1B's constructor reads from a stage
-        def __init__(self, idx: int):
-            self.stage_index, self.group_size, self.group_rank = idx, pp, idx % pp
-            self.num_stages, self.submod, self.group, self.has_backward = pp * vpp, None, \
-                None, True
-
-    order = sch.ScheduleInterleaved1F1B([_Stage(c * pp) for c in range(vpp)],
-                                        m).pipeline_order_with_comms
-    out = []
-    for r in range(pp):
-        acts = [_ACTION.match(str(a)) for a in order[r]]
-        out.append([(a[2], int(a[1]), int(a[3])) for a in acts if a])   # UNSHARD etc. dropped
-    return out
-
-
-@pytest.mark.parametrize("pp,vpp,m", [(2, 2, 4), (3, 2, 6), (4, 2, 4), (4, 2, 8), (4, 3, 8),
-                                      (4, 4, 12), (8, 2, 16)])
-def test_lowering_is_torchs_own(pp, vpp, m):
+def test_lowering_is_torchs_own(load_benchmark):
     """Same compute, sends and receives, in the same order on every rank, as the installed
-    torch's ScheduleInterleaved1F1B lowers them (CI: torch 2.13)."""
-    assert [list(x) for x in torch_p2p.lowered_interleaved(pp, vpp, m)] == \
-        _torch_lowered(pp, vpp, m)
+    torch's ScheduleInterleaved1F1B lowers them (CI: torch 2.13; the device's 2.11 with
+    ``python benchmarks/check_torch_lowering.py``)."""
+    pytest.importorskip("torch.distributed.pipelining")
+    check = load_benchmark("check_torch_lowering")
+    for pp, vpp, m in check.SHAPES:
+        assert [list(x) for x in torch_p2p.lowered_interleaved(pp, vpp, m)] == \
+            check.torch_lowered(pp, vpp, m), (pp, vpp, m)
+    assert check.main() == 0
 
 
 def test_two_ranks_lose_nothing_to_the_order():
