@@ -783,6 +783,9 @@ class LayerTables:
     # and per rank's non-layer parameters; 0 where that does not apply
     relief_layer_grad_bytes: float = 0.0
     relief_const_grad_bytes: tuple[float, ...] = ()
+    # ZeRO-3 under torch's pipeline (not GPipe): a layer's gathered 16-bit weights, which stay
+    # from its backward to its next forward (see z3_resident_bytes); 0 where that does not apply
+    z3_resident_layer_bytes: float = 0.0
     # per virtual stage: compute slowed by the rank's p2p kernels (stage_slowdown); () = none
     slowdown: tuple[float, ...] = ()
     caveats: tuple[str, ...] = ()   # Estimate.caveats
@@ -981,6 +984,22 @@ class LayerTables:
                        / max(self.inflight[rank], 1.0))
         return min(grads, one_mb)
 
+    def z3_resident_bytes(self, rank: int, layers: int) -> float:
+        """ZeRO-3 under torch.distributed.pipelining (1F1B, interleaved, zero-bubble): the
+        stage turns FSDP2's resharding after backward off for every micro-batch but the
+        last (``set_reshard_after_backward(False)``), so a layer's gathered 16-bit weights
+        stay from its backward until its next forward reshards them. Right after a
+        backward the rank holds all its layers' weights W and one micro-batch's
+        activations A1 less; the next forward gives the activations back as it reshards
+        the weights layer by layer. The peak gains max(0, W − A1) over the two gathered
+        layers the buffers already count. Read from torch's source (2.13), not yet
+        measured (holdout13's v05 and v13 will)."""
+        if not self.z3_resident_layer_bytes or layers <= 2:
+            return 0.0
+        one_mb = layers * self.layer_activation_bytes + (self.embedding_act_bytes
+                                                         if rank == 0 else 0.0)
+        return max(0.0, (layers - 2) * self.z3_resident_layer_bytes - one_mb)
+
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
         """(activations, embedding/logits, buffers) of a rank holding ``layers``; for GPipe
         the activations are those coexisting with all gradients (:meth:`gpipe_relief_bytes`)."""
@@ -991,7 +1010,8 @@ class LayerTables:
         act -= self.gpipe_relief_bytes(rank, layers)
         logit = (self.logits_bytes + self.last_chunks_bytes - self.output_overlap_bytes
                  if rank == self.last_rank else 0.0)
-        buf = self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
+        buf = (self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
+               + self.z3_resident_bytes(rank, layers))
         if self.recv_buffers:
             buf += self.recv_buffers[rank]
         if rank == self.last_rank and self.last_merge_bytes > act + logit + buf:
@@ -1009,7 +1029,8 @@ class LayerTables:
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
-            + self.const_bytes[rank] - self.gpipe_relief_bytes(rank, layers)
+            + self.const_bytes[rank] - self.gpipe_relief_bytes(rank, layers) \
+            + self.z3_resident_bytes(rank, layers)
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
                       + self.last_states_bytes + self.last_merge_bytes)
@@ -1207,6 +1228,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=parts.output_peak_bytes,
         slowdown=stage_slowdown(job, layout),
         caveats=(FSDP_OVER_TP_CAVEAT,) if composed and fs is not None else (),
+        z3_resident_layer_bytes=(layer_params * copy_b
+                                 if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
+                                 and layout.schedule != "gpipe" else 0.0),
         **_gpipe_relief(job, layout, grad_copies, layer_params, first_params,
                         last_params if pp > 1 else 0.0, last_rank))
 

@@ -713,3 +713,31 @@ def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form()
     # megatron's runtime keeps the closed form alone
     mega = layer_tables(MODEL, c, Job(global_batch=16, seq_len=1024), lay)
     assert mega.p2p_order_s(*mega.stage_times(stages)[:2]) == 0.0
+
+
+def test_zero3_under_a_pipeline_keeps_gathered_weights_from_backward_to_forward():
+    """torch's stage turns FSDP2's resharding after backward off: right after a backward a
+    rank holds every layer's 16-bit weights and one micro-batch's activations less."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    lay = Layout(dp=2, pp=2, micro_batch=1, zero=3)
+    t = layer_tables(MODEL, c, JOB, lay)
+    w = stage_params(MODEL, 1, 1, first=False, last=False, pp=2) * 2      # bf16 per layer
+    assert t.z3_resident_layer_bytes == pytest.approx(w)
+    one_mb = 4 * t.layer_activation_bytes + t.embedding_act_bytes
+    assert t.z3_resident_bytes(0, 4) == pytest.approx(max(0.0, 2 * w - one_mb))
+    # where the activations are smaller than the weights, the peak gains the difference,
+    # in the estimate's rows and in the planner's per-rank memory alike
+    lean = replace(t, layer_activation_bytes=0.0, embedding_act_bytes=0.0)
+    assert lean.z3_resident_bytes(1, 4) == pytest.approx(2 * w)          # 4 layers − 2 gathered
+    base = replace(lean, z3_resident_layer_bytes=0.0)
+    assert lean.rank_memory_bytes(1, 4) - base.rank_memory_bytes(1, 4) == pytest.approx(2 * w)
+    assert lean.rank_variable_bytes(1, 4)[2] - base.rank_variable_bytes(1, 4)[2] == \
+        pytest.approx(2 * w)
+    # not for ZeRO-2 (counted with the weights), GPipe, or without a pipeline
+    for other in (Layout(dp=2, pp=2, micro_batch=1, zero=2),
+                  Layout(dp=2, pp=2, micro_batch=1, zero=3, schedule="gpipe"),
+                  Layout(dp=4, micro_batch=1, zero=3)):
+        assert layer_tables(MODEL, c, JOB, other).z3_resident_layer_bytes == 0.0
