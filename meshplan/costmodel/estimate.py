@@ -73,7 +73,8 @@ def fsdp_accumulates_unsharded(job: Job, zero: int, dp: int, pp: int) -> bool:
     ``set_requires_gradient_sync(False)``), FSDP2 then upcasts each unsharded gradient to the
     reduce dtype and accumulates it (``FSDPParam.to_accumulated_grad_if_needed``), and only
     ``perform_reduce_grad`` after the schedule reduce-scatters. At the peak a rank holds
-    params × 4 bytes of gradients, not params × 4 / dp (torch 2.11 and 2.13).
+    params × 4 bytes of gradients, not params × 4 / dp (read in torch 2.13's source; the
+    measurements below ran torch 2.11).
 
     Measured: Llama dp2 pp2 1F1B ZeRO-2 peaked 1.22-1.44 GiB (q16, 4 × H200, round 7; u10,
     4 × H100, round 11) and GPT's interleaved k06 0.60-0.64 GiB above the model that had
