@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections import deque
 from functools import lru_cache
-from typing import Sequence
 
 from meshplan.costmodel.pipeline_sim import rank_order
 
@@ -142,6 +141,26 @@ def _transfer_key(action: tuple[str, int, int]) -> tuple[str, int, int]:
     return (F if kind == RECV_F else B, s, mb)
 
 
+@lru_cache(maxsize=256)
+def _replay_index(pp: int, vpp: int, m: int) -> tuple[list, dict, list]:
+    """What :func:`fifo_step_s` looks up in the lowered lists, which depend on the shape
+    only: per rank the list indices of its SEND/RECV actions; (S|R, transfer key) -> (rank,
+    index); per rank and index the compute action listed last before it (None: none)."""
+    lists = lowered_interleaved(pp, vpp, m)
+    comm_idx = [[i for i, a in enumerate(lst) if a[0] not in (F, B)] for lst in lists]
+    where = {(_side(lst[i]), _transfer_key(lst[i])): (r, i)
+             for r, lst in enumerate(lists) for i in comm_idx[r]}
+    prev_compute = []
+    for lst in lists:
+        last, table = None, []
+        for a in lst:
+            table.append(last)
+            if a[0] in (F, B):
+                last = a
+        prev_compute.append(table)
+    return comm_idx, where, prev_compute
+
+
 @lru_cache(maxsize=4096)
 def fifo_step_s(forward_s: tuple[float, ...], backward_s: tuple[float, ...], m: int,
                 pp: int, vpp: int, p2p_s: float) -> float:
@@ -154,20 +173,10 @@ def fifo_step_s(forward_s: tuple[float, ...], backward_s: tuple[float, ...], m: 
     """
     stages = pp * vpp
     lists = lowered_interleaved(pp, vpp, m)
+    comm_idx, where, prev_compute = _replay_index(pp, vpp, m)
     dur = {F: forward_s, B: backward_s}
     done: dict[tuple[str, int, int], float] = {}      # compute action -> end
     arrived: dict[tuple[str, int, int], float] = {}   # transfer key -> end
-    comm_idx = [[i for i, a in enumerate(lst) if a[0] not in (F, B)] for lst in lists]
-    where = {(_side(lst[i]), _transfer_key(lst[i])): (r, i)
-             for r, lst in enumerate(lists) for i in comm_idx[r]}
-    prev_compute = []
-    for lst in lists:
-        last, table = None, []
-        for a in lst:
-            table.append(last)
-            if a[0] in (F, B):
-                last = a
-        prev_compute.append(table)
     ci = [0] * pp
     cj = [0] * pp
     ctail = [0.0] * pp
@@ -257,10 +266,4 @@ def applies(runtime: str, schedule: str, pp: int, vpp: int, m: int) -> bool:
             and pp * vpp * m <= MAX_CHUNK_ACTIONS)
 
 
-def replay_check(forward_s: Sequence[float], backward_s: Sequence[float], m: int, pp: int,
-                 vpp: int, p2p_s: float) -> float:
-    """:func:`fifo_step_s` on plain sequences (tests, diagnostics)."""
-    return fifo_step_s(tuple(forward_s), tuple(backward_s), m, pp, vpp, p2p_s)
-
-
-__all__ = ["lowered_interleaved", "fifo_step_s", "applies", "replay_check"]
+__all__ = ["lowered_interleaved", "fifo_step_s", "applies"]
