@@ -165,6 +165,11 @@ def main(argv=None) -> int:
     layouts = dict((n, (m, lay)) for n, m, lay in vd.SETS[args.set])
     nproc = vd.SET_NPROC.get(args.set, 4)
     job = vd.SET_JOBS.get(args.set, vd.JOB)
+    if args.cpu:
+        gpu_name = ""
+    else:   # the lent GPU's cluster preset, so that an H100 profile applies on an H100
+        import torch
+        gpu_name = torch.cuda.get_device_name(0)
     summary = {}
     for name in args.only.split(","):
         if name not in layouts:
@@ -175,7 +180,7 @@ def main(argv=None) -> int:
             model = vd.TINY_LLAMA
             job = vd.Job(global_batch=8 * layout.micro_batch * layout.dp, seq_len=32,
                          runtime="torch")
-        cluster = vd._gpu_cluster("H200" if not args.cpu else "", nproc)
+        cluster = vd._gpu_cluster(gpu_name, nproc)
         if args.profile:
             cluster = apply_profile(cluster, args.profile)
         d = args.out / name
