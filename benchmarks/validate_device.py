@@ -452,6 +452,24 @@ HOLDOUT6_LAYOUTS = [
     ("j15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="full")),
     ("j16", LLAMA_16B, L(tp=2, micro_batch=4)),
 ]
+# "casts2" (round 12, 2 GPUs; only 1- and 2-GPU machines were lent at the start): holds out
+# the autocast-cast change (costmodel/autocast_cache.py) on pp 2 layouts none of the earlier
+# sets ran — selective recompute under every schedule, with controls (GPipe, full, none)
+# whose prediction the change leaves alone. Committed before any run; memory <= 65 GiB
+# predicted with profile_h100x4_round11.toml.
+CASTS2_LAYOUTS = [
+    ("w01", LLAMA_16B, L(pp=2, micro_batch=2, schedule="1f1b", recompute="selective")),
+    ("w02", LLAMA_16B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=3,
+                         recompute="selective")),
+    ("w03", LLAMA_16B, L(pp=2, micro_batch=2, schedule="zero-bubble", recompute="selective")),
+    ("w04", GPT_05B, L(pp=2, micro_batch=8, schedule="gpipe", recompute="selective")),
+    ("w05", GPT_05B, L(pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=2,
+                       recompute="selective")),
+    ("w06", GPT_05B, L(pp=2, micro_batch=4, schedule="1f1b", recompute="selective")),
+    ("w07", GPT_05B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=3)),
+    ("w08", LLAMA_16B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=3,
+                         recompute="full")),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
@@ -462,13 +480,14 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout11": HOLDOUT11_LAYOUTS,
         "holdout12": HOLDOUT12_LAYOUTS,
         "holdout13": HOLDOUT13_LAYOUTS,
+        "casts2": CASTS2_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4}
-SET_NPROC = {"holdout5": 2, "holdout6": 2}                          # the other sets use 4
+            "holdout13": JOB4, "casts2": JOB2}
+SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2}                          # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
