@@ -91,6 +91,38 @@ class AttentionCore(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class _RecomputedCore(torch.autograd.Function):
+    """Selective recomputation of the attention core: forward without keeping the core's
+    intermediates, re-run it in backward from the saved q, k, v.
+
+    Not ``torch.utils.checkpoint``: its recompute enters and leaves ``torch.autocast`` on the
+    autograd engine's thread, where autocast's nesting count is 0, and leaving clears
+    autocast's weight-cast cache, which every thread shares. Under a pipeline the next
+    forward then casts every weight again while each in-flight micro-batch keeps its own
+    casts (one extra copy of the stage's 16-bit weights per micro-batch in flight; measured
+    2.1 GiB on a Llama-1.64B pp 2 rank, docs/benchmarks/accuracy.md round 12). The core
+    has no weights and its inputs are already in the compute dtype, so the recompute here
+    needs no autocast context at all.
+    """
+
+    @staticmethod
+    def forward(ctx, core, q, k, v):
+        ctx.core = core
+        ctx.save_for_backward(q, k, v)
+        with torch.no_grad():
+            return core(q, k, v)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [t.detach().requires_grad_(need)
+                  for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
+        with torch.enable_grad():
+            out = ctx.core(*inputs)
+        wanted = [t for t in inputs if t.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad_out) if wanted else ())
+        return (None, *(next(grads) if t.requires_grad else None for t in inputs))
+
+
 class Attention(nn.Module):
     """Multi-head / grouped-query self-attention with a fused QKV projection.
 
@@ -121,7 +153,7 @@ class Attention(nn.Module):
             cos, sin = rope[0][:s], rope[1][:s]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.recompute_core:
-            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+            y = _RecomputedCore.apply(self.core, q, k, v)
         else:
             y = self.core(q, k, v)                 # (b, nh, s, hd)
         y = y.transpose(1, 2).reshape(b, s, nq)    # (b, s, nh·hd)

@@ -44,6 +44,9 @@ WORLD2 = [
     Case("pp2-interleaved", LLAMA, JOB, L(pp=2, schedule="interleaved-1f1b", vpp=2, micro_batch=1)),
     Case("pp2-interleaved-tied", GPT, JOB, L(pp=2, schedule="interleaved-1f1b", vpp=2)),
     Case("pp2-zero-bubble", LLAMA, JOB, L(pp=2, schedule="zero-bubble")),
+    # the attention core's own recompute (_RecomputedCore) under split input/weight passes
+    Case("pp2-zero-bubble-selective", LLAMA, JOB,
+         L(pp=2, schedule="zero-bubble", recompute="selective")),
     Case("pp2-1f1b-full", GPT, JOB, L(pp=2, recompute="full")),
     Case("dtensor-reference", GPT, JOB, None),
 ]

@@ -72,3 +72,55 @@ def test_tied_last_part_keeps_embedding_weight_only_for_the_head():
     assert p.tok_embeddings is not None and p.pos_embeddings is None
     mid = Transformer(GPT).keep_part(1, 1, embeds_input=False, computes_logits=False)
     assert mid.tok_embeddings is None and mid.norm is None and mid.output is None
+
+
+def _grads(spec, recompute_core, x):
+    m = Transformer(spec)
+    m.init_weights(0)
+    for block in m.layers.values():
+        block.attn.recompute_core = recompute_core
+    m(x).float().pow(2).mean().backward()
+    return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("spec", [GPT, LLAMA], ids=["gpt", "llama"])
+def test_selective_recompute_gives_the_same_gradients(spec):
+    x = torch.randint(0, spec.vocab_size, (2, 12))
+    plain, recomputed = _grads(spec, False, x), _grads(spec, True, x)
+    assert plain.keys() == recomputed.keys()
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], msg=name)
+
+
+def test_selective_recompute_keeps_autocasts_weight_casts():
+    """Under autocast, a backward (on another thread, as CUDA's engine runs it) with the
+    attention core recomputed must not clear autocast's cast cache: the next micro-batch's
+    forward saves the same 16-bit weight casts, not new copies (torch.utils.checkpoint
+    would clear it; tests/unit/test_autocast_cache.py shows that on the installed torch)."""
+    import threading
+    m = Transformer(LLAMA)
+    m.init_weights(0)
+    for block in m.layers.values():
+        block.attn.recompute_core = True
+    weight = m.layers["0"].mlp.fc.weight
+    casts: list[list] = []
+
+    def pack(t):
+        if t.dtype == torch.bfloat16 and t.shape in (weight.shape, weight.t().shape):
+            casts[-1].append(t)
+        return t
+    x = torch.randint(0, LLAMA.vocab_size, (2, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            casts.append([])
+            first = m(x)
+        worker = threading.Thread(target=lambda: first.float().sum().backward())
+        worker.start()
+        worker.join()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            casts.append([])
+            m(x)
+    before = {t.untyped_storage().data_ptr() for t in casts[0]}
+    after = {t.untyped_storage().data_ptr() for t in casts[1]}
+    assert before and before == after
+    assert weight.grad is not None
