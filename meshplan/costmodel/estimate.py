@@ -25,7 +25,6 @@ from meshplan.costmodel.memory import (activation_bytes_per_element,
                                        compute_weight_bytes_per_param, layer_activations,
                                        logits_bytes, model_state_bytes, stage_params,
                                        state_bytes_per_param)
-from meshplan.costmodel.autocast_cache import extra_cast_copies
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
 from meshplan.costmodel.result import Estimate, StageMemories, TimeBreakdown
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
@@ -788,11 +787,6 @@ class LayerTables:
     # ZeRO-3 under torch's pipeline (not GPipe): a layer's gathered 16-bit weights, which stay
     # from its backward to its next forward (see z3_resident_bytes); 0 where that does not apply
     z3_resident_layer_bytes: float = 0.0
-    # runtime "torch", ZeRO-0/1, selective recompute, pipelined: per rank, the copies of a
-    # layer's 16-bit weight casts beyond the one in layer_state_bytes that in-flight
-    # micro-batches keep (autocast_cache.extra_cast_copies), and one copy's bytes per layer
-    cast_extra: tuple[float, ...] = ()
-    layer_cast_bytes: float = 0.0
     # per virtual stage: compute slowed by the rank's p2p kernels (stage_slowdown); () = none
     slowdown: tuple[float, ...] = ()
     caveats: tuple[str, ...] = ()   # Estimate.caveats
@@ -1028,13 +1022,11 @@ class LayerTables:
         return act, logit, buf
 
     def _layer_act_bytes(self, rank: int) -> float:
-        """Memory one layer of ``rank`` holds for backward at the rank's peak: activations, and
-        the 16-bit weight casts beyond one that in-flight micro-batches saved (cast_extra)."""
+        """Activation memory one layer of ``rank`` holds at the rank's peak."""
         pending = self.wgrad_pending[rank] if self.wgrad_pending else 0.0
-        casts = self.cast_extra[rank] * self.layer_cast_bytes if self.cast_extra else 0.0
         return (self.inflight[rank] * self.layer_activation_bytes
                 + pending * self.wgrad_pending_bytes
-                + (self.wgrad_transient_bytes if pending else 0.0) + casts)
+                + (self.wgrad_transient_bytes if pending else 0.0))
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
@@ -1237,9 +1229,6 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=parts.output_peak_bytes,
         slowdown=stage_slowdown(job, layout),
         caveats=(FSDP_OVER_TP_CAVEAT,) if composed and fs is not None else (),
-        cast_extra=extra_cast_copies(job.runtime, job.precision, layout.zero, layout.recompute,
-                                     layout.schedule, pp, v, m),
-        layer_cast_bytes=layer_params * copy_b,
         z3_resident_layer_bytes=(layer_params * copy_b
                                  if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
                                  and layout.schedule != "gpipe" else 0.0),

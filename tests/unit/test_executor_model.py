@@ -96,7 +96,7 @@ def test_selective_recompute_keeps_autocasts_weight_casts():
     """Under autocast, a backward (on another thread, as CUDA's engine runs it) with the
     attention core recomputed must not clear autocast's cast cache: the next micro-batch's
     forward saves the same 16-bit weight casts, not new copies (torch.utils.checkpoint
-    would clear it; tests/unit/test_autocast_cache.py shows that on the installed torch)."""
+    would clear it: test_torch_checkpoint_clears_the_cast_cache_from_the_backward_thread)."""
     import threading
     m = Transformer(LLAMA)
     m.init_weights(0)
@@ -124,3 +124,45 @@ def test_selective_recompute_keeps_autocasts_weight_casts():
     after = {t.untyped_storage().data_ptr() for t in casts[1]}
     assert before and before == after
     assert weight.grad is not None
+
+
+def test_torch_checkpoint_clears_the_cast_cache_from_the_backward_thread():
+    """Why the executor does not use torch.utils.checkpoint for selective recompute, on the
+    installed torch: with a checkpointed region the backward (run on another thread, as
+    CUDA's autograd engine does) clears autocast's cache, so the next forward saves a new
+    cast of the same weight; without it the cast is reused. Should torch stop doing this,
+    the test fails and _RecomputedCore can go."""
+    import threading
+
+    from torch.utils.checkpoint import checkpoint
+
+    lin1, lin2 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(x, selective):
+        a = lin1(x)
+        b = checkpoint(torch.relu, a, use_reentrant=False) if selective else torch.relu(a)
+        return lin2(b)
+
+    def casts_saved(selective):
+        seen: list[list] = []    # the casts themselves: no address is freed and reused
+
+        def pack(t):
+            if t.dtype == torch.bfloat16 and tuple(t.shape) == (16, 16):
+                seen[-1].append(t)
+            return t
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                seen.append([])
+                first = forward(torch.randn(4, 16, requires_grad=True), selective)
+            worker = threading.Thread(target=lambda: first.sum().backward())
+            worker.start()
+            worker.join()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                seen.append([])
+                forward(torch.randn(4, 16, requires_grad=True), selective)
+        return [{t.untyped_storage().data_ptr() for t in casts} for casts in seen]
+
+    before, after = casts_saved(selective=False)
+    assert before and before == after
+    before, after = casts_saved(selective=True)
+    assert before and after and not before & after
