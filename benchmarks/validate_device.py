@@ -452,11 +452,12 @@ HOLDOUT6_LAYOUTS = [
     ("j15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="full")),
     ("j16", LLAMA_16B, L(tp=2, micro_batch=4)),
 ]
-# "casts2" (round 12, 2 GPUs; only 1- and 2-GPU machines were lent at the start): holds out
-# the autocast-cast change (costmodel/autocast_cache.py) on pp 2 layouts none of the earlier
-# sets ran — selective recompute under every schedule, with controls (GPipe, full, none)
-# whose prediction the change leaves alone. Committed before any run; memory <= 65 GiB
-# predicted with profile_h100x4_round11.toml.
+# "casts2" (round 12, 2 GPUs; only 1- and 2-GPU machines were lent at the start): the
+# autocast weight casts that selective recompute kept per in-flight micro-batch, on pp 2
+# layouts none of the earlier sets ran — selective recompute under every schedule, with
+# controls (GPipe, full, none) that do not keep them. Committed before any run (then for a
+# cost-model term, since replaced by the executor's fix; docs/benchmarks/accuracy.md round
+# 12); memory <= 65 GiB predicted with profile_h100x4_round11.toml.
 CASTS2_LAYOUTS = [
     ("w01", LLAMA_16B, L(pp=2, micro_batch=2, schedule="1f1b", recompute="selective")),
     ("w02", LLAMA_16B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=3,
