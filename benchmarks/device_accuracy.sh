@@ -23,6 +23,7 @@
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off
 #   GC=auto ... validate    # CPython's collector left on in the timed steps (executor --gc)
+#   ONLY=w01,w02 SET=casts2 ... validate   # only these layouts of the set
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -83,7 +84,7 @@ case "${1:-}" in
       t0=$(date +%s); calibrate; budget=$((budget - $(date +%s) + t0))
     fi
     run_layouts val validate.log logs.tgz --profile "$prof" --set "${SET:-test}" \
-      --budget "$budget" --timeout 90
+      ${ONLY:+--only "$ONLY"} --budget "$budget" --timeout 90
     cp "$KEEP/val/accuracy.json" "$KEEP/val/accuracy.md" "$KEEP/val/accuracy.png" "$OUT/"
     ;;
   probe)
