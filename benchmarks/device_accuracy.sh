@@ -19,6 +19,8 @@
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout11 ... validate # round 10
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout12 ... validate # round 11
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout13 ... validate # next
+#   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
+#                                                      # round 12, on 2 GPUs
 #   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off

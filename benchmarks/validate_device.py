@@ -471,6 +471,31 @@ CASTS2_LAYOUTS = [
     ("w08", LLAMA_16B, L(pp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=3,
                          recompute="full")),
 ]
+# "pair12" (round 12, 2 GPUs, for the case no 4-GPU machine is lent): 16 new 2-rank layouts
+# (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes, SP), chosen for coverage
+# before the run, with the round-11 model and the executor's own selective recompute;
+# memory <= 65 GiB predicted with profile_h100x4_round11.toml. Calibrated on the same
+# 2-GPU machine first (NPROC=2).
+PAIR12_LAYOUTS = [
+    ("x01", GPT_05B, L(dp=2, micro_batch=4, zero=2, recompute="full")),
+    ("x02", GPT_05B, L(dp=2, micro_batch=8, zero=1, recompute="selective")),
+    ("x03", GPT_05B, L(tp=2, micro_batch=4, sequence_parallel=True, recompute="full")),
+    ("x04", GPT_05B, L(pp=2, micro_batch=2, schedule="1f1b")),
+    ("x05", GPT_05B, L(pp=2, micro_batch=2, schedule="gpipe", recompute="full")),
+    ("x06", GPT_05B, L(pp=2, micro_batch=2, schedule="interleaved-1f1b", vpp=2,
+                       recompute="full")),
+    ("x07", GPT_05B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="full")),
+    ("x08", GPT_05B, L(dp=2, micro_batch=8, zero=3, recompute="full")),
+    ("x09", LLAMA_16B, L(dp=2, micro_batch=4, zero=3, recompute="full")),
+    ("x10", LLAMA_16B, L(dp=2, micro_batch=4, zero=1, recompute="selective")),
+    ("x11", LLAMA_16B, L(tp=2, micro_batch=8, sequence_parallel=True, recompute="full")),
+    ("x12", LLAMA_16B, L(tp=2, micro_batch=2, recompute="selective")),
+    ("x13", LLAMA_16B, L(pp=2, micro_batch=8, schedule="1f1b", recompute="selective")),
+    ("x14", LLAMA_16B, L(pp=2, micro_batch=2, schedule="interleaved-1f1b", vpp=2,
+                         recompute="selective")),
+    ("x15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble")),
+    ("x16", LLAMA_16B, L(pp=2, micro_batch=4, schedule="gpipe", recompute="full")),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
@@ -482,13 +507,14 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout12": HOLDOUT12_LAYOUTS,
         "holdout13": HOLDOUT13_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
+        "pair12": PAIR12_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4, "casts2": JOB2}
-SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2}             # the other sets use 4
+            "holdout13": JOB4, "casts2": JOB2, "pair12": JOB2}
+SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2}  # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
-         "holdout10", "holdout11", "holdout12", "holdout13", "casts2"]
+         "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12"]
 
 
 def test_every_set_has_unique_names():
@@ -24,7 +24,7 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
     for s in ("dev", "test", "holdout2", "check3", *ORDER):
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
-            if s in ("holdout11", "holdout12", "holdout13", "casts2"):
+            if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
@@ -60,3 +60,13 @@ def test_casts2_holds_out_the_autocast_casts_on_two_gpus():
     selective = {l.schedule for l in ls if l.recompute == "selective"}
     assert selective == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
     assert {l.recompute for l in ls} == {"none", "selective", "full"}
+
+
+def test_pair12_covers_every_schedule_zero_stage_and_recompute_mode_on_two_gpus():
+    ls = [layout for _, _, layout in vd.PAIR12_LAYOUTS]
+    assert vd.SET_NPROC["pair12"] == 2 and all(l.num_gpus == 2 for l in ls)
+    assert {l.schedule for l in ls} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert {l.zero for l in ls} == {0, 1, 2, 3}
+    assert {l.recompute for l in ls} == {"none", "selective", "full"}
+    assert any(l.sequence_parallel for l in ls)
+    assert {(l.dp, l.pp, l.tp) for l in ls} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
