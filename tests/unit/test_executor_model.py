@@ -92,36 +92,45 @@ def test_selective_recompute_gives_the_same_gradients(spec):
         torch.testing.assert_close(recomputed[name], plain[name], msg=name)
 
 
+def _casts_around_threaded_backward(forward, is_cast):
+    """Under CPU bf16 autocast: run ``forward()``, its backward on another thread (as CUDA's
+    autograd engine does), then ``forward()`` again; the storages of the saved tensors that
+    ``is_cast`` picks in the first and the second forward, as two sets. The casts themselves
+    are kept until the end, so no address is freed and reused between the two."""
+    import threading
+    seen: list[list] = []
+
+    def pack(t):
+        if is_cast(t):
+            seen[-1].append(t)
+        return t
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            seen.append([])
+            first = forward()
+        worker = threading.Thread(target=lambda: first.float().sum().backward())
+        worker.start()
+        worker.join()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            seen.append([])
+            forward()
+    return tuple({t.untyped_storage().data_ptr() for t in casts} for casts in seen)
+
+
 def test_selective_recompute_keeps_autocasts_weight_casts():
     """Under autocast, a backward (on another thread, as CUDA's engine runs it) with the
     attention core recomputed must not clear autocast's cast cache: the next micro-batch's
     forward saves the same 16-bit weight casts, not new copies (torch.utils.checkpoint
     would clear it: test_torch_checkpoint_clears_the_cast_cache_from_the_backward_thread)."""
-    import threading
     m = Transformer(LLAMA)
     m.init_weights(0)
     for block in m.layers.values():
         block.attn.recompute_core = True
     weight = m.layers["0"].mlp.fc.weight
-    casts: list[list] = []
-
-    def pack(t):
-        if t.dtype == torch.bfloat16 and t.shape in (weight.shape, weight.t().shape):
-            casts[-1].append(t)
-        return t
     x = torch.randint(0, LLAMA.vocab_size, (2, 12))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            casts.append([])
-            first = m(x)
-        worker = threading.Thread(target=lambda: first.float().sum().backward())
-        worker.start()
-        worker.join()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            casts.append([])
-            m(x)
-    before = {t.untyped_storage().data_ptr() for t in casts[0]}
-    after = {t.untyped_storage().data_ptr() for t in casts[1]}
+    before, after = _casts_around_threaded_backward(
+        lambda: m(x),
+        lambda t: t.dtype == torch.bfloat16 and t.shape in (weight.shape, weight.t().shape))
     assert before and before == after
     assert weight.grad is not None
 
@@ -132,37 +141,19 @@ def test_torch_checkpoint_clears_the_cast_cache_from_the_backward_thread():
     CUDA's autograd engine does) clears autocast's cache, so the next forward saves a new
     cast of the same weight; without it the cast is reused. Should torch stop doing this,
     the test fails and _RecomputedCore can go."""
-    import threading
-
     from torch.utils.checkpoint import checkpoint
 
     lin1, lin2 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
 
-    def forward(x, selective):
-        a = lin1(x)
+    def forward(selective):
+        a = lin1(torch.randn(4, 16, requires_grad=True))
         b = checkpoint(torch.relu, a, use_reentrant=False) if selective else torch.relu(a)
         return lin2(b)
 
-    def casts_saved(selective):
-        seen: list[list] = []    # the casts themselves: no address is freed and reused
+    def is_cast(t):
+        return t.dtype == torch.bfloat16 and tuple(t.shape) == (16, 16)
 
-        def pack(t):
-            if t.dtype == torch.bfloat16 and tuple(t.shape) == (16, 16):
-                seen[-1].append(t)
-            return t
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                seen.append([])
-                first = forward(torch.randn(4, 16, requires_grad=True), selective)
-            worker = threading.Thread(target=lambda: first.sum().backward())
-            worker.start()
-            worker.join()
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                seen.append([])
-                forward(torch.randn(4, 16, requires_grad=True), selective)
-        return [{t.untyped_storage().data_ptr() for t in casts} for casts in seen]
-
-    before, after = casts_saved(selective=False)
+    before, after = _casts_around_threaded_backward(lambda: forward(False), is_cast)
     assert before and before == after
-    before, after = casts_saved(selective=True)
+    before, after = _casts_around_threaded_backward(lambda: forward(True), is_cast)
     assert before and after and not before & after
