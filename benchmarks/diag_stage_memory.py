@@ -14,7 +14,14 @@ each (printed as allocated/peak GiB), and per rank where the step's peak was.
 (spawns ``torchrun`` per layout; CUDA only; ``--cpu`` checks the script on gloo, where the
 allocator numbers are all zero). ``--snapshot`` also records every allocation with its Python
 stack and writes, per rank, what was alive at the peak grouped by allocation site
-(``benchmarks/memory_peak.py``; the tensors a memory prediction missed).
+(``benchmarks/memory_peak.py``; the tensors a memory prediction missed), and the life of
+every block of ``--block-mib`` or more as ``step:phase..step:phase`` (allocated before that
+phase ended .. free requested before that one ended; S = the step's start, L = a
+micro-batch's loss). ``--steps N`` runs N measured steps after the warm-up and reports the
+peak of each; ``--settle-s`` pauses after every step (what a pause frees)::
+
+    python benchmarks/diag_stage_memory.py --set pair12 --only x10 --snapshot --steps 2 \
+        --out $OUT/ddp_mem
 """
 from __future__ import annotations
 
@@ -32,20 +39,50 @@ _ACTIONS = {"forward_one_chunk": "F", "backward_one_chunk": "B",
             "backward_weight_one_chunk": "W"}
 
 
-def _record(log: list, device, fn, tag: str, stage: int = -1, mb: int = -1):
-    """Call ``fn`` and log allocated memory after it and the peak inside it."""
+class Recorder:
+    """The rank's log: allocated memory after each wrapped call and the peak inside it, and
+    a plain entry at each step's start (action ``S``, ``mb`` = step index). With
+    ``trace_marks`` every entry is also followed by a marker allocation
+    (:func:`_mark_trace`), so that ``memory_peak.block_lifetimes`` can place the trace's
+    large blocks in these phases."""
+
+    def __init__(self, device, trace_marks: bool = False):
+        self.device, self.trace_marks = device, trace_marks
+        self.log: list[dict] = []
+
+    def _append(self, action: str, stage: int, mb: int) -> None:
+        import torch
+        cuda = self.device.type == "cuda"
+        self.log.append({"stage": stage, "action": action, "mb": mb,
+                         "allocated": float(torch.cuda.memory_allocated(self.device)) if cuda
+                         else 0.0,
+                         "peak": float(torch.cuda.max_memory_allocated(self.device)) if cuda
+                         else 0.0})
+        if self.trace_marks:
+            _mark_trace(self.device)
+
+    def record(self, fn, tag: str, stage: int = -1, mb: int = -1):
+        """Call ``fn`` and log allocated memory after it and the peak inside it."""
+        import torch
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        out = fn()
+        self._append(tag, stage, mb)
+        return out
+
+    def note(self, action: str, mb: int = -1) -> None:
+        """Log allocated memory now and the running peak, without resetting it."""
+        self._append(action, -1, mb)
+
+
+def _mark_trace(device) -> None:
+    """One tiny allocation whose frame name ``memory_peak.MARKER`` finds in the trace."""
     import torch
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    out = fn()
-    log.append({"stage": stage, "action": tag, "mb": mb,
-                "allocated": float(torch.cuda.memory_allocated(device)) if cuda else 0.0,
-                "peak": float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0})
-    return out
+    mark = torch.empty(512, dtype=torch.uint8, device=device)
+    del mark
 
 
-def _patch_stage(log: list, device) -> None:
+def _patch_stage(rec: Recorder) -> None:
     """Wrap the stage's F / B (I: input gradient only) / W calls."""
     from torch.distributed.pipelining import stage as st
 
@@ -55,35 +92,63 @@ def _patch_stage(log: list, device) -> None:
         def inner(self, chunk_id, *args, **kwargs):
             full = kwargs.get("full_backward", True)
             tag = kind if kind != "B" or full else "I"
-            return _record(log, device, lambda: orig(self, chunk_id, *args, **kwargs), tag,
-                           self.stage_index, int(chunk_id))
+            return rec.record(lambda: orig(self, chunk_id, *args, **kwargs), tag,
+                              self.stage_index, int(chunk_id))
         setattr(st._PipelineStageBase, name, inner)
 
     for name, kind in _ACTIONS.items():
         wrap(name, kind)
 
 
-def _patch_trainer(log: list, device) -> None:
+def _patch_trainer(rec: Recorder, settle_s: float = 0.0) -> None:
     """Wrap the executor's step phases: FB (a pp = 1 step's forwards and backwards), G
-    (gradient averaging after them or the schedule) and O (the optimizer step)."""
+    (gradient averaging after them or the schedule) and O (the optimizer step); log each
+    step's start (S) and each loss computed (L, numbered through the run), and with ``settle_s`` > 0 let the GPU finish and the host wait that long
+    after every step (an experiment: what a pause between steps frees)."""
+    import time
+
+    import torch
+
     from meshplan.executor import parallelize as par
 
     def wrap(name, tag):
         orig = getattr(par.ParallelTrainer, name)
 
         def inner(self, *args, **kwargs):
-            return _record(log, device, lambda: orig(self, *args, **kwargs), tag)
+            return rec.record(lambda: orig(self, *args, **kwargs), tag)
         setattr(par.ParallelTrainer, name, inner)
 
     # (not the pipeline schedule as a whole: its actions reset the peak counter inside it)
     for name, tag in (("_step_local", "FB"), ("_finish_grads", "G")):
         wrap(name, tag)
+    step = par.ParallelTrainer.step
+    loss_fn = par.ParallelTrainer.loss_fn
+    count = [0]
+    losses = [0]
+
+    def loss_logged(self, *args, **kwargs):   # L: a micro-batch's forward ended
+        out = loss_fn(self, *args, **kwargs)
+        rec.note("L", losses[0])
+        losses[0] += 1
+        return out
+    par.ParallelTrainer.loss_fn = loss_logged
+
+    def step_logged(self, *args, **kwargs):
+        rec.note("S", count[0])
+        count[0] += 1
+        out = step(self, *args, **kwargs)
+        if settle_s > 0:
+            if rec.device.type == "cuda":
+                torch.cuda.synchronize(rec.device)
+            time.sleep(settle_s)
+        return out
+    par.ParallelTrainer.step = step_logged
     build = par.build_optimizer
 
     def build_logged(*args, **kwargs):
         opt = build(*args, **kwargs)
-        step = opt.step
-        opt.step = lambda *a, **k: _record(log, device, lambda: step(*a, **k), "O")
+        opt_step = opt.step
+        opt.step = lambda *a, **k: rec.record(lambda: opt_step(*a, **k), "O")
         return opt
     par.build_optimizer = build_logged
 
@@ -96,21 +161,23 @@ def worker(args) -> int:
     rank = int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if not args.cpu else torch.device("cpu")
-    log: list = []
-    _patch_stage(log, device)
-    _patch_trainer(log, device)
     snapshot = args.snapshot and device.type == "cuda"
+    rec = Recorder(device, trace_marks=snapshot)
+    _patch_stage(rec)
+    _patch_trainer(rec, args.settle_s)
     if snapshot:   # before the model exists, so that every block's allocation is traced
         torch.cuda.memory._record_memory_history(context="alloc", stacks="python",
                                                  max_entries=4_000_000, device=device)
     rc = executor_run.main(["--plan", str(args.plan), "--out", str(args.out / "results.json"),
-                            "--steps", "1", "--warmup", "1",
+                            "--steps", str(args.steps), "--warmup", "1",
                             "--device", "cpu" if args.cpu else "cuda"])
-    (args.out / f"mem_rank{rank}.json").write_text(json.dumps(log))
+    (args.out / f"mem_rank{rank}.json").write_text(json.dumps(rec.log))
     if snapshot:
-        from memory_peak import peak_live_set
+        from memory_peak import block_lifetimes, peak_live_set
         traces = torch.cuda.memory._snapshot(device)["device_traces"]
-        peak = peak_live_set(traces[device.index] if len(traces) > device.index else [])
+        events = traces[device.index] if len(traces) > device.index else []
+        peak = peak_live_set(events)
+        peak["blocks"] = block_lifetimes(events, args.block_mib << 20)
         (args.out / f"peak_rank{rank}.json").write_text(json.dumps(peak, indent=1))
         torch.cuda.memory._record_memory_history(enabled=None)
     return rc
@@ -121,6 +188,31 @@ def _tag(entry: dict) -> str:
     return entry["action"] + (str(entry["mb"]) if entry["mb"] >= 0 else "")
 
 
+def _steps(log: list) -> list[list]:
+    """The log split at its step starts (``S`` entries); a log without them (older runs:
+    one warm-up and one measured step) is split in half."""
+    if not any(e["action"] == "S" for e in log):
+        return [log[:len(log) // 2], log[len(log) // 2:]]
+    steps: list[list] = []
+    for e in log:
+        if e["action"] == "S":
+            steps.append([])
+        elif steps:
+            steps[-1].append(e)
+    return steps
+
+
+def _mark_label(log: list, mark: int | None) -> str:
+    """Where ``mark`` markers had been made: in (or before) log entry ``mark``, as
+    ``step:tag`` (``end``: after the last entry, ``never``: not freed)."""
+    if mark is None:
+        return "never"
+    if mark >= len(log):
+        return "end"
+    step = sum(1 for e in log[:mark + 1] if e["action"] == "S") - 1
+    return f"{step}:{_tag(log[mark])}"
+
+
 def summarize(out: Path, prediction: dict) -> dict:
     """Per rank: the last step's actions with allocated GiB, and the peak action."""
     ranks = {}
@@ -128,18 +220,27 @@ def summarize(out: Path, prediction: dict) -> dict:
     for f in sorted(out.glob("mem_rank*.json")):
         r = int(f.stem.removeprefix("mem_rank"))
         log = json.loads(f.read_text())
-        step = log[len(log) // 2:]       # warm-up + 1 measured step: keep the second half
+        steps = _steps(log)
+        step = steps[-1] if steps else []
+        peaks = [max((e["peak"] for e in s), default=0.0) / 2**30 for s in steps]
         peak = max(step, key=lambda e: e["peak"], default=None)
         ranks[r] = {"actions": " ".join(f"{_tag(e)}:{e['allocated'] / 2**30:.1f}/"
                                         f"{e['peak'] / 2**30:.1f}" for e in step),
                     "peak_gib": peak["peak"] / 2**30 if peak else None,
                     "peak_at": _tag(peak) if peak else None}
+        if len(steps) > 2:
+            ranks[r]["peak_gib_by_step"] = [round(p, 3) for p in peaks]
         sites = out / f"peak_rank{r}.json"
         if sites.exists():   # --snapshot: the largest allocation sites alive at the peak
             live = json.loads(sites.read_text())
             ranks[r]["live_at_peak"] = [f"{s['bytes'] / 2**30:.3f} GiB x{s['blocks']} {s['site']}"
                                         for s in live["sites"][:12]]
             ranks[r]["trace_complete"] = live["complete"]
+            ranks[r]["large_blocks"] = [
+                f"{b['bytes'] / 2**30:.3f} GiB {_mark_label(log, b['alloc_mark'])}"
+                f"..{_mark_label(log, b['free_mark'])} {b['site']}"
+                + (f" / freed by {b['free_site']}" if b["free_site"] else "")
+                for b in live.get("blocks", [])]
     return {"ranks": ranks, "predicted_gib": [b / 2**30 for b in per_rank_pred]}
 
 
@@ -153,6 +254,12 @@ def main(argv=None) -> int:
     p.add_argument("--snapshot", action="store_true",
                    help="record allocations with their Python stacks (CUDA) and report what "
                         "is alive at each rank's peak, by allocation site")
+    p.add_argument("--steps", type=int, default=1,
+                   help="measured steps after the one warm-up step [1]")
+    p.add_argument("--settle-s", type=float, default=0.0,
+                   help="experiment: synchronize and sleep this long after every step [0]")
+    p.add_argument("--block-mib", type=int, default=256,
+                   help="--snapshot: follow blocks of at least this many MiB [256]")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -189,7 +296,8 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={layout.num_gpus}", __file__, "--worker", "--plan", str(plan),
                "--out", str(d), *(["--cpu"] if args.cpu else []),
-               *(["--snapshot"] if args.snapshot else [])]
+               *(["--snapshot"] if args.snapshot else []), "--steps", str(args.steps),
+               "--settle-s", str(args.settle_s), "--block-mib", str(args.block_mib)]
         with (d / "log.txt").open("w") as log:
             subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300)
         prediction = json.loads(plan.read_text()).get("prediction", {})

@@ -14,6 +14,13 @@ of a prediction can be traced to the tensors it missed::
 A trace that does not start before the first allocation (the ring buffer overflowed, or
 recording began late) misses blocks allocated earlier; ``complete`` is then False and the
 figures are only what the trace saw.
+
+:func:`block_lifetimes` follows the large blocks instead: when each was allocated and when
+its free was requested, counted in *markers* — tiny allocations made by a function named
+:data:`MARKER` (``diag_stage_memory.py`` makes one after every step phase it logs), so that
+a block can be placed in the step's phases without clock time in the trace. A free made on
+a thread with no Python frames (the autograd engine's device thread, the NCCL watchdog)
+has no site: ``"(no Python frame)"``.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 _ALLOC = "alloc"
 _FREES = ("free_completed",)
+MARKER = "_mark_trace"
 
 
 def site(frames: Sequence[Mapping[str, Any]]) -> str:
@@ -83,4 +91,37 @@ def peak_live_set(events: Iterable[Mapping[str, Any]], top: int = 25) -> dict[st
             "sites": sites[:top]}
 
 
-__all__ = ["peak_live_set", "site"]
+def _is_marker(e: Mapping[str, Any]) -> bool:
+    return any(f.get("name") == MARKER for f in e.get("frames", ()))
+
+
+def block_lifetimes(events: Iterable[Mapping[str, Any]],
+                    min_bytes: int) -> list[dict[str, Any]]:
+    """Every block of at least ``min_bytes`` in the trace, in allocation order:
+    ``{"bytes", "site", "alloc_mark", "free_mark", "free_site"}``. ``alloc_mark`` /
+    ``free_mark`` count the :data:`MARKER` allocations before the block's allocation / its
+    free request (``None``: never freed in the trace)."""
+    marks = 0
+    open_blocks: dict[int, dict[str, Any]] = {}
+    done: list[tuple[int, dict[str, Any]]] = []
+    for i, e in enumerate(events):
+        act = e.get("action")
+        if act == _ALLOC:
+            if _is_marker(e):
+                marks += 1
+            elif int(e["size"]) >= min_bytes:
+                open_blocks[e["addr"]] = {"bytes": int(e["size"]),
+                                          "site": site(e.get("frames", ())),
+                                          "alloc_mark": marks, "free_mark": None,
+                                          "free_site": None, "_i": i}
+        elif act == "free_requested" and e.get("addr") in open_blocks:
+            rec = open_blocks.pop(e["addr"])
+            frames = e.get("frames", ())
+            rec["free_mark"] = marks
+            rec["free_site"] = site(frames) if frames else "(no Python frame)"
+            done.append((rec.pop("_i"), rec))
+    done += [(rec.pop("_i"), rec) for rec in open_blocks.values()]
+    return [rec for _, rec in sorted(done, key=lambda t: t[0])]
+
+
+__all__ = ["MARKER", "block_lifetimes", "peak_live_set", "site"]

@@ -32,6 +32,28 @@ def test_stage_memory_summary_keeps_the_measured_step_and_its_peak(load_benchmar
     assert rank["trace_complete"] is True
 
 
+def test_stage_memory_summary_splits_steps_and_names_block_lifetimes(load_benchmark,
+                                                                    tmp_path):
+    tool = load_benchmark("diag_stage_memory")
+    step = [("L", -1, 5.0, 6.0), ("FB", -1, 4.0, 9.0), ("O", -1, 4.0, 5.0)]
+    log = [("S", 0, 1.0, 1.0)] + step + [("S", 1, 4.0, 5.0)] + step[:1] + [
+        ("FB", -1, 4.0, 12.0), ("O", -1, 4.0, 5.0), ("S", 2, 4.0, 5.0)] + step
+    _write_log(tmp_path / "mem_rank0.json", log)
+    (tmp_path / "peak_rank0.json").write_text(json.dumps({
+        "peak_bytes": 1, "complete": True, "events": 3, "sites": [],
+        "blocks": [{"bytes": 2**30, "site": "a.py:1 wrap", "alloc_mark": 0, "free_mark": 6,
+                    "free_site": "(no Python frame)"},
+                   {"bytes": 2**29, "site": "b.py:2 fwd", "alloc_mark": 5, "free_mark": None,
+                    "free_site": None}]}))
+    rank = tool.summarize(tmp_path, {})["ranks"][0]
+    assert rank["actions"] == "L:5.0/6.0 FB:4.0/9.0 O:4.0/5.0"    # the last step only
+    assert rank["peak_gib_by_step"] == pytest.approx([9.0, 12.0, 9.0])
+    # marks count entries done: mark 0 = before step 0 began, 6 = before step 1's FB ended
+    assert rank["large_blocks"] == [
+        "1.000 GiB 0:S0..1:FB a.py:1 wrap / freed by (no Python frame)",
+        "0.500 GiB 1:L..never b.py:2 fwd"]
+
+
 def _accuracy_doc(names, **meta):
     base = {"gpu_name": "NVIDIA H200", "nproc": 4, "job": {"global_batch": 64},
             "profile": "p.toml", "device": "cuda", "date": "2026-11-26", "command": "run"}

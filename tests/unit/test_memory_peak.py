@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from memory_peak import peak_live_set, site  # noqa: E402
+from memory_peak import MARKER, block_lifetimes, peak_live_set, site  # noqa: E402
 
 MP = "/x/site-packages/meshplan/executor/model.py"
 TORCH = "/x/site-packages/torch/nn/modules/linear.py"
@@ -42,3 +42,27 @@ def test_site_falls_back_to_the_first_frame_outside_torch():
                  {"filename": "/w/bench.py", "line": 7, "name": "b"}]) == "/w/bench.py:7 b"
     assert site([{"filename": TORCH, "line": 1, "name": "a"}]) == "torch/nn/modules/linear.py:1 a"
     assert site([]) == "?"
+
+
+def _mark():
+    return {"action": "alloc", "addr": 999, "size": 512,
+            "frames": [{"filename": "/w/benchmarks/diag_stage_memory.py", "line": 5,
+                        "name": MARKER}]}
+
+
+def _req(addr, frames=()):
+    return {"action": "free_requested", "addr": addr, "frames": list(frames)}
+
+
+def test_block_lifetimes_place_large_blocks_between_markers():
+    py = [{"filename": MP, "line": 70, "name": "step"}]
+    ev = [_a(1, 4096, "bucket", 56), _mark(), _a(2, 100, "small"), _mark(),
+          _a(3, 8192, "rebuilt", 170), _req(1), _f(1), _mark(), _req(3, py), _f(3),
+          _a(4, 2048, "never")]
+    got = block_lifetimes(ev, min_bytes=1024)
+    assert [(b["bytes"], b["alloc_mark"], b["free_mark"]) for b in got] == [
+        (4096, 0, 2), (8192, 2, 3), (2048, 3, None)]
+    # a free with no Python frame came from a C++ thread (autograd engine, NCCL watchdog)
+    assert got[0]["free_site"] == "(no Python frame)"
+    assert got[1]["free_site"] == "meshplan/executor/model.py:70 step"
+    assert got[2]["site"] == "meshplan/executor/model.py:1 never" and got[2]["free_site"] is None
