@@ -170,7 +170,8 @@ def worker(args) -> int:
                                                  max_entries=4_000_000, device=device)
     rc = executor_run.main(["--plan", str(args.plan), "--out", str(args.out / "results.json"),
                             "--steps", str(args.steps), "--warmup", "1",
-                            "--device", "cpu" if args.cpu else "cuda"])
+                            "--device", "cpu" if args.cpu else "cuda",
+                            *args.executor_arg])
     (args.out / f"mem_rank{rank}.json").write_text(json.dumps(rec.log))
     if snapshot:
         from memory_peak import block_lifetimes, peak_live_set
@@ -260,6 +261,9 @@ def main(argv=None) -> int:
                    help="experiment: synchronize and sleep this long after every step [0]")
     p.add_argument("--block-mib", type=int, default=256,
                    help="--snapshot: follow blocks of at least this many MiB [256]")
+    p.add_argument("--executor-arg", action="append", default=[],
+                   help="passed on to the executor (repeat; e.g. "
+                        "--executor-arg=--first-step-settle-s=0)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -297,7 +301,8 @@ def main(argv=None) -> int:
                f"--nproc-per-node={layout.num_gpus}", __file__, "--worker", "--plan", str(plan),
                "--out", str(d), *(["--cpu"] if args.cpu else []),
                *(["--snapshot"] if args.snapshot else []), "--steps", str(args.steps),
-               "--settle-s", str(args.settle_s), "--block-mib", str(args.block_mib)]
+               "--settle-s", str(args.settle_s), "--block-mib", str(args.block_mib),
+               *(f"--executor-arg={a}" for a in args.executor_arg)]
         with (d / "log.txt").open("w") as log:
             subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300)
         prediction = json.loads(plan.read_text()).get("prediction", {})
