@@ -100,7 +100,37 @@ def _patch_stage(rec: Recorder) -> None:
         wrap(name, kind)
 
 
-def _patch_trainer(rec: Recorder, settle_s: float = 0.0) -> None:
+def _garbage_report(path: Path) -> None:
+    """Collect Python's cyclic garbage, keeping it (``gc.DEBUG_SAVEALL``), and write what
+    it held: object counts by type, the tensors in it (shape, dtype, bytes) and the code of
+    its frames — what a reference cycle was keeping alive."""
+    import gc
+    from collections import Counter
+
+    import torch
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        garbage = list(gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(flags)
+    types = Counter(type(o).__name__ for o in garbage)
+    tensors = [o for o in garbage if isinstance(o, torch.Tensor)]
+    frames = Counter(f"{o.f_code.co_filename.split('site-packages/')[-1]}:{o.f_code.co_name}"
+                     for o in garbage if type(o).__name__ == "frame")
+    path.write_text(json.dumps({
+        "collected": found, "types": types.most_common(30),
+        "tensor_bytes": sum(t.untyped_storage().nbytes() for t in tensors),
+        "tensors": sorted(([list(t.shape), str(t.dtype), t.untyped_storage().nbytes(),
+                            str(t.device)] for t in tensors), key=lambda r: -r[2])[:40],
+        "frames": frames.most_common(40)}, indent=1))
+    del garbage, tensors
+
+
+def _patch_trainer(rec: Recorder, settle_s: float = 0.0,
+                   garbage_report: Path | None = None) -> None:
     """Wrap the executor's step phases: FB (a pp = 1 step's forwards and backwards), G
     (gradient averaging after them or the schedule) and O (the optimizer step); log each
     step's start (S) and each loss computed (L, numbered through the run), and with ``settle_s`` > 0 let the GPU finish and the host wait that long
@@ -137,6 +167,8 @@ def _patch_trainer(rec: Recorder, settle_s: float = 0.0) -> None:
         rec.note("S", count[0])
         count[0] += 1
         out = step(self, *args, **kwargs)
+        if garbage_report is not None and count[0] == 1:
+            _garbage_report(garbage_report)
         if settle_s > 0:
             if rec.device.type == "cuda":
                 torch.cuda.synchronize(rec.device)
@@ -164,12 +196,13 @@ def worker(args) -> int:
     snapshot = args.snapshot and device.type == "cuda"
     rec = Recorder(device, trace_marks=snapshot)
     _patch_stage(rec)
-    _patch_trainer(rec, args.settle_s)
+    _patch_trainer(rec, args.settle_s,
+                   args.out / f"garbage_rank{rank}.json" if args.garbage_report else None)
     if snapshot:   # before the model exists, so that every block's allocation is traced
         torch.cuda.memory._record_memory_history(context="alloc", stacks="python",
                                                  max_entries=4_000_000, device=device)
     rc = executor_run.main(["--plan", str(args.plan), "--out", str(args.out / "results.json"),
-                            "--steps", str(args.steps), "--warmup", "1",
+                            "--steps", str(args.steps), "--warmup", str(args.warmup),
                             "--device", "cpu" if args.cpu else "cuda",
                             *args.executor_arg])
     (args.out / f"mem_rank{rank}.json").write_text(json.dumps(rec.log))
@@ -257,6 +290,10 @@ def main(argv=None) -> int:
                         "is alive at each rank's peak, by allocation site")
     p.add_argument("--steps", type=int, default=1,
                    help="measured steps after the one warm-up step [1]")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps [1]")
+    p.add_argument("--garbage-report", action="store_true",
+                   help="after the first step, collect Python's cyclic garbage and report "
+                        "what it held (garbage_rank*.json)")
     p.add_argument("--settle-s", type=float, default=0.0,
                    help="experiment: synchronize and sleep this long after every step [0]")
     p.add_argument("--block-mib", type=int, default=256,
@@ -302,6 +339,8 @@ def main(argv=None) -> int:
                "--out", str(d), *(["--cpu"] if args.cpu else []),
                *(["--snapshot"] if args.snapshot else []), "--steps", str(args.steps),
                "--settle-s", str(args.settle_s), "--block-mib", str(args.block_mib),
+               "--warmup", str(args.warmup),
+               *(["--garbage-report"] if args.garbage_report else []),
                *(f"--executor-arg={a}" for a in args.executor_arg)]
         with (d / "log.txt").open("w") as log:
             subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300)

@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gc-period", type=int, default=DEFAULT_GC_PERIOD_STEPS,
                    help=f"steps between collections with --gc manual [{DEFAULT_GC_PERIOD_STEPS}]")
     p.add_argument("--first-step-settle-s", type=float, default=FIRST_STEP_SETTLE_S,
-                   help="after the first step, wait for the GPU and then this long, so that "
-                        "NCCL releases that step's buffers before the second step allocates "
-                        "(see settle_after_first_step); 0 turns it off "
+                   help="after the first step, collect Python garbage, wait for the GPU and "
+                        "then this long, so that nothing of that step's is held when the "
+                        "second one allocates (see settle_after_first_step); 0 turns it off "
                         f"[{FIRST_STEP_SETTLE_S}]")
     return p
 
@@ -76,26 +76,29 @@ FIRST_STEP_SETTLE_S = 0.25
 
 
 def settle_after_first_step(device, seconds: float) -> None:
-    """Let the GPU finish the first step, then give NCCL's watchdog time to drop it.
+    """After the first step: collect Python's cyclic garbage, let the GPU finish, wait.
 
-    Why: DDP's first step reduces all gradients as one bucket (torch builds its real buckets
-    only from the second step, ``Reducer::_rebuild_buckets`` at that step's first forward,
-    and frees the first bucket then). ProcessGroupNCCL keeps an asynchronous collective's
-    tensors alive until the collective is waited on or its watchdog, which wakes every
-    100 ms, sees it complete (torch PR #148590; DDP only waits on the future). When the host
-    runs ahead of the GPU into the second step, the first bucket — one fp32 copy of every
-    gradient, 6.1 GiB for a 1.6B-parameter model — is therefore still held while that step
-    reaches its peak, on whichever ranks ran far enough ahead: measured on 42 of 52 ranks of
-    the DDP layouts over tp = 1 run in rounds 1-8 (``ddp_keeps_old_buckets``), on none in
-    round 13's traced runs, whose allocation recording slowed the host down. Waiting once,
-    in the warm-up, makes the peak the same on every rank and a bucket lower."""
+    Why: DDP's first step reduces all gradients as one bucket; torch builds its real
+    buckets only at the second step's first forward (``Reducer::_rebuild_buckets``) and
+    the first bucket — one fp32 copy of every gradient, 6.1 GiB for a 1.6B-parameter model —
+    should be freed then. On 42 of the 52 ranks of the DDP layouts over tp = 1 measured in
+    rounds 1-8 it was not, and that rank's peak held both (``ddp_keeps_old_buckets``); on
+    round 13's diagnostic runs, which collect garbage before the second step, no rank did.
+    What else may hold it past the rebuild: a reference cycle made in the first step (freed
+    only by the cyclic collector, which the executor's ``--gc manual`` stops after the
+    warm-up), or ProcessGroupNCCL, which keeps an asynchronous collective's tensors until
+    it is waited on or its watchdog (every 100 ms) sees it complete (torch PR #148590).
+    This settles both, once, in the warm-up."""
+    import gc
     import time
 
     import torch
-    if seconds <= 0 or device.type != "cuda":
+    if seconds <= 0:
         return
-    torch.cuda.synchronize(device)
-    time.sleep(seconds)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        time.sleep(seconds)
 
 
 def _log(msg: str) -> None:
