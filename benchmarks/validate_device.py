@@ -496,6 +496,22 @@ PAIR12_LAYOUTS = [
     ("x15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble")),
     ("x16", LLAMA_16B, L(pp=2, micro_batch=4, schedule="gpipe", recompute="full")),
 ]
+# "ddp13" (round 13, 2 GPUs; again no 4-GPU machine lent): DDP (ZeRO-0/1, dp 2, tp 1), the
+# layouts whose peak held DDP's first-step bucket on some ranks only. The executor now waits
+# once after the first step (executor.run.settle_after_first_step) and the model no longer
+# counts that bucket; these hold out both: both models, ZeRO-0 and -1, 1 to 16 micro-batches,
+# the three recompute modes. Committed before the run; memory <= 65 GiB predicted with
+# profile_h100x2_round12.toml.
+DDP13_LAYOUTS = [
+    ("d01", GPT_05B, L(dp=2, micro_batch=16, recompute="full")),
+    ("d02", GPT_05B, L(dp=2, micro_batch=4)),
+    ("d03", GPT_05B, L(dp=2, micro_batch=2, zero=1, recompute="full")),
+    ("d04", GPT_05B, L(dp=2, micro_batch=8, recompute="selective")),
+    ("d05", LLAMA_16B, L(dp=2, micro_batch=2, recompute="full")),
+    ("d06", LLAMA_16B, L(dp=2, micro_batch=1, zero=1, recompute="full")),
+    ("d07", LLAMA_16B, L(dp=2, micro_batch=16, zero=1, recompute="full")),
+    ("d08", LLAMA_16B, L(dp=2, micro_batch=4, recompute="selective")),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
@@ -507,14 +523,15 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout12": HOLDOUT12_LAYOUTS,
         "holdout13": HOLDOUT13_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
-        "pair12": PAIR12_LAYOUTS,
+        "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4, "casts2": JOB2, "pair12": JOB2}
-SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2}  # the other sets use 4
+            "holdout13": JOB4, "casts2": JOB2, "pair12": JOB2,
+            "ddp13": JOB2}
+SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2}  # the other sets use 4
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)

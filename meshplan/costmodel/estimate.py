@@ -107,27 +107,6 @@ def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
     return torch_ddp(job, layout) and microbatches > 1
 
 
-def ddp_keeps_old_buckets(job: Job, layout: Layout) -> bool:
-    """DDP (:func:`torch_ddp`) over unsplit layers (tp = 1):
-    from the second step on, a rank holds one more fp32 gradient-sized buffer.
-
-    Measured, not explained by a trace: in the 15 such layouts run on GPUs (rounds 1-8,
-    GPT-0.54B and Llama-1.64B, ZeRO-0 and -1, 2 and 4 ranks, 2-16 micro-batches) 42 of 52
-    ranks peaked one fp32 copy of the parameters (2.0 GiB GPT, 6.1 GiB Llama) above the rest
-    of the model, reached at step 2 (the step that also first holds the optimizer states);
-    the other ranks peaked without the copy. No rank of the 5 DDP layouts over
-    tp = 2 did. DDP rebuilds its gradient buckets at the start of the second iteration and
-    may allocate the new buckets before releasing the old ones (torch PR #44326, review);
-    old buckets still referenced on some ranks would fit both the size and the rank-to-rank
-    difference. Round 9's memory snapshot of Llama dp4 ZeRO-1 (s09; all four ranks held the
-    copy in that run, 34.31 GiB against 34.28 predicted, while rank 1 had not in the
-    validate run minutes before) names DDP's bucket and the no_sync gradients at the peak,
-    beside 8.1 GiB in 150 blocks allocated before the recording began, so the copy's owner
-    is still not named. The model counts the copy on every rank: the worst rank sets what
-    fits."""
-    return torch_ddp(job, layout) and layout.tp == 1
-
-
 def pipeline_recv_buffers(job: Job, layout: Layout, microbatches: int, hidden_size: int,
                           inflight: tuple[float, ...]) -> tuple[float, ...]:
     """Per pipeline rank (runtime "torch"): the receive buffers torch.distributed.pipelining
@@ -506,7 +485,7 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
     ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
     all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies``: fp32
-    gradient copies (:func:`ddp_accumulates`, :func:`ddp_keeps_old_buckets`).
+    gradient copies (:func:`ddp_accumulates`).
     """
     m = num_microbatches
     per = state_bytes_per_param(job)
@@ -769,7 +748,7 @@ class LayerTables:
     logits_bytes: float            # logits held on the last rank (all in-flight ones for GPipe)
     recompute_buf_bytes: float     # working memory of a layer's backward (re-materialized layer)
     output_peak_bytes: float = 0.0  # the output layer's working memory (part of logits_bytes)
-    grad_copies: int = 1            # + 1 where ddp_accumulates, + 1 where ddp_keeps_old_buckets
+    grad_copies: int = 1            # + 1 where ddp_accumulates
     # zero-bubble: a layer's weight-pass CPU dispatch (part of cpu_layer_s; 0: not timed apart)
     cpu_wgrad_layer_s: float = 0.0
     recv_buffers: tuple[float, ...] = ()   # per rank: receive buffers + kept stage outputs
@@ -1134,7 +1113,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     m = layout.num_microbatches(job.global_batch)
     last_rank = (pp * v - 1) % pp
     inflight = _inflight_table(layout.schedule, pp, v, m)
-    grad_copies = 1 + ddp_accumulates(job, layout, m) + ddp_keeps_old_buckets(job, layout)
+    grad_copies = 1 + ddp_accumulates(job, layout, m)
     pending = zero_bubble_pending_w(job, layout, m)
     copy_b = compute_weight_bytes_per_param(job)    # 16-bit compute copies (runtime torch)
     per = state_bytes_per_param(job)

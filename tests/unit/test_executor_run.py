@@ -89,6 +89,30 @@ def test_bad_gc_period_is_refused(tmp_path, capsys):
     assert "--gc-period must be >= 1 step, got 0" in capsys.readouterr().err
 
 
+def test_bad_first_step_settle_is_refused(tmp_path, capsys):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
+    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(tmp_path / "r.json"),
+               "--first-step-settle-s", "-1"])
+    assert rc == EXIT_BAD_INPUT
+    assert "--first-step-settle-s must be between 0 and 60 s, got -1.0" in capsys.readouterr().err
+
+
+def test_first_step_settle_waits_once_on_gpu_only(monkeypatch):
+    import time
+
+    import torch
+
+    from meshplan.executor.run import settle_after_first_step
+    calls = []
+    monkeypatch.setattr(time, "sleep", lambda s: calls.append(("sleep", s)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(("sync", d)))
+    settle_after_first_step(torch.device("cpu"), 0.25)       # CPU: nothing to wait for
+    settle_after_first_step(torch.device("cuda", 1), 0.0)    # turned off
+    assert calls == []
+    settle_after_first_step(torch.device("cuda", 1), 0.25)
+    assert calls == [("sync", torch.device("cuda", 1)), ("sleep", 0.25)]
+
+
 def test_gpu_family():
     assert gpu_family("H100-SXM5-80GB") == gpu_family("NVIDIA H100 80GB HBM3") == "H100"
     assert gpu_family("NVIDIA H200") != gpu_family("H100-SXM5-80GB")
