@@ -654,7 +654,8 @@ def main(argv=None) -> int:
                         "'holdout7' (round 7), 'holdout8' (after round 7's post-hoc "
                         "changes), 'holdout9' (round 8), 'holdout10' (after "
                         "round 8's post-hoc changes), 'holdout11' (round 10), 'holdout12' "
-                        "(after round 10) or "
+                        "(after round 10), 'holdout13' (after round 11), 'casts2' / "
+                        "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
