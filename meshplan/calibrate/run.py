@@ -64,10 +64,13 @@ def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
                       f"--base-gpu with one of {', '.join(builtin_gpu_names())}")
 
 
-def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: int = 0
-               ) -> dict[str, Any]:
+def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: int = 0,
+               host_probe_us: tuple[float, ...] = ()) -> dict[str, Any]:
     """Where and how the profile was measured. ``layer_rounds``: the rounds the layer tables
-    were measured in (0: no layer tables); ``time_budget_s`` only where one was given."""
+    were measured in (0: no layer tables); ``time_budget_s`` only where one was given;
+    ``host_probe_us``: rank 0's host dispatch probe (``executor.measure.
+    host_dispatch_probe_us``) at the start and the end of the calibration, the host speed
+    its CPU dispatch times were taken at."""
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
@@ -97,6 +100,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "split_timing": options.split_timing,
         "python_gc": "off while timing",
         "layer_rounds": layer_rounds,
+        **({"host_probe_us": [round(v, 3) for v in host_probe_us]} if host_probe_us else {}),
         **({"time_budget_s": float(options.time_budget_s)}
            if options.time_budget_s is not None else {}),
         "command": " ".join(sys.argv),
@@ -149,9 +153,12 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE
     from meshplan.hardware_profiles import builtin_gpu
 
+    from meshplan.executor.measure import host_dispatch_probe_us
+
     t_start = time.perf_counter()
     device, world = _init_distributed(options.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    probe_start_us = host_dispatch_probe_us(device)
     kind = device.type
     base = None
     if kind == "cuda":
@@ -263,8 +270,10 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     path = None
     if rank == 0:
         doc = build_profile(measurements=rows, base=base, device=kind,
-                            provenance=provenance(device, options, world,
-                                                  layer_rounds=layer_rounds),
+                            provenance=provenance(
+                                device, options, world, layer_rounds=layer_rounds,
+                                host_probe_us=(probe_start_us,
+                                               host_dispatch_probe_us(device))),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
         path = write_text_atomic(options.out, dumps(doc))

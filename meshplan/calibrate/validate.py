@@ -144,8 +144,11 @@ def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[
         rec.update(_run_one(model, cluster, job, layout, est, name, options))
         records.append(rec)
         m = rec.get("measured", {})
+        probes = [v for v in m.get("host_probe_us_per_rank") or [] if v is not None]
         msg = (f"predicted {est.step_time_s:.4f} s, measured {m['step_time_s']:.4f} s "
-               f"({rec['step_time_error_pct']:+.1f}%)" if rec["status"] == "ok"
+               f"({rec['step_time_error_pct']:+.1f}%)"
+               + (f", host probe {max(probes):.1f} us" if probes else "")
+               if rec["status"] == "ok"
                else f"{rec['status']}: {rec.get('error', '')[:200]}")
         options.log(f"[{i + 1}/{len(layouts)}] {name} {layout.short()}: {msg} "
                     f"[{rec.get('wall_s', 0):.0f} s]")
@@ -280,6 +283,8 @@ def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
             # per rank: its own median step and the CPU's wall time per step (diagnostics)
             "step_median_s_per_rank": [r.get("step_median_s") for r in ranks],
             "host_step_median_s_per_rank": [r.get("host_step_median_s") for r in ranks],
+            # the host's dispatch speed when the timed steps began (executor.measure)
+            "host_probe_us_per_rank": [r.get("host_probe_us") for r in ranks],
             "memory_per_rank_bytes": mem if len(mem) == nranks else [],
             "memory_peak_bytes": float(peak) if isinstance(peak, (int, float)) else None}
 

@@ -67,6 +67,30 @@ class StepTimer:
         return [e - s for s, e in self._pending]
 
 
+HOST_PROBE_CALLS = 20_000
+
+
+def host_dispatch_probe_us(device: torch.device, calls: int = HOST_PROBE_CALLS) -> float:
+    """The host's dispatch speed now: wall time per ``add_`` call on a one-element tensor
+    on ``device``, in µs, with the device idle before and after (about 0.2 s on a GPU host).
+
+    Why: layouts whose CPU dispatch sets the step are priced with CPU times calibrated
+    earlier, and on the lent VM hosts the CPU's speed moves between runs — this probe read
+    9.65 and 16.17 µs three minutes apart on one 2 × H100 host (round 13). Recording it
+    with every run (and in a calibrated profile's provenance) lets a host-bound miss be
+    compared with the host's speed at the time."""
+    x = torch.zeros(1, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    for _ in range(min(calls, 1000)):   # warm the dispatcher's caches
+        x.add_(1.0)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        x.add_(1.0)
+    sync(device)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def summarize(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -185,5 +209,5 @@ def format_table(measured: dict[str, Any], prediction: dict[str, Any],
     return "\n".join(lines)
 
 
-__all__ = ["StepTimer", "summarize", "peak_memory", "environment", "throughput", "error_pct",
+__all__ = ["StepTimer", "host_dispatch_probe_us", "summarize", "peak_memory", "environment", "throughput", "error_pct",
            "comparison", "format_table"]

@@ -246,8 +246,9 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
 
     from meshplan.executor.data import SyntheticTokens, TokenFile, local_share
     from meshplan.executor.data_parallel import OptimizerConfig
-    from meshplan.executor.measure import (StepTimer, environment, format_table, peak_memory,
-                                           summarize, throughput)
+    from meshplan.executor.measure import (StepTimer, environment, format_table,
+                                           host_dispatch_probe_us, peak_memory, summarize,
+                                           throughput)
     from meshplan.executor.mesh import build_mesh
     from meshplan.executor.parallelize import ParallelTrainer
 
@@ -329,6 +330,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         gc_policy = GcPolicy(args.gc, args.gc_period)
         losses = []
         peak_after_step: list[float] = []   # running peak: shows which step set it
+        host_probe_us = None                # the host's dispatch speed after the warm-up
         prof = None
         for step in range(steps_total):
             state["step"], state["phase"] = step, ("warm-up" if step < args.warmup else "measure")
@@ -337,6 +339,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             if args.profile and step == args.warmup:
                 prof = _start_profiler(device_type)
             if step == args.warmup:
+                host_probe_us = host_dispatch_probe_us(device)
                 gc_policy.begin_measure()
             if step >= args.warmup:
                 timer.start()
@@ -364,6 +367,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         mem = peak_memory(device)
         mine = {"rank": rank, "dp": groups.dp_rank, "pp": groups.pp_rank, "tp": groups.tp_rank,
                 "stages": trainer.stage_indices(), **mem, "peak_after_step": peak_after_step,
+                "host_probe_us": host_probe_us,
                 "gc": gc_policy.summary(),
                 # this rank's own median step and host dispatch time per step (rank 0's
                 # steps are the measurement; these show which rank's CPU kept up)

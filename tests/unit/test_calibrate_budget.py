@@ -129,6 +129,9 @@ def test_rounds_2_measures_the_layer_tables_twice(tmp_path, capsys):
     err = capsys.readouterr().err
     assert doc["provenance"]["layer_rounds"] == 2
     assert "time_budget_s" not in doc["provenance"]              # none given
+    # the host's dispatch speed at the start and the end (executor.measure)
+    probe = doc["provenance"]["host_probe_us"]
+    assert len(probe) == 2 and all(0 < v < 10_000 for v in probe)
     assert "round 2: layer tiny-llama" in err and "round 3:" not in err
     assert "from 2 of 2 rounds" in err
     assert doc["layers"] and all(r["forward_s"] > 0 for r in doc["layers"])

@@ -61,6 +61,7 @@ def test_one_process_run_writes_results(tmp_path, capsys):
     assert m["memory_per_rank"][0]["rank"] == 0
     r0 = m["memory_per_rank"][0]
     assert r0["step_median_s"] == pytest.approx(m["step_time_s"])
+    assert 0 < r0["host_probe_us"] < 10_000      # the host's dispatch speed after warm-up
     assert 0 < r0["host_step_median_s"] <= 1.5 * r0["step_median_s"]   # CPU: the same clock
     assert set(doc["errors_pct"]) == {"step_time_s", "tokens_per_s", "mfu", "memory_peak_bytes"}
     assert "step time" in capsys.readouterr().out
