@@ -82,20 +82,16 @@ def test_gc_period_collects_inside_timed_steps(tmp_path):
     assert g["gen1"]["count"] == 2 and g["gen0"]["count"] == 0   # at timed steps 2 and 4
 
 
-def test_bad_gc_period_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("flag,value,message", [
+    ("--gc-period", "0", "--gc-period must be >= 1 step, got 0"),
+    ("--first-step-settle-s", "-1", "--first-step-settle-s must be between 0 and 60 s, got -1.0"),
+])
+def test_bad_loop_options_are_refused(tmp_path, capsys, flag, value, message):
     plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
     rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(tmp_path / "r.json"),
-               "--gc-period", "0"])
+               flag, value])
     assert rc == EXIT_BAD_INPUT
-    assert "--gc-period must be >= 1 step, got 0" in capsys.readouterr().err
-
-
-def test_bad_first_step_settle_is_refused(tmp_path, capsys):
-    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
-    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(tmp_path / "r.json"),
-               "--first-step-settle-s", "-1"])
-    assert rc == EXIT_BAD_INPUT
-    assert "--first-step-settle-s must be between 0 and 60 s, got -1.0" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_first_step_settle_waits_once_on_gpu_only(monkeypatch):
