@@ -554,16 +554,71 @@ def _gpu_cluster(gpu_name: str, nproc: int) -> Cluster:
     return Cluster.preset(preset, nodes=1, gpus_per_node=nproc)
 
 
+def cpu_scaled_profile(profile: Path, factor: float, out_dir: Path) -> Path:
+    """A copy of ``profile`` in ``out_dir`` whose measured CPU dispatch times — every
+    ``*_cpu*_s`` field of its ``[[layers]]`` and ``[[ends]]`` rows — are ``factor`` times
+    the calibrated ones (the GPU times, synchronized timings and fixed overheads stay)."""
+    import tomllib
+
+    from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+    if not factor > 0:
+        raise SystemExit(f"CPU scale {factor!r}: must be > 0")
+    doc = tomllib.loads(Path(profile).read_text())
+    for table in ("layers", "ends"):
+        for row in doc.get(table, []):
+            for k, v in row.items():
+                if "_cpu" in k and k.endswith("_s") and isinstance(v, (int, float)):
+                    row[k] = v * factor
+    doc.setdefault("provenance", {})["cpu_scaled_by"] = factor
+    return write_text_atomic(out_dir / f"{Path(profile).stem}_cpu_x{factor:.3f}.toml",
+                             dumps(doc))
+
+
+def probe_ratio(record: dict, profile_probe_us: list[float]) -> float:
+    """The host's dispatch speed during a measured run relative to its calibration: the
+    mean of the run's per-rank host probes over the mean of the profile's (its provenance
+    ``host_probe_us``). Both must be recorded (executor and calibrate since round 13)."""
+    run = [v for v in record.get("measured", {}).get("host_probe_us_per_rank") or []
+           if isinstance(v, (int, float)) and v > 0]
+    if not run:
+        raise SystemExit(f"--cpu-scale-by-probe: record {record.get('name')!r} has no host "
+                         f"probe (measured.host_probe_us_per_rank; runs before round 13 "
+                         f"did not record one)")
+    if not profile_probe_us:
+        raise SystemExit("--cpu-scale-by-probe: the profile's provenance has no host_probe_us "
+                         "(profiles calibrated before round 13 did not record one)")
+    return (sum(run) / len(run)) / (sum(profile_probe_us) / len(profile_probe_us))
+
+
 def repredict(args) -> int:
-    """Re-predict measured records (``--repredict accuracy.json``) and write a new report."""
+    """Re-predict measured records (``--repredict accuracy.json``) and write a new report;
+    with ``--cpu-scale-by-probe`` each record's CPU dispatch times are scaled by its run's
+    host probe over the calibration's (:func:`probe_ratio`), a post-hoc test of whether the
+    host's speed at run time explains the host-bound misses."""
     doc = json.loads(args.repredict.read_text())
     cluster = _gpu_cluster(str(doc.get("gpu_name")), int(doc.get("nproc") or 4))
+    base = cluster
     if args.profile:
         cluster = apply_profile(cluster, args.profile)
     models = {m.name: m for m in (GPT_05B, LLAMA_16B, TINY_GPT, TINY_LLAMA)}
     job = (Job.from_dict(doc["job"]) if doc.get("job")
            else JOB if doc.get("device") == "cuda" else CPU_JOB)
-    records = [rescore(r, models[r["model"]], cluster, job) for r in doc["records"]]
+    if args.cpu_scale_by_probe:
+        if not args.profile:
+            raise SystemExit("--cpu-scale-by-probe needs --profile (the calibrated CPU times)")
+        import tomllib
+        prov = tomllib.loads(Path(args.profile).read_text()).get("provenance", {})
+        args.out.mkdir(parents=True, exist_ok=True)
+        records = []
+        for r in doc["records"]:
+            if r.get("status") != "ok":
+                records.append(rescore(r, models[r["model"]], cluster, job))
+                continue
+            ratio = probe_ratio(r, list(prov.get("host_probe_us") or []))
+            scaled = apply_profile(base, cpu_scaled_profile(Path(args.profile), ratio, args.out))
+            records.append({**rescore(r, models[r["model"]], scaled, job), "cpu_scale": ratio})
+    else:
+        records = [rescore(r, models[r["model"]], cluster, job) for r in doc["records"]]
     meta = {k: doc.get(k) for k in ("date", "machine", "device", "gpu_name", "torch", "cluster",
                                     "nproc")}
     meta.update(profile=args.profile or "datasheet", gpu_profile=cluster.gpu.provenance,
@@ -660,6 +715,10 @@ def main(argv=None) -> int:
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
                         "`meshplan calibrate --model DIR/NAME.json`) and exit")
+    p.add_argument("--cpu-scale-by-probe", action="store_true",
+                   help="with --repredict and --profile: scale each record's calibrated CPU "
+                        "dispatch times by its run's host probe over the calibration's "
+                        "(post hoc: does the host's speed explain host-bound misses?)")
     p.add_argument("--repredict", default=None, type=Path, metavar="ACCURACY_JSON",
                    help="no runs: recompute the predictions of the measured records in this "
                         "accuracy.json with the current cost model and --profile")
