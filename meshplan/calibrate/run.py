@@ -150,10 +150,9 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+    from meshplan.executor.measure import host_dispatch_probe_us
     from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE
     from meshplan.hardware_profiles import builtin_gpu
-
-    from meshplan.executor.measure import host_dispatch_probe_us
 
     t_start = time.perf_counter()
     device, world = _init_distributed(options.device)
