@@ -133,8 +133,9 @@ def _patch_trainer(rec: Recorder, settle_s: float = 0.0,
                    garbage_report: Path | None = None) -> None:
     """Wrap the executor's step phases: FB (a pp = 1 step's forwards and backwards), G
     (gradient averaging after them or the schedule) and O (the optimizer step); log each
-    step's start (S) and each loss computed (L, numbered through the run), and with ``settle_s`` > 0 let the GPU finish and the host wait that long
-    after every step (an experiment: what a pause between steps frees)."""
+    step's start (S) and each loss computed (L, numbered through the run), and with
+    ``settle_s`` > 0 let the GPU finish and the host wait that long after every step (an
+    experiment: what a pause between steps frees)."""
     import time
 
     import torch

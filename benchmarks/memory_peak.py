@@ -102,26 +102,23 @@ def block_lifetimes(events: Iterable[Mapping[str, Any]],
     ``free_mark`` count the :data:`MARKER` allocations before the block's allocation / its
     free request (``None``: never freed in the trace)."""
     marks = 0
-    open_blocks: dict[int, dict[str, Any]] = {}
-    done: list[tuple[int, dict[str, Any]]] = []
-    for i, e in enumerate(events):
+    blocks: list[dict[str, Any]] = []            # allocation order
+    open_blocks: dict[int, dict[str, Any]] = {}  # addr -> its entry in blocks
+    for e in events:
         act = e.get("action")
         if act == _ALLOC:
             if _is_marker(e):
                 marks += 1
             elif int(e["size"]) >= min_bytes:
-                open_blocks[e["addr"]] = {"bytes": int(e["size"]),
-                                          "site": site(e.get("frames", ())),
-                                          "alloc_mark": marks, "free_mark": None,
-                                          "free_site": None, "_i": i}
+                rec = {"bytes": int(e["size"]), "site": site(e.get("frames", ())),
+                       "alloc_mark": marks, "free_mark": None, "free_site": None}
+                blocks.append(rec)
+                open_blocks[e["addr"]] = rec
         elif act == "free_requested" and e.get("addr") in open_blocks:
             rec = open_blocks.pop(e["addr"])
             frames = e.get("frames", ())
             rec["free_mark"] = marks
             rec["free_site"] = site(frames) if frames else "(no Python frame)"
-            done.append((rec.pop("_i"), rec))
-    done += [(rec.pop("_i"), rec) for rec in open_blocks.values()]
-    return [rec for _, rec in sorted(done, key=lambda t: t[0])]
-
+    return blocks
 
 __all__ = ["MARKER", "block_lifetimes", "peak_live_set", "site"]

@@ -531,7 +531,8 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2}
-SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2}  # the other sets use 4
+# the other sets use 4
+SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2}
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)

@@ -209,5 +209,5 @@ def format_table(measured: dict[str, Any], prediction: dict[str, Any],
     return "\n".join(lines)
 
 
-__all__ = ["StepTimer", "host_dispatch_probe_us", "summarize", "peak_memory", "environment", "throughput", "error_pct",
-           "comparison", "format_table"]
+__all__ = ["StepTimer", "host_dispatch_probe_us", "summarize", "peak_memory", "environment",
+           "throughput", "error_pct", "comparison", "format_table"]
