@@ -8,7 +8,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
-         "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13"]
+         "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
+         "pair14"]
 
 
 def test_every_set_has_unique_names():
@@ -24,7 +25,8 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
     for s in ("dev", "test", "holdout2", "check3", *ORDER):
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
-            if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13"):
+            if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
+                     "pair14"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
@@ -81,3 +83,15 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
     counts = {vd.SET_JOBS["ddp13"].global_batch // (l.dp * l.micro_batch) for l in ls}
     assert 1 in counts and max(counts) >= 8     # with and without DDP's no_sync copy
     assert {m.name for _, m, _ in vd.DDP13_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
+
+
+def test_pair14_covers_every_schedule_zero_stage_and_recompute_mode_on_two_gpus():
+    ls = [layout for _, _, layout in vd.PAIR14_LAYOUTS]
+    assert vd.SET_NPROC["pair14"] == 2 and all(l.num_gpus == 2 for l in ls)
+    assert {l.schedule for l in ls} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert {l.zero for l in ls} == {0, 1, 2, 3}
+    assert {l.recompute for l in ls} == {"none", "selective", "full"}
+    assert any(l.sequence_parallel for l in ls)
+    assert {(l.dp, l.pp, l.tp) for l in ls} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    for model in (vd.GPT_05B, vd.LLAMA_16B):
+        assert sum(m.name == model.name for _, m, _ in vd.PAIR14_LAYOUTS) == 8
