@@ -758,11 +758,13 @@ class LayerTables:
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
     last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
     last_states_bytes: float = 0.0  # last rank's non-layer model states (for the end-of-step peak)
-    # GPipe, runtime "torch": gradients are None until the first backward, which frees one
-    # micro-batch's activations while it allocates them (see gpipe_relief_bytes); per layer
-    # and per rank's non-layer parameters; 0 where that does not apply
+    # runtime "torch", ranks that run every forward before their first backward (GPipe; 1F1B
+    # with m <= pp - rank): gradients are None until that backward, which frees one
+    # micro-batch's activations while it allocates them (see first_backward_relief_bytes);
+    # per layer, per rank's non-layer parameters, and which ranks; 0 / () where none
     relief_layer_grad_bytes: float = 0.0
     relief_const_grad_bytes: tuple[float, ...] = ()
+    relief_ranks: tuple[bool, ...] = ()
     # ZeRO-3 under torch's pipeline (not GPipe): a layer's gathered 16-bit weights, which stay
     # from its backward to its next forward (see z3_resident_bytes); 0 where that does not apply
     z3_resident_layer_bytes: float = 0.0
@@ -941,20 +943,25 @@ class LayerTables:
             self.rank_tail_s(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
 
     # ---- memory -------------------------------------------------------------------
-    def gpipe_relief_bytes(self, rank: int, layers: int) -> float:
-        """Bytes of a GPipe rank's gradients and activations that never coexist.
+    def first_backward_relief_bytes(self, rank: int, layers: int) -> float:
+        """Bytes of a rank's gradients and activations that never coexist, on a rank that
+        runs every forward of the step before its first backward.
 
         The executor sets gradients to None at each step's start (``zero_grad(set_to_none=
         True)``; pipelined layouts average them after the schedule, without DDP's persistent
-        buckets), and GPipe runs every forward before any backward. The first backward
-        allocates the gradients G while it frees one micro-batch's activations A1 (both
-        layer by layer), so the rank's peak is states + max(A(m), A(m) − A1 + G) rather
-        than states + G + A(m): ``min(G, A1)`` less. On the last rank A1 includes what the
-        output layer and loss kept for that micro-batch: its backward runs first. (Until
-        round 8 that share was left out, "kept conservative"; every Llama GPipe last stage
-        measured then was over-predicted, by 5-9 % in six layouts over five rounds.) 1F1B
-        reaches G + A(in flight) after its first backward."""
-        if not self.relief_const_grad_bytes:
+        buckets). GPipe runs every forward before any backward; so does 1F1B on a rank whose
+        warm-up, ``min(pp − rank, m)`` forwards (torch's ``Schedule1F1B``), covers all m
+        micro-batches. The first backward allocates the gradients G while it frees one
+        micro-batch's activations A1 (both layer by layer), so the rank's peak is states +
+        max(A(m), A(m) − A1 + G) rather than states + G + A(m): ``min(G, A1)`` less. On the
+        last rank A1 includes what the output layer and loss kept for that micro-batch: its
+        backward runs first. (Until round 8 that share was left out, "kept conservative";
+        every Llama GPipe last stage measured then was over-predicted, by 5-9 % in six
+        layouts over five rounds. The 1F1B case: pair14 p05, round 14, rank 0 of pp 2 with
+        m = 2 at +5.4 %; its trace peaked at the first backward's start with no gradient
+        allocated.) A 1F1B rank that runs a forward after its first backward reaches
+        G + A(in flight)."""
+        if not self.relief_const_grad_bytes or not self.relief_ranks[rank]:
             return 0.0
         grads = layers * self.relief_layer_grad_bytes + self.relief_const_grad_bytes[rank]
         one_mb = layers * self.layer_activation_bytes + (self.embedding_act_bytes
@@ -982,12 +989,12 @@ class LayerTables:
 
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
         """(activations, embedding/logits, buffers) of a rank holding ``layers``; for GPipe
-        the activations are those coexisting with all gradients (:meth:`gpipe_relief_bytes`)."""
+        the activations are those coexisting with all gradients (:meth:`first_backward_relief_bytes`)."""
         inflight = self.inflight[rank]
         act = layers * self._layer_act_bytes(rank)
         if rank == 0:
             act += inflight * self.embedding_act_bytes
-        act -= self.gpipe_relief_bytes(rank, layers)
+        act -= self.first_backward_relief_bytes(rank, layers)
         logit = (self.logits_bytes + self.last_chunks_bytes - self.output_overlap_bytes
                  if rank == self.last_rank else 0.0)
         buf = (self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
@@ -1009,7 +1016,7 @@ class LayerTables:
 
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
-            + self.const_bytes[rank] - self.gpipe_relief_bytes(rank, layers) \
+            + self.const_bytes[rank] - self.first_backward_relief_bytes(rank, layers) \
             + self.z3_resident_bytes(rank, layers)
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
@@ -1211,19 +1218,27 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         z3_resident_layer_bytes=(layer_params * copy_b
                                  if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
                                  and layout.schedule != "gpipe" else 0.0),
-        **_gpipe_relief(job, layout, grad_copies, layer_params, first_params,
-                        last_params if pp > 1 else 0.0, last_rank))
+        **_first_backward_relief(job, layout, m, grad_copies, layer_params, first_params,
+                                  last_params if pp > 1 else 0.0, last_rank))
 
 
-def _gpipe_relief(job: Job, layout: Layout, grad_copies: int, layer_params: float,
-                  first_params: float, last_params: float, last_rank: int) -> dict:
-    """LayerTables' relief fields (:meth:`LayerTables.gpipe_relief_bytes`): runtime "torch",
-    GPipe over pp > 1, gradients allocated by the first backward (not sharded by FSDP per
+def _first_backward_relief(job: Job, layout: Layout, microbatches: int, grad_copies: int,
+                           layer_params: float, first_params: float, last_params: float,
+                           last_rank: int) -> dict:
+    """LayerTables' relief fields (:meth:`LayerTables.first_backward_relief_bytes`): runtime
+    "torch", pp > 1, gradients allocated by the first backward (not sharded by FSDP per
     micro-batch, FSDP2's unsharded accumulators included: :func:`fsdp_accumulates_unsharded`)
-    and not kept in DDP buckets.
+    and not kept in DDP buckets; every rank under GPipe, under 1F1B (vpp 1) the ranks whose
+    warm-up forwards cover the step's ``microbatches``.
     ``first_params`` / ``last_params``: the first / last rank's non-layer parameters."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero
-    if job.runtime != "torch" or layout.schedule != "gpipe" or pp == 1 or grad_copies != 1 \
+    if layout.schedule == "gpipe":
+        ranks = (True,) * pp
+    elif layout.schedule == "1f1b" and layout.vpp == 1:
+        ranks = tuple(pp - r >= microbatches for r in range(pp))
+    else:
+        ranks = (False,) * pp
+    if job.runtime != "torch" or not any(ranks) or pp == 1 or grad_copies != 1 \
             or (zero >= 2 and not fsdp_accumulates_unsharded(job, zero, dp, pp)):
         return {}
 
@@ -1231,7 +1246,8 @@ def _gpipe_relief(job: Job, layout: Layout, grad_copies: int, layer_params: floa
         return state_bytes_at_peak(params, job, zero, dp, pp)[1]
     const = tuple((grads(first_params) if r == 0 else 0.0)
                   + (grads(last_params) if r == last_rank else 0.0) for r in range(pp))
-    return {"relief_layer_grad_bytes": grads(layer_params), "relief_const_grad_bytes": const}
+    return {"relief_layer_grad_bytes": grads(layer_params), "relief_const_grad_bytes": const,
+            "relief_ranks": ranks}
 
 
 def _root_gather_s(params: float, bytes_per_param: float, dp_link) -> float:

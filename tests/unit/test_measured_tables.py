@@ -579,8 +579,9 @@ def test_overlap_interference_charges_hidden_gradient_reduction():
 
 
 def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
-    """GPipe under runtime "torch": gradients appear during the first backward, which frees
-    one micro-batch's activations, so the peak is min(G, A1) below states + G + A(m)."""
+    """GPipe (and 1F1B on a rank that runs every forward first) under runtime "torch":
+    gradients appear during the first backward, which frees one micro-batch's activations,
+    so the peak is min(G, A1) below states + G + A(m)."""
     from meshplan.costmodel.estimate import layer_tables
     c = _cluster(TABLES)
     gp = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="gpipe"))
@@ -589,7 +590,7 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
                                                              last=False, pp=2), JOB, 0, 1)[1])
     one_mb = 4 * gp.layer_activation_bytes + gp.embedding_act_bytes
     grads = 4 * g + gp.relief_const_grad_bytes[0]
-    assert gp.gpipe_relief_bytes(0, 4) == pytest.approx(min(grads, one_mb))
+    assert gp.first_backward_relief_bytes(0, 4) == pytest.approx(min(grads, one_mb))
     assert min(grads, one_mb) > 0
     act, _, _ = gp.rank_variable_bytes(0, 4)
     assert act == pytest.approx(4 * gp.inflight[0] * gp.layer_activation_bytes
@@ -599,23 +600,31 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     per_mb_logits = (gp.logits_bytes - gp.output_peak_bytes) / gp.inflight[last]
     assert per_mb_logits > 0
     last_grads = 4 * g + gp.relief_const_grad_bytes[last]
-    assert gp.gpipe_relief_bytes(last, 4) == pytest.approx(
+    assert gp.first_backward_relief_bytes(last, 4) == pytest.approx(
         min(last_grads, 4 * gp.layer_activation_bytes + per_mb_logits))
     # with no layers only the output's share can be freed (before round 8: nothing)
-    assert gp.gpipe_relief_bytes(last, 0) == pytest.approx(
+    assert gp.first_backward_relief_bytes(last, 0) == pytest.approx(
         min(gp.relief_const_grad_bytes[last], per_mb_logits))
-    assert gp.gpipe_relief_bytes(last, 0) > 0
-    # not for 1F1B
-    assert layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1)).gpipe_relief_bytes(0, 4) \
-        == 0.0
+    assert gp.first_backward_relief_bytes(last, 0) > 0
+    # 1F1B: only on a rank whose warm-up runs every forward first (m <= pp - rank)
+    m = JOB.global_batch                                # micro-batch 1, dp 1
+    assert m > 2
+    assert layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1)
+                        ).first_backward_relief_bytes(0, 4) == 0.0
+    few = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=m // 2))   # m = 2
+    assert few.relief_ranks == (True, False)
+    assert few.first_backward_relief_bytes(0, 4) > 0
+    assert few.first_backward_relief_bytes(1, 4) == 0.0
+    assert layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=m // 2, schedule="gpipe")
+                        ).relief_ranks == (True, True)
     # FSDP2 under the pipeline allocates its unsharded fp32 accumulators in the first
     # backward too: the same relief, with the unsharded gradient per layer
     z2 = layer_tables(MODEL, c, JOB, Layout(dp=2, micro_batch=1, zero=2, pp=2,
                                             schedule="gpipe"))
-    assert z2.relief_layer_grad_bytes == pytest.approx(g) and z2.gpipe_relief_bytes(0, 4) > 0
+    assert z2.relief_layer_grad_bytes == pytest.approx(g) and z2.first_backward_relief_bytes(0, 4) > 0
     mega = Job(global_batch=16, seq_len=1024)           # Megatron runtime: no relief
     assert layer_tables(MODEL, c, mega, Layout(pp=2, micro_batch=1, schedule="gpipe")
-                        ).gpipe_relief_bytes(0, 4) == 0.0
+                        ).first_backward_relief_bytes(0, 4) == 0.0
 
 
 def test_pipeline_ranks_compute_slower_per_p2p_operation():
