@@ -40,6 +40,10 @@ def main(argv=None) -> int:
     p.add_argument("--window-s", type=float, default=5.0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.procs < 1:
+        p.error(f"--procs must be at least 1, got {args.procs}")
+    if not 0 < args.window_s <= args.seconds:
+        p.error(f"--window-s must be in (0, --seconds = {args.seconds:g}], got {args.window_s:g}")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, args.seconds, args.window_s, queue))

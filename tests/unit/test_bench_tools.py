@@ -54,3 +54,19 @@ def test_trace_cpu_sums_runtime_calls_per_step_and_finds_gaps(load_benchmark, tm
     # no step marks: the caller's count of traced steps
     p.write_text(json.dumps({"traceEvents": ev[2:]}))
     assert tool.summarize(p, top=2, steps_in_window=4)["steps"] == 0
+
+
+def test_host_sustain_reports_one_dispatch_time_per_window(load_benchmark):
+    pytest.importorskip("torch")
+    tool = load_benchmark("host_sustain")
+
+    class Box:
+        def put(self, item):
+            self.item = item
+    box = Box()
+    tool._worker(0, 0.3, 0.1, box)
+    rank, windows = box.item
+    assert rank == 0 and 2 <= len(windows) <= 4       # 0.3 s in windows of 0.1 s
+    assert all(w > 0 for w in windows)
+    with pytest.raises(SystemExit):
+        tool.main(["--window-s", "5", "--seconds", "1"])
