@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshplan.calibrate.validate import (ValidateOptions, by_model, rescore, run_layouts,  # noqa: E402
-                                         summarize, write_accuracy)
+from meshplan.calibrate.validate import (ValidateOptions, bound_split_text, by_model,  # noqa: E402
+                                         rescore, run_layouts, summarize, write_accuracy)
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.affinity import AFFINITY_MODES  # noqa: E402
 from meshplan.executor.gc_control import GC_MODES  # noqa: E402
@@ -699,9 +699,11 @@ def _print_summary(records, paths) -> None:
                   f"{r['measured']['step_time_s']:.4f} ({r['step_time_error_pct']:+.1f}%) mem "
                   + " ".join(f"{e:+.0f}" for e in mem))
     s = summarize(records)
+    split = bound_split_text(s)
     print(f"all: {s.get('ok', 0)}/{s['layouts']} ok; step mean "
           f"{s.get('step_time_mean_abs_error_pct', float('nan')):.2f}% max "
-          f"{s.get('step_time_max_abs_error_pct', float('nan')):.2f}%; wrote "
+          f"{s.get('step_time_max_abs_error_pct', float('nan')):.2f}%"
+          f"{f' ({split})' if split else ''}; wrote "
           f"{', '.join(str(v) for v in paths.values())}")
 
 

@@ -53,6 +53,16 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
                    f"{_fmt(summary.get('steady_step_time_mean_abs_error_pct'), '.2f', '%')}, "
                    f"max {_fmt(summary.get('steady_step_time_max_abs_error_pct'), '.2f', '%')}. "
                    f"The others varied more than the goal from step to step.")
+    if summary.get("host_bound_layouts") or summary.get("gpu_bound_layouts"):
+        def err(kind: str, stat: str) -> str:
+            return _fmt(summary.get(f"{kind}_step_time_{stat}_abs_error_pct"), ".2f", "%")
+        out.append("")
+        out.append(f"By the model's own call (from the profile and the layout, not the "
+                   f"measurement): {summary.get('gpu_bound_layouts', 0)} layouts GPU-bound, "
+                   f"step time mean abs err {err('gpu_bound', 'mean')}, max "
+                   f"{err('gpu_bound', 'max')}; {summary.get('host_bound_layouts', 0)} "
+                   f"host-bound (the CPU's kernel launches set the step; its `host-bound:` "
+                   f"caveat), mean {err('host_bound', 'mean')}, max {err('host_bound', 'max')}.")
     out.append("")
     out.append("## Layouts")
     out.append("")

@@ -89,10 +89,12 @@ def main(args) -> int:
             "gpu_profile": cluster.gpu.provenance, "job": job.to_dict(),
             "command": " ".join(["meshplan", *sys.argv[1:]])}
     paths = write_accuracy(out, records, meta)
-    from meshplan.calibrate.validate import summarize
+    from meshplan.calibrate.validate import bound_split_text, summarize
     s = summarize(records)
+    split = bound_split_text(s)
     print(f"meshplan validate: {s.get('ok', 0)}/{s['layouts']} layouts ran; step-time mean abs "
           f"error {s.get('step_time_mean_abs_error_pct', float('nan')):.2f}%, max "
-          f"{s.get('step_time_max_abs_error_pct', float('nan')):.2f}%; wrote "
+          f"{s.get('step_time_max_abs_error_pct', float('nan')):.2f}%"
+          f"{f' ({split})' if split else ''}; wrote "
           f"{', '.join(str(p) for p in paths.values())}")
     return 0 if s.get("ok") else 1

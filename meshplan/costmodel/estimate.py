@@ -232,6 +232,12 @@ P2P_ORDER_CAVEAT = (
 HOST_BOUND_CAVEAT_SHARE = 0.05
 
 
+def is_host_bound(host_wait_s: float, step_s: float) -> bool:
+    """Whether the CPU's dispatch sets the step: its wait is at least
+    ``HOST_BOUND_CAVEAT_SHARE`` of it (the layouts :func:`host_bound_caveat` warns about)."""
+    return host_wait_s > 0 and host_wait_s >= HOST_BOUND_CAVEAT_SHARE * step_s
+
+
 def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
     """The caution for a layout whose step the CPU's dispatch sets (``host_wait_s`` > 0).
 
@@ -679,7 +685,7 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         p2p_s=t.p2p_s, pipeline_s=pipe_s,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
         caveats=t.caveats + ((host_bound_caveat(time.host_wait_s, step),)
-                             if time.host_wait_s >= HOST_BOUND_CAVEAT_SHARE * step
+                             if is_host_bound(time.host_wait_s, step)
                              else ()) + ((P2P_ORDER_CAVEAT,) if order_bound else ()))
 
 

@@ -386,6 +386,48 @@ def test_summary_reports_the_steadily_measured_layouts_apart():
     assert "| b | x | b | ok | 1.0000 | 1.2500 | 30% | -20.0% |" in md
 
 
+def test_summary_splits_by_the_models_own_host_bound_call():
+    """The prediction's ``host_bound`` (the model's caveat, not the measurement) splits the
+    step-time errors; records from before the flag existed count in neither part."""
+    from meshplan.calibrate.accuracy_report import markdown
+    from meshplan.calibrate.validate import bound_split_text
+
+    def rec(name, p, m, host_bound):
+        pred = {"step_time_s": p}
+        if host_bound is not None:
+            pred["host_bound"] = host_bound
+        return {"name": name, "model": "x", "status": "ok", "short": name, "predicted": pred,
+                "measured": {"step_time_s": m}, "step_time_error_pct": pct_error(p, m)}
+    records = [rec("a", 1.0, 1.02, False), rec("b", 1.0, 1.25, True), rec("c", 2.0, 1.96, False),
+               rec("d", 1.0, 1.1, None)]
+    s = summarize(records)
+    assert s["gpu_bound_layouts"] == 2 and s["host_bound_layouts"] == 1
+    assert s["gpu_bound_step_time_max_abs_error_pct"] == pytest.approx(100 * 0.04 / 1.96)
+    assert s["host_bound_step_time_mean_abs_error_pct"] == pytest.approx(20.0)
+    gpu_mean = s["gpu_bound_step_time_mean_abs_error_pct"]
+    assert bound_split_text(s) == (f"GPU-bound 2: mean {gpu_mean:.2f}%, max 2.04%; "
+                                   f"host-bound 1: mean 20.00%, max 20.00%")
+    assert "2 layouts GPU-bound" in markdown(records, s, {"x": s}, {}, "accuracy.png")
+    old = summarize([rec("d", 1.0, 1.1, None)])
+    assert old["gpu_bound_layouts"] == old["host_bound_layouts"] == 0
+    assert bound_split_text(old) == ""
+
+
+def test_predicted_record_carries_the_host_bound_call():
+    from meshplan.calibrate.validate import predicted_record
+    from meshplan.costmodel.estimate import HOST_BOUND_CAVEAT_SHARE, is_host_bound
+    model = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
+                      max_seq_len=64)
+    cluster = Cluster.preset("dgx-h100", nodes=1)
+    lay = Layout(dp=4, micro_batch=1)
+    est = estimate(model, cluster, Job(global_batch=8, seq_len=64), lay)
+    rec = predicted_record(est, lay, cluster)
+    assert rec["host_wait_s"] == est.time.host_wait_s
+    assert rec["host_bound"] == any(c.startswith("host-bound") for c in est.caveats)
+    assert is_host_bound(HOST_BOUND_CAVEAT_SHARE, 1.0) and not is_host_bound(0.0, 1.0)
+    assert not is_host_bound(0.9 * HOST_BOUND_CAVEAT_SHARE, 1.0)
+
+
 def test_enumerate_layouts_are_valid_and_fit():
     model = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                       max_seq_len=64)
