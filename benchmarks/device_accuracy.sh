@@ -29,6 +29,7 @@
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off
 #   GC=auto ... validate    # CPython's collector left on in the timed steps (executor --gc)
 #   ONLY=w01,w02 SET=casts2 ... validate   # only these layouts of the set
+#   REPEATS=2 ... validate   # every layout twice, in rounds; each measured by its runs' median
 #
 # The two steps are separate `device` calls (10 minutes per command at most); the second
 # reuses the profile the first left in $KEEP on the same (still warm) machine, and
@@ -73,7 +74,7 @@ run_layouts() {
     --gc "${GC:-manual}" "$@" \
     2>&1 | tail -n 60 >"$OUT/$log"
   (cd "$KEEP/$dir" && tar czf "$OUT/$tgz" */log.txt */results.json \
-    $(ls -d */trace/top_ops* 2>/dev/null)) || true
+    $(ls -d */trace/top_ops* run*/*/log.txt run*/*/results.json 2>/dev/null)) || true
 }
 
 case "${1:-}" in
@@ -89,7 +90,7 @@ case "${1:-}" in
       t0=$(date +%s); calibrate; budget=$((budget - $(date +%s) + t0))
     fi
     run_layouts val validate.log logs.tgz --profile "$prof" --set "${SET:-test}" \
-      ${ONLY:+--only "$ONLY"} --budget "$budget" --timeout 90
+      ${ONLY:+--only "$ONLY"} ${REPEATS:+--repeats "$REPEATS"} --budget "$budget" --timeout 90
     cp "$KEEP/val/accuracy.json" "$KEEP/val/accuracy.md" "$KEEP/val/accuracy.png" "$OUT/"
     ;;
   probe)

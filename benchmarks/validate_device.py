@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshplan.calibrate.validate import (ValidateOptions, bound_split_text, by_model,  # noqa: E402
-                                         rescore, run_layouts, summarize, write_accuracy)
+                                         merge_runs, rescore, run_layouts, summarize,
+                                         write_accuracy)
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.affinity import AFFINITY_MODES  # noqa: E402
 from meshplan.executor.gc_control import GC_MODES  # noqa: E402
@@ -719,6 +720,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=400.0,
                    help="seconds for all layouts (7-minute device limit with margin)")
     p.add_argument("--only", default=None, help="comma-separated layout names to run")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per layout, in rounds over the set; each measured by the median "
+                        "of its runs (meshplan.calibrate.validate.merge_runs) [1]")
     p.add_argument("--cpu-affinity", default="none", choices=AFFINITY_MODES,
                    help="the executor's --cpu-affinity: split pins each rank to its own "
                         "physical cores [none]")
@@ -763,6 +767,10 @@ def main(argv=None) -> int:
         return 0
     if args.out is None:
         p.error("--out is required")
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.trace and args.repeats > 1:
+        p.error("--trace records one run per layout: leave --repeats at 1")
     if args.trace and args.steps < 3:
         p.error(f"--trace records 3 measured steps: --steps must be >= 3, got {args.steps}")
     if args.repredict:
@@ -791,15 +799,24 @@ def main(argv=None) -> int:
                            device=args.device, steps=args.steps, warmup=args.warmup,
                            timeout_s=args.timeout, budget_s=args.budget)
     t0 = time.perf_counter()
-    records = []
-    for name_, model, layout in entries:
-        remaining = None if args.budget is None else args.budget - (time.perf_counter() - t0)
-        o = ValidateOptions(**{**opts.__dict__, "budget_s": remaining if remaining is None
-                               else max(0.0, remaining),
-                               "extra_args": (("--profile", str(args.out / name_ / "trace"))
-                                              if args.trace else ())
-                               + ("--cpu-affinity", args.cpu_affinity, "--gc", args.gc)})
-        records += run_layouts(model, cluster, job, [layout], o, names=[name_])
+    # in rounds, as run_layouts does for one model: every layout once, then again
+    runs: dict[str, list[dict]] = {name_: [] for name_, _, _ in entries}
+    for k in range(args.repeats):
+        if args.repeats > 1:
+            print(f"round {k + 1}/{args.repeats}", file=sys.stderr, flush=True)
+        for name_, model, layout in entries:
+            remaining = None if args.budget is None else args.budget - (time.perf_counter() - t0)
+            if k and (runs[name_][0].get("status") != "ok"
+                      or (remaining is not None and remaining <= 0)):
+                continue
+            o = ValidateOptions(**{**opts.__dict__, "budget_s": remaining if remaining is None
+                                   else max(0.0, remaining),
+                                   "out_dir": args.out / f"run{k + 1}" if k else args.out,
+                                   "extra_args": (("--profile", str(args.out / name_ / "trace"))
+                                                  if args.trace else ())
+                                   + ("--cpu-affinity", args.cpu_affinity, "--gc", args.gc)})
+            runs[name_] += run_layouts(model, cluster, job, [layout], o, names=[name_])
+    records = [merge_runs(r) for r in runs.values()]
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": socket.gethostname(), "device": args.device, "gpu_name": name,
             "torch": torch_version, "cluster": f"{cluster.name} ({cluster.gpus_per_node} GPUs)",

@@ -66,6 +66,11 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
     out.append("")
     out.append("## Layouts")
     out.append("")
+    if any(len(r.get("runs") or []) > 1 for r in records):
+        out.append("Layouts run more than once (`--repeats`) are measured by the median of their "
+                   "runs' step times and each rank's largest peak; the range of the runs is shown "
+                   "beside the median.")
+        out.append("")
     out.append("| name | model | layout | status | predicted step (s) | measured step (s) | "
                "step spread | err | predicted peak mem (GiB) | measured peak mem per rank (GiB) | "
                "worst rank mem err |")
@@ -78,9 +83,13 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
         status = r.get("status", "?")
         if status != "ok" and r.get("error"):
             status += f": {str(r['error'])[:80]}".replace("|", "/")
+        times = [x["step_time_s"] for x in r.get("runs") or []
+                 if x.get("status") == "ok" and x.get("step_time_s")]
+        runs = (f" (runs {min(times):.4f}-{max(times):.4f}, {len(times)} of "
+                f"{len(r['runs'])} ok)" if len(r.get("runs") or []) > 1 and times else "")
         out.append(
             f"| {r['name']} | {r.get('model', '')} | {r['short']} | {status} | "
-            f"{_fmt(p.get('step_time_s'), '.4f')} | {_fmt(m.get('step_time_s'), '.4f')} | "
+            f"{_fmt(p.get('step_time_s'), '.4f')} | {_fmt(m.get('step_time_s'), '.4f')}{runs} | "
             f"{_fmt(m.get('step_time_spread'), '.0f', '%')} | "
             f"{_fmt(r.get('step_time_error_pct'), '+.1f', '%')} | "
             f"{_fmt(p.get('memory_peak_bytes') and p['memory_peak_bytes'] / GIB, '.2f')} | "

@@ -37,6 +37,10 @@ def add_arguments(p) -> None:
     g.add_argument("--timeout", type=positive_float, default=180.0, help="seconds per layout")
     g.add_argument("--budget", type=positive_float, default=None,
                    help="seconds for all layouts; the rest are reported as skipped")
+    g.add_argument("--repeats", type=positive_int, default=1,
+                   help="runs per layout, in rounds (every layout once, then again); each "
+                        "layout is measured by the median of its runs, accuracy.md shows the range "
+                        "(host-bound layouts varied up to 37 %% between runs) [1]")
 
 
 def _device_and_nproc(device: str, nproc: int | None) -> tuple[str, int, str, str]:
@@ -81,7 +85,8 @@ def main(args) -> int:
               f"{len(layouts)}", file=sys.stderr)
     out = Path(args.out)
     opts = ValidateOptions(out_dir=out, nproc=nproc, device=device, steps=args.steps,
-                           warmup=args.warmup, timeout_s=args.timeout, budget_s=args.budget)
+                           warmup=args.warmup, timeout_s=args.timeout, budget_s=args.budget,
+                           repeats=args.repeats)
     records = run_layouts(model, cluster, job, layouts, opts, names=names)
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": socket.gethostname(), "device": device, "gpu_name": dev_name,

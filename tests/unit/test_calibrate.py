@@ -428,6 +428,35 @@ def test_predicted_record_carries_the_host_bound_call():
     assert not is_host_bound(0.9 * HOST_BOUND_CAVEAT_SHARE, 1.0)
 
 
+def test_merge_runs_takes_the_median_step_and_each_ranks_largest_peak():
+    from meshplan.calibrate.validate import merge_runs
+
+    def run(t, mem, status="ok"):
+        if status != "ok":
+            return {"status": status, "error": "x", "wall_s": 1.0}
+        return {"status": "ok", "wall_s": 2.0,
+                "measured": {"step_time_s": t, "memory_per_rank_bytes": mem,
+                             "memory_peak_bytes": max(mem), "host_probe_us_per_rank": [t]}}
+    one = run(1.0, [5.0, 6.0])
+    assert merge_runs([one]) == one
+    pred = {"step_time_s": 1.2, "memory_per_rank_bytes": [6.0, 6.0], "memory_peak_bytes": 6.0}
+    odd = merge_runs([run(1.5, [5.0, 6.0]), run(1.0, [5.5, 6.0]), run(1.2, [5.0, 6.5])], pred)
+    assert odd["measured"]["step_time_s"] == 1.2
+    assert odd["measured"]["memory_per_rank_bytes"] == [5.5, 6.5]
+    assert odd["measured"]["memory_peak_bytes"] == 6.5
+    assert odd["measured"]["host_probe_us_per_rank"] == [1.2]      # the nearest run's
+    assert odd["step_time_error_pct"] == pytest.approx(0.0)
+    assert odd["memory_error_pct_per_rank"] == pytest.approx([100 * (6 / 5.5 - 1),
+                                                              100 * (6 / 6.5 - 1)])
+    assert odd["run_to_run_spread_pct"] == pytest.approx(50 / 1.2)
+    assert [r["step_time_s"] for r in odd["runs"]] == [1.5, 1.0, 1.2]
+    even = merge_runs([run(1.0, [1.0]), run(1.4, [1.0]), run(0, [], "timeout")], pred)
+    assert even["measured"]["step_time_s"] == pytest.approx(1.2)
+    assert [r["status"] for r in even["runs"]] == ["ok", "ok", "timeout"]
+    assert even["wall_s"] == pytest.approx(5.0)
+    assert merge_runs([run(0, [], "oom"), run(0, [], "oom")])["status"] == "oom"
+
+
 def test_enumerate_layouts_are_valid_and_fit():
     model = ModelSpec(name="t", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                       max_seq_len=64)

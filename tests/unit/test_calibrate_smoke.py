@@ -15,6 +15,7 @@ from meshplan.calibrate.validate import ValidateOptions, run_layouts, write_accu
 from meshplan.cli import main as cli_main
 from meshplan.costmodel import estimate
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile
 
@@ -98,6 +99,40 @@ def test_validate_reports_oom_and_continues(tmp_path):
     doc = json.loads(paths["json"].read_text())
     assert doc["summary"]["ok"] == 2 and doc["summary"]["not_ok"]["oom"] == 1
     assert "oom" in paths["md"].read_text() and paths["png"].stat().st_size > 1000
+
+
+def test_validate_repeats_run_in_rounds_and_measure_by_the_median(tmp_path):
+    """--repeats 2: every layout once, then again (run2/NAME), the OOM one not again; each
+    record keeps both runs and is scored on their median."""
+    (tmp_path / "standin_executor.py").write_text(STAND_IN)
+    cluster = Cluster.preset("dgx-h100", nodes=1)
+    job = Job(global_batch=4, seq_len=64)
+    layouts = [Layout(dp=1), Layout(dp=2)]
+    import os
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}{os.pathsep}{env_path}"
+    lines: list[str] = []
+    try:
+        opts = ValidateOptions(out_dir=tmp_path / "out", nproc=2, device="cpu", steps=2,
+                               warmup=1, timeout_s=60, runner_module="standin_executor",
+                               log=lines.append, repeats=2)
+        records = run_layouts(TINY, cluster, job, layouts, opts, names=["a", "b"])
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    assert [r["status"] for r in records] == ["ok", "oom"]
+    heads = [line.split(":")[0] for line in lines]
+    assert [(h.split()[1], h.split()[-1]) for h in heads] == [("a", "1/2"), ("b", "1/2"),
+                                                              ("a", "2/2")]
+    assert (tmp_path / "out" / "run2" / "a" / "results.json").exists()
+    assert not (tmp_path / "out" / "run2" / "b").exists()
+    a = records[0]
+    assert [r["status"] for r in a["runs"]] == ["ok", "ok"]
+    assert a["run_to_run_spread_pct"] == pytest.approx(0.0)
+    assert a["step_time_error_pct"] == pytest.approx(100 * (1 / 1.05 - 1))
+    assert "runs" not in records[1]
+    with pytest.raises(ConfigError, match="repeats"):
+        run_layouts(TINY, cluster, job, layouts, ValidateOptions(
+            out_dir=tmp_path / "x", nproc=2, device="cpu", repeats=0, log=lambda m: None))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("meshplan.executor.run") is None,
