@@ -662,7 +662,9 @@ MERGE_KEYS = ("gpu_name", "nproc", "job", "profile", "device")
 def merge(args) -> int:
     """Join the records of several runs of one set (``--merge a.json,b.json``) into one
     report, each record with the prediction it was run with. The runs must agree on the GPU,
-    rank count, job, profile and device; a layout measured twice keeps the later file's."""
+    rank count, job, profile and device; a layout measured twice keeps the later file's, or
+    with ``--median`` is measured by the median of all its runs (``merge_runs``, as
+    ``--repeats`` does within one call: for repeats that do not fit one 10-minute call)."""
     paths = [Path(f) for f in args.merge.split(",")]
     docs = [json.loads(f.read_text()) for f in paths]
     for f, d in zip(paths[1:], docs[1:]):
@@ -672,8 +674,15 @@ def merge(args) -> int:
                              + ", ".join(f"{k} ({d.get(k)!r} vs {docs[0].get(k)!r})"
                                          for k in differ))
     records = {}
-    for d in docs:
-        records.update({r["name"]: r for r in d["records"]})
+    if args.median:
+        by_name: dict[str, list[dict]] = {}
+        for d in docs:
+            for r in d["records"]:
+                by_name.setdefault(r["name"], []).append(r)
+        records = {n: merge_runs(rs) for n, rs in by_name.items()}
+    else:
+        for d in docs:
+            records.update({r["name"]: r for r in d["records"]})
     meta = {k: docs[-1].get(k) for k in ("date", "machine", *MERGE_KEYS, "cluster", "torch",
                                          "gpu_profile")}
     meta.update(merged_from=[str(f) for f in paths],
@@ -755,6 +764,9 @@ def main(argv=None) -> int:
     p.add_argument("--repredict", default=None, type=Path, metavar="ACCURACY_JSON",
                    help="no runs: recompute the predictions of the measured records in this "
                         "accuracy.json with the current cost model and --profile")
+    p.add_argument("--median", action="store_true",
+                   help="with --merge: a layout in several files is measured by the median of "
+                        "its runs, not the later file's run")
     p.add_argument("--merge", default=None, metavar="A.json,B.json",
                    help="no runs: join the records of several runs of one set (same GPU, "
                         "rank count, job and profile) into one report, as run")
@@ -767,6 +779,8 @@ def main(argv=None) -> int:
         return 0
     if args.out is None:
         p.error("--out is required")
+    if args.median and not args.merge:
+        p.error("--median combines the runs of --merge: give --merge A.json,B.json")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.trace and args.repeats > 1:

@@ -88,6 +88,15 @@ def test_merge_joins_runs_of_one_set_and_refuses_different_setups(load_benchmark
     assert [r["name"] for r in doc["records"]] == ["n01", "n02", "n03"]
     assert doc["summary"]["layouts"] == 3
     assert doc["commands"] == ["run", "again"]
+    # --median: a layout in both files is measured by the median of its runs
+    assert vd.main(["--merge", f"{a},{b}", "--median", "--out", str(tmp_path / "med")]) == 0
+    med = {r["name"]: r for r in json.loads((tmp_path / "med" / "accuracy.json").read_text()
+                                            )["records"]}
+    assert med["n02"]["measured"]["step_time_s"] == pytest.approx((2.1 + 1.1) / 2)
+    assert [r["step_time_s"] for r in med["n02"]["runs"]] == [2.1, 1.1]
+    assert "runs" not in med["n01"] and med["n01"]["measured"]["step_time_s"] == 1.1
+    with pytest.raises(SystemExit):
+        vd.main(["--median", "--out", str(tmp_path / "x")])
     c = tmp_path / "c.json"
     c.write_text(json.dumps(_accuracy_doc(["n04"], nproc=2)))
     with pytest.raises(SystemExit, match="nproc"):
