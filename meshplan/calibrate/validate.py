@@ -271,7 +271,7 @@ def predicted_record(est, layout: Layout, cluster: Cluster) -> dict[str, Any]:
     return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
             "memory_per_rank_bytes": predicted_memory_per_rank(est, layout, cluster),
             "fits": est.fits, "mfu": est.mfu,
-            # the model's own call, made before the run: the CPU's dispatch sets the step
+            # the model's own call, from the profile and the layout: the CPU sets the step
             "host_wait_s": est.time.host_wait_s,
             "host_bound": is_host_bound(est.time.host_wait_s, est.step_time_s)}
 

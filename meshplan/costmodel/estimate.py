@@ -994,8 +994,9 @@ class LayerTables:
         return max(0.0, (layers - 2) * self.z3_resident_layer_bytes - one_mb)
 
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
-        """(activations, embedding/logits, buffers) of a rank holding ``layers``; for GPipe
-        the activations are those coexisting with all gradients (:meth:`first_backward_relief_bytes`)."""
+        """(activations, embedding/logits, buffers) of a rank holding ``layers``; on a rank
+        that runs every forward first (GPipe) the activations are those coexisting with all
+        gradients (:meth:`first_backward_relief_bytes`)."""
         inflight = self.inflight[rank]
         act = layers * self._layer_act_bytes(rank)
         if rank == 0:
