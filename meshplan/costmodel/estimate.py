@@ -970,8 +970,7 @@ class LayerTables:
         if not self.relief_const_grad_bytes or not self.relief_ranks[rank]:
             return 0.0
         grads = layers * self.relief_layer_grad_bytes + self.relief_const_grad_bytes[rank]
-        one_mb = layers * self.layer_activation_bytes + (self.embedding_act_bytes
-                                                         if rank == 0 else 0.0)
+        one_mb = self._one_microbatch_act_bytes(rank, layers)
         if rank == self.last_rank:
             one_mb += ((self.logits_bytes - self.output_peak_bytes)
                        / max(self.inflight[rank], 1.0))
@@ -989,9 +988,14 @@ class LayerTables:
         measured (holdout13's v05 and v13 will)."""
         if not self.z3_resident_layer_bytes or layers <= 2:
             return 0.0
-        one_mb = layers * self.layer_activation_bytes + (self.embedding_act_bytes
-                                                         if rank == 0 else 0.0)
-        return max(0.0, (layers - 2) * self.z3_resident_layer_bytes - one_mb)
+        return max(0.0, (layers - 2) * self.z3_resident_layer_bytes
+                   - self._one_microbatch_act_bytes(rank, layers))
+
+    def _one_microbatch_act_bytes(self, rank: int, layers: int) -> float:
+        """One micro-batch's activations on ``rank``'s layers (and the embedding's on rank
+        0): what its backward frees."""
+        return layers * self.layer_activation_bytes + (self.embedding_act_bytes
+                                                       if rank == 0 else 0.0)
 
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
         """(activations, embedding/logits, buffers) of a rank holding ``layers``; on a rank
@@ -1225,26 +1229,23 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         z3_resident_layer_bytes=(layer_params * copy_b
                                  if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
                                  and layout.schedule != "gpipe" else 0.0),
-        **_first_backward_relief(job, layout, m, grad_copies, layer_params, first_params,
-                                  last_params if pp > 1 else 0.0, last_rank))
+        **_first_backward_relief(job, layout, m, inflight, grad_copies, layer_params,
+                                  first_params, last_params if pp > 1 else 0.0, last_rank))
 
 
-def _first_backward_relief(job: Job, layout: Layout, microbatches: int, grad_copies: int,
-                           layer_params: float, first_params: float, last_params: float,
-                           last_rank: int) -> dict:
+def _first_backward_relief(job: Job, layout: Layout, microbatches: int,
+                           inflight: tuple[float, ...], grad_copies: int, layer_params: float,
+                           first_params: float, last_params: float, last_rank: int) -> dict:
     """LayerTables' relief fields (:meth:`LayerTables.first_backward_relief_bytes`): runtime
     "torch", pp > 1, gradients allocated by the first backward (not sharded by FSDP per
     micro-batch, FSDP2's unsharded accumulators included: :func:`fsdp_accumulates_unsharded`)
-    and not kept in DDP buckets; every rank under GPipe, under 1F1B (vpp 1) the ranks whose
-    warm-up forwards cover the step's ``microbatches``.
+    and not kept in DDP buckets; under GPipe and 1F1B (vpp 1), the ranks whose ``inflight``
+    micro-batches (:func:`inflight_microbatches`: m under GPipe, the warm-up's
+    ``min(pp − rank, m)`` under 1F1B) are all the step's ``microbatches``.
     ``first_params`` / ``last_params``: the first / last rank's non-layer parameters."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero
-    if layout.schedule == "gpipe":
-        ranks = (True,) * pp
-    elif layout.schedule == "1f1b" and layout.vpp == 1:
-        ranks = tuple(pp - r >= microbatches for r in range(pp))
-    else:
-        ranks = (False,) * pp
+    plain = layout.schedule == "gpipe" or (layout.schedule == "1f1b" and layout.vpp == 1)
+    ranks = tuple(plain and n >= microbatches for n in inflight)
     if job.runtime != "torch" or not any(ranks) or pp == 1 or grad_copies != 1 \
             or (zero >= 2 and not fsdp_accumulates_unsharded(job, zero, dp, pp)):
         return {}
