@@ -811,26 +811,12 @@ def main(argv=None) -> int:
         entries = [e for e in entries if e[0] in keep]
     opts = ValidateOptions(out_dir=args.out, nproc=nproc,
                            device=args.device, steps=args.steps, warmup=args.warmup,
-                           timeout_s=args.timeout, budget_s=args.budget)
+                           timeout_s=args.timeout, budget_s=args.budget, repeats=args.repeats,
+                           trace=args.trace,
+                           extra_args=("--cpu-affinity", args.cpu_affinity, "--gc", args.gc))
     t0 = time.perf_counter()
-    # in rounds, as run_layouts does for one model: every layout once, then again
-    runs: dict[str, list[dict]] = {name_: [] for name_, _, _ in entries}
-    for k in range(args.repeats):
-        if args.repeats > 1:
-            print(f"round {k + 1}/{args.repeats}", file=sys.stderr, flush=True)
-        for name_, model, layout in entries:
-            remaining = None if args.budget is None else args.budget - (time.perf_counter() - t0)
-            if k and (runs[name_][0].get("status") != "ok"
-                      or (remaining is not None and remaining <= 0)):
-                continue
-            o = ValidateOptions(**{**opts.__dict__, "budget_s": remaining if remaining is None
-                                   else max(0.0, remaining),
-                                   "out_dir": args.out / f"run{k + 1}" if k else args.out,
-                                   "extra_args": (("--profile", str(args.out / name_ / "trace"))
-                                                  if args.trace else ())
-                                   + ("--cpu-affinity", args.cpu_affinity, "--gc", args.gc)})
-            runs[name_] += run_layouts(model, cluster, job, [layout], o, names=[name_])
-    records = [merge_runs(r) for r in runs.values()]
+    records = run_layouts([m for _, m, _ in entries], cluster, job,
+                          [lay for _, _, lay in entries], opts, names=[n for n, _, _ in entries])
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": socket.gethostname(), "device": args.device, "gpu_name": name,
             "torch": torch_version, "cluster": f"{cluster.name} ({cluster.gpus_per_node} GPUs)",

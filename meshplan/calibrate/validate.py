@@ -46,6 +46,9 @@ class ValidateOptions:
     # moved up to 37 % between runs on one machine (docs/benchmarks/accuracy.md, round 14),
     # so one run is one sample; the record keeps every run and measures by their median
     repeats: int = 1
+    # the executor's torch.profiler trace of its first measured steps, into OUT/NAME/trace
+    # (diagnostics; the traced steps are slower)
+    trace: bool = False
     extra_args: tuple[str, ...] = ()
     python: str = sys.executable
     runner_module: str = "meshplan.executor.run"   # tests swap in a stand-in executor
@@ -123,10 +126,11 @@ def predicted_memory_per_rank(est, layout: Layout, cluster: Cluster) -> list[flo
     return out
 
 
-def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[Layout],
-                options: ValidateOptions, *, names: Sequence[str] | None = None
-                ) -> list[dict[str, Any]]:
-    """Run each layout with the executor and score it against its prediction; with
+def run_layouts(model: ModelSpec | Sequence[ModelSpec], cluster: Cluster, job: Job,
+                layouts: Sequence[Layout], options: ValidateOptions, *,
+                names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Run each layout with the executor and score it against its prediction (``model``:
+    one for all layouts, or one per layout); with
     ``options.repeats`` > 1, in rounds (all layouts once, then all again, ...), so that a
     change in the host's speed falls on every layout rather than on one, and each record
     is measured by the median of its runs (:func:`merge_runs`). A layout that did not run
@@ -135,19 +139,23 @@ def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[
     if isinstance(options.repeats, bool) or not isinstance(options.repeats, int) \
             or options.repeats < 1:
         raise ConfigError(f"repeats must be an integer >= 1, got {options.repeats!r}")
+    models = [model] * len(layouts) if isinstance(model, ModelSpec) else list(model)
+    if len(models) != len(layouts):
+        raise ConfigError(f"run_layouts: {len(models)} models for {len(layouts)} layouts; "
+                          f"give one model, or one per layout")
     options.out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     records: list[dict[str, Any]] = []
     runs: list[list[dict[str, Any]]] = []
     ests = []
-    for i, layout in enumerate(layouts):
+    for i, (model_i, layout) in enumerate(zip(models, layouts)):
         name = names[i] if names else f"L{i:02d}"
         rec: dict[str, Any] = {"name": name, "layout": layout.to_dict(), "short": layout.short(),
-                               "model": model.name}
+                               "model": model_i.name}
         records.append(rec)
         runs.append([])
         try:
-            ests.append(estimate(model, cluster, job, layout))
+            ests.append(estimate(model_i, cluster, job, layout))
         except MeshplanError as exc:
             ests.append(None)
             rec.update(status="invalid", error=str(exc))
@@ -155,7 +163,7 @@ def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[
             continue
         rec["predicted"] = predicted_record(ests[-1], layout, cluster)
     for k in range(options.repeats):
-        for i, (layout, rec, est) in enumerate(zip(layouts, records, ests)):
+        for i, (model_i, layout, rec, est) in enumerate(zip(models, layouts, records, ests)):
             if est is None or (k > 0 and runs[i][0].get("status") != "ok"):
                 continue
             if options.budget_s is not None and time.perf_counter() - t_start > options.budget_s:
@@ -164,7 +172,7 @@ def run_layouts(model: ModelSpec, cluster: Cluster, job: Job, layouts: Sequence[
                                     "error": f"time budget of {options.budget_s:.0f} s spent"})
                 continue
             run_dir = (options.out_dir / f"run{k + 1}" if k else options.out_dir) / rec["name"]
-            run = _run_one(model, cluster, job, layout, est, run_dir, options)
+            run = _run_one(model_i, cluster, job, layout, est, run_dir, options)
             runs[i].append(run)
             _log_run(options, i, len(layouts), rec, est, run,
                      f" run {k + 1}/{options.repeats}" if options.repeats > 1 else "")
@@ -238,7 +246,8 @@ def _run_one(model, cluster, job, layout, est, d: Path, options: ValidateOptions
     cmd = [options.python, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={n}", "-m", options.runner_module, "--plan", str(plan),
            "--out", str(results), "--steps", str(options.steps), "--warmup", str(options.warmup),
-           *(["--device", options.device] if options.device else []), *options.extra_args]
+           *(["--device", options.device] if options.device else []),
+           *(["--profile", str(d / "trace")] if options.trace else []), *options.extra_args]
     env = child_env()
     if options.device == "cpu":
         # ranks share the cores: one thread each keeps them from fighting over them

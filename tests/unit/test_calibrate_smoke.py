@@ -116,7 +116,7 @@ def test_validate_repeats_run_in_rounds_and_measure_by_the_median(tmp_path):
         opts = ValidateOptions(out_dir=tmp_path / "out", nproc=2, device="cpu", steps=2,
                                warmup=1, timeout_s=60, runner_module="standin_executor",
                                log=lines.append, repeats=2)
-        records = run_layouts(TINY, cluster, job, layouts, opts, names=["a", "b"])
+        records = run_layouts([TINY, TINY], cluster, job, layouts, opts, names=["a", "b"])
     finally:
         os.environ["PYTHONPATH"] = env_path
     assert [r["status"] for r in records] == ["ok", "oom"]
@@ -133,6 +133,10 @@ def test_validate_repeats_run_in_rounds_and_measure_by_the_median(tmp_path):
     with pytest.raises(ConfigError, match="repeats"):
         run_layouts(TINY, cluster, job, layouts, ValidateOptions(
             out_dir=tmp_path / "x", nproc=2, device="cpu", repeats=0, log=lambda m: None))
+    # one model per layout (validate_device.py's sets mix two) must match the layouts
+    with pytest.raises(ConfigError, match="1 models for 2 layouts"):
+        run_layouts([TINY], cluster, job, layouts, ValidateOptions(
+            out_dir=tmp_path / "y", nproc=2, device="cpu", log=lambda m: None))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("meshplan.executor.run") is None,
