@@ -16,9 +16,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _spawn import spawn_and_collect  # noqa: E402
 
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.data import SyntheticTokens, local_share  # noqa: E402
@@ -63,14 +65,7 @@ def main() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get() for _ in procs)
-    for p in procs:
-        p.join()
+    results = spawn_and_collect(worker, [(r, port) for r in range(WORLD)])
     for r in sorted(results):
         mib = {k: v / 2**20 for k, v in results[r].items()}
         print(f"rank {r}: peak MiB " + ", ".join(f"{k} {v:.2f}" for k, v in mib.items())

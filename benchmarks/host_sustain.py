@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _spawn import spawn_and_collect  # noqa: E402
 
 
 def _worker(rank: int, seconds: float, window_s: float, queue) -> None:
@@ -44,15 +48,8 @@ def main(argv=None) -> int:
         p.error(f"--procs must be at least 1, got {args.procs}")
     if not 0 < args.window_s <= args.seconds:
         p.error(f"--window-s must be in (0, --seconds = {args.seconds:g}], got {args.window_s:g}")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args.seconds, args.window_s, queue))
-             for r in range(args.procs)]
-    for pr in procs:
-        pr.start()
-    result = dict(queue.get() for _ in procs)
-    for pr in procs:
-        pr.join()
+    result = spawn_and_collect(_worker, [(r, args.seconds, args.window_s)
+                                         for r in range(args.procs)])
     for rank in sorted(result):
         print(f"rank {rank}: us/op per {args.window_s:g} s window: "
               + " ".join(f"{v:.2f}" for v in result[rank]))
