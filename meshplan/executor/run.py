@@ -18,6 +18,7 @@ import os
 import signal
 import statistics
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,6 @@ def settle_after_first_step(device, seconds: float) -> None:
     warm-up steps): without the wait 5 of 8 ranks held the copy at the second step, only
     there; with it 0 of 8. Rounds 1-8: 42 of 52 ranks of the DDP layouts over tp = 1. The
     wait is in the warm-up, outside every timed step."""
-    import time
-
     import torch
     if seconds <= 0 or device.type != "cuda":
         return
