@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.costmodel import comm, torch_p2p
+from meshplan.costmodel import comm, first_backward, torch_p2p
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, hbm_s, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
@@ -764,13 +764,19 @@ class LayerTables:
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
     last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
     last_states_bytes: float = 0.0  # last rank's non-layer model states (for the end-of-step peak)
-    # runtime "torch", ranks that run every forward before their first backward (GPipe; 1F1B
-    # with m <= pp - rank): gradients are None until that backward, which frees one
-    # micro-batch's activations while it allocates them (see first_backward_relief_bytes);
-    # per layer, per rank's non-layer parameters, and which ranks; 0 / () where none
+    # ... and at that peak (see end_of_step_bytes): the receive buffers, which torch keeps for
+    # the whole run, and the autocast weight copies already gone (full recompute)
+    end_recv_bytes: float = 0.0
+    end_uncached_layer_bytes: float = 0.0
+    end_uncached_const_bytes: float = 0.0
+    # runtime "torch": a chunk's gradients are None until its first backward of the step
+    # (see first_backward_relief_bytes); gradient bytes per layer, of the first rank's and
+    # the last rank's non-layer parameters, and per rank the schedule's memory events
+    # (first_backward.backward_events); 0 / () where that does not apply
     relief_layer_grad_bytes: float = 0.0
-    relief_const_grad_bytes: tuple[float, ...] = ()
-    relief_ranks: tuple[bool, ...] = ()
+    relief_first_grad_bytes: float = 0.0
+    relief_last_grad_bytes: float = 0.0
+    relief_events: tuple = ()
     # ZeRO-3 under torch's pipeline (not GPipe): a layer's gathered 16-bit weights, which stay
     # from its backward to its next forward (see z3_resident_bytes); 0 where that does not apply
     z3_resident_layer_bytes: float = 0.0
@@ -781,6 +787,7 @@ class LayerTables:
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions
         object.__setattr__(self, "_states", {})
+        object.__setattr__(self, "_relief", {})
 
     @property
     def const_bytes(self) -> tuple[float, ...]:
@@ -950,31 +957,46 @@ class LayerTables:
 
     # ---- memory -------------------------------------------------------------------
     def first_backward_relief_bytes(self, rank: int, layers: int) -> float:
-        """Bytes of a rank's gradients and activations that never coexist, on a rank that
-        runs every forward of the step before its first backward.
+        """Bytes of a rank's gradients and activations that never coexist, because a
+        chunk's gradients appear only in its first backward of the step.
 
         The executor sets gradients to None at each step's start (``zero_grad(set_to_none=
         True)``; pipelined layouts average them after the schedule, without DDP's persistent
-        buckets). GPipe runs every forward before any backward; so does 1F1B on a rank whose
-        warm-up, ``min(pp − rank, m)`` forwards (torch's ``Schedule1F1B``), covers all m
-        micro-batches. The first backward allocates the gradients G while it frees one
-        micro-batch's activations A1 (both layer by layer), so the rank's peak is states +
-        max(A(m), A(m) − A1 + G) rather than states + G + A(m): ``min(G, A1)`` less. On the
-        last rank A1 includes what the output layer and loss kept for that micro-batch: its
-        backward runs first. (Until round 8 that share was left out, "kept conservative";
-        every Llama GPipe last stage measured then was over-predicted, by 5-9 % in six
-        layouts over five rounds. The 1F1B case: pair14 p05, round 14, rank 0 of pp 2 with
-        m = 2 at +5.4 %; its trace peaked at the first backward's start with no gradient
-        allocated.) A 1F1B rank that runs a forward after its first backward reaches
-        G + A(in flight)."""
-        if not self.relief_const_grad_bytes or not self.relief_ranks[rank]:
+        buckets). Walking the rank's operations in the schedule's order
+        (:mod:`meshplan.costmodel.first_backward`) gives its true peak; this is how far that
+        lies below "most activations in flight + all gradients", which the other terms
+        count. The rank's layers are split evenly over its chunks; rank 0's embedding and
+        the last rank's output layer go with the chunk that holds them (its first / last).
+
+        GPipe, and 1F1B on a rank whose warm-up covers all m micro-batches, give
+        ``min(G, A1)`` (G: the rank's gradients, A1: one micro-batch's activations; on the
+        last rank A1 includes the logits the output layer kept, its backward runs first),
+        elsewhere 0 under 1F1B. (Until round 8 the logits share was left out; every Llama
+        GPipe last stage measured then was over-predicted by 5-9 %. 1F1B: pair14 p05,
+        round 14, rank 0 of pp 2 with m = 2 at +5.4 %, its trace peaking at the first
+        backward with no gradient allocated.) Interleaved: a chunk whose first backward
+        comes after others freed activations adds its gradients on a lower level (round
+        15, post hoc: holdout13 v09's ranks 0-2, pp 4, v 2, m 4, measured 1.3, 1.3 and
+        1.0 GiB under the prediction without this)."""
+        if not self.relief_events or not self.relief_events[rank]:
             return 0.0
-        grads = layers * self.relief_layer_grad_bytes + self.relief_const_grad_bytes[rank]
-        one_mb = self._one_microbatch_act_bytes(rank, layers)
-        if rank == self.last_rank:
-            one_mb += ((self.logits_bytes - self.output_peak_bytes)
-                       / max(self.inflight[rank], 1.0))
-        return min(grads, one_mb)
+        key = (rank, layers)
+        out = self._relief.get(key)  # type: ignore[attr-defined]
+        if out is None:
+            v = self.layout.vpp if self.layout.schedule == "interleaved-1f1b" else 1
+            act = [layers / v * self.layer_activation_bytes] * v
+            grads = [layers / v * self.relief_layer_grad_bytes] * v
+            if rank == 0:
+                act[0] += self.embedding_act_bytes
+                grads[0] += self.relief_first_grad_bytes
+            if rank == self.last_rank:
+                # one micro-batch's kept logits (GPipe keeps every micro-batch's)
+                act[-1] += ((self.logits_bytes - self.output_peak_bytes)
+                            / max(self.inflight[rank], 1.0))
+                grads[-1] += self.relief_last_grad_bytes
+            out = self._relief[key] = first_backward.relief_bytes(  # type: ignore[attr-defined]
+                self.relief_events[rank], act, grads)
+        return out
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
         """ZeRO-3 under torch.distributed.pipelining (1F1B, interleaved, zero-bubble): the
@@ -984,12 +1006,22 @@ class LayerTables:
         backward the rank holds all its layers' weights W and one micro-batch's
         activations A1 less; the next forward gives the activations back as it reshards
         the weights layer by layer. The peak gains max(0, W − A1) over the two gathered
-        layers the buffers already count. Read from torch's source (2.13), not yet
-        measured (holdout13's v05 and v13 will)."""
+        layers the buffers already count. Read from torch's source (2.13).
+
+        The last rank peaks in its output layer's backward, before its layers' backward
+        gathers them: there the weights coexist only with what remains once the output's
+        working memory (``output_peak_bytes`` beyond the part shared with a layer's
+        backward, :attr:`output_overlap_bytes`) is freed. Measured in round 15 (holdout13,
+        post hoc for the last rank): v13's rank 0 (Llama, pp 2, mb 4) 11.19 GiB against
+        10.85 predicted with this term (10.05 without), its last rank 15.31 against 16.38
+        with the full term and 15.59 with this rule."""
         if not self.z3_resident_layer_bytes or layers <= 2:
             return 0.0
-        return max(0.0, (layers - 2) * self.z3_resident_layer_bytes
-                   - self._one_microbatch_act_bytes(rank, layers))
+        extra = max(0.0, (layers - 2) * self.z3_resident_layer_bytes
+                    - self._one_microbatch_act_bytes(rank, layers))
+        if rank == self.last_rank:
+            extra = max(0.0, extra - (self.output_peak_bytes - self.output_overlap_bytes))
+        return extra
 
     def _one_microbatch_act_bytes(self, rank: int, layers: int) -> float:
         """One micro-batch's activations on ``rank``'s layers (and the embedding's on rank
@@ -1012,11 +1044,28 @@ class LayerTables:
                + self.z3_resident_bytes(rank, layers))
         if self.recv_buffers:
             buf += self.recv_buffers[rank]
-        if rank == self.last_rank and self.last_merge_bytes > act + logit + buf:
+        end = self.end_of_step_bytes(layers) if rank == self.last_rank else 0.0
+        if end > act + logit + buf:
             # the end-of-step concatenation of the kept outputs is this rank's peak: count it
             # as the output part so that states + act + logit + buf is still the peak
-            logit = self.last_merge_bytes - act - buf
+            logit = end - act - buf
         return act, logit, buf
+
+    def end_of_step_bytes(self, layers: int) -> float:
+        """The last rank's memory beyond its model states when torch concatenates the kept
+        stage outputs at the end of the step (``last_merge_bytes``; 0 where that does not
+        apply). Then the rank holds no activations but still its receive buffers
+        (``pipeline_recv_buffers``: allocated once, kept for the run; round 15's v09 snapshot
+        held all of them, 1.5 GiB, at the step's end). Under full recompute it no longer holds
+        autocast's 16-bit weight copies: every layer's recompute (``torch.utils.checkpoint``)
+        leaves autocast on the autograd thread, which clears the cast cache (the mechanism of
+        round 12), and after the last backward nothing casts again. Round 15: v10/v11 (Llama,
+        full) measured 23.80/24.80 GiB at that peak, copies counted 24.55/25.55, without
+        23.73/24.73; v02 (GPT, selective: copies kept) 29.10 vs 29.02 with them."""
+        if not self.last_merge_bytes:
+            return 0.0
+        return (self.last_merge_bytes + self.end_recv_bytes
+                - layers * self.end_uncached_layer_bytes - self.end_uncached_const_bytes)
 
     def _layer_act_bytes(self, rank: int) -> float:
         """Activation memory one layer of ``rank`` holds at the rank's peak."""
@@ -1031,7 +1080,7 @@ class LayerTables:
             + self.z3_resident_bytes(rank, layers)
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
-                      + self.last_states_bytes + self.last_merge_bytes)
+                      + self.last_states_bytes + self.end_of_step_bytes(layers))
         return mem
 
     def peak_memory_bytes(self, stage_layers) -> float:
@@ -1194,6 +1243,14 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
                  * activation_bytes_per_element(job))
         chunks, merge = m * chunk, 2 * m * chunk
     last_states = last_extra - logits_b if pp > 1 else 0.0
+    end_recv = end_layer = end_const = 0.0
+    if merge:
+        end_recv = pipeline_recv_buffers(job, layout, m, model.hidden_size,
+                                         (0.0,) * pp)[last_rank]
+        if layout.recompute == "full" and not (layout.zero >= 2 and dp > 1):
+            end_layer = compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
+            end_const = compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
+                                           **copy_kw)
     return LayerTables(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
         num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
@@ -1210,6 +1267,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
         cpu_action_s=action_cpu, cpu_known=cpu is not None,
         last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
+        end_recv_bytes=end_recv, end_uncached_layer_bytes=end_layer,
+        end_uncached_const_bytes=end_const,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         grad_copies=grad_copies, recv_buffers=recv,
         wgrad_pending=pending,
@@ -1229,33 +1288,32 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         z3_resident_layer_bytes=(layer_params * copy_b
                                  if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
                                  and layout.schedule != "gpipe" else 0.0),
-        **_first_backward_relief(job, layout, m, inflight, grad_copies, layer_params,
-                                  first_params, last_params if pp > 1 else 0.0, last_rank))
+        **_first_backward_relief(job, layout, m, grad_copies, layer_params, first_params,
+                                  last_params if pp > 1 else 0.0))
 
 
-def _first_backward_relief(job: Job, layout: Layout, microbatches: int,
-                           inflight: tuple[float, ...], grad_copies: int, layer_params: float,
-                           first_params: float, last_params: float, last_rank: int) -> dict:
+def _first_backward_relief(job: Job, layout: Layout, microbatches: int, grad_copies: int,
+                           layer_params: float, first_params: float, last_params: float
+                           ) -> dict:
     """LayerTables' relief fields (:meth:`LayerTables.first_backward_relief_bytes`): runtime
-    "torch", pp > 1, gradients allocated by the first backward (not sharded by FSDP per
-    micro-batch, FSDP2's unsharded accumulators included: :func:`fsdp_accumulates_unsharded`)
-    and not kept in DDP buckets; under GPipe and 1F1B (vpp 1), the ranks whose ``inflight``
-    micro-batches (:func:`inflight_microbatches`: m under GPipe, the warm-up's
-    ``min(pp − rank, m)`` under 1F1B) are all the step's ``microbatches``.
+    "torch", pp > 1, gradients allocated by each chunk's first backward (not sharded by
+    FSDP per micro-batch, FSDP2's unsharded accumulators included:
+    :func:`fsdp_accumulates_unsharded`), not kept in DDP buckets, and a schedule whose
+    backward allocates them (:data:`first_backward.WALKED_SCHEDULES`).
     ``first_params`` / ``last_params``: the first / last rank's non-layer parameters."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero
-    plain = layout.schedule == "gpipe" or (layout.schedule == "1f1b" and layout.vpp == 1)
-    ranks = tuple(plain and n >= microbatches for n in inflight)
-    if job.runtime != "torch" or not any(ranks) or pp == 1 or grad_copies != 1 \
+    if job.runtime != "torch" or pp == 1 or grad_copies != 1 \
+            or layout.schedule not in first_backward.WALKED_SCHEDULES \
             or (zero >= 2 and not fsdp_accumulates_unsharded(job, zero, dp, pp)):
         return {}
 
     def grads(params: float) -> float:
         return state_bytes_at_peak(params, job, zero, dp, pp)[1]
-    const = tuple((grads(first_params) if r == 0 else 0.0)
-                  + (grads(last_params) if r == last_rank else 0.0) for r in range(pp))
-    return {"relief_layer_grad_bytes": grads(layer_params), "relief_const_grad_bytes": const,
-            "relief_ranks": ranks}
+    events = tuple(first_backward.backward_events(layout.schedule, pp, layout.vpp,
+                                                  microbatches, r) for r in range(pp))
+    return {"relief_layer_grad_bytes": grads(layer_params),
+            "relief_first_grad_bytes": grads(first_params),
+            "relief_last_grad_bytes": grads(last_params), "relief_events": events}
 
 
 def _root_gather_s(params: float, bytes_per_param: float, dp_link) -> float:

@@ -336,6 +336,34 @@ def test_pipelined_last_stage_keeps_every_output_runtime_torch():
     assert t.rank_memory_bytes(1, 4) >= 4 * t.layer_state_bytes + t.last_merge_bytes
 
 
+def test_end_of_step_merge_holds_receive_buffers_and_no_autocast_copies_under_full_recompute():
+    """Round 15 (holdout13 v02/v03/v10/v11): at the merge the last rank still holds its
+    receive buffers (kept for the run), and under full recompute no 16-bit weight copies
+    (each recompute left autocast and cleared its cache)."""
+    from meshplan.costmodel.estimate import (_stage_io_bytes, compute_copy_bytes,
+                                             layer_tables)
+    c = _cluster(TABLES)
+    lay = Layout(pp=2, micro_batch=1, recompute="selective")
+    sel = layer_tables(MODEL, c, JOB, lay)
+    m = sel.num_microbatches
+    recv = m * _stage_io_bytes(JOB, lay, MODEL.hidden_size)     # last stage: receives only
+    assert sel.end_recv_bytes == pytest.approx(recv) and recv > 0
+    assert sel.end_of_step_bytes(4) == pytest.approx(sel.last_merge_bytes + recv)
+    full = layer_tables(MODEL, c, JOB, lay.replace(recompute="full"))
+    kw = dict(job=JOB, zero=0, dp=1, tp=1, pp=2)
+    per_layer = compute_copy_bytes(MODEL, layers=1, first=False, last=False, **kw)
+    head = compute_copy_bytes(MODEL, layers=0, first=False, last=True, **kw)
+    assert per_layer > 0 and head > 0
+    assert full.end_of_step_bytes(4) == pytest.approx(
+        full.last_merge_bytes + recv - 4 * per_layer - head)
+    # the peak is still the larger of mid-step and end of step
+    assert full.rank_memory_bytes(1, 4) >= (4 * full.layer_state_bytes
+                                            + full.last_states_bytes + full.end_of_step_bytes(4))
+    # no merge, no end-of-step term (megatron's runtime)
+    mega = layer_tables(MODEL, c, Job(global_batch=16, seq_len=1024), lay)
+    assert mega.end_of_step_bytes(4) == 0.0
+
+
 def test_ddp_micro_batches_hold_a_second_gradient_copy():
     c = _cluster(TABLES)
     fp32 = stage_params(MODEL, 8, 1, first=True, last=True, pp=1) * 4
@@ -589,7 +617,7 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     assert g == pytest.approx(model_state_bytes(stage_params(MODEL, 1, 1, first=False,
                                                              last=False, pp=2), JOB, 0, 1)[1])
     one_mb = 4 * gp.layer_activation_bytes + gp.embedding_act_bytes
-    grads = 4 * g + gp.relief_const_grad_bytes[0]
+    grads = 4 * g + gp.relief_first_grad_bytes
     assert gp.first_backward_relief_bytes(0, 4) == pytest.approx(min(grads, one_mb))
     assert min(grads, one_mb) > 0
     act, _, _ = gp.rank_variable_bytes(0, 4)
@@ -599,12 +627,12 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     last = gp.last_rank
     per_mb_logits = (gp.logits_bytes - gp.output_peak_bytes) / gp.inflight[last]
     assert per_mb_logits > 0
-    last_grads = 4 * g + gp.relief_const_grad_bytes[last]
+    last_grads = 4 * g + gp.relief_last_grad_bytes
     assert gp.first_backward_relief_bytes(last, 4) == pytest.approx(
         min(last_grads, 4 * gp.layer_activation_bytes + per_mb_logits))
     # with no layers only the output's share can be freed (before round 8: nothing)
     assert gp.first_backward_relief_bytes(last, 0) == pytest.approx(
-        min(gp.relief_const_grad_bytes[last], per_mb_logits))
+        min(gp.relief_last_grad_bytes, per_mb_logits))
     assert gp.first_backward_relief_bytes(last, 0) > 0
     # 1F1B: only on a rank whose warm-up runs every forward first (m <= pp - rank)
     m = JOB.global_batch                                # micro-batch 1, dp 1
@@ -612,11 +640,13 @@ def test_gpipe_gradients_and_one_micro_batch_of_activations_never_coexist():
     assert layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1)
                         ).first_backward_relief_bytes(0, 4) == 0.0
     few = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=m // 2))   # m = 2
-    assert few.relief_ranks == (True, False)
+    assert few.first_backward_relief_bytes(0, 4) == pytest.approx(
+        min(grads, 4 * few.layer_activation_bytes + few.embedding_act_bytes))
     assert few.first_backward_relief_bytes(0, 4) > 0
     assert few.first_backward_relief_bytes(1, 4) == 0.0
-    assert layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=m // 2, schedule="gpipe")
-                        ).relief_ranks == (True, True)
+    gp_few = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=m // 2, schedule="gpipe"))
+    assert gp_few.first_backward_relief_bytes(0, 4) > 0
+    assert gp_few.first_backward_relief_bytes(1, 4) > 0
     # FSDP2 under the pipeline allocates its unsharded fp32 accumulators in the first
     # backward too: the same relief, with the unsharded gradient per layer
     z2 = layer_tables(MODEL, c, JOB, Layout(dp=2, micro_batch=1, zero=2, pp=2,
@@ -740,8 +770,16 @@ def test_zero3_under_a_pipeline_keeps_gathered_weights_from_backward_to_forward(
     assert t.z3_resident_bytes(0, 4) == pytest.approx(max(0.0, 2 * w - one_mb))
     # where the activations are smaller than the weights, the peak gains the difference,
     # in the estimate's rows and in the planner's per-rank memory alike
-    lean = replace(t, layer_activation_bytes=0.0, embedding_act_bytes=0.0)
+    # (rank 1 is the last: no output working memory here, see below)
+    lean = replace(t, layer_activation_bytes=0.0, embedding_act_bytes=0.0,
+                   output_peak_bytes=0.0)
     assert lean.z3_resident_bytes(1, 4) == pytest.approx(2 * w)          # 4 layers − 2 gathered
+    # the last rank peaks in its output's backward, before its layers gather their weights:
+    # only what the output's working memory does not cover adds (round 15, v13)
+    out = replace(lean, output_peak_bytes=w, recompute_buf_bytes=0.0)
+    assert out.output_overlap_bytes == 0.0
+    assert out.z3_resident_bytes(1, 4) == pytest.approx(w)
+    assert out.z3_resident_bytes(0, 4) == pytest.approx(2 * w)           # not the last rank
     base = replace(lean, z3_resident_layer_bytes=0.0)
     assert lean.rank_memory_bytes(1, 4) - base.rank_memory_bytes(1, 4) == pytest.approx(2 * w)
     assert lean.rank_variable_bytes(1, 4)[2] - base.rank_variable_bytes(1, 4)[2] == \
