@@ -372,7 +372,7 @@ HOLDOUT12_LAYOUTS = [
                          recompute="selective")),
     ("u16", LLAMA_16B, L(dp=2, tp=2, micro_batch=4, zero=1, sequence_parallel=True)),
 ]
-# "holdout13" (after round 11; not run yet): 16 new 4-rank layouts chosen before any ran,
+# "holdout13" (after round 11; run in round 15): 16 new 4-rank layouts chosen before any ran,
 # none in an earlier set, to hold out round 11's two model changes: interleaved 1F1B over
 # pp 4 at 2-16 micro-batches per step and vpp 2-3 (torch's p2p order binds at m <= 4·pp,
 # not at 32), and ZeRO-2/3 under pp 2 (FSDP2's unsharded gradients; ZeRO-3 under a
@@ -403,6 +403,46 @@ HOLDOUT13_LAYOUTS = [
                          sequence_parallel=True)),
     ("v16", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="1f1b", recompute="selective",
                          sequence_parallel=True)),
+]
+# "holdout16" (after round 15; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# before any ran and none in an earlier set, to hold out round 15's three memory changes:
+# interleaved ranks that reach a chunk's first backward late (m = pp with vpp 2-3 over pp 4,
+# and m = 2·pp over pp 2), the end-of-step merge on full-recompute and selective last stages,
+# ZeRO-3 under 1F1B and interleaved (zero-bubble under ZeRO-3 is refused: found while
+# choosing this set, costmodel.validate.ZB_ZERO3_UNSUPPORTED); plus GPipe under ZeRO-1/2,
+# zero-bubble under ZeRO-2, tp 2-4 with and without SP, dp 4 FSDP2. Every schedule, ZeRO stage and recompute mode; <= 64 GiB predicted
+# on the round-11 H100 and round-15 H200 profiles (~17.5 / 16.3 s of predicted steps).
+# Protocol, fixed before the run: calibrate on the machine (call 1), then validate the whole
+# set twice (calls 2 and 3). The held-out result is call 2 as run; each layout's mean over
+# the two runs (`--merge A,B --median`: the median of two) is reported beside it.
+HOLDOUT16_LAYOUTS = [
+    ("z01", GPT_05B, L(pp=4, micro_batch=16, schedule=INTERLEAVED, vpp=2,
+                       recompute="selective")),
+    ("z02", GPT_05B, L(pp=4, micro_batch=16, schedule=INTERLEAVED, vpp=3,
+                       recompute="selective")),
+    ("z03", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule=INTERLEAVED, vpp=2,
+                       recompute="full")),
+    ("z04", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="gpipe", zero=1,
+                       recompute="selective")),
+    ("z05", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="1f1b", zero=3,
+                       recompute="selective")),
+    ("z06", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="1f1b", sequence_parallel=True)),
+    ("z07", GPT_05B, L(dp=4, micro_batch=16, zero=2, recompute="full")),
+    ("z08", GPT_05B, L(dp=2, tp=2, micro_batch=4)),
+    ("z09", LLAMA_16B, L(pp=4, micro_batch=16, schedule=INTERLEAVED, vpp=3,
+                         recompute="full")),
+    ("z10", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=2,
+                         recompute="full", zero=1)),
+    ("z11", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="gpipe", recompute="full",
+                         zero=2)),
+    ("z12", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule=INTERLEAVED, vpp=3,
+                         recompute="full", zero=3)),
+    ("z13", LLAMA_16B, L(pp=4, micro_batch=16, schedule="1f1b", recompute="full")),
+    ("z14", LLAMA_16B, L(tp=4, micro_batch=16, recompute="full", sequence_parallel=True)),
+    ("z15", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, zero=1, recompute="full",
+                         sequence_parallel=True)),
+    ("z16", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble",
+                         recompute="selective", zero=2)),
 ]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
@@ -548,6 +588,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout11": HOLDOUT11_LAYOUTS,
         "holdout12": HOLDOUT12_LAYOUTS,
         "holdout13": HOLDOUT13_LAYOUTS,
+        "holdout16": HOLDOUT16_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
@@ -555,7 +596,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4, "casts2": JOB2, "pair12": JOB2,
+            "holdout13": JOB4, "holdout16": JOB4, "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2}
 # the other sets use 4
 SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2, "pair14": 2}
@@ -752,7 +793,7 @@ def main(argv=None) -> int:
                         "round 8's post-hoc changes), 'holdout11' (round 10), 'holdout12' "
                         "(after round 10), 'holdout13' (after round 11), 'casts2' / "
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
-                        "(round 14, 2 GPUs) or "
+                        "(round 14, 2 GPUs), 'holdout16' (after round 15) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "

@@ -6,6 +6,13 @@ from meshplan.costmodel.specs import Job, Layout, ModelSpec, default_stage_layer
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 
+#: runtime "torch" (the executor refuses it too, meshplan.executor.pipeline.check_schedule)
+ZB_ZERO3_UNSUPPORTED = (
+    "schedule 'zero-bubble' with zero = 3 (dp > 1) is not supported by the executor: torch's "
+    "split weight-gradient pass runs after FSDP2 has resharded the layer's weights, and on "
+    "CPU it trained to wrong losses (Llama) or hung (GPT with tied embeddings). Use zero "
+    "<= 2 with zero-bubble, or ZeRO-3 with gpipe, 1f1b or interleaved-1f1b")
+
 
 def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
                  exact_gpus: bool = False) -> tuple[int, ...]:
@@ -36,6 +43,9 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
         raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
                           f"embeddings (max_seq_len = {model.max_seq_len})")
+    if job.runtime == "torch" and pp > 1 and dp > 1 and layout.schedule == "zero-bubble" \
+            and layout.zero == 3:
+        raise ConfigError(ZB_ZERO3_UNSUPPORTED)
     m = layout.num_microbatches(job.global_batch)
     stages = pp * layout.vpp
     if layout.schedule == "interleaved-1f1b" and pp > 1 and m % pp:

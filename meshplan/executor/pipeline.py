@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.costmodel.specs import Layout, ModelSpec, default_stage_layers
+from meshplan.costmodel.validate import ZB_ZERO3_UNSUPPORTED
 from meshplan.errors import ExecutorError
 
 
@@ -62,6 +63,8 @@ def check_schedule(layout: Layout, num_microbatches: int) -> None:
     """Reject what the torch schedules cannot run, before anything is allocated."""
     if layout.pp == 1:
         return
+    if layout.schedule == "zero-bubble" and layout.zero == 3 and layout.dp > 1:
+        raise ExecutorError(ZB_ZERO3_UNSUPPORTED)
     m, p = num_microbatches, layout.pp
     if layout.schedule == "1f1b" and m < p:
         raise ExecutorError(f"schedule '1f1b' needs at least pp = {p} micro-batches per step, got "

@@ -181,6 +181,9 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                                 continue
                             zs = [fx["zero"]] if "zero" in fx else zeros if dp > 1 else zeros[:1]
                             for z in zs:
+                                if (job.runtime == "torch" and s == "zero-bubble" and z == 3
+                                        and dp > 1 and pp > 1):
+                                    continue      # check_layout: ZB_ZERO3_UNSUPPORTED
                                 for sp in sps:
                                     if sp and tp == 1:
                                         continue

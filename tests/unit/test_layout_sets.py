@@ -11,7 +11,7 @@ import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-         "pair14"]
+         "pair14", "holdout16"]
 
 
 def test_every_set_has_unique_names():
@@ -28,7 +28,7 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-                     "pair14"):
+                     "pair14", "holdout16"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
@@ -56,6 +56,21 @@ def test_holdout13_holds_out_round_11s_changes():
     assert {l.zero for l in ls if l.pp > 1 and l.dp > 1 and l.zero >= 2} == {2, 3}
     assert all(l.num_gpus == 4 for l in ls)
 
+
+def test_holdout16_holds_out_round_15s_changes():
+    ls = [layout for _, _, layout in vd.HOLDOUT16_LAYOUTS]
+    assert {l.schedule for l in ls} == {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"}
+    assert {l.zero for l in ls} == {0, 1, 2, 3}
+    assert {l.recompute for l in ls} == {"none", "selective", "full"}
+    assert any(l.sequence_parallel for l in ls)
+    # interleaved with as many micro-batches as stages (ranks run all forwards first)
+    assert any(l.schedule == "interleaved-1f1b" and l.pp == 4
+               and vd.JOB4.global_batch // (l.dp * l.micro_batch) == l.pp for l in ls)
+    # ZeRO-3 under the schedules whose stage keeps FSDP2's weights gathered after backward
+    assert {l.schedule for l in ls if l.zero == 3 and l.pp > 1} == {"1f1b", "interleaved-1f1b"}
+    assert all(l.num_gpus == 4 for l in ls)
+    for model in (vd.GPT_05B, vd.LLAMA_16B):
+        assert sum(m.name == model.name for _, m, _ in vd.HOLDOUT16_LAYOUTS) == 8
 
 
 def test_casts2_holds_out_the_autocast_casts_on_two_gpus():

@@ -125,3 +125,19 @@ def test_default_stage_layers_even_and_complete():
     for n, s in [(96, 16), (126, 16), (5, 5), (7, 2)]:
         split = default_stage_layers(n, s)
         assert sum(split) == n and max(split) - min(split) <= 1
+
+
+def test_zero_bubble_under_zero3_is_refused_for_the_torch_runtime_only():
+    from meshplan.costmodel.specs import Job, Layout, ModelSpec
+    from meshplan.costmodel.validate import check_layout
+    from meshplan.errors import ConfigError
+    from meshplan.hardware_profiles import Cluster
+    model = ModelSpec(name="m", num_layers=8, hidden_size=256, num_heads=4, vocab_size=1000,
+                      max_seq_len=512)
+    cluster = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    lay = Layout(dp=2, pp=2, micro_batch=1, schedule="zero-bubble", zero=3)
+    with pytest.raises(ConfigError, match=r"zero-bubble' with zero = 3 .*zero <= 2"):
+        check_layout(model, cluster, Job(global_batch=8, seq_len=512, runtime="torch"), lay)
+    check_layout(model, cluster, Job(global_batch=8, seq_len=512), lay)      # megatron
+    check_layout(model, cluster, Job(global_batch=8, seq_len=512, runtime="torch"),
+                 lay.replace(zero=2))
