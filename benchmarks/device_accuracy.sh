@@ -27,6 +27,8 @@
 #   SET=ddp13 PROFILE=docs/benchmarks/profile_h100x2_round12.toml ... validate  # round 13
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair14 ... validate
 #                                                      # round 14, on 2 GPUs
+#   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair16 ... validate
+#                                                      # next if only 2 GPUs: validate twice
 #   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off

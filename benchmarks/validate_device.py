@@ -578,6 +578,36 @@ PAIR14_LAYOUTS = [
     ("p15", LLAMA_16B, L(tp=2, micro_batch=4, recompute="full")),
     ("p16", LLAMA_16B, L(dp=2, micro_batch=1, zero=1)),
 ]
+# "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
+# 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
+# round 15's changes where 2 ranks can: interleaved pp 2 with m = pp (micro-batch 16, ranks
+# that run every chunk forward first) and m = 2·pp, full-recompute and selective last stages
+# whose end-of-step merge is the peak; plus every schedule, ZeRO 0-3 over dp 2 and tp 2 with
+# SP; three layouts the round-12 H100 profile calls host-bound (y05, y12, y13). <= 71 GiB
+# predicted on profile_h100x2_round12.toml (~16.5 s of predicted steps). Protocol, fixed
+# before the run: `NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate`, then
+# validate the set twice; call 2 as run is the result, each layout's mean of the two runs
+# (`--merge A,B --median`) is reported beside it.
+PAIR16_LAYOUTS = [
+    ("y01", GPT_05B, L(pp=2, micro_batch=16, schedule=INTERLEAVED, vpp=2, recompute="full")),
+    ("y02", GPT_05B, L(pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=3,
+                       recompute="selective")),
+    ("y03", GPT_05B, L(pp=2, micro_batch=4, schedule="1f1b", recompute="full")),
+    ("y04", GPT_05B, L(pp=2, micro_batch=16, schedule="gpipe", recompute="selective")),
+    ("y05", GPT_05B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="selective")),
+    ("y06", GPT_05B, L(dp=2, micro_batch=16, zero=3, recompute="full")),
+    ("y07", GPT_05B, L(tp=2, micro_batch=16, recompute="full", sequence_parallel=True)),
+    ("y08", GPT_05B, L(dp=2, micro_batch=2, zero=1)),
+    ("y09", LLAMA_16B, L(pp=2, micro_batch=16, schedule=INTERLEAVED, vpp=3,
+                         recompute="full")),
+    ("y10", LLAMA_16B, L(pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=2, recompute="full")),
+    ("y11", LLAMA_16B, L(pp=2, micro_batch=2, schedule="1f1b", recompute="full")),
+    ("y12", LLAMA_16B, L(pp=2, micro_batch=1, schedule="gpipe", recompute="full")),
+    ("y13", LLAMA_16B, L(pp=2, micro_batch=1, schedule="zero-bubble", recompute="selective")),
+    ("y14", LLAMA_16B, L(dp=2, micro_batch=8, zero=2, recompute="full")),
+    ("y15", LLAMA_16B, L(tp=2, micro_batch=16, recompute="selective", sequence_parallel=True)),
+    ("y16", LLAMA_16B, L(dp=2, micro_batch=4)),
+]
 SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "check3": CHECK3_LAYOUTS, "holdout3": HOLDOUT3_LAYOUTS, "holdout4": HOLDOUT4_LAYOUTS,
         "holdout5": HOLDOUT5_LAYOUTS, "holdout6": HOLDOUT6_LAYOUTS,
@@ -591,15 +621,17 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout16": HOLDOUT16_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
+        "pair16": PAIR16_LAYOUTS,
         "all": DEV_LAYOUTS + TEST_LAYOUTS + HOLDOUT2_LAYOUTS + CHECK3_LAYOUTS}
 # the other sets use JOB
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "casts2": JOB2, "pair12": JOB2,
-            "ddp13": JOB2, "pair14": JOB2}
+            "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
-SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2, "pair14": 2}
+SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2, "pair14": 2,
+             "pair16": 2}
 
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=64, num_heads=4, vocab_size=128,
                      max_seq_len=64)
@@ -793,7 +825,7 @@ def main(argv=None) -> int:
                         "round 8's post-hoc changes), 'holdout11' (round 10), 'holdout12' "
                         "(after round 10), 'holdout13' (after round 11), 'casts2' / "
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
-                        "(round 14, 2 GPUs), 'holdout16' (after round 15) or "
+                        "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "

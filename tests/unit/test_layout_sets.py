@@ -11,7 +11,7 @@ import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-         "pair14", "holdout16"]
+         "pair14", "holdout16", "pair16"]
 
 
 def test_every_set_has_unique_names():
@@ -28,7 +28,7 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-                     "pair14", "holdout16"):
+                     "pair14", "holdout16", "pair16"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
@@ -81,7 +81,7 @@ def test_casts2_holds_out_the_autocast_casts_on_two_gpus():
     assert {l.recompute for l in ls} == {"none", "selective", "full"}
 
 
-@pytest.mark.parametrize("name", ["pair12", "pair14"])
+@pytest.mark.parametrize("name", ["pair12", "pair14", "pair16"])
 def test_pair_sets_cover_every_schedule_zero_stage_and_recompute_mode_on_two_gpus(name):
     ls = [layout for _, _, layout in vd.SETS[name]]
     assert vd.SET_NPROC[name] == 2 and all(l.num_gpus == 2 for l in ls)
@@ -103,6 +103,13 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
     assert {m.name for _, m, _ in vd.DDP13_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
 
 
-def test_pair14_has_eight_layouts_per_model():
+@pytest.mark.parametrize("name", ["pair14", "pair16"])
+def test_pair_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
-        assert sum(m.name == model.name for _, m, _ in vd.PAIR14_LAYOUTS) == 8
+        assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
+
+
+def test_pair16_has_interleaved_ranks_that_run_every_forward_first():
+    job = vd.SET_JOBS["pair16"]
+    assert any(l.schedule == "interleaved-1f1b" and job.global_batch // l.micro_batch == l.pp
+               for _, _, l in vd.PAIR16_LAYOUTS)
