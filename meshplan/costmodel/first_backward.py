@@ -12,11 +12,12 @@ walking the rank's operations in the schedule's order (:func:`pipeline_sim.rank_
 Worked example, interleaved 1F1B, pp 4, vpp 2, m 4 (holdout13's v09, rank 0; round 15):
 the rank runs all eight chunk forwards first (warm-up ``2·3 + 4 = 10 ≥ 8``), then the four
 backwards of chunk 1, then those of chunk 0. With per-chunk activations ``A`` and
-gradients ``G`` (3 layers each): the model's peak ``8A + 2G``; the walk's peak is at the
-first backward, ``8A + max(0, G − A)``, because chunk 0's gradients appear only after four
-backwards freed ``4A``. For Llama-1.64B at micro-batch 16, ``A`` = 0.375 GiB and
-``G`` ≈ 0.70 GiB (fp32): 1.33 GiB less, where the measured rank 0 held 1.57 GiB less than
-predicted.
+gradients ``G0``, ``G1``: the other terms count ``8A + G0 + G1``; the walk peaks at the
+first backward, ``8A + max(0, G1 − A)``, because chunk 0's gradients appear only after four
+backwards freed ``4A`` (while ``G0 ≤ 4A``). For Llama-1.64B at micro-batch 16, ``A`` =
+0.375 GiB (3 layers' inputs), ``G1`` = 0.70 GiB and ``G0`` = 0.95 GiB (3 layers and the
+embedding, fp32): ``G0 + A`` = 1.33 GiB less, where the measured rank 0 held 1.57 GiB less
+than predicted.
 
 GPipe and 1F1B (one chunk) reduce to the earlier rule: relief ``min(G, A)`` on a rank that
 runs all m forwards before its first backward, none elsewhere. Zero-bubble is not walked:

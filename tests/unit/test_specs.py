@@ -141,3 +141,19 @@ def test_zero_bubble_under_zero3_is_refused_for_the_torch_runtime_only():
     check_layout(model, cluster, Job(global_batch=8, seq_len=512), lay)      # megatron
     check_layout(model, cluster, Job(global_batch=8, seq_len=512, runtime="torch"),
                  lay.replace(zero=2))
+
+
+def test_planner_space_leaves_out_zero_bubble_under_zero3_for_the_torch_runtime():
+    from meshplan.costmodel.specs import Job, ModelSpec
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.planner.constraints import Constraints
+    from meshplan.planner.space import enumerate_configs
+    model = ModelSpec(name="m", num_layers=8, hidden_size=256, num_heads=4, vocab_size=1000,
+                      max_seq_len=512)
+    cluster = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+
+    def zb_zero3(job):
+        return [c for c in enumerate_configs(model, cluster, job, [4], Constraints())
+                if c.schedule == "zero-bubble" and c.zero == 3 and c.dp > 1 and c.pp > 1]
+    assert zb_zero3(Job(global_batch=16, seq_len=512))                  # megatron: kept
+    assert zb_zero3(Job(global_batch=16, seq_len=512, runtime="torch")) == []
