@@ -414,7 +414,8 @@ HOLDOUT13_LAYOUTS = [
 # on the round-11 H100 and round-15 H200 profiles (~17.5 / 16.3 s of predicted steps).
 # Protocol, fixed before the run: calibrate on the machine (call 1), then validate the whole
 # set twice (calls 2 and 3). The held-out result is call 2 as run; each layout's mean over
-# the two runs (`--merge A,B --median`: the median of two) is reported beside it.
+# the two runs (`--merge A,B --median`: the median of two) is reported beside it, and so is
+# a re-prediction with TORCH_P2P_SLOWDOWN_PER_OP = 0.008 (round 15's sweep, not committed).
 HOLDOUT16_LAYOUTS = [
     ("z01", GPT_05B, L(pp=4, micro_batch=16, schedule=INTERLEAVED, vpp=2,
                        recompute="selective")),
@@ -587,7 +588,8 @@ PAIR14_LAYOUTS = [
 # predicted on profile_h100x2_round12.toml (~16.5 s of predicted steps). Protocol, fixed
 # before the run: `NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate`, then
 # validate the set twice; call 2 as run is the result, each layout's mean of the two runs
-# (`--merge A,B --median`) is reported beside it.
+# (`--merge A,B --median`) and a re-prediction with TORCH_P2P_SLOWDOWN_PER_OP = 0.008 are
+# reported beside it.
 PAIR16_LAYOUTS = [
     ("y01", GPT_05B, L(pp=2, micro_batch=16, schedule=INTERLEAVED, vpp=2, recompute="full")),
     ("y02", GPT_05B, L(pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=3,
