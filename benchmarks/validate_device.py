@@ -165,7 +165,7 @@ HOLDOUT3_LAYOUTS = [
     ("k15", LLAMA_16B, L(pp=4, micro_batch=4, schedule="zero-bubble", recompute="selective")),
     ("k16", LLAMA_16B, L(dp=4, micro_batch=4, zero=3)),
 ]
-# "holdout4" (after round 4; not run yet): 16 more new layouts in the same regime, to be run
+# "holdout4" (after round 4; run in rounds 5-6): 16 more new layouts in the same regime, to be run
 # with a fresh calibration (`--micro-batches 2,4,8 --split-timing queued`, which times
 # zero-bubble's split backward queued, GPU-busy and CPU apart) — chosen after holdout3.
 HOLDOUT4_LAYOUTS = [
@@ -218,7 +218,7 @@ HOLDOUT7_LAYOUTS = [
     ("p16", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="zero-bubble",
                          recompute="selective", sequence_parallel=True)),
 ]
-# "holdout8" (round 7, after holdout7's post-hoc changes; not run yet): 16 new 4-rank
+# "holdout8" (round 7, after holdout7's post-hoc changes; run in round 7): 16 new 4-rank
 # layouts at holdout4's sizes, chosen before any of them ran, weighted to what those changes
 # act on — FSDP2 over tensor-parallel layers (composed rows) and the per-p2p pipeline
 # slowdown (interleaved vpp 2-3 with dp, 1F1B/GPipe/zero-bubble at pp 4) — plus ZeRO-1/3
@@ -340,7 +340,7 @@ HOLDOUT11_LAYOUTS = [
     ("t16", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=3, recompute="full",
                          sequence_parallel=True)),
 ]
-# "holdout12" (after round 10; not run yet): 16 new 4-rank layouts chosen before any ran,
+# "holdout12" (after round 10; run in round 11): 16 new 4-rank layouts chosen before any ran,
 # none in an earlier set: GPipe (missing from holdout11) in five, ZeRO-2/3 under pipeline
 # and tp, interleaved vpp 2 at pp 2 and 4 with full recompute, 1F1B at pp 4, zero-bubble
 # with selective and (GPT, ZeRO-1) full recompute; both models, micro-batches 2-8; <= 65
