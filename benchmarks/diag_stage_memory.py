@@ -290,7 +290,7 @@ def main(argv=None) -> int:
                    help="record allocations with their Python stacks (CUDA) and report what "
                         "is alive at each rank's peak, by allocation site")
     p.add_argument("--steps", type=int, default=1,
-                   help="measured steps after the one warm-up step [1]")
+                   help="measured steps after the warm-up [1]")
     p.add_argument("--warmup", type=int, default=1, help="warm-up steps [1]")
     p.add_argument("--garbage-report", action="store_true",
                    help="after the first step, collect Python's cyclic garbage and report "

@@ -999,7 +999,8 @@ class LayerTables:
         return out
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
-        """ZeRO-3 under torch.distributed.pipelining (1F1B, interleaved, zero-bubble): the
+        """ZeRO-3 under torch.distributed.pipelining (1F1B, interleaved; zero-bubble under
+        ZeRO-3 is refused, :data:`meshplan.costmodel.validate.ZB_ZERO3_UNSUPPORTED`): the
         stage turns FSDP2's resharding after backward off for every micro-batch but the
         last (``set_reshard_after_backward(False)``), so a layer's gathered 16-bit weights
         stay from its backward until its next forward reshards them. Right after a
@@ -1014,7 +1015,8 @@ class LayerTables:
         backward, :attr:`output_overlap_bytes`) is freed. Measured in round 15 (holdout13,
         post hoc for the last rank): v13's rank 0 (Llama, pp 2, mb 4) 11.19 GiB against
         10.85 predicted with this term (10.05 without), its last rank 15.31 against 16.38
-        with the full term and 15.59 with this rule."""
+        with the full term and 15.59 with this rule (15.83 in all: with the end-of-step
+        receive buffers, :meth:`end_of_step_bytes`, the merge now sets that rank's peak)."""
         if not self.z3_resident_layer_bytes or layers <= 2:
             return 0.0
         extra = max(0.0, (layers - 2) * self.z3_resident_layer_bytes
@@ -1030,9 +1032,9 @@ class LayerTables:
                                                        if rank == 0 else 0.0)
 
     def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
-        """(activations, embedding/logits, buffers) of a rank holding ``layers``; on a rank
-        that runs every forward first (GPipe) the activations are those coexisting with all
-        gradients (:meth:`first_backward_relief_bytes`)."""
+        """(activations, embedding/logits, buffers) of a rank holding ``layers``; the
+        activations are those coexisting with the gradients at the rank's peak
+        (:meth:`first_backward_relief_bytes`)."""
         inflight = self.inflight[rank]
         act = layers * self._layer_act_bytes(rank)
         if rank == 0:
