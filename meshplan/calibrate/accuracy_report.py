@@ -63,6 +63,13 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
                    f"{err('gpu_bound', 'max')}; {summary.get('host_bound_layouts', 0)} "
                    f"host-bound (the CPU's kernel launches set the step; its `host-bound:` "
                    f"caveat), mean {err('host_bound', 'mean')}, max {err('host_bound', 'max')}.")
+        if "headroom_layouts" in summary:
+            out.append(f"Of the GPU-bound ones, {summary['headroom_layouts']} leave the CPU "
+                       f"headroom (its dispatch < 80 % of the GPU's time): mean "
+                       f"{err('headroom', 'mean')}, max {err('headroom', 'max')}; "
+                       f"{summary.get('near_host_bound_layouts', 0)} are near host-bound (≥ 80 %; "
+                       f"their `near host-bound:` caveat): mean {err('near_host_bound', 'mean')}, "
+                       f"max {err('near_host_bound', 'max')}.")
     out.append("")
     out.append("## Layouts")
     out.append("")

@@ -55,6 +55,9 @@ def format_estimate(est: Estimate) -> str:
                    "layouts' steps varied 10-46 % within a run and 5-24 % between runs, and "
                    "held-out predictions were 12-14 % off on average against about 1-3 % for "
                    "GPU-bound ones (docs/benchmarks/accuracy.md, rounds 8-9)")
+    if est.host_dispatch_s > 0:
+        out.append(f"CPU dispatch: {est.host_dispatch_s:.4f} s per step, {est.host_load:.0%} of "
+                   "the GPUs' time (at 80 % or more the step is near host-bound)")
     out.extend(f"caution: {c}" for c in est.caveats)
     rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
     rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]

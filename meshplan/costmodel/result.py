@@ -127,8 +127,18 @@ class Estimate:
     pipeline_s: float = 0.0                                 # first forward to last backward
     model_flops_per_step: float = 0.0
     hardware_flops_per_step: float = 0.0
+    # the CPU's dispatch of one step on its critical path (costmodel.estimate's
+    # LayerTables.host_bound_s); 0 where the profile has no measured CPU times
+    host_dispatch_s: float = 0.0
     # what the prediction rests on that measurements have shown to be weak (plain sentences)
     caveats: tuple[str, ...] = field(default=())
+
+    @property
+    def host_load(self) -> float:
+        """CPU dispatch over GPU time (``host_dispatch_s / pipeline_s``): ≥ 1 means the CPU
+        sets the step; 0.8-1 leaves little headroom (HOST_NEAR_LOAD in costmodel.estimate);
+        0 without measured CPU times."""
+        return self.host_dispatch_s / self.pipeline_s if self.pipeline_s > 0 else 0.0
 
     @property
     def memory_peak_gib(self) -> float:
@@ -144,4 +154,5 @@ class Estimate:
         d["stage_backward_s"] = list(self.stage_backward_s)
         d["stage_wgrad_s"] = list(self.stage_wgrad_s)
         d["caveats"] = list(self.caveats)
+        d["host_load"] = self.host_load
         return d

@@ -413,6 +413,32 @@ def test_summary_splits_by_the_models_own_host_bound_call():
     assert bound_split_text(old) == ""
 
 
+def test_summary_splits_gpu_bound_layouts_by_cpu_headroom():
+    """Records with the prediction's ``host_load`` split the GPU-bound layouts once more, at
+    HOST_NEAR_LOAD; host-bound ones stay apart whatever their load."""
+    from meshplan.calibrate.accuracy_report import markdown
+    from meshplan.calibrate.validate import bound_split_text
+
+    def rec(name, p, m, host_bound, load):
+        return {"name": name, "model": "x", "status": "ok", "short": name,
+                "predicted": {"step_time_s": p, "host_bound": host_bound, "host_load": load},
+                "measured": {"step_time_s": m}, "step_time_error_pct": pct_error(p, m)}
+    records = [rec("a", 1.0, 1.02, False, 0.3), rec("b", 1.0, 1.1, False, 0.85),
+               rec("c", 1.0, 1.25, True, 1.4), rec("d", 1.0, 0.99, False, 0.79)]
+    s = summarize(records)
+    assert (s["gpu_bound_layouts"], s["headroom_layouts"], s["near_host_bound_layouts"],
+            s["host_bound_layouts"]) == (3, 2, 1, 1)
+    assert s["headroom_step_time_max_abs_error_pct"] == pytest.approx(100 * 0.02 / 1.02)
+    assert s["near_host_bound_step_time_mean_abs_error_pct"] == pytest.approx(100 * 0.1 / 1.1)
+    text = bound_split_text(s)
+    assert "of them CPU < 80 % 2: mean" in text and "CPU ≥ 80 % 1: mean 9.09%" in text
+    assert "1 are near host-bound" in markdown(records, s, {"x": s}, {}, "accuracy.png")
+    # one record without host_load (an older run): no headroom split at all
+    old = summarize(records + [{**records[0], "name": "e", "predicted": {
+        "step_time_s": 1.0, "host_bound": False}}])
+    assert "headroom_layouts" not in old and old["gpu_bound_layouts"] == 4
+
+
 def test_predicted_record_carries_the_host_bound_call():
     from meshplan.calibrate.validate import predicted_record
     from meshplan.costmodel.estimate import HOST_BOUND_CAVEAT_SHARE, is_host_bound
@@ -424,6 +450,7 @@ def test_predicted_record_carries_the_host_bound_call():
     rec = predicted_record(est, lay, cluster)
     assert rec["host_wait_s"] == est.time.host_wait_s
     assert rec["host_bound"] == any(c.startswith("host-bound") for c in est.caveats)
+    assert rec["host_load"] == est.host_load
     assert is_host_bound(HOST_BOUND_CAVEAT_SHARE, 1.0) and not is_host_bound(0.0, 1.0)
     assert not is_host_bound(0.9 * HOST_BOUND_CAVEAT_SHARE, 1.0)
 

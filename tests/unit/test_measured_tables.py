@@ -262,6 +262,39 @@ def test_host_bound_sets_the_step_when_the_cpu_is_slower():
     assert not any(c.startswith("host-bound") for c in e2.caveats)
 
 
+def test_near_host_bound_caveat_marks_little_cpu_headroom():
+    """GPU-bound with the CPU's dispatch at 80 % or more of the GPU's time: the step is the
+    GPU's, but the estimate says the CPU has little headroom (HOST_NEAR_LOAD)."""
+    from meshplan.commands.format import format_estimate
+    from meshplan.costmodel.estimate import HOST_NEAR_LOAD
+    m = JOB.global_batch
+    gpu = m * (8 * 3e-3 + 3e-4 + 3e-4)
+    near = estimate(MODEL, _cluster(_cpu_tables(layer_cpu=(1.2e-3, 1.5e-3))), JOB,
+                    Layout(micro_batch=1))
+    cpu = m * (8 * 2.7e-3 + 3e-4 + 3e-4)          # layers + embedding + output CPU
+    assert near.time.host_wait_s == 0.0 and near.pipeline_s == pytest.approx(gpu)
+    assert near.host_dispatch_s == pytest.approx(cpu)
+    assert near.host_load == pytest.approx(cpu / gpu) and HOST_NEAR_LOAD <= near.host_load < 1
+    assert [c for c in near.caveats if c.startswith("near host-bound")] == [
+        c for c in near.caveats if f"{cpu / gpu:.0%} of the GPU's time" in c]
+    assert len([c for c in near.caveats if c.startswith("near host-bound")]) == 1
+    text = format_estimate(near)
+    assert f"CPU dispatch: {cpu:.4f} s per step, {cpu / gpu:.0%}" in text
+    assert near.to_dict()["host_load"] == pytest.approx(cpu / gpu)
+    # plenty of headroom: no caveat; host-bound: the host-bound caveat instead, not both
+    far = estimate(MODEL, _cluster(_cpu_tables(layer_cpu=(1e-4, 1e-4))), JOB,
+                   Layout(micro_batch=1))
+    assert far.host_load < HOST_NEAR_LOAD
+    assert not any("host-bound" in c for c in far.caveats)
+    bound = estimate(MODEL, _cluster(_cpu_tables()), JOB, Layout(micro_batch=1))
+    assert bound.host_load > 1
+    assert [c[:10] for c in bound.caveats if "host-bound" in c] == ["host-bound"]
+    # no measured CPU times (datasheet profile): no load, no line
+    plain = estimate(MODEL, _cluster(TABLES), JOB, Layout(micro_batch=1))
+    assert plain.host_dispatch_s == 0.0 and plain.host_load == 0.0
+    assert "CPU dispatch:" not in format_estimate(plain)
+
+
 def test_per_call_cpu_is_paid_once_per_chunk_and_micro_batch():
     """A row's per-call CPU part is charged once per forward/backward call of a stage's
     chunk, not per layer: a deep stage pays it once, interleaving pays it per chunk."""
