@@ -20,8 +20,9 @@
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout12 ... validate # round 11
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout13 ... validate # round 15
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout16 BUDGET=545 ... validate
-#     # next: validate twice (one call each), then validate_device.py --merge A,B --median
-#     # (the protocol fixed in validate_device.py before the run)
+#     # round 16: validated twice (one call each), then validate_device.py --merge A,B --median
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout17 BUDGET=545 ... validate
+#     # next: the same protocol (fixed in validate_device.py before the run)
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
 #                                                      # round 12, on 2 GPUs
 #   SET=ddp13 PROFILE=docs/benchmarks/profile_h100x2_round12.toml ... validate  # round 13

@@ -404,7 +404,7 @@ HOLDOUT13_LAYOUTS = [
     ("v16", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="1f1b", recompute="selective",
                          sequence_parallel=True)),
 ]
-# "holdout16" (after round 15; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# "holdout16" (after round 15; run in round 16): 16 new 4-rank layouts, 8 per model, chosen
 # before any ran and none in an earlier set, to hold out round 15's three memory changes:
 # interleaved ranks that reach a chunk's first backward late (m = pp with vpp 2-3 over pp 4,
 # and m = 2·pp over pp 2), the end-of-step merge on full-recompute and selective last stages,
@@ -444,6 +444,45 @@ HOLDOUT16_LAYOUTS = [
                          sequence_parallel=True)),
     ("z16", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble",
                          recompute="selective", zero=2)),
+]
+# "holdout17" (after round 16; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# before any ran and none in an earlier set, to hold out round 16's changes: the p2p
+# slowdown divided by √vpp (interleaved pp 2 with vpp 3: a01, a09, a10, and vpp 2: a02,
+# a08, a11; pp 4 vpp 3: a13), the executor's bf16 tp collectives for GPT (tp 2 with and
+# without SP, tp 4: a02, a03, a04; Llama's were bf16 already: a10, a14, a15), and the
+# CPU-headroom call (on the round-16 H200 profile a02, a03 and a05 are near host-bound,
+# 0.86-1.00; the rest 0.16-0.62). Every schedule, ZeRO stage and recompute mode, SP;
+# <= 64 GiB predicted on the round-11 H100 and round-16 H200 profiles (~15.9 / 14.7 s of
+# predicted steps). Protocol, fixed before the run (as holdout16's): calibrate on the
+# machine (call 1), validate the whole set twice (calls 2 and 3). The held-out result is
+# call 2 as run; each layout's median of the two runs (`--merge A,B --median`) is reported
+# beside it, and so is the split by CPU headroom the summary carries.
+HOLDOUT17_LAYOUTS = [
+    ("a01", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=3,
+                       recompute="selective")),
+    ("a02", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule=INTERLEAVED, vpp=2,
+                       recompute="full")),
+    ("a03", GPT_05B, L(dp=2, tp=2, micro_batch=8, recompute="full", zero=1,
+                       sequence_parallel=True)),
+    ("a04", GPT_05B, L(tp=4, micro_batch=16, recompute="selective")),
+    ("a05", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble", recompute="full",
+                       zero=1)),
+    ("a06", GPT_05B, L(dp=4, micro_batch=16, recompute="full", zero=3)),
+    ("a07", GPT_05B, L(pp=4, micro_batch=8, schedule="1f1b")),
+    ("a08", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule=INTERLEAVED, vpp=2,
+                       recompute="selective", zero=2)),
+    ("a09", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=3,
+                         recompute="selective", zero=1)),
+    ("a10", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule=INTERLEAVED, vpp=3,
+                         recompute="full", sequence_parallel=True)),
+    ("a11", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule=INTERLEAVED, vpp=2, zero=2)),
+    ("a12", LLAMA_16B, L(dp=4, micro_batch=16, recompute="full", zero=3)),
+    ("a13", LLAMA_16B, L(pp=4, micro_batch=4, schedule=INTERLEAVED, vpp=3,
+                         recompute="selective")),
+    ("a14", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=1)),
+    ("a15", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="gpipe", recompute="full")),
+    ("a16", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", recompute="full",
+                         zero=3)),
 ]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
@@ -621,6 +660,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout12": HOLDOUT12_LAYOUTS,
         "holdout13": HOLDOUT13_LAYOUTS,
         "holdout16": HOLDOUT16_LAYOUTS,
+        "holdout17": HOLDOUT17_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
         "pair16": PAIR16_LAYOUTS,
@@ -629,7 +669,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4, "holdout16": JOB4, "casts2": JOB2, "pair12": JOB2,
+            "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
 SET_NPROC = {"holdout5": 2, "holdout6": 2, "casts2": 2, "pair12": 2, "ddp13": 2, "pair14": 2,
@@ -827,7 +867,8 @@ def main(argv=None) -> int:
                         "round 8's post-hoc changes), 'holdout11' (round 10), 'holdout12' "
                         "(after round 10), 'holdout13' (after round 11), 'casts2' / "
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
-                        "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15) or "
+                        "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
+                        "(after round 16) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "

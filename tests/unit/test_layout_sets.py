@@ -11,7 +11,7 @@ import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-         "pair14", "holdout16", "pair16"]
+         "pair14", "holdout16", "pair16", "holdout17"]
 
 
 def test_every_set_has_unique_names():
@@ -28,12 +28,12 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-                     "pair14", "holdout16", "pair16"):
+                     "pair14", "holdout16", "pair16", "holdout17"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
 
-COVERING = ["holdout12", "holdout13", "holdout16", "pair12", "pair14", "pair16"]
+COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "pair12", "pair14", "pair16"]
 
 
 @pytest.mark.parametrize("name", COVERING)
@@ -67,6 +67,19 @@ def test_holdout16_holds_out_round_15s_changes():
     assert {l.schedule for l in ls if l.zero == 3 and l.pp > 1} == {"1f1b", "interleaved-1f1b"}
 
 
+def test_holdout17_holds_out_round_16s_changes():
+    ls = [layout for _, _, layout in vd.HOLDOUT17_LAYOUTS]
+    gpt = [l for _, m, l in vd.HOLDOUT17_LAYOUTS if m.name == vd.GPT_05B.name]
+    # the √vpp p2p slowdown: interleaved pp 2 at vpp 2 and 3, on both models
+    for model in (vd.GPT_05B, vd.LLAMA_16B):
+        assert {l.vpp for _, m, l in vd.HOLDOUT17_LAYOUTS if m.name == model.name
+                and l.schedule == "interleaved-1f1b" and l.pp == 2} == {2, 3}
+    # GPT's tp collectives now bf16: tp 2 with and without SP, and tp 4
+    assert {(l.tp, l.sequence_parallel) for l in gpt if l.tp > 1} >= {(2, True), (2, False),
+                                                                     (4, False)}
+    assert len(ls) == 16
+
+
 def test_casts2_holds_out_the_autocast_casts_on_two_gpus():
     ls = [layout for _, _, layout in vd.CASTS2_LAYOUTS]
     assert vd.SET_NPROC["casts2"] == 2 and all(l.num_gpus == 2 and l.pp == 2 for l in ls)
@@ -93,7 +106,7 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
     assert {m.name for _, m, _ in vd.DDP13_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
 
 
-@pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16"])
+@pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17"])
 def test_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
         assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
