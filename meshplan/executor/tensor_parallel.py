@@ -240,7 +240,9 @@ class RowParallelLinear(nn.Module):
         y = F.linear(x, self.weight)                 # (b, s, out), partial sum
         y = (reduce_scatter_to_sp(y, self.group) if self.sequence_parallel
              else reduce_from_tp(y, self.group))     # (b, s/tp, out) or (b, s, out)
-        return y + self.bias if self.bias is not None else y
+        # the bias in y's dtype, as nn.Linear under autocast adds it: an fp32 bias would
+        # promote the residual stream to fp32 from here on (GPT's, before round 16)
+        return y + self.bias.to(y.dtype) if self.bias is not None else y
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -1,5 +1,6 @@
-"""Tensor-parallel collectives under autocast move 16-bit tensors (round 16: GPT's
-LayerNorm returns fp32 under autocast, and its column-parallel backward all-reduced fp32)."""
+"""Tensor-parallel layers under autocast keep 16-bit tensors (round 16: GPT's LayerNorm
+returns fp32 under autocast, so its column-parallel backward all-reduced fp32, and its
+row-parallel fp32 bias promoted the residual stream to fp32)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
             y = row(torch.relu(col(h)))                           # (b, s[/tp], h)
         y.float().sum().backward()            # the ranks' losses add up to the full one
         out[str(sp)] = {"norm_dtype": str(h.dtype), "collectives": list(seen),
+                        "out_dtype": str(y.dtype), "ref_dtype": str(ref.dtype),
                         "out_err": (y.float() - ref[:, part].float()).abs().max().item(),
                         "grad_err": (xs.grad - ref_grad[:, part]).abs().max().item(),
                         "grad_scale": ref_grad.abs().max().item()}
@@ -59,6 +61,9 @@ def test_column_parallel_collectives_move_bf16_under_autocast(tmp_path):
             # f's backward (all-reduce; with SP reduce-scatter), g's forward, SP's gathers
             assert len(names) >= 2
             assert {d for _, d in r["collectives"]} == {"torch.bfloat16"}, (sp, r)
+            # the row-parallel output keeps the dtype nn.Linear gives under autocast (an
+            # fp32 bias would have promoted the residual stream to fp32)
+            assert r["out_dtype"] == r["ref_dtype"] == "torch.bfloat16"
             # the same numbers as the unsplit model, within bf16 rounding
             assert r["out_err"] < 0.05
             assert r["grad_err"] < 0.05 * max(1.0, r["grad_scale"])
