@@ -448,8 +448,9 @@ HOLDOUT16_LAYOUTS = [
 # "holdout17" (after round 16; not run yet): 16 new 4-rank layouts, 8 per model, chosen
 # before any ran and none in an earlier set, to hold out round 16's changes: the p2p
 # slowdown divided by √vpp (interleaved pp 2 with vpp 3: a01, a09, a10, and vpp 2: a02,
-# a08, a11; pp 4 vpp 3: a13), the executor's bf16 tp collectives for GPT (tp 2 with and
-# without SP, tp 4: a02, a03, a04; Llama's were bf16 already: a10, a14, a15), and the
+# a08, a11; pp 4 vpp 3: a13), the executor's bf16 tp collectives and residual stream for
+# GPT (tp 2 with and without SP, tp 4: a02, a03, a04; Llama's were bf16 already, and it has
+# no biases: a10, a14, a15), and the
 # CPU-headroom call (on the round-16 H200 profile a02, a03 and a05 are near host-bound,
 # 0.86-1.00; the rest 0.16-0.62). Every schedule, ZeRO stage and recompute mode, SP;
 # <= 64 GiB predicted on the round-11 H100 and round-16 H200 profiles (~15.9 / 14.7 s of
