@@ -823,7 +823,9 @@ def _print_summary(records, paths) -> None:
             mem = r.get("memory_error_pct_per_rank") or []
             print(f"  {r['name']} {r['short']}: pred {r['predicted']['step_time_s']:.4f} meas "
                   f"{r['measured']['step_time_s']:.4f} ({r['step_time_error_pct']:+.1f}%) mem "
-                  + " ".join(f"{e:+.0f}" for e in mem))
+                  + " ".join(f"{e:+.0f}" for e in mem)
+                  + (f" CPU {r['predicted']['host_load']:.2f}"
+                     if r["predicted"].get("host_load") else ""))
     s = summarize(records)
     split = bound_split_text(s)
     print(f"all: {s.get('ok', 0)}/{s['layouts']} ok; step mean "

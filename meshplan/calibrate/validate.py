@@ -229,6 +229,7 @@ def _log_run(options: ValidateOptions, i: int, n: int, rec: dict[str, Any], est,
     probes = [v for v in m.get("host_probe_us_per_rank") or [] if v is not None]
     msg = (f"predicted {est.step_time_s:.4f} s, measured {m['step_time_s']:.4f} s "
            f"({run['step_time_error_pct']:+.1f}%)"
+           + (f", CPU {est.host_load:.0%} of GPU (predicted)" if est.host_dispatch_s > 0 else "")
            + (f", host probe {max(probes):.1f} us" if probes else "")
            if run["status"] == "ok"
            else f"{run['status']}: {run.get('error', '')[:200]}")
