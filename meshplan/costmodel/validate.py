@@ -14,6 +14,12 @@ ZB_ZERO3_UNSUPPORTED = (
     "<= 2 with zero-bubble, or ZeRO-3 with gpipe, 1f1b or interleaved-1f1b")
 
 
+def zero_bubble_under_zero3(schedule: str, zero: int, dp: int, pp: int) -> bool:
+    """The combination ZB_ZERO3_UNSUPPORTED refuses: zero-bubble over pp > 1 with ZeRO-3
+    over dp > 1 (the one predicate for check_layout, the executor and the search space)."""
+    return schedule == "zero-bubble" and zero == 3 and dp > 1 and pp > 1
+
+
 def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
                  exact_gpus: bool = False) -> tuple[int, ...]:
     """Raise :class:`ConfigError` if the layout cannot run; return layers per virtual stage.
@@ -43,8 +49,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
         raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
                           f"embeddings (max_seq_len = {model.max_seq_len})")
-    if job.runtime == "torch" and pp > 1 and dp > 1 and layout.schedule == "zero-bubble" \
-            and layout.zero == 3:
+    if job.runtime == "torch" and zero_bubble_under_zero3(layout.schedule, layout.zero, dp, pp):
         raise ConfigError(ZB_ZERO3_UNSUPPORTED)
     m = layout.num_microbatches(job.global_batch)
     stages = pp * layout.vpp

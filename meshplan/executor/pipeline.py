@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.costmodel.specs import Layout, ModelSpec, default_stage_layers
-from meshplan.costmodel.validate import ZB_ZERO3_UNSUPPORTED
+from meshplan.costmodel.validate import ZB_ZERO3_UNSUPPORTED, zero_bubble_under_zero3
 from meshplan.errors import ExecutorError
 
 
@@ -63,7 +63,7 @@ def check_schedule(layout: Layout, num_microbatches: int) -> None:
     """Reject what the torch schedules cannot run, before anything is allocated."""
     if layout.pp == 1:
         return
-    if layout.schedule == "zero-bubble" and layout.zero == 3 and layout.dp > 1:
+    if zero_bubble_under_zero3(layout.schedule, layout.zero, layout.dp, layout.pp):
         raise ExecutorError(ZB_ZERO3_UNSUPPORTED)
     m, p = num_microbatches, layout.pp
     if layout.schedule == "1f1b" and m < p:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.costmodel.validate import zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -181,8 +182,8 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                                 continue
                             zs = [fx["zero"]] if "zero" in fx else zeros if dp > 1 else zeros[:1]
                             for z in zs:
-                                if (job.runtime == "torch" and s == "zero-bubble" and z == 3
-                                        and dp > 1 and pp > 1):
+                                if job.runtime == "torch" and zero_bubble_under_zero3(
+                                        s, z, dp, pp):
                                     continue      # check_layout: ZB_ZERO3_UNSUPPORTED
                                 for sp in sps:
                                     if sp and tp == 1:
