@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from meshplan.calibrate.validate import STEADY_SPREAD_PCT
+from meshplan.costmodel.estimate import HOST_NEAR_LOAD_TEXT
 
 GIB = 2**30
 
@@ -65,9 +66,10 @@ def markdown(records: Sequence[dict[str, Any]], summary: dict[str, Any],
                    f"caveat), mean {err('host_bound', 'mean')}, max {err('host_bound', 'max')}.")
         if "headroom_layouts" in summary:
             out.append(f"Of the GPU-bound ones, {summary['headroom_layouts']} leave the CPU "
-                       f"headroom (its dispatch < 80 % of the GPU's time): mean "
+                       f"headroom (its dispatch < {HOST_NEAR_LOAD_TEXT} of the GPU's time): mean "
                        f"{err('headroom', 'mean')}, max {err('headroom', 'max')}; "
-                       f"{summary.get('near_host_bound_layouts', 0)} are near host-bound (≥ 80 %; "
+                       f"{summary.get('near_host_bound_layouts', 0)} are near host-bound "
+                       f"(≥ {HOST_NEAR_LOAD_TEXT}; "
                        f"their `near host-bound:` caveat): mean {err('near_host_bound', 'mean')}, "
                        f"max {err('near_host_bound', 'max')}.")
     out.append("")

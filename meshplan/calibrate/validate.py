@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from meshplan.calibrate.stats import pct_error, spearman
 from meshplan.costmodel import estimate
-from meshplan.costmodel.estimate import HOST_NEAR_LOAD, is_host_bound
+from meshplan.costmodel.estimate import HOST_NEAR_LOAD, HOST_NEAR_LOAD_TEXT, is_host_bound
 from meshplan.costmodel.specs import SCHEDULES, Job, Layout, ModelSpec
 from meshplan.costmodel.validate import check_layout
 from meshplan.errors import ConfigError, MeshplanError
@@ -445,8 +445,10 @@ def bound_split_text(summary: dict[str, Any]) -> str:
     mean 2.16%, max 4.82%; of them CPU < 80 % 9: mean 1.50%, max 2.90%; CPU ≥ 80 % 3: mean
     4.14%, max 4.82%; host-bound 4: mean 10.97%, max 14.94%"."""
     parts = []
-    for kind, label in (("gpu_bound", "GPU-bound"), ("headroom", "of them CPU < 80 %"),
-                        ("near_host_bound", "CPU ≥ 80 %"), ("host_bound", "host-bound")):
+    for kind, label in (("gpu_bound", "GPU-bound"),
+                        ("headroom", f"of them CPU < {HOST_NEAR_LOAD_TEXT}"),
+                        ("near_host_bound", f"CPU ≥ {HOST_NEAR_LOAD_TEXT}"),
+                        ("host_bound", "host-bound")):
         n = summary.get(f"{kind}_layouts", 0)
         if n:
             parts.append(f"{label} {n}: mean "

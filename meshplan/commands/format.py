@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshplan.costmodel.estimate import HOST_NEAR_LOAD_TEXT
 from meshplan.costmodel.result import Estimate
 
 
@@ -57,7 +58,8 @@ def format_estimate(est: Estimate) -> str:
                    "GPU-bound ones (docs/benchmarks/accuracy.md, rounds 8-9)")
     if est.host_dispatch_s > 0:
         out.append(f"CPU dispatch: {est.host_dispatch_s:.4f} s per step, {est.host_load:.0%} of "
-                   "the GPUs' time (at 80 % or more the step is near host-bound)")
+                   f"the GPUs' time (at {HOST_NEAR_LOAD_TEXT} or more the step is near "
+                   "host-bound)")
     out.extend(f"caution: {c}" for c in est.caveats)
     rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
     rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]

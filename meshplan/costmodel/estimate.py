@@ -256,6 +256,7 @@ def is_host_bound(host_wait_s: float, step_s: float) -> bool:
 # dispatch time varies by ±15 % from run to run on the lent hosts, enough to make it set the
 # step now and then.
 HOST_NEAR_LOAD = 0.8
+HOST_NEAR_LOAD_TEXT = f"{HOST_NEAR_LOAD * 100:g} %"     # as reports and caveats print it
 
 
 def near_host_bound_caveat(host_load: float) -> str:
