@@ -410,8 +410,9 @@ HOLDOUT13_LAYOUTS = [
 # and m = 2·pp over pp 2), the end-of-step merge on full-recompute and selective last stages,
 # ZeRO-3 under 1F1B and interleaved (zero-bubble under ZeRO-3 is refused: found while
 # choosing this set, costmodel.validate.ZB_ZERO3_UNSUPPORTED); plus GPipe under ZeRO-1/2,
-# zero-bubble under ZeRO-2, tp 2-4 with and without SP, dp 4 FSDP2. Every schedule, ZeRO stage and recompute mode; <= 64 GiB predicted
-# on the round-11 H100 and round-15 H200 profiles (~17.5 / 16.3 s of predicted steps).
+# zero-bubble under ZeRO-2, tp 2-4 with and without SP, dp 4 FSDP2. Every schedule, ZeRO
+# stage and recompute mode; <= 64 GiB predicted on the round-11 H100 and round-15 H200
+# profiles (~17.5 / 16.3 s of predicted steps).
 # Protocol, fixed before the run: calibrate on the machine (call 1), then validate the whole
 # set twice (calls 2 and 3). The held-out result is call 2 as run; each layout's mean over
 # the two runs (`--merge A,B --median`: the median of two) is reported beside it, and so is
