@@ -22,6 +22,8 @@
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout16 BUDGET=545 ... validate
 #     # round 16: validated twice (one call each), then validate_device.py --merge A,B --median
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout17 BUDGET=545 ... validate
+#     # round 17: the same protocol
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout18 BUDGET=545 ... validate
 #     # next: the same protocol (fixed in validate_device.py before the run)
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
 #                                                      # round 12, on 2 GPUs

@@ -11,7 +11,7 @@ import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-         "pair14", "holdout16", "pair16", "holdout17"]
+         "pair14", "holdout16", "pair16", "holdout17", "holdout18"]
 
 
 def test_every_set_has_unique_names():
@@ -28,12 +28,13 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-                     "pair14", "holdout16", "pair16", "holdout17"):
+                     "pair14", "holdout16", "pair16", "holdout17", "holdout18"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
 
-COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "pair12", "pair14", "pair16"]
+COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "holdout18", "pair12", "pair14",
+            "pair16"]
 
 
 @pytest.mark.parametrize("name", COVERING)
@@ -80,6 +81,24 @@ def test_holdout17_holds_out_round_16s_changes():
     assert len(ls) == 16
 
 
+def test_holdout18_holds_out_round_17s_change():
+    job = vd.SET_JOBS["holdout18"]
+
+    def m(l):
+        return job.global_batch // (l.dp * l.micro_batch)
+    entries = vd.HOLDOUT18_LAYOUTS
+    # one micro-batch per step without a pipeline: FSDP2 (ZeRO-2 and 3, plain and over tp,
+    # both models), and DDP beside it; FSDP2 with two micro-batches
+    fsdp1 = [(mod.name, l) for _, mod, l in entries
+             if l.pp == 1 and l.dp > 1 and l.zero >= 2 and m(l) == 1]
+    assert {l.zero for _, l in fsdp1} == {2, 3}
+    assert {name for name, _ in fsdp1} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
+    assert {l.tp for _, l in fsdp1} == {1, 2}
+    assert any(l.pp == 1 and l.dp > 1 and l.zero == 0 and m(l) == 1 for _, _, l in entries)
+    assert any(l.pp == 1 and l.zero >= 2 and m(l) == 2 for _, _, l in entries)
+    assert len(entries) == 16
+
+
 def test_casts2_holds_out_the_autocast_casts_on_two_gpus():
     ls = [layout for _, _, layout in vd.CASTS2_LAYOUTS]
     assert vd.SET_NPROC["casts2"] == 2 and all(l.num_gpus == 2 and l.pp == 2 for l in ls)
@@ -106,7 +125,7 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
     assert {m.name for _, m, _ in vd.DDP13_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
 
 
-@pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17"])
+@pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17", "holdout18"])
 def test_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
         assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
