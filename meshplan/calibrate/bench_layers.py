@@ -297,7 +297,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0),
               split_sync: tuple[float, float] = (0.0, 0.0),
               cpu_fixed: tuple[float, float] = (0.0, 0.0),
-              split_memory: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
+              split_memory: Sequence[float] = (0.0, 0.0, 0, 0.0, 0.0)) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds, the forward /
     backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
@@ -307,7 +307,9 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
     comparison); ``cpu_fixed``: the forward / backward CPU dispatch per call (the CPU fields
     then hold the per-layer rest; :func:`cpu_fixed`); ``split_memory``: what a micro-batch
     waiting for its W keeps and what W needs while it runs, bytes per layer (full
-    recomputation; :mod:`meshplan.calibrate.split_memory`)."""
+    recomputation; :mod:`meshplan.calibrate.split_memory`), the stack measured and their
+    stage parts (:func:`split_memory_stage`; a pair: per layer only)."""
+    sm = (*split_memory, 0, 0.0, 0.0)[:5] if len(split_memory) == 2 else tuple(split_memory)
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -321,8 +323,9 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1]),
         backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1]),
         forward_cpu_fixed_s=float(cpu_fixed[0]), backward_cpu_fixed_s=float(cpu_fixed[1]),
-        wgrad_pending_bytes=float(split_memory[0]),
-        wgrad_transient_bytes=float(split_memory[1])))
+        wgrad_pending_bytes=float(sm[0]), wgrad_transient_bytes=float(sm[1]),
+        wgrad_memory_layers=int(sm[2]), wgrad_pending_stage_bytes=float(sm[3]),
+        wgrad_transient_stage_bytes=float(sm[4])))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -851,7 +854,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                           "synchronized timings without CPU dispatch times")
     measured: dict[int, list[list[float]]] = {}
     deep: dict[int, tuple[float, float]] = {}      # split backward on SPLIT_DEEP_LAYERS blocks
-    deep_mem: dict[int, tuple[float, float]] = {}  # its pending / W-transient bytes per layer
+    deep_mem: dict[int, tuple] = {}  # its split memory (split_memory_stage)
     # CPU per layer on 2 and CPU_DEEP_LAYERS blocks, per setting (its smallest micro-batch)
     cpu_deep: dict[tuple, list[tuple[float, float, float, float]]] = {}
     smallest: dict[tuple, int] = {}
@@ -925,7 +928,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 t_deep = time.perf_counter()
                 deep_key, deep_module, split, wmem = _deep_split(
                     cfg, deep_key, deep_module, module if split_queued else None, layers,
-                    device, groups, iters=iters, barrier=barrier, world=world)
+                    device, groups, iters=iters, barrier=barrier, world=world,
+                    row_module=module)
                 first_only_s += time.perf_counter() - t_deep
                 if split is not None:
                     deep[idx] = split
@@ -982,7 +986,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
                 shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS),
                 split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed,
-                split_memory=deep_mem.get(idx, (0.0, 0.0))))
+                split_memory=deep_mem.get(idx, (0.0, 0.0, 0, 0.0, 0.0))))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
@@ -1015,20 +1019,21 @@ def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, d
 
 
 def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, *,
-                iters: int, barrier, world: int):
+                iters: int, barrier, world: int, row_module=None):
     """Zero-bubble's split backward of ``cfg``, synchronized, on :data:`SPLIT_DEEP_LAYERS`
     blocks (built once per build key) and, if given, right before it on the row's
     ``layers``-block module ``shallow``, averaged over ranks: (build key, deep module to
     reuse, (B, W) per layer shallow (0, 0 without ``shallow``) + (B, W) deep, or None where
-    any rank ran out of memory or measured nothing, (pending, transient) bytes per layer
-    of the deep stack's split with full recomputation, the largest rank's
-    (:func:`meshplan.calibrate.split_memory.split_memory_per_layer`; (0, 0) for other
-    recompute modes or where not measured)).
+    any rank ran out of memory or measured nothing, the split's memory with full
+    recomputation: :func:`split_memory_stage` of the (pending, transient) bytes per layer
+    on ``row_module`` (the row's ``layers`` blocks) and on the deep stack, each the
+    largest rank's (:func:`meshplan.calibrate.split_memory.split_memory_per_layer`;
+    zeros for other recompute modes or where not measured)).
 
     Always synchronized: queued, a deep stack's weight pass can queue more kernels than
     CUDA's launch queue holds (see :data:`SPIN_MAX_S`)."""
     from meshplan.calibrate.split_memory import split_memory_per_layer
-    values, oom, mem = [0.0] * 4, 0.0, [0.0, 0.0]
+    values, oom, mem = [0.0] * 4, 0.0, [0.0] * 4
     try:
         module = _deep_module(cfg, key, module, SPLIT_DEEP_LAYERS, device, groups)
         values = [*(_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier)
@@ -1037,16 +1042,38 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
                                barrier=barrier)]
         if cfg.recompute == "full":     # _sync_split left the module recomputing
             with _layer_amp(cfg, device):
-                mem = list(split_memory_per_layer(module, lambda: _layer_input(cfg, device),
-                                                  SPLIT_DEEP_LAYERS, device))
+                mem[2:] = split_memory_per_layer(module, lambda: _layer_input(cfg, device),
+                                                 SPLIT_DEEP_LAYERS, device)
+                if row_module is not None:
+                    _set_recompute(row_module, cfg.recompute)
+                    mem[:2] = split_memory_per_layer(
+                        row_module, lambda: _layer_input(cfg, device), layers, device)
     except _oom_types():
         oom, module = 1.0, None
         _free(device)
     measured = values if shallow is not None else values[2:]
-    lo = _reduce([*values, oom, -min(measured), *mem], [4, 5, 6, 7], device, world)
+    lo = _reduce([*values, oom, -min(measured), *mem], range(4, 10), device, world)
     if lo[4] or lo[5] >= 0:          # out of memory, or some rank measured nothing
-        return cfg.build_key, module, None, (0.0, 0.0)
-    return cfg.build_key, module, tuple(lo[:4]), (lo[6], lo[7])
+        return cfg.build_key, module, None, split_memory_stage((0.0, 0.0), (0.0, 0.0), 0, 0)
+    return cfg.build_key, module, tuple(lo[:4]), split_memory_stage(
+        (lo[6], lo[7]), (lo[8], lo[9]), layers, SPLIT_DEEP_LAYERS)
+
+
+def split_memory_stage(shallow: Sequence[float], deep: Sequence[float], shallow_layers: int,
+                       deep_layers: int) -> tuple[float, float, int, float, float]:
+    """(pending, transient) bytes per layer on ``deep_layers`` blocks, ``deep_layers`` and
+    the part of a stage's total that does not grow with its layers, c in ``c + d·L``
+    (:func:`meshplan.costmodel.measured.wgrad_bytes_at`), from the per-layer values on two
+    stacks: c = (x_s − x_d) / (1/s − 1/d). Only the deep values where the shallow stack was
+    not measured (c = 0: the per-layer value at every depth); all zeros where the deep one
+    was not."""
+    if deep[1] <= 0:
+        return 0.0, 0.0, 0, 0.0, 0.0
+    if shallow[1] <= 0 or not 0 < shallow_layers < deep_layers:
+        return float(deep[0]), float(deep[1]), deep_layers, 0.0, 0.0
+    k = 1.0 / shallow_layers - 1.0 / deep_layers
+    return (float(deep[0]), float(deep[1]), deep_layers, (shallow[0] - deep[0]) / k,
+            (shallow[1] - deep[1]) / k)
 
 
 def _cpu_fields(cfg: Config) -> tuple[int, int]:
@@ -1106,6 +1133,6 @@ def _note(progress, message: str) -> None:
 
 
 __all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",
-           "cpu_values", "split_depth", "combine_rounds", "pooled_cpu", "layer_row", "end_row",
-           "bench_layer_rows", "LayerTables", "rounds_for", "LAYERS_CUDA", "LAYERS_CPU",
+           "cpu_values", "split_depth", "split_memory_stage", "combine_rounds", "pooled_cpu",
+           "layer_row", "end_row", "bench_layer_rows", "LayerTables", "rounds_for", "LAYERS_CUDA", "LAYERS_CPU",
            "dp_mesh_shape"]

@@ -21,7 +21,7 @@ from meshplan.costmodel import comm, first_backward, torch_p2p
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, hbm_s, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-from meshplan.costmodel.measured import split_backward_at
+from meshplan.costmodel.measured import Interpolated, split_backward_at, wgrad_bytes_at
 from meshplan.costmodel.memory import (activation_bytes_per_element,
                                        compute_weight_bytes_per_param, layer_activations,
                                        logits_bytes, model_state_bytes, stage_params,
@@ -316,17 +316,19 @@ def stage_slowdown(job: Job, layout: Layout) -> tuple[float, ...]:
 
 
 def _wgrad_bytes(layout: Layout, full_act_bytes: float,
-                 measured: tuple[float, float] | None = None) -> dict[str, float]:
+                 measured: Interpolated | None = None, stage_layers: float = 0.0
+                 ) -> dict[str, float]:
     """Per layer: what a pending zero-bubble W keeps (``wgrad_pending_bytes``) and the
     transient of running one (``wgrad_transient_bytes``). With full recomputation these
     depend on the block (one recomputation per parameter group): the profile's measured
-    pair where the calibration has one (``measured``,
-    :mod:`meshplan.calibrate.split_memory`), else ZB_FULL_PENDING_SETS and
-    ZB_FULL_W_TRANSIENT_SETS sets, read off Llama stages. ``full_act_bytes`` = 0: no
-    pending W on any rank (nothing is added)."""
+    pair where the calibration has one (``measured``, :mod:`meshplan.calibrate.split_memory`;
+    at the mean stage depth ``stage_layers``, :func:`measured.wgrad_bytes_at`), else
+    ZB_FULL_PENDING_SETS and ZB_FULL_W_TRANSIENT_SETS sets, read off Llama stages.
+    ``full_act_bytes`` = 0: no pending W on any rank (nothing is added)."""
     if layout.recompute == "full":
         if measured is not None and full_act_bytes > 0:
-            return {"wgrad_pending_bytes": measured[0], "wgrad_transient_bytes": measured[1]}
+            pending, transient = wgrad_bytes_at(measured, stage_layers)
+            return {"wgrad_pending_bytes": pending, "wgrad_transient_bytes": transient}
         return {"wgrad_pending_bytes": ZB_FULL_PENDING_SETS * full_act_bytes,
                 "wgrad_transient_bytes": ZB_FULL_W_TRANSIENT_SETS * full_act_bytes}
     return {"wgrad_pending_bytes": full_act_bytes, "wgrad_transient_bytes": 0.0}
@@ -377,8 +379,9 @@ class LayerParts:
     # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
     # values are then the per-layer rest)
     cpu_fixed: tuple[float, float] = (0.0, 0.0)
-    # zero-bubble with full recomputation: measured (pending, W transient) bytes per layer
-    wgrad_measured: tuple[float, float] | None = None
+    # zero-bubble with full recomputation: the measured row holding the (pending,
+    # W transient) bytes per layer (measured.wgrad_bytes_at gives them at a stage's depth)
+    wgrad_measured: Interpolated | None = None
 
 
 @lru_cache(maxsize=8192)
@@ -413,7 +416,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
             split, split_depth, split_cpu = ml.split_backward, ml.split_depth, ml.split_cpu
             if recompute == "full" and ml.wgrad_transient_bytes > 0:
-                wgrad = (ml.wgrad_pending_bytes, ml.wgrad_transient_bytes)
+                wgrad = ml
             measured.append("layer")
         me = tables.end(model, "embedding", **kw)
         if me is not None:
@@ -1319,7 +1322,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         grad_copies=grad_copies, recv_buffers=recv,
         wgrad_pending=pending,
         **_wgrad_bytes(layout, parts.full_act_bytes if any(pending) else 0.0,
-                       parts.wgrad_measured),
+                       parts.wgrad_measured, model.num_layers / (pp * v)),
         layer_state_bytes=(sum(state_bytes_at_peak(layer_params, job, layout.zero, dp, pp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,

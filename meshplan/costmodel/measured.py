@@ -93,6 +93,12 @@ class MeasuredLayer:
     # meshplan/calibrate/split_memory.py; 0: not measured, the cost model's constants)
     wgrad_pending_bytes: float = 0.0
     wgrad_transient_bytes: float = 0.0
+    # ... the stack they were measured on, and the part of a stage's total that does not
+    # grow with its layers (from a second, shallower stack; see wgrad_bytes_at; 0: not
+    # measured, the per-layer values then hold at every depth)
+    wgrad_memory_layers: int = 0
+    wgrad_pending_stage_bytes: float = 0.0
+    wgrad_transient_stage_bytes: float = 0.0
 
     @property
     def group(self) -> tuple:
@@ -142,6 +148,9 @@ class Interpolated:
     backward_cpu_fixed_s: float = 0.0
     wgrad_pending_bytes: float = 0.0
     wgrad_transient_bytes: float = 0.0
+    wgrad_memory_layers: float = 0.0
+    wgrad_pending_stage_bytes: float = 0.0
+    wgrad_transient_stage_bytes: float = 0.0
 
     @property
     def cpu_measured(self) -> bool:
@@ -184,12 +193,33 @@ def split_backward_at(split: tuple[float, float], depth: tuple[float, float, flo
     return (max(0.0, split[0] + depth[0] * extra), max(0.0, split[1] + depth[1] * extra))
 
 
+def wgrad_bytes_at(row: Interpolated, stage_layers: float) -> tuple[float, float]:
+    """Zero-bubble with full recomputation: (pending, W-transient) bytes per layer in a
+    stage of ``stage_layers`` layers.
+
+    Both are a stage total ``c + d·L`` over its L layers, not ``d·L``: part of what W's
+    per-parameter-group recomputation keeps does not grow with the stack (CPU emulation,
+    docs/benchmarks/split_memory_cpu.md: GPT-style W transient 2.90 / 2.42 / 2.30 sets per
+    layer on 2 / 6 / 12 blocks, exactly ``d + c/L`` with c = 1.44, d = 2.18). The profile
+    measures per layer on ``wgrad_memory_layers`` blocks and the fixed part c from a
+    shallower stack; per layer at L that is ``measured + c·(1/L − 1/measured-on)``. Rows
+    without c keep their per-layer value at every depth. Never below 0."""
+    base = (row.wgrad_pending_bytes, row.wgrad_transient_bytes)
+    if row.wgrad_memory_layers <= 0 or stage_layers <= 0:
+        return base
+    k = 1.0 / stage_layers - 1.0 / row.wgrad_memory_layers
+    return (max(0.0, base[0] + row.wgrad_pending_stage_bytes * k),
+            max(0.0, base[1] + row.wgrad_transient_stage_bytes * k))
+
+
 # Interpolated fields that describe the timed stack or one call, not one micro-batch's work:
 # never scaled with the micro-batch; the depth growths may be negative (timing noise), the
 # rest are >= 0
 _PER_STACK = ("split_layers", "backward_input_depth_s", "backward_weight_depth_s",
-              "forward_cpu_fixed_s", "backward_cpu_fixed_s")
-_SIGNED = ("backward_input_depth_s", "backward_weight_depth_s")
+              "forward_cpu_fixed_s", "backward_cpu_fixed_s", "wgrad_memory_layers")
+# ... and the stage parts of the split memory scale with the micro-batch but may be negative
+_SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_stage_bytes",
+           "wgrad_transient_stage_bytes")
 
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
@@ -348,5 +378,5 @@ def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping
     return MeasuredTables(ls, es)
 
 
-__all__ = ["split_backward_at", "MeasuredLayer", "MeasuredEnd", "MeasuredTables", "Interpolated",
+__all__ = ["split_backward_at", "wgrad_bytes_at", "MeasuredLayer", "MeasuredEnd", "MeasuredTables", "Interpolated",
            "layer_shape_key", "ends_shape_key", "tables_from_rows"]

@@ -548,4 +548,24 @@ def test_split_memory_rows_for_full_recompute_only():
     # no-recompute activations, for every micro-batch measured
     plain = {r["micro_batch"]: r["activation_bytes"] for r in by_rc["none"]}
     assert all(r["wgrad_transient_bytes"] > plain[r["micro_batch"]] for r in full)
+    # measured on the deep stack, with the part that does not grow with the layers from
+    # the row's own (shallower) stack: W's transient per layer falls with the depth
+    assert all(r["wgrad_memory_layers"] == bench_layers.SPLIT_DEEP_LAYERS for r in full)
+    assert all(r["wgrad_transient_stage_bytes"] > 0 for r in full)
+    assert all(r["wgrad_memory_layers"] == 0 for r in by_rc["none"])
     tables_from_rows(tables.layers, tables.ends, "test")      # the new fields parse
+
+
+def test_split_memory_stage_separates_the_fixed_part_of_a_stage():
+    """Per layer x_L = d + c/L on two stacks gives back c and the deep per-layer value;
+    without the shallow stack c = 0, without the deep one nothing."""
+    from meshplan.calibrate.bench_layers import split_memory_stage
+    c, d = (10.0, 60.0), (2.0, 20.0)          # (pending, transient): stage part, per layer
+
+    def per_layer(n):
+        return tuple(di + ci / n for ci, di in zip(c, d))
+    got = split_memory_stage(per_layer(2), per_layer(6), 2, 6)
+    assert got[:3] == pytest.approx((*per_layer(6), 6))
+    assert got[3:] == pytest.approx(c)
+    assert split_memory_stage((0.0, 0.0), per_layer(6), 2, 6) == (*per_layer(6), 6, 0.0, 0.0)
+    assert split_memory_stage(per_layer(2), (0.0, 0.0), 2, 6) == (0.0, 0.0, 0, 0.0, 0.0)

@@ -779,6 +779,36 @@ def test_zero_bubble_full_recompute_takes_measured_split_memory_from_the_profile
     assert one.wgrad_transient_bytes == 0.0
 
 
+def test_zero_bubble_split_memory_per_layer_follows_the_stage_depth():
+    """A row with the stage parts (measured.wgrad_bytes_at): per layer at the mean stage
+    depth L is the measured value + c·(1/L − 1/measured-on); without them, the same at
+    every depth; never below 0."""
+    from meshplan.costmodel.estimate import layer_tables
+    from meshplan.costmodel.measured import Interpolated, wgrad_bytes_at
+    row = Interpolated(1e-3, 3e-3, 5e6, 80e6, wgrad_pending_bytes=30e6,
+                       wgrad_transient_bytes=250e6, wgrad_memory_layers=6,
+                       wgrad_pending_stage_bytes=12e6, wgrad_transient_stage_bytes=300e6)
+    assert wgrad_bytes_at(row, 6) == (30e6, 250e6)
+    assert wgrad_bytes_at(row, 2) == pytest.approx((30e6 + 12e6 / 3, 250e6 + 300e6 / 3))
+    assert wgrad_bytes_at(row, 12) == pytest.approx((30e6 - 1e6, 250e6 - 25e6))
+    assert wgrad_bytes_at(replace(row, wgrad_memory_layers=0), 2) == (30e6, 250e6)
+    assert wgrad_bytes_at(replace(row, wgrad_transient_stage_bytes=-1e12), 2)[1] == 0.0
+    kw = dict(wgrad_memory_layers=6, wgrad_pending_stage_bytes=12e6,
+              wgrad_transient_stage_bytes=300e6)
+    full = [_layer(1, 1e-3, 3e-3, 5e6, 80e6, recompute="full", wgrad_pending_bytes=30e6,
+                   wgrad_transient_bytes=250e6, **kw),
+            _layer(2, 2e-3, 6e-3, 10e6, 160e6, recompute="full", wgrad_pending_bytes=60e6,
+                   wgrad_transient_bytes=500e6, **{k: 2 * v if k.endswith("bytes") else v
+                                                  for k, v in kw.items()})]
+    c = _cluster(MeasuredTables((*TABLES.layers, *full), TABLES.ends))
+    for pp in (2, 4):
+        t = layer_tables(MODEL, c, JOB, Layout(pp=pp, micro_batch=1, schedule="zero-bubble",
+                                               recompute="full"))
+        depth = MODEL.num_layers / pp
+        assert (t.wgrad_pending_bytes, t.wgrad_transient_bytes) == pytest.approx(
+            (30e6 + 12e6 * (1 / depth - 1 / 6), 250e6 + 300e6 * (1 / depth - 1 / 6)))
+
+
 def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form():
     """Interleaved over pp ≥ 3 under torch's runtime (costmodel.torch_p2p): the order's
     waits are paid once per step (warm-up, cool-down), the per-operation slowdown per
