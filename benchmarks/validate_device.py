@@ -573,6 +573,17 @@ HOLDOUT6_LAYOUTS = [
     ("j15", LLAMA_16B, L(pp=2, micro_batch=4, schedule="zero-bubble", recompute="full")),
     ("j16", LLAMA_16B, L(tp=2, micro_batch=4)),
 ]
+# "fsdp18" (a diagnostic set, not held out): GPT-0.54B's FSDP2 layouts without a pipeline
+# ran 4-10 % slower than predicted in every measured set (round 17: a06 −8.1 %), Llama's
+# about 2 %. The same per-GPU work (dp 4, mb 16, full recomputation, one micro-batch per
+# step) under DDP, FSDP2 ZeRO-2 and ZeRO-3, to trace side by side (`... trace`): how much
+# of the gap is compute slowed beside the collectives and how much the exposed tail.
+FSDP18_LAYOUTS = [
+    ("f01", GPT_05B, L(dp=4, micro_batch=16, recompute="full")),
+    ("f02", GPT_05B, L(dp=4, micro_batch=16, recompute="full", zero=2)),
+    ("f03", GPT_05B, L(dp=4, micro_batch=16, recompute="full", zero=3)),
+    ("f04", LLAMA_16B, L(dp=4, micro_batch=16, recompute="full", zero=3)),
+]
 # "casts2" (round 12, 2 GPUs; only 1- and 2-GPU machines were lent at the start): the
 # autocast weight casts that selective recompute kept per in-flight micro-batch, on pp 2
 # layouts none of the earlier sets ran — selective recompute under every schedule, with
@@ -702,6 +713,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout16": HOLDOUT16_LAYOUTS,
         "holdout17": HOLDOUT17_LAYOUTS,
         "holdout18": HOLDOUT18_LAYOUTS,
+        "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
         "pair16": PAIR16_LAYOUTS,
@@ -710,7 +722,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
+            "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4, "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
@@ -912,7 +924,7 @@ def main(argv=None) -> int:
                         "(after round 10), 'holdout13' (after round 11), 'casts2' / "
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
                         "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
-                        "(after round 16), 'holdout18' (after round 17) or "
+                        "(after round 16), 'holdout18' (after round 17), 'fsdp18' (a diagnostic set) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "
