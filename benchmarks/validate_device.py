@@ -722,7 +722,8 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
 SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JOB2,
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
-            "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4, "fsdp18": JOB4,
+            "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
+            "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
@@ -924,7 +925,8 @@ def main(argv=None) -> int:
                         "(after round 10), 'holdout13' (after round 11), 'casts2' / "
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
                         "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
-                        "(after round 16), 'holdout18' (after round 17), 'fsdp18' (a diagnostic set) or "
+                        "(after round 16), 'holdout18' (after round 17), 'fsdp18' (a "
+                        "diagnostic set) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
                    help="write the two GPU models as ModelSpec JSON files into DIR (for "

@@ -308,8 +308,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
     then hold the per-layer rest; :func:`cpu_fixed`); ``split_memory``: what a micro-batch
     waiting for its W keeps and what W needs while it runs, bytes per layer (full
     recomputation; :mod:`meshplan.calibrate.split_memory`), the stack measured and their
-    stage parts (:func:`split_memory_stage`; a pair: per layer only)."""
-    sm = (*split_memory, 0, 0.0, 0.0)[:5] if len(split_memory) == 2 else tuple(split_memory)
+    stage parts (:func:`split_memory_stage`)."""
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -323,9 +322,11 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1]),
         backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1]),
         forward_cpu_fixed_s=float(cpu_fixed[0]), backward_cpu_fixed_s=float(cpu_fixed[1]),
-        wgrad_pending_bytes=float(sm[0]), wgrad_transient_bytes=float(sm[1]),
-        wgrad_memory_layers=int(sm[2]), wgrad_pending_stage_bytes=float(sm[3]),
-        wgrad_transient_stage_bytes=float(sm[4])))
+        wgrad_pending_bytes=float(split_memory[0]),
+        wgrad_transient_bytes=float(split_memory[1]),
+        wgrad_memory_layers=int(split_memory[2]),
+        wgrad_pending_stage_bytes=float(split_memory[3]),
+        wgrad_transient_stage_bytes=float(split_memory[4])))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -1134,5 +1135,5 @@ def _note(progress, message: str) -> None:
 
 __all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",
            "cpu_values", "split_depth", "split_memory_stage", "combine_rounds", "pooled_cpu",
-           "layer_row", "end_row", "bench_layer_rows", "LayerTables", "rounds_for", "LAYERS_CUDA", "LAYERS_CPU",
-           "dp_mesh_shape"]
+           "layer_row", "end_row", "bench_layer_rows", "LayerTables", "rounds_for",
+           "LAYERS_CUDA", "LAYERS_CPU", "dp_mesh_shape"]

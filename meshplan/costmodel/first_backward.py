@@ -20,10 +20,10 @@ embedding, fp32): ``G0 + A`` = 1.33 GiB less, where the measured rank 0 held 1.5
 than predicted.
 
 GPipe and 1F1B (one chunk) reduce to the earlier rule: relief ``min(G, A)`` on a rank that
-runs all m forwards before its first backward, none elsewhere. Without a pipeline (pp 1, one
-rank running F, B per micro-batch) that is one micro-batch per step, where FSDP2's gradient
-shards (or dp 1's plain gradients) are not in DDP buckets (round 17). Zero-bubble is not walked:
-its weight passes, not its backwards, allocate the gradients.
+runs all m forwards before its first backward, none elsewhere. Without a pipeline (pp 1,
+one rank running F, B per micro-batch) that is one micro-batch per step, where FSDP2's
+gradient shards (or dp 1's plain gradients) are not in DDP buckets (round 17). Zero-bubble
+is not walked: its weight passes, not its backwards, allocate the gradients.
 """
 from __future__ import annotations
 

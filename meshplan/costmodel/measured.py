@@ -378,5 +378,6 @@ def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping
     return MeasuredTables(ls, es)
 
 
-__all__ = ["split_backward_at", "wgrad_bytes_at", "MeasuredLayer", "MeasuredEnd", "MeasuredTables", "Interpolated",
+__all__ = ["split_backward_at", "wgrad_bytes_at", "MeasuredLayer", "MeasuredEnd",
+           "MeasuredTables", "Interpolated",
            "layer_shape_key", "ends_shape_key", "tables_from_rows"]
