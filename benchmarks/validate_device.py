@@ -493,7 +493,8 @@ HOLDOUT17_LAYOUTS = [
 # b10 Llama ZeRO-3 over tp 2 with SP; mb 16 at dp 4, mb 32 at dp 2), against DDP with one
 # micro-batch (b02: its buckets hold the gradients, no relief) and FSDP2 with two (b11).
 # Zero-bubble with full recomputation on GPT's last stage (b04) measures round 17's open
-# memory miss again. Every schedule, ZeRO stage and recompute mode, SP; <= 64 GiB
+# memory miss again, and with it the split memory taken at the stage's depth (committed
+# after this set, before any of it ran; it needs the round's own calibration). Every schedule, ZeRO stage and recompute mode, SP; <= 64 GiB
 # predicted on the round-11 H100 and round-17 H200 profiles (~14.5 / 13.3 s of predicted
 # steps); b04 and b07 are near host-bound on the H200 profile (0.83, 0.81). Protocol, fixed
 # before the run (as holdout16's and holdout17's): calibrate on the machine (call 1),
