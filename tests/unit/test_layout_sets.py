@@ -135,3 +135,20 @@ def test_pair16_has_interleaved_ranks_that_run_every_forward_first():
     job = vd.SET_JOBS["pair16"]
     assert any(l.schedule == "interleaved-1f1b" and job.global_batch // l.micro_batch == l.pp
                for _, _, l in vd.PAIR16_LAYOUTS)
+
+
+@pytest.mark.parametrize("name", ["holdout18", "fsdp18"])
+def test_sets_not_run_yet_are_valid_runnable_and_fit_an_h100(name):
+    """A set waiting for its GPU round must not fail there on a layout the cost model or the
+    executor refuses, or on one that cannot fit 80 GB (the device may lend H100s)."""
+    pytest.importorskip("torch")
+    from meshplan.costmodel import estimate
+    from meshplan.costmodel.validate import check_layout
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.hardware_profiles import Cluster
+    cluster = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=vd.SET_NPROC.get(name, 4))
+    job = vd.SET_JOBS[name]
+    for n, model, layout in vd.SETS[name]:
+        check_layout(model, cluster, job, layout)
+        check_layout_runnable(model, job, layout)
+        assert estimate(model, cluster, job, layout).fits, n
