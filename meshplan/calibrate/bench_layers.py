@@ -93,6 +93,7 @@ ROUNDS_CUDA = 3       # the grid is measured this many times, spread over the ca
 # fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
 SPIN_MAX_S = 2.0
 SPLIT_DEEP_LAYERS = 6  # zero-bubble's split backward is timed again on this many blocks
+NO_SPLIT_MEMORY = (0.0, 0.0, 0, 0.0, 0.0)  # split_memory_stage where nothing was measured
 CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many blocks (8 Llama
 #                        blocks overfill CUDA's launch queue: 2026-11-26, 2 x H200)
 MEMORY_FIELDS = (2, 3)  # indices of the byte fields in a row's values (the rest: seconds)
@@ -297,7 +298,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0),
               split_sync: tuple[float, float] = (0.0, 0.0),
               cpu_fixed: tuple[float, float] = (0.0, 0.0),
-              split_memory: Sequence[float] = (0.0, 0.0, 0, 0.0, 0.0)) -> dict[str, Any]:
+              split_memory: Sequence[float] = NO_SPLIT_MEMORY) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds, the forward /
     backward CPU dispatch seconds and the split's B / W CPU seconds (0: not measured);
@@ -987,7 +988,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
                 shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS),
                 split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed,
-                split_memory=deep_mem.get(idx, (0.0, 0.0, 0, 0.0, 0.0))))
+                split_memory=deep_mem.get(idx, NO_SPLIT_MEMORY)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
@@ -1055,7 +1056,7 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
     measured = values if shallow is not None else values[2:]
     lo = _reduce([*values, oom, -min(measured), *mem], range(4, 10), device, world)
     if lo[4] or lo[5] >= 0:          # out of memory, or some rank measured nothing
-        return cfg.build_key, module, None, split_memory_stage((0.0, 0.0), (0.0, 0.0), 0, 0)
+        return cfg.build_key, module, None, NO_SPLIT_MEMORY
     return cfg.build_key, module, tuple(lo[:4]), split_memory_stage(
         (lo[6], lo[7]), (lo[8], lo[9]), layers, SPLIT_DEEP_LAYERS)
 
@@ -1069,7 +1070,7 @@ def split_memory_stage(shallow: Sequence[float], deep: Sequence[float], shallow_
     not measured (c = 0: the per-layer value at every depth); all zeros where the deep one
     was not."""
     if deep[1] <= 0:
-        return 0.0, 0.0, 0, 0.0, 0.0
+        return NO_SPLIT_MEMORY
     if shallow[1] <= 0 or not 0 < shallow_layers < deep_layers:
         return float(deep[0]), float(deep[1]), deep_layers, 0.0, 0.0
     k = 1.0 / shallow_layers - 1.0 / deep_layers

@@ -264,10 +264,11 @@ def near_host_bound_caveat(host_load: float) -> str:
     or within the host-bound share) of its GPU time: predicted GPU-bound, but with little
     CPU headroom."""
     return (f"near host-bound: the CPU needs {host_load:.0%} of the GPU's time to dispatch "
-            "the step; measured layouts with 80 % or more missed their predictions by 4.3 % "
-            "mean (2.3 % below 80 %) and varied more from step to step, because the CPU's "
-            "dispatch time varies between runs (docs/benchmarks/accuracy.md, round 16); where "
-            "a layout with more CPU headroom is within a few percent, prefer it")
+            f"the step; measured layouts with {HOST_NEAR_LOAD_TEXT} or more missed their "
+            f"predictions by 4.3 % mean (2.3 % below {HOST_NEAR_LOAD_TEXT}) and varied more "
+            "from step to step, because the CPU's dispatch time varies between runs "
+            "(docs/benchmarks/accuracy.md, round 16); where a layout with more CPU headroom "
+            "is within a few percent, prefer it")
 
 
 def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
