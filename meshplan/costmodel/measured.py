@@ -352,13 +352,15 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
-    for k in ("backward_input_depth_s", "backward_weight_depth_s"):
+    for k in ("backward_input_depth_s", "backward_weight_depth_s",
+              "wgrad_pending_stage_bytes", "wgrad_transient_stage_bytes"):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)):
             raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
-    if not isinstance(getattr(r, "split_layers", 0), int) or getattr(r, "split_layers", 0) < 0:
-        raise ProfileError(f"{where}: split_layers must be an integer >= 0, got "
-                           f"{getattr(r, 'split_layers')!r}")
+    for k in ("split_layers", "wgrad_memory_layers"):
+        v = getattr(r, k, 0)
+        if not isinstance(v, int) or v < 0:
+            raise ProfileError(f"{where}: {k} must be an integer >= 0, got {v!r}")
     for k in ("seq_len", "tp", "micro_batch"):
         v = getattr(r, k)
         if not isinstance(v, int) or v < 1:

@@ -793,6 +793,14 @@ def test_zero_bubble_split_memory_per_layer_follows_the_stage_depth():
     assert wgrad_bytes_at(row, 12) == pytest.approx((30e6 - 1e6, 250e6 - 25e6))
     assert wgrad_bytes_at(replace(row, wgrad_memory_layers=0), 2) == (30e6, 250e6)
     assert wgrad_bytes_at(replace(row, wgrad_transient_stage_bytes=-1e12), 2)[1] == 0.0
+    base = _layer(1, 1e-3, 3e-3, 5e6, 80e6, recompute="full").__dict__
+    for key, bad, words in (("wgrad_memory_layers", -6, "an integer >= 0"),
+                            ("wgrad_memory_layers", 6.5, "an integer >= 0"),
+                            ("wgrad_transient_stage_bytes", "x", "a number")):
+        with pytest.raises(ProfileError, match=f"#1: {key} must be {words}, got"):
+            tables_from_rows([{**base, key: bad}], [], "p.toml")
+    tables_from_rows([{**base, **dict(wgrad_memory_layers=6, wgrad_pending_stage_bytes=-1e6,
+                                      wgrad_transient_stage_bytes=3e8)}], [], "p.toml")
     kw = dict(wgrad_memory_layers=6, wgrad_pending_stage_bytes=12e6,
               wgrad_transient_stage_bytes=300e6)
     full = [_layer(1, 1e-3, 3e-3, 5e6, 80e6, recompute="full", wgrad_pending_bytes=30e6,
