@@ -39,7 +39,8 @@ each time is the median over rounds):
   ``backward_peak_bytes`` = peak allocated during forward + backward − allocated after
   forward (not divided by L: the working memory of the one layer whose backward is
   running — recomputed activations, gradients in flight, FSDP2 unsharded gradients).
-  ``backward_input_s`` / ``backward_weight_s`` (ZeRO-0 rows only; 0 = not measured): the
+  ``backward_input_s`` / ``backward_weight_s`` (ZeRO-0 rows and FSDP2's 1-rank rows, whose
+  timed passes do not communicate; 0 = not measured): the
   zero-bubble schedule's split backward of the same L blocks over L, run by
   torch.distributed.pipelining's own functions (:mod:`meshplan.calibrate.bench_split`),
   synchronized timings (``--split-timing queued``: GPU-busy, with their CPU dispatch in
@@ -115,6 +116,12 @@ class Config:
     part: str = ""
 
     @property
+    def communicates(self) -> bool:
+        """FSDP2 over dp > 1: gathers and reduce-scatters inside the timed passes (the
+        split backward of zero-bubble is timed only on rows that do not)."""
+        return self.zero >= 2 and self.dp > 1
+
+    @property
     def build_key(self) -> tuple:
         """Configurations with the same key share one built module (recompute flags and
         the micro-batch change nothing in the parameters)."""
@@ -182,6 +189,16 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                             out.append(Config(model=model, seq_len=seq, tp=tp,
                                               sequence_parallel=sp, recompute=rc,
                                               micro_batch=mb, zero=zero, dp=dp))
+        # FSDP2's compute alone: ZeRO-2 on a 1-rank mesh runs the executor's bf16 parameters
+        # without autocast and without gather or reduce-scatter. A pipeline's ZeRO-2 stage
+        # gathers once per step, so its layers run at this speed: not the plain rows'
+        # (autocast: GPT-0.54B's LayerNorms in fp32, 6-12 % slower) nor the FSDP rows'
+        # (their per-micro-batch communication included; round 18 of
+        # docs/benchmarks/accuracy.md)
+        for rc in RECOMPUTE if world > 1 else ():
+            for mb in mbs:
+                out.append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
+                                  recompute=rc, micro_batch=mb, zero=2, dp=1))
         for part in ("embedding", "output"):
             for tp, sp in tpsp:
                 if model.vocab_size % tp:
@@ -432,7 +449,19 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
         m = wrap_data_parallel(m, zero=cfg.zero,
                                groups=_DPGroups(groups.dp_mesh(cfg.dp, cfg.tp), cfg.dp),
                                device=device, bf16=cuda, pipelined=False)
+        if not cfg.communicates:
+            _hold_unsharded(m)
     return m, tp_group
+
+
+def _hold_unsharded(m) -> None:
+    """Run FSDP2 module ``m`` as a pipeline stage runs its micro-batches: no resharding
+    and no gradient reduction after a backward (``PipelineStage.backward_maybe_with_nosync``
+    sets exactly these three), so the timed passes are the layers' compute and the split
+    backward's W finds the unsharded weights its B used."""
+    m.set_is_last_backward(False)
+    m.set_reshard_after_backward(False)
+    m.set_requires_gradient_sync(False)
 
 
 def _set_recompute(m, recompute: str) -> None:
@@ -571,7 +600,8 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
     """(forward_s, backward_s, activation_bytes, backward_peak_bytes, backward_input_s,
     backward_weight_s, forward_cpu_s, backward_cpu_s, backward_input_cpu_s,
     backward_weight_cpu_s, samples failing the queue check) per layer; the split backward
-    (zero-bubble) is measured for ZeRO-0 rows only and is 0 where torch's split backward is
+    (zero-bubble) is measured for rows without communication (ZeRO-0, FSDP2 on 1 rank) and
+    is 0 where torch's split backward is
     unavailable: synchronized, or queued like the row with ``split_queued`` (then its CPU
     fields are set); the CPU fields are 0 without ``queue``."""
     import torch
@@ -588,9 +618,16 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             # once, as it must for the timed iterations' reading, where x lives outside)
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()),
                                device) - _nbytes(x)
-        split = (_split_per_layer(m, x, grad[0], layers, device, iters=iters, barrier=barrier,
-                                  queue=queue if split_queued else None, forward=samples)
-                 if cfg.zero == 0 else (0.0, 0.0, 0.0, 0.0))
+        split = (0.0, 0.0, 0.0, 0.0)
+        if cfg.zero == 0:
+            split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
+                                     barrier=barrier, queue=queue if split_queued else None,
+                                     forward=samples)
+        elif not cfg.communicates:
+            split = _fsdp_split_per_layer(m, x, grad[0], layers, device, iters=iters,
+                                          barrier=barrier,
+                                          queue=queue if split_queued else None,
+                                          forward=samples)
     held = 0.0
     if cfg.zero == 2 and cuda:
         # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
@@ -703,13 +740,13 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
 
     if queue is None or not forward:
         barrier()
-        split = split_backward_s(fresh, list(m.parameters()), device=device, iters=iters)
+        split = split_backward_s(fresh, _LiveParams(m), device=device, iters=iters)
         return (split[0] / layers, split[1] / layers, 0.0, 0.0) if split else (0.0,) * 4
     fns = split_functions()
     if fns is None:
         return (0.0,) * 4
     backward_input, backward_weight = fns
-    params = list(m.parameters())
+    params = _LiveParams(m)
     groups: list = []
 
     def forward_and_b():
@@ -728,6 +765,41 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
             med(s.backward_s for s in samples) / layers,
             max(0.0, med(s.forward_cpu_s for s in samples) - f_cpu) / layers,
             med(s.backward_cpu_s for s in samples) / layers)
+
+
+class _LiveParams:
+    """``m``'s parameters as they are when iterated, as ``PipelineStage`` passes
+    ``self.submod.parameters()`` to each B and W: FSDP2 swaps a module's registered
+    parameters between the sharded ones and the unsharded ones the forward used, so a list
+    taken before the forward names parameters the graph never touched (then B finds no
+    parameter group and W does nothing: 2-block CPU check, 2026-11-27)."""
+
+    def __init__(self, m) -> None:
+        self.m = m
+
+    def __iter__(self):
+        return iter(list(self.m.parameters()))
+
+
+def _fsdp_split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
+                          queue: _Queue | None = None, forward: Sequence[Sample] = ()
+                          ) -> tuple[float, float, float, float]:
+    """:func:`_split_per_layer` of an FSDP2 module on a 1-rank mesh, or zeros where torch's
+    split backward fails on it: FSDP2's backward hooks are not what
+    ``stage_backward_input``/``_weight`` were written against, and a failed measurement must
+    cost the row its split, not the calibration. Every rank runs the same 1-rank work, so
+    they fail alike and their collectives (the barriers) stay matched. Out of memory
+    propagates as for the row."""
+    try:
+        return _split_per_layer(m, x, grad, layers, device, iters=iters, barrier=barrier,
+                                queue=queue, forward=forward)
+    except _oom_types():
+        raise
+    except Exception:   # noqa: BLE001 — see the docstring
+        if device.type == "cuda":
+            import torch
+            torch.cuda.synchronize(device)
+        return (0.0, 0.0, 0.0, 0.0)
 
 
 def _sync_split(cfg: Config, m, layers: int, device, *, iters: int, barrier

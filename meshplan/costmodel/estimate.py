@@ -1180,22 +1180,28 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
                      cluster.gpu.overlap_interference)
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
+    fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
+    tables = cluster.gpu.measured
+    measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
+    stage_row = None if fsdp else pipelined_zero2_row(tables, model, job, layout)
+    if stage_row is not None:
+        k = _ratio(stage_row.backward_s, layer_b)
+        layer_f, layer_b, layer_w = stage_row.forward_s, stage_row.backward_s, layer_w * k
+        measured_split = _stage_split(stage_row, *measured_split, k)
     split = split_cpu = None
-    if layout.schedule == "zero-bubble" and parts.split_backward is not None:
+    if layout.schedule == "zero-bubble" and measured_split[0] is not None:
         # measured B and W actions (their sum can exceed one fused backward). What grows
         # with the stage's depth (at its mean; uneven partitions are off by second-order
         # terms) is the CPU's graph walk: the CPU times where they were timed apart, else
         # the synchronized ones, which then stand for both GPU and CPU
         depth = model.num_layers / (pp * v)
-        if parts.split_cpu is not None:
-            split = parts.split_backward
-            split_cpu = split_backward_at(parts.split_cpu, parts.split_depth, depth)
+        measured_b, measured_depth, measured_cpu = measured_split
+        if measured_cpu is not None:
+            split = measured_b
+            split_cpu = split_backward_at(measured_cpu, measured_depth, depth)
         else:
-            split = split_cpu = split_backward_at(parts.split_backward, parts.split_depth,
-                                                  depth)
+            split = split_cpu = split_backward_at(measured_b, measured_depth, depth)
         layer_b, layer_w = sum(split), split[1]
-    fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
-    tables = cluster.gpu.measured
     # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
     fsdp_row, composed = (tables.fsdp_layer(
         model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
@@ -1217,6 +1223,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         cpu = ((fs.forward_cpu_s, fs.backward_cpu_s, *cpu[2:])
                if fs is not None and fs.cpu_measured else None)
         cpu_fixed = (fs.forward_cpu_fixed_s, fs.backward_cpu_fixed_s) if cpu else (0.0, 0.0)
+    if cpu is not None and stage_row is not None and stage_row.cpu_measured:
+        cpu = (stage_row.forward_cpu_s, stage_row.backward_cpu_s, *cpu[2:])
+        cpu_fixed = (stage_row.forward_cpu_fixed_s, stage_row.backward_cpu_fixed_s)
     cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
     # once per chunk's forward and backward call of a micro-batch (see rank_cpu_s)
     cpu_call = sum(cpu_fixed) if cpu else 0.0
@@ -1340,6 +1349,39 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
                                  and layout.schedule != "gpipe" else 0.0),
         **_first_backward_relief(job, layout, m, grad_copies, layer_params, first_params,
                                   last_params if pp > 1 else 0.0))
+
+
+def pipelined_zero2_row(tables, model: ModelSpec, job: Job, layout: Layout):
+    """The measured layer a pipeline's FSDP2 ZeRO-2 stage runs at, or None.
+
+    Under torch.distributed.pipelining FSDP2's ZeRO-2 gathers once per step and reduces
+    once (:func:`fsdp_per_microbatch`), so a micro-batch's layers cost FSDP2's compute
+    alone: bf16 parameters without autocast, which the plain rows (autocast) do not time —
+    GPT-0.54B's FSDP2 rows ran 6-12 % faster than its plain ones even with their
+    communication, and round 18's two pipelined ZeRO-2 GPT layouts came out +7 % and
+    +10..+17 % (docs/benchmarks/accuracy.md) — nor the FSDP rows, whose per-micro-batch
+    gather and reduce-scatter a pipeline does not pay. The profile's 1-rank FSDP2 row
+    (:meth:`~meshplan.costmodel.measured.MeasuredTables.fsdp_compute_layer`) times exactly
+    that; profiles without it keep the plain row."""
+    if not tables or not (fsdp_accumulates_unsharded(job, layout.zero, layout.dp, layout.pp)
+                          and layout.zero == 2):
+        return None
+    return tables.fsdp_compute_layer(
+        model, seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch)
+
+
+def _stage_split(row, split, depth, split_cpu, k: float):
+    """Zero-bubble's (B and W, their depth growth, their CPU) for a pipelined ZeRO-2 stage:
+    ``row``'s own split where it was timed (FSDP2 held unsharded, as the stage holds it;
+    the growth with depth, the CPU's graph walk, stays the plain row's), else the plain
+    ``split`` scaled by the two backwards' ratio ``k``."""
+    if row.split_backward is not None:
+        grow = (depth[0], depth[1], row.split_layers) if depth is not None else None
+        return row.split_backward, grow, row.split_cpu
+    if split is None:
+        return split, depth, split_cpu
+    return (split[0] * k, split[1] * k), depth, split_cpu
 
 
 def _first_backward_relief(job: Job, layout: Layout, microbatches: int, grad_copies: int,

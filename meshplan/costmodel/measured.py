@@ -283,6 +283,17 @@ class MeasuredTables:
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
 
+    def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
+                           sequence_parallel: bool, recompute: str, micro_batch: int
+                           ) -> Interpolated | None:
+        """FSDP2's compute alone: the ZeRO-2 row timed on a 1-rank mesh (bf16 parameters
+        without autocast, no gather or reduce-scatter, held unsharded like a pipeline
+        stage's), or None where the profile has none (calibrations before round 18)."""
+        key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
+               recompute, 2, 1)
+        rows = self._index.get(key)  # type: ignore[attr-defined]
+        return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
+
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int
                    ) -> tuple[Interpolated | None, bool]:

@@ -48,10 +48,16 @@ def test_grid_on_four_ranks_matches_the_spec():
     assert {(c.tp, c.sequence_parallel) for c in plain} == {(1, False), (2, False), (2, True),
                                                             (4, False), (4, True)}
     assert {c.micro_batch for c in plain} == {1, 2, 4}
-    fsdp = [c for c in grid if c.zero]
+    fsdp = [c for c in grid if c.zero and c.dp > 1]
     # zero 2/3 × 3 recompute × micro-batch 1/2 × (tp 1 at dp 2 and 4, tp 2 with SP off/on at
     # dp 2: dp·tp must tile the 4 ranks; tp 4 leaves no dp)
     assert len(fsdp) == 2 * 3 * 2 * (2 + 2)
+    # FSDP2's compute alone (ZeRO-2 on a 1-rank mesh, for pipelined ZeRO-2 stages): tp 1,
+    # every recompute and micro-batch, and no communication in its timed passes
+    alone = [c for c in grid if c.zero and c.dp == 1]
+    assert {(c.zero, c.tp, c.sequence_parallel) for c in alone} == {(2, 1, False)}
+    assert len(alone) == 3 * 3 and not any(c.communicates for c in alone)
+    assert all(c.communicates for c in fsdp)
     assert {(c.zero, c.dp, c.tp, c.sequence_parallel) for c in fsdp} == {
         (z, dp, tp, sp) for z in (2, 3) for dp, tp, sp in
         ((2, 1, False), (4, 1, False), (2, 2, False), (2, 2, True))}
@@ -86,7 +92,7 @@ def test_grid_respects_world_seq_vocab_and_quick():
     one = plan_grid([GPTISH], None, 1, quick=True)    # one rank: tp 1 only, no FSDP
     assert {c.tp for c in one} == {1} and not any(c.zero for c in one)
     three = plan_grid([GPTISH], None, 3, quick=True)  # tp must divide the world: 1 only
-    assert {c.tp for c in three} == {1} and {c.dp for c in three if c.zero} == {3}
+    assert {c.tp for c in three} == {1} and {c.dp for c in three if c.zero} == {1, 3}
     two_models = plan_grid([GPTISH, TINY], None, 2, quick=True)
     assert {c.model.name for c in two_models} == {"gptish", "tiny-llama"}
     assert {c.seq_len for c in two_models if c.model.name == "tiny-llama"} == {32}
@@ -235,7 +241,9 @@ def test_micro_batch_sizes_option_sets_the_grid():
         micro_batch_sizes(False, (2, 0))
     grid = plan_grid([TINY], 32, 4, quick=False, micro_batches=(2, 4, 8))
     assert {c.micro_batch for c in grid if not c.zero} == {2, 4, 8}
-    assert {c.micro_batch for c in grid if c.zero} == {2, 4}      # FSDP rows: the two smallest
+    assert {c.micro_batch for c in grid if c.communicates} == {2, 4}  # FSDP: the two smallest
+    # ... FSDP2's compute alone at every size: pipelined stages run any of them
+    assert {c.micro_batch for c in grid if c.zero and not c.communicates} == {2, 4, 8}
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--micro-batches", "2,4, 8", "--out", "x.toml"])
@@ -288,7 +296,15 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
              for x in doc["layers"] if x["zero"] == 0}
     assert len(plain) == 3 * 3 * 2
     fsdp = {(x["zero"], x["dp"]) for x in doc["layers"] if x["zero"]}
-    assert fsdp == {(2, 2), (3, 2)}
+    assert fsdp == {(2, 2), (3, 2), (2, 1)}
+    # FSDP2's compute alone (1-rank mesh), which pipelined ZeRO-2 stages run at: its own
+    # lookup, not the plain row's
+    alone = t.fsdp_compute_layer(TINY, seq_len=32, tp=1, sequence_parallel=False,
+                                 recompute="full", micro_batch=2)
+    plain1 = t.layer(TINY, seq_len=32, tp=1, sequence_parallel=False, recompute="full",
+                     micro_batch=2, zero=2, dp=1)
+    assert alone is not None and alone.forward_s > 0 and alone.backward_s > 0
+    assert plain1 is not None and plain1 != alone
     for zero in (2, 3):
         z = t.layer(TINY, seq_len=32, tp=1, sequence_parallel=False, recompute="selective",
                     micro_batch=2, zero=zero, dp=2)
@@ -303,6 +319,11 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
         assert all(x["backward_input_s"] > 0 and x["backward_weight_s"] > 0
                    for x in doc["layers"] if x["zero"] == 0)
         assert r.split_backward is not None
+        # ... and for FSDP2 held unsharded as a stage holds it (a list of parameters taken
+        # before the forward names the sharded ones: W then fails and is not measured)
+        assert all(x["backward_input_s"] > 0 and x["backward_weight_s"] > 0
+                   for x in doc["layers"] if x["zero"] == 2 and x["dp"] == 1)
+        assert alone.split_backward is not None
         # ... and its growth with the stack, from the same split on SPLIT_DEEP_LAYERS blocks
         from meshplan.calibrate.bench_layers import LAYERS_CPU
         assert all(x["split_layers"] == LAYERS_CPU for x in doc["layers"] if x["zero"] == 0)
@@ -314,7 +335,7 @@ def test_two_rank_calibrate_writes_layer_tables(layer_profile):
                 assert (x["wgrad_transient_bytes"] > 0) == (x["recompute"] == "full"), x
         assert r.wgrad_transient_bytes > 0 and r.wgrad_pending_bytes >= 0
     assert all(x["backward_input_s"] == 0 == x["backward_weight_s"]
-               for x in doc["layers"] if x["zero"])
+               for x in doc["layers"] if x["zero"] and x["dp"] > 1)
     # CPU: no allocator statistics, so no memory figures
     assert all(x["activation_bytes"] == 0.0 for x in doc["layers"])
     # the schedule's own cost per action, extrapolated to 0 layers: >= 0 (0 when it is

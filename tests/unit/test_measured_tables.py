@@ -458,6 +458,47 @@ def test_zero2_under_a_pipeline_reduces_once_per_step():
     assert one.layer_forward_s == pytest.approx(1.5e-3)            # pp = 1: the FSDP row
 
 
+def test_pipelined_zero2_runs_at_fsdp2_compute_alone_where_measured():
+    """A pipeline's ZeRO-2 stage gathers once per step, so its layers cost FSDP2's compute
+    without communication (bf16, no autocast): the profile's 1-rank ZeRO-2 row, with its
+    CPU and, zero-bubble, its own split backward (the depth growth stays the plain row's)."""
+    from meshplan.costmodel.estimate import layer_tables
+    split = dict(backward_input_s=1.5e-3, backward_weight_s=4e-3, split_layers=2,
+                 backward_weight_depth_s=2.5e-4, forward_cpu_s=1e-3, backward_cpu_s=2e-3,
+                 backward_input_cpu_s=2e-3, backward_weight_cpu_s=3e-3)
+    plain = _layer(1, 1e-3, 2e-3, 1e6, 0.0, **split)
+    fsdp2 = _layer(1, 1.5e-3, 3.5e-3, 1e6, 0.0, zero=2, dp=2)
+    alone = _layer(1, 0.9e-3, 1.8e-3, 1e6, 0.0, zero=2, dp=1, backward_input_s=1.2e-3,
+                   backward_weight_s=3e-3, split_layers=2, forward_cpu_s=0.5e-3,
+                   backward_cpu_s=1e-3, backward_input_cpu_s=1e-3, backward_weight_cpu_s=2e-3)
+    ends = tuple(replace(_end(part, 1, 1e-4, 2e-4, 1e6, 0.0), forward_cpu_s=1e-4,
+                         backward_cpu_s=2e-4) for part in ("embedding", "output"))
+    c = _cluster(MeasuredTables((plain, fsdp2, alone), ends))
+    without = _cluster(MeasuredTables((plain, fsdp2), ends))
+    lay = Layout(dp=2, pp=2, micro_batch=1, zero=2)
+    t = layer_tables(MODEL, c, JOB, lay)
+    assert (t.layer_forward_s, t.layer_backward_s) == pytest.approx((0.9e-3, 1.8e-3))
+    assert t.cpu_layer_s == pytest.approx(0.5e-3 + 1e-3)
+    old = layer_tables(MODEL, without, JOB, lay)      # older profiles: the plain row
+    assert (old.layer_forward_s, old.layer_backward_s) == pytest.approx((1e-3, 2e-3))
+    assert estimate(MODEL, c, JOB, lay).step_time_s < estimate(MODEL, without, JOB,
+                                                               lay).step_time_s
+    # zero-bubble: B and W from the 1-rank row, W growing with the depth as the plain row's
+    zb = layer_tables(MODEL, c, JOB, replace(lay, schedule="zero-bubble"))
+    assert zb.layer_wgrad_s == pytest.approx(3e-3)            # GPU-busy: no depth growth
+    assert zb.layer_backward_s == pytest.approx(1.2e-3 + 3e-3)
+    assert zb.cpu_wgrad_layer_s == pytest.approx(2e-3 + 2 * 2.5e-4)   # 4 layers: 2 extra
+    # ... and where the 1-rank row has no split: the plain split scaled by the backwards'
+    # ratio (1.8 / 2 ms)
+    nosplit = replace(alone, backward_input_s=0.0, backward_weight_s=0.0, split_layers=0)
+    zb2 = layer_tables(MODEL, _cluster(MeasuredTables((plain, fsdp2, nosplit), ends)), JOB,
+                       replace(lay, schedule="zero-bubble"))
+    assert zb2.layer_wgrad_s == pytest.approx(4e-3 * 0.9)
+    # ZeRO-3 regathers per micro-batch (its FSDP rows), ZeRO-2 without a pipeline too
+    for other in (replace(lay, zero=3), replace(lay, pp=1)):
+        assert layer_tables(MODEL, c, JOB, other).layer_forward_s != pytest.approx(0.9e-3)
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_cpsat_host_bound_matches_the_cost_model(schedule, solve_fixed_partition):
     """The CP-SAT expression of max(pipeline, host bound) equals LayerTables' on fixed
