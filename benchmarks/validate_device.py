@@ -486,7 +486,7 @@ HOLDOUT17_LAYOUTS = [
     ("a16", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", recompute="full",
                          zero=3)),
 ]
-# "holdout18" (after round 17; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# "holdout18" (after round 17; run in round 18): 16 new 4-rank layouts, 8 per model, chosen
 # before any ran and none in an earlier set, to hold out round 17's change: without a
 # pipeline and with one micro-batch per step, FSDP2's gradient shards are not there at the
 # peak (b01 GPT ZeRO-3 selective, b03 GPT ZeRO-2 over tp 2 with SP, b09 Llama ZeRO-2 full,
@@ -524,6 +524,44 @@ HOLDOUT18_LAYOUTS = [
     ("b15", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule=INTERLEAVED, vpp=2,
                          recompute="selective", sequence_parallel=True)),
     ("b16", LLAMA_16B, L(tp=4, micro_batch=16, recompute="selective", sequence_parallel=True)),
+]
+# "holdout19" (after round 18; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# before any ran and none in an earlier set, to hold out round 18's change: FSDP2's ZeRO-2
+# under a pipeline priced at FSDP2's compute alone (the calibration's 1-rank ZeRO-2 rows,
+# with their own zero-bubble split) — every schedule on both models (c01-c04 GPT, c09-c11
+# and c16 Llama; zero-bubble with selective and full recomputation on GPT, selective on
+# Llama). The rest: GPT ZeRO-3 without a pipeline (c05, the open under-prediction), zero-
+# bubble at pp 4 (c06), tp 2 and 4 with SP (c07, c08, c14, c15), interleaved at pp 4 with
+# 32 micro-batches (c13), ZeRO-1 over tp (c14). Every schedule, ZeRO stage and recompute
+# mode, SP; <= 64 GiB predicted on the round-18 H100 and round-17 H200 profiles (14.9 /
+# 13.9 s of predicted steps). Protocol, fixed before the run (as holdout16-18's): calibrate
+# on the machine (call 1), validate the whole set twice (calls 2 and 3). The held-out
+# result is call 2 as run; each layout's median of the two runs (`--merge A,B --median`)
+# is reported beside it, and so is the split by CPU headroom the summary carries.
+HOLDOUT19_LAYOUTS = [
+    ("c01", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", recompute="selective",
+                       zero=2)),
+    ("c02", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble",
+                       recompute="selective", zero=2)),
+    ("c03", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule="gpipe", recompute="full", zero=2)),
+    ("c04", GPT_05B, L(dp=2, pp=2, micro_batch=4, schedule="zero-bubble", recompute="full",
+                       zero=2)),
+    ("c05", GPT_05B, L(dp=4, micro_batch=8, recompute="full", zero=3)),
+    ("c06", GPT_05B, L(pp=4, micro_batch=8, schedule="zero-bubble", recompute="selective")),
+    ("c07", GPT_05B, L(dp=2, tp=2, micro_batch=16, recompute="selective",
+                       sequence_parallel=True)),
+    ("c08", GPT_05B, L(tp=4, micro_batch=32, sequence_parallel=True)),
+    ("c09", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", recompute="full", zero=2)),
+    ("c10", LLAMA_16B, L(dp=2, pp=2, micro_batch=2, schedule="zero-bubble",
+                         recompute="selective", zero=2)),
+    ("c11", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule=INTERLEAVED, vpp=2,
+                         recompute="selective", zero=2)),
+    ("c12", LLAMA_16B, L(dp=4, micro_batch=8, zero=3)),
+    ("c13", LLAMA_16B, L(pp=4, micro_batch=2, schedule=INTERLEAVED, vpp=2)),
+    ("c14", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, zero=1, sequence_parallel=True)),
+    ("c15", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="1f1b", sequence_parallel=True)),
+    ("c16", LLAMA_16B, L(dp=2, pp=2, micro_batch=2, schedule="gpipe", recompute="full",
+                         zero=2)),
 ]
 # "holdout5" (round 5, 2 GPUs): in this session only machines of at most 2 GPUs were lent, so
 # 16 new layouts of 2 ranks (dp/pp/tp 2, every schedule, ZeRO 0-3, the three recompute modes,
@@ -714,6 +752,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout16": HOLDOUT16_LAYOUTS,
         "holdout17": HOLDOUT17_LAYOUTS,
         "holdout18": HOLDOUT18_LAYOUTS,
+        "holdout19": HOLDOUT19_LAYOUTS,
         "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
@@ -724,7 +763,7 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
-            "fsdp18": JOB4,
+            "holdout19": JOB4, "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
@@ -926,7 +965,8 @@ def main(argv=None) -> int:
                         "(after round 10), 'holdout13' (after round 11), 'casts2' / "
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
                         "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
-                        "(after round 16), 'holdout18' (after round 17), 'fsdp18' (a "
+                        "(after round 16), 'holdout18' (after round 17), 'holdout19' (after "
+                        "round 18), 'fsdp18' (a "
                         "diagnostic set) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",

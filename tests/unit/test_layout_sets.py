@@ -11,7 +11,7 @@ import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-         "pair14", "holdout16", "pair16", "holdout17", "holdout18"]
+         "pair14", "holdout16", "pair16", "holdout17", "holdout18", "holdout19"]
 
 
 def test_every_set_has_unique_names():
@@ -28,13 +28,14 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
         for n, model, layout in vd.SETS[s]:
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-                     "pair14", "holdout16", "pair16", "holdout17", "holdout18"):
+                     "pair14", "holdout16", "pair16", "holdout17", "holdout18",
+                     "holdout19"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
 
-COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "holdout18", "pair12", "pair14",
-            "pair16"]
+COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "holdout18", "holdout19",
+            "pair12", "pair14", "pair16"]
 
 
 @pytest.mark.parametrize("name", COVERING)
@@ -99,6 +100,19 @@ def test_holdout18_holds_out_round_17s_change():
     assert len(entries) == 16
 
 
+def test_holdout19_holds_out_round_18s_change():
+    entries = vd.HOLDOUT19_LAYOUTS
+    # FSDP2's ZeRO-2 under a pipeline: every schedule, both models, zero-bubble with and
+    # without full recomputation
+    piped = [(m.name, l) for _, m, l in entries if l.pp > 1 and l.dp > 1 and l.zero == 2]
+    assert {l.schedule for _, l in piped} == {"gpipe", "1f1b", "interleaved-1f1b",
+                                              "zero-bubble"}
+    assert {name for name, _ in piped} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
+    assert {l.recompute for _, l in piped if l.schedule == "zero-bubble"} >= {"selective",
+                                                                             "full"}
+    assert len(entries) == 16
+
+
 def test_casts2_holds_out_the_autocast_casts_on_two_gpus():
     ls = [layout for _, _, layout in vd.CASTS2_LAYOUTS]
     assert vd.SET_NPROC["casts2"] == 2 and all(l.num_gpus == 2 and l.pp == 2 for l in ls)
@@ -125,7 +139,8 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
     assert {m.name for _, m, _ in vd.DDP13_LAYOUTS} == {vd.GPT_05B.name, vd.LLAMA_16B.name}
 
 
-@pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17", "holdout18"])
+@pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17", "holdout18",
+                                  "holdout19"])
 def test_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
         assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
@@ -137,7 +152,7 @@ def test_pair16_has_interleaved_ranks_that_run_every_forward_first():
                for _, _, l in vd.PAIR16_LAYOUTS)
 
 
-@pytest.mark.parametrize("name", ["holdout18", "fsdp18"])
+@pytest.mark.parametrize("name", ["holdout19", "fsdp18"])
 def test_sets_not_run_yet_are_valid_runnable_and_fit_an_h100(name):
     """A set waiting for its GPU round must not fail there on a layout the cost model or the
     executor refuses, or on one that cannot fit 80 GB (the device may lend H100s)."""
