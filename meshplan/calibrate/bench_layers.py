@@ -664,24 +664,31 @@ def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *,
               barrier, world: int):
     """The row's forward / backward CPU dispatch per layer, queued, on
     :data:`CPU_DEEP_LAYERS` blocks (built once per build key), averaged over ranks: (build
-    key, deep module to reuse, (forward, backward) per layer or None where any rank ran out
-    of memory or a sample failed the queue check). With the row's own 2-block timing it
-    splits the CPU time of a call into a per-call and a per-layer part (:func:`cpu_fixed`)."""
-    values, oom = [0.0, 0.0, 0.0], 0.0
+    key, deep module to reuse, (forward CPU, backward CPU, forward GPU, backward GPU) per
+    layer or None where any rank ran out of memory or a sample failed the queue check).
+    With the row's own 2-block timing the CPU times split a call into a per-call and a
+    per-layer part (:func:`cpu_fixed`); the GPU times are logged only: for FSDP2 rows they
+    say how a layer's cost beside its neighbours' gathers and reduce-scatters changes with
+    the stack (round 18 of docs/benchmarks/accuracy.md), for the cost model to use once
+    measured sets show it helps."""
+    values, oom = [0.0] * 5, 0.0
     try:
         module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)
         _, _, reset, forward, backward = _layer_step(cfg, module, device)
         with _layer_amp(cfg, device):
             samples, _ = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                   iters=iters, barrier=barrier, queue=queue)
-        values = [*cpu_values(samples, layers=CPU_DEEP_LAYERS), _bad(samples)]
+        values = [*cpu_values(samples, layers=CPU_DEEP_LAYERS),
+                  statistics.median(x.forward_s for x in samples) / CPU_DEEP_LAYERS,
+                  statistics.median(x.backward_s for x in samples) / CPU_DEEP_LAYERS,
+                  _bad(samples)]
     except _oom_types():
         oom, module = 1.0, None
         _free(device)
-    lo = _reduce([*values, oom], [2, 3], device, world)
-    if lo[2] or lo[3] or min(lo[:2]) <= 0:
+    lo = _reduce([*values, oom], [4, 5], device, world)
+    if lo[4] or lo[5] or min(lo[:2]) <= 0:
         return cfg.build_key, module, None
-    return cfg.build_key, module, (lo[0], lo[1])
+    return cfg.build_key, module, tuple(lo[:4])
 
 
 def _deep_module(cfg: Config, key, module, layers: int, device, groups):
@@ -1017,9 +1024,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                                    world=world)
                 if d is not None:
                     cpu_deep.setdefault((cfg.build_key, cfg.recompute), []).append(
-                        (values[fc], values[bc], *d))
+                        (values[fc], values[bc], d[0], d[1]))
                     cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks {d[0] * 1e3:.3f} / "
-                                f"{d[1] * 1e3:.3f} ms")
+                                f"{d[1] * 1e3:.3f} ms, gpu {d[2] * 1e3:.3f} / "
+                                f"{d[3] * 1e3:.3f} ms")
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -499,6 +500,9 @@ def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
                                            micro_batches=(1, 2)).layers
     deep = [m for m in prog.messages if f"cpu on {bench_layers.CPU_DEEP_LAYERS} blocks" in m]
     assert len(deep) == 3 and all("mb1" in m for m in deep)   # one per recompute mode
+    # ... which logs the deep stack's GPU-side (here wall) time per layer beside it
+    assert all(re.search(r"cpu on \d+ blocks [\d.]+ / [\d.]+ ms, gpu [\d.]+ / [\d.]+ ms", m)
+               for m in deep)
     fields = ("forward_cpu_s", "backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")
     assert all(r[k] >= 0 for r in layers for k in fields)
     assert any(r["forward_cpu_s"] + r["backward_cpu_s"] > 0 for r in layers)
