@@ -395,6 +395,45 @@ def test_out_of_memory_skips_the_row_and_larger_micro_batches(monkeypatch):
     assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in layers + ends)
 
 
+def test_a_failing_fsdp2_one_rank_row_is_skipped_not_fatal(monkeypatch):
+    """FSDP2's 1-rank rows are new on GPUs: any error there skips the row (and its larger
+    micro-batches), the calibration goes on; an error in any other row still stops it."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    real_grid, real_build, real_run = (bench_layers.plan_grid, bench_layers._build,
+                                       bench_layers._run_layer)
+
+    def grid(models, seq, world, **kw):     # one rank: add the 1-rank rows by hand
+        g = real_grid(models, seq, world, **kw)
+        plain = [c for c in g if not c.part and c.recompute == "full"]
+        return plain + [replace(c, zero=2, dp=1) for c in plain]
+
+    def build(cfg, *a, **kw):
+        return (None, None) if cfg.zero else real_build(cfg, *a, **kw)
+
+    def run_layer(cfg, *a, **kw):
+        if cfg.zero:
+            raise RuntimeError("split backward: no such parameter")
+        return real_run(cfg, *a, **kw)
+
+    monkeypatch.setattr(bench_layers, "plan_grid", grid)
+    monkeypatch.setattr(bench_layers, "_build", build)
+    monkeypatch.setattr(bench_layers, "_run_layer", run_layer)
+    prog = _Recorder()
+    layers = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                           quick=True, progress=prog).layers
+    assert {r["zero"] for r in layers} == {0} and len(layers) == 2      # mb 1 and 2
+    failed = [m for m in prog.messages if "failed (RuntimeError: split backward" in m]
+    assert len(failed) == 1 and "zero2 dp1" in failed[0] and "mb1" in failed[0]
+    assert any("zero2 dp1" in m and "smaller micro-batch" in m for m in prog.messages)
+
+    def plain_fails(cfg, *a, **kw):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(bench_layers, "_run_layer", plain_fails)
+    with pytest.raises(RuntimeError, match="boom"):
+        bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0, quick=True)
+
+
 def test_rounds_combine_by_median_and_cpu_pools_over_micro_batches():
     from meshplan.calibrate.bench_layers import combine_rounds, pooled_cpu
     # times: median of the rounds (a slow round does not move it); memory: the largest
