@@ -971,7 +971,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
                 skipped.add(idx)
-                _step(progress, f"{tag}: skipped (a smaller micro-batch ran out of memory or failed)")
+                _step(progress,
+                      f"{tag}: skipped (a smaller micro-batch ran out of memory or failed)")
                 continue
             n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
             values, oom, failed = [0.0] * n_values, 0.0, ""
