@@ -1183,7 +1183,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
     tables = cluster.gpu.measured
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
-    stage_row = None if fsdp else pipelined_zero2_row(tables, model, job, layout)
+    stage_row = pipelined_zero2_row(tables, model, job, layout)
     if stage_row is not None:
         k = _ratio(stage_row.backward_s, layer_b)
         layer_f, layer_b, layer_w = stage_row.forward_s, stage_row.backward_s, layer_w * k

@@ -278,10 +278,8 @@ class MeasuredTables:
         ZeRO-2/3 with dp = 1) use the plain rows.
         """
         fsdp = zero >= 2 and dp > 1
-        key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero if fsdp else 0, dp if fsdp else 1)
-        rows = self._index.get(key)  # type: ignore[attr-defined]
-        return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
+        return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
+                               zero if fsdp else 0, dp if fsdp else 1)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
@@ -289,8 +287,15 @@ class MeasuredTables:
         """FSDP2's compute alone: the ZeRO-2 row timed on a 1-rank mesh (bf16 parameters
         without autocast, no gather or reduce-scatter, held unsharded like a pipeline
         stage's), or None where the profile has none (calibrations before round 18)."""
+        return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
+                               2, 1)
+
+    def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
+                   recompute: str, micro_batch: int, zero: int, dp: int
+                   ) -> Interpolated | None:
+        """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, 2, 1)
+               recompute, zero, dp)
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
 
