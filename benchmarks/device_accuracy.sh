@@ -24,9 +24,14 @@
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout17 BUDGET=545 ... validate
 #     # round 17: the same protocol
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout18 BUDGET=545 ... validate
+#     # round 18: the same protocol
+#   SET=fsdp18 ONLY=f01,f03 BUDGET=200 ... trace   # round 18: DDP vs FSDP2 at the same work
+#   SNAPSHOT=1 ONLY=b04 SET=holdout18 ... memory     # round 18: zero-bubble full, last stage
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout19 BUDGET=545 ... validate
+#     # round 19: the same protocol; SNAPSHOT=1 ONLY=b14 SET=holdout18 ... memory after it
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout20 BUDGET=545 ... validate
 #     # next: the same protocol (fixed in validate_device.py before the run)
-#   SET=fsdp18 ONLY=f01,f03 BUDGET=200 ... trace   # next: DDP vs FSDP2 at the same work
-#   SNAPSHOT=1 ONLY=b04 SET=holdout18 ... memory     # next: zero-bubble full, last stage
+#   ONLY=c01 SET=holdout19 BUDGET=150 ... trace   # next: a pipelined ZeRO-2 stage's kernels
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
 #                                                      # round 12, on 2 GPUs
 #   SET=ddp13 PROFILE=docs/benchmarks/profile_h100x2_round12.toml ... validate  # round 13

@@ -525,7 +525,7 @@ HOLDOUT18_LAYOUTS = [
                          recompute="selective", sequence_parallel=True)),
     ("b16", LLAMA_16B, L(tp=4, micro_batch=16, recompute="selective", sequence_parallel=True)),
 ]
-# "holdout19" (after round 18; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# "holdout19" (after round 18; ran in round 19, 4 × H200): 16 new 4-rank layouts, 8 per model, chosen
 # before any ran and none in an earlier set, to hold out round 18's change: FSDP2's ZeRO-2
 # under a pipeline priced at FSDP2's compute alone (the calibration's 1-rank ZeRO-2 rows,
 # with their own zero-bubble split) — every schedule on both models (c01-c04 GPT, c09-c11
@@ -708,6 +708,45 @@ PAIR14_LAYOUTS = [
     ("p15", LLAMA_16B, L(tp=2, micro_batch=4, recompute="full")),
     ("p16", LLAMA_16B, L(dp=2, micro_batch=1, zero=1)),
 ]
+# "holdout20" (after round 19; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# before any ran and none in an earlier set. Round 19 changed no prediction, so this holds
+# out the model as it stands (b4547f4) on new layouts, weighted to round 19's open
+# questions: pipelined FSDP2 ZeRO-2 on both models beyond holdout19's shapes (d01, d02,
+# d10; the 1-rank rows under-predicted those stages by 2-6 %), rank 1 of a 4-stage
+# zero-bubble GPT pipeline (d03), and Llama GPipe last stages under ZeRO-0/1 (d09, d11).
+# The rest: every schedule, ZeRO stage and recompute mode, SP over tp 2 and 4. Micro-batch
+# sizes were picked so the set fits one 10-minute call (15.0 s of predicted steps on the
+# round-19 H200 profile, 16.0 on the round-18 H100 one), which leaves fewer layouts that
+# profile calls host-bound (one, d12) than holdout19 had (four); <= 73.3 GiB predicted, and
+# it fits an H100 on the dgx-h100 preset (the test below). Protocol, fixed before the run (as
+# holdout16-19's): calibrate on the machine (call 1), validate the whole set twice (calls 2
+# and 3). The held-out result is call 2 as run; each layout's median of the two runs
+# (`--merge A,B --median`) is reported beside it, and so is the split by CPU headroom.
+HOLDOUT20_LAYOUTS = [
+    ("d01", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule="1f1b", zero=2)),
+    ("d02", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule=INTERLEAVED, vpp=2,
+                       recompute="full", zero=2)),
+    ("d03", GPT_05B, L(pp=4, micro_batch=16, schedule="zero-bubble", recompute="full")),
+    ("d04", GPT_05B, L(dp=4, micro_batch=16, zero=1)),
+    ("d05", GPT_05B, L(dp=2, tp=2, micro_batch=32, recompute="full", zero=3,
+                       sequence_parallel=True)),
+    ("d06", GPT_05B, L(pp=2, tp=2, micro_batch=8, schedule="gpipe", recompute="selective",
+                       sequence_parallel=True)),
+    ("d07", GPT_05B, L(dp=4, micro_batch=8, zero=2)),
+    ("d08", GPT_05B, L(tp=4, micro_batch=32, recompute="selective")),
+    ("d09", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, schedule="gpipe", recompute="full")),
+    ("d10", LLAMA_16B, L(dp=2, pp=2, micro_batch=16, schedule="gpipe", recompute="full",
+                         zero=2)),
+    ("d11", LLAMA_16B, L(pp=4, micro_batch=16, schedule="gpipe", recompute="full")),
+    ("d12", LLAMA_16B, L(dp=4, micro_batch=2, zero=3)),
+    ("d13", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, recompute="selective", zero=2,
+                         sequence_parallel=True)),
+    ("d14", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule=INTERLEAVED, vpp=2,
+                         sequence_parallel=True)),
+    ("d15", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="1f1b", recompute="selective",
+                         zero=1)),
+    ("d16", LLAMA_16B, L(tp=4, micro_batch=16, sequence_parallel=True)),
+]
 # "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
 # 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
 # round 15's changes where 2 ranks can: interleaved pp 2 with m = pp (micro-batch 16, ranks
@@ -753,6 +792,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout17": HOLDOUT17_LAYOUTS,
         "holdout18": HOLDOUT18_LAYOUTS,
         "holdout19": HOLDOUT19_LAYOUTS,
+        "holdout20": HOLDOUT20_LAYOUTS,
         "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
@@ -763,7 +803,7 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
-            "holdout19": JOB4, "fsdp18": JOB4,
+            "holdout19": JOB4, "holdout20": JOB4, "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
@@ -966,7 +1006,7 @@ def main(argv=None) -> int:
                         "'pair12' (round 12, 2 GPUs), 'ddp13' (round 13, 2 GPUs), 'pair14' "
                         "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
                         "(after round 16), 'holdout18' (after round 17), 'holdout19' (after "
-                        "round 18), 'fsdp18' (a "
+                        "round 18), 'holdout20' (after round 19), 'fsdp18' (a "
                         "diagnostic set) or "
                         "'all' (rounds 1-3)")
     p.add_argument("--write-models", default=None, type=Path, metavar="DIR",
