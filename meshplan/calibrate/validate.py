@@ -285,7 +285,9 @@ def predicted_record(est, layout: Layout, cluster: Cluster) -> dict[str, Any]:
             "host_wait_s": est.time.host_wait_s,
             "host_bound": is_host_bound(est.time.host_wait_s, est.step_time_s),
             # CPU dispatch over GPU time: 0.8-1 is GPU-bound with little CPU headroom
-            "host_load": est.host_load}
+            "host_load": est.host_load,
+            # after the passes: exposed data-parallel communication and the optimizer
+            "tail_s": est.time.dp_comm_exposed_s + est.time.optimizer_s}
 
 
 def score(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:
@@ -371,6 +373,7 @@ def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
             # per rank: its own median step and the CPU's wall time per step (diagnostics)
             "step_median_s_per_rank": [r.get("step_median_s") for r in ranks],
             "host_step_median_s_per_rank": [r.get("host_step_median_s") for r in ranks],
+            "phase_median_ms_per_rank": [r.get("phase_median_ms") for r in ranks],
             # the host's dispatch speed when the timed steps began (executor.measure)
             "host_probe_us_per_rank": [r.get("host_probe_us") for r in ranks],
             "memory_per_rank_bytes": mem if len(mem) == nranks else [],

@@ -37,24 +37,35 @@ class StepTimer:
         self._host: list[float] = []
         self._start = None
         self._host_start = 0.0
+        self._marks: list[tuple[str, Any, float]] = []     # this step's, in order
+        self._steps_marks: list[list[tuple[str, Any, float]]] = []
+
+    def _now(self) -> tuple[Any, float]:
+        host = time.perf_counter()
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev, host
+        return host, host
 
     def start(self) -> None:
-        self._host_start = time.perf_counter()
-        if self.cuda:
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-        else:
-            self._start = self._host_start
+        self._start, self._host_start = self._now()
+        self._marks = []
+
+    def mark(self, name: str) -> None:
+        """End of phase ``name`` of the running step (no-op outside a timed step): the
+        phase lasts from the previous mark (or the step's start) to here, on the device's
+        timeline (a CUDA event; it includes the device's waits for the CPU) and on the
+        host's (wall time to dispatch it)."""
+        if self._start is not None:
+            self._marks.append((name, *self._now()))
 
     def stop(self) -> None:
-        now = time.perf_counter()
+        end, now = self._now()
         self._host.append(now - self._host_start)
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._pending.append((self._start, end))
-        else:
-            self._pending.append((self._start, now))
+        self._pending.append((self._start, end))
+        self._steps_marks.append([("", self._start, self._host_start), *self._marks])
+        self._start = None
 
     def host_durations_s(self) -> list[float]:
         return list(self._host)
@@ -65,6 +76,21 @@ class StepTimer:
             torch.cuda.synchronize()
             return [s.elapsed_time(e) / 1e3 for s, e in self._pending]
         return [e - s for s, e in self._pending]
+
+    def phase_medians_ms(self) -> dict[str, dict[str, float]]:
+        """Per phase (the names given to :meth:`mark`, in step order): the median over the
+        timed steps of its device-timeline and host durations, in ms (synchronizes)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        dev: dict[str, list[float]] = {}
+        host: dict[str, list[float]] = {}
+        for marks in self._steps_marks:
+            for (_, d0, h0), (name, d1, h1) in zip(marks, marks[1:]):
+                dev.setdefault(name, []).append(
+                    d0.elapsed_time(d1) if self.cuda else (d1 - d0) * 1e3)
+                host.setdefault(name, []).append((h1 - h0) * 1e3)
+        return {name: {"device_ms": statistics.median(dev[name]),
+                       "host_ms": statistics.median(host[name])} for name in dev}
 
 
 HOST_PROBE_CALLS = 20_000

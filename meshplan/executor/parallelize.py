@@ -142,11 +142,16 @@ class ParallelTrainer:
             return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def step(self, batch: torch.Tensor) -> torch.Tensor:
+    def step(self, batch: torch.Tensor, mark=None) -> torch.Tensor:
         """One optimizer step on this dp rank's sequences ``batch`` (b, seq_len + 1).
 
-        Returns the global mean loss (a 0-dim tensor, identical on every rank).
+        Returns the global mean loss (a 0-dim tensor, identical on every rank). ``mark``:
+        called with each phase's name as it ends — "passes" (forward and backward of every
+        micro-batch, the pipeline schedule), "grads" (gradient averaging outside DDP/FSDP2),
+        "optimizer", "loss" (the global loss all-reduce) — for per-phase timing
+        (:meth:`meshplan.executor.measure.StepTimer.mark`).
         """
+        mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
         x = batch[:, :-1].contiguous()
         y = batch[:, 1:].contiguous()
@@ -155,9 +160,14 @@ class ParallelTrainer:
                 local = self._step_local(x, y)
             else:
                 local = self._step_pipeline(x, y)
+        mark("passes")
         self._finish_grads()
+        mark("grads")
         self.optimizer.step()
-        return self._global_loss(local)
+        mark("optimizer")
+        loss = self._global_loss(local)
+        mark("loss")
+        return loss
 
     def _step_local(self, x, y) -> torch.Tensor:
         part = self.parts[0]

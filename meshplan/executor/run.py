@@ -344,7 +344,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 timer.start()
                 gc_policy.in_step()
             _maybe_inject_failure(rank, step)
-            loss = trainer.step(batch)
+            loss = trainer.step(batch, mark=timer.mark)
             if step >= args.warmup:
                 timer.stop()
             if prof is not None:
@@ -373,6 +373,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 "step_median_s": statistics.median(times) if times else None,
                 "host_step_median_s": (statistics.median(timer.host_durations_s())
                                        if times else None),
+                # where the step goes after the passes (FSDP2's tail: round 19)
+                "phase_median_ms": timer.phase_medians_ms() if times else None,
                 "predicted_bytes": stage_prediction_bytes(prediction, groups.pp_rank)}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)

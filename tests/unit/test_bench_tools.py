@@ -70,3 +70,33 @@ def test_host_sustain_reports_one_dispatch_time_per_window(load_benchmark):
     assert all(w > 0 for w in windows)
     with pytest.raises(SystemExit):
         tool.main(["--window-s", "5", "--seconds", "1"])
+
+
+def test_step_phases_puts_the_slowest_ranks_tail_beside_the_models(load_benchmark, tmp_path,
+                                                                   capsys):
+    tool = load_benchmark("step_phases")
+
+    def ph(passes, grads, opt, loss):
+        return {k: {"device_ms": v, "host_ms": v / 2} for k, v in
+                (("passes", passes), ("grads", grads), ("optimizer", opt), ("loss", loss))}
+    recs = [{"name": "d01", "status": "ok", "model": "gpt", "short": "dp2 z2",
+             "predicted": {"step_time_s": 0.400, "tail_s": 0.005},
+             "measured": {"step_time_s": 0.420, "phase_median_ms_per_rank": [
+                 ph(390.0, 1.0, 20.0, 2.0), ph(395.0, 1.0, 15.0, 1.0)]}},
+            {"name": "old", "status": "ok", "model": "gpt", "short": "dp4",
+             "predicted": {"step_time_s": 0.3}, "measured": {"step_time_s": 0.3}},
+            {"name": "oom", "status": "out_of_memory", "measured": {}}]
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps({"records": recs}))
+    rows = tool.phase_rows(json.loads(path.read_text()))
+    assert [r["name"] for r in rows] == ["d01"]          # runs before round 19 lack phases
+    r = rows[0]
+    assert r["passes_ms"] == 395.0 and r["tail_ms"] == pytest.approx(23.0)
+    assert r["host_tail_ms"] == pytest.approx(11.5)
+    assert r["pred_tail_ms"] == pytest.approx(5.0) and r["pred_passes_ms"] == pytest.approx(395.0)
+    assert tool.main([str(path)]) == 0
+    assert "| d01 | gpt | dp2 z2 | 420.0 (400.0) | 395.0 (395.0) | 23.0 (5.0) |" in \
+        capsys.readouterr().out
+    assert tool.phase_rows(json.loads(path.read_text()), only="llama") == []
+    assert tool.main([str(path), "--only", "llama"]) == 1
+    assert tool.main([str(tmp_path / "missing.json")]) == 2

@@ -63,6 +63,14 @@ def test_one_process_run_writes_results(tmp_path, capsys):
     assert r0["step_median_s"] == pytest.approx(m["step_time_s"])
     assert 0 < r0["host_probe_us"] < 10_000      # the host's dispatch speed after warm-up
     assert 0 < r0["host_step_median_s"] <= 1.5 * r0["step_median_s"]   # CPU: the same clock
+    # the step's phases, in order; on CPU both clocks are the wall clock, and the phases
+    # (medians of 3 steps each) account for about the whole step
+    phases = r0["phase_median_ms"]
+    assert list(phases) == ["passes", "grads", "optimizer", "loss"]
+    assert all(v["device_ms"] >= 0 and v["host_ms"] >= 0 for v in phases.values())
+    assert phases["passes"]["device_ms"] > phases["grads"]["device_ms"]
+    total_ms = sum(v["device_ms"] for v in phases.values())
+    assert total_ms == pytest.approx(1e3 * r0["step_median_s"], rel=0.5)
     assert set(doc["errors_pct"]) == {"step_time_s", "tokens_per_s", "mfu", "memory_peak_bytes"}
     assert "step time" in capsys.readouterr().out
     # the default --gc manual: no automatic collection in 3 timed steps (period 50), and
@@ -113,3 +121,27 @@ def test_first_step_settle_waits_once_on_gpu_only(monkeypatch):
 def test_gpu_family():
     assert gpu_family("H100-SXM5-80GB") == gpu_family("NVIDIA H100 80GB HBM3") == "H100"
     assert gpu_family("NVIDIA H200") != gpu_family("H100-SXM5-80GB")
+
+
+def test_step_timer_phases_split_each_timed_step():
+    import time
+
+    import torch
+
+    from meshplan.executor.measure import StepTimer
+    timer = StepTimer(torch.device("cpu"))
+    timer.mark("outside")                 # no timed step running: ignored
+    for _ in range(3):
+        timer.start()
+        time.sleep(0.004)
+        timer.mark("a")
+        time.sleep(0.001)
+        timer.mark("b")
+        timer.stop()
+    timer.mark("after")
+    phases = timer.phase_medians_ms()
+    assert list(phases) == ["a", "b"]
+    assert phases["a"]["device_ms"] >= 3.5 and phases["b"]["device_ms"] >= 0.5
+    assert phases["a"]["device_ms"] > phases["b"]["device_ms"]
+    assert phases["a"]["host_ms"] == pytest.approx(phases["a"]["device_ms"])   # CPU clock
+    assert len(timer.durations_s()) == 3

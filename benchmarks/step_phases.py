@@ -1,0 +1,86 @@
+"""Where each validated layout's step goes after its passes, measured against the model.
+
+    python benchmarks/step_phases.py docs/benchmarks/accuracy_holdout20.json [--only "z[23]"]
+
+The executor times every step in phases (``ParallelTrainer.step``'s marks, since round 19):
+"passes" (forward and backward of every micro-batch, the pipeline schedule), "grads"
+(gradient averaging outside DDP/FSDP2), "optimizer", "loss" (the global loss all-reduce),
+each on the device's timeline (CUDA events: waits for the CPU included) and the host's.
+This prints, per layout, the slowest rank's passes and tail (grads + optimizer + loss) beside
+the model's: its step less its tail, and its tail (``predicted.tail_s``: exposed data-parallel
+communication and the optimizer). Round 19's question: FSDP2 layouts the model calls
+GPU-bound missed by −38..+42 ms per step while their layers' compute matched the
+calibration (c01's trace; docs/benchmarks/accuracy.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+TAIL_PHASES = ("grads", "optimizer", "loss")
+
+
+def phase_rows(doc: dict, only: str | None = None) -> list[dict]:
+    """One row per measured record that has phase timings (runs since round 19)."""
+    pat = re.compile(only) if only else None
+    rows = []
+    for r in doc.get("records", []):
+        meas, pred = r.get("measured") or {}, r.get("predicted") or {}
+        ranks = [p for p in meas.get("phase_median_ms_per_rank") or [] if p]
+        if r.get("status") != "ok" or not ranks:
+            continue
+        if pat and not pat.search(f"{r.get('model', '')} {r.get('short', '')}"):
+            continue
+        passes = max(p["passes"]["device_ms"] for p in ranks)
+        tail = max(sum(p[k]["device_ms"] for k in TAIL_PHASES if k in p) for p in ranks)
+        host_tail = max(sum(p[k]["host_ms"] for k in TAIL_PHASES if k in p) for p in ranks)
+        tail_pred = 1e3 * pred["tail_s"] if "tail_s" in pred else None
+        rows.append({
+            "name": r.get("name"), "layout": r.get("short"), "model": r.get("model"),
+            "step_ms": 1e3 * meas["step_time_s"], "pred_step_ms": 1e3 * pred["step_time_s"],
+            "passes_ms": passes, "tail_ms": tail, "host_tail_ms": host_tail,
+            "pred_passes_ms": (1e3 * pred["step_time_s"] - tail_pred
+                               if tail_pred is not None else None),
+            "pred_tail_ms": tail_pred})
+    return rows
+
+
+def _f(v) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| name | model | layout | step ms (pred) | passes ms (pred) | tail ms (pred) "
+           "| tail host ms |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['name']} | {r['model']} | {r['layout']} | {_f(r['step_ms'])} "
+                   f"({_f(r['pred_step_ms'])}) | {_f(r['passes_ms'])} ({_f(r['pred_passes_ms'])})"
+                   f" | {_f(r['tail_ms'])} ({_f(r['pred_tail_ms'])}) | {_f(r['host_tail_ms'])} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("accuracy", type=Path, help="accuracy.json from validate_device.py")
+    p.add_argument("--only", default=None, help="regex on 'model layout' to keep")
+    args = p.parse_args(argv)
+    try:
+        doc = json.loads(args.accuracy.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"step_phases: cannot read {args.accuracy}: {exc}", file=sys.stderr)
+        return 2
+    rows = phase_rows(doc, args.only)
+    if not rows:
+        print(f"step_phases: no record in {args.accuracy} has phase timings (executor runs "
+              f"since round 19 record them)", file=sys.stderr)
+        return 1
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
