@@ -287,7 +287,7 @@ def predicted_record(est, layout: Layout, cluster: Cluster) -> dict[str, Any]:
             # CPU dispatch over GPU time: 0.8-1 is GPU-bound with little CPU headroom
             "host_load": est.host_load,
             # after the passes: exposed data-parallel communication and the optimizer
-            "tail_s": est.time.dp_comm_exposed_s + est.time.optimizer_s}
+            "tail_s": est.time.tail_s}
 
 
 def score(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, Any]:

@@ -95,6 +95,12 @@ class TimeBreakdown:
         return self.gemm_s + self.attention_s + self.memory_bound_s + self.overhead_s
 
     @property
+    def tail_s(self) -> float:
+        """What follows the pipeline (and any wait for the CPU) on the step's critical path:
+        exposed data-parallel communication and the optimizer step."""
+        return self.dp_comm_exposed_s + self.optimizer_s
+
+    @property
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
                 + self.dp_comm_exposed_s + self.zero3_gather_s + self.optimizer_s

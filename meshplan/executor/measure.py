@@ -33,49 +33,46 @@ class StepTimer:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._pending: list[tuple[Any, Any]] = []
-        self._host: list[float] = []
-        self._start = None
-        self._host_start = 0.0
-        self._marks: list[tuple[str, Any, float]] = []     # this step's, in order
-        self._steps_marks: list[list[tuple[str, Any, float]]] = []
+        # per timed step, its time points in order: (phase name, device point, host
+        # perf_counter) — the start (name ""), each mark, the stop (name "")
+        self._steps: list[list[tuple[str, Any, float]]] = []
+        self._running: list[tuple[str, Any, float]] | None = None
 
-    def _now(self) -> tuple[Any, float]:
+    def _point(self, name: str) -> tuple[str, Any, float]:
         host = time.perf_counter()
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            return ev, host
-        return host, host
+            return name, ev, host
+        return name, host, host
+
+    def _elapsed_ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def start(self) -> None:
-        self._start, self._host_start = self._now()
-        self._marks = []
+        self._running = [self._point("")]
 
     def mark(self, name: str) -> None:
         """End of phase ``name`` of the running step (no-op outside a timed step): the
         phase lasts from the previous mark (or the step's start) to here, on the device's
         timeline (a CUDA event; it includes the device's waits for the CPU) and on the
         host's (wall time to dispatch it)."""
-        if self._start is not None:
-            self._marks.append((name, *self._now()))
+        if self._running is not None:
+            self._running.append(self._point(name))
 
     def stop(self) -> None:
-        end, now = self._now()
-        self._host.append(now - self._host_start)
-        self._pending.append((self._start, end))
-        self._steps_marks.append([("", self._start, self._host_start), *self._marks])
-        self._start = None
+        self._running.append(self._point(""))
+        self._steps.append(self._running)
+        self._running = None
 
     def host_durations_s(self) -> list[float]:
-        return list(self._host)
+        return [pts[-1][2] - pts[0][2] for pts in self._steps]
 
     def durations_s(self) -> list[float]:
         """All recorded durations (synchronizes the device on GPU)."""
         if self.cuda:
             torch.cuda.synchronize()
-            return [s.elapsed_time(e) / 1e3 for s, e in self._pending]
-        return [e - s for s, e in self._pending]
+        return [self._elapsed_ms(pts[0][1], pts[-1][1]) / 1e3 for pts in self._steps]
 
     def phase_medians_ms(self) -> dict[str, dict[str, float]]:
         """Per phase (the names given to :meth:`mark`, in step order): the median over the
@@ -84,10 +81,9 @@ class StepTimer:
             torch.cuda.synchronize()
         dev: dict[str, list[float]] = {}
         host: dict[str, list[float]] = {}
-        for marks in self._steps_marks:
-            for (_, d0, h0), (name, d1, h1) in zip(marks, marks[1:]):
-                dev.setdefault(name, []).append(
-                    d0.elapsed_time(d1) if self.cuda else (d1 - d0) * 1e3)
+        for pts in self._steps:
+            for (_, d0, h0), (name, d1, h1) in zip(pts, pts[1:-1]):
+                dev.setdefault(name, []).append(self._elapsed_ms(d0, d1))
                 host.setdefault(name, []).append((h1 - h0) * 1e3)
         return {name: {"device_ms": statistics.median(dev[name]),
                        "host_ms": statistics.median(host[name])} for name in dev}

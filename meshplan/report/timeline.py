@@ -22,7 +22,7 @@ def pipeline_seconds(est: Estimate) -> float:
     those and less the time the GPUs wait for the CPU.
     """
     t = est.time
-    return est.step_time_s - t.dp_comm_exposed_s - t.optimizer_s - t.host_wait_s
+    return est.step_time_s - t.tail_s - t.host_wait_s
 
 
 def simulate_plan(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
