@@ -172,11 +172,27 @@ def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[
     arXiv 2401.10241) with one stage per rank runs pp − r forwards ahead of rank r's first
     I and defers its Ws until pp forwards are alive, so rank r holds r such micro-batches
     (counted from the schedule's own action order, torch 2.13, pp 2 and 4, 8-32
-    micro-batches). Runtime "torch" and vpp = 1 only; elsewhere 0."""
+    micro-batches). Runtime "torch" and vpp = 1 only; elsewhere 0.
+
+    With full recomputation a middle rank (0 < r < pp − 1) holds r + 1: its peak is inside
+    its first W, which the calibration prices as a transient above the live memory *with*
+    that micro-batch's pending set in it (:mod:`meshplan.calibrate.split_memory`), and by
+    then r + 1 micro-batches have run their I. Round 20's memory snapshot of holdout20 d03
+    (GPT, pp 4, m 4, torch 2.11) shows the order and the sets: rank 1 runs F0 F1 F2 I0 F3
+    I1 W0, rank 2 F0 F1 I0 F2 I1 F3 I2 W0; each I adds 5.9-6.3 GiB (6 layers × 0.97
+    predicted) and each W peaks 19.8 GiB above its start (19.4 predicted). With r sets
+    rank 1 and 2 of d03, t04 (holdout11, GPT mb 8) and q15 (holdout8, Llama) came out
+    2.1-4.8 GiB (6-13 %) low, about one set, on round 20's profile; with r + 1, within
+    −2.6..+3.6 %. Post hoc (d03's own miss among them). The last rank runs its W after all
+    its I as well, but counting r + 1 there over-predicts it by 6.6-9.2 % (t04, d03): its
+    output-layer terms hold about one set more than it keeps, not resolved, so it keeps r.
+    Without recomputation the peak is not in a W (no transient) and r fits (r + 1 puts
+    q08, t09 and c06's middle ranks 8-22 % high)."""
     pp = layout.pp
     if job.runtime != "torch" or layout.schedule != "zero-bubble" or layout.vpp != 1:
         return ()
-    return tuple(float(min(r, microbatches)) for r in range(pp))
+    full = layout.recompute == "full"
+    return tuple(float(min(r + (full and 0 < r < pp - 1), microbatches)) for r in range(pp))
 
 
 # Zero-bubble with full recomputation, runtime "torch" (measured with

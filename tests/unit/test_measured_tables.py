@@ -522,6 +522,10 @@ def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():
     assert zero_bubble_pending_w(JOB, lay, 16) == (0.0, 1.0, 2.0, 3.0)
     assert zero_bubble_pending_w(Job(global_batch=16, seq_len=1024), lay, 16) == ()
     assert zero_bubble_pending_w(JOB, Layout(pp=4, micro_batch=1), 16) == ()
+    # full recomputation: a middle rank's peak is in its first W, after r + 1 I passes
+    full = lay.replace(recompute="full")
+    assert zero_bubble_pending_w(JOB, full, 16) == (0.0, 2.0, 3.0, 3.0)
+    assert zero_bubble_pending_w(JOB, full, 2) == (0.0, 2.0, 2.0, 2.0)
     c = _cluster(TABLES)
     t = layer_tables(MODEL, c, JOB, lay)
     one = layer_tables(MODEL, c, JOB, Layout(pp=4, micro_batch=1, schedule="1f1b"))
