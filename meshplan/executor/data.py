@@ -64,4 +64,21 @@ def local_share(batch: torch.Tensor, dp: int, dp_rank: int) -> torch.Tensor:
     return batch[dp_rank * n:(dp_rank + 1) * n]
 
 
-__all__ = ["SyntheticTokens", "TokenFile", "local_share"]
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``batch`` on ``device`` without making the host wait for the GPU.
+
+    A copy from pageable host memory makes the CPU wait until every kernel already queued
+    on the stream has finished (CUDA runtime API, "API synchronization behavior": for
+    pageable host-to-device transfers "a stream sync is performed before the copy is
+    initiated"), whatever ``non_blocking`` says. Done at every step's start, that drained
+    the GPU's queue and made each step begin with the CPU dispatching into an idle GPU:
+    phases whose CPU dispatch is slower than their GPU work (FSDP2's forward hooks at
+    small micro-batches) then ran at the CPU's pace (round 20, docs/benchmarks/accuracy.md).
+    From pinned memory the copy is queued like a kernel and the CPU runs on; torch's
+    caching host allocator keeps the pinned source alive until the copy has run."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
+__all__ = ["SyntheticTokens", "TokenFile", "local_share", "to_device"]

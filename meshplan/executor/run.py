@@ -243,7 +243,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     import torch
     import torch.distributed as dist
 
-    from meshplan.executor.data import SyntheticTokens, TokenFile, local_share
+    from meshplan.executor.data import SyntheticTokens, TokenFile, local_share, to_device
     from meshplan.executor.data_parallel import OptimizerConfig
     from meshplan.executor.measure import (StepTimer, environment, format_table,
                                            host_dispatch_probe_us, peak_memory, summarize,
@@ -333,8 +333,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         prof = None
         for step in range(steps_total):
             state["step"], state["phase"] = step, ("warm-up" if step < args.warmup else "measure")
-            batch = local_share(data.global_batch(step, job.global_batch), layout.dp,
-                                groups.dp_rank).to(device, non_blocking=True)
+            batch = to_device(local_share(data.global_batch(step, job.global_batch),
+                                          layout.dp, groups.dp_rank), device)
             if args.profile and step == args.warmup:
                 prof = _start_profiler(device_type)
             if step == args.warmup:

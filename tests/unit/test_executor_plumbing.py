@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.errors import ExecutorError  # noqa: E402
-from meshplan.executor.data import SyntheticTokens, TokenFile, local_share  # noqa: E402
+from meshplan.executor.data import SyntheticTokens, TokenFile, local_share, to_device  # noqa: E402
 from meshplan.executor.measure import error_pct, summarize  # noqa: E402
 from meshplan.executor.parallelize import check_layout_runnable  # noqa: E402
 from meshplan.executor.pipeline import local_parts  # noqa: E402
@@ -64,6 +64,24 @@ def test_synthetic_batches_depend_on_step_only():
     assert torch.equal(a, b) and a.shape == (8, 17) and int(a.max()) < 128
     assert not torch.equal(a, d.global_batch(6, 8))
     assert torch.equal(torch.cat([local_share(a, 4, r) for r in range(4)]), a)
+
+
+def test_batches_reach_the_gpu_from_pinned_memory_without_a_host_sync():
+    batch = SyntheticTokens(128, 16, seed=3).global_batch(0, 4)
+    assert torch.equal(to_device(batch, torch.device("cpu")), batch)
+    calls = []
+
+    class Batch:   # stands in for a CPU tensor on a machine without CUDA
+        def pin_memory(self):
+            calls.append("pin")
+            return self
+
+        def to(self, device, non_blocking=False):
+            calls.append((device.type, non_blocking))
+            return self
+
+    to_device(Batch(), torch.device("cuda"))
+    assert calls == ["pin", ("cuda", True)]     # pinned first, then an asynchronous copy
 
 
 def test_token_file(tmp_path):
