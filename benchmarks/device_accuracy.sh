@@ -29,9 +29,12 @@
 #   SNAPSHOT=1 ONLY=b04 SET=holdout18 ... memory     # round 18: zero-bubble full, last stage
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout19 BUDGET=545 ... validate
 #     # round 19: the same protocol; SNAPSHOT=1 ONLY=b14 SET=holdout18 ... memory after it
+#   ONLY=c01 SET=holdout19 BUDGET=150 ... trace   # round 19: a pipelined ZeRO-2 stage's kernels
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout20 BUDGET=545 ... validate
+#     # round 20: the same protocol; SNAPSHOT=1 ONLY=d03 SET=holdout20 ... memory and
+#     # ONLY=d07 / ONLY=d02 SET=holdout20 BUDGET=100 ... trace after it
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout21 BUDGET=545 ... validate
 #     # next: the same protocol (fixed in validate_device.py before the run)
-#   ONLY=c01 SET=holdout19 BUDGET=150 ... trace   # next: a pipelined ZeRO-2 stage's kernels
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
 #                                                      # round 12, on 2 GPUs
 #   SET=ddp13 PROFILE=docs/benchmarks/profile_h100x2_round12.toml ... validate  # round 13

@@ -321,13 +321,17 @@ class Layout:
         return _from_dict(cls, data)
 
     def short(self) -> str:
-        """A compact one-line description, e.g. ``dp8·pp16·tp8 mb1 interleaved-1f1b v2 full z1``."""
+        """A compact one-line description, e.g. ``dp8·pp16·tp8 mb1 interleaved-1f1b v2 rc=full
+        z1``; an explicit partition is appended as ``layers 5/7/7/5`` (two layouts that differ
+        only in it must not read alike)."""
         s = f"dp{self.dp}·pp{self.pp}·tp{self.tp} mb{self.micro_batch} {self.schedule}"
         if self.vpp > 1:
             s += f" v{self.vpp}"
         s += f" rc={self.recompute} z{self.zero}"
         if self.sequence_parallel:
             s += " sp"
+        if self.stage_layers is not None:
+            s += " layers " + "/".join(str(n) for n in self.stage_layers)
         return s
 
 

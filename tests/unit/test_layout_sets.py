@@ -11,7 +11,8 @@ import validate_device as vd  # noqa: E402
 
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
-         "pair14", "holdout16", "pair16", "holdout17", "holdout18", "holdout19", "holdout20"]
+         "pair14", "holdout16", "pair16", "holdout17", "holdout18", "holdout19", "holdout20",
+         "holdout21"]
 
 
 def test_every_set_has_unique_names():
@@ -29,13 +30,13 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
                      "pair14", "holdout16", "pair16", "holdout17", "holdout18",
-                     "holdout19", "holdout20"):
+                     "holdout19", "holdout20", "holdout21"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
 
 COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "holdout18", "holdout19",
-            "holdout20",
+            "holdout20", "holdout21",
             "pair12", "pair14", "pair16"]
 
 
@@ -132,6 +133,22 @@ def test_holdout20_keeps_round_19s_open_questions():
     assert len(entries) == 16
 
 
+def test_holdout21_holds_out_round_20s_change_and_asks_its_open_questions():
+    entries = vd.HOLDOUT21_LAYOUTS
+    job = vd.SET_JOBS["holdout21"]
+    # zero-bubble with full recomputation on 4 stages, middle stages deeper than the rest
+    zb = [l for _, _, l in entries if l.schedule == "zero-bubble" and l.recompute == "full"]
+    assert any(l.pp == 4 and l.stage_layers and min(l.stage_layers[1:3]) >
+               max(l.stage_layers[0], l.stage_layers[3]) for l in zb)
+    # FSDP2 over 4 data-parallel GPUs without a pipeline, both models
+    fsdp4 = {m.name for _, m, l in entries if l.dp == 4 and l.pp == 1 and l.zero >= 2}
+    assert fsdp4 == {vd.GPT_05B.name, vd.LLAMA_16B.name}
+    # Llama GPipe last stages under autocast (ZeRO-0/1) with full recomputation
+    assert any(m.name == vd.LLAMA_16B.name and l.schedule == "gpipe" and l.zero <= 1
+               and l.recompute == "full" for _, m, l in entries)
+    assert job.global_batch == 64 and len(entries) == 16
+
+
 def test_casts2_holds_out_the_autocast_casts_on_two_gpus():
     ls = [layout for _, _, layout in vd.CASTS2_LAYOUTS]
     assert vd.SET_NPROC["casts2"] == 2 and all(l.num_gpus == 2 and l.pp == 2 for l in ls)
@@ -159,7 +176,7 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
 
 
 @pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17", "holdout18",
-                                  "holdout19", "holdout20"])
+                                  "holdout19", "holdout20", "holdout21"])
 def test_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
         assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
@@ -171,7 +188,7 @@ def test_pair16_has_interleaved_ranks_that_run_every_forward_first():
                for _, _, l in vd.PAIR16_LAYOUTS)
 
 
-@pytest.mark.parametrize("name", ["holdout20", "fsdp18"])
+@pytest.mark.parametrize("name", ["holdout21", "fsdp18"])
 def test_sets_not_run_yet_are_valid_runnable_and_fit_an_h100(name):
     """A set waiting for its GPU round must not fail there on a layout the cost model or the
     executor refuses, or on one that cannot fit 80 GB (the device may lend H100s)."""
