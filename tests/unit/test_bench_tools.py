@@ -100,3 +100,12 @@ def test_step_phases_puts_the_slowest_ranks_tail_beside_the_models(load_benchmar
     assert tool.phase_rows(json.loads(path.read_text()), only="llama") == []
     assert tool.main([str(path), "--only", "llama"]) == 1
     assert tool.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_step_start_drain_races_the_cpu_against_the_gpu_from_an_empty_queue(load_benchmark):
+    tool = load_benchmark("step_start_drain")
+    # CPU slower than the GPU first (the GPU waits), then faster (its lead comes back)
+    ops = [(2.0, 1.0), (2.0, 1.0), (0.5, 3.0)]
+    assert tool.race_s(ops) == pytest.approx(4.0 + 1.0 + 3.0)
+    # a CPU always ahead costs nothing beyond the GPU's own time
+    assert tool.race_s([(0.1, 1.0)] * 5) == pytest.approx(0.1 + 5.0)
