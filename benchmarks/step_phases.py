@@ -6,11 +6,16 @@ The executor times every step in phases (``ParallelTrainer.step``'s marks, since
 "passes" (forward and backward of every micro-batch, the pipeline schedule), "grads"
 (gradient averaging outside DDP/FSDP2), "optimizer", "loss" (the global loss all-reduce),
 each on the device's timeline (CUDA events: waits for the CPU included) and the host's.
+Without a pipeline the passes are marked per micro-batch as well ("forward i", "backward i";
+since round 20), and they count as passes here.
 This prints, per layout, the slowest rank's passes and tail (grads + optimizer + loss) beside
 the model's: its step less its tail, and its tail (``predicted.tail_s``: exposed data-parallel
-communication and the optimizer). Round 19's question: FSDP2 layouts the model calls
-GPU-bound missed by −38..+42 ms per step while their layers' compute matched the
-calibration (c01's trace; docs/benchmarks/accuracy.md).
+communication and the optimizer); where the run has per-micro-batch marks, that rank's
+first forward and the mean of its later ones (a step that starts with the GPU's queue
+empty pays in its first forward), and its mean backward. Round 19's question: FSDP2 layouts
+the model calls GPU-bound missed by −38..+42 ms per step while their layers' compute matched
+the calibration (c01's trace; docs/benchmarks/accuracy.md); round 20 found the miss in the
+passes.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ def phase_rows(doc: dict, only: str | None = None) -> list[dict]:
             continue
         if pat and not pat.search(f"{r.get('model', '')} {r.get('short', '')}"):
             continue
-        passes = max(p["passes"]["device_ms"] for p in ranks)
+        slowest = max(ranks, key=_passes_ms)
+        passes = _passes_ms(slowest)
         tail = max(sum(p[k]["device_ms"] for k in TAIL_PHASES if k in p) for p in ranks)
         host_tail = max(sum(p[k]["host_ms"] for k in TAIL_PHASES if k in p) for p in ranks)
         tail_pred = 1e3 * pred["tail_s"] if "tail_s" in pred else None
@@ -45,8 +51,25 @@ def phase_rows(doc: dict, only: str | None = None) -> list[dict]:
             "passes_ms": passes, "tail_ms": tail, "host_tail_ms": host_tail,
             "pred_passes_ms": (1e3 * pred["step_time_s"] - tail_pred
                                if tail_pred is not None else None),
-            "pred_tail_ms": tail_pred})
+            "pred_tail_ms": tail_pred, **_microbatch_ms(slowest)})
     return rows
+
+
+def _passes_ms(phases: dict) -> float:
+    """The passes on the device's timeline: every phase but the tail's."""
+    return sum(v["device_ms"] for k, v in phases.items() if k not in TAIL_PHASES)
+
+
+def _microbatch_ms(phases: dict) -> dict:
+    """First forward, mean later forward and mean backward (ms) where the run marked each
+    micro-batch; Nones where it did not (pipelines, runs before round 20)."""
+    fwd = [v["device_ms"] for k, v in phases.items() if k.startswith("forward ")]
+    bwd = [v["device_ms"] for k, v in phases.items() if k.startswith("backward ")]
+    if not fwd or not bwd:
+        return {"forward0_ms": None, "forward_later_ms": None, "backward_ms": None}
+    return {"forward0_ms": fwd[0],
+            "forward_later_ms": sum(fwd[1:]) / len(fwd[1:]) if len(fwd) > 1 else None,
+            "backward_ms": sum(bwd) / len(bwd)}
 
 
 def _f(v) -> str:
@@ -55,11 +78,14 @@ def _f(v) -> str:
 
 def table(rows: list[dict]) -> str:
     out = ["| name | model | layout | step ms (pred) | passes ms (pred) | tail ms (pred) "
-           "| tail host ms |", "|---|---|---|---|---|---|---|"]
+           "| tail host ms | forward 0 / later ms | backward ms |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['name']} | {r['model']} | {r['layout']} | {_f(r['step_ms'])} "
                    f"({_f(r['pred_step_ms'])}) | {_f(r['passes_ms'])} ({_f(r['pred_passes_ms'])})"
-                   f" | {_f(r['tail_ms'])} ({_f(r['pred_tail_ms'])}) | {_f(r['host_tail_ms'])} |")
+                   f" | {_f(r['tail_ms'])} ({_f(r['pred_tail_ms'])}) | {_f(r['host_tail_ms'])} "
+                   f"| {_f(r['forward0_ms'])} / {_f(r['forward_later_ms'])} "
+                   f"| {_f(r['backward_ms'])} |")
     return "\n".join(out)
 
 

@@ -149,7 +149,9 @@ class ParallelTrainer:
         called with each phase's name as it ends — "passes" (forward and backward of every
         micro-batch, the pipeline schedule), "grads" (gradient averaging outside DDP/FSDP2),
         "optimizer", "loss" (the global loss all-reduce) — for per-phase timing
-        (:meth:`meshplan.executor.measure.StepTimer.mark`).
+        (:meth:`meshplan.executor.measure.StepTimer.mark`). Without a pipeline the passes
+        are marked per micro-batch too, "forward i" and "backward i" (forward includes the
+        loss), leaving "passes" the rest (the loss average).
         """
         mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
@@ -157,7 +159,7 @@ class ParallelTrainer:
         y = batch[:, 1:].contiguous()
         with self._autocast():
             if self.schedule is None:
-                local = self._step_local(x, y)
+                local = self._step_local(x, y, mark)
             else:
                 local = self._step_pipeline(x, y)
         mark("passes")
@@ -169,7 +171,7 @@ class ParallelTrainer:
         mark("loss")
         return loss
 
-    def _step_local(self, x, y) -> torch.Tensor:
+    def _step_local(self, x, y, mark) -> torch.Tensor:
         part = self.parts[0]
         n = self.num_microbatches
         total = torch.zeros((), device=self.device)
@@ -178,7 +180,9 @@ class ParallelTrainer:
             sync = not ddp or i == n - 1
             with (contextlib.nullcontext() if sync else part.wrapped.no_sync()):
                 loss = self.loss_fn(part.wrapped(xm), ym)
+                mark(f"forward {i}")
                 (loss / n).backward()
+                mark(f"backward {i}")
             total += loss.detach()
         return total / n
 

@@ -95,9 +95,18 @@ def test_step_phases_puts_the_slowest_ranks_tail_beside_the_models(load_benchmar
     assert r["host_tail_ms"] == pytest.approx(11.5)
     assert r["pred_tail_ms"] == pytest.approx(5.0) and r["pred_passes_ms"] == pytest.approx(395.0)
     assert tool.main([str(path)]) == 0
-    assert "| d01 | gpt | dp2 z2 | 420.0 (400.0) | 395.0 (395.0) | 23.0 (5.0) |" in \
-        capsys.readouterr().out
+    assert "| d01 | gpt | dp2 z2 | 420.0 (400.0) | 395.0 (395.0) | 23.0 (5.0) | 11.5 | – / – " \
+        "| – |" in capsys.readouterr().out
     assert tool.phase_rows(json.loads(path.read_text()), only="llama") == []
+    # since round 20 a pp-1 run marks each micro-batch; those phases count as passes
+    mb = {k: {"device_ms": v, "host_ms": v} for k, v in (
+        ("forward 0", 120.0), ("backward 0", 200.0), ("forward 1", 100.0),
+        ("backward 1", 180.0), ("passes", 0.5), ("grads", 0.1), ("optimizer", 2.0),
+        ("loss", 0.2))}
+    recs[0]["measured"]["phase_median_ms_per_rank"] = [mb]
+    r = tool.phase_rows({"records": recs[:1]})[0]
+    assert r["passes_ms"] == pytest.approx(600.5) and r["tail_ms"] == pytest.approx(2.3)
+    assert (r["forward0_ms"], r["forward_later_ms"], r["backward_ms"]) == (120.0, 100.0, 190.0)
     assert tool.main([str(path), "--only", "llama"]) == 1
     assert tool.main([str(tmp_path / "missing.json")]) == 2
 
