@@ -5,7 +5,8 @@ from dataclasses import replace
 import pytest
 
 from meshplan.costmodel import estimate
-from meshplan.costmodel.estimate import FSDP_OVER_TP_CAVEAT, TORCH_P2P_SLOWDOWN_PER_OP
+from meshplan.costmodel.estimate import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEAT,
+                                         TORCH_P2P_SLOWDOWN_PER_OP)
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.costmodel.memory import model_state_bytes, stage_params
@@ -618,8 +619,15 @@ def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
     assert [c for c in est.caveats if "composed" in c] == [FSDP_OVER_TP_CAVEAT]
     assert est.to_dict()["caveats"] == list(est.caveats)
     assert "caution: ZeRO-2/3 over tensor-parallel layers" in format_estimate(est)
-    assert FSDP_OVER_TP_CAVEAT not in estimate(
-        MODEL, _cluster(tables), JOB, Layout(dp=2, micro_batch=1, zero=2)).caveats
+    dp_only = estimate(MODEL, _cluster(tables), JOB, Layout(dp=2, micro_batch=1, zero=2))
+    assert FSDP_OVER_TP_CAVEAT not in dp_only.caveats
+    # FSDP2 over dp alone carries the measured under-prediction; over tp, piped or
+    # ZeRO-0/1 it does not
+    assert FSDP_DP_ONLY_CAVEAT in dp_only.caveats
+    assert FSDP_DP_ONLY_CAVEAT not in est.caveats
+    for lay in (Layout(dp=2, micro_batch=1, zero=1),
+                Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="1f1b")):
+        assert FSDP_DP_ONLY_CAVEAT not in estimate(MODEL, _cluster(tables), JOB, lay).caveats
 
 
 def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
