@@ -191,8 +191,9 @@ def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[
     pp = layout.pp
     if job.runtime != "torch" or layout.schedule != "zero-bubble" or layout.vpp != 1:
         return ()
-    full = layout.recompute == "full"
-    return tuple(float(min(r + (full and 0 < r < pp - 1), microbatches)) for r in range(pp))
+    middle_extra = 1 if layout.recompute == "full" else 0
+    return tuple(float(min(r + (middle_extra if 0 < r < pp - 1 else 0), microbatches))
+                 for r in range(pp))
 
 
 # Zero-bubble with full recomputation, runtime "torch" (measured with
