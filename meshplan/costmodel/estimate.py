@@ -1374,8 +1374,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=parts.output_peak_bytes,
         slowdown=stage_slowdown(job, layout),
         caveats=(((FSDP_OVER_TP_CAVEAT,) if composed and fs is not None else ())
-                 + ((FSDP_DP_ONLY_CAVEAT,) if job.runtime == "torch" and layout.zero >= 2
-                    and dp > 1 and pp == 1 and tp == 1 else ())),
+                 + ((FSDP_DP_ONLY_CAVEAT,) if fsdp and job.runtime == "torch" and pp == 1
+                    and tp == 1 else ())),
         z3_resident_layer_bytes=(layer_params * copy_b
                                  if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
                                  and layout.schedule != "gpipe" else 0.0),
