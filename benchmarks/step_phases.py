@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"step_phases: cannot read {args.accuracy}: {exc}", file=sys.stderr)
         return 2
-    rows = phase_rows(doc, args.only)
+    try:
+        rows = phase_rows(doc, args.only)
+    except re.error as exc:
+        print(f"step_phases: --only {args.only!r} is not a regular expression: {exc}",
+              file=sys.stderr)
+        return 2
     if not rows:
         print(f"step_phases: no record in {args.accuracy} has phase timings (executor runs "
               f"since round 19 record them)", file=sys.stderr)

@@ -76,7 +76,18 @@ def main(argv=None) -> int:
     profiles = {tomllib.loads(f.read_text())["provenance"]["date"]: f
                 for f in BENCH.glob("profile_*.toml")}
     models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
-    pat = re.compile(args.only) if args.only else None
+    try:
+        pat = re.compile(args.only) if args.only else None
+    except re.error as exc:
+        print(f"step_start_drain: --only {args.only!r} is not a regular expression: {exc}",
+              file=sys.stderr)
+        return 2
+    missing = [s for s in args.sets.split(",") if not (BENCH / f"accuracy_{s}.json").is_file()]
+    if missing:
+        known = sorted(f.stem.removeprefix("accuracy_") for f in BENCH.glob("accuracy_*.json"))
+        print(f"step_start_drain: no measured set {', '.join(map(repr, missing))} in {BENCH}; "
+              f"measured sets: {', '.join(known)}", file=sys.stderr)
+        return 2
     print("| set | name | model | layout | CPU/GPU | drain ms | measured − predicted ms "
           "| error % | with the drain % |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -98,6 +98,8 @@ def test_step_phases_puts_the_slowest_ranks_tail_beside_the_models(load_benchmar
     assert "| d01 | gpt | dp2 z2 | 420.0 (400.0) | 395.0 (395.0) | 23.0 (5.0) | 11.5 | – / – " \
         "| – |" in capsys.readouterr().out
     assert tool.phase_rows(json.loads(path.read_text()), only="llama") == []
+    assert tool.main([str(path), "--only", "(["]) == 2
+    assert "is not a regular expression" in capsys.readouterr().err
     # since round 20 a pp-1 run marks each micro-batch; those phases count as passes
     mb = {k: {"device_ms": v, "host_ms": v} for k, v in (
         ("forward 0", 120.0), ("backward 0", 200.0), ("forward 1", 100.0),
@@ -118,3 +120,12 @@ def test_step_start_drain_races_the_cpu_against_the_gpu_from_an_empty_queue(load
     assert tool.race_s(ops) == pytest.approx(4.0 + 1.0 + 3.0)
     # a CPU always ahead costs nothing beyond the GPU's own time
     assert tool.race_s([(0.1, 1.0)] * 5) == pytest.approx(0.1 + 5.0)
+
+
+def test_step_start_drain_names_an_unknown_set(load_benchmark, capsys):
+    tool = load_benchmark("step_start_drain")
+    assert tool.main(["--sets", "holdout999"]) == 2
+    err = capsys.readouterr().err
+    assert "no measured set 'holdout999'" in err and "holdout20" in err
+    assert tool.main(["--only", "(["]) == 2
+    assert "--only '([' is not a regular expression" in capsys.readouterr().err
