@@ -34,7 +34,10 @@
 #     # round 20: the same protocol; SNAPSHOT=1 ONLY=d03 SET=holdout20 ... memory and
 #     # ONLY=d07 / ONLY=d02 SET=holdout20 BUDGET=100 ... trace after it
 #   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout21 BUDGET=545 ... validate
-#     # next: the same protocol (fixed in validate_device.py before the run)
+#     # round 21: the same protocol; ONLY=e03 / ONLY=e02 SET=holdout21 BUDGET=100 ... trace and
+#     # SNAPSHOT=1 ONLY=e07,e08 / ONLY=e11 SET=holdout21 ... memory after it
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout22 BUDGET=545 ... validate
+#     # next: the same protocol on the drawn set (benchmarks/draw_holdout.py, seed 22)
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
 #                                                      # round 12, on 2 GPUs
 #   SET=ddp13 PROFILE=docs/benchmarks/profile_h100x2_round12.toml ... validate  # round 13

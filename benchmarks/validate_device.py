@@ -786,6 +786,58 @@ HOLDOUT21_LAYOUTS = [
     ("e16", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, recompute="selective", zero=1,
                          sequence_parallel=True)),
 ]
+# "holdout22" (after round 21; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# earlier set, and the first set *drawn* rather than picked:
+#   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round21.toml \
+#       --seed 22 --prefix o --set holdout22
+# (seeded, one decision at a time — (dp, pp, tp) split, then schedule, then configuration —
+# among the planner's 4-GPU configurations that fit an H100 and are GPU-bound on the
+# round-21 profile, CPU <= 0.75 of the GPU, <= 2 s a step; redrawn until the set covers
+# every schedule, ZeRO stage and recompute mode and SP within 15 s of predicted steps: the
+# first attempt did). A first draw uniform over configurations was discarded before any
+# run because two-thirds of it was interleaved 1F1B (vpp multiplies those configurations);
+# nothing was run on either draw. Round 21 changed no prediction, so nothing in particular
+# is held out; the draw asks how the model does on the space itself. Protocol, fixed before
+# the run (as holdout16-21's): calibrate on the machine (call 1), validate the whole set
+# twice (calls 2 and 3). The held-out result is call 2 as run; each layout's median of the
+# two runs (`--merge A,B --median`) is reported beside it. Comments: predicted step, CPU
+# load and peak memory on the round-21 profile.
+HOLDOUT22_LAYOUTS = [
+    # o01: 0.367 s, CPU 0.60, 18.5 GiB
+    ("o01", GPT_05B, L(dp=4, micro_batch=8, recompute="full", zero=1)),
+    # o02: 0.614 s, CPU 0.65, 17.8 GiB
+    ("o02", GPT_05B, L(tp=4, micro_batch=16, recompute="selective", sequence_parallel=True)),
+    # o03: 0.639 s, CPU 0.41, 24.3 GiB
+    ("o03", GPT_05B, L(tp=4, micro_batch=16)),
+    # o04: 0.377 s, CPU 0.57, 47.0 GiB
+    ("o04", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble")),
+    # o05: 0.338 s, CPU 0.62, 43.0 GiB
+    ("o05", GPT_05B, L(dp=2, pp=2, micro_batch=8, schedule="zero-bubble", zero=2)),
+    # o06: 0.422 s, CPU 0.34, 43.8 GiB
+    ("o06", GPT_05B, L(dp=2, pp=2, micro_batch=16, recompute="selective", zero=2)),
+    # o07: 0.577 s, CPU 0.46, 64.7 GiB
+    ("o07", GPT_05B, L(pp=2, tp=2, micro_batch=16, schedule="gpipe", sequence_parallel=True)),
+    # o08: 0.599 s, CPU 0.24, 56.9 GiB
+    ("o08", GPT_05B, L(pp=4, micro_batch=16, schedule="interleaved-1f1b", vpp=2)),
+    # o09: 0.909 s, CPU 0.30, 58.0 GiB
+    ("o09", LLAMA_16B, L(dp=4, micro_batch=4)),
+    # o10: 1.587 s, CPU 0.46, 28.7 GiB
+    ("o10", LLAMA_16B, L(tp=4, micro_batch=8)),
+    # o11: 1.345 s, CPU 0.57, 25.2 GiB
+    ("o11", LLAMA_16B, L(dp=2, pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=12,
+                         recompute="full", zero=3)),
+    # o12: 1.573 s, CPU 0.35, 27.1 GiB
+    ("o12", LLAMA_16B, L(dp=2, pp=2, micro_batch=16, recompute="full", zero=2)),
+    # o13: 1.307 s, CPU 0.53, 44.8 GiB
+    ("o13", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=6,
+                         recompute="selective")),
+    # o14: 1.752 s, CPU 0.37, 28.5 GiB
+    ("o14", LLAMA_16B, L(pp=2, tp=2, micro_batch=16, schedule="gpipe", recompute="full")),
+    # o15: 1.196 s, CPU 0.73, 23.6 GiB
+    ("o15", LLAMA_16B, L(pp=4, micro_batch=2, recompute="selective")),
+    # o16: 1.263 s, CPU 0.26, 68.6 GiB
+    ("o16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=2)),
+]
 # "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
 # 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
 # round 15's changes where 2 ranks can: interleaved pp 2 with m = pp (micro-batch 16, ranks
@@ -833,6 +885,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout19": HOLDOUT19_LAYOUTS,
         "holdout20": HOLDOUT20_LAYOUTS,
         "holdout21": HOLDOUT21_LAYOUTS,
+        "holdout22": HOLDOUT22_LAYOUTS,
         "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
@@ -843,7 +896,8 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout7": JOB4, "holdout8": JOB4, "holdout9": JOB4,
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
-            "holdout19": JOB4, "holdout20": JOB4, "holdout21": JOB4, "fsdp18": JOB4,
+            "holdout19": JOB4, "holdout20": JOB4, "holdout21": JOB4, "holdout22": JOB4,
+            "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
 # the other sets use 4
@@ -1047,6 +1101,7 @@ def main(argv=None) -> int:
                         "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
                         "(after round 16), 'holdout18' (after round 17), 'holdout19' (after "
                         "round 18), 'holdout20' (after round 19), 'holdout21' (after round 20), "
+                        "'holdout22' (after round 21, drawn), "
                         "'fsdp18' (a "
                         "diagnostic set) or "
                         "'all' (rounds 1-3)")
