@@ -49,6 +49,8 @@
 #   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
 #   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off
 #   GC=auto ... validate    # CPython's collector left on in the timed steps (executor --gc)
+#   BLOCK_MARKS=1 ONLY=e03,e06 SET=holdout21 BUDGET=120 ... validate   # each block timed
+#     # (executor --block-marks, pp = 1 only; then step_phases.py accuracy.json --blocks)
 #   ONLY=w01,w02 SET=casts2 ... validate   # only these layouts of the set
 #   REPEATS=2 ... validate   # every layout twice, in rounds; each measured by its runs' median
 #
@@ -92,7 +94,7 @@ run_layouts() {
   local dir=$1 log=$2 tgz=$3
   shift 3
   python benchmarks/validate_device.py --out "$KEEP/$dir" --cpu-affinity "${AFFINITY:-none}" \
-    --gc "${GC:-manual}" "$@" \
+    --gc "${GC:-manual}" ${BLOCK_MARKS:+--block-marks} "$@" \
     2>&1 | tail -n 60 >"$OUT/$log"
   (cd "$KEEP/$dir" && tar czf "$OUT/$tgz" */log.txt */results.json \
     $(ls -d */trace/top_ops* run*/*/log.txt run*/*/results.json 2>/dev/null)) || true

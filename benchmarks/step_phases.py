@@ -16,6 +16,15 @@ empty pays in its first forward), and its mean backward. Round 19's question: FS
 the model calls GPU-bound missed by −38..+42 ms per step while their layers' compute matched
 the calibration (c01's trace; docs/benchmarks/accuracy.md); round 20 found the miss in the
 passes.
+
+Runs with the executor's ``--block-marks`` (``BLOCK_MARKS=1 ... validate``, round 21 on) also
+time each transformer block's forward and backward: ``--blocks`` prints them per layout,
+for the slowest rank — each block's first micro-batch and the mean of its later ones — beside
+the per-layer forward and backward the cost model prices from ``--profile`` (the calibrated
+rows, :func:`meshplan.costmodel.estimate.layer_tables`)::
+
+    python benchmarks/step_phases.py accuracy.json --blocks \
+        --profile docs/benchmarks/profile_h200x4_round21.toml
 """
 
 from __future__ import annotations
@@ -72,6 +81,88 @@ def _microbatch_ms(phases: dict) -> dict:
             "backward_ms": sum(bwd) / len(bwd)}
 
 
+BLOCK_PHASE = re.compile(r"^(before )?block (\d+) (forward|backward)(?: #(\d+))?$")
+
+
+def block_times(phases: dict) -> dict[int, dict[str, list[float]]]:
+    """Per block index: device ms per micro-batch (in order) of its forward, backward and
+    of what ran before each ("before forward", "before backward")."""
+    out: dict[int, dict[str, list[float]]] = {}
+    for name, v in phases.items():
+        m = BLOCK_PHASE.match(name)
+        if not m:
+            continue
+        before, i, what, k = m.groups()
+        key = ("before " if before else "") + what
+        slot = out.setdefault(int(i), {}).setdefault(key, [])
+        slot.append((int(k or 1), v["device_ms"]))
+    return {i: {key: [ms for _, ms in sorted(vals)] for key, vals in d.items()}
+            for i, d in sorted(out.items())}
+
+
+def block_rows(doc: dict, only: str | None = None) -> list[dict]:
+    """One row per measured record with block marks: the slowest rank's per-block times."""
+    pat = re.compile(only) if only else None
+    rows = []
+    for r in doc.get("records", []):
+        ranks = [p for p in (r.get("measured") or {}).get("phase_median_ms_per_rank") or []
+                 if p]
+        if r.get("status") != "ok" or not ranks:
+            continue
+        if pat and not pat.search(f"{r.get('model', '')} {r.get('short', '')}"):
+            continue
+        blocks = block_times(max(ranks, key=_passes_ms))
+        if blocks:
+            rows.append({"record": r, "blocks": blocks})
+    return rows
+
+
+def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path
+                       ) -> tuple[float, float] | None:
+    """The cost model's per-layer forward and backward (ms) for ``record`` on ``profile``
+    (None for a model this script does not know)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import validate_device as vd
+    from meshplan.costmodel.estimate import layer_tables
+    from meshplan.costmodel.specs import Job, Layout
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    model = {m.name: m for m in (vd.GPT_05B, vd.LLAMA_16B)}.get(record.get("model"))
+    if model is None:
+        return None
+    layout = Layout.from_dict(record["layout"])
+    cluster = apply_profile(vd._gpu_cluster(gpu_name, layout.num_gpus), profile)
+    t = layer_tables(model, cluster, Job.from_dict(job), layout)
+    return 1e3 * t.layer_forward_s, 1e3 * t.layer_backward_s
+
+
+def _first_later(vals: list[float] | None) -> str:
+    if not vals:
+        return "–"
+    later = vals[1:]
+    return f"{vals[0]:.2f}" + (f" / {sum(later) / len(later):.2f}" if later else "")
+
+
+def block_table(row: dict, pred: tuple[float, float] | None) -> str:
+    r = row["record"]
+    pf, pb = pred if pred else (None, None)
+    out = [f"{r.get('name')} {r.get('model')} {r.get('short')}: per block, first micro-batch / "
+           f"mean of the later ones (device ms); model per layer: forward {_f(pf)}, backward "
+           f"{_f(pb)}",
+           "| block | forward | backward | before forward | before backward |",
+           "|---|---|---|---|---|"]
+    for i, d in row["blocks"].items():
+        out.append(f"| {i} | {_first_later(d.get('forward'))} | "
+                   f"{_first_later(d.get('backward'))} | {_first_later(d.get('before forward'))}"
+                   f" | {_first_later(d.get('before backward'))} |")
+    fwd = [sum(d.get("forward", [0.0])) for d in row["blocks"].values()]
+    bwd = [sum(d.get("backward", [0.0])) for d in row["blocks"].values()]
+    n = max(len(d.get("forward", [])) for d in row["blocks"].values())
+    out.append(f"all blocks, all {n} micro-batches: forward {sum(fwd):.1f} ms, backward "
+               f"{sum(bwd):.1f} ms" + (f"; the model's layers: {pf * n * len(fwd):.1f} / "
+                                       f"{pb * n * len(bwd):.1f} ms" if pred else ""))
+    return "\n".join(out)
+
+
 def _f(v) -> str:
     return "–" if v is None else f"{v:.1f}"
 
@@ -93,13 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("accuracy", type=Path, help="accuracy.json from validate_device.py")
     p.add_argument("--only", default=None, help="regex on 'model layout' to keep")
+    p.add_argument("--blocks", action="store_true",
+                   help="per-block times of runs with the executor's --block-marks")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="with --blocks: the run's calibrated profile, for the model's "
+                        "per-layer times beside the measured ones")
     args = p.parse_args(argv)
+    if args.profile is not None and not args.profile.is_file():
+        print(f"step_phases: --profile {args.profile}: no such file", file=sys.stderr)
+        return 2
     try:
         doc = json.loads(args.accuracy.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         print(f"step_phases: cannot read {args.accuracy}: {exc}", file=sys.stderr)
         return 2
     try:
+        if args.blocks:
+            return _print_blocks(doc, args)
         rows = phase_rows(doc, args.only)
     except re.error as exc:
         print(f"step_phases: --only {args.only!r} is not a regular expression: {exc}",
@@ -110,6 +211,21 @@ def main(argv: list[str] | None = None) -> int:
               f"since round 19 record them)", file=sys.stderr)
         return 1
     print(table(rows))
+    return 0
+
+
+def _print_blocks(doc: dict, args) -> int:
+    rows = block_rows(doc, args.only)
+    if not rows:
+        print(f"step_phases: no record in {args.accuracy} has block timings (run the "
+              f"executor with --block-marks: BLOCK_MARKS=1 ... validate)", file=sys.stderr)
+        return 1
+    for row in rows:
+        pred = (predicted_layer_ms(row["record"], doc["job"], doc.get("gpu_name") or "H200",
+                                   args.profile)
+                if args.profile and doc.get("job") else None)
+        print(block_table(row, pred))
+        print()
     return 0
 
 

@@ -1084,6 +1084,11 @@ def main(argv=None) -> int:
     p.add_argument("--gc", default="manual", choices=GC_MODES,
                    help="the executor's --gc: manual collects Python garbage only every "
                         "50 steps, auto leaves CPython's collector on [manual]")
+    p.add_argument("--block-marks", action="store_true",
+                   help="the executor's --block-marks: also time each transformer block's "
+                        "forward and backward (pp = 1 layouts; diagnostics: "
+                        "benchmarks/step_phases.py --blocks; the marks cost a little, so the "
+                        "step times are not for accuracy)")
     p.add_argument("--trace", action="store_true",
                    help="record a torch.profiler trace of 3 measured steps per layout into "
                         "OUT/NAME/trace (diagnostics: benchmarks/trace_overlap.py; the traced "
@@ -1164,7 +1169,8 @@ def main(argv=None) -> int:
                            device=args.device, steps=args.steps, warmup=args.warmup,
                            timeout_s=args.timeout, budget_s=args.budget, repeats=args.repeats,
                            trace=args.trace,
-                           extra_args=("--cpu-affinity", args.cpu_affinity, "--gc", args.gc))
+                           extra_args=("--cpu-affinity", args.cpu_affinity, "--gc", args.gc)
+                           + (("--block-marks",) if args.block_marks else ()))
     t0 = time.perf_counter()
     records = run_layouts([m for _, m, _ in entries], cluster, job,
                           [lay for _, _, lay in entries], opts, names=[n for n, _, _ in entries])

@@ -76,13 +76,18 @@ class StepTimer:
 
     def phase_medians_ms(self) -> dict[str, dict[str, float]]:
         """Per phase (the names given to :meth:`mark`, in step order): the median over the
-        timed steps of its device-timeline and host durations, in ms (synchronizes)."""
+        timed steps of its device-timeline and host durations, in ms (synchronizes). A name
+        marked again within one step (a block's marks, once per micro-batch) is the phase
+        ``name #2``, ``name #3``, ... from its second time on."""
         if self.cuda:
             torch.cuda.synchronize()
         dev: dict[str, list[float]] = {}
         host: dict[str, list[float]] = {}
         for pts in self._steps:
-            for (_, d0, h0), (name, d1, h1) in zip(pts, pts[1:-1]):
+            seen: dict[str, int] = {}
+            for (_, d0, h0), (mark, d1, h1) in zip(pts, pts[1:-1]):
+                seen[mark] = seen.get(mark, 0) + 1
+                name = mark if seen[mark] == 1 else f"{mark} #{seen[mark]}"
                 dev.setdefault(name, []).append(self._elapsed_ms(d0, d1))
                 host.setdefault(name, []).append((h1 - h0) * 1e3)
         return {name: {"device_ms": statistics.median(dev[name]),

@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "DDP's first-step bucket is freed on every rank when the second step "
                         "rebuilds the buckets (see settle_after_first_step); 0 turns it off "
                         f"[{FIRST_STEP_SETTLE_S}]")
+    p.add_argument("--block-marks", action="store_true",
+                   help="diagnostic: also time each transformer block's forward and backward "
+                        "on the device (results' phase_median_ms gains 'block i forward' / "
+                        "'block i backward'; pp = 1 layouts only; "
+                        "meshplan/executor/block_marks.py)")
     return p
 
 
@@ -151,6 +156,9 @@ def preflight(plan: PlanRecord, args, world: int, local_world: int) -> str:
                             f"{args.warmup}")
     if args.gc_period < 1:
         raise ExecutorError(f"--gc-period must be >= 1 step, got {args.gc_period}")
+    if args.block_marks and layout.pp != 1:
+        raise ExecutorError(f"--block-marks times the blocks of a layout without a pipeline; "
+                            f"{layout.short()} has pp = {layout.pp} (use a pp = 1 layout)")
     if not 0 <= args.first_step_settle_s <= 60:
         raise ExecutorError(f"--first-step-settle-s must be between 0 and 60 s, got "
                             f"{args.first_step_settle_s}")
@@ -326,6 +334,9 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
         timer = StepTimer(device)
+        if args.block_marks:
+            from meshplan.executor.block_marks import add_block_marks
+            add_block_marks(trainer, timer.mark)
         gc_policy = GcPolicy(args.gc, args.gc_period)
         losses = []
         peak_after_step: list[float] = []   # running peak: shows which step set it

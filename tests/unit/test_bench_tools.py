@@ -113,6 +113,56 @@ def test_step_phases_puts_the_slowest_ranks_tail_beside_the_models(load_benchmar
     assert tool.main([str(tmp_path / "missing.json")]) == 2
 
 
+def test_step_phases_blocks_put_each_blocks_time_beside_the_models_layer(load_benchmark,
+                                                                        tmp_path, capsys):
+    tool = load_benchmark("step_phases")
+    from pathlib import Path
+    profile = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+               / "profile_h200x4_round21.toml")
+
+    def ms(v):
+        return {"device_ms": v, "host_ms": v}
+    # two blocks, two micro-batches (the second micro-batch's block phases are numbered)
+    phases = {"before block 0 forward": ms(5.0), "block 0 forward": ms(3.0),
+              "before block 1 forward": ms(0.1), "block 1 forward": ms(2.5),
+              "forward 0": ms(8.0), "before block 1 backward": ms(9.0),
+              "block 1 backward": ms(6.0), "before block 0 backward": ms(0.2),
+              "block 0 backward": ms(6.5), "backward 0": ms(1.0),
+              "before block 0 forward #2": ms(0.3), "block 0 forward #2": ms(2.7),
+              "before block 1 forward #2": ms(0.1), "block 1 forward #2": ms(2.6),
+              "forward 1": ms(8.0), "before block 1 backward #2": ms(9.0),
+              "block 1 backward #2": ms(6.1), "before block 0 backward #2": ms(0.2),
+              "block 0 backward #2": ms(6.2), "backward 1": ms(1.0), "optimizer": ms(1.0)}
+    blocks = tool.block_times(phases)
+    assert blocks[0]["forward"] == [3.0, 2.7] and blocks[1]["backward"] == [6.0, 6.1]
+    assert blocks[0]["before forward"] == [5.0, 0.3]
+    lay = {"dp": 4, "pp": 1, "tp": 1, "micro_batch": 16, "schedule": "1f1b", "vpp": 1,
+           "recompute": "none", "zero": 3, "sequence_parallel": False, "stage_layers": None}
+    doc = {"gpu_name": "NVIDIA H200",
+           "job": {"global_batch": 64, "seq_len": 2048, "runtime": "torch"},
+           "records": [{"name": "e03", "status": "ok", "model": "gpt-0.54b", "short": "z3",
+                        "layout": lay, "predicted": {"step_time_s": 0.26},
+                        "measured": {"step_time_s": 0.28,
+                                     "phase_median_ms_per_rank": [phases]}}]}
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(doc))
+    assert tool.main([str(path), "--blocks"]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | 3.00 / 2.70 | 6.50 / 6.20 | 5.00 / 0.30 | 0.20 / 0.20 |" in out
+    assert "forward 10.8 ms, backward 24.8 ms" in out
+    assert tool.main([str(path), "--blocks", "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    f, b = tool.predicted_layer_ms(doc["records"][0], doc["job"], "NVIDIA H200", profile)
+    assert 2.0 < f < 3.5 and 5.0 < b < 7.5          # GPT's FSDP2 rows at micro-batch 16
+    assert f"model per layer: forward {f:.1f}, backward {b:.1f}" in out
+    # a run without block marks, and a profile that is not there
+    doc["records"][0]["measured"]["phase_median_ms_per_rank"] = [{"forward 0": ms(1.0)}]
+    path.write_text(json.dumps(doc))
+    assert tool.main([str(path), "--blocks"]) == 1
+    assert "--block-marks" in capsys.readouterr().err
+    assert tool.main([str(path), "--blocks", "--profile", str(tmp_path / "no.toml")]) == 2
+
+
 def test_step_start_drain_races_the_cpu_against_the_gpu_from_an_empty_queue(load_benchmark):
     tool = load_benchmark("step_start_drain")
     # CPU slower than the GPU first (the GPU waits), then faster (its lead comes back)

@@ -149,3 +149,51 @@ def test_step_timer_phases_split_each_timed_step():
     assert phases["a"]["device_ms"] > phases["b"]["device_ms"]
     assert phases["a"]["host_ms"] == pytest.approx(phases["a"]["device_ms"])   # CPU clock
     assert len(timer.durations_s()) == 3
+
+
+def test_step_timer_numbers_a_phase_marked_twice_in_a_step():
+    import torch
+
+    from meshplan.executor.measure import StepTimer
+    timer = StepTimer(torch.device("cpu"))
+    for _ in range(2):
+        timer.start()
+        for name in ("x", "y", "x", "x"):
+            timer.mark(name)
+        timer.stop()
+    assert list(timer.phase_medians_ms()) == ["x", "y", "x #2", "x #3"]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_block_marks_time_every_block_inside_the_step(tmp_path, recompute):
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB,
+                                 Layout(micro_batch=2, recompute=recompute))
+    out = tmp_path / "r.json"
+    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "2",
+               "--warmup", "1", "--block-marks"])
+    assert rc == 0
+    phases = json.loads(out.read_text())["measured"]["memory_per_rank"][0]["phase_median_ms"]
+    for i in range(M.num_layers):
+        for what in ("forward", "backward"):
+            assert f"block {i} {what}" in phases and f"before block {i} {what}" in phases
+    # two micro-batches: each micro-batch's own phases are still marked after its blocks,
+    # and the second micro-batch's block phases are numbered
+    assert {"forward 0", "backward 0", "forward 1", "backward 1"} <= set(phases)
+    assert "block 0 forward #2" in phases and "block 1 backward #2" in phases
+    assert "block 0 forward #3" not in phases
+    names = list(phases)
+    assert names.index("block 0 forward") < names.index("block 1 forward") \
+        < names.index("forward 0") < names.index("block 1 backward") \
+        < names.index("block 0 backward") < names.index("backward 0")
+
+
+def test_block_marks_refuse_a_pipeline(tmp_path, capsys, monkeypatch):
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"),
+                 ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(k, v)
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(pp=2, micro_batch=2))
+    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(tmp_path / "r.json"),
+               "--block-marks"])
+    assert rc == EXIT_BAD_INPUT
+    assert "--block-marks" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
