@@ -787,7 +787,8 @@ HOLDOUT21_LAYOUTS = [
                          sequence_parallel=True)),
 ]
 # "holdout22" (after round 21; not run yet): 16 new 4-rank layouts, 8 per model, none in an
-# earlier set, and the first set *drawn* rather than picked:
+# earlier set, and the first set *drawn* rather than picked (at 8ee710e; the same draw after
+# round 21's post-hoc memory change):
 #   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round21.toml \
 #       --seed 22 --prefix o --set holdout22
 # (seeded, one decision at a time — (dp, pp, tp) split, then schedule, then configuration —

@@ -849,6 +849,12 @@ class LayerTables:
     end_recv_bytes: float = 0.0
     end_uncached_layer_bytes: float = 0.0
     end_uncached_const_bytes: float = 0.0
+    # full recomputation under autocast (see cast_cache_relief_bytes): one layer's 16-bit
+    # weight copies, the last rank's output-layer copies, and what a layer's recompute
+    # allocates beyond its saved input; 0 where that does not apply
+    cache_layer_copy_bytes: float = 0.0
+    cache_last_copy_bytes: float = 0.0
+    recomputed_layer_bytes: float = 0.0
     # runtime "torch": a chunk's gradients are None until its first backward of the step
     # (see first_backward_relief_bytes); gradient bytes per layer, of the first rank's and
     # the last rank's non-layer parameters, and per rank the schedule's memory events
@@ -1123,7 +1129,8 @@ class LayerTables:
         logit = (self.logits_bytes + self.last_chunks_bytes - self.output_overlap_bytes
                  if rank == self.last_rank else 0.0)
         buf = (self.buffer_bytes - (0.0 if layers else self.recompute_buf_bytes)
-               + self.z3_resident_bytes(rank, layers))
+               + self.z3_resident_bytes(rank, layers)
+               - self.cast_cache_relief_bytes(rank, layers))
         if self.recv_buffers:
             buf += self.recv_buffers[rank]
         end = self.end_of_step_bytes(layers) if rank == self.last_rank else 0.0
@@ -1149,6 +1156,40 @@ class LayerTables:
         return (self.last_merge_bytes + self.end_recv_bytes
                 - layers * self.end_uncached_layer_bytes - self.end_uncached_const_bytes)
 
+    def cast_cache_relief_bytes(self, rank: int, layers: int) -> float:
+        """Full recomputation under autocast (runtime "torch", ZeRO-0/1): what a rank's
+        peak inside a layer's backward holds less than its model states and buffers say.
+
+        The first recompute of a backward (``torch.utils.checkpoint``, on the autograd
+        engine's thread) leaves ``torch.autocast`` at nesting 0 there, which clears the
+        weight-cast cache every thread shares (the mechanism of round 12 and of
+        :meth:`end_of_step_bytes`): from then on only the layer being recomputed holds its
+        16-bit copies. The calibrated row's backward working memory (``recompute_buf``,
+        peak − allocated after a 2-layer forward, so net of one layer's copies freed) then
+        gives the peak after the clear as states + activations + recompute_buf + 2 copies
+        of one layer, against states (with every copy) + activations + recompute_buf
+        counted; and the peak *before* the clear — every copy alive, the first recomputed
+        layer's activations (the layer's saved tensors without recomputation, less its
+        input) allocated — bounds the relief from below. The last rank's output layer runs
+        its backward before any recompute, with every copy alive: its relief stops where
+        the output's working memory sets the peak.
+
+        Read from the round-21 snapshot of holdout21 e11 (Llama dp 2 pp 2 GPipe, full,
+        ZeRO-1, micro-batch 16; docs/benchmarks/accuracy.md round 21): its first stage
+        held 11.1 GiB after both forwards and still 11.1 after the first backward, which
+        allocated the fp32 gradients (3.1 GiB) and freed one micro-batch's inputs (1.5):
+        the stage's copies (1.4 GiB) went in that backward. Zero-bubble is left out: its
+        W-pass terms (``ZB_FULL_W_TRANSIENT_SETS``) were read off runs with the copies
+        counted."""
+        c = self.cache_layer_copy_bytes
+        if not c or layers < 1:
+            return 0.0
+        copies = layers * c + (self.cache_last_copy_bytes if rank == self.last_rank else 0.0)
+        relief = min(self.recompute_buf_bytes - self.recomputed_layer_bytes, copies - 2 * c)
+        if rank == self.last_rank:
+            relief = min(relief, self.recompute_buf_bytes - self.output_peak_bytes)
+        return max(0.0, relief)
+
     def _layer_act_bytes(self, rank: int) -> float:
         """Activation memory one layer of ``rank`` holds at the rank's peak."""
         pending = self.wgrad_pending[rank] if self.wgrad_pending else 0.0
@@ -1159,7 +1200,7 @@ class LayerTables:
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
             + self.const_bytes[rank] - self.first_backward_relief_bytes(rank, layers) \
-            + self.z3_resident_bytes(rank, layers)
+            + self.z3_resident_bytes(rank, layers) - self.cast_cache_relief_bytes(rank, layers)
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
                       + self.last_states_bytes + self.end_of_step_bytes(layers))
@@ -1342,6 +1383,13 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
             end_layer = compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
             end_const = compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
                                            **copy_kw)
+    cache_layer = cache_last = recomputed = 0.0
+    if (job.runtime == "torch" and layout.recompute == "full" and layout.schedule == "gpipe"
+            and not (layout.zero >= 2 and dp > 1)):
+        cache_layer = compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
+        cache_last = compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
+                                        **copy_kw)
+        recomputed = max(0.0, parts.full_act_bytes - parts.activation_bytes)
     return LayerTables(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
         num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
@@ -1360,6 +1408,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
         end_recv_bytes=end_recv, end_uncached_layer_bytes=end_layer,
         end_uncached_const_bytes=end_const,
+        cache_layer_copy_bytes=cache_layer, cache_last_copy_bytes=cache_last,
+        recomputed_layer_bytes=recomputed,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         grad_copies=grad_copies, recv_buffers=recv,
         wgrad_pending=pending,

@@ -942,3 +942,43 @@ def test_zero3_under_a_pipeline_keeps_gathered_weights_from_backward_to_forward(
                   Layout(dp=2, pp=2, micro_batch=1, zero=3, schedule="gpipe"),
                   Layout(dp=4, micro_batch=1, zero=3)):
         assert layer_tables(MODEL, c, JOB, other).z3_resident_layer_bytes == 0.0
+
+
+def test_gpipe_full_recompute_peak_drops_the_weight_copies_the_first_backward_clears():
+    """Round 21 (holdout21 e11): under autocast the first recompute of a backward clears the
+    weight-cast cache; GPipe's peak inside a layer's backward then holds one layer's copies,
+    not the stage's. Bounded by the peak before the clear and, on the last rank, by the
+    output layer's backward (which runs before any recompute)."""
+    from meshplan.costmodel.estimate import compute_copy_bytes, layer_tables
+    # a measured full-recompute row: the backward's working memory (300 MB) well above the
+    # recomputed activations (the plain row's 100 MB less the 10 MB input it keeps)
+    tables = MeasuredTables(TABLES.layers + (
+        _layer(1, 1e-3, 3e-3, 10e6, 300e6, recompute="full"),
+        _layer(2, 1.8e-3, 5.6e-3, 20e6, 600e6, recompute="full")), TABLES.ends)
+    c = _cluster(tables)
+    lay = Layout(pp=2, micro_batch=1, schedule="gpipe", recompute="full")
+    t = layer_tables(MODEL, c, JOB, lay)
+    kw = dict(job=JOB, zero=0, dp=1, tp=1, pp=2)
+    c1 = compute_copy_bytes(MODEL, layers=1, first=False, last=False, **kw)
+    assert t.cache_layer_copy_bytes == pytest.approx(c1) and c1 > 0
+    assert t.cache_last_copy_bytes == pytest.approx(
+        compute_copy_bytes(MODEL, layers=0, first=False, last=True, **kw))
+    r = t.recomputed_layer_bytes
+    assert r == pytest.approx(max(0.0, t.parts.full_act_bytes - t.parts.activation_bytes))
+    rb = t.recompute_buf_bytes
+    want = max(0.0, min(rb - r, 4 * c1 - 2 * c1))
+    assert t.cast_cache_relief_bytes(0, 4) == pytest.approx(want) and want > 0
+    assert t.cast_cache_relief_bytes(0, 0) == 0.0
+    last = t.cast_cache_relief_bytes(1, 4)
+    assert last <= max(0.0, rb - t.output_peak_bytes) + 1e-6
+    # the rank's peak and its breakdown both lose exactly the relief
+    without = replace(t, cache_layer_copy_bytes=0.0)
+    assert t.rank_memory_bytes(0, 4) == pytest.approx(without.rank_memory_bytes(0, 4) - want)
+    assert t.rank_variable_bytes(0, 4)[2] == pytest.approx(
+        without.rank_variable_bytes(0, 4)[2] - want)
+    # not where nothing clears the cache at that peak, or where there is no autocast copy
+    for other, job in ((lay.replace(schedule="1f1b"), JOB),
+                       (lay.replace(recompute="selective"), JOB),
+                       (lay.replace(dp=2, pp=2, zero=2), JOB),
+                       (lay, Job(global_batch=16, seq_len=1024))):
+        assert layer_tables(MODEL, c, job, other).cache_layer_copy_bytes == 0.0
