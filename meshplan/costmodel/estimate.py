@@ -849,7 +849,7 @@ class LayerTables:
     end_recv_bytes: float = 0.0
     end_uncached_layer_bytes: float = 0.0
     end_uncached_const_bytes: float = 0.0
-    # full recomputation under autocast (see cast_cache_relief_bytes): one layer's 16-bit
+    # GPipe, full recomputation under autocast (see cast_cache_relief_bytes): one layer's 16-bit
     # weight copies, the last rank's output-layer copies, and what a layer's recompute
     # allocates beyond its saved input; 0 where that does not apply
     cache_layer_copy_bytes: float = 0.0
@@ -1157,8 +1157,9 @@ class LayerTables:
                 - layers * self.end_uncached_layer_bytes - self.end_uncached_const_bytes)
 
     def cast_cache_relief_bytes(self, rank: int, layers: int) -> float:
-        """Full recomputation under autocast (runtime "torch", ZeRO-0/1): what a rank's
-        peak inside a layer's backward holds less than its model states and buffers say.
+        """GPipe with full recomputation under autocast (runtime "torch", ZeRO-0/1): what a
+        rank's peak inside a layer's backward holds less than its model states and buffers
+        say.
 
         The first recompute of a backward (``torch.utils.checkpoint``, on the autograd
         engine's thread) leaves ``torch.autocast`` at nesting 0 there, which clears the
@@ -1178,7 +1179,11 @@ class LayerTables:
         ZeRO-1, micro-batch 16; docs/benchmarks/accuracy.md round 21): its first stage
         held 11.1 GiB after both forwards and still 11.1 after the first backward, which
         allocated the fp32 gradients (3.1 GiB) and freed one micro-batch's inputs (1.5):
-        the stage's copies (1.4 GiB) went in that backward. Zero-bubble is left out: its
+        the stage's copies (1.4 GiB) went in that backward. Under GPipe nothing casts again
+        before the next step. 1F1B and interleaved clear the cache in every backward too
+        (e07's first stage re-casts in each forward), but this rule there takes the
+        measured stages 2-4 % under (e09, s13, q05, z13): their peaks are not where it puts
+        them, for a reason not found, so it is not applied; nor to zero-bubble, whose
         W-pass terms (``ZB_FULL_W_TRANSIENT_SETS``) were read off runs with the copies
         counted."""
         c = self.cache_layer_copy_bytes
@@ -1200,7 +1205,8 @@ class LayerTables:
     def rank_memory_bytes(self, rank: int, layers: int) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
             + self.const_bytes[rank] - self.first_backward_relief_bytes(rank, layers) \
-            + self.z3_resident_bytes(rank, layers) - self.cast_cache_relief_bytes(rank, layers)
+            + self.z3_resident_bytes(rank, layers) \
+            - self.cast_cache_relief_bytes(rank, layers)
         if rank == self.last_rank:
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
                       + self.last_states_bytes + self.end_of_step_bytes(layers))
