@@ -982,3 +982,22 @@ def test_gpipe_full_recompute_peak_drops_the_weight_copies_the_first_backward_cl
                        (lay.replace(dp=2, pp=2, zero=2), JOB),
                        (lay, Job(global_batch=16, seq_len=1024))):
         assert layer_tables(MODEL, c, job, other).cache_layer_copy_bytes == 0.0
+
+
+def test_pipelined_last_stage_with_tp_counts_its_kept_logits_once():
+    """Round 21 (holdout21 e07): with tp > 1 the output row's peak is in its forward, with
+    the 16-bit logits alive; a pipelined last stage keeps those logits as its output chunk
+    (counted apart), so the output's working memory there is one logits chunk less."""
+    from meshplan.costmodel.estimate import layer_tables, pipelined_output_peak_bytes
+    tp2 = Layout(pp=2, tp=2, micro_batch=1, schedule="1f1b")
+    chunk = 1 * JOB.seq_len * MODEL.vocab_size / 2 * 2        # bf16 logits shard
+    assert pipelined_output_peak_bytes(JOB, tp2, MODEL, 3 * chunk) == pytest.approx(2 * chunk)
+    assert pipelined_output_peak_bytes(JOB, tp2, MODEL, 0.5 * chunk) == 0.0
+    # tp 1 (the row's peak is in the backward), no pipeline, or megatron's runtime: as is
+    for lay, job in ((tp2.replace(tp=1), JOB), (tp2.replace(pp=1, dp=2), JOB),
+                     (tp2, Job(global_batch=16, seq_len=1024))):
+        assert pipelined_output_peak_bytes(job, lay, MODEL, 3 * chunk) == 3 * chunk
+    c = _cluster(TABLES)
+    t = layer_tables(MODEL, c, JOB, tp2)
+    assert t.output_peak_bytes == pytest.approx(
+        pipelined_output_peak_bytes(JOB, tp2, MODEL, t.parts.output_peak_bytes))
