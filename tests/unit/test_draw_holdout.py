@@ -52,3 +52,10 @@ def test_missing_profile_is_a_one_line_error(tmp_path, capsys):
         dh.main(["--profile", str(tmp_path / "nope.toml"), "--seed", "1"])
     assert e.value.code == 2
     assert "nope.toml: no such file" in capsys.readouterr().err
+
+
+def test_a_pool_that_cannot_cover_the_space_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(dh, "MAX_ATTEMPTS", 50)
+    pool = {"M": [(l, None) for l, _ in _pool()]}      # no interleaved 1F1B, no ZeRO 1-3
+    with pytest.raises(SystemExit, match="covers every schedule"):
+        dh.draw(pool, 2, seed=1, max_total_s=100.0)
