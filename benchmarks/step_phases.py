@@ -117,10 +117,12 @@ def block_rows(doc: dict, only: str | None = None) -> list[dict]:
     return rows
 
 
-def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path
-                       ) -> tuple[float, float] | None:
+def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path, *,
+                       plain: bool = False) -> tuple[float, float] | None:
     """The cost model's per-layer forward and backward (ms) for ``record`` on ``profile``
-    (None for a model this script does not know)."""
+    (None for a model this script does not know). ``plain``: the same layout at ZeRO-0, i.e.
+    priced from the plain (autocast) rows instead of FSDP2's — round 21's lead: GPT's
+    FSDP2 steps at micro-batch 16 ran as slow as the plain rows plus FSDP2's own cost."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import validate_device as vd
     from meshplan.costmodel.estimate import layer_tables
@@ -130,6 +132,8 @@ def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path
     if model is None:
         return None
     layout = Layout.from_dict(record["layout"])
+    if plain:
+        layout = layout.replace(zero=0)
     cluster = apply_profile(vd._gpu_cluster(gpu_name, layout.num_gpus), profile)
     t = layer_tables(model, cluster, Job.from_dict(job), layout)
     return 1e3 * t.layer_forward_s, 1e3 * t.layer_backward_s
@@ -142,12 +146,15 @@ def _first_later(vals: list[float] | None) -> str:
     return f"{vals[0]:.2f}" + (f" / {sum(later) / len(later):.2f}" if later else "")
 
 
-def block_table(row: dict, pred: tuple[float, float] | None) -> str:
+def block_table(row: dict, pred: tuple[float, float] | None,
+                plain: tuple[float, float] | None = None) -> str:
     r = row["record"]
     pf, pb = pred if pred else (None, None)
+    alt = (f" (plain rows at ZeRO-0: {_f(plain[0])}, {_f(plain[1])})"
+           if plain and plain != pred else "")
     out = [f"{r.get('name')} {r.get('model')} {r.get('short')}: per block, first micro-batch / "
            f"mean of the later ones (device ms); model per layer: forward {_f(pf)}, backward "
-           f"{_f(pb)}",
+           f"{_f(pb)}{alt}",
            "| block | forward | backward | before forward | before backward |",
            "|---|---|---|---|---|"]
     for i, d in row["blocks"].items():
@@ -221,10 +228,12 @@ def _print_blocks(doc: dict, args) -> int:
               f"executor with --block-marks: BLOCK_MARKS=1 ... validate)", file=sys.stderr)
         return 1
     for row in rows:
-        pred = (predicted_layer_ms(row["record"], doc["job"], doc.get("gpu_name") or "H200",
-                                   args.profile)
-                if args.profile and doc.get("job") else None)
-        print(block_table(row, pred))
+        pred = plain = None
+        if args.profile and doc.get("job"):
+            gpu = doc.get("gpu_name") or "H200"
+            pred = predicted_layer_ms(row["record"], doc["job"], gpu, args.profile)
+            plain = predicted_layer_ms(row["record"], doc["job"], gpu, args.profile, plain=True)
+        print(block_table(row, pred, plain))
         print()
     return 0
 

@@ -155,6 +155,10 @@ def test_step_phases_blocks_put_each_blocks_time_beside_the_models_layer(load_be
     f, b = tool.predicted_layer_ms(doc["records"][0], doc["job"], "NVIDIA H200", profile)
     assert 2.0 < f < 3.5 and 5.0 < b < 7.5          # GPT's FSDP2 rows at micro-batch 16
     assert f"model per layer: forward {f:.1f}, backward {b:.1f}" in out
+    pf, pb = tool.predicted_layer_ms(doc["records"][0], doc["job"], "NVIDIA H200", profile,
+                                     plain=True)
+    assert pf > f and pb > b        # GPT's plain (autocast) rows cost more than FSDP2's
+    assert f"(plain rows at ZeRO-0: {pf:.1f}, {pb:.1f})" in out
     # a run without block marks, and a profile that is not there
     doc["records"][0]["measured"]["phase_median_ms_per_rank"] = [{"forward 0": ms(1.0)}]
     path.write_text(json.dumps(doc))
