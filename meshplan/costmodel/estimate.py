@@ -188,9 +188,14 @@ def pipelined_output_peak_bytes(job: Job, layout: Layout, model: ModelSpec,
     a reason of their own, from −4.7 % to −5.8 %."""
     if not (torch_pipelined(job, layout.pp) and layout.tp > 1):
         return output_peak_bytes
-    chunk = (layout.micro_batch * job.seq_len * model.vocab_size / layout.tp
-             * activation_bytes_per_element(job))
-    return max(0.0, output_peak_bytes - chunk)
+    return max(0.0, output_peak_bytes - logits_chunk_bytes(job, layout, model))
+
+
+def logits_chunk_bytes(job: Job, layout: Layout, model: ModelSpec) -> float:
+    """One micro-batch's 16-bit logits on one tensor-parallel rank: the output chunk a
+    torch-pipelined last stage keeps until the step ends."""
+    return (layout.micro_batch * job.seq_len * model.vocab_size / layout.tp
+            * activation_bytes_per_element(job))
 
 
 def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[float, ...]:
@@ -1409,24 +1414,25 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     # concatenates them (PipelineSchedule*.step → _merge_outputs(stage.output_chunks))
     chunks = merge = 0.0
     if torch_pipelined(job, pp):
-        chunk = (layout.micro_batch * job.seq_len * model.vocab_size / tp
-                 * activation_bytes_per_element(job))
+        chunk = logits_chunk_bytes(job, layout, model)
         chunks, merge = m * chunk, 2 * m * chunk
     last_states = last_extra - logits_b if pp > 1 else 0.0
+    # full recomputation under autocast: each backward's recompute clears the weight-cast
+    # cache (end_of_step_bytes, cast_cache_relief_bytes); one layer's copies and the last
+    # rank's output-layer copies
+    cleared = layout.recompute == "full" and not (layout.zero >= 2 and dp > 1)
+    layer_copy = (compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
+                  if cleared else 0.0)
+    last_copy = (compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
+                                    **copy_kw) if cleared else 0.0)
     end_recv = end_layer = end_const = 0.0
     if merge:
         end_recv = pipeline_recv_buffers(job, layout, m, model.hidden_size,
                                          (0.0,) * pp)[last_rank]
-        if layout.recompute == "full" and not (layout.zero >= 2 and dp > 1):
-            end_layer = compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
-            end_const = compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
-                                           **copy_kw)
+        end_layer, end_const = layer_copy, last_copy
     cache_layer = cache_last = recomputed = 0.0
-    if (job.runtime == "torch" and layout.recompute == "full" and layout.schedule == "gpipe"
-            and not (layout.zero >= 2 and dp > 1)):
-        cache_layer = compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
-        cache_last = compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
-                                        **copy_kw)
+    if job.runtime == "torch" and cleared and layout.schedule == "gpipe":
+        cache_layer, cache_last = layer_copy, last_copy
         recomputed = max(0.0, parts.full_act_bytes - parts.activation_bytes)
     return LayerTables(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts, zero3=z3,
