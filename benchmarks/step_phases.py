@@ -30,6 +30,7 @@ rows, :func:`meshplan.costmodel.estimate.layer_tables`)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -127,16 +128,23 @@ def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path, *,
     import validate_device as vd
     from meshplan.costmodel.estimate import layer_tables
     from meshplan.costmodel.specs import Job, Layout
-    from meshplan.hardware_profiles.calibrated import apply_profile
     model = {m.name: m for m in (vd.GPT_05B, vd.LLAMA_16B)}.get(record.get("model"))
     if model is None:
         return None
     layout = Layout.from_dict(record["layout"])
     if plain:
         layout = layout.replace(zero=0)
-    cluster = apply_profile(vd._gpu_cluster(gpu_name, layout.num_gpus), profile)
+    cluster = _profiled_cluster(gpu_name, layout.num_gpus, profile)
     t = layer_tables(model, cluster, Job.from_dict(job), layout)
     return 1e3 * t.layer_forward_s, 1e3 * t.layer_backward_s
+
+
+@functools.lru_cache(maxsize=8)
+def _profiled_cluster(gpu_name: str, nproc: int, profile: Path):
+    """The lent GPUs' cluster with ``profile`` applied, read once per run of this script."""
+    import validate_device as vd
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    return apply_profile(vd._gpu_cluster(gpu_name, nproc), profile)
 
 
 def _first_later(vals: list[float] | None) -> str:

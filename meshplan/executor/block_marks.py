@@ -28,13 +28,18 @@ from typing import Callable
 from meshplan.errors import ExecutorError
 
 
+def check_block_marks(layout) -> None:
+    """Refuse a layout the marks cannot time (a pipeline): ExecutorError naming it."""
+    if layout.pp != 1:
+        raise ExecutorError(f"--block-marks times the blocks of a layout without a pipeline; "
+                            f"{layout.short()} has pp = {layout.pp} (use a pp = 1 layout)")
+
+
 def add_block_marks(trainer, mark: Callable[[str], None]) -> list:
     """Register the marks on every block of ``trainer``'s parts; returns the hook handles
     (``handle.remove()`` takes them off). ``mark(name)`` ends phase ``name`` of the running
     step (:meth:`StepTimer.mark`, a no-op outside a timed step)."""
-    if trainer.layout.pp != 1:
-        raise ExecutorError(f"--block-marks times the blocks of a layout without a pipeline; "
-                            f"this one has pp = {trainer.layout.pp} (use pp = 1)")
+    check_block_marks(trainer.layout)
     handles = []
     for part in trainer.parts:
         for key, block in part.module.layers.items():

@@ -156,9 +156,9 @@ def preflight(plan: PlanRecord, args, world: int, local_world: int) -> str:
                             f"{args.warmup}")
     if args.gc_period < 1:
         raise ExecutorError(f"--gc-period must be >= 1 step, got {args.gc_period}")
-    if args.block_marks and layout.pp != 1:
-        raise ExecutorError(f"--block-marks times the blocks of a layout without a pipeline; "
-                            f"{layout.short()} has pp = {layout.pp} (use a pp = 1 layout)")
+    if args.block_marks:
+        from meshplan.executor.block_marks import check_block_marks
+        check_block_marks(layout)
     if not 0 <= args.first_step_settle_s <= 60:
         raise ExecutorError(f"--first-step-settle-s must be between 0 and 60 s, got "
                             f"{args.first_step_settle_s}")
