@@ -36,6 +36,8 @@ import re
 import sys
 from pathlib import Path
 
+from meshplan.errors import MeshplanError
+
 TAIL_PHASES = ("grads", "optimizer", "loss")
 
 
@@ -217,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.blocks:
             return _print_blocks(doc, args)
         rows = phase_rows(doc, args.only)
+    except MeshplanError as exc:      # --profile that is not a calibrated profile
+        print(f"step_phases: {exc}", file=sys.stderr)
+        return 2
     except re.error as exc:
         print(f"step_phases: --only {args.only!r} is not a regular expression: {exc}",
               file=sys.stderr)

@@ -165,6 +165,12 @@ def test_step_phases_blocks_put_each_blocks_time_beside_the_models_layer(load_be
     assert tool.main([str(path), "--blocks"]) == 1
     assert "--block-marks" in capsys.readouterr().err
     assert tool.main([str(path), "--blocks", "--profile", str(tmp_path / "no.toml")]) == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text("not = [toml\n")
+    doc["records"][0]["measured"]["phase_median_ms_per_rank"] = [phases]
+    path.write_text(json.dumps(doc))
+    assert tool.main([str(path), "--blocks", "--profile", str(bad)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
 
 
 def test_step_start_drain_races_the_cpu_against_the_gpu_from_an_empty_queue(load_benchmark):
