@@ -6,7 +6,7 @@ import pytest
 
 from meshplan.costmodel import estimate
 from meshplan.costmodel.estimate import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEAT,
-                                         TORCH_P2P_SLOWDOWN_PER_OP)
+                                         TORCH_P2P_SLOWDOWN_PER_OP, ZB_FSDP2_CAVEAT)
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.costmodel.memory import model_state_bytes, stage_params
@@ -628,6 +628,15 @@ def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
     for lay in (Layout(dp=2, micro_batch=1, zero=1),
                 Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="1f1b")):
         assert FSDP_DP_ONLY_CAVEAT not in estimate(MODEL, _cluster(tables), JOB, lay).caveats
+    # zero-bubble over FSDP2 carries its measured spread; at ZeRO-1, 1F1B or on Megatron not
+    zb = estimate(MODEL, _cluster(tables), JOB,
+                  Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="zero-bubble"))
+    assert ZB_FSDP2_CAVEAT in zb.caveats
+    mega = Job(global_batch=JOB.global_batch, seq_len=JOB.seq_len)
+    for job, lay in ((JOB, Layout(dp=2, pp=2, micro_batch=1, zero=1, schedule="zero-bubble")),
+                     (JOB, Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="1f1b")),
+                     (mega, Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="zero-bubble"))):
+        assert ZB_FSDP2_CAVEAT not in estimate(MODEL, _cluster(tables), job, lay).caveats
 
 
 def test_pipeline_stages_keep_their_output_per_micro_batch_in_flight():
@@ -807,6 +816,23 @@ def test_pipeline_ranks_compute_slower_per_p2p_operation():
     assert layer_tables(MODEL, c, mega, Layout(pp=4, micro_batch=1)).slowdown == ()
     assert estimate(MODEL, c, mega, Layout(pp=4, micro_batch=1)).time.pp_interference_s == 0
     assert layer_tables(MODEL, c, JOB, Layout(dp=4, micro_batch=1)).slowdown == ()
+
+
+def test_p2p_slowdown_stops_at_the_largest_the_fit_saw():
+    """Past pp 4 vpp 3's 12 operations (1 + 0.012 · 12 / √3) the slowdown stays there: pp 2
+    vpp 6 and vpp 12 (22 and 46 operations) both get the cap, vpp 3 keeps its own value."""
+    from meshplan.costmodel.estimate import TORCH_P2P_SLOWDOWN_MAX, stage_slowdown
+    lam = TORCH_P2P_SLOWDOWN_PER_OP
+    assert TORCH_P2P_SLOWDOWN_MAX == pytest.approx(lam * 12 / 3 ** 0.5)
+    at = stage_slowdown(JOB, Layout(pp=4, vpp=3, micro_batch=1, schedule="interleaved-1f1b"))
+    assert max(at) == pytest.approx(1 + TORCH_P2P_SLOWDOWN_MAX)        # the fit's largest
+    three = stage_slowdown(JOB, Layout(pp=2, vpp=3, micro_batch=1, schedule="interleaved-1f1b"))
+    assert three == pytest.approx((1 + lam * 10 / 3 ** 0.5,) * 6)
+    for vpp in (6, 12):
+        got = stage_slowdown(JOB, Layout(pp=2, vpp=vpp, micro_batch=1,
+                                         schedule="interleaved-1f1b"))
+        assert len(got) == 2 * vpp
+        assert got == pytest.approx((1 + TORCH_P2P_SLOWDOWN_MAX,) * (2 * vpp))
 
 
 def test_zero_bubble_full_recompute_takes_measured_split_memory_from_the_profile():
