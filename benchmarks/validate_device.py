@@ -786,7 +786,7 @@ HOLDOUT21_LAYOUTS = [
     ("e16", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, recompute="selective", zero=1,
                          sequence_parallel=True)),
 ]
-# "holdout22" (after round 21; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# "holdout22" (after round 21; run in round 22): 16 new 4-rank layouts, 8 per model, none in an
 # earlier set, and the first set *drawn* rather than picked (at 8ee710e; the same draw after
 # round 21's post-hoc memory change):
 #   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round21.toml \
@@ -839,6 +839,57 @@ HOLDOUT22_LAYOUTS = [
     # o16: 1.263 s, CPU 0.26, 68.6 GiB
     ("o16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=2)),
 ]
+# "holdout23" (after round 22; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# earlier set, drawn as holdout22 was (at 05c3b4d, after round 22's changes):
+#   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round22.toml \
+#       --seed 23 --prefix f --set holdout23
+# (the first attempt covered every schedule, ZeRO stage, recompute mode and SP within 15 s
+# of predicted steps). Round 22's p2p-slowdown cap is held out by f05 (GPT pp 2 vpp 4, 14
+# operations: at the cap) and f16 (Llama pp 4 vpp 3); its zero-bubble caution applies to
+# none of them (f14 and f15 are zero-bubble at ZeRO-0). Protocol, fixed before the run (as
+# holdout16-22's): calibrate on the machine (call 1), validate the whole set twice (calls
+# 2 and 3). The held-out result is call 2 as run; each layout's median of the two runs
+# (`--merge A,B --median`) is reported beside it. Comments: predicted step, CPU load and
+# peak memory on the round-22 profile.
+HOLDOUT23_LAYOUTS = [
+    # f01: 0.304 s, CPU 0.43, 38.0 GiB
+    ("f01", GPT_05B, L(dp=4, micro_batch=8)),
+    # f02: 0.262 s, CPU 0.49, 51.7 GiB
+    ("f02", GPT_05B, L(dp=4, micro_batch=16, zero=2)),
+    # f03: 0.417 s, CPU 0.45, 37.2 GiB
+    ("f03", GPT_05B, L(dp=2, tp=2, micro_batch=16)),
+    # f04: 0.429 s, CPU 0.74, 19.8 GiB
+    ("f04", GPT_05B, L(dp=2, pp=2, micro_batch=8, recompute="full", zero=2)),
+    # f05: 0.362 s, CPU 0.57, 54.9 GiB
+    ("f05", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule="interleaved-1f1b", vpp=4,
+                       zero=3)),
+    # f06: 0.434 s, CPU 0.60, 43.4 GiB
+    ("f06", GPT_05B, L(dp=2, pp=2, micro_batch=16, recompute="selective", zero=3)),
+    # f07: 0.593 s, CPU 0.58, 24.9 GiB
+    ("f07", GPT_05B, L(pp=2, tp=2, micro_batch=16, recompute="selective",
+                       sequence_parallel=True)),
+    # f08: 0.600 s, CPU 0.38, 43.5 GiB
+    ("f08", GPT_05B, L(pp=4, micro_batch=16, recompute="selective")),
+    # f09: 0.919 s, CPU 0.39, 48.9 GiB
+    ("f09", LLAMA_16B, L(dp=4, micro_batch=4, zero=1)),
+    # f10: 1.083 s, CPU 0.19, 42.7 GiB
+    ("f10", LLAMA_16B, L(dp=4, micro_batch=16, recompute="full")),
+    # f11: 1.621 s, CPU 0.68, 28.9 GiB
+    ("f11", LLAMA_16B, L(tp=4, micro_batch=8, recompute="selective")),
+    # f12: 1.639 s, CPU 0.42, 28.7 GiB
+    ("f12", LLAMA_16B, L(dp=2, pp=2, micro_batch=16, schedule="gpipe", recompute="full",
+                         zero=3)),
+    # f13: 1.627 s, CPU 0.36, 31.6 GiB
+    ("f13", LLAMA_16B, L(dp=2, pp=2, micro_batch=16, recompute="full")),
+    # f14: 1.284 s, CPU 0.68, 55.1 GiB
+    ("f14", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="zero-bubble")),
+    # f15: 1.311 s, CPU 0.70, 55.5 GiB
+    ("f15", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="zero-bubble",
+                         recompute="selective")),
+    # f16: 1.324 s, CPU 0.30, 65.1 GiB
+    ("f16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3,
+                         recompute="selective")),
+]
 # "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
 # 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
 # round 15's changes where 2 ranks can: interleaved pp 2 with m = pp (micro-batch 16, ranks
@@ -887,6 +938,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout20": HOLDOUT20_LAYOUTS,
         "holdout21": HOLDOUT21_LAYOUTS,
         "holdout22": HOLDOUT22_LAYOUTS,
+        "holdout23": HOLDOUT23_LAYOUTS,
         "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
@@ -898,6 +950,7 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
             "holdout19": JOB4, "holdout20": JOB4, "holdout21": JOB4, "holdout22": JOB4,
+            "holdout23": JOB4,
             "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
@@ -1107,7 +1160,8 @@ def main(argv=None) -> int:
                         "(round 14, 2 GPUs), 'holdout16' / 'pair16' (after round 15), 'holdout17' "
                         "(after round 16), 'holdout18' (after round 17), 'holdout19' (after "
                         "round 18), 'holdout20' (after round 19), 'holdout21' (after round 20), "
-                        "'holdout22' (after round 21, drawn), "
+                        "'holdout22' (after round 21, drawn), 'holdout23' (after round 22, "
+                        "drawn), "
                         "'fsdp18' (a "
                         "diagnostic set) or "
                         "'all' (rounds 1-3)")

@@ -12,7 +12,7 @@ import validate_device as vd  # noqa: E402
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
          "pair14", "holdout16", "pair16", "holdout17", "holdout18", "holdout19", "holdout20",
-         "holdout21", "holdout22"]
+         "holdout21", "holdout22", "holdout23"]
 
 
 def test_every_set_has_unique_names():
@@ -30,13 +30,13 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
             key = (model.name, layout)
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
                      "pair14", "holdout16", "pair16", "holdout17", "holdout18",
-                     "holdout19", "holdout20", "holdout21", "holdout22"):
+                     "holdout19", "holdout20", "holdout21", "holdout22", "holdout23"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
 
 COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "holdout18", "holdout19",
-            "holdout20", "holdout21", "holdout22",
+            "holdout20", "holdout21", "holdout22", "holdout23",
             "pair12", "pair14", "pair16"]
 
 
@@ -176,7 +176,8 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
 
 
 @pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17", "holdout18",
-                                  "holdout19", "holdout20", "holdout21", "holdout22"])
+                                  "holdout19", "holdout20", "holdout21", "holdout22",
+                                  "holdout23"])
 def test_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
         assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
