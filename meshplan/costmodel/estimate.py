@@ -315,8 +315,8 @@ FSDP_DP_ONLY_CAVEAT = (
 # 1F1B's and its kernels are the same ones (CPU, gloo, bf16 FSDP2). Not found, so not priced.
 ZB_FSDP2_CAVEAT = (
     "zero-bubble with FSDP2 (ZeRO-2): the 8 such layouts measured on 4 x H100/H200 missed "
-    "their predictions by -26 % to +17 % (GPT-0.54B dp 2 pp 2 micro-batch 8 ran 21-26 % "
-    "slower than predicted, its last stage 80 ms a step slower than its first), which the "
+    "their predictions by -26 % to +17 % (GPT-0.54B dp 2 pp 2 micro-batch 8: -26 % and -21 % in "
+    "two runs, its last stage 80 ms a step slower than its first), which the "
     "model does not explain (docs/benchmarks/accuracy.md, round 22); compare it with the "
     "same layout at ZeRO-0/1 or 1F1B on a measured run")
 
