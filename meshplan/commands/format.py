@@ -43,7 +43,8 @@ def format_estimate(est: Estimate) -> str:
              ("compute slowed by PP p2p kernels", t.pp_interference_s),
              ("pipeline bubble", t.bubble_s), ("DP communication (exposed)", t.dp_comm_exposed_s),
              ("ZeRO-3 gathers (exposed)", t.zero3_gather_s), ("optimizer step", t.optimizer_s),
-             ("GPUs waiting for CPU dispatch", t.host_wait_s)]
+             ("GPUs waiting for CPU dispatch", t.host_wait_s),
+             ("FSDP2 per-step time (measured, not explained)", t.fsdp_step_s)]
     rows = [[name, f"{s:.4f}", f"{s / est.step_time_s:.1%}"] for name, s in parts]
     rows.append(["DP communication (total, overlapped or not)", f"{t.dp_comm_total_s:.4f}", ""])
     out.append("\nstep time on the busiest pipeline rank")

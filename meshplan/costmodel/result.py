@@ -89,6 +89,9 @@ class TimeBreakdown:
     # runtime "torch" pipelines: the busiest rank's compute slowed by its p2p kernels
     # (TORCH_P2P_SLOWDOWN_PER_OP in costmodel.estimate)
     pp_interference_s: float = 0.0
+    # runtime "torch", FSDP2 over dp alone: the measured per-step GPU time the layer rows
+    # do not hold (FSDP2_DP_ONLY_STEP_S in costmodel.estimate)
+    fsdp_step_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -104,7 +107,7 @@ class TimeBreakdown:
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
                 + self.dp_comm_exposed_s + self.zero3_gather_s + self.optimizer_s
-                + self.host_wait_s + self.pp_interference_s)
+                + self.host_wait_s + self.pp_interference_s + self.fsdp_step_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,7 +75,8 @@ class Plan:
                        tp_comm_s=t.tp_comm_s, pp_comm_s=t.pp_comm_s, bubble_s=t.bubble_s,
                        dp_comm_exposed_s=t.dp_comm_exposed_s, zero3_gather_s=t.zero3_gather_s,
                        optimizer_s=t.optimizer_s, host_wait_s=t.host_wait_s,
-                       pp_interference_s=t.pp_interference_s, host_load=e.host_load)
+                       pp_interference_s=t.pp_interference_s, fsdp_step_s=t.fsdp_step_s,
+                       host_load=e.host_load)
             rows.append(row)
         return pd.DataFrame(rows).set_index("rank")
 

@@ -628,6 +628,18 @@ def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
     for lay in (Layout(dp=2, micro_batch=1, zero=1),
                 Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="1f1b")):
         assert FSDP_DP_ONLY_CAVEAT not in estimate(MODEL, _cluster(tables), JOB, lay).caveats
+    # ... and its measured per-step GPU time (FSDP2_DP_ONLY_STEP_S), on a line of its own,
+    # in the planner's tables as in the estimate
+    from meshplan.costmodel.estimate import FSDP2_DP_ONLY_STEP_S, layer_tables
+    assert dp_only.time.fsdp_step_s == FSDP2_DP_ONLY_STEP_S > 0
+    assert dp_only.time.total_s == pytest.approx(dp_only.step_time_s)
+    assert dp_only.time.bubble_s == pytest.approx(0.0, abs=1e-12)
+    tables1 = layer_tables(MODEL, _cluster(tables), JOB, Layout(dp=2, micro_batch=1, zero=2))
+    assert tables1.step_time_s((MODEL.num_layers,)) == pytest.approx(dp_only.step_time_s)
+    assert "FSDP2 per-step time" in format_estimate(dp_only)
+    for lay in (Layout(dp=2, micro_batch=1, zero=1), Layout(dp=2, tp=2, micro_batch=1, zero=2),
+                Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="1f1b")):
+        assert estimate(MODEL, _cluster(tables), JOB, lay).time.fsdp_step_s == 0.0
     # zero-bubble over FSDP2 carries its measured spread; at ZeRO-1, 1F1B or on Megatron not
     zb = estimate(MODEL, _cluster(tables), JOB,
                   Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="zero-bubble"))
