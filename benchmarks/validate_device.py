@@ -848,7 +848,9 @@ HOLDOUT22_LAYOUTS = [
 # operations: at the cap) and f16 (Llama pp 4 vpp 3); its zero-bubble caution applies to
 # none of them (f14 and f15 are zero-bubble at ZeRO-0). f02 (GPT dp 4 ZeRO-2) holds out the
 # per-step FSDP2 term (estimate.FSDP2_DP_ONLY_STEP_S) added after this draw, which moved its
-# prediction from 0.262 s to 0.282 s and nothing else in the set. Protocol, fixed before the run (as
+# prediction from 0.262 s to 0.282 s and nothing else in the set; f14 and f15 hold out the
+# output-peak rule's exclusion of zero-bubble (also after the draw; their last stages'
+# predicted memory). Protocol, fixed before the run (as
 # holdout16-22's): calibrate on the machine (call 1), validate the whole set twice (calls
 # 2 and 3). The held-out result is call 2 as run; each layout's median of the two runs
 # (`--merge A,B --median`) is reported beside it. Comments: predicted step, CPU load and
