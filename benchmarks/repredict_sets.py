@@ -51,21 +51,30 @@ def profiles_by_date(bench: Path = BENCH) -> dict[str, Path]:
     return out
 
 
+def set_context(name: str, profiles: dict[str, Path], bench: Path = BENCH):
+    """A measured set's (accuracy document, cluster on the profile its run used, job), or
+    None where no profile in ``profiles`` (:func:`profiles_by_date`) has the date its
+    ``gpu_profile`` names."""
+    doc = json.loads((bench / f"accuracy_{name}.json").read_text())
+    found = re.search(r"(\d{4}-\d\d-\d\dT[\d:]+\+00:00)", str(doc.get("gpu_profile")))
+    profile = profiles.get(found.group(1)) if found else None
+    if profile is None:
+        return None
+    cluster = apply_profile(_gpu_cluster(doc["gpu_name"], int(doc.get("nproc") or 4)), profile)
+    return doc, cluster, Job.from_dict(doc["job"])
+
+
 def repredict(sets=SETS, bench: Path = BENCH) -> list[tuple[str, dict]]:
     """(set, re-scored record) for every layout that ran, on its own profile."""
     models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
     profiles = profiles_by_date(bench)
     out = []
     for name in sets:
-        doc = json.loads((bench / f"accuracy_{name}.json").read_text())
-        found = re.search(r"(\d{4}-\d\d-\d\dT[\d:]+\+00:00)", doc.get("gpu_profile") or "")
-        profile = profiles.get(found.group(1)) if found else None
-        if profile is None:
+        context = set_context(name, profiles, bench)
+        if context is None:
             print(f"{name}: no committed profile for its run, skipped", file=sys.stderr)
             continue
-        cluster = apply_profile(_gpu_cluster(doc["gpu_name"], int(doc.get("nproc") or 4)),
-                                profile)
-        job = Job.from_dict(doc["job"])
+        doc, cluster, job = context
         for rec in doc["records"]:
             if rec.get("status") == "ok":
                 out.append((name, rescore(rec, models[rec["model"]], cluster, job)))

@@ -17,11 +17,9 @@ profile it was measured with (found by the date in its ``gpu_profile``).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +27,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from meshplan.costmodel.estimate import estimate, layer_tables  # noqa: E402
 from meshplan.costmodel.specs import Job, Layout  # noqa: E402
-from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
-from validate_device import GPT_05B, LLAMA_16B, _gpu_cluster  # noqa: E402
+from repredict_sets import profiles_by_date, set_context  # noqa: E402
+from validate_device import GPT_05B, LLAMA_16B  # noqa: E402
 
 BENCH = ROOT / "docs" / "benchmarks"
 SETS = [f"holdout{i}" for i in (7, 8, 9, 10, 11, 12, 13, 16, 17, 18, 19, 20)] + [
@@ -73,8 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--only", default=None, help="regex on 'model layout'")
     args = p.parse_args(argv)
-    profiles = {tomllib.loads(f.read_text())["provenance"]["date"]: f
-                for f in BENCH.glob("profile_*.toml")}
+    profiles = profiles_by_date(BENCH)
     models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
     try:
         pat = re.compile(args.only) if args.only else None
@@ -93,14 +90,11 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     before, after = [], []
     for s in args.sets.split(","):
-        doc = json.loads((BENCH / f"accuracy_{s}.json").read_text())
-        date = re.search(r"(\d{4}-\d\d-\d\dT[\d:]+\+00:00)", str(doc.get("gpu_profile")))
-        if not date or date.group(1) not in profiles:
+        context = set_context(s, profiles, BENCH)
+        if context is None:
             print(f"{s}: no profile of its date, skipped", file=sys.stderr)
             continue
-        cluster = apply_profile(_gpu_cluster(doc["gpu_name"], int(doc.get("nproc") or 4)),
-                                profiles[date.group(1)])
-        job = Job.from_dict(doc["job"])
+        doc, cluster, job = context
         for r in doc["records"]:
             layout = Layout.from_dict(r["layout"])
             model = models.get(r.get("model"))

@@ -18,6 +18,7 @@ micro-batch 2, global batch 16):
 from __future__ import annotations
 
 import os
+import functools
 import socket
 import sys
 import tempfile
@@ -36,6 +37,7 @@ import torch.multiprocessing as mp  # noqa: E402
 WORLD = 4
 
 
+@functools.cache
 def _bf16_on_cpu_trainer():
     """meshplan.executor.parallelize with its bf16 rule (CUDA only) forced for the CPU."""
     import meshplan.executor.parallelize as par

@@ -1482,6 +1482,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         end_recv = pipeline_recv_buffers(job, layout, m, model.hidden_size,
                                          (0.0,) * pp)[last_rank]
         end_layer, end_const = layer_copy, last_copy
+    dp_only_fsdp = fsdp_dp_only(job, layout)
     cache_layer = cache_last = recomputed = 0.0
     if job.runtime == "torch" and cleared and layout.schedule == "gpipe":
         cache_layer, cache_last = layer_copy, last_copy
@@ -1521,9 +1522,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
         recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=out_peak,
         slowdown=stage_slowdown(job, layout),
-        fsdp_step_s=FSDP2_DP_ONLY_STEP_S if fsdp_dp_only(job, layout) else 0.0,
+        fsdp_step_s=FSDP2_DP_ONLY_STEP_S if dp_only_fsdp else 0.0,
         caveats=(((FSDP_OVER_TP_CAVEAT,) if composed and fs is not None else ())
-                 + ((FSDP_DP_ONLY_CAVEAT,) if fsdp_dp_only(job, layout) else ())
+                 + ((FSDP_DP_ONLY_CAVEAT,) if dp_only_fsdp else ())
                  + ((ZB_FSDP2_CAVEAT,) if layout.schedule == "zero-bubble"
                     and fsdp_accumulates_unsharded(job, layout.zero, dp, pp) else ())),
         z3_resident_layer_bytes=(layer_params * copy_b
