@@ -286,6 +286,16 @@ TORCH_P2P_SLOWDOWN_PER_OP = 0.012
 # at the cap they are +0.5 % and +0.2 %. No layout of the earlier sets exceeds the cap.
 TORCH_P2P_SLOWDOWN_MAX = TORCH_P2P_SLOWDOWN_PER_OP * 12 / math.sqrt(3)
 
+# Schedules whose ranks get the cast-cache relief (LayerTables.cast_cache_relief_bytes) when
+# they run every forward before their first backward (first_backward.forwards_first): GPipe,
+# and 1F1B where the warm-up covers all m micro-batches (rank 0 of pp 2 at m 2, F0 F1 B0 B1,
+# the same order as GPipe). Until round 23 the rule was GPipe's alone; holdout23 f13 (Llama
+# dp 2 pp 2 1F1B, full, ZeRO-0, mb 16, m 2) measured its first stage 5.7 % under the
+# prediction without it, 0.9 % over with it (post hoc), and holdout16 z13's rank 0 (pp 4,
+# m 4) goes from +2.6 to −0.6 %. Interleaved ranks with all forwards first are left out:
+# the rule takes the four measured (v01, v09, z03, z09) from −0.5..+1.7 % to −1.4..−4.5 %.
+CAST_CACHE_SCHEDULES = ("gpipe", "1f1b")
+
 FSDP_OVER_TP_CAVEAT = (
     "ZeRO-2/3 over tensor-parallel layers is priced from rows composed out of tp = 1 FSDP2 "
     "measurements (this profile has no FSDP2 rows at this tp): such layouts ran 22-48 % "
@@ -933,11 +943,12 @@ class LayerTables:
     end_recv_bytes: float = 0.0
     end_uncached_layer_bytes: float = 0.0
     end_uncached_const_bytes: float = 0.0
-    # GPipe, full recomputation under autocast (see cast_cache_relief_bytes): one layer's 16-bit
+    # GPipe or 1F1B, full recomputation under autocast (see cast_cache_relief_bytes): one layer's 16-bit
     # weight copies, the last rank's output-layer copies, and what a layer's recompute
     # allocates beyond its saved input; 0 where that does not apply
     cache_layer_copy_bytes: float = 0.0
     cache_last_copy_bytes: float = 0.0
+    cache_cleared_ranks: tuple[bool, ...] = ()  # per rank: every forward before any backward
     recomputed_layer_bytes: float = 0.0
     # runtime "torch": a chunk's gradients are None until its first backward of the step
     # (see first_backward_relief_bytes); gradient bytes per layer, of the first rank's and
@@ -947,7 +958,7 @@ class LayerTables:
     relief_first_grad_bytes: float = 0.0
     relief_last_grad_bytes: float = 0.0
     relief_events: tuple = ()
-    # ZeRO-3 under torch's pipeline (not GPipe): a layer's gathered 16-bit weights, which stay
+    # ZeRO-3 under torch's pipeline: a layer's gathered 16-bit weights, which stay
     # from its backward to its next forward (see z3_resident_bytes); 0 where that does not apply
     z3_resident_layer_bytes: float = 0.0
     # per virtual stage: compute slowed by the rank's p2p kernels (stage_slowdown); () = none
@@ -1173,7 +1184,7 @@ class LayerTables:
         return out
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
-        """ZeRO-3 under torch.distributed.pipelining (1F1B, interleaved; zero-bubble under
+        """ZeRO-3 under torch.distributed.pipelining (GPipe, 1F1B, interleaved; zero-bubble under
         ZeRO-3 is refused, :data:`meshplan.costmodel.validate.ZB_ZERO3_UNSUPPORTED`): the
         stage turns FSDP2's resharding after backward off for every micro-batch but the
         last (``set_reshard_after_backward(False)``), so a layer's gathered 16-bit weights
@@ -1182,6 +1193,16 @@ class LayerTables:
         activations A1 less; the next forward gives the activations back as it reshards
         the weights layer by layer. The peak gains max(0, W − A1) over the two gathered
         layers the buffers already count. Read from torch's source (2.13).
+
+        Where two backwards follow each other (GPipe; 1F1B's cool-down) the second starts
+        with W resident and every gradient allocated, so the peak is W − A1 above "most
+        activations in flight + all gradients" — and W − A1 + R above the counted peak when
+        the first-backward relief R (:meth:`first_backward_relief_bytes`) lowered that.
+        Until round 23 GPipe was left out (its backwards were thought to reshard);
+        ``ScheduleGPipe`` passes ``last_backward`` like the others. holdout23 f12 (Llama dp
+        2 pp 2 GPipe, full, ZeRO-3, mb 16, post hoc) measured its first stage at 15.66 GiB,
+        the same as its ZeRO-2 twins d10 and o12: 14.37 predicted without the term (−8.2 %),
+        15.54 with it (−0.8 %). No other measured layout's prediction changes.
 
         The last rank peaks in its output layer's backward, before its layers' backward
         gathers them: there the weights coexist only with what remains once the output's
@@ -1194,7 +1215,8 @@ class LayerTables:
         if not self.z3_resident_layer_bytes or layers <= 2:
             return 0.0
         extra = max(0.0, (layers - 2) * self.z3_resident_layer_bytes
-                    - self._one_microbatch_act_bytes(rank, layers))
+                    - self._one_microbatch_act_bytes(rank, layers)
+                    + self.first_backward_relief_bytes(rank, layers))
         if rank == self.last_rank:
             extra = max(0.0, extra - (self.output_peak_bytes - self.output_overlap_bytes))
         return extra
@@ -1245,7 +1267,8 @@ class LayerTables:
                 - layers * self.end_uncached_layer_bytes - self.end_uncached_const_bytes)
 
     def cast_cache_relief_bytes(self, rank: int, layers: int) -> float:
-        """GPipe with full recomputation under autocast (runtime "torch", ZeRO-0/1): what a
+        """GPipe (or a 1F1B rank that runs every forward first, :data:`CAST_CACHE_SCHEDULES`)
+        with full recomputation under autocast (runtime "torch", ZeRO-0/1): what a
         rank's peak inside a layer's backward holds less than its model states and buffers
         say.
 
@@ -1268,14 +1291,16 @@ class LayerTables:
         held 11.1 GiB after both forwards and still 11.1 after the first backward, which
         allocated the fp32 gradients (3.1 GiB) and freed one micro-batch's inputs (1.5):
         the stage's copies (1.4 GiB) went in that backward. Under GPipe nothing casts again
-        before the next step. 1F1B and interleaved clear the cache in every backward too
-        (e07's first stage re-casts in each forward), but this rule there takes the
-        measured stages 2-4 % under (e09, s13, q05, z13): their peaks are not where it puts
-        them, for a reason not found, so it is not applied; nor to zero-bubble, whose
+        before the next step. 1F1B and interleaved clear the cache in every backward too,
+        but a forward after a backward casts again (e07's first stage re-casts in each
+        forward): applied to every 1F1B rank the rule took the measured stages 2-4 % under
+        (e09, s13, q05, z13), so it applies only to ranks that run every forward first
+        (round 23, :data:`CAST_CACHE_SCHEDULES`: f13, z13's rank 0), not to interleaved
+        ones (for a reason not found it over-relieves them), nor to zero-bubble, whose
         W-pass terms (``ZB_FULL_W_TRANSIENT_SETS``) were read off runs with the copies
         counted."""
         c = self.cache_layer_copy_bytes
-        if not c or layers < 1:
+        if not c or layers < 1 or not self.cache_cleared_ranks[rank]:
             return 0.0
         copies = layers * c + (self.cache_last_copy_bytes if rank == self.last_rank else 0.0)
         relief = min(self.recompute_buf_bytes - self.recomputed_layer_bytes, copies - 2 * c)
@@ -1484,7 +1509,12 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         end_layer, end_const = layer_copy, last_copy
     dp_only_fsdp = fsdp_dp_only(job, layout)
     cache_layer = cache_last = recomputed = 0.0
-    if job.runtime == "torch" and cleared and layout.schedule == "gpipe":
+    cache_ranks: tuple[bool, ...] = ()
+    if job.runtime == "torch" and cleared \
+            and layout.schedule in CAST_CACHE_SCHEDULES:
+        cache_ranks = tuple(first_backward.forwards_first(layout.schedule, pp, v, m, r)
+                            for r in range(pp))
+    if any(cache_ranks):
         cache_layer, cache_last = layer_copy, last_copy
         recomputed = max(0.0, parts.full_act_bytes - parts.activation_bytes)
     return LayerTables(
@@ -1506,7 +1536,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         end_recv_bytes=end_recv, end_uncached_layer_bytes=end_layer,
         end_uncached_const_bytes=end_const,
         cache_layer_copy_bytes=cache_layer, cache_last_copy_bytes=cache_last,
-        recomputed_layer_bytes=recomputed,
+        cache_cleared_ranks=cache_ranks, recomputed_layer_bytes=recomputed,
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         grad_copies=grad_copies, recv_buffers=recv,
         wgrad_pending=pending,
@@ -1529,7 +1559,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
                     and fsdp_accumulates_unsharded(job, layout.zero, dp, pp) else ())),
         z3_resident_layer_bytes=(layer_params * copy_b
                                  if torch_pipelined(job, pp) and layout.zero == 3 and dp > 1
-                                 and layout.schedule != "gpipe" else 0.0),
+                                 else 0.0),
         **_first_backward_relief(job, layout, m, grad_copies, layer_params, first_params,
                                   last_params if pp > 1 else 0.0))
 

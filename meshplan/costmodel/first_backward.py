@@ -67,6 +67,16 @@ def backward_events(schedule: str, pp: int, vpp: int, m: int, rank: int
     return tuple(fwd), tuple(bwd)
 
 
+@lru_cache(maxsize=4096)
+def forwards_first(schedule: str, pp: int, vpp: int, m: int, rank: int) -> bool:
+    """Whether ``rank`` runs every forward of the step before its first backward (GPipe;
+    1F1B or interleaved on a rank whose warm-up covers all m micro-batches, e.g. rank 0 of
+    pp 2 with m = 2: F0 F1 B0 B1). Then nothing runs a forward between two backwards."""
+    ops = rank_order(schedule, pp, vpp if schedule == "interleaved-1f1b" else 1, m, rank)
+    kinds = [kind for kind, _chunk, _mb in ops if kind in (0, 1)]
+    return 1 not in kinds or 0 not in kinds[kinds.index(1):]
+
+
 def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]) -> float:
     """Bytes by which the walked peak lies below "most activations + all gradients".
 

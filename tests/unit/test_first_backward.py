@@ -65,3 +65,16 @@ def test_steady_state_collapses_so_the_events_do_not_grow_with_the_micro_batches
     many = backward_events("interleaved-1f1b", 8, 4, 512, 0)
     assert [len(x) for x in many] == [len(x) for x in few]
     assert len(many[1]) < 2 * 512 * 4 // 20     # vs one event per backward
+
+
+def test_forwards_first_is_true_where_no_forward_follows_the_first_backward():
+    from meshplan.costmodel.first_backward import forwards_first
+    assert all(forwards_first("gpipe", 4, 1, 8, r) for r in range(4))
+    # 1F1B pp 2 m 2: rank 0 runs F0 F1 B0 B1 (GPipe's order), rank 1 F0 B0 F1 B1
+    assert [forwards_first("1f1b", 2, 1, 2, r) for r in range(2)] == [True, False]
+    # pp 4 m 4 (holdout16 z13): only rank 0's warm-up covers every micro-batch
+    assert [forwards_first("1f1b", 4, 1, 4, r) for r in range(4)] == [True, False, False, False]
+    assert not forwards_first("1f1b", 2, 1, 16, 0)
+    # interleaved: v09's rank 0 (pp 4, v 2, m 4) runs all eight chunk forwards first
+    assert forwards_first("interleaved-1f1b", 4, 2, 4, 0)
+    assert not forwards_first("interleaved-1f1b", 4, 2, 4, 3)

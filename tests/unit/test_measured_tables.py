@@ -975,11 +975,30 @@ def test_zero3_under_a_pipeline_keeps_gathered_weights_from_backward_to_forward(
     assert lean.rank_memory_bytes(1, 4) - base.rank_memory_bytes(1, 4) == pytest.approx(2 * w)
     assert lean.rank_variable_bytes(1, 4)[2] - base.rank_variable_bytes(1, 4)[2] == \
         pytest.approx(2 * w)
-    # not for ZeRO-2 (counted with the weights), GPipe, or without a pipeline
+    # not for ZeRO-2 (counted with the weights) or without a pipeline
     for other in (Layout(dp=2, pp=2, micro_batch=1, zero=2),
-                  Layout(dp=2, pp=2, micro_batch=1, zero=3, schedule="gpipe"),
                   Layout(dp=4, micro_batch=1, zero=3)):
         assert layer_tables(MODEL, c, JOB, other).z3_resident_layer_bytes == 0.0
+
+
+def test_zero3_gpipe_second_backward_holds_the_gathered_weights_and_every_gradient():
+    """Round 23 (holdout23 f12): ScheduleGPipe also keeps FSDP2's weights gathered between
+    backwards, and its second backward starts with every gradient allocated, so the
+    first-backward relief R that lowered the counted peak is added back: W − A1 + R."""
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    t = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=1, zero=3,
+                                           schedule="gpipe"))
+    w = stage_params(MODEL, 1, 1, first=False, last=False, pp=2) * 2      # bf16 per layer
+    assert t.z3_resident_layer_bytes == pytest.approx(w)
+    relief = t.first_backward_relief_bytes(0, 4)
+    one_mb = 4 * t.layer_activation_bytes + t.embedding_act_bytes
+    assert relief > 0
+    assert t.z3_resident_bytes(0, 4) == pytest.approx(max(0.0, 2 * w - one_mb + relief))
+    # 1F1B with a steady state (m = 16 > pp) has no relief: W − A1 as before
+    s = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=1, zero=3))
+    assert s.first_backward_relief_bytes(0, 4) == 0.0
+    assert s.z3_resident_bytes(0, 4) == pytest.approx(max(0.0, 2 * w - one_mb))
 
 
 def test_gpipe_full_recompute_peak_drops_the_weight_copies_the_first_backward_clears():
@@ -1014,8 +1033,15 @@ def test_gpipe_full_recompute_peak_drops_the_weight_copies_the_first_backward_cl
     assert t.rank_memory_bytes(0, 4) == pytest.approx(without.rank_memory_bytes(0, 4) - want)
     assert t.rank_variable_bytes(0, 4)[2] == pytest.approx(
         without.rank_variable_bytes(0, 4)[2] - want)
+    # a 1F1B rank that runs every forward first (warm-up ≥ m: F0 F1 B0 B1) gets the same
+    # relief; one with a forward after a backward (which casts again) does not (round 23, f13)
+    few = lay.replace(schedule="1f1b", micro_batch=JOB.global_batch // 2)     # m = 2
+    t2 = layer_tables(MODEL, c, JOB, few)
+    assert t2.cache_cleared_ranks == (True, False)
+    assert t2.cast_cache_relief_bytes(0, 4) > 0 and t2.cast_cache_relief_bytes(1, 4) == 0.0
     # not where nothing clears the cache at that peak, or where there is no autocast copy
     for other, job in ((lay.replace(schedule="1f1b"), JOB),
+                       (lay.replace(schedule="interleaved-1f1b", vpp=2), JOB),
                        (lay.replace(recompute="selective"), JOB),
                        (lay.replace(dp=2, pp=2, zero=2), JOB),
                        (lay, Job(global_batch=16, seq_len=1024))):
