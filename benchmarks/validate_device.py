@@ -894,6 +894,55 @@ HOLDOUT23_LAYOUTS = [
     ("f16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3,
                          recompute="selective")),
 ]
+# "holdout24" (after round 23; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# earlier set, drawn as holdout22/23 were (at 9c36ee6, after round 23's memory changes):
+#   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round23.toml \
+#       --seed 24 --prefix g --set holdout24
+# (attempt 6 covered every schedule, ZeRO stage, recompute mode and SP within 14.2 s of
+# predicted steps). None of its layouts is of the shapes round 23's memory changes moved
+# (ZeRO-3 GPipe; a 1F1B rank running every forward first under full recompute), so they
+# stay post hoc; g12 (Llama dp 2 pp 2 GPipe, full, mb 16) repeats round 21's cast-cache
+# rule and g10 / g09 (Llama dp 2 tp 2 ZeRO-3) FSDP2 over tp. Protocol, fixed before the run
+# (as holdout16-23's): calibrate on the machine (call 1), validate the whole set twice
+# (calls 2 and 3). The held-out result is call 2 as run; each layout's median of the two
+# runs (`--merge A,B --median`) is reported beside it. Comments: predicted step, CPU load
+# and peak memory on the round-23 profile.
+HOLDOUT24_LAYOUTS = [
+    # g01: 0.343 s, CPU 0.64, 21.5 GiB
+    ("g01", GPT_05B, L(dp=4, micro_batch=4, recompute="selective", zero=1)),
+    # g02: 0.311 s, CPU 0.73, 27.6 GiB
+    ("g02", GPT_05B, L(dp=4, micro_batch=8, recompute="selective", zero=2)),
+    # g03: 0.292 s, CPU 0.14, 62.9 GiB
+    ("g03", GPT_05B, L(dp=4, micro_batch=16)),
+    # g04: 0.389 s, CPU 0.67, 29.4 GiB
+    ("g04", GPT_05B, L(dp=2, tp=2, micro_batch=16, recompute="selective", zero=2)),
+    # g05: 0.521 s, CPU 0.47, 15.6 GiB
+    ("g05", GPT_05B, L(dp=2, tp=2, micro_batch=16, recompute="full")),
+    # g06: 0.544 s, CPU 0.58, 18.2 GiB
+    ("g06", GPT_05B, L(pp=2, tp=2, micro_batch=8)),
+    # g07: 0.579 s, CPU 0.45, 25.0 GiB
+    ("g07", GPT_05B, L(pp=2, tp=2, micro_batch=16, sequence_parallel=True)),
+    # g08: 0.562 s, CPU 0.36, 27.3 GiB
+    ("g08", GPT_05B, L(pp=2, tp=2, micro_batch=16)),
+    # g09: 1.178 s, CPU 0.68, 37.3 GiB
+    ("g09", LLAMA_16B, L(dp=2, tp=2, micro_batch=8, recompute="selective", zero=3)),
+    # g10: 1.378 s, CPU 0.41, 14.9 GiB
+    ("g10", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, recompute="full", zero=3)),
+    # g11: 1.054 s, CPU 0.40, 32.6 GiB
+    ("g11", LLAMA_16B, L(dp=2, pp=2, micro_batch=4, zero=1)),
+    # g12: 1.620 s, CPU 0.34, 34.5 GiB
+    ("g12", LLAMA_16B, L(dp=2, pp=2, micro_batch=16, schedule="gpipe", recompute="full")),
+    # g13: 1.321 s, CPU 0.71, 25.9 GiB
+    ("g13", LLAMA_16B, L(pp=2, tp=2, micro_batch=4, schedule="interleaved-1f1b", vpp=2)),
+    # g14: 1.229 s, CPU 0.73, 48.0 GiB
+    ("g14", LLAMA_16B, L(pp=2, tp=2, micro_batch=8, schedule="zero-bubble",
+                         sequence_parallel=True)),
+    # g15: 1.614 s, CPU 0.32, 20.8 GiB
+    ("g15", LLAMA_16B, L(pp=2, tp=2, micro_batch=16, schedule="interleaved-1f1b", vpp=3,
+                         recompute="full")),
+    # g16: 1.243 s, CPU 0.32, 51.4 GiB
+    ("g16", LLAMA_16B, L(pp=4, micro_batch=8)),
+]
 # "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
 # 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
 # round 15's changes where 2 ranks can: interleaved pp 2 with m = pp (micro-batch 16, ranks
@@ -943,6 +992,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout21": HOLDOUT21_LAYOUTS,
         "holdout22": HOLDOUT22_LAYOUTS,
         "holdout23": HOLDOUT23_LAYOUTS,
+        "holdout24": HOLDOUT24_LAYOUTS,
         "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
@@ -954,7 +1004,7 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
             "holdout19": JOB4, "holdout20": JOB4, "holdout21": JOB4, "holdout22": JOB4,
-            "holdout23": JOB4,
+            "holdout23": JOB4, "holdout24": JOB4,
             "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
@@ -1165,7 +1215,7 @@ def main(argv=None) -> int:
                         "(after round 16), 'holdout18' (after round 17), 'holdout19' (after "
                         "round 18), 'holdout20' (after round 19), 'holdout21' (after round 20), "
                         "'holdout22' (after round 21, drawn), 'holdout23' (after round 22, "
-                        "drawn), "
+                        "drawn), 'holdout24' (after round 23, drawn), "
                         "'fsdp18' (a "
                         "diagnostic set) or "
                         "'all' (rounds 1-3)")
