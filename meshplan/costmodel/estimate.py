@@ -347,9 +347,10 @@ def fsdp_dp_only(job: Job, layout: Layout) -> bool:
 ZB_FSDP2_CAVEAT = (
     "zero-bubble with FSDP2 (ZeRO-2): the 8 such layouts measured on 4 x H100/H200 missed "
     "their predictions by -26 % to +17 % (GPT-0.54B dp 2 pp 2 micro-batch 8: -26 % and -21 % in "
-    "two runs, its last stage 80 ms a step slower than its first), which the "
-    "model does not explain (docs/benchmarks/accuracy.md, round 22); compare it with the "
-    "same layout at ZeRO-0/1 or 1F1B on a measured run")
+    "two runs, its last stage 80 ms a step slower than its first; -5 % on a host with a "
+    "faster CPU, round 23), which the model does not price: it dispatches more CPU work than "
+    "the model counts and binds on slower hosts (docs/benchmarks/accuracy.md, rounds 22-23); "
+    "compare it with the same layout at ZeRO-0/1 or 1F1B on a measured run")
 
 P2P_ORDER_CAVEAT = (
     "pipeline bubble: set by the order in which torch.distributed.pipelining posts its sends "
