@@ -902,9 +902,11 @@ HOLDOUT23_LAYOUTS = [
 # predicted steps). None of its layouts is of the shapes round 23's memory changes moved
 # (ZeRO-3 GPipe; a 1F1B rank running every forward first under full recompute), so they
 # stay post hoc; g12 (Llama dp 2 pp 2 GPipe, full, mb 16) repeats round 21's cast-cache
-# rule and g10 / g09 (Llama dp 2 tp 2 ZeRO-3) FSDP2 over tp. Protocol, fixed before the run
-# (as holdout16-23's): calibrate on the machine (call 1), validate the whole set twice
-# (calls 2 and 3). The held-out result is call 2 as run; each layout's median of the two
+# rule and g10 / g09 (Llama dp 2 tp 2 ZeRO-3) FSDP2 over tp. After the draw the executor's
+# ZeRO-1 optimizer went to flat bucket views (one broadcast per rank, not per tensor; the
+# model unchanged): g01 (GPT dp 4 ZeRO-1) and g11 (Llama dp 2 pp 2 ZeRO-1) measure it.
+# Protocol, fixed before the run (as holdout16-23's): calibrate on the machine (call 1),
+# validate the whole set twice (calls 2 and 3). The held-out result is call 2 as run; each layout's median of the two
 # runs (`--merge A,B --median`) is reported beside it. Comments: predicted step, CPU load
 # and peak memory on the round-23 profile.
 HOLDOUT24_LAYOUTS = [

@@ -31,6 +31,8 @@ WORLD1 = [Case("dp1pp1tp1", LLAMA, JOB, L()),
 WORLD2 = [
     Case("dp2", GPT, JOB, L(dp=2)),
     Case("dp2-zero1", LLAMA, JOB, L(dp=2, zero=1)),
+    # ZeroRedundancyOptimizer's bucket views (parameters_as_bucket_view) under a tied embedding
+    Case("dp2-zero1-tied", GPT, JOB, L(dp=2, zero=1)),
     Case("dp2-zero2", LLAMA, JOB, L(dp=2, zero=2)),
     Case("dp2-zero3", GPT, JOB, L(dp=2, zero=3)),
     Case("tp2-gpt", GPT, JOB, L(tp=2)),
@@ -54,6 +56,7 @@ WORLD2 = [
 WORLD4 = [
     Case("dp2-tp2-sp-zero1", LLAMA, JOB, L(dp=2, tp=2, sequence_parallel=True, zero=1)),
     Case("dp2-pp2-1f1b", GPT, JOB, L(dp=2, pp=2, schedule="1f1b", micro_batch=2)),
+    Case("dp2-pp2-gpipe-zero1-tied", GPT, JOB, L(dp=2, pp=2, schedule="gpipe", zero=1)),
     Case("dp2-pp2-zero3", LLAMA, JOB16, L(dp=2, pp=2, zero=3)),
     # ZeRO-3 under interleaving, whose stages keep FSDP2's weights gathered between backward
     # and forward (holdout16's z12; zero-bubble under ZeRO-3 is refused, ZB_ZERO3_UNSUPPORTED)
