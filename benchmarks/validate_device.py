@@ -906,9 +906,9 @@ HOLDOUT23_LAYOUTS = [
 # ZeRO-1 optimizer went to flat bucket views (one broadcast per rank, not per tensor; the
 # model unchanged): g01 (GPT dp 4 ZeRO-1) and g11 (Llama dp 2 pp 2 ZeRO-1) measure it.
 # Protocol, fixed before the run (as holdout16-23's): calibrate on the machine (call 1),
-# validate the whole set twice (calls 2 and 3). The held-out result is call 2 as run; each layout's median of the two
-# runs (`--merge A,B --median`) is reported beside it. Comments: predicted step, CPU load
-# and peak memory on the round-23 profile.
+# validate the whole set twice (calls 2 and 3). The held-out result is call 2 as run; each
+# layout's median of the two runs (`--merge A,B --median`) is reported beside it.
+# Comments: predicted step, CPU load and peak memory on the round-23 profile.
 HOLDOUT24_LAYOUTS = [
     # g01: 0.343 s, CPU 0.64, 21.5 GiB
     ("g01", GPT_05B, L(dp=4, micro_batch=4, recompute="selective", zero=1)),

@@ -944,9 +944,9 @@ class LayerTables:
     end_recv_bytes: float = 0.0
     end_uncached_layer_bytes: float = 0.0
     end_uncached_const_bytes: float = 0.0
-    # GPipe or 1F1B, full recomputation under autocast (see cast_cache_relief_bytes): one layer's 16-bit
-    # weight copies, the last rank's output-layer copies, and what a layer's recompute
-    # allocates beyond its saved input; 0 where that does not apply
+    # GPipe or 1F1B, full recomputation under autocast (see cast_cache_relief_bytes): one
+    # layer's 16-bit weight copies, the last rank's output-layer copies, and what a layer's
+    # recompute allocates beyond its saved input; 0 where that does not apply
     cache_layer_copy_bytes: float = 0.0
     cache_last_copy_bytes: float = 0.0
     cache_cleared_ranks: tuple[bool, ...] = ()  # per rank: every forward before any backward
@@ -1185,8 +1185,8 @@ class LayerTables:
         return out
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
-        """ZeRO-3 under torch.distributed.pipelining (GPipe, 1F1B, interleaved; zero-bubble under
-        ZeRO-3 is refused, :data:`meshplan.costmodel.validate.ZB_ZERO3_UNSUPPORTED`): the
+        """ZeRO-3 under torch.distributed.pipelining (GPipe, 1F1B, interleaved; zero-bubble
+        under ZeRO-3 is refused, :data:`meshplan.costmodel.validate.ZB_ZERO3_UNSUPPORTED`): the
         stage turns FSDP2's resharding after backward off for every micro-batch but the
         last (``set_reshard_after_backward(False)``), so a layer's gathered 16-bit weights
         stay from its backward until its next forward reshards them. Right after a
@@ -1301,7 +1301,8 @@ class LayerTables:
         W-pass terms (``ZB_FULL_W_TRANSIENT_SETS``) were read off runs with the copies
         counted."""
         c = self.cache_layer_copy_bytes
-        if not c or layers < 1 or not self.cache_cleared_ranks[rank]:
+        if not c or layers < 1 or not (self.cache_cleared_ranks
+                                       and self.cache_cleared_ranks[rank]):
             return 0.0
         copies = layers * c + (self.cache_last_copy_bytes if rank == self.last_rank else 0.0)
         relief = min(self.recompute_buf_bytes - self.recomputed_layer_bytes, copies - 2 * c)
