@@ -64,11 +64,10 @@ def set_context(name: str, profiles: dict[str, Path], bench: Path = BENCH):
     return doc, cluster, Job.from_dict(doc["job"])
 
 
-def repredict(sets=SETS, bench: Path = BENCH) -> list[tuple[str, dict]]:
-    """(set, re-scored record) for every layout that ran, on its own profile."""
-    models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
+def measured_records(sets, bench: Path = BENCH):
+    """(set, cluster, job, record) for every layout that ran in ``sets``, the cluster on the
+    profile its run used; a set without a committed profile is skipped with a message."""
     profiles = profiles_by_date(bench)
-    out = []
     for name in sets:
         context = set_context(name, profiles, bench)
         if context is None:
@@ -77,8 +76,14 @@ def repredict(sets=SETS, bench: Path = BENCH) -> list[tuple[str, dict]]:
         doc, cluster, job = context
         for rec in doc["records"]:
             if rec.get("status") == "ok":
-                out.append((name, rescore(rec, models[rec["model"]], cluster, job)))
-    return out
+                yield name, cluster, job, rec
+
+
+def repredict(sets=SETS, bench: Path = BENCH) -> list[tuple[str, dict]]:
+    """(set, re-scored record) for every layout that ran, on its own profile."""
+    models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
+    return [(name, rescore(rec, models[rec["model"]], cluster, job))
+            for name, cluster, job, rec in measured_records(sets, bench)]
 
 
 def shape(layout: dict) -> str:

@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from meshplan.costmodel.estimate import estimate, layer_tables  # noqa: E402
 from meshplan.costmodel.specs import Job, Layout  # noqa: E402
-from repredict_sets import profiles_by_date, set_context  # noqa: E402
+from repredict_sets import measured_records  # noqa: E402
 from validate_device import GPT_05B, LLAMA_16B  # noqa: E402
 
 BENCH = ROOT / "docs" / "benchmarks"
@@ -71,7 +71,6 @@ def main(argv=None) -> int:
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--only", default=None, help="regex on 'model layout'")
     args = p.parse_args(argv)
-    profiles = profiles_by_date(BENCH)
     models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
     try:
         pat = re.compile(args.only) if args.only else None
@@ -89,32 +88,26 @@ def main(argv=None) -> int:
           "| error % | with the drain % |")
     print("|---|---|---|---|---|---|---|---|---|")
     before, after = [], []
-    for s in args.sets.split(","):
-        context = set_context(s, profiles, BENCH)
-        if context is None:
-            print(f"{s}: no profile of its date, skipped", file=sys.stderr)
+    for s, cluster, job, r in measured_records(args.sets.split(","), BENCH):
+        layout = Layout.from_dict(r["layout"])
+        model = models.get(r.get("model"))
+        if layout.pp != 1 or model is None:
             continue
-        doc, cluster, job = context
-        for r in doc["records"]:
-            layout = Layout.from_dict(r["layout"])
-            model = models.get(r.get("model"))
-            if r.get("status") != "ok" or layout.pp != 1 or model is None:
-                continue
-            if pat and not pat.search(f"{model.name} {layout.short()}"):
-                continue
-            ops = step_ops(model, cluster, job, layout)
-            if ops is None:
-                continue
-            gpu = sum(g for _, g in ops)
-            drain = race_s(ops) - max(sum(c for c, _ in ops), gpu)
-            pred = estimate(model, cluster, job, layout).time.total_s
-            meas = r["measured"]["step_time_s"]
-            before.append(abs(pred - meas) / meas)
-            after.append(abs(pred + drain - meas) / meas)
-            print(f"| {s} | {r['name']} | {model.name} | {layout.short()} "
-                  f"| {sum(c for c, _ in ops) / gpu:.2f} | {1e3 * drain:+.1f} "
-                  f"| {1e3 * (meas - pred):+.1f} | {100 * (pred - meas) / meas:+.1f} "
-                  f"| {100 * (pred + drain - meas) / meas:+.1f} |")
+        if pat and not pat.search(f"{model.name} {layout.short()}"):
+            continue
+        ops = step_ops(model, cluster, job, layout)
+        if ops is None:
+            continue
+        gpu = sum(g for _, g in ops)
+        drain = race_s(ops) - max(sum(c for c, _ in ops), gpu)
+        pred = estimate(model, cluster, job, layout).time.total_s
+        meas = r["measured"]["step_time_s"]
+        before.append(abs(pred - meas) / meas)
+        after.append(abs(pred + drain - meas) / meas)
+        print(f"| {s} | {r['name']} | {model.name} | {layout.short()} "
+              f"| {sum(c for c, _ in ops) / gpu:.2f} | {1e3 * drain:+.1f} "
+              f"| {1e3 * (meas - pred):+.1f} | {100 * (pred - meas) / meas:+.1f} "
+              f"| {100 * (pred + drain - meas) / meas:+.1f} |")
     if before:
         print(f"\n{len(before)} layouts: mean |error| {100 * statistics.mean(before):.2f} % "
               f"as predicted, {100 * statistics.mean(after):.2f} % with the drain added")

@@ -182,9 +182,10 @@ def pipelined_output_peak_bytes(job: Job, layout: Layout, model: ModelSpec,
     the last stage peaked in its last micro-batch's loss forward, 6.2 GiB above the memory
     after that micro-batch's stage forward, which already held its 1.56 GiB logits chunk;
     the model had counted the row's 3.44 GiB kept and 4.69 GiB peak there (less the 1.16
-    GiB a layer's backward shares with it), 8.8 % over the stage's peak. Over the 19 torch-pipelined tp > 1 layouts measured (not
-    zero-bubble), the last stages' mean error went from +2.4 % to 0.0 % (mean absolute
-    2.8 → 1.3 %, e07 +8.8 → −0.6 %); the 4 zero-bubble ones, already under-predicted for
+    GiB a layer's backward shares with it), 8.8 % over the stage's peak. Over the 19
+    torch-pipelined tp > 1 layouts measured (not zero-bubble), the last stages' mean error
+    went from +2.4 % to 0.0 % (mean absolute 2.8 → 1.3 %, e07 +8.8 → −0.6 %); the 4
+    zero-bubble ones, already under-predicted for
     a reason of their own, from −4.7 % to −5.8 %. So it is not applied to zero-bubble
     (round 22, post hoc on those 4: their last stages' peaks are not where this rule puts
     them), whose last stages keep the −4.7 %."""
