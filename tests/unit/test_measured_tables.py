@@ -1067,3 +1067,44 @@ def test_pipelined_last_stage_with_tp_counts_its_kept_logits_once():
     t = layer_tables(MODEL, c, JOB, tp2)
     assert t.output_peak_bytes == pytest.approx(
         pipelined_output_peak_bytes(JOB, tp2, MODEL, t.parts.output_peak_bytes))
+
+
+def test_last_rank_output_kept_bytes_do_not_coexist_with_a_layers_backward():
+    """Round 24 (holdout24 g15): a micro-batch's output backward frees what its loss kept
+    before its layers' backward runs, so the last rank holds max(kept + output working
+    memory, layer backward working memory), not kept on top of the larger."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    # without the first-backward relief and the end-of-step merge, which have rules of their own
+    t = replace(layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1)), relief_events=(),
+                last_merge_bytes=0.0)
+    gib = 2.0 ** 30
+    kept, out_peak = 2.0 * gib, 1.0 * gib
+
+    states = t.last_extra_bytes - t.logits_bytes        # the output layer's own states
+
+    def last_rank(rb: float) -> float:
+        """The last rank's memory from the output's kept and working bytes and a layer's
+        backward working memory, over that rank without any of them."""
+        x = replace(t, logits_bytes=kept + out_peak, output_peak_bytes=out_peak,
+                    last_extra_bytes=states + kept + out_peak, recompute_buf_bytes=rb,
+                    buffer_bytes=rb)
+        bare = replace(t, logits_bytes=0.0, output_peak_bytes=0.0, last_extra_bytes=states,
+                       recompute_buf_bytes=0.0, buffer_bytes=0.0)
+        return x.rank_memory_bytes(1, 4) - bare.rank_memory_bytes(1, 4)
+
+    # the layer backward needs more than the loss: the larger of the two is held
+    assert last_rank(4.0 * gib) == pytest.approx(4.0 * gib)
+    # between the two: the loss forward (kept + working memory) sets the peak
+    assert last_rank(2.5 * gib) == pytest.approx(3.0 * gib)
+    # the output needs more: unchanged from before (kept + working memory)
+    assert last_rank(0.5 * gib) == pytest.approx(3.0 * gib)
+    # GPipe keeps every micro-batch's output until its backward: only one of them is freed
+    g = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="gpipe"))
+    m = g.inflight[1]
+    x = replace(g, logits_bytes=m * kept + out_peak, output_peak_bytes=out_peak,
+                recompute_buf_bytes=4.0 * gib)
+    assert x.output_kept_bytes == pytest.approx(kept)
+    assert x.output_kept_overlap_bytes == pytest.approx(2.0 * gib)
