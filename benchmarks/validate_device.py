@@ -894,7 +894,7 @@ HOLDOUT23_LAYOUTS = [
     ("f16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3,
                          recompute="selective")),
 ]
-# "holdout24" (after round 23; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# "holdout24" (after round 23; run in round 24): 16 new 4-rank layouts, 8 per model, none in an
 # earlier set, drawn as holdout22/23 were (at 9c36ee6, after round 23's memory changes):
 #   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round23.toml \
 #       --seed 24 --prefix g --set holdout24
@@ -944,6 +944,58 @@ HOLDOUT24_LAYOUTS = [
                          recompute="full")),
     # g16: 1.243 s, CPU 0.32, 51.4 GiB
     ("g16", LLAMA_16B, L(pp=4, micro_batch=8)),
+]
+# "holdout25" (after round 24; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# earlier set, drawn as holdout22-24 were (at 34c5772, after round 24's two memory changes):
+#   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round24.toml \
+#       --seed 25 --prefix m --set holdout25
+# (attempt 2 covered every schedule, ZeRO stage, recompute mode and SP within 14.7 s of
+# predicted steps). Of round 24's two memory changes it holds out the first on one layout:
+# m15's last stage (Llama pp 2 tp 2 1F1B, full, SP; 16.33 → 16.00 GiB predicted, the output
+# layer's kept bytes no longer on top of a layer's backward working memory); no layout has
+# a GPipe last stage under full recomputation, so the second stays post hoc.
+# Protocol, fixed before the run (as holdout16-24's): calibrate on the machine (call 1),
+# validate the whole set twice (calls 2 and 3). The held-out result is call 2 as run; each
+# layout's median of the two runs (`--merge A,B --median`) is reported beside it.
+# Comments: predicted step, CPU load and peak memory on the round-24 profile.
+HOLDOUT25_LAYOUTS = [
+    # m01: 0.454 s, CPU 0.75, 21.3 GiB
+    ("m01", GPT_05B, L(dp=2, tp=2, micro_batch=8, recompute="selective")),
+    # m02: 0.428 s, CPU 0.40, 36.1 GiB
+    ("m02", GPT_05B, L(dp=2, tp=2, micro_batch=16, recompute="selective", zero=1)),
+    # m03: 0.809 s, CPU 0.65, 8.4 GiB
+    ("m03", GPT_05B, L(tp=4, micro_batch=16, recompute="full")),
+    # m04: 0.434 s, CPU 0.54, 63.8 GiB
+    ("m04", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule="gpipe", recompute="selective",
+                       zero=3)),
+    # m05: 0.392 s, CPU 0.23, 59.4 GiB
+    ("m05", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule="interleaved-1f1b", vpp=3)),
+    # m06: 0.401 s, CPU 0.25, 59.9 GiB
+    ("m06", GPT_05B, L(dp=2, pp=2, micro_batch=16, schedule="interleaved-1f1b", vpp=4,
+                       recompute="selective", zero=1)),
+    # m07: 0.535 s, CPU 0.52, 52.3 GiB
+    ("m07", GPT_05B, L(pp=2, tp=2, micro_batch=16, schedule="zero-bubble")),
+    # m08: 0.582 s, CPU 0.31, 43.6 GiB
+    ("m08", GPT_05B, L(pp=4, micro_batch=16)),
+    # m09: 1.021 s, CPU 0.67, 46.0 GiB
+    ("m09", LLAMA_16B, L(dp=4, micro_batch=2, recompute="selective")),
+    # m10: 1.373 s, CPU 0.24, 25.3 GiB
+    ("m10", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, recompute="full")),
+    # m11: 1.062 s, CPU 0.39, 58.1 GiB
+    ("m11", LLAMA_16B, L(dp=2, tp=2, micro_batch=16, recompute="selective", zero=3,
+                         sequence_parallel=True)),
+    # m12: 1.507 s, CPU 0.26, 50.5 GiB
+    ("m12", LLAMA_16B, L(tp=4, micro_batch=16)),
+    # m13: 1.308 s, CPU 0.22, 27.1 GiB
+    ("m13", LLAMA_16B, L(dp=2, pp=2, micro_batch=16, schedule="interleaved-1f1b", vpp=3,
+                         recompute="full", zero=2)),
+    # m14: 1.376 s, CPU 0.26, 63.7 GiB
+    ("m14", LLAMA_16B, L(pp=2, tp=2, micro_batch=16)),
+    # m15: 1.712 s, CPU 0.38, 16.0 GiB
+    ("m15", LLAMA_16B, L(pp=2, tp=2, micro_batch=16, recompute="full",
+                         sequence_parallel=True)),
+    # m16: 1.291 s, CPU 0.24, 64.2 GiB
+    ("m16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3)),
 ]
 # "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
 # 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
@@ -995,6 +1047,7 @@ SETS = {"dev": DEV_LAYOUTS, "test": TEST_LAYOUTS, "holdout2": HOLDOUT2_LAYOUTS,
         "holdout22": HOLDOUT22_LAYOUTS,
         "holdout23": HOLDOUT23_LAYOUTS,
         "holdout24": HOLDOUT24_LAYOUTS,
+        "holdout25": HOLDOUT25_LAYOUTS,
         "fsdp18": FSDP18_LAYOUTS,
         "casts2": CASTS2_LAYOUTS,
         "pair12": PAIR12_LAYOUTS, "ddp13": DDP13_LAYOUTS, "pair14": PAIR14_LAYOUTS,
@@ -1006,7 +1059,7 @@ SET_JOBS = {"holdout3": JOB4, "holdout4": JOB4, "holdout5": JOB2, "holdout6": JO
             "holdout10": JOB4, "holdout11": JOB4, "holdout12": JOB4,
             "holdout13": JOB4, "holdout16": JOB4, "holdout17": JOB4, "holdout18": JOB4,
             "holdout19": JOB4, "holdout20": JOB4, "holdout21": JOB4, "holdout22": JOB4,
-            "holdout23": JOB4, "holdout24": JOB4,
+            "holdout23": JOB4, "holdout24": JOB4, "holdout25": JOB4,
             "fsdp18": JOB4,
             "casts2": JOB2, "pair12": JOB2,
             "ddp13": JOB2, "pair14": JOB2, "pair16": JOB2}
@@ -1217,7 +1270,8 @@ def main(argv=None) -> int:
                         "(after round 16), 'holdout18' (after round 17), 'holdout19' (after "
                         "round 18), 'holdout20' (after round 19), 'holdout21' (after round 20), "
                         "'holdout22' (after round 21, drawn), 'holdout23' (after round 22, "
-                        "drawn), 'holdout24' (after round 23, drawn), "
+                        "drawn), 'holdout24' (after round 23, drawn), 'holdout25' (after round 24, "
+                        "drawn), "
                         "'fsdp18' (a "
                         "diagnostic set) or "
                         "'all' (rounds 1-3)")

@@ -12,7 +12,7 @@ import validate_device as vd  # noqa: E402
 ORDER = ["holdout3", "holdout4", "holdout5", "holdout6", "holdout7", "holdout8", "holdout9",
          "holdout10", "holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
          "pair14", "holdout16", "pair16", "holdout17", "holdout18", "holdout19", "holdout20",
-         "holdout21", "holdout22", "holdout23", "holdout24"]
+         "holdout21", "holdout22", "holdout23", "holdout24", "holdout25"]
 
 
 def test_every_set_has_unique_names():
@@ -31,13 +31,13 @@ def test_newest_holdout_sets_repeat_no_earlier_layout():
             if s in ("holdout11", "holdout12", "holdout13", "casts2", "pair12", "ddp13",
                      "pair14", "holdout16", "pair16", "holdout17", "holdout18",
                      "holdout19", "holdout20", "holdout21", "holdout22", "holdout23",
-                     "holdout24"):
+                     "holdout24", "holdout25"):
                 assert key not in seen, f"{s} {n} repeats {seen.get(key)}"
             seen.setdefault(key, f"{s} {n}")
 
 
 COVERING = ["holdout12", "holdout13", "holdout16", "holdout17", "holdout18", "holdout19",
-            "holdout20", "holdout21", "holdout22", "holdout23", "holdout24",
+            "holdout20", "holdout21", "holdout22", "holdout23", "holdout24", "holdout25",
             "pair12", "pair14", "pair16"]
 
 
@@ -178,7 +178,7 @@ def test_ddp13_holds_out_ddp_over_unsplit_layers_on_two_gpus():
 
 @pytest.mark.parametrize("name", ["pair14", "pair16", "holdout16", "holdout17", "holdout18",
                                   "holdout19", "holdout20", "holdout21", "holdout22",
-                                  "holdout23", "holdout24"])
+                                  "holdout23", "holdout24", "holdout25"])
 def test_sets_have_eight_layouts_per_model(name):
     for model in (vd.GPT_05B, vd.LLAMA_16B):
         assert sum(m.name == model.name for _, m, _ in vd.SETS[name]) == 8
@@ -190,7 +190,7 @@ def test_pair16_has_interleaved_ranks_that_run_every_forward_first():
                for _, _, l in vd.PAIR16_LAYOUTS)
 
 
-@pytest.mark.parametrize("name", ["holdout24", "fsdp18"])
+@pytest.mark.parametrize("name", ["holdout25", "fsdp18"])
 def test_sets_not_run_yet_are_valid_runnable_and_fit_an_h100(name):
     """A set waiting for its GPU round must not fail there on a layout the cost model or the
     executor refuses, or on one that cannot fit 80 GB (the device may lend H100s)."""
