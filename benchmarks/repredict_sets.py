@@ -35,8 +35,7 @@ from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from validate_device import GPT_05B, LLAMA_16B, _gpu_cluster  # noqa: E402
 
 BENCH = ROOT / "docs" / "benchmarks"
-SETS = tuple(f"holdout{i}" for i in (7, 8, 9, 10, 11, 12, 13, 16, 17, 18, 19, 20, 21, 22, 23,
-                                               24)) \
+SETS = tuple(f"holdout{i}" for i in (7, 8, 9, 10, 11, 12, 13, *range(16, 25))) \
     + ("pair12", "pair14")
 NEAR_HOST_LOAD = 0.8
 
