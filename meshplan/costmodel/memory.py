@@ -79,6 +79,39 @@ def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     return LayerActivations(replicated, sharded / t, core / t, layer_input)
 
 
+def split_backward_kept_grad_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int,
+                                   sequence_parallel: bool, *, fp32_norm_output: bool
+                                   ) -> float:
+    """Bytes of output gradients one layer keeps from a zero-bubble input-gradient pass (I)
+    to its deferred weight-gradient pass (W), for one micro-batch on one GPU.
+
+    torch.distributed.pipelining's ``stage_backward_input`` runs the stage's backward for
+    its inputs only (``retain_graph=True``) and keeps, through a pre-hook on every autograd
+    node where a parameter's gradient path meets the input's, that node's output gradient
+    for ``stage_backward_weight``. Per layer those nodes are the four matmuls (QKV, attention
+    out-projection, MLP up/gate and down; the row-parallel ones before their reduction, so
+    over the full sequence even with sequence parallelism), the two norms' gain and, with
+    sequence parallelism, the row-parallel biases added after the reduce-scatter (without
+    it the bias add's gradient is the matmul's own tensor: the all-reduce's backward hands
+    it on as is). Their gradients have the shapes and dtypes of the outputs: 16-bit, except
+    a LayerNorm's under autocast (fp32). On CPU this matches what torch keeps to the byte,
+    tp 1 and 2, with and without SP (tests/unit/test_split_memory.py).
+
+    Check (round 24's memory walk of holdout9 r08, GPT-0.54B pp 2 tp 2 SP, mb 4): each I
+    of the last stage left 2.1 GiB beyond what its micro-batch's forward kept and its W
+    freed 4.8 GiB (2.4 activations, 0.39 logits gradient); this gives 17h bytes per token
+    and layer (matmuls 11h, LayerNorms 4h, biases 2h) = 2.0 GiB over its 12 layers.
+    """
+    e = activation_bytes_per_element(job)
+    s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
+    matmul_out = ((model.q_dim + 2 * model.kv_dim) / t + h
+                  + model.ffn_matrices * model.ffn_hidden_size / t + h)
+    slice_tokens = s * b / (t if sequence_parallel else 1)
+    norm = 2 * h * slice_tokens * (4 if fp32_norm_output and model.norm == "layernorm" else e)
+    bias = 2 * h * slice_tokens * e if model.bias and t > 1 and sequence_parallel else 0.0
+    return s * b * matmul_out * e + norm + bias
+
+
 def logits_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int) -> float:
     """Last stage: vocab-parallel logits (16-bit) and their fp32 copy for the cross-entropy.
 

@@ -519,6 +519,7 @@ def test_cpsat_host_bound_matches_the_cost_model(schedule, solve_fixed_partition
 
 def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():
     from meshplan.costmodel.estimate import layer_tables, zero_bubble_pending_w
+    from meshplan.costmodel.memory import split_backward_kept_grad_bytes
     lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble")
     assert zero_bubble_pending_w(JOB, lay, 16) == (0.0, 1.0, 2.0, 3.0)
     assert zero_bubble_pending_w(Job(global_batch=16, seq_len=1024), lay, 16) == ()
@@ -530,13 +531,42 @@ def test_zero_bubble_ranks_hold_activations_until_their_weight_pass():
     c = _cluster(TABLES)
     t = layer_tables(MODEL, c, JOB, lay)
     one = layer_tables(MODEL, c, JOB, Layout(pp=4, micro_batch=1, schedule="1f1b"))
-    assert t.wgrad_pending_bytes == pytest.approx(100e6)       # the recompute="none" row
-    # rank 3 of 1F1B holds 1 micro-batch; of zero-bubble 4 in flight + 3 awaiting W
+    # a pending W keeps its output gradients (beside its activations, counted in flight)
+    kept = split_backward_kept_grad_bytes(MODEL, JOB, 1, 1, False, fp32_norm_output=True)
+    assert 0 < kept < 100e6
+    assert t.wgrad_pending_bytes == pytest.approx(kept)
+    # rank 3 of 1F1B holds 1 micro-batch; of zero-bubble 4 in flight, 3 awaiting W and,
+    # at the end of an I pass, that one's gradients too
     assert one.inflight[3] == 1 and t.inflight[3] == 4
     act, _, _ = t.rank_variable_bytes(3, 2)
-    assert act == pytest.approx(2 * (4 * 100e6 + 3 * 100e6))
+    assert act == pytest.approx(2 * (4 * 100e6 + 4 * kept))     # the recompute="none" row
+    # rank 0's I has no input gradient to compute: nothing kept beyond its activations
+    act0, _, _ = t.rank_variable_bytes(0, 2)
+    assert act0 == pytest.approx(2 * 4 * 100e6 + 4 * t.embedding_act_bytes)
     est = estimate(MODEL, c, JOB, lay)
     assert est.memory_peak_bytes == pytest.approx(t.peak_memory_bytes((2, 2, 2, 2)))
+
+
+def test_zero_bubble_last_rank_peaks_at_the_end_or_the_start_of_an_input_pass():
+    """Without full recomputation the last rank's peak is the end of an I pass (every
+    layer's kept gradients and the logits' gradient) or, on a shallow stage, its start (the
+    output layer's working memory): the larger, and the stage's breakdown adds up to it."""
+    from meshplan.costmodel.estimate import layer_tables
+    c = _cluster(TABLES)
+    lay = Layout(pp=2, micro_batch=1, schedule="zero-bubble")
+    t = layer_tables(MODEL, c, JOB, lay)
+    kept, grad = t.wgrad_pending_bytes, t.logits_grad_bytes
+    assert grad == pytest.approx(1024 * 32000 * 2)         # one micro-batch's 16-bit logits
+    working = 300e6 - 50e6                     # output row's peak beyond a layer backward's
+    assert t.output_split_extra_bytes(1) == pytest.approx(working - kept - grad)
+    assert t.output_split_extra_bytes(8) == 0.0
+    # deep enough, each layer adds its states, 2 micro-batches' activations and 2 kept sets
+    step = t.rank_memory_bytes(1, 8) - t.rank_memory_bytes(1, 7)
+    assert step == pytest.approx(t.layer_state_bytes + 2 * 100e6 + 2 * kept)
+    est = estimate(MODEL, c, JOB, lay.replace(stage_layers=(4, 4)))
+    assert est.memory[1].total_bytes == pytest.approx(t.rank_memory_bytes(1, 4))
+    plain = layer_tables(MODEL, c, JOB, lay.replace(schedule="1f1b"))
+    assert plain.logits_grad_bytes == 0.0 and plain.output_split_extra_bytes(1) == 0.0
 
 
 def test_zero_bubble_with_full_recompute_pays_the_weight_pass_transient():
@@ -548,7 +578,7 @@ def test_zero_bubble_with_full_recompute_pays_the_weight_pass_transient():
     lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble", recompute="full")
     t = layer_tables(MODEL, c, JOB, lay)
     none = layer_tables(MODEL, c, JOB, replace(lay, recompute="none"))
-    full_set = none.wgrad_pending_bytes                    # one non-recomputed layer set
+    full_set = none.parts.full_act_bytes                   # one non-recomputed layer set
     assert t.wgrad_pending_bytes == pytest.approx(ZB_FULL_PENDING_SETS * full_set)
     assert t.wgrad_transient_bytes == pytest.approx(ZB_FULL_W_TRANSIENT_SETS * full_set)
     assert none.wgrad_transient_bytes == 0.0
