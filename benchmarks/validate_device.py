@@ -997,7 +997,7 @@ HOLDOUT25_LAYOUTS = [
     # m16: 1.291 s, CPU 0.24, 64.2 GiB
     ("m16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=3)),
 ]
-# "pair16" (after round 15; for a round with only 2-GPU machines lent; not run yet): 16 new
+# "pair16" (after round 15; for a round with only 2-GPU machines lent; ran in round 25): 16 new
 # 2-rank layouts, 8 per model, chosen before any ran and none in an earlier set, holding out
 # round 15's changes where 2 ranks can: interleaved pp 2 with m = pp (micro-batch 16, ranks
 # that run every chunk forward first) and m = 2·pp, full-recompute and selective last stages
