@@ -462,10 +462,12 @@ def split_backward_rule(job: Job, layout: Layout) -> bool:
 
     Round 25, from round 24's memory walk of holdout9 r08 (GPT pp 2 tp 2 SP, mb 4; last
     stage 19.56 GiB measured, 18.14 predicted with one activation set per pending
-    micro-batch instead, 19.45 with this rule) and checked post hoc on every earlier measured zero-bubble layout
-    without full recomputation (27 last stages, 8 middle ranks): the last stages'
-    mean absolute error went from 2.3 to 1.4 % (the 10 since holdout16: 1.2 to 0.7 %,
-    max 2.5 to 1.5 %), the 8 middle ranks' (four pp 4 layouts) from 4.9 to 1.8 %."""
+    micro-batch instead, 19.45 with this rule) and checked post hoc on every earlier
+    measured zero-bubble layout without full recomputation (27 last stages, 8 middle
+    ranks): the last stages' mean absolute error went from 2.3 to 1.4 % (the 10 since
+    holdout16: 1.2 to 0.7 %, max 2.5 to 1.5 %), the 8 middle ranks' (four pp 4 layouts)
+    from 4.9 to 1.8 %. Held out in round 25: pair16's y05 and y13 last stages (−0.2 /
+    −1.0 %); a walk of holdout23 f14 (Llama pp 2 tp 2) matched it pass by pass."""
     return (job.runtime == "torch" and layout.schedule == "zero-bubble" and layout.pp > 1
             and layout.vpp == 1 and layout.recompute != "full")
 
@@ -480,8 +482,8 @@ def _wgrad_bytes(model: ModelSpec, job: Job, layout: Layout, full_act_bytes: flo
     at the mean stage depth ``stage_layers``, :func:`measured.wgrad_bytes_at`), else
     ZB_FULL_PENDING_SETS and ZB_FULL_W_TRANSIENT_SETS sets, read off Llama stages. Without
     it (:func:`split_backward_rule`) the kept output gradients, and the logits' gradient
-    (``logits_grad_bytes``). ``full_act_bytes`` = 0: no pending W on any rank (nothing is
-    added)."""
+    (``split_backward``, ``logits_grad_bytes``). ``full_act_bytes`` = 0: no pending W on any
+    rank (nothing is added)."""
     if full_act_bytes <= 0:
         return {"wgrad_pending_bytes": 0.0, "wgrad_transient_bytes": 0.0}
     if layout.recompute == "full":
@@ -495,6 +497,7 @@ def _wgrad_bytes(model: ModelSpec, job: Job, layout: Layout, full_act_bytes: flo
             model, job, layout.micro_batch, layout.tp, layout.sequence_parallel,
             fp32_norm_output=job.precision != "fp32" and layout.zero < 2)
         return {"wgrad_pending_bytes": kept, "wgrad_transient_bytes": 0.0,
+                "split_backward": True,
                 "logits_grad_bytes": logits_chunk_bytes(job, layout, model)}
     return {"wgrad_pending_bytes": full_act_bytes, "wgrad_transient_bytes": 0.0}
 
@@ -974,8 +977,9 @@ class LayerTables:
     recv_buffers: tuple[float, ...] = ()   # per rank: receive buffers + kept stage outputs
     wgrad_pending: tuple[float, ...] = ()  # per rank: zero-bubble_pending_w
     wgrad_pending_bytes: float = 0.0       # per layer and pending micro-batch
-    # zero-bubble without full recomputation (runtime "torch"): the 16-bit logits' gradient
-    # the last rank keeps for its output layer's W (split_backward_rule); 0: not applied
+    # split_backward_rule applies (zero-bubble without full recomputation, runtime "torch"),
+    # and then the 16-bit logits' gradient the last rank keeps for its output layer's W
+    split_backward: bool = False
     logits_grad_bytes: float = 0.0
     wgrad_transient_bytes: float = 0.0     # per layer, while a deferred W runs (ranks r > 0)
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
@@ -1029,7 +1033,7 @@ class LayerTables:
     def _output_const_bytes(self) -> float:
         """The last rank's output-layer memory at its peak that does not grow with its layers
         (the rest: :meth:`output_split_extra_bytes`)."""
-        if self.logits_grad_bytes:
+        if self.split_backward:
             return (self.logits_bytes - self.output_peak_bytes
                     + self._split_sets(self.last_rank) * self.logits_grad_bytes)
         return self.logits_bytes - self.output_overlap_bytes - self.output_kept_overlap_bytes
@@ -1038,7 +1042,7 @@ class LayerTables:
         """Micro-batches whose W-pass gradients ``rank`` holds at its peak: its pending
         ones, and under :func:`split_backward_rule` (ranks r > 0) the one whose I just ended."""
         pending = self.wgrad_pending[rank] if self.wgrad_pending else 0.0
-        return pending + (1.0 if self.logits_grad_bytes and rank > 0 else 0.0)
+        return pending + (1.0 if self.split_backward and rank > 0 else 0.0)
 
     def output_split_extra_bytes(self, layers: int) -> float:
         """Under :func:`split_backward_rule`, the last rank's peak is the larger of the end
@@ -1046,7 +1050,7 @@ class LayerTables:
         activations and :attr:`_output_const_bytes`) and the start of one (the output
         layer's working memory, before any layer's gradient exists): this is the part of
         the second beyond the first, 0 when the layers' gradients outweigh it."""
-        if not self.logits_grad_bytes:
+        if not self.split_backward:
             return 0.0
         return max(0.0, self.output_peak_bytes - self.output_overlap_bytes
                    - layers * self.wgrad_pending_bytes - self.logits_grad_bytes)
