@@ -1033,8 +1033,8 @@ class LayerTables:
     def _output_const_bytes(self) -> float:
         """The last rank's output-layer memory at its peak that does not grow with its layers
         (the rest: :meth:`output_split_extra_bytes`)."""
-        if self.split_backward:
-            return (self.logits_bytes - self.output_peak_bytes
+        if self.split_backward:     # zero-bubble: output_kept_bytes is one micro-batch's
+            return (self.output_kept_bytes
                     + self._split_sets(self.last_rank) * self.logits_grad_bytes)
         return self.logits_bytes - self.output_overlap_bytes - self.output_kept_overlap_bytes
 
