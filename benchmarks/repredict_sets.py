@@ -35,7 +35,7 @@ from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from validate_device import GPT_05B, LLAMA_16B, _gpu_cluster  # noqa: E402
 
 BENCH = ROOT / "docs" / "benchmarks"
-SETS = tuple(f"holdout{i}" for i in (7, 8, 9, 10, 11, 12, 13, *range(16, 25))) \
+SETS = tuple(f"holdout{i}" for i in (7, 8, 9, 10, 11, 12, 13, *range(16, 26))) \
     + ("pair12", "pair14", "pair16")
 NEAR_HOST_LOAD = 0.8
 
