@@ -747,7 +747,7 @@ HOLDOUT20_LAYOUTS = [
                          zero=1)),
     ("d16", LLAMA_16B, L(tp=4, micro_batch=16, sequence_parallel=True)),
 ]
-# "holdout21" (after round 20; not run yet): 16 new 4-rank layouts, 8 per model, chosen
+# "holdout21" (after round 20; run in round 21): 16 new 4-rank layouts, 8 per model, chosen
 # before any ran and none in an earlier set. It holds out round 20's one change (zero-bubble
 # with full recomputation: a middle rank holds r + 1 pending weight-gradient sets), on a
 # GPT pipeline with an uneven partition whose middle stages hold 7 layers (e08), and
@@ -839,7 +839,7 @@ HOLDOUT22_LAYOUTS = [
     # o16: 1.263 s, CPU 0.26, 68.6 GiB
     ("o16", LLAMA_16B, L(pp=4, micro_batch=8, schedule="interleaved-1f1b", vpp=2)),
 ]
-# "holdout23" (after round 22; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# "holdout23" (after round 22; run in round 23): 16 new 4-rank layouts, 8 per model, none in an
 # earlier set, drawn as holdout22 was (at 05c3b4d, after round 22's changes):
 #   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round22.toml \
 #       --seed 23 --prefix f --set holdout23
@@ -945,7 +945,7 @@ HOLDOUT24_LAYOUTS = [
     # g16: 1.243 s, CPU 0.32, 51.4 GiB
     ("g16", LLAMA_16B, L(pp=4, micro_batch=8)),
 ]
-# "holdout25" (after round 24; not run yet): 16 new 4-rank layouts, 8 per model, none in an
+# "holdout25" (after round 24; run in round 26: every goal met as run): 16 new 4-rank layouts, 8 per model, none in an
 # earlier set, drawn as holdout22-24 were (at 34c5772, after round 24's two memory changes):
 #   python benchmarks/draw_holdout.py --profile docs/benchmarks/profile_h200x4_round24.toml \
 #       --seed 25 --prefix m --set holdout25

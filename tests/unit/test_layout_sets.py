@@ -190,7 +190,7 @@ def test_pair16_has_interleaved_ranks_that_run_every_forward_first():
                for _, _, l in vd.PAIR16_LAYOUTS)
 
 
-@pytest.mark.parametrize("name", ["holdout25", "fsdp18"])
+@pytest.mark.parametrize("name", ["fsdp18"])
 def test_sets_not_run_yet_are_valid_runnable_and_fit_an_h100(name):
     """A set waiting for its GPU round must not fail there on a layout the cost model or the
     executor refuses, or on one that cannot fit 80 GB (the device may lend H100s)."""
