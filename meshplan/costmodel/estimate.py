@@ -484,22 +484,22 @@ def _wgrad_bytes(model: ModelSpec, job: Job, layout: Layout, full_act_bytes: flo
     it (:func:`split_backward_rule`) the kept output gradients, and the logits' gradient
     (``split_backward``, ``logits_grad_bytes``). ``full_act_bytes`` = 0: no pending W on any
     rank (nothing is added)."""
-    if full_act_bytes <= 0:
-        return {"wgrad_pending_bytes": 0.0, "wgrad_transient_bytes": 0.0}
-    if layout.recompute == "full":
+    if full_act_bytes > 0 and layout.recompute == "full":
         if measured is not None:
             pending, transient = wgrad_bytes_at(measured, stage_layers)
             return {"wgrad_pending_bytes": pending, "wgrad_transient_bytes": transient}
         return {"wgrad_pending_bytes": ZB_FULL_PENDING_SETS * full_act_bytes,
                 "wgrad_transient_bytes": ZB_FULL_W_TRANSIENT_SETS * full_act_bytes}
-    if split_backward_rule(job, layout):
+    # zero_bubble_pending_w counts a pending W only under runtime "torch", zero-bubble and
+    # vpp 1, which without full recomputation is split_backward_rule: no third case
+    if full_act_bytes > 0 and split_backward_rule(job, layout):
         kept = split_backward_kept_grad_bytes(
             model, job, layout.micro_batch, layout.tp, layout.sequence_parallel,
             fp32_norm_output=job.precision != "fp32" and layout.zero < 2)
         return {"wgrad_pending_bytes": kept, "wgrad_transient_bytes": 0.0,
                 "split_backward": True,
                 "logits_grad_bytes": logits_chunk_bytes(job, layout, model)}
-    return {"wgrad_pending_bytes": full_act_bytes, "wgrad_transient_bytes": 0.0}
+    return {"wgrad_pending_bytes": 0.0, "wgrad_transient_bytes": 0.0}
 
 
 def group_links(cluster: Cluster, layout: Layout) -> Groups:
