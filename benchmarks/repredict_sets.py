@@ -11,7 +11,7 @@ pipelined FSDP2, zero-bubble, interleaved, other) and by CPU load (the model's
 ``host_load``: below 80 % of the GPU's time, or not), and prints mean absolute, mean signed
 and maximum step-time error for each, then for all layouts with the CPU below the GPU. This
 is how model changes are checked against every measured layout before they are made
-(docs/benchmarks/accuracy.md, rounds 16-23): a change fitted on these layouts is post hoc
+(docs/benchmarks/accuracy.md, rounds 16-25): a change fitted on these layouts is post hoc
 until a new held-out set has run.
 """
 

@@ -248,7 +248,8 @@ def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[
 # autograd.grad per parameter group, and non-reentrant checkpointing re-runs a layer's
 # forward for every such graph task, keeping what that task does not consume until the
 # graph is freed. Sets in profile-version-2 units (input counted once). Read off those two
-# layouts, so not a held-out result; without recomputation a pending W keeps one set (j07).
+# layouts, so not a held-out result. Without full recomputation a pending W keeps its
+# output gradients instead (split_backward_rule, round 25; j07 had read one set).
 ZB_FULL_PENDING_SETS = 0.42
 ZB_FULL_W_TRANSIENT_SETS = 4.1
 
