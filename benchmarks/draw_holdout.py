@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import validate_device as vd  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
-from meshplan.costmodel.specs import SCHEDULES, RECOMPUTE  # noqa: E402
-from meshplan.costmodel.validate import check_layout  # noqa: E402
+from meshplan.spec import SCHEDULES, RECOMPUTE  # noqa: E402
+from meshplan.spec.validate import check_layout  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402

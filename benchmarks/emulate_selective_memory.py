@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _spawn import spawn_and_collect  # noqa: E402
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.data import SyntheticTokens, local_share  # noqa: E402
 
 MODEL = ModelSpec(name="tl", num_layers=8, hidden_size=256, num_heads=8, num_kv_heads=4,

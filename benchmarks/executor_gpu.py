@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.child_env import child_env  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from meshplan.calibrate.validate import rescore  # noqa: E402
-from meshplan.costmodel.specs import Job  # noqa: E402
+from meshplan.spec import Job  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from validate_device import GPT_05B, LLAMA_16B, _gpu_cluster  # noqa: E402
 

@@ -129,7 +129,7 @@ def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path, *,
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import validate_device as vd
     from meshplan.costmodel.estimate import layer_tables
-    from meshplan.costmodel.specs import Job, Layout
+    from meshplan.spec import Job, Layout
     model = {m.name: m for m in (vd.GPT_05B, vd.LLAMA_16B)}.get(record.get("model"))
     if model is None:
         return None

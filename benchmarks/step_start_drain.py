@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from meshplan.costmodel.estimate import estimate, layer_tables  # noqa: E402
-from meshplan.costmodel.specs import Job, Layout  # noqa: E402
+from meshplan.spec import Job, Layout  # noqa: E402
 from repredict_sets import measured_records  # noqa: E402
 from validate_device import GPT_05B, LLAMA_16B  # noqa: E402
 

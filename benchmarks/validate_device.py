@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from meshplan.calibrate.validate import (ValidateOptions, bound_split_text, by_model,  # noqa: E402
                                          merge_runs, rescore, run_layouts, summarize,
                                          write_accuracy)
-from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.affinity import AFFINITY_MODES  # noqa: E402
 from meshplan.executor.gc_control import GC_MODES  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402

@@ -52,7 +52,7 @@ def _bf16_on_cpu_trainer():
 
 
 def _trainer(model, precision, schedule, zero):
-    from meshplan.costmodel.specs import Job, Layout
+    from meshplan.spec import Job, Layout
     from meshplan.executor.data import SyntheticTokens, local_share
     from meshplan.executor.mesh import build_mesh
     trainer_cls, gather_full = _bf16_on_cpu_trainer()

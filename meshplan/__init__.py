@@ -11,7 +11,7 @@ Importing meshplan never imports torch (the executor does, on demand) and never 
 ortools (the planner's solver does, when it runs).
 """
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import (ConfigError, ExecutorError, MeshplanError, NoFeasiblePlan,
                              PlanFileError, ProfileError, UnknownPresetError)
 from meshplan.hardware_profiles import Cluster, GPUSpec

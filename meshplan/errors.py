@@ -70,6 +70,12 @@ def require_positive_int(owner: str, field: str, value: object) -> None:
         raise ConfigError(f"{owner}.{field} must be a positive integer, got {value!r}")
 
 
+def require_bool(owner: str, field: str, value: object) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}.{field} must be True or False, got {value!r}")
+
+
 def require_choice(owner: str, field: str, value: object, choices: Iterable[object]) -> None:
     """Raise :class:`ConfigError` unless ``value`` is one of ``choices``."""
     choices = tuple(choices)

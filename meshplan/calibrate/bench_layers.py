@@ -79,7 +79,7 @@ from meshplan.calibrate.budget import RoundBudget, next_round
 from meshplan.calibrate.shapes import valid_tps
 from meshplan.calibrate.stats import two_depth_fit
 from meshplan.costmodel.measured import MeasuredEnd, MeasuredLayer, ends_shape_key, layer_shape_key
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError, require_positive_int
 
 LAYERS_CUDA = 2       # queued behind one spin kernel: few enough for the launch queue

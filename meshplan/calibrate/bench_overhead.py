@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from meshplan.calibrate.stats import two_depth_fit
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 
 LAYER_COUNTS = (2, 8)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from meshplan.calibrate.bench_overhead import tiny_spec
 from meshplan.calibrate.stats import two_depth_fit
-from meshplan.costmodel.specs import Job, Layout
+from meshplan.spec import Job, Layout
 from meshplan.errors import ConfigError
 
 SEQ_LEN = 32

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.calibrate.budget import check_time_budget
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError, require_positive_int
 
 # torch device name fragment -> built-in GPU profile (checked in order)

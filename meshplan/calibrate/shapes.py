@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 
 
 @dataclass(frozen=True, kw_only=True, order=True)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 from meshplan.calibrate.stats import pct_error, spearman
 from meshplan.costmodel import estimate
 from meshplan.costmodel.estimate import HOST_NEAR_LOAD, HOST_NEAR_LOAD_TEXT, is_host_bound
-from meshplan.costmodel.specs import SCHEDULES, Job, Layout, ModelSpec
-from meshplan.costmodel.validate import check_layout
+from meshplan.spec import SCHEDULES, Job, Layout, ModelSpec
+from meshplan.spec.validate import check_layout
 from meshplan.errors import ConfigError, MeshplanError
 from meshplan.executor.child_env import child_env
 from meshplan.hardware_profiles import Cluster

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES, Job, Layout, ModelSpec
+from meshplan.spec import RECOMPUTE, SCHEDULES, Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, MeshplanError
 from meshplan.hardware_profiles import Cluster
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_from_args,
                                       model_cluster_from_args, positive_int)
 from meshplan.commands.format import format_estimate
-from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES
+from meshplan.spec import RECOMPUTE, SCHEDULES
 from meshplan.errors import ConfigError, MeshplanError
 
 

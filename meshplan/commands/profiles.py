@@ -9,7 +9,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from meshplan.costmodel.specs import ModelSpec
+    from meshplan.spec import ModelSpec
     from meshplan.hardware_profiles import Cluster, builtin_gpu, builtin_gpu_names
     if args.kind in (None, "models"):
         print("models")

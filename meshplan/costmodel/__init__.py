@@ -6,6 +6,6 @@ the planner, the reports and the executor's comparison all call it.
 
 from meshplan.costmodel.estimate import estimate
 from meshplan.costmodel.result import Estimate, StageMemory, TimeBreakdown
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 
 __all__ = ["estimate", "Estimate", "StageMemory", "TimeBreakdown", "ModelSpec", "Job", "Layout"]

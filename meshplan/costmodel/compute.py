@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from meshplan.costmodel import comm
 from meshplan.costmodel.memory import activation_bytes_per_element
-from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster, GPUSpec
 from meshplan.hardware_profiles.topology import GroupLink
 

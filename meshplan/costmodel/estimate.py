@@ -29,8 +29,8 @@ from meshplan.costmodel.memory import (activation_bytes_per_element,
                                        state_bytes_per_param)
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
 from meshplan.costmodel.result import Estimate, StageMemories, TimeBreakdown
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
-from meshplan.costmodel.validate import check_layout
+from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec.validate import check_layout
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE
 
@@ -1290,7 +1290,7 @@ class LayerTables:
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
         """ZeRO-3 under torch.distributed.pipelining (GPipe, 1F1B, interleaved; zero-bubble
-        under ZeRO-3 is refused, :data:`meshplan.costmodel.validate.ZB_ZERO3_UNSUPPORTED`): the
+        under ZeRO-3 is refused, :data:`meshplan.spec.validate.ZB_ZERO3_UNSUPPORTED`): the
         stage turns FSDP2's resharding after backward off for every micro-batch but the
         last (``set_reshard_after_backward(False)``), so a layer's gathered 16-bit weights
         stay from its backward until its next forward reshards them. Right after a

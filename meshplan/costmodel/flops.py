@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 
 
 def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float]:

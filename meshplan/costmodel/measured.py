@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable, Mapping
 
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 from meshplan.errors import ProfileError
 
 ENDS = ("embedding", "output")

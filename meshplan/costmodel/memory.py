@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.spec import Job, ModelSpec
 
 MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti 2022 §4.1)
 

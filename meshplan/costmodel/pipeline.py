@@ -62,7 +62,7 @@ from typing import Sequence
 from meshplan.costmodel.pipeline_sim import (PipelineEvent, Simulation, check_p2p,
                                              check_schedule_args, check_times,
                                              interleaved_warmup, resolve_wgrad, simulate)
-from meshplan.costmodel.specs import SCHEDULES
+from meshplan.spec import SCHEDULES
 from meshplan.errors import ConfigError
 
 _NEG = float("-inf")

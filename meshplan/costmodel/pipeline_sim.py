@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from operator import gt as _gt
 from typing import Sequence
 
-from meshplan.costmodel.specs import SCHEDULES
+from meshplan.spec import SCHEDULES
 from meshplan.errors import ConfigError
 
 KINDS = ("F", "B", "W")

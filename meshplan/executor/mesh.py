@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from meshplan.costmodel.specs import Layout
+from meshplan.spec import Layout
 from meshplan.errors import ExecutorError
 
 

@@ -1,4 +1,4 @@
-"""A GPT- or Llama-style decoder built from a :class:`~meshplan.costmodel.specs.ModelSpec`.
+"""A GPT- or Llama-style decoder built from a :class:`~meshplan.spec.ModelSpec`.
 
 The model knows nothing about parallelism. Two hooks let the executor cut it up without
 changing parameter names:
@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 
 INIT_STD = 0.02
 

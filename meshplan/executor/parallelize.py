@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ExecutorError
 from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
                                              wrap_data_parallel)
@@ -37,6 +37,9 @@ from meshplan.executor import tensor_parallel as tpm
 
 def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Checks that need no process group; returns the number of micro-batches per step."""
+    if layout.cp > 1 or layout.ep > 1 or layout.etp > 1:
+        raise ExecutorError(f"the executor does not run cp = {layout.cp}, ep = {layout.ep}, "
+                            f"etp = {layout.etp} yet; use cp = ep = etp = 1")
     per = layout.dp * layout.micro_batch
     if job.global_batch % per:
         raise ExecutorError(f"Job.global_batch = {job.global_batch} is not divisible by "

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.specs import Layout, ModelSpec, default_stage_layers
-from meshplan.costmodel.validate import ZB_ZERO3_UNSUPPORTED, zero_bubble_under_zero3
+from meshplan.spec import Layout, ModelSpec, default_stage_layers
+from meshplan.spec.validate import ZB_ZERO3_UNSUPPORTED, zero_bubble_under_zero3
 from meshplan.errors import ExecutorError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES, Layout
+from meshplan.spec import RECOMPUTE, SCHEDULES, Layout
 from meshplan.errors import ConfigError
 
 OBJECTIVES = ("throughput", "cost", "time_to_train")

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from meshplan.costmodel.specs import RECOMPUTE, SCHEDULES, Job, ModelSpec
+from meshplan.spec import RECOMPUTE, SCHEDULES, Job, ModelSpec
 from meshplan.errors import MeshplanError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.search import Survivor, objective_weight

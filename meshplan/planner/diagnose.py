@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.spec import Job, ModelSpec
 from meshplan.errors import NoFeasiblePlan
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints

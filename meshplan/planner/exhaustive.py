@@ -9,7 +9,7 @@ from math import comb
 from typing import Callable, Iterable, Iterator, Sequence
 
 from meshplan.costmodel import estimate
-from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.spec import Job, ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.search import forced_partition, objective_weight

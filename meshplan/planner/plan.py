@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from meshplan.costmodel import Estimate, estimate
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, MeshplanError, PlanFileError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import OBJECTIVES, Constraints

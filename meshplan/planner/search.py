@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from meshplan.costmodel.estimate import layer_tables
-from meshplan.costmodel.specs import Job, ModelSpec, default_stage_layers
+from meshplan.spec import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.space import Config
 from meshplan.planner.tables import ConfigTables, build_tables

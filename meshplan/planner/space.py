@@ -10,7 +10,7 @@ dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
 recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
-2022 §4.2.2). These are exactly the layouts :func:`meshplan.costmodel.validate.check_layout`
+2022 §4.2.2). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
 accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp = 1`` (nothing to
 shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
 ``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
-from meshplan.costmodel.validate import zero_bubble_under_zero3
+from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec.validate import zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
 
 
 # Schedules whose stage partition the planner does not choose: it takes the cost model's
-# time of the as-even-as-possible split (meshplan.costmodel.specs.default_stage_layers).
+# time of the as-even-as-possible split (meshplan.spec.default_stage_layers).
 # interleaved-1f1b: its closed form (meshplan.costmodel.pipeline._interleaved) is exact
 # for uniform chunks but, per its docstring, -16 % to +11 % off the simulation with uneven
 # layers per chunk — a solver free to choose the chunks would exploit that error — so it

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from meshplan.costmodel.estimate import LayerTables, layer_tables
-from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.space import Config
 

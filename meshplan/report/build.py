@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from meshplan.costmodel.specs import Job, ModelSpec
+from meshplan.spec import Job, ModelSpec
 from meshplan.errors import ConfigError, NoFeasiblePlan, unknown_name_error
 from meshplan.hardware_profiles import Cluster
 from meshplan.report import figures_plan, figures_sweep, tables

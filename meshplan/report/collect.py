@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from meshplan.costmodel.result import Estimate
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, NoFeasiblePlan
 from meshplan.hardware_profiles import Cluster
 

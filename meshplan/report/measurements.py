@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 from meshplan.errors import MeshplanError, PlanFileError
 from meshplan.hardware_profiles import Cluster
 
@@ -135,7 +135,7 @@ def check_matches(path: str, doc: Mapping[str, Any], model: ModelSpec, cluster: 
 def _reestimate(doc: Mapping[str, Any]) -> dict[str, float] | None:
     """The current cost model's prediction for the file's specs, or None if they are missing."""
     from meshplan.costmodel import estimate
-    from meshplan.costmodel.specs import Job, Layout
+    from meshplan.spec import Job, Layout
     try:
         model = ModelSpec.from_dict(doc["model"])
         cluster = Cluster.from_dict(doc["cluster"])
@@ -149,7 +149,7 @@ def _reestimate(doc: Mapping[str, Any]) -> dict[str, float] | None:
 
 
 def _layout_text(doc: Mapping[str, Any]) -> str:
-    from meshplan.costmodel.specs import Layout
+    from meshplan.spec import Layout
     lay = doc.get("layout")
     if isinstance(lay, Mapping):
         try:

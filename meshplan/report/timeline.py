@@ -10,7 +10,7 @@ schedule itself is the discrete-event simulator of :mod:`meshplan.costmodel.pipe
 from __future__ import annotations
 
 from meshplan.costmodel.result import Estimate
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.hardware_profiles import Cluster
 
 
@@ -30,7 +30,7 @@ def simulate_plan(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     """Run the schedule simulator on the plan's stage times; returns a ``Simulation``."""
     from meshplan.costmodel.estimate import layer_tables
     from meshplan.costmodel.pipeline import simulate
-    from meshplan.costmodel.validate import check_layout
+    from meshplan.spec.validate import check_layout
     wgrad = None
     p2p = 0.0
     if layout.pp > 1 or layout.schedule == "zero-bubble":

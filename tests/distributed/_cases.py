@@ -1,6 +1,6 @@
 """Tiny models and the layouts the distributed tests run (fp32, CPU, gloo)."""
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 
 from _harness import Case
 

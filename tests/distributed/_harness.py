@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.executor.data import SyntheticTokens, local_share
 from meshplan.executor.data_parallel import OptimizerConfig
 from meshplan.executor.model import Transformer, cross_entropy

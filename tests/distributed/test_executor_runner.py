@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.errors import ExecutorError  # noqa: E402
 from meshplan.executor.launch import run_local  # noqa: E402
 from meshplan.executor.planfiles import write_plan_for_layout  # noqa: E402

@@ -16,7 +16,7 @@ from meshplan.calibrate.tomlfile import dumps, write_text_atomic
 from meshplan.calibrate.validate import (enumerate_layouts, predicted_memory_per_rank,
                                          read_measurement, summarize)
 from meshplan.costmodel import estimate
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, ProfileError
 from meshplan.hardware_profiles import Cluster, Curve, builtin_gpu
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile

@@ -23,7 +23,7 @@ from meshplan.calibrate.tomlfile import dumps
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.commands.common import load_model
 from meshplan.costmodel.measured import layer_shape_key, tables_from_rows
-from meshplan.costmodel.specs import ModelSpec
+from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import builtin_gpu
 

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from meshplan.calibrate.validate import ValidateOptions, run_layouts, write_accuracy
 from meshplan.cli import main as cli_main
 from meshplan.costmodel import estimate
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile

@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import draw_holdout as dh  # noqa: E402
-from meshplan.costmodel.specs import Layout  # noqa: E402
+from meshplan.spec import Layout  # noqa: E402
 
 
 def _pool():

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.costmodel.specs import ModelSpec  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
 from meshplan.executor.model import Transformer  # noqa: E402
 
 GPT = ModelSpec(name="g", num_layers=3, hidden_size=32, num_heads=4, vocab_size=96, max_seq_len=16)

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.errors import ExecutorError  # noqa: E402
 from meshplan.executor.data import SyntheticTokens, TokenFile, local_share, to_device  # noqa: E402
 from meshplan.executor.measure import error_pct, summarize  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 from meshplan.executor.planfiles import write_plan_for_layout  # noqa: E402
 from meshplan.executor.run import EXIT_BAD_INPUT, gpu_family, main  # noqa: E402
 

@@ -196,7 +196,7 @@ def test_sets_not_run_yet_are_valid_runnable_and_fit_an_h100(name):
     executor refuses, or on one that cannot fit 80 GB (the device may lend H100s)."""
     pytest.importorskip("torch")
     from meshplan.costmodel import estimate
-    from meshplan.costmodel.validate import check_layout
+    from meshplan.spec.validate import check_layout
     from meshplan.executor.parallelize import check_layout_runnable
     from meshplan.hardware_profiles import Cluster
     cluster = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=vd.SET_NPROC.get(name, 4))

@@ -10,7 +10,7 @@ from meshplan.costmodel.estimate import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEA
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.costmodel.memory import model_state_bytes, stage_params
-from meshplan.costmodel.specs import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, ProfileError
 from meshplan.hardware_profiles import Cluster
 
@@ -944,7 +944,7 @@ def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form()
     micro-batch, so the order binds at few micro-batches and the slowdown at many."""
     from meshplan.costmodel import torch_p2p
     from meshplan.costmodel.estimate import layer_tables
-    from meshplan.costmodel.specs import default_stage_layers
+    from meshplan.spec import default_stage_layers
     c = _cluster(TABLES)
     lay = Layout(pp=4, vpp=2, micro_batch=2, schedule="interleaved-1f1b")
     stages = default_stage_layers(MODEL.num_layers, 8)

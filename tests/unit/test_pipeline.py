@@ -17,8 +17,8 @@ import pytest
 from meshplan.costmodel.pipeline import (SCHEDULES, bubble_time, closed_form_step_time,
                                          inflight_microbatches, simulate)
 from meshplan.costmodel.pipeline_sim import PipelineEvent, Simulation, rank_order
-from meshplan.costmodel.specs import SCHEDULES as SPEC_SCHEDULES
-from meshplan.costmodel.specs import default_stage_layers
+from meshplan.spec import SCHEDULES as SPEC_SCHEDULES
+from meshplan.spec import default_stage_layers
 from meshplan.errors import ConfigError, MeshplanError
 
 REL = 1e-9

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import meshplan as mp
-from meshplan.costmodel.validate import check_layout
+from meshplan.spec.validate import check_layout
 from meshplan.planner import Constraints
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import meshplan as mp
-from meshplan.costmodel.specs import default_stage_layers
+from meshplan.spec import default_stage_layers
 
 
 @pytest.mark.parametrize("name,billions,tol", [
@@ -95,7 +95,13 @@ def test_from_hf_config_errors_name_the_problem(tmp_path):
     (dict(dp=0), "dp"), (dict(schedule="pipedream"), "schedule"),
     (dict(vpp=2), "interleaved"), (dict(sequence_parallel=True), "tp > 1"),
     (dict(recompute="some"), "recompute"), (dict(zero=4), "zero"),
-    (dict(pp=2, stage_layers=(3,)), "pp·vpp"), (dict(pp=2, stage_layers=(3, -1)), "non-negative"),
+    (dict(pp=2, stage_layers=(3,)), "pp·vpp"), (dict(pp=2, stage_layers=(3, -1)), "positive"),
+    (dict(pp=2, stage_layers=(0, 32)), r"stage_layers\[0\] = 0 .*at least one"),
+    (dict(schedule="interleaved-1f1b", vpp=7), "needs pp > 1"),
+    (dict(cp=0), "cp"), (dict(cp_style="ulysses"), "cp_style"), (dict(ep=0), "ep"),
+    (dict(dp=2, tp=2, ep=8), r"ep·etp = 8·1 = 8 must divide tp·cp·dp = 2·1·2 = 4"),
+    (dict(compile="yes"), "compile must be True or False"),
+    (dict(tp=2, sequence_parallel=1), "sequence_parallel must be True or False"),
 ])
 def test_layout_rejects_bad_values(kwargs, match):
     with pytest.raises(mp.ConfigError, match=match):
@@ -128,8 +134,8 @@ def test_default_stage_layers_even_and_complete():
 
 
 def test_zero_bubble_under_zero3_is_refused_for_the_torch_runtime_only():
-    from meshplan.costmodel.specs import Job, Layout, ModelSpec
-    from meshplan.costmodel.validate import check_layout
+    from meshplan.spec import Job, Layout, ModelSpec
+    from meshplan.spec.validate import check_layout
     from meshplan.errors import ConfigError
     from meshplan.hardware_profiles import Cluster
     model = ModelSpec(name="m", num_layers=8, hidden_size=256, num_heads=4, vocab_size=1000,
@@ -144,7 +150,7 @@ def test_zero_bubble_under_zero3_is_refused_for_the_torch_runtime_only():
 
 
 def test_planner_space_leaves_out_zero_bubble_under_zero3_for_the_torch_runtime():
-    from meshplan.costmodel.specs import Job, ModelSpec
+    from meshplan.spec import Job, ModelSpec
     from meshplan.hardware_profiles import Cluster
     from meshplan.planner.constraints import Constraints
     from meshplan.planner.space import enumerate_configs
@@ -157,3 +163,23 @@ def test_planner_space_leaves_out_zero_bubble_under_zero3_for_the_torch_runtime(
                 if c.schedule == "zero-bubble" and c.zero == 3 and c.dp > 1 and c.pp > 1]
     assert zb_zero3(Job(global_batch=16, seq_len=512))                  # megatron: kept
     assert zb_zero3(Job(global_batch=16, seq_len=512, runtime="torch")) == []
+
+
+def test_layout_new_dimensions_count_gpus_and_fold_experts():
+    lay = mp.Layout(dp=4, pp=2, tp=2, cp=2, ep=4, etp=2)
+    assert lay.num_gpus == 32
+    assert lay.edp == 2            # tp·cp·dp / (ep·etp) = 16 / 8
+    assert "cp2" in lay.short() and "ep4·etp2" in lay.short()
+    assert mp.Layout.from_dict(lay.to_dict()) == lay
+    assert mp.Layout.from_dict({"dp": 2}).cp == 1      # plan files written before cp load
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(tp=2, cp=2), "context parallelism is not modelled"),
+    (dict(tp=2, ep=2), "expert parallelism is not modelled"),
+    (dict(compile=True), "compile = True is not modelled"),
+])
+def test_estimate_refuses_dimensions_it_does_not_model(kwargs, match):
+    from meshplan.spec.validate import check_modelled
+    with pytest.raises(mp.ConfigError, match=match):
+        check_modelled(mp.Layout(**kwargs))

@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 from meshplan.calibrate.bench_layers import Config, _build, _Groups, _set_recompute  # noqa: E402
 from meshplan.calibrate.bench_split import split_functions  # noqa: E402
 from meshplan.calibrate.split_memory import _live_bytes_mode, split_memory_per_layer  # noqa: E402
-from meshplan.costmodel.specs import ModelSpec  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
 
 GPT = ModelSpec(name="gpt-ish", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128,
                 max_seq_len=32, activation="gelu", norm="layernorm", bias=True)
@@ -88,7 +88,7 @@ def _kept_by_input_pass(model, tp, sp, groups, layers=2, mb=2, seq=32):
 
 def _want(model, tp, sp, layers=2, mb=2, seq=32):
     from meshplan.costmodel.memory import split_backward_kept_grad_bytes
-    from meshplan.costmodel.specs import Job
+    from meshplan.spec import Job
     return layers * split_backward_kept_grad_bytes(
         model, Job(global_batch=mb, seq_len=seq, precision="fp32"), mb, tp, sp,
         fp32_norm_output=False)

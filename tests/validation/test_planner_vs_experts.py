@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 import meshplan as mp
-from meshplan.costmodel.validate import check_layout
+from meshplan.spec.validate import check_layout
 from meshplan.planner import Constraints
 
 from published_runs import narayanan2021

@@ -9,7 +9,7 @@ from meshplan import ModelSpec
 from meshplan.costmodel import estimate
 from meshplan.costmodel.flops import (hardware_flops_per_step, model_flops_per_step)
 from meshplan.costmodel.memory import layer_activations, model_state_bytes
-from meshplan.costmodel.specs import Job
+from meshplan.spec import Job
 
 from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, narayanan2021, read_rows,
                             shoeybi2019)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from meshplan.costmodel.specs import Job, Layout, ModelSpec, default_stage_layers
+from typing import TYPE_CHECKING
+
 from meshplan.errors import ConfigError
-from meshplan.hardware_profiles import Cluster
+from meshplan.spec.job import Job
+from meshplan.spec.layout import Layout, default_stage_layers
+from meshplan.spec.model import ModelSpec
+
+if TYPE_CHECKING:  # the cluster is read, never built, here: spec stays below hardware_profiles
+    from meshplan.hardware_profiles import Cluster
 
 #: runtime "torch" (the executor refuses it too, meshplan.executor.pipeline.check_schedule)
 ZB_ZERO3_UNSUPPORTED = (
@@ -20,6 +26,20 @@ def zero_bubble_under_zero3(schedule: str, zero: int, dp: int, pp: int) -> bool:
     return schedule == "zero-bubble" and zero == 3 and dp > 1 and pp > 1
 
 
+def check_modelled(layout: Layout) -> None:
+    """Refuse the layout dimensions the cost model and executor do not implement yet, rather
+    than predict them as if they were absent."""
+    if layout.cp > 1:
+        raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
+                          f"use cp = 1")
+    if layout.ep > 1 or layout.etp > 1:
+        raise ConfigError(f"Layout.ep = {layout.ep}, etp = {layout.etp}: expert parallelism is "
+                          f"not modelled yet; use ep = etp = 1")
+    if layout.compile:
+        raise ConfigError("Layout.compile = True is not modelled yet; use compile = False "
+                          "(the executor's --compile flag compiles without a prediction)")
+
+
 def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
                  exact_gpus: bool = False) -> tuple[int, ...]:
     """Raise :class:`ConfigError` if the layout cannot run; return layers per virtual stage.
@@ -28,12 +48,14 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     otherwise a layout may use a subset of the cluster.
     """
     dp, pp, tp = layout.dp, layout.pp, layout.tp
+    check_modelled(layout)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
         rel = "≠" if exact_gpus else ">"
-        raise ConfigError(f"dp·pp·tp = {dp}·{pp}·{tp} = {n} {rel} {cluster.num_gpus} GPUs of "
-                          f"cluster {cluster.name!r} ({cluster.nodes} nodes × "
-                          f"{cluster.gpus_per_node})")
+        dims = "dp·pp·tp" + ("·cp" if layout.cp > 1 else "")
+        sizes = "·".join(str(d) for d in (dp, pp, tp) + ((layout.cp,) if layout.cp > 1 else ()))
+        raise ConfigError(f"{dims} = {sizes} = {n} {rel} {cluster.num_gpus} GPUs of cluster "
+                          f"{cluster.name!r} ({cluster.nodes} nodes × {cluster.gpus_per_node})")
     if model.num_heads % tp or model.num_kv_heads % tp:
         raise ConfigError(
             f"tp = {tp} must divide the attention heads ({model.num_heads}) and the key/value "
