@@ -139,7 +139,8 @@ def comm_volume(t, rk: Ranks) -> tuple[dict[str, float], dict[str, float]]:
     lay, parts, links = t.layout, t.parts, t.links
     m, pp, v = t.num_microbatches, lay.pp, lay.vpp
     layers_br = rk.layers[rk.busiest]
-    comm_bytes = {"tp": m * layers_br * parts.layer.tp_wire_bytes,
+    layer = parts.layer
+    comm_bytes = {"tp": m * layers_br * (layer.tp_wire_bytes + layer.wgrad_gather_wire_bytes),
                   "pp": m * v * 2 * parts.p2p_bytes if pp > 1 else 0.0,
                   "dp": rk.dp_wire_bytes if lay.zero < 3 else 0.0,
                   "zero3": m * layers_br * t.zero3.wire_bytes}

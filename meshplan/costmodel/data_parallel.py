@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.costmodel import comm
+from meshplan.costmodel.comm import exposed
 from meshplan.costmodel.compute import hbm_s
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
@@ -197,14 +198,6 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
             + st.param_gather_s
     reduce = max(st.last_bucket_s, exposed(st.grad_reduce_s, backward_s, k))
     return reduce + exposed(st.param_gather_s, forward_s, k)
-
-
-def exposed(comm_s: float, compute_s: float, interference: float) -> float:
-    """Time communication overlapped with ``compute_s`` adds to the critical path: what does
-    not fit behind the compute, plus ``interference`` (the GPU profile's
-    ``overlap_interference``: NCCL kernels slow the GEMMs they overlap) of what does."""
-    hidden = min(comm_s, compute_s)
-    return comm_s - hidden + interference * hidden
 
 
 def root_gather_s(params: float, bytes_per_param: float, dp_link) -> float:

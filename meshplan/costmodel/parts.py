@@ -133,7 +133,8 @@ def _scaled(p: PassCost, measured_s: float) -> PassCost:
 def _scaled_layer(an: LayerCost, forward_s: float, backward_s: float) -> LayerCost:
     kb = ratio(backward_s, an.backward.total_s)
     return LayerCost(_scaled(an.forward, forward_s), _scaled(an.backward, backward_s),
-                     an.recompute.scaled(kb), an.wgrad_s * kb, an.tp_wire_bytes)
+                     an.recompute.scaled(kb), an.wgrad_s * kb, an.tp_wire_bytes,
+                     an.wgrad_gather_s * kb, an.wgrad_gather_wire_bytes)
 
 
 def pipelined_zero2_row(tables, model: ModelSpec, job: Job, layout: Layout):
