@@ -23,6 +23,7 @@ append it to :data:`CORRECTIONS`, and test its predicate and its effect.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 from meshplan.costmodel import first_backward, torch_p2p
@@ -165,6 +166,7 @@ class Correction:
     profile_keys: tuple[str, ...]
     applies: Callable[[object], bool]
     effect: Callable
+    runtimes: tuple[str, ...] = ("torch",)  # the runtimes it can apply to (a fast filter)
 
     @property
     def mechanism(self) -> str:
@@ -199,7 +201,12 @@ def memory_rule(name: str, applies: Callable[[object], bool], effect: Callable) 
 
 def applied(t) -> tuple[str, ...]:
     """Names of the corrections that apply to a layout's tables ``t`` (registry order)."""
-    return tuple(c.name for c in all_corrections() if c.applies(t))
+    return tuple(c.name for c in _for_runtime(t.job.runtime) if c.applies(t))
+
+
+@lru_cache(maxsize=None)
+def _for_runtime(runtime: str) -> tuple[Correction, ...]:
+    return tuple(c for c in all_corrections() if runtime in c.runtimes)
 
 
 def all_corrections() -> tuple[Correction, ...]:
