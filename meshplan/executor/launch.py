@@ -50,7 +50,7 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     if out.exists() and not force:
         raise ExecutorError(f"results file {str(out)!r} exists; refusing to overwrite it "
                             f"(pass --force to replace it)")
-    from meshplan.executor.run import error_file
+    from meshplan.executor.failures import error_file
     for r in range(nproc):   # stale error files of an earlier run would be misread
         error_file(out, r).unlink(missing_ok=True)
     cmd = torchrun_command(plan_path, nproc=nproc, steps=steps, warmup=warmup, out=out,
@@ -71,7 +71,8 @@ def _write_failure(plan, out: Path, world: int, rc: int, cmd: list[str], force: 
     """Write results.json from the ranks' error files unless rank 0 wrote it for this run."""
     import json
 
-    from meshplan.executor.run import RESULTS_SCHEMA, collect_rank_errors
+    from meshplan.executor.failures import collect_rank_errors
+    from meshplan.executor.run import RESULTS_SCHEMA
     if out.exists():
         try:
             if json.loads(out.read_text()).get("status") == "failed":
