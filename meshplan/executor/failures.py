@@ -56,37 +56,49 @@ def collect_rank_errors(out: Path, world: int) -> list[dict]:
                 errs.append(json.loads(p.read_text()))
             except (OSError, json.JSONDecodeError):
                 errs.append({"rank": r, "kind": "error", "message": f"unreadable error file {p}"})
-    order = {"out_of_memory": 0, "error": 1, "died": 2, "collective_timeout": 3,
+    order = {"out_of_memory": 0, "died": 1, "error": 2, "collective_timeout": 3,
              "peer_lost": 4, "terminated": 5}
     errs.sort(key=lambda e: (order.get(e.get("kind"), 1), e.get("rank", 0)))
     return errs
 
 
 def diagnose(errors: list[dict], world: int, timeout_s: float | None = None) -> str:
-    """One sentence naming the failing rank(s) and the cause."""
+    """One sentence naming the failing rank(s) and the cause.
+
+    Order: a rank out of memory; a rank that died without a report (a signal); a rank's own
+    error. A hang shows as ranks timing out in a collective: the suspects are the ranks that
+    got least far — fewest (step, phase marks) — and those that never reported."""
     by_kind: dict[str, list[dict]] = {}
     for e in errors:
         by_kind.setdefault(e.get("kind", "error"), []).append(e)
-    reported = {e.get("rank") for e in errors if e.get("kind") != "died"}
+    reported = {e.get("rank") for e in errors}
     silent = [r for r in range(world) if r not in reported]
 
     def ranks(es) -> str:
         return ", ".join(str(e.get("rank")) for e in es)
 
-    for kind in ("out_of_memory", "error", "died"):
+    for kind in ("out_of_memory", "died", "error"):
         if kind in by_kind:
             e = by_kind[kind][0]
             return f"rank {e.get('rank')} {_what(e)}"
     waits = by_kind.get("collective_timeout", [])
+    after = f" after {timeout_s:g} s" if timeout_s else ""
     if waits:
-        stuck = [e for e in by_kind.get("terminated", [])] + [{"rank": r} for r in silent]
-        after = f" after {timeout_s:g} s" if timeout_s else ""
         step = waits[0].get("step")
-        if stuck:
-            return (f"rank {ranks(stuck)} stopped responding (hung) at step "
-                    f"{stuck[0].get('step', step)}: rank {ranks(waits)} timed out{after} "
-                    f"waiting for it in a collective")
-        return f"rank {ranks(waits)} timed out{after} in a collective at step {step}"
+        if silent:
+            return (f"rank {', '.join(map(str, silent))} never reported (hung in native code "
+                    f"or killed): rank {ranks(waits)} timed out{after} waiting in a "
+                    f"collective at step {step}")
+        progressed = [e for e in errors if isinstance(e.get("progress"), list)]
+        if progressed:
+            least = min(tuple(e["progress"]) for e in progressed)
+            behind = [e for e in progressed if tuple(e["progress"]) == least]
+            if len(behind) < len(progressed):
+                return (f"rank {ranks(behind)} stopped responding (hung) at step "
+                        f"{least[0]}, behind the other ranks: rank {ranks(waits)} timed "
+                        f"out{after} waiting for it in a collective")
+        return (f"rank {ranks(waits)} timed out{after} in a collective at step {step}; no "
+                f"rank was behind the others (a hang inside a collective or the network)")
     if silent:
         return (f"rank {', '.join(map(str, silent))} ended without a report (killed: "
                 f"SIGKILL, the kernel's OOM killer or a crash)")
@@ -169,7 +181,8 @@ def install_term_handler(rank: int, out: Path, state: dict, on_exit) -> None:
         err = None
         if not state.get("failed"):
             err = {"rank": rank, "kind": "terminated", "phase": state.get("phase"),
-                   "step": state.get("step"),
+                   "step": state.get("step"), "progress": [state.get("step"),
+                                                           state.get("marks", 0)],
                    "message": f"rank {rank} received {_signal_name(signum)} at "
                               f"{state.get('phase')} step {state.get('step')} (torchrun stops "
                               f"the other ranks when one fails)",

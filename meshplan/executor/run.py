@@ -20,6 +20,7 @@ import signal
 import socket
 import statistics
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -219,7 +220,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     pinned = getattr(args, "pinned_cpus", None)
     env["cpu_affinity"] = (f"{args.cpu_affinity}: {len(pinned)} CPUs per rank" if pinned
                            else "none")
-    state: dict[str, Any] = {"step": -1, "phase": "setup", "groups": None, "failed": False}
+    state: dict[str, Any] = {"step": -1, "phase": "setup", "groups": None, "failed": False,
+                             "marks": 0}
     steps_total = args.warmup + args.steps
     saver = None
 
@@ -234,6 +236,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     def fail(kind: str, message: str, extra: dict | None = None) -> dict:
         state["failed"] = True
         err = {"rank": rank, "kind": kind, "phase": state["phase"], "step": state["step"],
+               "progress": [state["step"], state.get("marks", 0)],
                "where": where(), "message": message, **(extra or {})}
         _log(f"{where()} failed at {state['phase']} step {state['step']}: {message}")
         write_error(out, rank, err)
@@ -289,9 +292,14 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         peak_after_step: list[float] = []   # running peak: shows which step set it
         host_probe_us = None                # the host's dispatch speed after the warm-up
         prof = None
+        def mark(name: str) -> None:   # progress for the hang diagnosis, then the timer
+            state["marks"] += 1
+            timer.mark(name)
+
         for step in range(start, steps_total):
             state["step"], state["phase"] = step, ("warm-up" if step < first_timed
                                                    else "measure")
+            state["marks"] = 0
             batch = to_device(local_share(data.global_batch(step, job.global_batch),
                                           layout.dp, groups.dp_rank), device)
             if args.profile and step == first_timed:
@@ -303,7 +311,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 timer.start()
                 gc_policy.in_step()
             maybe_inject_failure(rank, step)
-            loss = trainer.step(batch, mark=timer.mark)
+            loss = trainer.step(batch, mark=mark)
             if step >= first_timed:
                 timer.stop()
             if prof is not None:
