@@ -11,9 +11,10 @@ precision (``executor.data_parallel``), and AdamW (Loshchilov & Hutter 2017, arX
 1910.02054) §3.1 count the same 12 bytes per parameter as "optimizer states" (K = 12)
 beside the 2-byte fp16 weights, which the executor does not store. Not counted: AdamW's
 step counters (4 bytes per parameter tensor), each rank's generator states (≈5 KiB) and
-DCP's file framing (``torch.save`` per chunk plus ``.metadata``: about 1.5 KiB per chunk,
-measured on CPU, docs/executor.md) — together under 0.1 % of a model of 100M parameters
-or more, and most of a toy model's files.
+DCP's file framing (``torch.save`` per chunk plus ``.metadata``). Measured error (CPU,
+2026-11-28, docs/executor.md): a 41.6M-parameter GPT, 499.6 MB predicted, 500.4 MB of
+files from one process (+0.15 %) and 500.9 MB from dp 2 · ZeRO-3 (+0.26 %, more chunks);
+the framing is about 2 KB per chunk, which is most of a toy model's files.
 
 Time, as the executor saves (every rank writes the pieces it holds; DCP's planner gives
 each replicated piece to the rank with the least to write, so the bytes spread evenly)::
@@ -26,9 +27,12 @@ each replicated piece to the rank with the least to write, so the bytes spread e
 and ``stage_gbps`` the device-to-host copy bandwidth. Neither is in the GPU profiles yet,
 so both are arguments; the defaults are stated assumptions, not measurements: 1 GB/s per
 rank (a networked parallel file system shared by every GPU of a node) and 10 GB/s for a
-copy into pinned memory over PCIe 4/5 (a quarter to a fifth of the link's 32-64 GB/s, for
-many small tensors). The executor measures both (results ``measured.checkpoints``): put
-the measured values here for a real prediction.
+copy into pinned memory over PCIe 4/5 (a third of PCIe 4's 32 GB/s, a sixth of PCIe 5's
+64 GB/s: many small tensors). The executor measures both (results ``measured.checkpoints``): put
+the measured values here for a real prediction. On the 2-core CI container the same
+checkpoint took 1.4-3.7 s to write (0.13-0.36 GB/s with fsync, 1-2 ranks) against 0.25-0.5 s
+predicted with the defaults, and 0.11-0.25 s to stage after the first save (1.7 s for the
+first, whose fresh host buffers page-fault).
 """
 
 from __future__ import annotations
