@@ -255,15 +255,18 @@ def load(trainer, path: str | Path, *, group, rank: int, device: torch.device,
     return marker
 
 
-def checkpoint_group(world: int):
-    """A gloo group of every rank for DCP's own collectives (collective: all ranks call it).
-
-    Refuses a torch without DCP's dunder checkpointable protocol (torch 2.5 onwards; the
+def require_support() -> None:
+    """Refuse a torch without DCP's dunder checkpointable protocol (torch 2.5 onwards; the
     executor's pieces rely on it, :class:`~meshplan.executor.checkpoint_state.Pieces`)."""
     from torch.distributed.tensor import DTensor
     if not hasattr(DTensor, "__create_write_items__"):
         raise ExecutorError(f"checkpoints need torch >= 2.5 (torch.distributed.checkpoint's "
                             f"checkpointable protocol); this is torch {torch.__version__}")
+
+
+def checkpoint_group(world: int):
+    """A gloo group of every rank for DCP's own collectives (collective: all ranks call it)."""
+    require_support()
     return dist.new_group(list(range(world)), backend="gloo")
 
 

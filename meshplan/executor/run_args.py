@@ -121,6 +121,9 @@ def check_checkpoint_args(plan: PlanRecord, args) -> None:
         raise ExecutorError("--checkpoint-dir without --checkpoint-every N or --resume does "
                             "nothing; add --checkpoint-every N")
     d = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    if d is not None:
+        from meshplan.executor.checkpoint import require_support
+        require_support()
     if d is not None and d.exists() and not d.is_dir():
         raise ExecutorError(f"--checkpoint-dir {str(d)!r} exists and is not a directory")
     if not args.resume:
