@@ -56,26 +56,34 @@ aten = torch.ops.aten
 _KV_TAG, _DKV_TAG = 0, 1
 
 
+def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """Accumulate softmax statistics and gradients in fp32 (fp64 stays fp64)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 # ---- block kernels: (q, k, v, causal) -> (out, lse); backward from the global out, lse ----
 class _MathKernel:
-    """softmax(QKᵀ/√d)V in fp32 with explicit scores (CUDA fp32; a reference in tests)."""
+    """softmax(QKᵀ/√d)V with explicit scores, in fp32 or wider (CUDA fp32; tests)."""
 
     def forward(self, q, k, v, causal):
         s = self._scores(q, k, causal)
         lse = torch.logsumexp(s, dim=-1)
-        return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
+        return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.to(s.dtype)).to(q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, causal):
-        p = torch.exp(self._scores(q, k, causal) - lse.float().unsqueeze(-1))
-        do = dout.float()
+        s = self._scores(q, k, causal)
+        p = torch.exp(s - lse.to(s.dtype).unsqueeze(-1))
+        do, vf = dout.to(s.dtype), v.to(s.dtype)
         dv = torch.matmul(p.transpose(-2, -1), do)
-        delta = (do * out.float()).sum(-1, keepdim=True)
-        ds = p * (torch.matmul(do, v.float().transpose(-2, -1)) - delta) * q.shape[-1] ** -0.5
-        return torch.matmul(ds, k.float()), torch.matmul(ds.transpose(-2, -1), q.float()), dv
+        delta = (do * out.to(s.dtype)).sum(-1, keepdim=True)
+        ds = p * (torch.matmul(do, vf.transpose(-2, -1)) - delta) * q.shape[-1] ** -0.5
+        return (torch.matmul(ds, k.to(s.dtype)), torch.matmul(ds.transpose(-2, -1), q.to(s.dtype)),
+                dv)
 
     @staticmethod
     def _scores(q, k, causal):
-        s = torch.matmul(q.float(), k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
+        acc = _acc_dtype(q)
+        s = torch.matmul(q.to(acc), k.to(acc).transpose(-2, -1)) * q.shape[-1] ** -0.5
         if causal:
             s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
         return s
@@ -164,8 +172,9 @@ class _RingAttention(torch.autograd.Function):
     rank, the local tokens being chunks r and 2·cp−1−r of the sequence."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ring: _Ring):
-        kernel, rep, half = block_kernel(q), q.shape[1] // k.shape[1], q.shape[2] // 2
+    def forward(ctx, q, k, v, ring: _Ring, kernel):
+        kernel = kernel or block_kernel(q)
+        rep, half, acc = q.shape[1] // k.shape[1], q.shape[2] // 2, _acc_dtype(q)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         kv, out, lse = [k, v], None, None
         for i in range(ring.size):
@@ -174,12 +183,13 @@ class _RingAttention(torch.autograd.Function):
             o, l = kernel.forward(q[:, :, qs].contiguous(),
                                   _repeat(kv[0][:, :, ks].contiguous(), rep),
                                   _repeat(kv[1][:, :, ks].contiguous(), rep), causal)
+            o, l = o.to(acc), l.to(acc)
             if out is None:
-                out, lse = o.float(), l.float()
+                out, lse = o, l
             else:
-                merged = torch.logaddexp(lse[:, :, qs], l.float())
+                merged = torch.logaddexp(lse[:, :, qs], l)
                 out[:, :, qs] = (out[:, :, qs] * torch.exp(lse[:, :, qs] - merged).unsqueeze(-1)
-                                 + o.float() * torch.exp(l.float() - merged).unsqueeze(-1))
+                                 + o * torch.exp(l - merged).unsqueeze(-1))
                 lse[:, :, qs] = merged
             if pending is not None:
                 kv = ring.finish(pending)
@@ -192,9 +202,9 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         ring, kernel = ctx.ring, ctx.kernel
-        rep, half = q.shape[1] // k.shape[1], q.shape[2] // 2
+        rep, half, acc = q.shape[1] // k.shape[1], q.shape[2] // 2, _acc_dtype(q)
         dout = dout.contiguous()
-        dq = torch.zeros_like(q, dtype=torch.float32)
+        dq = torch.zeros_like(q, dtype=acc)
         kv, pending_dkv = [k, v], None
         for i in range(ring.size):
             pending_kv = ring.start(kv, _KV_TAG) if i < ring.size - 1 else None
@@ -204,29 +214,32 @@ class _RingAttention(torch.autograd.Function):
                 _repeat(kv[0][:, :, ks].contiguous(), rep),
                 _repeat(kv[1][:, :, ks].contiguous(), rep),
                 out[:, :, qs].contiguous(), lse[:, :, qs].contiguous(), causal)
-            dq[:, :, qs] += gq.float()
+            dq[:, :, qs] += gq.to(acc)
             # the dK/dV accumulator of the block held now arrives from the previous rank
-            dkv = ([torch.zeros_like(k, dtype=torch.float32),
-                    torch.zeros_like(v, dtype=torch.float32)]
+            dkv = ([torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)]
                    if i == 0 else ring.finish(pending_dkv))
-            dkv[0][:, :, ks] += _fold(gk.float(), rep)
-            dkv[1][:, :, ks] += _fold(gv.float(), rep)
+            dkv[0][:, :, ks] += _fold(gk.to(acc), rep)
+            dkv[1][:, :, ks] += _fold(gv.to(acc), rep)
             pending_dkv = ring.start(dkv, _DKV_TAG)
             if pending_kv is not None:
                 kv = ring.finish(pending_kv)
         dk, dv = ring.finish(pending_dkv)      # after cp steps: this rank's own K/V's grads
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 class RingAttentionCore(nn.Module):
-    """Drop-in for :class:`AttentionCore` on a cp rank: ring attention over the cp group."""
+    """Drop-in for :class:`AttentionCore` on a cp rank: ring attention over the cp group.
 
-    def __init__(self, group):
+    ``kernel``: the block kernel (:func:`block_kernel`'s choice by device and dtype if None;
+    tests pass ``"math"`` to check the CUDA fp32 fallback on CPU)."""
+
+    def __init__(self, group, kernel: str | None = None):
         super().__init__()
         self.ring = _Ring(group)
+        self.kernel = {None: None, "math": _MathKernel, "cpu": _CpuKernel}[kernel]
 
     def forward(self, q, k, v):
-        return _RingAttention.apply(q, k, v, self.ring)
+        return _RingAttention.apply(q, k, v, self.ring, self.kernel and self.kernel())
 
 
 # ---- all-to-all (Ulysses) -------------------------------------------------------------
