@@ -94,6 +94,7 @@ def test_block_kernels_match_sdpa_and_take_the_merged_lse(kernel_name, causal):
 def _attention_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import torch.distributed as dist
 
+    from meshplan.executor import context_parallel as cpm
     from meshplan.executor.context_parallel import AllToAllAttentionCore, RingAttentionCore
     from meshplan.executor.model import AttentionCore
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -107,27 +108,62 @@ def _attention_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     ref.backward(dout)
     pos = load_balanced_positions(s, world, rank)
     group = dist.group.WORLD
-    out = {}
+    sent = []                              # (tag, bytes) of every ring exchange, to count them
+    start = cpm._Ring.start
+
+    def counted_start(self, tensors, tag):
+        sent.append((tag, sum(t.numel() * t.element_size() for t in tensors)))
+        return start(self, tensors, tag)
+    cpm._Ring.start = counted_start
+    out = {"diffs": {}}
     for name, core in (("ring", RingAttentionCore(group)),
                        ("ring-math-kernel", RingAttentionCore(group, kernel="math")),
                        ("all-to-all", AllToAllAttentionCore(group))):
         local = [t[:, :, pos].clone().requires_grad_() for t in (q, k, v)]
+        sent.clear()
         y = core(*local)
+        forward = list(sent)
         y.backward(dout[:, :, pos])
-        out[name] = {"out": (y.detach() - ref.detach()[:, :, pos]).abs().max().item()}
+        if name == "ring":
+            out["exchanges"] = {"forward": forward, "backward": sent[len(forward):]}
+        diffs = {"out": (y.detach() - ref.detach()[:, :, pos]).abs().max().item()}
         for label, t, f in zip("qkv", local, full):
-            out[name][f"d{label}"] = (t.grad - f.grad[:, :, pos]).abs().max().item()
+            diffs[f"d{label}"] = (t.grad - f.grad[:, :, pos]).abs().max().item()
+        out["diffs"][name] = diffs
     write_rank_result(out_dir, rank, out)
 
 
 @pytest.mark.distributed
 def test_ring_and_all_to_all_match_full_attention_over_4_ranks(tmp_path):
     """cp = 4, GQA (8 query / 4 kv heads), 32 tokens in 8 chunks of 4: every rank's output
-    and q, k, v gradients equal full causal attention's at its positions (float64, 1e-12)."""
+    and q, k, v gradients equal full causal attention's at its positions (float64, 1e-12).
+    The ring sends what costmodel.context counts: cp−1 K/V exchanges forward, cp−1 K/V and
+    cp dK/dV exchanges backward, of ring_kv_bytes each."""
+    from meshplan.costmodel import context as cx
+    spec = mp.ModelSpec(name="w", num_layers=1, hidden_size=64, num_heads=8, num_kv_heads=4,
+                        vocab_size=16)                                 # head_dim 8, as above
+    kv_bytes = cx.ring_kv_bytes(spec, 32, 2, 1, 4, bytes_per_element=8)     # float64
+    want = cx.ring_exchanges(4)
     for rank, got in enumerate(run_gloo_ranks(_attention_worker, 4, tmp_path)):
-        for core, diffs in got.items():
+        for core, diffs in got["diffs"].items():
             bad = {k: v for k, v in diffs.items() if v > 1e-12}
             assert not bad, f"rank {rank} {core}: {bad}"
+        fwd, bwd = got["exchanges"]["forward"], got["exchanges"]["backward"]
+        assert fwd == [[0, kv_bytes]] * want["forward_kv"]
+        assert sorted(map(tuple, bwd)) == sorted([(0, kv_bytes)] * want["backward_kv"]
+                                                 + [(1, kv_bytes)] * want["backward_dkv"])
+
+
+@pytest.mark.parametrize("order", ["tp-dp-pp", "tp-pp-dp"])
+def test_executor_mesh_puts_cp_next_to_tp_as_the_cost_model_counts(order):
+    from meshplan.costmodel.context import rank_strides
+    from meshplan.executor.mesh import mesh_dims
+    shape, names = mesh_dims(mp.Layout(tp=2, cp=4, dp=3, pp=5), order)
+    strides = {n: 1 for n in names}
+    for i, n in enumerate(names):
+        for size in shape[i + 1:]:
+            strides[n] *= size
+    assert strides == rank_strides(2, 4, 3, 5, order)
 
 
 # ---- layout rules ---------------------------------------------------------------------------
