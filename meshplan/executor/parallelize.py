@@ -6,13 +6,16 @@ Order of construction (every rank):
    are built on the meta device, pruned to their layers, materialized on the device and
    initialized per parameter from the seed (identical to a single-process model);
 2. tensor parallelism slices them in place (:mod:`meshplan.executor.tensor_parallel`);
+   context parallelism gives them their tokens' global positions and a ring or all-to-all
+   attention core (:mod:`meshplan.executor.context_parallel`);
 3. activation recomputation flags (full: whole block; selective: attention core);
 4. optional ``torch.compile`` per block;
 5. data parallelism (DDP / FSDP2, :mod:`meshplan.executor.data_parallel`);
 6. pipeline stages and schedule when pp > 1; the optimizer.
 
-One optimizer step = all micro-batches of this dp rank's share of the global batch,
-gradient reduction, the tensor-parallel fix-ups (sequence-parallel gradients, tied
+One optimizer step = all micro-batches of this dp rank's share of the global batch (with
+cp > 1, this cp rank's load-balanced seq_len/cp tokens of each), gradient reduction over
+dp × cp, the tensor-parallel fix-ups (sequence-parallel gradients, tied
 embedding copies), then AdamW.
 """
 
