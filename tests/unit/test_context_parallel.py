@@ -90,6 +90,20 @@ def test_block_kernels_match_sdpa_and_take_the_merged_lse(kernel_name, causal):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_flash_kernel_calls_fit_the_cuda_ops_schemas():
+    """The CUDA flash kernel's forward and backward calls, on meta tensors (the kernels
+    themselves run only on GPUs): argument order, the outputs kept for the backward, and
+    the shapes of the log-sum-exp and gradients."""
+    from meshplan.executor.context_parallel import _FlashKernel
+    kernel = _FlashKernel()
+    q = torch.empty(2, 4, 16, 64, device="meta", dtype=torch.bfloat16)
+    out, lse = kernel.forward(q, q, q, True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
+    half = q[:, :, 8:]
+    grads = kernel.backward(half, half, q, q, out[:, :, 8:], lse[:, :, 8:], False)
+    assert [g.shape for g in grads] == [half.shape, q.shape, q.shape]
+
+
 # ---- the cores over 4 ranks -----------------------------------------------------------------
 def _attention_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import torch.distributed as dist
