@@ -144,13 +144,7 @@ def main(argv=None) -> int:
     args.compile, args.profile = False, False      # what executor_gpu.run_case reads
     model = TINY if args.tiny else MODEL
     cluster = eg.cluster_for(args.device if not args.estimate else "cpu", 4)
-    todo = cases()
-    if args.only:
-        names = args.only.split(",")
-        unknown = set(names) - {c.name for c in todo}
-        if unknown:
-            p.error(f"unknown layouts {sorted(unknown)}; known: {[c.name for c in todo]}")
-        todo = [c for c in todo if c.name in names]
+    todo = eg.select(p, cases(), args.only)
     if args.estimate:
         for c in todo:
             fit = fit_estimate_bytes(model, cluster, job_for(c, args.tiny), c.layout)
