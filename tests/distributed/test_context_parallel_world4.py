@@ -17,6 +17,8 @@ CP_WORLD4 = [
     Case("cp4-a2a-gpt", GPT, JOB, L(cp=4, cp_style=A2A)),
     Case("cp2-tp2-sp-ring-llama", LLAMA, JOB, L(cp=2, tp=2, sequence_parallel=True)),
     Case("cp2-tp2-a2a-gpt", GPT, JOB, L(cp=2, tp=2, cp_style=A2A)),
+    # learned positions of the sequence-parallel slice of a cp rank's tokens
+    Case("cp2-tp2-sp-ring-gpt", GPT, JOB, L(cp=2, tp=2, sequence_parallel=True)),
     Case("cp2-dp2-zero1-ring-llama", LLAMA, JOB, L(cp=2, dp=2, zero=1)),
     Case("cp2-dp2-zero3-ring-gpt", GPT, JOB, L(cp=2, dp=2, zero=3)),
     Case("cp2-pp2-1f1b-ring-gpt-tied", GPT, JOB, L(cp=2, pp=2, schedule="1f1b")),
