@@ -304,7 +304,7 @@ def apply_context_parallel(model: Transformer, group, *, style: str, seq_len: in
     global positions for its local tokens, and a ring or all-to-all attention core."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     device = next(model.parameters()).device
-    model.set_positions(load_balanced_positions(seq_len, cp, rank).to(device))
+    model.set_positions(load_balanced_positions(seq_len, cp, rank, device=device))
     for block in model.layers.values():
         block.attn.core = RingAttentionCore(group) if style == "ring" else \
             AllToAllAttentionCore(group)
