@@ -179,6 +179,13 @@ def render(rows: list[dict], left_out: list[dict], calculon_commit: str) -> str:
            "profiles (Calculon's `systems/a100_80g.json`, `systems/h100_80g_nvl8.json`; "
            "meshplan's `dgx-a100-80gb`, `dgx-h100`), the same layouts, nothing tuned per row",
            "", *summary, "", *lines]
+    out += ["", "Where the two differ, by mechanism: Calculon has no vocabulary (no embedding, "
+            "no logits layer: its Table-1 times run fast, most on the small models whose logits "
+            "are a large share); it has no fused (flash) attention, so at seq 4096 it stores "
+            "the s² attention scores and times softmax as vector work — on the Megatron-Core "
+            "H100 rows it predicts slow, and it rejects the pipelined ones as not fitting 80 GB "
+            "(no result above; they ran). meshplan's Table-5 `seqsel` rows are fast because it "
+            "under-counts the sequence-parallel collectives (issue 36 item 4)."]
     if left_out:
         out += ["", "Left out (Calculon cannot express them):", ""]
         out += [f"- {r['group']} {r['run']}: {r['why']}" for r in left_out]

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         if name.startswith("Korthikanti"):
             for mode in ("full", "seqsel"):
                 sub = [e for e, r in zip(errs, runs) if r.row["mode"] == mode]
-                summaries[name + " " + mode] = summarize(f"  {mode} rows", sub)
+                summaries[name + " " + mode] = summarize(f"{name}, {mode} rows", sub)
         print("\n".join(tables[name]))
         print(summaries[name])
         print()
