@@ -48,6 +48,7 @@ from meshplan.spec import Job, ModelSpec  # noqa: E402
 DEVICE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1"}
 MEMORY_GOAL_PCT = 5.0
+GENERIC_TIMEOUT_S = 150.0   # the no-model calibration: ~25 s of benchmarks + start-up
 
 
 def load_set(path: Path) -> dict:
@@ -56,6 +57,42 @@ def load_set(path: Path) -> dict:
         m["model_file"] = str(path / "models" / f"{m['name']}.json")
         m["layout_file"] = str(path / "layouts" / f"{m['name']}.json")
     return doc
+
+
+def parse_part(text: str | None) -> tuple[int, int] | None:
+    """``--part K/N`` → (K, N): the models i with i % N == K - 1 (1-based K)."""
+    if text is None:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--part {text!r}: give K/N, e.g. 1/2") from None
+    if not 1 <= k <= n:
+        raise SystemExit(f"--part {text!r}: K must be between 1 and N")
+    return k, n
+
+
+def part_models(doc: dict, part: tuple[int, int] | None) -> list[dict]:
+    if part is None:
+        return doc["models"]
+    k, n = part
+    return [m for i, m in enumerate(doc["models"]) if i % n == k - 1]
+
+
+def profile_name(part: tuple[int, int] | None) -> str:
+    return "profile.toml" if part is None else f"profile_part{part[0]}of{part[1]}.toml"
+
+
+def kept_profile(keep: Path, doc: dict, name: str) -> Path | None:
+    """The profile a model was calibrated in on this machine: profile.toml, else the part's."""
+    if (keep / "profile.toml").exists():
+        return keep / "profile.toml"
+    index = [m["name"] for m in doc["models"]].index(name)
+    for f in sorted(keep.glob("profile_part*of*.toml")):
+        k, n = (int(x) for x in f.stem[len("profile_part"):].split("of"))
+        if index % n == k - 1:
+            return f
+    return None
 
 
 def tiny_set(doc: dict, where: Path) -> dict:
@@ -86,25 +123,28 @@ def cluster_preset(gpu: str) -> str:
     return "dgx-h200" if "H200" in gpu else "dgx-h100"
 
 
-def calibrate_cmd(doc: dict | None, out: Path, *, nproc: int, budget_s: float,
+def calibrate_cmd(models: list[dict], out: Path, *, nproc: int, budget_s: float,
                   micro_batches: str | None) -> list[str]:
+    """``meshplan calibrate`` with the models (none: the generic grid, no layer tables)."""
     cmd = [sys.executable, "-m", "meshplan.cli", "calibrate", "--nproc", str(nproc),
            "--time-budget", f"{budget_s:g}", "--out", str(out), "--no-progress"]
-    for m in (doc or {"models": []})["models"]:
+    for m in models:
         cmd += ["--model", m["model_file"]]
-    if doc and micro_batches:
+    if models and micro_batches:
         cmd += ["--micro-batches", micro_batches]
     return cmd
 
 
 def validate_cmd(m: dict, out: Path, *, profile: str | None, gpu: str, nproc: int,
-                 budget_s: float, device: str) -> list[str]:
+                 budget_s: float, device: str, steps: int = 6, warmup: int = 2,
+                 layout_timeout_s: float = 60) -> list[str]:
     job = m["job"]
     cmd = [sys.executable, "-m", "meshplan.cli", "validate", "--runtime", "torch",
            "--model", m["model_file"], "--cluster", cluster_preset(gpu),
            "--global-batch", str(job["global_batch"]), "--seq-len", str(job["seq_len"]),
            "--layout-list", m["layout_file"], "--nproc", str(nproc), "--device", device,
-           "--steps", "6", "--warmup", "2", "--timeout", "60", "--budget", f"{budget_s:.0f}",
+           "--steps", str(steps), "--warmup", str(warmup), "--timeout", f"{layout_timeout_s:g}",
+           "--budget", f"{budget_s:.0f}",
            "--out", str(out)]
     return cmd + (["--profile", profile] if profile else [])
 
@@ -126,27 +166,31 @@ def validate_set(doc: dict, args) -> Path:
     """One ``meshplan validate`` per model, sharing ``args.budget`` seconds; one merged
     accuracy.json in ``args.out``."""
     gpu = gpu_name() if args.device != "cpu" else "cpu"
-    if args.profile is None and args.device != "cpu":
-        kept = args.keep / "profile.toml"
-        if not kept.exists():
-            raise SystemExit(f"no --profile and none kept at {kept}: run the calibrate call on "
-                             f"this (still warm) machine first, or pass the profile it wrote")
-        args.profile = str(kept)
+    models = part_models(doc, parse_part(args.part))
+    profiles = {}
+    for m in models:
+        kept = None if args.profile else kept_profile(args.keep, doc, m["name"])
+        if args.profile is None and kept is None and args.device != "cpu":
+            raise SystemExit(f"no --profile and no profile kept in {args.keep} for {m['name']}: "
+                             f"run the calibrate call(s) on this (still warm) machine first, "
+                             f"or pass the profile they wrote")
+        profiles[m["name"]] = args.profile or (str(kept) if kept else None)
     t0 = time.perf_counter()
     records = []
-    models = doc["models"]
     for i, m in enumerate(models):
         left = args.budget - (time.perf_counter() - t0)
         share = max(0.0, left / (len(models) - i))
         d = args.keep / "val" / m["name"]
-        _run(validate_cmd(m, d, profile=args.profile, gpu=gpu, nproc=args.nproc,
-                          budget_s=share, device=args.device),
-             args.out / "validate.log", timeout_s=share + 60)
+        _run(validate_cmd(m, d, profile=profiles[m["name"]], gpu=gpu, nproc=args.nproc,
+                          budget_s=share, device=args.device, steps=args.steps,
+                          warmup=args.warmup, layout_timeout_s=args.layout_timeout),
+             args.out / "validate.log", timeout_s=share + args.layout_timeout + 30)
         acc = d / "accuracy.json"
         if acc.exists():
             records += json.loads(acc.read_text())["records"]
     meta = {"set": doc["set"], "seed": doc["seed"], "gpu_name": gpu, "nproc": args.nproc,
-            "profile": args.profile or "", "device": args.device,
+            "profile": ", ".join(sorted({p for p in profiles.values() if p})),
+            "profiles": profiles, "device": args.device,
             "command": " ".join(["python", *sys.argv]),
             "jobs": {m["name"]: m["job"] for m in models}}
     paths = write_accuracy(args.out, records, meta)
@@ -218,6 +262,15 @@ def main(argv=None) -> int:
                     help="seconds for the call's work (default: calibrate 540, validate 470, "
                          "generic 240; a validate layout may overrun its share by its 60 s "
                          "timeout)")
+    ap.add_argument("--steps", type=int, default=6, help="validate: timed steps per layout")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--layout-timeout", type=float, default=60.0,
+                    help="validate: seconds per layout")
+    ap.add_argument("--part", default=None, metavar="K/N",
+                    help="only the models i with i %% N == K-1 (calibrate: one profile per "
+                         "part, profile_partKofN.toml; validate finds each model's part)")
+    ap.add_argument("--generic-first", action="store_true",
+                    help="calibrate: run the no-model calibration first in the same call")
     ap.add_argument("--tiny", action="store_true",
                     help="validate: shrunk models (a CPU dry run with --device cpu)")
     ap.add_argument("--micro-batches", default="1,4",
@@ -227,19 +280,30 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default=None, help="report: the GPU the records ran on")
     args = ap.parse_args(argv)
     if args.budget is None:
-        args.budget = {"calibrate": 540.0, "validate": 470.0, "generic": 240.0}.get(args.what, 0)
+        args.budget = {"calibrate": 540.0, "validate": 470.0, "generic": 150.0}.get(args.what, 0)
     args.out.mkdir(parents=True, exist_ok=True)
     args.keep.mkdir(parents=True, exist_ok=True)
     if args.what in ("calibrate", "generic"):
-        doc = load_set(args.set) if args.what == "calibrate" else None
-        name = "profile.toml" if doc else "generic.toml"
-        # 40 s of the budget for torchrun's start-up and the imports, which calibrate's own
-        # --time-budget does not see (as benchmarks/device_accuracy.sh)
-        rc = _run(calibrate_cmd(doc, args.keep / name, nproc=args.nproc,
-                                budget_s=args.budget - 40, micro_batches=args.micro_batches),
-                  args.out / f"{args.what}.log", timeout_s=args.budget)
-        if (args.keep / name).exists():
-            (args.out / name).write_text((args.keep / name).read_text())
+        t0 = time.perf_counter()
+        jobs = []
+        if args.what == "generic" or args.generic_first:
+            jobs.append(([], "generic.toml", "generic.log", GENERIC_TIMEOUT_S))
+        if args.what == "calibrate":
+            part = parse_part(args.part)
+            jobs.append((part_models(load_set(args.set), part), profile_name(part),
+                         "calibrate.log", None))
+        rc = 0
+        for models, name, log, cap in jobs:
+            left = args.budget - (time.perf_counter() - t0)
+            limit = min(left, cap) if cap else left
+            # 40 s for torchrun's start-up and the imports, which calibrate's own
+            # --time-budget does not see (as benchmarks/device_accuracy.sh)
+            rc = _run(calibrate_cmd(models, args.keep / name, nproc=args.nproc,
+                                    budget_s=max(limit - 40, 30),
+                                    micro_batches=args.micro_batches),
+                      args.out / log, timeout_s=limit) or rc
+            if (args.keep / name).exists():
+                (args.out / name).write_text((args.keep / name).read_text())
         return rc
     if args.what == "validate":
         doc = load_set(args.set)
