@@ -169,7 +169,7 @@ def validate_set(doc: dict, args) -> Path:
     models = part_models(doc, parse_part(args.part))
     profiles = {}
     for m in models:
-        kept = None if args.profile else kept_profile(args.keep, doc, m["name"])
+        kept = None if args.profile else kept_profile(args.profiles or args.keep, doc, m["name"])
         if args.profile is None and kept is None and args.device != "cpu":
             raise SystemExit(f"no --profile and no profile kept in {args.keep} for {m['name']}: "
                              f"run the calibrate call(s) on this (still warm) machine first, "
@@ -269,12 +269,16 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default=None, metavar="K/N",
                     help="only the models i with i %% N == K-1 (calibrate: one profile per "
                          "part, profile_partKofN.toml; validate finds each model's part)")
+    ap.add_argument("--profiles", type=Path, default=None,
+                    help="validate: a directory holding profile.toml or the parts' profiles "
+                         "(default: --keep, where the calibrate calls left them)")
     ap.add_argument("--generic-first", action="store_true",
                     help="calibrate: run the no-model calibration first in the same call")
     ap.add_argument("--tiny", action="store_true",
                     help="validate: shrunk models (a CPU dry run with --device cpu)")
-    ap.add_argument("--micro-batches", default="1,4",
-                    help="calibrate's layer-table micro-batches (the set uses 1, 2, 4, 16)")
+    ap.add_argument("--micro-batches", default="1,4,16",
+                    help="calibrate's layer-table micro-batches (transfer36 runs 1, 2, 4 and "
+                         "16; FSDP rows take the two smallest) [%(default)s]")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--accuracy", type=Path, default=None, help="report: merged accuracy.json")
     ap.add_argument("--gpu", default=None, help="report: the GPU the records ran on")
