@@ -184,8 +184,11 @@ def render(rows: list[dict], left_out: list[dict], calculon_commit: str) -> str:
             "are a large share); it has no fused (flash) attention, so at seq 4096 it stores "
             "the s² attention scores and times softmax as vector work — on the Megatron-Core "
             "H100 rows it predicts slow, and it rejects the pipelined ones as not fitting 80 GB "
-            "(no result above; they ran). meshplan's Table-5 `seqsel` rows are fast because it "
-            "under-counts the sequence-parallel collectives (issue 36 item 4)."]
+            "(no result above; they ran). meshplan prices the sequence-parallel collectives as "
+            "Megatron runs them (two all-gathers and two reduce-scatters per layer and pass, "
+            "plus the backward's re-gather for weight gradients); Calculon models the same "
+            "collectives and times Table 5 closer, where meshplan's full-recompute rows run "
+            "+3..+8 % slow."]
     if left_out:
         out += ["", "Left out (Calculon cannot express them):", ""]
         out += [f"- {r['group']} {r['run']}: {r['why']}" for r in left_out]

@@ -155,14 +155,7 @@ def test_korthikanti_layouts_are_table3s():
     assert by[("megatron-22b", "full")].model.num_params() / 1e9 == pytest.approx(22, rel=0.02)
 
 
-_SP_UNDERCOUNT = pytest.mark.xfail(
-    strict=True, reason="SP collectives counted once per layer and pass where Megatron runs "
-    "two plus the backward's re-gather (issue 36 item 4); predicted 12 % fast")
-
-
-@pytest.mark.parametrize("run", [pytest.param(r, marks=_SP_UNDERCOUNT)
-                                 if r.label.startswith("megatron-22b seqsel") else r
-                                 for r in KORTHIKANTI], ids=lambda r: r.label)
+@pytest.mark.parametrize("run", KORTHIKANTI, ids=lambda r: r.label)
 def test_korthikanti_table5_step_time_within_10pct(run):
     est = estimate(run.model, run.cluster, run.job, run.layout)
     assert est.fits, f"{run.label}: the published layout ran, so it must fit"
