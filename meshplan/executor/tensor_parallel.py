@@ -359,18 +359,20 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str,
         attn.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
         attn.num_heads //= size
         attn.num_kv_heads //= size
-        fc_sections = (spec.ffn_hidden_size,) * spec.ffn_matrices
-        mlp.fc = ColumnParallelLinear(mlp.fc, group, sequence_parallel=sequence_parallel,
-                                      sections=fc_sections if spec.ffn_matrices > 1 else None)
-        mlp.proj = RowParallelLinear(mlp.proj, group, sequence_parallel=sequence_parallel)
         p = f"layers.{lname}."
         shards[p + "attn.qkv.weight"] = attn.qkv.weight_spec
         shards[p + "attn.proj.weight"] = attn.proj.weight_spec
-        shards[p + "mlp.fc.weight"] = mlp.fc.weight_spec
-        shards[p + "mlp.proj.weight"] = mlp.proj.weight_spec
         if spec.bias:
             shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
-            shards[p + "mlp.fc.bias"] = mlp.fc.weight_spec
+        if hasattr(mlp, "experts"):    # an MoE layer: its shared experts, token slicing
+            from meshplan.executor.expert_parallel import apply_tensor_parallel_moe
+            shards.update(apply_tensor_parallel_moe(mlp, group, spec,
+                                                    sequence_parallel=sequence_parallel,
+                                                    prefix=p + "mlp."))
+        else:
+            shards.update(parallelize_mlp(mlp, group, spec.ffn_hidden_size, spec,
+                                          sequence_parallel=sequence_parallel,
+                                          prefix=p + "mlp."))
     if model.tok_embeddings is not None:
         model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, group,
                                                       sequence_parallel=sequence_parallel)
@@ -387,6 +389,20 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str,
         model.head_override = VocabParallelHead(model, group, sequence_parallel=sequence_parallel)
     if sequence_parallel and model.embeds_input and model.tok_embeddings is None:
         raise ExecutorError("internal: a first stage without an input embedding")
+    return shards
+
+
+def parallelize_mlp(mlp, group, width: int, spec, *, sequence_parallel: bool,
+                    prefix: str) -> dict[str, ShardSpec]:
+    """An MLP of ``width`` as column-parallel fc (gate | up split section by section) and
+    row-parallel proj; returns the ShardSpecs of its sharded parameters."""
+    mlp.fc = ColumnParallelLinear(mlp.fc, group, sequence_parallel=sequence_parallel,
+                                  sections=(width,) * spec.ffn_matrices
+                                  if spec.ffn_matrices > 1 else None)
+    mlp.proj = RowParallelLinear(mlp.proj, group, sequence_parallel=sequence_parallel)
+    shards = {prefix + "fc.weight": mlp.fc.weight_spec, prefix + "proj.weight": mlp.proj.weight_spec}
+    if spec.bias:
+        shards[prefix + "fc.bias"] = mlp.fc.weight_spec
     return shards
 
 
@@ -429,4 +445,4 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "VocabParallelHead", "ShardSpec", "apply_tensor_parallel",
            "vocab_parallel_cross_entropy", "sequence_parallel_param_names",
            "allreduce_sequence_parallel_grads", "copy_to_tp", "reduce_from_tp",
-           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp"]
+           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp", "parallelize_mlp"]
