@@ -161,8 +161,9 @@ def configure_moe(module, eg: ExpertGroups | None, *, aux_divisor: int) -> None:
 
 def prepare_data_parallel(module, eg: ExpertGroups, *, zero: int, bf16: bool, dp: int) -> None:
     """Before :func:`meshplan.executor.data_parallel.wrap_data_parallel`: with ZeRO-2/3,
-    FSDP2 shards each layer's experts over edp (gradients summed over edp and divided by dp);
-    with ZeRO-0/1, DDP leaves the expert weights alone (:func:`reduce_expert_grads`)."""
+    FSDP2 shards each layer's experts over edp (it averages their gradients over edp;
+    :func:`reduce_expert_grads` rescales); with ZeRO-0/1, DDP leaves the expert weights to
+    :func:`reduce_expert_grads`."""
     if zero >= 2:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -170,24 +171,25 @@ def prepare_data_parallel(module, eg: ExpertGroups, *, zero: int, bf16: bool, dp
         for layer in moe_layers(module):
             fully_shard(layer.experts, mesh=eg.edp_mesh, reshard_after_forward=zero == 3,
                         mp_policy=mp)
-            divide = (getattr(layer.experts, "set_gradient_divide_factor", None)
-                      or layer.experts.set_reduce_scatter_divide_factor)
-            divide(float(dp))
         return
     from torch.nn.parallel import DistributedDataParallel
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         module, expert_param_names(module))
 
 
-def reduce_expert_grads(params: list, eg: ExpertGroups, dp: int) -> None:
-    """ZeRO-0/1: sum the expert gradients over edp and divide by dp."""
+def reduce_expert_grads(params: list, eg: ExpertGroups, *, dp: int, zero: int) -> None:
+    """Make each expert gradient the sum over edp divided by dp: ZeRO-0/1 all-reduce over
+    edp here; under ZeRO-2/3 FSDP2 has averaged over edp, so rescale by edp/dp (FSDP2's own
+    divide factor uses ReduceOp.PREMUL_SUM, which gloo lacks)."""
     from meshplan.executor.data_parallel import allreduce_grads
-    if eg.edp > 1:
+    if zero < 2 and eg.edp > 1:
         allreduce_grads(params, eg.edp_group, dp)
-    elif dp > 1:
+        return
+    factor = (eg.edp if zero >= 2 else 1) / dp
+    if factor != 1:
         for p in params:
             if p.grad is not None:
-                p.grad.div_(dp)
+                (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).mul_(factor)
 
 
 def build_expert_optimizer(params: list, eg: ExpertGroups, *, zero: int, device, config):

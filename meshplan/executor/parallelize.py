@@ -246,8 +246,9 @@ class ParallelTrainer:
         if self.layout.pp > 1 and self.layout.zero < 2 and self.groups.dp > 1:
             allreduce_grads([p for part in self.parts for p in part.module.parameters()
                              if id(p) not in experts], self.groups.dp_group, self.groups.dp)
-        if self.expert_params and self.layout.zero < 2:
-            epm.reduce_expert_grads(self.expert_params, self.expert_groups, self.layout.dp)
+        if self.expert_params:
+            epm.reduce_expert_grads(self.expert_params, self.expert_groups, dp=self.layout.dp,
+                                    zero=self.layout.zero)
         if self.sp_params:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
         if self.router_params:   # routers saw only this tp rank's tokens
