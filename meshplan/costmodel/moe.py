@@ -119,6 +119,39 @@ def mla_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, 
     return 2.0 * model.attention_matmul_params(), core
 
 
+def _layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
+    h, m = model.hidden_size, model.ffn_matrices
+    if model.is_mla:
+        proj, core = mla_forward_flops_per_token(model, seq_len)
+    else:
+        proj, core = 2.0 * model.attention_matmul_params(), 4.0 * seq_len * model.q_dim
+    if model.is_moe_layer(layer):
+        return proj + core + moe_forward_flops_per_token(model).total
+    return proj + core + 2.0 * (m + 1) * h * model.ffn_hidden_size
+
+
+def moe_model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
+                             recompute: str = "none") -> float:
+    """Model FLOPs of one step (forward + 2 × backward) of an MoE model, or with
+    ``recompute`` the hardware FLOPs (full: every layer's forward again; selective: the
+    attention cores), in :mod:`meshplan.costmodel.flops`' conventions; the logits cost
+    2hV per token; each multi-token-prediction module adds a layer like the last, its 2h → h
+    projection and its own logits (DeepSeek-V3 §2.2)."""
+    _require_moe(model)
+    tokens = global_batch * seq_len
+    layers = [_layer_forward_flops_per_token(model, i, seq_len) for i in range(model.num_layers)]
+    logits = 2.0 * model.hidden_size * model.vocab_size
+    mtp = model.mtp_layers * (layers[-1] + 2.0 * 2 * model.hidden_size ** 2 + logits)
+    flops = 3.0 * tokens * (sum(layers) + logits + mtp)
+    if recompute == "full":
+        flops += tokens * sum(layers)
+    elif recompute == "selective":
+        core = (mla_forward_flops_per_token(model, seq_len)[1] if model.is_mla
+                else 4.0 * seq_len * model.q_dim)
+        flops += tokens * model.num_layers * core
+    return flops
+
+
 # ---- tokens per expert rank ------------------------------------------------------------------
 def routed_tokens_per_rank(model: ModelSpec, layout: Layout, tokens: float, *,
                            imbalance: float) -> float:
@@ -260,6 +293,7 @@ def all_to_alls_per_layer(recompute: str) -> int:
 
 
 __all__ = ["MoEFlops", "MoEParams", "MoEActivations", "moe_forward_flops_per_token",
+           "moe_model_flops_per_step",
            "mla_forward_flops_per_token", "expert_capacity", "routed_tokens_per_rank",
            "max_routed_rows", "moe_params_per_rank", "expert_state_bytes",
            "expert_grad_reduce_bytes", "moe_activation_bytes", "dispatch_bytes_per_rank",

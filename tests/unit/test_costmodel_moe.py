@@ -122,3 +122,27 @@ def test_dispatch_volume_and_all_to_all_time():
 def test_dense_models_are_refused():
     with pytest.raises(mp.ConfigError, match="dense model"):
         moe.moe_forward_flops_per_token(mp.ModelSpec.preset("llama3-8b"))
+
+
+def test_model_flops_per_step_mixtral():
+    """Per token forward, one layer: attention projections 2·(4096·(4096 + 2·1024) + 4096²)
+    = 83,886,080; attention core 4·4096·4096 = 67,108,864; MoE 704,708,608 (above); 32
+    layers plus logits 2·4096·32000 = 262,144,000; forward + backward = 3 × forward."""
+    per_token = 32 * (83_886_080 + 67_108_864 + 704_708_608) + 262_144_000
+    assert per_token == 27_644_657_664
+    assert moe.moe_model_flops_per_step(MIXTRAL, 1, 4096) == 3 * 4096 * per_token
+    full = moe.moe_model_flops_per_step(MIXTRAL, 1, 4096, recompute="full")
+    assert full - 3 * 4096 * per_token == 4096 * 32 * (83_886_080 + 67_108_864 + 704_708_608)
+    sel = moe.moe_model_flops_per_step(MIXTRAL, 1, 4096, recompute="selective")
+    assert sel - 3 * 4096 * per_token == 4096 * 32 * 67_108_864
+
+
+def test_model_flops_per_step_deepseek_v3_dense_layers_mla_and_mtp():
+    s = 4096
+    attn = 374_210_560 + 2 * s * 128 * 320                # MLA projections + core (above)
+    dense = attn + 2 * 3 * 7168 * 18432
+    moe_layer = attn + 3_670_016 + 704_643_072 + 88_080_384
+    logits = 2 * 7168 * 129280
+    mtp = moe_layer + 2 * 2 * 7168 ** 2 + logits
+    per_token = 3 * dense + 58 * moe_layer + logits + mtp
+    assert moe.moe_model_flops_per_step(DSV3, 2, s) == 3 * 2 * s * per_token

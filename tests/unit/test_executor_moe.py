@@ -192,3 +192,12 @@ def test_stage_rank_table_reads_the_device_mesh_by_name():
         mesh = torch.arange(16).view(4, 2, 2)
     assert epm.stage_rank_table(Mesh()) == [[0, 1, 4, 5, 8, 9, 12, 13],
                                             [2, 3, 6, 7, 10, 11, 14, 15]]
+
+
+def test_measured_flops_of_an_moe_model_count_the_active_experts():
+    from meshplan.costmodel.moe import moe_model_flops_per_step
+    from meshplan.executor.measure import throughput
+    from meshplan.spec import Job, Layout
+    job, layout = Job(global_batch=4, seq_len=16), Layout(dp=2, ep=2)
+    got = throughput(MOE, job, layout, 2.0, None)
+    assert got["model_tflops_per_gpu"] == moe_model_flops_per_step(MOE, 4, 16) / 2.0 / 2 / 1e12
