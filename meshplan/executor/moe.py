@@ -174,22 +174,6 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
-class _GatherKeepSlice(torch.autograd.Function):
-    """All-gather the tp ranks' sequence slices forward; keep this rank's slice of the
-    (replicated) gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        from meshplan.executor.tensor_parallel import _all_gather_seq
-        ctx.group = group
-        return _all_gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        from meshplan.executor.tensor_parallel import _split_seq
-        return _split_seq(grad, ctx.group), None
-
-
 def _expert_major_index(recv: torch.Tensor) -> torch.Tensor:
     """Row order that turns rows received as (source, expert) chunks, sizes ``recv``
     [sources, experts], into (expert, source) order."""
@@ -242,9 +226,8 @@ class MoELayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (b, s, h), or this tp rank's (b, s/tp, h) with sequence parallelism
         if self.slice_tokens:
-            from meshplan.executor.tensor_parallel import scatter_to_sp
-            y = _GatherKeepSlice.apply(self._routed(scatter_to_sp(x, self.tp_group)),
-                                       self.tp_group)
+            from meshplan.executor.tensor_parallel import gather_from_slices, scatter_to_sp
+            y = gather_from_slices(self._routed(scatter_to_sp(x, self.tp_group)), self.tp_group)
         else:
             y = self._routed(x)
         return y if self.shared is None else y + self.shared(x)

@@ -138,6 +138,17 @@ class _ScatterToSP(torch.autograd.Function):
         return _all_gather_seq(grad, ctx.group), None
 
 
+class _GatherFromSlices(_GatherFromSP):
+    """All-gather the sequence slices forward (as :class:`_GatherFromSP`), keep this rank's
+    slice of the (replicated) gradient backward: the conjugate of :class:`_ScatterToSP`,
+    leaving a region whose ranks each worked on one slice of a replicated activation (an
+    MoE layer's routed tokens)."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_seq(grad, ctx.group), None
+
+
 def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where autocast is on for its device and ``x`` is fp32.
 
@@ -172,6 +183,10 @@ def reduce_scatter_to_sp(x, group):
 
 def scatter_to_sp(x, group):
     return _ScatterToSP.apply(x, group)
+
+
+def gather_from_slices(x, group):
+    return _GatherFromSlices.apply(x, group)
 
 
 # ---- how a parameter is cut ----------------------------------------------------------------
@@ -445,4 +460,5 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "VocabParallelHead", "ShardSpec", "apply_tensor_parallel",
            "vocab_parallel_cross_entropy", "sequence_parallel_param_names",
            "allreduce_sequence_parallel_grads", "copy_to_tp", "reduce_from_tp",
-           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp", "parallelize_mlp"]
+           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp", "gather_from_slices",
+           "parallelize_mlp"]
