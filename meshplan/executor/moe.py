@@ -270,6 +270,8 @@ class MoELayer(nn.Module):
         return gates.reshape(-1), idx.reshape(-1), keep, aux
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        from meshplan.executor.tensor_parallel import to_compute_dtype
+        x = to_compute_dtype(x)      # 16-bit rows through the all-to-alls under autocast
         b, s, h = x.shape
         x2d = x.reshape(b * s, h)
         gates, experts, keep, aux = self._route(x2d, b, s)
