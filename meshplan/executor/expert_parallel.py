@@ -159,7 +159,7 @@ def configure_moe(module, eg: ExpertGroups | None, *, aux_divisor: int) -> None:
         layer.aux_grad_scale = layer.aux_grad_scale / aux_divisor
 
 
-def prepare_data_parallel(module, eg: ExpertGroups, *, zero: int, bf16: bool, dp: int) -> None:
+def prepare_data_parallel(module, eg: ExpertGroups, *, zero: int, bf16: bool) -> None:
     """Before :func:`meshplan.executor.data_parallel.wrap_data_parallel`: with ZeRO-2/3,
     FSDP2 shards each layer's experts over edp (it averages their gradients over edp;
     :func:`reduce_expert_grads` rescales); with ZeRO-0/1, DDP leaves the expert weights to

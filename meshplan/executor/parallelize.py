@@ -6,13 +6,16 @@ Order of construction (every rank):
    are built on the meta device, pruned to their layers, materialized on the device and
    initialized per parameter from the seed (identical to a single-process model);
 2. tensor parallelism slices them in place (:mod:`meshplan.executor.tensor_parallel`);
+   context parallelism gives them their tokens' global positions and a ring or all-to-all
+   attention core (:mod:`meshplan.executor.context_parallel`);
 3. activation recomputation flags (full: whole block; selective: attention core);
 4. optional ``torch.compile`` per block;
 5. data parallelism (DDP / FSDP2, :mod:`meshplan.executor.data_parallel`);
 6. pipeline stages and schedule when pp > 1; the optimizer.
 
-One optimizer step = all micro-batches of this dp rank's share of the global batch,
-gradient reduction, the tensor-parallel fix-ups (sequence-parallel gradients, tied
+One optimizer step = all micro-batches of this dp rank's share of the global batch (with
+cp > 1, this cp rank's load-balanced seq_len/cp tokens of each), gradient reduction over
+dp × cp, the tensor-parallel fix-ups (sequence-parallel gradients, tied
 embedding copies), then AdamW.
 """
 
@@ -25,9 +28,10 @@ import torch
 import torch.distributed as dist
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import check_experts
+from meshplan.spec.validate import check_context_parallel, check_experts
 from meshplan.errors import ConfigError, ExecutorError
 from meshplan.executor import expert_parallel as epm
+from meshplan.executor.data import shard_sequence
 from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
                                              wrap_data_parallel)
 from meshplan.executor.mesh import MeshGroups
@@ -39,9 +43,10 @@ from meshplan.executor import tensor_parallel as tpm
 
 def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Checks that need no process group; returns the number of micro-batches per step."""
-    if layout.cp > 1 or layout.etp > 1:
-        raise ExecutorError(f"the executor does not run cp = {layout.cp}, etp = {layout.etp} "
-                            f"yet; use cp = etp = 1")
+    if layout.etp > 1:
+        raise ExecutorError(f"the executor does not run etp = {layout.etp} (expert tensor "
+                            f"parallelism) yet; use etp = 1")
+    check_context_parallel(model, job, layout)
     check_moe_runnable(model, job, layout)
     per = layout.dp * layout.micro_batch
     if job.global_batch % per:
@@ -76,6 +81,10 @@ def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         raise ExecutorError(str(exc)) from None
     if not model.is_moe:
         return
+    if layout.cp > 1:
+        raise ExecutorError(f"MoE layers with cp = {layout.cp} are not implemented: the "
+                            f"per-sequence balance loss and capacity would have to add up the "
+                            f"counts of the cp ranks' chunks; use cp = 1")
     if layout.tp > 1 and job.seq_len % layout.tp:
         raise ExecutorError(f"MoE layers route this tp rank's 1/tp of the sequence; seq_len "
                             f"{job.seq_len} must be divisible by tp = {layout.tp}")
@@ -121,6 +130,10 @@ class ParallelTrainer:
             if layout.tp > 1:
                 self.shards.update(tpm.apply_tensor_parallel(m, groups.tp_group,
                                                              sequence_parallel=sp))
+            if layout.cp > 1:
+                from meshplan.executor.context_parallel import apply_context_parallel
+                apply_context_parallel(m, groups.cp_group, style=layout.cp_style,
+                                       seq_len=job.seq_len)
             m.activation_dtype = act_dtype if self.bf16 else None
             for block in m.layers.values():
                 block.recompute_block = layout.recompute == "full"
@@ -132,9 +145,9 @@ class ParallelTrainer:
                 epm.configure_moe(m, self.expert_groups,
                                   aux_divisor=1 if layout.pp > 1 else self.num_microbatches)
                 epm.prepare_data_parallel(m, self.expert_groups, zero=layout.zero,
-                                          bf16=self.bf16, dp=layout.dp)
-            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups, device=device,
-                                         bf16=self.bf16, pipelined=layout.pp > 1)
+                                          bf16=self.bf16)
+            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups.grad_groups,
+                                         device=device, bf16=self.bf16, pipelined=layout.pp > 1)
             self.parts.append(_Part(ps, m, wrapped))
         self.sp_params = []
         if sp:
@@ -156,8 +169,8 @@ class ParallelTrainer:
                 (self.expert_params if name in experts else params).append(p)
                 if name in routers:
                     self.router_params.append(p)
-        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups, device=device,
-                                         config=optimizer)
+        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups.grad_groups,
+                                         device=device, config=optimizer)
         if self.expert_params:
             self.optimizer = epm.JointOptimizer([self.optimizer, epm.build_expert_optimizer(
                 self.expert_params, self.expert_groups, zero=layout.zero, device=device,
@@ -201,8 +214,9 @@ class ParallelTrainer:
         """
         mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
-        x = batch[:, :-1].contiguous()
-        y = batch[:, 1:].contiguous()
+        cp, cp_rank = self.layout.cp, self.groups.cp_rank
+        x = shard_sequence(batch[:, :-1], cp, cp_rank).contiguous()
+        y = shard_sequence(batch[:, 1:], cp, cp_rank).contiguous()
         with self._autocast():
             if self.schedule is None:
                 local = self._step_local(x, y, mark)
@@ -242,12 +256,13 @@ class ParallelTrainer:
         return torch.zeros((), device=self.device)
 
     def _finish_grads(self) -> None:
+        replicas = self.groups.grad_groups     # dp × cp
         experts = {id(p) for p in self.expert_params}
-        if self.layout.pp > 1 and self.layout.zero < 2 and self.groups.dp > 1:
+        if self.layout.pp > 1 and self.layout.zero < 2 and replicas.dp > 1:
             allreduce_grads([p for part in self.parts for p in part.module.parameters()
-                             if id(p) not in experts], self.groups.dp_group, self.groups.dp)
+                             if id(p) not in experts], replicas.dp_group, replicas.dp)
         if self.expert_params:
-            epm.reduce_expert_grads(self.expert_params, self.expert_groups, dp=self.layout.dp,
+            epm.reduce_expert_grads(self.expert_params, self.expert_groups, dp=replicas.dp,
                                     zero=self.layout.zero)
         if self.sp_params:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
@@ -264,7 +279,8 @@ class ParallelTrainer:
         contrib = contrib.clone()
         if dist.get_world_size() > 1:
             dist.all_reduce(contrib)
-        return contrib / self.layout.dp
+        # every dp × cp rank holds the mean over as many tokens (seq_len / cp of its sequences)
+        return contrib / (self.layout.dp * self.layout.cp)
 
     # ---- introspection (tests, memory reports) -----------------------------------------
     def named_parameters(self):
@@ -280,7 +296,8 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
 
     Collective over the world. Every copy of a replicated or tied parameter is returned
     under ``name`` (first copy) and ``name@dp{d}pp{p}tp{t}`` (all copies), so a test can
-    check both the value and that replicas agree.
+    check both the value and that replicas agree; ``d`` counts the dp × cp replicas
+    (dp_rank·cp + cp_rank).
     """
     g = trainer.groups
     experts = set(trainer.expert_param_names)
@@ -295,7 +312,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()
         mine.append((name, t.detach().float().cpu()))
-    record = ((g.dp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
+    record = ((g.dp_rank * g.cp + g.cp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
     world = dist.get_world_size()
     gathered = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(record, gathered, dst=0)
@@ -316,7 +333,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
                 out[f"{name}@dp{coord[0]}pp{coord[1]}tp{coord[2]}"] = t
         pp_ranks = sorted({c[1] for c in by_coord})
         for pr in pp_ranks:
-            for d in range(g.dp):
+            for d in range(g.dp * g.cp):
                 ts = [by_coord.get((d, pr, t)) for t in range(g.tp)]
                 if any(x is None for x in ts):
                     full = None
