@@ -201,3 +201,19 @@ def test_measured_flops_of_an_moe_model_count_the_active_experts():
     job, layout = Job(global_batch=4, seq_len=16), Layout(dp=2, ep=2)
     got = throughput(MOE, job, layout, 2.0, None)
     assert got["model_tflops_per_gpu"] == moe_model_flops_per_step(MOE, 4, 16) / 2.0 / 2 / 1e12
+
+
+@pytest.mark.parametrize("model,layout,match", [
+    (MOE, dict(dp=2, ep=2, etp=2, tp=2), "etp = 2"),
+    (MOE, dict(dp=4, cp=2, ep=2), "MoE layers with cp = 2 are not implemented"),
+    (MOE, dict(dp=3, ep=3), r"ep = 3 must divide the 4 routed experts"),
+    (dataclasses.replace(MOE, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=None,
+                         num_shared_experts=0, shared_expert_ffn_hidden_size=None,
+                         dense_layers=()), dict(dp=2, ep=2), "need a mixture-of-experts model"),
+])
+def test_executor_refuses_what_its_moe_layers_cannot_run(model, layout, match):
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job, Layout
+    with pytest.raises(ExecutorError, match=match):
+        check_layout_runnable(model, Job(global_batch=24, seq_len=16, precision="fp32"),
+                              Layout(**layout))
