@@ -26,6 +26,13 @@ from meshplan.spec._model_checks import check_mla_fields, check_moe_fields
 from meshplan.spec.choices import ACTIVATIONS, NORMS, POSITIONS
 
 
+_MOE_MLA_FIELDS = frozenset((
+    "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
+    "shared_expert_ffn_hidden_size", "dense_layers", "router", "router_norm_topk",
+    "capacity_factor", "router_aux_loss_coeff", "mtp_layers", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer's shape.
@@ -328,7 +335,16 @@ class ModelSpec:
                    **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as plain data; the mixture-of-experts and latent-attention fields only
+        where they differ from their defaults, so a dense model's dict (plan files,
+        checkpoints, committed sets) is what it was before they existed."""
+        d = asdict(self)
+        for f in fields(self):
+            if f.name in _MOE_MLA_FIELDS and d[f.name] == f.default:
+                del d[f.name]
+        if "dense_layers" in d:
+            d["dense_layers"] = list(d["dense_layers"])
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelSpec":

@@ -4,6 +4,7 @@ counts, Hugging Face configs of every supported MoE family, validation messages.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -259,12 +260,19 @@ def test_moe_and_mla_fields_reject_bad_values(kwargs, match):
         mp.ModelSpec(**{**BASE, **kwargs})
 
 
-def test_moe_spec_round_trips_through_dict_with_list_layers():
+def test_moe_spec_round_trips_through_json():
     m = mp.ModelSpec.preset("deepseek-v3")
-    d = m.to_dict()
-    d["dense_layers"] = list(d["dense_layers"])       # as a JSON plan file holds it
+    d = json.loads(json.dumps(m.to_dict()))          # as a plan file holds it
+    assert d == m.to_dict() and d["dense_layers"] == [0, 1, 2]
     assert mp.ModelSpec.from_dict(d) == m
     assert hash(mp.ModelSpec.from_dict(d)) == hash(m)
+
+
+def test_dense_dict_has_no_moe_fields():
+    """Plan files, checkpoints and committed model sets of dense models keep their keys."""
+    d = mp.ModelSpec.preset("llama3-8b").to_dict()
+    assert not {"num_experts", "dense_layers", "kv_lora_rank", "router"} & set(d)
+    assert mp.ModelSpec.from_dict(d) == mp.ModelSpec.preset("llama3-8b")
 
 
 def test_cost_model_refuses_moe_models_and_expert_parallel_layouts():
