@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.errors import ExecutorError
 from meshplan.spec import ModelSpec
 
 INIT_STD = 0.02
@@ -161,12 +162,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP (GPT) or SwiGLU (Shazeer 2020, arXiv 2002.05202, eq. 6) with fused gate|up."""
+    """GELU MLP (GPT) or SwiGLU (Shazeer 2020, arXiv 2002.05202, eq. 6) with fused gate|up;
+    ``ffn_hidden_size`` overrides the spec's width (an MoE layer's shared experts)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, ffn_hidden_size: int | None = None):
         super().__init__()
         self.swiglu = spec.activation == "swiglu"
-        f = spec.ffn_hidden_size
+        f = ffn_hidden_size or spec.ffn_hidden_size
         self.fc = nn.Linear(spec.hidden_size, spec.ffn_matrices * f, bias=spec.bias)
         self.proj = nn.Linear(f, spec.hidden_size, bias=spec.bias)
 
@@ -181,14 +183,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)); the MLP of an
+    MoE layer (``spec.is_moe_layer(layer)``) is :class:`meshplan.executor.moe.MoELayer`."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec)
         self.mlp_norm = make_norm(spec)
-        self.mlp = MLP(spec)
+        if spec.is_moe_layer(layer):
+            from meshplan.executor.moe import MoELayer
+            self.mlp = MoELayer(spec)
+        else:
+            self.mlp = MLP(spec)
         self.recompute_block = False
 
     def _forward(self, x, rope):
@@ -216,12 +223,16 @@ class Transformer(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
+        if spec.is_mla or spec.mtp_layers:
+            raise ExecutorError(f"the executor's model has no multi-head latent attention or "
+                                f"multi-token prediction yet; {spec.name!r} has kv_lora_rank = "
+                                f"{spec.kv_lora_rank}, mtp_layers = {spec.mtp_layers}")
         self.spec = spec
         h = spec.hidden_size
         self.tok_embeddings = nn.Embedding(spec.vocab_size, h)
         self.pos_embeddings = (PositionEmbedding(spec.max_seq_len, h)
                                if spec.position_embedding == "learned" else None)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.num_layers)})
         self.norm = make_norm(spec)
         self.output = None if spec.tied_embeddings else nn.Linear(h, spec.vocab_size, bias=False)
         self.embeds_input = True      # this part starts from token ids
@@ -270,7 +281,14 @@ class Transformer(nn.Module):
         values do not depend on which other parameters this rank holds.
         """
         proj_std = INIT_STD / math.sqrt(2 * self.spec.num_layers)
+        done = set()
+        for mname, mod in self.named_modules():
+            if hasattr(mod, "init_expert_weights"):      # stacked experts: one draw per expert
+                mod.init_expert_weights(seed, mname, INIT_STD, proj_std)
+                done |= {f"{mname}.{n}" for n, _ in mod.named_parameters()}
         for name, p in self.named_parameters():
+            if name in done:
+                continue
             if name.endswith("bias"):
                 p.zero_()
             elif "norm" in name:

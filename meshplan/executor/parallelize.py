@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import check_context_parallel
-from meshplan.errors import ExecutorError
+from meshplan.spec.validate import check_context_parallel, check_experts
+from meshplan.errors import ConfigError, ExecutorError
+from meshplan.executor import expert_parallel as epm
 from meshplan.executor.data import shard_sequence
 from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
                                              wrap_data_parallel)
@@ -42,10 +43,11 @@ from meshplan.executor import tensor_parallel as tpm
 
 def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Checks that need no process group; returns the number of micro-batches per step."""
-    if layout.ep > 1 or layout.etp > 1:
-        raise ExecutorError(f"the executor does not run ep = {layout.ep}, etp = {layout.etp} "
-                            f"yet; use ep = etp = 1")
+    if layout.etp > 1:
+        raise ExecutorError(f"the executor does not run etp = {layout.etp} (expert tensor "
+                            f"parallelism) yet; use etp = 1")
     check_context_parallel(model, job, layout)
+    check_moe_runnable(model, job, layout)
     per = layout.dp * layout.micro_batch
     if job.global_batch % per:
         raise ExecutorError(f"Job.global_batch = {job.global_batch} is not divisible by "
@@ -71,6 +73,27 @@ def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     return n
 
 
+def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
+    """What the executor's MoE layers need of the layout (no process group needed)."""
+    try:
+        check_experts(model, layout)
+    except ConfigError as exc:
+        raise ExecutorError(str(exc)) from None
+    if not model.is_moe:
+        return
+    if layout.cp > 1:
+        raise ExecutorError(f"MoE layers with cp = {layout.cp} are not implemented: the "
+                            f"per-sequence balance loss and capacity would have to add up the "
+                            f"counts of the cp ranks' chunks; use cp = 1")
+    if layout.tp > 1 and job.seq_len % layout.tp:
+        raise ExecutorError(f"MoE layers route this tp rank's 1/tp of the sequence; seq_len "
+                            f"{job.seq_len} must be divisible by tp = {layout.tp}")
+    if model.num_shared_experts and (model.num_shared_experts
+                                     * model.shared_expert_ffn_hidden_size) % layout.tp:
+        raise ExecutorError(f"tp = {layout.tp} must divide the shared experts' width "
+                            f"{model.num_shared_experts}·{model.shared_expert_ffn_hidden_size}")
+
+
 @dataclass
 class _Part:
     spec: PartSpec
@@ -93,11 +116,15 @@ class ParallelTrainer:
         self.shards: dict[str, tpm.ShardSpec] = {}
         self.parts: list[_Part] = []
         sp = layout.sequence_parallel
+        self.expert_groups = (epm.build_expert_groups(groups.mesh, layout.ep, layout.etp,
+                                                      device.type) if model.is_moe else None)
         for ps in local_parts(model, layout, groups.pp_rank):
             with torch.device("meta"):
                 m = Transformer(model)
             m.keep_part(ps.first_layer, ps.num_layers, embeds_input=ps.is_first,
                         computes_logits=ps.is_last)
+            if self.expert_groups is not None:
+                epm.place_experts(m, self.expert_groups)
             m.to_empty(device=device)
             m.init_weights(seed)
             if layout.tp > 1:
@@ -113,6 +140,12 @@ class ParallelTrainer:
                 block.attn.recompute_core = layout.recompute == "selective"
                 if compile:
                     block.compile()
+            if self.expert_groups is not None:
+                # a pipeline schedule scales gradients by 1/micro-batches itself
+                epm.configure_moe(m, self.expert_groups,
+                                  aux_divisor=1 if layout.pp > 1 else self.num_microbatches)
+                epm.prepare_data_parallel(m, self.expert_groups, zero=layout.zero,
+                                          bf16=self.bf16)
             wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups.grad_groups,
                                          device=device, bf16=self.bf16, pipelined=layout.pp > 1)
             self.parts.append(_Part(ps, m, wrapped))
@@ -126,9 +159,22 @@ class ParallelTrainer:
             for part in self.parts:
                 if part.spec.is_first or part.spec.is_last:
                     self.embed_params.append(part.module.tok_embeddings.weight)
-        params = [p for part in self.parts for p in part.module.parameters()]
+        self.expert_param_names = [n for part in self.parts
+                                   for n in epm.expert_param_names(part.module)]
+        self.expert_params, params, self.router_params = [], [], []
+        for part in self.parts:
+            experts = set(epm.expert_param_names(part.module))
+            routers = set(epm.router_param_names(part.module)) if layout.tp > 1 else set()
+            for name, p in part.module.named_parameters():
+                (self.expert_params if name in experts else params).append(p)
+                if name in routers:
+                    self.router_params.append(p)
         self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups.grad_groups,
                                          device=device, config=optimizer)
+        if self.expert_params:
+            self.optimizer = epm.JointOptimizer([self.optimizer, epm.build_expert_optimizer(
+                self.expert_params, self.expert_groups, zero=layout.zero, device=device,
+                config=optimizer)])
         self.vocab_start = groups.tp_rank * (model.vocab_size // layout.tp)
         self.has_last = any(p.spec.is_last for p in self.parts)
         self.has_first = any(p.spec.is_first for p in self.parts)
@@ -211,11 +257,17 @@ class ParallelTrainer:
 
     def _finish_grads(self) -> None:
         replicas = self.groups.grad_groups     # dp × cp
+        experts = {id(p) for p in self.expert_params}
         if self.layout.pp > 1 and self.layout.zero < 2 and replicas.dp > 1:
-            allreduce_grads([p for part in self.parts for p in part.module.parameters()],
-                            replicas.dp_group, replicas.dp)
+            allreduce_grads([p for part in self.parts for p in part.module.parameters()
+                             if id(p) not in experts], replicas.dp_group, replicas.dp)
+        if self.expert_params:
+            epm.reduce_expert_grads(self.expert_params, self.expert_groups, dp=replicas.dp,
+                                    zero=self.layout.zero)
         if self.sp_params:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
+        if self.router_params:   # routers saw only this tp rank's tokens
+            tpm.allreduce_sequence_parallel_grads(self.router_params, self.groups.tp_group)
         if self.embed_params:
             for p in self.embed_params:
                 if p.grad is not None:
@@ -248,8 +300,11 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
     (dp_rank·cp + cp_rank).
     """
     g = trainer.groups
+    experts = set(trainer.expert_param_names)
     mine = []
     for name, p in trainer.named_parameters():
+        if name in experts:
+            continue
         t = p if kind == "param" else p.grad
         if t is None:
             mine.append((name, None))
@@ -261,6 +316,8 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
     world = dist.get_world_size()
     gathered = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(record, gathered, dst=0)
+    expert_out = (epm.gather_expert_params(trainer, kind)
+                  if trainer.expert_groups is not None else None)
     if dist.get_rank() != 0:
         return None
     pieces: dict[str, dict[tuple[int, int, int], torch.Tensor | None]] = {}
@@ -286,6 +343,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
                     full = ts[0]
                 key = name if (d == 0 and pr == pp_ranks[0]) else f"{name}@dp{d}pp{pr}"
                 out[key] = full
+    out.update(expert_out or {})
     return out
 
 

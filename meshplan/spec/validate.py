@@ -26,9 +26,11 @@ def zero_bubble_under_zero3(schedule: str, zero: int, dp: int, pp: int) -> bool:
     return schedule == "zero-bubble" and zero == 3 and dp > 1 and pp > 1
 
 
-def check_modelled(layout: Layout) -> None:
-    """Refuse the layout dimensions the cost model and executor do not implement yet, rather
-    than predict them as if they were absent."""
+def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
+    """Refuse the layout dimensions (and, given ``model``, the model features) the cost model
+    does not price yet, rather than predict them as if they were absent."""
+    if model is not None:
+        check_model_modelled(model)
     if layout.cp > 1:
         raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
                           f"use cp = 1")
@@ -38,6 +40,42 @@ def check_modelled(layout: Layout) -> None:
     if layout.compile:
         raise ConfigError("Layout.compile = True is not modelled yet; use compile = False "
                           "(the executor's --compile flag compiles without a prediction)")
+
+
+def check_model_modelled(model: ModelSpec) -> None:
+    """Refuse models whose parts the cost model does not price yet (the planner calls this
+    once per search; :func:`check_modelled` for each layout)."""
+    missing = []
+    if model.is_moe:
+        missing.append(f"num_experts = {model.num_experts} (mixture of experts)")
+    if model.is_mla:
+        missing.append(f"kv_lora_rank = {model.kv_lora_rank} (multi-head latent attention)")
+    if model.mtp_layers:
+        missing.append(f"mtp_layers = {model.mtp_layers} (multi-token prediction)")
+    if missing:
+        raise ConfigError(
+            f"MoE models are not modelled by the cost model yet: {model.name!r} has "
+            f"{', '.join(missing)}, which estimate() and plan() would otherwise price as a "
+            f"dense model. The executor runs MoE layers (Layout.ep); a prediction needs "
+            f"the cost model's MoE terms (meshplan.costmodel.moe), not yet wired in")
+
+
+def check_experts(model: ModelSpec, layout: Layout) -> None:
+    """Expert-parallel degrees that fit the model (DESIGN: ep divides the routed experts)."""
+    if not model.is_moe:
+        if layout.ep > 1 or layout.etp > 1:
+            raise ConfigError(f"Layout.ep = {layout.ep}, etp = {layout.etp} need a mixture-of-"
+                              f"experts model; {model.name!r} is dense (use ep = etp = 1)")
+        return
+    if model.num_experts % layout.ep:
+        valid = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0]
+        raise ConfigError(f"Layout.ep = {layout.ep} must divide the {model.num_experts} routed "
+                          f"experts of {model.name!r}; valid ep: {valid}")
+    for name in ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size"):
+        width = getattr(model, name)
+        if width is not None and width % layout.etp:
+            raise ConfigError(f"Layout.etp = {layout.etp} must divide ModelSpec.{name} = "
+                              f"{width} of {model.name!r}")
 
 
 def check_context_parallel(model: ModelSpec, job: Job, layout: Layout) -> None:
@@ -87,7 +125,8 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     """
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     check_context_parallel(model, job, layout)
-    check_modelled(layout)
+    check_modelled(layout, model)
+    check_experts(model, layout)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
         rel = "≠" if exact_gpus else ">"
