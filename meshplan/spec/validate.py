@@ -26,9 +26,21 @@ def zero_bubble_under_zero3(schedule: str, zero: int, dp: int, pp: int) -> bool:
     return schedule == "zero-bubble" and zero == 3 and dp > 1 and pp > 1
 
 
-def check_modelled(layout: Layout) -> None:
-    """Refuse the layout dimensions the cost model and executor do not implement yet, rather
-    than predict them as if they were absent."""
+def check_job_modelled(job: Job) -> None:
+    """Refuse the job settings the cost model does not price yet (any layout)."""
+    if job.precision == "fp8":
+        raise ConfigError(
+            f"Job.precision = 'fp8' (fp8_recipe {job.fp8_recipe!r}) is not priced by the cost "
+            f"model yet; estimate with precision='bf16'. The executor runs fp8 "
+            f"(python -m meshplan.executor.run --precision fp8, docs/fp8.md) and "
+            f"meshplan.costmodel.fp8 holds the fp8 formulas")
+
+
+def check_modelled(layout: Layout, job: Job | None = None) -> None:
+    """Refuse the layout dimensions (and job settings) the cost model and executor do not
+    implement yet, rather than predict them as if they were absent."""
+    if job is not None:
+        check_job_modelled(job)
     if layout.cp > 1:
         raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
                           f"use cp = 1")
@@ -48,7 +60,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     otherwise a layout may use a subset of the cluster.
     """
     dp, pp, tp = layout.dp, layout.pp, layout.tp
-    check_modelled(layout)
+    check_modelled(layout, job)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
         rel = "≠" if exact_gpus else ">"
