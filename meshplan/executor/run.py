@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from meshplan.executor.affinity import AFFINITY_MODES, pin_local_rank
 from meshplan.executor.gc_control import (DEFAULT_GC_PERIOD_STEPS, GC_MODES, GcPolicy,
                                           gc_across_ranks)
 from meshplan.planner.planfile import PlanRecord, load_plan_file, write_json_atomic
+from meshplan.spec.choices import FP8_RECIPES
 
 RESULTS_SCHEMA = "meshplan.results"
 EXIT_BAD_INPUT, EXIT_OOM, EXIT_FAILED = 2, 3, 4
@@ -70,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "DDP's first-step bucket is freed on every rank when the second step "
                         "rebuilds the buckets (see settle_after_first_step); 0 turns it off "
                         f"[{FIRST_STEP_SETTLE_S}]")
+    p.add_argument("--precision", default=None, choices=("bf16", "fp32", "fp8"),
+                   help="run in this precision instead of the plan's Job.precision; the plan's "
+                        "prediction (for its own precision) is then left out of the results "
+                        "(fp8: docs/fp8.md)")
+    p.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
+                   help="with fp8: how fp8 operands are scaled [the plan's, else tensorwise]")
     p.add_argument("--block-marks", action="store_true",
                    help="diagnostic: also time each transformer block's forward and backward "
                         "on the device (results' phase_median_ms gains 'block i forward' / "
@@ -170,6 +178,24 @@ def preflight(plan: PlanRecord, args, world: int, local_world: int) -> str:
     return device
 
 
+def override_precision(plan: PlanRecord, precision: str | None,
+                       fp8_recipe: str | None) -> PlanRecord:
+    """The plan with ``--precision`` / ``--fp8-recipe`` applied; a prediction made for
+    another precision or recipe is dropped rather than compared with this run."""
+    job = plan.job
+    precision = precision or job.precision
+    if fp8_recipe is not None and precision != "fp8":
+        raise ExecutorError(f"--fp8-recipe {fp8_recipe} needs --precision fp8 (the plan's "
+                            f"precision is {job.precision!r})")
+    recipe = fp8_recipe or (job.fp8_recipe if precision == "fp8" else FP8_RECIPES[0])
+    new = replace(job, precision=precision, fp8_recipe=recipe)
+    if new == job:
+        return plan
+    _log(f"running in {precision}{f' ({recipe})' if precision == 'fp8' else ''} instead of "
+         f"the plan's {job.precision}: its prediction is left out")
+    return replace(plan, job=new, prediction={})
+
+
 def prediction_of(plan: PlanRecord) -> dict[str, Any]:
     """The plan's prediction, or the cost model's when the plan file carries none."""
     if plan.prediction:
@@ -235,6 +261,7 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     rank, world, local_rank, local_world = _dist_env()
     try:
         plan = load_plan_file(args.plan)
+        plan = override_precision(plan, args.precision, args.fp8_recipe)
         # before anything imports torch: threads inherit the affinity of the thread that
         # starts them, and CUDA / NCCL start theirs at initialization
         args.pinned_cpus = pin_local_rank(args.cpu_affinity, local_rank, local_world)
@@ -415,7 +442,11 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the results below are the real ones
         summary = summarize(times)
         step_s = summary["median"] if summary else None
-        peak_flops = plan.cluster.gpu.peak_flops(job.precision) if device_type == "cuda" else None
+        # MFU against the 16-bit peak for fp8 too (as torchtitan reports it): only the
+        # linears run fp8, and one yardstick keeps bf16 and fp8 runs comparable
+        mfu_precision = "bf16" if job.precision == "fp8" else job.precision
+        peak_flops = (plan.cluster.gpu.peak_flops(mfu_precision) if device_type == "cuda"
+                      else None)
         alloc = [r["allocated_bytes"] for r in per_rank if r["allocated_bytes"] is not None]
         reserved = [r["reserved_bytes"] for r in per_rank if r["reserved_bytes"] is not None]
         measured = {
