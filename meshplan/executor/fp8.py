@@ -94,7 +94,7 @@ class _Fp8Linear(torch.autograd.Function):
         r = plan.recipe
         out_dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            x2 = x.reshape(-1, x.shape[-1])
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()   # the kernel's row-major operand
             xq = plan.cast("x", x2, "x_fwd")
             wq = plan.cast("w", weight, "w_fwd")
             y = plan.gemm(xq, wq.t(), out_dtype, "forward")
@@ -107,7 +107,7 @@ class _Fp8Linear(torch.autograd.Function):
         x, weight, sx, sw = ctx.saved_tensors
         plan, r = ctx.plan, ctx.plan.recipe
         fwd_scale = {"x_fwd": sx, "w_fwd": sw}
-        dy2 = dy.reshape(-1, dy.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
         gemm_dtype = dy.dtype
         dx = dw = None
         with torch.autocast(dy.device.type, enabled=False):
@@ -117,7 +117,7 @@ class _Fp8Linear(torch.autograd.Function):
                 dx = plan.gemm(dyq, wq.contiguous_t().t(), gemm_dtype, "dgrad")
                 dx = dx.reshape(*x.shape[:-1], weight.shape[1]).to(x.dtype)
             if ctx.needs_input_grad[1]:
-                x2 = x.reshape(-1, x.shape[-1])
+                x2 = x.reshape(-1, x.shape[-1]).contiguous()
                 dyw = dyq if r.dy_wgrad.same_data else plan.cast("dy", dy2, "dy_wgrad")
                 xq = plan.cast("x", x2, "x_wgrad", _reused(r.x_wgrad, fwd_scale))
                 dw = plan.gemm(dyw.contiguous_t(), xq.contiguous_t().t(), gemm_dtype, "wgrad")

@@ -112,7 +112,9 @@ def quantize(x: torch.Tensor, block: tuple[int, int], fmt: str, *,
     rows, cols = x.shape
     br, bc = block_dims(block, (rows, cols))
     if (br, bc) == (rows, cols):
-        data = torch.mul(x, scale.reshape(())).clamp_(-fmax, fmax).to(dtype)
+        # a (1, 1) scale, not a 0-dim one: 0-dim tensors do not promote, and a bf16 x
+        # would be scaled in bf16 (rounded twice) instead of fp32
+        data = torch.mul(x, scale.reshape(1, 1)).clamp_(-fmax, fmax).to(dtype)
     elif (br, bc) in ((1, cols), (rows, 1)):   # one scale per row / column: broadcasting
         data = torch.mul(x, scale).clamp_(-fmax, fmax).to(dtype)
     else:

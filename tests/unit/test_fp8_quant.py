@@ -163,3 +163,12 @@ def _expand(per_block: torch.Tensor, shape, block) -> torch.Tensor:
     br = rows if block[0] == 0 else block[0]
     bc = cols if block[1] == 0 else block[1]
     return per_block.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+
+
+@pytest.mark.parametrize("block", [(0, 0), (1, 0), (128, 128)])
+def test_bf16_input_is_scaled_in_fp32(block):
+    """A bf16 tensor casts exactly as its fp32 copy: the scaling multiply is not done in
+    bf16 (which would round twice), whatever the scale's shape."""
+    x = _data(256, 256).bfloat16()
+    a, b = quantize(x, block, "e4m3"), quantize(x.float(), block, "e4m3")
+    assert torch.equal(a.data.float(), b.data.float())
