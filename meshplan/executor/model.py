@@ -204,7 +204,9 @@ class Block(nn.Module):
 class PositionEmbedding(nn.Embedding):
     """Learned absolute positions; returns the rows for the sequence slice that ``h`` holds."""
 
-    def positions_for(self, h: torch.Tensor) -> torch.Tensor:
+    def positions_for(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is not None:                  # a context-parallel rank's global positions
+            return self.weight[positions]          # (s, h)
         return self.weight[: h.shape[1]]           # (s, h)
 
 
@@ -229,6 +231,8 @@ class Transformer(nn.Module):
         # replaces the plain head (tensor parallelism installs a vocab-parallel one)
         self.head_override: nn.Module | None = None
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        # global positions of the tokens this part sees (context parallelism); None = 0..s-1
+        self.position_ids: torch.Tensor | None = None
 
     # ---- structure -------------------------------------------------------------------
     def keep_part(self, first_layer: int, num_layers: int, *, embeds_input: bool,
@@ -279,14 +283,24 @@ class Transformer(nn.Module):
     def reset_buffers(self) -> None:
         if self.spec.position_embedding == "rope":
             dev = next(self.parameters()).device
-            self._rope = rope_tables(self.spec.max_seq_len, self.spec.head_dim, device=dev)
+            cos, sin = rope_tables(self.spec.max_seq_len, self.spec.head_dim, device=dev)
+            if self.position_ids is not None:
+                pos = self.position_ids.to(dev)
+                cos, sin = cos[pos], sin[pos]
+            self._rope = (cos, sin)
+
+    def set_positions(self, position_ids: torch.Tensor | None) -> None:
+        """Give the model the global positions of the (sharded) sequence it will see, for
+        learned positions and RoPE alike (:mod:`meshplan.executor.context_parallel`)."""
+        self.position_ids = position_ids
+        self.reset_buffers()
 
     # ---- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embeds_input:
             h = self.tok_embeddings(x)             # (b, s, h)
             if self.pos_embeddings is not None:
-                h = h + self.pos_embeddings.positions_for(h)
+                h = h + self.pos_embeddings.positions_for(h, self.position_ids)
             if self.activation_dtype is not None:
                 h = h.to(self.activation_dtype)
         else:

@@ -6,13 +6,16 @@ Order of construction (every rank):
    are built on the meta device, pruned to their layers, materialized on the device and
    initialized per parameter from the seed (identical to a single-process model);
 2. tensor parallelism slices them in place (:mod:`meshplan.executor.tensor_parallel`);
+   context parallelism gives them their tokens' global positions and a ring or all-to-all
+   attention core (:mod:`meshplan.executor.context_parallel`);
 3. activation recomputation flags (full: whole block; selective: attention core);
 4. optional ``torch.compile`` per block;
 5. data parallelism (DDP / FSDP2, :mod:`meshplan.executor.data_parallel`);
 6. pipeline stages and schedule when pp > 1; the optimizer.
 
-One optimizer step = all micro-batches of this dp rank's share of the global batch,
-gradient reduction, the tensor-parallel fix-ups (sequence-parallel gradients, tied
+One optimizer step = all micro-batches of this dp rank's share of the global batch (with
+cp > 1, this cp rank's load-balanced seq_len/cp tokens of each), gradient reduction over
+dp × cp, the tensor-parallel fix-ups (sequence-parallel gradients, tied
 embedding copies), then AdamW.
 """
 
@@ -25,7 +28,9 @@ import torch
 import torch.distributed as dist
 
 from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec.validate import check_context_parallel
 from meshplan.errors import ExecutorError
+from meshplan.executor.data import shard_sequence
 from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
                                              wrap_data_parallel)
 from meshplan.executor.mesh import MeshGroups
@@ -37,9 +42,10 @@ from meshplan.executor import tensor_parallel as tpm
 
 def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Checks that need no process group; returns the number of micro-batches per step."""
-    if layout.cp > 1 or layout.ep > 1 or layout.etp > 1:
-        raise ExecutorError(f"the executor does not run cp = {layout.cp}, ep = {layout.ep}, "
-                            f"etp = {layout.etp} yet; use cp = ep = etp = 1")
+    if layout.ep > 1 or layout.etp > 1:
+        raise ExecutorError(f"the executor does not run ep = {layout.ep}, etp = {layout.etp} "
+                            f"yet; use ep = etp = 1")
+    check_context_parallel(model, job, layout)
     per = layout.dp * layout.micro_batch
     if job.global_batch % per:
         raise ExecutorError(f"Job.global_batch = {job.global_batch} is not divisible by "
@@ -101,19 +107,23 @@ class ParallelTrainer:
             if layout.tp > 1:
                 self.shards.update(tpm.apply_tensor_parallel(m, groups.tp_group,
                                                              sequence_parallel=sp))
+            if layout.cp > 1:
+                from meshplan.executor.context_parallel import apply_context_parallel
+                apply_context_parallel(m, groups.cp_group, style=layout.cp_style,
+                                       seq_len=job.seq_len)
             if job.precision == "fp8":
                 from meshplan.executor.fp8 import convert_to_fp8
                 convert_to_fp8(m, job.fp8_recipe, device=device,
                                tp_group=groups.tp_group if layout.tp > 1 else None,
-                               tokens=layout.micro_batch * job.seq_len)
+                               tokens=layout.micro_batch * job.seq_len // layout.cp)
             m.activation_dtype = act_dtype if self.bf16 else None
             for block in m.layers.values():
                 block.recompute_block = layout.recompute == "full"
                 block.attn.recompute_core = layout.recompute == "selective"
                 if compile:
                     block.compile()
-            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups, device=device,
-                                         bf16=self.bf16, pipelined=layout.pp > 1)
+            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups.grad_groups,
+                                         device=device, bf16=self.bf16, pipelined=layout.pp > 1)
             self.parts.append(_Part(ps, m, wrapped))
         self.sp_params = []
         if sp:
@@ -126,8 +136,8 @@ class ParallelTrainer:
                 if part.spec.is_first or part.spec.is_last:
                     self.embed_params.append(part.module.tok_embeddings.weight)
         params = [p for part in self.parts for p in part.module.parameters()]
-        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups, device=device,
-                                         config=optimizer)
+        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups.grad_groups,
+                                         device=device, config=optimizer)
         self.vocab_start = groups.tp_rank * (model.vocab_size // layout.tp)
         self.has_last = any(p.spec.is_last for p in self.parts)
         self.has_first = any(p.spec.is_first for p in self.parts)
@@ -167,8 +177,9 @@ class ParallelTrainer:
         """
         mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
-        x = batch[:, :-1].contiguous()
-        y = batch[:, 1:].contiguous()
+        cp, cp_rank = self.layout.cp, self.groups.cp_rank
+        x = shard_sequence(batch[:, :-1], cp, cp_rank).contiguous()
+        y = shard_sequence(batch[:, 1:], cp, cp_rank).contiguous()
         with self._autocast():
             if self.schedule is None:
                 local = self._step_local(x, y, mark)
@@ -208,9 +219,10 @@ class ParallelTrainer:
         return torch.zeros((), device=self.device)
 
     def _finish_grads(self) -> None:
-        if self.layout.pp > 1 and self.layout.zero < 2 and self.groups.dp > 1:
+        replicas = self.groups.grad_groups     # dp × cp
+        if self.layout.pp > 1 and self.layout.zero < 2 and replicas.dp > 1:
             allreduce_grads([p for part in self.parts for p in part.module.parameters()],
-                            self.groups.dp_group, self.groups.dp)
+                            replicas.dp_group, replicas.dp)
         if self.sp_params:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
         if self.embed_params:
@@ -224,7 +236,8 @@ class ParallelTrainer:
         contrib = contrib.clone()
         if dist.get_world_size() > 1:
             dist.all_reduce(contrib)
-        return contrib / self.layout.dp
+        # every dp × cp rank holds the mean over as many tokens (seq_len / cp of its sequences)
+        return contrib / (self.layout.dp * self.layout.cp)
 
     # ---- introspection (tests, memory reports) -----------------------------------------
     def named_parameters(self):
@@ -240,7 +253,8 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
 
     Collective over the world. Every copy of a replicated or tied parameter is returned
     under ``name`` (first copy) and ``name@dp{d}pp{p}tp{t}`` (all copies), so a test can
-    check both the value and that replicas agree.
+    check both the value and that replicas agree; ``d`` counts the dp × cp replicas
+    (dp_rank·cp + cp_rank).
     """
     g = trainer.groups
     mine = []
@@ -252,7 +266,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()
         mine.append((name, t.detach().float().cpu()))
-    record = ((g.dp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
+    record = ((g.dp_rank * g.cp + g.cp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
     world = dist.get_world_size()
     gathered = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(record, gathered, dst=0)
@@ -271,7 +285,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
                 out[f"{name}@dp{coord[0]}pp{coord[1]}tp{coord[2]}"] = t
         pp_ranks = sorted({c[1] for c in by_coord})
         for pr in pp_ranks:
-            for d in range(g.dp):
+            for d in range(g.dp * g.cp):
                 ts = [by_coord.get((d, pr, t)) for t in range(g.tp)]
                 if any(x is None for x in ts):
                     full = None

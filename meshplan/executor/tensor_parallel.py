@@ -279,9 +279,12 @@ class SequenceSlicePositions(nn.Module):
         self.group = group
         self.weight = pos.weight
 
-    def positions_for(self, h):
+    def positions_for(self, h, positions=None):
         s_local, r = h.shape[1], dist.get_rank(self.group)
-        return self.weight[r * s_local:(r + 1) * s_local]    # (s/tp, h)
+        mine = slice(r * s_local, (r + 1) * s_local)
+        if positions is not None:          # context parallelism: the cp rank's positions
+            return self.weight[positions[mine]]               # (s/tp, h)
+        return self.weight[mine]                              # (s/tp, h)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

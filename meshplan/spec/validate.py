@@ -52,6 +52,44 @@ def check_modelled(layout: Layout, job: Job | None = None) -> None:
                           "(the executor's --compile flag compiles without a prediction)")
 
 
+def check_context_parallel(model: ModelSpec, job: Job, layout: Layout) -> None:
+    """Raise :class:`ConfigError` if the sequence or the heads cannot be cut ``cp`` ways.
+
+    Both styles shard the sequence as Megatron-Core does for causal load balancing (its
+    context-parallel docs; TransformerEngine's ``get_batch_on_this_cp_rank``): it is cut into
+    2·cp chunks and cp rank r holds chunks r and 2·cp−1−r, so every rank computes the same
+    share of the causal attention matrix. With sequence parallelism each cp rank's
+    seq_len/cp tokens are cut again over tp. The all-to-all style (DeepSpeed-Ulysses,
+    Jacobs et al. 2023, arXiv 2309.14509) gives each rank whole heads of the full sequence:
+    the query and key/value heads a tp rank holds must divide by cp.
+    """
+    cp, tp = layout.cp, layout.tp
+    if cp == 1:
+        return
+    if job.seq_len % (2 * cp):
+        ok = [c for c in range(2, job.seq_len // 2 + 1) if job.seq_len % (2 * c) == 0][:8]
+        raise ConfigError(
+            f"Job.seq_len = {job.seq_len} must be divisible by 2·cp = {2 * cp}: context "
+            f"parallelism cuts each sequence into 2·cp chunks, cp rank r holding chunks r and "
+            f"2·cp−1−r (causal load balancing); cp that divide it: {ok or 'none'}")
+    if layout.sequence_parallel and (job.seq_len // cp) % tp:
+        raise ConfigError(
+            f"with sequence_parallel, each cp rank's seq_len/cp = {job.seq_len}/{cp} = "
+            f"{job.seq_len // cp} tokens are split over tp = {tp}, which must divide them "
+            f"(seq_len divisible by cp·tp = {cp * tp})")
+    if layout.cp_style == "all-to-all":
+        for field in ("num_heads", "num_kv_heads"):
+            heads = getattr(model, field)
+            if heads % (tp * cp):
+                valid = [c for c in range(1, heads // tp + 1) if heads % (tp * c) == 0] \
+                    if heads % tp == 0 else []
+                raise ConfigError(
+                    f"cp_style 'all-to-all' scatters attention heads over cp: tp·cp = "
+                    f"{tp}·{cp} = {tp * cp} must divide ModelSpec.{field} = {heads} of "
+                    f"{model.name!r}; cp valid with tp = {tp}: {valid or 'none'} (or use "
+                    f"cp_style='ring', which has no head constraint)")
+
+
 def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
                  exact_gpus: bool = False) -> tuple[int, ...]:
     """Raise :class:`ConfigError` if the layout cannot run; return layers per virtual stage.
@@ -60,6 +98,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     otherwise a layout may use a subset of the cluster.
     """
     dp, pp, tp = layout.dp, layout.pp, layout.tp
+    check_context_parallel(model, job, layout)
     check_modelled(layout, job)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):

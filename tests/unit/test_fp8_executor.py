@@ -14,7 +14,8 @@ from meshplan.executor.fp8 import (Fp8Linear, check_layout_fp8,  # noqa: E402
                                    check_recipe_runnable, convert_to_fp8)
 from meshplan.executor.model import Transformer, cross_entropy  # noqa: E402
 from meshplan.executor.planfiles import write_plan_for_layout  # noqa: E402
-from meshplan.executor.run import main, override_precision  # noqa: E402
+from meshplan.executor.run import main  # noqa: E402
+from meshplan.executor.run_args import override_precision  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
