@@ -219,7 +219,10 @@ class ColumnParallelLinear(nn.Module):
 
     Input: full activations (or, with sequence parallelism, this rank's sequence slice,
     all-gathered first). Output: this rank's slice of the features, full sequence.
+    ``matmul`` (``F.linear``'s signature) is replaced for fp8 (meshplan.executor.fp8).
     """
+
+    matmul = staticmethod(F.linear)
 
     def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool,
                  sections: tuple[int, ...] | None = None):
@@ -234,7 +237,7 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x):
         x = to_compute_dtype(x)
         x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)   # (b, s, out/tp)
+        return self.matmul(x, self.weight, self.bias)   # (b, s, out/tp)
 
 
 class RowParallelLinear(nn.Module):
@@ -242,6 +245,8 @@ class RowParallelLinear(nn.Module):
 
     The bias is added once, after the reduction (replicated; partial gradient under SP).
     """
+
+    matmul = staticmethod(F.linear)
 
     def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool):
         super().__init__()
@@ -252,7 +257,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x):
-        y = F.linear(x, self.weight)                 # (b, s, out), partial sum
+        y = self.matmul(x, self.weight)              # (b, s, out), partial sum
         y = (reduce_scatter_to_sp(y, self.group) if self.sequence_parallel
              else reduce_from_tp(y, self.group))     # (b, s/tp, out) or (b, s, out)
         # the bias in y's dtype, as nn.Linear under autocast adds it: an fp32 bias would
