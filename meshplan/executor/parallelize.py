@@ -132,8 +132,9 @@ class ParallelTrainer:
             m.to_empty(device=device)
             m.init_weights(seed)
             if layout.tp > 1:
-                self.shards.update(tpm.apply_tensor_parallel(m, groups.tp_group,
-                                                             sequence_parallel=sp))
+                self.shards.update(tpm.apply_tensor_parallel(
+                    m, groups.tp_group, sequence_parallel=sp,
+                    moe=epm.apply_tensor_parallel_moe))
             if layout.cp > 1:
                 from meshplan.executor.context_parallel import apply_context_parallel
                 apply_context_parallel(m, groups.cp_group, style=layout.cp_style,

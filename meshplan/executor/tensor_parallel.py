@@ -363,12 +363,15 @@ class VocabParallelHead(nn.Module):
 
 
 # ---- apply to a model ------------------------------------------------------------------
-def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str, ShardSpec]:
+def apply_tensor_parallel(model, group, *, sequence_parallel: bool,
+                          moe=None) -> dict[str, ShardSpec]:
     """Replace the linears, embedding and head of ``model`` (a :class:`Transformer` or a
     part of one) by their tp versions, slicing the full weights already in place.
 
     Returns {parameter name: ShardSpec} for the sharded parameters (names unchanged);
-    the parameters not listed are replicated over tp.
+    the parameters not listed are replicated over tp. ``moe`` splits an MoE layer's MLP
+    (:func:`meshplan.executor.expert_parallel.apply_tensor_parallel_moe`; passed in so that
+    the dense tp layers do not import the expert code, which builds on them).
     """
     size = dist.get_world_size(group)
     spec = model.spec
@@ -388,10 +391,12 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str,
         if spec.bias:
             shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
         if hasattr(mlp, "experts"):    # an MoE layer: its shared experts, token slicing
-            from meshplan.executor.expert_parallel import apply_tensor_parallel_moe
-            shards.update(apply_tensor_parallel_moe(mlp, group, spec,
-                                                    sequence_parallel=sequence_parallel,
-                                                    prefix=p + "mlp."))
+            if moe is None:
+                raise ExecutorError(
+                    f"layer {lname} is an MoE layer: pass moe="
+                    f"meshplan.executor.expert_parallel.apply_tensor_parallel_moe")
+            shards.update(moe(mlp, group, spec, sequence_parallel=sequence_parallel,
+                              prefix=p + "mlp."))
         else:
             shards.update(parallelize_mlp(mlp, group, spec.ffn_hidden_size, spec,
                                           sequence_parallel=sequence_parallel,
