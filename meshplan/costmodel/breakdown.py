@@ -131,7 +131,8 @@ def time_breakdown(t, pipe: Pipe, rk: Ranks, host_s: float) -> TimeBreakdown:
         bubble_s=max(0.0, pipe.no_p2p_s - t.fsdp_step_s - busy), fsdp_step_s=t.fsdp_step_s,
         dp_comm_exposed_s=rk.dp_exposed_s, dp_comm_total_s=rk.dp_total_s,
         zero3_gather_s=tot.zero3_s, optimizer_s=rk.optimizer_s,
-        host_wait_s=max(0.0, host_s - pipe.total_s), pp_interference_s=busy - busy / k_br)
+        host_wait_s=max(0.0, host_s - pipe.total_s), pp_interference_s=busy - busy / k_br,
+        cp_comm_s=tot.cp_comm_s, ep_comm_s=tot.ep_comm_s)
 
 
 def comm_volume(t, rk: Ranks) -> tuple[dict[str, float], dict[str, float]]:
@@ -147,6 +148,11 @@ def comm_volume(t, rk: Ranks) -> tuple[dict[str, float], dict[str, float]]:
     by_link = {"nvlink": 0.0, "network": 0.0}
     for k, link in (("tp", links.tp), ("pp", links.pp), ("dp", links.dp), ("zero3", links.dp)):
         by_link[link.link_class] += comm_bytes[k]
+    # context and expert parallelism: keys only where they send (dense layouts unchanged)
+    for k, wire in (("cp", layer.cp_wire_bytes), ("ep", layer.ep_wire_bytes)):
+        if wire:
+            comm_bytes[k] = m * layers_br * wire
+            by_link[getattr(links, k).link_class] += comm_bytes[k]
     return comm_bytes, by_link
 
 

@@ -45,6 +45,18 @@ def p2p_s(link: GroupLink, nbytes: float) -> float:
     return nbytes / link.bandwidth_bytes_per_s(nbytes) + link.hop_latency_s
 
 
+def all_to_all_s(link: GroupLink, bytes_leaving: float) -> float:
+    """One all-to-all in which every rank sends ``bytes_leaving`` to the others: the ranks'
+    links run concurrently at the bus bandwidth of the group (nccl-tests PERFORMANCE.md:
+    alltoall busbw = algbw·(n-1)/n, and ``bytes_leaving`` is already the (n-1)/n share),
+    one hop of latency per peer."""
+    n = link.size
+    if n <= 1 or bytes_leaving <= 0:
+        return 0.0
+    total = bytes_leaving * n / (n - 1)          # the algorithm's buffer size per rank
+    return bytes_leaving / link.bandwidth_bytes_per_s(total) + (n - 1) * link.hop_latency_s
+
+
 def wire_bytes_all_reduce(n: int, nbytes: float) -> float:
     """Bytes each rank sends for a ring all-reduce of ``nbytes``."""
     return 2 * (n - 1) / n * nbytes if n > 1 else 0.0

@@ -62,20 +62,24 @@ class PassCost:
     tp_comm_s: float = 0.0
     overhead_s: float = 0.0
     zero3_s: float = 0.0
+    cp_comm_s: float = 0.0      # context parallelism's exposed exchanges (costmodel.context)
+    ep_comm_s: float = 0.0      # expert parallelism's dispatch/combine (costmodel.moe_layer)
 
     @property
     def total_s(self) -> float:
         return (self.gemm_s + self.attention_s + self.memory_bound_s + self.tp_comm_s
-                + self.overhead_s + self.zero3_s)
+                + self.overhead_s + self.zero3_s + self.cp_comm_s + self.ep_comm_s)
 
     def __add__(self, o: "PassCost") -> "PassCost":
         return PassCost(self.gemm_s + o.gemm_s, self.attention_s + o.attention_s,
                         self.memory_bound_s + o.memory_bound_s, self.tp_comm_s + o.tp_comm_s,
-                        self.overhead_s + o.overhead_s, self.zero3_s + o.zero3_s)
+                        self.overhead_s + o.overhead_s, self.zero3_s + o.zero3_s,
+                        self.cp_comm_s + o.cp_comm_s, self.ep_comm_s + o.ep_comm_s)
 
     def scaled(self, k: float) -> "PassCost":
         return PassCost(self.gemm_s * k, self.attention_s * k, self.memory_bound_s * k,
-                        self.tp_comm_s * k, self.overhead_s * k, self.zero3_s * k)
+                        self.tp_comm_s * k, self.overhead_s * k, self.zero3_s * k,
+                        self.cp_comm_s * k, self.ep_comm_s * k)
 
 
 def gemm_s(gpu: GPUSpec, peak_flops: float, flops: float) -> float:
@@ -99,6 +103,8 @@ class LayerCost:
     # inputs for their weight gradients (exposed seconds, inside ``backward``; bytes sent)
     wgrad_gather_s: float = 0.0
     wgrad_gather_wire_bytes: float = 0.0
+    cp_wire_bytes: float = 0.0      # bytes each GPU sends for context parallelism, fwd + bwd
+    ep_wire_bytes: float = 0.0      # ... for expert parallelism (all-to-alls, etp gathers)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Context parallelism (cp): memory, attention work and communication of a sequence split
-over cp ranks, as pure functions. Not yet called by :func:`meshplan.costmodel.estimate`
-(docs/context_parallel.md says what wiring it in needs); no term here is fitted.
+over cp ranks, as pure functions; :mod:`meshplan.costmodel.context_tables` composes them into
+a layout's tables. No term here is fitted: how much the ring's transfers slow the block
+attention they overlap is the GPU profile's ``cp_ring_interference``.
 
 Notation: s tokens per sequence, b sequences per micro-batch, t = tp, e bytes per
 activation element, q_dim = heads·d, kv_dim = kv_heads·d (GQA, Ainslie et al. 2023).
@@ -156,19 +157,28 @@ def transfer_s(nbytes: float, bandwidth_bytes_per_s: float, latency_s: float = 0
     return nbytes / bandwidth_bytes_per_s + latency_s if nbytes > 0 else 0.0
 
 
+def _step_exposed(t_comm: float, step_compute_s: float, interference: float) -> float:
+    """One ring step: what the step's block attention does not hide, plus ``interference``
+    of what it does (the p2p kernels slow the block kernel they overlap; the profile's
+    ``cp_ring_interference``, :func:`meshplan.costmodel.comm.exposed`)."""
+    hidden = min(t_comm, step_compute_s)
+    return t_comm - hidden + interference * hidden
+
+
 def ring_exposed_forward_s(cp: int, *, step_compute_s: float, kv_bytes: float,
-                           bandwidth_bytes_per_s: float, latency_s: float = 0.0) -> float:
+                           bandwidth_bytes_per_s: float, latency_s: float = 0.0,
+                           interference: float = 0.0) -> float:
     """Eq. (4), forward: the part of the cp−1 K/V transfers their steps' compute does not
-    hide."""
+    hide (plus ``interference`` of the hidden part)."""
     if cp == 1:
         return 0.0
     t_kv = transfer_s(kv_bytes, bandwidth_bytes_per_s, latency_s)
-    return (cp - 1) * max(0.0, t_kv - step_compute_s)
+    return (cp - 1) * _step_exposed(t_kv, step_compute_s, interference)
 
 
 def ring_exposed_backward_s(cp: int, *, step_compute_s: float, kv_bytes: float,
                             dkv_bytes: float, bandwidth_bytes_per_s: float,
-                            latency_s: float = 0.0) -> float:
+                            latency_s: float = 0.0, interference: float = 0.0) -> float:
     """Eq. (4), backward: step 0 hides the next K/V, steps 1..cp−2 the next K/V and the
     previous dK/dV together, step cp−1 the previous dK/dV; the final dK/dV transfer home
     is exposed whole."""
@@ -177,8 +187,10 @@ def ring_exposed_backward_s(cp: int, *, step_compute_s: float, kv_bytes: float,
     t_kv = transfer_s(kv_bytes, bandwidth_bytes_per_s, latency_s)
     t_dkv = transfer_s(dkv_bytes, bandwidth_bytes_per_s, latency_s)
     both = t_kv + t_dkv
-    return (max(0.0, t_kv - step_compute_s) + (cp - 2) * max(0.0, both - step_compute_s)
-            + max(0.0, t_dkv - step_compute_s) + t_dkv)
+    k = interference
+    return (_step_exposed(t_kv, step_compute_s, k)
+            + (cp - 2) * _step_exposed(both, step_compute_s, k)
+            + _step_exposed(t_dkv, step_compute_s, k) + t_dkv)
 
 
 def all_to_all_buffers_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int,

@@ -41,6 +41,7 @@ FIRST_BACKWARD = "first_backward_relief"
 Z3_RESIDENT = "zero3_resident_weights"
 END_OF_STEP = "end_of_step_merge"
 OUTPUT_PEAK = "pipelined_output_peak"
+CP_RING = "cp_ring_interference"
 
 # GPipe and 1F1B ranks that run every forward before their first backward get the
 # cast-cache relief; interleaved and zero-bubble ranks do not (see cast_cache_ranks). A
@@ -154,6 +155,23 @@ def cast_cache_ranks(numbers: CorrectionNumbers, job: Job, layout: Layout, m: in
                  for r in range(layout.pp))
 
 
+# ---- context parallelism's ring ------------------------------------------------------------
+def ring_interference(numbers: CorrectionNumbers) -> float:
+    """Context parallelism, ring style (both runtimes): the share of each K/V or dK/dV
+    transfer hidden behind a ring step's block attention that still costs time, as the
+    overlap interference of other collectives (Rashidi et al. 2021, ISCA §3): the NCCL p2p
+    kernels take SMs and HBM bandwidth from the flash kernel they run beside. Its number is
+    the profile's ``cp_ring_interference``; the built-in value is an assumption (the
+    datasheet overlap share) until the ring has been measured beside the block attention
+    (benchmarks/context_parallel_gpu.py). 0 where switched off."""
+    return numbers.cp_ring_interference if numbers.enabled(CP_RING) else 0.0
+
+
+def _ring_layout(t) -> bool:
+    lay = t.given_layout
+    return lay is not None and lay.cp > 1 and lay.cp_style == "ring"
+
+
 @dataclass(frozen=True)
 class Correction:
     """One named correction: where it applies (``applies(tables)`` on a built
@@ -191,6 +209,8 @@ CORRECTIONS: tuple[Correction, ...] = (
                lambda t: fsdp_dp_only(t.job, t.layout), fsdp2_step_s),
     Correction(CAST_CACHE, "memory", (), lambda t: any(t.cache_cleared_ranks),
                cast_cache_ranks),
+    Correction(CP_RING, "step time", ("cp_ring_interference",), _ring_layout,
+               ring_interference, runtimes=("torch", "megatron")),
 )
 
 
@@ -206,4 +226,4 @@ def unsharded_zb(job: Job, layout: Layout) -> bool:
 
 __all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
            "stage_slowdown", "p2p_order_applies", "zb_full_sets", "fsdp_dp_only",
-           "fsdp2_step_s", "cast_cache_ranks", "memory_rule"]
+           "fsdp2_step_s", "cast_cache_ranks", "memory_rule", "ring_interference"]

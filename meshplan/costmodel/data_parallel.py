@@ -46,8 +46,12 @@ class Groups:
     """Process-group links of a layout under the cluster's rank order (tp fastest)."""
 
     tp: object
-    dp: object
+    dp: object      # the gradient group: dp·cp ranks with context parallelism
     pp: object
+    cp: object = None    # context parallelism's ring / all-to-all group (cp > 1)
+    ep: object = None    # expert parallelism's all-to-all group (MoE)
+    etp: object = None   # expert tensor parallelism
+    edp: object = None   # the experts' gradient group (expert data parallelism)
 
 
 def group_links(cluster: Cluster, layout: Layout) -> Groups:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from meshplan.costmodel import comm
 from meshplan.costmodel.memory import (activation_bytes_per_element, model_state_bytes,
                                        state_bytes_per_param)
 from meshplan.errors import ConfigError
@@ -275,15 +276,8 @@ def etp_gather_bytes_per_rank(model: ModelSpec, job: Job, layout: Layout,
 
 
 def all_to_all_s(link: GroupLink, bytes_leaving: float) -> float:
-    """One all-to-all in which every rank sends ``bytes_leaving`` to the others: the ranks'
-    links run concurrently at the bus bandwidth of the group (nccl-tests PERFORMANCE.md:
-    busbw = algbw·(n-1)/n, and ``bytes_leaving`` is already the (n-1)/n share), one hop of
-    latency per peer."""
-    n = link.size
-    if n <= 1 or bytes_leaving <= 0:
-        return 0.0
-    total = bytes_leaving * n / (n - 1)          # the algorithm's buffer size per rank
-    return bytes_leaving / link.bandwidth_bytes_per_s(total) + (n - 1) * link.hop_latency_s
+    """One all-to-all on the ep group's link (:func:`meshplan.costmodel.comm.all_to_all_s`)."""
+    return comm.all_to_all_s(link, bytes_leaving)
 
 
 def all_to_alls_per_layer(recompute: str) -> int:

@@ -102,6 +102,11 @@ class TimeBreakdown:
     # runtime "torch", FSDP2 over dp alone: the measured per-step GPU time the layer rows
     # do not hold (the fsdp2_dp_only_step correction, costmodel.corrections)
     fsdp_step_s: float = 0.0
+    # context parallelism's exchanges left exposed (ring K/V beyond the block attention, or
+    # the all-to-alls), and expert parallelism's dispatch/combine all-to-alls (and etp
+    # gathers), on the busiest rank
+    cp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -117,7 +122,8 @@ class TimeBreakdown:
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
                 + self.dp_comm_exposed_s + self.zero3_gather_s + self.optimizer_s
-                + self.host_wait_s + self.pp_interference_s + self.fsdp_step_s)
+                + self.host_wait_s + self.pp_interference_s + self.fsdp_step_s
+                + self.cp_comm_s + self.ep_comm_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -64,6 +64,9 @@ class TablesBase:
     grad_copies: int = 1           # fp32 gradient copies (+ 1 where runtime.ddp_accumulates)
     corrections: tuple[str, ...] = ()   # corrections.applied: the named ones that apply
     caveats: tuple[str, ...] = ()       # Estimate.caveats
+    # the layout as given, where the tables price an equivalent one (context parallelism:
+    # costmodel.context_tables); None where ``layout`` is the one given
+    given_layout: Layout | None = None
 
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions

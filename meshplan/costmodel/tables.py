@@ -18,9 +18,8 @@ from functools import lru_cache
 
 from meshplan.costmodel import registry
 from meshplan.costmodel.build import build_fields
-from meshplan.costmodel.data_parallel import group_links
+from meshplan.costmodel.context_tables import table_inputs
 from meshplan.costmodel.host import HostDispatch
-from meshplan.costmodel.parts import layer_parts
 from meshplan.costmodel.rank_memory import RankMemory
 from meshplan.costmodel.stage_tables import StageTimes
 from meshplan.hardware_profiles import Cluster
@@ -50,10 +49,12 @@ def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
 
 @lru_cache(maxsize=65536)
 def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> LayerTables:
-    links = group_links(cluster, layout)
-    parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
-                        layout.sequence_parallel, layout.recompute, links.tp, links.pp)
-    t = LayerTables(**build_fields(model, cluster, job, layout, links, parts))
+    # cp > 1: the per-rank equivalent layout (costmodel.context_tables)
+    inp = table_inputs(model, cluster, job, layout)
+    fields = build_fields(model, inp.cluster, inp.job, inp.layout, inp.links, inp.parts)
+    if inp.layout is not layout:
+        fields.update(given_layout=layout, caveats=fields["caveats"] + inp.caveats)
+    t = LayerTables(**fields)
     applied = registry.applied(t)
     if applied:
         object.__setattr__(t, "corrections", applied)

@@ -45,6 +45,7 @@ class CorrectionNumbers:
     fsdp2_dp_only_step_s: float
     host_bound_caveat_share: float
     host_near_load: float
+    cp_ring_interference: float
     disabled: frozenset = frozenset()
     source: str = ""
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from meshplan.spec import RECOMPUTE, SCHEDULES, Layout
+from meshplan.spec.choices import CP_STYLES
 from meshplan.errors import ConfigError
 
 OBJECTIVES = ("throughput", "cost", "time_to_train")
@@ -22,6 +23,14 @@ class Constraints:
     (0.1 = plan for 90 %). ``allow_idle_gpus``: the layout may use fewer GPUs than offered
     (None = only for the ``time_to_train`` objective). ``max_vpp`` caps virtual stages per
     pipeline rank (None = as many as the layers allow).
+
+    ``cp``: the context-parallel degrees to search (None = automatic: from
+    ``cp_min_seq_len`` tokens per sequence on, every power of two with 2·cp dividing
+    ``seq_len``; below it cp = 1 only — the Llama 3 report trained 8k sequences without
+    cp and 128k ones with cp = 16); ``cp_styles``: "ring" and/or "all-to-all" (the latter
+    only where tp·cp divides the heads). ``ep`` / ``etp``: the expert-parallel degrees to
+    search for MoE models (None = automatic: every ep dividing the routed experts and the
+    stage's tp·cp·dp ranks; etp 1 and tp, Megatron-Core's two usual settings).
     """
 
     max_tp: int | None = None
@@ -35,10 +44,31 @@ class Constraints:
     max_micro_batch: int = 16
     max_vpp: int | None = None
     min_layers_per_stage: int = 1
+    cp: tuple[int, ...] | None = None
+    cp_styles: tuple[str, ...] = CP_STYLES
+    cp_min_seq_len: int = 16384
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int, ...] | None = None
     fixed: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("schedules", "recompute", "zero", "sequence_parallel"):
+        for name in ("cp", "ep", "etp"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            value = (value,) if isinstance(value, int) else value
+            try:
+                value = tuple(value)
+            except TypeError:
+                raise ConfigError(f"Constraints.{name} must be a list of degrees, "
+                                  f"got {value!r}") from None
+            if not value or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                for v in value):
+                raise ConfigError(f"Constraints.{name} = {value!r} must list positive "
+                                  f"integers (or be None: automatic)")
+            object.__setattr__(self, name, value)
+        _positive("cp_min_seq_len", self.cp_min_seq_len)
+        for name in ("schedules", "recompute", "zero", "sequence_parallel", "cp_styles"):
             value = getattr(self, name)
             if isinstance(value, (str, int, bool)):
                 value = (value,)
@@ -54,6 +84,7 @@ class Constraints:
         _check_subset("recompute", self.recompute, RECOMPUTE)
         _check_subset("zero", self.zero, (0, 1, 2, 3))
         _check_subset("sequence_parallel", self.sequence_parallel, (False, True))
+        _check_subset("cp_styles", self.cp_styles, CP_STYLES)
         if self.max_tp is not None:
             _positive("max_tp", self.max_tp)
         _positive("max_micro_batch", self.max_micro_batch)
@@ -78,17 +109,23 @@ class Constraints:
         if fixed.get("stage_layers") is not None:
             fixed["stage_layers"] = tuple(fixed["stage_layers"])
         object.__setattr__(self, "fixed", fixed)
-        # A fixed value must itself be a valid Layout value ...
+        # A fixed value must itself be a valid Layout value (the expert mesh folds over
+        # dp when nothing else is fixed) ...
+        probe = {k: v for k, v in fixed.items() if k != "stage_layers"}
+        if not {"dp", "tp", "cp"} & set(probe):
+            probe["dp"] = probe.get("ep", 1) * probe.get("etp", 1)
         try:
-            Layout(**{k: v for k, v in fixed.items() if k != "stage_layers"})
+            Layout(**probe)
         except ConfigError as exc:
             raise ConfigError(f"Constraints.fixed = {fixed!r} is not a valid layout: {exc}") \
                 from None
         # ... and must not contradict the option lists.
         for key, options in (("schedule", self.schedules), ("recompute", self.recompute),
-                             ("zero", self.zero), ("sequence_parallel", self.sequence_parallel)):
-            if key in fixed and fixed[key] not in options:
-                plural = "schedules" if key == "schedule" else key
+                             ("zero", self.zero), ("sequence_parallel", self.sequence_parallel),
+                             ("cp_style", self.cp_styles), ("cp", self.cp), ("ep", self.ep),
+                             ("etp", self.etp)):
+            if key in fixed and options is not None and fixed[key] not in options:
+                plural = {"schedule": "schedules", "cp_style": "cp_styles"}.get(key, key)
                 raise ConfigError(f"contradictory constraints: fixed {key}={fixed[key]!r} but "
                                   f"Constraints.{plural} allows only {list(options)}")
         if "tp" in fixed and self.max_tp is not None and fixed["tp"] > self.max_tp:
@@ -118,6 +155,11 @@ class Constraints:
             return f"micro_batch {layout.micro_batch} > max_micro_batch {self.max_micro_batch}"
         if self.max_vpp is not None and layout.vpp > self.max_vpp:
             return f"vpp {layout.vpp} > max_vpp {self.max_vpp}"
+        for key, options in (("cp", self.cp), ("ep", self.ep), ("etp", self.etp)):
+            if options is not None and getattr(layout, key) not in options:
+                return f"{key} {getattr(layout, key)} not in {list(options)}"
+        if layout.cp > 1 and layout.cp_style not in self.cp_styles:
+            return f"cp_style {layout.cp_style!r} not in {list(self.cp_styles)}"
         for key, value in self.fixed.items():
             if getattr(layout, key) != value:
                 return f"{key}={getattr(layout, key)!r} but fixed {key}={value!r}"

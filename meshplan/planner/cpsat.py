@@ -17,8 +17,8 @@ Per surviving configuration of :mod:`meshplan.planner.search` whose partition is
 Costs are integers in units of 0.1 ns. The selection model (:func:`solve`, phase 2) has
 one boolean per configuration, exactly one true, the layout fields ``dp, pp, tp,
 micro_batch, vpp, schedule, recompute, zero, sequence_parallel`` as integer variables tied
-to them, and the rules of DESIGN.md as constraints: ``dp·pp·tp = GPUs`` (one of the
-allowed counts), ``global_batch = dp·micro_batch·m``, ``tp·a = heads``, ``tp·b = kv
+to them, and the rules of DESIGN.md as constraints: ``dp·pp·tp·cp = GPUs`` (one of the
+allowed counts; with cp > 1 also ``2·cp·c = seq_len``), ``global_batch = dp·micro_batch·m``, ``tp·a = heads``, ``tp·b = kv
 heads``, ``tp·q = ffn``, ``tp·c = GPUs per node`` (tp inside one NVLink domain) where
 asked. Objective: ``w·step`` (w = 1 for throughput and time to train, GPUs for cost).
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from meshplan.spec import RECOMPUTE, SCHEDULES, Job, ModelSpec
+from meshplan.spec.choices import CP_STYLES
 from meshplan.errors import MeshplanError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.search import Survivor, objective_weight
@@ -368,7 +369,19 @@ def _field_constraints(M, model: ModelSpec, cluster: Cluster, job: Job,
     gpus = M.NewIntVarFromDomain(cp_model.Domain.FromValues(list(gpu_counts)), "gpus")
     dp_pp = M.NewIntVar(1, max(gpu_counts), "dp_pp")
     M.AddMultiplicationEquality(dp_pp, [dp, pp])
-    M.AddMultiplicationEquality(gpus, [dp_pp, tp])
+    if all(c.cp == 1 for c in cfgs):
+        M.AddMultiplicationEquality(gpus, [dp_pp, tp])
+    else:
+        # context parallelism: dp·pp·tp·cp = GPUs, 2·cp divides the sequence
+        cp = field("cp", [c.cp for c in cfgs])
+        field("cp_style", [CP_STYLES.index(c.cp_style) for c in cfgs])
+        dp_pp_tp = M.NewIntVar(1, max(gpu_counts), "dp_pp_tp")
+        M.AddMultiplicationEquality(dp_pp_tp, [dp_pp, tp])
+        M.AddMultiplicationEquality(gpus, [dp_pp_tp, cp])
+        two_cp = M.NewIntVar(2, 2 * max(c.cp for c in cfgs), "two_cp")
+        M.Add(two_cp == 2 * cp)
+        chunk = M.NewIntVar(1, job.seq_len, "tokens_per_cp_chunk")
+        M.AddMultiplicationEquality(job.seq_len, [two_cp, chunk])
     dp_mb = M.NewIntVar(1, job.global_batch, "dp_mb")
     M.AddMultiplicationEquality(dp_mb, [dp, mb])
     m = M.NewIntVar(1, job.global_batch, "microbatches")

@@ -10,7 +10,7 @@ from meshplan.errors import NoFeasiblePlan
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
 from meshplan.planner.search import rank_capacities, memory_feasible
-from meshplan.planner.space import Config, enumerate_configs, tp_options
+from meshplan.planner.space import Config, cp_options, enumerate_configs, tp_options
 from meshplan.planner.tables import build_tables
 
 GIB = 2**30
@@ -60,10 +60,14 @@ def explain(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
     if 3 not in constraints.zero and "zero" not in constraints.fixed:
         relax.append(("allow ZeRO stage 3", dataclasses.replace(
             constraints, zero=tuple(constraints.zero) + (3,))))
+    more_cp = _more_cp(job, constraints, max(counts))
+    if more_cp is not None:
+        relax.append(more_cp)
     for key, what in (("micro_batch", "a smaller micro-batch (unfix micro_batch)"),
                       ("pp", "a longer pipeline (unfix pp)"), ("tp", "another tp (unfix tp)"),
                       ("recompute", "other recompute options (unfix recompute)"),
-                      ("zero", "other ZeRO stages (unfix zero)")):
+                      ("zero", "other ZeRO stages (unfix zero)"),
+                      ("cp", "other context-parallel degrees (unfix cp)")):
         if key in constraints.fixed:
             fixed = {k: v for k, v in constraints.fixed.items() if k != key}
             relax.append((what, dataclasses.replace(constraints, fixed=fixed)))
@@ -90,6 +94,21 @@ def explain(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
            f"Ways out: " + ("; ".join(ways) if ways else "a GPU with more memory"))
     return NoFeasiblePlan(msg, min_memory_bytes=need_b, usable_memory_bytes=capacity_bytes,
                           binding="memory", suggestions=tuple(ways))
+
+
+def _more_cp(job: Job, constraints: Constraints, gpus: int):
+    """Context parallelism the constraints leave out but the sequence allows (each cp rank
+    then holds seq_len/cp tokens' activations): (text, relaxed constraints) or None."""
+    if "cp" in constraints.fixed:
+        return None
+    now = set(cp_options(job, constraints))
+    every = cp_options(job, dataclasses.replace(constraints, cp=None, cp_min_seq_len=1))
+    extra = [c for c in every if c not in now and c <= gpus]
+    if not extra:
+        return None
+    return (f"context parallelism (cp up to {max(extra)}: each rank keeps seq_len/cp of "
+            f"the activations; Constraints(cp=...))",
+            dataclasses.replace(constraints, cp=tuple(sorted(now | set(extra)))))
 
 
 def _more_gpus(model, cluster, job, constraints, n_now: int) -> str | None:

@@ -5,14 +5,15 @@ decides how the model's layers are split over the ``pp·vpp`` (virtual) stages.
 
 The space holds, for each allowed GPU count ``n``: ``tp`` dividing the attention heads,
 the key/value heads and the MLP width (≤ ``max_tp``; a divisor of the node size when
-``tp_within_node``), ``pp`` dividing ``n / tp`` with ``layers ≥ pp``, ``dp = n / (tp·pp)``
-dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
+``tp_within_node``), ``cp`` from :func:`cp_options` (cp = 1 below 16k tokens by default)
+with each valid style (:func:`cp_styles`), ``pp`` dividing ``n / (tp·cp)`` with
+``layers ≥ pp``, ``dp = n / (tp·cp·pp)`` dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
 recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
 2022 §4.2.2). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
-accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp = 1`` (nothing to
-shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
+accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp·cp = 1`` (nothing
+to shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
 ``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
 (with one stage there is no bubble to fill: the cost model gives both the same time and
 the same in-flight activations).
@@ -56,10 +57,14 @@ class Config(NamedTuple):
     recompute: str
     zero: int
     sequence_parallel: bool
+    cp: int = 1
+    cp_style: str = "ring"
+    ep: int = 1
+    etp: int = 1
 
     @property
     def num_gpus(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.tp * self.cp
 
     @property
     def stages(self) -> int:
@@ -69,12 +74,15 @@ class Config(NamedTuple):
         return Layout(dp=self.dp, pp=self.pp, tp=self.tp, micro_batch=self.micro_batch,
                       schedule=self.schedule, vpp=self.vpp, recompute=self.recompute,
                       zero=self.zero, sequence_parallel=self.sequence_parallel,
+                      cp=self.cp, cp_style=self.cp_style, ep=self.ep, etp=self.etp,
                       stage_layers=tuple(stage_layers) if stage_layers is not None else None)
 
     @classmethod
     def of(cls, layout: Layout) -> "Config":
         return cls(layout.dp, layout.pp, layout.tp, layout.micro_batch, layout.schedule,
-                   layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel)
+                   layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel,
+                   layout.cp, layout.cp_style if layout.cp > 1 else "ring", layout.ep,
+                   layout.etp)
 
 
 def divisors(n: int) -> list[int]:
@@ -135,6 +143,33 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
     return out
 
 
+def cp_options(job: Job, constraints: Constraints) -> list[int]:
+    """Context-parallel degrees to search: the constraint's, or automatically every power
+    of two with 2·cp dividing ``seq_len`` from ``cp_min_seq_len`` tokens on (cp = 1 below);
+    always those the sequence can be cut into (:func:`check_context_parallel`)."""
+    s = job.seq_len
+    if constraints.cp is not None:
+        cps = constraints.cp
+    elif s < constraints.cp_min_seq_len:
+        cps = (1,)
+    else:
+        cps = tuple(2 ** k for k in range(s.bit_length()) if 2 ** k <= s // 2)
+    fixed = constraints.fixed.get("cp")
+    return sorted(c for c in set(cps) if (c == 1 or s % (2 * c) == 0)
+                  and (fixed is None or c == fixed))
+
+
+def cp_styles(model: ModelSpec, constraints: Constraints, tp: int, cp: int) -> list[str]:
+    """The cp styles valid for (tp, cp): the ring always, all-to-all where tp·cp divides the
+    heads and kv heads (one style stands for cp = 1)."""
+    if cp == 1:
+        return ["ring"]
+    fixed = constraints.fixed.get("cp_style")
+    return [st for st in constraints.cp_styles if (fixed is None or st == fixed) and (
+        st == "ring" or (model.num_heads % (tp * cp) == 0
+                         and model.num_kv_heads % (tp * cp) == 0))]
+
+
 def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
                       constraints: Constraints) -> Iterator[Config]:
     """Every :class:`Config` of the space (see the module docstring), in a fixed order."""
@@ -142,56 +177,74 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     L, B = model.num_layers, job.global_batch
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
+    cps = cp_options(job, constraints)
+    for n in counts:
+        for tp in tps:
+            if n % tp or fx.get("tp", tp) != tp:
+                continue
+            for cp in cps:
+                if (n // tp) % cp:
+                    continue
+                for style in cp_styles(model, constraints, tp, cp):
+                    yield from _configs_at(model, job, constraints, n, tp, cp, style,
+                                           min_layers)
+
+
+def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp: int,
+                cp: int, style: str, min_layers: int) -> Iterator[Config]:
+    """The configurations of ``n`` GPUs at one (tp, cp, cp style)."""
+    fx = constraints.fixed
+    L, B = model.num_layers, job.global_batch
     plain = [s for s in constraints.schedules if s != "interleaved-1f1b"]
     interleaved = "interleaved-1f1b" in constraints.schedules
     max_vpp = constraints.max_vpp or L
     zeros = sorted(constraints.zero)
     sps = sorted(constraints.sequence_parallel)
-    for n in counts:
-        for tp in tps:
-            if n % tp or fx.get("tp", tp) != tp:
+    for pp in divisors(n // (tp * cp)):
+        if pp * min_layers > L or fx.get("pp", pp) != pp:
+            continue
+        dp = n // (tp * cp * pp)
+        if B % dp or fx.get("dp", dp) != dp:
+            continue
+        for mb in divisors(B // dp):
+            if mb > constraints.max_micro_batch:
+                break
+            if fx.get("micro_batch", mb) != mb:
                 continue
-            for pp in divisors(n // tp):
-                if pp * min_layers > L or fx.get("pp", pp) != pp:
+            m = B // (dp * mb)
+            sched: list[tuple[str, int]] = [(s, 1) for s in plain]
+            if interleaved and pp > 1 and m % pp == 0:
+                sched += [("interleaved-1f1b", v)
+                          for v in range(2, min(max_vpp, L // (pp * min_layers)) + 1)]
+            for s, v in sched:
+                if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
                     continue
-                dp = n // (tp * pp)
-                if B % dp or fx.get("dp", dp) != dp:
+                if s == "zero-bubble" and pp == 1 and "1f1b" in plain and \
+                        fx.get("schedule") != s:
+                    continue      # one stage: ZB-H1 is 1F1B (see the docstring)
+                if s == "gpipe" and pp == 1 and "1f1b" in plain and \
+                        fx.get("schedule") != s:
+                    continue      # one stage: GPipe = 1F1B's time, m× its activations
+                if s in EVEN_ONLY_SCHEDULES and L % (pp * v):
                     continue
-                for mb in divisors(B // dp):
-                    if mb > constraints.max_micro_batch:
-                        break
-                    if fx.get("micro_batch", mb) != mb:
+                for rc in constraints.recompute:
+                    if fx.get("recompute", rc) != rc:
                         continue
-                    m = B // (dp * mb)
-                    sched: list[tuple[str, int]] = [(s, 1) for s in plain]
-                    if interleaved and pp > 1 and m % pp == 0:
-                        sched += [("interleaved-1f1b", v)
-                                  for v in range(2, min(max_vpp, L // (pp * min_layers)) + 1)]
-                    for s, v in sched:
-                        if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
-                            continue
-                        if s == "zero-bubble" and pp == 1 and "1f1b" in plain and \
-                                fx.get("schedule") != s:
-                            continue      # one stage: ZB-H1 is 1F1B (see the docstring)
-                        if s == "gpipe" and pp == 1 and "1f1b" in plain and \
-                                fx.get("schedule") != s:
-                            continue      # one stage: GPipe = 1F1B's time, m× its activations
-                        if s in EVEN_ONLY_SCHEDULES and L % (pp * v):
-                            continue
-                        for rc in constraints.recompute:
-                            if fx.get("recompute", rc) != rc:
+                    # ZeRO shards over the gradient group, dp·cp ranks
+                    zs = [fx["zero"]] if "zero" in fx else zeros if dp * cp > 1 \
+                        else zeros[:1]
+                    for z in zs:
+                        if job.runtime == "torch" and zero_bubble_under_zero3(
+                                s, z, dp, pp):
+                            continue      # check_layout: ZB_ZERO3_UNSUPPORTED
+                        for sp in sps:
+                            if sp and tp == 1:
                                 continue
-                            zs = [fx["zero"]] if "zero" in fx else zeros if dp > 1 else zeros[:1]
-                            for z in zs:
-                                if job.runtime == "torch" and zero_bubble_under_zero3(
-                                        s, z, dp, pp):
-                                    continue      # check_layout: ZB_ZERO3_UNSUPPORTED
-                                for sp in sps:
-                                    if sp and tp == 1:
-                                        continue
-                                    if fx.get("sequence_parallel", sp) != sp:
-                                        continue
-                                    yield Config(dp, pp, tp, mb, s, v, rc, z, sp)
+                            if fx.get("sequence_parallel", sp) != sp:
+                                continue
+                            if sp and (job.seq_len // cp) % tp:
+                                continue      # check_context_parallel
+                            yield Config(dp, pp, tp, mb, s, v, rc, z, sp, cp, style)
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:

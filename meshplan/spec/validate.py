@@ -44,9 +44,6 @@ def check_modelled(layout: Layout, model: ModelSpec | None = None,
         check_model_modelled(model)
     if job is not None:
         check_job_modelled(job)
-    if layout.cp > 1:
-        raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
-                          f"use cp = 1")
     if layout.ep > 1 or layout.etp > 1:
         raise ConfigError(f"Layout.ep = {layout.ep}, etp = {layout.etp}: expert parallelism is "
                           f"not modelled yet; use ep = etp = 1")

@@ -202,12 +202,12 @@ def test_context_parallel_rules_name_the_values(model, seq_len, kwargs, words):
         check_context_parallel(model, job, layout)
 
 
-def test_check_layout_gives_cp_rules_before_the_not_modelled_refusal():
+def test_check_layout_gives_cp_rules_and_accepts_valid_cp():
     cluster = mp.Cluster.preset("dgx-h100", nodes=1)
     with pytest.raises(ConfigError, match="divisible by 2·cp"):
         check_layout(LLAMA8, cluster, mp.Job(global_batch=8, seq_len=1004), mp.Layout(cp=4))
-    with pytest.raises(ConfigError, match="context parallelism is not modelled"):
-        check_layout(LLAMA8, cluster, mp.Job(global_batch=8, seq_len=1024), mp.Layout(cp=4))
+    assert check_layout(LLAMA8, cluster, mp.Job(global_batch=8, seq_len=1024),
+                        mp.Layout(cp=4)) == (LLAMA8.num_layers,)
 
 
 def test_executor_accepts_cp_and_refuses_what_it_cannot_shard():

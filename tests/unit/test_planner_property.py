@@ -80,3 +80,28 @@ def test_cpsat_matches_exhaustive(case):
         assert c.layout.num_gpus <= cluster.num_gpus
         if gpus is None:
             assert c.layout.num_gpus == cluster.num_gpus
+
+
+@st.composite
+def cp_cases(draw):
+    """Small long-context cases: context parallelism (both styles) searched jointly with
+    dp, pp and tp; tiny GPUs so that memory binds and cp is needed to fit."""
+    model, cluster, job, cons, objective, gpus = draw(cases())
+    gpu = dataclasses.replace(cluster.gpu, memory_bytes=draw(st.integers(16, 256)) * 2**20)
+    cluster = cluster.replace(gpu=gpu)
+    job = dataclasses.replace(job, seq_len=draw(st.sampled_from([512, 2048])))
+    model = dataclasses.replace(model, max_seq_len=2048)
+    cons = dataclasses.replace(cons, cp=tuple(draw(st.lists(st.sampled_from([1, 2, 4]),
+                                                            min_size=1, max_size=3,
+                                                            unique=True))),
+                               cp_styles=tuple(draw(st.lists(st.sampled_from(
+                                   ["ring", "all-to-all"]), min_size=1, max_size=2,
+                                   unique=True))))
+    return model, cluster, job, cons, objective, gpus
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(cp_cases())
+def test_cpsat_matches_exhaustive_with_context_parallelism(case):
+    test_cpsat_matches_exhaustive.hypothesis.inner_test(case)

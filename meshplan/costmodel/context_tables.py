@@ -1,0 +1,189 @@
+"""Context parallelism in a layout's tables: a cp layout priced as its per-rank equivalent.
+
+A cp rank holds ``s/cp`` tokens of each of its dp rank's sequences and the parameters of a
+dp replica, and reduces gradients with every rank holding the same parameters (Megatron-Core's
+data-parallel group "with context parallel"). So, for every term except attention, a layout
+``(dp, cp, pp, tp)`` at ``s`` tokens per sequence and batch ``B`` costs what the layout
+``(dp·cp, 1, pp, tp)`` costs at ``s/cp`` tokens and batch ``B·cp`` (:func:`cp_equivalent`):
+the same micro-batches per step ``B/(dp·b)``, every per-token tensor, GEMM, memory-bound op,
+tensor-parallel (SP) collective, pipeline message, logits and embedding at ``s/cp`` tokens
+(:mod:`meshplan.costmodel.context` eq. 1), gradient reduction and ZeRO over ``dp·cp`` ranks
+(eq. 6). What differs is attention (:func:`cp_layer_parts`):
+
+* **ring**: cp steps per pass, each a block of 2c² query-key pairs (c = s/(2·cp); step 0
+  the causal local block, steps ≥ 1 half blocks, eq. 2), each priced by the attention
+  efficiency curve at the block's own FLOPs (small blocks run less efficiently); the K/V
+  exchanges overlap the steps, exposed only where a transfer outlasts its step plus the
+  profile's ``cp_ring_interference`` of what it hides (eq. 4, the correction
+  :func:`meshplan.costmodel.corrections.ring_interference`); backward 2.5× each block
+  (flash, Dao 2022 §3.1) with the dK/dV ring;
+* **all-to-all** (Ulysses): one causal kernel over the whole sequence for heads/cp, and the
+  4 all-to-alls of each pass exposed (eq. 5) on the cp group's link.
+
+Selective recomputation re-runs the attention core, so with cp its exchanges too (the
+executor's ring and all-to-all cores sit inside the recomputed core, as Megatron-Core's
+core-attention recomputation does with TransformerEngine's context parallelism); full
+recomputation re-runs the whole forward. The ring keeps two K/V blocks in flight (and the
+dK/dV accumulators in backward), the all-to-all its gathered q, k, v and output: working
+memory of a layer's pass.
+
+Links (:func:`cp_group_links`): Megatron-Core's rank order ``tp-cp-dp-pp`` (or
+``tp-cp-pp-dp``): the cp group's ranks are tp apart, dp's tp·cp, pp's tp·cp·dp
+(:func:`meshplan.costmodel.context.rank_strides`); the gradient group of ``dp·cp`` ranks is
+one regular ring of stride tp in ``tp-dp-pp``; in ``tp-pp-dp`` it is not regular, and its
+link is taken as the dp group's (the narrowest hop its ring crosses) over ``dp·cp`` ranks.
+
+Measured error: none yet (no GPU run of cp > 1 has been compared; the layouts of
+benchmarks/context_parallel_gpu.py are prepared). Calibrated profiles' measured layer rows
+are for cp = 1: a cp layout is priced from the datasheet curves of its profile (a caveat
+says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import NamedTuple
+
+from meshplan.costmodel import comm, context
+from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s
+from meshplan.costmodel.corrections import ring_interference
+from meshplan.costmodel.data_parallel import Groups, group_links
+from meshplan.costmodel.memory import activation_bytes_per_element
+from meshplan.costmodel.parts import LayerParts, layer_parts
+from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.topology import GroupLink
+from meshplan.spec import Job, Layout, ModelSpec
+
+CP_UNCHECKED_CAVEAT = (
+    "context parallelism has not been compared with GPU runs yet; how much the ring's "
+    "transfers slow the block attention they overlap (cp_ring_interference) is assumed")
+CP_ANALYTICAL_CAVEAT = (
+    "context parallelism is priced from the profile's datasheet curves: its measured layer "
+    "rows are for cp = 1")
+
+
+class TableInputs(NamedTuple):
+    """What :func:`meshplan.costmodel.build.build_fields` prices: the cluster, job and layout
+    the tables see (per-rank equivalents for cp > 1), the process groups' links, the
+    per-layer parts, and the caveats this pricing adds."""
+
+    cluster: Cluster
+    job: Job
+    layout: Layout
+    links: Groups
+    parts: LayerParts
+    caveats: tuple[str, ...] = ()
+
+
+def cp_equivalent(job: Job, layout: Layout) -> tuple[Job, Layout]:
+    """The per-rank equivalent (module docstring): ``s/cp`` tokens, batch ·cp, dp·cp."""
+    cp = layout.cp
+    return (replace(job, seq_len=job.seq_len // cp, global_batch=job.global_batch * cp),
+            layout.replace(dp=layout.dp * cp, cp=1, cp_style="ring"))
+
+
+def cp_group_links(cluster: Cluster, layout: Layout) -> Groups:
+    """tp, the dp·cp gradient group, pp and cp links in Megatron-Core's order (docstring)."""
+    tp, cp, dp, pp = layout.tp, layout.cp, layout.dp, layout.pp
+    strides = context.rank_strides(tp, cp, dp, pp, cluster.rank_order)
+    cp_link = cluster.group_link(cp, strides["cp"])
+    if cluster.rank_order == "tp-dp-pp" or dp == 1:
+        grad = cluster.group_link(dp * cp, tp)
+    else:
+        grad = replace(cluster.group_link(dp, strides["dp"]), size=dp * cp)
+    return Groups(cluster.group_link(tp, 1), grad, cluster.group_link(pp, strides["pp"]),
+                  cp=cp_link)
+
+
+def _block_s(cluster: Cluster, job: Job, flops: float) -> float:
+    """One attention kernel of ``flops`` executed FLOPs (forward): flash at the attention
+    curve; unfused as two batched GEMMs (QKᵀ, PV)."""
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(job.precision)
+    if job.flash_attention:
+        return flops / (peak * gpu.attention_efficiency(flops)) if flops > 0 else 0.0
+    return 2 * gemm_s(gpu, peak, flops / 2)
+
+
+def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                 cp_link: GroupLink) -> tuple[float, ...]:
+    """(forward attention s, backward attention s, forward exposed cp s, backward exposed
+    cp s, bytes sent forward, bytes sent backward, working-memory bytes) of one layer and
+    micro-batch on one rank; ``job`` at the full sequence (see the module docstring)."""
+    s, b, tp, cp = job.seq_len, layout.micro_batch, layout.tp, layout.cp
+    e = activation_bytes_per_element(job)
+    per_pair = 4.0 * model.q_dim / tp
+    bwd_k = FLASH_BACKWARD_FACTOR if job.flash_attention else 2.0
+    if layout.cp_style == "ring":
+        step_flops = b * context.ring_step_pairs(s, cp) * per_pair
+        step_s = _block_s(cluster, job, step_flops)
+        fwd_attn = cp * step_s
+        kv = context.ring_kv_bytes(model, s, b, tp, cp, e)
+        dkv = context.ring_dkv_bytes(model, s, b, tp, cp)
+        bw = cp_link.bandwidth_bytes_per_s(kv)
+        k = ring_interference(cluster.gpu.corrections)
+        lat = cp_link.hop_latency_s
+        fwd_cp = context.ring_exposed_forward_s(cp, step_compute_s=step_s, kv_bytes=kv,
+                                                bandwidth_bytes_per_s=bw, latency_s=lat,
+                                                interference=k)
+        bwd_cp = context.ring_exposed_backward_s(cp, step_compute_s=bwd_k * step_s,
+                                                 kv_bytes=kv, dkv_bytes=dkv,
+                                                 bandwidth_bytes_per_s=bw, latency_s=lat,
+                                                 interference=k)
+        ex = context.ring_exchanges(cp)
+        wire_f = ex["forward_kv"] * kv
+        wire_b = ex["backward_kv"] * kv + ex["backward_dkv"] * dkv
+        work = 2 * (kv + dkv)
+    else:
+        # one causal kernel over the whole sequence for heads/cp (masked half skipped)
+        fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp)
+        bufs = context.all_to_all_buffers_bytes(model, s, b, tp, cp, e)
+        sent = [context.all_to_all_sent_bytes(x, cp) for x in bufs]
+        fwd_cp = bwd_cp = sum(comm.all_to_all_s(cp_link, x) for x in sent)
+        wire_f = wire_b = sum(sent)
+        work = sum(bufs)
+    return fwd_attn, bwd_k * fwd_attn, fwd_cp, bwd_cp, wire_f, wire_b, work
+
+
+def cp_layer_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                   local_job: Job, links: Groups) -> LayerParts:
+    """The per-rank parts of a cp layout: :func:`layer_parts` at ``s/cp`` tokens
+    (``local_job``) with the layer's attention replaced by the ring's or the all-to-all's
+    (:func:`cp_attention`)."""
+    base = layer_parts(model, cluster, local_job, layout.micro_batch, layout.tp,
+                       layout.sequence_parallel, layout.recompute, links.tp, links.pp)
+    fa, ba, fc, bc, wire_f, wire_b, work = cp_attention(model, cluster, job, layout, links.cp)
+    lay = base.layer
+    rerun = layout.recompute != "none"      # selective and full re-run the attention core
+    rc = replace(lay.recompute, attention_s=fa if rerun else 0.0,
+                 cp_comm_s=fc if rerun else 0.0)
+    fwd = replace(lay.forward, attention_s=fa, cp_comm_s=fc)
+    # the backward holds the recomputed forward: swap both attention parts
+    bwd = replace(lay.backward, attention_s=ba + rc.attention_s, cp_comm_s=bc + rc.cp_comm_s)
+    layer = LayerCost(fwd, bwd, rc, lay.wgrad_s, lay.tp_wire_bytes, lay.wgrad_gather_s,
+                      lay.wgrad_gather_wire_bytes,
+                      cp_wire_bytes=wire_f + wire_b + (wire_f if rerun else 0.0),
+                      ep_wire_bytes=lay.ep_wire_bytes)
+    return replace(base, layer=layer, backward_buf_bytes=base.backward_buf_bytes + work)
+
+
+def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> TableInputs:
+    """The cluster, job, layout, links and parts :func:`build_fields` prices: the given ones
+    for cp = 1, the per-rank equivalent (module docstring) for cp > 1."""
+    if layout.cp == 1:
+        links = group_links(cluster, layout)
+        parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
+                            layout.sequence_parallel, layout.recompute, links.tp, links.pp)
+        return TableInputs(cluster, job, layout, links, parts)
+    caveats: tuple[str, ...] = (CP_UNCHECKED_CAVEAT,)
+    if cluster.gpu.measured:
+        caveats += (CP_ANALYTICAL_CAVEAT,)
+        cluster = cluster.replace(gpu=replace(cluster.gpu, measured=None))
+    local_job, local_layout = cp_equivalent(job, layout)
+    links = cp_group_links(cluster, layout)
+    parts = cp_layer_parts(model, cluster, job, layout, local_job, links)
+    return TableInputs(cluster, local_job, local_layout, links, parts, caveats)
+
+
+__all__ = ["CP_ANALYTICAL_CAVEAT", "CP_UNCHECKED_CAVEAT", "TableInputs", "cp_attention", "cp_equivalent",
+           "cp_group_links", "cp_layer_parts", "table_inputs"]

@@ -1,0 +1,56 @@
+"""The planner searches context parallelism jointly with dp, pp and tp."""
+
+import pytest
+
+import meshplan as mp
+from meshplan.planner import Constraints
+from meshplan.planner.space import cp_options, enumerate_configs
+
+LLAMA = mp.ModelSpec.preset("llama3-8b")
+CLUSTER = mp.Cluster.preset("dgx-h100", nodes=2)
+LONG = mp.Job(global_batch=8, seq_len=131072)
+FAST = Constraints(schedules=("1f1b",), recompute=("none", "selective"), zero=(1, 3),
+                   max_micro_batch=1)
+
+
+def test_cp_options_automatic_from_16k_tokens():
+    assert cp_options(mp.Job(global_batch=8, seq_len=8192), Constraints()) == [1]
+    assert cp_options(LONG, Constraints())[:4] == [1, 2, 4, 8]
+    assert cp_options(mp.Job(global_batch=8, seq_len=8192), Constraints(cp=(1, 2, 3))) == [1, 2]
+    assert cp_options(LONG, Constraints(fixed={"cp": 4})) == [4]
+    short = list(enumerate_configs(LLAMA, CLUSTER, mp.Job(global_batch=16, seq_len=4096),
+                                   [16], Constraints()))
+    assert short and all(c.cp == 1 for c in short)
+
+
+def test_all_to_all_only_where_heads_divide():
+    cfgs = list(enumerate_configs(LLAMA, CLUSTER, LONG, [16], FAST))
+    a2a = {(c.tp, c.cp) for c in cfgs if c.cp_style == "all-to-all"}
+    assert a2a and all(8 % (tp * cp) == 0 for tp, cp in a2a)     # 8 kv heads
+    assert any(c.cp_style == "ring" and c.tp * c.cp == 16 for c in cfgs)
+
+
+def test_long_context_plan_uses_cp_and_shows_it():
+    p = mp.plan(LLAMA, CLUSTER, LONG, top_k=3, constraints=FAST)
+    assert p.best.layout.cp > 1 and p.best.estimate.fits
+    assert "cp" in p.best.layout.short() and "cp" in p.summary()
+    assert list(p.table["cp"]) == [c.layout.cp for c in p.candidates]
+    assert p.best.layout.num_gpus == CLUSTER.num_gpus
+
+
+def test_no_plan_without_cp_names_cp():
+    with pytest.raises(mp.NoFeasiblePlan, match=r"context parallelism \(cp up to 16"):
+        mp.plan(mp.ModelSpec.preset("llama3-70b"), CLUSTER, LONG, top_k=1,
+                constraints=Constraints(cp=(1,), recompute=("none",), max_micro_batch=1,
+                                        schedules=("1f1b",)))
+
+
+def test_constraints_check_cp_values():
+    with pytest.raises(mp.ConfigError, match="Constraints.cp"):
+        Constraints(cp=(0,))
+    with pytest.raises(mp.ConfigError, match="cp_styles"):
+        Constraints(cp_styles=("ulysses",))
+    with pytest.raises(mp.ConfigError, match="contradictory"):
+        Constraints(cp=(1, 2), fixed={"cp": 4})
+    assert Constraints(fixed={"ep": 8}).fixed["ep"] == 8
+    assert Constraints(cp=(1, 4)).allows(mp.Layout(cp=2)) == "cp 2 not in [1, 4]"
