@@ -48,7 +48,9 @@ def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | N
 
 
 def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
-                 seq_len: int | None = None) -> None:
+                 seq_len: int | None = None, runtime: str = "megatron") -> None:
+    """Job options; ``runtime`` is the default of ``--runtime`` ("torch" where the command
+    runs meshplan's executor, so that its predictions describe what runs)."""
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, default=global_batch,
                    required=global_batch is None, help="sequences per optimizer step")
@@ -61,10 +63,13 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
                    help="model unfused attention (s² activations)")
     g.add_argument("--no-overlap-dp", action="store_true",
                    help="gradient reduction after backward, not overlapped with it")
-    g.add_argument("--runtime", default="megatron", choices=["megatron", "torch"],
+    g.add_argument("--runtime", default=runtime, choices=["megatron", "torch"],
                    help="whose conventions to predict: 'megatron' (16-bit weights, fp32 master "
                         "in the optimizer) or 'torch' (fp32 weights + autocast, DDP/FSDP2: "
-                        "what `meshplan run` executes) [megatron]")
+                        f"what `meshplan run` executes) [{runtime}]")
+    g.add_argument("--strict", action="store_true",
+                   help="treat meshplan's warnings (e.g. --seq-len past the model's maximum) "
+                        "as errors")
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -83,13 +88,16 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_model(text: str) -> ModelSpec:
-    """A preset name, a Hugging Face ``config.json``, or a meshplan ModelSpec JSON file
-    (an object with ``name``, ``num_layers`` and ``hidden_size`` and no ``model_type`` /
-    ``architectures``, as ``ModelSpec.to_dict`` writes it)."""
+    """A preset name, a Hugging Face ``config.json`` (or a model directory holding one), or a
+    meshplan ModelSpec JSON file (an object with ``name``, ``num_layers`` and
+    ``hidden_size`` and no ``model_type`` / ``architectures``, as ``ModelSpec.to_dict``
+    writes it)."""
     if text.endswith(".json") or os.path.sep in text:
         path = Path(text)
+        if path.is_dir():
+            return ModelSpec.from_hf_config(path)   # a model directory: its config.json
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"model file {text!r} does not exist") from None
         except (OSError, UnicodeDecodeError) as exc:

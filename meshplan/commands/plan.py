@@ -17,7 +17,8 @@ from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_
                                       model_cluster_from_args, positive_int)
 from meshplan.commands.format import format_estimate
 from meshplan.spec import RECOMPUTE, SCHEDULES
-from meshplan.errors import ConfigError, MeshplanError
+from meshplan.errors import ConfigError
+from meshplan.planner.planfile import check_output_file
 
 
 def _gpus(text: str):
@@ -111,8 +112,8 @@ def main(args) -> int:
     model, cluster = model_cluster_from_args(args)
     job = job_from_args(args)
     out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not args.force:
-        raise MeshplanError(f"{str(out)!r} exists; refusing to overwrite it (pass --force)")
+    if out is not None:   # before the search: a bad path fails in milliseconds
+        check_output_file(out, overwrite=args.force, what="plan file", flag="--force")
     constraints = constraints_from_args(args)
     gpus = _gpus(args.gpus) if args.gpus else None
     t0 = time.perf_counter()

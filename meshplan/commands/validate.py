@@ -22,7 +22,8 @@ from meshplan.errors import ConfigError
 
 def add_arguments(p) -> None:
     add_model_cluster_args(p)
-    add_job_args(p, global_batch=16, seq_len=2048)
+    # the executor runs plain PyTorch: predict its conventions unless told otherwise
+    add_job_args(p, global_batch=16, seq_len=2048, runtime="torch")
     g = p.add_argument_group("validation")
     g.add_argument("--out", required=True, help="directory for plans, logs and accuracy.*")
     g.add_argument("--layouts", type=positive_int, default=16,

@@ -81,7 +81,9 @@ class Plan:
         return pd.DataFrame(rows).set_index("rank")
 
     # ---- files -----------------------------------------------------------------------
-    def to_json(self, path: str | Path, *, overwrite: bool = True) -> Path:
+    def to_json(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the plan file (see :mod:`meshplan.planner.planfile`); an existing file is
+        replaced only with ``overwrite=True`` (the CLI's ``--force``)."""
         cands = [{"layout": c.layout.to_dict(), "prediction": c.estimate.to_dict()}
                  for c in self.candidates]
         search = {"objective": self.objective, "constraints": _jsonable(self.constraints),

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import zero_bubble_under_zero3
+from meshplan.spec.validate import check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -194,7 +194,6 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
-    """Errors no layout can avoid (seq_len beyond learned position embeddings)."""
-    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
-        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
-                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run it")
+    """Errors no layout can avoid (seq_len beyond learned position embeddings), and the
+    warning for a sequence past a RoPE model's maximum."""
+    check_seq_len(model, job)

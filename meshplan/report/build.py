@@ -175,10 +175,8 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
         compare = parse_gpu_list(compare_gpus)
     out = None
     if out_dir is not None:  # refuse a bad directory before minutes of planning
-        from meshplan.report.render import prepare_output_dir
-        out = Path(out_dir)
-        if out.is_dir() and any(out.iterdir()) and not force:
-            prepare_output_dir(out, force=False)
+        from meshplan.report.render import check_output_dir
+        out = check_output_dir(out_dir, force=force)
     loaded = []
     if measurements:
         from meshplan.report.measurements import load_measurement

@@ -51,11 +51,13 @@ class Section:
     items: tuple[Any, ...] = field(default=())   # order of figures and tables if given
 
 
-def prepare_output_dir(path: str | Path, *, force: bool) -> Path:
-    """Create ``path`` or check it may be written; with ``force`` remove only our old files."""
+def check_output_dir(path: str | Path, *, force: bool) -> Path:
+    """Refuse, without touching anything, a report directory that cannot be written: a
+    file, a non-empty directory without ``force``, a parent that is a file or read-only."""
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise MeshplanError(f"output path {str(out)!r} exists and is not a directory")
+        raise MeshplanError(f"output path {str(out)!r} exists and is not a directory; "
+                            f"a report is a directory (e.g. {str(out.parent / 'report')!r})")
     if out.is_dir():
         existing = sorted(p.name for p in out.iterdir())
         if existing and not force:
@@ -63,6 +65,21 @@ def prepare_output_dir(path: str | Path, *, force: bool) -> Path:
             raise MeshplanError(
                 f"output directory {str(out)!r} is not empty ({shown}); pass --force "
                 f"(force=True) to replace a previous report there, or choose another directory")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise MeshplanError(f"output directory {str(out)!r}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MeshplanError(f"output directory {str(out)!r}: {str(parent)!r} is not writable")
+    return out
+
+
+def prepare_output_dir(path: str | Path, *, force: bool) -> Path:
+    """Create ``path`` or check it may be written; with ``force`` remove only our old files."""
+    out = check_output_dir(path, force=force)
+    if out.is_dir():
+        existing = any(out.iterdir())
         if existing and force:
             for name in _previous_files(out):
                 p = out / name
