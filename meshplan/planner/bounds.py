@@ -103,9 +103,9 @@ def check_memory_floor(model: ModelSpec, cluster: Cluster, job: Job, counts: Seq
     ways = (f"at least {min_gpus:,} GPUs ({min_nodes:,} nodes of {cluster.gpus_per_node}) "
             f"just to hold the model states",
             "a smaller model", "a GPU with more memory")
-    msg = (f"no layout of {model.name!r} ({model.num_params():.3g} parameters) on {n:,} GPUs "
-           f"of {cluster.name!r} fits in memory: its weights, gradients and optimizer state "
-           f"alone take "
+    msg = (f"no layout of {model.name!r} on {n:,} GPU(s) of {cluster.name!r} fits in memory: "
+           f"the weights, gradients and optimizer state of its {model.num_params():.3g} "
+           f"parameters alone take "
            f"{per.weights + per.grads + per.optimizer:g} bytes per parameter "
            f"(runtime {job.runtime!r}, {job.precision}, {job.optimizer}) = "
            f"{size_text(total)}, {size_text(need)} per GPU even with ZeRO-3 sharding them "

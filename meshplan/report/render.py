@@ -32,6 +32,7 @@ class Table:
     title: str
     raw: Any             # DataFrame written to CSV
     display: Any         # DataFrame shown in HTML/Markdown
+    notes: tuple[str, ...] = ()   # footnotes under the table (e.g. uneven stage splits)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +121,7 @@ table.tbl td{padding:3px 6px;border-bottom:1px solid #eee;white-space:nowrap}
 table.notes td:last-child{white-space:normal;min-width:16em}
 .scroll{overflow-x:auto}figure{margin:10px 0 18px}figure img{width:100%;height:auto;
 border:1px solid #eee}figcaption{color:#555;font-size:0.88em}.csv{font-size:0.8em;color:#777}
+.note{font-size:0.8em;color:#555;margin:2px 0;overflow-wrap:anywhere}
 """
 
 
@@ -156,6 +158,7 @@ def render_html(title: str, meta: str, sections: list[Section], pngs: dict[str, 
                 cls = "tbl notes" if list(item.display.columns)[-1:] == ["note"] else "tbl"
                 parts.append('<div class="scroll">' + item.display.to_html(
                     index=False, border=0, classes=cls, escape=True, na_rep="–") + "</div>")
+                parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in item.notes)
                 parts.append(f'<p class="csv">data: {html.escape(item.name)}.csv</p>')
         parts.append("</section>")
     parts.append("</main></body></html>")
@@ -180,7 +183,9 @@ def render_markdown(title: str, meta: str, sections: list[Section]) -> str:
             else:
                 if item.title:
                     lines += [f"### {item.title}", ""]
-                lines += [to_markdown(item.display), "", f"Data: [{item.name}.csv]({item.name}.csv)", ""]
+                lines += [to_markdown(item.display), ""]
+                lines += [ln for n in item.notes for ln in (n, "")]
+                lines += [f"Data: [{item.name}.csv]({item.name}.csv)", ""]
     return "\n".join(lines)
 
 

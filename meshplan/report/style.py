@@ -85,6 +85,20 @@ def si(value: float, unit: str = "", digits: int = 3) -> str:
     return f"{value:.{digits}g} {unit}".rstrip()
 
 
+def seconds(value: float) -> str:
+    """A time with a unit and three significant digits: ``"7.71 s"``, ``"378 ms"``,
+    ``"823 µs"``; exactly zero stays ``"0"``."""
+    if value != value:
+        return "–"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1:
+        return f"{value:.3g} s" if abs(value) < 100 else f"{value:,.0f} s"
+    if abs(value) >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} µs"
+
+
 def duration(seconds: float) -> str:
     """A human duration: ``"3.2 days"``, ``"5.1 h"``, ``"42 min"``."""
     if seconds != seconds:

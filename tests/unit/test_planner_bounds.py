@@ -61,7 +61,7 @@ def test_a_1e16_parameter_model_is_rejected_before_any_table(monkeypatch):
     print(f"rejected in {time.perf_counter() - t0:.3f} s")
     e, msg = err.value, str(err.value)
     assert e.binding == "memory" and e.min_memory_bytes > e.usable_memory_bytes
-    assert "256 GPUs" in msg and "16 bytes per parameter" in msg and "PiB" in msg
+    assert "256 GPU(s)" in msg and "16 bytes per parameter" in msg and "PiB" in msg
     assert "per GPU even with ZeRO-3" in msg and "74.7 GiB is usable" in msg
     need = math.ceil(bounds.state_bytes_total(model, mp.Job(global_batch=1, seq_len=1))
                      / e.usable_memory_bytes)
@@ -80,7 +80,7 @@ def test_a_hf_config_of_1_2e15_parameters_is_rejected_before_any_table(monkeypat
     with pytest.raises(NoFeasiblePlan) as err:
         mp.plan(model, mp.Cluster.preset("dgx-h100", nodes=32),
                 mp.Job(global_batch=1024, seq_len=8192), solver="exhaustive")
-    assert "on 256 GPUs of 'dgx-h100' fits in memory" in str(err.value)
+    assert "on 256 GPU(s) of 'dgx-h100' fits in memory" in str(err.value)
 
 
 def test_every_configuration_over_memory_by_states_alone(monkeypatch):
