@@ -88,6 +88,7 @@ def test_breakdown_has_units_and_no_always_zero_parts():
 def test_seconds_format():
     assert [seconds(v) for v in (7.706, 0.3782, 0.0008227, 0.0, 120.79, 1234.5)] == \
         ["7.71 s", "378 ms", "823 µs", "0", "121 s", "1,234 s"]
+    assert seconds(7.8) == "7.80 s" and seconds(0.024) == "24.0 ms"
 
 
 def test_memory_table_has_no_count_column():
