@@ -70,14 +70,20 @@ def check_output_file(path: str | Path, *, overwrite: bool, what: str = "output 
     if path.exists() and not overwrite:
         raise MeshplanError(f"{what} {str(path)!r} exists; refusing to overwrite it (pass "
                             f"{flag} to replace it)")
-    parent = path.parent
+    check_creatable(path.parent, f"{what} {str(path)!r}")
+    return path
+
+
+def check_creatable(directory: Path, what: str) -> None:
+    """Refuse a directory that can neither be used nor created: its nearest existing
+    ancestor must be a writable directory."""
+    parent = directory
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise MeshplanError(f"{what} {str(path)!r}: {str(parent)!r} is not a directory")
+        raise MeshplanError(f"{what}: {str(parent)!r} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise MeshplanError(f"{what} {str(path)!r}: directory {str(parent)!r} is not writable")
-    return path
+        raise MeshplanError(f"{what}: directory {str(parent)!r} is not writable")
 
 
 def new_temp_file(path: Path) -> tuple[int, Path]:

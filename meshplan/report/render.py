@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.planner.planfile import check_creatable
 from meshplan.report.style import png_bytes
 from meshplan.report.tables import to_markdown
 
@@ -66,13 +67,7 @@ def check_output_dir(path: str | Path, *, force: bool) -> Path:
             raise MeshplanError(
                 f"output directory {str(out)!r} is not empty ({shown}); pass --force "
                 f"(force=True) to replace a previous report there, or choose another directory")
-    parent = out
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise MeshplanError(f"output directory {str(out)!r}: {str(parent)!r} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise MeshplanError(f"output directory {str(out)!r}: {str(parent)!r} is not writable")
+    check_creatable(out, f"output directory {str(out)!r}")
     return out
 
 
