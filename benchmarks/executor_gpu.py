@@ -197,6 +197,17 @@ def markdown(rows: list[dict], args, model, job, cluster, started: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def select(parser: argparse.ArgumentParser, todo: list, only: str | None) -> list:
+    """The cases named in ``only`` (comma-separated), or all; an unknown name is an error."""
+    if not only:
+        return todo
+    names = only.split(",")
+    unknown = set(names) - {c.name for c in todo}
+    if unknown:
+        parser.error(f"unknown layouts {sorted(unknown)}; known: {[c.name for c in todo]}")
+    return [c for c in todo if c.name in names]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="output directory (plans, results, logs, table)")
@@ -217,13 +228,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model, job = (TINY, TINY_JOB) if args.tiny else (MODEL, JOB)
     cluster = cluster_for(args.device, 4)
-    todo = cases()
-    if args.only:
-        names = args.only.split(",")
-        unknown = set(names) - {c.name for c in todo}
-        if unknown:
-            p.error(f"unknown layouts {sorted(unknown)}; known: {[c.name for c in todo]}")
-        todo = [c for c in todo if c.name in names]
+    todo = select(p, cases(), args.only)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     t0 = time.time()
     rows = []

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
+from meshplan.hardware_profiles.corrections import builtin_corrections
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import GPUSpec
 
@@ -262,6 +263,7 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
                            "provenance": prov, "gpu": gpu_table}
     if cluster:
         doc["cluster"] = cluster
+    doc["corrections"] = correction_table(base)
     doc["measurements"] = {k: v for k, v in rows.items() if v}
     layer_rows, end_rows = [dict(r) for r in layers], [dict(r) for r in ends]
     if layer_rows:
@@ -273,6 +275,21 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     return doc
 
 
-__all__ = ["build_profile", "merge_points", "extend_with_base", "gemm_efficiency",
+def correction_table(base: GPUSpec | None) -> dict[str, Any]:
+    """The profile's ``[corrections]`` table: the numbers of the cost model's named
+    corrections (:mod:`meshplan.costmodel.corrections`). No benchmark of this calibration
+    measures them yet, so they are the base profile's (the built-in defaults, with the
+    machine and date of each in ``hardware_profiles/data/corrections.toml``), marked as
+    such; the zero-bubble full-recompute sets are measured per model shape instead, as the
+    layer rows' ``wgrad_*_bytes`` (``--model``), which the cost model prefers. docs/calibrate.md
+    says which key comes from where."""
+    numbers = base.corrections if base is not None else builtin_corrections()
+    table = numbers.to_table()
+    table["source"] = (f"not measured by this calibration: {numbers.source or 'built-in defaults'}"
+                       if "not measured" not in numbers.source else numbers.source)
+    return table
+
+
+__all__ = ["build_profile", "correction_table", "merge_points", "extend_with_base", "gemm_efficiency",
            "attention_efficiency", "collective_efficiency", "collective_bus_bytes",
            "attention_executed_flops"]

@@ -17,7 +17,7 @@ from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_
                                       model_cluster_from_args, positive_int)
 from meshplan.commands.format import format_estimate
 from meshplan.spec import RECOMPUTE, SCHEDULES
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, MeshplanError
 from meshplan.planner.planfile import check_output_file
 
 
@@ -61,6 +61,10 @@ def add_arguments(p) -> None:
     g.add_argument("-o", "--output", default=None,
                    help="plan file to write (default: none; the table is printed either way)")
     g.add_argument("--force", action="store_true", help="overwrite an existing plan file")
+    g.add_argument("--launch-dir", default=None, metavar="DIR",
+                   help="also write plan.json and a launch script for every node into DIR")
+    g.add_argument("--launcher", choices=["torchrun", "slurm"], default="torchrun",
+                   help="launch script kind for --launch-dir [torchrun]")
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -114,6 +118,8 @@ def main(args) -> int:
     out = Path(args.output) if args.output else None
     if out is not None:   # before the search: a bad path fails in milliseconds
         check_output_file(out, overwrite=args.force, what="plan file", flag="--force")
+    if args.launch_dir:
+        _check_launch_dir(args)
     constraints = constraints_from_args(args)
     gpus = _gpus(args.gpus) if args.gpus else None
     t0 = time.perf_counter()
@@ -140,9 +146,23 @@ def main(args) -> int:
     if out is not None:
         p.to_json(out, overwrite=True)
         print(f"\nplan written to {out}")
-    else:
+    elif not args.launch_dir:
         print("\n(no plan file written; add -o plan.json to save it)")
+    if args.launch_dir:
+        script = p.write_launch_script(args.launch_dir, args.launcher, overwrite=args.force)
+        print(f"launch script written to {script} (with {script.parent / 'plan.json'})")
     return 0
+
+
+def _check_launch_dir(args) -> None:
+    """Refuse an existing script or plan in --launch-dir before the search, not after."""
+    d = Path(args.launch_dir)
+    if d.exists() and not d.is_dir():
+        raise MeshplanError(f"--launch-dir {str(d)!r} exists and is not a directory")
+    name = "run_torchrun.sh" if args.launcher == "torchrun" else "run_slurm.sbatch"
+    for f in (d / name, d / "plan.json"):
+        if f.exists() and not args.force:
+            raise MeshplanError(f"{str(f)!r} exists; refusing to overwrite it (pass --force)")
 
 
 def _table(p) -> str:

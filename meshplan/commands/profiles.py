@@ -17,7 +17,9 @@ def main(args) -> int:
             m = ModelSpec.preset(name)
             print(f"  {name:15s} {m.num_params() / 1e9:8.2f}B  layers {m.num_layers:3d}  "
                   f"hidden {m.hidden_size:5d}  heads {m.num_heads:3d}/{m.num_kv_heads:<3d} "
-                  f"vocab {m.vocab_size:6d}  {m.activation}/{m.norm}")
+                  f"vocab {m.vocab_size:6d}  {m.activation}/{m.norm}"
+                  + (f"  experts {m.num_experts} top-{m.experts_per_token}, "
+                     f"{m.num_active_params() / 1e9:.2f}B active" if m.is_moe else ""))
     if args.kind in (None, "gpus"):
         print("gpus")
         for name in builtin_gpu_names():

@@ -2,10 +2,13 @@
 
     meshplan run plan.json --steps 30 --warmup 5 --out results.json
     meshplan run plan.json --device cpu --steps 3 --warmup 1     # CPU + gloo, fp32
+    meshplan run plan.json --checkpoint-dir ckpt --checkpoint-every 100 [--resume]
+    meshplan run plan.json --launch-dir launch --launcher slurm  # scripts for several nodes
 
-Multi-node runs use the launch scripts the planner writes (``Plan.write_launch_script``).
-Prints predicted | measured | error for step time, tokens/s, MFU and peak memory, and writes
-``results.json`` (never over an existing one unless ``--force``).
+The plan is checked against this machine first (one node's GPUs, visible, of the plan's
+type); a multi-node plan is refused with a pointer to ``--launch-dir``. Prints predicted |
+measured | error for step time, tokens/s, MFU and peak memory, and writes ``results.json``
+(never over an existing one unless ``--force``).
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ def add_arguments(p) -> None:
                    help="processes to start (default: the plan's dp·pp·tp)")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when available")
+    p.add_argument("--allow-gpu-mismatch", action="store_true",
+                   help="run even if this node's GPUs are not the plan's type")
     p.add_argument("--data", default=None, help="flat uint16/uint32 token file (memmap)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (also on where the plan's layout says so)")
+    p.add_argument("--candidate", type=int, default=None, metavar="I",
+                   help="run the plan file's candidates[I] instead of its best layout")
     p.add_argument("--cpu-affinity", choices=AFFINITY_MODES, default="none",
                    help="split: pin each rank to its own block of physical CPU cores "
                         "(meant for layouts whose CPU dispatch sets the pace; it did not "
@@ -36,9 +44,30 @@ def add_arguments(p) -> None:
                    help="manual: Python's garbage collector off during the timed steps, a "
                         "collection every 50 steps (as torchtitan); auto: CPython's own "
                         "[manual]")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="seconds a collective waits for a dead or hung rank [600]")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-dir", default=None, metavar="DIR")
+    g.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
+                   help="save after every N steps (and the last)")
+    g.add_argument("--checkpoint-keep", type=positive_int, default=None, metavar="K",
+                   help="keep the K newest checkpoints [all]")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir")
+    g = p.add_argument_group("several nodes")
+    g.add_argument("--launch-dir", default=None, metavar="DIR",
+                   help="do not run: write the plan and a launch script for every node "
+                        "into DIR")
+    g.add_argument("--launcher", choices=["torchrun", "slurm"], default="torchrun")
 
 
 def main(args) -> int:
+    if args.launch_dir:
+        from meshplan.planner.launch import write_launch_script
+        script = write_launch_script(args.plan, args.launch_dir, args.launcher,
+                                     overwrite=args.force)
+        print(f"wrote {script} and {script.parent / 'plan.json'}")
+        return 0
     try:
         from meshplan.executor.launch import run_local
     except ImportError as exc:  # torch missing
@@ -46,15 +75,19 @@ def main(args) -> int:
         raise ExecutorError(f"meshplan run needs PyTorch: pip install 'meshplan[executor]' "
                             f"({exc})") from None
     extra: list[str] = []
-    if args.device:
-        extra += ["--device", args.device]
-    if args.data:
-        extra += ["--data", args.data]
-    if args.compile:
-        extra.append("--compile")
+    for flag, value in (("--data", args.data), ("--candidate", args.candidate),
+                        ("--timeout-s", args.timeout_s), ("--checkpoint-dir", args.checkpoint_dir),
+                        ("--checkpoint-every", args.checkpoint_every),
+                        ("--checkpoint-keep", args.checkpoint_keep)):
+        if value is not None:
+            extra += [flag, str(value)]
+    for flag, on in (("--compile", args.compile), ("--resume", args.resume)):
+        if on:
+            extra.append(flag)
     if args.cpu_affinity != "none":
         extra += ["--cpu-affinity", args.cpu_affinity]
     if args.gc != "manual":
         extra += ["--gc", args.gc]
     return run_local(args.plan, nproc=args.nproc, steps=args.steps, warmup=args.warmup,
-                     out=args.out, force=args.force, extra_args=extra)
+                     out=args.out, force=args.force, device=args.device,
+                     allow_gpu_mismatch=args.allow_gpu_mismatch, extra_args=extra)

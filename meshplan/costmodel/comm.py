@@ -6,6 +6,11 @@ reduce-scatter and all-gather move (n-1)/n in n-1 steps (Patarasuk & Yuan 2009,
 nccl-tests/doc/PERFORMANCE.md). The bus bandwidth a group gets comes from the links its ring
 crosses (:func:`meshplan.hardware_profiles.topology.group_link`), scaled by the
 message-size efficiency curve of that link class.
+
+Overlap (:func:`exposed`): communication hidden behind compute still costs the profile's
+``overlap_interference`` share of the hidden time — NCCL kernels take SMs and memory
+bandwidth from the GEMMs they overlap (Rashidi et al. 2021, ISCA, §3); measured by
+``meshplan calibrate`` (bench_overlap).
 """
 
 from __future__ import annotations
@@ -48,3 +53,10 @@ def wire_bytes_all_reduce(n: int, nbytes: float) -> float:
 def wire_bytes_gather(n: int, nbytes: float) -> float:
     """Bytes each rank sends for a ring all-gather / reduce-scatter of ``nbytes``."""
     return (n - 1) / n * nbytes if n > 1 else 0.0
+
+
+def exposed(comm_s: float, compute_s: float, interference: float) -> float:
+    """Time communication overlapped with ``compute_s`` adds to the critical path: what does
+    not fit behind the compute, plus ``interference`` of what does."""
+    hidden = min(comm_s, compute_s)
+    return comm_s - hidden + interference * hidden

@@ -10,10 +10,33 @@
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
   bytes moved / (HBM bandwidth × efficiency); backward moves about twice the forward bytes.
-* Tensor-parallel collectives: two all-reduces of the layer's activations per pass (forward:
-  after attention and after the MLP; backward: the conjugate ones), or with sequence
-  parallelism two all-gathers and two reduce-scatters of the same total volume
-  (Korthikanti et al. 2022 §4.2.2). Full recompute reruns the forward ones in backward.
+* Tensor-parallel collectives (:func:`tp_collectives`): without sequence parallelism two
+  all-reduces of the layer's activations per pass (forward: after attention and after the
+  MLP, the row-parallel outputs; backward: the conjugate ones, the column-parallel inputs'
+  gradients; Shoeybi et al. 2019 §3, the ``f`` / ``g`` operators). With sequence
+  parallelism each all-reduce becomes an all-gather and a reduce-scatter of the same total
+  volume (RS + AG = AR on the wire, Korthikanti et al. 2022 §4.2.2, Fig. 5): two of each
+  per pass, attention and MLP. Megatron's column-parallel linear does not keep the
+  all-gathered input: its backward all-gathers it again for the weight gradient, issued
+  before the input-gradient GEMM and overlapped with it (Megatron-LM
+  megatron/core/tensor_parallel/layers.py, ``LinearWithGradAccumulationAndAsyncCommunication.
+  backward``: ``dist_all_gather_func(..., async_op=True)`` then ``grad_output.matmul(weight)``
+  then ``handle.wait()``): one more all-gather per column-parallel linear (QKV, MLP up) per
+  backward, its own term (``wgrad_gather_s``, ``wgrad_gather_wire_bytes``), exposed beyond
+  that GEMM plus the profile's ``overlap_interference`` of what it hides. meshplan's own
+  executor (runtime "torch", executor/tensor_parallel.py) lets autograd keep the gathered
+  input (``F.linear`` saves it), so it runs no such all-gather. Full recompute reruns the
+  forward collectives in backward.
+* Embedding and output layer: the vocabulary-parallel embedding sums its partial lookups
+  with an all-reduce (sequence parallel: a reduce-scatter, whose backward all-gathers the
+  gradient); the output layer's column-parallel GEMM all-gathers its input under sequence
+  parallelism (backward: a reduce-scatter of the input gradient, and Megatron's
+  weight-gradient all-gather) or, without, all-reduces its input gradient in backward (the
+  ``f`` operator); the loss all-reduces three per-token scalars (Shoeybi et al. 2019 §3).
+
+Measured error: analytical layers are checked against published Megatron runs
+(benchmarks/validate_published.py: Narayanan et al. 2021 Table 1, 3.5 % mean / 6.3 % max);
+calibrated profiles replace the layer time by measured rows (:mod:`.parts`).
 """
 
 from __future__ import annotations
@@ -72,6 +95,45 @@ class LayerCost:
     recompute: PassCost         # the part of ``backward`` that is recomputed forward work
     wgrad_s: float              # weight-gradient GEMMs inside ``backward`` (zero-bubble's W)
     tp_wire_bytes: float        # bytes each GPU sends for tp collectives, fwd + bwd (+ recompute)
+    # Megatron with sequence parallelism: the backward's all-gathers of the column-parallel
+    # inputs for their weight gradients (exposed seconds, inside ``backward``; bytes sent)
+    wgrad_gather_s: float = 0.0
+    wgrad_gather_wire_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class TpCollectives:
+    """One layer's tensor-parallel collectives for one micro-batch (see the module docstring)."""
+
+    pass_s: float               # the collectives of one pass (forward, or backward's conjugates)
+    pass_wire_bytes: float      # bytes each GPU sends for them
+    wgrad_gather_s: float = 0.0           # backward's weight-gradient all-gathers, exposed
+    wgrad_gather_wire_bytes: float = 0.0
+
+
+def tp_collectives(cluster: Cluster, job: Job, tp_link: GroupLink, act_bytes: float, tp: int,
+                   sequence_parallel: bool, dgrad_gemm_s: tuple[float, ...]) -> TpCollectives:
+    """The collectives of one layer's pass over ``act_bytes`` of activations (the full
+    sequence); ``dgrad_gemm_s``: the column-parallel linears' input-gradient GEMMs, which
+    Megatron's weight-gradient all-gathers overlap."""
+    if tp <= 1:
+        return TpCollectives(0.0, 0.0)
+    wire = 2 * comm.wire_bytes_all_reduce(tp, act_bytes)
+    if not sequence_parallel:
+        return TpCollectives(2 * comm.all_reduce_s(tp_link, act_bytes), wire)
+    ag = comm.all_gather_s(tp_link, act_bytes)
+    pass_s = 2 * (ag + comm.reduce_scatter_s(tp_link, act_bytes))
+    if not megatron_gathers_for_wgrad(job):
+        return TpCollectives(pass_s, wire)
+    k = cluster.gpu.overlap_interference
+    return TpCollectives(pass_s, wire, sum(comm.exposed(ag, g, k) for g in dgrad_gemm_s),
+                         len(dgrad_gemm_s) * comm.wire_bytes_gather(tp, act_bytes))
+
+
+def megatron_gathers_for_wgrad(job: Job) -> bool:
+    """Whether a sequence-parallel column-parallel linear all-gathers its input again in
+    backward (Megatron) or kept it from forward (meshplan's executor, runtime "torch")."""
+    return job.runtime != "torch"
 
 
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
@@ -121,17 +183,12 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     fwd_mb = hbm_s(gpu, mb_fwd)
     bwd_mb = 2 * fwd_mb
 
-    # Tensor-parallel collectives: 2 per pass; same volume with sequence parallelism.
+    # Tensor-parallel collectives: attention's and the MLP's, per pass.
     act_bytes = tokens * h * e
-    if t > 1:
-        if sequence_parallel:
-            one = comm.all_gather_s(tp_link, act_bytes) + comm.reduce_scatter_s(tp_link, act_bytes)
-        else:
-            one = 2 * comm.all_reduce_s(tp_link, act_bytes)
-        tp_pass = one  # both collectives of a pass
-        wire_pass = 2 * comm.wire_bytes_all_reduce(t, act_bytes)
-    else:
-        tp_pass = wire_pass = 0.0
+    qkv_s, mlp_up_s = (gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in (shapes[0], shapes[2]))
+    tpc = tp_collectives(cluster, job, tp_link, act_bytes, t, sequence_parallel,
+                         (qkv_s, mlp_up_s))
+    tp_pass, wire_pass = tpc.pass_s, tpc.pass_wire_bytes
     if job.overlap_tp_comm:
         tp_pass_exposed = max(0.0, tp_pass - 0.5 * fwd_gemm)
     else:
@@ -139,7 +196,8 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
 
     overhead = gpu.layer_overhead_s / 3  # calibrated fixed cost, 1/3 forward, 2/3 backward
     forward = PassCost(fwd_gemm, fwd_attn, fwd_mb, tp_pass_exposed, overhead)
-    backward = PassCost(2 * fwd_gemm, bwd_attn, bwd_mb, tp_pass_exposed, 2 * overhead)
+    backward = PassCost(2 * fwd_gemm, bwd_attn, bwd_mb, tp_pass_exposed + tpc.wgrad_gather_s,
+                        2 * overhead)
     if recompute == "full":
         rc = forward
         wire = 3 * wire_pass
@@ -149,22 +207,26 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     else:
         rc = PassCost()
         wire = 2 * wire_pass
-    return LayerCost(forward, backward + rc, rc, fwd_gemm, wire)
+    return LayerCost(forward, backward + rc, rc, fwd_gemm, wire, tpc.wgrad_gather_s,
+                     tpc.wgrad_gather_wire_bytes)
 
 
 def embedding_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
                    sequence_parallel: bool, tp_link: GroupLink) -> tuple[PassCost, PassCost]:
     """First stage: vocab-parallel embedding lookup, summed over tp ranks by an all-reduce
-    (or a reduce-scatter with sequence parallelism) (Shoeybi et al. 2019 §3)."""
+    (identity backward), or with sequence parallelism a reduce-scatter whose backward
+    all-gathers the gradient (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2)."""
     e = activation_bytes_per_element(job)
     nbytes = job.seq_len * micro_batch * model.hidden_size * e
     mb = hbm_s(cluster.gpu, 2 * nbytes)
+    c = c_bwd = 0.0
     if tp > 1:
-        c = (comm.reduce_scatter_s(tp_link, nbytes) if sequence_parallel
-             else comm.all_reduce_s(tp_link, nbytes))
-    else:
-        c = 0.0
-    return PassCost(memory_bound_s=mb, tp_comm_s=c), PassCost(memory_bound_s=2 * mb)
+        if sequence_parallel:
+            c, c_bwd = comm.reduce_scatter_s(tp_link, nbytes), comm.all_gather_s(tp_link, nbytes)
+        else:
+            c = comm.all_reduce_s(tp_link, nbytes)
+    return (PassCost(memory_bound_s=mb, tp_comm_s=c),
+            PassCost(memory_bound_s=2 * mb, tp_comm_s=c_bwd))
 
 
 def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
@@ -172,7 +234,10 @@ def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: in
     """Last stage: final norm, vocab-parallel output GEMM and cross-entropy.
 
     Returns (forward, backward, weight-gradient seconds inside backward). The loss needs
-    three small all-reduces of per-token scalars over tp (max, sum-exp, target logit).
+    three small all-reduces of per-token scalars over tp (max, sum-exp, target logit). The
+    GEMM's input is all-gathered under sequence parallelism (backward: reduce-scatter of
+    its gradient, and Megatron's weight-gradient all-gather, overlapped with the
+    input-gradient GEMM), else its gradient is all-reduced in backward.
     """
     gpu = cluster.gpu
     peak = gpu.peak_flops(job.precision)
@@ -185,8 +250,13 @@ def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: in
     fwd_mb = hbm_s(gpu, logits * (e + 4 * 3) + tokens * h * e * 2 / (tp if sequence_parallel else 1))
     bwd_mb = hbm_s(gpu, logits * (4 * 2 + e))
     c = 3 * comm.all_reduce_s(tp_link, tokens * 4) if tp > 1 else 0.0
+    c_bwd = 0.0
     if tp > 1 and sequence_parallel:
         c += comm.all_gather_s(tp_link, tokens * h * e)
+        head = tp_collectives(cluster, job, tp_link, tokens * h * e, tp, True, (fwd_gemm,))
+        c_bwd = comm.reduce_scatter_s(tp_link, tokens * h * e) + head.wgrad_gather_s
+    elif tp > 1:
+        c_bwd = comm.all_reduce_s(tp_link, tokens * h * e)
     fwd = PassCost(gemm_s=fwd_gemm, memory_bound_s=fwd_mb, tp_comm_s=c)
-    bwd = PassCost(gemm_s=2 * fwd_gemm, memory_bound_s=bwd_mb)
+    bwd = PassCost(gemm_s=2 * fwd_gemm, memory_bound_s=bwd_mb, tp_comm_s=c_bwd)
     return fwd, bwd, fwd_gemm

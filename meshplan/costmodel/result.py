@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class AppliedCorrection(NamedTuple):
+    """A named correction (:mod:`meshplan.costmodel.corrections`) that applied to an
+    estimate, and how much it moved the step time and the peak memory (the estimate less
+    the same estimate with that correction switched off)."""
+
+    name: str
+    step_time_delta_s: float
+    memory_delta_bytes: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,10 +97,10 @@ class TimeBreakdown:
     # critical path; profiles with CPU times only, see costmodel.estimate)
     host_wait_s: float = 0.0
     # runtime "torch" pipelines: the busiest rank's compute slowed by its p2p kernels
-    # (TORCH_P2P_SLOWDOWN_PER_OP in costmodel.estimate)
+    # (the torch_p2p_slowdown correction, costmodel.corrections)
     pp_interference_s: float = 0.0
     # runtime "torch", FSDP2 over dp alone: the measured per-step GPU time the layer rows
-    # do not hold (FSDP2_DP_ONLY_STEP_S in costmodel.estimate)
+    # do not hold (the fsdp2_dp_only_step correction, costmodel.corrections)
     fsdp_step_s: float = 0.0
 
     @property
@@ -141,11 +151,14 @@ class Estimate:
     host_dispatch_s: float = 0.0
     # what the prediction rests on that measurements have shown to be weak (plain sentences)
     caveats: tuple[str, ...] = field(default=())
+    # the named empirical corrections that applied, each with how much it moved the step
+    # time and the peak memory (costmodel.corrections; docs/costmodel.md)
+    corrections: tuple[AppliedCorrection, ...] = field(default=())
 
     @property
     def host_load(self) -> float:
         """CPU dispatch over GPU time (``host_dispatch_s / pipeline_s``): ≥ 1 means the CPU
-        sets the step; 0.8-1 leaves little headroom (HOST_NEAR_LOAD in costmodel.estimate);
+        sets the step; 0.8-1 leaves little headroom (the profile's ``host_near_load``);
         0 without measured CPU times."""
         return self.host_dispatch_s / self.pipeline_s if self.pipeline_s > 0 else 0.0
 
@@ -163,5 +176,6 @@ class Estimate:
         d["stage_backward_s"] = list(self.stage_backward_s)
         d["stage_wgrad_s"] = list(self.stage_wgrad_s)
         d["caveats"] = list(self.caveats)
+        d["corrections"] = [c._asdict() for c in self.corrections]
         d["host_load"] = self.host_load
         return d

@@ -24,7 +24,7 @@ its sends to rank 1 queue behind it.
 
 :func:`fifo_step_s` replays the lowered lists with those rules and returns the step's
 pipeline time; the estimate takes the longer of it and the closed form with the
-per-operation slowdown (``TORCH_P2P_SLOWDOWN_PER_OP``), whichever binds. Evidence: in the
+per-operation slowdown (``torch_p2p_slowdown`` in costmodel.corrections), whichever binds. Evidence: in the
 profiler traces of p14, p08 and n06 (pp 4, interleaved; docs/benchmarks/accuracy.md rounds
 6-7) the compute per rank matched the calibrated layer times while the last rank idled
 2-3 × the schedule's bubble; the replay, with no fitted constant, brings the six pp 4
@@ -246,23 +246,22 @@ def _side(action: tuple[str, int, int]) -> str:
     return "S" if action[0] in (SEND_F, SEND_B) else "R"
 
 
-# The order's waits come once per step (warm-up and cool-down), the per-operation slowdown
-# with every micro-batch: with the stage times of the eight pp 4 layouts measured, the
-# order binds up to m = 4·pp (ratio to the slowed closed form 0.98-1.23) and never from
-# m = 8·pp on (0.92-0.98). Beyond MAX_MICROBATCHES_PER_RANK the closed form stands alone.
-MAX_MICROBATCHES_PER_RANK = 4
-# ... and the replay, Python over every action of the step, is only run up to this many
-# chunk passes per step (a few ms), so that the planner's search stays fast
+# The replay, Python over every action of the step, is only run up to this many chunk
+# passes per step (a few ms), so that the planner's search stays fast (a speed limit, not a
+# fit). How many micro-batches per rank the order can bind at is a measured number: the
+# profile's ``torch_p2p_order_max_microbatches_per_rank`` (costmodel.corrections).
 MAX_CHUNK_ACTIONS = 4096
 
 
-def applies(runtime: str, schedule: str, pp: int, vpp: int, m: int) -> bool:
+def applies(runtime: str, schedule: str, pp: int, vpp: int, m: int, *,
+            max_microbatches_per_rank: int) -> bool:
     """Where :func:`fifo_step_s` can bound the step: torch's runtime, interleaved, pp ≥ 3
     (pp = 2 loses nothing to the order: tested), the micro-batch count torch needs, and
-    at most ``MAX_MICROBATCHES_PER_RANK``·pp micro-batches and ``MAX_CHUNK_ACTIONS`` chunk
-    passes (pp·vpp·m)."""
+    at most ``max_microbatches_per_rank``·pp micro-batches (the order's waits come once a
+    step, the slowdown's with every micro-batch: :func:`meshplan.costmodel.corrections.
+    p2p_order_applies`) and ``MAX_CHUNK_ACTIONS`` chunk passes (pp·vpp·m)."""
     return (runtime == "torch" and schedule == "interleaved-1f1b" and vpp >= 2 and pp >= 3
-            and m % pp == 0 and m <= MAX_MICROBATCHES_PER_RANK * pp
+            and m % pp == 0 and m <= max_microbatches_per_rank * pp
             and pp * vpp * m <= MAX_CHUNK_ACTIONS)
 
 

@@ -64,6 +64,33 @@ def local_share(batch: torch.Tensor, dp: int, dp_rank: int) -> torch.Tensor:
     return batch[dp_rank * n:(dp_rank + 1) * n]
 
 
+def load_balanced_positions(seq_len: int, cp: int, cp_rank: int, *,
+                            device: torch.device | str | None = None) -> torch.Tensor:
+    """Positions of the tokens context-parallel rank ``cp_rank`` holds, in order.
+
+    The sequence is cut into 2·cp chunks and rank r keeps chunks r and 2·cp−1−r, so that
+    under a causal mask every rank has the same share of the attention matrix (Megatron-Core
+    context parallelism and TransformerEngine's load balancing; torch's head-tail balancer).
+    """
+    c = seq_len // (2 * cp)
+    first, second = cp_rank * c, (2 * cp - 1 - cp_rank) * c
+    return torch.cat((torch.arange(first, first + c, device=device),
+                      torch.arange(second, second + c, device=device)))
+
+
+def shard_sequence(tokens: torch.Tensor, cp: int, cp_rank: int) -> torch.Tensor:
+    """This cp rank's tokens of every sequence: (b, s) -> (b, s/cp), load-balanced chunks.
+
+    Inputs and targets are cut the same way, so each rank's next-token loss is over its own
+    s/cp positions and the mean over cp ranks is the mean over the sequence. The index is
+    made on the tokens' device: a copy from pageable host memory would make the host wait
+    for the GPU (see :func:`to_device`)."""
+    if cp == 1:
+        return tokens
+    index = load_balanced_positions(tokens.shape[1], cp, cp_rank, device=tokens.device)
+    return tokens.index_select(1, index)
+
+
 def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``batch`` on ``device`` without making the host wait for the GPU.
 
@@ -81,4 +108,5 @@ def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
     return batch.pin_memory().to(device, non_blocking=True)
 
 
-__all__ = ["SyntheticTokens", "TokenFile", "local_share", "to_device"]
+__all__ = ["SyntheticTokens", "TokenFile", "load_balanced_positions", "local_share",
+           "shard_sequence", "to_device"]

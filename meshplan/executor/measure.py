@@ -181,8 +181,14 @@ def throughput(model, job, layout, step_time_s: float | None, peak_flops: float 
         return {"tokens_per_s": None, "model_tflops_per_gpu": None,
                 "hardware_tflops_per_gpu": None, "mfu": None, "hfu": None}
     n = layout.num_gpus
-    mf = model_flops_per_step(model, job.global_batch, job.seq_len)
-    hf = hardware_flops_per_step(model, job.global_batch, job.seq_len, layout.recompute)
+    if model.is_moe:     # the dense formulas would count every expert
+        from meshplan.costmodel.moe import moe_model_flops_per_step
+        mf = moe_model_flops_per_step(model, job.global_batch, job.seq_len)
+        hf = moe_model_flops_per_step(model, job.global_batch, job.seq_len,
+                                      recompute=layout.recompute)
+    else:
+        mf = model_flops_per_step(model, job.global_batch, job.seq_len)
+        hf = hardware_flops_per_step(model, job.global_batch, job.seq_len, layout.recompute)
     return {"tokens_per_s": job.tokens_per_step / step_time_s,
             "model_tflops_per_gpu": mf / step_time_s / n / 1e12,
             "hardware_tflops_per_gpu": hf / step_time_s / n / 1e12,

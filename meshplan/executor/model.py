@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from meshplan.errors import ExecutorError
 from meshplan.spec import ModelSpec
 
 INIT_STD = 0.02
@@ -161,12 +162,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP (GPT) or SwiGLU (Shazeer 2020, arXiv 2002.05202, eq. 6) with fused gate|up."""
+    """GELU MLP (GPT) or SwiGLU (Shazeer 2020, arXiv 2002.05202, eq. 6) with fused gate|up;
+    ``ffn_hidden_size`` overrides the spec's width (an MoE layer's shared experts)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, ffn_hidden_size: int | None = None):
         super().__init__()
         self.swiglu = spec.activation == "swiglu"
-        f = spec.ffn_hidden_size
+        f = ffn_hidden_size or spec.ffn_hidden_size
         self.fc = nn.Linear(spec.hidden_size, spec.ffn_matrices * f, bias=spec.bias)
         self.proj = nn.Linear(f, spec.hidden_size, bias=spec.bias)
 
@@ -181,14 +183,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)); the MLP of an
+    MoE layer (``spec.is_moe_layer(layer)``) is :class:`meshplan.executor.moe.MoELayer`."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.attn_norm = make_norm(spec)
         self.attn = Attention(spec)
         self.mlp_norm = make_norm(spec)
-        self.mlp = MLP(spec)
+        if spec.is_moe_layer(layer):
+            from meshplan.executor.moe import MoELayer
+            self.mlp = MoELayer(spec)
+        else:
+            self.mlp = MLP(spec)
         self.recompute_block = False
 
     def _forward(self, x, rope):
@@ -204,7 +211,9 @@ class Block(nn.Module):
 class PositionEmbedding(nn.Embedding):
     """Learned absolute positions; returns the rows for the sequence slice that ``h`` holds."""
 
-    def positions_for(self, h: torch.Tensor) -> torch.Tensor:
+    def positions_for(self, h: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is not None:                  # a context-parallel rank's global positions
+            return self.weight[positions]          # (s, h)
         return self.weight[: h.shape[1]]           # (s, h)
 
 
@@ -214,12 +223,16 @@ class Transformer(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
+        if spec.is_mla or spec.mtp_layers:
+            raise ExecutorError(f"the executor's model has no multi-head latent attention or "
+                                f"multi-token prediction yet; {spec.name!r} has kv_lora_rank = "
+                                f"{spec.kv_lora_rank}, mtp_layers = {spec.mtp_layers}")
         self.spec = spec
         h = spec.hidden_size
         self.tok_embeddings = nn.Embedding(spec.vocab_size, h)
         self.pos_embeddings = (PositionEmbedding(spec.max_seq_len, h)
                                if spec.position_embedding == "learned" else None)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.num_layers)})
         self.norm = make_norm(spec)
         self.output = None if spec.tied_embeddings else nn.Linear(h, spec.vocab_size, bias=False)
         self.embeds_input = True      # this part starts from token ids
@@ -229,6 +242,8 @@ class Transformer(nn.Module):
         # replaces the plain head (tensor parallelism installs a vocab-parallel one)
         self.head_override: nn.Module | None = None
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        # global positions of the tokens this part sees (context parallelism); None = 0..s-1
+        self.position_ids: torch.Tensor | None = None
 
     # ---- structure -------------------------------------------------------------------
     def keep_part(self, first_layer: int, num_layers: int, *, embeds_input: bool,
@@ -266,7 +281,14 @@ class Transformer(nn.Module):
         values do not depend on which other parameters this rank holds.
         """
         proj_std = INIT_STD / math.sqrt(2 * self.spec.num_layers)
+        done = set()
+        for mname, mod in self.named_modules():
+            if hasattr(mod, "init_expert_weights"):      # stacked experts: one draw per expert
+                mod.init_expert_weights(seed, mname, INIT_STD, proj_std)
+                done |= {f"{mname}.{n}" for n, _ in mod.named_parameters()}
         for name, p in self.named_parameters():
+            if name in done:
+                continue
             if name.endswith("bias"):
                 p.zero_()
             elif "norm" in name:
@@ -279,14 +301,24 @@ class Transformer(nn.Module):
     def reset_buffers(self) -> None:
         if self.spec.position_embedding == "rope":
             dev = next(self.parameters()).device
-            self._rope = rope_tables(self.spec.max_seq_len, self.spec.head_dim, device=dev)
+            cos, sin = rope_tables(self.spec.max_seq_len, self.spec.head_dim, device=dev)
+            if self.position_ids is not None:
+                pos = self.position_ids.to(dev)
+                cos, sin = cos[pos], sin[pos]
+            self._rope = (cos, sin)
+
+    def set_positions(self, position_ids: torch.Tensor | None) -> None:
+        """Give the model the global positions of the (sharded) sequence it will see, for
+        learned positions and RoPE alike (:mod:`meshplan.executor.context_parallel`)."""
+        self.position_ids = position_ids
+        self.reset_buffers()
 
     # ---- forward ---------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embeds_input:
             h = self.tok_embeddings(x)             # (b, s, h)
             if self.pos_embeddings is not None:
-                h = h + self.pos_embeddings.positions_for(h)
+                h = h + self.pos_embeddings.positions_for(h, self.position_ids)
             if self.activation_dtype is not None:
                 h = h.to(self.activation_dtype)
         else:

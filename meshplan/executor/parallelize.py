@@ -6,13 +6,16 @@ Order of construction (every rank):
    are built on the meta device, pruned to their layers, materialized on the device and
    initialized per parameter from the seed (identical to a single-process model);
 2. tensor parallelism slices them in place (:mod:`meshplan.executor.tensor_parallel`);
+   context parallelism gives them their tokens' global positions and a ring or all-to-all
+   attention core (:mod:`meshplan.executor.context_parallel`);
 3. activation recomputation flags (full: whole block; selective: attention core);
 4. optional ``torch.compile`` per block;
 5. data parallelism (DDP / FSDP2, :mod:`meshplan.executor.data_parallel`);
 6. pipeline stages and schedule when pp > 1; the optimizer.
 
-One optimizer step = all micro-batches of this dp rank's share of the global batch,
-gradient reduction, the tensor-parallel fix-ups (sequence-parallel gradients, tied
+One optimizer step = all micro-batches of this dp rank's share of the global batch (with
+cp > 1, this cp rank's load-balanced seq_len/cp tokens of each), gradient reduction over
+dp × cp, the tensor-parallel fix-ups (sequence-parallel gradients, tied
 embedding copies), then AdamW.
 """
 
@@ -25,7 +28,10 @@ import torch
 import torch.distributed as dist
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.errors import ExecutorError
+from meshplan.spec.validate import check_context_parallel, check_experts
+from meshplan.errors import ConfigError, ExecutorError
+from meshplan.executor import expert_parallel as epm
+from meshplan.executor.data import shard_sequence
 from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
                                              wrap_data_parallel)
 from meshplan.executor.mesh import MeshGroups
@@ -37,9 +43,11 @@ from meshplan.executor import tensor_parallel as tpm
 
 def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Checks that need no process group; returns the number of micro-batches per step."""
-    if layout.cp > 1 or layout.ep > 1 or layout.etp > 1:
-        raise ExecutorError(f"the executor does not run cp = {layout.cp}, ep = {layout.ep}, "
-                            f"etp = {layout.etp} yet; use cp = ep = etp = 1")
+    if layout.etp > 1:
+        raise ExecutorError(f"the executor does not run etp = {layout.etp} (expert tensor "
+                            f"parallelism) yet; use etp = 1")
+    check_context_parallel(model, job, layout)
+    check_moe_runnable(model, job, layout)
     per = layout.dp * layout.micro_batch
     if job.global_batch % per:
         raise ExecutorError(f"Job.global_batch = {job.global_batch} is not divisible by "
@@ -65,6 +73,27 @@ def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     return n
 
 
+def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
+    """What the executor's MoE layers need of the layout (no process group needed)."""
+    try:
+        check_experts(model, layout)
+    except ConfigError as exc:
+        raise ExecutorError(str(exc)) from None
+    if not model.is_moe:
+        return
+    if layout.cp > 1:
+        raise ExecutorError(f"MoE layers with cp = {layout.cp} are not implemented: the "
+                            f"per-sequence balance loss and capacity would have to add up the "
+                            f"counts of the cp ranks' chunks; use cp = 1")
+    if layout.tp > 1 and job.seq_len % layout.tp:
+        raise ExecutorError(f"MoE layers route this tp rank's 1/tp of the sequence; seq_len "
+                            f"{job.seq_len} must be divisible by tp = {layout.tp}")
+    if model.num_shared_experts and (model.num_shared_experts
+                                     * model.shared_expert_ffn_hidden_size) % layout.tp:
+        raise ExecutorError(f"tp = {layout.tp} must divide the shared experts' width "
+                            f"{model.num_shared_experts}·{model.shared_expert_ffn_hidden_size}")
+
+
 @dataclass
 class _Part:
     spec: PartSpec
@@ -87,24 +116,38 @@ class ParallelTrainer:
         self.shards: dict[str, tpm.ShardSpec] = {}
         self.parts: list[_Part] = []
         sp = layout.sequence_parallel
+        self.expert_groups = (epm.build_expert_groups(groups.mesh, layout.ep, layout.etp,
+                                                      device.type) if model.is_moe else None)
         for ps in local_parts(model, layout, groups.pp_rank):
             with torch.device("meta"):
                 m = Transformer(model)
             m.keep_part(ps.first_layer, ps.num_layers, embeds_input=ps.is_first,
                         computes_logits=ps.is_last)
+            if self.expert_groups is not None:
+                epm.place_experts(m, self.expert_groups)
             m.to_empty(device=device)
             m.init_weights(seed)
             if layout.tp > 1:
                 self.shards.update(tpm.apply_tensor_parallel(m, groups.tp_group,
                                                              sequence_parallel=sp))
+            if layout.cp > 1:
+                from meshplan.executor.context_parallel import apply_context_parallel
+                apply_context_parallel(m, groups.cp_group, style=layout.cp_style,
+                                       seq_len=job.seq_len)
             m.activation_dtype = act_dtype if self.bf16 else None
             for block in m.layers.values():
                 block.recompute_block = layout.recompute == "full"
                 block.attn.recompute_core = layout.recompute == "selective"
                 if compile:
                     block.compile()
-            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups, device=device,
-                                         bf16=self.bf16, pipelined=layout.pp > 1)
+            if self.expert_groups is not None:
+                # a pipeline schedule scales gradients by 1/micro-batches itself
+                epm.configure_moe(m, self.expert_groups,
+                                  aux_divisor=1 if layout.pp > 1 else self.num_microbatches)
+                epm.prepare_data_parallel(m, self.expert_groups, zero=layout.zero,
+                                          bf16=self.bf16)
+            wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups.grad_groups,
+                                         device=device, bf16=self.bf16, pipelined=layout.pp > 1)
             self.parts.append(_Part(ps, m, wrapped))
         self.sp_params = []
         if sp:
@@ -116,9 +159,22 @@ class ParallelTrainer:
             for part in self.parts:
                 if part.spec.is_first or part.spec.is_last:
                     self.embed_params.append(part.module.tok_embeddings.weight)
-        params = [p for part in self.parts for p in part.module.parameters()]
-        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups, device=device,
-                                         config=optimizer)
+        self.expert_param_names = [n for part in self.parts
+                                   for n in epm.expert_param_names(part.module)]
+        self.expert_params, params, self.router_params = [], [], []
+        for part in self.parts:
+            experts = set(epm.expert_param_names(part.module))
+            routers = set(epm.router_param_names(part.module)) if layout.tp > 1 else set()
+            for name, p in part.module.named_parameters():
+                (self.expert_params if name in experts else params).append(p)
+                if name in routers:
+                    self.router_params.append(p)
+        self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups.grad_groups,
+                                         device=device, config=optimizer)
+        if self.expert_params:
+            self.optimizer = epm.JointOptimizer([self.optimizer, epm.build_expert_optimizer(
+                self.expert_params, self.expert_groups, zero=layout.zero, device=device,
+                config=optimizer)])
         self.vocab_start = groups.tp_rank * (model.vocab_size // layout.tp)
         self.has_last = any(p.spec.is_last for p in self.parts)
         self.has_first = any(p.spec.is_first for p in self.parts)
@@ -158,8 +214,9 @@ class ParallelTrainer:
         """
         mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
-        x = batch[:, :-1].contiguous()
-        y = batch[:, 1:].contiguous()
+        cp, cp_rank = self.layout.cp, self.groups.cp_rank
+        x = shard_sequence(batch[:, :-1], cp, cp_rank).contiguous()
+        y = shard_sequence(batch[:, 1:], cp, cp_rank).contiguous()
         with self._autocast():
             if self.schedule is None:
                 local = self._step_local(x, y, mark)
@@ -199,11 +256,18 @@ class ParallelTrainer:
         return torch.zeros((), device=self.device)
 
     def _finish_grads(self) -> None:
-        if self.layout.pp > 1 and self.layout.zero < 2 and self.groups.dp > 1:
-            allreduce_grads([p for part in self.parts for p in part.module.parameters()],
-                            self.groups.dp_group, self.groups.dp)
+        replicas = self.groups.grad_groups     # dp × cp
+        experts = {id(p) for p in self.expert_params}
+        if self.layout.pp > 1 and self.layout.zero < 2 and replicas.dp > 1:
+            allreduce_grads([p for part in self.parts for p in part.module.parameters()
+                             if id(p) not in experts], replicas.dp_group, replicas.dp)
+        if self.expert_params:
+            epm.reduce_expert_grads(self.expert_params, self.expert_groups, dp=replicas.dp,
+                                    zero=self.layout.zero)
         if self.sp_params:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
+        if self.router_params:   # routers saw only this tp rank's tokens
+            tpm.allreduce_sequence_parallel_grads(self.router_params, self.groups.tp_group)
         if self.embed_params:
             for p in self.embed_params:
                 if p.grad is not None:
@@ -215,7 +279,8 @@ class ParallelTrainer:
         contrib = contrib.clone()
         if dist.get_world_size() > 1:
             dist.all_reduce(contrib)
-        return contrib / self.layout.dp
+        # every dp × cp rank holds the mean over as many tokens (seq_len / cp of its sequences)
+        return contrib / (self.layout.dp * self.layout.cp)
 
     # ---- introspection (tests, memory reports) -----------------------------------------
     def named_parameters(self):
@@ -231,11 +296,15 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
 
     Collective over the world. Every copy of a replicated or tied parameter is returned
     under ``name`` (first copy) and ``name@dp{d}pp{p}tp{t}`` (all copies), so a test can
-    check both the value and that replicas agree.
+    check both the value and that replicas agree; ``d`` counts the dp × cp replicas
+    (dp_rank·cp + cp_rank).
     """
     g = trainer.groups
+    experts = set(trainer.expert_param_names)
     mine = []
     for name, p in trainer.named_parameters():
+        if name in experts:
+            continue
         t = p if kind == "param" else p.grad
         if t is None:
             mine.append((name, None))
@@ -243,10 +312,12 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
         if hasattr(t, "full_tensor"):
             t = t.full_tensor()
         mine.append((name, t.detach().float().cpu()))
-    record = ((g.dp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
+    record = ((g.dp_rank * g.cp + g.cp_rank, g.pp_rank, g.tp_rank), mine, trainer.shards)
     world = dist.get_world_size()
     gathered = [None] * world if dist.get_rank() == 0 else None
     dist.gather_object(record, gathered, dst=0)
+    expert_out = (epm.gather_expert_params(trainer, kind)
+                  if trainer.expert_groups is not None else None)
     if dist.get_rank() != 0:
         return None
     pieces: dict[str, dict[tuple[int, int, int], torch.Tensor | None]] = {}
@@ -262,7 +333,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
                 out[f"{name}@dp{coord[0]}pp{coord[1]}tp{coord[2]}"] = t
         pp_ranks = sorted({c[1] for c in by_coord})
         for pr in pp_ranks:
-            for d in range(g.dp):
+            for d in range(g.dp * g.cp):
                 ts = [by_coord.get((d, pr, t)) for t in range(g.tp)]
                 if any(x is None for x in ts):
                     full = None
@@ -272,6 +343,7 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
                     full = ts[0]
                 key = name if (d == 0 and pr == pp_ranks[0]) else f"{name}@dp{d}pp{pr}"
                 out[key] = full
+    out.update(expert_out or {})
     return out
 
 

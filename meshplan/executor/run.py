@@ -4,81 +4,40 @@ Launched by torchrun (one process per GPU; the planner's launch scripts, or
 ``meshplan run``), or directly as one process for a 1-GPU plan. Rank 0 writes
 ``results.json`` (atomically; an existing file is kept unless ``--force``) holding the
 plan's model, cluster, job, layout and prediction, the measurement, the errors in % and
-the environment, and prints predicted | measured | error.
+the environment, and prints predicted | measured | error. With ``--checkpoint-dir DIR
+--checkpoint-every N`` it saves the training state every N steps
+(:mod:`meshplan.executor.checkpoint`); ``--resume`` continues from the newest one, in
+this or any other layout.
 
 Exit codes: 0 done; 2 bad plan or arguments (nothing allocated); 3 out of memory;
-4 another failure during the run.
+4 another failure during the run (:mod:`meshplan.executor.failures`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
+import socket
 import statistics
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from meshplan.errors import ExecutorError, MeshplanError
-from meshplan.executor.affinity import AFFINITY_MODES, pin_local_rank
-from meshplan.executor.gc_control import (DEFAULT_GC_PERIOD_STEPS, GC_MODES, GcPolicy,
-                                          gc_across_ranks)
+from meshplan.errors import MeshplanError
+from meshplan.executor.affinity import pin_local_rank
+from meshplan.executor.failures import (collect_rank_errors, diagnose, error_file,  # noqa: F401
+                                        install_term_handler, maybe_inject_failure,
+                                        write_error)
+from meshplan.executor.gc_control import GcPolicy, gc_across_ranks
+from meshplan.executor.run_args import (FIRST_STEP_SETTLE_S, build_parser,  # noqa: F401
+                                        effective_plan, gpu_family, preflight)
 from meshplan.planner.planfile import PlanRecord, load_plan_file, write_json_atomic
 
 RESULTS_SCHEMA = "meshplan.results"
 EXIT_BAD_INPUT, EXIT_OOM, EXIT_FAILED = 2, 3, 4
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m meshplan.executor.run",
-                                description="Run a meshplan plan and measure it against its "
-                                            "prediction (launch with torchrun).")
-    p.add_argument("--plan", required=True, help="plan file (meshplan plan ... -o plan.json)")
-    p.add_argument("--out", default="results.json", help="results file written by rank 0")
-    p.add_argument("--steps", type=int, default=30, help="measured optimizer steps [30]")
-    p.add_argument("--warmup", type=int, default=5, help="steps run before measuring [5]")
-    p.add_argument("--data", default=None,
-                   help="flat token file (uint16/uint32) read with memmap; synthetic if absent")
-    p.add_argument("--data-dtype", default="uint16", choices=("uint16", "uint32"))
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--force", action="store_true", help="replace an existing results file")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile each transformer block (off by default)")
-    p.add_argument("--allow-gpu-mismatch", action="store_true",
-                   help="run even if the GPUs are not the plan's GPU type")
-    p.add_argument("--profile", default=None, metavar="DIR",
-                   help="record a torch.profiler trace of 3 steps after warm-up into DIR")
-    p.add_argument("--cpu-affinity", default="none", choices=AFFINITY_MODES,
-                   help="split: pin each local rank to its own block of physical cores "
-                        "(meshplan/executor/affinity.py) [none]")
-    p.add_argument("--gc", default="manual", choices=GC_MODES,
-                   help="manual: after warm-up, freeze the survivors and collect Python "
-                        "garbage only every --gc-period steps, inside the timed step, as "
-                        "torchtitan does; auto: CPython's own collector. Either way "
-                        "results.json counts the collections in the timed steps "
-                        "(meshplan/executor/gc_control.py) [manual]")
-    p.add_argument("--gc-period", type=int, default=DEFAULT_GC_PERIOD_STEPS,
-                   help=f"steps between collections with --gc manual [{DEFAULT_GC_PERIOD_STEPS}]")
-    p.add_argument("--first-step-settle-s", type=float, default=FIRST_STEP_SETTLE_S,
-                   help="after the first step, wait for the GPU and then this long, so that "
-                        "DDP's first-step bucket is freed on every rank when the second step "
-                        "rebuilds the buckets (see settle_after_first_step); 0 turns it off "
-                        f"[{FIRST_STEP_SETTLE_S}]")
-    p.add_argument("--block-marks", action="store_true",
-                   help="diagnostic: also time each transformer block's forward and backward "
-                        "on the device (results' phase_median_ms gains 'block i forward' / "
-                        "'block i backward'; pp = 1 layouts only; "
-                        "meshplan/executor/block_marks.py)")
-    return p
-
-
-FIRST_STEP_SETTLE_S = 0.25
 
 
 def settle_after_first_step(device, seconds: float) -> None:
@@ -118,58 +77,6 @@ def _dist_env() -> tuple[int, int, int, int]:
     return rank, world, local, local_world
 
 
-def gpu_family(name: str) -> str | None:
-    """'H100' from 'H100-SXM5-80GB' or 'NVIDIA H100 80GB HBM3' (letter + 2-3 digits)."""
-    import re
-    m = re.search(r"\b([A-Z]{1,2}\d{2,3})", name.upper())
-    return m.group(1) if m else None
-
-
-def preflight(plan: PlanRecord, args, world: int, local_world: int) -> str:
-    """Every check that needs no allocation; returns the device type. Raises ExecutorError."""
-    import torch
-
-    from meshplan.executor.parallelize import check_layout_runnable
-    layout = plan.layout
-    if world != layout.num_gpus:
-        raise ExecutorError(
-            f"the plan's layout {layout.short()} needs dp·pp·tp = {layout.num_gpus} processes, "
-            f"but WORLD_SIZE is {world}; launch with torchrun --nproc-per-node/--nnodes giving "
-            f"{layout.num_gpus} processes in total")
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ExecutorError("--device cuda was asked for, but torch sees no CUDA device "
-                                "(use --device cpu for a functional run)")
-        if local_world > torch.cuda.device_count():
-            raise ExecutorError(f"{local_world} processes on this node but only "
-                                f"{torch.cuda.device_count()} GPUs are visible")
-        have = torch.cuda.get_device_name(0)
-        want = plan.cluster.gpu.name
-        if (gpu_family(have) != gpu_family(want)) and not args.allow_gpu_mismatch:
-            raise ExecutorError(f"the plan is for {want!r} GPUs but this node has {have!r}; "
-                                f"re-plan for this GPU or pass --allow-gpu-mismatch")
-    if args.steps < 1 or args.warmup < 0:
-        raise ExecutorError(f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, "
-                            f"{args.warmup}")
-    if args.gc_period < 1:
-        raise ExecutorError(f"--gc-period must be >= 1 step, got {args.gc_period}")
-    if args.block_marks:
-        from meshplan.executor.block_marks import check_block_marks
-        check_block_marks(layout)
-    if not 0 <= args.first_step_settle_s <= 60:
-        raise ExecutorError(f"--first-step-settle-s must be between 0 and 60 s, got "
-                            f"{args.first_step_settle_s}")
-    check_layout_runnable(plan.model, plan.job, layout)
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise ExecutorError(f"results file {str(out)!r} exists; refusing to overwrite it "
-                            f"(pass --force to replace it)")
-    return device
-
-
 def prediction_of(plan: PlanRecord) -> dict[str, Any]:
     """The plan's prediction, or the cost model's when the plan file carries none."""
     if plan.prediction:
@@ -190,10 +97,6 @@ def stage_prediction_bytes(prediction: dict[str, Any], pp_rank: int) -> float | 
     return None
 
 
-def error_file(out: Path, rank: int) -> Path:
-    return out.with_name(f"{out.name}.rank{rank}.error.json")
-
-
 def results_document(plan: PlanRecord, prediction, measured, environment, *, status: str,
                      error: dict | None, argv: list[str]) -> dict[str, Any]:
     from meshplan.executor.measure import comparison
@@ -208,24 +111,6 @@ def results_document(plan: PlanRecord, prediction, measured, environment, *, sta
     }
 
 
-def collect_rank_errors(out: Path, world: int) -> list[dict]:
-    errs = []
-    for r in range(world):
-        p = error_file(out, r)
-        if p.exists():
-            try:
-                errs.append(json.loads(p.read_text()))
-            except (OSError, json.JSONDecodeError):
-                errs.append({"rank": r, "message": f"unreadable error file {p}"})
-    # the root cause first: an out-of-memory or a rank's own failure, before the ranks that
-    # merely lost their peer (gloo "Connection closed", NCCL "remote process exited")
-    def secondary(e: dict) -> bool:
-        m = str(e.get("message", ""))
-        return "Connection closed" in m or "remote" in m.lower() or e.get("kind") == "terminated"
-    errs.sort(key=lambda e: (e.get("kind") != "out_of_memory", secondary(e), e.get("rank", 0)))
-    return errs
-
-
 def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     """Run the plan; returns the exit code. ``hard_exit`` (the ``python -m`` entry point)
     skips destroying the process group: gloo with FSDP2 aborts in its teardown ("terminate
@@ -233,8 +118,11 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank, world, local_rank, local_world = _dist_env()
+    if "TORCHELASTIC_RUN_ID" in os.environ:   # started by torchrun: end with it
+        from meshplan.executor.failures import die_with_parent
+        die_with_parent()
     try:
-        plan = load_plan_file(args.plan)
+        plan = effective_plan(load_plan_file(args.plan), args)
         # before anything imports torch: threads inherit the affinity of the thread that
         # starts them, and CUDA / NCCL start theirs at initialization
         args.pinned_cpus = pin_local_rank(args.cpu_affinity, local_rank, local_world)
@@ -246,6 +134,70 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     return _run(plan, args, argv, rank, world, local_rank, device_type, hard_exit)
 
 
+def _init_process_group(device_type: str, local_rank: int, world: int, timeout_s: float):
+    import torch
+    import torch.distributed as dist
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        kwargs["device_id"] = device
+    else:
+        device = torch.device("cpu")
+    if world == 1 and "MASTER_ADDR" not in os.environ:   # plain `python -m`, no torchrun
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        kwargs.update(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", **kwargs)
+    return device
+
+
+def _rank_groups(groups) -> dict[str, list[int]]:
+    """Global ranks of this rank's dp, pp and tp groups (what the mesh built)."""
+    import torch.distributed as dist
+    return {name: list(dist.get_process_group_ranks(getattr(groups, f"{name}_group")))
+            for name in ("dp", "pp", "tp")}
+
+
+def _setup_checkpoints(args, plan, trainer, groups, rank, world, device, log):
+    """(Checkpointer or None, first step, checkpoint record or None): load ``--resume``."""
+    if not args.checkpoint_dir:
+        return None, 0, None
+    import uuid
+
+    import torch.distributed as dist
+
+    from meshplan.executor import checkpoint as ck
+    from meshplan.executor.failures import checkpoint_crash_hook
+    group = ck.checkpoint_group(world)
+    run_id = [uuid.uuid4().hex[:8] if rank == 0 else None]
+    dist.broadcast_object_list(run_id, src=0, group=group)
+    record = {"schema": ck.SCHEMA, "version": 1, "seed": args.seed,
+              "data": {"path": args.data, "dtype": args.data_dtype},
+              "model": plan.model.to_dict(), "job": plan.job.to_dict(),
+              "layout": plan.layout.to_dict(), "world": world,
+              "optimizer": {"name": "AdamW", "lr": args.lr}}
+    saver = ck.Checkpointer(directory=Path(args.checkpoint_dir), every=args.checkpoint_every,
+                            rank=rank, world=world, group=group, run_id=run_id[0],
+                            record=record, keep=args.checkpoint_keep,
+                            crash_hook=checkpoint_crash_hook(rank))
+    start, resumed = 0, None
+    if args.resume:
+        path = Path(args.resume_path)
+        saved_layout = ck.read_marker(path).get("layout")
+        resumed = ck.load(trainer, path, group=group, rank=rank, device=device,
+                          same_layout=saved_layout == plan.layout.to_dict())
+        start = int(resumed["step"])
+        resumed = {"path": str(path), "step": start, "layout": saved_layout}
+        if rank == 0:
+            log(f"resumed from {path} ({start} steps done; saved in layout "
+                f"{'the same' if saved_layout == plan.layout.to_dict() else 'a different one'})")
+    return saver, start, resumed
+
+
 def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
          hard_exit: bool) -> int:
     import torch
@@ -253,6 +205,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
 
     from meshplan.executor.data import SyntheticTokens, TokenFile, local_share, to_device
     from meshplan.executor.data_parallel import OptimizerConfig
+    from meshplan.executor.failures import classify, oom_message, set_group_timeouts
     from meshplan.executor.measure import (StepTimer, environment, format_table,
                                            host_dispatch_probe_us, peak_memory, summarize,
                                            throughput)
@@ -261,28 +214,16 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
 
     out = Path(args.out)
     model, job, layout = plan.model, plan.job, plan.layout
-    if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    else:
-        device = torch.device("cpu")
-    kwargs: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
-    if world == 1 and "MASTER_ADDR" not in os.environ:   # plain `python -m`, no torchrun
-        import socket
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        kwargs.update(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", **kwargs)
+    device = _init_process_group(device_type, local_rank, world, args.timeout_s)
     prediction = prediction_of(plan)
     env = environment(device, world)
     pinned = getattr(args, "pinned_cpus", None)
     env["cpu_affinity"] = (f"{args.cpu_affinity}: {len(pinned)} CPUs per rank" if pinned
                            else "none")
-    state: dict[str, Any] = {"step": -1, "phase": "setup", "groups": None}
+    state: dict[str, Any] = {"step": -1, "phase": "setup", "groups": None, "failed": False,
+                             "marks": 0}
     steps_total = args.warmup + args.steps
+    saver = None
 
     def where() -> str:
         g = state["groups"]
@@ -293,13 +234,12 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 f"{','.join(map(str, stages))}, dp {g.dp_rank}, tp {g.tp_rank})")
 
     def fail(kind: str, message: str, extra: dict | None = None) -> dict:
+        state["failed"] = True
         err = {"rank": rank, "kind": kind, "phase": state["phase"], "step": state["step"],
+               "progress": [state["step"], state.get("marks", 0)],
                "where": where(), "message": message, **(extra or {})}
         _log(f"{where()} failed at {state['phase']} step {state['step']}: {message}")
-        try:
-            write_json_atomic(error_file(out, rank), err)
-        except OSError:
-            pass
+        write_error(out, rank, err)
         return err
 
     def write_partial(error: dict | None) -> None:
@@ -307,26 +247,36 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         if error is not None and error not in errs:
             errs.append(error)
         doc = results_document(plan, prediction, state.get("measured") or {}, env,
-                               status="failed", error={"ranks": errs}, argv=sys.argv[:1] + argv)
+                               status="failed",
+                               error={"summary": diagnose(errs, world, args.timeout_s),
+                                      "ranks": errs},
+                               argv=sys.argv[:1] + argv)
         write_json_atomic(out, doc, overwrite=True)
 
-    if rank == 0:
-        def on_term(signum, frame):   # torchrun stops the survivors when a rank fails
-            write_partial({"rank": 0, "kind": "terminated", "step": state["step"],
-                           "message": f"rank 0 received signal {signum} (another rank failed?)"})
-            os._exit(EXIT_FAILED)
-        signal.signal(signal.SIGTERM, on_term)
+    def on_term(err: dict | None) -> None:   # torchrun stops the survivors when a rank fails
+        if rank == 0:
+            write_partial(err)
+        _flush_and_exit(EXIT_FAILED)
+
+    install_term_handler(rank, out, state, on_term)
 
     try:
         groups = build_mesh(layout, device_type, rank_order=plan.cluster.rank_order,
                             tied_embeddings=model.tied_embeddings)
+        set_group_timeouts(groups, args.timeout_s)
         state["groups"] = groups
         trainer = ParallelTrainer(model, job, layout, groups, device, seed=args.seed,
-                                  optimizer=OptimizerConfig(lr=args.lr), compile=args.compile)
+                                  optimizer=OptimizerConfig(lr=args.lr),
+                                  compile=layout.compile)
         state["stages"] = trainer.stage_indices()
+        saver, start, resumed = _setup_checkpoints(args, plan, trainer, groups, rank, world,
+                                                   device, _log)
+        # the first step after a restart pays for allocation and compilation: never timed
+        first_timed = max(args.warmup, start + 1) if start else args.warmup
         if rank == 0:
             _log(f"{layout.short()} on {world} × {env.get('gpu_name') or 'cpu'}: "
-                 f"{trainer.num_microbatches} micro-batches per step, {steps_total} steps")
+                 f"{trainer.num_microbatches} micro-batches per step, steps {start}.."
+                 f"{steps_total - 1}")
         data = (TokenFile(args.data, model.vocab_size, job.seq_len, dtype=args.data_dtype,
                           seed=args.seed) if args.data
                 else SyntheticTokens(model.vocab_size, job.seq_len, seed=args.seed))
@@ -342,35 +292,50 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         peak_after_step: list[float] = []   # running peak: shows which step set it
         host_probe_us = None                # the host's dispatch speed after the warm-up
         prof = None
-        for step in range(steps_total):
-            state["step"], state["phase"] = step, ("warm-up" if step < args.warmup else "measure")
+        def mark(name: str) -> None:   # progress for the hang diagnosis, then the timer
+            state["marks"] += 1
+            timer.mark(name)
+
+        for step in range(start, steps_total):
+            state["step"], state["phase"] = step, ("warm-up" if step < first_timed
+                                                   else "measure")
+            state["marks"] = 0
             batch = to_device(local_share(data.global_batch(step, job.global_batch),
                                           layout.dp, groups.dp_rank), device)
-            if args.profile and step == args.warmup:
+            if args.profile and step == first_timed:
                 prof = _start_profiler(device_type)
-            if step == args.warmup:
+            if step == first_timed:
                 host_probe_us = host_dispatch_probe_us(device)
                 gc_policy.begin_measure()
-            if step >= args.warmup:
+            if step >= first_timed:
                 timer.start()
                 gc_policy.in_step()
-            _maybe_inject_failure(rank, step)
-            loss = trainer.step(batch, mark=timer.mark)
-            if step >= args.warmup:
+            maybe_inject_failure(rank, step)
+            loss = trainer.step(batch, mark=mark)
+            if step >= first_timed:
                 timer.stop()
             if prof is not None:
                 prof.step()
-                if step == args.warmup + 2:
+                if step == first_timed + 2:
                     _stop_profiler(prof, args.profile, rank)
                     prof = None
-            if step == 0:
+            if step == start:
                 settle_after_first_step(device, args.first_step_settle_s)
             losses.append(loss)
             if device_type == "cuda":
                 peak_after_step.append(float(torch.cuda.max_memory_allocated(device)))
-            if rank == 0 and step > 0:   # one step behind: no sync on the step just queued
+            if rank == 0 and step > start:   # one step behind: no sync on the step just queued
                 _log(f"step {step - 1}: loss {float(losses[-2]):.4f}")
+            if saver is not None and saver.due(step + 1, last=step + 1 == steps_total):
+                state["phase"] = "checkpoint"
+                rec = saver.save(trainer, step + 1, device)
+                if rank == 0:
+                    _log(f"checkpoint of step {step + 1}: {rec.rank_bytes / 2**20:.1f} MiB "
+                         f"staged in {rec.stage_s * 1e3:.0f} ms, writing in the background")
         gc_policy.end()
+        state["phase"] = "checkpoint" if saver is not None else "report"
+        if saver is not None:
+            saver.wait()
         state["phase"] = "report"
         times = timer.durations_s()
         loss_values = [float(l) for l in losses]
@@ -386,7 +351,13 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                                        if times else None),
                 # where the step goes after the passes (FSDP2's tail: round 19)
                 "phase_median_ms": timer.phase_medians_ms() if times else None,
-                "predicted_bytes": stage_prediction_bytes(prediction, groups.pp_rank)}
+                "predicted_bytes": stage_prediction_bytes(prediction, groups.pp_rank),
+                # where the rank ran and whom it talks to (multi-node launches are checked
+                # against the plan's mesh with these)
+                "groups": _rank_groups(groups), "host": socket.gethostname(),
+                "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+                "local_rank": local_rank,
+                "checkpoints": saver.summary() if saver is not None else []}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)
     except torch.cuda.OutOfMemoryError as exc:
@@ -395,18 +366,15 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         actual = float(torch.cuda.max_memory_allocated(device)) if device_type == "cuda" else None
         cap = (float(torch.cuda.get_device_properties(device).total_memory)
                if device_type == "cuda" else None)
-        msg = (f"out of memory: predicted peak {_gib(pred)} for this pipeline stage, actual "
-               f"allocated peak {_gib(actual)} of {_gib(cap)} when it failed. Hint: "
-               f"recompute='selective' or 'full', a higher ZeRO stage, a smaller micro_batch, "
-               f"or more pp/tp. ({str(exc).splitlines()[0]})")
+        msg = oom_message(plan, prediction, pred, actual, cap, exc)
         err = fail("out_of_memory", msg, {"predicted_bytes": pred, "actual_peak_bytes": actual,
                                           "capacity_bytes": cap})
         if rank == 0:
             write_partial(err)
         _flush_and_exit(EXIT_OOM)
     except Exception as exc:
-        err = fail("error", f"{type(exc).__name__}: {exc}",
-                   {"traceback": traceback.format_exc()})
+        msg = f"{type(exc).__name__}: {exc}"
+        err = fail(classify(msg), msg, {"traceback": traceback.format_exc()})
         if rank == 0:
             write_partial(err)
         _flush_and_exit(EXIT_FAILED)
@@ -425,11 +393,16 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             "memory_peak_reserved_bytes": max(reserved) if reserved else None,
             "memory_peak_kind": "cuda_max_allocated" if alloc else "process_max_rss",
             "memory_per_rank": per_rank,
-            "loss_per_step": loss_values, "steps": args.steps, "warmup": args.warmup,
+            "loss_per_step": loss_values, "first_step": start, "steps": args.steps,
+            "warmup": args.warmup,
             "num_microbatches": trainer.num_microbatches,
             "gc": gc_across_ranks([r["gc"] for r in per_rank]),
             "mfu_note": None if device_type == "cuda" else "MFU needs a GPU peak; CPU run",
         }
+        if saver is not None:
+            measured["checkpoints"] = _checkpoint_summary(per_rank, plan, world)
+        if resumed is not None:
+            measured["resumed_from"] = resumed
         doc = results_document(plan, prediction, measured, env, status="ok", error=None,
                                argv=sys.argv[:1] + argv)
         write_json_atomic(out, doc, overwrite=True)
@@ -441,21 +414,18 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     return 0
 
 
-def _maybe_inject_failure(rank: int, step: int) -> None:
-    """Test hook: MESHPLAN_EXECUTOR_INJECT="RANK:STEP:oom|error" fails that rank at that step."""
-    spec = os.environ.get("MESHPLAN_EXECUTOR_INJECT")
-    if not spec:
-        return
-    r, s, kind = spec.split(":")
-    if int(r) == rank and int(s) == step:
-        import torch
-        if kind == "oom":
-            raise torch.cuda.OutOfMemoryError("injected out-of-memory (test hook)")
-        raise RuntimeError("injected failure (test hook)")
-
-
-def _gib(v: float | None) -> str:
-    return "unknown" if v is None else f"{v / 2**30:.2f} GiB"
+def _checkpoint_summary(per_rank: list[dict], plan: PlanRecord, world: int) -> dict[str, Any]:
+    """Measured saves (rank 0's commit, the slowest rank's pause) and the prediction."""
+    from meshplan.costmodel.checkpoint import predict_checkpoint
+    saves = []
+    for i, rec in enumerate(per_rank[0]["checkpoints"]):
+        others = [r["checkpoints"][i] for r in per_rank if len(r["checkpoints"]) > i]
+        saves.append({"step": rec["step"], "path": rec["path"], "bytes": rec["bytes"],
+                      "write_s": rec["write_s"],
+                      "stage_s_max": max(o["stage_s"] for o in others),
+                      "rank_bytes_max": max(o["rank_bytes"] for o in others)})
+    return {"saves": saves,
+            "prediction": predict_checkpoint(plan.model, world=world).to_dict()}
 
 
 def _flush_and_exit(code: int) -> None:

@@ -138,6 +138,17 @@ class _ScatterToSP(torch.autograd.Function):
         return _all_gather_seq(grad, ctx.group), None
 
 
+class _GatherFromSlices(_GatherFromSP):
+    """All-gather the sequence slices forward (as :class:`_GatherFromSP`), keep this rank's
+    slice of the (replicated) gradient backward: the conjugate of :class:`_ScatterToSP`,
+    leaving a region whose ranks each worked on one slice of a replicated activation (an
+    MoE layer's routed tokens)."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_seq(grad, ctx.group), None
+
+
 def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where autocast is on for its device and ``x`` is fp32.
 
@@ -172,6 +183,10 @@ def reduce_scatter_to_sp(x, group):
 
 def scatter_to_sp(x, group):
     return _ScatterToSP.apply(x, group)
+
+
+def gather_from_slices(x, group):
+    return _GatherFromSlices.apply(x, group)
 
 
 # ---- how a parameter is cut ----------------------------------------------------------------
@@ -274,9 +289,12 @@ class SequenceSlicePositions(nn.Module):
         self.group = group
         self.weight = pos.weight
 
-    def positions_for(self, h):
+    def positions_for(self, h, positions=None):
         s_local, r = h.shape[1], dist.get_rank(self.group)
-        return self.weight[r * s_local:(r + 1) * s_local]    # (s/tp, h)
+        mine = slice(r * s_local, (r + 1) * s_local)
+        if positions is not None:          # context parallelism: the cp rank's positions
+            return self.weight[positions[mine]]               # (s/tp, h)
+        return self.weight[mine]                              # (s/tp, h)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -359,18 +377,20 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str,
         attn.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
         attn.num_heads //= size
         attn.num_kv_heads //= size
-        fc_sections = (spec.ffn_hidden_size,) * spec.ffn_matrices
-        mlp.fc = ColumnParallelLinear(mlp.fc, group, sequence_parallel=sequence_parallel,
-                                      sections=fc_sections if spec.ffn_matrices > 1 else None)
-        mlp.proj = RowParallelLinear(mlp.proj, group, sequence_parallel=sequence_parallel)
         p = f"layers.{lname}."
         shards[p + "attn.qkv.weight"] = attn.qkv.weight_spec
         shards[p + "attn.proj.weight"] = attn.proj.weight_spec
-        shards[p + "mlp.fc.weight"] = mlp.fc.weight_spec
-        shards[p + "mlp.proj.weight"] = mlp.proj.weight_spec
         if spec.bias:
             shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
-            shards[p + "mlp.fc.bias"] = mlp.fc.weight_spec
+        if hasattr(mlp, "experts"):    # an MoE layer: its shared experts, token slicing
+            from meshplan.executor.expert_parallel import apply_tensor_parallel_moe
+            shards.update(apply_tensor_parallel_moe(mlp, group, spec,
+                                                    sequence_parallel=sequence_parallel,
+                                                    prefix=p + "mlp."))
+        else:
+            shards.update(parallelize_mlp(mlp, group, spec.ffn_hidden_size, spec,
+                                          sequence_parallel=sequence_parallel,
+                                          prefix=p + "mlp."))
     if model.tok_embeddings is not None:
         model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, group,
                                                       sequence_parallel=sequence_parallel)
@@ -387,6 +407,20 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str,
         model.head_override = VocabParallelHead(model, group, sequence_parallel=sequence_parallel)
     if sequence_parallel and model.embeds_input and model.tok_embeddings is None:
         raise ExecutorError("internal: a first stage without an input embedding")
+    return shards
+
+
+def parallelize_mlp(mlp, group, width: int, spec, *, sequence_parallel: bool,
+                    prefix: str) -> dict[str, ShardSpec]:
+    """An MLP of ``width`` as column-parallel fc (gate | up split section by section) and
+    row-parallel proj; returns the ShardSpecs of its sharded parameters."""
+    mlp.fc = ColumnParallelLinear(mlp.fc, group, sequence_parallel=sequence_parallel,
+                                  sections=(width,) * spec.ffn_matrices
+                                  if spec.ffn_matrices > 1 else None)
+    mlp.proj = RowParallelLinear(mlp.proj, group, sequence_parallel=sequence_parallel)
+    shards = {prefix + "fc.weight": mlp.fc.weight_spec, prefix + "proj.weight": mlp.proj.weight_spec}
+    if spec.bias:
+        shards[prefix + "fc.bias"] = mlp.fc.weight_spec
     return shards
 
 
@@ -429,4 +463,5 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "VocabParallelHead", "ShardSpec", "apply_tensor_parallel",
            "vocab_parallel_cross_entropy", "sequence_parallel_param_names",
            "allreduce_sequence_parallel_grads", "copy_to_tp", "reduce_from_tp",
-           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp"]
+           "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp", "gather_from_slices",
+           "parallelize_mlp"]

@@ -11,6 +11,8 @@ overheads were measured on a machine, plus where and how they were measured::
     measured = [...]        # which [gpu] / [cluster] keys were measured (rest: base profile)
     [cluster]               # optional: intra_latency_us, network_efficiency (if measured)
     [[layers]] / [[ends]]   # measured executor layers (meshplan.costmodel.measured), optional
+    [corrections]           # numbers of the cost model's corrections (optional; missing keys:
+                            # the built-in defaults, hardware_profiles/data/corrections.toml)
     [[measurements.gemm]]   # the raw points, for inspection; not read by the cost model
 
 :func:`apply_profile` returns a copy of a cluster that uses the profile's GPU (and measured
@@ -28,6 +30,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.cluster import Cluster
+from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import GPUSpec
 from meshplan.hardware_profiles.loader import _NUM, curve, get, gpu_from_table, read_toml
@@ -215,6 +218,10 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     if layers or ends:
         from meshplan.costmodel.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
+    corr = get(doc, "corrections", dict, where, None)
+    if corr is not None:
+        gpu = replace(gpu, corrections=corrections_from_table(
+            corr, f"{where} [corrections]", source=str(corr.get("source") or where)))
     measured = get(doc, "measured", list, where, [])
     c = get(doc, "cluster", dict, where, {})
     cwhere = f"{where} [cluster]"

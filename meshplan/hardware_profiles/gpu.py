@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from meshplan.errors import ConfigError
+from meshplan.hardware_profiles.corrections import (CorrectionNumbers, builtin_corrections,
+                                                    builtin_number)
 from meshplan.hardware_profiles.curve import Curve
 
 
 # Communication hidden behind compute is not free: NCCL kernels take SMs and memory
 # bandwidth from the GEMMs they overlap (Rashidi et al. 2021, "Enabling Compute-Communication
 # Overlap in Distributed Deep Learning Training Platforms", ISCA, §3). The cost model charges
-# this fraction of the hidden time; 0.15 is an assumption for datasheet profiles, consistent
-# with Shoeybi et al. 2019's 74% at 512 GPUs (docs/benchmarks/published.md); `meshplan
-# calibrate` measures it (meshplan.calibrate.bench_overlap).
-DEFAULT_OVERLAP_INTERFERENCE = 0.15
+# this fraction of the hidden time; the default for datasheet profiles is an assumption
+# (data/corrections.toml [datasheet_overlap]), consistent with Shoeybi et al. 2019's 74% at
+# 512 GPUs (docs/benchmarks/published.md); `meshplan calibrate` measures it
+# (meshplan.calibrate.bench_overlap).
+DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,8 @@ class GPUSpec:
     # DEFAULT_OVERLAP_INTERFERENCE)
     overlap_interference: float = DEFAULT_OVERLAP_INTERFERENCE
     measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
+    # the numbers of the cost model's empirical corrections (meshplan.costmodel.corrections)
+    corrections: CorrectionNumbers = field(default_factory=builtin_corrections)
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -51,7 +56,8 @@ class GPUSpec:
         # cost-model cache lookup
         if not isinstance(other, GPUSpec):
             return NotImplemented
-        return self.to_dict() == other.to_dict() and self.measured is other.measured
+        return (self.to_dict() == other.to_dict() and self.measured is other.measured
+                and self.corrections == other.corrections)
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs)."""

@@ -7,7 +7,7 @@ the cost model.
 """
 
 from meshplan.spec.choices import (ACTIVATIONS, CP_STYLES, NORMS, OPTIMIZERS, POSITIONS,
-                                   PRECISIONS, RECOMPUTE, RUNTIMES, SCHEDULES)
+                                   PRECISIONS, RECOMPUTE, ROUTERS, RUNTIMES, SCHEDULES)
 from meshplan.spec.job import Job
 from meshplan.spec.layout import Layout, default_stage_layers
 from meshplan.spec.model import ModelSpec
@@ -15,4 +15,5 @@ from meshplan.spec.validate import ZB_ZERO3_UNSUPPORTED, check_layout, zero_bubb
 
 __all__ = ["ModelSpec", "Job", "Layout", "default_stage_layers", "check_layout",
            "zero_bubble_under_zero3", "ZB_ZERO3_UNSUPPORTED", "ACTIVATIONS", "NORMS", "POSITIONS",
-           "SCHEDULES", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "RUNTIMES", "CP_STYLES"]
+           "SCHEDULES", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "RUNTIMES", "CP_STYLES",
+           "ROUTERS"]

@@ -1,4 +1,33 @@
-"""Translate a Hugging Face ``config.json`` into ModelSpec keyword arguments."""
+"""Translate a Hugging Face ``config.json`` into ModelSpec keyword arguments.
+
+Families and the keys read (a missing key takes the default of the family's Hugging Face
+``*Config`` class where that class documents one, else it is an error naming the key):
+
+* GPT-2 (``GPT2Config``): ``n_layer``, ``n_embd``, ``n_head``, ``n_inner`` (None = 4h),
+  ``n_positions`` (1024), ``tie_word_embeddings`` (True); dropout when any of
+  ``resid_pdrop``, ``embd_pdrop``, ``attn_pdrop`` is above 0 (each defaults to 0.1).
+* GPT-NeoX: ``hidden_dropout`` (0.0); ``rotary_pct`` and ``use_parallel_residual`` do not
+  change the cost and are ignored.
+* Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, yi, internlm2, or any
+  config with ``intermediate_size`` and no expert or latent-attention keys).
+* Mixture of experts: Mixtral (``num_local_experts``), Qwen2-MoE / Qwen3-MoE
+  (``num_experts``, ``moe_intermediate_size``, ``shared_expert_intermediate_size``,
+  ``decoder_sparse_step``, ``mlp_only_layers``), DeepSeek V1/V2/V3 (``n_routed_experts``,
+  ``n_shared_experts``, ``first_k_dense_replace``, ``moe_layer_freq``, ``scoring_func``,
+  ``num_nextn_predict_layers`` and multi-head latent attention's ``q_lora_rank``,
+  ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), OLMoE
+  and gpt-oss. Routing details that change no shape or cost (DeepSeek's group-limited
+  routing and ``routed_scaling_factor``, gpt-oss's ``swiglu_limit``) are not read.
+
+Approximations, each below 0.001 % of the parameters: Qwen3's and OLMoE's query/key
+RMSNorms, Qwen2-MoE's shared-expert gate and gpt-oss's attention sinks are not counted;
+Qwen2's query/key/value biases are read as no bias. gpt-oss's sliding-window layers are read
+as full causal attention (same parameters; more attention work than the model does beyond
+its 128-token window).
+
+A config that declares experts or latent attention in a family not listed raises
+:class:`ConfigError` rather than being read as a dense model.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +35,16 @@ from typing import Any, Mapping
 
 from meshplan.errors import ConfigError
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma", "yi", "internlm2"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2"}
 _GPT2_LIKE = {"gpt2"}
 _NEOX_LIKE = {"gpt_neox"}
+_MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
+                 "olmoe", "gpt_oss")
+# keys that declare experts or latent attention: their presence in a config we would read as
+# dense means we would read it wrong
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+             "num_experts_per_tok", "moe_intermediate_size", "kv_lora_rank")
+_GPT2_DROPOUT_DEFAULT = 0.1       # GPT2Config: resid_pdrop = embd_pdrop = attn_pdrop = 0.1
 
 
 def _get(cfg: Mapping[str, Any], source: str, *keys: str, default: Any = ...) -> Any:
@@ -25,46 +61,156 @@ def spec_kwargs_from_hf(cfg: Mapping[str, Any], source: str = "<dict>") -> dict[
     """ModelSpec fields from a config dict; raises ConfigError naming a missing key."""
     mtype = str(cfg.get("model_type", "")).lower()
     if mtype in _GPT2_LIKE or "n_embd" in cfg:
-        hidden = _get(cfg, source, "n_embd", "hidden_size")
-        return dict(
-            num_layers=_get(cfg, source, "n_layer", "num_hidden_layers"),
-            hidden_size=hidden,
-            num_heads=_get(cfg, source, "n_head", "num_attention_heads"),
-            ffn_hidden_size=_get(cfg, source, "n_inner", default=None) or 4 * hidden,
-            vocab_size=_get(cfg, source, "vocab_size"),
-            max_seq_len=_get(cfg, source, "n_positions", "n_ctx", default=1024),
-            activation="gelu", norm="layernorm", position_embedding="learned",
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), bias=True,
-            dropout=float(cfg.get("resid_pdrop", 0.0) or 0.0) > 0)
+        return _gpt2(cfg, source)
     if mtype in _NEOX_LIKE:
-        hidden = _get(cfg, source, "hidden_size")
-        return dict(
-            num_layers=_get(cfg, source, "num_hidden_layers"),
-            hidden_size=hidden,
-            num_heads=_get(cfg, source, "num_attention_heads"),
-            ffn_hidden_size=_get(cfg, source, "intermediate_size", default=4 * hidden),
-            vocab_size=_get(cfg, source, "vocab_size"),
-            max_seq_len=_get(cfg, source, "max_position_embeddings", default=2048),
-            activation="gelu", norm="layernorm", position_embedding="rope",
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), bias=True,
-            dropout=float(cfg.get("hidden_dropout", 0.0) or 0.0) > 0)
+        return _neox(cfg, source)
+    if mtype in _MOE_FAMILIES:
+        return _MOE_READERS[mtype](cfg, source)
+    declared = [k for k in _MOE_KEYS if cfg.get(k)]
+    if declared:
+        raise ConfigError(
+            f"Hugging Face config {source!r}: model_type {cfg.get('model_type')!r} declares "
+            f"{', '.join(declared)} (mixture of experts or latent attention), which meshplan "
+            f"cannot read for this family; supported MoE families: {', '.join(_MOE_FAMILIES)}. "
+            f"Describe the model with ModelSpec(num_experts=..., ...) instead")
     if mtype in _LLAMA_LIKE or "intermediate_size" in cfg:
-        heads = _get(cfg, source, "num_attention_heads")
-        hidden = _get(cfg, source, "hidden_size")
-        head_dim = cfg.get("head_dim")
-        return dict(
-            num_layers=_get(cfg, source, "num_hidden_layers"),
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
-            ffn_hidden_size=_get(cfg, source, "intermediate_size"),
-            head_dim=head_dim if head_dim else None,
-            vocab_size=_get(cfg, source, "vocab_size"),
-            max_seq_len=_get(cfg, source, "max_position_embeddings", default=4096),
-            activation="swiglu", norm="rmsnorm", position_embedding="rope",
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bias=bool(cfg.get("attention_bias", False)), dropout=False)
+        return _llama(cfg, source)
+    hint = (" (a multimodal config: pass its 'text_config' dict)" if "text_config" in cfg
+            else "")
     raise ConfigError(
         f"Hugging Face config {source!r}: model_type {cfg.get('model_type')!r} is not "
-        f"understood; supported: llama, mistral, qwen2, gpt2, gpt_neox (or a config with "
-        f"hidden_size / num_hidden_layers / num_attention_heads / intermediate_size)")
+        f"understood{hint}; supported: llama, mistral, qwen2, gpt2, gpt_neox, "
+        f"{', '.join(_MOE_FAMILIES)} (or a config with hidden_size / num_hidden_layers / "
+        f"num_attention_heads / intermediate_size)")
+
+
+def _gpt2(cfg, source):
+    hidden = _get(cfg, source, "n_embd", "hidden_size")
+    drops = [float(cfg.get(k) if cfg.get(k) is not None else _GPT2_DROPOUT_DEFAULT)
+             for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
+    return dict(
+        num_layers=_get(cfg, source, "n_layer", "num_hidden_layers"),
+        hidden_size=hidden,
+        num_heads=_get(cfg, source, "n_head", "num_attention_heads"),
+        ffn_hidden_size=_get(cfg, source, "n_inner", default=None) or 4 * hidden,
+        vocab_size=_get(cfg, source, "vocab_size"),
+        max_seq_len=_get(cfg, source, "n_positions", "n_ctx", default=1024),
+        activation="gelu", norm="layernorm", position_embedding="learned",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), bias=True,
+        dropout=max(drops) > 0)
+
+
+def _neox(cfg, source):
+    hidden = _get(cfg, source, "hidden_size")
+    return dict(
+        num_layers=_get(cfg, source, "num_hidden_layers"),
+        hidden_size=hidden,
+        num_heads=_get(cfg, source, "num_attention_heads"),
+        ffn_hidden_size=_get(cfg, source, "intermediate_size", default=4 * hidden),
+        vocab_size=_get(cfg, source, "vocab_size"),
+        max_seq_len=_get(cfg, source, "max_position_embeddings", default=2048),
+        activation="gelu", norm="layernorm", position_embedding="rope",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), bias=True,
+        dropout=float(cfg.get("hidden_dropout", 0.0) or 0.0) > 0)
+
+
+def _llama(cfg, source, *, bias_default: bool = False):
+    heads = _get(cfg, source, "num_attention_heads")
+    head_dim = cfg.get("head_dim")
+    return dict(
+        num_layers=_get(cfg, source, "num_hidden_layers"),
+        hidden_size=_get(cfg, source, "hidden_size"),
+        num_heads=heads,
+        num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
+        ffn_hidden_size=_get(cfg, source, "intermediate_size"),
+        head_dim=head_dim if head_dim else None,
+        vocab_size=_get(cfg, source, "vocab_size"),
+        max_seq_len=_get(cfg, source, "max_position_embeddings", default=4096),
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        bias=bool(cfg.get("attention_bias", bias_default)), dropout=False)
+
+
+def _positive(cfg, source, key, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"Hugging Face config {source!r}: {key} = {value!r} must be a "
+                          f"positive integer (model_type={cfg.get('model_type')!r})")
+    return value
+
+
+def _experts(cfg, source, experts_key: str, *, aux_key: str = "router_aux_loss_coef",
+             aux_default: float = 0.001, norm_default: bool) -> dict:
+    """The routed-expert fields most MoE configs share."""
+    return dict(
+        num_experts=_positive(cfg, source, experts_key, _get(cfg, source, experts_key)),
+        experts_per_token=_positive(cfg, source, "num_experts_per_tok",
+                                    _get(cfg, source, "num_experts_per_tok", "experts_per_token")),
+        router_norm_topk=bool(cfg.get("norm_topk_prob", norm_default)),
+        router_aux_loss_coeff=float(_get(cfg, source, aux_key, default=aux_default)))
+
+
+def _mixtral(cfg, source):
+    """Every layer MoE; ``intermediate_size`` is each expert's width (MixtralConfig)."""
+    return {**_llama(cfg, source), **_experts(cfg, source, "num_local_experts",
+                                              norm_default=True)}
+
+
+def _olmoe(cfg, source):
+    """Every layer MoE; ``intermediate_size`` is each expert's width (OlmoeConfig)."""
+    return {**_llama(cfg, source), **_experts(cfg, source, "num_experts", aux_default=0.01,
+                                              norm_default=False)}
+
+
+def _gpt_oss(cfg, source):
+    """Every layer MoE with biased experts and router; GptOssConfig's attention_bias is True."""
+    return {**_llama(cfg, source, bias_default=True),
+            **_experts(cfg, source, "num_local_experts", aux_default=0.9, norm_default=True)}
+
+
+def _qwen_moe(cfg, source):
+    """Qwen2-MoE / Qwen3-MoE: layer i is MoE unless listed in ``mlp_only_layers`` or
+    (i + 1) is not a multiple of ``decoder_sparse_step`` (Qwen2MoeDecoderLayer)."""
+    layers = _get(cfg, source, "num_hidden_layers")
+    step = _positive(cfg, source, "decoder_sparse_step", cfg.get("decoder_sparse_step") or 1)
+    only_mlp = set(cfg.get("mlp_only_layers") or ())
+    dense = tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step)
+    shared = cfg.get("shared_expert_intermediate_size") or 0
+    return {**_llama(cfg, source),
+            **_experts(cfg, source, "num_experts", norm_default=False),
+            "moe_ffn_hidden_size": _get(cfg, source, "moe_intermediate_size"),
+            "num_shared_experts": 1 if shared else 0,
+            "shared_expert_ffn_hidden_size": shared or None, "dense_layers": dense}
+
+
+def _deepseek(cfg, source):
+    """DeepSeek V1/V2/V3: layer i is MoE when i >= ``first_k_dense_replace`` and
+    i % ``moe_layer_freq`` == 0 (DeepseekV2DecoderLayer); V2/V3 attention is latent."""
+    kw = _llama(cfg, source)
+    layers = kw["num_layers"]
+    first = cfg.get("first_k_dense_replace") or 0
+    freq = _positive(cfg, source, "moe_layer_freq", cfg.get("moe_layer_freq") or 1)
+    shared = cfg.get("n_shared_experts") or 0
+    kw.update(_experts(cfg, source, "n_routed_experts", aux_key="aux_loss_alpha",
+                       norm_default=False),
+              moe_ffn_hidden_size=_get(cfg, source, "moe_intermediate_size"),
+              num_shared_experts=shared,
+              dense_layers=tuple(i for i in range(layers) if i < first or i % freq),
+              router=_get(cfg, source, "scoring_func", default="softmax"),
+              mtp_layers=cfg.get("num_nextn_predict_layers") or 0)
+    if cfg.get("kv_lora_rank"):
+        kw.update(q_lora_rank=cfg.get("q_lora_rank") or None,
+                  kv_lora_rank=cfg["kv_lora_rank"],
+                  qk_nope_head_dim=_get(cfg, source, "qk_nope_head_dim"),
+                  qk_rope_head_dim=_get(cfg, source, "qk_rope_head_dim"),
+                  v_head_dim=_get(cfg, source, "v_head_dim"), head_dim=None,
+                  num_kv_heads=kw["num_heads"])
+    elif str(cfg.get("model_type")) != "deepseek":
+        raise ConfigError(f"Hugging Face config {source!r}: model_type "
+                          f"{cfg.get('model_type')!r} without kv_lora_rank; DeepSeek-V2/V3 "
+                          f"use multi-head latent attention and need its dimensions")
+    return kw
+
+
+_MOE_READERS = {"mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
+                "deepseek": _deepseek, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+                "olmoe": _olmoe, "gpt_oss": _gpt_oss}

@@ -46,9 +46,11 @@ def check_seq_len(model: ModelSpec, job: Job) -> None:
         stacklevel=3)
 
 
-def check_modelled(layout: Layout) -> None:
-    """Refuse the layout dimensions the cost model and executor do not implement yet, rather
-    than predict them as if they were absent."""
+def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
+    """Refuse the layout dimensions (and, given ``model``, the model features) the cost model
+    does not price yet, rather than predict them as if they were absent."""
+    if model is not None:
+        check_model_modelled(model)
     if layout.cp > 1:
         raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
                           f"use cp = 1")
@@ -60,6 +62,80 @@ def check_modelled(layout: Layout) -> None:
                           "(the executor's --compile flag compiles without a prediction)")
 
 
+def check_model_modelled(model: ModelSpec) -> None:
+    """Refuse models whose parts the cost model does not price yet (the planner calls this
+    once per search; :func:`check_modelled` for each layout)."""
+    missing = []
+    if model.is_moe:
+        missing.append(f"num_experts = {model.num_experts} (mixture of experts)")
+    if model.is_mla:
+        missing.append(f"kv_lora_rank = {model.kv_lora_rank} (multi-head latent attention)")
+    if model.mtp_layers:
+        missing.append(f"mtp_layers = {model.mtp_layers} (multi-token prediction)")
+    if missing:
+        raise ConfigError(
+            f"MoE models are not modelled by the cost model yet: {model.name!r} has "
+            f"{', '.join(missing)}, which estimate() and plan() would otherwise price as a "
+            f"dense model. The executor runs MoE layers (Layout.ep); a prediction needs "
+            f"the cost model's MoE terms (meshplan.costmodel.moe), not yet wired in")
+
+
+def check_experts(model: ModelSpec, layout: Layout) -> None:
+    """Expert-parallel degrees that fit the model (DESIGN: ep divides the routed experts)."""
+    if not model.is_moe:
+        if layout.ep > 1 or layout.etp > 1:
+            raise ConfigError(f"Layout.ep = {layout.ep}, etp = {layout.etp} need a mixture-of-"
+                              f"experts model; {model.name!r} is dense (use ep = etp = 1)")
+        return
+    if model.num_experts % layout.ep:
+        valid = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0]
+        raise ConfigError(f"Layout.ep = {layout.ep} must divide the {model.num_experts} routed "
+                          f"experts of {model.name!r}; valid ep: {valid}")
+    for name in ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size"):
+        width = getattr(model, name)
+        if width is not None and width % layout.etp:
+            raise ConfigError(f"Layout.etp = {layout.etp} must divide ModelSpec.{name} = "
+                              f"{width} of {model.name!r}")
+
+
+def check_context_parallel(model: ModelSpec, job: Job, layout: Layout) -> None:
+    """Raise :class:`ConfigError` if the sequence or the heads cannot be cut ``cp`` ways.
+
+    Both styles shard the sequence as Megatron-Core does for causal load balancing (its
+    context-parallel docs; TransformerEngine's ``get_batch_on_this_cp_rank``): it is cut into
+    2·cp chunks and cp rank r holds chunks r and 2·cp−1−r, so every rank computes the same
+    share of the causal attention matrix. With sequence parallelism each cp rank's
+    seq_len/cp tokens are cut again over tp. The all-to-all style (DeepSpeed-Ulysses,
+    Jacobs et al. 2023, arXiv 2309.14509) gives each rank whole heads of the full sequence:
+    the query and key/value heads a tp rank holds must divide by cp.
+    """
+    cp, tp = layout.cp, layout.tp
+    if cp == 1:
+        return
+    if job.seq_len % (2 * cp):
+        ok = [c for c in range(2, job.seq_len // 2 + 1) if job.seq_len % (2 * c) == 0][:8]
+        raise ConfigError(
+            f"Job.seq_len = {job.seq_len} must be divisible by 2·cp = {2 * cp}: context "
+            f"parallelism cuts each sequence into 2·cp chunks, cp rank r holding chunks r and "
+            f"2·cp−1−r (causal load balancing); cp that divide it: {ok or 'none'}")
+    if layout.sequence_parallel and (job.seq_len // cp) % tp:
+        raise ConfigError(
+            f"with sequence_parallel, each cp rank's seq_len/cp = {job.seq_len}/{cp} = "
+            f"{job.seq_len // cp} tokens are split over tp = {tp}, which must divide them "
+            f"(seq_len divisible by cp·tp = {cp * tp})")
+    if layout.cp_style == "all-to-all":
+        for field in ("num_heads", "num_kv_heads"):
+            heads = getattr(model, field)
+            if heads % (tp * cp):
+                valid = [c for c in range(1, heads // tp + 1) if heads % (tp * c) == 0] \
+                    if heads % tp == 0 else []
+                raise ConfigError(
+                    f"cp_style 'all-to-all' scatters attention heads over cp: tp·cp = "
+                    f"{tp}·{cp} = {tp * cp} must divide ModelSpec.{field} = {heads} of "
+                    f"{model.name!r}; cp valid with tp = {tp}: {valid or 'none'} (or use "
+                    f"cp_style='ring', which has no head constraint)")
+
+
 def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
                  exact_gpus: bool = False) -> tuple[int, ...]:
     """Raise :class:`ConfigError` if the layout cannot run; return layers per virtual stage.
@@ -69,7 +145,9 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     """
     check_types(model, cluster, job, layout)
     dp, pp, tp = layout.dp, layout.pp, layout.tp
-    check_modelled(layout)
+    check_context_parallel(model, job, layout)
+    check_modelled(layout, model)
+    check_experts(model, layout)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
         rel = "≠" if exact_gpus else ">"

@@ -173,8 +173,8 @@ def run_cases(world: int, cases: list[Case]) -> dict[str, dict]:
     return results
 
 
-def reference(model: ModelSpec, job: Job) -> dict:
-    """One process, whole global batch, plain AdamW."""
+def reference(model: ModelSpec, job: Job, steps: int = STEPS) -> dict:
+    """One process, whole global batch, plain AdamW, ``steps`` optimizer steps."""
     torch.manual_seed(0)
     m = Transformer(model)
     m.init_weights(SEED)
@@ -182,7 +182,7 @@ def reference(model: ModelSpec, job: Job) -> dict:
                             weight_decay=OPT.weight_decay)
     data = SyntheticTokens(model.vocab_size, job.seq_len, seed=SEED)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         batch = data.global_batch(step, job.global_batch)
         opt.zero_grad(set_to_none=True)
         loss = cross_entropy(m(batch[:, :-1]), batch[:, 1:])

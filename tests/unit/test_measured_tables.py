@@ -6,13 +6,22 @@ import pytest
 
 from meshplan.costmodel import estimate
 from meshplan.costmodel.estimate import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEAT,
-                                         TORCH_P2P_SLOWDOWN_PER_OP, ZB_FSDP2_CAVEAT)
+                                         ZB_FSDP2_CAVEAT)
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.costmodel.memory import model_state_bytes, stage_params
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, ProfileError
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.corrections import builtin_corrections
+
+# the built-in correction numbers (hardware_profiles/data/corrections.toml)
+NUMBERS = builtin_corrections()
+TORCH_P2P_SLOWDOWN_PER_OP = NUMBERS.torch_p2p_slowdown_per_op
+TORCH_P2P_SLOWDOWN_MAX = NUMBERS.torch_p2p_slowdown_max
+ZB_FULL_PENDING_SETS = NUMBERS.zb_full_pending_sets
+ZB_FULL_W_TRANSIENT_SETS = NUMBERS.zb_full_w_transient_sets
+FSDP2_DP_ONLY_STEP_S = NUMBERS.fsdp2_dp_only_step_s
 
 MODEL = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_heads=16, vocab_size=32000,
                   max_seq_len=1024)
@@ -374,13 +383,13 @@ def test_end_of_step_merge_holds_receive_buffers_and_no_autocast_copies_under_fu
     """Round 15 (holdout13 v02/v03/v10/v11): at the merge the last rank still holds its
     receive buffers (kept for the run), and under full recompute no 16-bit weight copies
     (each recompute left autocast and cleared its cache)."""
-    from meshplan.costmodel.estimate import (_stage_io_bytes, compute_copy_bytes,
+    from meshplan.costmodel.estimate import (stage_io_bytes, compute_copy_bytes,
                                              layer_tables)
     c = _cluster(TABLES)
     lay = Layout(pp=2, micro_batch=1, recompute="selective")
     sel = layer_tables(MODEL, c, JOB, lay)
     m = sel.num_microbatches
-    recv = m * _stage_io_bytes(JOB, lay, MODEL.hidden_size)     # last stage: receives only
+    recv = m * stage_io_bytes(JOB, lay, MODEL.hidden_size)     # last stage: receives only
     assert sel.end_recv_bytes == pytest.approx(recv) and recv > 0
     assert sel.end_of_step_bytes(4) == pytest.approx(sel.last_merge_bytes + recv)
     full = layer_tables(MODEL, c, JOB, lay.replace(recompute="full"))
@@ -571,9 +580,8 @@ def test_zero_bubble_last_rank_peaks_at_the_end_or_the_start_of_an_input_pass():
 
 def test_zero_bubble_with_full_recompute_pays_the_weight_pass_transient():
     """Ranks r > 0 keep 0.4 non-recomputed sets per pending W and 4 more while one runs
-    (measured, see ZB_FULL_PENDING_SETS); rank 0 has no deferred W and pays neither."""
-    from meshplan.costmodel.estimate import (ZB_FULL_PENDING_SETS, ZB_FULL_W_TRANSIENT_SETS,
-                                             layer_tables)
+    (measured: the profile's zb_full_pending_sets); rank 0 has no deferred W and pays neither."""
+    from meshplan.costmodel.estimate import layer_tables
     c = _cluster(TABLES)
     lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble", recompute="full")
     t = layer_tables(MODEL, c, JOB, lay)
@@ -660,7 +668,7 @@ def test_fsdp_over_tensor_parallel_layers_is_composed_from_measured_rows():
         assert FSDP_DP_ONLY_CAVEAT not in estimate(MODEL, _cluster(tables), JOB, lay).caveats
     # ... and its measured per-step GPU time (FSDP2_DP_ONLY_STEP_S), on a line of its own,
     # in the planner's tables as in the estimate
-    from meshplan.costmodel.estimate import FSDP2_DP_ONLY_STEP_S, layer_tables
+    from meshplan.costmodel.estimate import layer_tables
     assert dp_only.time.fsdp_step_s == FSDP2_DP_ONLY_STEP_S > 0
     assert dp_only.time.total_s == pytest.approx(dp_only.step_time_s)
     assert dp_only.time.bubble_s == pytest.approx(0.0, abs=1e-12)
@@ -863,15 +871,15 @@ def test_pipeline_ranks_compute_slower_per_p2p_operation():
 def test_p2p_slowdown_stops_at_the_largest_the_fit_saw():
     """Past pp 4 vpp 3's 12 operations (1 + 0.012 · 12 / √3) the slowdown stays there: pp 2
     vpp 6 and vpp 12 (22 and 46 operations) both get the cap, vpp 3 keeps its own value."""
-    from meshplan.costmodel.estimate import TORCH_P2P_SLOWDOWN_MAX, stage_slowdown
+    from meshplan.costmodel.estimate import stage_slowdown
     lam = TORCH_P2P_SLOWDOWN_PER_OP
     assert TORCH_P2P_SLOWDOWN_MAX == pytest.approx(lam * 12 / 3 ** 0.5)
-    at = stage_slowdown(JOB, Layout(pp=4, vpp=3, micro_batch=1, schedule="interleaved-1f1b"))
+    at = stage_slowdown(NUMBERS, JOB, Layout(pp=4, vpp=3, micro_batch=1, schedule="interleaved-1f1b"))
     assert max(at) == pytest.approx(1 + TORCH_P2P_SLOWDOWN_MAX)        # the fit's largest
-    three = stage_slowdown(JOB, Layout(pp=2, vpp=3, micro_batch=1, schedule="interleaved-1f1b"))
+    three = stage_slowdown(NUMBERS, JOB, Layout(pp=2, vpp=3, micro_batch=1, schedule="interleaved-1f1b"))
     assert three == pytest.approx((1 + lam * 10 / 3 ** 0.5,) * 6)
     for vpp in (6, 12):
-        got = stage_slowdown(JOB, Layout(pp=2, vpp=vpp, micro_batch=1,
+        got = stage_slowdown(NUMBERS, JOB, Layout(pp=2, vpp=vpp, micro_batch=1,
                                          schedule="interleaved-1f1b"))
         assert len(got) == 2 * vpp
         assert got == pytest.approx((1 + TORCH_P2P_SLOWDOWN_MAX,) * (2 * vpp))
@@ -958,7 +966,7 @@ def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form()
     assert est.time.total_s == pytest.approx(est.step_time_s)
     assert any(c.startswith("pipeline bubble: set by the order") for c in est.caveats)
     # at 32 micro-batches (8·pp) the replay would fall below the slowed closed form, and
-    # past MAX_MICROBATCHES_PER_RANK·pp it is not run: the closed form stands alone
+    # past torch_p2p_order_max_microbatches_per_rank·pp it is not run: the closed form stands alone
     many = Job(global_batch=64, seq_len=1024, runtime="torch")           # 32 micro-batches
     t32 = layer_tables(MODEL, c, many, lay)
     e32 = estimate(MODEL, c, many, lay)
@@ -967,7 +975,7 @@ def test_the_estimate_takes_the_longer_of_the_order_and_the_slowed_closed_form()
     replay32 = torch_p2p.fifo_step_s(tuple(x / y for x, y in zip(f32, k)),
                                      tuple(x / y for x, y in zip(b32, k)), 32, 4, 2, t32.p2p_s)
     assert 0 < replay32 < e32.pipeline_s
-    assert 32 > torch_p2p.MAX_MICROBATCHES_PER_RANK * 4 and t32.p2p_order_s(f32, b32) == 0.0
+    assert 32 > NUMBERS.torch_p2p_order_max_microbatches_per_rank * 4 and t32.p2p_order_s(f32, b32) == 0.0
     assert e32.time.pp_interference_s > 0
     assert e32.time.total_s == pytest.approx(e32.step_time_s)
     assert not any(c.startswith("pipeline bubble") for c in e32.caveats)

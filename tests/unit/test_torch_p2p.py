@@ -35,7 +35,7 @@ def test_two_ranks_lose_nothing_to_the_order():
         p2p = 5e-4
         sim = simulate("interleaved-1f1b", f, b, m, pp=2, vpp=2, p2p_s=p2p).step_time_s
         assert sim <= torch_p2p.fifo_step_s(tuple(f), tuple(b), m, 2, 2, p2p) <= sim + 8 * p2p
-    assert not torch_p2p.applies("torch", "interleaved-1f1b", 2, 2, 8)
+    assert not torch_p2p.applies("torch", "interleaved-1f1b", 2, 2, 8, max_microbatches_per_rank=4)
 
 
 def test_an_early_receive_holds_later_sends_from_pp_3_on():
@@ -50,7 +50,7 @@ def test_an_early_receive_holds_later_sends_from_pp_3_on():
     lowered = torch_p2p.lowered_interleaved(4, 2, 8)[0]
     assert lowered[:3] == (("F", 0, 0), ("SEND_F", 0, 0), ("RECV_F", 4, 0))
     # the bound exists only where torch's runtime issues the order
-    assert torch_p2p.applies("torch", "interleaved-1f1b", 4, 2, 8)
+    assert torch_p2p.applies("torch", "interleaved-1f1b", 4, 2, 8, max_microbatches_per_rank=4)
     for args in (("megatron", "interleaved-1f1b", 4, 2, 8), ("torch", "1f1b", 4, 1, 8),
                  ("torch", "interleaved-1f1b", 4, 2, 6)):
-        assert not torch_p2p.applies(*args)
+        assert not torch_p2p.applies(*args, max_microbatches_per_rank=4)

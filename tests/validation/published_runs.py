@@ -1,8 +1,12 @@
 """Published training runs as (model, cluster, job, layout, published value) records.
 
 Data files in ``tests/validation/data/`` are copies of the published tables, each with its
-source in its header. Used by ``tests/validation/test_published.py`` and
-``benchmarks/validate_published.py``.
+source in its header. Used by ``tests/validation/test_published.py``,
+``benchmarks/validate_published.py`` and ``benchmarks/calculon_compare.py``.
+
+Every run is predicted with the datasheet profile of its GPU (no calibration) and with the
+implementation facts of the software that ran it, the same for every row of a table; nothing
+is tuned per row.
 """
 
 from __future__ import annotations
@@ -86,3 +90,76 @@ def shoeybi2019() -> list[PublishedRun]:
 
 
 SHOEYBI_BASELINE_TFLOPS = 39.0   # 1.2B on one V100, Shoeybi et al. 2019 §5.1
+
+
+def gpt_model(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int) -> ModelSpec:
+    """A GPT-style model as Megatron builds it (GELU MLP of 4h, LayerNorm, learned positions,
+    tied embeddings, biases, dropout)."""
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads,
+                     vocab_size=vocab, max_seq_len=seq, activation="gelu", norm="layernorm",
+                     position_embedding="learned", tied_embeddings=True, bias=True, dropout=True)
+
+
+def megatron_model_flops(layers: int, hidden: int, vocab: int, seq: int, batch: int) -> float:
+    """Model FLOPs of one step of a GPT model, Korthikanti et al. 2022 eq. 7 (the formula
+    Megatron-LM's ``num_floating_point_operations`` reduces to for MHA and a 4h MLP):
+    72·B·l·s·h²·(1 + s/(6h) + V/(12hl))."""
+    return 72 * batch * layers * seq * hidden ** 2 * (
+        1 + seq / (6 * hidden) + vocab / (12 * hidden * layers))
+
+
+def korthikanti2022() -> list[PublishedRun]:
+    """Korthikanti et al. 2022 Table 5: A100-80GB, Megatron-LM of 2022, dp = 1.
+
+    ``full`` rows: full recomputation, tensor-parallel all-reduces; ``seqsel`` rows: sequence
+    parallelism + selective recomputation (the attention core). Implementation facts (every
+    row): 16-bit mixed precision, unfused attention (the selective recompute of the paper is
+    the recompute of the unfused softmax/dropout/attention-over-values), no ZeRO.
+    """
+    runs = []
+    for d in read_rows("korthikanti2022_table5.csv"):
+        model = gpt_model(d["model"], int(d["layers"]), int(d["hidden"]), int(d["heads"]),
+                          51200, 2048)
+        tp, pp, gpus, vpp = int(d["tp"]), int(d["pp"]), int(d["gpus"]), int(d["virtual_stages"])
+        seqsel = d["mode"] == "seqsel"
+        layout = Layout(dp=gpus // (tp * pp), pp=pp, tp=tp, micro_batch=int(d["micro_batch"]),
+                        schedule="interleaved-1f1b" if vpp > 1 else "1f1b", vpp=vpp,
+                        recompute="selective" if seqsel else "full", sequence_parallel=seqsel,
+                        zero=0)
+        job = Job(global_batch=int(d["global_batch"]), seq_len=2048, precision="fp16",
+                  flash_attention=False, overlap_dp_comm=False)
+        cluster = Cluster.preset("dgx-a100-80gb", nodes=max(1, gpus // 8))
+        runs.append(PublishedRun(f"{model.name} {d['mode']} ({gpus} GPUs)", model, cluster, job,
+                                 layout, float(d["iteration_time_s"]), d))
+    return runs
+
+
+MEGATRON_CORE_DEFAULTS = dict(micro_batch=1, vpp=1, recompute="none")
+
+
+def megatron_core_h100() -> list[PublishedRun]:
+    """Megatron-LM README weak-scaling table (Megatron-Core r0.8.0, 2024): H100, BF16.
+
+    The table gives tp, pp, dp, batch and TFLOP/s but not the micro-batch, the virtual
+    stages or the recompute mode; every row is predicted with the same stated defaults
+    (``MEGATRON_CORE_DEFAULTS``: micro-batch 1, no interleaving, no recompute), with what the
+    README says the runs did: the distributed optimizer (ZeRO-1) and overlapped DP
+    reduce-scatter / all-gather, overlapped TP communication (which in Megatron-Core needs
+    sequence parallelism, so SP wherever tp > 1), flash attention, BF16.
+    ``published`` = the model FLOPs of a step (eq. 7) over the published TFLOP/s × GPUs.
+    """
+    runs = []
+    for d in read_rows("megatron_core_h100_2024.csv"):
+        layers, hidden, batch = int(d["layers"]), int(d["hidden"]), int(d["global_batch"])
+        model = gpt_model(d["model"], layers, hidden, int(d["heads"]), 131072, 4096)
+        tp, pp, dp, gpus = int(d["tp"]), int(d["pp"]), int(d["dp"]), int(d["gpus"])
+        layout = Layout(dp=dp, pp=pp, tp=tp, schedule="1f1b", sequence_parallel=tp > 1,
+                        zero=1 if dp > 1 else 0, **MEGATRON_CORE_DEFAULTS)
+        job = Job(global_batch=batch, seq_len=4096, precision="bf16", flash_attention=True,
+                  overlap_dp_comm=True, overlap_tp_comm=True)
+        cluster = Cluster.preset("dgx-h100", nodes=max(1, gpus // 8))
+        step_s = (megatron_model_flops(layers, hidden, 131072, 4096, batch)
+                  / (float(d["tflops_per_gpu"]) * 1e12 * gpus))
+        runs.append(PublishedRun(f"{model.name} ({gpus} GPUs)", model, cluster, job, layout,
+                                 step_s, d))
+    return runs

@@ -11,8 +11,8 @@ from meshplan.costmodel.flops import (hardware_flops_per_step, model_flops_per_s
 from meshplan.costmodel.memory import layer_activations, model_state_bytes
 from meshplan.spec import Job
 
-from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, narayanan2021, read_rows,
-                            shoeybi2019)
+from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, korthikanti2022, megatron_core_h100,
+                            megatron_model_flops, narayanan2021, read_rows, shoeybi2019)
 
 
 # ---- exact formulas -------------------------------------------------------------------
@@ -123,3 +123,58 @@ def test_shoeybi_2019_baseline_and_scaling():
     for key in (("megatron-8.3b", 8), ("megatron-8.3b", 512)):
         eff = 100 * hw_tflops(key) / base
         assert abs(eff - runs[key].published) <= 5.0, (key, eff, runs[key].published)
+
+
+# ---- Korthikanti et al. 2022 Table 5 (SP + selective recompute vs full, A100) ----------------
+
+KORTHIKANTI = korthikanti2022()
+
+
+@pytest.mark.parametrize("row", [r for r in read_rows("korthikanti2022_table5.csv")
+                                 if r["mfu_pct"]], ids=lambda r: r["model"])
+def test_korthikanti_table5_times_reproduce_its_mfu_and_hfu(row):
+    """The copied iteration times, layouts and eq. 7 / eq. 8 give Table 5's MFU and HFU."""
+    l, h, B, g = int(row["layers"]), int(row["hidden"]), int(row["global_batch"]), int(row["gpus"])
+    t, s, V = float(row["iteration_time_s"]), 2048, 51200
+    peak = g * 312e12 * t
+    hfu = 72 * B * l * s * h * h * (1 + s / (3 * h) + V / (12 * h * l))
+    assert 100 * megatron_model_flops(l, h, V, s, B) / peak == pytest.approx(
+        float(row["mfu_pct"]), abs=0.25)
+    assert 100 * hfu / peak == pytest.approx(float(row["hfu_pct"]), abs=0.25)
+
+
+def test_korthikanti_layouts_are_table3s():
+    by = {(r.model.name, r.row["mode"]): r for r in KORTHIKANTI}
+    assert len(by) == 8
+    r = by[("gpt3-175b", "seqsel")]
+    assert (r.layout.tp, r.layout.pp, r.layout.dp, r.layout.micro_batch, r.job.global_batch) == \
+        (8, 8, 1, 1, 64)
+    assert r.layout.recompute == "selective" and r.layout.sequence_parallel
+    full = by[("gpt3-175b", "full")]
+    assert full.layout.recompute == "full" and not full.layout.sequence_parallel
+    assert by[("megatron-22b", "full")].model.num_params() / 1e9 == pytest.approx(22, rel=0.02)
+
+
+@pytest.mark.parametrize("run", KORTHIKANTI, ids=lambda r: r.label)
+def test_korthikanti_table5_step_time_within_10pct(run):
+    est = estimate(run.model, run.cluster, run.job, run.layout)
+    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
+    err = (est.step_time_s - run.published) / run.published
+    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+
+
+# ---- Megatron-Core H100 2024 (layout partly published) ----------------------------------------
+
+@pytest.mark.parametrize("row", read_rows("megatron_core_h100_2024.csv"), ids=lambda r: r["model"])
+def test_megatron_core_table_is_consistent(row):
+    """The copied row: tp·pp·dp = GPUs, whole micro-batches, TFLOP/s over the BF16 dense peak
+    (989) = the MFU column to its rounding."""
+    tp, pp, dp, g = int(row["tp"]), int(row["pp"]), int(row["dp"]), int(row["gpus"])
+    assert tp * pp * dp == g and int(row["global_batch"]) % dp == 0
+    assert 100 * float(row["tflops_per_gpu"]) / 989 == pytest.approx(float(row["mfu_pct"]), abs=0.6)
+
+
+@pytest.mark.parametrize("run", megatron_core_h100(), ids=lambda r: r.label)
+def test_megatron_core_defaults_fit(run):
+    """The runs ran on 80 GB, so the stated default layout must fit the prediction too."""
+    assert estimate(run.model, run.cluster, run.job, run.layout).fits

@@ -1,0 +1,175 @@
+"""A plain DDP (+ torch.compile) training script: the baseline the executor must beat.
+
+What a user would write without meshplan, on the same model and job: the executor's own
+model code (``meshplan.executor.model.Transformer``, so only the parallelization and the
+training loop differ), fp32 weights under ``torch.autocast(bfloat16)``, fused AdamW,
+``DistributedDataParallel`` with gradient bucket views, gradient accumulation under
+``no_sync`` when a rank's share of the batch takes several micro-batches, and with
+``--compile`` the whole DDP model under ``torch.compile`` (DDPOptimizer splits the graph at
+the gradient buckets so the all-reduces still overlap the backward pass).
+
+    torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --out ddp.json
+    torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --compile --out ddpc.json
+    torchrun --standalone --nproc-per-node 2 benchmarks/baseline_ddp.py --tiny --out t.json  # CPU
+
+Rank 0 writes ``--out`` (JSON): the median step (CUDA events), tokens/s, MFU with the
+executor's FLOP count (``meshplan.costmodel.flops.model_flops_per_step``: Narayanan et al.
+2021 eq. 3, attention not halved for the causal mask) and with the causal count (attention
+halved), peak memory, and the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from meshplan.spec import Job, ModelSpec  # noqa: E402
+
+# GPT-3 XL (Brown et al. 2020, Table 2.1): 24 layers, d_model 2048, 16 heads of 128;
+# vocabulary 50257 padded to 51200 as Megatron-LM does.
+GPT_1_3B = ModelSpec(name="gpt3-1.3b", num_layers=24, hidden_size=2048, num_heads=16,
+                     vocab_size=51200, max_seq_len=2048)
+JOB = Job(global_batch=16, seq_len=2048, precision="bf16")
+TINY = ModelSpec(name="tiny", num_layers=2, hidden_size=64, num_heads=4, vocab_size=256,
+                 max_seq_len=64)
+TINY_JOB = Job(global_batch=8, seq_len=64, precision="fp32")
+
+
+def causal_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
+    """Model FLOPs with the attention core halved for the causal mask (what a kernel that
+    skips the masked half computes); the rest as ``model_flops_per_step``."""
+    from meshplan.costmodel.flops import layer_forward_flops_per_token, model_flops_per_step
+    _, attn = layer_forward_flops_per_token(model, seq_len)
+    tokens = global_batch * seq_len
+    return model_flops_per_step(model, global_batch, seq_len) \
+        - 3.0 * tokens * model.num_layers * attn / 2
+
+
+def main(argv=None) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from meshplan.costmodel.flops import model_flops_per_step
+    from meshplan.executor.model import Transformer, cross_entropy
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="sequences per forward (default: the rank's whole share)")
+    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="dense bf16 peak per GPU for MFU [989: H100 / H200 SXM datasheet]")
+    p.add_argument("--tiny", action="store_true", help="tiny fp32 model on CPU (a check)")
+    args = p.parse_args(argv)
+
+    model_spec, job = (TINY, TINY_JOB) if args.tiny else (GPT_1_3B, JOB)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available() and not args.tiny
+    if cuda:
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    share = job.global_batch // world
+    mb = args.micro_batch or share
+    n_micro = share // mb
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        m = Transformer(model_spec)
+    m.to_empty(device=device)
+    m.init_weights(0)
+    ddp = DDP(m, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
+    model = torch.compile(ddp) if args.compile else ddp
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            **({"fused": True} if cuda else {}))
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and job.precision == "bf16"
+           else contextlib.nullcontext())
+    g = torch.Generator().manual_seed(1234)
+    batches = [torch.randint(0, model_spec.vocab_size, (share, job.seq_len + 1), generator=g)
+               for _ in range(2)]
+    if cuda:
+        batches = [b.pin_memory() for b in batches]
+
+    def step(i: int) -> torch.Tensor:
+        batch = batches[i % 2].to(device, non_blocking=True)
+        x, y = batch[:, :-1], batch[:, 1:]
+        total = torch.zeros((), device=device)
+        for k in range(n_micro):
+            sync = k == n_micro - 1
+            with (contextlib.nullcontext() if sync else ddp.no_sync()), amp:
+                loss = cross_entropy(model(x[k * mb:(k + 1) * mb]), y[k * mb:(k + 1) * mb])
+                (loss / n_micro).backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total / n_micro
+
+    times, losses = [], []
+    t_start = time.perf_counter()
+    for i in range(args.warmup + args.steps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+        else:
+            t0 = time.perf_counter()
+        losses.append(step(i))
+        if i >= args.warmup:
+            if cuda:
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            else:
+                times.append(time.perf_counter() - t0)
+        if i == args.warmup - 1 and cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+    wall = time.perf_counter() - t_start
+    step_s = statistics.median(times)
+    flops = model_flops_per_step(model_spec, job.global_batch, job.seq_len)
+    causal = causal_flops_per_step(model_spec, job.global_batch, job.seq_len)
+    peak = args.peak_tflops * 1e12
+    peak_mem = [float(torch.cuda.max_memory_allocated(device)) if cuda else None]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, peak_mem[0])
+    if rank == 0:
+        doc = {"name": "baseline-ddp" + ("-compiled" if args.compile else ""),
+               "model": model_spec.to_dict(), "job": job.to_dict(), "world": world,
+               "micro_batch": mb, "num_microbatches": n_micro, "compile": args.compile,
+               "step_time_s": step_s, "step_times_s": times,
+               "tokens_per_s": job.tokens_per_step / step_s,
+               "model_flops_per_step": flops, "causal_flops_per_step": causal,
+               "peak_tflops_per_gpu": args.peak_tflops,
+               "mfu": flops / step_s / world / peak if cuda else None,
+               "mfu_causal": causal / step_s / world / peak if cuda else None,
+               "memory_peak_bytes": max(v for v in gathered if v is not None) if cuda else None,
+               "loss_per_step": [float(v) for v in losses], "wall_s": wall,
+               "environment": {"torch": torch.__version__,
+                               "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+                               "command": " ".join(sys.argv)}}
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+        mfu = f", MFU {100 * doc['mfu']:.1f} % (causal {100 * doc['mfu_causal']:.1f} %)" \
+            if cuda else ""
+        print(f"{doc['name']}: {1e3 * step_s:.1f} ms/step, "
+              f"{doc['tokens_per_s']:,.0f} tokens/s{mfu}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Context parallelism on one node of 4 GPUs: step time and per-rank peak memory of a
+Llama-style 1.26B model at 16k-64k tokens per sequence, cp 1/2/4 with tp, dp and pp.
+
+Measurement only: the cost model does not price cp yet (issue 39), so plans of cp > 1 carry
+no prediction. Every layout trains 131072 tokens per step (global batch × seq_len), so step
+times compare across sequence lengths. Each layout's per-rank memory was checked to fit an
+80 GB GPU by the cost model run on its cp = 1 equivalent (seq_len/cp tokens per rank, ZeRO
+over dp·cp ranks; ``--estimate`` prints it, and the JSON keeps it as ``fit_estimate_bytes``).
+
+    python benchmarks/context_parallel_gpu.py --out $OUT              # 4 GPUs, ≈ 8 minutes
+    python benchmarks/context_parallel_gpu.py --estimate              # the fit check, no GPU
+    python benchmarks/context_parallel_gpu.py --out /tmp/x --device cpu --tiny --only cp2-dp2-zero1-ring-32k
+
+Writes three files under --out: ``cp_gpu.json`` (per layout: layout, job, status, step
+times, tokens/s, MFU, every rank's peak memory, losses), ``cp_gpu.md`` (a table) and
+``cp_gpu_logs.tar.gz`` (each layout's torchrun log, plan and results file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import executor_gpu as eg  # noqa: E402
+from meshplan.spec import Job, Layout  # noqa: E402
+
+MODEL = dataclasses.replace(eg.MODEL, max_seq_len=65536)   # 16 heads / 8 kv: a2a up to tp·cp 8
+TINY = dataclasses.replace(eg.TINY, max_seq_len=256)
+TOKENS_PER_STEP = 131072
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    seq_len: int
+    layout: Layout
+    compile: bool = False
+
+
+def cases() -> list[Case]:
+    L = Layout
+    return [   # the cp = 1 baselines early: they matter if the time budget runs out
+        Case("cp4-zero1-ring-64k", 65536, L(cp=4, zero=1)),
+        Case("cp2-tp2-sp-ring-64k", 65536, L(cp=2, tp=2, sequence_parallel=True, zero=1)),
+        Case("cp1-tp4-sp-32k", 32768, L(tp=4, sequence_parallel=True)),
+        Case("cp2-dp2-zero1-ring-32k", 32768, L(cp=2, dp=2, zero=1)),
+        Case("cp2-pp2-1f1b-ring-32k", 32768, L(cp=2, pp=2, schedule="1f1b", zero=1)),
+        Case("cp4-zero1-a2a-64k", 65536, L(cp=4, zero=1, cp_style="all-to-all")),
+        Case("cp1-dp4-zero1-16k", 16384, L(dp=4, zero=1)),
+        Case("cp2-dp2-zero3-a2a-32k", 32768, L(cp=2, dp=2, zero=3, cp_style="all-to-all")),
+        Case("cp2-tp2-sp-a2a-32k", 32768,
+             L(cp=2, tp=2, sequence_parallel=True, zero=1, cp_style="all-to-all")),
+        Case("cp4-zero1-ring-selective-32k", 32768, L(cp=4, zero=1, recompute="selective")),
+    ]
+
+
+def job_for(case: Case, tiny: bool) -> Job:
+    if tiny:
+        return Job(global_batch=8, seq_len=case.seq_len // 512, precision="fp32",
+                   runtime="torch")
+    return Job(global_batch=TOKENS_PER_STEP // case.seq_len, seq_len=case.seq_len,
+               precision="bf16", runtime="torch")
+
+
+def fit_estimate_bytes(model, cluster, job: Job, layout: Layout) -> float | None:
+    """Per-rank peak from the cost model on the cp = 1 equivalent: each rank holds
+    seq_len/cp tokens of its sequences and ZeRO shards over dp·cp (ring buffers and
+    accumulators of one attention are below 1 % of it at these shapes)."""
+    from meshplan.costmodel import estimate
+    cp = layout.cp
+    eq = layout.replace(cp=1, cp_style="ring", dp=layout.dp * cp)
+    eq_job = dataclasses.replace(job, global_batch=job.global_batch * cp,
+                                 seq_len=job.seq_len // cp)
+    try:
+        return estimate(model, cluster, eq_job, eq).memory_peak_bytes
+    except Exception:
+        return None
+
+
+def summary(row: dict, case: Case, job: Job, fit) -> dict:
+    doc = row["doc"] or {}
+    meas = doc.get("measured") or {}
+    ranks = [{k: r.get(k) for k in ("rank", "dp", "pp", "tp", "allocated_bytes",
+                                    "reserved_bytes", "step_median_s")}
+             for r in meas.get("memory_per_rank") or []]
+    return {"name": case.name, "layout": case.layout.to_dict(), "short": case.layout.short(),
+            "job": job.to_dict(), "status": row["status"], "wall_s": row["wall_s"],
+            "command": row["command"], "fit_estimate_bytes": fit,
+            "step_time_s": meas.get("step_time_s"), "step_time": meas.get("step_time"),
+            "step_times_s": meas.get("step_times_s"), "tokens_per_s": meas.get("tokens_per_s"),
+            "mfu": meas.get("mfu"), "memory_peak_bytes": meas.get("memory_peak_bytes"),
+            "memory_per_rank": ranks, "loss_per_step": meas.get("loss_per_step"),
+            "prediction_step_time_s": (doc.get("prediction") or {}).get("step_time_s"),
+            "environment": doc.get("environment")}
+
+
+def markdown(rows: list[dict]) -> str:
+    env = next((r["environment"] for r in rows if r.get("environment")), {}) or {}
+    lines = [f"# Context parallelism on {env.get('world_size', '?')} × "
+             f"{env.get('gpu_name', '?')} (torch {env.get('torch', '?')})", "",
+             f"{rows[0]['job']['global_batch'] * rows[0]['job']['seq_len'] if rows else '?'} "
+             "tokens per step; step = median of the measured steps; "
+             "peak = max over ranks of max_memory_allocated; fit = cost-model estimate of the "
+             "cp = 1 equivalent", "",
+             "| layout | seq_len | step s | tokens/s | MFU | peak GiB (min-max over ranks) | "
+             "fit GiB | status |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        alloc = [x["allocated_bytes"] for x in r["memory_per_rank"]
+                 if isinstance(x.get("allocated_bytes"), (int, float))]
+        peak = (f"{max(alloc) / 2**30:.1f} ({min(alloc) / 2**30:.1f}-{max(alloc) / 2**30:.1f})"
+                if alloc else "-")
+        num = lambda v, f: f.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        lines.append(f"| {r['name']} `{r['short']}` | {r['job']['seq_len']} | "
+                     f"{num(r['step_time_s'], '{:.3f}')} | {num(r['tokens_per_s'], '{:,.0f}')} | "
+                     f"{num(r['mfu'], '{:.1%}')} | {peak} | "
+                     f"{num(r['fit_estimate_bytes'] and r['fit_estimate_bytes'] / 2**30, '{:.1f}')}"
+                     f" | {r['status'][:80]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="directory for cp_gpu.json, cp_gpu.md, cp_gpu_logs.tar.gz")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--timeout", type=int, default=120, help="seconds per layout")
+    p.add_argument("--budget", type=float, default=520, help="seconds for all layouts")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--tiny", action="store_true", help="a tiny fp32 model (CPU check)")
+    p.add_argument("--only", default=None, help="comma-separated layout names")
+    p.add_argument("--estimate", action="store_true", help="print the fit check and exit")
+    p.add_argument("--allow-gpu-mismatch", action="store_true")
+    args = p.parse_args(argv)
+    args.compile, args.profile = False, False      # what executor_gpu.run_case reads
+    model = TINY if args.tiny else MODEL
+    cluster = eg.cluster_for(args.device if not args.estimate else "cpu", 4)
+    todo = eg.select(p, cases(), args.only)
+    if args.estimate:
+        for c in todo:
+            fit = fit_estimate_bytes(model, cluster, job_for(c, args.tiny), c.layout)
+            print(f"{c.name:32s} {c.layout.short():48s} "
+                  f"{'-' if fit is None else f'{fit / 2**30:.1f} GiB'}")
+        return 0
+    if not args.out:
+        p.error("--out is required unless --estimate")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="cp_gpu_"))
+    t0, rows = time.time(), []
+    for c in todo:
+        job = job_for(c, args.tiny)
+        fit = fit_estimate_bytes(model, cluster, job, c.layout)
+        left = args.budget - (time.time() - t0)
+        if left < 30:
+            row = {"status": "skipped (time budget)", "doc": None, "wall_s": 0.0, "command": ""}
+        else:
+            args.timeout = int(min(args.timeout, left))
+            row = eg.run_case(c, args, model, job, cluster, work)
+        rows.append(summary(row, c, job, fit))
+        (out / "cp_gpu.json").write_text(json.dumps(rows, indent=1))
+        (out / "cp_gpu.md").write_text(markdown(rows))
+    with tarfile.open(out / "cp_gpu_logs.tar.gz", "w:gz") as tar:
+        tar.add(work, arcname="cp_gpu")
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"total {time.time() - t0:.0f} s; {out / 'cp_gpu.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

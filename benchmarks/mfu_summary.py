@@ -1,0 +1,77 @@
+"""Table of benchmarks/mfu_device.sh's runs: step, tokens/s, MFU (two FLOP counts), memory.
+
+    python benchmarks/mfu_summary.py /tmp/mfu > summary.md
+
+MFU = model FLOPs per step / step time / GPUs / dense bf16 peak (989 TFLOP/s, H100 and
+H200 SXM datasheet). "MFU" counts the attention core in full (Narayanan et al. 2021 eq. 3,
+the executor's ``meshplan.costmodel.flops``); "MFU causal" halves it for the causal mask
+(what a FlashAttention kernel computes). Speed-up = the plain DDP script's compiled step over
+the row's step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEAK = 989e12
+RUNS = ["best_eager", "best_compiled", "dp4z2_eager", "dp4z2_compiled", "ddp_eager",
+        "ddp_compiled"]
+
+
+def row(name: str, d: Path) -> dict | None:
+    from meshplan.spec import Job, Layout, ModelSpec
+
+    from baseline_ddp import causal_flops_per_step
+    f = d / f"{name}.json"
+    if not f.exists():
+        return None
+    doc = json.loads(f.read_text())
+    if "measured" in doc:            # the executor's results file
+        if doc.get("status") != "ok":
+            return {"name": name, "status": doc.get("error", {}).get("summary", "failed")}
+        m, model, job = doc["measured"], ModelSpec.from_dict(doc["model"]), \
+            Job.from_dict(doc["job"])
+        what = Layout.from_dict(doc["layout"]).short()
+        step, world = m["step_time_s"], Layout.from_dict(doc["layout"]).num_gpus
+        mem = m.get("memory_peak_bytes")
+        pred = (doc.get("prediction") or {}).get("step_time_s")
+    else:                            # baseline_ddp.py's
+        model, job = ModelSpec.from_dict(doc["model"]), Job.from_dict(doc["job"])
+        what = f"plain DDP mb{doc['micro_batch']}" + (" compiled" if doc["compile"] else "")
+        step, world, mem, pred = doc["step_time_s"], doc["world"], doc["memory_peak_bytes"], None
+    from meshplan.costmodel.flops import model_flops_per_step
+    full = model_flops_per_step(model, job.global_batch, job.seq_len)
+    causal = causal_flops_per_step(model, job.global_batch, job.seq_len)
+    return {"name": name, "status": "ok", "what": what, "step_s": step, "pred_s": pred,
+            "tokens_per_s": job.tokens_per_step / step, "mfu": full / step / world / PEAK,
+            "mfu_causal": causal / step / world / PEAK, "mem": mem}
+
+
+def main() -> None:
+    d = Path(sys.argv[1])
+    rows = [r for r in (row(n, d) for n in RUNS) if r is not None]
+    base = next((r for r in rows if r["name"] == "ddp_compiled" and r["status"] == "ok"), None)
+    print((d / "env.txt").read_text() if (d / "env.txt").exists() else "")
+    print("| run | layout | step ms (pred) | tokens/s | MFU | MFU causal | peak GiB | "
+          "vs DDP+compile |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"| {r['name']} | {r['status']} | | | | | | |")
+            continue
+        pred = f" ({1e3 * r['pred_s']:.1f})" if r.get("pred_s") else ""
+        mem = f"{r['mem'] / 2**30:.1f}" if r.get("mem") else "-"
+        vs = f"{base['step_s'] / r['step_s']:.3f}×" if base else "-"
+        print(f"| {r['name']} | `{r['what']}` | {1e3 * r['step_s']:.1f}{pred} | "
+              f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f} % | "
+              f"{100 * r['mfu_causal']:.1f} % | {mem} | {vs} |")
+    if (d / "runs.txt").exists():
+        print("\n" + (d / "runs.txt").read_text())
+
+
+if __name__ == "__main__":
+    main()

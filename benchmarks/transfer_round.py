@@ -1,0 +1,331 @@
+"""Run and score a transfer round (issue 36, item 5) with the user's commands.
+
+The set is a directory written by ``benchmarks/draw_models.py --round`` (``set.json``,
+``models/*.json``, ``layouts/*.json``). On the lent 4-GPU machine, one device call each:
+
+    python benchmarks/transfer_round.py calibrate --set benchmarks/sets/transfer36 --out $OUT
+    python benchmarks/transfer_round.py validate  --set benchmarks/sets/transfer36 --out $OUT
+    python benchmarks/transfer_round.py generic   --out $OUT   # calibration timing no model
+
+(validate uses the profile the first call left in ``--keep`` on the still-warm machine, or
+``--profile FILE``.) A CPU dry run of the whole path with shrunk models:
+``... validate --device cpu --tiny --nproc 4 --out /tmp/t36cpu``.
+
+``calibrate`` runs ``meshplan calibrate --nproc 4 --model A --model B ...`` with the set's
+models; ``validate`` runs ``meshplan validate --runtime torch --layout-list ...`` once per
+model (each model has its own job), sharing one time budget, then merges the records into
+one accuracy.json; ``generic`` runs ``meshplan calibrate --nproc 4`` without ``--model``.
+Back on any machine (CPU):
+
+    python benchmarks/transfer_round.py report --accuracy accuracy.json \\
+        [--profile generic.toml --gpu "NVIDIA H100 80GB HBM3"]
+
+prints the round's figures as the issue states its goals (step mean / max, ranks within 5 %
+memory, Spearman and best-layout gap per model) and, with ``--profile``, the same layouts
+re-predicted on that profile (the second prediction: a calibration that did not time
+these models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from meshplan.calibrate.validate import by_model, rescore, summarize, write_accuracy  # noqa: E402
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.spec import Job, ModelSpec  # noqa: E402
+
+# NVLink multicast off on the lent machines (KINDS.md), as benchmarks/device_accuracy.sh
+DEVICE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+              "NVSHMEM_DISABLE_NVLS": "1"}
+MEMORY_GOAL_PCT = 5.0
+GENERIC_TIMEOUT_S = 150.0   # the no-model calibration: ~25 s of benchmarks + start-up
+
+
+def load_set(path: Path) -> dict:
+    doc = json.loads((path / "set.json").read_text())
+    for m in doc["models"]:
+        m["model_file"] = str(path / "models" / f"{m['name']}.json")
+        m["layout_file"] = str(path / "layouts" / f"{m['name']}.json")
+    return doc
+
+
+def parse_part(text: str | None) -> tuple[int, int] | None:
+    """``--part K/N`` → (K, N): the models i with i % N == K - 1 (1-based K)."""
+    if text is None:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--part {text!r}: give K/N, e.g. 1/2") from None
+    if not 1 <= k <= n:
+        raise SystemExit(f"--part {text!r}: K must be between 1 and N")
+    return k, n
+
+
+def part_models(doc: dict, part: tuple[int, int] | None) -> list[dict]:
+    if part is None:
+        return doc["models"]
+    k, n = part
+    return [m for i, m in enumerate(doc["models"]) if i % n == k - 1]
+
+
+def profile_name(part: tuple[int, int] | None) -> str:
+    return "profile.toml" if part is None else f"profile_part{part[0]}of{part[1]}.toml"
+
+
+def kept_profile(keep: Path, doc: dict, name: str) -> Path | None:
+    """The profile a model was calibrated in on this machine: profile.toml, else the part's."""
+    if (keep / "profile.toml").exists():
+        return keep / "profile.toml"
+    index = [m["name"] for m in doc["models"]].index(name)
+    for f in sorted(keep.glob("profile_part*of*.toml")):
+        k, n = (int(x) for x in f.stem[len("profile_part"):].split("of"))
+        if index % n == k - 1:
+            return f
+    return None
+
+
+def tiny_set(doc: dict, where: Path) -> dict:
+    """The set with each model shrunk for a CPU dry run (gloo): the same layers, heads, kv
+    heads, family and layouts, head dim 8, ffn 2·hidden, vocab 512, seq 64."""
+    (where / "models").mkdir(parents=True, exist_ok=True)
+    for m in doc["models"]:
+        spec = dict(m["spec"], head_dim=None, vocab_size=512, max_seq_len=64)
+        spec["hidden_size"] = 8 * spec["num_heads"]
+        spec["ffn_hidden_size"] = 2 * spec["hidden_size"]
+        model = ModelSpec.from_dict(spec)
+        m["model_file"] = str(where / "models" / f"{m['name']}.json")
+        Path(m["model_file"]).write_text(json.dumps(model.to_dict()))
+        m["job"] = dict(m["job"], seq_len=64)
+    return doc
+
+
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True).stdout
+        return out.splitlines()[0].strip()
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "cpu"
+
+
+def cluster_preset(gpu: str) -> str:
+    return "dgx-h200" if "H200" in gpu else "dgx-h100"
+
+
+def calibrate_cmd(models: list[dict], out: Path, *, nproc: int, budget_s: float,
+                  micro_batches: str | None) -> list[str]:
+    """``meshplan calibrate`` with the models (none: the generic grid, no layer tables)."""
+    cmd = [sys.executable, "-m", "meshplan.cli", "calibrate", "--nproc", str(nproc),
+           "--time-budget", f"{budget_s:g}", "--out", str(out), "--no-progress"]
+    for m in models:
+        cmd += ["--model", m["model_file"]]
+    if models and micro_batches:
+        cmd += ["--micro-batches", micro_batches]
+    return cmd
+
+
+def validate_cmd(m: dict, out: Path, *, profile: str | None, gpu: str, nproc: int,
+                 budget_s: float, device: str, steps: int = 6, warmup: int = 2,
+                 layout_timeout_s: float = 60) -> list[str]:
+    job = m["job"]
+    cmd = [sys.executable, "-m", "meshplan.cli", "validate", "--runtime", "torch",
+           "--model", m["model_file"], "--cluster", cluster_preset(gpu),
+           "--global-batch", str(job["global_batch"]), "--seq-len", str(job["seq_len"]),
+           "--layout-list", m["layout_file"], "--nproc", str(nproc), "--device", device,
+           "--steps", str(steps), "--warmup", str(warmup), "--timeout", f"{layout_timeout_s:g}",
+           "--budget", f"{budget_s:.0f}",
+           "--out", str(out)]
+    return cmd + (["--profile", profile] if profile else [])
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float) -> int:
+    env = {**os.environ, **DEVICE_ENV, "PYTHONPATH": str(ROOT)}
+    with open(log, "a") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        try:
+            return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            fh.write(f"timed out after {timeout_s:.0f} s\n")
+            return 124
+
+
+def validate_set(doc: dict, args) -> Path:
+    """One ``meshplan validate`` per model, sharing ``args.budget`` seconds; one merged
+    accuracy.json in ``args.out``."""
+    gpu = gpu_name() if args.device != "cpu" else "cpu"
+    models = part_models(doc, parse_part(args.part))
+    profiles = {}
+    for m in models:
+        kept = None if args.profile else kept_profile(args.profiles or args.keep, doc, m["name"])
+        if args.profile is None and kept is None and args.device != "cpu":
+            raise SystemExit(f"no --profile and no profile kept in {args.keep} for {m['name']}: "
+                             f"run the calibrate call(s) on this (still warm) machine first, "
+                             f"or pass the profile they wrote")
+        profiles[m["name"]] = args.profile or (str(kept) if kept else None)
+    t0 = time.perf_counter()
+    records = []
+    for i, m in enumerate(models):
+        left = args.budget - (time.perf_counter() - t0)
+        share = max(0.0, left / (len(models) - i))
+        d = args.keep / "val" / m["name"]
+        _run(validate_cmd(m, d, profile=profiles[m["name"]], gpu=gpu, nproc=args.nproc,
+                          budget_s=share, device=args.device, steps=args.steps,
+                          warmup=args.warmup, layout_timeout_s=args.layout_timeout),
+             args.out / "validate.log", timeout_s=share + args.layout_timeout + 30)
+        acc = d / "accuracy.json"
+        if acc.exists():
+            records += json.loads(acc.read_text())["records"]
+    meta = {"set": doc["set"], "seed": doc["seed"], "gpu_name": gpu, "nproc": args.nproc,
+            "profile": ", ".join(sorted({p for p in profiles.values() if p})),
+            "profiles": profiles, "device": args.device,
+            "command": " ".join(["python", *sys.argv]),
+            "jobs": {m["name"]: m["job"] for m in models}}
+    paths = write_accuracy(args.out, records, meta)
+    subprocess.run(["tar", "czf", str(args.out / "runs.tgz"), "-C", str(args.keep), "val"],
+                   check=False)
+    return paths["json"]
+
+
+def figures(records: list[dict]) -> dict:
+    """The issue's goal figures: step mean/max, memory ranks within 5 %, per-model
+    Spearman and best-layout gap."""
+    s = summarize(records)
+    mem = [abs(e) for r in records if r.get("status") == "ok"
+           for e in r.get("memory_error_pct_per_rank", [])]
+    per = by_model(records)
+    return {
+        "layouts_ok": s.get("ok", 0), "layouts": s["layouts"],
+        "step_mean_abs_pct": s.get("step_time_mean_abs_error_pct"),
+        "step_max_abs_pct": s.get("step_time_max_abs_error_pct"),
+        "memory_ranks_within_5pct": (sum(e <= MEMORY_GOAL_PCT for e in mem) / len(mem)
+                                     if mem else None),
+        "memory_max_abs_pct": max(mem) if mem else None,
+        "per_model": {n: {"spearman": p.get("spearman"),
+                          "best_gap_pct": p.get("predicted_best_gap_pct"),
+                          "step_mean_abs_pct": p.get("step_time_mean_abs_error_pct")}
+                      for n, p in per.items()},
+    }
+
+
+def repredict(doc: dict, profile: str, gpu: str) -> list[dict]:
+    """Every record re-predicted on ``profile`` (models and jobs from the accuracy file)."""
+    nproc = int(doc.get("nproc") or 4)
+    cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1, gpus_per_node=nproc),
+                            profile)
+    set_dir = ROOT / "benchmarks" / "sets" / str(doc["set"])
+    out = []
+    for r in doc["records"]:
+        model = ModelSpec.from_dict(json.loads((set_dir / "models" / f"{r['model']}.json")
+                                               .read_text()))
+        out.append(rescore(r, model, cluster, Job.from_dict(doc["jobs"][r["model"]])))
+    return out
+
+
+def _fmt(f: dict) -> str:
+    def pct(v):
+        return "n/a" if v is None else f"{v:.2f} %"
+    lines = [f"layouts run: {f['layouts_ok']}/{f['layouts']}",
+             f"step time: mean {pct(f['step_mean_abs_pct'])}, max {pct(f['step_max_abs_pct'])}",
+             "memory: " + ("n/a" if f["memory_ranks_within_5pct"] is None else
+                           f"{100 * f['memory_ranks_within_5pct']:.0f} % of ranks within 5 %, "
+                           f"max {pct(f['memory_max_abs_pct'])}")]
+    for n, p in f["per_model"].items():
+        sp = "n/a" if p["spearman"] is None else f"{p['spearman']:.3f}"
+        lines.append(f"  {n}: Spearman {sp}, predicted best {pct(p['best_gap_pct'])} off "
+                     f"the measured best, step mean {pct(p['step_mean_abs_pct'])}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["calibrate", "validate", "generic", "report"])
+    ap.add_argument("--set", type=Path, default=ROOT / "benchmarks" / "sets" / "transfer36")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/transfer-out")))
+    ap.add_argument("--keep", type=Path, default=Path("/tmp/meshplan-keep"),
+                    help="where runs and the profile stay on the machine between calls")
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the call's work (default: calibrate 540, validate 470, "
+                         "generic 240; a validate layout may overrun its share by its 60 s "
+                         "timeout)")
+    ap.add_argument("--steps", type=int, default=6, help="validate: timed steps per layout")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--layout-timeout", type=float, default=60.0,
+                    help="validate: seconds per layout")
+    ap.add_argument("--part", default=None, metavar="K/N",
+                    help="only the models i with i %% N == K-1 (calibrate: one profile per "
+                         "part, profile_partKofN.toml; validate finds each model's part)")
+    ap.add_argument("--profiles", type=Path, default=None,
+                    help="validate: a directory holding profile.toml or the parts' profiles "
+                         "(default: --keep, where the calibrate calls left them)")
+    ap.add_argument("--generic-first", action="store_true",
+                    help="calibrate: run the no-model calibration first in the same call")
+    ap.add_argument("--tiny", action="store_true",
+                    help="validate: shrunk models (a CPU dry run with --device cpu)")
+    ap.add_argument("--micro-batches", default="1,4,16",
+                    help="calibrate's layer-table micro-batches (transfer36 runs 1, 2, 4 and "
+                         "16; FSDP rows take the two smallest) [%(default)s]")
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--accuracy", type=Path, default=None, help="report: merged accuracy.json")
+    ap.add_argument("--gpu", default=None, help="report: the GPU the records ran on")
+    args = ap.parse_args(argv)
+    if args.budget is None:
+        args.budget = {"calibrate": 540.0, "validate": 470.0, "generic": 150.0}.get(args.what, 0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.keep.mkdir(parents=True, exist_ok=True)
+    if args.what in ("calibrate", "generic"):
+        t0 = time.perf_counter()
+        jobs = []
+        if args.what == "generic" or args.generic_first:
+            jobs.append(([], "generic.toml", "generic.log", GENERIC_TIMEOUT_S))
+        if args.what == "calibrate":
+            part = parse_part(args.part)
+            jobs.append((part_models(load_set(args.set), part), profile_name(part),
+                         "calibrate.log", None))
+        rc = 0
+        for models, name, log, cap in jobs:
+            left = args.budget - (time.perf_counter() - t0)
+            limit = min(left, cap) if cap else left
+            # 40 s for torchrun's start-up and the imports, which calibrate's own
+            # --time-budget does not see (as benchmarks/device_accuracy.sh)
+            rc = _run(calibrate_cmd(models, args.keep / name, nproc=args.nproc,
+                                    budget_s=max(limit - 40, 30),
+                                    micro_batches=args.micro_batches),
+                      args.out / log, timeout_s=limit) or rc
+            if (args.keep / name).exists():
+                (args.out / name).write_text((args.keep / name).read_text())
+        return rc
+    if args.what == "validate":
+        doc = load_set(args.set)
+        if args.tiny:
+            doc = tiny_set(doc, args.keep / "tiny")
+        print(f"wrote {validate_set(doc, args)}")
+        return 0
+    if args.accuracy is None:
+        ap.error("report needs --accuracy")
+    doc = json.loads(args.accuracy.read_text())
+    print(f"as run ({doc.get('profile') or 'datasheet'}):")
+    print(_fmt(figures(doc["records"])))
+    if args.profile:
+        again = repredict(doc, args.profile, args.gpu or str(doc.get("gpu_name")))
+        print(f"\nre-predicted on {args.profile}:")
+        print(_fmt(figures(again)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,290 @@
+"""Build a layout's :class:`~meshplan.costmodel.tables.LayerTables`, one step at a time.
+
+:func:`build_tables` is an ordered list of steps, each a function below:
+
+1. process groups and their links (:func:`~meshplan.costmodel.data_parallel.group_links`);
+2. per-layer costs of one micro-batch (:func:`~meshplan.costmodel.parts.layer_parts`);
+3. a layer's pass times as the layout runs them (:func:`layer_times`: ZeRO-3 / FSDP2
+   gathers, measured FSDP2 and pipelined ZeRO-2 rows, zero-bubble's split backward);
+4. the CPU's dispatch per micro-batch (:func:`host_dispatch`);
+5. the first and last stage's extra work (:func:`end_stage_times`);
+6. memory: base terms, then the runtime's terms and memory corrections (:func:`memory_terms`);
+7. the named time corrections (:func:`time_corrections`) and the caveats.
+
+A new term (another parallelism's collective, an extra per-layer time, a memory term) is a
+step of its own: a function here or in its own module, its result one more field of the
+tables, composed where :mod:`meshplan.costmodel.stage_tables` or
+:mod:`meshplan.costmodel.rank_memory` sums the fields (docs/costmodel.md, "Adding a term").
+"""
+
+from __future__ import annotations
+
+from meshplan.costmodel import caveats as cav
+from meshplan.costmodel import corrections as corr
+from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
+                                              root_reduce_s, zero3_layer)
+from meshplan.costmodel.measured import split_backward_at
+from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
+                                       state_bytes_per_param)
+from meshplan.costmodel.parts import LayerParts, pipelined_zero2_row, ratio, stage_split
+from meshplan.costmodel.runtime import ddp_accumulates, fsdp_per_microbatch, torch_pipelined
+from meshplan.costmodel.stage_tables import inflight_table
+from meshplan.costmodel.torch_memory import (compute_copy_bytes, first_backward_relief_fields,
+                                             logits_chunk_bytes, pipeline_kept_outputs,
+                                             pipeline_recv_buffers, pipelined_output_peak_bytes,
+                                             state_bytes_at_peak, wgrad_bytes,
+                                             zero_bubble_pending_w)
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+
+def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                parts: LayerParts, links) -> dict:
+    """A layer's forward / backward / weight-gradient seconds as the layout runs them, the
+    ZeRO-3 / FSDP2 terms, and the measured rows they came from."""
+    dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
+    layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
+    z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp,
+                     cluster.gpu.overlap_interference)
+    layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
+    layer_w = parts.layer.wgrad_s
+    fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
+    tables = cluster.gpu.measured
+    measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
+    stage_row = pipelined_zero2_row(tables, model, job, layout)
+    if stage_row is not None:
+        k = ratio(stage_row.backward_s, layer_b)
+        layer_f, layer_b, layer_w = stage_row.forward_s, stage_row.backward_s, layer_w * k
+        measured_split = stage_split(stage_row, *measured_split, k)
+    split = split_cpu = None
+    if layout.schedule == "zero-bubble" and measured_split[0] is not None:
+        # measured B and W actions (their sum can exceed one fused backward). What grows
+        # with the stage's depth (at its mean; uneven partitions are off by second-order
+        # terms) is the CPU's graph walk: the CPU times where they were timed apart, else
+        # the synchronized ones, which then stand for both GPU and CPU
+        depth = model.num_layers / (pp * v)
+        measured_b, measured_depth, measured_cpu = measured_split
+        if measured_cpu is not None:
+            split = measured_b
+            split_cpu = split_backward_at(measured_cpu, measured_depth, depth)
+        else:
+            split = split_cpu = split_backward_at(measured_b, measured_depth, depth)
+        layer_b, layer_w = sum(split), split[1]
+    # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
+    fsdp_row, composed = (tables.fsdp_layer(
+        model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
+        if tables and layout.zero >= 2 and dp > 1 else (None, False))
+    fs = fsdp_row if fsdp else None
+    act_bytes = parts.activation_bytes
+    if fsdp_row is not None and job.runtime == "torch":
+        # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
+        # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
+        # (LayerNorm's input): GPT-0.54B's FSDP rows hold 13 % less than its plain ones
+        act_bytes = fsdp_row.activation_bytes
+    if fs is not None and not composed:
+        # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
+        z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
+                        z3.total_s)
+    return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, z3=z3, fsdp=fsdp, fs=fs,
+                composed=composed, stage_row=stage_row, split_cpu=split_cpu,
+                act_bytes=act_bytes, layer_params=layer_params)
+
+
+def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict) -> dict:
+    """The CPU's dispatch per micro-batch (measured profiles only), and the per-stage
+    overhead that goes on the GPU's timeline where the CPU is not measured."""
+    pp, v = layout.pp, layout.vpp
+    fs, stage_row, split_cpu = lt["fs"], lt["stage_row"], lt["split_cpu"]
+    cpu, cpu_fixed = parts.cpu, parts.cpu_fixed
+    if cpu is not None and lt["fsdp"]:
+        cpu = ((fs.forward_cpu_s, fs.backward_cpu_s, *cpu[2:])
+               if fs is not None and fs.cpu_measured else None)
+        cpu_fixed = (fs.forward_cpu_fixed_s, fs.backward_cpu_fixed_s) if cpu else (0.0, 0.0)
+    if cpu is not None and stage_row is not None and stage_row.cpu_measured:
+        cpu = (stage_row.forward_cpu_s, stage_row.backward_cpu_s, *cpu[2:])
+        cpu_fixed = (stage_row.forward_cpu_fixed_s, stage_row.backward_cpu_fixed_s)
+    cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
+    # once per chunk's forward and backward call of a micro-batch (see rank_cpu_s)
+    cpu_call = sum(cpu_fixed) if cpu else 0.0
+    if cpu and split_cpu is not None:
+        # two autograd passes per layer cost the CPU more than one fused backward (timed
+        # apart, or bounded by the synchronized timing); the split's timings hold their own
+        # per-call part, so only the forward's is added
+        cpu_layer = cpu[0] + (sum(split_cpu) if parts.split_cpu is not None
+                              else max(cpu[1], sum(split_cpu)))
+        cpu_call = cpu_fixed[0]
+    gpu = cluster.gpu
+    action_cpu = 0.0
+    if cpu is not None:
+        # GPU-busy rows: the schedule's per-action cost is CPU time, on the CPU's timeline
+        overhead = 0.0
+        action_cpu = gpu.pipeline_action_s if pp > 1 else 0.0
+    elif pp > 1 and gpu.pipeline_action_s > 0:
+        overhead = gpu.pipeline_action_s
+    elif "output" in parts.measured and pp == 1:
+        overhead = 0.0   # the measured ends hold the per-micro-batch work
+    else:
+        overhead = gpu.microbatch_overhead_s / (2 * v)
+    return dict(
+        overhead_s=overhead, cpu_layer_s=cpu_layer, cpu_call_s=cpu_call,
+        cpu_wgrad_layer_s=split_cpu[1] if cpu and split_cpu is not None else 0.0,
+        cpu_first_s=(cpu[2] + cpu[3]) if cpu else 0.0,
+        cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
+        cpu_action_s=action_cpu, cpu_known=cpu is not None)
+
+
+def end_stage_times(model: ModelSpec, job: Job, layout: Layout, parts: LayerParts, links,
+                    fsdp: bool) -> dict:
+    """The embedding's and the output layer's seconds per micro-batch; under FSDP2 the root
+    unit (embedding, final norm, output layer) gathers before the first layer and
+    reduce-scatters after the last backward, with nothing to hide behind."""
+    pp, tp = layout.pp, layout.tp
+    first_f, first_b = parts.embedding[0].total_s, parts.embedding[1].total_s
+    last_f, last_b = parts.logits[0].total_s, parts.logits[1].total_s
+    if fsdp and job.runtime == "torch":
+        copy_b = compute_weight_bytes_per_param(job)
+        grads_b = state_bytes_per_param(job).grads
+        first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
+        first_f += root_gather_s(first_params, copy_b, links.dp)
+        first_b += root_reduce_s(first_params, grads_b, links.dp)
+        if pp > 1:
+            last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp)
+            last_f += root_gather_s(last_params, copy_b, links.dp)
+            last_b += root_reduce_s(last_params, grads_b, links.dp)
+    return dict(first_forward_s=first_f, first_backward_s=first_b, last_forward_s=last_f,
+                last_backward_s=last_b, last_wgrad_s=parts.logits[2])
+
+
+def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                 parts: LayerParts, lt: dict, m: int, inflight: tuple, last_rank: int) -> dict:
+    """Memory: base terms (states after ZeRO, activations, buffers, the ends' extras), the
+    runtime's terms (:mod:`meshplan.costmodel.torch_memory`) and the memory corrections'
+    inputs (:mod:`meshplan.costmodel.memory_reliefs`)."""
+    numbers = cluster.gpu.corrections
+    dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
+    layer_params = lt["layer_params"]
+    grad_copies = 1 + ddp_accumulates(job, layout, m)
+    pending = zero_bubble_pending_w(job, layout, m)
+    copy_b = compute_weight_bytes_per_param(job)    # 16-bit compute copies (runtime torch)
+    per = state_bytes_per_param(job)
+    out_peak = pipelined_output_peak_bytes(job, layout, model, parts.output_peak_bytes, numbers)
+    logits_b = parts.logits_bytes * (inflight[last_rank] if layout.schedule == "gpipe"
+                                     else 1.0) + out_peak
+    if job.runtime == "torch":
+        # FSDP2's ZeRO-3 holds about two gathered 16-bit layers (this one and the prefetched
+        # next); the other copies are counted with the weights (compute_copy_bytes)
+        gathered = 2 * layer_params * copy_b if layout.zero == 3 and dp > 1 else 0.0
+        dp_buf = 0.0     # DDP reduces in place (gradient_as_bucket_view); FSDP2 per layer
+    else:
+        gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
+        dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
+    copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp)
+    recv = tuple(a + b for a, b in zip(
+        pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight),
+        pipeline_kept_outputs(job, layout, model.hidden_size, inflight)))
+    base_buf = ((2 * parts.p2p_bytes if pp > 1 and not recv else 0.0) + dp_buf + gathered
+                + parts.backward_buf_bytes)
+    emb_act = parts.embedding_act_bytes
+    first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
+    first_extra = (sum(state_bytes_at_peak(first_params, job, layout.zero, dp, pp))
+                   + (grad_copies - 1) * first_params * per.grads
+                   + inflight[0] * emb_act + (logits_b if pp == 1 else 0.0)
+                   + compute_copy_bytes(model, layers=0, first=True, last=pp == 1, **copy_kw))
+    last_extra = last_params = 0.0
+    if pp > 1:
+        last_params = stage_params(model, 0, tp, first=False, last=True, pp=pp)
+        last_extra = (sum(state_bytes_at_peak(last_params, job, layout.zero, dp, pp))
+                      + logits_b
+                      + compute_copy_bytes(model, layers=0, first=False, last=True, **copy_kw))
+    # runtime "torch", pipelined: torch.distributed.pipelining keeps every micro-batch's
+    # stage output (the 16-bit logits) of the last stage until the step ends, then
+    # concatenates them (PipelineSchedule*.step → _merge_outputs(stage.output_chunks))
+    chunks = merge = 0.0
+    if torch_pipelined(job, pp):
+        chunk = logits_chunk_bytes(job, layout, model)
+        chunks = m * chunk
+        merge = 2 * m * chunk if numbers.enabled(corr.END_OF_STEP) else 0.0
+    last_states = last_extra - logits_b if pp > 1 else 0.0
+    # full recomputation under autocast: each backward's recompute clears the weight-cast
+    # cache (end_of_step_bytes, cast_cache_relief_bytes); one layer's copies and the last
+    # rank's output-layer copies
+    cleared = layout.recompute == "full" and not (layout.zero >= 2 and dp > 1)
+    layer_copy = (compute_copy_bytes(model, layers=1, first=False, last=False, **copy_kw)
+                  if cleared else 0.0)
+    last_copy = (compute_copy_bytes(model, layers=0, first=last_rank == 0, last=True,
+                                    **copy_kw) if cleared else 0.0)
+    end_recv = end_layer = end_const = 0.0
+    if merge:
+        end_recv = pipeline_recv_buffers(job, layout, m, model.hidden_size,
+                                         (0.0,) * pp)[last_rank]
+        end_layer, end_const = layer_copy, last_copy
+    cache_layer = cache_last = recomputed = 0.0
+    cache_ranks = corr.cast_cache_ranks(numbers, job, layout, m, cleared)
+    if any(cache_ranks):
+        cache_layer, cache_last = layer_copy, last_copy
+        recomputed = max(0.0, parts.full_act_bytes - parts.activation_bytes)
+    z3_resident = (layer_params * copy_b if torch_pipelined(job, pp) and layout.zero == 3
+                   and dp > 1 and numbers.enabled(corr.Z3_RESIDENT) else 0.0)
+    return dict(
+        grad_copies=grad_copies, recv_buffers=recv, wgrad_pending=pending,
+        **wgrad_bytes(model, job, layout, parts.full_act_bytes if any(pending) else 0.0,
+                      numbers, parts.wgrad_measured, model.num_layers / (pp * v)),
+        layer_state_bytes=(sum(state_bytes_at_peak(layer_params, job, layout.zero, dp, pp))
+                           + (grad_copies - 1) * layer_params * per.grads
+                           + compute_copy_bytes(model, layers=1, first=False, last=False,
+                                                **copy_kw)),
+        layer_activation_bytes=lt["act_bytes"], buffer_bytes=base_buf,
+        first_extra_bytes=first_extra, last_extra_bytes=last_extra,
+        embedding_act_bytes=emb_act, logits_bytes=logits_b,
+        recompute_buf_bytes=parts.backward_buf_bytes, output_peak_bytes=out_peak,
+        last_chunks_bytes=chunks, last_merge_bytes=merge, last_states_bytes=last_states,
+        end_recv_bytes=end_recv, end_uncached_layer_bytes=end_layer,
+        end_uncached_const_bytes=end_const,
+        cache_layer_copy_bytes=cache_layer, cache_last_copy_bytes=cache_last,
+        cache_cleared_ranks=cache_ranks, recomputed_layer_bytes=recomputed,
+        z3_resident_layer_bytes=z3_resident,
+        **first_backward_relief_fields(job, layout, m, grad_copies, layer_params,
+                                       first_params, last_params, numbers))
+
+
+def time_corrections(cluster: Cluster, job: Job, layout: Layout, m: int) -> dict:
+    """The named corrections that act on time (:mod:`meshplan.costmodel.corrections`)."""
+    numbers = cluster.gpu.corrections
+    return dict(slowdown=corr.stage_slowdown(numbers, job, layout),
+                fsdp_step_s=corr.fsdp2_step_s(numbers, job, layout),
+                p2p_order=corr.p2p_order_applies(numbers, job, layout, m))
+
+
+def table_caveats(job: Job, layout: Layout, lt: dict) -> tuple[str, ...]:
+    return (((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
+            + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp_dp_only(job, layout) else ())
+            + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ()))
+
+
+def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                 links, parts: LayerParts) -> dict:
+    """Every field of a layout's tables, step by step (the module docstring's list)."""
+    pp, v = layout.pp, layout.vpp
+    m = layout.num_microbatches(job.global_batch)
+    last_rank = (pp * v - 1) % pp
+    inflight = inflight_table(layout.schedule, pp, v, m)
+    lt = layer_times(model, cluster, job, layout, parts, links)
+    z3 = lt["z3"]
+    return dict(
+        model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts,
+        zero3=z3, num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
+        inflight=inflight,
+        layer_forward_s=lt["layer_f"] + z3.forward_s,
+        layer_backward_s=lt["layer_b"] + z3.backward_s,
+        layer_wgrad_s=lt["layer_w"],
+        p2p_s=parts.p2p_s if pp > 1 else 0.0,
+        **end_stage_times(model, job, layout, parts, links, lt["fsdp"]),
+        **host_dispatch(cluster, layout, parts, lt),
+        **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
+        **time_corrections(cluster, job, layout, m),
+        caveats=table_caveats(job, layout, lt))
+
+
+__all__ = ["build_fields", "layer_times", "host_dispatch", "end_stage_times", "memory_terms",
+           "time_corrections"]

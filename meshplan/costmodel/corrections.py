@@ -1,0 +1,227 @@
+"""Named corrections: effects measured on GPUs that no first-principles term explains (yet).
+
+Each correction is one :class:`Correction`: a predicate saying where it applies, the
+mechanism (what was measured, on which machine, how well the number holds), and the
+profile keys that carry its numbers (:class:`meshplan.hardware_profiles.corrections.
+CorrectionNumbers`; built-in defaults with machine and date in
+``hardware_profiles/data/corrections.toml``, replaced by a calibrated profile's
+``[corrections]`` table). The cost model never holds a fitted number itself: it asks the
+GPU profile. :func:`meshplan.costmodel.estimate` reports which corrections applied and how
+much each moved the step time and the peak memory (``Estimate.corrections``), by
+re-estimating with that correction switched off (``CorrectionNumbers.without``).
+
+Memory corrections read from torch's source but placed by measurement (which ranks, which
+schedules) are registered here too, with no number: their terms live in
+:mod:`meshplan.costmodel.memory_reliefs` and this registry only names them, so that an
+estimate can show what each moved.
+
+Adding one: write its predicate and effect here (numbers from ``gpu.corrections``), add its
+keys to ``CorrectionNumbers`` and the data file, call the effect from the term it corrects,
+append it to :data:`CORRECTIONS`, and test its predicate and its effect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from meshplan.costmodel import first_backward, torch_p2p
+from meshplan.costmodel.runtime import (fsdp_accumulates_unsharded, p2p_ops_per_microbatch,
+                                        torch_pipelined)
+from meshplan.hardware_profiles.corrections import CorrectionNumbers
+from meshplan.spec import Job, Layout
+
+# names (the registry's keys, the profile's ``disabled`` entries)
+P2P_SLOWDOWN = "torch_p2p_slowdown"
+P2P_ORDER = "torch_p2p_order"
+ZB_FULL_SETS = "zero_bubble_full_recompute_sets"
+FSDP2_STEP = "fsdp2_dp_only_step"
+CAST_CACHE = "cast_cache_relief"
+FIRST_BACKWARD = "first_backward_relief"
+Z3_RESIDENT = "zero3_resident_weights"
+END_OF_STEP = "end_of_step_merge"
+OUTPUT_PEAK = "pipelined_output_peak"
+
+# GPipe and 1F1B ranks that run every forward before their first backward get the
+# cast-cache relief; interleaved and zero-bubble ranks do not (see cast_cache_ranks). A
+# rule read off measurements (rounds 21-24), not a number.
+CAST_CACHE_SCHEDULES = ("gpipe", "1f1b")
+
+
+# ---- torch p2p slowdown ------------------------------------------------------------------
+def stage_slowdown(numbers: CorrectionNumbers, job: Job, layout: Layout) -> tuple[float, ...]:
+    """Runtime "torch", pp > 1: per virtual stage, the factor its compute is slowed by,
+    ``1 + per_op · ops(rank) / vpp^exponent``, at most ``1 + max``; () where none.
+
+    torch.distributed.pipelining posts every SEND/RECV as its own NCCL group on the rank's
+    communicator stream; the kernel is resident, spinning on SMs, from its launch until the
+    peer's matching kernel arrives, and the compute kernels it overlaps run 25-60 % slower
+    (profiler traces, benchmarks/trace_overlap.py: n06, n12, p02, p08, p14). So a rank is
+    slowed in proportion to the p2p operations it runs per micro-batch
+    (:func:`~meshplan.costmodel.runtime.p2p_ops_per_microbatch`). ``per_op`` (0.012) was
+    fitted on the 32 pipelined layouts of holdout3-6 (4 × H200 and 2 × H200, torch 2.11,
+    round 7); held out on holdout8 its 10 pipelined layouts came out at 5.4 % mean error
+    (9.7 % without). Interleaving divides by √vpp (``exponent`` 0.5, round 16, post hoc: a
+    chunk's passes are 1/vpp of the stage's; 190 GPU-bound layouts 2.89 → 2.77 %). The cap
+    ``max`` is the largest the fit saw (pp 4 vpp 3, 12 operations: 0.012 · 12 / √3); round
+    22's vpp 6 and 12 layouts were +2.8 / +7.2 % without it, +0.5 / +0.2 % with it (post
+    hoc). Not applied to Megatron, which overlaps p2p differently.
+
+    Example: pp = 2, vpp = 3 → 10 operations per rank, 1 + 0.012 · 10 / √3 ≈ 1.069."""
+    if not torch_pipelined(job, layout.pp) or not numbers.enabled(P2P_SLOWDOWN):
+        return ()
+    ops = p2p_ops_per_microbatch(layout.pp, layout.vpp)
+    exponent = numbers.torch_p2p_slowdown_vpp_exponent
+    per_op = numbers.torch_p2p_slowdown_per_op / layout.vpp ** exponent
+    cap = numbers.torch_p2p_slowdown_max
+    return tuple(1.0 + min(cap, per_op * ops[c % layout.pp])
+                 for c in range(layout.pp * layout.vpp))
+
+
+# ---- torch p2p order ---------------------------------------------------------------------
+def p2p_order_applies(numbers: CorrectionNumbers, job: Job, layout: Layout, m: int) -> bool:
+    """Interleaved 1F1B under torch's runtime, pp ≥ 3: the step may be held by the order in
+    which torch posts its sends and receives (:mod:`meshplan.costmodel.torch_p2p`: a replay
+    with no fitted number) rather than by the closed form. Its waits come once a step, the
+    slowdown's with every micro-batch: with the stage times of the eight pp 4 layouts
+    measured, the order binds up to m = 4·pp and never from m = 8·pp on, so it is applied
+    up to ``torch_p2p_order_max_microbatches_per_rank``·pp micro-batches (round 11)."""
+    return numbers.enabled(P2P_ORDER) and torch_p2p.applies(
+        job.runtime, layout.schedule, layout.pp, layout.vpp, m,
+        max_microbatches_per_rank=numbers.torch_p2p_order_max_microbatches_per_rank)
+
+
+# ---- zero-bubble with full recomputation --------------------------------------------------
+def zb_full_sets(numbers: CorrectionNumbers) -> tuple[float, float] | None:
+    """Zero-bubble with full recomputation, runtime "torch", where the profile has no
+    measured split-memory row (:mod:`meshplan.calibrate.split_memory` measures these per
+    model shape; that row wins): (pending, transient) in non-recomputed activation sets per
+    layer, or None when switched off.
+
+    After a micro-batch's input-gradient pass the rank keeps 0.42 of the layers'
+    non-recomputed activations until its W (the recomputed tensors that pass did not
+    consume, and the output gradients W needs: 4.4-4.6 GiB per I on 10.7 GiB sets), and
+    while a deferred W runs it holds 4.1 such sets more (+43.4-44.0 GiB):
+    ``stage_backward_weight`` runs one autograd.grad per parameter group, and
+    non-reentrant checkpointing re-runs a layer's forward for every such graph task.
+    Measured with benchmarks/diag_stage_memory.py on 4 × H200, torch 2.11, Llama 1.64B
+    (holdout6 j15 pp 2, holdout4 n16 pp 4, every rank r > 0 alike; round 6): read off those
+    two layouts, so not a held-out result."""
+    if not numbers.enabled(ZB_FULL_SETS):
+        return None
+    return numbers.zb_full_pending_sets, numbers.zb_full_w_transient_sets
+
+
+# ---- FSDP2 over data parallelism alone ----------------------------------------------------
+def fsdp_dp_only(job: Job, layout: Layout) -> bool:
+    """FSDP2 (ZeRO-2/3) over data parallelism alone under the torch runtime: dp > 1, no
+    pipeline, no tensor parallelism — the layouts ``fsdp2_dp_only_step_s`` is measured on."""
+    return (job.runtime == "torch" and layout.pp == 1 and layout.tp == 1 and layout.dp > 1
+            and layout.zero >= 2)
+
+
+def fsdp2_step_s(numbers: CorrectionNumbers, job: Job, layout: Layout) -> float:
+    """GPU time a step beyond what the layer rows and the tail price, for FSDP2 over dp
+    alone (:func:`fsdp_dp_only`), measured and not explained.
+
+    Of the GPU-bound such layouts measured since holdout7, nearly all ran slower than
+    predicted by about the same time a step for either model: GPT-0.54B's by 13-27 ms
+    (4-10 %), Llama-1.64B's by 0-42 ms (0-4 %), median about 20 ms — not in proportion to
+    the compute nor to the micro-batches a step. Round 22 (post hoc): a constant a step,
+    fitted on the 19 layouts with CPU < 80 % of the GPU, takes GPT's 7 from 7.20 % mean
+    absolute error to 1.48 % and Llama's 12 from 1.86 % to 0.79 %. The same constant makes
+    pipelined FSDP2 worse (GPT +3.8 % signed), so it is not applied there; nor over tp > 1,
+    measured too rarely to tell."""
+    if not fsdp_dp_only(job, layout) or not numbers.enabled(FSDP2_STEP):
+        return 0.0
+    return numbers.fsdp2_dp_only_step_s
+
+
+# ---- memory: rules read from torch, placed by measurement ---------------------------------
+def cast_cache_ranks(numbers: CorrectionNumbers, job: Job, layout: Layout, m: int,
+                     cleared: bool) -> tuple[bool, ...]:
+    """Per rank: whether its peak gets the cast-cache relief (``LayerTables.
+    cast_cache_relief_bytes``): runtime "torch", full recomputation under autocast
+    (``cleared``), a schedule of :data:`CAST_CACHE_SCHEDULES`, and a rank that runs every
+    forward before its first backward (GPipe; 1F1B where the warm-up covers all m).
+    holdout23 f13's first stage went from −5.7 % to +0.9 % with it, holdout16 z13's rank 0
+    +2.6 → −0.6 %; applied to interleaved ranks it took the four measured from −0.5..+1.7 %
+    to −1.4..−4.5 %, so they are left out (rounds 21-24, post hoc)."""
+    if not (job.runtime == "torch" and cleared and layout.schedule in CAST_CACHE_SCHEDULES
+            and numbers.enabled(CAST_CACHE)):
+        return ()
+    return tuple(first_backward.forwards_first(layout.schedule, layout.pp, layout.vpp, m, r)
+                 for r in range(layout.pp))
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One named correction: where it applies (``applies(tables)`` on a built
+    :class:`~meshplan.costmodel.tables.LayerTables`), what it moves, the profile keys of
+    its numbers, and its mechanism (the docstring of the function that computes it)."""
+
+    name: str
+    moves: str                              # "step time" | "memory"
+    profile_keys: tuple[str, ...]
+    applies: Callable[[object], bool]
+    effect: Callable
+    runtimes: tuple[str, ...] = ("torch",)  # the runtimes it can apply to (a fast filter)
+
+    @property
+    def mechanism(self) -> str:
+        return (self.effect.__doc__ or "").strip()
+
+
+def _torch_zb_full(t) -> bool:
+    return bool(t.wgrad_pending) and t.layout.recompute == "full" \
+        and t.parts.wgrad_measured is None and any(t.wgrad_pending)
+
+
+CORRECTIONS: tuple[Correction, ...] = (
+    Correction(P2P_SLOWDOWN, "step time",
+               ("torch_p2p_slowdown_per_op", "torch_p2p_slowdown_vpp_exponent",
+                "torch_p2p_slowdown_max"),
+               lambda t: torch_pipelined(t.job, t.layout.pp), stage_slowdown),
+    Correction(P2P_ORDER, "step time", ("torch_p2p_order_max_microbatches_per_rank",),
+               lambda t: p2p_order_applies(t.cluster.gpu.corrections, t.job, t.layout,
+                                           t.num_microbatches), p2p_order_applies),
+    Correction(ZB_FULL_SETS, "memory", ("zb_full_pending_sets", "zb_full_w_transient_sets"),
+               _torch_zb_full, zb_full_sets),
+    Correction(FSDP2_STEP, "step time", ("fsdp2_dp_only_step_s",),
+               lambda t: fsdp_dp_only(t.job, t.layout), fsdp2_step_s),
+    Correction(CAST_CACHE, "memory", (), lambda t: any(t.cache_cleared_ranks),
+               cast_cache_ranks),
+)
+
+
+def memory_rule(name: str, applies: Callable[[object], bool], effect: Callable) -> Correction:
+    return Correction(name, "memory", (), applies, effect)
+
+
+def applied(t) -> tuple[str, ...]:
+    """Names of the corrections that apply to a layout's tables ``t`` (registry order)."""
+    return tuple(c.name for c in _for_runtime(t.job.runtime) if c.applies(t))
+
+
+@lru_cache(maxsize=None)
+def _for_runtime(runtime: str) -> tuple[Correction, ...]:
+    return tuple(c for c in all_corrections() if runtime in c.runtimes)
+
+
+def all_corrections() -> tuple[Correction, ...]:
+    """The registry: the numbered corrections and the memory rules
+    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`)."""
+    from meshplan.costmodel.memory_reliefs import MEMORY_RULES
+    return CORRECTIONS + MEMORY_RULES
+
+
+def unsharded_zb(job: Job, layout: Layout) -> bool:
+    """Zero-bubble over FSDP2 accumulating unsharded gradients (a caveat, not priced)."""
+    return layout.schedule == "zero-bubble" and fsdp_accumulates_unsharded(
+        job, layout.zero, layout.dp, layout.pp)
+
+
+__all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES", "all_corrections", "applied",
+           "stage_slowdown", "p2p_order_applies", "zb_full_sets", "fsdp_dp_only",
+           "fsdp2_step_s", "cast_cache_ranks", "memory_rule"]

@@ -1,0 +1,213 @@
+"""Data-parallel costs of one pipeline rank: model states, gradient reduction, ZeRO, optimizer.
+
+* Process groups: Megatron's rank order, tp fastest then dp then pp (``tp-dp-pp``) or
+  ``tp-pp-dp`` (Megatron-Core ``RankGenerator`` order strings); each group's link from the
+  cluster's topology (:func:`group_links`).
+* ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter them and all-gather the updated
+  parameters, the same volume (Rajbhandari et al. 2019, arXiv 1910.02054 §7); ZeRO-3
+  gathers per layer and micro-batch, prefetching the next layer's gather behind this
+  layer's compute (Zhao et al. 2023, arXiv 2304.11277 §3.3): :func:`zero3_layer`.
+* Overlap: the gradient reduction hides behind the last micro-batch's backward, the
+  parameter all-gather behind the next forward; DDP's last bucket is always exposed (Li et
+  al. 2020, arXiv 2006.15704 §3.2.3); the hidden part still costs the profile's
+  ``overlap_interference`` (Rashidi et al. 2021, ISCA §3): :func:`exposed_dp_s`.
+* Optimizer: fused Adam is memory-bound, 32 bytes per local parameter, at the calibrated
+  optimizer bandwidth or the HBM model: :func:`rank_state`.
+
+Measured error: the tail (exposed dp + optimizer) matched the executor's step phases within
+the run-to-run spread on the measured sets (docs/benchmarks/accuracy.md, round 21).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshplan.costmodel import comm
+from meshplan.costmodel.comm import exposed
+from meshplan.costmodel.compute import hbm_s
+from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
+                                       state_bytes_per_param)
+from meshplan.costmodel.runtime import fsdp_per_microbatch, torch_pipelined
+from meshplan.costmodel.torch_memory import compute_copy_bytes, state_bytes_at_peak
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+DP_BUCKET_BYTES = 25 * 2**20        # PyTorch DDP's default bucket (bucket_cap_mb=25)
+OPTIMIZER_BYTES_PER_PARAM = 32.0    # fused Adam: read+write master, m, v; read grad, write weight
+# runtime "torch", pipelined: gradients are averaged after the schedule through a flat
+# buffer (executor.data_parallel.allreduce_grads): cat (read + write), div_ (read + write),
+# copy back (read + write) = 6 passes over the fp32 gradients.
+GRAD_FLATTEN_PASSES = 6.0
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Process-group links of a layout under the cluster's rank order (tp fastest)."""
+
+    tp: object
+    dp: object
+    pp: object
+
+
+def group_links(cluster: Cluster, layout: Layout) -> Groups:
+    """Megatron's rank order: tp ranks adjacent, then dp, then pp (``tp-dp-pp``), or
+    ``tp-pp-dp`` (Megatron-Core ``RankGenerator`` order strings)."""
+    tp, dp, pp = layout.tp, layout.dp, layout.pp
+    if cluster.rank_order == "tp-dp-pp":
+        dp_stride, pp_stride = tp, tp * dp
+    else:
+        pp_stride, dp_stride = tp, tp * pp
+    return Groups(cluster.group_link(tp, 1), cluster.group_link(dp, dp_stride),
+                  cluster.group_link(pp, pp_stride))
+
+
+@dataclass(frozen=True)
+class Zero3Layer:
+    """ZeRO-3 per layer and micro-batch: exposed gather time and bytes sent."""
+
+    forward_s: float = 0.0    # exposed in forward
+    backward_s: float = 0.0   # exposed in backward
+    wire_bytes: float = 0.0
+    total_s: float = 0.0      # all of it: two all-gathers and one reduce-scatter
+
+
+def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Job,
+                pp: int, interference: float) -> Zero3Layer:
+    """Parameters gathered per layer per micro-batch (forward and backward), gradients
+    reduce-scattered; FSDP prefetches the next layer's gather behind this layer's compute
+    (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed.
+
+    Runtime "torch" (FSDP2 with bf16 compute and fp32 reduction): 16-bit weights are
+    gathered and fp32 gradients reduce-scattered; its ZeRO-2 gathers once per micro-batch
+    (kept from forward to backward) instead of twice.
+    """
+    if not fsdp_per_microbatch(job, zero, pp) or dp == 1:
+        return Zero3Layer()
+    per = state_bytes_per_param(job)
+    gather_b = layer_params * (compute_weight_bytes_per_param(job) or per.weights)
+    reduce_b = layer_params * per.grads
+    ag = comm.all_gather_s(dp_link, gather_b)
+    rs = comm.reduce_scatter_s(dp_link, reduce_b)
+    gathers = 2 if zero == 3 else 1
+    f, b = layer.forward.total_s, layer.backward.total_s
+    bwd = (ag if zero == 3 else 0.0) + rs
+    k = interference
+    return Zero3Layer(exposed(ag, f, k), exposed(bwd, b, k),
+                      gathers * comm.wire_bytes_gather(dp, gather_b)
+                      + comm.wire_bytes_gather(dp, reduce_b), gathers * ag + rs)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What one pipeline rank's parameters cost, independent of the schedule."""
+
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    dp_total_s: float        # all data-parallel communication of a step
+    grad_reduce_s: float     # gradient all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1/2)
+    param_gather_s: float    # ZeRO-1/2 parameter all-gather
+    dp_wire_bytes: float
+    optimizer_s: float
+    last_bucket_s: float     # the gradient bucket that can never overlap
+    grad_copy_s: float = 0.0  # runtime "torch", pipelined: flattening the gradients to reduce
+
+
+@lru_cache(maxsize=65536)
+def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
+               zero: int, num_microbatches: int, dp_link, layers: int, first: bool, last: bool,
+               z3: Zero3Layer, grad_copies: int = 1) -> RankState:
+    """Model states, data-parallel communication and optimizer time of one pipeline rank.
+
+    ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
+    parameters (the same volume, Rajbhandari et al. 2019 §7); ZeRO-3's per-layer traffic is
+    inside the stage times and counted here for the totals. The optimizer step is
+    memory-bound (fused Adam reads and writes master weights, m, v and gradients), at the
+    calibrated optimizer bandwidth when the profile has one.
+
+    Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
+    ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
+    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies``: fp32
+    gradient copies (:func:`ddp_accumulates`).
+    """
+    m = num_microbatches
+    per = state_bytes_per_param(job)
+    params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
+    w, g, o = state_bytes_at_peak(params, job, zero, dp, pp)
+    g *= grad_copies
+    w += compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
+    grad_bytes = params * per.grads
+    dp_s = red = gat = wire = bucket = copy = 0.0
+    torch_rt = job.runtime == "torch"
+    if dp > 1:
+        if zero == 0 or (zero == 1 and torch_rt):
+            dp_s = red = comm.all_reduce_s(dp_link, grad_bytes)
+            wire = comm.wire_bytes_all_reduce(dp, grad_bytes)
+            if zero == 1:
+                gat = comm.all_gather_s(dp_link, params * per.weights)
+                dp_s += gat
+                wire += comm.wire_bytes_gather(dp, params * per.weights)
+            if torch_pipelined(job, pp):
+                copy = hbm_s(cluster.gpu, GRAD_FLATTEN_PASSES * grad_bytes)
+        elif zero in (1, 2) and not fsdp_per_microbatch(job, zero, pp):
+            # runtime "torch" (FSDP2 ZeRO-2 under a pipeline): the 16-bit compute weights
+            # are gathered, the fp32 gradients reduce-scattered, once per step
+            gather_bpp = (compute_weight_bytes_per_param(job) or per.weights) if torch_rt \
+                else per.weights
+            red = comm.reduce_scatter_s(dp_link, grad_bytes)
+            gat = comm.all_gather_s(dp_link, params * gather_bpp)
+            dp_s = red + gat
+            wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
+                dp, params * gather_bpp)
+        else:
+            dp_s = m * layers * z3.total_s
+            wire = m * layers * z3.wire_bytes
+        if job.overlap_dp_comm and not fsdp_per_microbatch(job, zero, pp):
+            bucket = comm.all_reduce_s(dp_link, min(grad_bytes, DP_BUCKET_BYTES))
+    local = params / dp if zero >= 1 else params
+    gpu = cluster.gpu
+    opt_s = (local * OPTIMIZER_BYTES_PER_PARAM / (gpu.optimizer_gbps * 1e9)
+             if gpu.optimizer_gbps > 0 else hbm_s(gpu, local * OPTIMIZER_BYTES_PER_PARAM))
+    return RankState(w, g, o, dp_s, red, gat, wire, opt_s, bucket, copy)
+
+
+def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
+                 backward_s: float, interference: float) -> float:
+    """Data-parallel time left on the critical path of a rank whose forward and backward of
+    one micro-batch (all its chunks) take ``forward_s`` and ``backward_s``.
+
+    The gradient reduction hides behind the last micro-batch's backward, the ZeRO-1/2
+    parameter all-gather behind the next step's first forward; the last bucket is always
+    exposed (PyTorch DDP, Li et al. 2020, arXiv 2006.15704 §3.2.3; Megatron-Core
+    overlap_grad_reduce / overlap_param_gather). Without overlap everything is exposed.
+
+    Runtime "torch": pipelined layouts reduce after the schedule (nothing overlaps), and
+    ZeroRedundancyOptimizer's broadcast follows the optimizer step (exposed).
+    ``interference``: the profile's ``overlap_interference`` (see :func:`exposed`).
+    """
+    if fsdp_per_microbatch(job, layout.zero, layout.pp) or layout.dp == 1:
+        return 0.0
+    if torch_pipelined(job, layout.pp):
+        return st.dp_total_s + st.grad_copy_s
+    if not job.overlap_dp_comm:
+        return st.dp_total_s
+    k = interference
+    if job.runtime == "torch":
+        return max(st.last_bucket_s, exposed(st.grad_reduce_s, backward_s, k)) \
+            + st.param_gather_s
+    reduce = max(st.last_bucket_s, exposed(st.grad_reduce_s, backward_s, k))
+    return reduce + exposed(st.param_gather_s, forward_s, k)
+
+
+def root_gather_s(params: float, bytes_per_param: float, dp_link) -> float:
+    return comm.all_gather_s(dp_link, params * bytes_per_param) if params else 0.0
+
+
+def root_reduce_s(params: float, bytes_per_param: float, dp_link) -> float:
+    return comm.reduce_scatter_s(dp_link, params * bytes_per_param) if params else 0.0
+
+
+__all__ = ["DP_BUCKET_BYTES", "OPTIMIZER_BYTES_PER_PARAM", "GRAD_FLATTEN_PASSES", "Groups",
+           "group_links", "Zero3Layer", "zero3_layer", "RankState", "rank_state",
+           "exposed_dp_s", "exposed", "root_gather_s", "root_reduce_s"]

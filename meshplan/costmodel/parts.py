@@ -1,0 +1,175 @@
+"""Per-layer costs of one micro-batch: the analytical terms, or the profile's measured rows.
+
+:func:`layer_parts` is the first step of every estimate: one transformer layer, the
+embedding and the output layer (time per pass, :mod:`meshplan.costmodel.compute`; kept
+activations and working memory, :mod:`meshplan.costmodel.memory`), and the activation sent
+between pipeline stages (Narayanan et al. 2021 §4.1: scattered over tp). Where the GPU
+profile has measured rows (``meshplan calibrate --model``, :mod:`meshplan.costmodel.
+measured`) they replace the analytical time and bytes; the measured time is split over the
+analytical categories in their proportions, so breakdowns stay readable.
+
+Measured error: on their own profiles the measured sets re-predict at 2.23 % mean absolute
+step-time error over the 267 layouts with CPU below GPU (benchmarks/repredict_sets.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshplan.costmodel import comm
+from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
+                                        logits_cost)
+from meshplan.costmodel.measured import Interpolated
+from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
+                                       logits_bytes)
+from meshplan.costmodel.runtime import fsdp_accumulates_unsharded
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """Per-micro-batch pieces shared by every layout with the same (tp, micro-batch, sp,
+    recompute) and process-group links: one layer, embedding, logits, activations, p2p."""
+
+    layer: LayerCost
+    embedding: tuple       # (forward PassCost, backward PassCost)
+    logits: tuple          # (forward PassCost, backward PassCost, wgrad seconds)
+    activation_bytes: float     # kept by one layer for one micro-batch (this recompute mode)
+    backward_buf_bytes: float   # working memory of one layer's backward beyond that
+    embedding_act_bytes: float  # kept per micro-batch by the embedding (first stage)
+    logits_bytes: float         # kept per micro-batch by the output layer (last stage)
+    output_peak_bytes: float    # working memory of the output layer beyond that
+    p2p_bytes: float       # activation sent between pipeline stages
+    p2p_s: float
+    measured: tuple[str, ...] = ()   # parts taken from the profile's measured tables
+    split_backward: tuple[float, float] | None = None  # measured zero-bubble B, W of a layer
+    # measured CPU dispatch seconds (layer f, b, embedding f, b, output f, b); None: unknown
+    cpu: tuple[float, ...] | None = None
+    full_act_bytes: float = 0.0   # one layer's activations without recomputation
+    split_depth: tuple[float, float, float] | None = None  # split_backward's growth with depth
+    split_cpu: tuple[float, float] | None = None  # its B, W CPU dispatch (then B, W: GPU-busy)
+    # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
+    # values are then the per-layer rest)
+    cpu_fixed: tuple[float, float] = (0.0, 0.0)
+    # zero-bubble with full recomputation: the measured row holding the (pending,
+    # W transient) bytes per layer (measured.wgrad_bytes_at gives them at a stage's depth)
+    wgrad_measured: Interpolated | None = None
+
+
+@lru_cache(maxsize=8192)
+def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
+                sequence_parallel: bool, recompute: str, tp_link, pp_link) -> LayerParts:
+    """Analytical pieces (compute.py, memory.py), replaced by the profile's measured layer
+    and ends where it has them (:mod:`meshplan.costmodel.measured`): the measured time is
+    split over the analytical categories in their proportions, so breakdowns stay readable."""
+    mb, sp = micro_batch, sequence_parallel
+    layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                       recompute=recompute, tp_link=tp_link)
+    emb = embedding_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                         tp_link=tp_link)
+    logit = logits_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                        tp_link=tp_link)
+    acts = layer_activations(model, job, mb, tp, sp)
+    e = activation_bytes_per_element(job)
+    act_b = acts.stored(recompute)
+    bwd_buf = acts.full_bytes if recompute != "none" else 0.0
+    emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
+    logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
+    measured: list[str] = []
+    split = split_depth = split_cpu = wgrad = None
+    cpu, cpu_fixed = None, (0.0, 0.0)
+    full_act = acts.full_bytes
+    tables = cluster.gpu.measured
+    if tables:
+        kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
+        ml = tables.layer(model, recompute=recompute, **kw)
+        if ml is not None:
+            layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
+            act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
+            split, split_depth, split_cpu = ml.split_backward, ml.split_depth, ml.split_cpu
+            if recompute == "full" and ml.wgrad_transient_bytes > 0:
+                wgrad = ml
+            measured.append("layer")
+        me = tables.end(model, "embedding", **kw)
+        if me is not None:
+            emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
+            emb_act = me.activation_bytes
+            measured.append("embedding")
+        mo = tables.end(model, "output", **kw)
+        if mo is not None:
+            kb = ratio(mo.backward_s, logit[1].total_s)
+            logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
+            logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
+            measured.append("output")
+        plain = ml if recompute == "none" else tables.layer(model, recompute="none", **kw)
+        if plain is not None:
+            full_act = plain.activation_bytes
+        if ml is not None and me is not None and mo is not None and all(
+                r.cpu_measured for r in (ml, me, mo)):
+            cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
+                   mo.forward_cpu_s, mo.backward_cpu_s)
+            cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
+    # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
+    msg = job.seq_len * mb * model.hidden_size * e / tp
+    return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
+                      comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
+                      split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
+                      wgrad_measured=wgrad)
+
+
+def ratio(measured_s: float, analytical_s: float) -> float:
+    return measured_s / analytical_s if analytical_s > 0 else 0.0
+
+
+def _scaled(p: PassCost, measured_s: float) -> PassCost:
+    """``p`` rescaled to total ``measured_s`` (all of it overhead if ``p`` is empty)."""
+    if p.total_s <= 0:
+        return PassCost(overhead_s=measured_s)
+    return p.scaled(measured_s / p.total_s)
+
+
+def _scaled_layer(an: LayerCost, forward_s: float, backward_s: float) -> LayerCost:
+    kb = ratio(backward_s, an.backward.total_s)
+    return LayerCost(_scaled(an.forward, forward_s), _scaled(an.backward, backward_s),
+                     an.recompute.scaled(kb), an.wgrad_s * kb, an.tp_wire_bytes,
+                     an.wgrad_gather_s * kb, an.wgrad_gather_wire_bytes)
+
+
+def pipelined_zero2_row(tables, model: ModelSpec, job: Job, layout: Layout):
+    """The measured layer a pipeline's FSDP2 ZeRO-2 stage runs at, or None.
+
+    Under torch.distributed.pipelining FSDP2's ZeRO-2 gathers once per step and reduces
+    once (:func:`fsdp_per_microbatch`), so a micro-batch's layers cost FSDP2's compute
+    alone: bf16 parameters without autocast, which the plain rows (autocast) do not time —
+    GPT-0.54B's FSDP2 rows ran 6-12 % faster than its plain ones even with their
+    communication, and round 18's two pipelined ZeRO-2 GPT layouts came out +7 % and
+    +10..+17 % (docs/benchmarks/accuracy.md) — nor the FSDP rows, whose per-micro-batch
+    gather and reduce-scatter a pipeline does not pay. The profile's 1-rank FSDP2 row
+    (:meth:`~meshplan.costmodel.measured.MeasuredTables.fsdp_compute_layer`) times exactly
+    that; profiles without it keep the plain row."""
+    if not tables or not (fsdp_accumulates_unsharded(job, layout.zero, layout.dp, layout.pp)
+                          and layout.zero == 2):
+        return None
+    return tables.fsdp_compute_layer(
+        model, seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch)
+
+
+def stage_split(row, split, depth, split_cpu, k: float):
+    """Zero-bubble's (B and W, their depth growth, their CPU) for a pipelined ZeRO-2 stage:
+    ``row``'s own split where it was timed (FSDP2 held unsharded, as the stage holds it;
+    the growth with depth, the CPU's graph walk, stays the plain row's), else the plain
+    ``split`` scaled by the two backwards' ratio ``k``."""
+    if row.split_backward is not None:
+        grow = (depth[0], depth[1], row.split_layers) if depth is not None else None
+        return row.split_backward, grow, row.split_cpu
+    if split is None:
+        return split, depth, split_cpu
+    return (split[0] * k, split[1] * k), depth, split_cpu
+
+
+
+
+__all__ = ["LayerParts", "layer_parts", "ratio", "pipelined_zero2_row", "stage_split"]

@@ -1,0 +1,309 @@
+"""The mixture-of-experts layer of the executor's model: router, token permutation, experts
+as grouped GEMMs, dispatch and combine over the expert-parallel group.
+
+Router (Switch, Fedus et al. 2021, arXiv 2101.03961 §2.1; sigmoid gates as DeepSeek-V3,
+arXiv 2412.19437 §2.1.2): logits = x W_rᵀ in fp32, probabilities softmax(logits) or
+sigmoid(logits), the top-k experts by probability, gate values the top-k probabilities,
+rescaled to sum to 1 with ``router_norm_topk`` (Mixtral, Qwen3-MoE, DeepSeek-V3).
+
+Load-balancing loss: Switch eqs. 4-6 extended to top-k as Megatron-Core's
+``switch_load_balancing_loss_func``, L = α·E·Σᵢ fᵢ·Pᵢ with fᵢ the share of the k·T routed
+copies sent to expert i and Pᵢ the mean (normalised) probability of i — computed per
+sequence and averaged over sequences, as DeepSeek-V2's expert-level balance loss
+(arXiv 2405.04434 eqs. 23-25) and DeepSeek-V3's sequence-wise loss (eqs. 17-20). Per
+sequence, a batch's gradient does not depend on how it is cut into micro-batches, dp ranks
+or tp slices, so every layout trains exactly like one process. The loss value is not added
+to the reported loss: its gradient is injected at the layer output during backward
+(Megatron-Core's MoEAuxLossAutoScaler), which also works on pipeline stages that never see
+the loss; ``aux_grad_scale`` is α over whatever the trainer divides the loss by.
+
+Capacity (GShard, Lepikhin et al. 2020, arXiv 2006.16668 §2.2; Switch eq. 3): with
+``capacity_factor`` cf each expert takes at most C = ceil(cf·T·k/E) of a sequence's copies,
+earlier positions first; a dropped copy contributes nothing (the token keeps its residual).
+Per sequence too, so the same copies are dropped under any ep, tp or micro-batching (a tp
+slice counts the copies of the slices before it).
+
+Dispatch and combine (GShard §2.2; Megatron-Core's MoEAlltoAllTokenDispatcher): the kept
+copies are sorted by expert; the counts per expert are exchanged with ``all_to_all_single``
+over the ep group, then the rows (uneven splits); the received rows are regrouped from
+(source, expert) to (expert, source) order, run through this rank's experts, and returned
+the same way; the combine adds g·expert(x) over each token's copies.
+
+Experts: weights stacked [E_local, ...] and run as one grouped GEMM
+(``torch.nn.functional.grouped_mm``, or ``torch._grouped_mm`` where only that exists: CUDA,
+bf16, compute capability 9.0+), each group padded to 8 rows because the weight-gradient
+GEMM runs along the token dimension (torchtitan pads the same way); elsewhere a loop over
+the local experts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from meshplan.spec import ModelSpec
+
+GROUP_ALIGN_ROWS = 8    # 16-byte alignment of bf16 token groups for grouped_mm's backward
+
+
+def _grouped_mm_fn():
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the fast grouped GEMM applies: the installed torch has it (2.8+), the device is
+    a CUDA GPU of compute capability 9.0+ and the compute dtype is bf16."""
+    return (_grouped_mm_fn() is not None and device.type == "cuda" and dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
+class GroupedExperts(nn.Module):
+    """Routed experts ``first .. first + count - 1`` of a layer, weights stacked:
+    ``w_in`` [count, m·f, h] (SwiGLU's gate | up, or fc1), ``w_out`` [count, h, f]."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.swiglu = spec.activation == "swiglu"
+        self.first, self.count, self.total = 0, spec.num_experts, spec.num_experts
+        f, h = spec.moe_ffn_hidden_size, spec.hidden_size
+        self.w_in = nn.Parameter(torch.empty(self.count, spec.ffn_matrices * f, h))
+        self.w_out = nn.Parameter(torch.empty(self.count, h, f))
+        self.b_in = nn.Parameter(torch.empty(self.count, spec.ffn_matrices * f)) if spec.bias else None
+        self.b_out = nn.Parameter(torch.empty(self.count, h)) if spec.bias else None
+        self.backend = "auto"     # "auto" | "loop" | "grouped"
+
+    def keep_experts(self, first: int, count: int) -> None:
+        """Keep only experts first .. first + count - 1 (call on the meta device, before the
+        weights are materialised)."""
+        for name in ("w_in", "w_out", "b_in", "b_out"):
+            p = getattr(self, name)
+            if p is not None:
+                setattr(self, name, nn.Parameter(p[first:first + count].detach().clone()))
+        self.first, self.count = first, count
+
+    @torch.no_grad()
+    def init_expert_weights(self, seed: int, prefix: str, std: float, proj_std: float) -> None:
+        """Expert g's weights drawn from (seed, name, g), whichever rank holds it."""
+        from meshplan.executor.model import seeded_normal
+        for e in range(self.count):
+            g = self.first + e
+            for name, s in (("w_in", std), ("w_out", proj_std)):
+                p = getattr(self, name)
+                p[e].copy_(seeded_normal(p.shape[1:], s, seed, f"{prefix}.{name}.{g}",
+                                         p.device, p.dtype))
+        for b in (self.b_in, self.b_out):
+            if b is not None:
+                b.zero_()
+
+    def _act(self, h: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(h, approximate="tanh")
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows ``x`` grouped by expert, ``counts[e]`` rows for local expert e."""
+        dtype = (torch.get_autocast_dtype(x.device.type)
+                 if torch.is_autocast_enabled(x.device.type) else self.w_in.dtype)
+        grouped = self.backend == "grouped" or (self.backend == "auto"
+                                                and grouped_mm_usable(x.device, dtype))
+        return self._grouped(x, counts, dtype) if grouped else self._loop(x, counts)
+
+    def _loop(self, x, counts):
+        outs = []
+        for e, rows in enumerate(x.split(counts.tolist())):
+            h = F.linear(rows, self.w_in[e], None if self.b_in is None else self.b_in[e])
+            outs.append(F.linear(self._act(h), self.w_out[e],
+                                 None if self.b_out is None else self.b_out[e]))
+        return torch.cat(outs)
+
+    def _grouped(self, x, counts, dtype):
+        padded = (counts + GROUP_ALIGN_ROWS - 1) // GROUP_ALIGN_ROWS * GROUP_ALIGN_ROWS
+        starts = torch.cumsum(padded, 0) - padded
+        within = torch.arange(x.shape[0], device=x.device) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts, output_size=x.shape[0])
+        dest = torch.repeat_interleave(starts, counts, output_size=x.shape[0]) + within
+        total = int(padded.sum())
+        xp = x.new_zeros((total, x.shape[1]), dtype=dtype).index_copy(0, dest, x.to(dtype))
+        offs = torch.cumsum(padded, 0).to(torch.int32)
+        mm = _grouped_mm_fn()
+        h = mm(xp, self.w_in.to(dtype).transpose(-2, -1), offs=offs)
+        if self.b_in is not None:
+            h = h + torch.repeat_interleave(self.b_in.to(dtype), padded, dim=0, output_size=total)
+        y = mm(self._act(h), self.w_out.to(dtype).transpose(-2, -1), offs=offs)
+        if self.b_out is not None:
+            y = y + torch.repeat_interleave(self.b_out.to(dtype), padded, dim=0, output_size=total)
+        return y.index_select(0, dest)
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows with uneven splits; backward sends the gradients back."""
+
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out_splits, in_splits = ctx.splits
+        gx = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(gx, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return gx, None, None, None
+
+
+class _AuxLossGrad(torch.autograd.Function):
+    """Identity on the layer output; in backward, d(scale·aux)/d(aux) = scale flows into the
+    router (Megatron-Core's MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, y, aux, scale):
+        ctx.scale = scale
+        ctx.save_for_backward(aux)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+def _expert_major_index(recv: torch.Tensor) -> torch.Tensor:
+    """Row order that turns rows received as (source, expert) chunks, sizes ``recv``
+    [sources, experts], into (expert, source) order."""
+    sources, experts = recv.shape
+    sizes = recv.reshape(-1)
+    starts = torch.cumsum(sizes, 0) - sizes
+    chunk = torch.arange(sources * experts, device=recv.device).view(sources, experts).t().reshape(-1)
+    seg_len = sizes[chunk]
+    total = int(sizes.sum())
+    seg_first = torch.cumsum(seg_len, 0) - seg_len
+    within = torch.arange(total, device=recv.device) - torch.repeat_interleave(
+        seg_first, seg_len, output_size=total)
+    return torch.repeat_interleave(starts[chunk], seg_len, output_size=total) + within
+
+
+def _rank_within_key(key: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """For each entry of ``key``, how many earlier entries share its key."""
+    order = torch.argsort(key, stable=True)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(key)
+    rank[order] = torch.arange(key.numel(), device=key.device) - first[key[order]]
+    return rank
+
+
+class MoELayer(nn.Module):
+    """An MoE layer's MLP: shared experts (one MLP of width S·f_s) plus routed experts.
+
+    Parallel settings, installed by :mod:`meshplan.executor.expert_parallel`: ``ep_group``
+    (None: all experts local), ``tp_group`` with ``slice_tokens`` (tp > 1 without sequence
+    parallelism: the routed part runs on this rank's 1/tp of the sequence) or
+    ``sequence_parallel`` (the input already is this rank's slice).
+    """
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        from meshplan.executor.model import MLP
+        self.num_experts, self.top_k = spec.num_experts, spec.experts_per_token
+        self.sigmoid, self.norm_topk = spec.router == "sigmoid", spec.router_norm_topk
+        self.capacity_factor = spec.capacity_factor
+        self.router = nn.Linear(spec.hidden_size, spec.num_experts, bias=spec.bias)
+        self.experts = GroupedExperts(spec)
+        self.shared = (MLP(spec, spec.num_shared_experts * spec.shared_expert_ffn_hidden_size)
+                       if spec.num_shared_experts else None)
+        self.aux_grad_scale = spec.router_aux_loss_coeff
+        self.ep_group = None
+        self.tp_group = None
+        self.slice_tokens = False
+        self.sequence_parallel = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (b, s, h), or this tp rank's (b, s/tp, h) with sequence parallelism
+        if self.slice_tokens:
+            from meshplan.executor.tensor_parallel import gather_from_slices, scatter_to_sp
+            y = gather_from_slices(self._routed(scatter_to_sp(x, self.tp_group)), self.tp_group)
+        else:
+            y = self._routed(x)
+        return y if self.shared is None else y + self.shared(x)
+
+    # ---- routing ---------------------------------------------------------------------
+    def _tp_split(self) -> bool:
+        return self.tp_group is not None and (self.slice_tokens or self.sequence_parallel)
+
+    def _route(self, x2d: torch.Tensor, b: int, s: int):
+        """Gate values and experts of every copy (N·k), the kept-copy mask (or None) and
+        the load-balancing loss of these b sequence slices of s tokens."""
+        e, k = self.num_experts, self.top_k
+        with torch.autocast(device_type=x2d.device.type, enabled=False):
+            bias = None if self.router.bias is None else self.router.bias.float()
+            logits = F.linear(x2d.float(), self.router.weight.float(), bias)     # (N, E)
+        probs = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
+        gates, idx = probs.topk(k, dim=-1)                                      # (N, k)
+        if self.norm_topk:
+            gates = gates / gates.sum(-1, keepdim=True)
+        seq = torch.arange(x2d.shape[0], device=x2d.device) // s
+        key = (seq.unsqueeze(1) * e + idx).reshape(-1)          # (sequence, expert) per copy
+        counts = torch.bincount(key, minlength=b * e)
+        full, earlier, seq_len = counts, torch.zeros_like(counts), s
+        if self._tp_split():
+            n, r = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
+            every = counts.new_empty((n * counts.numel(),))
+            dist.all_gather_into_tensor(every, counts, group=self.tp_group)
+            every = every.view(n, -1)
+            full, earlier, seq_len = every.sum(0), every[:r].sum(0), s * n
+        keep = None
+        if self.capacity_factor is not None:
+            cap = math.ceil(self.capacity_factor * seq_len * k / e)
+            keep = (_rank_within_key(key, counts) + earlier[key]) < cap
+        aux = None
+        if torch.is_grad_enabled() and self.aux_grad_scale > 0:
+            p = probs / probs.sum(-1, keepdim=True) if self.sigmoid else probs
+            p_sum = p.view(b, s, e).sum(1)                                      # (b, E)
+            aux = (full.view(b, e).to(p_sum.dtype) * p_sum).sum(-1) * (e / (seq_len ** 2 * k))
+            aux = aux.mean()
+        return gates.reshape(-1), idx.reshape(-1), keep, aux
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        from meshplan.executor.tensor_parallel import to_compute_dtype
+        x = to_compute_dtype(x)      # 16-bit rows through the all-to-alls under autocast
+        b, s, h = x.shape
+        x2d = x.reshape(b * s, h)
+        gates, experts, keep, aux = self._route(x2d, b, s)
+        token = torch.arange(b * s, device=x.device).repeat_interleave(self.top_k)
+        if keep is not None:
+            kept = keep.nonzero().squeeze(1)
+            gates, experts, token = gates[kept], experts[kept], token[kept]
+        order = torch.argsort(experts, stable=True)
+        token, gates = token[order], gates[order]
+        counts = torch.bincount(experts, minlength=self.num_experts)
+        out = self._run_experts(x2d.index_select(0, token), counts)
+        y = out.new_zeros((b * s, h)).index_add(0, token, out * gates.unsqueeze(1).to(out.dtype))
+        if aux is not None:
+            y = _AuxLossGrad.apply(y, aux, self.aux_grad_scale)
+        return y.view(b, s, h)
+
+    def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by expert (``counts`` per expert, all E) through their experts,
+        wherever those live in the ep group; returns the outputs in the same order."""
+        group = self.ep_group
+        if group is None or dist.get_world_size(group) == 1:
+            return self.experts(rows, counts)
+        ep = dist.get_world_size(group)
+        send = counts.view(ep, self.num_experts // ep)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+        in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+        got = _AllToAll.apply(rows, out_splits, in_splits, group)
+        regroup = _expert_major_index(recv)
+        out = self.experts(got.index_select(0, regroup), recv.sum(0))
+        back = out.index_select(0, torch.argsort(regroup))
+        return _AllToAll.apply(back, in_splits, out_splits, group)
+
+
+__all__ = ["MoELayer", "GroupedExperts", "grouped_mm_usable"]

@@ -1,0 +1,25 @@
+"""Context parallelism over 2 ranks trains like one process (cp = 1): losses of 3 steps and
+the first step's full gradients within rtol 1e-5, atol 1e-6 (_cases.RTOL / ATOL), every
+replica over cp identical. Both styles, GQA and MHA, RoPE and learned positions, with
+recomputation and with ZeRO-3 sharding over the cp ranks."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+from _cases import GPT, JOB, LLAMA, L  # noqa: E402
+from _checks import make_tests  # noqa: E402
+from _harness import Case  # noqa: E402
+
+A2A = "all-to-all"
+CP_WORLD2 = [
+    Case("cp2-ring-llama-gqa", LLAMA, JOB, L(cp=2)),
+    Case("cp2-ring-gpt-learned-pos", GPT, JOB, L(cp=2)),
+    Case("cp2-a2a-llama-gqa", LLAMA, JOB, L(cp=2, cp_style=A2A)),
+    Case("cp2-a2a-gpt", GPT, JOB, L(cp=2, cp_style=A2A)),
+    Case("cp2-ring-selective", LLAMA, JOB, L(cp=2, recompute="selective")),
+    Case("cp2-ring-full-gpt", GPT, JOB, L(cp=2, recompute="full")),
+    Case("cp2-ring-zero3", LLAMA, JOB, L(cp=2, zero=3)),
+]
+
+results, test_matches_single_process = make_tests(2, CP_WORLD2)

@@ -1,0 +1,117 @@
+"""benchmarks/draw_models.py: random realistic decoders, and the committed transfer36 set."""
+
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import draw_models as dm  # noqa: E402
+from meshplan.costmodel import estimate  # noqa: E402
+from meshplan.costmodel.measured import layer_shape_key  # noqa: E402
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec, RECOMPUTE, SCHEDULES  # noqa: E402
+from meshplan.spec.validate import check_layout  # noqa: E402
+
+SET = ROOT / "benchmarks" / "sets" / "transfer36"
+
+
+def _draws(seed, n):
+    rng = random.Random(seed)
+    return [dm.draw_model(rng, f"m{i}") for i in range(n)]
+
+
+def test_draw_is_seeded():
+    assert _draws(5, 6) == _draws(5, 6)
+    assert _draws(5, 6) != _draws(6, 6)
+
+
+@pytest.mark.parametrize("model", _draws(11, 40), ids=lambda m: m.name)
+def test_every_draw_is_in_the_issue_ranges(model):
+    h = model.hidden_size
+    assert 1024 <= h <= 5120 and 8 <= model.num_heads <= 40 and model.num_heads % 2 == 0
+    assert model.num_kv_heads in (model.num_heads, 1, 2, 4, 8)
+    assert model.num_heads % model.num_kv_heads == 0
+    assert 2.5 - 0.25 <= model.ffn_hidden_size / h <= 4 + 0.25   # rounded to 256
+    assert model.ffn_hidden_size % 256 == 0
+    assert model.vocab_size in dm.VOCABS and model.max_seq_len in dm.SEQS
+    assert 0.5e9 <= model.num_params() <= 3e9
+    assert model.num_layers % 4 == 0 and 32 <= h / model.num_layers <= 320
+    family = "gpt" if model.activation == "gelu" else "llama"
+    assert family in model.name
+    assert (model.norm, model.tied_embeddings) == (
+        ("layernorm", True) if family == "gpt" else ("rmsnorm", False))
+
+
+def test_draws_cover_both_families_and_every_attention():
+    names = [m.name for m in _draws(3, 60)]
+    kinds = Counter(n.split("-")[1] + "-" + n.split("-")[2] for n in names)
+    assert {f"{f}-{a}" for f in ("gpt", "llama") for a in ("mha", "gqa", "mqa")} <= set(kinds)
+
+
+def test_wider_sizes_on_request():
+    rng = random.Random(1)
+    big = [dm.draw_model(rng, "b", min_params=5e9, max_params=20e9) for _ in range(5)]
+    assert all(5e9 <= m.num_params() <= 20e9 for m in big)
+
+
+def test_job_is_32k_tokens_at_the_models_sequence():
+    m = _draws(2, 1)[0]
+    job = dm.job_for(m)
+    assert job.seq_len == m.max_seq_len and job.runtime == "torch"
+    assert job.global_batch == max(4, 32768 // m.max_seq_len)
+
+
+# ---- the committed set --------------------------------------------------------------------
+
+DOC = json.loads((SET / "set.json").read_text())
+ENTRIES = [(m, x) for m in DOC["models"] for x in m["layouts"]]
+
+
+def test_set_is_seeded_models_and_files_agree():
+    assert DOC["seed"] == 36 and len(DOC["models"]) >= 4 and len(ENTRIES) >= 24
+    # no model was rejected, so the models are the seed's first four draws
+    assert DOC["rejected_models"] == []
+    rng = random.Random(36)
+    for i, m in enumerate(DOC["models"]):
+        assert dm.draw_model(rng, f"t36m{i + 1:02d}").to_dict() == m["spec"]
+        assert json.loads((SET / "models" / f"{m['name']}.json").read_text()) == m["spec"]
+        listed = json.loads((SET / "layouts" / f"{m['name']}.json").read_text())
+        assert [x["name"] for x in listed] == [x["name"] for x in m["layouts"]]
+
+
+def test_set_covers_the_protocol():
+    layouts = [Layout.from_dict({k: v for k, v in x.items()
+                                 if k != "name" and not k.startswith("screen_")})
+               for _, x in ENTRIES]
+    assert {l.schedule for l in layouts} == set(SCHEDULES)
+    assert {l.zero for l in layouts} == {0, 1, 2, 3}
+    assert {l.recompute for l in layouts} == set(RECOMPUTE)
+    assert any(l.sequence_parallel for l in layouts)
+    assert all(l.dp * l.pp * l.tp == 4 for l in layouts)
+    assert len({(l.dp, l.pp, l.tp) for l in layouts}) >= 4
+
+
+def test_set_models_were_never_run():
+    known = dm.known_shapes()
+    assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC["models"]} & known
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e[1]["name"])
+def test_every_layout_is_accepted_and_fits_an_80gb_h100(entry):
+    m, x = entry
+    model = ModelSpec.from_dict(m["spec"])
+    job = Job.from_dict(m["job"])
+    layout = Layout.from_dict({k: v for k, v in x.items()
+                               if k != "name" and not k.startswith("screen_")})
+    h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    check_layout(model, h100, job, layout)
+    parallelize = pytest.importorskip("meshplan.executor.parallelize")
+    parallelize.check_layout_runnable(model, job, layout)
+    est = estimate(model, h100, job, layout)
+    assert est.fits and est.memory_peak_bytes <= 70 * 2**30

@@ -1,0 +1,86 @@
+"""benchmarks/transfer_round.py: the device commands of a transfer round and its report."""
+
+import json
+import sys
+
+import pytest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import transfer_round as tr  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
+
+SET = ROOT / "benchmarks" / "sets" / "transfer36"
+
+
+def test_calibrate_is_the_users_command_with_every_model():
+    doc = tr.load_set(SET)
+    cmd = tr.calibrate_cmd(doc["models"], Path("/k/profile.toml"), nproc=4, budget_s=500,
+                           micro_batches="1,4")
+    assert cmd[1:5] == ["-m", "meshplan.cli", "calibrate", "--nproc"]
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--model"] == \
+        [m["model_file"] for m in doc["models"]]
+    assert cmd[cmd.index("--time-budget") + 1] == "500"
+    generic = tr.calibrate_cmd([], Path("/k/generic.toml"), nproc=4, budget_s=200,
+                               micro_batches="1,4")
+    assert "--model" not in generic and "--micro-batches" not in generic
+
+
+def test_parts_split_the_models_and_validate_finds_each_models_profile(tmp_path):
+    doc = tr.load_set(SET)
+    one = tr.part_models(doc, tr.parse_part("1/2"))
+    two = tr.part_models(doc, tr.parse_part("2/2"))
+    assert [m["name"] for m in one + two] == [doc["models"][i]["name"] for i in (0, 2, 1, 3)]
+    with pytest.raises(SystemExit, match="K/N"):
+        tr.parse_part("2")
+    for k in (1, 2):
+        (tmp_path / tr.profile_name((k, 2))).write_text("")
+    assert tr.kept_profile(tmp_path, doc, doc["models"][1]["name"]).name == \
+        "profile_part2of2.toml"
+    assert tr.kept_profile(tmp_path, doc, doc["models"][2]["name"]).name == \
+        "profile_part1of2.toml"
+    (tmp_path / "profile.toml").write_text("")
+    assert tr.kept_profile(tmp_path, doc, doc["models"][1]["name"]).name == "profile.toml"
+
+
+def test_validate_runs_each_model_with_its_own_job():
+    doc = tr.load_set(SET)
+    m = doc["models"][1]
+    cmd = tr.validate_cmd(m, Path("/k/val"), profile="/k/p.toml", gpu="NVIDIA H200",
+                          nproc=4, budget_s=100, device="cuda")
+    arg = {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+    assert arg["--runtime"] == "torch" and arg["--cluster"] == "dgx-h200"
+    assert arg["--global-batch"] == str(m["job"]["global_batch"])
+    assert arg["--seq-len"] == str(m["job"]["seq_len"])
+    assert arg["--layout-list"].endswith(f"layouts/{m['name']}.json")
+    assert tr.cluster_preset("NVIDIA H100 80GB HBM3") == "dgx-h100"
+
+
+def test_tiny_set_keeps_the_parallel_structure(tmp_path):
+    doc = tr.tiny_set(tr.load_set(SET), tmp_path)
+    for m in doc["models"]:
+        tiny = ModelSpec.from_dict(json.loads(Path(m["model_file"]).read_text()))
+        assert (tiny.num_layers, tiny.num_heads, tiny.num_kv_heads, tiny.activation) == (
+            m["spec"]["num_layers"], m["spec"]["num_heads"], m["spec"]["num_kv_heads"],
+            m["spec"]["activation"])
+        assert tiny.hidden_size == 8 * tiny.num_heads and m["job"]["seq_len"] == 64
+
+
+def _rec(name, model, pred, meas, mem_errs):
+    return {"name": name, "model": model, "status": "ok",
+            "predicted": {"step_time_s": pred}, "measured": {"step_time_s": meas},
+            "step_time_error_pct": (pred - meas) / meas * 100,
+            "memory_error_pct_per_rank": mem_errs}
+
+
+def test_figures_are_the_issues_goals():
+    recs = [_rec("a", "m1", 1.0, 1.0, [1.0, -2.0]), _rec("b", "m1", 2.2, 2.0, [6.0, 0.0]),
+            _rec("c", "m2", 0.97, 1.0, [4.9, 5.1])]
+    f = tr.figures(recs)
+    assert f["step_max_abs_pct"] == pytest.approx(10.0)
+    assert f["step_mean_abs_pct"] == pytest.approx((0 + 10 + 3) / 3)
+    assert f["memory_ranks_within_5pct"] == 4 / 6
+    assert f["per_model"]["m1"]["spearman"] == 1.0
+    assert f["per_model"]["m1"]["best_gap_pct"] == 0.0
