@@ -266,3 +266,15 @@ def test_validate_predicts_the_executors_runtime():
     assert p.parse_args(["validate", *common, "--out", "x", "--runtime",
                          "megatron"]).runtime == "megatron"
     assert p.parse_args(["estimate", *common, *LLAMA_JOB]).runtime == "megatron"
+
+
+def test_validate_out_that_is_a_file_fails_before_any_run(tmp_path, capsys, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("layouts ran before --out was checked")
+    monkeypatch.setattr("meshplan.calibrate.validate.run_layouts", refuse)
+    f = tmp_path / "accuracy"
+    f.write_text("mine")
+    assert main(["validate", "--model", "gpt-1.7b", "--cluster", "dgx-h100",
+                 "--out", str(f)]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert f.read_text() == "mine"
