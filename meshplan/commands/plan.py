@@ -128,7 +128,7 @@ def main(args) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
-    progress(f"planning {model.name} ({model.num_params() / 1e9:.2f}B) on {cluster.name} "
+    progress(f"planning {model.name} ({_params(model)}) on {cluster.name} "
              f"({cluster.num_gpus} GPUs), objective {args.objective}")
     p = run_plan(model, cluster, job, gpus=gpus, objective=args.objective, top_k=args.top_k,
                  constraints=constraints, solver=args.solver, progress=progress)
@@ -137,7 +137,7 @@ def main(args) -> int:
              f"({st.get('space_layouts', 0):,} layouts with stage partitions); "
              f"{st.get('tables_built', st.get('layouts_evaluated', 0)):,} evaluated, "
              f"{st.get('survivors', '-')} in the CP-SAT model, {st['wall_s']:.2f} s")
-    print(f"{model.name} ({model.num_params() / 1e9:.2f}B params) on {cluster.name} "
+    print(f"{model.name} ({_params(model)} params) on {cluster.name} "
           f"({cluster.nodes}×{cluster.gpus_per_node} {cluster.gpu.name}); batch "
           f"{job.global_batch}×{job.seq_len}; objective {args.objective}\n")
     print(_table(p))
@@ -152,6 +152,11 @@ def main(args) -> int:
         script = p.write_launch_script(args.launch_dir, args.launcher, overwrite=args.force)
         print(f"launch script written to {script} (with {script.parent / 'plan.json'})")
     return 0
+
+
+def _params(model) -> str:
+    n = model.num_params()
+    return f"{n / 1e9:.2f}B" if n < 1e13 else f"{n:.3g}"
 
 
 def _check_launch_dir(args) -> None:
