@@ -1,6 +1,9 @@
-"""Estimates per second on one core, over a realistic mix of layouts.
+"""Estimates per second on one core, over a realistic mix of layouts (goal: 20,000/s).
 
-    python benchmarks/costmodel_speed.py [--out docs/benchmarks/costmodel_speed.md]
+    python benchmarks/costmodel_speed.py [--repeats 3] [--out record.md]
+
+Prints the median and best rate over the passes; ``--out`` also writes them as a Markdown
+record with the date, machine and command. Results: docs/benchmarks/planner.md.
 
 The mix: gpt3-175b on 1024 A100s, every (tp, pp, micro-batch, schedule, vpp, recompute,
 ZeRO, sequence-parallel) combination the planner would consider. Caches are cleared

@@ -1,62 +1,30 @@
 #!/usr/bin/env bash
-# Issue 5 on a lent 4-GPU (or, with NPROC=2 and SET=holdout5, 2-GPU) machine: calibrate
-# once, then validate the held-out layouts.
+# The GPU accuracy protocol on a lent 4-GPU (or, with NPROC=2, 2-GPU) machine: calibrate once,
+# then validate a layout set of benchmarks/sets/layout_sets.toml on the same machine. Each
+# step is one device call (10 minutes at most); results go to $OUT, the profile also to $KEEP
+# so the next call on the same warm machine reuses it (a fresh machine calibrates first).
 #
-#   bash benchmarks/device_accuracy.sh calibrate   # ≈ 4 min: $OUT/profile.toml (+ a copy in $KEEP)
-#   bash benchmarks/device_accuracy.sh validate    # ≈ 8 min: $OUT/accuracy.{json,md,png}
-#   ONLY=u10,g08 bash benchmarks/device_accuracy.sh probe   # calibrate + a few layouts
-#   MBS=2,4,8 ... calibrate / SET=holdout3 ... validate       # round 4 (docs/benchmarks/accuracy.md)
-#   MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout4 ...   # next: the queued split, new layouts
-#   NPROC=2 MBS=2,4,8 SPLIT=queued ... calibrate / SET=holdout5 ...   # round 5, on 2 GPUs
-#   ONLY=n06,n12 SET=holdout4 PROFILE=docs/benchmarks/... bash ... trace   # profiler traces
-#   SET=holdout4 PROFILE=docs/benchmarks/profile_h200_round4.toml ... validate  # round 6
-#   ONLY=n09,n05 SET=holdout4 bash ... memory     # memory per pipeline action / step phase
-#   SNAPSHOT=1 ONLY=p04,p07 SET=holdout7 ... memory  # + what is alive at each rank's peak
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout7 ... validate  # round 7
-#   SET=holdout8 PROFILE=docs/benchmarks/profile_h200x4_round7.toml ... validate    # round 7
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout9 ... validate  # round 8
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout10 ... validate # round 9
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout11 ... validate # round 10
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout12 ... validate # round 11
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout13 ... validate # round 15
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout16 BUDGET=545 ... validate
-#     # round 16: validated twice (one call each), then validate_device.py --merge A,B --median
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout17 BUDGET=545 ... validate
-#     # round 17: the same protocol
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout18 BUDGET=545 ... validate
-#     # round 18: the same protocol
-#   SET=fsdp18 ONLY=f01,f03 BUDGET=200 ... trace   # round 18: DDP vs FSDP2 at the same work
-#   SNAPSHOT=1 ONLY=b04 SET=holdout18 ... memory     # round 18: zero-bubble full, last stage
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout19 BUDGET=545 ... validate
-#     # round 19: the same protocol; SNAPSHOT=1 ONLY=b14 SET=holdout18 ... memory after it
-#   ONLY=c01 SET=holdout19 BUDGET=150 ... trace   # round 19: a pipelined ZeRO-2 stage's kernels
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout20 BUDGET=545 ... validate
-#     # round 20: the same protocol; SNAPSHOT=1 ONLY=d03 SET=holdout20 ... memory and
-#     # ONLY=d07 / ONLY=d02 SET=holdout20 BUDGET=100 ... trace after it
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout21 BUDGET=545 ... validate
-#     # round 21: the same protocol; ONLY=e03 / ONLY=e02 SET=holdout21 BUDGET=100 ... trace and
-#     # SNAPSHOT=1 ONLY=e07,e08 / ONLY=e11 SET=holdout21 ... memory after it
-#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 ... calibrate / SET=holdout22 BUDGET=545 ... validate
-#     # next: the same protocol on the drawn set (benchmarks/draw_holdout.py, seed 22)
-#   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair12 ... validate
-#                                                      # round 12, on 2 GPUs
-#   SET=ddp13 PROFILE=docs/benchmarks/profile_h100x2_round12.toml ... validate  # round 13
-#   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair14 ... validate
-#                                                      # round 14, on 2 GPUs
+#   MBS=4,8 SPLIT=queued CAL_TIMEOUT=560 bash benchmarks/device_accuracy.sh calibrate
+#       # ≈ 7 min: $OUT/profile.toml, calibrate.log, gpus.csv, host_calibrate.txt
+#   SET=holdout25 BUDGET=545 bash benchmarks/device_accuracy.sh validate
+#       # ≈ 7 min: $OUT/accuracy.{json,md,png}, validate.log, logs.tgz; run twice, then
+#       # validate_device.py --merge A,B --median for the median beside call 2's result
 #   NPROC=2 MBS=2,4,8 SPLIT=queued CAL_TIMEOUT=460 ... calibrate / SET=pair16 ... validate
-#                                                      # next if only 2 GPUs: validate twice
-#   AFFINITY=split ... validate / probe / trace   # each rank pinned to its own physical cores
-#   ONLY=s02,s05,s15 SET=holdout10 PROFILE=... bash ... ab   # repeatability, pinned or not
-#   ARMS="none/auto none/manual split/manual" ONLY=... bash ... ab   # and with Python's GC on/off
-#   GC=auto ... validate    # CPython's collector left on in the timed steps (executor --gc)
-#   BLOCK_MARKS=1 ONLY=e03,e06 SET=holdout21 BUDGET=120 ... validate   # each block timed
-#     # (executor --block-marks, pp = 1 only; then step_phases.py accuracy.json --blocks)
-#   ONLY=w01,w02 SET=casts2 ... validate   # only these layouts of the set
-#   REPEATS=2 ... validate   # every layout twice, in rounds; each measured by its runs' median
+#       # the same on 2 GPUs
 #
-# The two steps are separate `device` calls (10 minutes per command at most); the second
-# reuses the profile the first left in $KEEP on the same (still warm) machine, and
-# calibrates again first if the machine is a fresh one.
+# Diagnostics of a few layouts (ONLY=name,name; SET=...; PROFILE=file to use a profile
+# calibrated earlier on this GPU type instead of $KEEP/profile.toml):
+#   ONLY=m07,m14 ... probe          # calibrate, then only these layouts
+#   ONLY=m07 ... trace              # torch.profiler traces; GPU compute vs NCCL overlap per rank
+#                                   # (benchmarks/trace_overlap.py)
+#   ONLY=m07 [SNAPSHOT=1] ... memory  # memory after every pipeline action and step phase
+#                                   # (benchmarks/memory_walk.py; SNAPSHOT: what is alive at the peak)
+#   ONLY=... [ARMS="none/manual split/manual"] ... ab   # repeatability under executor settings
+#                                   # (AFFINITY/GC per arm; benchmarks/compare_runs.py)
+#   BLOCK_MARKS=1 ONLY=... ... validate   # each block timed (then step_phases.py --blocks)
+#   AFFINITY=split / GC=auto / REPEATS=2 ... validate   # executor settings; every layout twice
+#
+# docs/benchmarks/accuracy.md has the protocol and the results of every round.
 set -euo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -157,8 +125,8 @@ case "${1:-}" in
     ;;
   memory)
     # GPU memory after every pipeline action and step phase of a few layouts (ONLY=name,name
-    # SET=...; PROFILE=file for the predictions): benchmarks/diag_stage_memory.py
-    timeout "${BUDGET:-300}" python benchmarks/diag_stage_memory.py --set "${SET:-holdout4}" \
+    # SET=...; PROFILE=file for the predictions): benchmarks/memory_walk.py
+    timeout "${BUDGET:-300}" python benchmarks/memory_walk.py --set "${SET:-holdout25}" \
       --only "$ONLY" --out "$KEEP/memory" ${PROFILE:+--profile "$PROFILE"} ${SNAPSHOT:+--snapshot} \
       >"$OUT/memory.log" 2>&1 || true
     (cd "$KEEP" && tar czf "$OUT/memory.tgz" memory) || true

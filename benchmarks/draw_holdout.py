@@ -6,8 +6,8 @@ already gets right. This draws one instead, by a seeded procedure fixed before a
 
 1. Candidates: every configuration the planner would consider for the model on 4 GPUs
    (:func:`meshplan.planner.space.enumerate_configs`, default :class:`Constraints`, the
-   sets' job ``JOB4``) with even stages, none in an earlier set of
-   ``benchmarks/validate_device.py``. A candidate must be one the cost model and the
+   sets' 64-sequence job) with even stages, none in an earlier set of
+   ``benchmarks/sets/layout_sets.toml``. A candidate must be one the cost model and the
    executor accept, fit an 80 GB H100 (the device may lend either card), and be GPU-bound
    on ``--profile`` with room to spare (CPU dispatch ≤ ``--max-host-load`` of the GPU's
    time; the host-bound case has its own caveat and is a separate question) and no
@@ -22,12 +22,13 @@ already gets right. This draws one instead, by a seeded procedure fixed before a
    its predicted steps add up to ≤ ``--max-total-s``; else draw again. The attempt count is
    printed, so the draw is reproducible and its rejections visible.
 
-    PYTHONPATH=. python benchmarks/draw_holdout.py \\
-        --profile docs/benchmarks/profile_h200x4_round21.toml --seed 22 --prefix o \\
-        --set holdout22
+    python benchmarks/draw_holdout.py \\
+        --profile docs/benchmarks/data/profiles/profile_h200x4_round26.toml --seed 27 \\
+        --prefix q --set holdout27
 
-prints the set as Python entries for ``validate_device.py``, each with its predicted step,
-CPU load and memory on the profile.
+prints the set as a ``[sets.NAME]`` table to append to ``benchmarks/sets/layout_sets.toml``
+(commit it before any of its layouts runs), each layout with its predicted step, CPU load
+and memory on the profile as a comment.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import validate_device as vd  # noqa: E402
+import layout_sets as ls  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
-from meshplan.spec import SCHEDULES, RECOMPUTE  # noqa: E402
+from meshplan.spec import RECOMPUTE, SCHEDULES, Layout  # noqa: E402
 from meshplan.spec.validate import check_layout  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
@@ -124,27 +125,24 @@ def draw(pools: dict, per_model: int, seed: int, max_total_s: float):
                      f"--max-total-s or --max-step-s")
 
 
-def _entry(name: str, model_var: str, layout, e) -> str:
-    defaults = vd.L()
-    kw = []
-    for field in ("dp", "pp", "tp", "micro_batch", "schedule", "vpp", "recompute", "zero",
-                  "sequence_parallel"):
-        v = getattr(layout, field)
-        if v != getattr(defaults, field):
-            kw.append(f"{field}=\"{v}\"" if isinstance(v, str) else f"{field}={v!r}")
-    head = f'    ("{name}", {model_var}, L('
-    lines, line = [], head
-    for i, k in enumerate(kw):
-        piece = k + ("," if i < len(kw) - 1 else ")),")
-        if len(line) + len(piece) + 1 > 95 and line != head:
-            lines.append(line.rstrip())
-            line = " " * len(head) + piece
-        else:
-            line += ("" if line.endswith("(") else " ") + piece
-    lines.append(line if kw else head + ")),")
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return repr(v)
+
+
+def _entry(name: str, model_name: str, layout, e) -> str:
+    """One layout as a line of a set in layout_sets.toml, its prediction as a comment."""
+    defaults = Layout().to_dict()
+    kv = [f'name = "{name}"', f'model = "{model_name}"'] + [
+        f"{k} = {_toml(v)}" for k, v in layout.to_dict().items() if v != defaults[k]]
     note = (f"    # {name}: {e.step_time_s:.3f} s, CPU {e.host_load:.2f}, "
             f"{e.memory_peak_bytes / GIB:.1f} GiB")
-    return "\n".join([note, *lines])
+    return f"{note}\n    {{ {', '.join(kv)} }},"
 
 
 def main(argv=None) -> int:
@@ -154,7 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--prefix", default="o", help="layout name prefix (default %(default)s)")
     ap.add_argument("--set", default=None, metavar="NAME",
-                    help="the name the drawn set has or will have in validate_device.py: a set "
+                    help="the name the drawn set has or will have in layout_sets.toml: a set "
                          "of that name is not an 'earlier set', so the draw can be repeated")
     ap.add_argument("--per-model", type=int, default=8)
     ap.add_argument("--max-host-load", type=float, default=0.75)
@@ -164,12 +162,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.profile).is_file():
         ap.error(f"--profile {args.profile}: no such file")
-    job = vd.JOB4
-    cluster = apply_profile(vd._gpu_cluster(args.gpu, 4), args.profile)
+    job = ls.JOB4
+    cluster = apply_profile(ls.gpu_cluster(args.gpu, 4), args.profile)
     h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
-    seen = {(m.name, l) for k, entries in vd.SETS.items() if k not in ("all", args.set)
+    seen = {(m.name, l) for k, entries in ls.SETS.items() if k not in ("all", args.set)
             for _, m, l in entries}
-    models = {"GPT_05B": vd.GPT_05B, "LLAMA_16B": vd.LLAMA_16B}
+    models = {m.name: m for m in (ls.GPT_05B, ls.LLAMA_16B)}
     pools = {}
     for var, model in models.items():
         pools[var] = candidates(model, cluster, h100, job, seen,
@@ -182,12 +180,14 @@ def main(argv=None) -> int:
     chosen, attempt = draw(pools, args.per_model, args.seed, args.max_total_s)
     total = sum(e.step_time_s for picks in chosen.values() for _, e in picks)
     print(f"# seed {args.seed}, attempt {attempt}: {total:.1f} s of predicted steps")
+    print(f"[sets.{args.set or 'NAME'}]\njob = \"gb64\"\nnproc = 4\nlayouts = [")
     i = 0
     for var, picks in chosen.items():
         for layout, e in sorted(picks, key=lambda x: (x[0].pp, x[0].tp, x[0].dp,
                                                      x[0].micro_batch)):
             i += 1
             print(_entry(f"{args.prefix}{i:02d}", var, layout, e))
+    print("]")
     return 0
 
 

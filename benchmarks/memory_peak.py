@@ -1,5 +1,5 @@
-"""What is alive at a rank's memory peak, by the code that allocated it (issue 5 memory
-diagnostics; used by ``diag_stage_memory.py --snapshot``).
+"""What is alive at a rank's memory peak, by the code that allocated it (a library for
+``memory_walk.py --snapshot``; no command of its own).
 
 ``torch.cuda.memory._record_memory_history`` logs every allocation and free with the Python
 stack that made it; :func:`peak_live_set` replays that log, finds the moment the allocated
@@ -17,7 +17,7 @@ figures are only what the trace saw.
 
 :func:`block_lifetimes` follows the large blocks instead: when each was allocated and when
 its free was requested, counted in *markers* — tiny allocations made by a function named
-:data:`MARKER` (``diag_stage_memory.py`` makes one after every step phase it logs), so that
+:data:`MARKER` (``memory_walk.py`` makes one after every step phase it logs), so that
 a block can be placed in the step's phases without clock time in the trace. A free made on
 a thread with no Python frames (the autograd engine's device thread, the NCCL watchdog)
 has no site: ``"(no Python frame)"``.

@@ -1,17 +1,18 @@
-"""Re-predict every measured 4-GPU set with the current cost model, each on its own profile.
+"""Re-predict every measured layout of the GPU sets with the current cost model, each on the
+profile its run used: the cost model's regression check against every measured layout.
 
     python benchmarks/repredict_sets.py                      # summary by shape
     python benchmarks/repredict_sets.py --only "pp1.*z[23]"  # and those layouts one by one
 
-Every ``docs/benchmarks/accuracy_<set>.json`` of ``SETS`` (the sets whose runs had their own
-calibration; holdout7 on) is re-scored with :func:`meshplan.calibrate.validate.rescore`
-against the profile its run used: the ``profile_*.toml`` whose provenance date the record's
-``gpu_profile`` names. The summary groups layouts by model and shape (FSDP2 over dp alone,
-pipelined FSDP2, zero-bubble, interleaved, other) and by CPU load (the model's
-``host_load``: below 80 % of the GPU's time, or not), and prints mean absolute, mean signed
-and maximum step-time error for each, then for all layouts with the CPU below the GPU. This
-is how model changes are checked against every measured layout before they are made
-(docs/benchmarks/accuracy.md, rounds 16-25): a change fitted on these layouts is post hoc
+Reads ``docs/benchmarks/data/measured_sets.json`` (the measured layouts of ``SETS``: the sets
+whose runs had their own calibration, holdout7 on, as run) and re-scores every layout with
+:func:`meshplan.calibrate.validate.rescore` on the cluster of its run with the profile that
+run used (``docs/benchmarks/data/profiles/``). The summary groups layouts by model and
+shape (FSDP2 over dp alone, pipelined FSDP2, zero-bubble, interleaved, other) and by CPU
+load (the model's ``host_load``: below 80 % of the GPU's time, or not), and prints mean
+absolute, mean signed and maximum step-time error for each, then for all layouts with the
+CPU below the GPU. Model changes are checked against every measured layout with it before
+they are made (docs/benchmarks/accuracy.md): a change fitted on these layouts is post hoc
 until a new held-out set has run.
 """
 
@@ -22,68 +23,69 @@ import json
 import re
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from layout_sets import GPT_05B, LLAMA_16B, gpu_cluster  # noqa: E402
 from meshplan.calibrate.validate import rescore  # noqa: E402
-from meshplan.spec import Job  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
-from validate_device import GPT_05B, LLAMA_16B, _gpu_cluster  # noqa: E402
+from meshplan.spec import Job  # noqa: E402
 
-BENCH = ROOT / "docs" / "benchmarks"
+DATA = ROOT / "docs" / "benchmarks" / "data"
+MEASURED = DATA / "measured_sets.json"
 SETS = tuple(f"holdout{i}" for i in (7, 8, 9, 10, 11, 12, 13, *range(16, 26))) \
     + ("pair12", "pair14", "pair16")
 NEAR_HOST_LOAD = 0.8
 
 
-def profiles_by_date(bench: Path = BENCH) -> dict[str, Path]:
-    """Each committed profile by its provenance date (how a run's record names it)."""
-    out = {}
-    for f in sorted(bench.glob("profile_*.toml")):
-        with open(f, "rb") as fh:
-            date = tomllib.load(fh).get("provenance", {}).get("date")
-        if date:
-            out[date] = f
-    return out
+def load_measured(path: Path = MEASURED) -> dict[str, dict]:
+    """Every measured set of ``path`` by name: its run's metadata (``gpu_name``, ``nproc``,
+    ``job``, ``gpu_profile``, ``profile``: the profile file relative to ``path``) and its
+    ``records``."""
+    return json.loads(path.read_text())["sets"]
 
 
-def set_context(name: str, profiles: dict[str, Path], bench: Path = BENCH):
-    """A measured set's (accuracy document, cluster on the profile its run used, job), or
-    None where no profile in ``profiles`` (:func:`profiles_by_date`) has the date its
-    ``gpu_profile`` names."""
-    doc = json.loads((bench / f"accuracy_{name}.json").read_text())
-    found = re.search(r"(\d{4}-\d\d-\d\dT[\d:]+\+00:00)", str(doc.get("gpu_profile")))
-    profile = profiles.get(found.group(1)) if found else None
-    if profile is None:
-        return None
-    cluster = apply_profile(_gpu_cluster(doc["gpu_name"], int(doc.get("nproc") or 4)), profile)
+def set_context(name: str, measured: dict[str, dict], data: Path = DATA):
+    """A measured set's (metadata and records, cluster on the profile its run used, job)."""
+    if name not in measured:
+        raise SystemExit(f"repredict_sets: no measured set {name!r} in {MEASURED}; known: "
+                         f"{', '.join(measured)}")
+    doc = measured[name]
+    cluster = apply_profile(gpu_cluster(doc["gpu_name"], int(doc["nproc"])),
+                            data / doc["profile"])
     return doc, cluster, Job.from_dict(doc["job"])
 
 
-def measured_records(sets, bench: Path = BENCH):
+def measured_records(sets, path: Path = MEASURED):
     """(set, cluster, job, record) for every layout that ran in ``sets``, the cluster on the
-    profile its run used; a set without a committed profile is skipped with a message."""
-    profiles = profiles_by_date(bench)
+    profile its run used."""
+    measured = load_measured(path)
     for name in sets:
-        context = set_context(name, profiles, bench)
-        if context is None:
-            print(f"{name}: no committed profile for its run, skipped", file=sys.stderr)
-            continue
-        doc, cluster, job = context
+        doc, cluster, job = set_context(name, measured, path.parent)
         for rec in doc["records"]:
             if rec.get("status") == "ok":
                 yield name, cluster, job, rec
 
 
-def repredict(sets=SETS, bench: Path = BENCH) -> list[tuple[str, dict]]:
+def accuracy_doc(name: str, path: Path = MEASURED) -> dict:
+    """A measured set as an ``accuracy.json`` of ``validate_device.py`` (its run's metadata
+    and records, the prediction each ran with as ``predicted``): for ``validate_device.py
+    --repredict`` and ``--merge``."""
+    doc = dict(load_measured(path)[name])
+    records = [{**{k: v for k, v in r.items() if k != "predicted_as_run"},
+                "predicted": r["predicted_as_run"]} for r in doc.pop("records")]
+    return {**doc, "device": "cuda", "profile": str(path.parent / doc["profile"]),
+            "records": records}
+
+
+def repredict(sets=SETS, path: Path = MEASURED) -> list[tuple[str, dict]]:
     """(set, re-scored record) for every layout that ran, on its own profile."""
     models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
     return [(name, rescore(rec, models[rec["model"]], cluster, job))
-            for name, cluster, job, rec in measured_records(sets, bench)]
+            for name, cluster, job, rec in measured_records(sets, path)]
 
 
 def shape(layout: dict) -> str:

@@ -1,30 +1,26 @@
-"""Where each validated layout's step goes after its passes, measured against the model.
+"""Where each validated layout's step goes, phase by phase, beside the model's prediction.
 
-    python benchmarks/step_phases.py docs/benchmarks/accuracy_holdout20.json [--only "z[23]"]
+    python benchmarks/step_phases.py RUN/accuracy.json [--only "z[23]"]
+    python benchmarks/step_phases.py RUN/accuracy.json --blocks \
+        --profile docs/benchmarks/data/profiles/profile_h200x4_round26.toml
 
-The executor times every step in phases (``ParallelTrainer.step``'s marks, since round 19):
+Reads an ``accuracy.json`` of ``validate_device.py`` (its records keep the executor's phase
+marks). The executor times every step in phases (``ParallelTrainer.step``'s marks):
 "passes" (forward and backward of every micro-batch, the pipeline schedule), "grads"
 (gradient averaging outside DDP/FSDP2), "optimizer", "loss" (the global loss all-reduce),
 each on the device's timeline (CUDA events: waits for the CPU included) and the host's.
-Without a pipeline the passes are marked per micro-batch as well ("forward i", "backward i";
-since round 20), and they count as passes here.
-This prints, per layout, the slowest rank's passes and tail (grads + optimizer + loss) beside
-the model's: its step less its tail, and its tail (``predicted.tail_s``: exposed data-parallel
-communication and the optimizer); where the run has per-micro-batch marks, that rank's
-first forward and the mean of its later ones (a step that starts with the GPU's queue
-empty pays in its first forward), and its mean backward. Round 19's question: FSDP2 layouts
-the model calls GPU-bound missed by −38..+42 ms per step while their layers' compute matched
-the calibration (c01's trace; docs/benchmarks/accuracy.md); round 20 found the miss in the
-passes.
+Without a pipeline the passes are marked per micro-batch as well ("forward i", "backward i"),
+and they count as passes here. This prints, per layout, the slowest rank's passes and tail
+(grads + optimizer + loss) beside the model's: its step less its tail, and its tail
+(``predicted.tail_s``: exposed data-parallel communication and the optimizer); where the run
+has per-micro-batch marks, that rank's first forward and the mean of its later ones (a step
+that starts with the GPU's queue empty pays in its first forward), and its mean backward.
 
-Runs with the executor's ``--block-marks`` (``BLOCK_MARKS=1 ... validate``, round 21 on) also
-time each transformer block's forward and backward: ``--blocks`` prints them per layout,
-for the slowest rank — each block's first micro-batch and the mean of its later ones — beside
-the per-layer forward and backward the cost model prices from ``--profile`` (the calibrated
-rows, :func:`meshplan.costmodel.estimate.layer_tables`)::
-
-    python benchmarks/step_phases.py accuracy.json --blocks \
-        --profile docs/benchmarks/profile_h200x4_round21.toml
+Runs with the executor's ``--block-marks`` (``BLOCK_MARKS=1 ... device_accuracy.sh
+validate``) also time each transformer block's forward and backward: ``--blocks`` prints
+them per layout, for the slowest rank — each block's first micro-batch and the mean of its
+later ones — beside the per-layer forward and backward the cost model prices from
+``--profile`` (the calibrated rows, :func:`meshplan.costmodel.estimate.layer_tables`).
 """
 
 from __future__ import annotations
@@ -127,10 +123,10 @@ def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path, *,
     priced from the plain (autocast) rows instead of FSDP2's — round 21's lead: GPT's
     FSDP2 steps at micro-batch 16 ran as slow as the plain rows plus FSDP2's own cost."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import validate_device as vd
+    import layout_sets as ls
     from meshplan.costmodel.estimate import layer_tables
     from meshplan.spec import Job, Layout
-    model = {m.name: m for m in (vd.GPT_05B, vd.LLAMA_16B)}.get(record.get("model"))
+    model = ls.MODELS.get(record.get("model"))
     if model is None:
         return None
     layout = Layout.from_dict(record["layout"])
@@ -144,9 +140,9 @@ def predicted_layer_ms(record: dict, job: dict, gpu_name: str, profile: Path, *,
 @functools.lru_cache(maxsize=8)
 def _profiled_cluster(gpu_name: str, nproc: int, profile: Path):
     """The lent GPUs' cluster with ``profile`` applied, read once per run of this script."""
-    import validate_device as vd
+    import layout_sets as ls
     from meshplan.hardware_profiles.calibrated import apply_profile
-    return apply_profile(vd._gpu_cluster(gpu_name, nproc), profile)
+    return apply_profile(ls.gpu_cluster(gpu_name, nproc), profile)
 
 
 def _first_later(vals: list[float] | None) -> str:

@@ -15,8 +15,7 @@ from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import (ConfigError, ExecutorError, MeshplanError, MeshplanWarning,
                              NoFeasiblePlan, PlanFileError, ProfileError, UnknownPresetError)
 from meshplan.hardware_profiles import Cluster, GPUSpec
-
-__version__ = "0.1.0"
+from meshplan._version import __version__
 
 
 def __getattr__(name):  # lazy: keeps `import meshplan` light

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from meshplan.calibrate.validate import STEADY_SPREAD_PCT
+from meshplan.calibrate.stats import STEADY_SPREAD_PCT
 from meshplan.costmodel.estimate import HOST_NEAR_LOAD_TEXT
 
 GIB = 2**30

@@ -74,7 +74,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
-    from meshplan import __version__
+    from meshplan._version import __version__
     cuda = device.type == "cuda"
     nccl = ""
     if cuda:

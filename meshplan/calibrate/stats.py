@@ -7,6 +7,10 @@ from typing import Sequence
 
 from meshplan.errors import ConfigError
 
+# a layout's measured steps are "steady" when their spread (p90 − p10) is within this share of
+# the median step
+STEADY_SPREAD_PCT = 5.0
+
 
 def two_depth_fit(n1: float, t1: float, n2: float, t2: float) -> tuple[float, float]:
     """(per-call, per-layer) seconds of a call timed at ``t1`` on ``n1`` layers and ``t2``

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from meshplan.calibrate.stats import pct_error, spearman
+from meshplan.calibrate.stats import STEADY_SPREAD_PCT, pct_error, spearman
 from meshplan.costmodel import estimate
 from meshplan.costmodel.estimate import HOST_NEAR_LOAD, HOST_NEAR_LOAD_TEXT, is_host_bound
 from meshplan.spec import SCHEDULES, Job, Layout, ModelSpec
@@ -381,8 +381,6 @@ def read_measurement(doc: dict[str, Any], nranks: int) -> dict[str, Any]:
 
 
 # ---- summary ---------------------------------------------------------------------------------
-STEADY_SPREAD_PCT = 5.0   # a layout's measured steps are "steady" within this spread
-
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in records if r.get("status") == "ok"]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from pathlib import Path
 
 from meshplan.spec import RECOMPUTE, SCHEDULES, Job, Layout, ModelSpec
-from meshplan.errors import ConfigError, MeshplanError
+from meshplan.spec.resolve import load_model
+from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.resolve import load_cluster
 
 
 def positive_int(text: str) -> int:
@@ -85,55 +84,6 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--stage-layers", default=None,
                    help="comma-separated layers per (virtual) stage, e.g. 9,10,10,9")
-
-
-def load_model(text: str) -> ModelSpec:
-    """A preset name, a Hugging Face ``config.json`` (or a model directory holding one), or a
-    meshplan ModelSpec JSON file (an object with ``name``, ``num_layers`` and
-    ``hidden_size`` and no ``model_type`` / ``architectures``, as ``ModelSpec.to_dict``
-    writes it)."""
-    if text.endswith(".json") or os.path.sep in text:
-        path = Path(text)
-        if path.is_dir():
-            return ModelSpec.from_hf_config(path)   # a model directory: its config.json
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"model file {text!r} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read model file {text!r}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"model file {text!r} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"model file {text!r} must hold a JSON object (a Hugging Face "
-                              f"config or a meshplan ModelSpec), got {type(data).__name__}")
-        if _is_modelspec_json(data):
-            try:
-                return ModelSpec.from_dict(data)
-            except MeshplanError as exc:
-                raise ConfigError(f"model file {text!r}: {exc}") from None
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"model file {text!r} is not a valid meshplan ModelSpec: "
-                                  f"{exc}") from None
-        return ModelSpec.from_hf_config(path)
-    return ModelSpec.preset(text)
-
-
-def _is_modelspec_json(data: dict) -> bool:
-    return ({"name", "num_layers", "hidden_size"} <= set(data)
-            and not {"model_type", "architectures"} & set(data))
-
-
-def load_cluster(text: str, nodes: int | None, profile: str | None = None,
-                 override: bool = False) -> Cluster:
-    if text.endswith(".toml") or os.path.sep in text:
-        cluster = Cluster.from_toml(Path(text), nodes=nodes)
-    else:
-        cluster = Cluster.preset(text, nodes=nodes)
-    if profile:
-        from meshplan.hardware_profiles.calibrated import apply_profile
-        cluster = apply_profile(cluster, Path(profile), override=override)
-    return cluster
 
 
 def model_cluster_from_args(args) -> tuple[ModelSpec, Cluster]:

@@ -23,7 +23,6 @@ append it to :data:`CORRECTIONS`, and test its predicate and its effect.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 from meshplan.costmodel import first_backward, torch_p2p
@@ -199,29 +198,12 @@ def memory_rule(name: str, applies: Callable[[object], bool], effect: Callable) 
     return Correction(name, "memory", (), applies, effect)
 
 
-def applied(t) -> tuple[str, ...]:
-    """Names of the corrections that apply to a layout's tables ``t`` (registry order)."""
-    return tuple(c.name for c in _for_runtime(t.job.runtime) if c.applies(t))
-
-
-@lru_cache(maxsize=None)
-def _for_runtime(runtime: str) -> tuple[Correction, ...]:
-    return tuple(c for c in all_corrections() if runtime in c.runtimes)
-
-
-def all_corrections() -> tuple[Correction, ...]:
-    """The registry: the numbered corrections and the memory rules
-    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`)."""
-    from meshplan.costmodel.memory_reliefs import MEMORY_RULES
-    return CORRECTIONS + MEMORY_RULES
-
-
 def unsharded_zb(job: Job, layout: Layout) -> bool:
     """Zero-bubble over FSDP2 accumulating unsharded gradients (a caveat, not priced)."""
     return layout.schedule == "zero-bubble" and fsdp_accumulates_unsharded(
         job, layout.zero, layout.dp, layout.pp)
 
 
-__all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES", "all_corrections", "applied",
+__all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
            "stage_slowdown", "p2p_order_applies", "zb_full_sets", "fsdp_dp_only",
            "fsdp2_step_s", "cast_cache_ranks", "memory_rule"]

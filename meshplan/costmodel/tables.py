@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.costmodel import corrections as corr
+from meshplan.costmodel import registry
 from meshplan.costmodel.build import build_fields
 from meshplan.costmodel.data_parallel import group_links
 from meshplan.costmodel.host import HostDispatch
@@ -54,7 +54,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
                         layout.sequence_parallel, layout.recompute, links.tp, links.pp)
     t = LayerTables(**build_fields(model, cluster, job, layout, links, parts))
-    applied = corr.applied(t)
+    applied = registry.applied(t)
     if applied:
         object.__setattr__(t, "corrections", applied)
     return t

@@ -131,8 +131,7 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     env = os.environ.copy()
     # the ranks import the same meshplan as this process, installed or not
-    import meshplan
-    root = str(Path(meshplan.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     rc, stderr_tail = _supervise(cmd, env)
     if rc != 0:

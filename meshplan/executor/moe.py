@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from meshplan.executor.mlp import MLP, seeded_normal
 from meshplan.spec import ModelSpec
 
 GROUP_ALIGN_ROWS = 8    # 16-byte alignment of bf16 token groups for grouped_mm's backward
@@ -88,7 +89,6 @@ class GroupedExperts(nn.Module):
     @torch.no_grad()
     def init_expert_weights(self, seed: int, prefix: str, std: float, proj_std: float) -> None:
         """Expert g's weights drawn from (seed, name, g), whichever rank holds it."""
-        from meshplan.executor.model import seeded_normal
         for e in range(self.count):
             g = self.first + e
             for name, s in (("w_in", std), ("w_out", proj_std)):
@@ -209,7 +209,6 @@ class MoELayer(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        from meshplan.executor.model import MLP
         self.num_experts, self.top_k = spec.num_experts, spec.experts_per_token
         self.sigmoid, self.norm_topk = spec.router == "sigmoid", spec.router_norm_topk
         self.capacity_factor = spec.capacity_factor

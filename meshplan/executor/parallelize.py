@@ -68,6 +68,9 @@ def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     if job.precision == "fp16":
         raise ExecutorError("Job.precision = 'fp16' needs loss scaling, which the executor does "
                             "not implement; use 'bf16' or 'fp32'")
+    if job.precision == "fp8":
+        from meshplan.executor.fp8 import check_layout_fp8
+        check_layout_fp8(job, layout)
     n = job.global_batch // per
     check_schedule(layout, n)
     return n
@@ -110,7 +113,8 @@ class ParallelTrainer:
         self.model_spec, self.job, self.layout, self.groups = model, job, layout, groups
         self.device = device
         self.num_microbatches = check_layout_runnable(model, job, layout)
-        self.bf16 = device.type == "cuda" and job.precision == "bf16"
+        # fp8: the linears' GEMMs in fp8 (meshplan.executor.fp8), everything else as bf16
+        self.bf16 = device.type == "cuda" and job.precision in ("bf16", "fp8")
         act_dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.use_autocast = self.bf16 and layout.zero < 2
         self.shards: dict[str, tpm.ShardSpec] = {}
@@ -128,12 +132,18 @@ class ParallelTrainer:
             m.to_empty(device=device)
             m.init_weights(seed)
             if layout.tp > 1:
-                self.shards.update(tpm.apply_tensor_parallel(m, groups.tp_group,
-                                                             sequence_parallel=sp))
+                self.shards.update(tpm.apply_tensor_parallel(
+                    m, groups.tp_group, sequence_parallel=sp,
+                    moe=epm.apply_tensor_parallel_moe))
             if layout.cp > 1:
                 from meshplan.executor.context_parallel import apply_context_parallel
                 apply_context_parallel(m, groups.cp_group, style=layout.cp_style,
                                        seq_len=job.seq_len)
+            if job.precision == "fp8":
+                from meshplan.executor.fp8 import convert_to_fp8
+                convert_to_fp8(m, job.fp8_recipe, device=device,
+                               tp_group=groups.tp_group if layout.tp > 1 else None,
+                               tokens=layout.micro_batch * job.seq_len // layout.cp)
             m.activation_dtype = act_dtype if self.bf16 else None
             for block in m.layers.values():
                 block.recompute_block = layout.recompute == "full"

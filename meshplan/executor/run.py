@@ -383,7 +383,11 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the results below are the real ones
         summary = summarize(times)
         step_s = summary["median"] if summary else None
-        peak_flops = plan.cluster.gpu.peak_flops(job.precision) if device_type == "cuda" else None
+        # MFU against the 16-bit peak for fp8 too (as torchtitan reports it): only the
+        # linears run fp8, and one yardstick keeps bf16 and fp8 runs comparable
+        mfu_precision = "bf16" if job.precision == "fp8" else job.precision
+        peak_flops = (plan.cluster.gpu.peak_flops(mfu_precision) if device_type == "cuda"
+                      else None)
         alloc = [r["allocated_bytes"] for r in per_rank if r["allocated_bytes"] is not None]
         reserved = [r["reserved_bytes"] for r in per_rank if r["reserved_bytes"] is not None]
         measured = {

@@ -11,6 +11,7 @@ from meshplan.errors import ExecutorError
 from meshplan.executor.affinity import AFFINITY_MODES
 from meshplan.executor.gc_control import DEFAULT_GC_PERIOD_STEPS, GC_MODES
 from meshplan.planner.planfile import PlanRecord
+from meshplan.spec.choices import FP8_RECIPES
 
 FIRST_STEP_SETTLE_S = 0.25
 #: collectives wait this long for a peer before the run fails (NCCL's own default is 600 s;
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "DDP's first-step bucket is freed on every rank when the second step "
                         "rebuilds the buckets (see settle_after_first_step); 0 turns it off "
                         f"[{FIRST_STEP_SETTLE_S}]")
+    p.add_argument("--precision", default=None, choices=("bf16", "fp32", "fp8"),
+                   help="run in this precision instead of the plan's Job.precision; the plan's "
+                        "prediction (for its own precision) is then left out of the results "
+                        "(fp8: docs/fp8.md)")
+    p.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
+                   help="with fp8: how fp8 operands are scaled [the plan's, else tensorwise]")
     p.add_argument("--block-marks", action="store_true",
                    help="diagnostic: also time each transformer block's forward and backward "
                         "on the device (results' phase_median_ms gains 'block i forward' / "
@@ -89,7 +96,8 @@ def gpu_family(name: str) -> str | None:
 
 def effective_plan(plan: PlanRecord, args) -> PlanRecord:
     """The plan as run: ``--candidate I`` picks an alternative, ``--compile`` sets
-    ``Layout.compile`` (the results file then records what ran)."""
+    ``Layout.compile``, ``--precision`` / ``--fp8-recipe`` set the job's (the results file
+    then records what ran)."""
     from meshplan.spec import Layout
     if args.candidate is not None:
         n = len(plan.candidates)
@@ -108,7 +116,23 @@ def effective_plan(plan: PlanRecord, args) -> PlanRecord:
                                                                         or {}))
     if args.compile and not plan.layout.compile:
         plan = dataclasses.replace(plan, layout=plan.layout.replace(compile=True))
-    return plan
+    return override_precision(plan, args.precision, args.fp8_recipe)
+
+
+def override_precision(plan: PlanRecord, precision: str | None,
+                       fp8_recipe: str | None) -> PlanRecord:
+    """The plan with ``--precision`` / ``--fp8-recipe`` applied; a prediction made for
+    another precision or recipe is dropped rather than compared with this run."""
+    job = plan.job
+    precision = precision or job.precision
+    if fp8_recipe is not None and precision != "fp8":
+        raise ExecutorError(f"--fp8-recipe {fp8_recipe} needs --precision fp8 (the plan's "
+                            f"precision is {job.precision!r})")
+    recipe = fp8_recipe or (job.fp8_recipe if precision == "fp8" else FP8_RECIPES[0])
+    new = dataclasses.replace(job, precision=precision, fp8_recipe=recipe)
+    if new == job:
+        return plan
+    return dataclasses.replace(plan, job=new, prediction={})
 
 
 def check_checkpoint_args(plan: PlanRecord, args) -> None:
@@ -190,5 +214,5 @@ def preflight(plan: PlanRecord, args, world: int, local_world: int) -> str:
     return device
 
 
-__all__ = ["build_parser", "preflight", "effective_plan", "gpu_family", "FIRST_STEP_SETTLE_S",
-           "DEFAULT_TIMEOUT_S"]
+__all__ = ["build_parser", "preflight", "effective_plan", "override_precision", "gpu_family",
+           "FIRST_STEP_SETTLE_S", "DEFAULT_TIMEOUT_S"]

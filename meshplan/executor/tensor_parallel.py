@@ -219,7 +219,10 @@ class ColumnParallelLinear(nn.Module):
 
     Input: full activations (or, with sequence parallelism, this rank's sequence slice,
     all-gathered first). Output: this rank's slice of the features, full sequence.
+    ``matmul`` (``F.linear``'s signature) is replaced for fp8 (meshplan.executor.fp8).
     """
+
+    matmul = staticmethod(F.linear)
 
     def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool,
                  sections: tuple[int, ...] | None = None):
@@ -234,7 +237,7 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x):
         x = to_compute_dtype(x)
         x = gather_from_sp(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
-        return F.linear(x, self.weight, self.bias)   # (b, s, out/tp)
+        return self.matmul(x, self.weight, self.bias)   # (b, s, out/tp)
 
 
 class RowParallelLinear(nn.Module):
@@ -242,6 +245,8 @@ class RowParallelLinear(nn.Module):
 
     The bias is added once, after the reduction (replicated; partial gradient under SP).
     """
+
+    matmul = staticmethod(F.linear)
 
     def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool):
         super().__init__()
@@ -252,7 +257,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x):
-        y = F.linear(x, self.weight)                 # (b, s, out), partial sum
+        y = self.matmul(x, self.weight)              # (b, s, out), partial sum
         y = (reduce_scatter_to_sp(y, self.group) if self.sequence_parallel
              else reduce_from_tp(y, self.group))     # (b, s/tp, out) or (b, s, out)
         # the bias in y's dtype, as nn.Linear under autocast adds it: an fp32 bias would
@@ -358,12 +363,15 @@ class VocabParallelHead(nn.Module):
 
 
 # ---- apply to a model ------------------------------------------------------------------
-def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str, ShardSpec]:
+def apply_tensor_parallel(model, group, *, sequence_parallel: bool,
+                          moe=None) -> dict[str, ShardSpec]:
     """Replace the linears, embedding and head of ``model`` (a :class:`Transformer` or a
     part of one) by their tp versions, slicing the full weights already in place.
 
     Returns {parameter name: ShardSpec} for the sharded parameters (names unchanged);
-    the parameters not listed are replicated over tp.
+    the parameters not listed are replicated over tp. ``moe`` splits an MoE layer's MLP
+    (:func:`meshplan.executor.expert_parallel.apply_tensor_parallel_moe`; passed in so that
+    the dense tp layers do not import the expert code, which builds on them).
     """
     size = dist.get_world_size(group)
     spec = model.spec
@@ -383,10 +391,12 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool) -> dict[str,
         if spec.bias:
             shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
         if hasattr(mlp, "experts"):    # an MoE layer: its shared experts, token slicing
-            from meshplan.executor.expert_parallel import apply_tensor_parallel_moe
-            shards.update(apply_tensor_parallel_moe(mlp, group, spec,
-                                                    sequence_parallel=sequence_parallel,
-                                                    prefix=p + "mlp."))
+            if moe is None:
+                raise ExecutorError(
+                    f"layer {lname} is an MoE layer: pass moe="
+                    f"meshplan.executor.expert_parallel.apply_tensor_parallel_moe")
+            shards.update(moe(mlp, group, spec, sequence_parallel=sequence_parallel,
+                              prefix=p + "mlp."))
         else:
             shards.update(parallelize_mlp(mlp, group, spec.ffn_hidden_size, spec,
                                           sequence_parallel=sequence_parallel,

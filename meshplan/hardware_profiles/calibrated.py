@@ -216,7 +216,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
             layers = [_v1_layer_row(r) for r in layers]
         layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
     if layers or ends:
-        from meshplan.costmodel.measured import tables_from_rows
+        from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
     corr = get(doc, "corrections", dict, where, None)
     if corr is not None:

@@ -45,7 +45,7 @@ def plan_document(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                   prediction: dict[str, Any] | None = None,
                   candidates: list[dict[str, Any]] | None = None,
                   search: dict[str, Any] | None = None) -> dict[str, Any]:
-    from meshplan import __version__
+    from meshplan._version import __version__
     doc = {
         "schema": SCHEMA, "version": VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import (check_model_modelled, check_seq_len,
+from meshplan.spec.validate import (check_job_modelled, check_model_modelled, check_seq_len,
                                      zero_bubble_under_zero3)
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
@@ -196,7 +196,8 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     """Errors no layout can avoid (seq_len beyond learned position embeddings, model parts
-    the cost model does not price), and the warning for a sequence past a RoPE model's
-    maximum."""
+    or job settings the cost model does not price), and the warning for a sequence past a
+    RoPE model's maximum."""
     check_model_modelled(model)
+    check_job_modelled(job)
     check_seq_len(model, job)

@@ -62,7 +62,7 @@ def _as_model(model: ModelSpec | str) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
-        from meshplan.commands.common import load_model
+        from meshplan.spec.resolve import load_model
         return load_model(model)
     raise ConfigError(f"model must be a ModelSpec or a preset name, got {type(model).__name__}")
 
@@ -71,7 +71,7 @@ def _as_cluster(cluster: Cluster | str) -> Cluster:
     if isinstance(cluster, Cluster):
         return cluster
     if isinstance(cluster, str):
-        from meshplan.commands.common import load_cluster
+        from meshplan.hardware_profiles.resolve import load_cluster
         return load_cluster(cluster, None)
     raise ConfigError(f"cluster must be a Cluster or a preset name, got {type(cluster).__name__}")
 
@@ -212,7 +212,7 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     sections = _sections(model, cluster, job, objective, rec, summary, outcomes, main,
                          gpu_outcomes, batch_outcomes, seq_outcomes, loaded)
     title = f"Capacity plan: {model.name} on {cluster.gpu.name}"
-    from meshplan import __version__
+    from meshplan._version import __version__
     meta = (f"{model.name} ({model.num_params() / 1e9:.1f}B parameters) on {cluster.name} "
             f"({cluster.gpus_per_node} × {cluster.gpu.name} per node, "
             f"${cluster.price_per_gpu_hour:.2f}/GPU-hour); global batch {job.global_batch} × "

@@ -6,8 +6,9 @@ so the planner, executor, calibration and reports take their types from here rat
 the cost model.
 """
 
-from meshplan.spec.choices import (ACTIVATIONS, CP_STYLES, NORMS, OPTIMIZERS, POSITIONS,
-                                   PRECISIONS, RECOMPUTE, ROUTERS, RUNTIMES, SCHEDULES)
+from meshplan.spec.choices import (ACTIVATIONS, CP_STYLES, FP8_RECIPES, NORMS, OPTIMIZERS,
+                                   POSITIONS, PRECISIONS, RECOMPUTE, ROUTERS, RUNTIMES,
+                                   SCHEDULES)
 from meshplan.spec.job import Job
 from meshplan.spec.layout import Layout, default_stage_layers
 from meshplan.spec.model import ModelSpec
@@ -16,4 +17,4 @@ from meshplan.spec.validate import ZB_ZERO3_UNSUPPORTED, check_layout, zero_bubb
 __all__ = ["ModelSpec", "Job", "Layout", "default_stage_layers", "check_layout",
            "zero_bubble_under_zero3", "ZB_ZERO3_UNSUPPORTED", "ACTIVATIONS", "NORMS", "POSITIONS",
            "SCHEDULES", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "RUNTIMES", "CP_STYLES",
-           "ROUTERS"]
+           "ROUTERS", "FP8_RECIPES"]

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import ConfigError, require_choice, require_positive_int
 from meshplan.spec._dicts import from_dict
-from meshplan.spec.choices import OPTIMIZERS, PRECISIONS, RUNTIMES
+from meshplan.spec.choices import FP8_RECIPES, OPTIMIZERS, PRECISIONS, RUNTIMES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +34,24 @@ class Job:
       parameter; fp32 gradient reduction (DDP buckets; after the schedule when pipelined);
       ZeRO-1 = DDP all-reduce + ``ZeroRedundancyOptimizer`` broadcasts of the updated fp32
       shards; ZeRO-2/3 = FSDP2, which gathers and reduce-scatters every micro-batch.
+
+    ``precision="fp8"`` runs the transformer layers' linear GEMMs (forward and both backward
+    GEMMs) in 8-bit floating point and the rest as bf16; ``fp8_recipe`` says how the fp8
+    operands are scaled (docs/fp8.md):
+
+    * ``"tensorwise"`` (default): one scale per tensor from its current amax (dynamic
+      scaling, torchao's "tensorwise"); e4m3 forward, e5m2 gradients.
+    * ``"delayed"``: one scale per tensor from an amax history of earlier steps
+      (TransformerEngine's ``DelayedScaling``); e4m3 forward, e5m2 gradients.
+    * ``"rowwise"``: one scale per row of each GEMM operand along its contracted dimension
+      (torchao's "rowwise"); e4m3 everywhere.
+    * ``"blockwise"``: DeepSeek-V3's 1×128 tiles for activations and gradients, 128×128
+      blocks for weights (arXiv 2412.19437 §3.3); e4m3 everywhere.
+    * ``"mxfp8"``: OCP microscaling, one power-of-two scale per 32 elements; Blackwell
+      GPUs only.
+
+    ``fp8_recipe`` is only meaningful with ``precision="fp8"``; another value with another
+    precision is refused rather than ignored.
     """
 
     global_batch: int
@@ -45,6 +63,7 @@ class Job:
     overlap_dp_comm: bool = True
     overlap_tp_comm: bool = False
     runtime: str = "megatron"
+    fp8_recipe: str = "tensorwise"
 
     def __post_init__(self) -> None:
         require_positive_int("Job", "global_batch", self.global_batch)
@@ -52,6 +71,11 @@ class Job:
         require_positive_int("Job", "seq_len", self.seq_len)
         require_choice("Job", "precision", self.precision, PRECISIONS)
         require_choice("Job", "optimizer", self.optimizer, OPTIMIZERS)
+        require_choice("Job", "fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.precision != "fp8" and self.fp8_recipe != FP8_RECIPES[0]:
+            raise ConfigError(f"Job.fp8_recipe = {self.fp8_recipe!r} applies only with "
+                              f"precision = 'fp8', got precision = {self.precision!r}; use "
+                              f"precision='fp8' or leave fp8_recipe at {FP8_RECIPES[0]!r}")
         if self.tokens is not None and not (isinstance(self.tokens, (int, float))
                                             and self.tokens > 0):
             raise ConfigError(f"Job.tokens must be a positive number, got {self.tokens!r}")

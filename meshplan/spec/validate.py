@@ -46,11 +46,24 @@ def check_seq_len(model: ModelSpec, job: Job) -> None:
         stacklevel=3)
 
 
-def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
-    """Refuse the layout dimensions (and, given ``model``, the model features) the cost model
-    does not price yet, rather than predict them as if they were absent."""
+def check_job_modelled(job: Job) -> None:
+    """Refuse the job settings the cost model does not price yet (any layout)."""
+    if job.precision == "fp8":
+        raise ConfigError(
+            f"Job.precision = 'fp8' (fp8_recipe {job.fp8_recipe!r}) is not priced by the cost "
+            f"model yet; estimate with precision='bf16'. The executor runs fp8 "
+            f"(python -m meshplan.executor.run --precision fp8, docs/fp8.md) and "
+            f"meshplan.costmodel.fp8 holds the fp8 formulas")
+
+
+def check_modelled(layout: Layout, model: ModelSpec | None = None,
+                   job: Job | None = None) -> None:
+    """Refuse the layout dimensions (and, given ``model`` / ``job``, the model features and job
+    settings) the cost model does not price yet, rather than predict them as if absent."""
     if model is not None:
         check_model_modelled(model)
+    if job is not None:
+        check_job_modelled(job)
     if layout.cp > 1:
         raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
                           f"use cp = 1")
@@ -146,7 +159,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     check_types(model, cluster, job, layout)
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     check_context_parallel(model, job, layout)
-    check_modelled(layout, model)
+    check_modelled(layout, model, job)
     check_experts(model, layout)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):

@@ -1,5 +1,6 @@
-"""benchmarks/compare_runs.py (repeatability across validate runs) and
-benchmarks/trace_cpu.py (CPU-side CUDA calls of a trace)."""
+"""benchmarks/compare_runs.py (repeatability across validate runs), benchmarks/trace_cpu.py
+(CPU-side CUDA calls of a trace) and benchmarks/step_phases.py (a step's phases beside the
+model's)."""
 
 import json
 
@@ -56,22 +57,6 @@ def test_trace_cpu_sums_runtime_calls_per_step_and_finds_gaps(load_benchmark, tm
     assert tool.summarize(p, top=2, steps_in_window=4)["steps"] == 0
 
 
-def test_host_sustain_reports_one_dispatch_time_per_window(load_benchmark):
-    pytest.importorskip("torch")
-    tool = load_benchmark("host_sustain")
-
-    class Box:
-        def put(self, item):
-            self.item = item
-    box = Box()
-    tool._worker(0, 0.3, 0.1, box)
-    rank, windows = box.item
-    assert rank == 0 and 2 <= len(windows) <= 4       # 0.3 s in windows of 0.1 s
-    assert all(w > 0 for w in windows)
-    with pytest.raises(SystemExit):
-        tool.main(["--window-s", "5", "--seconds", "1"])
-
-
 def test_step_phases_puts_the_slowest_ranks_tail_beside_the_models(load_benchmark, tmp_path,
                                                                    capsys):
     tool = load_benchmark("step_phases")
@@ -117,8 +102,8 @@ def test_step_phases_blocks_put_each_blocks_time_beside_the_models_layer(load_be
                                                                         tmp_path, capsys):
     tool = load_benchmark("step_phases")
     from pathlib import Path
-    profile = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-               / "profile_h200x4_round21.toml")
+    profile = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "data"
+               / "profiles" / "profile_h200x4_round21.toml")
 
     def ms(v):
         return {"device_ms": v, "host_ms": v}
@@ -171,21 +156,3 @@ def test_step_phases_blocks_put_each_blocks_time_beside_the_models_layer(load_be
     path.write_text(json.dumps(doc))
     assert tool.main([str(path), "--blocks", "--profile", str(bad)]) == 2
     assert "not valid TOML" in capsys.readouterr().err
-
-
-def test_step_start_drain_races_the_cpu_against_the_gpu_from_an_empty_queue(load_benchmark):
-    tool = load_benchmark("step_start_drain")
-    # CPU slower than the GPU first (the GPU waits), then faster (its lead comes back)
-    ops = [(2.0, 1.0), (2.0, 1.0), (0.5, 3.0)]
-    assert tool.race_s(ops) == pytest.approx(4.0 + 1.0 + 3.0)
-    # a CPU always ahead costs nothing beyond the GPU's own time
-    assert tool.race_s([(0.1, 1.0)] * 5) == pytest.approx(0.1 + 5.0)
-
-
-def test_step_start_drain_names_an_unknown_set(load_benchmark, capsys):
-    tool = load_benchmark("step_start_drain")
-    assert tool.main(["--sets", "holdout999"]) == 2
-    err = capsys.readouterr().err
-    assert "no measured set 'holdout999'" in err and "holdout20" in err
-    assert tool.main(["--only", "(["]) == 2
-    assert "--only '([' is not a regular expression" in capsys.readouterr().err

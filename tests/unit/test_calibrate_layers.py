@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -523,13 +522,6 @@ def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
     # ... which logs the deep stack's GPU-side (here wall) time per layer beside it
     assert all(re.search(r"cpu on \d+ blocks [\d.]+ / [\d.]+ ms, gpu [\d.]+ / [\d.]+ ms", m)
                for m in deep)
-    # benchmarks/deep_gpu_ratio.py reads exactly these lines
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import deep_gpu_ratio
-    rows = deep_gpu_ratio.parse(prog.messages)
-    assert len(rows) == 3 and {r.deep for r in rows} == {bench_layers.CPU_DEEP_LAYERS}
-    assert all(r.micro_batch == 1 and r.ratio > 0 for r in rows)
-    assert deep_gpu_ratio.parse(prog.messages, only="rc=full")[0].setting.endswith("rc=full")
     fields = ("forward_cpu_s", "backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")
     assert all(r[k] >= 0 for r in layers for k in fields)
     assert any(r["forward_cpu_s"] + r["backward_cpu_s"] > 0 for r in layers)
@@ -621,24 +613,3 @@ def test_split_memory_stage_separates_the_fixed_part_of_a_stage():
     assert got[3:] == pytest.approx(c)
     assert split_memory_stage((0.0, 0.0), per_layer(6), 2, 6) == (*per_layer(6), 6, 0.0, 0.0)
     assert split_memory_stage(per_layer(2), (0.0, 0.0), 2, 6) == (0.0, 0.0, 0, 0.0, 0.0)
-
-
-def test_deep_gpu_ratio_reads_a_log_and_names_what_is_missing(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import deep_gpu_ratio
-    log = tmp_path / "calibrate.log"
-    log.write_text(
-        "[300/831]   81.9s round 1: layer gpt-0.54b s2048 zero3 dp2 rc=full mb4: fwd 0.900 ms, "
-        "bwd 2.600 ms per layer, act 20.0 MiB, cpu 2.924 / 6.016 ms, cpu on 4 blocks 2.947 / "
-        "5.455 ms, gpu 1.000 / 2.850 ms\n"
-        "[246/831]   27.4s round 1: layer gpt-0.54b s2048 tp1 rc=full mb4: fwd 0.948 ms, bwd "
-        "2.866 ms per layer, act 20.0 MiB, cpu 1.309 / 3.676 ms, cpu on 4 blocks 1.455 / "
-        "2.799 ms\n")                                   # a pre-round-18 line: no gpu part
-    assert deep_gpu_ratio.main([str(log)]) == 0
-    out = capsys.readouterr().out
-    assert ("| 1 | gpt-0.54b s2048 zero3 dp2 rc=full | 4 | 0.900 / 2.600 | 4: 1.000 / 2.850 "
-            "| 1.100 |") in out
-    assert deep_gpu_ratio.main([str(log), "--only", "zero2"]) == 1
-    assert "no deep GPU times" in capsys.readouterr().err
-    assert deep_gpu_ratio.main([str(tmp_path / "missing.log")]) == 2
-    assert "no such file" in capsys.readouterr().err

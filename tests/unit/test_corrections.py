@@ -184,7 +184,8 @@ def test_megatron_layouts_get_no_correction():
 
 
 def test_registry_names_each_correction_once_with_its_keys_and_mechanism():
-    regs = corr.all_corrections()
+    from meshplan.costmodel.registry import all_corrections
+    regs = all_corrections()
     assert len({c.name for c in regs}) == len(regs)
     keys = [k for c in regs for k in c.profile_keys]
     assert sorted(keys) == sorted(k for k in NUMBER_KEYS if not k.startswith("host_"))

@@ -59,3 +59,18 @@ def test_a_pool_that_cannot_cover_the_space_is_a_clear_error(monkeypatch):
     pool = {"M": [(l, None) for l, _ in _pool()]}      # no interleaved 1F1B, no ZeRO 1-3
     with pytest.raises(SystemExit, match="covers every schedule"):
         dh.draw(pool, 2, seed=1, max_total_s=100.0)
+
+
+def test_a_drawn_entry_reads_back_as_the_same_layout():
+    """draw_holdout prints each layout as a line of layout_sets.toml: the line must load
+    back (as layout_sets does) to the layout drawn."""
+    import tomllib
+    from types import SimpleNamespace
+    layout = Layout(dp=2, pp=2, micro_batch=8, schedule="interleaved-1f1b", vpp=3,
+                    recompute="selective", zero=1, sequence_parallel=False)
+    e = SimpleNamespace(step_time_s=0.4, host_load=0.5, memory_peak_bytes=40 * 2**30)
+    text = dh._entry("q01", "gpt-0.54b", layout, e)
+    assert text.startswith("    # q01: 0.400 s, CPU 0.50, 40.0 GiB")
+    row = tomllib.loads("layouts = [\n" + text + "\n]\n")["layouts"][0]
+    assert row.pop("name") == "q01" and row.pop("model") == "gpt-0.54b"
+    assert Layout(**row) == layout

@@ -46,7 +46,7 @@ def test_site_falls_back_to_the_first_frame_outside_torch():
 
 def _mark():
     return {"action": "alloc", "addr": 999, "size": 512,
-            "frames": [{"filename": "/w/benchmarks/diag_stage_memory.py", "line": 5,
+            "frames": [{"filename": "/w/benchmarks/memory_walk.py", "line": 5,
                         "name": MARKER}]}
 
 

@@ -10,8 +10,7 @@ import pytest
 from meshplan.calibrate.tomlfile import dumps
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILE = ROOT / "docs/benchmarks/profile_h100x2_round12.toml"
-ACCURACY = ROOT / "docs/benchmarks/accuracy_ddp13.json"
+PROFILE = ROOT / "docs/benchmarks/data/profiles/profile_h100x2_round12.toml"
 
 
 def test_cpu_scaled_profile_scales_only_the_cpu_times(load_benchmark, tmp_path):
@@ -30,12 +29,13 @@ def test_cpu_scaled_profile_scales_only_the_cpu_times(load_benchmark, tmp_path):
         vd.cpu_scaled_profile(PROFILE, 0.0, tmp_path)
 
 
-def _inputs(tmp_path, run_probe_us):
+def _inputs(tmp_path, run_probe_us, load_benchmark):
+    """round 13's ddp13 run (2 x H100, round 12's profile) as an accuracy.json."""
     prof = tomllib.loads(PROFILE.read_text())
     prof["provenance"]["host_probe_us"] = [10.0, 10.0]
     profile = tmp_path / "p.toml"
     profile.write_text(dumps(prof))
-    doc = json.loads(ACCURACY.read_text())
+    doc = load_benchmark("repredict_sets").accuracy_doc("ddp13")
     doc["records"] = [r for r in doc["records"] if r["name"] in ("d06", "d07")]
     for r in doc["records"]:
         r["measured"]["host_probe_us_per_rank"] = run_probe_us
@@ -46,7 +46,7 @@ def _inputs(tmp_path, run_probe_us):
 
 def test_a_slower_host_at_run_time_raises_a_host_bound_prediction(load_benchmark, tmp_path):
     vd = load_benchmark("validate_device")
-    profile, acc = _inputs(tmp_path, [14.0, 16.0])            # 1.5 x the calibration's 10 us
+    profile, acc = _inputs(tmp_path, [14.0, 16.0], load_benchmark)            # 1.5 x the calibration's 10 us
     for flag, out in (([], "plain"), (["--cpu-scale-by-probe"], "scaled")):
         assert vd.main(["--repredict", str(acc), "--profile", str(profile),
                         "--out", str(tmp_path / out), *flag]) == 0
@@ -63,11 +63,11 @@ def test_a_slower_host_at_run_time_raises_a_host_bound_prediction(load_benchmark
 
 def test_records_or_profiles_without_probes_are_refused(load_benchmark, tmp_path):
     vd = load_benchmark("validate_device")
-    profile, acc = _inputs(tmp_path, [None, None])
+    profile, acc = _inputs(tmp_path, [None, None], load_benchmark)
     with pytest.raises(SystemExit, match="record 'd06' has no host probe"):
         vd.main(["--repredict", str(acc), "--profile", str(profile), "--out",
                  str(tmp_path / "o"), "--cpu-scale-by-probe"])
-    _, acc = _inputs(tmp_path, [9.0, 9.0])
+    _, acc = _inputs(tmp_path, [9.0, 9.0], load_benchmark)
     with pytest.raises(SystemExit, match="provenance has no host_probe_us"):
         vd.main(["--repredict", str(acc), "--profile", str(PROFILE), "--out",
                  str(tmp_path / "o"), "--cpu-scale-by-probe"])

@@ -1,0 +1,142 @@
+"""FP8 microbenchmarks: the fp8 GEMM efficiency by shape, and the casts' bandwidth.
+
+Rows for a GPU profile (not yet written into it: docs/fp8.md says what the profile needs):
+
+* ``fp8_gemm``: per GEMM shape (the calibration's own :class:`GemmShape` grid) and recipe,
+  the three GEMMs of a linear (forward, dgrad, wgrad) on operands cast beforehand — the
+  pure fp8 GEMM time, whose ``3·2·m·k·n / (fp8 peak · seconds)`` is the fp8 efficiency
+  curve (:func:`fp8_gemm_efficiency_points`); the whole fp8 linear, forward and backward
+  with its casts, as the executor runs it (:func:`meshplan.executor.fp8.fp8_linear`); and
+  the bf16 ``F.linear`` of the same shape, so each row carries the measured speed-up.
+* ``fp8_cast``: per block kind, one cast of a bf16 tensor (amax, scale and cast, as
+  :func:`meshplan.executor.fp8_quant.quantize` does it) and one fp8 transpose, with the
+  bytes :mod:`meshplan.costmodel.fp8` counts for them, so ``bytes / seconds`` is the
+  achieved bandwidth the cast-traffic formula divides by.
+
+GPU: the fp8 kernel (``torch._scaled_mm``). CPU: the emulation (rows only check the
+wiring; a CPU has no fp8 units to calibrate).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from meshplan.calibrate.shapes import GemmShape
+from meshplan.calibrate.timing import time_fn
+from meshplan.costmodel.fp8 import SCALE_BYTES, scale_count
+from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable, fp8_linear
+from meshplan.executor.fp8_quant import quantize
+
+#: the block kinds of the recipes the executor runs, by the cast they time
+CAST_BLOCKS = {"tensor": (0, 0), "row": (1, 0), "1x128": (1, 128), "128x128": (128, 128)}
+RUNNABLE_RECIPES = ("tensorwise", "rowwise", "blockwise")
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def bench_fp8_gemm(shape: GemmShape, recipe_name: str, device: torch.device) -> dict[str, Any]:
+    """One row: pure fp8 GEMMs, the fp8 linear with casts, and bf16, for ``shape``."""
+    r = check_recipe_runnable(recipe_name, device)
+    plan = Fp8Plan(recipe=r, emulate=device.type != "cuda")
+    dt = _dtype(device)
+    m, k, n = shape.m, shape.k, shape.n
+    x = torch.randn(m, k, device=device, dtype=dt, requires_grad=True)
+    w = torch.randn(n, k, device=device, dtype=torch.float32, requires_grad=True)
+    w16 = w.detach().to(dt).requires_grad_()
+    dy = torch.randn(m, n, device=device, dtype=dt)
+
+    xq = plan.cast("x", x.detach(), "x_fwd")
+    wq = plan.cast("w", w.detach(), "w_fwd")
+    dyq = plan.cast("dy", dy, "dy_dgrad")
+    wq_d = plan.cast("w", w.detach(), "w_dgrad").contiguous_t().t()
+    dyq_w = plan.cast("dy", dy, "dy_wgrad").contiguous_t()
+    xq_w = plan.cast("x", x.detach(), "x_wgrad").contiguous_t().t()
+
+    def gemms():
+        plan.gemm(xq, wq.t(), dt, "forward")
+        plan.gemm(dyq, wq_d, dt, "dgrad")
+        plan.gemm(dyq_w, xq_w, dt, "wgrad")
+
+    def linear_fp8():
+        fp8_linear(x, w, None, plan).backward(dy)
+        x.grad = w.grad = None
+
+    def linear_bf16():
+        F.linear(x, w16).backward(dy)
+        x.grad = w16.grad = None
+
+    t_gemm = time_fn(gemms, device=device)
+    t_fp8 = time_fn(linear_fp8, device=device)
+    t_bf16 = time_fn(linear_bf16, device=device)
+    return {"label": shape.label, "m": m, "k": k, "n": n, "recipe": recipe_name,
+            "flops": 6.0 * m * k * n, "gemm_seconds": t_gemm.median_s,
+            "linear_seconds": t_fp8.median_s, "bf16_seconds": t_bf16.median_s,
+            "speedup": t_bf16.median_s / t_fp8.median_s, "iters": t_fp8.iters}
+
+
+def cast_bytes(rows: int, cols: int, block: tuple[int, int], hp_bytes: int) -> float:
+    """What :func:`meshplan.costmodel.fp8.linear_cast_traffic` charges one dynamic cast:
+    two reads of the 16-bit tensor (amax, cast), one fp8 write, the scales."""
+    return rows * cols * (2 * hp_bytes + 1) + scale_count(rows, cols, block) * SCALE_BYTES
+
+
+def bench_fp8_casts(rows: int, cols: int, device: torch.device) -> list[dict[str, Any]]:
+    """One row per block kind: a bf16 (CPU: fp32) tensor cast to e4m3, and an fp8
+    transpose copy (read and write 1 byte per element)."""
+    dt = _dtype(device)
+    hp = torch.finfo(dt).bits // 8
+    x = torch.randn(rows, cols, device=device, dtype=dt)
+    out = []
+    for kind, block in CAST_BLOCKS.items():
+        t = time_fn(lambda b=block: quantize(x, b, "e4m3"), device=device)
+        out.append({"op": f"cast {kind}", "rows": rows, "cols": cols,
+                    "bytes": cast_bytes(rows, cols, block, hp), "seconds": t.median_s,
+                    "iters": t.iters})
+    q = quantize(x, (0, 0), "e4m3").data
+    t = time_fn(lambda: q.t().contiguous(), device=device)
+    out.append({"op": "transpose fp8", "rows": rows, "cols": cols, "bytes": 2.0 * rows * cols,
+                "seconds": t.median_s, "iters": t.iters})
+    return out
+
+
+def fp8_rows(shapes: Iterable[GemmShape], device: torch.device, *,
+             recipes: Sequence[str] = RUNNABLE_RECIPES,
+             cast_shape: tuple[int, int] = (8192, 4096)) -> dict[str, list[dict[str, Any]]]:
+    """Every benchmark of this module: {"fp8_gemm": rows, "fp8_cast": rows}. A recipe the
+    device or this torch cannot run gives one row with its ``error`` instead of timings."""
+    gemm_rows: list[dict[str, Any]] = []
+    for name in recipes:
+        for s in shapes:
+            if name == "blockwise" and device.type == "cuda" and (s.k % 128 or s.n % 128):
+                continue
+            try:
+                gemm_rows.append(bench_fp8_gemm(s, name, device))
+            except Exception as exc:   # noqa: BLE001 (a kernel's refusal is a measurement)
+                gemm_rows.append({"recipe": name, "label": s.label, "m": s.m, "k": s.k,
+                                  "n": s.n, "error": f"{type(exc).__name__}: "
+                                                     f"{str(exc).splitlines()[0]}"})
+                break
+    return {"fp8_gemm": gemm_rows, "fp8_cast": bench_fp8_casts(*cast_shape, device)}
+
+
+def fp8_gemm_efficiency_points(rows: Iterable[dict[str, Any]], peak_fp8_flops: float,
+                               recipe: str = "tensorwise") -> list[tuple[float, float]]:
+    """(FLOPs of the three GEMMs, fraction of the fp8 peak) per timed shape of ``recipe``:
+    the points of an fp8 GEMM efficiency curve (meshplan.calibrate.profile.merge_points
+    merges them as it does the bf16 ones)."""
+    return sorted((r["flops"], r["flops"] / (peak_fp8_flops * r["gemm_seconds"]))
+                  for r in rows if r.get("recipe") == recipe and "gemm_seconds" in r)
+
+
+def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Achieved bandwidth per cast kind, GB/s."""
+    return {r["op"]: r["bytes"] / r["seconds"] / 1e9 for r in rows}
+
+
+__all__ = ["bench_fp8_gemm", "bench_fp8_casts", "fp8_rows", "fp8_gemm_efficiency_points",
+           "cast_gbps", "cast_bytes", "CAST_BLOCKS", "RUNNABLE_RECIPES"]

@@ -1,0 +1,311 @@
+"""FP8 linear layers: the forward and both backward GEMMs of each transformer linear in fp8.
+
+The executor's own Float8 linear over ``torch._scaled_mm`` rather than torchao's
+``convert_to_float8_training``, because:
+
+* the tensor-parallel layers (:mod:`meshplan.executor.tensor_parallel`) are plain tensors
+  with explicit collectives; torchao swaps ``nn.Linear`` modules and shards through DTensor
+  (its ``Float8ColwiseParallel``), so it would not reach them without its private
+  autograd function;
+* under tp the amax of a scale that spans a sharded dimension must be all-reduced so that
+  every rank casts as one GPU would (TP 2 = TP 1); here that is one ``dist.all_reduce`` on
+  the explicit tp group, decided from the recipe table (:mod:`meshplan.costmodel.fp8`,
+  which the cost model prices from);
+* FSDP2 composes unchanged (the function receives the gathered weight); torch.compile
+  traces the autograd.Function; there is no wheel to carry and no torchao/torch version
+  pairing to keep (torch 2.11 on the GPUs, 2.13 here).
+
+What it gives up: torchao's fp8 FSDP all-gather (weights are gathered in bf16 and cast
+after the gather) and its Triton-fused casts in eager mode (with ``--compile`` Inductor
+fuses the amax, scale and cast ops here too).
+
+Per linear y = x·Wᵀ (x: tokens × in, W: out × in), as the recipe table says: forward
+casts x and W; backward casts dy and re-casts the saved 16-bit x and W (with the forward's
+scale where the block is the same), then dgrad = dy·W and wgrad = dyᵀ·x. Like torchao, the
+16-bit input is what is saved for backward, so activation memory is bf16's. On CPU (no fp8
+GEMM kernel is assumed) the GEMMs are emulated: the same fp8 data and scales, dequantized
+and multiplied in fp32.
+
+Not run: ``delayed`` (TransformerEngine's amax history: its gain is TE's fused kernels,
+and recomputation would update the history twice) and ``mxfp8`` on GPUs (needs Blackwell's
+block-scaled tensor cores and swizzled scales; emulated on CPU only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from meshplan.costmodel.fp8 import (OPERAND_SOURCE, TP_SHARDED_DIM, Fp8Recipe,
+                                     amax_allreduce_needed, recipe)
+from meshplan.errors import ExecutorError
+from meshplan.executor.fp8_quant import Fp8Tensor, quantize
+
+# torchao's defaults (Float8LinearConfig): fast accumulation for the forward GEMM only
+FAST_ACCUM = {"forward": True, "dgrad": False, "wgrad": False}
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """How one linear casts and multiplies: the recipe, emulated or on the fp8 kernel,
+    and under tp the group and which tensor ("x", "w", "dy") is split along which dim."""
+
+    recipe: Fp8Recipe
+    emulate: bool
+    group: object = None
+    sharded: tuple[tuple[str, int], ...] = ()
+
+    def cast(self, tensor: str, x: torch.Tensor, key: str,
+             scale: torch.Tensor | None = None) -> Fp8Tensor:
+        op = getattr(self.recipe, key)
+        sharded_dim = dict(self.sharded).get(tensor)
+        group = (self.group if scale is None and amax_allreduce_needed(op.block, sharded_dim)
+                 else None)
+        return quantize(x, op.block, op.fmt, scale=scale, amax_group=group,
+                        power_of_two=self.recipe.power_of_two_scales)
+
+    def gemm(self, a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype, which: str
+             ) -> torch.Tensor:
+        """a (m × k, row-major) · b (k × n, column-major) in ``out_dtype``."""
+        if self.emulate:
+            return (a.dequantize() @ b.dequantize()).to(out_dtype)
+        return torch._scaled_mm(a.data, b.data, scale_a=_kernel_scale(a, first=True),
+                                scale_b=_kernel_scale(b, first=False),
+                                out_dtype=out_dtype, use_fast_accum=FAST_ACCUM[which])
+
+
+def _kernel_scale(t: Fp8Tensor, *, first: bool) -> torch.Tensor:
+    """Scales laid out as ``torch._scaled_mm`` reads them: a scalar per tensor, contiguous
+    per row / column, blocks with the contracted dimension outermost."""
+    s = t.scale_inv
+    if s.numel() == 1:
+        return s.reshape(())
+    rows, cols = t.data.shape
+    if s.shape in ((rows, 1), (1, cols)):
+        return s.reshape(-1).reshape(s.shape)      # unit strides, also for a transposed view
+    return s.t().contiguous().t() if first else s.contiguous()
+
+
+class _Fp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, plan: Fp8Plan):
+        r = plan.recipe
+        out_dtype = _compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()   # the kernel's row-major operand
+            xq = plan.cast("x", x2, "x_fwd")
+            wq = plan.cast("w", weight, "w_fwd")
+            y = plan.gemm(xq, wq.t(), out_dtype, "forward")
+        ctx.plan = plan
+        ctx.save_for_backward(x, weight, xq.scale, wq.scale)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, sx, sw = ctx.saved_tensors
+        plan, r = ctx.plan, ctx.plan.recipe
+        fwd_scale = {"x_fwd": sx, "w_fwd": sw}
+        dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+        gemm_dtype = dy.dtype
+        dx = dw = None
+        with torch.autocast(dy.device.type, enabled=False):
+            dyq = plan.cast("dy", dy2, "dy_dgrad")
+            if ctx.needs_input_grad[0]:
+                wq = plan.cast("w", weight, "w_dgrad", _reused(r.w_dgrad, fwd_scale))
+                dx = plan.gemm(dyq, wq.contiguous_t().t(), gemm_dtype, "dgrad")
+                dx = dx.reshape(*x.shape[:-1], weight.shape[1]).to(x.dtype)
+            if ctx.needs_input_grad[1]:
+                x2 = x.reshape(-1, x.shape[-1]).contiguous()
+                dyw = dyq if r.dy_wgrad.same_data else plan.cast("dy", dy2, "dy_wgrad")
+                xq = plan.cast("x", x2, "x_wgrad", _reused(r.x_wgrad, fwd_scale))
+                dw = plan.gemm(dyw.contiguous_t(), xq.contiguous_t().t(), gemm_dtype, "wgrad")
+                dw = dw.to(weight.dtype)
+        return dx, dw, None
+
+
+def _reused(op, fwd_scale: dict) -> torch.Tensor | None:
+    """The forward scale an operand reuses (None: it takes its own amax)."""
+    return fwd_scale.get(op.reuse)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               plan: Fp8Plan) -> torch.Tensor:
+    """``F.linear`` with fp8 GEMMs; the bias is added in the output's dtype."""
+    y = _Fp8Linear.apply(x, weight, plan)
+    return y + bias.to(y.dtype) if bias is not None else y
+
+
+class Fp8Matmul:
+    """``F.linear``'s signature over :func:`fp8_linear` (the tp layers' ``matmul`` hook)."""
+
+    def __init__(self, plan: Fp8Plan):
+        self.plan = plan
+
+    def __call__(self, x, weight, bias=None):
+        return fp8_linear(x, weight, bias, self.plan)
+
+
+class Fp8Linear(nn.Module):
+    """An ``nn.Linear`` whose GEMMs run in fp8; keeps the linear's own parameters (same
+    names, same tensors)."""
+
+    def __init__(self, linear: nn.Linear, plan: Fp8Plan):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.plan = plan
+
+    def forward(self, x):
+        return fp8_linear(x, self.weight, self.bias, self.plan)
+
+
+# ---- which recipes run where ---------------------------------------------------------------
+def check_layout_fp8(job, layout) -> None:
+    """fp8 checks that need no device (the executor's preflight)."""
+    check_recipe_runnable(job.fp8_recipe, torch.device("cpu"))
+    if layout.schedule == "zero-bubble" and layout.pp > 1:
+        raise ExecutorError("fp8 with schedule 'zero-bubble' is not supported: the fp8 linear "
+                            "computes its input and weight gradients in one backward node, "
+                            "which zero-bubble's split input/weight passes need apart; use "
+                            "1f1b or interleaved-1f1b")
+
+
+def check_recipe_runnable(name: str, device: torch.device) -> Fp8Recipe:
+    """The recipe, or an :class:`ExecutorError` saying why this device cannot run it."""
+    r = recipe(name)
+    if r.amax_from_history:
+        raise ExecutorError(
+            f"fp8_recipe {name!r} (TransformerEngine's delayed scaling) is priced by "
+            f"meshplan.costmodel.fp8 but not run by the executor: its gain is TE's fused "
+            f"amax-and-cast kernels; use 'tensorwise' (current scaling), 'rowwise' or "
+            f"'blockwise'")
+    if device.type != "cuda":
+        return r                                  # emulated: every other recipe runs
+    cc = torch.cuda.get_device_capability(device)
+    gpu = torch.cuda.get_device_name(device)
+    if cc < (8, 9):
+        raise ExecutorError(f"fp8 GEMMs need compute capability 8.9 or later (Ada, Hopper, "
+                            f"Blackwell); {gpu!r} is sm{cc[0]}{cc[1]}")
+    if r.needs_mx_hardware:
+        why = (f"needs Blackwell (sm100+) block-scaled tensor cores; {gpu!r} is "
+               f"sm{cc[0]}{cc[1]}" if cc < (10, 0) else
+               "is not implemented for GPUs yet (its scales need the tensor cores' swizzled "
+               "layout); it is emulated on CPU only")
+        raise ExecutorError(f"fp8_recipe {name!r} {why}; use 'blockwise' or 'tensorwise'")
+    return r
+
+
+def probe_kernel(r: Fp8Recipe, device: torch.device, size: int = 256) -> float:
+    """Run one fp8 linear forward and backward on the fp8 kernel and emulated; return the
+    largest relative difference of output and gradients. Raises :class:`ExecutorError` if
+    the kernel refuses the recipe's scale layout or its results differ from the emulation
+    by more than bf16 output rounding allows (a wrong scale layout would)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x0 = torch.randn(size, size, generator=g).to(device, torch.bfloat16)
+    w0 = torch.randn(size, size, generator=g).to(device) * 0.05
+    outs = []
+    for emulate in (False, True):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        try:
+            y = fp8_linear(x, w, None, Fp8Plan(recipe=r, emulate=emulate))
+            y.float().square().sum().backward()
+        except RuntimeError as exc:
+            raise ExecutorError(f"fp8_recipe {r.name!r}: this torch ({torch.__version__}) has "
+                                f"no fp8 kernel for its scales here: "
+                                f"{str(exc).splitlines()[0]}; use 'tensorwise' or "
+                                f"'rowwise'") from None
+        outs.append([t.float() for t in (y, x.grad, w.grad)])
+    worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+                for a, b in zip(*outs))
+    if not worst < PROBE_RTOL:
+        raise ExecutorError(f"fp8_recipe {r.name!r}: the fp8 kernel differs from the "
+                            f"emulation by {worst:.3g} (relative; tolerance {PROBE_RTOL}); "
+                            f"its scale layout is not what this torch expects")
+    return worst
+
+
+#: kernel against emulation: both multiply the same fp8 values; they differ by the kernel's
+#: accumulation order and bf16 output rounding (2^-9) per GEMM, compounded over two
+PROBE_RTOL = 2e-2
+
+
+# ---- applying it to a model -------------------------------------------------------------------
+def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
+                   tokens: int | None = None) -> int:
+    """Make the linears of every transformer block of ``model`` (qkv, attention output,
+    MLP in and out; not the embedding or the logits head, which stay 16-bit as in
+    torchao's and TransformerEngine's recipes) run fp8 GEMMs. Tensor-parallel layers keep
+    their collectives and get an fp8 ``matmul``; plain ``nn.Linear`` become
+    :class:`Fp8Linear`. ``tokens``: per micro-batch (the weight-gradient GEMM contracts
+    over them, so the kernel needs them aligned too). Returns the number converted."""
+    from meshplan.executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    r = check_recipe_runnable(name, device)
+    emulate = device.type != "cuda"
+    if not emulate:
+        probe_kernel(r, device)
+    plans = {kind: Fp8Plan(recipe=r, emulate=emulate, group=tp_group,
+                           sharded=tuple(TP_SHARDED_DIM[kind].items()))
+             for kind in TP_SHARDED_DIM}
+    count = 0
+    for block in model.layers.values():
+        for parent, attr in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc"),
+                             (block.mlp, "proj")):
+            layer = getattr(parent, attr)
+            if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
+                kind = "column" if isinstance(layer, ColumnParallelLinear) else "row"
+                _check_block_alignment(r, layer, kind, tp_group)
+                layer.matmul = Fp8Matmul(plans[kind])
+            elif isinstance(layer, nn.Linear):
+                setattr(parent, attr, Fp8Linear(layer, Fp8Plan(recipe=r, emulate=emulate)))
+            else:
+                raise ExecutorError(f"internal: cannot run {type(layer).__name__} in fp8")
+            if not emulate:
+                _check_kernel_shape(r, tuple(getattr(parent, attr).weight.shape), attr, tokens)
+            count += 1
+    return count
+
+
+def _check_block_alignment(r: Fp8Recipe, layer, kind: str, group) -> None:
+    """Finite blocks along a tp-split dimension must not straddle the split (nor, for a
+    fused q|k|v or gate|up weight, a section boundary), or tp ranks would scale other
+    blocks than one GPU does."""
+    import torch.distributed as dist
+    size = dist.get_world_size(group)
+    wdim = TP_SHARDED_DIM[kind]["w"]
+    sections = layer.weight_spec.sections or (layer.weight.shape[wdim] * size,)
+    for key, op in r.operands().items():
+        dim = TP_SHARDED_DIM[kind].get(OPERAND_SOURCE[key][0])
+        b = 0 if dim is None else op.block[dim]
+        bad = [s for s in sections if b > 1 and (s // size) % b]
+        if bad:
+            raise ExecutorError(
+                f"fp8_recipe {r.name!r} scales {b}-element blocks, but tp = {size} splits a "
+                f"{kind}-parallel weight section of {bad[0]} into {bad[0] // size}, not a "
+                f"multiple of {b}; use 'tensorwise' or 'rowwise', or a smaller tp")
+
+
+def _check_kernel_shape(r: Fp8Recipe, shape: tuple[int, int], name: str,
+                        tokens: int | None) -> None:
+    align = 128 if r.name == "blockwise" else 16
+    if shape[0] % align or shape[1] % align:
+        raise ExecutorError(f"fp8 GEMMs need the linears' dimensions to be multiples of "
+                            f"{align} for recipe {r.name!r}; {name} has a local weight of "
+                            f"{shape[0]} × {shape[1]}")
+    if tokens is not None and tokens % align:
+        raise ExecutorError(f"fp8 GEMMs need micro_batch·seq_len (the weight gradient's "
+                            f"contracted dimension) to be a multiple of {align} for recipe "
+                            f"{r.name!r}, got {tokens}")
+
+
+__all__ = ["Fp8Plan", "Fp8Linear", "Fp8Matmul", "fp8_linear", "recipe", "convert_to_fp8",
+           "check_layout_fp8", "check_recipe_runnable", "probe_kernel"]
