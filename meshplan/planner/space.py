@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import (check_job_modelled, check_model_modelled,
-                                    zero_bubble_under_zero3)
+from meshplan.spec.validate import (check_job_modelled, check_model_modelled, check_seq_len,
+                                     zero_bubble_under_zero3)
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -249,9 +249,8 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     """Errors no layout can avoid (seq_len beyond learned position embeddings, model parts
-    or job settings the cost model does not price)."""
+    or job settings the cost model does not price), and the warning for a sequence past a
+    RoPE model's maximum."""
     check_model_modelled(model)
     check_job_modelled(job)
-    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
-        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
-                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run it")
+    check_seq_len(model, job)
