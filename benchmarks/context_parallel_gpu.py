@@ -1,19 +1,21 @@
 """Context parallelism on one node of 4 GPUs: step time and per-rank peak memory of a
-Llama-style 1.26B model at 16k-64k tokens per sequence, cp 1/2/4 with tp, dp and pp.
+Llama-style 1.26B model at 16k-64k tokens per sequence, cp 1/2/4 with tp, dp and pp,
+measured against the cost model's prediction as run (issue 39 item 5).
 
-Measurement only: the cost model does not price cp yet (issue 39), so plans of cp > 1 carry
-no prediction. Every layout trains 131072 tokens per step (global batch × seq_len), so step
-times compare across sequence lengths. Each layout's per-rank memory was checked to fit an
-80 GB GPU by the cost model run on its cp = 1 equivalent (seq_len/cp tokens per rank, ZeRO
-over dp·cp ranks; ``--estimate`` prints it, and the JSON keeps it as ``fit_estimate_bytes``).
+Every layout trains 131072 tokens per step (global batch × seq_len), so step times compare
+across sequence lengths. Each plan carries the cost model's prediction for its layout (cp
+priced by meshplan.costmodel.context_tables on the cluster of the run); the results keep it
+beside the measurement (``prediction_step_time_s``, ``prediction_memory_peak_bytes``,
+per-rank ``predicted_bytes``, the executor's ``errors_pct``).
 
     python benchmarks/context_parallel_gpu.py --out $OUT              # 4 GPUs, ≈ 8 minutes
-    python benchmarks/context_parallel_gpu.py --estimate              # the fit check, no GPU
+    python benchmarks/context_parallel_gpu.py --estimate              # the predictions, no GPU
     python benchmarks/context_parallel_gpu.py --out /tmp/x --device cpu --tiny --only cp2-dp2-zero1-ring-32k
 
 Writes three files under --out: ``cp_gpu.json`` (per layout: layout, job, status, step
-times, tokens/s, MFU, every rank's peak memory, losses), ``cp_gpu.md`` (a table) and
-``cp_gpu_logs.tar.gz`` (each layout's torchrun log, plan and results file).
+times, tokens/s, MFU, every rank's peak memory, losses, the prediction and its errors),
+``cp_gpu.md`` (measured vs predicted) and ``cp_gpu_logs.tar.gz`` (each layout's torchrun
+log, plan and results file).
 """
 
 from __future__ import annotations
@@ -72,22 +74,20 @@ def job_for(case: Case, tiny: bool) -> Job:
                precision="bf16", runtime="torch")
 
 
-def fit_estimate_bytes(model, cluster, job: Job, layout: Layout) -> float | None:
-    """Per-rank peak from the cost model on the cp = 1 equivalent: each rank holds
-    seq_len/cp tokens of its sequences and ZeRO shards over dp·cp (ring buffers and
-    accumulators of one attention are below 1 % of it at these shapes)."""
+def predict(model, cluster, job: Job, layout: Layout) -> dict:
+    """The cost model's prediction for the layout as it runs (cp priced directly): step
+    time, peak and per-rank memory; {} where the cost model refuses the layout."""
     from meshplan.costmodel import estimate
-    cp = layout.cp
-    eq = layout.replace(cp=1, cp_style="ring", dp=layout.dp * cp)
-    eq_job = dataclasses.replace(job, global_batch=job.global_batch * cp,
-                                 seq_len=job.seq_len // cp)
     try:
-        return estimate(model, cluster, eq_job, eq).memory_peak_bytes
-    except Exception:
-        return None
+        est = estimate(model, cluster, job, layout)
+    except Exception as exc:     # noqa: BLE001 — recorded, the layout still runs
+        return {"error": str(exc)}
+    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
+            "memory_per_stage_bytes": [m.total_bytes for m in est.memory],
+            "cp_comm_s": est.time.cp_comm_s, "attention_s": est.time.attention_s}
 
 
-def summary(row: dict, case: Case, job: Job, fit) -> dict:
+def summary(row: dict, case: Case, job: Job, pred: dict) -> dict:
     doc = row["doc"] or {}
     meas = doc.get("measured") or {}
     ranks = [{k: r.get(k) for k in ("rank", "dp", "pp", "tp", "allocated_bytes",
@@ -95,7 +95,9 @@ def summary(row: dict, case: Case, job: Job, fit) -> dict:
              for r in meas.get("memory_per_rank") or []]
     return {"name": case.name, "layout": case.layout.to_dict(), "short": case.layout.short(),
             "job": job.to_dict(), "status": row["status"], "wall_s": row["wall_s"],
-            "command": row["command"], "fit_estimate_bytes": fit,
+            "command": row["command"], "predicted": pred,
+            "prediction_memory_peak_bytes": pred.get("memory_peak_bytes"),
+            "errors_pct": doc.get("errors_pct"),
             "step_time_s": meas.get("step_time_s"), "step_time": meas.get("step_time"),
             "step_times_s": meas.get("step_times_s"), "tokens_per_s": meas.get("tokens_per_s"),
             "mfu": meas.get("mfu"), "memory_peak_bytes": meas.get("memory_peak_bytes"),
@@ -110,20 +112,27 @@ def markdown(rows: list[dict]) -> str:
              f"{env.get('gpu_name', '?')} (torch {env.get('torch', '?')})", "",
              f"{rows[0]['job']['global_batch'] * rows[0]['job']['seq_len'] if rows else '?'} "
              "tokens per step; step = median of the measured steps; "
-             "peak = max over ranks of max_memory_allocated; fit = cost-model estimate of the "
-             "cp = 1 equivalent", "",
-             "| layout | seq_len | step s | tokens/s | MFU | peak GiB (min-max over ranks) | "
-             "fit GiB | status |", "|---|---|---|---|---|---|---|---|"]
+             "peak = max over ranks of max_memory_allocated; predicted = the cost model's "
+             "estimate of the layout as run (error = predicted / measured − 1)", "",
+             "| layout | seq_len | step s | predicted s | error | tokens/s | MFU | "
+             "peak GiB (min-max over ranks) | predicted GiB | error | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         alloc = [x["allocated_bytes"] for x in r["memory_per_rank"]
                  if isinstance(x.get("allocated_bytes"), (int, float))]
         peak = (f"{max(alloc) / 2**30:.1f} ({min(alloc) / 2**30:.1f}-{max(alloc) / 2**30:.1f})"
                 if alloc else "-")
         num = lambda v, f: f.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        pred = r.get("predicted") or {}
+        p_step, p_mem = pred.get("step_time_s"), pred.get("memory_peak_bytes")
+        step_err = (p_step / r["step_time_s"] - 1 if isinstance(p_step, float)
+                    and r["step_time_s"] else None)
+        mem_err = p_mem / max(alloc) - 1 if isinstance(p_mem, float) and alloc else None
         lines.append(f"| {r['name']} `{r['short']}` | {r['job']['seq_len']} | "
-                     f"{num(r['step_time_s'], '{:.3f}')} | {num(r['tokens_per_s'], '{:,.0f}')} | "
+                     f"{num(r['step_time_s'], '{:.3f}')} | {num(p_step, '{:.3f}')} | "
+                     f"{num(step_err, '{:+.1%}')} | {num(r['tokens_per_s'], '{:,.0f}')} | "
                      f"{num(r['mfu'], '{:.1%}')} | {peak} | "
-                     f"{num(r['fit_estimate_bytes'] and r['fit_estimate_bytes'] / 2**30, '{:.1f}')}"
+                     f"{num(p_mem and p_mem / 2**30, '{:.1f}')} | {num(mem_err, '{:+.1%}')}"
                      f" | {r['status'][:80]} |")
     return "\n".join(lines) + "\n"
 
@@ -138,7 +147,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="a tiny fp32 model (CPU check)")
     p.add_argument("--only", default=None, help="comma-separated layout names")
-    p.add_argument("--estimate", action="store_true", help="print the fit check and exit")
+    p.add_argument("--estimate", action="store_true", help="print the predictions and exit")
     p.add_argument("--allow-gpu-mismatch", action="store_true")
     args = p.parse_args(argv)
     args.compile, args.profile = False, False      # what executor_gpu.run_case reads
@@ -147,9 +156,11 @@ def main(argv=None) -> int:
     todo = eg.select(p, cases(), args.only)
     if args.estimate:
         for c in todo:
-            fit = fit_estimate_bytes(model, cluster, job_for(c, args.tiny), c.layout)
+            pred = predict(model, cluster, job_for(c, args.tiny), c.layout)
+            mem = pred.get("memory_peak_bytes")
             print(f"{c.name:32s} {c.layout.short():48s} "
-                  f"{'-' if fit is None else f'{fit / 2**30:.1f} GiB'}")
+                  f"{pred.get('step_time_s', float('nan')):8.3f} s "
+                  f"{'-' if mem is None else f'{mem / 2**30:.1f} GiB'} {pred.get('error', '')}")
         return 0
     if not args.out:
         p.error("--out is required unless --estimate")
@@ -159,14 +170,14 @@ def main(argv=None) -> int:
     t0, rows = time.time(), []
     for c in todo:
         job = job_for(c, args.tiny)
-        fit = fit_estimate_bytes(model, cluster, job, c.layout)
+        pred = predict(model, cluster, job, c.layout)
         left = args.budget - (time.time() - t0)
         if left < 30:
             row = {"status": "skipped (time budget)", "doc": None, "wall_s": 0.0, "command": ""}
         else:
             args.timeout = int(min(args.timeout, left))
             row = eg.run_case(c, args, model, job, cluster, work)
-        rows.append(summary(row, c, job, fit))
+        rows.append(summary(row, c, job, pred))
         (out / "cp_gpu.json").write_text(json.dumps(rows, indent=1))
         (out / "cp_gpu.md").write_text(markdown(rows))
     with tarfile.open(out / "cp_gpu_logs.tar.gz", "w:gz") as tar:

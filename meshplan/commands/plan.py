@@ -53,6 +53,12 @@ def add_arguments(p) -> None:
     g.add_argument("--recompute-options", default=None,
                    help=f"comma list of allowed recompute modes ({','.join(RECOMPUTE)})")
     g.add_argument("--zero-options", default=None, help="comma list of ZeRO stages (0,1,2,3)")
+    g.add_argument("--cp-options", default=None,
+                   help="comma list of context-parallel degrees (default: automatic, powers "
+                        "of two from 16k tokens per sequence)")
+    g.add_argument("--cp-styles", default=None, help="comma list of cp styles (ring,all-to-all)")
+    g.add_argument("--ep-options", default=None,
+                   help="comma list of expert-parallel degrees (MoE; default: automatic)")
     g.add_argument("--max-micro-batch", type=positive_int, default=16)
     g.add_argument("--memory-headroom", type=float, default=0.0,
                    help="fraction of usable memory to keep free (e.g. 0.1)")
@@ -81,7 +87,7 @@ def _fixed(items) -> dict:
         k = k.strip().replace("-", "_")
         if k in ("sequence_parallel",):
             out[k] = v.lower() in ("1", "true", "yes")
-        elif k in ("schedule", "recompute"):
+        elif k in ("schedule", "recompute", "cp_style"):
             out[k] = v
         elif k == "stage_layers":
             out[k] = tuple(int(x) for x in v.split(","))
@@ -100,7 +106,10 @@ def constraints_from_args(args):
               fixed=_fixed(args.fix))
     for key, text, cast in (("schedules", args.schedules, str),
                             ("recompute", args.recompute_options, str),
-                            ("zero", args.zero_options, int)):
+                            ("zero", args.zero_options, int),
+                            ("cp", getattr(args, "cp_options", None), int),
+                            ("cp_styles", getattr(args, "cp_styles", None), str),
+                            ("ep", getattr(args, "ep_options", None), int)):
         try:
             val = _split(text, cast)
         except ValueError:
@@ -176,6 +185,14 @@ def _table(p) -> str:
             "sequence_parallel", "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib",
             "bubble_s", "dp_comm_exposed_s"]
     extra = [c for c in ("usd_per_million_tokens", "time_to_train_s") if c in df.columns]
+    # context and expert parallelism: their columns where a candidate uses them
+    if (df["cp"] > 1).any():
+        df["cp"] = [f"{c}" + (" a2a" if c > 1 and st == "all-to-all" else "")
+                    for c, st in zip(df["cp"], df["cp_style"])]
+        cols.insert(cols.index("tp") + 1, "cp")
+    for c in ("etp", "ep"):
+        if (df[c] > 1).any():
+            cols.insert(cols.index("tp") + 1 + ("cp" in cols), c)
     df = df[cols + extra].copy()
     df["mfu"] = (df["mfu"] * 100).map("{:.1f}%".format)
     df["tokens_per_s"] = df["tokens_per_s"].map("{:,.0f}".format)

@@ -33,7 +33,8 @@ def time_parts(est: Estimate) -> dict[str, float]:
             "PP p2p interference": t.pp_interference_s,
             "bubble": t.bubble_s, "DP exposed": t.dp_comm_exposed_s,
             "ZeRO-3 gathers": t.zero3_gather_s, "optimizer": t.optimizer_s,
-            "waiting for the CPU": t.host_wait_s, "FSDP2 per step": t.fsdp_step_s}
+            "waiting for the CPU": t.host_wait_s, "FSDP2 per step": t.fsdp_step_s,
+            "CP comm": t.cp_comm_s, "EP comm": t.ep_comm_s}
 
 
 def memory_per_stage(est: Estimate, *, title: str | None = None, gpu_memory_bytes: float | None = None):

@@ -25,7 +25,7 @@ MEMORY_COLORS = {"weights": "#0072B2", "grads": "#56B4E9", "optimizer": "#009E73
 TIME_COLORS = {"compute": "#0072B2", "TP comm": "#E69F00", "PP comm": "#CC79A7",
                "PP p2p interference": "#882255", "bubble": "#D9D9D9",
                "DP exposed": "#D55E00", "ZeRO-3 gathers": "#F0E442", "optimizer": "#009E73",
-               "waiting for the CPU": "#666666"}
+               "waiting for the CPU": "#666666", "CP comm": "#56B4E9", "EP comm": "#117733"}
 PASS_COLORS = {"F": "#0072B2", "B": "#E69F00", "W": "#009E73"}
 ACCENT = "#D55E00"
 REFERENCE = "#555555"

@@ -218,7 +218,8 @@ def display_breakdown(df):
                               "pp_comm_s": "PP comm_s", "dp_exposed_s": "DP exposed_s",
                               "pp_p2p_interference_s": "PP p2p interference_s",
                               "waiting_for_the_cpu_s": "waiting for the CPU_s",
-                              "fsdp2_per_step_s": "FSDP2 per step_s"})
+                              "fsdp2_per_step_s": "FSDP2 per step_s",
+                              "cp_comm_s": "CP comm_s", "ep_comm_s": "EP comm_s"})
     return out.rename(columns=lambda c: c[:-2].replace("_", " ") if c.endswith("_s") else c)
 
 

@@ -163,3 +163,55 @@ def megatron_core_h100() -> list[PublishedRun]:
         runs.append(PublishedRun(f"{model.name} ({gpus} GPUs)", model, cluster, job, layout,
                                  step_s, d))
     return runs
+
+
+LLAMA3_DEFAULTS = dict(micro_batch=1, schedule="interleaved-1f1b", vpp=2, recompute="none",
+                       zero=1)
+
+
+def llama3_stage_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """The report's balancing (one layer fewer on the first and the last pipeline stage) over
+    pp·vpp chunks: the first and last chunk one layer short, the rest even."""
+    n = pp * vpp
+    per, extra = divmod(layers + 2, n)
+    sizes = [per + (1 if 0 < i <= extra else 0) for i in range(n)]
+    sizes[0] -= 1
+    sizes[-1] -= 1
+    return tuple(sizes)
+
+
+def llama3_2024(**overrides) -> list[PublishedRun]:
+    """The Llama 3 report's Table 4 (arXiv 2407.21783 §3.3.2): Llama 3 405B pre-training on
+    H100, BF16, at 8k tokens (cp = 1) and 128k tokens (cp = 16).
+
+    Published: tp, cp, pp, dp, sequence length, batch per dp group and TFLOP/s per GPU. Every
+    row is predicted with the same stated defaults (``LLAMA3_DEFAULTS``: micro-batch 1, the
+    interleaved schedule the report describes with the fewest virtual stages, 2 — the number
+    is not published —, no recompute, optimizer states sharded over the gradient group),
+    what the report says (sequence parallelism with tp, one layer fewer on the first and last
+    pipeline stage: :func:`llama3_stage_layers`), the ring style for cp (the report's
+    all-gather style moves the same K/V bytes; meshplan has no all-gather style) and the
+    datasheet ``dgx-h100`` cluster (its 400 Gb/s per GPU like Meta's RoCE). ``overrides``
+    replace layout defaults (the sensitivity rows of validate_published.py).
+    ``published`` = model FLOPs of a step (:func:`meshplan.costmodel.flops.
+    model_flops_per_step`: attention counted without the causal halving, as Narayanan et al.
+    2021 eq. 3) over the published TFLOP/s × GPUs; the report does not say which convention
+    its TFLOP/s uses.
+    """
+    from meshplan.costmodel.flops import model_flops_per_step
+    defaults = {**LLAMA3_DEFAULTS, **overrides}
+    runs = []
+    for d in read_rows("llama3_2024_table4.csv"):
+        model = ModelSpec.preset(d["model"])
+        tp, cp, pp, dp, gpus = (int(d[k]) for k in ("tp", "cp", "pp", "dp", "gpus"))
+        seq, batch = int(d["seq_len"]), int(d["batch_per_dp"]) * dp
+        stages = llama3_stage_layers(model.num_layers, pp, defaults["vpp"])
+        layout = Layout(dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=True,
+                        stage_layers=stages, **defaults)
+        job = Job(global_batch=batch, seq_len=seq, precision="bf16")
+        cluster = Cluster.preset("dgx-h100", nodes=gpus // 8)
+        step_s = (model_flops_per_step(model, batch, seq)
+                  / (float(d["tflops_per_gpu"]) * 1e12 * gpus))
+        runs.append(PublishedRun(f"{model.name} s{seq} cp{cp} ({gpus} GPUs)", model, cluster,
+                                 job, layout, step_s, d))
+    return runs

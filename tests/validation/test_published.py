@@ -178,3 +178,27 @@ def test_megatron_core_table_is_consistent(row):
 def test_megatron_core_defaults_fit(run):
     """The runs ran on 80 GB, so the stated default layout must fit the prediction too."""
     assert estimate(run.model, run.cluster, run.job, run.layout).fits
+
+
+# ---- Llama 3 405B, Table 4 (layout partly published, context parallelism) -----------------
+
+@pytest.mark.parametrize("row", read_rows("llama3_2024_table4.csv"), ids=lambda r: r["gpus"] + "-" + r["seq_len"])
+def test_llama3_table_is_consistent(row):
+    """The copied row: tp·cp·pp·dp = GPUs, 16M tokens a batch, TFLOP/s over the BF16 dense
+    peak (989) = the MFU column to its rounding."""
+    tp, cp, pp, dp, g = (int(row[k]) for k in ("tp", "cp", "pp", "dp", "gpus"))
+    assert tp * cp * pp * dp == g
+    tokens = int(row["batch_per_dp"]) * dp * int(row["seq_len"])
+    assert tokens / 2**20 == pytest.approx(float(row["tokens_per_batch_m"]), rel=0.01)
+    assert 100 * float(row["tflops_per_gpu"]) / 989 == pytest.approx(float(row["mfu_pct"]), abs=1.0)
+
+
+def test_llama3_long_context_row_is_priced_with_its_ring():
+    from published_runs import llama3_2024
+    runs = {r.job.seq_len: r for r in llama3_2024() if r.layout.num_gpus == 16384}
+    long, short = (estimate(r.model, r.cluster, r.job, r.layout) for r in
+                   (runs[131072], runs[8192]))
+    assert runs[131072].layout.cp == 16 and long.time.cp_comm_s > 0
+    # same tokens per step and per rank: the 128k row differs by its attention
+    assert long.time.gemm_s == pytest.approx(short.time.gemm_s, rel=1e-9)
+    assert long.time.attention_s > 10 * short.time.attention_s
