@@ -78,19 +78,20 @@ def ranks(t, stage_layers, f_s, b_s) -> Ranks:
     worst_tail = -1.0
     dp_total = dp_wire_worst = dp_exposed_worst = opt_worst = 0.0
     interference = t.cluster.gpu.overlap_interference
+    dense_all = t.rank_dense_counts(stage_layers)     # an MoE model's dense layers (or 0)
     for r in range(pp):
-        layers_r = layers_all[r]
-        st = t.rank_state(r, layers_r)   # memoized per (layers, first, last)
+        layers_r, dense_r = layers_all[r], dense_all[r]
+        st = t.rank_state(r, layers_r, dense_r)   # memoized per (layers, first, last, dense)
         dp_total = max(dp_total, st.dp_total_s)
         dp_wire_worst = max(dp_wire_worst, st.dp_wire_bytes)
-        sig = (layers_r, r == 0, r == last_rank, fwd_all[r], bwd_all[r])
+        sig = (layers_r, r == 0, r == last_rank, fwd_all[r], bwd_all[r], dense_r)
         if sig not in seen:
             seen.add(sig)
             exposed = exposed_dp_s(st, lay, job, fwd_all[r], bwd_all[r], interference)
             if exposed + st.optimizer_s > worst_tail:
                 worst_tail, dp_exposed_worst, opt_worst = exposed + st.optimizer_s, exposed, \
                     st.optimizer_s
-        act_b, logit_b, buf = t.rank_variable_bytes(r, layers_r)
+        act_b, logit_b, buf = t.rank_variable_bytes(r, layers_r, dense_r)
         rows.append((r, layers_r, st.weights_bytes, st.grads_bytes, st.optimizer_bytes, act_b,
                      logit_b, buf, t.inflight[r]))
     return Ranks(rows, worst_tail, dp_exposed_worst, opt_worst, dp_total, dp_wire_worst, br,

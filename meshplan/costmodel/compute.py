@@ -118,17 +118,20 @@ class TpCollectives:
 
 
 def tp_collectives(cluster: Cluster, job: Job, tp_link: GroupLink, act_bytes: float, tp: int,
-                   sequence_parallel: bool, dgrad_gemm_s: tuple[float, ...]) -> TpCollectives:
+                   sequence_parallel: bool, dgrad_gemm_s: tuple[float, ...],
+                   blocks: int = 2) -> TpCollectives:
     """The collectives of one layer's pass over ``act_bytes`` of activations (the full
     sequence); ``dgrad_gemm_s``: the column-parallel linears' input-gradient GEMMs, which
-    Megatron's weight-gradient all-gathers overlap."""
+    Megatron's weight-gradient all-gathers overlap. ``blocks``: the tensor-parallel blocks
+    (attention and the MLP; 1 in an MoE layer without shared experts, whose routed part
+    moves its tokens itself)."""
     if tp <= 1:
         return TpCollectives(0.0, 0.0)
-    wire = 2 * comm.wire_bytes_all_reduce(tp, act_bytes)
+    wire = blocks * comm.wire_bytes_all_reduce(tp, act_bytes)
     if not sequence_parallel:
-        return TpCollectives(2 * comm.all_reduce_s(tp_link, act_bytes), wire)
+        return TpCollectives(blocks * comm.all_reduce_s(tp_link, act_bytes), wire)
     ag = comm.all_gather_s(tp_link, act_bytes)
-    pass_s = 2 * (ag + comm.reduce_scatter_s(tp_link, act_bytes))
+    pass_s = blocks * (ag + comm.reduce_scatter_s(tp_link, act_bytes))
     if not megatron_gathers_for_wgrad(job):
         return TpCollectives(pass_s, wire)
     k = cluster.gpu.overlap_interference
@@ -143,27 +146,41 @@ def megatron_gathers_for_wgrad(job: Job) -> bool:
 
 
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
-               sequence_parallel: bool, recompute: str, tp_link: GroupLink) -> LayerCost:
-    """Forward and backward time of one transformer layer on one GPU for one micro-batch."""
+               sequence_parallel: bool, recompute: str, tp_link: GroupLink,
+               mlp_width: int | None = None) -> LayerCost:
+    """Forward and backward time of one transformer layer on one GPU for one micro-batch.
+
+    ``mlp_width``: the dense MLP's width (None: ``ffn_hidden_size``); an MoE layer passes
+    its shared experts' total width (0 without), its routed part being priced by
+    :mod:`meshplan.costmodel.moe_layer`. Multi-head latent attention's projections and core
+    come from :mod:`meshplan.costmodel.mla`."""
     gpu = cluster.gpu
     peak = gpu.peak_flops(job.precision)
     e = activation_bytes_per_element(job)
     s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
     tokens = s * b
-    f = model.ffn_hidden_size
+    f = model.ffn_hidden_size if mlp_width is None else mlp_width
 
     # GEMMs, tensor-parallel shards: (m, k, n) -> 2mkn FLOPs each.
-    shapes = (
-        (tokens, h, (model.q_dim + 2 * model.kv_dim) / t),   # QKV (column parallel)
-        (tokens, model.q_dim / t, h),                         # attention output (row parallel)
-        (tokens, h, model.ffn_matrices * f / t),              # MLP up (+ gate)
-        (tokens, f / t, h),                                   # MLP down (row parallel)
-    )
+    if model.is_mla:
+        from meshplan.costmodel import mla
+        attn_shapes = mla.gemm_shapes(model, tokens, t)
+    else:
+        attn_shapes = (
+            (tokens, h, (model.q_dim + 2 * model.kv_dim) / t),   # QKV (column parallel)
+            (tokens, model.q_dim / t, h),                         # attention output (row parallel)
+        )
+    mlp_shapes = ((tokens, h, model.ffn_matrices * f / t),       # MLP up (+ gate)
+                  (tokens, f / t, h)) if f else ()                # MLP down (row parallel)
+    shapes = attn_shapes + mlp_shapes
     fwd_gemm = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in shapes)
 
     # Attention core.
     heads = model.num_heads / t
-    core_flops = 4.0 * b * s * s * model.head_dim * heads
+    if model.is_mla:
+        core_flops = b * s * s * mla.pair_flops(model, t)
+    else:
+        core_flops = 4.0 * b * s * s * model.head_dim * heads
     if job.flash_attention:
         executed = core_flops / 2  # causal: masked blocks skipped
         fwd_attn = executed / (peak * gpu.attention_efficiency(executed))
@@ -184,16 +201,18 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
     mb_fwd += (act_in + tokens * f / t) * e                  # activation function
     if model.position_embedding == "rope":
-        mb_fwd += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
+        mb_fwd += 2 * tokens * (mla.rope_elements(model, t) if model.is_mla else
+                                (model.q_dim + model.kv_dim) / t) * e
     mb_fwd += softmax_bytes
     fwd_mb = hbm_s(gpu, mb_fwd)
     bwd_mb = 2 * fwd_mb
 
     # Tensor-parallel collectives: attention's and the MLP's, per pass.
     act_bytes = tokens * h * e
-    qkv_s, mlp_up_s = (gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in (shapes[0], shapes[2]))
+    column = (shapes[0], shapes[len(attn_shapes)]) if f else (shapes[0],)
     tpc = tp_collectives(cluster, job, tp_link, act_bytes, t, sequence_parallel,
-                         (qkv_s, mlp_up_s))
+                         tuple(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in column),
+                         blocks=2 if f else 1)
     tp_pass, wire_pass = tpc.pass_s, tpc.pass_wire_bytes
     if job.overlap_tp_comm:
         tp_pass_exposed = max(0.0, tp_pass - 0.5 * fwd_gemm)

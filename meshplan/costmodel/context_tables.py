@@ -42,14 +42,13 @@ says so).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
 
 from meshplan.costmodel import comm, context
 from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s
 from meshplan.costmodel.corrections import ring_interference
-from meshplan.costmodel.data_parallel import Groups, group_links
+from meshplan.costmodel.data_parallel import Groups
 from meshplan.costmodel.memory import activation_bytes_per_element
-from meshplan.costmodel.parts import LayerParts, layer_parts
+from meshplan.costmodel.parts import LayerParts
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
@@ -60,19 +59,6 @@ CP_UNCHECKED_CAVEAT = (
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
     "rows are for cp = 1")
-
-
-class TableInputs(NamedTuple):
-    """What :func:`meshplan.costmodel.build.build_fields` prices: the cluster, job and layout
-    the tables see (per-rank equivalents for cp > 1), the process groups' links, the
-    per-layer parts, and the caveats this pricing adds."""
-
-    cluster: Cluster
-    job: Job
-    layout: Layout
-    links: Groups
-    parts: LayerParts
-    caveats: tuple[str, ...] = ()
 
 
 def cp_equivalent(job: Job, layout: Layout) -> tuple[Job, Layout]:
@@ -145,14 +131,11 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     return fwd_attn, bwd_k * fwd_attn, fwd_cp, bwd_cp, wire_f, wire_b, work
 
 
-def cp_layer_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
-                   local_job: Job, links: Groups) -> LayerParts:
-    """The per-rank parts of a cp layout: :func:`layer_parts` at ``s/cp`` tokens
-    (``local_job``) with the layer's attention replaced by the ring's or the all-to-all's
-    (:func:`cp_attention`)."""
-    base = layer_parts(model, cluster, local_job, layout.micro_batch, layout.tp,
-                       layout.sequence_parallel, layout.recompute, links.tp, links.pp)
-    fa, ba, fc, bc, wire_f, wire_b, work = cp_attention(model, cluster, job, layout, links.cp)
+def with_cp_attention(base: LayerParts, model: ModelSpec, cluster: Cluster, job: Job,
+                      layout: Layout, cp_link: GroupLink) -> LayerParts:
+    """``base`` (the parts at ``s/cp`` tokens) with the layer's attention replaced by the
+    ring's or the all-to-all's (:func:`cp_attention`; ``job`` at the full sequence)."""
+    fa, ba, fc, bc, wire_f, wire_b, work = cp_attention(model, cluster, job, layout, cp_link)
     lay = base.layer
     rerun = layout.recompute != "none"      # selective and full re-run the attention core
     rc = replace(lay.recompute, attention_s=fa if rerun else 0.0,
@@ -167,23 +150,5 @@ def cp_layer_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     return replace(base, layer=layer, backward_buf_bytes=base.backward_buf_bytes + work)
 
 
-def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> TableInputs:
-    """The cluster, job, layout, links and parts :func:`build_fields` prices: the given ones
-    for cp = 1, the per-rank equivalent (module docstring) for cp > 1."""
-    if layout.cp == 1:
-        links = group_links(cluster, layout)
-        parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
-                            layout.sequence_parallel, layout.recompute, links.tp, links.pp)
-        return TableInputs(cluster, job, layout, links, parts)
-    caveats: tuple[str, ...] = (CP_UNCHECKED_CAVEAT,)
-    if cluster.gpu.measured:
-        caveats += (CP_ANALYTICAL_CAVEAT,)
-        cluster = cluster.replace(gpu=replace(cluster.gpu, measured=None))
-    local_job, local_layout = cp_equivalent(job, layout)
-    links = cp_group_links(cluster, layout)
-    parts = cp_layer_parts(model, cluster, job, layout, local_job, links)
-    return TableInputs(cluster, local_job, local_layout, links, parts, caveats)
-
-
-__all__ = ["CP_ANALYTICAL_CAVEAT", "CP_UNCHECKED_CAVEAT", "TableInputs", "cp_attention", "cp_equivalent",
-           "cp_group_links", "cp_layer_parts", "table_inputs"]
+__all__ = ["CP_ANALYTICAL_CAVEAT", "CP_UNCHECKED_CAVEAT", "cp_attention", "cp_equivalent",
+           "cp_group_links", "with_cp_attention"]

@@ -42,6 +42,7 @@ Z3_RESIDENT = "zero3_resident_weights"
 END_OF_STEP = "end_of_step_merge"
 OUTPUT_PEAK = "pipelined_output_peak"
 CP_RING = "cp_ring_interference"
+MOE_IMBALANCE = "moe_load_imbalance"
 
 # GPipe and 1F1B ranks that run every forward before their first backward get the
 # cast-cache relief; interleaved and zero-bubble ranks do not (see cast_cache_ranks). A
@@ -167,6 +168,25 @@ def ring_interference(numbers: CorrectionNumbers) -> float:
     return numbers.cp_ring_interference if numbers.enabled(CP_RING) else 0.0
 
 
+# ---- mixture of experts: the busiest expert rank --------------------------------------------
+def load_imbalance(numbers: CorrectionNumbers, ep: int) -> float:
+    """Mixture of experts with ep > 1 (both runtimes): the routed rows the busiest expert
+    rank computes and receives over the mean, ρ ≥ 1. The all-to-alls make every rank of the
+    ep group wait for the busiest, so its grouped GEMMs, its receive and its routed-token
+    activations set the layer's time and memory (:mod:`meshplan.costmodel.moe_layer`).
+    Routing depends on the model and the data, not the GPU: the built-in ρ = 1.25 is the
+    Switch Transformer's training capacity factor (Fedus et al. 2021 §2.2), the profile's
+    ``moe_load_imbalance`` replaces it. 1 where switched off or with ep = 1 (every routed
+    row stays on its rank, only the total counts)."""
+    if ep == 1 or not numbers.enabled(MOE_IMBALANCE):
+        return 1.0
+    return max(1.0, numbers.moe_load_imbalance)
+
+
+def _moe_layout(t) -> bool:
+    return t.model.is_moe and (t.given_layout or t.layout).ep > 1
+
+
 def _ring_layout(t) -> bool:
     lay = t.given_layout
     return lay is not None and lay.cp > 1 and lay.cp_style == "ring"
@@ -179,7 +199,7 @@ class Correction:
     its numbers, and its mechanism (the docstring of the function that computes it)."""
 
     name: str
-    moves: str                              # "step time" | "memory"
+    moves: str                              # "step time" | "memory" | "step time and memory"
     profile_keys: tuple[str, ...]
     applies: Callable[[object], bool]
     effect: Callable
@@ -211,6 +231,8 @@ CORRECTIONS: tuple[Correction, ...] = (
                cast_cache_ranks),
     Correction(CP_RING, "step time", ("cp_ring_interference",), _ring_layout,
                ring_interference, runtimes=("torch", "megatron")),
+    Correction(MOE_IMBALANCE, "step time and memory", ("moe_load_imbalance",), _moe_layout,
+               load_imbalance, runtimes=("torch", "megatron")),
 )
 
 
@@ -226,4 +248,4 @@ def unsharded_zb(job: Job, layout: Layout) -> bool:
 
 __all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
            "stage_slowdown", "p2p_order_applies", "zb_full_sets", "fsdp_dp_only",
-           "fsdp2_step_s", "cast_cache_ranks", "memory_rule", "ring_interference"]
+           "fsdp2_step_s", "cast_cache_ranks", "memory_rule", "ring_interference", "load_imbalance"]

@@ -121,7 +121,7 @@ class RankState:
 @lru_cache(maxsize=65536)
 def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
                zero: int, num_microbatches: int, dp_link, layers: int, first: bool, last: bool,
-               z3: Zero3Layer, grad_copies: int = 1) -> RankState:
+               z3: Zero3Layer, grad_copies: int = 1, extra_params: float = 0.0) -> RankState:
     """Model states, data-parallel communication and optimizer time of one pipeline rank.
 
     ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
@@ -133,14 +133,29 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
     ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
     all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies``: fp32
-    gradient copies (:func:`ddp_accumulates`).
+    gradient copies (:func:`ddp_accumulates`). ``extra_params``: parameters beyond
+    ``layers`` equal layers (an MoE model's dense layers, :mod:`meshplan.costmodel.
+    moe_tables`), with their compute copies.
     """
+    params = stage_params(model, layers, tp, first=first, last=last, pp=pp) + extra_params
+    copies = (compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
+              + (extra_params * compute_weight_bytes_per_param(job)
+                 if extra_params and not (zero == 3 and dp > 1) else 0.0))
+    return params_state(cluster, job, params, dp, pp, zero, num_microbatches, dp_link,
+                        layers, z3, grad_copies, copies)
+
+
+def params_state(cluster: Cluster, job: Job, params: float, dp: int, pp: int, zero: int,
+                 num_microbatches: int, dp_link, layers: int, z3: Zero3Layer,
+                 grad_copies: int, copy_bytes: float) -> RankState:
+    """:func:`rank_state` for ``params`` parameters reduced over ``dp`` ranks on ``dp_link``
+    (``layers`` of them per ZeRO-3 gather ``z3``), ``copy_bytes`` of 16-bit compute copies
+    counted with the weights; MoE experts use it with their own group (edp)."""
     m = num_microbatches
     per = state_bytes_per_param(job)
-    params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
     w, g, o = state_bytes_at_peak(params, job, zero, dp, pp)
     g *= grad_copies
-    w += compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
+    w += copy_bytes
     grad_bytes = params * per.grads
     dp_s = red = gat = wire = bucket = copy = 0.0
     torch_rt = job.runtime == "torch"
@@ -176,6 +191,17 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     return RankState(w, g, o, dp_s, red, gat, wire, opt_s, bucket, copy)
 
 
+def combined_state(a: RankState, b: RankState) -> RankState:
+    """Two parameter groups of one rank reduced on their own groups one after the other
+    (an MoE rank's dense parameters over dp·cp and its experts over edp): bytes, seconds
+    and optimizer time add; the bucket that never overlaps is the larger last bucket."""
+    return RankState(a.weights_bytes + b.weights_bytes, a.grads_bytes + b.grads_bytes,
+                     a.optimizer_bytes + b.optimizer_bytes, a.dp_total_s + b.dp_total_s,
+                     a.grad_reduce_s + b.grad_reduce_s, a.param_gather_s + b.param_gather_s,
+                     a.dp_wire_bytes + b.dp_wire_bytes, a.optimizer_s + b.optimizer_s,
+                     max(a.last_bucket_s, b.last_bucket_s), a.grad_copy_s + b.grad_copy_s)
+
+
 def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
                  backward_s: float, interference: float) -> float:
     """Data-parallel time left on the critical path of a rank whose forward and backward of
@@ -190,7 +216,9 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
     ZeroRedundancyOptimizer's broadcast follows the optimizer step (exposed).
     ``interference``: the profile's ``overlap_interference`` (see :func:`exposed`).
     """
-    if fsdp_per_microbatch(job, layout.zero, layout.pp) or layout.dp == 1:
+    # (dp 1: nothing to reduce, unless an MoE rank's experts reduce over edp > 1)
+    if fsdp_per_microbatch(job, layout.zero, layout.pp) or (layout.dp == 1
+                                                            and not st.dp_total_s):
         return 0.0
     if torch_pipelined(job, layout.pp):
         return st.dp_total_s + st.grad_copy_s
@@ -213,5 +241,6 @@ def root_reduce_s(params: float, bytes_per_param: float, dp_link) -> float:
 
 
 __all__ = ["DP_BUCKET_BYTES", "OPTIMIZER_BYTES_PER_PARAM", "GRAD_FLATTEN_PASSES", "Groups",
-           "group_links", "Zero3Layer", "zero3_layer", "RankState", "rank_state",
+           "group_links", "Zero3Layer", "zero3_layer", "RankState", "rank_state", "params_state",
+           "combined_state",
            "exposed_dp_s", "exposed", "root_gather_s", "root_reduce_s"]

@@ -11,6 +11,8 @@ count it); biases, norms, softmax and activations are not counted. For GPT this 
     selective      = 72·B·s·l·h²·(1 + s/(3h) + V/(12·l·h))          (Korthikanti eq. 8)
 
 and the same bookkeeping generalizes to GQA and SwiGLU through the layer's matmul weights.
+MoE (and multi-head latent attention) models: :mod:`meshplan.costmodel.moe` counts the
+router, the k routed and the shared experts a token uses, in the same conventions.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ def logits_forward_flops_per_token(model: ModelSpec) -> float:
 
 @lru_cache(maxsize=4096)
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
-    """Model FLOPs of one optimizer step (forward + backward, no recompute)."""
+    """Model FLOPs of one optimizer step (forward + backward, no recompute); an MoE model's
+    count only the experts each token uses (:func:`meshplan.costmodel.moe.
+    moe_model_flops_per_step`, which also counts MLA and multi-token prediction)."""
+    if model.is_moe or model.is_mla:
+        from meshplan.costmodel.moe import moe_model_flops_per_step
+        return moe_model_flops_per_step(model, global_batch, seq_len)
     tokens = global_batch * seq_len
     mm, attn = layer_forward_flops_per_token(model, seq_len)
     per_token = model.num_layers * (mm + attn) + logits_forward_flops_per_token(model)
@@ -56,5 +63,8 @@ def recompute_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
 def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
                             recompute: str) -> float:
     """Model FLOPs plus recomputation (what the GPUs actually execute)."""
+    if model.is_moe or model.is_mla:
+        from meshplan.costmodel.moe import moe_model_flops_per_step
+        return moe_model_flops_per_step(model, global_batch, seq_len, recompute=recompute)
     return (model_flops_per_step(model, global_batch, seq_len)
             + recompute_flops_per_step(model, global_batch, seq_len, recompute))

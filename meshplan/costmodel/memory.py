@@ -50,23 +50,35 @@ class LayerActivations:
 
 
 def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
-                      sequence_parallel: bool) -> LayerActivations:
+                      sequence_parallel: bool, mlp_width: int | None = None) -> LayerActivations:
     """Activation bytes of one layer (Korthikanti et al. 2022, §4.1-4.2, Table 2).
 
     GPT check (a = heads, e = 2 bytes): replicated = LayerNorm inputs 4sbh + QKV and MLP
     inputs 4sbh + two dropout masks 2sbh = 10sbh; sharded = Q, K, V 6sbh + projection input
     2sbh + GeLU input and output 16sbh = 24sbh/t; attention core = softmax output 2as²b +
     its dropout mask as²b + dropout output 2as²b = 5as²b/t.
+
+    ``mlp_width``: the dense MLP's width (None: ``ffn_hidden_size``; an MoE layer passes its
+    shared experts' total width, 0 without; the routed part is :mod:`meshplan.costmodel.
+    moe_layer`'s). Multi-head latent attention keeps its own tensors (:mod:`.mla`).
     """
     e = activation_bytes_per_element(job)
     s, b, h = job.seq_len, micro_batch, model.hidden_size
     sb = s * b
     t = tp
     drop = model.dropout
+    f = model.ffn_hidden_size if mlp_width is None else mlp_width
     replicated = sb * h * (2 * e + 2 * e) + (2 * sb * h * MASK_BYTES if drop else 0)
-    sharded = sb * (e * (model.q_dim + 2 * model.kv_dim)     # Q, K, V
-                    + e * model.q_dim                        # attention output = out-proj input
-                    + e * model.ffn_hidden_size * (3 if model.activation == "swiglu" else 2))
+    mlp = e * f * (3 if model.activation == "swiglu" else 2)
+    if model.is_mla:
+        from meshplan.costmodel import mla
+        rep, split = mla.kept_elements(model, 1)
+        replicated += sb * e * rep
+        sharded = sb * (e * split + mlp)
+    else:
+        sharded = sb * (e * (model.q_dim + 2 * model.kv_dim)     # Q, K, V
+                        + e * model.q_dim                        # attention output = out-proj input
+                        + mlp)
     if job.flash_attention:
         # Fused attention keeps only the log-sum-exp of each row (fp32) besides its output.
         core = 4.0 * sb * model.num_heads
@@ -198,12 +210,44 @@ def stage_params(model: ModelSpec, layers: int, tp: int, *, first: bool, last: b
 
 @lru_cache(maxsize=1024)
 def _param_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, float]:
-    """(per-layer params on one tp rank, vocab shard, position embedding, final norm)."""
+    """(per-layer params on one tp rank, vocab shard, position embedding, final norm).
+
+    An MoE model's layer here is an MoE layer without its routed experts (attention, norms,
+    shared experts split over tp, the replicated router): the experts are sharded by ep·etp
+    and their states by edp (:mod:`meshplan.costmodel.moe_tables`), its dense layers differ
+    by :func:`dense_layer_extra_params`."""
     h = model.hidden_size
     norm = h * (2 if model.norm == "layernorm" else 1)
+    pos = model.max_seq_len * h if model.position_embedding == "learned" else 0
+    if model.is_moe:
+        per_layer = _layer_tp_params(model, tp, model.num_shared_experts
+                                     * (model.shared_expert_ffn_hidden_size or 0)) \
+            + model.router_params()
+        return per_layer, model.vocab_size * h / tp, pos, norm
     col_bias = (model.q_dim + 2 * model.kv_dim + model.ffn_matrices * model.ffn_hidden_size
                 if model.bias else 0)
     row_bias = 2 * h if model.bias else 0
     per_layer = (model.layer_matmul_params() + col_bias) / tp + row_bias + 2 * norm
-    pos = model.max_seq_len * h if model.position_embedding == "learned" else 0
     return per_layer, model.vocab_size * h / tp, pos, norm
+
+
+def _layer_tp_params(model: ModelSpec, tp: int, mlp_width: int) -> float:
+    """A layer's attention, norms and a dense MLP of ``mlp_width`` on one tp rank (matmuls
+    and column-parallel biases split, norms, MLA's latent norms and row-parallel biases
+    replicated; Shoeybi et al. 2019 §3)."""
+    h = model.hidden_size
+    norm = h * (2 if model.norm == "layernorm" else 1)
+    mlp = (model.ffn_matrices + 1) * h * mlp_width
+    col_bias = (model.q_dim + 2 * model.kv_dim + model.ffn_matrices * mlp_width
+                if model.bias else 0)
+    row_bias = (h + (h if mlp_width else 0)) if model.bias else 0
+    latent_norms = (model.kv_lora_rank + (model.q_lora_rank or 0)) if model.is_mla else 0
+    return ((model.attention_matmul_params() + mlp + col_bias) / tp + row_bias + 2 * norm
+            + latent_norms)
+
+
+@lru_cache(maxsize=1024)
+def dense_layer_extra_params(model: ModelSpec, tp: int) -> float:
+    """An MoE model's dense layer (``dense_layers``) less its MoE layer without experts, on
+    one tp rank: the dense MLP instead of the shared experts and the router."""
+    return _layer_tp_params(model, tp, model.ffn_hidden_size) - _param_parts(model, tp)[0]

@@ -57,6 +57,7 @@ GPU comparison are issue 38 parts 2 and 5.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import NamedTuple
 
 from meshplan.costmodel import comm
@@ -191,9 +192,13 @@ class MoEParams(NamedTuple):
 def moe_params_per_rank(model: ModelSpec, layout: Layout) -> MoEParams:
     """E/ep experts at 1/etp width (row-parallel bias replicated), tp-split shared experts,
     the replicated router."""
+    return _moe_params(model, layout.ep, layout.etp, layout.tp)
+
+
+@lru_cache(maxsize=4096)
+def _moe_params(model: ModelSpec, ep: int, etp: int, tp: int) -> MoEParams:
     _require_moe(model)
     h, m, f = model.hidden_size, model.ffn_matrices, model.moe_ffn_hidden_size
-    ep, etp, tp = layout.ep, layout.etp, layout.tp
     per_expert = ((m + 1) * h * f + (m * f if model.bias else 0)) / etp + (h if model.bias else 0)
     shared = 0.0
     if model.num_shared_experts:

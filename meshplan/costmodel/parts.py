@@ -60,18 +60,20 @@ class LayerParts:
 
 @lru_cache(maxsize=8192)
 def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
-                sequence_parallel: bool, recompute: str, tp_link, pp_link) -> LayerParts:
+                sequence_parallel: bool, recompute: str, tp_link, pp_link,
+                mlp_width: int | None = None) -> LayerParts:
     """Analytical pieces (compute.py, memory.py), replaced by the profile's measured layer
     and ends where it has them (:mod:`meshplan.costmodel.measured`): the measured time is
-    split over the analytical categories in their proportions, so breakdowns stay readable."""
+    split over the analytical categories in their proportions, so breakdowns stay readable.
+    ``mlp_width``: the layer's dense MLP width (:func:`layer_cost`; MoE layers)."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                       recompute=recompute, tp_link=tp_link)
+                       recompute=recompute, tp_link=tp_link, mlp_width=mlp_width)
     emb = embedding_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                          tp_link=tp_link)
     logit = logits_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                         tp_link=tp_link)
-    acts = layer_activations(model, job, mb, tp, sp)
+    acts = layer_activations(model, job, mb, tp, sp, mlp_width)
     e = activation_bytes_per_element(job)
     act_b = acts.stored(recompute)
     bwd_buf = acts.full_bytes if recompute != "none" else 0.0

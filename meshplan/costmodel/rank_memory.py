@@ -68,6 +68,23 @@ class RankMemory(MemoryReliefs, TablesBase):
     # ZeRO-3 under torch's pipeline: a layer's gathered 16-bit weights, which stay
     # from its backward to its next forward (see z3_resident_bytes); 0 where that does not apply
     z3_resident_layer_bytes: float = 0.0
+    # MoE models: a dense layer's states and (per in-flight micro-batch) activations less an
+    # MoE layer's (costmodel.moe_tables); the dense layers' count per rank comes from the
+    # partition (TablesBase.rank_dense_counts)
+    dense_delta_state_bytes: float = 0.0
+    dense_delta_activation_bytes: float = 0.0
+
+    def dense_bytes(self, rank: int, layers: int, dense: int | None) -> float:
+        """What ``dense`` of the rank's ``layers`` being an MoE model's dense layers adds
+        (negative where they hold less); ``dense`` None (the planner's per-rank caps, which
+        do not know the partition): the most it can add, over 0 .. min(layers, dense
+        layers), so that a cap never admits more than ``estimate`` does."""
+        if not self.num_dense_layers:
+            return 0.0
+        per = self.dense_delta_state_bytes + self.inflight[rank] * self.dense_delta_activation_bytes
+        if dense is None:
+            return max(0.0, min(layers, self.num_dense_layers) * per)
+        return dense * per
 
     @property
     def const_bytes(self) -> tuple[float, ...]:
@@ -146,12 +163,14 @@ class RankMemory(MemoryReliefs, TablesBase):
 
     # ---- time ---------------------------------------------------------------------
 
-    def rank_variable_bytes(self, rank: int, layers: int) -> tuple[float, float, float]:
-        """(activations, embedding/logits, buffers) of a rank holding ``layers``; the
-        activations are those coexisting with the gradients at the rank's peak
-        (:meth:`first_backward_relief_bytes`)."""
+    def rank_variable_bytes(self, rank: int, layers: int,
+                            dense: int = 0) -> tuple[float, float, float]:
+        """(activations, embedding/logits, buffers) of a rank holding ``layers`` (``dense``
+        of them an MoE model's dense layers); the activations are those coexisting with the
+        gradients at the rank's peak (:meth:`first_backward_relief_bytes`)."""
         inflight = self.inflight[rank]
-        act = layers * self._layer_act_bytes(rank)
+        act = layers * self._layer_act_bytes(rank) + dense * inflight \
+            * self.dense_delta_activation_bytes
         if rank == 0:
             act += inflight * self.embedding_act_bytes
         act -= self.first_backward_relief_bytes(rank, layers)
@@ -177,11 +196,12 @@ class RankMemory(MemoryReliefs, TablesBase):
                 + self._split_sets(rank) * self.wgrad_pending_bytes
                 + (self.wgrad_transient_bytes if pending else 0.0))
 
-    def rank_memory_bytes(self, rank: int, layers: int) -> float:
+    def rank_memory_bytes(self, rank: int, layers: int, dense: int | None = None) -> float:
         mem = layers * (self.layer_state_bytes + self._layer_act_bytes(rank)) \
             + self.const_bytes[rank] - self.first_backward_relief_bytes(rank, layers) \
             + self.z3_resident_bytes(rank, layers) \
-            - self.cast_cache_relief_bytes(rank, layers)
+            - self.cast_cache_relief_bytes(rank, layers) \
+            + self.dense_bytes(rank, layers, dense)
         if rank == self.last_rank:
             mem += self.output_split_extra_bytes(layers)
             mem = max(mem + self.last_chunks_bytes, layers * self.layer_state_bytes
@@ -189,7 +209,9 @@ class RankMemory(MemoryReliefs, TablesBase):
         return mem
 
     def peak_memory_bytes(self, stage_layers) -> float:
-        return max(self.rank_memory_bytes(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
+        dense = self.rank_dense_counts(stage_layers)
+        return max(self.rank_memory_bytes(r, n, d) for r, (n, d) in
+                   enumerate(zip(self.rank_layers(stage_layers), dense)))
 
     def max_rank_layers(self, rank: int, capacity_bytes: float) -> int:
         """The most layers ``rank`` can hold within ``capacity_bytes`` (-1: not even 0)."""

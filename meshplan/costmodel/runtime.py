@@ -120,6 +120,26 @@ def p2p_ops_per_microbatch(pp: int, vpp: int) -> tuple[int, ...]:
     return tuple(2 * sum(chunks_receiving_sending(pp, vpp, r)) for r in range(pp))
 
 
-__all__ = ["fsdp_per_microbatch", "torch_pipelined", "fsdp_accumulates_unsharded",
+def moe_dispatch_overlapped(job: Job) -> bool:
+    """Whether the MoE dispatch/combine all-to-alls run beside compute. Neither runtime does
+    by default: meshplan's executor waits on each ``all_to_all_single`` (executor/moe.py);
+    Megatron-Core's ``MoEAlltoAllTokenDispatcher`` runs them on the compute stream, and its
+    overlap of one micro-batch's all-to-alls with another's compute
+    (``--overlap-moe-expert-parallel-comm``, the DeepSeek-V3 "DualPipe"-style 1F1B
+    combination) and of the shared experts (``--moe-shared-expert-overlap``) are opt-in,
+    which the Job does not describe. So every all-to-all is exposed."""
+    return False
+
+
+def moe_tokens_sliced_over_tp(job: Job, sequence_parallel: bool) -> bool:
+    """An MoE layer with tp > 1 routes 1/tp of the tokens on each tp rank: with sequence
+    parallelism its slice; without, meshplan's executor cuts the sequence over tp before the
+    router and all-gathers the layer's output after the combine (executor/moe.py
+    ``scatter_to_sp`` / ``gather_from_slices``; Megatron-Core requires sequence parallelism
+    for MoE with tp > 1). Returns whether that extra all-gather runs."""
+    return not sequence_parallel
+
+
+__all__ = ["moe_dispatch_overlapped", "moe_tokens_sliced_over_tp", "fsdp_per_microbatch", "torch_pipelined", "fsdp_accumulates_unsharded",
            "fsdp_active", "torch_ddp", "ddp_accumulates", "split_backward_rule",
            "chunks_receiving_sending", "p2p_ops_per_microbatch"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.costmodel import torch_p2p
-from meshplan.costmodel.data_parallel import (Groups, RankState, Zero3Layer, exposed_dp_s,
-                                              rank_state)
+from meshplan.costmodel.data_parallel import (Groups, RankState, Zero3Layer, combined_state,
+                                              exposed_dp_s, params_state, rank_state)
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
 from meshplan.costmodel.runtime import fsdp_per_microbatch
@@ -67,6 +67,9 @@ class TablesBase:
     # the layout as given, where the tables price an equivalent one (context parallelism:
     # costmodel.context_tables); None where ``layout`` is the one given
     given_layout: Layout | None = None
+    # MoE models: the experts' states and the dense layers (costmodel.moe_tables.
+    # ExpertTerms); None for dense models
+    experts: object = None
 
     def __post_init__(self) -> None:
         # memo of rank_state by (layers, first, last): the planner prices many partitions
@@ -77,17 +80,46 @@ class TablesBase:
         pp = self.layout.pp
         return [sum(stage_layers[r::pp]) for r in range(pp)]
 
-    def rank_state(self, rank: int, layers: int) -> RankState:
-        key = (layers, rank == 0, rank == self.last_rank)
+    @property
+    def num_dense_layers(self) -> int:
+        """An MoE model's dense layers (0 for dense models: one layer kind)."""
+        return len(self.experts.dense_layers) if self.experts is not None else 0
+
+    def dense_counts(self, stage_layers) -> list[int]:
+        """Per virtual stage: the MoE model's dense layers it holds (stages hold consecutive
+        layers in model order); zeros for dense models."""
+        if not self.num_dense_layers:
+            return [0] * len(stage_layers)
+        out, start = [], 0
+        for n in stage_layers:
+            out.append(sum(start <= i < start + n for i in self.experts.dense_layers))
+            start += n
+        return out
+
+    def rank_dense_counts(self, stage_layers) -> list[int]:
+        counts, pp = self.dense_counts(stage_layers), self.layout.pp
+        return [sum(counts[r::pp]) for r in range(pp)]
+
+    def rank_state(self, rank: int, layers: int, dense: int = 0) -> RankState:
+        key = (layers, rank == 0, rank == self.last_rank, dense)
         st = self._states.get(key)  # type: ignore[attr-defined]
         if st is None:
             lay = self.layout
+            ex = self.experts
             # Only these layout fields matter (m only through ZeRO-3's per-layer traffic), so
             # layouts differing in schedule, recompute or micro-batch share the result.
-            st = self._states[key] = rank_state(  # type: ignore[attr-defined]
+            st = rank_state(
                 self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                 self._fsdp_microbatches, self.links.dp, layers,
-                key[1], key[2], self.zero3, self.grad_copies)
+                key[1], key[2], self.zero3, self.grad_copies,
+                dense * ex.dense_extra_params if dense else 0.0)
+            if ex is not None:      # the routed experts of its MoE layers, over edp
+                params = (layers - dense) * ex.params_per_layer
+                st = combined_state(st, params_state(
+                    self.cluster, self.job, params, ex.edp, lay.pp, lay.zero,
+                    self._fsdp_microbatches, ex.edp_link, layers - dense, ex.zero3,
+                    self.grad_copies, ex.copy_bytes(params, self.job, lay.zero)))
+            self._states[key] = st  # type: ignore[attr-defined]
         return st
 
     @property
@@ -116,6 +148,10 @@ class StageTimes(TablesBase):
     # per virtual stage: compute slowed by the rank's p2p kernels (corrections.
     # stage_slowdown); () = none
     slowdown: tuple[float, ...] = ()
+    # MoE models: a dense layer's seconds less an MoE layer's (costmodel.moe_tables)
+    dense_delta_forward_s: float = 0.0
+    dense_delta_backward_s: float = 0.0
+    dense_delta_wgrad_s: float = 0.0
     # GPU time a step beyond the passes (corrections.fsdp2_step_s), on the GPU's side of
     # the pipeline-or-CPU maximum
     fsdp_step_s: float = 0.0
@@ -127,6 +163,11 @@ class StageTimes(TablesBase):
         f = [n * self.layer_forward_s + self.overhead_s for n in stage_layers]
         b = [n * self.layer_backward_s + self.overhead_s for n in stage_layers]
         w = [n * self.layer_wgrad_s for n in stage_layers]
+        if self.num_dense_layers:
+            for c, d in enumerate(self.dense_counts(stage_layers)):
+                f[c] += d * self.dense_delta_forward_s
+                b[c] += d * self.dense_delta_backward_s
+                w[c] += d * self.dense_delta_wgrad_s
         f[0] += self.first_forward_s
         b[0] += self.first_backward_s
         f[-1] += self.last_forward_s
@@ -167,11 +208,14 @@ class StageTimes(TablesBase):
                                      self.num_microbatches, lay.pp, lay.vpp,
                                      self.p2p_s if p2p else 0.0)
 
-    def rank_pass_s(self, rank: int, layers: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one micro-batch through all of a rank's chunks."""
+    def rank_pass_s(self, rank: int, layers: int, dense: int = 0) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch through all of a rank's chunks
+        (``dense`` of its layers an MoE model's dense ones)."""
         v = self.layout.vpp
         f = layers * self.layer_forward_s + v * self.overhead_s
         b = layers * self.layer_backward_s + v * self.overhead_s
+        if dense:
+            f, b = f + dense * self.dense_delta_forward_s, b + dense * self.dense_delta_backward_s
         if rank == 0:
             f, b = f + self.first_forward_s, b + self.first_backward_s
         if rank == self.last_rank:
@@ -180,10 +224,11 @@ class StageTimes(TablesBase):
             f, b = f * self.slowdown[rank], b * self.slowdown[rank]
         return f, b
 
-    def rank_tail_s(self, rank: int, layers: int) -> float:
-        """Exposed data-parallel communication + optimizer step of a rank holding ``layers``."""
-        st = self.rank_state(rank, layers)
-        f, b = self.rank_pass_s(rank, layers)
+    def rank_tail_s(self, rank: int, layers: int, dense: int = 0) -> float:
+        """Exposed data-parallel communication + optimizer step of a rank holding ``layers``
+        (``dense`` of them an MoE model's dense layers)."""
+        st = self.rank_state(rank, layers, dense)
+        f, b = self.rank_pass_s(rank, layers, dense)
         return exposed_dp_s(st, self.layout, self.job, f, b,
                             self.cluster.gpu.overlap_interference) + st.optimizer_s
 
@@ -192,6 +237,11 @@ class StageTimes(TablesBase):
         that many, with unlimited room to overlap, pays at least this."""
         n = -(-self.num_layers // self.layout.pp)
         lay = self.layout
+        if self.experts is not None:   # the fewest experts such a rank can hold
+            inf, k = float("inf"), self.cluster.gpu.overlap_interference
+            return min(exposed_dp_s(st, lay, self.job, inf, inf, k) + st.optimizer_s
+                       for st in (self.rank_state(-1, n, d) for d in
+                                  {0, min(n, self.num_dense_layers)}))
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                         self._fsdp_microbatches, self.links.dp, n,
                         False, False, self.zero3, self.grad_copies)
@@ -204,7 +254,9 @@ class StageTimes(TablesBase):
         slowed sum."""
         return (self.num_layers * (self.layer_forward_s + self.layer_backward_s)
                 + 2 * self.layout.pp * self.layout.vpp * self.overhead_s + self.first_forward_s
-                + self.first_backward_s + self.last_forward_s + self.last_backward_s)
+                + self.first_backward_s + self.last_forward_s + self.last_backward_s
+                + self.num_dense_layers * (self.dense_delta_forward_s
+                                           + self.dense_delta_backward_s))
 
 
 __all__ = ["TablesBase", "StageTimes", "inflight_table"]

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from meshplan.costmodel import registry
 from meshplan.costmodel.build import build_fields
-from meshplan.costmodel.context_tables import table_inputs
+from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.host import HostDispatch
 from meshplan.costmodel.rank_memory import RankMemory
 from meshplan.costmodel.stage_tables import StageTimes
@@ -32,8 +32,10 @@ class LayerTables(StageTimes, HostDispatch, RankMemory):
     """A layout's time, host-dispatch and memory tables (see the module docstring)."""
 
     def step_time_s(self, stage_layers) -> float:
+        dense = self.rank_dense_counts(stage_layers)
         return max(self.pipeline_s(stage_layers), self.host_bound_s(stage_layers)) + max(
-            self.rank_tail_s(r, n) for r, n in enumerate(self.rank_layers(stage_layers)))
+            self.rank_tail_s(r, n, d) for r, (n, d) in
+            enumerate(zip(self.rank_layers(stage_layers), dense)))
 
 
 def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *,
@@ -49,10 +51,12 @@ def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
 
 @lru_cache(maxsize=65536)
 def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> LayerTables:
-    # cp > 1: the per-rank equivalent layout (costmodel.context_tables)
+    # cp > 1: the per-rank equivalent layout; MoE: completed fields (costmodel.inputs)
     inp = table_inputs(model, cluster, job, layout)
     fields = build_fields(model, inp.cluster, inp.job, inp.layout, inp.links, inp.parts)
-    if inp.layout is not layout:
+    if inp.finish is not None:
+        fields = inp.finish(fields)
+    if inp.layout is not layout or inp.caveats:
         fields.update(given_layout=layout, caveats=fields["caveats"] + inp.caveats)
     t = LayerTables(**fields)
     applied = registry.applied(t)

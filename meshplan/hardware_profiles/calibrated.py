@@ -43,7 +43,7 @@ READABLE_VERSIONS = (1, 2)
 _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
-             "overlap_interference")
+             "overlap_interference", "grouped_gemm_efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,6 +46,7 @@ class CorrectionNumbers:
     host_bound_caveat_share: float
     host_near_load: float
     cp_ring_interference: float
+    moe_load_imbalance: float
     disabled: frozenset = frozenset()
     source: str = ""
 

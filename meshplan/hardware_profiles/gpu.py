@@ -45,6 +45,9 @@ class GPUSpec:
     # DEFAULT_OVERLAP_INTERFERENCE)
     overlap_interference: float = DEFAULT_OVERLAP_INTERFERENCE
     measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
+    # efficiency of one expert's GEMM inside a grouped GEMM (MoE), by that GEMM's FLOPs; None:
+    # the dense GEMM curve at the per-expert shape (meshplan.costmodel.moe_layer)
+    grouped_gemm_efficiency: Curve | None = None
     # the numbers of the cost model's empirical corrections (meshplan.costmodel.corrections)
     corrections: CorrectionNumbers = field(default_factory=builtin_corrections)
 
@@ -86,4 +89,6 @@ class GPUSpec:
             "pipeline_action_s": self.pipeline_action_s,
             "optimizer_gbps": self.optimizer_gbps,
             "overlap_interference": self.overlap_interference,
+            **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list()}
+               if self.grouped_gemm_efficiency is not None else {}),
         }

@@ -100,6 +100,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         optimizer_gbps=float(get(t, "optimizer_gbps", _NUM, where, 0.0)),
         overlap_interference=float(get(t, "overlap_interference", _NUM, where,
                                        DEFAULT_OVERLAP_INTERFERENCE)),
+        grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
+                                 if "grouped_gemm_efficiency" in t else None),
     )
 
 

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import math
 import time
+from functools import lru_cache
 from typing import Callable, Sequence
 
 from meshplan.costmodel.flops import model_flops_per_step
-from meshplan.costmodel.memory import model_state_bytes, stage_params, state_bytes_per_param
+from meshplan.costmodel.memory import (dense_layer_extra_params, model_state_bytes, stage_params,
+                                       state_bytes_per_param)
+from meshplan.costmodel.moe import expert_state_bytes
 from meshplan.errors import MeshplanError, NoFeasiblePlan
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.space import Config
-from meshplan.spec import Job, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 
 GIB = 2**30
 PROGRESS_EVERY_S = 1.0   # a long phase's counter moves on screen at this pace
@@ -62,17 +65,28 @@ def config_memory_lower_bound(model: ModelSpec, job: Job, cfg: Config,
                               min_layers: int = 1) -> float:
     """Model-state bytes some GPU of ``cfg`` holds under every stage partition."""
     L, pp = model.num_layers, cfg.pp
-
-    def states(layers: int, first: bool, last: bool) -> float:
-        params = stage_params(model, layers, cfg.tp, first=first, last=last, pp=pp)
-        # ZeRO shards over the gradient group: dp·cp ranks with context parallelism
-        return sum(model_state_bytes(params, job, cfg.zero, cfg.dp * cfg.cp))
-
+    key = (model, job, cfg.tp, pp, cfg.zero, cfg.dp * cfg.cp, cfg.ep, cfg.etp)
     if pp == 1:
-        return states(L, True, True)
+        return _states(*key, L, True, True)
     ends = max(1, min_layers) * cfg.vpp
-    return max(states(-(-L // pp), False, False), states(ends, True, False),
-               states(ends, False, True))
+    return max(_states(*key, -(-L // pp), False, False), _states(*key, ends, True, False),
+               _states(*key, ends, False, True))
+
+
+@lru_cache(maxsize=65536)
+def _states(model: ModelSpec, job: Job, tp: int, pp: int, zero: int, grad_ranks: int, ep: int,
+            etp: int, layers: int, first: bool, last: bool) -> float:
+    """States of a rank holding ``layers`` (and the ends), ZeRO over ``grad_ranks`` = dp·cp."""
+    params = stage_params(model, layers, tp, first=first, last=last, pp=pp)
+    if not model.is_moe:
+        return sum(model_state_bytes(params, job, zero, grad_ranks))
+    # MoE: the rank's experts (over edp), with as many of its layers dense as can be and a
+    # dense layer's other parameters only where fewer (a lower bound either way)
+    dense = min(layers, len(model.dense_layers))
+    params += dense * min(0.0, dense_layer_extra_params(model, tp))
+    lay = Layout(dp=grad_ranks, tp=tp, ep=ep, etp=etp, zero=zero)
+    return (sum(model_state_bytes(params, job, zero, grad_ranks))
+            + sum(expert_state_bytes(model, job, lay, layers - dense)))
 
 
 def step_time_lower_bound_s(model: ModelSpec, cluster: Cluster, job: Job,

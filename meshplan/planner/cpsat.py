@@ -18,7 +18,8 @@ Costs are integers in units of 0.1 ns. The selection model (:func:`solve`, phase
 one boolean per configuration, exactly one true, the layout fields ``dp, pp, tp,
 micro_batch, vpp, schedule, recompute, zero, sequence_parallel`` as integer variables tied
 to them, and the rules of DESIGN.md as constraints: ``dp·pp·tp·cp = GPUs`` (one of the
-allowed counts; with cp > 1 also ``2·cp·c = seq_len``), ``global_batch = dp·micro_batch·m``, ``tp·a = heads``, ``tp·b = kv
+allowed counts; with cp > 1 also ``2·cp·c = seq_len``; with experts ``ep·q = experts`` and
+``ep·etp·edp·pp = GPUs``), ``global_batch = dp·micro_batch·m``, ``tp·a = heads``, ``tp·b = kv
 heads``, ``tp·q = ffn``, ``tp·c = GPUs per node`` (tp inside one NVLink domain) where
 asked. Objective: ``w·step`` (w = 1 for throughput and time to train, GPUs for cost).
 
@@ -387,6 +388,20 @@ def _field_constraints(M, model: ModelSpec, cluster: Cluster, job: Job,
     M.AddMultiplicationEquality(dp_mb, [dp, mb])
     m = M.NewIntVar(1, job.global_batch, "microbatches")
     M.AddMultiplicationEquality(job.global_batch, [dp_mb, m])
+    if any(c.ep > 1 or c.etp > 1 for c in cfgs):
+        # expert parallelism: ep divides the routed experts, ep·etp·edp = tp·cp·dp
+        ep = field("ep", [c.ep for c in cfgs])
+        etp = field("etp", [c.etp for c in cfgs])
+        edp = field("edp", [c.tp * c.cp * c.dp // (c.ep * c.etp) for c in cfgs])
+        q = M.NewIntVar(1, model.num_experts, "experts_per_ep_rank")
+        M.AddMultiplicationEquality(model.num_experts, [ep, q])
+        ep_etp = M.NewIntVar(1, max(gpu_counts), "ep_etp")
+        M.AddMultiplicationEquality(ep_etp, [ep, etp])
+        stage = M.NewIntVar(1, max(gpu_counts), "stage_ranks")
+        M.AddMultiplicationEquality(stage, [ep_etp, edp])
+        pp_stage = M.NewIntVar(1, max(gpu_counts), "pp_stage_ranks")
+        M.AddMultiplicationEquality(pp_stage, [stage, pp])
+        M.Add(pp_stage == gpus)
     for name, whole in (("heads", model.num_heads), ("kv_heads", model.num_kv_heads),
                         ("ffn", model.ffn_hidden_size)):
         q = M.NewIntVar(1, whole, f"{name}_per_tp")

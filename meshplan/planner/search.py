@@ -51,6 +51,13 @@ def objective_weight(cfg: Config, objective: str) -> int:
     return cfg.num_gpus if objective == "cost" else 1
 
 
+def _time_zero(job: Job, zero: int) -> int:
+    """The ZeRO stage a configuration's pass times are priced at: under Megatron's runtime
+    ZeRO 0-2 differ in memory and the data-parallel tail, not in a layer's or an end's
+    seconds (only ZeRO-3 gathers per layer), so they share one table for the bounds."""
+    return 0 if job.runtime == "megatron" and zero < 3 else zero
+
+
 @lru_cache(maxsize=65536)
 def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
                 mb: int, sp: bool, rc: str, zero: int, cp: int = 1, cp_style: str = "ring",
@@ -58,7 +65,11 @@ def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, 
     t = layer_tables(model, cluster, job,
                      Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp, cp, cp_style, ep,
                             etp).layout(), checked=True)
-    return (t.layer_forward_s, t.layer_backward_s, t.layer_wgrad_s, t.first_forward_s,
+    # an MoE model's dense layers may be cheaper than its MoE layers: the bounds take the
+    # cheaper kind per layer (stage_sum_s counts each exactly)
+    lf = t.layer_forward_s + min(0.0, t.dense_delta_forward_s)
+    lb = t.layer_backward_s + min(0.0, t.dense_delta_backward_s)
+    return (lf, lb, t.layer_wgrad_s, t.first_forward_s,
             t.first_backward_s, t.last_forward_s, t.last_backward_s, t.last_wgrad_s, t.p2p_s,
             t.overhead_s, t.stage_sum_s())
 
@@ -96,7 +107,7 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
                                                                        else 3), forced)
     lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
         model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
-        cfg.recompute, cfg.zero, *cfg[9:])   # gpipe and 1f1b: vpp = 1, like these tables
+        cfg.recompute, _time_zero(job, cfg.zero), *cfg[9:])   # gpipe, 1f1b: vpp = 1
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
     lo = max(1, min_layers)
     g_star = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
@@ -141,7 +152,8 @@ def busy_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) 
     closed form of :mod:`meshplan.costmodel.pipeline` contains some rank's whole busy
     time; checked against ``LayerTables.step_time_s`` in the tests)."""
     lf, lb = _pass_times(model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch,
-                         cfg.sequence_parallel, cfg.recompute, cfg.zero, *cfg[9:])[:2]
+                         cfg.sequence_parallel, cfg.recompute, _time_zero(job, cfg.zero),
+                         *cfg[9:])[:2]
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
     return m * model.num_layers * (lf + lb) / cfg.pp
 

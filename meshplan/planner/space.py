@@ -7,7 +7,8 @@ The space holds, for each allowed GPU count ``n``: ``tp`` dividing the attention
 the key/value heads and the MLP width (≤ ``max_tp``; a divisor of the node size when
 ``tp_within_node``), ``cp`` from :func:`cp_options` (cp = 1 below 16k tokens by default)
 with each valid style (:func:`cp_styles`), ``pp`` dividing ``n / (tp·cp)`` with
-``layers ≥ pp``, ``dp = n / (tp·cp·pp)`` dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
+``layers ≥ pp``, ``dp = n / (tp·cp·pp)`` dividing the global batch, for MoE models ``ep``
+and ``etp`` from :func:`expert_options`, ``micro_batch`` dividing ``global_batch / dp`` (≤
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
 recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
@@ -170,6 +171,27 @@ def cp_styles(model: ModelSpec, constraints: Constraints, tp: int, cp: int) -> l
                          and model.num_kv_heads % (tp * cp) == 0))]
 
 
+def expert_options(model: ModelSpec, job: Job, constraints: Constraints, tp: int, cp: int,
+                   dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs for an MoE model (``[(1, 1)]`` for a dense one): ep dividing the
+    routed experts, etp 1 or tp (Megatron-Core's usual settings; runtime "torch": 1, what
+    the executor runs) dividing the expert widths, ep·etp dividing the stage's tp·cp·dp
+    ranks (Layout's folding rule and :func:`meshplan.spec.validate.check_experts`); or the
+    constraints' ``ep`` / ``etp`` lists."""
+    if not model.is_moe:
+        return [(1, 1)]
+    fx = constraints.fixed
+    ranks = tp * cp * dp
+    eps = constraints.ep or [d for d in divisors(model.num_experts) if ranks % d == 0]
+    etps = constraints.etp or sorted({1, tp} if job.runtime != "torch" else {1})
+    widths = [w for w in (model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
+              if w is not None]
+    return [(ep, etp) for ep in eps for etp in etps
+            if model.num_experts % ep == 0 and ranks % (ep * etp) == 0
+            and all(w % etp == 0 for w in widths)
+            and fx.get("ep", ep) == ep and fx.get("etp", etp) == etp]
+
+
 def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequence[int],
                       constraints: Constraints) -> Iterator[Config]:
     """Every :class:`Config` of the space (see the module docstring), in a fixed order."""
@@ -206,6 +228,7 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
         dp = n // (tp * cp * pp)
         if B % dp or fx.get("dp", dp) != dp:
             continue
+        experts = expert_options(model, job, constraints, tp, cp, dp)
         for mb in divisors(B // dp):
             if mb > constraints.max_micro_batch:
                 break
@@ -230,9 +253,10 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                 for rc in constraints.recompute:
                     if fx.get("recompute", rc) != rc:
                         continue
-                    # ZeRO shards over the gradient group, dp·cp ranks
-                    zs = [fx["zero"]] if "zero" in fx else zeros if dp * cp > 1 \
-                        else zeros[:1]
+                    # ZeRO shards over the gradient group, dp·cp ranks (an MoE model's
+                    # experts over edp, which can exceed 1 with dp·cp = 1)
+                    zs = [fx["zero"]] if "zero" in fx else zeros if dp * cp > 1 or (
+                        model.is_moe and tp > 1) else zeros[:1]
                     for z in zs:
                         if job.runtime == "torch" and zero_bubble_under_zero3(
                                 s, z, dp, pp):
@@ -244,7 +268,9 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                                 continue
                             if sp and (job.seq_len // cp) % tp:
                                 continue      # check_context_parallel
-                            yield Config(dp, pp, tp, mb, s, v, rc, z, sp, cp, style)
+                            for ep, etp in experts:
+                                yield Config(dp, pp, tp, mb, s, v, rc, z, sp, cp, style, ep,
+                                             etp)
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:

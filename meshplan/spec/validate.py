@@ -64,9 +64,6 @@ def check_modelled(layout: Layout, model: ModelSpec | None = None,
         check_model_modelled(model)
     if job is not None:
         check_job_modelled(job)
-    if layout.ep > 1 or layout.etp > 1:
-        raise ConfigError(f"Layout.ep = {layout.ep}, etp = {layout.etp}: expert parallelism is "
-                          f"not modelled yet; use ep = etp = 1")
     if layout.compile:
         raise ConfigError("Layout.compile = True is not modelled yet; use compile = False "
                           "(the executor's --compile flag compiles without a prediction)")
@@ -74,20 +71,11 @@ def check_modelled(layout: Layout, model: ModelSpec | None = None,
 
 def check_model_modelled(model: ModelSpec) -> None:
     """Refuse models whose parts the cost model does not price yet (the planner calls this
-    once per search; :func:`check_modelled` for each layout)."""
-    missing = []
-    if model.is_moe:
-        missing.append(f"num_experts = {model.num_experts} (mixture of experts)")
-    if model.is_mla:
-        missing.append(f"kv_lora_rank = {model.kv_lora_rank} (multi-head latent attention)")
-    if model.mtp_layers:
-        missing.append(f"mtp_layers = {model.mtp_layers} (multi-token prediction)")
-    if missing:
-        raise ConfigError(
-            f"MoE models are not modelled by the cost model yet: {model.name!r} has "
-            f"{', '.join(missing)}, which estimate() and plan() would otherwise price as a "
-            f"dense model. The executor runs MoE layers (Layout.ep); a prediction needs "
-            f"the cost model's MoE terms (meshplan.costmodel.moe), not yet wired in")
+    once per search; :func:`check_modelled` for each layout). Every part of a ModelSpec is
+    priced now — MoE layers, multi-head latent attention and multi-token prediction since
+    issue 38 (meshplan.costmodel.moe_tables) — so this refuses nothing; it stays as the
+    one place a new, unpriced model feature is refused."""
+    return None
 
 
 def check_experts(model: ModelSpec, layout: Layout) -> None:

@@ -215,3 +215,48 @@ def llama3_2024(**overrides) -> list[PublishedRun]:
         runs.append(PublishedRun(f"{model.name} s{seq} cp{cp} ({gpus} GPUs)", model, cluster,
                                  job, layout, step_s, d))
     return runs
+
+
+MOE_DEFAULTS = dict(recompute="none", zero=1)
+
+
+def moe_runs() -> list[PublishedRun]:
+    """Published BF16 MoE pre-training runs (``moe_bf16_2024_2026.csv``, sources in its
+    header) on the datasheet profile of their system.
+
+    Published: GPUs, batch, micro-batch, sequence length, tp, pp, virtual stages, ep and the
+    speed (tokens/s/GPU, or for the Megatron-Core README's Mixtral only TFLOP/s/GPU). Every
+    row uses the stated defaults ``MOE_DEFAULTS`` (no recompute — not published —, the
+    distributed optimizer: ZeRO-1), sequence parallelism where tp > 1 (Megatron-Core
+    requires it for MoE), the interleaved schedule where VP > 1 and 1F1B otherwise.
+    ``balanced`` rows ran with NeMo's forced-balanced routing: their profile's
+    ``moe_load_imbalance`` is 1 (a fact of the run, not a fit); the others keep the
+    built-in ρ. ``published`` = GBS·seq / (tokens/s/GPU · GPUs), or where only TFLOP/s is
+    published, the model FLOPs (:func:`meshplan.costmodel.flops.model_flops_per_step`,
+    active experts only) over TFLOP/s × GPUs.
+    """
+    from dataclasses import replace
+    from meshplan.costmodel.flops import model_flops_per_step
+    runs = []
+    for d in read_rows("moe_bf16_2024_2026.csv"):
+        model = ModelSpec.preset(d["model"])
+        tp, pp, cp, vp, ep, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "ep", "gpus"))
+        batch, seq = int(d["global_batch"]), int(d["seq_len"])
+        layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
+                        micro_batch=int(d["micro_batch"]), vpp=vp,
+                        schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                        sequence_parallel=tp > 1, **MOE_DEFAULTS)
+        job = Job(global_batch=batch, seq_len=seq, precision="bf16")
+        cluster = Cluster.preset(d["system"], nodes=gpus // 8)
+        if d["balanced"] == "yes":
+            gpu = cluster.gpu
+            cluster = cluster.replace(gpu=replace(gpu, corrections=replace(
+                gpu.corrections, moe_load_imbalance=1.0)))
+        if d["tokens_per_s_per_gpu"]:
+            step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
+        else:
+            step_s = (model_flops_per_step(model, batch, seq)
+                      / (float(d["model_tflops_per_gpu"]) * 1e12 * gpus))
+        runs.append(PublishedRun(f"{model.name} {d['source']} {d['system']} ({gpus} GPUs)",
+                                 model, cluster, job, layout, step_s, d))
+    return runs

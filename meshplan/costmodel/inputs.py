@@ -1,0 +1,89 @@
+"""What a layout's tables are built from: the cluster, job and layout the tables see, the
+process groups' links and the per-layer parts — and, for MoE models, how the built fields
+are completed.
+
+* dense, cp = 1: the given ones (:func:`meshplan.costmodel.data_parallel.group_links`,
+  :func:`meshplan.costmodel.parts.layer_parts`);
+* cp > 1: the per-rank equivalent with the ring's or the all-to-all's attention
+  (:mod:`meshplan.costmodel.context_tables`);
+* MoE: the MoE layer (shared experts as the MLP, routed experts added:
+  :mod:`meshplan.costmodel.moe_layer`), the expert groups' links, and
+  :func:`meshplan.costmodel.moe_tables.moe_fields` to add the experts' states, the dense
+  layers and multi-token prediction to the built fields.
+
+A calibrated profile's measured rows are for dense layers at cp = 1: with cp > 1 or an MoE
+model the layout is priced from the profile's curves (a caveat says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, NamedTuple
+
+from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKED_CAVEAT,
+                                               cp_equivalent, cp_group_links,
+                                               with_cp_attention)
+from meshplan.costmodel.data_parallel import Groups, group_links
+from meshplan.costmodel.moe_tables import (MOE_UNCHECKED_CAVEAT, expert_links, expert_terms,
+                                           moe_fields, moe_mlp_width, moe_parts)
+from meshplan.costmodel.parts import LayerParts, layer_parts
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+MEASURED_ROWS_CAVEAT = (
+    "priced from the profile's curves: its measured layer rows are for dense layers at "
+    "cp = 1")
+
+
+class TableInputs(NamedTuple):
+    """What :func:`meshplan.costmodel.build.build_fields` prices (module docstring), the
+    caveats this pricing adds, and what completes the built fields (None: nothing)."""
+
+    cluster: Cluster
+    job: Job
+    layout: Layout
+    links: Groups
+    parts: LayerParts
+    caveats: tuple[str, ...] = ()
+    finish: Callable[[dict], dict] | None = None
+
+
+def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> TableInputs:
+    """The inputs of ``layout``'s tables (module docstring)."""
+    cp, is_moe = layout.cp, model.is_moe
+    if cp == 1 and not is_moe:
+        links = group_links(cluster, layout)
+        parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
+                            layout.sequence_parallel, layout.recompute, links.tp, links.pp)
+        return TableInputs(cluster, job, layout, links, parts)
+    caveats = ((CP_UNCHECKED_CAVEAT,) if cp > 1 else ()) + \
+        ((MOE_UNCHECKED_CAVEAT,) if is_moe else ())
+    if cluster.gpu.measured:
+        caveats += (CP_ANALYTICAL_CAVEAT if not is_moe else MEASURED_ROWS_CAVEAT,)
+        cluster = cluster.replace(gpu=replace(cluster.gpu, measured=None))
+    if cp > 1:
+        local_job, local_layout = cp_equivalent(job, layout)
+        links = cp_group_links(cluster, layout)
+    else:
+        local_job, local_layout, links = job, layout, group_links(cluster, layout)
+    if is_moe:
+        links = replace(links, **expert_links(cluster, layout))
+
+    def parts_at(width: int | None) -> LayerParts:
+        p = layer_parts(model, cluster, local_job, layout.micro_batch, layout.tp,
+                        layout.sequence_parallel, layout.recompute, links.tp, links.pp,
+                        mlp_width=width)
+        return with_cp_attention(p, model, cluster, job, layout, links.cp) if cp > 1 else p
+
+    parts = parts_at(moe_mlp_width(model))
+    if not is_moe:
+        return TableInputs(cluster, local_job, local_layout, links, parts, caveats)
+    parts = moe_parts(model, cluster, local_job, layout, links, parts)
+    dense = parts_at(None) if model.dense_layers else None
+    terms = expert_terms(model, cluster, local_job, local_layout, links, parts.layer)
+    return TableInputs(cluster, local_job, local_layout, links, parts, caveats,
+                       lambda f: moe_fields(model, cluster, local_job, local_layout, f, dense,
+                                            terms))
+
+
+__all__ = ["MEASURED_ROWS_CAVEAT", "TableInputs", "table_inputs"]

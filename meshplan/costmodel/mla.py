@@ -1,0 +1,64 @@
+"""Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1, eqs. 9-19; DeepSeek-V3,
+arXiv 2412.19437 §2.1.1): the attention projections' GEMM shapes, the attention core's FLOPs
+per query-key pair and the activations one layer keeps, on one tensor-parallel rank.
+
+Notation: h hidden, n_h heads, d_n / d_r the non-rotary / rotary query-key head dims, d_v the
+value head dim, r_q / r_kv the query / key-value latent ranks, T tokens, t = tp.
+
+* GEMMs (Megatron-Core's ``MLASelfAttention``): the down-projections W_DQ (h × r_q) and
+  W_DKV with the shared rotary key W_KR (h × (r_kv + d_r)) are replicated on every tp rank
+  (``parallel_mode="duplicated"``), the up-projections W_UQ (r_q × n_h(d_n + d_r)) and
+  W_UKV (r_kv × n_h(d_n + d_v)) column-parallel, W_O (n_h·d_v × h) row-parallel. Without
+  ``q_lora_rank`` the queries are one column-parallel h × n_h(d_n + d_r) GEMM.
+* Core: scores over d_n + d_r per head, the weighted sum over d_v: 2·(d_n + d_r + d_v) FLOPs
+  per pair and head (the 2mkn convention of :mod:`meshplan.costmodel.flops`).
+* Activations kept (Korthikanti et al. 2022 §4.1 bookkeeping): the latents c_Q, c_KV and the
+  rotary key (replicated), q and k at n_h(d_n + d_r), v and the output at n_h·d_v (split
+  over tp); the up-projections' inputs are the latents already counted.
+* RoPE (memory-bound): the rotary parts only, n_h·d_r of q and d_r of the shared key.
+
+Measured error: none (no MLA model has been run); checked against the spec's parameter
+counts (``ModelSpec.attention_matmul_params``) in tests/unit/test_costmodel_moe_wiring.py.
+"""
+
+from __future__ import annotations
+
+from meshplan.spec import ModelSpec
+
+
+def gemm_shapes(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, float, float], ...]:
+    """(m, k, n) of the attention projections on one tp rank; the column-parallel query
+    up-projection first, the row-parallel output last."""
+    h, nh, t = model.hidden_size, model.num_heads, tp
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    q_out = nh * (dn + dr) / t
+    if model.q_lora_rank is None:
+        q = ((tokens, h, q_out),)
+    else:
+        q = ((tokens, model.q_lora_rank, q_out), (tokens, h, model.q_lora_rank))
+    kv = ((tokens, h, model.kv_lora_rank + dr),
+          (tokens, model.kv_lora_rank, nh * (dn + dv) / t))
+    return q + kv + ((tokens, nh * dv / t, h),)
+
+
+def pair_flops(model: ModelSpec, tp: int) -> float:
+    """Forward FLOPs of one query-key pair over a tp rank's heads."""
+    return 2.0 * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) \
+        * model.num_heads / tp
+
+
+def kept_elements(model: ModelSpec, tp: int) -> tuple[float, float]:
+    """(replicated, tp-split) activation elements one token keeps in the attention part."""
+    nh, dn, dr, dv = (model.num_heads, model.qk_nope_head_dim, model.qk_rope_head_dim,
+                      model.v_head_dim)
+    replicated = (model.q_lora_rank or 0) + model.kv_lora_rank + dr
+    split = (2 * nh * (dn + dr) + 2 * nh * dv) / tp
+    return replicated, split
+
+
+def rope_elements(model: ModelSpec, tp: int) -> float:
+    """Elements RoPE reads and writes per token (the rotary parts of q and the shared k)."""
+    return model.num_heads * model.qk_rope_head_dim / tp + model.qk_rope_head_dim
+
+
+__all__ = ["gemm_shapes", "pair_flops", "kept_elements", "rope_elements"]

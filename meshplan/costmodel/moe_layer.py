@@ -1,0 +1,154 @@
+"""The routed part of one MoE layer on one rank, per micro-batch: time, bytes sent, memory.
+
+An MoE layer is priced as the dense layer of :func:`meshplan.costmodel.compute.layer_cost`
+with its MLP replaced: the attention, the norms and the shared experts (a dense MLP of the
+shared experts' total width, with its tensor-parallel collectives) come from there
+(``mlp_width``), the routed experts from here (:func:`routed_mlp`). Per micro-batch each
+rank routes T = b·s/(tp·cp) tokens (its sequence-parallel slice; :mod:`meshplan.costmodel.moe`
+has the formulas and their sources) and the busiest expert rank computes
+R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load_imbalance``
+(:func:`meshplan.costmodel.corrections.load_imbalance`; 1 with ep = 1).
+
+* **Router**: the h × E gate GEMM; softmax/sigmoid and top-k over T·E fp32 scores,
+  memory-bound (read logits, write probabilities, read them for the top-k: 12 bytes each).
+* **Permutation** (memory-bound, Megatron-Core's ``permute`` / ``unpermute`` and the
+  executor's sort): the k·T routed copies gathered into expert order (read + write
+  k·T·h·e), the received rows regrouped by local expert before and after the experts
+  (2 × read + write R·h·e), and the combine's weighted sum (read k copies, write the token:
+  (k + 1)·T·h·e).
+* **Grouped expert GEMMs**: E/ep local experts, each on R·ep/E rows: fc1 (h → m·f_e/etp) and
+  fc2 (f_e/etp → h), each at the profile's ``grouped_gemm_efficiency`` curve by one
+  expert's GEMM FLOPs, or where the profile has none, the dense GEMM curve at that
+  per-expert shape (a grouped GEMM runs the experts' GEMMs one after another on the GPU:
+  many small GEMMs at a small GEMM's efficiency); the activation function memory-bound on
+  R·(m + 1)·f_e/etp elements. Backward 2× the GEMMs (Narayanan et al. 2021 §5.1) and the
+  memory traffic; the weight-gradient GEMMs (zero-bubble's W) one forward's worth.
+* **Dispatch and combine**: 2 all-to-alls per pass on the ep group's link
+  (:func:`meshplan.costmodel.comm.all_to_all_s`), each moving k·T·h·e·(ep−1)/ep per rank;
+  the busiest rank receives ρ times that, which sets the collective's time. With etp > 1
+  the rows are all-gathered over etp after the dispatch and reduce-scattered before the
+  combine. Exposed: neither runtime overlaps them by default
+  (:func:`meshplan.costmodel.runtime.moe_dispatch_overlapped`). tp > 1 without sequence
+  parallelism: the executor all-gathers the layer's output over tp in forward
+  (:func:`meshplan.costmodel.runtime.moe_tokens_sliced_over_tp`).
+* **Memory** (:func:`meshplan.costmodel.moe.moe_activation_bytes`): kept for backward the
+  router's probabilities and gates and the R rows' expert input, fc1 output, activation
+  output and expert output; the send and receive buffers of the dispatch (2·R·h·e) are
+  working memory of the layer's passes.
+
+Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
+:func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs only
+the attention core.
+
+Measured error: none yet (issue 38 item 5's GPU check, benchmarks/moe_gpu_check.py, is
+prepared; published MoE runs in docs/benchmarks/published.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshplan.costmodel import comm, moe
+from meshplan.costmodel.compute import LayerCost, PassCost, gemm_s, hbm_s
+from meshplan.costmodel.memory import activation_bytes_per_element
+from meshplan.costmodel.parts import LayerParts
+from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+ROUTER_SCORE_BYTES = 12   # fp32 logits read, probabilities written, read again for top-k
+
+
+@dataclass(frozen=True)
+class RoutedMlp:
+    """The routed part of one MoE layer, one micro-batch, one rank (module docstring)."""
+
+    forward: PassCost
+    backward: PassCost        # without recomputation
+    wgrad_s: float            # weight-gradient GEMMs inside ``backward``
+    pass_wire_bytes: float    # bytes each rank sends in one pass (all-to-alls, etp gathers)
+    kept_bytes: float         # router and routed-row activations kept for backward
+    work_bytes: float         # dispatch send + receive buffers while the layer runs
+    rows: float               # routed rows the busiest expert rank computes
+
+
+def shared_width(model: ModelSpec) -> int:
+    """The shared experts' total width: the dense MLP an MoE layer keeps (0 without)."""
+    return model.num_shared_experts * (model.shared_expert_ffn_hidden_size or 0)
+
+
+def expert_gemm_s(cluster: Cluster, peak: float, flops: float) -> float:
+    """One expert's GEMM inside a grouped GEMM: the profile's grouped curve, or the dense
+    curve at that per-expert GEMM (module docstring)."""
+    gpu = cluster.gpu
+    if flops <= 0:
+        return 0.0
+    curve = gpu.grouped_gemm_efficiency
+    if curve is None:
+        return gemm_s(gpu, peak, flops)
+    return flops / (peak * curve(flops))
+
+
+def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, links,
+               imbalance: float) -> RoutedMlp:
+    """The routed experts of one MoE layer; ``job`` holds the rank's tokens per sequence
+    (s/cp under context parallelism), ``links`` the tp, ep and etp groups."""
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(job.precision)
+    e = activation_bytes_per_element(job)
+    h, k, n_exp = model.hidden_size, model.experts_per_token, model.num_experts
+    tp, ep, etp = layout.tp, layout.ep, layout.etp
+    tokens = layout.micro_batch * job.seq_len / tp
+    rows = moe.routed_tokens_per_rank(model, layout, tokens, imbalance=imbalance)
+    local = n_exp / ep
+    f_loc = model.moe_ffn_hidden_size / etp
+    per_expert = rows / local
+    experts_s = local * (expert_gemm_s(cluster, peak, 2.0 * per_expert * h
+                                       * model.ffn_matrices * f_loc)
+                         + expert_gemm_s(cluster, peak, 2.0 * per_expert * f_loc * h))
+    router_s = gemm_s(gpu, peak, 2.0 * tokens * h * n_exp)
+    mem_bytes = (tokens * n_exp * ROUTER_SCORE_BYTES + 2 * k * tokens * h * e
+                 + 4 * rows * h * e + (k + 1) * tokens * h * e
+                 + rows * (model.ffn_matrices + 1) * f_loc * e)
+    fwd_mb = hbm_s(gpu, mem_bytes)
+    sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
+    a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance) if ep > 1 else 0.0
+    etp_s = 2 * comm.all_gather_s(links.etp, rows * h * e) if etp > 1 else 0.0
+    ep_s = a2a + etp_s
+    if moe_dispatch_overlapped(job):
+        ep_s = comm.exposed(ep_s, experts_s, gpu.overlap_interference)
+    tp_gather = (comm.all_gather_s(links.tp, tokens * tp * h * e)
+                 if tp > 1 and moe_tokens_sliced_over_tp(job, layout.sequence_parallel)
+                 else 0.0)
+    wire = 2 * (sent if ep > 1 else 0.0) + 2 * comm.wire_bytes_gather(etp, rows * h * e)
+    fwd = PassCost(gemm_s=experts_s + router_s, memory_bound_s=fwd_mb, tp_comm_s=tp_gather,
+                   ep_comm_s=ep_s)
+    bwd = PassCost(gemm_s=2 * (experts_s + router_s), memory_bound_s=2 * fwd_mb,
+                   ep_comm_s=ep_s)
+    acts = moe.moe_activation_bytes(model, job, layout, tokens, imbalance=imbalance)
+    return RoutedMlp(fwd, bwd, experts_s + router_s, wire, acts.router_bytes
+                     + acts.expert_bytes, acts.dispatch_bytes, rows)
+
+
+def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str) -> LayerParts:
+    """``parts`` (a layer with the shared experts as its MLP) with the routed part added:
+    time in forward, backward (and its recomputed forward under full recomputation), bytes
+    sent, kept activations and working memory."""
+    lay = parts.layer
+    full = recompute == "full"
+    rc = lay.recompute + routed.forward if full else lay.recompute
+    layer = LayerCost(lay.forward + routed.forward,
+                      lay.backward + routed.backward + (routed.forward if full else PassCost()),
+                      rc, lay.wgrad_s + routed.wgrad_s, lay.tp_wire_bytes,
+                      lay.wgrad_gather_s, lay.wgrad_gather_wire_bytes,
+                      cp_wire_bytes=lay.cp_wire_bytes,
+                      ep_wire_bytes=routed.pass_wire_bytes * (3 if full else 2))
+    kept = routed.kept_bytes
+    return replace(parts, layer=layer,
+                   activation_bytes=parts.activation_bytes + (0.0 if full else kept),
+                   full_act_bytes=parts.full_act_bytes + kept,
+                   backward_buf_bytes=parts.backward_buf_bytes + routed.work_bytes
+                   + (kept if full else 0.0))
+
+
+__all__ = ["RoutedMlp", "routed_mlp", "with_routed_mlp", "shared_width", "expert_gemm_s"]

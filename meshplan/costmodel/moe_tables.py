@@ -1,0 +1,174 @@
+"""Mixture of experts in a layout's tables: MoE layers, the dense ones beside them, experts'
+states over the expert data-parallel group.
+
+The tables (:mod:`meshplan.costmodel.tables`) price one layer kind per stage, linear in its
+layer count. For an MoE model that kind is the MoE layer: the attention, norms and shared
+experts (:func:`meshplan.costmodel.compute.layer_cost` with the shared width as its MLP;
+the per-layer parameters of :func:`meshplan.costmodel.memory.stage_params` are those of an
+MoE layer without its routed experts: ZeRO over dp·cp, as every dense parameter) plus the
+routed part (:mod:`meshplan.costmodel.moe_layer`). On top (:func:`moe_fields`):
+
+* **experts' states** (``ExpertTerms``): E/ep experts at 1/etp width per MoE layer
+  (:func:`meshplan.costmodel.moe.moe_params_per_rank`), weights, gradients and optimizer
+  states ZeRO-sharded over the expert data-parallel group edp = tp·cp·dp/(ep·etp)
+  (Megatron-Core's distributed optimizer over the expert-dp group; the executor's ZeRO-1
+  and FSDP2 over edp); their gradients reduced over edp on its link
+  (:func:`meshplan.costmodel.data_parallel.params_state`, after the dense ones:
+  :func:`meshplan.costmodel.data_parallel.combined_state`); ZeRO-3 (and FSDP2's per
+  micro-batch ZeRO-2) gathers them per layer over edp like the dense parameters over dp·cp;
+* **dense layers** (``ModelSpec.dense_layers``, DeepSeek's first k): per dense layer the
+  difference to an MoE layer in time (forward, backward, weight gradient), kept
+  activations and states — :meth:`~meshplan.costmodel.stage_tables.TablesBase.dense_counts`
+  places them by the partition, exactly in ``estimate``; the planner's per-rank memory caps
+  count them where they cost more, and its partition model (CP-SAT) prices every layer as
+  an MoE layer (``estimate`` re-prices what it returns);
+* **multi-token prediction** (DeepSeek-V3 §2.2): each module as one more MoE layer and one
+  more output layer on the last stage (time, states, one micro-batch's activations and
+  logits); its parameters' gradient reduction is left out (under 2 % of a 61-layer
+  model's).
+
+Process groups (Megatron-Core "MoE parallel folding", Liu et al. 2025, arXiv 2504.14960):
+the expert mesh etp × ep × edp is laid over a stage's tp·cp·dp ranks in that order, etp
+fastest: etp's ranks 1 apart, ep's etp apart, edp's ep·etp apart (:func:`expert_links`);
+under ``rank_order = "tp-pp-dp"`` a group reaching past the stage's tp·cp block takes the
+block's outer stride.
+
+Measured error: none yet (published MoE runs: docs/benchmarks/published.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshplan.costmodel import moe
+from meshplan.costmodel.corrections import load_imbalance
+from meshplan.costmodel.data_parallel import Zero3Layer, zero3_layer
+from meshplan.costmodel.memory import (compute_weight_bytes_per_param, dense_layer_extra_params,
+                                       state_bytes_per_param)
+from meshplan.costmodel.moe_layer import routed_mlp, shared_width, with_routed_mlp
+from meshplan.costmodel.parts import LayerParts
+from meshplan.costmodel.torch_memory import state_bytes_at_peak
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+MOE_UNCHECKED_CAVEAT = (
+    "mixture of experts has not been compared with GPU runs yet: the routed load of the "
+    "busiest expert rank (moe_load_imbalance) is assumed and the grouped expert GEMMs use the "
+    "dense GEMM curve unless the profile has a grouped_gemm_efficiency curve")
+
+
+@dataclass(frozen=True)
+class ExpertTerms:
+    """What the tables need about an MoE model's experts and dense layers."""
+
+    params_per_layer: float        # routed-expert parameters of one MoE layer on one rank
+    edp: int
+    edp_link: object
+    zero3: Zero3Layer              # per-layer gathers of the experts (ZeRO-3 / FSDP2)
+    dense_layers: tuple[int, ...]  # ModelSpec.dense_layers
+    dense_extra_params: float      # a dense layer's non-expert params less an MoE layer's
+
+    def copy_bytes(self, params: float, job: Job, zero: int) -> float:
+        """16-bit compute copies of ``params`` expert parameters (runtime "torch"): autocast
+        or FSDP2's ZeRO-2 keep them, ZeRO-3 gathers two layers (a buffer)."""
+        if zero == 3 and self.edp > 1:
+            return 0.0
+        return params * compute_weight_bytes_per_param(job)
+
+
+def expert_links(cluster: Cluster, layout: Layout) -> dict:
+    """ep, etp and edp links of the folded expert mesh (module docstring)."""
+    tp, cp, dp, pp = layout.tp, layout.cp, layout.dp, layout.pp
+    ep, etp = layout.ep, layout.etp
+    edp = tp * cp * dp // (ep * etp)
+    block = tp * cp
+
+    def link(size: int, stride: int):
+        if size == 1 or cluster.rank_order == "tp-dp-pp" or size * stride <= block:
+            return cluster.group_link(size, stride)
+        if stride % block == 0:          # whole blocks: the stage's dp stride is tp·cp·pp
+            return cluster.group_link(size, stride * pp)
+        return replace(cluster.group_link(size * stride // block, block * pp), size=size)
+
+    return dict(etp=link(etp, 1), ep=link(ep, etp), edp=link(edp, ep * etp))
+
+
+def moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, links,
+              shared: LayerParts) -> LayerParts:
+    """An MoE layer's parts: ``shared`` (the layer with its shared experts as MLP) plus the
+    routed experts (:mod:`meshplan.costmodel.moe_layer`)."""
+    rho = load_imbalance(cluster.gpu.corrections, layout.ep)
+    routed = routed_mlp(model, cluster, job, layout, links, rho)
+    return with_routed_mlp(shared, routed, layout.recompute)
+
+
+def moe_mlp_width(model: ModelSpec) -> int | None:
+    """The dense MLP width an MoE model's table layer keeps (None: a dense model's own)."""
+    return shared_width(model) if model.is_moe else None
+
+
+def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, links,
+                 moe_layer) -> ExpertTerms:
+    """``layout``: as the tables see it (dp·cp as dp); ``moe_layer``: its LayerCost. The
+    experts' ZeRO-3 gathers overlap the same layer compute as the dense ones (each priced
+    as if alone: optimistic where both are large)."""
+    params = moe.moe_params_per_rank(model, layout).experts
+    edp = layout.tp * layout.dp // (layout.ep * layout.etp)
+    z3 = zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
+                     cluster.gpu.overlap_interference) if edp > 1 else Zero3Layer()
+    return ExpertTerms(params, edp, links.edp, z3, tuple(model.dense_layers),
+                       dense_layer_extra_params(model, layout.tp))
+
+
+def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fields: dict,
+               dense: LayerParts | None, terms: ExpertTerms) -> dict:
+    """``fields`` of :func:`meshplan.costmodel.build.build_fields` priced with the MoE
+    layer, completed with the experts, the dense layers and multi-token prediction (module
+    docstring). ``layout`` as the tables see it."""
+    f = dict(fields)
+    per = state_bytes_per_param(job)
+    zero, pp, copies = layout.zero, layout.pp, f["grad_copies"]
+
+    def states(params: float, group: int) -> float:
+        return (sum(state_bytes_at_peak(params, job, zero, group, pp))
+                + (copies - 1) * params * per.grads)
+
+    expert_state = states(terms.params_per_layer, terms.edp) + terms.copy_bytes(
+        terms.params_per_layer, job, zero)
+    z3e = terms.zero3
+    f.update(experts=terms, layer_state_bytes=f["layer_state_bytes"] + expert_state,
+             layer_forward_s=f["layer_forward_s"] + z3e.forward_s,
+             layer_backward_s=f["layer_backward_s"] + z3e.backward_s)
+    if zero == 3 and terms.edp > 1:   # two gathered layers' experts
+        f["buffer_bytes"] += 2 * terms.params_per_layer * (
+            compute_weight_bytes_per_param(job) or per.weights)
+    if dense is not None and terms.dense_layers:
+        moe_layer = f["parts"].layer
+        extra = terms.dense_extra_params
+        copy_b = compute_weight_bytes_per_param(job) if not (zero == 3 and layout.dp > 1) \
+            else 0.0
+        f.update(
+            dense_delta_forward_s=dense.layer.forward.total_s - moe_layer.forward.total_s,
+            dense_delta_backward_s=dense.layer.backward.total_s - moe_layer.backward.total_s,
+            dense_delta_wgrad_s=dense.layer.wgrad_s - moe_layer.wgrad_s,
+            dense_delta_activation_bytes=dense.activation_bytes - f["parts"].activation_bytes,
+            dense_delta_state_bytes=states(extra, layout.dp) + extra * copy_b - expert_state)
+    if model.mtp_layers:
+        n, parts = model.mtp_layers, f["parts"]
+        lf, lb, lw = parts.logits
+        last = f["last_rank"]
+        mtp_bytes = n * (f["layer_state_bytes"] + f["inflight"][last] * f["layer_activation_bytes"]
+                         + parts.logits_bytes)
+        f.update(last_forward_s=f["last_forward_s"] + n * (f["layer_forward_s"] + lf.total_s),
+                 last_backward_s=f["last_backward_s"] + n * (f["layer_backward_s"] + lb.total_s),
+                 last_wgrad_s=f["last_wgrad_s"] + n * (f["layer_wgrad_s"] + lw))
+        if pp > 1:
+            f["last_extra_bytes"] += mtp_bytes
+            f["last_states_bytes"] += n * f["layer_state_bytes"]
+        else:
+            f["first_extra_bytes"] += mtp_bytes
+    return f
+
+
+__all__ = ["ExpertTerms", "MOE_UNCHECKED_CAVEAT", "expert_links", "expert_terms", "moe_fields",
+           "moe_mlp_width", "moe_parts"]
