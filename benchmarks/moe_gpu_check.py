@@ -1,12 +1,15 @@
 """MoE executor on GPUs: the grouped GEMM against the per-expert loop, and expert-parallel
 layouts of a 1.9B-parameter MoE (16 experts, top-2) run one after another with torchrun.
 
-Checks, not a cost-model validation (the cost model does not price MoE yet):
+Checks, and the cost model's prediction beside each measurement (issue 38 item 5):
 * grouped_mm (bf16, CUDA) vs the loop on the same rows: largest relative difference of the
   outputs and gradients, and the time of each (CUDA events, median of 20);
 * each layout's losses (bf16: ep 2/4 should follow ep 1 closely, not bit for bit), step time,
-  tokens/s and peak memory per rank; a layout that fails is recorded and the rest go on.
+  tokens/s and peak memory per rank, against the cost model's prediction for the layout as
+  run (runtime "torch", the run's cluster; the plan file carries it, the executor's results
+  its errors); a layout that fails is recorded and the rest go on.
 
+    python benchmarks/moe_gpu_check.py --estimate                 # the predictions, no GPU
     python benchmarks/moe_gpu_check.py --out $OUT                 # 4 GPUs, about 6 minutes
     python benchmarks/moe_gpu_check.py --out $OUT --only dp4-ep1-zero1,dp4-ep4-zero1
     python benchmarks/moe_gpu_check.py --out /tmp/x --device cpu --tiny --nproc 2
@@ -35,11 +38,11 @@ MODEL = ModelSpec(name="moe-1.9b", num_layers=12, hidden_size=2048, num_heads=16
                   activation="swiglu", norm="rmsnorm", position_embedding="rope",
                   tied_embeddings=False, bias=False, num_experts=16, experts_per_token=2,
                   moe_ffn_hidden_size=1408)
-JOB = Job(global_batch=32, seq_len=2048, precision="bf16")
+JOB = Job(global_batch=32, seq_len=2048, precision="bf16", runtime="torch")
 TINY = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, num_heads=4, vocab_size=256,
                  max_seq_len=64, activation="swiglu", norm="rmsnorm", position_embedding="rope",
                  tied_embeddings=False, bias=False, num_experts=4, experts_per_token=2)
-TINY_JOB = Job(global_batch=16, seq_len=64, precision="fp32")
+TINY_JOB = Job(global_batch=16, seq_len=64, precision="fp32", runtime="torch")
 
 
 def layouts(nproc: int) -> list[tuple[str, Layout]]:
@@ -105,9 +108,23 @@ def grouped_vs_loop(out: Path) -> dict:
     return res
 
 
+def predict(model, cluster, job: Job, layout: Layout) -> dict:
+    """The cost model's step time and per-rank memory for the layout ({"error": ...} where
+    it refuses it)."""
+    from meshplan.costmodel import estimate
+    try:
+        est = estimate(model, cluster, job, layout)
+    except Exception as exc:     # noqa: BLE001 — recorded, the layout still runs
+        return {"error": str(exc)}
+    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
+            "memory_per_stage_bytes": [m.total_bytes for m in est.memory],
+            "ep_comm_s": est.time.ep_comm_s}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--estimate", action="store_true", help="print the predictions and exit")
     ap.add_argument("--nproc", type=int, default=4, choices=(2, 4))
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=3)
@@ -119,9 +136,19 @@ def main() -> int:
     args = ap.parse_args()
     args.compile, args.profile, args.allow_gpu_mismatch = False, None, True
     import executor_gpu as eg
+    model, job = (TINY, TINY_JOB) if args.tiny else (MODEL, JOB)
+    if args.estimate:     # no GPU here: the H100 node (the GPU run prices its own card)
+        cluster = eg.cluster_for("cpu", args.nproc)
+        for name, layout in layouts(args.nproc):
+            p = predict(model, cluster, job, layout)
+            mem = p.get("memory_peak_bytes")
+            print(f"{name:24s} {layout.short():44s} {p.get('step_time_s', float('nan')):7.3f} s "
+                  f"{'-' if mem is None else f'{mem / 2**30:.2f} GiB'} {p.get('error', '')}")
+        return 0
+    if not args.out:
+        ap.error("--out is required unless --estimate")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, job = (TINY, TINY_JOB) if args.tiny else (MODEL, JOB)
     summary = {"model": model.to_dict(), "job": job.to_dict(),
                "params": model.num_params(), "active_params": model.num_active_params()}
     if args.device == "cuda" and not args.no_grouped_check:
@@ -137,7 +164,9 @@ def main() -> int:
         rows.append({"layout": name, "short": layout.short(), "status": r["status"],
                      "step_time_s": m.get("step_time_s"), "tokens_per_s": m.get("tokens_per_s"),
                      "memory_peak_bytes": m.get("memory_peak_bytes"),
-                     "loss_per_step": m.get("loss_per_step")})
+                     "loss_per_step": m.get("loss_per_step"),
+                     "predicted": predict(model, cluster, job, layout),
+                     "errors_pct": (r["doc"] or {}).get("errors_pct")})
     summary["layouts"] = rows
     (out / "moe_gpu.json").write_text(json.dumps(summary, indent=1))
     (out / "moe_gpu.md").write_text(markdown(summary))
@@ -159,16 +188,23 @@ def markdown(s: dict) -> str:
         lines += ["grouped_mm vs loop: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float)
                                                      else f"{k} {v}" for k, v in gm.items()), ""]
     base = next((r["loss_per_step"] for r in s["layouts"] if r["loss_per_step"]), None)
-    lines += ["| layout | status | step s | tokens/s | peak GiB | losses | max rel. loss diff |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| layout | status | step s | predicted s | error | tokens/s | peak GiB | "
+              "predicted GiB | error | losses | max rel. loss diff |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in s["layouts"]:
         losses = r["loss_per_step"] or []
         diff = (max(abs(a - b) / abs(b) for a, b in zip(losses, base)) if losses and base
                 else None)
         fmt = (lambda v, f: f.format(v) if v is not None else "–")
+        pred = r.get("predicted") or {}
+        p_step, p_mem = pred.get("step_time_s"), pred.get("memory_peak_bytes")
+        e_step = p_step / r["step_time_s"] - 1 if p_step and r["step_time_s"] else None
+        e_mem = p_mem / r["memory_peak_bytes"] - 1 if p_mem and r["memory_peak_bytes"] else None
         lines.append(f"| {r['short']} | {r['status'][:60]} | {fmt(r['step_time_s'], '{:.3f}')} | "
+                     f"{fmt(p_step, '{:.3f}')} | {fmt(e_step, '{:+.1%}')} | "
                      f"{fmt(r['tokens_per_s'], '{:.0f}')} | "
                      f"{fmt(r['memory_peak_bytes'] and r['memory_peak_bytes'] / 2**30, '{:.2f}')}"
+                     f" | {fmt(p_mem and p_mem / 2**30, '{:.2f}')} | {fmt(e_mem, '{:+.1%}')}"
                      f" | {' '.join(f'{v:.4f}' for v in losses)} | {fmt(diff, '{:.2e}')} |")
     return "\n".join(lines) + "\n"
 

@@ -139,7 +139,8 @@ def moe_model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, 
     attention cores), in :mod:`meshplan.costmodel.flops`' conventions; the logits cost
     2hV per token; each multi-token-prediction module adds a layer like the last, its 2h → h
     projection and its own logits (DeepSeek-V3 §2.2)."""
-    _require_moe(model)
+    if not (model.is_moe or model.is_mla):
+        _require_moe(model)
     tokens = global_batch * seq_len
     layers = [_layer_forward_flops_per_token(model, i, seq_len) for i in range(model.num_layers)]
     logits = 2.0 * model.hidden_size * model.vocab_size

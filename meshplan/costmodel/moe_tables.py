@@ -23,9 +23,9 @@ routed part (:mod:`meshplan.costmodel.moe_layer`). On top (:func:`moe_fields`):
   count them where they cost more, and its partition model (CP-SAT) prices every layer as
   an MoE layer (``estimate`` re-prices what it returns);
 * **multi-token prediction** (DeepSeek-V3 §2.2): each module as one more MoE layer and one
-  more output layer on the last stage (time, states, one micro-batch's activations and
-  logits); its parameters' gradient reduction is left out (under 2 % of a 61-layer
-  model's).
+  more output layer on the last stage (time; its states, one micro-batch's activations and
+  logits counted with the output layer's bytes); its parameters' gradient reduction is left
+  out (under 2 % of a 61-layer model's).
 
 Process groups (Megatron-Core "MoE parallel folding", Liu et al. 2025, arXiv 2504.14960):
 the expert mesh etp × ep × edp is laid over a stage's tp·cp·dp ranks in that order, etp
@@ -162,11 +162,10 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
         f.update(last_forward_s=f["last_forward_s"] + n * (f["layer_forward_s"] + lf.total_s),
                  last_backward_s=f["last_backward_s"] + n * (f["layer_backward_s"] + lb.total_s),
                  last_wgrad_s=f["last_wgrad_s"] + n * (f["layer_wgrad_s"] + lw))
-        if pp > 1:
-            f["last_extra_bytes"] += mtp_bytes
-            f["last_states_bytes"] += n * f["layer_state_bytes"]
-        else:
-            f["first_extra_bytes"] += mtp_bytes
+        # counted with the output layer's bytes (the last rank's logits column), which
+        # both the per-rank tables and estimate's rows read
+        f["logits_bytes"] += mtp_bytes
+        f["first_extra_bytes" if pp == 1 else "last_extra_bytes"] += mtp_bytes
     return f
 
 

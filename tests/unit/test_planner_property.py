@@ -105,3 +105,24 @@ def cp_cases(draw):
 @given(cp_cases())
 def test_cpsat_matches_exhaustive_with_context_parallelism(case):
     test_cpsat_matches_exhaustive.hypothesis.inner_test(case)
+
+
+@st.composite
+def moe_cases(draw):
+    """Small MoE models (every layer an MoE layer: the partition model prices one layer
+    kind) with ep and etp searched jointly with dp, pp and tp."""
+    model, cluster, job, cons, objective, gpus = draw(cases())
+    experts = draw(st.sampled_from([2, 4, 8]))
+    model = dataclasses.replace(
+        model, num_experts=experts, experts_per_token=draw(st.integers(1, 2)),
+        moe_ffn_hidden_size=model.hidden_size * 2,
+        num_shared_experts=draw(st.sampled_from([0, 1])))
+    gpu = dataclasses.replace(cluster.gpu, memory_bytes=draw(st.integers(8, 128)) * 2**20)
+    return model, cluster.replace(gpu=gpu), job, cons, objective, gpus
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(moe_cases())
+def test_cpsat_matches_exhaustive_with_experts(case):
+    test_cpsat_matches_exhaustive.hypothesis.inner_test(case)

@@ -1,0 +1,169 @@
+"""Mixture of experts wired into estimate() and the planner: the routed part, the experts'
+states over edp, dense layers, multi-token prediction, MLA, the imbalance correction."""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+import meshplan as mp
+from meshplan.costmodel import comm, estimate, mla, moe
+from meshplan.costmodel.compute import gemm_s
+from meshplan.costmodel.memory import stage_params, state_bytes_per_param
+from meshplan.costmodel.moe_tables import expert_links
+from meshplan.costmodel.tables import layer_tables
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.planner import Constraints
+from meshplan.planner.space import enumerate_configs, expert_options
+from meshplan.planner.tables import build_tables
+
+# a small DeepSeek-like model: MLA, 16 routed + 1 shared expert, the first 2 layers dense, MTP
+MINI_V3 = mp.ModelSpec(name="mini-v3", num_layers=8, hidden_size=256, num_heads=8,
+                       vocab_size=1024, max_seq_len=4096, activation="swiglu", norm="rmsnorm",
+                       position_embedding="rope", tied_embeddings=False, bias=False,
+                       ffn_hidden_size=768, num_experts=16, experts_per_token=4,
+                       moe_ffn_hidden_size=128, num_shared_experts=1, dense_layers=(0, 1),
+                       router="sigmoid", mtp_layers=1, q_lora_rank=96, kv_lora_rank=64,
+                       qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32)
+MIXTRAL = mp.ModelSpec.preset("mixtral-8x7b")
+H100 = mp.Cluster.preset("dgx-h100", nodes=2)
+JOB = mp.Job(global_batch=32, seq_len=1024)
+
+
+def _numbers(cluster, **kw):
+    gpu = cluster.gpu
+    return cluster.replace(gpu=replace(gpu, corrections=replace(gpu.corrections, **kw)))
+
+
+def _random_partition(rng, layers, stages):
+    cuts = sorted(rng.sample(range(1, layers), stages - 1))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
+
+
+@pytest.mark.parametrize("model,seq", [(MINI_V3, 1024), (MINI_V3, 32768),
+                                       (mp.ModelSpec.preset("olmoe-1b-7b"), 4096)])
+def test_tables_match_estimate_with_experts_dense_layers_and_cp(model, seq):
+    """The planner's tables, with each rank's dense layers counted, are estimate()."""
+    rng = random.Random(3)
+    job = mp.Job(global_batch=32, seq_len=seq)
+    cons = Constraints(cp=(1, 4) if seq > 4096 else None, max_micro_batch=2)
+    configs = list(enumerate_configs(model, H100, job, [16], cons))
+    assert any(c.ep > 1 for c in configs) and (seq <= 4096 or any(c.cp > 1 for c in configs))
+    for cfg in rng.sample(configs, 25):
+        t = build_tables(model, H100, job, cfg)
+        parts = _random_partition(rng, model.num_layers, cfg.stages)
+        est = estimate(model, H100, job, cfg.layout(parts))
+        assert t.step_time_s(parts) == pytest.approx(est.step_time_s, rel=1e-9)
+        dense = t.rank_dense_counts(parts)
+        for r, n in enumerate(t.rank_layers(parts)):
+            exact = t.rank_memory_bytes(r, n, dense[r])
+            assert exact == pytest.approx(est.memory[r].total_bytes, rel=1e-9)
+            assert t.rank_memory_bytes(r, n) >= exact * (1 - 1e-12)   # the planner's caps
+        assert t.peak_memory_bytes(parts) == pytest.approx(est.memory_peak_bytes, rel=1e-9)
+
+
+def test_routed_part_by_hand():
+    lay = mp.Layout(dp=16, ep=8, zero=1)
+    cl = _numbers(H100, moe_load_imbalance=1.0)
+    t = layer_tables(MIXTRAL, cl, JOB, lay)
+    gpu, peak = cl.gpu, cl.gpu.peak_flops("bf16")
+    h, f, tokens = 4096, 14336, 1024
+    rows = 2 * tokens                  # k·T, balanced
+    per_expert = rows / 1              # 8 experts over ep 8: one each
+    expert = gemm_s(gpu, peak, 2 * per_expert * h * 2 * f) + gemm_s(gpu, peak, 2 * per_expert * f * h)
+    router = gemm_s(gpu, peak, 2 * tokens * h * 8)
+    attn = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in
+               ((tokens, h, (4096 + 2 * 1024)), (tokens, 4096, h)))
+    assert t.parts.layer.forward.gemm_s == pytest.approx(attn + expert + router, rel=1e-12)
+    sent = moe.dispatch_bytes_per_rank(MIXTRAL, JOB, lay, tokens)
+    assert sent == 2 * tokens * h * 2 * 7 / 8
+    assert t.parts.layer.forward.ep_comm_s == pytest.approx(
+        2 * comm.all_to_all_s(t.links.ep, sent), rel=1e-12)
+    assert t.parts.layer.backward.ep_comm_s == t.parts.layer.forward.ep_comm_s
+    assert t.parts.layer.forward.tp_comm_s == 0.0     # tp 1
+
+
+def test_imbalance_is_a_profile_correction_with_ep():
+    lay = mp.Layout(dp=16, ep=8, zero=1)
+    est = estimate(MIXTRAL, H100, JOB, lay)
+    (c,) = [c for c in est.corrections if c.name == "moe_load_imbalance"]
+    assert c.step_time_delta_s > 0 and c.memory_delta_bytes > 0
+    flat = estimate(MIXTRAL, _numbers(H100, moe_load_imbalance=1.0), JOB, lay)
+    assert flat.step_time_s == pytest.approx(est.step_time_s - c.step_time_delta_s)
+    assert not [c for c in estimate(MIXTRAL, H100, JOB, lay.replace(ep=1)).corrections
+                if c.name == "moe_load_imbalance"]
+
+
+def test_expert_states_shard_over_edp_and_dense_ones_over_dp_cp():
+    lay = mp.Layout(dp=4, tp=2, ep=4, zero=1, sequence_parallel=True)   # edp = 2
+    est = estimate(MIXTRAL, H100, JOB, lay)
+    per = state_bytes_per_param(JOB)
+    dense = stage_params(MIXTRAL, 32, 2, first=True, last=True, pp=1)
+    experts = 32 * moe.moe_params_per_rank(MIXTRAL, lay).experts
+    assert lay.edp == 2
+    assert est.memory[0].optimizer_bytes == pytest.approx(
+        dense * per.optimizer / 4 + experts * per.optimizer / 2, rel=1e-12)
+    assert est.memory[0].weights_bytes == pytest.approx((dense + experts) * per.weights)
+
+
+def test_dense_layers_sit_on_the_first_stages():
+    t = layer_tables(MINI_V3, H100, JOB, mp.Layout(dp=4, pp=4, ep=4, zero=1))
+    assert t.dense_counts([2, 2, 2, 2]) == [2, 0, 0, 0]
+    assert t.dense_counts([1, 3, 2, 2]) == [1, 1, 0, 0]
+    f, _, _ = t.stage_times([2, 2, 2, 2])
+    f1, _, _ = t.stage_times([1, 3, 2, 2])
+    assert f[0] - t.first_forward_s == pytest.approx(
+        2 * t.layer_forward_s + 2 * t.dense_delta_forward_s + t.overhead_s)
+    assert t.dense_delta_forward_s != 0 and f1[1] != f[1]
+
+
+def test_mfu_counts_active_experts_and_mla():
+    est = estimate(MINI_V3, H100, JOB, mp.Layout(dp=16, ep=16))
+    assert est.model_flops_per_step == moe.moe_model_flops_per_step(MINI_V3, 32, 1024)
+    proj, core = moe.mla_forward_flops_per_token(MINI_V3, 1024)
+    shapes = mla.gemm_shapes(MINI_V3, 1.0, 1)
+    assert sum(2 * m * k * n for m, k, n in shapes) == proj       # one token, tp 1
+    assert mla.pair_flops(MINI_V3, 1) * 1024 == core
+
+
+def test_multi_token_prediction_on_the_last_stage():
+    lay = mp.Layout(dp=4, pp=4, ep=4, zero=1)
+    with_mtp = layer_tables(MINI_V3, H100, JOB, lay)
+    without = layer_tables(replace(MINI_V3, mtp_layers=0), H100, JOB, lay)
+    assert with_mtp.last_forward_s - without.last_forward_s == pytest.approx(
+        without.layer_forward_s + without.parts.logits[0].total_s)
+    assert with_mtp.last_extra_bytes > without.last_extra_bytes
+    assert with_mtp.first_forward_s == without.first_forward_s
+
+
+def test_expert_links_fold_over_the_stage():
+    links = expert_links(H100, mp.Layout(dp=4, tp=2, ep=4, etp=2))
+    assert links["etp"] == H100.group_link(2, 1)
+    assert links["ep"] == H100.group_link(4, 2)
+    assert links["edp"].size == 1
+    wide = expert_links(H100, mp.Layout(dp=16, ep=16))
+    assert wide["ep"].link_class == "network" and wide["ep"].size == 16
+
+
+def test_grouped_gemm_curve_prices_the_experts():
+    lay = mp.Layout(dp=16, ep=8, zero=1)
+    base = layer_tables(MIXTRAL, H100, JOB, lay).parts.layer.forward.gemm_s
+    slow = H100.replace(gpu=replace(H100.gpu, grouped_gemm_efficiency=Curve(
+        ((1.0, 0.1), (1e15, 0.1)))))
+    assert layer_tables(MIXTRAL, slow, JOB, lay).parts.layer.forward.gemm_s > 2 * base
+    assert "grouped_gemm_efficiency" in slow.gpu.to_dict()
+    assert "grouped_gemm_efficiency" not in H100.gpu.to_dict()
+
+
+def test_planner_searches_ep_and_etp():
+    assert expert_options(MIXTRAL, JOB, Constraints(), 2, 1, 8) == [
+        (1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2)]
+    assert expert_options(MIXTRAL, mp.Job(global_batch=8, seq_len=64, runtime="torch"),
+                          Constraints(), 2, 1, 8) == [(1, 1), (2, 1), (4, 1), (8, 1)]
+    assert expert_options(mp.ModelSpec.preset("llama3-8b"), JOB, Constraints(), 2, 1, 8) == \
+        [(1, 1)]
+    p = mp.plan(MINI_V3, H100, JOB, top_k=3, constraints=Constraints(
+        ep=(4, 8), schedules=("1f1b",), recompute=("none",), max_micro_batch=1))
+    assert all(c.layout.ep in (4, 8) for c in p.candidates)
+    assert list(p.table["ep"]) == [c.layout.ep for c in p.candidates]
+    assert "ep" in p.best.layout.short() and p.best.estimate.fits
