@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import (check_job_modelled, check_model_modelled,
-                                    zero_bubble_under_zero3)
+from meshplan.costmodel.fp8_cost import check_fp8_supported
+from meshplan.spec.validate import check_model_modelled, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -196,9 +196,9 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     """Errors no layout can avoid (seq_len beyond learned position embeddings, model parts
-    or job settings the cost model does not price)."""
+    the cost model does not price, an fp8 recipe the GPU or runtime cannot run)."""
     check_model_modelled(model)
-    check_job_modelled(job)
+    check_fp8_supported(job, cluster.gpu)
     if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
         raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
                           f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run it")
