@@ -52,9 +52,10 @@ def objective_weight(cfg: Config, objective: str) -> int:
 
 @lru_cache(maxsize=65536)
 def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
-                mb: int, sp: bool, rc: str, zero: int):
+                mb: int, sp: bool, rc: str, zero: int, compile: bool = False):
     t = layer_tables(model, cluster, job,
-                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp).layout(), checked=True)
+                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp, compile).layout(),
+                     checked=True)
     return (t.layer_forward_s, t.layer_backward_s, t.layer_wgrad_s, t.first_forward_s,
             t.first_backward_s, t.last_forward_s, t.last_backward_s, t.last_wgrad_s, t.p2p_s,
             t.overhead_s, t.stage_sum_s())
@@ -88,12 +89,14 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     if forced is not None:
         # ZeRO 0-2 differ in memory and in the data-parallel tail, not in stage times
         # (only ZeRO-3 adds per-layer gathers: LayerTables.layer_forward_s), so they share
-        # one pipeline time.
-        return _forced_pipeline_s(model, cluster, job, cfg._replace(zero=0 if cfg.zero < 3
-                                                                       else 3), forced)
+        # one pipeline time — except in fp8, whose weight casts read FSDP2's bf16 weights
+        # under ZeRO-2 (fp8_cost.fp8_layer)
+        shared = cfg if job.precision == "fp8" else cfg._replace(zero=0 if cfg.zero < 3
+                                                                 else 3)
+        return _forced_pipeline_s(model, cluster, job, shared, forced)
     lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
         model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
-        cfg.recompute, cfg.zero)   # gpipe and 1f1b: vpp = 1, like these tables
+        cfg.recompute, cfg.zero, cfg.compile)   # gpipe and 1f1b: vpp = 1, like these tables
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
     lo = max(1, min_layers)
     g_star = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
@@ -138,7 +141,7 @@ def busy_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) 
     closed form of :mod:`meshplan.costmodel.pipeline` contains some rank's whole busy
     time; checked against ``LayerTables.step_time_s`` in the tests)."""
     lf, lb = _pass_times(model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch,
-                         cfg.sequence_parallel, cfg.recompute, cfg.zero)[:2]
+                         cfg.sequence_parallel, cfg.recompute, cfg.zero, cfg.compile)[:2]
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
     return m * model.num_layers * (lf + lb) / cfg.pp
 
