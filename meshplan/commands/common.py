@@ -47,7 +47,9 @@ def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | N
 
 
 def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
-                 seq_len: int | None = None) -> None:
+                 seq_len: int | None = None, runtime: str = "megatron") -> None:
+    """Job options; ``runtime`` is the default of ``--runtime`` ("torch" where the command
+    runs meshplan's executor, so that its predictions describe what runs)."""
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, default=global_batch,
                    required=global_batch is None, help="sequences per optimizer step")
@@ -60,10 +62,13 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
                    help="model unfused attention (s² activations)")
     g.add_argument("--no-overlap-dp", action="store_true",
                    help="gradient reduction after backward, not overlapped with it")
-    g.add_argument("--runtime", default="megatron", choices=["megatron", "torch"],
+    g.add_argument("--runtime", default=runtime, choices=["megatron", "torch"],
                    help="whose conventions to predict: 'megatron' (16-bit weights, fp32 master "
                         "in the optimizer) or 'torch' (fp32 weights + autocast, DDP/FSDP2: "
-                        "what `meshplan run` executes) [megatron]")
+                        f"what `meshplan run` executes) [{runtime}]")
+    g.add_argument("--strict", action="store_true",
+                   help="treat meshplan's warnings (e.g. --seq-len past the model's maximum) "
+                        "as errors")
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:

@@ -20,15 +20,24 @@ from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE, FP8_CAS
 _NUM = (int, float)
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path, what: str = "profile file") -> dict[str, Any]:
     path = Path(path)
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise ProfileError(f"profile file {str(path)!r} does not exist") from None
+        raise ProfileError(f"{what} {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{what} {str(path)!r} is a directory; give the path of a .toml "
+                           f"file") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{what} {str(path)!r} is not UTF-8 text (byte "
+                           f"{exc.object[exc.start]:#04x} at offset {exc.start}); TOML files "
+                           f"must be UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"profile file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ProfileError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
 
 
 @lru_cache(maxsize=None)

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 from meshplan.costmodel.estimate import layer_tables
 from meshplan.spec import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster
+from meshplan.planner.bounds import Ticker
 from meshplan.planner.space import Config
 from meshplan.planner.tables import ConfigTables, build_tables
 
@@ -241,11 +242,14 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
           fixed_partition: tuple[int, ...] | None = None, progress=None) -> Pruning:
     """Best-bound-first pre-pass (see the module docstring)."""
     out = Pruning()
+    configs = list(configs)
+    tick = Ticker(progress)
     # (bound, exact?, order, config): configurations whose partition is fixed start with the
     # cheap busy-time bound and get their exact one (a pipeline evaluation) only when they
     # reach the front of the queue.
     queue = []
     for i, cfg in enumerate(configs):
+        tick(lambda: f"bounding: time bounds of {i:,}/{len(configs):,} configurations")
         w = objective_weight(cfg, objective)
         if forced_partition(cfg, model.num_layers, fixed_partition) is not None and \
                 cfg.stages > 1:
@@ -268,9 +272,9 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
                 model, cluster, job, cfg, min_layers, fixed_partition)), True, i, cfg))
             continue
         heapq.heappop(queue)
-        if progress is not None and visited % 2000 == 0:
-            progress(f"bounding: {visited:,}/{out.configs:,} configurations, "
-                     f"{len(out.survivors):,} candidates")
+        tick(lambda: f"bounding: {visited:,}/{out.configs:,} configurations priced, "
+                     f"{len(out.survivors):,} candidates, {out.memory_infeasible:,} "
+                     f"out of memory")
         visited += 1
         t = build_tables(model, cluster, job, cfg)
         out.tables_built += 1

@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.costmodel.fp8_cost import check_fp8_supported
-from meshplan.spec.validate import check_model_modelled, zero_bubble_under_zero3
+from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -213,9 +213,8 @@ def compile_options(cluster: Cluster, fixed) -> list[bool]:
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     """Errors no layout can avoid (seq_len beyond learned position embeddings, model parts
-    the cost model does not price, an fp8 recipe the GPU or runtime cannot run)."""
+    the cost model does not price, an fp8 recipe the GPU or runtime cannot run), and the
+    warning for a sequence past a RoPE model's maximum."""
     check_model_modelled(model)
     check_fp8_supported(job, cluster.gpu)
-    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
-        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
-                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run it")
+    check_seq_len(model, job)
