@@ -240,8 +240,10 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
     rate = parts_fp8.rate
     out = []
     if rate.assumed:
-        out.append(f"fp8 casts priced as {rate.how} (assumed, not measured: `meshplan "
-                   f"calibrate` on this GPU measures fp8_cast_compiled_gbps)")
+        out.append(f"fp8 casts priced as {rate.how} (assumed, not measured"
+                   + ("; meshplan calibrate times the executor's casts, not "
+                      "TransformerEngine's)" if rate.fused else
+                      ": `meshplan calibrate` on this GPU measures them)"))
     if job.runtime == "torch" and rate.pass_s > 0:
         out.append("fp8 without compile: the executor's eager casts cost "
                    f"{rate.pass_s * 1e6:.0f} µs a pass plus their bytes at {rate.gbps:.0f} "

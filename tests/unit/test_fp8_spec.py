@@ -66,3 +66,14 @@ def test_planner_plans_fp8_and_refuses_an_unrunnable_recipe_before_searching():
     with pytest.raises(mp.ConfigError, match="needs MX block-scaled tensor cores"):
         plan(model, cluster, mp.Job(global_batch=64, seq_len=4096, precision="fp8",
                                     fp8_recipe="mxfp8"))
+
+
+def test_cli_estimate_takes_precision_fp8_and_a_recipe(capsys):
+    from meshplan.cli import main as cli_main
+    base = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1",
+            "--dp", "8", "--global-batch", "64", "--seq-len", "4096"]
+    assert cli_main(base + ["--precision", "fp8", "--fp8-recipe", "rowwise", "--compile"]) == 0
+    out = capsys.readouterr().out
+    assert "step time" in out and "fp8 casts priced as" in out
+    assert cli_main(base + ["--fp8-recipe", "rowwise"]) != 0
+    assert "applies only with precision = 'fp8'" in capsys.readouterr().err
