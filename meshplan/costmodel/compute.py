@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel import comm
+from meshplan.costmodel import comm, mla
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster, GPUSpec
@@ -145,6 +145,36 @@ def megatron_gathers_for_wgrad(job: Job) -> bool:
     return job.runtime != "torch"
 
 
+def sixteen_bit_precision(job: Job) -> str:
+    """The precision of the GEMMs fp8 training leaves in 16 bits (attention, the logits) and
+    of the layer priced before :mod:`meshplan.costmodel.fp8_cost` moves its linears to fp8:
+    bf16 for ``precision="fp8"``, the job's own otherwise."""
+    return "bf16" if job.precision == "fp8" else job.precision
+
+
+def linear_shapes(model: ModelSpec, job: Job, micro_batch: int, tp: int,
+                  mlp_width: int | None = None
+                  ) -> tuple[tuple[tuple[float, float, float], str], ...]:
+    """The linears of a layer as ((m, k, n) tensor-parallel shard, "column" | "row"):
+    QKV and MLP up (+ gate) column-parallel, attention output and MLP down row-parallel
+    (Shoeybi et al. 2019 §3); each GEMM is 2·m·k·n FLOPs. Multi-head latent attention's
+    projections (:mod:`meshplan.costmodel.mla`, the output row-parallel) replace QKV and
+    the output; ``mlp_width`` the MLP's width (None: ``ffn_hidden_size``; 0: no dense MLP,
+    an MoE layer without shared experts)."""
+    tokens = job.seq_len * micro_batch
+    h, t = model.hidden_size, tp
+    f = model.ffn_hidden_size if mlp_width is None else mlp_width
+    if model.is_mla:
+        proj = mla.gemm_shapes(model, tokens, t)
+        attn = tuple((s, "row" if i == len(proj) - 1 else "column") for i, s in enumerate(proj))
+    else:
+        attn = (((tokens, h, (model.q_dim + 2 * model.kv_dim) / t), "column"),    # QKV
+                ((tokens, model.q_dim / t, h), "row"))                            # attention out
+    mlp = (((tokens, h, model.ffn_matrices * f / t), "column"),    # MLP up (+ gate)
+           ((tokens, f / t, h), "row")) if f else ()               # MLP down
+    return attn + mlp
+
+
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
                sequence_parallel: bool, recompute: str, tp_link: GroupLink,
                mlp_width: int | None = None) -> LayerCost:
@@ -155,24 +185,16 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     :mod:`meshplan.costmodel.moe_layer`. Multi-head latent attention's projections and core
     come from :mod:`meshplan.costmodel.mla`."""
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
     tokens = s * b
     f = model.ffn_hidden_size if mlp_width is None else mlp_width
 
     # GEMMs, tensor-parallel shards: (m, k, n) -> 2mkn FLOPs each.
-    if model.is_mla:
-        from meshplan.costmodel import mla
-        attn_shapes = mla.gemm_shapes(model, tokens, t)
-    else:
-        attn_shapes = (
-            (tokens, h, (model.q_dim + 2 * model.kv_dim) / t),   # QKV (column parallel)
-            (tokens, model.q_dim / t, h),                         # attention output (row parallel)
-        )
-    mlp_shapes = ((tokens, h, model.ffn_matrices * f / t),       # MLP up (+ gate)
-                  (tokens, f / t, h)) if f else ()                # MLP down (row parallel)
-    shapes = attn_shapes + mlp_shapes
+    linears = linear_shapes(model, job, micro_batch, tp, mlp_width)
+    shapes = tuple(shape for shape, _ in linears)
+    n_attn = len(shapes) - (2 if f else 0)
     fwd_gemm = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in shapes)
 
     # Attention core.
@@ -200,16 +222,17 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         mb_fwd += hidden_elems * (2 * e + 1) * 2             # two residual dropouts
     act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
     mb_fwd += (act_in + tokens * f / t) * e                  # activation function
-    if model.position_embedding == "rope":
-        mb_fwd += 2 * tokens * (mla.rope_elements(model, t) if model.is_mla else
-                                (model.q_dim + model.kv_dim) / t) * e
+    if model.position_embedding == "rope" and model.is_mla:
+        mb_fwd += 2 * tokens * mla.rope_elements(model, t) * e
+    elif model.position_embedding == "rope":
+        mb_fwd += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
     mb_fwd += softmax_bytes
     fwd_mb = hbm_s(gpu, mb_fwd)
     bwd_mb = 2 * fwd_mb
 
     # Tensor-parallel collectives: attention's and the MLP's, per pass.
     act_bytes = tokens * h * e
-    column = (shapes[0], shapes[len(attn_shapes)]) if f else (shapes[0],)
+    column = (shapes[0], shapes[n_attn]) if f else (shapes[0],)
     tpc = tp_collectives(cluster, job, tp_link, act_bytes, t, sequence_parallel,
                          tuple(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in column),
                          blocks=2 if f else 1)
@@ -265,7 +288,7 @@ def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: in
     input-gradient GEMM), else its gradient is all-reduced in backward.
     """
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     tokens = job.seq_len * micro_batch
     h = model.hidden_size

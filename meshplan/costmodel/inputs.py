@@ -51,10 +51,13 @@ class TableInputs(NamedTuple):
 def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> TableInputs:
     """The inputs of ``layout``'s tables (module docstring)."""
     cp, is_moe = layout.cp, model.is_moe
+    # fp8 casts read FSDP2's bf16 weights where ZeRO-2/3 shards over the gradient group
+    fsdp = job.precision == "fp8" and layout.zero >= 2 and layout.dp * cp > 1
     if cp == 1 and not is_moe:
         links = group_links(cluster, layout)
         parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
-                            layout.sequence_parallel, layout.recompute, links.tp, links.pp)
+                            layout.sequence_parallel, layout.recompute, links.tp, links.pp,
+                            layout.compile, fsdp)
         return TableInputs(cluster, job, layout, links, parts)
     caveats = ((CP_UNCHECKED_CAVEAT,) if cp > 1 else ()) + \
         ((MOE_UNCHECKED_CAVEAT,) if is_moe else ())
@@ -72,7 +75,7 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
     def parts_at(width: int | None) -> LayerParts:
         p = layer_parts(model, cluster, local_job, layout.micro_batch, layout.tp,
                         layout.sequence_parallel, layout.recompute, links.tp, links.pp,
-                        mlp_width=width)
+                        layout.compile, fsdp, mlp_width=width)
         return with_cp_attention(p, model, cluster, job, layout, links.cp) if cp > 1 else p
 
     parts = parts_at(moe_mlp_width(model))

@@ -54,17 +54,18 @@ def objective_weight(cfg: Config, objective: str) -> int:
 def _time_zero(job: Job, zero: int) -> int:
     """The ZeRO stage a configuration's pass times are priced at: under Megatron's runtime
     ZeRO 0-2 differ in memory and the data-parallel tail, not in a layer's or an end's
-    seconds (only ZeRO-3 gathers per layer), so they share one table for the bounds."""
-    return 0 if job.runtime == "megatron" and zero < 3 else zero
+    seconds (only ZeRO-3 gathers per layer), so they share one table for the bounds — except
+    in fp8 (the casts read FSDP2's weights under ZeRO-2)."""
+    return 0 if job.runtime == "megatron" and job.precision != "fp8" and zero < 3 else zero
 
 
 @lru_cache(maxsize=65536)
 def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
-                mb: int, sp: bool, rc: str, zero: int, cp: int = 1, cp_style: str = "ring",
-                ep: int = 1, etp: int = 1):
+                mb: int, sp: bool, rc: str, zero: int, compile: bool = False, cp: int = 1,
+                cp_style: str = "ring", ep: int = 1, etp: int = 1):
     t = layer_tables(model, cluster, job,
-                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp, cp, cp_style, ep,
-                            etp).layout(), checked=True)
+                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp, compile, cp, cp_style,
+                            ep, etp).layout(), checked=True)
     # an MoE model's dense layers may be cheaper than its MoE layers: the bounds take the
     # cheaper kind per layer (stage_sum_s counts each exactly)
     lf = t.layer_forward_s + min(0.0, t.dense_delta_forward_s)
@@ -102,9 +103,11 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     if forced is not None:
         # ZeRO 0-2 differ in memory and in the data-parallel tail, not in stage times
         # (only ZeRO-3 adds per-layer gathers: LayerTables.layer_forward_s), so they share
-        # one pipeline time.
-        return _forced_pipeline_s(model, cluster, job, cfg._replace(zero=0 if cfg.zero < 3
-                                                                       else 3), forced)
+        # one pipeline time — except in fp8, whose weight casts read FSDP2's bf16 weights
+        # under ZeRO-2 (fp8_cost.fp8_layer)
+        shared = cfg if job.precision == "fp8" else cfg._replace(zero=0 if cfg.zero < 3
+                                                                 else 3)
+        return _forced_pipeline_s(model, cluster, job, shared, forced)
     lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
         model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
         cfg.recompute, _time_zero(job, cfg.zero), *cfg[9:])   # gpipe, 1f1b: vpp = 1

@@ -11,8 +11,9 @@ with each valid style (:func:`cp_styles`), ``pp`` dividing ``n / (tp·cp)`` with
 and ``etp`` from :func:`expert_options`, ``micro_batch`` dividing ``global_batch / dp`` (≤
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
-recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
-2022 §4.2.2). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
+recompute, ZeRO stage, sequence parallelism (only with ``tp > 1``, Korthikanti et al.
+2022 §4.2.2) and ``compile`` (only where the GPU profile has compiled layer rows:
+:func:`compile_options`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
 accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp·cp = 1`` (nothing
 to shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
 ``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
@@ -25,8 +26,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import (check_job_modelled, check_model_modelled, check_seq_len,
-                                     zero_bubble_under_zero3)
+from meshplan.costmodel.fp8_cost import check_fp8_supported
+from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -58,6 +59,7 @@ class Config(NamedTuple):
     recompute: str
     zero: int
     sequence_parallel: bool
+    compile: bool = False
     cp: int = 1
     cp_style: str = "ring"
     ep: int = 1
@@ -75,14 +77,15 @@ class Config(NamedTuple):
         return Layout(dp=self.dp, pp=self.pp, tp=self.tp, micro_batch=self.micro_batch,
                       schedule=self.schedule, vpp=self.vpp, recompute=self.recompute,
                       zero=self.zero, sequence_parallel=self.sequence_parallel,
-                      cp=self.cp, cp_style=self.cp_style, ep=self.ep, etp=self.etp,
+                      compile=self.compile, cp=self.cp, cp_style=self.cp_style,
+                      ep=self.ep, etp=self.etp,
                       stage_layers=tuple(stage_layers) if stage_layers is not None else None)
 
     @classmethod
     def of(cls, layout: Layout) -> "Config":
         return cls(layout.dp, layout.pp, layout.tp, layout.micro_batch, layout.schedule,
                    layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel,
-                   layout.cp, layout.cp_style if layout.cp > 1 else "ring", layout.ep,
+                   layout.compile, layout.cp, layout.cp_style if layout.cp > 1 else "ring", layout.ep,
                    layout.etp)
 
 
@@ -200,6 +203,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
     cps = cp_options(job, constraints)
+    compiles = compile_options(cluster, fx)
     for n in counts:
         for tp in tps:
             if n % tp or fx.get("tp", tp) != tp:
@@ -209,11 +213,12 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                     continue
                 for style in cp_styles(model, constraints, tp, cp):
                     yield from _configs_at(model, job, constraints, n, tp, cp, style,
-                                           min_layers)
+                                           min_layers, compiles)
 
 
 def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp: int,
-                cp: int, style: str, min_layers: int) -> Iterator[Config]:
+                cp: int, style: str, min_layers: int,
+                compiles: Sequence[bool]) -> Iterator[Config]:
     """The configurations of ``n`` GPUs at one (tp, cp, cp style)."""
     fx = constraints.fixed
     L, B = model.num_layers, job.global_batch
@@ -268,15 +273,27 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                                 continue
                             if sp and (job.seq_len // cp) % tp:
                                 continue      # check_context_parallel
-                            for ep, etp in experts:
-                                yield Config(dp, pp, tp, mb, s, v, rc, z, sp, cp, style, ep,
-                                             etp)
+                            for c in compiles:
+                                for ep, etp in experts:
+                                    yield Config(dp, pp, tp, mb, s, v, rc, z, sp, c, cp,
+                                                 style, ep, etp)
+
+
+def compile_options(cluster: Cluster, fixed) -> list[bool]:
+    """``Layout.compile`` values to search: both where the GPU profile has compiled layer rows
+    (``meshplan calibrate --compile-rows``), else eager only — without them a compiled layout
+    is priced as eager, so searching it would only duplicate every layout. A fixed value is
+    taken as given."""
+    if "compile" in fixed:
+        return [bool(fixed["compile"])]
+    tables = cluster.gpu.measured
+    return [False, True] if tables and tables.has_compiled else [False]
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     """Errors no layout can avoid (seq_len beyond learned position embeddings, model parts
-    or job settings the cost model does not price), and the warning for a sequence past a
-    RoPE model's maximum."""
+    the cost model does not price, an fp8 recipe the GPU or runtime cannot run), and the
+    warning for a sequence past a RoPE model's maximum."""
     check_model_modelled(model)
-    check_job_modelled(job)
+    check_fp8_supported(job, cluster.gpu)
     check_seq_len(model, job)

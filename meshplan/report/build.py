@@ -109,12 +109,14 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
                  what_if_global_batch: Sequence[int] | None = None,
                  what_if_seq_len: Sequence[int] | None = None,
                  constraints=None, force: bool = False,
-                 progress: bool | Callable[[str], None] | None = True) -> Report:
+                 progress: bool | Callable[[str], None] | None = True,
+                 compare_precision: str | Sequence[str] | None = None) -> Report:
     """Plan, tabulate, draw and (with ``out_dir``) write a capacity-planning report.
 
     ``what_if_global_batch`` / ``what_if_seq_len``: the values the sensitivity section
     re-plans for (default ×¼, ×½, ×2, ×4 of the global batch and ×½, ×2 of the sequence
-    length); ignored when ``sensitivity`` is False.
+    length); ignored when ``sensitivity`` is False. ``compare_precision`` ("bf16,fp8",
+    "bf16,fp8:rowwise"): re-plan the main GPU count in each (:mod:`meshplan.report.precision`).
     """
     say = _progress_fn(progress)
     t_start = time.perf_counter()
@@ -136,6 +138,10 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
             raise ConfigError(f"price_per_gpu_hour must be a number >= 0, got "
                               f"{price_per_gpu_hour!r}")
         cluster = cluster.replace(price_per_gpu_hour=float(price_per_gpu_hour))
+    precisions = ()
+    if compare_precision:
+        from meshplan.report.precision import parse_precisions, precision_job
+        precisions = parse_precisions(compare_precision)
     compare = ()
     if compare_gpus:
         from meshplan.report.gpu_names import parse_gpu_list
@@ -186,6 +192,14 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
         cl = Cluster.preset(preset)
         gpu_outcomes.append(run(cl, main_n, job, f"{main_n} GPUs of {preset}"))
 
+    # ---- precisions at the main count
+    prec_outcomes = []
+    for prec, recipe in precisions:
+        jb = precision_job(job, prec, recipe)
+        prec_outcomes.append(main if jb == job else run(
+            cluster, main_n, jb, f"{main_n} GPUs in {prec}" + (f" ({jb.fp8_recipe})"
+                                                             if prec == "fp8" else "")))
+
     # ---- what-ifs at the main count
     batch_outcomes: list[PlanOutcome] = []
     seq_outcomes: list[PlanOutcome] = []
@@ -211,6 +225,11 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     say("drawing figures …")
     sections = _sections(model, cluster, job, objective, rec, summary, outcomes, main,
                          gpu_outcomes, batch_outcomes, seq_outcomes, loaded)
+    if prec_outcomes:
+        from meshplan.report.precision import precision_section
+        at = next((i for i, s in enumerate(sections) if s.anchor == "sensitivity"),
+                  len(sections))
+        sections.insert(at, precision_section(prec_outcomes, model, main))
     title = f"Capacity plan: {model.name} on {cluster.gpu.name}"
     from meshplan._version import __version__
     meta = (f"{model.name} ({model.num_params() / 1e9:.1f}B parameters) on {cluster.name} "

@@ -46,27 +46,15 @@ def check_seq_len(model: ModelSpec, job: Job) -> None:
         stacklevel=3)
 
 
-def check_job_modelled(job: Job) -> None:
-    """Refuse the job settings the cost model does not price yet (any layout)."""
-    if job.precision == "fp8":
-        raise ConfigError(
-            f"Job.precision = 'fp8' (fp8_recipe {job.fp8_recipe!r}) is not priced by the cost "
-            f"model yet; estimate with precision='bf16'. The executor runs fp8 "
-            f"(python -m meshplan.executor.run --precision fp8, docs/fp8.md) and "
-            f"meshplan.costmodel.fp8 holds the fp8 formulas")
-
-
-def check_modelled(layout: Layout, model: ModelSpec | None = None,
-                   job: Job | None = None) -> None:
-    """Refuse the layout dimensions (and, given ``model`` / ``job``, the model features and job
-    settings) the cost model does not price yet, rather than predict them as if absent."""
+def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
+    """Refuse the layout dimensions (and, given ``model``, the model features) the cost model
+    does not price yet, rather than predict them as if absent. Every Job setting is priced
+    (fp8: meshplan.costmodel.fp8_cost; a GPU or runtime that cannot run its recipe is refused
+    at estimate time by fp8_cost.check_fp8_supported), and so is Layout.compile (from the
+    profile's compiled layer rows, else as eager with a caveat); context and expert
+    parallelism are priced since issues 39 and 38 (meshplan.costmodel.inputs)."""
     if model is not None:
         check_model_modelled(model)
-    if job is not None:
-        check_job_modelled(job)
-    if layout.compile:
-        raise ConfigError("Layout.compile = True is not modelled yet; use compile = False "
-                          "(the executor's --compile flag compiles without a prediction)")
 
 
 def check_model_modelled(model: ModelSpec) -> None:
@@ -144,7 +132,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     check_types(model, cluster, job, layout)
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     check_context_parallel(model, job, layout)
-    check_modelled(layout, model, job)
+    check_modelled(layout, model)
     check_experts(model, layout)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):

@@ -174,10 +174,8 @@ def test_layout_new_dimensions_count_gpus_and_fold_experts():
     assert mp.Layout.from_dict({"dp": 2}).cp == 1      # plan files written before cp load
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(compile=True), "compile = True is not modelled"),
-])
-def test_estimate_refuses_dimensions_it_does_not_model(kwargs, match):
+@pytest.mark.parametrize("kwargs", [dict(tp=2, cp=2), dict(tp=2, ep=2), dict(compile=True)])
+def test_estimate_prices_the_new_dimensions(kwargs):
+    """cp (issue 39), ep (issue 38) and compile are priced: check_modelled lets them pass."""
     from meshplan.spec.validate import check_modelled
-    with pytest.raises(mp.ConfigError, match=match):
-        check_modelled(mp.Layout(**kwargs))
+    assert check_modelled(mp.Layout(**kwargs)) is None
