@@ -29,6 +29,7 @@ from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_par
 from meshplan.costmodel.parts import LayerParts, pipelined_zero2_row, ratio, stage_split
 from meshplan.costmodel.runtime import ddp_accumulates, fsdp_per_microbatch, torch_pipelined
 from meshplan.costmodel.stage_tables import inflight_table
+from meshplan.costmodel.torch_activations import torch_layer_activations
 from meshplan.costmodel.torch_memory import (compute_copy_bytes, first_backward_relief_fields,
                                              logits_chunk_bytes, pipeline_kept_outputs,
                                              pipeline_recv_buffers, pipelined_output_peak_bytes,
@@ -49,7 +50,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
-    tables = cluster.gpu.measured
+    tables = parts.tables
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
     stage_row = pipelined_zero2_row(tables, model, job, layout)
     if stage_row is not None:
@@ -77,6 +78,12 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         if tables and layout.zero >= 2 and dp > 1 else (None, False))
     fs = fsdp_row if fsdp else None
     act_bytes = parts.activation_bytes
+    if job.runtime == "torch" and layout.zero >= 2 and "layer" not in parts.measured:
+        # the executor runs ZeRO-2/3 (FSDP2) in bf16 without autocast: a LayerNorm keeps
+        # its 16-bit input, not autocast's fp32 copy
+        act_bytes = torch_layer_activations(
+            model, job, layout.micro_batch, tp, layout.sequence_parallel,
+            autocast=False).stored(layout.recompute)
     if fsdp_row is not None and job.runtime == "torch":
         # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
@@ -256,8 +263,10 @@ def time_corrections(cluster: Cluster, job: Job, layout: Layout, m: int) -> dict
                 p2p_order=corr.p2p_order_applies(numbers, job, layout, m))
 
 
-def table_caveats(job: Job, layout: Layout, lt: dict) -> tuple[str, ...]:
-    return (((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
+def table_caveats(job: Job, layout: Layout, lt: dict, parts: LayerParts) -> tuple[str, ...]:
+    return (((cav.nearest_shape_caveat(parts.transferred_from),) if parts.transferred_from
+             else ())
+            + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp_dp_only(job, layout) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ()))
 
@@ -283,7 +292,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         **host_dispatch(cluster, layout, parts, lt),
         **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
         **time_corrections(cluster, job, layout, m),
-        caveats=table_caveats(job, layout, lt))
+        caveats=table_caveats(job, layout, lt, parts))
 
 
 __all__ = ["build_fields", "layer_times", "host_dispatch", "end_stage_times", "memory_terms",
