@@ -71,6 +71,10 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         else:
             split = split_cpu = split_backward_at(measured_b, measured_depth, depth)
         layer_b, layer_w = sum(split), split[1]
+    # zero-bubble with full recompute and no measured split: the weight pass's recomputes
+    passes = corr.zb_full_w_passes(cluster.gpu.corrections, job, layout,
+                                   split is not None)
+    layer_b, layer_w = layer_b + passes * layer_f, layer_w + passes * layer_f
     # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
     fsdp_row, composed = (tables.fsdp_layer(
         model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
@@ -93,7 +97,8 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
                         z3.total_s)
-    return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, z3=z3, fsdp=fsdp, fs=fs,
+    return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, zb_w_passes=passes,
+                z3=z3, fsdp=fsdp, fs=fs,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
                 act_bytes=act_bytes, layer_params=layer_params)
 
@@ -112,6 +117,9 @@ def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict)
         cpu = (stage_row.forward_cpu_s, stage_row.backward_cpu_s, *cpu[2:])
         cpu_fixed = (stage_row.forward_cpu_fixed_s, stage_row.backward_cpu_fixed_s)
     cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
+    # the weight pass's recomputes (corrections.zb_full_w_passes) dispatch the forward again
+    cpu_w_extra = lt["zb_w_passes"] * cpu[0] if cpu else 0.0
+    cpu_layer += cpu_w_extra
     # once per chunk's forward and backward call of a micro-batch (see rank_cpu_s)
     cpu_call = sum(cpu_fixed) if cpu else 0.0
     if cpu and split_cpu is not None:
@@ -135,7 +143,7 @@ def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict)
         overhead = gpu.microbatch_overhead_s / (2 * v)
     return dict(
         overhead_s=overhead, cpu_layer_s=cpu_layer, cpu_call_s=cpu_call,
-        cpu_wgrad_layer_s=split_cpu[1] if cpu and split_cpu is not None else 0.0,
+        cpu_wgrad_layer_s=(split_cpu[1] if cpu and split_cpu is not None else cpu_w_extra),
         cpu_first_s=(cpu[2] + cpu[3]) if cpu else 0.0,
         cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
         cpu_action_s=action_cpu, cpu_known=cpu is not None)
@@ -286,7 +294,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         inflight=inflight,
         layer_forward_s=lt["layer_f"] + z3.forward_s,
         layer_backward_s=lt["layer_b"] + z3.backward_s,
-        layer_wgrad_s=lt["layer_w"],
+        layer_wgrad_s=lt["layer_w"], zb_w_recompute_passes=lt["zb_w_passes"],
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         **end_stage_times(model, job, layout, parts, links, lt["fsdp"]),
         **host_dispatch(cluster, layout, parts, lt),

@@ -211,6 +211,8 @@ class TransferredTables:
         cpu = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
                                    recompute=recompute, autocast=zero < 2)
         out = _scaled_row(row, k, cpu)
+        if zero >= 2 and row.cpu_measured:
+            out = self._fsdp_cpu(out, row, src, tp, sp, recompute, mb_s)
         if row.split_backward is not None and row.split_cpu is None:
             # a synchronized split timing is max(GPU, CPU) of B and W; at the source's size
             # it may be the CPU's (t36m03 at micro-batch 1: W 1.5 ms for 0.2 ms of GEMM),
@@ -228,6 +230,30 @@ class TransferredTables:
             out = _analytic_layer(out, self.target, self.job, micro_batch, self.cluster, tp,
                                   sp, recompute, self.tp_link, zero < 2)
         return out
+
+    def _fsdp_cpu(self, out: Interpolated, row: Interpolated, src: Source, tp: int, sp: bool,
+                  recompute: str, mb_s: float) -> Interpolated:
+        """An FSDP2 row's CPU dispatch as the layer's operators (the source's plain row at
+        the same knobs, by the operator ratio) plus FSDP2's own per-layer hooks (what the
+        FSDP2 row adds to it), which cost per FSDP unit — one per layer — whatever the
+        layer's operators: the pre-forward all-gather and post-backward reduce-scatter of
+        one flat buffer (``FSDPParamGroup``). Measured (round 26 profile, 4 × H200): the
+        increment of GPT-0.54B's ZeRO-2/3 rows over their plain rows is 0.6-1.2 × Llama-
+        1.64B's, whose layers dispatch 2.1 × the operators; scaled by the parameter tensors
+        (12 against 6) t19 came out at +47 % instead of −33 %. Without the source's plain
+        row: the operator ratio for all of it."""
+        plain = self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
+                                  recompute=recompute, micro_batch=mb_s)
+        if plain is None or not plain.cpu_measured:
+            return out
+        ops = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
+                                   recompute=recompute, autocast=True)
+
+        def split(name: str, k: float) -> float:
+            own, base = getattr(row, name), getattr(plain, name)
+            return base * k + max(0.0, own - base)
+        return replace(out, forward_cpu_s=split("forward_cpu_s", ops[0]),
+                       backward_cpu_s=split("backward_cpu_s", ops[1]))
 
     # ---- ends ----------------------------------------------------------------------------
     def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
