@@ -19,11 +19,15 @@ LayerNorm            1               3, +1 with a bias
 RMSNorm (fp32 math)  9               21
 attention            19              30, +6 with biases
   rotary (q and k)   +18             +14
-  grouped K/V        +8              +8   (two repeat_interleave)
+  grouped K/V        +8              +8   (two repeat_interleave; one K/V head: +6)
 MLP, GELU            9               20, +6 with biases
 MLP, SwiGLU          11              23
-residual adds        2               2
+the block            2               −1
 ===================  ==============  ========================================
+
+(the pieces counted alone, each with its input's gradient accumulated; in the block the two
+residual additions add 2 forward operators, and the residual gradients' sums one fewer than
+the pieces' own input accumulations)
 
 Layout knobs, the same for every family (so they shrink a ratio, never flip it): autocast
 (ZeRO-0/1 under the torch runtime; CUDA's autocast runs LayerNorm in fp32, casting its input
@@ -36,7 +40,7 @@ Used by :mod:`meshplan.costmodel.nearest_rows` to carry a timed shape's measured
 dispatch to another family's layer: CPU(target) = CPU(source) × ops(target) / ops(source).
 Measured check (round 26 and 18 profiles, H200 / H100, tp 1, no recompute): Llama-1.64B
 over GPT-0.54B dispatch measured 2.4 / 2.5 × (forward) and 1.3 / 1.8 × (backward); these
-counts give 2.1 × and 1.5 ×.
+counts give 2.1 × and 1.6 ×.
 """
 
 from __future__ import annotations
@@ -55,13 +59,13 @@ def layer_dispatch_ops(model: ModelSpec, *, tp: int, sequence_parallel: bool,
     else:
         norm_f, norm_b = 1 + 2 * autocast, 3 + bias + 2 * autocast
     attn_f = 19 + 18 * rope + 8 * grouped
-    attn_b = 30 + 6 * bias + 14 * rope + 8 * grouped
+    attn_b = 30 + 6 * bias + 14 * rope + (6 if model.num_kv_heads == 1 else 8) * grouped
     if model.activation == "swiglu":
         mlp_f, mlp_b = 11, 23 + 6 * bias
     else:
         mlp_f, mlp_b = 9, 20 + 6 * bias
     fwd = 2 * norm_f + attn_f + mlp_f + 2
-    bwd = 2 * norm_b + attn_b + mlp_b + 2
+    bwd = 2 * norm_b + attn_b + mlp_b - 1
     if tp > 1:
         coll = 4 if sequence_parallel else 2
         fwd, bwd = fwd + coll, bwd + coll

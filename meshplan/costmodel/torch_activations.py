@@ -24,7 +24,9 @@ heads / tp, h the hidden size and d = tp under sequence parallelism (else 1):
   through V's view; not the expanded K/V nor the log-sum-exp;
 - MLP: the up projection's input e·h (full sequence), then GELU's input and output (2·e·f)
   or SwiGLU's fused gate|up output, SiLU's output and the product (4·e·f);
-- residual additions keep nothing; full recompute keeps the block input (e·h / d).
+- residual additions keep nothing; full recompute keeps the block input (e·h / d);
+- with rotary embedding, per layer and micro-batch, the cos/sin tables cast to the compute
+  dtype for Q and for K (4·s·head dim·e).
 
 Checked on CPU against torch's ``saved_tensors_hooks`` for GPT- and Llama-style blocks,
 multi-head, grouped-query and multi-query, bf16, tp 1 (tests/unit/test_torch_activations.py),
@@ -82,8 +84,12 @@ def torch_layer_activations(model: ModelSpec, job: Job, micro_batch: float, tp: 
     the torch runtime (FSDP2 runs bf16 without autocast)."""
     t = _per_token(model, job, tp, bool(sequence_parallel and tp > 1), autocast)
     tokens = job.seq_len * micro_batch
-    selective = tokens * (t["norms"] + t["attn_selective"] + t["mlp"])
-    none = tokens * (t["norms"] + t["attn_none"] + t["mlp"])
+    # rotary's cos/sin in the compute dtype, cast once per Q and K (apply_rope) and kept by
+    # the multiplications: per sequence position, not per token of the micro-batch
+    tables = (4 * job.seq_len * model.head_dim * activation_bytes_per_element(job)
+              if model.position_embedding == "rope" else 0.0)
+    selective = tokens * (t["norms"] + t["attn_selective"] + t["mlp"]) + tables
+    none = tokens * (t["norms"] + t["attn_none"] + t["mlp"]) + tables
     return LayerActivations(replicated_bytes=tokens * t["norms"],
                             sharded_bytes=selective - tokens * t["norms"],
                             attention_core_bytes=none - selective,
