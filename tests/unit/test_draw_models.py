@@ -98,7 +98,7 @@ def test_set_covers_the_protocol():
 
 
 def test_set_models_were_never_run():
-    known = dm.known_shapes()
+    known = dm.known_shapes(except_set="transfer36")
     assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC["models"]} & known
 
 
