@@ -119,11 +119,28 @@ def transfer_cases(name: str, path: Path):
                    _timed(cluster, model))
 
 
-def all_cases() -> list[Case]:
+def all_cases(*, without: tuple[str, ...] = (), pooled_hbm: bool = False) -> list[Case]:
+    """Every case; ``without`` switches those named corrections off in every profile (the
+    effect of one mechanism), ``pooled_hbm`` prices every memory-bound op at the pooled
+    ``hbm_efficiency`` as before per-op efficiencies."""
     cases = list(measured_set_cases())
     for name, path in TRANSFER.items():
         cases += list(transfer_cases(name, path))
-    return cases
+    if not without and not pooled_hbm:
+        return cases
+    memo: dict[int, Cluster] = {}
+
+    def changed(c: Cluster) -> Cluster:
+        if id(c) not in memo:
+            gpu = c.gpu
+            numbers = gpu.corrections
+            for n in without:
+                numbers = numbers.without(n)
+            memo[id(c)] = c.replace(gpu=replace(
+                gpu, corrections=numbers,
+                membound_efficiency={} if pooled_hbm else gpu.membound_efficiency))
+        return memo[id(c)]
+    return [replace(x, cluster=changed(x.cluster)) for x in cases]
 
 
 # ---- features -----------------------------------------------------------------------------
@@ -230,15 +247,15 @@ def summary(rows: list[dict]) -> list[str]:
     timed = [r for r in rows if r["timed"]]
     gpu = [r for r in timed if r["as-is"]["predicted"].get("host_load", 0.0) < 1.0]
     out = [HEADER,
-           _line("all 342 - timed by their profile", timed),
-           _line("  ... CPU below GPU (as-is)", gpu),
+           _line("every layout (328 + 14)", rows),
+           _line("  timed by their own profile", timed),
+           _line("  ... of those, CPU below GPU (as-is)", gpu),
            _line("measured sets", [r for r in rows if r["features"]["data"] != "transfer36"]),
            _line("transfer36, timed (t36m01, t36m03)",
                  [r for r in timed if r["features"]["data"] == "transfer36"]),
            _line("transfer36, untimed (t36m02, t36m04)",
                  [r for r in rows if not r["timed"]]),
-           _line("transfer36, all", [r for r in rows if r["features"]["data"] == "transfer36"]),
-           _line("leave-out set: every layout", rows)]
+           _line("transfer36, all", [r for r in rows if r["features"]["data"] == "transfer36"])]
     return out
 
 
@@ -264,6 +281,10 @@ MEMORY_TERMS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_
 PART_TERMS = ("layer_forward_s", "layer_backward_s", "layer_activation_bytes",
               "layer_backward_buf_bytes", "embedding_s", "output_s", "output_bytes",
               "layer_cpu_s")
+PART_LABELS = {"layer_forward_s": "fwd", "layer_backward_s": "bwd",
+               "layer_activation_bytes": "kept", "layer_backward_buf_bytes": "bwd work",
+               "embedding_s": "emb s", "output_s": "out s", "output_bytes": "out bytes",
+               "layer_cpu_s": "cpu"}
 
 
 def term_deltas(row: dict) -> dict[str, float]:
@@ -316,7 +337,7 @@ def by_term(rows: list[dict]) -> list[str]:
             out.append(f"{feat}={key} (n={len(groups[key])}): {shown}")
     out.append("")
     out.append("leave-out layer pieces / measured rows − 1 (%), mean [min, max]; "
-               "CPU: rows with a CPU dispatch figure in the leave-out prediction")
+               "CPU lost: layouts whose leave-out prediction has no CPU dispatch")
     for feat in ("all", "model", "recompute", "tp", "fsdp2"):
         groups = {}
         for r in timed:
@@ -327,8 +348,7 @@ def by_term(rows: list[dict]) -> list[str]:
             for k in PART_TERMS:
                 vals = [x[k] for x in rat if k in x]
                 if vals:
-                    short = k.removeprefix("layer_").removesuffix("_s").removesuffix("_bytes")
-                    cells.append(f"{short} {statistics.mean(vals):+.0f} "
+                    cells.append(f"{PART_LABELS[k]} {statistics.mean(vals):+.0f} "
                                  f"[{min(vals):+.0f},{max(vals):+.0f}]")
             lost = sum(1 for r in groups[key] if r["leave-out"]["parts"]["layer_cpu_s"] is None
                        and r["as-is"]["parts"]["layer_cpu_s"] is not None)
@@ -358,13 +378,21 @@ def main(argv=None) -> int:
                          "matching layouts one by one (as-is | leave-out step %% [memory %%])")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     ap.add_argument("--no-terms", action="store_true", help="skip the breakdown by term")
+    ap.add_argument("--without", action="append", default=[], metavar="CORRECTION",
+                    help="switch this named correction off in every profile (e.g. "
+                         "nearest_shape_rows: the analytical layer for untimed shapes)")
+    ap.add_argument("--pooled-hbm", action="store_true",
+                    help="every memory-bound op at the pooled hbm_efficiency")
+    ap.add_argument("--summary", action="store_true", help="the summary lines only")
     args = ap.parse_args(argv)
     try:
         pattern = re.compile(args.only) if args.only else None
     except re.error as exc:
         ap.error(f"--only {args.only!r} is not a regular expression: {exc}")
-    rows = analyse(all_cases())
+    rows = analyse(all_cases(without=tuple(args.without), pooled_hbm=args.pooled_hbm))
     print("\n".join(summary(rows)))
+    if args.summary:
+        return 0
     print()
     print("\n".join(by_feature(rows)))
     if not args.no_terms:

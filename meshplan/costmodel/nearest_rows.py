@@ -42,26 +42,20 @@ docs/benchmarks/transfer.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-from functools import lru_cache
+from dataclasses import dataclass, replace
 
-from meshplan.costmodel.compute import embedding_cost, layer_cost, logits_cost
+from meshplan.costmodel.compute import layer_cost, logits_cost
 from meshplan.costmodel.corrections import Correction
 from meshplan.costmodel.dispatch import layer_dispatch_ratio
-from meshplan.costmodel.memory import logits_bytes
-from meshplan.costmodel.torch_activations import torch_backward_work, torch_layer_activations
+from meshplan.costmodel.row_scaling import (analytic_layer, end_groups, end_micro_batches,
+                                            end_ratios, layer_groups, layer_micro_batches,
+                                            layer_ratios, scaled_row)
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured import (Interpolated, MeasuredTables, layer_shape_key,
                                                  model_from_shape_key)
 from meshplan.spec import Job, ModelSpec
 
 NEAREST_SHAPE = "nearest_shape_rows"   # its name in Estimate.corrections (and ``without``)
-# the CPU's dispatch fields of a row: scaled by the forward's / the backward's operator
-# ratio (the per-call fixed parts do not grow with a layer's operators: kept)
-_CPU_FORWARD = ("forward_cpu_s",)
-_CPU_BACKWARD = ("backward_cpu_s", "backward_input_cpu_s", "backward_weight_cpu_s",
-                 "backward_input_depth_s", "backward_weight_depth_s")
-
 
 def family(model: ModelSpec) -> tuple:
     """What fixes a layer's kernel sequence apart from its widths."""
@@ -114,13 +108,12 @@ class TransferredTables:
     the target (the cost model passes the model it estimates)."""
 
     def __init__(self, tables: MeasuredTables, model: ModelSpec, cluster: Cluster, job: Job,
-                 tp_link, *, cross_family: bool = True):
+                 tp_link):
         self.tables = tables
         self.target = model
         self.cluster = cluster
         self.job = job
         self.tp_link = tp_link
-        self.cross_family = cross_family
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -135,17 +128,14 @@ class TransferredTables:
 
     def _source(self, tp: int, sp: bool, recompute: str, zero: int, dp: int) -> Source | None:
         best = None
-        for shape, seq in _groups(self.tables).get((tp, bool(sp and tp > 1), recompute, zero,
-                                                    dp if zero >= 2 else 1), ()):
+        key = (tp, bool(sp and tp > 1), recompute, zero, dp if zero >= 2 else 1)
+        for shape, seq in layer_groups(self.tables).get(key, ()):
             src = model_from_shape_key(shape, num_layers=self.target.num_layers)
             if src is None:
                 continue
-            same = family(src) == family(self.target)
-            if not same and not self.cross_family:
-                continue
             d = shape_distance(self.target, self.job.seq_len, src, seq)
             if best is None or d < best[0]:
-                best = (d, Source(src, seq, same))
+                best = (d, Source(src, seq, family(src) == family(self.target)))
         return best[1] if best else None
 
     def _source_mb(self, src: Source, key: tuple, micro_batch: float, work) -> float:
@@ -164,7 +154,7 @@ class TransferredTables:
         return min(max(m, min(mbs)), max(mbs)) if mbs else micro_batch
 
     def _timed_mbs(self, src: Source, key: tuple) -> tuple[int, ...]:
-        return _micro_batches(self.tables).get((layer_shape_key(src.model), src.seq_len) + key,
+        return layer_micro_batches(self.tables).get((layer_shape_key(src.model), src.seq_len) + key,
                                                ())
 
     # ---- layers --------------------------------------------------------------------------
@@ -206,11 +196,11 @@ class TransferredTables:
                 recompute=recompute, micro_batch=mb_s)
         if row is None:
             return None
-        k = _layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
+        k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
                           self.cluster, tp, sp, recompute, self.tp_link, zero < 2)
         cpu = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
                                    recompute=recompute, autocast=zero < 2)
-        out = _scaled_row(row, k, cpu)
+        out = scaled_row(row, k, cpu)
         if zero >= 2 and row.cpu_measured:
             out = self._fsdp_cpu(out, row, src, tp, sp, recompute, mb_s)
         if row.split_backward is not None and row.split_cpu is None:
@@ -227,7 +217,7 @@ class TransferredTables:
             # another family's kernels miss the curves differently (GPT-0.54B's rows ran
             # 0.7-0.8 x the analytical time, Llama-1.64B's 1.0-1.1 x at the same sizes):
             # only the CPU's dispatch, which the operator count carries, is taken from it
-            out = _analytic_layer(out, self.target, self.job, micro_batch, self.cluster, tp,
+            out = analytic_layer(out, self.target, self.job, micro_batch, self.cluster, tp,
                                   sp, recompute, self.tp_link, zero < 2)
         return out
 
@@ -260,12 +250,9 @@ class TransferredTables:
             sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
         sp = bool(sequence_parallel and tp > 1)
         best = None
-        for shape, seq in _end_groups(self.tables).get((part, tp, sp), ()):
+        for shape, seq in end_groups(self.tables).get((part, tp, sp), ()):
             src = model_from_shape_key(shape, num_layers=self.target.num_layers)
             if src is None:
-                continue
-            same = family(src) == family(self.target)
-            if not same and not self.cross_family:
                 continue
             d = shape_distance(self.target, self.job.seq_len, src, seq) \
                 + abs(math.log(self.target.vocab_size / src.vocab_size))
@@ -274,7 +261,7 @@ class TransferredTables:
         if best is None:
             return None
         _, src, seq, shape = best
-        mbs = _end_micro_batches(self.tables).get((shape, part, seq, tp, sp))
+        mbs = end_micro_batches(self.tables).get((shape, part, seq, tp, sp))
         mb_s = micro_batch * self.job.seq_len / seq
         if part == "output":   # the logits GEMM's size, as _source_mb does for layers
             kw = dict(tp=tp, sequence_parallel=sp, tp_link=self.tp_link)
@@ -288,148 +275,9 @@ class TransferredTables:
                               micro_batch=mb_s)
         if row is None:
             return None
-        k = _end_ratios(part, self.target, self.job, micro_batch, src, seq, mb_s,
+        k = end_ratios(part, self.target, self.job, micro_batch, src, seq, mb_s,
                         self.cluster, tp, sp, self.tp_link)
-        return _scaled_row(row, k, (1.0, 1.0))
-
-
-# ---- the ratios ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Ratios:
-    """target / source of the analytical model, per kind of quantity."""
-
-    forward: float
-    backward: float
-    wgrad: float
-    kept_bytes: float
-    work_bytes: float
-    wgrad_share: float = 0.0   # the target's weight-gradient GEMMs over its backward
-
-
-def _r(a: float, b: float) -> float:
-    return a / b if b > 0 else 1.0
-
-
-@lru_cache(maxsize=4096)
-def _layer_ratios(target: ModelSpec, job: Job, mb: float, source: ModelSpec, seq_s: int,
-                  mb_s: float, cluster: Cluster, tp: int, sp: bool, recompute: str,
-                  tp_link, autocast: bool) -> Ratios:
-    job_s = replace(job, seq_len=seq_s)
-    kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, tp_link=tp_link)
-    a = layer_cost(target, cluster, job, micro_batch=mb, **kw)
-    b = layer_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
-    # the rows are the executor's (runtime "torch"): its own tensors, autocast for the
-    # plain rows (ZeRO-0/1), bf16 for the FSDP2 ones
-    at = torch_layer_activations(target, job, mb, tp, sp, autocast=autocast)
-    bt = torch_layer_activations(source, job_s, mb_s, tp, sp, autocast=autocast)
-    aw = torch_backward_work(target, job, mb, tp, sp, recompute, autocast=autocast)
-    bw = torch_backward_work(source, job_s, mb_s, tp, sp, recompute, autocast=autocast)
-    return Ratios(_r(a.forward.total_s, b.forward.total_s),
-                  _r(a.backward.total_s, b.backward.total_s), _r(a.wgrad_s, b.wgrad_s),
-                  _r(at.stored(recompute), bt.stored(recompute)), _r(aw, bw),
-                  _r(a.wgrad_s, a.backward.total_s) if a.backward.total_s > 0 else 0.0)
-
-
-@lru_cache(maxsize=4096)
-def _end_ratios(part: str, target: ModelSpec, job: Job, mb: float, source: ModelSpec,
-                seq_s: int, mb_s: float, cluster: Cluster, tp: int, sp: bool,
-                tp_link) -> Ratios:
-    job_s = replace(job, seq_len=seq_s)
-    kw = dict(tp=tp, sequence_parallel=sp, tp_link=tp_link)
-    if part == "embedding":
-        a = embedding_cost(target, cluster, job, micro_batch=mb, **kw)
-        b = embedding_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
-        # what an embedding keeps is its output; its backward allocates the dense weight
-        # gradient (embedding_dense_backward) beside the incoming gradient
-        kept = _r(job.seq_len * mb * target.hidden_size, seq_s * mb_s * source.hidden_size)
-        work = _r(target.vocab_size * target.hidden_size / tp * 4
-                  + job.seq_len * mb * target.hidden_size * 2,
-                  source.vocab_size * source.hidden_size / tp * 4
-                  + seq_s * mb_s * source.hidden_size * 2)
-        return Ratios(_r(a[0].total_s, b[0].total_s), _r(a[1].total_s, b[1].total_s), 1.0,
-                      kept, work)
-    a = logits_cost(target, cluster, job, micro_batch=mb, **kw)
-    b = logits_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
-    kept = _r(logits_bytes(target, job, mb, tp), logits_bytes(source, job_s, mb_s, tp))
-    return Ratios(_r(a[0].total_s, b[0].total_s), _r(a[1].total_s, b[1].total_s),
-                  _r(a[2], b[2]), kept, kept)
-
-
-def _analytic_layer(row: Interpolated, model: ModelSpec, job: Job, mb: float,
-                    cluster: Cluster, tp: int, sp: bool, recompute: str, tp_link,
-                    autocast: bool) -> Interpolated:
-    """``row``'s CPU dispatch with the analytical layer's GPU seconds and bytes (and no
-    zero-bubble split or split memory: the cost model splits the backward itself)."""
-    a = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                   recompute=recompute, tp_link=tp_link)
-    acts = torch_layer_activations(model, job, mb, tp, sp, autocast=autocast)
-    return replace(row, forward_s=a.forward.total_s, backward_s=a.backward.total_s,
-                   activation_bytes=acts.stored(recompute),
-                   peak_bytes=torch_backward_work(model, job, mb, tp, sp, recompute,
-                                                  autocast=autocast),
-                   backward_input_s=0.0, backward_weight_s=0.0, backward_input_cpu_s=0.0,
-                   backward_weight_cpu_s=0.0, split_layers=0.0, backward_input_depth_s=0.0,
-                   backward_weight_depth_s=0.0, wgrad_pending_bytes=0.0,
-                   wgrad_transient_bytes=0.0, wgrad_memory_layers=0.0,
-                   wgrad_pending_stage_bytes=0.0, wgrad_transient_stage_bytes=0.0)
-
-
-_GPU_FIELDS = {"forward_s": "forward", "backward_s": "backward",
-               "backward_input_s": "backward", "backward_weight_s": "wgrad",
-               "activation_bytes": "kept_bytes", "peak_bytes": "work_bytes",
-               "wgrad_pending_bytes": "work_bytes", "wgrad_transient_bytes": "work_bytes",
-               "wgrad_pending_stage_bytes": "work_bytes",
-               "wgrad_transient_stage_bytes": "work_bytes"}
-
-
-def _scaled_row(row: Interpolated, k: Ratios, cpu: tuple[float, float]) -> Interpolated:
-    out = {}
-    for f in fields(Interpolated):
-        v = getattr(row, f.name)
-        if f.name in _CPU_FORWARD:
-            v *= cpu[0]
-        elif f.name in _CPU_BACKWARD:
-            v *= cpu[1]
-        elif f.name in _GPU_FIELDS:
-            v *= getattr(k, _GPU_FIELDS[f.name])
-        out[f.name] = v
-    return Interpolated(**out)
-
-
-# ---- indexes of a profile's rows (cached per tables object) ------------------------------
-@lru_cache(maxsize=64)
-def _groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
-    out: dict[tuple, set] = {}
-    for r in tables.layers:
-        out.setdefault((r.tp, r.sequence_parallel, r.recompute, r.zero,
-                        r.dp if r.zero >= 2 else 1), set()).add((r.shape, r.seq_len))
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-@lru_cache(maxsize=64)
-def _micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
-    out: dict[tuple, set] = {}
-    for r in tables.layers:
-        out.setdefault((r.shape, r.seq_len, r.tp, r.sequence_parallel, r.recompute, r.zero,
-                        r.dp if r.zero >= 2 else 1), set()).add(r.micro_batch)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-@lru_cache(maxsize=64)
-def _end_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
-    out: dict[tuple, set] = {}
-    for e in tables.ends:
-        out.setdefault((e.part, e.tp, e.sequence_parallel), set()).add((e.shape, e.seq_len))
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-@lru_cache(maxsize=64)
-def _end_micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
-    out: dict[tuple, set] = {}
-    for e in tables.ends:
-        out.setdefault((e.shape, e.part, e.seq_len, e.tp, e.sequence_parallel),
-                       set()).add(e.micro_batch)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
+        return scaled_row(row, k, (1.0, 1.0))
 
 
 def tables_for(model: ModelSpec, cluster: Cluster, job: Job, tp_link):
@@ -455,5 +303,5 @@ def _transferred(t) -> bool:
 NEAREST_SHAPE_CORRECTION = Correction(NEAREST_SHAPE, "step time and memory", (),
                                       _transferred, tables_for)
 
-__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "Source", "TransferredTables", "family", "is_timed",
-           "shape_distance", "tables_for", "timed_shapes", "transferable"]
+__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "Source", "TransferredTables", "family",
+           "is_timed", "shape_distance", "tables_for", "timed_shapes", "transferable"]

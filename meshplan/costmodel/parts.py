@@ -6,7 +6,10 @@ activations and working memory, :mod:`meshplan.costmodel.memory`), and the activ
 between pipeline stages (Narayanan et al. 2021 §4.1: scattered over tp). Where the GPU
 profile has measured rows (``meshplan calibrate --model``, :mod:`meshplan.costmodel.
 measured`) they replace the analytical time and bytes; the measured time is split over the
-analytical categories in their proportions, so breakdowns stay readable.
+analytical categories in their proportions, so breakdowns stay readable. A shape the profile
+did not time reads the nearest timed shape's rows, scaled (:mod:`meshplan.costmodel.
+nearest_rows`). Under runtime "torch" the analytical bytes are the executor's own tensors
+(:mod:`meshplan.costmodel.torch_activations`), Megatron's Table 2 otherwise.
 
 Measured error: on their own profiles the measured sets re-predict at 2.23 % mean absolute
 step-time error over the 267 layouts with CPU below GPU (benchmarks/repredict_sets.py).

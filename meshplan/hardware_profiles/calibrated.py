@@ -193,8 +193,8 @@ MEMBOUND_OPS = ("layernorm", "rmsnorm", "residual-add", "gelu", "swiglu")
 def membound_op_efficiency(rows: Iterable[Mapping[str, Any]], cap: float = 1.0
                            ) -> dict[str, float]:
     """Each executor memory-bound op's own efficiency from its benchmark row (bytes as the
-    cost model counts them over its time and the datasheet bandwidth, at most ``cap``): the cost model prices a layer's norms, residual adds and
-    activation each at its own (:meth:`meshplan.hardware_profiles.gpu.GPUSpec.
+    cost model counts them over its time and the datasheet bandwidth, at most ``cap``): the
+    cost model prices a layer's norms, residual adds and activation each at its own (:meth:`meshplan.hardware_profiles.gpu.GPUSpec.
     op_hbm_efficiency`). The pooled ``hbm_efficiency`` averages them: on 4 × H200 (round
     26) it was 0.26 where LayerNorm ran at 0.35, GELU 0.69 and the residual add 0.87 but the
     executor's fp32 RMSNorm at 0.058 and SwiGLU at 0.24, so it over-priced GPT-style layers

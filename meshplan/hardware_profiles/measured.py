@@ -15,8 +15,11 @@ synchronized timings and no CPU fields, and the cost model then uses them as bef
 Rows are matched by the model's *shape key* (every field that changes a layer's work), the
 sequence length, tp, sequence parallelism, recompute mode and (FSDP rows) ZeRO stage and dp
 size; between measured micro-batch sizes the values are interpolated linearly, outside them
-extrapolated from the two nearest (one point: proportional to the micro-batch). A layout with
-no matching row falls back to the analytical layer model.
+extrapolated from the two nearest (one point: proportional to the micro-batch). A model
+whose shape has no row at all reads the nearest timed shape's rows, scaled by the
+analytical model (:mod:`meshplan.costmodel.nearest_rows`; :func:`model_from_shape_key` reads
+a row's shape back); a layout with no matching row otherwise falls back to the analytical
+layer model.
 """
 
 from __future__ import annotations
