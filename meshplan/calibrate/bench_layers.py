@@ -114,6 +114,7 @@ class Config:
     zero: int = 0
     dp: int = 1
     part: str = ""
+    compile: bool = False      # every block torch.compile'd, as Layout.compile runs them
 
     @property
     def communicates(self) -> bool:
@@ -126,7 +127,7 @@ class Config:
         """Configurations with the same key share one built module (recompute flags and
         the micro-batch change nothing in the parameters)."""
         return (self.model.name, self.model, self.seq_len, self.part, self.tp,
-                self.sequence_parallel, self.zero, self.dp)
+                self.sequence_parallel, self.zero, self.dp, self.compile)
 
     def label(self) -> str:
         what = self.part or "layer"
@@ -134,7 +135,8 @@ class Config:
         if self.zero:
             par = f"zero{self.zero} dp{self.dp}" + (f" {par}" if self.tp > 1 else "")
         rc = f" rc={self.recompute}" if not self.part else ""
-        return f"{what} {self.model.name} s{self.seq_len} {par}{rc} mb{self.micro_batch}"
+        return (f"{what} {self.model.name} s{self.seq_len} {par}{rc} mb{self.micro_batch}"
+                + (" compiled" if self.compile else ""))
 
 
 def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[int, bool]]:
@@ -162,16 +164,19 @@ def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
 
 
 def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
-              max_tp: int = 8, micro_batches: Sequence[int] | None = None) -> list[Config]:
+              max_tp: int = 8, micro_batches: Sequence[int] | None = None,
+              compile_rows: Sequence[str] = ()) -> list[Config]:
     """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
-    (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only.
+    (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
+    the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
+    their blocks compiled (timed in the first round only: :func:`bench_layer_rows`).
 
     The order puts what a model's estimates need most first, for every model before the
-    next kind: each model's plain rows and its ends, then each model's FSDP2 rows, then
-    FSDP2's compute alone. A calibration that its ``--time-budget`` stops inside a round
-    (:func:`bench_layer_rows`) then holds the basic rows of every model rather than every
-    row of the first."""
-    phases: list[list[Config]] = [[], [], [], []]
+    next kind: each model's plain rows and its ends, then each model's compiled rows, its
+    FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
+    inside a round (:func:`bench_layer_rows`) then holds the basic rows of every model rather
+    than every row of the first."""
+    phases: list[list[Config]] = [[], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
@@ -192,6 +197,12 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                 for mb in mbs:
                     phases[1].append(Config(model=model, seq_len=seq, tp=tp,
                                             sequence_parallel=sp, micro_batch=mb, part=part))
+        for tp, sp in tpsp:
+            for rc in (r for r in RECOMPUTE if r in compile_rows):
+                for mb in mbs:
+                    phases[2].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb, compile=True))
         # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
         # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
         # composed from tp 1's FSDP increment predicted)
@@ -200,7 +211,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                 for dp in (d for d in range(2, world // tp + 1) if world % (d * tp) == 0):
                     for rc in RECOMPUTE:
                         for mb in mbs[:2]:
-                            phases[2].append(Config(model=model, seq_len=seq, tp=tp,
+                            phases[3].append(Config(model=model, seq_len=seq, tp=tp,
                                                     sequence_parallel=sp, recompute=rc,
                                                     micro_batch=mb, zero=zero, dp=dp))
         # FSDP2's compute alone: ZeRO-2 on a 1-rank mesh runs the executor's bf16 parameters
@@ -211,7 +222,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # docs/benchmarks/accuracy.md)
         for rc in RECOMPUTE if world > 1 else ():
             for mb in mbs:
-                phases[3].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
+                phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
                                         recompute=rc, micro_batch=mb, zero=2, dp=1))
     return [c for phase in phases for c in phase]
 
@@ -351,7 +362,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         wgrad_transient_bytes=float(split_memory[1]),
         wgrad_memory_layers=int(split_memory[2]),
         wgrad_pending_stage_bytes=float(split_memory[3]),
-        wgrad_transient_stage_bytes=float(split_memory[4])))
+        wgrad_transient_stage_bytes=float(split_memory[4]), compile=cfg.compile))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -452,6 +463,9 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
     if cfg.tp > 1:
         apply_tensor_parallel(m, tp_group, sequence_parallel=cfg.sequence_parallel)
     m.activation_dtype = torch.bfloat16 if cuda else None
+    if cfg.compile:
+        for block in m.layers.values():
+            block.compile()        # as ParallelTrainer does for Layout.compile
     if cfg.zero >= 2:
         m = wrap_data_parallel(m, zero=cfg.zero,
                                groups=_DPGroups(groups.dp_mesh(cfg.dp, cfg.tp), cfg.dp),
@@ -615,6 +629,12 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
 
     cuda = device.type == "cuda"
     x, grad, reset, forward, backward = _layer_step(cfg, m, device)
+    if cfg.compile:
+        # a fresh compilation per row, static shapes like the executor's one-setting run,
+        # and no recompile limit reached over the grid (dynamo would fall back to eager);
+        # the compilation happens in _measure's warm-up, outside the timed iterations
+        import torch._dynamo
+        torch._dynamo.reset()
     with _layer_amp(cfg, device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
@@ -626,7 +646,9 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()),
                                device) - _nbytes(x)
         split = (0.0, 0.0, 0.0, 0.0)
-        if cfg.zero == 0:
+        if cfg.compile:
+            pass       # AOTAutograd compiles one backward: no input/weight split to time
+        elif cfg.zero == 0:
             split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
                                      barrier=barrier, queue=queue if split_queued else None,
                                      forward=samples)
@@ -912,8 +934,8 @@ class LayerTables:
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
                      micro_batches: Sequence[int] | None = None, split_queued: bool = False,
-                     rounds: int | None = None, budget: RoundBudget | None = None
-                     ) -> LayerTables:
+                     rounds: int | None = None, budget: RoundBudget | None = None,
+                     compile_rows: Sequence[str] = ()) -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -927,7 +949,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
-                     micro_batches=micro_batches)
+                     micro_batches=micro_batches, compile_rows=compile_rows)
     layers = LAYERS_CUDA if device.type == "cuda" and not quick else LAYERS_CPU
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)
@@ -983,6 +1005,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if idx in skipped:
                 _step(progress, f"{tag}: skipped (out of memory or failed in an earlier round)")
                 continue
+            if cfg.compile and rnd > 0:
+                # compiling each row again costs more than the rounds' median gains (GPU
+                # times repeat within 1 %, docs/calibrate.md): first round only
+                _step(progress, f"{tag}: compiled rows are timed in the first round only")
+                continue
             if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
                 skipped.add(idx)
                 _step(progress,
@@ -990,6 +1017,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
             values, oom, failed = [0.0] * n_values, 0.0, ""
+            t_row = time.perf_counter()
             try:
                 if module is None:
                     module, tp_group = _build(cfg, layers, device, groups)
@@ -1025,6 +1053,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                 + ", skipped")
                 continue
             measured.setdefault(idx, []).append(values)
+            if cfg.compile:   # first round only: not part of a later round's projection
+                first_only_s += time.perf_counter() - t_row
             fc, bc = _cpu_fields(cfg)
             if rnd == 0 and not cfg.part and cfg.zero == 0 and values[5] > 0:
                 # once per row, in the first round: that is the only round sure to run.
@@ -1041,7 +1071,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     deep_mem[idx] = wmem
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA)
-            if not cfg.part and values[bc] > 0 \
+            if not cfg.part and values[bc] > 0 and not cfg.compile \
                     and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
                 cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
                                                    queue, iters=iters, barrier=barrier,

@@ -23,6 +23,7 @@ from meshplan.costmodel import caveats as cav
 from meshplan.costmodel import corrections as corr
 from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
                                               root_reduce_s, zero3_layer)
+from meshplan.costmodel.fp8_cost import fp8_caveats
 from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
@@ -53,9 +54,11 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     tables = parts.tables
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
     stage_row = pipelined_zero2_row(tables, model, job, layout)
+    d_f, d_b, d_w = parts.fp8_delta_s      # fp8's change, for the rows replacing the layer
     if stage_row is not None:
-        k = ratio(stage_row.backward_s, layer_b)
-        layer_f, layer_b, layer_w = stage_row.forward_s, stage_row.backward_s, layer_w * k
+        k = ratio(stage_row.backward_s, layer_b - d_b)
+        layer_f, layer_b = stage_row.forward_s + d_f, stage_row.backward_s + d_b
+        layer_w = (layer_w - d_w) * k + d_w
         measured_split = stage_split(stage_row, *measured_split, k)
     split = split_cpu = None
     if layout.schedule == "zero-bubble" and measured_split[0] is not None:
@@ -95,12 +98,16 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         act_bytes = fsdp_row.activation_bytes
     if fs is not None and not composed:
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
-        z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
-                        z3.total_s)
+        z3 = Zero3Layer(fs.forward_s + d_f - layer_f, fs.backward_s + d_b - layer_b,
+                        z3.wire_bytes, z3.total_s)
+    if parts.fp8 is not None and parts.fp8.weight_cast_step_s:
+        # TransformerEngine casts the weights on a step's first micro-batch (fp8_cost)
+        layer_f += parts.fp8.weight_cast_step_s / layout.num_microbatches(job.global_batch)
     return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, zb_w_passes=passes,
                 z3=z3, fsdp=fsdp, fs=fs,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
-                act_bytes=act_bytes, layer_params=layer_params)
+                act_bytes=act_bytes, layer_params=layer_params,
+                compiled=parts.compiled and fs is None and stage_row is None)
 
 
 def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict) -> dict:
@@ -198,8 +205,9 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     recv = tuple(a + b for a, b in zip(
         pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight),
         pipeline_kept_outputs(job, layout, model.hidden_size, inflight)))
+    f8 = parts.fp8
     base_buf = ((2 * parts.p2p_bytes if pp > 1 and not recv else 0.0) + dp_buf + gathered
-                + parts.backward_buf_bytes)
+                + parts.backward_buf_bytes + (f8.working_bytes if f8 is not None else 0.0))
     emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
     first_extra = (sum(state_bytes_at_peak(first_params, job, layout.zero, dp, pp))
@@ -248,7 +256,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         layer_state_bytes=(sum(state_bytes_at_peak(layer_params, job, layout.zero, dp, pp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
-                                                **copy_kw)),
+                                                **copy_kw)
+                           + (f8.cached_weight_bytes if f8 is not None else 0.0)),
         layer_activation_bytes=lt["act_bytes"], buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
@@ -276,7 +285,9 @@ def table_caveats(job: Job, layout: Layout, lt: dict, parts: LayerParts) -> tupl
              else ())
             + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp_dp_only(job, layout) else ())
-            + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ()))
+            + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
+            + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
+            + fp8_caveats(parts.fp8, job))
 
 
 def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

@@ -140,23 +140,38 @@ def megatron_gathers_for_wgrad(job: Job) -> bool:
     return job.runtime != "torch"
 
 
+def sixteen_bit_precision(job: Job) -> str:
+    """The precision of the GEMMs fp8 training leaves in 16 bits (attention, the logits) and
+    of the layer priced before :mod:`meshplan.costmodel.fp8_cost` moves its linears to fp8:
+    bf16 for ``precision="fp8"``, the job's own otherwise."""
+    return "bf16" if job.precision == "fp8" else job.precision
+
+
+def linear_shapes(model: ModelSpec, job: Job, micro_batch: int, tp: int
+                  ) -> tuple[tuple[tuple[float, float, float], str], ...]:
+    """The four linears of a layer as ((m, k, n) tensor-parallel shard, "column" | "row"):
+    QKV and MLP up (+ gate) column-parallel, attention output and MLP down row-parallel
+    (Shoeybi et al. 2019 §3); each GEMM is 2·m·k·n FLOPs."""
+    tokens = job.seq_len * micro_batch
+    h, f, t = model.hidden_size, model.ffn_hidden_size, tp
+    return (((tokens, h, (model.q_dim + 2 * model.kv_dim) / t), "column"),    # QKV
+            ((tokens, model.q_dim / t, h), "row"),                            # attention out
+            ((tokens, h, model.ffn_matrices * f / t), "column"),              # MLP up (+ gate)
+            ((tokens, f / t, h), "row"))                                      # MLP down
+
+
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
                sequence_parallel: bool, recompute: str, tp_link: GroupLink) -> LayerCost:
     """Forward and backward time of one transformer layer on one GPU for one micro-batch."""
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
     tokens = s * b
     f = model.ffn_hidden_size
 
     # GEMMs, tensor-parallel shards: (m, k, n) -> 2mkn FLOPs each.
-    shapes = (
-        (tokens, h, (model.q_dim + 2 * model.kv_dim) / t),   # QKV (column parallel)
-        (tokens, model.q_dim / t, h),                         # attention output (row parallel)
-        (tokens, h, model.ffn_matrices * f / t),              # MLP up (+ gate)
-        (tokens, f / t, h),                                   # MLP down (row parallel)
-    )
+    shapes = tuple(shape for shape, _ in linear_shapes(model, job, micro_batch, tp))
     fwd_gemm = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in shapes)
 
     # Attention core.
@@ -248,7 +263,7 @@ def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: in
     input-gradient GEMM), else its gradient is all-reduced in backward.
     """
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     tokens = job.seq_len * micro_batch
     h = model.hidden_size

@@ -23,6 +23,7 @@ from functools import lru_cache
 from meshplan.costmodel import comm
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
                                         logits_cost)
+from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
 from meshplan.costmodel.measured import Interpolated
 from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
                                        logits_bytes)
@@ -67,14 +68,29 @@ class LayerParts:
     # zero-bubble with full recomputation: the measured row holding the (pending,
     # W transient) bytes per layer (measured.wgrad_bytes_at gives them at a stage's depth)
     wgrad_measured: Interpolated | None = None
+    # Layout.compile asked for: whether the layer came from a compiled measured row (False:
+    # priced as eager, which the estimate's caveats say)
+    compiled: bool = False
+    # precision "fp8": what the linears' fp8 GEMMs and casts changed in ``layer`` (already
+    # applied) and the per-step and memory terms the layout adds (meshplan.costmodel.fp8_cost)
+    fp8: Fp8Layer | None = None
+    # the fp8 change of a layer's (forward, backward, weight-gradient) seconds, for rows that
+    # replace ``layer`` later (FSDP2 rows, a pipelined ZeRO-2 stage's): (0, 0, 0) without fp8
+    fp8_delta_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 @lru_cache(maxsize=8192)
 def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
-                sequence_parallel: bool, recompute: str, tp_link, pp_link) -> LayerParts:
+                sequence_parallel: bool, recompute: str, tp_link, pp_link,
+                compile: bool = False, fsdp: bool = False) -> LayerParts:
     """Analytical pieces (compute.py, memory.py), replaced by the profile's measured layer
     and ends where it has them (:mod:`meshplan.costmodel.measured`): the measured time is
-    split over the analytical categories in their proportions, so breakdowns stay readable."""
+    split over the analytical categories in their proportions, so breakdowns stay readable.
+
+    ``compile`` (Layout.compile): the profile's compiled layer rows where it has them (the
+    executor compiles the blocks, not the ends), else the eager ones. ``fsdp``: ZeRO-2/3 over
+    dp > 1 (fp8 casts read FSDP2's bf16 weights). An fp8 job's layer is priced as bf16,
+    then moved to fp8 (:mod:`meshplan.costmodel.fp8_cost`)."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, tp_link=tp_link)
@@ -101,9 +117,13 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     full_act = acts.full_bytes
     tables = tables_for(model, cluster, job, tp_link)
     transferred = ""
+    compiled = False
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
-        ml = tables.layer(model, recompute=recompute, **kw)
+        ml = tables.layer(model, recompute=recompute, compile=True, **kw) if compile else None
+        compiled = ml is not None
+        if ml is None:
+            ml = tables.layer(model, recompute=recompute, **kw)
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
@@ -125,7 +145,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
             logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
             measured.append("output")
-        plain = ml if recompute == "none" else tables.layer(model, recompute="none", **kw)
+        plain = ml if recompute == "none" else (
+            compiled and tables.layer(model, recompute="none", compile=True, **kw)
+            or tables.layer(model, recompute="none", **kw))
         if plain is not None:
             full_act = plain.activation_bytes
         if ml is not None and me is not None and mo is not None and all(
@@ -133,12 +155,22 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
                    mo.forward_cpu_s, mo.backward_cpu_s)
             cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
+    f8, delta = None, (0.0, 0.0, 0.0)
+    if job.precision == "fp8":
+        f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                       recompute=recompute, compile=compile, fsdp=fsdp, tp_link=tp_link)
+        moved = f8.apply(layer, recompute)
+        delta = (moved.forward.total_s - layer.forward.total_s,
+                 moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
+        layer = moved
+        act_b = max(0.0, act_b + f8.activation_delta_bytes)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
-                      wgrad_measured=wgrad, tables=tables, transferred_from=transferred)
+                      wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
+                      tables=tables, transferred_from=transferred)
 
 
 def ratio(measured_s: float, analytical_s: float) -> float:

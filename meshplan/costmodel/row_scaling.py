@@ -137,6 +137,8 @@ def scaled_row(row: Interpolated, k: Ratios, cpu: tuple[float, float]) -> Interp
 def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
     out: dict[tuple, set] = {}
     for r in tables.layers:
+        if r.compile:
+            continue
         out.setdefault((r.tp, r.sequence_parallel, r.recompute, r.zero,
                         r.dp if r.zero >= 2 else 1), set()).add((r.shape, r.seq_len))
     return {k: tuple(sorted(v)) for k, v in out.items()}
@@ -146,6 +148,8 @@ def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], .
 def layer_micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
     out: dict[tuple, set] = {}
     for r in tables.layers:
+        if r.compile:
+            continue
         out.setdefault((r.shape, r.seq_len, r.tp, r.sequence_parallel, r.recompute, r.zero,
                         r.dp if r.zero >= 2 else 1), set()).add(r.micro_batch)
     return {k: tuple(sorted(v)) for k, v in out.items()}

@@ -128,11 +128,14 @@ class MeasuredLayer:
     wgrad_memory_layers: int = 0
     wgrad_pending_stage_bytes: float = 0.0
     wgrad_transient_stage_bytes: float = 0.0
+    # timed with every block torch.compile'd, as the executor runs Layout.compile (`meshplan
+    # calibrate --compile-rows`; compile time kept out of the timed iterations)
+    compile: bool = False
 
     @property
     def group(self) -> tuple:
         return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
-                self.zero, self.dp if self.zero >= 2 else 1)
+                self.zero, self.dp if self.zero >= 2 else 1, self.compile)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,16 +302,22 @@ class MeasuredTables:
         return hash((len(self.layers), len(self.ends)))
 
     def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
-              recompute: str, micro_batch: int, zero: int = 0, dp: int = 1
-              ) -> Interpolated | None:
+              recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
+              compile: bool = False) -> Interpolated | None:
         """The measured layer for these settings, or None (no row: use the analytical model).
 
         ``zero`` 2/3 with ``dp`` > 1 look for FSDP2 rows of that group size; ZeRO-0/1 (and
-        ZeRO-2/3 with dp = 1) use the plain rows.
+        ZeRO-2/3 with dp = 1) use the plain rows. ``compile``: the rows timed compiled.
         """
         fsdp = zero >= 2 and dp > 1
         return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
-                               zero if fsdp else 0, dp if fsdp else 1)
+                               zero if fsdp else 0, dp if fsdp else 1, compile)
+
+    @property
+    def has_compiled(self) -> bool:
+        """Whether any layer row was timed compiled (the planner searches Layout.compile
+        only then)."""
+        return any(r.compile for r in self.layers)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
@@ -320,11 +329,11 @@ class MeasuredTables:
                                2, 1)
 
     def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
-                   recompute: str, micro_batch: int, zero: int, dp: int
-                   ) -> Interpolated | None:
+                   recompute: str, micro_batch: int, zero: int, dp: int,
+                   compile: bool = False) -> Interpolated | None:
         """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero, dp)
+               recompute, zero, dp, bool(compile))
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
 
@@ -410,6 +419,8 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)):
             raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
+    if not isinstance(getattr(r, "compile", False), bool):
+        raise ProfileError(f"{where}: compile must be true or false, got {r.compile!r}")
     for k in ("split_layers", "wgrad_memory_layers"):
         v = getattr(r, k, 0)
         if not isinstance(v, int) or v < 0:

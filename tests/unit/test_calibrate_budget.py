@@ -19,10 +19,7 @@ from meshplan.calibrate.budget import AFTER_LAYERS_ALLOWANCE_S, RoundBudget, nex
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.errors import ConfigError
 
-TINY = {"name": "tiny-llama", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
-        "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "max_seq_len": 32,
-        "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
-        "tied_embeddings": False, "bias": False}
+from conftest import TINY_LLAMA as TINY
 
 
 # ---- the decision (pure) ---------------------------------------------------------------------
@@ -220,17 +217,10 @@ def test_ranks_agree_on_the_next_round(tmp_path):
 
 
 @pytest.mark.distributed
-def test_two_rank_calibration_runs_the_rounds_the_budget_allows(tmp_path):
+def test_two_rank_calibration_runs_the_rounds_the_budget_allows(two_rank_profile):
     """The real loop on two gloo ranks (torchrun): the agreed decision lets round 2 run, and
     its collectives line up on both ranks (a disagreement would hang here, not pass)."""
-    import os
-    root = Path(__file__).parents[2]
-    env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{root}{os.pathsep}{env_path}"
-    try:
-        doc = _calibrate(tmp_path, "--nproc", "2", "--rounds", "2", "--time-budget", "100000")
-    finally:
-        os.environ["PYTHONPATH"] = env_path
+    doc = two_rank_profile
     assert doc["provenance"]["world_size"] == 2
     assert doc["provenance"]["layer_rounds"] == 2
     assert doc["provenance"]["time_budget_s"] == 100000.0
