@@ -1132,6 +1132,14 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
 
 
+def _agreed(budget: RoundBudget, last_s: float, device, world: int):
+    """(the budget's decision on one more piece taking ``last_s``, elapsed, last) from the
+    largest elapsed and last times over ranks, so that every rank decides alike."""
+    elapsed_s, last_s = _reduce([budget.elapsed_s(), last_s], [0, 1], device, world)
+    return (next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
+                       allowance_s=budget.allowance_s), elapsed_s, last_s)
+
+
 def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, progress,
                       tag: str) -> bool:
     """Before the next row of a round: whether it, taking as long as the row just measured
@@ -1141,9 +1149,7 @@ def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, pro
     of two 2.3-2.7 B models ran its first round 40 s past ``--time-budget 463`` and was
     killed, writing nothing; docs/benchmarks/transfer.md). Collective, like
     :func:`_budget_stops`: all ranks decide from the largest elapsed and row times."""
-    elapsed_s, last_s = _reduce([budget.elapsed_s(), row_s], [0, 1], device, world)
-    decision = next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
-                          allowance_s=budget.allowance_s)
+    decision, _, last_s = _agreed(budget, row_s, device, world)
     if decision.run:
         return False
     _note(progress, f"{tag} and the rows after it skipped: projected "
@@ -1160,17 +1166,13 @@ def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, d
     Collective: every rank must call it; all decide from the largest elapsed and round
     times over ranks, so they agree (ranks that disagreed would deadlock in the next
     round's collectives)."""
-    elapsed_s, last_s = _reduce([budget.elapsed_s(), round_s], [0, 1], device, world)
+    decision, elapsed_s, last_s = _agreed(budget, round_s, device, world)
     if done == 1 and elapsed_s + budget.allowance_s > budget.budget_s:
         _note(progress, f"round 1 ended {elapsed_s:.0f} s into the calibration: with "
                         f"~{budget.allowance_s:.0f} s still to come it overruns --time-budget "
                         f"{budget.budget_s:g} s (kept: a profile from one round is better "
                         f"than none)")
-    if done >= rounds:
-        return False
-    decision = next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
-                          allowance_s=budget.allowance_s)
-    if decision.run:
+    if done >= rounds or decision.run:
         return False
     _note(progress, f"round {done + 1} skipped: projected {decision.projected_end_s:.0f} s > "
                     f"--time-budget {budget.budget_s:g} s (round {done} took {last_s:.0f} s,"

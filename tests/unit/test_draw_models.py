@@ -85,14 +85,20 @@ def test_set_is_seeded_models_and_files_agree():
         assert [x["name"] for x in listed] == [x["name"] for x in m["layouts"]]
 
 
-def test_set_covers_the_protocol():
+def _covered(entries) -> list[Layout]:
+    """The entries' layouts, asserting the protocol's coverage."""
     layouts = [Layout.from_dict({k: v for k, v in x.items()
                                  if k != "name" and not k.startswith("screen_")})
-               for _, x in ENTRIES]
+               for _, x in entries]
     assert {l.schedule for l in layouts} == set(SCHEDULES)
     assert {l.zero for l in layouts} == {0, 1, 2, 3}
     assert {l.recompute for l in layouts} == set(RECOMPUTE)
     assert any(l.sequence_parallel for l in layouts)
+    return layouts
+
+
+def test_set_covers_the_protocol():
+    layouts = _covered(ENTRIES)
     assert all(l.dp * l.pp * l.tp == 4 for l in layouts)
     assert len({(l.dp, l.pp, l.tp) for l in layouts}) >= 4
 
@@ -140,13 +146,7 @@ def test_set37_is_seeded_with_its_round_plan():
 
 
 def test_set37_covers_the_protocol_and_was_never_run():
-    layouts = [Layout.from_dict({k: v for k, v in x.items()
-                                 if k != "name" and not k.startswith("screen_")})
-               for _, x in ENTRIES37]
-    assert {l.schedule for l in layouts} == set(SCHEDULES)
-    assert {l.zero for l in layouts} == {0, 1, 2, 3}
-    assert {l.recompute for l in layouts} == set(RECOMPUTE)
-    assert any(l.sequence_parallel for l in layouts)
+    _covered(ENTRIES37)
     known = dm.known_shapes(except_set="transfer37")
     assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC37["models"]} & known
     # screened GPU-bound with room on calibrated rows (not round 36's proxy)
