@@ -169,8 +169,14 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
     (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
     the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
-    their blocks compiled (timed in the first round only: :func:`bench_layer_rows`)."""
-    out: list[Config] = []
+    their blocks compiled (timed in the first round only: :func:`bench_layer_rows`).
+
+    The order puts what a model's estimates need most first, for every model before the
+    next kind: each model's plain rows and its ends, then each model's compiled rows, its
+    FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
+    inside a round (:func:`bench_layer_rows`) then holds the basic rows of every model rather
+    than every row of the first."""
+    phases: list[list[Config]] = [[], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
@@ -181,13 +187,22 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         for tp, sp in tpsp:
             for rc in RECOMPUTE:
                 for mb in mbs:
-                    out.append(Config(model=model, seq_len=seq, tp=tp, sequence_parallel=sp,
-                                      recompute=rc, micro_batch=mb))
+                    phases[0].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb))
+        for part in ("embedding", "output"):
+            for tp, sp in tpsp:
+                if model.vocab_size % tp:
+                    continue   # apply_tensor_parallel splits the vocabulary over tp
+                for mb in mbs:
+                    phases[1].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, micro_batch=mb, part=part))
         for tp, sp in tpsp:
             for rc in (r for r in RECOMPUTE if r in compile_rows):
                 for mb in mbs:
-                    out.append(Config(model=model, seq_len=seq, tp=tp, sequence_parallel=sp,
-                                      recompute=rc, micro_batch=mb, compile=True))
+                    phases[2].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb, compile=True))
         # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
         # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
         # composed from tp 1's FSDP increment predicted)
@@ -196,9 +211,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                 for dp in (d for d in range(2, world // tp + 1) if world % (d * tp) == 0):
                     for rc in RECOMPUTE:
                         for mb in mbs[:2]:
-                            out.append(Config(model=model, seq_len=seq, tp=tp,
-                                              sequence_parallel=sp, recompute=rc,
-                                              micro_batch=mb, zero=zero, dp=dp))
+                            phases[3].append(Config(model=model, seq_len=seq, tp=tp,
+                                                    sequence_parallel=sp, recompute=rc,
+                                                    micro_batch=mb, zero=zero, dp=dp))
         # FSDP2's compute alone: ZeRO-2 on a 1-rank mesh runs the executor's bf16 parameters
         # without autocast and without gather or reduce-scatter. A pipeline's ZeRO-2 stage
         # gathers once per step, so its layers run at this speed: not the plain rows'
@@ -207,16 +222,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # docs/benchmarks/accuracy.md)
         for rc in RECOMPUTE if world > 1 else ():
             for mb in mbs:
-                out.append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
-                                  recompute=rc, micro_batch=mb, zero=2, dp=1))
-        for part in ("embedding", "output"):
-            for tp, sp in tpsp:
-                if model.vocab_size % tp:
-                    continue   # apply_tensor_parallel splits the vocabulary over tp
-                for mb in mbs:
-                    out.append(Config(model=model, seq_len=seq, tp=tp, sequence_parallel=sp,
-                                      micro_batch=mb, part=part))
-    return out
+                phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
+                                        recompute=rc, micro_batch=mb, zero=2, dp=1))
+    return [c for phase in phases for c in phase]
 
 
 # ---- per-row arithmetic (pure; unit-tested) --------------------------------------------------
@@ -972,8 +980,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     if budget is not None and spent_s + budget.allowance_s > budget.budget_s:
         # a note only (rank 0's view): nothing is decided from it
         _note(progress, f"--time-budget {budget.budget_s:g} s is spent before the layer "
-                        f"tables ({spent_s:.0f} s elapsed): round 1 runs anyway (a profile "
-                        f"from one round is better than none)")
+                        f"tables ({spent_s:.0f} s elapsed): no layer row fits; the profile "
+                        f"is written without them")
     deep_key, deep_module = None, None
     ran = 0
     for rnd in range(rounds):
@@ -981,8 +989,15 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         first_only_s = 0.0   # the deep split, which later rounds do not repeat
         built_key, module, tp_group = None, None, None
         oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
+        t_row, stopped_at = None, None
         for idx, cfg in enumerate(grid):
             tag = f"round {rnd + 1}: {cfg.label()}"
+            if budget is not None and _row_budget_stops(
+                    budget, time.perf_counter() - t_row if t_row is not None else 0.0,
+                    device, world, progress, tag):
+                stopped_at = idx
+                break
+            t_row = time.perf_counter()
             if cfg.build_key != built_key:
                 module = tp_group = None
                 _free(device)
@@ -1078,7 +1093,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         module = tp_group = deep_module = cpu_module = None
         cpu_key = None
         _free(device)
-        ran = rnd + 1
+        ran = rnd + 1 if stopped_at != 0 else rnd   # a round stopped before its first row
+        if stopped_at is not None:
+            if progress is not None:   # keep [done/total] honest
+                progress.drop(len(grid) - stopped_at + len(grid) * (rounds - ran))
+            break
         if budget is not None and _budget_stops(
                 ran, rounds, budget, time.perf_counter() - t_round - first_only_s, device,
                 world, progress):
@@ -1113,6 +1132,33 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
 
 
+def _agreed(budget: RoundBudget, last_s: float, device, world: int):
+    """(the budget's decision on one more piece taking ``last_s``, elapsed, last) from the
+    largest elapsed and last times over ranks, so that every rank decides alike."""
+    elapsed_s, last_s = _reduce([budget.elapsed_s(), last_s], [0, 1], device, world)
+    return (next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
+                       allowance_s=budget.allowance_s), elapsed_s, last_s)
+
+
+def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, progress,
+                      tag: str) -> bool:
+    """Before the next row of a round: whether it, taking as long as the row just measured
+    (``row_s``, with what that row measured beside it), would end past ``budget`` with what
+    still follows the layer tables. Then the round stops there, the first one too: its rows
+    so far are kept and the profile is written within the budget (round 36's calibration
+    of two 2.3-2.7 B models ran its first round 40 s past ``--time-budget 463`` and was
+    killed, writing nothing; docs/benchmarks/transfer.md). Collective, like
+    :func:`_budget_stops`: all ranks decide from the largest elapsed and row times."""
+    decision, _, last_s = _agreed(budget, row_s, device, world)
+    if decision.run:
+        return False
+    _note(progress, f"{tag} and the rows after it skipped: projected "
+                    f"{decision.projected_end_s:.0f} s > --time-budget {budget.budget_s:g} s "
+                    f"(the last row took {last_s:.1f} s, ~{budget.allowance_s:.0f} s to come "
+                    f"after the layer tables); the rows measured so far are kept")
+    return True
+
+
 def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, device,
                   world: int, progress) -> bool:
     """After ``done`` of at most ``rounds`` layer rounds, the last of which took ``round_s``
@@ -1120,17 +1166,13 @@ def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, d
     Collective: every rank must call it; all decide from the largest elapsed and round
     times over ranks, so they agree (ranks that disagreed would deadlock in the next
     round's collectives)."""
-    elapsed_s, last_s = _reduce([budget.elapsed_s(), round_s], [0, 1], device, world)
+    decision, elapsed_s, last_s = _agreed(budget, round_s, device, world)
     if done == 1 and elapsed_s + budget.allowance_s > budget.budget_s:
         _note(progress, f"round 1 ended {elapsed_s:.0f} s into the calibration: with "
                         f"~{budget.allowance_s:.0f} s still to come it overruns --time-budget "
                         f"{budget.budget_s:g} s (kept: a profile from one round is better "
                         f"than none)")
-    if done >= rounds:
-        return False
-    decision = next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
-                          allowance_s=budget.allowance_s)
-    if decision.run:
+    if done >= rounds or decision.run:
         return False
     _note(progress, f"round {done + 1} skipped: projected {decision.projected_end_s:.0f} s > "
                     f"--time-budget {budget.budget_s:g} s (round {done} took {last_s:.0f} s,"

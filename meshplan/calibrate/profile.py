@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from meshplan.calibrate import fp8_profile as fp8p
 from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR
 from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.calibrated import membound_op_efficiency
 from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
 from meshplan.hardware_profiles.corrections import builtin_corrections
 from meshplan.hardware_profiles.curve import Curve
@@ -132,6 +133,7 @@ def _median(xs: Sequence[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+
 def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
                   base: GPUSpec | None, device: str, provenance: Mapping[str, Any],
                   cpu_peak_tflops: float | None = None, cpu_memory_gbps: float | None = None,
@@ -194,6 +196,10 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         eff = sum(r["model_bytes"] for r in mb) / sum(r["seconds"] for r in mb) / 1e9 / hbm_gbps
         gpu["hbm_efficiency"] = min(MAX_EFFICIENCY, eff)
         measured.append("hbm_efficiency")
+        ops = membound_op_efficiency(mb, MAX_EFFICIENCY)
+        if ops:
+            gpu["membound_efficiency"] = ops
+            measured.append("membound_efficiency")
 
     cluster: dict[str, Any] = {}
     lat_rows = rows.get("latency", [])

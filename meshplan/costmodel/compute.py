@@ -88,8 +88,12 @@ def gemm_s(gpu: GPUSpec, peak_flops: float, flops: float) -> float:
     return flops / (peak_flops * gpu.gemm_efficiency(flops))
 
 
-def hbm_s(gpu: GPUSpec, nbytes: float) -> float:
-    return nbytes / (gpu.hbm_gbps * 1e9 * gpu.hbm_efficiency)
+def hbm_s(gpu: GPUSpec, nbytes: float, op: str = "") -> float:
+    """Seconds to move ``nbytes`` at the HBM efficiency of memory-bound ``op`` (the
+    profile's measured one for the executor's norms, residual adds and activations, else
+    its pooled ``hbm_efficiency``)."""
+    eff = gpu.op_hbm_efficiency(op) if op else gpu.hbm_efficiency
+    return nbytes / (gpu.hbm_gbps * 1e9 * eff)
 
 
 @dataclass(frozen=True)
@@ -214,20 +218,24 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         per = heads * s * s * b                              # score elements per GPU
         softmax_bytes = per * e * 2 + (per * (e * 2 + 1) if model.dropout else 0)
 
-    # Memory-bound traffic of the forward pass, in bytes.
+    # Memory-bound traffic of the forward pass, in bytes, each op at its own measured
+    # efficiency where the profile has one (the executor's unfused fp32 RMSNorm ran at a
+    # sixth of LayerNorm's bandwidth on 4 x H200; calibrate/profile.py)
     seq_shard = t if sequence_parallel else 1
     hidden_elems = tokens * h / seq_shard
-    mb_fwd = hidden_elems * e * (4 + 6)                      # two norms, two residual adds
+    other = 0.0
     if model.dropout:
-        mb_fwd += hidden_elems * (2 * e + 1) * 2             # two residual dropouts
+        other += hidden_elems * (2 * e + 1) * 2              # two residual dropouts
     act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
-    mb_fwd += (act_in + tokens * f / t) * e                  # activation function
     if model.position_embedding == "rope" and model.is_mla:
-        mb_fwd += 2 * tokens * mla.rope_elements(model, t) * e
+        other += 2 * tokens * mla.rope_elements(model, t) * e
     elif model.position_embedding == "rope":
-        mb_fwd += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
-    mb_fwd += softmax_bytes
-    fwd_mb = hbm_s(gpu, mb_fwd)
+        other += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
+    other += softmax_bytes
+    fwd_mb = (hbm_s(gpu, hidden_elems * e * 4, model.norm)             # two norms
+              + hbm_s(gpu, hidden_elems * e * 6, "residual-add")      # two residual adds
+              + hbm_s(gpu, (act_in + tokens * f / t) * e, model.activation)
+              + hbm_s(gpu, other))
     bwd_mb = 2 * fwd_mb
 
     # Tensor-parallel collectives: attention's and the MLP's, per pass.

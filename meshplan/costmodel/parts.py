@@ -6,7 +6,10 @@ activations and working memory, :mod:`meshplan.costmodel.memory`), and the activ
 between pipeline stages (Narayanan et al. 2021 §4.1: scattered over tp). Where the GPU
 profile has measured rows (``meshplan calibrate --model``, :mod:`meshplan.costmodel.
 measured`) they replace the analytical time and bytes; the measured time is split over the
-analytical categories in their proportions, so breakdowns stay readable.
+analytical categories in their proportions, so breakdowns stay readable. A shape the profile
+did not time reads the nearest timed shape's rows, scaled (:mod:`meshplan.costmodel.
+nearest_rows`). Under runtime "torch" the analytical bytes are the executor's own tensors
+(:mod:`meshplan.costmodel.torch_activations`), Megatron's Table 2 otherwise.
 
 Measured error: on their own profiles the measured sets re-predict at 2.23 % mean absolute
 step-time error over the 267 layouts with CPU below GPU (benchmarks/repredict_sets.py).
@@ -24,7 +27,10 @@ from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
 from meshplan.costmodel.measured import Interpolated
 from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
                                        logits_bytes)
+from meshplan.costmodel.nearest_rows import TransferredTables, tables_for
 from meshplan.costmodel.runtime import fsdp_accumulates_unsharded
+from meshplan.costmodel.torch_activations import (torch_backward_work, torch_layer_activations,
+                                                  torch_output_bytes)
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -48,7 +54,12 @@ class LayerParts:
     split_backward: tuple[float, float] | None = None  # measured zero-bubble B, W of a layer
     # measured CPU dispatch seconds (layer f, b, embedding f, b, output f, b); None: unknown
     cpu: tuple[float, ...] | None = None
-    full_act_bytes: float = 0.0   # one layer's activations without recomputation
+    full_act_bytes: float = 0.0
+    # the measured tables this layout reads (the profile's, or its rows of the nearest timed
+    # shape scaled to this one: nearest_rows.TransferredTables) and, where the layer's row
+    # was so transferred, the shape it came from
+    tables: object = None
+    transferred_from: str = ""   # one layer's activations without recomputation
     split_depth: tuple[float, float, float] | None = None  # split_backward's growth with depth
     split_cpu: tuple[float, float] | None = None  # its B, W CPU dispatch (then B, W: GPU-busy)
     # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
@@ -89,17 +100,25 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                          tp_link=tp_link)
     logit = logits_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                         tp_link=tp_link)
-    acts = layer_activations(model, job, mb, tp, sp, mlp_width)
     e = activation_bytes_per_element(job)
+    if job.runtime == "torch":
+        # meshplan's executor, tensor by tensor (torch_activations); Megatron's fused layer
+        # (Korthikanti et al. 2022 Table 2) otherwise
+        acts = torch_layer_activations(model, job, mb, tp, sp, mlp_width=mlp_width)
+        bwd_buf = torch_backward_work(model, job, mb, tp, sp, recompute, mlp_width=mlp_width)
+        logit_b, out_peak = torch_output_bytes(model, job, mb, tp)
+    else:
+        acts = layer_activations(model, job, mb, tp, sp, mlp_width)
+        bwd_buf = acts.full_bytes if recompute != "none" else 0.0
+        logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     act_b = acts.stored(recompute)
-    bwd_buf = acts.full_bytes if recompute != "none" else 0.0
     emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
-    logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
     split = split_depth = split_cpu = wgrad = None
     cpu, cpu_fixed = None, (0.0, 0.0)
     full_act = acts.full_bytes
-    tables = cluster.gpu.measured
+    tables = tables_for(model, cluster, job, tp_link)
+    transferred = ""
     compiled = False
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
@@ -114,6 +133,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             if recompute == "full" and ml.wgrad_transient_bytes > 0:
                 wgrad = ml
             measured.append("layer")
+            if isinstance(tables, TransferredTables):
+                transferred = tables.source_for(tp=tp, sequence_parallel=sp,
+                                                recompute=recompute).label
         me = tables.end(model, "embedding", **kw)
         if me is not None:
             emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
@@ -150,7 +172,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
-                      wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta)
+                      wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
+                      tables=tables, transferred_from=transferred)
 
 
 def ratio(measured_s: float, analytical_s: float) -> float:

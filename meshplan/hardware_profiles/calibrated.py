@@ -26,7 +26,7 @@ import re
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.cluster import Cluster
@@ -44,8 +44,8 @@ READABLE_VERSIONS = (1, 2)
 _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
-             "overlap_interference", "fp8_gemm_efficiency", *FP8_CAST_KEYS,
-             "fp8_torch_recipes", "grouped_gemm_efficiency")
+             "overlap_interference", "membound_efficiency", "fp8_gemm_efficiency",
+             *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +191,26 @@ def bound_split_cpu(row: Any) -> Any:
     return out
 
 
+MEMBOUND_OPS = ("layernorm", "rmsnorm", "residual-add", "gelu", "swiglu")
+
+
+def membound_op_efficiency(rows: Iterable[Mapping[str, Any]], cap: float = 1.0
+                           ) -> dict[str, float]:
+    """Each executor memory-bound op's own efficiency from its benchmark row (bytes as the
+    cost model counts them over its time and the datasheet bandwidth, at most ``cap``): the
+    cost model prices a layer's norms, residual adds and activation each at its own (:meth:`meshplan.hardware_profiles.gpu.GPUSpec.
+    op_hbm_efficiency`). The pooled ``hbm_efficiency`` averages them: on 4 × H200 (round
+    26) it was 0.26 where LayerNorm ran at 0.35, GELU 0.69 and the residual add 0.87 but the
+    executor's fp32 RMSNorm at 0.058 and SwiGLU at 0.24, so it over-priced GPT-style layers
+    and under-priced Llama-style ones. Profiles written before the table existed carry the rows
+    only in ``[[measurements.membound]]``: :func:`load_profile` derives it from them."""
+    out = {}
+    for r in rows:
+        if r.get("op") in MEMBOUND_OPS and r.get("seconds", 0) > 0 and "efficiency" in r:
+            out[str(r["op"])] = min(cap, float(r["efficiency"]))
+    return out
+
+
 def with_base_fp8(gpu: GPUSpec, base: str | None) -> GPUSpec:
     """``gpu`` with the fp8 keys its profile lacks taken from the built-in base GPU.
 
@@ -228,8 +248,13 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     gwhere = f"{where} [gpu]"
     name = get(g, "name", str, gwhere)
     base = get(g, "base", str, gwhere, "") or None
-    gpu = with_base_fp8(gpu_from_table(name, {k: g[k] for k in _GPU_KEYS if k in g}, gwhere),
-                        base)
+    table = {k: g[k] for k in _GPU_KEYS if k in g}
+    if "membound_efficiency" not in table:
+        rows = doc.get("measurements", {}).get("membound", [])
+        ops = membound_op_efficiency(r for r in rows if isinstance(r, dict))
+        if ops:
+            table["membound_efficiency"] = ops
+    gpu = with_base_fp8(gpu_from_table(name, table, gwhere), base)
     for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
               "overlap_interference"):
         if getattr(gpu, k) < 0:
@@ -286,5 +311,5 @@ def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False)
     return replace(cluster, **changes)
 
 
-__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "SCHEMA", "VERSION",
-           "READABLE_VERSIONS"]
+__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "membound_op_efficiency",
+           "SCHEMA", "VERSION", "READABLE_VERSIONS"]

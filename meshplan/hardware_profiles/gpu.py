@@ -47,6 +47,10 @@ class GPUSpec:
     # fraction of communication hidden behind compute that still costs time (see
     # DEFAULT_OVERLAP_INTERFERENCE)
     overlap_interference: float = DEFAULT_OVERLAP_INTERFERENCE
+    # measured HBM efficiency of each memory-bound op of the executor ("layernorm",
+    # "rmsnorm", "residual-add", "gelu", "swiglu"; bytes as the cost model counts them):
+    # an op missing here runs at hbm_efficiency (all of them on a datasheet profile)
+    membound_efficiency: Mapping[str, float] = field(default_factory=dict)
     measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
     # efficiency of one expert's GEMM inside a grouped GEMM (MoE), by that GEMM's FLOPs; None:
     # the dense GEMM curve at the per-expert shape (meshplan.costmodel.moe_layer)
@@ -77,6 +81,11 @@ class GPUSpec:
         return (self.to_dict() == other.to_dict() and self.measured is other.measured
                 and self.corrections == other.corrections)
 
+    def op_hbm_efficiency(self, op: str) -> float:
+        """The HBM efficiency of memory-bound op ``op`` (:attr:`membound_efficiency`, else
+        the pooled :attr:`hbm_efficiency`)."""
+        return float(self.membound_efficiency.get(op, self.hbm_efficiency))
+
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs;
         ``"fp8"``: the fp8 tensor-core peak, which only the fp8 GEMMs run at)."""
@@ -105,6 +114,8 @@ class GPUSpec:
             "pipeline_action_s": self.pipeline_action_s,
             "optimizer_gbps": self.optimizer_gbps,
             "overlap_interference": self.overlap_interference,
+            **({"membound_efficiency": dict(self.membound_efficiency)}
+               if self.membound_efficiency else {}),
             # fp8 keys only where the GPU has them (older plan files and GPUs without fp8)
             **({"fp8_gemm_efficiency": self.fp8_gemm_efficiency.to_list()}
                if self.fp8_gemm_efficiency is not None else {}),

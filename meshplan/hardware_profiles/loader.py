@@ -91,8 +91,14 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
     hbm_eff = get(t, "hbm_efficiency", _NUM, where)
     if not 0 < hbm_eff <= 1:
         raise ProfileError(f"{where}: hbm_efficiency must be in (0, 1], got {hbm_eff!r}")
+    ops = get(t, "membound_efficiency", dict, where, {})
+    for k, v in ops.items():
+        if isinstance(v, bool) or not isinstance(v, _NUM) or not 0 < v <= 1:
+            raise ProfileError(f"{where}: membound_efficiency.{k} must be a number in (0, 1], "
+                               f"got {v!r}")
     return GPUSpec(
         name=name, peak_tflops=dict(peaks), **positive,
+        membound_efficiency={str(k): float(v) for k, v in ops.items()},
         gemm_efficiency=curve(t, "gemm_efficiency", where),
         attention_efficiency=curve(t, "attention_efficiency", where),
         hbm_efficiency=float(hbm_eff),

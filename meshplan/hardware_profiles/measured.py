@@ -15,17 +15,21 @@ synchronized timings and no CPU fields, and the cost model then uses them as bef
 Rows are matched by the model's *shape key* (every field that changes a layer's work), the
 sequence length, tp, sequence parallelism, recompute mode and (FSDP rows) ZeRO stage and dp
 size; between measured micro-batch sizes the values are interpolated linearly, outside them
-extrapolated from the two nearest (one point: proportional to the micro-batch). A layout with
-no matching row falls back to the analytical layer model.
+extrapolated from the two nearest (one point: proportional to the micro-batch). A model
+whose shape has no row at all reads the nearest timed shape's rows, scaled by the
+analytical model (:mod:`meshplan.costmodel.nearest_rows`; :func:`model_from_shape_key` reads
+a row's shape back); a layout with no matching row otherwise falls back to the analytical
+layer model.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable, Mapping
 
 from meshplan.spec import ModelSpec
-from meshplan.errors import ProfileError
+from meshplan.errors import MeshplanError, ProfileError
 
 ENDS = ("embedding", "output")
 
@@ -36,6 +40,31 @@ def layer_shape_key(model: ModelSpec) -> str:
             f"-kv{model.num_kv_heads}-d{model.head_dim}-{model.activation}-{model.norm}"
             f"-{model.position_embedding}-{'bias' if model.bias else 'nobias'}"
             f"-drop{model.dropout:g}")
+
+
+_SHAPE_KEY = re.compile(
+    r"h(?P<h>\d+)-f(?P<f>\d+)-q(?P<q>\d+)-kv(?P<kv>\d+)-d(?P<d>\d+)-(?P<act>[a-z0-9]+)"
+    r"-(?P<norm>[a-z]+)-(?P<pos>[a-z]+)-(?P<bias>bias|nobias)-drop(?P<drop>[0-9.e+-]+)"
+    r"(?:-v(?P<v>\d+)-(?P<tied>tied|untied))?$")
+
+
+def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
+    """A ModelSpec of the layer (and, for an ends key, vocabulary) shape a row was timed at,
+    or None for a key this version does not read: what
+    :mod:`meshplan.costmodel.nearest_rows` scales another shape's rows from."""
+    m = _SHAPE_KEY.match(key)
+    if m is None:
+        return None
+    try:
+        return ModelSpec(name=key, num_layers=num_layers, hidden_size=int(m["h"]),
+                         ffn_hidden_size=int(m["f"]), num_heads=int(m["q"]),
+                         num_kv_heads=int(m["kv"]), head_dim=int(m["d"]),
+                         vocab_size=int(m["v"] or 32000), activation=m["act"],
+                         norm=m["norm"], position_embedding=m["pos"],
+                         bias=m["bias"] == "bias", dropout=float(m["drop"]) > 0,
+                         tied_embeddings=m["tied"] != "untied")
+    except (MeshplanError, TypeError, ValueError):
+        return None
 
 
 def ends_shape_key(model: ModelSpec) -> str:
@@ -350,6 +379,14 @@ class MeasuredTables:
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "peak_bytes") if rows else None
 
+    def without_shape(self, layer_key: str) -> "MeasuredTables":
+        """These tables less every row of the layer shape ``layer_key`` (its layers, and the
+        ends of every vocabulary over it): what a profile that never timed that model holds
+        (benchmarks/transfer_analysis.py's leave-shape-out re-prediction)."""
+        return MeasuredTables(tuple(r for r in self.layers if r.shape != layer_key),
+                              tuple(e for e in self.ends
+                                    if not e.shape.startswith(layer_key + "-v")))
+
     def to_rows(self) -> dict[str, list[dict[str, Any]]]:
         return {"layers": [_asdict(r) for r in self.layers],
                 "ends": [_asdict(r) for r in self.ends]}
@@ -408,5 +445,5 @@ def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping
 
 
 __all__ = ["split_backward_at", "wgrad_bytes_at", "MeasuredLayer", "MeasuredEnd",
-           "MeasuredTables", "Interpolated",
+           "MeasuredTables", "Interpolated", "model_from_shape_key",
            "layer_shape_key", "ends_shape_key", "tables_from_rows"]
