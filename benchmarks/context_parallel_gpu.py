@@ -74,19 +74,6 @@ def job_for(case: Case, tiny: bool) -> Job:
                precision="bf16", runtime="torch")
 
 
-def predict(model, cluster, job: Job, layout: Layout) -> dict:
-    """The cost model's prediction for the layout as it runs (cp priced directly): step
-    time, peak and per-rank memory; {} where the cost model refuses the layout."""
-    from meshplan.costmodel import estimate
-    try:
-        est = estimate(model, cluster, job, layout)
-    except Exception as exc:     # noqa: BLE001 — recorded, the layout still runs
-        return {"error": str(exc)}
-    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
-            "memory_per_stage_bytes": [m.total_bytes for m in est.memory],
-            "cp_comm_s": est.time.cp_comm_s, "attention_s": est.time.attention_s}
-
-
 def summary(row: dict, case: Case, job: Job, pred: dict) -> dict:
     doc = row["doc"] or {}
     meas = doc.get("measured") or {}
@@ -156,7 +143,7 @@ def main(argv=None) -> int:
     todo = eg.select(p, cases(), args.only)
     if args.estimate:
         for c in todo:
-            pred = predict(model, cluster, job_for(c, args.tiny), c.layout)
+            pred = eg.predict(model, cluster, job_for(c, args.tiny), c.layout)
             mem = pred.get("memory_peak_bytes")
             print(f"{c.name:32s} {c.layout.short():48s} "
                   f"{pred.get('step_time_s', float('nan')):8.3f} s "
@@ -170,7 +157,7 @@ def main(argv=None) -> int:
     t0, rows = time.time(), []
     for c in todo:
         job = job_for(c, args.tiny)
-        pred = predict(model, cluster, job, c.layout)
+        pred = eg.predict(model, cluster, job, c.layout)
         left = args.budget - (time.time() - t0)
         if left < 30:
             row = {"status": "skipped (time budget)", "doc": None, "wall_s": 0.0, "command": ""}

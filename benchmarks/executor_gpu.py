@@ -86,6 +86,21 @@ def cluster_for(device: str, nproc: int) -> Cluster:
     return Cluster.preset(name, nodes=1, gpus_per_node=nproc)
 
 
+def predict(model, cluster, job: Job, layout: Layout) -> dict:
+    """The cost model's prediction for a layout as it runs: step time, peak and per-rank
+    memory, the exposed cp and ep communication; {"error": ...} where it refuses it (the
+    layout still runs)."""
+    from meshplan.costmodel import estimate
+    try:
+        est = estimate(model, cluster, job, layout)
+    except Exception as exc:     # noqa: BLE001 — recorded beside the measurement
+        return {"error": str(exc)}
+    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
+            "memory_per_stage_bytes": [m.total_bytes for m in est.memory],
+            "attention_s": est.time.attention_s, "cp_comm_s": est.time.cp_comm_s,
+            "ep_comm_s": est.time.ep_comm_s}
+
+
 def run_case(case: Case, args, model, job, cluster, out: Path) -> dict:
     from meshplan.executor.planfiles import write_plan_for_layout
     plan = out / "plans" / f"{case.name}.json"

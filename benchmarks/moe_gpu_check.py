@@ -108,19 +108,6 @@ def grouped_vs_loop(out: Path) -> dict:
     return res
 
 
-def predict(model, cluster, job: Job, layout: Layout) -> dict:
-    """The cost model's step time and per-rank memory for the layout ({"error": ...} where
-    it refuses it)."""
-    from meshplan.costmodel import estimate
-    try:
-        est = estimate(model, cluster, job, layout)
-    except Exception as exc:     # noqa: BLE001 — recorded, the layout still runs
-        return {"error": str(exc)}
-    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
-            "memory_per_stage_bytes": [m.total_bytes for m in est.memory],
-            "ep_comm_s": est.time.ep_comm_s}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -140,7 +127,7 @@ def main() -> int:
     if args.estimate:     # no GPU here: the H100 node (the GPU run prices its own card)
         cluster = eg.cluster_for("cpu", args.nproc)
         for name, layout in layouts(args.nproc):
-            p = predict(model, cluster, job, layout)
+            p = eg.predict(model, cluster, job, layout)
             mem = p.get("memory_peak_bytes")
             print(f"{name:24s} {layout.short():44s} {p.get('step_time_s', float('nan')):7.3f} s "
                   f"{'-' if mem is None else f'{mem / 2**30:.2f} GiB'} {p.get('error', '')}")
@@ -165,7 +152,7 @@ def main() -> int:
                      "step_time_s": m.get("step_time_s"), "tokens_per_s": m.get("tokens_per_s"),
                      "memory_peak_bytes": m.get("memory_peak_bytes"),
                      "loss_per_step": m.get("loss_per_step"),
-                     "predicted": predict(model, cluster, job, layout),
+                     "predicted": eg.predict(model, cluster, job, layout),
                      "errors_pct": (r["doc"] or {}).get("errors_pct")})
     summary["layouts"] = rows
     (out / "moe_gpu.json").write_text(json.dumps(summary, indent=1))
