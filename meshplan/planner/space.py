@@ -147,11 +147,14 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
     return out
 
 
-def cp_options(job: Job, constraints: Constraints) -> list[int]:
+def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = None) -> list[int]:
     """Context-parallel degrees to search: the constraint's, or automatically every power
     of two with 2·cp dividing ``seq_len`` from ``cp_min_seq_len`` tokens on (cp = 1 below);
-    always those the sequence can be cut into (:func:`check_context_parallel`)."""
+    always those the sequence can be cut into (:func:`check_context_parallel`). An MoE
+    ``model`` under runtime "torch": cp = 1 (what the executor runs)."""
     s = job.seq_len
+    if model is not None and model.is_moe and job.runtime == "torch":
+        return [1]     # the executor refuses MoE with cp > 1 (executor/parallelize.py)
     if constraints.cp is not None:
         cps = constraints.cp
     elif s < constraints.cp_min_seq_len:
@@ -202,7 +205,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     L, B = model.num_layers, job.global_batch
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
-    cps = cp_options(job, constraints)
+    cps = cp_options(job, constraints, model)
     compiles = compile_options(cluster, fx)
     for n in counts:
         for tp in tps:
