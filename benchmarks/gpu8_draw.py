@@ -224,7 +224,8 @@ CPU_PROFILES = tuple(f"docs/benchmarks/data/profiles/{n}.toml" for n in (
     "profile_h200x4_round26", "profile_h100x4_round18", "profile_h100x4_transfer36_part1"))
 
 
-def draw_set(seed: int, *, profile: str, gpu: str, cpu_profiles=CPU_PROFILES, n_models: int = 2, per_model: int = 8,
+def draw_set(seed: int, *, profile: str, gpu: str, cpu_profiles=CPU_PROFILES,
+             n_models: int = 2, per_model: int = 8,
              min_params: float = 3e9, max_params: float = 6e9, max_host_load: float = 0.6,
              max_step_s: float = 1.5, min_step_s: float = 0.25, max_total_s: float = 16.0,
              max_mem_gib: float = 60.0, tokens_per_step: int = TOKENS_PER_STEP,

@@ -1,0 +1,88 @@
+"""benchmarks/gpu8_round.py: the device commands of issue 42's 8-GPU round."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu8_round as g8r  # noqa: E402
+import transfer_round as tr  # noqa: E402
+
+SET = ROOT / "benchmarks" / "sets" / "gpu8_42"
+
+
+def _args(cmd):
+    return {cmd[i]: cmd[i + 1] for i in range(len(cmd) - 1) if cmd[i].startswith("--")}
+
+
+def test_each_part_calibrates_one_model_at_8_ranks_at_its_own_sizes():
+    doc = tr.load_set(SET)
+    for k, m in enumerate(doc["models"], 1):
+        models = tr.part_models(doc, tr.parse_part(f"{k}/2"))
+        assert [x["name"] for x in models] == [m["name"]]
+        cmd = g8r.calibrate_cmd(models, Path("/k/p.toml"), budget_s=360, rounds=1,
+                                device="cuda", quick=False)
+        a = _args(cmd)
+        assert cmd[1:4] == ["-m", "meshplan.cli", "calibrate"]
+        assert a["--nproc"] == "8" and a["--rounds"] == "1" and a["--time-budget"] == "360"
+        assert a["--model"] == m["model_file"]
+        assert a["--micro-batches"] == ",".join(map(str, m["calibrate_micro_batches"]))
+        assert "--no-progress" not in cmd and "--quick" not in cmd   # per-row times kept
+    tiny = g8r.calibrate_cmd(doc["models"][:1], Path("/k/p.toml"), budget_s=60, rounds=1,
+                             device="cpu", quick=True, micro_batches="1")
+    assert _args(tiny)["--micro-batches"] == "1" and "--quick" in tiny
+
+
+def test_only_keeps_the_named_layouts_and_names_unknown_ones(tmp_path):
+    doc = tr.load_set(SET)
+    first = doc["models"][0]["layouts"][0]["name"]
+    last = doc["models"][-1]["layouts"][-1]["name"]
+    cut = g8r.only_layouts(doc, {first, last}, tmp_path)
+    assert [json.loads(Path(m["layout_file"]).read_text())[0]["name"]
+            for m in cut["models"]] == [first, last]
+    one = g8r.only_layouts(tr.load_set(SET), {first}, tmp_path / "one")
+    assert len(one["models"]) == 1
+    with pytest.raises(SystemExit, match="g99: not in the set"):
+        g8r.only_layouts(tr.load_set(SET), {"g99"}, tmp_path / "bad")
+
+
+def test_validate_runs_each_model_on_8_ranks_with_its_job():
+    doc = tr.load_set(SET)
+    for m in doc["models"]:
+        a = _args(tr.validate_cmd(m, Path("/k/val"), profile="/k/p.toml", gpu="NVIDIA H100",
+                                  nproc=g8r.NPROC, budget_s=250, device="cuda"))
+        assert a["--nproc"] == "8" and a["--cluster"] == "dgx-h100"
+        assert int(a["--global-batch"]) * int(a["--seq-len"]) == doc["tokens_per_step"]
+
+
+def test_summary_counts_what_8_ranks_add(tmp_path):
+    p = tmp_path / "p.toml"
+    p.write_text("""
+[provenance]
+world_size = 8
+layer_rounds = 1
+[[layers]]
+tp = 8
+sequence_parallel = true
+zero = 0
+dp = 1
+[[layers]]
+tp = 1
+sequence_parallel = false
+zero = 3
+dp = 8
+[[ends]]
+tp = 8
+[measurements]
+collectives = [{group_size = 2}, {group_size = 8}]
+pipeline = [{pp = 8}]
+""")
+    s = g8r.summary(p)
+    assert s["world_size"] == 8 and s["plain_rows_by_tp"] == {"tp8 sp": 1}
+    assert s["fsdp_rows_by_zero_dp_tp"] == {"z3 dp8 tp1": 1}
+    assert s["collective_group_sizes"] == [2, 8] and s["pipeline_pp"] == [8]
+    assert s["end_rows"] == 1
