@@ -6,15 +6,16 @@ its own call at the micro-batch sizes the set stores for it, then the 16 layouts
 
     python benchmarks/gpu8_round.py calibrate --part 1/2 --out $OUT   # GPT 4.78 B
     python benchmarks/gpu8_round.py calibrate --part 2/2 --out $OUT   # Llama 5.44 B
-    python benchmarks/gpu8_round.py validate --budget 500 --out $OUT
+    python benchmarks/gpu8_round.py validate --out $OUT
 
 ``calibrate`` runs ``meshplan calibrate --nproc 8 --model M --micro-batches A,B --rounds 1
 --time-budget ...`` (its progress kept: the first per-row timings at 8 ranks) and prints
 :func:`summary` of the profile it wrote; ``validate`` runs ``meshplan validate --runtime
 torch --layout-list ...`` once per model (``transfer_round.validate_set``: each model its own
 job and the profile of its own calibration part, kept in ``--keep`` on the warm machine or
-passed with ``--profiles DIR``), ``--only NAMES`` for some layouts. Scoring, on any
-machine: ``python benchmarks/transfer_round.py report --accuracy accuracy.json``.
+passed with ``--profiles DIR``), ``--only NAMES`` for some layouts; ``merge A.json B.json``
+joins a call's records with those of a later ``--only`` call. Scoring, on any machine:
+``python benchmarks/transfer_round.py report --accuracy accuracy.json``.
 
 CPU dry runs at 8 gloo ranks (shrunk models: ``transfer_round.tiny_set``)::
 
@@ -94,7 +95,23 @@ def _log_clean(raw: Path, log: Path) -> None:
         raw.unlink()
 
 
+def host_info(path: Path) -> None:
+    """The GPUs, their links and the host's CPU (host-bound layouts depend on it), as
+    device_accuracy.sh records them."""
+    import subprocess
+    with open(path, "w") as fh:
+        for cmd in (["nvidia-smi", "-L"], ["nvidia-smi", "topo", "-m"], ["lscpu"],
+                    [sys.executable, "-c", "import torch; print('torch', torch.__version__, "
+                     "'cuda', torch.version.cuda)"]):
+            try:
+                fh.write(subprocess.run(cmd, capture_output=True, text=True,
+                                        timeout=30).stdout + "\n")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                fh.write(f"{cmd[0]}: {exc}\n")
+
+
 def calibrate(args) -> int:
+    host_info(args.out / "host.txt")
     doc = tr.load_set(args.set)
     if args.tiny:
         doc = tr.tiny_set(doc, args.keep / "tiny")
@@ -150,9 +167,31 @@ def validate(args) -> int:
     return 0
 
 
+def merge(paths: list[Path], out: Path) -> Path:
+    """One accuracy.json of a first validate call and the calls that ran what it skipped
+    (``--only``): a layout's record from the last file that ran it, the meta of the first
+    with every file's profiles and jobs."""
+    from meshplan.calibrate.validate import write_accuracy
+    docs = [json.loads(p.read_text()) for p in paths]
+    if len({(d.get("set"), d.get("gpu_name"), d.get("nproc")) for d in docs}) > 1:
+        raise SystemExit("merge: the files differ in set, GPU or rank count")
+    records: dict[str, dict] = {}
+    for d in docs:
+        for r in d["records"]:
+            if r["name"] not in records or r.get("status") != "skipped":
+                records[r["name"]] = r
+    meta = {k: v for k, v in docs[0].items() if k not in (
+        "schema", "version", "summary", "summary_by_model", "records")}
+    for key in ("profiles", "jobs"):
+        meta[key] = {k: v for d in docs for k, v in (d.get(key) or {}).items()}
+    meta["profile"] = ", ".join(sorted({p for p in meta["profiles"].values() if p}))
+    meta["merged_from"] = [str(p) for p in paths]
+    return write_accuracy(out, [records[k] for k in sorted(records)], meta)["json"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["calibrate", "validate", "summary"])
+    ap.add_argument("what", choices=["calibrate", "validate", "summary", "merge"])
     ap.add_argument("--set", type=Path, default=SET)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu8-out")))
     ap.add_argument("--keep", type=Path, default=Path("/tmp/meshplan-keep"),
@@ -163,8 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default=None, metavar="K/N",
                     help="the models i with i %% N == K-1 (calibrate: profile_partKofN.toml)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the call's work (calibrate 400: one round of one "
-                         "model; validate 500, a layout may overrun by its timeout)")
+                    help="seconds for the call's work (calibrate 540: a hard limit, its one "
+                         "round cannot be cut short; validate 480: later layouts are skipped "
+                         "once spent, one may overrun by its --layout-timeout)")
     ap.add_argument("--rounds", type=int, default=1, help="calibrate: layer-table rounds")
     ap.add_argument("--micro-batches", default=None, metavar="N,N",
                     help="calibrate: instead of the sizes the set stores for the part's models")
@@ -175,15 +215,22 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="validate: one profile for every model")
     ap.add_argument("--profiles", type=Path, default=None,
                     help="validate: a directory holding the parts' profiles (default --keep)")
-    ap.add_argument("profile_file", nargs="?", type=Path, help="summary: a profile TOML")
+    ap.add_argument("files", nargs="*", type=Path,
+                    help="summary: a profile TOML; merge: accuracy.json files, first call first")
     args = ap.parse_args(argv)
+    if args.what == "merge":
+        if len(args.files) < 2:
+            ap.error("merge needs two accuracy.json files or more")
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {merge(args.files, args.out)}")
+        return 0
     if args.what == "summary":
-        if args.profile_file is None:
-            ap.error("summary needs a profile file")
-        print(json.dumps(summary(args.profile_file), indent=1))
+        if len(args.files) != 1:
+            ap.error("summary needs one profile file")
+        print(json.dumps(summary(args.files[0]), indent=1))
         return 0
     if args.budget is None:
-        args.budget = {"calibrate": 400.0, "validate": 500.0}[args.what]
+        args.budget = {"calibrate": 540.0, "validate": 480.0}[args.what]
     args.out.mkdir(parents=True, exist_ok=True)
     args.keep.mkdir(parents=True, exist_ok=True)
     return calibrate(args) if args.what == "calibrate" else validate(args)

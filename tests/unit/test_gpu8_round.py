@@ -86,3 +86,28 @@ pipeline = [{pp = 8}]
     assert s["fsdp_rows_by_zero_dp_tp"] == {"z3 dp8 tp1": 1}
     assert s["collective_group_sizes"] == [2, 8] and s["pipeline_pp"] == [8]
     assert s["end_rows"] == 1
+
+
+def test_merge_takes_each_layout_from_the_call_that_ran_it(tmp_path):
+    def doc(records, model):
+        return {"set": "gpu8_42", "gpu_name": "NVIDIA H100", "nproc": 8, "records": records,
+                "profiles": {model: f"/k/{model}.toml"}, "jobs": {model: {"seq_len": 64}}}
+
+    def rec(name, model, status, step=None):
+        r = {"name": name, "model": model, "status": status, "short": name,
+             "layout": {"dp": 8}}
+        if step:
+            r.update(predicted={"step_time_s": 1.0, "memory_per_rank_bytes": [1.0] * 8},
+                     measured={"step_time_s": step}, step_time_error_pct=(1 - step) / step * 100)
+        return r
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc([rec("g01", "m1", "ok", 1.0), rec("g09", "m2", "skipped")],
+                                "m1")))
+    b.write_text(json.dumps(doc([rec("g09", "m2", "ok", 0.9)], "m2")))
+    out = json.loads(g8r.merge([a, b], tmp_path / "m").read_text())
+    assert [(r["name"], r["status"]) for r in out["records"]] == [("g01", "ok"), ("g09", "ok")]
+    assert set(out["profiles"]) == {"m1", "m2"} and set(out["jobs"]) == {"m1", "m2"}
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(dict(doc([], "m1"), nproc=4)))
+    with pytest.raises(SystemExit, match="differ"):
+        g8r.merge([a, c], tmp_path / "n")
