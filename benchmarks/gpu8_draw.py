@@ -31,9 +31,10 @@ The 4-GPU machinery (``draw_models.py``, ``draw_holdout.py``), extended to one 8
   screened GPU time. tp 8 takes the tp 4 rows (the same kernels and collectives per
   layer); where several profiles match, the largest CPU time counts (their hosts differ by
   ~1.4×). Admitted: ≤ ``--max-host-load`` 0.6 (the 4-GPU draws take 0.75 of the model's
-  own load on calibrated models). On round 26's own models the proxy reproduces the
-  model's host load within −0.13..+0.21 (64 layouts, mean +0.03); it calls transfer36's
-  t19 (GPT 2.69 B ZeRO-3, −47.8 % there) host-bound at 1.7.
+  own load on calibrated models). On round 26's own models and profile the proxy gives
+  the model's host load within −0.14..+0.21 (holdout22-25, 64 layouts, mean +0.02; with
+  the three profiles' maximum −0.01..+0.33, mean +0.09); it calls transfer36's t19 (GPT
+  2.69 B ZeRO-3, −47.8 % there without CPU rows) host-bound at 1.7.
 
 Not drawn: context and expert parallelism. ``meshplan.spec.validate.check_modelled`` refuses
 cp > 1 and ep > 1 (the cost model does not price them yet), so the planner's space has
