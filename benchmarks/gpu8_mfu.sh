@@ -16,35 +16,18 @@
 # out is recorded and the rest go on.
 set -u
 OUT=${OUT:-/tmp/mfu8_out}
-W=/tmp/mfu8; rm -rf "$W"; mkdir -p "$W" "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
-case "$GPU" in *H200*) C=dgx-h200 ;; *) C=dgx-h100 ;; esac
-PLAN=benchmarks/plans/llama3-8b_${C}x8_gb32.json
-{ nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'; echo "plan $PLAN"; } > "$W/env.txt" 2>&1
+DEADLINE=${DEADLINE:-560}   # seconds of this script; a run gets at most what is left
+. benchmarks/mfu_lib.sh
+mfu_setup /tmp/mfu8 benchmarks/plans/llama3-8b_ x8_gb32.json
 TR="python3 -m torch.distributed.run --standalone --nproc-per-node=8"
 EX="-m meshplan.executor.run --steps 10 --warmup 3 --force"
 BASE="benchmarks/baseline_ddp.py --fsdp --model llama3-8b --global-batch 32 --seq-len 4096
   --steps 10 --warmup 3"
-DEADLINE=${DEADLINE:-560}   # seconds of this script; a run gets at most what is left
-run() {  # name limit_s command...
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS left=$((DEADLINE - SECONDS))
-  [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -lt 60 ]; then
-    echo "$name skipped: ${left} s left" | tee -a "$W/runs.txt"; return 125
-  fi
-  timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$W/runs.txt"
-  return $rc
-}
 run best_eager      110 $TR $EX --plan "$PLAN" --out "$W/best_eager.json"
 run fsdp2_compiled  190 $TR $BASE --compile --micro-batch 2 --out "$W/fsdp2_compiled.json"
 rc=$?
-# a failure (out of memory), not a timeout (124, 137): the recomputed variant instead
-if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ]; then
+# a failure (out of memory), not a timeout (124, 137) or a skip (125): recompute instead
+if [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ "$rc" != 137 ] && [ "$rc" != 125 ]; then
   mv "$W/fsdp2_compiled.log" "$W/fsdp2_compiled_mb2.log"
   run fsdp2_compiled 150 $TR $BASE --compile --micro-batch 4 --recompute full \
     --out "$W/fsdp2_compiled.json"
