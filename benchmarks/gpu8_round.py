@@ -2,11 +2,13 @@
 docs/benchmarks/gpu8.md), and check what a calibration at 8 ranks measured.
 
 The set is ``benchmarks/sets/gpu8_42`` (``gpu8_draw.py``): two models, each calibrated in
-its own call at the micro-batch sizes the set stores for it, then the 16 layouts in one::
+its own call at the micro-batch sizes the set stores for it, then its 8 layouts in another::
 
     python benchmarks/gpu8_round.py calibrate --part 1/2 --out $OUT   # GPT 4.78 B
+    python benchmarks/gpu8_round.py validate --part 1/2 --out $OUT
     python benchmarks/gpu8_round.py calibrate --part 2/2 --out $OUT   # Llama 5.44 B
-    python benchmarks/gpu8_round.py validate --out $OUT
+    python benchmarks/gpu8_round.py validate --part 2/2 --out $OUT
+    python benchmarks/gpu8_round.py merge A/accuracy.json B/accuracy.json --out DIR  # CPU
 
 ``calibrate`` runs ``meshplan calibrate --nproc 8 --model M --micro-batches A,B --rounds 1
 --time-budget ...`` (its progress kept: the first per-row timings at 8 ranks) and prints
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
                     help="the models i with i %% N == K-1 (calibrate: profile_partKofN.toml)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the call's work (calibrate 540: a hard limit, its one "
-                         "round cannot be cut short; validate 480: later layouts are skipped "
+                         "round cannot be cut short; validate 420: later layouts are skipped "
                          "once spent, one may overrun by its --layout-timeout)")
     ap.add_argument("--rounds", type=int, default=1, help="calibrate: layer-table rounds")
     ap.add_argument("--micro-batches", default=None, metavar="N,N",
@@ -230,7 +232,7 @@ def main(argv=None) -> int:
         print(json.dumps(summary(args.files[0]), indent=1))
         return 0
     if args.budget is None:
-        args.budget = {"calibrate": 540.0, "validate": 480.0}[args.what]
+        args.budget = {"calibrate": 540.0, "validate": 420.0}[args.what]
     args.out.mkdir(parents=True, exist_ok=True)
     args.keep.mkdir(parents=True, exist_ok=True)
     return calibrate(args) if args.what == "calibrate" else validate(args)
