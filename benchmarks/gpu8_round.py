@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import tomllib
@@ -100,7 +101,6 @@ def _log_clean(raw: Path, log: Path) -> None:
 def host_info(path: Path) -> None:
     """The GPUs, their links and the host's CPU (host-bound layouts depend on it), as
     device_accuracy.sh records them."""
-    import subprocess
     with open(path, "w") as fh:
         for cmd in (["nvidia-smi", "-L"], ["nvidia-smi", "topo", "-m"], ["lscpu"],
                     [sys.executable, "-c", "import torch; print('torch', torch.__version__, "
@@ -159,13 +159,37 @@ def only_layouts(doc: dict, names: set[str], where: Path) -> dict:
 
 
 def validate(args) -> int:
-    doc = tr.load_set(args.set)
+    """``transfer_round.validate_set`` once per model of ``--part`` (and ``--only``), each on
+    the profile of that model's calibration part — looked up in the whole set, so that a
+    cut of the set cannot hand a model another part's profile — sharing ``--budget``; one
+    accuracy.json, validate.log and runs.tgz in ``--out``."""
+    full = tr.load_set(args.set)
     if args.tiny:
-        doc = tr.tiny_set(doc, args.keep / "tiny")
+        full = tr.tiny_set(full, args.keep / "tiny")
+    models = tr.part_models(full, tr.parse_part(args.part))
     if args.only:
-        doc = only_layouts(doc, set(args.only.split(",")), args.keep / "only")
-    args.nproc = NPROC
-    print(f"wrote {tr.validate_set(doc, args)}")
+        models = only_layouts(dict(full, models=models), set(args.only.split(",")),
+                              args.keep / "only")["models"]
+    t0, done = time.perf_counter(), []
+    for i, m in enumerate(models):
+        profile = args.profile or tr.kept_profile(args.profiles or args.keep, full, m["name"])
+        if profile is None and args.device != "cpu":
+            raise SystemExit(f"no --profile and no profile of {m['name']}'s part in "
+                             f"{args.profiles or args.keep}: run its calibrate call on this "
+                             f"(still warm) machine first, or pass --profiles DIR")
+        left = args.budget - (time.perf_counter() - t0)
+        one = argparse.Namespace(**dict(vars(args), nproc=NPROC, part=None,
+                                  profile=str(profile) if profile else None,
+                                  out=args.keep / "parts" / m["name"],
+                                  budget=max(0.0, left / (len(models) - i))))
+        one.out.mkdir(parents=True, exist_ok=True)
+        done.append(tr.validate_set(dict(full, models=[m]), one))
+        with open(args.out / "validate.log", "a") as fh:
+            fh.write((one.out / "validate.log").read_text(errors="replace"))
+    print(f"wrote {merge(done, args.out)}")
+    if (args.keep / "val").is_dir():
+        subprocess.run(["tar", "czf", str(args.out / "runs.tgz"), "-C", str(args.keep), "val"],
+                       check=False)
     return 0
 
 

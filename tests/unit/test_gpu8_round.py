@@ -111,3 +111,38 @@ def test_merge_takes_each_layout_from_the_call_that_ran_it(tmp_path):
     c.write_text(json.dumps(dict(doc([], "m1"), nproc=4)))
     with pytest.raises(SystemExit, match="differ"):
         g8r.merge([a, c], tmp_path / "n")
+
+
+def test_validate_gives_each_model_its_own_parts_profile_however_the_set_is_cut(
+        tmp_path, monkeypatch):
+    """--only that leaves the Llama model alone must still run it on profile_part2of2 (its
+    index in the whole set), with the whole budget, and merge what ran into --out."""
+    keep, out = tmp_path / "keep", tmp_path / "out"
+    keep.mkdir()
+    for k in (1, 2):
+        (keep / f"profile_part{k}of2.toml").write_text("")
+    calls = []
+
+    def fake_validate_set(doc, args):
+        (m,) = doc["models"]
+        calls.append((m["name"], Path(args.profile).name, args.budget, args.nproc))
+        listed = json.loads(Path(m["layout_file"]).read_text())
+        acc = {"set": "gpu8_42", "gpu_name": "NVIDIA H100", "nproc": 8, "profiles":
+               {m["name"]: args.profile}, "jobs": {m["name"]: m["job"]},
+               "records": [{"name": x["name"], "model": m["name"], "status": "skipped",
+                            "short": x["name"], "layout": {}} for x in listed]}
+        (args.out / "accuracy.json").write_text(json.dumps(acc))
+        (args.out / "validate.log").write_text(f"{m['name']}\n")
+        return args.out / "accuracy.json"
+    monkeypatch.setattr(tr, "validate_set", fake_validate_set)
+    monkeypatch.setattr(tr, "gpu_name", lambda: "NVIDIA H100")
+    g8r.main(["validate", "--only", "g09,g16", "--keep", str(keep), "--out", str(out),
+              "--budget", "300"])
+    assert [(c[0], c[1], c[3]) for c in calls] == [
+        ("g42m13-llama-mha-5.44b", "profile_part2of2.toml", 8)]
+    assert calls[0][2] == pytest.approx(300.0, abs=5.0)
+    merged = json.loads((out / "accuracy.json").read_text())
+    assert [r["name"] for r in merged["records"]] == ["g09", "g16"]
+    calls.clear()
+    g8r.main(["validate", "--part", "1/2", "--keep", str(keep), "--out", str(tmp_path / "o1")])
+    assert [(c[0][:6], c[1]) for c in calls] == [("g42m01", "profile_part1of2.toml")]
