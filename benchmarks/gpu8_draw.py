@@ -20,7 +20,7 @@ The 4-GPU machinery (``draw_models.py``, ``draw_holdout.py``), extended to one 8
   split → schedule → configuration by :func:`draw_holdout.draw` until the set covers
   :data:`FAMILIES` (the issue's list) *and* every schedule, ZeRO stage, recompute mode and
   SP (:func:`draw_holdout.covers`), with screened steps adding up to ≤ ``--max-total-s``
-  16 s (one validate call: 16 layouts of ~20-25 s start-up and 8 steps each).
+  16 s (16 layouts of ~20-25 s start-up and 8 steps each in ~8 min of validate calls).
 - GPU-bound screen (:func:`host_load_proxy`): a model never run has no calibrated CPU rows,
   so the cost model's own host load reads 0 for it (transfer36 drew host-bound models that
   way). The proxy is ``Estimate.host_load``'s formula with borrowed rows: the CPU dispatch
@@ -306,8 +306,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-step-s", type=float, default=1.5)
     ap.add_argument("--min-step-s", type=float, default=0.25)
     ap.add_argument("--max-total-s", type=float, default=16.0,
-                    help="screened steps of the whole set at most: one validate call, 16 "
-                         "layouts of ~20-25 s start-up and 8 steps each [%(default)s]")
+                    help="screened steps of the whole set at most: 16 layouts of ~20-25 s "
+                         "start-up and 8 steps each in ~8 min of validate calls "
+                         "[%(default)s]")
     ap.add_argument("--max-mem-gib", type=float, default=60.0,
                     help="screened peak memory at most (transfer36 under-predicted memory "
                          "of models without layer rows by up to 22 %%) [%(default)s]")
