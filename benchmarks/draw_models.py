@@ -21,22 +21,25 @@ A model (:func:`draw_model`) is drawn one decision at a time from a ``random.Ran
 A round (:func:`draw_round`, ``--round``) draws ``--models`` such models, keeps those with at
 least ``--per-model`` admissible 4-GPU layouts (``draw_holdout.candidates``: the planner's
 space, refused by neither ``check_layout`` nor the executor's ``check_layout_runnable``,
-fitting an 80 GB H100 with room, GPU-bound on ``--profile``), then draws the layouts with
-``draw_holdout.draw`` (split, then schedule, then configuration; every schedule, ZeRO stage,
-recompute mode and SP covered). Each model's job: ``global_batch = max(8, 65536 // seq)``
-sequences (32 k tokens a step: 24 layouts must run in one validate call of ≤ 560 s, ~15 s
-of each being torchrun's start-up). GPU-bound: the screening profile's host load comes from
-the CPU fields of calibrated layer rows, which models never run before do not have (it
-reads 0), so two stated proxies stand in for it: a screened step of at least
-``--min-step-s`` and at least ``--min-mb-tokens`` tokens per micro-batch (the layouts that
-were host-bound in rounds 16-26 had short steps of small micro-batches). The set is written as data (``--out DIR``): ``set.json`` with
-everything, and for the GPU tooling one ModelSpec JSON and one layout list per model
-(``meshplan calibrate --model DIR/models/X.json``, ``meshplan validate --layout-list
-DIR/layouts/X.json``; docs/benchmarks/transfer.md).
+fitting an 80 GB H100 with room, GPU-bound on every ``--profile``), then draws the layouts
+with ``draw_holdout.draw`` (split, then schedule, then configuration; every schedule, ZeRO
+stage, recompute mode and SP covered). Each model's job: ``global_batch = max(4, 32768 //
+seq)`` sequences (32 k tokens a step; the round's 24 layouts run in two validate calls of
+12, ~25-30 s of each layout being start-up). GPU-bound: each screening profile is a
+calibration with layer rows and CPU dispatch times (default: round 26's H200 one, GPT-0.54B
+and Llama-1.64B, and transfer36's H100 one, two Llama shapes); a model never run before
+gets its CPU dispatch from the nearest timed shape's rows (same family: as measured; another
+family: scaled by the operator count, meshplan/costmodel/nearest_rows.py), so its layouts'
+host load is screened like any other's. Round 36 screened with a proxy instead (a step of at
+least 0.3 s and 4096 tokens per micro-batch, ``--min-step-s`` / ``--min-mb-tokens``, now off
+by default) and drew two host-bound 0.5 B models. The set is written as data (``--out
+DIR``): ``set.json`` with everything, and for the GPU tooling one ModelSpec JSON and one
+layout list per model (``meshplan calibrate --model DIR/models/X.json``, ``meshplan validate
+--layout-list DIR/layouts/X.json``; docs/benchmarks/transfer.md).
 
-    PYTHONPATH=. python benchmarks/draw_models.py --seed 36 --count 6      # print models
-    PYTHONPATH=. python benchmarks/draw_models.py --round --seed 36 \\
-        --profile docs/benchmarks/profile_h200x4_round26.toml --out benchmarks/sets/transfer36
+    PYTHONPATH=. python benchmarks/draw_models.py --seed 37 --count 6      # print models
+    PYTHONPATH=. python benchmarks/draw_models.py --round --seed 37 --prefix u \
+        --out benchmarks/sets/transfer37
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ HEADS_RANGE = (8, 40)
 FFN_RATIO = (2.5, 4.0)
 ASPECT_RANGE = (32, 320)         # hidden / layers
 TOKENS_PER_STEP = 32768
+# the calibrated 4-GPU profiles a round's layouts are screened on (both machine kinds lent;
+# each holds GPT- and/or Llama-style layer rows with CPU dispatch times)
+DEFAULT_SCREEN_PROFILES = ("docs/benchmarks/data/profiles/profile_h200x4_round26.toml",
+                           "docs/benchmarks/data/profiles/profile_h100x4_transfer36_part1.toml")
+DEFAULT_SCREEN_GPUS = ("NVIDIA H200", "NVIDIA H100 80GB HBM3")
 
 
 def _kv_heads(rng: random.Random, heads: int, attention: str) -> int | None:
@@ -82,12 +90,15 @@ def _kv_heads(rng: random.Random, heads: int, attention: str) -> int | None:
 
 
 def draw_model(rng: random.Random, name: str, *, min_params: float = 0.5e9,
-               max_params: float = 3.0e9, layer_multiple: int = 4) -> ModelSpec:
-    """One random decoder (see the module docstring for each decision); ``layer_multiple``
-    8 for even stages at pp 8 and interleaved pp 4 × vpp 2 (8 GPUs)."""
+               max_params: float = 3.0e9, family: str | None = None,
+               attention: str | None = None, layer_multiple: int = 4) -> ModelSpec:
+    """One random decoder (see the module docstring for each decision); ``family`` /
+    ``attention`` fix those two decisions (a round's coverage, :func:`round_plan`);
+    ``layer_multiple`` 8 for even stages at pp 8 and interleaved pp 4 × vpp 2 (8 GPUs)."""
+    fixed_family, fixed_attention = family, attention
     while True:
-        family = rng.choice(("gpt", "llama"))
-        attention = rng.choice(("mha", "gqa", "mqa"))
+        family = fixed_family or rng.choice(("gpt", "llama"))
+        attention = fixed_attention or rng.choice(("mha", "gqa", "mqa"))
         heads = rng.randrange(HEADS_RANGE[0], HEADS_RANGE[1] + 1, 2)
         head_dim = rng.choice(HEAD_DIMS[family])
         hidden = heads * head_dim
@@ -114,6 +125,19 @@ def draw_model(rng: random.Random, name: str, *, min_params: float = 0.5e9,
                          vocab_size=vocab, max_seq_len=seq, **style)
 
 
+def round_plan(rng: random.Random, n_models: int) -> list[tuple[str, str]]:
+    """(family, attention) of each model of a round, so that ≥ 4 models cover both families
+    and all three attention kinds (seed 36's independent draws gave no MQA model and three
+    Llama to one GPT): the families alternate and the attention kinds are a shuffled
+    repetition of (MHA, GQA, MQA), each list shuffled by ``rng``. A model rejected at
+    screening is redrawn with the same plan entry."""
+    families = [("gpt", "llama")[i % 2] for i in range(n_models)]
+    kinds = [("mha", "gqa", "mqa")[i % 3] for i in range(n_models)]
+    rng.shuffle(families)
+    rng.shuffle(kinds)
+    return list(zip(families, kinds))
+
+
 def job_for(model: ModelSpec, tokens_per_step: int = TOKENS_PER_STEP) -> Job:
     """The round's job for a model: 32 k tokens a step (``tokens_per_step``) at its own
     sequence length, as the executor runs it (runtime="torch")."""
@@ -121,37 +145,87 @@ def job_for(model: ModelSpec, tokens_per_step: int = TOKENS_PER_STEP) -> Job:
                seq_len=model.max_seq_len, runtime="torch")
 
 
-def known_shapes() -> set[str]:
-    """Layer shapes of every model the project has run on GPUs (validate_device's sets)."""
+def known_shapes(*, except_set: str | None = None) -> set[str]:
+    """Layer shapes of every model the project has run on GPUs: validate_device's sets and
+    every drawn transfer round's (``benchmarks/sets/*/set.json``; but ``except_set``)."""
     import validate_device as vd
-    return {layer_shape_key(m) for entries in vd.SETS.values() for _, m, _ in entries}
+    shapes = {layer_shape_key(m) for entries in vd.SETS.values() for _, m, _ in entries}
+    for path in sorted((ROOT / "benchmarks" / "sets").glob("*/set.json")):
+        if path.parent.name == except_set:
+            continue
+        for m in json.loads(path.read_text()).get("models", []):
+            shapes.add(layer_shape_key(ModelSpec.from_dict(m["spec"])))
+    return shapes
 
 
-def draw_round(seed: int, *, n_models: int, per_model: int, profile: str, gpu: str,
-               max_step_s: float, max_total_s: float, max_host_load: float,
-               max_mem_gib: float, min_step_s: float = 0.3, min_mb_tokens: int = 4096,
-               prefix: str = "t36"):
-    """Models and layouts of one round; returns (models, chosen, attempts, rejected)."""
-    import draw_holdout as dh
+def screening_clusters(profiles: list[str], gpus: list[str]):
+    """A 4-GPU cluster on each screening profile. Each must hold layer rows with CPU
+    dispatch times: a model never run before gets its CPU dispatch from them (the nearest
+    timed shape's rows, costmodel/nearest_rows.py), and without them every layout would
+    screen GPU-bound (round 36 drew two host-bound 0.5 B models that way)."""
     import validate_device as vd
-    from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
+    if len(gpus) not in (1, len(profiles)):
+        raise SystemExit(f"--gpu: give one GPU name or one per --profile ({len(profiles)})")
+    out = []
+    for i, profile in enumerate(profiles):
+        path = profile if Path(profile).is_file() else ROOT / profile
+        cluster = apply_profile(vd._gpu_cluster(gpus[i if len(gpus) > 1 else 0], 4), path)
+        if not any(r.forward_cpu_s > 0 for r in cluster.gpu.measured.layers):
+            raise SystemExit(f"--profile {profile}: no layer rows with CPU dispatch times; "
+                             f"screen on a profile from `meshplan calibrate --model ...`")
+        out.append(cluster)
+    return out
+
+
+def draw_round(seed: int, *, n_models: int, per_model: int, profiles: list[str],
+               gpus: list[str], max_step_s: float, max_total_s: float, max_host_load: float,
+               max_mem_gib: float, min_step_s: float = 0.0, min_mb_tokens: int = 0,
+               prefix: str | None = None):
+    """Models and layouts of one round; returns (models, chosen, attempts, rejected).
+
+    A layout is admissible where every screening profile predicts it GPU-bound with room
+    (CPU dispatch ≤ ``max_host_load`` of the GPU's time), no longer than ``max_step_s`` and
+    within ``max_mem_gib``; the CPU dispatch of a model never run before comes from the
+    profile's nearest timed shape, scaled by operator count. ``min_step_s`` and
+    ``min_mb_tokens`` are round 36's proxies for it (off by default)."""
+    import draw_holdout as dh
+    from meshplan.costmodel import estimate
+    from meshplan.errors import MeshplanError
+    from meshplan.hardware_profiles import Cluster
 
     rng = random.Random(seed)
-    cluster = apply_profile(vd._gpu_cluster(gpu, 4), profile)
+    clusters = screening_clusters(profiles, gpus)
     h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
     seen_shapes = known_shapes()
+    prefix = prefix or f"t{seed}"
     models, pools, rejected = {}, {}, []
+
+    def admissible(m, job, layout) -> bool:
+        for c in clusters[1:]:
+            try:
+                e = estimate(m, c, job, layout)
+            except MeshplanError:
+                return False
+            if (e.host_load > max_host_load or e.step_time_s > max_step_s
+                    or e.memory_peak_bytes > max_mem_gib * 2**30):
+                return False
+        return True
+    plan = round_plan(rng, n_models)
     while len(models) < n_models:
-        m = draw_model(rng, f"{prefix}m{len(models) + len(rejected) + 1:02d}")
+        family, attention = plan[len(models)]
+        m = draw_model(rng, f"{prefix}m{len(models) + len(rejected) + 1:02d}", family=family,
+                       attention=attention)
         if layer_shape_key(m) in seen_shapes:
             rejected.append((m.name, "a shape run before"))
             continue
+        job = job_for(m)
         pool = [(lay, e) for lay, e in dh.candidates(
-                    m, cluster, h100, job_for(m), set(), max_host_load=max_host_load,
+                    m, clusters[0], h100, job, set(), max_host_load=max_host_load,
                     max_step_s=max_step_s, max_mem_gib=max_mem_gib)
                 if e.step_time_s >= min_step_s
-                and lay.micro_batch * m.max_seq_len >= min_mb_tokens]
+                and lay.micro_batch * m.max_seq_len >= min_mb_tokens
+                and admissible(m, job, lay)]
         if len(pool) < per_model:
             rejected.append((m.name, f"{len(pool)} admissible layouts"))
             continue
@@ -204,17 +278,27 @@ def main(argv=None) -> int:
     ap.add_argument("--round", action="store_true", help="draw a round's models and layouts")
     ap.add_argument("--models", type=int, default=4)
     ap.add_argument("--per-model", type=int, default=6)
-    ap.add_argument("--profile", default="docs/benchmarks/profile_h200x4_round26.toml",
-                    help="4-GPU profile that screens the layouts (GPU-bound, step time)")
-    ap.add_argument("--gpu", default="NVIDIA H200", help="the profile's GPU")
+    ap.add_argument("--profile", action="append", default=None,
+                    help="4-GPU profile with layer rows (CPU dispatch) that screens the "
+                         "layouts: GPU-bound, step time, memory; repeat it to screen on "
+                         "several (every one must admit a layout) [default: the round 26 "
+                         "H200 profile and the transfer36 H100 one]")
+    ap.add_argument("--gpu", action="append", default=None,
+                    help="the GPU of each --profile (one for all, or one per profile)")
     ap.add_argument("--max-step-s", type=float, default=1.0)
     ap.add_argument("--max-total-s", type=float, default=12.0,
                     help="predicted steps of all layouts together (one validate call ≤ 560 s)")
-    ap.add_argument("--max-host-load", type=float, default=0.75)
-    ap.add_argument("--min-step-s", type=float, default=0.3,
-                    help="GPU-bound proxy: screened step at least this long")
-    ap.add_argument("--min-mb-tokens", type=int, default=4096,
-                    help="GPU-bound proxy: tokens per micro-batch at least this many")
+    ap.add_argument("--max-host-load", type=float, default=0.5,
+                    help="screened CPU dispatch over GPU time at most this, on every "
+                         "profile: a margin for a host whose CPU dispatches slower and for "
+                         "the operator-count scaling of another family's rows (measured "
+                         "1.3-2.5 x where it counts 1.6-2.1 x) [%(default)s]")
+    ap.add_argument("--min-step-s", type=float, default=0.0,
+                    help="round 36's GPU-bound proxy: screened step at least this long "
+                         "(off: the profiles' CPU dispatch screens)")
+    ap.add_argument("--min-mb-tokens", type=int, default=0,
+                    help="round 36's GPU-bound proxy: tokens per micro-batch at least this "
+                         "many (off)")
     ap.add_argument("--max-mem-gib", type=float, default=70.0)
     ap.add_argument("--prefix", default="t")
     ap.add_argument("--out", type=Path, default=None, help="directory for the drawn set")
@@ -226,11 +310,14 @@ def main(argv=None) -> int:
                            max_params=args.max_params)
             print(json.dumps(m.to_dict()), f"# {m.num_params() / 1e9:.2f} B")
         return 0
-    if not Path(args.profile).is_file():
-        ap.error(f"--profile {args.profile}: no such file")
+    profiles = args.profile or list(DEFAULT_SCREEN_PROFILES)
+    gpus = args.gpu or list(DEFAULT_SCREEN_GPUS if args.profile is None else ["NVIDIA H200"])
+    for profile in profiles:
+        if not (ROOT / profile).is_file() and not Path(profile).is_file():
+            ap.error(f"--profile {profile}: no such file")
     models, chosen, attempt, rejected = draw_round(
-        args.seed, n_models=args.models, per_model=args.per_model, profile=args.profile,
-        gpu=args.gpu, max_step_s=args.max_step_s, max_total_s=args.max_total_s,
+        args.seed, n_models=args.models, per_model=args.per_model, profiles=profiles,
+        gpus=gpus, max_step_s=args.max_step_s, max_total_s=args.max_total_s,
         max_host_load=args.max_host_load, max_mem_gib=args.max_mem_gib,
         min_step_s=args.min_step_s, min_mb_tokens=args.min_mb_tokens)
     total = sum(e.step_time_s for picks in chosen.values() for _, e in picks)
@@ -243,7 +330,7 @@ def main(argv=None) -> int:
                 "drawn_at_commit": _git_head(), "date": datetime.date.today().isoformat(),
                 "command": " ".join(["python", "benchmarks/draw_models.py", *(argv or
                                                                               sys.argv[1:])]),
-                "screen_profile": args.profile, "screen_gpu": args.gpu,
+                "screen_profile": ", ".join(profiles), "screen_gpu": ", ".join(gpus),
                 "rejected_models": [list(r) for r in rejected], "layout_attempt": attempt,
                 "tokens_per_step": TOKENS_PER_STEP}
         write_set(args.out, models, chosen, meta)

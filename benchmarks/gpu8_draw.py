@@ -230,15 +230,17 @@ def draw_set(seed: int, *, profile: str, gpu: str, cpu_profiles=CPU_PROFILES,
              min_params: float = 3e9, max_params: float = 6e9, max_host_load: float = 0.6,
              max_step_s: float = 1.5, min_step_s: float = 0.25, max_total_s: float = 16.0,
              max_mem_gib: float = 60.0, tokens_per_step: int = TOKENS_PER_STEP,
-             prefix: str = "g42"):
+             prefix: str = "g42", except_set: str | None = None):
     """Models and layouts of the set; returns (models, chosen, attempt, rejected, proxy)
-    where ``proxy[(model name, layout)]`` is the layout's screened host load."""
+    where ``proxy[(model name, layout)]`` is the layout's screened host load.
+    ``except_set``: the set being drawn, whose own shapes are not "run before" (so the draw
+    can be repeated once it is committed)."""
     rng = random.Random(seed)
     rows = CpuRows(*(ROOT / p for p in cpu_profiles))
     cluster = apply_profile(Cluster.preset("dgx-h200" if "H200" in gpu else "dgx-h100",
                                            nodes=1, gpus_per_node=NPROC), profile)
     h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=NPROC)
-    seen = dm.known_shapes()
+    seen = dm.known_shapes(except_set=except_set)
     models, pools, rejected, proxy = {}, {}, [], {}
     while len(models) < n_models:
         m = dm.draw_model(rng, f"{prefix}m{len(models) + len(rejected) + 1:02d}",
@@ -325,7 +327,7 @@ def main(argv=None) -> int:
         max_host_load=args.max_host_load, max_step_s=args.max_step_s,
         min_step_s=args.min_step_s, max_total_s=args.max_total_s,
         max_mem_gib=args.max_mem_gib, tokens_per_step=args.tokens_per_step,
-        prefix=args.prefix)
+        prefix=args.prefix, except_set=args.out.name if args.out else None)
     total = sum(e.step_time_s for picks in chosen.values() for _, e in picks)
     mbs = {name: calibrate_micro_batches(picks) for name, picks in chosen.items()}
     print(f"# seed {args.seed}: {len(models)} models ({len(rejected)} drawn and rejected: "

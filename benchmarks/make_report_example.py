@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="report directory (replaced if it holds a report)")
     ap.add_argument("--screenshot", default=str(ROOT / "docs" / "report_screenshot.png"))
-    ap.add_argument("--window", default="1200,2000", help="browser window WIDTH,HEIGHT")
+    ap.add_argument("--window", default="1400,2000", help="browser window WIDTH,HEIGHT")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from meshplan.cli import main as cli_main

@@ -1,25 +1,33 @@
 """Run and score a transfer round (issue 36, item 5) with the user's commands.
 
 The set is a directory written by ``benchmarks/draw_models.py --round`` (``set.json``,
-``models/*.json``, ``layouts/*.json``). On the lent 4-GPU machine, one device call each:
+``models/*.json``, ``layouts/*.json``). On the lent 4-GPU machine, one device call each
+(docs/benchmarks/transfer.md has the exact commands of a round):
 
-    python benchmarks/transfer_round.py calibrate --set benchmarks/sets/transfer36 --out $OUT
-    python benchmarks/transfer_round.py validate  --set benchmarks/sets/transfer36 --out $OUT
-    python benchmarks/transfer_round.py generic   --out $OUT   # calibration timing no model
-
-(validate uses the profile the first call left in ``--keep`` on the still-warm machine, or
-``--profile FILE``.) A CPU dry run of the whole path with shrunk models:
-``... validate --device cpu --tiny --nproc 4 --out /tmp/t36cpu``.
+    python benchmarks/transfer_round.py calibrate --set DIR --part 1/2 --out $OUT
+    python benchmarks/transfer_round.py calibrate --set DIR --part 2/2 --generic-first --out $OUT
+    python benchmarks/transfer_round.py validate  --set DIR --part 1/2 --out $OUT
+    python benchmarks/transfer_round.py validate  --set DIR --part 2/2 --out $OUT
 
 ``calibrate`` runs ``meshplan calibrate --nproc 4 --model A --model B ...`` with the set's
-models; ``validate`` runs ``meshplan validate --runtime torch --layout-list ...`` once per
-model (each model has its own job), sharing one time budget, then merges the records into
-one accuracy.json; ``generic`` runs ``meshplan calibrate --nproc 4`` without ``--model``.
+models (``--part K/N``: the models i with i % N == K - 1; its ``--time-budget`` bounds
+every layer round, so the call writes its profile within the budget); ``generic`` (or
+``--generic-first``) runs ``meshplan calibrate --nproc 4`` without ``--model``.
+``validate`` runs ``meshplan validate --runtime torch --layout-list ...`` once per model
+(each model has its own job), sharing one time budget, and writes one accuracy.json;
+``--part K/N`` runs every model's layouts j with j % N == K - 1 (each layout costs
+25-30 s of start-up beside its steps, so a round's 24 layouts take two calls of 12), with
+each model's profile from the calibrate call that timed it (``--keep`` on the still-warm
+machine, or ``--profiles DIR`` / ``--profile FILE``). A CPU dry run of the whole path with
+shrunk models: ``... validate --device cpu --tiny --nproc 4 --out /tmp/t36cpu``.
+
 Back on any machine (CPU):
 
+    python benchmarks/transfer_round.py merge --parts A/accuracy.json B/accuracy.json --out DIR
     python benchmarks/transfer_round.py report --accuracy accuracy.json \\
         [--profile generic.toml --gpu "NVIDIA H100 80GB HBM3"]
 
+``merge`` joins the parts' records into one accuracy.json (with .md and .png); ``report``
 prints the round's figures as the issue states its goals (step mean / max, ranks within 5 %
 memory, Spearman and best-layout gap per model) and, with ``--profile``, the same layouts
 re-predicted on that profile (the second prediction: a calibration that did not time
@@ -77,6 +85,53 @@ def part_models(doc: dict, part: tuple[int, int] | None) -> list[dict]:
         return doc["models"]
     k, n = part
     return [m for i, m in enumerate(doc["models"]) if i % n == k - 1]
+
+
+def part_layouts(doc: dict, part: tuple[int, int] | None, where: Path) -> list[dict]:
+    """Every model with, for ``part`` (K, N), only its layouts j with j % N == K - 1, each
+    model's layout list rewritten to ``where`` (validate's ``--layout-list``)."""
+    if part is None:
+        return doc["models"]
+    k, n = part
+    where.mkdir(parents=True, exist_ok=True)
+    out = []
+    for m in doc["models"]:
+        listed = json.loads(Path(m["layout_file"]).read_text())
+        mine = [x for j, x in enumerate(listed) if j % n == k - 1]
+        if not mine:
+            continue
+        path = where / f"{m['name']}.json"
+        path.write_text(json.dumps(mine, indent=1) + "\n")
+        out.append(dict(m, layout_file=str(path)))
+    return out
+
+
+def merge_parts(paths: list[Path]) -> tuple[list[dict], dict]:
+    """The records of every part's accuracy.json, in the set's order, and their metadata
+    (the first part's, with every part's profiles, commands and jobs). A layout in two parts
+    is an error: the parts of one round are disjoint."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    sets = {d.get("set") for d in docs}
+    if len(sets) != 1:
+        raise SystemExit(f"merge: the parts come from different sets {sorted(map(str, sets))}")
+    records, seen = [], {}
+    for path, d in zip(paths, docs):
+        for r in d["records"]:
+            key = (r["model"], r["name"])
+            if key in seen:
+                raise SystemExit(f"merge: layout {r['name']} of {r['model']} is in both "
+                                 f"{seen[key]} and {path}")
+            seen[key] = path
+            records.append(r)
+    records.sort(key=lambda r: r["name"])
+    meta = {k: v for k, v in docs[0].items()
+            if k not in ("records", "summary", "summary_by_model", "schema", "version")}
+    meta["profiles"] = {k: v for d in docs for k, v in (d.get("profiles") or {}).items()}
+    meta["profile"] = ", ".join(sorted({p for p in meta["profiles"].values() if p}))
+    meta["jobs"] = {k: v for d in docs for k, v in (d.get("jobs") or {}).items()}
+    meta["command"] = " ; ".join(str(d.get("command", "")) for d in docs)
+    meta["parts"] = [str(p) for p in paths]
+    return records, meta
 
 
 def profile_name(part: tuple[int, int] | None) -> str:
@@ -166,7 +221,9 @@ def validate_set(doc: dict, args) -> Path:
     """One ``meshplan validate`` per model, sharing ``args.budget`` seconds; one merged
     accuracy.json in ``args.out``."""
     gpu = gpu_name() if args.device != "cpu" else "cpu"
-    models = part_models(doc, parse_part(args.part))
+    part = parse_part(args.part)
+    tag = "" if part is None else f"_part{part[0]}of{part[1]}"
+    models = part_layouts(doc, part, args.keep / f"layouts{tag}")
     profiles = {}
     for m in models:
         kept = None if args.profile else kept_profile(args.profiles or args.keep, doc, m["name"])
@@ -180,7 +237,7 @@ def validate_set(doc: dict, args) -> Path:
     for i, m in enumerate(models):
         left = args.budget - (time.perf_counter() - t0)
         share = max(0.0, left / (len(models) - i))
-        d = args.keep / "val" / m["name"]
+        d = args.keep / f"val{tag}" / m["name"]
         _run(validate_cmd(m, d, profile=profiles[m["name"]], gpu=gpu, nproc=args.nproc,
                           budget_s=share, device=args.device, steps=args.steps,
                           warmup=args.warmup, layout_timeout_s=args.layout_timeout),
@@ -192,10 +249,11 @@ def validate_set(doc: dict, args) -> Path:
             "profile": ", ".join(sorted({p for p in profiles.values() if p})),
             "profiles": profiles, "device": args.device,
             "command": " ".join(["python", *sys.argv]),
-            "jobs": {m["name"]: m["job"] for m in models}}
+            "jobs": {m["name"]: m["job"] for m in models},
+            **({"part": args.part} if part else {})}
     paths = write_accuracy(args.out, records, meta)
-    subprocess.run(["tar", "czf", str(args.out / "runs.tgz"), "-C", str(args.keep), "val"],
-                   check=False)
+    subprocess.run(["tar", "czf", str(args.out / f"runs{tag}.tgz"), "-C", str(args.keep),
+                    f"val{tag}"], check=False)
     return paths["json"]
 
 
@@ -251,7 +309,7 @@ def _fmt(f: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["calibrate", "validate", "generic", "report"])
+    ap.add_argument("what", choices=["calibrate", "validate", "generic", "merge", "report"])
     ap.add_argument("--set", type=Path, default=ROOT / "benchmarks" / "sets" / "transfer36")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/transfer-out")))
     ap.add_argument("--keep", type=Path, default=Path("/tmp/meshplan-keep"),
@@ -267,8 +325,12 @@ def main(argv=None) -> int:
     ap.add_argument("--layout-timeout", type=float, default=60.0,
                     help="validate: seconds per layout")
     ap.add_argument("--part", default=None, metavar="K/N",
-                    help="only the models i with i %% N == K-1 (calibrate: one profile per "
-                         "part, profile_partKofN.toml; validate finds each model's part)")
+                    help="calibrate: only the models i with i %% N == K-1 (one profile per "
+                         "part, profile_partKofN.toml); validate: every model's layouts j "
+                         "with j %% N == K-1, each model with the profile of the calibrate "
+                         "part that timed it")
+    ap.add_argument("--parts", type=Path, nargs="+", default=None,
+                    help="merge: the parts' accuracy.json files")
     ap.add_argument("--profiles", type=Path, default=None,
                     help="validate: a directory holding profile.toml or the parts' profiles "
                          "(default: --keep, where the calibrate calls left them)")
@@ -285,6 +347,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.budget is None:
         args.budget = {"calibrate": 540.0, "validate": 470.0, "generic": 150.0}.get(args.what, 0)
+    if args.what == "merge":
+        if not args.parts:
+            ap.error("merge needs --parts A/accuracy.json B/accuracy.json ...")
+        records, meta = merge_parts(args.parts)
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {write_accuracy(args.out, records, meta)['json']} "
+              f"({len(records)} layouts from {len(args.parts)} parts)")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     args.keep.mkdir(parents=True, exist_ok=True)
     if args.what in ("calibrate", "generic"):

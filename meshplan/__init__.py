@@ -12,8 +12,8 @@ ortools (the planner's solver does, when it runs).
 """
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.errors import (ConfigError, ExecutorError, MeshplanError, NoFeasiblePlan,
-                             PlanFileError, ProfileError, UnknownPresetError)
+from meshplan.errors import (ConfigError, ExecutorError, MeshplanError, MeshplanWarning,
+                             NoFeasiblePlan, PlanFileError, ProfileError, UnknownPresetError)
 from meshplan.hardware_profiles import Cluster, GPUSpec
 from meshplan._version import __version__
 
@@ -33,4 +33,5 @@ def __getattr__(name):  # lazy: keeps `import meshplan` light
 
 __all__ = ["plan", "estimate", "report", "ModelSpec", "Cluster", "GPUSpec", "Job", "Layout",
            "Plan", "Estimate", "MeshplanError", "ConfigError", "NoFeasiblePlan",
-           "PlanFileError", "ProfileError", "UnknownPresetError", "ExecutorError"]
+           "PlanFileError", "ProfileError", "UnknownPresetError", "ExecutorError",
+           "MeshplanWarning"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
-from meshplan.errors import MeshplanError
+from meshplan.errors import MeshplanError, MeshplanWarning
 
 COMMANDS = {
     "plan": ("meshplan.commands.plan", "search layouts and write the best plan"),
@@ -50,14 +51,31 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_missing", False):
         print(f"meshplan {args.command}: not available in this installation", file=sys.stderr)
         return 2
-    try:
-        return int(importlib.import_module(args._module).main(args) or 0)
-    except MeshplanError as exc:
-        print(f"meshplan {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"meshplan {args.command}: interrupted", file=sys.stderr)
-        return 130
+    with warnings.catch_warnings():
+        # meshplan's warnings read like its errors; --strict turns them into errors
+        warnings.simplefilter("error" if getattr(args, "strict", False) else "default",
+                              MeshplanWarning)
+        warnings.showwarning = _show_warning(args.command)
+        try:
+            return int(importlib.import_module(args._module).main(args) or 0)
+        except (MeshplanError, MeshplanWarning) as exc:
+            strict = " (--strict)" if isinstance(exc, MeshplanWarning) else ""
+            print(f"meshplan {args.command}: error{strict}: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"meshplan {args.command}: interrupted", file=sys.stderr)
+            return 130
+
+
+def _show_warning(command: str):
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, MeshplanWarning):
+            print(f"meshplan {command}: warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+    return show
 
 
 if __name__ == "__main__":

@@ -43,6 +43,12 @@ class NoFeasiblePlan(MeshplanError):
         self.suggestions = suggestions
 
 
+class MeshplanWarning(UserWarning):
+    """A request meshplan answers, but whose answer may mislead (a sequence longer than the
+    model was trained for, say). ``warnings.simplefilter("error", MeshplanWarning)`` makes
+    every one an error; the CLI's ``--strict`` does that."""
+
+
 class ExecutorError(MeshplanError):
     """The executor cannot run a plan as asked (world size, devices, out of memory)."""
 

@@ -1,6 +1,7 @@
 """FP8 microbenchmarks: the fp8 GEMM efficiency by shape, and the casts' bandwidth.
 
-Rows for a GPU profile (not yet written into it: docs/fp8.md says what the profile needs):
+Rows for a GPU profile (``meshplan calibrate`` runs them on GPUs of compute capability
+>= 8.9; :mod:`meshplan.calibrate.fp8_profile` turns them into the profile's fp8 keys):
 
 * ``fp8_gemm``: per GEMM shape (the calibration's own :class:`GemmShape` grid) and recipe,
   the three GEMMs of a linear (forward, dgrad, wgrad) on operands cast beforehand — the
@@ -11,7 +12,8 @@ Rows for a GPU profile (not yet written into it: docs/fp8.md says what the profi
 * ``fp8_cast``: per block kind, one cast of a bf16 tensor (amax, scale and cast, as
   :func:`meshplan.executor.fp8_quant.quantize` does it) and one fp8 transpose, with the
   bytes :mod:`meshplan.costmodel.fp8` counts for them, so ``bytes / seconds`` is the
-  achieved bandwidth the cast-traffic formula divides by.
+  achieved bandwidth the cast-traffic formula divides by; on CUDA also the same casts
+  compiled (``compiled cast KIND``), the bandwidth of the executor's compiled casts.
 
 GPU: the fp8 kernel (``torch._scaled_mm``). CPU: the emulation (rows only check the
 wiring; a CPU has no fp8 units to calibrate).
@@ -104,14 +106,49 @@ def bench_fp8_casts(rows: int, cols: int, device: torch.device) -> list[dict[str
     return out
 
 
+#: the block kinds whose compiled cast calibrate times (the recipes torch runs on Hopper)
+COMPILED_CAST_BLOCKS = ("tensor", "row")
+
+
+def bench_fp8_casts_compiled(rows: int, cols: int, device: torch.device,
+                             kinds: Sequence[str] = COMPILED_CAST_BLOCKS
+                             ) -> list[dict[str, Any]]:
+    """The casts of :func:`bench_fp8_casts` under ``torch.compile`` (Inductor fuses each
+    into one or two kernels, as in the executor's compiled blocks): one row per block
+    kind, ``op`` "compiled cast KIND". The compilation runs in the warm-up, outside the
+    timed calls; ``torch._dynamo`` is reset before each so no cache limit falls back to
+    eager."""
+    dt = _dtype(device)
+    hp = torch.finfo(dt).bits // 8
+    x = torch.randn(rows, cols, device=device, dtype=dt)
+    out = []
+    for kind in kinds:
+        block = CAST_BLOCKS[kind]
+        torch._dynamo.reset()
+        fn = torch.compile(lambda t, b=block: quantize(t, b, "e4m3").data, dynamic=False)
+        t = time_fn(lambda: fn(x), device=device)
+        out.append({"op": f"compiled cast {kind}", "rows": rows, "cols": cols,
+                    "bytes": cast_bytes(rows, cols, block, hp), "seconds": t.median_s,
+                    "iters": t.iters})
+    torch._dynamo.reset()
+    return out
+
+
 def fp8_rows(shapes: Iterable[GemmShape], device: torch.device, *,
              recipes: Sequence[str] = RUNNABLE_RECIPES,
-             cast_shape: tuple[int, int] = (8192, 4096)) -> dict[str, list[dict[str, Any]]]:
+             cast_shape: tuple[int, int] = (8192, 4096), compiled_casts: bool = False,
+             recipe_shapes: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """Every benchmark of this module: {"fp8_gemm": rows, "fp8_cast": rows}. A recipe the
-    device or this torch cannot run gives one row with its ``error`` instead of timings."""
+    device or this torch cannot run gives one row with its ``error`` instead of timings.
+    ``compiled_casts``: also the compiled casts (CUDA). ``recipe_shapes``: recipes after the
+    first are timed on that many of the largest shapes only (the first recipe's rows make
+    the efficiency curve; the others say whether and how fast the recipe runs)."""
+    shapes = list(shapes)
     gemm_rows: list[dict[str, Any]] = []
-    for name in recipes:
-        for s in shapes:
+    for i, name in enumerate(recipes):
+        cut = shapes if i == 0 or recipe_shapes is None else sorted(
+            shapes, key=lambda g: g.m * g.k * g.n)[-recipe_shapes:]
+        for s in cut:
             if name == "blockwise" and device.type == "cuda" and (s.k % 128 or s.n % 128):
                 continue
             try:
@@ -121,16 +158,10 @@ def fp8_rows(shapes: Iterable[GemmShape], device: torch.device, *,
                                   "n": s.n, "error": f"{type(exc).__name__}: "
                                                      f"{str(exc).splitlines()[0]}"})
                 break
-    return {"fp8_gemm": gemm_rows, "fp8_cast": bench_fp8_casts(*cast_shape, device)}
-
-
-def fp8_gemm_efficiency_points(rows: Iterable[dict[str, Any]], peak_fp8_flops: float,
-                               recipe: str = "tensorwise") -> list[tuple[float, float]]:
-    """(FLOPs of the three GEMMs, fraction of the fp8 peak) per timed shape of ``recipe``:
-    the points of an fp8 GEMM efficiency curve (meshplan.calibrate.profile.merge_points
-    merges them as it does the bf16 ones)."""
-    return sorted((r["flops"], r["flops"] / (peak_fp8_flops * r["gemm_seconds"]))
-                  for r in rows if r.get("recipe") == recipe and "gemm_seconds" in r)
+    casts = bench_fp8_casts(*cast_shape, device)
+    if compiled_casts:
+        casts += bench_fp8_casts_compiled(*cast_shape, device)
+    return {"fp8_gemm": gemm_rows, "fp8_cast": casts}
 
 
 def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
@@ -138,5 +169,5 @@ def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     return {r["op"]: r["bytes"] / r["seconds"] / 1e9 for r in rows}
 
 
-__all__ = ["bench_fp8_gemm", "bench_fp8_casts", "fp8_rows", "fp8_gemm_efficiency_points",
-           "cast_gbps", "cast_bytes", "CAST_BLOCKS", "RUNNABLE_RECIPES"]
+__all__ = ["bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled", "fp8_rows",
+           "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS", "RUNNABLE_RECIPES"]

@@ -114,6 +114,7 @@ class Config:
     zero: int = 0
     dp: int = 1
     part: str = ""
+    compile: bool = False      # every block torch.compile'd, as Layout.compile runs them
 
     @property
     def communicates(self) -> bool:
@@ -126,7 +127,7 @@ class Config:
         """Configurations with the same key share one built module (recompute flags and
         the micro-batch change nothing in the parameters)."""
         return (self.model.name, self.model, self.seq_len, self.part, self.tp,
-                self.sequence_parallel, self.zero, self.dp)
+                self.sequence_parallel, self.zero, self.dp, self.compile)
 
     def label(self) -> str:
         what = self.part or "layer"
@@ -134,7 +135,8 @@ class Config:
         if self.zero:
             par = f"zero{self.zero} dp{self.dp}" + (f" {par}" if self.tp > 1 else "")
         rc = f" rc={self.recompute}" if not self.part else ""
-        return f"{what} {self.model.name} s{self.seq_len} {par}{rc} mb{self.micro_batch}"
+        return (f"{what} {self.model.name} s{self.seq_len} {par}{rc} mb{self.micro_batch}"
+                + (" compiled" if self.compile else ""))
 
 
 def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[int, bool]]:
@@ -162,10 +164,19 @@ def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
 
 
 def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
-              max_tp: int = 8, micro_batches: Sequence[int] | None = None) -> list[Config]:
+              max_tp: int = 8, micro_batches: Sequence[int] | None = None,
+              compile_rows: Sequence[str] = ()) -> list[Config]:
     """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
-    (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only."""
-    out: list[Config] = []
+    (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
+    the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
+    their blocks compiled (timed in the first round only: :func:`bench_layer_rows`).
+
+    The order puts what a model's estimates need most first, for every model before the
+    next kind: each model's plain rows and its ends, then each model's compiled rows, its
+    FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
+    inside a round (:func:`bench_layer_rows`) then holds the basic rows of every model rather
+    than every row of the first."""
+    phases: list[list[Config]] = [[], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
@@ -176,8 +187,22 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         for tp, sp in tpsp:
             for rc in RECOMPUTE:
                 for mb in mbs:
-                    out.append(Config(model=model, seq_len=seq, tp=tp, sequence_parallel=sp,
-                                      recompute=rc, micro_batch=mb))
+                    phases[0].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb))
+        for part in ("embedding", "output"):
+            for tp, sp in tpsp:
+                if model.vocab_size % tp:
+                    continue   # apply_tensor_parallel splits the vocabulary over tp
+                for mb in mbs:
+                    phases[1].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, micro_batch=mb, part=part))
+        for tp, sp in tpsp:
+            for rc in (r for r in RECOMPUTE if r in compile_rows):
+                for mb in mbs:
+                    phases[2].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb, compile=True))
         # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
         # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
         # composed from tp 1's FSDP increment predicted)
@@ -186,9 +211,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                 for dp in (d for d in range(2, world // tp + 1) if world % (d * tp) == 0):
                     for rc in RECOMPUTE:
                         for mb in mbs[:2]:
-                            out.append(Config(model=model, seq_len=seq, tp=tp,
-                                              sequence_parallel=sp, recompute=rc,
-                                              micro_batch=mb, zero=zero, dp=dp))
+                            phases[3].append(Config(model=model, seq_len=seq, tp=tp,
+                                                    sequence_parallel=sp, recompute=rc,
+                                                    micro_batch=mb, zero=zero, dp=dp))
         # FSDP2's compute alone: ZeRO-2 on a 1-rank mesh runs the executor's bf16 parameters
         # without autocast and without gather or reduce-scatter. A pipeline's ZeRO-2 stage
         # gathers once per step, so its layers run at this speed: not the plain rows'
@@ -197,16 +222,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # docs/benchmarks/accuracy.md)
         for rc in RECOMPUTE if world > 1 else ():
             for mb in mbs:
-                out.append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
-                                  recompute=rc, micro_batch=mb, zero=2, dp=1))
-        for part in ("embedding", "output"):
-            for tp, sp in tpsp:
-                if model.vocab_size % tp:
-                    continue   # apply_tensor_parallel splits the vocabulary over tp
-                for mb in mbs:
-                    out.append(Config(model=model, seq_len=seq, tp=tp, sequence_parallel=sp,
-                                      micro_batch=mb, part=part))
-    return out
+                phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
+                                        recompute=rc, micro_batch=mb, zero=2, dp=1))
+    return [c for phase in phases for c in phase]
 
 
 # ---- per-row arithmetic (pure; unit-tested) --------------------------------------------------
@@ -344,7 +362,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         wgrad_transient_bytes=float(split_memory[1]),
         wgrad_memory_layers=int(split_memory[2]),
         wgrad_pending_stage_bytes=float(split_memory[3]),
-        wgrad_transient_stage_bytes=float(split_memory[4])))
+        wgrad_transient_stage_bytes=float(split_memory[4]), compile=cfg.compile))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
@@ -445,6 +463,9 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
     if cfg.tp > 1:
         apply_tensor_parallel(m, tp_group, sequence_parallel=cfg.sequence_parallel)
     m.activation_dtype = torch.bfloat16 if cuda else None
+    if cfg.compile:
+        for block in m.layers.values():
+            block.compile()        # as ParallelTrainer does for Layout.compile
     if cfg.zero >= 2:
         m = wrap_data_parallel(m, zero=cfg.zero,
                                groups=_DPGroups(groups.dp_mesh(cfg.dp, cfg.tp), cfg.dp),
@@ -608,6 +629,12 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
 
     cuda = device.type == "cuda"
     x, grad, reset, forward, backward = _layer_step(cfg, m, device)
+    if cfg.compile:
+        # a fresh compilation per row, static shapes like the executor's one-setting run,
+        # and no recompile limit reached over the grid (dynamo would fall back to eager);
+        # the compilation happens in _measure's warm-up, outside the timed iterations
+        import torch._dynamo
+        torch._dynamo.reset()
     with _layer_amp(cfg, device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
@@ -619,7 +646,9 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()),
                                device) - _nbytes(x)
         split = (0.0, 0.0, 0.0, 0.0)
-        if cfg.zero == 0:
+        if cfg.compile:
+            pass       # AOTAutograd compiles one backward: no input/weight split to time
+        elif cfg.zero == 0:
             split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
                                      barrier=barrier, queue=queue if split_queued else None,
                                      forward=samples)
@@ -905,8 +934,8 @@ class LayerTables:
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
                      micro_batches: Sequence[int] | None = None, split_queued: bool = False,
-                     rounds: int | None = None, budget: RoundBudget | None = None
-                     ) -> LayerTables:
+                     rounds: int | None = None, budget: RoundBudget | None = None,
+                     compile_rows: Sequence[str] = ()) -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -920,7 +949,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
-                     micro_batches=micro_batches)
+                     micro_batches=micro_batches, compile_rows=compile_rows)
     layers = LAYERS_CUDA if device.type == "cuda" and not quick else LAYERS_CPU
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)
@@ -951,8 +980,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     if budget is not None and spent_s + budget.allowance_s > budget.budget_s:
         # a note only (rank 0's view): nothing is decided from it
         _note(progress, f"--time-budget {budget.budget_s:g} s is spent before the layer "
-                        f"tables ({spent_s:.0f} s elapsed): round 1 runs anyway (a profile "
-                        f"from one round is better than none)")
+                        f"tables ({spent_s:.0f} s elapsed): no layer row fits; the profile "
+                        f"is written without them")
     deep_key, deep_module = None, None
     ran = 0
     for rnd in range(rounds):
@@ -960,14 +989,26 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         first_only_s = 0.0   # the deep split, which later rounds do not repeat
         built_key, module, tp_group = None, None, None
         oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
+        t_row, stopped_at = None, None
         for idx, cfg in enumerate(grid):
             tag = f"round {rnd + 1}: {cfg.label()}"
+            if budget is not None and _row_budget_stops(
+                    budget, time.perf_counter() - t_row if t_row is not None else 0.0,
+                    device, world, progress, tag):
+                stopped_at = idx
+                break
+            t_row = time.perf_counter()
             if cfg.build_key != built_key:
                 module = tp_group = None
                 _free(device)
                 built_key = cfg.build_key
             if idx in skipped:
                 _step(progress, f"{tag}: skipped (out of memory or failed in an earlier round)")
+                continue
+            if cfg.compile and rnd > 0:
+                # compiling each row again costs more than the rounds' median gains (GPU
+                # times repeat within 1 %, docs/calibrate.md): first round only
+                _step(progress, f"{tag}: compiled rows are timed in the first round only")
                 continue
             if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
                 skipped.add(idx)
@@ -976,6 +1017,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
             values, oom, failed = [0.0] * n_values, 0.0, ""
+            t_row = time.perf_counter()
             try:
                 if module is None:
                     module, tp_group = _build(cfg, layers, device, groups)
@@ -1011,6 +1053,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                 + ", skipped")
                 continue
             measured.setdefault(idx, []).append(values)
+            if cfg.compile:   # first round only: not part of a later round's projection
+                first_only_s += time.perf_counter() - t_row
             fc, bc = _cpu_fields(cfg)
             if rnd == 0 and not cfg.part and cfg.zero == 0 and values[5] > 0:
                 # once per row, in the first round: that is the only round sure to run.
@@ -1027,7 +1071,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     deep_mem[idx] = wmem
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA)
-            if not cfg.part and values[bc] > 0 \
+            if not cfg.part and values[bc] > 0 and not cfg.compile \
                     and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
                 cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
                                                    queue, iters=iters, barrier=barrier,
@@ -1049,7 +1093,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         module = tp_group = deep_module = cpu_module = None
         cpu_key = None
         _free(device)
-        ran = rnd + 1
+        ran = rnd + 1 if stopped_at != 0 else rnd   # a round stopped before its first row
+        if stopped_at is not None:
+            if progress is not None:   # keep [done/total] honest
+                progress.drop(len(grid) - stopped_at + len(grid) * (rounds - ran))
+            break
         if budget is not None and _budget_stops(
                 ran, rounds, budget, time.perf_counter() - t_round - first_only_s, device,
                 world, progress):
@@ -1084,6 +1132,33 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
 
 
+def _agreed(budget: RoundBudget, last_s: float, device, world: int):
+    """(the budget's decision on one more piece taking ``last_s``, elapsed, last) from the
+    largest elapsed and last times over ranks, so that every rank decides alike."""
+    elapsed_s, last_s = _reduce([budget.elapsed_s(), last_s], [0, 1], device, world)
+    return (next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
+                       allowance_s=budget.allowance_s), elapsed_s, last_s)
+
+
+def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, progress,
+                      tag: str) -> bool:
+    """Before the next row of a round: whether it, taking as long as the row just measured
+    (``row_s``, with what that row measured beside it), would end past ``budget`` with what
+    still follows the layer tables. Then the round stops there, the first one too: its rows
+    so far are kept and the profile is written within the budget (round 36's calibration
+    of two 2.3-2.7 B models ran its first round 40 s past ``--time-budget 463`` and was
+    killed, writing nothing; docs/benchmarks/transfer.md). Collective, like
+    :func:`_budget_stops`: all ranks decide from the largest elapsed and row times."""
+    decision, _, last_s = _agreed(budget, row_s, device, world)
+    if decision.run:
+        return False
+    _note(progress, f"{tag} and the rows after it skipped: projected "
+                    f"{decision.projected_end_s:.0f} s > --time-budget {budget.budget_s:g} s "
+                    f"(the last row took {last_s:.1f} s, ~{budget.allowance_s:.0f} s to come "
+                    f"after the layer tables); the rows measured so far are kept")
+    return True
+
+
 def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, device,
                   world: int, progress) -> bool:
     """After ``done`` of at most ``rounds`` layer rounds, the last of which took ``round_s``
@@ -1091,17 +1166,13 @@ def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, d
     Collective: every rank must call it; all decide from the largest elapsed and round
     times over ranks, so they agree (ranks that disagreed would deadlock in the next
     round's collectives)."""
-    elapsed_s, last_s = _reduce([budget.elapsed_s(), round_s], [0, 1], device, world)
+    decision, elapsed_s, last_s = _agreed(budget, round_s, device, world)
     if done == 1 and elapsed_s + budget.allowance_s > budget.budget_s:
         _note(progress, f"round 1 ended {elapsed_s:.0f} s into the calibration: with "
                         f"~{budget.allowance_s:.0f} s still to come it overruns --time-budget "
                         f"{budget.budget_s:g} s (kept: a profile from one round is better "
                         f"than none)")
-    if done >= rounds:
-        return False
-    decision = next_round(elapsed_s=elapsed_s, last_round_s=last_s, budget_s=budget.budget_s,
-                          allowance_s=budget.allowance_s)
-    if decision.run:
+    if done >= rounds or decision.run:
         return False
     _note(progress, f"round {done + 1} skipped: projected {decision.projected_end_s:.0f} s > "
                     f"--time-budget {budget.budget_s:g} s (round {done} took {last_s:.0f} s,"

@@ -12,6 +12,9 @@ measured time of the benchmark it came from (meshplan/costmodel/compute.py and c
 * Memory-bound ops: bytes counted as the cost model counts them (norm 2 elements per
   element, residual add 3, activation in+out, optimizer 32 B/param), forward + backward
   (backward moves twice the forward bytes); ``hbm_efficiency = Σbytes / (Σt · hbm_gbps)``.
+* fp8 (GPUs with an fp8 peak): the curve, the cast rates and the recipes that ran, from
+  :mod:`meshplan.calibrate.bench_fp8`'s rows (:func:`fp8_keys`, definitions in
+  :mod:`meshplan.calibrate.fp8_profile`).
 * Collectives (ring; Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention,
   nccl-tests/doc/PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer in 2(n-1) steps,
   reduce-scatter / all-gather (n-1)/n in n-1 steps; ``eff(S) = bus_bytes / ((t - steps ·
@@ -26,8 +29,10 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from meshplan.calibrate import fp8_profile as fp8p
 from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR
 from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.calibrated import membound_op_efficiency
 from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
 from meshplan.hardware_profiles.corrections import builtin_corrections
 from meshplan.hardware_profiles.curve import Curve
@@ -128,6 +133,7 @@ def _median(xs: Sequence[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+
 def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
                   base: GPUSpec | None, device: str, provenance: Mapping[str, Any],
                   cpu_peak_tflops: float | None = None, cpu_memory_gbps: float | None = None,
@@ -190,6 +196,10 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         eff = sum(r["model_bytes"] for r in mb) / sum(r["seconds"] for r in mb) / 1e9 / hbm_gbps
         gpu["hbm_efficiency"] = min(MAX_EFFICIENCY, eff)
         measured.append("hbm_efficiency")
+        ops = membound_op_efficiency(mb, MAX_EFFICIENCY)
+        if ops:
+            gpu["membound_efficiency"] = ops
+            measured.append("membound_efficiency")
 
     cluster: dict[str, Any] = {}
     lat_rows = rows.get("latency", [])
@@ -237,6 +247,8 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     if adamw:
         gpu["optimizer_gbps"] = _median([r["model_bytes"] / r["seconds"] / 1e9 for r in adamw])
         measured.append("optimizer_gbps")
+    if base is not None and base.peak_tflops.get("fp8"):
+        gpu.update(fp8_keys(rows, base, measured))
 
     if base is not None:
         full = base.to_dict()
@@ -275,6 +287,29 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     return doc
 
 
+def fp8_keys(rows: Mapping[str, list[dict[str, Any]]], base: GPUSpec,
+             measured: list[str]) -> dict[str, Any]:
+    """The ``[gpu]`` fp8 keys the ``fp8_gemm`` / ``fp8_cast`` rows measure (definitions:
+    :mod:`meshplan.calibrate.fp8_profile`), each appended to ``measured``; keys without rows
+    stay the base profile's."""
+    gemm, casts = rows.get("fp8_gemm", []), rows.get("fp8_cast", [])
+    out: dict[str, Any] = {}
+    recipes = fp8p.timed_recipes(gemm)
+    if recipes:
+        pts = merge_points(fp8p.fp8_gemm_efficiency_points(gemm, base.peak_flops("fp8"),
+                                                           recipes[0]))
+        out["fp8_gemm_efficiency"] = extend_with_base(pts, base.fp8_gemm_efficiency).to_list()
+        out["fp8_torch_recipes"] = recipes
+    fit = fp8p.eager_cast_fit(gemm)
+    if fit is not None:
+        out["fp8_cast_eager_pass_s"], out["fp8_cast_eager_gbps"] = fit
+    compiled = fp8p.compiled_cast_gbps(casts)
+    if compiled is not None:
+        out["fp8_cast_compiled_gbps"] = compiled
+    measured += list(out)
+    return out
+
+
 def correction_table(base: GPUSpec | None) -> dict[str, Any]:
     """The profile's ``[corrections]`` table: the numbers of the cost model's named
     corrections (:mod:`meshplan.costmodel.corrections`). No benchmark of this calibration
@@ -290,6 +325,6 @@ def correction_table(base: GPUSpec | None) -> dict[str, Any]:
     return table
 
 
-__all__ = ["build_profile", "correction_table", "merge_points", "extend_with_base", "gemm_efficiency",
+__all__ = ["build_profile", "correction_table", "fp8_keys", "merge_points", "extend_with_base", "gemm_efficiency",
            "attention_efficiency", "collective_efficiency", "collective_bus_bytes",
            "attention_executed_flops"]

@@ -44,6 +44,11 @@ class CalibrateOptions:
     # wall clock for the whole calibration (None: no limit); a layer round after the first
     # runs only if projected to fit (meshplan.calibrate.budget)
     time_budget_s: float | None = None
+    # fp8 GEMMs and casts on GPUs with fp8 tensor cores (meshplan.calibrate.bench_fp8)
+    fp8: bool = True
+    # recompute modes whose plain layer rows are also timed compiled (--compile-rows; first
+    # layer round only); () = none
+    compile_rows: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # checked here as well as by the CLI: torchrun children would fail one by one
@@ -51,6 +56,21 @@ class CalibrateOptions:
             require_positive_int("CalibrateOptions", "layer_rounds", self.layer_rounds)
         if self.time_budget_s is not None:
             check_time_budget("CalibrateOptions.time_budget_s", self.time_budget_s)
+        from meshplan.spec.choices import RECOMPUTE
+        bad = [r for r in self.compile_rows if r not in RECOMPUTE]
+        if bad:
+            raise ConfigError(f"CalibrateOptions.compile_rows {list(self.compile_rows)}: "
+                              f"{bad} not a recompute mode; choose from {list(RECOMPUTE)}")
+
+
+#: fp8 recipes after the first are timed on this many of the largest GEMM shapes
+FP8_RECIPE_SHAPES = 4
+
+
+def has_fp8_tensor_cores(device) -> bool:
+    """CUDA compute capability 8.9 (Ada) or later: the GPUs with fp8 tensor cores."""
+    import torch
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
@@ -98,6 +118,8 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "micro_batches": ", ".join(map(str, micro_batch_sizes(
             options.quick, options.micro_batches))),
         "split_timing": options.split_timing,
+        "compile_rows": ", ".join(options.compile_rows),
+        "fp8": bool(options.fp8 and has_fp8_tensor_cores(device)),
         "python_gc": "off while timing",
         "layer_rounds": layer_rounds,
         **({"host_probe_us": [round(v, 3) for v in host_probe_us]} if host_probe_us else {}),
@@ -181,14 +203,16 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         gemms = shapes.default_gemm_shapes(options.quick, kind)
         attn = shapes.default_attention_shapes(options.quick, kind)
     grid = (bench_layers.plan_grid(options.models, options.seq_len, world, quick=options.quick,
-                                   max_tp=options.max_tp, micro_batches=options.micro_batches)
+                                   max_tp=options.max_tp, micro_batches=options.micro_batches,
+                                   compile_rows=options.compile_rows)
             if options.models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
     rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
+    fp8 = options.fp8 and has_fp8_tensor_cores(device)
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
-             + len(grid) * rounds + (2 if world > 1 else 0))
+             + len(grid) * rounds + (2 if world > 1 else 0) + (1 if fp8 else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "
               f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes, "
@@ -211,6 +235,15 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         rows["gemm"].append(r)
         prog.step(f"gemm {g.m}x{g.k}x{g.n} {g.label}: "
                   f"{6 * g.m * g.k * g.n / r['seconds'] / 1e12:.2f} TFLOP/s")
+    if fp8:
+        from meshplan.calibrate.bench_fp8 import fp8_rows
+        t0 = time.perf_counter()
+        part = fp8_rows(gemms, device, compiled_casts=True, recipe_shapes=FP8_RECIPE_SHAPES)
+        rows.update(part)
+        ran = sorted({r["recipe"] for r in part["fp8_gemm"] if "gemm_seconds" in r})
+        prog.step(f"fp8: {len(part['fp8_gemm'])} GEMM rows (recipes that ran: "
+                  f"{', '.join(ran) or 'none'}), {len(part['fp8_cast'])} casts in "
+                  f"{time.perf_counter() - t0:.0f} s")
     for a in attn:
         r = bench_compute.bench_attention(a, device)
         rows["attention"].append(r)
@@ -244,7 +277,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         tables = bench_layers.bench_layer_rows(
             options.models, options.seq_len, device, world, rank, quick=options.quick,
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
-            split_queued=options.split_timing == "queued", rounds=rounds, budget=budget)
+            split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
+            compile_rows=options.compile_rows)
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from meshplan.errors import ProfileError
+from meshplan.planner.planfile import new_temp_file
 
 
 def _scalar(v: Any, where: str) -> str:
@@ -98,7 +98,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = new_temp_file(path)   # the user's umask, not mkstemp's 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -3,6 +3,7 @@
     meshplan calibrate --device cpu --quick --out cpu.toml          # one process, CPU
     meshplan calibrate --nproc 4 --out h100.toml                    # spawns torchrun on 4 GPUs
     meshplan calibrate --nproc 4 --model m.json --time-budget 540 --out h100.toml  # <= 9 min
+    meshplan calibrate --nproc 4 --model m.json --compile-rows --out h100.toml  # + compiled rows
     torchrun --nproc-per-node 4 -m meshplan.cli calibrate --out h100.toml   # the same, by hand
 
 See docs/calibrate.md.
@@ -51,6 +52,17 @@ def add_arguments(p) -> None:
                    help="wall-clock budget for the whole calibration: a layer round after the "
                         "first runs only if it is projected to end, with the benchmarks after "
                         "it, within SECONDS (for job time limits; docs/calibrate.md)")
+    p.add_argument("--compile-rows", nargs="?", const="none", default=None, type=_modes,
+                   metavar="MODES",
+                   help="also time the plain layer rows with every block torch.compile'd "
+                        "(what Layout.compile runs; the cost model prices compiled layouts "
+                        "from them and the planner searches compile only with them), for "
+                        "these recompute modes (comma-separated; default: none, i.e. no "
+                        "recomputation). First layer round only; each row compiles once "
+                        "(seconds to tens of seconds), so give --time-budget room for it")
+    p.add_argument("--no-fp8", action="store_true",
+                   help="skip the fp8 GEMM and cast benchmarks (run by default on GPUs of "
+                        "compute capability >= 8.9)")
     p.add_argument("--nproc", type=positive_int, default=None,
                    help="spawn torchrun with this many local processes (one per GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
@@ -65,7 +77,8 @@ def main(args) -> int:
                                max_tp=args.max_tp, micro_batches=args.micro_batches,
                                split_timing=args.split_timing,
                                show_progress=not args.no_progress,
-                               layer_rounds=args.rounds, time_budget_s=args.time_budget)
+                               layer_rounds=args.rounds, time_budget_s=args.time_budget,
+                               fp8=not args.no_fp8, compile_rows=args.compile_rows or ())
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     calibrate(options)
@@ -91,6 +104,10 @@ def child_argv(args) -> list[str]:
         out += ["--rounds", str(args.rounds)]
     if args.time_budget:
         out += ["--time-budget", repr(args.time_budget)]
+    if args.compile_rows:
+        out += ["--compile-rows", ",".join(args.compile_rows)]
+    if args.no_fp8:
+        out.append("--no-fp8")
     if args.quick:
         out.append("--quick")
     if args.no_progress:
@@ -104,6 +121,17 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not parts:
         raise argparse.ArgumentTypeError(f"{text!r}: give sizes separated by commas, e.g. 2,4,8")
     return tuple(positive_int(t) for t in parts)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    """``--compile-rows none,selective`` → ("none", "selective")."""
+    from meshplan.spec.choices import RECOMPUTE
+    modes = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [m for m in modes if m not in RECOMPUTE]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"{text!r}: give recompute modes separated by commas, "
+                                         f"from {', '.join(RECOMPUTE)}")
+    return modes
 
 
 def _spawn(args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from meshplan.spec import RECOMPUTE, SCHEDULES, Job, Layout, ModelSpec
+from meshplan.spec.choices import FP8_RECIPES, PRECISIONS
 from meshplan.spec.resolve import load_model
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
@@ -47,23 +48,32 @@ def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | N
 
 
 def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
-                 seq_len: int | None = None) -> None:
+                 seq_len: int | None = None, runtime: str = "megatron") -> None:
+    """Job options; ``runtime`` is the default of ``--runtime`` ("torch" where the command
+    runs meshplan's executor, so that its predictions describe what runs)."""
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, default=global_batch,
                    required=global_batch is None, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=positive_int, default=seq_len, required=seq_len is None,
                    help="tokens per sequence")
-    g.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
+    g.add_argument("--precision", default="bf16", choices=PRECISIONS,
+                   help="training precision; fp8 runs the transformer linears' GEMMs in fp8 "
+                        "(docs/fp8.md) [bf16]")
+    g.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
+                   help="how fp8 operands are scaled (with --precision fp8) [tensorwise]")
     g.add_argument("--tokens", type=positive_float, default=None,
                    help="tokens of the whole training run (for time-to-train and cost)")
     g.add_argument("--no-flash-attention", action="store_true",
                    help="model unfused attention (s² activations)")
     g.add_argument("--no-overlap-dp", action="store_true",
                    help="gradient reduction after backward, not overlapped with it")
-    g.add_argument("--runtime", default="megatron", choices=["megatron", "torch"],
+    g.add_argument("--runtime", default=runtime, choices=["megatron", "torch"],
                    help="whose conventions to predict: 'megatron' (16-bit weights, fp32 master "
                         "in the optimizer) or 'torch' (fp32 weights + autocast, DDP/FSDP2: "
-                        "what `meshplan run` executes) [megatron]")
+                        f"what `meshplan run` executes) [{runtime}]")
+    g.add_argument("--strict", action="store_true",
+                   help="treat meshplan's warnings (e.g. --seq-len past the model's maximum) "
+                        "as errors")
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -77,6 +87,9 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", default="none", choices=RECOMPUTE)
     g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (Layout.compile; priced from the profile's "
+                        "compiled layer rows, else as eager with a caution)")
     g.add_argument("--stage-layers", default=None,
                    help="comma-separated layers per (virtual) stage, e.g. 9,10,10,9")
 
@@ -87,7 +100,9 @@ def model_cluster_from_args(args) -> tuple[ModelSpec, Cluster]:
 
 
 def job_from_args(args) -> Job:
+    recipe = getattr(args, "fp8_recipe", None)
     return Job(global_batch=args.global_batch, seq_len=args.seq_len, precision=args.precision,
+               **({"fp8_recipe": recipe} if recipe else {}),
                tokens=args.tokens, flash_attention=not args.no_flash_attention,
                overlap_dp_comm=not args.no_overlap_dp,
                runtime=getattr(args, "runtime", "megatron"))
@@ -104,7 +119,7 @@ def layout_from_args(args) -> Layout:
     return Layout(dp=args.dp, pp=args.pp, tp=args.tp, micro_batch=args.micro_batch,
                   schedule=args.schedule, vpp=args.vpp, recompute=args.recompute,
                   zero=args.zero, sequence_parallel=args.sequence_parallel,
-                  stage_layers=stage_layers)
+                  compile=args.compile, stage_layers=stage_layers)
 
 
 def gib(nbytes: float) -> str:

@@ -18,6 +18,7 @@ from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_
 from meshplan.commands.format import format_estimate
 from meshplan.spec import RECOMPUTE, SCHEDULES
 from meshplan.errors import ConfigError, MeshplanError
+from meshplan.planner.planfile import check_output_file
 
 
 def _gpus(text: str):
@@ -115,8 +116,8 @@ def main(args) -> int:
     model, cluster = model_cluster_from_args(args)
     job = job_from_args(args)
     out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and not args.force:
-        raise MeshplanError(f"{str(out)!r} exists; refusing to overwrite it (pass --force)")
+    if out is not None:   # before the search: a bad path fails in milliseconds
+        check_output_file(out, overwrite=args.force, what="plan file", flag="--force")
     if args.launch_dir:
         _check_launch_dir(args)
     constraints = constraints_from_args(args)
@@ -127,7 +128,7 @@ def main(args) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - t0:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
-    progress(f"planning {model.name} ({model.num_params() / 1e9:.2f}B) on {cluster.name} "
+    progress(f"planning {model.name} ({_params(model)}) on {cluster.name} "
              f"({cluster.num_gpus} GPUs), objective {args.objective}")
     p = run_plan(model, cluster, job, gpus=gpus, objective=args.objective, top_k=args.top_k,
                  constraints=constraints, solver=args.solver, progress=progress)
@@ -136,7 +137,7 @@ def main(args) -> int:
              f"({st.get('space_layouts', 0):,} layouts with stage partitions); "
              f"{st.get('tables_built', st.get('layouts_evaluated', 0)):,} evaluated, "
              f"{st.get('survivors', '-')} in the CP-SAT model, {st['wall_s']:.2f} s")
-    print(f"{model.name} ({model.num_params() / 1e9:.2f}B params) on {cluster.name} "
+    print(f"{model.name} ({_params(model)} params) on {cluster.name} "
           f"({cluster.nodes}×{cluster.gpus_per_node} {cluster.gpu.name}); batch "
           f"{job.global_batch}×{job.seq_len}; objective {args.objective}\n")
     print(_table(p))
@@ -151,6 +152,11 @@ def main(args) -> int:
         script = p.write_launch_script(args.launch_dir, args.launcher, overwrite=args.force)
         print(f"launch script written to {script} (with {script.parent / 'plan.json'})")
     return 0
+
+
+def _params(model) -> str:
+    n = model.num_params()
+    return f"{n / 1e9:.2f}B" if n < 1e13 else f"{n:.3g}"
 
 
 def _check_launch_dir(args) -> None:

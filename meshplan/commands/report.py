@@ -2,7 +2,7 @@
 
     meshplan report --model llama3-70b --cluster dgx-h100 --gpus 64,128,256,512,1024 \\
         --global-batch 1024 --seq-len 8192 --tokens 2e12 --price-per-gpu-hour 2.5 \\
-        --compare-gpus a100-80gb,h100,h200 -o report/
+        --compare-gpus a100-80gb,h100,h200 --compare-precision bf16,fp8 -o report/
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def add_arguments(p) -> None:
                    help="USD per GPU-hour (default: the cluster preset's price)")
     g.add_argument("--compare-gpus", default=None,
                    help="GPU types to compare at the main count, e.g. a100-80gb,h100,h200")
+    g.add_argument("--compare-precision", default=None, metavar="P1,P2",
+                   help="precisions to compare at the main count, e.g. bf16,fp8 (fp8:rowwise "
+                        "for another recipe): time, memory and cost of each")
     g.add_argument("--measurements", nargs="+", default=[], metavar="RESULTS_JSON",
                    help="executor results.json files for the measured-vs-predicted section")
     g.add_argument("--no-sensitivity", action="store_true",
@@ -82,7 +85,8 @@ def main(args) -> int:
                      compare_gpus=args.compare_gpus, measurements=args.measurements,
                      sensitivity=not args.no_sensitivity,
                      what_if_global_batch=args.what_if_global_batch,
-                     what_if_seq_len=args.what_if_seq_len, force=args.force, progress=True)
+                     what_if_seq_len=args.what_if_seq_len, force=args.force, progress=True,
+                     compare_precision=args.compare_precision)
     print(r.recommendation)
     print(f"report: {r.paths['report.html']}")
     return 0

@@ -18,11 +18,13 @@ from pathlib import Path
 from meshplan.commands.common import (add_job_args, add_model_cluster_args, job_from_args,
                                       load_cluster, load_model, positive_float, positive_int)
 from meshplan.errors import ConfigError
+from meshplan.planner.planfile import check_creatable
 
 
 def add_arguments(p) -> None:
     add_model_cluster_args(p)
-    add_job_args(p, global_batch=16, seq_len=2048)
+    # the executor runs plain PyTorch: predict its conventions unless told otherwise
+    add_job_args(p, global_batch=16, seq_len=2048, runtime="torch")
     g = p.add_argument_group("validation")
     g.add_argument("--out", required=True, help="directory for plans, logs and accuracy.*")
     g.add_argument("--layouts", type=positive_int, default=16,
@@ -65,6 +67,10 @@ def main(args) -> int:
     from meshplan.calibrate.validate import (ValidateOptions, enumerate_layouts,
                                              layouts_from_json, pick_spread, run_layouts,
                                              write_accuracy)
+    out = Path(args.out)   # checked before minutes of runs, not after them
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
+    check_creatable(out, f"--out {str(out)!r}")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.nodes, args.profile, args.profile_override)
     job = job_from_args(args)
@@ -83,7 +89,6 @@ def main(args) -> int:
         layouts = pick_spread(model, cluster, job, valid, args.layouts)
         print(f"meshplan validate: {len(valid)} valid layouts on {nproc} ranks; running "
               f"{len(layouts)}", file=sys.stderr)
-    out = Path(args.out)
     opts = ValidateOptions(out_dir=out, nproc=nproc, device=device, steps=args.steps,
                            warmup=args.warmup, timeout_s=args.timeout, budget_s=args.budget,
                            repeats=args.repeats)

@@ -23,12 +23,14 @@ from meshplan.costmodel import caveats as cav
 from meshplan.costmodel import corrections as corr
 from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
                                               root_reduce_s, zero3_layer)
+from meshplan.costmodel.fp8_cost import fp8_caveats
 from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.parts import LayerParts, pipelined_zero2_row, ratio, stage_split
 from meshplan.costmodel.runtime import ddp_accumulates, fsdp_per_microbatch, torch_pipelined
 from meshplan.costmodel.stage_tables import inflight_table
+from meshplan.costmodel.torch_activations import torch_layer_activations
 from meshplan.costmodel.torch_memory import (compute_copy_bytes, first_backward_relief_fields,
                                              logits_chunk_bytes, pipeline_kept_outputs,
                                              pipeline_recv_buffers, pipelined_output_peak_bytes,
@@ -49,12 +51,14 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1
-    tables = cluster.gpu.measured
+    tables = parts.tables
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
     stage_row = pipelined_zero2_row(tables, model, job, layout)
+    d_f, d_b, d_w = parts.fp8_delta_s      # fp8's change, for the rows replacing the layer
     if stage_row is not None:
-        k = ratio(stage_row.backward_s, layer_b)
-        layer_f, layer_b, layer_w = stage_row.forward_s, stage_row.backward_s, layer_w * k
+        k = ratio(stage_row.backward_s, layer_b - d_b)
+        layer_f, layer_b = stage_row.forward_s + d_f, stage_row.backward_s + d_b
+        layer_w = (layer_w - d_w) * k + d_w
         measured_split = stage_split(stage_row, *measured_split, k)
     split = split_cpu = None
     if layout.schedule == "zero-bubble" and measured_split[0] is not None:
@@ -70,6 +74,10 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         else:
             split = split_cpu = split_backward_at(measured_b, measured_depth, depth)
         layer_b, layer_w = sum(split), split[1]
+    # zero-bubble with full recompute and no measured split: the weight pass's recomputes
+    passes = corr.zb_full_w_passes(cluster.gpu.corrections, job, layout,
+                                   split is not None)
+    layer_b, layer_w = layer_b + passes * layer_f, layer_w + passes * layer_f
     # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
     fsdp_row, composed = (tables.fsdp_layer(
         model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
@@ -77,6 +85,12 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         if tables and layout.zero >= 2 and dp > 1 else (None, False))
     fs = fsdp_row if fsdp else None
     act_bytes = parts.activation_bytes
+    if job.runtime == "torch" and layout.zero >= 2 and "layer" not in parts.measured:
+        # the executor runs ZeRO-2/3 (FSDP2) in bf16 without autocast: a LayerNorm keeps
+        # its 16-bit input, not autocast's fp32 copy
+        act_bytes = torch_layer_activations(
+            model, job, layout.micro_batch, tp, layout.sequence_parallel,
+            autocast=False).stored(layout.recompute)
     if fsdp_row is not None and job.runtime == "torch":
         # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
@@ -84,11 +98,16 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         act_bytes = fsdp_row.activation_bytes
     if fs is not None and not composed:
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
-        z3 = Zero3Layer(fs.forward_s - layer_f, fs.backward_s - layer_b, z3.wire_bytes,
-                        z3.total_s)
-    return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, z3=z3, fsdp=fsdp, fs=fs,
+        z3 = Zero3Layer(fs.forward_s + d_f - layer_f, fs.backward_s + d_b - layer_b,
+                        z3.wire_bytes, z3.total_s)
+    if parts.fp8 is not None and parts.fp8.weight_cast_step_s:
+        # TransformerEngine casts the weights on a step's first micro-batch (fp8_cost)
+        layer_f += parts.fp8.weight_cast_step_s / layout.num_microbatches(job.global_batch)
+    return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, zb_w_passes=passes,
+                z3=z3, fsdp=fsdp, fs=fs,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
-                act_bytes=act_bytes, layer_params=layer_params)
+                act_bytes=act_bytes, layer_params=layer_params,
+                compiled=parts.compiled and fs is None and stage_row is None)
 
 
 def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict) -> dict:
@@ -105,6 +124,9 @@ def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict)
         cpu = (stage_row.forward_cpu_s, stage_row.backward_cpu_s, *cpu[2:])
         cpu_fixed = (stage_row.forward_cpu_fixed_s, stage_row.backward_cpu_fixed_s)
     cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
+    # the weight pass's recomputes (corrections.zb_full_w_passes) dispatch the forward again
+    cpu_w_extra = lt["zb_w_passes"] * cpu[0] if cpu else 0.0
+    cpu_layer += cpu_w_extra
     # once per chunk's forward and backward call of a micro-batch (see rank_cpu_s)
     cpu_call = sum(cpu_fixed) if cpu else 0.0
     if cpu and split_cpu is not None:
@@ -128,7 +150,7 @@ def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict)
         overhead = gpu.microbatch_overhead_s / (2 * v)
     return dict(
         overhead_s=overhead, cpu_layer_s=cpu_layer, cpu_call_s=cpu_call,
-        cpu_wgrad_layer_s=split_cpu[1] if cpu and split_cpu is not None else 0.0,
+        cpu_wgrad_layer_s=(split_cpu[1] if cpu and split_cpu is not None else cpu_w_extra),
         cpu_first_s=(cpu[2] + cpu[3]) if cpu else 0.0,
         cpu_last_s=(cpu[4] + cpu[5]) if cpu else 0.0,
         cpu_action_s=action_cpu, cpu_known=cpu is not None)
@@ -183,8 +205,9 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     recv = tuple(a + b for a, b in zip(
         pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight),
         pipeline_kept_outputs(job, layout, model.hidden_size, inflight)))
+    f8 = parts.fp8
     base_buf = ((2 * parts.p2p_bytes if pp > 1 and not recv else 0.0) + dp_buf + gathered
-                + parts.backward_buf_bytes)
+                + parts.backward_buf_bytes + (f8.working_bytes if f8 is not None else 0.0))
     emb_act = parts.embedding_act_bytes
     first_params = stage_params(model, 0, tp, first=True, last=pp == 1, pp=pp)
     first_extra = (sum(state_bytes_at_peak(first_params, job, layout.zero, dp, pp))
@@ -233,7 +256,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         layer_state_bytes=(sum(state_bytes_at_peak(layer_params, job, layout.zero, dp, pp))
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
-                                                **copy_kw)),
+                                                **copy_kw)
+                           + (f8.cached_weight_bytes if f8 is not None else 0.0)),
         layer_activation_bytes=lt["act_bytes"], buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,
@@ -256,10 +280,14 @@ def time_corrections(cluster: Cluster, job: Job, layout: Layout, m: int) -> dict
                 p2p_order=corr.p2p_order_applies(numbers, job, layout, m))
 
 
-def table_caveats(job: Job, layout: Layout, lt: dict) -> tuple[str, ...]:
-    return (((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
+def table_caveats(job: Job, layout: Layout, lt: dict, parts: LayerParts) -> tuple[str, ...]:
+    return (((cav.nearest_shape_caveat(parts.transferred_from),) if parts.transferred_from
+             else ())
+            + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp_dp_only(job, layout) else ())
-            + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ()))
+            + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
+            + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
+            + fp8_caveats(parts.fp8, job))
 
 
 def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
@@ -277,13 +305,13 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         inflight=inflight,
         layer_forward_s=lt["layer_f"] + z3.forward_s,
         layer_backward_s=lt["layer_b"] + z3.backward_s,
-        layer_wgrad_s=lt["layer_w"],
+        layer_wgrad_s=lt["layer_w"], zb_w_recompute_passes=lt["zb_w_passes"],
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         **end_stage_times(model, job, layout, parts, links, lt["fsdp"]),
         **host_dispatch(cluster, layout, parts, lt),
         **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
         **time_corrections(cluster, job, layout, m),
-        caveats=table_caveats(job, layout, lt))
+        caveats=table_caveats(job, layout, lt, parts))
 
 
 __all__ = ["build_fields", "layer_times", "host_dispatch", "end_stage_times", "memory_terms",

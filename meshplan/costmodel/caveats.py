@@ -45,6 +45,11 @@ ZB_FSDP2_CAVEAT = (
     "the model counts and binds on slower hosts (docs/benchmarks/accuracy.md, rounds 22-23); "
     "compare it with the same layout at ZeRO-0/1 or 1F1B on a measured run")
 
+COMPILE_AS_EAGER_CAVEAT = (
+    "compile = True priced as eager: the GPU profile has no compiled layer rows for this "
+    "layer (`meshplan calibrate --model M --compile-rows` times them; FSDP2 layers are timed "
+    "eager only), so no speed-up from torch.compile is in this prediction")
+
 P2P_ORDER_CAVEAT = (
     "pipeline bubble: set by the order in which torch.distributed.pipelining posts its sends "
     "and receives (one NCCL stream per rank; an early receive holds back later sends), "
@@ -94,6 +99,16 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
             "prefer it")
 
 
+def nearest_shape_caveat(source: str) -> str:
+    """The caution for a layout whose layer rows were transferred from another timed shape
+    (:mod:`meshplan.costmodel.nearest_rows`): the profile did not time this model."""
+    return (f"this model's layer shape was not timed by the profile's calibration: its "
+            f"layer, embedding and output rows are the profile's rows of {source}, scaled "
+            "by the analytical model's ratio (GPU time by FLOPs and bytes, memory by "
+            "activation bytes, CPU dispatch by operator count); run `meshplan calibrate "
+            "--model` with this model for its own rows (docs/benchmarks/transfer.md)")
+
+
 def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float,
                  numbers: CorrectionNumbers) -> tuple[str, ...]:
     if is_host_bound(host_wait_s, step_s, numbers):
@@ -104,5 +119,7 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT",
+           "COMPILE_AS_EAGER_CAVEAT",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE", "is_host_bound",
-           "near_host_bound_caveat", "host_bound_caveat", "host_caveats"]
+           "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
+           "nearest_shape_caveat"]

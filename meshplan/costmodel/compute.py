@@ -84,8 +84,12 @@ def gemm_s(gpu: GPUSpec, peak_flops: float, flops: float) -> float:
     return flops / (peak_flops * gpu.gemm_efficiency(flops))
 
 
-def hbm_s(gpu: GPUSpec, nbytes: float) -> float:
-    return nbytes / (gpu.hbm_gbps * 1e9 * gpu.hbm_efficiency)
+def hbm_s(gpu: GPUSpec, nbytes: float, op: str = "") -> float:
+    """Seconds to move ``nbytes`` at the HBM efficiency of memory-bound ``op`` (the
+    profile's measured one for the executor's norms, residual adds and activations, else
+    its pooled ``hbm_efficiency``)."""
+    eff = gpu.op_hbm_efficiency(op) if op else gpu.hbm_efficiency
+    return nbytes / (gpu.hbm_gbps * 1e9 * eff)
 
 
 @dataclass(frozen=True)
@@ -136,23 +140,38 @@ def megatron_gathers_for_wgrad(job: Job) -> bool:
     return job.runtime != "torch"
 
 
+def sixteen_bit_precision(job: Job) -> str:
+    """The precision of the GEMMs fp8 training leaves in 16 bits (attention, the logits) and
+    of the layer priced before :mod:`meshplan.costmodel.fp8_cost` moves its linears to fp8:
+    bf16 for ``precision="fp8"``, the job's own otherwise."""
+    return "bf16" if job.precision == "fp8" else job.precision
+
+
+def linear_shapes(model: ModelSpec, job: Job, micro_batch: int, tp: int
+                  ) -> tuple[tuple[tuple[float, float, float], str], ...]:
+    """The four linears of a layer as ((m, k, n) tensor-parallel shard, "column" | "row"):
+    QKV and MLP up (+ gate) column-parallel, attention output and MLP down row-parallel
+    (Shoeybi et al. 2019 §3); each GEMM is 2·m·k·n FLOPs."""
+    tokens = job.seq_len * micro_batch
+    h, f, t = model.hidden_size, model.ffn_hidden_size, tp
+    return (((tokens, h, (model.q_dim + 2 * model.kv_dim) / t), "column"),    # QKV
+            ((tokens, model.q_dim / t, h), "row"),                            # attention out
+            ((tokens, h, model.ffn_matrices * f / t), "column"),              # MLP up (+ gate)
+            ((tokens, f / t, h), "row"))                                      # MLP down
+
+
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
                sequence_parallel: bool, recompute: str, tp_link: GroupLink) -> LayerCost:
     """Forward and backward time of one transformer layer on one GPU for one micro-batch."""
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
     tokens = s * b
     f = model.ffn_hidden_size
 
     # GEMMs, tensor-parallel shards: (m, k, n) -> 2mkn FLOPs each.
-    shapes = (
-        (tokens, h, (model.q_dim + 2 * model.kv_dim) / t),   # QKV (column parallel)
-        (tokens, model.q_dim / t, h),                         # attention output (row parallel)
-        (tokens, h, model.ffn_matrices * f / t),              # MLP up (+ gate)
-        (tokens, f / t, h),                                   # MLP down (row parallel)
-    )
+    shapes = tuple(shape for shape, _ in linear_shapes(model, job, micro_batch, tp))
     fwd_gemm = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in shapes)
 
     # Attention core.
@@ -169,18 +188,22 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         per = heads * s * s * b                              # score elements per GPU
         softmax_bytes = per * e * 2 + (per * (e * 2 + 1) if model.dropout else 0)
 
-    # Memory-bound traffic of the forward pass, in bytes.
+    # Memory-bound traffic of the forward pass, in bytes, each op at its own measured
+    # efficiency where the profile has one (the executor's unfused fp32 RMSNorm ran at a
+    # sixth of LayerNorm's bandwidth on 4 x H200; calibrate/profile.py)
     seq_shard = t if sequence_parallel else 1
     hidden_elems = tokens * h / seq_shard
-    mb_fwd = hidden_elems * e * (4 + 6)                      # two norms, two residual adds
+    other = 0.0
     if model.dropout:
-        mb_fwd += hidden_elems * (2 * e + 1) * 2             # two residual dropouts
+        other += hidden_elems * (2 * e + 1) * 2              # two residual dropouts
     act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
-    mb_fwd += (act_in + tokens * f / t) * e                  # activation function
     if model.position_embedding == "rope":
-        mb_fwd += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
-    mb_fwd += softmax_bytes
-    fwd_mb = hbm_s(gpu, mb_fwd)
+        other += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
+    other += softmax_bytes
+    fwd_mb = (hbm_s(gpu, hidden_elems * e * 4, model.norm)             # two norms
+              + hbm_s(gpu, hidden_elems * e * 6, "residual-add")      # two residual adds
+              + hbm_s(gpu, (act_in + tokens * f / t) * e, model.activation)
+              + hbm_s(gpu, other))
     bwd_mb = 2 * fwd_mb
 
     # Tensor-parallel collectives: attention's and the MLP's, per pass.
@@ -240,7 +263,7 @@ def logits_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: in
     input-gradient GEMM), else its gradient is all-reduced in backward.
     """
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     tokens = job.seq_len * micro_batch
     h = model.hidden_size

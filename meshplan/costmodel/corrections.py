@@ -35,6 +35,7 @@ from meshplan.spec import Job, Layout
 P2P_SLOWDOWN = "torch_p2p_slowdown"
 P2P_ORDER = "torch_p2p_order"
 ZB_FULL_SETS = "zero_bubble_full_recompute_sets"
+ZB_FULL_W = "zero_bubble_full_recompute_w"
 FSDP2_STEP = "fsdp2_dp_only_step"
 CAST_CACHE = "cast_cache_relief"
 FIRST_BACKWARD = "first_backward_relief"
@@ -112,6 +113,27 @@ def zb_full_sets(numbers: CorrectionNumbers) -> tuple[float, float] | None:
     return numbers.zb_full_pending_sets, numbers.zb_full_w_transient_sets
 
 
+def zb_full_w_passes(numbers: CorrectionNumbers, job: Job, layout: Layout,
+                     split_measured: bool) -> float:
+    """Zero-bubble with full recomputation under the torch runtime, where the layer's split
+    backward was not measured: how many forwards of a layer its weight pass runs again
+    (0 where it does not apply).
+
+    torch.distributed.pipelining's ``stage_backward_weight`` computes the weight gradients
+    with one ``torch.autograd.grad`` per parameter group, and non-reentrant checkpointing
+    re-runs the layer's forward for each graph task that reaches it (stopping early once the
+    tensors that task needs exist). The measured split rows hold it: with full recompute
+    their W is their W without it plus 4.4-5.5 forwards of the layer, on GPT- and
+    Llama-style layers at tp 1 and 2, 4 × H200 and 4 × H100
+    (``zb_full_w_forward_passes``, data/corrections.toml). Without it the analytical split
+    put zero-bubble full-recompute layouts 47-62 % under their measured steps when their
+    model's rows were left out (benchmarks/transfer_analysis.py; post hoc)."""
+    if (job.runtime != "torch" or layout.schedule != "zero-bubble"
+            or layout.recompute != "full" or split_measured or not numbers.enabled(ZB_FULL_W)):
+        return 0.0
+    return numbers.zb_full_w_forward_passes
+
+
 # ---- FSDP2 over data parallelism alone ----------------------------------------------------
 def fsdp_dp_only(job: Job, layout: Layout) -> bool:
     """FSDP2 (ZeRO-2/3) over data parallelism alone under the torch runtime: dp > 1, no
@@ -187,6 +209,8 @@ CORRECTIONS: tuple[Correction, ...] = (
                                            t.num_microbatches), p2p_order_applies),
     Correction(ZB_FULL_SETS, "memory", ("zb_full_pending_sets", "zb_full_w_transient_sets"),
                _torch_zb_full, zb_full_sets),
+    Correction(ZB_FULL_W, "step time", ("zb_full_w_forward_passes",),
+               lambda t: t.zb_w_recompute_passes > 0, zb_full_w_passes),
     Correction(FSDP2_STEP, "step time", ("fsdp2_dp_only_step_s",),
                lambda t: fsdp_dp_only(t.job, t.layout), fsdp2_step_s),
     Correction(CAST_CACHE, "memory", (), lambda t: any(t.cache_cleared_ranks),
@@ -205,5 +229,6 @@ def unsharded_zb(job: Job, layout: Layout) -> bool:
 
 
 __all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
-           "stage_slowdown", "p2p_order_applies", "zb_full_sets", "fsdp_dp_only",
+           "stage_slowdown", "p2p_order_applies", "zb_full_sets", "zb_full_w_passes",
+           "fsdp_dp_only",
            "fsdp2_step_s", "cast_cache_ranks", "memory_rule"]

@@ -1,9 +1,8 @@
 """FP8 training of the linear layers: which GEMMs run in fp8, what the casts cost, what they keep.
 
-Not wired into :func:`meshplan.costmodel.estimate` yet (``check_job_modelled`` refuses
-``precision="fp8"``); docs/fp8.md says what the integration needs. Pure functions, no torch:
-the executor (:mod:`meshplan.executor.fp8`) reads its recipes from :data:`RECIPES`, so the
-prediction and the run follow one table.
+:mod:`meshplan.costmodel.fp8_cost` composes these into an estimate (docs/fp8.md). Pure
+functions, no torch: the executor (:mod:`meshplan.executor.fp8`) reads its recipes from
+:data:`RECIPES`, so the prediction and the run follow one table.
 
 Formats (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv 2209.05433, §3 and
 Table 1): e4m3 (largest normal 448, 3 mantissa bits: round-to-nearest relative error
@@ -70,7 +69,9 @@ and tile-quantization costs, so small GEMMs gain less than 2× (Megatron-LM issu
 "fp8 only brings 35 % speed-up"). The curve comes from the GPU profile
 (:mod:`meshplan.calibrate.bench_fp8` measures it); this module takes it as a callable.
 
-Measured error: not yet compared with GPU runs (issue 41's device check is pending).
+Measured error: the cast traffic with the fitted eager rate reproduces the executor's fp8
+linear on one H100 within 10 % mean (post hoc; :mod:`meshplan.costmodel.fp8_cost`); no fp8
+training step has been compared yet (issue 41's device check is pending).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class Fp8Recipe:
 
 
 OPERANDS = ("x_fwd", "w_fwd", "dy_dgrad", "w_dgrad", "dy_wgrad", "x_wgrad")
+FORWARD_OPERANDS = ("x_fwd", "w_fwd")
 _E4, _E5 = "e4m3", "e5m2"
 _T = (0, 0)
 
@@ -211,6 +213,16 @@ class CastTraffic:
     weight_bytes: float          # every cast and transpose of W
     kernels: int                 # amax, cast and transpose passes (eager: 1-3 launches each)
     amax_allreduces: int         # tp all-reduces of amaxes (0 without tp)
+    # the passes split as the bytes are (forward + backward + weight = kernels), and the
+    # amax all-reduces of the forward's casts (the rest are the backward's)
+    forward_passes: int = 0
+    backward_passes: int = 0
+    weight_passes: int = 0
+    forward_allreduces: int = 0
+    # the part of weight_bytes / weight_passes the forward's cast of W moves (the rest is
+    # the backward's re-cast and transpose for the data gradient)
+    weight_forward_bytes: float = 0.0
+    weight_forward_passes: int = 0
 
     @property
     def per_microbatch_bytes(self) -> float:
@@ -233,8 +245,10 @@ def linear_cast_traffic(m: int, k: int, n: int, name: str, *, act_bytes: int = 2
     hp = {"x": act_bytes, "w": weight_bytes, "dy": act_bytes}
     sharded = TP_SHARDED_DIM.get(tp_parallel or "", {})
     scale_bytes = 1 if r.power_of_two_scales else SCALE_BYTES     # e8m0 scales
-    fwd = bwd = wbytes = 0.0
-    kernels = allreduces = 0
+    moved_by = {"forward": 0.0, "backward": 0.0, "weight": 0.0}
+    passes_by = {"forward": 0, "backward": 0, "weight": 0}
+    allreduces = fwd_allreduces = 0
+    w_fwd = (0.0, 0)
     for key, op in r.operands().items():
         tensor, transposed = OPERAND_SOURCE[key]
         rows, cols = shape[tensor]
@@ -245,20 +259,22 @@ def linear_cast_traffic(m: int, k: int, n: int, name: str, *, act_bytes: int = 2
             moved = elems * hp[tensor] * (2 if amax_pass else 1) + elems \
                 + scale_count(rows, cols, op.block) * scale_bytes
             launches = 2 if amax_pass else 1
-            allreduces += int(amax_pass and amax_allreduce_needed(op.block, sharded.get(tensor)))
+            reduce = int(amax_pass and amax_allreduce_needed(op.block, sharded.get(tensor)))
+            allreduces += reduce
+            fwd_allreduces += reduce if key in FORWARD_OPERANDS else 0
         if transposed:
             if fused_cast_transpose:
                 moved += elems                     # the second orientation's write
             else:
                 moved, launches = moved + 2 * elems, launches + 1
-        if tensor == "w":
-            wbytes += moved
-        elif key == "x_fwd":
-            fwd += moved
-        else:
-            bwd += moved
-        kernels += launches
-    return CastTraffic(fwd, bwd, wbytes, kernels, allreduces)
+        part = "weight" if tensor == "w" else "forward" if key == "x_fwd" else "backward"
+        moved_by[part] += moved
+        passes_by[part] += launches
+        if key == "w_fwd":
+            w_fwd = (moved, launches)
+    return CastTraffic(moved_by["forward"], moved_by["backward"], moved_by["weight"],
+                       sum(passes_by.values()), allreduces, passes_by["forward"],
+                       passes_by["backward"], passes_by["weight"], fwd_allreduces, *w_fwd)
 
 
 def cast_time_s(traffic_bytes: float, hbm_gbps: float, hbm_efficiency: float) -> float:

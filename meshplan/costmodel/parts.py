@@ -6,7 +6,10 @@ activations and working memory, :mod:`meshplan.costmodel.memory`), and the activ
 between pipeline stages (Narayanan et al. 2021 §4.1: scattered over tp). Where the GPU
 profile has measured rows (``meshplan calibrate --model``, :mod:`meshplan.costmodel.
 measured`) they replace the analytical time and bytes; the measured time is split over the
-analytical categories in their proportions, so breakdowns stay readable.
+analytical categories in their proportions, so breakdowns stay readable. A shape the profile
+did not time reads the nearest timed shape's rows, scaled (:mod:`meshplan.costmodel.
+nearest_rows`). Under runtime "torch" the analytical bytes are the executor's own tensors
+(:mod:`meshplan.costmodel.torch_activations`), Megatron's Table 2 otherwise.
 
 Measured error: on their own profiles the measured sets re-predict at 2.23 % mean absolute
 step-time error over the 267 layouts with CPU below GPU (benchmarks/repredict_sets.py).
@@ -20,10 +23,14 @@ from functools import lru_cache
 from meshplan.costmodel import comm
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
                                         logits_cost)
+from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
 from meshplan.costmodel.measured import Interpolated
 from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
                                        logits_bytes)
+from meshplan.costmodel.nearest_rows import TransferredTables, tables_for
 from meshplan.costmodel.runtime import fsdp_accumulates_unsharded
+from meshplan.costmodel.torch_activations import (torch_backward_work, torch_layer_activations,
+                                                  torch_output_bytes)
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -47,7 +54,12 @@ class LayerParts:
     split_backward: tuple[float, float] | None = None  # measured zero-bubble B, W of a layer
     # measured CPU dispatch seconds (layer f, b, embedding f, b, output f, b); None: unknown
     cpu: tuple[float, ...] | None = None
-    full_act_bytes: float = 0.0   # one layer's activations without recomputation
+    full_act_bytes: float = 0.0
+    # the measured tables this layout reads (the profile's, or its rows of the nearest timed
+    # shape scaled to this one: nearest_rows.TransferredTables) and, where the layer's row
+    # was so transferred, the shape it came from
+    tables: object = None
+    transferred_from: str = ""   # one layer's activations without recomputation
     split_depth: tuple[float, float, float] | None = None  # split_backward's growth with depth
     split_cpu: tuple[float, float] | None = None  # its B, W CPU dispatch (then B, W: GPU-busy)
     # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
@@ -56,14 +68,29 @@ class LayerParts:
     # zero-bubble with full recomputation: the measured row holding the (pending,
     # W transient) bytes per layer (measured.wgrad_bytes_at gives them at a stage's depth)
     wgrad_measured: Interpolated | None = None
+    # Layout.compile asked for: whether the layer came from a compiled measured row (False:
+    # priced as eager, which the estimate's caveats say)
+    compiled: bool = False
+    # precision "fp8": what the linears' fp8 GEMMs and casts changed in ``layer`` (already
+    # applied) and the per-step and memory terms the layout adds (meshplan.costmodel.fp8_cost)
+    fp8: Fp8Layer | None = None
+    # the fp8 change of a layer's (forward, backward, weight-gradient) seconds, for rows that
+    # replace ``layer`` later (FSDP2 rows, a pipelined ZeRO-2 stage's): (0, 0, 0) without fp8
+    fp8_delta_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 @lru_cache(maxsize=8192)
 def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
-                sequence_parallel: bool, recompute: str, tp_link, pp_link) -> LayerParts:
+                sequence_parallel: bool, recompute: str, tp_link, pp_link,
+                compile: bool = False, fsdp: bool = False) -> LayerParts:
     """Analytical pieces (compute.py, memory.py), replaced by the profile's measured layer
     and ends where it has them (:mod:`meshplan.costmodel.measured`): the measured time is
-    split over the analytical categories in their proportions, so breakdowns stay readable."""
+    split over the analytical categories in their proportions, so breakdowns stay readable.
+
+    ``compile`` (Layout.compile): the profile's compiled layer rows where it has them (the
+    executor compiles the blocks, not the ends), else the eager ones. ``fsdp``: ZeRO-2/3 over
+    dp > 1 (fp8 casts read FSDP2's bf16 weights). An fp8 job's layer is priced as bf16,
+    then moved to fp8 (:mod:`meshplan.costmodel.fp8_cost`)."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, tp_link=tp_link)
@@ -71,20 +98,32 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                          tp_link=tp_link)
     logit = logits_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                         tp_link=tp_link)
-    acts = layer_activations(model, job, mb, tp, sp)
     e = activation_bytes_per_element(job)
+    if job.runtime == "torch":
+        # meshplan's executor, tensor by tensor (torch_activations); Megatron's fused layer
+        # (Korthikanti et al. 2022 Table 2) otherwise
+        acts = torch_layer_activations(model, job, mb, tp, sp)
+        bwd_buf = torch_backward_work(model, job, mb, tp, sp, recompute)
+        logit_b, out_peak = torch_output_bytes(model, job, mb, tp)
+    else:
+        acts = layer_activations(model, job, mb, tp, sp)
+        bwd_buf = acts.full_bytes if recompute != "none" else 0.0
+        logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     act_b = acts.stored(recompute)
-    bwd_buf = acts.full_bytes if recompute != "none" else 0.0
     emb_act = job.seq_len * mb * model.hidden_size * e / (tp if sp else 1)
-    logit_b, out_peak = logits_bytes(model, job, mb, tp), 0.0
     measured: list[str] = []
     split = split_depth = split_cpu = wgrad = None
     cpu, cpu_fixed = None, (0.0, 0.0)
     full_act = acts.full_bytes
-    tables = cluster.gpu.measured
+    tables = tables_for(model, cluster, job, tp_link)
+    transferred = ""
+    compiled = False
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
-        ml = tables.layer(model, recompute=recompute, **kw)
+        ml = tables.layer(model, recompute=recompute, compile=True, **kw) if compile else None
+        compiled = ml is not None
+        if ml is None:
+            ml = tables.layer(model, recompute=recompute, **kw)
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
@@ -92,6 +131,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             if recompute == "full" and ml.wgrad_transient_bytes > 0:
                 wgrad = ml
             measured.append("layer")
+            if isinstance(tables, TransferredTables):
+                transferred = tables.source_for(tp=tp, sequence_parallel=sp,
+                                                recompute=recompute).label
         me = tables.end(model, "embedding", **kw)
         if me is not None:
             emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
@@ -103,7 +145,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
             logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
             measured.append("output")
-        plain = ml if recompute == "none" else tables.layer(model, recompute="none", **kw)
+        plain = ml if recompute == "none" else (
+            compiled and tables.layer(model, recompute="none", compile=True, **kw)
+            or tables.layer(model, recompute="none", **kw))
         if plain is not None:
             full_act = plain.activation_bytes
         if ml is not None and me is not None and mo is not None and all(
@@ -111,12 +155,22 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
                    mo.forward_cpu_s, mo.backward_cpu_s)
             cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
+    f8, delta = None, (0.0, 0.0, 0.0)
+    if job.precision == "fp8":
+        f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                       recompute=recompute, compile=compile, fsdp=fsdp, tp_link=tp_link)
+        moved = f8.apply(layer, recompute)
+        delta = (moved.forward.total_s - layer.forward.total_s,
+                 moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
+        layer = moved
+        act_b = max(0.0, act_b + f8.activation_delta_bytes)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
-                      wgrad_measured=wgrad)
+                      wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
+                      tables=tables, transferred_from=transferred)
 
 
 def ratio(measured_s: float, analytical_s: float) -> float:

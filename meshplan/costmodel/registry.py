@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from meshplan.costmodel.corrections import CORRECTIONS, Correction
 from meshplan.costmodel.memory_reliefs import MEMORY_RULES
+from meshplan.costmodel.nearest_rows import NEAREST_SHAPE_CORRECTION
 
 
 def applied(t) -> tuple[str, ...]:
@@ -23,9 +24,10 @@ def _for_runtime(runtime: str) -> tuple[Correction, ...]:
 
 
 def all_corrections() -> tuple[Correction, ...]:
-    """The registry: the numbered corrections and the memory rules
-    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`)."""
-    return CORRECTIONS + MEMORY_RULES
+    """The registry: the numbered corrections, the memory rules
+    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`) and the transfer of measured
+    rows to a shape the profile did not time (:mod:`meshplan.costmodel.nearest_rows`)."""
+    return CORRECTIONS + MEMORY_RULES + (NEAREST_SHAPE_CORRECTION,)
 
 
 __all__ = ["all_corrections", "applied"]

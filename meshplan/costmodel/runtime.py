@@ -98,6 +98,27 @@ def split_backward_rule(job: Job, layout: Layout) -> bool:
             and layout.vpp == 1 and layout.recompute != "full")
 
 
+def fp8_transformer_engine(job: Job) -> bool:
+    """fp8 linears as TransformerEngine runs them (runtime "megatron"; Megatron-Core's
+    ``TELinear`` / ``TELayerNormColumnParallelLinear``): fused cast-transpose(-amax) kernels
+    (TE docs, "Using FP8 with Transformer Engine"; TE issue 1261: "Our default behavior when
+    casting to FP8 is to use a fused cast-transpose kernel"), fp8 weights cast on a step's
+    first micro-batch and cached for the rest (``is_first_microbatch``; TE PR 500:
+    ``weight.transpose(update_cache=ctx.is_first_microbatch)``), and the quantized linear
+    inputs saved for backward (TE PR 1865: "the modules always save the casted/quantized
+    input tensors"). Runtime "torch" (meshplan's executor, :mod:`meshplan.executor.fp8`)
+    casts in separate passes, re-casts weights per use and saves 16-bit inputs."""
+    return job.precision == "fp8" and job.runtime != "torch"
+
+
+def fp8_weight_source_bytes(job: Job, zero: int, dp: int) -> int:
+    """Bytes per element of the weight an fp8 cast reads: the executor's ZeRO-0/1 linears
+    receive the fp32 parameter (autocast does not reach ``torch._scaled_mm``), FSDP2
+    (ZeRO-2/3 over dp > 1) hands them its gathered bf16 weight; Megatron keeps bf16
+    weights beside the optimizer's fp32 master copy."""
+    return 4 if job.runtime == "torch" and not (zero >= 2 and dp > 1) else 2
+
+
 def chunks_receiving_sending(pp: int, vpp: int, rank: int) -> tuple[int, int]:
     """How many of ``rank``'s chunks (stages rank, rank + pp, ...) receive an activation
     (all but the first stage) and send one on (all but the last)."""

@@ -118,6 +118,9 @@ class StageTimes(TablesBase):
     fsdp_step_s: float = 0.0
     # whether torch's p2p order can bound the step (corrections.p2p_order_applies)
     p2p_order: bool = False
+    # zero-bubble with full recompute, unmeasured split: the forwards a layer's weight pass
+    # runs again (corrections.zb_full_w_passes; in layer_backward_s and layer_wgrad_s)
+    zb_w_recompute_passes: float = 0.0
 
     def stage_times(self, stage_layers) -> tuple[list[float], list[float], list[float]]:
         """Per-micro-batch forward, backward and weight-gradient seconds of each virtual stage."""

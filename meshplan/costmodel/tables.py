@@ -52,7 +52,9 @@ def layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
 def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> LayerTables:
     links = group_links(cluster, layout)
     parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
-                        layout.sequence_parallel, layout.recompute, links.tp, links.pp)
+                        layout.sequence_parallel, layout.recompute, links.tp, links.pp,
+                        layout.compile,
+                        job.precision == "fp8" and layout.zero >= 2 and layout.dp > 1)
     t = LayerTables(**build_fields(model, cluster, job, layout, links, parts))
     applied = registry.applied(t)
     if applied:

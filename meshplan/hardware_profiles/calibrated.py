@@ -26,14 +26,15 @@ import re
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.cluster import Cluster
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.gpu import GPUSpec
-from meshplan.hardware_profiles.loader import _NUM, curve, get, gpu_from_table, read_toml
+from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, GPUSpec
+from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names, curve, get,
+                                               gpu_from_table, read_toml)
 
 SCHEMA = "meshplan.profile"
 # 2: CUDA layer rows count their input once (version 1 counted it twice; read_profile
@@ -43,7 +44,8 @@ READABLE_VERSIONS = (1, 2)
 _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
-             "overlap_interference")
+             "overlap_interference", "membound_efficiency", "fp8_gemm_efficiency",
+             *FP8_CAST_KEYS, "fp8_torch_recipes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,20 +107,22 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
     call's work they stand for (the block-stack wrapper, the autograd engine's entry, the
     checkpoint and SP/tp module hooks of the call) varies far less between settings. A
     24-layer stage multiplies the per-layer rest's error by 24, so the per-call part is taken
-    as the median over all rows of the same shape, and each row's per-layer rest re-derived
+    as the median over all rows of the same shape (and compiled or not), and each row's
+    per-layer rest re-derived
     so that the ``blocks``-block call it was timed on costs what was measured (``p``
     unchanged; the part capped at ``blocks·p``). Post hoc on five measured sets (two
     machine types), step-time mean error 1.70→1.42, 3.86→2.55, 3.38→3.24, 11.03→10.74 and
     6.92→4.50 % (docs/benchmarks/accuracy.md, round 8). Rows without a CPU dispatch time
     are left alone."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
         cpu = r.get("forward_cpu_s", 0.0) if isinstance(r, dict) else 0.0
         # malformed rows stay as written, so that tables_from_rows names the user's value
         if isinstance(cpu, (int, float)) and cpu > 0 and all(
                 isinstance(r.get(k, 0.0), (int, float)) and r.get(k, 0.0) >= 0
                 for k in ("backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")):
-            groups.setdefault(str(r.get("shape", "")), []).append(r)
+            # compiled rows dispatch other code (fused kernels): pooled apart from eager ones
+            groups.setdefault((str(r.get("shape", "")), r.get("compile") is True), []).append(r)
     pooled: dict[int, dict] = {}
     for members in groups.values():
         for per_layer, fixed in (("forward_cpu_s", "forward_cpu_fixed_s"),
@@ -187,6 +191,47 @@ def bound_split_cpu(row: Any) -> Any:
     return out
 
 
+MEMBOUND_OPS = ("layernorm", "rmsnorm", "residual-add", "gelu", "swiglu")
+
+
+def membound_op_efficiency(rows: Iterable[Mapping[str, Any]], cap: float = 1.0
+                           ) -> dict[str, float]:
+    """Each executor memory-bound op's own efficiency from its benchmark row (bytes as the
+    cost model counts them over its time and the datasheet bandwidth, at most ``cap``): the
+    cost model prices a layer's norms, residual adds and activation each at its own (:meth:`meshplan.hardware_profiles.gpu.GPUSpec.
+    op_hbm_efficiency`). The pooled ``hbm_efficiency`` averages them: on 4 × H200 (round
+    26) it was 0.26 where LayerNorm ran at 0.35, GELU 0.69 and the residual add 0.87 but the
+    executor's fp32 RMSNorm at 0.058 and SwiGLU at 0.24, so it over-priced GPT-style layers
+    and under-priced Llama-style ones. Profiles written before the table existed carry the rows
+    only in ``[[measurements.membound]]``: :func:`load_profile` derives it from them."""
+    out = {}
+    for r in rows:
+        if r.get("op") in MEMBOUND_OPS and r.get("seconds", 0) > 0 and "efficiency" in r:
+            out[str(r["op"])] = min(cap, float(r["efficiency"]))
+    return out
+
+
+def with_base_fp8(gpu: GPUSpec, base: str | None) -> GPUSpec:
+    """``gpu`` with the fp8 keys its profile lacks taken from the built-in base GPU.
+
+    Profiles from calibrations without fp8 rows (GPUs of compute capability < 8.9, or
+    written before calibrate timed fp8) carry no fp8 curve or cast keys; the base GPU's
+    datasheet defaults (data/gpus.toml, each with its source) then stand, as they do for
+    every other key a calibration does not measure."""
+    if not base or base not in builtin_gpu_names():
+        return gpu
+    ref = builtin_gpu(base)
+    changes: dict[str, Any] = {}
+    if gpu.fp8_gemm_efficiency is None and ref.fp8_gemm_efficiency is not None:
+        changes["fp8_gemm_efficiency"] = ref.fp8_gemm_efficiency
+    for k in FP8_CAST_KEYS:
+        if getattr(gpu, k) <= 0 < getattr(ref, k):
+            changes[k] = getattr(ref, k)
+    if not gpu.fp8_torch_recipes and ref.fp8_torch_recipes:
+        changes["fp8_torch_recipes"] = ref.fp8_torch_recipes
+    return replace(gpu, **changes) if changes else gpu
+
+
 def load_profile(path: str | Path) -> CalibratedProfile:
     """Read and check a calibrated profile; errors name the file and the offending key."""
     path = Path(path)
@@ -203,7 +248,13 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     gwhere = f"{where} [gpu]"
     name = get(g, "name", str, gwhere)
     base = get(g, "base", str, gwhere, "") or None
-    gpu = gpu_from_table(name, {k: g[k] for k in _GPU_KEYS if k in g}, gwhere)
+    table = {k: g[k] for k in _GPU_KEYS if k in g}
+    if "membound_efficiency" not in table:
+        rows = doc.get("measurements", {}).get("membound", [])
+        ops = membound_op_efficiency(r for r in rows if isinstance(r, dict))
+        if ops:
+            table["membound_efficiency"] = ops
+    gpu = with_base_fp8(gpu_from_table(name, table, gwhere), base)
     for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
               "overlap_interference"):
         if getattr(gpu, k) < 0:
@@ -260,5 +311,5 @@ def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False)
     return replace(cluster, **changes)
 
 
-__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "SCHEMA", "VERSION",
-           "READABLE_VERSIONS"]
+__all__ = ["CalibratedProfile", "load_profile", "apply_profile", "membound_op_efficiency",
+           "SCHEMA", "VERSION", "READABLE_VERSIONS"]

@@ -108,18 +108,20 @@ class Cluster:
                   nodes: int | None = None) -> "Cluster":
         """Read a cluster from a TOML file.
 
-        The file holds ``[clusters.NAME]`` tables (or one cluster table at top level) and
-        may define its own GPUs under ``[gpus.NAME]``; ``gpu = "NAME"`` may also name a
-        built-in GPU. ``name`` picks one cluster when the file has several.
+        The file holds ``[clusters.NAME]`` tables, ``[NAME]`` tables as in the built-in
+        ``clusters.toml``, or one cluster table at top level, and may define its own GPUs
+        under ``[gpus.NAME]``; ``gpu = "NAME"`` may also name a built-in GPU. ``name`` picks
+        one cluster when the file has several.
         """
-        data = read_toml(path)
+        data = read_toml(path, "cluster file")
         where_file = str(path)
         gpus = data.get("gpus", {})
         if not isinstance(gpus, dict):
             raise ProfileError(f"{where_file}: [gpus] must be a table of GPU tables")
         clusters = data.get("clusters")
         if clusters is None:
-            clusters = {name or data.get("name", Path(path).stem): data}
+            clusters = _section_clusters(data, where_file) or \
+                {name or data.get("name", Path(path).stem): data}
         if not isinstance(clusters, dict) or not clusters:
             raise ProfileError(f"{where_file}: [clusters] must hold at least one cluster table")
         if name is None:
@@ -129,7 +131,9 @@ class Cluster:
         if name not in clusters:
             raise unknown_name_error(f"cluster in {where_file}", name, clusters)
         t = clusters[name]
-        c = _cluster_from_table(name, t, f"{where_file} [clusters.{name}]", (gpus, where_file))
+        section = (f"[clusters.{name}]" if "clusters" in data else f"[{name}]"
+                   if t is not data else "(top level)")
+        c = _cluster_from_table(name, t, f"{where_file} {section}", (gpus, where_file))
         return replace(c, nodes=nodes) if nodes is not None else c
 
     def with_gpu(self, gpu: GPUSpec) -> "Cluster":
@@ -178,6 +182,23 @@ class Cluster:
 def _group_link_cached(cluster: Cluster, size: int, stride: int):
     from meshplan.hardware_profiles.topology import group_link
     return group_link(cluster, size, stride)
+
+
+def _section_clusters(data: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """``[NAME]`` cluster tables (the built-in file's form) when the top level is no cluster
+    itself; None when it is one (it has ``gpu`` or ``gpus_per_node``) or holds no tables."""
+    if "gpu" in data or "gpus_per_node" in data:
+        return None
+    tables = {k: v for k, v in data.items() if isinstance(v, dict) and k != "gpus"}
+    if not tables:
+        return None
+    odd = sorted(k for k, v in tables.items() if "gpu" not in v)
+    if odd:
+        raise ProfileError(
+            f"{where}: table(s) {odd} have no 'gpu' key; a cluster file holds one cluster at "
+            f"top level (gpu = ..., gpus_per_node = ..., network = {{...}}), [NAME] tables "
+            f"like the built-in clusters.toml, or [clusters.NAME] tables, each with 'gpu'")
+    return tables
 
 
 def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,

@@ -42,6 +42,7 @@ class CorrectionNumbers:
     torch_p2p_order_max_microbatches_per_rank: int
     zb_full_pending_sets: float
     zb_full_w_transient_sets: float
+    zb_full_w_forward_passes: float
     fsdp2_dp_only_step_s: float
     host_bound_caveat_share: float
     host_near_load: float

@@ -21,6 +21,9 @@ from meshplan.hardware_profiles.curve import Curve
 DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 
 
+FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPUSpec:
     """One GPU model. Bandwidths in GB/s (1e9 B/s) per direction, peaks in TFLOP/s (dense)."""
@@ -44,9 +47,25 @@ class GPUSpec:
     # fraction of communication hidden behind compute that still costs time (see
     # DEFAULT_OVERLAP_INTERFERENCE)
     overlap_interference: float = DEFAULT_OVERLAP_INTERFERENCE
+    # measured HBM efficiency of each memory-bound op of the executor ("layernorm",
+    # "rmsnorm", "residual-add", "gelu", "swiglu"; bytes as the cost model counts them):
+    # an op missing here runs at hbm_efficiency (all of them on a datasheet profile)
+    membound_efficiency: Mapping[str, float] = field(default_factory=dict)
     measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
     # the numbers of the cost model's empirical corrections (meshplan.costmodel.corrections)
     corrections: CorrectionNumbers = field(default_factory=builtin_corrections)
+    # fp8 (meshplan.costmodel.fp8_cost): the fp8 GEMM efficiency curve (fraction of the fp8
+    # peak by one GEMM's FLOPs; None: the GPU has no fp8 tensor cores in its profile), and
+    # the casts of the executor's fp8 linears — eager: a fixed cost per cast pass plus
+    # bytes at a bandwidth; compiled (Inductor-fused): bytes at a bandwidth (0: not measured,
+    # the cost model assumes HBM × hbm_efficiency and says so)
+    fp8_gemm_efficiency: Curve | None = None
+    fp8_cast_eager_pass_s: float = 0.0
+    fp8_cast_eager_gbps: float = 0.0
+    fp8_cast_compiled_gbps: float = 0.0
+    # the fp8 recipes whose torch._scaled_mm kernel ran on this GPU with the executor (runtime
+    # "torch"; empty: not known, nothing refused)
+    fp8_torch_recipes: tuple[str, ...] = ()
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -59,9 +78,15 @@ class GPUSpec:
         return (self.to_dict() == other.to_dict() and self.measured is other.measured
                 and self.corrections == other.corrections)
 
+    def op_hbm_efficiency(self, op: str) -> float:
+        """The HBM efficiency of memory-bound op ``op`` (:attr:`membound_efficiency`, else
+        the pooled :attr:`hbm_efficiency`)."""
+        return float(self.membound_efficiency.get(op, self.hbm_efficiency))
+
     def peak_flops(self, precision: str) -> float:
-        """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs)."""
-        key = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[precision]
+        """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs;
+        ``"fp8"``: the fp8 tensor-core peak, which only the fp8 GEMMs run at)."""
+        key = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8"}[precision]
         peak = float(self.peak_tflops.get(key, 0.0))
         if peak <= 0:
             # V100 has no bf16 units: a bf16 job there runs fp16 math.
@@ -86,4 +111,12 @@ class GPUSpec:
             "pipeline_action_s": self.pipeline_action_s,
             "optimizer_gbps": self.optimizer_gbps,
             "overlap_interference": self.overlap_interference,
+            **({"membound_efficiency": dict(self.membound_efficiency)}
+               if self.membound_efficiency else {}),
+            # fp8 keys only where the GPU has them (older plan files and GPUs without fp8)
+            **({"fp8_gemm_efficiency": self.fp8_gemm_efficiency.to_list()}
+               if self.fp8_gemm_efficiency is not None else {}),
+            **{k: getattr(self, k) for k in FP8_CAST_KEYS if getattr(self, k) > 0},
+            **({"fp8_torch_recipes": list(self.fp8_torch_recipes)}
+               if self.fp8_torch_recipes else {}),
         }

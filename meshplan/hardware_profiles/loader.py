@@ -15,20 +15,29 @@ else:  # pragma: no cover
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE, GPUSpec
+from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, GPUSpec
 
 _NUM = (int, float)
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path, what: str = "profile file") -> dict[str, Any]:
     path = Path(path)
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise ProfileError(f"profile file {str(path)!r} does not exist") from None
+        raise ProfileError(f"{what} {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{what} {str(path)!r} is a directory; give the path of a .toml "
+                           f"file") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{what} {str(path)!r} is not UTF-8 text (byte "
+                           f"{exc.object[exc.start]:#04x} at offset {exc.start}); TOML files "
+                           f"must be UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"profile file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ProfileError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
 
 
 @lru_cache(maxsize=None)
@@ -75,11 +84,21 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
     for k, v in positive.items():
         if v <= 0:
             raise ProfileError(f"{where}: key {k!r} must be positive, got {v!r}")
+    fp8_cast = {k: float(get(t, k, _NUM, where, 0.0)) for k in FP8_CAST_KEYS}
+    for k, v in fp8_cast.items():
+        if v < 0:
+            raise ProfileError(f"{where}: key {k!r} must be >= 0 (0: not measured), got {v!r}")
     hbm_eff = get(t, "hbm_efficiency", _NUM, where)
     if not 0 < hbm_eff <= 1:
         raise ProfileError(f"{where}: hbm_efficiency must be in (0, 1], got {hbm_eff!r}")
+    ops = get(t, "membound_efficiency", dict, where, {})
+    for k, v in ops.items():
+        if isinstance(v, bool) or not isinstance(v, _NUM) or not 0 < v <= 1:
+            raise ProfileError(f"{where}: membound_efficiency.{k} must be a number in (0, 1], "
+                               f"got {v!r}")
     return GPUSpec(
         name=name, peak_tflops=dict(peaks), **positive,
+        membound_efficiency={str(k): float(v) for k, v in ops.items()},
         gemm_efficiency=curve(t, "gemm_efficiency", where),
         attention_efficiency=curve(t, "attention_efficiency", where),
         hbm_efficiency=float(hbm_eff),
@@ -91,7 +110,18 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         optimizer_gbps=float(get(t, "optimizer_gbps", _NUM, where, 0.0)),
         overlap_interference=float(get(t, "overlap_interference", _NUM, where,
                                        DEFAULT_OVERLAP_INTERFERENCE)),
+        fp8_gemm_efficiency=(curve(t, "fp8_gemm_efficiency", where)
+                             if "fp8_gemm_efficiency" in t else None),
+        **fp8_cast,
+        fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
     )
+
+
+def _names(t: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    names = get(t, key, list, where, [])
+    if not all(isinstance(n, str) for n in names):
+        raise ProfileError(f"{where}: key {key!r} must be a list of strings, got {names!r}")
+    return tuple(names)
 
 
 def builtin_gpu(name: str) -> GPUSpec:

@@ -15,17 +15,21 @@ synchronized timings and no CPU fields, and the cost model then uses them as bef
 Rows are matched by the model's *shape key* (every field that changes a layer's work), the
 sequence length, tp, sequence parallelism, recompute mode and (FSDP rows) ZeRO stage and dp
 size; between measured micro-batch sizes the values are interpolated linearly, outside them
-extrapolated from the two nearest (one point: proportional to the micro-batch). A layout with
-no matching row falls back to the analytical layer model.
+extrapolated from the two nearest (one point: proportional to the micro-batch). A model
+whose shape has no row at all reads the nearest timed shape's rows, scaled by the
+analytical model (:mod:`meshplan.costmodel.nearest_rows`; :func:`model_from_shape_key` reads
+a row's shape back); a layout with no matching row otherwise falls back to the analytical
+layer model.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable, Mapping
 
 from meshplan.spec import ModelSpec
-from meshplan.errors import ProfileError
+from meshplan.errors import MeshplanError, ProfileError
 
 ENDS = ("embedding", "output")
 
@@ -36,6 +40,31 @@ def layer_shape_key(model: ModelSpec) -> str:
             f"-kv{model.num_kv_heads}-d{model.head_dim}-{model.activation}-{model.norm}"
             f"-{model.position_embedding}-{'bias' if model.bias else 'nobias'}"
             f"-drop{model.dropout:g}")
+
+
+_SHAPE_KEY = re.compile(
+    r"h(?P<h>\d+)-f(?P<f>\d+)-q(?P<q>\d+)-kv(?P<kv>\d+)-d(?P<d>\d+)-(?P<act>[a-z0-9]+)"
+    r"-(?P<norm>[a-z]+)-(?P<pos>[a-z]+)-(?P<bias>bias|nobias)-drop(?P<drop>[0-9.e+-]+)"
+    r"(?:-v(?P<v>\d+)-(?P<tied>tied|untied))?$")
+
+
+def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
+    """A ModelSpec of the layer (and, for an ends key, vocabulary) shape a row was timed at,
+    or None for a key this version does not read: what
+    :mod:`meshplan.costmodel.nearest_rows` scales another shape's rows from."""
+    m = _SHAPE_KEY.match(key)
+    if m is None:
+        return None
+    try:
+        return ModelSpec(name=key, num_layers=num_layers, hidden_size=int(m["h"]),
+                         ffn_hidden_size=int(m["f"]), num_heads=int(m["q"]),
+                         num_kv_heads=int(m["kv"]), head_dim=int(m["d"]),
+                         vocab_size=int(m["v"] or 32000), activation=m["act"],
+                         norm=m["norm"], position_embedding=m["pos"],
+                         bias=m["bias"] == "bias", dropout=float(m["drop"]) > 0,
+                         tied_embeddings=m["tied"] != "untied")
+    except (MeshplanError, TypeError, ValueError):
+        return None
 
 
 def ends_shape_key(model: ModelSpec) -> str:
@@ -99,11 +128,14 @@ class MeasuredLayer:
     wgrad_memory_layers: int = 0
     wgrad_pending_stage_bytes: float = 0.0
     wgrad_transient_stage_bytes: float = 0.0
+    # timed with every block torch.compile'd, as the executor runs Layout.compile (`meshplan
+    # calibrate --compile-rows`; compile time kept out of the timed iterations)
+    compile: bool = False
 
     @property
     def group(self) -> tuple:
         return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
-                self.zero, self.dp if self.zero >= 2 else 1)
+                self.zero, self.dp if self.zero >= 2 else 1, self.compile)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,16 +302,22 @@ class MeasuredTables:
         return hash((len(self.layers), len(self.ends)))
 
     def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
-              recompute: str, micro_batch: int, zero: int = 0, dp: int = 1
-              ) -> Interpolated | None:
+              recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
+              compile: bool = False) -> Interpolated | None:
         """The measured layer for these settings, or None (no row: use the analytical model).
 
         ``zero`` 2/3 with ``dp`` > 1 look for FSDP2 rows of that group size; ZeRO-0/1 (and
-        ZeRO-2/3 with dp = 1) use the plain rows.
+        ZeRO-2/3 with dp = 1) use the plain rows. ``compile``: the rows timed compiled.
         """
         fsdp = zero >= 2 and dp > 1
         return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
-                               zero if fsdp else 0, dp if fsdp else 1)
+                               zero if fsdp else 0, dp if fsdp else 1, compile)
+
+    @property
+    def has_compiled(self) -> bool:
+        """Whether any layer row was timed compiled (the planner searches Layout.compile
+        only then)."""
+        return any(r.compile for r in self.layers)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
@@ -291,11 +329,11 @@ class MeasuredTables:
                                2, 1)
 
     def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
-                   recompute: str, micro_batch: int, zero: int, dp: int
-                   ) -> Interpolated | None:
+                   recompute: str, micro_batch: int, zero: int, dp: int,
+                   compile: bool = False) -> Interpolated | None:
         """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero, dp)
+               recompute, zero, dp, bool(compile))
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
 
@@ -341,6 +379,14 @@ class MeasuredTables:
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "peak_bytes") if rows else None
 
+    def without_shape(self, layer_key: str) -> "MeasuredTables":
+        """These tables less every row of the layer shape ``layer_key`` (its layers, and the
+        ends of every vocabulary over it): what a profile that never timed that model holds
+        (benchmarks/transfer_analysis.py's leave-shape-out re-prediction)."""
+        return MeasuredTables(tuple(r for r in self.layers if r.shape != layer_key),
+                              tuple(e for e in self.ends
+                                    if not e.shape.startswith(layer_key + "-v")))
+
     def to_rows(self) -> dict[str, list[dict[str, Any]]]:
         return {"layers": [_asdict(r) for r in self.layers],
                 "ends": [_asdict(r) for r in self.ends]}
@@ -373,6 +419,8 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)):
             raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
+    if not isinstance(getattr(r, "compile", False), bool):
+        raise ProfileError(f"{where}: compile must be true or false, got {r.compile!r}")
     for k in ("split_layers", "wgrad_memory_layers"):
         v = getattr(r, k, 0)
         if not isinstance(v, int) or v < 0:
@@ -397,5 +445,5 @@ def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping
 
 
 __all__ = ["split_backward_at", "wgrad_bytes_at", "MeasuredLayer", "MeasuredEnd",
-           "MeasuredTables", "Interpolated",
+           "MeasuredTables", "Interpolated", "model_from_shape_key",
            "layer_shape_key", "ends_shape_key", "tables_from_rows"]

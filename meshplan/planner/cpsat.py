@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 from meshplan.spec import RECOMPUTE, SCHEDULES, Job, ModelSpec
 from meshplan.errors import MeshplanError
 from meshplan.hardware_profiles import Cluster
+from meshplan.planner.bounds import Ticker
 from meshplan.planner.search import Survivor, objective_weight
 
 UNITS_PER_S = 10**10  # 0.1 ns: rounding stays ~1e-9 of a step
@@ -79,6 +80,7 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
     # bound), replaced by the solver's optimum once solved; the k-th smallest is a cutoff.
     known = {i: s.upper_bound for i, s in enumerate(survivors)}
     order = sorted(range(len(survivors)), key=lambda i: survivors[i].lower_bound)
+    tick = Ticker(progress)
     for visited, i in enumerate(order):
         s = survivors[i]
         kth = heapq.nsmallest(top_k, known.values())[-1] if len(known) >= top_k else None
@@ -119,8 +121,7 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
             part = tuple(int(solver.Value(nv)) for nv in n)
         found[i] = (value, part, opt)
         known[i] = value / UNITS_PER_S
-        if progress is not None and visited % 10 == 9:
-            progress(f"CP-SAT partitions: {visited + 1}/{len(survivors)} candidate "
+        tick(lambda: f"CP-SAT partitions: {visited + 1}/{len(survivors)} candidate "
                      f"configurations, {stats['partition_models']} partition models")
     if not found:
         raise MeshplanError(f"CP-SAT found no solution among {len(survivors)} candidate "

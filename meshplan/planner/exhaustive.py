@@ -12,6 +12,7 @@ from meshplan.costmodel import estimate
 from meshplan.spec import Job, ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
+from meshplan.planner.bounds import Ticker
 from meshplan.planner.search import forced_partition, objective_weight
 from meshplan.planner.space import Config
 
@@ -49,6 +50,7 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
         raise ConfigError(f"exhaustive search would evaluate {work:,} layouts (limit "
                           f"{MAX_EVALUATIONS:,}); use solver='cp-sat' or fix more fields")
     heap: list = []   # max-heap (negated) of the best top_k
+    tick = Ticker(progress)
     evaluated = 0
     for i, cfg in enumerate(configs):
         w = objective_weight(cfg, objective)
@@ -71,7 +73,7 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
                 heapq.heappush(heap, item)
             elif item > heap[0]:
                 heapq.heapreplace(heap, item)
-        if progress is not None and i % 200 == 0:
-            progress(f"exhaustive: {i:,}/{len(configs):,} configurations, {evaluated:,} layouts")
+        tick(lambda: f"exhaustive: {i + 1:,}/{len(configs):,} configurations, "
+                     f"{evaluated:,} layouts")
     ranked = sorted(heap, key=lambda it: (-it[0], -it[1]))
     return [(-v, cfg, p, est) for v, _, cfg, p, est in ranked], evaluated

@@ -81,7 +81,9 @@ class Plan:
         return pd.DataFrame(rows).set_index("rank")
 
     # ---- files -----------------------------------------------------------------------
-    def to_json(self, path: str | Path, *, overwrite: bool = True) -> Path:
+    def to_json(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the plan file (see :mod:`meshplan.planner.planfile`); an existing file is
+        replaced only with ``overwrite=True`` (the CLI's ``--force``)."""
         cands = [{"layout": c.layout.to_dict(), "prediction": c.estimate.to_dict()}
                  for c in self.candidates]
         search = {"objective": self.objective, "constraints": _jsonable(self.constraints),
@@ -151,6 +153,7 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
     of nodes); an int; or a range/list of counts to choose from. See docs/planner.md.
     """
     from meshplan.planner import diagnose
+    from meshplan.planner.bounds import check_memory_floor, config_memory_lower_bound
     from meshplan.planner.search import prune
     from meshplan.planner.space import check_global, enumerate_configs, gpu_counts
 
@@ -186,9 +189,16 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
     if fixed_partition is not None:
         min_layers = min(min_layers, min(fixed_partition))
     t0 = time.perf_counter()
-    configs = list(enumerate_configs(model, cluster, job, counts, constraints))
+    check_memory_floor(model, cluster, job, counts, capacity, constraints.memory_headroom)
+    all_configs = list(enumerate_configs(model, cluster, job, counts, constraints))
+    configs = [c for c in all_configs
+               if config_memory_lower_bound(model, job, c, min_layers) <= capacity]
+    if all_configs and not configs:
+        raise diagnose.states_exceed(model, cluster, job, counts, constraints, capacity,
+                                     all_configs, min_layers)
     stats: dict[str, Any] = {"solver": solver, "gpu_counts": counts[:50],
-                             "configurations": len(configs)}
+                             "configurations": len(all_configs),
+                             "rejected_by_state_bound": len(all_configs) - len(configs)}
     results = []   # (config, partition)
     if solver == "exhaustive":
         from meshplan.planner import exhaustive
@@ -216,9 +226,10 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
                          cpsat_partition_models=st["partition_models"],
                          all_optimal=st["all_optimal"] and all(s.optimal for s in sols))
             results = [(pr.survivors[s.survivor].tables.config, s.partition) for s in sols]
-    stats["space_layouts"] = _space_size(model, configs, min_layers, fixed_partition)
+    stats["space_layouts"] = _space_size(model, all_configs, min_layers, fixed_partition)
     if not results:
-        raise diagnose.explain(model, cluster, job, counts, constraints, capacity, len(configs))
+        raise diagnose.explain(model, cluster, job, counts, constraints, capacity,
+                               len(all_configs), progress=progress)
     cands = []
     for cfg, part in results:
         lay = cfg.layout(part)

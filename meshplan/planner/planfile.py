@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,14 +59,51 @@ def plan_document(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     return doc
 
 
-def write_json_atomic(path: str | Path, document: Any, *, overwrite: bool = True) -> Path:
-    """Write JSON to ``path`` via a temporary file and rename (never a half-written file)."""
+def check_output_file(path: str | Path, *, overwrite: bool, what: str = "output file",
+                      flag: str = "--force / overwrite=True") -> Path:
+    """Refuse, before any work, a path that cannot receive a file: a directory, a parent
+    that is a file or not writable, or an existing file without ``overwrite``."""
     path = Path(path)
+    if path.is_dir():
+        raise MeshplanError(f"{what} {str(path)!r} is a directory; give a file path such as "
+                            f"{str(path / 'plan.json')!r}")
     if path.exists() and not overwrite:
-        raise MeshplanError(f"{str(path)!r} exists; refusing to overwrite it (pass --force / "
-                            f"overwrite=True to replace it)")
+        raise MeshplanError(f"{what} {str(path)!r} exists; refusing to overwrite it (pass "
+                            f"{flag} to replace it)")
+    check_creatable(path.parent, f"{what} {str(path)!r}")
+    return path
+
+
+def check_creatable(directory: Path, what: str) -> None:
+    """Refuse a directory that can neither be used nor created: its nearest existing
+    ancestor must be a writable directory."""
+    parent = directory
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise MeshplanError(f"{what}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MeshplanError(f"{what}: directory {str(parent)!r} is not writable")
+
+
+def new_temp_file(path: Path) -> tuple[int, Path]:
+    """An exclusive temporary file beside ``path``, created with mode 0666 less the umask
+    (``tempfile.mkstemp`` makes 0600 files, which the rename would hand on to ``path``)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def write_json_atomic(path: str | Path, document: Any, *, overwrite: bool = True) -> Path:
+    """Write JSON to ``path`` via a temporary file and rename (never a half-written file);
+    the file gets the user's umask like any other they create."""
+    path = check_output_file(path, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = new_temp_file(path)
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(document, fh, indent=2, default=_json_default)
@@ -98,9 +135,12 @@ def load_plan_file(path: str | Path) -> PlanRecord:
     """Read and validate a plan file; errors name the file and the offending field."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PlanFileError(f"plan file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise PlanFileError(f"plan file {str(path)!r} is a directory; give the path of a "
+                            f"plan .json file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlanFileError(f"plan file {str(path)!r} is not valid JSON: {exc}") from None
     return parse_plan_document(doc, str(path))

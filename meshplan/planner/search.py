@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 from meshplan.costmodel.estimate import layer_tables
 from meshplan.spec import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster
+from meshplan.planner.bounds import Ticker
 from meshplan.planner.space import Config
 from meshplan.planner.tables import ConfigTables, build_tables
 
@@ -52,9 +53,10 @@ def objective_weight(cfg: Config, objective: str) -> int:
 
 @lru_cache(maxsize=65536)
 def _pass_times(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
-                mb: int, sp: bool, rc: str, zero: int):
+                mb: int, sp: bool, rc: str, zero: int, compile: bool = False):
     t = layer_tables(model, cluster, job,
-                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp).layout(), checked=True)
+                     Config(dp, pp, tp, mb, "1f1b", 1, rc, zero, sp, compile).layout(),
+                     checked=True)
     return (t.layer_forward_s, t.layer_backward_s, t.layer_wgrad_s, t.first_forward_s,
             t.first_backward_s, t.last_forward_s, t.last_backward_s, t.last_wgrad_s, t.p2p_s,
             t.overhead_s, t.stage_sum_s())
@@ -88,12 +90,14 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     if forced is not None:
         # ZeRO 0-2 differ in memory and in the data-parallel tail, not in stage times
         # (only ZeRO-3 adds per-layer gathers: LayerTables.layer_forward_s), so they share
-        # one pipeline time.
-        return _forced_pipeline_s(model, cluster, job, cfg._replace(zero=0 if cfg.zero < 3
-                                                                       else 3), forced)
+        # one pipeline time — except in fp8, whose weight casts read FSDP2's bf16 weights
+        # under ZeRO-2 (fp8_cost.fp8_layer)
+        shared = cfg if job.precision == "fp8" else cfg._replace(zero=0 if cfg.zero < 3
+                                                                 else 3)
+        return _forced_pipeline_s(model, cluster, job, shared, forced)
     lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
         model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
-        cfg.recompute, cfg.zero)   # gpipe and 1f1b: vpp = 1, like these tables
+        cfg.recompute, cfg.zero, cfg.compile)   # gpipe and 1f1b: vpp = 1, like these tables
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
     lo = max(1, min_layers)
     g_star = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
@@ -138,7 +142,7 @@ def busy_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) 
     closed form of :mod:`meshplan.costmodel.pipeline` contains some rank's whole busy
     time; checked against ``LayerTables.step_time_s`` in the tests)."""
     lf, lb = _pass_times(model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch,
-                         cfg.sequence_parallel, cfg.recompute, cfg.zero)[:2]
+                         cfg.sequence_parallel, cfg.recompute, cfg.zero, cfg.compile)[:2]
     m = job.global_batch // (cfg.dp * cfg.micro_batch)
     return m * model.num_layers * (lf + lb) / cfg.pp
 
@@ -238,11 +242,14 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
           fixed_partition: tuple[int, ...] | None = None, progress=None) -> Pruning:
     """Best-bound-first pre-pass (see the module docstring)."""
     out = Pruning()
+    configs = list(configs)
+    tick = Ticker(progress)
     # (bound, exact?, order, config): configurations whose partition is fixed start with the
     # cheap busy-time bound and get their exact one (a pipeline evaluation) only when they
     # reach the front of the queue.
     queue = []
     for i, cfg in enumerate(configs):
+        tick(lambda: f"bounding: time bounds of {i:,}/{len(configs):,} configurations")
         w = objective_weight(cfg, objective)
         if forced_partition(cfg, model.num_layers, fixed_partition) is not None and \
                 cfg.stages > 1:
@@ -265,9 +272,9 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
                 model, cluster, job, cfg, min_layers, fixed_partition)), True, i, cfg))
             continue
         heapq.heappop(queue)
-        if progress is not None and visited % 2000 == 0:
-            progress(f"bounding: {visited:,}/{out.configs:,} configurations, "
-                     f"{len(out.survivors):,} candidates")
+        tick(lambda: f"bounding: {visited:,}/{out.configs:,} configurations priced, "
+                     f"{len(out.survivors):,} candidates, {out.memory_infeasible:,} "
+                     f"out of memory")
         visited += 1
         t = build_tables(model, cluster, job, cfg)
         out.tables_built += 1

@@ -9,8 +9,9 @@ the key/value heads and the MLP width (≤ ``max_tp``; a divisor of the node siz
 dividing the global batch, ``micro_batch`` dividing ``global_batch / dp`` (≤
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
-recompute, ZeRO stage and sequence parallelism (only with ``tp > 1``, Korthikanti et al.
-2022 §4.2.2). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
+recompute, ZeRO stage, sequence parallelism (only with ``tp > 1``, Korthikanti et al.
+2022 §4.2.2) and ``compile`` (only where the GPU profile has compiled layer rows:
+:func:`compile_options`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
 accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp = 1`` (nothing to
 shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
 ``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
@@ -23,8 +24,8 @@ from __future__ import annotations
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import (check_job_modelled, check_model_modelled,
-                                    zero_bubble_under_zero3)
+from meshplan.costmodel.fp8_cost import check_fp8_supported
+from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
@@ -56,6 +57,7 @@ class Config(NamedTuple):
     recompute: str
     zero: int
     sequence_parallel: bool
+    compile: bool = False
 
     @property
     def num_gpus(self) -> int:
@@ -69,12 +71,14 @@ class Config(NamedTuple):
         return Layout(dp=self.dp, pp=self.pp, tp=self.tp, micro_batch=self.micro_batch,
                       schedule=self.schedule, vpp=self.vpp, recompute=self.recompute,
                       zero=self.zero, sequence_parallel=self.sequence_parallel,
+                      compile=self.compile,
                       stage_layers=tuple(stage_layers) if stage_layers is not None else None)
 
     @classmethod
     def of(cls, layout: Layout) -> "Config":
         return cls(layout.dp, layout.pp, layout.tp, layout.micro_batch, layout.schedule,
-                   layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel)
+                   layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel,
+                   layout.compile)
 
 
 def divisors(n: int) -> list[int]:
@@ -147,6 +151,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     max_vpp = constraints.max_vpp or L
     zeros = sorted(constraints.zero)
     sps = sorted(constraints.sequence_parallel)
+    compiles = compile_options(cluster, fx)
     for n in counts:
         for tp in tps:
             if n % tp or fx.get("tp", tp) != tp:
@@ -191,14 +196,25 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                                         continue
                                     if fx.get("sequence_parallel", sp) != sp:
                                         continue
-                                    yield Config(dp, pp, tp, mb, s, v, rc, z, sp)
+                                    for c in compiles:
+                                        yield Config(dp, pp, tp, mb, s, v, rc, z, sp, c)
+
+
+def compile_options(cluster: Cluster, fixed) -> list[bool]:
+    """``Layout.compile`` values to search: both where the GPU profile has compiled layer rows
+    (``meshplan calibrate --compile-rows``), else eager only — without them a compiled layout
+    is priced as eager, so searching it would only duplicate every layout. A fixed value is
+    taken as given."""
+    if "compile" in fixed:
+        return [bool(fixed["compile"])]
+    tables = cluster.gpu.measured
+    return [False, True] if tables and tables.has_compiled else [False]
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     """Errors no layout can avoid (seq_len beyond learned position embeddings, model parts
-    or job settings the cost model does not price)."""
+    the cost model does not price, an fp8 recipe the GPU or runtime cannot run), and the
+    warning for a sequence past a RoPE model's maximum."""
     check_model_modelled(model)
-    check_job_modelled(job)
-    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
-        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
-                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run it")
+    check_fp8_supported(job, cluster.gpu)
+    check_seq_len(model, job)

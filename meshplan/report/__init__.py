@@ -3,7 +3,7 @@
     import meshplan as mp
     r = mp.report("llama3-70b", "dgx-h100", gpus=[64, 128, 256], global_batch=1024,
                   seq_len=8192, tokens=2e12, compare_gpus="a100-80gb,h100,h200",
-                  out_dir="report/")
+                  compare_precision="bf16,fp8", out_dir="report/")
     r.recommendation, r.tables["summary"], r.figures["memory_per_stage"], r.html_path
 
 The figure functions (:mod:`meshplan.report.figures_plan`, :mod:`meshplan.report.figures_sweep`)
@@ -26,7 +26,8 @@ def report(model, cluster, job=None, *, gpus: int | Sequence[int],
            measurements: Sequence[str | Path] = (), sensitivity: bool = True,
            what_if_global_batch: Sequence[int] | None = None,
            what_if_seq_len: Sequence[int] | None = None, constraints=None, force: bool = False,
-           progress: bool | Callable[[str], None] | None = True):
+           progress: bool | Callable[[str], None] | None = True,
+           compare_precision: str | Sequence[str] | None = None):
     """Plan ``model`` on ``gpus`` GPUs of ``cluster`` and build a capacity-planning report.
 
     ``model``/``cluster``: specs or preset names; ``job`` or ``global_batch`` + ``seq_len``
@@ -34,6 +35,8 @@ def report(model, cluster, job=None, *, gpus: int | Sequence[int],
     planner's ("throughput", "cost", "time_to_train"); the recommended GPU count is the one
     that serves it best, and its plan is the one drawn in detail (``main_gpus`` overrides).
     ``compare_gpus``: short GPU names ("a100-80gb,h100,h200") planned at the main count.
+    ``compare_precision``: precisions ("bf16,fp8", "bf16,fp8:rowwise") re-planned at the main
+    count, with the main plan's layout estimated in each (time, memory, cost, speed-up).
     ``measurements``: executor ``results.json`` files for the measured-vs-predicted section.
     ``sensitivity``: re-plan for other global batches and sequence lengths (default ×¼, ×½,
     ×2, ×4 and ×½, ×2; or the values in ``what_if_global_batch`` / ``what_if_seq_len``).
@@ -51,7 +54,8 @@ def report(model, cluster, job=None, *, gpus: int | Sequence[int],
                         price_per_gpu_hour=price_per_gpu_hour, compare_gpus=compare_gpus,
                         measurements=measurements, sensitivity=sensitivity,
                         what_if_global_batch=what_if_global_batch,
-                        what_if_seq_len=what_if_seq_len, constraints=constraints, force=force, progress=progress)
+                        what_if_seq_len=what_if_seq_len, constraints=constraints, force=force,
+                        progress=progress, compare_precision=compare_precision)
 
 
 __all__ = ["report"]

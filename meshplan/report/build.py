@@ -19,8 +19,10 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.report import figures_plan, figures_sweep, tables
 from meshplan.report.collect import (OBJECTIVES, PlanOutcome, check_gpu_counts, plan_outcome,
                                      sensitivity_values)
+from meshplan.report.labels import label_with_split, layout_label
+from meshplan.report.recommend import pick, recommendation
 from meshplan.report.render import FigureItem, Section, Table
-from meshplan.report.style import dollars, duration, si
+from meshplan.report.style import si
 
 BATCH_FACTORS = (0.25, 0.5, 2.0, 4.0)
 SEQ_FACTORS = (0.5, 2.0)
@@ -97,41 +99,6 @@ def _what_if(name: str, values) -> tuple[int, ...]:
     return vals
 
 
-def _pick(summary, objective: str) -> int | None:
-    """Index into ``summary`` of the GPU count that best serves ``objective``."""
-    feas = summary[summary["feasible"]]
-    if not len(feas):
-        return None
-    if objective == "cost":
-        return int(feas["usd_per_million_tokens"].idxmin())
-    if objective == "time_to_train" and feas["time_to_train_s"].notna().any():
-        return int(feas["time_to_train_s"].idxmin())
-    return int(feas["tokens_per_s"].idxmax())
-
-
-def _recommendation(summary, objective: str, idx: int, job: Job) -> str:
-    r = summary.loc[idx]
-    text = (f"Recommendation (objective: {objective.replace('_', ' ')}): {int(r['gpus'])} GPUs "
-            f"as {r['layout']} — {si(r['tokens_per_s'], 'tokens/s')}, MFU {r['mfu']:.1%}, "
-            f"{r['step_time_s']:.2f} s per step, ${r['usd_per_million_tokens']:.3f} per million "
-            f"tokens")
-    if job.tokens:
-        text += (f"; {job.tokens:.3g} tokens take {duration(r['time_to_train_s'])} and cost "
-                 f"{dollars(r['cost_usd'])}")
-    text += "."
-    feas = summary[summary["feasible"]]
-    if len(feas) > 1:
-        cheap = feas.loc[feas["usd_per_million_tokens"].idxmin()]
-        fast = feas.loc[feas["tokens_per_s"].idxmax()]
-        if int(cheap["gpus"]) != int(r["gpus"]):
-            text += (f" Cheapest per token: {int(cheap['gpus'])} GPUs "
-                     f"(${cheap['usd_per_million_tokens']:.3f}/M tokens).")
-        if int(fast["gpus"]) != int(r["gpus"]):
-            text += (f" Fastest: {int(fast['gpus'])} GPUs "
-                     f"({si(fast['tokens_per_s'], 'tokens/s')}).")
-    return text
-
-
 def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None = None, *,
                  gpus: int | Sequence[int], out_dir: str | Path | None = None,
                  global_batch: int | None = None, seq_len: int | None = None,
@@ -142,12 +109,14 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
                  what_if_global_batch: Sequence[int] | None = None,
                  what_if_seq_len: Sequence[int] | None = None,
                  constraints=None, force: bool = False,
-                 progress: bool | Callable[[str], None] | None = True) -> Report:
+                 progress: bool | Callable[[str], None] | None = True,
+                 compare_precision: str | Sequence[str] | None = None) -> Report:
     """Plan, tabulate, draw and (with ``out_dir``) write a capacity-planning report.
 
     ``what_if_global_batch`` / ``what_if_seq_len``: the values the sensitivity section
     re-plans for (default ×¼, ×½, ×2, ×4 of the global batch and ×½, ×2 of the sequence
-    length); ignored when ``sensitivity`` is False.
+    length); ignored when ``sensitivity`` is False. ``compare_precision`` ("bf16,fp8",
+    "bf16,fp8:rowwise"): re-plan the main GPU count in each (:mod:`meshplan.report.precision`).
     """
     say = _progress_fn(progress)
     t_start = time.perf_counter()
@@ -169,16 +138,18 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
             raise ConfigError(f"price_per_gpu_hour must be a number >= 0, got "
                               f"{price_per_gpu_hour!r}")
         cluster = cluster.replace(price_per_gpu_hour=float(price_per_gpu_hour))
+    precisions = ()
+    if compare_precision:
+        from meshplan.report.precision import parse_precisions, precision_job
+        precisions = parse_precisions(compare_precision)
     compare = ()
     if compare_gpus:
         from meshplan.report.gpu_names import parse_gpu_list
         compare = parse_gpu_list(compare_gpus)
     out = None
     if out_dir is not None:  # refuse a bad directory before minutes of planning
-        from meshplan.report.render import prepare_output_dir
-        out = Path(out_dir)
-        if out.is_dir() and any(out.iterdir()) and not force:
-            prepare_output_dir(out, force=False)
+        from meshplan.report.render import check_output_dir
+        out = check_output_dir(out_dir, force=force)
     loaded = []
     if measurements:
         from meshplan.report.measurements import load_measurement
@@ -191,7 +162,7 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
                          constraints=constraints)
         dt = time.perf_counter() - t0
         if o.feasible:
-            say(f"  {what}: {o.layout.short()}, {si(o.estimate.tokens_per_s, 'tokens/s')}, "
+            say(f"  {what}: {layout_label(o.layout)}, {si(o.estimate.tokens_per_s, 'tokens/s')}, "
                 f"MFU {o.estimate.mfu:.1%} ({dt:.1f} s)")
         else:
             say(f"  {what}: no feasible layout ({dt:.1f} s)")
@@ -201,12 +172,12 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     outcomes = [run(cluster, n, job, f"{n} GPUs of {cluster.name} ({i}/{len(counts)})")
                 for i, n in enumerate(counts, start=1)]
     summary = tables.summary_table(outcomes)
-    best_idx = _pick(summary, objective)
+    best_idx = pick(summary, objective)
     if best_idx is None:
         reasons = "; ".join(f"{o.gpus} GPUs: {(o.error or '').splitlines()[0]}" for o in outcomes)
         raise NoFeasiblePlan(f"no GPU count in {list(counts)} has a layout of {model.name!r} "
                              f"that fits on {cluster.name}: {reasons}")
-    rec = _recommendation(summary, objective, best_idx, job)
+    rec = recommendation(summary, objective, best_idx, job)
     main_n = main_gpus if main_gpus is not None else int(summary.loc[best_idx, "gpus"])
     main = next(o for o in outcomes if o.gpus == main_n)
     if not main.feasible:
@@ -221,6 +192,14 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
         cl = Cluster.preset(preset)
         gpu_outcomes.append(run(cl, main_n, job, f"{main_n} GPUs of {preset}"))
 
+    # ---- precisions at the main count
+    prec_outcomes = []
+    for prec, recipe in precisions:
+        jb = precision_job(job, prec, recipe)
+        prec_outcomes.append(main if jb == job else run(
+            cluster, main_n, jb, f"{main_n} GPUs in {prec}" + (f" ({jb.fp8_recipe})"
+                                                             if prec == "fp8" else "")))
+
     # ---- what-ifs at the main count
     batch_outcomes: list[PlanOutcome] = []
     seq_outcomes: list[PlanOutcome] = []
@@ -233,7 +212,7 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
             jb = dataclasses.replace(job, global_batch=gb)
             batch_outcomes.append(main if gb == job.global_batch else
                                   run(cluster, main_n, jb, f"global batch {gb}"))
-        high = model.max_seq_len if model.position_embedding == "learned" else None
+        high = model.max_seq_len   # past it: an error (learned positions) or a warning
         seqs = (sensitivity_values(job.seq_len, SEQ_FACTORS, low=min(128, job.seq_len),
                                    high=high)
                 if what_if_seq_len is None else
@@ -246,6 +225,11 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     say("drawing figures …")
     sections = _sections(model, cluster, job, objective, rec, summary, outcomes, main,
                          gpu_outcomes, batch_outcomes, seq_outcomes, loaded)
+    if prec_outcomes:
+        from meshplan.report.precision import precision_section
+        at = next((i for i, s in enumerate(sections) if s.anchor == "sensitivity"),
+                  len(sections))
+        sections.insert(at, precision_section(prec_outcomes, model, main))
     title = f"Capacity plan: {model.name} on {cluster.gpu.name}"
     from meshplan._version import __version__
     meta = (f"{model.name} ({model.num_params() / 1e9:.1f}B parameters) on {cluster.name} "
@@ -281,35 +265,39 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
               "given, the time to train and the cost of the run. Scaling efficiency is "
               "throughput per GPU relative to the smallest count that fits."),
         tables=(Table(name="summary", title="", raw=summary,
-                      display=tables.display_plans(summary)),)))
+                      display=tables.display_plans(summary),
+                      notes=tables.stage_notes(summary)),)))
 
     topk = tables.topk_table(main)
     secs.append(Section(
         anchor="top-plans", title=f"Top plans on {n} GPUs",
         text=(f"The {len(topk)} best layouts the planner found for {n} GPUs, ranked by "
               f"{objective.replace('_', ' ')}. m = micro-batches per step; bubble, TP comm and "
-              f"DP exposed are seconds per step on the critical path."),
-        tables=(Table(name="top_plans", title="", raw=topk, display=tables.display_topk(topk)),)))
+              f"DP exposed are time per step on the critical path. Layouts: dp, pp, tp = data-, "
+              f"pipeline-, tensor-parallel degrees, v = virtual stages (interleaved 1F1B; "
+              f"gpipe / zb = GPipe / zero-bubble, otherwise 1F1B), mb = micro-batch, rc = "
+              f"recompute, z = ZeRO stage, sp = sequence parallel; the CSV has every field."),
+        tables=(Table(name="top_plans", title="", raw=topk, display=tables.display_topk(topk),
+                      notes=tables.stage_notes(topk)),)))
 
     est = main.estimate
     secs.append(Section(
         anchor="memory", title="Memory per pipeline stage",
         text=(f"Peak memory per GPU of each pipeline stage of the recommended {n}-GPU plan "
-              f"({main.layout.short()}). \"other\" is logits/loss buffers, communication "
+              f"({label_with_split(main.layout)}). \"other\" is logits/loss buffers, communication "
               f"buffers and the recompute working set. Usable memory is the card's capacity less "
               f"the reserve for the CUDA context, NCCL and fragmentation."),
         figures=(FigureItem(name="memory_per_stage", figure=figures_plan.memory_per_stage(
             est, gpu_memory_bytes=cluster.gpu.memory_bytes,
-            title=f"Memory per GPU by pipeline stage — {main.layout.short()}"),
-            caption=f"Memory per GPU by pipeline stage, {n} GPUs, {main.layout.short()}"),),
+            title=f"Memory per GPU by pipeline stage — {layout_label(main.layout)}"),
+            caption=f"Memory per GPU by pipeline stage, {n} GPUs, {layout_label(main.layout)}"),),
         tables=(Table(name="memory_per_stage", title="Memory per stage (GiB)",
                       raw=tables.memory_table(main),
                       display=tables.display_memory(tables.memory_table(main))),)))
 
     shown = main.candidates[:MAX_BREAKDOWN_BARS]
-    labeled = [(f"#{i} {lay.short()}", e) for i, (lay, e) in enumerate(shown, start=1)]
-    breakdown = topk.iloc[:len(shown)][[c for c in topk.columns if c == "rank" or (
-        c.endswith("_s") and c != "tokens_per_s")]]
+    labeled = [(f"#{i} {layout_label(lay)}", e) for i, (lay, e) in enumerate(shown, start=1)]
+    breakdown = tables.breakdown_table(topk, len(shown))
     off = [(i, e.step_time_s, e.time.total_s) for i, (_, e) in enumerate(shown, start=1)
            if abs(e.time.total_s - e.step_time_s) > 0.01 * e.step_time_s]
     check = ("Consistency check: for every plan shown the parts sum to the step time within 1 %."
@@ -328,8 +316,9 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
         figures=(FigureItem(name="step_time_breakdown", figure=figures_plan.step_time_breakdown(
             labeled, title=f"Where the step time goes — top plans on {n} GPUs"),
             caption=f"Step-time breakdown of the top {len(shown)} plans on {n} GPUs"),),
-        tables=(Table(name="step_time_breakdown", title="Seconds per step", raw=breakdown,
-                      display=tables.display_breakdown(breakdown)),)))
+        tables=(Table(name="step_time_breakdown", title="Time per step by part", raw=breakdown,
+                      display=tables.display_breakdown(breakdown),
+                      notes=tables.stage_notes(breakdown)),)))
 
     from meshplan.report.timeline import pipeline_seconds, simulate_plan
     lay = main.layout
@@ -345,14 +334,17 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
         figures=(FigureItem(name="pipeline_timeline", figure=figures_plan.pipeline_timeline(
             sim, pp=lay.pp, vpp=lay.vpp, closed_form_s=pipeline_seconds(est),
             title=f"{lay.schedule}, {lay.pp} stages"),
-            caption=f"Pipeline schedule of {lay.short()} ({est.num_microbatches} micro-batches)"),)))
+            caption=f"Pipeline schedule of {label_with_split(lay)} "
+                    f"({est.num_microbatches} micro-batches)"),)))
 
     feas = summary[summary["feasible"]]
     if len(feas) >= 2:
         secs.append(Section(
             anchor="scaling", title="Scaling with cluster size",
-            text=("Best plan per GPU count (the summary table holds the numbers). The dashed line "
-                  "is linear scaling from the smallest count that fits."),
+            text=("Best plan per GPU count (the summary table holds the numbers). GPU counts, "
+                  "throughput and time to train are on log scales, so the dashed line, linear "
+                  "scaling from the smallest count that fits, is straight; MFU and cost are on "
+                  "linear scales from zero."),
             figures=(FigureItem(name="scaling", figure=figures_sweep.scaling(summary),
                                 caption="Throughput, MFU, time to train and cost against GPUs"),)))
 
@@ -367,7 +359,8 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
             text=(f"The same model and job on {n} GPUs of each type, re-planned for each, at "
                   f"each cluster's GPU-hour price (column $ / GPU-h)."),
             figures=figs, tables=(Table(name="gpu_comparison", title="", raw=gdf,
-                                        display=tables.display_plans(gdf)),)))
+                                        display=tables.display_plans(gdf),
+                                        notes=tables.stage_notes(gdf)),)))
 
     if batch_outcomes or seq_outcomes:
         bdf = tables.sensitivity_table(batch_outcomes, "global_batch")
@@ -382,9 +375,9 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
                 bdf, sdf, baseline_batch=job.global_batch, baseline_seq=job.seq_len),
                 caption="Throughput and MFU against global batch and sequence length"),),
             tables=(Table(name="sensitivity_global_batch", title="Global batch", raw=bdf,
-                          display=tables.display_plans(bdf)),
+                          display=tables.display_plans(bdf), notes=tables.stage_notes(bdf)),
                     Table(name="sensitivity_seq_len", title="Sequence length", raw=sdf,
-                          display=tables.display_plans(sdf)))))
+                          display=tables.display_plans(sdf), notes=tables.stage_notes(sdf)))))
 
     if loaded:
         from meshplan.report.measurements import measurements_table

@@ -7,6 +7,7 @@ the schedule simulator's events.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 from meshplan.costmodel.result import Estimate
@@ -72,7 +73,8 @@ def memory_per_stage(est: Estimate, *, title: str | None = None, gpu_memory_byte
         ax.annotate(f"peak {est.memory[peak].total_bytes / GIB:.1f} GiB",
                     (peak, bottom[peak]), xytext=(0, 4), textcoords="offset points",
                     ha="center", fontsize=8.5)
-        ax.set_title(title or "Memory per GPU by pipeline stage")
+        # wrapped: a long layout in the title must not run past the figure's edge
+        ax.set_title(textwrap.fill(title or "Memory per GPU by pipeline stage", 90))
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.grid(axis="x", visible=False)
     return fig
@@ -88,7 +90,7 @@ def step_time_breakdown(labeled: Sequence[tuple[str, Estimate]], *, title: str |
         ys = list(range(n))[::-1]
         left = [0.0] * n
         for name in TIME_COLORS:
-            vals = [r[name] for r in rows]
+            vals = [r.get(name, 0.0) for r in rows]
             if any(v > 0 for v in vals):
                 ax.barh(ys, vals, left=left, color=TIME_COLORS[name], label=name, height=0.7,
                         edgecolor="white", linewidth=0.4)
@@ -108,7 +110,8 @@ def step_time_breakdown(labeled: Sequence[tuple[str, Estimate]], *, title: str |
         handles, names = ax.get_legend_handles_labels()
         handles.append(Line2D([], [], color="black", linewidth=1.6))
         names.append("step time")
-        fig.legend(handles, names, loc="outside lower center", ncol=8)
+        # beside the axes, one entry a line: below them it ran into the x label
+        fig.legend(handles, names, loc="outside right upper")
         ax.grid(axis="y", visible=False)
     return fig
 

@@ -22,21 +22,45 @@ def _log2_gpu_axis(ax, gpus) -> None:
     ax.set_xlabel("GPUs")
 
 
+def _tokens_unit(values) -> tuple[float, str]:
+    """(scale, axis label) putting tokens/s in k or M, whichever keeps the largest ≥ 1."""
+    top = max((v for v in values if v == v), default=0.0)
+    return (1e-6, "throughput (M tokens/s)") if top >= 1e6 else \
+        (1e-3, "throughput (k tokens/s)")
+
+
+def _log_y(ax) -> None:
+    """A log y axis labelled with plain numbers: at 1, 2, 5 × 10^k, or 1, 2, 3, 5, 7 × 10^k
+    where the data span less than a decade and a half (so at least three ticks show)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    subs = (1.0, 2.0, 5.0) if hi / lo > 30 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
 def scaling(df, *, title: str | None = None):
     """Tokens/s (with ideal linear scaling from the smallest count), MFU, time-to-train and
-    cost against GPU count. ``df``: :func:`meshplan.report.tables.summary_table` output."""
+    cost against GPU count. ``df``: :func:`meshplan.report.tables.summary_table` output.
+
+    Every panel has GPUs on a log-2 axis. Throughput and time to train (or step time) are
+    on log axes too, so linear scaling is a straight line of slope ±1 whatever the range;
+    MFU and cost, ratios that ideal scaling keeps flat, are on linear axes from zero."""
     d = _feasible(df)
     has_tokens = "time_to_train_s" in d and d["time_to_train_s"].notna().any()
     g = list(d["gpus"])
     with figure(5.6) as fig:
         axs = fig.subplots(2, 2)
         ax = axs[0, 0]
-        ax.plot(g, d["tokens_per_s"] / 1e6, "o-", color=PALETTE[0], label="best plan")
+        scale, ylabel = _tokens_unit(d["tokens_per_s"])
+        ax.plot(g, d["tokens_per_s"] * scale, "o-", color=PALETTE[0], label="best plan")
         if len(g) > 1:
             base = d.iloc[0]
-            ideal = [base["tokens_per_s"] * n / base["gpus"] / 1e6 for n in g]
+            ideal = [base["tokens_per_s"] * n / base["gpus"] * scale for n in g]
             ax.plot(g, ideal, "--", color=REFERENCE, linewidth=1, label="linear from smallest")
-        ax.set_ylabel("throughput (M tokens/s)")
+        ax.set_ylabel(ylabel)
         ax.set_title("Throughput")
         ax.legend()
         ax = axs[0, 1]
@@ -64,6 +88,9 @@ def scaling(df, *, title: str | None = None):
             ax.set_title("Cost per token")
         for a in axs.flat:
             _log2_gpu_axis(a, g)
+        for a in (axs[0, 0], axs[1, 0]):
+            _log_y(a)
+        for a in (axs[0, 1], axs[1, 1]):
             lo, hi = a.get_ylim()
             a.set_ylim(0 if lo >= 0 else lo, hi * 1.08)
         fig.suptitle(title or "Scaling with cluster size", fontweight="bold")
@@ -76,7 +103,7 @@ def gpu_comparison(df, *, title: str | None = None):
     d = _feasible(df)
     names = list(d["gpu"])
     has_tokens = "time_to_train_s" in d and d["time_to_train_s"].notna().any()
-    panels = [("tokens_per_s", 1e-6, "throughput (M tokens/s)", "Throughput"),
+    panels = [("tokens_per_s", *_tokens_unit(d["tokens_per_s"]), "Throughput"),
               ("mfu", 100.0, "MFU (%)", "Model FLOPs utilization"),
               (("time_to_train_s", 1 / _DAY_S, "time to train (days)", "Time to train")
                if has_tokens else ("step_time_s", 1.0, "step time (s)", "Step time")),
@@ -114,7 +141,7 @@ def sensitivity(batch_df, seq_df, *, baseline_batch: int, baseline_seq: int,
                  (seq_df, "seq_len", "sequence length (tokens)", baseline_seq))):
             d = _feasible(df)
             for ax, (ycol, scale, ylabel, color) in zip(
-                    axs[row], (("tokens_per_s", 1e-6, "throughput (M tokens/s)", PALETTE[0]),
+                    axs[row], (("tokens_per_s", *_tokens_unit(d["tokens_per_s"]), PALETTE[0]),
                                ("mfu", 100.0, "MFU (%)", PALETTE[2]))):
                 if len(d):
                     xs = list(d[col])

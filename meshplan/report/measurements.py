@@ -149,11 +149,12 @@ def _reestimate(doc: Mapping[str, Any]) -> dict[str, float] | None:
 
 
 def _layout_text(doc: Mapping[str, Any]) -> str:
+    from meshplan.report.labels import label_with_split
     from meshplan.spec import Layout
     lay = doc.get("layout")
     if isinstance(lay, Mapping):
         try:
-            return Layout.from_dict(lay).short()
+            return label_with_split(Layout.from_dict(lay))
         except MeshplanError:
             return ", ".join(f"{k}={v}" for k, v in lay.items() if v is not None)
     return "?"

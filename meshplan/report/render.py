@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.planner.planfile import check_creatable
 from meshplan.report.style import png_bytes
 from meshplan.report.tables import to_markdown
 
@@ -32,6 +33,7 @@ class Table:
     title: str
     raw: Any             # DataFrame written to CSV
     display: Any         # DataFrame shown in HTML/Markdown
+    notes: tuple[str, ...] = ()   # footnotes under the table (e.g. uneven stage splits)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,11 +53,13 @@ class Section:
     items: tuple[Any, ...] = field(default=())   # order of figures and tables if given
 
 
-def prepare_output_dir(path: str | Path, *, force: bool) -> Path:
-    """Create ``path`` or check it may be written; with ``force`` remove only our old files."""
+def check_output_dir(path: str | Path, *, force: bool) -> Path:
+    """Refuse, without touching anything, a report directory that cannot be written: a
+    file, a non-empty directory without ``force``, a parent that is a file or read-only."""
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise MeshplanError(f"output path {str(out)!r} exists and is not a directory")
+        raise MeshplanError(f"output path {str(out)!r} exists and is not a directory; "
+                            f"a report is a directory (e.g. {str(out.parent / 'report')!r})")
     if out.is_dir():
         existing = sorted(p.name for p in out.iterdir())
         if existing and not force:
@@ -63,6 +67,15 @@ def prepare_output_dir(path: str | Path, *, force: bool) -> Path:
             raise MeshplanError(
                 f"output directory {str(out)!r} is not empty ({shown}); pass --force "
                 f"(force=True) to replace a previous report there, or choose another directory")
+    check_creatable(out, f"output directory {str(out)!r}")
+    return out
+
+
+def prepare_output_dir(path: str | Path, *, force: bool) -> Path:
+    """Create ``path`` or check it may be written; with ``force`` remove only our old files."""
+    out = check_output_dir(path, force=force)
+    if out.is_dir():
+        existing = any(out.iterdir())
         if existing and force:
             for name in _previous_files(out):
                 p = out / name
@@ -103,6 +116,7 @@ table.tbl td{padding:3px 6px;border-bottom:1px solid #eee;white-space:nowrap}
 table.notes td:last-child{white-space:normal;min-width:16em}
 .scroll{overflow-x:auto}figure{margin:10px 0 18px}figure img{width:100%;height:auto;
 border:1px solid #eee}figcaption{color:#555;font-size:0.88em}.csv{font-size:0.8em;color:#777}
+.note{font-size:0.8em;color:#555;margin:2px 0;overflow-wrap:anywhere}
 """
 
 
@@ -139,6 +153,7 @@ def render_html(title: str, meta: str, sections: list[Section], pngs: dict[str, 
                 cls = "tbl notes" if list(item.display.columns)[-1:] == ["note"] else "tbl"
                 parts.append('<div class="scroll">' + item.display.to_html(
                     index=False, border=0, classes=cls, escape=True, na_rep="–") + "</div>")
+                parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in item.notes)
                 parts.append(f'<p class="csv">data: {html.escape(item.name)}.csv</p>')
         parts.append("</section>")
     parts.append("</main></body></html>")
@@ -163,7 +178,9 @@ def render_markdown(title: str, meta: str, sections: list[Section]) -> str:
             else:
                 if item.title:
                     lines += [f"### {item.title}", ""]
-                lines += [to_markdown(item.display), "", f"Data: [{item.name}.csv]({item.name}.csv)", ""]
+                lines += [to_markdown(item.display), ""]
+                lines += [ln for n in item.notes for ln in (n, "")]
+                lines += [f"Data: [{item.name}.csv]({item.name}.csv)", ""]
     return "\n".join(lines)
 
 

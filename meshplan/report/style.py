@@ -81,8 +81,27 @@ def si(value: float, unit: str = "", digits: int = 3) -> str:
         return "–"
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
-            return f"{value / factor:.{digits}g} {prefix}{unit}".rstrip()
-    return f"{value:.{digits}g} {unit}".rstrip()
+            return f"{value / factor:#.{digits}g}".rstrip(".") + f" {prefix}{unit}".rstrip()
+    return f"{value:#.{digits}g}".rstrip(".") + f" {unit}".rstrip()
+
+
+def seconds(value: float) -> str:
+    """A time with a unit and three significant digits: ``"7.71 s"``, ``"378 ms"``,
+    ``"823 µs"``; exactly zero stays ``"0"``."""
+    if value != value:
+        return "–"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1:
+        return f"{_sig3(value)} s" if abs(value) < 100 else f"{value:,.0f} s"
+    if abs(value) >= 1e-3:
+        return f"{_sig3(value * 1e3)} ms"
+    return f"{_sig3(value * 1e6)} µs"
+
+
+def _sig3(value: float) -> str:
+    """Three significant digits, trailing zeros kept (7.80, not 7.8: columns read alike)."""
+    return f"{value:#.3g}".rstrip(".")
 
 
 def duration(seconds: float) -> str:

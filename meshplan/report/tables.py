@@ -11,14 +11,16 @@ from typing import Any, Sequence
 
 from meshplan.report.collect import PlanOutcome
 from meshplan.report.figures_plan import memory_parts, time_parts
-from meshplan.report.style import GIB, dollars, duration, si
+from meshplan.report.labels import layout_label, split_marks, split_notes, stage_split
+from meshplan.report.style import GIB, dollars, duration, seconds, si
 
 
 def _plan_numbers(o: PlanOutcome) -> dict[str, Any]:
     """Throughput, efficiency, memory and cost of an outcome's best plan (NaN if none)."""
     nan = float("nan")
     if not o.feasible:
-        return {"feasible": False, "layout": "", "gpus_used": nan, "tokens_per_s": nan,
+        return {"feasible": False, "layout": "", "stage_layers": "", "gpus_used": nan,
+                "tokens_per_s": nan,
                 "mfu": nan, "step_time_s": nan, "memory_peak_gib": nan,
                 "usd_per_million_tokens": nan, "time_to_train_s": nan, "cost_usd": nan,
                 "note": " ".join((o.error or "no feasible layout").split())}
@@ -27,7 +29,8 @@ def _plan_numbers(o: PlanOutcome) -> dict[str, Any]:
     usd_per_step = price * est.num_gpus * est.step_time_s / 3600.0
     tokens = o.job.tokens
     ttt = tokens / est.tokens_per_s if tokens else nan
-    return {"feasible": True, "layout": lay.short(), "gpus_used": est.num_gpus,
+    return {"feasible": True, "layout": layout_label(lay), "stage_layers": stage_split(lay),
+            "gpus_used": est.num_gpus,
             "tokens_per_s": est.tokens_per_s, "mfu": est.mfu, "step_time_s": est.step_time_s,
             "memory_peak_gib": est.memory_peak_bytes / GIB,
             "usd_per_million_tokens": usd_per_step / o.job.tokens_per_step * 1e6,
@@ -81,12 +84,12 @@ def topk_table(outcome: PlanOutcome):
     import pandas as pd
     rows = []
     for rank, (lay, est) in enumerate(outcome.candidates, start=1):
-        r = {"rank": rank, "dp": lay.dp, "pp": lay.pp, "tp": lay.tp,
+        r = {"rank": rank, "layout": layout_label(lay), "dp": lay.dp, "pp": lay.pp,
+             "tp": lay.tp,
              "micro_batch": lay.micro_batch, "schedule": lay.schedule, "vpp": lay.vpp,
              "recompute": lay.recompute, "zero": lay.zero,
              "sequence_parallel": lay.sequence_parallel,
-             "stage_layers": "" if lay.stage_layers is None else
-             "-".join(map(str, lay.stage_layers)),
+             "stage_layers": stage_split(lay),
              "microbatches": est.num_microbatches, "step_time_s": est.step_time_s,
              "tokens_per_s": est.tokens_per_s, "mfu": est.mfu,
              "memory_peak_gib": est.memory_peak_bytes / GIB}
@@ -116,15 +119,32 @@ def _fmt_col(df, col: str, fn) -> None:
     df[col] = [fn(v) if v == v and v is not None else "–" for v in df[col]]
 
 
+def stage_notes(df) -> tuple[str, ...]:
+    """Footnotes giving the uneven stage splits that :func:`display_plans` marks."""
+    return split_notes(split_marks(df["stage_layers"])) if "stage_layers" in df else ()
+
+
+def _mark_splits(out) -> None:
+    """The layout label with a footnote mark where the stage split is uneven, in place of
+    the split itself (the CSV keeps the split)."""
+    if "stage_layers" not in out:
+        return
+    marks = split_marks(out["stage_layers"])
+    out["layout"] = [f"{lab} {marks[s]}" if s in marks else lab
+                     for lab, s in zip(out["layout"], out["stage_layers"])]
+    del out["stage_layers"]
+
+
 def display_plans(df, *, key: str | None = None):
     """A copy of a summary/gpu/sensitivity table with readable units, for HTML and Markdown."""
     out = df.copy()
+    _mark_splits(out)
     if "tokens_per_s" in out:
         _fmt_col(out, "tokens_per_s", lambda v: si(v, "tok/s"))
     if "mfu" in out:
         _fmt_col(out, "mfu", lambda v: f"{v:.1%}")
     if "step_time_s" in out:
-        _fmt_col(out, "step_time_s", lambda v: f"{v:.2f} s")
+        _fmt_col(out, "step_time_s", seconds)
     if "memory_peak_gib" in out:
         _fmt_col(out, "memory_peak_gib", lambda v: f"{v:.1f} GiB")
     if "usd_per_million_tokens" in out:
@@ -140,7 +160,14 @@ def display_plans(df, *, key: str | None = None):
     if "price_per_gpu_hour" in out:
         _fmt_col(out, "price_per_gpu_hour", lambda v: f"${v:.2f}")
     if "gpus_used" in out:
-        _fmt_col(out, "gpus_used", lambda v: f"{int(v)}")
+        # columns that repeat what every row (or the section's text) already says go
+        if "gpus" in out and all(u != u or u == g for u, g in zip(out["gpus_used"], out["gpus"])):
+            out = out.drop(columns=["gpus_used"])
+        else:
+            _fmt_col(out, "gpus_used", lambda v: f"{int(v)}")
+    if "gpus" in out and ({"gpu", "global_batch", "seq_len"} & set(out.columns)) \
+            and out["gpus"].nunique() == 1:
+        out = out.drop(columns=["gpus"])
     if "feasible" in out:
         out = out.drop(columns=["feasible"])
     if "note" in out:
@@ -159,37 +186,50 @@ def display_plans(df, *, key: str | None = None):
 
 def display_topk(df):
     out = df.copy()
-    out["layout"] = [f"dp{a}·pp{b}·tp{c}" for a, b, c in zip(out["dp"], out["pp"], out["tp"])]
-    out["sched"] = [s + (f" v{v}" if v > 1 else "") for s, v in zip(out["schedule"], out["vpp"])]
-    out["sp"] = ["yes" if s else "" for s in out["sequence_parallel"]]
-    keep = ["rank", "layout", "micro_batch", "sched", "recompute", "zero", "sp",
-            "microbatches", "step_time_s", "tokens_per_s", "mfu", "memory_peak_gib",
-            "bubble_s", "tp_comm_s", "dp_exposed_s"]
+    _mark_splits(out)
+    keep = ["rank", "layout", "microbatches", "step_time_s", "tokens_per_s", "mfu",
+            "memory_peak_gib", "bubble_s", "tp_comm_s", "dp_exposed_s"]
     out = out[keep]
     for col in ("bubble_s", "tp_comm_s", "dp_exposed_s"):
-        _fmt_col(out, col, lambda v: f"{v:.3f}")
+        _fmt_col(out, col, seconds)
     out = display_plans(out)
-    return out.rename(columns={"micro_batch": "mb", "microbatches": "m", "bubble_s": "bubble s",
-                               "tp_comm_s": "TP comm s", "dp_exposed_s": "DP exposed s"})
+    return out.rename(columns={"microbatches": "m", "bubble_s": "bubble",
+                               "tp_comm_s": "TP comm", "dp_exposed_s": "DP exposed"})
+
+
+def breakdown_table(topk, count: int):
+    """The step-time parts (seconds) of the first ``count`` plans of a top-k table."""
+    cols = ["rank", "layout", "stage_layers"] + [
+        c for c in topk.columns if c.endswith("_s") and c != "tokens_per_s"]
+    return topk.iloc[:count][cols]
 
 
 def display_breakdown(df):
-    """Step-time parts (seconds) of the top plans, 4 significant digits, readable headers."""
+    """Step-time parts with units (s, ms, µs), readable headers, and the parts that are zero
+    for every plan shown left out (the CSV keeps them)."""
     out = df.copy()
-    for col in out.columns:
-        if col.endswith("_s"):
-            _fmt_col(out, col, lambda v: f"{v:.4g}")
+    _mark_splits(out)
+    for col in [c for c in out.columns if c.endswith("_s")]:
+        if col != "step_time_s" and not (out[col].abs() > 0).any():
+            del out[col]
+        else:
+            _fmt_col(out, col, seconds)
+    out = out.rename(columns={"zero3_gathers_s": "ZeRO-3 gathers_s", "tp_comm_s": "TP comm_s",
+                              "pp_comm_s": "PP comm_s", "dp_exposed_s": "DP exposed_s",
+                              "pp_p2p_interference_s": "PP p2p interference_s",
+                              "waiting_for_the_cpu_s": "waiting for the CPU_s",
+                              "fsdp2_per_step_s": "FSDP2 per step_s"})
     return out.rename(columns=lambda c: c[:-2].replace("_", " ") if c.endswith("_s") else c)
 
 
 def display_memory(df):
-    """Memory per stage in GiB with two decimals and readable headers."""
-    out = df.copy()
+    """Memory per stage in GiB with two decimals and readable headers (the in-flight
+    micro-batch count, not a size, stays in the CSV)."""
+    out = df.drop(columns=["inflight_microbatches"])
     for col in out.columns:
         if col.endswith("_gib"):
             _fmt_col(out, col, lambda v: f"{v:.2f}")
-    out = out.rename(columns=lambda c: c[:-4] if c.endswith("_gib") else c)
-    return out.rename(columns={"inflight_microbatches": "in-flight mb"})
+    return out.rename(columns=lambda c: c[:-4] if c.endswith("_gib") else c)
 
 
 def display_measurements(df):

@@ -311,7 +311,8 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: str | Path | Mapping[str, Any], *,
                        name: str | None = None) -> "ModelSpec":
-        """Read a Hugging Face ``config.json`` (path or dict).
+        """Read a Hugging Face ``config.json`` (a path, a model directory holding one, or a
+        dict).
 
         Understands the keys of Llama, Mistral, Qwen2 (``num_hidden_layers``,
         ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
@@ -322,14 +323,7 @@ class ModelSpec:
         from meshplan.spec.hf_config import spec_kwargs_from_hf
         source = "<dict>"
         if not isinstance(config, Mapping):
-            path = Path(config)
-            source = str(path)
-            try:
-                config = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"Hugging Face config {source!r} does not exist") from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"Hugging Face config {source!r} is not valid JSON: {exc}") from None
+            config, source = _read_hf_config(config)
         kwargs = spec_kwargs_from_hf(config, source)
         return cls(name=name or str(config.get("_name_or_path") or config.get("model_type", "hf-model")),
                    **kwargs)
@@ -349,3 +343,38 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelSpec":
         return from_dict(cls, data)
+
+
+def _read_hf_config(config: object) -> tuple[Mapping[str, Any], str]:
+    """The JSON object of a ``config.json`` path (or of a directory's ``config.json``)."""
+    if not isinstance(config, (str, Path)):
+        raise ConfigError(f"a Hugging Face config is a path to config.json, a model directory "
+                          f"or a dict, got {type(config).__name__}")
+    path = Path(config)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model directory {str(path)!r} has no config.json")
+        path = path / "config.json"
+    source = str(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"Hugging Face config {source!r} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Hugging Face config {source!r} is not UTF-8 text (offset "
+                          f"{exc.start}); config.json files are UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"Hugging Face config {source!r} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read Hugging Face config {source!r}: "
+                          f"{exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"Hugging Face config {source!r} must hold a JSON object (keys such "
+                          f"as model_type, hidden_size, num_hidden_layers), got a JSON "
+                          f"{_json_kind(data)}")
+    return data, source
+
+
+def _json_kind(value: object) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")

@@ -12,13 +12,16 @@ from meshplan.spec.model import ModelSpec
 
 
 def load_model(text: str) -> ModelSpec:
-    """A preset name, a Hugging Face ``config.json``, or a meshplan ModelSpec JSON file
-    (an object with ``name``, ``num_layers`` and ``hidden_size`` and no ``model_type`` /
-    ``architectures``, as ``ModelSpec.to_dict`` writes it)."""
+    """A preset name, a Hugging Face ``config.json`` (or a model directory holding one), or a
+    meshplan ModelSpec JSON file (an object with ``name``, ``num_layers`` and
+    ``hidden_size`` and no ``model_type`` / ``architectures``, as ``ModelSpec.to_dict``
+    writes it)."""
     if text.endswith(".json") or os.path.sep in text:
         path = Path(text)
+        if path.is_dir():
+            return ModelSpec.from_hf_config(path)   # a model directory: its config.json
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"model file {text!r} does not exist") from None
         except (OSError, UnicodeDecodeError) as exc:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, MeshplanWarning
 from meshplan.spec.job import Job
 from meshplan.spec.layout import Layout, default_stage_layers
 from meshplan.spec.model import ModelSpec
@@ -26,33 +27,39 @@ def zero_bubble_under_zero3(schedule: str, zero: int, dp: int, pp: int) -> bool:
     return schedule == "zero-bubble" and zero == 3 and dp > 1 and pp > 1
 
 
-def check_job_modelled(job: Job) -> None:
-    """Refuse the job settings the cost model does not price yet (any layout)."""
-    if job.precision == "fp8":
-        raise ConfigError(
-            f"Job.precision = 'fp8' (fp8_recipe {job.fp8_recipe!r}) is not priced by the cost "
-            f"model yet; estimate with precision='bf16'. The executor runs fp8 "
-            f"(python -m meshplan.executor.run --precision fp8, docs/fp8.md) and "
-            f"meshplan.costmodel.fp8 holds the fp8 formulas")
+def check_seq_len(model: ModelSpec, job: Job) -> None:
+    """A sequence past the model's maximum: an error with learned position embeddings (no
+    row exists for those positions), a :class:`MeshplanWarning` otherwise (RoPE runs, but the
+    model was not trained for it; the CLI's ``--strict`` makes it an error)."""
+    if job.seq_len <= model.max_seq_len:
+        return
+    if model.position_embedding == "learned":
+        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
+                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run "
+                          f"it: use seq_len <= {model.max_seq_len}")
+    warnings.warn(
+        f"seq_len = {job.seq_len} exceeds {model.name!r}'s maximum sequence length "
+        f"(max_seq_len = {model.max_seq_len}, a config's max_position_embeddings): memory and "
+        f"time are predicted, but the model was not trained on such sequences (RoPE scaling "
+        f"needed); use seq_len <= {model.max_seq_len}, or --strict / "
+        f"warnings.simplefilter('error', MeshplanWarning) to refuse", MeshplanWarning,
+        stacklevel=3)
 
 
-def check_modelled(layout: Layout, model: ModelSpec | None = None,
-                   job: Job | None = None) -> None:
-    """Refuse the layout dimensions (and, given ``model`` / ``job``, the model features and job
-    settings) the cost model does not price yet, rather than predict them as if absent."""
+def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
+    """Refuse the layout dimensions (and, given ``model``, the model features) the cost model
+    does not price yet, rather than predict them as if absent. Every Job setting is priced
+    (fp8: meshplan.costmodel.fp8_cost; a GPU or runtime that cannot run its recipe is refused
+    at estimate time by fp8_cost.check_fp8_supported), and so is Layout.compile (from the
+    profile's compiled layer rows, else as eager with a caveat)."""
     if model is not None:
         check_model_modelled(model)
-    if job is not None:
-        check_job_modelled(job)
     if layout.cp > 1:
         raise ConfigError(f"Layout.cp = {layout.cp}: context parallelism is not modelled yet; "
                           f"use cp = 1")
     if layout.ep > 1 or layout.etp > 1:
         raise ConfigError(f"Layout.ep = {layout.ep}, etp = {layout.etp}: expert parallelism is "
                           f"not modelled yet; use ep = etp = 1")
-    if layout.compile:
-        raise ConfigError("Layout.compile = True is not modelled yet; use compile = False "
-                          "(the executor's --compile flag compiles without a prediction)")
 
 
 def check_model_modelled(model: ModelSpec) -> None:
@@ -136,9 +143,10 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     ``exact_gpus``: require dp·pp·tp to equal the cluster's GPUs (the planner's default);
     otherwise a layout may use a subset of the cluster.
     """
+    check_types(model, cluster, job, layout)
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     check_context_parallel(model, job, layout)
-    check_modelled(layout, model, job)
+    check_modelled(layout, model)
     check_experts(model, layout)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
@@ -159,9 +167,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
         raise ConfigError(
             f"global_batch = {job.global_batch} is not divisible by dp·micro_batch = "
             f"{dp}·{layout.micro_batch} = {dp * layout.micro_batch}")
-    if model.position_embedding == "learned" and job.seq_len > model.max_seq_len:
-        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
-                          f"embeddings (max_seq_len = {model.max_seq_len})")
+    check_seq_len(model, job)
     if job.runtime == "torch" and zero_bubble_under_zero3(layout.schedule, layout.zero, dp, pp):
         raise ConfigError(ZB_ZERO3_UNSUPPORTED)
     m = layout.num_microbatches(job.global_batch)
@@ -179,7 +185,36 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     if model.num_layers < stages:
         raise ConfigError(f"{model.name!r} has {model.num_layers} layers, fewer than pp·vpp = "
                           f"{pp}·{layout.vpp} = {stages} pipeline stages")
+    if layout.vpp > 1 and model.num_layers % stages:
+        # Megatron-LM's rule for interleaving (layers per rank divisible by vpp); the cost
+        # model's interleaved closed form is exact only for equal chunks (costmodel/pipeline)
+        per_rank = model.num_layers / pp
+        valid = [v for v in range(2, model.num_layers // pp + 1)
+                 if model.num_layers % (pp * v) == 0]
+        raise ConfigError(
+            f"vpp = {layout.vpp} does not divide {model.name!r}'s {model.num_layers} layers "
+            f"into pp·vpp = {pp}·{layout.vpp} = {stages} equal chunks ({per_rank:g} layers per "
+            f"pipeline rank); valid vpp for pp = {pp}: {valid or 'none (use 1f1b)'}, or give "
+            f"stage_layers explicitly")
     return default_stage_layers(model.num_layers, stages)
+
+
+def check_types(model: object, cluster: object, job: object, layout: object) -> None:
+    """Raise :class:`ConfigError` naming the argument that is not a meshplan spec (a dict
+    passed as a layout, say) instead of failing later on a missing attribute."""
+    for arg, value, cls in (("model", model, ModelSpec), ("job", job, Job),
+                            ("layout", layout, Layout)):
+        if not isinstance(value, cls):
+            hint = (f"; build one with mp.{cls.__name__}(**d) or "
+                    f"mp.{cls.__name__}.from_dict(d)" if isinstance(value, dict) else "")
+            raise ConfigError(f"{arg} must be a meshplan {cls.__name__}, got "
+                              f"{type(value).__name__} {value!r}"[:300] + hint)
+    # Cluster lives above spec in the import graph: recognised by its type's name
+    if type(cluster).__name__ != "Cluster":
+        hint = ("; build one with mp.Cluster.preset(name, nodes=N) or mp.Cluster.from_dict(d)"
+                if isinstance(cluster, dict) else "")
+        raise ConfigError(f"cluster must be a meshplan Cluster, got {type(cluster).__name__}"
+                          + hint)
 
 
 def _divisors_of_both(a: int, b: int) -> list[int]:

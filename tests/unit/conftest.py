@@ -47,3 +47,38 @@ def solve_fixed_partition():
         assert solver.Solve(M) == cp_model.OPTIMAL
         return solver.Value(obj) / UNITS_PER_S
     return solve
+
+
+TINY_LLAMA = {"name": "tiny-llama", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+              "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "max_seq_len": 32,
+              "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
+              "tied_embeddings": False, "bias": False}
+
+
+@pytest.fixture(scope="session")
+def two_rank_profile(tmp_path_factory) -> dict:
+    """The profile of one real 2-rank CPU calibration (torchrun, gloo) of a tiny Llama:
+    ``--quick``, micro-batch 1, two layer rounds under a --time-budget that allows both.
+    Run once per session: the layer-table tests and the round-budget test read the same
+    file (each run took 30 s on the 2-core machine)."""
+    pytest.importorskip("torch")
+    import json
+    import os
+    import tomllib
+
+    from meshplan.cli import main as cli_main
+    d = tmp_path_factory.mktemp("two_rank_profile")
+    spec = d / "tiny.json"
+    spec.write_text(json.dumps(TINY_LLAMA))
+    out = d / "p.toml"
+    root = Path(__file__).resolve().parents[2]
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{root}{os.pathsep}{env_path}"   # torchrun's ranks: this tree
+    try:
+        rc = cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                       "--micro-batches", "1", "--nproc", "2", "--rounds", "2",
+                       "--time-budget", "100000", "--out", str(out), "--no-progress"])
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    assert rc == 0
+    return tomllib.loads(out.read_text())

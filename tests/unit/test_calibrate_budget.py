@@ -19,10 +19,7 @@ from meshplan.calibrate.budget import AFTER_LAYERS_ALLOWANCE_S, RoundBudget, nex
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.errors import ConfigError
 
-TINY = {"name": "tiny-llama", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
-        "num_kv_heads": 2, "ffn_hidden_size": 128, "vocab_size": 128, "max_seq_len": 32,
-        "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
-        "tied_embeddings": False, "bias": False}
+from conftest import TINY_LLAMA as TINY
 
 
 # ---- the decision (pure) ---------------------------------------------------------------------
@@ -138,21 +135,47 @@ def test_rounds_2_measures_the_layer_tables_twice(tmp_path, capsys):
     assert {"layers", "ends"} <= set(doc["measured"])
 
 
-def test_a_tiny_budget_keeps_one_round_and_says_why(tmp_path, capsys):
-    # 1 ms: spent before the layer tables even start, so round 1 runs anyway and no other
+def test_a_tiny_budget_writes_a_profile_without_layer_rows(tmp_path, capsys):
+    # 1 ms: spent before the layer tables even start, so no row fits (not even round 1's:
+    # round 36's first round ran 40 s past its budget and was killed, writing nothing)
     doc = _calibrate(tmp_path, "--rounds", "3", "--time-budget", "0.001")
     err = capsys.readouterr().err
     prov = doc["provenance"]
-    assert prov["layer_rounds"] == 1 and prov["time_budget_s"] == 0.001
-    assert "round 1 runs anyway" in err and "overruns --time-budget" in err
-    assert "round 2 skipped: projected" in err and "> --time-budget 0.001 s" in err
-    assert "round 2: " not in err                                 # no row of round 2 ran
-    assert "from 1 of 3 rounds" in err
-    # a complete profile all the same
-    from meshplan.costmodel.measured import tables_from_rows
-    assert doc["layers"] and doc["ends"]
-    tables_from_rows(doc["layers"], doc["ends"], "profile")
+    assert prov["layer_rounds"] == 0 and prov["time_budget_s"] == 0.001
+    assert "no layer row fits" in err
+    assert "round 1: layer tiny-llama" in err and "and the rows after it skipped" in err
+    assert "fwd " not in err                      # no row was timed
+    assert "from 0 of 3 rounds" in err
+    # a profile all the same, with the rest of its measurements
+    assert not doc.get("layers") and not doc.get("ends")
+    assert "gemm_efficiency" in doc["gpu"]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_budget_stops_the_first_round_between_rows(tmp_path, monkeypatch, capsys):
+    """A budget that round 1 cannot finish: it stops between two rows, keeps the rows it
+    measured and writes the profile (a fake clock: each row takes 1 s, the budget ends
+    after about three of them)."""
+    from meshplan.calibrate import bench_layers
+    clock = {"t": 0.0}
+    monkeypatch.setattr(bench_layers.time, "perf_counter", lambda: clock["t"])
+    real_run = bench_layers._run_layer
+
+    def slow_run(*args, **kwargs):
+        clock["t"] += 1.0
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(bench_layers, "_run_layer", slow_run)
+    budget = bench_layers.RoundBudget(budget_s=3.5, started_s=0.0, allowance_s=0.0)
+    pytest.importorskip("torch")
+    import torch
+    from meshplan.spec import ModelSpec
+    tables = bench_layers.bench_layer_rows([ModelSpec(**TINY)], None, torch.device("cpu"), 1, 0,
+                                           quick=True, micro_batches=(1,), rounds=2,
+                                           budget=budget)
+    assert tables.rounds == 1
+    assert len(tables.layers) == 3            # rows at t = 0-1, 1-2, 2-3; the 4th would end at 4
+    assert {r["recompute"] for r in tables.layers} == {"none", "selective", "full"}
+    assert not tables.ends
 
 
 def test_a_large_budget_cuts_nothing(tmp_path, capsys):
@@ -194,17 +217,10 @@ def test_ranks_agree_on_the_next_round(tmp_path):
 
 
 @pytest.mark.distributed
-def test_two_rank_calibration_runs_the_rounds_the_budget_allows(tmp_path):
+def test_two_rank_calibration_runs_the_rounds_the_budget_allows(two_rank_profile):
     """The real loop on two gloo ranks (torchrun): the agreed decision lets round 2 run, and
     its collectives line up on both ranks (a disagreement would hang here, not pass)."""
-    import os
-    root = Path(__file__).parents[2]
-    env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{root}{os.pathsep}{env_path}"
-    try:
-        doc = _calibrate(tmp_path, "--nproc", "2", "--rounds", "2", "--time-budget", "100000")
-    finally:
-        os.environ["PYTHONPATH"] = env_path
+    doc = two_rank_profile
     assert doc["provenance"]["world_size"] == 2
     assert doc["provenance"]["layer_rounds"] == 2
     assert doc["provenance"]["time_budget_s"] == 100000.0

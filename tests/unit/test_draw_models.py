@@ -85,20 +85,26 @@ def test_set_is_seeded_models_and_files_agree():
         assert [x["name"] for x in listed] == [x["name"] for x in m["layouts"]]
 
 
-def test_set_covers_the_protocol():
+def _covered(entries) -> list[Layout]:
+    """The entries' layouts, asserting the protocol's coverage."""
     layouts = [Layout.from_dict({k: v for k, v in x.items()
                                  if k != "name" and not k.startswith("screen_")})
-               for _, x in ENTRIES]
+               for _, x in entries]
     assert {l.schedule for l in layouts} == set(SCHEDULES)
     assert {l.zero for l in layouts} == {0, 1, 2, 3}
     assert {l.recompute for l in layouts} == set(RECOMPUTE)
     assert any(l.sequence_parallel for l in layouts)
+    return layouts
+
+
+def test_set_covers_the_protocol():
+    layouts = _covered(ENTRIES)
     assert all(l.dp * l.pp * l.tp == 4 for l in layouts)
     assert len({(l.dp, l.pp, l.tp) for l in layouts}) >= 4
 
 
 def test_set_models_were_never_run():
-    known = dm.known_shapes()
+    known = dm.known_shapes(except_set="transfer36")
     assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC["models"]} & known
 
 
@@ -115,3 +121,38 @@ def test_every_layout_is_accepted_and_fits_an_80gb_h100(entry):
     parallelize.check_layout_runnable(model, job, layout)
     est = estimate(model, h100, job, layout)
     assert est.fits and est.memory_peak_bytes <= 70 * 2**30
+
+
+# ---- the next round's set (seed 37), drawn before any run ----------------------------------
+SET37 = ROOT / "benchmarks" / "sets" / "transfer37"
+DOC37 = json.loads((SET37 / "set.json").read_text())
+ENTRIES37 = [(m, x) for m in DOC37["models"] for x in m["layouts"]]
+
+
+def test_set37_is_seeded_with_its_round_plan():
+    assert DOC37["seed"] == 37 and len(DOC37["models"]) == 4 and len(ENTRIES37) == 24
+    assert DOC37["rejected_models"] == []
+    rng = random.Random(37)
+    plan = dm.round_plan(rng, 4)
+    for i, m in enumerate(DOC37["models"]):
+        family, attention = plan[i]
+        assert dm.draw_model(rng, f"t37m{i + 1:02d}", family=family,
+                             attention=attention).to_dict() == m["spec"]
+        assert json.loads((SET37 / "models" / f"{m['name']}.json").read_text()) == m["spec"]
+    # both families and every attention kind (round 36 had no MQA model)
+    assert {n.split("-")[1] for n in (m["name"] for m in DOC37["models"])} == {"gpt", "llama"}
+    assert {n.split("-")[2] for n in (m["name"] for m in DOC37["models"])} == {"mha", "gqa",
+                                                                             "mqa"}
+
+
+def test_set37_covers_the_protocol_and_was_never_run():
+    _covered(ENTRIES37)
+    known = dm.known_shapes(except_set="transfer37")
+    assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC37["models"]} & known
+    # screened GPU-bound with room on calibrated rows (not round 36's proxy)
+    assert all(0 < x["screen_host_load"] <= 0.5 for _, x in ENTRIES37)
+
+
+@pytest.mark.parametrize("entry", ENTRIES37, ids=lambda e: e[1]["name"])
+def test_every_set37_layout_is_accepted_and_fits_an_80gb_h100(entry):
+    test_every_layout_is_accepted_and_fits_an_80gb_h100(entry)

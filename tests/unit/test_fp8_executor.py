@@ -142,4 +142,10 @@ def test_run_with_precision_fp8_end_to_end(tmp_path, monkeypatch):
     doc = json.loads(out.read_text())
     assert doc["status"] == "ok"
     assert (doc["job"]["precision"], doc["job"]["fp8_recipe"]) == ("fp8", "blockwise")
-    assert doc["prediction"] == {} and len(doc["measured"]["loss_per_step"]) == 3
+    # the plan's bf16 prediction is dropped; the run's own job (fp8) is predicted instead
+    from meshplan.costmodel import estimate
+    p = load_plan_file(plan)
+    fp8_job = Job.from_dict(doc["job"])
+    assert doc["prediction"]["step_time_s"] == pytest.approx(
+        estimate(p.model, p.cluster, fp8_job, p.layout).step_time_s)
+    assert len(doc["measured"]["loss_per_step"]) == 3

@@ -69,8 +69,10 @@ def test_fixed_values_that_rule_out_every_layout():
 
 
 def test_model_that_fits_nowhere_explains_with_numbers():
-    # 8 MiB GPUs; recompute and ZeRO-3 forbidden so that the suggestions have work to do
-    cluster = tiny_cluster(memory_mib=8, nodes=1, gpus_per_node=2)
+    # 16 MiB GPUs: the model states fit (test_planner_bounds covers GPUs where they do
+    # not), the activations do not; recompute and ZeRO-3 forbidden so that the suggestions
+    # have work to do
+    cluster = tiny_cluster(memory_mib=16, nodes=1, gpus_per_node=2)
     cons = Constraints(recompute=("none",), zero=(0,), max_micro_batch=4,
                        memory_headroom=0.1)
     with pytest.raises(NoFeasiblePlan) as err:
@@ -78,29 +80,45 @@ def test_model_that_fits_nowhere_explains_with_numbers():
     e = err.value
     msg = str(e)
     assert e.binding == "memory"
-    assert e.min_memory_bytes > e.usable_memory_bytes == pytest.approx(8 * 2**20 * 0.9)
-    assert f"{e.min_memory_bytes / 2**20:.1f} MiB" in msg and "7.2 MiB" in msg
+    assert e.min_memory_bytes > e.usable_memory_bytes == pytest.approx(16 * 2**20 * 0.9)
+    assert f"{e.min_memory_bytes / 2**20:.1f} MiB" in msg and "14.4 MiB" in msg
     assert "Binding constraint: GPU memory" in msg
     joined = " | ".join(e.suggestions)
     assert "recompute='full'" in joined and "ZeRO stage 3" in joined
     assert "no memory headroom" in joined
-    # the embedding alone (4096×128 params × 16 bytes) exceeds 7.2 MiB without ZeRO-3
-    assert "more GPUs: no count up to 128 GPUs fits" in joined
+    assert "more GPUs: 4 GPUs (2 nodes of 2) fit" in joined
     # every suggestion carries a number (memory it would need, or a GPU count)
     assert all(any(ch.isdigit() for ch in s) for s in e.suggestions)
 
 
 def test_suggested_gpu_count_really_fits():
-    model = mp.ModelSpec.preset("gpt3-175b")
-    cluster = mp.Cluster.preset("dgx-a100-80gb", nodes=1)
-    job = mp.Job(global_batch=64, seq_len=2048)
+    # the model states fit 16 H100s; without recompute the activations do not
+    model = mp.ModelSpec.preset("llama3-70b")
+    cluster = mp.Cluster.preset("dgx-h100", nodes=2)
+    job = mp.Job(global_batch=64, seq_len=8192)
+    cons = Constraints(recompute=("none",))
     with pytest.raises(NoFeasiblePlan) as err:
-        mp.plan(model, cluster, job, top_k=1)
+        mp.plan(model, cluster, job, top_k=1, constraints=cons)
     more = [s for s in err.value.suggestions if s.startswith("more GPUs")]
     assert more, err.value.suggestions
     n = int(more[0].split()[2])
-    p = mp.plan(model, cluster.replace(nodes=n // 8), job, top_k=1)
+    p = mp.plan(model, cluster.replace(nodes=n // 8), job, top_k=1, constraints=cons)
     assert p.best.estimate.fits and p.best.layout.num_gpus == n
+
+
+def test_gpu_count_that_holds_the_model_states():
+    """gpt3-175b's states need 2.5 TiB: 72 A100-40GB hold them only fully sharded, which
+    tp·pp leaves no room for; the count the message names holds them in some layout."""
+    model = mp.ModelSpec.preset("gpt3-175b")
+    job = mp.Job(global_batch=64, seq_len=2048)
+    with pytest.raises(NoFeasiblePlan) as err:
+        mp.plan(model, mp.Cluster.preset("dgx-a100-40gb", nodes=9), job, top_k=1)
+    more = [s for s in err.value.suggestions if s.startswith("more GPUs")]
+    assert more and "hold the model states" in more[0], err.value.suggestions
+    n = int(more[0].split()[2])
+    assert n > 72
+    p = mp.plan(model, mp.Cluster.preset("dgx-a100-40gb", nodes=n // 8), job, top_k=1)
+    assert p.best.layout.num_gpus == n
 
 
 @pytest.mark.parametrize("kwargs,words", [

@@ -163,8 +163,9 @@ def test_numbers_are_the_cost_models(small_report):
     assert list(top["rank"]) == list(range(1, len(top) + 1)) and len(top) <= 5
     # the detailed sections show the recommended count's best plan
     main = max((o for o in r.outcomes if o.feasible), key=lambda o: o.estimate.tokens_per_s)
-    assert f"Recommendation (objective: throughput): {main.gpus} GPUs as {main.layout.short()}" \
-        in r.recommendation
+    from meshplan.report.labels import label_with_split
+    assert f"Recommendation (objective: throughput): {main.gpus} GPUs as " \
+        f"{label_with_split(main.layout)} — " in r.recommendation
     assert (top.iloc[0]["dp"], top.iloc[0]["pp"], top.iloc[0]["tp"]) == \
         (main.layout.dp, main.layout.pp, main.layout.tp)
     mem = pd.read_csv(out / "memory_per_stage.csv")

@@ -177,7 +177,6 @@ def test_layout_new_dimensions_count_gpus_and_fold_experts():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(tp=2, cp=2), "context parallelism is not modelled"),
     (dict(tp=2, ep=2), "expert parallelism is not modelled"),
-    (dict(compile=True), "compile = True is not modelled"),
 ])
 def test_estimate_refuses_dimensions_it_does_not_model(kwargs, match):
     from meshplan.spec.validate import check_modelled

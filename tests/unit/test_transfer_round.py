@@ -84,3 +84,39 @@ def test_figures_are_the_issues_goals():
     assert f["memory_ranks_within_5pct"] == 4 / 6
     assert f["per_model"]["m1"]["spearman"] == 1.0
     assert f["per_model"]["m1"]["best_gap_pct"] == 0.0
+
+
+def test_validate_parts_split_every_models_layouts(tmp_path):
+    doc = tr.load_set(SET)
+    parts = [tr.part_layouts(doc, tr.parse_part(f"{k}/2"), tmp_path / str(k)) for k in (1, 2)]
+    names = []
+    for part in parts:
+        assert [m["name"] for m in part] == [m["name"] for m in doc["models"]]
+        for m in part:
+            listed = json.loads(Path(m["layout_file"]).read_text())
+            assert len(listed) == 3 and Path(m["layout_file"]).parent.parent == tmp_path
+            names += [x["name"] for x in listed]
+    # the two calls of 12 run every layout once
+    assert sorted(names) == sorted(x["name"] for m in doc["models"] for x in m["layouts"])
+    assert tr.part_layouts(doc, None, tmp_path / "all") == doc["models"]
+
+
+def test_merge_joins_the_parts_and_refuses_a_layout_in_two(tmp_path):
+    run = json.loads((ROOT / "docs" / "benchmarks" / "data" / "transfer36_accuracy.json")
+                     .read_text())
+    for k in (1, 2):    # the round's records, split as two validate calls would write them
+        part = {key: v for key, v in run.items() if key not in ("summary", "summary_by_model")}
+        part["records"] = [r for j, r in enumerate(run["records"]) if j % 2 == k - 1]
+        part["command"] = f"call {k}"
+        (tmp_path / f"p{k}.json").write_text(json.dumps(part))
+    records, meta = tr.merge_parts([tmp_path / "p2.json", tmp_path / "p1.json"])
+    assert [r["name"] for r in records] == [r["name"] for r in run["records"]]
+    assert meta["jobs"] == run["jobs"] and meta["command"] == "call 2 ; call 1"
+    with pytest.raises(SystemExit, match="t01 of t36m01-llama-mha-0.51b is in both"):
+        tr.merge_parts([tmp_path / "p1.json", tmp_path / "p1.json"])
+    assert tr.main(["merge", "--parts", str(tmp_path / "p1.json"), str(tmp_path / "p2.json"),
+                    "--out", str(tmp_path / "merged"), "--keep", str(tmp_path / "k")]) == 0
+    doc = json.loads((tmp_path / "merged" / "accuracy.json").read_text())
+    assert doc["summary"]["ok"] == run["summary"]["ok"] == 14
+    assert doc["summary"]["step_time_mean_abs_error_pct"] == pytest.approx(
+        run["summary"]["step_time_mean_abs_error_pct"])

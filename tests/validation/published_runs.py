@@ -163,3 +163,34 @@ def megatron_core_h100() -> list[PublishedRun]:
         runs.append(PublishedRun(f"{model.name} ({gpus} GPUs)", model, cluster, job, layout,
                                  step_s, d))
     return runs
+
+
+NEMO_FP8_DEFAULTS = dict(recompute="none")
+
+
+def nemo_h100_fp8() -> list[PublishedRun]:
+    """NeMo 24.07 performance summary, FP8 pre-training on DGX-H100 (Megatron-Core with
+    TransformerEngine). Published: GPUs, global batch, micro-batch, sequence length, tp, pp,
+    cp, virtual stages and tokens/s per GPU. Predicted as those runs ran, the same for every
+    row: runtime "megatron" (TE's fp8 linears), recipe "delayed" (NeMo 24.07's fp8 default:
+    TE ``DelayedScaling``, hybrid e4m3/e5m2), the distributed optimizer (ZeRO-1) with
+    overlapped DP and TP communication, SP wherever tp > 1, flash attention; not published:
+    the recompute mode (``NEMO_FP8_DEFAULTS``: none). ``published`` = global batch · seq /
+    (tokens/s/GPU · GPUs). Rows with cp > 1 need context parallelism in the cost model."""
+    runs = []
+    for d in read_rows("nemo_h100_fp8_2024.csv"):
+        model = ModelSpec.preset(d["model"])
+        gpus, tp, pp, cp = int(d["gpus"]), int(d["tp"]), int(d["pp"]), int(d["cp"])
+        vp, batch, seq = int(d["vp"]), int(d["global_batch"]), int(d["seq_len"])
+        dp = gpus // (tp * pp * cp)
+        layout = Layout(dp=dp, pp=pp, tp=tp, cp=cp, micro_batch=int(d["micro_batch"]),
+                        schedule="interleaved-1f1b" if vp > 1 else "1f1b", vpp=vp,
+                        sequence_parallel=tp > 1, zero=1 if dp > 1 else 0,
+                        **NEMO_FP8_DEFAULTS)
+        job = Job(global_batch=batch, seq_len=seq, precision="fp8", fp8_recipe="delayed",
+                  flash_attention=True, overlap_dp_comm=True, overlap_tp_comm=True)
+        cluster = Cluster.preset("dgx-h100", nodes=max(1, gpus // 8))
+        step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
+        runs.append(PublishedRun(f"{model.name} ({gpus} GPUs)", model, cluster, job, layout,
+                                 step_s, d))
+    return runs

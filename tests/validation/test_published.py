@@ -12,6 +12,7 @@ from meshplan.costmodel.memory import layer_activations, model_state_bytes
 from meshplan.spec import Job
 
 from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, korthikanti2022, megatron_core_h100,
+                            nemo_h100_fp8,
                             megatron_model_flops, narayanan2021, read_rows, shoeybi2019)
 
 
@@ -178,3 +179,27 @@ def test_megatron_core_table_is_consistent(row):
 def test_megatron_core_defaults_fit(run):
     """The runs ran on 80 GB, so the stated default layout must fit the prediction too."""
     assert estimate(run.model, run.cluster, run.job, run.layout).fits
+
+
+# ---- NeMo FP8 H100 2024 (Megatron-Core + TransformerEngine) ------------------------------------
+
+NEMO_FP8 = nemo_h100_fp8()
+
+
+@pytest.mark.parametrize("run", [r for r in NEMO_FP8 if r.layout.cp == 1], ids=lambda r: r.label)
+def test_nemo_fp8_step_time_within_10pct(run):
+    """The same bound as the bf16 tables (each run within 10 %), with the datasheet fp8 curve."""
+    est = estimate(run.model, run.cluster, run.job, run.layout)
+    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
+    err = (est.step_time_s - run.published) / run.published
+    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+
+
+def test_nemo_fp8_rows_are_the_copied_table():
+    """tokens/s/GPU × GPUs × step = the step's tokens; the copied model TFLOP/s over the fp8
+    rows' tokens/s is NeMo's own FLOPs per token, in the range of 6·N for these models."""
+    for r in NEMO_FP8:
+        tok = float(r.row["tokens_per_s_per_gpu"]) * r.layout.num_gpus
+        assert tok * r.published == pytest.approx(r.job.global_batch * r.job.seq_len)
+        per_token = float(r.row["model_tflops_per_gpu"]) * 1e12 / float(r.row["tokens_per_s_per_gpu"])
+        assert 6 * r.model.num_params() * 0.9 < per_token < 6 * r.model.num_params() * 1.6

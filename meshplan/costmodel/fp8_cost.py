@@ -1,0 +1,256 @@
+"""FP8 in an estimate: what ``Job(precision="fp8")`` changes in one layer's time and memory.
+
+The layer is first priced as bf16 (analytical, or the profile's measured bf16 row:
+:mod:`meshplan.costmodel.parts`), then :func:`fp8_layer` gives what fp8 changes, per
+micro-batch, from the formulas of :mod:`meshplan.costmodel.fp8` and the GPU profile's fp8
+keys:
+
+* **GEMMs.** The four linears of a layer (QKV, attention output, MLP up/gate, MLP down) run
+  their forward, data-gradient and weight-gradient GEMMs in fp8 under every recipe
+  (:func:`~meshplan.costmodel.fp8.fp8_gemms`; DeepSeek-V3, arXiv 2412.19437 §3.3.1; TE and
+  torchao likewise); attention, the norms, the embedding and the logits stay bf16. A GEMM of
+  F = 2mkn FLOPs takes F / (fp8 peak × e₈(F)), e₈ the profile's ``fp8_gemm_efficiency``
+  (its datasheet default, the bf16 curve × 0.86 measured on one H100, is derived in
+  data/gpus.toml). The layer's bf16 GEMM time — analytical, or the measured row's GEMM
+  share (:func:`~meshplan.costmodel.parts.layer_parts` splits a row over the analytical
+  categories) — is multiplied by r = Σ fp8 time / Σ bf16 time over the four linears.
+* **Casts** (:func:`~meshplan.costmodel.fp8.linear_cast_traffic`): per linear per
+  micro-batch, the bytes of every amax, cast and transpose pass of the recipe; time =
+  passes × fixed cost + bytes / bandwidth, the rate set by how the casts run
+  (:func:`cast_rate`): the executor's eager casts (runtime "torch" without compile:
+  ``fp8_cast_eager_pass_s`` + ``fp8_cast_eager_gbps``, H100 fit: 117 µs per pass and
+  1089 GB/s, data/gpus.toml), Inductor-fused casts (compile: ``fp8_cast_compiled_gbps``
+  where calibrated, else HBM × ``hbm_efficiency`` — an assumption, stated in the caveats),
+  and TransformerEngine's fused cast-transpose kernels (runtime "megatron": HBM ×
+  ``hbm_efficiency``, assumed, amax from history for ``delayed``). The casts are
+  memory-bound time (``PassCost.memory_bound_s``).
+* **Weight casts.** The executor re-casts W in every forward and backward (torchao does the
+  same): per micro-batch, reading fp32 parameters under ZeRO-0/1 and FSDP2's bf16 gathered
+  ones under ZeRO-2/3 (:func:`~meshplan.costmodel.runtime.fp8_weight_source_bytes`).
+  TransformerEngine casts W on a step's first micro-batch and caches the fp8 weight and its
+  transpose (``is_first_microbatch``), so its weight casts are per step
+  (:attr:`Fp8Layer.weight_cast_step_s`, spread over the step's micro-batches by
+  :func:`meshplan.costmodel.build.layer_times`).
+* **Amax all-reduces** under tensor parallelism where a scale spans the sharded dimension
+  (:func:`~meshplan.costmodel.fp8.amax_allreduce_needed`): a latency-bound all-reduce of
+  4 bytes per scale on the tp group (``PassCost.tp_comm_s``).
+* **Memory.** Runtime "torch": the executor saves 16-bit linear inputs (as torchao), so
+  activations are bf16's; the fp8 operands of the linear that runs are transient working
+  memory (:attr:`Fp8Layer.working_bytes`: the backward's dy and its transpose, W for the
+  data gradient, xᵀ). Runtime "megatron": TE caches each fp8 linear's weight and its
+  transpose through the step (2 bytes per linear parameter of every layer on the GPU, on
+  top of the 16-bit weights that stay — the "FP8 uses more memory" of TE issues 257 and
+  1429; :attr:`Fp8Layer.cached_weight_bytes`) and saves the quantized linear inputs for
+  backward (TE PR 1865): the norm outputs feeding QKV and MLP up and the MLP down input
+  are kept at 1 byte instead of 2, while the attention output, which flash attention keeps
+  in bf16 anyway, gains an fp8 copy (:attr:`Fp8Layer.activation_delta_bytes`; no change
+  under full recomputation, which keeps only the layer input).
+* **ZeRO-3 / FSDP all-gathers** stay 16-bit in both runtimes as priced here: the executor
+  gathers bf16 weights and casts after the gather (docs/fp8.md); torchao's
+  ``enable_fsdp_float8_all_gather`` and Megatron's ``--fp8-param-gather``, which gather
+  fp8 weights (:func:`~meshplan.costmodel.fp8.zero3_allgather_bytes`), are options neither
+  runtime here turns on. Sequence-parallel all-gathers stay 16-bit too (TE can gather fp8
+  inputs; not modelled).
+* **Which recipes** (:func:`check_fp8_supported`, at estimate time): a GPU needs an fp8
+  peak and curve; ``mxfp8`` needs Blackwell (:func:`~meshplan.costmodel.fp8.
+  check_recipe_supported`); runtime "torch" runs only the recipes the profile lists in
+  ``fp8_torch_recipes`` — those whose ``torch._scaled_mm`` kernel ran on that GPU with the
+  executor's torch (H100, torch 2.11, 2026-11-28: tensorwise and rowwise; blockwise had no
+  kernel), which also leaves out ``delayed`` and ``mxfp8``, which the executor refuses.
+
+Measured error: on one H100 (2026-11-28, docs/benchmarks/data/fp8_micro_h100.json) the
+eager cast term with its fitted keys gives the executor's fp8 linear (fwd + bwd) at 10 %
+mean / 33 % max error over the 36 timed shapes (post hoc: the keys were fitted on them).
+The datasheet fp8 curve's factor is the median of those shapes' ratios (quartiles
+0.78-0.94). No fp8 training step has been compared with a prediction yet (issue 41's
+device check, benchmarks/fp8_device.py); the published NeMo FP8 runs are in
+docs/benchmarks/published.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.costmodel import comm, fp8
+from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, linear_shapes,
+                                        sixteen_bit_precision)
+from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
+from meshplan.errors import ConfigError
+from meshplan.hardware_profiles import Cluster, GPUSpec
+from meshplan.spec import Job, ModelSpec
+
+SCALE_ALLREDUCE_BYTES = 4     # one fp32 amax per scale
+
+
+@dataclass(frozen=True)
+class CastRate:
+    """How fast one layout's fp8 casts run: seconds per pass plus bytes at ``gbps``."""
+
+    pass_s: float
+    gbps: float
+    fused: bool          # TE's cast-transpose: one pass writes both orientations
+    how: str             # for caveats and reports
+    assumed: bool        # not measured: stated in the estimate's caveats
+
+
+def cast_rate(gpu: GPUSpec, job: Job, compile: bool) -> CastRate:
+    """The cast rate of ``job`` on ``gpu`` (see the module docstring)."""
+    hbm = gpu.hbm_gbps * gpu.hbm_efficiency
+    if fp8_transformer_engine(job):
+        return CastRate(0.0, hbm, True, "TransformerEngine's fused cast-transpose kernels at "
+                        "HBM bandwidth × hbm_efficiency", True)
+    if compile:
+        if gpu.fp8_cast_compiled_gbps > 0:
+            return CastRate(0.0, gpu.fp8_cast_compiled_gbps, False,
+                            "compiled casts at the profile's fp8_cast_compiled_gbps", False)
+        return CastRate(0.0, hbm, False, "compiled casts at HBM bandwidth × hbm_efficiency",
+                        True)
+    if gpu.fp8_cast_eager_gbps > 0:
+        return CastRate(gpu.fp8_cast_eager_pass_s, gpu.fp8_cast_eager_gbps, False,
+                        "eager casts at the profile's fp8_cast_eager_pass_s and "
+                        "fp8_cast_eager_gbps", False)
+    return CastRate(0.0, hbm, False, "eager casts at HBM bandwidth × hbm_efficiency (the "
+                    "profile has no fp8_cast_eager_gbps)", True)
+
+
+def check_fp8_supported(job: Job, gpu: GPUSpec) -> None:
+    """Raise :class:`ConfigError` where ``gpu`` (or the runtime on it) cannot run the job's
+    fp8 recipe, naming what would be valid. Nothing for other precisions."""
+    if job.precision != "fp8":
+        return
+    gpu.peak_flops("fp8")                 # a GPU without fp8 tensor cores: ConfigError
+    if gpu.fp8_gemm_efficiency is None:
+        raise ConfigError(f"GPU {gpu.name!r} has an fp8 peak but no fp8_gemm_efficiency curve "
+                          f"in its profile; add one (data/gpus.toml format) or run `meshplan "
+                          f"calibrate` on it")
+    fp8.check_recipe_supported(job.fp8_recipe, gpu.name)
+    if job.runtime == "torch" and gpu.fp8_torch_recipes \
+            and job.fp8_recipe not in gpu.fp8_torch_recipes:
+        raise ConfigError(
+            f"fp8_recipe {job.fp8_recipe!r} does not run under runtime 'torch' on "
+            f"{gpu.name!r}: its profile lists the recipes whose torch._scaled_mm kernel ran "
+            f"there with the executor ({', '.join(map(repr, gpu.fp8_torch_recipes))}; "
+            f"fp8_torch_recipes, measured by `meshplan calibrate`). Use one of those, or "
+            f"runtime 'megatron' (TransformerEngine)")
+
+
+@dataclass(frozen=True)
+class Fp8Layer:
+    """What fp8 adds to one layer's bf16 cost, per micro-batch on one GPU."""
+
+    gemm_ratio: float             # fp8 / bf16 time of the four linears' GEMMs
+    forward_cast_s: float         # x's casts (and W's where cast per micro-batch)
+    backward_cast_s: float        # dy's, x's re-casts, transposes (and W's, as above)
+    weight_cast_step_s: float     # TE: W's casts once per step (0: per micro-batch)
+    amax_forward_s: float         # tp all-reduces of amaxes
+    amax_backward_s: float
+    working_bytes: float          # transient fp8 operands of the linear running (torch)
+    cached_weight_bytes: float    # TE's fp8 weight + transpose cache, per layer
+    activation_delta_bytes: float  # TE's saved fp8 inputs vs bf16 (this recompute mode)
+    rate: CastRate
+
+    def apply(self, layer: LayerCost, recompute: str) -> LayerCost:
+        """``layer`` (bf16, analytical or measured) with its linears in fp8: GEMM shares × r,
+        casts as memory-bound time, amax all-reduces as tp communication; the recomputed
+        forward of full recomputation pays the forward's changes again."""
+        k = self.gemm_ratio
+
+        def moved(p: PassCost, cast_s: float, amax_s: float) -> PassCost:
+            return PassCost(p.gemm_s * k, p.attention_s, p.memory_bound_s + cast_s,
+                            p.tp_comm_s + amax_s, p.overhead_s, p.zero3_s)
+        forward = moved(layer.forward, self.forward_cast_s, self.amax_forward_s)
+        rc = forward if recompute == "full" else layer.recompute
+        own = PassCost(*(a - b for a, b in zip(_fields(layer.backward),
+                                               _fields(layer.recompute))))
+        backward = moved(own, self.backward_cast_s, self.amax_backward_s) + rc
+        return LayerCost(forward, backward, rc, layer.wgrad_s * k, layer.tp_wire_bytes,
+                         layer.wgrad_gather_s, layer.wgrad_gather_wire_bytes)
+
+
+def _fields(p: PassCost) -> tuple[float, ...]:
+    return (p.gemm_s, p.attention_s, p.memory_bound_s, p.tp_comm_s, p.overhead_s, p.zero3_s)
+
+
+def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
+              sequence_parallel: bool, recompute: str, compile: bool, fsdp: bool,
+              tp_link) -> Fp8Layer:
+    """fp8's terms for one layer (module docstring). ``fsdp``: ZeRO-2/3 over dp > 1 (the
+    weight the casts read is FSDP2's bf16 one)."""
+    gpu = cluster.gpu
+    check_fp8_supported(job, gpu)
+    rate = cast_rate(gpu, job, compile)
+    te = fp8_transformer_engine(job)
+    wbytes = fp8_weight_source_bytes(job, 2 if fsdp else 0, 2 if fsdp else 1)
+    peak16, peak8 = gpu.peak_flops(sixteen_bit_precision(job)), gpu.peak_flops("fp8")
+    bf16_s = fp8_s = 0.0
+    cast = {"f": 0.0, "b": 0.0, "w": 0.0}
+    amax_f = amax_b = working = 0.0
+    per_scale = (SCALE_ALLREDUCE_BYTES * job.seq_len * micro_batch
+                 if fp8.recipe(job.fp8_recipe).x_fwd.block[0] == 1 else SCALE_ALLREDUCE_BYTES)
+    ar = comm.all_reduce_s(tp_link, per_scale) if tp > 1 else 0.0
+
+    def t(passes: int, nbytes: float) -> float:
+        return passes * rate.pass_s + nbytes / (rate.gbps * 1e9)
+    for (m, k, n), kind in linear_shapes(model, job, micro_batch, tp):
+        flops = 2.0 * m * k * n
+        bf16_s += gemm_s(gpu, peak16, flops)
+        fp8_s += fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency)
+        c = fp8.linear_cast_traffic(int(m), int(k), int(n), job.fp8_recipe, act_bytes=2,
+                                    weight_bytes=wbytes, tp_parallel=kind if tp > 1 else None,
+                                    fused_cast_transpose=rate.fused)
+        w_f = t(c.weight_forward_passes, c.weight_forward_bytes)
+        w_b = t(c.weight_passes - c.weight_forward_passes,
+                c.weight_bytes - c.weight_forward_bytes)
+        cast["f"] += t(c.forward_passes, c.forward_bytes) + (0.0 if te else w_f)
+        cast["b"] += t(c.backward_passes, c.backward_bytes) + (0.0 if te else w_b)
+        cast["w"] += (w_f + w_b) if te else 0.0
+        amax_f += c.forward_allreduces * ar
+        amax_b += (c.amax_allreduces - c.forward_allreduces) * ar
+        working = max(working, 2.0 * m * n + n * k + m * k)
+    linear_params = sum(k * n for (_, k, n), _ in linear_shapes(model, job, 1, tp))
+    return Fp8Layer(
+        gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
+        forward_cast_s=cast["f"], backward_cast_s=cast["b"], weight_cast_step_s=cast["w"],
+        amax_forward_s=amax_f, amax_backward_s=amax_b,
+        working_bytes=0.0 if te else working,
+        cached_weight_bytes=2.0 * linear_params if te else 0.0,
+        activation_delta_bytes=(te_activation_delta_bytes(model, job, micro_batch, tp,
+                                                          sequence_parallel)
+                                if te and recompute != "full" else 0.0),
+        rate=rate)
+
+
+def te_activation_delta_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int,
+                              sequence_parallel: bool) -> float:
+    """What TransformerEngine's saved fp8 linear inputs change in one layer's kept bytes
+    (16-bit activations; module docstring): the two norm outputs (QKV and MLP-up inputs,
+    replicated unless sequence parallel, Korthikanti et al. 2022 Table 2's 4sbh) and the
+    MLP-down input at 1 byte instead of 2, plus an fp8 copy of the attention output."""
+    sb = job.seq_len * micro_batch
+    norm_out = 2 * sb * model.hidden_size / (tp if sequence_parallel else 1)
+    down_in = sb * model.ffn_hidden_size / tp
+    attn_out = sb * model.q_dim / tp
+    return -(norm_out + down_in) + attn_out
+
+
+def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
+    """The estimate's cautions on its fp8 terms."""
+    if parts_fp8 is None:
+        return ()
+    rate = parts_fp8.rate
+    out = []
+    if rate.assumed:
+        out.append(f"fp8 casts priced as {rate.how} (assumed, not measured"
+                   + ("; meshplan calibrate times the executor's casts, not "
+                      "TransformerEngine's)" if rate.fused else
+                      ": `meshplan calibrate` on this GPU measures them)"))
+    if job.runtime == "torch" and rate.pass_s > 0:
+        out.append("fp8 without compile: the executor's eager casts cost "
+                   f"{rate.pass_s * 1e6:.0f} µs a pass plus their bytes at {rate.gbps:.0f} "
+                   "GB/s; on one H100 the eager fp8 linear ran 3-11× slower than bf16 "
+                   "(docs/fp8.md) — use Layout(compile=True)")
+    return tuple(out)
+
+
+__all__ = ["CastRate", "cast_rate", "check_fp8_supported", "Fp8Layer", "fp8_layer",
+           "te_activation_delta_bytes", "fp8_caveats"]

@@ -1,0 +1,309 @@
+"""Measured rows for a layer shape the calibration did not time: the nearest timed shape's
+rows, scaled by the analytical model's ratio.
+
+A profile's layer and end rows (``meshplan calibrate --model``) hold what the analytical
+layer (:mod:`.compute`, :mod:`.memory`) misses: the eager executor's unfused element-wise
+kernels, autocast's casts, the kernels' real efficiency at these sizes, the CPU's
+dispatch. For a model whose (layer shape, sequence length) has no row, the estimate used to
+fall back to the analytical layer alone, which over- or under-predicted the transfer
+round's untimed models by +11..+16 % (step) and −13..−22 % (memory), and lost the CPU's
+dispatch altogether (docs/benchmarks/transfer.md, round 36). Here the rows of the
+*nearest timed shape* stand in, each quantity scaled by what the analytical model says
+changes between the two shapes:
+
+    value(target) = measured(source) × analytical(target) / analytical(source)
+
+- GPU seconds (forward, backward, zero-bubble's B and W): the ratio of the analytical pass
+  times, i.e. of the GEMM and attention FLOPs at the profile's efficiency curves, the
+  memory-bound bytes at its HBM efficiency and the tensor-parallel collectives
+  (:func:`~meshplan.costmodel.compute.layer_cost`; ends: ``embedding_cost`` /
+  ``logits_cost``);
+- bytes (kept activations, a backward's working memory, zero-bubble's pending sets): the
+  ratio of the analytical activation bytes (:func:`~meshplan.costmodel.memory.
+  layer_activations`; the output layer by its logits, the embedding by its dense weight
+  gradient plus its output);
+- CPU dispatch: the ratio of the kernels a layer launches (:mod:`.dispatch`), which depends
+  on the family and the layout's knobs, not on the widths (same family: 1).
+
+The source is the timed shape nearest to the target among those with rows for the layout's
+knobs (tp, sequence parallelism, recompute mode, ZeRO stage and dp), the same family first
+(activation, norm, position embedding, bias, dropout: the same kernel sequence), then by
+distance in log hidden size, ffn ratio, query/kv-head ratio, head dim and sequence length;
+its micro-batch is the one with the target's tokens per micro-batch, within the micro-batch
+sizes it was timed at (the analytical ratio extrapolates the rest). The estimate says so:
+the ``nearest_shape_rows`` entry of ``Estimate.corrections`` (with how much it moved the
+step and the memory against the analytical layer) and a caveat naming the source.
+
+Measured error (post hoc, benchmarks/transfer_analysis.py: every measured layout
+re-predicted with its own model's rows removed from its profile): see
+docs/benchmarks/transfer.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from meshplan.costmodel.compute import layer_cost, logits_cost
+from meshplan.costmodel.corrections import Correction
+from meshplan.costmodel.dispatch import layer_dispatch_ratio
+from meshplan.costmodel.row_scaling import (analytic_layer, end_groups, end_micro_batches,
+                                            end_ratios, layer_groups, layer_micro_batches,
+                                            layer_ratios, scaled_row)
+from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.measured import (Interpolated, MeasuredTables, layer_shape_key,
+                                                 model_from_shape_key)
+from meshplan.spec import Job, ModelSpec
+
+NEAREST_SHAPE = "nearest_shape_rows"   # its name in Estimate.corrections (and ``without``)
+
+def family(model: ModelSpec) -> tuple:
+    """What fixes a layer's kernel sequence apart from its widths."""
+    return (model.activation, model.norm, model.position_embedding, model.bias,
+            bool(model.dropout))
+
+
+def shape_distance(a: ModelSpec, a_seq: int, b: ModelSpec, b_seq: int) -> float:
+    """How far two layer shapes are apart: another family counts more than any width."""
+    def lg(x, y):
+        return abs(math.log(x / y))
+    d = (lg(a.hidden_size, b.hidden_size)
+         + lg(a.ffn_hidden_size / a.hidden_size, b.ffn_hidden_size / b.hidden_size)
+         + lg(a.num_heads / a.num_kv_heads, b.num_heads / b.num_kv_heads)
+         + lg(a.head_dim, b.head_dim) + lg(a_seq, b_seq))
+    return d + (0.0 if family(a) == family(b) else 100.0)
+
+
+@dataclass(frozen=True)
+class Source:
+    """The timed shape a target's rows come from."""
+
+    model: ModelSpec      # a ModelSpec of the timed layer shape (widths from its key)
+    seq_len: int
+    same_family: bool
+
+    @property
+    def label(self) -> str:
+        return f"{layer_shape_key(self.model)} at sequence {self.seq_len}"
+
+
+def timed_shapes(tables: MeasuredTables) -> tuple[tuple[str, int], ...]:
+    """Every (layer shape key, sequence length) with layer rows."""
+    return tuple(sorted({(r.shape, r.seq_len) for r in tables.layers}))
+
+
+def is_timed(tables: MeasuredTables, model: ModelSpec, seq_len: int) -> bool:
+    return (layer_shape_key(model), seq_len) in timed_shapes(tables)
+
+
+def transferable(model: ModelSpec) -> bool:
+    """Dense decoders only: an MoE or MLA layer's work is not a dense shape's."""
+    return not getattr(model, "num_experts", 0) and getattr(model, "kv_lora_rank", None) is None
+
+
+class TransferredTables:
+    """:class:`~meshplan.hardware_profiles.measured.MeasuredTables`' lookups for one model
+    and job the profile did not time, answered from the nearest timed shape's rows scaled
+    by the analytical ratio (module docstring). The ``model`` argument of each lookup is
+    the target (the cost model passes the model it estimates)."""
+
+    def __init__(self, tables: MeasuredTables, model: ModelSpec, cluster: Cluster, job: Job,
+                 tp_link):
+        self.tables = tables
+        self.target = model
+        self.cluster = cluster
+        self.job = job
+        self.tp_link = tp_link
+
+    def __bool__(self) -> bool:
+        return bool(self.tables)
+
+    # ---- the source ----------------------------------------------------------------------
+    def source_for(self, *, tp: int, sequence_parallel: bool, recompute: str, zero: int = 0,
+                   dp: int = 1) -> Source | None:
+        """The timed shape a layer at these knobs is read from (None: no row to read)."""
+        fsdp = zero >= 2 and dp > 1
+        return self._source(tp, bool(sequence_parallel and tp > 1), recompute,
+                            zero if fsdp else 0, dp if fsdp else 1)
+
+    def _source(self, tp: int, sp: bool, recompute: str, zero: int, dp: int) -> Source | None:
+        best = None
+        key = (tp, bool(sp and tp > 1), recompute, zero, dp if zero >= 2 else 1)
+        for shape, seq in layer_groups(self.tables).get(key, ()):
+            src = model_from_shape_key(shape, num_layers=self.target.num_layers)
+            if src is None:
+                continue
+            d = shape_distance(self.target, self.job.seq_len, src, seq)
+            if best is None or d < best[0]:
+                best = (d, Source(src, seq, family(src) == family(self.target)))
+        return best[1] if best else None
+
+    def _source_mb(self, src: Source, key: tuple, micro_batch: float, work) -> float:
+        """The source's micro-batch at which its analytical ``work`` (seconds of a pass, a
+        function of (model, job, micro-batch)) equals the target's, within the sizes it was
+        timed at: the efficiency curves' error depends on the kernels' size, so the source
+        row whose kernels are the target's size carries the right ratio (a 0.5 B model's
+        rows at 2 k tokens ran 2-3 x faster than the curves say, at 32 k tokens 0.9-1 x:
+        docs/benchmarks/transfer.md)."""
+        mbs = self._timed_mbs(src, key)
+        job_s = replace(self.job, seq_len=src.seq_len)
+        m = micro_batch * self.job.seq_len / src.seq_len
+        at, a0 = work(self.target, self.job, micro_batch), work(src.model, job_s, m)
+        if at > 0 and a0 > 0:
+            m *= at / a0   # one step: a pass's time is close to linear in its tokens
+        return min(max(m, min(mbs)), max(mbs)) if mbs else micro_batch
+
+    def _timed_mbs(self, src: Source, key: tuple) -> tuple[int, ...]:
+        return layer_micro_batches(self.tables).get((layer_shape_key(src.model), src.seq_len) + key,
+                                               ())
+
+    # ---- layers --------------------------------------------------------------------------
+    def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
+              recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
+              compile: bool = False) -> Interpolated | None:
+        if compile:     # compiled rows are not transferred: the eager ones are, with a caveat
+            return None
+        fsdp = zero >= 2 and dp > 1
+        return self._layer(tp, sequence_parallel, recompute, micro_batch,
+                           zero if fsdp else 0, dp if fsdp else 1)
+
+    def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
+                           sequence_parallel: bool, recompute: str, micro_batch: int
+                           ) -> Interpolated | None:
+        return self._layer(tp, sequence_parallel, recompute, micro_batch, 2, 1)
+
+    def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
+                   recompute: str, micro_batch: int, zero: int, dp: int
+                   ) -> tuple[Interpolated | None, bool]:
+        return self.layer(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
+                          recompute=recompute, micro_batch=micro_batch, zero=zero,
+                          dp=dp), False
+
+    def _layer(self, tp, sp, recompute, micro_batch, zero, dp) -> Interpolated | None:
+        sp = bool(sp and tp > 1)
+        src = self._source(tp, sp, recompute, zero, dp)
+        if src is None:
+            return None
+        key = (tp, sp, recompute, zero, dp)
+
+        def work(model, job, mb):
+            return layer_cost(model, self.cluster, job, micro_batch=mb, tp=tp,
+                              sequence_parallel=sp, recompute=recompute,
+                              tp_link=self.tp_link).forward.total_s
+        mb_s = self._source_mb(src, key, micro_batch, work)
+        row = self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
+                                recompute=recompute, micro_batch=mb_s, zero=zero, dp=dp) \
+            if zero == 0 or dp > 1 else self.tables.fsdp_compute_layer(
+                src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
+                recompute=recompute, micro_batch=mb_s)
+        if row is None:
+            return None
+        k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
+                          self.cluster, tp, sp, recompute, self.tp_link, zero < 2)
+        cpu = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
+                                   recompute=recompute, autocast=zero < 2)
+        out = scaled_row(row, k, cpu)
+        if zero >= 2 and row.cpu_measured:
+            out = self._fsdp_cpu(out, row, src, tp, sp, recompute, mb_s)
+        if row.split_backward is not None and row.split_cpu is None:
+            # a synchronized split timing is max(GPU, CPU) of B and W; at the source's size
+            # it may be the CPU's (t36m03 at micro-batch 1: W 1.5 ms for 0.2 ms of GEMM),
+            # which no GPU ratio carries: it stays the CPU's dispatch (an upper bound,
+            # scaled by the operator ratio), and the GPU's B and W split the scaled fused
+            # backward in the analytical weight-gradient share
+            w = out.backward_s * k.wgrad_share
+            out = replace(out, backward_input_s=out.backward_s - w, backward_weight_s=w,
+                          backward_input_cpu_s=row.backward_input_s * cpu[1],
+                          backward_weight_cpu_s=row.backward_weight_s * cpu[1])
+        if not src.same_family:
+            # another family's kernels miss the curves differently (GPT-0.54B's rows ran
+            # 0.7-0.8 x the analytical time, Llama-1.64B's 1.0-1.1 x at the same sizes):
+            # only the CPU's dispatch, which the operator count carries, is taken from it
+            out = analytic_layer(out, self.target, self.job, micro_batch, self.cluster, tp,
+                                  sp, recompute, self.tp_link, zero < 2)
+        return out
+
+    def _fsdp_cpu(self, out: Interpolated, row: Interpolated, src: Source, tp: int, sp: bool,
+                  recompute: str, mb_s: float) -> Interpolated:
+        """An FSDP2 row's CPU dispatch as the layer's operators (the source's plain row at
+        the same knobs, by the operator ratio) plus FSDP2's own per-layer hooks (what the
+        FSDP2 row adds to it), which cost per FSDP unit — one per layer — whatever the
+        layer's operators: the pre-forward all-gather and post-backward reduce-scatter of
+        one flat buffer (``FSDPParamGroup``). Measured (round 26 profile, 4 × H200): the
+        increment of GPT-0.54B's ZeRO-2/3 rows over their plain rows is 0.6-1.2 × Llama-
+        1.64B's, whose layers dispatch 2.1 × the operators; scaled by the parameter tensors
+        (12 against 6) t19 came out at +47 % instead of −33 %. Without the source's plain
+        row: the operator ratio for all of it."""
+        plain = self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
+                                  recompute=recompute, micro_batch=mb_s)
+        if plain is None or not plain.cpu_measured:
+            return out
+        ops = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
+                                   recompute=recompute, autocast=True)
+
+        def split(name: str, k: float) -> float:
+            own, base = getattr(row, name), getattr(plain, name)
+            return base * k + max(0.0, own - base)
+        return replace(out, forward_cpu_s=split("forward_cpu_s", ops[0]),
+                       backward_cpu_s=split("backward_cpu_s", ops[1]))
+
+    # ---- ends ----------------------------------------------------------------------------
+    def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
+            sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
+        sp = bool(sequence_parallel and tp > 1)
+        best = None
+        for shape, seq in end_groups(self.tables).get((part, tp, sp), ()):
+            src = model_from_shape_key(shape, num_layers=self.target.num_layers)
+            if src is None:
+                continue
+            d = shape_distance(self.target, self.job.seq_len, src, seq) \
+                + abs(math.log(self.target.vocab_size / src.vocab_size))
+            if best is None or d < best[0]:
+                best = (d, src, seq, shape)
+        if best is None:
+            return None
+        _, src, seq, shape = best
+        mbs = end_micro_batches(self.tables).get((shape, part, seq, tp, sp))
+        mb_s = micro_batch * self.job.seq_len / seq
+        if part == "output":   # the logits GEMM's size, as _source_mb does for layers
+            kw = dict(tp=tp, sequence_parallel=sp, tp_link=self.tp_link)
+            at = logits_cost(self.target, self.cluster, self.job, micro_batch=micro_batch,
+                             **kw)[0].total_s
+            a0 = logits_cost(src, self.cluster, replace(self.job, seq_len=seq),
+                             micro_batch=mb_s, **kw)[0].total_s
+            mb_s *= at / a0 if at > 0 and a0 > 0 else 1.0
+        mb_s = min(max(mb_s, min(mbs)), max(mbs)) if mbs else micro_batch
+        row = self.tables.end(src, part, seq_len=seq, tp=tp, sequence_parallel=sp,
+                              micro_batch=mb_s)
+        if row is None:
+            return None
+        k = end_ratios(part, self.target, self.job, micro_batch, src, seq, mb_s,
+                        self.cluster, tp, sp, self.tp_link)
+        return scaled_row(row, k, (1.0, 1.0))
+
+
+def tables_for(model: ModelSpec, cluster: Cluster, job: Job, tp_link):
+    """Rows of the nearest timed shape, scaled by the analytical model's ratio, for a model
+    whose layer shape (at its sequence length) the profile's calibration did not time
+    (module docstring of :mod:`meshplan.costmodel.nearest_rows`); the profile's own rows
+    where it timed it.
+
+    The measured tables a layout of ``model`` reads: the profile's own where it timed
+    this shape at this sequence length (or has no rows, or the correction is switched
+    off), else :class:`TransferredTables` from the nearest timed shape."""
+    tables = cluster.gpu.measured
+    if (not tables or is_timed(tables, model, job.seq_len) or not transferable(model)
+            or not cluster.gpu.corrections.enabled(NEAREST_SHAPE)):
+        return tables
+    return TransferredTables(tables, model, cluster, job, tp_link)
+
+
+def _transferred(t) -> bool:
+    return bool(t.parts.transferred_from)
+
+
+NEAREST_SHAPE_CORRECTION = Correction(NEAREST_SHAPE, "step time and memory", (),
+                                      _transferred, tables_for)
+
+__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "Source", "TransferredTables", "family",
+           "is_timed", "shape_distance", "tables_for", "timed_shapes", "transferable"]

@@ -1,0 +1,176 @@
+"""Scaling one timed shape's measured row to another shape (:mod:`.nearest_rows`).
+
+Each quantity of a row is multiplied by the analytical model's target / source ratio of its
+kind: GPU seconds by the analytical pass times (:func:`~meshplan.costmodel.compute.
+layer_cost`, the ends' ``embedding_cost`` / ``logits_cost``), kept and working bytes by the
+executor's tensors (:mod:`.torch_activations`; the embedding by its dense fp32 weight
+gradient plus its output, the output layer by its logits), CPU dispatch by the operators a
+layer dispatches (:mod:`.dispatch`: forward fields by the forward's ratio, backward fields by
+the backward's; a call's fixed part kept). Also: the row of another family (its CPU dispatch
+with the analytical GPU time and bytes) and indexes of a profile's rows by knob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+
+from meshplan.costmodel.compute import embedding_cost, layer_cost, logits_cost
+from meshplan.costmodel.memory import logits_bytes
+from meshplan.costmodel.torch_activations import torch_backward_work, torch_layer_activations
+from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.measured import Interpolated, MeasuredTables
+from meshplan.spec import Job, ModelSpec
+
+# the CPU's dispatch fields of a row: scaled by the forward's / the backward's operator
+# ratio (the per-call fixed parts do not grow with a layer's operators: kept)
+_CPU_FORWARD = ("forward_cpu_s",)
+_CPU_BACKWARD = ("backward_cpu_s", "backward_input_cpu_s", "backward_weight_cpu_s",
+                 "backward_input_depth_s", "backward_weight_depth_s")
+
+
+# ---- the ratios ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ratios:
+    """target / source of the analytical model, per kind of quantity."""
+
+    forward: float
+    backward: float
+    wgrad: float
+    kept_bytes: float
+    work_bytes: float
+    wgrad_share: float = 0.0   # the target's weight-gradient GEMMs over its backward
+
+
+def _r(a: float, b: float) -> float:
+    return a / b if b > 0 else 1.0
+
+
+@lru_cache(maxsize=4096)
+def layer_ratios(target: ModelSpec, job: Job, mb: float, source: ModelSpec, seq_s: int,
+                  mb_s: float, cluster: Cluster, tp: int, sp: bool, recompute: str,
+                  tp_link, autocast: bool) -> Ratios:
+    job_s = replace(job, seq_len=seq_s)
+    kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, tp_link=tp_link)
+    a = layer_cost(target, cluster, job, micro_batch=mb, **kw)
+    b = layer_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
+    # the rows are the executor's (runtime "torch"): its own tensors, autocast for the
+    # plain rows (ZeRO-0/1), bf16 for the FSDP2 ones
+    at = torch_layer_activations(target, job, mb, tp, sp, autocast=autocast)
+    bt = torch_layer_activations(source, job_s, mb_s, tp, sp, autocast=autocast)
+    aw = torch_backward_work(target, job, mb, tp, sp, recompute, autocast=autocast)
+    bw = torch_backward_work(source, job_s, mb_s, tp, sp, recompute, autocast=autocast)
+    return Ratios(_r(a.forward.total_s, b.forward.total_s),
+                  _r(a.backward.total_s, b.backward.total_s), _r(a.wgrad_s, b.wgrad_s),
+                  _r(at.stored(recompute), bt.stored(recompute)), _r(aw, bw),
+                  _r(a.wgrad_s, a.backward.total_s) if a.backward.total_s > 0 else 0.0)
+
+
+@lru_cache(maxsize=4096)
+def end_ratios(part: str, target: ModelSpec, job: Job, mb: float, source: ModelSpec,
+                seq_s: int, mb_s: float, cluster: Cluster, tp: int, sp: bool,
+                tp_link) -> Ratios:
+    job_s = replace(job, seq_len=seq_s)
+    kw = dict(tp=tp, sequence_parallel=sp, tp_link=tp_link)
+    if part == "embedding":
+        a = embedding_cost(target, cluster, job, micro_batch=mb, **kw)
+        b = embedding_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
+        # what an embedding keeps is its output; its backward allocates the dense weight
+        # gradient (embedding_dense_backward) beside the incoming gradient
+        kept = _r(job.seq_len * mb * target.hidden_size, seq_s * mb_s * source.hidden_size)
+        work = _r(target.vocab_size * target.hidden_size / tp * 4
+                  + job.seq_len * mb * target.hidden_size * 2,
+                  source.vocab_size * source.hidden_size / tp * 4
+                  + seq_s * mb_s * source.hidden_size * 2)
+        return Ratios(_r(a[0].total_s, b[0].total_s), _r(a[1].total_s, b[1].total_s), 1.0,
+                      kept, work)
+    a = logits_cost(target, cluster, job, micro_batch=mb, **kw)
+    b = logits_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
+    kept = _r(logits_bytes(target, job, mb, tp), logits_bytes(source, job_s, mb_s, tp))
+    return Ratios(_r(a[0].total_s, b[0].total_s), _r(a[1].total_s, b[1].total_s),
+                  _r(a[2], b[2]), kept, kept)
+
+
+def analytic_layer(row: Interpolated, model: ModelSpec, job: Job, mb: float,
+                    cluster: Cluster, tp: int, sp: bool, recompute: str, tp_link,
+                    autocast: bool) -> Interpolated:
+    """``row``'s CPU dispatch with the analytical layer's GPU seconds and bytes (and no
+    zero-bubble split or split memory: the cost model splits the backward itself)."""
+    a = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                   recompute=recompute, tp_link=tp_link)
+    acts = torch_layer_activations(model, job, mb, tp, sp, autocast=autocast)
+    return replace(row, forward_s=a.forward.total_s, backward_s=a.backward.total_s,
+                   activation_bytes=acts.stored(recompute),
+                   peak_bytes=torch_backward_work(model, job, mb, tp, sp, recompute,
+                                                  autocast=autocast),
+                   backward_input_s=0.0, backward_weight_s=0.0, backward_input_cpu_s=0.0,
+                   backward_weight_cpu_s=0.0, split_layers=0.0, backward_input_depth_s=0.0,
+                   backward_weight_depth_s=0.0, wgrad_pending_bytes=0.0,
+                   wgrad_transient_bytes=0.0, wgrad_memory_layers=0.0,
+                   wgrad_pending_stage_bytes=0.0, wgrad_transient_stage_bytes=0.0)
+
+
+_GPU_FIELDS = {"forward_s": "forward", "backward_s": "backward",
+               "backward_input_s": "backward", "backward_weight_s": "wgrad",
+               "activation_bytes": "kept_bytes", "peak_bytes": "work_bytes",
+               "wgrad_pending_bytes": "work_bytes", "wgrad_transient_bytes": "work_bytes",
+               "wgrad_pending_stage_bytes": "work_bytes",
+               "wgrad_transient_stage_bytes": "work_bytes"}
+
+
+def scaled_row(row: Interpolated, k: Ratios, cpu: tuple[float, float]) -> Interpolated:
+    out = {}
+    for f in fields(Interpolated):
+        v = getattr(row, f.name)
+        if f.name in _CPU_FORWARD:
+            v *= cpu[0]
+        elif f.name in _CPU_BACKWARD:
+            v *= cpu[1]
+        elif f.name in _GPU_FIELDS:
+            v *= getattr(k, _GPU_FIELDS[f.name])
+        out[f.name] = v
+    return Interpolated(**out)
+
+
+# ---- indexes of a profile's rows (cached per tables object) ------------------------------
+@lru_cache(maxsize=64)
+def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
+    out: dict[tuple, set] = {}
+    for r in tables.layers:
+        if r.compile:
+            continue
+        out.setdefault((r.tp, r.sequence_parallel, r.recompute, r.zero,
+                        r.dp if r.zero >= 2 else 1), set()).add((r.shape, r.seq_len))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+@lru_cache(maxsize=64)
+def layer_micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
+    out: dict[tuple, set] = {}
+    for r in tables.layers:
+        if r.compile:
+            continue
+        out.setdefault((r.shape, r.seq_len, r.tp, r.sequence_parallel, r.recompute, r.zero,
+                        r.dp if r.zero >= 2 else 1), set()).add(r.micro_batch)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+@lru_cache(maxsize=64)
+def end_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
+    out: dict[tuple, set] = {}
+    for e in tables.ends:
+        out.setdefault((e.part, e.tp, e.sequence_parallel), set()).add((e.shape, e.seq_len))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+@lru_cache(maxsize=64)
+def end_micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
+    out: dict[tuple, set] = {}
+    for e in tables.ends:
+        out.setdefault((e.shape, e.part, e.seq_len, e.tp, e.sequence_parallel),
+                       set()).add(e.micro_batch)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+__all__ = ["Ratios", "analytic_layer", "end_groups", "end_micro_batches", "end_ratios",
+           "layer_groups", "layer_micro_batches", "layer_ratios", "scaled_row"]

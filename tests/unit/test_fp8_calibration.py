@@ -1,0 +1,94 @@
+"""The profile's fp8 keys from calibrate's fp8 rows (meshplan.calibrate.fp8_profile), written
+and read back, and what a profile without them inherits."""
+
+import tomllib
+
+import pytest
+
+from meshplan.calibrate import profile as prof
+from meshplan.calibrate.fp8_profile import (compiled_cast_gbps, eager_cast_fit,
+                                            fp8_gemm_efficiency_points, timed_recipes)
+from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+from meshplan.costmodel.fp8 import linear_cast_traffic
+from meshplan.hardware_profiles import builtin_gpu
+from meshplan.hardware_profiles.calibrated import load_profile
+
+H100 = builtin_gpu("H100-SXM5-80GB")
+SHAPES = [(2048, 2048, 2048), (4096, 2048, 8192), (2048, 8192, 2048), (4096, 512, 2048)]
+
+
+def _rows(pass_s=1e-4, gbps=1000.0, eff=0.5, recipe="tensorwise"):
+    out = []
+    for m, k, n in SHAPES:
+        c = linear_cast_traffic(m, k, n, recipe, act_bytes=2, weight_bytes=4)
+        gemm = 6.0 * m * k * n / (H100.peak_flops("fp8") * eff)
+        out.append({"recipe": recipe, "label": "x", "m": m, "k": k, "n": n,
+                    "flops": 6.0 * m * k * n, "gemm_seconds": gemm,
+                    "linear_seconds": gemm + c.kernels * pass_s
+                    + c.per_microbatch_bytes / (gbps * 1e9), "bf16_seconds": 2 * gemm})
+    return out
+
+
+def test_eager_fit_recovers_pass_cost_and_bandwidth():
+    rows = _rows() + _rows(recipe="rowwise")
+    assert eager_cast_fit(rows) == pytest.approx((1e-4, 1000.0), rel=1e-6)
+    assert eager_cast_fit([]) is None
+    # a fit with a negative term (noise: here more bytes took less time) falls back to the
+    # bandwidth alone, Σ bytes / Σ seconds
+    rows = _rows()
+    small = min(rows, key=lambda r: r["m"] * r["k"] * r["n"])
+    noisy = [dict(r, linear_seconds=r["gemm_seconds"] + (1e-3 if r is small else 1e-6))
+             for r in rows]
+    pass_s, gbps = eager_cast_fit(noisy)
+    nbytes = sum(linear_cast_traffic(r["m"], r["k"], r["n"], "tensorwise", act_bytes=2,
+                                     weight_bytes=4).per_microbatch_bytes for r in rows)
+    assert pass_s == 0.0 and gbps == pytest.approx(nbytes / (1e-3 + 3e-6) / 1e9)
+
+
+def test_curve_points_recipes_and_compiled_casts():
+    rows = _rows() + [{"recipe": "blockwise", "label": "x", "m": 1, "k": 128, "n": 128,
+                       "error": "RuntimeError: Invalid scaling configuration."}]
+    pts = fp8_gemm_efficiency_points(rows, H100.peak_flops("fp8"))
+    assert [x for x, _ in pts] == sorted(2.0 * m * k * n for m, k, n in SHAPES)
+    assert all(y == pytest.approx(0.5) for _, y in pts)
+    assert timed_recipes(rows) == ["tensorwise"]
+    casts = [{"op": "cast tensor", "bytes": 1e9, "seconds": 1.0},
+             {"op": "compiled cast tensor", "bytes": 2e9, "seconds": 1e-3},
+             {"op": "compiled cast row", "bytes": 2e9, "seconds": 3e-3}]
+    assert compiled_cast_gbps(casts) == pytest.approx(4e9 / 4e-3 / 1e9)
+    assert compiled_cast_gbps(casts[:1]) is None
+
+
+def test_profile_writes_the_fp8_keys_and_a_profile_without_them_inherits_the_base(tmp_path):
+    rows = {"fp8_gemm": _rows(eff=0.45),
+            "fp8_cast": [{"op": "compiled cast tensor", "bytes": 2e9, "seconds": 1e-3}]}
+    doc = prof.build_profile(measurements=rows, base=H100, device="cuda",
+                             provenance={"machine": "t", "gpu_name": "NVIDIA H100"})
+    assert {"fp8_gemm_efficiency", "fp8_torch_recipes", "fp8_cast_eager_pass_s",
+            "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps"} <= set(doc["measured"])
+    gpu = load_profile(write_text_atomic(tmp_path / "p.toml", dumps(doc))).gpu
+    assert gpu.fp8_gemm_efficiency(2.0 * 2048**3) == pytest.approx(0.45, rel=1e-4)
+    assert gpu.fp8_cast_eager_pass_s == pytest.approx(1e-4)
+    assert gpu.fp8_cast_compiled_gbps == pytest.approx(2000.0)
+    assert gpu.fp8_torch_recipes == ("tensorwise",)
+    # an older profile (no fp8 keys): the base GPU's datasheet defaults stand
+    old = tomllib.loads(dumps(prof.build_profile(measurements={}, base=H100, device="cuda",
+                                                 provenance={})))
+    for k in ("fp8_gemm_efficiency", "fp8_cast_eager_pass_s", "fp8_cast_eager_gbps",
+              "fp8_torch_recipes"):
+        old["gpu"].pop(k, None)
+    inherited = load_profile(write_text_atomic(tmp_path / "old.toml", dumps(old))).gpu
+    assert inherited.fp8_gemm_efficiency == H100.fp8_gemm_efficiency
+    assert inherited.fp8_torch_recipes == H100.fp8_torch_recipes
+    assert inherited.fp8_cast_eager_gbps == H100.fp8_cast_eager_gbps
+    assert inherited.fp8_cast_compiled_gbps == H100.fp8_cast_compiled_gbps == 459.0
+
+
+def test_datasheet_eager_keys_reproduce_the_h100_fit():
+    """data/gpus.toml's H100 eager cast keys are the fit over the committed 2026-11-28 rows."""
+    import json
+    from pathlib import Path
+    data = Path(__file__).resolve().parents[2] / "docs/benchmarks/data/fp8_micro_h100.json"
+    pass_s, gbps = eager_cast_fit(json.loads(data.read_text())["fp8_gemm"])
+    assert pass_s == pytest.approx(H100.fp8_cast_eager_pass_s, rel=0.01)
+    assert gbps == pytest.approx(H100.fp8_cast_eager_gbps, rel=0.01)

@@ -1,0 +1,178 @@
+"""fp8 in the cost model (meshplan.costmodel.fp8_cost): each term against its formula."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.costmodel import estimate, fp8
+from meshplan.costmodel.compute import gemm_s, linear_shapes
+from meshplan.costmodel.fp8_cost import cast_rate, fp8_layer, te_activation_delta_bytes
+from meshplan.costmodel.measured import MeasuredLayer, MeasuredTables, layer_shape_key
+from meshplan.costmodel.parts import layer_parts
+from meshplan.costmodel.tables import layer_tables
+from meshplan.costmodel.data_parallel import group_links
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+MODEL = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_heads=16, vocab_size=32000,
+                  max_seq_len=1024)
+CLUSTER = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+GPU = CLUSTER.gpu
+
+
+def job(precision="fp8", runtime="torch", recipe="tensorwise", batch=16):
+    return Job(global_batch=batch, seq_len=1024, precision=precision, runtime=runtime,
+               **({"fp8_recipe": recipe} if precision == "fp8" else {}))
+
+
+def parts(j, layout=Layout(dp=4, micro_batch=1), cluster=CLUSTER):
+    links = group_links(cluster, layout)
+    return layer_parts(MODEL, cluster, j, layout.micro_batch, layout.tp,
+                       layout.sequence_parallel, layout.recompute, links.tp, links.pp,
+                       layout.compile, j.precision == "fp8" and layout.zero >= 2
+                       and layout.dp > 1)
+
+
+def test_linears_run_at_the_fp8_peak_and_curve_the_rest_stays_bf16():
+    b, f = parts(job("bf16")), parts(job())
+    want = sum(fp8.fp8_gemm_time_s(2 * m * k * n, GPU.peak_flops("fp8"),
+                                   GPU.fp8_gemm_efficiency)
+               for (m, k, n), _ in linear_shapes(MODEL, job(), 1, 1))
+    bf16 = sum(gemm_s(GPU, GPU.peak_flops("bf16"), 2 * m * k * n)
+               for (m, k, n), _ in linear_shapes(MODEL, job(), 1, 1))
+    assert b.layer.forward.gemm_s == pytest.approx(bf16)
+    assert f.layer.forward.gemm_s == pytest.approx(want)
+    assert f.layer.backward.gemm_s == pytest.approx(2 * want)       # dgrad + wgrad
+    assert f.fp8.gemm_ratio == pytest.approx(want / bf16) and want < bf16
+    assert f.layer.forward.attention_s == b.layer.forward.attention_s
+    assert f.logits[0].gemm_s == b.logits[0].gemm_s                 # the head stays bf16
+    assert f.activation_bytes == b.activation_bytes                 # 16-bit inputs saved
+
+
+def _traffic(j, wbytes, fused=False, tp=1):
+    return [fp8.linear_cast_traffic(int(m), int(k), int(n), j.fp8_recipe, act_bytes=2,
+                                    weight_bytes=wbytes, fused_cast_transpose=fused,
+                                    tp_parallel=kind if tp > 1 else None)
+            for (m, k, n), kind in linear_shapes(MODEL, j, 1, tp)]
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_executor_casts_per_micro_batch_eager_or_compiled(compile):
+    j = job()
+    f = parts(j, Layout(dp=4, micro_batch=1, compile=compile))
+    rate = cast_rate(GPU, j, compile)
+    tr = _traffic(j, 4)      # ZeRO-0/1: the casts read the fp32 parameters
+    fwd = sum((c.forward_passes + c.weight_forward_passes) * rate.pass_s
+              + (c.forward_bytes + c.weight_forward_bytes) / (rate.gbps * 1e9) for c in tr)
+    assert f.fp8.forward_cast_s == pytest.approx(fwd)
+    if compile:   # the H100 data carries the compiled casts measured on 2026-11-28
+        assert rate.pass_s == 0 and not rate.assumed
+        assert rate.gbps == GPU.fp8_cast_compiled_gbps == 459.0
+        unmeasured = replace(GPU, fp8_cast_compiled_gbps=0.0)    # a profile without the key
+        fallback = cast_rate(unmeasured, j, compile)
+        assert fallback.pass_s == 0 and fallback.assumed
+        assert fallback.gbps == pytest.approx(GPU.hbm_gbps * GPU.hbm_efficiency)
+    else:
+        assert (rate.pass_s, rate.gbps) == (GPU.fp8_cast_eager_pass_s, GPU.fp8_cast_eager_gbps)
+    b = parts(job("bf16"), Layout(dp=4, micro_batch=1, compile=compile))
+    assert f.layer.forward.memory_bound_s == pytest.approx(
+        b.layer.forward.memory_bound_s + fwd)
+    assert f.fp8.weight_cast_step_s == 0
+
+
+def test_fsdp_casts_read_bf16_weights():
+    eager = parts(job(), Layout(dp=4, micro_batch=1, zero=3))
+    ddp = parts(job(), Layout(dp=4, micro_batch=1, zero=1))
+    gap = sum(c.weight_forward_bytes for c in _traffic(job(), 4)) \
+        - sum(c.weight_forward_bytes for c in _traffic(job(), 2))
+    assert ddp.fp8.forward_cast_s - eager.fp8.forward_cast_s == pytest.approx(
+        gap / (GPU.fp8_cast_eager_gbps * 1e9))
+
+
+def test_transformer_engine_fuses_casts_and_casts_weights_once_a_step():
+    j = job(runtime="megatron")
+    f = parts(j)
+    hbm = GPU.hbm_gbps * GPU.hbm_efficiency * 1e9
+    tr = _traffic(j, 2, fused=True)
+    assert f.fp8.forward_cast_s == pytest.approx(sum(c.forward_bytes for c in tr) / hbm)
+    assert f.fp8.weight_cast_step_s == pytest.approx(sum(c.weight_bytes for c in tr) / hbm)
+    one, four = (layer_tables(MODEL, CLUSTER, job(runtime="megatron", batch=b),
+                              Layout(dp=4, micro_batch=1)) for b in (4, 16))
+    # the per-step weight casts spread over the step's micro-batches (1 vs 4)
+    assert one.layer_forward_s - four.layer_forward_s == pytest.approx(
+        f.fp8.weight_cast_step_s * (1 - 1 / 4))
+
+
+def test_amax_all_reduces_only_where_a_scale_spans_the_tp_split():
+    lay = Layout(dp=2, tp=2, micro_batch=1)
+    t = parts(job(), lay)
+    assert t.fp8.amax_forward_s > 0 and t.fp8.amax_backward_s > 0
+    assert parts(job()).fp8.amax_forward_s == 0
+    b = parts(job("bf16"), lay)
+    assert t.layer.forward.tp_comm_s == pytest.approx(b.layer.forward.tp_comm_s
+                                                      + t.fp8.amax_forward_s)
+
+
+def test_full_recompute_pays_the_forwards_fp8_changes_again():
+    lay = dict(dp=4, micro_batch=1)
+    for rc in ("none", "full"):
+        f, b = parts(job(), Layout(recompute=rc, **lay)), parts(job("bf16"), Layout(recompute=rc,
+                                                                                    **lay))
+        d_f = f.layer.forward.total_s - b.layer.forward.total_s
+        d_b = f.layer.backward.total_s - b.layer.backward.total_s
+        none = parts(job(), Layout(**lay)).layer.backward.total_s - \
+            parts(job("bf16"), Layout(**lay)).layer.backward.total_s
+        assert d_b == pytest.approx(none + (d_f if rc == "full" else 0.0))
+        assert f.fp8_delta_s[:2] == pytest.approx((d_f, d_b))
+
+
+def test_memory_te_caches_weights_and_saves_fp8_inputs_the_executor_holds_working_copies():
+    lay = Layout(dp=4, micro_batch=1)
+    te, te16 = (layer_tables(MODEL, CLUSTER, job(p, "megatron"), lay) for p in ("fp8", "bf16"))
+    params = sum(k * n for (_, k, n), _ in linear_shapes(MODEL, job(), 1, 1))
+    assert te.layer_state_bytes - te16.layer_state_bytes == pytest.approx(2 * params)
+    s, h, f, q = 1024, MODEL.hidden_size, MODEL.ffn_hidden_size, MODEL.q_dim
+    assert te_activation_delta_bytes(MODEL, job(), 1, 1, False) == -(2 * s * h + s * f) + s * q
+    assert te.layer_activation_bytes - te16.layer_activation_bytes == pytest.approx(
+        -(2 * s * h + s * f) + s * q)
+    ex, ex16 = (layer_tables(MODEL, CLUSTER, job(p, "torch"), lay) for p in ("fp8", "bf16"))
+    work = max(2 * m * n + n * k + m * k for (m, k, n), _ in linear_shapes(MODEL, job(), 1, 1))
+    assert ex.buffer_bytes - ex16.buffer_bytes == pytest.approx(work)
+    assert ex.layer_state_bytes == ex16.layer_state_bytes
+
+
+def test_measured_bf16_row_keeps_its_non_gemm_time_and_scales_its_gemm_share():
+    row = MeasuredLayer(shape=layer_shape_key(MODEL), seq_len=1024, tp=1,
+                        sequence_parallel=False, recompute="none", micro_batch=1,
+                        forward_s=2e-3, backward_s=4e-3, activation_bytes=1e8,
+                        backward_peak_bytes=1e7)
+    cl = replace(CLUSTER, gpu=replace(GPU, measured=MeasuredTables((row,), ())))
+    b, f = parts(job("bf16"), cluster=cl), parts(job(), cluster=cl)
+    assert b.layer.forward.total_s == pytest.approx(2e-3)
+    k = f.fp8.gemm_ratio
+    assert f.layer.forward.gemm_s == pytest.approx(b.layer.forward.gemm_s * k)
+    assert f.layer.forward.attention_s == pytest.approx(b.layer.forward.attention_s)
+    assert f.layer.forward.memory_bound_s == pytest.approx(
+        b.layer.forward.memory_bound_s + f.fp8.forward_cast_s)
+
+
+def test_estimate_reports_mfu_against_the_bf16_peak_and_states_assumed_casts():
+    lay = Layout(dp=4, micro_batch=1, compile=True)
+    e8 = estimate(MODEL, CLUSTER, job(), lay)
+    assert e8.mfu == pytest.approx(e8.model_flops_per_step / e8.step_time_s / 4
+                                   / GPU.peak_flops("bf16"))
+    assert not any("fp8 casts priced as compiled casts at HBM" in c for c in e8.caveats)
+    unmeasured = CLUSTER.replace(gpu=replace(GPU, fp8_cast_compiled_gbps=0.0))
+    assumed = estimate(MODEL, unmeasured, job(), lay)
+    assert any("fp8 casts priced as compiled casts at HBM" in c for c in assumed.caveats)
+    eager = estimate(MODEL, CLUSTER, job(), Layout(dp=4, micro_batch=1))
+    assert any("eager casts cost" in c for c in eager.caveats)
+    assert eager.step_time_s > e8.step_time_s
+
+
+def test_fp8_layer_needs_a_curve():
+    gpu = replace(GPU, fp8_gemm_efficiency=None)
+    with pytest.raises(Exception, match="no fp8_gemm_efficiency curve"):
+        fp8_layer(MODEL, replace(CLUSTER, gpu=gpu), job(), micro_batch=1, tp=1,
+                  sequence_parallel=False, recompute="none", compile=False, fsdp=False,
+                  tp_link=None)

@@ -1,0 +1,260 @@
+"""Predictions for a model the calibration did not time: the nearest timed shape's rows
+scaled by the analytical ratio (costmodel/nearest_rows.py), the operator counts that carry
+CPU dispatch between families (costmodel/dispatch.py), the executor's activation bytes
+(costmodel/torch_activations.py), memory-bound ops at their own efficiency and zero-bubble's
+full-recompute weight pass (costmodel/corrections.py)."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.costmodel import corrections as corr, estimate
+from meshplan.costmodel.compute import layer_cost
+from meshplan.costmodel.data_parallel import group_links
+from meshplan.costmodel.dispatch import layer_dispatch_ops, layer_dispatch_ratio
+from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
+                                         ends_shape_key, layer_shape_key)
+from meshplan.costmodel.nearest_rows import NEAREST_SHAPE, family, shape_distance
+from meshplan.costmodel.parts import layer_parts
+from meshplan.costmodel.tables import layer_tables
+from meshplan.costmodel.torch_activations import torch_layer_activations
+from meshplan.errors import ProfileError
+from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.loader import gpu_from_table
+from meshplan.hardware_profiles.measured import model_from_shape_key
+from meshplan.spec import Job, Layout, ModelSpec
+
+LLAMA = dict(activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False,
+             tied_embeddings=False)
+GPT = dict(activation="gelu", norm="layernorm", position_embedding="learned", bias=True)
+SOURCE = ModelSpec(name="timed", num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=4,
+                   ffn_hidden_size=2816, vocab_size=32000, max_seq_len=2048, **LLAMA)
+TARGET = replace(SOURCE, name="untimed", hidden_size=4096, num_heads=32, num_kv_heads=8,
+                 ffn_hidden_size=11264)
+OTHER_FAMILY = ModelSpec(name="gpt", num_layers=8, hidden_size=2048, num_heads=16,
+                         vocab_size=32000, max_seq_len=2048, **GPT)
+JOB = Job(global_batch=16, seq_len=2048, runtime="torch")
+BASE = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+
+
+def _rows(model, mbs=(1, 4)):
+    """Layer and end rows of ``model`` at tp 1, no recompute, with CPU fields."""
+    layers = tuple(MeasuredLayer(
+        shape=layer_shape_key(model), seq_len=2048, tp=1, sequence_parallel=False,
+        recompute="none", micro_batch=mb, forward_s=1e-3 * mb, backward_s=2e-3 * mb,
+        activation_bytes=5e7 * mb, backward_peak_bytes=2e7 * mb, forward_cpu_s=4e-4,
+        backward_cpu_s=8e-4) for mb in mbs)
+    ends = tuple(MeasuredEnd(
+        shape=ends_shape_key(model), part=part, seq_len=2048, tp=1, sequence_parallel=False,
+        micro_batch=mb, forward_s=2e-4 * mb, backward_s=3e-4 * mb, activation_bytes=1e8 * mb,
+        peak_bytes=1e8 * mb, forward_cpu_s=1e-4, backward_cpu_s=2e-4)
+        for part in ("embedding", "output") for mb in mbs)
+    return layers, ends
+
+
+def _cluster(*models):
+    layers, ends = (), ()
+    for m in models:
+        ls, es = _rows(m)
+        layers, ends = layers + ls, ends + es
+    return BASE.replace(gpu=replace(BASE.gpu, measured=MeasuredTables(layers, ends)))
+
+
+def _parts(model, cluster, mb=1):
+    links = group_links(cluster, Layout(dp=4))
+    return layer_parts(model, cluster, JOB, mb, 1, False, "none", links.tp, links.pp)
+
+
+def test_shape_keys_read_back():
+    for m in (SOURCE, OTHER_FAMILY):
+        back = model_from_shape_key(ends_shape_key(m))
+        assert layer_shape_key(back) == layer_shape_key(m)
+        assert (back.vocab_size, back.tied_embeddings) == (m.vocab_size, m.tied_embeddings)
+    assert model_from_shape_key("not-a-key") is None
+    assert family(SOURCE) == family(TARGET) != family(OTHER_FAMILY)
+    assert shape_distance(TARGET, 2048, SOURCE, 2048) < 2 < shape_distance(
+        TARGET, 2048, OTHER_FAMILY, 2048)
+
+
+def test_an_untimed_shape_reads_the_nearest_rows_scaled_by_the_analytical_ratio():
+    c = _cluster(SOURCE)
+    p = _parts(TARGET, c, mb=1)
+    assert "layer" in p.measured and p.transferred_from.startswith(layer_shape_key(SOURCE))
+    links = group_links(c, Layout(dp=4))
+    # the source's micro-batch is the one whose analytical forward matches the target's,
+    # within the sizes it was timed at (here the largest, 4)
+    an = [layer_cost(m, c, JOB, micro_batch=mb, tp=1, sequence_parallel=False,
+                     recompute="none", tp_link=links.tp) for m, mb in ((TARGET, 1), (SOURCE, 4))]
+    assert p.layer.forward.total_s == pytest.approx(
+        4e-3 * an[0].forward.total_s / an[1].forward.total_s)
+    kept = [torch_layer_activations(m, JOB, mb, 1, False).stored("none")
+            for m, mb in ((TARGET, 1), (SOURCE, 4))]
+    assert p.activation_bytes == pytest.approx(2e8 * kept[0] / kept[1])
+    # same family: the CPU dispatch is the source's (the same operators)
+    assert p.cpu[:2] == pytest.approx((4e-4, 8e-4))
+    # the profile's own rows win where it timed the shape
+    own = _parts(SOURCE, c)
+    assert own.transferred_from == "" and own.layer.forward.total_s == pytest.approx(1e-3)
+
+
+def test_the_estimate_reports_the_transfer_and_switches_it_off_by_name():
+    c = _cluster(SOURCE)
+    lay = Layout(dp=4, micro_batch=1)
+    est = estimate(TARGET, c, JOB, lay)
+    assert any("was not timed" in x and layer_shape_key(SOURCE) in x for x in est.caveats)
+    (name, dt, dm), = [x for x in est.corrections if x.name == NEAREST_SHAPE]
+    off = c.replace(gpu=replace(c.gpu, corrections=c.gpu.corrections.without(NEAREST_SHAPE)))
+    base = estimate(TARGET, off, JOB, lay)
+    assert dt == pytest.approx(est.step_time_s - base.step_time_s) and dt != 0
+    assert not any("was not timed" in x for x in base.caveats)
+    assert base.host_dispatch_s == 0 < est.host_dispatch_s   # the CPU's dispatch came along
+
+
+def test_another_family_lends_its_cpu_dispatch_only():
+    c = _cluster(SOURCE)
+    p = _parts(OTHER_FAMILY, c)
+    analytic = _parts(OTHER_FAMILY, BASE)
+    assert p.transferred_from
+    assert p.layer.forward.total_s == pytest.approx(analytic.layer.forward.total_s)
+    assert p.activation_bytes == pytest.approx(analytic.activation_bytes)
+    f, b = layer_dispatch_ratio(OTHER_FAMILY, SOURCE, tp=1, sequence_parallel=False,
+                                recompute="none")
+    assert p.cpu[:2] == pytest.approx((4e-4 * f, 8e-4 * b))
+    assert f < 1 and b < 1      # a GPT layer dispatches fewer operators than a Llama one
+
+
+def test_dispatch_counts_grow_with_the_layer_pieces():
+    kw = dict(tp=1, sequence_parallel=False, recompute="none", autocast=False)
+    gpt, llama = layer_dispatch_ops(OTHER_FAMILY, **kw), layer_dispatch_ops(SOURCE, **kw)
+    assert gpt == (32, 69) and llama == (76, 116)
+    mha = layer_dispatch_ops(replace(SOURCE, num_kv_heads=16), **kw)
+    assert llama[0] - mha[0] == 8                                   # two repeat_interleave
+    full = layer_dispatch_ops(SOURCE, **{**kw, "recompute": "full"})
+    assert full == (llama[0], llama[1] + llama[0])                  # the forward again
+    tp2 = layer_dispatch_ops(SOURCE, **{**kw, "tp": 2, "sequence_parallel": True})
+    assert tp2 == (llama[0] + 4, llama[1] + 4)
+
+
+def _count_dispatch(model):
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.executor.model import Block, rope_tables
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+    block = Block(model).to(torch.bfloat16)
+    x = torch.randn(2, 16, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    rope = rope_tables(16, model.head_dim) if model.position_embedding == "rope" else None
+    with Count() as fwd:
+        y = block(x, rope)
+    g = torch.ones_like(y)
+    with Count() as bwd:
+        y.backward(g)
+    return fwd.n, bwd.n
+
+
+@pytest.mark.parametrize("model", [
+    ModelSpec(name="g", num_layers=1, hidden_size=64, num_heads=4, vocab_size=64, **GPT),
+    ModelSpec(name="gn", num_layers=1, hidden_size=64, num_heads=4, vocab_size=64,
+              **{**GPT, "bias": False}),
+    ModelSpec(name="l", num_layers=1, hidden_size=64, num_heads=4, vocab_size=64, **LLAMA),
+    ModelSpec(name="q", num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=2,
+              vocab_size=64, **LLAMA),
+    ModelSpec(name="m", num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=1,
+              vocab_size=64, **LLAMA)], ids=["gpt", "gpt-nobias", "llama", "gqa", "mqa"])
+def test_dispatch_counts_match_torch_on_the_executor_block(model):
+    """The counts are the aten operators torch dispatches for the executor's block (bf16,
+    tp 1), forward and backward."""
+    fwd, bwd = _count_dispatch(model)
+    expect = layer_dispatch_ops(model, tp=1, sequence_parallel=False, recompute="none",
+                                autocast=False)
+    assert (fwd, bwd) == expect
+
+
+def _saved_bytes(model, recompute):
+    torch = pytest.importorskip("torch")
+    from meshplan.executor.model import Block, rope_tables
+    b, s = 2, 64
+    block = Block(model).to(torch.bfloat16)
+    block.attn.recompute_core = recompute == "selective"
+    block.recompute_block = recompute == "full"
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+    x = torch.randn(b, s, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    rope = rope_tables(s, model.head_dim) if model.position_embedding == "rope" else None
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, rope)
+    return sum(seen.values()), b
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("model", [
+    ModelSpec(name="g", num_layers=1, hidden_size=256, num_heads=4, vocab_size=64, **GPT),
+    ModelSpec(name="gq", num_layers=1, hidden_size=256, num_heads=4, num_kv_heads=2,
+              vocab_size=64, **GPT),
+    ModelSpec(name="l", num_layers=1, hidden_size=256, num_heads=4, vocab_size=64, **LLAMA),
+    ModelSpec(name="q", num_layers=1, hidden_size=256, num_heads=4, num_kv_heads=2,
+              ffn_hidden_size=640, vocab_size=64, **LLAMA),
+    ModelSpec(name="m", num_layers=1, hidden_size=256, num_heads=4, num_kv_heads=1,
+              vocab_size=64, **LLAMA)], ids=["gpt", "gpt-gqa", "llama", "gqa", "mqa"])
+def test_activation_bytes_match_what_torch_saves_in_the_executor_block(model, recompute):
+    """torch's saved tensors of one executor block (bf16, as FSDP2 runs it; CPU, tp 1):
+    within 1 % (the model counts a LayerNorm's mean and rstd as 8 B per token, which CUDA
+    keeps in fp32; this CPU kernel keeps 4)."""
+    saved, mb = _saved_bytes(model, recompute)
+    job = Job(global_batch=2, seq_len=64, runtime="torch")
+    model_bytes = torch_layer_activations(model, job, mb, 1, False,
+                                          autocast=False).stored(recompute)
+    if recompute == "full":     # the checkpoint keeps the block input, which the hooks see
+        assert saved == pytest.approx(model_bytes)
+    else:
+        assert saved == pytest.approx(model_bytes, rel=0.01)
+
+
+def test_memory_bound_ops_run_at_their_own_efficiency():
+    gpu = BASE.gpu
+    cheap = BASE.replace(gpu=replace(gpu, membound_efficiency={"rmsnorm": 1.0, "swiglu": 1.0}))
+    slow = BASE.replace(gpu=replace(gpu, membound_efficiency={"rmsnorm": 0.05}))
+    links = group_links(BASE, Layout(dp=4))
+
+    def mb_s(cluster, model):
+        return layer_cost(model, cluster, JOB, micro_batch=1, tp=1, sequence_parallel=False,
+                          recompute="none", tp_link=links.tp).forward.memory_bound_s
+    assert mb_s(cheap, SOURCE) < mb_s(BASE, SOURCE) < mb_s(slow, SOURCE)
+    # a GPT layer has no RMSNorm and no SwiGLU: those efficiencies do not move it
+    assert mb_s(cheap, OTHER_FAMILY) == mb_s(slow, OTHER_FAMILY) == mb_s(BASE, OTHER_FAMILY)
+    assert gpu.op_hbm_efficiency("rmsnorm") == gpu.hbm_efficiency       # datasheet: pooled
+    table = {**gpu.to_dict(), "membound_efficiency": {"rmsnorm": 1.5}}
+    with pytest.raises(ProfileError, match=r"membound_efficiency\.rmsnorm must be a number "
+                                           r"in \(0, 1\], got 1\.5"):
+        gpu_from_table("x", table, "p.toml [gpu]")
+
+
+def test_zero_bubble_full_recompute_weight_pass_reruns_the_forward():
+    model = replace(SOURCE, name="zb")
+    lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble", recompute="full")
+    t = layer_tables(model, BASE, JOB, lay)
+    assert t.zb_w_recompute_passes == BASE.gpu.corrections.zb_full_w_forward_passes
+    assert corr.ZB_FULL_W in t.corrections
+    off = BASE.replace(gpu=replace(BASE.gpu, corrections=BASE.gpu.corrections.without(
+        corr.ZB_FULL_W)))
+    t0 = layer_tables(model, off, JOB, lay)
+    extra = t.zb_w_recompute_passes * t0.layer_forward_s
+    assert t.layer_wgrad_s == pytest.approx(t0.layer_wgrad_s + extra)
+    assert t.layer_backward_s == pytest.approx(t0.layer_backward_s + extra)
+    for other in (lay.replace(recompute="selective"), lay.replace(schedule="1f1b")):
+        assert corr.ZB_FULL_W not in layer_tables(model, BASE, JOB, other).corrections
+    megatron = Job(global_batch=16, seq_len=2048)
+    assert corr.zb_full_w_passes(BASE.gpu.corrections, megatron, lay, False) == 0.0
+    assert corr.zb_full_w_passes(BASE.gpu.corrections, JOB, lay, True) == 0.0   # measured
