@@ -34,7 +34,10 @@ The 4-GPU machinery (``draw_models.py``, ``draw_holdout.py``), extended to one 8
   own load on calibrated models). On round 26's own models and profile the proxy gives
   the model's host load within −0.14..+0.21 (holdout22-25, 64 layouts, mean +0.02; with
   the three profiles' maximum −0.01..+0.33, mean +0.09); it calls transfer36's t19 (GPT
-  2.69 B ZeRO-3, −47.8 % there without CPU rows) host-bound at 1.7.
+  2.69 B ZeRO-3, −47.8 % there without CPU rows) host-bound at 1.7. (After this set was
+  drawn, the cost model itself learned to borrow the nearest timed shape's CPU rows,
+  ``costmodel/nearest_rows.py``; it has none to borrow for tp 8 or FSDP2 over dp from 4-GPU
+  profiles, where the proxy extrapolates.)
 
 Not drawn: context and expert parallelism. ``meshplan.spec.validate.check_modelled`` refuses
 cp > 1 and ep > 1 (the cost model does not price them yet), so the planner's space has

@@ -11,8 +11,9 @@ its own call at the micro-batch sizes the set stores for it, then its 8 layouts 
     python benchmarks/gpu8_round.py merge A/accuracy.json B/accuracy.json --out DIR  # CPU
 
 ``calibrate`` runs ``meshplan calibrate --nproc 8 --model M --micro-batches A,B --rounds 1
---time-budget ...`` (its progress kept: the first per-row timings at 8 ranks) and prints
-:func:`summary` of the profile it wrote; ``validate`` runs ``meshplan validate --runtime
+--time-budget ...`` (its progress kept: the first per-row timings at 8 ranks; the budget
+stops the layer tables row by row, plain rows and ends first, so the call writes its
+profile) and prints :func:`summary` of the profile it wrote; ``validate`` runs ``meshplan validate --runtime
 torch --layout-list ...`` once per model (``transfer_round.validate_set``: each model its own
 job and the profile of its own calibration part, kept in ``--keep`` on the warm machine or
 passed with ``--profiles DIR``), ``--only NAMES`` for some layouts; ``merge A.json B.json``
@@ -194,25 +195,27 @@ def validate(args) -> int:
 
 
 def merge(paths: list[Path], out: Path) -> Path:
-    """One accuracy.json of a first validate call and the calls that ran what it skipped
-    (``--only``): a layout's record from the last file that ran it, the meta of the first
-    with every file's profiles and jobs."""
+    """One accuracy.json of several validate calls (``transfer_round.merge_parts``), where a
+    later call (``--only``) may run what an earlier one skipped for its budget: a skipped
+    record gives way to the later file's record of that layout."""
     from meshplan.calibrate.validate import write_accuracy
     docs = [json.loads(p.read_text()) for p in paths]
     if len({(d.get("set"), d.get("gpu_name"), d.get("nproc")) for d in docs}) > 1:
         raise SystemExit("merge: the files differ in set, GPU or rank count")
-    records: dict[str, dict] = {}
-    for d in docs:
-        for r in d["records"]:
-            if r["name"] not in records or r.get("status") != "skipped":
-                records[r["name"]] = r
-    meta = {k: v for k, v in docs[0].items() if k not in (
-        "schema", "version", "summary", "summary_by_model", "records")}
-    for key in ("profiles", "jobs"):
-        meta[key] = {k: v for d in docs for k, v in (d.get(key) or {}).items()}
-    meta["profile"] = ", ".join(sorted({p for p in meta["profiles"].values() if p}))
-    meta["merged_from"] = [str(p) for p in paths]
-    return write_accuracy(out, [records[k] for k in sorted(records)], meta)["json"]
+    ran_later = [{(r["model"], r["name"]) for d in docs[i + 1:] for r in d["records"]}
+                 for i in range(len(docs))]
+    out.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for i, (p, d) in enumerate(zip(paths, docs)):
+        d["records"] = [r for r in d["records"] if r.get("status") != "skipped"
+                        or (r["model"], r["name"]) not in ran_later[i]]
+        kept.append(out / f"merge_input{i}.json")
+        kept[-1].write_text(json.dumps(d))
+    records, meta = tr.merge_parts(kept)
+    for f in kept:
+        f.unlink()
+    meta["parts"] = [str(p) for p in paths]
+    return write_accuracy(out, records, meta)["json"]
 
 
 def main(argv=None) -> int:
@@ -228,9 +231,9 @@ def main(argv=None) -> int:
     ap.add_argument("--part", default=None, metavar="K/N",
                     help="the models i with i %% N == K-1 (calibrate: profile_partKofN.toml)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the call's work (calibrate 540: a hard limit, its one "
-                         "round cannot be cut short; validate 420: later layouts are skipped "
-                         "once spent, one may overrun by its --layout-timeout)")
+                    help="seconds for the call's work (calibrate 540: the layer rows stop "
+                         "there, less 40 s of start-up; validate 420: later layouts are "
+                         "skipped once spent, one may overrun by its --layout-timeout)")
     ap.add_argument("--rounds", type=int, default=1, help="calibrate: layer-table rounds")
     ap.add_argument("--micro-batches", default=None, metavar="N,N",
                     help="calibrate: instead of the sizes the set stores for the part's models")
