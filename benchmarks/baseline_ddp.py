@@ -1,4 +1,4 @@
-"""A plain DDP (+ torch.compile) training script: the baseline the executor must beat.
+"""A plain DDP or FSDP2 (+ torch.compile) training script: the baseline the executor must beat.
 
 What a user would write without meshplan, on the same model and job: the executor's own
 model code (``meshplan.executor.model.Transformer``, so only the parallelization and the
@@ -8,8 +8,18 @@ training loop differ), fp32 weights under ``torch.autocast(bfloat16)``, fused Ad
 ``--compile`` the whole DDP model under ``torch.compile`` (DDPOptimizer splits the graph at
 the gradient buckets so the all-reduces still overlap the backward pass).
 
+``--fsdp``: FSDP2 instead, as torchtitan applies it to a Llama (``fully_shard`` on every
+block, then on the root, parameters resharded after the forward, ``MixedPrecisionPolicy``
+bf16 parameters with fp32 gradient reduction, no autocast), with ``--compile`` each block
+compiled before it is sharded (torchtitan's per-block compile), ``--recompute full``
+checkpointing every block, and a gradient reduce-scatter every micro-batch (torchtitan's
+gradient accumulation). ``--model`` (a preset or ModelSpec JSON), ``--global-batch`` and
+``--seq-len`` set the model and job (default the 1.3 B GPT, 16 × 2048).
+
     torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --out ddp.json
     torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --compile --out ddpc.json
+    torchrun --standalone --nproc-per-node 8 benchmarks/baseline_ddp.py --fsdp --compile \\
+        --model llama3-8b --global-batch 32 --seq-len 4096 --micro-batch 1 --out f.json
     torchrun --standalone --nproc-per-node 2 benchmarks/baseline_ddp.py --tiny --out t.json  # CPU
 
 Rank 0 writes ``--out`` (JSON): the median step (CUDA events), tokens/s, MFU with the
@@ -53,6 +63,22 @@ def causal_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> 
         - 3.0 * tokens * model.num_layers * attn / 2
 
 
+def wrap_fsdp(m, *, compile: bool, recompute: str, bf16: bool):
+    """FSDP2 over the whole world (1-D mesh), torchtitan's order: checkpoint and compile each
+    block, shard each block, then the root."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if bf16 else MixedPrecisionPolicy())
+    for block in m.layers.values():
+        block.recompute_block = recompute == "full"
+        if compile:
+            block.compile()
+        fully_shard(block, reshard_after_forward=True, mp_policy=mp)
+    fully_shard(m, reshard_after_forward=True, mp_policy=mp)
+    return m
+
+
 def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
@@ -64,6 +90,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (ZeRO-3) instead of DDP")
+    p.add_argument("--recompute", default="none", choices=["none", "full"],
+                   help="--fsdp: checkpoint every block [none]")
+    p.add_argument("--model", default=None, help="a preset or ModelSpec JSON [gpt3-1.3b]")
+    p.add_argument("--global-batch", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--micro-batch", type=int, default=None,
                    help="sequences per forward (default: the rank's whole share)")
     p.add_argument("--steps", type=int, default=15)
@@ -74,6 +106,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     model_spec, job = (TINY, TINY_JOB) if args.tiny else (GPT_1_3B, JOB)
+    if args.model:
+        from meshplan.spec.resolve import load_model
+        model_spec = load_model(args.model)
+    job = Job(global_batch=args.global_batch or job.global_batch,
+              seq_len=args.seq_len or job.seq_len, precision=job.precision)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and not args.tiny
@@ -93,11 +130,16 @@ def main(argv=None) -> int:
         m = Transformer(model_spec)
     m.to_empty(device=device)
     m.init_weights(0)
-    ddp = DDP(m, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
-    model = torch.compile(ddp) if args.compile else ddp
+    bf16 = cuda and job.precision == "bf16"
+    if args.fsdp:
+        model = ddp = wrap_fsdp(m, compile=args.compile, recompute=args.recompute, bf16=bf16)
+    else:
+        ddp = DDP(m, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
+        model = torch.compile(ddp) if args.compile else ddp
     opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             **({"fused": True} if cuda else {}))
-    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda and job.precision == "bf16"
+    # FSDP2 casts the parameters itself (MixedPrecisionPolicy); DDP trains under autocast
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and not args.fsdp
            else contextlib.nullcontext())
     g = torch.Generator().manual_seed(1234)
     batches = [torch.randint(0, model_spec.vocab_size, (share, job.seq_len + 1), generator=g)
@@ -111,7 +153,9 @@ def main(argv=None) -> int:
         total = torch.zeros((), device=device)
         for k in range(n_micro):
             sync = k == n_micro - 1
-            with (contextlib.nullcontext() if sync else ddp.no_sync()), amp:
+            # FSDP2 reduce-scatters every micro-batch (as torchtitan); DDP syncs the last
+            no_sync = contextlib.nullcontext() if sync or args.fsdp else ddp.no_sync()
+            with no_sync, amp:
                 loss = cross_entropy(model(x[k * mb:(k + 1) * mb]), y[k * mb:(k + 1) * mb])
                 (loss / n_micro).backward()
             total += loss.detach()
@@ -147,7 +191,9 @@ def main(argv=None) -> int:
     gathered = [None] * world
     dist.all_gather_object(gathered, peak_mem[0])
     if rank == 0:
-        doc = {"name": "baseline-ddp" + ("-compiled" if args.compile else ""),
+        doc = {"name": ("baseline-fsdp2" if args.fsdp else "baseline-ddp")
+               + ("-compiled" if args.compile else ""), "fsdp": args.fsdp,
+               "recompute": args.recompute,
                "model": model_spec.to_dict(), "job": job.to_dict(), "world": world,
                "micro_batch": mb, "num_microbatches": n_micro, "compile": args.compile,
                "step_time_s": step_s, "step_times_s": times,

@@ -89,6 +89,7 @@ def candidates(model, profile_cluster, h100, job, seen, *, max_host_load, max_st
 
 
 def covers(layouts) -> bool:
+    """every schedule, ZeRO stage, recompute mode and sequence parallelism"""
     return ({l.schedule for l in layouts} == set(SCHEDULES)
             and {l.zero for l in layouts} == {0, 1, 2, 3}
             and {l.recompute for l in layouts} == set(RECOMPUTE)
@@ -111,8 +112,8 @@ def _pick(rng: random.Random, pool: list, k: int) -> list:
     return picks
 
 
-def draw(pools: dict, per_model: int, seed: int, max_total_s: float):
-    """The first seeded draw that covers the space and fits the time budget, and its
+def draw(pools: dict, per_model: int, seed: int, max_total_s: float, *, covers=covers):
+    """The first seeded draw that ``covers`` the space and fits the time budget, and its
     attempt number."""
     rng = random.Random(seed)
     for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -120,9 +121,9 @@ def draw(pools: dict, per_model: int, seed: int, max_total_s: float):
         flat = [x for picks in chosen.values() for x in picks]
         if covers([l for l, _ in flat]) and sum(e.step_time_s for _, e in flat) <= max_total_s:
             return chosen, attempt
-    raise SystemExit(f"draw_holdout: no draw in {MAX_ATTEMPTS} attempts covers every schedule, "
-                     f"ZeRO stage and recompute mode within {max_total_s} s; raise "
-                     f"--max-total-s or --max-step-s")
+    raise SystemExit(f"draw_holdout: no draw in {MAX_ATTEMPTS} attempts covers "
+                     f"{(covers.__doc__ or covers.__name__).strip()} within {max_total_s} s; "
+                     f"raise --max-total-s or --max-step-s")
 
 
 def _toml(v) -> str:

@@ -91,9 +91,10 @@ def _kv_heads(rng: random.Random, heads: int, attention: str) -> int | None:
 
 def draw_model(rng: random.Random, name: str, *, min_params: float = 0.5e9,
                max_params: float = 3.0e9, family: str | None = None,
-               attention: str | None = None) -> ModelSpec:
+               attention: str | None = None, layer_multiple: int = 4) -> ModelSpec:
     """One random decoder (see the module docstring for each decision); ``family`` /
-    ``attention`` fix those two decisions (a round's coverage, :func:`round_plan`)."""
+    ``attention`` fix those two decisions (a round's coverage, :func:`round_plan`);
+    ``layer_multiple`` 8 for even stages at pp 8 and interleaved pp 4 × vpp 2 (8 GPUs)."""
     fixed_family, fixed_attention = family, attention
     while True:
         family = fixed_family or rng.choice(("gpt", "llama"))
@@ -111,7 +112,7 @@ def draw_model(rng: random.Random, name: str, *, min_params: float = 0.5e9,
                         num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab,
                         max_seq_len=seq, **style)
         base = one.num_params() - one.layer_params()
-        layers = [n for n in range(8, 129, 4)
+        layers = [n for n in range(max(8, layer_multiple), 129, layer_multiple)
                   if min_params <= base + n * one.layer_params() <= max_params
                   and ASPECT_RANGE[0] <= hidden / n <= ASPECT_RANGE[1]]
         if not layers:
@@ -137,10 +138,10 @@ def round_plan(rng: random.Random, n_models: int) -> list[tuple[str, str]]:
     return list(zip(families, kinds))
 
 
-def job_for(model: ModelSpec) -> Job:
-    """The round's job for a model: 32 k tokens a step at its own sequence length, as the
-    executor runs it (runtime="torch")."""
-    return Job(global_batch=max(4, TOKENS_PER_STEP // model.max_seq_len),
+def job_for(model: ModelSpec, tokens_per_step: int = TOKENS_PER_STEP) -> Job:
+    """The round's job for a model: 32 k tokens a step (``tokens_per_step``) at its own
+    sequence length, as the executor runs it (runtime="torch")."""
+    return Job(global_batch=max(4, tokens_per_step // model.max_seq_len),
                seq_len=model.max_seq_len, runtime="torch")
 
 
@@ -241,14 +242,15 @@ def _git_head() -> str:
         return "unknown"
 
 
-def write_set(out: Path, models, chosen, meta: dict) -> dict:
+def write_set(out: Path, models, chosen, meta: dict, *,
+              tokens_per_step: int = TOKENS_PER_STEP) -> dict:
     """set.json plus models/<name>.json and layouts/<name>.json for the CLI."""
     (out / "models").mkdir(parents=True, exist_ok=True)
     (out / "layouts").mkdir(parents=True, exist_ok=True)
     doc = dict(meta, models=[])
     i = 0
     for name, model in models.items():
-        job = job_for(model)
+        job = job_for(model, tokens_per_step)
         entries = []
         for layout, e in sorted(chosen[name], key=lambda x: (x[0].pp, x[0].tp, x[0].dp,
                                                             x[0].micro_batch)):

@@ -9,13 +9,8 @@
 # is recorded and the rest go on.
 set -u
 OUT=${OUT:-/tmp/mfu_out}
-W=/tmp/mfu; rm -rf "$W"; mkdir -p "$W" "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
-case "$GPU" in *H200*) C=dgx-h200 ;; *) C=dgx-h100 ;; esac
-PLAN=benchmarks/plans/gpt3-1.3b_${C}x4_gb16.json
-{ nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'; echo "plan $PLAN"; } > "$W/env.txt" 2>&1
+. benchmarks/mfu_lib.sh
+mfu_setup /tmp/mfu benchmarks/plans/gpt3-1.3b_ x4_gb16.json
 python3 - "$PLAN" "$W/dp4z2.json" <<'PY'
 import sys
 from meshplan.executor.planfiles import write_plan_for_layout
@@ -27,12 +22,6 @@ write_plan_for_layout(sys.argv[2], rec.model, rec.job, Layout(dp=4, micro_batch=
 PY
 TR="python3 -m torch.distributed.run --standalone --nproc-per-node=4"
 EX="-m meshplan.executor.run --steps 15 --warmup 5 --force"
-run() {  # name limit_s command...
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - t0)) s" | tee -a "$W/runs.txt"
-}
 run best_eager     70  $TR $EX --plan "$PLAN" --out "$W/best_eager.json"
 run best_compiled 120  $TR $EX --plan "$PLAN" --out "$W/best_compiled.json" --compile
 run dp4z2_eager    70  $TR $EX --plan "$W/dp4z2.json" --out "$W/dp4z2_eager.json"

@@ -1,12 +1,14 @@
 """Table of benchmarks/mfu_device.sh's runs: step, tokens/s, MFU (two FLOP counts), memory.
 
     python benchmarks/mfu_summary.py /tmp/mfu > summary.md
+    python benchmarks/mfu_summary.py /tmp/mfu8 best_eager fsdp2_compiled --base fsdp2_compiled
 
 MFU = model FLOPs per step / step time / GPUs / dense bf16 peak (989 TFLOP/s, H100 and
 H200 SXM datasheet). "MFU" counts the attention core in full (Narayanan et al. 2021 eq. 3,
 the executor's ``meshplan.costmodel.flops``); "MFU causal" halves it for the causal mask
-(what a FlashAttention kernel computes). Speed-up = the plain DDP script's compiled step over
-the row's step.
+(what a FlashAttention kernel computes). Speed-up = the baseline's step (``--base``, default
+the plain DDP script compiled) over the row's step; the runs are RUN names (default: those
+of mfu_device.sh).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def row(name: str, d: Path) -> dict | None:
         pred = (doc.get("prediction") or {}).get("step_time_s")
     else:                            # baseline_ddp.py's
         model, job = ModelSpec.from_dict(doc["model"]), Job.from_dict(doc["job"])
-        what = f"plain DDP mb{doc['micro_batch']}" + (" compiled" if doc["compile"] else "")
+        what = (f"plain {'FSDP2' if doc.get('fsdp') else 'DDP'} mb{doc['micro_batch']}"
+                + (f" rc={doc['recompute']}" if doc.get("recompute", "none") != "none" else "")
+                + (" compiled" if doc["compile"] else ""))
         step, world, mem, pred = doc["step_time_s"], doc["world"], doc["memory_peak_bytes"], None
     from meshplan.costmodel.flops import model_flops_per_step
     full = model_flops_per_step(model, job.global_batch, job.seq_len)
@@ -51,13 +55,19 @@ def row(name: str, d: Path) -> dict | None:
             "mfu_causal": causal / step / world / PEAK, "mem": mem}
 
 
-def main() -> None:
-    d = Path(sys.argv[1])
-    rows = [r for r in (row(n, d) for n in RUNS) if r is not None]
-    base = next((r for r in rows if r["name"] == "ddp_compiled" and r["status"] == "ok"), None)
+def main(argv=None) -> None:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("runs", nargs="*", default=RUNS)
+    ap.add_argument("--base", default="ddp_compiled")
+    args = ap.parse_args(argv)
+    d = args.dir
+    rows = [r for r in (row(n, d) for n in args.runs) if r is not None]
+    base = next((r for r in rows if r["name"] == args.base and r["status"] == "ok"), None)
     print((d / "env.txt").read_text() if (d / "env.txt").exists() else "")
     print("| run | layout | step ms (pred) | tokens/s | MFU | MFU causal | peak GiB | "
-          "vs DDP+compile |")
+          f"vs {args.base} |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["status"] != "ok":

@@ -1,0 +1,32 @@
+# Sourced by benchmarks/mfu_device.sh (4 GPUs) and benchmarks/gpu8_mfu.sh (8 GPUs).
+# mfu_setup WORKDIR PLAN_PREFIX PLAN_SUFFIX: a fresh $W, $OUT, NVLink multicast off, this
+# tree on PYTHONPATH, $PLAN = PREFIX + the cluster preset of the GPUs found + SUFFIX, and
+# $W/env.txt (GPUs, torch, CUDA, NCCL, the plan).
+# run NAME LIMIT_S COMMAND...: COMMAND under `timeout LIMIT_S` (at most what is left of
+# $DEADLINE seconds of the script, if set; skipped under 60 s), its output in $W/NAME.log,
+# "NAME rc=RC WALL s" in $W/runs.txt; returns its exit status.
+mfu_setup() {
+  W=$1; rm -rf "$W"; mkdir -p "$W" "$OUT"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  local gpu c
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+  case "$gpu" in *H200*) c=dgx-h200 ;; *) c=dgx-h100 ;; esac
+  PLAN=$2$c$3
+  { nvidia-smi -L
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+    echo "plan $PLAN"; } > "$W/env.txt" 2>&1
+}
+
+run() {
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS left=$(( ${DEADLINE:-1000000} - SECONDS ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 60 ]; then
+    echo "$name skipped: ${left} s left" | tee -a "$W/runs.txt"; return 125
+  fi
+  timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$W/runs.txt"
+  return $rc
+}
