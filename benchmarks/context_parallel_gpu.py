@@ -101,9 +101,13 @@ def markdown(rows: list[dict]) -> str:
              "tokens per step; step = median of the measured steps; "
              "peak = max over ranks of max_memory_allocated; predicted = the cost model's "
              "estimate of the layout as run (error = predicted / measured − 1)", "",
-             "| layout | seq_len | step s | predicted s | error | tokens/s | MFU | "
-             "peak GiB (min-max over ranks) | predicted GiB | error | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Two predictions, both fixed before the run: *datasheet* (the GPU's preset "
+             "profile) and *saved profile* (the newest saved 4-GPU calibration of this GPU "
+             "type, `executor_gpu.SAVED_PROFILES`; the model itself was never timed there).", "",
+             "| layout | seq_len | step s | predicted s datasheet | error | predicted s "
+             "saved profile | error | tokens/s | MFU | peak GiB (min-max over ranks) | "
+             "predicted GiB | error | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         alloc = [x["allocated_bytes"] for x in r["memory_per_rank"]
                  if isinstance(x.get("allocated_bytes"), (int, float))]
@@ -112,12 +116,14 @@ def markdown(rows: list[dict]) -> str:
         num = lambda v, f: f.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
         pred = r.get("predicted") or {}
         p_step, p_mem = pred.get("step_time_s"), pred.get("memory_peak_bytes")
-        step_err = (p_step / r["step_time_s"] - 1 if isinstance(p_step, float)
-                    and r["step_time_s"] else None)
-        mem_err = p_mem / max(alloc) - 1 if isinstance(p_mem, float) and alloc else None
+        s_step = (pred.get("saved_profile") or {}).get("step_time_s")
+        rel = lambda p, m: p / m - 1 if isinstance(p, (int, float)) and m else None  # noqa: E731
+        step_err, s_err = rel(p_step, r["step_time_s"]), rel(s_step, r["step_time_s"])
+        mem_err = rel(p_mem, max(alloc) if alloc else None)
         lines.append(f"| {r['name']} `{r['short']}` | {r['job']['seq_len']} | "
                      f"{num(r['step_time_s'], '{:.3f}')} | {num(p_step, '{:.3f}')} | "
-                     f"{num(step_err, '{:+.1%}')} | {num(r['tokens_per_s'], '{:,.0f}')} | "
+                     f"{num(step_err, '{:+.1%}')} | {num(s_step, '{:.3f}')} | "
+                     f"{num(s_err, '{:+.1%}')} | {num(r['tokens_per_s'], '{:,.0f}')} | "
                      f"{num(r['mfu'], '{:.1%}')} | {peak} | "
                      f"{num(p_mem and p_mem / 2**30, '{:.1f}')} | {num(mem_err, '{:+.1%}')}"
                      f" | {r['status'][:80]} |")

@@ -86,19 +86,45 @@ def cluster_for(device: str, nproc: int) -> Cluster:
     return Cluster.preset(name, nodes=1, gpus_per_node=nproc)
 
 
-def predict(model, cluster, job: Job, layout: Layout) -> dict:
+# The newest saved 4-GPU calibration of each GPU type (docs/benchmarks/data/profiles): H100
+# from the transfer36 round (torch 2.11, the device's torch), H200 from round 26.
+PROFILES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "data" / "profiles"
+SAVED_PROFILES = {"H100": PROFILES / "profile_h100x4_transfer36_part1.toml",
+                  "H200": PROFILES / "profile_h200x4_round26.toml"}
+
+
+def saved_profile_cluster(cluster: Cluster) -> tuple[Cluster | None, str]:
+    """The cluster with the saved calibration of its GPU type applied (a user's calibrated
+    machine: measured kernels, host dispatch and links; models it did not time are priced
+    from its nearest timed shapes), and the profile's path; (None, why) where none fits."""
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    if cluster.gpus_per_node != 4:
+        return None, f"no saved profile for {cluster.gpus_per_node} GPUs per node"
+    path = next((p for frag, p in SAVED_PROFILES.items() if frag in cluster.gpu.name), None)
+    if path is None:
+        return None, f"no saved profile for {cluster.gpu.name}"
+    return apply_profile(cluster, path, override=True), str(path.relative_to(PROFILES.parents[2]))
+
+
+def predict(model, cluster, job: Job, layout: Layout, *, with_saved_profile: bool = True) -> dict:
     """The cost model's prediction for a layout as it runs: step time, peak and per-rank
     memory, the exposed cp and ep communication; {"error": ...} where it refuses it (the
-    layout still runs)."""
+    layout still runs). With ``with_saved_profile``, ``saved_profile`` holds the same
+    prediction on the saved calibration of this GPU type (``saved_profile_cluster``)."""
     from meshplan.costmodel import estimate
     try:
         est = estimate(model, cluster, job, layout)
     except Exception as exc:     # noqa: BLE001 — recorded beside the measurement
         return {"error": str(exc)}
-    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
+    pred = {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes,
             "memory_per_stage_bytes": [m.total_bytes for m in est.memory],
             "attention_s": est.time.attention_s, "cp_comm_s": est.time.cp_comm_s,
             "ep_comm_s": est.time.ep_comm_s}
+    if with_saved_profile:
+        profiled, source = saved_profile_cluster(cluster)
+        pred["saved_profile"] = {"source": source} if profiled is None else {
+            "source": source, **predict(model, profiled, job, layout, with_saved_profile=False)}
+    return pred
 
 
 def run_case(case: Case, args, model, job, cluster, out: Path) -> dict:

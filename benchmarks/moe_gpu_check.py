@@ -10,7 +10,7 @@ Checks, and the cost model's prediction beside each measurement (issue 38 item 5
   its errors); a layout that fails is recorded and the rest go on.
 
     python benchmarks/moe_gpu_check.py --estimate                 # the predictions, no GPU
-    python benchmarks/moe_gpu_check.py --out $OUT                 # 4 GPUs, about 6 minutes
+    python benchmarks/moe_gpu_check.py --out $OUT                 # 4 GPUs, about 7 minutes
     python benchmarks/moe_gpu_check.py --out $OUT --only dp4-ep1-zero1,dp4-ep4-zero1
     python benchmarks/moe_gpu_check.py --out /tmp/x --device cpu --tiny --nproc 2
 
@@ -57,7 +57,10 @@ def layouts(nproc: int) -> list[tuple[str, Layout]]:
             ("dp4-ep4-zero2", L(dp=4, ep=4, micro_batch=2, zero=2)),
             ("dp2-tp2-sp-ep4-zero1", L(dp=2, tp=2, ep=4, micro_batch=2, zero=1,
                                       sequence_parallel=True)),
-            ("dp2-pp2-ep2-1f1b", L(dp=2, pp=2, ep=2, micro_batch=2, zero=1, schedule="1f1b"))]
+            ("dp2-pp2-ep2-1f1b", L(dp=2, pp=2, ep=2, micro_batch=2, zero=1, schedule="1f1b")),
+            ("dp4-ep2-zero3", L(dp=4, ep=2, micro_batch=2, zero=3)),
+            ("pp2-tp2-ep2-gpipe-full", L(pp=2, tp=2, ep=2, micro_batch=2, schedule="gpipe",
+                                         recompute="full"))]
 
 
 def grouped_vs_loop(out: Path) -> dict:
@@ -175,9 +178,13 @@ def markdown(s: dict) -> str:
         lines += ["grouped_mm vs loop: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float)
                                                      else f"{k} {v}" for k, v in gm.items()), ""]
     base = next((r["loss_per_step"] for r in s["layouts"] if r["loss_per_step"]), None)
-    lines += ["| layout | status | step s | predicted s | error | tokens/s | peak GiB | "
-              "predicted GiB | error | losses | max rel. loss diff |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["Two predictions, both fixed before the run: *datasheet* (the GPU's preset "
+              "profile) and *saved profile* (the newest saved 4-GPU calibration of this GPU "
+              "type, `executor_gpu.SAVED_PROFILES`; the model itself was never timed there).", "",
+              "| layout | status | step s | predicted s datasheet | error | predicted s saved "
+              "profile | error | tokens/s | peak GiB | predicted GiB | error | losses | "
+              "max rel. loss diff |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in s["layouts"]:
         losses = r["loss_per_step"] or []
         diff = (max(abs(a - b) / abs(b) for a, b in zip(losses, base)) if losses and base
@@ -185,10 +192,13 @@ def markdown(s: dict) -> str:
         fmt = (lambda v, f: f.format(v) if v is not None else "–")
         pred = r.get("predicted") or {}
         p_step, p_mem = pred.get("step_time_s"), pred.get("memory_peak_bytes")
+        s_step = (pred.get("saved_profile") or {}).get("step_time_s")
         e_step = p_step / r["step_time_s"] - 1 if p_step and r["step_time_s"] else None
+        e_saved = s_step / r["step_time_s"] - 1 if s_step and r["step_time_s"] else None
         e_mem = p_mem / r["memory_peak_bytes"] - 1 if p_mem and r["memory_peak_bytes"] else None
         lines.append(f"| {r['short']} | {r['status'][:60]} | {fmt(r['step_time_s'], '{:.3f}')} | "
                      f"{fmt(p_step, '{:.3f}')} | {fmt(e_step, '{:+.1%}')} | "
+                     f"{fmt(s_step, '{:.3f}')} | {fmt(e_saved, '{:+.1%}')} | "
                      f"{fmt(r['tokens_per_s'], '{:.0f}')} | "
                      f"{fmt(r['memory_peak_bytes'] and r['memory_peak_bytes'] / 2**30, '{:.2f}')}"
                      f" | {fmt(p_mem and p_mem / 2**30, '{:.2f}')} | {fmt(e_mem, '{:+.1%}')}"
