@@ -1,7 +1,10 @@
 """Analytical cost model: pure Python (no torch, no ortools).
 
 ``estimate(model, cluster, job, layout) -> Estimate`` is the single source of predictions;
-the planner, the reports and the executor's comparison all call it.
+the planner, the reports and the executor's comparison all call it. Each module opens with
+its formulas, their sources and their measured error; :mod:`meshplan.costmodel.estimate`
+sums up the measured error of the whole (docs/benchmarks/published.md, accuracy.md,
+transfer.md).
 """
 
 from meshplan.costmodel.estimate import estimate

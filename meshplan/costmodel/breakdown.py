@@ -8,6 +8,11 @@ time, each rank's tail and memory, where the step's time goes, and the bytes it 
   bubble = pipeline − busy time, the p2p slowdown's share as ``pp_interference_s``.
 * Volume per GPU per step: tp collectives (:func:`meshplan.costmodel.compute.layer_cost`'s
   wire bytes), p2p sends, data-parallel and ZeRO-3 traffic, by link class.
+
+No formula of its own beyond these sums and differences (the sources are the modules named).
+Measured error: the categories are not measured one by one; their sum is the step time,
+whose errors :mod:`meshplan.costmodel.estimate` lists. The data-parallel tail alone matched
+the executor's step phases within the run-to-run spread (:mod:`.data_parallel`).
 """
 
 from __future__ import annotations

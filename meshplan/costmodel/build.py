@@ -15,6 +15,9 @@ A new term (another parallelism's collective, an extra per-layer time, a memory 
 step of its own: a function here or in its own module, its result one more field of the
 tables, composed where :mod:`meshplan.costmodel.stage_tables` or
 :mod:`meshplan.costmodel.rank_memory` sums the fields (docs/costmodel.md, "Adding a term").
+
+No formula of its own: each step's formula, source and measured error are in the module it
+calls; the measured error of the result is the estimate's (:mod:`meshplan.costmodel.estimate`).
 """
 
 from __future__ import annotations

@@ -34,9 +34,11 @@
   weight-gradient all-gather) or, without, all-reduces its input gradient in backward (the
   ``f`` operator); the loss all-reduces three per-token scalars (Shoeybi et al. 2019 §3).
 
-Measured error: analytical layers are checked against published Megatron runs
-(benchmarks/validate_published.py: Narayanan et al. 2021 Table 1, 3.5 % mean / 6.3 % max);
-calibrated profiles replace the layer time by measured rows (:mod:`.parts`).
+Measured error: analytical layers are checked against published Megatron runs on datasheet
+profiles (benchmarks/validate_published.py, docs/benchmarks/published.md: Narayanan et al.
+2021 Table 1, 3.4 % mean / 6.3 % max; Korthikanti et al. 2022 Table 5, 4.2 % / 7.8 %;
+Megatron-Core H100 2024, 6.2 % / 12.1 %); calibrated profiles replace the layer time by
+measured rows (:mod:`.parts`).
 """
 
 from __future__ import annotations

@@ -33,8 +33,11 @@ Links (:func:`cp_group_links`): Megatron-Core's rank order ``tp-cp-dp-pp`` (or
 one regular ring of stride tp in ``tp-dp-pp``; in ``tp-pp-dp`` it is not regular, and its
 link is taken as the dp group's (the narrowest hop its ring crosses) over ``dp·cp`` ranks.
 
-Measured error: none yet (no GPU run of cp > 1 has been compared; the layouts of
-benchmarks/context_parallel_gpu.py are prepared). Calibrated profiles' measured layer rows
+Measured error: no GPU run of meshplan's executor at cp > 1 has been compared yet (the
+layouts of benchmarks/context_parallel_gpu.py are prepared). Published runs, datasheet
+profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at
+131k tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's
+two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles' measured layer rows
 are for cp = 1: a cp layout is priced from the datasheet curves of its profile (a caveat
 says so).
 """

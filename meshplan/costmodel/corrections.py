@@ -18,6 +18,10 @@ estimate can show what each moved.
 Adding one: write its predicate and effect here (numbers from ``gpu.corrections``), add its
 keys to ``CorrectionNumbers`` and the data file, call the effect from the term it corrects,
 append it to :data:`CORRECTIONS`, and test its predicate and its effect.
+
+Each correction's formula, source (the measurement) and measured error are in the docstring
+of its effect function (``Correction.mechanism``); their numbers' provenance (machine and
+date) is in ``hardware_profiles/data/corrections.toml``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,22 @@ It only composes, in this order (each step's formulas and sources are in its mod
    communication volume (:mod:`.breakdown`); caveats (:mod:`.caveats`);
 7. which named corrections applied and how much each moved the step time and the peak
    memory (:mod:`.corrections`): ``Estimate.corrections``.
+
+Measured error of the whole (step time, mean / max absolute; each figure with its machine,
+date and command in the file named):
+
+* published runs on datasheet profiles, nothing tuned per row (docs/benchmarks/published.md):
+  Narayanan et al. 2021 Table 1 3.4 % / 6.3 % (10 runs); Korthikanti et al. 2022 Table 5
+  4.2 % / 7.8 % (8); Megatron-Core H100 2024 6.2 % / 12.1 % (9, layout partly published);
+  Llama 3 405B Table 4 9.0 % / 18.8 % (3, one at cp 16); NeMo H100 FP8 5.1 % / 13.3 % (7;
+  the five cp = 1 rows 3.3 % / 5.9 %); MoE at BF16 38.9 % / 60.5 % (4: not yet a usable
+  prediction). Calculon on the same 23 runs it can express: 11.3 % / 33.5 % against 4.3 % /
+  12.1 % here;
+* held out on GPUs, calibrated on the same machine and models (docs/benchmarks/accuracy.md,
+  round 26, 4 × H200, 16 layouts): 1.51 % / 4.78 %, memory within 5 % on 64 of 64 ranks;
+* held out on models never run before (docs/benchmarks/transfer.md, round 36, 4 × H100, 14
+  layouts as run): 12.0 % / 30.5 % calibrated on those models, 16.9 % / 47.8 % for models the
+  calibration did not time (goals of 3 % / 8 % not met).
 """
 
 from __future__ import annotations

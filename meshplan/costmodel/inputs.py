@@ -13,6 +13,8 @@ are completed.
 
 A calibrated profile's measured rows are for dense layers at cp = 1: with cp > 1 or an MoE
 model the layout is priced from the profile's curves (a caveat says so).
+
+No formula of its own (the modules named hold them, with their sources and measured errors).
 """
 
 from __future__ import annotations

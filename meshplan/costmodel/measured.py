@@ -4,7 +4,8 @@ import them by.
 The tables are profile data: :mod:`meshplan.hardware_profiles.measured` defines them (rows,
 shape keys, interpolation by micro-batch and stage depth) and builds them when a profile
 loads, below the cost model in the import graph, as :class:`~meshplan.hardware_profiles.curve.Curve`
-is for the datasheet curves. Nothing is defined here.
+is for the datasheet curves. Nothing is defined here: no formula and no error of its own
+(the rows' use and error: :mod:`meshplan.costmodel.parts`).
 """
 
 from meshplan.hardware_profiles.measured import (ENDS, Interpolated, MeasuredEnd,  # noqa: F401

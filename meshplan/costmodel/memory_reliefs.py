@@ -7,6 +7,9 @@ adds to (or takes from) the base terms (states + in-flight activations + buffers
 registered as a named memory rule (:data:`MEMORY_RULES`) so that an estimate shows what it
 moved, and each can be switched off by name (``CorrectionNumbers.without``) where the
 tables are built. Their docstrings give the torch mechanism and the measurements.
+
+Measured error, all rules together: per-rank memory within 5 % on 64 of 64 ranks in GPU round
+26 (max 3.18 %, docs/benchmarks/accuracy.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Mixture-of-experts terms of the cost model: FLOPs, parameters and model states per rank,
 routed-token activations, dispatch/combine all-to-all volume. Pure functions of the spec
-and the parallel degrees; not yet called by :mod:`meshplan.costmodel.estimate` (which
-refuses MoE models, :func:`meshplan.spec.validate.check_model_modelled`).
+and the parallel degrees; :mod:`meshplan.costmodel.moe_layer` and
+:mod:`meshplan.costmodel.moe_tables` compose them into an estimate.
 
 Notation: h hidden size, E routed experts, k experts per token, S shared experts, f_e / f_s
 the routed / shared expert widths, m the matrices entering an MLP (2 for SwiGLU, 1 for
@@ -49,9 +49,11 @@ sequence-parallel slice (Megatron-Core requires sequence parallelism for MoE wit
   over etp (and reduce-scattered after the experts). Time from the bus bandwidth of the
   links the ep group crosses: nccl-tests doc/PERFORMANCE.md, alltoall busbw = algbw·(n-1)/n.
 
-Measured error: none yet — these functions are checked against hand-computed numbers only
-(tests/unit/test_costmodel_moe.py); calibration of grouped GEMMs and all-to-all and the
-GPU comparison are issue 38 parts 2 and 5.
+Measured error: these functions are checked against hand-computed numbers
+(tests/unit/test_costmodel_moe.py); no GPU run of the executor's MoE layers has been compared
+yet (issue 38 part 5). Whole estimates of published BF16 MoE runs (datasheet profiles,
+docs/benchmarks/published.md): 38.9 % mean / 60.5 % max over 4 runs — not yet a usable
+prediction (Mixtral 8x7B on H100 +18.5 %, GPT-OSS-120B −24 % on H100, −52..−61 % on B200).
 """
 
 from __future__ import annotations

@@ -35,8 +35,12 @@ the ``nearest_shape_rows`` entry of ``Estimate.corrections`` (with how much it m
 step and the memory against the analytical layer) and a caveat naming the source.
 
 Measured error (post hoc, benchmarks/transfer_analysis.py: every measured layout
-re-predicted with its own model's rows removed from its profile): see
-docs/benchmarks/transfer.md.
+re-predicted with its own model's rows removed from its profile; docs/benchmarks/transfer.md,
+2026-11-28): over the 342 measured layouts (rounds 7-26 and 36) 11.4 % mean / 63.0 % max
+step-time error and 92 % of ranks within 5 % of measured memory, against 19.8 % and 21 %
+with the analytical layer alone; round 36's seven layouts of models the calibration did not
+time, 5.0 % / 8.1 % (16.9 % / 47.8 % as run before this module). Every mechanism here was
+chosen looking at those records; round 37 measures it held out.
 """
 
 from __future__ import annotations

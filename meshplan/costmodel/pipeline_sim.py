@@ -36,6 +36,11 @@ Megatron's interleaving, Narayanan et al. 2021, arXiv 2104.04473, §2.2):
   drain bubble. This is torch's ``ScheduleInterleavedZeroBubble`` with one stage per
   rank (``num_1f1b_microbatches = rank``, warm-up ``pp - 1 - rank``). Every rank then
   holds up to ``pp`` micro-batches until their ``W`` (the first rank's 1F1B peak).
+
+Measured error: none of its own — it is the reference the closed forms are tested against
+(tests/unit/test_pipeline.py, including that the interleaved order is Megatron's and that
+zero-bubble defers each rank's W passes as ZB-H1 does); it assumes fixed per-operation
+times, so what torch's p2p order adds is :mod:`meshplan.costmodel.torch_p2p`'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The registry of named corrections: the numbered ones of :mod:`corrections` and the
 memory rules of :mod:`memory_reliefs`, and which of them apply to a layout's tables.
 
-Its own module so that both lists can be read without either importing the other.
+Its own module so that both lists can be read without either importing the other. No
+formula of its own: each correction's mechanism and measured error are in the docstring of
+the function that computes it (``Correction.mechanism``).
 """
 
 from __future__ import annotations

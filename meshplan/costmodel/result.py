@@ -1,4 +1,8 @@
-"""What :func:`meshplan.costmodel.estimate` returns."""
+"""What :func:`meshplan.costmodel.estimate` returns: step time, throughput, MFU, memory per
+pipeline rank, the time breakdown, communication volume, caveats and the corrections that
+applied. Containers only — no formula here; units are in the field names (``_s``,
+``_bytes``), and the formulas and measured errors are those of
+:mod:`meshplan.costmodel.estimate`."""
 
 from __future__ import annotations
 

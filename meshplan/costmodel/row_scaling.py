@@ -8,6 +8,9 @@ gradient plus its output, the output layer by its logits), CPU dispatch by the o
 layer dispatches (:mod:`.dispatch`: forward fields by the forward's ratio, backward fields by
 the backward's; a call's fixed part kept). Also: the row of another family (its CPU dispatch
 with the analytical GPU time and bytes) and indexes of a profile's rows by knob.
+
+Formula, sources and measured error: :mod:`.nearest_rows` (value(target) = measured(source) ×
+analytical(target) / analytical(source)).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ cited per function), not a fitted number:
 
 Keeping them in one place is what makes a new runtime (or a new parallelism's process
 group) a local change: a term asks "does this runtime do X here", never ``job.runtime ==``
-directly.
+directly. No number here, so no measured error of its own: the terms that branch on these
+predicates carry theirs.
 """
 
 from __future__ import annotations
