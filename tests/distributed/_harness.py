@@ -17,8 +17,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from _ranks import start_ranks
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.executor.data import SyntheticTokens, local_share
 from meshplan.executor.data_parallel import OptimizerConfig
@@ -156,8 +156,7 @@ def run_cases(world: int, cases: list[Case]) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.pt")
         try:
-            mp.start_processes(_worker, args=(world, free_port(), cases, out), nprocs=world,
-                               join=True, start_method="spawn")
+            start_ranks(_worker, (world, free_port(), cases, out), world)
         except Exception as exc:   # a rank died: keep whatever rank 0 saved
             failure = f"spawned ranks failed: {exc}"
         else:

@@ -22,10 +22,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from _cases import GPT, JOB, LLAMA, RTOL, L  # noqa: E402
 from _harness import OPT, SEED, free_port, reference  # noqa: E402
+from _ranks import start_ranks  # noqa: E402
 
 K, N = 2, 4
 PAIRS = [
@@ -101,8 +101,7 @@ def _worker(rank, world, port, root, out):
 def resharded():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.pt")
-        mp.start_processes(_worker, args=(4, free_port(), tmp, out), nprocs=4, join=True,
-                           start_method="spawn")
+        start_ranks(_worker, (4, free_port(), tmp, out), 4)
         return [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(4)]
 
 

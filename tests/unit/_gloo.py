@@ -21,7 +21,6 @@ def write_rank_result(out_dir: str, rank: int, result: Any) -> None:
 
 def run_gloo_ranks(worker: Callable, nprocs: int, tmp_path: Path) -> list:
     """Spawn ``nprocs`` ranks of ``worker`` and return their results in rank order."""
-    import torch.multiprocessing as mp
-    mp.start_processes(worker, args=(nprocs, f"file://{tmp_path / 'store'}", str(tmp_path)),
-                       nprocs=nprocs, join=True, start_method="spawn")
+    from _ranks import start_ranks
+    start_ranks(worker, (nprocs, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nprocs)]

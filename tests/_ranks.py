@@ -1,0 +1,34 @@
+"""Start the CPU ranks of an in-test process group from a forkserver.
+
+A rank started with "spawn" is a fresh interpreter that imports torch, torch.distributed's
+FSDP / pipelining / optim and meshplan.executor again: about 2 s of CPU a rank, which on
+the 2-core test machine was most of a tiny world's time (world 8: 18 s, of which ~1 s
+training). The forkserver imports them once a session and forks every rank from that
+state. Like "spawn" (and unlike "fork") a rank shares nothing with the test process: it
+unpickles its function and arguments, and sees the environment the test process had when
+the first group started — so pass settings as arguments, not through os.environ.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Callable
+
+# Imported by the forkserver before the first rank forks; a name that does not import
+# (torch missing, or _harness not on sys.path in a unit-only run) is skipped by the
+# forkserver.
+PRELOAD = [
+    "torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.pipelining",
+    "torch.distributed.optim", "torch.distributed.checkpoint",
+    "torch.distributed.tensor.parallel", "meshplan.executor.parallelize",
+    "meshplan.executor.checkpoint", "meshplan.executor.fp8", "meshplan.calibrate.bench_layers",
+    "_harness",
+]
+
+
+def start_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
+    """``fn(rank, *args)`` on ``nprocs`` processes; returns when all have exited, raises
+    torch's ProcessRaisedException / ProcessExitedException if one failed."""
+    import torch.multiprocessing as mp
+    multiprocessing.set_forkserver_preload(PRELOAD)   # read when the server starts
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
