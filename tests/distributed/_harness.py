@@ -9,7 +9,6 @@ global batch in one process — it shares no code with the parallel path beyond 
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -37,12 +36,6 @@ class Case:
     model: ModelSpec
     job: Job
     layout: Layout | None     # None: compare hand-written TP layers with DTensor's
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_case(case: Case):
@@ -128,9 +121,9 @@ def _dtensor_check(model: ModelSpec) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, cases: list[Case], out_path: str) -> None:
+def _worker(rank: int, world: int, store: str, cases: list[Case], out_path: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=90))
     results = {}
     for case in cases:
@@ -156,7 +149,9 @@ def run_cases(world: int, cases: list[Case]) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.pt")
         try:
-            start_ranks(_worker, (world, free_port(), cases, out), world)
+            # a file store in this call's own directory: no port that a parallel test
+            # (pytest-xdist) could take between choosing and binding it
+            start_ranks(_worker, (world, os.path.join(tmp, "store"), cases, out), world)
         except Exception as exc:   # a rank died: keep whatever rank 0 saved
             failure = f"spawned ranks failed: {exc}"
         else:

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from _cases import GPT, JOB, LLAMA, RTOL, L  # noqa: E402
-from _harness import OPT, SEED, free_port, reference  # noqa: E402
+from _harness import OPT, SEED, reference  # noqa: E402
 from _ranks import start_ranks  # noqa: E402
 
 K, N = 2, 4
@@ -79,9 +79,9 @@ def _pair(name, model, a, b, root: Path, rank, world, group):
     return {"losses": first + second, "saved_bytes": saver.saves[0].bytes}
 
 
-def _worker(rank, world, port, root, out):
+def _worker(rank, world, store, root, out):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     from meshplan.executor.checkpoint import checkpoint_group
     group = checkpoint_group(world)
@@ -101,7 +101,7 @@ def _worker(rank, world, port, root, out):
 def resharded():
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.pt")
-        start_ranks(_worker, (4, free_port(), tmp, out), 4)
+        start_ranks(_worker, (4, os.path.join(tmp, "store"), tmp, out), 4)
         return [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(4)]
 
 

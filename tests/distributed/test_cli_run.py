@@ -1,4 +1,5 @@
-"""`meshplan run plan.json` end to end on CPU: 2 gloo ranks, tiny model."""
+"""`meshplan run plan.json` end to end on CPU: 2 gloo ranks, tiny model; --gc auto and
+--cpu-affinity split (each rank pinned to its own cores) reach the ranks."""
 
 from __future__ import annotations
 
@@ -30,10 +31,21 @@ def test_meshplan_run_writes_results_and_refuses_overwrite(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["measured"]["step_time_s"] > 0 and doc["status"] == "ok"
     assert doc["measured"]["gc"]["mode"] == "manual"           # the default
+    # one run for both options: a torchrun start is most of a run's time on CPU
+    import os
+
+    from meshplan.executor.affinity import linux_siblings, physical_cores, rank_cpus
+    split = hasattr(os, "sched_getaffinity") and len(
+        physical_cores(os.sched_getaffinity(0), linux_siblings)) >= 2   # else not checkable
     auto = tmp_path / "auto.json"
     assert main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
-                 "--out", str(auto), "--gc", "auto"]) == 0
-    assert json.loads(auto.read_text())["measured"]["gc"]["mode"] == "auto"
+                 "--out", str(auto), "--gc", "auto",
+                 *(["--cpu-affinity", "split"] if split else [])]) == 0
+    doc = json.loads(auto.read_text())
+    assert doc["status"] == "ok" and doc["measured"]["gc"]["mode"] == "auto"
+    if split:
+        rank0 = rank_cpus(os.sched_getaffinity(0), 0, 2, linux_siblings)   # what rank 0 recorded
+        assert doc["environment"]["cpu_affinity"] == f"split: {len(rank0)} CPUs per rank"
     # a second run without --force must not touch the file
     before = out.read_text()
     rc = main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",

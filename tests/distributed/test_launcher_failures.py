@@ -84,10 +84,11 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     root = str(Path(meshplan.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root}
     env.pop("MESHPLAN_EXECUTOR_INJECT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "meshplan.cli", "run", str(plan), "--device",
-                             "cpu", "--out", str(tmp_path / "r.json"), *extra],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env,
-                            start_new_session=True)
+    with open(log, "w") as err:       # the launcher keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "meshplan.cli", "run", str(plan),
+                                 "--device", "cpu", "--out", str(tmp_path / "r.json"), *extra],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                start_new_session=True)
     return proc, log
 
 

@@ -59,8 +59,9 @@ TINY_LLAMA = {"name": "tiny-llama", "num_layers": 2, "hidden_size": 64, "num_hea
 def two_rank_profile(tmp_path_factory) -> dict:
     """The profile of one real 2-rank CPU calibration (torchrun, gloo) of a tiny Llama:
     ``--quick``, micro-batch 1, two layer rounds under a --time-budget that allows both.
-    Run once per session: the layer-table tests and the round-budget test read the same
-    file (each run took 30 s on the 2-core machine)."""
+    Run once per session: the layer-table test and the round-budget test of
+    test_calibrate_layers.py read the same file (a run takes 20-30 s on the 2-core machine);
+    keep its users in that one file, so that pytest-xdist's --dist loadfile runs it once."""
     pytest.importorskip("torch")
     import json
     import os

@@ -266,7 +266,18 @@ def test_split_depth_is_the_growth_per_extra_layer():
         split_depth((1, 1), (1, 1), 6, 2)
 
 
-# ---- end to end: two gloo ranks (conftest's two_rank_profile, shared with the budget test) ---
+# ---- end to end: two gloo ranks (conftest's two_rank_profile: one calibration, two tests) -----
+@pytest.mark.distributed
+def test_two_rank_calibration_runs_the_rounds_the_budget_allows(two_rank_profile):
+    """The real loop on two gloo ranks (torchrun): the agreed decision lets round 2 run, and
+    its collectives line up on both ranks (a disagreement would hang here, not pass)."""
+    doc = two_rank_profile
+    assert doc["provenance"]["world_size"] == 2
+    assert doc["provenance"]["layer_rounds"] == 2
+    assert doc["provenance"]["time_budget_s"] == 100000.0
+    assert {(r["tp"], r["zero"]) for r in doc["layers"]} >= {(1, 0), (2, 0), (1, 2), (1, 3)}
+
+
 def test_two_rank_calibrate_writes_layer_tables(two_rank_profile):
     doc = two_rank_profile
     t = tables_from_rows(doc["layers"], doc["ends"], "profile")

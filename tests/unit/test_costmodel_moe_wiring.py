@@ -17,9 +17,10 @@ from meshplan.planner import Constraints
 from meshplan.planner.space import enumerate_configs, expert_options
 from meshplan.planner.tables import build_tables
 
-# a small DeepSeek-like model: MLA, 16 routed + 1 shared expert, the first 2 layers dense, MTP
+# a small DeepSeek-like model: MLA, 16 routed + 1 shared expert, the first 2 layers dense, MTP;
+# a 32k context like the long-context cases below
 MINI_V3 = mp.ModelSpec(name="mini-v3", num_layers=8, hidden_size=256, num_heads=8,
-                       vocab_size=1024, max_seq_len=4096, activation="swiglu", norm="rmsnorm",
+                       vocab_size=1024, max_seq_len=32768, activation="swiglu", norm="rmsnorm",
                        position_embedding="rope", tied_embeddings=False, bias=False,
                        ffn_hidden_size=768, num_experts=16, experts_per_token=4,
                        moe_ffn_hidden_size=128, num_shared_experts=1, dense_layers=(0, 1),

@@ -287,7 +287,7 @@ def test_cost_model_prices_moe_models_and_expert_parallel_layouts():
     est = mp.estimate(moe, cluster, job, mp.Layout(dp=8, ep=8, zero=1))
     assert est.time.ep_comm_s > 0 and est.comm_bytes["ep"] > 0
     mla = mp.ModelSpec(**BASE, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                       v_head_dim=8)
+                       v_head_dim=8, max_seq_len=job.seq_len)
     check_modelled(mp.Layout(), mla)
     assert mp.estimate(mla, cluster, job, mp.Layout(dp=8)).step_time_s > 0
 

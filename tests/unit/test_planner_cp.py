@@ -1,12 +1,15 @@
 """The planner searches context parallelism jointly with dp, pp and tp."""
 
+from dataclasses import replace
+
 import pytest
 
 import meshplan as mp
 from meshplan.planner import Constraints
 from meshplan.planner.space import cp_options, enumerate_configs
 
-LLAMA = mp.ModelSpec.preset("llama3-8b")
+# Llama 3.1's 128k context (RoPE-scaled): LONG is within the models' maximum
+LLAMA = replace(mp.ModelSpec.preset("llama3-8b"), max_seq_len=131072)
 CLUSTER = mp.Cluster.preset("dgx-h100", nodes=2)
 LONG = mp.Job(global_batch=8, seq_len=131072)
 FAST = Constraints(schedules=("1f1b",), recompute=("none", "selective"), zero=(1, 3),
@@ -40,7 +43,8 @@ def test_long_context_plan_uses_cp_and_shows_it():
 
 def test_no_plan_without_cp_names_cp():
     with pytest.raises(mp.NoFeasiblePlan, match=r"context parallelism \(cp up to 16"):
-        mp.plan(mp.ModelSpec.preset("llama3-70b"), CLUSTER, LONG, top_k=1,
+        mp.plan(replace(mp.ModelSpec.preset("llama3-70b"), max_seq_len=131072), CLUSTER, LONG,
+                top_k=1,
                 constraints=Constraints(cp=(1,), recompute=("none",), max_micro_batch=1,
                                         schedules=("1f1b",)))
 

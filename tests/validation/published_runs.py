@@ -12,7 +12,7 @@ is tuned per row.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshplan import Cluster, Job, Layout, ModelSpec
@@ -237,6 +237,8 @@ def llama3_2024(**overrides) -> list[PublishedRun]:
         model = ModelSpec.preset(d["model"])
         tp, cp, pp, dp, gpus = (int(d[k]) for k in ("tp", "cp", "pp", "dp", "gpus"))
         seq, batch = int(d["seq_len"]), int(d["batch_per_dp"]) * dp
+        if seq > model.max_seq_len:   # the long-context stage trains a 128k-context model
+            model = replace(model, max_seq_len=seq)
         stages = llama3_stage_layers(model.num_layers, pp, defaults["vpp"])
         layout = Layout(dp=dp, pp=pp, tp=tp, cp=cp, sequence_parallel=True,
                         stage_layers=stages, **defaults)
@@ -267,7 +269,6 @@ def moe_runs() -> list[PublishedRun]:
     published, the model FLOPs (:func:`meshplan.costmodel.flops.model_flops_per_step`,
     active experts only) over TFLOP/s × GPUs.
     """
-    from dataclasses import replace
     from meshplan.costmodel.flops import model_flops_per_step
     runs = []
     for d in read_rows("moe_bf16_2024_2026.csv"):
