@@ -5,9 +5,36 @@ torchrun children) on a 2-core machine, where torch's default of a thread per co
 oversubscribes the cores, and its spinning threads made single-process CPU benchmarks
 15-30 times slower whenever another process was busy (issue 37: the suite took 13.5 min on
 the shared 2-core machine). Set before any test module imports torch; children inherit it.
+
+The suite runs on two workers with `python -m pytest -q -n 2 --dist loadfile` (pytest-xdist):
+each file runs on one worker, so a module's spawned gloo world and a fixture shared by the
+tests of one file start once. Tests are xdist-safe: in-test gloo groups meet through a file
+store in their own temporary directory, torchrun --standalone picks its own free port, and
+every path written is under the test's tmp_path.
 """
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+def pytest_configure(config):
+    # pytest-xdist (--dist loadfile, the test command of README.md and .ci/run) hands out whole files; by default
+    # it orders them by their number of tests, which puts the long single-test files last,
+    # where one worker runs them while the other has nothing left. Keep the order below.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files with a `slow` test first, then files that start CPU ranks (`distributed`), then
+    the rest, each group in collection order: with two workers, both start on the long files
+    and finish on short ones."""
+    rank = {}
+    for item in items:
+        f = item.nodeid.split("::", 1)[0]
+        r = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker(
+            "distributed") else 2
+        rank[f] = min(rank.get(f, 2), r)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])   # stable

@@ -10,7 +10,7 @@ import pytest
 import meshplan as mp
 from meshplan.cli import main
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 TINY = mp.ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64,
                     max_seq_len=16, activation="swiglu", norm="rmsnorm",

@@ -74,6 +74,7 @@ def _check_mesh(results: Path) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_torchrun_script_on_two_local_nodes(plan_file, tmp_path):
     script = write_launch_script(plan_file, tmp_path / "launch", "torchrun")
     env = _env(NNODES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
@@ -91,6 +92,7 @@ def test_torchrun_script_on_two_local_nodes(plan_file, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_slurm_script_under_stand_ins(plan_file, tmp_path):
     script = write_launch_script(plan_file, tmp_path / "launch", "slurm")
     bin_dir = tmp_path / "bin"

@@ -121,6 +121,7 @@ def test_stopping_the_launcher_leaves_no_process(tmp_path, sig):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_a_hung_rank_is_named_and_every_rank_exits(tmp_path):
     timeout_s = 10
     plan = write_plan_for_layout(tmp_path / "plan.json", M, JOB, mp.Layout(dp=2),

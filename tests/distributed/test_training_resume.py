@@ -37,6 +37,7 @@ def _losses(path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_kill_resume_same_and_other_layout(tmp_path, monkeypatch):
     plan2 = write_plan_for_layout(tmp_path / "dp2.json", M, JOB, Layout(dp=2, zero=1,
                                                                         micro_batch=2))

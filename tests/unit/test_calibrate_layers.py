@@ -268,6 +268,7 @@ def test_split_depth_is_the_growth_per_extra_layer():
 
 # ---- end to end: two gloo ranks (conftest's two_rank_profile: one calibration, two tests) -----
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_rank_calibration_runs_the_rounds_the_budget_allows(two_rank_profile):
     """The real loop on two gloo ranks (torchrun): the agreed decision lets round 2 run, and
     its collectives line up on both ranks (a disagreement would hang here, not pass)."""
@@ -278,6 +279,8 @@ def test_two_rank_calibration_runs_the_rounds_the_budget_allows(two_rank_profile
     assert {(r["tp"], r["zero"]) for r in doc["layers"]} >= {(1, 0), (2, 0), (1, 2), (1, 3)}
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_rank_calibrate_writes_layer_tables(two_rank_profile):
     doc = two_rank_profile
     t = tables_from_rows(doc["layers"], doc["ends"], "profile")

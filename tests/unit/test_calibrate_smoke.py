@@ -142,6 +142,8 @@ def test_validate_repeats_run_in_rounds_and_measure_by_the_median(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("meshplan.executor.run") is None,
                     reason="meshplan.executor.run (the executor's runner) is not in this checkout "
                            "yet; the validate plumbing is covered by the stand-in test above")
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_validate_cpu_end_to_end_with_the_executor(tmp_path, cpu_profile):
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,

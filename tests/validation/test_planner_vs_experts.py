@@ -21,6 +21,9 @@ from meshplan.planner import Constraints
 
 from published_runs import narayanan2021
 
+# twenty CP-SAT searches, ~10 s together: scheduled among the long files (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 RUNS = narayanan2021()
 MEGATRON_2021 = Constraints(recompute=("full",), zero=(0,), sequence_parallel=(False,),
                             schedules=("1f1b", "interleaved-1f1b"))
