@@ -246,7 +246,7 @@ def latency_keys(lat_rows: list[dict[str, Any]], cluster: dict[str, Any],
     # ranks α_base + 2 α_step is exactly what was timed)
     probe_s = _median([r["seconds"] for r in lat_rows])
     n = int(lat_rows[0]["group_size"])
-    cluster["intra_latency_us"] = probe_s / lat_model.ring_steps("all_reduce", n)[0] * 1e6
+    cluster["intra_latency_us"] = sig(probe_s / lat_model.ring_steps("all_reduce", n)[0] * 1e6)
     measured.append("intra_latency_us")
     return probe_s, 0.0
 

@@ -90,8 +90,9 @@ def call_latency_s(op: str, n: int, base_s: float, step_s: float) -> float:
 def split_latency(probes: Iterable[tuple[int, float]]) -> tuple[float, float] | None:
     """(α_base s, α_step s) from small all-reduces ``(group size, seconds)`` at ≥ 2 group
     sizes: least squares of ``t = α_base + 2(n − 1)·α_step`` over the per-size medians,
-    α_step clamped at 0 (a larger group timed faster is noise: then α_base is the mean
-    time). None with fewer than two group sizes."""
+    each term kept ≥ 0: a larger group timed faster is noise (then α_base is the mean time
+    and α_step 0); a negative α_base (steps slower than the calls, as on CPU ranks over
+    gloo) refits α_step through the origin. None with fewer than two group sizes."""
     by_size: dict[int, list[float]] = {}
     for n, t in probes:
         by_size.setdefault(int(n), []).append(float(t))
@@ -101,8 +102,11 @@ def split_latency(probes: Iterable[tuple[int, float]]) -> tuple[float, float] | 
     ys = [statistics.median(v) for v in by_size.values()]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    step = max(0.0, slope)
-    return max(0.0, my - step * mx), step
+    if slope <= 0:
+        return my, 0.0
+    if my - slope * mx < 0:
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return my - slope * mx, slope
 
 
 def legacy_split(half_probe_us: float, step_us: float) -> tuple[float, float]:
