@@ -39,12 +39,9 @@ from meshplan.hardware_profiles.calibrated import membound_op_efficiency
 from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
 from meshplan.hardware_profiles.corrections import builtin_corrections
 from meshplan.hardware_profiles import collective_latency as lat_model
-from meshplan.hardware_profiles.collective_latency import MIN_CURVE_MESSAGE_BYTES
-from meshplan.hardware_profiles.curve_fit import (MAX_EFFICIENCY, MERGE_DECADES,  # noqa: F401
-                                                  MIN_EFFICIENCY, extend_with_base, merge_points,
-                                                  sig)
+from meshplan.hardware_profiles.curve_fit import (MAX_EFFICIENCY, extend_with_base,
+                                                  merge_points, sig)
 from meshplan.hardware_profiles.gpu import GPUSpec
-
 
 
 def gemm_efficiency(m: int, k: int, n: int, seconds: float, peak_flops: float) -> float:
