@@ -22,12 +22,13 @@ bandwidth a group gets comes from the links its ring crosses
 (:func:`meshplan.hardware_profiles.topology.group_link`), scaled by the message-size
 efficiency curve of that link class.
 
-Measured error, small all-reduces / reduce-scatters / all-gathers (64 KiB-4 MiB, 2 and 4 ranks)
-of the 18 stored 4-GPU calibrations (docs/benchmarks/data/profiles, 2026-11, H100 and H200,
-torch 2.11), each predicted on its own profile: mean |error| 54-143 % with the old per-hop
-latency (2(n-1) × half the 2-rank probe), 10-52 % with this model on the same profiles read
-as older profiles are (docs/calibrate.md); a 1 MiB all-reduce on 4 ranks of round 26's
-4 × H200 profile: 383 µs before, 132 µs now, 86 µs measured.
+Measured error (``benchmarks/collective_latency.py``): the 819 all-reduces, reduce-scatters
+and all-gathers of 64 KiB-4 MiB on 2 and 4 ranks in the 21 stored calibrations
+(docs/benchmarks/data/profiles, 2026-11, H100 and H200, torch 2.11), each on its own profile:
+mean |error| 86 % (max 440 %) with the old per-hop latency (2(n-1) × half the 2-rank probe),
+22 % (max 123 %) with this model on the same profiles read as older profiles are
+(docs/calibrate.md; in-sample for the bandwidth curve). A 1 MiB all-reduce on 4 ranks of
+round 26's 4 × H200 profile: 383 µs before, 126 µs now, 86 µs timed.
 
 Overlap (:func:`exposed`): communication hidden behind compute still costs the profile's
 ``overlap_interference`` share of the hidden time — NCCL kernels take SMs and memory
