@@ -1,5 +1,8 @@
 """Collective microbenchmarks: all-reduce, reduce-scatter, all-gather and p2p by message
-size and group size, on groups of consecutive ranks inside one node.
+size and group size, on groups of consecutive ranks inside one node, and the latency probe:
+a 256-byte all-reduce on the smallest (2 ranks) and the largest group of the node, whose
+two times split a call's latency into a per-call base and a per-ring-step part
+(:func:`meshplan.hardware_profiles.collective_latency.split_latency`).
 
 Every rank runs this (collectives and ``new_group`` are collective calls); only rank 0's
 timings are returned. Iteration counts are fixed, never adaptive, so that all ranks issue
@@ -18,6 +21,9 @@ import torch.distributed as dist
 from meshplan.calibrate.timing import time_fn
 
 LATENCY_PROBE_BYTES = 256
+# the probe's timings are differences of tens of µs between two group sizes: more samples
+# than the bandwidth rows (still well under a second)
+LATENCY_PROBE_ITERS = 50
 
 # torch >= 2.12 renamed the *_tensor collectives; torch 2.11 (the GPU machines) lacks the
 # new names, so the old ones stay and the rename notice is silenced.
@@ -34,6 +40,11 @@ def node_group_sizes(world: int, local_world: int) -> list[int]:
     return sizes
 
 
+def latency_sizes(groups: list[int]) -> list[int]:
+    """Group sizes the latency probe runs on: the smallest and the largest of the node."""
+    return sorted({groups[0], groups[-1]}) if groups else []
+
+
 def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: int,
                       progress=None) -> dict[str, list[dict[str, Any]]]:
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -41,7 +52,8 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
     rows: dict[str, list[dict[str, Any]]] = {"collectives": [], "latency": []}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     esize = torch.finfo(dtype).bits // 8
-    for n in node_group_sizes(world, local_world):
+    groups = node_group_sizes(world, local_world)
+    for n in groups:
         members = list(range(n))
         group = dist.new_group(members)            # every rank must call new_group
         inside = rank in members
@@ -52,7 +64,7 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
                     {"op": "all_reduce" if op == "latency" else op, "group_size": n,
                      "nbytes": nbytes, "seconds": t.median_s, "iters": t.iters})
 
-        probe = [("latency", LATENCY_PROBE_BYTES)] if n == 2 else []
+        probe = [("latency", LATENCY_PROBE_BYTES)] if n in latency_sizes(groups) else []
         for op, nbytes in probe + [(o, s) for s in sizes_bytes
                                    for o in ("all_reduce", "reduce_scatter", "all_gather")]:
             if inside:
@@ -65,7 +77,8 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
                     fn = lambda: dist.reduce_scatter_tensor(part, full, group=group)
                 else:
                     fn = lambda: dist.all_gather_into_tensor(full, part, group=group)
-                t = time_fn(fn, device=device, warmup=3, iters=iters,
+                t = time_fn(fn, device=device, warmup=3,
+                            iters=max(iters, LATENCY_PROBE_ITERS) if op == "latency" else iters,
                             before=lambda: dist.barrier(group=group))
                 record(op, numel * esize, t)
             dist.barrier()
@@ -96,4 +109,6 @@ def _bench_p2p(sizes_bytes, device, dtype, esize, iters, rows, progress, group) 
 
 def count_steps(world: int, local_world: int, n_sizes: int) -> int:
     groups = node_group_sizes(world, local_world)
-    return sum(3 * n_sizes + (1 if n == 2 else 0) + (n_sizes if n == 2 else 0) for n in groups)
+    probes = latency_sizes(groups)
+    return sum(3 * n_sizes + (1 if n in probes else 0) + (n_sizes if n == 2 else 0)
+               for n in groups)

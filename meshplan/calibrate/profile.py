@@ -17,8 +17,12 @@ measured time of the benchmark it came from (meshplan/costmodel/compute.py and c
   :mod:`meshplan.calibrate.fp8_profile`).
 * Collectives (ring; Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention,
   nccl-tests/doc/PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer in 2(n-1) steps,
-  reduce-scatter / all-gather (n-1)/n in n-1 steps; ``eff(S) = bus_bytes / ((t - steps ·
-  hop_latency) · nvlink_gbps)``.
+  reduce-scatter / all-gather (n-1)/n in n-1 steps. Latency (alpha-beta with NCCL's split,
+  :mod:`meshplan.hardware_profiles.collective_latency`): a 256-byte all-reduce on 2 ranks
+  and on the whole node gives ``t(n) = α_base + 2(n-1)·α_step`` (``[cluster]
+  collective_base_latency_us``, ``intra_step_latency_us``); a node of 2 GPUs has one group
+  size and keeps the old key ``intra_latency_us`` = t(2) / 2 (read as in older profiles).
+  ``eff(S) = bus_bytes / ((t - α_base - steps · α_step) · nvlink_gbps)``.
 
 Outside the measured range a curve falls back to the base (datasheet) profile's shape,
 scaled to meet the nearest measured point, so there is no jump at the edge.
@@ -26,7 +30,6 @@ scaled to meet the nearest measured point, so there is no jump at the edge.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from meshplan.calibrate import fp8_profile as fp8p
@@ -35,14 +38,10 @@ from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.calibrated import membound_op_efficiency
 from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
 from meshplan.hardware_profiles.corrections import builtin_corrections
-from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles import collective_latency as lat_model
+from meshplan.hardware_profiles.curve_fit import (MAX_EFFICIENCY, extend_with_base,
+                                                  merge_points, sig)
 from meshplan.hardware_profiles.gpu import GPUSpec
-
-MERGE_DECADES = 0.05       # points closer than this in log10(size) are averaged
-MAX_EFFICIENCY = 1.0
-MIN_EFFICIENCY = 1e-4
-# Collective sizes whose time is mostly latency are kept out of the bandwidth curve.
-MIN_CURVE_MESSAGE_BYTES = 1 << 16
 
 
 def gemm_efficiency(m: int, k: int, n: int, seconds: float, peak_flops: float) -> float:
@@ -61,70 +60,15 @@ def attention_efficiency(batch: int, seq: int, heads: int, head_dim: int, second
 
 def collective_bus_bytes(op: str, group_size: int, nbytes: float) -> tuple[float, int]:
     """(bytes each rank moves, ring steps) of one collective of an ``nbytes`` buffer."""
-    n = group_size
-    if op == "all_reduce":
-        return 2 * (n - 1) / n * nbytes, 2 * (n - 1)
-    if op in ("reduce_scatter", "all_gather"):
-        return (n - 1) / n * nbytes, n - 1
-    if op == "p2p":
-        return float(nbytes), 1
-    raise ProfileError(f"unknown collective {op!r}; expected all_reduce, reduce_scatter, "
-                       f"all_gather or p2p")
+    return (lat_model.bus_bytes(op, group_size, nbytes),
+            lat_model.ring_steps(op, group_size)[0])
 
 
 def collective_efficiency(op: str, group_size: int, nbytes: float, seconds: float,
-                          link_gbps: float, hop_latency_s: float) -> float:
-    bus, steps = collective_bus_bytes(op, group_size, nbytes)
-    # Latency can only explain part of the time; the floor keeps tiny messages finite.
-    t = max(seconds - steps * hop_latency_s, 0.5 * seconds)
-    return bus / (t * link_gbps * 1e9)
-
-
-def merge_points(points: Iterable[tuple[float, float]],
-                 decades: float = MERGE_DECADES) -> list[tuple[float, float]]:
-    """Sort by size and average runs of points closer than ``decades`` in log10(size)
-    (geometric mean of sizes, arithmetic mean of efficiencies); clip to (0, 1]."""
-    pts = sorted((float(x), float(y)) for x, y in points if x > 0 and math.isfinite(y))
-    out: list[tuple[float, float]] = []
-    group: list[tuple[float, float]] = []
-
-    def flush():
-        if group:
-            lx = sum(math.log10(x) for x, _ in group) / len(group)
-            y = sum(y for _, y in group) / len(group)
-            out.append((_sig(10 ** lx), _sig(min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, y)))))
-
-    for p in pts:
-        if group and math.log10(p[0]) - math.log10(group[0][0]) > decades:
-            flush()
-            group = []
-        group.append(p)
-    flush()
-    return out
-
-
-def _sig(x: float, digits: int = 5) -> float:
-    """Round to significant digits: profiles are read by people too."""
-    return float(f"{x:.{digits}g}")
-
-
-def extend_with_base(measured: Sequence[tuple[float, float]], base: Curve | None) -> Curve:
-    """Measured points, plus the base curve's points outside the measured range scaled so
-    they meet the first / last measured point (datasheet shape as the fallback)."""
-    if not measured:
-        raise ProfileError("no measured points for an efficiency curve")
-    pts = list(measured)
-    if base is not None:
-        (x0, y0), (x1, y1) = pts[0], pts[-1]
-        lo_scale = y0 / base(x0) if base(x0) > 0 else 1.0
-        hi_scale = y1 / base(x1) if base(x1) > 0 else 1.0
-        margin = 10 ** MERGE_DECADES
-        below = [(x, min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, y * lo_scale)))
-                 for x, y in base.points if x < x0 / margin]
-        above = [(x, min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, y * hi_scale)))
-                 for x, y in base.points if x > x1 * margin]
-        pts = below + pts + above
-    return Curve(tuple(pts))
+                          link_gbps: float, base_latency_s: float, step_latency_s: float
+                          ) -> float:
+    return lat_model.row_efficiency(op, group_size, nbytes, seconds, link_gbps,
+                                    base_latency_s, step_latency_s)
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -202,33 +146,24 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
             measured.append("membound_efficiency")
 
     cluster: dict[str, Any] = {}
-    lat_rows = rows.get("latency", [])
-    hop_latency_s = None
-    if lat_rows:
-        hop_latency_s = _median([r["seconds"] / collective_bus_bytes("all_reduce",
-                                                                     r["group_size"], 1)[1]
-                                 for r in lat_rows])
-        cluster["intra_latency_us"] = hop_latency_s * 1e6
-        measured.append("intra_latency_us")
+    base_s, step_s = latency_keys(rows.get("latency", []), cluster, measured)
     coll = [r for r in rows.get("collectives", []) if r["op"] != "p2p"]
     if coll:
         if link_gbps is None:  # CPU/gloo: the best bus bandwidth seen stands in for the link
             link_gbps = max(collective_bus_bytes(r["op"], r["group_size"], r["nbytes"])[0]
                             / r["seconds"] / 1e9 for r in coll)
             measured.append("nvlink_gbps")
-        lat = hop_latency_s or 0.0
         for r in rows.get("collectives", []):
             r["busbw_gbps"] = (collective_bus_bytes(r["op"], r["group_size"], r["nbytes"])[0]
                                / r["seconds"] / 1e9)
             r["efficiency"] = collective_efficiency(r["op"], r["group_size"], r["nbytes"],
-                                                    r["seconds"], link_gbps, lat)
+                                                    r["seconds"], link_gbps, base_s, step_s)
         # p2p is kept out: the cost model has one NVLink curve for collectives and p2p,
         # and pipeline p2p reaches a different fraction of the link (see docs/calibrate.md).
-        pts = merge_points((r["nbytes"], r["efficiency"]) for r in coll
-                           if r["nbytes"] >= MIN_CURVE_MESSAGE_BYTES)
-        if pts:
-            gpu["nvlink_efficiency"] = extend_with_base(
-                pts, base and base.nvlink_efficiency).to_list()
+        curve = lat_model.nvlink_curve(coll, link_gbps, base_s, step_s,
+                                       base and base.nvlink_efficiency)
+        if curve is not None:
+            gpu["nvlink_efficiency"] = curve.to_list()
             measured.append("nvlink_efficiency")
     for kind in ("layer_overhead_s", "microbatch_overhead_s"):
         vals = [r["seconds"] for r in rows.get("overheads", []) if r["kind"] == kind]
@@ -287,6 +222,32 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     return doc
 
 
+def latency_keys(lat_rows: list[dict[str, Any]], cluster: dict[str, Any],
+                 measured: list[str]) -> tuple[float, float]:
+    """The ``[cluster]`` latency keys of the small all-reduce probes (``group_size``,
+    ``seconds``), added to ``cluster`` and ``measured``; returns (α_base s, α_step s) for
+    reading the collective rows. Two or more group sizes split the two terms
+    (:func:`~meshplan.hardware_profiles.collective_latency.split_latency`); one group size
+    (a node of 2 GPUs) cannot, and keeps the old key, half the 2-rank probe, which
+    ``apply_profile`` reads with the cluster's datasheet step (docs/calibrate.md)."""
+    if not lat_rows:
+        return 0.0, 0.0
+    split = lat_model.split_latency((r["group_size"], r["seconds"]) for r in lat_rows)
+    if split is not None:
+        base_s, step_s = split
+        cluster["collective_base_latency_us"] = sig(base_s * 1e6)
+        cluster["intra_step_latency_us"] = sig(step_s * 1e6)
+        measured += ["collective_base_latency_us", "intra_step_latency_us"]
+        return split
+    # one group size: its whole time is charged as α_base when reading the rows (on 2
+    # ranks α_base + 2 α_step is exactly what was timed)
+    probe_s = _median([r["seconds"] for r in lat_rows])
+    n = int(lat_rows[0]["group_size"])
+    cluster["intra_latency_us"] = sig(probe_s / lat_model.ring_steps("all_reduce", n)[0] * 1e6)
+    measured.append("intra_latency_us")
+    return probe_s, 0.0
+
+
 def fp8_keys(rows: Mapping[str, list[dict[str, Any]]], base: GPUSpec,
              measured: list[str]) -> dict[str, Any]:
     """The ``[gpu]`` fp8 keys the ``fp8_gemm`` / ``fp8_cast`` rows measure (definitions:
@@ -325,6 +286,6 @@ def correction_table(base: GPUSpec | None) -> dict[str, Any]:
     return table
 
 
-__all__ = ["build_profile", "correction_table", "fp8_keys", "merge_points", "extend_with_base", "gemm_efficiency",
+__all__ = ["build_profile", "correction_table", "fp8_keys", "latency_keys", "merge_points", "extend_with_base", "gemm_efficiency",
            "attention_efficiency", "collective_efficiency", "collective_bus_bytes",
            "attention_executed_flops"]

@@ -1,11 +1,34 @@
 """Time of NCCL-style collectives on a process group (ring algorithms).
 
-Ring all-reduce moves 2(n-1)/n of the buffer through every rank's link in 2(n-1) steps;
-reduce-scatter and all-gather move (n-1)/n in n-1 steps (Patarasuk & Yuan 2009,
-"Bandwidth optimal all-reduce algorithms"; NCCL's "bus bandwidth" convention in
-nccl-tests/doc/PERFORMANCE.md). The bus bandwidth a group gets comes from the links its ring
-crosses (:func:`meshplan.hardware_profiles.topology.group_link`), scaled by the
-message-size efficiency curve of that link class.
+Every call costs latency plus bytes over bandwidth (the alpha-beta model, Thakur,
+Rabenseifner & Gropp 2005, IJHPCA 19(1) §2), with NCCL's split of the latency into a
+per-call base and a per-ring-step part (NCCL ``src/graph/tuning.cc``, ``ncclTopoTuneModel``:
+``baseLatencies + (nsteps − nInterSteps)·intraLat + nInterSteps·interLat``)::
+
+    t = α_base + steps_intra·α_nvlink + steps_inter·α_network + bus_bytes / (busbw · eff(S))
+
+* all-reduce: bus bytes 2(n-1)/n · S in 2(n-1) steps, 2(k-1) of them between the k nodes
+  the group spans; reduce-scatter and all-gather: (n-1)/n · S in n-1 steps (k-1 between
+  nodes) (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms"; NCCL's "bus
+  bandwidth" convention in nccl-tests/doc/PERFORMANCE.md);
+* p2p: S in one step; all-to-all: the bytes leaving a rank at the group's bus bandwidth, one
+  step per peer.
+
+α_base, α_nvlink and α_network are :class:`~meshplan.hardware_profiles.topology.GroupLink`'s
+``base_latency_s``, ``intra_hop_latency_s`` / ``hop_latency_s`` (datasheet: NCCL's
+Ring/Simple constants 8.4, 3.4 and 14.0 µs in ``data/clusters.toml``; ``meshplan calibrate``
+measures α_base and α_nvlink: :mod:`meshplan.hardware_profiles.collective_latency`). The bus
+bandwidth a group gets comes from the links its ring crosses
+(:func:`meshplan.hardware_profiles.topology.group_link`), scaled by the message-size
+efficiency curve of that link class.
+
+Measured error (``benchmarks/collective_latency.py``): the 819 all-reduces, reduce-scatters
+and all-gathers of 64 KiB-4 MiB on 2 and 4 ranks in the 21 stored calibrations
+(docs/benchmarks/data/profiles, 2026-11, H100 and H200, torch 2.11), each on its own profile:
+mean |error| 86 % (max 440 %) with the old per-hop latency (2(n-1) × half the 2-rank probe),
+22 % (max 123 %) with this model on the same profiles read as older profiles are
+(docs/calibrate.md; in-sample for the bandwidth curve). A 1 MiB all-reduce on 4 ranks of
+round 26's 4 × H200 profile: 383 µs before, 126 µs now, 86 µs timed.
 
 Overlap (:func:`exposed`): communication hidden behind compute still costs the profile's
 ``overlap_interference`` share of the hidden time — NCCL kernels take SMs and memory
@@ -15,7 +38,15 @@ bandwidth from the GEMMs they overlap (Rashidi et al. 2021, ISCA, §3); measured
 
 from __future__ import annotations
 
+from meshplan.hardware_profiles.collective_latency import ring_steps
 from meshplan.hardware_profiles.topology import GroupLink
+
+
+def call_latency_s(link: GroupLink, op: str) -> float:
+    """Latency of one ``op`` call on ``link`` (no bytes): α_base plus its ring steps."""
+    if link.size <= 1:
+        return 0.0
+    return link.latency_s(*ring_steps(op, link.size, link.nodes_spanned))
 
 
 def all_reduce_s(link: GroupLink, nbytes: float) -> float:
@@ -23,7 +54,7 @@ def all_reduce_s(link: GroupLink, nbytes: float) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     return (2 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s(nbytes)
-            + 2 * (n - 1) * link.hop_latency_s)
+            + call_latency_s(link, "all_reduce"))
 
 
 def all_gather_s(link: GroupLink, nbytes: float) -> float:
@@ -32,7 +63,7 @@ def all_gather_s(link: GroupLink, nbytes: float) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     return ((n - 1) / n * nbytes / link.bandwidth_bytes_per_s(nbytes)
-            + (n - 1) * link.hop_latency_s)
+            + call_latency_s(link, "all_gather"))
 
 
 reduce_scatter_s = all_gather_s  # same volume and steps, reversed direction
@@ -42,19 +73,20 @@ def p2p_s(link: GroupLink, nbytes: float) -> float:
     """One send between neighbouring pipeline ranks."""
     if link.size <= 1 or nbytes <= 0:
         return 0.0
-    return nbytes / link.bandwidth_bytes_per_s(nbytes) + link.hop_latency_s
+    return nbytes / link.bandwidth_bytes_per_s(nbytes) + call_latency_s(link, "p2p")
 
 
 def all_to_all_s(link: GroupLink, bytes_leaving: float) -> float:
     """One all-to-all in which every rank sends ``bytes_leaving`` to the others: the ranks'
     links run concurrently at the bus bandwidth of the group (nccl-tests PERFORMANCE.md:
     alltoall busbw = algbw·(n-1)/n, and ``bytes_leaving`` is already the (n-1)/n share),
-    one hop of latency per peer."""
+    one step of latency per peer."""
     n = link.size
     if n <= 1 or bytes_leaving <= 0:
         return 0.0
     total = bytes_leaving * n / (n - 1)          # the algorithm's buffer size per rank
-    return bytes_leaving / link.bandwidth_bytes_per_s(total) + (n - 1) * link.hop_latency_s
+    return (bytes_leaving / link.bandwidth_bytes_per_s(total)
+            + call_latency_s(link, "all_to_all"))
 
 
 def wire_bytes_all_reduce(n: int, nbytes: float) -> float:

@@ -111,7 +111,7 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         dkv = context.ring_dkv_bytes(model, s, b, tp, cp)
         bw = cp_link.bandwidth_bytes_per_s(kv)
         k = ring_interference(cluster.gpu.corrections)
-        lat = cp_link.hop_latency_s
+        lat = comm.call_latency_s(cp_link, "p2p")   # each ring step is one p2p call
         fwd_cp = context.ring_exposed_forward_s(cp, step_compute_s=step_s, kv_bytes=kv,
                                                 bandwidth_bytes_per_s=bw, latency_s=lat,
                                                 interference=k)

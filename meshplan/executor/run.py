@@ -15,6 +15,8 @@ Exit codes: 0 done; 2 bad plan or arguments (nothing allocated); 3 out of memory
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import signal
 import socket
@@ -78,15 +80,25 @@ def _dist_env() -> tuple[int, int, int, int]:
 
 
 def prediction_of(plan: PlanRecord) -> dict[str, Any]:
-    """The plan's prediction, or the cost model's when the plan file carries none."""
-    if plan.prediction:
+    """What this run is compared with: the cost model's estimate under runtime "torch", the
+    conventions of this executor (docs/costmodel.md, "Runtimes"). A plan made for another
+    runtime (``meshplan plan`` defaults to Megatron's) is re-predicted on the plan's own
+    cluster, and the result says so under ``runtime_note``; a plan that already carries a
+    torch-runtime prediction is used as it is."""
+    runtime = plan.job.runtime
+    if plan.prediction and runtime == "torch":
         return dict(plan.prediction)
     try:
         from meshplan.costmodel import estimate
-        return estimate(plan.model, plan.cluster, plan.job, plan.layout).to_dict()
+        pred = estimate(plan.model, plan.cluster, dataclasses.replace(plan.job, runtime="torch"),
+                        plan.layout).to_dict()
     except Exception as exc:  # no prediction is not a reason to refuse a measurement
-        _log(f"no prediction in the plan and the cost model failed: {exc}")
-        return {}
+        _log(f"the cost model failed to predict this run (runtime 'torch'): {exc}")
+        return dict(plan.prediction)
+    if runtime != "torch":
+        pred["runtime_note"] = (f"re-predicted with runtime 'torch' (this executor's); the plan's "
+                                f"own prediction used runtime {runtime!r}")
+    return pred
 
 
 def stage_prediction_bytes(prediction: dict[str, Any], pp_rank: int) -> float | None:

@@ -9,7 +9,9 @@ overheads were measured on a machine, plus where and how they were measured::
     [provenance]            # machine, date, device, gpu_name, torch, cuda, nccl, ...
     [gpu]                   # name, base, peak_tflops, ..., gemm_efficiency, ... (measured)
     measured = [...]        # which [gpu] / [cluster] keys were measured (rest: base profile)
-    [cluster]               # optional: intra_latency_us, network_efficiency (if measured)
+    [cluster]               # optional, if measured: collective_base_latency_us and
+                            # intra_step_latency_us (or, older profiles and 2-GPU nodes,
+                            # intra_latency_us: half the 2-rank probe), network_efficiency
     [[layers]] / [[ends]]   # measured executor layers (meshplan.costmodel.measured), optional
     [corrections]           # numbers of the cost model's corrections (optional; missing keys:
                             # the built-in defaults, hardware_profiles/data/corrections.toml)
@@ -30,6 +32,7 @@ from typing import Any, Iterable, Mapping
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.cluster import Cluster
+from meshplan.hardware_profiles.collective_latency import legacy_split, nvlink_curve
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, GPUSpec
@@ -57,8 +60,13 @@ class CalibratedProfile:
     base_gpu: str | None
     provenance: Mapping[str, Any] = field(default_factory=dict)
     measured: tuple[str, ...] = ()
-    intra_latency_us: float | None = None
+    intra_latency_us: float | None = None            # old key: half the 2-rank probe
+    collective_base_latency_us: float | None = None
+    intra_step_latency_us: float | None = None
     network_efficiency: Curve | None = None
+    # the stored collective rows (op, group_size, nbytes, seconds), for re-reading the
+    # NVLink curve of a profile with the old latency key (apply_profile)
+    collective_rows: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def device_name(self) -> str:
@@ -276,19 +284,53 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     measured = get(doc, "measured", list, where, [])
     c = get(doc, "cluster", dict, where, {})
     cwhere = f"{where} [cluster]"
-    lat = get(c, "intra_latency_us", _NUM, cwhere, None)
-    if lat is not None and lat < 0:
-        raise ProfileError(f"{cwhere}: intra_latency_us must be >= 0, got {lat!r}")
+    lats = {}
+    for key in ("intra_latency_us", "collective_base_latency_us", "intra_step_latency_us"):
+        v = get(c, key, _NUM, cwhere, None)
+        if v is not None and v < 0:
+            raise ProfileError(f"{cwhere}: {key} must be >= 0, got {v!r}")
+        lats[key] = None if v is None else float(v)
     net = curve(c, "network_efficiency", cwhere) if "network_efficiency" in c else None
+    rows = get(doc.get("measurements", {}), "collectives", list, f"{where} [measurements]", [])
+    coll = tuple(r for r in rows if isinstance(r, dict) and r.get("op") != "p2p"
+                 and all(isinstance(r.get(k), (int, float)) for k in
+                         ("group_size", "nbytes", "seconds")))
     return CalibratedProfile(path=where, gpu=gpu, base_gpu=base, provenance=dict(prov),
-                             measured=tuple(str(m) for m in measured),
-                             intra_latency_us=None if lat is None else float(lat),
-                             network_efficiency=net)
+                             measured=tuple(str(m) for m in measured), **lats,
+                             network_efficiency=net, collective_rows=coll)
+
+
+def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]:
+    """The cluster fields a profile's latency keys set (see
+    :mod:`meshplan.hardware_profiles.collective_latency`), and for a profile with only the
+    old ``intra_latency_us`` its NVLink curve re-read from its stored collective rows.
+
+    New keys replace the cluster's values one by one. The old key alone (profiles written
+    before the split, and calibrations of 2-GPU nodes) is half the 2-rank probe: α_base is
+    the probe less two of the cluster's datasheet steps, α_step the datasheet's; the curve
+    that was read from the rows with the old latency (2(n-1) × the key, which had counted
+    the per-call time once per step) is read again with this one."""
+    out: dict[str, Any] = {}
+    if prof.collective_base_latency_us is not None:
+        out["collective_base_latency_us"] = prof.collective_base_latency_us
+    if prof.intra_step_latency_us is not None:
+        out["intra_latency_us"] = prof.intra_step_latency_us
+    if out or prof.intra_latency_us is None:
+        return out
+    base_us, step_us = legacy_split(prof.intra_latency_us, cluster.intra_latency_us)
+    out["collective_base_latency_us"] = base_us
+    if prof.collective_rows and "nvlink_efficiency" in prof.measured:
+        ref = builtin_gpu(prof.base_gpu) if prof.base_gpu in builtin_gpu_names() else None
+        curve_ = nvlink_curve(prof.collective_rows, prof.gpu.nvlink_gbps, base_us * 1e-6,
+                              step_us * 1e-6, ref.nvlink_efficiency if ref else None)
+        if curve_ is not None:
+            out["gpu"] = replace(prof.gpu, nvlink_efficiency=curve_)
+    return out
 
 
 def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False) -> Cluster:
-    """``cluster`` with the profile's GPU spec (and measured intra-node latency and network
-    efficiency, where the profile has them).
+    """``cluster`` with the profile's GPU spec (and measured collective latency and network
+    efficiency, where the profile has them: :func:`profile_latency`).
 
     The profile must come from the cluster's GPU type: its ``base`` (or its name) must equal
     ``cluster.gpu.name``. ``override=True`` applies it anyway (e.g. to predict a CPU run
@@ -303,13 +345,12 @@ def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False)
             f"{prof.device_name!r}), but cluster {cluster.name!r} has {cluster.gpu.name!r} "
             f"GPUs; use a cluster with {profile_gpu!r} GPUs, or apply it anyway with "
             f"override=True (`--profile-override` on the command line)")
-    changes: dict[str, Any] = {"gpu": prof.gpu}
-    if prof.intra_latency_us is not None:
-        changes["intra_latency_us"] = prof.intra_latency_us
+    changes: dict[str, Any] = {"gpu": prof.gpu, **profile_latency(prof, cluster)}
     if prof.network_efficiency is not None:
         changes["network"] = replace(cluster.network, efficiency=prof.network_efficiency)
     return replace(cluster, **changes)
 
 
 __all__ = ["CalibratedProfile", "load_profile", "apply_profile", "membound_op_efficiency",
+           "profile_latency",
            "SCHEMA", "VERSION", "READABLE_VERSIONS"]

@@ -41,12 +41,15 @@ class Cluster:
     gpu: GPUSpec
     gpus_per_node: int
     nodes: int
-    intra_latency_us: float
+    intra_latency_us: float          # one ring step inside a node (NVLink / NVSwitch)
     network: NetworkSpec
     price_per_gpu_hour: float
     memory_reserve_bytes: int = 1 << 30
     memory_reserve_fraction: float = 0.05
     rank_order: str = "tp-dp-pp"
+    # once per collective or p2p call (NCCL's base latency; hardware_profiles/
+    # collective_latency.py); a cluster file without the key keeps per-step latency only
+    collective_base_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive_int("Cluster", "gpus_per_node", self.gpus_per_node)
@@ -57,6 +60,10 @@ class Cluster:
             raise ConfigError(
                 f"Cluster memory reserve must be >= 0 bytes and a fraction in [0, 1); got "
                 f"{self.memory_reserve_bytes} bytes, fraction {self.memory_reserve_fraction}")
+        if self.intra_latency_us < 0 or self.collective_base_latency_us < 0:
+            raise ConfigError(f"Cluster latencies must be >= 0 µs; got intra_latency_us = "
+                              f"{self.intra_latency_us}, collective_base_latency_us = "
+                              f"{self.collective_base_latency_us}")
         if self.rank_order not in RANK_ORDERS:
             raise ConfigError(f"Cluster.rank_order = {self.rank_order!r}; choose one of {RANK_ORDERS}")
         if self.usable_memory_bytes <= 0:
@@ -68,7 +75,8 @@ class Cluster:
         if h is None:
             h = hash((self.name, self.gpu, self.gpus_per_node, self.nodes, self.intra_latency_us,
                       self.network, self.price_per_gpu_hour, self.memory_reserve_bytes,
-                      self.memory_reserve_fraction, self.rank_order))
+                      self.memory_reserve_fraction, self.rank_order,
+                      self.collective_base_latency_us))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -239,6 +247,8 @@ def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,
             memory_reserve_bytes=int(get(t, "memory_reserve_bytes", int, where, 1 << 30)),
             memory_reserve_fraction=float(get(t, "memory_reserve_fraction", _NUM, where, 0.05)),
             rank_order=get(t, "rank_order", str, where, "tp-dp-pp"),
+            collective_base_latency_us=float(get(t, "collective_base_latency_us", _NUM, where,
+                                                 0.0)),
         )
     except ConfigError as exc:
         raise ProfileError(f"{where}: {exc}") from None

@@ -33,7 +33,11 @@ class GroupLink:
     """How a collective over one process group is carried.
 
     ``busbw_gbps`` is the per-rank bus bandwidth before message-size efficiency;
-    ``hop_latency_s`` the latency of one ring step; ``link_class`` "nvlink" or "network".
+    ``hop_latency_s`` the latency of one ring step over the group's link (between nodes
+    where it spans nodes); ``intra_hop_latency_s`` that of a step inside a node of a group
+    that spans nodes (None: ``hop_latency_s``); ``base_latency_s`` once per call
+    (:mod:`meshplan.hardware_profiles.collective_latency`); ``link_class`` "nvlink" or
+    "network".
     """
 
     size: int
@@ -43,17 +47,31 @@ class GroupLink:
     efficiency: Curve
     nodes_spanned: int
     ranks_per_node: int
+    base_latency_s: float = 0.0
+    intra_hop_latency_s: float | None = None
 
     def __hash__(self) -> int:  # cached: links key the cost model's caches
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.size, self.link_class, self.busbw_gbps, self.hop_latency_s,
-                      self.efficiency, self.nodes_spanned, self.ranks_per_node))
+                      self.efficiency, self.nodes_spanned, self.ranks_per_node,
+                      self.base_latency_s, self.intra_hop_latency_s))
             object.__setattr__(self, "_hash", h)
         return h
 
     def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
         return self.busbw_gbps * 1e9 * self.efficiency(message_bytes)
+
+    def latency_s(self, steps: int, inter_steps: int = 0) -> float:
+        """One call of ``steps`` ring steps, ``inter_steps`` of them between nodes."""
+        if steps <= 0:
+            return 0.0
+        if self.nodes_spanned <= 1:
+            return self.base_latency_s + steps * self.hop_latency_s
+        intra = self.hop_latency_s if self.intra_hop_latency_s is None \
+            else self.intra_hop_latency_s
+        return (self.base_latency_s + inter_steps * self.hop_latency_s
+                + (steps - inter_steps) * intra)
 
 
 def nic_of(cluster, local_gpu: int) -> int:
@@ -114,6 +132,7 @@ def group_link(cluster, size: int, stride: int) -> GroupLink:
     node_of = [r // gpn for r in ranks]
     nodes_spanned = len(set(node_of))
     per_node = size // nodes_spanned if nodes_spanned else size
+    base_lat = cluster.collective_base_latency_us * 1e-6
     if size == 1:
         return GroupLink(1, "nvlink", float("inf"), 0.0, cluster.gpu.nvlink_efficiency, 1, 1)
     g = build_topology(cluster.replace(nodes=min(cluster.nodes, 2)) if cluster.nodes > 2
@@ -122,7 +141,8 @@ def group_link(cluster, size: int, stride: int) -> GroupLink:
         path = hop_path(cluster, ranks[0], ranks[1])
         bw = min(g.edges[u, v]["bandwidth_gbps"] for u, v in zip(path, path[1:]))
         lat = sum(g.edges[u, v]["latency_s"] for u, v in zip(path, path[1:]))
-        return GroupLink(size, "nvlink", bw, lat, cluster.gpu.nvlink_efficiency, 1, size)
+        return GroupLink(size, "nvlink", bw, lat, cluster.gpu.nvlink_efficiency, 1, size,
+                         base_latency_s=base_lat)
     # A hop between nodes: representative ranks in node 0 and node 1 of the two-node graph.
     members0 = [r % gpn for r in ranks if r // gpn == node_of[0]]
     a_local = members0[-1]
@@ -142,4 +162,5 @@ def group_link(cluster, size: int, stride: int) -> GroupLink:
     busbw = min(inter_bw, intra_bw)
     lat = sum(g.edges[u, v]["latency_s"] for u, v in zip(path, path[1:]))
     return GroupLink(size, "network", busbw, lat, cluster.network.efficiency,
-                     nodes_spanned, per_node)
+                     nodes_spanned, per_node, base_latency_s=base_lat,
+                     intra_hop_latency_s=cluster.intra_latency_us * 1e-6)

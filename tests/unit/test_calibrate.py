@@ -98,7 +98,8 @@ def _gpu_rows():
         "membound": [{"op": "add", "model_bytes": 0.7 * 3350e9, "seconds": 1.0}],
         "collectives": [{"op": "all_reduce", "group_size": 4, "nbytes": 1 << 26,
                          "seconds": 1.5 * (1 << 26) / (450e9 * 0.75)}],
-        "latency": [{"group_size": 2, "seconds": 2 * 3e-6}],
+        # 256-byte all-reduces: 30 µs on 2 ranks, 36 µs on 4 -> α_step 1.5 µs, α_base 27 µs
+        "latency": [{"group_size": 2, "seconds": 30e-6}, {"group_size": 4, "seconds": 36e-6}],
         "overheads": [{"kind": "layer_overhead_s", "seconds": 4e-5},
                       {"kind": "microbatch_overhead_s", "seconds": -1e-6}],
     }
@@ -117,10 +118,11 @@ def test_profile_efficiencies_invert_the_cost_model(tmp_path):
     assert p.gpu.attention_efficiency(prof.attention_executed_flops(1, 2048, 16, 128)) == \
         pytest.approx(0.4, rel=1e-4)
     assert p.gpu.hbm_efficiency == pytest.approx(0.7, rel=1e-9)
-    assert p.intra_latency_us == pytest.approx(3.0)
-    # all-reduce of 64 MiB over 4 ranks: bus bytes / (t - 6 hops · 3 us)
+    assert p.collective_base_latency_us == pytest.approx(27.0)
+    assert p.intra_step_latency_us == pytest.approx(1.5) and p.intra_latency_us is None
+    # all-reduce of 64 MiB over 4 ranks: bus bytes / (t - α_base - 6 steps · α_step)
     t = 1.5 * (1 << 26) / (450e9 * 0.75)
-    want = 1.5 * (1 << 26) / ((t - 6 * 3e-6) * 450e9)
+    want = 1.5 * (1 << 26) / ((t - 27e-6 - 6 * 1.5e-6) * 450e9)
     assert p.gpu.nvlink_efficiency(1 << 26) == pytest.approx(want, rel=1e-4)
     assert p.gpu.layer_overhead_s == pytest.approx(4e-5)
     assert p.gpu.microbatch_overhead_s == 0.0   # a negative intercept is clamped
@@ -144,7 +146,8 @@ def test_apply_profile_changes_estimate(tmp_path):
     path = _write_gpu_profile(tmp_path / "h100.toml")
     cluster = Cluster.preset("dgx-h100", nodes=1)
     cal = apply_profile(cluster, path)
-    assert cal.gpu.provenance.startswith("calibrated") and cal.intra_latency_us == 3.0
+    assert cal.gpu.provenance.startswith("calibrated")
+    assert cal.intra_latency_us == 1.5 and cal.collective_base_latency_us == 27.0
     model, job = ModelSpec.preset("gpt-1.7b"), Job(global_batch=16, seq_len=2048)
     lay = Layout(dp=2, tp=4)
     assert estimate(model, cal, job, lay).step_time_s != estimate(model, cluster, job, lay).step_time_s

@@ -77,7 +77,8 @@ def test_ring_exposed_time_by_hand():
     flops = context.ring_step_pairs(s, 4) * 4.0 * LLAMA.q_dim / 8
     gpu = CLUSTER.gpu
     step = flops / (gpu.peak_flops("bf16") * gpu.attention_efficiency(flops))
-    t_kv = kv / link.bandwidth_bytes_per_s(kv) + link.hop_latency_s
+    # one p2p call per ring step: α_base + one step
+    t_kv = kv / link.bandwidth_bytes_per_s(kv) + link.base_latency_s + link.hop_latency_s
     k = gpu.corrections.cp_ring_interference
     hidden = min(t_kv, step)
     assert t.parts.layer.forward.cp_comm_s == pytest.approx(3 * (t_kv - hidden + k * hidden))

@@ -50,7 +50,8 @@ def test_compile_comes_from_the_plan_or_the_flag(tmp_path, compiled, in_plan, fl
 def test_candidate_runs_an_alternative(tmp_path, capsys):
     best, other = Layout(micro_batch=2), Layout(micro_batch=1)
     from meshplan.hardware_profiles import Cluster
-    plan = save_plan_file(tmp_path / "p.json", M, Cluster.preset("dgx-h100"), JOB, best, {},
+    job = Job(global_batch=4, seq_len=16, precision="fp32", runtime="torch")  # kept as planned
+    plan = save_plan_file(tmp_path / "p.json", M, Cluster.preset("dgx-h100"), job, best, {},
                           [{"layout": best.to_dict(), "prediction": {}},
                            {"layout": other.to_dict(), "prediction": {"step_time_s": 1.0}}])
     out = tmp_path / "r.json"

@@ -137,15 +137,17 @@ def test_run_with_precision_fp8_end_to_end(tmp_path, monkeypatch):
     plan = write_plan_for_layout(tmp_path / "p.json", TINY, job, Layout(micro_batch=2))
     out = tmp_path / "r.json"
     rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "2",
-               "--warmup", "1", "--precision", "fp8", "--fp8-recipe", "blockwise"])
+               "--warmup", "1", "--precision", "fp8", "--fp8-recipe", "rowwise"])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["status"] == "ok"
-    assert (doc["job"]["precision"], doc["job"]["fp8_recipe"]) == ("fp8", "blockwise")
-    # the plan's bf16 prediction is dropped; the run's own job (fp8) is predicted instead
+    # rowwise: a recipe the cost model prices under runtime "torch" on the plan's H100
+    assert (doc["job"]["precision"], doc["job"]["fp8_recipe"]) == ("fp8", "rowwise")
+    # the plan's bf16 prediction is dropped; the run's own job (fp8) is predicted instead,
+    # under the executor's runtime
     from meshplan.costmodel import estimate
     p = load_plan_file(plan)
-    fp8_job = Job.from_dict(doc["job"])
+    fp8_job = Job.from_dict({**doc["job"], "runtime": "torch"})
     assert doc["prediction"]["step_time_s"] == pytest.approx(
         estimate(p.model, p.cluster, fp8_job, p.layout).step_time_s)
     assert len(doc["measured"]["loss_per_step"]) == 3
