@@ -168,6 +168,8 @@ def _supervise(cmd: list[str], env: dict) -> tuple[int, str]:
         for s, h in old.items():
             signal.signal(s, h)
         copier.join(timeout=5)
+        if not copier.is_alive():   # else the copier still reads it; it dies with us
+            proc.stderr.close()
     if got:
         print(f"meshplan run: stopped by {signal.Signals(got[0]).name}; torchrun and its "
               f"workers have exited", file=sys.stderr, flush=True)
