@@ -54,8 +54,9 @@ sequence-parallel slice (Megatron-Core requires sequence parallelism for MoE wit
 Measured error: these functions are checked against hand-computed numbers
 (tests/unit/test_costmodel_moe.py); no GPU run of the executor's MoE layers has been compared
 yet (issue 38 part 5). Whole estimates of published BF16 MoE runs (datasheet profiles,
-docs/benchmarks/published.md): 38.9 % mean / 60.5 % max over 4 runs — not yet a usable
-prediction (Mixtral 8x7B on H100 +18.5 %, GPT-OSS-120B −24 % on H100, −52..−61 % on B200).
+docs/benchmarks/published.md, 2026-11-28): 27.5 % mean / 52.3 % max over 5 runs — not yet a
+usable prediction (Mixtral 8x7B on H100 +18.8 %, GPT-OSS-120B −23.8 % on H100, −8.7 % on
+B200 with ep 64 across nodes, −34..−52 % on B200 with ep 8 inside a node).
 """
 
 from __future__ import annotations
