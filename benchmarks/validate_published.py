@@ -238,7 +238,7 @@ def main(argv=None) -> int:
             "- data: `tests/validation/data/` (copies of the published tables, the source of "
             "each in its header); loaders in `tests/validation/published_runs.py`",
             "- profiles: the GPU and cluster datasheet presets (`dgx-a100-80gb`, `dgx-h100`, "
-            "`dgx2h-v100`), no calibration, nothing tuned per row",
+            "`dgx-b200`, `dgx2h-v100`), no calibration, nothing tuned per row",
             "",
             "## Summary", "",
             *[f"- {s}" for s in summaries.values()], "",
