@@ -46,14 +46,17 @@ sequence-parallel slice (Megatron-Core requires sequence parallelism for MoE wit
 * All-to-all: dispatch sends the k·T·h·e bytes of routed copies, of which (ep-1)/ep leave
   the rank under uniform routing; combine returns the same; the backward pass repeats both
   (4 all-to-alls per MoE layer and micro-batch). With etp > 1 the rows are then all-gathered
-  over etp (and reduce-scattered after the experts). Time from the bus bandwidth of the
-  links the ep group crosses: nccl-tests doc/PERFORMANCE.md, alltoall busbw = algbw·(n-1)/n.
+  over etp (and reduce-scattered after the experts). Time inside a node from the bus
+  bandwidth of its links (nccl-tests doc/PERFORMANCE.md, alltoall busbw = algbw·(n-1)/n);
+  across nodes the share for other nodes goes through the rank's share of its node's NICs
+  (:func:`all_to_all_s`).
 
 Measured error: these functions are checked against hand-computed numbers
 (tests/unit/test_costmodel_moe.py); no GPU run of the executor's MoE layers has been compared
 yet (issue 38 part 5). Whole estimates of published BF16 MoE runs (datasheet profiles,
-docs/benchmarks/published.md): 38.9 % mean / 60.5 % max over 4 runs — not yet a usable
-prediction (Mixtral 8x7B on H100 +18.5 %, GPT-OSS-120B −24 % on H100, −52..−61 % on B200).
+docs/benchmarks/published.md, 2026-11-28): 27.5 % mean / 52.3 % max over 5 runs — not yet a
+usable prediction (Mixtral 8x7B on H100 +18.8 %, GPT-OSS-120B −23.8 % on H100, −8.7 % on
+B200 with ep 64 across nodes, −34..−52 % on B200 with ep 8 inside a node).
 """
 
 from __future__ import annotations
@@ -283,9 +286,34 @@ def etp_gather_bytes_per_rank(model: ModelSpec, job: Job, layout: Layout,
     return model.experts_per_token * tokens * model.hidden_size * e * (layout.etp - 1)
 
 
-def all_to_all_s(link: GroupLink, bytes_leaving: float) -> float:
-    """One all-to-all on the ep group's link (:func:`meshplan.costmodel.comm.all_to_all_s`)."""
-    return comm.all_to_all_s(link, bytes_leaving)
+def all_to_all_s(link: GroupLink, bytes_leaving: float, nvlink_gbps: float,
+                 nvlink_efficiency=None) -> float:
+    """One all-to-all on the ep group's link, ``bytes_leaving`` each rank sends to its n − 1
+    peers under uniform routing.
+
+    Inside one node: :func:`meshplan.costmodel.comm.all_to_all_s` (NVSwitch carries every
+    pair at once). Across nodes an all-to-all is not a ring: each rank sends the
+    (n − r)/(n − 1) share of its bytes addressed to the other nodes' ranks through its node's
+    NICs, which all r members (and the node's other groups, all sending at once) share —
+    per rank the link's network bandwidth over r (``busbw_gbps`` sums the members' NICs for
+    a ring) — while the (r − 1)/(n − 1) share for its own node's ranks crosses NVLink
+    concurrently; the slower of the two sets the time. DeepSeek-V3 (arXiv 2412.19437
+    §3.2.2) prices its cross-node dispatch the same way (IB 50 GB/s per GPU against NVLink
+    160 GB/s, hence node-limited routing), and DeepEP's README measures its internode
+    kernels at the RDMA NIC's rate (~40-46 GB/s per H800 on CX7 400 Gb/s), not at the
+    node's aggregate. Latency: the link's all-to-all call latency."""
+    n, r = link.size, link.ranks_per_node
+    if n <= 1 or bytes_leaving <= 0:
+        return 0.0
+    if link.nodes_spanned <= 1:
+        return comm.all_to_all_s(link, bytes_leaving)
+    total = bytes_leaving * n / (n - 1)              # the rank's whole send buffer
+    inter = bytes_leaving * (n - r) / (n - 1)
+    intra = bytes_leaving * (r - 1) / (n - 1)
+    net_s = inter / (link.bandwidth_bytes_per_s(total) / r)
+    nvl_eff = nvlink_efficiency(total) if nvlink_efficiency is not None else 1.0
+    nvl_s = intra / (nvlink_gbps * 1e9 * nvl_eff) if intra > 0 else 0.0
+    return max(net_s, nvl_s) + comm.call_latency_s(link, "all_to_all")
 
 
 def all_to_alls_per_layer(recompute: str) -> int:

@@ -24,7 +24,9 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   R·(m + 1)·f_e/etp elements. Backward 2× the GEMMs (Narayanan et al. 2021 §5.1) and the
   memory traffic; the weight-gradient GEMMs (zero-bubble's W) one forward's worth.
 * **Dispatch and combine**: 2 all-to-alls per pass on the ep group's link
-  (:func:`meshplan.costmodel.comm.all_to_all_s`), each moving k·T·h·e·(ep−1)/ep per rank;
+  (:func:`meshplan.costmodel.moe.all_to_all_s`: inside a node at NVLink's bus bandwidth,
+  across nodes the other nodes' share at the rank's share of its node's NICs), each moving
+  k·T·h·e·(ep−1)/ep per rank;
   the busiest rank receives ρ times that, which sets the collective's time. With etp > 1
   the rows are all-gathered over etp after the dispatch and reduce-scattered before the
   combine. Exposed: neither runtime overlaps them by default
@@ -112,7 +114,8 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                  + rows * (model.ffn_matrices + 1) * f_loc * e)
     fwd_mb = hbm_s(gpu, mem_bytes)
     sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
-    a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance) if ep > 1 else 0.0
+    a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance, gpu.nvlink_gbps,
+                               gpu.nvlink_efficiency) if ep > 1 else 0.0
     etp_s = 2 * comm.all_gather_s(links.etp, rows * h * e) if etp > 1 else 0.0
     ep_s = a2a + etp_s
     if moe_dispatch_overlapped(job):

@@ -114,9 +114,28 @@ def test_dispatch_volume_and_all_to_all_time():
     link = GroupLink(size=8, link_class="nvlink", busbw_gbps=400.0, hop_latency_s=1e-6,
                      efficiency=Curve(((1.0, 0.5),)), nodes_spanned=1, ranks_per_node=8)
     # 58.7 MB at 400 GB/s · 0.5 plus 7 hops of 1 µs
-    assert moe.all_to_all_s(link, sent) == pytest.approx(sent / 200e9 + 7e-6)
-    assert moe.all_to_all_s(link, 0) == 0
+    assert moe.all_to_all_s(link, sent, 900.0) == pytest.approx(sent / 200e9 + 7e-6)
+    assert moe.all_to_all_s(link, 0, 900.0) == 0
     assert moe.all_to_alls_per_layer("none") == 4 and moe.all_to_alls_per_layer("full") == 6
+
+
+def test_all_to_all_across_nodes_by_hand():
+    """ep 16 over 2 nodes of 8: the 8/15 of each rank's bytes for the other node leave
+    through the rank's share of the node's NICs (400 GB/s summed over 8 members: 50 GB/s
+    each), the 7/15 for its own node cross NVLink at the same time."""
+    link = GroupLink(size=16, link_class="network", busbw_gbps=400.0, hop_latency_s=0.0,
+                     efficiency=Curve(((1.0, 1.0),)), nodes_spanned=2, ranks_per_node=8)
+    sent = 150e6
+    net_s = sent * 8 / 15 / 50e9
+    assert moe.all_to_all_s(link, sent, 900.0) == pytest.approx(net_s)
+    # the NVLink share binds only where NVLink is slower than the NIC share
+    assert moe.all_to_all_s(link, sent, 10.0) == pytest.approx(sent * 7 / 15 / 10e9)
+    # one rank per node (ep spread over nodes): everything crosses the NIC, which it owns
+    spread = GroupLink(size=4, link_class="network", busbw_gbps=50.0, hop_latency_s=0.0,
+                       efficiency=Curve(((1.0, 1.0),)), nodes_spanned=4, ranks_per_node=1)
+    assert moe.all_to_all_s(spread, sent, 900.0) == pytest.approx(sent / 50e9)
+    # 8 times slower than the ring's summed-NIC bus bandwidth (the pricing before)
+    assert moe.all_to_all_s(link, sent, 900.0) > 4 * sent / 400e9
 
 
 def test_dense_models_are_refused():

@@ -79,9 +79,34 @@ def test_routed_part_by_hand():
     sent = moe.dispatch_bytes_per_rank(MIXTRAL, JOB, lay, tokens)
     assert sent == 2 * tokens * h * 2 * 7 / 8
     assert t.parts.layer.forward.ep_comm_s == pytest.approx(
-        2 * comm.all_to_all_s(t.links.ep, sent), rel=1e-12)
+        2 * moe.all_to_all_s(t.links.ep, sent, gpu.nvlink_gbps, gpu.nvlink_efficiency),
+        rel=1e-12)
+    assert t.links.ep.nodes_spanned == 1    # inside a node: the ring formula
+    assert moe.all_to_all_s(t.links.ep, sent, gpu.nvlink_gbps) == \
+        comm.all_to_all_s(t.links.ep, sent)
     assert t.parts.layer.backward.ep_comm_s == t.parts.layer.forward.ep_comm_s
     assert t.parts.layer.forward.tp_comm_s == 0.0     # tp 1
+
+
+def test_cross_node_dispatch_uses_each_rank_nic_share():
+    """ep 16 over the 2 nodes of 8 H100s: the layer's all-to-all time is the other node's
+    8/15 of each rank's bytes at its NIC (50 GB/s NDR x the network curve), not at the
+    node's summed NICs; the intra-node ep 8 layout is 4-5x cheaper per byte."""
+    qwen = mp.ModelSpec.preset("qwen3-30b-a3b")
+    cl = _numbers(H100, moe_load_imbalance=1.0)
+    lay = mp.Layout(dp=16, ep=16, zero=1)
+    t = layer_tables(qwen, cl, JOB, lay)
+    link = t.links.ep
+    assert (link.size, link.nodes_spanned, link.ranks_per_node) == (16, 2, 8)
+    sent = moe.dispatch_bytes_per_rank(qwen, JOB, lay, 1024)
+    total = sent * 16 / 15
+    want = (sent * 8 / 15 / (50e9 * cl.network.efficiency(total))
+            + comm.call_latency_s(link, "all_to_all"))
+    assert t.parts.layer.forward.ep_comm_s == pytest.approx(2 * want, rel=1e-12)
+    inside = layer_tables(qwen, cl, JOB, mp.Layout(dp=16, ep=8, zero=1))
+    sent8 = moe.dispatch_bytes_per_rank(qwen, JOB, mp.Layout(dp=16, ep=8), 1024)
+    assert (t.parts.layer.forward.ep_comm_s / sent
+            > 4 * inside.parts.layer.forward.ep_comm_s / sent8)
 
 
 def test_imbalance_is_a_profile_correction_with_ep():

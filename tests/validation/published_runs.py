@@ -290,6 +290,6 @@ def moe_runs() -> list[PublishedRun]:
         else:
             step_s = (model_flops_per_step(model, batch, seq)
                       / (float(d["model_tflops_per_gpu"]) * 1e12 * gpus))
-        runs.append(PublishedRun(f"{model.name} {d['source']} {d['system']} ({gpus} GPUs)",
-                                 model, cluster, job, layout, step_s, d))
+        label = f"{model.name} {d['source']} {d['system']} ep {ep} ({gpus} GPUs)"
+        runs.append(PublishedRun(label, model, cluster, job, layout, step_s, d))
     return runs

@@ -1,0 +1,63 @@
+"""The published MoE runs (``moe_bf16_2024_2026.csv``): what the loader reads from each row,
+the published figure's conversion into a step time, and the cross-node all-to-all of the
+one row whose ep group spans nodes, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.costmodel import comm, estimate
+from meshplan.costmodel.inputs import table_inputs
+from meshplan.costmodel.flops import model_flops_per_step
+
+from published_runs import moe_runs
+
+
+def _runs():
+    return {(r.row["source"], r.row["system"]): r for r in moe_runs()}
+
+
+def test_rows_read_as_published():
+    runs = _runs()
+    assert len(runs) == 5
+    for r in runs.values():
+        lay, d = r.layout, r.row
+        assert lay.num_gpus == int(d["gpus"])
+        assert (lay.tp, lay.pp, lay.ep, lay.micro_batch, lay.vpp) == tuple(
+            int(d[k]) for k in ("tp", "pp", "ep", "micro_batch", "vp"))
+        assert r.job.precision == "bf16" and r.job.seq_len == int(d["seq_len"])
+        # forced-balanced rows run at rho = 1; the others keep the profile's built-in value
+        rho = r.cluster.gpu.corrections.moe_load_imbalance
+        assert (rho == 1.0) == (d["balanced"] == "yes")
+
+
+def test_published_figures_to_step_time():
+    runs = _runs()
+    b200 = runs[("megatron-bridge-26.02", "dgx-b200")]
+    assert b200.published == pytest.approx(1280 * 4096 / (8047 * 64))       # 10.18 s
+    mixtral = runs[("mcore-moe-readme", "dgx-h100")]
+    # Megatron-LM's num_floating_point_operations for Mixtral 8x7B (h 4096, 32 layers, 8 kv
+    # groups of 32 heads, f 14336, top-2, SwiGLU, vocab 32000) at seq 4096, per token
+    h, L, s, f, v = 4096, 32, 4096, 14336, 32000
+    per_token = 12 * L * h * h * ((1 + 8 / 32 + s / h) + f / h * 2 * 1.5 + v / (2 * L * h))
+    flops = model_flops_per_step(mixtral.model, 256, 4096)
+    assert flops / (256 * 4096) == pytest.approx(per_token, rel=2e-3)   # router 2hE aside
+    assert mixtral.published == pytest.approx(flops / (468e12 * 64))
+
+
+def test_ep64_b200_all_to_all_goes_through_each_rank_nic():
+    """ep 64 over 8 DGX-B200: each rank sends k·T·h·2 bytes a dispatch, 56/64 of them to
+    other nodes through its 50 GB/s share of the node's NICs."""
+    r = _runs()[("megatron-bridge-26.02", "dgx-b200")]
+    t = table_inputs(r.model, r.cluster, r.job, r.layout)
+    tokens = 4 * 4096
+    sent = 4 * tokens * 2880 * 2 * 63 / 64
+    link = t.links.ep
+    net_s = sent * 56 / 63 / (50e9 * r.cluster.network.efficiency(sent * 64 / 63))
+    fwd = t.parts.layer.forward.ep_comm_s
+    assert fwd == pytest.approx(2 * (net_s + comm.call_latency_s(link, "all_to_all")),
+                                rel=1e-9)
+    est = estimate(r.model, r.cluster, r.job, r.layout)
+    # 36 layers x 5 micro-batches x (forward + backward), nothing overlapped
+    assert est.time.ep_comm_s == pytest.approx(36 * 5 * 2 * fwd, rel=1e-6)
+    assert link.nodes_spanned == 8
