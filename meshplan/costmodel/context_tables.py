@@ -47,11 +47,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.costmodel import comm, context
-from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s
+from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s
 from meshplan.costmodel.corrections import ring_interference
 from meshplan.costmodel.data_parallel import Groups
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
+from meshplan.costmodel.ring_memory import ring_memory_bytes
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
@@ -106,7 +107,11 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     if layout.cp_style == "ring":
         step_flops = b * context.ring_step_pairs(s, cp) * per_pair
         step_s = _block_s(cluster, job, step_flops)
-        fwd_attn = cp * step_s
+        fwd_attn, bwd_attn = cp * step_s, bwd_k * cp * step_s
+        if job.runtime == "torch":         # the executor's own ring: its copies and merges
+            mem_f, mem_b = ring_memory_bytes(model, s, b, tp, cp, e)
+            fwd_attn += hbm_s(cluster.gpu, mem_f)
+            bwd_attn += hbm_s(cluster.gpu, mem_b)
         kv = context.ring_kv_bytes(model, s, b, tp, cp, e)
         dkv = context.ring_dkv_bytes(model, s, b, tp, cp)
         bw = cp_link.bandwidth_bytes_per_s(kv)
@@ -126,12 +131,13 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     else:
         # one causal kernel over the whole sequence for heads/cp (masked half skipped)
         fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp)
+        bwd_attn = bwd_k * fwd_attn
         bufs = context.all_to_all_buffers_bytes(model, s, b, tp, cp, e)
         sent = [context.all_to_all_sent_bytes(x, cp) for x in bufs]
         fwd_cp = bwd_cp = sum(comm.all_to_all_s(cp_link, x) for x in sent)
         wire_f = wire_b = sum(sent)
         work = sum(bufs)
-    return fwd_attn, bwd_k * fwd_attn, fwd_cp, bwd_cp, wire_f, wire_b, work
+    return fwd_attn, bwd_attn, fwd_cp, bwd_cp, wire_f, wire_b, work
 
 
 def with_cp_attention(base: LayerParts, model: ModelSpec, cluster: Cluster, job: Job,
