@@ -33,6 +33,8 @@ Backward (eq. 8):
 
     entry  2e·Q + a·Q                  dout made contiguous, dQ accumulator zeroed
     step   [f_q<1](6e·Q·f_q + 2a·L·f_q)    dout, q, output and lse halves copied
+           + [f_q=1]·2e·Q              or the whole output (the CUDA flash kernel writes
+                                       it (b, s, h, d)-strided; the ring saves it so)
            + [f_k<1]·4e·K·f_k + [rep>1]·2e(K + Q)·f_k     as forward
            + (e + a)·Q·f_q + 3a·Q·f_q  dQ cast to fp32 and accumulated
            + [i=0]·2a·K                dK/dV accumulators zeroed
@@ -67,7 +69,8 @@ def _forward_step(q, k, lse, rep, e, a, f_q, f_k, merge):
 
 
 def _backward_step(q, k, lse, rep, e, a, f_q, f_k, first):
-    b = (6 * e * q * f_q + 2 * a * lse * f_q) if f_q < 1 else 0.0
+    # halves copied; a whole output is copied too: the flash kernel writes it (b, s, h, d)
+    b = (6 * e * q * f_q + 2 * a * lse * f_q) if f_q < 1 else 2 * e * q
     b += 4 * e * k * f_k if f_k < 1 else 0.0
     b += 2 * e * (k + q) * f_k if rep > 1 else 0.0
     b += (e + a) * q * f_q + 3 * a * q * f_q
