@@ -33,13 +33,21 @@ Links (:func:`cp_group_links`): Megatron-Core's rank order ``tp-cp-dp-pp`` (or
 one regular ring of stride tp in ``tp-dp-pp``; in ``tp-pp-dp`` it is not regular, and its
 link is taken as the dp group's (the narrowest hop its ring crosses) over ``dp·cp`` ranks.
 
-Measured error: no GPU run of meshplan's executor at cp > 1 has been compared yet (the
-layouts of benchmarks/context_parallel_gpu.py are prepared). Published runs, datasheet
-profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at
-131k tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's
-two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles' measured layer rows
-are for cp = 1: a cp layout is priced from the datasheet curves of its profile (a caveat
-says so).
+Under runtime "torch" the ring's block attention also carries the executor's own copies,
+casts and merges around its kernels (:mod:`meshplan.costmodel.ring_memory`, eq. 7-8).
+
+Measured error. GPU check, 4 × H200, torch 2.11, the 1.26B model at 16k-64k tokens, 10
+layouts (docs/context_parallel.md, docs/benchmarks/data/cp_gpu_h200.json): as run,
+datasheet, step time 15.6 % mean / 33.3 % max; all-to-all and cp = 1 layouts within
+−5..+15 %, ring layouts −21..−33 % (too fast); memory within 3 % everywhere. The ring then
+ran flash-attention 2 while SDPA ran cuDNN (1.4-1.6× faster; the executor's ring now runs
+SDPA's choice); POST HOC with eq. 7-8 added, 12.9 % mean / 24.1 % max, the ring rows
+−18..−24 %, the remainder that kernel difference. Published runs, datasheet profiles,
+layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at 131k
+tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's two
+cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles'
+measured layer rows are for cp = 1: a cp layout is priced from the datasheet curves of its
+profile (a caveat says so).
 """
 
 from __future__ import annotations
@@ -58,8 +66,10 @@ from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
-    "context parallelism has not been compared with GPU runs yet; how much the ring's "
-    "transfers slow the block attention they overlap (cp_ring_interference) is assumed")
+    "context parallelism was compared with one GPU run only (4 x H200: all-to-all within "
+    "15 %, ring 21-33 % too fast before the executor's ring ran SDPA's own kernel; "
+    "docs/context_parallel.md); how much the ring's transfers slow the block attention "
+    "they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
     "rows are for cp = 1")

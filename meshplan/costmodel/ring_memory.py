@@ -24,9 +24,9 @@ Forward (eq. 7):
            + [f_k<1]·4e·K·f_k          key/value halves copied
            + [rep>1]·2e(K + Q)·f_k     K and V repeated to the query heads (GQA)
            + (e + a)·Q·f_q             block output cast to fp32
-           + [i≥1]·a(9·Q·f_q + 17·L·f_q)   merge: o = e^(l₁−l)·o₁ + e^(l₂−l)·o₂ in five
-                                       passes over the output (two scalings, a sum, the
-                                       slice write-back) and ten over the log-sum-exp
+           + [i≥1]·a(9·Q·f_q + 17·L·f_q)   merge: o = e^(l₁−l)·o₁ + e^(l₂−l)·o₂: 9 reads
+                                       or writes of each output element (two scalings, a
+                                       sum, the slice write-back), 17 of each lse element
     exit   (a + e)·Q                   output cast back
 
 Backward (eq. 8):
