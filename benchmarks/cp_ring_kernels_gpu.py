@@ -57,8 +57,8 @@ def numerics(device) -> dict:
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v, dout = (torch.randn(1, 4, 1024, HEAD_DIM, device=device, dtype=torch.bfloat16,
                                  generator=g) for _ in range(4))
-    # reference: the same attention with the second query half also seeing the first key
-    # half twice is not SDPA; instead compare against keys [k_first_half; k] via a mask
+    # reference: SDPA over keys [first key half; all keys], the extra block visible to the
+    # second query half only and the rest causal: what the two merged blocks compute
     ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
     n = q.shape[2] // 2
     kk = torch.cat((ref_in[1][:, :, :n], ref_in[1]), 2)

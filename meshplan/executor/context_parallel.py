@@ -36,8 +36,8 @@ Block kernels (forward returns the log-sum-exp; backward takes the merged output
 log-sum-exp): on CUDA in bf16/fp16 the fused kernel SDPA itself would pick for the local
 block (``torch._fused_sdp_choice``): cuDNN's (``aten._scaled_dot_product_cudnn_attention``)
 where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_utils.cpp
-``check_prefer_cudnn_attention``; torch 2.11's CUDA 13 wheels), where it runs about 1.6×
-as fast as flash-attention 2 (the ring's kernels on 4 × H200 in docs/context_parallel.md)
+``check_prefer_cudnn_attention``; torch 2.11's CUDA 13 wheels), where it ran 1.4-1.6× as
+fast as flash-attention 2 (inferred from the 4 × H200 check in docs/context_parallel.md)
 — else the flash-attention 2 kernel ``aten._scaled_dot_product_flash_attention``; both are
 kernels torch's experimental ``context_parallel`` calls. The ring thus runs the kernel
 the rest of the model's attention (and the cost model's attention curve) runs. On CPU the
