@@ -33,13 +33,21 @@ Links (:func:`cp_group_links`): Megatron-Core's rank order ``tp-cp-dp-pp`` (or
 one regular ring of stride tp in ``tp-dp-pp``; in ``tp-pp-dp`` it is not regular, and its
 link is taken as the dp group's (the narrowest hop its ring crosses) over ``dp·cp`` ranks.
 
-Measured error: no GPU run of meshplan's executor at cp > 1 has been compared yet (the
-layouts of benchmarks/context_parallel_gpu.py are prepared). Published runs, datasheet
-profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at
-131k tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's
-two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles' measured layer rows
-are for cp = 1: a cp layout is priced from the datasheet curves of its profile (a caveat
-says so).
+Under runtime "torch" the ring's block attention also carries the executor's own copies,
+casts and merges around its kernels (:mod:`meshplan.costmodel.ring_memory`, eq. 7-8).
+
+Measured error. GPU check, 4 × H200, torch 2.11, the 1.26B model at 16k-64k tokens, 10
+layouts (docs/context_parallel.md, docs/benchmarks/data/cp_gpu_h200.json): as run,
+datasheet, step time 15.6 % mean / 33.3 % max; all-to-all and cp = 1 layouts within
+−5..+15 %, ring layouts −21..−33 % (too fast); memory within 3 % everywhere. The ring then
+ran flash-attention 2 while SDPA ran cuDNN (1.4-1.6× faster; the executor's ring now runs
+SDPA's choice); POST HOC with eq. 7-8 added, 12.9 % mean / 24.1 % max, the ring rows
+−18..−24 %, the remainder that kernel difference. Published runs, datasheet profiles,
+layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at 131k
+tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's two
+cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles'
+measured layer rows are for cp = 1: a cp layout is priced from the datasheet curves of its
+profile (a caveat says so).
 """
 
 from __future__ import annotations
@@ -47,18 +55,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.costmodel import comm, context
-from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s
+from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s
 from meshplan.costmodel.corrections import ring_interference
 from meshplan.costmodel.data_parallel import Groups
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
+from meshplan.costmodel.ring_memory import ring_memory_bytes
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
-    "context parallelism has not been compared with GPU runs yet; how much the ring's "
-    "transfers slow the block attention they overlap (cp_ring_interference) is assumed")
+    "context parallelism was compared with one GPU run only (4 x H200: all-to-all within "
+    "15 %, ring 21-33 % too fast before the executor's ring ran SDPA's own kernel; "
+    "docs/context_parallel.md); how much the ring's transfers slow the block attention "
+    "they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
     "rows are for cp = 1")
@@ -106,7 +117,11 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     if layout.cp_style == "ring":
         step_flops = b * context.ring_step_pairs(s, cp) * per_pair
         step_s = _block_s(cluster, job, step_flops)
-        fwd_attn = cp * step_s
+        fwd_attn, bwd_attn = cp * step_s, bwd_k * cp * step_s
+        if job.runtime == "torch":         # the executor's own ring: its copies and merges
+            mem_f, mem_b = ring_memory_bytes(model, s, b, tp, cp, e)
+            fwd_attn += hbm_s(cluster.gpu, mem_f)
+            bwd_attn += hbm_s(cluster.gpu, mem_b)
         kv = context.ring_kv_bytes(model, s, b, tp, cp, e)
         dkv = context.ring_dkv_bytes(model, s, b, tp, cp)
         bw = cp_link.bandwidth_bytes_per_s(kv)
@@ -126,12 +141,13 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     else:
         # one causal kernel over the whole sequence for heads/cp (masked half skipped)
         fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp)
+        bwd_attn = bwd_k * fwd_attn
         bufs = context.all_to_all_buffers_bytes(model, s, b, tp, cp, e)
         sent = [context.all_to_all_sent_bytes(x, cp) for x in bufs]
         fwd_cp = bwd_cp = sum(comm.all_to_all_s(cp_link, x) for x in sent)
         wire_f = wire_b = sum(sent)
         work = sum(bufs)
-    return fwd_attn, bwd_k * fwd_attn, fwd_cp, bwd_cp, wire_f, wire_b, work
+    return fwd_attn, bwd_attn, fwd_cp, bwd_cp, wire_f, wire_b, work
 
 
 def with_cp_attention(base: LayerParts, model: ModelSpec, cluster: Cluster, job: Job,

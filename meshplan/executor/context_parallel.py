@@ -33,10 +33,15 @@ the local tokens; positions (RoPE or learned) come from :meth:`Transformer.set_p
   attention (TransformerEngine's a2a context parallelism does the same).
 
 Block kernels (forward returns the log-sum-exp; backward takes the merged output and
-log-sum-exp): on CUDA in bf16/fp16 the flash-attention kernel behind SDPA,
-``aten._scaled_dot_product_flash_attention`` and its backward — the kernels torch's
-experimental ``context_parallel`` calls; on CPU its CPU counterpart; else (CUDA fp32) an
-explicit math kernel. torch's ``context_parallel`` itself is not used: it handles only the
+log-sum-exp): on CUDA in bf16/fp16 the fused kernel SDPA itself would pick for the local
+block (``torch._fused_sdp_choice``): cuDNN's (``aten._scaled_dot_product_cudnn_attention``)
+where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_utils.cpp
+``check_prefer_cudnn_attention``; torch 2.11's CUDA 13 wheels), where it ran 1.4-1.6× as
+fast as flash-attention 2 (inferred from the 4 × H200 check in docs/context_parallel.md)
+— else the flash-attention 2 kernel ``aten._scaled_dot_product_flash_attention``; both are
+kernels torch's experimental ``context_parallel`` calls. The ring thus runs the kernel
+the rest of the model's attention (and the cost model's attention curve) runs. On CPU the
+CPU flash kernel; else (CUDA fp32) an explicit math kernel. torch's ``context_parallel`` itself is not used: it handles only the
 CUDA SDPA ops (so the CPU gloo tests could not exercise the code the GPUs run), its
 default rotation all-gathers K/V instead of passing them around a ring, it sees K/V after
 the GQA repeat (nh/nkv times the bytes), and its context manager reshards buffers in place
@@ -48,6 +53,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.attention import SDPBackend
 
 from meshplan.executor.data import load_balanced_positions
 from meshplan.executor.model import AttentionCore, Transformer
@@ -114,11 +120,38 @@ class _FlashKernel:
             dout, q, k, v, out, lse, None, None, q.shape[2], k.shape[2], 0.0, causal, *self.rng)
 
 
+class _CudnnKernel:
+    """cuDNN's fused attention; keeps a forward's sequence and random-state outputs for the
+    backward, as torch's ring attention does. Its log-sum-exp is (b, h, s, 1)."""
+
+    saved: tuple = ()
+
+    def forward(self, q, k, v, causal):
+        r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)
+        self.saved = (r[2], r[3], r[6], r[7])
+        lse = r[1]
+        return r[0], lse.squeeze(-1) if lse.dim() == q.dim() else lse
+
+    def backward(self, dout, q, k, v, out, lse, causal):
+        cum_q, cum_k, seed, offset = self.saved
+        return aten._scaled_dot_product_cudnn_attention_backward(
+            dout, q, k, v, out, lse.unsqueeze(-1), seed, offset, None, cum_q, cum_k,
+            q.shape[2], k.shape[2], 0.0, causal)
+
+
+KERNELS = {"math": _MathKernel, "cpu": _CpuKernel, "flash": _FlashKernel,
+           "cudnn": _CudnnKernel}
+
+
 def block_kernel(q: torch.Tensor):
+    """The block kernel for ``q``'s device and dtype: on CUDA in bf16/fp16 cuDNN's where
+    SDPA would run cuDNN's on the local block, else flash (module docstring)."""
     if q.device.type == "cpu":
         return _CpuKernel()
     if q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16):
-        return _FlashKernel()
+        choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
+        cudnn = int(choice) == int(SDPBackend.CUDNN_ATTENTION.value)
+        return _CudnnKernel() if cudnn else _FlashKernel()
     return _MathKernel()
 
 
@@ -230,13 +263,14 @@ class _RingAttention(torch.autograd.Function):
 class RingAttentionCore(nn.Module):
     """Drop-in for :class:`AttentionCore` on a cp rank: ring attention over the cp group.
 
-    ``kernel``: the block kernel (:func:`block_kernel`'s choice by device and dtype if None;
-    tests pass ``"math"`` to check the CUDA fp32 fallback on CPU)."""
+    ``kernel``: the block kernel, one of :data:`KERNELS` (:func:`block_kernel`'s choice by
+    device and dtype if None; tests pass ``"math"`` to check the CUDA fp32 fallback on CPU,
+    benchmarks ``"flash"`` or ``"cudnn"`` to compare them)."""
 
     def __init__(self, group, kernel: str | None = None):
         super().__init__()
         self.ring = _Ring(group)
-        self.kernel = {None: None, "math": _MathKernel, "cpu": _CpuKernel}[kernel]
+        self.kernel = None if kernel is None else KERNELS[kernel]
 
     def forward(self, q, k, v):
         return _RingAttention.apply(q, k, v, self.ring, self.kernel and self.kernel())
@@ -310,5 +344,5 @@ def apply_context_parallel(model: Transformer, group, *, style: str, seq_len: in
             AllToAllAttentionCore(group)
 
 
-__all__ = ["AllToAllAttentionCore", "RingAttentionCore", "apply_context_parallel",
+__all__ = ["KERNELS", "AllToAllAttentionCore", "RingAttentionCore", "apply_context_parallel",
            "block_kernel", "heads_to_seq", "seq_to_heads"]

@@ -104,6 +104,22 @@ def test_flash_kernel_calls_fit_the_cuda_ops_schemas():
     assert [g.shape for g in grads] == [half.shape, q.shape, q.shape]
 
 
+def test_cudnn_kernel_calls_fit_the_cuda_ops_schemas():
+    """The cuDNN kernel (what SDPA runs on Hopper/Blackwell with cuDNN > 9.15, and so the
+    ring there): its (b, h, s, 1) log-sum-exp comes back as (b, h, s) for the merges and
+    goes back to (b, h, s, 1) for the backward; shapes on meta tensors."""
+    from meshplan.executor.context_parallel import KERNELS, _CudnnKernel, block_kernel
+    kernel = _CudnnKernel()
+    q = torch.empty(2, 4, 16, 64, device="meta", dtype=torch.bfloat16)
+    out, lse = kernel.forward(q, q[:, :, :8], q[:, :, :8], False)
+    assert out.shape == q.shape and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
+    half = q[:, :, 8:]
+    grads = kernel.backward(half, half, q, q, out[:, :, 8:], lse[:, :, 8:], False)
+    assert [g.shape for g in grads] == [half.shape, q.shape, q.shape]
+    assert set(KERNELS) == {"math", "cpu", "flash", "cudnn"}
+    assert type(block_kernel(torch.empty(1, 2, 4, 8))).__name__ == "_CpuKernel"
+
+
 # ---- the cores over 4 ranks -----------------------------------------------------------------
 def _attention_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import torch.distributed as dist

@@ -1,0 +1,61 @@
+"""Re-predict a context-parallel GPU check (benchmarks/context_parallel_gpu.py's cp_gpu.json)
+with today's cost model, on the GPU it ran on, and print as-run vs post-hoc errors.
+
+POST HOC: the measured step times were known when the cost model changed; only a new run
+is a test. Usage (no GPU):
+
+    python benchmarks/cp_gpu_posthoc.py docs/benchmarks/data/cp_gpu_h200.json --gpu H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import context_parallel_gpu as cg  # noqa: E402
+import executor_gpu as eg  # noqa: E402
+
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.spec import Job, Layout  # noqa: E402
+
+
+def _err(pred: float, meas: float) -> float:
+    return 100.0 * (pred / meas - 1.0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", help="cp_gpu.json of a run")
+    p.add_argument("--gpu", default="H200", choices=("H100", "H200"),
+                   help="the GPU the run used (the dgx preset of that GPU, 4 per node)")
+    args = p.parse_args(argv)
+    rows = json.loads(Path(args.results).read_text())
+    cluster = Cluster.preset(f"dgx-{args.gpu.lower()}", nodes=1, gpus_per_node=4)
+    print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'now':>7s} {'err':>7s}"
+          f" {'saved now':>9s} {'err':>7s}")
+    before, after, saved = [], [], []
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        job, layout = Job(**r["job"]), Layout(**r["layout"])
+        pred = eg.predict(cg.MODEL, cluster, job, layout)
+        meas = r["step_time_s"]
+        b, a = _err(r["predicted"]["step_time_s"], meas), _err(pred["step_time_s"], meas)
+        sp = pred.get("saved_profile", {}).get("step_time_s", float("nan"))
+        s = _err(sp, meas)
+        before.append(abs(b)), after.append(abs(a)), saved.append(abs(s))
+        print(f"{r['name']:30s} {meas:7.3f} {r['predicted']['step_time_s']:7.3f} {b:+6.1f}%"
+              f" {pred['step_time_s']:7.3f} {a:+6.1f}% {sp:9.3f} {s:+6.1f}%")
+    n = len(before)
+    print(f"mean |error|: as-run {sum(before) / n:.1f} %, now {sum(after) / n:.1f} %, "
+          f"saved profile now {sum(saved) / n:.1f} %; max: {max(before):.1f} %, "
+          f"{max(after):.1f} %, {max(saved):.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
