@@ -33,9 +33,10 @@ the local tokens; positions (RoPE or learned) come from :meth:`Transformer.set_p
   attention (TransformerEngine's a2a context parallelism does the same).
 
 Block kernels (forward returns the log-sum-exp; backward takes the merged output and
-log-sum-exp): on CUDA in bf16/fp16 the fused kernel SDPA itself would pick for the local
-block (``torch._fused_sdp_choice``): cuDNN's (``aten._scaled_dot_product_cudnn_attention``)
-where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_utils.cpp
+log-sum-exp): on CUDA in bf16/fp16 flash-attention 2 by default (the kernel the GPU checks
+ran); with ``MESHPLAN_RING_KERNEL=sdpa`` the fused kernel SDPA itself would pick for the local
+block (``torch._fused_sdp_choice``, not yet run on a GPU): cuDNN's
+(``aten._scaled_dot_product_cudnn_attention``) where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_utils.cpp
 ``check_prefer_cudnn_attention``; torch 2.11's CUDA 13 wheels), where it ran 1.4-1.6× as
 fast as flash-attention 2 (inferred from the 4 × H200 check in docs/context_parallel.md)
 — else the flash-attention 2 kernel ``aten._scaled_dot_product_flash_attention``; both are
@@ -49,6 +50,8 @@ across forward and backward, which a pipeline schedule interleaves.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -143,15 +146,25 @@ KERNELS = {"math": _MathKernel, "cpu": _CpuKernel, "flash": _FlashKernel,
            "cudnn": _CudnnKernel}
 
 
+#: environment variable that lets the ring's CUDA bf16/fp16 blocks follow SDPA's own kernel
+#: choice (cuDNN's on Hopper/Blackwell with torch 2.11) instead of flash-attention 2
+RING_KERNEL_ENV = "MESHPLAN_RING_KERNEL"
+
+
 def block_kernel(q: torch.Tensor):
-    """The block kernel for ``q``'s device and dtype: on CUDA in bf16/fp16 cuDNN's where
-    SDPA would run cuDNN's on the local block, else flash (module docstring)."""
+    """The block kernel for ``q``'s device and dtype. On CUDA in bf16/fp16: flash-attention 2,
+    the kernel the GPU checks ran (docs/context_parallel.md); with ``MESHPLAN_RING_KERNEL=sdpa``
+    the kernel SDPA itself would pick for the local block (cuDNN's where torch prefers it, about
+    1.5x as fast on H200), which has passed its CPU schema test but not yet run on a GPU — so
+    it is opt-in until `benchmarks/cp_ring_kernels_gpu.py` has checked it there."""
     if q.device.type == "cpu":
         return _CpuKernel()
     if q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16):
-        choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
-        cudnn = int(choice) == int(SDPBackend.CUDNN_ATTENTION.value)
-        return _CudnnKernel() if cudnn else _FlashKernel()
+        if os.environ.get(RING_KERNEL_ENV, "flash") == "sdpa":
+            choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
+            if int(choice) == int(SDPBackend.CUDNN_ATTENTION.value):
+                return _CudnnKernel()
+        return _FlashKernel()
     return _MathKernel()
 
 
