@@ -124,6 +124,8 @@ def main(argv=None) -> None:
                "flops_per_step": ok and ok["flops_per_step"],
                "causal_flops_per_step": ok and ok["causal_flops_per_step"],
                "model": ok and ok["doc"]["model"], "job": ok and ok["doc"]["job"],
+               "cluster": next((r["doc"]["cluster"] for r in rows
+                                if r["status"] == "ok" and "cluster" in r["doc"]), None),
                "runs": [key_numbers(r, base) for r in rows]}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
 
