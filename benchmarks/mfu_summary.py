@@ -2,6 +2,11 @@
 
     python benchmarks/mfu_summary.py /tmp/mfu > summary.md
     python benchmarks/mfu_summary.py /tmp/mfu8 best_eager fsdp2_compiled --base fsdp2_compiled
+    python benchmarks/mfu_summary.py /tmp/mfu --json docs/benchmarks/data/mfu_h200_DATE.json
+
+``--json`` also writes the runs' key numbers (measured step statistics, prediction and its
+time breakdown, memory, MFU, FLOP counts, environment) for the docs: the results files
+themselves and the logs stay out of the tree.
 
 MFU = model FLOPs per step / step time / GPUs / dense bf16 peak (989 TFLOP/s, H100 and
 H200 SXM datasheet). "MFU" counts the attention core in full (Narayanan et al. 2021 eq. 3,
@@ -52,7 +57,34 @@ def row(name: str, d: Path) -> dict | None:
     causal = causal_flops_per_step(model, job.global_batch, job.seq_len)
     return {"name": name, "status": "ok", "what": what, "step_s": step, "pred_s": pred,
             "tokens_per_s": job.tokens_per_step / step, "mfu": full / step / world / PEAK,
-            "mfu_causal": causal / step / world / PEAK, "mem": mem}
+            "mfu_causal": causal / step / world / PEAK, "mem": mem,
+            "flops_per_step": full, "causal_flops_per_step": causal, "doc": doc}
+
+
+def key_numbers(r: dict, base: dict | None) -> dict:
+    """One run's numbers for docs/benchmarks/data (no per-rank lists, no losses)."""
+    if r["status"] != "ok":
+        return {"name": r["name"], "status": r["status"]}
+    doc = r["doc"]
+    out = {k: r[k] for k in ("name", "status", "what", "step_s", "tokens_per_s", "mfu",
+                             "mfu_causal")}
+    out["memory_peak_bytes"] = r["mem"]
+    out["vs_base"] = base["step_s"] / r["step_s"] if base else None
+    if "measured" in doc:
+        m, p = doc["measured"], doc.get("prediction") or {}
+        out.update(command=doc.get("command"), layout=doc["layout"],
+                   step_time=m.get("step_time"), step_times_s=m.get("step_times_s"),
+                   memory_peak_reserved_bytes=m.get("memory_peak_reserved_bytes"),
+                   predicted={k: p.get(k) for k in (
+                       "step_time_s", "memory_peak_bytes", "stage_forward_s",
+                       "stage_backward_s", "stage_wgrad_s", "pipeline_s", "time",
+                       "corrections", "caveats")},
+                   errors_pct=doc.get("errors_pct"), environment=doc.get("environment"))
+    else:
+        out.update(command=doc["environment"].get("command"), micro_batch=doc["micro_batch"],
+                   compile=doc["compile"], fsdp=doc.get("fsdp", False),
+                   step_times_s=doc.get("step_times_s"), environment=doc.get("environment"))
+    return out
 
 
 def main(argv=None) -> None:
@@ -61,6 +93,8 @@ def main(argv=None) -> None:
     ap.add_argument("dir", type=Path)
     ap.add_argument("runs", nargs="*", default=RUNS)
     ap.add_argument("--base", default="ddp_compiled")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="also write the runs' key numbers to this JSON file")
     args = ap.parse_args(argv)
     d = args.dir
     rows = [r for r in (row(n, d) for n in args.runs) if r is not None]
@@ -81,6 +115,19 @@ def main(argv=None) -> None:
               f"{100 * r['mfu_causal']:.1f} % | {mem} | {vs} |")
     if (d / "runs.txt").exists():
         print("\n" + (d / "runs.txt").read_text())
+    if args.json:
+        ok = next((r for r in rows if r["status"] == "ok"), None)
+        doc = {"schema": "meshplan.mfu_runs", "version": 1,
+               "env": (d / "env.txt").read_text() if (d / "env.txt").exists() else "",
+               "runs_txt": (d / "runs.txt").read_text() if (d / "runs.txt").exists() else "",
+               "peak_flops_per_gpu": PEAK, "base": args.base,
+               "flops_per_step": ok and ok["flops_per_step"],
+               "causal_flops_per_step": ok and ok["causal_flops_per_step"],
+               "model": ok and ok["doc"]["model"], "job": ok and ok["doc"]["job"],
+               "cluster": next((r["doc"]["cluster"] for r in rows
+                                if r["status"] == "ok" and "cluster" in r["doc"]), None),
+               "runs": [key_numbers(r, base) for r in rows]}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

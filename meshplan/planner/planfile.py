@@ -6,7 +6,18 @@ Schema (version 1)::
      "model": {...ModelSpec}, "cluster": {...Cluster}, "job": {...Job},
      "layout": {...Layout}, "prediction": {...Estimate.to_dict()},
      "candidates": [{"layout": {...}, "prediction": {...}}, ...],   # optional, ranked
-     "search": {"objective": ..., "constraints": {...}, "stats": {...}}}  # optional
+     "search": {"objective": ..., "constraints": {...}, "stats": {...}},  # optional
+     "gpu_profile": {"measured": {"layers": [...], "ends": [...]},         # optional
+                     "corrections": {...}}}
+
+``gpu_profile`` holds what a calibrated profile gives the cost model beyond the cluster's
+GPU table: its measured layer and end rows (``meshplan calibrate --model``) and its
+correction numbers. Without them a plan re-predicted from its file (``meshplan run``'s
+comparison, a plan written for another layout of the same cluster) prices every layer with
+the analytical curves alone, which is not the estimate the plan was chosen by: a 1.3B GPT's
+FSDP2 dp 4 layout on 4 x H200 predicted 229 ms from such a file against 164 ms with the
+rows, measured 160 ms (docs/benchmarks/executor_gpu.md, 2026-11-28). A field equal to its
+default is left out of a row.
 
 This module imports neither torch nor ortools, so the executor can read plan files on
 machines that have only one of them.
@@ -17,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +36,8 @@ from typing import Any
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import MeshplanError, PlanFileError
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.corrections import builtin_corrections, corrections_from_table
+from meshplan.hardware_profiles.measured import tables_from_rows
 
 SCHEMA = "meshplan.plan"
 VERSION = 1
@@ -56,7 +69,58 @@ def plan_document(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     }
     if search:
         doc["search"] = search
+    profile = gpu_profile_data(cluster)
+    if profile:
+        doc["gpu_profile"] = profile
     return doc
+
+
+def gpu_profile_data(cluster: Cluster) -> dict[str, Any]:
+    """The profile's measured rows and non-default correction numbers of ``cluster``'s GPU
+    (empty: a datasheet GPU), as a plan file keeps them."""
+    gpu, out = cluster.gpu, {}
+    if gpu.measured:
+        out["measured"] = {kind: [_compact(r) for r in getattr(gpu.measured, kind)]
+                           for kind in ("layers", "ends")}
+    if gpu.corrections.to_table() != builtin_corrections().to_table():
+        out["corrections"] = gpu.corrections.to_table()
+    return out
+
+
+def _compact(row) -> dict[str, Any]:
+    """A measured row's fields, less those at their defaults (the row reads them back)."""
+    out = {}
+    for f in fields(row):
+        v = getattr(row, f.name)
+        if f.default is MISSING or v != f.default:
+            out[f.name] = v
+    return out
+
+
+def with_gpu_profile(cluster: Cluster, data: Any, source: str) -> Cluster:
+    """``cluster`` with a plan file's ``gpu_profile`` field put back on its GPU."""
+    where = f"{source}: field 'gpu_profile'"
+    if not isinstance(data, dict) or set(data) - {"measured", "corrections"}:
+        raise PlanFileError(f"{where} must be an object with keys 'measured' and/or "
+                            f"'corrections', got {data!r:.80}")
+    gpu = cluster.gpu
+    try:
+        if "measured" in data:
+            rows = data["measured"]
+            if not isinstance(rows, dict) or not all(
+                    isinstance(rows.get(k, []), list) for k in ("layers", "ends")):
+                raise PlanFileError(f"{where}: 'measured' must hold lists 'layers' and 'ends'")
+            gpu = replace(gpu, measured=tables_from_rows(rows.get("layers", []),
+                                                          rows.get("ends", []), where))
+        if "corrections" in data:
+            if not isinstance(data["corrections"], dict):
+                raise PlanFileError(f"{where}: 'corrections' must be an object")
+            gpu = replace(gpu, corrections=corrections_from_table(data["corrections"], where))
+    except PlanFileError:
+        raise
+    except MeshplanError as exc:
+        raise PlanFileError(str(exc)) from None
+    return cluster.with_gpu(gpu)
 
 
 def check_output_file(path: str | Path, *, overwrite: bool, what: str = "output file",
@@ -175,5 +239,8 @@ def parse_plan_document(doc: Any, source: str = "<plan>") -> PlanRecord:
     search = doc.get("search", {})
     if not isinstance(search, dict):
         raise PlanFileError(f"{source}: field 'search' must be an object")
-    return PlanRecord(parts["model"], parts["cluster"], parts["job"], parts["layout"],
+    cluster = parts["cluster"]
+    if "gpu_profile" in doc:
+        cluster = with_gpu_profile(cluster, doc["gpu_profile"], source)
+    return PlanRecord(parts["model"], cluster, parts["job"], parts["layout"],
                       prediction, tuple(cands), search)
