@@ -100,7 +100,11 @@ class _Fp8Linear(torch.autograd.Function):
             y = plan.gemm(xq, wq.t(), out_dtype, "forward")
         ctx.plan = plan
         ctx.save_for_backward(x, weight, xq.scale, wq.scale)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
+        # not a view: the row-parallel all-reduce writes this output in place, and under
+        # torch.compile an autograd Function's output that is a view may not be modified
+        # in place (issue 41: compiled tp 2 failed at step 0); aten.matmul returns 3-d
+        # products the same way
+        return torch.ops.aten._unsafe_view(y, (*x.shape[:-1], weight.shape[0]))
 
     @staticmethod
     def backward(ctx, dy):

@@ -43,7 +43,7 @@ def _run_case(case: Case):
     from meshplan.executor.parallelize import ParallelTrainer, gather_full
     groups = build_mesh(case.layout, "cpu", tied_embeddings=case.model.tied_embeddings)
     trainer = ParallelTrainer(case.model, case.job, case.layout, groups, torch.device("cpu"),
-                              seed=SEED, optimizer=OPT)
+                              seed=SEED, optimizer=OPT, compile=case.layout.compile)
     data = SyntheticTokens(case.model.vocab_size, case.job.seq_len, seed=SEED)
     losses, grads = [], None
     for step in range(STEPS):
