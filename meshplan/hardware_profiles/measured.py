@@ -387,13 +387,16 @@ class MeasuredTables:
                               tuple(e for e in self.ends
                                     if not e.shape.startswith(layer_key + "-v")))
 
-    def to_rows(self) -> dict[str, list[dict[str, Any]]]:
-        return {"layers": [_asdict(r) for r in self.layers],
-                "ends": [_asdict(r) for r in self.ends]}
+    def to_rows(self, *, compact: bool = False) -> dict[str, list[dict[str, Any]]]:
+        """The rows as dicts (:func:`tables_from_rows` reads them back); ``compact`` leaves
+        out fields at their defaults (plan files keep the rows this way)."""
+        return {"layers": [_asdict(r, compact) for r in self.layers],
+                "ends": [_asdict(r, compact) for r in self.ends]}
 
 
-def _asdict(r) -> dict[str, Any]:
-    return {f.name: getattr(r, f.name) for f in fields(r)}
+def _asdict(r, compact: bool = False) -> dict[str, Any]:
+    return {f.name: getattr(r, f.name) for f in fields(r)
+            if not compact or f.default is MISSING or getattr(r, f.name) != f.default}
 
 
 def _row(cls, raw: Mapping[str, Any], where: str):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -80,20 +80,9 @@ def gpu_profile_data(cluster: Cluster) -> dict[str, Any]:
     (empty: a datasheet GPU), as a plan file keeps them."""
     gpu, out = cluster.gpu, {}
     if gpu.measured:
-        out["measured"] = {kind: [_compact(r) for r in getattr(gpu.measured, kind)]
-                           for kind in ("layers", "ends")}
+        out["measured"] = gpu.measured.to_rows(compact=True)
     if gpu.corrections.to_table() != builtin_corrections().to_table():
         out["corrections"] = gpu.corrections.to_table()
-    return out
-
-
-def _compact(row) -> dict[str, Any]:
-    """A measured row's fields, less those at their defaults (the row reads them back)."""
-    out = {}
-    for f in fields(row):
-        v = getattr(row, f.name)
-        if f.default is MISSING or v != f.default:
-            out[f.name] = v
     return out
 
 
