@@ -93,17 +93,19 @@ SAVED_PROFILES = {"H100": PROFILES / "profile_h100x4_transfer36_part1.toml",
                   "H200": PROFILES / "profile_h200x4_round26.toml"}
 
 
-def saved_profile_cluster(cluster: Cluster) -> tuple[Cluster | None, str]:
+def saved_profile_cluster(cluster: Cluster, profiles=SAVED_PROFILES
+                          ) -> tuple[Cluster | None, str]:
     """The cluster with the saved calibration of its GPU type applied (a user's calibrated
     machine: measured kernels, host dispatch and links; models it did not time are priced
-    from its nearest timed shapes), and the profile's path; (None, why) where none fits."""
+    from its nearest timed shapes), and the profile's path; (None, why) where none fits.
+    ``profiles``: saved 4-GPU profiles by a fragment of the GPU name."""
     from meshplan.hardware_profiles.calibrated import apply_profile
     if cluster.gpus_per_node != 4:
         return None, f"no saved profile for {cluster.gpus_per_node} GPUs per node"
-    path = next((p for frag, p in SAVED_PROFILES.items() if frag in cluster.gpu.name), None)
+    path = next((p for frag, p in profiles.items() if frag in cluster.gpu.name), None)
     if path is None:
         return None, f"no saved profile for {cluster.gpu.name}"
-    return apply_profile(cluster, path, override=True), str(path.relative_to(PROFILES.parents[2]))
+    return apply_profile(cluster, path, override=True), str(path.relative_to(PROFILES.parents[3]))
 
 
 def predict(model, cluster, job: Job, layout: Layout, *, with_saved_profile: bool = True) -> dict:

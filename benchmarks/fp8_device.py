@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                    "NVSHMEM_DISABLE_NVLS": "1"})
 
+from executor_gpu import saved_profile_cluster  # noqa: E402
 from layout_sets import gpu_cluster  # noqa: E402
 from meshplan.calibrate.validate import ValidateOptions, run_layouts  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
@@ -136,12 +137,12 @@ def prediction_cluster(args, nproc: int) -> tuple[Cluster, str]:
     cluster = gpu_cluster(name or "H100", nproc)
     if cpu or args.profile == "none":
         return cluster, "datasheet " + cluster.gpu.name
-    path = Path(args.profile) if args.profile != "auto" else next(
-        (p for frag, p in AUTO_PROFILES.items() if frag in name), None)
-    if path is None:
-        return cluster, f"datasheet {cluster.gpu.name} (no saved profile for {name!r})"
-    return apply_profile(cluster, path, override=True), str(path.relative_to(
-        PROFILES.parents[3]) if path.is_relative_to(PROFILES.parents[3]) else path)
+    if args.profile == "auto":
+        profiled, source = saved_profile_cluster(cluster, AUTO_PROFILES)
+        if profiled is None:
+            return cluster, f"datasheet {cluster.gpu.name} ({source})"
+        return profiled, source
+    return apply_profile(cluster, args.profile, override=True), args.profile
 
 
 def layouts(args, out: Path, keep: Path, deadline: float) -> None:
