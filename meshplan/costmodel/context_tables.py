@@ -40,9 +40,10 @@ Measured error. GPU check, 4 × H200, torch 2.11, the 1.26B model at 16k-64k tok
 layouts (docs/context_parallel.md, docs/benchmarks/data/cp_gpu_h200.json): as run,
 datasheet, step time 15.6 % mean / 33.3 % max; all-to-all and cp = 1 layouts within
 −5..+15 %, ring layouts −21..−33 % (too fast); memory within 3 % everywhere. The ring then
-ran flash-attention 2 while SDPA ran cuDNN (1.4-1.6× faster; the executor's ring now runs
-SDPA's choice); POST HOC with eq. 7-8 added, 12.9 % mean / 24.1 % max, the ring rows
-−18..−24 %, the remainder that kernel difference. Published runs, datasheet profiles,
+ran flash-attention 2 while SDPA ran cuDNN (1.4-1.6× faster; the executor's ring runs
+SDPA's choice with MESHPLAN_RING_KERNEL=sdpa, opt-in until a GPU has checked it); POST
+HOC with eq. 7-8 added, 12.9 % mean / 24.1 % max, the ring rows −18..−24 %, the
+remainder that kernel difference. Published runs, datasheet profiles,
 layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at 131k
 tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's two
 cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles'
@@ -67,7 +68,7 @@ from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
     "context parallelism was compared with one GPU run only (4 x H200: all-to-all within "
-    "15 %, ring 21-33 % too fast before the executor's ring ran SDPA's own kernel; "
+    "15 %, ring 21-33 % too fast: its blocks run flash-attention 2, not SDPA's own kernel; "
     "docs/context_parallel.md); how much the ring's transfers slow the block attention "
     "they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
