@@ -196,12 +196,14 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             seq = options.seq_len or m.max_seq_len
             gemm_set.update(shapes.model_gemm_shapes(m, seq, max_tp=options.max_tp))
             attn_set.update(shapes.model_attention_shapes(m, seq, max_tp=options.max_tp))
+            attn_set.update(shapes.long_context_attention_shapes(m, seq, kind, options.quick))
         gemms, attn = sorted(gemm_set), sorted(attn_set)
         if kind == "cpu" and options.quick:
             gemms, attn = gemms[:6], attn[:4]
     else:
         gemms = shapes.default_gemm_shapes(options.quick, kind)
-        attn = shapes.default_attention_shapes(options.quick, kind)
+        attn = (shapes.default_attention_shapes(options.quick, kind)
+                + shapes.long_context_attention_shapes(None, 4096, kind, options.quick))
     grid = (bench_layers.plan_grid(options.models, options.seq_len, world, quick=options.quick,
                                    max_tp=options.max_tp, micro_batches=options.micro_batches,
                                    compile_rows=options.compile_rows)

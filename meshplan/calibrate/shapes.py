@@ -81,6 +81,27 @@ def model_attention_shapes(model: ModelSpec, seq_len: int, *, max_tp: int = 8) -
     return sorted(out)
 
 
+#: sequence lengths of the long-context attention points timed on GPUs
+LONG_CONTEXT_SEQS = (16384, 65536)
+
+
+def long_context_attention_shapes(model: ModelSpec | None, seq_len: int, device: str,
+                                  quick: bool) -> list[AttentionShape]:
+    """Attention at 16k and 64k tokens (batch 1, all the model's heads, or 16 heads of 128
+    without a model), longer than ``seq_len`` only, on GPUs and without ``--quick``.
+
+    Why: the efficiency curve is clamped beyond its largest point, and context-parallel plans
+    run kernels 10-100x larger than a 2k-token calibration times. The 4 x H200 check
+    (docs/context_parallel.md) priced 16k-64k attention 1.8x too slow from a profile whose
+    largest point was 3.4e10 FLOPs at 0.18 of peak, where cuDNN ran at about 0.45. Two
+    points cost well under a second of GPU time (flash/cuDNN memory is linear in tokens)."""
+    if device != "cuda" or quick:
+        return []
+    heads, dim = (model.num_heads, model.head_dim) if model else (16, 128)
+    return [AttentionShape(batch=1, seq=s, heads=heads, head_dim=dim)
+            for s in LONG_CONTEXT_SEQS if s > seq_len]
+
+
 def default_attention_shapes(quick: bool, device: str) -> list[AttentionShape]:
     if device == "cpu":
         seqs, heads, dims = ((64, 128), (2, 4), (32,)) if quick else ((128, 256), (2, 4), (32, 64))

@@ -33,14 +33,15 @@ the local tokens; positions (RoPE or learned) come from :meth:`Transformer.set_p
   attention (TransformerEngine's a2a context parallelism does the same).
 
 Block kernels (forward returns the log-sum-exp; backward takes the merged output and
-log-sum-exp): on CUDA in bf16/fp16 flash-attention 2 by default (the kernel the GPU checks
-ran); with ``MESHPLAN_RING_KERNEL=sdpa`` the fused kernel SDPA itself would pick for the local
-block (``torch._fused_sdp_choice``, not yet run on a GPU): cuDNN's
-(``aten._scaled_dot_product_cudnn_attention``) where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_utils.cpp
-``check_prefer_cudnn_attention``; torch 2.11's CUDA 13 wheels), where it ran 1.4-1.6× as
-fast as flash-attention 2 (inferred from the 4 × H200 check in docs/context_parallel.md)
-— else the flash-attention 2 kernel ``aten._scaled_dot_product_flash_attention``; both are
-kernels torch's experimental ``context_parallel`` calls. The ring thus runs the kernel
+log-sum-exp): on CUDA in bf16/fp16 the fused kernel SDPA itself would pick for the local
+block (``torch._fused_sdp_choice``): cuDNN's (``aten._scaled_dot_product_cudnn_attention``)
+where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_utils.cpp
+``check_prefer_cudnn_attention``; torch 2.11's CUDA 13 wheels) — else flash-attention 2
+(``aten._scaled_dot_product_flash_attention``); both are kernels torch's experimental
+``context_parallel`` calls. On 1 × H200 (``benchmarks/cp_ring_kernels_gpu.py``, 2026-11-28)
+cuDNN's block took 26 ms where flash-attention 2 took 48 ms at 16k local tokens, with the
+same numerics against fp32; ``MESHPLAN_RING_KERNEL=flash`` forces flash-attention 2, the
+kernel of the first GPU check (docs/context_parallel.md). The ring thus runs the kernel
 the rest of the model's attention (and the cost model's attention curve) runs. On CPU the
 CPU flash kernel; else (CUDA fp32) an explicit math kernel. torch's ``context_parallel`` itself is not used: it handles only the
 CUDA SDPA ops (so the CPU gloo tests could not exercise the code the GPUs run), its
@@ -58,6 +59,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.attention import SDPBackend
 
+from meshplan.errors import ConfigError
 from meshplan.executor.data import load_balanced_positions
 from meshplan.executor.model import AttentionCore, Transformer
 
@@ -146,21 +148,23 @@ KERNELS = {"math": _MathKernel, "cpu": _CpuKernel, "flash": _FlashKernel,
            "cudnn": _CudnnKernel}
 
 
-#: environment variable that lets the ring's CUDA bf16/fp16 blocks follow SDPA's own kernel
-#: choice (cuDNN's on Hopper/Blackwell with torch 2.11) instead of flash-attention 2
+#: environment variable: ``flash`` forces flash-attention 2 for the ring's CUDA bf16/fp16
+#: blocks instead of SDPA's own kernel choice (the default, ``sdpa``)
 RING_KERNEL_ENV = "MESHPLAN_RING_KERNEL"
 
 
 def block_kernel(q: torch.Tensor):
-    """The block kernel for ``q``'s device and dtype. On CUDA in bf16/fp16: flash-attention 2,
-    the kernel the GPU checks ran (docs/context_parallel.md); with ``MESHPLAN_RING_KERNEL=sdpa``
-    the kernel SDPA itself would pick for the local block (cuDNN's where torch prefers it, about
-    1.5x as fast on H200), which has passed its CPU schema test but not yet run on a GPU — so
-    it is opt-in until `benchmarks/cp_ring_kernels_gpu.py` has checked it there."""
+    """The block kernel for ``q``'s device and dtype. On CUDA in bf16/fp16: the kernel SDPA
+    itself would pick for the local block (cuDNN's where torch prefers it: 1.85x as fast as
+    flash-attention 2 on H200), or flash-attention 2 with ``MESHPLAN_RING_KERNEL=flash``."""
+    choice_env = os.environ.get(RING_KERNEL_ENV, "sdpa")
+    if choice_env not in ("sdpa", "flash"):
+        raise ConfigError(f"{RING_KERNEL_ENV}={choice_env!r}: expected 'sdpa' (default) "
+                          "or 'flash'")
     if q.device.type == "cpu":
         return _CpuKernel()
     if q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16):
-        if os.environ.get(RING_KERNEL_ENV, "flash") == "sdpa":
+        if choice_env == "sdpa":
             choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
             if int(choice) == int(SDPBackend.CUDNN_ATTENTION.value):
                 return _CudnnKernel()
