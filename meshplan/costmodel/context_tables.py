@@ -37,13 +37,13 @@ Under runtime "torch" the ring's block attention also carries the executor's own
 casts and merges around its kernels (:mod:`meshplan.costmodel.ring_memory`, eq. 7-8).
 
 Measured error. GPU check, 4 × H200, torch 2.11, the 1.26B model at 16k-64k tokens, 10
-layouts (docs/context_parallel.md, docs/benchmarks/data/cp_gpu_h200.json): as run,
-datasheet, step time 15.6 % mean / 33.3 % max; all-to-all and cp = 1 layouts within
-−5..+15 %, ring layouts −21..−33 % (too fast); memory within 3 % everywhere. The ring then
-ran flash-attention 2 while SDPA ran cuDNN (1.4-1.6× faster; the executor's ring runs
-SDPA's choice with MESHPLAN_RING_KERNEL=sdpa, opt-in until a GPU has checked it); POST
-HOC with eq. 7-8 added, 12.9 % mean / 24.1 % max, the ring rows −18..−24 %, the
-remainder that kernel difference. Published runs, datasheet profiles,
+layouts (docs/context_parallel.md): first run (data cp_gpu_h200.json), datasheet, step time
+15.6 % mean / 33.3 % max, ring layouts −21..−33 % (the ring ran flash-attention 2, SDPA
+cuDNN); second run of the five ring layouts with eq. 7-8 priced and the ring on SDPA's
+kernel choice (now the default; cp_gpu_h200_ring_sdpa_20261128.json), as run: all ten
+7.8 % mean / 17.8 % max, every 64k row +15..+18 % (the datasheet attention curve is
+clamped at 0.375 of peak beyond 1e11 FLOPs; cuDNN ran these kernels near 0.45); memory
+within 3 % everywhere. Published runs, datasheet profiles,
 layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at 131k
 tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's two
 cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles'
