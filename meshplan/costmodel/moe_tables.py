@@ -25,7 +25,9 @@ routed part (:mod:`meshplan.costmodel.moe_layer`). On top (:func:`moe_fields`):
 * **multi-token prediction** (DeepSeek-V3 §2.2): each module as one more MoE layer and one
   more output layer on the last stage (time; its states, one micro-batch's activations and
   logits counted with the output layer's bytes); its parameters' gradient reduction is left
-  out (under 2 % of a 61-layer model's).
+  out (under 2 % of a 61-layer model's);
+* **host synchronisations** (:mod:`meshplan.costmodel.moe_host`): what the MoE layer's
+  device-to-host syncs add to its forward and backward (the passes' ``overhead_s``).
 
 Process groups (Megatron-Core "MoE parallel folding", Liu et al. 2025, arXiv 2504.14960):
 the expert mesh etp × ep × edp is laid over a stage's tp·cp·dp ranks in that order, etp
@@ -45,6 +47,7 @@ from meshplan.costmodel.corrections import load_imbalance
 from meshplan.costmodel.data_parallel import Zero3Layer, zero3_layer
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, dense_layer_extra_params,
                                        state_bytes_per_param)
+from meshplan.costmodel.moe_host import host_terms
 from meshplan.costmodel.moe_layer import routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.torch_memory import state_bytes_at_peak
@@ -99,7 +102,18 @@ def moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, link
     routed experts (:mod:`meshplan.costmodel.moe_layer`)."""
     rho = load_imbalance(cluster.gpu.corrections, layout.ep)
     routed = routed_mlp(model, cluster, job, layout, links, rho)
-    return with_routed_mlp(shared, routed, layout.recompute)
+    parts = with_routed_mlp(shared, routed, layout.recompute)
+    lay = parts.layer
+    host = host_terms(model, job, layout, cluster.gpu, links, forward_s=lay.forward.total_s,
+                      backward_s=lay.backward.total_s,
+                      dispatch_a2a_s=routed.forward.ep_comm_s / 2)
+    if not (host.forward_s or host.backward_s):
+        return parts
+    fwd = replace(lay.forward, overhead_s=lay.forward.overhead_s + host.forward_s)
+    bwd = replace(lay.backward, overhead_s=lay.backward.overhead_s + host.backward_s)
+    rc = (replace(lay.recompute, overhead_s=lay.recompute.overhead_s + host.forward_s)
+          if layout.recompute == "full" else lay.recompute)
+    return replace(parts, layer=replace(lay, forward=fwd, backward=bwd, recompute=rc))
 
 
 def moe_mlp_width(model: ModelSpec) -> int | None:

@@ -35,7 +35,7 @@ from meshplan.hardware_profiles.cluster import Cluster
 from meshplan.hardware_profiles.collective_latency import legacy_split, nvlink_curve
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, GPUSpec
+from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
 from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names, curve, get,
                                                gpu_from_table, read_toml)
 
@@ -48,7 +48,7 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
              "overlap_interference", "membound_efficiency", "fp8_gemm_efficiency",
-             *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency")
+             *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,7 +232,8 @@ def with_base_fp8(gpu: GPUSpec, base: str | None) -> GPUSpec:
     changes: dict[str, Any] = {}
     if gpu.fp8_gemm_efficiency is None and ref.fp8_gemm_efficiency is not None:
         changes["fp8_gemm_efficiency"] = ref.fp8_gemm_efficiency
-    for k in FP8_CAST_KEYS:
+    # the host keys likewise (profiles written before calibrate measured them)
+    for k in FP8_CAST_KEYS + HOST_KEYS:
         if getattr(gpu, k) <= 0 < getattr(ref, k):
             changes[k] = getattr(ref, k)
     if not gpu.fp8_torch_recipes and ref.fp8_torch_recipes:

@@ -21,6 +21,7 @@ from meshplan.hardware_profiles.curve import Curve
 DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 
 
+HOST_KEYS = ("host_op_dispatch_s", "host_sync_s")
 FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps")
 
 
@@ -69,6 +70,12 @@ class GPUSpec:
     # the fp8 recipes whose torch._scaled_mm kernel ran on this GPU with the executor (runtime
     # "torch"; empty: not known, nothing refused)
     fp8_torch_recipes: tuple[str, ...] = ()
+    # the host's eager PyTorch: CPU seconds to dispatch one aten operator with its autograd
+    # bookkeeping (the layer's CPU dispatch over its operator count), and one device-to-host
+    # synchronisation on a drained queue (``.item()``: the copy's launch, the copy, the
+    # wake-up); 0: not known (meshplan.costmodel.moe_host prices no host term then)
+    host_op_dispatch_s: float = 0.0
+    host_sync_s: float = 0.0
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -124,4 +131,5 @@ class GPUSpec:
                if self.fp8_torch_recipes else {}),
             **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list()}
                if self.grouped_gemm_efficiency is not None else {}),
+            **{k: getattr(self, k) for k in HOST_KEYS if getattr(self, k) > 0},
         }

@@ -15,7 +15,8 @@ else:  # pragma: no cover
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, GPUSpec
+from meshplan.hardware_profiles.gpu import (DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, HOST_KEYS,
+                                           GPUSpec)
 
 _NUM = (int, float)
 
@@ -84,8 +85,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
     for k, v in positive.items():
         if v <= 0:
             raise ProfileError(f"{where}: key {k!r} must be positive, got {v!r}")
-    fp8_cast = {k: float(get(t, k, _NUM, where, 0.0)) for k in FP8_CAST_KEYS}
-    for k, v in fp8_cast.items():
+    optional = {k: float(get(t, k, _NUM, where, 0.0)) for k in FP8_CAST_KEYS + HOST_KEYS}
+    for k, v in optional.items():
         if v < 0:
             raise ProfileError(f"{where}: key {k!r} must be >= 0 (0: not measured), got {v!r}")
     hbm_eff = get(t, "hbm_efficiency", _NUM, where)
@@ -112,7 +113,7 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
                                        DEFAULT_OVERLAP_INTERFERENCE)),
         fp8_gemm_efficiency=(curve(t, "fp8_gemm_efficiency", where)
                              if "fp8_gemm_efficiency" in t else None),
-        **fp8_cast,
+        **optional,
         fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
         grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),

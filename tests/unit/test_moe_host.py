@@ -1,0 +1,90 @@
+"""The host terms of an MoE layer (meshplan/costmodel/moe_host.py): the executor's operator
+counts against torch on CPU, the sync counts, and what the terms add to an estimate."""
+
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import meshplan as mp  # noqa: E402
+from meshplan.costmodel import moe_host  # noqa: E402
+
+BASE = mp.ModelSpec(name="t", num_layers=2, hidden_size=64, num_heads=4, vocab_size=256,
+                    max_seq_len=64, activation="swiglu", norm="rmsnorm",
+                    position_embedding="rope", tied_embeddings=False, bias=False,
+                    num_experts=8, experts_per_token=2, moe_ffn_hidden_size=32)
+
+
+def _count(spec, autocast=False):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.executor.moe import MoELayer
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    layer = MoELayer(spec)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    layer.experts.backend = "grouped"
+    dtype = torch.float32 if autocast else torch.bfloat16
+    layer.to(dtype)
+    x = torch.randn(2, 16, 64, dtype=dtype, requires_grad=True)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    with ctx:
+        layer(x)                      # warm
+        with Count() as f:
+            y = layer(x)
+    with Count() as b:
+        y.backward(torch.ones_like(y))
+    return f.n, b.n
+
+
+@pytest.mark.parametrize("change,autocast", [
+    ({}, False), ({"router_norm_topk": False}, False), ({"router_aux_loss_coeff": 0.0}, False),
+    ({"router": "sigmoid"}, False), ({"bias": True}, False), ({}, True)])
+def test_routed_operator_counts_match_torch(change, autocast):
+    import torch.nn.functional as F
+    if getattr(F, "grouped_mm", None) is None and getattr(torch, "_grouped_mm", None) is None:
+        pytest.skip("this torch has no grouped_mm")
+    spec = replace(BASE, **change)
+    got = _count(spec, autocast)
+    want = moe_host.routed_ops(spec, mp.Layout(), autocast=autocast)
+    assert want[0] == got[0]
+    # backward: autograd's node order varies by one or two operators between runs
+    assert abs(want[1] - got[1]) <= 2
+
+
+def test_sync_counts_from_the_executor_code():
+    assert moe_host.torch_syncs(BASE, mp.Layout(dp=2)) == 5
+    assert moe_host.torch_syncs(BASE, mp.Layout(dp=2, ep=2)) == 8
+    assert moe_host.torch_syncs(replace(BASE, capacity_factor=1.25), mp.Layout(dp=2, ep=2)) == 9
+
+
+def test_host_terms_lengthen_the_step_only_with_host_numbers():
+    m = mp.ModelSpec(name="moe", num_layers=4, hidden_size=1024, num_heads=8, vocab_size=32000,
+                     max_seq_len=2048, activation="swiglu", norm="rmsnorm",
+                     position_embedding="rope", tied_embeddings=False, bias=False,
+                     num_experts=8, experts_per_token=2, moe_ffn_hidden_size=704)
+    job = mp.Job(global_batch=16, seq_len=2048, precision="bf16", runtime="torch")
+    lay = mp.Layout(dp=4, ep=4, micro_batch=2, zero=1)
+    cl = mp.Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+    assert cl.gpu.host_sync_s > 0 and cl.gpu.host_op_dispatch_s > 0
+    with_host = mp.estimate(m, cl, job, lay).step_time_s
+    bare = cl.replace(gpu=replace(cl.gpu, host_sync_s=0.0, host_op_dispatch_s=0.0))
+    without = mp.estimate(m, bare, job, lay).step_time_s
+    # at least the sync latencies: 8 per layer forward, 4 layers, 2 micro-batches per rank
+    assert with_host - without >= 8 * 4 * 2 * cl.gpu.host_sync_s
+    # Megatron: one sync per layer forward
+    meg = mp.estimate(m, cl, replace(job, runtime="megatron"), lay).step_time_s
+    meg0 = mp.estimate(m, bare, replace(job, runtime="megatron"), lay).step_time_s
+    assert meg - meg0 == pytest.approx(
+        4 * 2 * (cl.gpu.host_sync_s + cl.gpu.host_op_dispatch_s), rel=0.05)
