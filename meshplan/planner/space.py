@@ -206,7 +206,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
     cps = cp_options(job, constraints, model)
-    compiles = compile_options(cluster, fx)
+    compiles = compile_options(cluster, fx, model, job.seq_len)
     for n in counts:
         for tp in tps:
             if n % tp or fx.get("tp", tp) != tp:
@@ -282,15 +282,23 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                                                  style, ep, etp)
 
 
-def compile_options(cluster: Cluster, fixed) -> list[bool]:
+def compile_options(cluster: Cluster, fixed, model: ModelSpec | None = None,
+                    seq_len: int | None = None) -> list[bool]:
     """``Layout.compile`` values to search: both where the GPU profile has compiled layer rows
-    (``meshplan calibrate --compile-rows``), else eager only — without them a compiled layout
-    is priced as eager, so searching it would only duplicate every layout. A fixed value is
-    taken as given."""
+    (``meshplan calibrate --compile-rows``) — of ``model``'s layer shape at ``seq_len`` where
+    they are given — else eager only: without them a compiled layout is priced as eager, so
+    searching it would only duplicate every layout. Where they exist, layouts the compiled
+    rows do not cover (another recompute mode; FSDP2 without the plain pair at its tp, SP and
+    recompute: :mod:`meshplan.costmodel.compiled_rows`) are priced as eager and tie with
+    their eager twin, which comes first. A fixed value is taken as given."""
     if "compile" in fixed:
         return [bool(fixed["compile"])]
     tables = cluster.gpu.measured
-    return [False, True] if tables and tables.has_compiled else [False]
+    if not tables:
+        return [False]
+    if model is not None and seq_len is not None:
+        return [False, True] if tables.has_compiled_for(model, seq_len) else [False]
+    return [False, True] if tables.has_compiled else [False]
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
