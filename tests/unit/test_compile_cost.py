@@ -86,6 +86,12 @@ def test_planner_searches_compile_only_with_compiled_rows():
     cl = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1e-3, 2e-3))
     p = plan(MODEL, cl, JOB, top_k=3)
     assert p.best.layout.compile                    # the faster rows win where they apply
+    # compile is searched only at the (tp, SP, recompute) the compiled rows cover
+    from meshplan.planner.constraints import Constraints
+    from meshplan.planner.space import enumerate_configs
+    cfgs = list(enumerate_configs(MODEL, cl, JOB, [4], Constraints()))
+    assert {(c.tp, c.sequence_parallel, c.recompute) for c in cfgs if c.compile} == {(1, False, "none")}
+    assert any(c.recompute == "full" for c in cfgs)
 
 
 def test_calibrate_grid_adds_compiled_plain_rows_for_the_chosen_modes():
