@@ -82,13 +82,16 @@ def test_planner_searches_compile_only_with_compiled_rows():
     assert compile_options(comp, {}, MODEL, 1024) == [False, True]
     assert compile_options(comp, {}, MODEL, 2048) == [False]
     assert compile_options(comp, {}, replace(MODEL, hidden_size=2048), 1024) == [False]
-    from meshplan.planner.plan import plan
-    cl = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1e-3, 2e-3))
-    p = plan(MODEL, cl, JOB, top_k=3)
-    assert p.best.layout.compile                    # the faster rows win where they apply
-    # compile is searched only at the (tp, SP, recompute) the compiled rows cover
     from meshplan.planner.constraints import Constraints
+    from meshplan.planner.plan import plan
     from meshplan.planner.space import enumerate_configs
+    cl = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1e-3, 2e-3))
+    p = plan(MODEL, cl, JOB, top_k=3, constraints=Constraints(recompute=("none",), max_tp=1))
+    assert p.best.layout.compile                    # the faster rows win where they apply
+    # compile is searched only at the (tp, SP, recompute) the compiled rows cover: no
+    # compiled layout priced as eager ties with (and shadows) its eager twin
+    assert not any(c.layout.compile for c in plan(MODEL, cl, JOB, top_k=5).candidates
+                   if c.layout.recompute != "none")
     cfgs = list(enumerate_configs(MODEL, cl, JOB, [4], Constraints()))
     assert {(c.tp, c.sequence_parallel, c.recompute) for c in cfgs if c.compile} == {(1, False, "none")}
     assert any(c.recompute == "full" for c in cfgs)
