@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from meshplan.costmodel import caveats as cav
 from meshplan.costmodel import corrections as corr
+from meshplan.costmodel.compiled_rows import compiled_layout_rows, derived_caveat
 from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
                                               root_reduce_s, zero3_layer)
 from meshplan.costmodel.fp8_cost import fp8_caveats
@@ -58,6 +59,14 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     tables = parts.tables
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
     stage_row = pipelined_zero2_row(tables, model, job, layout)
+    # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
+    fsdp_row, composed = (tables.fsdp_layer(
+        model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
+        if tables and layout.zero >= 2 and dp > 1 else (None, False))
+    # Layout.compile: those rows are timed eager only; compiled ones derived (compiled_rows)
+    crows = compiled_layout_rows(tables, model, job, layout, fsdp_row, stage_row)
+    fsdp_row, stage_row = crows.fsdp_row, crows.stage_row
     d_f, d_b, d_w = parts.fp8_delta_s      # fp8's change, for the rows replacing the layer
     if stage_row is not None:
         k = ratio(stage_row.backward_s, layer_b - d_b)
@@ -82,11 +91,6 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     passes = corr.zb_full_w_passes(cluster.gpu.corrections, job, layout,
                                    split is not None)
     layer_b, layer_w = layer_b + passes * layer_f, layer_w + passes * layer_f
-    # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
-    fsdp_row, composed = (tables.fsdp_layer(
-        model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
-        if tables and layout.zero >= 2 and dp > 1 else (None, False))
     fs = fsdp_row if fsdp else None
     act_bytes = parts.activation_bytes
     if job.runtime == "torch" and layout.zero >= 2 and "layer" not in parts.measured:
@@ -117,7 +121,9 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                 z3=z3, fsdp=fsdp, fs=fs,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
                 act_bytes=act_bytes, layer_params=layer_params,
-                compiled=parts.compiled and fs is None and stage_row is None)
+                compiled=(crows.stage_derived if stage_row is not None else
+                          crows.fsdp_derived if fs is not None else parts.compiled),
+                compiled_from=crows.sources)
 
 
 def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict) -> dict:
@@ -211,7 +217,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     else:
         gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
         dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
-    copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp)
+    copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp, compiled=lt["compiled"])
     recv = tuple(a + b for a, b in zip(
         pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight),
         pipeline_kept_outputs(job, layout, model.hidden_size, inflight)))
@@ -260,7 +266,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     z3_resident = (layer_params * copy_b if torch_pipelined(job, pp) and layout.zero == 3
                    and dp > 1 and numbers.enabled(corr.Z3_RESIDENT) else 0.0)
     return dict(
-        grad_copies=grad_copies, recv_buffers=recv, wgrad_pending=pending,
+        grad_copies=grad_copies, compiled_layers=lt["compiled"], recv_buffers=recv, wgrad_pending=pending,
         **wgrad_bytes(model, job, layout, parts.full_act_bytes if any(pending) else 0.0,
                       numbers, parts.wgrad_measured, model.num_layers / (pp * v)),
         layer_state_bytes=(sum(state_bytes_at_peak(layer_params, job, layout.zero, dp, pp))
@@ -297,6 +303,7 @@ def table_caveats(job: Job, layout: Layout, lt: dict, parts: LayerParts) -> tupl
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp_dp_only(job, layout) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
+            + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
             + fp8_caveats(parts.fp8, job))
 
 

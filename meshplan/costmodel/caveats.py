@@ -51,8 +51,10 @@ ZB_FSDP2_CAVEAT = (
 
 COMPILE_AS_EAGER_CAVEAT = (
     "compile = True priced as eager: the GPU profile has no compiled layer rows for this "
-    "layer (`meshplan calibrate --model M --compile-rows` times them; FSDP2 layers are timed "
-    "eager only), so no speed-up from torch.compile is in this prediction")
+    "layer's shape, tp, sequence parallelism, recompute mode and micro-batch (`meshplan "
+    "calibrate --model M --compile-rows` times them; FSDP2 layers, timed eager only, are "
+    "derived from the plain compiled/eager pair at their settings where the profile has it), "
+    "so no speed-up from torch.compile is in this prediction")
 
 P2P_ORDER_CAVEAT = (
     "pipeline bubble: set by the order in which torch.distributed.pipelining posts its sends "

@@ -121,7 +121,8 @@ class RankState:
 @lru_cache(maxsize=65536)
 def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, tp: int,
                zero: int, num_microbatches: int, dp_link, layers: int, first: bool, last: bool,
-               z3: Zero3Layer, grad_copies: int = 1, extra_params: float = 0.0) -> RankState:
+               z3: Zero3Layer, grad_copies: int = 1, extra_params: float = 0.0, *,
+               compiled: bool = False) -> RankState:
     """Model states, data-parallel communication and optimizer time of one pipeline rank.
 
     ZeRO-0 all-reduces gradients; ZeRO-1/2 reduce-scatter gradients and all-gather updated
@@ -135,10 +136,12 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies``: fp32
     gradient copies (:func:`ddp_accumulates`). ``extra_params``: parameters beyond
     ``layers`` equal layers (an MoE model's dense layers, :mod:`meshplan.costmodel.
-    moe_tables`), with their compute copies.
+    moe_tables`), with their compute copies. ``compiled``: the layers are priced from compiled
+    rows, which hold their weights' 16-bit copies (:func:`compute_copy_bytes`).
     """
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp) + extra_params
-    copies = (compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last)
+    copies = (compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last,
+                                 compiled=compiled)
               + (extra_params * compute_weight_bytes_per_param(job)
                  if extra_params and not (zero == 3 and dp > 1) else 0.0))
     return params_state(cluster, job, params, dp, pp, zero, num_microbatches, dp_link,

@@ -67,6 +67,9 @@ class TablesBase:
     last_rank: int
     inflight: tuple[float, ...]    # per pipeline rank: micro-batches in flight at its peak
     grad_copies: int = 1           # fp32 gradient copies (+ 1 where runtime.ddp_accumulates)
+    # the layers are priced compiled (Layout.compile): no autocast cache of their weights
+    # (torch_memory.compute_copy_bytes)
+    compiled_layers: bool = False
     corrections: tuple[str, ...] = ()   # corrections.applied: the named ones that apply
     caveats: tuple[str, ...] = ()       # Estimate.caveats
     # the layout as given, where the tables price an equivalent one (context parallelism:
@@ -117,7 +120,7 @@ class TablesBase:
                 self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                 self._fsdp_microbatches, self.links.dp, layers,
                 key[1], key[2], self.zero3, self.grad_copies,
-                dense * ex.dense_extra_params if dense else 0.0)
+                dense * ex.dense_extra_params if dense else 0.0, compiled=self.compiled_layers)
             if ex is not None:      # the routed experts of its MoE layers, over edp
                 params = (layers - dense) * ex.params_per_layer
                 st = combined_state(st, params_state(
@@ -252,7 +255,8 @@ class StageTimes(TablesBase):
                                   {0, min(n, self.num_dense_layers)}))
         st = rank_state(self.model, self.cluster, self.job, lay.dp, lay.pp, lay.tp, lay.zero,
                         self._fsdp_microbatches, self.links.dp, n,
-                        False, False, self.zero3, self.grad_copies)
+                        False, False, self.zero3, self.grad_copies,
+                        compiled=self.compiled_layers)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf"),
                             self.cluster.gpu.overlap_interference) + st.optimizer_s
 

@@ -222,12 +222,18 @@ def first_backward_relief_fields(job: Job, layout: Layout, microbatches: int,
 
 
 def compute_copy_bytes(model: ModelSpec, job: Job, zero: int, dp: int, tp: int, pp: int,
-                       layers: int, *, first: bool, last: bool) -> float:
+                       layers: int, *, first: bool, last: bool, compiled: bool = False) -> float:
     """Runtime "torch": the 16-bit copies of fp32 weights that compute uses, counted with the
     weights. ZeRO-0/1: autocast caches one cast per weight for the step (the embedding table
     is indexed in fp32, not cast); FSDP2's ZeRO-2 keeps every layer's gathered weights from
     forward to backward, with the root unit (embedding, norm, output); ZeRO-3's two gathered
-    layers are a buffer (see :func:`meshplan.costmodel.build.memory_terms`), its root unit is counted here."""
+    layers are a buffer (see :func:`meshplan.costmodel.build.memory_terms`), its root unit is counted here.
+
+    ``compiled``: the layers are priced from compiled rows (Layout.compile). A compiled block
+    casts its weights inside its graph and saves the copies for its backward once per
+    micro-batch, not in autocast's cache, and a compiled row's kept activation bytes hold
+    them (:mod:`meshplan.costmodel.compiled_rows`: the rows' intercept is the layer's 16-bit
+    weights), so ZeRO-0/1 count no layer copies here; the ends run eager and keep theirs."""
     copy_b = compute_weight_bytes_per_param(job)
     if not copy_b:
         return 0.0
@@ -237,6 +243,7 @@ def compute_copy_bytes(model: ModelSpec, job: Job, zero: int, dp: int, tp: int, 
         layer_part = 0.0 if zero == 3 else layers * stage_params(model, 1, tp, first=False,
                                                                  last=False, pp=pp)
         return (layer_part + ends) * copy_b
-    layer_part = layers * stage_params(model, 1, tp, first=False, last=False, pp=pp)
+    layer_part = 0.0 if compiled else layers * stage_params(model, 1, tp, first=False,
+                                                             last=False, pp=pp)
     head = model.vocab_size * model.hidden_size / tp if last else 0.0
     return (layer_part + head) * copy_b

@@ -319,6 +319,14 @@ class MeasuredTables:
         only then)."""
         return any(r.compile for r in self.layers)
 
+    def compiled_settings(self, model: ModelSpec, seq_len: int) -> frozenset:
+        """The (tp, sequence parallel, recompute) settings at which the profile timed this
+        model's layer shape compiled at ``seq_len`` (compiled rows are not transferred to
+        other shapes: :mod:`meshplan.costmodel.nearest_rows`)."""
+        key = layer_shape_key(model)
+        return frozenset((r.tp, r.sequence_parallel, r.recompute) for r in self.layers
+                         if r.compile and r.shape == key and r.seq_len == seq_len)
+
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
                            ) -> Interpolated | None:

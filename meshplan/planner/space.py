@@ -12,8 +12,9 @@ and ``etp`` from :func:`expert_options`, ``micro_batch`` dividing ``global_batch
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
 recompute, ZeRO stage, sequence parallelism (only with ``tp > 1``, Korthikanti et al.
-2022 §4.2.2) and ``compile`` (only where the GPU profile has compiled layer rows:
-:func:`compile_options`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
+2022 §4.2.2) and ``compile`` (only where the GPU profile has compiled layer rows of the
+model at the layout's tp, SP and recompute mode: :func:`compile_options`,
+:func:`compiled_settings`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
 accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp·cp = 1`` (nothing
 to shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
 ``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
@@ -206,7 +207,8 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
     cps = cp_options(job, constraints, model)
-    compiles = compile_options(cluster, fx)
+    compiles = compile_options(cluster, fx, model, job.seq_len)
+    compiled_at = None if "compile" in fx else compiled_settings(cluster, model, job.seq_len)
     for n in counts:
         for tp in tps:
             if n % tp or fx.get("tp", tp) != tp:
@@ -216,13 +218,15 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                     continue
                 for style in cp_styles(model, constraints, tp, cp):
                     yield from _configs_at(model, job, constraints, n, tp, cp, style,
-                                           min_layers, compiles)
+                                           min_layers, compiles, compiled_at)
 
 
 def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp: int,
                 cp: int, style: str, min_layers: int,
-                compiles: Sequence[bool]) -> Iterator[Config]:
-    """The configurations of ``n`` GPUs at one (tp, cp, cp style)."""
+                compiles: Sequence[bool], compiled_at: frozenset | None = None
+                ) -> Iterator[Config]:
+    """The configurations of ``n`` GPUs at one (tp, cp, cp style); ``compile = True`` only at
+    the (tp, SP, recompute) settings in ``compiled_at`` (None: wherever ``compiles`` has it)."""
     fx = constraints.fixed
     L, B = model.num_layers, job.global_batch
     plain = [s for s in constraints.schedules if s != "interleaved-1f1b"]
@@ -277,20 +281,39 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                             if sp and (job.seq_len // cp) % tp:
                                 continue      # check_context_parallel
                             for c in compiles:
+                                if c and compiled_at is not None and \
+                                        (tp, sp, rc) not in compiled_at:
+                                    continue      # priced as eager: its eager twin's time
                                 for ep, etp in experts:
                                     yield Config(dp, pp, tp, mb, s, v, rc, z, sp, c, cp,
                                                  style, ep, etp)
 
 
-def compile_options(cluster: Cluster, fixed) -> list[bool]:
+def compile_options(cluster: Cluster, fixed, model: ModelSpec | None = None,
+                    seq_len: int | None = None) -> list[bool]:
     """``Layout.compile`` values to search: both where the GPU profile has compiled layer rows
-    (``meshplan calibrate --compile-rows``), else eager only — without them a compiled layout
-    is priced as eager, so searching it would only duplicate every layout. A fixed value is
-    taken as given."""
+    (``meshplan calibrate --compile-rows``) — of ``model``'s layer shape at ``seq_len`` where
+    they are given — else eager only: without them a compiled layout is priced as eager, so
+    searching it would only duplicate every layout. Where they exist, layouts the compiled
+    rows do not cover (another recompute mode; FSDP2 without the plain pair at its tp, SP and
+    recompute: :mod:`meshplan.costmodel.compiled_rows`) would be priced as eager, and the
+    search leaves them out (:func:`compiled_settings`). A fixed value is taken as given."""
     if "compile" in fixed:
         return [bool(fixed["compile"])]
     tables = cluster.gpu.measured
-    return [False, True] if tables and tables.has_compiled else [False]
+    if not tables:
+        return [False]
+    if model is not None and seq_len is not None:
+        return [False, True] if compiled_settings(cluster, model, seq_len) else [False]
+    return [False, True] if tables.has_compiled else [False]
+
+
+def compiled_settings(cluster: Cluster, model: ModelSpec, seq_len: int) -> frozenset:
+    """The (tp, sequence parallel, recompute) settings with compiled rows of ``model`` in the
+    GPU profile: where a compiled layout is priced compiled (its own rows, or FSDP2's derived
+    from them), so where searching ``compile = True`` can find something eager does not."""
+    tables = cluster.gpu.measured
+    return tables.compiled_settings(model, seq_len) if tables else frozenset()
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:

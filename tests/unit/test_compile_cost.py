@@ -9,8 +9,10 @@ from meshplan.calibrate.bench_layers import Config, layer_row, plan_grid
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.costmodel import estimate
 from meshplan.costmodel.caveats import COMPILE_AS_EAGER_CAVEAT
-from meshplan.costmodel.measured import (MeasuredLayer, MeasuredTables, layer_shape_key,
-                                         tables_from_rows)
+from meshplan.costmodel.compiled_rows import ROW_COPY_BYTES, derive_compiled
+from meshplan.costmodel.memory import stage_params
+from meshplan.costmodel.measured import (Interpolated, MeasuredLayer, MeasuredTables,
+                                         layer_shape_key, tables_from_rows)
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.calibrated import pool_cpu_fixed
@@ -53,11 +55,11 @@ def test_without_a_compiled_row_compile_is_priced_as_eager_and_says_so():
     datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
     assert COMPILE_AS_EAGER_CAVEAT in estimate(MODEL, datasheet, JOB,
                                                Layout(dp=4, compile=True)).caveats
-    # FSDP2 layers come from eager FSDP rows even where a compiled plain row exists
+    # an FSDP2 layer whose recompute mode has no plain compiled row stays eager
     fsdp = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1e-3, 2e-3),
-                    _row(False, 2.5e-3, 5e-3, zero=3, dp=4))
+                    _row(False, 2.5e-3, 5e-3, zero=3, dp=4, recompute="full"))
     assert COMPILE_AS_EAGER_CAVEAT in estimate(MODEL, fsdp, JOB, Layout(
-        dp=4, micro_batch=1, zero=3, compile=True)).caveats
+        dp=4, micro_batch=1, zero=3, recompute="full", compile=True)).caveats
 
 
 def test_compile_is_part_of_a_rows_key_and_checked():
@@ -75,10 +77,24 @@ def test_planner_searches_compile_only_with_compiled_rows():
     assert compile_options(_cluster(_row(False, 1e-3, 2e-3)), {}) == [False]
     assert compile_options(_cluster(_row(True, 1e-3, 2e-3)), {}) == [False, True]
     assert compile_options(Cluster.preset("dgx-h100", nodes=1), {"compile": True}) == [True]
+    # ... of the model's own layer shape and sequence length (compiled rows do not transfer)
+    comp = _cluster(_row(True, 1e-3, 2e-3))
+    assert compile_options(comp, {}, MODEL, 1024) == [False, True]
+    assert compile_options(comp, {}, MODEL, 2048) == [False]
+    assert compile_options(comp, {}, replace(MODEL, hidden_size=2048), 1024) == [False]
+    from meshplan.planner.constraints import Constraints
     from meshplan.planner.plan import plan
+    from meshplan.planner.space import enumerate_configs
     cl = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1e-3, 2e-3))
-    p = plan(MODEL, cl, JOB, top_k=3)
+    p = plan(MODEL, cl, JOB, top_k=3, constraints=Constraints(recompute=("none",), max_tp=1))
     assert p.best.layout.compile                    # the faster rows win where they apply
+    # compile is searched only at the (tp, SP, recompute) the compiled rows cover: no
+    # compiled layout priced as eager ties with (and shadows) its eager twin
+    assert not any(c.layout.compile for c in plan(MODEL, cl, JOB, top_k=5).candidates
+                   if c.layout.recompute != "none")
+    cfgs = list(enumerate_configs(MODEL, cl, JOB, [4], Constraints()))
+    assert {(c.tp, c.sequence_parallel, c.recompute) for c in cfgs if c.compile} == {(1, False, "none")}
+    assert any(c.recompute == "full" for c in cfgs)
 
 
 def test_calibrate_grid_adds_compiled_plain_rows_for_the_chosen_modes():
@@ -118,3 +134,62 @@ def test_calibrate_cli_compile_rows_and_no_fp8_reach_the_children():
     with pytest.raises(SystemExit):
         p.parse_args(["--compile-rows", "some"])
     assert "--compile-rows" not in child_argv(p.parse_args([]))
+
+
+def _interp(f, b, fc, bc, fx, bx, act, peak):
+    return Interpolated(forward_s=f, backward_s=b, activation_bytes=act, peak_bytes=peak,
+                        forward_cpu_s=fc, backward_cpu_s=bc, forward_cpu_fixed_s=fx,
+                        backward_cpu_fixed_s=bx, backward_input_s=1.0, backward_weight_s=1.0)
+
+
+def test_derive_compiled_moves_the_compute_part_by_the_plain_pair():
+    # CPU on the 2-block call: eager 1 + 0.8 / 2 = 1.4 ms forward, compiled 0.7: ratio 0.5
+    pe = _interp(2e-3, 4e-3, 1e-3, 2e-3, 0.8e-3, 1.0e-3, 100.0, 40.0)
+    pc = _interp(1.5e-3, 3e-3, 0.7e-3, 1.25e-3, 0.0, 0.0, 90.0, 20.0)
+    fsdp = _interp(2.5e-3, 5e-3, 3e-3, 3e-3, 0.8e-3, 1.0e-3, 85.0, 60.0)
+    d = derive_compiled(fsdp, pe, pc, weight_copy_bytes=10.0)
+    # GPU: eager FSDP2 row less the plain eager row x (1 - compiled / eager)
+    assert d.forward_s == pytest.approx(2.5e-3 - 2e-3 * 0.25)
+    assert d.backward_s == pytest.approx(5e-3 - 4e-3 * 0.25)
+    # CPU: both parts of the compute's dispatch by the pair's ratio, FSDP2's hooks kept
+    assert d.forward_cpu_s == pytest.approx(3e-3 - 1e-3 * 0.5)
+    assert d.forward_cpu_fixed_s == pytest.approx(0.8e-3 - 0.8e-3 * 0.5)
+    kb = 1.25e-3 / (2e-3 + 0.5e-3)
+    assert d.backward_cpu_s == pytest.approx(3e-3 - 2e-3 * (1 - kb))
+    # kept bytes: the compiled row less its weight copies, at most the eager FSDP2 row's
+    assert d.activation_bytes == pytest.approx(80.0)
+    assert derive_compiled(replace(fsdp, activation_bytes=70.0), pe, pc, 10.0
+                           ).activation_bytes == pytest.approx(70.0)
+    assert d.peak_bytes == pytest.approx(60.0 * 20.0 / 40.0)
+    assert d.split_backward is None     # one compiled backward, as compiled rows have
+    # an eager row smaller than the plain one: only its own time can be saved
+    small = derive_compiled(replace(fsdp, forward_s=1e-3), pe, pc, 10.0)
+    assert small.forward_s == pytest.approx(1e-3 * 0.75)
+
+
+def test_fsdp2_compiled_layout_priced_from_derived_rows_and_says_which():
+    cl = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1.5e-3, 3e-3),
+                  _row(False, 2.5e-3, 5e-3, zero=3, dp=4, activation_bytes=8e7))
+    eager = estimate(MODEL, cl, JOB, Layout(dp=4, micro_batch=1, zero=3))
+    comp = estimate(MODEL, cl, JOB, Layout(dp=4, micro_batch=1, zero=3, compile=True))
+    assert COMPILE_AS_EAGER_CAVEAT not in comp.caveats
+    said = [c for c in comp.caveats if c.startswith("compile = True priced from")]
+    assert len(said) == 1 and "eager FSDP2 row (ZeRO-3, dp 4, tp 1, recompute none, " \
+        "micro-batch 1)" in said[0] and "GPU forward x0.75, backward x0.75" in said[0]
+    # each layer's passes: 2.5 - 2 x 0.25 and 5 - 4 x 0.25 ms; the gathers as before
+    m = 16 // 4
+    assert eager.step_time_s - comp.step_time_s == pytest.approx(8 * m * 1.5e-3, rel=1e-6)
+    # kept bytes: the plain compiled row's 1e8 less its weight copies, below the FSDP row's
+    w = ROW_COPY_BYTES * stage_params(MODEL, 1, 1, first=False, last=False, pp=1)
+    assert comp.memory[0].activations_bytes < eager.memory[0].activations_bytes
+    assert eager.memory[0].activations_bytes - comp.memory[0].activations_bytes == \
+        pytest.approx(8 * (8e7 - (1e8 - w)), rel=1e-6)
+
+
+def test_compiled_plain_layers_hold_their_weight_copies_in_the_row_not_the_cast_cache():
+    cl = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1.5e-3, 3e-3))
+    eager = estimate(MODEL, cl, JOB, Layout(dp=4, micro_batch=1))
+    comp = estimate(MODEL, cl, JOB, Layout(dp=4, micro_batch=1, compile=True))
+    copies = 8 * stage_params(MODEL, 1, 1, first=False, last=False, pp=1) * 2
+    assert eager.memory[0].weights_bytes - comp.memory[0].weights_bytes == \
+        pytest.approx(copies, rel=1e-9)

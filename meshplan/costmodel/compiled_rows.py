@@ -1,0 +1,190 @@
+"""Compiled layer rows the calibration did not time, derived from the layer's eager row and
+the plain rows' compiled/eager pair.
+
+``meshplan calibrate --compile-rows`` times the executor's blocks ``torch.compile``'d on the
+plain (ZeRO-0) rows only; FSDP2's rows (ZeRO-2/3 over dp > 1) and FSDP2's compute alone (the
+1-rank ZeRO-2 row a pipelined ZeRO-2 stage runs at) are timed eager only
+(docs/calibrate.md, "Compiled rows").
+
+**Mechanism.** ``torch.compile`` changes a block's own compute: Inductor fuses its
+element-wise kernels (norms, activations, residual adds, autocast's casts) into fewer
+kernels, and one compiled graph replaces many Python-dispatched operators. It does not
+change FSDP2's collectives: the all-gather before a block and the reduce-scatter after its
+backward are issued by FSDP2's hooks outside the compiled block. So a compiled FSDP2 layer is
+the eager FSDP2 row with its compute part moved by what compile moved in the plain pair at
+the same tp, sequence parallelism, recompute mode and micro-batch (every row interpolated
+at the layout's micro-batch, as lookups are):
+
+    r_x = plain_compiled_x / plain_eager_x
+    t_x = eager_x − min(plain_eager_x, eager_x) · (1 − r_x)
+
+for x = forward and backward GPU seconds, and forward and backward CPU dispatch. The eager
+row's compute part is the plain eager row (the layer's operators; what an FSDP2 row holds
+beyond it is its gathers, reduce-scatters and hooks, as :meth:`~meshplan.hardware_profiles.
+measured.MeasuredTables.fsdp_layer` composes rows), at most the whole row. The CPU ratio is
+taken on the call the rows were timed on (per layer of the 2-block stack: per-layer rest +
+per-call part / 2), since compiled rows carry no per-call split; the derived row's per-layer
+rest and per-call part move by the same ratio.
+
+Kept activations and a backward's working memory:
+
+    act  = min(eager_act, plain_compiled_act − w),   w = 2 B × layer params / tp
+    peak = eager_peak · plain_compiled_peak / plain_eager_peak
+
+``w``: under autocast a compiled block casts its fp32 weights inside the graph and saves the
+16-bit copies for its backward, once per call (eager autocast caches one cast per step
+instead, counted with the weights: :func:`~meshplan.costmodel.torch_memory.
+compute_copy_bytes`). The compiled rows show it as an intercept of the kept bytes in the
+micro-batch equal to the layer's 16-bit weights (4 × H200, 2026-11-28, recompute none:
+gpt3-1.3b tp 1 224 / 352 / 609 MiB at micro-batch 1 / 2 / 4 = 96 + 128·mb, its layer's
+weights 96 MiB; Llama-1.64B 121 + 160·mb against 120 MiB; tp 2: 48 and 61 against 48 and
+60). FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
+the compiled graph keeps, the same 16-bit tensors whatever the precision policy; what it
+no longer keeps under autocast is partly autocast's fp32 copies, which FSDP2's eager layers
+do not keep either (gpt3-1.3b: the plain eager row keeps 148 MiB per micro-batch, the FSDP2
+rows 128, the compiled row 128 + w), so the eager FSDP2 row is the bound, not a ratio: a
+ratio would take compile's saving off the FSDP2 row a second time (post hoc, 2026-11-28's
+gpt3-1.3b dp 4 ZeRO-2 run peaked at the same byte eager and compiled; with the ratio the
+compiled prediction was 7.1 % under it, with the bound 0.0 %).
+
+A derived row has no zero-bubble split (AOTAutograd compiles one backward; compiled rows
+have none either). The estimate names the rows in a caveat (:func:`derived_caveat`).
+
+Measured error: unknown — no compiled FSDP2 layout had been measured with a profile holding
+compiled rows when this was written (the 2026-11-28 runs are re-predicted post hoc in
+``benchmarks/compile_repredict.py``; docs/costmodel.md, "Compiled layers").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshplan.costmodel.measured import Interpolated
+from meshplan.costmodel.memory import stage_params
+from meshplan.hardware_profiles.calibrated import LAYER_ROW_BLOCKS
+from meshplan.spec import Job, Layout, ModelSpec
+
+ROW_COPY_BYTES = 2    # the rows' 16-bit (bf16 autocast) weight copies, per parameter
+
+_GPU = ("forward_s", "backward_s")
+_CPU = (("forward_cpu_s", "forward_cpu_fixed_s"), ("backward_cpu_s", "backward_cpu_fixed_s"))
+_SPLIT_ZERO = dict(backward_input_s=0.0, backward_weight_s=0.0, backward_input_cpu_s=0.0,
+                   backward_weight_cpu_s=0.0, split_layers=0.0, backward_input_depth_s=0.0,
+                   backward_weight_depth_s=0.0)
+
+
+def _r(a: float, b: float) -> float:
+    return a / b if b > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class CompileRatios:
+    """What compile moved in the plain pair (compiled / eager), per quantity."""
+
+    forward_s: float
+    backward_s: float
+    forward_cpu_s: float
+    backward_cpu_s: float
+    activation_bytes: float
+    peak_bytes: float
+
+    @classmethod
+    def of(cls, eager: Interpolated, compiled: Interpolated,
+           weight_copy_bytes: float) -> "CompileRatios":
+        def cpu(r: Interpolated, per_layer: str, fixed: str) -> float:
+            return getattr(r, per_layer) + getattr(r, fixed) / LAYER_ROW_BLOCKS
+        cpu_known = eager.cpu_measured and compiled.cpu_measured
+        return cls(_r(compiled.forward_s, eager.forward_s),
+                   _r(compiled.backward_s, eager.backward_s),
+                   *(_r(cpu(compiled, *n), cpu(eager, *n)) if cpu_known else 1.0
+                     for n in _CPU),
+                   _r(max(0.0, compiled.activation_bytes - weight_copy_bytes),
+                      eager.activation_bytes),
+                   _r(compiled.peak_bytes, eager.peak_bytes))
+
+    def text(self) -> str:
+        return (f"GPU forward x{self.forward_s:.2f}, backward x{self.backward_s:.2f}; CPU "
+                f"x{self.forward_cpu_s:.2f} / x{self.backward_cpu_s:.2f}; kept activations: the "
+                f"compiled row's less its weight copies (x{self.activation_bytes:.2f} the eager "
+                "row's), at most the eager FSDP2 row's")
+
+
+def derive_compiled(eager: Interpolated, plain_eager: Interpolated,
+                    plain_compiled: Interpolated, weight_copy_bytes: float) -> Interpolated:
+    """``eager`` (a layer row timed eager) as compiled: the module docstring's formulas."""
+    k = CompileRatios.of(plain_eager, plain_compiled, weight_copy_bytes)
+
+    def moved(name: str, ratio: float) -> float:
+        own = getattr(eager, name)
+        return max(0.0, own - min(getattr(plain_eager, name), own) * (1.0 - ratio))
+    out = {n: moved(n, getattr(k, n)) for n in _GPU}
+    if eager.cpu_measured:
+        for (per_layer, fixed), ratio in zip(_CPU, (k.forward_cpu_s, k.backward_cpu_s)):
+            out[per_layer], out[fixed] = moved(per_layer, ratio), moved(fixed, ratio)
+    kept = min(eager.activation_bytes, max(0.0, plain_compiled.activation_bytes
+                                             - weight_copy_bytes))
+    return replace(eager, **out, activation_bytes=kept,
+                   peak_bytes=eager.peak_bytes * k.peak_bytes, **_SPLIT_ZERO)
+
+
+@dataclass(frozen=True)
+class CompiledRows:
+    """A layout's FSDP2 row and pipelined ZeRO-2 stage row as compiled where derivable, and
+    which were (``sources``: one sentence per derived row)."""
+
+    fsdp_row: Interpolated | None
+    stage_row: Interpolated | None
+    fsdp_derived: bool = False
+    stage_derived: bool = False
+    sources: tuple[str, ...] = ()
+
+
+def plain_pair(tables, model: ModelSpec, job: Job, layout: Layout
+               ) -> tuple[Interpolated, Interpolated] | None:
+    """The plain (ZeRO-0) eager and compiled rows at the layout's tp, SP, recompute and
+    micro-batch, or None where either is missing."""
+    kw = dict(seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+              recompute=layout.recompute, micro_batch=layout.micro_batch)
+    eager = tables.layer(model, **kw)
+    compiled = tables.layer(model, compile=True, **kw)
+    return None if eager is None or compiled is None else (eager, compiled)
+
+
+def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
+                         fsdp_row: Interpolated | None,
+                         stage_row: Interpolated | None) -> CompiledRows:
+    """``fsdp_row`` (the FSDP2 row of ZeRO-2/3 over dp) and ``stage_row`` (FSDP2's compute
+    alone, a pipelined ZeRO-2 stage's) as compiled, each derived from the plain pair; both
+    unchanged (and not derived) where the pair is missing or ``layout.compile`` is off."""
+    if not layout.compile or (fsdp_row is None and stage_row is None):
+        return CompiledRows(fsdp_row, stage_row)
+    pair = plain_pair(tables, model, job, layout)
+    if pair is None:
+        return CompiledRows(fsdp_row, stage_row)
+    w = ROW_COPY_BYTES * stage_params(model, 1, layout.tp, first=False, last=False, pp=1)
+    ratios = CompileRatios.of(*pair, w).text()
+    at = (f"tp {layout.tp}{' with SP' if layout.sequence_parallel and layout.tp > 1 else ''}, "
+          f"recompute {layout.recompute}, micro-batch {layout.micro_batch}")
+    sources = []
+    if fsdp_row is not None:
+        fsdp_row = derive_compiled(fsdp_row, *pair, w)
+        sources.append(f"the eager FSDP2 row (ZeRO-{layout.zero}, dp {layout.dp}, {at})")
+    if stage_row is not None:
+        stage_row = derive_compiled(stage_row, *pair, w)
+        sources.append(f"the eager 1-rank FSDP2 compute row ({at})")
+    return CompiledRows(fsdp_row, stage_row, fsdp_row is not None, stage_row is not None,
+                        tuple(f"{s} with its compute moved by the plain compiled/eager rows "
+                              f"at {at} ({ratios})" for s in sources))
+
+
+def derived_caveat(sources: tuple[str, ...]) -> str:
+    """The caution for a compiled layout priced from derived rows (module docstring)."""
+    return ("compile = True priced from " + "; and ".join(sources) + ": the calibration "
+            "times FSDP2 layers eager only, so compile's change is carried over from the plain "
+            "layers on the assumption that it moves the layer's compute and not FSDP2's "
+            "collectives; the error of this derivation has not been measured "
+            "(meshplan/costmodel/compiled_rows.py)")
+
+
+__all__ = ["CompileRatios", "CompiledRows", "ROW_COPY_BYTES", "compiled_layout_rows",
+           "derive_compiled", "derived_caveat", "plain_pair"]
