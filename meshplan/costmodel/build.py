@@ -93,6 +93,8 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     layer_b, layer_w = layer_b + passes * layer_f, layer_w + passes * layer_f
     fs = fsdp_row if fsdp else None
     act_bytes = parts.activation_bytes
+    reread = job.runtime == "torch" and (fsdp_row is not None or layout.zero >= 2
+                                         and "layer" not in parts.measured)
     if job.runtime == "torch" and layout.zero >= 2 and "layer" not in parts.measured:
         # the executor runs ZeRO-2/3 (FSDP2) in bf16 without autocast: a LayerNorm keeps
         # its 16-bit input, not autocast's fp32 copy
@@ -110,6 +112,9 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
         # (LayerNorm's input): GPT-0.54B's FSDP rows hold 13 % less than its plain ones
         act_bytes = fsdp_row.activation_bytes
+    if parts.fp8 is not None and reread:
+        # kept bytes re-read above (bf16 FSDP2 rows): fp8's change of the inputs kept
+        act_bytes = max(0.0, act_bytes + parts.fp8.activation_delta_bytes)
     if fs is not None and not composed:
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s + d_f - layer_f, fs.backward_s + d_b - layer_b,
@@ -273,7 +278,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
                                                 **copy_kw)
-                           + (f8.cached_weight_bytes if f8 is not None else 0.0)),
+                           + (f8.weight_copy_bytes if f8 is not None else 0.0)),
         layer_activation_bytes=lt["act_bytes"], buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,

@@ -34,13 +34,45 @@ keys:
 * **Amax all-reduces** under tensor parallelism where a scale spans the sharded dimension
   (:func:`~meshplan.costmodel.fp8.amax_allreduce_needed`): a latency-bound all-reduce of
   4 bytes per scale on the tp group (``PassCost.tp_comm_s``).
-* **Memory.** Runtime "torch": the executor saves 16-bit linear inputs (as torchao), so
-  activations are bf16's; the fp8 operands of the linear that runs are transient working
-  memory (:attr:`Fp8Layer.working_bytes`: the backward's dy and its transpose, W for the
-  data gradient, xᵀ). Runtime "megatron": TE caches each fp8 linear's weight and its
+* **Memory, runtime "torch"** (what :mod:`meshplan.executor.fp8` keeps). Its autograd
+  Function disables autocast and receives the stored weight itself: the fp32 parameter
+  under ZeRO-0/1, FSDP2's gathered bf16 one under ZeRO-2/3. It saves (x, W, two fp32
+  scales) and re-casts in backward; no fp8 tensor outlives the linear that runs (its fp8
+  operands are transient working memory, :attr:`Fp8Layer.working_bytes`: the backward's
+  dy and its transpose, W for the data gradient, xᵀ). What that changes against the bf16
+  arm, whose ZeRO-0/1 linears run under autocast:
+
+  - *weights* (:attr:`Fp8Layer.weight_copy_bytes`, per layer, counted with the weights):
+    eager ZeRO-0/1 keeps no autocast copy of the four linears' weights for the step
+    (−2 B per linear parameter; :func:`~meshplan.costmodel.torch_memory.
+    compute_copy_bytes` counts them for bf16); ZeRO-2/3 holds FSDP2's bf16 weights either way;
+  - *compiled rows* (:attr:`Fp8Layer.row_weight_copy_bytes`, per layer per micro-batch):
+    a compiled bf16 block under autocast saves the 16-bit weight copies for its backward
+    (:mod:`meshplan.costmodel.compiled_rows`: the rows' intercept); the fp8 block saves
+    the fp32 parameter instead (−2 B per linear parameter per micro-batch);
+  - *compiled activations* (:attr:`Fp8Layer.activation_delta_bytes`): where the backward
+    only re-casts an input (x·scale, clamp, cast, transpose — element-wise), Inductor's
+    partitioner recomputes the input from what the block keeps anyway instead of saving
+    it: the two norm outputs (QKV and MLP-up inputs, from the residual input and the norms'
+    rstd) and the MLP-down input (from the up/gate output the activation's backward keeps)
+    are not kept (−2 B each element; the attention output stays, flash attention keeps it).
+    Under sequence parallelism the norm outputs reach the linears through an all-gather,
+    which is not recomputed: only the MLP-down input goes. Full recomputation keeps only
+    the layer input: nothing changes. Eager, the saved 16-bit inputs are bf16's.
+
+  Measured: one Llama block (h 256, ffn 1024, 256 tokens) ``torch.compile``'d on CPU
+  (torch 2.13, ``torch._scaled_mm``) saved 69.1 B per token·h in bf16 under autocast and
+  27.1 in fp8: 30.0 of it the weight copies and 12.0 the norm outputs and MLP-down input,
+  each to < 0.01 % (``benchmarks/fp8_saved_bytes.py``); eager, fp8 saved exactly the
+  weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise;
+  docs/fp8.md) fp8 kept 2.25 / 1.12 GiB less than bf16 under ZeRO-3 / ZeRO-2 (the
+  activation term predicts 2.25 / 1.13), but only 3.75 GiB less under ZeRO-1 at tp 1 where
+  the weight and activation terms predict 5.06: on those GPUs about half of the compiled
+  rows' weight copies stay (not explained; docs/fp8.md "Memory").
+* **Memory, runtime "megatron"**: TE caches each fp8 linear's weight and its
   transpose through the step (2 bytes per linear parameter of every layer on the GPU, on
   top of the 16-bit weights that stay — the "FP8 uses more memory" of TE issues 257 and
-  1429; :attr:`Fp8Layer.cached_weight_bytes`) and saves the quantized linear inputs for
+  1429; :attr:`Fp8Layer.weight_copy_bytes`) and saves the quantized linear inputs for
   backward (TE PR 1865): the norm outputs feeding QKV and MLP up and the MLP down input
   are kept at 1 byte instead of 2, while the attention output, which flash attention keeps
   in bf16 anyway, gains an fp8 copy (:attr:`Fp8Layer.activation_delta_bytes`; no change
@@ -75,6 +107,8 @@ from dataclasses import dataclass
 from meshplan.costmodel import comm, fp8
 from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, linear_shapes,
                                         sixteen_bit_precision)
+from meshplan.costmodel.memory import (activation_bytes_per_element,
+                                       compute_weight_bytes_per_param)
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster, GPUSpec
@@ -146,9 +180,16 @@ class Fp8Layer:
     amax_forward_s: float         # tp all-reduces of amaxes
     amax_backward_s: float
     working_bytes: float          # transient fp8 operands of the linear running (torch)
-    cached_weight_bytes: float    # TE's fp8 weight + transpose cache, per layer
-    activation_delta_bytes: float  # TE's saved fp8 inputs vs bf16 (this recompute mode)
+    # per layer, with the weights: TE's fp8 weight + transpose cache (+), or the autocast
+    # weight copies the executor's fp8 linears do not make (−, eager ZeRO-0/1)
+    weight_copy_bytes: float
+    # per layer per micro-batch, with the kept activations (this recompute mode): TE's saved
+    # fp8 inputs, or the 16-bit inputs a compiled fp8 block recomputes instead of keeping
+    activation_delta_bytes: float
     rate: CastRate
+    # per layer per micro-batch: the 16-bit weight copies a compiled bf16 row keeps that the
+    # fp8 block does not (−; only where the layer's kept bytes come from a compiled row)
+    row_weight_copy_bytes: float = 0.0
 
     def apply(self, layer: LayerCost, recompute: str) -> LayerCost:
         """``layer`` (bf16, analytical or measured) with its linears in fp8: GEMM shares × r,
@@ -174,9 +215,10 @@ def _fields(p: PassCost) -> tuple[float, ...]:
 
 def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
               sequence_parallel: bool, recompute: str, compile: bool, fsdp: bool,
-              tp_link, mlp_width: int | None = None) -> Fp8Layer:
+              tp_link, mlp_width: int | None = None, compiled_row: bool = False) -> Fp8Layer:
     """fp8's terms for one layer (module docstring). ``fsdp``: ZeRO-2/3 over dp > 1 (the
-    weight the casts read is FSDP2's bf16 one)."""
+    weight the casts read is FSDP2's bf16 one). ``compiled_row``: the bf16 layer's kept
+    bytes come from a compiled measured row (its 16-bit weight copies included)."""
     gpu = cluster.gpu
     check_fp8_supported(job, gpu)
     rate = cast_rate(gpu, job, compile)
@@ -209,16 +251,47 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
         amax_b += (c.amax_allreduces - c.forward_allreduces) * ar
         working = max(working, 2.0 * m * n + n * k + m * k)
     linear_params = sum(k * n for (_, k, n), _ in linear_shapes(model, job, 1, tp, mlp_width))
+    mem = (te_memory(model, job, micro_batch, tp, sequence_parallel, recompute, linear_params)
+           if te else torch_memory(model, job, micro_batch, tp, sequence_parallel, recompute,
+                                   linear_params, compile=compile, fsdp=fsdp,
+                                   compiled_row=compiled_row, mlp_width=mlp_width))
     return Fp8Layer(
         gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
         forward_cast_s=cast["f"], backward_cast_s=cast["b"], weight_cast_step_s=cast["w"],
         amax_forward_s=amax_f, amax_backward_s=amax_b,
-        working_bytes=0.0 if te else working,
-        cached_weight_bytes=2.0 * linear_params if te else 0.0,
-        activation_delta_bytes=(te_activation_delta_bytes(model, job, micro_batch, tp,
-                                                          sequence_parallel)
-                                if te and recompute != "full" else 0.0),
-        rate=rate)
+        working_bytes=0.0 if te else working, rate=rate, **mem)
+
+
+def te_memory(model: ModelSpec, job: Job, micro_batch: int, tp: int,
+              sequence_parallel: bool, recompute: str, linear_params: float) -> dict:
+    """TransformerEngine's memory terms (module docstring): the fp8 weight + transpose
+    cache and the saved fp8 linear inputs."""
+    return dict(weight_copy_bytes=2.0 * linear_params,
+                activation_delta_bytes=(te_activation_delta_bytes(
+                    model, job, micro_batch, tp, sequence_parallel)
+                    if recompute != "full" else 0.0))
+
+
+def torch_memory(model: ModelSpec, job: Job, micro_batch: int, tp: int,
+                 sequence_parallel: bool, recompute: str, linear_params: float, *,
+                 compile: bool, fsdp: bool, compiled_row: bool,
+                 mlp_width: int | None = None) -> dict:
+    """The executor's memory terms against the bf16 arm (module docstring): the autocast
+    weight copies its fp8 linears do not make (ZeRO-0/1: once per step eager, per
+    micro-batch in a compiled row) and, compiled, the 16-bit linear inputs the partitioner
+    recomputes instead of keeping."""
+    copy = 0.0 if fsdp else compute_weight_bytes_per_param(job) * linear_params
+    kept = recompute != "full"
+    inputs = 0.0
+    if compile and kept:
+        tokens = job.seq_len * micro_batch
+        width = model.ffn_hidden_size if mlp_width is None else mlp_width
+        e = activation_bytes_per_element(job)
+        norms = 0.0 if sequence_parallel and tp > 1 else 2.0 * tokens * model.hidden_size
+        inputs = (norms + tokens * width / tp) * e
+    return dict(weight_copy_bytes=0.0 if compiled_row else -copy,
+                row_weight_copy_bytes=-copy if compiled_row and kept else 0.0,
+                activation_delta_bytes=-inputs)
 
 
 def te_activation_delta_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int,
@@ -254,4 +327,4 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
 
 
 __all__ = ["CastRate", "cast_rate", "check_fp8_supported", "Fp8Layer", "fp8_layer",
-           "te_activation_delta_bytes", "fp8_caveats"]
+           "te_memory", "torch_memory", "te_activation_delta_bytes", "fp8_caveats"]

@@ -161,12 +161,12 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     if job.precision == "fp8":
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, compile=compile, fsdp=fsdp, tp_link=tp_link,
-                       mlp_width=mlp_width)
+                       mlp_width=mlp_width, compiled_row=compiled)
         moved = f8.apply(layer, recompute)
         delta = (moved.forward.total_s - layer.forward.total_s,
                  moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
         layer = moved
-        act_b = max(0.0, act_b + f8.activation_delta_bytes)
+        act_b = max(0.0, act_b + f8.activation_delta_bytes + f8.row_weight_copy_bytes)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,

@@ -7,7 +7,8 @@ import pytest
 from meshplan.costmodel import estimate, fp8
 from meshplan.costmodel.compute import gemm_s, linear_shapes
 from meshplan.costmodel.fp8_cost import cast_rate, fp8_layer, te_activation_delta_bytes
-from meshplan.costmodel.measured import MeasuredLayer, MeasuredTables, layer_shape_key
+from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
+                                         ends_shape_key, layer_shape_key)
 from meshplan.costmodel.parts import layer_parts
 from meshplan.costmodel.tables import layer_tables
 from meshplan.costmodel.data_parallel import group_links
@@ -138,7 +139,102 @@ def test_memory_te_caches_weights_and_saves_fp8_inputs_the_executor_holds_workin
     ex, ex16 = (layer_tables(MODEL, CLUSTER, job(p, "torch"), lay) for p in ("fp8", "bf16"))
     work = max(2 * m * n + n * k + m * k for (m, k, n), _ in linear_shapes(MODEL, job(), 1, 1))
     assert ex.buffer_bytes - ex16.buffer_bytes == pytest.approx(work)
-    assert ex.layer_state_bytes == ex16.layer_state_bytes
+    # eager ZeRO-1: the fp8 linears take the fp32 parameter, so autocast caches no 16-bit
+    # copy of their weights; the saved 16-bit inputs are bf16's
+    assert ex.layer_state_bytes - ex16.layer_state_bytes == pytest.approx(-2 * params)
+    assert ex.layer_activation_bytes == pytest.approx(ex16.layer_activation_bytes)
+    # FSDP2 (ZeRO-3) hands both arms its bf16 weight: no difference in states
+    z3 = Layout(dp=4, micro_batch=1, zero=3)
+    f3, b3 = (layer_tables(MODEL, CLUSTER, job(p, "torch"), z3) for p in ("fp8", "bf16"))
+    assert f3.layer_state_bytes == pytest.approx(b3.layer_state_bytes)
+
+
+def _crow(compile, fwd, bwd, **kw):
+    return MeasuredLayer(**{**dict(
+        shape=layer_shape_key(MODEL), seq_len=1024, tp=1, sequence_parallel=False,
+        recompute="none", micro_batch=1, forward_s=fwd, backward_s=bwd,
+        activation_bytes=3e8, backward_peak_bytes=1e7, forward_cpu_s=4e-3,
+        backward_cpu_s=5e-3, compile=compile), **kw})
+
+
+def _compiled_cluster(*rows, gbps=700.0, ends=()):
+    return replace(CLUSTER, gpu=replace(GPU, fp8_cast_compiled_gbps=gbps,
+                                        measured=MeasuredTables(tuple(rows), tuple(ends))))
+
+
+def _end(part):
+    return MeasuredEnd(shape=ends_shape_key(MODEL), part=part, seq_len=1024, tp=1,
+                       sequence_parallel=False, micro_batch=1, forward_s=1e-4, backward_s=2e-4,
+                       activation_bytes=1e6, peak_bytes=1e6, forward_cpu_s=3e-4,
+                       backward_cpu_s=3e-4)
+
+
+def test_compiled_fp8_keeps_neither_the_rows_weight_copies_nor_recomputable_inputs():
+    """A compiled bf16 row (autocast) keeps 16-bit weight copies per micro-batch; the fp8
+    block keeps the fp32 parameter and recomputes the norm outputs and the MLP-down input
+    it only re-casts in backward (measured on CPU: benchmarks/fp8_saved_bytes.py)."""
+    s, h, f = 1024, MODEL.hidden_size, MODEL.ffn_hidden_size
+    params = sum(k * n for (_, k, n), _ in linear_shapes(MODEL, job(), 1, 1))
+    rows = [_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3)]
+    for tp, sp in ((1, False), (2, False), (2, True)):
+        rows += [_crow(c, 1e-3, 2e-3, tp=tp, sequence_parallel=sp) for c in (False, True)
+                 if tp > 1]
+    cl = _compiled_cluster(*rows)
+    for tp, sp in ((1, False), (2, False), (2, True)):
+        lay = Layout(dp=4 // tp, tp=tp, sequence_parallel=sp, micro_batch=1, compile=True)
+        t8, t16 = (layer_tables(MODEL, cl, job(p), lay) for p in ("fp8", "bf16"))
+        norms = 0 if sp else 2 * s * h
+        want = -2 * params / tp - 2 * (norms + s * f / tp)
+        assert t8.layer_activation_bytes - t16.layer_activation_bytes == pytest.approx(want)
+        # compiled rows hold the copies: nothing of them in the states of either arm
+        assert t8.layer_state_bytes == pytest.approx(t16.layer_state_bytes)
+    # full recomputation keeps the layer input only: no change
+    full = [_crow(c, 1e-3, 3e-3, recompute="full", activation_bytes=2e6) for c in (0, 1)]
+    lay = Layout(dp=4, micro_batch=1, recompute="full", compile=True)
+    t8, t16 = (layer_tables(MODEL, _compiled_cluster(*full), job(p), lay)
+               for p in ("fp8", "bf16"))
+    assert t8.layer_activation_bytes == pytest.approx(t16.layer_activation_bytes)
+
+
+def test_compiled_fsdp2_fp8_recomputes_inputs_with_no_weight_copies_to_drop():
+    s, h, f = 1024, MODEL.hidden_size, MODEL.ffn_hidden_size
+    cl = _compiled_cluster(_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3),
+                           _crow(False, 2.5e-3, 4.5e-3, zero=3, dp=4, activation_bytes=2.5e8))
+    lay = Layout(dp=4, micro_batch=1, zero=3, compile=True)
+    t8, t16 = (layer_tables(MODEL, cl, job(p), lay) for p in ("fp8", "bf16"))
+    assert t8.layer_activation_bytes - t16.layer_activation_bytes == pytest.approx(
+        -2 * (2 * s * h + s * f))
+    assert t8.layer_state_bytes == pytest.approx(t16.layer_state_bytes)
+
+
+def test_compiled_row_prices_fp8_from_its_gemm_share_compiled_casts_and_cpu():
+    """With a compiled bf16 row: its GEMM share × Σfp8/Σbf16 (the profile's fp8 curve), the
+    rest of the row kept, casts at fp8_cast_compiled_gbps, the CPU from the compiled row."""
+    cl = _compiled_cluster(_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3,
+                                                          forward_cpu_s=1e-3,
+                                                          backward_cpu_s=2e-3),
+                           ends=(_end("embedding"), _end("output")))
+    lay = Layout(dp=4, micro_batch=1, compile=True)
+    b, f = parts(job("bf16"), lay, cl), parts(job(), lay, cl)
+    assert b.compiled and f.compiled
+    assert b.layer.forward.total_s == pytest.approx(1.5e-3)
+    assert b.layer.backward.total_s == pytest.approx(3e-3)
+    shapes = linear_shapes(MODEL, job(), 1, 1)
+    r = (sum(fp8.fp8_gemm_time_s(2 * m * k * n, GPU.peak_flops("fp8"), GPU.fp8_gemm_efficiency)
+             for (m, k, n), _ in shapes)
+         / sum(gemm_s(GPU, GPU.peak_flops("bf16"), 2 * m * k * n) for (m, k, n), _ in shapes))
+    assert f.fp8.gemm_ratio == pytest.approx(r)
+    casts = [fp8.linear_cast_traffic(int(m), int(k), int(n), "tensorwise", weight_bytes=4)
+             for (m, k, n), _ in shapes]
+    fwd_cast = sum(c.forward_bytes + c.weight_forward_bytes for c in casts) / 700e9
+    bwd_cast = sum(c.backward_bytes + c.weight_bytes - c.weight_forward_bytes
+                   for c in casts) / 700e9
+    assert f.fp8.rate.gbps == 700.0 and f.fp8.rate.pass_s == 0.0
+    for name, cast in (("forward", fwd_cast), ("backward", bwd_cast)):
+        pb, pf = getattr(b.layer, name), getattr(f.layer, name)
+        assert pf.gemm_s == pytest.approx(pb.gemm_s * r)
+        assert pf.total_s == pytest.approx(pb.total_s - pb.gemm_s * (1 - r) + cast)
+    assert f.cpu == b.cpu and f.cpu[:2] == pytest.approx((1e-3, 2e-3))
 
 
 def test_measured_bf16_row_keeps_its_non_gemm_time_and_scales_its_gemm_share():
