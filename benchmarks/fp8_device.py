@@ -16,8 +16,10 @@ model's predictions, and fp8 kernels.
    of both arms, predicted and measured fp8/bf16 speed-up, predicted and measured peak
    memory per rank -> layouts.json, layouts.md; logs -> runs.tgz.
 
-    # on a 4-GPU machine, one call (no wheels needed: the executor's fp8 is its own)
-    PYTHONUNBUFFERED=1 python benchmarks/fp8_device.py --out $OUT --budget 540
+    # on a 4-GPU machine, one call (no wheels needed: the executor's fp8 is its own);
+    # every arm also records its datasheet prediction ("predicted_datasheet") and wall_s
+    PYTHONUNBUFFERED=1 python benchmarks/fp8_device.py --out $OUT --budget 520 --micro none \
+        --profile docs/benchmarks/data/profiles/profile_h200x4_compile_20261128.toml
     # CPU check of the script (tiny model, 2 gloo ranks, emulated fp8, eager)
     python benchmarks/fp8_device.py --device cpu --eager --out /tmp/fp8dev --budget 300
 """
@@ -151,7 +153,10 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
     todo = CPU_LAYOUTS if cpu else LAYOUTS
     if args.only:
         todo = [(n, lay) for n, lay in todo if n in args.only.split(",")]
-    cluster, source = prediction_cluster(args, max(lay.num_gpus for _, lay in todo))
+    nproc = max(lay.num_gpus for _, lay in todo)
+    cluster, source = prediction_cluster(args, nproc)
+    datasheet, _ = prediction_cluster(argparse.Namespace(**{**vars(args), "profile": "none"}),
+                                      nproc)
     arms = [("bf16", job), ("fp8", dataclasses.replace(job, precision="fp8",
                                                        fp8_recipe=args.recipe))]
     table = []
@@ -168,10 +173,14 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
                 out_dir=keep / arm, nproc=layout.num_gpus, device=args.device,
                 steps=args.steps, warmup=args.warmup, timeout_s=min(args.timeout, left),
                 extra_args=("--allow-gpu-mismatch",))
+            t0 = time.perf_counter()
             rec = run_layouts(model, cluster, arm_job, [layout], opts, names=[name])[0]
             row[arm] = {k: rec.get(k) for k in ("status", "error", "measured", "predicted",
                                                 "step_time_error_pct",
                                                 "memory_error_pct_per_rank")}
+            row[arm]["wall_s"] = time.perf_counter() - t0
+            row[arm]["predicted_datasheet"] = datasheet_prediction(model, datasheet,
+                                                                   arm_job, layout)
         row.update(speedups(row))
         table.append(row)
         (out / "layouts.json").write_text(json.dumps(
@@ -180,6 +189,17 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
              "prediction_profile": source, "layouts": table}, indent=1))
     (out / "layouts.md").write_text(summary_table(table, args.recipe, source))
     subprocess.run(["tar", "czf", str(out / "runs.tgz"), "-C", str(keep), "."], check=False)
+
+
+def datasheet_prediction(model, cluster, job, layout) -> dict:
+    """The arm's prediction on the GPU's datasheet profile (no measured rows), beside the
+    plan's own on the chosen profile."""
+    from meshplan.costmodel import estimate
+    try:
+        est = estimate(model, cluster, job, layout)
+    except Exception as exc:   # noqa: BLE001 (recorded; the run's own prediction stands)
+        return {"error": str(exc)}
+    return {"step_time_s": est.step_time_s, "memory_peak_bytes": est.memory_peak_bytes}
 
 
 def speedups(row: dict) -> dict:

@@ -64,11 +64,11 @@ keys:
   (torch 2.13, ``torch._scaled_mm``) saved 69.1 B per token·h in bf16 under autocast and
   27.1 in fp8: 30.0 of it the weight copies and 12.0 the norm outputs and MLP-down input,
   each to < 0.01 % (``benchmarks/fp8_saved_bytes.py``); eager, fp8 saved exactly the
-  weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise;
-  docs/fp8.md) fp8 kept 2.25 / 1.12 GiB less than bf16 under ZeRO-3 / ZeRO-2 (the
-  activation term predicts 2.25 / 1.13), but only 3.75 GiB less under ZeRO-1 at tp 1 where
-  the weight and activation terms predict 5.06: on those GPUs about half of the compiled
-  rows' weight copies stay (not explained; docs/fp8.md "Memory").
+  weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise; post hoc,
+  docs/fp8.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the measured on five of
+  seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
+  against −4.90 predicted (part of the rows' weight copies appear to stay on the GPU; not
+  explained), and tp 4 (peak outside the backward) 0 against −0.66.
 * **Memory, runtime "megatron"**: TE caches each fp8 linear's weight and its
   transpose through the step (2 bytes per linear parameter of every layer on the GPU, on
   top of the 16-bit weights that stay — the "FP8 uses more memory" of TE issues 257 and
