@@ -11,11 +11,13 @@
 # (b) benchmarks/moe_gpu_check.py, the 8 layouts, predictions on the datasheet, the saved
 #     profile and $OUT/profile.toml -> moe_gpu.md / moe_gpu.json (layouts that do not fit
 #     the budget are recorded as skipped);
-# (c) the executor's --profile (torch.profiler) on 3 steps of dp4-ep1-zero1 and
-#     dp4-ep4-zero1, summarised by benchmarks/moe_trace_summary.py (ranks 0 and 3: GPU
-#     kernels by self time, host operators by self and total CPU time, CUDA runtime calls)
-#     -> trace_summary.txt; rank 0's raw traces in traces.tar.gz when under 15 MiB.
-# Each part has its own timeout inside DEADLINE (default 320 s after the script starts).
+# (c) the executor's --profile (torch.profiler) on 3 steps of dp4-ep4-zero1, then
+#     dp4-ep1-zero1 (each where time is left), summarised by benchmarks/moe_trace_summary.py
+#     (rank 0: GPU busy/idle, kernels by self time, host operators by self and total CPU
+#     time, CUDA runtime calls) -> trace_summary.txt; rank 0's raw traces in traces.tar.gz
+#     when under 15 MiB.
+# Each part has its own timeout inside DEADLINE (default 325 s after the script starts);
+# (b) gets all but TRACE_RESERVE (75 s) of what (a) leaves.
 # Files: profile.toml calibrate.log moe_gpu.md moe_gpu.json trace_summary.txt device.log
 #        raw.tar.gz [traces.tar.gz]
 set -u
@@ -23,8 +25,8 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:?set OUT}
-DEADLINE=${DEADLINE:-320}
-TRACE_RESERVE=${TRACE_RESERVE:-85}
+DEADLINE=${DEADLINE:-325}
+TRACE_RESERVE=${TRACE_RESERVE:-75}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 LOG=$OUT/device.log
@@ -34,9 +36,9 @@ left() { echo $(( DEADLINE - SECONDS )); }
 
 if [ "${DRY:-0}" = 1 ]; then
     DEV=(--device cpu); CHECK=(--device cpu --tiny --nproc 2); CAL=(--device cpu --quick)
-    MODEL_VAR=TINY; WORLD=2; TRACED=dp2-ep1,dp2-ep2; RANKS=0,1
+    MODEL_VAR=TINY; WORLD=2; TRACED=dp2-ep2,dp2-ep1; RANKS=0
 else
-    DEV=(); CHECK=(); CAL=(); MODEL_VAR=MODEL; WORLD=4; TRACED=dp4-ep1-zero1,dp4-ep4-zero1; RANKS=0,3
+    DEV=(); CHECK=(); CAL=(); MODEL_VAR=MODEL; WORLD=4; TRACED=dp4-ep4-zero1,dp4-ep1-zero1; RANKS=0
 fi
 log "start: $(hostname), DRY=${DRY:-0}, deadline ${DEADLINE}s"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv 2>&1 || true
@@ -77,32 +79,29 @@ timeout $(( BUDGET + 25 )) $PY benchmarks/moe_gpu_check.py --out "$WORK/check" \
 log "(b) rc=$?"
 cp "$WORK/check/moe_gpu.md" "$WORK/check/moe_gpu.json" "$OUT/" 2>>"$LOG"
 
-# ---- (c) profiler traces of ep 1 and ep 4 ---------------------------------------------------
-TB=$(( $(left) - 15 ))
-if [ "$TB" -gt 30 ]; then
-    log "(c) traces of $TRACED: budget ${TB}s"
-    timeout $(( TB + 5 )) $PY benchmarks/moe_gpu_check.py --out "$WORK/trace" "${CHECK[@]}" \
-        --trace --only "$TRACED" --steps 3 --warmup 2 --no-grouped-check --timeout 60 \
-        --budget "$TB" >"$WORK/trace.log" 2>&1
-    log "(c) rc=$?"
-    DIRS=()
-    for n in ${TRACED//,/ }; do DIRS+=("$WORK/trace/profiles/$n"); done
-    timeout 60 $PY benchmarks/moe_trace_summary.py "${DIRS[@]}" --ranks "$RANKS" \
-        --out "$OUT/trace_summary.txt" >/dev/null 2>>"$LOG"
-    log "summary rc=$?"
-    (cd "$WORK/trace/profiles" 2>/dev/null && tar czf "$OUT/traces.tar.gz" */trace_rank0.json) \
-        2>>"$LOG"
-    if [ -f "$OUT/traces.tar.gz" ] && [ "$(stat -c %s "$OUT/traces.tar.gz")" -gt 15728640 ]; then
-        log "traces.tar.gz $(stat -c %s "$OUT/traces.tar.gz") bytes: over 15 MiB, left out"
-        rm -f "$OUT/traces.tar.gz"
-    fi
-    rm -f "$WORK"/trace/profiles/*/trace_rank*.json
-else
-    log "(c) skipped: ${TB}s left"
+# ---- (c) profiler traces of ep 4, then ep 1 ---------------------------------------------------
+for n in ${TRACED//,/ }; do
+    TB=$(( $(left) - 12 ))
+    if [ "$TB" -lt 35 ]; then log "(c) trace of $n skipped: ${TB}s left"; continue; fi
+    log "(c) trace of $n: budget ${TB}s"
+    timeout $(( TB + 5 )) $PY benchmarks/moe_gpu_check.py --out "$WORK/trace/$n" "${CHECK[@]}" \
+        --trace --only "$n" --steps 3 --warmup 2 --no-grouped-check --timeout "$TB" \
+        >"$WORK/trace_$n.log" 2>&1
+    log "(c) $n rc=$?"
+    timeout 40 $PY benchmarks/moe_trace_summary.py "$WORK/trace/$n/profiles/$n" --ranks "$RANKS" \
+        >>"$OUT/trace_summary.txt" 2>>"$LOG"
+    log "(c) $n summary rc=$?"
+done
+(cd "$WORK/trace" 2>/dev/null && tar czf "$OUT/traces.tar.gz" */profiles/*/trace_rank0.json) \
+    2>>"$LOG"
+if [ -f "$OUT/traces.tar.gz" ] && [ "$(stat -c %s "$OUT/traces.tar.gz")" -gt 15728640 ]; then
+    log "traces.tar.gz $(stat -c %s "$OUT/traces.tar.gz") bytes: over 15 MiB, left out"
+    rm -f "$OUT/traces.tar.gz"
 fi
+rm -f "$WORK"/trace/*/profiles/*/trace_rank*.json
 
 # ---- the rest, packed ----------------------------------------------------------------------
 (cd "$WORK" && tar czf "$OUT/raw.tar.gz" --exclude='*.json.gz' check trace check.log \
-    trace.log model.json 2>/dev/null)
+    trace_*.log model.json 2>/dev/null)
 log "done: $(ls "$OUT" | tr '\n' ' ')"
 rm -rf "$WORK"
