@@ -13,6 +13,9 @@ Checks, and the cost model's prediction beside each measurement (issue 38 item 5
     python benchmarks/moe_gpu_check.py --out $OUT                 # 4 GPUs, about 7 minutes
     python benchmarks/moe_gpu_check.py --out $OUT --only dp4-ep1-zero1,dp4-ep4-zero1
     python benchmarks/moe_gpu_check.py --out /tmp/x --device cpu --tiny --nproc 2
+    python benchmarks/moe_gpu_check.py --out $OUT --profile fresh.toml   # a third prediction
+    python benchmarks/moe_gpu_check.py --out $OUT/trace --trace --only dp4-ep1-zero1 \
+        --steps 3 --warmup 2 --no-grouped-check     # torch.profiler traces (OUT/profiles)
 
 Writes $OUT/moe_gpu.md, $OUT/moe_gpu.json, $OUT/grouped_mm.json and the plan, results and
 log files in $OUT/moe_gpu_raw.tar.gz.
@@ -26,6 +29,7 @@ import shutil
 import statistics
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -111,6 +115,24 @@ def grouped_vs_loop(out: Path) -> dict:
     return res
 
 
+def predict_all(eg, model, cluster, job, layout, profiles) -> dict:
+    """``executor_gpu.predict`` (datasheet and saved profile) and, under ``profiles``, the
+    prediction on each further profile file (applied to the run's cluster)."""
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    pred = eg.predict(model, cluster, job, layout)
+    if profiles:
+        pred["profiles"] = {}
+        for path in profiles:
+            try:
+                cl = apply_profile(cluster, path, override=True)
+            except Exception as exc:    # noqa: BLE001 - recorded; the other predictions stand
+                pred["profiles"][Path(path).name] = {"error": str(exc)}
+                continue
+            pred["profiles"][Path(path).name] = eg.predict(model, cl, job, layout,
+                                                           with_saved_profile=False)
+    return pred
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -119,21 +141,34 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=150, help="seconds per layout")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for all layouts: a layout runs only if the longest so far "
+                    "still fits, and never past the budget (the rest are recorded as skipped)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="a tiny fp32 model (CPU smoke test)")
     ap.add_argument("--only", default="", help="comma-separated layout names to run")
     ap.add_argument("--no-grouped-check", action="store_true")
+    ap.add_argument("--profile", action="append", default=[], dest="fresh_profiles",
+                    metavar="PATH", help="also predict with this profile (repeatable; e.g. "
+                    "a calibration made just before the run)")
+    ap.add_argument("--trace", action="store_true",
+                    help="torch.profiler trace of the first timed steps of each layout run "
+                    "(the executor's --profile: traces in OUT/profiles/NAME; time the "
+                    "layouts in a run without it)")
     args = ap.parse_args()
-    args.compile, args.profile, args.allow_gpu_mismatch = False, None, True
+    args.compile, args.allow_gpu_mismatch = False, True
+    args.profile = bool(args.trace)
     import executor_gpu as eg
     model, job = (TINY, TINY_JOB) if args.tiny else (MODEL, JOB)
     if args.estimate:     # no GPU here: the H100 node (the GPU run prices its own card)
         cluster = eg.cluster_for("cpu", args.nproc)
         for name, layout in layouts(args.nproc):
-            p = eg.predict(model, cluster, job, layout)
+            p = predict_all(eg, model, cluster, job, layout, args.fresh_profiles)
+            extra = " ".join(f"{k}: {v.get('step_time_s', float('nan')):.3f} s"
+                             for k, v in p.get("profiles", {}).items())
             mem = p.get("memory_peak_bytes")
             print(f"{name:24s} {layout.short():44s} {p.get('step_time_s', float('nan')):7.3f} s "
-                  f"{'-' if mem is None else f'{mem / 2**30:.2f} GiB'} {p.get('error', '')}")
+                  f"{'-' if mem is None else f'{mem / 2**30:.2f} GiB'} {p.get('error', '')} {extra}")
         return 0
     if not args.out:
         ap.error("--out is required unless --estimate")
@@ -145,19 +180,35 @@ def main() -> int:
         summary["grouped_mm"] = grouped_vs_loop(out)
     cluster = eg.cluster_for(args.device, args.nproc)
     rows = []
+    summary["layouts"] = rows
     only = {n for n in args.only.split(",") if n}
+    t_start, longest, per_layout = time.monotonic(), 0.0, args.timeout
     for name, layout in layouts(args.nproc):
         if only and name not in only:
             continue
+        left = None if args.budget is None else args.budget - (time.monotonic() - t_start)
+        if left is not None and (left < longest or left < 10):
+            rows.append({"layout": name, "short": layout.short(), "loss_per_step": None,
+                         "status": f"skipped: {left:.0f} s of --budget left, the longest "
+                         f"layout so far took {longest:.0f} s", "step_time_s": None,
+                         "tokens_per_s": None, "memory_peak_bytes": None,
+                         "predicted": predict_all(eg, model, cluster, job, layout,
+                                                  args.fresh_profiles)})
+            continue
+        args.timeout = per_layout if left is None else int(min(per_layout, left))
+        t0 = time.monotonic()
         r = eg.run_case(eg.Case(name, layout), args, model, job, cluster, out)
+        longest = max(longest, time.monotonic() - t0)
         m = (r["doc"] or {}).get("measured") or {}
         rows.append({"layout": name, "short": layout.short(), "status": r["status"],
                      "step_time_s": m.get("step_time_s"), "tokens_per_s": m.get("tokens_per_s"),
                      "memory_peak_bytes": m.get("memory_peak_bytes"),
                      "loss_per_step": m.get("loss_per_step"),
-                     "predicted": eg.predict(model, cluster, job, layout),
+                     "predicted": predict_all(eg, model, cluster, job, layout,
+                                              args.fresh_profiles),
                      "errors_pct": (r["doc"] or {}).get("errors_pct")})
-    summary["layouts"] = rows
+        # after every layout: a run killed later keeps the layouts it measured
+        (out / "moe_gpu.json").write_text(json.dumps(summary, indent=1))
     (out / "moe_gpu.json").write_text(json.dumps(summary, indent=1))
     (out / "moe_gpu.md").write_text(markdown(summary))
     with tarfile.open(out / "moe_gpu_raw.tar.gz", "w:gz") as tar:
@@ -178,13 +229,19 @@ def markdown(s: dict) -> str:
         lines += ["grouped_mm vs loop: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float)
                                                      else f"{k} {v}" for k, v in gm.items()), ""]
     base = next((r["loss_per_step"] for r in s["layouts"] if r["loss_per_step"]), None)
-    lines += ["Two predictions, both fixed before the run: *datasheet* (the GPU's preset "
-              "profile) and *saved profile* (the newest saved 4-GPU calibration of this GPU "
-              "type, `executor_gpu.SAVED_PROFILES`; the model itself was never timed there).", "",
+    names = sorted({n for r in s["layouts"] for n in
+                    ((r.get("predicted") or {}).get("profiles") or {})})
+    lines += ["Predictions: *datasheet* (the GPU's preset profile) and *saved profile* (the "
+              "newest saved 4-GPU calibration of this GPU type, `executor_gpu.SAVED_PROFILES`;"
+              " the model itself was never timed there)"
+              + (", and on " + ", ".join(f"`{n}`" for n in names) + " (`--profile`)"
+                 if names else "") + ".", "",
               "| layout | status | step s | predicted s datasheet | error | predicted s saved "
-              "profile | error | tokens/s | peak GiB | predicted GiB | error | losses | "
+              "profile | error | " + "".join(f"{n} s | error | " for n in names)
+              + "tokens/s | peak GiB | predicted GiB | error | "
+              + "".join(f"{n} GiB | error | " for n in names) + "losses | "
               "max rel. loss diff |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---" * (13 + 4 * len(names)) + "|"]
     for r in s["layouts"]:
         losses = r["loss_per_step"] or []
         diff = (max(abs(a - b) / abs(b) for a, b in zip(losses, base)) if losses and base
@@ -196,14 +253,26 @@ def markdown(s: dict) -> str:
         e_step = p_step / r["step_time_s"] - 1 if p_step and r["step_time_s"] else None
         e_saved = s_step / r["step_time_s"] - 1 if s_step and r["step_time_s"] else None
         e_mem = p_mem / r["memory_peak_bytes"] - 1 if p_mem and r["memory_peak_bytes"] else None
+        fresh = [(pred.get("profiles") or {}).get(n) or {} for n in names]
+        f_step = "".join(f"{fmt(p.get('step_time_s'), '{:.3f}')} | "
+                         f"{fmt(rel(p.get('step_time_s'), r['step_time_s']), '{:+.1%}')} | "
+                         for p in fresh)
+        f_mem = "".join(f"{fmt(p.get('memory_peak_bytes') and p['memory_peak_bytes'] / 2**30, '{:.2f}')} | "
+                        f"{fmt(rel(p.get('memory_peak_bytes'), r['memory_peak_bytes']), '{:+.1%}')} | "
+                        for p in fresh)
         lines.append(f"| {r['short']} | {r['status'][:60]} | {fmt(r['step_time_s'], '{:.3f}')} | "
                      f"{fmt(p_step, '{:.3f}')} | {fmt(e_step, '{:+.1%}')} | "
-                     f"{fmt(s_step, '{:.3f}')} | {fmt(e_saved, '{:+.1%}')} | "
+                     f"{fmt(s_step, '{:.3f}')} | {fmt(e_saved, '{:+.1%}')} | {f_step}"
                      f"{fmt(r['tokens_per_s'], '{:.0f}')} | "
                      f"{fmt(r['memory_peak_bytes'] and r['memory_peak_bytes'] / 2**30, '{:.2f}')}"
                      f" | {fmt(p_mem and p_mem / 2**30, '{:.2f}')} | {fmt(e_mem, '{:+.1%}')}"
-                     f" | {' '.join(f'{v:.4f}' for v in losses)} | {fmt(diff, '{:.2e}')} |")
+                     f" | {f_mem}{' '.join(f'{v:.4f}' for v in losses)} | {fmt(diff, '{:.2e}')} |")
     return "\n".join(lines) + "\n"
+
+
+def rel(pred, meas):
+    """predicted / measured − 1, or None where either is missing."""
+    return pred / meas - 1 if pred and meas else None
 
 
 if __name__ == "__main__":

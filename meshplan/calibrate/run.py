@@ -214,7 +214,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
     fp8 = options.fp8 and has_fp8_tensor_cores(device)
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
-             + len(grid) * rounds + (2 if world > 1 else 0) + (1 if fp8 else 0))
+             + len(grid) * rounds + (2 if world > 1 else 0) + (1 if fp8 else 0)
+             + (1 if any(m.num_experts for m in options.models) else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "
               f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes, "
@@ -256,6 +257,10 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     prog.step("memory-bound ops: " + ", ".join(
         f"{r['op']} {r['model_bytes'] / r['seconds'] / 1e9:.0f} GB/s" for r in rows["membound"]))
     like = options.models[0] if options.models else None
+    if any(m.num_experts for m in options.models):
+        from meshplan.calibrate.bench_moe import moe_rows
+        rows.update(moe_rows(options.models, options.seq_len, device, world, quick=options.quick))
+        prog.step(f"MoE: {len(rows['grouped_gemm'])} grouped GEMMs, permutation, host syncs")
     rows["overheads"] = bench_overhead.bench_overheads(device, like,
                                                        iters=5 if options.quick else 10)
     prog.step("fixed overheads: " + ", ".join(f"{r['kind']} {r['seconds'] * 1e6:.0f} us"
@@ -311,6 +316,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                                                host_dispatch_probe_us(device))),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
+        from meshplan.calibrate.moe_profile import add_moe_keys
+        add_moe_keys(doc, base, kind)
         path = write_text_atomic(options.out, dumps(doc))
         prog.note(f"wrote {path} (measured: {', '.join(doc['measured'])}) in "
                   f"{time.perf_counter() - t_start:.1f} s")

@@ -14,14 +14,21 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
 * **Permutation** (memory-bound, Megatron-Core's ``permute`` / ``unpermute`` and the
   executor's sort): the k·T routed copies gathered into expert order (read + write
   k·T·h·e), the received rows regrouped by local expert before and after the experts
-  (2 × read + write R·h·e), and the combine's weighted sum (read k copies, write the token:
-  (k + 1)·T·h·e).
+  (2 × read + write R·h·e; the executor's grouped GEMM pads each group in and out, and
+  with ep > 1 it also regroups the received rows by expert and back: twice that), and the
+  combine's weighted sum (read k copies, write the token:
+  (k + 1)·T·h·e), at the profile's ``membound_efficiency["moe-permute"]`` (``meshplan
+  calibrate --model`` times the executor's gather, padding copies and combine, forward and
+  backward, at the model's shapes: ``calibrate/bench_moe.py``), else its pooled
+  ``hbm_efficiency``.
 * **Grouped expert GEMMs**: E/ep local experts, each on R·ep/E rows: fc1 (h → m·f_e/etp) and
   fc2 (f_e/etp → h), each at the profile's ``grouped_gemm_efficiency`` curve by one
   expert's GEMM FLOPs, or where the profile has none, the dense GEMM curve at that
   per-expert shape (a grouped GEMM runs the experts' GEMMs one after another on the GPU:
   many small GEMMs at a small GEMM's efficiency); the activation function memory-bound on
-  R·(m + 1)·f_e/etp elements. Backward 2× the GEMMs (Narayanan et al. 2021 §5.1) and the
+  R·(m + 1)·f_e/etp elements (at the dense activation's measured efficiency where the
+  profile has one). ``meshplan calibrate --model`` with an MoE model times the grouped
+  GEMMs at the model's expert shapes and writes the curve. Backward 2× the GEMMs (Narayanan et al. 2021 §5.1) and the
   memory traffic; the weight-gradient GEMMs (zero-bubble's W) one forward's worth.
 * **Dispatch and combine**: 2 all-to-alls per pass on the ep group's link
   (:func:`meshplan.costmodel.moe.all_to_all_s`: inside a node at NVLink's bus bandwidth,
@@ -42,8 +49,8 @@ Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and mic
 :func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs only
 the attention core.
 
-Measured error: none yet (issue 38 item 5's GPU check, benchmarks/moe_gpu_check.py, is
-prepared; published MoE runs in docs/benchmarks/published.md).
+Measured error: docs/moe.md "GPU check" (4 × H200, 8 layouts of a 1.9B MoE: saved profile
+23.6 % mean step-time error post hoc, datasheet 53.9 %) and docs/benchmarks/published.md.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
 ROUTER_SCORE_BYTES = 12   # fp32 logits read, probabilities written, read again for top-k
+PERMUTE_OP = "moe-permute"   # the permutation's entry in the profile's membound_efficiency
 
 
 @dataclass(frozen=True)
@@ -109,10 +117,14 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                                        * model.ffn_matrices * f_loc)
                          + expert_gemm_s(cluster, peak, 2.0 * per_expert * f_loc * h))
     router_s = gemm_s(gpu, peak, 2.0 * tokens * h * n_exp)
-    mem_bytes = (tokens * n_exp * ROUTER_SCORE_BYTES + 2 * k * tokens * h * e
-                 + 4 * rows * h * e + (k + 1) * tokens * h * e
-                 + rows * (model.ffn_matrices + 1) * f_loc * e)
-    fwd_mb = hbm_s(gpu, mem_bytes)
+    # runtime "torch" with ep > 1 regroups the received rows by expert and back, besides
+    # the grouped GEMM's padding copies (executor/moe.py ``_run_experts``)
+    regroups = 2 if ep > 1 and job.runtime == "torch" else 1
+    permute_bytes = (2 * k * tokens * h * e + 4 * regroups * rows * h * e
+                     + (k + 1) * tokens * h * e)
+    fwd_mb = (hbm_s(gpu, tokens * n_exp * ROUTER_SCORE_BYTES)
+              + hbm_s(gpu, permute_bytes, PERMUTE_OP)
+              + hbm_s(gpu, rows * (model.ffn_matrices + 1) * f_loc * e, model.activation))
     sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
     a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance, gpu.nvlink_gbps,
                                gpu.nvlink_efficiency) if ep > 1 else 0.0

@@ -1,0 +1,95 @@
+"""The MoE profile keys from :mod:`meshplan.calibrate.bench_moe`'s rows (pure Python).
+
+Each key is defined so that the MoE cost model, fed it, reproduces the benchmark's time
+(``costmodel/moe_layer.py``, ``costmodel/moe_host.py``):
+
+* ``grouped_gemm_efficiency`` (curve by one expert's GEMM FLOPs x = 2·r·k·n): the cost model
+  charges G experts' GEMMs G·x / (peak·eff(x)) forward and twice that backward, so
+  ``eff = 3·G·x / (peak · t_fwd+bwd)``. Outside the measured FLOPs the base profile's
+  grouped curve (or its dense GEMM curve) continues, scaled to meet the nearest point.
+* ``membound_efficiency["moe-permute"]``: the permutation's bytes as the cost model counts
+  them (``bench_moe.permute_bytes``, forward; backward twice) over its time and the HBM
+  bandwidth: ``Σ bytes / (Σ t · hbm_gbps)``, at most ``MAX_EFFICIENCY``.
+* ``host_sync_s``: the median of the queued rows (``.item()`` and ``.tolist()`` behind a
+  spin: the gap from the end of the queued work to the host's return, launch of the next
+  kernel included).
+* ``host_op_dispatch_s``: (the tiny MoE layer's CPU wall − its syncs × ``host_sync_s``) over
+  the operators ``moe_host.routed_ops`` counts for it; the median over models.
+
+On CPU (no queue: every op runs as it is dispatched) the host keys are not written: the
+CPU's wall times are its compute, which the GEMM and memory-bound keys already price.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping
+
+from meshplan.hardware_profiles.curve_fit import MAX_EFFICIENCY, extend_with_base, merge_points
+from meshplan.hardware_profiles.gpu import GPUSpec
+
+from meshplan.costmodel.moe_layer import PERMUTE_OP
+MOE_ROW_KINDS = ("grouped_gemm", "moe_permute", "host_sync", "host_dispatch")
+
+
+def grouped_gemm_points(rows, peak_flops: float) -> list[tuple[float, float]]:
+    """(one expert's GEMM FLOPs, efficiency) of every timed row; each row gets its own."""
+    pts = []
+    for r in rows:
+        if r.get("seconds", 0) <= 0:
+            continue
+        x = 2.0 * r["rows"] * r["k"] * r["n"]
+        r["flops"] = x
+        r["efficiency"] = 3.0 * r["groups"] * x / (peak_flops * r["seconds"])
+        pts.append((x, r["efficiency"]))
+    return pts
+
+
+def moe_keys(rows: Mapping[str, list[dict[str, Any]]], *, peak_flops: float, hbm_gbps: float,
+             base: GPUSpec | None, device: str) -> dict[str, Any]:
+    """The ``[gpu]`` keys the MoE rows measure (module docstring); keys without rows absent."""
+    out: dict[str, Any] = {}
+    pts = grouped_gemm_points(rows.get("grouped_gemm", []), peak_flops)
+    if pts:
+        shape = None if base is None else (base.grouped_gemm_efficiency or base.gemm_efficiency)
+        out["grouped_gemm_efficiency"] = extend_with_base(merge_points(pts), shape).to_list()
+    perm = [r for r in rows.get("moe_permute", []) if r.get("seconds", 0) > 0]
+    if perm:
+        for r in perm:
+            r["efficiency"] = r["model_bytes"] / r["seconds"] / 1e9 / hbm_gbps
+        eff = sum(r["model_bytes"] for r in perm) / sum(r["seconds"] for r in perm) / 1e9
+        out["membound_efficiency"] = {PERMUTE_OP: min(MAX_EFFICIENCY, eff / hbm_gbps)}
+    if device != "cuda":
+        return out
+    queued = [r["seconds"] for r in rows.get("host_sync", []) if r["stream"] == "queued"]
+    if queued:
+        out["host_sync_s"] = max(0.0, statistics.median(queued))
+    per_op = [(r["seconds"] - r["syncs"] * r["sync_s"]) / r["ops"]
+              for r in rows.get("host_dispatch", []) if r.get("ops", 0) > 0]
+    per_op = [v for v in per_op if v > 0]
+    if per_op:
+        out["host_op_dispatch_s"] = statistics.median(per_op)
+    return out
+
+
+def add_moe_keys(doc: dict[str, Any], base: GPUSpec | None, device: str) -> list[str]:
+    """Write the MoE keys of ``doc["measurements"]``'s MoE rows into a profile document
+    (``calibrate.profile.build_profile``'s) and its ``measured`` list; returns the keys.
+    ``membound_efficiency`` gains the permutation's entry beside the dense ops'."""
+    gpu = doc["gpu"]
+    peak = (base.peak_flops("bf16") if base is not None
+            else float(gpu["peak_tflops"]["bf16"]) * 1e12)
+    keys = moe_keys(doc.get("measurements", {}), peak_flops=peak,
+                    hbm_gbps=float(gpu["hbm_gbps"]), base=base, device=device)
+    if "membound_efficiency" in keys:
+        keys["membound_efficiency"] = {**gpu.get("membound_efficiency", {}),
+                                       **keys["membound_efficiency"]}
+    gpu.update(keys)
+    names = [k if k != "membound_efficiency" else f"membound_efficiency.{PERMUTE_OP}"
+             for k in keys]
+    doc["measured"] = list(doc.get("measured", [])) + [n for n in names
+                                                        if n not in doc.get("measured", [])]
+    return names
+
+
+__all__ = ["moe_keys", "add_moe_keys", "grouped_gemm_points", "PERMUTE_OP", "MOE_ROW_KINDS"]

@@ -1,0 +1,158 @@
+"""MoE calibration: the benchmarks (CPU, tiny sizes), the profile keys they give, and the cost
+model reproducing each benchmark's time from its key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import meshplan as mp  # noqa: E402
+from meshplan.calibrate import bench_moe, moe_only  # noqa: E402
+from meshplan.calibrate.moe_profile import PERMUTE_OP, add_moe_keys, moe_keys  # noqa: E402
+from meshplan.costmodel.moe_host import routed_ops, torch_syncs  # noqa: E402
+from meshplan.costmodel.moe_layer import expert_gemm_s, routed_mlp  # noqa: E402
+from meshplan.costmodel.tables import layer_tables  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile, load_profile  # noqa: E402
+from meshplan.hardware_profiles.curve import Curve  # noqa: E402
+
+CPU = torch.device("cpu")
+MOE = mp.ModelSpec(name="moe-1.9b", num_layers=12, hidden_size=2048, num_heads=16,
+                   num_kv_heads=8, ffn_hidden_size=5632, vocab_size=32000, max_seq_len=2048,
+                   activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                   tied_embeddings=False, bias=False, num_experts=16, experts_per_token=2,
+                   moe_ffn_hidden_size=1408)
+TINY = mp.ModelSpec(name="tiny-moe", num_layers=2, hidden_size=32, num_heads=2, vocab_size=64,
+                    max_seq_len=32, activation="swiglu", norm="rmsnorm",
+                    position_embedding="rope", tied_embeddings=False, bias=False,
+                    num_experts=4, experts_per_token=2)
+H200 = mp.Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+JOB = mp.Job(global_batch=32, seq_len=2048, precision="bf16", runtime="torch")
+
+
+def test_expert_shapes_follow_balanced_routing():
+    shapes = bench_moe.expert_gemm_shapes(MOE, 2048, 4)
+    # rows per expert = k·T·ep/E, T = mb·s/tp; fc1 h -> 2f (SwiGLU), fc2 f -> h
+    want = set()
+    for tp in (1, 2):
+        for mb in (1, 2):
+            for ep in (1, 2, 4):
+                rows = 2 * (mb * 2048 // tp) * ep // 16
+                want |= {bench_moe.GroupedGemmShape(16 // ep, rows, 2048, 2816),
+                         bench_moe.GroupedGemmShape(16 // ep, rows, 1408, 2048)}
+    assert set(shapes) == want
+    assert bench_moe.expert_gemm_shapes(mp.ModelSpec.preset("gpt-1.7b"), 2048, 4) == []
+    # ep must divide the experts and the world: 6 experts on 4 ranks -> ep 1, 2
+    six = replace(MOE, num_experts=6)
+    assert {s.groups for s in bench_moe.expert_gemm_shapes(six, 2048, 4)} == {6, 3}
+
+
+def test_benchmarks_run_on_cpu_and_record_what_they_timed():
+    r = bench_moe.bench_grouped_gemm(bench_moe.GroupedGemmShape(4, 8, 32, 48), CPU)
+    assert r["backend"] == "loop" and r["seconds"] > 0 and (r["groups"], r["rows"]) == (4, 8)
+    p = bench_moe.bench_permute(64, 2, 4, 32, CPU)
+    assert p["model_bytes"] == 3 * bench_moe.permute_bytes(64, 2, 32, 4) and p["seconds"] > 0
+    syncs = bench_moe.bench_host_sync(CPU, iters=3)
+    assert {(s["read"], s["stream"]) for s in syncs} == {("item", "idle"), ("tolist", "idle")}
+    d = bench_moe.bench_host_dispatch(TINY, CPU, 0.0, iters=2)
+    assert d["ops"] == sum(routed_ops(bench_moe.tiny_moe_spec(TINY), mp.Layout(),
+                                      autocast=False))
+    assert d["syncs"] == 0 and d["seconds"] > 0
+
+
+def test_permute_bytes_are_the_cost_models():
+    """A profile whose permutation efficiency is X moves the routed forward's memory-bound
+    time by exactly permute_bytes · (1/X − 1/hbm_eff) / hbm (ep 1, tokens T = mb·s)."""
+    lay = mp.Layout(dp=4, micro_batch=2, zero=1)
+    links = layer_tables(MOE, H200, JOB, lay).links
+    gpu = H200.gpu
+    slow = H200.replace(gpu=replace(gpu, membound_efficiency={PERMUTE_OP: 0.1}))
+    a = routed_mlp(MOE, H200, JOB, lay, links, 1.0).forward.memory_bound_s
+    b = routed_mlp(MOE, slow, JOB, lay, links, 1.0).forward.memory_bound_s
+    nbytes = bench_moe.permute_bytes(2 * 2048, 2, 2048, 2)
+    assert b - a == pytest.approx(nbytes / (gpu.hbm_gbps * 1e9)
+                                  * (1 / 0.1 - 1 / gpu.hbm_efficiency), rel=1e-9)
+
+
+def test_keys_reproduce_the_benchmarks():
+    """Fed the keys, the cost model prices each benchmark at its measured time."""
+    gpu = H200.gpu
+    peak = gpu.peak_flops("bf16")
+    gg = [{"groups": 8, "rows": 1024, "k": 2048, "n": 2816, "seconds": 2.0e-3},
+          {"groups": 16, "rows": 128, "k": 1408, "n": 2048, "seconds": 0.9e-3}]
+    perm = [{"model_bytes": 3 * bench_moe.permute_bytes(4096, 2, 2048, 2), "seconds": 1.5e-3}]
+    keys = moe_keys({"grouped_gemm": gg, "moe_permute": perm}, peak_flops=peak,
+                    hbm_gbps=gpu.hbm_gbps, base=gpu, device="cuda")
+    assert set(keys) == {"grouped_gemm_efficiency", "membound_efficiency"}
+    fitted = replace(gpu, grouped_gemm_efficiency=Curve(
+        keys["grouped_gemm_efficiency"]), membound_efficiency=keys["membound_efficiency"])
+    cl = H200.replace(gpu=fitted)
+    for r in gg:
+        x = 2.0 * r["rows"] * r["k"] * r["n"]
+        # forward + backward (2×) of every local expert's GEMM
+        assert 3 * r["groups"] * expert_gemm_s(cl, peak, x) == pytest.approx(r["seconds"],
+                                                                             rel=1e-3)
+    eff = keys["membound_efficiency"][PERMUTE_OP]
+    assert perm[0]["model_bytes"] / (gpu.hbm_gbps * 1e9 * eff) == pytest.approx(1.5e-3)
+
+
+def test_host_keys_only_from_a_gpu_queue():
+    rows = {"host_sync": [{"read": "item", "stream": "idle", "seconds": 30e-6},
+                          {"read": "item", "stream": "queued", "seconds": 12e-6},
+                          {"read": "tolist", "stream": "queued", "seconds": 16e-6}],
+            "host_dispatch": [{"seconds": 2.0e-3, "ops": 150, "syncs": 5, "sync_s": 14e-6}]}
+    kw = dict(peak_flops=1e15, hbm_gbps=4800.0, base=None)
+    assert moe_keys(rows, device="cpu", **kw) == {}
+    keys = moe_keys(rows, device="cuda", **kw)
+    assert keys["host_sync_s"] == pytest.approx(14e-6)
+    assert keys["host_op_dispatch_s"] == pytest.approx((2.0e-3 - 5 * 14e-6) / 150)
+
+
+def test_the_host_keys_move_the_moe_host_term():
+    lay = mp.Layout(dp=4, ep=4, micro_batch=2, zero=1)
+    gpu = H200.gpu
+    base = mp.estimate(MOE, H200, JOB, lay).step_time_s
+    slow = H200.replace(gpu=replace(gpu, host_sync_s=gpu.host_sync_s + 100e-6))
+    # 8 syncs per MoE layer forward at ep > 1, 12 layers, 8 micro-batches (32 / dp 4 / mb 2... )
+    micro = 32 // 4 // 2
+    extra = 8 * 12 * micro * 100e-6
+    assert torch_syncs(MOE, lay) == 8
+    assert mp.estimate(MOE, slow, JOB, lay).step_time_s - base == pytest.approx(extra, rel=0.01)
+
+
+def test_add_moe_keys_keeps_the_dense_ops(tmp_path):
+    doc = {"gpu": {"peak_tflops": {"bf16": 989.0}, "hbm_gbps": 4800.0,
+                   "membound_efficiency": {"rmsnorm": 0.06}},
+           "measured": ["membound_efficiency"],
+           "measurements": {"moe_permute": [{"model_bytes": 4.8e9, "seconds": 2e-3}]}}
+    names = add_moe_keys(doc, None, "cuda")
+    assert names == [f"membound_efficiency.{PERMUTE_OP}"]
+    assert doc["gpu"]["membound_efficiency"] == {"rmsnorm": 0.06, PERMUTE_OP: 0.5}
+
+
+def test_moe_only_extends_a_profile_and_the_cost_model_reads_it(tmp_path):
+    from meshplan.calibrate.profile import build_profile
+    from meshplan.calibrate.tomlfile import dumps
+    base = build_profile(measurements={}, base=mp.Cluster.preset("dgx-h200").gpu,
+                         device="cuda", provenance={"machine": "test"})
+    path = tmp_path / "base.toml"
+    path.write_text(dumps(base))
+    model_file = tmp_path / "tiny.json"
+    model_file.write_text(json.dumps(TINY.to_dict()))
+    out = tmp_path / "moe.toml"
+    assert moe_only.main(["--model", str(model_file), "--world", "2", "--quick",
+                          "--device", "cpu", "--base-profile", str(path),
+                          "--out", str(out)]) == 0
+    prof = load_profile(out)
+    assert prof.gpu.grouped_gemm_efficiency is not None
+    assert PERMUTE_OP in prof.gpu.membound_efficiency
+    assert prof.provenance["moe_calibration"]["keys"][:1] == ["grouped_gemm_efficiency"]
+    assert prof.gpu.host_sync_s == H200.gpu.host_sync_s    # CPU: host keys left as they were
+    cl = apply_profile(mp.Cluster.preset("dgx-h200", nodes=1, gpus_per_node=2), out)
+    assert cl.gpu.grouped_gemm_efficiency == prof.gpu.grouped_gemm_efficiency
+    with pytest.raises(mp.errors.ConfigError, match="routed experts"):
+        moe_only.run([mp.ModelSpec.preset("gpt-1.7b")], seq_len=None, world=1, out=out,
+                     base_profile=str(path), device_kind="cpu")
