@@ -259,8 +259,9 @@ def pipeline_units(M, t, n, tag: str):
     below by its arguments; since every such variable enters the minimised step time with
     a non-negative weight, at the optimum it equals the max, so the solver's minimum is the
     closed form's minimum over partitions. The 1F1B form follows
-    ``pipeline._one_f_one_b`` (Narayanan et al. 2021 §2.2.1, longest path through a home
-    rank with first/last round trips and p2p detours); the GPipe form ``pipeline._gpipe``
+    ``pipeline_1f1b._one_f_one_b`` (Narayanan et al. 2021 §2.2.1, longest path through a
+    home rank with first/last round trips and p2p detours); the GPipe form
+    ``pipeline_1f1b._gpipe``
     (Huang et al. 2019). ``tests/unit/test_planner_cpsat.py`` checks this expression
     against ``LayerTables.pipeline_s`` on fixed partitions, so a change of the closed form
     in the cost model cannot silently diverge from the solver.
@@ -326,7 +327,7 @@ def pipeline_units(M, t, n, tag: str):
 
 
 def _detour_units(M, fp, bp, g_home, c, slots, k, depth, var):
-    """``pipeline._detours`` (home rank ``k``, no deferred weight gradients) as a variable:
+    """``pipeline_1f1b._detours`` (home rank ``k``, no deferred weight gradients) as a variable:
     max over detour depths of repeated positive gains, each gain a max with 0."""
     best = var(f"det{k}_")
     for d in (depth, 1) if depth > 1 else (1,):
