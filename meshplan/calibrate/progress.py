@@ -39,3 +39,13 @@ class Progress:
         if self.enabled:
             self.stream.write(("\n" if self.tty else "") + message + "\n")
             self.stream.flush()
+
+
+def _step(progress, message: str) -> None:
+    if progress is not None:
+        progress.step(message)
+
+
+def _note(progress, message: str) -> None:
+    if progress is not None:
+        progress.note(message)

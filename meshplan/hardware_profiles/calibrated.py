@@ -80,7 +80,7 @@ def _v1_layer_row(row: Any) -> Any:
     """A version-1 CUDA layer row with its activation bytes as version 2 measures them.
 
     Version 1 read ``activation_bytes`` of ZeRO-0 rows from a second forward of a *fresh*
-    input (``bench_layers._kept_bytes``), which already holds that input, and then added the
+    input (``layer_timing._kept_bytes``), which already holds that input, and then added the
     input once more: every such row counted ``input / L`` bytes too many per layer (half an
     input at L = 2 blocks; a third of a full-recompute row, whose real cost is the input).
     Rows of other ZeRO stages were read around a persistent input and are right, and so

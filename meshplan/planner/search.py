@@ -84,11 +84,11 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     torch's p2p order, which only lengthens it). Otherwise,
     with ``g_c = f_c + b_c`` and Σ = Σ_c g_c (the same for every partition):
 
-    * gpipe: ``Σ + (m-1)(max f + max b) + 2(p-1)c`` (``pipeline._gpipe``) and
+    * gpipe: ``Σ + (m-1)(max f + max b) + 2(p-1)c`` (``pipeline_1f1b._gpipe``) and
       ``max f + max b ≥ max g ≥ G* = max(Σ/S, ⌈L/S⌉·(f+b per layer) + 2·overhead)``;
     * 1f1b: the longest path through the last rank is ``Σ + 2(p-1)c + (m-1)·g_last``,
       and the one through the busiest rank ``k`` is at least ``m·g_k`` (its m forwards and
-      backwards all lie on it; ``pipeline._one_f_one_b``), so
+      backwards all lie on it; ``pipeline_1f1b._one_f_one_b``), so
       ``max(Σ + 2(p-1)c + (m-1)·g_last_min, m·G*)`` with ``g_last_min`` the last stage
       holding the fewest layers it may; and a water-filling relaxation over the home-rank
       paths (in the code).

@@ -36,7 +36,7 @@ from meshplan.planner.constraints import Constraints
 
 # Schedules whose stage partition the planner does not choose: it takes the cost model's
 # time of the as-even-as-possible split (meshplan.spec.default_stage_layers).
-# interleaved-1f1b: its closed form (meshplan.costmodel.pipeline._interleaved) is exact
+# interleaved-1f1b: its closed form (meshplan.costmodel.pipeline_interleaved) is exact
 # for uniform chunks but, per its docstring, -16 % to +11 % off the simulation with uneven
 # layers per chunk — a solver free to choose the chunks would exploit that error — so it
 # is offered only where the layers split evenly (L % (pp·vpp) == 0, also Megatron-LM's

@@ -29,7 +29,8 @@ def solve_fixed_partition():
     tables ``t``, in seconds: the pipeline (``pipeline_units``), or with ``host=True``
     max(pipeline, host bound) (``_host_bound_units``)."""
     cp_model = pytest.importorskip("ortools.sat.python.cp_model")
-    from meshplan.planner.cpsat import UNITS_PER_S, _host_bound_units, pipeline_units
+    from meshplan.planner.cpsat import UNITS_PER_S, pipeline_units
+    from meshplan.planner.cpsat_partition import _host_bound_units
 
     def solve(t, part, *, host: bool = False) -> float:
         M = cp_model.CpModel()

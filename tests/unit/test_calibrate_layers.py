@@ -451,25 +451,25 @@ def test_queued_split_backward_subtracts_the_rows_forward():
     """The queued path (CUDA) times forward+B and W; B is that minus the row's forward. On
     CPU the same code runs synchronized, which is enough to check the arithmetic."""
     torch = pytest.importorskip("torch")
-    from meshplan.calibrate import bench_layers
+    from meshplan.calibrate import bench_layers, layer_build, layer_split
     from meshplan.calibrate.bench_split import split_functions
     if split_functions() is None:
         pytest.skip("this torch has no split backward")
     cfg = Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False, recompute="none",
                  micro_batch=1)
     m, _ = bench_layers._build(cfg, 2, torch.device("cpu"), bench_layers._Groups(1, 0, "cpu"))
-    x = bench_layers._layer_input(cfg, torch.device("cpu"))
+    x = layer_build._layer_input(cfg, torch.device("cpu"))
     huge = [Sample(1e3, 0.0, forward_cpu_s=1e3)] * 3     # a forward longer than forward+B
-    b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
+    b, w, b_cpu, w_cpu = layer_split._split_per_layer(
         m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None, queue=object(),
         forward=huge)
     assert b == 0.0 and b_cpu == 0.0 and w > 0      # clamped at 0, never negative
-    b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
+    b, w, b_cpu, w_cpu = layer_split._split_per_layer(
         m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None, queue=object(),
         forward=[Sample(0.0, 0.0)] * 3)
     assert b > 0 and w > 0 and b_cpu == 0.0 == w_cpu   # CPU: synchronized, no CPU fields
     # without a queue: the synchronized split of bench_split, no CPU fields
-    b, w, b_cpu, w_cpu = bench_layers._split_per_layer(
+    b, w, b_cpu, w_cpu = layer_split._split_per_layer(
         m, x, None, 2, torch.device("cpu"), iters=2, barrier=lambda: None)
     assert b > 0 and w > 0 and b_cpu == 0.0 == w_cpu
 
@@ -518,15 +518,15 @@ def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
     copied into the CPU fields), each setting's smallest micro-batch is timed again on
     CPU_DEEP_LAYERS blocks and its rows get a per-call part and a per-layer rest."""
     torch = pytest.importorskip("torch")
-    from meshplan.calibrate import bench_layers
-    real = bench_layers._measure
+    from meshplan.calibrate import bench_layers, layer_run
+    real = layer_run._measure
 
     def measure(*a, **kw):
         samples, out = real(*a, **kw)
         return [replace(s, forward_cpu_s=s.forward_s, backward_cpu_s=s.backward_s)
                 for s in samples], out
 
-    monkeypatch.setattr(bench_layers, "_measure", measure)
+    monkeypatch.setattr(layer_run, "_measure", measure)
     prog = _Recorder()
     layers = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
                                            quick=False, progress=prog,
@@ -553,7 +553,8 @@ def _fsdp_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from meshplan.calibrate.bench_layers import _build, _Groups, _layer_step
+    from meshplan.calibrate.bench_layers import _build, _Groups
+    from meshplan.calibrate.layer_run import _layer_step
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     model = replace(GPTISH, vocab_size=128)
     out = {}

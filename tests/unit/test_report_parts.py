@@ -68,7 +68,7 @@ def test_timeline_simulation_has_every_pass_and_matches_the_estimate(layout):
     # uniform (the last carries the logits): this also checks that the timeline is fed the
     # same p2p and weight-gradient times as the estimate. The interleaved closed form is
     # documented as close, not exact, when the first/last chunks differ
-    # (meshplan/costmodel/pipeline.py), hence its looser tolerance.
+    # (meshplan/costmodel/pipeline_interleaved.py), hence its looser tolerance.
     rel = 0.01 if layout.vpp > 1 else 1e-9
     assert sim.step_time_s == pytest.approx(pipeline_seconds(est), rel=rel)
 

@@ -4,7 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.calibrate.bench_layers import Config, _build, _Groups, _set_recompute  # noqa: E402
+from meshplan.calibrate.bench_layers import Config, _build, _Groups  # noqa: E402
+from meshplan.calibrate.layer_build import _set_recompute  # noqa: E402
 from meshplan.calibrate.bench_split import split_functions  # noqa: E402
 from meshplan.calibrate.split_memory import _live_bytes_mode, split_memory_per_layer  # noqa: E402
 from meshplan.spec import ModelSpec  # noqa: E402

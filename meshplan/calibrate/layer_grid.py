@@ -1,0 +1,148 @@
+"""The layer tables' grid: which rows ``meshplan calibrate`` times, in which order.
+
+A :class:`Config` is one row (model, sequence length, parallel setting, recompute mode,
+micro-batch, part); :func:`plan_grid` lists every row, rows sharing a built module back to
+back. What a row holds: :mod:`meshplan.calibrate.bench_layers`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from meshplan.calibrate.shapes import valid_tps
+from meshplan.spec import ModelSpec
+from meshplan.errors import ConfigError
+
+RECOMPUTE = ("none", "selective", "full")
+FSDP_ZERO = (2, 3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """One row to measure. ``part`` "" = transformer layers, else an end."""
+
+    model: ModelSpec
+    seq_len: int
+    tp: int
+    sequence_parallel: bool
+    micro_batch: int
+    recompute: str = "none"
+    zero: int = 0
+    dp: int = 1
+    part: str = ""
+    compile: bool = False      # every block torch.compile'd, as Layout.compile runs them
+
+    @property
+    def communicates(self) -> bool:
+        """FSDP2 over dp > 1: gathers and reduce-scatters inside the timed passes (the
+        split backward of zero-bubble is timed only on rows that do not)."""
+        return self.zero >= 2 and self.dp > 1
+
+    @property
+    def build_key(self) -> tuple:
+        """Configurations with the same key share one built module (recompute flags and
+        the micro-batch change nothing in the parameters)."""
+        return (self.model.name, self.model, self.seq_len, self.part, self.tp,
+                self.sequence_parallel, self.zero, self.dp, self.compile)
+
+    def label(self) -> str:
+        what = self.part or "layer"
+        par = f"tp{self.tp}{' sp' if self.sequence_parallel else ''}"
+        if self.zero:
+            par = f"zero{self.zero} dp{self.dp}" + (f" {par}" if self.tp > 1 else "")
+        rc = f" rc={self.recompute}" if not self.part else ""
+        return (f"{what} {self.model.name} s{self.seq_len} {par}{rc} mb{self.micro_batch}"
+                + (" compiled" if self.compile else ""))
+
+
+def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[int, bool]]:
+    out = []
+    for tp in valid_tps(model, min(world, max_tp)):
+        if world % tp:
+            continue
+        out.append((tp, False))
+        if tp > 1 and seq % tp == 0:
+            out.append((tp, True))
+    return out
+
+
+def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
+                      ) -> tuple[int, ...]:
+    """The micro-batch sizes the layer tables are timed at, ascending and distinct
+    (default 1, 2, 4; quick 1, 2). Choose them around the micro-batches you will plan with:
+    between measured sizes the cost model interpolates, beyond them it extrapolates."""
+    if micro_batches is None:
+        return (1, 2) if quick else (1, 2, 4)
+    bad = [m for m in micro_batches if not isinstance(m, int) or m < 1]
+    if bad or not micro_batches:
+        raise ConfigError(f"micro-batch sizes must be integers >= 1, got {list(micro_batches)}")
+    return tuple(sorted(set(micro_batches)))
+
+
+def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
+              max_tp: int = 8, micro_batches: Sequence[int] | None = None,
+              compile_rows: Sequence[str] = ()) -> list[Config]:
+    """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
+    (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
+    the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
+    their blocks compiled (timed in the first round only:
+    :func:`~meshplan.calibrate.bench_layers.bench_layer_rows`).
+
+    The order puts what a model's estimates need most first, for every model before the
+    next kind: each model's plain rows and its ends, then each model's compiled rows, its
+    FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
+    inside a round (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds
+    the basic rows of every model rather than every row of the first."""
+    phases: list[list[Config]] = [[], [], [], [], []]
+    mbs = micro_batch_sizes(quick, micro_batches)
+    for model in models:
+        seq = seq_len or model.max_seq_len
+        if seq > model.max_seq_len:
+            raise ConfigError(f"--seq-len {seq} exceeds {model.name}'s max_seq_len "
+                              f"{model.max_seq_len}; the executor cannot run it")
+        tpsp = _tp_sp(model, seq, world, max_tp)
+        for tp, sp in tpsp:
+            for rc in RECOMPUTE:
+                for mb in mbs:
+                    phases[0].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb))
+        for part in ("embedding", "output"):
+            for tp, sp in tpsp:
+                if model.vocab_size % tp:
+                    continue   # apply_tensor_parallel splits the vocabulary over tp
+                for mb in mbs:
+                    phases[1].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, micro_batch=mb, part=part))
+        for tp, sp in tpsp:
+            for rc in (r for r in RECOMPUTE if r in compile_rows):
+                for mb in mbs:
+                    phases[2].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc,
+                                            micro_batch=mb, compile=True))
+        # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
+        # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
+        # composed from tp 1's FSDP increment predicted)
+        for zero in FSDP_ZERO if world > 1 else ():
+            for tp, sp in [(1, False)] + [x for x in tpsp if x[0] > 1]:
+                for dp in (d for d in range(2, world // tp + 1) if world % (d * tp) == 0):
+                    for rc in RECOMPUTE:
+                        for mb in mbs[:2]:
+                            phases[3].append(Config(model=model, seq_len=seq, tp=tp,
+                                                    sequence_parallel=sp, recompute=rc,
+                                                    micro_batch=mb, zero=zero, dp=dp))
+        # FSDP2's compute alone: ZeRO-2 on a 1-rank mesh runs the executor's bf16 parameters
+        # without autocast and without gather or reduce-scatter. A pipeline's ZeRO-2 stage
+        # gathers once per step, so its layers run at this speed: not the plain rows'
+        # (autocast: GPT-0.54B's LayerNorms in fp32, 6-12 % slower) nor the FSDP rows'
+        # (their per-micro-batch communication included; round 18 of
+        # docs/benchmarks/accuracy.md)
+        for rc in RECOMPUTE if world > 1 else ():
+            for mb in mbs:
+                phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
+                                        recompute=rc, micro_batch=mb, zero=2, dp=1))
+    return [c for phase in phases for c in phase]
+
+
+__all__ = ["Config", "micro_batch_sizes", "plan_grid", "RECOMPUTE", "FSDP_ZERO"]

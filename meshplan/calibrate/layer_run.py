@@ -1,0 +1,183 @@
+"""One layer-table row timed: a row's blocks or end, one micro-batch, its values per layer.
+
+:func:`_run_layer` times a row's blocks (with zero-bubble's split backward where it applies,
+:mod:`meshplan.calibrate.layer_split`), :func:`_run_end` the embedding or the output part,
+:func:`_cpu_deep` a row's CPU dispatch again on :data:`CPU_DEEP_LAYERS` blocks; the values
+they return become rows in :mod:`meshplan.calibrate.layer_rows`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from contextlib import nullcontext
+
+from meshplan.calibrate.layer_build import (SEED, _deep_module, _free, _layer_amp, _layer_input,
+                                            _oom_types, _set_recompute)
+from meshplan.calibrate.layer_grid import Config
+from meshplan.calibrate.layer_ranks import _reduce
+from meshplan.calibrate.layer_rows import cpu_values, end_values, layer_values
+from meshplan.calibrate.layer_split import _fsdp_split_per_layer, _split_per_layer
+from meshplan.calibrate.layer_timing import WARMUP, _bad, _kept_bytes, _measure, _nbytes, _Queue
+
+CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many blocks (8 Llama
+#                        blocks overfill CUDA's launch queue: 2026-11-26, 2 x H200)
+
+
+def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
+               queue: _Queue | None = None, split_queued: bool = False) -> tuple[float, ...]:
+    """(forward_s, backward_s, activation_bytes, backward_peak_bytes, backward_input_s,
+    backward_weight_s, forward_cpu_s, backward_cpu_s, backward_input_cpu_s,
+    backward_weight_cpu_s, samples failing the queue check) per layer; the split backward
+    (zero-bubble) is measured for rows without communication (ZeRO-0, FSDP2 on 1 rank) and
+    is 0 where torch's split backward is
+    unavailable: synchronized, or queued like the row with ``split_queued`` (then its CPU
+    fields are set); the CPU fields are 0 without ``queue``."""
+    import torch
+
+    cuda = device.type == "cuda"
+    x, grad, reset, forward, backward = _layer_step(cfg, m, device)
+    if cfg.compile:
+        # a fresh compilation per row, static shapes like the executor's one-setting run,
+        # and no recompile limit reached over the grid (dynamo would fall back to eager);
+        # the compilation happens in _measure's warm-up, outside the timed iterations
+        import torch._dynamo
+        torch._dynamo.reset()
+    with _layer_amp(cfg, device):
+        samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
+                                      iters=iters, barrier=barrier, queue=queue)
+        kept = None
+        if cfg.zero == 0 and cuda:
+            # FSDP2 rows keep the timed iterations' reading: their hooks expect a backward
+            # the fresh input is allocated inside the reading (layer_values adds the input
+            # once, as it must for the timed iterations' reading, where x lives outside)
+            kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()),
+                               device) - _nbytes(x)
+        split = (0.0, 0.0, 0.0, 0.0)
+        if cfg.compile:
+            pass       # AOTAutograd compiles one backward: no input/weight split to time
+        elif cfg.zero == 0:
+            split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
+                                     barrier=barrier, queue=queue if split_queued else None,
+                                     forward=samples)
+        elif not cfg.communicates:
+            split = _fsdp_split_per_layer(m, x, grad[0], layers, device, iters=iters,
+                                          barrier=barrier,
+                                          queue=queue if split_queued else None,
+                                          forward=samples)
+    held = 0.0
+    if cfg.zero == 2 and cuda:
+        # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
+        # parameters from forward to the end of its backward (DTensor numel is global).
+        held = float(sum(p.numel() for p in m.parameters()) * 2)
+    return (*layer_values(samples, layers=layers, input_bytes=_nbytes(x),
+                          output_bytes=out_bytes, held_bytes=held, memory=cuda,
+                          kept_bytes=kept), *split[:2], *cpu_values(samples, layers=layers),
+            *split[2:], _bad(samples))
+
+
+def _layer_step(cfg: Config, m, device):
+    """(input, output-gradient holder, reset, forward, backward) timing ``m`` as ``cfg``."""
+    import torch
+    x = _layer_input(cfg, device)
+    grad: list = []
+    _set_recompute(m, cfg.recompute)
+
+    def reset():
+        x.grad = None        # the input gradient is the backward's product, not kept state
+
+    def forward():
+        return m(x)          # (mb, s, h)
+
+    def backward(y):
+        if not grad:
+            grad.append(torch.randn_like(y))
+        y.backward(grad[0])
+
+    return x, grad, reset, forward, backward
+
+
+def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *, iters: int,
+              barrier, world: int):
+    """The row's forward / backward CPU dispatch per layer, queued, on
+    :data:`CPU_DEEP_LAYERS` blocks (built once per build key), averaged over ranks: (build
+    key, deep module to reuse, (forward CPU, backward CPU, forward GPU, backward GPU) per
+    layer or None where any rank ran out of memory or a sample failed the queue check).
+    With the row's own 2-block timing the CPU times split a call into a per-call and a
+    per-layer part (:func:`~meshplan.calibrate.layer_rows.cpu_fixed`); the GPU times are
+    logged only: for FSDP2 rows they say how a layer's cost beside its neighbours' gathers
+    and reduce-scatters changes with the stack (round 18 of docs/benchmarks/accuracy.md),
+    for the cost model to use once measured sets show it helps."""
+    values, oom = [0.0] * 5, 0.0
+    try:
+        module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)
+        _, _, reset, forward, backward = _layer_step(cfg, module, device)
+        with _layer_amp(cfg, device):
+            samples, _ = _measure(forward, backward, reset, device=device, warmup=WARMUP,
+                                  iters=iters, barrier=barrier, queue=queue)
+        values = [*cpu_values(samples, layers=CPU_DEEP_LAYERS),
+                  statistics.median(x.forward_s for x in samples) / CPU_DEEP_LAYERS,
+                  statistics.median(x.backward_s for x in samples) / CPU_DEEP_LAYERS,
+                  _bad(samples)]
+    except _oom_types():
+        oom, module = 1.0, None
+        _free(device)
+    lo = _reduce([*values, oom], [4, 5], device, world)
+    if lo[4] or lo[5] or min(lo[:2]) <= 0:
+        return cfg.build_key, module, None
+    return cfg.build_key, module, tuple(lo[:4])
+
+
+def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
+             queue: _Queue | None = None) -> tuple[float, ...]:
+    """(forward_s, backward_s, activation_bytes, peak_bytes, forward_cpu_s, backward_cpu_s)."""
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.executor import tensor_parallel as tpm
+    from meshplan.executor.model import cross_entropy
+    cuda = device.type == "cuda"
+    act = torch.bfloat16 if cuda else torch.float32
+    mb, seq, h, vocab = cfg.micro_batch, cfg.seq_len, cfg.model.hidden_size, cfg.model.vocab_size
+    gen = torch.Generator().manual_seed(SEED)
+    targets = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
+    grad: list = []
+    input_bytes = 0.0
+    if cfg.part == "embedding":
+        ids = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
+
+        def reset():
+            pass
+
+        def forward():
+            return m(ids)                            # (mb, s or s/tp, h)
+
+        def backward(y):
+            if not grad:
+                grad.append(torch.randn_like(y))
+            y.backward(grad[0])
+    else:
+        s = seq // cfg.tp if cfg.sequence_parallel else seq
+        x = torch.randn(mb, s, h, device=device, dtype=act, requires_grad=True)
+        input_bytes = _nbytes(x)
+        # as ParallelTrainer.vocab_start: this tp rank's first vocabulary row
+        vocab_start = dist.get_rank(tp_group) * (vocab // cfg.tp) if cfg.tp > 1 else 0
+
+        def reset():
+            x.grad = None
+
+        def forward():
+            logits = m(x)                            # (mb, s, V/tp)
+            if cfg.tp > 1:
+                return tpm.vocab_parallel_cross_entropy(logits, targets, vocab_start, tp_group)
+            return cross_entropy(logits, targets)
+
+        def backward(loss):
+            loss.backward()
+
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+    with amp:
+        samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
+                                      iters=iters, barrier=barrier, queue=queue)
+        kept = _kept_bytes(forward, device) if cuda else None
+    return (*end_values(samples, input_bytes=input_bytes, output_bytes=out_bytes, memory=cuda,
+                        kept_bytes=kept), *cpu_values(samples), _bad(samples))

@@ -1,0 +1,145 @@
+"""Timing one micro-batch's forward and backward: queued behind a spin kernel, or synchronized.
+
+:class:`_Queue` and :func:`_measure` give GPU-busy and CPU-dispatch seconds apart, with the
+allocator's readings (why a step needs both: :mod:`meshplan.calibrate.bench_layers`);
+:func:`_kept_bytes` is what one more micro-batch in flight keeps alive.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from meshplan.calibrate.layer_rows import Sample
+
+WARMUP = 2            # the first iteration allocates the parameter gradients
+# A longer spin cannot help: when thousands of kernels are queued, CUDA's launch queue fills
+# and the CPU waits for the GPU whatever the spin (seen with zero-bubble's weight pass of a
+# fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
+SPIN_MAX_S = 2.0
+
+
+def _nbytes(t) -> float:
+    return float(t.numel() * t.element_size())
+
+
+class _Queue:
+    """GPU-busy timing: a spin kernel (``torch.cuda._sleep``) holds the stream while the CPU
+    queues the measured work, so CUDA events time the GPU alone and ``perf_counter`` the
+    CPU's dispatch alone. In a training step the CPU runs ahead of the GPU across many
+    layers and micro-batches, so a step costs about max(Σ CPU, Σ GPU) rather than the sum of
+    synchronized per-layer timings, each of which is max(CPU, GPU) of its own layer; the cost
+    model needs the two separately (:mod:`meshplan.costmodel.estimate`)."""
+
+    def __init__(self, device, agree: Callable[[list[float]], list[float]]):
+        import torch
+        self.agree = agree     # element-wise max over ranks (every rank must queue alike)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        cycles = 20_000_000
+        e0.record()
+        torch.cuda._sleep(cycles)
+        e1.record()
+        e1.synchronize()
+        rate = cycles / max(1e-6, e0.elapsed_time(e1) / 1e3)   # spin cycles per second
+        self.cycles_per_s = agree([-rate])[0] * -1.0           # the slowest rank's rate
+
+    def sleep(self, seconds: float) -> None:
+        import torch
+        torch.cuda._sleep(int(seconds * self.cycles_per_s))
+
+
+def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
+             reset: Callable[[], None], *, device, warmup: int, iters: int, barrier,
+             queue: _Queue | None = None) -> tuple[list[Sample], float]:
+    """Warm-up, then ``iters`` timed iterations; returns the samples and the output's bytes.
+
+    With ``queue`` (CUDA) the timed iterations are queued behind a spin kernel longer than
+    the CPU's dispatch (checked: the GPU must still be spinning when the CPU has queued the
+    whole backward, else the spin is tripled and the iteration repeated), giving GPU-busy
+    forward/backward seconds and CPU dispatch seconds; the warm-up iterations are
+    synchronized timings, which size the spin. Without it (CPU, or synchronized timing on
+    purpose) every iteration is synchronized and the CPU fields are 0.
+    """
+    import torch
+    cuda = device.type == "cuda"
+    samples: list[Sample] = []
+    out_bytes = 0.0
+    spin_s = 0.0
+    attempts = 0
+    i = 0
+    while i < warmup + iters:
+        queued = queue is not None and i >= warmup
+        reset()
+        barrier()
+        if cuda:
+            torch.cuda.synchronize(device)
+            mem0 = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            if queued:
+                queue.sleep(spin_s)
+            e0.record()
+            t0 = time.perf_counter()
+            y = forward()
+            t1 = time.perf_counter()
+            e1.record()
+            mem1 = torch.cuda.memory_allocated(device)   # allocations are made at dispatch
+            backward(y)
+            t2 = time.perf_counter()
+            e2.record()
+            # the GPU must not have reached e0 before the CPU queued everything
+            valid = not queued or not e0.query()
+            e2.synchronize()
+            peak = torch.cuda.max_memory_allocated(device)
+            s = Sample(e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3,
+                       float(mem0), float(mem1), float(peak),
+                       (t1 - t0) if queued else 0.0, (t2 - t1) if queued else 0.0)
+        else:
+            t0 = time.perf_counter()
+            y = forward()
+            t1 = time.perf_counter()
+            backward(y)
+            t2 = time.perf_counter()
+            s, valid = Sample(t1 - t0, t2 - t1), True
+        out_bytes = _nbytes(y)
+        del y
+        if queue is not None and cuda:
+            # every rank takes the same decisions from agreed values (collectives follow)
+            if queued:
+                valid = queue.agree([0.0 if valid else 1.0])[0] == 0.0
+            if i == warmup - 1 or (queued and not valid):
+                # size the spin from the synchronized time (>= the CPU's dispatch); after a
+                # failed check, triple it
+                base = s.forward_s + s.backward_s if i < warmup else 2 * spin_s
+                spin_s = min(SPIN_MAX_S, queue.agree([1.5 * base + 2e-3])[0])
+            if queued:
+                attempts += 1
+                if not valid and attempts < iters + 4:
+                    continue
+                if not valid:   # gave up: a synchronized-like sample, flagged
+                    s = replace(s, queued_ok=False)
+        if i >= warmup:
+            samples.append(s)
+        i += 1
+    return samples, out_bytes
+
+
+def _bad(samples: Sequence[Sample]) -> float:
+    """Samples whose queued timing failed its check (reported, not used to choose)."""
+    return float(sum(not s.queued_ok for s in samples))
+
+
+def _kept_bytes(forward_fresh: Callable[[], Any], device) -> float:
+    """Bytes a *second* forward pass keeps alive (its saved tensors and its output): what
+    one more micro-batch in flight costs. The first pass of a step also fills one-time
+    caches (autocast's 16-bit weight copies), which the cost model counts once per step."""
+    import torch
+    torch.cuda.synchronize(device)
+    y1 = forward_fresh()
+    m1 = torch.cuda.memory_allocated(device)
+    y2 = forward_fresh()
+    m2 = torch.cuda.memory_allocated(device)
+    del y1, y2
+    return float(m2 - m1)
