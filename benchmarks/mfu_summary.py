@@ -87,6 +87,26 @@ def key_numbers(r: dict, base: dict | None) -> dict:
     return out
 
 
+def phase_table(rows: list[dict]) -> str:
+    """Per executor run and rank: median device / host ms of the step and of its forward,
+    backward and optimizer phases (``phase_median_ms``). Where a rank's host time of a
+    phase is about its device time, the GPU waited for the CPU there (or the CPU for the
+    GPU); the forward is where a CPU without a lead leaves the GPU idle."""
+    lines = ["", "| run | rank | step dev/host ms | forward 0 | backward 0 | optimizer |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok" or "measured" not in r["doc"]:
+            continue
+        for rk in r["doc"]["measured"].get("memory_per_rank") or []:
+            ph = rk.get("phase_median_ms") or {}
+            cells = [f"{ph[k]['device_ms']:.1f} / {ph[k]['host_ms']:.1f}" if k in ph else "-"
+                     for k in ("forward 0", "backward 0", "optimizer")]
+            step = rk.get("step_median_s"), rk.get("host_step_median_s")
+            st = (f"{1e3 * step[0]:.1f} / {1e3 * step[1]:.1f}" if None not in step else "-")
+            lines.append(f"| {r['name']} | {rk.get('rank')} | {st} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 3 else ""
+
+
 def main(argv=None) -> None:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,6 +133,7 @@ def main(argv=None) -> None:
         print(f"| {r['name']} | `{r['what']}` | {1e3 * r['step_s']:.1f}{pred} | "
               f"{r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f} % | "
               f"{100 * r['mfu_causal']:.1f} % | {mem} | {vs} |")
+    print(phase_table(rows))
     if (d / "runs.txt").exists():
         print("\n" + (d / "runs.txt").read_text())
     if args.json:

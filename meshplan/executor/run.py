@@ -466,8 +466,9 @@ def _stop_profiler(prof, directory: str, rank: int) -> None:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(d / f"trace_rank{rank}.json"))
-    sort = "cuda_time_total" if any(e.device_type.name == "CUDA" for e in prof.events()) \
-        else "cpu_time_total"
+    # by self time: a total time counts a kernel again in every op that wraps it
+    sort = ("self_device_time_total" if any(e.device_type.name == "CUDA" for e in prof.events())
+            else "self_cpu_time_total")
     (d / f"top_ops_rank{rank}.txt").write_text(prof.key_averages().table(sort_by=sort,
                                                                           row_limit=40))
 
