@@ -5,6 +5,9 @@ POST HOC: the measured step times were known when the cost model changed; only a
 is a test. Usage (no GPU):
 
     python benchmarks/cp_gpu_posthoc.py docs/benchmarks/data/cp_gpu_h200.json --gpu H200
+    python benchmarks/cp_gpu_posthoc.py RESULTS --attention-points \
+        docs/benchmarks/data/attention_points_h200_20261128.json   # + the saved profile with
+        # its attention curve re-fitted on 2k-64k points (what calibrate times since then)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import context_parallel_gpu as cg  # noqa: E402
 import executor_gpu as eg  # noqa: E402
 
+from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.spec import Job, Layout  # noqa: E402
 
@@ -27,17 +31,35 @@ def _err(pred: float, meas: float) -> float:
     return 100.0 * (pred / meas - 1.0)
 
 
+def with_long_attention(cluster: Cluster, points_file: str) -> Cluster:
+    """``cluster`` with its GPU's attention curve re-fitted from the measured points of
+    ``benchmarks/attention_points_gpu.py`` (calibrate's own benchmark and formula) joined to
+    the curve's points below their smallest FLOP count."""
+    from dataclasses import replace
+
+    from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points
+    rows = json.loads(Path(points_file).read_text())["rows"]
+    new = merge_points((r["flops_forward"], r["efficiency"]) for r in rows)
+    lo = min(x for x, _ in new)
+    old = [(x, y) for x, y in cluster.gpu.attention_efficiency.to_list() if x < lo]
+    curve = extend_with_base(sorted(old + list(new)), None)
+    return replace(cluster, gpu=replace(cluster.gpu, attention_efficiency=curve))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", help="cp_gpu.json of a run")
     p.add_argument("--gpu", default="H200", choices=("H100", "H200"),
                    help="the GPU the run used (the dgx preset of that GPU, 4 per node)")
+    p.add_argument("--attention-points", default=None,
+                   help="attention_points_gpu.py's JSON: also predict on the saved profile "
+                        "with its attention curve re-fitted on those points")
     args = p.parse_args(argv)
     rows = json.loads(Path(args.results).read_text())
     cluster = Cluster.preset(f"dgx-{args.gpu.lower()}", nodes=1, gpus_per_node=4)
     print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'now':>7s} {'err':>7s}"
           f" {'saved now':>9s} {'err':>7s}")
-    before, after, saved = [], [], []
+    before, after, saved, longer = [], [], [], []
     for r in rows:
         if r.get("status") != "ok":
             continue
@@ -48,12 +70,23 @@ def main(argv=None) -> int:
         sp = pred.get("saved_profile", {}).get("step_time_s", float("nan"))
         s = _err(sp, meas)
         before.append(abs(b)), after.append(abs(a)), saved.append(abs(s))
+        extra = ""
+        if args.attention_points:
+            prof, _ = eg.saved_profile_cluster(cluster)
+            est = estimate(cg.MODEL, with_long_attention(prof, args.attention_points), job,
+                           layout)
+            e = _err(est.step_time_s, meas)
+            longer.append(abs(e))
+            extra = f" {est.step_time_s:9.3f} {e:+6.1f}%"
         print(f"{r['name']:30s} {meas:7.3f} {r['predicted']['step_time_s']:7.3f} {b:+6.1f}%"
-              f" {pred['step_time_s']:7.3f} {a:+6.1f}% {sp:9.3f} {s:+6.1f}%")
+              f" {pred['step_time_s']:7.3f} {a:+6.1f}% {sp:9.3f} {s:+6.1f}%{extra}")
     n = len(before)
     print(f"mean |error|: as-run {sum(before) / n:.1f} %, now {sum(after) / n:.1f} %, "
           f"saved profile now {sum(saved) / n:.1f} %; max: {max(before):.1f} %, "
           f"{max(after):.1f} %, {max(saved):.1f} %")
+    if longer:
+        print(f"saved profile with the 2k-64k attention points: mean {sum(longer) / n:.1f} %, "
+              f"max {max(longer):.1f} %")
     return 0
 
 

@@ -24,7 +24,9 @@ from meshplan.spec import Job, ModelSpec  # noqa: E402
 
 DATA = ROOT / "docs" / "benchmarks" / "data" / "moe_gpu_h200_20261128.json"
 PROFILES = ROOT / "docs" / "benchmarks" / "data" / "profiles"
-EXTRA_PROFILES = {"compile 11-28": PROFILES / "profile_h200x4_compile_20261128.toml"}
+EXTRA_PROFILES = {"compile 11-28": PROFILES / "profile_h200x4_compile_20261128.toml",
+                  # round 26 + the MoE keys measured on 1 x H200 (calibrate.moe_only)
+                  "saved + MoE keys": PROFILES / "profile_h200x4_round26_moe_20261128.toml"}
 
 
 def predictions(model, job, layout, cluster) -> dict:
