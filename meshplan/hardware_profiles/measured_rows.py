@@ -1,0 +1,149 @@
+"""The rows of a calibrated profile's measured layer tables and the shape keys that match them.
+
+A :class:`MeasuredLayer` is one transformer layer and a :class:`MeasuredEnd` the embedding or
+the output layer, each timed on one GPU at one micro-batch; :func:`layer_shape_key` and
+:func:`ends_shape_key` name the shape a row was timed at, :func:`model_from_shape_key` reads it
+back. The tables that index these rows, and their lookups:
+:mod:`meshplan.hardware_profiles.measured`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from meshplan.spec import ModelSpec
+from meshplan.errors import MeshplanError
+
+ENDS = ("embedding", "output")
+
+
+def layer_shape_key(model: ModelSpec) -> str:
+    """Every ModelSpec field that changes one transformer layer's work or memory."""
+    return (f"h{model.hidden_size}-f{model.ffn_hidden_size}-q{model.num_heads}"
+            f"-kv{model.num_kv_heads}-d{model.head_dim}-{model.activation}-{model.norm}"
+            f"-{model.position_embedding}-{'bias' if model.bias else 'nobias'}"
+            f"-drop{model.dropout:g}")
+
+
+_SHAPE_KEY = re.compile(
+    r"h(?P<h>\d+)-f(?P<f>\d+)-q(?P<q>\d+)-kv(?P<kv>\d+)-d(?P<d>\d+)-(?P<act>[a-z0-9]+)"
+    r"-(?P<norm>[a-z]+)-(?P<pos>[a-z]+)-(?P<bias>bias|nobias)-drop(?P<drop>[0-9.e+-]+)"
+    r"(?:-v(?P<v>\d+)-(?P<tied>tied|untied))?$")
+
+
+def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
+    """A ModelSpec of the layer (and, for an ends key, vocabulary) shape a row was timed at,
+    or None for a key this version does not read: what
+    :mod:`meshplan.costmodel.nearest_rows` scales another shape's rows from."""
+    m = _SHAPE_KEY.match(key)
+    if m is None:
+        return None
+    try:
+        return ModelSpec(name=key, num_layers=num_layers, hidden_size=int(m["h"]),
+                         ffn_hidden_size=int(m["f"]), num_heads=int(m["q"]),
+                         num_kv_heads=int(m["kv"]), head_dim=int(m["d"]),
+                         vocab_size=int(m["v"] or 32000), activation=m["act"],
+                         norm=m["norm"], position_embedding=m["pos"],
+                         bias=m["bias"] == "bias", dropout=float(m["drop"]) > 0,
+                         tied_embeddings=m["tied"] != "untied")
+    except (MeshplanError, TypeError, ValueError):
+        return None
+
+
+def ends_shape_key(model: ModelSpec) -> str:
+    """The layer key plus what the embedding and output layer add (vocabulary, tying)."""
+    return (f"{layer_shape_key(model)}-v{model.vocab_size}"
+            f"-{'tied' if model.tied_embeddings else 'untied'}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredLayer:
+    """One transformer layer, one micro-batch, on one GPU (seconds and bytes per layer)."""
+
+    shape: str                  # layer_shape_key(model)
+    seq_len: int
+    tp: int
+    sequence_parallel: bool
+    recompute: str
+    micro_batch: int
+    zero: int = 0               # 0: parameters local (ZeRO-0/1); 2/3: FSDP2 over ``dp`` ranks
+    dp: int = 1
+    forward_s: float
+    backward_s: float           # includes the recomputation
+    activation_bytes: float     # kept from forward to backward
+    backward_peak_bytes: float  # working memory of one layer's backward above what is kept
+    model: str = ""             # the model it was measured for (information only)
+    # zero-bubble's split backward (input gradients, then weight gradients; 0: not measured)
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    # CPU time to dispatch the forward / backward (0: not measured; then forward_s and
+    # backward_s are synchronized timings, which are max(CPU, GPU) rather than GPU time)
+    forward_cpu_s: float = 0.0
+    backward_cpu_s: float = 0.0
+    # the split backward's CPU dispatch (0: not measured; then backward_input_s and
+    # backward_weight_s are synchronized timings, else GPU-busy ones)
+    backward_input_cpu_s: float = 0.0
+    backward_weight_cpu_s: float = 0.0
+    # the stack the split backward was timed on, and how much its B / W per layer grow per
+    # extra layer in a stage (torch's W walks the rest of the stage's graph once per
+    # parameter group: CPU time, so these are the CPU fields' growth where those exist;
+    # 0: not measured, no growth)
+    split_layers: int = 0
+    backward_input_depth_s: float = 0.0
+    backward_weight_depth_s: float = 0.0
+    # where the split was timed queued: its synchronized timing on the same stack, kept for
+    # comparison (not used by the cost model; 0: not measured)
+    backward_input_sync_s: float = 0.0
+    backward_weight_sync_s: float = 0.0
+    # CPU dispatch of one forward / backward call that does not grow with the blocks in it
+    # (timed on two stack depths); forward_cpu_s / backward_cpu_s are then the per-layer
+    # rest. 0: not measured (the per-layer fields then hold it, spread over the stack)
+    forward_cpu_fixed_s: float = 0.0
+    backward_cpu_fixed_s: float = 0.0
+    # zero-bubble with full recomputation, per layer: what a micro-batch keeps between its
+    # B and its W, and what W needs while it runs (measured on the deep split stack,
+    # meshplan/calibrate/split_memory.py; 0: not measured, the cost model's constants)
+    wgrad_pending_bytes: float = 0.0
+    wgrad_transient_bytes: float = 0.0
+    # ... the stack they were measured on, and the part of a stage's total that does not
+    # grow with its layers (from a second, shallower stack; see wgrad_bytes_at; 0: not
+    # measured, the per-layer values then hold at every depth)
+    wgrad_memory_layers: int = 0
+    wgrad_pending_stage_bytes: float = 0.0
+    wgrad_transient_stage_bytes: float = 0.0
+    # timed with every block torch.compile'd, as the executor runs Layout.compile (`meshplan
+    # calibrate --compile-rows`; compile time kept out of the timed iterations)
+    compile: bool = False
+
+    @property
+    def group(self) -> tuple:
+        return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
+                self.zero, self.dp if self.zero >= 2 else 1, self.compile)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredEnd:
+    """The embedding (first stage) or the output (last stage: final norm, logits, loss)."""
+
+    shape: str                  # ends_shape_key(model)
+    part: str                   # "embedding" | "output"
+    seq_len: int
+    tp: int
+    sequence_parallel: bool
+    micro_batch: int
+    forward_s: float
+    backward_s: float
+    activation_bytes: float     # kept from forward to backward, per micro-batch
+    peak_bytes: float           # working memory of forward + backward above what is kept
+    model: str = ""
+    forward_cpu_s: float = 0.0  # as MeasuredLayer
+    backward_cpu_s: float = 0.0
+
+    @property
+    def group(self) -> tuple:
+        return (self.shape, self.part, self.seq_len, self.tp, self.sequence_parallel)
+
+
+__all__ = ["ENDS", "MeasuredLayer", "MeasuredEnd", "model_from_shape_key", "layer_shape_key",
+           "ends_shape_key"]
