@@ -3,6 +3,7 @@
 # predictions per layout, and profiler traces of ep 1 and ep 4 — about 5 minutes in all.
 #
 #   bash benchmarks/moe_device.sh                         # on 4 GPUs, writes $OUT (<= 8 files)
+#   NPROC=2 bash benchmarks/moe_device.sh                 # on 2 GPUs: the 2-GPU layouts
 #   DRY=1 OUT=/tmp/moe_dry bash benchmarks/moe_device.sh   # CPU dry run (gloo, tiny model)
 #
 # (a) python -m meshplan.calibrate.moe_only: grouped GEMMs at moe-1.9b's expert shapes,
@@ -39,6 +40,9 @@ if [ "${DRY:-0}" = 1 ]; then
     MODEL_VAR=TINY; WORLD=2; TRACED=dp2-ep2,dp2-ep1; RANKS=0
 else
     DEV=(); CHECK=(); CAL=(); MODEL_VAR=MODEL; WORLD=4; TRACED=dp4-ep4-zero1,dp4-ep1-zero1; RANKS=0
+    if [ "${NPROC:-4}" = 2 ]; then      # a 2-GPU machine: moe_gpu_check's 2-GPU layouts
+        CHECK=(--nproc 2); WORLD=2; TRACED=dp2-ep2,dp2-ep1
+    fi
 fi
 log "start: $(hostname), DRY=${DRY:-0}, deadline ${DEADLINE}s"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv 2>&1 || true

@@ -54,7 +54,11 @@ def layouts(nproc: int) -> list[tuple[str, Layout]]:
     if nproc == 2:
         return [("dp2-ep1", L(dp=2, micro_batch=2, zero=1)),
                 ("dp2-ep2", L(dp=2, ep=2, micro_batch=2, zero=1)),
-                ("tp2-sp-ep2", L(tp=2, ep=2, micro_batch=2, sequence_parallel=True))]
+                ("tp2-sp-ep2", L(tp=2, ep=2, micro_batch=2, sequence_parallel=True)),
+                # added 2026-11-28 before the first 2-GPU run (held out from the 4-GPU set)
+                ("dp2-ep2-zero2", L(dp=2, ep=2, micro_batch=2, zero=2)),
+                ("dp2-ep2-zero3", L(dp=2, ep=2, micro_batch=2, zero=3)),
+                ("pp2-ep1-1f1b", L(pp=2, micro_batch=2, schedule="1f1b"))]
     return [("dp4-ep1-zero1", L(dp=4, micro_batch=2, zero=1)),
             ("dp4-ep2-zero1", L(dp=4, ep=2, micro_batch=2, zero=1)),
             ("dp4-ep4-zero1", L(dp=4, ep=4, micro_batch=2, zero=1)),
