@@ -94,8 +94,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
     their blocks compiled (timed in the first round only:
     :func:`~meshplan.calibrate.bench_layers.bench_layer_rows`). ``fp8_rows``: an fp8 recipe
-    whose plain rows at recompute none (every tp, SP and micro-batch) are also timed with
-    the executor's fp8 linears, compiled where ``compile_rows`` is given, else eager.
+    whose plain rows (every tp, SP and micro-batch) are also timed with the executor's fp8
+    linears: compiled at the ``compile_rows`` modes where those are given, else eager at
+    recompute none.
 
     The order puts what a model's estimates need most first, for every model before the
     next kind: each model's plain rows and its ends, then each model's compiled rows, its
@@ -130,10 +131,12 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                                             sequence_parallel=sp, recompute=rc,
                                             micro_batch=mb, compile=True))
         for tp, sp in tpsp if fp8_rows else ():
-            for mb in mbs:
-                phases[5].append(Config(model=model, seq_len=seq, tp=tp, sequence_parallel=sp,
-                                        micro_batch=mb, compile=bool(compile_rows),
-                                        precision="fp8", fp8_recipe=fp8_rows))
+            for rc in (r for r in RECOMPUTE if r in (compile_rows or ("none",))):
+                for mb in mbs:
+                    phases[5].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc, micro_batch=mb,
+                                            compile=bool(compile_rows), precision="fp8",
+                                            fp8_recipe=fp8_rows))
         # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
         # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
         # composed from tp 1's FSDP increment predicted)

@@ -49,8 +49,8 @@ class CalibrateOptions:
     # recompute modes whose plain layer rows are also timed compiled (--compile-rows; first
     # layer round only); () = none
     compile_rows: tuple[str, ...] = ()
-    # an fp8 recipe whose plain layer rows (recompute none) are also timed with the
-    # executor's fp8 linears (--fp8-rows; compiled with compile_rows); "" = none
+    # an fp8 recipe whose plain layer rows are also timed with the
+    # executor's fp8 linears (--fp8-rows; compiled at the compile_rows modes); "" = none
     fp8_rows: str = ""
 
     def __post_init__(self) -> None:

@@ -61,10 +61,11 @@ def add_arguments(p) -> None:
                         "recomputation). First layer round only; each row compiles once "
                         "(seconds to tens of seconds), so give --time-budget room for it")
     p.add_argument("--fp8-rows", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
-                   help="also time the plain layer rows at recompute none with the executor's "
-                        "fp8 linears of RECIPE (default tensorwise), compiled with "
-                        "--compile-rows, else eager: the cost model prices fp8 layouts from "
-                        "them instead of composing fp8 on the bf16 rows (docs/fp8.md)")
+                   help="also time the plain layer rows with the executor's fp8 linears of "
+                        "RECIPE (default tensorwise): compiled at the --compile-rows modes "
+                        "where given, else eager at recompute none. The cost model prices fp8 "
+                        "layouts from them instead of composing fp8 on the bf16 rows "
+                        "(docs/fp8.md)")
     p.add_argument("--no-fp8", action="store_true",
                    help="skip the fp8 GEMM and cast benchmarks (run by default on GPUs of "
                         "compute capability >= 8.9)")

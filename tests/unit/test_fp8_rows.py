@@ -154,3 +154,24 @@ def test_cpu_calibrate_quick_writes_fp8_rows_that_price_an_fp8_estimate(tmp_path
         **KW, "seq_len": 64})
     assert t.layer_forward_s == pytest.approx(row.forward_s)
     assert any("measured fp8 row" in c for c in t.caveats)
+
+
+def test_grid_adds_fp8_copies_of_the_plain_rows_compiled_at_the_compile_modes():
+    from meshplan.calibrate.layer_grid import plan_grid
+    small = ModelSpec(name="s", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128,
+                      max_seq_len=64)
+    eager = [c for c in plan_grid([small], 64, 2, quick=True, fp8_rows="rowwise")
+             if c.precision == "fp8"]
+    # tp 1, tp 2, tp 2 + SP; micro-batches 1, 2; recompute none; eager
+    assert len(eager) == 6 and {c.recompute for c in eager} == {"none"}
+    assert all(c.fp8_recipe == "rowwise" and not c.compile and c.zero == 0 for c in eager)
+    grid = plan_grid([small], 64, 1, quick=True, fp8_rows="tensorwise",
+                     compile_rows=("none", "selective"))
+    fp8 = [c for c in grid if c.precision == "fp8"]
+    assert {(c.recompute, c.micro_batch) for c in fp8} == {
+        (r, m) for r in ("none", "selective") for m in (1, 2)}
+    assert all(c.compile for c in fp8)
+    # after the bf16 compiled rows, one build key per (tp, SP, compile, recipe)
+    assert grid.index(fp8[0]) > max(i for i, c in enumerate(grid)
+                                    if c.compile and c.precision == "bf16")
+    assert len({c.build_key for c in fp8}) == 1 and fp8[0].build_key != grid[0].build_key
