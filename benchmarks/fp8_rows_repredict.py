@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from fp8_repredict import error_cell, summary  # noqa: E402
 from layout_sets import gpu_cluster  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile  # noqa: E402
@@ -72,21 +73,13 @@ def repredict(data: dict, profile: str, rows: tuple, only: set[str]) -> list[dic
     return out
 
 
-def err(pred, meas) -> float | None:
-    return None if not pred or not meas else (pred / meas - 1) * 100
-
-
 def table(rows: list[dict]) -> str:
     lines = ["| layout | bf16 s meas. (pred.) | fp8 s meas. | before | after | speed-up meas. "
              "| before | after | fp8 row used |", "|---" * 9 + "|"]
     stats: dict[str, list[float]] = {}
 
     def cell(p, m, key):
-        e = err(p, m)
-        if e is None:
-            return "—"
-        stats.setdefault(key, []).append(abs(e))
-        return f"{p:.3f} ({e:+.1f} %)"
+        return error_cell(stats, p, m, key)
     for r in rows:
         mb, mf = r["bf16_measured_s"], r["fp8_measured_s"]
         ms = mb / mf if mb and mf else None
@@ -97,11 +90,7 @@ def table(rows: list[dict]) -> str:
             f"| {cell(r['fp8_after_s'], mf, 'fp8 step after')} | "
             f"{ms or 0:.3f} | {cell(sp[0], ms, 'speed-up before')} "
             f"| {cell(sp[1], ms, 'speed-up after')} | {'yes' if r['row'] else 'no'} |")
-    lines.append("")
-    for k in sorted(stats):
-        v = stats[k]
-        lines.append(f"- {k}: mean {sum(v) / len(v):.1f} %, max {max(v):.1f} % ({len(v)})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + summary(stats)) + "\n"
 
 
 def main() -> int:
