@@ -44,6 +44,29 @@ def fp8_rows(path: str, model: ModelSpec, seq_len: int) -> tuple:
                  and r.shape == key and r.seq_len == seq_len)
 
 
+def session_check(path: str, profile: str, model: ModelSpec, seq_len: int) -> list[str]:
+    """The bf16 rows both profiles timed (tp 1, ZeRO-0): the 1-GPU session's over the
+    4-GPU one's GPU and CPU seconds, per row — how far the two sessions' machines differ,
+    which the merged fp8 rows carry into "after"."""
+    one = apply_profile(gpu_cluster("H200-SXM-141GB", 1), path, override=True).gpu.measured
+    four = apply_profile(gpu_cluster("H200-SXM-141GB", 4), profile, override=True).gpu.measured
+    out = []
+    for r in one.layers:
+        if r.precision != "bf16" or r.tp != 1 or r.zero or r.seq_len != seq_len \
+                or r.shape != layer_shape_key(model):
+            continue
+        o = four.layer(model, seq_len=seq_len, tp=1, sequence_parallel=False,
+                       recompute=r.recompute, micro_batch=r.micro_batch, compile=r.compile)
+        if o is None or o.forward_s <= 0 or o.backward_s <= 0:
+            continue
+        cpu = ((r.forward_cpu_s + r.backward_cpu_s) / (o.forward_cpu_s + o.backward_cpu_s)
+               if o.forward_cpu_s + o.backward_cpu_s > 0 else float("nan"))
+        out.append(f"bf16 {'compiled' if r.compile else 'eager'} rc={r.recompute} "
+                   f"mb{r.micro_batch}: 1-GPU / 4-GPU fwd x{r.forward_s / o.forward_s:.3f}, "
+                   f"bwd x{r.backward_s / o.backward_s:.3f}, cpu x{cpu:.3f}")
+    return out
+
+
 def with_rows(cluster, rows: tuple):
     t = cluster.gpu.measured
     return dataclasses.replace(cluster, gpu=dataclasses.replace(
@@ -113,6 +136,8 @@ def main() -> int:
         print(f"no tp 1 fp8 row of {model.name}'s layer at seq {data['job']['seq_len']}: "
               "nothing to re-predict")
         return 1
+    print("\n".join(session_check(a.fp8_profile, a.profile, model, data["job"]["seq_len"]))
+          or "no bf16 row timed by both profiles (no session check)")
     out = repredict(data, a.profile, rows, set(a.only.split(",")))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
