@@ -175,3 +175,19 @@ def test_grid_adds_fp8_copies_of_the_plain_rows_compiled_at_the_compile_modes():
     assert grid.index(fp8[0]) > max(i for i, c in enumerate(grid)
                                     if c.compile and c.precision == "bf16")
     assert len({c.build_key for c in fp8}) == 1 and fp8[0].build_key != grid[0].build_key
+
+
+def test_fp8_rows_option_reaches_torchrun_children_and_bad_recipes_are_refused(tmp_path):
+    import argparse
+
+    from meshplan.calibrate.run import CalibrateOptions
+    from meshplan.commands.calibrate import add_arguments, child_argv
+    from meshplan.errors import ConfigError
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--out", "p.toml", "--fp8-rows", "--nproc", "2"])
+    assert args.fp8_rows == "tensorwise"
+    assert p.parse_args(child_argv(args)[1:]).fp8_rows == "tensorwise"
+    assert "--fp8-rows" not in child_argv(p.parse_args(["--out", "p.toml"]))
+    with pytest.raises(ConfigError, match="'delayed': not a recipe the executor runs"):
+        CalibrateOptions(out=tmp_path / "p.toml", fp8_rows="delayed")
