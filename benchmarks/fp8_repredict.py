@@ -68,6 +68,15 @@ def err(pred, meas):
     return None if not pred or not meas else (pred / meas - 1) * 100
 
 
+def error_cell(stats: dict[str, list[float]], pred, meas, key: str) -> str:
+    """``pred`` with its error against ``meas`` (recorded under ``key`` in ``stats``), or —."""
+    e = err(pred, meas)
+    if e is None:
+        return "—"
+    stats.setdefault(key, []).append(abs(e))
+    return f"{pred:.3f} ({e:+.1f} %)"
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| layout | bf16 s meas. | before | after | fp8 s meas. | before | after | "
              "speed-up meas. | before | after | peak GiB bf16 meas. / before / after | "
@@ -75,11 +84,7 @@ def table(rows: list[dict]) -> str:
     stats: dict = {}
 
     def cell(p, m, key):
-        e = err(p, m)
-        if e is None:
-            return "—"
-        stats.setdefault(key, []).append(abs(e))
-        return f"{p:.3f} ({e:+.1f} %)"
+        return error_cell(stats, p, m, key)
     for r in rows:
         b, f = r["bf16"], r["fp8"]
         ms = r.get("measured_speedup")
@@ -99,11 +104,13 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['name']} `{r['short']}` | {fmt(b['measured_s'])} | {c[0]} | {c[1]} "
                      f"| {fmt(f['measured_s'])} | {c[2]} | {c[3]} | {fmt(ms)} | {c[4]} | {c[5]} "
                      f"| {mem[0]} | {mem[1]} |")
-    lines.append("")
-    for k in sorted(stats):
-        v = stats[k]
-        lines.append(f"- {k}: mean {sum(v) / len(v):.1f} %, max {max(v):.1f} % ({len(v)})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + summary(stats)) + "\n"
+
+
+def summary(stats: dict[str, list[float]]) -> list[str]:
+    """One line per statistic: mean and max absolute error in %."""
+    return [f"- {k}: mean {sum(v) / len(v):.1f} %, max {max(v):.1f} % ({len(v)})"
+            for k, v in sorted(stats.items())]
 
 
 def main() -> int:

@@ -122,7 +122,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
                      micro_batches: Sequence[int] | None = None, split_queued: bool = False,
                      rounds: int | None = None, budget: RoundBudget | None = None,
-                     compile_rows: Sequence[str] = ()) -> LayerTables:
+                     compile_rows: Sequence[str] = (), fp8_rows: str = "") -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -136,7 +136,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
-                     micro_batches=micro_batches, compile_rows=compile_rows)
+                     micro_batches=micro_batches, compile_rows=compile_rows,
+                     fp8_rows=fp8_rows)
     layers = LAYERS_CUDA if device.type == "cuda" and not quick else LAYERS_CPU
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)

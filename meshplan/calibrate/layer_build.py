@@ -2,7 +2,7 @@
 
 :func:`_build` makes a row's blocks or end exactly as
 :class:`meshplan.executor.parallelize.ParallelTrainer` does (meta device, ``keep_part``,
-``init_weights``, tensor parallelism, FSDP2 for ZeRO-2/3, ``torch.compile``); the rest sets
+``init_weights``, tensor parallelism, fp8 linears, FSDP2 for ZeRO-2/3, ``torch.compile``); the rest sets
 a module's recompute mode, makes a row's input and autocast context, keeps a deeper stack
 per build key, and frees memory between builds.
 """
@@ -60,6 +60,11 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
     tp_group = groups.tp(cfg.tp)
     if cfg.tp > 1:
         apply_tensor_parallel(m, tp_group, sequence_parallel=cfg.sequence_parallel)
+    if cfg.precision == "fp8":     # as ParallelTrainer: after tp, before compile
+        from meshplan.executor.fp8 import convert_to_fp8
+        convert_to_fp8(m, cfg.fp8_recipe, device=device,
+                       tp_group=tp_group if cfg.tp > 1 else None,
+                       tokens=cfg.micro_batch * cfg.seq_len)
     m.activation_dtype = torch.bfloat16 if cuda else None
     if cfg.compile:
         for block in m.layers.values():

@@ -32,6 +32,10 @@ class Config:
     dp: int = 1
     part: str = ""
     compile: bool = False      # every block torch.compile'd, as Layout.compile runs them
+    # "fp8": the blocks' linears are the executor's fp8 linears of ``fp8_recipe``, as
+    # ParallelTrainer builds them for Job(precision="fp8") (meshplan.executor.fp8)
+    precision: str = "bf16"
+    fp8_recipe: str = ""
 
     @property
     def communicates(self) -> bool:
@@ -44,7 +48,8 @@ class Config:
         """Configurations with the same key share one built module (recompute flags and
         the micro-batch change nothing in the parameters)."""
         return (self.model.name, self.model, self.seq_len, self.part, self.tp,
-                self.sequence_parallel, self.zero, self.dp, self.compile)
+                self.sequence_parallel, self.zero, self.dp, self.compile, self.precision,
+                self.fp8_recipe)
 
     def label(self) -> str:
         what = self.part or "layer"
@@ -53,7 +58,8 @@ class Config:
             par = f"zero{self.zero} dp{self.dp}" + (f" {par}" if self.tp > 1 else "")
         rc = f" rc={self.recompute}" if not self.part else ""
         return (f"{what} {self.model.name} s{self.seq_len} {par}{rc} mb{self.micro_batch}"
-                + (" compiled" if self.compile else ""))
+                + (" compiled" if self.compile else "")
+                + (f" fp8 {self.fp8_recipe}" if self.precision == "fp8" else ""))
 
 
 def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[int, bool]]:
@@ -82,19 +88,22 @@ def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
 
 def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
               max_tp: int = 8, micro_batches: Sequence[int] | None = None,
-              compile_rows: Sequence[str] = ()) -> list[Config]:
+              compile_rows: Sequence[str] = (), fp8_rows: str = "") -> list[Config]:
     """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
     (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
     the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
     their blocks compiled (timed in the first round only:
-    :func:`~meshplan.calibrate.bench_layers.bench_layer_rows`).
+    :func:`~meshplan.calibrate.bench_layers.bench_layer_rows`). ``fp8_rows``: an fp8 recipe
+    whose plain rows (every tp, SP and micro-batch) are also timed with the executor's fp8
+    linears: compiled at the ``compile_rows`` modes where those are given, else eager at
+    recompute none.
 
     The order puts what a model's estimates need most first, for every model before the
     next kind: each model's plain rows and its ends, then each model's compiled rows, its
-    FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
+    fp8 rows, its FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
     inside a round (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds
     the basic rows of every model rather than every row of the first."""
-    phases: list[list[Config]] = [[], [], [], [], []]
+    phases: list[list[Config]] = [[], [], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
@@ -121,6 +130,13 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                     phases[2].append(Config(model=model, seq_len=seq, tp=tp,
                                             sequence_parallel=sp, recompute=rc,
                                             micro_batch=mb, compile=True))
+        for tp, sp in tpsp if fp8_rows else ():
+            for rc in (r for r in RECOMPUTE if r in (compile_rows or ("none",))):
+                for mb in mbs:
+                    phases[5].append(Config(model=model, seq_len=seq, tp=tp,
+                                            sequence_parallel=sp, recompute=rc, micro_batch=mb,
+                                            compile=bool(compile_rows), precision="fp8",
+                                            fp8_recipe=fp8_rows))
         # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
         # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
         # composed from tp 1's FSDP increment predicted)
@@ -142,7 +158,8 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
             for mb in mbs:
                 phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
                                         recompute=rc, micro_batch=mb, zero=2, dp=1))
-    return [c for phase in phases for c in phase]
+    order = (0, 1, 2, 5, 3, 4)       # fp8 rows after the compiled ones
+    return [c for i in order for c in phases[i]]
 
 
 __all__ = ["Config", "micro_batch_sizes", "plan_grid", "RECOMPUTE", "FSDP_ZERO"]

@@ -172,7 +172,8 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         wgrad_transient_bytes=float(split_memory[1]),
         wgrad_memory_layers=int(split_memory[2]),
         wgrad_pending_stage_bytes=float(split_memory[3]),
-        wgrad_transient_stage_bytes=float(split_memory[4]), compile=cfg.compile))
+        wgrad_transient_stage_bytes=float(split_memory[4]), compile=cfg.compile,
+        precision=cfg.precision, fp8_recipe=cfg.fp8_recipe))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:

@@ -53,8 +53,10 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             kept = _kept_bytes(lambda: m(torch.randn_like(x).requires_grad_()),
                                device) - _nbytes(x)
         split = (0.0, 0.0, 0.0, 0.0)
-        if cfg.compile:
-            pass       # AOTAutograd compiles one backward: no input/weight split to time
+        if cfg.compile or cfg.precision == "fp8":
+            # AOTAutograd compiles one backward; the fp8 linear computes both gradients in
+            # one node (the executor refuses fp8 with zero-bubble): no split to time
+            pass
         elif cfg.zero == 0:
             split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
                                      barrier=barrier, queue=queue if split_queued else None,

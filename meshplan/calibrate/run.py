@@ -49,6 +49,9 @@ class CalibrateOptions:
     # recompute modes whose plain layer rows are also timed compiled (--compile-rows; first
     # layer round only); () = none
     compile_rows: tuple[str, ...] = ()
+    # an fp8 recipe whose plain layer rows are also timed with the
+    # executor's fp8 linears (--fp8-rows; compiled at the compile_rows modes); "" = none
+    fp8_rows: str = ""
 
     def __post_init__(self) -> None:
         # checked here as well as by the CLI: torchrun children would fail one by one
@@ -61,6 +64,12 @@ class CalibrateOptions:
         if bad:
             raise ConfigError(f"CalibrateOptions.compile_rows {list(self.compile_rows)}: "
                               f"{bad} not a recompute mode; choose from {list(RECOMPUTE)}")
+        if self.fp8_rows:
+            from meshplan.spec.choices import FP8_RECIPES
+            runs = [r for r in FP8_RECIPES if r != "delayed"]   # the executor refuses delayed
+            if self.fp8_rows not in runs:
+                raise ConfigError(f"CalibrateOptions.fp8_rows {self.fp8_rows!r}: not a recipe "
+                                  f"the executor runs; choose from {runs}")
 
 
 #: fp8 recipes after the first are timed on this many of the largest GEMM shapes
@@ -71,6 +80,23 @@ def has_fp8_tensor_cores(device) -> bool:
     """CUDA compute capability 8.9 (Ada) or later: the GPUs with fp8 tensor cores."""
     import torch
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def runnable_fp8_rows(recipe: str, device) -> tuple[str, str]:
+    """(``recipe``, "") where this device runs the executor's fp8 linears of ``recipe``
+    (emulated on CPU; on a GPU its kernel probe passes), else ("", why not): the fp8 rows
+    are then left out rather than failing the calibration at their first row."""
+    if not recipe:
+        return "", ""
+    from meshplan.errors import ExecutorError
+    from meshplan.executor.fp8 import check_recipe_runnable, probe_kernel
+    try:
+        r = check_recipe_runnable(recipe, device)
+        if device.type == "cuda":
+            probe_kernel(r, device)
+    except ExecutorError as exc:
+        return "", f"--fp8-rows {recipe}: no fp8 rows on this device ({exc})"
+    return recipe, ""
 
 
 def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
@@ -119,6 +145,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
             options.quick, options.micro_batches))),
         "split_timing": options.split_timing,
         "compile_rows": ", ".join(options.compile_rows),
+        "fp8_rows": options.fp8_rows,
         "fp8": bool(options.fp8 and has_fp8_tensor_cores(device)),
         "python_gc": "off while timing",
         "layer_rounds": layer_rounds,
@@ -204,9 +231,10 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         gemms = shapes.default_gemm_shapes(options.quick, kind)
         attn = (shapes.default_attention_shapes(options.quick, kind)
                 + shapes.long_context_attention_shapes(None, 4096, kind, options.quick))
+    fp8_rows, fp8_rows_note = runnable_fp8_rows(options.fp8_rows, device)
     grid = (bench_layers.plan_grid(options.models, options.seq_len, world, quick=options.quick,
                                    max_tp=options.max_tp, micro_batches=options.micro_batches,
-                                   compile_rows=options.compile_rows)
+                                   compile_rows=options.compile_rows, fp8_rows=fp8_rows)
             if options.models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -217,6 +245,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
              + len(grid) * rounds + (2 if world > 1 else 0) + (1 if fp8 else 0)
              + (1 if any(m.num_experts for m in options.models) else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
+    if fp8_rows_note:
+        prog.note(fp8_rows_note)
     prog.note(f"meshplan calibrate: {kind}, world size {world}, "
               f"{len(gemms)} GEMMs, {len(attn)} attention sizes, {len(sizes)} message sizes, "
               f"{len(grid)} layer configurations"
@@ -285,7 +315,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             options.models, options.seq_len, device, world, rank, quick=options.quick,
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
             split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
-            compile_rows=options.compile_rows)
+            compile_rows=options.compile_rows, fp8_rows=fp8_rows)
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")

@@ -60,6 +60,12 @@ def add_arguments(p) -> None:
                         "these recompute modes (comma-separated; default: none, i.e. no "
                         "recomputation). First layer round only; each row compiles once "
                         "(seconds to tens of seconds), so give --time-budget room for it")
+    p.add_argument("--fp8-rows", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
+                   help="also time the plain layer rows with the executor's fp8 linears of "
+                        "RECIPE (default tensorwise): compiled at the --compile-rows modes "
+                        "where given, else eager at recompute none. The cost model prices fp8 "
+                        "layouts from them instead of composing fp8 on the bf16 rows "
+                        "(docs/fp8.md)")
     p.add_argument("--no-fp8", action="store_true",
                    help="skip the fp8 GEMM and cast benchmarks (run by default on GPUs of "
                         "compute capability >= 8.9)")
@@ -78,7 +84,8 @@ def main(args) -> int:
                                split_timing=args.split_timing,
                                show_progress=not args.no_progress,
                                layer_rounds=args.rounds, time_budget_s=args.time_budget,
-                               fp8=not args.no_fp8, compile_rows=args.compile_rows or ())
+                               fp8=not args.no_fp8, compile_rows=args.compile_rows or (),
+                               fp8_rows=args.fp8_rows or "")
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     calibrate(options)
@@ -106,6 +113,8 @@ def child_argv(args) -> list[str]:
         out += ["--time-budget", repr(args.time_budget)]
     if args.compile_rows:
         out += ["--compile-rows", ",".join(args.compile_rows)]
+    if args.fp8_rows:
+        out += ["--fp8-rows", args.fp8_rows]
     if args.no_fp8:
         out.append("--no-fp8")
     if args.quick:

@@ -190,6 +190,8 @@ class Fp8Layer:
     # per layer per micro-batch: the 16-bit weight copies a compiled bf16 row keeps that the
     # fp8 block does not (−; only where the layer's kept bytes come from a compiled row)
     row_weight_copy_bytes: float = 0.0
+    # where the layer was priced from a measured fp8 row: which (meshplan.costmodel.fp8_rows)
+    row: str = ""
 
     def apply(self, layer: LayerCost, recompute: str) -> LayerCost:
         """``layer`` (bf16, analytical or measured) with its linears in fp8: GEMM shares × r,
@@ -313,6 +315,9 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
         return ()
     rate = parts_fp8.rate
     out = []
+    if parts_fp8.row:
+        from meshplan.costmodel.fp8_rows import row_caveat
+        return (row_caveat(parts_fp8.row),)     # the casts were timed, not priced
     if rate.assumed:
         out.append(f"fp8 casts priced as {rate.how} (assumed, not measured"
                    + ("; meshplan calibrate times the executor's casts, not "

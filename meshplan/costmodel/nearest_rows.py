@@ -176,6 +176,9 @@ class TransferredTables:
                            ) -> Interpolated | None:
         return self._layer(tp, sequence_parallel, recompute, micro_batch, 2, 1)
 
+    def fp8_layer(self, model: ModelSpec, **_) -> Interpolated | None:
+        return None     # fp8 rows are not transferred: fp8 is composed on the bf16 rows
+
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int
                    ) -> tuple[Interpolated | None, bool]:

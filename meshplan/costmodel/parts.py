@@ -17,13 +17,14 @@ step-time error over the 267 layouts with CPU below GPU (benchmarks/repredict_se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.costmodel import comm
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
+from meshplan.costmodel.fp8_rows import fp8_row, row_label
 from meshplan.costmodel.measured import Interpolated
 from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
                                        logits_bytes)
@@ -91,7 +92,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     ``compile`` (Layout.compile): the profile's compiled layer rows where it has them (the
     executor compiles the blocks, not the ends), else the eager ones. ``fsdp``: ZeRO-2/3 over
     dp > 1 (fp8 casts read FSDP2's bf16 weights). An fp8 job's layer is priced as bf16,
-    then moved to fp8 (:mod:`meshplan.costmodel.fp8_cost`). ``mlp_width``: the layer's
+    then moved to fp8 (:mod:`meshplan.costmodel.fp8_cost`), or taken from the profile's
+    measured fp8 row where it has one (:mod:`meshplan.costmodel.fp8_rows`). ``mlp_width``: the layer's
     dense MLP width (:func:`layer_cost`; MoE layers)."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
@@ -159,14 +161,33 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
     f8, delta = None, (0.0, 0.0, 0.0)
     if job.precision == "fp8":
+        at = dict(micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=recompute,
+                  compile=compile)
+        row = None if mlp_width is not None else fp8_row(tables, model, job, **at)
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, compile=compile, fsdp=fsdp, tp_link=tp_link,
-                       mlp_width=mlp_width, compiled_row=compiled)
+                       mlp_width=mlp_width, compiled_row=compile if row else compiled)
         moved = f8.apply(layer, recompute)
+        if row is not None:
+            # the measured fp8 layer (meshplan.costmodel.fp8_rows): its casts and kept bytes
+            # are in the row; the composition gives only the breakdown's proportions
+            moved = _scaled_layer(moved, row.forward_s, row.backward_s)
+            act_b, bwd_buf = row.activation_bytes, row.peak_bytes
+            full_act = row.activation_bytes if recompute == "none" else full_act
+            split = split_depth = split_cpu = wgrad = None
+            if cpu is not None:
+                cpu = ((row.forward_cpu_s, row.backward_cpu_s, *cpu[2:])
+                       if row.cpu_measured else None)
+                cpu_fixed = ((row.forward_cpu_fixed_s, row.backward_cpu_fixed_s) if cpu
+                             else (0.0, 0.0))
+            compiled = compile
+            measured = measured if "layer" in measured else ["layer", *measured]
+            f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at))
         delta = (moved.forward.total_s - layer.forward.total_s,
                  moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
         layer = moved
-        act_b = max(0.0, act_b + f8.activation_delta_bytes + f8.row_weight_copy_bytes)
+        if row is None:
+            act_b = max(0.0, act_b + f8.activation_delta_bytes + f8.row_weight_copy_bytes)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,

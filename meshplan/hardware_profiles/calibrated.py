@@ -130,7 +130,9 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
                 isinstance(r.get(k, 0.0), (int, float)) and r.get(k, 0.0) >= 0
                 for k in ("backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")):
             # compiled rows dispatch other code (fused kernels): pooled apart from eager ones
-            groups.setdefault((str(r.get("shape", "")), r.get("compile") is True), []).append(r)
+            # (and fp8 rows, their casts, apart from bf16 ones)
+            groups.setdefault((str(r.get("shape", "")), r.get("compile") is True,
+                               str(r.get("precision", "bf16"))), []).append(r)
     pooled: dict[int, dict] = {}
     for members in groups.values():
         for per_layer, fixed in (("forward_cpu_s", "forward_cpu_fixed_s"),

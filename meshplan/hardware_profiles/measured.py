@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable, Mapping
 
-from meshplan.spec import ModelSpec
+from meshplan.spec import FP8_RECIPES, ModelSpec
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.measured_interp import (Interpolated, _interp,
                                                         split_backward_at, wgrad_bytes_at)
@@ -61,7 +61,8 @@ class MeasuredTables:
     def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
               recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
               compile: bool = False) -> Interpolated | None:
-        """The measured layer for these settings, or None (no row: use the analytical model).
+        """The measured bf16 layer for these settings, or None (no row: use the analytical
+        model).
 
         ``zero`` 2/3 with ``dp`` > 1 look for FSDP2 rows of that group size; ZeRO-0/1 (and
         ZeRO-2/3 with dp = 1) use the plain rows. ``compile``: the rows timed compiled.
@@ -69,6 +70,20 @@ class MeasuredTables:
         fsdp = zero >= 2 and dp > 1
         return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
                                zero if fsdp else 0, dp if fsdp else 1, compile)
+
+    def fp8_layer(self, model: ModelSpec, *, recipe: str, seq_len: int, tp: int,
+                  sequence_parallel: bool, recompute: str, micro_batch: int,
+                  compile: bool = False) -> Interpolated | None:
+        """The plain (ZeRO-0) layer timed with the executor's fp8 linears of ``recipe``
+        (``meshplan calibrate --fp8-rows``), compiled or not as ``compile`` asks, or None
+        where the profile has no such row (the cost model then composes fp8 from the bf16
+        row: :mod:`meshplan.costmodel.fp8_cost`). Only rows of the same recipe match."""
+        return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
+                               0, 1, compile, ("fp8", recipe))
+
+    @property
+    def has_fp8(self) -> bool:
+        return any(r.precision == "fp8" for r in self.layers)
 
     @property
     def has_compiled(self) -> bool:
@@ -95,10 +110,12 @@ class MeasuredTables:
 
     def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int,
-                   compile: bool = False) -> Interpolated | None:
-        """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``."""
+                   compile: bool = False, precision: tuple[str, str] = ("bf16", "")
+                   ) -> Interpolated | None:
+        """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``;
+        ``precision``: (precision, fp8 recipe)."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero, dp, bool(compile))
+               recompute, zero, dp, bool(compile), *precision)
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
 
@@ -189,6 +206,8 @@ def _row(cls, raw: Mapping[str, Any], where: str):
             raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
     if not isinstance(getattr(r, "compile", False), bool):
         raise ProfileError(f"{where}: compile must be true or false, got {r.compile!r}")
+    if cls is MeasuredLayer:
+        _check_precision(r, where)
     for k in ("split_layers", "wgrad_memory_layers"):
         v = getattr(r, k, 0)
         if not isinstance(v, int) or v < 0:
@@ -198,6 +217,19 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         if not isinstance(v, int) or v < 1:
             raise ProfileError(f"{where}: {k} must be an integer >= 1, got {v!r}")
     return r
+
+
+def _check_precision(r: MeasuredLayer, where: str) -> None:
+    if r.precision not in ("bf16", "fp8"):
+        raise ProfileError(f"{where}: precision must be 'bf16' or 'fp8', got {r.precision!r}")
+    if r.precision == "fp8" and r.fp8_recipe not in FP8_RECIPES:
+        raise ProfileError(f"{where}: an fp8 row needs fp8_recipe, one of "
+                           f"{list(FP8_RECIPES)}; got {r.fp8_recipe!r}")
+    if r.precision == "bf16" and r.fp8_recipe:
+        raise ProfileError(f"{where}: fp8_recipe {r.fp8_recipe!r} applies only to rows with "
+                           f"precision = 'fp8'")
+    if r.precision == "fp8" and r.zero:
+        raise ProfileError(f"{where}: fp8 rows are plain (zero = 0) rows, got zero = {r.zero}")
 
 
 def tables_from_rows(layers: Iterable[Mapping[str, Any]], ends: Iterable[Mapping[str, Any]],

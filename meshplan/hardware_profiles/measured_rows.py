@@ -115,11 +115,17 @@ class MeasuredLayer:
     # timed with every block torch.compile'd, as the executor runs Layout.compile (`meshplan
     # calibrate --compile-rows`; compile time kept out of the timed iterations)
     compile: bool = False
+    # the precision the executor ran the layer in: "bf16" (every row before fp8 rows), or
+    # "fp8" with the executor's fp8 linears of recipe ``fp8_recipe`` (`meshplan calibrate
+    # --fp8-rows RECIPE`; casts, amax all-reduces and fp8 GEMMs inside the timed passes)
+    precision: str = "bf16"
+    fp8_recipe: str = ""
 
     @property
     def group(self) -> tuple:
         return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
-                self.zero, self.dp if self.zero >= 2 else 1, self.compile)
+                self.zero, self.dp if self.zero >= 2 else 1, self.compile, self.precision,
+                self.fp8_recipe)
 
 
 @dataclass(frozen=True, kw_only=True)
