@@ -269,9 +269,9 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         prog.step(f"gemm {g.m}x{g.k}x{g.n} {g.label}: "
                   f"{6 * g.m * g.k * g.n / r['seconds'] / 1e12:.2f} TFLOP/s")
     if fp8:
-        from meshplan.calibrate.bench_fp8 import fp8_rows
+        from meshplan.calibrate.bench_fp8 import fp8_rows as bench_fp8_rows
         t0 = time.perf_counter()
-        part = fp8_rows(gemms, device, compiled_casts=True, recipe_shapes=FP8_RECIPE_SHAPES)
+        part = bench_fp8_rows(gemms, device, compiled_casts=True, recipe_shapes=FP8_RECIPE_SHAPES)
         rows.update(part)
         ran = sorted({r["recipe"] for r in part["fp8_gemm"] if "gemm_seconds" in r})
         prog.step(f"fp8: {len(part['fp8_gemm'])} GEMM rows (recipes that ran: "
