@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'now':>7s} {'err':>7s}"
           f" {'saved now':>9s} {'err':>7s}")
     before, after, saved, longer = [], [], [], []
+    long_cluster = (with_long_attention(eg.saved_profile_cluster(cluster)[0],
+                                        args.attention_points)
+                    if args.attention_points else None)
     for r in rows:
         if r.get("status") != "ok":
             continue
@@ -71,10 +74,8 @@ def main(argv=None) -> int:
         s = _err(sp, meas)
         before.append(abs(b)), after.append(abs(a)), saved.append(abs(s))
         extra = ""
-        if args.attention_points:
-            prof, _ = eg.saved_profile_cluster(cluster)
-            est = estimate(cg.MODEL, with_long_attention(prof, args.attention_points), job,
-                           layout)
+        if long_cluster is not None:
+            est = estimate(cg.MODEL, long_cluster, job, layout)
             e = _err(est.step_time_s, meas)
             longer.append(abs(e))
             extra = f" {est.step_time_s:9.3f} {e:+6.1f}%"
