@@ -158,8 +158,9 @@ def known_shapes(*, except_set: str | None = None) -> set[str]:
     return shapes
 
 
-def screening_clusters(profiles: list[str], gpus: list[str]):
-    """A 4-GPU cluster on each screening profile. Each must hold layer rows with CPU
+def screening_clusters(profiles: list[str], gpus: list[str], nproc: int = 4):
+    """An ``nproc``-GPU cluster on each screening profile (a 4-GPU profile screens a
+    2-GPU round too: its rows and collectives at 2 ranks are what it prices). Each must hold layer rows with CPU
     dispatch times: a model never run before gets its CPU dispatch from them (the nearest
     timed shape's rows, costmodel/nearest_rows.py), and without them every layout would
     screen GPU-bound (round 36 drew two host-bound 0.5 B models that way)."""
@@ -170,7 +171,7 @@ def screening_clusters(profiles: list[str], gpus: list[str]):
     out = []
     for i, profile in enumerate(profiles):
         path = profile if Path(profile).is_file() else ROOT / profile
-        cluster = apply_profile(vd._gpu_cluster(gpus[i if len(gpus) > 1 else 0], 4), path)
+        cluster = apply_profile(vd._gpu_cluster(gpus[i if len(gpus) > 1 else 0], nproc), path)
         if not any(r.forward_cpu_s > 0 for r in cluster.gpu.measured.layers):
             raise SystemExit(f"--profile {profile}: no layer rows with CPU dispatch times; "
                              f"screen on a profile from `meshplan calibrate --model ...`")
@@ -181,7 +182,8 @@ def screening_clusters(profiles: list[str], gpus: list[str]):
 def draw_round(seed: int, *, n_models: int, per_model: int, profiles: list[str],
                gpus: list[str], max_step_s: float, max_total_s: float, max_host_load: float,
                max_mem_gib: float, min_step_s: float = 0.0, min_mb_tokens: int = 0,
-               prefix: str | None = None):
+               prefix: str | None = None, nproc: int = 4,
+               tokens_per_step: int = TOKENS_PER_STEP):
     """Models and layouts of one round; returns (models, chosen, attempts, rejected).
 
     A layout is admissible where every screening profile predicts it GPU-bound with room
@@ -195,8 +197,8 @@ def draw_round(seed: int, *, n_models: int, per_model: int, profiles: list[str],
     from meshplan.hardware_profiles import Cluster
 
     rng = random.Random(seed)
-    clusters = screening_clusters(profiles, gpus)
-    h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    clusters = screening_clusters(profiles, gpus, nproc)
+    h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=nproc)
     seen_shapes = known_shapes()
     prefix = prefix or f"t{seed}"
     models, pools, rejected = {}, {}, []
@@ -219,10 +221,10 @@ def draw_round(seed: int, *, n_models: int, per_model: int, profiles: list[str],
         if layer_shape_key(m) in seen_shapes:
             rejected.append((m.name, "a shape run before"))
             continue
-        job = job_for(m)
+        job = job_for(m, tokens_per_step)
         pool = [(lay, e) for lay, e in dh.candidates(
                     m, clusters[0], h100, job, set(), max_host_load=max_host_load,
-                    max_step_s=max_step_s, max_mem_gib=max_mem_gib)
+                    max_step_s=max_step_s, max_mem_gib=max_mem_gib, nproc=nproc)
                 if e.step_time_s >= min_step_s
                 and lay.micro_batch * m.max_seq_len >= min_mb_tokens
                 and admissible(m, job, lay)]
@@ -301,8 +303,14 @@ def main(argv=None) -> int:
                          "many (off)")
     ap.add_argument("--max-mem-gib", type=float, default=70.0)
     ap.add_argument("--prefix", default="t")
+    ap.add_argument("--nproc", type=int, default=4, choices=[2, 4, 8],
+                    help="GPUs of the round's machine: the layouts are the planner's space "
+                         "on this many ranks [%(default)s]")
+    ap.add_argument("--tokens-per-step", type=int, default=None,
+                    help="tokens a step [8192 per GPU: 32768 on 4 GPUs, as rounds 36-37]")
     ap.add_argument("--out", type=Path, default=None, help="directory for the drawn set")
     args = ap.parse_args(argv)
+    tokens = args.tokens_per_step or TOKENS_PER_STEP * args.nproc // 4
     if not args.round:
         rng = random.Random(args.seed)
         for i in range(args.count):
@@ -319,7 +327,8 @@ def main(argv=None) -> int:
         args.seed, n_models=args.models, per_model=args.per_model, profiles=profiles,
         gpus=gpus, max_step_s=args.max_step_s, max_total_s=args.max_total_s,
         max_host_load=args.max_host_load, max_mem_gib=args.max_mem_gib,
-        min_step_s=args.min_step_s, min_mb_tokens=args.min_mb_tokens)
+        min_step_s=args.min_step_s, min_mb_tokens=args.min_mb_tokens, nproc=args.nproc,
+        tokens_per_step=tokens)
     total = sum(e.step_time_s for picks in chosen.values() for _, e in picks)
     print(f"# seed {args.seed}: {len(models)} models ({len(rejected)} drawn and rejected: "
           f"{rejected}), layouts on attempt {attempt}, {total:.1f} s of screened steps")
@@ -332,8 +341,8 @@ def main(argv=None) -> int:
                                                                               sys.argv[1:])]),
                 "screen_profile": ", ".join(profiles), "screen_gpu": ", ".join(gpus),
                 "rejected_models": [list(r) for r in rejected], "layout_attempt": attempt,
-                "tokens_per_step": TOKENS_PER_STEP}
-        write_set(args.out, models, chosen, meta)
+                "tokens_per_step": tokens, "nproc": args.nproc}
+        write_set(args.out, models, chosen, meta, tokens_per_step=tokens)
         print(f"wrote {args.out}")
     return 0
 

@@ -314,7 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/transfer-out")))
     ap.add_argument("--keep", type=Path, default=Path("/tmp/meshplan-keep"),
                     help="where runs and the profile stay on the machine between calls")
-    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="ranks (default: the set's own, 4 for sets drawn before it was kept)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the call's work (default: calibrate 540, validate 470, "
@@ -357,6 +358,8 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     args.keep.mkdir(parents=True, exist_ok=True)
+    if args.nproc is None:
+        args.nproc = int(load_set(args.set).get("nproc") or 4)
     if args.what in ("calibrate", "generic"):
         t0 = time.perf_counter()
         jobs = []
