@@ -156,3 +156,27 @@ def test_set37_covers_the_protocol_and_was_never_run():
 @pytest.mark.parametrize("entry", ENTRIES37, ids=lambda e: e[1]["name"])
 def test_every_set37_layout_is_accepted_and_fits_an_80gb_h100(entry):
     test_every_layout_is_accepted_and_fits_an_80gb_h100(entry)
+
+
+# ---- round 38: a 2-GPU round (seed 38), drawn before any run -------------------------------
+SET38 = ROOT / "benchmarks" / "sets" / "transfer38"
+DOC38 = json.loads((SET38 / "set.json").read_text())
+ENTRIES38 = [(m, x) for m in DOC38["models"] for x in m["layouts"]]
+
+
+def test_set38_is_a_seeded_two_gpu_round():
+    assert DOC38["seed"] == 38 and DOC38["nproc"] == 2 and len(ENTRIES38) == 24
+    assert DOC38["tokens_per_step"] == 16384
+    for m in DOC38["models"]:
+        assert Job.from_dict(m["job"]) == dm.job_for(ModelSpec.from_dict(m["spec"]), 16384)
+    layouts = _covered(ENTRIES38)
+    assert all(l.dp * l.pp * l.tp == 2 for l in layouts)
+    assert {(l.dp, l.pp, l.tp) for l in layouts} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    known = dm.known_shapes(except_set="transfer38")
+    assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC38["models"]} & known
+    assert all(0 < x["screen_host_load"] <= 0.5 for _, x in ENTRIES38)
+
+
+@pytest.mark.parametrize("entry", ENTRIES38, ids=lambda e: e[1]["name"])
+def test_every_set38_layout_is_accepted_and_fits_an_80gb_h100(entry):
+    test_every_layout_is_accepted_and_fits_an_80gb_h100(entry)
