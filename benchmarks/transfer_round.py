@@ -37,6 +37,7 @@ these models).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -48,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meshplan.calibrate.validate import by_model, rescore, summarize, write_accuracy  # noqa: E402
+from meshplan.costmodel.measured import layer_shape_key  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.spec import Job, ModelSpec  # noqa: E402
@@ -278,8 +280,10 @@ def figures(records: list[dict]) -> dict:
     }
 
 
-def repredict(doc: dict, profile: str, gpu: str) -> list[dict]:
-    """Every record re-predicted on ``profile`` (models and jobs from the accuracy file)."""
+def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False) -> list[dict]:
+    """Every record re-predicted on ``profile`` (models and jobs from the accuracy file).
+    ``leave_out``: each model on the profile less its own layer shape's rows — a calibration
+    that timed the round's other models but not this one (the nearest-shape transfer)."""
     nproc = int(doc.get("nproc") or 4)
     cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1, gpus_per_node=nproc),
                             profile)
@@ -288,7 +292,12 @@ def repredict(doc: dict, profile: str, gpu: str) -> list[dict]:
     for r in doc["records"]:
         model = ModelSpec.from_dict(json.loads((set_dir / "models" / f"{r['model']}.json")
                                                .read_text()))
-        out.append(rescore(r, model, cluster, Job.from_dict(doc["jobs"][r["model"]])))
+        here = cluster
+        if leave_out:
+            gpu_ = cluster.gpu
+            here = cluster.replace(gpu=dataclasses.replace(
+                gpu_, measured=gpu_.measured.without_shape(layer_shape_key(model))))
+        out.append(rescore(r, model, here, Job.from_dict(doc["jobs"][r["model"]])))
     return out
 
 
@@ -345,6 +354,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--accuracy", type=Path, default=None, help="report: merged accuracy.json")
     ap.add_argument("--gpu", default=None, help="report: the GPU the records ran on")
+    ap.add_argument("--leave-out", action="store_true",
+                    help="report: re-predict each model on --profile less its own layer rows "
+                         "(a calibration that timed the other models only)")
     args = ap.parse_args(argv)
     if args.budget is None:
         args.budget = {"calibrate": 540.0, "validate": 470.0, "generic": 150.0}.get(args.what, 0)
@@ -394,8 +406,10 @@ def main(argv=None) -> int:
     print(f"as run ({doc.get('profile') or 'datasheet'}):")
     print(_fmt(figures(doc["records"])))
     if args.profile:
-        again = repredict(doc, args.profile, args.gpu or str(doc.get("gpu_name")))
-        print(f"\nre-predicted on {args.profile}:")
+        again = repredict(doc, args.profile, args.gpu or str(doc.get("gpu_name")),
+                          leave_out=args.leave_out)
+        print(f"\nre-predicted on {args.profile}"
+              f"{', each model without its own rows' if args.leave_out else ''}:")
         print(_fmt(figures(again)))
     return 0
 
