@@ -5,6 +5,9 @@ POST HOC: the measured step times were known when the cost model changed; only a
 is a test. Usage (no GPU):
 
     python benchmarks/cp_gpu_posthoc.py docs/benchmarks/data/cp_gpu_h200.json --gpu H200
+    python benchmarks/cp_gpu_posthoc.py docs/benchmarks/data/cp_gpu_h200.json --gpu H200 \
+        --rerun docs/benchmarks/data/cp_gpu_h200_ring_sdpa_20261128.json
+        # the ten layouts as they stand: the second run's rows replace the first's
     python benchmarks/cp_gpu_posthoc.py RESULTS --attention-points \
         docs/benchmarks/data/attention_points_h200_20261128.json   # + the saved profile with
         # its attention curve re-fitted on 2k-64k points (what calibrate times since then)
@@ -46,6 +49,19 @@ def with_long_attention(cluster: Cluster, points_file: str) -> Cluster:
     return replace(cluster, gpu=replace(cluster.gpu, attention_efficiency=curve))
 
 
+def merged_rows(results: str, rerun: str | None) -> list[dict]:
+    """The rows of ``results``, each replaced by the row of the same name in ``rerun``."""
+    rows = json.loads(Path(results).read_text())
+    if rerun is None:
+        return rows
+    later = {r["name"]: r for r in json.loads(Path(rerun).read_text())}
+    unknown = sorted(set(later) - {r["name"] for r in rows})
+    if unknown:
+        raise SystemExit(f"cp_gpu_posthoc: {rerun} has layouts {unknown} that {results} "
+                         f"does not")
+    return [later.get(r["name"], r) for r in rows]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", help="cp_gpu.json of a run")
@@ -54,8 +70,11 @@ def main(argv=None) -> int:
     p.add_argument("--attention-points", default=None,
                    help="attention_points_gpu.py's JSON: also predict on the saved profile "
                         "with its attention curve re-fitted on those points")
+    p.add_argument("--rerun", default=None,
+                   help="cp_gpu.json of a later run of some of the same layouts: its rows "
+                        "replace the first file's rows of the same name")
     args = p.parse_args(argv)
-    rows = json.loads(Path(args.results).read_text())
+    rows = merged_rows(args.results, args.rerun)
     cluster = Cluster.preset(f"dgx-{args.gpu.lower()}", nodes=1, gpus_per_node=4)
     print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'now':>7s} {'err':>7s}"
           f" {'saved now':>9s} {'err':>7s}")

@@ -14,6 +14,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.attention_published import published_attention_curve
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import (DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, HOST_KEYS,
                                            GPUSpec)
@@ -101,7 +102,7 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         name=name, peak_tflops=dict(peaks), **positive,
         membound_efficiency={str(k): float(v) for k, v in ops.items()},
         gemm_efficiency=curve(t, "gemm_efficiency", where),
-        attention_efficiency=curve(t, "attention_efficiency", where),
+        attention_efficiency=attention_curve(t, where),
         hbm_efficiency=float(hbm_eff),
         nvlink_efficiency=curve(t, "nvlink_efficiency", where),
         provenance=str(t.get("provenance", "datasheet")),
@@ -118,6 +119,23 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),
     )
+
+
+def attention_curve(t: Mapping[str, Any], where: str) -> Curve:
+    """``attention_efficiency``, or, where the table names a published kernel benchmark
+    (``attention_published``, a table of data/attention_kernels.toml), the curve derived
+    from it with ``attention_efficiency`` as the shape below its range
+    (:mod:`meshplan.hardware_profiles.attention_published`)."""
+    shape = curve(t, "attention_efficiency", where)
+    if "attention_published" not in t:
+        return shape
+    name = get(t, "attention_published", str, where)
+    kernels = builtin_table("attention_kernels.toml")
+    if name not in kernels:
+        raise ProfileError(f"{where}: attention_published {name!r} is not a table of the "
+                           f"built-in attention_kernels.toml; known: {', '.join(kernels)}")
+    return published_attention_curve(kernels[name], shape,
+                                     f"built-in attention_kernels.toml [{name}]")
 
 
 def _names(t: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:

@@ -1,0 +1,104 @@
+"""A datasheet attention curve from a published kernel benchmark (data/attention_kernels.toml).
+
+The curve the cost model reads (``GPUSpec.attention_efficiency``, meshplan/costmodel/
+compute.py) is the efficiency of one causal fused-attention call, forward + backward, at
+the forward's executed FLOPs ``E``: the call costs ``3.5·E / (peak · eff(E))`` (backward
+2.5 × forward, Dao 2022, arXiv 2205.14135 §3.1) — what ``meshplan calibrate`` measures
+(:mod:`meshplan.calibrate.profile`). A benchmark that prints TFLOP/s per pass over a
+sweep of sequence lengths ``s`` at ``T`` tokens (batch ``T/s``), ``h`` heads of ``d`` gives,
+per length (FLOPs counted as the FlashAttention papers count them):
+
+    E(s)   = 4 · (T/s) · s² · h · d / 2 = 2·T·s·h·d                         (1)
+    f(s)   = forward_causal_tflops / peak_tflops                             (2)
+    b(s)   = backward_causal_tflops / peak_tflops, or, published unmasked only,
+             backward_tflops / peak_tflops × forward_causal_tflops / forward_tflops   (3)
+    eff(E) = (1 + 2.5) / (1 / f + 2.5 / b)                                   (4)
+
+(3), second form, is an assumption: the causal mask costs the backward the share it costs
+the forward at the same length (its diagonal blocks and uneven rows are the same). Below
+the published range the GPU's own ``attention_efficiency`` points give the shape, scaled
+to meet the first published point (:func:`curve_fit.extend_with_base`, as calibration
+extends its measured points); beyond the last length the curve holds its last point
+(:class:`Curve` clamps).
+
+Measured error (post hoc, docs/context_parallel.md): on 1 × H200 (cuDNN 9.19, torch 2.11)
+calibrate's own attention benchmark ran 0.49-0.55 of peak at 1e12-1.8e13 FLOPs, where the
+curve from the FlashAttention-3 paper's cuDNN bars holds 0.491.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from meshplan.errors import ProfileError
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.curve_fit import extend_with_base, sig
+
+FORWARD_BACKWARD_PASSES = 3.5     # forward 1 + backward 2.5 (Dao 2022 §3.1)
+_SIZES = ("tokens", "heads", "head_dim")
+_REQUIRED = ("source", "peak_tflops", *_SIZES, "seq", "forward_causal_tflops")
+
+
+def _numbers(table: Mapping[str, Any], key: str, n: int, where: str) -> list[float]:
+    vals = table.get(key)
+    if (not isinstance(vals, list) or len(vals) != n
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                       for v in vals)):
+        raise ProfileError(f"{where}: key {key!r} must be a list of {n} positive numbers (one "
+                           f"per entry of 'seq'), got {vals!r}")
+    return [float(v) for v in vals]
+
+
+def _positive(table: Mapping[str, Any], key: str, where: str) -> float:
+    v = table[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise ProfileError(f"{where}: key {key!r} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def published_points(table: Mapping[str, Any], where: str) -> list[tuple[float, float]]:
+    """``(E, eff)`` per published length, eq. (1)-(4); errors name ``where`` and the key."""
+    missing = [k for k in _REQUIRED if k not in table]
+    if missing:
+        raise ProfileError(f"{where}: missing key(s) {missing}; a published attention "
+                           f"benchmark needs {list(_REQUIRED)}")
+    if not isinstance(table["source"], str) or not table["source"].strip():
+        raise ProfileError(f"{where}: key 'source' must name the publication, got "
+                           f"{table['source']!r}")
+    seq = table["seq"]
+    if (not isinstance(seq, list) or not seq
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in seq)
+            or seq != sorted(set(seq))):
+        raise ProfileError(f"{where}: key 'seq' must be a strictly increasing list of positive "
+                           f"integers, got {seq!r}")
+    peak, tokens, heads, head_dim = (_positive(table, k, where)
+                                     for k in ("peak_tflops", *_SIZES))
+    n = len(seq)
+    fwd = _numbers(table, "forward_causal_tflops", n, where)
+    if "backward_causal_tflops" in table:
+        bwd = _numbers(table, "backward_causal_tflops", n, where)
+    elif "backward_tflops" in table and "forward_tflops" in table:
+        unmasked_fwd = _numbers(table, "forward_tflops", n, where)
+        bwd = [b * f / u for b, f, u in zip(_numbers(table, "backward_tflops", n, where),
+                                             fwd, unmasked_fwd)]
+    else:
+        raise ProfileError(f"{where}: needs 'backward_causal_tflops', or 'backward_tflops' "
+                           f"with 'forward_tflops' (both without the causal mask)")
+    pts = []
+    for s, f, b in zip(seq, fwd, bwd):
+        eff = FORWARD_BACKWARD_PASSES / (peak / f + (FORWARD_BACKWARD_PASSES - 1) * peak / b)
+        if eff > 1:
+            raise ProfileError(f"{where}: at seq {s} the published TFLOP/s exceed "
+                               f"peak_tflops {peak:g} (efficiency {eff:.3f})")
+        pts.append((2.0 * tokens * s * heads * head_dim, sig(eff, 4)))
+    return pts
+
+
+def published_attention_curve(table: Mapping[str, Any], shape: Curve, where: str) -> Curve:
+    """The attention curve of a GPU whose profile names ``table``: its published points,
+    ``shape``'s points below them scaled to meet the first (module docstring)."""
+    full = extend_with_base(published_points(table, where), shape)
+    return Curve(tuple((x, sig(y, 4)) for x, y in full.points))
+
+
+__all__ = ["FORWARD_BACKWARD_PASSES", "published_points", "published_attention_curve"]

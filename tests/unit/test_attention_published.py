@@ -1,0 +1,120 @@
+"""Datasheet attention curves derived from published kernel benchmarks
+(hardware_profiles/attention_published.py, data/attention_kernels.toml)."""
+
+from __future__ import annotations
+
+import pytest
+
+import meshplan as mp
+from meshplan.hardware_profiles import builtin_gpu, builtin_gpu_names
+from meshplan.hardware_profiles.attention_published import (published_attention_curve,
+                                                            published_points)
+from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.loader import builtin_table, gpu_from_table
+
+HOPPER = ("H100-SXM5-80GB", "H200-SXM-141GB")
+SHAPE = Curve(((1e8, 0.04), (1e9, 0.135), (1e10, 0.285), (1e11, 0.375)))
+
+
+def kernels():
+    return builtin_table("attention_kernels.toml")
+
+
+def test_hopper_curve_reads_back_the_fa3_papers_cudnn_bars():
+    """At 16k tokens (16 heads of 128, batch 1) the paper's cuDNN bars read forward causal
+    539, forward 595 and backward 516 TFLOP/s (backward published without the mask):
+    eq. (1)-(4) by hand."""
+    flops = 2 * 16384 * 16384 * 16 * 128
+    fwd = 539 / 989
+    bwd = 516 / 989 * 539 / 595
+    want = 3.5 / (1 / fwd + 2.5 / bwd)
+    for name in HOPPER:
+        gpu = builtin_gpu(name)
+        assert gpu.attention_efficiency(flops) == pytest.approx(want, abs=1e-4)
+        assert gpu.attention_efficiency(flops) == pytest.approx(0.4913, abs=1e-4)
+        # beyond the last published length the curve holds it
+        assert gpu.attention_efficiency(64 * flops) == gpu.attention_efficiency(flops)
+
+
+def test_below_the_published_range_the_shape_meets_the_first_point():
+    gpu = builtin_gpu("H100-SXM5-80GB")
+    x0, y0 = published_points(kernels()["cudnn-h100-fa3"], "t")[0]
+    assert x0 == 2 * 16384 * 512 * 16 * 128
+    assert gpu.attention_efficiency(x0) == pytest.approx(y0)
+    scale = y0 / SHAPE(x0)
+    assert gpu.attention_efficiency(1e9) == pytest.approx(SHAPE(1e9) * scale, rel=1e-3)
+    assert gpu.attention_efficiency(1e8) == pytest.approx(SHAPE(1e8) * scale, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", builtin_gpu_names())
+def test_every_builtin_attention_curve_is_monotone_and_bounded(name):
+    ys = [y for _, y in builtin_gpu(name).attention_efficiency.points]
+    assert all(0 < y <= 1 for y in ys)
+    assert ys == sorted(ys), f"{name}: attention efficiency falls with size: {ys}"
+
+
+def test_gpus_without_a_published_benchmark_keep_their_points():
+    table = builtin_table("gpus.toml")
+    for name in builtin_gpu_names():
+        if "attention_published" not in table[name]:
+            pts = [tuple(p) for p in table[name]["attention_efficiency"]]
+            assert builtin_gpu(name).attention_efficiency.points == tuple(pts)
+    assert {n for n in builtin_gpu_names() if "attention_published" in table[n]} == set(HOPPER)
+
+
+def test_every_published_benchmark_is_cited_and_used_tables_exist():
+    for name, t in kernels().items():
+        assert "arXiv" in t["source"] and "Figure" in t["source"], name
+        assert {"kernel", "gpu", "precision"} <= set(t), name
+        published_points(t, name)                      # well-formed
+    gpus = builtin_table("gpus.toml")
+    for name in builtin_gpu_names():
+        if "attention_published" in gpus[name]:
+            assert gpus[name]["attention_published"] in kernels()
+
+
+def test_flash_attention_2_bars_run_slower_than_cudnns():
+    """The same figures: FlashAttention-2 (the ring's kernel under MESHPLAN_RING_KERNEL=flash)
+    below cuDNN at every length, by 1.5-1.6x."""
+    cudnn = published_points(kernels()["cudnn-h100-fa3"], "c")
+    fa2 = published_points(kernels()["flash2-h100-fa3"], "f")
+    assert [x for x, _ in cudnn] == [x for x, _ in fa2]
+    ratios = [c / f for (_, c), (_, f) in zip(cudnn, fa2)]
+    assert all(1.45 < r < 1.65 for r in ratios), ratios
+
+
+def test_a_published_masked_backward_is_used_as_given():
+    t = dict(kernels()["cudnn-h100-fa3"])
+    for k in ("backward_tflops", "forward_tflops"):
+        del t[k]
+    t["backward_causal_tflops"] = [300.0] * len(t["seq"])
+    _, y = published_points(t, "t")[-1]
+    assert y == pytest.approx(3.5 / (989 / 539 + 2.5 * 989 / 300), abs=1e-4)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda t: t.pop("source"), "missing key"),
+    (lambda t: t.update(source=" "), "'source' must name"),
+    (lambda t: t.update(seq=[1024, 512, 2048, 4096, 8192, 16384]), "strictly increasing"),
+    (lambda t: t.update(forward_causal_tflops=[315.0, 410.0]), "list of 6 positive numbers"),
+    (lambda t: t.update(backward_tflops=[305.0, 408.0, -1.0, 499.0, 518.0, 516.0]),
+     "'backward_tflops' must be a list of 6 positive"),
+    (lambda t: t.pop("forward_tflops"), "needs 'backward_causal_tflops'"),
+    (lambda t: t.update(heads=0), "'heads' must be a positive number"),
+    (lambda t: t.update(peak_tflops=300.0), "exceed peak_tflops 300"),
+])
+def test_malformed_benchmark_tables_name_the_key(change, match):
+    t = dict(kernels()["cudnn-h100-fa3"])
+    change(t)
+    with pytest.raises(mp.ProfileError, match=match):
+        published_attention_curve(t, SHAPE, "my.toml [k]")
+
+
+def test_a_profile_naming_an_unknown_benchmark_is_refused():
+    table = dict(builtin_table("gpus.toml")["H100-SXM5-80GB"])
+    table["attention_published"] = "cudnn-h100-fa9"
+    with pytest.raises(mp.ProfileError, match=r"'cudnn-h100-fa9'.*known: cudnn-h100-fa3"):
+        gpu_from_table("X", table, "my.toml [X]")
+    table["attention_published"] = 3
+    with pytest.raises(mp.ProfileError, match="attention_published' must be str"):
+        gpu_from_table("X", table, "my.toml [X]")
