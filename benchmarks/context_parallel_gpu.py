@@ -11,11 +11,18 @@ per-rank ``predicted_bytes``, the executor's ``errors_pct``).
     python benchmarks/context_parallel_gpu.py --out $OUT              # 4 GPUs, ≈ 8 minutes
     python benchmarks/context_parallel_gpu.py --estimate              # the predictions, no GPU
     python benchmarks/context_parallel_gpu.py --out /tmp/x --device cpu --tiny --only cp2-dp2-zero1-ring-32k
+    python benchmarks/context_parallel_gpu.py --out $OUT --profile \
+        --only cp1-dp4-zero1-16k,cp1-tp4-sp-32k,cp4-zero1-a2a-64k    # + kernel times per op
 
 Writes three files under --out: ``cp_gpu.json`` (per layout: layout, job, status, step
 times, tokens/s, MFU, every rank's peak memory, losses, the prediction and its errors),
 ``cp_gpu.md`` (measured vs predicted) and ``cp_gpu_logs.tar.gz`` (each layout's torchrun
-log, plan and results file).
+log, plan and results file). With ``--profile`` each layout also records a torch.profiler
+trace of 3 steps (the executor's ``--profile``); its per-op tables by self device time
+(``top_ops_rank*.txt``: attention kernels, GEMMs and the rest, what the step's kernels took
+inside the run) go into a fourth file, ``cp_gpu_top_ops.tar.gz``; the traces themselves are
+dropped (too large to bring back). Profiled steps run slower than plain ones: their
+step times are not the measurement.
 """
 
 from __future__ import annotations
@@ -142,8 +149,10 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated layout names")
     p.add_argument("--estimate", action="store_true", help="print the predictions and exit")
     p.add_argument("--allow-gpu-mismatch", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="also record each layout's kernel times per op (cp_gpu_top_ops.tar.gz)")
     args = p.parse_args(argv)
-    args.compile, args.profile = False, False      # what executor_gpu.run_case reads
+    args.compile = False                           # what executor_gpu.run_case reads
     model = TINY if args.tiny else MODEL
     cluster = eg.cluster_for(args.device if not args.estimate else "cpu", 4)
     todo = eg.select(p, cases(), args.only)
@@ -173,6 +182,13 @@ def main(argv=None) -> int:
         rows.append(summary(row, c, job, pred))
         (out / "cp_gpu.json").write_text(json.dumps(rows, indent=1))
         (out / "cp_gpu.md").write_text(markdown(rows))
+    if args.profile:
+        tables = sorted((work / "profiles").glob("*/top_ops_rank*.txt"))
+        with tarfile.open(out / "cp_gpu_top_ops.tar.gz", "w:gz") as tar:
+            for t in tables:
+                tar.add(t, arcname=f"cp_gpu_top_ops/{t.parent.name}/{t.name}")
+        for trace in (work / "profiles").glob("*/trace_rank*.json"):
+            trace.unlink()
     with tarfile.open(out / "cp_gpu_logs.tar.gz", "w:gz") as tar:
         tar.add(work, arcname="cp_gpu")
     shutil.rmtree(work, ignore_errors=True)

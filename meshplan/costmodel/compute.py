@@ -7,6 +7,9 @@
 * Attention core: the QKᵀ and attention-weighted-sum FLOPs (4·b·s²·q_dim/t forward). Fused
   (flash) causal kernels skip the masked half (Dao 2022, arXiv 2205.14135) and run at the
   attention efficiency curve; backward does 2.5× the forward work (recomputing the scores).
+  The curve is forward + backward by the forward's executed FLOPs; on H100/H200 datasheet
+  profiles it comes from the cuDNN bars of the FlashAttention-3 paper (Shah et al. 2024,
+  arXiv 2407.08608, Fig. 5-6; :mod:`meshplan.hardware_profiles.attention_published`).
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
   bytes moved / (HBM bandwidth × efficiency); backward moves about twice the forward bytes.
@@ -36,8 +39,8 @@
 
 Measured error: analytical layers are checked against published Megatron runs on datasheet
 profiles (benchmarks/validate_published.py, docs/benchmarks/published.md: Narayanan et al.
-2021 Table 1, 3.4 % mean / 6.3 % max; Korthikanti et al. 2022 Table 5, 4.2 % / 7.8 %;
-Megatron-Core H100 2024, 6.2 % / 12.1 %); calibrated profiles replace the layer time by
+2021 Table 1, 3.4 % mean / 6.3 % max; Korthikanti et al. 2022 Table 5, 4.2 % / 7.9 %;
+Megatron-Core H100 2024, 7.4 % / 16.0 %); calibrated profiles replace the layer time by
 measured rows (:mod:`.parts`).
 """
 

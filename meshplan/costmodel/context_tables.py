@@ -41,12 +41,14 @@ layouts (docs/context_parallel.md): first run (data cp_gpu_h200.json), datasheet
 15.6 % mean / 33.3 % max, ring layouts −21..−33 % (the ring ran flash-attention 2, SDPA
 cuDNN); second run of the five ring layouts with eq. 7-8 priced and the ring on SDPA's
 kernel choice (now the default; cp_gpu_h200_ring_sdpa_20261128.json), as run: all ten
-7.8 % mean / 17.8 % max, every 64k row +15..+18 % (the datasheet attention curve is
-clamped at 0.375 of peak beyond 1e11 FLOPs; cuDNN ran these kernels near 0.45); memory
-within 3 % everywhere. Published runs, datasheet profiles,
-layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at 131k
-tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) +0.4 %; NeMo 24.07's two
-cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.3 % and −6.3 %. Calibrated profiles'
+7.8 % mean / 17.8 % max, every 64k row +15..+18 % (the datasheet attention curve was then
+clamped at 0.375 of peak beyond 1e11 FLOPs); memory within 3 % everywhere. POST HOC, with
+the Hopper attention curve from the FlashAttention-3 paper's cuDNN bars (0.49 at 1.1e12
+FLOPs and beyond; hardware_profiles/attention_published.py): 9.3 % mean / 16.2 % max, all
+ten too fast (64k rows −3..−6 %, 16k-32k rows −7..−16 %). Published runs, datasheet
+profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at
+131k tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) −7.8 %; NeMo 24.07's
+two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.8 % and −5.0 %. Calibrated profiles'
 measured layer rows are for cp = 1: a cp layout is priced from the datasheet curves of its
 profile (a caveat says so).
 """
@@ -67,8 +69,8 @@ from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
-    "context parallelism was compared with one GPU run only (4 x H200: all-to-all within "
-    "15 %, ring 21-33 % too fast: its blocks run flash-attention 2, not SDPA's own kernel; "
+    "context parallelism was compared with one GPU check only (4 x H200, 10 layouts at "
+    "16k-64k tokens: within 16 %, all predicted too fast on the datasheet profile; "
     "docs/context_parallel.md); how much the ring's transfers slow the block attention "
     "they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (

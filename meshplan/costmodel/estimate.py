@@ -22,9 +22,9 @@ date and command in the file named):
 
 * published runs on datasheet profiles, nothing tuned per row (docs/benchmarks/published.md):
   Narayanan et al. 2021 Table 1 3.4 % / 6.3 % (10 runs); Korthikanti et al. 2022 Table 5
-  4.2 % / 7.8 % (8); Megatron-Core H100 2024 6.2 % / 12.1 % (9, layout partly published);
-  Llama 3 405B Table 4 9.0 % / 18.8 % (3, one at cp 16); NeMo H100 FP8 5.1 % / 13.3 % (7;
-  the five cp = 1 rows 3.3 % / 5.9 %); MoE at BF16 38.9 % / 60.5 % (4: not yet a usable
+  4.2 % / 7.9 % (8); Megatron-Core H100 2024 7.4 % / 16.0 % (9, layout partly published);
+  Llama 3 405B Table 4 10.9 % / 18.0 % (3, one at cp 16); NeMo H100 FP8 5.1 % / 13.8 % (7;
+  the five cp = 1 rows 3.4 % / 5.8 %); MoE at BF16 38.9 % / 60.5 % (4: not yet a usable
   prediction). Calculon on the same 23 runs it can express: 11.3 % / 33.5 % against 4.3 % /
   12.1 % here;
 * held out on GPUs, calibrated on the same machine and models (docs/benchmarks/accuracy.md,

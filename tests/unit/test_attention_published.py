@@ -118,3 +118,38 @@ def test_a_profile_naming_an_unknown_benchmark_is_refused():
     table["attention_published"] = 3
     with pytest.raises(mp.ProfileError, match="attention_published' must be str"):
         gpu_from_table("X", table, "my.toml [X]")
+
+
+def test_attention_passes_compare_derives_the_three_curves(load_benchmark):
+    """benchmarks/attention_passes_gpu.py --compare: fed the paper's own bars (the masked
+    backward as eq. (3) assumes) its three curve columns are the datasheet points; a slower
+    measured masked backward lowers only the last."""
+    ap = load_benchmark("attention_passes_gpu")
+    pub = kernels()["cudnn-h100-fa3"]
+    rows = []
+    for i, s in enumerate(pub["seq"]):
+        t = {p: pub[p + "_tflops"][i] for p in ("forward_causal", "forward", "backward")}
+        t["backward_causal"] = t["backward"] * t["forward_causal"] / t["forward"]
+        rows.append({"seq": s, "tflops": t})
+    doc = {"gpu": "G", "torch": "T", "cudnn": 1, "peak_tflops": 989.0, "rows": rows}
+    want = [f"{y:.3f}" for _, y in published_points(pub, "p")]
+    lines = ap.compare(doc).splitlines()[2:]
+    assert [ln.split()[-3:] for ln in lines] == [[w, w, w] for w in want]
+    for r in rows:
+        r["tflops"]["backward_causal"] *= 0.8
+    last = [float(ln.split()[-1]) for ln in ap.compare(doc).splitlines()[2:]]
+    assert all(a < float(w) for a, w in zip(last, want))
+    assert ap.pass_flops(16384, causal=True, backward=False) == 2 * 16384 * 16384 * 16 * 128
+
+
+def test_cp_posthoc_rerun_rows_replace_the_first_runs_by_name(load_benchmark, tmp_path):
+    ph = load_benchmark("cp_gpu_posthoc")
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text('[{"name": "x", "v": 1}, {"name": "y", "v": 2}]')
+    second.write_text('[{"name": "y", "v": 3}]')
+    assert ph.merged_rows(str(first), str(second)) == [{"name": "x", "v": 1},
+                                                        {"name": "y", "v": 3}]
+    assert ph.merged_rows(str(first), None)[1]["v"] == 2
+    second.write_text('[{"name": "z", "v": 3}]')
+    with pytest.raises(SystemExit, match="layouts \\['z'\\]"):
+        ph.merged_rows(str(first), str(second))
