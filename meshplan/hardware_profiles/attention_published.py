@@ -22,8 +22,11 @@ extends its measured points); beyond the last length the curve holds its last po
 (:class:`Curve` clamps).
 
 Measured error (post hoc, docs/context_parallel.md): on 1 × H200 (cuDNN 9.19, torch 2.11)
-calibrate's own attention benchmark ran 0.49-0.55 of peak at 1e12-1.8e13 FLOPs, where the
-curve from the FlashAttention-3 paper's cuDNN bars holds 0.491.
+calibrate's own attention benchmark ran 0.52-0.55 of peak at 1.1e12-1.8e13 FLOPs (16k-64k
+tokens), where the curve from the FlashAttention-3 paper's cuDNN bars holds 0.491 (6-11 %
+slow), and −8..+19 % of the curve at 3.4e10-5.5e11. The GPU check's ten cp layouts (4 × H200,
+datasheet profile) move from 7.8 % mean / 17.8 % max to 9.3 % / 16.2 %, all too fast: what
+they miss lies outside attention.
 """
 
 from __future__ import annotations
