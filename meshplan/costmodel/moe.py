@@ -68,6 +68,7 @@ from typing import NamedTuple
 from meshplan.costmodel import comm
 from meshplan.costmodel.memory import (activation_bytes_per_element, model_state_bytes,
                                        state_bytes_per_param)
+from meshplan.costmodel.window import keys_per_query
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
@@ -127,14 +128,31 @@ def mla_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, 
 
 
 def _layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
-    h, m = model.hidden_size, model.ffn_matrices
+    return (_attention_forward_flops_per_token(model, layer, seq_len)
+            + _core_forward_flops_per_token(model, layer, seq_len)
+            + _mlp_forward_flops_per_token(model, layer))
+
+
+def _attention_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """The attention projections of ``layer`` (MLA's, or Q, K, V and the output)."""
     if model.is_mla:
-        proj, core = mla_forward_flops_per_token(model, seq_len)
-    else:
-        proj, core = 2.0 * model.attention_matmul_params(), 4.0 * seq_len * model.q_dim
+        return mla_forward_flops_per_token(model, seq_len)[0]
+    return 2.0 * model.attention_matmul_params()
+
+
+def _core_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """Scores and weighted sum of ``layer`` over its keys (s, or a sliding window's)."""
+    keys = keys_per_query(model, layer, seq_len)
+    if model.is_mla:
+        return mla_forward_flops_per_token(model, keys)[1]
+    return 4.0 * keys * model.q_dim
+
+
+def _mlp_forward_flops_per_token(model: ModelSpec, layer: int) -> float:
+    h, m = model.hidden_size, model.ffn_matrices
     if model.is_moe_layer(layer):
-        return proj + core + moe_forward_flops_per_token(model).total
-    return proj + core + 2.0 * (m + 1) * h * model.ffn_hidden_size
+        return moe_forward_flops_per_token(model).total
+    return 2.0 * (m + 1) * h * model.ffn_hidden_size
 
 
 def moe_model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
@@ -154,9 +172,8 @@ def moe_model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, 
     if recompute == "full":
         flops += tokens * sum(layers)
     elif recompute == "selective":
-        core = (mla_forward_flops_per_token(model, seq_len)[1] if model.is_mla
-                else 4.0 * seq_len * model.q_dim)
-        flops += tokens * model.num_layers * core
+        flops += tokens * sum(_core_forward_flops_per_token(model, i, seq_len)
+                              for i in range(model.num_layers))
     return flops
 
 

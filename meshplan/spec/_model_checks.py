@@ -113,3 +113,29 @@ def check_mla_fields(spec) -> dict[str, Any]:
         raise ConfigError(f"ModelSpec.head_dim = {spec.head_dim} must equal qk_nope_head_dim + "
                           f"qk_rope_head_dim = {qk} with multi-head latent attention")
     return {"num_kv_heads": spec.num_heads, "head_dim": qk}
+
+
+def check_window_fields(spec) -> dict[str, Any]:
+    """Validate sliding-window attention: ``sliding_window`` a positive number of keys (or
+    None: every layer attends to all earlier tokens), ``window_layers`` the layers that use
+    it (None: every layer, Mistral 7B's layout; a list: gpt-oss's alternate layers)."""
+    if spec.sliding_window is None:
+        if spec.window_layers is not None:
+            raise ConfigError(f"ModelSpec.window_layers = {spec.window_layers!r} needs "
+                              f"sliding_window (the window's length in tokens)")
+        return {}
+    require_positive_int("ModelSpec", "sliding_window", spec.sliding_window)
+    layers = spec.window_layers
+    if layers is None:
+        return {}
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise ConfigError(f"ModelSpec.window_layers must be a list of layer indices, got "
+                          f"{layers!r}")
+    layers = tuple(layers)
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < spec.num_layers:
+            raise ConfigError(f"ModelSpec.window_layers contains {i!r}; layer indices run "
+                              f"0 .. {spec.num_layers - 1}")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"ModelSpec.window_layers {list(layers)} lists a layer twice")
+    return {"window_layers": tuple(sorted(layers))}
