@@ -54,9 +54,9 @@ sequence-parallel slice (Megatron-Core requires sequence parallelism for MoE wit
 Measured error: these functions are checked against hand-computed numbers
 (tests/unit/test_costmodel_moe.py); no GPU run of the executor's MoE layers has been compared
 yet (issue 38 part 5). Whole estimates of published BF16 MoE runs (datasheet profiles,
-docs/benchmarks/published.md, 2026-11-28): 27.5 % mean / 52.3 % max over 5 runs — not yet a
-usable prediction (Mixtral 8x7B on H100 +18.8 %, GPT-OSS-120B −23.8 % on H100, −8.7 % on
-B200 with ep 64 across nodes, −34..−52 % on B200 with ep 8 inside a node).
+docs/benchmarks/published.md, 2026-11-29): 20.1 % mean / 37.6 % max over 7 runs; the rows
+whose ranks hold 1, 2 or 4 experts within 11 % (Mixtral at ρ = 1), the three with 16 local
+experts 27-38 % fast (GPT-OSS-120B ep 8 on H100 and B200, Qwen3-235B tp 4 ep 8).
 """
 
 from __future__ import annotations
