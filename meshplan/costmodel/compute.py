@@ -7,6 +7,7 @@
 * Attention core: the QKᵀ and attention-weighted-sum FLOPs (4·b·s²·q_dim/t forward). Fused
   (flash) causal kernels skip the masked half (Dao 2022, arXiv 2205.14135) and run at the
   attention efficiency curve; backward does 2.5× the forward work (recomputing the scores).
+  Sliding-window layers run only the tiles of their band (:mod:`meshplan.costmodel.window`).
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
   bytes moved / (HBM bandwidth × efficiency); backward moves about twice the forward bytes.
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel import comm, mla
+from meshplan.costmodel import comm, mla, window
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster, GPUSpec
@@ -210,8 +211,11 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     else:
         core_flops = 4.0 * b * s * s * model.head_dim * heads
     if job.flash_attention:
-        executed = core_flops / 2  # causal: masked blocks skipped
-        fwd_attn = executed / (peak * gpu.attention_efficiency(executed))
+        # causal: masked blocks skipped; sliding-window layers skip all but their band
+        # (meshplan.costmodel.window), each kind at the efficiency of its own FLOPs
+        fwd_attn = sum(share * executed / (peak * gpu.attention_efficiency(executed))
+                       for share, executed in ((share, core_flops * frac)
+                                               for share, frac in window.layer_mix(model, s)))
         bwd_attn = fwd_attn * FLASH_BACKWARD_FACTOR
         softmax_bytes = 0.0
     else:
