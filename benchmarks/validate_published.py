@@ -6,7 +6,8 @@ Tables: Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Table 5 (sequence
 selective recompute), the Megatron-Core H100 weak-scaling table (2024, layout partly
 published), the Llama 3 report's Table 4 (405B at 8k and 128k tokens with context
 parallelism, layout partly published), published BF16 MoE runs (Megatron-Core's Mixtral 8x7B,
-Megatron-Bridge's GPT-OSS-120B on H100 and B200), NeMo's FP8 H100 pre-training rows (2024),
+Megatron-Bridge's GPT-OSS-120B on H100 and B200, the MoE Model Zoo's Qwen3-235B-A22B on H100:
+``published_moe.py``), NeMo's FP8 H100 pre-training rows (2024),
 Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
@@ -27,10 +28,11 @@ sys.path.insert(0, str(ROOT / "tests" / "validation"))
 
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import ConfigError  # noqa: E402
+from published_moe import moe_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
-                            MOE_DEFAULTS, NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS,
-                            korthikanti2022, llama3_2024, megatron_core_h100, moe_runs,
-                            narayanan2021, nemo_h100_fp8, shoeybi2019)
+                            NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS, korthikanti2022,
+                            llama3_2024, megatron_core_h100, narayanan2021, nemo_h100_fp8,
+                            shoeybi2019)
 
 CALCULON_START = "<!-- calculon_compare.py: start -->"
 CALCULON_END = "<!-- calculon_compare.py: end -->"
@@ -81,43 +83,6 @@ def llama3_sensitivity() -> list[str]:
         lines.append(f"| {base.label} | {errs[0]:+.1f}% | {errs[1]:+.1f}% | {errs[2]:+.1f}% | "
                      f"{(est - published) / published * 100:+.1f}% |")
     return lines
-
-
-def moe_sensitivity() -> list[str]:
-    """The MoE rows' error with the routed load of the busiest expert rank ρ = 1 and 1.25
-    (the forced-balanced rows ran at 1; the others at the model's own routing)."""
-    from dataclasses import replace
-    lines = ["| run | ρ = 1 (balanced) | ρ = 1.25 (built-in) |", "|---|---|---|"]
-    for r in moe_runs():
-        errs = []
-        for rho in (1.0, 1.25):
-            gpu = r.cluster.gpu
-            cl = r.cluster.replace(gpu=replace(gpu, corrections=replace(
-                gpu.corrections, moe_load_imbalance=rho)))
-            est = estimate(r.model, cl, r.job, r.layout).step_time_s
-            errs.append((est - r.published) / r.published * 100)
-        lines.append(f"| {r.label} | {errs[0]:+.1f}% | {errs[1]:+.1f}% |")
-    return lines
-
-
-def moe_batch_pair() -> list[str]:
-    """The two DGX-B200 GPT-OSS rows of one layout (ep 8 inside a node, mb 4) at GBS 512
-    (2 micro-batches, 25.11) and 1280 (5, 26.02.01): step = fixed + m · per micro-batch,
-    solved for both from the published and from the predicted step times."""
-    rows = [r for r in moe_runs() if r.row["system"] == "dgx-b200" and r.layout.ep == 8]
-    if len(rows) != 2:
-        return []
-    m = [r.job.global_batch // (r.layout.dp * r.layout.micro_batch) for r in rows]
-    pub = [r.published for r in rows]
-    pred = [estimate(r.model, r.cluster, r.job, r.layout).step_time_s for r in rows]
-
-    def solve(t):
-        per = (t[1] - t[0]) / (m[1] - m[0])
-        return per, t[0] - m[0] * per
-    (pp, pf), (qp, qf) = solve(pub), solve(pred)
-    return ["| | per micro-batch s | fixed per step s |", "|---|---|---|",
-            f"| published ({', '.join(r.row['source'] for r in rows)}) | {pp:.2f} | {pf:.2f} |",
-            f"| predicted | {qp:.2f} | {qf:.2f} |"]
 
 
 def summarize(name: str, errs: list[float]) -> str:
@@ -201,16 +166,11 @@ def main(argv=None) -> int:
     groups = [("Narayanan 2021 Table 1", narayanan2021()),
               ("Korthikanti 2022 Table 5", korthikanti2022()),
               ("Megatron-Core H100 2024 (layout partly published)", megatron_core_h100()),
-              ("Llama 3 405B, Table 4 (layout partly published)", llama3_2024()),
-              ("MoE, BF16 (layout partly published)", moe_runs())]
+              ("Llama 3 405B, Table 4 (layout partly published)", llama3_2024())]
     tables, summaries = {}, {}
     for name, runs in groups:
         tables[name], errs = step_table(runs)
         summaries[name] = summarize(name, errs)
-        if name.startswith("MoE"):
-            for system in ("dgx-h100", "dgx-b200"):
-                sub = [e for e, r in zip(errs, runs) if r.row["system"] == system]
-                summaries[f"{name} {system}"] = summarize(f"{name}, {system} rows", sub)
         if name.startswith("Korthikanti"):
             for mode in ("full", "seqsel"):
                 sub = [e for e, r in zip(errs, runs) if r.row["mode"] == mode]
@@ -218,6 +178,10 @@ def main(argv=None) -> int:
         print("\n".join(tables[name]))
         print(summaries[name])
         print()
+    moe_summaries, moe_stdout, moe_section = moe_report(step_table, summarize)
+    summaries.update(moe_summaries)
+    print("\n".join(moe_stdout))
+    print()
     fp8_lines, fp8_errs = fp8_table()
     fp8_name = "NeMo H100 FP8 2024"
     if fp8_errs:
@@ -295,66 +259,7 @@ def main(argv=None) -> int:
             "`fits` = NO: the interleaved schedule's in-flight activations exceed 80 GB in the "
             "model without recompute; the report does not say how its runs fit (it shards "
             "weights with FSDP, which `zero = 1` does not).", "",
-            "## Mixture-of-experts pre-training, BF16 (Megatron-Core, Megatron-Bridge)", "",
-            "Every published MoE run whose layout and speed are public at BF16 on a GPU with a "
-            "datasheet profile here (sources and what was left out: the header of "
-            "`tests/validation/data/moe_bf16_2024_2026.csv`): Megatron-Core's Mixtral 8x7B "
-            "(468 TFLOP/s per H100, its reference mapping: tp 1, ep 8, pp 4, vp 8) and "
-            "Megatron-Bridge's GPT-OSS-120B on H100 and B200. Not published: recompute and "
-            f"the ZeRO stage; every row uses {MOE_DEFAULTS} (Megatron-Bridge's GPT-OSS recipes "
-            "recompute only the norms and the expert activation, memory-bound work). "
-            "Megatron-Bridge's runs force balanced routing: there ρ (`moe_load_imbalance`) = 1; "
-            "Mixtral keeps the built-in 1.25. Step time = GBS·seq / (tokens/s/GPU · GPUs); "
-            "Mixtral's from its TFLOP/s and meshplan's model FLOPs (active experts), which for "
-            "Mixtral equal Megatron-LM's `num_floating_point_operations` (82.9 GFLOP per "
-            "token both). DeepSeek-V3's own run (FP8 on H800: no H800 profile) and NVIDIA's "
-            "FP8 MoE rows are left out (MoE experts are priced in bf16 even in fp8 jobs: the "
-            "fp8 move covers the dense linears).",
-            "",
-            *tables[groups[4][0]], "",
-            f"**{summaries[groups[4][0]]}**", "",
-            f"- {summaries[groups[4][0] + ' dgx-h100']}",
-            f"- {summaries[groups[4][0] + ' dgx-b200']}", "",
-            "Goal (issue 38): mean ≤ 10 % — **not met**. Before 2026-11-28's all-to-all "
-            "change the same five rows were +18.8 / −23.8 / −52.7 / −52.3 / −34.0 % (mean "
-            "36.3 %): the all-to-all across nodes was priced at the ring's bus bandwidth, "
-            "which sums the 8 NICs of a node (400 GB/s on DGX), while each rank of an "
-            "all-to-all sends its other-node share through its own share of them (50 GB/s; "
-            "`meshplan.costmodel.moe.all_to_all_s`, DeepSeek-V3 §3.2.2). That moved the "
-            "one row whose ep group spans nodes (B200, ep 64: −52.7 % → −8.7 %) and no "
-            "other. Of that row's 9.3 s, 1.15 s is the all-to-all's call latency as "
-            "`comm.call_latency_s` prices it: 63 ring steps, 56 of them between nodes at "
-            "28 µs, 1.6 ms a call, 720 calls a step. NCCL's all-to-all posts its 63 sends "
-            "at once (grouped point-to-point), so that is an upper bound; with no latency "
-            "at all the row would be −20.0 %.", "",
-            "The routed load ρ moves the Mixtral row by its share of the expert GEMMs "
-            "(the README does not say how balanced its routing was; the forced balancing "
-            "that the other rows use came to Megatron-Core in May 2025, after v0.9):", "",
-            *moe_sensitivity(), "",
-            "The two B200 rows of one layout (ep 8 inside a node, mb 4), 2 and 5 micro-batches "
-            "a step, split into a per-micro-batch and a fixed per-step part (two containers: "
-            "this assumes 25.11 and 26.02.01 ran a micro-batch alike):", "",
-            *moe_batch_pair(), "",
-            "What limits these numbers. B200, ep 8: if the two containers ran a micro-batch "
-            "alike, the per-micro-batch work is predicted within a few per cent and the miss "
-            "is a fixed ~2 s a step the model lacks (it prices 0.55 s: the experts' gradient "
-            "reduce-scatter and parameter all-gather over the expert data-parallel group, 8 "
-            "ranks one per node, partly hidden behind the last micro-batch; the optimizer "
-            "step over 1.8 B local parameters is 9 ms); if instead 26.02.01's fixed part is "
-            "the 0.55 s predicted, its micro-batch took 1.08 s against 0.68 s predicted "
-            "(37 % fast) and 25.11 ran slower still — the published numbers do not tell "
-            "which. H100 (pp 4, 80 micro-batches) is 24 % fast with nothing fixed to blame: "
-            "the run sits at 23 % of the BF16 peak by meshplan's FLOPs (228 TFLOP/s), the "
-            "prediction at 30 %; candidates, none measured: "
-            "attention at head dim 64 with sinks (cuDNN), 16 local experts' grouped GEMMs of "
-            "1,024 rows each at the dense curve's efficiency (no `grouped_gemm_efficiency` "
-            "curve in the datasheet profile), per-layer host synchronisation of the dropless "
-            "dispatcher. One input is known wrong and not fixed: GPT-OSS's sliding-window "
-            "layers (window 128, every other layer) are read as full causal attention "
-            "(`ModelSpec` has no window field); fixing it makes the predictions faster "
-            "still (about 4 % on the H100 row). The 25.11 B200 layout is predicted not to fit "
-            "in 180 GB (it ran: its recipe's recompute of norms and activations is not "
-            "modelled as saving memory here).", "",
+            *moe_section,
             "## NeMo H100 FP8 pre-training (NeMo 24.07, 2024)", "",
             "NVIDIA's NeMo 24.07 performance summary publishes full layouts and speeds on "
             "DGX-H100 at FP8 (Megatron-Core with TransformerEngine; its BF16 H100 rows are MoE "

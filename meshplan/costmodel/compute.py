@@ -10,6 +10,7 @@
   The curve is forward + backward by the forward's executed FLOPs; on H100/H200 datasheet
   profiles it comes from the cuDNN bars of the FlashAttention-3 paper (Shah et al. 2024,
   arXiv 2407.08608, Fig. 5-6; :mod:`meshplan.hardware_profiles.attention_published`).
+  Sliding-window layers run only the tiles of their band (:mod:`meshplan.costmodel.window`).
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
   bytes moved / (HBM bandwidth × efficiency); backward moves about twice the forward bytes.
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel import comm, mla
+from meshplan.costmodel import comm, mla, window
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster, GPUSpec
@@ -213,8 +214,11 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     else:
         core_flops = 4.0 * b * s * s * model.head_dim * heads
     if job.flash_attention:
-        executed = core_flops / 2  # causal: masked blocks skipped
-        fwd_attn = executed / (peak * gpu.attention_efficiency(executed))
+        # causal: masked blocks skipped; sliding-window layers skip all but their band
+        # (meshplan.costmodel.window), each kind at the efficiency of its own FLOPs
+        fwd_attn = sum(share * executed / (peak * gpu.attention_efficiency(executed))
+                       for share, executed in ((share, core_flops * frac)
+                                               for share, frac in window.layer_mix(model, s)))
         bwd_attn = fwd_attn * FLASH_BACKWARD_FACTOR
         softmax_bytes = 0.0
     else:

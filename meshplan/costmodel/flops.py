@@ -4,7 +4,9 @@ Convention (Narayanan et al. 2021, arXiv 2104.04473, eq. 3; Korthikanti et al. 2
 arXiv 2205.05198, eq. 7-8): a matrix multiply of an (m×k) by a (k×n) matrix costs 2mkn;
 the backward pass costs twice the forward; attention scores and the attention-weighted
 sum cost 2·s·q_dim each per token *without* halving for the causal mask (as the papers
-count it); biases, norms, softmax and activations are not counted. For GPT this gives
+count it; a sliding-window layer's query counts its window's keys,
+:mod:`meshplan.costmodel.window`); biases, norms, softmax and activations are not counted.
+For GPT this gives
 
     model FLOPs    = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))          (Korthikanti eq. 7)
     full recompute = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))          (Narayanan eq. 3)
@@ -23,14 +25,19 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from meshplan.costmodel.window import keys_per_query
 from meshplan.spec import ModelSpec
 
 
 def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, float]:
-    """(matmul FLOPs, attention-core FLOPs) of one layer's forward pass, per token."""
+    """(matmul FLOPs, attention-core FLOPs) of one layer's forward pass, per token; with
+    sliding windows the attention is the mean over the layers (4·keys·q_dim, keys = s or
+    the window: :func:`meshplan.costmodel.window.keys_per_query`)."""
     matmul = 2.0 * model.layer_matmul_params()
-    attention = 4.0 * seq_len * model.q_dim
-    return matmul, attention
+    if model.sliding_window is None:
+        return matmul, 4.0 * seq_len * model.q_dim
+    keys = sum(keys_per_query(model, i, seq_len) for i in range(model.num_layers))
+    return matmul, 4.0 * keys / model.num_layers * model.q_dim
 
 
 def logits_forward_flops_per_token(model: ModelSpec) -> float:

@@ -54,9 +54,9 @@ sequence-parallel slice (Megatron-Core requires sequence parallelism for MoE wit
 Measured error: these functions are checked against hand-computed numbers
 (tests/unit/test_costmodel_moe.py); no GPU run of the executor's MoE layers has been compared
 yet (issue 38 part 5). Whole estimates of published BF16 MoE runs (datasheet profiles,
-docs/benchmarks/published.md, 2026-11-28): 27.5 % mean / 52.3 % max over 5 runs — not yet a
-usable prediction (Mixtral 8x7B on H100 +18.8 %, GPT-OSS-120B −23.8 % on H100, −8.7 % on
-B200 with ep 64 across nodes, −34..−52 % on B200 with ep 8 inside a node).
+docs/benchmarks/published.md, 2026-11-29): 20.1 % mean / 37.6 % max over 7 runs; the rows
+whose ranks hold 1, 2 or 4 experts within 11 % (Mixtral at ρ = 1), the three with 16 local
+experts 27-38 % fast (GPT-OSS-120B ep 8 on H100 and B200, Qwen3-235B tp 4 ep 8).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from typing import NamedTuple
 from meshplan.costmodel import comm
 from meshplan.costmodel.memory import (activation_bytes_per_element, model_state_bytes,
                                        state_bytes_per_param)
+from meshplan.costmodel.window import keys_per_query
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
@@ -127,14 +128,31 @@ def mla_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, 
 
 
 def _layer_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
-    h, m = model.hidden_size, model.ffn_matrices
+    return (_attention_forward_flops_per_token(model, layer, seq_len)
+            + _core_forward_flops_per_token(model, layer, seq_len)
+            + _mlp_forward_flops_per_token(model, layer))
+
+
+def _attention_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """The attention projections of ``layer`` (MLA's, or Q, K, V and the output)."""
     if model.is_mla:
-        proj, core = mla_forward_flops_per_token(model, seq_len)
-    else:
-        proj, core = 2.0 * model.attention_matmul_params(), 4.0 * seq_len * model.q_dim
+        return mla_forward_flops_per_token(model, seq_len)[0]
+    return 2.0 * model.attention_matmul_params()
+
+
+def _core_forward_flops_per_token(model: ModelSpec, layer: int, seq_len: int) -> float:
+    """Scores and weighted sum of ``layer`` over its keys (s, or a sliding window's)."""
+    keys = keys_per_query(model, layer, seq_len)
+    if model.is_mla:
+        return mla_forward_flops_per_token(model, keys)[1]
+    return 4.0 * keys * model.q_dim
+
+
+def _mlp_forward_flops_per_token(model: ModelSpec, layer: int) -> float:
+    h, m = model.hidden_size, model.ffn_matrices
     if model.is_moe_layer(layer):
-        return proj + core + moe_forward_flops_per_token(model).total
-    return proj + core + 2.0 * (m + 1) * h * model.ffn_hidden_size
+        return moe_forward_flops_per_token(model).total
+    return 2.0 * (m + 1) * h * model.ffn_hidden_size
 
 
 def moe_model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
@@ -154,9 +172,8 @@ def moe_model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, 
     if recompute == "full":
         flops += tokens * sum(layers)
     elif recompute == "selective":
-        core = (mla_forward_flops_per_token(model, seq_len)[1] if model.is_mla
-                else 4.0 * seq_len * model.q_dim)
-        flops += tokens * model.num_layers * core
+        flops += tokens * sum(_core_forward_flops_per_token(model, i, seq_len)
+                              for i in range(model.num_layers))
     return flops
 
 

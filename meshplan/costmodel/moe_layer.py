@@ -34,7 +34,9 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   (:func:`meshplan.costmodel.moe.all_to_all_s`: inside a node at NVLink's bus bandwidth,
   across nodes the other nodes' share at the rank's share of its node's NICs), each moving
   k·T·h·e·(ep−1)/ep per rank;
-  the busiest rank receives ρ times that, which sets the collective's time. With etp > 1
+  the busiest rank receives ρ times that, which sets the collective's time; with
+  ``Job.moe_dispatcher = "deepep"`` a token crosses once per rank (and once per node) that
+  holds any of its experts instead (:mod:`meshplan.costmodel.moe_dispatch`). With etp > 1
   the rows are all-gathered over etp after the dispatch and reduce-scattered before the
   combine. Exposed: neither runtime overlaps them by default
   (:func:`meshplan.costmodel.runtime.moe_dispatch_overlapped`). tp > 1 without sequence
@@ -57,7 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshplan.costmodel import comm, moe
+from meshplan.costmodel import comm, moe, moe_dispatch
 from meshplan.costmodel.compute import LayerCost, PassCost, gemm_s, hbm_s
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
@@ -125,9 +127,15 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     fwd_mb = (hbm_s(gpu, tokens * n_exp * ROUTER_SCORE_BYTES)
               + hbm_s(gpu, permute_bytes, PERMUTE_OP)
               + hbm_s(gpu, rows * (model.ffn_matrices + 1) * f_loc * e, model.activation))
-    sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
-    a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance, gpu.nvlink_gbps,
-                               gpu.nvlink_efficiency) if ep > 1 else 0.0
+    if ep > 1 and job.moe_dispatcher == "deepep":
+        nvl_b, net_b = moe_dispatch.dedup_dispatch_bytes(model, job, links.ep, tokens)
+        sent = nvl_b + net_b
+        a2a = 2 * moe_dispatch.dedup_dispatch_s(links.ep, nvl_b * imbalance, net_b * imbalance,
+                                                gpu.nvlink_gbps, gpu.nvlink_efficiency)
+    else:
+        sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
+        a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance, gpu.nvlink_gbps,
+                                   gpu.nvlink_efficiency) if ep > 1 else 0.0
     etp_s = 2 * comm.all_gather_s(links.etp, rows * h * e) if etp > 1 else 0.0
     ep_s = a2a + etp_s
     if moe_dispatch_overlapped(job):

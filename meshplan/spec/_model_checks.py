@@ -22,6 +22,20 @@ def _count(name: str, value: object) -> int:
     return value
 
 
+def _layer_indices(name: str, value: object, num_layers: int) -> tuple[int, ...]:
+    """A list of distinct layer indices, sorted."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"ModelSpec.{name} must be a list of layer indices, got {value!r}")
+    layers = tuple(value)
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers:
+            raise ConfigError(f"ModelSpec.{name} contains {i!r}; layer indices run "
+                              f"0 .. {num_layers - 1}")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"ModelSpec.{name} {list(layers)} lists a layer twice")
+    return tuple(sorted(layers))
+
+
 def _number(name: str, value: object, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
             or (positive and value == 0):
@@ -41,17 +55,8 @@ def check_moe_fields(spec) -> dict[str, Any]:
     require_bool("ModelSpec", "router_norm_topk", spec.router_norm_topk)
     out["router_aux_loss_coeff"] = _number("router_aux_loss_coeff", spec.router_aux_loss_coeff,
                                            positive=False)
-    dense = spec.dense_layers
-    if isinstance(dense, (str, bytes)) or not hasattr(dense, "__iter__"):
-        raise ConfigError(f"ModelSpec.dense_layers must be a list of layer indices, got {dense!r}")
-    dense = tuple(dense)
-    for i in dense:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < spec.num_layers:
-            raise ConfigError(f"ModelSpec.dense_layers contains {i!r}; layer indices run "
-                              f"0 .. {spec.num_layers - 1}")
-    if len(set(dense)) != len(dense):
-        raise ConfigError(f"ModelSpec.dense_layers {list(dense)} lists a layer twice")
-    out["dense_layers"] = tuple(sorted(dense))
+    dense = _layer_indices("dense_layers", spec.dense_layers, spec.num_layers)
+    out["dense_layers"] = dense
     for f in ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size"):
         if getattr(spec, f) is not None:
             require_positive_int("ModelSpec", f, getattr(spec, f))
@@ -113,3 +118,19 @@ def check_mla_fields(spec) -> dict[str, Any]:
         raise ConfigError(f"ModelSpec.head_dim = {spec.head_dim} must equal qk_nope_head_dim + "
                           f"qk_rope_head_dim = {qk} with multi-head latent attention")
     return {"num_kv_heads": spec.num_heads, "head_dim": qk}
+
+
+def check_window_fields(spec) -> dict[str, Any]:
+    """Validate sliding-window attention: ``sliding_window`` a positive number of keys (or
+    None: every layer attends to all earlier tokens), ``window_layers`` the layers that use
+    it (None: every layer, Mistral 7B's layout; a list: gpt-oss's alternate layers)."""
+    if spec.sliding_window is None:
+        if spec.window_layers is not None:
+            raise ConfigError(f"ModelSpec.window_layers = {spec.window_layers!r} needs "
+                              f"sliding_window (the window's length in tokens)")
+        return {}
+    require_positive_int("ModelSpec", "sliding_window", spec.sliding_window)
+    if spec.window_layers is None:
+        return {}
+    return {"window_layers": _layer_indices("window_layers", spec.window_layers,
+                                            spec.num_layers)}

@@ -22,8 +22,8 @@ Families and the keys read (a missing key takes the default of the family's Hugg
 Approximations, each below 0.001 % of the parameters: Qwen3's and OLMoE's query/key
 RMSNorms, Qwen2-MoE's shared-expert gate and gpt-oss's attention sinks are not counted;
 Qwen2's query/key/value biases are read as no bias. gpt-oss's sliding-window layers are read
-as full causal attention (same parameters; more attention work than the model does beyond
-its 128-token window).
+(``sliding_window``, ``layer_types``); Mistral's and Qwen2's ``sliding_window`` keys are not
+(read as full causal attention).
 
 A config that declares experts or latent attention in a family not listed raises
 :class:`ConfigError` rather than being read as a dense model.
@@ -45,6 +45,7 @@ _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2",
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
              "num_experts_per_tok", "moe_intermediate_size", "kv_lora_rank")
 _GPT2_DROPOUT_DEFAULT = 0.1       # GPT2Config: resid_pdrop = embd_pdrop = attn_pdrop = 0.1
+_GPT_OSS_WINDOW = 128             # GptOssConfig's sliding_window default
 
 
 def _get(cfg: Mapping[str, Any], source: str, *keys: str, default: Any = ...) -> Any:
@@ -162,9 +163,26 @@ def _olmoe(cfg, source):
 
 
 def _gpt_oss(cfg, source):
-    """Every layer MoE with biased experts and router; GptOssConfig's attention_bias is True."""
-    return {**_llama(cfg, source, bias_default=True),
-            **_experts(cfg, source, "num_local_experts", aux_default=0.9, norm_default=True)}
+    """Every layer MoE with biased experts and router; GptOssConfig's attention_bias is True;
+    ``sliding_window`` (128 by default) on the layers ``layer_types`` marks
+    "sliding_attention" (by default the even ones: transformers' GptOssConfig)."""
+    kw = {**_llama(cfg, source, bias_default=True),
+          **_experts(cfg, source, "num_local_experts", aux_default=0.9, norm_default=True)}
+    window = cfg.get("sliding_window", _GPT_OSS_WINDOW)
+    if window is None:
+        return kw
+    layers = kw["num_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if (isinstance(types, (str, bytes)) or len(types) != layers
+            or any(t not in ("sliding_attention", "full_attention") for t in types)):
+        raise ConfigError(f"Hugging Face config {source!r}: layer_types must list "
+                          f"'sliding_attention' or 'full_attention' for each of the {layers} "
+                          f"layers, got {types!r}")
+    kw.update(sliding_window=_positive(cfg, source, "sliding_window", window),
+              window_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"))
+    return kw
 
 
 def _qwen_moe(cfg, source):

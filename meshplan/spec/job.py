@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import ConfigError, require_choice, require_positive_int
 from meshplan.spec._dicts import from_dict
-from meshplan.spec.choices import FP8_RECIPES, OPTIMIZERS, PRECISIONS, RUNTIMES
+from meshplan.spec.choices import FP8_RECIPES, MOE_DISPATCHERS, OPTIMIZERS, PRECISIONS, RUNTIMES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +52,13 @@ class Job:
 
     ``fp8_recipe`` is only meaningful with ``precision="fp8"``; another value with another
     precision is refused rather than ignored.
+
+    ``moe_dispatcher`` (mixture-of-experts models with ep > 1): ``"alltoall"`` (default)
+    sends one copy of a token per routed expert (Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher``, meshplan's executor); ``"deepep"`` one per expert-parallel
+    rank holding any of its experts, and across nodes one per node, forwarded inside the node
+    over NVLink (DeepEP, and HybridEP: Megatron-Core's ``--moe-token-dispatcher-type flex``;
+    runtime "megatron" only — the executor has no such dispatcher).
     """
 
     global_batch: int
@@ -64,6 +71,7 @@ class Job:
     overlap_tp_comm: bool = False
     runtime: str = "megatron"
     fp8_recipe: str = "tensorwise"
+    moe_dispatcher: str = "alltoall"
 
     def __post_init__(self) -> None:
         require_positive_int("Job", "global_batch", self.global_batch)
@@ -76,6 +84,12 @@ class Job:
             raise ConfigError(f"Job.fp8_recipe = {self.fp8_recipe!r} applies only with "
                               f"precision = 'fp8', got precision = {self.precision!r}; use "
                               f"precision='fp8' or leave fp8_recipe at {FP8_RECIPES[0]!r}")
+        require_choice("Job", "moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
+        if self.moe_dispatcher != MOE_DISPATCHERS[0] and self.runtime != "megatron":
+            raise ConfigError(f"Job.moe_dispatcher = {self.moe_dispatcher!r} needs runtime = "
+                              f"'megatron' (Megatron-Core's flex dispatcher); runtime = "
+                              f"{self.runtime!r} dispatches with all-to-all: use "
+                              f"moe_dispatcher='alltoall'")
         if self.tokens is not None and not (isinstance(self.tokens, (int, float))
                                             and self.tokens > 0):
             raise ConfigError(f"Job.tokens must be a positive number, got {self.tokens!r}")

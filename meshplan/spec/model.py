@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import ConfigError, require_choice, require_positive_int, unknown_name_error
 from meshplan.spec._dicts import from_dict
-from meshplan.spec._model_checks import check_mla_fields, check_moe_fields
+from meshplan.spec._model_checks import check_mla_fields, check_moe_fields, check_window_fields
 from meshplan.spec.choices import ACTIVATIONS, NORMS, POSITIONS
 
 
@@ -30,7 +30,7 @@ _MOE_MLA_FIELDS = frozenset((
     "num_experts", "experts_per_token", "moe_ffn_hidden_size", "num_shared_experts",
     "shared_expert_ffn_hidden_size", "dense_layers", "router", "router_norm_topk",
     "capacity_factor", "router_aux_loss_coeff", "mtp_layers", "q_lora_rank", "kv_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "sliding_window", "window_layers"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +89,11 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # sliding-window attention (Mistral 7B, arXiv 2310.06825 §2; gpt-oss: 128 tokens on
+    # alternate layers): each query of a windowed layer attends to itself and the
+    # sliding_window - 1 tokens before it; window_layers None = every layer
+    sliding_window: int | None = None
+    window_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_heads", "vocab_size", "max_seq_len"):
@@ -106,6 +111,8 @@ class ModelSpec:
         for name, value in check_moe_fields(self).items():
             object.__setattr__(self, name, value)
         for name, value in check_mla_fields(self).items():
+            object.__setattr__(self, name, value)
+        for name, value in check_window_fields(self).items():
             object.__setattr__(self, name, value)
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
@@ -152,6 +159,14 @@ class ModelSpec:
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.is_moe and layer not in self.dense_layers
+
+    def attention_window(self, layer: int) -> int | None:
+        """The keys a query of layer ``layer`` may attend to (None: all earlier tokens)."""
+        if self.sliding_window is None:
+            return None
+        if self.window_layers is None or layer in self.window_layers:
+            return self.sliding_window
+        return None
 
     @property
     def num_moe_layers(self) -> int:
@@ -336,8 +351,9 @@ class ModelSpec:
         for f in fields(self):
             if f.name in _MOE_MLA_FIELDS and d[f.name] == f.default:
                 del d[f.name]
-        if "dense_layers" in d:
-            d["dense_layers"] = list(d["dense_layers"])
+        for name in ("dense_layers", "window_layers"):
+            if d.get(name) is not None:
+                d[name] = list(d[name])
         return d
 
     @classmethod

@@ -87,10 +87,12 @@ MODEL_PRESETS: dict[str, dict] = {
     "olmoe-1b-7b": _llama(16, 2048, 16, 16, 1024, 50304, 4096, num_experts=64,
                           experts_per_token=8, router_norm_topk=False),
     # huggingface.co/openai/gpt-oss-120b/blob/main/config.json and gpt-oss-20b (model card,
-    # arXiv 2508.10925): biases on attention, router and experts; every other layer has
-    # 128-token sliding-window attention, read here as full attention.
+    # arXiv 2508.10925): biases on attention, router and experts; 128-token sliding-window
+    # attention on the even layers ("layer_types": sliding, full, sliding, ...).
     "gpt-oss-120b": _llama(36, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, bias=True,
-                           num_experts=128, experts_per_token=4, router_aux_loss_coeff=0.9),
+                           num_experts=128, experts_per_token=4, router_aux_loss_coeff=0.9,
+                           sliding_window=128, window_layers=tuple(range(0, 36, 2))),
     "gpt-oss-20b": _llama(24, 2880, 64, 8, 2880, 201088, 131072, head_dim=64, bias=True,
-                          num_experts=32, experts_per_token=4, router_aux_loss_coeff=0.9),
+                          num_experts=32, experts_per_token=4, router_aux_loss_coeff=0.9,
+                          sliding_window=128, window_layers=tuple(range(0, 24, 2))),
 }

@@ -52,9 +52,15 @@ def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
     (fp8: meshplan.costmodel.fp8_cost; a GPU or runtime that cannot run its recipe is refused
     at estimate time by fp8_cost.check_fp8_supported), and so is Layout.compile (from the
     profile's compiled layer rows, else as eager with a caveat); context and expert
-    parallelism are priced since issues 39 and 38 (meshplan.costmodel.inputs)."""
+    parallelism are priced since issues 39 and 38 (meshplan.costmodel.inputs). Not priced:
+    context parallelism of a sliding-window model (its ring would skip the steps outside
+    the window)."""
     if model is not None:
         check_model_modelled(model)
+        if layout.cp > 1 and model.sliding_window is not None:
+            raise ConfigError(f"Layout.cp = {layout.cp} with the sliding-window attention of "
+                              f"{model.name!r} (window {model.sliding_window}) is not priced "
+                              f"by the cost model; use cp = 1")
 
 
 def check_model_modelled(model: ModelSpec) -> None:

@@ -120,3 +120,17 @@ def test_merge_joins_the_parts_and_refuses_a_layout_in_two(tmp_path):
     assert doc["summary"]["ok"] == run["summary"]["ok"] == 14
     assert doc["summary"]["step_time_mean_abs_error_pct"] == pytest.approx(
         run["summary"]["step_time_mean_abs_error_pct"])
+
+
+def test_leave_out_repredicts_round38_without_each_models_own_rows():
+    """round 38 re-predicted on its own profile: --leave-out drops each model's rows (the
+    nearest-shape transfer: its layers come from the other three models), so every
+    prediction moves; without it the model's own rows price it."""
+    doc = json.loads((ROOT / "docs/benchmarks/data/transfer38_accuracy.json").read_text())
+    profile = str(ROOT / "docs/benchmarks/data/profiles/round38/profile.toml")
+    as_is = tr.repredict(doc, profile, "NVIDIA H200")
+    out = tr.repredict(doc, profile, "NVIDIA H200", leave_out=True)
+    assert len(out) == len(as_is) == 24
+    for a, o in zip(as_is, out):
+        assert o["predicted"]["step_time_s"] != pytest.approx(a["predicted"]["step_time_s"],
+                                                              rel=1e-4)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshplan import Cluster, Job, Layout, ModelSpec
+from meshplan.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
 
@@ -252,6 +253,19 @@ def llama3_2024(**overrides) -> list[PublishedRun]:
 
 
 MOE_DEFAULTS = dict(recompute="none", zero=1)
+# the data files' dispatcher names -> Job.moe_dispatcher (HybridEP de-duplicates like DeepEP)
+MOE_DISPATCHER = {"alltoall": "alltoall", "a2a": "alltoall", "deepep": "deepep",
+                  "hybridep": "deepep"}
+
+
+def _balanced(cluster: Cluster, balanced: str) -> Cluster:
+    """Forced-balanced routing (a fact of the run, not a fit): the profile's
+    ``moe_load_imbalance`` is 1; other rows keep the built-in ρ."""
+    if balanced != "yes":
+        return cluster
+    gpu = cluster.gpu
+    return cluster.replace(gpu=replace(gpu, corrections=replace(gpu.corrections,
+                                                                moe_load_imbalance=1.0)))
 
 
 def moe_runs() -> list[PublishedRun]:
@@ -260,36 +274,87 @@ def moe_runs() -> list[PublishedRun]:
 
     Published: GPUs, batch, micro-batch, sequence length, tp, pp, virtual stages, ep and the
     speed (tokens/s/GPU, or for the Megatron-Core README's Mixtral only TFLOP/s/GPU). Every
-    row uses the stated defaults ``MOE_DEFAULTS`` (no recompute — not published —, the
-    distributed optimizer: ZeRO-1), sequence parallelism where tp > 1 (Megatron-Core
-    requires it for MoE), the interleaved schedule where VP > 1 and 1F1B otherwise.
-    ``balanced`` rows ran with NeMo's forced-balanced routing: their profile's
-    ``moe_load_imbalance`` is 1 (a fact of the run, not a fit); the others keep the
-    built-in ρ. ``published`` = GBS·seq / (tokens/s/GPU · GPUs), or where only TFLOP/s is
-    published, the model FLOPs (:func:`meshplan.costmodel.flops.model_flops_per_step`,
-    active experts only) over TFLOP/s × GPUs.
+    row uses the stated defaults ``MOE_DEFAULTS`` (no recompute — Megatron-Bridge's recipes
+    recompute only norms and the expert activation, memory-bound work —, the distributed
+    optimizer: ZeRO-1), sequence parallelism where tp > 1 (Megatron-Core requires it for
+    MoE), the interleaved schedule where VP > 1 and 1F1B otherwise, the recipe's dispatcher
+    (``dispatcher``: ``Job.moe_dispatcher``) and, where the table's EP disagrees with its
+    container's recipe, the recipe's (``ep_as_run``, evidence in the file's header).
+    ``balanced`` rows ran with forced-balanced routing (:func:`_balanced`). ``published`` =
+    GBS·seq / (tokens/s/GPU · GPUs), or where only TFLOP/s is published, the model FLOPs
+    (:func:`meshplan.costmodel.flops.model_flops_per_step`, active experts only) over
+    TFLOP/s × GPUs.
     """
     from meshplan.costmodel.flops import model_flops_per_step
     runs = []
     for d in read_rows("moe_bf16_2024_2026.csv"):
         model = ModelSpec.preset(d["model"])
-        tp, pp, cp, vp, ep, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "ep", "gpus"))
+        tp, pp, cp, vp, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "gpus"))
+        ep = int(d["ep_as_run"] or d["ep"])
         batch, seq = int(d["global_batch"]), int(d["seq_len"])
         layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
                         micro_batch=int(d["micro_batch"]), vpp=vp,
                         schedule="interleaved-1f1b" if vp > 1 else "1f1b",
                         sequence_parallel=tp > 1, **MOE_DEFAULTS)
-        job = Job(global_batch=batch, seq_len=seq, precision="bf16")
-        cluster = Cluster.preset(d["system"], nodes=gpus // 8)
-        if d["balanced"] == "yes":
-            gpu = cluster.gpu
-            cluster = cluster.replace(gpu=replace(gpu, corrections=replace(
-                gpu.corrections, moe_load_imbalance=1.0)))
+        job = Job(global_batch=batch, seq_len=seq, precision="bf16",
+                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]])
+        cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
         if d["tokens_per_s_per_gpu"]:
             step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
         else:
             step_s = (model_flops_per_step(model, batch, seq)
                       / (float(d["model_tflops_per_gpu"]) * 1e12 * gpus))
-        label = f"{model.name} {d['source']} {d['system']} ep {ep} ({gpus} GPUs)"
+        as_run = f" (table: ep {d['ep']})" if d["ep_as_run"] else ""
+        label = (f"{model.name} {d['source']} {d['system']} ep {ep}{as_run} "
+                 f"{d['dispatcher']} ({gpus} GPUs)")
         runs.append(PublishedRun(label, model, cluster, job, layout, step_s, d))
     return runs
+
+
+MODELZOO_RECOMPUTE = {"": "none", "norm+act": "none", "full": "full"}
+
+
+def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """The Megatron-Core MoE Model Zoo's Qwen3-235B-A22B H100 rows
+    (``moe_modelzoo_qwen3_h100_2025.csv``): (runs predicted, [(label, why not), ...]).
+
+    Every published field is used as printed: tp, ep, pp, vpp, dp, micro-batch, global
+    batch, recompute ("norm, act" — memory-bound modules — as none; "full" as full), FSDP
+    (Megatron's ``optim_grads_params``: ZeRO-3; else the distributed optimizer: ZeRO-1),
+    the dispatcher (``Job.moe_dispatcher``), forced-balanced routing (the published
+    commands), sequence parallelism (the model config), and Megatron's
+    ``--account-for-embedding/loss-in-pipeline-split`` (:func:`llama3_stage_layers`: the
+    first and last chunk one layer short). ``published`` = the step time as printed. Rows
+    the cost model cannot take as printed are returned with the reason instead: the
+    one-micro-batch-ahead overlap of dispatch and compute ("+1f1b overlap", not modelled:
+    :func:`meshplan.costmodel.runtime.moe_dispatch_overlapped`), a layout its published
+    command contradicts, and a layout meshplan cannot express (the ConfigError's text).
+    """
+    runs, skipped = [], []
+    for d in read_rows("moe_modelzoo_qwen3_h100_2025.csv"):
+        model = ModelSpec.preset(d["model"])
+        tp, ep, pp, vpp, dp, gpus = (int(d[k]) for k in ("tp", "ep", "pp", "vpp", "dp", "gpus"))
+        label = (f"{model.name} {d['dispatcher']} tp {tp} ep {ep} pp {pp} vpp {vpp}"
+                 f"{' fsdp' if d['fsdp'] == 'On' else ''} ({gpus} GPUs)")
+        if "overlap" in d["notes"]:
+            skipped.append((label, "dispatch/combine overlapped with another micro-batch's "
+                                   "compute (not modelled)"))
+            continue
+        if d["command_matches"] != "yes":
+            skipped.append((label, "the published command gives another layout"))
+            continue
+        try:
+            layout = Layout(dp=dp, pp=pp, tp=tp, ep=ep, micro_batch=int(d["mbs"]), vpp=vpp,
+                            schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                            sequence_parallel=tp > 1, recompute=MODELZOO_RECOMPUTE[d["recompute"]],
+                            zero=3 if d["fsdp"] == "On" else 1,
+                            stage_layers=(llama3_stage_layers(model.num_layers, pp, vpp)
+                                          if pp > 1 else None))
+        except ConfigError as exc:
+            skipped.append((label, str(exc).split(";")[0]))
+            continue
+        job = Job(global_batch=int(d["gbs"]), seq_len=int(d["seq_len"]), precision="bf16",
+                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]])
+        cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
+        runs.append(PublishedRun(label, model, cluster, job, layout, float(d["step_s"]), d))
+    return runs, skipped

@@ -10,7 +10,7 @@ from meshplan.costmodel import comm, estimate
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.flops import model_flops_per_step
 
-from published_runs import moe_runs
+from published_runs import moe_modelzoo_runs, moe_runs
 
 
 def _runs():
@@ -23,12 +23,47 @@ def test_rows_read_as_published():
     for r in runs.values():
         lay, d = r.layout, r.row
         assert lay.num_gpus == int(d["gpus"])
-        assert (lay.tp, lay.pp, lay.ep, lay.micro_batch, lay.vpp) == tuple(
-            int(d[k]) for k in ("tp", "pp", "ep", "micro_batch", "vp"))
+        assert (lay.tp, lay.pp, lay.micro_batch, lay.vpp) == tuple(
+            int(d[k]) for k in ("tp", "pp", "micro_batch", "vp"))
+        # the table's ep, unless the container's recipe ran another (ep_as_run)
+        assert lay.ep == int(d["ep_as_run"] or d["ep"])
         assert r.job.precision == "bf16" and r.job.seq_len == int(d["seq_len"])
         # forced-balanced rows run at rho = 1; the others keep the profile's built-in value
         rho = r.cluster.gpu.corrections.moe_load_imbalance
         assert (rho == 1.0) == (d["balanced"] == "yes")
+        # HybridEP de-duplicates like DeepEP; the others are all-to-all dispatchers
+        assert r.job.moe_dispatcher == ("deepep" if d["dispatcher"] == "hybridep"
+                                        else "alltoall")
+
+
+def test_the_recipe_ep_is_recorded_beside_the_table():
+    """25.11's B200 row: the table's EP 8 is kept in the row, the recipe's EP 64 is run,
+    and the label says both."""
+    runs = _runs()
+    r = runs.pop(("megatron-bridge-25.11", "dgx-b200"))
+    assert (r.row["ep"], r.row["ep_as_run"], r.layout.ep) == ("8", "64", 64)
+    assert "table: ep 8" in r.label
+    assert all(not x.row["ep_as_run"] for x in runs.values())
+
+
+def test_modelzoo_rows_read_as_printed_and_skips_say_why():
+    runs, skipped = moe_modelzoo_runs()
+    assert len(runs) + len(skipped) == 5
+    for r in runs:
+        d, lay = r.row, r.layout
+        assert (lay.tp, lay.ep, lay.pp, lay.vpp, lay.dp, lay.micro_batch) == tuple(
+            int(d[k]) for k in ("tp", "ep", "pp", "vpp", "dp", "mbs"))
+        assert r.job.global_batch == int(d["gbs"]) and r.published == float(d["step_s"])
+        # the account-for-embedding/loss split: 94 layers + 2 over pp * vpp chunks
+        assert sum(lay.stage_layers) == 94 and len(lay.stage_layers) == lay.pp * lay.vpp
+        assert lay.stage_layers[0] == lay.stage_layers[-1] == 96 // (lay.pp * lay.vpp) - 1
+        # the published GA is the layout's micro-batches per step
+        assert int(d["gbs"]) // (lay.dp * lay.micro_batch) == int(d["ga"])
+        assert r.job.moe_dispatcher == "deepep" and r.cluster.gpu.corrections.moe_load_imbalance == 1.0
+    reasons = dict(skipped)
+    assert any("overlapped" in why for why in reasons.values())
+    assert any("published command" in why for why in reasons.values())
+    assert any("stage_layers[0] = 0" in why for why in reasons.values())
 
 
 def test_published_figures_to_step_time():

@@ -1,0 +1,111 @@
+"""Sliding-window attention (meshplan.costmodel.window, ModelSpec.sliding_window): the spec's
+checks, the tiles a flash kernel runs, the attention time and the model FLOPs, by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import meshplan as mp
+from meshplan.costmodel import window
+from meshplan.costmodel.compute import layer_cost
+from meshplan.costmodel.flops import layer_forward_flops_per_token, model_flops_per_step
+from meshplan.errors import ConfigError
+from meshplan.spec.validate import check_modelled
+
+OSS = mp.ModelSpec.preset("gpt-oss-120b")     # window 128 on the 18 even layers of 36
+H100 = mp.Cluster.preset("dgx-h100")
+
+
+def test_gpt_oss_window_on_the_even_layers():
+    assert OSS.sliding_window == 128 and OSS.window_layers == tuple(range(0, 36, 2))
+    assert OSS.attention_window(0) == 128 and OSS.attention_window(1) is None
+    assert window.keys_per_query(OSS, 0, 4096) == 128
+    assert window.keys_per_query(OSS, 1, 4096) == 4096
+    assert window.keys_per_query(OSS, 0, 64) == 64           # a window past the sequence
+
+
+def test_window_fields_checked():
+    base = mp.ModelSpec.preset("llama3-8b")
+    with pytest.raises(ConfigError, match="window_layers .* needs sliding_window"):
+        dataclasses.replace(base, window_layers=(0,))
+    with pytest.raises(ConfigError, match="contains 32"):
+        dataclasses.replace(base, sliding_window=4096, window_layers=(32,))
+    with pytest.raises(ConfigError, match="twice"):
+        dataclasses.replace(base, sliding_window=4096, window_layers=(1, 1))
+    with pytest.raises(ConfigError, match="sliding_window"):
+        dataclasses.replace(base, sliding_window=0)
+    every = dataclasses.replace(base, sliding_window=4096)   # None: every layer (Mistral 7B)
+    assert all(every.attention_window(i) == 4096 for i in range(32))
+
+
+def test_window_fields_round_trip_and_stay_out_of_dense_dicts():
+    assert mp.ModelSpec.from_dict(OSS.to_dict()) == OSS
+    assert OSS.to_dict()["window_layers"] == list(range(0, 36, 2))
+    d = mp.ModelSpec.preset("llama3-8b").to_dict()
+    assert "sliding_window" not in d and "window_layers" not in d
+
+
+def test_executed_tiles_by_hand():
+    # full causal: the cost model's half of s²
+    assert window.executed_fraction(4096, None) == 0.5
+    assert window.executed_fraction(4096, 4096) == 0.5
+    # w = 128, 128-key tiles: query block 0 needs its own tile, every later block 2
+    assert window.executed_fraction(4096, 128) == (1 + 31 * 2) * 128 ** 2 / 4096 ** 2
+    # w = 1: the diagonal tiles only
+    assert window.executed_fraction(4096, 1) == 32 * 128 ** 2 / 4096 ** 2
+    # a window of most of the sequence never costs more than full causal
+    assert window.executed_fraction(4096, 4000) == 0.5
+
+
+def test_attention_time_is_the_mean_of_the_two_kinds():
+    job = mp.Job(global_batch=64, seq_len=4096)
+    link = H100.group_link(1, 1)
+    kw = dict(micro_batch=1, tp=1, sequence_parallel=False, recompute="none", tp_link=link)
+    full = dataclasses.replace(OSS, sliding_window=None, window_layers=None)
+    gpu, peak = H100.gpu, H100.gpu.peak_flops("bf16")
+    core = 4.0 * 4096 * 4096 * 64 * 64                     # 4·b·s²·head_dim·heads
+
+    def t(executed):
+        return executed / (peak * gpu.attention_efficiency(executed))
+    want = 0.5 * t(core * 0.5) + 0.5 * t(core * window.executed_fraction(4096, 128))
+    assert layer_cost(OSS, H100, job, **kw).forward.attention_s == pytest.approx(want, rel=1e-12)
+    assert layer_cost(full, H100, job, **kw).forward.attention_s == pytest.approx(
+        t(core * 0.5), rel=1e-12)
+    # the projections and the MLP do not see the window
+    assert (layer_cost(OSS, H100, job, **kw).forward.gemm_s
+            == layer_cost(full, H100, job, **kw).forward.gemm_s)
+
+
+def test_model_flops_count_the_window_keys():
+    s, q = 4096, 64 * 64
+    full = dataclasses.replace(OSS, sliding_window=None, window_layers=None)
+    per_token_cut = 18 * 4.0 * (s - 128) * q                 # 18 windowed layers
+    assert (model_flops_per_step(full, 1, s) - model_flops_per_step(OSS, 1, s)) \
+        == pytest.approx(3 * s * per_token_cut, rel=1e-12)
+    # a dense model windowed on every layer (Mistral 7B's layout) at twice the window
+    mistral = dataclasses.replace(mp.ModelSpec.preset("llama3-8b"), sliding_window=4096)
+    assert layer_forward_flops_per_token(mistral, 8192)[1] == 4.0 * 4096 * 4096
+
+
+def test_context_parallel_with_a_window_refused():
+    with pytest.raises(ConfigError, match="sliding-window"):
+        check_modelled(mp.Layout(dp=2, cp=2), OSS)
+    check_modelled(mp.Layout(dp=2, cp=2), mp.ModelSpec.preset("llama3-8b"))
+
+
+def test_hf_gpt_oss_layer_types():
+    cfg = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "num_hidden_layers": 4, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "vocab_size": 1000, "sliding_window": 64,
+           "layer_types": ["full_attention", "sliding_attention", "sliding_attention",
+                           "full_attention"]}
+    m = mp.ModelSpec.from_hf_config(cfg)
+    assert (m.sliding_window, m.window_layers) == (64, (1, 2))
+    assert mp.ModelSpec.from_hf_config({**cfg, "sliding_window": None}).sliding_window is None
+    no_types = {k: v for k, v in cfg.items() if k != "layer_types"}
+    assert mp.ModelSpec.from_hf_config(no_types).window_layers == (0, 2)   # GptOssConfig's
+    with pytest.raises(ConfigError, match="layer_types"):
+        mp.ModelSpec.from_hf_config({**cfg, "layer_types": ["sliding_attention"]})
