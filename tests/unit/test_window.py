@@ -109,3 +109,18 @@ def test_hf_gpt_oss_layer_types():
     assert mp.ModelSpec.from_hf_config(no_types).window_layers == (0, 2)   # GptOssConfig's
     with pytest.raises(ConfigError, match="layer_types"):
         mp.ModelSpec.from_hf_config({**cfg, "layer_types": ["sliding_attention"]})
+
+
+def test_executor_refuses_a_windowed_model():
+    """the executor's attention is full causal: a windowed model would train another model"""
+    pytest.importorskip("torch")
+    from meshplan.errors import ExecutorError
+    from meshplan.executor.parallelize import check_layout_runnable
+    tiny = dataclasses.replace(mp.ModelSpec.preset("llama3-8b"), num_layers=2, hidden_size=64,
+                               num_heads=4, num_kv_heads=2, ffn_hidden_size=128,
+                               vocab_size=256, max_seq_len=64)
+    job = mp.Job(global_batch=2, seq_len=64, runtime="torch")
+    assert check_layout_runnable(tiny, job, mp.Layout()) == 2
+    windowed = dataclasses.replace(tiny, sliding_window=16)
+    with pytest.raises(ExecutorError, match="sliding_window = 16"):
+        check_layout_runnable(windowed, job, mp.Layout())
