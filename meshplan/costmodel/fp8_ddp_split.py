@@ -33,9 +33,11 @@ layout run, f01 (Llama-1.64B, dp 4, ZeRO-1, micro-batch 2, compiled), peaked 0.4
 split bytes at its shape (4096 tokens × 2048 × 24 layers) are 0.38 and 1.69 GiB, leaving
 0.06 GiB in both arms — the same 0.07 GiB that f05 (no DDP) leaves. Its fp8 arm ran 0.76×
 bf16 where the rows predict 1.07× (docs/fp8.md, "f01"); what the split costs in time has
-not been measured on a GPU (on this project's CPU it added 0.8-0.9 ms of dispatch per layer
-and micro-batch in both precisions, which would make f01's fp8 arm host-bound by about
-50 ms of its 150 ms loss) — ``benchmarks/fp8_probe.py`` measures it.
+not been measured on a GPU. On this project's CPU (``fp8_probe.py --device cpu
+--per-parameter``, tiny Llama, three runs) the split added 0.46-0.52 ms of CPU per layer and
+micro-batch in both precisions; at that cost f01's fp8 arm would turn host-bound by 15 ms,
+a tenth of its 149 ms loss, and its bf16 arm would stay GPU-bound
+(``benchmarks/fp8_f01_posthoc.py``) — ``benchmarks/fp8_probe.py`` measures it on a GPU.
 """
 
 from __future__ import annotations
