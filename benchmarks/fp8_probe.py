@@ -25,7 +25,9 @@ only in how the blocks are compiled). Arms, ``<precision>-<mode>``:
 
 Per arm: step time on the device (CUDA events) and on the host (dispatch), per micro-batch
 forward / backward device and host ms, the process CPU time of a micro-batch that does not
-synchronize gradients (``host_cpu_ms_per_mb``: the dispatch work itself, waits excluded),
+synchronize gradients (``host_cpu_ms_per_mb``: the dispatch work; on a GPU-bound step it
+also counts the driver spinning while CUDA's launch queue is full — read it with the busy
+fraction),
 the optimizer's ms, peak memory, pieces per block,
 Python GC collections in the timed steps, and from ``torch.profiler`` over one step the
 kernel count, the GPU's busy fraction and the top kernels. ``verdict`` compares the arms:
@@ -167,6 +169,7 @@ def run_arm(arm: str, args, model: ModelSpec, device) -> dict:
     t0 = time.perf_counter()
     groups = build_mesh(layout, device.type, tied_embeddings=model.tied_embeddings)
     trainer = ParallelTrainer(model, job, layout, groups, device, compile=True)
+    part = None
     if mode != "plain":      # the executor's dp > 1 ZeRO-1 path on this one-rank group
         part = trainer.parts[0]
         stand_in = ReplicaGroups(dp=2, dp_group=groups.dp_group, dp_mesh=None)
@@ -249,7 +252,7 @@ def run_arm(arm: str, args, model: ModelSpec, device) -> dict:
            "peak_gib": peak / 2**30 if peak is not None else None,
            "gc_collections_timed": gcs, "profile": prof_summary,
            "wall_s": time.perf_counter() - t0}
-    del trainer, batch
+    del trainer, batch, part
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
