@@ -8,6 +8,9 @@ left out (both arms keep it).
 
     python benchmarks/fp8_saved_bytes.py                      # CPU, h 256, ffn 1024, 256 tokens
     python benchmarks/fp8_saved_bytes.py --device cuda --hidden 2048 --ffn 8192 --tokens 2048
+    # also compiled as DDP compiles it under ZeRO-1 (DDPOptimizer, a piece per parameter;
+    # meshplan.costmodel.fp8_ddp_split), for a Llama or a GPT block
+    python benchmarks/fp8_saved_bytes.py --split [--block gpt]
 """
 
 from __future__ import annotations
@@ -24,17 +27,36 @@ from meshplan.executor.model import Block, rope_tables  # noqa: E402
 from meshplan.spec import ModelSpec  # noqa: E402
 
 
+def split_backend(pieces: list[int]):
+    """A ``torch.compile`` backend that compiles as DDP does when every parameter's storage
+    exceeds its bucket cap (ZeroRedundancyOptimizer's bucket views): Dynamo's DDPOptimizer
+    cutting after every operator that takes a parameter, Inductor compiling each piece.
+    Appends the number of pieces of each graph to ``pieces``."""
+    from torch._dynamo.backends.distributed import DDPOptimizer
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs, **kw):
+        opt = DDPOptimizer(bucket_bytes_cap=1, backend_compile_fn=compile_fx,
+                           first_bucket_cap=1)
+        out = opt.compile_fn(gm, example_inputs, **kw)
+        pieces.append(len(opt.buckets))
+        return out
+    return backend
+
+
 def saved_bytes(spec: ModelSpec, tokens: int, precision: str, compile: bool,
-                device: torch.device) -> dict:
+                device: torch.device, split: bool = False) -> dict:
     torch.manual_seed(0)
+    torch._dynamo.reset()
     block = Block(spec).to(device)
     if precision == "fp8":
         plan = Fp8Plan(recipe=recipe("tensorwise"), emulate=False)
         for parent, attr in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc"),
                              (block.mlp, "proj")):
             setattr(parent, attr, Fp8Linear(getattr(parent, attr), plan))
+    pieces: list[int] = []
     if compile:
-        block.compile()
+        block.compile(**({"backend": split_backend(pieces)} if split else {}))
     rope = tuple(t.to(device) for t in rope_tables(tokens, spec.head_dim))
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     x = torch.randn(1, tokens, spec.hidden_size, dtype=torch.bfloat16, device=device,
@@ -52,7 +74,8 @@ def saved_bytes(spec: ModelSpec, tokens: int, precision: str, compile: bool,
             y = block(x, rope)
     y.float().sum().backward()
     kept = sum(v[0] for v in seen.values() if not v[3])
-    return {"precision": precision, "compiled": compile, "saved_bytes": kept,
+    return {"precision": precision, "compiled": compile, "pieces": max(pieces, default=1),
+            "saved_bytes": kept,
             "per_token_h": kept / (tokens * spec.hidden_size),
             "tensors": sorted(seen.values(), reverse=True)}
 
@@ -63,20 +86,27 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--ffn", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--block", default="llama", choices=("llama", "gpt"),
+                   help="gpt: LayerNorm, GELU, biases, learned positions")
+    p.add_argument("--split", action="store_true",
+                   help="also compiled per parameter, as DDP compiles it under ZeRO-1")
     a = p.parse_args()
+    style = (dict(activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                  tied_embeddings=False, bias=False) if a.block == "llama" else {})
     spec = ModelSpec(name="block", num_layers=1, hidden_size=a.hidden, num_heads=4,
                      num_kv_heads=2, ffn_hidden_size=a.ffn, vocab_size=128,
-                     max_seq_len=a.tokens, activation="swiglu", norm="rmsnorm",
-                     position_embedding="rope", tied_embeddings=False, bias=False)
+                     max_seq_len=a.tokens, **style)
     linear = sum(q.numel() for n, q in Block(spec).named_parameters() if "norm" not in n)
     print(f"h {a.hidden}, ffn {a.ffn}, {a.tokens} tokens: 16-bit copies of the linears' "
           f"weights {2 * linear} B = {2 * linear / (a.tokens * a.hidden):.2f} B per token·h; "
           f"norm outputs + MLP-down input {2 * (2 * a.hidden + a.ffn) * a.tokens} B")
-    for compile in (False, True):
+    modes = [(False, False), (True, False)] + ([(True, True)] if a.split else [])
+    for compile, split in modes:
         for precision in ("bf16", "fp8"):
-            r = saved_bytes(spec, a.tokens, precision, compile, torch.device(a.device))
-            print(f"{'compiled' if compile else 'eager   '} {precision}: saved "
-                  f"{r['saved_bytes']} B = {r['per_token_h']:.2f} B per token·h")
+            r = saved_bytes(spec, a.tokens, precision, compile, torch.device(a.device), split)
+            how = "split   " if split else "compiled" if compile else "eager   "
+            print(f"{how} {precision}: saved {r['saved_bytes']} B = {r['per_token_h']:.2f} B "
+                  f"per token·h" + (f" ({r['pieces']} pieces)" if split else ""))
     return 0
 
 
