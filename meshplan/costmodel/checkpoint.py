@@ -16,12 +16,23 @@ DCP's file framing (``torch.save`` per chunk plus ``.metadata``). Measured error
 files from one process (+0.15 %) and 500.9 MB from dp 2 · ZeRO-3 (+0.26 %, more chunks);
 the framing is about 2 KB per chunk, which is most of a toy model's files.
 
-Time, as the executor saves (every rank writes the pieces it holds; DCP's planner gives
-each replicated piece to the rank with the least to write, so the bytes spread evenly)::
+Time, as the executor saves. Every rank first copies *every piece it holds* to host memory
+(replicas included: DCP deduplicates only when it plans the write), then writes its share;
+DCP's planner gives each replicated piece to the rank with the least to write, so the
+written bytes spread evenly::
 
-    stage_s = (bytes / world) / stage_gbps      the step loop's pause: copy to host memory
+    held  = P/(tp·pp) · (4 / z_w + 8 / z_o)     the rank's fp32 weights and AdamW moments
+            z_w = dp under ZeRO-2/3 (the executor's FSDP2 shards the master weights), else 1
+            z_o = dp under ZeRO-1/2/3 (the optimizer states), else 1
+    stage_s = held / stage_gbps                 the step loop's pause: copy to host memory
     write_s = (bytes / world) / write_gbps      in the background, per rank in parallel
     (write_s = bytes / aggregate_gbps when the file system's total is the limit)
+
+Without a layout, ``held`` is bytes / world (every piece sharded). Measured on 2 × H200
+(2026-11-28, docs/benchmarks/executor_gpu.md), gpt3-1.3b dp 2 ZeRO-0: each rank staged
+15.81 GB (predicted with the layout 15.81 GB, without it 7.91); the first save paused
+15.6 s (fresh pinned buffers), the second 0.34 s (46 GB/s); the write 14.5-22.2 s
+(0.7-1.1 GB/s for both ranks together on the machine's local disk: its aggregate).
 
 ``write_gbps`` is the sustained write bandwidth of one rank to the checkpoint file system
 and ``stage_gbps`` the device-to-host copy bandwidth. Neither is in the GPU profiles yet,
@@ -39,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from meshplan.spec import ModelSpec
+from meshplan.spec import Layout, ModelSpec
 
 BYTES_PER_PARAM = 4 + 4 + 4
 DEFAULT_WRITE_GBPS_PER_RANK = 1.0
@@ -64,22 +75,32 @@ def checkpoint_bytes(model: ModelSpec) -> float:
     return float(model.num_params() * BYTES_PER_PARAM)
 
 
-def predict_checkpoint(model: ModelSpec, *, world: int,
+def held_bytes_per_rank(model: ModelSpec, layout: Layout) -> float:
+    """The checkpointed state one rank holds (and stages), replicas included."""
+    split = layout.tp * layout.pp
+    z_w = layout.dp if layout.zero >= 2 else 1
+    z_o = layout.dp if layout.zero >= 1 else 1
+    return model.num_params() / split * (4 / z_w + 8 / z_o)
+
+
+def predict_checkpoint(model: ModelSpec, *, world: int, layout: Layout | None = None,
                        write_gbps_per_rank: float = DEFAULT_WRITE_GBPS_PER_RANK,
                        stage_gbps: float = DEFAULT_STAGE_GBPS,
                        aggregate_gbps: float | None = None) -> CheckpointEstimate:
-    """Bytes and seconds of one checkpoint written by ``world`` ranks."""
+    """Bytes and seconds of one checkpoint written by ``world`` ranks (``layout``: what each
+    rank holds and stages; without it every piece is taken as sharded)."""
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     total = checkpoint_bytes(model)
     per_rank = total / world
+    held = held_bytes_per_rank(model, layout) if layout is not None else per_rank
     write_s = per_rank / (write_gbps_per_rank * 1e9)
     if aggregate_gbps:
         write_s = max(write_s, total / (aggregate_gbps * 1e9))
     return CheckpointEstimate(bytes=total, bytes_per_rank=per_rank,
-                              stage_s=per_rank / (stage_gbps * 1e9), write_s=write_s,
+                              stage_s=held / (stage_gbps * 1e9), write_s=write_s,
                               write_gbps_per_rank=write_gbps_per_rank, stage_gbps=stage_gbps)
 
 
-__all__ = ["CheckpointEstimate", "checkpoint_bytes", "predict_checkpoint",
+__all__ = ["CheckpointEstimate", "checkpoint_bytes", "held_bytes_per_rank", "predict_checkpoint",
            "BYTES_PER_PARAM"]

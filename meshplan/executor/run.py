@@ -441,7 +441,8 @@ def _checkpoint_summary(per_rank: list[dict], plan: PlanRecord, world: int) -> d
                       "stage_s_max": max(o["stage_s"] for o in others),
                       "rank_bytes_max": max(o["rank_bytes"] for o in others)})
     return {"saves": saves,
-            "prediction": predict_checkpoint(plan.model, world=world).to_dict()}
+            "prediction": predict_checkpoint(plan.model, world=world,
+                                            layout=plan.layout).to_dict()}
 
 
 def _flush_and_exit(code: int) -> None:

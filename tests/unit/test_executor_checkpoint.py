@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import meshplan as mp  # noqa: E402
-from meshplan.costmodel.checkpoint import checkpoint_bytes, predict_checkpoint  # noqa: E402
+from meshplan.costmodel.checkpoint import (  # noqa: E402
+    checkpoint_bytes, held_bytes_per_rank, predict_checkpoint)
 from meshplan.executor.checkpoint_state import _restrict, tensor_pieces  # noqa: E402
 from meshplan.executor.failures import (diagnose, oom_message, smaller_alternative,  # noqa: E402
                                         torchrun_failures)
@@ -115,3 +116,18 @@ def test_checkpoint_prediction():
     assert e.write_s == pytest.approx(e.bytes / 4 / 2e9)
     slow_fs = predict_checkpoint(m, world=4, write_gbps_per_rank=2.0, aggregate_gbps=1.0)
     assert slow_fs.write_s == pytest.approx(e.bytes / 1e9)
+
+
+def test_checkpoint_staging_is_what_the_rank_holds():
+    """DDP ranks hold (and stage) the whole state; ZeRO-1 shards the moments, FSDP2 (ZeRO-2/3)
+    the master weights too; tp and pp split both."""
+    m = mp.ModelSpec(name="m", num_layers=24, hidden_size=2048, num_heads=16,
+                     vocab_size=50304, max_seq_len=2048)
+    p = m.num_params()
+    ddp = predict_checkpoint(m, world=2, layout=mp.Layout(dp=2), stage_gbps=10.0)
+    assert ddp.stage_s == pytest.approx(12 * p / 10e9)
+    assert ddp.bytes_per_rank == pytest.approx(12 * p / 2)      # the write is deduplicated
+    assert held_bytes_per_rank(m, mp.Layout(dp=2, zero=1)) == pytest.approx(p * (4 + 4))
+    assert held_bytes_per_rank(m, mp.Layout(dp=2, zero=3)) == pytest.approx(p * 6)
+    assert held_bytes_per_rank(m, mp.Layout(tp=2, pp=2)) == pytest.approx(3 * p)
+    assert predict_checkpoint(m, world=2).stage_s == pytest.approx(6 * p / 10e9)
