@@ -28,9 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fp8_rows_repredict import DATA, PROFILE, fp8_rows, with_rows  # noqa: E402
 from layout_sets import gpu_cluster  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
-from meshplan.costmodel.fp8_ddp_split import ddp_splits_compiled_blocks  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
+
+
+def ddp_splits_compiled_blocks(job: Job, layout: Layout) -> bool:
+    """Whether the executor *as run on 2026-11-28* compiled these blocks inside DDP's forward,
+    where Dynamo's DDPOptimizer split them (runtime "torch", compile, ZeRO-0/1, dp·cp > 1,
+    no pipeline); it has compiled them whole since (executor/data_parallel.py)."""
+    return (job.runtime == "torch" and layout.compile and layout.zero <= 1
+            and layout.dp * layout.cp > 1 and layout.pp == 1)
 
 GIB = 2 ** 30
 

@@ -161,7 +161,6 @@ def run_arm(arm: str, args, model: ModelSpec, device) -> dict:
     from meshplan.executor.parallelize import ParallelTrainer
     precision, mode = arm.split("-")
     torch._dynamo.reset()
-    torch._dynamo.config.optimize_ddp = mode == "split"
     layout = Layout(micro_batch=args.micro_batch, compile=True)
     job = Job(global_batch=args.micro_batch * args.micro_batches, seq_len=args.seq_len,
               precision=precision, runtime="torch",
@@ -183,6 +182,9 @@ def run_arm(arm: str, args, model: ModelSpec, device) -> dict:
             # 1B model's 25 MB-plus bucket views make DDPOptimizer do
             torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1
             part.wrapped.bucket_bytes_cap = 1
+    # after the wrap, which turns DDPOptimizer off for the executor since this probe ran
+    # (blocks compile lazily, at their first forward)
+    torch._dynamo.config.optimize_ddp = mode == "split"
     pieces = _Pieces()
     data = SyntheticTokens(model.vocab_size, job.seq_len, seed=0)
     timer = StepTimer(device)

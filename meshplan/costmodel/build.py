@@ -309,7 +309,7 @@ def table_caveats(job: Job, layout: Layout, lt: dict, parts: LayerParts) -> tupl
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
-            + fp8_caveats(parts.fp8, job, layout))
+            + fp8_caveats(parts.fp8, job))
 
 
 def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

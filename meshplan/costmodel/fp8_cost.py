@@ -67,9 +67,9 @@ keys:
   weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise; post hoc,
   docs/fp8.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the measured on five of
   seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
-  against −4.90 predicted (its blocks are split by DDP's graph cuts, which keep more in fp8
-  than in bf16: :mod:`meshplan.costmodel.fp8_ddp_split`), and tp 4 (peak outside the
-  backward) 0 against −0.66.
+  against −4.90 predicted (its blocks were split by DDP's graph cuts, which keep more in
+  fp8 than in bf16; the executor has compiled them whole since: docs/fp8.md, "f01"), and
+  tp 4 (peak outside the backward) 0 against −0.66.
 * **Memory, runtime "megatron"**: TE caches each fp8 linear's weight and its
   transpose through the step (2 bytes per linear parameter of every layer on the GPU, on
   top of the 16-bit weights that stay — the "FP8 uses more memory" of TE issues 257 and
@@ -108,13 +108,12 @@ from dataclasses import dataclass
 from meshplan.costmodel import comm, fp8
 from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, linear_shapes,
                                         sixteen_bit_precision)
-from meshplan.costmodel.fp8_ddp_split import ddp_split_caveat
 from meshplan.costmodel.memory import (activation_bytes_per_element,
                                        compute_weight_bytes_per_param)
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster, GPUSpec
-from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec import Job, ModelSpec
 
 SCALE_ALLREDUCE_BYTES = 4     # one fp32 amax per scale
 
@@ -311,15 +310,12 @@ def te_activation_delta_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: 
     return -(norm_out + down_in) + attn_out
 
 
-def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job,
-                layout: Layout | None = None) -> tuple[str, ...]:
-    """The estimate's cautions on its fp8 terms (and, given ``layout``, on compiled blocks
-    that DDP splits: :mod:`meshplan.costmodel.fp8_ddp_split`)."""
+def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
+    """The estimate's cautions on its fp8 terms."""
     if parts_fp8 is None:
         return ()
-    split = ddp_split_caveat(job, layout) if layout is not None else None
     rate = parts_fp8.rate
-    out = [split] if split else []
+    out: list[str] = []
     if parts_fp8.row:
         from meshplan.costmodel.fp8_rows import row_caveat
         return (row_caveat(parts_fp8.row), *out)     # the casts were timed, not priced

@@ -1,8 +1,7 @@
-"""Compiled blocks under DDP (meshplan.costmodel.fp8_ddp_split): which layouts DDP's graph
-cuts reach, the caveat fp8 estimates carry there, and on CPU the mechanism itself — a block
-compiled through DDPOptimizer is cut per parameter and keeps more for its backward, and the
+"""Compiled blocks under DDP (docs/fp8.md, "f01"): on CPU the mechanism — a block compiled
+through Dynamo's DDPOptimizer is cut per parameter and keeps more for its backward, and the
 probe's split arm (benchmarks/fp8_probe.py, the executor's own DDP + ZeRO-1) is split where
-its whole arm is not."""
+its whole arm is not — and the executor's DDP compiling blocks whole since."""
 
 import json
 import os
@@ -12,43 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.costmodel import estimate
-from meshplan.costmodel.fp8_ddp_split import ddp_split_caveat, ddp_splits_compiled_blocks
-from meshplan.hardware_profiles import Cluster
-from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = ModelSpec(name="m", num_layers=4, hidden_size=1024, num_heads=16, vocab_size=32000,
-                  max_seq_len=1024)
-CLUSTER = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
-FP8 = Job(global_batch=32, seq_len=1024, precision="fp8", runtime="torch")
-BF16 = Job(global_batch=32, seq_len=1024, runtime="torch")
-
-
-@pytest.mark.parametrize("layout, job, split", [
-    (Layout(dp=4, zero=1, micro_batch=2, compile=True), FP8, True),        # f01
-    (Layout(dp=2, tp=2, zero=0, micro_batch=2, compile=True), FP8, True),  # DDP, ZeRO-0
-    (Layout(dp=2, pp=2, zero=1, micro_batch=2, compile=True), FP8, False),  # f05: no DDP
-    (Layout(dp=4, zero=3, micro_batch=2, compile=True), FP8, False),       # FSDP2
-    (Layout(tp=4, micro_batch=2, compile=True), FP8, False),               # one replica
-    (Layout(dp=4, zero=1, micro_batch=2), FP8, False),                     # eager
-    (Layout(dp=4, zero=1, micro_batch=2, compile=True),
-     Job(global_batch=32, seq_len=1024, precision="fp8", runtime="megatron"), False),
-])
-def test_which_layouts_ddp_splits(layout, job, split):
-    assert ddp_splits_compiled_blocks(job, layout) is split
-
-
-def test_fp8_estimates_of_split_layouts_carry_the_caveat_and_others_do_not():
-    f01 = Layout(dp=4, zero=1, micro_batch=2, compile=True)
-    f05 = Layout(dp=2, pp=2, zero=1, micro_batch=2, compile=True)
-    text = ddp_split_caveat(FP8, f01)
-    assert "one graph per parameter" in text and "ZeRO-1" in text
-    assert "25 MB" in ddp_split_caveat(FP8, Layout(dp=4, micro_batch=2, compile=True))
-    assert ddp_split_caveat(BF16, f01) is None
-    assert text in estimate(MODEL, CLUSTER, FP8, f01).caveats
-    assert not [c for c in estimate(MODEL, CLUSTER, FP8, f05).caveats if "DDPOptimizer" in c]
-    assert not [c for c in estimate(MODEL, CLUSTER, BF16, f01).caveats if "DDPOptimizer" in c]
 
 
 @pytest.mark.slow
@@ -86,3 +51,25 @@ def test_probe_cpu_split_arm_is_cut_per_parameter_and_whole_arm_is_not(tmp_path)
         assert arm["step_ms"] > 0 and arm["host_cpu_ms_per_mb"] > 0
         assert arm["profile"]["top_cpu_ops"]
     assert "fp8_split_cost_host_cpu_ms_per_layer_mb" in doc["verdict"]
+
+
+def test_executor_ddp_compiles_blocks_whole():
+    """wrap_data_parallel turns DDPOptimizer off: on 1 x H200 an fp8 step ran 199.6 ms with
+    the blocks split per parameter and 126.4 ms whole (bf16 124.9 / 124.2)."""
+    code = (
+        "import torch, torch.distributed as dist, torch._dynamo\n"
+        "from meshplan.executor.data_parallel import wrap_data_parallel\n"
+        "from meshplan.executor.mesh import ReplicaGroups\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, "
+        "world_size=1)\n"
+        "assert torch._dynamo.config.optimize_ddp\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        "g = ReplicaGroups(dp=2, dp_group=dist.group.WORLD, dp_mesh=None)\n"
+        "w = wrap_data_parallel(m, zero=0, groups=g, device=torch.device('cpu'), bf16=False, "
+        "pipelined=False)\n"
+        "assert type(w).__name__ == 'DistributedDataParallel'\n"
+        "assert torch._dynamo.config.optimize_ddp is False\n"
+        "dist.destroy_process_group()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-3000:]
