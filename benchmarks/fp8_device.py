@@ -77,6 +77,10 @@ LAYOUTS = [
     ("f06", L(pp=2, tp=2, micro_batch=1, schedule="interleaved-1f1b", vpp=2,
               sequence_parallel=True)),
     ("f07", L(dp=4, micro_batch=1, zero=2, recompute="selective")),
+    # on 2 GPUs (when no 4-GPU machine is lent): f01's DDP + ZeRO-1 and f03's tp + SP at
+    # half the width
+    ("g01", L(dp=2, micro_batch=2, zero=1)),
+    ("g02", L(tp=2, micro_batch=2, sequence_parallel=True)),
 ]
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
