@@ -15,8 +15,6 @@ Exit codes: 0 done; 2 bad plan or arguments (nothing allocated); 3 out of memory
 
 from __future__ import annotations
 
-import dataclasses
-
 import os
 import signal
 import socket
@@ -36,9 +34,12 @@ from meshplan.executor.failures import (collect_rank_errors, diagnose, error_fil
 from meshplan.executor.gc_control import GcPolicy, gc_across_ranks
 from meshplan.executor.run_args import (FIRST_STEP_SETTLE_S, build_parser,  # noqa: F401
                                         effective_plan, gpu_family, preflight)
+from meshplan.executor.run_extras import (checkpoint_summary, setup_checkpoints, start_profiler,
+                                          stop_profiler)
+from meshplan.executor.run_results import (RESULTS_SCHEMA, _log, prediction_of,  # noqa: F401
+                                           results_document, stage_prediction_bytes)
 from meshplan.planner.planfile import PlanRecord, load_plan_file, write_json_atomic
 
-RESULTS_SCHEMA = "meshplan.results"
 EXIT_BAD_INPUT, EXIT_OOM, EXIT_FAILED = 2, 3, 4
 
 
@@ -66,10 +67,6 @@ def settle_after_first_step(device, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _log(msg: str) -> None:
-    print(f"[meshplan.executor] {msg}", file=sys.stderr, flush=True)
-
-
 def _dist_env() -> tuple[int, int, int, int]:
     """(rank, world size, local rank, local world size) from torchrun's environment."""
     rank = int(os.environ.get("RANK", "0"))
@@ -79,48 +76,10 @@ def _dist_env() -> tuple[int, int, int, int]:
     return rank, world, local, local_world
 
 
-def prediction_of(plan: PlanRecord) -> dict[str, Any]:
-    """What this run is compared with: the cost model's estimate under runtime "torch", the
-    conventions of this executor (docs/costmodel.md, "Runtimes"). A plan made for another
-    runtime (``meshplan plan`` defaults to Megatron's) is re-predicted on the plan's own
-    cluster, and the result says so under ``runtime_note``; a plan that already carries a
-    torch-runtime prediction is used as it is."""
-    runtime = plan.job.runtime
-    if plan.prediction and runtime == "torch":
-        return dict(plan.prediction)
-    try:
-        from meshplan.costmodel import estimate
-        pred = estimate(plan.model, plan.cluster, dataclasses.replace(plan.job, runtime="torch"),
-                        plan.layout).to_dict()
-    except Exception as exc:  # no prediction is not a reason to refuse a measurement
-        _log(f"the cost model failed to predict this run (runtime 'torch'): {exc}")
-        return dict(plan.prediction)
-    if runtime != "torch":
-        pred["runtime_note"] = (f"re-predicted with runtime 'torch' (this executor's); the plan's "
-                                f"own prediction used runtime {runtime!r}")
-    return pred
 
 
-def stage_prediction_bytes(prediction: dict[str, Any], pp_rank: int) -> float | None:
-    mem = prediction.get("memory")
-    if isinstance(mem, list) and pp_rank < len(mem) and isinstance(mem[pp_rank], dict):
-        v = mem[pp_rank].get("total_bytes")
-        return float(v) if isinstance(v, (int, float)) else None
-    return None
 
 
-def results_document(plan: PlanRecord, prediction, measured, environment, *, status: str,
-                     error: dict | None, argv: list[str]) -> dict[str, Any]:
-    from meshplan.executor.measure import comparison
-    return {
-        "schema": RESULTS_SCHEMA, "version": 1, "status": status,
-        "command": " ".join(argv),
-        "model": plan.model.to_dict(), "cluster": plan.cluster.to_dict(),
-        "job": plan.job.to_dict(), "layout": plan.layout.to_dict(),
-        "prediction": prediction, "measured": measured,
-        "errors_pct": comparison(measured, prediction) if measured else {},
-        "environment": environment, "error": error,
-    }
 
 
 def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
@@ -174,40 +133,6 @@ def _rank_groups(groups) -> dict[str, list[int]]:
             for name in ("dp", "pp", "tp")}
 
 
-def _setup_checkpoints(args, plan, trainer, groups, rank, world, device, log):
-    """(Checkpointer or None, first step, checkpoint record or None): load ``--resume``."""
-    if not args.checkpoint_dir:
-        return None, 0, None
-    import uuid
-
-    import torch.distributed as dist
-
-    from meshplan.executor import checkpoint as ck
-    from meshplan.executor.failures import checkpoint_crash_hook
-    group = ck.checkpoint_group(world)
-    run_id = [uuid.uuid4().hex[:8] if rank == 0 else None]
-    dist.broadcast_object_list(run_id, src=0, group=group)
-    record = {"schema": ck.SCHEMA, "version": 1, "seed": args.seed,
-              "data": {"path": args.data, "dtype": args.data_dtype},
-              "model": plan.model.to_dict(), "job": plan.job.to_dict(),
-              "layout": plan.layout.to_dict(), "world": world,
-              "optimizer": {"name": "AdamW", "lr": args.lr}}
-    saver = ck.Checkpointer(directory=Path(args.checkpoint_dir), every=args.checkpoint_every,
-                            rank=rank, world=world, group=group, run_id=run_id[0],
-                            record=record, keep=args.checkpoint_keep,
-                            crash_hook=checkpoint_crash_hook(rank))
-    start, resumed = 0, None
-    if args.resume:
-        path = Path(args.resume_path)
-        saved_layout = ck.read_marker(path).get("layout")
-        resumed = ck.load(trainer, path, group=group, rank=rank, device=device,
-                          same_layout=saved_layout == plan.layout.to_dict())
-        start = int(resumed["step"])
-        resumed = {"path": str(path), "step": start, "layout": saved_layout}
-        if rank == 0:
-            log(f"resumed from {path} ({start} steps done; saved in layout "
-                f"{'the same' if saved_layout == plan.layout.to_dict() else 'a different one'})")
-    return saver, start, resumed
 
 
 def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
@@ -281,7 +206,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                                   optimizer=OptimizerConfig(lr=args.lr),
                                   compile=layout.compile)
         state["stages"] = trainer.stage_indices()
-        saver, start, resumed = _setup_checkpoints(args, plan, trainer, groups, rank, world,
+        saver, start, resumed = setup_checkpoints(args, plan, trainer, groups, rank, world,
                                                    device, _log)
         # the first step after a restart pays for allocation and compilation: never timed
         first_timed = max(args.warmup, start + 1) if start else args.warmup
@@ -315,7 +240,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             batch = to_device(local_share(data.global_batch(step, job.global_batch),
                                           layout.dp, groups.dp_rank), device)
             if args.profile and step == first_timed:
-                prof = _start_profiler(device_type)
+                prof = start_profiler(device_type)
             if step == first_timed:
                 host_probe_us = host_dispatch_probe_us(device)
                 gc_policy.begin_measure()
@@ -329,7 +254,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             if prof is not None:
                 prof.step()
                 if step == first_timed + 2:
-                    _stop_profiler(prof, args.profile, rank)
+                    stop_profiler(prof, args.profile, rank)
                     prof = None
             if step == start:
                 settle_after_first_step(device, args.first_step_settle_s)
@@ -416,7 +341,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             "mfu_note": None if device_type == "cuda" else "MFU needs a GPU peak; CPU run",
         }
         if saver is not None:
-            measured["checkpoints"] = _checkpoint_summary(per_rank, plan, world)
+            measured["checkpoints"] = checkpoint_summary(per_rank, plan, world)
         if resumed is not None:
             measured["resumed_from"] = resumed
         doc = results_document(plan, prediction, measured, env, status="ok", error=None,
@@ -430,19 +355,6 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     return 0
 
 
-def _checkpoint_summary(per_rank: list[dict], plan: PlanRecord, world: int) -> dict[str, Any]:
-    """Measured saves (rank 0's commit, the slowest rank's pause) and the prediction."""
-    from meshplan.costmodel.checkpoint import predict_checkpoint
-    saves = []
-    for i, rec in enumerate(per_rank[0]["checkpoints"]):
-        others = [r["checkpoints"][i] for r in per_rank if len(r["checkpoints"]) > i]
-        saves.append({"step": rec["step"], "path": rec["path"], "bytes": rec["bytes"],
-                      "write_s": rec["write_s"],
-                      "stage_s_max": max(o["stage_s"] for o in others),
-                      "rank_bytes_max": max(o["rank_bytes"] for o in others)})
-    return {"saves": saves,
-            "prediction": predict_checkpoint(plan.model, world=world,
-                                            layout=plan.layout).to_dict()}
 
 
 def _flush_and_exit(code: int) -> None:
@@ -452,26 +364,8 @@ def _flush_and_exit(code: int) -> None:
     os._exit(code)
 
 
-def _start_profiler(device_type: str):
-    import torch
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if device_type == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    prof = torch.profiler.profile(activities=acts, record_shapes=False)
-    prof.__enter__()
-    return prof
 
 
-def _stop_profiler(prof, directory: str, rank: int) -> None:
-    prof.__exit__(None, None, None)
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(d / f"trace_rank{rank}.json"))
-    # by self time: a total time counts a kernel again in every op that wraps it
-    sort = ("self_device_time_total" if any(e.device_type.name == "CUDA" for e in prof.events())
-            else "self_cpu_time_total")
-    (d / f"top_ops_rank{rank}.txt").write_text(prof.key_averages().table(sort_by=sort,
-                                                                          row_limit=40))
 
 
 if __name__ == "__main__":
