@@ -78,9 +78,15 @@ class Case:
     def cluster_for(self, variant: str) -> Cluster:
         if variant == "as-is" or not self.timed:
             return self.cluster
-        gpu = self.cluster.gpu
-        return self.cluster.replace(gpu=replace(
-            gpu, measured=gpu.measured.without_shape(layer_shape_key(self.model))))
+        return without_own_rows(self.cluster, self.model)
+
+
+def without_own_rows(cluster: Cluster, model: ModelSpec) -> Cluster:
+    """``cluster`` with every layer and end row of ``model``'s layer shape removed from its
+    profile: what a user whose model the calibration did not time gets."""
+    gpu = cluster.gpu
+    return cluster.with_gpu(replace(gpu, measured=gpu.measured.without_shape(
+        layer_shape_key(model))))
 
 
 def _timed(cluster: Cluster, model: ModelSpec) -> bool:

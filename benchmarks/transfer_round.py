@@ -37,7 +37,6 @@ these models).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -49,7 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meshplan.calibrate.validate import by_model, rescore, summarize, write_accuracy  # noqa: E402
-from meshplan.costmodel.measured import layer_shape_key  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.spec import Job, ModelSpec  # noqa: E402
@@ -284,6 +282,7 @@ def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False) -> 
     """Every record re-predicted on ``profile`` (models and jobs from the accuracy file).
     ``leave_out``: each model on the profile less its own layer shape's rows — a calibration
     that timed the round's other models but not this one (the nearest-shape transfer)."""
+    from transfer_analysis import without_own_rows
     nproc = int(doc.get("nproc") or 4)
     cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1, gpus_per_node=nproc),
                             profile)
@@ -292,11 +291,7 @@ def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False) -> 
     for r in doc["records"]:
         model = ModelSpec.from_dict(json.loads((set_dir / "models" / f"{r['model']}.json")
                                                .read_text()))
-        here = cluster
-        if leave_out:
-            gpu_ = cluster.gpu
-            here = cluster.replace(gpu=dataclasses.replace(
-                gpu_, measured=gpu_.measured.without_shape(layer_shape_key(model))))
+        here = without_own_rows(cluster, model) if leave_out else cluster
         out.append(rescore(r, model, here, Job.from_dict(doc["jobs"][r["model"]])))
     return out
 
@@ -370,7 +365,7 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     args.keep.mkdir(parents=True, exist_ok=True)
-    if args.nproc is None:
+    if args.nproc is None and args.what != "report":
         args.nproc = int(load_set(args.set).get("nproc") or 4)
     if args.what in ("calibrate", "generic"):
         t0 = time.perf_counter()

@@ -97,6 +97,14 @@ def _covered(entries) -> list[Layout]:
     return layouts
 
 
+def _never_run_and_gpu_bound(doc: dict, entries) -> None:
+    """The set's models have layer shapes no other set ran, and every layout was screened
+    GPU-bound with room on calibrated rows (host load ≤ 0.5)."""
+    known = dm.known_shapes(except_set=doc["set"])
+    assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in doc["models"]} & known
+    assert all(0 < x["screen_host_load"] <= 0.5 for _, x in entries)
+
+
 def test_set_covers_the_protocol():
     layouts = _covered(ENTRIES)
     assert all(l.dp * l.pp * l.tp == 4 for l in layouts)
@@ -115,7 +123,7 @@ def test_every_layout_is_accepted_and_fits_an_80gb_h100(entry):
     job = Job.from_dict(m["job"])
     layout = Layout.from_dict({k: v for k, v in x.items()
                                if k != "name" and not k.startswith("screen_")})
-    h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    h100 = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=layout.num_gpus)
     check_layout(model, h100, job, layout)
     parallelize = pytest.importorskip("meshplan.executor.parallelize")
     parallelize.check_layout_runnable(model, job, layout)
@@ -147,10 +155,8 @@ def test_set37_is_seeded_with_its_round_plan():
 
 def test_set37_covers_the_protocol_and_was_never_run():
     _covered(ENTRIES37)
-    known = dm.known_shapes(except_set="transfer37")
-    assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC37["models"]} & known
-    # screened GPU-bound with room on calibrated rows (not round 36's proxy)
-    assert all(0 < x["screen_host_load"] <= 0.5 for _, x in ENTRIES37)
+    # screened on calibrated rows, not round 36's proxy
+    _never_run_and_gpu_bound(DOC37, ENTRIES37)
 
 
 @pytest.mark.parametrize("entry", ENTRIES37, ids=lambda e: e[1]["name"])
@@ -172,9 +178,7 @@ def test_set38_is_a_seeded_two_gpu_round():
     layouts = _covered(ENTRIES38)
     assert all(l.dp * l.pp * l.tp == 2 for l in layouts)
     assert {(l.dp, l.pp, l.tp) for l in layouts} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
-    known = dm.known_shapes(except_set="transfer38")
-    assert not {layer_shape_key(ModelSpec.from_dict(m["spec"])) for m in DOC38["models"]} & known
-    assert all(0 < x["screen_host_load"] <= 0.5 for _, x in ENTRIES38)
+    _never_run_and_gpu_bound(DOC38, ENTRIES38)
 
 
 @pytest.mark.parametrize("entry", ENTRIES38, ids=lambda e: e[1]["name"])
