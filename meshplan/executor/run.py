@@ -36,8 +36,9 @@ from meshplan.executor.run_args import (FIRST_STEP_SETTLE_S, build_parser,  # no
                                         effective_plan, gpu_family, preflight)
 from meshplan.executor.run_extras import (checkpoint_summary, setup_checkpoints, start_profiler,
                                           stop_profiler)
-from meshplan.executor.run_results import (RESULTS_SCHEMA, _log, prediction_of,  # noqa: F401
+from meshplan.executor.run_results import (RESULTS_SCHEMA, prediction_of,  # noqa: F401
                                            results_document, stage_prediction_bytes)
+from meshplan.executor.run_results import log as _log
 from meshplan.planner.planfile import PlanRecord, load_plan_file, write_json_atomic
 
 EXIT_BAD_INPUT, EXIT_OOM, EXIT_FAILED = 2, 3, 4

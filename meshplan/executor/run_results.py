@@ -12,7 +12,8 @@ from meshplan.planner.planfile import PlanRecord
 RESULTS_SCHEMA = "meshplan.results"
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
+    """One line of the runner's progress on stderr."""
     print(f"[meshplan.executor] {msg}", file=sys.stderr, flush=True)
 
 
@@ -30,7 +31,7 @@ def prediction_of(plan: PlanRecord) -> dict[str, Any]:
         pred = estimate(plan.model, plan.cluster, dataclasses.replace(plan.job, runtime="torch"),
                         plan.layout).to_dict()
     except Exception as exc:  # no prediction is not a reason to refuse a measurement
-        _log(f"the cost model failed to predict this run (runtime 'torch'): {exc}")
+        log(f"the cost model failed to predict this run (runtime 'torch'): {exc}")
         return dict(plan.prediction)
     if runtime != "torch":
         pred["runtime_note"] = (f"re-predicted with runtime 'torch' (this executor's); the plan's "
