@@ -22,8 +22,8 @@ DCP's planner gives each replicated piece to the rank with the least to write, s
 written bytes spread evenly::
 
     held  = P/(tp·pp) · (4 / z_w + 8 / z_o)     the rank's fp32 weights and AdamW moments
-            z_w = dp under ZeRO-2/3 (the executor's FSDP2 shards the master weights), else 1
-            z_o = dp under ZeRO-1/2/3 (the optimizer states), else 1
+            z_w = dp·cp under ZeRO-2/3 (the executor's FSDP2 shards the master weights), else 1
+            z_o = dp·cp under ZeRO-1/2/3 (the optimizer states), else 1
     stage_s = held / stage_gbps                 the step loop's pause: copy to host memory
     write_s = (bytes / world) / write_gbps      in the background, per rank in parallel
     (write_s = bytes / aggregate_gbps when the file system's total is the limit)
@@ -76,10 +76,12 @@ def checkpoint_bytes(model: ModelSpec) -> float:
 
 
 def held_bytes_per_rank(model: ModelSpec, layout: Layout) -> float:
-    """The checkpointed state one rank holds (and stages), replicas included."""
+    """The checkpointed state one rank holds (and stages), replicas included. ZeRO and
+    FSDP2 shard over the gradient replicas, dp · cp (the executor's ``dp_cp`` group)."""
     split = layout.tp * layout.pp
-    z_w = layout.dp if layout.zero >= 2 else 1
-    z_o = layout.dp if layout.zero >= 1 else 1
+    replicas = layout.dp * layout.cp
+    z_w = replicas if layout.zero >= 2 else 1
+    z_o = replicas if layout.zero >= 1 else 1
     return model.num_params() / split * (4 / z_w + 8 / z_o)
 
 

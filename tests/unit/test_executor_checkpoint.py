@@ -130,4 +130,6 @@ def test_checkpoint_staging_is_what_the_rank_holds():
     assert held_bytes_per_rank(m, mp.Layout(dp=2, zero=1)) == pytest.approx(p * (4 + 4))
     assert held_bytes_per_rank(m, mp.Layout(dp=2, zero=3)) == pytest.approx(p * 6)
     assert held_bytes_per_rank(m, mp.Layout(tp=2, pp=2)) == pytest.approx(3 * p)
+    # ZeRO shards over the gradient replicas, dp · cp
+    assert held_bytes_per_rank(m, mp.Layout(dp=2, cp=2, zero=1)) == pytest.approx(p * (4 + 2))
     assert predict_checkpoint(m, world=2).stage_s == pytest.approx(6 * p / 10e9)
