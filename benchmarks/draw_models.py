@@ -310,6 +310,9 @@ def main(argv=None) -> int:
                     help="tokens a step [8192 per GPU: 32768 on 4 GPUs, as rounds 36-37]")
     ap.add_argument("--out", type=Path, default=None, help="directory for the drawn set")
     args = ap.parse_args(argv)
+    if args.tokens_per_step is not None and args.tokens_per_step < 1:
+        ap.error(f"--tokens-per-step must be a positive number of tokens, got "
+                 f"{args.tokens_per_step}")
     tokens = args.tokens_per_step or TOKENS_PER_STEP * args.nproc // 4
     if not args.round:
         rng = random.Random(args.seed)

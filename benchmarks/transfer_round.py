@@ -397,6 +397,8 @@ def main(argv=None) -> int:
         return 0
     if args.accuracy is None:
         ap.error("report needs --accuracy")
+    if args.leave_out and not args.profile:
+        ap.error("--leave-out re-predicts on a profile: give --profile PROFILE.toml")
     doc = json.loads(args.accuracy.read_text())
     print(f"as run ({doc.get('profile') or 'datasheet'}):")
     print(_fmt(figures(doc["records"])))

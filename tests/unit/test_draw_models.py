@@ -184,3 +184,9 @@ def test_set38_is_a_seeded_two_gpu_round():
 @pytest.mark.parametrize("entry", ENTRIES38, ids=lambda e: e[1]["name"])
 def test_every_set38_layout_is_accepted_and_fits_an_80gb_h100(entry):
     test_every_layout_is_accepted_and_fits_an_80gb_h100(entry)
+
+
+def test_round_refuses_a_non_positive_token_count(capsys):
+    with pytest.raises(SystemExit) as exc:
+        dm.main(["--round", "--seed", "1", "--tokens-per-step", "-5"])
+    assert exc.value.code == 2 and "--tokens-per-step" in capsys.readouterr().err

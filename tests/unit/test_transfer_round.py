@@ -134,3 +134,10 @@ def test_leave_out_repredicts_round38_without_each_models_own_rows():
     for a, o in zip(as_is, out):
         assert o["predicted"]["step_time_s"] != pytest.approx(a["predicted"]["step_time_s"],
                                                               rel=1e-4)
+
+
+def test_leave_out_without_a_profile_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        tr.main(["report", "--accuracy",
+                 str(ROOT / "docs/benchmarks/data/transfer38_accuracy.json"), "--leave-out"])
+    assert exc.value.code == 2 and "--leave-out" in capsys.readouterr().err
