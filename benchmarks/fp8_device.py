@@ -176,7 +176,9 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
             opts = ValidateOptions(
                 out_dir=keep / arm, nproc=layout.num_gpus, device=args.device,
                 steps=args.steps, warmup=args.warmup, timeout_s=min(args.timeout, left),
-                extra_args=("--allow-gpu-mismatch",))
+                trace=args.trace,
+                extra_args=("--allow-gpu-mismatch",
+                            *(("--block-marks",) if args.block_marks else ())))
             t0 = time.perf_counter()
             rec = run_layouts(model, cluster, arm_job, [layout], opts, names=[name])[0]
             row[arm] = {k: rec.get(k) for k in ("status", "error", "measured", "predicted",
@@ -192,7 +194,15 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
              "compile": not args.eager, "steps": args.steps, "warmup": args.warmup,
              "prediction_profile": source, "layouts": table}, indent=1))
     (out / "layouts.md").write_text(summary_table(table, args.recipe, source))
-    subprocess.run(["tar", "czf", str(out / "runs.tgz"), "-C", str(keep), "."], check=False)
+    subprocess.run(["tar", "czf", str(out / "runs.tgz"), "-C", str(keep), "--exclude",
+                    "trace_rank*.json", "."], check=False)
+    if args.trace:
+        # rank 0's chrome traces apart (tens of MB each uncompressed; the top-op tables are
+        # in runs.tgz)
+        traces = sorted(str(t.relative_to(keep)) for t in keep.glob("*/*/trace/trace_rank0.json"))
+        if traces:
+            subprocess.run(["tar", "czf", str(out / "traces.tgz"), "-C", str(keep), *traces],
+                           check=False)
 
 
 def datasheet_prediction(model, cluster, job, layout) -> dict:
@@ -274,6 +284,12 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=float, default=150.0, help="per run (compile included)")
     p.add_argument("--min-run-s", type=float, default=45.0)
+    p.add_argument("--trace", action="store_true",
+                   help="diagnostic: the executor's torch.profiler trace of the first measured "
+                        "steps (slows them): top-op tables in runs.tgz, rank 0's traces in "
+                        "traces.tgz")
+    p.add_argument("--block-marks", action="store_true",
+                   help="diagnostic: time each block's forward and backward (pp = 1 layouts)")
     p.add_argument("--micro-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     deadline = time.perf_counter() + args.budget
