@@ -182,7 +182,7 @@ def calibrate_cmd(models: list[dict], out: Path, *, nproc: int, budget_s: float,
                   micro_batches: str | None) -> list[str]:
     """``meshplan calibrate`` with the models (none: the generic grid, no layer tables)."""
     cmd = [sys.executable, "-m", "meshplan.cli", "calibrate", "--nproc", str(nproc),
-           "--time-budget", f"{budget_s:g}", "--out", str(out), "--no-progress"]
+           "--time-budget", f"{budget_s:g}", "--out", str(out)]   # progress lines: the log
     for m in models:
         cmd += ["--model", m["model_file"]]
     if models and micro_batches:
@@ -380,10 +380,10 @@ def main(argv=None) -> int:
         for models, name, log, cap in jobs:
             left = args.budget - (time.perf_counter() - t0)
             limit = min(left, cap) if cap else left
-            # 40 s for torchrun's start-up and the imports, which calibrate's own
-            # --time-budget does not see (as benchmarks/device_accuracy.sh)
+            # calibrate's --time-budget counts torchrun's start-up (launch time); 25 s
+            # for writing, tearing down and the last row's overrun
             rc = _run(calibrate_cmd(models, args.keep / name, nproc=args.nproc,
-                                    budget_s=max(limit - 40, 30),
+                                    budget_s=max(limit - 25, 30),
                                     micro_batches=args.micro_batches),
                       args.out / log, timeout_s=limit) or rc
             if (args.keep / name).exists():

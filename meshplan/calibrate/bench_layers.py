@@ -178,11 +178,13 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         built_key, module, tp_group = None, None, None
         oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
         t_row, stopped_at = None, None
+        longest_row_s = 0.0   # the next row may build a module and time its splits anew
         for idx, cfg in enumerate(grid):
             tag = f"round {rnd + 1}: {cfg.label()}"
-            if budget is not None and _row_budget_stops(
-                    budget, time.perf_counter() - t_row if t_row is not None else 0.0,
-                    device, world, progress, tag):
+            if t_row is not None:
+                longest_row_s = max(longest_row_s, time.perf_counter() - t_row)
+            if budget is not None and _row_budget_stops(budget, longest_row_s, device, world,
+                                                        progress, tag):
                 stopped_at = idx
                 break
             t_row = time.perf_counter()

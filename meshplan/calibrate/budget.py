@@ -22,6 +22,26 @@ from meshplan.errors import ConfigError
 # written at 169.5 s); 15 s leaves room for a slower machine or a bigger world.
 AFTER_LAYERS_ALLOWANCE_S = 15.0
 
+#: ``meshplan calibrate --nproc N`` puts its own start (``time.time()``) here for the
+#: torchrun children, so that their budget counts torchrun's start-up and the imports
+#: (20-40 s on the lent GPU hosts) as the job's time limit does
+LAUNCHED_AT_ENV = "MESHPLAN_CALIBRATE_LAUNCHED_AT"
+
+
+def started_perf_counter(environ, now_perf_s: float, now_wall_s: float) -> float:
+    """The ``time.perf_counter()`` value of the calibration's start: the launcher's start
+    where ``environ`` carries it (:data:`LAUNCHED_AT_ENV`, a wall-clock time not in the
+    future), else now. A value that does not parse is ignored (the budget then starts
+    here, as before the launcher recorded it)."""
+    raw = environ.get(LAUNCHED_AT_ENV)
+    try:
+        launched = float(raw) if raw is not None else now_wall_s
+    except ValueError:
+        launched = now_wall_s
+    if not math.isfinite(launched):
+        launched = now_wall_s
+    return now_perf_s - min(max(now_wall_s - launched, 0.0), 3600.0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RoundDecision:
@@ -63,5 +83,5 @@ def check_time_budget(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
-__all__ = ["AFTER_LAYERS_ALLOWANCE_S", "RoundBudget", "RoundDecision", "next_round",
-           "check_time_budget"]
+__all__ = ["AFTER_LAYERS_ALLOWANCE_S", "LAUNCHED_AT_ENV", "RoundBudget", "RoundDecision",
+           "next_round", "check_time_budget", "started_perf_counter"]

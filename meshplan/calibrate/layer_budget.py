@@ -22,9 +22,10 @@ def _agreed(budget: RoundBudget, last_s: float, device, world: int):
 
 def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, progress,
                       tag: str) -> bool:
-    """Before the next row of a round: whether it, taking as long as the row just measured
-    (``row_s``, with what that row measured beside it), would end past ``budget`` with what
-    still follows the layer tables. Then the round stops there, the first one too: its rows
+    """Before the next row of a round: whether it, taking as long as the longest row of
+    the round so far (``row_s``, with what that row measured beside it: a row that builds
+    a new module and times its splits takes several times one that reuses it), would end
+    past ``budget`` with what still follows the layer tables. Then the round stops there, the first one too: its rows
     so far are kept and the profile is written within the budget (round 36's calibration
     of two 2.3-2.7 B models ran its first round 40 s past ``--time-budget 463`` and was
     killed, writing nothing; docs/benchmarks/transfer.md). Collective, like
@@ -34,7 +35,7 @@ def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, pro
         return False
     _note(progress, f"{tag} and the rows after it skipped: projected "
                     f"{decision.projected_end_s:.0f} s > --time-budget {budget.budget_s:g} s "
-                    f"(the last row took {last_s:.1f} s, ~{budget.allowance_s:.0f} s to come "
+                    f"(the longest row took {last_s:.1f} s, ~{budget.allowance_s:.0f} s to come "
                     f"after the layer tables); the rows measured so far are kept")
     return True
 

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from meshplan.calibrate.budget import check_time_budget
+from meshplan.calibrate.budget import check_time_budget, started_perf_counter
 from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError, require_positive_int
 
@@ -203,7 +203,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     from meshplan.hardware_profiles.gpu import DEFAULT_OVERLAP_INTERFERENCE
     from meshplan.hardware_profiles import builtin_gpu
 
-    t_start = time.perf_counter()
+    t_start = started_perf_counter(os.environ, time.perf_counter(), time.time())
     device, world = _init_distributed(options.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     probe_start_us = host_dispatch_probe_us(device)

@@ -15,6 +15,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from meshplan.commands.common import load_model, positive_float, positive_int
@@ -49,9 +50,10 @@ def add_arguments(p) -> None:
                    help="measure the layer tables at most N times (rows: the median over "
                         "rounds; default 3 on GPU, 1 on CPU or with --quick)")
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
-                   help="wall-clock budget for the whole calibration: a layer round after the "
-                        "first runs only if it is projected to end, with the benchmarks after "
-                        "it, within SECONDS (for job time limits; docs/calibrate.md)")
+                   help="wall-clock budget for the whole calibration, from its launch (with --nproc: "
+                        "torchrun's start-up included): layer rows and rounds run only while "
+                        "projected to end, with the benchmarks after them, within SECONDS "
+                        "(for job time limits; docs/calibrate.md)")
     p.add_argument("--compile-rows", nargs="?", const="none", default=None, type=_modes,
                    metavar="MODES",
                    help="also time the plain layer rows with every block torch.compile'd "
@@ -148,5 +150,7 @@ def _spawn(args) -> int:
            f"--nproc-per-node={args.nproc}", "-m", "meshplan.cli", *child_argv(args)]
     from meshplan.executor.child_env import child_env
     env = child_env()
+    from meshplan.calibrate.budget import LAUNCHED_AT_ENV
+    env[LAUNCHED_AT_ENV] = repr(time.time())   # the budget counts torchrun's start-up
     print("meshplan calibrate: " + " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd, env=env)

@@ -15,7 +15,8 @@ import pytest
 
 from _gloo import run_gloo_ranks, write_rank_result
 
-from meshplan.calibrate.budget import AFTER_LAYERS_ALLOWANCE_S, RoundBudget, next_round
+from meshplan.calibrate.budget import (AFTER_LAYERS_ALLOWANCE_S, LAUNCHED_AT_ENV, RoundBudget,
+                                      next_round, started_perf_counter)
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.errors import ConfigError
 
@@ -176,6 +177,55 @@ def test_the_budget_stops_the_first_round_between_rows(tmp_path, monkeypatch, ca
     assert len(tables.layers) == 3            # rows at t = 0-1, 1-2, 2-3; the 4th would end at 4
     assert {r["recompute"] for r in tables.layers} == {"none", "selective", "full"}
     assert not tables.ends
+
+
+def test_the_round_projects_its_longest_row_not_the_last(tmp_path, monkeypatch):
+    """A long row (3 s: a new module built, its splits timed) then short ones (1 s): the
+    next row is projected at 3 s, so the round stops while a 3 s row would overrun, where
+    the last row's 1 s would have let it start (round 39's calibration was killed past its
+    budget with no profile)."""
+    from meshplan.calibrate import bench_layers
+    clock = {"t": 0.0, "n": 0}
+    monkeypatch.setattr(bench_layers.time, "perf_counter", lambda: clock["t"])
+    real_run = bench_layers._run_layer
+
+    def uneven_run(*args, **kwargs):
+        clock["n"] += 1
+        clock["t"] += 3.0 if clock["n"] == 1 else 1.0
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(bench_layers, "_run_layer", uneven_run)
+    # rows end at t = 3 and 4 (the second projected at 3 + 3 = 6); a third row projected at
+    # the last row's 1 s would end at 5 (fits 6.5), at the longest row's 3 s at 7 (does not)
+    budget = bench_layers.RoundBudget(budget_s=6.5, started_s=0.0, allowance_s=0.0)
+    pytest.importorskip("torch")
+    import torch
+    from meshplan.spec import ModelSpec
+    tables = bench_layers.bench_layer_rows([ModelSpec(**TINY)], None, torch.device("cpu"), 1, 0,
+                                           quick=True, micro_batches=(1,), rounds=1,
+                                           budget=budget)
+    assert len(tables.layers) == 2
+
+
+def test_the_budget_counts_from_the_launch():
+    """The torchrun children start the budget at the launcher's start (wall clock), not at
+    their own: 30 s of start-up is already spent; a missing, unparsable or future value
+    starts it now."""
+    assert started_perf_counter({LAUNCHED_AT_ENV: "970.0"}, 100.0, 1000.0) == pytest.approx(70.0)
+    assert started_perf_counter({}, 100.0, 1000.0) == 100.0
+    assert started_perf_counter({LAUNCHED_AT_ENV: "soon"}, 100.0, 1000.0) == 100.0
+    assert started_perf_counter({LAUNCHED_AT_ENV: "1010.0"}, 100.0, 1000.0) == 100.0
+    assert started_perf_counter({LAUNCHED_AT_ENV: "nan"}, 100.0, 1000.0) == 100.0
+
+
+def test_the_launcher_passes_its_start_to_the_children(monkeypatch):
+    from meshplan.commands import calibrate as cmd
+    seen = {}
+    monkeypatch.setattr(cmd.subprocess, "call", lambda argv, env: seen.update(env=env) or 0)
+    args = argparse.ArgumentParser()
+    add_arguments(args)
+    before = time.time()
+    assert cmd._spawn(args.parse_args(["--nproc", "2", "--time-budget", "60"])) == 0
+    assert before <= float(seen["env"][LAUNCHED_AT_ENV]) <= time.time()
 
 
 def test_a_large_budget_cuts_nothing(tmp_path, capsys):
