@@ -51,20 +51,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from meshplan.hardware_profiles import Cluster  # noqa: E402
 from moe_expert_gemm_gpu import CASES as PUBLISHED_CASES  # noqa: E402
-from moe_expert_gemm_gpu import PRESETS, predicted_s  # noqa: E402
+from moe_expert_gemm_gpu import case_record, device_cluster  # noqa: E402
 
 # the Model Zoo's Qwen3-235B FSDP row as its table prints it (tp 2, ep 8, mb 4: T = 8192,
 # rows = 8·8192·8/128): 16 local experts at 276 TFLOP/s a GPU, the table's fastest
 CASES = PUBLISHED_CASES + [("qwen3-235b-a22b H100 tp2 ep8 mb4 fsdp", 16, 4096, 4096, 1536)]
 VARIANTS = ("grouped", "loop1", "stream4", "stream4_acc_bf16", "stream4_acc_fp32")
 STREAMS = 4     # TransformerEngine's num_compute_streams
-
-
-def gemm_flops(experts: int, rows: int, h: int, f: int) -> float:
-    """fc1 (h → 2f, gated) and fc2 (f → h): forward, input and weight gradients."""
-    return 3 * experts * (2.0 * rows * h * 2 * f + 2.0 * rows * f * h)
 
 
 class Case:
@@ -214,19 +208,15 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default=None, help="cluster preset (default: from the GPU)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
-    device, preset, torch = "none", args.preset or "dgx-h100", None
+    device, cluster = device_cluster(args.estimate, args.preset)
+    torch = None
     if not args.estimate:
         import torch
-        device = torch.cuda.get_device_name(0)
-        preset = args.preset or next((p for k, p in PRESETS.items() if k in device), "dgx-h100")
-    cluster = Cluster.preset(preset)
     peak = cluster.gpu.peak_flops("bf16")
     out = []
     for name, experts, rows, h, f in CASES:
-        flops = gemm_flops(experts, rows, h, f)
-        rec = {"case": name, "experts": experts, "rows_per_expert": rows, "h": h, "f": f,
-               "flops": flops, "predicted_s": predicted_s(cluster, experts, rows, h, f)}
-        rec["predicted_share_of_peak"] = flops / rec["predicted_s"] / peak
+        rec = case_record(cluster, name, experts, rows, h, f)
+        flops = rec["flops"]
         if torch is not None:
             case = Case(torch, experts, rows, h, f)
             for v in VARIANTS:
@@ -247,7 +237,7 @@ def main(argv=None) -> int:
     if args.out:
         path = Path(args.out)
         path.mkdir(parents=True, exist_ok=True)
-        meta = {"device": device, "preset": preset,
+        meta = {"device": device, "preset": cluster.name,
                 "torch": getattr(torch, "__version__", None), "iters": args.iters}
         (path / "moe_grouped_linear.json").write_text(json.dumps({**meta, "cases": out},
                                                                  indent=1))
