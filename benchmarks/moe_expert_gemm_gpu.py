@@ -8,7 +8,10 @@ For each case — the local experts and rows per expert one rank computes in a p
 (input and weight gradients); CUDA events, median of 20 after 5 warm-up. Beside each: the
 cost model's price of the same GEMMs (``moe_layer.expert_gemm_s`` on the datasheet profile of
 the GPU's DGX preset: forward, and 2x for the backward), and the achieved share of the peak.
-No activation, permutation or communication: the GEMMs alone.
+No activation, permutation or communication: the GEMMs alone. The loop's backward also
+runs autograd's slice backward of each expert's rows, which writes a zero gradient of the
+whole input per expert (E full-size writes): its time is that loop's, not a per-expert GEMM
+sequence's; ``moe_grouped_linear_gpu.py`` times TransformerEngine's sequence without it.
 
     python benchmarks/moe_expert_gemm_gpu.py --out $OUT          # 1 GPU, under a minute
     python benchmarks/moe_expert_gemm_gpu.py --estimate          # the predictions only
@@ -88,24 +91,44 @@ def time_case(experts: int, rows: int, h: int, f: int, backend: str) -> float:
     return statistics.median(times)
 
 
+def gemm_flops(experts: int, rows: int, h: int, f: int) -> float:
+    """fc1 (h → 2f, gated) and fc2 (f → h): forward, input and weight gradients."""
+    return 3 * experts * (2.0 * rows * h * 2 * f + 2.0 * rows * f * h)
+
+
+def device_cluster(estimate: bool, preset: str | None) -> tuple[str, Cluster]:
+    """The GPU's name ("none" with ``estimate``) and the cluster preset priced: ``preset``,
+    else the DGX preset of the GPU found, else dgx-h100."""
+    device, name = "none", preset or "dgx-h100"
+    if not estimate:
+        import torch
+        device = torch.cuda.get_device_name(0)
+        name = preset or next((p for k, p in PRESETS.items() if k in device), "dgx-h100")
+    return device, Cluster.preset(name)
+
+
+def case_record(cluster: Cluster, name: str, experts: int, rows: int, h: int, f: int) -> dict:
+    """A case's shape, FLOPs and datasheet price (seconds and share of the bf16 peak)."""
+    flops = gemm_flops(experts, rows, h, f)
+    pred = predicted_s(cluster, experts, rows, h, f)
+    return {"case": name, "experts": experts, "rows_per_expert": rows, "h": h, "f": f,
+            "flops": flops, "predicted_s": pred,
+            "predicted_share_of_peak": flops / pred / cluster.gpu.peak_flops("bf16")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--estimate", action="store_true", help="predictions only, no GPU")
     ap.add_argument("--preset", default=None, help="cluster preset (default: from the GPU)")
     args = ap.parse_args(argv)
-    device, preset = "none", args.preset or "dgx-h100"
-    if not args.estimate:
-        import torch
-        device = torch.cuda.get_device_name(0)
-        preset = args.preset or next((p for k, p in PRESETS.items() if k in device), "dgx-h100")
-    cluster = Cluster.preset(preset)
+    device, cluster = device_cluster(args.estimate, args.preset)
+    preset = cluster.name
     peak = cluster.gpu.peak_flops("bf16")
     rows_out = []
     for name, experts, rows, h, f in CASES:
-        flops = 3 * experts * (2.0 * rows * h * 2 * f + 2.0 * rows * f * h)
-        rec = {"case": name, "experts": experts, "rows_per_expert": rows, "h": h, "f": f,
-               "flops": flops, "predicted_s": predicted_s(cluster, experts, rows, h, f)}
+        rec = case_record(cluster, name, experts, rows, h, f)
+        flops = rec["flops"]
         if not args.estimate:
             for backend in ("grouped", "loop"):
                 try:
@@ -114,7 +137,6 @@ def main(argv=None) -> int:
                     rec[f"{backend}_share_of_peak"] = flops / t / peak
                 except Exception as exc:  # noqa: BLE001 - recorded, the other cases still run
                     rec[f"{backend}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        rec["predicted_share_of_peak"] = flops / rec["predicted_s"] / peak
         rows_out.append(rec)
         print(json.dumps(rec))
     if args.out:

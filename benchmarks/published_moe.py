@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.costmodel import comm, estimate
+from meshplan.costmodel import comm, estimate, moe
 from meshplan.costmodel.inputs import table_inputs
-from published_runs import MOE_DEFAULTS, moe_modelzoo_runs, moe_runs
+from meshplan.spec import ModelSpec
+from published_runs import MOE_DEFAULTS, moe_modelzoo_runs, moe_runs, read_rows
 
 BRIDGE = "MoE, BF16, Megatron-Core / Megatron-Bridge tables"
 ZOO = "MoE, BF16, Megatron-Core MoE Model Zoo (Qwen3-235B-A22B, 256 H100)"
@@ -57,19 +58,94 @@ def batch_pair(runs) -> list[str]:
             f"| predicted | {qp:.2f} | {qf:.2f} |"]
 
 
-def expert_shapes(runs) -> list[str]:
-    """Each row by its expert GEMMs: local experts a rank, rows an expert (balanced routing:
-    k·T·ep/E, T = b·s/tp the rank's tokens), the error at ρ = 1."""
-    lines = ["| run | local experts | rows / expert | h × f | error at ρ = 1 |",
-             "|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: r.model.num_experts // r.layout.ep):
+def a2a_latency_s(r) -> float:
+    """Seconds of all-to-all call latency in one step of an all-to-all-dispatcher row: 4
+    calls per MoE layer of a stage and micro-batch (dispatch and combine, forward and
+    backward), each ``comm.call_latency_s(link, "all_to_all")`` (n − 1 ring steps: an upper
+    bound, NCCL posts an all-to-all's sends at once); 0 for the de-duplicating dispatchers
+    (one step) and ep 1."""
+    lay = r.layout
+    if lay.ep == 1 or r.job.moe_dispatcher != "alltoall":
+        return 0.0
+    link = table_inputs(r.model, r.cluster, r.job, lay).links.ep
+    micro = r.job.global_batch // (lay.dp * lay.micro_batch)
+    calls = moe.all_to_alls_per_layer(lay.recompute) * r.model.num_moe_layers / lay.pp * micro
+    return calls * comm.call_latency_s(link, "all_to_all")
+
+
+def gap_per_layer_ms(r, step_s: float) -> float:
+    """(published − ``step_s``) over the layer·micro-batches one rank runs a step, in ms:
+    what each layer's forward + backward of one micro-batch lacks."""
+    lay = r.layout
+    micro = r.job.global_batch // (lay.dp * lay.micro_batch)
+    return (r.published - step_s) / (micro * r.model.num_layers / lay.pp) * 1e3
+
+
+def gap_table(runs) -> list[str]:
+    """Each row's missing time per layer and micro-batch, beside its tokens a rank routes
+    per micro-batch (T = b·s/tp) and its expert GEMMs, with and without the all-to-all
+    dispatcher's call latency (:func:`a2a_latency_s`)."""
+    lines = ["| run | T tokens / rank | local experts | rows / expert | error | "
+             "missing ms / layer·micro-batch | same, without a2a call latency |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r.model.name, r.layout.micro_batch)):
         m, lay = r.model, r.layout
         tokens = lay.micro_batch * r.job.seq_len // lay.tp
         rows = m.experts_per_token * tokens * lay.ep // m.num_experts
-        lines.append(f"| {r.label} | {m.num_experts // lay.ep} | {rows} | "
-                     f"{m.hidden_size} × {m.moe_ffn_hidden_size} | "
-                     f"{error_pct(r, moe_load_imbalance=1.0):+.1f}% |")
+        step = estimate(m, r.cluster, r.job, lay).step_time_s
+        lat = a2a_latency_s(r)
+        lines.append(f"| {r.label} | {tokens} | {m.num_experts // lay.ep} | {rows} | "
+                     f"{(step - r.published) / r.published * 100:+.1f}% | "
+                     f"{gap_per_layer_ms(r, step):.1f} | "
+                     f"{gap_per_layer_ms(r, step - lat):.1f} |" if lat else
+                     f"| {r.label} | {tokens} | {m.num_experts // lay.ep} | {rows} | "
+                     f"{(step - r.published) / r.published * 100:+.1f}% | "
+                     f"{gap_per_layer_ms(r, step):.1f} | — |")
     return lines
+
+
+def modelzoo_shapes() -> list[str]:
+    """Every row of the Model Zoo's Qwen3-235B table (predicted or not) by the expert GEMMs
+    its layout gives one rank, with its published model TFLOP/s a GPU."""
+    lines = ["| dispatcher | tp | ep | pp·vpp | mb | recompute | T tokens / rank | "
+             "local experts | rows / expert | published TFLOP/s/GPU | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = read_rows("moe_modelzoo_qwen3_h100_2025.csv")
+    def shape(d):
+        return int(d["mbs"]) * int(d["seq_len"]) // int(d["tp"]) * int(d["ep"])
+
+    for d in sorted(rows, key=lambda d: (-shape(d), -float(d["tflops_per_gpu"]))):
+        m = ModelSpec.preset(d["model"])
+        tp, ep, mb = int(d["tp"]), int(d["ep"]), int(d["mbs"])
+        tokens = mb * int(d["seq_len"]) // tp
+        note = d["notes"] + ("; command: tp 1" if d["command_matches"] != "yes" else "")
+        lines.append(f"| {d['dispatcher']} | {tp} | {ep} | {d['pp']}·{d['vpp']} | {mb} | "
+                     f"{d['recompute'] or 'none'} | {tokens} | {m.num_experts // ep} | "
+                     f"{m.experts_per_token * tokens * ep // m.num_experts} | "
+                     f"{d['tflops_per_gpu']} | {note} |")
+    return lines
+
+
+def b200_gaps(runs) -> str:
+    """The GPT-OSS B200 rows' missing ms per layer and micro-batch, all-to-all call latency
+    set aside, lowest to highest."""
+    gaps = sorted(gap_per_layer_ms(r, estimate(r.model, r.cluster, r.job, r.layout).step_time_s
+                                   - a2a_latency_s(r))
+                  for r in runs if r.row.get("system") == "dgx-b200")
+    return f"{gaps[0]:.1f}-{gaps[-1]:.1f}"
+
+
+def per_layer_pairs(runs) -> str:
+    """Published and predicted ms per layer and micro-batch of the Model Zoo rows."""
+    out = []
+    for r in runs:
+        if r.row.get("system") != "dgx-h100" or "tflops_per_gpu" not in r.row:
+            continue
+        step = estimate(r.model, r.cluster, r.job, r.layout).step_time_s
+        pub = gap_per_layer_ms(r, 0.0)
+        out.append(f"tp {r.layout.tp} ep {r.layout.ep} {pub:.1f} / "
+                   f"{pub - gap_per_layer_ms(r, step):.1f}")
+    return ", ".join(out)
 
 
 def as_all_to_all(runs) -> str:
@@ -172,27 +248,64 @@ def section(b_lines, z_lines, skip_lines, s, runs, bridge) -> list[str]:
         "The two B200 rows of one layout (ep 64 over 8 nodes, mb 4) at 2 and 5 micro-batches "
         "a step (two containers, assumed to run a micro-batch alike):", "",
         *batch_pair(bridge), "",
-        "What limits these numbers — the rows by the expert GEMMs one rank runs:", "",
-        *expert_shapes(runs), "",
-        "- **Every row with 16 local experts a rank is a third fast; every row with 1, 2 or 4 is "
-        "within 11 %** (Mixtral at ρ = 1). The three 16-expert rows are two models, two GPUs, "
-        "three dispatchers (all-to-all, HybridEP, DeepEP), 512 to 4,096 rows an expert; what "
-        "they share is the grouped GEMM of 16 experts — TransformerEngine's `GroupedLinear`, "
-        "one cuBLAS GEMM per expert over several streams, forward and the two backward "
-        "GEMMs, weight gradients accumulated per expert — which a datasheet profile prices as "
-        "16 dense GEMMs at the dense curve's efficiency for the per-expert shape "
-        "(`moe_layer.expert_gemm_s`; no `grouped_gemm_efficiency` curve). No published "
-        "measurement of that kernel at these shapes was found to set a datasheet curve from; "
-        "`python benchmarks/moe_expert_gemm_gpu.py --out $OUT` (one GPU, about a minute) "
-        "times the grouped GEMM and a per-expert loop at exactly these shapes — the run that "
-        "would confirm or clear this reading. Host time per expert (16 GEMM launches a "
-        "GroupedLinear call, no CUDA graphs in these recipes) is the other candidate; "
-        "`costmodel/moe_host.py` prices Megatron's one synchronisation a layer, not per-expert "
-        "launches. The other reading: the ep 64 rows' all-to-alls carry call latency priced as "
-        "63 sequential ring steps, an upper bound (NCCL posts the 63 sends at once); without "
-        f"it they would be {latency_free(runs)}, and part of what sets the 16-expert rows "
-        "apart would be GPT-OSS on B200 at any expert count. The one-GPU measurement "
-        "separates the two readings.",
+        "What limits these numbers — each row's missing time per layer and micro-batch "
+        "(published − predicted, over the micro-batches of a step times the layers of a "
+        "stage), beside the work one rank does per micro-batch:", "",
+        *gap_table(runs), "",
+        "The Model Zoo's whole Qwen3-235B table by the same shapes (three rows not "
+        "predicted, above):", "",
+        *modelzoo_shapes(), "",
+        "- **The number of local experts is not what sets the fast rows apart** (2026-11-28 "
+        "reading: every row with 16 experts a rank a third fast, every row with 1-4 within "
+        "11 %). (1) GPT-OSS on B200 misses "
+        f"{b200_gaps(runs)} ms per layer and micro-batch at 2 local experts (ep 64, once the "
+        "all-to-all's call latency — priced as 63 sequential ring steps, an upper bound: NCCL "
+        "posts the sends at once — is set aside) and at 16 (ep 8, HybridEP) alike: its ep 64 "
+        "rows are near only because their all-to-all is priced high. (2) The Model Zoo's own "
+        "Qwen3-235B table orders by the tokens a rank routes per micro-batch, not by experts: "
+        "its fastest row (276 TFLOP/s a GPU with full recompute) runs 16 local experts at "
+        "4,096 rows an expert, the A2A row 16 at 1,024 rows (200), the tp 4 row 16 at 512 "
+        "(167); the tp 2 ep 32 row, 4 experts at 4,096 rows, 245. (3) TransformerEngine's "
+        "`GroupedLinear` is one cuBLASLt GEMM per expert round-robin over 4 streams "
+        "(`multi_stream_cublas_gemm` in `transformer_engine/common/gemm/cublaslt_gemm.cu`; "
+        "CUTLASS's one-kernel grouped GEMM only on Hopper with "
+        "`NVTE_USE_CUTLASS_GROUPED_GEMM=1`), its token counts read on the host — a "
+        "device-to-host sync that keeps the layer out of CUDA graphs (TE's docs, "
+        "`docs/features/mixture_of_experts`); TE chose it because it beat cuBLAS's grouped "
+        "batched GEMM and CUTLASS at Mixtral, Qwen2 and DeepSeek-V2 shapes (TE issue 1386), "
+        "and torch's one-kernel grouped GEMM reaches 0.47-0.62 of the peak at the 16-expert "
+        "shapes, above the datasheet price (docs/moe.md). The per-expert loop measured at "
+        "0.06-0.29 ran autograd through per-expert slices, whose backward writes a "
+        "full-size zero gradient per expert: it timed that, not TE's GEMM sequence. "
+        "`python benchmarks/moe_grouped_linear_gpu.py --out $OUT` (one GPU) times TE's "
+        "sequence itself — per-expert GEMMs over 4 streams, weight gradients accumulated into "
+        "a bf16 or fp32 main gradient — with its host enqueue time and the cost of one "
+        "device-to-host sync a layer.",
+        "- **Two gaps remain, of two kinds.** GPT-OSS misses time at every expert count and on "
+        "both GPUs (about 1.2 µs a token and layer on H100, 0.7-0.8 on B200): something of "
+        "GPT-OSS or its Megatron-Bridge recipe the cost model does not price — attention "
+        "sinks through cuDNN at head dim 64 with a 128-token window on every other layer, "
+        "biased experts with the clamped GLU, the 201k vocabulary — not its experts. Qwen3's "
+        "tp 4 ep 8 row misses 3.5 ms per layer and micro-batch at the smallest work per rank "
+        "of any row (1,024 tokens; about 6 ms predicted per layer and micro-batch), where "
+        "its tp 2 ep 32 twin at twice the tokens misses none (published / predicted ms per "
+        f"layer and micro-batch: {per_layer_pairs(runs)}). A cost fixed per layer is what a "
+        "host-bound rank shows: a floor of the tp 4 row's published time under which no "
+        "layer and micro-batch runs (max of it and the GPU time) would fit both rows — a post "
+        "hoc reading of two rows, not priced. Megatron-"
+        "Core's MoE report (arXiv 2603.07685) names host overhead — many small kernels, "
+        "dynamic shapes that keep CUDA graphs out — as the compute wall of fine-grained MoE "
+        "(no CUDA graphs in these recipes). Not priced: datasheet profiles carry no host "
+        "numbers (`host_op_dispatch_s` is measured by `meshplan calibrate`) and Megatron's "
+        "operator count per MoE layer is not modelled (`costmodel/moe_host.py` prices its "
+        "one synchronisation a layer).",
+        "- **Looked at and not the cause:** the weight gradients' accumulation into the main "
+        "gradient (beta = 1 GEMMs, Megatron's gradient-accumulation fusion) as a roofline "
+        "with the accumulator read and written: nothing on any row with 16-bit gradients (the "
+        "cost model's runtime `megatron`, and the GPT-OSS recipes' `grad_reduce_in_fp32 = "
+        "False`); with fp32 main gradients (Megatron-LM's bf16 default, the Model Zoo's) it "
+        "would add 0.6 s to the tp 4 ep 8 row (−36.8 % → −34.7 %) and nothing elsewhere. "
+        "Not implemented: `Job` does not say which the run used.",
         "- **Mixtral's routing balance is not published** (ρ = 1: +0.1 %, the built-in 1.25: "
         "+18.9 %).",
         "- **Three Model Zoo rows are not predicted** (above): the dispatch overlapped with "
@@ -206,4 +319,5 @@ def section(b_lines, z_lines, skip_lines, s, runs, bridge) -> list[str]:
     ]
 
 
-__all__ = ["moe_report", "sensitivity", "batch_pair", "expert_shapes", "error_pct"]
+__all__ = ["moe_report", "sensitivity", "batch_pair", "gap_table", "modelzoo_shapes",
+           "a2a_latency_s", "gap_per_layer_ms", "error_pct"]

@@ -54,9 +54,11 @@ sequence-parallel slice (Megatron-Core requires sequence parallelism for MoE wit
 Measured error: these functions are checked against hand-computed numbers
 (tests/unit/test_costmodel_moe.py); no GPU run of the executor's MoE layers has been compared
 yet (issue 38 part 5). Whole estimates of published BF16 MoE runs (datasheet profiles,
-docs/benchmarks/published.md, 2026-11-29): 20.1 % mean / 37.6 % max over 7 runs; the rows
-whose ranks hold 1, 2 or 4 experts within 11 % (Mixtral at ρ = 1), the three with 16 local
-experts 27-38 % fast (GPT-OSS-120B ep 8 on H100 and B200, Qwen3-235B tp 4 ep 8).
+docs/benchmarks/published.md, 2026-11-29): 19.9 % mean / 37.6 % max over 7 runs; the three
+rows with 16 local experts 27-38 % fast (GPT-OSS-120B ep 8 on H100 and B200, Qwen3-235B tp 4
+ep 8), not for their expert count: GPT-OSS misses as much time per layer and micro-batch at 2
+experts a rank once the ep 64 all-to-all latency is set aside, and Qwen3's tp 4 row is the
+one with the least work per rank (published.md, "What limits these numbers").
 """
 
 from __future__ import annotations

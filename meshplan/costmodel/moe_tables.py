@@ -36,7 +36,7 @@ under ``rank_order = "tp-pp-dp"`` a group reaching past the stage's tp·cp block
 block's outer stride.
 
 Measured error: whole estimates only (published MoE runs: docs/benchmarks/published.md,
-20.1 % mean over 7 runs on datasheet profiles, 2026-11-29).
+19.9 % mean over 7 runs on datasheet profiles, 2026-11-29).
 """
 
 from __future__ import annotations

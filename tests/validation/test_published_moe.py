@@ -96,3 +96,53 @@ def test_ep64_b200_all_to_all_goes_through_each_rank_nic():
     # 36 layers x 5 micro-batches x (forward + backward), nothing overlapped
     assert est.time.ep_comm_s == pytest.approx(36 * 5 * 2 * fwd, rel=1e-6)
     assert link.nodes_spanned == 8
+
+
+def _published_moe():
+    import sys
+    from pathlib import Path
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import published_moe
+    return published_moe
+
+
+def test_missing_time_per_layer_and_microbatch_by_hand():
+    """26.02's ep 64 B200 row: 1280 / (64 · 4) = 5 micro-batches of 36 layers (pp 1); its
+    all-to-all latency is 4 calls per layer and micro-batch, n − 1 ring steps each."""
+    pm = _published_moe()
+    r = _runs()[("megatron-bridge-26.02", "dgx-b200")]
+    step = estimate(r.model, r.cluster, r.job, r.layout).step_time_s
+    assert pm.gap_per_layer_ms(r, step) == pytest.approx(
+        (r.published - step) / (5 * 36) * 1e3, rel=1e-12)
+    link = table_inputs(r.model, r.cluster, r.job, r.layout).links.ep
+    lat = pm.a2a_latency_s(r)
+    assert lat == pytest.approx(4 * 36 * 5 * comm.call_latency_s(link, "all_to_all"), rel=1e-12)
+    # taking the latency out leaves more time missing, never less
+    assert pm.gap_per_layer_ms(r, step - lat) > pm.gap_per_layer_ms(r, step)
+
+
+def test_a2a_latency_only_for_all_to_all_dispatch_across_ranks():
+    pm = _published_moe()
+    zoo, _ = moe_modelzoo_runs()
+    assert all(pm.a2a_latency_s(r) == 0.0 for r in zoo)            # DeepEP: one step, left in
+    hybrid = _runs()[("megatron-bridge-26.02.01", "dgx-b200")]
+    assert hybrid.job.moe_dispatcher == "deepep" and pm.a2a_latency_s(hybrid) == 0.0
+    mixtral = _runs()[("mcore-moe-readme", "dgx-h100")]
+    # pp 4: the stage's 8 MoE layers, 256 / 16 = 16 micro-batches
+    link = table_inputs(mixtral.model, mixtral.cluster, mixtral.job, mixtral.layout).links.ep
+    assert pm.a2a_latency_s(mixtral) == pytest.approx(
+        4 * 8 * 16 * comm.call_latency_s(link, "all_to_all"), rel=1e-12)
+
+
+def test_modelzoo_shapes_list_every_row_with_its_expert_gemms():
+    pm = _published_moe()
+    lines = pm.modelzoo_shapes()[2:]
+    assert len(lines) == 5
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    # the FSDP row as printed: tp 2, ep 8, mb 4 -> 8192 tokens a rank, 16 experts, 4096 rows
+    fsdp = next(c for c in cells if c[5] == "full")
+    assert (fsdp[6], fsdp[7], fsdp[8], fsdp[9]) == ("8192", "16", "4096", "276")
+    tp4 = next(c for c in cells if c[1] == "4")
+    assert (tp4[6], tp4[7], tp4[8], tp4[9]) == ("1024", "16", "512", "167")
