@@ -48,8 +48,20 @@ def load_row(name: str, d: Path) -> dict | None:
     log = d / f"{name}.log"
     if not log.exists():
         return None
-    tail = log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
-    return {"name": name, "status": "no results file", "tail": tail}
+    return {"name": name, "status": "no results file",
+            "tail": error_tail(log.read_text(errors="replace"))}
+
+
+def error_tail(text: str) -> list[str]:
+    """The last lines the ranks wrote before torchrun's own failure report (which only
+    names exit codes), with torchrun's line naming the failed rank."""
+    lines = text.splitlines()
+    cut = next((i for i, ln in enumerate(lines)
+                if "multiprocessing/api.py" in ln and "failed (exitcode" in ln), None)
+    if cut is None:                  # no rank failed: a time-out, or it ended by itself
+        return lines[-TAIL_LINES:]
+    before = [ln for ln in lines[:cut] if "closing signal SIGTERM" not in ln]
+    return before[-TAIL_LINES:] + [lines[cut]]
 
 
 def main(argv=None) -> None:
