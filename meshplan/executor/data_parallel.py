@@ -68,8 +68,10 @@ def wrap_data_parallel(module: nn.Module, *, zero: int, groups, device: torch.de
         # split against 126.4 ms whole, bf16 124.9 against 124.2. Blocks are compiled one by
         # one, so whole blocks still let DDP reduce a block's gradients as its backward ends;
         # and the calibrated compiled rows time whole blocks.
-        import torch._dynamo
-        torch._dynamo.config.optimize_ddp = False
+        # bound as ``dynamo``: ``import torch._dynamo`` would make ``torch`` a local name of
+        # the whole function, unbound in the FSDP2 branch above
+        import torch._dynamo as dynamo
+        dynamo.config.optimize_ddp = False
         return DDP(module, process_group=groups.dp_group,
                    device_ids=[device.index] if device.type == "cuda" else None,
                    gradient_as_bucket_view=True)
