@@ -34,7 +34,9 @@ one regular ring of stride tp in ``tp-dp-pp``; in ``tp-pp-dp`` it is not regular
 link is taken as the dp group's (the narrowest hop its ring crosses) over ``dp·cp`` ranks.
 
 Under runtime "torch" the ring's block attention also carries the executor's own copies,
-casts and merges around its kernels (:mod:`meshplan.costmodel.ring_memory`, eq. 7-8).
+casts and merges around its kernels (:mod:`meshplan.costmodel.ring_memory`, eq. 7-8), the
+all-to-all core its copies and GQA repeat (:mod:`meshplan.costmodel.a2a_memory`, eq. 9-10),
+and both the output's layout copy (eq. 11).
 
 Measured error. GPU check, 4 × H200, torch 2.11, the 1.26B model at 16k-64k tokens, 10
 layouts (docs/context_parallel.md): first run (data cp_gpu_h200.json), datasheet, step time
@@ -58,6 +60,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.costmodel import comm, context
+from meshplan.costmodel.a2a_memory import all_to_all_memory_bytes, cp_output_copy_bytes
 from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s
 from meshplan.costmodel.corrections import ring_interference
 from meshplan.costmodel.data_parallel import Groups
@@ -123,7 +126,7 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         fwd_attn, bwd_attn = cp * step_s, bwd_k * cp * step_s
         if job.runtime == "torch":         # the executor's own ring: its copies and merges
             mem_f, mem_b = ring_memory_bytes(model, s, b, tp, cp, e)
-            fwd_attn += hbm_s(cluster.gpu, mem_f)
+            fwd_attn += hbm_s(cluster.gpu, mem_f + cp_output_copy_bytes(model, s, b, tp, cp, e))
             bwd_attn += hbm_s(cluster.gpu, mem_b)
         kv = context.ring_kv_bytes(model, s, b, tp, cp, e)
         dkv = context.ring_dkv_bytes(model, s, b, tp, cp)
@@ -145,6 +148,10 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # one causal kernel over the whole sequence for heads/cp (masked half skipped)
         fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp)
         bwd_attn = bwd_k * fwd_attn
+        if job.runtime == "torch":         # the executor's core: its copies and GQA repeat
+            mem_f, mem_b = all_to_all_memory_bytes(model, s, b, tp, cp, e)
+            fwd_attn += hbm_s(cluster.gpu, mem_f + cp_output_copy_bytes(model, s, b, tp, cp, e))
+            bwd_attn += hbm_s(cluster.gpu, mem_b)
         bufs = context.all_to_all_buffers_bytes(model, s, b, tp, cp, e)
         sent = [context.all_to_all_sent_bytes(x, cp) for x in bufs]
         fwd_cp = bwd_cp = sum(comm.all_to_all_s(cp_link, x) for x in sent)
