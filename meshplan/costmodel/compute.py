@@ -189,15 +189,13 @@ def linear_shapes(model: ModelSpec, job: Job, micro_batch: int, tp: int,
 
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
                sequence_parallel: bool, recompute: str, tp_link: GroupLink,
-               mlp_width: int | None = None, eager: bool = True) -> LayerCost:
+               mlp_width: int | None = None) -> LayerCost:
     """Forward and backward time of one transformer layer on one GPU for one micro-batch.
 
     ``mlp_width``: the dense MLP's width (None: ``ffn_hidden_size``); an MoE layer passes
     its shared experts' total width (0 without), its routed part being priced by
     :mod:`meshplan.costmodel.moe_layer`. Multi-head latent attention's projections and core
-    come from :mod:`meshplan.costmodel.mla`. ``eager``: the executor runs the layer's ops
-    one by one (runtime "torch" without ``Layout.compile``; compiled, Inductor fuses them
-    and the fused count stands)."""
+    come from :mod:`meshplan.costmodel.mla`."""
     gpu = cluster.gpu
     peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
@@ -246,7 +244,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     elif model.position_embedding == "rope":
         rope = 2 * tokens * (model.q_dim + model.kv_dim) / t * e
     other += softmax_bytes
-    if job.runtime == "torch" and eager and not model.is_mla:
+    if job.runtime == "torch" and not model.is_mla:
         # the executor's eager ops, counted (meshplan.costmodel.torch_membound); the core's
         # GQA repeat runs with the attention kernel
         fwd_mb, bwd_mb, core_f, core_b = torch_membound.eager_layer_s(

@@ -97,8 +97,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     dense MLP width (:func:`layer_cost`; MoE layers)."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                       recompute=recompute, tp_link=tp_link, mlp_width=mlp_width,
-                       eager=not compile)
+                       recompute=recompute, tp_link=tp_link, mlp_width=mlp_width)
     emb = embedding_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                          tp_link=tp_link)
     logit = logits_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,

@@ -107,20 +107,19 @@ LLAMA = mp.ModelSpec(name="llama-1.3b", num_layers=24, hidden_size=2048, num_hea
                      position_embedding="rope", tied_embeddings=False, bias=False)
 
 
-def _layer(runtime: str, cluster: Cluster = H200, eager: bool = True, **kw):
+def _layer(runtime: str, cluster: Cluster = H200, **kw):
     job = mp.Job(global_batch=8, seq_len=16384, precision="bf16", runtime=runtime)
     args = dict(micro_batch=1, tp=1, sequence_parallel=False, recompute="none",
                 tp_link=cluster.group_link(1, 1))
-    return layer_cost(LLAMA, cluster, job, eager=eager, **{**args, **kw})
+    return layer_cost(LLAMA, cluster, job, **{**args, **kw})
 
 
 def test_layer_cost_prices_the_eager_count_under_runtime_torch():
-    """Predicate: runtime "torch" run eagerly; Megatron's fused kernels and a compiled
-    layer keep the fused count. Effect: the memory-bound seconds are the count at the
+    """Predicate: runtime "torch" (a compiled layout without compiled rows is priced as
+    eager, with a caveat); Megatron's fused kernels keep the fused count. Effect: the memory-bound seconds are the count at the
     datasheet's HBM efficiency, the GQA repeat goes with the attention core (also re-run
     by selective recomputation)."""
-    torch_l, mega, compiled = _layer("torch"), _layer("megatron"), _layer("torch", eager=False)
-    assert compiled.forward == mega.forward and compiled.backward == mega.backward
+    torch_l, mega = _layer("torch"), _layer("megatron")
     eb = tm.eager_layer_bytes(LLAMA, tokens=16384, tp=1, sequence_parallel=False,
                               mlp_width=LLAMA.ffn_hidden_size, e=2)
     gpu = H200.gpu
