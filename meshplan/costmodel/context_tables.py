@@ -47,7 +47,9 @@ kernel choice (now the default; cp_gpu_h200_ring_sdpa_20261128.json), as run: al
 clamped at 0.375 of peak beyond 1e11 FLOPs); memory within 3 % everywhere. POST HOC, with
 the Hopper attention curve from the FlashAttention-3 paper's cuDNN bars (0.49 at 1.1e12
 FLOPs and beyond; hardware_profiles/attention_published.py): 9.3 % mean / 16.2 % max, all
-ten too fast (64k rows −3..−6 %, 16k-32k rows −7..−16 %). Published runs, datasheet
+ten too fast (64k rows −3..−6 %, 16k-32k rows −7..−16 %); POST HOC with the executor's
+eager memory-bound ops counted (:mod:`meshplan.costmodel.torch_membound`) and the
+all-to-all core's copies (eq. 9-11): 2.0 % mean / 4.3 % max. Published runs, datasheet
 profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at
 131k tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) −7.8 %; NeMo 24.07's
 two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.8 % and −5.0 %. Calibrated profiles'
@@ -73,8 +75,8 @@ from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
     "context parallelism was compared with one GPU check only (4 x H200, 10 layouts at "
-    "16k-64k tokens: within 16 %, all predicted too fast on the datasheet profile; "
-    "docs/context_parallel.md); how much the ring's transfers slow the block attention "
+    "16k-64k tokens on the datasheet profile: within 18 % as run, within 4.3 % post hoc "
+    "after the cost model changed; docs/context_parallel.md); how much the ring's transfers slow the block attention "
     "they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
