@@ -13,9 +13,10 @@ executor's ZeRO-0/1 set-up), batch 1:
   :class:`meshplan.executor.op_count.OpCounter` on the device (the CPU count the unit tests
   check may differ where a CUDA kernel returns another layout), beside the module's count;
 * ``kernels_ms``: device time per forward + backward from a torch.profiler trace of 5
-  iterations (``events_step_ms``: the same by CUDA events, untraced), by kind (GEMM, attention, the rest = memory-bound), and the rest's bytes over
-  its time as a share of the datasheet HBM bandwidth (the efficiency the cost model assumes
-  is the profile's ``hbm_efficiency``, 0.80 on the H200 preset);
+  iterations (``events_step_ms``: the same by CUDA events, untraced), by kind (GEMM,
+  attention, the rest = memory-bound), and the rest's bytes over its time as a share of
+  the datasheet HBM bandwidth (the efficiency the cost model assumes is the profile's
+  ``hbm_efficiency``, 0.80 on the H200 preset);
 * ``predicted_ms``: :func:`meshplan.costmodel.compute.layer_cost` on the datasheet preset,
   by kind.
 """
@@ -23,7 +24,6 @@ executor's ZeRO-0/1 set-up), batch 1:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path

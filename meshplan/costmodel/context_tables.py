@@ -76,8 +76,8 @@ from meshplan.spec import Job, Layout, ModelSpec
 CP_UNCHECKED_CAVEAT = (
     "context parallelism was compared with one GPU check only (4 x H200, 10 layouts at "
     "16k-64k tokens on the datasheet profile: within 18 % as run, within 4.3 % post hoc "
-    "after the cost model changed; docs/context_parallel.md); how much the ring's transfers slow the block attention "
-    "they overlap (cp_ring_interference) is assumed")
+    "after the cost model changed; docs/context_parallel.md); how much the ring's "
+    "transfers slow the block attention they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
     "rows are for cp = 1")

@@ -56,7 +56,7 @@ def test_block_moves_what_the_count_says(kv_heads, bf16):
     e = 2 if bf16 else 4
     (f1, b1), (f2, b2) = _block_bytes(spec, 16, bf16), _block_bytes(spec, 32, bf16)
     kw = dict(tp=1, sequence_parallel=False, mlp_width=spec.ffn_hidden_size, e=e)
-    lo, hi = tm.eager_layer_bytes(spec, tokens=16, **kw), tm.eager_layer_bytes(spec, tokens=32, **kw)
+    lo, hi = (tm.eager_layer_bytes(spec, tokens=t, **kw) for t in (16, 32))
     assert f2 - f1 == hi.forward - lo.forward
     # (with a single kv head the strided gradient still views as the repeat's shape)
     layout_copy = 2 * e * 16 * spec.q_dim if 1 < kv_heads < spec.num_heads else 0
@@ -116,9 +116,9 @@ def _layer(runtime: str, cluster: Cluster = H200, **kw):
 
 def test_layer_cost_prices_the_eager_count_under_runtime_torch():
     """Predicate: runtime "torch" (a compiled layout without compiled rows is priced as
-    eager, with a caveat); Megatron's fused kernels keep the fused count. Effect: the memory-bound seconds are the count at the
-    datasheet's HBM efficiency, the GQA repeat goes with the attention core (also re-run
-    by selective recomputation)."""
+    eager, with a caveat); Megatron's fused kernels keep the fused count. Effect: the
+    memory-bound seconds are the count at the datasheet's HBM efficiency, the GQA repeat
+    goes with the attention core (also re-run by selective recomputation)."""
     torch_l, mega = _layer("torch"), _layer("megatron")
     eb = tm.eager_layer_bytes(LLAMA, tokens=16384, tp=1, sequence_parallel=False,
                               mlp_width=LLAMA.ffn_hidden_size, e=2)
