@@ -98,8 +98,10 @@ def measure(seq: int, dev, tiny: bool) -> dict:
             torch.cuda.synchronize()
     per_kind = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
     for evt in prof.events():
-        if dev.type == "cuda" and evt.device_type.name == "CUDA":
-            per_kind[kind(evt.name)] += getattr(evt, "device_time_total", 0.0) / 1e3 / iters
+        if dev.type == "cuda" and str(evt.device_type).endswith("CUDA"):
+            us = getattr(evt, "device_time_total", None)
+            us = getattr(evt, "cuda_time_total", 0.0) if us is None else us
+            per_kind[kind(evt.name)] += us / 1e3 / iters
     return {"seq": seq, "counted_bytes": {"forward": counted[0], "backward": counted[1]},
             "module_bytes": {"forward": eb.forward, "backward": eb.backward},
             "kernels_ms": per_kind, "events_step_ms": step_ms,
