@@ -13,9 +13,10 @@ SwiGLU 5632, bf16) that is 0.95 MB per token and layer where the fused count say
 rows missed (docs/context_parallel.md, "Outside attention").
 
 Source: the executor's code, counted; ``tests/unit/test_torch_membound.py`` runs one
-:class:`meshplan.executor.model.Block` (and each part alone) forward and backward under
+:class:`meshplan.executor.model.Block` (and GELU alone) forward and backward under
 :class:`meshplan.executor.op_count.OpCounter` in bf16 and fp32 and checks the per-token
-bytes against this module exactly. Each op reads its inputs and writes its output once (no
+bytes against this module exactly (with GQA, plus the CPU kernel's layout copy below).
+Each op reads its inputs and writes its output once (no
 fusion, no cache reuse); an expanded (broadcast) input is read once.
 
 Notation, per layer and micro-batch on one GPU, t = tp, σ = t with sequence parallelism
@@ -42,8 +43,10 @@ a = 4 (fp32 statistics), c = 1 where e ≠ a (the fp32 casts exist), else 0:
 The attention kernels and GEMMs are priced elsewhere; per-parameter traffic (the gains'
 casts, autocast's weight casts) is not counted here. LayerNorm is torch's fused kernel:
 it keeps the fused count. cuDNN's attention (torch SDPA on Hopper and Blackwell) writes its
-output in q's layout, so the output's transpose-reshape is a view; the CPU kernel writes
-(b, h, s, d) and adds 2e·Q each way (the test counts it apart).
+output in q's layout, so the output's transpose-reshape is a view (the CPU kernel's too);
+the CPU kernel returns the repeated K/V gradients in a layout the repeat's backward copies
+first, 2e·Q with two or more kv heads (the test counts it apart). That cuDNN needs neither
+copy is an assumption until benchmarks/eager_membound_gpu.py runs on a GPU.
 
 Time: an op the profile timed (``membound_efficiency``: calibrate's benchmark of the
 executor's own RMSNorm, activation and residual add, :mod:`meshplan.calibrate.bench_compute`)
