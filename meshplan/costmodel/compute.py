@@ -14,6 +14,8 @@
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
   bytes moved / (HBM bandwidth × efficiency); backward moves about twice the forward bytes.
+  Under runtime "torch" the bytes are the executor's eager ops, counted
+  (:mod:`meshplan.costmodel.torch_membound`: its fp32 RMSNorm, RoPE, GQA repeat).
 * Tensor-parallel collectives (:func:`tp_collectives`): without sequence parallelism two
   all-reduces of the layer's activations per pass (forward: after attention and after the
   MLP, the row-parallel outputs; backward: the conjugate ones, the column-parallel inputs'
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel import comm, mla, window
+from meshplan.costmodel import comm, mla, torch_membound, window
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster, GPUSpec
@@ -236,16 +238,26 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     if model.dropout:
         other += hidden_elems * (2 * e + 1) * 2              # two residual dropouts
     act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
+    rope = 0.0
     if model.position_embedding == "rope" and model.is_mla:
-        other += 2 * tokens * mla.rope_elements(model, t) * e
+        rope = 2 * tokens * mla.rope_elements(model, t) * e
     elif model.position_embedding == "rope":
-        other += 2 * tokens * (model.q_dim + model.kv_dim) / t * e
+        rope = 2 * tokens * (model.q_dim + model.kv_dim) / t * e
     other += softmax_bytes
-    fwd_mb = (hbm_s(gpu, hidden_elems * e * 4, model.norm)             # two norms
-              + hbm_s(gpu, hidden_elems * e * 6, "residual-add")      # two residual adds
-              + hbm_s(gpu, (act_in + tokens * f / t) * e, model.activation)
-              + hbm_s(gpu, other))
-    bwd_mb = 2 * fwd_mb
+    if job.runtime == "torch" and not model.is_mla:
+        # the executor's eager ops, counted (meshplan.costmodel.torch_membound); the core's
+        # GQA repeat runs with the attention kernel
+        fwd_mb, bwd_mb, core_f, core_b = torch_membound.eager_layer_s(
+            model, gpu, tokens=tokens, tp=t, sequence_parallel=sequence_parallel,
+            mlp_width=f, e=e)
+        fwd_mb, bwd_mb = fwd_mb + hbm_s(gpu, other), bwd_mb + 2 * hbm_s(gpu, other)
+        fwd_attn, bwd_attn = fwd_attn + core_f, bwd_attn + core_b
+    else:
+        fwd_mb = (hbm_s(gpu, hidden_elems * e * 4, model.norm)             # two norms
+                  + hbm_s(gpu, hidden_elems * e * 6, "residual-add")      # two residual adds
+                  + hbm_s(gpu, (act_in + tokens * f / t) * e, model.activation)
+                  + hbm_s(gpu, other + rope))
+        bwd_mb = 2 * fwd_mb
 
     # Tensor-parallel collectives: attention's and the MLP's, per pass.
     act_bytes = tokens * h * e
