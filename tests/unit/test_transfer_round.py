@@ -139,6 +139,18 @@ def test_leave_out_repredicts_round38_without_each_models_own_rows():
             o["predicted"]["step_time_s"] != pytest.approx(a["predicted"]["step_time_s"],
                                                            rel=1e-4))
     assert len(moved) == 4 and all(sum(m) >= len(m) - 1 for m in moved.values())
+    # what makes it a leave-out, whatever the prices do: the profile each model is priced on
+    # holds rows of the round's other models and none of its own
+    from transfer_analysis import _timed, without_own_rows
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    cluster = apply_profile(Cluster.preset(tr.cluster_preset("NVIDIA H200"), nodes=1,
+                                           gpus_per_node=2), profile)
+    for name in moved:
+        model = ModelSpec.from_dict(json.loads(
+            (ROOT / "benchmarks/sets/transfer38/models" / f"{name}.json").read_text()))
+        assert _timed(cluster, model) and not _timed(without_own_rows(cluster, model), model)
+        assert without_own_rows(cluster, model).gpu.measured.layers
 
 
 def test_leave_out_without_a_profile_is_refused(capsys):
