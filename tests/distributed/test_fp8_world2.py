@@ -148,5 +148,6 @@ def test_compiled_tp2_full_recompute_fp8_trains_like_tp1():
     for run in (tp2, tp1):
         assert "error" not in run, run.get("error")
     l2, l1 = (torch.tensor(r["losses"], dtype=torch.float64) for r in (tp2, tp1))
-    torch.testing.assert_close(l2[0], l1[0], rtol=FIRST_LOSS_RTOL, atol=0)
+    # tensorwise: per-shard scales under tp, the bound of the eager tensorwise cases
+    torch.testing.assert_close(l2[0], l1[0], rtol=FP8_LOSS_RTOL, atol=0)
     torch.testing.assert_close(l2[1:], l1[1:], rtol=LATER_LOSS_RTOL, atol=0)
