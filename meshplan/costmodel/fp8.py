@@ -46,10 +46,18 @@ cast writes both orientations (TE's fused cast-transpose).
 Cast traffic (:func:`linear_cast_traffic`), memory-bound bytes per linear per micro-batch:
 each operand cast reads the high-precision tensor once for its amax (skipped where the
 scale is reused or comes from history) and once for the cast, and writes 1 byte per
-element plus 4 bytes per scale; a transpose reads and writes 1 byte per element. Under
-tensor parallelism a scale that spans a sharded dimension needs an all-reduce (MAX) of the
-amaxes over the tp group (:func:`amax_allreduce_needed`; torchao's ``tensor_to_amax`` does
-the same for DTensor), a latency-bound collective of 1 to M floats.
+element plus 4 bytes per scale; a transpose reads and writes 1 byte per element.
+
+Tensor parallelism adds no collective: each rank casts its shards with per-shard scales, as
+:mod:`meshplan.executor.fp8` runs it — every fp8 GEMM is a product of one rank's shards,
+dequantised before the (16-bit) tp reduction, so a scale need not agree across ranks.
+Scales must agree only where fp8 data crosses ranks (torchao's fp8 FSDP all-gather
+all-reduces the weight amax; TransformerEngine's current scaling all-reduces the amax of the
+column-parallel input and row-parallel grad output it all-gathers in fp8 under sequence
+parallelism); neither runtime priced here gathers fp8 over tp, so none is priced. A
+per-micro-batch amax all-reduce would be more than its latency: each one is a rank
+synchronisation point, which waits for the slowest rank's host on a host-bound layout
+(issue 41's g02 trace, docs/fp8.md: 239 µs a 4-byte all-reduce on 2 × H200).
 
 Memory (:func:`fp8_weight_copy_bytes`): the executor and torchao re-cast weights per use, so
 only the layer running holds an fp8 weight and its transpose (2 bytes per parameter of one
@@ -119,7 +127,6 @@ class Fp8Recipe:
 
 
 OPERANDS = ("x_fwd", "w_fwd", "dy_dgrad", "w_dgrad", "dy_wgrad", "x_wgrad")
-FORWARD_OPERANDS = ("x_fwd", "w_fwd")
 _E4, _E5 = "e4m3", "e5m2"
 _T = (0, 0)
 
@@ -195,13 +202,6 @@ def scale_count(rows: int, cols: int, block: tuple[int, int]) -> int:
     return math.ceil(rows / br) * math.ceil(cols / bc)
 
 
-def amax_allreduce_needed(block: tuple[int, int], sharded_dim: int | None) -> bool:
-    """A scale spans the sharded dimension only where the block covers it whole: then the
-    amax must be reduced (MAX) over the tp group so every rank scales as one GPU would.
-    Finite blocks need local sizes that are multiples of the block instead."""
-    return sharded_dim is not None and block[sharded_dim] == 0
-
-
 @dataclass(frozen=True)
 class CastTraffic:
     """Memory-bound work of the fp8 casts of one linear for one micro-batch. The weight's
@@ -212,13 +212,10 @@ class CastTraffic:
     backward_bytes: float        # dy's casts, x's re-cast, transposes of x and dy
     weight_bytes: float          # every cast and transpose of W
     kernels: int                 # amax, cast and transpose passes (eager: 1-3 launches each)
-    amax_allreduces: int         # tp all-reduces of amaxes (0 without tp)
-    # the passes split as the bytes are (forward + backward + weight = kernels), and the
-    # amax all-reduces of the forward's casts (the rest are the backward's)
+    # the passes split as the bytes are (forward + backward + weight = kernels)
     forward_passes: int = 0
     backward_passes: int = 0
     weight_passes: int = 0
-    forward_allreduces: int = 0
     # the part of weight_bytes / weight_passes the forward's cast of W moves (the rest is
     # the backward's re-cast and transpose for the data gradient)
     weight_forward_bytes: float = 0.0
@@ -230,24 +227,21 @@ class CastTraffic:
 
 
 def linear_cast_traffic(m: int, k: int, n: int, name: str, *, act_bytes: int = 2,
-                        weight_bytes: int = 4, tp_parallel: str | None = None,
+                        weight_bytes: int = 4,
                         fused_cast_transpose: bool = False) -> CastTraffic:
     """Bytes the casts of one linear move for a micro-batch of ``m`` tokens, ``k`` inputs
     and ``n`` outputs (local, tp-sharded sizes).
 
     ``act_bytes``: bytes of x and dy (2 for bf16); ``weight_bytes``: of the weight the cast
     reads (4: fp32 master weights under autocast; 2: FSDP2's bf16 gathered weights).
-    ``tp_parallel``: "column" / "row" for tp-sharded linears (amax all-reduces).
     ``fused_cast_transpose``: the cast writes both orientations (TE) — no transpose pass.
     """
     r = recipe(name)
     shape = {"x": (m, k), "w": (n, k), "dy": (m, n)}
     hp = {"x": act_bytes, "w": weight_bytes, "dy": act_bytes}
-    sharded = TP_SHARDED_DIM.get(tp_parallel or "", {})
     scale_bytes = 1 if r.power_of_two_scales else SCALE_BYTES     # e8m0 scales
     moved_by = {"forward": 0.0, "backward": 0.0, "weight": 0.0}
     passes_by = {"forward": 0, "backward": 0, "weight": 0}
-    allreduces = fwd_allreduces = 0
     w_fwd = (0.0, 0)
     for key, op in r.operands().items():
         tensor, transposed = OPERAND_SOURCE[key]
@@ -259,9 +253,6 @@ def linear_cast_traffic(m: int, k: int, n: int, name: str, *, act_bytes: int = 2
             moved = elems * hp[tensor] * (2 if amax_pass else 1) + elems \
                 + scale_count(rows, cols, op.block) * scale_bytes
             launches = 2 if amax_pass else 1
-            reduce = int(amax_pass and amax_allreduce_needed(op.block, sharded.get(tensor)))
-            allreduces += reduce
-            fwd_allreduces += reduce if key in FORWARD_OPERANDS else 0
         if transposed:
             if fused_cast_transpose:
                 moved += elems                     # the second orientation's write
@@ -273,8 +264,8 @@ def linear_cast_traffic(m: int, k: int, n: int, name: str, *, act_bytes: int = 2
         if key == "w_fwd":
             w_fwd = (moved, launches)
     return CastTraffic(moved_by["forward"], moved_by["backward"], moved_by["weight"],
-                       sum(passes_by.values()), allreduces, passes_by["forward"],
-                       passes_by["backward"], passes_by["weight"], fwd_allreduces, *w_fwd)
+                       sum(passes_by.values()), passes_by["forward"],
+                       passes_by["backward"], passes_by["weight"], *w_fwd)
 
 
 def cast_time_s(traffic_bytes: float, hbm_gbps: float, hbm_efficiency: float) -> float:
@@ -326,6 +317,6 @@ def roundtrip_error_bound(fmt: str) -> float:
 
 __all__ = ["RECIPES", "Fp8Recipe", "Operand", "OPERANDS", "OPERAND_SOURCE", "FP8_MAX", "GEMMS", "TP_SHARDED_DIM",
            "recipe", "fp8_gemms", "supports_mx", "check_recipe_supported", "scale_count",
-           "amax_allreduce_needed", "CastTraffic", "linear_cast_traffic", "cast_time_s",
+           "CastTraffic", "linear_cast_traffic", "cast_time_s",
            "fp8_gemm_time_s", "linear_gemm_flops", "fp8_weight_copy_bytes",
            "zero3_allgather_bytes", "roundtrip_error_bound"]

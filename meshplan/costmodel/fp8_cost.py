@@ -31,9 +31,14 @@ keys:
   transpose (``is_first_microbatch``), so its weight casts are per step
   (:attr:`Fp8Layer.weight_cast_step_s`, spread over the step's micro-batches by
   :func:`meshplan.costmodel.build.layer_times`).
-* **Amax all-reduces** under tensor parallelism where a scale spans the sharded dimension
-  (:func:`~meshplan.costmodel.fp8.amax_allreduce_needed`): a latency-bound all-reduce of
-  4 bytes per scale on the tp group (``PassCost.tp_comm_s``).
+* **No amax all-reduces** under tensor parallelism: the executor casts each shard with its
+  own scales (:mod:`meshplan.costmodel.fp8`, "Tensor parallelism"), so fp8 adds no tp
+  collective and no rank synchronisation to a micro-batch. Limitation: TransformerEngine's
+  current scaling (runtime "megatron", recipe ``tensorwise``) all-reduces the amax of the
+  inputs it all-gathers in fp8 under sequence parallelism; that fp8 gather is not modelled
+  (below), so neither is its all-reduce — whose real cost on a host-bound layout is the
+  wait for the slowest rank's host, not its latency, and needs a per-rank host-skew term
+  no profile measures yet.
 * **Memory, runtime "torch"** (what :mod:`meshplan.executor.fp8` keeps). Its autograd
   Function disables autocast and receives the stored weight itself: the fp32 parameter
   under ZeRO-0/1, FSDP2's gathered bf16 one under ZeRO-2/3. It saves (x, W, two fp32
@@ -105,7 +110,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel import comm, fp8
+from meshplan.costmodel import fp8
 from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, linear_shapes,
                                         sixteen_bit_precision)
 from meshplan.costmodel.memory import (activation_bytes_per_element,
@@ -114,9 +119,6 @@ from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster, GPUSpec
 from meshplan.spec import Job, ModelSpec
-
-SCALE_ALLREDUCE_BYTES = 4     # one fp32 amax per scale
-
 
 @dataclass(frozen=True)
 class CastRate:
@@ -178,8 +180,6 @@ class Fp8Layer:
     forward_cast_s: float         # x's casts (and W's where cast per micro-batch)
     backward_cast_s: float        # dy's, x's re-casts, transposes (and W's, as above)
     weight_cast_step_s: float     # TE: W's casts once per step (0: per micro-batch)
-    amax_forward_s: float         # tp all-reduces of amaxes
-    amax_backward_s: float
     working_bytes: float          # transient fp8 operands of the linear running (torch)
     # per layer, with the weights: TE's fp8 weight + transpose cache (+), or the autocast
     # weight copies the executor's fp8 linears do not make (−, eager ZeRO-0/1)
@@ -196,18 +196,18 @@ class Fp8Layer:
 
     def apply(self, layer: LayerCost, recompute: str) -> LayerCost:
         """``layer`` (bf16, analytical or measured) with its linears in fp8: GEMM shares × r,
-        casts as memory-bound time, amax all-reduces as tp communication; the recomputed
+        casts as memory-bound time; the recomputed
         forward of full recomputation pays the forward's changes again."""
         k = self.gemm_ratio
 
-        def moved(p: PassCost, cast_s: float, amax_s: float) -> PassCost:
+        def moved(p: PassCost, cast_s: float) -> PassCost:
             return PassCost(p.gemm_s * k, p.attention_s, p.memory_bound_s + cast_s,
-                            p.tp_comm_s + amax_s, p.overhead_s, p.zero3_s)
-        forward = moved(layer.forward, self.forward_cast_s, self.amax_forward_s)
+                            p.tp_comm_s, p.overhead_s, p.zero3_s)
+        forward = moved(layer.forward, self.forward_cast_s)
         rc = forward if recompute == "full" else layer.recompute
         own = PassCost(*(a - b for a, b in zip(_fields(layer.backward),
                                                _fields(layer.recompute))))
-        backward = moved(own, self.backward_cast_s, self.amax_backward_s) + rc
+        backward = moved(own, self.backward_cast_s) + rc
         return LayerCost(forward, backward, rc, layer.wgrad_s * k, layer.tp_wire_bytes,
                          layer.wgrad_gather_s, layer.wgrad_gather_wire_bytes)
 
@@ -218,7 +218,7 @@ def _fields(p: PassCost) -> tuple[float, ...]:
 
 def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
               sequence_parallel: bool, recompute: str, compile: bool, fsdp: bool,
-              tp_link, mlp_width: int | None = None, compiled_row: bool = False) -> Fp8Layer:
+              mlp_width: int | None = None, compiled_row: bool = False) -> Fp8Layer:
     """fp8's terms for one layer (module docstring). ``fsdp``: ZeRO-2/3 over dp > 1 (the
     weight the casts read is FSDP2's bf16 one). ``compiled_row``: the bf16 layer's kept
     bytes come from a compiled measured row (its 16-bit weight copies included)."""
@@ -230,28 +230,22 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
     peak16, peak8 = gpu.peak_flops(sixteen_bit_precision(job)), gpu.peak_flops("fp8")
     bf16_s = fp8_s = 0.0
     cast = {"f": 0.0, "b": 0.0, "w": 0.0}
-    amax_f = amax_b = working = 0.0
-    per_scale = (SCALE_ALLREDUCE_BYTES * job.seq_len * micro_batch
-                 if fp8.recipe(job.fp8_recipe).x_fwd.block[0] == 1 else SCALE_ALLREDUCE_BYTES)
-    ar = comm.all_reduce_s(tp_link, per_scale) if tp > 1 else 0.0
+    working = 0.0
 
     def t(passes: int, nbytes: float) -> float:
         return passes * rate.pass_s + nbytes / (rate.gbps * 1e9)
-    for (m, k, n), kind in linear_shapes(model, job, micro_batch, tp, mlp_width):
+    for (m, k, n), _ in linear_shapes(model, job, micro_batch, tp, mlp_width):
         flops = 2.0 * m * k * n
         bf16_s += gemm_s(gpu, peak16, flops)
         fp8_s += fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency)
         c = fp8.linear_cast_traffic(int(m), int(k), int(n), job.fp8_recipe, act_bytes=2,
-                                    weight_bytes=wbytes, tp_parallel=kind if tp > 1 else None,
-                                    fused_cast_transpose=rate.fused)
+                                    weight_bytes=wbytes, fused_cast_transpose=rate.fused)
         w_f = t(c.weight_forward_passes, c.weight_forward_bytes)
         w_b = t(c.weight_passes - c.weight_forward_passes,
                 c.weight_bytes - c.weight_forward_bytes)
         cast["f"] += t(c.forward_passes, c.forward_bytes) + (0.0 if te else w_f)
         cast["b"] += t(c.backward_passes, c.backward_bytes) + (0.0 if te else w_b)
         cast["w"] += (w_f + w_b) if te else 0.0
-        amax_f += c.forward_allreduces * ar
-        amax_b += (c.amax_allreduces - c.forward_allreduces) * ar
         working = max(working, 2.0 * m * n + n * k + m * k)
     linear_params = sum(k * n for (_, k, n), _ in linear_shapes(model, job, 1, tp, mlp_width))
     mem = (te_memory(model, job, micro_batch, tp, sequence_parallel, recompute, linear_params)
@@ -261,7 +255,6 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
     return Fp8Layer(
         gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
         forward_cast_s=cast["f"], backward_cast_s=cast["b"], weight_cast_step_s=cast["w"],
-        amax_forward_s=amax_f, amax_backward_s=amax_b,
         working_bytes=0.0 if te else working, rate=rate, **mem)
 
 

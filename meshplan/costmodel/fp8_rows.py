@@ -14,7 +14,8 @@ What the row already holds, and is therefore not added again:
 * every cast the executor makes inside a micro-batch's forward and backward — of x, dy and
   the per-micro-batch re-casts of W from its fp32 parameter (runtime "torch" has no
   per-step weight cache: ``Fp8Layer.weight_cast_step_s`` is 0 there);
-* the amax all-reduces on the tp group and the fp8 GEMMs at this GPU's own rate;
+* the fp8 GEMMs at this GPU's own rate (and, in rows measured before the executor took
+  per-shard scales under tp, its amax all-reduces on the tp group);
 * the kept bytes: the fp32 weight saved instead of autocast's 16-bit copy in a compiled
   block (``Fp8Layer.row_weight_copy_bytes``), the inputs the compiled partitioner
   recomputes (``activation_delta_bytes``), and the transient fp8 operands in the
@@ -65,7 +66,7 @@ def row_label(job: Job, *, micro_batch: int, tp: int, sequence_parallel: bool,
 
 def row_caveat(label: str) -> str:
     return (f"fp8 layer priced from the profile's measured fp8 row ({label}): its casts "
-            "(weight re-casts per micro-batch included), amax all-reduces and fp8 GEMMs as "
+            "(weight re-casts per micro-batch included) and fp8 GEMMs as "
             "timed, not composed from the bf16 row (meshplan/costmodel/fp8_rows.py)")
 
 

@@ -165,7 +165,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                   compile=compile)
         row = None if mlp_width is not None else fp8_row(tables, model, job, **at)
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                       recompute=recompute, compile=compile, fsdp=fsdp, tp_link=tp_link,
+                       recompute=recompute, compile=compile, fsdp=fsdp,
                        mlp_width=mlp_width, compiled_row=compile if row else compiled)
         moved = f8.apply(layer, recompute)
         if row is not None:

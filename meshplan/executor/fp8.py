@@ -7,10 +7,8 @@ The executor's own Float8 linear over ``torch._scaled_mm`` rather than torchao's
   with explicit collectives; torchao swaps ``nn.Linear`` modules and shards through DTensor
   (its ``Float8ColwiseParallel``), so it would not reach them without its private
   autograd function;
-* under tp the amax of a scale that spans a sharded dimension must be all-reduced so that
-  every rank casts as one GPU would (TP 2 = TP 1); here that is one ``dist.all_reduce`` on
-  the explicit tp group, decided from the recipe table (:mod:`meshplan.costmodel.fp8`,
-  which the cost model prices from);
+* under tp each rank casts its own shards with their own scales (below), with no
+  collective of its own;
 * FSDP2 composes unchanged (the function receives the gathered weight); torch.compile
   traces the autograd.Function; there is no wheel to carry and no torchao/torch version
   pairing to keep (torch 2.11 on the GPUs, 2.13 here).
@@ -26,6 +24,26 @@ scale where the block is the same), then dgrad = dy·W and wgrad = dyᵀ·x. Lik
 GEMM kernel is assumed) the GEMMs are emulated: the same fp8 data and scales, dequantized
 and multiplied in fp32.
 
+Tensor parallelism: per-shard (local) scales, no amax all-reduce. Every GEMM here is a
+product of one rank's shards, and ``torch._scaled_mm`` (or the emulation) returns it
+dequantised, in 16 bits, before any tp collective: the row-parallel partial sums are
+all-reduced / reduce-scattered and the column-parallel dgrad partial sums likewise, all in
+bf16, and the sequence-parallel all-gathers move bf16 inputs and gradients that are cast
+after the gather. A scale only has to agree across ranks where fp8 data itself crosses
+ranks — torchao all-reduces the amax for its fp8 FSDP all-gather
+(``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``, ``reduce_amax=True``) and
+TransformerEngine's current scaling sets ``amax_reduction_group = tp_group`` only on the
+column-parallel input and the row-parallel grad output under sequence parallelism, the two
+tensors it all-gathers in fp8 (transformer_engine/pytorch/module/linear.py,
+``_customize_quantizers_float8_current_scaling``); weights and the other operands keep
+per-rank scales there too. A shard's amax is at most the tensor's, so its scale is the same
+or larger: each element's rounding error is bounded as before (≤ 2⁻⁴ relative in e4m3 for
+normals) and fewer small values fall into the subnormals. What it gives up is that tp 2
+casts bit-for-bit as tp 1 (tests/distributed/test_fp8_world2.py states the tolerance).
+The all-reduce it replaces was a rank synchronisation point, 8 per layer per micro-batch:
+on 2 × H200 (g02, docs/fp8.md) each 4-byte all-reduce took 239 µs on the GPU, waiting for
+the other rank's host.
+
 Not run: ``delayed`` (TransformerEngine's amax history: its gain is TE's fused kernels,
 and recomputation would update the history twice) and ``mxfp8`` on GPUs (needs Blackwell's
 block-scaled tensor cores and swizzled scales; emulated on CPU only).
@@ -38,8 +56,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from meshplan.costmodel.fp8 import (OPERAND_SOURCE, TP_SHARDED_DIM, Fp8Recipe,
-                                     amax_allreduce_needed, recipe)
+from meshplan.costmodel.fp8 import OPERAND_SOURCE, TP_SHARDED_DIM, Fp8Recipe, recipe
 from meshplan.errors import ExecutorError
 from meshplan.executor.fp8_quant import Fp8Tensor, quantize
 
@@ -49,21 +66,16 @@ FAST_ACCUM = {"forward": True, "dgrad": False, "wgrad": False}
 
 @dataclass(frozen=True)
 class Fp8Plan:
-    """How one linear casts and multiplies: the recipe, emulated or on the fp8 kernel,
-    and under tp the group and which tensor ("x", "w", "dy") is split along which dim."""
+    """How one linear casts and multiplies: the recipe, emulated or on the fp8 kernel.
+    The same under tp (local scales: module docstring)."""
 
     recipe: Fp8Recipe
     emulate: bool
-    group: object = None
-    sharded: tuple[tuple[str, int], ...] = ()
 
-    def cast(self, tensor: str, x: torch.Tensor, key: str,
+    def cast(self, x: torch.Tensor, key: str,
              scale: torch.Tensor | None = None) -> Fp8Tensor:
         op = getattr(self.recipe, key)
-        sharded_dim = dict(self.sharded).get(tensor)
-        group = (self.group if scale is None and amax_allreduce_needed(op.block, sharded_dim)
-                 else None)
-        return quantize(x, op.block, op.fmt, scale=scale, amax_group=group,
+        return quantize(x, op.block, op.fmt, scale=scale,
                         power_of_two=self.recipe.power_of_two_scales)
 
     def gemm(self, a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype, which: str
@@ -95,8 +107,8 @@ class _Fp8Linear(torch.autograd.Function):
         out_dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1]).contiguous()   # the kernel's row-major operand
-            xq = plan.cast("x", x2, "x_fwd")
-            wq = plan.cast("w", weight, "w_fwd")
+            xq = plan.cast(x2, "x_fwd")
+            wq = plan.cast(weight, "w_fwd")
             y = plan.gemm(xq, wq.t(), out_dtype, "forward")
         ctx.plan = plan
         ctx.save_for_backward(x, weight, xq.scale, wq.scale)
@@ -115,15 +127,15 @@ class _Fp8Linear(torch.autograd.Function):
         gemm_dtype = dy.dtype
         dx = dw = None
         with torch.autocast(dy.device.type, enabled=False):
-            dyq = plan.cast("dy", dy2, "dy_dgrad")
+            dyq = plan.cast(dy2, "dy_dgrad")
             if ctx.needs_input_grad[0]:
-                wq = plan.cast("w", weight, "w_dgrad", _reused(r.w_dgrad, fwd_scale))
+                wq = plan.cast(weight, "w_dgrad", _reused(r.w_dgrad, fwd_scale))
                 dx = plan.gemm(dyq, wq.contiguous_t().t(), gemm_dtype, "dgrad")
                 dx = dx.reshape(*x.shape[:-1], weight.shape[1]).to(x.dtype)
             if ctx.needs_input_grad[1]:
                 x2 = x.reshape(-1, x.shape[-1]).contiguous()
-                dyw = dyq if r.dy_wgrad.same_data else plan.cast("dy", dy2, "dy_wgrad")
-                xq = plan.cast("x", x2, "x_wgrad", _reused(r.x_wgrad, fwd_scale))
+                dyw = dyq if r.dy_wgrad.same_data else plan.cast(dy2, "dy_wgrad")
+                xq = plan.cast(x2, "x_wgrad", _reused(r.x_wgrad, fwd_scale))
                 dw = plan.gemm(dyw.contiguous_t(), xq.contiguous_t().t(), gemm_dtype, "wgrad")
                 dw = dw.to(weight.dtype)
         return dx, dw, None
@@ -257,9 +269,7 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
     emulate = device.type != "cuda"
     if not emulate:
         probe_kernel(r, device)
-    plans = {kind: Fp8Plan(recipe=r, emulate=emulate, group=tp_group,
-                           sharded=tuple(TP_SHARDED_DIM[kind].items()))
-             for kind in TP_SHARDED_DIM}
+    plan = Fp8Plan(recipe=r, emulate=emulate)
     count = 0
     for block in model.layers.values():
         for parent, attr in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc"),
@@ -268,9 +278,9 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
             if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
                 kind = "column" if isinstance(layer, ColumnParallelLinear) else "row"
                 _check_block_alignment(r, layer, kind, tp_group)
-                layer.matmul = Fp8Matmul(plans[kind])
+                layer.matmul = Fp8Matmul(plan)
             elif isinstance(layer, nn.Linear):
-                setattr(parent, attr, Fp8Linear(layer, Fp8Plan(recipe=r, emulate=emulate)))
+                setattr(parent, attr, Fp8Linear(layer, plan))
             else:
                 raise ExecutorError(f"internal: cannot run {type(layer).__name__} in fp8")
             if not emulate:

@@ -8,9 +8,8 @@ A 2-D tensor is cut into blocks of ``(rows, cols)`` elements (0 = the whole dime
 With ``power_of_two`` the scale is the OCP Microscaling shared exponent, 2^-(⌊log2 amax⌋ − 8)
 for e4m3 (OCP MX v1.0 §6.3), so the block's amax lands in [256, 512) and saturates above 448.
 
-Tensor parallelism: where a scale spans a dimension split over the tp group, the block
-amaxes are all-reduced (MAX) over ``amax_group`` first, so every rank casts exactly as one
-GPU holding the whole tensor would.
+Tensor parallelism: a rank casts its own shard with its own scales (no amax all-reduce);
+:mod:`meshplan.executor.fp8` says why that is sound.
 
 An :class:`Fp8Tensor` keeps ``scale_inv = 1 / scale`` per block, as ``torch._scaled_mm``
 takes it; :meth:`Fp8Tensor.dequantize` is the emulation path's GEMM input.
@@ -22,7 +21,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -95,20 +93,15 @@ def scale_from_amax(amax: torch.Tensor, fmt: str, *, power_of_two: bool = False)
 
 
 def quantize(x: torch.Tensor, block: tuple[int, int], fmt: str, *,
-             scale: torch.Tensor | None = None, amax_group=None,
-             power_of_two: bool = False) -> Fp8Tensor:
+             scale: torch.Tensor | None = None, power_of_two: bool = False) -> Fp8Tensor:
     """Cast a 2-D tensor to fp8 ``fmt`` with one scale per ``block``.
 
     ``scale``: reuse these scales (the forward's, in backward) instead of taking amaxes.
-    ``amax_group``: all-reduce the amaxes (MAX) over this process group first.
     """
     dtype = FP8_DTYPES[fmt]
     fmax = torch.finfo(dtype).max
     if scale is None:
-        amax = block_amax(x, block)
-        if amax_group is not None:
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=amax_group)
-        scale = scale_from_amax(amax, fmt, power_of_two=power_of_two)
+        scale = scale_from_amax(block_amax(x, block), fmt, power_of_two=power_of_two)
     rows, cols = x.shape
     br, bc = block_dims(block, (rows, cols))
     if (br, bc) == (rows, cols):

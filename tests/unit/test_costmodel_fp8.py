@@ -37,7 +37,6 @@ def test_tensorwise_cast_traffic_counts_each_pass():
     assert c.weight_bytes == (9 * w + 4) + (5 * w + 4) + 2 * w
     # amax + cast for x, W, dy; re-cast + transpose for W and x; a transpose for dy
     assert c.kernels == 2 + 2 + 2 + (1 + 1) + (1 + 1) + 1
-    assert c.amax_allreduces == 0
 
 
 def test_delayed_scaling_skips_the_amax_pass_and_fused_transposes_skip_the_reread():
@@ -55,25 +54,6 @@ def test_axiswise_recipes_recast_every_operand():
                                                                 "blockwise"))
     assert r.backward_bytes > t.backward_bytes and b.backward_bytes > t.backward_bytes
     assert b.weight_bytes < r.weight_bytes
-
-
-@pytest.mark.parametrize("name,kind,expected", [
-    ("tensorwise", "column", 2),   # W (sharded rows) and dy (sharded columns)
-    ("tensorwise", "row", 2),      # W and x (sharded columns); dy's scale is reused
-    ("rowwise", "column", 2),      # dy along out, W along out (dgrad)
-    ("rowwise", "row", 2),         # x along in, W along in (forward)
-    ("blockwise", "column", 0),    # blocks never span the split (checked by the executor)
-    ("tensorwise", None, 0),
-])
-def test_amax_allreduces_under_tensor_parallelism(name, kind, expected):
-    assert fp8.linear_cast_traffic(M, K, N, name, tp_parallel=kind).amax_allreduces == expected
-
-
-def test_amax_allreduce_rule():
-    assert fp8.amax_allreduce_needed((0, 0), 0) and fp8.amax_allreduce_needed((1, 0), 1)
-    assert not fp8.amax_allreduce_needed((1, 0), 0)        # one scale per row: local
-    assert not fp8.amax_allreduce_needed((128, 128), 0)    # finite blocks: local
-    assert not fp8.amax_allreduce_needed((0, 0), None)     # not sharded
 
 
 def test_mxfp8_needs_blackwell():

@@ -52,9 +52,8 @@ def test_linears_run_at_the_fp8_peak_and_curve_the_rest_stays_bf16():
 
 def _traffic(j, wbytes, fused=False, tp=1):
     return [fp8.linear_cast_traffic(int(m), int(k), int(n), j.fp8_recipe, act_bytes=2,
-                                    weight_bytes=wbytes, fused_cast_transpose=fused,
-                                    tp_parallel=kind if tp > 1 else None)
-            for (m, k, n), kind in linear_shapes(MODEL, j, 1, tp)]
+                                    weight_bytes=wbytes, fused_cast_transpose=fused)
+            for (m, k, n), _ in linear_shapes(MODEL, j, 1, tp)]
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -104,14 +103,14 @@ def test_transformer_engine_fuses_casts_and_casts_weights_once_a_step():
         f.fp8.weight_cast_step_s * (1 - 1 / 4))
 
 
-def test_amax_all_reduces_only_where_a_scale_spans_the_tp_split():
-    lay = Layout(dp=2, tp=2, micro_batch=1)
-    t = parts(job(), lay)
-    assert t.fp8.amax_forward_s > 0 and t.fp8.amax_backward_s > 0
-    assert parts(job()).fp8.amax_forward_s == 0
-    b = parts(job("bf16"), lay)
-    assert t.layer.forward.tp_comm_s == pytest.approx(b.layer.forward.tp_comm_s
-                                                      + t.fp8.amax_forward_s)
+def test_fp8_adds_no_tp_communication():
+    """Per-shard scales under tp (the executor's): no amax all-reduce to price."""
+    for lay in (Layout(dp=2, tp=2, micro_batch=1),
+                Layout(tp=2, sequence_parallel=True, micro_batch=1)):
+        t, b = parts(job(), lay), parts(job("bf16"), lay)
+        assert b.layer.forward.tp_comm_s > 0
+        assert t.layer.forward.tp_comm_s == pytest.approx(b.layer.forward.tp_comm_s)
+        assert t.layer.backward.tp_comm_s == pytest.approx(b.layer.backward.tp_comm_s)
 
 
 def test_full_recompute_pays_the_forwards_fp8_changes_again():
@@ -270,5 +269,4 @@ def test_fp8_layer_needs_a_curve():
     gpu = replace(GPU, fp8_gemm_efficiency=None)
     with pytest.raises(Exception, match="no fp8_gemm_efficiency curve"):
         fp8_layer(MODEL, replace(CLUSTER, gpu=gpu), job(), micro_batch=1, tp=1,
-                  sequence_parallel=False, recompute="none", compile=False, fsdp=False,
-                  tp_link=None)
+                  sequence_parallel=False, recompute="none", compile=False, fsdp=False)
