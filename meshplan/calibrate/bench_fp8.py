@@ -52,12 +52,12 @@ def bench_fp8_gemm(shape: GemmShape, recipe_name: str, device: torch.device) -> 
     w16 = w.detach().to(dt).requires_grad_()
     dy = torch.randn(m, n, device=device, dtype=dt)
 
-    xq = plan.cast("x", x.detach(), "x_fwd")
-    wq = plan.cast("w", w.detach(), "w_fwd")
-    dyq = plan.cast("dy", dy, "dy_dgrad")
-    wq_d = plan.cast("w", w.detach(), "w_dgrad").contiguous_t().t()
-    dyq_w = plan.cast("dy", dy, "dy_wgrad").contiguous_t()
-    xq_w = plan.cast("x", x.detach(), "x_wgrad").contiguous_t().t()
+    xq = plan.cast(x.detach(), "x_fwd")
+    wq = plan.cast(w.detach(), "w_fwd")
+    dyq = plan.cast(dy, "dy_dgrad")
+    wq_d = plan.cast(w.detach(), "w_dgrad").contiguous_t().t()
+    dyq_w = plan.cast(dy, "dy_wgrad").contiguous_t()
+    xq_w = plan.cast(x.detach(), "x_wgrad").contiguous_t().t()
 
     def gemms():
         plan.gemm(xq, wq.t(), dt, "forward")
