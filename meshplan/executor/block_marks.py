@@ -15,7 +15,8 @@ micro-batch's ``forward j`` / ``backward j`` phase is only what follows its last
 
 Layouts without a pipeline only (pp = 1): under ``torch.distributed.pipelining`` the
 zero-bubble schedule splits a stage's backward into two autograd calls, which full backward
-hooks do not follow. The hooks add four CUDA event records per block and micro-batch; the
+hooks do not follow. With compiled blocks the marks run outside the compiled code
+(``torch.compiler.disable``), so they time the compiled block from its edges. The hooks add four CUDA event records per block and micro-batch; the
 step times of a run with marks are for this diagnostic, not for accuracy.
 
     torchrun --nproc-per-node 4 -m meshplan.executor.run --plan plan.json --block-marks
@@ -40,6 +41,12 @@ def add_block_marks(trainer, mark: Callable[[str], None]) -> list:
     (``handle.remove()`` takes them off). ``mark(name)`` ends phase ``name`` of the running
     step (:meth:`StepTimer.mark`, a no-op outside a timed step)."""
     check_block_marks(trainer.layout)
+    import torch
+    # kept out of compiled blocks: traced by Dynamo, a hook's CUDA event is the trace's
+    # object and is never recorded at run time (2 x H200, compiled tp 2 + SP: "Both events
+    # must be recorded before calculating elapsed time" at the report); eager, it costs a
+    # graph break at the block's edges, where the compiled region ends anyway
+    mark = torch.compiler.disable(mark)
     handles = []
     for part in trainer.parts:
         for key, block in part.module.layers.items():

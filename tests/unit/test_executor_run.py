@@ -189,6 +189,35 @@ def test_block_marks_time_every_block_inside_the_step(tmp_path, recompute):
         < names.index("block 0 backward") < names.index("backward 0")
 
 
+def test_block_marks_stay_out_of_compiled_blocks():
+    """Every mark hook is Dynamo-disabled: a CUDA event made inside a traced hook is the
+    trace's object and never recorded at run time (compiled tp 2 + SP on 2 x H200 failed
+    at the report with "Both events must be recorded"), which the CPU timer cannot show."""
+    from types import SimpleNamespace
+    import torch
+    from meshplan.executor.block_marks import add_block_marks
+    blocks = torch.nn.ModuleDict({"0": torch.nn.Linear(4, 4), "1": torch.nn.Linear(4, 4)})
+    trainer = SimpleNamespace(layout=Layout(), parts=[SimpleNamespace(
+        module=SimpleNamespace(layers=blocks))])
+    seen = []
+    handles = add_block_marks(trainer, seen.append)
+    assert len(handles) == 8
+    compiled = torch.compile(torch.nn.Sequential(blocks["0"], blocks["1"]))
+    x = torch.randn(2, 4, requires_grad=True)
+    for _ in range(2):
+        compiled(x).sum().backward()
+    per_step = ["before block 0 forward", "block 0 forward", "before block 1 forward",
+                "block 1 forward", "before block 1 backward", "block 1 backward",
+                "before block 0 backward", "block 0 backward"]
+    assert seen == per_step * 2
+    for block in blocks.values():
+        for hooks in (block._forward_pre_hooks, block._forward_hooks,
+                      block._backward_pre_hooks, block._backward_hooks):
+            for hook in hooks.values():
+                cell = dict(zip(hook.__code__.co_freevars, hook.__closure__ or ()))["mark"]
+                assert getattr(cell.cell_contents, "_torchdynamo_disable", False)
+
+
 def test_block_marks_refuse_a_pipeline(tmp_path, capsys, monkeypatch):
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"),
                  ("LOCAL_WORLD_SIZE", "2")):
