@@ -301,11 +301,13 @@ def time_corrections(cluster: Cluster, job: Job, layout: Layout, m: int) -> dict
                 p2p_order=corr.p2p_order_applies(numbers, job, layout, m))
 
 
-def table_caveats(job: Job, layout: Layout, lt: dict, parts: LayerParts) -> tuple[str, ...]:
+def table_caveats(cluster: Cluster, job: Job, layout: Layout, lt: dict, parts: LayerParts
+                  ) -> tuple[str, ...]:
+    numbers = cluster.gpu.corrections    # the FSDP2 caveat names the profile's per-step term
     return (((cav.nearest_shape_caveat(parts.transferred_from),) if parts.transferred_from
              else ())
             + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
-            + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp_dp_only(job, layout) else ())
+            + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp2_step_s(numbers, job, layout) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
@@ -333,7 +335,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         **host_dispatch(cluster, layout, parts, lt),
         **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
         **time_corrections(cluster, job, layout, m),
-        caveats=table_caveats(job, layout, lt, parts))
+        caveats=table_caveats(cluster, job, layout, lt, parts))
 
 
 __all__ = ["build_fields", "layer_times", "host_dispatch", "end_stage_times", "memory_terms",

@@ -26,11 +26,11 @@ FSDP_OVER_TP_CAVEAT = (
     "`meshplan calibrate`, which now measures them")
 
 FSDP_DP_ONLY_CAVEAT = (
-    "FSDP2 over data parallelism alone: such layouts measured on 2-4 H100/H200 ran about "
-    "20 ms a step slower than their layers and tail predict (GPT-0.54B 4-10 %, Llama-1.64B "
-    "0-4 %), for a reason not found; the estimate adds that 20 ms as an empirical term "
-    "(docs/benchmarks/accuracy.md, rounds 20-22), so compare it with the best ZeRO-0/1 or "
-    "pipelined layout on a measured run")
+    "FSDP2 over data parallelism alone: on the executor before its explicit forward prefetch "
+    "such layouts ran about 20 ms a step slower than their layers and tail predict "
+    "(GPT-0.54B 4-10 %, Llama-1.64B 0-4 %), for a reason not found; this profile adds its "
+    "fsdp2_dp_only_step_s a step as an empirical term (docs/benchmarks/accuracy.md, rounds "
+    "20-22), so compare it with the best ZeRO-0/1 or pipelined layout on a measured run")
 
 
 # Measured, not priced (docs/benchmarks/accuracy.md, round 22): the eight zero-bubble

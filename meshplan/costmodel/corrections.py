@@ -150,16 +150,21 @@ def fsdp_dp_only(job: Job, layout: Layout) -> bool:
 
 def fsdp2_step_s(numbers: CorrectionNumbers, job: Job, layout: Layout) -> float:
     """GPU time a step beyond what the layer rows and the tail price, for FSDP2 over dp
-    alone (:func:`fsdp_dp_only`), measured and not explained.
+    alone (:func:`fsdp_dp_only`): the profile's ``fsdp2_dp_only_step_s``, 0 by default.
 
-    Of the GPU-bound such layouts measured since holdout7, nearly all ran slower than
-    predicted by about the same time a step for either model: GPT-0.54B's by 13-27 ms
-    (4-10 %), Llama-1.64B's by 0-42 ms (0-4 %), median about 20 ms — not in proportion to
-    the compute nor to the micro-batches a step. Round 22 (post hoc): a constant a step,
-    fitted on the 19 layouts with CPU < 80 % of the GPU, takes GPT's 7 from 7.20 % mean
-    absolute error to 1.48 % and Llama's 12 from 1.86 % to 0.79 %. The same constant makes
-    pipelined FSDP2 worse (GPT +3.8 % signed), so it is not applied there; nor over tp > 1,
-    measured too rarely to tell."""
+    Measured on the executor before its explicit FSDP2 forward prefetch (bc12f8f), not
+    explained: of the GPU-bound such layouts since holdout7 nearly all ran slower than
+    predicted by about the same time a step (GPT-0.54B 13-27 ms, Llama-1.64B 0-42 ms,
+    median about 20 ms), inside the passes (holdout20-24, pair16: measured forward +
+    backward 15-38 ms over the rows'), not in proportion to compute or micro-batches; a
+    constant fitted on 19 of them (round 22, post hoc) took GPT's 7.20 % mean error to
+    1.48 %. The executor since starts each block's all-gather one block early
+    (``executor.data_parallel.set_forward_prefetch``); its first such runs (round 38, 2 ×
+    H200, t38m05 v19 ZeRO-2 and v20 ZeRO-3) measured their passes within 2 % of the rows
+    and their steps equal to their phases, so the constant over-predicted them by 4-5 %
+    (9-11 % on the generic profile) and the built-in number is 0 (data/corrections.toml).
+    A profile of the old executor keeps 0.020 in its ``[corrections]`` table. Not applied
+    to pipelined FSDP2 (the constant made it worse) nor over tp > 1."""
     if not fsdp_dp_only(job, layout) or not numbers.enabled(FSDP2_STEP):
         return 0.0
     return numbers.fsdp2_dp_only_step_s

@@ -118,6 +118,20 @@ def test_fsdp2_step_applies_to_dp_only_fsdp2_and_is_the_profile_number():
     assert dt == pytest.approx(0.05) and dm == 0
 
 
+def test_fsdp2_step_is_zero_by_default_for_the_prefetching_executor():
+    # predicate: FSDP2 over dp alone; effect: the profile's number a step, 0 built in since
+    # the executor prefetches the next block's gather (round 38: passes = rows, no residual)
+    assert NUMBERS.fsdp2_dp_only_step_s == 0.0
+    lay = Layout(dp=4, micro_batch=1, zero=3)
+    assert corr.fsdp_dp_only(TORCH, lay)
+    est = estimate(MODEL, CLUSTER, TORCH, lay)
+    assert est.time.fsdp_step_s == 0.0
+    assert not any(c.startswith("FSDP2 over data parallelism alone") for c in est.caveats)
+    old = estimate(MODEL, _with(CLUSTER, fsdp2_dp_only_step_s=0.020), TORCH, lay)
+    assert old.step_time_s == pytest.approx(est.step_time_s + 0.020)
+    assert any(c.startswith("FSDP2 over data parallelism alone") for c in old.caveats)
+
+
 def test_zero_bubble_full_recompute_sets_apply_without_a_measured_row():
     lay = Layout(pp=4, micro_batch=1, schedule="zero-bubble", recompute="full")
     t = layer_tables(MODEL, CLUSTER, TORCH, lay)
