@@ -16,16 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-
-def busy_union_us(intervals: list[tuple[float, float]]) -> float:
-    """Total length of the union of [start, end) intervals (µs)."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
+from moe_trace_summary import _union_us as busy_union_us
 
 
 def summarize(path: Path) -> dict:
