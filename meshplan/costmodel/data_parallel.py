@@ -167,7 +167,10 @@ def params_state(cluster: Cluster, job: Job, params: float, dp: int, pp: int, ze
             dp_s = red = comm.all_reduce_s(dp_link, grad_bytes)
             wire = comm.wire_bytes_all_reduce(dp, grad_bytes)
             if zero == 1:
-                gat = comm.all_gather_s(dp_link, params * per.weights)
+                # ZeroRedundancyOptimizer._sync_params: one broadcast of its shard from
+                # each rank in turn on one communicator (torch 2.11 / 2.13 source), not an
+                # all-gather: dp × shard at the bus bandwidth, against (dp − 1) / dp of it
+                gat = dp * comm.broadcast_s(dp_link, params * per.weights / dp)
                 dp_s += gat
                 wire += comm.wire_bytes_gather(dp, params * per.weights)
             if torch_pipelined(job, pp):
