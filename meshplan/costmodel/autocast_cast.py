@@ -36,18 +36,19 @@ approximates.
 Where it does not apply: ZeRO-2/3 (FSDP2 gathers bf16 parameters, no autocast); full
 recomputation (each backward's ``torch.utils.checkpoint`` recompute clears the cache, so
 the rows' timed forwards re-cast every weight as the executor's forwards do — the cast is
-in the rows, :meth:`meshplan.costmodel.memory_reliefs.RankMemory.end_of_step_bytes`);
+in the rows, :meth:`meshplan.costmodel.memory_reliefs.MemoryReliefs.end_of_step_bytes`);
 compiled layers (a compiled block casts inside its graph on every call, which the compiled
 rows hold; the eager output layer still caches its cast); fp32; fp8 and MoE models (not
 examined: fp8 prices its own weight casts, :mod:`meshplan.costmodel.fp8_cost`); runtime
 "megatron" (16-bit parameters beside fp32 main parameters, no per-step cast).
 
-Measured (round 38, 2 × H200, docs/benchmarks/transfer.md, "Post hoc ... autocast"):
-layouts with one micro-batch per step measure their forward 1-6 ms above the rows;
-``t_cast`` is 2.2 ms (GPT 1.39B, dp 2), 3.1 ms (Llama 2.06B, dp 2), 1.6 / 0.55 ms (tp 2),
-about half the excess under DDP and most of it under tp 2; the one eager layout with two
-micro-batches without a pipeline (v21) measures its first forward 2.3-3.4 ms above its
-second, against 0.55 ms here — the rest of the per-step excess is not explained.
+Measured (round 38, 2 × H200, docs/benchmarks/transfer.md, round 38's post hoc ``ddpfwd``):
+layouts without a pipeline measure their forward above the rows by 3.5-4.9 ms (GPT 1.39B,
+dp 2), 5.2-6.2 ms (Llama 2.06B, dp 2) and 0.9-3.0 ms (tp 2); ``t_cast`` is 2.2, 3.1 and
+0.55-1.55 ms. The one eager layout with two micro-batches and no pipeline (v21) measures its
+first forward 2.3-3.4 ms above its second, against 0.55 ms here. The rest (1-3 ms a step,
+also under FSDP2, which has no autocast) is not explained. Step time, calibrated profile:
+mean 2.19 → 2.04 % over the 24 layouts (with this term alone).
 """
 
 from __future__ import annotations
