@@ -37,8 +37,8 @@ Where it does not apply: ZeRO-2/3 (FSDP2 gathers bf16 parameters, no autocast); 
 recomputation (each backward's ``torch.utils.checkpoint`` recompute clears the cache, so
 the rows' timed forwards re-cast every weight as the executor's forwards do — the cast is
 in the rows, :meth:`meshplan.costmodel.memory_reliefs.MemoryReliefs.end_of_step_bytes`);
-compiled layers (a compiled block casts inside its graph on every call, which the compiled
-rows hold; the eager output layer still caches its cast); fp32; fp8 and MoE models (not
+layers priced from compiled rows (a compiled block casts inside its graph on every call,
+which those rows hold; the eager output layer still caches its cast); fp32; fp8 and MoE models (not
 examined: fp8 prices its own weight casts, :mod:`meshplan.costmodel.fp8_cost`); runtime
 "megatron" (16-bit parameters beside fp32 main parameters, no per-step cast).
 
@@ -75,10 +75,12 @@ def _cast_s(gpu: GPUSpec, params: float, copy_b: float) -> float:
                                                * gpu.op_hbm_efficiency(COPY_OP))
 
 
-def layer_cast_s(model: ModelSpec, gpu: GPUSpec, job: Job, layout: Layout) -> float:
+def layer_cast_s(model: ModelSpec, gpu: GPUSpec, job: Job, layout: Layout, *,
+                 compiled: bool = False) -> float:
     """One layer's weight cast per step (0 where :func:`autocast_casts` is false or the
-    layers are compiled)."""
-    if not autocast_casts(model, job, layout) or layout.compile:
+    layers are priced from compiled rows, ``compiled``: those hold a cast per call; a
+    ``Layout.compile`` priced from eager rows gets the eager cast)."""
+    if not autocast_casts(model, job, layout) or compiled:
         return 0.0
     params = stage_params(model, 1, layout.tp, first=False, last=False, pp=layout.pp)
     return _cast_s(gpu, params, compute_weight_bytes_per_param(job))

@@ -124,7 +124,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # TransformerEngine casts the weights on a step's first micro-batch (fp8_cost)
         layer_f += parts.fp8.weight_cast_step_s / layout.num_microbatches(job.global_batch)
     # autocast's once-per-step weight casts, which the rows time cached (autocast_cast)
-    layer_f += (layer_cast_s(model, cluster.gpu, job, layout)
+    layer_f += (layer_cast_s(model, cluster.gpu, job, layout, compiled=parts.compiled)
                 / layout.num_microbatches(job.global_batch))
     return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, zb_w_passes=passes,
                 z3=z3, fsdp=fsdp, fs=fs,

@@ -38,9 +38,13 @@ def test_predicate(job, layout, applies):
     assert (ac.head_cast_s(MODEL, CLUSTER.gpu, job, layout) > 0) is applies
 
 
-def test_compiled_layers_cast_in_their_graph_but_the_head_still_caches():
+def test_compiled_rows_hold_their_cast_but_the_head_still_caches():
     layout = replace(DDP, compile=True)
-    assert ac.layer_cast_s(MODEL, CLUSTER.gpu, TORCH, layout) == 0.0
+    eager = ac.layer_cast_s(MODEL, CLUSTER.gpu, TORCH, DDP)
+    # layers priced from compiled rows: the cast is inside each call's graph, in the row
+    assert ac.layer_cast_s(MODEL, CLUSTER.gpu, TORCH, layout, compiled=True) == 0.0
+    # Layout.compile priced from eager rows (no compiled row): the eager cast
+    assert ac.layer_cast_s(MODEL, CLUSTER.gpu, TORCH, layout) == eager > 0.0
     assert ac.head_cast_s(MODEL, CLUSTER.gpu, TORCH, layout) > 0.0
 
 
@@ -69,8 +73,8 @@ def _fresh_tables():
 def _tables(monkeypatch, layout, off: bool):
     _layer_tables.cache_clear()
     if off:
-        monkeypatch.setattr(build, "layer_cast_s", lambda *a: 0.0)
-        monkeypatch.setattr(build, "head_cast_s", lambda *a: 0.0)
+        monkeypatch.setattr(build, "layer_cast_s", lambda *a, **k: 0.0)
+        monkeypatch.setattr(build, "head_cast_s", lambda *a, **k: 0.0)
     return layer_tables(MODEL, CLUSTER, TORCH, layout)
 
 
@@ -92,8 +96,8 @@ def test_effect_on_a_ddp_step_is_the_whole_model_cast_once(monkeypatch):
     # every layer and the output layer, whatever the number of micro-batches
     layout = Layout(dp=2, micro_batch=2)
     after = estimate(MODEL, CLUSTER, TORCH, layout)
-    monkeypatch.setattr(build, "layer_cast_s", lambda *a: 0.0)
-    monkeypatch.setattr(build, "head_cast_s", lambda *a: 0.0)
+    monkeypatch.setattr(build, "layer_cast_s", lambda *a, **k: 0.0)
+    monkeypatch.setattr(build, "head_cast_s", lambda *a, **k: 0.0)
     _layer_tables.cache_clear()
     before = estimate(MODEL, CLUSTER, TORCH, layout)
     cast = (MODEL.num_layers * ac.layer_cast_s(MODEL, CLUSTER.gpu, TORCH, layout)
