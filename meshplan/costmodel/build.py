@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from meshplan.costmodel import caveats as cav
 from meshplan.costmodel import corrections as corr
+from meshplan.costmodel.autocast_cast import head_cast_s, layer_cast_s
 from meshplan.costmodel.compiled_rows import compiled_layout_rows, derived_caveat
 from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
                                               root_reduce_s, zero3_layer)
@@ -122,6 +123,9 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     if parts.fp8 is not None and parts.fp8.weight_cast_step_s:
         # TransformerEngine casts the weights on a step's first micro-batch (fp8_cost)
         layer_f += parts.fp8.weight_cast_step_s / layout.num_microbatches(job.global_batch)
+    # autocast's once-per-step weight casts, which the rows time cached (autocast_cast)
+    layer_f += (layer_cast_s(model, cluster.gpu, job, layout, compiled=parts.compiled)
+                / layout.num_microbatches(job.global_batch))
     return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, zb_w_passes=passes,
                 z3=z3, fsdp=fsdp, fs=fs,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
@@ -178,13 +182,15 @@ def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict)
 
 
 def end_stage_times(model: ModelSpec, job: Job, layout: Layout, parts: LayerParts, links,
-                    fsdp: bool) -> dict:
+                    fsdp: bool, gpu) -> dict:
     """The embedding's and the output layer's seconds per micro-batch; under FSDP2 the root
     unit (embedding, final norm, output layer) gathers before the first layer and
-    reduce-scatters after the last backward, with nothing to hide behind."""
+    reduce-scatters after the last backward, with nothing to hide behind; under autocast the
+    output layer's per-step weight cast (:mod:`meshplan.costmodel.autocast_cast`)."""
     pp, tp = layout.pp, layout.tp
     first_f, first_b = parts.embedding[0].total_s, parts.embedding[1].total_s
     last_f, last_b = parts.logits[0].total_s, parts.logits[1].total_s
+    last_f += head_cast_s(model, gpu, job, layout) / layout.num_microbatches(job.global_batch)
     if fsdp and job.runtime == "torch":
         copy_b = compute_weight_bytes_per_param(job)
         grads_b = state_bytes_per_param(job).grads
@@ -331,7 +337,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         layer_backward_s=lt["layer_b"] + z3.backward_s,
         layer_wgrad_s=lt["layer_w"], zb_w_recompute_passes=lt["zb_w_passes"],
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
-        **end_stage_times(model, job, layout, parts, links, lt["fsdp"]),
+        **end_stage_times(model, job, layout, parts, links, lt["fsdp"], cluster.gpu),
         **host_dispatch(cluster, layout, parts, lt),
         **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
         **time_corrections(cluster, job, layout, m),

@@ -69,6 +69,16 @@ def all_gather_s(link: GroupLink, nbytes: float) -> float:
 reduce_scatter_s = all_gather_s  # same volume and steps, reversed direction
 
 
+def broadcast_s(link: GroupLink, nbytes: float) -> float:
+    """One broadcast of ``nbytes`` from one rank to the rest of the group: every rank
+    receives the whole buffer, pipelined along the ring (nccl-tests PERFORMANCE.md:
+    broadcast busbw = algbw, so ``nbytes`` at the bus bandwidth), latency as an all-gather's
+    n − 1 ring steps."""
+    if link.size <= 1 or nbytes <= 0:
+        return 0.0
+    return nbytes / link.bandwidth_bytes_per_s(nbytes) + call_latency_s(link, "all_gather")
+
+
 def p2p_s(link: GroupLink, nbytes: float) -> float:
     """One send between neighbouring pipeline ranks."""
     if link.size <= 1 or nbytes <= 0:

@@ -7,6 +7,13 @@
   parameters, the same volume (Rajbhandari et al. 2019, arXiv 1910.02054 §7); ZeRO-3
   gathers per layer and micro-batch, prefetching the next layer's gather behind this
   layer's compute (Zhao et al. 2023, arXiv 2304.11277 §3.3): :func:`zero3_layer`.
+  Runtime "torch" ZeRO-1 (``ZeroRedundancyOptimizer``) syncs the updated parameters with
+  one broadcast of each rank's fp32 shard in turn on one communicator (``_sync_params``,
+  torch 2.11 / 2.13 source): dp · S/dp at the bus bandwidth (nccl-tests: broadcast busbw =
+  algbw), dp / (dp − 1) times an all-gather's time. Round 38 (2 × H200, dp 2): the
+  optimizer phase less half of ZeRO-0's AdamW measured 15.0 / 22.3 ms (t38m01 / t38m04)
+  against 9.0 / 13.3 ms as an all-gather and 18.1 / 26.7 ms as broadcasts (they ran at
+  ~370 GB/s of bus bandwidth where the profile's curve, from all-reduces, gives ~310).
 * Overlap: the gradient reduction hides behind the last micro-batch's backward, the
   parameter all-gather behind the next forward; DDP's last bucket is always exposed (Li et
   al. 2020, arXiv 2006.15704 §3.2.3); the hidden part still costs the profile's
@@ -132,8 +139,9 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     calibrated optimizer bandwidth when the profile has one.
 
     Runtime "torch": ZeRO-1 is DDP's all-reduce of the fp32 gradients followed by
-    ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard (an
-    all-gather's volume); ZeRO-2 is FSDP2, per layer like ZeRO-3. ``grad_copies``: fp32
+    ``ZeroRedundancyOptimizer``'s broadcast of each rank's updated fp32 shard, one rank
+    after the other (dp broadcasts, see the module docstring); ZeRO-2 is FSDP2, per layer
+    like ZeRO-3. ``grad_copies``: fp32
     gradient copies (:func:`ddp_accumulates`). ``extra_params``: parameters beyond
     ``layers`` equal layers (an MoE model's dense layers, :mod:`meshplan.costmodel.
     moe_tables`), with their compute copies. ``compiled``: the layers are priced from compiled
@@ -167,7 +175,10 @@ def params_state(cluster: Cluster, job: Job, params: float, dp: int, pp: int, ze
             dp_s = red = comm.all_reduce_s(dp_link, grad_bytes)
             wire = comm.wire_bytes_all_reduce(dp, grad_bytes)
             if zero == 1:
-                gat = comm.all_gather_s(dp_link, params * per.weights)
+                # ZeroRedundancyOptimizer._sync_params: one broadcast of its shard from
+                # each rank in turn on one communicator (torch 2.11 / 2.13 source), not an
+                # all-gather: dp × shard at the bus bandwidth, against (dp − 1) / dp of it
+                gat = dp * comm.broadcast_s(dp_link, params * per.weights / dp)
                 dp_s += gat
                 wire += comm.wire_bytes_gather(dp, params * per.weights)
             if torch_pipelined(job, pp):

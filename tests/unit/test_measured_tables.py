@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.costmodel import estimate
+from meshplan.costmodel.autocast_cast import head_cast_s, layer_cast_s
 from meshplan.costmodel.estimate import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEAT,
                                          ZB_FSDP2_CAVEAT)
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
@@ -48,6 +49,14 @@ def _cluster(tables):
     return replace(c, gpu=replace(c.gpu, measured=tables))
 
 
+def _cast(c, layout, layers=8, head=True):
+    """Autocast's weight casts of a stage's forward per micro-batch: once per step, spread
+    over the step's micro-batches (costmodel.autocast_cast; the rows time them cached)."""
+    m = layout.num_microbatches(JOB.global_batch)
+    return (layers * layer_cast_s(MODEL, c.gpu, JOB, layout)
+            + (head_cast_s(MODEL, c.gpu, JOB, layout) if head else 0.0)) / m
+
+
 TABLES = MeasuredTables(
     (_layer(1, 1e-3, 2e-3, 100e6, 50e6), _layer(2, 1.8e-3, 3.8e-3, 200e6, 90e6),
      _layer(1, 1.5e-3, 3.5e-3, 0.0, 0.0, zero=2, dp=2)),
@@ -71,7 +80,10 @@ def test_measured_layer_and_ends_replace_the_analytical_ones():
     c = _cluster(TABLES)
     est = estimate(MODEL, c, JOB, Layout(dp=1, micro_batch=1))
     # one stage: 8 measured layers + measured embedding + measured output, no extra overhead
-    assert est.stage_forward_s[0] == pytest.approx(8 * 1e-3 + 1e-4 + 5e-4)
+    # but autocast's weight casts, which the rows time cached (_cast)
+    cast = _cast(c, Layout(dp=1, micro_batch=1))
+    assert cast > 0
+    assert est.stage_forward_s[0] == pytest.approx(8 * 1e-3 + 1e-4 + 5e-4 + cast)
     assert est.stage_backward_s[0] == pytest.approx(8 * 2e-3 + 2e-4 + 9e-4)
     mem = est.memory[0]
     params = stage_params(MODEL, 8, 1, first=True, last=True, pp=1)
@@ -89,9 +101,11 @@ def test_micro_batch_interpolation_and_analytical_fallback():
     c = _cluster(TABLES)
     est2 = estimate(MODEL, c, JOB, Layout(micro_batch=2))
     est4 = estimate(MODEL, c, JOB, Layout(micro_batch=4))
-    assert est2.stage_forward_s[0] == pytest.approx(8 * 1.8e-3 + 2 * 1e-4 + 2 * 5e-4)
+    assert est2.stage_forward_s[0] == pytest.approx(8 * 1.8e-3 + 2 * 1e-4 + 2 * 5e-4
+                                                    + _cast(c, Layout(micro_batch=2)))
     # mb 4 extrapolates the layer linearly through (1, 1.0 ms) and (2, 1.8 ms): 3.4 ms
-    assert est4.stage_forward_s[0] == pytest.approx(8 * 3.4e-3 + 4 * 1e-4 + 4 * 5e-4)
+    assert est4.stage_forward_s[0] == pytest.approx(8 * 3.4e-3 + 4 * 1e-4 + 4 * 5e-4
+                                                    + _cast(c, Layout(micro_batch=4)))
     # recompute="full" has no row: the analytical layer is used, not a measured one
     from meshplan.costmodel.estimate import layer_tables
     datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
@@ -226,7 +240,7 @@ def test_profile_file_tables_reach_the_cost_model(tmp_path):
     t = layer_tables(MODEL, c, JOB, lay)
     assert t.parts.measured == ("layer", "output")      # the embedding stays analytical
     assert estimate(MODEL, c, JOB, lay).stage_forward_s[0] == pytest.approx(
-        8 * 1e-3 + t.first_forward_s + 5e-4)
+        8 * 1e-3 + t.first_forward_s + 5e-4 + _cast(c, lay))
 
 
 # ---- round 3: CPU dispatch (host bound), pipelining's kept outputs, DDP no_sync grads ----------
@@ -254,7 +268,7 @@ def test_host_bound_sets_the_step_when_the_cpu_is_slower():
     est = estimate(MODEL, c, JOB, Layout(micro_batch=1))
     m = JOB.global_batch
     cpu = m * (8 * 8e-3 + 3e-4 + 3e-4)           # layers + embedding + output, per micro-batch
-    gpu = m * (8 * 3e-3 + 3e-4 + 3e-4)
+    gpu = m * (8 * 3e-3 + 3e-4 + 3e-4 + _cast(c, Layout(micro_batch=1)))
     tail = est.time.optimizer_s + est.time.dp_comm_exposed_s
     assert est.step_time_s == pytest.approx(cpu + tail)
     assert est.time.host_wait_s == pytest.approx(cpu - gpu)
@@ -280,7 +294,7 @@ def test_near_host_bound_caveat_marks_little_cpu_headroom():
     from meshplan.commands.format import format_estimate
     from meshplan.costmodel.estimate import HOST_NEAR_LOAD
     m = JOB.global_batch
-    gpu = m * (8 * 3e-3 + 3e-4 + 3e-4)
+    gpu = m * (8 * 3e-3 + 3e-4 + 3e-4 + _cast(_cluster(TABLES), Layout(micro_batch=1)))
     near = estimate(MODEL, _cluster(_cpu_tables(layer_cpu=(1.2e-3, 1.5e-3))), JOB,
                     Layout(micro_batch=1))
     cpu = m * (8 * 2.7e-3 + 3e-4 + 3e-4)          # layers + embedding + output CPU
@@ -463,7 +477,10 @@ def test_zero2_under_a_pipeline_reduces_once_per_step():
     c = _cluster(TABLES)
     piped = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=1, zero=2))
     plain = layer_tables(MODEL, c, JOB, Layout(dp=2, pp=2, micro_batch=1, zero=0))
-    assert piped.layer_forward_s == plain.layer_forward_s        # the plain row, no FSDP
+    # the plain row, no FSDP (nor autocast's weight casts, which ZeRO-0 adds)
+    assert piped.layer_forward_s == pytest.approx(
+        plain.layer_forward_s - _cast(c, Layout(dp=2, pp=2, micro_batch=1), layers=1,
+                                      head=False))
     st = piped.rank_state(0, 4)
     assert st.grad_reduce_s > 0 and st.param_gather_s > 0          # once per step
     one = layer_tables(MODEL, c, JOB, Layout(dp=2, micro_batch=1, zero=2))
