@@ -1,4 +1,5 @@
-"""Collective microbenchmarks: all-reduce, reduce-scatter, all-gather and p2p by message
+"""Collective microbenchmarks: all-reduce, reduce-scatter, all-gather, broadcast (from
+group rank 0, as torch's ZeroRedundancyOptimizer syncs parameters) and p2p by message
 size and group size, on groups of consecutive ranks inside one node, and the latency probe:
 a 256-byte all-reduce on the smallest (2 ranks) and the largest group of the node, whose
 two times split a call's latency into a per-call base and a per-ring-step part
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from meshplan.calibrate.timing import time_fn
 
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 LATENCY_PROBE_BYTES = 256
 # the probe's timings are differences of tens of µs between two group sizes: more samples
 # than the bandwidth rows (still well under a second)
@@ -66,7 +68,7 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
 
         probe = [("latency", LATENCY_PROBE_BYTES)] if n in latency_sizes(groups) else []
         for op, nbytes in probe + [(o, s) for s in sizes_bytes
-                                   for o in ("all_reduce", "reduce_scatter", "all_gather")]:
+                                   for o in COLLECTIVE_OPS]:
             if inside:
                 numel = max(n, nbytes // esize // n * n)
                 full = torch.ones(numel, device=device, dtype=dtype)
@@ -75,6 +77,8 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
                     fn = lambda: dist.all_reduce(full, group=group)
                 elif op == "reduce_scatter":
                     fn = lambda: dist.reduce_scatter_tensor(part, full, group=group)
+                elif op == "broadcast":
+                    fn = lambda: dist.broadcast(full, src=0, group=group)
                 else:
                     fn = lambda: dist.all_gather_into_tensor(full, part, group=group)
                 t = time_fn(fn, device=device, warmup=3,
@@ -110,5 +114,5 @@ def _bench_p2p(sizes_bytes, device, dtype, esize, iters, rows, progress, group) 
 def count_steps(world: int, local_world: int, n_sizes: int) -> int:
     groups = node_group_sizes(world, local_world)
     probes = latency_sizes(groups)
-    return sum(3 * n_sizes + (1 if n in probes else 0) + (n_sizes if n == 2 else 0)
+    return sum(len(COLLECTIVE_OPS) * n_sizes + (1 if n in probes else 0) + (n_sizes if n == 2 else 0)
                for n in groups)

@@ -17,7 +17,9 @@ measured time of the benchmark it came from (meshplan/costmodel/compute.py and c
   :mod:`meshplan.calibrate.fp8_profile`).
 * Collectives (ring; Patarasuk & Yuan 2009; NCCL's bus-bandwidth convention,
   nccl-tests/doc/PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer in 2(n-1) steps,
-  reduce-scatter / all-gather (n-1)/n in n-1 steps. Latency (alpha-beta with NCCL's split,
+  reduce-scatter / all-gather (n-1)/n in n-1 steps, broadcast the whole buffer in n-1
+  steps (its own curve, ``nvlink_broadcast_efficiency``; the NVLink curve is read from the
+  other three). Latency (alpha-beta with NCCL's split,
   :mod:`meshplan.hardware_profiles.collective_latency`): a 256-byte all-reduce on 2 ranks
   and on the whole node gives ``t(n) = α_base + 2(n-1)·α_step`` (``[cluster]
   collective_base_latency_us``, ``intra_step_latency_us``); a node of 2 GPUs has one group
@@ -147,7 +149,7 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
 
     cluster: dict[str, Any] = {}
     base_s, step_s = latency_keys(rows.get("latency", []), cluster, measured)
-    coll = [r for r in rows.get("collectives", []) if r["op"] != "p2p"]
+    coll = [r for r in rows.get("collectives", []) if r["op"] in lat_model.CURVE_OPS]
     if coll:
         if link_gbps is None:  # CPU/gloo: the best bus bandwidth seen stands in for the link
             link_gbps = max(collective_bus_bytes(r["op"], r["group_size"], r["nbytes"])[0]
@@ -165,6 +167,13 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         if curve is not None:
             gpu["nvlink_efficiency"] = curve.to_list()
             measured.append("nvlink_efficiency")
+        # broadcasts get their own curve: a ring broadcast reaches more of the link than
+        # the all-reduce/all-gather rows do (torch's ZeRO-1 parameter sync is broadcasts)
+        bcast = lat_model.broadcast_curve(rows.get("collectives", []), link_gbps, base_s,
+                                          step_s, base and base.nvlink_efficiency)
+        if bcast is not None:
+            gpu["nvlink_broadcast_efficiency"] = bcast.to_list()
+            measured.append("nvlink_broadcast_efficiency")
     for kind in ("layer_overhead_s", "microbatch_overhead_s"):
         vals = [r["seconds"] for r in rows.get("overheads", []) if r["kind"] == kind]
         if vals:

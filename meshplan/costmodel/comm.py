@@ -11,6 +11,10 @@ per-call base and a per-ring-step part (NCCL ``src/graph/tuning.cc``, ``ncclTopo
   the group spans; reduce-scatter and all-gather: (n-1)/n · S in n-1 steps (k-1 between
   nodes) (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms"; NCCL's "bus
   bandwidth" convention in nccl-tests/doc/PERFORMANCE.md);
+* broadcast: S in n-1 steps (pipelined along the ring; busbw = algbw), at the profile's
+  measured broadcast curve (``nvlink_broadcast_efficiency``) inside a node where calibrate
+  timed broadcasts, else at the collectives' curve — which over-prices: on round 38's
+  2 × H200 the ZeRO-1 broadcasts ran at ~370 GB/s where that curve gives ~310;
 * p2p: S in one step; all-to-all: the bytes leaving a rank at the group's bus bandwidth, one
   step per peer.
 
@@ -72,11 +76,12 @@ reduce_scatter_s = all_gather_s  # same volume and steps, reversed direction
 def broadcast_s(link: GroupLink, nbytes: float) -> float:
     """One broadcast of ``nbytes`` from one rank to the rest of the group: every rank
     receives the whole buffer, pipelined along the ring (nccl-tests PERFORMANCE.md:
-    broadcast busbw = algbw, so ``nbytes`` at the bus bandwidth), latency as an all-gather's
-    n − 1 ring steps."""
+    broadcast busbw = algbw, so ``nbytes`` at the bus bandwidth), latency n − 1 ring steps.
+    The efficiency is the profile's measured broadcast curve where ``meshplan calibrate``
+    timed broadcasts on the link's class, else the all-reduce/all-gather curve."""
     if link.size <= 1 or nbytes <= 0:
         return 0.0
-    return nbytes / link.bandwidth_bytes_per_s(nbytes) + call_latency_s(link, "all_gather")
+    return nbytes / link.broadcast_bytes_per_s(nbytes) + call_latency_s(link, "broadcast")
 
 
 def p2p_s(link: GroupLink, nbytes: float) -> float:

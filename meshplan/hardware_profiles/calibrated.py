@@ -32,7 +32,8 @@ from typing import Any, Iterable, Mapping
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.cluster import Cluster
-from meshplan.hardware_profiles.collective_latency import legacy_split, nvlink_curve
+from meshplan.hardware_profiles.collective_latency import (broadcast_curve, legacy_split,
+                                                           nvlink_curve)
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
@@ -48,7 +49,8 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
              "overlap_interference", "membound_efficiency", "fp8_gemm_efficiency",
-             *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS)
+             *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS,
+             "nvlink_broadcast_efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,7 +308,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
 def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]:
     """The cluster fields a profile's latency keys set (see
     :mod:`meshplan.hardware_profiles.collective_latency`), and for a profile with only the
-    old ``intra_latency_us`` its NVLink curve re-read from its stored collective rows.
+    old ``intra_latency_us`` its NVLink (and broadcast) curves re-read from its stored collective rows.
 
     New keys replace the cluster's values one by one. The old key alone (profiles written
     before the split, and calibrations of 2-GPU nodes) is half the 2-rank probe: α_base is
@@ -322,12 +324,17 @@ def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]
         return out
     base_us, step_us = legacy_split(prof.intra_latency_us, cluster.intra_latency_us)
     out["collective_base_latency_us"] = base_us
-    if prof.collective_rows and "nvlink_efficiency" in prof.measured:
-        ref = builtin_gpu(prof.base_gpu) if prof.base_gpu in builtin_gpu_names() else None
-        curve_ = nvlink_curve(prof.collective_rows, prof.gpu.nvlink_gbps, base_us * 1e-6,
-                              step_us * 1e-6, ref.nvlink_efficiency if ref else None)
-        if curve_ is not None:
-            out["gpu"] = replace(prof.gpu, nvlink_efficiency=curve_)
+    ref = builtin_gpu(prof.base_gpu) if prof.base_gpu in builtin_gpu_names() else None
+    changes = {}
+    for key, read in (("nvlink_efficiency", nvlink_curve),
+                      ("nvlink_broadcast_efficiency", broadcast_curve)):
+        if prof.collective_rows and key in prof.measured:
+            curve_ = read(prof.collective_rows, prof.gpu.nvlink_gbps, base_us * 1e-6,
+                          step_us * 1e-6, ref.nvlink_efficiency if ref else None)
+            if curve_ is not None:
+                changes[key] = curve_
+    if changes:
+        out["gpu"] = replace(prof.gpu, **changes)
     return out
 
 

@@ -42,7 +42,9 @@ from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "p2p", "all_to_all")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p", "all_to_all")
+# the ops the NVLink curve is read from; broadcast has its own curve (broadcast_curve)
+CURVE_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 # Collective sizes whose time is mostly latency are kept out of the bandwidth curve, and so
 # is any row whose latency (α_base + steps·α_step, read from the probe) explains more than
 # half its time: the rest is too small a difference of two timings to read a bandwidth
@@ -60,7 +62,7 @@ def ring_steps(op: str, n: int, nodes: int = 1) -> tuple[int, int]:
     k = max(1, nodes)
     if op == "all_reduce":
         return 2 * (n - 1), 2 * (k - 1)
-    if op in ("reduce_scatter", "all_gather"):
+    if op in ("reduce_scatter", "all_gather", "broadcast"):
         return n - 1, k - 1
     if op == "p2p":
         return 1, 1 if k > 1 else 0
@@ -76,10 +78,10 @@ def bus_bytes(op: str, n: int, nbytes: float) -> float:
         return 2 * (n - 1) / n * nbytes
     if op in ("reduce_scatter", "all_gather"):
         return (n - 1) / n * nbytes
-    if op == "p2p":
+    if op in ("p2p", "broadcast"):   # broadcast: pipelined along the ring, busbw = algbw
         return float(nbytes)
     raise ProfileError(f"unknown collective {op!r}; expected all_reduce, reduce_scatter, "
-                       f"all_gather or p2p")
+                       f"all_gather, broadcast or p2p")
 
 
 def call_latency_s(op: str, n: int, base_s: float, step_s: float) -> float:
@@ -132,16 +134,26 @@ def bandwidth_bound(row: Mapping[str, Any], base_s: float, step_s: float) -> boo
 
 
 def nvlink_curve(rows: Iterable[Mapping[str, Any]], link_gbps: float, base_s: float,
-                 step_s: float, base_curve: Curve | None) -> Curve | None:
+                 step_s: float, base_curve: Curve | None,
+                 ops: tuple[str, ...] = CURVE_OPS) -> Curve | None:
     """The NVLink efficiency curve of timed collective rows (op, group_size, nbytes,
-    seconds; p2p rows and rows mostly latency left out: :func:`bandwidth_bound`), outside
-    the sizes kept the ``base_curve``'s shape. None without usable rows."""
+    seconds) of ``ops`` (p2p and broadcast rows, and rows mostly latency, left out:
+    :func:`bandwidth_bound`), outside the sizes kept the ``base_curve``'s shape. None
+    without usable rows."""
     pts = merge_points((r["nbytes"], row_efficiency(r["op"], r["group_size"], r["nbytes"],
                                                     r["seconds"], link_gbps, base_s, step_s))
-                       for r in rows if r.get("op") != "p2p" and r.get("seconds", 0) > 0
+                       for r in rows if r.get("op") in ops and r.get("seconds", 0) > 0
                        and bandwidth_bound(r, base_s, step_s))
     return extend_with_base(pts, base_curve) if pts else None
 
 
-__all__ = ["MIN_CURVE_MESSAGE_BYTES", "MIN_BANDWIDTH_SHARE", "bandwidth_bound", "bus_bytes", "call_latency_s", "legacy_split",
+def broadcast_curve(rows: Iterable[Mapping[str, Any]], link_gbps: float, base_s: float,
+                    step_s: float, base_curve: Curve | None) -> Curve | None:
+    """The NVLink efficiency curve of the timed broadcast rows alone (read as
+    :func:`nvlink_curve` reads the other collectives; bus bytes = the buffer). None without
+    broadcast rows."""
+    return nvlink_curve(rows, link_gbps, base_s, step_s, base_curve, ops=("broadcast",))
+
+
+__all__ = ["CURVE_OPS", "MIN_CURVE_MESSAGE_BYTES", "broadcast_curve", "MIN_BANDWIDTH_SHARE", "bandwidth_bound", "bus_bytes", "call_latency_s", "legacy_split",
            "nvlink_curve", "ring_steps", "row_efficiency", "split_latency"]

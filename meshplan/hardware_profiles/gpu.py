@@ -56,6 +56,9 @@ class GPUSpec:
     # efficiency of one expert's GEMM inside a grouped GEMM (MoE), by that GEMM's FLOPs; None:
     # the dense GEMM curve at the per-expert shape (meshplan.costmodel.moe_layer)
     grouped_gemm_efficiency: Curve | None = None
+    # NVLink efficiency of a broadcast (bus bytes = the buffer), by message size, where
+    # ``meshplan calibrate`` timed broadcasts; None: nvlink_efficiency (meshplan.costmodel.comm)
+    nvlink_broadcast_efficiency: Curve | None = None
     # the numbers of the cost model's empirical corrections (meshplan.costmodel.corrections)
     corrections: CorrectionNumbers = field(default_factory=builtin_corrections)
     # fp8 (meshplan.costmodel.fp8_cost): the fp8 GEMM efficiency curve (fraction of the fp8
@@ -131,5 +134,7 @@ class GPUSpec:
                if self.fp8_torch_recipes else {}),
             **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list()}
                if self.grouped_gemm_efficiency is not None else {}),
+            **({"nvlink_broadcast_efficiency": self.nvlink_broadcast_efficiency.to_list()}
+               if self.nvlink_broadcast_efficiency is not None else {}),
             **{k: getattr(self, k) for k in HOST_KEYS if getattr(self, k) > 0},
         }

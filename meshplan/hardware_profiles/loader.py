@@ -118,6 +118,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
         grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),
+        nvlink_broadcast_efficiency=(curve(t, "nvlink_broadcast_efficiency", where)
+                                     if "nvlink_broadcast_efficiency" in t else None),
     )
 
 

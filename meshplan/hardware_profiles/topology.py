@@ -37,7 +37,8 @@ class GroupLink:
     where it spans nodes); ``intra_hop_latency_s`` that of a step inside a node of a group
     that spans nodes (None: ``hop_latency_s``); ``base_latency_s`` once per call
     (:mod:`meshplan.hardware_profiles.collective_latency`); ``link_class`` "nvlink" or
-    "network".
+    "network". ``broadcast_efficiency`` is the measured efficiency curve of broadcasts on
+    the link (None: ``efficiency``).
     """
 
     size: int
@@ -49,18 +50,24 @@ class GroupLink:
     ranks_per_node: int
     base_latency_s: float = 0.0
     intra_hop_latency_s: float | None = None
+    broadcast_efficiency: Curve | None = None
 
     def __hash__(self) -> int:  # cached: links key the cost model's caches
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.size, self.link_class, self.busbw_gbps, self.hop_latency_s,
                       self.efficiency, self.nodes_spanned, self.ranks_per_node,
-                      self.base_latency_s, self.intra_hop_latency_s))
+                      self.base_latency_s, self.intra_hop_latency_s,
+                      self.broadcast_efficiency))
             object.__setattr__(self, "_hash", h)
         return h
 
     def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
         return self.busbw_gbps * 1e9 * self.efficiency(message_bytes)
+
+    def broadcast_bytes_per_s(self, message_bytes: float) -> float:
+        eff = self.efficiency if self.broadcast_efficiency is None else self.broadcast_efficiency
+        return self.busbw_gbps * 1e9 * eff(message_bytes)
 
     def latency_s(self, steps: int, inter_steps: int = 0) -> float:
         """One call of ``steps`` ring steps, ``inter_steps`` of them between nodes."""
@@ -142,7 +149,8 @@ def group_link(cluster, size: int, stride: int) -> GroupLink:
         bw = min(g.edges[u, v]["bandwidth_gbps"] for u, v in zip(path, path[1:]))
         lat = sum(g.edges[u, v]["latency_s"] for u, v in zip(path, path[1:]))
         return GroupLink(size, "nvlink", bw, lat, cluster.gpu.nvlink_efficiency, 1, size,
-                         base_latency_s=base_lat)
+                         base_latency_s=base_lat,
+                         broadcast_efficiency=cluster.gpu.nvlink_broadcast_efficiency)
     # A hop between nodes: representative ranks in node 0 and node 1 of the two-node graph.
     members0 = [r % gpn for r in ranks if r // gpn == node_of[0]]
     a_local = members0[-1]

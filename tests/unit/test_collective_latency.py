@@ -68,8 +68,9 @@ def test_ring_over_nodes_pays_the_network_only_on_node_crossings():
 def test_ring_steps_refuse_unknown_ops():
     assert cl.ring_steps("all_reduce", 8, 2) == (14, 2)
     assert cl.ring_steps("all_to_all", 16, 2) == (15, 8)   # 8 of the 15 peers are remote
-    with pytest.raises(Exception, match="broadcast"):
-        cl.ring_steps("broadcast", 4)
+    assert cl.ring_steps("broadcast", 8, 2) == (7, 1)      # pipelined along the ring
+    with pytest.raises(Exception, match="'scatter'"):
+        cl.ring_steps("scatter", 4)
 
 
 def test_a_cluster_file_without_the_base_key_keeps_per_step_latency(tmp_path):
@@ -264,3 +265,14 @@ def test_probe_runs_on_2_ranks_and_the_whole_node_and_splits(tmp_path):
     c = apply_profile(H100, path, override=True)
     assert c.collective_base_latency_us == pytest.approx(base_s * 1e6, rel=1e-4)
     assert c.intra_latency_us == pytest.approx(step_s * 1e6, rel=1e-4, abs=1e-9)
+    # broadcasts ran at the same sizes and groups as the all-gathers, and the profile keeps them
+    def sizes(op):
+        return sorted((r["group_size"], r["nbytes"]) for r in rows["collectives"]
+                      if r["op"] == op)
+    assert sizes("broadcast") == sizes("all_gather") and len(sizes("broadcast")) == 4
+    assert all(r["seconds"] > 0 for r in rows["collectives"] if r["op"] == "broadcast")
+    kept = {r["op"] for r in load_profile(path).collective_rows}
+    assert "broadcast" in kept
+    has_curve = cl.broadcast_curve(rows["collectives"], doc["gpu"]["nvlink_gbps"], base_s,
+                                   step_s, None) is not None
+    assert ("nvlink_broadcast_efficiency" in doc["measured"]) == has_curve

@@ -4,10 +4,14 @@ all-gather; Megatron's ZeRO-1 keeps its all-gather."""
 
 import pytest
 
+from meshplan.calibrate import profile as prof
+from meshplan.calibrate.tomlfile import dumps, write_text_atomic
 from meshplan.costmodel import comm
 from meshplan.costmodel.memory import stage_params, state_bytes_per_param
 from meshplan.costmodel.tables import layer_tables
-from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles import Cluster, builtin_gpu
+from meshplan.hardware_profiles import collective_latency as cl
+from meshplan.hardware_profiles.calibrated import apply_profile
 from meshplan.spec import Job, Layout, ModelSpec
 
 MODEL = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_heads=16, vocab_size=32000,
@@ -53,3 +57,72 @@ def test_broadcast_moves_the_whole_buffer_at_the_bus_bandwidth():
         n / link.bandwidth_bytes_per_s(n) + comm.call_latency_s(link, "all_gather"))
     assert comm.broadcast_s(CLUSTER.group_link(1, 1), n) == 0.0
     assert comm.broadcast_s(link, 0.0) == 0.0
+
+
+# ---- the measured broadcast curve (meshplan calibrate's broadcast rows) ---------------------
+H100 = builtin_gpu("H100-SXM5-80GB")
+BIG = 1 << 28
+
+
+def _timed(op, n, nbytes, eff, base_s, step_s):
+    """A row timed as the model prices ``op`` at efficiency ``eff`` of H100's NVLink."""
+    return {"op": op, "group_size": n, "nbytes": nbytes, "iters": 5,
+            "seconds": (cl.call_latency_s(op, n, base_s, step_s)
+                        + cl.bus_bytes(op, n, nbytes) / (H100.nvlink_gbps * 1e9 * eff))}
+
+
+def _profile(tmp_path, probes, base_s, step_s, *, broadcast: bool, groups=(2, 8)):
+    coll = [_timed("all_reduce", n, BIG, 0.6, base_s, step_s) for n in groups]
+    if broadcast:
+        coll += [_timed("broadcast", n, BIG, 0.8, base_s, step_s) for n in groups]
+    doc = prof.build_profile(measurements={"latency": probes, "collectives": coll}, base=H100,
+                             device="cuda", provenance={"machine": "t"})
+    path = write_text_atomic(tmp_path / f"b{int(broadcast)}.toml", dumps(doc))
+    return doc, coll, apply_profile(CLUSTER, path)
+
+
+def _split_probes(base_s, step_s):
+    return [{"op": "all_reduce", "group_size": n, "nbytes": 256, "iters": 50,
+             "seconds": base_s + 2 * (n - 1) * step_s} for n in (2, 8)]
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_a_profile_with_broadcast_rows_prices_broadcasts_from_them(tmp_path, n):
+    base_s, step_s = 20e-6, 1e-6
+    doc, coll, cal = _profile(tmp_path, _split_probes(base_s, step_s), base_s, step_s,
+                              broadcast=True)
+    assert "nvlink_broadcast_efficiency" in doc["measured"]
+    link = cal.group_link(n, 1)
+    row = next(r for r in coll if r["op"] == "broadcast" and r["group_size"] == n)
+    assert comm.broadcast_s(link, BIG) == pytest.approx(row["seconds"], rel=1e-4)
+    # the broadcast rows stay out of the NVLink curve: all-reduce still prices at 0.6
+    ar = next(r for r in coll if r["op"] == "all_reduce" and r["group_size"] == n)
+    assert comm.all_reduce_s(link, BIG) == pytest.approx(ar["seconds"], rel=1e-4)
+    assert link.efficiency(BIG) == pytest.approx(0.6, rel=1e-4)
+    assert link.broadcast_efficiency(BIG) == pytest.approx(0.8, rel=1e-4)
+
+
+def test_without_broadcast_rows_the_collectives_curve_prices_broadcasts(tmp_path):
+    base_s, step_s = 20e-6, 1e-6
+    doc, _, cal = _profile(tmp_path, _split_probes(base_s, step_s), base_s, step_s,
+                           broadcast=False)
+    assert "nvlink_broadcast_efficiency" not in doc["gpu"]
+    link = cal.group_link(2, 1)
+    assert link.broadcast_efficiency is None
+    assert comm.broadcast_s(link, BIG) == pytest.approx(
+        BIG / link.bandwidth_bytes_per_s(BIG) + comm.call_latency_s(link, "all_gather"))
+    # and a datasheet cluster likewise
+    assert CLUSTER.group_link(2, 1).broadcast_efficiency is None
+
+
+def test_a_2_gpu_node_profile_rereads_its_broadcast_curve_with_the_old_key(tmp_path):
+    """A node of 2 GPUs (round 38's 2 x H200) keeps the old latency key; the broadcast
+    curve is re-read with the latency apply_profile gives it, as the NVLink curve is, so the
+    timed broadcast is reproduced."""
+    probe_s = 30e-6
+    _, coll, cal = _profile(tmp_path, [{"op": "all_reduce", "group_size": 2, "nbytes": 256,
+                                        "iters": 50, "seconds": probe_s}],
+                            probe_s, 0.0, broadcast=True, groups=(2,))
+    row = next(r for r in coll if r["op"] == "broadcast" and r["group_size"] == 2)
+    assert comm.broadcast_s(cal.group_link(2, 1), BIG) == pytest.approx(row["seconds"],
+                                                                          rel=1e-4)
