@@ -56,7 +56,7 @@ def report(repeats: list[dict], gpu_name: str) -> list[str]:
         splits.append(split)
         base_s, step_s = split if split else (probe2, 0.0)
         others = [r for j, o in enumerate(repeats) if j != i for r in o["collectives"]
-                  if r["op"] != "p2p" and r["nbytes"] <= HELD_OUT_MAX_BYTES]
+                  if r["op"] in cl.CURVE_OPS and r["nbytes"] <= HELD_OUT_MAX_BYTES]
         by_n: dict[int, list[tuple[float, float]]] = {}
         for r in others:
             t = r["seconds"]

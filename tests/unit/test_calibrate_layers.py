@@ -277,6 +277,14 @@ def test_two_rank_calibration_runs_the_rounds_the_budget_allows(two_rank_profile
     assert doc["provenance"]["layer_rounds"] == 2
     assert doc["provenance"]["time_budget_s"] == 100000.0
     assert {(r["tp"], r["zero"]) for r in doc["layers"]} >= {(1, 0), (2, 0), (1, 2), (1, 3)}
+    # the collective benchmark timed broadcasts at the all-gathers' sizes, and they were kept
+    coll = doc["measurements"]["collectives"]
+    gathers = sorted((r["group_size"], r["nbytes"]) for r in coll if r["op"] == "all_gather")
+    bcasts = sorted((r["group_size"], r["nbytes"]) for r in coll if r["op"] == "broadcast")
+    assert bcasts == gathers and gathers
+    assert all(r["seconds"] > 0 for r in coll if r["op"] == "broadcast")
+    if "nvlink_broadcast_efficiency" in doc["measured"]:
+        assert all(0 < y <= 1 for _, y in doc["gpu"]["nvlink_broadcast_efficiency"])
 
 
 @pytest.mark.distributed
