@@ -114,5 +114,6 @@ def _bench_p2p(sizes_bytes, device, dtype, esize, iters, rows, progress, group) 
 def count_steps(world: int, local_world: int, n_sizes: int) -> int:
     groups = node_group_sizes(world, local_world)
     probes = latency_sizes(groups)
-    return sum(len(COLLECTIVE_OPS) * n_sizes + (1 if n in probes else 0) + (n_sizes if n == 2 else 0)
+    return sum(len(COLLECTIVE_OPS) * n_sizes + (1 if n in probes else 0)
+               + (n_sizes if n == 2 else 0)
                for n in groups)

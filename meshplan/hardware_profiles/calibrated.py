@@ -308,7 +308,8 @@ def load_profile(path: str | Path) -> CalibratedProfile:
 def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]:
     """The cluster fields a profile's latency keys set (see
     :mod:`meshplan.hardware_profiles.collective_latency`), and for a profile with only the
-    old ``intra_latency_us`` its NVLink (and broadcast) curves re-read from its stored collective rows.
+    old ``intra_latency_us`` its NVLink (and broadcast) curves re-read from its stored
+    collective rows.
 
     New keys replace the cluster's values one by one. The old key alone (profiles written
     before the split, and calibrations of 2-GPU nodes) is half the 2-rank probe: α_base is

@@ -155,5 +155,6 @@ def broadcast_curve(rows: Iterable[Mapping[str, Any]], link_gbps: float, base_s:
     return nvlink_curve(rows, link_gbps, base_s, step_s, base_curve, ops=("broadcast",))
 
 
-__all__ = ["CURVE_OPS", "MIN_CURVE_MESSAGE_BYTES", "broadcast_curve", "MIN_BANDWIDTH_SHARE", "bandwidth_bound", "bus_bytes", "call_latency_s", "legacy_split",
-           "nvlink_curve", "ring_steps", "row_efficiency", "split_latency"]
+__all__ = ["CURVE_OPS", "MIN_CURVE_MESSAGE_BYTES", "MIN_BANDWIDTH_SHARE", "bandwidth_bound",
+           "broadcast_curve", "bus_bytes", "call_latency_s", "legacy_split", "nvlink_curve",
+           "ring_steps", "row_efficiency", "split_latency"]

@@ -100,6 +100,9 @@ def test_a_profile_with_broadcast_rows_prices_broadcasts_from_them(tmp_path, n):
     assert comm.all_reduce_s(link, BIG) == pytest.approx(ar["seconds"], rel=1e-4)
     assert link.efficiency(BIG) == pytest.approx(0.6, rel=1e-4)
     assert link.broadcast_efficiency(BIG) == pytest.approx(0.8, rel=1e-4)
+    # a plan file's cluster keeps the curve
+    again = Cluster.from_dict(cal.to_dict()).group_link(n, 1)
+    assert again.broadcast_efficiency == link.broadcast_efficiency
 
 
 def test_without_broadcast_rows_the_collectives_curve_prices_broadcasts(tmp_path):
