@@ -41,7 +41,8 @@ def category(name: str) -> str:
     return "other"
 
 
-def _union_us(intervals: list[tuple[float, float]]) -> float:
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length (µs) of the union of [start, end) intervals."""
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
         if b <= end:
@@ -104,7 +105,7 @@ def summarise(path: Path, top: int = 30) -> str:
                   "dur": b - a}]
     for s in steps:
         a, b = s["ts"], s["ts"] + s["dur"]
-        busy = _union_us([(max(a, g["ts"]), min(b, g["ts"] + g["dur"])) for g in gpu
+        busy = union_us([(max(a, g["ts"]), min(b, g["ts"] + g["dur"])) for g in gpu
                           if g["ts"] < b and g["ts"] + g["dur"] > a])
         lines.append(f"{s['name']}: wall {s['dur'] / 1e3:.1f} ms, GPU busy {busy / 1e3:.1f} ms "
                      f"({100 * busy / s['dur']:.0f} %), idle {(s['dur'] - busy) / 1e3:.1f} ms")

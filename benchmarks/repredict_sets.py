@@ -23,6 +23,8 @@ import json
 import re
 import statistics
 import sys
+import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,8 +68,6 @@ def set_context(name: str, measured: dict[str, dict], data: Path = DATA):
 def as_run_executor(cluster, profile: Path):
     """``cluster`` with the FSDP2 per-step term of the executor these sets ran, where their
     profile does not carry one of its own."""
-    import tomllib
-    from dataclasses import replace
     own = tomllib.loads(profile.read_text()).get("corrections", {})
     if "fsdp2_dp_only_step_s" in own:
         return cluster

@@ -16,7 +16,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from moe_trace_summary import _union_us as busy_union_us
+from moe_trace_summary import union_us
 
 
 def summarize(path: Path) -> dict:
@@ -35,7 +35,7 @@ def summarize(path: Path) -> dict:
     out = {"trace": str(path), "kernels": len(kernels)}
     if kernels:
         span = max(b for _, b in kernels) - min(a for a, _ in kernels)
-        busy = busy_union_us(kernels)
+        busy = union_us(kernels)
         out.update(span_ms=span / 1e3, busy_ms=busy / 1e3, idle_ms=(span - busy) / 1e3)
     out["top"] = {cat: sorted(((n, c, d / 1e3) for n, (c, d) in t.items()),
                               key=lambda r: -r[1]) for cat, t in by_cat.items()}

@@ -53,6 +53,7 @@ mean 2.19 → 2.04 % over the 24 layouts (with this term alone).
 
 from __future__ import annotations
 
+from meshplan.costmodel.compute import hbm_s
 from meshplan.costmodel.memory import compute_weight_bytes_per_param, stage_params
 from meshplan.hardware_profiles import GPUSpec
 from meshplan.spec import Job, Layout, ModelSpec
@@ -71,8 +72,7 @@ def autocast_casts(model: ModelSpec, job: Job, layout: Layout) -> bool:
 
 
 def _cast_s(gpu: GPUSpec, params: float, copy_b: float) -> float:
-    return params * (MASTER_BYTES + copy_b) / (gpu.hbm_gbps * 1e9
-                                               * gpu.op_hbm_efficiency(COPY_OP))
+    return hbm_s(gpu, params * (MASTER_BYTES + copy_b), COPY_OP)
 
 
 def layer_cast_s(model: ModelSpec, gpu: GPUSpec, job: Job, layout: Layout, *,

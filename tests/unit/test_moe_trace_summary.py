@@ -24,7 +24,7 @@ def test_self_time_nesting_busy_time_and_categories(tmp_path):
            "pid": 1, "tid": 1}]
     ops = [e for e in ev if e["cat"] == "cpu_op"]
     assert sorted(ts.self_times(ops).values()) == [10.0, 20.0, 40.0]   # linear 30 - mm 20
-    assert ts._union_us([(20, 50), (40, 60)]) == 40
+    assert ts.union_us([(20, 50), (40, 60)]) == 40
     assert ts.category("nvjet_tst_128x256") == "GEMM"
     assert ts.category("ncclDevKernel_SendRecv") == "nccl"
     path = tmp_path / "trace_rank0.json"
