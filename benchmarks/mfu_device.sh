@@ -8,6 +8,11 @@
 #   bash benchmarks/mfu_device.sh            # results: $OUT/mfu.tar.gz and $OUT/summary.md
 #   PLAN=path.json bash benchmarks/mfu_device.sh      # another plan file
 #   EAGER=0 ...                              # without the eager DDP script (about 25 s less)
+#   TITAN=1 ...    # + torchtitan in the same call (its wheels carried in $CARRY, default
+#                  # .titan_carry: benchmarks/torchtitan_wheels.sh): titan_compiled (Llama 3
+#                  # architecture at gpt3-1.3b's size, FSDP2 over the 4 GPUs, 4 sequences each:
+#                  # the same 16 x 2048 tokens a step) and dp4z2_llama_compiled (the executor on
+#                  # that Llama-shaped model); $OUT/titan_summary.md and .json compare them
 # Plans: benchmarks/plans/gpt3-1.3b_dgx-h200x4_gb16_compile.json (made on a CPU machine with
 # the calibrated profile docs/benchmarks/data/profiles/profile_h200x4_compile_20261128.toml,
 # which has compiled layer rows, so the planner searched Layout.compile); on H100 the older
@@ -15,7 +20,7 @@
 # layouts are written as plans on the plan file's cluster (its measured rows included), so
 # both are compared with the cost model on the whole profile. Each run has its own time
 # limit (and the whole script DEADLINE s); a run that fails or times out is recorded and
-# the rest go on. $OUT gets 3 files.
+# the rest go on. $OUT gets 3 files (5 with TITAN=1).
 set -u
 OUT=${OUT:-/tmp/mfu_out}
 DEADLINE=${DEADLINE:-540}
@@ -27,9 +32,12 @@ case "$PLAN" in *h200*) PLAN=${PLAN%.json}_compile.json
                 *) PROFILE=docs/benchmarks/data/profiles/profile_h100x4_round18.toml ;; esac
 [ -n "$GIVEN_PLAN" ] && PLAN=$GIVEN_PLAN
 echo "plan used $PLAN" >> "$W/env.txt"
-python3 - "$PLAN" "$PROFILE" "$W/best.json" "$W/dp4z2.json" "$W/same.txt" <<'PY'
+python3 - "$PLAN" "$PROFILE" "$W/best.json" "$W/dp4z2.json" "$W/same.txt" \
+  "$W/dp4z2_llama.json" <<'PY'
 import sys
 from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from torchtitan_bench import llama_shape_spec
 from meshplan.executor.planfiles import write_plan_for_layout
 from meshplan.hardware_profiles.calibrated import apply_profile
 from meshplan.planner.planfile import load_plan_file
@@ -40,6 +48,7 @@ dp4z2 = Layout(dp=4, micro_batch=4, zero=2, compile=True)
 for out, layout in ((sys.argv[3], rec.layout), (sys.argv[4], dp4z2)):
     write_plan_for_layout(out, rec.model, rec.job, layout, cluster)
 same = (rec.layout.short(), rec.layout.compile) == (dp4z2.short(), dp4z2.compile)
+write_plan_for_layout(sys.argv[6], llama_shape_spec(), rec.job, dp4z2, cluster)
 Path(sys.argv[5]).write_text("same\n" if same else "")
 PY
 TR="python3 -m torch.distributed.run --standalone --nproc-per-node=4"
@@ -54,6 +63,15 @@ else
   run dp4z2_compiled 110 $TR $EX --plan "$W/dp4z2.json" --out "$W/dp4z2_compiled.json"
 fi
 run ddp_compiled  100 $TR benchmarks/baseline_ddp.py --compile --out "$W/ddp_compiled.json"
+if [ "${TITAN:-0}" = 1 ]; then
+  titan_install "${CARRY:-.titan_carry}" /tmp/titan_site
+  run titan_compiled 130 env PYTHONPATH="/tmp/titan_site:$PYTHONPATH" HF_HUB_OFFLINE=1 \
+    HF_DATASETS_OFFLINE=1 $TR benchmarks/torchtitan_bench.py --warmup 5 \
+    --job.config_file benchmarks/torchtitan_gpt3_1.3b.toml --compile.enable \
+    --out "$W/titan_compiled.json"
+  run dp4z2_llama_compiled 100 $TR $EX --plan "$W/dp4z2_llama.json" \
+    --out "$W/dp4z2_llama_compiled.json"
+fi
 if [ "${EAGER:-1}" != 0 ]; then
   run ddp_eager       60 $TR benchmarks/baseline_ddp.py --out "$W/ddp_eager.json"
 fi
@@ -84,5 +102,10 @@ run compile_sp_probe 100 python3 -m torch.distributed.run --standalone --nproc-p
   benchmarks/compile_sp_probe.py --out "$W/compile_sp_probe.json"
 python3 benchmarks/mfu_summary.py "$W" > "$W/summary.md" 2>&1
 cp "$W/summary.md" "$OUT/summary.md"
+if [ "${TITAN:-0}" = 1 ]; then
+  python3 benchmarks/torchtitan_summary.py "$W" "$BEST" dp4z2_compiled ddp_compiled \
+    titan_compiled dp4z2_llama_compiled --json "$OUT/titan_summary.json" \
+    > "$OUT/titan_summary.md" 2>&1
+fi
 tar czf "$OUT/mfu.tar.gz" --exclude='trace_rank*.json' -C /tmp mfu
 cat "$OUT/summary.md"

@@ -5,6 +5,8 @@
 # run NAME LIMIT_S COMMAND...: COMMAND under `timeout LIMIT_S` (at most what is left of
 # $DEADLINE seconds of the script, if set; skipped under 60 s), its output in $W/NAME.log,
 # "NAME rc=RC WALL s" in $W/runs.txt; returns its exit status.
+# titan_install CARRY SITE: pip-installs the wheels carried in CARRY/wheels (torchtitan and what
+# it needs that the device lacks) into SITE, which only the torchtitan runs put on PYTHONPATH.
 mfu_setup() {
   W=$1; rm -rf "$W"; mkdir -p "$W" "$OUT"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,4 +31,15 @@ run() {
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$W/runs.txt"
   return $rc
+}
+
+titan_install() {
+  local carry=$1 site=$2
+  rm -rf "$site"
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+       "$carry"/wheels/*.whl > "$W/pip.log" 2>&1; then
+    echo "carried wheels installed: $(cd "$carry/wheels" && ls | tr '\n' ' ')" >> "$W/env.txt"
+  else
+    echo "pip install of the carried wheels failed (see pip.log)" | tee -a "$W/runs.txt"
+  fi
 }

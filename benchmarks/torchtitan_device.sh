@@ -23,13 +23,7 @@ SITE=/tmp/titan_site
 . benchmarks/mfu_lib.sh
 mfu_setup /tmp/titan "" ""
 sed -i 's/^plan /cluster preset /' "$W/env.txt"
-rm -rf "$SITE"
-if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
-     "$CARRY"/wheels/*.whl > "$W/pip.log" 2>&1; then
-  echo "carried wheels installed: $(cd "$CARRY/wheels" && ls | tr '\n' ' ')" >> "$W/env.txt"
-else
-  echo "pip install of the carried wheels failed (see pip.log)" | tee -a "$W/runs.txt"
-fi
+titan_install "$CARRY" "$SITE"
 python3 - "$W" "${TINY:-}" <<'PY'
 import sys
 sys.path.insert(0, "benchmarks")
