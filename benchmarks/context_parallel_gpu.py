@@ -10,6 +10,8 @@ per-rank ``predicted_bytes``, the executor's ``errors_pct``).
 
     python benchmarks/context_parallel_gpu.py --out $OUT              # 4 GPUs, ≈ 8 minutes
     python benchmarks/context_parallel_gpu.py --estimate              # the predictions, no GPU
+    python benchmarks/context_parallel_gpu.py --set benchmarks/sets/cp40/set.json --out $OUT
+                                      # a drawn held-out set (benchmarks/cp_draw.py): its model
     python benchmarks/context_parallel_gpu.py --out /tmp/x --device cpu --tiny --only cp2-dp2-zero1-ring-32k
     python benchmarks/context_parallel_gpu.py --out $OUT --profile \
         --only cp1-dp4-zero1-16k,cp1-tp4-sp-32k,cp4-zero1-a2a-64k    # + kernel times per op
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import executor_gpu as eg  # noqa: E402
-from meshplan.spec import Job, Layout  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
 MODEL = dataclasses.replace(eg.MODEL, max_seq_len=65536)   # 16 heads / 8 kv: a2a up to tp·cp 8
 TINY = dataclasses.replace(eg.TINY, max_seq_len=256)
@@ -71,6 +73,13 @@ def cases() -> list[Case]:
              L(cp=2, tp=2, sequence_parallel=True, zero=1, cp_style="all-to-all")),
         Case("cp4-zero1-ring-selective-32k", 32768, L(cp=4, zero=1, recompute="selective")),
     ]
+
+
+def load_set(path: str) -> tuple[ModelSpec, list[Case]]:
+    """A set drawn by benchmarks/cp_draw.py: its model and cases."""
+    doc = json.loads(Path(path).read_text())
+    return ModelSpec.from_dict(doc["model"]), [
+        Case(c["name"], c["seq_len"], Layout.from_dict(c["layout"])) for c in doc["cases"]]
 
 
 def job_for(case: Case, tiny: bool) -> Job:
@@ -147,15 +156,19 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="a tiny fp32 model (CPU check)")
     p.add_argument("--only", default=None, help="comma-separated layout names")
+    p.add_argument("--set", default=None,
+                   help="a set drawn by benchmarks/cp_draw.py (its model and layouts)")
     p.add_argument("--estimate", action="store_true", help="print the predictions and exit")
     p.add_argument("--allow-gpu-mismatch", action="store_true")
     p.add_argument("--profile", action="store_true",
                    help="also record each layout's kernel times per op (cp_gpu_top_ops.tar.gz)")
     args = p.parse_args(argv)
     args.compile = False                           # what executor_gpu.run_case reads
-    model = TINY if args.tiny else MODEL
+    model, todo = (MODEL, cases()) if args.set is None else load_set(args.set)
+    if args.tiny:
+        model = TINY
     cluster = eg.cluster_for(args.device if not args.estimate else "cpu", 4)
-    todo = eg.select(p, cases(), args.only)
+    todo = eg.select(p, todo, args.only)
     if args.estimate:
         for c in todo:
             pred = eg.predict(model, cluster, job_for(c, args.tiny), c.layout)

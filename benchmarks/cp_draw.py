@@ -1,0 +1,131 @@
+"""Draw a held-out context-parallel check (issue 39 item 5): one never-run model and 8 layouts
+at 16k-64k tokens, cp 1/2/4 mixed with tp, dp and pp, ring and all-to-all, from a seed.
+
+    PYTHONPATH=. python benchmarks/cp_draw.py --seed 40 --out benchmarks/sets/cp40/set.json
+    python benchmarks/context_parallel_gpu.py --set benchmarks/sets/cp40/set.json --out $OUT
+
+The model is :func:`draw_models.draw_model`'s (GPT or Llama, MHA/GQA/MQA, 1.0-2.5 B
+parameters) with its context window raised to 64k. A layout is admissible when
+``check_layout`` and the executor's ``check_layout_runnable`` accept it on 4 GPUs and the
+datasheet prediction of its peak memory is under 70 % of an H200's 141 GB (room for what
+the prediction misses). Every layout trains 131,072 tokens a step (``global_batch =
+131072 // seq``, micro-batch 1), as ``context_parallel_gpu.py``'s fixed set does. The draw
+asks for cp 1 once or twice, cp 2 and cp 4 three times or more, and covers tp > 1, pp > 1 and
+both cp styles (a model whose heads allow no tp or no all-to-all is redrawn); it is written
+before any run and run as drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from draw_models import draw_model  # noqa: E402
+from meshplan.errors import MeshplanError  # noqa: E402
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
+
+TOKENS_PER_STEP = 131072
+SEQS = (16384, 32768, 65536)
+MEMORY_SHARE = 0.70
+N_LAYOUTS = 8
+
+
+def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, float]]:
+    """Every admissible (seq, layout, predicted peak bytes) on the 4 GPUs."""
+    from meshplan.costmodel import estimate
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec.validate import check_layout
+    out = []
+    for seq in SEQS:
+        job = Job(global_batch=TOKENS_PER_STEP // seq, seq_len=seq, precision="bf16",
+                  runtime="torch")
+        for cp in (1, 2, 4):
+            for tp in (1, 2, 4):
+                for pp in (1, 2):
+                    dp = 4 // (cp * tp * pp) if 4 % (cp * tp * pp) == 0 else 0
+                    if dp < 1:
+                        continue
+                    for style in (("ring", "all-to-all") if cp > 1 else ("ring",)):
+                        for zero in (0, 1, 3):
+                            if zero and dp * cp == 1 or zero == 3 and pp > 1:
+                                continue
+                            for rc in ("none", "selective", "full"):
+                                lay = Layout(dp=dp, cp=cp, tp=tp, pp=pp, cp_style=style,
+                                             zero=zero, recompute=rc, micro_batch=1,
+                                             sequence_parallel=tp > 1,
+                                             schedule="1f1b")
+                                try:
+                                    check_layout(model, cluster, job, lay)
+                                    check_layout_runnable(model, job, lay)
+                                    peak = estimate(model, cluster, job, lay).memory_peak_bytes
+                                except (MeshplanError, ValueError):
+                                    continue
+                                if peak <= MEMORY_SHARE * cluster.gpu.memory_bytes:
+                                    out.append((seq, lay, peak))
+    return out
+
+
+def covers(layouts: list[Layout]) -> bool:
+    """tp > 1, pp > 1 and both cp styles among the drawn layouts."""
+    return (any(lay.tp > 1 for lay in layouts) and any(lay.pp > 1 for lay in layouts)
+            and {lay.cp_style for lay in layouts if lay.cp > 1} == {"ring", "all-to-all"})
+
+
+def draw(seed: int) -> dict:
+    rng = random.Random(seed)
+    cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+    for attempt in range(1, 51):
+        base = draw_model(rng, f"c{seed}m{attempt:02d}", min_params=1.0e9, max_params=2.5e9)
+        model = dataclasses.replace(base, max_seq_len=65536)
+        pool = candidates(model, cluster)
+        by_cp = {c: [p for p in pool if p[1].cp == c] for c in (1, 2, 4)}
+        if len(by_cp[1]) < 1 or len(by_cp[2]) < 3 or len(by_cp[4]) < 3:
+            continue
+        want = {1: rng.choice((1, 2))}
+        want[2] = rng.choice((3, 4)) if want[1] == 1 else 3
+        want[4] = N_LAYOUTS - want[1] - want[2]
+        if any(len(by_cp[c]) < want[c] for c in want):
+            continue
+        for _ in range(200):
+            chosen = [p for c in (1, 2, 4) for p in rng.sample(by_cp[c], want[c])]
+            if covers([lay for _, lay, _ in chosen]):
+                return {"seed": seed, "attempt": attempt, "model": model.to_dict(),
+                        "tokens_per_step": TOKENS_PER_STEP, "pool": len(pool),
+                        "cases": [{"name": f"c{seed}-{i + 1:02d}", "seq_len": seq,
+                                   "layout": lay.to_dict(),
+                                   "datasheet_peak_gib": round(peak / 2**30, 1)}
+                                  for i, (seq, lay, peak) in enumerate(chosen)]}
+    raise SystemExit(f"seed {seed}: no model with enough admissible cp layouts in 50 draws")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="the set's JSON file")
+    args = ap.parse_args(argv)
+    if args.out.exists():
+        raise SystemExit(f"{args.out} exists: a drawn set is not redrawn over (pick another "
+                         f"--out or --seed)")
+    doc = draw(args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    m = ModelSpec.from_dict(doc["model"])
+    print(f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, heads {m.num_heads}/"
+          f"{m.num_kv_heads}, ffn {m.ffn_hidden_size}, vocab {m.vocab_size}, "
+          f"{m.num_params() / 1e9:.2f} B; {doc['pool']} admissible layouts")
+    for c in doc["cases"]:
+        print(f"  {c['name']} seq {c['seq_len']:6d} {Layout.from_dict(c['layout']).short()} "
+              f"({c['datasheet_peak_gib']} GiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
