@@ -1,0 +1,57 @@
+"""benchmarks/cp_draw.py: the held-out context-parallel draw, and the committed cp40 set."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cp_draw  # noqa: E402
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec.validate import check_layout  # noqa: E402
+
+
+def test_committed_cp40_is_what_the_seed_draws():
+    """The set that ran is the seed's draw (nothing edited by hand after the draw)."""
+    committed = json.loads((ROOT / "benchmarks/sets/cp40/set.json").read_text())
+    assert cp_draw.draw(40) == committed
+
+
+def test_draw_covers_and_admits():
+    doc = json.loads((ROOT / "benchmarks/sets/cp40/set.json").read_text())
+    model = ModelSpec.from_dict(doc["model"])
+    cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+    layouts = [Layout.from_dict(c["layout"]) for c in doc["cases"]]
+    assert len(layouts) == cp_draw.N_LAYOUTS
+    assert cp_draw.covers(layouts)
+    cps = [lay.cp for lay in layouts]
+    assert 1 <= cps.count(1) <= 2 and cps.count(2) >= 3 and cps.count(4) >= 3
+    for case, lay in zip(doc["cases"], layouts):
+        assert lay.num_gpus == 4
+        job = Job(global_batch=cp_draw.TOKENS_PER_STEP // case["seq_len"],
+                  seq_len=case["seq_len"], precision="bf16", runtime="torch")
+        check_layout(model, cluster, job, lay)          # raises if inadmissible
+        limit_bytes = cp_draw.MEMORY_SHARE * cluster.gpu.memory_bytes
+        assert case["datasheet_peak_gib"] * 2**30 <= limit_bytes * 1.001   # rounded to 0.1
+
+
+def test_covers_needs_tp_pp_and_both_styles():
+    ring = Layout(cp=2, dp=2)
+    a2a = Layout(cp=2, dp=2, cp_style="all-to-all")
+    tp, pp = Layout(tp=2, dp=2), Layout(pp=2, dp=2)
+    assert cp_draw.covers([ring, a2a, tp, pp])
+    assert not cp_draw.covers([ring, ring, tp, pp])
+    assert not cp_draw.covers([ring, a2a, pp])
+    assert not cp_draw.covers([ring, a2a, tp])
+
+
+def test_existing_set_is_not_redrawn_over(tmp_path):
+    out = tmp_path / "set.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit, match="exists"):
+        cp_draw.main(["--seed", "40", "--out", str(out)])
+    assert out.read_text() == "{}"
