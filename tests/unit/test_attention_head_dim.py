@@ -119,3 +119,23 @@ def test_the_ratio_travels_in_a_plan_file_and_bad_tables_are_refused():
     del table["attention_published"]
     with pytest.raises(mp.ProfileError, match="needs attention_published"):
         gpu_from_table("X", table, "my.toml [X]")
+
+
+def test_the_gpu_check_pairs_head_dims_at_equal_width_and_flops(load_benchmark):
+    ah = load_benchmark("attention_head_dim_gpu")
+    rows = [{"batch": s.batch, "seq": s.seq, "heads": s.heads, "head_dim": s.head_dim,
+             "efficiency": 0.5 if s.head_dim == 128 else 0.4} for s in ah.shapes()]
+    assert len(rows) == 14
+    pairs = {}
+    for r in rows:
+        pairs.setdefault((r["batch"], r["seq"], r["heads"] * r["head_dim"]), []).append(r)
+    assert all(len(p) == 2 and ah.flops_forward(p[0]) == ah.flops_forward(p[1])
+               for p in pairs.values())
+    lines = ah.compare({"rows": rows}).splitlines()[1:]
+    assert len(lines) == 7
+    gpu = builtin_gpu(H200)
+    for ln in lines:       # measured 0.8 against the sheet's ratio at that E
+        e, ratio = float(ln.split()[3]), ln.split()[-1]
+        assert ratio.startswith("0.800/")
+        assert float(ratio.split("/")[1]) == pytest.approx(
+            gpu.attention_head_dim_ratio[0][1](e), abs=1.5e-3)
