@@ -43,7 +43,9 @@ calibrate's own attention benchmark ran 0.52-0.55 of peak at 1.1e12-1.8e13 FLOPs
 tokens), where the curve from the FlashAttention-3 paper's cuDNN bars holds 0.491 (6-11 %
 slow), and −8..+19 % of the curve at 3.4e10-5.5e11. The GPU check's ten cp layouts (4 × H200,
 datasheet profile) move from 7.8 % mean / 17.8 % max to 9.3 % / 16.2 %, all too fast: what
-they miss lies outside attention.
+they miss lies outside attention. The head-dim ratio (5), post hoc on the cp40 check (8
+layouts of a head-dim-64 model, 4 × H200, all too fast by 7-16 %, the gap 0.21 × their
+attention time): 11.2 % mean / 15.5 % max → 2.4 % / 6.6 %; head-dim-128 rows unchanged.
 """
 
 from __future__ import annotations
