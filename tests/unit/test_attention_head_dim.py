@@ -139,3 +139,15 @@ def test_the_gpu_check_pairs_head_dims_at_equal_width_and_flops(load_benchmark):
         assert ratio.startswith("0.800/")
         assert float(ratio.split("/")[1]) == pytest.approx(
             gpu.attention_head_dim_ratio[0][1](e), abs=1.5e-3)
+
+
+def test_a_calibrated_profile_carries_no_ratio():
+    """calibrate times attention at the model's head dim: its one curve is the model's."""
+    from pathlib import Path
+
+    from meshplan.hardware_profiles.calibrated import load_profile
+    path = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "data" / "profiles"
+            / "profile_h200x4_round26.toml")
+    gpu = load_profile(path).gpu
+    assert gpu.attention_head_dim_ratio == ()
+    assert gpu.attention_efficiency_at(1e12, 64) == gpu.attention_efficiency(1e12)
