@@ -11,6 +11,11 @@ is a test. Usage (no GPU):
     python benchmarks/cp_gpu_posthoc.py RESULTS --attention-points \
         docs/benchmarks/data/attention_points_h200_20261128.json   # + the saved profile with
         # its attention curve re-fitted on 2k-64k points (what calibrate times since then)
+    python benchmarks/cp_gpu_posthoc.py docs/benchmarks/data/cp_gpu_h200_cp40_20261128.json \
+        --set benchmarks/sets/cp40/set.json     # a drawn set's run: the set's own model
+
+The column "one curve" is today's datasheet prediction with the attention curve's head-dim
+ratio removed (every head dim priced at the head-dim-128 curve, as before the ratio).
 """
 
 from __future__ import annotations
@@ -49,6 +54,12 @@ def with_long_attention(cluster: Cluster, points_file: str) -> Cluster:
     return replace(cluster, gpu=replace(cluster.gpu, attention_efficiency=curve))
 
 
+def without_head_dim_ratio(cluster: Cluster) -> Cluster:
+    """``cluster`` with one attention curve for every head dim (no published ratio)."""
+    from dataclasses import replace
+    return replace(cluster, gpu=replace(cluster.gpu, attention_head_dim_ratio=()))
+
+
 def merged_rows(results: str, rerun: str | None) -> list[dict]:
     """The rows of ``results``, each replaced by the row of the same name in ``rerun``."""
     rows = json.loads(Path(results).read_text())
@@ -73,12 +84,16 @@ def main(argv=None) -> int:
     p.add_argument("--rerun", default=None,
                    help="cp_gpu.json of a later run of some of the same layouts: its rows "
                         "replace the first file's rows of the same name")
+    p.add_argument("--set", default=None,
+                   help="the set (benchmarks/cp_draw.py) the run drew its model from")
     args = p.parse_args(argv)
+    model = cg.MODEL if args.set is None else cg.load_set(args.set)[0]
     rows = merged_rows(args.results, args.rerun)
     cluster = Cluster.preset(f"dgx-{args.gpu.lower()}", nodes=1, gpus_per_node=4)
-    print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'now':>7s} {'err':>7s}"
-          f" {'saved now':>9s} {'err':>7s}")
-    before, after, saved, longer = [], [], [], []
+    one_curve = without_head_dim_ratio(cluster)
+    print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'one curve':>9s} {'err':>7s}"
+          f" {'now':>7s} {'err':>7s} {'saved now':>9s} {'err':>7s}")
+    before, after, saved, longer, single = [], [], [], [], []
     long_cluster = (with_long_attention(eg.saved_profile_cluster(cluster)[0],
                                         args.attention_points)
                     if args.attention_points else None)
@@ -86,24 +101,27 @@ def main(argv=None) -> int:
         if r.get("status") != "ok":
             continue
         job, layout = Job(**r["job"]), Layout(**r["layout"])
-        pred = eg.predict(cg.MODEL, cluster, job, layout)
+        pred = eg.predict(model, cluster, job, layout)
+        one = estimate(model, one_curve, job, layout).step_time_s
         meas = r["step_time_s"]
         b, a = _err(r["predicted"]["step_time_s"], meas), _err(pred["step_time_s"], meas)
         sp = pred.get("saved_profile", {}).get("step_time_s", float("nan"))
         s = _err(sp, meas)
         before.append(abs(b)), after.append(abs(a)), saved.append(abs(s))
+        single.append(abs(_err(one, meas)))
         extra = ""
         if long_cluster is not None:
-            est = estimate(cg.MODEL, long_cluster, job, layout)
+            est = estimate(model, long_cluster, job, layout)
             e = _err(est.step_time_s, meas)
             longer.append(abs(e))
             extra = f" {est.step_time_s:9.3f} {e:+6.1f}%"
         print(f"{r['name']:30s} {meas:7.3f} {r['predicted']['step_time_s']:7.3f} {b:+6.1f}%"
+              f" {one:9.3f} {_err(one, meas):+6.1f}%"
               f" {pred['step_time_s']:7.3f} {a:+6.1f}% {sp:9.3f} {s:+6.1f}%{extra}")
     n = len(before)
-    print(f"mean |error|: as-run {sum(before) / n:.1f} %, now {sum(after) / n:.1f} %, "
-          f"saved profile now {sum(saved) / n:.1f} %; max: {max(before):.1f} %, "
-          f"{max(after):.1f} %, {max(saved):.1f} %")
+    print(f"mean |error|: as-run {sum(before) / n:.1f} %, one curve {sum(single) / n:.1f} %, "
+          f"now {sum(after) / n:.1f} %, saved profile now {sum(saved) / n:.1f} %; max: "
+          f"{max(before):.1f} %, {max(single):.1f} %, {max(after):.1f} %, {max(saved):.1f} %")
     if longer:
         print(f"saved profile with the 2k-64k attention points: mean {sum(longer) / n:.1f} %, "
               f"max {max(longer):.1f} %")

@@ -9,7 +9,10 @@
   attention efficiency curve; backward does 2.5× the forward work (recomputing the scores).
   The curve is forward + backward by the forward's executed FLOPs; on H100/H200 datasheet
   profiles it comes from the cuDNN bars of the FlashAttention-3 paper (Shah et al. 2024,
-  arXiv 2407.08608, Fig. 5-6; :mod:`meshplan.hardware_profiles.attention_published`).
+  arXiv 2407.08608, Fig. 5-6; :mod:`meshplan.hardware_profiles.attention_published`), at
+  the model's head dim where the figures publish several (head dim 64 runs 0.82-0.87 of
+  head dim 128's efficiency at the same FLOPs; ``GPUSpec.attention_efficiency_at``; post
+  hoc on the cp40 check, docs/context_parallel.md).
   Sliding-window layers run only the tiles of their band (:mod:`meshplan.costmodel.window`).
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):
@@ -218,7 +221,8 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     if job.flash_attention:
         # causal: masked blocks skipped; sliding-window layers skip all but their band
         # (meshplan.costmodel.window), each kind at the efficiency of its own FLOPs
-        fwd_attn = sum(share * executed / (peak * gpu.attention_efficiency(executed))
+        head_dim = None if model.is_mla else model.head_dim
+        fwd_attn = sum(share * executed / (peak * gpu.attention_efficiency_at(executed, head_dim))
                        for share, executed in ((share, core_flops * frac)
                                                for share, frac in window.layer_mix(model, s)))
         bwd_attn = fwd_attn * FLASH_BACKWARD_FACTOR

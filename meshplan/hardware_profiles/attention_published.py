@@ -21,12 +21,31 @@ to meet the first published point (:func:`curve_fit.extend_with_base`, as calibr
 extends its measured points); beyond the last length the curve holds its last point
 (:class:`Curve` clamps).
 
+**Head dim.** At the same FLOPs a call's efficiency depends on its head dim: each tile does
+``d`` multiply-adds per score element, while the softmax, masking and loads per element do
+not shrink with ``d``. The figures publish head dims 64 and 128 for the same kernel; a GPU
+whose profile names both gets, per other head dim ``d``, the ratio to its reference curve
+(the ``attention_published`` table's head dim ``d_ref``) at the same forward FLOPs:
+
+    r_d(E) = eff_d(E) / eff_ref(E)     (eq. (4) of both tables; E at the published points)  (5)
+
+and a call of head dim ``d`` costs ``3.5·E / (peak · eff_ref(E) · r(d, E))``, ``r``
+interpolated linearly in log2(d) between the published head dims (1 at ``d_ref``),
+clamped to the nearest outside them (:meth:`GPUSpec.attention_efficiency_at`). A ratio,
+not a second curve, so that a reference curve refitted on measured points (calibrate's
+long-context timings, head dim 128) keeps the head-dim effect; a calibrated profile
+carries no ratio (calibrate times attention at the model's own head dim). cuDNN on H100,
+head dim 64: r = 0.87 at 512 tokens (E = 3.4·10¹⁰), 0.82-0.83 from 4k to 16k
+(2.7·10¹¹-1.1·10¹²).
+
 Measured error (post hoc, docs/context_parallel.md): on 1 × H200 (cuDNN 9.19, torch 2.11)
 calibrate's own attention benchmark ran 0.52-0.55 of peak at 1.1e12-1.8e13 FLOPs (16k-64k
 tokens), where the curve from the FlashAttention-3 paper's cuDNN bars holds 0.491 (6-11 %
 slow), and −8..+19 % of the curve at 3.4e10-5.5e11. The GPU check's ten cp layouts (4 × H200,
 datasheet profile) move from 7.8 % mean / 17.8 % max to 9.3 % / 16.2 %, all too fast: what
-they miss lies outside attention.
+they miss lies outside attention. The head-dim ratio (5), post hoc on the cp40 check (8
+layouts of a head-dim-64 model, 4 × H200, all too fast by 7-16 %, the gap 0.21 × their
+attention time): 11.2 % mean / 15.5 % max → 2.4 % / 6.6 %; head-dim-128 rows unchanged.
 """
 
 from __future__ import annotations
@@ -104,4 +123,21 @@ def published_attention_curve(table: Mapping[str, Any], shape: Curve, where: str
     return Curve(tuple((x, sig(y, 4)) for x, y in full.points))
 
 
-__all__ = ["FORWARD_BACKWARD_PASSES", "published_points", "published_attention_curve"]
+def head_dim_of(table: Mapping[str, Any], where: str) -> int:
+    """The head dim a published table was benchmarked at (a positive integer)."""
+    d = table.get("head_dim")
+    if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+        raise ProfileError(f"{where}: key 'head_dim' must be a positive integer, got {d!r}")
+    return d
+
+
+def head_dim_ratio(table: Mapping[str, Any], reference: Mapping[str, Any], where: str,
+                   reference_where: str) -> Curve:
+    """Eq. (5): ``table``'s efficiency over ``reference``'s at the same forward FLOPs, at
+    ``table``'s published points (``reference``'s curve interpolated there)."""
+    ref = Curve(tuple(published_points(reference, reference_where)))
+    return Curve(tuple((x, sig(y / ref(x), 4)) for x, y in published_points(table, where)))
+
+
+__all__ = ["FORWARD_BACKWARD_PASSES", "head_dim_of", "head_dim_ratio", "published_points",
+           "published_attention_curve"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -79,6 +80,12 @@ class GPUSpec:
     # wake-up); 0: not known (meshplan.costmodel.moe_host prices no host term then)
     host_op_dispatch_s: float = 0.0
     host_sync_s: float = 0.0
+    # head-dim dependence of attention (hardware_profiles/attention_published.py eq. (5)):
+    # the head dim attention_efficiency describes, and per other published head dim the
+    # ratio of its efficiency to attention_efficiency's by forward FLOPs (empty: one curve
+    # for every head dim, as on calibrated profiles, which time the model's own head dim)
+    attention_head_dim: int = 0
+    attention_head_dim_ratio: tuple[tuple[int, Curve], ...] = ()
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -90,6 +97,29 @@ class GPUSpec:
             return NotImplemented
         return (self.to_dict() == other.to_dict() and self.measured is other.measured
                 and self.corrections == other.corrections)
+
+    def attention_efficiency_at(self, flops: float, head_dim: int | None) -> float:
+        """Efficiency of one causal attention call of ``flops`` forward FLOPs whose heads are
+        ``head_dim`` wide: :attr:`attention_efficiency` times the published head-dim ratio,
+        interpolated linearly in log2(head dim), clamped outside the published head dims
+        (attention_published.py eq. (5)); no ratio known or ``head_dim`` None: the curve."""
+        eff = self.attention_efficiency(flops)
+        if not self.attention_head_dim_ratio or head_dim is None:
+            return eff
+        pts = sorted([(self.attention_head_dim, None), *self.attention_head_dim_ratio],
+                     key=lambda p: p[0])
+
+        def ratio(i: int) -> float:
+            c = pts[i][1]
+            return 1.0 if c is None else c(flops)
+        if head_dim <= pts[0][0]:
+            return min(1.0, eff * ratio(0))
+        if head_dim >= pts[-1][0]:
+            return min(1.0, eff * ratio(len(pts) - 1))
+        i = next(k for k in range(1, len(pts)) if head_dim <= pts[k][0])
+        lo, hi = math.log2(pts[i - 1][0]), math.log2(pts[i][0])
+        w = (math.log2(head_dim) - lo) / (hi - lo)
+        return min(1.0, eff * ((1 - w) * ratio(i - 1) + w * ratio(i)))
 
     def op_hbm_efficiency(self, op: str) -> float:
         """The HBM efficiency of memory-bound op ``op`` (:attr:`membound_efficiency`, else
@@ -137,4 +167,8 @@ class GPUSpec:
             **({"nvlink_broadcast_efficiency": self.nvlink_broadcast_efficiency.to_list()}
                if self.nvlink_broadcast_efficiency is not None else {}),
             **{k: getattr(self, k) for k in HOST_KEYS if getattr(self, k) > 0},
+            **({"attention_head_dim": self.attention_head_dim,
+                "attention_head_dim_ratio": [[d, c.to_list()]
+                                             for d, c in self.attention_head_dim_ratio]}
+               if self.attention_head_dim_ratio else {}),
         }

@@ -14,7 +14,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from meshplan.errors import ProfileError
-from meshplan.hardware_profiles.attention_published import published_attention_curve
+from meshplan.hardware_profiles.attention_published import (head_dim_of, head_dim_ratio,
+                                                            published_attention_curve)
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import (DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, HOST_KEYS,
                                            GPUSpec)
@@ -103,6 +104,7 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         membound_efficiency={str(k): float(v) for k, v in ops.items()},
         gemm_efficiency=curve(t, "gemm_efficiency", where),
         attention_efficiency=attention_curve(t, where),
+        **attention_head_dims(t, where),
         hbm_efficiency=float(hbm_eff),
         nvlink_efficiency=curve(t, "nvlink_efficiency", where),
         provenance=str(t.get("provenance", "datasheet")),
@@ -138,6 +140,46 @@ def attention_curve(t: Mapping[str, Any], where: str) -> Curve:
                            f"built-in attention_kernels.toml; known: {', '.join(kernels)}")
     return published_attention_curve(kernels[name], shape,
                                      f"built-in attention_kernels.toml [{name}]")
+
+
+def attention_head_dims(t: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``attention_head_dim`` and ``attention_head_dim_ratio`` of a GPU table: from the
+    published tables it names (``attention_published`` the reference,
+    ``attention_published_head_dims`` the others; attention_published.py eq. (5)), or as a
+    plan file stores them; empty where the table has neither."""
+    if "attention_head_dim_ratio" in t:
+        ref = get(t, "attention_head_dim", int, where)
+        rows = get(t, "attention_head_dim_ratio", list, where)
+        if not all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) for r in rows):
+            raise ProfileError(f"{where}: key 'attention_head_dim_ratio' must be a list of "
+                               f"[head_dim, [[flops, ratio], ...]] pairs, got {rows!r}")
+        return {"attention_head_dim": ref, "attention_head_dim_ratio": tuple(
+            (d, curve({"r": c}, "r", f"{where} attention_head_dim_ratio[{d}]"))
+            for d, c in rows)}
+    names = _names(t, "attention_published_head_dims", where)
+    if not names:
+        return {}
+    if "attention_published" not in t:
+        raise ProfileError(f"{where}: attention_published_head_dims needs attention_published "
+                           f"(the reference table the others are ratios to)")
+    kernels = builtin_table("attention_kernels.toml")
+    ref_name = get(t, "attention_published", str, where)
+    unknown = [n for n in names if n not in kernels]
+    if unknown:
+        raise ProfileError(f"{where}: attention_published_head_dims {unknown} are not tables "
+                           f"of the built-in attention_kernels.toml; known: "
+                           f"{', '.join(kernels)}")
+    tw = {n: f"built-in attention_kernels.toml [{n}]" for n in (ref_name, *names)}
+    ref_dim = head_dim_of(kernels[ref_name], tw[ref_name])
+    ratios = []
+    for n in names:
+        d = head_dim_of(kernels[n], tw[n])
+        if d == ref_dim or d in (r[0] for r in ratios):
+            raise ProfileError(f"{where}: attention_published_head_dims {n!r} repeats head dim "
+                               f"{d} (each table must add a new head dim)")
+        ratios.append((d, head_dim_ratio(kernels[n], kernels[ref_name], tw[n],
+                                         tw[ref_name])))
+    return {"attention_head_dim": ref_dim, "attention_head_dim_ratio": tuple(sorted(ratios))}
 
 
 def _names(t: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:

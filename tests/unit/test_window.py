@@ -67,8 +67,8 @@ def test_attention_time_is_the_mean_of_the_two_kinds():
     gpu, peak = H100.gpu, H100.gpu.peak_flops("bf16")
     core = 4.0 * 4096 * 4096 * 64 * 64                     # 4·b·s²·head_dim·heads
 
-    def t(executed):
-        return executed / (peak * gpu.attention_efficiency(executed))
+    def t(executed):   # at gpt-oss's head dim, 64 (GPUSpec.attention_efficiency_at)
+        return executed / (peak * gpu.attention_efficiency_at(executed, OSS.head_dim))
     want = 0.5 * t(core * 0.5) + 0.5 * t(core * window.executed_fraction(4096, 128))
     assert layer_cost(OSS, H100, job, **kw).forward.attention_s == pytest.approx(want, rel=1e-12)
     assert layer_cost(full, H100, job, **kw).forward.attention_s == pytest.approx(
