@@ -99,6 +99,13 @@ def gemm_s(gpu: GPUSpec, peak_flops: float, flops: float) -> float:
     return flops / (peak_flops * gpu.gemm_efficiency(flops))
 
 
+def kernel_head_dim(model: ModelSpec) -> int | None:
+    """The head dim the attention kernel runs at (``GPUSpec.attention_efficiency_at``);
+    None for multi-head latent attention, whose query/key and value widths differ: the
+    GPU's one curve."""
+    return None if model.is_mla else model.head_dim
+
+
 def hbm_s(gpu: GPUSpec, nbytes: float, op: str = "") -> float:
     """Seconds to move ``nbytes`` at the HBM efficiency of memory-bound ``op`` (the
     profile's measured one for the executor's norms, residual adds and activations, else
@@ -221,7 +228,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     if job.flash_attention:
         # causal: masked blocks skipped; sliding-window layers skip all but their band
         # (meshplan.costmodel.window), each kind at the efficiency of its own FLOPs
-        head_dim = None if model.is_mla else model.head_dim
+        head_dim = kernel_head_dim(model)
         fwd_attn = sum(share * executed / (peak * gpu.attention_efficiency_at(executed, head_dim))
                        for share, executed in ((share, core_flops * frac)
                                                for share, frac in window.layer_mix(model, s)))

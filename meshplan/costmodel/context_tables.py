@@ -63,7 +63,8 @@ from dataclasses import replace
 
 from meshplan.costmodel import comm, context
 from meshplan.costmodel.a2a_memory import all_to_all_memory_bytes, cp_output_copy_bytes
-from meshplan.costmodel.compute import FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s
+from meshplan.costmodel.compute import (FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s,
+                                       kernel_head_dim)
 from meshplan.costmodel.corrections import ring_interference
 from meshplan.costmodel.data_parallel import Groups
 from meshplan.costmodel.memory import activation_bytes_per_element
@@ -103,12 +104,6 @@ def cp_group_links(cluster: Cluster, layout: Layout) -> Groups:
                   cp=cp_link)
 
 
-def _head_dim(model: ModelSpec) -> int | None:
-    """The head dim the attention kernel runs at (None for multi-head latent attention,
-    whose query/key and value widths differ: the GPU's one curve)."""
-    return None if model.is_mla else model.head_dim
-
-
 def _block_s(cluster: Cluster, job: Job, flops: float, head_dim: int | None) -> float:
     """One attention kernel of ``flops`` executed FLOPs (forward): flash at the attention
     curve of its head dim (``GPUSpec.attention_efficiency_at``); unfused as two batched
@@ -132,7 +127,7 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     bwd_k = FLASH_BACKWARD_FACTOR if job.flash_attention else 2.0
     if layout.cp_style == "ring":
         step_flops = b * context.ring_step_pairs(s, cp) * per_pair
-        step_s = _block_s(cluster, job, step_flops, _head_dim(model))
+        step_s = _block_s(cluster, job, step_flops, kernel_head_dim(model))
         fwd_attn, bwd_attn = cp * step_s, bwd_k * cp * step_s
         if job.runtime == "torch":         # the executor's own ring: its copies and merges
             mem_f, mem_b = ring_memory_bytes(model, s, b, tp, cp, e)
@@ -156,7 +151,7 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         work = 2 * (kv + dkv)
     else:
         # one causal kernel over the whole sequence for heads/cp (masked half skipped)
-        fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp, _head_dim(model))
+        fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp, kernel_head_dim(model))
         bwd_attn = bwd_k * fwd_attn
         if job.runtime == "torch":         # the executor's core: its copies and GQA repeat
             mem_f, mem_b = all_to_all_memory_bytes(model, s, b, tp, cp, e)

@@ -106,20 +106,13 @@ class GPUSpec:
         eff = self.attention_efficiency(flops)
         if not self.attention_head_dim_ratio or head_dim is None:
             return eff
-        pts = sorted([(self.attention_head_dim, None), *self.attention_head_dim_ratio],
-                     key=lambda p: p[0])
-
-        def ratio(i: int) -> float:
-            c = pts[i][1]
-            return 1.0 if c is None else c(flops)
-        if head_dim <= pts[0][0]:
-            return min(1.0, eff * ratio(0))
-        if head_dim >= pts[-1][0]:
-            return min(1.0, eff * ratio(len(pts) - 1))
-        i = next(k for k in range(1, len(pts)) if head_dim <= pts[k][0])
-        lo, hi = math.log2(pts[i - 1][0]), math.log2(pts[i][0])
-        w = (math.log2(head_dim) - lo) / (hi - lo)
-        return min(1.0, eff * ((1 - w) * ratio(i - 1) + w * ratio(i)))
+        pts = sorted([(self.attention_head_dim, 1.0),
+                      *((d, c(flops)) for d, c in self.attention_head_dim_ratio)])
+        d = min(max(head_dim, pts[0][0]), pts[-1][0])        # clamped outside
+        i = next(k for k in range(1, len(pts)) if d <= pts[k][0])
+        (d_lo, r_lo), (d_hi, r_hi) = pts[i - 1], pts[i]
+        w = (math.log2(d) - math.log2(d_lo)) / (math.log2(d_hi) - math.log2(d_lo))
+        return min(1.0, eff * ((1 - w) * r_lo + w * r_hi))
 
     def op_hbm_efficiency(self, op: str) -> float:
         """The HBM efficiency of memory-bound op ``op`` (:attr:`membound_efficiency`, else
