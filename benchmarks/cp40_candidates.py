@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import context_parallel_gpu as cg  # noqa: E402
 import cp_phase_gap as pg  # noqa: E402
+from cp_gpu_posthoc import without_head_dim_ratio  # noqa: E402
 
 from meshplan.costmodel import context, estimate  # noqa: E402
 from meshplan.costmodel.compute import linear_shapes  # noqa: E402
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     model = cg.load_set(args.set)[0]
     now = Cluster.preset(f"dgx-{args.gpu.lower()}", nodes=1, gpus_per_node=4)
-    one = replace(now, gpu=replace(now.gpu, attention_head_dim_ratio=()))
+    one = without_head_dim_ratio(now)
     print(f"{'row':7s} {'step meas/one/now':>20s} {'fwd meas/one/now':>20s} "
           f"{'bwd meas/one/now':>20s} {'attn one':>8s} {'gap':>6s} {'gap/attn':>8s} "
           f"{'gap/rest':>8s} {'wave idle':>9s} {'gemm pad':>8s} {'kv MB':>6s} {'kv ms':>6s} "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -38,38 +39,41 @@ MEMORY_SHARE = 0.70
 N_LAYOUTS = 8
 
 
+def layouts() -> list[tuple[int, Layout]]:
+    """Every (seq, layout) on 4 GPUs before admission: cp, tp, pp, cp style, ZeRO (stage 3
+    only without pp, none where dp·cp = 1) and recompute at micro-batch 1, SP with tp."""
+    out = []
+    for seq, cp, tp, pp, style, zero, rc in itertools.product(
+            SEQS, (1, 2, 4), (1, 2, 4), (1, 2), ("ring", "all-to-all"), (0, 1, 3),
+            ("none", "selective", "full")):
+        if 4 % (cp * tp * pp) or style == "all-to-all" and cp == 1:
+            continue
+        dp = 4 // (cp * tp * pp)
+        if zero and dp * cp == 1 or zero == 3 and pp > 1:
+            continue
+        out.append((seq, Layout(dp=dp, cp=cp, tp=tp, pp=pp, cp_style=style, zero=zero,
+                                recompute=rc, micro_batch=1, sequence_parallel=tp > 1,
+                                schedule="1f1b")))
+    return out
+
+
 def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, float]]:
     """Every admissible (seq, layout, predicted peak bytes) on the 4 GPUs."""
     from meshplan.costmodel import estimate
     from meshplan.executor.parallelize import check_layout_runnable
     from meshplan.spec.validate import check_layout
     out = []
-    for seq in SEQS:
+    for seq, lay in layouts():
         job = Job(global_batch=TOKENS_PER_STEP // seq, seq_len=seq, precision="bf16",
                   runtime="torch")
-        for cp in (1, 2, 4):
-            for tp in (1, 2, 4):
-                for pp in (1, 2):
-                    dp = 4 // (cp * tp * pp) if 4 % (cp * tp * pp) == 0 else 0
-                    if dp < 1:
-                        continue
-                    for style in (("ring", "all-to-all") if cp > 1 else ("ring",)):
-                        for zero in (0, 1, 3):
-                            if zero and dp * cp == 1 or zero == 3 and pp > 1:
-                                continue
-                            for rc in ("none", "selective", "full"):
-                                lay = Layout(dp=dp, cp=cp, tp=tp, pp=pp, cp_style=style,
-                                             zero=zero, recompute=rc, micro_batch=1,
-                                             sequence_parallel=tp > 1,
-                                             schedule="1f1b")
-                                try:
-                                    check_layout(model, cluster, job, lay)
-                                    check_layout_runnable(model, job, lay)
-                                    peak = estimate(model, cluster, job, lay).memory_peak_bytes
-                                except (MeshplanError, ValueError):
-                                    continue
-                                if peak <= MEMORY_SHARE * cluster.gpu.memory_bytes:
-                                    out.append((seq, lay, peak))
+        try:
+            check_layout(model, cluster, job, lay)
+            check_layout_runnable(model, job, lay)
+            peak = estimate(model, cluster, job, lay).memory_peak_bytes
+        except (MeshplanError, ValueError):
+            continue
+        if peak <= MEMORY_SHARE * cluster.gpu.memory_bytes:
+            out.append((seq, lay, peak))
     return out
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +57,6 @@ def with_long_attention(cluster: Cluster, points_file: str) -> Cluster:
 
 def without_head_dim_ratio(cluster: Cluster) -> Cluster:
     """``cluster`` with one attention curve for every head dim (no published ratio)."""
-    from dataclasses import replace
     return replace(cluster, gpu=replace(cluster.gpu, attention_head_dim_ratio=()))
 
 

@@ -65,10 +65,9 @@ fi
 run ddp_compiled  100 $TR benchmarks/baseline_ddp.py --compile --out "$W/ddp_compiled.json"
 if [ "${TITAN:-0}" = 1 ]; then
   titan_install "${CARRY:-.titan_carry}" /tmp/titan_site
-  run titan_compiled 130 env PYTHONPATH="/tmp/titan_site:$PYTHONPATH" HF_HUB_OFFLINE=1 \
-    HF_DATASETS_OFFLINE=1 $TR benchmarks/torchtitan_bench.py --warmup 5 \
-    --job.config_file benchmarks/torchtitan_gpt3_1.3b.toml --training.global_batch_size 16 \
-    --compile.enable --out "$W/titan_compiled.json"
+  titan_cmd /tmp/titan_site "$TR"
+  run titan_compiled 130 $TT --training.global_batch_size 16 --compile.enable \
+    --out "$W/titan_compiled.json"
   run dp4z2_llama_compiled 100 $TR $EX --plan "$W/dp4z2_llama.json" \
     --out "$W/dp4z2_llama_compiled.json"
 fi

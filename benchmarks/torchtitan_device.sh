@@ -47,8 +47,7 @@ write_plan_for_layout(f"{sys.argv[1]}/dp2z2_llama.json", llama, job, layout, clu
 PY
 TR="python3 -m torch.distributed.run --standalone --nproc-per-node=2"
 EX="-m meshplan.executor.run --steps 15 --warmup 5 --force"
-TT="env PYTHONPATH=$SITE:$PYTHONPATH HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $TR \
-  benchmarks/torchtitan_bench.py --warmup 5 --job.config_file benchmarks/torchtitan_gpt3_1.3b.toml"
+titan_cmd "$SITE" "$TR"
 DDP=(--global-batch 8)
 if [ -n "${TINY:-}" ]; then
   EX="$EX --device cpu"; DDP=(--tiny)
