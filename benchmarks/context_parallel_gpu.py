@@ -77,9 +77,13 @@ def cases() -> list[Case]:
 
 def load_set(path: str) -> tuple[ModelSpec, list[Case]]:
     """A set drawn by benchmarks/cp_draw.py: its model and cases."""
-    doc = json.loads(Path(path).read_text())
-    return ModelSpec.from_dict(doc["model"]), [
-        Case(c["name"], c["seq_len"], Layout.from_dict(c["layout"])) for c in doc["cases"]]
+    try:
+        doc = json.loads(Path(path).read_text())
+        return ModelSpec.from_dict(doc["model"]), [
+            Case(c["name"], c["seq_len"], Layout.from_dict(c["layout"])) for c in doc["cases"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--set {path}: not a set written by benchmarks/cp_draw.py "
+                         f"(a JSON file with 'model' and 'cases'): {exc}") from None
 
 
 def job_for(case: Case, tiny: bool) -> Job:

@@ -55,3 +55,15 @@ def test_existing_set_is_not_redrawn_over(tmp_path):
     with pytest.raises(SystemExit, match="exists"):
         cp_draw.main(["--seed", "40", "--out", str(out)])
     assert out.read_text() == "{}"
+
+
+def test_context_parallel_gpu_reads_the_set_and_refuses_a_bad_one(tmp_path):
+    import context_parallel_gpu as cg
+    model, cases = cg.load_set(str(ROOT / "benchmarks/sets/cp40/set.json"))
+    assert model.name.startswith("c40m") and [c.name for c in cases][0] == "c40-01"
+    assert len(cases) == cp_draw.N_LAYOUTS
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": {}}')
+    for path in (bad, tmp_path / "missing.json"):
+        with pytest.raises(SystemExit, match="not a set written by benchmarks/cp_draw.py"):
+            cg.load_set(str(path))
