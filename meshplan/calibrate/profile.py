@@ -187,6 +187,10 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     if lap:
         gpu["overlap_interference"] = min(2.0, max(0.0, _median(lap)))
         measured.append("overlap_interference")
+    ddp = [r["value"] for r in rows.get("overlap", []) if r["kind"] == "ddp_overlap_interference"]
+    if ddp:
+        gpu["ddp_overlap_interference"] = min(2.0, max(0.0, _median(ddp)))
+        measured.append("ddp_overlap_interference")
     adamw = [r for r in mb if r["op"] == "adamw" and r["seconds"] > 0]
     if adamw:
         gpu["optimizer_gbps"] = _median([r["model_bytes"] / r["seconds"] / 1e9 for r in adamw])

@@ -189,12 +189,39 @@ def calibrate(options: CalibrateOptions) -> Path | None:
         return _calibrate(options)
 
 
+def _ddp_overlap_rows(bench, models, device, world: int, options: CalibrateOptions,
+                      prog) -> list[dict[str, Any]]:
+    """One DDP-overlap row per model (``None``: the probe's default shape); a probe that
+    fails (every rank alike) is skipped with a note, and the profile falls back to the GEMM
+    probe's ``overlap_interference`` for data parallelism."""
+    import torch.distributed as dist
+
+    from meshplan.calibrate.layer_build import _free as free
+    out = []
+    for m in models:
+        dist.barrier()
+        name = m.name if m else "default shape"
+        try:
+            r = bench(device, world, m, options.seq_len, options.micro_batches)
+        except Exception as exc:   # noqa: BLE001 — every rank fails alike; keep the profile
+            prog.step(f"DDP overlap on {name} not measured ({type(exc).__name__}: {exc})")
+            continue
+        finally:
+            free(device)              # the probe's blocks and buckets
+        out.append(r)
+        prog.step(f"DDP overlap on {name} ({r['layers']} blocks, micro-batch "
+                  f"{r['micro_batch']}: backward {r['backward_s'] * 1e3:.1f} ms, with its "
+                  f"all-reduce {r['sync_s'] * 1e3:.1f} ms, all-reduce alone "
+                  f"{r['comm_s'] * 1e3:.1f} ms): {r['value']:.2f}")
+    return out
+
+
 def _calibrate(options: CalibrateOptions) -> Path | None:
     import torch
     import torch.distributed as dist
 
-    from meshplan.calibrate import (bench_comm, bench_compute, bench_layers, bench_overhead,
-                                    bench_overlap, bench_pipeline, shapes)
+    from meshplan.calibrate import (bench_comm, bench_compute, bench_ddp_overlap, bench_layers,
+                                    bench_overhead, bench_overlap, bench_pipeline, shapes)
     from meshplan.calibrate.budget import RoundBudget
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
@@ -241,8 +268,11 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
     rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
     fp8 = options.fp8 and has_fp8_tensor_cores(device)
+    # DDP's overlap is probed on each dense model's blocks (a default shape without one)
+    ddp_models = [m for m in options.models if not m.num_experts] or [None]
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
-             + len(grid) * rounds + (2 if world > 1 else 0) + (1 if fp8 else 0)
+             + len(grid) * rounds + (2 + len(ddp_models) if world > 1 else 0)
+             + (1 if fp8 else 0)
              + (1 if any(m.num_experts for m in options.models) else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     if fp8_rows_note:
@@ -337,6 +367,9 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             prog.step(f"overlap interference (all-reduce {o['comm_s'] * 1e3:.1f} ms behind "
                       f"{o['gemms']} GEMMs {o['compute_s'] * 1e3:.1f} ms, together "
                       f"{o['both_s'] * 1e3:.1f} ms): {o['value']:.2f}")
+        rows.setdefault("overlap", []).extend(
+            _ddp_overlap_rows(bench_ddp_overlap.bench_ddp_overlap, ddp_models, device, world,
+                              options, prog))
     path = None
     if rank == 0:
         doc = build_profile(measurements=rows, base=base, device=kind,

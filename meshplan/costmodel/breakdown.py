@@ -82,7 +82,7 @@ def ranks(t, stage_layers, f_s, b_s) -> Ranks:
     rows: list[tuple] = []
     worst_tail = -1.0
     dp_total = dp_wire_worst = dp_exposed_worst = opt_worst = 0.0
-    interference = t.cluster.gpu.overlap_interference
+    interference = t.cluster.gpu.dp_overlap_interference
     dense_all = t.rank_dense_counts(stage_layers)     # an MoE model's dense layers (or 0)
     for r in range(pp):
         layers_r, dense_r = layers_all[r], dense_all[r]

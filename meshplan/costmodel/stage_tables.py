@@ -241,7 +241,7 @@ class StageTimes(TablesBase):
         st = self.rank_state(rank, layers, dense)
         f, b = self.rank_pass_s(rank, layers, dense)
         return exposed_dp_s(st, self.layout, self.job, f, b,
-                            self.cluster.gpu.overlap_interference) + st.optimizer_s
+                            self.cluster.gpu.dp_overlap_interference) + st.optimizer_s
 
     def tail_lower_bound_s(self) -> float:
         """No partition's tail is smaller: some rank holds ⌈L/pp⌉ layers; a middle rank with
@@ -249,7 +249,7 @@ class StageTimes(TablesBase):
         n = -(-self.num_layers // self.layout.pp)
         lay = self.layout
         if self.experts is not None:   # the fewest experts such a rank can hold
-            inf, k = float("inf"), self.cluster.gpu.overlap_interference
+            inf, k = float("inf"), self.cluster.gpu.dp_overlap_interference
             return min(exposed_dp_s(st, lay, self.job, inf, inf, k) + st.optimizer_s
                        for st in (self.rank_state(-1, n, d) for d in
                                   {0, min(n, self.num_dense_layers)}))
@@ -258,7 +258,7 @@ class StageTimes(TablesBase):
                         False, False, self.zero3, self.grad_copies,
                         compiled=self.compiled_layers)
         return exposed_dp_s(st, self.layout, self.job, float("inf"), float("inf"),
-                            self.cluster.gpu.overlap_interference) + st.optimizer_s
+                            self.cluster.gpu.dp_overlap_interference) + st.optimizer_s
 
     def stage_sum_s(self) -> float:
         """Σ_c (f_c + b_c) without the p2p slowdown (``slowdown``, ≥ 1 per stage): the same

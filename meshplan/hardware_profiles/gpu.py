@@ -49,6 +49,9 @@ class GPUSpec:
     # fraction of communication hidden behind compute that still costs time (see
     # DEFAULT_OVERLAP_INTERFERENCE)
     overlap_interference: float = DEFAULT_OVERLAP_INTERFERENCE
+    # the same for DDP's gradient buckets beside the backward, measured on the executor's
+    # blocks (meshplan.calibrate.bench_ddp_overlap); None: overlap_interference
+    ddp_overlap_interference: float | None = None
     # measured HBM efficiency of each memory-bound op of the executor ("layernorm",
     # "rmsnorm", "residual-add", "gelu", "swiglu"; bytes as the cost model counts them):
     # an op missing here runs at hbm_efficiency (all of them on a datasheet profile)
@@ -114,6 +117,14 @@ class GPUSpec:
         w = (math.log2(d) - math.log2(d_lo)) / (math.log2(d_hi) - math.log2(d_lo))
         return min(1.0, eff * ((1 - w) * r_lo + w * r_hi))
 
+    @property
+    def dp_overlap_interference(self) -> float:
+        """The interference DDP's gradient all-reduce pays beside the backward: the probe
+        on the executor's blocks where calibrate ran it, else :attr:`overlap_interference`."""
+        if self.ddp_overlap_interference is None:
+            return self.overlap_interference
+        return self.ddp_overlap_interference
+
     def op_hbm_efficiency(self, op: str) -> float:
         """The HBM efficiency of memory-bound op ``op`` (:attr:`membound_efficiency`, else
         the pooled :attr:`hbm_efficiency`)."""
@@ -147,6 +158,8 @@ class GPUSpec:
             "pipeline_action_s": self.pipeline_action_s,
             "optimizer_gbps": self.optimizer_gbps,
             "overlap_interference": self.overlap_interference,
+            **({"ddp_overlap_interference": self.ddp_overlap_interference}
+               if self.ddp_overlap_interference is not None else {}),
             **({"membound_efficiency": dict(self.membound_efficiency)}
                if self.membound_efficiency else {}),
             # fp8 keys only where the GPU has them (older plan files and GPUs without fp8)

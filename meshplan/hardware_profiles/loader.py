@@ -114,6 +114,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         optimizer_gbps=float(get(t, "optimizer_gbps", _NUM, where, 0.0)),
         overlap_interference=float(get(t, "overlap_interference", _NUM, where,
                                        DEFAULT_OVERLAP_INTERFERENCE)),
+        ddp_overlap_interference=(float(get(t, "ddp_overlap_interference", _NUM, where))
+                                  if "ddp_overlap_interference" in t else None),
         fp8_gemm_efficiency=(curve(t, "fp8_gemm_efficiency", where)
                              if "fp8_gemm_efficiency" in t else None),
         **optional,

@@ -636,3 +636,19 @@ def test_split_memory_stage_separates_the_fixed_part_of_a_stage():
     assert got[3:] == pytest.approx(c)
     assert split_memory_stage((0.0, 0.0), per_layer(6), 2, 6) == (*per_layer(6), 6, 0.0, 0.0)
     assert split_memory_stage(per_layer(2), (0.0, 0.0), 2, 6) == (0.0, 0.0, 0, 0.0, 0.0)
+
+
+def test_two_rank_calibration_probes_ddp_overlap_on_the_model(two_rank_profile):
+    """calibrate's DDP probe runs on the --model's blocks (gloo, 2 ranks) and its row becomes
+    the profile's ddp_overlap_interference (the cost model's k for DDP's all-reduce)."""
+    doc = two_rank_profile
+    rows = [r for r in doc["measurements"]["overlap"] if r["kind"] == "ddp_overlap_interference"]
+    assert len(rows) == 1
+    r = rows[0]
+    # a tiny model's blocks never fill 8 buckets: all of its 2 layers, its 32 tokens, and
+    # on CPU micro-batch 2
+    assert (r["model"], r["layers"], r["seq_len"], r["micro_batch"]) == ("tiny-llama", 2, 32, 2)
+    assert r["comm_bytes"] > 0 and r["backward_s"] > 0 and r["sync_s"] > 0 and r["comm_s"] > 0
+    assert 0.0 <= r["value"] <= 2.0
+    assert doc["gpu"]["ddp_overlap_interference"] == pytest.approx(r["value"])
+    assert "ddp_overlap_interference" in doc["measured"]
