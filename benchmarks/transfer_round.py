@@ -179,13 +179,16 @@ def cluster_preset(gpu: str) -> str:
 
 
 def calibrate_cmd(models: list[dict], out: Path, *, nproc: int, budget_s: float,
-                  micro_batches: str | None) -> list[str]:
-    """``meshplan calibrate`` with the models (none: the generic grid, no layer tables)."""
+                  micro_batches: str | None, layer_grid: bool = False) -> list[str]:
+    """``meshplan calibrate`` with the models (none: the generic grid, no layer tables
+    unless ``layer_grid``: the stand-in shapes' layer tables, ``--layer-grid``)."""
     cmd = [sys.executable, "-m", "meshplan.cli", "calibrate", "--nproc", str(nproc),
            "--time-budget", f"{budget_s:g}", "--out", str(out)]   # progress lines: the log
     for m in models:
         cmd += ["--model", m["model_file"]]
-    if models and micro_batches:
+    if layer_grid:
+        cmd.append("--layer-grid")
+    if (models or layer_grid) and micro_batches:
         cmd += ["--micro-batches", micro_batches]
     return cmd
 
@@ -341,6 +344,9 @@ def main(argv=None) -> int:
                          "(default: --keep, where the calibrate calls left them)")
     ap.add_argument("--generic-first", action="store_true",
                     help="calibrate: run the no-model calibration first in the same call")
+    ap.add_argument("--layer-grid", action="store_true",
+                    help="generic: also time calibrate's stand-in layer shapes "
+                         "(meshplan calibrate --layer-grid), untimed by the time cap below")
     ap.add_argument("--tiny", action="store_true",
                     help="validate: shrunk models (a CPU dry run with --device cpu)")
     ap.add_argument("--micro-batches", default="1,4,16",
@@ -371,7 +377,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         jobs = []
         if args.what == "generic" or args.generic_first:
-            jobs.append(([], "generic.toml", "generic.log", GENERIC_TIMEOUT_S))
+            jobs.append(([], "generic.toml", "generic.log",
+                         None if args.layer_grid else GENERIC_TIMEOUT_S))
         if args.what == "calibrate":
             part = parse_part(args.part)
             jobs.append((part_models(load_set(args.set), part), profile_name(part),
@@ -384,7 +391,8 @@ def main(argv=None) -> int:
             # for writing, tearing down and the last row's overrun
             rc = _run(calibrate_cmd(models, args.keep / name, nproc=args.nproc,
                                     budget_s=max(limit - 25, 30),
-                                    micro_batches=args.micro_batches),
+                                    micro_batches=args.micro_batches,
+                                    layer_grid=args.layer_grid and not models),
                       args.out / log, timeout_s=limit) or rc
             if (args.keep / name).exists():
                 (args.out / name).write_text((args.keep / name).read_text())

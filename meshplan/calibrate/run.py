@@ -52,6 +52,9 @@ class CalibrateOptions:
     # an fp8 recipe whose plain layer rows are also timed with the
     # executor's fp8 linears (--fp8-rows; compiled at the compile_rows modes); "" = none
     fp8_rows: str = ""
+    # also time the layer tables of the stand-in shapes of meshplan.calibrate.generic_layers
+    # (--layer-grid): rows a model that was not timed borrows through the nearest shape
+    layer_grid: bool = False
 
     def __post_init__(self) -> None:
         # checked here as well as by the CLI: torchrun children would fail one by one
@@ -120,6 +123,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
+    from meshplan.calibrate.generic_layers import layer_grid_models
     from meshplan._version import __version__
     cuda = device.type == "cuda"
     nccl = ""
@@ -141,6 +145,8 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "cpu_threads": torch.get_num_threads(),
         "python": platform.python_version(), "meshplan": __version__,
         "quick": options.quick, "model": ", ".join(m.name for m in options.models),
+        **({"layer_grid": ", ".join(m.name for m in layer_grid_models(device.type))}
+           if options.layer_grid else {}),
         "micro_batches": ", ".join(map(str, micro_batch_sizes(
             options.quick, options.micro_batches))),
         "split_timing": options.split_timing,
@@ -223,6 +229,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     from meshplan.calibrate import (bench_comm, bench_compute, bench_ddp_overlap, bench_layers,
                                     bench_overhead, bench_overlap, bench_pipeline, shapes)
     from meshplan.calibrate.budget import RoundBudget
+    from meshplan.calibrate.generic_layers import layer_grid_models
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.progress import Progress
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
@@ -259,17 +266,18 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         attn = (shapes.default_attention_shapes(options.quick, kind)
                 + shapes.long_context_attention_shapes(None, 4096, kind, options.quick))
     fp8_rows, fp8_rows_note = runnable_fp8_rows(options.fp8_rows, device)
-    grid = (bench_layers.plan_grid(options.models, options.seq_len, world, quick=options.quick,
+    row_models = options.models + (layer_grid_models(kind) if options.layer_grid else ())
+    grid = (bench_layers.plan_grid(row_models, options.seq_len, world, quick=options.quick,
                                    max_tp=options.max_tp, micro_batches=options.micro_batches,
                                    compile_rows=options.compile_rows, fp8_rows=fp8_rows)
-            if options.models else [])
+            if row_models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
     rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
     fp8 = options.fp8 and has_fp8_tensor_cores(device)
     # DDP's overlap is probed on each dense model's blocks (a default shape without one)
-    ddp_models = [m for m in options.models if not m.num_experts] or [None]
+    ddp_models = [m for m in row_models if not m.num_experts] or [None]
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
              + len(grid) * rounds + (2 + len(ddp_models) if world > 1 else 0)
              + (1 if fp8 else 0)
@@ -342,7 +350,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         budget = (RoundBudget(budget_s=options.time_budget_s, started_s=t_start)
                   if options.time_budget_s is not None else None)
         tables = bench_layers.bench_layer_rows(
-            options.models, options.seq_len, device, world, rank, quick=options.quick,
+            row_models, options.seq_len, device, world, rank, quick=options.quick,
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
             split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
             compile_rows=options.compile_rows, fp8_rows=fp8_rows)

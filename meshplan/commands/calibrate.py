@@ -71,6 +71,11 @@ def add_arguments(p) -> None:
     p.add_argument("--no-fp8", action="store_true",
                    help="skip the fp8 GEMM and cast benchmarks (run by default on GPUs of "
                         "compute capability >= 8.9)")
+    p.add_argument("--layer-grid", action="store_true",
+                   help="also time the layer tables of four stand-in shapes (GPT and Llama "
+                        "blocks, hidden 1792 and 3072): a model planned without being timed "
+                        "borrows the nearest one's rows instead of the analytical layer "
+                        "(docs/calibrate.md; about a --model's time each)")
     p.add_argument("--nproc", type=positive_int, default=None,
                    help="spawn torchrun with this many local processes (one per GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
@@ -87,7 +92,7 @@ def main(args) -> int:
                                show_progress=not args.no_progress,
                                layer_rounds=args.rounds, time_budget_s=args.time_budget,
                                fp8=not args.no_fp8, compile_rows=args.compile_rows or (),
-                               fp8_rows=args.fp8_rows or "")
+                               fp8_rows=args.fp8_rows or "", layer_grid=args.layer_grid)
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     calibrate(options)
@@ -119,6 +124,8 @@ def child_argv(args) -> list[str]:
         out += ["--fp8-rows", args.fp8_rows]
     if args.no_fp8:
         out.append("--no-fp8")
+    if args.layer_grid:
+        out.append("--layer-grid")
     if args.quick:
         out.append("--quick")
     if args.no_progress:

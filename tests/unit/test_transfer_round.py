@@ -26,6 +26,10 @@ def test_calibrate_is_the_users_command_with_every_model():
     generic = tr.calibrate_cmd([], Path("/k/generic.toml"), nproc=4, budget_s=200,
                                micro_batches="1,4")
     assert "--model" not in generic and "--micro-batches" not in generic
+    grid = tr.calibrate_cmd([], Path("/k/generic.toml"), nproc=2, budget_s=300,
+                            micro_batches="2,4,8,16", layer_grid=True)
+    assert "--model" not in grid and "--layer-grid" in grid
+    assert grid[grid.index("--micro-batches") + 1] == "2,4,8,16"   # the stand-ins' tables
 
 
 def test_parts_split_the_models_and_validate_finds_each_models_profile(tmp_path):
