@@ -58,3 +58,29 @@ def test_layer_grid_profile_lends_each_family_its_own_rows(tmp_path):
         est = estimate(untimed, cluster, job, Layout(micro_batch=1))
         borrowed = [c for c in est.caveats if "was not timed" in c]
         assert len(borrowed) == 1 and kernel in borrowed[0], est.caveats
+
+
+def test_rows_ablation_as_run_matches_the_rounds_repredict():
+    """benchmarks/rows_ablation.py's unablated variant is the same re-prediction that
+    transfer_round.py reports, and removing every row gives the analytical layer."""
+    import json
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import rows_ablation
+    import transfer_round as tr
+    doc = json.loads((root / "docs/benchmarks/data/transfer41_accuracy.json").read_text())
+    doc["records"] = [r for r in doc["records"] if r["name"] in ("x02", "x22")]
+    errs = rows_ablation.ablate(doc, "dgx-h200")
+    assert set(errs) == set(rows_ablation.VARIANTS)
+    by_model = {}
+    for r in doc["records"]:
+        by_model.setdefault(doc["profiles"][r["model"]], []).append(r["name"])
+    again = {}
+    for prof in by_model:
+        for r in tr.repredict(doc, str(root / prof), "NVIDIA H200"):
+            if doc["profiles"][r["model"]] == prof:
+                again[r["name"]] = r["step_time_error_pct"]
+    assert errs["as run"] == pytest.approx([again[r["name"]] for r in doc["records"]])
+    assert all(n != a for n, a in zip(errs["no rows"], errs["as run"]))
