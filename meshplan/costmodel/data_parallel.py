@@ -17,7 +17,9 @@
 * Overlap: the gradient reduction hides behind the last micro-batch's backward, the
   parameter all-gather behind the next forward; DDP's last bucket is always exposed (Li et
   al. 2020, arXiv 2006.15704 §3.2.3); the hidden part still costs the profile's
-  ``overlap_interference`` (Rashidi et al. 2021, ISCA §3): :func:`exposed_dp_s`.
+  ``overlap_interference`` (Rashidi et al. 2021, ISCA §3), or for DDP's gradient all-reduce
+  ``GPUSpec.dp_overlap_interference`` (calibrate's probe on the executor's blocks,
+  ``calibrate/bench_ddp_overlap.py``; round 41 of issue 36): :func:`exposed_dp_s`.
 * Optimizer: fused Adam is memory-bound, 32 bytes per local parameter, at the calibrated
   optimizer bandwidth or the HBM model: :func:`rank_state`.
 
@@ -228,7 +230,7 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
 
     Runtime "torch": pipelined layouts reduce after the schedule (nothing overlaps), and
     ZeroRedundancyOptimizer's broadcast follows the optimizer step (exposed).
-    ``interference``: the profile's ``overlap_interference`` (see :func:`exposed`).
+    ``interference``: the profile's ``GPUSpec.dp_overlap_interference`` (see :func:`exposed`).
     """
     # (dp 1: nothing to reduce, unless an MoE rank's experts reduce over edp > 1)
     if fsdp_per_microbatch(job, layout.zero, layout.pp) or (layout.dp == 1

@@ -48,7 +48,8 @@ READABLE_VERSIONS = (1, 2)
 _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_efficiency",
              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "provenance",
              "layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
-             "overlap_interference", "ddp_overlap_interference", "membound_efficiency", "fp8_gemm_efficiency",
+             "overlap_interference", "ddp_overlap_interference", "membound_efficiency",
+             "fp8_gemm_efficiency",
              *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS,
              "nvlink_broadcast_efficiency")
 
@@ -269,12 +270,10 @@ def load_profile(path: str | Path) -> CalibratedProfile:
             table["membound_efficiency"] = ops
     gpu = with_base_fp8(gpu_from_table(name, table, gwhere), base)
     for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
-              "overlap_interference"):
-        if getattr(gpu, k) < 0:
-            raise ProfileError(f"{gwhere}: {k} must be >= 0, got {getattr(gpu, k)!r}")
-    if (gpu.ddp_overlap_interference or 0.0) < 0:
-        raise ProfileError(f"{gwhere}: ddp_overlap_interference must be >= 0, got "
-                           f"{gpu.ddp_overlap_interference!r}")
+              "overlap_interference", "ddp_overlap_interference"):
+        v = getattr(gpu, k)
+        if v is not None and v < 0:      # ddp_overlap_interference None: not measured
+            raise ProfileError(f"{gwhere}: {k} must be >= 0, got {v!r}")
     prov = get(doc, "provenance", dict, where, {})
     layers = get(doc, "layers", list, where, [])
     ends = get(doc, "ends", list, where, [])
