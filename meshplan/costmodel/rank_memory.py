@@ -41,6 +41,7 @@ class RankMemory(MemoryReliefs, TablesBase):
     # "torch"), and then the 16-bit logits' gradient the last rank keeps for its output W
     split_backward: bool = False
     logits_grad_bytes: float = 0.0
+    microbatches: float = 0.0       # per step; 0: not capped (_split_sets)
     wgrad_transient_bytes: float = 0.0     # per layer, while a deferred W runs (ranks r > 0)
     last_chunks_bytes: float = 0.0  # last stage: every micro-batch's output kept (runtime torch)
     last_merge_bytes: float = 0.0   # ... and concatenated at the end of the step
@@ -108,7 +109,11 @@ class RankMemory(MemoryReliefs, TablesBase):
         """Micro-batches whose W-pass gradients ``rank`` holds at its peak: its pending
         ones, and under :func:`~meshplan.costmodel.runtime.split_backward_rule` (ranks r > 0) the one whose I just ended."""
         pending = self.wgrad_pending[rank] if self.wgrad_pending else 0.0
-        return pending + (1.0 if self.split_backward and rank > 0 else 0.0)
+        sets = pending + (1.0 if self.split_backward and rank > 0 else 0.0)
+        # the micro-batch whose I just ended is one of the pending ones once every
+        # micro-batch of the step has run its I (e.g. one micro-batch: F0 I0 W0), so a
+        # rank never holds more sets than the step has micro-batches
+        return min(sets, self.microbatches) if self.microbatches else sets
 
     def output_split_extra_bytes(self, layers: int) -> float:
         """Under :func:`~meshplan.costmodel.runtime.split_backward_rule`, the last rank's peak is the larger of the end

@@ -150,7 +150,11 @@ def zero_bubble_pending_w(job: Job, layout: Layout, microbatches: int) -> tuple[
     output-layer terms hold about one set more than it keeps, not resolved, so it keeps r.
     Without recomputation the peak is at the end of an I, where the micro-batch that just
     ran it holds its kept gradients too (:func:`split_backward_rule` counts r + 1 sets of
-    kept output gradients, not of activations, on ranks r > 0; round 25)."""
+    kept output gradients, not of activations, on ranks r > 0; round 25). Those sets
+    are capped by the step's micro-batches (``LayerTables._split_sets``): with one
+    micro-batch rank 1 runs F0 I0 W0 and the pending W is the micro-batch whose I just
+    ended; counting both over-predicted round 39's w18 stage 1 by 21.8 % (3.5 % capped,
+    post hoc, docs/benchmarks/transfer.md)."""
     pp = layout.pp
     if job.runtime != "torch" or layout.schedule != "zero-bubble" or layout.vpp != 1:
         return ()
