@@ -22,8 +22,21 @@ than predicted.
 GPipe and 1F1B (one chunk) reduce to the earlier rule: relief ``min(G, A)`` on a rank that
 runs all m forwards before its first backward, none elsewhere. Without a pipeline (pp 1,
 one rank running F, B per micro-batch) that is one micro-batch per step, where FSDP2's
-gradient shards (or dp 1's plain gradients) are not in DDP buckets (round 17). Zero-bubble
-is not walked: its weight passes, not its backwards, allocate the gradients.
+gradient shards (or dp 1's plain gradients) are not in DDP buckets (round 17).
+
+Zero-bubble (torch's ``ScheduleInterleavedZeroBubble``, one stage per rank) is walked in
+its own order (:func:`zero_bubble_order`): there the weight passes (W), not the
+input-gradient passes (I), allocate the gradients. A rank r > 0 peaks at the end of an I
+(:func:`meshplan.costmodel.runtime.split_backward_rule`), holding its in-flight
+micro-batches' activations A and the kept output gradients K of those whose W is pending;
+rank 0's I has nothing to do (token ids) and its W is the whole backward. When the rank's
+largest state comes before its first W and never recurs after it — a step of few
+micro-batches: m ≤ r + 1, or m ≤ pp on rank 0 — none of its gradients exists at the
+peak (:func:`zero_bubble_relief`). Worked example, pp 2, m 1: both ranks run F0 I0 W0;
+rank 1 peaks at the end of I0 with A + K and no gradient, then W0 frees A + K while it
+allocates G: the peak is A + K + max(0, G − A − K), ``min(G, A + K)`` under "A + K + G".
+Round 41 (2 × H200, post hoc): x11, x12, x17 (pp 2 zero-bubble, m 1-2) were over-predicted
+by 4.1-4.6 GiB on every rank, their gradients 4.2-4.4 GiB (+8.5..+15.9 % → −0.6..+1.3 %).
 """
 from __future__ import annotations
 
@@ -94,3 +107,65 @@ def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]
                + (max(0.0, grad_bytes[chunk] - act_bytes[chunk]) if first else 0.0)
                for counts, allocated, chunk, first in bwd)
     return max(0.0, most_act + sum(grad_bytes) - peak)
+
+
+def zero_bubble_order(pp: int, m: int, rank: int) -> tuple[tuple[str, int], ...]:
+    """Rank ``rank``'s passes under torch's zero-bubble schedule with one stage per rank
+    (ZB1P, Qi et al. 2023, arXiv 2401.10241; ``ScheduleInterleavedZeroBubble`` with
+    ``n_local_stages`` = 1, torch 2.11-2.13): ``pp − rank`` forwards of warm-up (at most
+    m), then for each micro-batch t its I, from the (rank + 1)-th on the W of micro-batch
+    t − rank, and the next forward while any is left; the remaining Ws last. pp 2, m 4:
+    rank 0 ``F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3``, rank 1 ``F0 I0 F1 I1 W0 F2 I2 W1 F3 I3
+    W2 W3`` (checked against torch's own action lists in tests/unit/test_first_backward.py).
+    """
+    warm = min(pp - rank, m)
+    ops = [("F", j) for j in range(warm)]
+    next_f, next_w = warm, 0
+    for t in range(m):
+        ops.append(("I", t))
+        if t >= rank:
+            ops.append(("W", next_w))
+            next_w += 1
+        if next_f < m:
+            ops.append(("F", next_f))
+            next_f += 1
+    ops.extend(("W", j) for j in range(next_w, m))
+    return tuple(ops)
+
+
+@lru_cache(maxsize=4096)
+def zero_bubble_events(pp: int, m: int, rank: int) -> tuple[tuple[int, int, bool, bool], ...]:
+    """The distinct memory states of a zero-bubble rank, for :func:`zero_bubble_relief`:
+    ``(activation sets, kept-gradient sets, gradients allocated, first W)`` after each
+    forward and I, and right before each W (``first W``: it allocates the gradients)."""
+    acts = kept = 0
+    allocated = False
+    out: dict[tuple[int, int, bool, bool], None] = {}
+    for kind, _mb in zero_bubble_order(pp, m, rank):
+        if kind == "F":
+            acts += 1
+        elif kind == "I":
+            kept += 1 if rank > 0 else 0
+        else:
+            out[(acts, kept, allocated, not allocated)] = None
+            acts -= 1
+            kept -= 1 if rank > 0 else 0
+            allocated = True
+            continue
+        out[(acts, kept, allocated, False)] = None
+    return tuple(out)
+
+
+def zero_bubble_relief(events, act_bytes: float, kept_bytes: float, grad_bytes: float
+                       ) -> float:
+    """Bytes by which a zero-bubble rank's walked peak lies below "most activations and kept
+    gradients + all gradients" (the other terms' count). A W frees its micro-batch's
+    activations and kept gradients layer by layer while its first allocates the gradients,
+    so the first W peaks ``max(0, G − A − K)`` above its start."""
+    if not events:
+        return 0.0
+    most = max(a * act_bytes + k * kept_bytes for a, k, _on, _first in events)
+    peak = max(a * act_bytes + k * kept_bytes + (grad_bytes if on else 0.0)
+               + (max(0.0, grad_bytes - act_bytes - kept_bytes) if first else 0.0)
+               for a, k, on, first in events)
+    return max(0.0, most + grad_bytes - peak)

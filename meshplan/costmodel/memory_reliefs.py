@@ -49,6 +49,8 @@ class MemoryReliefs:
             return 0.0
         key = (rank, layers)
         out = self._relief.get(key)  # type: ignore[attr-defined]
+        if out is None and self.layout.schedule == "zero-bubble":
+            out = self._relief[key] = self._zero_bubble_relief(rank, layers)  # type: ignore[attr-defined]
         if out is None:
             v = self.layout.vpp if self.layout.schedule == "interleaved-1f1b" else 1
             act = [layers / v * self.layer_activation_bytes] * v
@@ -63,6 +65,24 @@ class MemoryReliefs:
             out = self._relief[key] = first_backward.relief_bytes(  # type: ignore[attr-defined]
                 self.relief_events[rank], act, grads)
         return out
+
+    def _zero_bubble_relief(self, rank: int, layers: int) -> float:
+        """:meth:`first_backward_relief_bytes` of a zero-bubble rank
+        (:func:`first_backward.zero_bubble_relief`): per micro-batch the activations A
+        (rank 0's embedding output, the last rank's kept output), on ranks r > 0 the kept
+        output gradients K (the last rank's 16-bit logits' gradient with them), and the
+        rank's gradients G."""
+        act = layers * self.layer_activation_bytes
+        kept = layers * self.wgrad_pending_bytes if rank > 0 else 0.0
+        grads = layers * self.relief_layer_grad_bytes
+        if rank == 0:
+            act += self.embedding_act_bytes
+            grads += self.relief_first_grad_bytes
+        if rank == self.last_rank:
+            act += self.output_kept_bytes
+            kept += self.logits_grad_bytes if rank > 0 else 0.0
+            grads += self.relief_last_grad_bytes
+        return first_backward.zero_bubble_relief(self.relief_events[rank], act, kept, grads)
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
         """ZeRO-3 under torch.distributed.pipelining (GPipe, 1F1B, interleaved; zero-bubble

@@ -203,23 +203,30 @@ def first_backward_relief_fields(job: Job, layout: Layout, microbatches: int,
     """LayerTables' relief fields (:meth:`LayerTables.first_backward_relief_bytes`): runtime
     "torch", gradients allocated by each chunk's first backward, not kept in DDP buckets
     (:func:`torch_ddp`, :func:`ddp_accumulates`), and a schedule whose backward allocates
-    them (:data:`first_backward.WALKED_SCHEDULES`). Under a pipeline, FSDP2 counts only
+    them (:data:`first_backward.WALKED_SCHEDULES`), or zero-bubble under
+    :func:`split_backward_rule`, whose first W allocates them
+    (:func:`first_backward.zero_bubble_events`). Under a pipeline, FSDP2 counts only
     where it accumulates unsharded (:func:`fsdp_accumulates_unsharded`); without one, its
     per-micro-batch gradient shards do too: with one micro-batch per step they appear in
     its only backward (round 17, post hoc: holdout17's a12, Llama dp 4 ZeRO-3 mb 16,
     19.89 GiB measured, 21.96 predicted with the 1.53 GiB of shards counted, 20.43 without).
     ``first_params`` / ``last_params``: the first / last rank's non-layer parameters."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero
+    zero_bubble = split_backward_rule(job, layout)
     if job.runtime != "torch" or grad_copies != 1 or not numbers.enabled(FIRST_BACKWARD) \
-            or layout.schedule not in first_backward.WALKED_SCHEDULES \
+            or (layout.schedule not in first_backward.WALKED_SCHEDULES and not zero_bubble) \
             or (pp == 1 and torch_ddp(job, layout)) \
             or (pp > 1 and zero >= 2 and not fsdp_accumulates_unsharded(job, zero, dp, pp)):
         return {}
 
     def grads(params: float) -> float:
         return state_bytes_at_peak(params, job, zero, dp, pp)[1]
-    events = tuple(first_backward.backward_events(layout.schedule, pp, layout.vpp,
-                                                  microbatches, r) for r in range(pp))
+    if zero_bubble:
+        events = tuple(first_backward.zero_bubble_events(pp, microbatches, r)
+                       for r in range(pp))
+    else:
+        events = tuple(first_backward.backward_events(layout.schedule, pp, layout.vpp,
+                                                      microbatches, r) for r in range(pp))
     return {"relief_layer_grad_bytes": grads(layer_params),
             "relief_first_grad_bytes": grads(first_params),
             "relief_last_grad_bytes": grads(last_params), "relief_events": events}
