@@ -33,7 +33,8 @@ from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.parts import LayerParts, pipelined_zero2_row, ratio, stage_split
-from meshplan.costmodel.runtime import ddp_accumulates, fsdp_per_microbatch, torch_pipelined
+from meshplan.costmodel.runtime import (ddp_accumulates, fsdp_per_microbatch, torch_pipelined,
+                                        zb_first_stage_fused)
 from meshplan.costmodel.stage_tables import inflight_table
 from meshplan.costmodel.moe_layer import shared_width
 from meshplan.costmodel.torch_activations import torch_layer_activations
@@ -75,6 +76,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         layer_w = (layer_w - d_w) * k + d_w
         measured_split = stage_split(stage_row, *measured_split, k)
     split = split_cpu = None
+    split_excess = 0.0     # what the split B + W cost beyond one fused backward, per layer
     if layout.schedule == "zero-bubble" and measured_split[0] is not None:
         # measured B and W actions (their sum can exceed one fused backward). What grows
         # with the stage's depth (at its mean; uneven partitions are off by second-order
@@ -87,11 +89,13 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
             split_cpu = split_backward_at(measured_cpu, measured_depth, depth)
         else:
             split = split_cpu = split_backward_at(measured_b, measured_depth, depth)
+        split_excess = sum(split) - layer_b
         layer_b, layer_w = sum(split), split[1]
     # zero-bubble with full recompute and no measured split: the weight pass's recomputes
     passes = corr.zb_full_w_passes(cluster.gpu.corrections, job, layout,
                                    split is not None)
     layer_b, layer_w = layer_b + passes * layer_f, layer_w + passes * layer_f
+    split_excess += passes * layer_f
     fs = fsdp_row if fsdp else None
     act_bytes = parts.activation_bytes
     reread = job.runtime == "torch" and (fsdp_row is not None or layout.zero >= 2
@@ -120,6 +124,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s + d_f - layer_f, fs.backward_s + d_b - layer_b,
                         z3.wire_bytes, z3.total_s)
+        split_excess = 0.0   # the FSDP2 row is a fused backward, used as it is
     if parts.fp8 is not None and parts.fp8.weight_cast_step_s:
         # TransformerEngine casts the weights on a step's first micro-batch (fp8_cost)
         layer_f += parts.fp8.weight_cast_step_s / layout.num_microbatches(job.global_batch)
@@ -127,6 +132,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     layer_f += (layer_cast_s(model, cluster.gpu, job, layout, compiled=parts.compiled)
                 / layout.num_microbatches(job.global_batch))
     return dict(layer_f=layer_f, layer_b=layer_b, layer_w=layer_w, zb_w_passes=passes,
+                split_excess=split_excess,
                 z3=z3, fsdp=fsdp, fs=fs,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
                 act_bytes=act_bytes, layer_params=layer_params,
@@ -337,6 +343,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         layer_forward_s=lt["layer_f"] + z3.forward_s,
         layer_backward_s=lt["layer_b"] + z3.backward_s,
         layer_wgrad_s=lt["layer_w"], zb_w_recompute_passes=lt["zb_w_passes"],
+        zb_first_fused=zb_first_stage_fused(job, layout), zb_split_excess_s=lt["split_excess"],
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         **end_stage_times(model, job, layout, parts, links, lt["fsdp"], cluster.gpu),
         **host_dispatch(cluster, layout, parts, lt),

@@ -99,6 +99,21 @@ def split_backward_rule(job: Job, layout: Layout) -> bool:
             and layout.vpp == 1 and layout.recompute != "full")
 
 
+def zb_first_stage_fused(job: Job, layout: Layout) -> bool:
+    """Whether the first stage of a zero-bubble pipeline runs one fused backward in its W
+    action instead of a split I + W (runtime "torch", pp > 1).
+
+    torch's ``_PipelineStageBase.backward_weight_one_chunk`` (torch 2.11-2.13) runs stage
+    0's W as a ``"full"`` backward: its input (token ids) has no gradient, so
+    ``stage_backward_input`` captures no parameter groups and its I computes nothing. So
+    stage 0 costs one fused backward, all of it in its W, not the measured split's B + W
+    (which costs more: the hooks, the retained graph, the second graph walk;
+    :mod:`meshplan.calibrate.bench_split`). Post hoc, round 41's x12 (m = 1): stage 0's
+    backward 140.6 ms split, 121.7 fused; the step +7.8 % → see docs/benchmarks/transfer.md."""
+    return (job.runtime == "torch" and layout.schedule == "zero-bubble" and layout.pp > 1
+            and layout.vpp == 1)
+
+
 def fp8_transformer_engine(job: Job) -> bool:
     """fp8 linears as TransformerEngine runs them (runtime "megatron"; Megatron-Core's
     ``TELinear`` / ``TELayerNormColumnParallelLinear``): fused cast-transpose(-amax) kernels

@@ -168,6 +168,10 @@ class StageTimes(TablesBase):
     # zero-bubble with full recompute, unmeasured split: the forwards a layer's weight pass
     # runs again (corrections.zb_full_w_passes; in layer_backward_s and layer_wgrad_s)
     zb_w_recompute_passes: float = 0.0
+    # zero-bubble under torch: the first stage's W is one fused backward, its I empty
+    # (runtime.zb_first_stage_fused); per layer, what the split B + W cost beyond it
+    zb_first_fused: bool = False
+    zb_split_excess_s: float = 0.0
 
     def stage_times(self, stage_layers) -> tuple[list[float], list[float], list[float]]:
         """Per-micro-batch forward, backward and weight-gradient seconds of each virtual stage."""
@@ -184,6 +188,9 @@ class StageTimes(TablesBase):
         f[-1] += self.last_forward_s
         b[-1] += self.last_backward_s
         w[-1] += self.last_wgrad_s
+        if self.zb_first_fused:
+            b[0] -= stage_layers[0] * self.zb_split_excess_s
+            w[0] = b[0]
         if self.slowdown:
             k = self.slowdown
             f = [x * y for x, y in zip(f, k)]
