@@ -1111,9 +1111,15 @@ def test_gpipe_full_recompute_peak_drops_the_weight_copies_the_first_backward_cl
     single = replace(big, microbatches=1.0, inflight=(1.0, 1.0))
     first_unallocated = (4 * big.relief_layer_grad_bytes + big.relief_first_grad_bytes
                          - single.first_backward_relief_bytes(0, 4))
+    assert first_unallocated > 0
     assert single.cast_cache_relief_bytes(0, 4) == pytest.approx(max(0.0, min(
         rb - r + first_unallocated, 4 * c1 - 2 * c1)))
-    assert single.cast_cache_relief_bytes(0, 4) > big.cast_cache_relief_bytes(0, 4)
+    # where the copies do not bind, the raised bound relieves more than with m >= 2
+    wide = dict(cache_layer_copy_bytes=50 * c1)
+    assert replace(single, **wide).cast_cache_relief_bytes(0, 4) == pytest.approx(
+        max(0.0, min(rb - r + first_unallocated, 4 * 50 * c1 - 2 * 50 * c1)))
+    assert replace(single, **wide).cast_cache_relief_bytes(0, 4) \
+        > replace(big, **wide).cast_cache_relief_bytes(0, 4)
     # the rank's peak and its breakdown both lose exactly the relief
     without = replace(t, cache_layer_copy_bytes=0.0)
     assert t.rank_memory_bytes(0, 4) == pytest.approx(without.rank_memory_bytes(0, 4) - want)
