@@ -172,9 +172,16 @@ def test_zero_bubble_uses_the_measured_split_backward():
     # 4 layers per stage; the ends are analytical here (no end rows), identical in both;
     # stage 0's rank runs 2 p2p operations per micro-batch (TORCH_P2P_SLOWDOWN_PER_OP)
     k = 1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP
-    assert zb.stage_backward_s[0] - fb.stage_backward_s[0] == pytest.approx(
+    # stage 0 runs one fused backward, all in its W (torch: its I has no input gradient
+    # to compute; runtime.zb_first_stage_fused); the last stage runs the measured split
+    assert zb.stage_backward_s[0] == pytest.approx(fb.stage_backward_s[0])
+    assert zb.stage_wgrad_s[0] == pytest.approx(zb.stage_backward_s[0])
+    assert zb.stage_backward_s[1] - fb.stage_backward_s[1] == pytest.approx(
         k * 4 * (5.5e-3 - 2e-3))
-    assert zb.stage_wgrad_s[0] == pytest.approx(k * 4 * 4e-3)
+    from meshplan.costmodel.estimate import layer_tables
+    last_w = layer_tables(MODEL, c, JOB, Layout(pp=2, micro_batch=1,
+                                                schedule="zero-bubble")).last_wgrad_s
+    assert zb.stage_wgrad_s[1] == pytest.approx(k * (4 * 4e-3 + last_w))
     # the split's extra cost is in the breakdown, which adds up to the step
     assert zb.time.total_s == pytest.approx(zb.step_time_s)
 
@@ -184,10 +191,14 @@ def test_zero_bubble_split_backward_grows_with_the_stage_depth():
     row = dict(backward_input_s=1.5e-3, backward_weight_s=4e-3, split_layers=2,
                backward_weight_depth_s=2.5e-4)
     c = _cluster(MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, **row),), ()))
+    from meshplan.costmodel.estimate import layer_tables
     for pp, n in ((2, 4), (4, 2)):
-        zb = estimate(MODEL, c, JOB, Layout(pp=pp, micro_batch=1, schedule="zero-bubble"))
+        lay = Layout(pp=pp, micro_batch=1, schedule="zero-bubble")
+        zb = estimate(MODEL, c, JOB, lay)
         w = 4e-3 + 2.5e-4 * (n - 2)
-        assert zb.stage_wgrad_s[0] == pytest.approx(n * w * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
+        last_w = layer_tables(MODEL, c, JOB, lay).last_wgrad_s    # the last stage's split
+        assert zb.stage_wgrad_s[-1] == pytest.approx(
+            (n * w + last_w) * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
     # one measured micro-batch: times scale with it, the timed stack and its growth do not
     one = MeasuredTables((_layer(2, 1e-3, 2e-3, 1e6, 0.0, **row),), ())
     r = one.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
@@ -213,10 +224,10 @@ def test_zero_bubble_with_the_split_timed_queued():
     c = _cluster(MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, **row),), ends))
     lay = Layout(pp=2, micro_batch=1, schedule="zero-bubble")
     zb = estimate(MODEL, c, JOB, lay)
-    assert zb.stage_wgrad_s[0] == pytest.approx(                    # GPU: no depth growth
-        4 * 1.2e-3 * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
     from meshplan.costmodel.estimate import layer_tables
     t = layer_tables(MODEL, c, JOB, lay)
+    assert zb.stage_wgrad_s[-1] == pytest.approx(                   # GPU: no depth growth
+        (4 * 1.2e-3 + t.last_wgrad_s) * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
     # CPU per layer: forward + B + W at depth 4 (W + 2 extra layers x 0.5 ms)
     assert t.cpu_layer_s == pytest.approx(1e-3 + 3e-3 + 4e-3 + 2 * 5e-4)
 
