@@ -106,8 +106,7 @@ def moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, link
     parts = with_routed_mlp(shared, routed, layout.recompute)
     lay = parts.layer
     host = host_terms(model, job, layout, cluster.gpu, links, forward_s=lay.forward.total_s,
-                      backward_s=lay.backward.total_s,
-                      dispatch_a2a_s=routed.forward.ep_comm_s / 2)
+                      backward_s=lay.backward.total_s)
     if not (host.forward_s or host.backward_s):
         return parts
     fwd = replace(lay.forward, overhead_s=lay.forward.overhead_s + host.forward_s)

@@ -122,12 +122,18 @@ class GroupedExperts(nn.Module):
         return torch.cat(outs)
 
     def _grouped(self, x, counts, dtype):
-        padded = (counts + GROUP_ALIGN_ROWS - 1) // GROUP_ALIGN_ROWS * GROUP_ALIGN_ROWS
+        # the padded buffer is sized on the host from what the host knows (rows + the most
+        # padding any group can take), and its slack goes to the last group as zero rows:
+        # reading the padded total back (``int(padded.sum())``) would be a device-to-host
+        # synchronisation a layer (costmodel/moe_host.py)
+        n, a = x.shape[0], GROUP_ALIGN_ROWS
+        total = -(-(n + self.count * (a - 1)) // a) * a
+        padded = (counts + a - 1) // a * a
         starts = torch.cumsum(padded, 0) - padded
-        within = torch.arange(x.shape[0], device=x.device) - torch.repeat_interleave(
-            torch.cumsum(counts, 0) - counts, counts, output_size=x.shape[0])
-        dest = torch.repeat_interleave(starts, counts, output_size=x.shape[0]) + within
-        total = int(padded.sum())
+        padded = torch.cat([padded[:-1], (total - starts[-1:])])
+        within = torch.arange(n, device=x.device) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts, output_size=n)
+        dest = torch.repeat_interleave(starts, counts, output_size=n) + within
         xp = x.new_zeros((total, x.shape[1]), dtype=dtype).index_copy(0, dest, x.to(dtype))
         offs = torch.cumsum(padded, 0).to(torch.int32)
         mm = _grouped_mm_fn()
@@ -174,19 +180,26 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
-def _expert_major_index(recv: torch.Tensor) -> torch.Tensor:
-    """Row order that turns rows received as (source, expert) chunks, sizes ``recv``
-    [sources, experts], into (expert, source) order."""
+def _expert_major_index(recv: torch.Tensor, total: int) -> torch.Tensor:
+    """Row order that turns ``total`` rows received as (source, expert) chunks, sizes
+    ``recv`` [sources, experts], into (expert, source) order."""
     sources, experts = recv.shape
     sizes = recv.reshape(-1)
     starts = torch.cumsum(sizes, 0) - sizes
     chunk = torch.arange(sources * experts, device=recv.device).view(sources, experts).t().reshape(-1)
     seg_len = sizes[chunk]
-    total = int(sizes.sum())
     seg_first = torch.cumsum(seg_len, 0) - seg_len
     within = torch.arange(total, device=recv.device) - torch.repeat_interleave(
         seg_first, seg_len, output_size=total)
     return torch.repeat_interleave(starts[chunk], seg_len, output_size=total) + within
+
+
+def _count(values: torch.Tensor, size: int) -> torch.Tensor:
+    """How often each of 0 .. size − 1 occurs in ``values`` (all in range): ``bincount``
+    without its device-to-host reads (on CUDA it reads the input's min and max on the host
+    to size its output)."""
+    return torch.zeros(size, dtype=torch.long, device=values.device).index_add_(
+        0, values, torch.ones_like(values))
 
 
 def _rank_within_key(key: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -248,7 +261,7 @@ class MoELayer(nn.Module):
             gates = gates / gates.sum(-1, keepdim=True)
         seq = torch.arange(x2d.shape[0], device=x2d.device) // s
         key = (seq.unsqueeze(1) * e + idx).reshape(-1)          # (sequence, expert) per copy
-        counts = torch.bincount(key, minlength=b * e)
+        counts = _count(key, b * e)
         full, earlier, seq_len = counts, torch.zeros_like(counts), s
         if self._tp_split():
             n, r = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
@@ -280,7 +293,7 @@ class MoELayer(nn.Module):
             gates, experts, token = gates[kept], experts[kept], token[kept]
         order = torch.argsort(experts, stable=True)
         token, gates = token[order], gates[order]
-        counts = torch.bincount(experts, minlength=self.num_experts)
+        counts = _count(experts, self.num_experts)
         out = self._run_experts(x2d.index_select(0, token), counts)
         y = out.new_zeros((b * s, h)).index_add(0, token, out * gates.unsqueeze(1).to(out.dtype))
         if aux is not None:
@@ -297,9 +310,11 @@ class MoELayer(nn.Module):
         send = counts.view(ep, self.num_experts // ep)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=group)
-        in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+        # the one synchronisation of the layer: all_to_all_single takes its splits as
+        # host integers (both read back together)
+        in_splits, out_splits = torch.stack([send.sum(1), recv.sum(1)]).tolist()
         got = _AllToAll.apply(rows, out_splits, in_splits, group)
-        regroup = _expert_major_index(recv)
+        regroup = _expert_major_index(recv, sum(out_splits))
         out = self.experts(got.index_select(0, regroup), recv.sum(0))
         back = out.index_select(0, torch.argsort(regroup))
         return _AllToAll.apply(back, in_splits, out_splits, group)

@@ -111,12 +111,14 @@ def test_capacity_drops_later_positions_of_a_sequence():
 
 
 @pytest.mark.skipif(_grouped_mm_fn() is None, reason="this torch has no grouped_mm")
-def test_grouped_gemm_matches_the_loop():
-    """The grouped path (with its 8-row group padding) against the per-expert loop, on CPU
-    where the installed torch runs grouped_mm (torch 2.13 does; the executor itself uses it
-    on CUDA bf16 only)."""
+@pytest.mark.parametrize("bias", [False, True])
+def test_grouped_gemm_matches_the_loop(bias):
+    """The grouped path (with its 8-row group padding, the buffer's slack in the last group)
+    against the per-expert loop, on CPU where the installed torch runs grouped_mm (torch
+    2.13 does; the executor itself uses it on CUDA bf16 only)."""
+    from dataclasses import replace
     torch.manual_seed(2)
-    ex = GroupedExperts(MOE)
+    ex = GroupedExperts(replace(MOE, bias=bias))
     for p in ex.parameters():
         torch.nn.init.normal_(p, std=0.3)
     counts = torch.tensor([3, 0, 9, 1])

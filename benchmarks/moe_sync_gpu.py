@@ -1,0 +1,206 @@
+"""The executor's MoE layer with and without its device-to-host syncs, on one GPU (issue 38).
+
+Until 2026-11-29 every MoE layer forward of the executor read device values on the host five
+times at ep = 1 (two ``torch.bincount`` calls, which on CUDA read their input's min and max,
+and the grouped GEMM's ``int(padded.sum())``) and eight at ep > 1; each read drains the
+GPU's queue. The executor now counts with ``index_add_``, sizes the grouped GEMM's buffer
+from host-known bounds and reads the all-to-all splits back once (``executor/moe.py``;
+``costmodel/moe_host.py`` prices what is left). This times both on the GPU: the same plans
+run by the executor of a baseline tree (``--baseline``, the code before the change) and of
+this one, beside the cost model's predictions made before the run (``plans``: each plan
+file carries the prediction of this tree's cost model on the calibrated profile;
+``predictions.json`` adds the datasheet one and the baseline tree's).
+
+    # CPU, before the run: plans and predictions (commit them)
+    python benchmarks/moe_sync_gpu.py plans --out benchmarks/plans/moe_sync_h200x1 \\
+        --profile docs/benchmarks/data/profiles/profile_h200x2_moe_20261128.toml \\
+        --baseline out/baseline
+    # one GPU (the baseline tree carried: carry out/baseline), ~4 minutes
+    python benchmarks/moe_sync_gpu.py run --plans benchmarks/plans/moe_sync_h200x1 \\
+        --baseline out/baseline --out $OUT
+    # CPU, after: the table
+    python benchmarks/moe_sync_gpu.py table --results moe_sync.json
+
+``--baseline DIR``: a directory holding the baseline ``meshplan`` package (e.g. ``git
+archive <commit> meshplan | tar -x -C DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from moe_gpu_check import MODEL  # noqa: E402
+
+from meshplan.spec import Job, Layout  # noqa: E402
+
+#: moe-1.9b's per-GPU work of the 2-GPU check (32 x 2048 tokens over dp 2) on one GPU
+JOB = Job(global_batch=16, seq_len=2048, precision="bf16", runtime="torch")
+LAYOUTS = [("mb1", Layout(micro_batch=1)), ("mb2", Layout(micro_batch=2)),
+           ("mb4", Layout(micro_batch=4)), ("mb2-selective", Layout(micro_batch=2,
+                                                                     recompute="selective"))]
+
+
+def _cluster(profile: str | None):
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1)
+    return apply_profile(c, profile) if profile else c
+
+
+def _baseline_step_s(baseline: Path, profile: str, layout: Layout) -> float | None:
+    """The baseline tree's cost model on the same layout (a subprocess: its own package)."""
+    # the baseline's package is imported first, so that the helpers below (which put this
+    # tree on sys.path) find it already loaded
+    # (python -c puts the working directory, this tree, first on sys.path: dropped)
+    code = ("import json,sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')];"
+            "import meshplan.costmodel, meshplan.hardware_profiles.calibrated;"
+            f"assert meshplan.__file__.startswith({str(baseline.resolve())!r}), meshplan.__file__;"
+            f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r});"
+            "from moe_sync_gpu import _cluster, MODEL, JOB;"
+            "from meshplan.spec import Layout; from meshplan.costmodel import estimate;"
+            f"lay = Layout.from_dict(json.loads({json.dumps(json.dumps(layout.to_dict()))}));"
+            f"print(estimate(MODEL, _cluster({profile!r}), JOB, lay).step_time_s)")
+    env = dict(os.environ, PYTHONPATH=f"{baseline.resolve()}{os.pathsep}{ROOT}")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True)
+    return float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+
+
+def plans(args) -> int:
+    from meshplan.costmodel import estimate
+    from meshplan.executor.planfiles import write_plan_for_layout
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    calibrated, datasheet = _cluster(args.profile), _cluster(None)
+    preds = {"model": MODEL.name, "job": JOB.to_dict(), "profile": args.profile,
+             "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
+    for name, lay in LAYOUTS:
+        write_plan_for_layout(out / f"{name}.json", MODEL, JOB, lay, calibrated)
+        e = estimate(MODEL, calibrated, JOB, lay)
+        preds["layouts"][name] = {
+            "short": lay.short(), "calibrated_s": e.step_time_s,
+            "datasheet_s": estimate(MODEL, datasheet, JOB, lay).step_time_s,
+            "baseline_calibrated_s": (_baseline_step_s(Path(args.baseline), args.profile, lay)
+                                      if args.baseline else None),
+            "memory_gib": e.memory_peak_bytes / 2**30}
+        print(name, json.dumps(preds["layouts"][name]))
+    (out / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n")
+    return 0
+
+
+def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
+             profile_dir: Path | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree.resolve()), NCCL_NVLS_ENABLE="0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+           "-m", "meshplan.executor.run", "--plan", str(plan), "--out", str(res),
+           "--steps", "6", "--warmup", "3", "--force", "--device", "cuda"]
+    if profile_dir is not None:
+        cmd += ["--profile", str(profile_dir)]
+    t0 = time.time()
+    with open(log, "w") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    doc = json.loads(res.read_text()) if res.exists() else {}
+    meas = doc.get("measured", {})
+    return {"rc": rc, "wall_s": time.time() - t0, "status": doc.get("status", "failed"),
+            "step_time_s": meas.get("step_time_s"), "memory_peak_bytes":
+            meas.get("memory_peak_bytes"), "phases": meas.get("phase_median_ms_per_rank"),
+            "host_step_s": (meas.get("host_step_median_s_per_rank") or [None])[0]}
+
+
+def run(args) -> int:
+    out, work = Path(args.out), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    trees = {"baseline": Path(args.baseline), "current": ROOT}
+    preds = json.loads((Path(args.plans) / "predictions.json").read_text())
+    import torch
+    results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "predictions": preds, "runs": {}}
+    deadline = time.time() + args.budget
+    for name, _lay in LAYOUTS:
+        for arm, tree in trees.items():
+            if time.time() > deadline:
+                results["runs"][f"{name}/{arm}"] = {"status": "skipped: budget"}
+                continue
+            key = f"{name}/{arm}"
+            r = _run_one(Path(args.plans) / f"{name}.json", tree, work / f"{name}_{arm}.json",
+                         work / f"{name}_{arm}.log", args.timeout, None)
+            results["runs"][key] = r
+            print(key, json.dumps({k: r[k] for k in ("status", "step_time_s", "wall_s")}),
+                  flush=True)
+            (out / "moe_sync.json").write_text(json.dumps(results, indent=1) + "\n")
+    if args.trace and time.time() + 60 < deadline:
+        for arm, tree in trees.items():
+            _run_one(Path(args.plans) / "mb2.json", tree, work / f"trace_{arm}.json",
+                     work / f"trace_{arm}.log", args.timeout, work / f"trace_{arm}")
+            top = work / f"trace_{arm}" / "top_ops_rank0.txt"
+            if top.exists():
+                (out / f"top_ops_{arm}.txt").write_text(top.read_text())
+    subprocess.run(["tar", "czf", str(out / "logs.tgz"), "-C", str(work.parent), work.name],
+                   check=False)
+    print(table(results))
+    return 0
+
+
+def table(results: dict) -> str:
+    preds = results["predictions"]["layouts"]
+    rows = ["| layout | baseline s (pred.) | current s (pred.) | speed-up | current error | "
+            "datasheet s | peak GiB (pred.) |", "|---|---|---|---|---|---|---|"]
+    for name, p in preds.items():
+        b = results["runs"].get(f"{name}/baseline", {})
+        c = results["runs"].get(f"{name}/current", {})
+        bs, cs = b.get("step_time_s"), c.get("step_time_s")
+
+        def f(x):
+            return "—" if x is None else f"{x:.3f}"
+        err = f"{(p['calibrated_s'] / cs - 1) * 100:+.1f} %" if cs else "—"
+        mem = (f"{c['memory_peak_bytes'] / 2**30:.1f} ({p['memory_gib']:.1f})"
+               if c.get("memory_peak_bytes") else f"— ({p['memory_gib']:.1f})")
+        rows.append(f"| {name} `{p['short']}` | {f(bs)} ({f(p.get('baseline_calibrated_s'))}) | "
+                    f"{f(cs)} ({f(p['calibrated_s'])}) | "
+                    f"{(bs / cs if bs and cs else float('nan')):.3f} | {err} | "
+                    f"{f(p['datasheet_s'])} | {mem} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("plans")
+    a.add_argument("--out", required=True)
+    a.add_argument("--profile", required=True)
+    a.add_argument("--baseline", default=None)
+    b = sub.add_parser("run")
+    b.add_argument("--plans", required=True)
+    b.add_argument("--baseline", required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("--work", default="/tmp/moe_sync/runs")
+    b.add_argument("--budget", type=float, default=420.0)
+    b.add_argument("--timeout", type=float, default=120.0)
+    b.add_argument("--trace", action="store_true")
+    c = sub.add_parser("table")
+    c.add_argument("--results", required=True)
+    args = p.parse_args(argv)
+    if args.cmd == "plans":
+        return plans(args)
+    if args.cmd == "run":
+        return run(args)
+    print(table(json.loads(Path(args.results).read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
