@@ -18,6 +18,8 @@ file carries the prediction of this tree's cost model on the calibrated profile;
     # one GPU (the baseline tree carried: carry out/baseline), ~4 minutes
     python benchmarks/moe_sync_gpu.py run --plans benchmarks/plans/moe_sync_h200x1 \\
         --baseline out/baseline --out $OUT
+    # Layout.compile of the MoE blocks, this tree only (plans --set compile, run without
+    # --baseline)
     # CPU, after: the table
     python benchmarks/moe_sync_gpu.py table --results moe_sync.json
 
@@ -45,9 +47,18 @@ from meshplan.spec import Job, Layout  # noqa: E402
 
 #: moe-1.9b's per-GPU work of the 2-GPU check (32 x 2048 tokens over dp 2) on one GPU
 JOB = Job(global_batch=16, seq_len=2048, precision="bf16", runtime="torch")
-LAYOUTS = [("mb1", Layout(micro_batch=1)), ("mb2", Layout(micro_batch=2)),
-           ("mb4", Layout(micro_batch=4)), ("mb2-selective", Layout(micro_batch=2,
-                                                                     recompute="selective"))]
+SETS = {
+    # the executor with and without its MoE syncs (the baseline tree against this one)
+    "sync": [("mb1", Layout(micro_batch=1)), ("mb2", Layout(micro_batch=2)),
+             ("mb4", Layout(micro_batch=4)),
+             ("mb2-selective", Layout(micro_batch=2, recompute="selective"))],
+    # Layout.compile: without syncs the MoE layer at ep = 1 compiles as one graph (the
+    # baseline broke it into 8); this tree only, eager beside compiled
+    "compile": [("mb2", Layout(micro_batch=2)), ("mb2-compiled", Layout(micro_batch=2,
+                                                                         compile=True)),
+                ("mb4", Layout(micro_batch=4)), ("mb4-compiled", Layout(micro_batch=4,
+                                                                         compile=True))],
+}
 
 
 def _cluster(profile: str | None):
@@ -84,7 +95,8 @@ def plans(args) -> int:
     calibrated, datasheet = _cluster(args.profile), _cluster(None)
     preds = {"model": MODEL.name, "job": JOB.to_dict(), "profile": args.profile,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
-    for name, lay in LAYOUTS:
+    preds["set"] = args.set
+    for name, lay in SETS[args.set]:
         write_plan_for_layout(out / f"{name}.json", MODEL, JOB, lay, calibrated)
         e = estimate(MODEL, calibrated, JOB, lay)
         preds["layouts"][name] = {
@@ -124,13 +136,15 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
 def run(args) -> int:
     out, work = Path(args.out), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    trees = {"baseline": Path(args.baseline), "current": ROOT}
+    trees = {"baseline": Path(args.baseline), "current": ROOT} if args.baseline else \
+        {"current": ROOT}
     preds = json.loads((Path(args.plans) / "predictions.json").read_text())
+    names = list(preds["layouts"])
     import torch
     results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                "predictions": preds, "runs": {}}
     deadline = time.time() + args.budget
-    for name, _lay in LAYOUTS:
+    for name in names:
         for arm, tree in trees.items():
             if time.time() > deadline:
                 results["runs"][f"{name}/{arm}"] = {"status": "skipped: budget"}
@@ -142,9 +156,9 @@ def run(args) -> int:
             print(key, json.dumps({k: r[k] for k in ("status", "step_time_s", "wall_s")}),
                   flush=True)
             (out / "moe_sync.json").write_text(json.dumps(results, indent=1) + "\n")
-    if args.trace and time.time() + 60 < deadline:
+    if args.trace is not None and time.time() + 60 < deadline:
         for arm, tree in trees.items():
-            _run_one(Path(args.plans) / "mb2.json", tree, work / f"trace_{arm}.json",
+            _run_one(Path(args.plans) / f"{args.trace or names[0]}.json", tree, work / f"trace_{arm}.json",
                      work / f"trace_{arm}.log", args.timeout, work / f"trace_{arm}")
             top = work / f"trace_{arm}" / "top_ops_rank0.txt"
             if top.exists():
@@ -183,14 +197,16 @@ def main(argv=None) -> int:
     a.add_argument("--out", required=True)
     a.add_argument("--profile", required=True)
     a.add_argument("--baseline", default=None)
+    a.add_argument("--set", default="sync", choices=sorted(SETS))
     b = sub.add_parser("run")
     b.add_argument("--plans", required=True)
-    b.add_argument("--baseline", required=True)
+    b.add_argument("--baseline", default=None, help="a baseline tree to run beside this one")
     b.add_argument("--out", required=True)
     b.add_argument("--work", default="/tmp/moe_sync/runs")
     b.add_argument("--budget", type=float, default=420.0)
     b.add_argument("--timeout", type=float, default=120.0)
-    b.add_argument("--trace", action="store_true")
+    b.add_argument("--trace", nargs="?", const="", default=None, metavar="LAYOUT",
+                   help="also trace one run of LAYOUT (default the first) per tree")
     c = sub.add_parser("table")
     c.add_argument("--results", required=True)
     args = p.parse_args(argv)

@@ -26,7 +26,7 @@ from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKE
                                                cp_equivalent, cp_group_links,
                                                with_cp_attention)
 from meshplan.costmodel.data_parallel import Groups, group_links
-from meshplan.costmodel.moe_tables import (MOE_UNCHECKED_CAVEAT, expert_links, expert_terms,
+from meshplan.costmodel.moe_tables import (MOE_CAVEAT, expert_links, expert_terms,
                                            moe_fields, moe_mlp_width, moe_parts)
 from meshplan.costmodel.parts import LayerParts, layer_parts
 from meshplan.hardware_profiles import Cluster
@@ -62,7 +62,7 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
                             layout.compile, fsdp)
         return TableInputs(cluster, job, layout, links, parts)
     caveats = ((CP_UNCHECKED_CAVEAT,) if cp > 1 else ()) + \
-        ((MOE_UNCHECKED_CAVEAT,) if is_moe else ())
+        ((MOE_CAVEAT,) if is_moe else ())
     if cluster.gpu.measured:
         caveats += (CP_ANALYTICAL_CAVEAT if not is_moe else MEASURED_ROWS_CAVEAT,)
         cluster = cluster.replace(gpu=replace(cluster.gpu, measured=None))

@@ -55,10 +55,11 @@ from meshplan.costmodel.torch_memory import state_bytes_at_peak
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
-MOE_UNCHECKED_CAVEAT = (
-    "mixture of experts has not been compared with GPU runs yet: the routed load of the "
-    "busiest expert rank (moe_load_imbalance) is assumed and the grouped expert GEMMs use the "
-    "dense GEMM curve unless the profile has a grouped_gemm_efficiency curve")
+MOE_CAVEAT = (
+    "mixture of experts: measured runs of meshplan's executor came out 4-20 % from their "
+    "calibrated predictions (docs/moe.md, GPU check); the routed load of the busiest expert "
+    "rank (moe_load_imbalance) is assumed and the grouped expert GEMMs use the dense GEMM "
+    "curve unless the profile has a grouped_gemm_efficiency curve")
 
 
 @dataclass(frozen=True)
@@ -183,5 +184,5 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
     return f
 
 
-__all__ = ["ExpertTerms", "MOE_UNCHECKED_CAVEAT", "expert_links", "expert_terms", "moe_fields",
+__all__ = ["ExpertTerms", "MOE_CAVEAT", "expert_links", "expert_terms", "moe_fields",
            "moe_mlp_width", "moe_parts"]
