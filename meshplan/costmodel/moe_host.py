@@ -12,10 +12,9 @@ t_sync its ``host_sync_s``. The dense model priced the GPU work G only; :func:`h
 returns what the host adds to each pass beyond it.
 
 **Runtime "torch"** (meshplan's executor, ``executor/moe.py``), syncs per MoE layer forward,
-from its code (2026-11-29; until then 5 at ep = 1 and 8 at ep > 1: two ``torch.bincount``
-calls, which on CUDA read their input's min and max on the host — ATen
-``native/cuda/SummaryOps.cu`` — and the grouped GEMM's ``int(padded.sum())``, now counted
-with ``index_add_`` and sized from host-known bounds):
+from its code (it counts with ``index_add_``, not ``torch.bincount``, which on CUDA reads its
+input's min and max on the host — ATen ``native/cuda/SummaryOps.cu`` — and sizes the grouped
+GEMM's buffer from host-known bounds):
 
 * ep > 1: the exchanged counts read back as the split lists ``all_to_all_single`` takes
   (one ``.tolist()`` of both): 1;

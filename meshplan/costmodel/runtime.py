@@ -108,8 +108,9 @@ def zb_first_stage_fused(job: Job, layout: Layout) -> bool:
     ``stage_backward_input`` captures no parameter groups and its I computes nothing. So
     stage 0 costs one fused backward, all of it in its W, not the measured split's B + W
     (which costs more: the hooks, the retained graph, the second graph walk;
-    :mod:`meshplan.calibrate.bench_split`). Post hoc, round 41's x12 (m = 1): stage 0's
-    backward 140.6 ms split, 121.7 fused; the step +7.8 % → see docs/benchmarks/transfer.md."""
+    :mod:`meshplan.calibrate.bench_split`). Measured error (post hoc): round 41's zero-bubble
+    layouts +1.6 / +2.7 / +4.5 % with it, +3.1 / +7.8 / +7.6 % without (x12's stage 0:
+    121.7 ms fused against 140.6 split; docs/benchmarks/transfer.md)."""
     return (job.runtime == "torch" and layout.schedule == "zero-bubble" and layout.pp > 1
             and layout.vpp == 1)
 
