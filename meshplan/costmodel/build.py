@@ -314,8 +314,8 @@ def time_corrections(cluster: Cluster, job: Job, layout: Layout, m: int) -> dict
                 p2p_order=corr.p2p_order_applies(numbers, job, layout, m))
 
 
-def table_caveats(cluster: Cluster, job: Job, layout: Layout, lt: dict, parts: LayerParts
-                  ) -> tuple[str, ...]:
+def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lt: dict,
+                  parts: LayerParts) -> tuple[str, ...]:
     numbers = cluster.gpu.corrections    # the FSDP2 caveat names the profile's per-step term
     return (((cav.nearest_shape_caveat(parts.transferred_from),) if parts.transferred_from
              else ())
@@ -323,6 +323,8 @@ def table_caveats(cluster: Cluster, job: Job, layout: Layout, lt: dict, parts: L
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp2_step_s(numbers, job, layout) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
+            + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe
+               and job.runtime == "torch" else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
             + fp8_caveats(parts.fp8, job))
 
@@ -349,7 +351,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         **host_dispatch(cluster, layout, parts, lt),
         **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
         **time_corrections(cluster, job, layout, m),
-        caveats=table_caveats(cluster, job, layout, lt, parts))
+        caveats=table_caveats(model, cluster, job, layout, lt, parts))
 
 
 __all__ = ["build_fields", "layer_times", "host_dispatch", "end_stage_times", "memory_terms",

@@ -56,6 +56,12 @@ COMPILE_AS_EAGER_CAVEAT = (
     "derived from the plain compiled/eager pair at their settings where the profile has it), "
     "so no speed-up from torch.compile is in this prediction")
 
+COMPILE_MOE_CAVEAT = (
+    "compile = True on an MoE model: the executor's whole MoE block compiles as one graph at "
+    "ep = 1 and ran 1.38-1.47x faster than eager on one H200 (moe-1.9b, micro-batch 2-4; "
+    "docs/moe.md), a speed-up this eager price does not hold (no calibration times compiled "
+    "MoE layers)")
+
 P2P_ORDER_CAVEAT = (
     "pipeline bubble: set by the order in which torch.distributed.pipelining posts its sends "
     "and receives (one NCCL stream per rank; an early receive holds back later sends), "
@@ -125,7 +131,7 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT",
-           "COMPILE_AS_EAGER_CAVEAT",
+           "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
            "nearest_shape_caveat"]

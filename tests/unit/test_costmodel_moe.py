@@ -165,3 +165,19 @@ def test_model_flops_per_step_deepseek_v3_dense_layers_mla_and_mtp():
     mtp = moe_layer + 2 * 2 * 7168 ** 2 + logits
     per_token = 3 * dense + 58 * moe_layer + logits + mtp
     assert moe.moe_model_flops_per_step(DSV3, 2, s) == 3 * 2 * s * per_token
+
+
+def test_compiled_moe_layouts_say_their_compile_speed_up_is_not_priced():
+    from meshplan.costmodel.caveats import COMPILE_MOE_CAVEAT
+    moe = mp.ModelSpec(name="moe", num_layers=4, hidden_size=1024, num_heads=8,
+                       vocab_size=32000, max_seq_len=2048, activation="swiglu", norm="rmsnorm",
+                       position_embedding="rope", tied_embeddings=False, bias=False,
+                       num_experts=8, experts_per_token=2, moe_ffn_hidden_size=704)
+    dense = mp.ModelSpec(name="dense", num_layers=4, hidden_size=1024, num_heads=8,
+                         vocab_size=32000, max_seq_len=2048)
+    job = mp.Job(global_batch=8, seq_len=2048, runtime="torch")
+    cl = mp.Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1)
+    compiled = mp.Layout(micro_batch=2, compile=True)
+    assert COMPILE_MOE_CAVEAT in mp.estimate(moe, cl, job, compiled).caveats
+    assert COMPILE_MOE_CAVEAT not in mp.estimate(moe, cl, job, mp.Layout(micro_batch=2)).caveats
+    assert COMPILE_MOE_CAVEAT not in mp.estimate(dense, cl, job, compiled).caveats
