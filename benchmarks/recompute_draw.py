@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from draw_models import draw_model, job_for, write_set  # noqa: E402
+from draw_models import _git_head, draw_model, job_for, write_set  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.spec import Layout  # noqa: E402
@@ -63,10 +62,8 @@ def main(argv=None) -> int:
         chosen = [(lay, estimate(model, cluster, job, lay)) for lay in layouts(job.global_batch)]
         if job.global_batch >= 4 and all(e.fits for _, e in chosen):
             break
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
     meta = {"set": Path(args.out).name, "seed": args.seed, "prefix": args.prefix,
-            "drawn_at_commit": head, "date": time.strftime("%Y-%m-%d"),
+            "drawn_at_commit": _git_head(), "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(["python", "benchmarks/recompute_draw.py", *sys.argv[1:]]),
             "tokens_per_step": TOKENS_PER_STEP, "nproc": 1}
     doc = write_set(Path(args.out), {model.name: model}, {model.name: chosen}, meta,
