@@ -116,7 +116,7 @@ def zero_bubble_order(pp: int, m: int, rank: int) -> tuple[tuple[str, int], ...]
     m), then for each micro-batch t its I, from the (rank + 1)-th on the W of micro-batch
     t − rank, and the next forward while any is left; the remaining Ws last. pp 2, m 4:
     rank 0 ``F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3``, rank 1 ``F0 I0 F1 I1 W0 F2 I2 W1 F3 I3
-    W2 W3`` (checked against torch's own action lists in tests/unit/test_first_backward.py).
+    W2 W3`` (checked against torch's own action lists in tests/unit/test_zero_bubble_relief.py).
     """
     warm = min(pp - rank, m)
     ops = [("F", j) for j in range(warm)]

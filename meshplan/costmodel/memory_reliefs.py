@@ -72,17 +72,20 @@ class MemoryReliefs:
         (rank 0's embedding output, the last rank's kept output), on ranks r > 0 the kept
         output gradients K (the last rank's 16-bit logits' gradient with them), and the
         rank's gradients G."""
-        act = layers * self.layer_activation_bytes
+        act = self._one_microbatch_act_bytes(rank, layers)
         kept = layers * self.wgrad_pending_bytes if rank > 0 else 0.0
-        grads = layers * self.relief_layer_grad_bytes
-        if rank == 0:
-            act += self.embedding_act_bytes
-            grads += self.relief_first_grad_bytes
         if rank == self.last_rank:
             act += self.output_kept_bytes
             kept += self.logits_grad_bytes if rank > 0 else 0.0
-            grads += self.relief_last_grad_bytes
-        return first_backward.zero_bubble_relief(self.relief_events[rank], act, kept, grads)
+        return first_backward.zero_bubble_relief(self.relief_events[rank], act, kept,
+                                                 self._rank_grad_bytes(rank, layers))
+
+    def _rank_grad_bytes(self, rank: int, layers: int) -> float:
+        """The gradients ``rank`` allocates in a step: its layers' and the non-layer
+        parameters it holds (rank 0's embedding, the last rank's output layer)."""
+        return (layers * self.relief_layer_grad_bytes
+                + (self.relief_first_grad_bytes if rank == 0 else 0.0)
+                + (self.relief_last_grad_bytes if rank == self.last_rank else 0.0))
 
     def z3_resident_bytes(self, rank: int, layers: int) -> float:
         """ZeRO-3 under torch.distributed.pipelining (GPipe, 1F1B, interleaved; zero-bubble
@@ -204,10 +207,8 @@ class MemoryReliefs:
         before = self.recompute_buf_bytes - self.recomputed_layer_bytes
         output = self.recompute_buf_bytes - self.output_peak_bytes
         if (rank == self.last_rank and self.inflight[rank] >= 2) or self.microbatches == 1:
-            grads = (layers * self.relief_layer_grad_bytes
-                     + (self.relief_last_grad_bytes if rank == self.last_rank else 0.0)
-                     + (self.relief_first_grad_bytes if rank == 0 else 0.0))
-            unallocated = grads - self.first_backward_relief_bytes(rank, layers)
+            unallocated = (self._rank_grad_bytes(rank, layers)
+                           - self.first_backward_relief_bytes(rank, layers))
             before += unallocated
             output = max(0.0, output) + unallocated
         relief = min(before, copies - 2 * c)
