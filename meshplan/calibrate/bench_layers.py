@@ -89,10 +89,12 @@ from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sampl
                                            combine_rounds, cpu_fixed, cpu_values, end_row,
                                            end_values, layer_row, layer_values, pooled_cpu,
                                            split_depth, split_memory_stage)
-from meshplan.calibrate.layer_run import CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer
+from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
+                                          _run_sustained)
 from meshplan.calibrate.layer_split import SPLIT_DEEP_LAYERS, _deep_split
 from meshplan.calibrate.layer_timing import _Queue
 from meshplan.calibrate.progress import _note, _step
+from meshplan.calibrate.sustained import ratio_rows
 from meshplan.spec import ModelSpec
 from meshplan.errors import require_positive_int
 
@@ -122,7 +124,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
                      micro_batches: Sequence[int] | None = None, split_queued: bool = False,
                      rounds: int | None = None, budget: RoundBudget | None = None,
-                     compile_rows: Sequence[str] = (), fp8_rows: str = "") -> LayerTables:
+                     compile_rows: Sequence[str] = (), fp8_rows: str = "",
+                     sustained: tuple[float, float] = (0.0, 0.0)) -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -133,6 +136,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     tensor-parallel ranks wait for each other anyway), memory is the largest over ranks.
     The budget's decision is taken from the largest elapsed and round times over ranks, so
     every rank takes the same.
+
+    ``sustained`` (heat seconds, timed seconds; (0, 0): off): in the first round each built
+    module's largest micro-batch (layers: without recomputation) is also run back to back,
+    and every row of that module carries the ratio of its sustained to its timed pass
+    (:mod:`meshplan.calibrate.sustained`; ``sustained_ratio`` 1 where it was not measured).
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
@@ -171,6 +179,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                         f"tables ({spent_s:.0f} s elapsed): no layer row fits; the profile "
                         f"is written without them")
     deep_key, deep_module = None, None
+    ratio_at = ratio_rows(grid) if sum(sustained) > 0 else {}
+    ratios: dict[tuple, float] = {}
     ran = 0
     for rnd in range(rounds):
         t_round = time.perf_counter()
@@ -259,6 +269,16 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 if split is not None:
                     deep[idx] = split
                     deep_mem[idx] = wmem
+            if rnd == 0 and ratio_at.get(cfg.build_key) == idx:
+                # once per module, in the first round (compiled modules run only then)
+                t_sus = time.perf_counter()
+                ratios[cfg.build_key], info = _run_sustained(
+                    cfg, module, tp_group, layers, device, burst_pass_s=values[0] + values[1],
+                    world=world, heat_s=sustained[0], time_s=sustained[1])
+                first_only_s += time.perf_counter() - t_sus
+                _step(progress, f"{tag}: sustained pass x {ratios[cfg.build_key]:.3f} of the "
+                                f"timed one" + (" (host-paced: 1)" if info.get("host_paced")
+                                                else ""))
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA)
             if not cfg.part and values[bc] > 0 and not cfg.compile \
@@ -319,6 +339,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 split_memory=deep_mem.get(idx, NO_SPLIT_MEMORY)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
+    by_idx = [grid[i] for i in range(len(grid)) if i not in skipped and i in measured]
+    for row, cfg in zip([*layer_rows, *end_rows],
+                        [c for c in by_idx if not c.part] + [c for c in by_idx if c.part]):
+        row["sustained_ratio"] = float(ratios.get(cfg.build_key, 1.0))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
 
 

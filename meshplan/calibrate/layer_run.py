@@ -18,6 +18,7 @@ from meshplan.calibrate.layer_ranks import _reduce
 from meshplan.calibrate.layer_rows import cpu_values, end_values, layer_values
 from meshplan.calibrate.layer_split import _fsdp_split_per_layer, _split_per_layer
 from meshplan.calibrate.layer_timing import WARMUP, _bad, _kept_bytes, _measure, _nbytes, _Queue
+from meshplan.calibrate.sustained import sustained_ratio
 
 CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many blocks (8 Llama
 #                        blocks overfill CUDA's launch queue: 2026-11-26, 2 x H200)
@@ -129,9 +130,8 @@ def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *,
     return cfg.build_key, module, tuple(lo[:4])
 
 
-def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
-             queue: _Queue | None = None) -> tuple[float, ...]:
-    """(forward_s, backward_s, activation_bytes, peak_bytes, forward_cpu_s, backward_cpu_s)."""
+def _end_step(cfg: Config, m, tp_group, device):
+    """(input bytes, reset, forward, backward) timing the end ``m`` as ``cfg``."""
     import torch
     import torch.distributed as dist
 
@@ -143,7 +143,6 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
     gen = torch.Generator().manual_seed(SEED)
     targets = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
     grad: list = []
-    input_bytes = 0.0
     if cfg.part == "embedding":
         ids = torch.randint(0, vocab, (mb, seq), generator=gen).to(device)
 
@@ -157,25 +156,32 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
             if not grad:
                 grad.append(torch.randn_like(y))
             y.backward(grad[0])
-    else:
-        s = seq // cfg.tp if cfg.sequence_parallel else seq
-        x = torch.randn(mb, s, h, device=device, dtype=act, requires_grad=True)
-        input_bytes = _nbytes(x)
-        # as ParallelTrainer.vocab_start: this tp rank's first vocabulary row
-        vocab_start = dist.get_rank(tp_group) * (vocab // cfg.tp) if cfg.tp > 1 else 0
+        return 0.0, reset, forward, backward
+    s = seq // cfg.tp if cfg.sequence_parallel else seq
+    x = torch.randn(mb, s, h, device=device, dtype=act, requires_grad=True)
+    # as ParallelTrainer.vocab_start: this tp rank's first vocabulary row
+    vocab_start = dist.get_rank(tp_group) * (vocab // cfg.tp) if cfg.tp > 1 else 0
 
-        def reset():
-            x.grad = None
+    def reset():
+        x.grad = None
 
-        def forward():
-            logits = m(x)                            # (mb, s, V/tp)
-            if cfg.tp > 1:
-                return tpm.vocab_parallel_cross_entropy(logits, targets, vocab_start, tp_group)
-            return cross_entropy(logits, targets)
+    def forward():
+        logits = m(x)                                # (mb, s, V/tp)
+        if cfg.tp > 1:
+            return tpm.vocab_parallel_cross_entropy(logits, targets, vocab_start, tp_group)
+        return cross_entropy(logits, targets)
 
-        def backward(loss):
-            loss.backward()
+    def backward(loss):
+        loss.backward()
+    return _nbytes(x), reset, forward, backward
 
+
+def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
+             queue: _Queue | None = None) -> tuple[float, ...]:
+    """(forward_s, backward_s, activation_bytes, peak_bytes, forward_cpu_s, backward_cpu_s)."""
+    import torch
+    cuda = device.type == "cuda"
+    input_bytes, reset, forward, backward = _end_step(cfg, m, tp_group, device)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
     with amp:
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
@@ -183,3 +189,26 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
         kept = _kept_bytes(forward, device) if cuda else None
     return (*end_values(samples, input_bytes=input_bytes, output_bytes=out_bytes, memory=cuda,
                         kept_bytes=kept), *cpu_values(samples), _bad(samples))
+
+
+def _run_sustained(cfg: Config, m, tp_group, layers: int, device, *, burst_pass_s: float,
+                   world: int, heat_s: float, time_s: float) -> tuple[float, dict]:
+    """:func:`meshplan.calibrate.sustained.sustained_ratio` of a built row's module at
+    ``cfg`` (``burst_pass_s``: the row's forward + backward per layer, or per end), averaged
+    over ranks as the rows' times are."""
+    import torch
+    if cfg.part:
+        _, reset, forward, backward = _end_step(cfg, m, tp_group, device)
+        amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" \
+            else nullcontext()
+        stack = 1
+    else:
+        _, _, reset, forward, backward = _layer_step(cfg, m, device)
+        amp = _layer_amp(cfg, device)
+        stack = layers
+    with amp:
+        ratio, info = sustained_ratio(
+            forward, backward, reset, device=device, burst_pass_s=burst_pass_s * stack,
+            agree_max=lambda v: _reduce(v, range(len(v)), device, world),
+            heat_s=heat_s, time_s=time_s)
+    return _reduce([ratio], [], device, world)[0], info

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.calibrate.budget import check_time_budget, started_perf_counter
+from meshplan.calibrate.sustained import HEAT_S, TIME_S
 from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError, require_positive_int
 
@@ -55,6 +56,10 @@ class CalibrateOptions:
     # also time the layer tables of the stand-in shapes of meshplan.calibrate.generic_layers
     # (--layer-grid): rows a model that was not timed borrows through the nearest shape
     layer_grid: bool = False
+    # seconds each built layer module also runs back to back, in the first layer round, for
+    # its rows' sustained_ratio (meshplan.calibrate.sustained); None: SUSTAINED_S on a GPU,
+    # 0 (off) on CPU; 0: off
+    sustained_s: float | None = None
 
     def __post_init__(self) -> None:
         # checked here as well as by the CLI: torchrun children would fail one by one
@@ -62,6 +67,9 @@ class CalibrateOptions:
             require_positive_int("CalibrateOptions", "layer_rounds", self.layer_rounds)
         if self.time_budget_s is not None:
             check_time_budget("CalibrateOptions.time_budget_s", self.time_budget_s)
+        if self.sustained_s is not None and not (0 <= self.sustained_s < float("inf")):
+            raise ConfigError(f"CalibrateOptions.sustained_s {self.sustained_s!r}: seconds "
+                              f">= 0 (0 switches the sustained-clock ratio off)")
         from meshplan.spec.choices import RECOMPUTE
         bad = [r for r in self.compile_rows if r not in RECOMPUTE]
         if bad:
@@ -73,6 +81,18 @@ class CalibrateOptions:
             if self.fp8_rows not in runs:
                 raise ConfigError(f"CalibrateOptions.fp8_rows {self.fp8_rows!r}: not a recipe "
                                   f"the executor runs; choose from {runs}")
+
+
+#: default seconds of back-to-back load per built module on a GPU (heat, then timed)
+SUSTAINED_S = HEAT_S + TIME_S
+
+
+def sustained_split(options: CalibrateOptions, device) -> tuple[float, float]:
+    """(heat s, timed s) of the sustained-clock loop for ``options`` on ``device``."""
+    total = options.sustained_s
+    if total is None:
+        total = SUSTAINED_S if device.type == "cuda" else 0.0
+    return total * HEAT_S / SUSTAINED_S, total * TIME_S / SUSTAINED_S
 
 
 #: fp8 recipes after the first are timed on this many of the largest GEMM shapes
@@ -152,6 +172,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "split_timing": options.split_timing,
         "compile_rows": ", ".join(options.compile_rows),
         "fp8_rows": options.fp8_rows,
+        "sustained_s": round(sum(sustained_split(options, device)), 3),
         "fp8": bool(options.fp8 and has_fp8_tensor_cores(device)),
         "python_gc": "off while timing",
         "layer_rounds": layer_rounds,
@@ -353,7 +374,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             row_models, options.seq_len, device, world, rank, quick=options.quick,
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
             split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
-            compile_rows=options.compile_rows, fp8_rows=fp8_rows)
+            compile_rows=options.compile_rows, fp8_rows=fp8_rows,
+            sustained=sustained_split(options, device))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")

@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from meshplan.commands.common import load_model, positive_float, positive_int
+from meshplan.commands.common import (load_model, non_negative_float, positive_float,
+                                      positive_int)
 
 
 def add_arguments(p) -> None:
@@ -49,6 +50,11 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=positive_int, default=None, metavar="N",
                    help="measure the layer tables at most N times (rows: the median over "
                         "rounds; default 3 on GPU, 1 on CPU or with --quick)")
+    p.add_argument("--sustained-s", type=non_negative_float, default=None, metavar="SECONDS",
+                   help="seconds each built layer module also runs back to back (first round) "
+                        "to measure how much slower its passes are at the sustained, "
+                        "power-capped clock than in the timed bursts (rows' sustained_ratio; "
+                        "default 2.5 on a GPU, 0 = off; docs/calibrate.md)")
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                    help="wall-clock budget for the whole calibration, from its launch (with --nproc: "
                         "torchrun's start-up included): layer rows and rounds run only while "
@@ -92,7 +98,8 @@ def main(args) -> int:
                                show_progress=not args.no_progress,
                                layer_rounds=args.rounds, time_budget_s=args.time_budget,
                                fp8=not args.no_fp8, compile_rows=args.compile_rows or (),
-                               fp8_rows=args.fp8_rows or "", layer_grid=args.layer_grid)
+                               fp8_rows=args.fp8_rows or "", layer_grid=args.layer_grid,
+                               sustained_s=args.sustained_s)
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     calibrate(options)
@@ -118,6 +125,8 @@ def child_argv(args) -> list[str]:
         out += ["--rounds", str(args.rounds)]
     if args.time_budget:
         out += ["--time-budget", repr(args.time_budget)]
+    if args.sustained_s is not None:
+        out += ["--sustained-s", repr(args.sustained_s)]
     if args.compile_rows:
         out += ["--compile-rows", ",".join(args.compile_rows)]
     if args.fp8_rows:

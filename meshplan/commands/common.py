@@ -22,14 +22,22 @@ def positive_int(text: str) -> int:
     return v
 
 
-def positive_float(text: str) -> float:
+def _number(text: str, ok, what: str) -> float:
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {what}")
     return v
+
+
+def positive_float(text: str) -> float:
+    return _number(text, lambda v: v > 0, "> 0")
+
+
+def non_negative_float(text: str) -> float:
+    return _number(text, lambda v: 0 <= v < float("inf"), "a number >= 0")
 
 
 def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | None = None,

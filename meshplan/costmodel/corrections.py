@@ -48,6 +48,7 @@ END_OF_STEP = "end_of_step_merge"
 OUTPUT_PEAK = "pipelined_output_peak"
 CP_RING = "cp_ring_interference"
 MOE_IMBALANCE = "moe_load_imbalance"
+SUSTAINED_CLOCK = "sustained_clock"
 
 # GPipe and 1F1B ranks that run every forward before their first backward get the
 # cast-cache relief; interleaved and zero-bubble ranks do not (see cast_cache_ranks). A
@@ -199,6 +200,28 @@ def ring_interference(numbers: CorrectionNumbers) -> float:
     return numbers.cp_ring_interference if numbers.enabled(CP_RING) else 0.0
 
 
+# ---- measured rows at the sustained clock ------------------------------------------------
+def sustained_clock(numbers: CorrectionNumbers, tables):
+    """Runtime "torch", measured rows: a row's GPU seconds times its ``sustained_ratio``,
+    the ratio of its module's pass run back to back to the pass as the row was timed (queued
+    behind a spin kernel, the GPU busy well under half the time). In a step the GPU is busy
+    back to back; where the blocks' work draws more than the board's power limit at the
+    maximum SM clock, the clock drops (software power cap) and compute-bound kernels slow
+    down. ``meshplan calibrate`` measures the ratio per built module
+    (:mod:`meshplan.calibrate.sustained`); rows without it carry 1. Measured on 1 × H200
+    (2026-11-29): GPT 1.22 B blocks × 1.125 (SM clock 1,980 → 1,575 MHz), Llama 1.20 B ×
+    1.022, Llama 2.76 B × 1.037; rc47's five GPT steps were predicted 3.1-6.0 % fast from
+    rows without it (docs/benchmarks/transfer.md). The tables as timed where switched off."""
+    if not tables or numbers.enabled(SUSTAINED_CLOCK):
+        return tables
+    return tables.at_burst()
+
+
+def _sustained_rows(t) -> bool:
+    tables = getattr(t.parts.tables, "tables", t.parts.tables)  # TransferredTables wraps
+    return bool(t.parts.measured) and bool(getattr(tables, "has_sustained", False))
+
+
 # ---- mixture of experts: the busiest expert rank --------------------------------------------
 def load_imbalance(numbers: CorrectionNumbers, ep: int) -> float:
     """Mixture of experts with ep > 1 (both runtimes): the routed rows the busiest expert
@@ -266,6 +289,9 @@ CORRECTIONS: tuple[Correction, ...] = (
                ring_interference, runtimes=("torch", "megatron")),
     Correction(MOE_IMBALANCE, "step time and memory", ("moe_load_imbalance",), _moe_layout,
                load_imbalance, runtimes=("torch", "megatron")),
+    # its numbers are the rows' own (sustained_ratio of [[layers]] / [[ends]]), not
+    # [corrections] keys
+    Correction(SUSTAINED_CLOCK, "step time", (), _sustained_rows, sustained_clock),
 )
 
 
@@ -282,4 +308,4 @@ def unsharded_zb(job: Job, layout: Layout) -> bool:
 __all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
            "stage_slowdown", "p2p_order_applies", "zb_full_sets", "zb_full_w_passes",
            "fsdp_dp_only", "fsdp2_step_s", "cast_cache_ranks", "memory_rule",
-           "ring_interference", "load_imbalance"]
+           "ring_interference", "load_imbalance", "sustained_clock", "SUSTAINED_CLOCK"]

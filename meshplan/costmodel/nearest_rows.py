@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass, replace
 
 from meshplan.costmodel.compute import layer_cost, logits_cost
-from meshplan.costmodel.corrections import Correction
+from meshplan.costmodel.corrections import Correction, sustained_clock
 from meshplan.costmodel.dispatch import layer_dispatch_ratio
 from meshplan.costmodel.row_scaling import (analytic_layer, end_groups, end_micro_batches,
                                             end_ratios, layer_groups, layer_micro_batches,
@@ -298,7 +298,7 @@ def tables_for(model: ModelSpec, cluster: Cluster, job: Job, tp_link):
     The measured tables a layout of ``model`` reads: the profile's own where it timed
     this shape at this sequence length (or has no rows, or the correction is switched
     off), else :class:`TransferredTables` from the nearest timed shape."""
-    tables = cluster.gpu.measured
+    tables = sustained_clock(cluster.gpu.corrections, cluster.gpu.measured)
     if (not tables or is_timed(tables, model, job.seq_len) or not transferable(model)
             or not cluster.gpu.corrections.enabled(NEAREST_SHAPE)):
         return tables

@@ -25,7 +25,7 @@ interpolation: :mod:`meshplan.hardware_profiles.measured_interp`; both are impor
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, Iterable, Mapping
 
 from meshplan.spec import FP8_RECIPES, ModelSpec
@@ -43,6 +43,9 @@ class MeasuredTables:
 
     layers: tuple[MeasuredLayer, ...] = ()
     ends: tuple[MeasuredEnd, ...] = ()
+    # GPU seconds at the sustained clock (rows' sustained_ratio); False: as timed, in bursts
+    # (the correction ``sustained_clock`` switched off: meshplan.costmodel.nearest_rows)
+    sustained: bool = True
 
     def __post_init__(self) -> None:
         idx: dict[tuple, list] = {}
@@ -117,7 +120,30 @@ class MeasuredTables:
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
                recompute, zero, dp, bool(compile), *precision)
         rows = self._index.get(key)  # type: ignore[attr-defined]
-        return _interp(rows, micro_batch, "backward_peak_bytes") if rows else None
+        return self._at_clock(rows, _interp(rows, micro_batch, "backward_peak_bytes"),
+                              micro_batch) if rows else None
+
+    def _at_clock(self, rows: list, r: Interpolated, micro_batch: int) -> Interpolated:
+        """``r``'s GPU seconds times the sustained ratio of the row nearest ``micro_batch``
+        (a module's rows share one: :mod:`meshplan.calibrate.sustained`); CPU seconds and
+        bytes unchanged."""
+        if not self.sustained:
+            return r
+        k = min(rows, key=lambda row: abs(row.micro_batch - micro_batch)).sustained_ratio
+        if k == 1.0:
+            return r
+        return replace(r, forward_s=r.forward_s * k, backward_s=r.backward_s * k,
+                       backward_input_s=r.backward_input_s * k,
+                       backward_weight_s=r.backward_weight_s * k)
+
+    @property
+    def has_sustained(self) -> bool:
+        """Whether any row carries a measured sustained ratio other than 1."""
+        return any(r.sustained_ratio != 1.0 for r in (*self.layers, *self.ends))
+
+    def at_burst(self) -> "MeasuredTables":
+        """These rows at the clock they were timed at (no sustained ratio applied)."""
+        return replace(self, sustained=False)
 
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int
@@ -159,7 +185,8 @@ class MeasuredTables:
             sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
         key = (ends_shape_key(model), part, seq_len, tp, bool(sequence_parallel and tp > 1))
         rows = self._index.get(key)  # type: ignore[attr-defined]
-        return _interp(rows, micro_batch, "peak_bytes") if rows else None
+        return self._at_clock(rows, _interp(rows, micro_batch, "peak_bytes"),
+                              micro_batch) if rows else None
 
     def without_shape(self, layer_key: str) -> "MeasuredTables":
         """These tables less every row of the layer shape ``layer_key`` (its layers, and the
@@ -167,7 +194,8 @@ class MeasuredTables:
         (benchmarks/transfer_analysis.py's leave-shape-out re-prediction)."""
         return MeasuredTables(tuple(r for r in self.layers if r.shape != layer_key),
                               tuple(e for e in self.ends
-                                    if not e.shape.startswith(layer_key + "-v")))
+                                    if not e.shape.startswith(layer_key + "-v")),
+                              self.sustained)
 
     def to_rows(self, *, compact: bool = False) -> dict[str, list[dict[str, Any]]]:
         """The rows as dicts (:func:`tables_from_rows` reads them back); ``compact`` leaves
@@ -199,6 +227,9 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
+    v = getattr(r, "sustained_ratio", 1.0)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise ProfileError(f"{where}: sustained_ratio must be a number > 0, got {v!r}")
     for k in ("backward_input_depth_s", "backward_weight_depth_s",
               "wgrad_pending_stage_bytes", "wgrad_transient_stage_bytes"):
         v = getattr(r, k, 0.0)

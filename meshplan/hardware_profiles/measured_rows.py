@@ -120,6 +120,10 @@ class MeasuredLayer:
     # --fp8-rows RECIPE`; casts, amax all-reduces and fp8 GEMMs inside the timed passes)
     precision: str = "bf16"
     fp8_recipe: str = ""
+    # the module's pass run back to back over its timed (queued) pass: what a sustained step's
+    # lower, power-capped SM clock costs the GPU seconds above (meshplan.calibrate.sustained;
+    # 1: not measured). The cost model multiplies the GPU-second fields by it
+    sustained_ratio: float = 1.0
 
     @property
     def group(self) -> tuple:
@@ -145,6 +149,7 @@ class MeasuredEnd:
     model: str = ""
     forward_cpu_s: float = 0.0  # as MeasuredLayer
     backward_cpu_s: float = 0.0
+    sustained_ratio: float = 1.0
 
     @property
     def group(self) -> tuple:

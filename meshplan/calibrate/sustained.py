@@ -1,0 +1,116 @@
+"""How much slower a layer row's blocks run in a sustained step than in the row's timed bursts.
+
+A row is timed queued behind a spin kernel after a synchronize
+(:func:`meshplan.calibrate.layer_timing._measure`): the GPU computes well under half of the
+time, so its average power stays below the board's limit and the SM clock at its maximum. A
+training step keeps the GPU busy back to back; where the blocks' work draws more than the
+power limit at that clock, the GPU lowers its clock until it does not (NVIDIA's software
+power cap, throttle reason ``0x4``), and every compute-bound kernel runs slower by up to the
+clock ratio.
+
+Measured on 1 × H200 (700 W limit, 1,980 MHz maximum; 2026-11-29,
+``benchmarks/sustained_clock_gpu.py``, data ``docs/benchmarks/data/sustained_clock_h200_20261129.json``):
+the same two built blocks, timed as calibrate times them and then back to back for 10 s —
+GPT 1.22 B (h 2880, mb 8 × 2048) 16.18 → 18.20 ms a layer (**× 1.125**, SM clock
+1,980 → 1,575 MHz), Llama 1.20 B (h 2048, mb 16 × 1024) × 1.022 (1,860 MHz), Llama 2.76 B
+× 1.037 (1,785 MHz); a bare 8192³ bf16 GEMM × 1.18 (1,485 MHz). The clock settles within
+about two seconds of sustained load (the power reading within one) and recovers as soon as
+the load stops: right after the 10 s loop a burst ran at its first speed again. The
+ratio is a property of the work's power density on this board, so it is measured, not
+modelled: per built module (one model, tp, SP, ZeRO, compile, precision), on its
+largest micro-batch without recomputation, after ``heat_s`` seconds of the same work back
+to back, over ``time_s`` more; every row of that module carries it
+(``MeasuredLayer.sustained_ratio``; ends likewise) and the cost model multiplies the rows'
+GPU seconds by it (the named correction ``sustained_clock``,
+:mod:`meshplan.costmodel.corrections`). CPU seconds are not scaled: the host's clock is not
+the GPU's.
+
+Where the loop is paced by the host (the CPU's dispatch of an iteration is at least
+:data:`HOST_PACED` of its GPU time), the GPU idles between kernels and is not at its power
+limit; the same work in a step is host-bound too, so the ratio is 1.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+HEAT_S = 1.5      # load before timing: the clock settles within ~2 s (H200, 2026-11-29)
+TIME_S = 1.0
+HOST_PACED = 0.9  # CPU dispatch / GPU time of an iteration above which the loop is host-paced
+
+
+def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
+                    reset: Callable[[], None], *, device, burst_pass_s: float,
+                    agree_max: Callable[[list[float]], list[float]] = lambda v: v,
+                    heat_s: float = HEAT_S, time_s: float = TIME_S) -> tuple[float, dict]:
+    """(sustained / burst pass time on this rank, details) of ``forward`` + ``backward`` run
+    back to back.
+
+    ``burst_pass_s``: the same pass as the row's timing measured it (the ratio's
+    denominator; it also sizes the loop). ``agree_max``: the element-wise max over ranks, so
+    every rank runs the same number of iterations (the passes may hold collectives); the
+    caller averages the ratios over ranks as it does the rows' times. On CPU every op is
+    synchronous and the loop is timed with ``perf_counter`` (the ratio then tests the
+    wiring, not a clock)."""
+    import torch
+    cuda = torch.device(device).type == "cuda"
+    if burst_pass_s <= 0 or heat_s + time_s <= 0:
+        return 1.0, {"skipped": "no burst time"}
+    n_heat, n_time = (int(v) for v in agree_max(
+        [float(math.ceil(heat_s / burst_pass_s)),
+         float(max(3, math.ceil(time_s / burst_pass_s)))]))
+    ends: list = []          # one event after each iteration (CUDA)
+    cpu_s: list[float] = []
+    host_s: list[float] = []
+    for i in range(n_heat + n_time):
+        reset()
+        t0 = time.perf_counter()
+        y = forward()
+        backward(y)
+        del y
+        t1 = time.perf_counter()
+        if cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            ends.append(e)
+            if i >= 4:
+                # at most four iterations queued ahead: CUDA's launch queue is finite, and
+                # the GPU stays busy as long as four iterations outlast one's dispatch
+                ends[i - 4].synchronize()
+        if i >= n_heat:
+            cpu_s.append(t1 - t0)
+            host_s.append(t1 - t0)
+    if cuda:
+        torch.cuda.synchronize(device)
+        # iteration i's GPU time: from the end of i - 1 to the end of i (back to back)
+        wall_s = [ends[i - 1].elapsed_time(ends[i]) / 1e3
+                  for i in range(max(1, n_heat), n_heat + n_time)]
+    else:
+        wall_s = host_s
+    pass_s = statistics.median(wall_s)
+    cpu = statistics.median(cpu_s)
+    paced = cuda and cpu >= HOST_PACED * pass_s
+    ratio = 1.0 if paced else pass_s / burst_pass_s
+    return ratio, {"sustained_pass_s": pass_s, "burst_pass_s": burst_pass_s,
+                   "cpu_pass_s": cpu, "host_paced": paced, "iterations": n_time,
+                   "heat_iterations": n_heat}
+
+
+def ratio_rows(grid) -> dict[tuple, int]:
+    """Per build key, the grid index its ratio is measured on: the largest micro-batch
+    without recomputation (layers) or the largest micro-batch (ends) — the row whose work
+    draws the most power of what that module runs."""
+    best: dict[tuple, int] = {}
+    for idx, cfg in enumerate(grid):
+        if not cfg.part and cfg.recompute != "none":
+            continue
+        cur = best.get(cfg.build_key)
+        if cur is None or grid[cur].micro_batch < cfg.micro_batch:
+            best[cfg.build_key] = idx
+    return best
+
+
+__all__ = ["HEAT_S", "TIME_S", "HOST_PACED", "sustained_ratio", "ratio_rows"]

@@ -1,0 +1,140 @@
+"""Rows at the sustained clock: the calibration's ratio (meshplan.calibrate.sustained), the
+rows' field, and the named correction ``sustained_clock`` that applies it."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import replace
+
+import pytest
+
+from meshplan.calibrate.layer_grid import Config
+from meshplan.calibrate.sustained import ratio_rows
+from meshplan.costmodel import estimate
+from meshplan.costmodel.corrections import SUSTAINED_CLOCK
+from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
+                                         ends_shape_key, layer_shape_key, tables_from_rows)
+from meshplan.errors import ProfileError
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+from conftest import TINY_LLAMA as TINY_DICT
+
+TINY_LLAMA = ModelSpec(**TINY_DICT)
+
+MODEL = ModelSpec(name="m", num_layers=8, hidden_size=1024, num_heads=16, vocab_size=32000,
+                  max_seq_len=1024)
+JOB = Job(global_batch=16, seq_len=1024, runtime="torch")
+
+
+def _tables(ratio: float) -> MeasuredTables:
+    layers = tuple(MeasuredLayer(
+        shape=layer_shape_key(MODEL), seq_len=1024, tp=1, sequence_parallel=False,
+        recompute="none", micro_batch=mb, forward_s=1e-3 * mb, backward_s=2e-3 * mb,
+        activation_bytes=1e8 * mb, backward_peak_bytes=5e7, forward_cpu_s=1e-4,
+        backward_cpu_s=2e-4, sustained_ratio=ratio) for mb in (1, 2))
+    ends = tuple(MeasuredEnd(
+        shape=ends_shape_key(MODEL), part=part, seq_len=1024, tp=1, sequence_parallel=False,
+        micro_batch=1, forward_s=1e-4, backward_s=2e-4, activation_bytes=1e6, peak_bytes=0.0,
+        forward_cpu_s=1e-5, backward_cpu_s=2e-5, sustained_ratio=ratio)
+        for part in ("embedding", "output"))
+    return MeasuredTables(layers, ends)
+
+
+def _cluster(tables):
+    c = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=1)
+    return replace(c, gpu=replace(c.gpu, measured=tables))
+
+
+def test_lookups_scale_gpu_seconds_not_cpu_seconds_or_bytes():
+    t = _tables(1.1)
+    kw = dict(seq_len=1024, tp=1, sequence_parallel=False, recompute="none")
+    at, burst = t.layer(MODEL, micro_batch=2, **kw), t.at_burst().layer(MODEL, micro_batch=2,
+                                                                         **kw)
+    assert burst.forward_s == pytest.approx(2e-3) and at.forward_s == pytest.approx(2.2e-3)
+    assert at.backward_s == pytest.approx(4.4e-3)
+    assert at.forward_cpu_s == burst.forward_cpu_s and at.activation_bytes == burst.activation_bytes
+    # interpolated between micro-batches too, and the ends
+    assert t.layer(MODEL, micro_batch=3, **kw).forward_s == pytest.approx(1.1 * 3e-3)
+    out = t.end(MODEL, "output", seq_len=1024, tp=1, sequence_parallel=False, micro_batch=1)
+    assert out.backward_s == pytest.approx(2.2e-4) and out.backward_cpu_s == pytest.approx(2e-5)
+    assert t.has_sustained and not _tables(1.0).has_sustained
+    assert t.without_shape("x").sustained and not t.at_burst().without_shape("x").sustained
+
+
+def test_the_correction_moves_the_step_by_the_rows_gpu_share():
+    lay = Layout(micro_batch=2)
+    on = estimate(MODEL, _cluster(_tables(1.1)), JOB, lay)
+    plain = estimate(MODEL, _cluster(_tables(1.0)), JOB, lay)
+    assert SUSTAINED_CLOCK in [c.name for c in on.corrections]
+    assert SUSTAINED_CLOCK not in [c.name for c in plain.corrections]
+    moved = next(c for c in on.corrections if c.name == SUSTAINED_CLOCK)
+    assert on.step_time_s > plain.step_time_s
+    assert moved.step_time_delta_s == pytest.approx(on.step_time_s - plain.step_time_s,
+                                                    rel=1e-6)
+    # only the rows' GPU seconds grow (by 10 %): the optimizer and the rest do not
+    assert on.step_time_s < 1.1 * plain.step_time_s
+    assert moved.memory_delta_bytes == 0.0 and on.memory_peak_bytes == plain.memory_peak_bytes
+
+
+def test_profile_rows_read_and_check_the_ratio():
+    t = _tables(1.05)
+    back = tables_from_rows(**t.to_rows(), where="p.toml")
+    assert back.layers[0].sustained_ratio == 1.05
+    compact = t.to_rows(compact=True)
+    assert "sustained_ratio" not in _tables(1.0).to_rows(compact=True)["layers"][0]
+    assert compact["layers"][0]["sustained_ratio"] == 1.05
+    rows = t.to_rows()
+    rows["layers"][0]["sustained_ratio"] = 0.0
+    with pytest.raises(ProfileError, match=r"\[\[layers\]\] #1: sustained_ratio must be a number "
+                                           r"> 0, got 0.0"):
+        tables_from_rows(**rows, where="p.toml")
+
+
+def test_the_ratio_row_of_each_module_is_its_largest_micro_batch_without_recompute():
+    def cfg(mb, rc="none", part="", tp=1):
+        return Config(model=TINY_LLAMA, seq_len=64, tp=tp, sequence_parallel=False,
+                      micro_batch=mb, recompute=rc, part=part)
+    grid = [cfg(1), cfg(4, "full"), cfg(2), cfg(1, tp=2), cfg(1, part="output"),
+            cfg(2, part="output")]
+    at = ratio_rows(grid)
+    assert sorted(at.values()) == [2, 3, 5]
+
+
+def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from meshplan.cli import main as cli_main
+    spec = tmp_path / "tiny.json"
+    spec.write_text(json.dumps(TINY_DICT))
+    out = tmp_path / "p.toml"
+    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                     "--micro-batches", "1,2", "--sustained-s", "0.05", "--out",
+                     str(out)]) == 0
+    doc = tomllib.loads(out.read_text())
+    err = capsys.readouterr().err
+    assert doc["provenance"]["sustained_s"] == 0.05
+    assert "sustained pass x" in err
+    ratios = {(r["tp"], r["recompute"], r["micro_batch"]): r["sustained_ratio"]
+              for r in doc["layers"]}
+    # one ratio per built module: every row of the tp-1 module carries the same measured one
+    tp1 = {v for (tp, _, _), v in ratios.items() if tp == 1}
+    assert len(tp1) == 1 and next(iter(tp1)) > 0
+    assert all(e["sustained_ratio"] > 0 for e in doc["ends"])
+    off = tmp_path / "off.toml"
+    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                     "--micro-batches", "1", "--out", str(off)]) == 0
+    doc = tomllib.loads(off.read_text())
+    assert doc["provenance"]["sustained_s"] == 0.0          # the CPU default: off
+    assert all(r["sustained_ratio"] == 1.0 for r in doc["layers"])
+
+
+def test_bad_sustained_seconds_are_refused(tmp_path, capsys):
+    from meshplan.calibrate.run import CalibrateOptions
+    from meshplan.cli import main as cli_main
+    from meshplan.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"sustained_s -1.0: seconds >= 0"):
+        CalibrateOptions(out=tmp_path / "p.toml", sustained_s=-1.0)
+    with pytest.raises(SystemExit):
+        cli_main(["calibrate", "--sustained-s", "-2", "--out", str(tmp_path / "x.toml")])
+    assert "'-2' must be a number >= 0" in capsys.readouterr().err
