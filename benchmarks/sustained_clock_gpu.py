@@ -12,7 +12,9 @@ blocks three ways on one GPU:
 1. ``burst``     — calibrate's own row timing (queued, 4 iterations);
 2. ``sustained`` — forward + backward back to back for ``--seconds``, CUDA events around
    each iteration, the medians of the first second and of the rest reported apart;
-3. ``burst`` again (the GPU has cooled in between: the probe returns to the first reading?).
+3. ``sustained`` again with every parameter's gradient set to None before each iteration
+   (a step's only backward when it has one micro-batch: nothing to accumulate into);
+4. ``burst`` again (the GPU has cooled in between: the probe returns to the first reading?).
 
 plus a plain bf16 GEMM (``--gemm``) in a 50 ms burst against a sustained loop, with
 ``nvidia-smi`` sampling SM clock and power every 100 ms beside all of it (phase marks in
@@ -59,15 +61,19 @@ def _sustained(forward, backward, reset, device, seconds: float) -> dict:
     """Forward + backward back to back for ``seconds``; one CUDA event pair per iteration."""
     import torch
     cuda = device.type == "cuda"
-    events, cpu_marks = [], []
+    events, cpu_marks, mids = [], [], []
     t_end = time.perf_counter() + seconds
     while time.perf_counter() < t_end:
         reset()
         if cuda:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            em = torch.cuda.Event(enable_timing=True)
             e0.record()
         t0 = time.perf_counter()
         y = forward()
+        if cuda:
+            em.record()
+            mids.append(em)
         backward(y)
         del y
         if cuda:
@@ -80,6 +86,7 @@ def _sustained(forward, backward, reset, device, seconds: float) -> dict:
     if cuda:
         torch.cuda.synchronize(device)
         times = [a.elapsed_time(b) / 1e3 for a, b in events]
+        fwd = [a.elapsed_time(m) / 1e3 for (a, _), m in zip(events, mids)]
         starts = [0.0]
         for a, b in zip(events, events[1:]):
             starts.append(starts[-1] + a[0].elapsed_time(b[0]) / 1e3)
@@ -88,10 +95,15 @@ def _sustained(forward, backward, reset, device, seconds: float) -> dict:
         times = cpu_marks
         starts = [sum(cpu_marks[:i]) for i in range(len(cpu_marks))]
         span = sum(cpu_marks)
+        fwd = [0.0] * len(times)
     first = [t for t, s in zip(times, starts) if s < 1.0]
     rest = [t for t, s in zip(times, starts) if s >= 1.0]
     thirds = [times[i * len(times) // 3:(i + 1) * len(times) // 3] for i in range(3)]
+    late = [i for i, st in enumerate(starts) if st >= 1.0] or list(range(len(times)))
     return {"iterations": len(times), "span_s": span,
+            "after_first_second_forward_median_s": statistics.median(fwd[i] for i in late),
+            "after_first_second_backward_median_s": statistics.median(
+                times[i] - fwd[i] for i in late),
             "gpu_busy_fraction": sum(times) / span if span else 0.0,
             "first_second_median_s": statistics.median(first) if first else None,
             "after_first_second_median_s": statistics.median(rest) if rest else None,
@@ -134,6 +146,18 @@ def probe_model(set_dir: Path, device, seconds: float, tiny: bool, marks: list) 
         v = out["sustained"][key]
         out["sustained"][key.replace("_median_s", "_pass_s_per_layer")] = (
             v / layers if v is not None else None)
+    params = [q for q in m.parameters() if q.requires_grad]
+
+    def reset_noacc():
+        # a step's first backward (m = 1): no gradient to accumulate into
+        reset()
+        for q in params:
+            q.grad = None
+    marks.append((f"{set_dir.name}_noacc_start", time.time()))
+    with _layer_amp(cfg, device):
+        out["sustained_no_accumulation"] = _sustained(forward, backward, reset_noacc, device,
+                                                      seconds)
+    marks.append((f"{set_dir.name}_noacc_end", time.time()))
     out["burst_after"] = burst(f"{set_dir.name}_burst2")
     b = out["burst_before"]["pass_s_per_layer"]
     s = out["sustained"]["after_first_second_pass_s_per_layer"]

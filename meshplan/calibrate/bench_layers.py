@@ -274,7 +274,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 t_sus = time.perf_counter()
                 ratios[cfg.build_key], info = _run_sustained(
                     cfg, module, tp_group, layers, device, burst_pass_s=values[0] + values[1],
-                    world=world, heat_s=sustained[0], time_s=sustained[1])
+                    burst_cpu_s=values[fc] + values[bc], world=world, heat_s=sustained[0],
+                    time_s=sustained[1])
                 first_only_s += time.perf_counter() - t_sus
                 _step(progress, f"{tag}: sustained pass x {ratios[cfg.build_key]:.3f} of the "
                                 f"timed one" + (" (host-paced: 1)" if info.get("host_paced")

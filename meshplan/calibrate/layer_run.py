@@ -192,10 +192,11 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
 
 
 def _run_sustained(cfg: Config, m, tp_group, layers: int, device, *, burst_pass_s: float,
-                   world: int, heat_s: float, time_s: float) -> tuple[float, dict]:
+                   burst_cpu_s: float, world: int, heat_s: float, time_s: float
+                   ) -> tuple[float, dict]:
     """:func:`meshplan.calibrate.sustained.sustained_ratio` of a built row's module at
-    ``cfg`` (``burst_pass_s``: the row's forward + backward per layer, or per end), averaged
-    over ranks as the rows' times are."""
+    ``cfg`` (``burst_pass_s`` / ``burst_cpu_s``: the row's forward + backward GPU seconds and
+    CPU dispatch per layer, or per end), averaged over ranks as the rows' times are."""
     import torch
     if cfg.part:
         _, reset, forward, backward = _end_step(cfg, m, tp_group, device)
@@ -209,6 +210,6 @@ def _run_sustained(cfg: Config, m, tp_group, layers: int, device, *, burst_pass_
     with amp:
         ratio, info = sustained_ratio(
             forward, backward, reset, device=device, burst_pass_s=burst_pass_s * stack,
-            agree_max=lambda v: _reduce(v, range(len(v)), device, world),
+            burst_cpu_s=burst_cpu_s * stack, agree_max=lambda v: _reduce(v, range(len(v)), device, world),
             heat_s=heat_s, time_s=time_s)
     return _reduce([ratio], [], device, world)[0], info

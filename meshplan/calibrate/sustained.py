@@ -25,9 +25,10 @@ GPU seconds by it (the named correction ``sustained_clock``,
 :mod:`meshplan.costmodel.corrections`). CPU seconds are not scaled: the host's clock is not
 the GPU's.
 
-Where the loop is paced by the host (the CPU's dispatch of an iteration is at least
-:data:`HOST_PACED` of its GPU time), the GPU idles between kernels and is not at its power
-limit; the same work in a step is host-bound too, so the ratio is 1.
+Where the host paces the work (the row's queued CPU dispatch is at least :data:`HOST_PACED`
+of its GPU time), the GPU idles between kernels and is not at its power limit; the same work
+in a step is host-bound too, so the ratio is 1 and the loop is not run. (The loop's own
+dispatch time cannot tell: CUDA's launch queue fills and blocks the host at the GPU's pace.)
 """
 
 from __future__ import annotations
@@ -44,26 +45,30 @@ HOST_PACED = 0.9  # CPU dispatch / GPU time of an iteration above which the loop
 
 def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
                     reset: Callable[[], None], *, device, burst_pass_s: float,
+                    burst_cpu_s: float = 0.0,
                     agree_max: Callable[[list[float]], list[float]] = lambda v: v,
                     heat_s: float = HEAT_S, time_s: float = TIME_S) -> tuple[float, dict]:
     """(sustained / burst pass time on this rank, details) of ``forward`` + ``backward`` run
     back to back.
 
-    ``burst_pass_s``: the same pass as the row's timing measured it (the ratio's
-    denominator; it also sizes the loop). ``agree_max``: the element-wise max over ranks, so
-    every rank runs the same number of iterations (the passes may hold collectives); the
-    caller averages the ratios over ranks as it does the rows' times. On CPU every op is
-    synchronous and the loop is timed with ``perf_counter`` (the ratio then tests the
-    wiring, not a clock)."""
+    ``burst_pass_s`` / ``burst_cpu_s``: the same pass's GPU time and CPU dispatch as the
+    row's queued timing measured them (the ratio's denominator, and whether the host paces
+    the loop: then the ratio is 1 and the loop is not run). ``agree_max``: the element-wise
+    max over ranks, so every rank runs the same number of iterations (the passes may hold
+    collectives); the caller averages the ratios over ranks as it does the rows' times. On
+    CPU every op is synchronous and the loop is timed with ``perf_counter`` (the ratio then
+    tests the wiring, not a clock)."""
     import torch
     cuda = torch.device(device).type == "cuda"
-    if burst_pass_s <= 0 or heat_s + time_s <= 0:
-        return 1.0, {"skipped": "no burst time"}
-    n_heat, n_time = (int(v) for v in agree_max(
-        [float(math.ceil(heat_s / burst_pass_s)),
-         float(max(3, math.ceil(time_s / burst_pass_s)))]))
+    paced = cuda and burst_cpu_s >= HOST_PACED * burst_pass_s
+    skip = paced or burst_pass_s <= 0 or heat_s + time_s <= 0
+    n_heat, n_time, skip_any = agree_max(
+        [0.0 if skip else float(math.ceil(heat_s / burst_pass_s)),
+         0.0 if skip else float(max(3, math.ceil(time_s / burst_pass_s))), float(skip)])
+    if skip_any:   # every rank skips alike (the loop may hold collectives)
+        return 1.0, {"host_paced": paced, "skipped": True}
+    n_heat, n_time = int(n_heat), int(n_time)
     ends: list = []          # one event after each iteration (CUDA)
-    cpu_s: list[float] = []
     host_s: list[float] = []
     for i in range(n_heat + n_time):
         reset()
@@ -71,7 +76,6 @@ def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
         y = forward()
         backward(y)
         del y
-        t1 = time.perf_counter()
         if cuda:
             e = torch.cuda.Event(enable_timing=True)
             e.record()
@@ -80,23 +84,17 @@ def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
                 # at most four iterations queued ahead: CUDA's launch queue is finite, and
                 # the GPU stays busy as long as four iterations outlast one's dispatch
                 ends[i - 4].synchronize()
-        if i >= n_heat:
-            cpu_s.append(t1 - t0)
-            host_s.append(t1 - t0)
+        elif i >= n_heat:
+            host_s.append(time.perf_counter() - t0)
     if cuda:
         torch.cuda.synchronize(device)
         # iteration i's GPU time: from the end of i - 1 to the end of i (back to back)
-        wall_s = [ends[i - 1].elapsed_time(ends[i]) / 1e3
+        host_s = [ends[i - 1].elapsed_time(ends[i]) / 1e3
                   for i in range(max(1, n_heat), n_heat + n_time)]
-    else:
-        wall_s = host_s
-    pass_s = statistics.median(wall_s)
-    cpu = statistics.median(cpu_s)
-    paced = cuda and cpu >= HOST_PACED * pass_s
-    ratio = 1.0 if paced else pass_s / burst_pass_s
-    return ratio, {"sustained_pass_s": pass_s, "burst_pass_s": burst_pass_s,
-                   "cpu_pass_s": cpu, "host_paced": paced, "iterations": n_time,
-                   "heat_iterations": n_heat}
+    pass_s = statistics.median(host_s)
+    return pass_s / burst_pass_s, {"sustained_pass_s": pass_s, "burst_pass_s": burst_pass_s,
+                                   "burst_cpu_s": burst_cpu_s, "host_paced": False,
+                                   "iterations": n_time, "heat_iterations": n_heat}
 
 
 def ratio_rows(grid) -> dict[tuple, int]:

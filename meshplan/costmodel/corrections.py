@@ -202,24 +202,30 @@ def ring_interference(numbers: CorrectionNumbers) -> float:
 
 # ---- measured rows at the sustained clock ------------------------------------------------
 def sustained_clock(numbers: CorrectionNumbers, tables):
-    """Runtime "torch", measured rows: a row's GPU seconds times its ``sustained_ratio``,
-    the ratio of its module's pass run back to back to the pass as the row was timed (queued
-    behind a spin kernel, the GPU busy well under half the time). In a step the GPU is busy
-    back to back; where the blocks' work draws more than the board's power limit at the
-    maximum SM clock, the clock drops (software power cap) and compute-bound kernels slow
-    down. ``meshplan calibrate`` measures the ratio per built module
-    (:mod:`meshplan.calibrate.sustained`); rows without it carry 1. Measured on 1 × H200
-    (2026-11-29): GPT 1.22 B blocks × 1.125 (SM clock 1,980 → 1,575 MHz), Llama 1.20 B ×
-    1.022, Llama 2.76 B × 1.037; rc47's five GPT steps were predicted 3.1-6.0 % fast from
-    rows without it (docs/benchmarks/transfer.md). The tables as timed where switched off."""
-    if not tables or numbers.enabled(SUSTAINED_CLOCK):
-        return tables
-    return tables.at_burst()
+    """Runtime "torch", measured rows: a row's GPU seconds times 1 + share × (r − 1), where
+    r is the row's ``sustained_ratio`` — its module's pass run back to back over the pass as
+    the row was timed (queued behind a spin kernel, the GPU busy under half the time) — and
+    share the profile's ``sustained_clock_share``. In a step the GPU is busy back to back;
+    where the blocks' work draws more than the board's power limit at the maximum SM clock,
+    the clock drops (software power cap) and compute-bound kernels slow down.
+    ``meshplan calibrate`` measures r per built module (:mod:`meshplan.calibrate.
+    sustained`); rows without it carry 1. Measured on 1 × H200 (2026-11-29,
+    docs/benchmarks/transfer.md "Sustained clock"): r = 1.09-1.13 for three GPT models'
+    blocks (SM clock 1,980 → 1,575-1,700 MHz), 1.02-1.04 for three Llama models'. Timed
+    block by block inside a training step in the same call, a GPT's layers ran at the loop's
+    per-layer time (within 0.5 %); but the loop's r moved by ± 1.5 % between calls (1.065 to
+    1.094 for one module), and one calibration's r overstated its validation's steps, so the
+    built-in share is 0.6, fitted post hoc on the step errors of rc47 and rc49 (0.5-0.6 best;
+    GPT mean error 4.3 → 1.5 %) and held out on rc50 / rc52. Unchanged where switched off."""
+    if not tables or not numbers.enabled(SUSTAINED_CLOCK):
+        return tables.at_share(0.0) if tables else tables
+    return tables.at_share(numbers.sustained_clock_share)
 
 
 def _sustained_rows(t) -> bool:
     tables = getattr(t.parts.tables, "tables", t.parts.tables)  # TransferredTables wraps
-    return bool(t.parts.measured) and bool(getattr(tables, "has_sustained", False))
+    return (bool(t.parts.measured) and bool(getattr(tables, "has_sustained", False))
+            and t.cluster.gpu.corrections.sustained_clock_share > 0)
 
 
 # ---- mixture of experts: the busiest expert rank --------------------------------------------
@@ -289,9 +295,9 @@ CORRECTIONS: tuple[Correction, ...] = (
                ring_interference, runtimes=("torch", "megatron")),
     Correction(MOE_IMBALANCE, "step time and memory", ("moe_load_imbalance",), _moe_layout,
                load_imbalance, runtimes=("torch", "megatron")),
-    # its numbers are the rows' own (sustained_ratio of [[layers]] / [[ends]]), not
-    # [corrections] keys
-    Correction(SUSTAINED_CLOCK, "step time", (), _sustained_rows, sustained_clock),
+    # and each row's own sustained_ratio ([[layers]] / [[ends]])
+    Correction(SUSTAINED_CLOCK, "step time", ("sustained_clock_share",), _sustained_rows,
+               sustained_clock),
 )
 
 

@@ -48,6 +48,7 @@ class CorrectionNumbers:
     host_near_load: float
     cp_ring_interference: float
     moe_load_imbalance: float
+    sustained_clock_share: float
     disabled: frozenset = frozenset()
     source: str = ""
 

@@ -43,9 +43,9 @@ class MeasuredTables:
 
     layers: tuple[MeasuredLayer, ...] = ()
     ends: tuple[MeasuredEnd, ...] = ()
-    # GPU seconds at the sustained clock (rows' sustained_ratio); False: as timed, in bursts
-    # (the correction ``sustained_clock`` switched off: meshplan.costmodel.nearest_rows)
-    sustained: bool = True
+    # the share of the rows' sustained_ratio − 1 the lookups add to their GPU seconds (the
+    # correction ``sustained_clock``, meshplan.costmodel.corrections); 0: as timed, in bursts
+    sustained: float = 1.0
 
     def __post_init__(self) -> None:
         idx: dict[tuple, list] = {}
@@ -124,12 +124,11 @@ class MeasuredTables:
                               micro_batch) if rows else None
 
     def _at_clock(self, rows: list, r: Interpolated, micro_batch: int) -> Interpolated:
-        """``r``'s GPU seconds times the sustained ratio of the row nearest ``micro_batch``
-        (a module's rows share one: :mod:`meshplan.calibrate.sustained`); CPU seconds and
-        bytes unchanged."""
-        if not self.sustained:
-            return r
-        k = min(rows, key=lambda row: abs(row.micro_batch - micro_batch)).sustained_ratio
+        """``r``'s GPU seconds times 1 + share × (ratio − 1), the sustained ratio of the row
+        nearest ``micro_batch`` (a module's rows share one: :mod:`meshplan.calibrate.
+        sustained`); CPU seconds and bytes unchanged."""
+        ratio = min(rows, key=lambda row: abs(row.micro_batch - micro_batch)).sustained_ratio
+        k = 1.0 + self.sustained * (ratio - 1.0)
         if k == 1.0:
             return r
         return replace(r, forward_s=r.forward_s * k, backward_s=r.backward_s * k,
@@ -141,9 +140,10 @@ class MeasuredTables:
         """Whether any row carries a measured sustained ratio other than 1."""
         return any(r.sustained_ratio != 1.0 for r in (*self.layers, *self.ends))
 
-    def at_burst(self) -> "MeasuredTables":
-        """These rows at the clock they were timed at (no sustained ratio applied)."""
-        return replace(self, sustained=False)
+    def at_share(self, share: float) -> "MeasuredTables":
+        """These rows with ``share`` of their sustained ratio's excess applied (0: at the
+        clock they were timed at)."""
+        return replace(self, sustained=float(share))
 
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int

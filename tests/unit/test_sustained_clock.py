@@ -50,8 +50,8 @@ def _cluster(tables):
 def test_lookups_scale_gpu_seconds_not_cpu_seconds_or_bytes():
     t = _tables(1.1)
     kw = dict(seq_len=1024, tp=1, sequence_parallel=False, recompute="none")
-    at, burst = t.layer(MODEL, micro_batch=2, **kw), t.at_burst().layer(MODEL, micro_batch=2,
-                                                                         **kw)
+    at, burst = t.layer(MODEL, micro_batch=2, **kw), t.at_share(0.0).layer(MODEL, micro_batch=2,
+                                                                           **kw)
     assert burst.forward_s == pytest.approx(2e-3) and at.forward_s == pytest.approx(2.2e-3)
     assert at.backward_s == pytest.approx(4.4e-3)
     assert at.forward_cpu_s == burst.forward_cpu_s and at.activation_bytes == burst.activation_bytes
@@ -60,13 +60,29 @@ def test_lookups_scale_gpu_seconds_not_cpu_seconds_or_bytes():
     out = t.end(MODEL, "output", seq_len=1024, tp=1, sequence_parallel=False, micro_batch=1)
     assert out.backward_s == pytest.approx(2.2e-4) and out.backward_cpu_s == pytest.approx(2e-5)
     assert t.has_sustained and not _tables(1.0).has_sustained
-    assert t.without_shape("x").sustained and not t.at_burst().without_shape("x").sustained
+    assert t.without_shape("x").sustained == 1.0
+    assert t.at_share(0.0).without_shape("x").sustained == 0.0
+    # a share of the excess: 1 + 0.5 x 0.1
+    assert t.at_share(0.5).layer(MODEL, micro_batch=2, **kw).forward_s == pytest.approx(2.1e-3)
+
+
+def _with_share(cluster, share):
+    gpu = cluster.gpu
+    return replace(cluster, gpu=replace(gpu, corrections=replace(
+        gpu.corrections, sustained_clock_share=share)))
 
 
 def test_the_correction_moves_the_step_by_the_rows_gpu_share():
     lay = Layout(micro_batch=2)
-    on = estimate(MODEL, _cluster(_tables(1.1)), JOB, lay)
+    on = estimate(MODEL, _with_share(_cluster(_tables(1.1)), 1.0), JOB, lay)
     plain = estimate(MODEL, _cluster(_tables(1.0)), JOB, lay)
+    # the built-in share (hardware_profiles/data/corrections.toml) applies part of the excess
+    part = estimate(MODEL, _cluster(_tables(1.1)), JOB, lay)
+    assert plain.step_time_s < part.step_time_s < on.step_time_s
+    # no share, no correction
+    none = estimate(MODEL, _with_share(_cluster(_tables(1.1)), 0.0), JOB, lay)
+    assert none.step_time_s == plain.step_time_s
+    assert SUSTAINED_CLOCK not in [c.name for c in none.corrections]
     assert SUSTAINED_CLOCK in [c.name for c in on.corrections]
     assert SUSTAINED_CLOCK not in [c.name for c in plain.corrections]
     moved = next(c for c in on.corrections if c.name == SUSTAINED_CLOCK)
@@ -138,3 +154,32 @@ def test_bad_sustained_seconds_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["calibrate", "--sustained-s", "-2", "--out", str(tmp_path / "x.toml")])
     assert "'-2' must be a number >= 0" in capsys.readouterr().err
+
+
+def test_the_loop_runs_the_agreed_iterations_and_skips_alike():
+    pytest.importorskip("torch")
+    from meshplan.calibrate.sustained import sustained_ratio
+    calls = []
+
+    def forward():
+        calls.append("f")
+        return 1.0
+
+    ratio, info = sustained_ratio(forward, lambda y: None, lambda: None, device="cpu",
+                                  burst_pass_s=1e-3, heat_s=2e-3, time_s=3e-3)
+    # ceil(2 ms / 1 ms) heat + max(3, ceil(3 ms / 1 ms)) timed iterations
+    assert len(calls) == 5 and info["iterations"] == 3 and info["heat_iterations"] == 2
+    assert ratio > 0 and not info["host_paced"]
+    # another rank asked for more: every rank runs the max
+    calls.clear()
+    sustained_ratio(forward, lambda y: None, lambda: None, device="cpu", burst_pass_s=1e-3,
+                    heat_s=2e-3, time_s=3e-3,
+                    agree_max=lambda v: [max(v[0], 4.0), max(v[1], 4.0), v[2]])
+    assert len(calls) == 8
+    # a rank that must skip (no burst time) makes every rank skip: ratio 1, no loop
+    calls.clear()
+    assert sustained_ratio(forward, lambda y: None, lambda: None, device="cpu",
+                           burst_pass_s=0.0)[0] == 1.0
+    assert sustained_ratio(forward, lambda y: None, lambda: None, device="cpu",
+                           burst_pass_s=1e-3, agree_max=lambda v: [*v[:2], 1.0])[0] == 1.0
+    assert calls == []
