@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.calibrate.budget import check_time_budget, started_perf_counter
-from meshplan.calibrate.sustained import HEAT_S, TIME_S
+from meshplan.calibrate.sustained import loop_seconds
 from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError, require_positive_int
 
@@ -57,7 +57,7 @@ class CalibrateOptions:
     # (--layer-grid): rows a model that was not timed borrows through the nearest shape
     layer_grid: bool = False
     # seconds each built layer module also runs back to back, in the first layer round, for
-    # its rows' sustained_ratio (meshplan.calibrate.sustained); None: SUSTAINED_S on a GPU,
+    # its rows' sustained_ratio (meshplan.calibrate.sustained); None: 2.5 s on a GPU,
     # 0 (off) on CPU; 0: off
     sustained_s: float | None = None
 
@@ -81,18 +81,6 @@ class CalibrateOptions:
             if self.fp8_rows not in runs:
                 raise ConfigError(f"CalibrateOptions.fp8_rows {self.fp8_rows!r}: not a recipe "
                                   f"the executor runs; choose from {runs}")
-
-
-#: default seconds of back-to-back load per built module on a GPU (heat, then timed)
-SUSTAINED_S = HEAT_S + TIME_S
-
-
-def sustained_split(options: CalibrateOptions, device) -> tuple[float, float]:
-    """(heat s, timed s) of the sustained-clock loop for ``options`` on ``device``."""
-    total = options.sustained_s
-    if total is None:
-        total = SUSTAINED_S if device.type == "cuda" else 0.0
-    return total * HEAT_S / SUSTAINED_S, total * TIME_S / SUSTAINED_S
 
 
 #: fp8 recipes after the first are timed on this many of the largest GEMM shapes
@@ -172,7 +160,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "split_timing": options.split_timing,
         "compile_rows": ", ".join(options.compile_rows),
         "fp8_rows": options.fp8_rows,
-        "sustained_s": round(sum(sustained_split(options, device)), 3),
+        "sustained_s": round(sum(loop_seconds(options.sustained_s, device.type)), 3),
         "fp8": bool(options.fp8 and has_fp8_tensor_cores(device)),
         "python_gc": "off while timing",
         "layer_rounds": layer_rounds,
@@ -375,7 +363,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
             split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
             compile_rows=options.compile_rows, fp8_rows=fp8_rows,
-            sustained=sustained_split(options, device))
+            sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")

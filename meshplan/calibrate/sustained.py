@@ -21,9 +21,15 @@ modelled: per built module (one model, tp, SP, ZeRO, compile, precision), on its
 largest micro-batch without recomputation, after ``heat_s`` seconds of the same work back
 to back, over ``time_s`` more; every row of that module carries it
 (``MeasuredLayer.sustained_ratio``; ends likewise) and the cost model multiplies the rows'
-GPU seconds by it (the named correction ``sustained_clock``,
-:mod:`meshplan.costmodel.corrections`). CPU seconds are not scaled: the host's clock is not
-the GPU's.
+GPU seconds by 1 + share × (ratio − 1), the named correction ``sustained_clock``
+(:mod:`meshplan.costmodel.corrections`) with the profile's ``sustained_clock_share``
+(built-in 0.6: timed block by block inside a training step, a GPT's layers ran at this loop's
+speed, but the loop's ratio moved by ± 1.5 % between calls and one calibration overstated its
+validation's steps; the share was fitted post hoc on rc47/rc49). CPU seconds are not scaled:
+the host's clock is not the GPU's. Measured error, held out as run on two never-run models
+(rc50 Llama GQA 2.67 B, rc52 GPT MHA 1.23 B; 1 × H200): step 1.50 % mean / 4.80 % max over
+ten one-GPU layouts, against 4.73 % / 8.40 % for the rows as timed
+(docs/benchmarks/transfer.md, "Sustained clock").
 
 Where the host paces the work (the row's queued CPU dispatch is at least :data:`HOST_PACED`
 of its GPU time), the GPU idles between kernels and is not at its power limit; the same work
@@ -97,6 +103,15 @@ def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
                                    "iterations": n_time, "heat_iterations": n_heat}
 
 
+def loop_seconds(total_s: float | None, device_type: str) -> tuple[float, float]:
+    """(heat s, timed s) of the loop for ``meshplan calibrate --sustained-s total_s``: None
+    is :data:`HEAT_S` + :data:`TIME_S` on a GPU and 0 (off) on CPU; a total splits in the
+    same proportion."""
+    default = HEAT_S + TIME_S
+    total = (default if device_type == "cuda" else 0.0) if total_s is None else total_s
+    return total * HEAT_S / default, total * TIME_S / default
+
+
 def ratio_rows(grid) -> dict[tuple, int]:
     """Per build key, the grid index its ratio is measured on: the largest micro-batch
     without recomputation (layers) or the largest micro-batch (ends) — the row whose work
@@ -111,4 +126,4 @@ def ratio_rows(grid) -> dict[tuple, int]:
     return best
 
 
-__all__ = ["HEAT_S", "TIME_S", "HOST_PACED", "sustained_ratio", "ratio_rows"]
+__all__ = ["HEAT_S", "TIME_S", "HOST_PACED", "sustained_ratio", "loop_seconds", "ratio_rows"]
