@@ -27,8 +27,9 @@ GPU seconds by 1 + share × (ratio − 1), the named correction ``sustained_cloc
 speed, but the loop's ratio moved by ± 1.5 % between calls and one calibration overstated its
 validation's steps; the share was fitted post hoc on rc47/rc49). CPU seconds are not scaled:
 the host's clock is not the GPU's. Measured error, held out as run on two never-run models
-(rc50 Llama GQA 2.67 B, rc52 GPT MHA 1.23 B; 1 × H200): step 1.50 % mean / 4.80 % max over
-ten one-GPU layouts, against 4.73 % / 8.40 % for the rows as timed
+(rc50 Llama GQA 2.67 B, rc52 GPT MHA 1.23 B, rc51 Llama MHA 2.19 B; 1 × H200): step 1.69 %
+mean / 4.80 % max over fifteen one-GPU layouts, against 3.23 % / 8.40 % for the rows as
+timed — better on the GPT models, worse on rc51 (+2.1 % against 0.2 %)
 (docs/benchmarks/transfer.md, "Sustained clock").
 
 Where the host paces the work (the row's queued CPU dispatch is at least :data:`HOST_PACED`

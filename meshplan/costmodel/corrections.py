@@ -216,7 +216,8 @@ def sustained_clock(numbers: CorrectionNumbers, tables):
     per-layer time (within 0.5 %); but the loop's r moved by ± 1.5 % between calls (1.065 to
     1.094 for one module), and one calibration's r overstated its validation's steps, so the
     built-in share is 0.6, fitted post hoc on the step errors of rc47 and rc49 (0.5-0.6 best;
-    GPT mean error 4.3 → 1.5 %) and held out on rc50 / rc52. Unchanged where switched off."""
+    GPT mean error 4.7 → 1.5 %) and held out as run on rc50-rc52 (1.69 % mean, 3.23 % without).
+    Unchanged where switched off."""
     if not tables or not numbers.enabled(SUSTAINED_CLOCK):
         return tables.at_share(0.0) if tables else tables
     return tables.at_share(numbers.sustained_clock_share)

@@ -112,25 +112,15 @@ def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]
 def zero_bubble_order(pp: int, m: int, rank: int) -> tuple[tuple[str, int], ...]:
     """Rank ``rank``'s passes under torch's zero-bubble schedule with one stage per rank
     (ZB1P, Qi et al. 2023, arXiv 2401.10241; ``ScheduleInterleavedZeroBubble`` with
-    ``n_local_stages`` = 1, torch 2.11-2.13): ``pp − rank`` forwards of warm-up (at most
-    m), then for each micro-batch t its I, from the (rank + 1)-th on the W of micro-batch
-    t − rank, and the next forward while any is left; the remaining Ws last. pp 2, m 4:
-    rank 0 ``F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3``, rank 1 ``F0 I0 F1 I1 W0 F2 I2 W1 F3 I3
-    W2 W3`` (checked against torch's own action lists in tests/unit/test_zero_bubble_relief.py).
-    """
-    warm = min(pp - rank, m)
-    ops = [("F", j) for j in range(warm)]
-    next_f, next_w = warm, 0
-    for t in range(m):
-        ops.append(("I", t))
-        if t >= rank:
-            ops.append(("W", next_w))
-            next_w += 1
-        if next_f < m:
-            ops.append(("F", next_f))
-            next_f += 1
-    ops.extend(("W", j) for j in range(next_w, m))
-    return tuple(ops)
+    ``n_local_stages`` = 1, torch 2.11-2.13), as ("F" | "I" | "W", micro-batch):
+    ``pp − rank`` forwards of warm-up (at most m), then for each micro-batch t its I, from
+    the (rank + 1)-th on the W of micro-batch t − rank, and the next forward while any is
+    left; the remaining Ws last. pp 2, m 4: rank 0 ``F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3``,
+    rank 1 ``F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3``. It is the time model's own order
+    (:func:`meshplan.costmodel.pipeline_sim.rank_order`, B read as I), so the test against
+    torch's action lists (tests/unit/test_zero_bubble_relief.py) checks both."""
+    kinds = ("F", "I", "W")
+    return tuple((kinds[k], j) for k, _, j in rank_order("zero-bubble", pp, 1, m, rank))
 
 
 @lru_cache(maxsize=4096)

@@ -218,7 +218,10 @@ def rank_order(schedule: str, pp: int, vpp: int, m: int, rank: int
     """Operations of pipeline rank ``rank`` in execution order: (kind, local chunk, mb).
 
     kind is 0 = F, 1 = B, 2 = W. Interleaved with vpp = 1 is plain 1F1B (Megatron runs
-    its non-interleaved schedule when no virtual pipeline size is set).
+    its non-interleaved schedule when no virtual pipeline size is set). Zero-bubble is
+    torch's ZB1P order (:func:`meshplan.costmodel.first_backward.zero_bubble_order`, tested
+    against torch's own action lists): its first steady forward completes torch's
+    ``pp − rank`` warm-up forwards.
     """
     if schedule == "gpipe":
         return [(_F, 0, j) for j in range(m)] + [(_B, 0, j) for j in range(m)]

@@ -63,6 +63,65 @@ def test_routed_operator_counts_match_torch(change, autocast):
     assert abs(want[1] - got[1]) <= 2
 
 
+def _ep2_worker(rank, world, init_method, out_dir):
+    import torch.distributed as dist
+
+    from _gloo import write_rank_result
+    from meshplan.executor.moe import MoELayer
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    counts = {}
+    for ep in (1, 2):
+        torch.manual_seed(0)
+        layer = MoELayer(BASE)
+        for q in layer.parameters():
+            torch.nn.init.normal_(q, std=0.02)
+        if ep == 2:   # as expert_parallel installs it: this rank's half of the experts
+            layer.experts.keep_experts(rank * 4, 4)
+            layer.ep_group = dist.new_group([0, 1])
+        layer.experts.backend = "grouped"
+        layer.to(torch.bfloat16)
+        torch.manual_seed(1 + rank)
+        x = torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+        layer(x)                       # warm
+        f, b = _counted(layer, x)
+        counts[ep] = [f, b]
+    write_rank_result(out_dir, rank, counts)
+
+
+def _counted(layer, x):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+    with Count() as f:
+        y = layer(x)
+    with Count() as b:
+        y.backward(torch.ones_like(y))
+    return f.n, b.n
+
+
+def test_expert_parallel_operator_counts_match_torch_on_two_ranks(tmp_path):
+    """ROUTED_OPS_EP: what ep = 2 adds to the routed part's operators (the splits' exchange,
+    both all-to-alls and the regrouping), counted on two gloo ranks against ep = 1."""
+    import torch.nn.functional as F
+    if getattr(F, "grouped_mm", None) is None and getattr(torch, "_grouped_mm", None) is None:
+        pytest.skip("this torch has no grouped_mm")
+    from _gloo import run_gloo_ranks
+    got = run_gloo_ranks(_ep2_worker, 2, tmp_path)
+    one = moe_host.routed_ops(BASE, mp.Layout(dp=2), autocast=False)
+    two = moe_host.routed_ops(BASE, mp.Layout(dp=2, ep=2), autocast=False)
+    for rank in got:
+        assert rank["1"][0] == one[0] and rank["2"][0] == two[0]
+        # backward: autograd's node order varies by one or two operators between runs
+        assert abs(rank["1"][1] - one[1]) <= 2 and abs(rank["2"][1] - two[1]) <= 2
+
+
 def test_sync_counts_from_the_executor_code():
     assert moe_host.torch_syncs(BASE, mp.Layout(dp=2)) == 0
     assert moe_host.torch_syncs(BASE, mp.Layout(dp=2, ep=2)) == 1
