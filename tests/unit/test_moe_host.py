@@ -16,10 +16,9 @@ BASE = mp.ModelSpec(name="t", num_layers=2, hidden_size=64, num_heads=4, vocab_s
                     num_experts=8, experts_per_token=2, moe_ffn_hidden_size=32)
 
 
-def _count(spec, autocast=False):
+def _counter():
+    """A dispatch mode counting the aten operators run under it (``.n``)."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    from meshplan.executor.moe import MoELayer
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -29,6 +28,11 @@ def _count(spec, autocast=False):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.n += 1
             return func(*args, **(kwargs or {}))
+    return Count()
+
+
+def _count(spec, autocast=False):
+    from meshplan.executor.moe import MoELayer
 
     torch.manual_seed(0)
     layer = MoELayer(spec)
@@ -41,9 +45,9 @@ def _count(spec, autocast=False):
     ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
     with ctx:
         layer(x)                      # warm
-        with Count() as f:
+        with _counter() as f:
             y = layer(x)
-    with Count() as b:
+    with _counter() as b:
         y.backward(torch.ones_like(y))
     return f.n, b.n
 
@@ -89,19 +93,9 @@ def _ep2_worker(rank, world, init_method, out_dir):
 
 
 def _counted(layer, x):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
-    with Count() as f:
+    with _counter() as f:
         y = layer(x)
-    with Count() as b:
+    with _counter() as b:
         y.backward(torch.ones_like(y))
     return f.n, b.n
 
