@@ -59,7 +59,8 @@ TINY_LLAMA = {"name": "tiny-llama", "num_layers": 2, "hidden_size": 64, "num_hea
 @pytest.fixture(scope="session")
 def two_rank_profile(tmp_path_factory) -> dict:
     """The profile of one real 2-rank CPU calibration (torchrun, gloo) of a tiny Llama:
-    ``--quick``, micro-batch 1, two layer rounds under a --time-budget that allows both.
+    ``--quick``, micro-batch 1, two layer rounds under a --time-budget that allows both, and
+    each module's sustained-clock loop (``--sustained-s 0.02``).
     Run once per session: the layer-table test and the round-budget test of
     test_calibrate_layers.py read the same file (a run takes 20-30 s on the 2-core machine);
     keep its users in that one file, so that pytest-xdist's --dist loadfile runs it once."""
@@ -77,9 +78,12 @@ def two_rank_profile(tmp_path_factory) -> dict:
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{root}{os.pathsep}{env_path}"   # torchrun's ranks: this tree
     try:
+        # --sustained-s: each module's back-to-back loop on both ranks, collectives (tp,
+        # FSDP2 over dp 2) inside it, iteration counts agreed (off by default on CPU)
         rc = cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
                        "--micro-batches", "1", "--nproc", "2", "--rounds", "2",
-                       "--time-budget", "100000", "--out", str(out), "--no-progress"])
+                       "--time-budget", "100000", "--sustained-s", "0.02", "--out", str(out),
+                       "--no-progress"])
     finally:
         os.environ["PYTHONPATH"] = env_path
     assert rc == 0

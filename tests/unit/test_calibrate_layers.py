@@ -300,6 +300,16 @@ def test_two_rank_calibrate_writes_layer_tables(two_rank_profile):
     assert len(plain) == 3 * 3 * 1
     fsdp = {(x["zero"], x["dp"]) for x in doc["layers"] if x["zero"]}
     assert fsdp == {(2, 2), (3, 2), (2, 1)}
+    # the sustained-clock loop ran on every module, FSDP2 over dp 2 and tp 2 included (both
+    # ranks the same iterations): one measured ratio per module, on each of its rows
+    per_module: dict = {}
+    for x in doc["layers"]:
+        key = (x["tp"], x["sequence_parallel"], x["zero"], x["dp"])
+        per_module.setdefault(key, set()).add(x["sustained_ratio"])
+    assert len(per_module) == 6 and all(len(v) == 1 for v in per_module.values())
+    assert all(v > 0 for vs in per_module.values() for v in vs)
+    assert all(e["sustained_ratio"] > 0 for e in doc["ends"])
+    assert doc["provenance"]["sustained_s"] == 0.02
     # FSDP2's compute alone (1-rank mesh), which pipelined ZeRO-2 stages run at: its own
     # lookup, not the plain row's
     alone = t.fsdp_compute_layer(TINY, seq_len=32, tp=1, sequence_parallel=False,
