@@ -128,7 +128,10 @@ class MeasuredTables:
         nearest ``micro_batch`` (a module's rows share one: :mod:`meshplan.calibrate.
         sustained`); CPU seconds and bytes unchanged."""
         ratio = min(rows, key=lambda row: abs(row.micro_batch - micro_batch)).sustained_ratio
-        k = 1.0 + self.sustained * (ratio - 1.0)
+        # a ratio below 1 is not a clock (which only drops under load) but the loop's warm
+        # caches (an embedding's gather back to back: 0.93), which a step's one pass per
+        # micro-batch does not get
+        k = 1.0 + self.sustained * (max(1.0, ratio) - 1.0)
         if k == 1.0:
             return r
         return replace(r, forward_s=r.forward_s * k, backward_s=r.backward_s * k,

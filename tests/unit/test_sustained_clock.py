@@ -62,6 +62,8 @@ def test_lookups_scale_gpu_seconds_not_cpu_seconds_or_bytes():
     assert t.has_sustained and not _tables(1.0).has_sustained
     assert t.without_shape("x").sustained == 1.0
     assert t.at_share(0.0).without_shape("x").sustained == 0.0
+    # below 1 (a loop's warm caches, not a clock): the rows as timed
+    assert _tables(0.93).layer(MODEL, micro_batch=2, **kw).forward_s == pytest.approx(2e-3)
     # a share of the excess: 1 + 0.5 x 0.1
     assert t.at_share(0.5).layer(MODEL, micro_batch=2, **kw).forward_s == pytest.approx(2.1e-3)
 
