@@ -21,7 +21,7 @@ modelled: per built module (one model, tp, SP, ZeRO, compile, precision), on its
 largest micro-batch without recomputation, after ``heat_s`` seconds of the same work back
 to back, over ``time_s`` more; every row of that module carries it
 (``MeasuredLayer.sustained_ratio``; ends likewise) and the cost model multiplies the rows'
-GPU seconds by 1 + share × (ratio − 1), the named correction ``sustained_clock``
+GPU seconds by 1 + share × (max(1, ratio) − 1), the named correction ``sustained_clock``
 (:mod:`meshplan.costmodel.corrections`) with the profile's ``sustained_clock_share``
 (built-in 0.6: timed block by block inside a training step, a GPT's layers ran at this loop's
 speed, but the loop's ratio moved by ± 1.5 % between calls and one calibration overstated its

@@ -202,8 +202,8 @@ def ring_interference(numbers: CorrectionNumbers) -> float:
 
 # ---- measured rows at the sustained clock ------------------------------------------------
 def sustained_clock(numbers: CorrectionNumbers, tables):
-    """Runtime "torch", measured rows: a row's GPU seconds times 1 + share × (r − 1), where
-    r is the row's ``sustained_ratio`` — its module's pass run back to back over the pass as
+    """Runtime "torch", measured rows: a row's GPU seconds times 1 + share × (max(1, r) − 1),
+    where r is the row's ``sustained_ratio`` — its module's pass run back to back over the pass as
     the row was timed (queued behind a spin kernel, the GPU busy under half the time) — and
     share the profile's ``sustained_clock_share``. In a step the GPU is busy back to back;
     where the blocks' work draws more than the board's power limit at the maximum SM clock,
