@@ -115,9 +115,9 @@ def test_the_ratio_row_of_each_module_is_its_largest_micro_batch_without_recompu
         return Config(model=TINY_LLAMA, seq_len=64, tp=tp, sequence_parallel=False,
                       micro_batch=mb, recompute=rc, part=part)
     grid = [cfg(1), cfg(4, "full"), cfg(2), cfg(1, tp=2), cfg(1, part="output"),
-            cfg(2, part="output")]
+            cfg(2, part="output"), cfg(2, part="embedding")]
     at = ratio_rows(grid)
-    assert sorted(at.values()) == [2, 3, 5]
+    assert sorted(at.values()) == [2, 3, 5]      # the embedding (memory-bound) is left out
 
 
 def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
@@ -139,6 +139,7 @@ def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
     tp1 = {v for (tp, _, _), v in ratios.items() if tp == 1}
     assert len(tp1) == 1 and next(iter(tp1)) > 0
     assert all(e["sustained_ratio"] > 0 for e in doc["ends"])
+    assert all(e["sustained_ratio"] == 1.0 for e in doc["ends"] if e["part"] == "embedding")
     off = tmp_path / "off.toml"
     assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
                      "--micro-batches", "1", "--out", str(off)]) == 0
