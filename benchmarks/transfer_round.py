@@ -281,14 +281,22 @@ def figures(records: list[dict]) -> dict:
     }
 
 
-def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False) -> list[dict]:
+def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False,
+              without: tuple[str, ...] = ()) -> list[dict]:
     """Every record re-predicted on ``profile`` (models and jobs from the accuracy file).
     ``leave_out``: each model on the profile less its own layer shape's rows — a calibration
-    that timed the round's other models but not this one (the nearest-shape transfer)."""
+    that timed the round's other models but not this one (the nearest-shape transfer).
+    ``without``: named corrections switched off (``Estimate.corrections`` names)."""
+    from dataclasses import replace
+
     from transfer_analysis import without_own_rows
     nproc = int(doc.get("nproc") or 4)
     cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1, gpus_per_node=nproc),
                             profile)
+    numbers = cluster.gpu.corrections
+    for name in without:
+        numbers = numbers.without(name)
+    cluster = replace(cluster, gpu=replace(cluster.gpu, corrections=numbers))
     set_dir = ROOT / "benchmarks" / "sets" / str(doc["set"])
     out = []
     for r in doc["records"]:
@@ -355,6 +363,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--accuracy", type=Path, default=None, help="report: merged accuracy.json")
     ap.add_argument("--gpu", default=None, help="report: the GPU the records ran on")
+    ap.add_argument("--without", action="append", default=[], metavar="CORRECTION",
+                    help="report: re-predict on --profile with this named correction switched "
+                         "off (e.g. sustained_clock; repeatable)")
     ap.add_argument("--leave-out", action="store_true",
                     help="report: re-predict each model on --profile less its own layer rows "
                          "(a calibration that timed the other models only)")
@@ -405,16 +416,22 @@ def main(argv=None) -> int:
         return 0
     if args.accuracy is None:
         ap.error("report needs --accuracy")
-    if args.leave_out and not args.profile:
-        ap.error("--leave-out re-predicts on a profile: give --profile PROFILE.toml")
+    if (args.leave_out or args.without) and not args.profile:
+        ap.error("--leave-out and --without re-predict on a profile: give --profile PROFILE.toml")
+    from meshplan.costmodel.registry import all_corrections
+    known = sorted(c.name for c in all_corrections())
+    bad = [n for n in args.without if n not in known]
+    if bad:
+        ap.error(f"--without {bad}: not a named correction; known: {', '.join(known)}")
     doc = json.loads(args.accuracy.read_text())
     print(f"as run ({doc.get('profile') or 'datasheet'}):")
     print(_fmt(figures(doc["records"])))
     if args.profile:
         again = repredict(doc, args.profile, args.gpu or str(doc.get("gpu_name")),
-                          leave_out=args.leave_out)
+                          leave_out=args.leave_out, without=tuple(args.without))
         print(f"\nre-predicted on {args.profile}"
-              f"{', each model without its own rows' if args.leave_out else ''}:")
+              f"{', each model without its own rows' if args.leave_out else ''}"
+              f"{', without ' + ', '.join(args.without) if args.without else ''}:")
         print(_fmt(figures(again)))
     return 0
 

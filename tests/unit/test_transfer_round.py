@@ -162,3 +162,22 @@ def test_leave_out_without_a_profile_is_refused(capsys):
         tr.main(["report", "--accuracy",
                  str(ROOT / "docs/benchmarks/data/transfer38_accuracy.json"), "--leave-out"])
     assert exc.value.code == 2 and "--leave-out" in capsys.readouterr().err
+
+
+def test_without_repredicts_with_a_named_correction_switched_off(capsys):
+    """rc52 (GPT, 1 × H200, rows with sustained ratios): without ``sustained_clock`` every
+    prediction is faster — the rows as timed in bursts — and the report says so."""
+    doc = json.loads((ROOT / "docs/benchmarks/data/rc52_accuracy.json").read_text())
+    profile = str(ROOT / "docs/benchmarks/data/profiles/rc52/profile.toml")
+    on = tr.repredict(doc, profile, "NVIDIA H200")
+    off = tr.repredict(doc, profile, "NVIDIA H200", without=("sustained_clock",))
+    assert len(on) == len(off) == 5
+    assert all(b["predicted"]["step_time_s"] < a["predicted"]["step_time_s"]
+               for a, b in zip(on, off))
+    assert tr.main(["report", "--accuracy", str(ROOT / "docs/benchmarks/data/rc52_accuracy.json"),
+                    "--profile", profile, "--without", "sustained_clock"]) == 0
+    assert "without sustained_clock" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        tr.main(["report", "--accuracy", str(ROOT / "docs/benchmarks/data/rc52_accuracy.json"),
+                 "--profile", profile, "--without", "bogus"])
+    assert exc.value.code == 2 and "not a named correction" in capsys.readouterr().err
