@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import transfer_round  # noqa: E402
-from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 
 DATA = ROOT / "docs" / "benchmarks" / "data"
 # set -> its profile with sustained ratios (rc47's: a second calibration, after its run)
@@ -39,25 +38,19 @@ def errors(set_name: str, share: float, offset: float | None = None
     """(layout, step error %) of every ok record of ``set_name`` at ``share``; ``offset``
     (post hoc alternative, not in the cost model): every row's ratio r replaced by
     1 + max(0, r − 1 − offset), at share 1."""
-    def with_share(cluster, profile):
-        c = apply_profile(cluster, profile)
-        gpu = c.gpu
+    def with_share(cluster):
+        gpu = cluster.gpu
         if offset is not None:
             def moved(rows):
                 return tuple(replace(r, sustained_ratio=1.0 + max(
                     0.0, r.sustained_ratio - 1.0 - offset)) for r in rows)
             gpu = replace(gpu, measured=replace(gpu.measured, layers=moved(gpu.measured.layers),
                                                 ends=moved(gpu.measured.ends)))
-        return replace(c, gpu=replace(gpu, corrections=replace(
+        return replace(cluster, gpu=replace(gpu, corrections=replace(
             gpu.corrections, sustained_clock_share=1.0 if offset is not None else share)))
     doc = json.loads((DATA / f"{set_name}_accuracy.json").read_text())
-    saved = transfer_round.apply_profile
-    transfer_round.apply_profile = with_share
-    try:
-        recs = transfer_round.repredict(doc, str(DATA / "profiles" / PROFILES[set_name]),
-                                        doc.get("gpu_name") or "H200")
-    finally:
-        transfer_round.apply_profile = saved
+    recs = transfer_round.repredict(doc, str(DATA / "profiles" / PROFILES[set_name]),
+                                    doc.get("gpu_name") or "H200", adjust=with_share)
     return [(r["name"], r["step_time_error_pct"]) for r in recs if r.get("status") == "ok"]
 
 

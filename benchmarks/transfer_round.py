@@ -281,22 +281,32 @@ def figures(records: list[dict]) -> dict:
     }
 
 
+def without_corrections(names: tuple[str, ...]):
+    """A cluster transform for :func:`repredict`: these named corrections switched off
+    (``Estimate.corrections`` names)."""
+    from dataclasses import replace
+
+    def adjust(cluster):
+        numbers = cluster.gpu.corrections
+        for name in names:
+            numbers = numbers.without(name)
+        return replace(cluster, gpu=replace(cluster.gpu, corrections=numbers))
+    return adjust
+
+
 def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False,
-              without: tuple[str, ...] = ()) -> list[dict]:
+              adjust=None) -> list[dict]:
     """Every record re-predicted on ``profile`` (models and jobs from the accuracy file).
     ``leave_out``: each model on the profile less its own layer shape's rows — a calibration
     that timed the round's other models but not this one (the nearest-shape transfer).
-    ``without``: named corrections switched off (``Estimate.corrections`` names)."""
-    from dataclasses import replace
-
+    ``adjust``: a function of the profiled cluster returning the one to price on (e.g.
+    :func:`without_corrections`)."""
     from transfer_analysis import without_own_rows
     nproc = int(doc.get("nproc") or 4)
     cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1, gpus_per_node=nproc),
                             profile)
-    numbers = cluster.gpu.corrections
-    for name in without:
-        numbers = numbers.without(name)
-    cluster = replace(cluster, gpu=replace(cluster.gpu, corrections=numbers))
+    if adjust is not None:
+        cluster = adjust(cluster)
     set_dir = ROOT / "benchmarks" / "sets" / str(doc["set"])
     out = []
     for r in doc["records"]:
@@ -428,7 +438,9 @@ def main(argv=None) -> int:
     print(_fmt(figures(doc["records"])))
     if args.profile:
         again = repredict(doc, args.profile, args.gpu or str(doc.get("gpu_name")),
-                          leave_out=args.leave_out, without=tuple(args.without))
+                          leave_out=args.leave_out,
+                          adjust=without_corrections(tuple(args.without)) if args.without
+                          else None)
         print(f"\nre-predicted on {args.profile}"
               f"{', each model without its own rows' if args.leave_out else ''}"
               f"{', without ' + ', '.join(args.without) if args.without else ''}:")

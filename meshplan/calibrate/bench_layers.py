@@ -340,10 +340,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 split_memory=deep_mem.get(idx, NO_SPLIT_MEMORY)))
         else:
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
-    by_idx = [grid[i] for i in range(len(grid)) if i not in skipped and i in measured]
-    for row, cfg in zip([*layer_rows, *end_rows],
-                        [c for c in by_idx if not c.part] + [c for c in by_idx if c.part]):
-        row["sustained_ratio"] = float(ratios.get(cfg.build_key, 1.0))
+        (end_rows if cfg.part else layer_rows)[-1]["sustained_ratio"] = float(
+            ratios.get(cfg.build_key, 1.0))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
 
 

@@ -123,6 +123,15 @@ def _layer_amp(cfg: Config, device):
     return nullcontext()
 
 
+def _end_amp(device):
+    """The embedding and output parts run under the step's autocast on GPU (no ZeRO-2/3
+    variant: the ends are never FSDP2 rows)."""
+    import torch
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
 def _free(device) -> None:
     import torch
     gc.collect()

@@ -9,9 +9,9 @@ they return become rows in :mod:`meshplan.calibrate.layer_rows`.
 from __future__ import annotations
 
 import statistics
-from contextlib import nullcontext
 
-from meshplan.calibrate.layer_build import (SEED, _deep_module, _free, _layer_amp, _layer_input,
+from meshplan.calibrate.layer_build import (SEED, _deep_module, _end_amp, _free, _layer_amp,
+                                            _layer_input,
                                             _oom_types, _set_recompute)
 from meshplan.calibrate.layer_grid import Config
 from meshplan.calibrate.layer_ranks import _reduce
@@ -179,11 +179,9 @@ def _end_step(cfg: Config, m, tp_group, device):
 def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
              queue: _Queue | None = None) -> tuple[float, ...]:
     """(forward_s, backward_s, activation_bytes, peak_bytes, forward_cpu_s, backward_cpu_s)."""
-    import torch
     cuda = device.type == "cuda"
     input_bytes, reset, forward, backward = _end_step(cfg, m, tp_group, device)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
-    with amp:
+    with _end_amp(device):
         samples, out_bytes = _measure(forward, backward, reset, device=device, warmup=WARMUP,
                                       iters=iters, barrier=barrier, queue=queue)
         kept = _kept_bytes(forward, device) if cuda else None
@@ -197,19 +195,15 @@ def _run_sustained(cfg: Config, m, tp_group, layers: int, device, *, burst_pass_
     """:func:`meshplan.calibrate.sustained.sustained_ratio` of a built row's module at
     ``cfg`` (``burst_pass_s`` / ``burst_cpu_s``: the row's forward + backward GPU seconds and
     CPU dispatch per layer, or per end), averaged over ranks as the rows' times are."""
-    import torch
     if cfg.part:
         _, reset, forward, backward = _end_step(cfg, m, tp_group, device)
-        amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" \
-            else nullcontext()
-        stack = 1
+        amp, stack = _end_amp(device), 1
     else:
         _, _, reset, forward, backward = _layer_step(cfg, m, device)
-        amp = _layer_amp(cfg, device)
-        stack = layers
+        amp, stack = _layer_amp(cfg, device), layers
     with amp:
         ratio, info = sustained_ratio(
             forward, backward, reset, device=device, burst_pass_s=burst_pass_s * stack,
-            burst_cpu_s=burst_cpu_s * stack, agree_max=lambda v: _reduce(v, range(len(v)), device, world),
-            heat_s=heat_s, time_s=time_s)
+            burst_cpu_s=burst_cpu_s * stack, heat_s=heat_s, time_s=time_s,
+            agree_max=lambda v: _reduce(v, range(len(v)), device, world))
     return _reduce([ratio], [], device, world)[0], info

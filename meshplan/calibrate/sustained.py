@@ -76,7 +76,7 @@ def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
         return 1.0, {"host_paced": paced, "skipped": True}
     n_heat, n_time = int(n_heat), int(n_time)
     ends: list = []          # one event after each iteration (CUDA)
-    host_s: list[float] = []
+    times_s: list[float] = []  # the timed iterations: perf_counter on CPU, events on CUDA
     for i in range(n_heat + n_time):
         reset()
         t0 = time.perf_counter()
@@ -92,13 +92,13 @@ def sustained_ratio(forward: Callable[[], Any], backward: Callable[[Any], None],
                 # the GPU stays busy as long as four iterations outlast one's dispatch
                 ends[i - 4].synchronize()
         elif i >= n_heat:
-            host_s.append(time.perf_counter() - t0)
+            times_s.append(time.perf_counter() - t0)
     if cuda:
         torch.cuda.synchronize(device)
         # iteration i's GPU time: from the end of i - 1 to the end of i (back to back)
-        host_s = [ends[i - 1].elapsed_time(ends[i]) / 1e3
-                  for i in range(max(1, n_heat), n_heat + n_time)]
-    pass_s = statistics.median(host_s)
+        times_s = [ends[i - 1].elapsed_time(ends[i]) / 1e3
+                   for i in range(max(1, n_heat), n_heat + n_time)]
+    pass_s = statistics.median(times_s)
     return pass_s / burst_pass_s, {"sustained_pass_s": pass_s, "burst_pass_s": burst_pass_s,
                                    "burst_cpu_s": burst_cpu_s, "host_paced": False,
                                    "iterations": n_time, "heat_iterations": n_heat}

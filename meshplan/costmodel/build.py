@@ -33,8 +33,7 @@ from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.parts import LayerParts, pipelined_zero2_row, ratio, stage_split
-from meshplan.costmodel.runtime import (ddp_accumulates, fsdp_per_microbatch, torch_pipelined,
-                                        zb_first_stage_fused)
+from meshplan.costmodel.runtime import ddp_accumulates, fsdp_per_microbatch, torch_pipelined
 from meshplan.costmodel.stage_tables import inflight_table
 from meshplan.costmodel.moe_layer import shared_width
 from meshplan.costmodel.torch_activations import torch_layer_activations
@@ -345,7 +344,7 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         layer_forward_s=lt["layer_f"] + z3.forward_s,
         layer_backward_s=lt["layer_b"] + z3.backward_s,
         layer_wgrad_s=lt["layer_w"], zb_w_recompute_passes=lt["zb_w_passes"],
-        zb_first_fused=zb_first_stage_fused(job, layout), zb_split_excess_s=lt["split_excess"],
+        zb_split_excess_s=lt["split_excess"],
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
         **end_stage_times(model, job, layout, parts, links, lt["fsdp"], cluster.gpu),
         **host_dispatch(cluster, layout, parts, lt),

@@ -218,9 +218,10 @@ def sustained_clock(numbers: CorrectionNumbers, tables):
     built-in share is 0.6, fitted post hoc on the step errors of rc47 and rc49 (0.5-0.6 best;
     GPT mean error 4.7 → 1.5 %) and held out as run on rc50-rc52 (1.69 % mean, 3.23 % without).
     Unchanged where switched off."""
-    if not tables or not numbers.enabled(SUSTAINED_CLOCK):
-        return tables.at_share(0.0) if tables else tables
-    return tables.at_share(numbers.sustained_clock_share)
+    if not tables:
+        return tables
+    on = numbers.enabled(SUSTAINED_CLOCK)
+    return tables.at_share(numbers.sustained_clock_share if on else 0.0)
 
 
 def _sustained_rows(t) -> bool:

@@ -31,7 +31,7 @@ from meshplan.costmodel.data_parallel import (Groups, RankState, Zero3Layer, com
                                               exposed_dp_s, params_state, rank_state)
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
-from meshplan.costmodel.runtime import fsdp_per_microbatch
+from meshplan.costmodel.runtime import fsdp_per_microbatch, zb_first_stage_fused
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -168,9 +168,8 @@ class StageTimes(TablesBase):
     # zero-bubble with full recompute, unmeasured split: the forwards a layer's weight pass
     # runs again (corrections.zb_full_w_passes; in layer_backward_s and layer_wgrad_s)
     zb_w_recompute_passes: float = 0.0
-    # zero-bubble under torch: the first stage's W is one fused backward, its I empty
-    # (runtime.zb_first_stage_fused); per layer, what the split B + W cost beyond it
-    zb_first_fused: bool = False
+    # zero-bubble under torch, where the first stage's W is one fused backward and its I
+    # empty (runtime.zb_first_stage_fused): per layer, what the split B + W cost beyond it
     zb_split_excess_s: float = 0.0
 
     def stage_times(self, stage_layers) -> tuple[list[float], list[float], list[float]]:
@@ -188,7 +187,7 @@ class StageTimes(TablesBase):
         f[-1] += self.last_forward_s
         b[-1] += self.last_backward_s
         w[-1] += self.last_wgrad_s
-        if self.zb_first_fused:
+        if zb_first_stage_fused(self.job, self.layout):
             b[0] -= stage_layers[0] * self.zb_split_excess_s
             w[0] = b[0]
         if self.slowdown:

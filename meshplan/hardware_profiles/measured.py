@@ -25,6 +25,7 @@ interpolation: :mod:`meshplan.hardware_profiles.measured_interp`; both are impor
 
 from __future__ import annotations
 
+import copy
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, Iterable, Mapping
 
@@ -145,8 +146,13 @@ class MeasuredTables:
 
     def at_share(self, share: float) -> "MeasuredTables":
         """These rows with ``share`` of their sustained ratio's excess applied (0: at the
-        clock they were timed at)."""
-        return replace(self, sustained=float(share))
+        clock they were timed at). A shallow copy: it shares the rows' index, which does not
+        depend on the share (the cost model asks for it on every tables lookup)."""
+        if share == self.sustained:
+            return self
+        out = copy.copy(self)
+        object.__setattr__(out, "sustained", float(share))
+        return out
 
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int

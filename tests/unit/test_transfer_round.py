@@ -170,7 +170,8 @@ def test_without_repredicts_with_a_named_correction_switched_off(capsys):
     doc = json.loads((ROOT / "docs/benchmarks/data/rc52_accuracy.json").read_text())
     profile = str(ROOT / "docs/benchmarks/data/profiles/rc52/profile.toml")
     on = tr.repredict(doc, profile, "NVIDIA H200")
-    off = tr.repredict(doc, profile, "NVIDIA H200", without=("sustained_clock",))
+    off = tr.repredict(doc, profile, "NVIDIA H200",
+                       adjust=tr.without_corrections(("sustained_clock",)))
     assert len(on) == len(off) == 5
     assert all(b["predicted"]["step_time_s"] < a["predicted"]["step_time_s"]
                for a, b in zip(on, off))

@@ -24,7 +24,7 @@ def test_predicate():
 
 def test_first_stage_backward_is_all_weight_pass_and_fused():
     t = layer_tables(MODEL, CLUSTER, JOB, ZB)
-    assert t.zb_first_fused
+    assert zb_first_stage_fused(t.job, t.layout)
     # a measured split that costs 2 ms a layer more than the fused backward
     split = replace(t, layer_backward_s=t.layer_backward_s + 2e-3, zb_split_excess_s=2e-3)
     f, b, w = split.stage_times([4, 4])
@@ -34,6 +34,8 @@ def test_first_stage_backward_is_all_weight_pass_and_fused():
     k = t.slowdown or (1.0, 1.0)                     # the p2p kernels' slowdown per stage
     assert b[1] == pytest.approx(b0[1] + 4 * 2e-3 * k[1])  # the others: split B + W
     assert w[1] == pytest.approx(w0[1])
-    off = replace(split, zb_first_fused=False)
+    # the same tables where the rule does not apply (runtime megatron: a split I + W)
+    off = replace(split, job=replace(JOB, runtime="megatron"))
+    assert not zb_first_stage_fused(off.job, off.layout)
     assert off.stage_times([4, 4])[1][0] == pytest.approx(b0[0] + 4 * 2e-3 * k[0])
     assert off.stage_times([4, 4])[2][0] < b0[0]
