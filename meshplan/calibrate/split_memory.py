@@ -44,7 +44,10 @@ def _live_bytes_mode():
         """Bytes of the storages operators created inside the mode that are still alive
         (and the peak): a storage counts from its first tensor until the last tensor seen
         on it dies (tensors made by autograd's C++ side without passing an operator are
-        not seen; views of a seen storage are)."""
+        not seen; views of a seen storage are). Under gloo a collective's buffer counts until
+        the backend's worker thread drops its reference, which can come after the caller's
+        wait returns, so with tp > 1 on CPU a reading can be one buffer off (CPU only: on
+        CUDA the allocator's counters are read)."""
 
         def __init__(self):
             super().__init__()
