@@ -22,7 +22,10 @@ class Layout:
     through the pipeline per step. ``vpp`` is the number of model chunks per pipeline
     rank (interleaved 1F1B only). ``stage_layers`` gives the transformer layers of each
     pipeline stage (length pp, or pp·vpp for interleaved: chunk c lives on rank c % pp);
-    None = as even as possible.
+    None = as even as possible. The first and the last stage may hold none, running only the
+    embedding or only the final norm, logits and loss (Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``
+    with as many chunks as layers + 2).
 
     ``cp`` splits every sequence over ``cp`` ranks (context parallelism, style ``cp_style``:
     ``"ring"`` passes key/value blocks around the ring, ``"all-to-all"`` scatters heads as
@@ -85,11 +88,18 @@ class Layout:
                 raise ConfigError(
                     f"Layout.stage_layers has {len(sl)} entries; pp·vpp = "
                     f"{self.pp}·{self.vpp} = {self.pp * self.vpp} are needed")
+            last = len(sl) - 1
             for i, n in enumerate(sl):
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                     raise ConfigError(
-                        f"Layout.stage_layers[{i}] = {n!r} must be a positive integer: every "
-                        f"pipeline stage needs at least one transformer layer")
+                        f"Layout.stage_layers[{i}] = {n!r} must be a non-negative integer")
+                if n == 0 and i not in (0, last):
+                    raise ConfigError(
+                        f"Layout.stage_layers[{i}] = 0: only the first stage (the embedding) "
+                        f"or the last (the loss) may hold no transformer layer; every stage "
+                        f"between needs at least one")
+            if sum(sl) < 1:
+                raise ConfigError(f"Layout.stage_layers {list(sl)} hold no transformer layer")
 
     @property
     def num_gpus(self) -> int:

@@ -45,6 +45,11 @@ WORLD2 = [
     Case("pp2-1f1b", LLAMA, JOB, L(pp=2, schedule="1f1b", stage_layers=(1, 3))),
     Case("pp2-interleaved", LLAMA, JOB, L(pp=2, schedule="interleaved-1f1b", vpp=2, micro_batch=1)),
     Case("pp2-interleaved-tied", GPT, JOB, L(pp=2, schedule="interleaved-1f1b", vpp=2)),
+    # Megatron's account-for-embedding/loss split: the first chunk runs only the embedding,
+    # the last only the final norm, logits and loss
+    Case("pp2-interleaved-ends-alone", LLAMA, JOB,
+         L(pp=2, schedule="interleaved-1f1b", vpp=2, micro_batch=1, stage_layers=(0, 2, 2, 0))),
+    Case("pp2-1f1b-embedding-alone-tied", GPT, JOB, L(pp=2, schedule="1f1b", stage_layers=(0, 4))),
     Case("pp2-zero-bubble", LLAMA, JOB, L(pp=2, schedule="zero-bubble")),
     # the attention core's own recompute (_RecomputedCore) under split input/weight passes
     Case("pp2-zero-bubble-selective", LLAMA, JOB,

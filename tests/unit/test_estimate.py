@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import meshplan as mp
@@ -186,6 +188,35 @@ def test_estimate_pipeline_time_matches_simulation_when_layers_are_even(layout):
     assert e.pipeline_s == pytest.approx(sim.step_time_s, rel=tol)
     assert e.step_time_s == pytest.approx(e.pipeline_s + e.time.dp_comm_exposed_s
                                           + e.time.optimizer_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", [
+    mp.Layout(dp=2, pp=4, tp=2, schedule="1f1b", stage_layers=(0, 11, 11, 10)),
+    mp.Layout(dp=2, pp=4, tp=2, schedule="1f1b", stage_layers=(11, 11, 10, 0)),
+    mp.Layout(dp=2, pp=4, tp=2, schedule="interleaved-1f1b", vpp=2,
+              stage_layers=(0, 5, 5, 5, 5, 5, 5, 2)),
+])
+def test_a_stage_may_hold_only_the_embedding_or_only_the_loss(layout):
+    """Megatron's account-for-embedding/loss split: a first (last) stage with no transformer
+    layer runs the embedding (the final norm, logits and loss) and the per-stage overhead
+    only; the pipeline prices it as any other stage."""
+    e = estimate(LLAMA8, H100_16, SIM_JOB, layout)
+    empty = [i for i, n in enumerate(layout.stage_layers) if n == 0]
+    for i in empty:
+        # one layer moved into the empty stage from stage 2 adds one layer's time to it
+        sl = list(layout.stage_layers)
+        sl[i], sl[2] = 1, sl[2] - 1
+        moved = estimate(LLAMA8, H100_16, SIM_JOB, replace(layout, stage_layers=tuple(sl)))
+        for a, b in ((e.stage_forward_s, moved.stage_forward_s),
+                     (e.stage_backward_s, moved.stage_backward_s)):
+            assert a[i] > 0
+            assert b[i] - a[i] == pytest.approx(a[2] - b[2], rel=1e-9)
+    assert e.pipeline_s == pytest.approx(_sim(e, layout).step_time_s, rel=0.012)
+    if layout.vpp == 1:     # memory per rank: the empty stage keeps no layer's activations
+        one_layer_act = e.memory[1].activations_bytes / layout.stage_layers[1]
+        for i in empty:
+            assert e.memory[i].layers == 0
+            assert e.memory[i].activations_bytes < one_layer_act
 
 
 @pytest.mark.parametrize("schedule,split", [

@@ -207,13 +207,21 @@ def test_vpp_that_does_not_divide_the_layers_per_stage(pp, vpp, words, capsys):
 
 @pytest.mark.parametrize("argv,words", [
     (["--pp", "1", "--schedule", "interleaved-1f1b", "--vpp", "7"], ["vpp = 7", "pp > 1"]),
-    (["--pp", "2", "--dp", "4", "--stage-layers", "0,32"], ["stage_layers[0] = 0"]),
+    (["--pp", "4", "--dp", "2", "--stage-layers", "16,0,8,8"],
+     ["stage_layers[1] = 0", "only the first stage"]),
 ])
 def test_cli_layouts_the_issue_found_accepted(argv, words, capsys):
     assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
                  "--global-batch", "64", "--seq-len", "2048", *argv]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and all(w in err for w in words)
+
+
+def test_cli_takes_a_first_stage_of_only_the_embedding(capsys):
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                 "--global-batch", "64", "--seq-len", "2048", "--pp", "2", "--dp", "4",
+                 "--stage-layers", "0,32"]) == 0
+    assert "layers 0/32" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- sequence length

@@ -10,7 +10,7 @@ from meshplan.costmodel import comm, estimate
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.flops import model_flops_per_step
 
-from published_runs import moe_modelzoo_runs, moe_runs
+from published_runs import MOE_DISPATCHER, moe_modelzoo_runs, moe_runs
 
 
 def _runs():
@@ -59,11 +59,17 @@ def test_modelzoo_rows_read_as_printed_and_skips_say_why():
         assert lay.stage_layers[0] == lay.stage_layers[-1] == 96 // (lay.pp * lay.vpp) - 1
         # the published GA is the layout's micro-batches per step
         assert int(d["gbs"]) // (lay.dp * lay.micro_batch) == int(d["ga"])
-        assert r.job.moe_dispatcher == "deepep" and r.cluster.gpu.corrections.moe_load_imbalance == 1.0
+        assert r.job.moe_dispatcher == MOE_DISPATCHER[d["dispatcher"]]
+        assert r.cluster.gpu.corrections.moe_load_imbalance == 1.0
     reasons = dict(skipped)
+    assert len(skipped) == 2
     assert any("overlapped" in why for why in reasons.values())
     assert any("published command" in why for why in reasons.values())
-    assert any("stage_layers[0] = 0" in why for why in reasons.values())
+    # pp 32 · vpp 3 = 96 chunks for 94 layers: the first chunk runs only the embedding, the
+    # last only the loss
+    a2a = [r for r in runs if r.layout.pp == 32]
+    assert len(a2a) == 1 and a2a[0].job.moe_dispatcher == "alltoall"
+    assert a2a[0].layout.stage_layers[0] == a2a[0].layout.stage_layers[-1] == 0
 
 
 def test_published_figures_to_step_time():
@@ -126,7 +132,8 @@ def test_missing_time_per_layer_and_microbatch_by_hand():
 def test_a2a_latency_only_for_all_to_all_dispatch_across_ranks():
     pm = _published_moe()
     zoo, _ = moe_modelzoo_runs()
-    assert all(pm.a2a_latency_s(r) == 0.0 for r in zoo)            # DeepEP: one step, left in
+    for r in zoo:                                   # DeepEP: one step, left in
+        assert (pm.a2a_latency_s(r) > 0.0) == (r.job.moe_dispatcher == "alltoall")
     hybrid = _runs()[("megatron-bridge-26.02.01", "dgx-b200")]
     assert hybrid.job.moe_dispatcher == "deepep" and pm.a2a_latency_s(hybrid) == 0.0
     mixtral = _runs()[("mcore-moe-readme", "dgx-h100")]
