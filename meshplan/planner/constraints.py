@@ -18,7 +18,9 @@ class Constraints:
     """Limits on the layouts the planner may return.
 
     ``fixed`` pins any :class:`~meshplan.Layout` field, e.g. ``fixed={"pp": 4, "zero": 1}``
-    (``stage_layers`` may be pinned too; the solver then keeps that partition).
+    (``stage_layers`` may be pinned too; the solver then keeps that partition — the only way
+    to plan a first stage of only the embedding or a last of only the loss, 0 layers, which
+    the search itself does not choose: ``min_layers_per_stage`` ≥ 1).
     ``memory_headroom`` keeps that fraction of the cluster's usable memory free
     (0.1 = plan for 90 %). ``allow_idle_gpus``: the layout may use fewer GPUs than offered
     (None = only for the ``time_to_train`` objective). ``max_vpp`` caps virtual stages per
@@ -91,9 +93,12 @@ class Constraints:
         if self.max_vpp is not None:
             _positive("max_vpp", self.max_vpp)
         if isinstance(self.min_layers_per_stage, bool) or not isinstance(
-                self.min_layers_per_stage, int) or self.min_layers_per_stage < 0:
-            raise ConfigError(f"Constraints.min_layers_per_stage must be an integer >= 0, got "
-                              f"{self.min_layers_per_stage!r}")
+                self.min_layers_per_stage, int) or self.min_layers_per_stage < 1:
+            raise ConfigError(
+                f"Constraints.min_layers_per_stage must be an integer >= 1, got "
+                f"{self.min_layers_per_stage!r} (the search gives every stage a layer; a first "
+                f"stage of only the embedding or a last of only the loss is planned by fixing "
+                f"the partition: fixed={{'stage_layers': (0, ...)}})")
         if not isinstance(self.memory_headroom, (int, float)) or isinstance(
                 self.memory_headroom, bool) or not 0 <= self.memory_headroom < 1:
             raise ConfigError(f"Constraints.memory_headroom must be a fraction in [0, 1), got "

@@ -52,6 +52,7 @@ def small_plan():
     (dict(memory_headroom=1.0), ["memory_headroom", "[0, 1)"]),
     (dict(max_micro_batch=0), ["max_micro_batch", "positive"]),
     (dict(max_tp=-2), ["max_tp", "-2"]),
+    (dict(min_layers_per_stage=0), ["min_layers_per_stage", ">= 1, got 0", "stage_layers"]),
 ])
 def test_bad_constraints_name_the_value(kwargs, words):
     with pytest.raises(ConfigError) as err:
@@ -162,6 +163,16 @@ def test_fixed_stage_layers_must_sum_to_layers():
     with pytest.raises(ConfigError, match="sum to 5"):
         mp.plan(tiny_model(), tiny_cluster(), JOB,
                 constraints=Constraints(fixed={"stage_layers": (2, 3)}))
+
+
+def test_a_fixed_partition_may_give_the_embedding_and_the_loss_stages_of_their_own():
+    """Megatron's account-for-embedding/loss split, pinned: the solver keeps it."""
+    p = mp.plan(tiny_model(), tiny_cluster(), JOB, top_k=1, constraints=Constraints(
+        fixed={"pp": 4, "stage_layers": (0, 3, 3, 0)}))
+    best = p.best.layout
+    assert (best.pp, best.stage_layers) == (4, (0, 3, 3, 0))
+    assert p.best.estimate.step_time_s == mp.estimate(tiny_model(), tiny_cluster(), JOB,
+                                                      best).step_time_s
 
 
 # ---------------------------------------------------------------- results
