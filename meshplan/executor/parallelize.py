@@ -46,11 +46,13 @@ def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     if layout.etp > 1:
         raise ExecutorError(f"the executor does not run etp = {layout.etp} (expert tensor "
                             f"parallelism) yet; use etp = 1")
-    if model.sliding_window is not None:
+    if model.sliding_window is not None and model.sliding_window < job.seq_len:
         # its attention is full causal: it would train another model than the one planned
-        raise ExecutorError(f"ModelSpec.sliding_window = {model.sliding_window}: the executor "
-                            f"runs full causal attention only; plan it with meshplan, or run "
-                            f"it with sliding_window = None (full attention on every layer)")
+        # (a window as long as the sequence is full causal attention)
+        raise ExecutorError(f"ModelSpec.sliding_window = {model.sliding_window} < seq_len = "
+                            f"{job.seq_len}: the executor runs full causal attention only; "
+                            f"plan it with meshplan, or run it with sliding_window = None (full "
+                            f"attention on every layer)")
     check_context_parallel(model, job, layout)
     check_moe_runnable(model, job, layout)
     per = layout.dp * layout.micro_batch

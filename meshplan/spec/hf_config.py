@@ -8,8 +8,11 @@ Families and the keys read (a missing key takes the default of the family's Hugg
   ``resid_pdrop``, ``embd_pdrop``, ``attn_pdrop`` is above 0 (each defaults to 0.1).
 * GPT-NeoX: ``hidden_dropout`` (0.0); ``rotary_pct`` and ``use_parallel_residual`` do not
   change the cost and are ignored.
-* Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, yi, internlm2, or any
-  config with ``intermediate_size`` and no expert or latent-attention keys).
+* Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
+  yi, internlm2, or any config with ``intermediate_size`` and no expert or latent-attention
+  keys). Gemma's gated GELU (GeGLU) is read as ``swiglu``: the same three matrices and
+  FLOPs. ``tie_word_embeddings`` defaults per family (Gemma's True, the others' False; an
+  unlisted family's PretrainedConfig default True, the only value ``save_pretrained`` omits).
 * Mixture of experts: Mixtral (``num_local_experts``), Qwen2-MoE / Qwen3-MoE
   (``num_experts``, ``moe_intermediate_size``, ``shared_expert_intermediate_size``,
   ``decoder_sparse_step``, ``mlp_only_layers``), DeepSeek V1/V2/V3 (``n_routed_experts``,
@@ -21,9 +24,14 @@ Families and the keys read (a missing key takes the default of the family's Hugg
 
 Approximations, each below 0.001 % of the parameters: Qwen3's and OLMoE's query/key
 RMSNorms, Qwen2-MoE's shared-expert gate and gpt-oss's attention sinks are not counted;
-Qwen2's query/key/value biases are read as no bias. gpt-oss's sliding-window layers are read
-(``sliding_window``, ``layer_types``); Mistral's and Qwen2's ``sliding_window`` keys are not
-(read as full causal attention).
+Qwen2's query/key/value biases are read as no bias.
+
+Sliding-window attention (``sliding_window``, ``window_layers``): from ``layer_types`` where a
+config lists it, else by the family's rule as transformers applies it — Mistral, Mixtral and
+Phi-3 on every layer, Gemma 2 and gpt-oss on the even layers, Gemma 3 on all but every
+``sliding_window_pattern``-th, Qwen2/Qwen3 (and MoE) only with ``use_sliding_window`` and from
+``max_window_layers`` on. A window in any other family, or a layer type other than sliding or
+full attention (linear, chunked), is an error rather than full attention.
 
 A config that declares experts or latent attention in a family not listed raises
 :class:`ConfigError` rather than being read as a dense model.
@@ -35,7 +43,41 @@ from typing import Any, Mapping
 
 from meshplan.errors import ConfigError
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "yi", "internlm2"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
+               "yi", "internlm2"}
+# tie_word_embeddings where a config omits it: the family's *Config default; any other family
+# PretrainedConfig's True (save_pretrained leaves the key out only when it equals that default
+# and the class's own, so an omitted key in a saved config of an unlisted family means True)
+_TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gemma": True,
+                "gemma2": True, "gemma3_text": True, "phi3": False, "yi": False,
+                "internlm2": False, "mixtral": False, "qwen2_moe": False, "qwen3_moe": False,
+                "olmoe": False, "gpt_oss": False, "deepseek": False, "deepseek_v2": False,
+                "deepseek_v3": False}
+_MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
+                          "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096}
+
+
+def _qwen_slides(i: int, cfg: Mapping[str, Any]) -> bool:
+    """Qwen2/Qwen3 (and their MoE): from ``max_window_layers`` on, and only with
+    ``use_sliding_window``."""
+    return bool(cfg.get("use_sliding_window", False)) and i >= (
+        cfg.get("max_window_layers") if cfg.get("max_window_layers") is not None else 28)
+
+
+# Sliding-window attention where a config has no ``layer_types``: the family's
+# ``sliding_window`` default and which layers use it (transformers' *Config / modeling code:
+# Mistral, Mixtral and Phi-3 every layer; Gemma 2 the even layers; Gemma 3 all but every
+# ``sliding_window_pattern``-th (6); gpt-oss the even layers; Qwen as _qwen_slides)
+_WINDOW_RULES = {
+    "mistral": (4096, lambda i, cfg: True),
+    "mixtral": (None, lambda i, cfg: True),
+    "phi3": (None, lambda i, cfg: True),
+    "qwen2": (4096, _qwen_slides), "qwen3": (4096, _qwen_slides),
+    "qwen2_moe": (4096, _qwen_slides), "qwen3_moe": (4096, _qwen_slides),
+    "gemma2": (4096, lambda i, cfg: i % 2 == 0),
+    "gemma3_text": (4096, lambda i, cfg: (i + 1) % (cfg.get("sliding_window_pattern") or 6) != 0),
+    "gpt_oss": (128, lambda i, cfg: i % 2 == 0),
+}
 _GPT2_LIKE = {"gpt2"}
 _NEOX_LIKE = {"gpt_neox"}
 _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
@@ -45,7 +87,6 @@ _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2",
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
              "num_experts_per_tok", "moe_intermediate_size", "kv_lora_rank")
 _GPT2_DROPOUT_DEFAULT = 0.1       # GPT2Config: resid_pdrop = embd_pdrop = attn_pdrop = 0.1
-_GPT_OSS_WINDOW = 128             # GptOssConfig's sliding_window default
 
 
 def _get(cfg: Mapping[str, Any], source: str, *keys: str, default: Any = ...) -> Any:
@@ -116,20 +157,58 @@ def _neox(cfg, source):
 
 
 def _llama(cfg, source, *, bias_default: bool = False):
+    """Llama-like decoders (gated MLP: SwiGLU, or Gemma's GeGLU with the same three matrices
+    and FLOPs), with the family's defaults and sliding-window layers."""
+    family = str(cfg.get("model_type", "")).lower()
     heads = _get(cfg, source, "num_attention_heads")
     head_dim = cfg.get("head_dim")
+    layers = _get(cfg, source, "num_hidden_layers")
     return dict(
-        num_layers=_get(cfg, source, "num_hidden_layers"),
+        num_layers=layers,
         hidden_size=_get(cfg, source, "hidden_size"),
         num_heads=heads,
         num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
         ffn_hidden_size=_get(cfg, source, "intermediate_size"),
         head_dim=head_dim if head_dim else None,
         vocab_size=_get(cfg, source, "vocab_size"),
-        max_seq_len=_get(cfg, source, "max_position_embeddings", default=4096),
+        max_seq_len=_get(cfg, source, "max_position_embeddings",
+                         default=_MAX_POSITIONS_DEFAULT.get(family, 4096)),
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        bias=bool(cfg.get("attention_bias", bias_default)), dropout=False)
+        tied_embeddings=bool(_get(cfg, source, "tie_word_embeddings",
+                                  default=_TIE_DEFAULT.get(family, True))),
+        bias=bool(cfg.get("attention_bias", bias_default)), dropout=False,
+        **_windows(cfg, source, family, layers))
+
+
+def _windows(cfg, source, family: str, layers: int) -> dict:
+    """``sliding_window`` / ``window_layers`` from ``layer_types`` where the config lists them,
+    else from the family's rule (:data:`_WINDOW_RULES`); a window in a family whose rule is
+    not known, or a layer type other than sliding or full attention, is an error."""
+    default, rule = _WINDOW_RULES.get(family, (None, None))
+    window = cfg["sliding_window"] if "sliding_window" in cfg else default
+    types = cfg.get("layer_types")
+    if types is not None:
+        if (isinstance(types, (str, bytes)) or len(types) != layers
+                or any(t not in ("sliding_attention", "full_attention") for t in types)):
+            raise ConfigError(f"Hugging Face config {source!r}: layer_types must list "
+                              f"'sliding_attention' or 'full_attention' for each of the "
+                              f"{layers} layers (other attention kinds are not modelled), got "
+                              f"{types!r}")
+        slide = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    elif window is None:
+        return {}
+    elif rule is None:
+        raise ConfigError(f"Hugging Face config {source!r}: sliding_window = {window!r}, but "
+                          f"which layers of model_type {cfg.get('model_type')!r} use it is not "
+                          f"known; add layer_types, or describe the model with "
+                          f"ModelSpec(sliding_window=..., window_layers=...)")
+    else:
+        slide = [i for i in range(layers) if rule(i, cfg)]
+    if not slide or window is None:     # null window: transformers' masks are plain causal
+        return {}
+    window = _positive(cfg, source, "sliding_window", window)
+    return dict(sliding_window=window,
+                window_layers=None if len(slide) == layers else tuple(slide))
 
 
 def _positive(cfg, source, key, value):
@@ -166,23 +245,8 @@ def _gpt_oss(cfg, source):
     """Every layer MoE with biased experts and router; GptOssConfig's attention_bias is True;
     ``sliding_window`` (128 by default) on the layers ``layer_types`` marks
     "sliding_attention" (by default the even ones: transformers' GptOssConfig)."""
-    kw = {**_llama(cfg, source, bias_default=True),
-          **_experts(cfg, source, "num_local_experts", aux_default=0.9, norm_default=True)}
-    window = cfg.get("sliding_window", _GPT_OSS_WINDOW)
-    if window is None:
-        return kw
-    layers = kw["num_layers"]
-    types = cfg.get("layer_types")
-    if types is None:
-        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    if (isinstance(types, (str, bytes)) or len(types) != layers
-            or any(t not in ("sliding_attention", "full_attention") for t in types)):
-        raise ConfigError(f"Hugging Face config {source!r}: layer_types must list "
-                          f"'sliding_attention' or 'full_attention' for each of the {layers} "
-                          f"layers, got {types!r}")
-    kw.update(sliding_window=_positive(cfg, source, "sliding_window", window),
-              window_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"))
-    return kw
+    return {**_llama(cfg, source, bias_default=True),
+            **_experts(cfg, source, "num_local_experts", aux_default=0.9, norm_default=True)}
 
 
 def _qwen_moe(cfg, source):

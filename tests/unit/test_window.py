@@ -122,5 +122,57 @@ def test_executor_refuses_a_windowed_model():
     job = mp.Job(global_batch=2, seq_len=64, runtime="torch")
     assert check_layout_runnable(tiny, job, mp.Layout()) == 2
     windowed = dataclasses.replace(tiny, sliding_window=16)
-    with pytest.raises(ExecutorError, match="sliding_window = 16"):
+    with pytest.raises(ExecutorError, match="sliding_window = 16 < seq_len = 64"):
         check_layout_runnable(windowed, job, mp.Layout())
+    # a window as long as the sequence (Mistral 7B v0.1's 4096 at 4k tokens) is full causal
+    assert check_layout_runnable(dataclasses.replace(tiny, sliding_window=64), job,
+                                 mp.Layout()) == 2
+
+
+# Dense families' config.json as published on the Hugging Face hub (the keys that matter), with
+# their checkpoints' parameter counts; the differences are what ModelSpec does not count:
+# Gemma's two extra norms a layer (and Gemma 3's q/k norms), Qwen2's q/k/v biases (< 0.01 %)
+GEMMA3_1B = {"model_type": "gemma3_text", "head_dim": 256, "hidden_size": 1152,
+             "intermediate_size": 6912, "max_position_embeddings": 32768,
+             "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+             "sliding_window": 512, "sliding_window_pattern": 6, "vocab_size": 262144}
+GEMMA2_2B = {"model_type": "gemma2", "head_dim": 256, "hidden_size": 2304,
+             "intermediate_size": 9216, "max_position_embeddings": 8192,
+             "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4,
+             "sliding_window": 4096, "vocab_size": 256000}
+MISTRAL_7B_V01 = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                  "max_position_embeddings": 32768, "num_attention_heads": 32,
+                  "num_hidden_layers": 32, "num_key_value_heads": 8, "sliding_window": 4096,
+                  "tie_word_embeddings": False, "vocab_size": 32000}
+QWEN25_7B = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+             "max_position_embeddings": 131072, "max_window_layers": 28,
+             "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+             "sliding_window": 131072, "tie_word_embeddings": False,
+             "use_sliding_window": False, "vocab_size": 152064}
+
+
+@pytest.mark.parametrize("cfg,params,window,layers", [
+    # Gemma ties its embeddings (no tie_word_embeddings key: Gemma*Config's default True)
+    (GEMMA3_1B, 999_885_952, 512, tuple(i for i in range(26) if (i + 1) % 6)),
+    (GEMMA2_2B, 2_614_341_888, 4096, tuple(range(0, 26, 2))),
+    (MISTRAL_7B_V01, 7_241_732_096, 4096, None),
+    (QWEN25_7B, 7_615_616_512, None, None),  # use_sliding_window false: full attention
+])
+def test_hf_dense_families_read_ties_and_windows_as_transformers_does(cfg, params, window,
+                                                                       layers):
+    m = mp.ModelSpec.from_hf_config(cfg)
+    assert m.num_params() == pytest.approx(params, rel=1e-4)
+    assert (m.sliding_window, m.window_layers) == (window, layers)
+
+
+def test_hf_windows_a_family_rule_cannot_place_are_refused():
+    qwen_on = {**QWEN25_7B, "use_sliding_window": True, "sliding_window": 4096,
+               "max_window_layers": 20}
+    assert mp.ModelSpec.from_hf_config(qwen_on).window_layers == tuple(range(20, 28))
+    unknown = {**MISTRAL_7B_V01, "model_type": "starcoder2"}
+    with pytest.raises(ConfigError, match="sliding_window = 4096.*'starcoder2'.*layer_types"):
+        mp.ModelSpec.from_hf_config(unknown)
+    typed = {**unknown, "layer_types": ["sliding_attention"] * 32}
+    assert mp.ModelSpec.from_hf_config(typed).window_layers is None     # every layer
+    with pytest.raises(ConfigError, match="other attention kinds"):
+        mp.ModelSpec.from_hf_config({**unknown, "layer_types": ["linear_attention"] * 32})
