@@ -9,8 +9,9 @@ Families and the keys read (a missing key takes the default of the family's Hugg
 * GPT-NeoX: ``hidden_dropout`` (0.0); ``rotary_pct`` and ``use_parallel_residual`` do not
   change the cost and are ignored.
 * Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
-  yi, internlm2, or any config with ``intermediate_size`` and no expert or latent-attention
-  keys). Gemma's gated GELU (GeGLU) is read as ``swiglu``: the same three matrices and
+  yi, internlm2; any other config with ``intermediate_size`` and no expert or
+  latent-attention keys is read the same way with a :class:`MeshplanWarning`, since a
+  non-gated MLP would count 1.5 times its parameters). Gemma's gated GELU (GeGLU) is read as ``swiglu``: the same three matrices and
   FLOPs. ``tie_word_embeddings`` defaults per family (Gemma's True, the others' False; an
   unlisted family's PretrainedConfig default True, the only value ``save_pretrained`` omits).
 * Mixture of experts: Mixtral (``num_local_experts``), Qwen2-MoE / Qwen3-MoE
@@ -39,9 +40,10 @@ A config that declares experts or latent attention in a family not listed raises
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, MeshplanWarning
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
                "yi", "internlm2"}
@@ -115,7 +117,15 @@ def spec_kwargs_from_hf(cfg: Mapping[str, Any], source: str = "<dict>") -> dict[
             f"{', '.join(declared)} (mixture of experts or latent attention), which meshplan "
             f"cannot read for this family; supported MoE families: {', '.join(_MOE_FAMILIES)}. "
             f"Describe the model with ModelSpec(num_experts=..., ...) instead")
-    if mtype in _LLAMA_LIKE or "intermediate_size" in cfg:
+    if mtype in _LLAMA_LIKE:
+        return _llama(cfg, source)
+    if "intermediate_size" in cfg:
+        warnings.warn(
+            f"Hugging Face config {source!r}: model_type {cfg.get('model_type')!r} is not a "
+            f"family meshplan knows; read as a Llama-like decoder (gated MLP of "
+            f"intermediate_size, RMSNorm, RoPE). If its MLP is not gated (Phi-2, StarCoder2) "
+            f"its MLP parameters and FLOPs come out 1.5 times too high: describe it with "
+            f"ModelSpec(..., activation='gelu') instead", MeshplanWarning, stacklevel=3)
         return _llama(cfg, source)
     hint = (" (a multimodal config: pass its 'text_config' dict)" if "text_config" in cfg
             else "")
