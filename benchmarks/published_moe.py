@@ -214,10 +214,12 @@ def section(b_lines, z_lines, skip_lines, s, runs, bridge) -> list[str]:
         "(ρ = `moe_load_imbalance` = 1; Mixtral keeps the built-in 1.25), GPT-OSS's 128-token "
         "sliding window on every other layer (`ModelSpec.sliding_window`, "
         "`costmodel/window.py`), the account-for-embedding/loss pipeline split of the Model Zoo "
-        "runs. Not published for the Bridge rows: the ZeRO stage and recompute "
-        f"({', '.join(f'{k} {v}' for k, v in MOE_DEFAULTS.items())}: their recipes use the "
-        "distributed optimizer and recompute only norms and the expert activation, "
-        "memory-bound work priced as no recompute). DeepSeek-V3's own run (FP8 on "
+        "runs, the selective recompute modules of the recipes and the Model Zoo table (norms "
+        "and the routed experts' activation: `Job.recompute_modules = (\"layernorm\", "
+        "\"moe_act\")` with `recompute = \"selective\"`, since 2026-11-29). Not published "
+        "for the Bridge rows: the ZeRO stage (zero "
+        f"{MOE_DEFAULTS['zero']}: their recipes use the distributed optimizer). "
+        "DeepSeek-V3's own run (FP8 on "
         "H800: no H800 profile), NVIDIA's FP8 MoE rows and the NeMo AutoModel BF16 H100 table "
         "(PyTorch FSDP2 with DeepEP: neither of meshplan's runtimes) are left out.", "",
         *b_lines, "",
@@ -313,14 +315,12 @@ def section(b_lines, z_lines, skip_lines, s, runs, bridge) -> list[str]:
         "Not implemented: `Job` does not say which the run used.",
         "- **Mixtral's routing balance is not published** (ρ = 1: +0.1 %, the built-in 1.25: "
         "+18.9 %).",
-        "- **Three Model Zoo rows are not predicted** (above): the dispatch overlapped with "
-        "another micro-batch's compute is not modelled, one row's command contradicts its "
-        "table, and a 96-chunk pipeline of 94 layers leaves the first chunk without a "
-        "transformer layer, which `Layout.stage_layers` does not express.",
+        "- **Two Model Zoo rows are not predicted** (above): the dispatch overlapped with "
+        "another micro-batch's compute is not modelled, and one row's command contradicts "
+        "its table.",
         "- Not priced either: the SMs the DeepEP / HybridEP kernels hold, GPT-OSS's attention "
         "sinks (a per-head logit, negligible FLOPs) and head dim 64 at the attention curve of "
-        f"other head dims. Predicted not to fit although they ran: {not_fitting(runs)} (their "
-        "recipes' recompute of norms and activations is not modelled as saving memory).", "",
+        f"other head dims. Predicted not to fit although they ran: {not_fitting(runs)}.", "",
     ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from meshplan.spec import RECOMPUTE, SCHEDULES, Job, Layout, ModelSpec
-from meshplan.spec.choices import FP8_RECIPES, PRECISIONS
+from meshplan.spec.choices import CP_STYLES, FP8_RECIPES, PRECISIONS
 from meshplan.spec.resolve import load_model
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
@@ -69,6 +69,10 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
                         "(docs/fp8.md) [bf16]")
     g.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
                    help="how fp8 operands are scaled (with --precision fp8) [tensorwise]")
+    g.add_argument("--recompute-modules", default=None,
+                   help="what a layout's selective recompute re-runs, comma-separated: "
+                        "core_attn, layernorm, moe_act (Megatron-Core's --recompute-modules; "
+                        "runtime megatron) [core_attn]")
     g.add_argument("--tokens", type=positive_float, default=None,
                    help="tokens of the whole training run (for time-to-train and cost)")
     g.add_argument("--no-flash-attention", action="store_true",
@@ -89,6 +93,14 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=positive_int, default=1)
     g.add_argument("--pp", type=positive_int, default=1)
     g.add_argument("--tp", type=positive_int, default=1)
+    g.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel degree (each sequence split over cp ranks)")
+    g.add_argument("--cp-style", default="ring", choices=CP_STYLES,
+                   help="how context parallelism exchanges keys and values [ring]")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel degree (MoE models; ep·etp divides tp·cp·dp)")
+    g.add_argument("--etp", type=positive_int, default=1,
+                   help="expert tensor-parallel degree (MoE models)")
     g.add_argument("--micro-batch", type=positive_int, default=1)
     g.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     g.add_argument("--vpp", type=positive_int, default=1, help="virtual stages per pipeline rank")
@@ -109,8 +121,11 @@ def model_cluster_from_args(args) -> tuple[ModelSpec, Cluster]:
 
 def job_from_args(args) -> Job:
     recipe = getattr(args, "fp8_recipe", None)
+    modules = getattr(args, "recompute_modules", None)
     return Job(global_batch=args.global_batch, seq_len=args.seq_len, precision=args.precision,
                **({"fp8_recipe": recipe} if recipe else {}),
+               recompute_modules=(tuple(m.strip() for m in modules.split(","))
+                                  if modules is not None else None),
                tokens=args.tokens, flash_attention=not args.no_flash_attention,
                overlap_dp_comm=not args.no_overlap_dp,
                runtime=getattr(args, "runtime", "megatron"))
@@ -124,7 +139,8 @@ def layout_from_args(args) -> Layout:
         except ValueError:
             raise ConfigError(f"--stage-layers {args.stage_layers!r} must be comma-separated "
                               f"integers") from None
-    return Layout(dp=args.dp, pp=args.pp, tp=args.tp, micro_batch=args.micro_batch,
+    return Layout(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, cp_style=args.cp_style,
+                  ep=args.ep, etp=args.etp, micro_batch=args.micro_batch,
                   schedule=args.schedule, vpp=args.vpp, recompute=args.recompute,
                   zero=args.zero, sequence_parallel=args.sequence_parallel,
                   compile=args.compile, stage_layers=stage_layers)

@@ -290,7 +290,14 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         rc = forward
         wire = 3 * wire_pass
     elif recompute == "selective":
-        rc = PassCost(attention_s=fwd_attn, memory_bound_s=hbm_s(gpu, softmax_bytes))
+        # what job.recompute_modules re-runs: the attention core (Korthikanti et al. 2022
+        # §5), the two norms (memory-bound, their forward traffic again)
+        mods = job.selective_modules
+        rc = PassCost()
+        if "core_attn" in mods:
+            rc += PassCost(attention_s=fwd_attn, memory_bound_s=hbm_s(gpu, softmax_bytes))
+        if "layernorm" in mods:
+            rc += PassCost(memory_bound_s=hbm_s(gpu, hidden_elems * e * 4, model.norm))
         wire = 2 * wire_pass
     else:
         rc = PassCost()

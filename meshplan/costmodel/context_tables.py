@@ -171,7 +171,9 @@ def with_cp_attention(base: LayerParts, model: ModelSpec, cluster: Cluster, job:
     ring's or the all-to-all's (:func:`cp_attention`; ``job`` at the full sequence)."""
     fa, ba, fc, bc, wire_f, wire_b, work = cp_attention(model, cluster, job, layout, cp_link)
     lay = base.layer
-    rerun = layout.recompute != "none"      # selective and full re-run the attention core
+    # full, and selective with the attention core among job.recompute_modules, re-run it
+    rerun = layout.recompute == "full" or (layout.recompute == "selective"
+                                           and "core_attn" in job.selective_modules)
     rc = replace(lay.recompute, attention_s=fa if rerun else 0.0,
                  cp_comm_s=fc if rerun else 0.0)
     fwd = replace(lay.forward, attention_s=fa, cp_comm_s=fc)

@@ -48,7 +48,7 @@ from meshplan.costmodel.corrections import CAST_CACHE_SCHEDULES, stage_slowdown 
 from meshplan.costmodel.data_parallel import (OPTIMIZER_BYTES_PER_PARAM,  # noqa: F401
                                               rank_state)
 from meshplan.costmodel.compute import sixteen_bit_precision
-from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
+from meshplan.costmodel.flops import flops_recompute, hardware_flops_per_step, model_flops_per_step
 from meshplan.costmodel.parts import layer_parts  # noqa: F401
 from meshplan.costmodel.result import AppliedCorrection, Estimate, StageMemories
 from meshplan.costmodel.runtime import (fsdp_accumulates_unsharded,  # noqa: F401
@@ -105,7 +105,8 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     peak_mem = max(w + g + o + a + lg + bu for _, _, w, g, o, a, lg, bu, _ in ranks.rows)
     n_gpus = layout.num_gpus
     model_flops = model_flops_per_step(model, job.global_batch, job.seq_len)
-    hw_flops = hardware_flops_per_step(model, job.global_batch, job.seq_len, layout.recompute)
+    hw_flops = hardware_flops_per_step(model, job.global_batch, job.seq_len,
+                                       flops_recompute(job, layout.recompute))
     # MFU against the 16-bit peak for fp8 jobs too (one yardstick, as the executor reports)
     peak_flops = gpu.peak_flops(sixteen_bit_precision(job))
     usable = cluster.usable_memory_bytes

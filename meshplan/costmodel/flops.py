@@ -70,6 +70,15 @@ def recompute_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
     return 0.0
 
 
+def flops_recompute(job, recompute: str) -> str:
+    """The recompute mode whose FLOPs a step adds: selective without the attention core
+    among ``job.recompute_modules`` re-runs only memory-bound work (norms, activations),
+    FLOPs-wise none."""
+    if recompute == "selective" and "core_attn" not in job.selective_modules:
+        return "none"
+    return recompute
+
+
 @lru_cache(maxsize=4096)
 def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int,
                             recompute: str) -> float:

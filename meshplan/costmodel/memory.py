@@ -42,13 +42,19 @@ class LayerActivations:
     sharded_bytes: float      # split over tp ranks (already divided)
     attention_core_bytes: float  # the s² terms, dropped by selective recompute (already divided)
     input_bytes: float        # the layer input: all full recompute keeps
+    norm_output_bytes: float = 0.0  # the two norms' outputs, inside replicated_bytes
+    selective_modules: tuple[str, ...] = ("core_attn",)   # what selective re-runs (Job)
 
     def stored(self, recompute: str) -> float:
         if recompute == "full":
             return self.input_bytes
+        kept = self.replicated_bytes + self.sharded_bytes + self.attention_core_bytes
         if recompute == "selective":
-            return self.replicated_bytes + self.sharded_bytes
-        return self.replicated_bytes + self.sharded_bytes + self.attention_core_bytes
+            if "core_attn" in self.selective_modules:
+                kept -= self.attention_core_bytes
+            if "layernorm" in self.selective_modules:
+                kept -= self.norm_output_bytes
+        return kept
 
     @property
     def full_bytes(self) -> float:
@@ -61,7 +67,8 @@ def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     """Activation bytes of one layer (Korthikanti et al. 2022, §4.1-4.2, Table 2).
 
     GPT check (a = heads, e = 2 bytes): replicated = LayerNorm inputs 4sbh + QKV and MLP
-    inputs 4sbh + two dropout masks 2sbh = 10sbh; sharded = Q, K, V 6sbh + projection input
+    inputs 4sbh (the norms' outputs, which ``Job.recompute_modules`` "layernorm" re-runs
+    instead: Megatron-Core's ``--recompute-modules layernorm``) + two dropout masks 2sbh = 10sbh; sharded = Q, K, V 6sbh + projection input
     2sbh + GeLU input and output 16sbh = 24sbh/t; attention core = softmax output 2as²b +
     its dropout mask as²b + dropout output 2as²b = 5as²b/t.
 
@@ -92,10 +99,13 @@ def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     else:
         a_s2b = model.num_heads * s * s * b
         core = e * a_s2b + ((MASK_BYTES + e) * a_s2b if drop else 0)
+    norm_outputs = 2 * e * sb * h         # the QKV and MLP inputs, within ``replicated``
     if sequence_parallel:
         replicated /= t
+        norm_outputs /= t
     layer_input = e * sb * h / (t if sequence_parallel else 1)
-    return LayerActivations(replicated, sharded / t, core / t, layer_input)
+    return LayerActivations(replicated, sharded / t, core / t, layer_input, norm_outputs,
+                            job.selective_modules)
 
 
 def split_backward_kept_grad_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int,

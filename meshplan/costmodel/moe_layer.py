@@ -48,8 +48,10 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   working memory of the layer's passes.
 
 Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
-:func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs only
-the attention core.
+:func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs what
+``Job.recompute_modules`` names: the attention core (default), the norms
+(:func:`meshplan.costmodel.compute.layer_cost`) and, with "moe_act", the routed experts'
+activation function, whose output (R·f_e/etp elements) is then not kept.
 
 Measured error: docs/moe.md "GPU check" (4 × H200, 8 layouts of a 1.9B MoE: saved profile
 23.6 % mean step-time error post hoc, datasheet 53.9 %) and docs/benchmarks/published.md.
@@ -82,6 +84,8 @@ class RoutedMlp:
     kept_bytes: float         # router and routed-row activations kept for backward
     work_bytes: float         # dispatch send + receive buffers while the layer runs
     rows: float               # routed rows the busiest expert rank computes
+    act_out_bytes: float = 0.0   # the activation function's output, within kept_bytes
+    act_s: float = 0.0           # the activation function's forward (memory-bound)
 
 
 def shared_width(model: ModelSpec) -> int:
@@ -124,9 +128,9 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     regroups = 2 if ep > 1 and job.runtime == "torch" else 1
     permute_bytes = (2 * k * tokens * h * e + 4 * regroups * rows * h * e
                      + (k + 1) * tokens * h * e)
+    act_s = hbm_s(gpu, rows * (model.ffn_matrices + 1) * f_loc * e, model.activation)
     fwd_mb = (hbm_s(gpu, tokens * n_exp * ROUTER_SCORE_BYTES)
-              + hbm_s(gpu, permute_bytes, PERMUTE_OP)
-              + hbm_s(gpu, rows * (model.ffn_matrices + 1) * f_loc * e, model.activation))
+              + hbm_s(gpu, permute_bytes, PERMUTE_OP) + act_s)
     if ep > 1 and job.moe_dispatcher == "deepep":
         nvl_b, net_b = moe_dispatch.dedup_dispatch_bytes(model, job, links.ep, tokens)
         sent = nvl_b + net_b
@@ -150,28 +154,34 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                    ep_comm_s=ep_s)
     acts = moe.moe_activation_bytes(model, job, layout, tokens, imbalance=imbalance)
     return RoutedMlp(fwd, bwd, experts_s + router_s, wire, acts.router_bytes
-                     + acts.expert_bytes, acts.dispatch_bytes, rows)
+                     + acts.expert_bytes, acts.dispatch_bytes, rows,
+                     act_out_bytes=rows * f_loc * e, act_s=act_s)
 
 
-def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str) -> LayerParts:
+def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
+                    selective_modules: tuple[str, ...] = ("core_attn",)) -> LayerParts:
     """``parts`` (a layer with the shared experts as its MLP) with the routed part added:
     time in forward, backward (and its recomputed forward under full recomputation), bytes
-    sent, kept activations and working memory."""
+    sent, kept activations and working memory. Selective recomputation with "moe_act" among
+    ``selective_modules`` (``Job.recompute_modules``, Megatron-Core's ``--recompute-modules
+    moe_act``) keeps no activation output and re-runs the activation in backward."""
     lay = parts.layer
     full = recompute == "full"
-    rc = lay.recompute + routed.forward if full else lay.recompute
+    act_rc = recompute == "selective" and "moe_act" in selective_modules
+    rerun = (routed.forward if full else PassCost(memory_bound_s=routed.act_s) if act_rc
+             else PassCost())
     layer = LayerCost(lay.forward + routed.forward,
-                      lay.backward + routed.backward + (routed.forward if full else PassCost()),
-                      rc, lay.wgrad_s + routed.wgrad_s, lay.tp_wire_bytes,
+                      lay.backward + routed.backward + rerun,
+                      lay.recompute + rerun, lay.wgrad_s + routed.wgrad_s, lay.tp_wire_bytes,
                       lay.wgrad_gather_s, lay.wgrad_gather_wire_bytes,
                       cp_wire_bytes=lay.cp_wire_bytes,
                       ep_wire_bytes=routed.pass_wire_bytes * (3 if full else 2))
-    kept = routed.kept_bytes
+    kept = routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0)
     return replace(parts, layer=layer,
                    activation_bytes=parts.activation_bytes + (0.0 if full else kept),
-                   full_act_bytes=parts.full_act_bytes + kept,
+                   full_act_bytes=parts.full_act_bytes + routed.kept_bytes,
                    backward_buf_bytes=parts.backward_buf_bytes + routed.work_bytes
-                   + (kept if full else 0.0))
+                   + (routed.kept_bytes if full else 0.0))
 
 
 __all__ = ["RoutedMlp", "routed_mlp", "with_routed_mlp", "shared_width", "expert_gemm_s"]

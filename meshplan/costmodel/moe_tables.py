@@ -104,7 +104,7 @@ def moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, link
     routed experts (:mod:`meshplan.costmodel.moe_layer`)."""
     rho = load_imbalance(cluster.gpu.corrections, layout.ep)
     routed = routed_mlp(model, cluster, job, layout, links, rho)
-    parts = with_routed_mlp(shared, routed, layout.recompute)
+    parts = with_routed_mlp(shared, routed, layout.recompute, job.selective_modules)
     lay = parts.layer
     host = host_terms(model, job, layout, cluster.gpu, links, forward_s=lay.forward.total_s,
                       backward_s=lay.backward.total_s)

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 
 from meshplan.errors import ConfigError, require_choice, require_positive_int
 from meshplan.spec._dicts import from_dict
-from meshplan.spec.choices import FP8_RECIPES, MOE_DISPATCHERS, OPTIMIZERS, PRECISIONS, RUNTIMES
+from meshplan.spec.choices import (FP8_RECIPES, MOE_DISPATCHERS, OPTIMIZERS, PRECISIONS,
+                                   RECOMPUTE_MODULES, RUNTIMES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,14 @@ class Job:
     rank holding any of its experts, and across nodes one per node, forwarded inside the node
     over NVLink (DeepEP, and HybridEP: Megatron-Core's ``--moe-token-dispatcher-type flex``;
     runtime "megatron" only — the executor has no such dispatcher).
+
+    ``recompute_modules``: what a layout's ``recompute = "selective"`` re-runs in backward
+    instead of keeping its outputs (Megatron-Core's ``--recompute-modules``): ``"core_attn"``
+    the attention core (Korthikanti et al. 2022's selective recomputation, the default),
+    ``"layernorm"`` the two norms (their outputs, the QKV and MLP / router inputs, are not
+    kept), ``"moe_act"`` the routed experts' activation function (its output, the second
+    expert GEMM's input, is not kept). None = ``("core_attn",)``. Megatron-Bridge's MoE
+    recipes run ``("layernorm", "moe_act")``. Runtime "torch" re-runs the attention core only.
     """
 
     global_batch: int
@@ -72,6 +81,7 @@ class Job:
     runtime: str = "megatron"
     fp8_recipe: str = "tensorwise"
     moe_dispatcher: str = "alltoall"
+    recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         require_positive_int("Job", "global_batch", self.global_batch)
@@ -90,9 +100,34 @@ class Job:
                               f"'megatron' (Megatron-Core's flex dispatcher); runtime = "
                               f"{self.runtime!r} dispatches with all-to-all: use "
                               f"moe_dispatcher='alltoall'")
+        if self.recompute_modules is not None:
+            self._check_recompute_modules()
         if self.tokens is not None and not (isinstance(self.tokens, (int, float))
                                             and self.tokens > 0):
             raise ConfigError(f"Job.tokens must be a positive number, got {self.tokens!r}")
+
+    def _check_recompute_modules(self) -> None:
+        mods = self.recompute_modules
+        if isinstance(mods, (str, bytes)) or not isinstance(mods, (tuple, list)) or not mods:
+            raise ConfigError(f"Job.recompute_modules must be a non-empty list of "
+                              f"{', '.join(map(repr, RECOMPUTE_MODULES))} (or None for "
+                              f"('core_attn',)), got {mods!r}")
+        mods = tuple(mods)
+        object.__setattr__(self, "recompute_modules", mods)
+        for m in mods:
+            require_choice("Job", "recompute_modules entry", m, RECOMPUTE_MODULES)
+        if len(set(mods)) != len(mods):
+            raise ConfigError(f"Job.recompute_modules {list(mods)} names a module twice")
+        if self.runtime == "torch" and mods != ("core_attn",):
+            raise ConfigError(f"Job.recompute_modules = {list(mods)} needs runtime = "
+                              f"'megatron'; meshplan's executor (runtime 'torch') re-runs the "
+                              f"attention core only: use None or ['core_attn']")
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """What ``recompute = "selective"`` re-runs (``recompute_modules``, default the
+        attention core)."""
+        return self.recompute_modules or ("core_attn",)
 
     @property
     def tokens_per_step(self) -> int:

@@ -274,9 +274,10 @@ def moe_runs() -> list[PublishedRun]:
 
     Published: GPUs, batch, micro-batch, sequence length, tp, pp, virtual stages, ep and the
     speed (tokens/s/GPU, or for the Megatron-Core README's Mixtral only TFLOP/s/GPU). Every
-    row uses the stated defaults ``MOE_DEFAULTS`` (no recompute — Megatron-Bridge's recipes
-    recompute only norms and the expert activation, memory-bound work —, the distributed
-    optimizer: ZeRO-1), sequence parallelism where tp > 1 (Megatron-Core requires it for
+    row uses the stated defaults ``MOE_DEFAULTS`` (the distributed optimizer: ZeRO-1; no
+    recompute where the recipe names no modules), the recipe's selective recompute modules
+    (``recompute_modules``: Megatron-Bridge's "layernorm" and "moe_act" as
+    ``Job.recompute_modules`` with ``recompute = "selective"``), sequence parallelism where tp > 1 (Megatron-Core requires it for
     MoE), the interleaved schedule where VP > 1 and 1F1B otherwise, the recipe's dispatcher
     (``dispatcher``: ``Job.moe_dispatcher``) and, where the table's EP disagrees with its
     container's recipe, the recipe's (``ep_as_run``, evidence in the file's header).
@@ -292,12 +293,14 @@ def moe_runs() -> list[PublishedRun]:
         tp, pp, cp, vp, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "gpus"))
         ep = int(d["ep_as_run"] or d["ep"])
         batch, seq = int(d["global_batch"]), int(d["seq_len"])
+        modules = recompute_modules(d["recompute_modules"])
         layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
                         micro_batch=int(d["micro_batch"]), vpp=vp,
                         schedule="interleaved-1f1b" if vp > 1 else "1f1b",
-                        sequence_parallel=tp > 1, **MOE_DEFAULTS)
+                        sequence_parallel=tp > 1,
+                        **{**MOE_DEFAULTS, "recompute": "selective" if modules else "none"})
         job = Job(global_batch=batch, seq_len=seq, precision="bf16",
-                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]])
+                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]], recompute_modules=modules)
         cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
         if d["tokens_per_s_per_gpu"]:
             step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
@@ -311,7 +314,18 @@ def moe_runs() -> list[PublishedRun]:
     return runs
 
 
-MODELZOO_RECOMPUTE = {"": "none", "norm+act": "none", "full": "full"}
+MODELZOO_RECOMPUTE = {"": "none", "norm+act": "selective", "full": "full"}
+# the data files' recompute module lists -> Job.recompute_modules (Megatron's names)
+RECOMPUTE_MODULE_NAMES = {"layernorm": "layernorm", "norm": "layernorm", "moe_act": "moe_act",
+                          "act": "moe_act"}
+
+
+def recompute_modules(cell: str) -> tuple[str, ...] | None:
+    """A data file's "layernorm+moe_act" / "norm+act" as ``Job.recompute_modules`` (None:
+    no selective modules published)."""
+    if cell in ("", "full"):
+        return None
+    return tuple(RECOMPUTE_MODULE_NAMES[m] for m in cell.split("+"))
 
 
 def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
@@ -319,7 +333,8 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     (``moe_modelzoo_qwen3_h100_2025.csv``): (runs predicted, [(label, why not), ...]).
 
     Every published field is used as printed: tp, ep, pp, vpp, dp, micro-batch, global
-    batch, recompute ("norm, act" — memory-bound modules — as none; "full" as full), FSDP
+    batch, recompute ("norm, act": ``recompute = "selective"`` with ``Job.recompute_modules
+    = ("layernorm", "moe_act")``; "full" as full), FSDP
     (Megatron's ``optim_grads_params``: ZeRO-3; else the distributed optimizer: ZeRO-1),
     the dispatcher (``Job.moe_dispatcher``), forced-balanced routing (the published
     commands), sequence parallelism (the model config), and Megatron's
@@ -354,7 +369,8 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
             skipped.append((label, str(exc).split(";")[0]))
             continue
         job = Job(global_batch=int(d["gbs"]), seq_len=int(d["seq_len"]), precision="bf16",
-                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]])
+                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
+                  recompute_modules=recompute_modules(d["recompute"]))
         cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
         runs.append(PublishedRun(label, model, cluster, job, layout, float(d["step_s"]), d))
     return runs, skipped
