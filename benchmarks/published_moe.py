@@ -239,7 +239,11 @@ def section(b_lines, z_lines, skip_lines, s, runs, bridge) -> list[str]:
         "−53.4 / −36.6 %); (2) the 25.11 B200 row ran EP 64, its container's recipe, not the "
         "EP 8 its table prints (the evidence is in the data file's header): −53.4 % → −8.5 %; "
         "(3) 26.02.01's B200 row ran HybridEP (Megatron-Bridge PR #2906), whose de-duplicated "
-        "dispatch is cheaper: −36.6 % → −37.6 %. The Model Zoo rows came with the DeepEP "
+        "dispatch is cheaper: −36.6 % → −37.6 %; (4) the recipes' selective recompute "
+        "modules (norms and expert activation, `Job.recompute_modules`) made the GPT-OSS rows "
+        "0.4-0.8 points slower (−25.8 / −10.5 / −8.5 / −37.6 % → −25.0 / −10.1 / −8.1 / "
+        "−37.0 %) and the HybridEP row fit (186.8 → 167.8 GiB). The Model Zoo rows came with "
+        "the DeepEP "
         "pricing; with their dispatch priced as all-to-alls instead, the de-duplicating rows "
         "would be "
         f"{as_all_to_all(runs)}.", "",

@@ -68,8 +68,9 @@ def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
 
     GPT check (a = heads, e = 2 bytes): replicated = LayerNorm inputs 4sbh + QKV and MLP
     inputs 4sbh (the norms' outputs, which ``Job.recompute_modules`` "layernorm" re-runs
-    instead: Megatron-Core's ``--recompute-modules layernorm``) + two dropout masks 2sbh = 10sbh; sharded = Q, K, V 6sbh + projection input
-    2sbh + GeLU input and output 16sbh = 24sbh/t; attention core = softmax output 2as²b +
+    instead: Megatron-Core's ``--recompute-modules layernorm``) + two dropout masks 2sbh =
+    10sbh; sharded = Q, K, V 6sbh + projection input 2sbh + GeLU input and output 16sbh =
+    24sbh/t; attention core = softmax output 2as²b +
     its dropout mask as²b + dropout output 2as²b = 5as²b/t.
 
     ``mlp_width``: the dense MLP's width (None: ``ffn_hidden_size``; an MoE layer passes its

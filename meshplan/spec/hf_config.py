@@ -11,9 +11,10 @@ Families and the keys read (a missing key takes the default of the family's Hugg
 * Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
   yi, internlm2; any other config with ``intermediate_size`` and no expert or
   latent-attention keys is read the same way with a :class:`MeshplanWarning`, since a
-  non-gated MLP would count 1.5 times its parameters). Gemma's gated GELU (GeGLU) is read as ``swiglu``: the same three matrices and
-  FLOPs. ``tie_word_embeddings`` defaults per family (Gemma's True, the others' False; an
-  unlisted family's PretrainedConfig default True, the only value ``save_pretrained`` omits).
+  non-gated MLP would count 1.5 times its parameters). Gemma's gated GELU (GeGLU) is read
+  as ``swiglu``: the same three matrices and FLOPs. ``tie_word_embeddings`` defaults per
+  family (Gemma's True, the others' False; an unlisted family's PretrainedConfig default
+  True, the only value ``save_pretrained`` omits).
 * Mixture of experts: Mixtral (``num_local_experts``), Qwen2-MoE / Qwen3-MoE
   (``num_experts``, ``moe_intermediate_size``, ``shared_expert_intermediate_size``,
   ``decoder_sparse_step``, ``mlp_only_layers``), DeepSeek V1/V2/V3 (``n_routed_experts``,

@@ -277,8 +277,8 @@ def moe_runs() -> list[PublishedRun]:
     row uses the stated defaults ``MOE_DEFAULTS`` (the distributed optimizer: ZeRO-1; no
     recompute where the recipe names no modules), the recipe's selective recompute modules
     (``recompute_modules``: Megatron-Bridge's "layernorm" and "moe_act" as
-    ``Job.recompute_modules`` with ``recompute = "selective"``), sequence parallelism where tp > 1 (Megatron-Core requires it for
-    MoE), the interleaved schedule where VP > 1 and 1F1B otherwise, the recipe's dispatcher
+    ``Job.recompute_modules`` with ``recompute = "selective"``), sequence parallelism where
+    tp > 1 (Megatron-Core requires it for MoE), the interleaved schedule where VP > 1 and 1F1B otherwise, the recipe's dispatcher
     (``dispatcher``: ``Job.moe_dispatcher``) and, where the table's EP disagrees with its
     container's recipe, the recipe's (``ep_as_run``, evidence in the file's header).
     ``balanced`` rows ran with forced-balanced routing (:func:`_balanced`). ``published`` =
