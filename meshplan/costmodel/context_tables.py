@@ -17,8 +17,10 @@ tensor-parallel (SP) collective, pipeline message, logits and embedding at ``s/c
   profile's ``cp_ring_interference`` of what it hides (eq. 4, the correction
   :func:`meshplan.costmodel.corrections.ring_interference`); backward 2.5× each block
   (flash, Dao 2022 §3.1) with the dK/dV ring;
-* **all-to-all** (Ulysses): one causal kernel over the whole sequence for heads/cp, and the
-  4 all-to-alls of each pass exposed (eq. 5) on the cp group's link.
+* **all-to-all** (Ulysses): one causal kernel over the whole sequence for heads/cp (a
+  sliding-window layer's band only: :mod:`meshplan.costmodel.window`), and the 4
+  all-to-alls of each pass exposed (eq. 5) on the cp group's link. The ring style of a
+  sliding-window model is not priced (``spec.validate.check_modelled`` refuses it).
 
 Selective recomputation re-runs the attention core, so with cp its exchanges too (the
 executor's ring and all-to-all cores sit inside the recomputed core, as Megatron-Core's
@@ -61,7 +63,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.costmodel import comm, context
+from meshplan.costmodel import comm, context, window
 from meshplan.costmodel.a2a_memory import all_to_all_memory_bytes, cp_output_copy_bytes
 from meshplan.costmodel.compute import (FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s,
                                        kernel_head_dim)
@@ -150,8 +152,12 @@ def cp_attention(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         wire_b = ex["backward_kv"] * kv + ex["backward_dkv"] * dkv
         work = 2 * (kv + dkv)
     else:
-        # one causal kernel over the whole sequence for heads/cp (masked half skipped)
-        fwd_attn = _block_s(cluster, job, b * s * s / 2 * per_pair / cp, kernel_head_dim(model))
+        # one causal kernel over the whole sequence for heads/cp (masked half skipped; a
+        # sliding-window layer's band only, each kind at its own FLOPs' efficiency:
+        # meshplan.costmodel.window, as compute.layer_cost prices cp = 1)
+        fwd_attn = sum(share * _block_s(cluster, job, b * s * s * frac * per_pair / cp,
+                                        kernel_head_dim(model))
+                       for share, frac in window.layer_mix(model, s))
         bwd_attn = bwd_k * fwd_attn
         if job.runtime == "torch":         # the executor's core: its copies and GQA repeat
             mem_f, mem_b = all_to_all_memory_bytes(model, s, b, tp, cp, e)

@@ -168,14 +168,16 @@ def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = Non
 
 
 def cp_styles(model: ModelSpec, constraints: Constraints, tp: int, cp: int) -> list[str]:
-    """The cp styles valid for (tp, cp): the ring always, all-to-all where tp·cp divides the
-    heads and kv heads (one style stands for cp = 1)."""
+    """The cp styles valid for (tp, cp): the ring (except for a sliding-window model, whose
+    ring the cost model does not price), all-to-all where tp·cp divides the heads and kv
+    heads (one style stands for cp = 1)."""
     if cp == 1:
         return ["ring"]
     fixed = constraints.fixed.get("cp_style")
     return [st for st in constraints.cp_styles if (fixed is None or st == fixed) and (
-        st == "ring" or (model.num_heads % (tp * cp) == 0
-                         and model.num_kv_heads % (tp * cp) == 0))]
+        (st == "ring" and model.sliding_window is None)
+        or (st == "all-to-all" and model.num_heads % (tp * cp) == 0
+            and model.num_kv_heads % (tp * cp) == 0))]
 
 
 def expert_options(model: ModelSpec, job: Job, constraints: Constraints, tp: int, cp: int,

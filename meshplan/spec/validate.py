@@ -53,14 +53,16 @@ def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:
     at estimate time by fp8_cost.check_fp8_supported), and so is Layout.compile (from the
     profile's compiled layer rows, else as eager with a caveat); context and expert
     parallelism are priced since issues 39 and 38 (meshplan.costmodel.inputs). Not priced:
-    context parallelism of a sliding-window model (its ring would skip the steps outside
-    the window)."""
+    ring context parallelism of a sliding-window model (its ring would skip the steps
+    outside the window); the all-to-all style runs each head's whole sequence on one rank,
+    window and all."""
     if model is not None:
         check_model_modelled(model)
-        if layout.cp > 1 and model.sliding_window is not None:
-            raise ConfigError(f"Layout.cp = {layout.cp} with the sliding-window attention of "
-                              f"{model.name!r} (window {model.sliding_window}) is not priced "
-                              f"by the cost model; use cp = 1")
+        if layout.cp > 1 and model.sliding_window is not None and layout.cp_style == "ring":
+            raise ConfigError(f"Layout.cp = {layout.cp} with cp_style 'ring' and the "
+                              f"sliding-window attention of {model.name!r} (window "
+                              f"{model.sliding_window}) is not priced by the cost model; use "
+                              f"cp_style = 'all-to-all' or cp = 1")
 
 
 def check_model_modelled(model: ModelSpec) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import meshplan as mp
-from meshplan.costmodel import window
+from meshplan.costmodel import estimate, window
 from meshplan.costmodel.compute import layer_cost
 from meshplan.costmodel.flops import layer_forward_flops_per_token, model_flops_per_step
 from meshplan.errors import ConfigError
@@ -89,10 +89,47 @@ def test_model_flops_count_the_window_keys():
     assert layer_forward_flops_per_token(mistral, 8192)[1] == 4.0 * 4096 * 4096
 
 
-def test_context_parallel_with_a_window_refused():
-    with pytest.raises(ConfigError, match="sliding-window"):
+def test_ring_context_parallel_with_a_window_refused():
+    with pytest.raises(ConfigError, match="cp_style 'ring' and the sliding-window.*'all-to-all'"):
         check_modelled(mp.Layout(dp=2, cp=2), OSS)
     check_modelled(mp.Layout(dp=2, cp=2), mp.ModelSpec.preset("llama3-8b"))
+    check_modelled(mp.Layout(dp=2, cp=2, cp_style="all-to-all"), OSS)
+
+
+def test_all_to_all_context_parallel_prices_the_window_band():
+    """Ulysses runs each head's whole sequence on one rank: its windowed layers execute
+    only their band, as at cp = 1 (layer_mix), the full ones the causal half."""
+    from meshplan.costmodel.context_tables import _block_s, cp_attention
+    from meshplan.costmodel.compute import kernel_head_dim
+    from meshplan.costmodel.inputs import table_inputs
+    h100 = mp.Cluster.preset("dgx-h100", nodes=1)
+    job = mp.Job(global_batch=8, seq_len=32768)
+    lay = mp.Layout(dp=4, cp=2, cp_style="all-to-all")
+    full = dataclasses.replace(OSS, sliding_window=None, window_layers=None)
+    link = table_inputs(OSS, h100, job, lay).links.cp
+    windowed_s = cp_attention(OSS, h100, job, lay, link)[0]
+    full_s = cp_attention(full, h100, job, lay, link)[0]
+    per = job.seq_len ** 2 * 4.0 * OSS.q_dim / 2                  # one sequence, cp 2
+    hd = kernel_head_dim(OSS)
+    want = sum(share * _block_s(h100, job, per * frac, hd) for share, frac in
+               window.layer_mix(OSS, job.seq_len))
+    assert windowed_s == pytest.approx(want, rel=1e-12)
+    assert full_s == pytest.approx(_block_s(h100, job, per * 0.5, hd), rel=1e-12)
+    assert windowed_s < 0.6 * full_s          # half the layers attend to 128 keys
+    e = estimate(OSS, mp.Cluster.preset("dgx-h100", nodes=8),
+                 mp.Job(global_batch=64, seq_len=32768), mp.Layout(
+                     dp=4, pp=2, tp=4, cp=2, cp_style="all-to-all", ep=8,
+                     sequence_parallel=True, zero=1))
+    assert e.step_time_s > 0
+
+
+def test_the_planner_offers_a_windowed_model_all_to_all_context_parallelism_only():
+    from meshplan.planner import Constraints
+    from meshplan.planner.space import cp_styles
+    assert cp_styles(OSS, Constraints(), 1, 2) == ["all-to-all"]
+    assert cp_styles(mp.ModelSpec.preset("llama3-8b"), Constraints(), 1, 2) == \
+        ["ring", "all-to-all"]
+    assert cp_styles(OSS, Constraints(cp_styles=("ring",)), 1, 2) == []
 
 
 def test_hf_gpt_oss_layer_types():
