@@ -31,6 +31,8 @@ def main(args) -> int:
         return 0
     print(f"{model.name} ({model.num_params() / 1e9:.2f}B params) on {cluster.name} "
           f"({cluster.nodes}×{cluster.gpus_per_node} {cluster.gpu.name}); "
-          f"batch {job.global_batch}×{job.seq_len}; {layout.short()}")
+          f"batch {job.global_batch}×{job.seq_len}; {layout.short()}"
+          + (f" (selective re-runs {'+'.join(job.selective_modules)})"
+             if layout.recompute == "selective" and job.recompute_modules else ""))
     print(format_estimate(est))
     return 0

@@ -133,6 +133,7 @@ def test_cli_takes_the_modules_and_the_expert_and_context_degrees(capsys):
     default = capsys.readouterr().out
     assert "ep8" in default and "rc=selective" in default
     assert main([*argv, "--recompute-modules", "layernorm,moe_act"]) == 0
+    assert "(selective re-runs layernorm+moe_act)" in capsys.readouterr().out
     assert main([*argv, "--recompute-modules", "layernorm,mlp"]) == 2
     assert "'mlp' is not valid" in capsys.readouterr().err
     assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
