@@ -20,7 +20,8 @@ Families and the keys read (a missing key takes the default of the family's Hugg
   ``decoder_sparse_step``, ``mlp_only_layers``), DeepSeek V1/V2/V3 (``n_routed_experts``,
   ``n_shared_experts``, ``first_k_dense_replace``, ``moe_layer_freq``, ``scoring_func``,
   ``num_nextn_predict_layers`` and multi-head latent attention's ``q_lora_rank``,
-  ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), OLMoE
+  ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), GLM-4.5
+  (``glm4_moe``: DeepSeek-V3's experts, a sigmoid router, grouped-query attention), OLMoE
   and gpt-oss. Routing details that change no shape or cost (DeepSeek's group-limited
   routing and ``routed_scaling_factor``, gpt-oss's ``swiglu_limit``) are not read.
 
@@ -55,7 +56,7 @@ _TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False
                 "gemma2": True, "gemma3_text": True, "phi3": False, "yi": False,
                 "internlm2": False, "mixtral": False, "qwen2_moe": False, "qwen3_moe": False,
                 "olmoe": False, "gpt_oss": False, "deepseek": False, "deepseek_v2": False,
-                "deepseek_v3": False}
+                "deepseek_v3": False, "glm4_moe": False}
 _MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
                           "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096}
 
@@ -84,7 +85,7 @@ _WINDOW_RULES = {
 _GPT2_LIKE = {"gpt2"}
 _NEOX_LIKE = {"gpt_neox"}
 _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
-                 "olmoe", "gpt_oss")
+                 "glm4_moe", "olmoe", "gpt_oss")
 # keys that declare experts or latent attention: their presence in a config we would read as
 # dense means we would read it wrong
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
@@ -275,9 +276,10 @@ def _qwen_moe(cfg, source):
             "shared_expert_ffn_hidden_size": shared or None, "dense_layers": dense}
 
 
-def _deepseek(cfg, source):
-    """DeepSeek V1/V2/V3: layer i is MoE when i >= ``first_k_dense_replace`` and
-    i % ``moe_layer_freq`` == 0 (DeepseekV2DecoderLayer); V2/V3 attention is latent."""
+def _deepseek_experts(cfg, source, *, router_default: str) -> dict:
+    """DeepSeek-style experts: layer i is MoE when i >= ``first_k_dense_replace`` and
+    i % ``moe_layer_freq`` == 0 (DeepseekV2DecoderLayer), shared experts, multi-token
+    prediction modules."""
     kw = _llama(cfg, source)
     layers = kw["num_layers"]
     first = cfg.get("first_k_dense_replace") or 0
@@ -288,8 +290,22 @@ def _deepseek(cfg, source):
               moe_ffn_hidden_size=_get(cfg, source, "moe_intermediate_size"),
               num_shared_experts=shared,
               dense_layers=tuple(i for i in range(layers) if i < first or i % freq),
-              router=_get(cfg, source, "scoring_func", default="softmax"),
+              router=_get(cfg, source, "scoring_func", default=router_default),
               mtp_layers=cfg.get("num_nextn_predict_layers") or 0)
+    return kw
+
+
+def _glm4_moe(cfg, source):
+    """GLM-4.5 / GLM-4.5-Air (Glm4MoeConfig): DeepSeek-V3's experts (first
+    ``first_k_dense_replace`` layers dense, shared experts, sigmoid router with a score
+    correction bias, multi-token prediction) with grouped-query attention (``head_dim``,
+    q/k/v biases; its q/k norms and partial rotary change no cost)."""
+    return _deepseek_experts(cfg, source, router_default="sigmoid")
+
+
+def _deepseek(cfg, source):
+    """DeepSeek V1/V2/V3 (:func:`_deepseek_experts`); V2/V3 attention is latent."""
+    kw = _deepseek_experts(cfg, source, router_default="softmax")
     if cfg.get("kv_lora_rank"):
         kw.update(q_lora_rank=cfg.get("q_lora_rank") or None,
                   kv_lora_rank=cfg["kv_lora_rank"],
@@ -306,4 +322,5 @@ def _deepseek(cfg, source):
 
 _MOE_READERS = {"mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
                 "deepseek": _deepseek, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+                "glm4_moe": _glm4_moe,
                 "olmoe": _olmoe, "gpt_oss": _gpt_oss}

@@ -195,6 +195,32 @@ def test_from_hf_config_qwen2_moe_shared_expert_and_sparse_step():
     assert [i for i in range(8) if sparse.is_moe_layer(i)] == [1, 5, 7]
 
 
+HF_GLM45 = {"model_type": "glm4_moe", "hidden_size": 5120, "num_hidden_layers": 92,
+            "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+            "intermediate_size": 12288, "moe_intermediate_size": 1536, "n_routed_experts": 160,
+            "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+            "norm_topk_prob": True, "vocab_size": 151552, "tie_word_embeddings": False,
+            "attention_bias": True, "partial_rotary_factor": 0.5, "use_qk_norm": True,
+            "num_nextn_predict_layers": 1, "max_position_embeddings": 131072}
+HF_GLM45_AIR = {**HF_GLM45, "hidden_size": 4096, "num_hidden_layers": 46,
+                "intermediate_size": 10944, "moe_intermediate_size": 1408,
+                "n_routed_experts": 128, "first_k_dense_replace": 1, "use_qk_norm": False}
+
+
+@pytest.mark.parametrize("cfg,total", [(HF_GLM45, 355e9), (HF_GLM45_AIR, 106e9)],
+                         ids=["glm-4.5", "glm-4.5-air"])
+def test_from_hf_config_glm45_reads_deepseek_experts_with_gqa(cfg, total):
+    """GLM-4.5 / GLM-4.5-Air (huggingface.co/zai-org config.json; model cards: 355B and 106B
+    total parameters, without the multi-token-prediction layer): DeepSeek-V3's experts with
+    grouped-query attention and a sigmoid router."""
+    m = mp.ModelSpec.from_hf_config(cfg)
+    assert m.num_params(mtp=False) == pytest.approx(total, rel=0.01)
+    assert (m.num_experts, m.experts_per_token, m.num_shared_experts, m.router) == (
+        cfg["n_routed_experts"], 8, 1, "sigmoid")
+    assert m.dense_layers == tuple(range(cfg["first_k_dense_replace"]))
+    assert (m.num_kv_heads, m.head_dim, m.mtp_layers, m.is_mla) == (8, 128, 1, False)
+
+
 def test_from_hf_config_deepseek_v2_lite_without_query_compression():
     """DeepSeek-V2-Lite (arXiv 2405.04434 App. B: 15.7B total): q_lora_rank null, so the
     queries use one full h × n_h·(d_nope + d_rope) projection."""
