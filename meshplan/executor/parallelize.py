@@ -46,6 +46,11 @@ def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     if layout.etp > 1:
         raise ExecutorError(f"the executor does not run etp = {layout.etp} (expert tensor "
                             f"parallelism) yet; use etp = 1")
+    if layout.recompute == "selective" and job.selective_modules != ("core_attn",):
+        raise ExecutorError(f"Job.recompute_modules = {list(job.selective_modules)}: the "
+                            f"executor's selective recompute re-runs the attention core only "
+                            f"(Megatron-Core re-runs the others); plan with "
+                            f"recompute_modules=None to run it here")
     if model.sliding_window is not None and model.sliding_window < job.seq_len:
         # its attention is full causal: it would train another model than the one planned
         # (a window as long as the sequence is full causal attention)

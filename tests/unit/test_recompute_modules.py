@@ -140,3 +140,18 @@ def test_cli_takes_the_modules_and_the_expert_and_context_degrees(capsys):
                  "--global-batch", "8", "--seq-len", "8192", "--dp", "2", "--tp", "2",
                  "--cp", "4", "--cp-style", "all-to-all", "--sequence-parallel"]) == 0
     assert "cp4" in capsys.readouterr().out
+
+
+def test_the_executor_refuses_a_plan_whose_selective_recompute_it_cannot_run():
+    pytest.importorskip("torch")
+    from meshplan.errors import ExecutorError
+    from meshplan.executor.parallelize import check_layout_runnable
+    tiny = replace(LLAMA, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                   ffn_hidden_size=128, vocab_size=256, max_seq_len=64)
+    megatron = mp.Job(global_batch=2, seq_len=64, recompute_modules=("layernorm", "moe_act"))
+    with pytest.raises(ExecutorError, match=r"\['layernorm', 'moe_act'\].*attention core only"):
+        check_layout_runnable(tiny, megatron, mp.Layout(recompute="selective"))
+    # the modules only matter to selective recompute
+    assert check_layout_runnable(tiny, megatron, mp.Layout(recompute="full")) == 2
+    assert check_layout_runnable(tiny, mp.Job(global_batch=2, seq_len=64),
+                                 mp.Layout(recompute="selective")) == 2
