@@ -18,9 +18,9 @@ class Constraints:
     """Limits on the layouts the planner may return.
 
     ``fixed`` pins any :class:`~meshplan.Layout` field, e.g. ``fixed={"pp": 4, "zero": 1}``
-    (``stage_layers`` may be pinned too; the solver then keeps that partition — the only way
-    to plan a first stage of only the embedding or a last of only the loss, 0 layers, which
-    the search itself does not choose: ``min_layers_per_stage`` ≥ 1).
+    (``stage_layers`` may be pinned too; the solver then keeps that partition).
+    ``min_layers_per_stage`` (≥ 1): the fewest layers a stage holds; the first and last may
+    hold one fewer (they also run the embedding / loss: the interleaved account-for split).
     ``memory_headroom`` keeps that fraction of the cluster's usable memory free
     (0.1 = plan for 90 %). ``allow_idle_gpus``: the layout may use fewer GPUs than offered
     (None = only for the ``time_to_train`` objective). ``max_vpp`` caps virtual stages per
@@ -96,9 +96,8 @@ class Constraints:
                 self.min_layers_per_stage, int) or self.min_layers_per_stage < 1:
             raise ConfigError(
                 f"Constraints.min_layers_per_stage must be an integer >= 1, got "
-                f"{self.min_layers_per_stage!r} (the search gives every stage a layer; a first "
-                f"stage of only the embedding or a last of only the loss is planned by fixing "
-                f"the partition: fixed={{'stage_layers': (0, ...)}})")
+                f"{self.min_layers_per_stage!r} (the first and last stage may hold one fewer; "
+                f"pin any partition with fixed={{'stage_layers': (...)}})")
         if not isinstance(self.memory_headroom, (int, float)) or isinstance(
                 self.memory_headroom, bool) or not 0 <= self.memory_headroom < 1:
             raise ConfigError(f"Constraints.memory_headroom must be a fraction in [0, 1), got "
@@ -114,10 +113,10 @@ class Constraints:
         if fixed.get("stage_layers") is not None:
             fixed["stage_layers"] = tuple(fixed["stage_layers"])
         object.__setattr__(self, "fixed", fixed)
-        # A fixed value must itself be a valid Layout value (the expert mesh folds over
-        # dp when nothing else is fixed) ...
+        # A fixed value must itself be a valid Layout value (dp, unless fixed, taken as
+        # ep·etp so that the expert mesh can fold) ...
         probe = {k: v for k, v in fixed.items() if k != "stage_layers"}
-        if not {"dp", "tp", "cp"} & set(probe):
+        if "dp" not in probe:
             probe["dp"] = probe.get("ep", 1) * probe.get("etp", 1)
         try:
             Layout(**probe)
@@ -168,9 +167,14 @@ class Constraints:
         for key, value in self.fixed.items():
             if getattr(layout, key) != value:
                 return f"{key}={getattr(layout, key)!r} but fixed {key}={value!r}"
-        if layout.stage_layers is not None and "stage_layers" not in self.fixed and \
-                min(layout.stage_layers) < self.min_layers_per_stage:
-            return f"a stage has fewer than {self.min_layers_per_stage} layers"
+        if layout.stage_layers is not None and "stage_layers" not in self.fixed:
+            lo, sl = self.min_layers_per_stage, layout.stage_layers
+            # the first and last stage also run the embedding and the loss: one fewer
+            # (Megatron's account-for-embedding/loss split)
+            ends_lo = lo - 1 if len(sl) > 2 else lo
+            if min(sl[1:-1] or (lo,)) < lo or min(sl[0], sl[-1]) < ends_lo:
+                return (f"a stage has fewer than {lo} layers (the first and last: "
+                        f"{ends_lo}, besides the embedding / loss)")
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from meshplan.spec import Job, ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.bounds import Ticker
-from meshplan.planner.search import forced_partition, objective_weight
+from meshplan.planner.search import partition_candidates, objective_weight
 from meshplan.planner.space import Config
 
 MAX_EVALUATIONS = 2_000_000
@@ -44,8 +44,8 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
     configs = list(configs)
     lo = max(1, min_layers)
     L = model.num_layers
-    work = sum(1 if forced_partition(c, L, fixed_partition) is not None
-               else count_compositions(L, c.stages, lo) for c in configs)
+    work = sum(len(cands) if (cands := partition_candidates(c, L, fixed_partition, lo))
+               is not None else count_compositions(L, c.stages, lo) for c in configs)
     if work > MAX_EVALUATIONS:
         raise ConfigError(f"exhaustive search would evaluate {work:,} layouts (limit "
                           f"{MAX_EVALUATIONS:,}); use solver='cp-sat' or fix more fields")
@@ -55,8 +55,8 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
     for i, cfg in enumerate(configs):
         w = objective_weight(cfg, objective)
         best = None
-        forced = forced_partition(cfg, L, fixed_partition)
-        parts: Sequence = [forced] if forced is not None else compositions(L, cfg.stages, lo)
+        cands = partition_candidates(cfg, L, fixed_partition, lo)
+        parts: Sequence = cands if cands is not None else compositions(L, cfg.stages, lo)
         for p in parts:
             if len(p) != cfg.stages:
                 continue

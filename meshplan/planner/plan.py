@@ -252,13 +252,14 @@ def _space_size(model, configs, min_layers, fixed_partition) -> int:
     if fixed_partition is not None:
         return len(configs)
     from meshplan.planner.exhaustive import count_compositions
-    from meshplan.planner.search import forced_partition
+    from meshplan.planner.search import partition_candidates
     lo = max(1, min_layers)
     memo: dict[int, int] = {}
     total = 0
     for c in configs:
-        if forced_partition(c, model.num_layers, None) is not None:
-            total += 1
+        cands = partition_candidates(c, model.num_layers, None, lo)
+        if cands is not None:
+            total += len(cands)
             continue
         if c.stages not in memo:
             memo[c.stages] = count_compositions(model.num_layers, c.stages, lo)

@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from meshplan.costmodel.estimate import layer_tables
-from meshplan.spec import Job, ModelSpec, default_stage_layers
+from meshplan.spec import Job, ModelSpec, default_stage_layers, embedding_loss_stage_layers
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.bounds import Ticker
 from meshplan.planner.space import Config
@@ -33,16 +33,48 @@ from meshplan.planner.tables import ConfigTables, build_tables
 from meshplan.planner.space import EVEN_PARTITION_SCHEDULES  # noqa: E402  (see space.py)
 
 
-def forced_partition(cfg: Config, num_layers: int,
-                     fixed_partition: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The only partition the planner allows for ``cfg``, or None when the solver decides."""
+def partition_candidates(cfg: Config, num_layers: int,
+                         fixed_partition: tuple[int, ...] | None, min_layers: int = 1
+                         ) -> tuple[tuple[int, ...], ...] | None:
+    """The partitions the planner prices for ``cfg`` (it keeps the fastest that fits), or
+    None when the CP-SAT solver chooses it (gpipe, 1f1b). Interleaved 1F1B: the even split
+    where the layers divide the chunks (Megatron-LM's rule) and Megatron's
+    account-for-embedding/loss split (:func:`meshplan.spec.embedding_loss_stage_layers`:
+    uniform middle chunks, the ends a layer short, where L + 2 divides into the chunks),
+    which gives Llama 3 405B (126 layers) the report's pp 16 · vpp 8 layout and 94-layer
+    Qwen3-235B its pp 8 · vpp 4 and pp 32 · vpp 3 ones;
+    zero-bubble: the near-even split (see ``space.EVEN_PARTITION_SCHEDULES``). With
+    ``min_layers`` per stage the account-for split's ends may hold one fewer: they also
+    run the embedding or the loss."""
     if fixed_partition is not None:
-        return fixed_partition
+        return (fixed_partition,)
     if cfg.stages == 1:
-        return (num_layers,)
-    if cfg.schedule in EVEN_PARTITION_SCHEDULES and cfg.stages > 1:
-        return default_stage_layers(num_layers, cfg.stages)
-    return None
+        return ((num_layers,),)
+    if cfg.schedule not in EVEN_PARTITION_SCHEDULES:
+        return None
+    if cfg.schedule != "interleaved-1f1b":
+        return (default_stage_layers(num_layers, cfg.stages),)
+    out = []
+    if num_layers % cfg.stages == 0:
+        out.append(default_stage_layers(num_layers, cfg.stages))
+    lo = max(1, min_layers)
+    # uniform middle chunks only ((L + 2) divides into the chunks, as Megatron requires with
+    # the two flags): the closed form is exact there, and the space stays small
+    ends = (embedding_loss_stage_layers(num_layers, cfg.stages)
+            if (num_layers + 2) % cfg.stages == 0 else None)
+    if ends is not None and (min(ends[1:-1]) < lo or min(ends[0], ends[-1]) < lo - 1):
+        ends = None
+    if ends is not None and ends not in out:
+        out.append(ends)
+    return tuple(out) or None
+
+
+def forced_partition(cfg: Config, num_layers: int, fixed_partition: tuple[int, ...] | None,
+                     min_layers: int = 1) -> tuple[int, ...] | None:
+    """The first of :func:`partition_candidates` (the one the bounds' memory checks take),
+    or None when the solver decides."""
+    cands = partition_candidates(cfg, num_layers, fixed_partition, min_layers)
+    return cands[0] if cands else None
 
 
 def objective_weight(cfg: Config, objective: str) -> int:
@@ -79,7 +111,7 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
                      min_layers: int, fixed_partition: tuple[int, ...] | None = None) -> float:
     """A step time no stage partition of ``cfg`` (≥ ``min_layers`` per stage) beats.
 
-    Schedules whose partition the planner fixes (:func:`forced_partition`): the cost
+    Schedules whose partition the planner fixes (:func:`partition_candidates`): the cost
     model's own pipeline time of that partition (``LayerTables.pipeline_s``, without
     torch's p2p order, which only lengthens it). Otherwise,
     with ``g_c = f_c + b_c`` and Σ = Σ_c g_c (the same for every partition):
@@ -97,17 +129,17 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     on random partitions.
     """
     L, S, pp = model.num_layers, cfg.stages, cfg.pp
-    forced = forced_partition(cfg, L, fixed_partition)
-    if forced is not None and len(forced) != S:
+    cands = partition_candidates(cfg, L, fixed_partition, min_layers)
+    if cands is not None and any(len(p) != S for p in cands):
         return 0.0      # the fixed partition does not fit this configuration: infeasible
-    if forced is not None:
+    if cands is not None:
         # ZeRO 0-2 differ in memory and in the data-parallel tail, not in stage times
         # (only ZeRO-3 adds per-layer gathers: LayerTables.layer_forward_s), so they share
         # one pipeline time — except in fp8, whose weight casts read FSDP2's bf16 weights
         # under ZeRO-2 (fp8_cost.fp8_layer)
         shared = cfg if job.precision == "fp8" else cfg._replace(zero=0 if cfg.zero < 3
                                                                  else 3)
-        return _forced_pipeline_s(model, cluster, job, shared, forced)
+        return min(_forced_pipeline_s(model, cluster, job, shared, p) for p in cands)
     lf, lb, lw, ef, eb, gf, gb, gw, c, ovh, total = _pass_times(
         model, cluster, job, cfg.dp, cfg.pp, cfg.tp, cfg.micro_batch, cfg.sequence_parallel,
         cfg.recompute, _time_zero(job, cfg.zero), *cfg[9:])   # gpipe, 1f1b: vpp = 1
@@ -265,8 +297,8 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
     for i, cfg in enumerate(configs):
         tick(lambda: f"bounding: time bounds of {i:,}/{len(configs):,} configurations")
         w = objective_weight(cfg, objective)
-        if forced_partition(cfg, model.num_layers, fixed_partition) is not None and \
-                cfg.stages > 1:
+        if partition_candidates(cfg, model.num_layers, fixed_partition,
+                                min_layers) is not None and cfg.stages > 1:
             queue.append((w * busy_lower_bound(model, cluster, job, cfg), False, i, cfg))
         else:
             queue.append((w * time_lower_bound(model, cluster, job, cfg, min_layers,
@@ -293,11 +325,13 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
         t = build_tables(model, cluster, job, cfg)
         out.tables_built += 1
         caps = rank_capacities(t, capacity_bytes)
-        forced = forced_partition(cfg, model.num_layers, fixed_partition)
-        if forced is not None:
-            ok = len(forced) == cfg.stages and all(
-                n <= cap for n, cap in zip(t.rank_layers(forced), caps))
-            part = forced if ok else None
+        cands = partition_candidates(cfg, model.num_layers, fixed_partition, min_layers)
+        forced = cands[0] if cands else None
+        if cands is not None:
+            fitting = [p for p in cands if len(p) == cfg.stages and all(
+                n <= cap for n, cap in zip(t.rank_layers(p), caps))]
+            part = min(fitting, key=t.step_time_s) if fitting else None
+            forced = part or forced
         else:
             part = None
             if memory_feasible(t, caps, min_layers):

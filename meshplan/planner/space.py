@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
-from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec, embedding_loss_stage_layers
 from meshplan.costmodel.fp8_cost import check_fp8_supported
 from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
@@ -34,13 +34,16 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints
 
 
-# Schedules whose stage partition the planner does not choose: it takes the cost model's
-# time of the as-even-as-possible split (meshplan.spec.default_stage_layers).
+# Schedules whose stage partition the solver does not choose: the planner prices a fixed
+# few (search.partition_candidates) and keeps the fastest.
 # interleaved-1f1b: its closed form (meshplan.costmodel.pipeline_interleaved) is exact
 # for uniform chunks but, per its docstring, -16 % to +11 % off the simulation with uneven
 # layers per chunk — a solver free to choose the chunks would exploit that error — so it
-# is offered only where the layers split evenly (L % (pp·vpp) == 0, also Megatron-LM's
-# requirement). zero-bubble: its closed form is never high but up to -6.7 % low on uneven
+# is offered with uniform chunks only: the even split where the layers divide the chunks
+# (L % (pp·vpp) == 0, Megatron-LM's requirement) and Megatron's account-for-embedding/loss
+# split where (L + 2) % (pp·vpp) == 0 (uniform middle chunks, the two ends one layer short;
+# closed form and simulation agree on it: tests/unit/test_planner_interleaved_split.py).
+# zero-bubble: its closed form is never high but up to -6.7 % low on uneven
 # cuts with m < pp, and it was still being revised when this was written; the planner
 # prices the near-even split (layer counts differing by at most one) and does not
 # optimise over partitions. gpipe and 1f1b partitions are the CP-SAT model's choice.
@@ -251,8 +254,10 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
             m = B // (dp * mb)
             sched: list[tuple[str, int]] = [(s, 1) for s in plain]
             if interleaved and pp > 1 and m % pp == 0:
+                # up to one layer a chunk; two more chunks where the ends may hold none
+                # (the account-for-embedding/loss split, search.partition_candidates)
                 sched += [("interleaved-1f1b", v)
-                          for v in range(2, min(max_vpp, L // (pp * min_layers)) + 1)]
+                          for v in range(2, min(max_vpp, (L + 2) // (pp * min_layers)) + 1)]
             for s, v in sched:
                 if fx.get("schedule", s) != s or fx.get("vpp", v) != v:
                     continue
@@ -262,7 +267,9 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                 if s == "gpipe" and pp == 1 and "1f1b" in plain and \
                         fx.get("schedule") != s:
                     continue      # one stage: GPipe = 1F1B's time, m× its activations
-                if s in EVEN_ONLY_SCHEDULES and L % (pp * v):
+                if s in EVEN_ONLY_SCHEDULES and L % (pp * v) and (
+                        min_layers > 1 or (L + 2) % (pp * v)
+                        or embedding_loss_stage_layers(L, pp * v) is None):
                     continue
                 for rc in constraints.recompute:
                     if fx.get("recompute", rc) != rc:

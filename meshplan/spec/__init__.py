@@ -10,11 +10,11 @@ from meshplan.spec.choices import (ACTIVATIONS, CP_STYLES, FP8_RECIPES, NORMS, O
                                    POSITIONS, PRECISIONS, RECOMPUTE, ROUTERS, RUNTIMES,
                                    SCHEDULES)
 from meshplan.spec.job import Job
-from meshplan.spec.layout import Layout, default_stage_layers
+from meshplan.spec.layout import Layout, default_stage_layers, embedding_loss_stage_layers
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.validate import ZB_ZERO3_UNSUPPORTED, check_layout, zero_bubble_under_zero3
 
-__all__ = ["ModelSpec", "Job", "Layout", "default_stage_layers", "check_layout",
-           "zero_bubble_under_zero3", "ZB_ZERO3_UNSUPPORTED", "ACTIVATIONS", "NORMS", "POSITIONS",
+__all__ = ["ModelSpec", "Job", "Layout", "default_stage_layers", "embedding_loss_stage_layers",
+           "check_layout", "zero_bubble_under_zero3", "ZB_ZERO3_UNSUPPORTED", "ACTIVATIONS", "NORMS", "POSITIONS",
            "SCHEDULES", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "RUNTIMES", "CP_STYLES",
            "ROUTERS", "FP8_RECIPES"]

@@ -162,3 +162,21 @@ def default_stage_layers(num_layers: int, stages: int) -> tuple[int, ...]:
     for i in order[:extra]:
         counts[i] += 1
     return tuple(counts)
+
+
+def embedding_loss_stage_layers(num_layers: int, stages: int) -> tuple[int, ...] | None:
+    """Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``: the embedding and the loss each count as one
+    layer, the ``num_layers + 2`` units spread as evenly as possible (extra ones on the
+    chunks after the first), the first and the last chunk one layer short — 0 where a chunk
+    holds only its end. None where there are fewer than three chunks or a middle one would
+    hold no layer. E.g. 94 layers over 32 chunks: 2, 3, …, 3, 2; over 96: 0, 1, …, 1, 0."""
+    if stages < 3:
+        return None
+    per, extra = divmod(num_layers + 2, stages)
+    counts = [per + (1 if 0 < i <= extra else 0) for i in range(stages)]
+    counts[0] -= 1
+    counts[-1] -= 1
+    if min(counts[1:-1]) < 1 or min(counts) < 0:
+        return None
+    return tuple(counts)

@@ -14,6 +14,7 @@ from meshplan.costmodel.moe_tables import expert_links
 from meshplan.costmodel.tables import layer_tables
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.planner import Constraints
+from meshplan.planner.search import partition_candidates
 from meshplan.planner.space import enumerate_configs, expert_options
 from meshplan.planner.tables import build_tables
 
@@ -52,7 +53,10 @@ def test_tables_match_estimate_with_experts_dense_layers_and_cp(model, seq):
     assert any(c.ep > 1 for c in configs) and (seq <= 4096 or any(c.cp > 1 for c in configs))
     for cfg in rng.sample(configs, 25):
         t = build_tables(model, H100, job, cfg)
-        parts = _random_partition(rng, model.num_layers, cfg.stages)
+        # a random partition where every stage can hold a layer, else the planner's own
+        parts = (_random_partition(rng, model.num_layers, cfg.stages)
+                 if cfg.stages <= model.num_layers
+                 else list(partition_candidates(cfg, model.num_layers, None)[0]))
         est = estimate(model, H100, job, cfg.layout(parts))
         assert t.step_time_s(parts) == pytest.approx(est.step_time_s, rel=1e-9)
         dense = t.rank_dense_counts(parts)

@@ -11,6 +11,7 @@ import meshplan as mp
 from meshplan.errors import NoFeasiblePlan
 from meshplan.planner import bounds
 from meshplan.planner.constraints import Constraints
+from meshplan.planner.search import partition_candidates
 from meshplan.planner.space import enumerate_configs
 from meshplan.planner.tables import build_tables
 
@@ -34,8 +35,11 @@ def test_bounds_never_exceed_the_cost_models_peak(name, runtime):
     for cfg in picked:
         t = build_tables(model, cluster, job, cfg)
         lb = bounds.config_memory_lower_bound(model, job, cfg)
-        for _ in range(3):
-            part = _random_partition(rng, model.num_layers, cfg.stages)
+        # random partitions where every stage can hold a layer, and the planner's own
+        # candidates (interleaved ends may hold none)
+        parts = [_random_partition(rng, model.num_layers, cfg.stages)
+                 for _ in range(3 if cfg.stages <= model.num_layers else 0)]
+        for part in parts + list(partition_candidates(cfg, model.num_layers, None) or ()):
             peak = t.peak_memory_bytes(part)
             assert lb <= peak, (cfg, part)
             assert floor <= peak * cfg.num_gpus / 16, (cfg, part)

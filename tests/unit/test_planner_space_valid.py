@@ -11,6 +11,7 @@ import pytest
 
 import meshplan as mp
 from meshplan.planner import Constraints
+from meshplan.planner.search import partition_candidates
 from meshplan.planner.space import enumerate_configs
 from meshplan.spec.validate import check_layout
 
@@ -31,4 +32,5 @@ def test_the_planner_space_holds_only_valid_layouts(name, cluster, nodes, job):
     configs = list(enumerate_configs(model, cl, job, [nodes * cl.gpus_per_node], Constraints()))
     assert configs
     for cfg in random.Random(0).sample(configs, min(400, len(configs))):
-        check_layout(model, cl, job, cfg.layout())
+        for part in partition_candidates(cfg, model.num_layers, None) or (None,):
+            check_layout(model, cl, job, cfg.layout(part))

@@ -7,6 +7,7 @@ import pytest
 import meshplan as mp
 from meshplan.costmodel import estimate
 from meshplan.planner.constraints import Constraints
+from meshplan.planner.search import partition_candidates
 from meshplan.planner.space import enumerate_configs
 from meshplan.planner.tables import build_tables
 
@@ -34,8 +35,12 @@ def test_tables_match_estimate(name, cluster_name, nodes, batch, seq, jobkw):
     checked = 0
     for cfg in rng.sample(configs, 60):
         t = build_tables(model, cluster, job, cfg)
-        for _ in range(2):
-            parts = _random_partition(rng, model.num_layers, cfg.stages)
+        cands = partition_candidates(cfg, model.num_layers, None)
+        for i in range(2):
+            # a random partition where every stage can hold a layer, else the planner's own
+            # candidates (interleaved ends may hold none)
+            parts = (_random_partition(rng, model.num_layers, cfg.stages)
+                     if cfg.stages <= model.num_layers else list(cands[i % len(cands)]))
             est = estimate(model, cluster, job, cfg.layout(parts))
             assert t.step_time_s(parts) == pytest.approx(est.step_time_s, rel=1e-9)
             for r, n in enumerate(t.rank_layers(parts)):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meshplan import Cluster, Job, Layout, ModelSpec
 from meshplan.errors import ConfigError
+from meshplan.spec import embedding_loss_stage_layers
 
 DATA = Path(__file__).parent / "data"
 
@@ -204,13 +205,9 @@ LLAMA3_DEFAULTS = dict(micro_batch=1, schedule="interleaved-1f1b", vpp=2, recomp
 
 def llama3_stage_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     """The report's balancing (one layer fewer on the first and the last pipeline stage) over
-    pp·vpp chunks: the first and last chunk one layer short, the rest even."""
-    n = pp * vpp
-    per, extra = divmod(layers + 2, n)
-    sizes = [per + (1 if 0 < i <= extra else 0) for i in range(n)]
-    sizes[0] -= 1
-    sizes[-1] -= 1
-    return tuple(sizes)
+    pp·vpp chunks: Megatron's account-for-embedding/loss split
+    (:func:`meshplan.spec.embedding_loss_stage_layers`)."""
+    return embedding_loss_stage_layers(layers, pp * vpp)
 
 
 def llama3_2024(**overrides) -> list[PublishedRun]:
