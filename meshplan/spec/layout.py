@@ -131,7 +131,7 @@ class Layout:
     def short(self) -> str:
         """A compact one-line description, e.g. ``dp8·pp16·tp8 mb1 interleaved-1f1b v2 rc=full
         z1``; an explicit partition is appended as ``layers 5/7/7/5`` (two layouts that differ
-        only in it must not read alike)."""
+        only in it must not read alike), three or more equal stages in a row as ``1×126``."""
         s = f"dp{self.dp}·pp{self.pp}·tp{self.tp}"
         if self.cp > 1:
             s += f"·cp{self.cp}" + ("a2a" if self.cp_style == "all-to-all" else "")
@@ -146,8 +146,20 @@ class Layout:
         if self.compile:
             s += " compiled"
         if self.stage_layers is not None:
-            s += " layers " + "/".join(str(n) for n in self.stage_layers)
+            s += " layers " + _runs(self.stage_layers)
         return s
+
+
+def _runs(counts) -> str:
+    """``0/1/1/1/0`` as ``0/1×3/0``: runs of three or more equal counts as value×length."""
+    out, i = [], 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        out += [f"{counts[i]}×{j - i}"] if j - i >= 3 else [str(counts[i])] * (j - i)
+        i = j
+    return "/".join(out)
 
 
 def default_stage_layers(num_layers: int, stages: int) -> tuple[int, ...]:

@@ -120,6 +120,13 @@ def test_job_rejects_bad_values():
         mp.Job(global_batch=1, seq_len=10, tokens=-5)
 
 
+def test_layout_short_names_runs_of_equal_stages_once():
+    lay = mp.Layout(pp=16, vpp=8, schedule="interleaved-1f1b",
+                    stage_layers=(0,) + (1,) * 126 + (0,))
+    assert lay.short().endswith(" layers 0/1×126/0")
+    assert mp.Layout(pp=4, stage_layers=(5, 7, 7, 5)).short().endswith(" layers 5/7/7/5")
+
+
 def test_layout_round_trips_through_dict():
     lay = mp.Layout(dp=2, pp=2, tp=2, schedule="interleaved-1f1b", vpp=2,
                     stage_layers=(1, 2, 2, 1), sequence_parallel=True, zero=1)
