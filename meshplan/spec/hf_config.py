@@ -20,7 +20,8 @@ Families and the keys read (a missing key takes the default of the family's Hugg
   ``decoder_sparse_step``, ``mlp_only_layers``), DeepSeek V1/V2/V3 (``n_routed_experts``,
   ``n_shared_experts``, ``first_k_dense_replace``, ``moe_layer_freq``, ``scoring_func``,
   ``num_nextn_predict_layers`` and multi-head latent attention's ``q_lora_rank``,
-  ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``), GLM-4.5
+  ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; Kimi K2's
+  ``kimi_k2`` is DeepSeek-V3's architecture under its own name), GLM-4.5
   (``glm4_moe``: DeepSeek-V3's experts, a sigmoid router, grouped-query attention), OLMoE
   and gpt-oss. Routing details that change no shape or cost (DeepSeek's group-limited
   routing and ``routed_scaling_factor``, gpt-oss's ``swiglu_limit``) are not read.
@@ -56,7 +57,7 @@ _TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False
                 "gemma2": True, "gemma3_text": True, "phi3": False, "yi": False,
                 "internlm2": False, "mixtral": False, "qwen2_moe": False, "qwen3_moe": False,
                 "olmoe": False, "gpt_oss": False, "deepseek": False, "deepseek_v2": False,
-                "deepseek_v3": False, "glm4_moe": False}
+                "deepseek_v3": False, "kimi_k2": False, "glm4_moe": False}
 _MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
                           "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096}
 
@@ -85,7 +86,7 @@ _WINDOW_RULES = {
 _GPT2_LIKE = {"gpt2"}
 _NEOX_LIKE = {"gpt_neox"}
 _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
-                 "glm4_moe", "olmoe", "gpt_oss")
+                 "kimi_k2", "glm4_moe", "olmoe", "gpt_oss")
 # keys that declare experts or latent attention: their presence in a config we would read as
 # dense means we would read it wrong
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
@@ -322,5 +323,5 @@ def _deepseek(cfg, source):
 
 _MOE_READERS = {"mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
                 "deepseek": _deepseek, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
-                "glm4_moe": _glm4_moe,
+                "glm4_moe": _glm4_moe, "kimi_k2": _deepseek,
                 "olmoe": _olmoe, "gpt_oss": _gpt_oss}

@@ -221,6 +221,19 @@ def test_from_hf_config_glm45_reads_deepseek_experts_with_gqa(cfg, total):
     assert (m.num_kv_heads, m.head_dim, m.mtp_layers, m.is_mla) == (8, 128, 1, False)
 
 
+def test_from_hf_config_kimi_k2_is_deepseek_v3_under_its_own_name():
+    """Kimi K2 (huggingface.co/moonshotai/Kimi-K2-Instruct config.json: DeepSeek-V3's
+    architecture, ``model_type`` "kimi_k2"; model card: 1T total, 32B activated — one
+    significant digit)."""
+    cfg = {**HF_DEEPSEEK_V3, "model_type": "kimi_k2", "num_attention_heads": 64,
+           "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1,
+           "vocab_size": 163840, "num_nextn_predict_layers": 0}
+    m = mp.ModelSpec.from_hf_config(cfg)
+    assert (m.num_experts, m.is_mla, m.mtp_layers, m.router) == (384, True, 0, "sigmoid")
+    assert m.num_params() == pytest.approx(1.0e12, rel=0.05)
+    assert m.num_active_params(input_embedding=False) == pytest.approx(32e9, rel=0.05)
+
+
 def test_from_hf_config_deepseek_v2_lite_without_query_compression():
     """DeepSeek-V2-Lite (arXiv 2405.04434 App. B: 15.7B total): q_lora_rank null, so the
     queries use one full h × n_h·(d_nope + d_rope) projection."""
