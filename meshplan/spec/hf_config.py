@@ -9,7 +9,7 @@ Families and the keys read (a missing key takes the default of the family's Hugg
 * GPT-NeoX: ``hidden_dropout`` (0.0); ``rotary_pct`` and ``use_parallel_residual`` do not
   change the cost and are ignored.
 * Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
-  yi, internlm2; any other config with ``intermediate_size`` and no expert or
+  olmo2, yi, internlm2; any other config with ``intermediate_size`` and no expert or
   latent-attention keys is read the same way with a :class:`MeshplanWarning`, since a
   non-gated MLP would count 1.5 times its parameters). Gemma's gated GELU (GeGLU) is read
   as ``swiglu``: the same three matrices and FLOPs. ``tie_word_embeddings`` defaults per
@@ -49,12 +49,12 @@ from typing import Any, Mapping
 from meshplan.errors import ConfigError, MeshplanWarning
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
-               "yi", "internlm2"}
+               "olmo2", "yi", "internlm2"}
 # tie_word_embeddings where a config omits it: the family's *Config default; any other family
 # PretrainedConfig's True (save_pretrained leaves the key out only when it equals that default
 # and the class's own, so an omitted key in a saved config of an unlisted family means True)
 _TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gemma": True,
-                "gemma2": True, "gemma3_text": True, "phi3": False, "yi": False,
+                "gemma2": True, "gemma3_text": True, "phi3": False, "olmo2": False, "yi": False,
                 "internlm2": False, "mixtral": False, "qwen2_moe": False, "qwen3_moe": False,
                 "olmoe": False, "gpt_oss": False, "deepseek": False, "deepseek_v2": False,
                 "deepseek_v3": False, "kimi_k2": False, "glm4_moe": False}
@@ -134,7 +134,8 @@ def spec_kwargs_from_hf(cfg: Mapping[str, Any], source: str = "<dict>") -> dict[
             else "")
     raise ConfigError(
         f"Hugging Face config {source!r}: model_type {cfg.get('model_type')!r} is not "
-        f"understood{hint}; supported: llama, mistral, qwen2, gpt2, gpt_neox, "
+        f"understood{hint}; supported: "
+        f"{', '.join(sorted(_LLAMA_LIKE | _GPT2_LIKE | _NEOX_LIKE))}, "
         f"{', '.join(_MOE_FAMILIES)} (or a config with hidden_size / num_hidden_layers / "
         f"num_attention_heads / intermediate_size)")
 

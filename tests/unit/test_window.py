@@ -214,3 +214,19 @@ def test_hf_windows_a_family_rule_cannot_place_are_refused():
         assert mp.ModelSpec.from_hf_config(typed).window_layers is None     # every layer
         with pytest.raises(ConfigError, match="other attention kinds"):
             mp.ModelSpec.from_hf_config({**unknown, "layer_types": ["linear_attention"] * 32})
+
+
+def test_an_unreadable_config_lists_every_family_read():
+    with pytest.raises(ConfigError) as err:
+        mp.ModelSpec.from_hf_config({"model_type": "t5", "d_model": 512})
+    for family in ("gemma3_text", "phi3", "olmo2", "gpt_neox", "glm4_moe", "kimi_k2"):
+        assert family in str(err.value)
+    # OLMo 2 7B (huggingface.co/allenai/OLMo-2-1124-7B: 7.30B) is read without a warning
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mp.MeshplanWarning)
+        m = mp.ModelSpec.from_hf_config(
+            {"model_type": "olmo2", "hidden_size": 4096, "intermediate_size": 11008,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 100352,
+             "tie_word_embeddings": False, "max_position_embeddings": 4096})
+    assert m.num_params() == pytest.approx(7.30e9, rel=0.01)
