@@ -24,13 +24,14 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from meshplan.costmodel.estimate import layer_tables
-from meshplan.spec import Job, ModelSpec, default_stage_layers, embedding_loss_stage_layers
+from meshplan.spec import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.bounds import Ticker
 from meshplan.planner.space import Config
 from meshplan.planner.tables import ConfigTables, build_tables
 
-from meshplan.planner.space import EVEN_PARTITION_SCHEDULES  # noqa: E402  (see space.py)
+from meshplan.planner.space import (EVEN_PARTITION_SCHEDULES,  # noqa: E402  (see space.py)
+                                    interleaved_partitions)
 
 
 def partition_candidates(cfg: Config, num_layers: int,
@@ -39,13 +40,11 @@ def partition_candidates(cfg: Config, num_layers: int,
     """The partitions the planner prices for ``cfg`` (it keeps the fastest that fits), or
     None when the CP-SAT solver chooses it (gpipe, 1f1b). Interleaved 1F1B: the even split
     where the layers divide the chunks (Megatron-LM's rule) and Megatron's
-    account-for-embedding/loss split (:func:`meshplan.spec.embedding_loss_stage_layers`:
-    uniform middle chunks, the ends a layer short, where L + 2 divides into the chunks),
-    which gives Llama 3 405B (126 layers) the report's pp 16 · vpp 8 layout and 94-layer
-    Qwen3-235B its pp 8 · vpp 4 and pp 32 · vpp 3 ones;
-    zero-bubble: the near-even split (see ``space.EVEN_PARTITION_SCHEDULES``). With
-    ``min_layers`` per stage the account-for split's ends may hold one fewer: they also
-    run the embedding or the loss."""
+    account-for-embedding/loss split where L + 2 does (:func:`space.interleaved_partitions`:
+    uniform middle chunks, the ends a layer short), which gives Llama 3 405B (126 layers)
+    the report's pp 16 · vpp 8 layout and 94-layer Qwen3-235B its pp 8 · vpp 4 and
+    pp 32 · vpp 3 ones; zero-bubble: the near-even split (see
+    ``space.EVEN_PARTITION_SCHEDULES``)."""
     if fixed_partition is not None:
         return (fixed_partition,)
     if cfg.stages == 1:
@@ -54,27 +53,7 @@ def partition_candidates(cfg: Config, num_layers: int,
         return None
     if cfg.schedule != "interleaved-1f1b":
         return (default_stage_layers(num_layers, cfg.stages),)
-    out = []
-    if num_layers % cfg.stages == 0:
-        out.append(default_stage_layers(num_layers, cfg.stages))
-    lo = max(1, min_layers)
-    # uniform middle chunks only ((L + 2) divides into the chunks, as Megatron requires with
-    # the two flags): the closed form is exact there, and the space stays small
-    ends = (embedding_loss_stage_layers(num_layers, cfg.stages)
-            if (num_layers + 2) % cfg.stages == 0 else None)
-    if ends is not None and (min(ends[1:-1]) < lo or min(ends[0], ends[-1]) < lo - 1):
-        ends = None
-    if ends is not None and ends not in out:
-        out.append(ends)
-    return tuple(out) or None
-
-
-def forced_partition(cfg: Config, num_layers: int, fixed_partition: tuple[int, ...] | None,
-                     min_layers: int = 1) -> tuple[int, ...] | None:
-    """The first of :func:`partition_candidates` (the one the bounds' memory checks take),
-    or None when the solver decides."""
-    cands = partition_candidates(cfg, num_layers, fixed_partition, min_layers)
-    return cands[0] if cands else None
+    return interleaved_partitions(num_layers, cfg.stages, min_layers) or None
 
 
 def objective_weight(cfg: Config, objective: str) -> int:
@@ -326,12 +305,12 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
         out.tables_built += 1
         caps = rank_capacities(t, capacity_bytes)
         cands = partition_candidates(cfg, model.num_layers, fixed_partition, min_layers)
-        forced = cands[0] if cands else None
+        forced = None
         if cands is not None:
             fitting = [p for p in cands if len(p) == cfg.stages and all(
                 n <= cap for n, cap in zip(t.rank_layers(p), caps))]
             part = min(fitting, key=t.step_time_s) if fitting else None
-            forced = part or forced
+            forced = part or cands[0]
         else:
             part = None
             if memory_feasible(t, caps, min_layers):

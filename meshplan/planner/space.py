@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
-from meshplan.spec import Job, Layout, ModelSpec, embedding_loss_stage_layers
+from meshplan.spec import (Job, Layout, ModelSpec, default_stage_layers,
+                           embedding_loss_stage_layers)
 from meshplan.costmodel.fp8_cost import check_fp8_supported
 from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
@@ -48,7 +49,24 @@ from meshplan.planner.constraints import Constraints
 # prices the near-even split (layer counts differing by at most one) and does not
 # optimise over partitions. gpipe and 1f1b partitions are the CP-SAT model's choice.
 EVEN_PARTITION_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
-EVEN_ONLY_SCHEDULES = ("interleaved-1f1b",)
+
+
+def interleaved_partitions(num_layers: int, stages: int, min_layers: int = 1
+                           ) -> tuple[tuple[int, ...], ...]:
+    """The interleaved-1f1b partitions the planner prices over ``stages`` chunks (the comment
+    above; empty: the configuration is left out): the even split where the layers divide
+    the chunks, and Megatron's account-for-embedding/loss split
+    (:func:`meshplan.spec.embedding_loss_stage_layers`) where L + 2 does, its ends allowed
+    one layer fewer than ``min_layers`` (they also run the embedding / loss)."""
+    lo = max(1, min_layers)
+    out = []
+    if num_layers % stages == 0 and num_layers // stages >= lo:
+        out.append(default_stage_layers(num_layers, stages))
+    if (num_layers + 2) % stages == 0:
+        ends = embedding_loss_stage_layers(num_layers, stages)
+        if ends is not None and min(ends[1:-1]) >= lo and min(ends[0], ends[-1]) >= lo - 1:
+            out.append(ends)
+    return tuple(out)
 
 
 class Config(NamedTuple):
@@ -267,9 +285,8 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                 if s == "gpipe" and pp == 1 and "1f1b" in plain and \
                         fx.get("schedule") != s:
                     continue      # one stage: GPipe = 1F1B's time, m× its activations
-                if s in EVEN_ONLY_SCHEDULES and L % (pp * v) and (
-                        min_layers > 1 or (L + 2) % (pp * v)
-                        or embedding_loss_stage_layers(L, pp * v) is None):
+                if s == "interleaved-1f1b" and not interleaved_partitions(L, pp * v,
+                                                                         min_layers):
                     continue
                 for rc in constraints.recompute:
                     if fx.get("recompute", rc) != rc:

@@ -48,14 +48,14 @@ def test_lower_bound_below_every_partition(name, cluster_name, nodes, batch, seq
     cluster = mp.Cluster.preset(cluster_name, nodes=nodes)
     job = mp.Job(global_batch=batch, seq_len=seq)
     configs = list(enumerate_configs(model, cluster, job, [cluster.num_gpus], Constraints()))
-    from meshplan.planner.search import forced_partition
+    from meshplan.planner.search import partition_candidates
     for cfg in rng.sample(configs, 150):
         t = build_tables(model, cluster, job, cfg)
         lb = max(time_lower_bound(model, cluster, job, cfg, 1),
                  busy_lower_bound(model, cluster, job, cfg))
-        forced = forced_partition(cfg, model.num_layers, None)
-        parts = [forced] if forced else [_random_partition(rng, model.num_layers, cfg.stages)
-                                         for _ in range(5)] + [
+        cands = partition_candidates(cfg, model.num_layers, None)
+        parts = list(cands) if cands else [_random_partition(rng, model.num_layers, cfg.stages)
+                                           for _ in range(5)] + [
             tuple(model.num_layers // cfg.stages + (i < model.num_layers % cfg.stages)
                   for i in range(cfg.stages))]
         for part in parts:
