@@ -20,6 +20,8 @@ file carries the prediction of this tree's cost model on the calibrated profile;
         --baseline out/baseline --out $OUT
     # Layout.compile of the MoE blocks, this tree only (plans --set compile, run without
     # --baseline)
+    # measured MoE layer rows (plans --set rows): benchmarks/moe_rows_device.sh calibrates
+    # moe-1.9b on one GPU and writes the plans (call 1), then runs them (call 2)
     # CPU, after: the table
     python benchmarks/moe_sync_gpu.py table --results moe_sync.json
 
@@ -30,6 +32,7 @@ archive <commit> meshplan | tar -x -C DIR``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -58,6 +61,14 @@ SETS = {
                                                                          compile=True)),
                 ("mb4", Layout(micro_batch=4)), ("mb4-compiled", Layout(micro_batch=4,
                                                                          compile=True))],
+    # measured MoE layer rows (costmodel/moe_rows.py): the layouts of both sets above and
+    # recomputation, predicted from a calibration of this model made in the call before
+    "rows": [("mb1", Layout(micro_batch=1)), ("mb2", Layout(micro_batch=2)),
+             ("mb4", Layout(micro_batch=4)),
+             ("mb2-selective", Layout(micro_batch=2, recompute="selective")),
+             ("mb2-full", Layout(micro_batch=2, recompute="full")),
+             ("mb2-compiled", Layout(micro_batch=2, compile=True)),
+             ("mb4-compiled", Layout(micro_batch=4, compile=True))],
 }
 
 
@@ -99,8 +110,14 @@ def plans(args) -> int:
     for name, lay in SETS[args.set]:
         write_plan_for_layout(out / f"{name}.json", MODEL, JOB, lay, calibrated)
         e = estimate(MODEL, calibrated, JOB, lay)
+        # the same profile without its measured rows: how this tree's MoE layers were
+        # priced before the MoE rows (analytical layer, the profile's MoE keys)
+        curves = calibrated.replace(gpu=dataclasses.replace(calibrated.gpu, measured=None))
+        ce = estimate(MODEL, curves, JOB, lay)
         preds["layouts"][name] = {
             "short": lay.short(), "calibrated_s": e.step_time_s,
+            "curves_s": ce.step_time_s, "curves_memory_gib": ce.memory_peak_bytes / 2**30,
+            "caveats": list(e.caveats),
             "datasheet_s": estimate(MODEL, datasheet, JOB, lay).step_time_s,
             "baseline_calibrated_s": (_baseline_step_s(Path(args.baseline), args.profile, lay)
                                       if args.baseline else None),
@@ -172,7 +189,8 @@ def run(args) -> int:
 def table(results: dict) -> str:
     preds = results["predictions"]["layouts"]
     rows = ["| layout | baseline s (pred.) | current s (pred.) | speed-up | current error | "
-            "datasheet s | peak GiB (pred.) |", "|---|---|---|---|---|---|---|"]
+            "curves s (error) | datasheet s | peak GiB (pred.) |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, p in preds.items():
         b = results["runs"].get(f"{name}/baseline", {})
         c = results["runs"].get(f"{name}/current", {})
@@ -181,12 +199,15 @@ def table(results: dict) -> str:
         def f(x):
             return "—" if x is None else f"{x:.3f}"
         err = f"{(p['calibrated_s'] / cs - 1) * 100:+.1f} %" if cs else "—"
+        cv = p.get("curves_s")
+        curves = ("—" if cv is None else f"{cv:.3f}" + (
+            f" ({(cv / cs - 1) * 100:+.1f} %)" if cs else ""))
         mem = (f"{c['memory_peak_bytes'] / 2**30:.1f} ({p['memory_gib']:.1f})"
                if c.get("memory_peak_bytes") else f"— ({p['memory_gib']:.1f})")
         rows.append(f"| {name} `{p['short']}` | {f(bs)} ({f(p.get('baseline_calibrated_s'))}) | "
                     f"{f(cs)} ({f(p['calibrated_s'])}) | "
                     f"{(bs / cs if bs and cs else float('nan')):.3f} | {err} | "
-                    f"{f(p['datasheet_s'])} | {mem} |")
+                    f"{curves} | {f(p['datasheet_s'])} | {mem} |")
     return "\n".join(rows)
 
 

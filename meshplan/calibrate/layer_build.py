@@ -33,6 +33,9 @@ def _layer_spec(model: ModelSpec, layers: int, tp: int) -> ModelSpec:
     # The vocabulary does not reach a layers-only part, but apply_tensor_parallel checks
     # that tp divides it: round it up so every valid layer tp can be measured.
     vocab = -(-model.vocab_size // tp) * tp
+    if model.is_moe:    # MoE layers only: the rows' key names the MoE layer (measured_rows)
+        return replace(model, num_layers=layers, vocab_size=vocab, dense_layers=(),
+                       mtp_layers=0)
     return replace(model, num_layers=layers, vocab_size=vocab)
 
 

@@ -140,7 +140,10 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # FSDP2 over dp, of plain (tp 1) and of tensor-parallel layers (a (dp, tp) mesh as
         # the executor's: holdout8's FSDP-over-tp layouts ran 22-48 % slower than rows
         # composed from tp 1's FSDP increment predicted)
-        for zero in FSDP_ZERO if world > 1 else ():
+        # (not for MoE models: the cost model reads an MoE model's rows at ZeRO-0/1 only,
+        # costmodel.inputs; its FSDP2 layers stay analytical)
+        fsdp = world > 1 and not model.is_moe
+        for zero in FSDP_ZERO if fsdp else ():
             for tp, sp in [(1, False)] + [x for x in tpsp if x[0] > 1]:
                 for dp in (d for d in range(2, world // tp + 1) if world % (d * tp) == 0):
                     for rc in RECOMPUTE:
@@ -154,7 +157,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # (autocast: GPT-0.54B's LayerNorms in fp32, 6-12 % slower) nor the FSDP rows'
         # (their per-micro-batch communication included; round 18 of
         # docs/benchmarks/accuracy.md)
-        for rc in RECOMPUTE if world > 1 else ():
+        for rc in RECOMPUTE if fsdp else ():
             for mb in mbs:
                 phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
                                         recompute=rc, micro_batch=mb, zero=2, dp=1))

@@ -11,8 +11,10 @@ are completed.
   :func:`meshplan.costmodel.moe_tables.moe_fields` to add the experts' states, the dense
   layers and multi-token prediction to the built fields.
 
-A calibrated profile's measured rows are for dense layers at cp = 1: with cp > 1 or an MoE
-model the layout is priced from the profile's curves (a caveat says so).
+A calibrated profile's measured rows are for dense layers at cp = 1, and for an MoE model's
+MoE layer where the calibration timed that model (:mod:`meshplan.costmodel.moe_rows`: cp = 1,
+ZeRO-0/1, no dense layers); elsewhere with cp > 1 or an MoE model the layout is priced from
+the profile's curves (a caveat says so).
 
 No formula of its own (the modules named hold them, with their sources and measured errors).
 """
@@ -26,6 +28,7 @@ from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKE
                                                cp_equivalent, cp_group_links,
                                                with_cp_attention)
 from meshplan.costmodel.data_parallel import Groups, group_links
+from meshplan.costmodel.moe_rows import MOE_ROWS_CAVEAT, measured_moe_parts, rows_apply
 from meshplan.costmodel.moe_tables import (MOE_CAVEAT, expert_links, expert_terms,
                                            moe_fields, moe_mlp_width, moe_parts)
 from meshplan.costmodel.parts import LayerParts, layer_parts
@@ -61,6 +64,10 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
                             layout.sequence_parallel, layout.recompute, links.tp, links.pp,
                             layout.compile, fsdp)
         return TableInputs(cluster, job, layout, links, parts)
+    if rows_apply(model, cluster, layout):
+        measured = _measured_moe_inputs(model, cluster, job, layout)
+        if measured is not None:
+            return measured
     caveats = ((CP_UNCHECKED_CAVEAT,) if cp > 1 else ()) + \
         ((MOE_CAVEAT,) if is_moe else ())
     if cluster.gpu.measured:
@@ -89,6 +96,19 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
     return TableInputs(cluster, local_job, local_layout, links, parts, caveats,
                        lambda f: moe_fields(model, cluster, local_job, local_layout, f, dense,
                                             terms))
+
+
+def _measured_moe_inputs(model: ModelSpec, cluster: Cluster, job: Job,
+                         layout: Layout) -> TableInputs | None:
+    """An MoE layout whose layer the profile measured (:mod:`meshplan.costmodel.moe_rows`);
+    None where it has no row for it."""
+    links = replace(group_links(cluster, layout), **expert_links(cluster, layout))
+    parts = measured_moe_parts(model, cluster, job, layout, links)
+    if parts is None:
+        return None
+    terms = expert_terms(model, cluster, job, layout, links, parts.layer, copies_in_rows=True)
+    return TableInputs(cluster, job, layout, links, parts, (MOE_ROWS_CAVEAT,),
+                       lambda f: moe_fields(model, cluster, job, layout, f, None, terms))
 
 
 __all__ = ["MEASURED_ROWS_CAVEAT", "TableInputs", "table_inputs"]

@@ -72,11 +72,15 @@ class ExpertTerms:
     zero3: Zero3Layer              # per-layer gathers of the experts (ZeRO-3 / FSDP2)
     dense_layers: tuple[int, ...]  # ModelSpec.dense_layers
     dense_extra_params: float      # a dense layer's non-expert params less an MoE layer's
+    # the layer comes from a measured MoE row (costmodel.moe_rows), whose kept bytes hold the
+    # experts' 16-bit copies per micro-batch: the executor casts them at every call
+    copies_in_rows: bool = False
 
     def copy_bytes(self, params: float, job: Job, zero: int) -> float:
         """16-bit compute copies of ``params`` expert parameters (runtime "torch"): autocast
-        or FSDP2's ZeRO-2 keep them, ZeRO-3 gathers two layers (a buffer)."""
-        if zero == 3 and self.edp > 1:
+        or FSDP2's ZeRO-2 keep them, ZeRO-3 gathers two layers (a buffer); none beside a
+        measured row that holds them."""
+        if (zero == 3 and self.edp > 1) or (self.copies_in_rows and zero < 2):
             return 0.0
         return params * compute_weight_bytes_per_param(job)
 
@@ -123,7 +127,7 @@ def moe_mlp_width(model: ModelSpec) -> int | None:
 
 
 def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, links,
-                 moe_layer) -> ExpertTerms:
+                 moe_layer, *, copies_in_rows: bool = False) -> ExpertTerms:
     """``layout``: as the tables see it (dp·cp as dp); ``moe_layer``: its LayerCost. The
     experts' ZeRO-3 gathers overlap the same layer compute as the dense ones (each priced
     as if alone: optimistic where both are large)."""
@@ -132,7 +136,7 @@ def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, l
     z3 = zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
                      cluster.gpu.overlap_interference) if edp > 1 else Zero3Layer()
     return ExpertTerms(params, edp, links.edp, z3, tuple(model.dense_layers),
-                       dense_layer_extra_params(model, layout.tp))
+                       dense_layer_extra_params(model, layout.tp), copies_in_rows)
 
 
 def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fields: dict,

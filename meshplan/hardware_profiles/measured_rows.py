@@ -19,11 +19,33 @@ ENDS = ("embedding", "output")
 
 
 def layer_shape_key(model: ModelSpec) -> str:
-    """Every ModelSpec field that changes one transformer layer's work or memory."""
+    """Every ModelSpec field that changes one transformer layer's work or memory. An MoE
+    model's key adds its routed and shared experts (:func:`moe_key_suffix`): its rows are
+    MoE layers, which a dense model of the same trunk must not read."""
+    return _trunk_key(model) + moe_key_suffix(model)
+
+
+def _trunk_key(model: ModelSpec) -> str:
     return (f"h{model.hidden_size}-f{model.ffn_hidden_size}-q{model.num_heads}"
             f"-kv{model.num_kv_heads}-d{model.head_dim}-{model.activation}-{model.norm}"
             f"-{model.position_embedding}-{'bias' if model.bias else 'nobias'}"
             f"-drop{model.dropout:g}")
+
+
+def moe_key_suffix(model: ModelSpec) -> str:
+    """"" for a dense model; else the MoE layer's routed experts (count, top-k, width),
+    shared experts, router and capacity factor, e.g. ``-moe16k2f1408``. Keys with it are
+    not read back by :func:`model_from_shape_key` (no nearest-shape transfer of MoE rows)."""
+    if not model.is_moe:
+        return ""
+    key = f"-moe{model.num_experts}k{model.experts_per_token}f{model.moe_ffn_hidden_size}"
+    if model.num_shared_experts:
+        key += f"s{model.num_shared_experts}x{model.shared_expert_ffn_hidden_size}"
+    if model.router != "softmax":
+        key += f"-{model.router}"
+    if model.capacity_factor is not None:
+        key += f"-cf{model.capacity_factor:g}"
+    return key
 
 
 _SHAPE_KEY = re.compile(
@@ -52,8 +74,9 @@ def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
 
 
 def ends_shape_key(model: ModelSpec) -> str:
-    """The layer key plus what the embedding and output layer add (vocabulary, tying)."""
-    return (f"{layer_shape_key(model)}-v{model.vocab_size}"
+    """The layer key (without an MoE model's experts, which the ends do not hold) plus what
+    the embedding and output layer add (vocabulary, tying)."""
+    return (f"{_trunk_key(model)}-v{model.vocab_size}"
             f"-{'tied' if model.tied_embeddings else 'untied'}")
 
 

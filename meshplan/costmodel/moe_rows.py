@@ -1,0 +1,102 @@
+"""An MoE layer from the profile's measured MoE rows: the executor's whole MoE block timed at
+ep = 1, with what expert parallelism adds priced on top.
+
+``meshplan calibrate --model M`` with an MoE model times its MoE layer as the executor builds
+it (router, permutation, grouped expert GEMMs, shared experts, attention; eager, and compiled
+with ``--compile-rows``) on one GPU, keyed by the layer's shape *and* its experts
+(:func:`meshplan.hardware_profiles.measured_rows.moe_key_suffix`). Where such a row exists
+for the layout's tp, sequence parallelism, recompute mode and micro-batch, it replaces the
+analytical layer (:func:`meshplan.costmodel.parts.layer_parts`: the layer's GPU seconds, CPU
+dispatch, kept bytes and backward working memory), the same mechanism as a dense model's
+rows. The analytical MoE host terms (:mod:`meshplan.costmodel.moe_host`) are not added: the
+row's own CPU dispatch is in it.
+
+With ep > 1 (or etp > 1) the row is the layer as timed at ep = etp = 1 plus the difference
+the routed part's formulas give between the layout and that timed one
+(:func:`meshplan.costmodel.moe_layer.routed_mlp` at the layout's ep, etp and load imbalance ρ
+minus the same at ep = etp = 1, ρ = 1): the dispatch and combine all-to-alls, the busiest
+rank's extra rows (ρ − 1), the received rows' regrouping, the larger per-expert GEMMs, the
+dispatch buffers; and the host synchronisations ep > 1 adds
+(:func:`meshplan.costmodel.moe_host.torch_syncs`, at the profile's ``host_sync_s`` +
+``host_op_dispatch_s``, plus the count exchange's call latency). Under balanced routing a
+rank at ep computes E/ep experts on ep times the rows each: the same FLOPs as the row.
+
+Where it applies (:func:`rows_apply`): cp = 1, ZeRO-0/1 (FSDP2 runs the experts' bf16
+parameters without the per-call casts the row holds, and its gathers are priced
+analytically) and no dense layers (DeepSeek's first k: their difference to the MoE layer is
+not measured); elsewhere the layer is priced from the curves with a caveat
+(:mod:`meshplan.costmodel.inputs`).
+
+Measured error: docs/moe.md "MoE layer rows" (1 × H200).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.costmodel import comm
+from meshplan.costmodel.compute import PassCost
+from meshplan.costmodel.corrections import load_imbalance
+from meshplan.costmodel.moe_host import torch_syncs
+from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
+from meshplan.costmodel.parts import LayerParts, layer_parts
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+MOE_ROWS_CAVEAT = (
+    "mixture of experts from the profile's measured MoE layer rows (timed at ep = 1); "
+    "expert parallelism's all-to-alls, load imbalance and host syncs are priced on top")
+
+
+def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout) -> bool:
+    """Whether an MoE layout may read measured MoE rows (module docstring)."""
+    return (model.is_moe and cluster.gpu.measured is not None and layout.cp == 1
+            and layout.zero < 2 and not model.dense_layers)
+
+
+def _minus(a: PassCost, b: PassCost) -> PassCost:
+    return a + b.scaled(-1.0)
+
+
+def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+              links) -> RoutedMlp:
+    """The routed part at the layout less the routed part as the row timed it."""
+    at = routed_mlp(model, cluster, job, layout, links,
+                    load_imbalance(cluster.gpu.corrections, layout.ep))
+    timed = routed_mlp(model, cluster, job, replace(layout, ep=1, etp=1), links, 1.0)
+    return RoutedMlp(_minus(at.forward, timed.forward), _minus(at.backward, timed.backward),
+                     at.wgrad_s - timed.wgrad_s, at.pass_wire_bytes,
+                     at.kept_bytes - timed.kept_bytes, at.work_bytes - timed.work_bytes,
+                     at.rows, at.act_out_bytes - timed.act_out_bytes, at.act_s - timed.act_s)
+
+
+def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                       links) -> LayerParts | None:
+    """The MoE layer's parts from its measured row, ep > 1 priced on top (module
+    docstring); None where the profile has no row of this layer at the layout's tp,
+    sequence parallelism and recompute mode."""
+    parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
+                        layout.sequence_parallel, layout.recompute, links.tp, links.pp,
+                        layout.compile, False, mlp_width=shared_width(model))
+    if "layer" not in parts.measured:
+        return None
+    if layout.ep == 1 and layout.etp == 1:
+        return parts
+    parts = with_routed_mlp(parts, _ep_delta(model, cluster, job, layout, links),
+                            layout.recompute, job.selective_modules)
+    gpu = cluster.gpu
+    syncs = torch_syncs(model, layout) - torch_syncs(model, replace(layout, ep=1, etp=1))
+    host_s = (syncs * (gpu.host_sync_s + gpu.host_op_dispatch_s)
+              + (comm.call_latency_s(links.ep, "all_to_all") if layout.ep > 1 else 0.0))
+    if host_s <= 0:
+        return parts
+    lay = parts.layer
+    extra = PassCost(overhead_s=host_s)
+    full = layout.recompute == "full"
+    lay = replace(lay, forward=lay.forward + extra,
+                  backward=lay.backward + extra if full else lay.backward,
+                  recompute=lay.recompute + extra if full else lay.recompute)
+    return replace(parts, layer=lay)
+
+
+__all__ = ["MOE_ROWS_CAVEAT", "measured_moe_parts", "rows_apply"]

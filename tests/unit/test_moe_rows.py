@@ -1,0 +1,132 @@
+"""Measured MoE layer rows: their key, where the cost model reads them, and what expert
+parallelism adds on top (meshplan.costmodel.moe_rows)."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.calibrate.layer_build import _layer_spec
+from meshplan.calibrate.layer_grid import plan_grid
+from meshplan.costmodel import estimate
+from meshplan.costmodel.data_parallel import group_links
+from meshplan.costmodel.inputs import MEASURED_ROWS_CAVEAT
+from meshplan.costmodel.measured import (MeasuredLayer, MeasuredTables, ends_shape_key,
+                                         layer_shape_key)
+from meshplan.costmodel.moe_layer import routed_mlp
+from meshplan.costmodel.moe_rows import MOE_ROWS_CAVEAT, measured_moe_parts
+from meshplan.costmodel.moe_tables import expert_links, expert_terms
+from meshplan.hardware_profiles import Cluster
+from meshplan.spec import Job, Layout, ModelSpec
+
+MOE = ModelSpec(name="moe", num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=8,
+                ffn_hidden_size=2816, vocab_size=32000, max_seq_len=1024, activation="swiglu",
+                norm="rmsnorm", position_embedding="rope", tied_embeddings=False, bias=False,
+                num_experts=8, experts_per_token=2, moe_ffn_hidden_size=704)
+DENSE = ModelSpec(name="dense", num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=8,
+                  ffn_hidden_size=2816, vocab_size=32000, max_seq_len=1024,
+                  activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                  tied_embeddings=False, bias=False)
+JOB = Job(global_batch=16, seq_len=1024, runtime="torch")
+
+
+def _row(model=MOE, fwd=2e-3, bwd=4e-3, **kw):
+    return MeasuredLayer(**{**dict(
+        shape=layer_shape_key(model), seq_len=1024, tp=1, sequence_parallel=False,
+        recompute="none", micro_batch=1, forward_s=fwd, backward_s=bwd,
+        activation_bytes=1e8, backward_peak_bytes=1e7), **kw})
+
+
+def _cluster(*rows, gpus=4):
+    c = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=gpus)
+    return replace(c, gpu=replace(c.gpu, measured=MeasuredTables(tuple(rows), ())))
+
+
+def test_an_moe_layers_key_names_its_experts_and_a_dense_key_is_unchanged():
+    trunk = "h1024-f2816-q16-kv8-d64-swiglu-rmsnorm-rope-nobias-drop0"
+    assert layer_shape_key(DENSE) == trunk
+    assert layer_shape_key(MOE) == trunk + "-moe8k2f704"
+    shared = replace(MOE, num_shared_experts=2, shared_expert_ffn_hidden_size=512,
+                     router="sigmoid", capacity_factor=1.25)
+    assert layer_shape_key(shared) == trunk + "-moe8k2f704s2x512-sigmoid-cf1.25"
+    # the embedding and output layer hold no experts: one key for both
+    assert ends_shape_key(MOE) == ends_shape_key(DENSE) == trunk + "-v32000-untied"
+
+
+def test_an_ep1_layout_takes_its_layer_from_the_row():
+    lay = Layout(dp=4, micro_batch=1)
+    a = estimate(MOE, _cluster(_row(fwd=2e-3)), JOB, lay)
+    b = estimate(MOE, _cluster(_row(fwd=3e-3)), JOB, lay)
+    # 8 layers × 4 micro-batches per rank, each forward 1 ms longer
+    assert b.step_time_s - a.step_time_s == pytest.approx(8 * 4 * 1e-3, rel=1e-6)
+    assert MOE_ROWS_CAVEAT in a.caveats and MEASURED_ROWS_CAVEAT not in a.caveats
+    # the row's kept bytes: 1e8 more per layer kept → 8 layers × 1 micro-batch in flight more
+    c = estimate(MOE, _cluster(_row(activation_bytes=2e8)), JOB, lay)
+    assert (c.memory[0].activations_bytes - a.memory[0].activations_bytes
+            == pytest.approx(8 * 1e8, rel=1e-6))
+
+
+def test_a_dense_model_of_the_same_trunk_does_not_read_moe_rows():
+    lay = Layout(dp=4, micro_batch=1)
+    a = estimate(DENSE, _cluster(_row(fwd=2e-3)), JOB, lay)
+    b = estimate(DENSE, _cluster(_row(fwd=9e-3)), JOB, lay)
+    assert a.step_time_s == b.step_time_s
+    # and an MoE model does not read a dense model's rows
+    c = estimate(MOE, _cluster(_row(DENSE)), JOB, lay)
+    assert MEASURED_ROWS_CAVEAT in c.caveats and MOE_ROWS_CAVEAT not in c.caveats
+
+
+def test_ep2_adds_the_priced_all_to_alls_and_syncs_to_the_row():
+    cl = _cluster(_row())
+    lay = Layout(dp=4, ep=2, micro_batch=1)
+    links = replace(group_links(cl, lay), **expert_links(cl, lay))
+    ep1 = measured_moe_parts(MOE, cl, JOB, replace(lay, ep=1), links)
+    ep2 = measured_moe_parts(MOE, cl, JOB, lay, links)
+    routed = routed_mlp(MOE, cl, JOB, lay, links, cl.gpu.corrections.moe_load_imbalance)
+    assert ep1.layer.forward.ep_comm_s == 0
+    assert routed.forward.ep_comm_s > 0
+    assert ep2.layer.forward.ep_comm_s == pytest.approx(routed.forward.ep_comm_s, rel=1e-9)
+    assert ep2.layer.backward.ep_comm_s == pytest.approx(routed.backward.ep_comm_s, rel=1e-9)
+    # one host sync (the split exchange) and its all-to-all's call: forward overhead only
+    assert ep2.layer.forward.overhead_s > ep1.layer.forward.overhead_s
+    assert ep2.layer.backward.overhead_s == pytest.approx(ep1.layer.backward.overhead_s)
+    # the expert GEMMs and regrouping move by what the formulas give between the layout
+    # (ρ > 1 on the busiest rank, E/2 larger experts' GEMMs) and the row's ep 1, ρ = 1
+    timed = routed_mlp(MOE, cl, JOB, replace(lay, ep=1), links, 1.0)
+    for kind in ("gemm_s", "memory_bound_s"):
+        assert (getattr(ep2.layer.forward, kind) - getattr(ep1.layer.forward, kind)
+                == pytest.approx(getattr(routed.forward, kind) - getattr(timed.forward, kind),
+                                 rel=1e-9, abs=1e-12))
+    assert routed.forward.memory_bound_s > timed.forward.memory_bound_s   # regrouping
+
+
+def test_rows_hold_the_experts_16bit_copies_so_they_are_not_added_again():
+    cl = _cluster(_row())
+    lay = Layout(dp=4, micro_batch=1)
+    links = replace(group_links(cl, lay), **expert_links(cl, lay))
+    layer = measured_moe_parts(MOE, cl, JOB, lay, links).layer
+    rows = expert_terms(MOE, cl, JOB, lay, links, layer, copies_in_rows=True)
+    curves = expert_terms(MOE, cl, JOB, lay, links, layer)
+    assert rows.copy_bytes(1e6, JOB, 1) == 0 and curves.copy_bytes(1e6, JOB, 1) == 2e6
+    assert rows.copy_bytes(1e6, JOB, 2) == 2e6    # FSDP2's ZeRO-2 bf16 parameters
+
+
+@pytest.mark.parametrize("layout, model", [
+    (Layout(dp=4, micro_batch=1, zero=2), MOE),                 # FSDP2
+    (Layout(dp=2, cp=2, micro_batch=1), MOE),                   # context parallel
+    (Layout(dp=4, micro_batch=1), replace(MOE, dense_layers=(0,))),
+    (Layout(dp=2, tp=2, micro_batch=1), MOE),                   # no row at tp 2
+])
+def test_where_rows_do_not_apply_the_layer_is_priced_from_the_curves(layout, model):
+    cl = _cluster(_row(model if not model.dense_layers else MOE), _row(DENSE))
+    e = estimate(model, cl, JOB, layout)
+    assert MEASURED_ROWS_CAVEAT in e.caveats and MOE_ROWS_CAVEAT not in e.caveats
+
+
+def test_calibration_times_moe_layers_without_fsdp_rows():
+    deep = replace(MOE, dense_layers=(0, 1), mtp_layers=1)
+    spec = _layer_spec(deep, 2, 1)
+    assert spec.dense_layers == () and spec.mtp_layers == 0 and spec.num_layers == 2
+    assert layer_shape_key(spec) == layer_shape_key(MOE)
+    grid = plan_grid([MOE, DENSE], 1024, 2, quick=False, micro_batches=(1, 2))
+    assert not [c for c in grid if c.model is MOE and c.zero]
+    assert [c for c in grid if c.model is DENSE and c.zero]
