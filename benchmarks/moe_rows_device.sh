@@ -29,7 +29,7 @@ json.dump(c.$MV.to_dict(), open('$W/model.json', 'w'))"
         CAL=(--nproc 1 --seq-len 2048 --micro-batches 1,2,4 --max-tp 1 --rounds 2
              --compile-rows none --no-fp8 --time-budget "${CAL_BUDGET:-420}")
     fi
-    meshplan calibrate --model "$W/model.json" "${CAL[@]}" --out "$OUT/profile.toml" \
+    $PY -c "from meshplan.cli import main; raise SystemExit(main())" calibrate --model "$W/model.json" "${CAL[@]}" --out "$OUT/profile.toml" \
         >> "$OUT/calibrate.log" 2>&1
     echo "calibrate rc $?" | tee -a "$OUT/calibrate.log"
     if [ "${DRY:-0}" != 1 ]; then    # (a CPU profile cannot price the H200 plans)
