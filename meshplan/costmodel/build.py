@@ -323,7 +323,7 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe
-               and job.runtime == "torch" else ())
+               and job.runtime == "torch" and not lt["compiled"] else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
             + fp8_caveats(parts.fp8, job))
 

@@ -59,8 +59,8 @@ COMPILE_AS_EAGER_CAVEAT = (
 COMPILE_MOE_CAVEAT = (
     "compile = True on an MoE model: the executor's whole MoE block compiles as one graph at "
     "ep = 1 and ran 1.38-1.47x faster than eager on one H200 (moe-1.9b, micro-batch 2-4; "
-    "docs/moe.md), a speed-up this eager price does not hold (no calibration times compiled "
-    "MoE layers)")
+    "docs/moe.md), a speed-up this eager price does not hold (`meshplan calibrate --model M "
+    "--compile-rows` times the compiled MoE layer: costmodel/moe_rows.py)")
 
 P2P_ORDER_CAVEAT = (
     "pipeline bubble: set by the order in which torch.distributed.pipelining posts its sends "

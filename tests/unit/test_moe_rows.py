@@ -130,3 +130,16 @@ def test_calibration_times_moe_layers_without_fsdp_rows():
     grid = plan_grid([MOE, DENSE], 1024, 2, quick=False, micro_batches=(1, 2))
     assert not [c for c in grid if c.model is MOE and c.zero]
     assert [c for c in grid if c.model is DENSE and c.zero]
+
+
+def test_a_compiled_moe_row_prices_a_compiled_layout_without_the_eager_caveat():
+    from meshplan.costmodel.caveats import COMPILE_AS_EAGER_CAVEAT, COMPILE_MOE_CAVEAT
+    cl = _cluster(_row(), _row(fwd=1e-3, bwd=2e-3, compile=True))
+    lay = Layout(dp=4, micro_batch=1)
+    eager = estimate(MOE, cl, JOB, lay)
+    comp = estimate(MOE, cl, JOB, replace(lay, compile=True))
+    assert comp.step_time_s < eager.step_time_s
+    assert COMPILE_MOE_CAVEAT not in comp.caveats and COMPILE_AS_EAGER_CAVEAT not in comp.caveats
+    # without a compiled row both caveats say the compiled layout is priced as eager
+    only_eager = estimate(MOE, _cluster(_row()), JOB, replace(lay, compile=True))
+    assert COMPILE_MOE_CAVEAT in only_eager.caveats
