@@ -81,6 +81,12 @@ LAYOUTS = [
     # half the width
     ("g01", L(dp=2, micro_batch=2, zero=1)),
     ("g02", L(tp=2, micro_batch=2, sequence_parallel=True)),
+    # on 1 GPU (only a 1-GPU machine lent): micro-batch and recompute, priced from rows of
+    # a calibration of the --model made in the call before (fp8_rows_device.sh)
+    ("h01", L(micro_batch=1)), ("h02", L(micro_batch=2)),
+    ("h03", L(micro_batch=1, recompute="selective")),
+    ("h04", L(micro_batch=2, recompute="selective")),
+    ("h05", L(micro_batch=1, recompute="full")), ("h06", L(micro_batch=2, recompute="full")),
 ]
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
@@ -154,6 +160,11 @@ def prediction_cluster(args, nproc: int) -> tuple[Cluster, str]:
 def layouts(args, out: Path, keep: Path, deadline: float) -> None:
     cpu = args.device == "cpu"
     model, job = (TINY, TINY_JOB) if cpu else (LLAMA_16B, JOB)
+    if args.model:
+        model = ModelSpec.from_dict(json.loads(Path(args.model).read_text()))
+    job = dataclasses.replace(job, **{k: v for k, v in (("seq_len", args.seq_len),
+                                                        ("global_batch", args.global_batch))
+                                      if v})
     todo = CPU_LAYOUTS if cpu else LAYOUTS
     if args.only:
         todo = [(n, lay) for n, lay in todo if n in args.only.split(",")]
@@ -280,6 +291,10 @@ def main() -> int:
                    help="profile for the predictions: auto (the saved one of this GPU type), "
                         "none (datasheet) or a path")
     p.add_argument("--only", default=None, help="comma-separated layout names, e.g. f01,f03")
+    p.add_argument("--model", default=None,
+                   help="a ModelSpec JSON instead of Llama-1.64B (the layouts' model)")
+    p.add_argument("--seq-len", type=int, default=None, help="instead of the job's 2048")
+    p.add_argument("--global-batch", type=int, default=None, help="instead of the job's 32")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=float, default=150.0, help="per run (compile included)")

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# fp8 against bf16 on one GPU, predicted from a calibration of the model made the call before
+# (issue 41; a 1-GPU machine was all that was lent). Two device calls, so that the profile
+# the predictions come from is committed before the layouts run:
+#
+#   PART=cal bash benchmarks/fp8_rows_device.sh   # call 1: meshplan calibrate of the set's
+#       # model: bf16 rows eager and compiled, fp8 (tensorwise) rows compiled, at recompute
+#       # none/selective/full and micro-batch 1/2, the fp8 GEMM and cast benchmarks
+#       # -> $OUT/profile.toml, $OUT/calibrate.log
+#   PART=run PROFILE=docs/benchmarks/data/profiles/<it>.toml bash benchmarks/fp8_rows_device.sh
+#       # call 2: fp8_device.py's 1-GPU layouts h01-h06, bf16 and fp8 each, compiled, every
+#       # arm predicted on PROFILE -> $OUT/layouts.json, layouts.md, runs.tgz
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+OUT=${OUT:?set OUT}
+PY=${PY:-python3}
+SET=${SET:-benchmarks/sets/fp8h1}
+MODEL=$SET/m01.json
+SEQ=${SEQ:-4096}
+GB=${GB:-8}
+mkdir -p "$OUT"
+case "${PART:?PART=cal or PART=run}" in
+cal)
+    { nvidia-smi --query-gpu=name,driver_version --format=csv 2>&1 || true; } > "$OUT/calibrate.log"
+    $PY -c "from meshplan.cli import main; raise SystemExit(main())" calibrate \
+        --model "$MODEL" --nproc 1 --seq-len "$SEQ" --micro-batches 1,2 --max-tp 1 --rounds 1 \
+        --compile-rows none,selective,full --fp8-rows tensorwise \
+        --time-budget "${CAL_BUDGET:-440}" --out "$OUT/profile.toml" >> "$OUT/calibrate.log" 2>&1
+    echo "calibrate rc $?" | tee -a "$OUT/calibrate.log"
+    grep -E "layer|fp8" "$OUT/calibrate.log" | tail -30 ;;
+run)
+    $PY benchmarks/fp8_device.py --out "$OUT" --budget "${RUN_BUDGET:-470}" --micro none \
+        --profile "${PROFILE:?the committed profile}" --model "$MODEL" --seq-len "$SEQ" \
+        --global-batch "$GB" --only h01,h02,h03,h04,h05,h06 --timeout 120 --min-run-s 40
+    cat "$OUT/layouts.md" ;;
+esac
