@@ -124,6 +124,10 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                 for mb in mbs:
                     phases[1].append(Config(model=model, seq_len=seq, tp=tp,
                                             sequence_parallel=sp, micro_batch=mb, part=part))
+        # the output layer with its loss compiled, as Layout.compile runs it at tp = 1
+        for mb in mbs if compile_rows and (1, False) in tpsp else ():
+            phases[2].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
+                                    micro_batch=mb, part="output", compile=True))
         for tp, sp in tpsp:
             for rc in (r for r in RECOMPUTE if r in compile_rows):
                 for mb in mbs:

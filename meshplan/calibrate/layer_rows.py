@@ -185,7 +185,7 @@ def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:
         sequence_parallel=cfg.sequence_parallel, micro_batch=cfg.micro_batch,
         forward_s=float(fwd), backward_s=float(bwd), activation_bytes=float(act),
         peak_bytes=float(peak), model=cfg.model.name, forward_cpu_s=float(f_cpu),
-        backward_cpu_s=float(b_cpu)))
+        backward_cpu_s=float(b_cpu), compile=cfg.compile))
 
 
 def _cpu_fields(cfg: Config) -> tuple[int, int]:

@@ -157,6 +157,9 @@ def _end_step(cfg: Config, m, tp_group, device):
                 grad.append(torch.randn_like(y))
             y.backward(grad[0])
         return 0.0, reset, forward, backward
+    if cfg.compile and cfg.tp == 1:    # as ParallelTrainer with Layout.compile
+        from meshplan.executor.parallelize import compiled_cross_entropy
+        cross_entropy = compiled_cross_entropy()
     s = seq // cfg.tp if cfg.sequence_parallel else seq
     x = torch.randn(mb, s, h, device=device, dtype=act, requires_grad=True)
     # as ParallelTrainer.vocab_start: this tp rank's first vocabulary row

@@ -256,7 +256,10 @@ class TransferredTables:
 
     # ---- ends ----------------------------------------------------------------------------
     def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
-            sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
+            sequence_parallel: bool, micro_batch: int,
+            compile: bool = False) -> Interpolated | None:
+        """The nearest timed shape's eager end, scaled (compiled ends are not transferred,
+        like compiled layer rows: ``compile`` is accepted and read as eager)."""
         sp = bool(sequence_parallel and tp > 1)
         best = None
         for shape, seq in end_groups(self.tables).get((part, tp, sp), ()):

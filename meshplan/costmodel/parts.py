@@ -143,7 +143,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
             emb_act = me.activation_bytes
             measured.append("embedding")
-        mo = tables.end(model, "output", **kw)
+        # Layout.compile compiles the loss at tp = 1 (executor.parallelize.
+        # compiled_cross_entropy): no fp32 logit-sized tensor kept, fewer passes
+        mo = tables.end(model, "output", compile=compile and tp == 1, **kw)
         if mo is not None:
             kb = ratio(mo.backward_s, logit[1].total_s)
             logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)

@@ -191,9 +191,13 @@ class MeasuredTables:
                             plain.peak_bytes, **cpu), True
 
     def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
-            sequence_parallel: bool, micro_batch: int) -> Interpolated | None:
+            sequence_parallel: bool, micro_batch: int,
+            compile: bool = False) -> Interpolated | None:
+        """The measured embedding or output layer, or None. ``compile``: the output row
+        timed with the compiled loss where the profile has one, else the eager row."""
         key = (ends_shape_key(model), part, seq_len, tp, bool(sequence_parallel and tp > 1))
-        rows = self._index.get(key)  # type: ignore[attr-defined]
+        rows = (compile and self._index.get((*key, True))  # type: ignore[attr-defined]
+                or self._index.get((*key, False)))  # type: ignore[attr-defined]
         return self._at_clock(rows, _interp(rows, micro_batch, "peak_bytes"),
                               micro_batch) if rows else None
 

@@ -173,10 +173,14 @@ class MeasuredEnd:
     forward_cpu_s: float = 0.0  # as MeasuredLayer
     backward_cpu_s: float = 0.0
     sustained_ratio: float = 1.0
+    # the output layer with the loss torch.compile'd, as Layout.compile runs it at tp = 1
+    # (executor.parallelize.compiled_cross_entropy); the head GEMM itself stays eager
+    compile: bool = False
 
     @property
     def group(self) -> tuple:
-        return (self.shape, self.part, self.seq_len, self.tp, self.sequence_parallel)
+        return (self.shape, self.part, self.seq_len, self.tp, self.sequence_parallel,
+                self.compile)
 
 
 __all__ = ["ENDS", "MeasuredLayer", "MeasuredEnd", "model_from_shape_key", "layer_shape_key",
