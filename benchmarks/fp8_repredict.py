@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from layout_sets import gpu_cluster  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
-from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile, load_profile  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
 GIB = 2 ** 30
@@ -44,7 +44,9 @@ def repredict(data: dict, profile: str, drop_compiled_sp: bool = False) -> list[
     out = []
     for row in data["layouts"]:
         layout = Layout(**row["layout"])
-        cluster = cluster_for(profile, data["machine"], layout.num_gpus, drop_compiled_sp)
+        # fp8_device.py's data name no machine: the GPU the profile was measured on
+        gpu = data.get("machine") or load_profile(profile).device_name
+        cluster = cluster_for(profile, gpu, layout.num_gpus, drop_compiled_sp)
         rec = {"name": row["name"], "short": row["short"]}
         for arm, job in (("bf16", job16), ("fp8", job8)):
             est = estimate(model, cluster, job, layout)
