@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from meshplan.calibrate.timing import time_fn
 
-COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 LATENCY_PROBE_BYTES = 256
 # the probe's timings are differences of tens of µs between two group sizes: more samples
 # than the bandwidth rows (still well under a second)
@@ -79,6 +79,9 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
                     fn = lambda: dist.reduce_scatter_tensor(part, full, group=group)
                 elif op == "broadcast":
                     fn = lambda: dist.broadcast(full, src=0, group=group)
+                elif op == "all_to_all":     # MoE's dispatch: each rank's buffer split n ways
+                    recv = torch.empty_like(full)
+                    fn = lambda: dist.all_to_all_single(recv, full, group=group)
                 else:
                     fn = lambda: dist.all_gather_into_tensor(full, part, group=group)
                 t = time_fn(fn, device=device, warmup=3,

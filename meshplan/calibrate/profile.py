@@ -174,6 +174,12 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         if bcast is not None:
             gpu["nvlink_broadcast_efficiency"] = bcast.to_list()
             measured.append("nvlink_broadcast_efficiency")
+        # and all-to-alls theirs: every pair at once through NVSwitch, not a ring
+        a2a = lat_model.all_to_all_curve(rows.get("collectives", []), link_gbps, base_s,
+                                         step_s, base and base.nvlink_efficiency)
+        if a2a is not None:
+            gpu["nvlink_all_to_all_efficiency"] = a2a.to_list()
+            measured.append("nvlink_all_to_all_efficiency")
     for kind in ("layer_overhead_s", "microbatch_overhead_s"):
         vals = [r["seconds"] for r in rows.get("overheads", []) if r["kind"] == kind]
         if vals:

@@ -16,7 +16,9 @@ per-call base and a per-ring-step part (NCCL ``src/graph/tuning.cc``, ``ncclTopo
   timed broadcasts, else at the collectives' curve — which over-prices: on round 38's
   2 × H200 the ZeRO-1 broadcasts ran at ~370 GB/s where that curve gives ~310;
 * p2p: S in one step; all-to-all: the bytes leaving a rank at the group's bus bandwidth, one
-  step per peer.
+  step per peer, at the profile's measured all-to-all curve (``nvlink_all_to_all_efficiency``,
+  ``meshplan calibrate`` times ``all_to_all_single`` on the node's group sizes) inside a
+  node, else at the collectives' curve.
 
 α_base, α_nvlink and α_network are :class:`~meshplan.hardware_profiles.topology.GroupLink`'s
 ``base_latency_s``, ``intra_hop_latency_s`` / ``hop_latency_s`` (datasheet: NCCL's
@@ -100,7 +102,7 @@ def all_to_all_s(link: GroupLink, bytes_leaving: float) -> float:
     if n <= 1 or bytes_leaving <= 0:
         return 0.0
     total = bytes_leaving * n / (n - 1)          # the algorithm's buffer size per rank
-    return (bytes_leaving / link.bandwidth_bytes_per_s(total)
+    return (bytes_leaving / link.all_to_all_bytes_per_s(total)
             + call_latency_s(link, "all_to_all"))
 
 

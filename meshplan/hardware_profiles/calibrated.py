@@ -32,7 +32,8 @@ from typing import Any, Iterable, Mapping
 
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.cluster import Cluster
-from meshplan.hardware_profiles.collective_latency import (broadcast_curve, legacy_split,
+from meshplan.hardware_profiles.collective_latency import (all_to_all_curve, broadcast_curve,
+                                                           legacy_split,
                                                            nvlink_curve)
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
@@ -51,7 +52,7 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "overlap_interference", "ddp_overlap_interference", "membound_efficiency",
              "fp8_gemm_efficiency",
              *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS,
-             "nvlink_broadcast_efficiency")
+             "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,7 +331,8 @@ def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]
     ref = builtin_gpu(prof.base_gpu) if prof.base_gpu in builtin_gpu_names() else None
     changes = {}
     for key, read in (("nvlink_efficiency", nvlink_curve),
-                      ("nvlink_broadcast_efficiency", broadcast_curve)):
+                      ("nvlink_broadcast_efficiency", broadcast_curve),
+                      ("nvlink_all_to_all_efficiency", all_to_all_curve)):
         if prof.collective_rows and key in prof.measured:
             curve_ = read(prof.collective_rows, prof.gpu.nvlink_gbps, base_us * 1e-6,
                           step_us * 1e-6, ref.nvlink_efficiency if ref else None)

@@ -43,7 +43,8 @@ from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p", "all_to_all")
-# the ops the NVLink curve is read from; broadcast has its own curve (broadcast_curve)
+# the ops the NVLink curve is read from; broadcast and all-to-all have their own curves
+# (broadcast_curve, all_to_all_curve)
 CURVE_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 # Collective sizes whose time is mostly latency are kept out of the bandwidth curve, and so
 # is any row whose latency (α_base + steps·α_step, read from the probe) explains more than
@@ -80,8 +81,9 @@ def bus_bytes(op: str, n: int, nbytes: float) -> float:
         return (n - 1) / n * nbytes
     if op in ("p2p", "broadcast"):   # broadcast: pipelined along the ring, busbw = algbw
         return float(nbytes)
-    raise ProfileError(f"unknown collective {op!r}; expected all_reduce, reduce_scatter, "
-                       f"all_gather, broadcast or p2p")
+    if op == "all_to_all":           # the (n - 1)/n of the buffer that leaves the rank
+        return (n - 1) / n * nbytes
+    raise ProfileError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
 
 
 def call_latency_s(op: str, n: int, base_s: float, step_s: float) -> float:
@@ -155,6 +157,15 @@ def broadcast_curve(rows: Iterable[Mapping[str, Any]], link_gbps: float, base_s:
     return nvlink_curve(rows, link_gbps, base_s, step_s, base_curve, ops=("broadcast",))
 
 
-__all__ = ["CURVE_OPS", "MIN_CURVE_MESSAGE_BYTES", "MIN_BANDWIDTH_SHARE", "bandwidth_bound",
-           "broadcast_curve", "bus_bytes", "call_latency_s", "legacy_split", "nvlink_curve",
+def all_to_all_curve(rows: Iterable[Mapping[str, Any]], link_gbps: float, base_s: float,
+                     step_s: float, base_curve: Curve | None) -> Curve | None:
+    """The NVLink efficiency curve of the timed all-to-all rows alone (bus bytes: the
+    (n − 1)/n of each rank's buffer that leaves it, nccl-tests PERFORMANCE.md; latency
+    n − 1 steps). MoE's dispatch and combine (:func:`meshplan.costmodel.comm.all_to_all_s`)
+    run at it inside a node. None without all-to-all rows."""
+    return nvlink_curve(rows, link_gbps, base_s, step_s, base_curve, ops=("all_to_all",))
+
+
+__all__ = ["CURVE_OPS", "MIN_CURVE_MESSAGE_BYTES", "MIN_BANDWIDTH_SHARE", "all_to_all_curve",
+           "bandwidth_bound", "broadcast_curve", "bus_bytes", "call_latency_s", "legacy_split", "nvlink_curve",
            "ring_steps", "row_efficiency", "split_latency"]

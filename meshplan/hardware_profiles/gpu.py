@@ -63,6 +63,9 @@ class GPUSpec:
     # NVLink efficiency of a broadcast (bus bytes = the buffer), by message size, where
     # ``meshplan calibrate`` timed broadcasts; None: nvlink_efficiency (meshplan.costmodel.comm)
     nvlink_broadcast_efficiency: Curve | None = None
+    # all-to-alls inside a node (MoE dispatch/combine), measured by meshplan calibrate;
+    # None: nvlink_efficiency
+    nvlink_all_to_all_efficiency: Curve | None = None
     # the numbers of the cost model's empirical corrections (meshplan.costmodel.corrections)
     corrections: CorrectionNumbers = field(default_factory=builtin_corrections)
     # fp8 (meshplan.costmodel.fp8_cost): the fp8 GEMM efficiency curve (fraction of the fp8
@@ -172,6 +175,8 @@ class GPUSpec:
                if self.grouped_gemm_efficiency is not None else {}),
             **({"nvlink_broadcast_efficiency": self.nvlink_broadcast_efficiency.to_list()}
                if self.nvlink_broadcast_efficiency is not None else {}),
+            **({"nvlink_all_to_all_efficiency": self.nvlink_all_to_all_efficiency.to_list()}
+               if self.nvlink_all_to_all_efficiency is not None else {}),
             **{k: getattr(self, k) for k in HOST_KEYS if getattr(self, k) > 0},
             **({"attention_head_dim": self.attention_head_dim,
                 "attention_head_dim_ratio": [[d, c.to_list()]

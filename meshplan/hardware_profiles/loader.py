@@ -124,6 +124,8 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
                                  if "grouped_gemm_efficiency" in t else None),
         nvlink_broadcast_efficiency=(curve(t, "nvlink_broadcast_efficiency", where)
                                      if "nvlink_broadcast_efficiency" in t else None),
+        nvlink_all_to_all_efficiency=(curve(t, "nvlink_all_to_all_efficiency", where)
+                                      if "nvlink_all_to_all_efficiency" in t else None),
     )
 
 

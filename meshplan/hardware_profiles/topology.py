@@ -38,7 +38,8 @@ class GroupLink:
     that spans nodes (None: ``hop_latency_s``); ``base_latency_s`` once per call
     (:mod:`meshplan.hardware_profiles.collective_latency`); ``link_class`` "nvlink" or
     "network". ``broadcast_efficiency`` is the measured efficiency curve of broadcasts on
-    the link (None: ``efficiency``).
+    the link (None: ``efficiency``), ``all_to_all_efficiency`` that of all-to-alls (MoE's
+    dispatch and combine; None: ``efficiency``).
     """
 
     size: int
@@ -51,6 +52,7 @@ class GroupLink:
     base_latency_s: float = 0.0
     intra_hop_latency_s: float | None = None
     broadcast_efficiency: Curve | None = None
+    all_to_all_efficiency: Curve | None = None
 
     def __hash__(self) -> int:  # cached: links key the cost model's caches
         h = self.__dict__.get("_hash")
@@ -58,7 +60,7 @@ class GroupLink:
             h = hash((self.size, self.link_class, self.busbw_gbps, self.hop_latency_s,
                       self.efficiency, self.nodes_spanned, self.ranks_per_node,
                       self.base_latency_s, self.intra_hop_latency_s,
-                      self.broadcast_efficiency))
+                      self.broadcast_efficiency, self.all_to_all_efficiency))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -67,6 +69,11 @@ class GroupLink:
 
     def broadcast_bytes_per_s(self, message_bytes: float) -> float:
         eff = self.efficiency if self.broadcast_efficiency is None else self.broadcast_efficiency
+        return self.busbw_gbps * 1e9 * eff(message_bytes)
+
+    def all_to_all_bytes_per_s(self, message_bytes: float) -> float:
+        eff = (self.efficiency if self.all_to_all_efficiency is None
+               else self.all_to_all_efficiency)
         return self.busbw_gbps * 1e9 * eff(message_bytes)
 
     def latency_s(self, steps: int, inter_steps: int = 0) -> float:
@@ -150,7 +157,8 @@ def group_link(cluster, size: int, stride: int) -> GroupLink:
         lat = sum(g.edges[u, v]["latency_s"] for u, v in zip(path, path[1:]))
         return GroupLink(size, "nvlink", bw, lat, cluster.gpu.nvlink_efficiency, 1, size,
                          base_latency_s=base_lat,
-                         broadcast_efficiency=cluster.gpu.nvlink_broadcast_efficiency)
+                         broadcast_efficiency=cluster.gpu.nvlink_broadcast_efficiency,
+                         all_to_all_efficiency=cluster.gpu.nvlink_all_to_all_efficiency)
     # A hop between nodes: representative ranks in node 0 and node 1 of the two-node graph.
     members0 = [r % gpn for r in ranks if r // gpn == node_of[0]]
     a_local = members0[-1]

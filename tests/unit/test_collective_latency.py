@@ -276,3 +276,35 @@ def test_probe_runs_on_2_ranks_and_the_whole_node_and_splits(tmp_path):
     has_curve = cl.broadcast_curve(rows["collectives"], doc["gpu"]["nvlink_gbps"], base_s,
                                    step_s, None) is not None
     assert ("nvlink_broadcast_efficiency" in doc["measured"]) == has_curve
+    # all-to-alls too (MoE's dispatch), with their own curve where they were bandwidth-bound
+    assert sizes("all_to_all") == sizes("all_gather")
+    assert all(r["seconds"] > 0 for r in rows["collectives"] if r["op"] == "all_to_all")
+    has_a2a = cl.all_to_all_curve(rows["collectives"], doc["gpu"]["nvlink_gbps"], base_s,
+                                  step_s, None) is not None
+    assert ("nvlink_all_to_all_efficiency" in doc["measured"]) == has_a2a
+
+
+def test_all_to_all_rows_give_their_own_curve_and_the_cost_model_uses_it():
+    from dataclasses import replace
+
+    from meshplan.hardware_profiles.topology import group_link
+    # 4 ranks, 64 MiB buffers: (3/4) · 64 MiB leave each rank in 1 ms + 3 steps of latency
+    rows = [{"op": "all_to_all", "group_size": 4, "nbytes": 64 << 20,
+             "seconds": 1e-3 + 10e-6 + 3 * 2e-6}]
+    assert cl.bus_bytes("all_to_all", 4, 64 << 20) == 0.75 * (64 << 20)
+    curve = cl.all_to_all_curve(rows, 450.0, 10e-6, 2e-6, None)
+    assert curve(64 << 20) == pytest.approx(0.75 * (64 << 20) / 1e-3 / 450e9, rel=1e-4)  # rounded
+    assert cl.nvlink_curve(rows, 450.0, 10e-6, 2e-6, None) is None   # not a ring collective
+    cluster = H100.replace(gpu=replace(H100.gpu, nvlink_gbps=450.0,
+                                       nvlink_all_to_all_efficiency=curve),
+                           collective_base_latency_us=10.0, intra_latency_us=2.0)
+    link = group_link(cluster, 4, 1)
+    assert link.all_to_all_efficiency is curve
+    # the cost model reproduces the timed row (the link's bus bandwidth is NVLink's)
+    assert link.busbw_gbps == 450.0
+    assert comm.all_to_all_s(link, 0.75 * (64 << 20)) == pytest.approx(rows[0]["seconds"],
+                                                                       rel=1e-4)
+    # without the curve: the collectives' curve
+    plain = group_link(H100, 4, 1)
+    assert plain.all_to_all_efficiency is None
+    assert plain.all_to_all_bytes_per_s(1 << 20) == plain.bandwidth_bytes_per_s(1 << 20)
