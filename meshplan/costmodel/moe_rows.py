@@ -21,6 +21,11 @@ dispatch buffers; and the host synchronisations ep > 1 adds
 ``host_op_dispatch_s``, plus the count exchange's call latency). Under balanced routing a
 rank at ep computes E/ep experts on ep times the rows each: the same FLOPs as the row.
 
+A compiled layout reads the compiled row at ep = 1 only: the executor's MoE block compiles
+as one graph there (docs/moe.md); with ep > 1 the all-to-all's splits are read on the host,
+which breaks the graph, so it is priced from the eager row (with the compile-as-eager
+caveats) until a compiled ep > 1 block is measured.
+
 Where it applies (:func:`rows_apply`): cp = 1, ZeRO-0/1 (FSDP2 runs the experts' bf16
 parameters without the per-call casts the row holds, and its gathers are priced
 analytically) and no dense layers (DeepSeek's first k: their difference to the MoE layer is
@@ -78,12 +83,15 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     """The MoE layer's parts from its measured row, ep > 1 priced on top (module
     docstring); None where the profile has no row of this layer at the layout's tp,
     sequence parallelism and recompute mode."""
+    ep1 = layout.ep == 1 and layout.etp == 1
+    # a compiled row is the block compiled as one graph, which it is at ep = 1 only (with
+    # ep > 1 the all-to-all's host-read splits break it): ep > 1 reads the eager row
     parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
                         layout.sequence_parallel, layout.recompute, links.tp, links.pp,
-                        layout.compile, False, mlp_width=shared_width(model))
+                        layout.compile and ep1, False, mlp_width=shared_width(model))
     if "layer" not in parts.measured:
         return None
-    if layout.ep == 1 and layout.etp == 1:
+    if ep1:
         return parts
     parts = with_routed_mlp(parts, _ep_delta(model, cluster, job, layout, links),
                             layout.recompute, job.selective_modules)

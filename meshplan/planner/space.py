@@ -311,6 +311,9 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                                         (tp, sp, rc) not in compiled_at:
                                     continue      # priced as eager: its eager twin's time
                                 for ep, etp in experts:
+                                    if c and compiled_at is not None and \
+                                            model.is_moe and ep * etp > 1:
+                                        continue      # MoE rows price compile at ep 1 only
                                     yield Config(dp, pp, tp, mb, s, v, rc, z, sp, c, cp,
                                                  style, ep, etp)
 

@@ -143,3 +143,21 @@ def test_a_compiled_moe_row_prices_a_compiled_layout_without_the_eager_caveat():
     # without a compiled row both caveats say the compiled layout is priced as eager
     only_eager = estimate(MOE, _cluster(_row()), JOB, replace(lay, compile=True))
     assert COMPILE_MOE_CAVEAT in only_eager.caveats
+
+
+def test_with_ep2_a_compiled_layout_reads_the_eager_row():
+    from meshplan.costmodel.caveats import COMPILE_MOE_CAVEAT
+    cl = _cluster(_row(), _row(fwd=1e-3, bwd=2e-3, compile=True))
+    lay = Layout(dp=4, ep=2, micro_batch=1)
+    assert (estimate(MOE, cl, JOB, replace(lay, compile=True)).step_time_s
+            == estimate(MOE, cl, JOB, lay).step_time_s)
+    assert COMPILE_MOE_CAVEAT in estimate(MOE, cl, JOB, replace(lay, compile=True)).caveats
+
+
+def test_the_planner_searches_compile_for_moe_at_ep1_only():
+    from meshplan.planner.constraints import Constraints
+    from meshplan.planner.space import enumerate_configs
+    cl = _cluster(_row(), _row(fwd=1e-3, bwd=2e-3, compile=True))
+    cfgs = list(enumerate_configs(MOE, cl, JOB, [4], Constraints()))
+    assert {c.ep for c in cfgs} == {1, 2, 4}
+    assert {c.ep for c in cfgs if c.compile} == {1}
