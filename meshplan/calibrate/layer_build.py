@@ -62,7 +62,11 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
     m.init_weights(SEED)
     tp_group = groups.tp(cfg.tp)
     if cfg.tp > 1:
-        apply_tensor_parallel(m, tp_group, sequence_parallel=cfg.sequence_parallel)
+        # an MoE block's MLP splits as ParallelTrainer splits it (shared experts as a dense
+        # MLP, the routed part on this rank's tokens)
+        from meshplan.executor.expert_parallel import apply_tensor_parallel_moe
+        apply_tensor_parallel(m, tp_group, sequence_parallel=cfg.sequence_parallel,
+                              moe=apply_tensor_parallel_moe if cfg.model.is_moe else None)
     if cfg.precision == "fp8":     # as ParallelTrainer: after tp, before compile
         from meshplan.executor.fp8 import convert_to_fp8
         convert_to_fp8(m, cfg.fp8_recipe, device=device,

@@ -161,3 +161,35 @@ def test_the_planner_searches_compile_for_moe_at_ep1_only():
     cfgs = list(enumerate_configs(MOE, cl, JOB, [4], Constraints()))
     assert {c.ep for c in cfgs} == {1, 2, 4}
     assert {c.ep for c in cfgs if c.compile} == {1}
+
+
+TINY_MOE = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                     ffn_hidden_size=128, vocab_size=128, max_seq_len=32, activation="swiglu",
+                     norm="rmsnorm", position_embedding="rope", tied_embeddings=False,
+                     bias=False, num_experts=4, experts_per_token=2, moe_ffn_hidden_size=64,
+                     num_shared_experts=1, shared_expert_ffn_hidden_size=64)
+
+
+def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from _gloo import write_rank_result
+    from meshplan.calibrate import bench_layers
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    t = bench_layers.bench_layer_rows([TINY_MOE], 32, torch.device("cpu"), world, rank,
+                                      quick=True, max_tp=2, micro_batches=(1,))
+    write_rank_result(out_dir, rank, {"layers": [(r["shape"], r["tp"], r["sequence_parallel"],
+                                                  r["recompute"], r["zero"])
+                                                 for r in t.layers]})
+
+
+@pytest.mark.distributed
+def test_two_ranks_time_moe_rows_at_tp2_as_the_executor_splits_them(tmp_path):
+    pytest.importorskip("torch")
+    from _gloo import run_gloo_ranks
+    got = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]["layers"]
+    key = layer_shape_key(TINY_MOE)
+    assert key.endswith("-moe4k2f64s1x64")
+    assert {tuple(r[1:3]) for r in got} == {(1, False), (2, False), (2, True)}
+    assert all(r[0] == key and r[4] == 0 for r in got)       # MoE rows only, no FSDP2 rows
