@@ -85,7 +85,8 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     sequence parallelism and recompute mode."""
     ep1 = layout.ep == 1 and layout.etp == 1
     # a compiled row is the block compiled as one graph, which it is at ep = 1 only (with
-    # ep > 1 the all-to-all's host-read splits break it): ep > 1 reads the eager row
+    # ep > 1 the all-to-all's host-read splits break it): ep > 1 reads the eager row (and
+    # the eager output row, although the executor compiles the loss at tp 1 there too)
     parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
                         layout.sequence_parallel, layout.recompute, links.tp, links.pp,
                         layout.compile and ep1, False, mlp_width=shared_width(model))
