@@ -68,9 +68,9 @@ def config_memory_lower_bound(model: ModelSpec, job: Job, cfg: Config,
     key = (model, job, cfg.tp, pp, cfg.zero, cfg.dp * cfg.cp, cfg.ep, cfg.etp)
     if pp == 1:
         return _states(*key, L, True, True)
-    # an interleaved end chunk may hold a layer fewer (search.partition_candidates'
-    # account-for-embedding/loss split)
-    ends = max(1, min_layers) * cfg.vpp - (1 if cfg.schedule == "interleaved-1f1b" else 0)
+    # an end (chunk) may hold a layer fewer: the account-for-embedding/loss split of
+    # search.partition_candidates (interleaved) and of the solver's free partitions
+    ends = max(1, min_layers) * cfg.vpp - (1 if pp * cfg.vpp > 2 else 0)
     return max(_states(*key, -(-L // pp), False, False), _states(*key, ends, True, False),
                _states(*key, ends, False, True))
 

@@ -4,7 +4,9 @@ Per surviving configuration of :mod:`meshplan.planner.search` whose partition is
 (``_config_model``):
 
 * ``n_c`` (int): transformer layers of virtual stage ``c`` (``Σ_c n_c = L``, each ≥ the
-  minimum) — the uneven partition is the solver's choice;
+  minimum, the first and last ≥ one fewer: a stage of only the embedding or only the loss
+  with the minimum 1, Megatron's account-for-embedding/loss split) — the uneven partition
+  is the solver's choice;
 * ``N_r = Σ_{c≡r} n_c``: layers of pipeline rank ``r``, with ``N_r ≤ cap_r``, the most
   layers rank ``r`` holds within usable memory × (1 − headroom) (the per-rank memory is
   linear in ``N``; ``LayerTables.max_rank_layers`` computes the cap with the cost model's
@@ -42,11 +44,12 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     n = [M.NewIntVar(0, L, f"n{tag}_{c}") for c in range(S)]
     M.Add(sum(n) == L * x)
     forced = s.forced
+    end_lo = lo - 1 if S > 2 and v == 1 else lo      # exhaustive.end_min_layers
     for c in range(S):
         if forced is not None:
             M.Add(n[c] == forced[c] * x)
         else:
-            M.Add(n[c] >= lo * x)
+            M.Add(n[c] >= (end_lo if c in (0, S - 1) else lo) * x)
     N = []
     for r in range(pp):
         Nr = M.NewIntVar(0, s.rank_capacity[r], f"N{tag}_{r}")
@@ -65,7 +68,8 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     tm = M.NewIntVar(0, big, f"tail{tag}")
     cache: dict[tuple, list[int]] = {}
     for r in range(pp):
-        rlo = v * lo if forced is None else sum(forced[r::pp])
+        rlo = (v * lo - (lo - end_lo) * ((r == 0) + (r == pp - 1)) if forced is None
+               else sum(forced[r::pp]))
         cap = s.rank_capacity[r]
         key = (r == 0, r == t.last_rank, rlo)
         if key not in cache:

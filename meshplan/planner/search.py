@@ -101,8 +101,8 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
       and the one through the busiest rank ``k`` is at least ``m·g_k`` (its m forwards and
       backwards all lie on it; ``pipeline_1f1b._one_f_one_b``), so
       ``max(Σ + 2(p-1)c + (m-1)·g_last_min, m·G*)`` with ``g_last_min`` the last stage
-      holding the fewest layers it may; and a water-filling relaxation over the home-rank
-      paths (in the code).
+      holding the fewest layers it may (one fewer than the others: 0 with the minimum 1);
+      and a water-filling relaxation over the home-rank paths (in the code).
 
     ``tests/unit/test_planner_cpsat.py`` checks the bound against ``LayerTables.step_time_s``
     on random partitions.
@@ -127,7 +127,8 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     g_star = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
     if cfg.schedule == "gpipe":
         return total + (m - 1) * g_star + 2 * (pp - 1) * c
-    g_last = lo * (lf + lb) + 2 * ovh + gf + gb
+    end_lo = lo - 1 if S > 2 else lo                  # exhaustive.end_min_layers
+    g_last = end_lo * (lf + lb) + 2 * ovh + gf + gb
     bound = max(total + 2 * (pp - 1) * c + (m - 1) * g_last, m * g_star)
     if m < 2:
         return bound

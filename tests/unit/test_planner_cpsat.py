@@ -22,6 +22,13 @@ def _random_partition(rng, layers, stages):
     return [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
 
 
+def _zero_end_partition(rng, layers, stages):
+    """A random partition whose first or last stage (or both) holds no layer (more than
+    two stages: the solver's free partitions may, exhaustive.end_min_layers)."""
+    inner = _random_partition(rng, layers, stages - 1)
+    return [0, *inner] if rng.random() < 0.5 else [*inner, 0]
+
+
 @pytest.mark.parametrize("name,cluster_name,nodes,batch,seq", CASES)
 def test_pipeline_expression_matches_cost_model(name, cluster_name, nodes, batch, seq,
                                                  solve_fixed_partition):
@@ -35,8 +42,11 @@ def test_pipeline_expression_matches_cost_model(name, cluster_name, nodes, batch
     assert {c.schedule for c in configs} == {"gpipe", "1f1b"}
     for cfg in rng.sample(configs, 25):
         t = build_tables(model, cluster, job, cfg)
-        for part in (_random_partition(rng, model.num_layers, cfg.stages),
-                     _random_partition(rng, model.num_layers, cfg.stages)):
+        parts = [_random_partition(rng, model.num_layers, cfg.stages),
+                 _random_partition(rng, model.num_layers, cfg.stages)]
+        if cfg.stages > 2:
+            parts.append(_zero_end_partition(rng, model.num_layers, cfg.stages))
+        for part in parts:
             assert solve_fixed_partition(t, part) == pytest.approx(t.pipeline_s(part), rel=1e-7), \
                 (cfg, part)
 
@@ -57,6 +67,8 @@ def test_lower_bound_below_every_partition(name, cluster_name, nodes, batch, seq
         parts = list(cands) if cands else [_random_partition(rng, model.num_layers, cfg.stages)
                                            for _ in range(5)] + [
             tuple(model.num_layers // cfg.stages + (i < model.num_layers % cfg.stages)
-                  for i in range(cfg.stages))]
+                  for i in range(cfg.stages))] + (
+            [_zero_end_partition(rng, model.num_layers, cfg.stages) for _ in range(3)]
+            if cfg.stages > 2 else [])
         for part in parts:
             assert lb <= t.step_time_s(part) * (1 + 1e-12), (cfg, part)
