@@ -11,15 +11,11 @@
 #       # call 2: fp8_device.py's 1-GPU layouts h01-h06, bf16 and fp8 each, compiled, every
 #       # arm predicted on PROFILE -> $OUT/layouts.json, layouts.md, runs.tgz
 set -u
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${OUT:?set OUT}
-PY=${PY:-python3}
+. "$(dirname "$0")/device_env.sh"
 SET=${SET:-benchmarks/sets/fp8h1}
 MODEL=$SET/m01.json
 SEQ=${SEQ:-4096}
 GB=${GB:-8}
-mkdir -p "$OUT"
 case "${PART:?PART=cal or PART=run}" in
 cal)
     { nvidia-smi --query-gpu=name,driver_version --format=csv 2>&1 || true; } > "$OUT/calibrate.log"

@@ -10,12 +10,8 @@
 #       # (benchmarks/plans/moe_rows_h200x1) run by the executor -> $OUT/moe_sync.json ...
 #   DRY=1 PART=cal OUT=/tmp/x bash benchmarks/moe_rows_device.sh   # CPU: tiny model, no plans
 set -u
-cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-OUT=${OUT:?set OUT}
-PY=${PY:-python3}
+. "$(dirname "$0")/device_env.sh"
 PLANS=${PLANS:-benchmarks/plans/moe_rows_h200x1}
-mkdir -p "$OUT"
 W=$(mktemp -d)
 case "${PART:?PART=cal or PART=run}" in
 cal)
