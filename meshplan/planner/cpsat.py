@@ -81,7 +81,13 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
                 M.Add(w * step <= int(kth * UNITS_PER_S * (1 + 1e-6)) + 1)
             for nv, v in zip(n, s.partition):
                 M.AddHint(nv, v)
-            M.Minimize(step)
+            # ties in step time (a stage that sets it, the others free to shift) go to the
+            # partition whose fullest pipeline rank holds the fewest layers
+            L, pp = s.tables.num_layers, s.tables.config.pp
+            fullest = M.NewIntVar(0, L, "fullest")
+            for r in range(pp):
+                M.Add(fullest >= sum(n[r::pp]))
+            M.Minimize(step * (L + 1) + fullest)
             solver = cp_model.CpSolver()
             solver.parameters.max_time_in_seconds = time_limit_s
             solver.parameters.num_workers = workers
