@@ -203,7 +203,8 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
         (out / "layouts.json").write_text(json.dumps(
             {"model": model.to_dict(), "job": job.to_dict(), "recipe": args.recipe,
              "compile": not args.eager, "steps": args.steps, "warmup": args.warmup,
-             "prediction_profile": source, "layouts": table}, indent=1))
+             "prediction_profile": source, "machine": _gpu_name(args.device),
+             "layouts": table}, indent=1))
     (out / "layouts.md").write_text(summary_table(table, args.recipe, source))
     subprocess.run(["tar", "czf", str(out / "runs.tgz"), "-C", str(keep), "--exclude",
                     "trace_rank*.json", "."], check=False)
@@ -214,6 +215,14 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
         if traces:
             subprocess.run(["tar", "czf", str(out / "traces.tgz"), "-C", str(keep), *traces],
                            check=False)
+
+
+def _gpu_name(device: str) -> str:
+    """The GPU the arms ran on (fp8_repredict.py re-predicts on a cluster of it)."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+    return torch.cuda.get_device_name(0)
 
 
 def datasheet_prediction(model, cluster, job, layout) -> dict:
