@@ -8,6 +8,12 @@ Families and the keys read (a missing key takes the default of the family's Hugg
   ``resid_pdrop``, ``embd_pdrop``, ``attn_pdrop`` is above 0 (each defaults to 0.1).
 * GPT-NeoX: ``hidden_dropout`` (0.0); ``rotary_pct`` and ``use_parallel_residual`` do not
   change the cost and are ignored.
+* Non-gated RoPE decoders: Phi-1 / 1.5 / 2 (``phi``: GELU MLP, LayerNorm, biases, untied;
+  its parallel attention/MLP block and partial rotary change no cost; dropout from
+  ``resid_pdrop`` / ``embd_pdrop`` / ``attention_dropout``, each 0.0) and StarCoder2
+  (``starcoder2``: GELU MLP, LayerNorm, ``use_bias`` (True), grouped-query attention,
+  ``sliding_window`` on every layer, tied by PretrainedConfig's default; dropout from
+  ``residual_dropout`` / ``embedding_dropout`` / ``attention_dropout``, each 0.0).
 * Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
   olmo2, yi, internlm2; any other config with ``intermediate_size`` and no expert or
   latent-attention keys is read the same way with a :class:`MeshplanWarning`, since a
@@ -82,9 +88,16 @@ _WINDOW_RULES = {
     "gemma2": (4096, lambda i, cfg: i % 2 == 0),
     "gemma3_text": (4096, lambda i, cfg: (i + 1) % (cfg.get("sliding_window_pattern") or 6) != 0),
     "gpt_oss": (128, lambda i, cfg: i % 2 == 0),
+    "starcoder2": (None, lambda i, cfg: True),
 }
 _GPT2_LIKE = {"gpt2"}
 _NEOX_LIKE = {"gpt_neox"}
+# non-gated MLPs with RoPE (read by _rope_gelu): PhiConfig, Starcoder2Config
+_ROPE_GELU = {"phi": dict(tied=False, bias_key=None, drops=("resid_pdrop", "embd_pdrop",
+                                                             "attention_dropout")),
+              "starcoder2": dict(tied=True, bias_key="use_bias",
+                                 drops=("residual_dropout", "embedding_dropout",
+                                        "attention_dropout"))}
 _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek", "deepseek_v2", "deepseek_v3",
                  "kimi_k2", "glm4_moe", "olmoe", "gpt_oss")
 # keys that declare experts or latent attention: their presence in a config we would read as
@@ -111,6 +124,8 @@ def spec_kwargs_from_hf(cfg: Mapping[str, Any], source: str = "<dict>") -> dict[
         return _gpt2(cfg, source)
     if mtype in _NEOX_LIKE:
         return _neox(cfg, source)
+    if mtype in _ROPE_GELU:
+        return _rope_gelu(cfg, source, mtype)
     if mtype in _MOE_FAMILIES:
         return _MOE_READERS[mtype](cfg, source)
     declared = [k for k in _MOE_KEYS if cfg.get(k)]
@@ -126,7 +141,7 @@ def spec_kwargs_from_hf(cfg: Mapping[str, Any], source: str = "<dict>") -> dict[
         warnings.warn(
             f"Hugging Face config {source!r}: model_type {cfg.get('model_type')!r} is not a "
             f"family meshplan knows; read as a Llama-like decoder (gated MLP of "
-            f"intermediate_size, RMSNorm, RoPE). If its MLP is not gated (Phi-2, StarCoder2) "
+            f"intermediate_size, RMSNorm, RoPE). If its MLP is not gated (Falcon, StableLM-style) "
             f"its MLP parameters and FLOPs come out 1.5 times too high: describe it with "
             f"ModelSpec(..., activation='gelu') instead", MeshplanWarning, stacklevel=3)
         return _llama(cfg, source)
@@ -135,7 +150,7 @@ def spec_kwargs_from_hf(cfg: Mapping[str, Any], source: str = "<dict>") -> dict[
     raise ConfigError(
         f"Hugging Face config {source!r}: model_type {cfg.get('model_type')!r} is not "
         f"understood{hint}; supported: "
-        f"{', '.join(sorted(_LLAMA_LIKE | _GPT2_LIKE | _NEOX_LIKE))}, "
+        f"{', '.join(sorted(_LLAMA_LIKE | _GPT2_LIKE | _NEOX_LIKE | set(_ROPE_GELU)))}, "
         f"{', '.join(_MOE_FAMILIES)} (or a config with hidden_size / num_hidden_layers / "
         f"num_attention_heads / intermediate_size)")
 
@@ -276,6 +291,28 @@ def _qwen_moe(cfg, source):
             "moe_ffn_hidden_size": _get(cfg, source, "moe_intermediate_size"),
             "num_shared_experts": 1 if shared else 0,
             "shared_expert_ffn_hidden_size": shared or None, "dense_layers": dense}
+
+
+def _rope_gelu(cfg, source, family: str):
+    """Phi-1/1.5/2 and StarCoder2: a non-gated GELU MLP of ``intermediate_size``, LayerNorm
+    and RoPE (module docstring for the keys and defaults)."""
+    how = _ROPE_GELU[family]
+    heads = _get(cfg, source, "num_attention_heads")
+    layers = _get(cfg, source, "num_hidden_layers")
+    drops = [float(cfg.get(k) or 0.0) for k in how["drops"]]
+    return dict(
+        num_layers=layers,
+        hidden_size=_get(cfg, source, "hidden_size"),
+        num_heads=heads,
+        num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
+        ffn_hidden_size=_get(cfg, source, "intermediate_size"),
+        vocab_size=_get(cfg, source, "vocab_size"),
+        max_seq_len=_get(cfg, source, "max_position_embeddings",
+                         default=2048 if family == "phi" else 4096),
+        activation="gelu", norm="layernorm", position_embedding="rope",
+        tied_embeddings=bool(_get(cfg, source, "tie_word_embeddings", default=how["tied"])),
+        bias=bool(cfg.get(how["bias_key"], True)) if how["bias_key"] else True,
+        dropout=max(drops) > 0, **_windows(cfg, source, family, layers))
 
 
 def _deepseek_experts(cfg, source, *, router_default: str) -> dict:

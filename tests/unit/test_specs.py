@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -70,10 +71,42 @@ def test_from_hf_config_llama_matches_preset(tmp_path):
     ({"model_type": "gpt_neox", "hidden_size": 2560, "intermediate_size": 10240,
       "num_attention_heads": 32, "num_hidden_layers": 32, "vocab_size": 50304,
       "max_position_embeddings": 2048, "tie_word_embeddings": False}, 2.78),
+    # non-gated RoPE decoders (published: phi-2 2.78 B, phi-1.5 1.42 B, starcoder2-3b 3.03 B,
+    # starcoder2-7b 7.17 B); read as Llama-like they came out 1.5x in their MLPs
+    ({"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240,
+      "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 51200,
+      "resid_pdrop": 0.1, "partial_rotary_factor": 0.4, "tie_word_embeddings": False}, 2.78),
+    ({"model_type": "phi", "hidden_size": 2048, "intermediate_size": 8192,
+      "num_hidden_layers": 24, "num_attention_heads": 32, "vocab_size": 51200}, 1.418),
+    ({"model_type": "starcoder2", "hidden_size": 3072, "intermediate_size": 12288,
+      "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
+      "vocab_size": 49152, "max_position_embeddings": 16384, "sliding_window": 4096,
+      "use_bias": True, "residual_dropout": 0.1}, 3.03),
+    ({"model_type": "starcoder2", "hidden_size": 4608, "intermediate_size": 18432,
+      "num_hidden_layers": 32, "num_attention_heads": 36, "num_key_value_heads": 4,
+      "vocab_size": 49152, "max_position_embeddings": 16384, "sliding_window": 4096}, 7.17),
 ])
 def test_from_hf_config_families(cfg, params_b):
-    m = mp.ModelSpec.from_hf_config(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # every family here is known: no warning
+        m = mp.ModelSpec.from_hf_config(cfg)
     assert m.num_params() / 1e9 == pytest.approx(params_b, rel=0.01)
+
+
+def test_phi_and_starcoder2_read_their_own_keys():
+    phi = mp.ModelSpec.from_hf_config({"model_type": "phi", "hidden_size": 64,
+                                       "intermediate_size": 256, "num_hidden_layers": 2,
+                                       "num_attention_heads": 4, "vocab_size": 100})
+    assert (phi.activation, phi.norm, phi.position_embedding, phi.bias, phi.tied_embeddings,
+            phi.dropout, phi.max_seq_len) == ("gelu", "layernorm", "rope", True, False,
+                                              False, 2048)
+    sc = mp.ModelSpec.from_hf_config({"model_type": "starcoder2", "hidden_size": 64,
+                                      "intermediate_size": 256, "num_hidden_layers": 2,
+                                      "num_attention_heads": 4, "num_key_value_heads": 2,
+                                      "vocab_size": 100, "sliding_window": 32,
+                                      "use_bias": False, "embedding_dropout": 0.1})
+    assert (sc.bias, sc.tied_embeddings, sc.dropout, sc.sliding_window, sc.window_layers,
+            sc.num_kv_heads, sc.max_seq_len) == (False, True, True, 32, None, 2, 4096)
 
 
 def test_from_hf_config_errors_name_the_problem(tmp_path):
