@@ -15,7 +15,8 @@ Families and the keys read (a missing key takes the default of the family's Hugg
   ``sliding_window`` on every layer, tied by PretrainedConfig's default; dropout from
   ``residual_dropout`` / ``embedding_dropout`` / ``attention_dropout``, each 0.0).
 * Llama-like dense models (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3,
-  olmo2, yi, internlm2; any other config with ``intermediate_size`` and no expert or
+  olmo2, yi, internlm2, and with LayerNorm olmo, cohere, stablelm; granite, whose scalar
+  multipliers change no cost; any other config with ``intermediate_size`` and no expert or
   latent-attention keys is read the same way with a :class:`MeshplanWarning`, since a
   non-gated MLP would count 1.5 times its parameters). Gemma's gated GELU (GeGLU) is read
   as ``swiglu``: the same three matrices and FLOPs. ``tie_word_embeddings`` defaults per
@@ -55,17 +56,22 @@ from typing import Any, Mapping
 from meshplan.errors import ConfigError, MeshplanWarning
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
-               "olmo2", "yi", "internlm2"}
+               "olmo2", "yi", "internlm2", "olmo", "granite", "cohere", "stablelm"}
+# gated-MLP families whose blocks normalise with LayerNorm (OLMo's non-parametric, Cohere's
+# without bias: counted as LayerNorm, under 0.001 % of the parameters apart)
+_LAYERNORM_FAMILIES = {"olmo", "cohere", "stablelm"}
 # tie_word_embeddings where a config omits it: the family's *Config default; any other family
 # PretrainedConfig's True (save_pretrained leaves the key out only when it equals that default
 # and the class's own, so an omitted key in a saved config of an unlisted family means True)
 _TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False, "gemma": True,
                 "gemma2": True, "gemma3_text": True, "phi3": False, "olmo2": False, "yi": False,
-                "internlm2": False, "mixtral": False, "qwen2_moe": False, "qwen3_moe": False,
+                "internlm2": False, "olmo": False, "granite": False, "cohere": True,
+                "stablelm": False, "mixtral": False, "qwen2_moe": False, "qwen3_moe": False,
                 "olmoe": False, "gpt_oss": False, "deepseek": False, "deepseek_v2": False,
                 "deepseek_v3": False, "kimi_k2": False, "glm4_moe": False}
 _MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
-                          "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096}
+                          "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096,
+                          "olmo": 2048, "granite": 2048, "cohere": 8192, "stablelm": 4096}
 
 
 def _qwen_slides(i: int, cfg: Mapping[str, Any]) -> bool:
@@ -202,7 +208,8 @@ def _llama(cfg, source, *, bias_default: bool = False):
         vocab_size=_get(cfg, source, "vocab_size"),
         max_seq_len=_get(cfg, source, "max_position_embeddings",
                          default=_MAX_POSITIONS_DEFAULT.get(family, 4096)),
-        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        activation="swiglu", position_embedding="rope",
+        norm="layernorm" if family in _LAYERNORM_FAMILIES else "rmsnorm",
         tied_embeddings=bool(_get(cfg, source, "tie_word_embeddings",
                                   default=_TIE_DEFAULT.get(family, True))),
         bias=bool(cfg.get("attention_bias", bias_default)), dropout=False,

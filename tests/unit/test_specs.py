@@ -85,6 +85,17 @@ def test_from_hf_config_llama_matches_preset(tmp_path):
     ({"model_type": "starcoder2", "hidden_size": 4608, "intermediate_size": 18432,
       "num_hidden_layers": 32, "num_attention_heads": 36, "num_key_value_heads": 4,
       "vocab_size": 49152, "max_position_embeddings": 16384, "sliding_window": 4096}, 7.17),
+    # gated MLPs read as Llama-like (published: granite-3.0-8b 8.17 B, OLMo-7B 6.89 B,
+    # command-r 35 B, stablelm-2-1.6b 1.64 B)
+    ({"model_type": "granite", "hidden_size": 4096, "intermediate_size": 12800,
+      "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "vocab_size": 49155, "tie_word_embeddings": True, "embedding_multiplier": 12.0}, 8.17),
+    ({"model_type": "olmo", "hidden_size": 4096, "intermediate_size": 11008,
+      "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 50304}, 6.89),
+    ({"model_type": "cohere", "hidden_size": 8192, "intermediate_size": 22528,
+      "num_hidden_layers": 40, "num_attention_heads": 64, "vocab_size": 256000}, 35.0),
+    ({"model_type": "stablelm", "hidden_size": 2048, "intermediate_size": 5632,
+      "num_hidden_layers": 24, "num_attention_heads": 32, "vocab_size": 100352}, 1.64),
 ])
 def test_from_hf_config_families(cfg, params_b):
     with warnings.catch_warnings():

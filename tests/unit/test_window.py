@@ -206,9 +206,9 @@ def test_hf_windows_a_family_rule_cannot_place_are_refused():
     qwen_on = {**QWEN25_7B, "use_sliding_window": True, "sliding_window": 4096,
                "max_window_layers": 20}
     assert mp.ModelSpec.from_hf_config(qwen_on).window_layers == tuple(range(20, 28))
-    unknown = {**MISTRAL_7B_V01, "model_type": "cohere"}
-    with pytest.warns(mp.MeshplanWarning, match="'cohere' is not a family .* not gated"):
-        with pytest.raises(ConfigError, match="sliding_window = 4096.*'cohere'.*layer_types"):
+    unknown = {**MISTRAL_7B_V01, "model_type": "exaone"}
+    with pytest.warns(mp.MeshplanWarning, match="'exaone' is not a family .* not gated"):
+        with pytest.raises(ConfigError, match="sliding_window = 4096.*'exaone'.*layer_types"):
             mp.ModelSpec.from_hf_config(unknown)
         typed = {**unknown, "layer_types": ["sliding_attention"] * 32}
         assert mp.ModelSpec.from_hf_config(typed).window_layers is None     # every layer
