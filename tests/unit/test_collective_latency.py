@@ -308,3 +308,28 @@ def test_all_to_all_rows_give_their_own_curve_and_the_cost_model_uses_it():
     plain = group_link(H100, 4, 1)
     assert plain.all_to_all_efficiency is None
     assert plain.all_to_all_bytes_per_s(1 << 20) == plain.bandwidth_bytes_per_s(1 << 20)
+
+
+def test_moe_dispatch_runs_at_the_all_to_all_curve_inside_and_across_nodes():
+    """MoE's dispatch and combine (costmodel/moe_layer.py) at the profile's all-to-all curve:
+    the whole exchange inside a node (comm.all_to_all_s), the node's own share of it across
+    two (moe.all_to_all_s)."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.data_parallel import group_links
+    from meshplan.costmodel.moe_layer import routed_mlp
+    from meshplan.costmodel.moe_tables import expert_links
+    from meshplan.hardware_profiles.curve import Curve
+    from meshplan.spec import Job, Layout, ModelSpec
+    model = ModelSpec.preset("qwen3-30b-a3b")
+    c = Cluster.preset("dgx-h100", nodes=2)
+    slow = c.replace(gpu=replace(c.gpu, nvlink_all_to_all_efficiency=Curve(((1.0, 0.005),))))
+    job = Job(global_batch=64, seq_len=4096)
+
+    def ep_s(cluster, ep):
+        layout = Layout(dp=16, ep=ep, micro_batch=1)
+        links = replace(group_links(cluster, layout), **expert_links(cluster, layout))
+        assert links.ep.nodes_spanned == (2 if ep > 8 else 1)
+        return routed_mlp(model, cluster, job, layout, links, 1.0).forward.ep_comm_s
+    for ep in (8, 16):
+        assert ep_s(slow, ep) > 5 * ep_s(c, ep) > 0
