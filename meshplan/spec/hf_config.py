@@ -195,25 +195,32 @@ def _llama(cfg, source, *, bias_default: bool = False):
     """Llama-like decoders (gated MLP: SwiGLU, or Gemma's GeGLU with the same three matrices
     and FLOPs), with the family's defaults and sliding-window layers."""
     family = str(cfg.get("model_type", "")).lower()
-    heads = _get(cfg, source, "num_attention_heads")
     head_dim = cfg.get("head_dim")
-    layers = _get(cfg, source, "num_hidden_layers")
+    shape = _decoder_shape(cfg, source, _MAX_POSITIONS_DEFAULT.get(family, 4096))
     return dict(
-        num_layers=layers,
-        hidden_size=_get(cfg, source, "hidden_size"),
-        num_heads=heads,
-        num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
-        ffn_hidden_size=_get(cfg, source, "intermediate_size"),
+        **shape,
         head_dim=head_dim if head_dim else None,
-        vocab_size=_get(cfg, source, "vocab_size"),
-        max_seq_len=_get(cfg, source, "max_position_embeddings",
-                         default=_MAX_POSITIONS_DEFAULT.get(family, 4096)),
         activation="swiglu", position_embedding="rope",
         norm="layernorm" if family in _LAYERNORM_FAMILIES else "rmsnorm",
         tied_embeddings=bool(_get(cfg, source, "tie_word_embeddings",
                                   default=_TIE_DEFAULT.get(family, True))),
         bias=bool(cfg.get("attention_bias", bias_default)), dropout=False,
-        **_windows(cfg, source, family, layers))
+        **_windows(cfg, source, family, shape["num_layers"]))
+
+
+def _decoder_shape(cfg, source, max_positions_default: int) -> dict:
+    """The keys every decoder family here names alike: layers, widths, heads, vocabulary,
+    context (``num_key_value_heads`` defaults to the heads: multi-head attention)."""
+    heads = _get(cfg, source, "num_attention_heads")
+    return dict(
+        num_layers=_get(cfg, source, "num_hidden_layers"),
+        hidden_size=_get(cfg, source, "hidden_size"),
+        num_heads=heads,
+        num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
+        ffn_hidden_size=_get(cfg, source, "intermediate_size"),
+        vocab_size=_get(cfg, source, "vocab_size"),
+        max_seq_len=_get(cfg, source, "max_position_embeddings",
+                         default=max_positions_default))
 
 
 def _windows(cfg, source, family: str, layers: int) -> dict:
@@ -304,22 +311,14 @@ def _rope_gelu(cfg, source, family: str):
     """Phi-1/1.5/2 and StarCoder2: a non-gated GELU MLP of ``intermediate_size``, LayerNorm
     and RoPE (module docstring for the keys and defaults)."""
     how = _ROPE_GELU[family]
-    heads = _get(cfg, source, "num_attention_heads")
-    layers = _get(cfg, source, "num_hidden_layers")
     drops = [float(cfg.get(k) or 0.0) for k in how["drops"]]
+    shape = _decoder_shape(cfg, source, 2048 if family == "phi" else 4096)
     return dict(
-        num_layers=layers,
-        hidden_size=_get(cfg, source, "hidden_size"),
-        num_heads=heads,
-        num_kv_heads=_get(cfg, source, "num_key_value_heads", default=heads),
-        ffn_hidden_size=_get(cfg, source, "intermediate_size"),
-        vocab_size=_get(cfg, source, "vocab_size"),
-        max_seq_len=_get(cfg, source, "max_position_embeddings",
-                         default=2048 if family == "phi" else 4096),
+        **shape,
         activation="gelu", norm="layernorm", position_embedding="rope",
         tied_embeddings=bool(_get(cfg, source, "tie_word_embeddings", default=how["tied"])),
         bias=bool(cfg.get(how["bias_key"], True)) if how["bias_key"] else True,
-        dropout=max(drops) > 0, **_windows(cfg, source, family, layers))
+        dropout=max(drops) > 0, **_windows(cfg, source, family, shape["num_layers"]))
 
 
 def _deepseek_experts(cfg, source, *, router_default: str) -> dict:
