@@ -32,6 +32,7 @@ from meshplan.costmodel.memory import (dense_layer_extra_params, model_state_byt
 from meshplan.costmodel.moe import expert_state_bytes
 from meshplan.errors import MeshplanError, NoFeasiblePlan
 from meshplan.hardware_profiles import Cluster
+from meshplan.planner.constraints import end_stage_min_layers
 from meshplan.planner.space import Config
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -70,7 +71,8 @@ def config_memory_lower_bound(model: ModelSpec, job: Job, cfg: Config,
         return _states(*key, L, True, True)
     # an end (chunk) may hold a layer fewer: the account-for-embedding/loss split of
     # search.partition_candidates (interleaved) and of the solver's free partitions
-    ends = max(1, min_layers) * cfg.vpp - (1 if pp * cfg.vpp > 2 else 0)
+    lo = max(1, min_layers)
+    ends = lo * (cfg.vpp - 1) + end_stage_min_layers(pp * cfg.vpp, lo)
     return max(_states(*key, -(-L // pp), False, False), _states(*key, ends, True, False),
                _states(*key, ends, False, True))
 

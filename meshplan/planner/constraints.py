@@ -169,18 +169,34 @@ class Constraints:
                 return f"{key}={getattr(layout, key)!r} but fixed {key}={value!r}"
         if layout.stage_layers is not None and "stage_layers" not in self.fixed:
             lo, sl = self.min_layers_per_stage, layout.stage_layers
-            # the first and last stage also run the embedding and the loss: one fewer
-            # (Megatron's account-for-embedding/loss split)
-            ends_lo = lo - 1 if len(sl) > 2 else lo
-            if min(sl[1:-1] or (lo,)) < lo or min(sl[0], sl[-1]) < ends_lo:
+            if any(n < m for n, m in zip(sl, stage_min_layers(len(sl), lo))):
                 return (f"a stage has fewer than {lo} layers (the first and last: "
-                        f"{ends_lo}, besides the embedding / loss)")
+                        f"{end_stage_min_layers(len(sl), lo)}, besides the embedding / loss)")
         return None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["fixed"] = dict(self.fixed)
         return d
+
+
+def end_stage_min_layers(stages: int, min_layers: int) -> int:
+    """The fewest layers the first and last of ``stages`` stages (or interleaved chunks) may
+    hold: one fewer than ``min_layers`` with more than two, since they also run the embedding
+    and the loss (Megatron's account-for-embedding/loss split: 0 at the minimum of 1); with
+    one or two stages as many as the others. The planner's every partition rule reads it:
+    :meth:`Constraints.allows`, the solver's and the exhaustive search's free partitions,
+    the interleaved candidates and the bounds."""
+    return min_layers - 1 if stages > 2 else min_layers
+
+
+def stage_min_layers(stages: int, min_layers: int) -> tuple[int, ...]:
+    """The fewest layers of each of ``stages`` stages (:func:`end_stage_min_layers` at the
+    ends, ``min_layers`` between)."""
+    if stages == 1:
+        return (min_layers,)
+    ends = end_stage_min_layers(stages, min_layers)
+    return (ends, *(min_layers,) * (stages - 2), ends)
 
 
 def _check_subset(name: str, values: tuple, valid: tuple) -> None:

@@ -23,6 +23,7 @@ model they are given; they import no ortools.
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
+from meshplan.planner.constraints import stage_min_layers
 from meshplan.planner.search import Survivor
 
 UNITS_PER_S = 10**10  # 0.1 ns: rounding stays ~1e-9 of a step
@@ -39,17 +40,17 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     t = s.tables
     cfg = t.config
     L = t.num_layers
-    S, pp, v = cfg.stages, cfg.pp, cfg.vpp
+    S, pp = cfg.stages, cfg.pp
     x = M.NewBoolVar(f"x{tag}")
     n = [M.NewIntVar(0, L, f"n{tag}_{c}") for c in range(S)]
     M.Add(sum(n) == L * x)
     forced = s.forced
-    end_lo = lo - 1 if S > 2 and v == 1 else lo      # exhaustive.end_min_layers
+    mins = stage_min_layers(S, lo)
     for c in range(S):
         if forced is not None:
             M.Add(n[c] == forced[c] * x)
         else:
-            M.Add(n[c] >= (end_lo if c in (0, S - 1) else lo) * x)
+            M.Add(n[c] >= mins[c] * x)
     N = []
     for r in range(pp):
         Nr = M.NewIntVar(0, s.rank_capacity[r], f"N{tag}_{r}")
@@ -68,8 +69,7 @@ def _config_model(M, s: Survivor, tag: str, lo: int):
     tm = M.NewIntVar(0, big, f"tail{tag}")
     cache: dict[tuple, list[int]] = {}
     for r in range(pp):
-        rlo = (v * lo - (lo - end_lo) * ((r == 0) + (r == pp - 1)) if forced is None
-               else sum(forced[r::pp]))
+        rlo = sum((mins if forced is None else forced)[r::pp])
         cap = s.rank_capacity[r]
         key = (r == 0, r == t.last_rank, rlo)
         if key not in cache:

@@ -13,6 +13,7 @@ from meshplan.spec import Job, ModelSpec
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.bounds import Ticker
+from meshplan.planner.constraints import end_stage_min_layers
 from meshplan.planner.search import partition_candidates, objective_weight
 from meshplan.planner.space import Config
 
@@ -22,47 +23,32 @@ MAX_EVALUATIONS = 2_000_000
 def compositions(total: int, parts: int, lo: int,
                  end_lo: int | None = None) -> Iterator[tuple[int, ...]]:
     """Every way to write ``total`` as ``parts`` ordered integers, each ≥ ``lo`` and the
-    first and last ≥ ``end_lo`` (default ``lo``)."""
+    first and last ≥ ``end_lo`` (default ``lo``), in lexicographic order."""
+    mins = _minimums(parts, lo, end_lo)
+    for spare in _spread(total - sum(mins), parts):
+        yield tuple(m + s for m, s in zip(mins, spare))
+
+
+def _minimums(parts: int, lo: int, end_lo: int | None) -> tuple[int, ...]:
     ends = lo if end_lo is None else end_lo
+    return (min(lo, ends),) if parts == 1 else (ends, *(lo,) * (parts - 2), ends)
+
+
+def _spread(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every way to write ``total`` as ``parts`` ordered integers ≥ 0 (none if negative)."""
+    if total < 0:
+        return
     if parts == 1:
-        if total >= min(lo, ends):
-            yield (total,)
+        yield (total,)
         return
-    for p in _compositions(total, parts, lo, ends):
-        yield p
-
-
-def _compositions(total: int, parts: int, lo: int, ends: int) -> Iterator[tuple[int, ...]]:
-    """``parts`` ≥ 2: the first ≥ ``ends``, the middle ones ≥ ``lo``, the last ≥ ``ends``."""
-    rest_lo = lo * (parts - 2) + ends
-    for first in range(ends, total - rest_lo + 1):
-        left = total - first
-        for mid in _middles(left, parts - 2, lo, ends):
-            yield (first, *mid, left - sum(mid))
-
-
-def _middles(total: int, parts: int, lo: int, last_lo: int) -> Iterator[tuple[int, ...]]:
-    if parts == 0:
-        if total >= last_lo:
-            yield ()
-        return
-    for first in range(lo, total - lo * (parts - 1) - last_lo + 1):
-        for rest in _middles(total - first, parts - 1, lo, last_lo):
+    for first in range(total + 1):
+        for rest in _spread(total - first, parts - 1):
             yield (first, *rest)
 
 
 def count_compositions(total: int, parts: int, lo: int, end_lo: int | None = None) -> int:
-    ends = lo if end_lo is None else end_lo
-    free = total - lo * max(0, parts - 2) - ends * min(parts, 2) if parts > 1 else total - lo
+    free = total - sum(_minimums(parts, lo, end_lo))
     return comb(free + parts - 1, parts - 1) if free >= 0 else 0
-
-
-def end_min_layers(cfg: Config, lo: int) -> int:
-    """The fewest layers the first and last stage of a free (solver-chosen) partition hold:
-    one fewer than the others (Megatron's account-for-embedding/loss split; the embedding
-    and the loss are the ends' work), so 0 with ``lo`` = 1 — with more than two stages, as
-    :meth:`~meshplan.planner.constraints.Constraints.allows` has it."""
-    return lo - 1 if cfg.stages > 2 and cfg.vpp == 1 else lo
 
 
 def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config], *,
@@ -75,7 +61,8 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
     lo = max(1, min_layers)
     L = model.num_layers
     work = sum(len(cands) if (cands := partition_candidates(c, L, fixed_partition, lo))
-               is not None else count_compositions(L, c.stages, lo, end_min_layers(c, lo))
+               is not None else count_compositions(L, c.stages, lo,
+                                                   end_stage_min_layers(c.stages, lo))
                for c in configs)
     if work > MAX_EVALUATIONS:
         raise ConfigError(f"exhaustive search would evaluate {work:,} layouts (limit "
@@ -88,7 +75,7 @@ def search(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Confi
         best = None
         cands = partition_candidates(cfg, L, fixed_partition, lo)
         parts: Sequence = cands if cands is not None else compositions(
-            L, cfg.stages, lo, end_min_layers(cfg, lo))
+            L, cfg.stages, lo, end_stage_min_layers(cfg.stages, lo))
         for p in parts:
             if len(p) != cfg.stages:
                 continue

@@ -251,7 +251,8 @@ def _space_size(model, configs, min_layers, fixed_partition) -> int:
     """Layouts in the space: configurations × their allowed stage partitions."""
     if fixed_partition is not None:
         return len(configs)
-    from meshplan.planner.exhaustive import count_compositions, end_min_layers
+    from meshplan.planner.constraints import end_stage_min_layers
+    from meshplan.planner.exhaustive import count_compositions
     from meshplan.planner.search import partition_candidates
     lo = max(1, min_layers)
     memo: dict[int, int] = {}
@@ -261,7 +262,7 @@ def _space_size(model, configs, min_layers, fixed_partition) -> int:
         if cands is not None:
             total += len(cands)
             continue
-        key = (c.stages, end_min_layers(c, lo))
+        key = (c.stages, end_stage_min_layers(c.stages, lo))
         if key not in memo:
             memo[key] = count_compositions(model.num_layers, c.stages, lo, key[1])
         total += memo[key]

@@ -27,6 +27,7 @@ from meshplan.costmodel.estimate import layer_tables
 from meshplan.spec import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.bounds import Ticker
+from meshplan.planner.constraints import end_stage_min_layers
 from meshplan.planner.space import Config
 from meshplan.planner.tables import ConfigTables, build_tables
 
@@ -127,8 +128,7 @@ def time_lower_bound(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config,
     g_star = max(total / S, -(-L // S) * (lf + lb) + 2 * ovh)
     if cfg.schedule == "gpipe":
         return total + (m - 1) * g_star + 2 * (pp - 1) * c
-    end_lo = lo - 1 if S > 2 else lo                  # exhaustive.end_min_layers
-    g_last = end_lo * (lf + lb) + 2 * ovh + gf + gb
+    g_last = end_stage_min_layers(S, lo) * (lf + lb) + 2 * ovh + gf + gb
     bound = max(total + 2 * (pp - 1) * c + (m - 1) * g_last, m * g_star)
     if m < 2:
         return bound

@@ -32,7 +32,7 @@ from meshplan.costmodel.fp8_cost import check_fp8_supported
 from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
-from meshplan.planner.constraints import Constraints
+from meshplan.planner.constraints import Constraints, stage_min_layers
 
 
 # Schedules whose stage partition the solver does not choose: the planner prices a fixed
@@ -64,7 +64,8 @@ def interleaved_partitions(num_layers: int, stages: int, min_layers: int = 1
         out.append(default_stage_layers(num_layers, stages))
     if (num_layers + 2) % stages == 0:
         ends = embedding_loss_stage_layers(num_layers, stages)
-        if ends is not None and min(ends[1:-1]) >= lo and min(ends[0], ends[-1]) >= lo - 1:
+        if ends is not None and all(n >= m for n, m in
+                                    zip(ends, stage_min_layers(stages, lo))):
             out.append(ends)
     return tuple(out)
 

@@ -71,7 +71,7 @@ WORLD4 = [
     Case("pp2-tp2-zero-bubble-sp", GPT, JOB, L(pp=2, tp=2, schedule="zero-bubble", sequence_parallel=True)),
     Case("tp4-gpt-selective", GPT, JOB, L(tp=4, recompute="selective")),
     # the solver's free partitions may leave the ends only the embedding and the loss
-    # (planner/exhaustive.end_min_layers); GPipe, tied embeddings across pp 4
+    # (planner/constraints.end_stage_min_layers); GPipe, tied embeddings across pp 4
     Case("pp4-gpipe-ends-alone-tied", GPT, JOB, L(pp=4, schedule="gpipe",
                                                   stage_layers=(0, 2, 2, 0))),
 ]

@@ -24,7 +24,7 @@ def _random_partition(rng, layers, stages):
 
 def _zero_end_partition(rng, layers, stages):
     """A random partition whose first or last stage (or both) holds no layer (more than
-    two stages: the solver's free partitions may, exhaustive.end_min_layers)."""
+    two stages: the solver's free partitions may, constraints.end_stage_min_layers)."""
     inner = _random_partition(rng, layers, stages - 1)
     return [0, *inner] if rng.random() < 0.5 else [*inner, 0]
 

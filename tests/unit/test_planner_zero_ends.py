@@ -6,7 +6,8 @@ import pytest
 
 import meshplan as mp
 from meshplan.planner.constraints import Constraints
-from meshplan.planner.exhaustive import compositions, count_compositions, end_min_layers
+from meshplan.planner.constraints import end_stage_min_layers
+from meshplan.planner.exhaustive import compositions, count_compositions
 from meshplan.planner.space import Config
 
 # a 256k vocabulary on 6 narrow layers: the output layer costs more than a stage of layers
@@ -21,8 +22,8 @@ FIXED = {"pp": 4, "tp": 1, "dp": 1, "schedule": "1f1b", "micro_batch": 1,
 def test_the_ends_may_hold_one_layer_fewer_with_more_than_two_stages():
     cfg = Config(dp=1, pp=4, tp=1, micro_batch=1, schedule="1f1b", vpp=1, recompute="none",
                  zero=0, sequence_parallel=False)
-    assert end_min_layers(cfg, 1) == 0 and end_min_layers(cfg, 2) == 1
-    assert end_min_layers(cfg._replace(pp=2), 1) == 1     # Constraints.allows: as many
+    assert end_stage_min_layers(cfg.stages, 1) == 0 and end_stage_min_layers(cfg.stages, 2) == 1
+    assert end_stage_min_layers(cfg._replace(pp=2).stages, 1) == 1   # two stages: as many
     parts = list(compositions(6, 4, 1, 0))
     assert (0, 3, 3, 0) in parts and (1, 0, 4, 1) not in parts
     assert len(parts) == count_compositions(6, 4, 1, 0) == len(set(parts))
