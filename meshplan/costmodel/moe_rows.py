@@ -66,12 +66,12 @@ def _minus(a: PassCost, b: PassCost) -> PassCost:
     return a + b.scaled(-1.0)
 
 
-def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, timed_layout,
               links) -> RoutedMlp:
-    """The routed part at the layout less the routed part as the row timed it."""
+    """The routed part at ``layout`` less the routed part as the row timed it."""
     at = routed_mlp(model, cluster, job, layout, links,
                     load_imbalance(cluster.gpu.corrections, layout.ep))
-    timed = routed_mlp(model, cluster, job, replace(layout, ep=1, etp=1), links, 1.0)
+    timed = routed_mlp(model, cluster, job, timed_layout, links, 1.0)
     return RoutedMlp(_minus(at.forward, timed.forward), _minus(at.backward, timed.backward),
                      at.wgrad_s - timed.wgrad_s, at.pass_wire_bytes,
                      at.kept_bytes - timed.kept_bytes, at.work_bytes - timed.work_bytes,
@@ -94,10 +94,11 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
         return None
     if ep1:
         return parts
-    parts = with_routed_mlp(parts, _ep_delta(model, cluster, job, layout, links),
+    timed = replace(layout, ep=1, etp=1)
+    parts = with_routed_mlp(parts, _ep_delta(model, cluster, job, layout, timed, links),
                             layout.recompute, job.selective_modules)
     gpu = cluster.gpu
-    syncs = torch_syncs(model, layout) - torch_syncs(model, replace(layout, ep=1, etp=1))
+    syncs = torch_syncs(model, layout) - torch_syncs(model, timed)
     host_s = (syncs * (gpu.host_sync_s + gpu.host_op_dispatch_s)
               + (comm.call_latency_s(links.ep, "all_to_all") if layout.ep > 1 else 0.0))
     if host_s <= 0:
