@@ -227,7 +227,6 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                       constraints: Constraints) -> Iterator[Config]:
     """Every :class:`Config` of the space (see the module docstring), in a fixed order."""
     fx = constraints.fixed
-    L, B = model.num_layers, job.global_batch
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
     cps = cp_options(job, constraints, model)
