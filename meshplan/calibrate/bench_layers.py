@@ -281,12 +281,18 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                 f"timed one" + (" (host-paced: 1)" if info.get("host_paced")
                                                 else ""))
             cpu_note = ""
-            # CPU fields are > 0 only where the row was timed queued (CUDA)
-            if not cfg.part and values[bc] > 0 and not cfg.compile \
+            # CPU fields are > 0 only where the row was timed queued (CUDA). Compiled rows
+            # too: their backward carries a per-call part of ~1.4 ms that a 2-block row
+            # spreads over its two layers (1 x H200, 2026-11-29: 1.74 ms a layer on 2
+            # blocks, 1.14 on 16; docs/benchmarks/host.md)
+            if not cfg.part and values[bc] > 0 \
                     and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
+                t_deep = time.perf_counter()
                 cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
                                                    queue, iters=iters, barrier=barrier,
                                                    world=world)
+                if cfg.compile:   # compiled rows run in the first round only
+                    first_only_s += time.perf_counter() - t_deep
                 if d is not None:
                     cpu_deep.setdefault((cfg.build_key, cfg.recompute), []).append(
                         (values[fc], values[bc], d[0], d[1]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -564,6 +565,36 @@ def test_rows_timed_with_cpu_fields_get_a_per_call_part(monkeypatch):
         assert len({(r["forward_cpu_fixed_s"], r["backward_cpu_fixed_s"]) for r in rows}) == 1
         totals = {round(2 * r["forward_cpu_s"] + r["forward_cpu_fixed_s"], 12) for r in rows}
         assert len(totals) == 1 and totals.pop() > 0
+
+
+def test_compiled_rows_get_their_own_per_call_part(monkeypatch):
+    """Compiled rows are timed again on CPU_DEEP_LAYERS compiled blocks too (a compiled
+    backward's per-call CPU part is large: 1 x H200, docs/benchmarks/host.md), and their
+    per-call part is pooled apart from the eager rows' (``pool_cpu_fixed``)."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers, layer_run
+    from meshplan.hardware_profiles.calibrated import pool_cpu_fixed
+    real = layer_run._measure
+
+    def measure(*a, **kw):
+        samples, out = real(*a, **kw)
+        # a call costs 3 ms + 1 ms a layer of CPU (compiled or not): 2 blocks read 2.5 ms a
+        # layer, CPU_DEEP_LAYERS blocks 1.75
+        deep = sys._getframe(1).f_code.co_name == "_cpu_deep"
+        n = bench_layers.CPU_DEEP_LAYERS if deep else 2
+        per = 1e-3 + 3e-3 / n
+        return [replace(s, forward_cpu_s=n * per, backward_cpu_s=n * per) for s in samples], out
+
+    monkeypatch.setattr(layer_run, "_measure", measure)
+    prog = _Recorder()
+    layers = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                           quick=False, progress=prog, micro_batches=(1,),
+                                           max_tp=1, compile_rows=("none",)).layers
+    deep = [m for m in prog.messages if f"cpu on {bench_layers.CPU_DEEP_LAYERS} blocks" in m]
+    assert any("compiled" in m for m in deep) and any("compiled" not in m for m in deep)
+    compiled = [r for r in pool_cpu_fixed(layers) if r["compile"]]
+    assert compiled and all(r["backward_cpu_fixed_s"] == pytest.approx(3e-3)
+                            and r["backward_cpu_s"] == pytest.approx(1e-3) for r in compiled)
 
 
 # ---- FSDP2 over tensor-parallel layers: the row's module on four gloo ranks ------------------
