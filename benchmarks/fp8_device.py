@@ -166,8 +166,9 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
                                                         ("global_batch", args.global_batch))
                                       if v})
     todo = CPU_LAYOUTS if cpu else LAYOUTS
-    if args.only:
-        todo = [(n, lay) for n, lay in todo if n in args.only.split(",")]
+    if args.only:     # in the order given (the budget skips the last ones)
+        named = dict(todo)
+        todo = [(n, named[n]) for n in args.only.split(",") if n in named]
     nproc = max(lay.num_gpus for _, lay in todo)
     cluster, source = prediction_cluster(args, nproc)
     datasheet, _ = prediction_cluster(argparse.Namespace(**{**vars(args), "profile": "none"}),

@@ -28,6 +28,7 @@ cal)
 run)
     $PY benchmarks/fp8_device.py --out "$OUT" --budget "${RUN_BUDGET:-470}" --micro none \
         --profile "${PROFILE:?the committed profile}" --model "$MODEL" --seq-len "$SEQ" \
-        --global-batch "$GB" --only h01,h02,h03,h04,h05,h06 --timeout 120 --min-run-s 40
+        --global-batch "$GB" --only "${ONLY:-h01,h02,h03,h04,h05,h06}" --timeout 120 --min-run-s 40 \
+        --steps "${STEPS:-6}" --warmup "${WARMUP:-3}"
     cat "$OUT/layouts.md" ;;
 esac
