@@ -87,6 +87,9 @@ LAYOUTS = [
     ("h03", L(micro_batch=1, recompute="selective")),
     ("h04", L(micro_batch=2, recompute="selective")),
     ("h05", L(micro_batch=1, recompute="full")), ("h06", L(micro_batch=2, recompute="full")),
+    # larger micro-batches, where the GPU and not the CPU's dispatch sets the step (the
+    # calibration timed micro-batch 1 and 2 only: its rows are extended to these)
+    ("h07", L(micro_batch=4)), ("h08", L(micro_batch=8)),
 ]
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
