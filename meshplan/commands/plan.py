@@ -62,6 +62,10 @@ def add_arguments(p) -> None:
     g.add_argument("--max-micro-batch", type=positive_int, default=16)
     g.add_argument("--memory-headroom", type=float, default=0.0,
                    help="fraction of usable memory to keep free (e.g. 0.1)")
+    g.add_argument("--host-bound-margin", type=float, default=0.03, metavar="FRACTION",
+                   help="a layout whose CPU dispatch sets the step ranks first only when "
+                        "predicted more than this fraction faster than a GPU-bound one "
+                        "(0: by the prediction alone) [0.03]")
     g.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                    help="pin a layout field, e.g. --fix pp=4 --fix schedule=1f1b")
     g.add_argument("-o", "--output", default=None,
@@ -103,6 +107,7 @@ def constraints_from_args(args):
     from meshplan.planner import Constraints
     kw = dict(max_tp=args.max_tp, tp_within_node=not args.tp_across_nodes,
               max_micro_batch=args.max_micro_batch, memory_headroom=args.memory_headroom,
+              host_bound_margin=args.host_bound_margin,
               fixed=_fixed(args.fix))
     for key, text, cast in (("schedules", args.schedules, str),
                             ("recompute", args.recompute_options, str),
@@ -151,6 +156,9 @@ def main(args) -> int:
           f"{job.global_batch}×{job.seq_len}; objective {args.objective}\n")
     print(_table(p))
     print(f"\nbest: {p.best.layout.short()}  stage_layers={list(p.best.layout.stage_layers)}")
+    if st.get("host_bound_preferred_over"):
+        print(f"(ranked ahead of the host-bound {st['host_bound_preferred_over']}, predicted "
+              f"faster by less than --host-bound-margin {args.host_bound_margin:g})")
     print(format_estimate(p.best.estimate))
     if out is not None:
         p.to_json(out, overwrite=True)

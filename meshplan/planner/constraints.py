@@ -33,6 +33,15 @@ class Constraints:
     only where tp·cp divides the heads). ``ep`` / ``etp``: the expert-parallel degrees to
     search for MoE models (None = automatic: every ep dividing the routed experts and the
     stage's tp·cp·dp ranks; etp 1 and tp, Megatron-Core's two usual settings).
+
+    ``host_bound_margin``: a layout the estimate calls host-bound (its CPU's dispatch sets
+    the step, ``costmodel.caveats.is_host_bound``) ranks ahead of a GPU-bound one only when
+    predicted more than this fraction faster (0: rank by the prediction alone). Host-bound
+    layouts on the lent VM hosts missed their predictions by −24 % to +58 % and ran up to
+    32-49 % apart between runs, GPU-bound ones repeated within 2 % (docs/benchmarks/host.md,
+    accuracy.md): within a few percent the GPU-bound layout is the safer pick. Only
+    profiles with measured CPU dispatch (``meshplan calibrate --model``) have host-bound
+    layouts.
     """
 
     max_tp: int | None = None
@@ -51,6 +60,7 @@ class Constraints:
     cp_min_seq_len: int = 16384
     ep: tuple[int, ...] | None = None
     etp: tuple[int, ...] | None = None
+    host_bound_margin: float = 0.03
     fixed: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -102,6 +112,11 @@ class Constraints:
                 self.memory_headroom, bool) or not 0 <= self.memory_headroom < 1:
             raise ConfigError(f"Constraints.memory_headroom must be a fraction in [0, 1), got "
                               f"{self.memory_headroom!r}")
+        if not isinstance(self.host_bound_margin, (int, float)) or isinstance(
+                self.host_bound_margin, bool) or not 0 <= self.host_bound_margin < 1:
+            raise ConfigError(f"Constraints.host_bound_margin must be a fraction in [0, 1) "
+                              f"(0.03: a host-bound layout must be predicted more than 3 % "
+                              f"faster to rank first), got {self.host_bound_margin!r}")
         if not isinstance(self.fixed, Mapping):
             raise ConfigError(f"Constraints.fixed must be a mapping of Layout fields, got "
                               f"{type(self.fixed).__name__}")

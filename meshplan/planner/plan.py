@@ -240,11 +240,32 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
         cands.append((lay, est))
     weight = (lambda e: e.num_gpus * e.step_time_s) if objective == "cost" else \
         (lambda e: e.step_time_s)
-    cands.sort(key=lambda le: weight(le[1]))
+    by_prediction = sorted(cands, key=lambda le: weight(le[1]))
+    cands = rank_candidates(cands, weight, cluster, constraints.host_bound_margin)
+    if cands[0][0] != by_prediction[0][0]:
+        stats["host_bound_preferred_over"] = by_prediction[0][0].short()
     stats["wall_s"] = time.perf_counter() - t0
     return Plan(model, cluster, job, objective,
                 tuple(Candidate(lay, est, i + 1) for i, (lay, est) in enumerate(cands)),
                 constraints, stats)
+
+
+def rank_candidates(cands: list, weight: Callable[[Estimate], float], cluster: Cluster,
+                    margin: float) -> list:
+    """(layout, estimate) pairs best first: by ``weight`` (lower is better), a host-bound
+    estimate's weight taken ``1 + margin`` times larger (:attr:`Constraints.host_bound_margin`).
+
+    Worked example, margin 0.03: a host-bound layout predicted at 1.00 s ranks as 1.03 s,
+    so a GPU-bound one predicted at 1.02 s comes first and one at 1.04 s second; with
+    margin 0 the order is the prediction's. Ties keep the solver's order (stable sort)."""
+    from meshplan.costmodel.caveats import is_host_bound
+    numbers = cluster.gpu.corrections
+
+    def key(le) -> float:
+        e = le[1]
+        host = is_host_bound(e.time.host_wait_s, e.step_time_s, numbers)
+        return weight(e) * (1 + margin if host else 1.0)
+    return sorted(cands, key=key)
 
 
 def _space_size(model, configs, min_layers, fixed_partition) -> int:
