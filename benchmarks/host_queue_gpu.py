@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _host_env() -> dict:
@@ -111,26 +111,20 @@ def _time_blocks(torch, forward, backward, reset, device, queue, mode: str, spin
     """(forward CPU s, backward CPU s) of one micro-batch timed ``mode``."""
     reset()
     torch.cuda.synchronize(device)
-    if mode == "queued":
+    if mode in ("queued", "unqueued"):
         e0 = torch.cuda.Event()
-        queue.sleep(spin_s)
+        if mode == "queued":
+            queue.sleep(spin_s)
         e0.record()
         t0 = time.perf_counter()
         y = forward()
         t1 = time.perf_counter()
         backward(y)
         t2 = time.perf_counter()
-        ok = not e0.query()
+        # queued: the GPU must still be spinning when the CPU has dispatched everything
+        ok = mode == "unqueued" or not e0.query()
         torch.cuda.synchronize(device)
         return (t1 - t0, t2 - t1) if ok else None
-    if mode == "unqueued":
-        t0 = time.perf_counter()
-        y = forward()
-        t1 = time.perf_counter()
-        backward(y)
-        t2 = time.perf_counter()
-        torch.cuda.synchronize(device)
-        return t1 - t0, t2 - t1
     # steady: micro-batches back to back, the first one not counted
     fs, bs = [], []
     for _ in range(microbatches):
@@ -195,32 +189,17 @@ def blocks(torch, device, queue, model, seq: int, deep: int, iters: int) -> list
 
 
 def runs(plans: list[str], timeout_s: float) -> list[dict]:
+    """Each plan run by the executor (``moe_sync_gpu._run_one``: its results' rank-0 phase
+    times, host step and host probe)."""
+    from moe_sync_gpu import _run_one
     out = []
-    for plan in plans:
-        with tempfile.TemporaryDirectory() as tmp:
-            res = Path(tmp) / "results.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node=1", "-m", "meshplan.executor.run", "--plan", plan,
-                   "--out", str(res), "--steps", "6", "--warmup", "3", "--force",
-                   "--device", "cuda"]
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            t0 = time.time()
-            try:
-                p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                   timeout=timeout_s)
-                rc, tail = p.returncode, (p.stdout + p.stderr)[-2000:]
-            except subprocess.TimeoutExpired:
-                rc, tail = 124, "timeout"
-            doc = json.loads(res.read_text()) if res.exists() else {}
-        meas = doc.get("measured", {})
-        rank0 = (meas.get("memory_per_rank") or [{}])[0]
-        out.append({"plan": plan, "rc": rc, "wall_s": time.time() - t0,
-                    "step_time_s": meas.get("step_time_s"),
-                    "host_step_s": rank0.get("host_step_median_s"),
-                    "host_probe_us": rank0.get("host_probe_us"),
-                    "phases": rank0.get("phase_median_ms"), "layout": doc.get("layout"),
-                    "tail": tail if rc else None})
-        print("run", plan, rc, meas.get("step_time_s"), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, plan in enumerate(plans):
+            log = Path(tmp) / f"{i}.log"
+            r = _run_one(Path(plan), ROOT, Path(tmp) / f"{i}.json", log, timeout_s, None)
+            out.append({"plan": plan, **r,
+                        "tail": log.read_text()[-2000:] if r["rc"] else None})
+            print("run", plan, r["rc"], r["step_time_s"], flush=True)
     return out
 
 

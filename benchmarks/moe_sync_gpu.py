@@ -129,6 +129,9 @@ def plans(args) -> int:
 
 def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
              profile_dir: Path | None) -> dict:
+    """The executor on ``plan`` (one GPU, 3 warm-up + 6 timed steps) from source ``tree``:
+    status, step, peak memory and rank 0's per-phase times, host step and host probe."""
+    from meshplan.calibrate.validate_records import read_measurement
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), NCCL_NVLS_ENABLE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
            "-m", "meshplan.executor.run", "--plan", str(plan), "--out", str(res),
@@ -143,11 +146,19 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
         except subprocess.TimeoutExpired:
             rc = 124
     doc = json.loads(res.read_text()) if res.exists() else {}
-    meas = doc.get("measured", {})
+    try:
+        meas = read_measurement(doc, 1)
+    except ValueError:      # no results, or no timed step
+        meas = {}
+
+    def rank0(key):
+        return (meas.get(key) or [None])[0]
     return {"rc": rc, "wall_s": time.time() - t0, "status": doc.get("status", "failed"),
-            "step_time_s": meas.get("step_time_s"), "memory_peak_bytes":
-            meas.get("memory_peak_bytes"), "phases": meas.get("phase_median_ms_per_rank"),
-            "host_step_s": (meas.get("host_step_median_s_per_rank") or [None])[0]}
+            "step_time_s": meas.get("step_time_s"),
+            "memory_peak_bytes": meas.get("memory_peak_bytes"),
+            "phases": rank0("phase_median_ms_per_rank"),
+            "host_step_s": rank0("host_step_median_s_per_rank"),
+            "host_probe_us": rank0("host_probe_us_per_rank")}
 
 
 def run(args) -> int:

@@ -109,9 +109,8 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
             "for the CPU's kernel launches; measured host-bound layouts missed their "
             "predictions by -24 % to +58 % and ran up to 49 % apart between runs "
             "(docs/benchmarks/accuracy.md, host.md; GPU-bound ones repeated within 2 %). "
-            "Calibrate on "
-            "the training host, and where a GPU-bound layout is within a few percent, "
-            "prefer it")
+            "Calibrate on the training host, and where a GPU-bound layout is within a few "
+            "percent, prefer it")
 
 
 def nearest_shape_caveat(source: str) -> str:

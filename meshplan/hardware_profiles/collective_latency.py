@@ -167,5 +167,5 @@ def all_to_all_curve(rows: Iterable[Mapping[str, Any]], link_gbps: float, base_s
 
 
 __all__ = ["CURVE_OPS", "MIN_CURVE_MESSAGE_BYTES", "MIN_BANDWIDTH_SHARE", "all_to_all_curve",
-           "bandwidth_bound", "broadcast_curve", "bus_bytes", "call_latency_s", "legacy_split", "nvlink_curve",
-           "ring_steps", "row_efficiency", "split_latency"]
+           "bandwidth_bound", "broadcast_curve", "bus_bytes", "call_latency_s", "legacy_split",
+           "nvlink_curve", "ring_steps", "row_efficiency", "split_latency"]

@@ -64,17 +64,17 @@ class GroupLink:
             object.__setattr__(self, "_hash", h)
         return h
 
-    def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
-        return self.busbw_gbps * 1e9 * self.efficiency(message_bytes)
+    def bandwidth_bytes_per_s(self, message_bytes: float, curve: Curve | None = None) -> float:
+        """Bus bytes per second at ``message_bytes``: on ``curve`` where an op has its own
+        measured one, else on the collectives' ``efficiency``."""
+        return self.busbw_gbps * 1e9 * (self.efficiency if curve is None else curve)(
+            message_bytes)
 
     def broadcast_bytes_per_s(self, message_bytes: float) -> float:
-        eff = self.efficiency if self.broadcast_efficiency is None else self.broadcast_efficiency
-        return self.busbw_gbps * 1e9 * eff(message_bytes)
+        return self.bandwidth_bytes_per_s(message_bytes, self.broadcast_efficiency)
 
     def all_to_all_bytes_per_s(self, message_bytes: float) -> float:
-        eff = (self.efficiency if self.all_to_all_efficiency is None
-               else self.all_to_all_efficiency)
-        return self.busbw_gbps * 1e9 * eff(message_bytes)
+        return self.bandwidth_bytes_per_s(message_bytes, self.all_to_all_efficiency)
 
     def latency_s(self, steps: int, inter_steps: int = 0) -> float:
         """One call of ``steps`` ring steps, ``inter_steps`` of them between nodes."""

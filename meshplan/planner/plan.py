@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from meshplan.costmodel import Estimate, estimate
+from meshplan.costmodel.caveats import is_host_bound
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.errors import ConfigError, MeshplanError, PlanFileError
 from meshplan.hardware_profiles import Cluster
@@ -240,10 +241,10 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
         cands.append((lay, est))
     weight = (lambda e: e.num_gpus * e.step_time_s) if objective == "cost" else \
         (lambda e: e.step_time_s)
-    by_prediction = sorted(cands, key=lambda le: weight(le[1]))
+    fastest = min(cands, key=lambda le: weight(le[1]))[0]
     cands = rank_candidates(cands, weight, cluster, constraints.host_bound_margin)
-    if cands[0][0] != by_prediction[0][0]:
-        stats["host_bound_preferred_over"] = by_prediction[0][0].short()
+    if cands[0][0] != fastest:
+        stats["host_bound_preferred_over"] = fastest.short()
     stats["wall_s"] = time.perf_counter() - t0
     return Plan(model, cluster, job, objective,
                 tuple(Candidate(lay, est, i + 1) for i, (lay, est) in enumerate(cands)),
@@ -258,7 +259,6 @@ def rank_candidates(cands: list, weight: Callable[[Estimate], float], cluster: C
     Worked example, margin 0.03: a host-bound layout predicted at 1.00 s ranks as 1.03 s,
     so a GPU-bound one predicted at 1.02 s comes first and one at 1.04 s second; with
     margin 0 the order is the prediction's. Ties keep the solver's order (stable sort)."""
-    from meshplan.costmodel.caveats import is_host_bound
     numbers = cluster.gpu.corrections
 
     def key(le) -> float:
