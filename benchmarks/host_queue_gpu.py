@@ -203,10 +203,18 @@ def runs(plans: list[str], timeout_s: float) -> list[dict]:
     return out
 
 
+def _model_arg(text: str) -> tuple[str, int]:
+    path, _, seq = text.rpartition(":")
+    if not path or not seq.isdigit() or int(seq) < 1 or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an existing ModelSpec JSON file "
+                                         f"and a sequence length, PATH:SEQ_LEN")
+    return path, int(seq)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--model", action="append", required=True,
+    ap.add_argument("--model", action="append", required=True, type=_model_arg,
                     help="ModelSpec JSON:SEQ_LEN (repeatable)")
     ap.add_argument("--deep", type=int, default=16, help="blocks of the deeper stack")
     ap.add_argument("--iters", type=int, default=8)
@@ -229,11 +237,10 @@ def main(argv=None) -> int:
     doc["launch"] = launch_cost(torch, device, queue)
     doc["probe_us"].append(host_dispatch_probe_us(device))
     doc["blocks"] = []
-    for item in args.model:
-        path, seq = item.rsplit(":", 1)
+    for path, seq in args.model:
         model = ModelSpec.from_dict(json.loads(Path(path).read_text()))
-        for row in blocks(torch, device, queue, model, int(seq), args.deep, args.iters):
-            doc["blocks"].append({"model": model.name, "seq_len": int(seq), **row})
+        for row in blocks(torch, device, queue, model, seq, args.deep, args.iters):
+            doc["blocks"].append({"model": model.name, "seq_len": seq, **row})
     doc["probe_us"].append(host_dispatch_probe_us(device))
     doc["runs"] = runs(args.plan, args.timeout)
     doc["host_after"] = _host_env()
