@@ -90,6 +90,12 @@ LAYOUTS = [
     # larger micro-batches, where the GPU and not the CPU's dispatch sets the step (the
     # calibration timed micro-batch 1 and 2 only: its rows are extended to these)
     ("h07", L(micro_batch=4)), ("h08", L(micro_batch=8)),
+    # GPU-bound one-GPU arms priced from rows timed at their own micro-batches (set fp8h3:
+    # calibrate --micro-batches 2,4, so no row is extended beyond what was timed)
+    ("j01", L(micro_batch=2)), ("j02", L(micro_batch=4)),
+    ("j03", L(micro_batch=2, recompute="selective")),
+    ("j04", L(micro_batch=4, recompute="selective")),
+    ("j05", L(micro_batch=4, recompute="full")), ("j06", L(micro_batch=2, recompute="full")),
 ]
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
@@ -160,7 +166,8 @@ def prediction_cluster(args, nproc: int) -> tuple[Cluster, str]:
     return apply_profile(cluster, args.profile, override=True), args.profile
 
 
-def layouts(args, out: Path, keep: Path, deadline: float) -> None:
+def _model_job_layouts(args) -> tuple[ModelSpec, Job, list]:
+    """The layouts' model, bf16 job and (name, layout) list from the command line."""
     cpu = args.device == "cpu"
     model, job = (TINY, TINY_JOB) if cpu else (LLAMA_16B, JOB)
     if args.model:
@@ -171,13 +178,49 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
     todo = CPU_LAYOUTS if cpu else LAYOUTS
     if args.only:     # in the order given (the budget skips the last ones)
         named = dict(todo)
-        todo = [(n, named[n]) for n in args.only.split(",") if n in named]
+        unknown = [n for n in args.only.split(",") if n not in named]
+        if unknown:
+            raise SystemExit(f"--only {','.join(unknown)}: no such layout; known: "
+                             f"{', '.join(named)}")
+        todo = [(n, named[n]) for n in args.only.split(",")]
+    return model, job, todo
+
+
+def _arms(job: Job, recipe: str) -> list[tuple[str, Job]]:
+    return [("bf16", job), ("fp8", dataclasses.replace(job, precision="fp8",
+                                                       fp8_recipe=recipe))]
+
+
+def predict_only(args, gpu: str) -> dict:
+    """Every arm's prediction on ``--profile`` for a GPU named ``gpu``, without running
+    anything (on the CPU, so that the predictions can be committed before the arms run)."""
+    from meshplan.costmodel import estimate
+    from meshplan.costmodel.caveats import is_host_bound
+    model, job, todo = _model_job_layouts(args)
+    cluster = apply_profile(gpu_cluster(gpu, max(lay.num_gpus for _, lay in todo)),
+                            args.profile, override=True)
+    doc = {"profile": args.profile, "model": model.name, "seq_len": job.seq_len,
+           "global_batch": job.global_batch, "recipe": args.recipe, "layouts": {}}
+    for name, layout in todo:
+        layout = layout.replace(compile=not args.eager)
+        for arm, arm_job in _arms(job, args.recipe):
+            est = estimate(model, cluster, arm_job, layout)
+            doc["layouts"][f"{name}-{arm}"] = {
+                "layout": layout.short(), "step_time_s": est.step_time_s,
+                "host_dispatch_s": est.host_dispatch_s,
+                "memory_gib": est.memory_peak_bytes / 2**30, "host_load": est.host_load,
+                "host_bound": is_host_bound(est.time.host_wait_s, est.step_time_s,
+                                            cluster.gpu.corrections)}
+    return doc
+
+
+def layouts(args, out: Path, keep: Path, deadline: float) -> None:
+    model, job, todo = _model_job_layouts(args)
     nproc = max(lay.num_gpus for _, lay in todo)
     cluster, source = prediction_cluster(args, nproc)
     datasheet, _ = prediction_cluster(argparse.Namespace(**{**vars(args), "profile": "none"}),
                                       nproc)
-    arms = [("bf16", job), ("fp8", dataclasses.replace(job, precision="fp8",
-                                                       fp8_recipe=args.recipe))]
+    arms = _arms(job, args.recipe)
     table = []
     for name, layout in todo:
         layout = layout.replace(compile=not args.eager)
@@ -319,10 +362,22 @@ def main() -> int:
     p.add_argument("--block-marks", action="store_true",
                    help="diagnostic: time each block's forward and backward (pp = 1 layouts)")
     p.add_argument("--micro-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--predict-only", metavar="GPU", default=None,
+                   help="write --out/predictions.json: every arm predicted on --profile (a "
+                        "path) for this GPU name, e.g. 'NVIDIA H200'; runs nothing")
     args = p.parse_args()
     deadline = time.perf_counter() + args.budget
     out, keep = Path(args.out), Path(args.keep)
     out.mkdir(parents=True, exist_ok=True)
+    if args.predict_only:
+        if args.profile in ("auto", "none"):
+            raise SystemExit("--predict-only needs --profile PATH (the committed calibration)")
+        doc = predict_only(args, args.predict_only)
+        (out / "predictions.json").write_text(json.dumps(doc, indent=1) + "\n")
+        for name, p_ in doc["layouts"].items():
+            print(f"{name:10s} {p_['layout']:40s} {p_['step_time_s']:.3f} s "
+                  f"{p_['memory_gib']:.1f} GiB{'  host-bound' if p_['host_bound'] else ''}")
+        return 0
     if args.micro_only:
         micro(args.device, out, args.micro_budget, args.micro)
         return 0

@@ -5,7 +5,8 @@
 #
 #   PART=cal bash benchmarks/fp8_rows_device.sh   # call 1: meshplan calibrate of the set's
 #       # model: bf16 rows eager and compiled, fp8 (tensorwise) rows compiled, at recompute
-#       # none/selective/full and micro-batch 1/2, the fp8 GEMM and cast benchmarks
+#       # none/selective/full and micro-batch 1/2 (MB=2,4: others), the fp8 GEMM and cast
+#       # benchmarks
 #       # -> $OUT/profile.toml, $OUT/calibrate.log
 #   PART=run PROFILE=docs/benchmarks/data/profiles/<it>.toml bash benchmarks/fp8_rows_device.sh
 #       # call 2: fp8_device.py's 1-GPU layouts h01-h06, bf16 and fp8 each, compiled, every
@@ -20,7 +21,7 @@ case "${PART:?PART=cal or PART=run}" in
 cal)
     { nvidia-smi --query-gpu=name,driver_version --format=csv 2>&1 || true; } > "$OUT/calibrate.log"
     $PY -c "from meshplan.cli import main; raise SystemExit(main())" calibrate \
-        --model "$MODEL" --nproc 1 --seq-len "$SEQ" --micro-batches 1,2 --max-tp 1 --rounds 1 \
+        --model "$MODEL" --nproc 1 --seq-len "$SEQ" --micro-batches "${MB:-1,2}" --max-tp 1 --rounds 1 \
         --compile-rows none,selective,full --fp8-rows tensorwise \
         --time-budget "${CAL_BUDGET:-440}" --out "$OUT/profile.toml" >> "$OUT/calibrate.log" 2>&1
     echo "calibrate rc $?" | tee -a "$OUT/calibrate.log"
