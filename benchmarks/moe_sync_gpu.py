@@ -69,6 +69,16 @@ SETS = {
              ("mb2-full", Layout(micro_batch=2, recompute="full")),
              ("mb2-compiled", Layout(micro_batch=2, compile=True)),
              ("mb4-compiled", Layout(micro_batch=4, compile=True))],
+    # a drawn model never run before (plans --model, benchmarks/draw_moe.py), priced from a
+    # calibration of it that timed every layout's micro-batch and recompute mode, compiled
+    # and eager: the GPU-bound layouts first
+    "drawn": [("mb4-compiled", Layout(micro_batch=4, compile=True)),
+              ("mb2-compiled", Layout(micro_batch=2, compile=True)),
+              ("mb2-selective-compiled", Layout(micro_batch=2, recompute="selective",
+                                                compile=True)),
+              ("mb2-full-compiled", Layout(micro_batch=2, recompute="full", compile=True)),
+              ("mb4", Layout(micro_batch=4)),
+              ("mb1-compiled", Layout(micro_batch=1, compile=True))],
 }
 
 
@@ -98,15 +108,30 @@ def _baseline_step_s(baseline: Path, profile: str, layout: Layout) -> float | No
     return float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
 
 
+def _model_job(args):
+    """moe-1.9b and its job, or ``--model`` with ``--seq-len`` / ``--global-batch``."""
+    if not args.model:
+        return MODEL, JOB
+    if args.baseline:
+        raise SystemExit("--baseline prices moe-1.9b only: leave it out with --model")
+    from meshplan.spec import ModelSpec
+    model = ModelSpec.from_dict(json.loads(Path(args.model).read_text()))
+    return model, dataclasses.replace(JOB, seq_len=args.seq_len or model.max_seq_len,
+                                      global_batch=args.global_batch or JOB.global_batch)
+
+
 def plans(args) -> int:
     from meshplan.costmodel import estimate
     from meshplan.executor.planfiles import write_plan_for_layout
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     calibrated, datasheet = _cluster(args.profile), _cluster(None)
+    MODEL, JOB = _model_job(args)  # noqa: N806 (the module's names, or the drawn model's)
     preds = {"model": MODEL.name, "job": JOB.to_dict(), "profile": args.profile,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
     preds["set"] = args.set
+    if args.model:
+        preds["model_spec"] = MODEL.to_dict()
     for name, lay in SETS[args.set]:
         write_plan_for_layout(out / f"{name}.json", MODEL, JOB, lay, calibrated)
         e = estimate(MODEL, calibrated, JOB, lay)
@@ -230,6 +255,10 @@ def main(argv=None) -> int:
     a.add_argument("--profile", required=True)
     a.add_argument("--baseline", default=None)
     a.add_argument("--set", default="sync", choices=sorted(SETS))
+    a.add_argument("--model", default=None, help="a ModelSpec JSON instead of moe-1.9b")
+    a.add_argument("--seq-len", type=int, default=None, help="with --model: default its own")
+    a.add_argument("--global-batch", type=int, default=None,
+                   help=f"with --model: default {JOB.global_batch}")
     b = sub.add_parser("run")
     b.add_argument("--plans", required=True)
     b.add_argument("--baseline", default=None, help="a baseline tree to run beside this one")

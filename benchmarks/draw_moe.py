@@ -1,0 +1,94 @@
+"""Draw random but realistic mixture-of-experts decoders from a seed (issue 38's GPU checks on
+models never run before, the MoE counterpart of ``draw_models.py``).
+
+Each decision follows the released MoE families:
+
+- attention and embeddings Llama-style (every released MoE decoder of the last two years:
+  Mixtral, DeepSeekMoE, Qwen-MoE, OLMoE), MHA or GQA, hidden 1024-2560 from heads × head dim;
+- routed experts E ∈ {8, 16, 32, 64}; *fine-grained expert segmentation* (DeepSeekMoE, Dai et
+  al. 2024, arXiv 2401.06066 §3.1): each of the dense MLP's would-be experts is split into
+  g ∈ {1, 2, 4, 8} narrower ones (g grows with E: 8 experts → 1, 64 → 4 or 8), each of width
+  ffn / g, and a token uses g × k of them for a base top-k ∈ {1, 2} (Switch: top-1, Fedus et al.
+  2021; Mixtral: 8 experts top-2, Jiang et al. 2024; OLMoE: 64 experts top-8), at most 8;
+- one shared expert of the routed width half of the time (DeepSeekMoE §3.2; Qwen1.5-MoE);
+- every layer an MoE layer; layers a multiple of 4 such that the total parameters fall in
+  [--min-params, --max-params] (the default fits one 141 GB GPU with Adam).
+
+    PYTHONPATH=. python benchmarks/draw_moe.py --seed 3801 --count 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from meshplan.spec import ModelSpec  # noqa: E402
+
+LLAMA_STYLE = dict(activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                   tied_embeddings=False, bias=False, dropout=False)
+EXPERTS_GRANULARITY = {8: (1,), 16: (1, 2), 32: (2, 4), 64: (4, 8)}
+VOCABS = (32000, 32768, 50304, 65536, 100352, 151936)
+SEQS = (1024, 2048, 4096)
+HIDDEN_RANGE = (1024, 2560)
+
+
+def draw_moe_model(rng: random.Random, name: str, *, min_params: float = 1.0e9,
+                   max_params: float = 3.0e9) -> ModelSpec:
+    """One random MoE decoder (the module docstring gives each decision)."""
+    while True:
+        heads = rng.randrange(8, 21, 2)
+        head_dim = rng.choice((64, 128))
+        hidden = heads * head_dim
+        if not HIDDEN_RANGE[0] <= hidden <= HIDDEN_RANGE[1]:
+            continue
+        kv = heads if rng.random() < 0.5 else rng.choice([d for d in (2, 4, 8)
+                                                         if heads % d == 0 and d < heads])
+        experts = rng.choice(sorted(EXPERTS_GRANULARITY))
+        g = rng.choice(EXPERTS_GRANULARITY[experts])
+        top_k = min(8, g * rng.choice((1, 2)))
+        dense_ffn = rng.uniform(2.5, 4.0) * hidden
+        width = max(128, round(dense_ffn / g / 128) * 128)
+        shared = rng.random() < 0.5
+        vocab, seq = rng.choice(VOCABS), rng.choice(SEQS)
+        fields = dict(hidden_size=hidden, num_heads=heads, num_kv_heads=kv,
+                      ffn_hidden_size=width, vocab_size=vocab, max_seq_len=seq,
+                      num_experts=experts, experts_per_token=top_k,
+                      moe_ffn_hidden_size=width, num_shared_experts=int(shared),
+                      **LLAMA_STYLE)
+        one = ModelSpec(name=name, num_layers=1, **fields)
+        base, per = one.num_params() - one.layer_params(0), one.layer_params(0)
+        layers = [n for n in range(8, 65, 4) if min_params <= base + n * per <= max_params]
+        if not layers:
+            continue
+        n = rng.choice(layers)
+        total = (base + n * per) / 1e9
+        tag = f"moe{experts}x{top_k}{'s' if shared else ''}"
+        return ModelSpec(name=f"{name}-{tag}-{total:.2f}b", num_layers=n, **fields)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--min-params", type=float, default=1.0e9)
+    p.add_argument("--max-params", type=float, default=3.0e9)
+    args = p.parse_args(argv)
+    if args.count < 1 or not 0 < args.min_params < args.max_params:
+        p.error(f"--count {args.count} must be >= 1 and 0 < --min-params "
+                f"({args.min_params:g}) < --max-params ({args.max_params:g})")
+    rng = random.Random(args.seed)
+    for i in range(args.count):
+        m = draw_moe_model(rng, f"m{i + 1:02d}", min_params=args.min_params,
+                           max_params=args.max_params)
+        print(json.dumps(m.to_dict()), f"# {m.num_params() / 1e9:.2f} B, "
+              f"{m.num_active_params() / 1e9:.2f} B active")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
