@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.costmodel import comm, mla, torch_membound, window
-from meshplan.costmodel.memory import activation_bytes_per_element
+from meshplan.costmodel.memory import activation_bytes_per_element, recomputes_core_attention
 from meshplan.spec import Job, ModelSpec
 from meshplan.hardware_profiles import Cluster, GPUSpec
 from meshplan.hardware_profiles.topology import GroupLink
@@ -294,7 +294,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         # §5), the two norms (memory-bound, their forward traffic again)
         mods = job.selective_modules
         rc = PassCost()
-        if "core_attn" in mods:
+        if recomputes_core_attention(job):
             rc += PassCost(attention_s=fwd_attn, memory_bound_s=hbm_s(gpu, softmax_bytes))
         if "layernorm" in mods:
             rc += PassCost(memory_bound_s=hbm_s(gpu, hidden_elems * e * 4, model.norm))

@@ -69,7 +69,7 @@ from meshplan.costmodel.compute import (FLASH_BACKWARD_FACTOR, LayerCost, gemm_s
                                        kernel_head_dim)
 from meshplan.costmodel.corrections import ring_interference
 from meshplan.costmodel.data_parallel import Groups
-from meshplan.costmodel.memory import activation_bytes_per_element
+from meshplan.costmodel.memory import activation_bytes_per_element, recomputes_core_attention
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.ring_memory import ring_memory_bytes
 from meshplan.hardware_profiles import Cluster
@@ -179,7 +179,7 @@ def with_cp_attention(base: LayerParts, model: ModelSpec, cluster: Cluster, job:
     lay = base.layer
     # full, and selective with the attention core among job.recompute_modules, re-run it
     rerun = layout.recompute == "full" or (layout.recompute == "selective"
-                                           and "core_attn" in job.selective_modules)
+                                           and recomputes_core_attention(job))
     rc = replace(lay.recompute, attention_s=fa if rerun else 0.0,
                  cp_comm_s=fc if rerun else 0.0)
     fwd = replace(lay.forward, attention_s=fa, cp_comm_s=fc)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from meshplan.costmodel.memory import recomputes_core_attention
 from meshplan.costmodel.window import keys_per_query
 from meshplan.spec import ModelSpec
 
@@ -74,7 +75,7 @@ def flops_recompute(job, recompute: str) -> str:
     """The recompute mode whose FLOPs a step adds: selective without the attention core
     among ``job.recompute_modules`` re-runs only memory-bound work (norms, activations),
     FLOPs-wise none."""
-    if recompute == "selective" and "core_attn" not in job.selective_modules:
+    if recompute == "selective" and not recomputes_core_attention(job):
         return "none"
     return recompute
 

@@ -29,6 +29,14 @@ from meshplan.spec import Job, ModelSpec
 MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti 2022 §4.1)
 
 
+def recomputes_core_attention(spec) -> bool:
+    """Whether selective recomputation re-runs the attention core: ``"core_attn"`` among
+    ``spec.selective_modules`` (a :class:`~meshplan.spec.Job`'s ``recompute_modules``, the
+    attention core by default, or a :class:`LayerActivations`' copy of them). Says nothing
+    about whether the layout recomputes selectively: callers check ``recompute``."""
+    return "core_attn" in spec.selective_modules
+
+
 def activation_bytes_per_element(job: Job) -> int:
     """16-bit activations under mixed precision, 32-bit in fp32 training."""
     return 4 if job.precision == "fp32" else 2
@@ -50,7 +58,7 @@ class LayerActivations:
             return self.input_bytes
         kept = self.replicated_bytes + self.sharded_bytes + self.attention_core_bytes
         if recompute == "selective":
-            if "core_attn" in self.selective_modules:
+            if recomputes_core_attention(self):
                 kept -= self.attention_core_bytes
             if "layernorm" in self.selective_modules:
                 kept -= self.norm_output_bytes

@@ -138,9 +138,9 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                                                 gpu.nvlink_gbps, gpu.nvlink_efficiency)
     else:
         sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
-        # the node's share of a cross-node all-to-all at the measured all-to-all curve
-        a2a_eff = (gpu.nvlink_efficiency if gpu.nvlink_all_to_all_efficiency is None
-                   else gpu.nvlink_all_to_all_efficiency)
+        # the node's share of a cross-node all-to-all over NVLink, priced from the GPU: its
+        # measured all-to-all curve, else its collectives' curve (comm.op_curve)
+        a2a_eff = comm.op_curve(gpu.nvlink_all_to_all_efficiency, gpu.nvlink_efficiency)
         a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance, gpu.nvlink_gbps,
                                    a2a_eff) if ep > 1 else 0.0
     etp_s = 2 * comm.all_gather_s(links.etp, rows * h * e) if etp > 1 else 0.0
