@@ -1,0 +1,53 @@
+"""benchmarks/draw_moe.py: random realistic MoE decoders, and the committed moeh1 draw."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import draw_moe as dmoe  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
+
+
+def _draws(seed, n, **kw):
+    rng = random.Random(seed)
+    return [dmoe.draw_moe_model(rng, f"m{i}", **kw) for i in range(n)]
+
+
+def test_draw_is_seeded():
+    assert _draws(3, 5) == _draws(3, 5)
+    assert _draws(3, 5) != _draws(4, 5)
+
+
+@pytest.mark.parametrize("model", _draws(38, 30), ids=lambda m: m.name)
+def test_every_draw_is_a_released_kind_of_moe(model):
+    h = model.hidden_size
+    assert 1024 <= h <= 2560 and model.num_heads % model.num_kv_heads == 0
+    e, k = model.num_experts, model.experts_per_token
+    # fine-grained segmentation: for some granularity g of this expert count, the top-k is
+    # g or 2g (at most 8) and each expert is a 2.5-4 x hidden MLP's width over g (±128)
+    assert any(k in (g, min(8, 2 * g))
+               and 2.5 * h / g - 128 <= model.moe_ffn_hidden_size <= 4.0 * h / g + 128
+               for g in dmoe.EXPERTS_GRANULARITY[e])
+    assert 1 <= k <= 8 and k < e
+    assert model.num_shared_experts in (0, 1)
+    assert model.num_layers % 4 == 0 and model.num_moe_layers == model.num_layers
+    assert 1.0e9 <= model.num_params() <= 3.0e9
+    assert model.num_active_params() < model.num_params()
+    assert ModelSpec.from_dict(model.to_dict()) == model
+
+
+def test_bounds_are_checked():
+    with pytest.raises(SystemExit):
+        dmoe.main(["--seed", "1", "--min-params", "3e9", "--max-params", "1e9"])
+
+
+def test_the_committed_moeh1_model_is_seed_3801s_first_draw():
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh1" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3801), "m01")
