@@ -325,6 +325,8 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe
                and job.runtime == "torch" and not lt["compiled"] else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
+            + ((cav.extended_rows_caveat(parts.extended_from, layout.micro_batch),)
+               if parts.extended_from else ())
             + fp8_caveats(parts.fp8, job))
 
 

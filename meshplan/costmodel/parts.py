@@ -78,6 +78,9 @@ class LayerParts:
     # the fp8 change of a layer's (forward, backward, weight-gradient) seconds, for rows that
     # replace ``layer`` later (FSDP2 rows, a pipelined ZeRO-2 stage's): (0, 0, 0) without fp8
     fp8_delta_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # the micro-batches the layer's measured row was extended from, where this layout's lies
+    # outside those timed (measured.Interpolated.extended_from); () inside or analytical
+    extended_from: tuple[int, ...] = ()
 
 
 @lru_cache(maxsize=8192)
@@ -122,6 +125,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     tables = tables_for(model, cluster, job, tp_link)
     transferred = ""
     compiled = False
+    extended: tuple[int, ...] = ()
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
         ml = tables.layer(model, recompute=recompute, compile=True, **kw) if compile else None
@@ -131,6 +135,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
+            extended = ml.extended_from
             split, split_depth, split_cpu = ml.split_backward, ml.split_depth, ml.split_cpu
             if recompute == "full" and ml.wgrad_transient_bytes > 0:
                 wgrad = ml
@@ -183,6 +188,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                 cpu_fixed = ((row.forward_cpu_fixed_s, row.backward_cpu_fixed_s) if cpu
                              else (0.0, 0.0))
             compiled = compile
+            extended = row.extended_from
             measured = measured if "layer" in measured else ["layer", *measured]
             f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at))
         delta = (moved.forward.total_s - layer.forward.total_s,
@@ -196,7 +202,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
                       wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
-                      tables=tables, transferred_from=transferred)
+                      tables=tables, transferred_from=transferred, extended_from=extended)
 
 
 def ratio(measured_s: float, analytical_s: float) -> float:

@@ -35,6 +35,9 @@ class Interpolated:
     wgrad_memory_layers: float = 0.0
     wgrad_pending_stage_bytes: float = 0.0
     wgrad_transient_stage_bytes: float = 0.0
+    # the timed micro-batches a value was extended from, where the one asked for lies outside
+    # them (the caveat :data:`meshplan.costmodel.caveats.extended_rows_caveat`); () inside
+    extended_from: tuple[int, ...] = ()
 
     @property
     def cpu_measured(self) -> bool:
@@ -108,7 +111,7 @@ _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_s
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
-    names = [f.name for f in fields(Interpolated)]
+    names = [f.name for f in fields(Interpolated) if f.name != "extended_from"]
 
     def vals(r):   # end rows lack the split fields: 0
         return [getattr(r, peak_field if n == "peak_bytes" else n, 0.0) for n in names]
@@ -118,7 +121,8 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     if len(rows) == 1:
         k = mb / rows[0].micro_batch
         return Interpolated(*(v if n in _PER_STACK else v * k
-                              for n, v in zip(names, vals(rows[0]))))
+                              for n, v in zip(names, vals(rows[0]))),
+                            extended_from=(rows[0].micro_batch,))
     below = [r for r in rows if r.micro_batch < mb]
     above = [r for r in rows if r.micro_batch > mb]
     if below and above:
@@ -128,8 +132,9 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     else:
         a, b = below[-2], below[-1]
     w = (mb - a.micro_batch) / (b.micro_batch - a.micro_batch)
+    outside = () if below and above else (a.micro_batch, b.micro_batch)
     return Interpolated(*(v if n in _SIGNED else max(0.0, v) for n, v in zip(
-        names, (x + w * (y - x) for x, y in zip(vals(a), vals(b))))))
+        names, (x + w * (y - x) for x, y in zip(vals(a), vals(b))))), extended_from=outside)
 
 
 __all__ = ["Interpolated", "split_backward_at", "wgrad_bytes_at"]
