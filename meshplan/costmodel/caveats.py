@@ -67,12 +67,12 @@ def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
     they were timed at (linear in the micro-batch from the two nearest: a fixed part of the
     row stays fixed, the kernels' efficiency at the new size is not measured). On 1 × H200
     (docs/fp8.md, fp8h2 and fp8h3): rows of micro-batch 1-2 extended to 4 and 8 put the
-    step 0.3-4.0 % off and the fp8/bf16 speed-up −5.8 / −5.3 %; rows timed at 4 and 8 gave
+    step 1.3-4.0 % off and the fp8/bf16 speed-up −5.8 / −5.3 %; rows timed at 4 and 8 gave
     −4.4 / −3.7 % on the same runs, and a never-run model calibrated at its layouts'
     micro-batches 1.1 % / 2.5 % (step) and 1.2 % / 2.4 % (speed-up)."""
     timed_s = ", ".join(str(m) for m in sorted(timed))
     return (f"the layer's measured rows were timed at micro-batch {timed_s} and are extended "
-            f"to {micro_batch}: where fp8h2's were (1 x H200), the step moved 0.3-4 % and the "
+            f"to {micro_batch}: where fp8h2's were (1 x H200), the steps were 1.3-4 % off and the "
             f"fp8/bf16 speed-up about 2 points against rows timed at the micro-batch; "
             f"`meshplan calibrate --micro-batches ...,{micro_batch}` times it "
             f"(docs/fp8.md, fp8h3)")
