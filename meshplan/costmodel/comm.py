@@ -45,22 +45,7 @@ bandwidth from the GEMMs they overlap (Rashidi et al. 2021, ISCA, §3); measured
 from __future__ import annotations
 
 from meshplan.hardware_profiles.collective_latency import ring_steps
-from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.topology import GroupLink
-
-
-def op_curve(measured: Curve | None, collectives: Curve) -> Curve:
-    """The efficiency curve an op runs at: its own ``measured`` curve where ``meshplan
-    calibrate`` timed that op (broadcast, all-to-all), else the ``collectives`` curve.
-
-    :meth:`GroupLink.bandwidth_bytes_per_s` makes this choice for a link's curves
-    (``GroupLink.broadcast_efficiency`` / ``all_to_all_efficiency`` over ``efficiency``).
-    The MoE dispatch (:func:`meshplan.costmodel.moe_layer.routed_mlp`) makes it for the
-    GPU's curves instead (``nvlink_all_to_all_efficiency`` over ``nvlink_efficiency``): the
-    NVLink share of a cross-node all-to-all is priced from the GPU, and the ep group's
-    link, which spans nodes, carries only the network's curve — so it cannot go through the
-    link and names the choice here."""
-    return collectives if measured is None else measured
 
 
 def call_latency_s(link: GroupLink, op: str) -> float:

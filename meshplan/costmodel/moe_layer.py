@@ -67,6 +67,7 @@ from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.curve import op_curve
 from meshplan.spec import Job, Layout, ModelSpec
 
 ROUTER_SCORE_BYTES = 12   # fp32 logits read, probabilities written, read again for top-k
@@ -139,8 +140,8 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     else:
         sent = moe.dispatch_bytes_per_rank(model, job, layout, tokens)
         # the node's share of a cross-node all-to-all over NVLink, priced from the GPU: its
-        # measured all-to-all curve, else its collectives' curve (comm.op_curve)
-        a2a_eff = comm.op_curve(gpu.nvlink_all_to_all_efficiency, gpu.nvlink_efficiency)
+        # measured all-to-all curve, else its collectives' curve (as a link chooses)
+        a2a_eff = op_curve(gpu.nvlink_all_to_all_efficiency, gpu.nvlink_efficiency)
         a2a = 2 * moe.all_to_all_s(links.ep, sent * imbalance, gpu.nvlink_gbps,
                                    a2a_eff) if ep > 1 else 0.0
     etp_s = 2 * comm.all_gather_s(links.etp, rows * h * e) if etp > 1 else 0.0

@@ -54,3 +54,14 @@ class Curve:
 
     def to_list(self) -> list[list[float]]:
         return [[x, y] for x, y in self.points]
+
+
+def op_curve(measured: "Curve | None", collectives: "Curve") -> "Curve":
+    """The efficiency curve an op runs at: its own ``measured`` curve where ``meshplan
+    calibrate`` timed that op (broadcast, all-to-all), else the ``collectives`` curve. The
+    one place this choice is made: a process group's link
+    (:meth:`~meshplan.hardware_profiles.topology.GroupLink.bandwidth_bytes_per_s`) and the
+    MoE dispatch's NVLink share of a cross-node all-to-all, priced from the GPU's curves
+    because the ep group's link across nodes carries only the network's
+    (:func:`meshplan.costmodel.moe_layer.routed_mlp`)."""
+    return collectives if measured is None else measured

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.curve import Curve, op_curve
 
 _PCIE_GBPS = 50.0  # PCIe Gen4/5 x16 per direction; a NIC never runs faster than its slot
 
@@ -67,8 +67,7 @@ class GroupLink:
     def bandwidth_bytes_per_s(self, message_bytes: float, curve: Curve | None = None) -> float:
         """Bus bytes per second at ``message_bytes``: on ``curve`` where an op has its own
         measured one, else on the collectives' ``efficiency``."""
-        return self.busbw_gbps * 1e9 * (self.efficiency if curve is None else curve)(
-            message_bytes)
+        return self.busbw_gbps * 1e9 * op_curve(curve, self.efficiency)(message_bytes)
 
     def broadcast_bytes_per_s(self, message_bytes: float) -> float:
         return self.bandwidth_bytes_per_s(message_bytes, self.broadcast_efficiency)

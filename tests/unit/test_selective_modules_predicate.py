@@ -1,13 +1,12 @@
 """recomputes_core_attention: the one test of whether selective recomputation re-runs the
-attention core, and comm.op_curve: the one choice of an op's measured curve over the
+attention core, and op_curve: the one choice of an op's measured curve over the
 collectives' curve (the MoE dispatch's NVLink share, priced from the GPU)."""
 
 from dataclasses import replace
 
 import meshplan as mp
-from meshplan.costmodel import comm
 from meshplan.costmodel.memory import layer_activations, recomputes_core_attention
-from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.curve import Curve, op_curve
 from meshplan.hardware_profiles.topology import group_link
 
 LLAMA = mp.ModelSpec.preset("llama3-8b")
@@ -41,11 +40,11 @@ def test_layer_activations_carry_the_jobs_answer():
 def test_op_curve_prefers_the_measured_curve_like_group_link():
     gpu = mp.Cluster.preset("dgx-h100", nodes=1).gpu
     measured = Curve(((1e5, 0.2), (1e8, 0.7)))
-    assert comm.op_curve(None, gpu.nvlink_efficiency) is gpu.nvlink_efficiency
-    assert comm.op_curve(measured, gpu.nvlink_efficiency) is measured
+    assert op_curve(None, gpu.nvlink_efficiency) is gpu.nvlink_efficiency
+    assert op_curve(measured, gpu.nvlink_efficiency) is measured
     cl = mp.Cluster.preset("dgx-h100", nodes=1)
     cl = cl.replace(gpu=replace(cl.gpu, nvlink_all_to_all_efficiency=measured))
     link = group_link(cl, 8, 1)        # inside the node: the link holds the GPU's curves
     for nbytes in (1e5, 1e7, 1e9):
-        assert link.all_to_all_bytes_per_s(nbytes) == link.busbw_gbps * 1e9 * comm.op_curve(
+        assert link.all_to_all_bytes_per_s(nbytes) == link.busbw_gbps * 1e9 * op_curve(
             cl.gpu.nvlink_all_to_all_efficiency, cl.gpu.nvlink_efficiency)(nbytes)
