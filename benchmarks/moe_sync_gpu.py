@@ -126,24 +126,24 @@ def plans(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     calibrated, datasheet = _cluster(args.profile), _cluster(None)
-    MODEL, JOB = _model_job(args)  # noqa: N806 (the module's names, or the drawn model's)
-    preds = {"model": MODEL.name, "job": JOB.to_dict(), "profile": args.profile,
+    model, job = _model_job(args)
+    preds = {"model": model.name, "job": job.to_dict(), "profile": args.profile,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
     preds["set"] = args.set
     if args.model:
-        preds["model_spec"] = MODEL.to_dict()
+        preds["model_spec"] = model.to_dict()
     for name, lay in SETS[args.set]:
-        write_plan_for_layout(out / f"{name}.json", MODEL, JOB, lay, calibrated)
-        e = estimate(MODEL, calibrated, JOB, lay)
+        write_plan_for_layout(out / f"{name}.json", model, job, lay, calibrated)
+        e = estimate(model, calibrated, job, lay)
         # the same profile without its measured rows: how this tree's MoE layers were
         # priced before the MoE rows (analytical layer, the profile's MoE keys)
         curves = calibrated.replace(gpu=dataclasses.replace(calibrated.gpu, measured=None))
-        ce = estimate(MODEL, curves, JOB, lay)
+        ce = estimate(model, curves, job, lay)
         preds["layouts"][name] = {
             "short": lay.short(), "calibrated_s": e.step_time_s,
             "curves_s": ce.step_time_s, "curves_memory_gib": ce.memory_peak_bytes / 2**30,
             "caveats": list(e.caveats),
-            "datasheet_s": estimate(MODEL, datasheet, JOB, lay).step_time_s,
+            "datasheet_s": estimate(model, datasheet, job, lay).step_time_s,
             "baseline_calibrated_s": (_baseline_step_s(Path(args.baseline), args.profile, lay)
                                       if args.baseline else None),
             "memory_gib": e.memory_peak_bytes / 2**30}
