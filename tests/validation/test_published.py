@@ -12,8 +12,8 @@ from meshplan.costmodel.memory import layer_activations, model_state_bytes
 from meshplan.spec import Job
 
 from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, korthikanti2022, megatron_core_h100,
-                            nemo_h100_fp8,
-                            megatron_model_flops, narayanan2021, read_rows, shoeybi2019)
+                            megatron_model_flops, mlperf_v31_gpt3_fp8, narayanan2021,
+                            nemo_h100_fp8, read_rows, shoeybi2019)
 
 
 # ---- exact formulas -------------------------------------------------------------------
@@ -227,3 +227,29 @@ def test_llama3_long_context_row_is_priced_with_its_ring():
     # same tokens per step and per rank: the 128k row differs by its attention
     assert long.time.gemm_s == pytest.approx(short.time.gemm_s, rel=1e-9)
     assert long.time.attention_s > 10 * short.time.attention_s
+
+
+# ---- MLPerf Training v3.1, GPT-3 175B on DGX H100 (FP8) ----------------------------------
+
+MLPERF = mlperf_v31_gpt3_fp8()
+
+
+def test_mlperf_rows_are_the_logged_runs():
+    """GPUs = nodes · 8 = tp · pp · dp, and the logged global batch = dp · micro-batches ·
+    micro-batch (gradient_accumulation_steps as logged)."""
+    assert len(MLPERF) == 7
+    for r in MLPERF:
+        d = r.row
+        assert int(d["gpus"]) == 8 * int(d["nodes"]) == r.layout.num_gpus
+        assert r.layout.dp * int(d["micro_batches"]) * r.layout.micro_batch == r.job.global_batch
+        assert r.layout.num_microbatches(r.job.global_batch) == int(d["micro_batches"])
+        assert 96 % (r.layout.pp * r.layout.vpp) == 0     # 12 virtual stages of one layer
+
+
+@pytest.mark.parametrize("run", MLPERF, ids=lambda r: r.label)
+def test_mlperf_fp8_step_time_within_10pct(run):
+    """The same bound as the NeMo FP8 rows (each run within 10 %), datasheet profile."""
+    est = estimate(run.model, run.cluster, run.job, run.layout)
+    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
+    err = (est.step_time_s - run.published) / run.published
+    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
