@@ -54,8 +54,9 @@ eager memory-bound ops counted (:mod:`meshplan.costmodel.torch_membound`) and th
 all-to-all core's copies (eq. 9-11): 2.0 % mean / 4.3 % max. Published runs, datasheet
 profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 405B row at
 131k tokens, cp 16, ring (Llama 3 report, arXiv 2407.21783, Table 4) −7.8 %; NeMo 24.07's
-two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −13.8 % and −5.0 %. Calibrated profiles'
-measured layer rows are for cp = 1: a cp layout is priced from the datasheet curves of its
+two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −2.3 % and +4.1 % (post hoc: −13.8
+and −5.0 % while the cp attention of an fp8 job was priced at the fp8 peak). Calibrated
+profiles' measured layer rows are for cp = 1: a cp layout is priced from the datasheet curves of its
 profile (a caveat says so).
 """
 
@@ -66,7 +67,7 @@ from dataclasses import replace
 from meshplan.costmodel import comm, context, window
 from meshplan.costmodel.a2a_memory import all_to_all_memory_bytes, cp_output_copy_bytes
 from meshplan.costmodel.compute import (FLASH_BACKWARD_FACTOR, LayerCost, gemm_s, hbm_s,
-                                       kernel_head_dim)
+                                       kernel_head_dim, sixteen_bit_precision)
 from meshplan.costmodel.corrections import ring_interference
 from meshplan.costmodel.data_parallel import Groups
 from meshplan.costmodel.memory import activation_bytes_per_element, recomputes_core_attention
@@ -109,9 +110,11 @@ def cp_group_links(cluster: Cluster, layout: Layout) -> Groups:
 def _block_s(cluster: Cluster, job: Job, flops: float, head_dim: int | None) -> float:
     """One attention kernel of ``flops`` executed FLOPs (forward): flash at the attention
     curve of its head dim (``GPUSpec.attention_efficiency_at``); unfused as two batched
-    GEMMs (QKᵀ, PV)."""
+    GEMMs (QKᵀ, PV). At the 16-bit peak under fp8 too: fp8 training leaves attention in
+    bf16 (TransformerEngine's fp8 attention is opt-in), as the layer without cp is priced
+    (:func:`meshplan.costmodel.compute.sixteen_bit_precision`)."""
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     if job.flash_attention:
         return (flops / (peak * gpu.attention_efficiency_at(flops, head_dim)) if flops > 0
                 else 0.0)

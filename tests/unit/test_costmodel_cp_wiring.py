@@ -145,3 +145,16 @@ def test_cp_makes_long_sequences_fit():
     plain = mp.estimate(LLAMA, CLUSTER, job, mp.Layout(tp=8, dp=4, sequence_parallel=True))
     cp = mp.estimate(LLAMA, CLUSTER, job, mp.Layout(tp=8, cp=4, sequence_parallel=True))
     assert not plain.fits and cp.fits
+
+
+@pytest.mark.parametrize("style", ["ring", "all-to-all"])
+def test_fp8_leaves_cp_attention_in_16_bits(style):
+    """fp8 training runs the linears in fp8 and attention in bf16 (TransformerEngine's fp8
+    attention is opt-in): a cp layout's attention costs the same in an fp8 and a bf16 job,
+    as a cp = 1 layout's does (the ring's blocks were once priced at the fp8 peak)."""
+    fp8 = replace(JOB, precision="fp8")
+    for lay in (mp.Layout(dp=4, cp=2, tp=4, sequence_parallel=True, zero=1, cp_style=style),
+                mp.Layout(dp=8, tp=4, sequence_parallel=True, zero=1)):
+        a16 = layer_tables(LLAMA, CLUSTER, JOB, lay).parts.layer.forward.attention_s
+        a8 = layer_tables(LLAMA, CLUSTER, fp8, lay).parts.layer.forward.attention_s
+        assert a8 == pytest.approx(a16, rel=1e-12) and a16 > 0

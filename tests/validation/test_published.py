@@ -186,9 +186,10 @@ def test_megatron_core_defaults_fit(run):
 NEMO_FP8 = nemo_h100_fp8()
 
 
-@pytest.mark.parametrize("run", [r for r in NEMO_FP8 if r.layout.cp == 1], ids=lambda r: r.label)
+@pytest.mark.parametrize("run", NEMO_FP8, ids=lambda r: r.label)
 def test_nemo_fp8_step_time_within_10pct(run):
-    """The same bound as the bf16 tables (each run within 10 %), with the datasheet fp8 curve."""
+    """The same bound as the bf16 tables (each run within 10 %), with the datasheet fp8 curve;
+    the cp = 2 rows too since their attention is priced in bf16 as the runs ran it."""
     est = estimate(run.model, run.cluster, run.job, run.layout)
     assert est.fits, f"{run.label}: the published layout ran, so it must fit"
     err = (est.step_time_s - run.published) / run.published
