@@ -16,6 +16,15 @@ from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, korthikanti2022, mega
                             nemo_h100_fp8, read_rows, shoeybi2019)
 
 
+def _fits_and_within(run, bound: float) -> None:
+    """The published layout fits the prediction (it ran) and its step time is within
+    ``bound`` of the published one."""
+    est = estimate(run.model, run.cluster, run.job, run.layout)
+    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
+    err = (est.step_time_s - run.published) / run.published
+    assert abs(err) <= bound, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+
+
 # ---- exact formulas -------------------------------------------------------------------
 
 KORTHIKANTI_CASES = [  # (s, b, h, a, t)
@@ -158,10 +167,7 @@ def test_korthikanti_layouts_are_table3s():
 
 @pytest.mark.parametrize("run", KORTHIKANTI, ids=lambda r: r.label)
 def test_korthikanti_table5_step_time_within_10pct(run):
-    est = estimate(run.model, run.cluster, run.job, run.layout)
-    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
-    err = (est.step_time_s - run.published) / run.published
-    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+    _fits_and_within(run, 0.10)
 
 
 # ---- Megatron-Core H100 2024 (layout partly published) ----------------------------------------
@@ -190,10 +196,7 @@ NEMO_FP8 = nemo_h100_fp8()
 def test_nemo_fp8_step_time_within_10pct(run):
     """The same bound as the bf16 tables (each run within 10 %), with the datasheet fp8 curve;
     the cp = 2 rows too since their attention is priced in bf16 as the runs ran it."""
-    est = estimate(run.model, run.cluster, run.job, run.layout)
-    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
-    err = (est.step_time_s - run.published) / run.published
-    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+    _fits_and_within(run, 0.10)
 
 
 def test_nemo_fp8_rows_are_the_copied_table():
@@ -250,7 +253,4 @@ def test_mlperf_rows_are_the_logged_runs():
 @pytest.mark.parametrize("run", MLPERF, ids=lambda r: r.label)
 def test_mlperf_fp8_step_time_within_10pct(run):
     """The same bound as the NeMo FP8 rows (each run within 10 %), datasheet profile."""
-    est = estimate(run.model, run.cluster, run.job, run.layout)
-    assert est.fits, f"{run.label}: the published layout ran, so it must fit"
-    err = (est.step_time_s - run.published) / run.published
-    assert abs(err) <= 0.10, f"{run.label}: predicted {est.step_time_s:.2f}s vs {run.published}s"
+    _fits_and_within(run, 0.10)
