@@ -86,6 +86,11 @@ def llama3_sensitivity() -> list[str]:
     return lines
 
 
+def span(errs: list[float]) -> str:
+    """The signed range of a group's errors, e.g. ``−4.3..+5.4 %``."""
+    return f"{min(errs):+.1f}..{max(errs):+.1f} %".replace("-", "−")
+
+
 def summarize(name: str, errs: list[float]) -> str:
     absd = [abs(e) for e in errs]
     return (f"{name}: mean absolute error {sum(absd) / len(absd):.1f}%, "
@@ -168,7 +173,7 @@ def main(argv=None) -> int:
               ("Korthikanti 2022 Table 5", korthikanti2022()),
               ("Megatron-Core H100 2024 (layout partly published)", megatron_core_h100()),
               ("Llama 3 405B, Table 4 (layout partly published)", llama3_2024())]
-    tables, summaries = {}, {}
+    tables, summaries, signed = {}, {}, {}
     for name, runs in groups:
         tables[name], errs = step_table(runs)
         summaries[name] = summarize(name, errs)
@@ -176,6 +181,10 @@ def main(argv=None) -> int:
             for mode in ("full", "seqsel"):
                 sub = [e for e, r in zip(errs, runs) if r.row["mode"] == mode]
                 summaries[name + " " + mode] = summarize(f"{name}, {mode} rows", sub)
+                signed[mode] = span(sub)
+        if name.startswith("Narayanan"):
+            signed["t1_pipelined"] = span([e for e, r in zip(errs, runs)
+                                           if r.model.num_params() > 70e9])
         print("\n".join(tables[name]))
         print(summaries[name])
         print()
@@ -226,11 +235,11 @@ def main(argv=None) -> int:
             f"**{summaries[groups[1][0]]}**", "",
             f"- {summaries[groups[1][0] + ' full']}",
             f"- {summaries[groups[1][0] + ' seqsel']}", "",
-            "The `seqsel` rows come out fast (22B by 12 %, 175B by 8 %): the cost model charges "
-            "one all-gather + one reduce-scatter per layer per pass with SP where Megatron runs "
-            "two of each (attention and MLP) plus the backward's extra all-gather; issue 36 "
-            "item 4 fixes the count (another branch). These numbers are main's as of this "
-            "file's date.", "",
+            f"The `seqsel` rows: {signed['seqsel']}, with the sequence-parallel collectives "
+            "priced as Megatron runs them (two all-gathers and two reduce-scatters per layer "
+            "and pass, plus the backward's re-gather for the weight gradients; before issue 36 "
+            "item 4 one of each, and these rows came out 8-12 % fast). The `full` rows: "
+            f"{signed['full']}.", "",
             "## Megatron-Core H100 weak scaling (Megatron-LM README, 2024)", "",
             "GPT models with vocab 131072, seq 4096, on up to 6144 H100, BF16, the distributed "
             "optimizer, DP / TP / PP communication overlapped. Published: tp, pp, dp, batch and "
@@ -311,11 +320,12 @@ def main(argv=None) -> int:
             "out at 0.72 of peak, which is what these end-to-end runs sustain; it does not know "
             "about shape effects (tile quantization, skinny GEMMs), so runs of very different "
             "shapes share one efficiency.",
-            "- The pipelined Table-1 runs (76B and up) come out 4-7% fast: the model has no "
-            "per-micro-batch CPU/launch overhead for datasheet profiles (it does for calibrated "
-            "ones) and prices point-to-point transfers only where they sit on the schedule's "
-            "critical path.",
-            "- Sequence-parallel collectives are under-counted (see the Korthikanti section).",
+            f"- The pipelined Table-1 runs (76B and up) come out {signed['t1_pipelined']}: the "
+            "model has no per-micro-batch CPU/launch overhead for datasheet profiles (it does "
+            "for calibrated ones) and prices point-to-point transfers only where they sit on "
+            "the schedule's critical path.",
+            f"- Table 5's full-recompute rows run slow ({signed['full']}), where Calculon "
+            "times them closer (the side-by-side section).",
             "- The V100 curve is set by the 2019 baseline alone (39 TFLOP/s); the 2.5B data-parallel "
             "row (83%) is not reproduced (we predict ~95%): with the all-reduce overlapped behind "
             "backward, the model has no mechanism for that drop, while the 8.3B row (74%) needs the "
