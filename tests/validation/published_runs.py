@@ -199,17 +199,23 @@ def nemo_h100_fp8() -> list[PublishedRun]:
     return runs
 
 
-def mlperf_v31_gpt3_fp8() -> list[PublishedRun]:
-    """MLPerf Training v3.1's GPT-3 175B on 64-1,344 DGX H100 (NVIDIA's closed-division
-    submissions, NeMo 23.09): every setting from the submission's configs and logs (the CSV's
-    header), the same for every row — runtime "megatron", fp8 recipe "delayed" (TE
-    ``DelayedScaling``, hybrid), tp 4 · pp 8 interleaved with 12 virtual stages, micro-batch 1,
-    SP with overlapped TP communication, the distributed optimizer (ZeRO-1) with overlapped
-    DP communication, no recompute, no dropout. ``published`` = the median logged
-    ``train_step_timing``."""
+MLPERF_GPT3_FILES = {"v3.1": "mlperf_training_v31_gpt3_h100.csv",
+                     "v4.0": "mlperf_training_v40_gpt3_h100.csv"}
+
+
+def mlperf_v31_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]:
+    """MLPerf Training's GPT-3 175B on DGX H100 (NVIDIA's closed-division submissions: v3.1,
+    NeMo 23.09, 64-1,344 nodes; v4.0, NeMo 24.04, 64-1,452 nodes): every setting from the
+    submissions' configs and logs (the CSVs' headers), the same for every row — runtime
+    "megatron", fp8 recipe "delayed" (TE ``DelayedScaling``, hybrid), tp 4, pp and virtual
+    stages and micro-batch as each config sets them, SP with overlapped TP communication,
+    the distributed optimizer (ZeRO-1) with overlapped DP communication, no recompute, no
+    dropout. ``published``: v3.1 the median logged ``train_step_timing``, v4.0 (no per-step
+    log) the median training block's time per step."""
     model = replace(ModelSpec.preset("gpt3-175b"), dropout=False)
     runs = []
-    for d in read_rows("mlperf_training_v31_gpt3_h100.csv"):
+    rows = [(v, d) for v in versions for d in read_rows(MLPERF_GPT3_FILES[v])]
+    for version, d in rows:
         nodes, tp, pp, vp = int(d["nodes"]), int(d["tp"]), int(d["pp"]), int(d["vp"])
         dp = int(d["gpus"]) // (tp * pp)
         layout = Layout(dp=dp, pp=pp, tp=tp, micro_batch=int(d["micro_batch"]),
@@ -218,7 +224,7 @@ def mlperf_v31_gpt3_fp8() -> list[PublishedRun]:
         job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
                   precision="fp8", fp8_recipe="delayed", flash_attention=True,
                   overlap_dp_comm=True, overlap_tp_comm=True)
-        runs.append(PublishedRun(f"gpt3-175b MLPerf v3.1 ({nodes * 8} GPUs)", model,
+        runs.append(PublishedRun(f"gpt3-175b MLPerf {version} ({nodes * 8} GPUs)", model,
                                  Cluster.preset("dgx-h100", nodes=nodes), job, layout,
                                  float(d["step_s"]), d))
     return runs

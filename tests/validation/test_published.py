@@ -240,14 +240,16 @@ MLPERF = mlperf_v31_gpt3_fp8()
 
 def test_mlperf_rows_are_the_logged_runs():
     """GPUs = nodes · 8 = tp · pp · dp, and the logged global batch = dp · micro-batches ·
-    micro-batch (gradient_accumulation_steps as logged)."""
-    assert len(MLPERF) == 7
-    for r in MLPERF:
+    micro-batch (gradient_accumulation_steps as logged), both rounds."""
+    both = mlperf_v31_gpt3_fp8(("v3.1", "v4.0"))
+    assert len(MLPERF) == 7 and len(both) == 10
+    for r in both:
         d = r.row
         assert int(d["gpus"]) == 8 * int(d["nodes"]) == r.layout.num_gpus
         assert r.layout.dp * int(d["micro_batches"]) * r.layout.micro_batch == r.job.global_batch
         assert r.layout.num_microbatches(r.job.global_batch) == int(d["micro_batches"])
-        assert 96 % (r.layout.pp * r.layout.vpp) == 0     # 12 virtual stages of one layer
+        assert 96 % (r.layout.pp * r.layout.vpp) == 0     # whole layers per virtual stage
+        assert r.layout.num_microbatches(r.job.global_batch) % r.layout.pp == 0
 
 
 @pytest.mark.parametrize("run", MLPERF, ids=lambda r: r.label)
