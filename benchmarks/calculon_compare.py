@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "validation"))
 
-from published_runs import (korthikanti2022, megatron_core_h100, mlperf_v31_gpt3_fp8,  # noqa: E402
+from published_runs import (korthikanti2022, megatron_core_h100, mlperf_gpt3_fp8,  # noqa: E402
                             narayanan2021, nemo_h100_fp8)
 from validate_published import replace_section, step_error_pct  # noqa: E402
 
@@ -131,8 +131,8 @@ def compare(tool) -> tuple[list[dict], list[dict]]:
     groups = [("Narayanan 2021 T1", narayanan2021()), ("Korthikanti 2022 T5", korthikanti2022()),
               ("Megatron-Core H100 2024", megatron_core_h100()),
               ("NeMo H100 FP8 2024", nemo_h100_fp8()),
-              ("MLPerf v3.1 GPT-3 FP8", mlperf_v31_gpt3_fp8()),
-              ("MLPerf v4.0 GPT-3 FP8", mlperf_v31_gpt3_fp8(("v4.0",)))]
+              ("MLPerf v3.1 GPT-3 FP8", mlperf_gpt3_fp8()),
+              ("MLPerf v4.0 GPT-3 FP8", mlperf_gpt3_fp8(("v4.0",)))]
     rows, left_out = [], []
     for group, runs in groups:
         for run in runs:

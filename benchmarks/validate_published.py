@@ -32,7 +32,7 @@ from meshplan.errors import ConfigError  # noqa: E402
 from published_moe import moe_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
                             NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS, korthikanti2022,
-                            llama3_2024, megatron_core_h100, mlperf_v31_gpt3_fp8,
+                            llama3_2024, megatron_core_h100, mlperf_gpt3_fp8,
                             narayanan2021, nemo_h100_fp8, shoeybi2019)
 
 CALCULON_START = "<!-- calculon_compare.py: start -->"
@@ -192,19 +192,15 @@ def main(argv=None) -> int:
     summaries.update(moe_summaries)
     print("\n".join(moe_stdout))
     print()
-    fp8_lines, fp8_errs = fp8_table(nemo_h100_fp8())
     fp8_name = "NeMo H100 FP8 2024"
-    if fp8_errs:
-        summaries[fp8_name] = summarize(fp8_name, fp8_errs)
-    mlperf_lines, mlperf_errs = fp8_table(mlperf_v31_gpt3_fp8())
     mlperf_name = "MLPerf Training v3.1 GPT-3 175B, H100 FP8"
-    summaries[mlperf_name] = summarize(mlperf_name, mlperf_errs)
-    mlperf40_lines, mlperf40_errs = fp8_table(mlperf_v31_gpt3_fp8(("v4.0",)))
     mlperf40_name = "MLPerf Training v4.0 GPT-3 175B, H100 FP8"
-    summaries[mlperf40_name] = summarize(mlperf40_name, mlperf40_errs)
-    for lines, name in ((fp8_lines, fp8_name), (mlperf_lines, mlperf_name),
-                        (mlperf40_lines, mlperf40_name)):
-        print("\n".join(lines))
+    for name, runs in ((fp8_name, nemo_h100_fp8()), (mlperf_name, mlperf_gpt3_fp8()),
+                       (mlperf40_name, mlperf_gpt3_fp8(("v4.0",)))):
+        tables[name], errs = fp8_table(runs)
+        if errs:
+            summaries[name] = summarize(name, errs)
+        print("\n".join(tables[name]))
         print(summaries.get(name, ""))
         print()
     sho, _ = shoeybi_table()
@@ -291,7 +287,7 @@ def main(argv=None) -> int:
             "curve × 0.86, data/gpus.toml); no number here was fitted on these rows. The "
             "bf16 column is the same layout predicted in bf16: NeMo publishes no bf16 twin, "
             "so the speed-up is a prediction only.", "",
-            *fp8_lines, "",
+            *tables[fp8_name], "",
             f"**{summaries.get(fp8_name, fp8_name + ': no row predicted')}** — the two "
             "cp = 2 rows (llama3-8b and llama3-70b at 8k tokens) price context parallelism "
             "(ring, docs/context_parallel.md) since issue 39.", "",
@@ -306,7 +302,7 @@ def main(argv=None) -> int:
             "median logged `train_step_timing` of three runs per system (evaluation pauses "
             "excluded). The same model settings as the NeMo rows above, decided before the "
             "first prediction; no number fitted on these rows.", "",
-            *mlperf_lines, "",
+            *tables[mlperf_name], "",
             f"**{summaries[mlperf_name]}** — every row predicted slow, by about 0.07 s a "
             "step at 16 and 8 micro-batches (0.20 s at 128), so the error grows as the step "
             "shortens (128 micro-batches: +1.6..+1.8 %, 16: +3.8..+4.2 %, 8: +7.4..+7.8 %); "
@@ -318,7 +314,7 @@ def main(argv=None) -> int:
             "stages, predicted with the same settings. Its logs have no per-step timing, so the "
             "step is the training blocks' time per step (on the v3.1 logs that measure reads "
             "1.2-2.4 % above the per-step median).", "",
-            *mlperf40_lines, "",
+            *tables[mlperf40_name], "",
             f"**{summaries[mlperf40_name]}** — all slow by about 13 %: the round's "
             "software ran the same work about 3 % faster than v3.1 at 1,344 nodes, and 13 % "
             "more tokens in the same time at 64 nodes, with what its configs add and meshplan "

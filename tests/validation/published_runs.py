@@ -203,7 +203,7 @@ MLPERF_GPT3_FILES = {"v3.1": "mlperf_training_v31_gpt3_h100.csv",
                      "v4.0": "mlperf_training_v40_gpt3_h100.csv"}
 
 
-def mlperf_v31_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]:
+def mlperf_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]:
     """MLPerf Training's GPT-3 175B on DGX H100 (NVIDIA's closed-division submissions: v3.1,
     NeMo 23.09, 64-1,344 nodes; v4.0, NeMo 24.04, 64-1,452 nodes): every setting from the
     submissions' configs and logs (the CSVs' headers), the same for every row — runtime

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import calculon_compare as cc  # noqa: E402
 import validate_published as vp  # noqa: E402
-from published_runs import (korthikanti2022, megatron_core_h100, mlperf_v31_gpt3_fp8,  # noqa: E402
+from published_runs import (korthikanti2022, megatron_core_h100, mlperf_gpt3_fp8,  # noqa: E402
                             narayanan2021)
 
 from meshplan import Cluster, Job, Layout, ModelSpec  # noqa: E402
@@ -47,7 +47,7 @@ def test_megatron_core_run_maps_overlaps_and_sp():
 def test_fp8_runs_use_calculons_float8_datatype():
     """An fp8 run goes to Calculon as its ``float8`` datatype, a bf16/fp16 one as ``float16``,
     with the MLPerf layout's interleaving, SP and overlaps."""
-    run = mlperf_v31_gpt3_fp8()[-1]
+    run = mlperf_gpt3_fp8()[-1]
     app, exe, system = cc.calculon_inputs(run)
     assert exe["datatype"] == "float8" and system == "h100_80g_nvl8.json"
     assert (exe["tensor_par"], exe["pipeline_par"], exe["data_par"]) == (4, 8, 336)

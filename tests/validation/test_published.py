@@ -12,7 +12,7 @@ from meshplan.costmodel.memory import layer_activations, model_state_bytes
 from meshplan.spec import Job
 
 from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, korthikanti2022, megatron_core_h100,
-                            megatron_model_flops, mlperf_v31_gpt3_fp8, narayanan2021,
+                            megatron_model_flops, mlperf_gpt3_fp8, narayanan2021,
                             nemo_h100_fp8, read_rows, shoeybi2019)
 
 
@@ -235,13 +235,13 @@ def test_llama3_long_context_row_is_priced_with_its_ring():
 
 # ---- MLPerf Training v3.1, GPT-3 175B on DGX H100 (FP8) ----------------------------------
 
-MLPERF = mlperf_v31_gpt3_fp8()
+MLPERF = mlperf_gpt3_fp8()
 
 
 def test_mlperf_rows_are_the_logged_runs():
     """GPUs = nodes · 8 = tp · pp · dp, and the logged global batch = dp · micro-batches ·
     micro-batch (gradient_accumulation_steps as logged), both rounds."""
-    both = mlperf_v31_gpt3_fp8(("v3.1", "v4.0"))
+    both = mlperf_gpt3_fp8(("v3.1", "v4.0"))
     assert len(MLPERF) == 7 and len(both) == 10
     for r in both:
         d = r.row
