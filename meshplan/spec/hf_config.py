@@ -71,7 +71,8 @@ _TIE_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "qwen3": False
                 "deepseek_v3": False, "kimi_k2": False, "glm4_moe": False}
 _MAX_POSITIONS_DEFAULT = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768,
                           "gemma": 8192, "gemma2": 8192, "gemma3_text": 131072, "phi3": 4096,
-                          "olmo": 2048, "granite": 2048, "cohere": 8192, "stablelm": 4096}
+                          "olmo": 2048, "granite": 2048, "cohere": 8192, "stablelm": 4096,
+                          "phi": 2048, "starcoder2": 4096}
 
 
 def _qwen_slides(i: int, cfg: Mapping[str, Any]) -> bool:
@@ -196,7 +197,7 @@ def _llama(cfg, source, *, bias_default: bool = False):
     and FLOPs), with the family's defaults and sliding-window layers."""
     family = str(cfg.get("model_type", "")).lower()
     head_dim = cfg.get("head_dim")
-    shape = _decoder_shape(cfg, source, _MAX_POSITIONS_DEFAULT.get(family, 4096))
+    shape = _decoder_shape(cfg, source, family)
     return dict(
         **shape,
         head_dim=head_dim if head_dim else None,
@@ -208,9 +209,10 @@ def _llama(cfg, source, *, bias_default: bool = False):
         **_windows(cfg, source, family, shape["num_layers"]))
 
 
-def _decoder_shape(cfg, source, max_positions_default: int) -> dict:
+def _decoder_shape(cfg, source, family: str) -> dict:
     """The keys every decoder family here names alike: layers, widths, heads, vocabulary,
-    context (``num_key_value_heads`` defaults to the heads: multi-head attention)."""
+    context (``num_key_value_heads`` defaults to the heads: multi-head attention; a missing
+    ``max_position_embeddings`` the family's Hugging Face default)."""
     heads = _get(cfg, source, "num_attention_heads")
     return dict(
         num_layers=_get(cfg, source, "num_hidden_layers"),
@@ -220,7 +222,7 @@ def _decoder_shape(cfg, source, max_positions_default: int) -> dict:
         ffn_hidden_size=_get(cfg, source, "intermediate_size"),
         vocab_size=_get(cfg, source, "vocab_size"),
         max_seq_len=_get(cfg, source, "max_position_embeddings",
-                         default=max_positions_default))
+                         default=_MAX_POSITIONS_DEFAULT.get(family, 4096)))
 
 
 def _windows(cfg, source, family: str, layers: int) -> dict:
@@ -312,7 +314,7 @@ def _rope_gelu(cfg, source, family: str):
     and RoPE (module docstring for the keys and defaults)."""
     how = _ROPE_GELU[family]
     drops = [float(cfg.get(k) or 0.0) for k in how["drops"]]
-    shape = _decoder_shape(cfg, source, 2048 if family == "phi" else 4096)
+    shape = _decoder_shape(cfg, source, family)
     return dict(
         **shape,
         activation="gelu", norm="layernorm", position_embedding="rope",
