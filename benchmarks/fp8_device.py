@@ -147,12 +147,13 @@ def micro(device_kind: str, out: Path, budget_s: float, mode: str) -> None:
           f"{doc['probe']}", file=sys.stderr, flush=True)
 
 
-def prediction_cluster(args, nproc: int) -> tuple[Cluster, str]:
+def prediction_cluster(args, nproc: int, gpu: str | None = None) -> tuple[Cluster, str]:
     """The cluster the predictions use, and what it is: the saved profile of this GPU type
-    (``--profile auto``), a given profile, or the datasheet."""
-    cpu = args.device == "cpu"
-    name = ""
-    if not cpu:
+    (``--profile auto``), a given profile, or the datasheet. ``gpu``: the GPU's name (else
+    the local GPU's: read from torch)."""
+    cpu = args.device == "cpu" and gpu is None
+    name = gpu or ""
+    if not cpu and not name:
         import torch
         name = torch.cuda.get_device_name(0)
     cluster = gpu_cluster(name or "H100", nproc)
@@ -197,8 +198,7 @@ def predict_only(args, gpu: str) -> dict:
     from meshplan.costmodel import estimate
     from meshplan.costmodel.caveats import is_host_bound
     model, job, todo = _model_job_layouts(args)
-    cluster = apply_profile(gpu_cluster(gpu, max(lay.num_gpus for _, lay in todo)),
-                            args.profile, override=True)
+    cluster, _ = prediction_cluster(args, max(lay.num_gpus for _, lay in todo), gpu=gpu)
     doc = {"profile": args.profile, "model": model.name, "seq_len": job.seq_len,
            "global_batch": job.global_batch, "recipe": args.recipe, "layouts": {}}
     for name, layout in todo:

@@ -30,8 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _build(spec, layers: int, torch):
-    """The executor's model (or its first ``layers`` blocks alone), seeded, blocks compiled."""
+def _build(spec, layers: int, torch, *, compile: bool = True):
+    """The executor's model (or its first ``layers`` blocks alone), seeded, in bf16 under
+    autocast, each block compiled (``compile``)."""
     from meshplan.executor.model import Transformer
     with torch.device("meta"):
         m = Transformer(spec)
@@ -40,8 +41,9 @@ def _build(spec, layers: int, torch):
     m.to_empty(device="cuda")
     m.init_weights(0)
     m.activation_dtype = torch.bfloat16
-    for block in m.layers.values():
-        block.compile()
+    if compile:
+        for block in m.layers.values():
+            block.compile()
     return m
 
 

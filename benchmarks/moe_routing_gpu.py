@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from meshplan.executor.model import Transformer
+    from moe_forward_gap_gpu import _build
+
     from meshplan.spec import ModelSpec
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -59,11 +60,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     spec = ModelSpec.from_dict(json.loads(Path(args.model).read_text()))
     dev = torch.device("cuda", 0)
-    with torch.device("meta"):
-        m = Transformer(spec)
-    m.to_empty(device=dev)
-    m.init_weights(0)
-    m.activation_dtype = torch.bfloat16
+    m = _build(spec, spec.num_layers, torch, compile=False)   # compiled after the routing pass
     s = spec.max_seq_len
     inputs: dict[int, torch.Tensor] = {}
     loads: dict[int, dict] = {}

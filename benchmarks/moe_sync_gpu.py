@@ -111,10 +111,16 @@ def _baseline_step_s(baseline: Path, profile: str, layout: Layout) -> float | No
 def _model_job(args):
     """moe-1.9b and its job, or ``--model`` with ``--seq-len`` / ``--global-batch``."""
     if not args.model:
+        if args.seq_len or args.global_batch:
+            raise SystemExit("--seq-len / --global-batch go with --model (moe-1.9b's job is "
+                             "fixed: the 2-GPU check's per-GPU work)")
         return MODEL, JOB
     if args.baseline:
         raise SystemExit("--baseline prices moe-1.9b only: leave it out with --model")
     from meshplan.spec import ModelSpec
+    if not Path(args.model).is_file():
+        raise SystemExit(f"--model {args.model!r}: no such file (a ModelSpec JSON, e.g. "
+                         f"benchmarks/sets/moeh1/m01.json)")
     model = ModelSpec.from_dict(json.loads(Path(args.model).read_text()))
     return model, dataclasses.replace(JOB, seq_len=args.seq_len or model.max_seq_len,
                                       global_batch=args.global_batch or JOB.global_batch)
@@ -125,8 +131,8 @@ def plans(args) -> int:
     from meshplan.executor.planfiles import write_plan_for_layout
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    calibrated, datasheet = _cluster(args.profile), _cluster(None)
     model, job = _model_job(args)
+    calibrated, datasheet = _cluster(args.profile), _cluster(None)
     preds = {"model": model.name, "job": job.to_dict(), "profile": args.profile,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
     preds["set"] = args.set
