@@ -8,10 +8,11 @@ reads from a profile, timed with the executor's own kernels (``executor/moe.py``
   Shapes: the model's, at each ep dividing its experts and the world (E/ep local experts),
   tp 1 and 2, micro-batches 1 and 2, balanced routing (rows = k·T·ep/E, T = b·s/tp).
 * **Permutation** (``moe_permute`` rows): the executor's memory-bound token movement of one
-  MoE layer at ep 1 — the gather of the k·T routed copies (``index_select``; backward an
-  ``index_add`` with atomics), the grouped GEMM's padding copy in and out
-  (``index_copy`` / ``index_select``) and the gate-weighted combine (``index_add``) —
-  forward and backward, at the model's T per micro-batch.
+  MoE layer at ep 1 — the gather of the k·T routed copies (``index_select``; backward the
+  sum of each token's copies, ``embedding_bag``), the grouped GEMM's padding copy in and
+  out (``index_copy`` / ``index_select``) and the gate-weighted combine (``embedding_bag``)
+  — forward and backward, at the model's T per micro-batch, with the executor's own
+  functions.
 * **Host synchronisation** (``host_sync`` rows): a device-to-host read (``.item()`` of a
   scalar, ``.tolist()`` of E counts) on an idle stream (wall time) and behind a queued
   spin kernel (``torch.cuda._sleep``): wall time from before the spin's launch to the
@@ -117,34 +118,25 @@ def permute_bytes(tokens: int, top_k: int, hidden: int, elem_bytes: int) -> floa
 
 def bench_permute(tokens: int, top_k: int, num_experts: int, hidden: int,
                   device: torch.device) -> dict[str, Any]:
-    """Forward + backward of the executor's permutation kernels (``MoELayer._routed`` and
-    ``GroupedExperts._grouped``) on T tokens with balanced random top-k routing; the expert
-    GEMMs between them are left out (an identity)."""
-    from meshplan.executor.moe import GROUP_ALIGN_ROWS
+    """Forward + backward of the executor's permutation (``executor/moe.py``: ``sort_copies``,
+    ``dispatch``, ``group_padding`` / ``unpad_rows``, ``combine`` — what ``MoELayer._routed``
+    and ``GroupedExperts._grouped`` run) on T tokens with balanced random top-k routing; the
+    expert GEMMs between them are left out (an identity)."""
+    from meshplan.executor.moe import combine, dispatch, group_padding, sort_copies, unpad_rows
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(0)
     experts = torch.rand(tokens, num_experts, generator=gen).topk(top_k, -1).indices.reshape(-1)
     experts = experts.to(device)
-    order = torch.argsort(experts, stable=True)
-    token = torch.arange(tokens, device=device).repeat_interleave(top_k)[order]
-    gates = torch.rand(tokens * top_k, device=device, dtype=torch.float32)[order]
-    counts = torch.bincount(experts, minlength=num_experts)
-    padded = (counts + GROUP_ALIGN_ROWS - 1) // GROUP_ALIGN_ROWS * GROUP_ALIGN_ROWS
-    starts = torch.cumsum(padded, 0) - padded
-    n = tokens * top_k
-    within = torch.arange(n, device=device) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts, output_size=n)
-    dest = torch.repeat_interleave(starts, counts, output_size=n) + within
-    total = int(padded.sum())
+    gates = torch.rand(tokens * top_k, generator=gen).to(device)
+    r = sort_copies(experts, None, tokens, top_k, num_experts)
+    dest, _, total = group_padding(r.counts, tokens * top_k)
     x = torch.randn(tokens, hidden, device=device, dtype=dt, requires_grad=True)
     g = torch.randn(tokens, hidden, device=device, dtype=dt)
 
     def step():
-        rows = x.index_select(0, token)
+        rows = dispatch(x, r)
         xp = rows.new_zeros((total, hidden)).index_copy(0, dest, rows)
-        out = xp.index_select(0, dest)
-        y = out.new_zeros((tokens, hidden)).index_add(0, token, out * gates.unsqueeze(1).to(dt))
-        y.backward(g)
+        combine(unpad_rows(xp, dest), gates, r).backward(g)
         x.grad = None
 
     t = time_fn(step, device=device)

@@ -29,6 +29,20 @@ over the ep group, then the rows (uneven splits); the received rows are regroupe
 (source, expert) to (expert, source) order, run through this rank's experts, and returned
 the same way; the combine adds g·expert(x) over each token's copies.
 
+Token movement without atomics: the routed copies are gathered into expert order with
+``index_select``, whose autograd backward is an ``index_add`` — bf16 atomics, 0.69 ms a call
+at 65,536 rows of 1,280 on an H200 (docs/moe.md, "The compiled forward gap"), as was the
+combine's ``index_add``. Here each direction is a gather: the dispatch's backward and the
+combine's forward sum each token's k copies with ``embedding_bag`` (mode "sum", the gates as
+per-sample weights: one read of the k rows, fp32 accumulation), the combine's backward and
+the padding copy's backward read rows back by index (Megatron-Core's ``unpermute`` sums the
+same way, ``megatron/core/transformer/moe/moe_utils.py``). The per-expert counts are int32:
+``torch.compile`` lowers an int32 ``index_add`` to atomic adds, but an int64 one (Triton has
+no 64-bit atomic add: ``needs_fallback_due_to_atomic_add_limitations`` in
+``torch/_inductor/lowering.py``) to ATen's sort-based ``index_put_`` accumulate, whose time
+grows with the largest count: 0.15 ms a call on balanced routing, 0.44 ms at a trained
+model's skew.
+
 Experts: weights stacked [E_local, ...] and run as one grouped GEMM
 (``torch.nn.functional.grouped_mm``, or ``torch._grouped_mm`` where only that exists: CUDA,
 bf16, compute capability 9.0+), each group padded to 8 rows because the weight-gradient
@@ -39,6 +53,7 @@ the local experts.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -122,18 +137,7 @@ class GroupedExperts(nn.Module):
         return torch.cat(outs)
 
     def _grouped(self, x, counts, dtype):
-        # the padded buffer is sized on the host from what the host knows (rows + the most
-        # padding any group can take), and its slack goes to the last group as zero rows:
-        # reading the padded total back (``int(padded.sum())``) would be a device-to-host
-        # synchronisation a layer (costmodel/moe_host.py)
-        n, a = x.shape[0], GROUP_ALIGN_ROWS
-        total = -(-(n + self.count * (a - 1)) // a) * a
-        padded = (counts + a - 1) // a * a
-        starts = torch.cumsum(padded, 0) - padded
-        padded = torch.cat([padded[:-1], (total - starts[-1:])])
-        within = torch.arange(n, device=x.device) - torch.repeat_interleave(
-            torch.cumsum(counts, 0) - counts, counts, output_size=n)
-        dest = torch.repeat_interleave(starts, counts, output_size=n) + within
+        dest, padded, total = group_padding(counts, x.shape[0])
         xp = x.new_zeros((total, x.shape[1]), dtype=dtype).index_copy(0, dest, x.to(dtype))
         offs = torch.cumsum(padded, 0).to(torch.int32)
         mm = _grouped_mm_fn()
@@ -143,7 +147,96 @@ class GroupedExperts(nn.Module):
         y = mm(self._act(h), self.w_out.to(dtype).transpose(-2, -1), offs=offs)
         if self.b_out is not None:
             y = y + torch.repeat_interleave(self.b_out.to(dtype), padded, dim=0, output_size=total)
-        return y.index_select(0, dest)
+        return unpad_rows(y, dest)
+
+
+def group_padding(counts: torch.Tensor, rows: int):
+    """Where ``rows`` rows grouped by expert (``counts`` each) go when every group is padded
+    to ``GROUP_ALIGN_ROWS``: (dest [rows], padded sizes [experts], total rows). The total is
+    sized on the host from what the host knows (rows + the most padding any group can take)
+    and its slack goes to the last group as zero rows: reading the padded total back
+    (``int(padded.sum())``) would be a device-to-host synchronisation a layer
+    (costmodel/moe_host.py)."""
+    a = GROUP_ALIGN_ROWS
+    total = -(-(rows + counts.numel() * (a - 1)) // a) * a
+    padded = (counts + a - 1) // a * a
+    starts = torch.cumsum(padded, 0) - padded
+    padded = torch.cat([padded[:-1], (total - starts[-1:])])
+    within = torch.arange(rows, device=counts.device) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts, output_size=rows)
+    return torch.repeat_interleave(starts, counts, output_size=rows) + within, padded, total
+
+
+def unpad_rows(y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+    """The rows ``dest`` of the padded ``y`` (backward without atomics: _GatherUnique)."""
+    return _GatherUnique.apply(y, dest)
+
+
+class _GatherUnique(torch.autograd.Function):
+    """``x.index_select(0, index)`` for an index naming each row of x at most once: the
+    backward writes each gradient row back (``index_copy``) instead of accumulating it
+    (``index_add``'s atomics)."""
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros((ctx.rows,) + tuple(grad.shape[1:])).index_copy(0, index, grad), None
+
+
+class _Dispatch(torch.autograd.Function):
+    """The routed copies' rows in expert order, ``x.index_select(0, token)``; backward sums
+    each token's copies (``slot`` [N, k]: the row of copy (t, i), or with ``padded`` a zero
+    row after the last for a dropped copy) with ``embedding_bag``."""
+
+    @staticmethod
+    def forward(ctx, x, token, slot, padded):
+        ctx.save_for_backward(slot)
+        ctx.padded = padded
+        return x.index_select(0, token)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (slot,) = ctx.saved_tensors
+        with torch.autocast(grad.device.type, enabled=False):
+            return _sum_copies(grad, slot, None, ctx.padded), None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """y[t] = Σᵢ gates[t, i] · out[slot[t, i]] (``gates`` [N, k]; ``token`` [R]: the token
+    of each row of ``out``, ``copy`` [R]: its copy index t·k + i; ``padded`` as _Dispatch);
+    backward reads the tokens' gradients back by row."""
+
+    @staticmethod
+    def forward(ctx, out, gates, slot, token, copy, padded):
+        ctx.save_for_backward(out, gates, token, copy)
+        with torch.autocast(out.device.type, enabled=False):
+            return _sum_copies(out, slot, gates.to(out.dtype), padded)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, gates, token, copy = ctx.saved_tensors
+        g_rows = grad.index_select(0, token)
+        gate_rows = gates.reshape(-1).index_select(0, copy)
+        grad_out = g_rows * gate_rows.to(g_rows.dtype).unsqueeze(1)
+        grad_gates = gates.new_zeros(gates.numel()).index_copy(
+            0, copy, (g_rows * out).sum(-1).to(gates.dtype)).view_as(gates)
+        return grad_out, grad_gates, None, None, None, None
+
+
+def _sum_copies(rows: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor | None,
+                padded: bool) -> torch.Tensor:
+    """[N, h]: for each token the (weighted) sum of its k rows ``rows[slot[t]]``; with
+    ``padded`` a zero row follows the last (where dropped copies point: a rank's tp slice
+    can keep none)."""
+    if padded:
+        rows = torch.cat([rows, rows.new_zeros((1,) + tuple(rows.shape[1:]))])
+    return F.embedding_bag(slot, rows, mode="sum", per_sample_weights=weights)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -197,9 +290,11 @@ def _expert_major_index(recv: torch.Tensor, total: int) -> torch.Tensor:
 def _count(values: torch.Tensor, size: int) -> torch.Tensor:
     """How often each of 0 .. size − 1 occurs in ``values`` (all in range): ``bincount``
     without its device-to-host reads (on CUDA it reads the input's min and max on the host
-    to size its output)."""
-    return torch.zeros(size, dtype=torch.long, device=values.device).index_add_(
-        0, values, torch.ones_like(values))
+    to size its output), in int32 (module docstring: under ``torch.compile`` an int64 count
+    is a sort whose time grows with skew)."""
+    ones = torch.ones(values.shape, dtype=torch.int32, device=values.device)
+    return torch.zeros(size, dtype=torch.int32, device=values.device).index_add_(
+        0, values, ones).long()
 
 
 def _rank_within_key(key: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -209,6 +304,47 @@ def _rank_within_key(key: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     rank = torch.empty_like(key)
     rank[order] = torch.arange(key.numel(), device=key.device) - first[key[order]]
     return rank
+
+
+class SortedCopies(NamedTuple):
+    """The routed copies of N tokens (copy t·k + i: token t's i-th expert) in expert order:
+    ``copy`` [R] the copy each row holds, ``token`` [R] its token, ``slot`` [N, k] the row
+    holding each copy (a dropped copy: R, a zero row the sums append: ``padded``),
+    ``counts`` [E] rows per expert."""
+
+    copy: torch.Tensor
+    token: torch.Tensor
+    slot: torch.Tensor
+    counts: torch.Tensor
+    padded: bool
+
+
+def sort_copies(experts: torch.Tensor, keep: torch.Tensor | None, tokens: int, k: int,
+                num_experts: int) -> SortedCopies:
+    """Sort the copies routed to ``experts`` [N·k] (those ``keep`` keeps) by expert."""
+    copy = torch.arange(tokens * k, device=experts.device)
+    routed = experts
+    if keep is not None:
+        copy = keep.nonzero().squeeze(1)
+        routed = experts[copy]
+    order = torch.argsort(routed, stable=True)
+    copy = copy[order]
+    rows = torch.arange(copy.numel(), device=experts.device)
+    slot = torch.full((tokens * k,), copy.numel() if keep is not None else 0,
+                      dtype=torch.long, device=experts.device).index_copy(0, copy, rows)
+    return SortedCopies(copy, torch.div(copy, k, rounding_mode="floor"), slot.view(tokens, k),
+                        _count(routed, num_experts), keep is not None)
+
+
+def dispatch(x2d: torch.Tensor, r: SortedCopies) -> torch.Tensor:
+    """[R, h]: each kept copy's token row, in expert order."""
+    return _Dispatch.apply(x2d, r.token, r.slot, r.padded)
+
+
+def combine(out: torch.Tensor, gates: torch.Tensor, r: SortedCopies) -> torch.Tensor:
+    """[N, h]: each token's gate-weighted sum of its copies' expert outputs ``out`` [R, h]
+    (``gates`` [N·k] in copy order; a dropped copy adds the zero row and gets no gradient)."""
+    return _Combine.apply(out, gates.view(r.slot.shape), r.slot, r.token, r.copy, r.padded)
 
 
 class MoELayer(nn.Module):
@@ -287,15 +423,9 @@ class MoELayer(nn.Module):
         b, s, h = x.shape
         x2d = x.reshape(b * s, h)
         gates, experts, keep, aux = self._route(x2d, b, s)
-        token = torch.arange(b * s, device=x.device).repeat_interleave(self.top_k)
-        if keep is not None:
-            kept = keep.nonzero().squeeze(1)
-            gates, experts, token = gates[kept], experts[kept], token[kept]
-        order = torch.argsort(experts, stable=True)
-        token, gates = token[order], gates[order]
-        counts = _count(experts, self.num_experts)
-        out = self._run_experts(x2d.index_select(0, token), counts)
-        y = out.new_zeros((b * s, h)).index_add(0, token, out * gates.unsqueeze(1).to(out.dtype))
+        r = sort_copies(experts, keep, b * s, self.top_k, self.num_experts)
+        out = self._run_experts(dispatch(x2d, r), r.counts)
+        y = combine(out, gates, r)
         if aux is not None:
             y = _AuxLossGrad.apply(y, aux, self.aux_grad_scale)
         return y.view(b, s, h)
@@ -320,4 +450,5 @@ class MoELayer(nn.Module):
         return _AllToAll.apply(back, in_splits, out_splits, group)
 
 
-__all__ = ["MoELayer", "GroupedExperts", "grouped_mm_usable"]
+__all__ = ["MoELayer", "GroupedExperts", "SortedCopies", "combine", "dispatch",
+           "group_padding", "grouped_mm_usable", "sort_copies", "unpad_rows"]
