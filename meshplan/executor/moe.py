@@ -53,7 +53,7 @@ the local experts.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -168,68 +168,18 @@ def group_padding(counts: torch.Tensor, rows: int):
 
 
 def unpad_rows(y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
-    """The rows ``dest`` of the padded ``y`` (backward without atomics: _GatherUnique)."""
-    return _GatherUnique.apply(y, dest)
+    """The rows ``dest`` of the padded ``y`` (backward without atomics: _unpad_rows)."""
+    return _unpad_rows(y, dest)
 
 
-class _GatherUnique(torch.autograd.Function):
-    """``x.index_select(0, index)`` for an index naming each row of x at most once: the
-    backward writes each gradient row back (``index_copy``) instead of accumulating it
-    (``index_add``'s atomics)."""
+# The permutation's pieces are torch.library custom operators with registered autograd
+# formulas rather than autograd Functions: under torch.compile a Function's outputs inside
+# a checkpointed (fully recomputed) block are saved for backward instead of recomputed
+# (two [k·T, h] tensors a layer, measured: benchmarks/moe_recompute_memory_gpu.py), while a
+# custom operator is one node of the graph that activation checkpointing recomputes.
 
-    @staticmethod
-    def forward(ctx, x, index):
-        ctx.save_for_backward(index)
-        ctx.rows = x.shape[0]
-        return x.index_select(0, index)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (index,) = ctx.saved_tensors
-        return grad.new_zeros((ctx.rows,) + tuple(grad.shape[1:])).index_copy(0, index, grad), None
-
-
-class _Dispatch(torch.autograd.Function):
-    """The routed copies' rows in expert order, ``x.index_select(0, token)``; backward sums
-    each token's copies (``slot`` [N, k]: the row of copy (t, i), or with ``padded`` a zero
-    row after the last for a dropped copy) with ``embedding_bag``."""
-
-    @staticmethod
-    def forward(ctx, x, token, slot, padded):
-        ctx.save_for_backward(slot)
-        ctx.padded = padded
-        return x.index_select(0, token)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (slot,) = ctx.saved_tensors
-        with torch.autocast(grad.device.type, enabled=False):
-            return _sum_copies(grad, slot, None, ctx.padded), None, None, None
-
-
-class _Combine(torch.autograd.Function):
-    """y[t] = Σᵢ gates[t, i] · out[slot[t, i]] (``gates`` [N, k]; ``token`` [R]: the token
-    of each row of ``out``, ``copy`` [R]: its copy index t·k + i; ``padded`` as _Dispatch);
-    backward reads the tokens' gradients back by row."""
-
-    @staticmethod
-    def forward(ctx, out, gates, slot, token, copy, padded):
-        ctx.save_for_backward(out, gates, token, copy)
-        with torch.autocast(out.device.type, enabled=False):
-            return _sum_copies(out, slot, gates.to(out.dtype), padded)
-
-    @staticmethod
-    def backward(ctx, grad):
-        out, gates, token, copy = ctx.saved_tensors
-        g_rows = grad.index_select(0, token)
-        gate_rows = gates.reshape(-1).index_select(0, copy)
-        grad_out = g_rows * gate_rows.to(g_rows.dtype).unsqueeze(1)
-        grad_gates = gates.new_zeros(gates.numel()).index_copy(
-            0, copy, (g_rows * out).sum(-1).to(gates.dtype)).view_as(gates)
-        return grad_out, grad_gates, None, None, None, None
-
-
-def _sum_copies(rows: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor | None,
+@torch.library.custom_op("meshplan::moe_sum_copies", mutates_args=())
+def _sum_copies(rows: torch.Tensor, slot: torch.Tensor, weights: Optional[torch.Tensor],
                 padded: bool) -> torch.Tensor:
     """[N, h]: for each token the (weighted) sum of its k rows ``rows[slot[t]]``; with
     ``padded`` a zero row follows the last (where dropped copies point: a rank's tp slice
@@ -237,6 +187,97 @@ def _sum_copies(rows: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor | 
     if padded:
         rows = torch.cat([rows, rows.new_zeros((1,) + tuple(rows.shape[1:]))])
     return F.embedding_bag(slot, rows, mode="sum", per_sample_weights=weights)
+
+
+@_sum_copies.register_fake
+def _(rows, slot, weights, padded):
+    return rows.new_empty((slot.shape[0],) + tuple(rows.shape[1:]))
+
+
+@torch.library.custom_op("meshplan::moe_unpad_rows", mutates_args=())
+def _unpad_rows(y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+    """``y.index_select(0, dest)`` for a ``dest`` naming each row of y at most once: the
+    backward writes each gradient row back (``index_copy``) instead of accumulating it
+    (``index_add``'s atomics)."""
+    return y.index_select(0, dest)
+
+
+@_unpad_rows.register_fake
+def _(y, dest):
+    return y.new_empty((dest.shape[0],) + tuple(y.shape[1:]))
+
+
+def _unpad_rows_setup(ctx, inputs, output):
+    y, dest = inputs
+    ctx.save_for_backward(dest)
+    ctx.rows = y.shape[0]
+
+
+def _unpad_rows_backward(ctx, grad):
+    (dest,) = ctx.saved_tensors
+    return grad.new_zeros((ctx.rows,) + tuple(grad.shape[1:])).index_copy(0, dest, grad), None
+
+
+_unpad_rows.register_autograd(_unpad_rows_backward, setup_context=_unpad_rows_setup)
+
+
+@torch.library.custom_op("meshplan::moe_dispatch_rows", mutates_args=())
+def _dispatch_rows(x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
+                   padded: bool) -> torch.Tensor:
+    """The routed copies' rows in expert order, ``x.index_select(0, token)``; backward sums
+    each token's copies (``slot`` [N, k]: the row of copy (t, i), or with ``padded`` a zero
+    row after the last for a dropped copy) with ``embedding_bag``."""
+    return x.index_select(0, token)
+
+
+@_dispatch_rows.register_fake
+def _(x, token, slot, padded):
+    return x.new_empty((token.shape[0],) + tuple(x.shape[1:]))
+
+
+def _dispatch_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2])
+    ctx.padded = inputs[3]
+
+
+def _dispatch_backward(ctx, grad):
+    (slot,) = ctx.saved_tensors
+    return _sum_copies(grad, slot, None, ctx.padded), None, None, None
+
+
+_dispatch_rows.register_autograd(_dispatch_backward, setup_context=_dispatch_setup)
+
+
+@torch.library.custom_op("meshplan::moe_combine", mutates_args=())
+def _combine(out: torch.Tensor, gates: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
+             copy: torch.Tensor, padded: bool) -> torch.Tensor:
+    """y[t] = Σᵢ gates[t, i] · out[slot[t, i]] (``gates`` [N, k]; ``token`` [R]: the token
+    of each row of ``out``, ``copy`` [R]: its copy index t·k + i; ``padded`` as the
+    dispatch); backward reads the tokens' gradients back by row."""
+    return _sum_copies(out, slot, gates.to(out.dtype), padded)
+
+
+@_combine.register_fake
+def _(out, gates, slot, token, copy, padded):
+    return out.new_empty((slot.shape[0],) + tuple(out.shape[1:]))
+
+
+def _combine_setup(ctx, inputs, output):
+    out, gates, _, token, copy, _ = inputs
+    ctx.save_for_backward(out, gates, token, copy)
+
+
+def _combine_backward(ctx, grad):
+    out, gates, token, copy = ctx.saved_tensors
+    g_rows = grad.index_select(0, token)
+    gate_rows = gates.reshape(-1).index_select(0, copy)
+    grad_out = g_rows * gate_rows.to(g_rows.dtype).unsqueeze(1)
+    grad_gates = gates.new_zeros(gates.numel()).index_copy(
+        0, copy, (g_rows * out).sum(-1).to(gates.dtype)).view_as(gates)
+    return grad_out, grad_gates, None, None, None, None
+
+
+_combine.register_autograd(_combine_backward, setup_context=_combine_setup)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -338,13 +379,13 @@ def sort_copies(experts: torch.Tensor, keep: torch.Tensor | None, tokens: int, k
 
 def dispatch(x2d: torch.Tensor, r: SortedCopies) -> torch.Tensor:
     """[R, h]: each kept copy's token row, in expert order."""
-    return _Dispatch.apply(x2d, r.token, r.slot, r.padded)
+    return _dispatch_rows(x2d, r.token, r.slot, r.padded)
 
 
 def combine(out: torch.Tensor, gates: torch.Tensor, r: SortedCopies) -> torch.Tensor:
     """[N, h]: each token's gate-weighted sum of its copies' expert outputs ``out`` [R, h]
     (``gates`` [N·k] in copy order; a dropped copy adds the zero row and gets no gradient)."""
-    return _Combine.apply(out, gates.view(r.slot.shape), r.slot, r.token, r.copy, r.padded)
+    return _combine(out, gates.view(r.slot.shape), r.slot, r.token, r.copy, r.padded)
 
 
 class MoELayer(nn.Module):
