@@ -42,8 +42,9 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   (:func:`meshplan.costmodel.runtime.moe_dispatch_overlapped`). tp > 1 without sequence
   parallelism: the executor all-gathers the layer's output over tp in forward
   (:func:`meshplan.costmodel.runtime.moe_tokens_sliced_over_tp`).
-* **Memory** (:func:`meshplan.costmodel.moe.moe_activation_bytes`): kept for backward the
-  router's probabilities and gates and the R rows' expert input, fc1 output, activation
+* **Memory** (:func:`meshplan.costmodel.moe.moe_activation_bytes`; runtime "torch": the
+  executor's own tensors, :mod:`meshplan.costmodel.moe_torch_memory`): kept for backward
+  the router's probabilities and gates and the R rows' expert input, fc1 output, activation
   output and expert output; the send and receive buffers of the dispatch (2·R·h·e) are
   working memory of the layer's passes.
 
@@ -61,7 +62,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshplan.costmodel import comm, moe, moe_dispatch
+from meshplan.costmodel import comm, moe, moe_dispatch, moe_torch_memory
 from meshplan.costmodel.compute import LayerCost, PassCost, gemm_s, hbm_s
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
@@ -156,7 +157,9 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                    ep_comm_s=ep_s)
     bwd = PassCost(gemm_s=2 * (experts_s + router_s), memory_bound_s=2 * fwd_mb,
                    ep_comm_s=ep_s)
-    acts = moe.moe_activation_bytes(model, job, layout, tokens, imbalance=imbalance)
+    acts = (moe_torch_memory.routed_activations(model, job, layout, tokens, rows)
+            if job.runtime == "torch" else
+            moe.moe_activation_bytes(model, job, layout, tokens, imbalance=imbalance))
     return RoutedMlp(fwd, bwd, experts_s + router_s, wire, acts.router_bytes
                      + acts.expert_bytes, acts.dispatch_bytes, rows,
                      act_out_bytes=rows * f_loc * e, act_s=act_s)

@@ -138,7 +138,7 @@ class GroupedExperts(nn.Module):
 
     def _grouped(self, x, counts, dtype):
         dest, padded, total = group_padding(counts, x.shape[0])
-        xp = x.new_zeros((total, x.shape[1]), dtype=dtype).index_copy(0, dest, x.to(dtype))
+        xp = _pad_rows(x.to(dtype), dest, total)
         offs = torch.cumsum(padded, 0).to(torch.int32)
         mm = _grouped_mm_fn()
         h = mm(xp, self.w_in.to(dtype).transpose(-2, -1), offs=offs)
@@ -192,6 +192,31 @@ def _sum_copies(rows: torch.Tensor, slot: torch.Tensor, weights: Optional[torch.
 @_sum_copies.register_fake
 def _(rows, slot, weights, padded):
     return rows.new_empty((slot.shape[0],) + tuple(rows.shape[1:]))
+
+
+@torch.library.custom_op("meshplan::moe_pad_rows", mutates_args=())
+def _pad_rows(x: torch.Tensor, dest: torch.Tensor, total: int) -> torch.Tensor:
+    """``total`` rows, zero but rows ``dest`` = x (each named once); backward reads the
+    gradient's rows ``dest`` back — without keeping x, which autograd's ``index_copy``
+    keeps (its formula names its source)."""
+    return x.new_zeros((total,) + tuple(x.shape[1:])).index_copy(0, dest, x)
+
+
+@_pad_rows.register_fake
+def _(x, dest, total):
+    return x.new_empty((total,) + tuple(x.shape[1:]))
+
+
+def _pad_rows_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _pad_rows_backward(ctx, grad):
+    (dest,) = ctx.saved_tensors
+    return grad.index_select(0, dest), None, None
+
+
+_pad_rows.register_autograd(_pad_rows_backward, setup_context=_pad_rows_setup)
 
 
 @torch.library.custom_op("meshplan::moe_unpad_rows", mutates_args=())
