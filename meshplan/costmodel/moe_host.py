@@ -30,7 +30,8 @@ it. Between syncs the layer costs max(CPU dispatch, GPU work):
     t_fwd = max(ops_f · t_op, G_f + t_a2a_call) + n_sync · (t_sync + t_op)
 
 Operator counts (aten operators a ``TorchDispatchMode`` sees for the routed part on one
-rank, grouped GEMM; tests/unit/test_moe_host.py checks ep = 1 against torch on CPU): forward
+rank, grouped GEMM, the permutation's custom operators once each; tests/unit/test_moe_host.py
+checks ep = 1 against torch on CPU): forward
 78 / backward 74 for a softmax router with top-k renormalisation and the balance loss, no
 bias, bf16 weights; renormalisation off −2 / −8, balance loss off −9 / −12, sigmoid gates
 +2 / +8, biases +7 / +10, autocast +2 / +2; ep > 1 (the count exchange, its read-back, the
