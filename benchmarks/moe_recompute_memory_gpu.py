@@ -12,11 +12,16 @@ to plain autograd (``--variants``):
 
 * ``current``: the executor's code;
 * ``plain-unpad``: the grouped GEMM's output read back with ``index_select`` (autograd's
-  ``index_add`` backward) instead of ``_GatherUnique``;
+  ``index_add`` backward) instead of the executor's ``unpad_rows``;
 * ``plain-combine``: the combine as ``F.embedding_bag`` with autograd's own backward
-  instead of ``_Combine``;
-* ``plain-dispatch``: the dispatch as ``index_select`` instead of ``_Dispatch``;
+  instead of ``combine`` (on CUDA in bf16 its per-sample-weight backward does not exist:
+  the variant fails there);
+* ``plain-dispatch``: the dispatch as ``index_select`` instead of ``dispatch``;
 * ``plain-all``: all three.
+
+Run on 85c84c7 (the pieces as autograd Functions: ``current`` kept two [k·T, h] tensors,
+``plain-unpad`` one) and on e0d86f1 (custom operators: ``current`` keeps the input alone);
+docs/benchmarks/data/moe_recompute_memory_h200x1_moeh1_20261129.json.
 
     python benchmarks/moe_recompute_memory_gpu.py --model benchmarks/sets/moeh1/m01.json \
         --micro-batch 2 --out $OUT/moe_recompute_memory.json
