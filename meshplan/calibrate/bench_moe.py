@@ -119,10 +119,11 @@ def permute_bytes(tokens: int, top_k: int, hidden: int, elem_bytes: int) -> floa
 def bench_permute(tokens: int, top_k: int, num_experts: int, hidden: int,
                   device: torch.device) -> dict[str, Any]:
     """Forward + backward of the executor's permutation (``executor/moe.py``: ``sort_copies``,
-    ``dispatch``, ``group_padding`` / ``unpad_rows``, ``combine`` — what ``MoELayer._routed``
+    ``dispatch``, ``group_padding``, ``pad_rows`` / ``unpad_rows``, ``combine`` — what ``MoELayer._routed``
     and ``GroupedExperts._grouped`` run) on T tokens with balanced random top-k routing; the
     expert GEMMs between them are left out (an identity)."""
-    from meshplan.executor.moe import combine, dispatch, group_padding, sort_copies, unpad_rows
+    from meshplan.executor.moe import (combine, dispatch, group_padding, pad_rows, sort_copies,
+                                       unpad_rows)
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(0)
     experts = torch.rand(tokens, num_experts, generator=gen).topk(top_k, -1).indices.reshape(-1)
@@ -135,8 +136,7 @@ def bench_permute(tokens: int, top_k: int, num_experts: int, hidden: int,
 
     def step():
         rows = dispatch(x, r)
-        xp = rows.new_zeros((total, hidden)).index_copy(0, dest, rows)
-        combine(unpad_rows(xp, dest), gates, r).backward(g)
+        combine(unpad_rows(pad_rows(rows, dest, total), dest), gates, r).backward(g)
         x.grad = None
 
     t = time_fn(step, device=device)

@@ -137,7 +137,7 @@ class GroupedExperts(nn.Module):
 
     def _grouped(self, x, counts, dtype):
         dest, padded, total = group_padding(counts, x.shape[0])
-        xp = _pad_rows(x.to(dtype), dest, total)
+        xp = pad_rows(x.to(dtype), dest, total)
         offs = torch.cumsum(padded, 0).to(torch.int32)
         mm = _grouped_mm_fn()
         h = mm(xp, self.w_in.to(dtype).transpose(-2, -1), offs=offs)
@@ -166,11 +166,6 @@ def group_padding(counts: torch.Tensor, rows: int):
     return torch.repeat_interleave(starts, counts, output_size=rows) + within, padded, total
 
 
-def unpad_rows(y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
-    """The rows ``dest`` of the padded ``y`` (backward without atomics: _unpad_rows)."""
-    return _unpad_rows(y, dest)
-
-
 # The permutation's pieces are torch.library custom operators with registered autograd
 # formulas rather than autograd Functions: under torch.compile a Function's outputs inside
 # a checkpointed (fully recomputed) block are saved for backward instead of recomputed
@@ -193,56 +188,56 @@ def _(rows, slot, weights, padded):
     return rows.new_empty((slot.shape[0],) + tuple(rows.shape[1:]))
 
 
-@torch.library.custom_op("meshplan::moe_pad_rows", mutates_args=())
-def _pad_rows(x: torch.Tensor, dest: torch.Tensor, total: int) -> torch.Tensor:
+@torch.library.custom_op("meshplan::moepad_rows", mutates_args=())
+def pad_rows(x: torch.Tensor, dest: torch.Tensor, total: int) -> torch.Tensor:
     """``total`` rows, zero but rows ``dest`` = x (each named once); backward reads the
     gradient's rows ``dest`` back — without keeping x, which autograd's ``index_copy``
     keeps (its formula names its source)."""
     return x.new_zeros((total,) + tuple(x.shape[1:])).index_copy(0, dest, x)
 
 
-@_pad_rows.register_fake
+@pad_rows.register_fake
 def _(x, dest, total):
     return x.new_empty((total,) + tuple(x.shape[1:]))
 
 
-def _pad_rows_setup(ctx, inputs, output):
+def pad_rows_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[1])
 
 
-def _pad_rows_backward(ctx, grad):
+def pad_rows_backward(ctx, grad):
     (dest,) = ctx.saved_tensors
     return grad.index_select(0, dest), None, None
 
 
-_pad_rows.register_autograd(_pad_rows_backward, setup_context=_pad_rows_setup)
+pad_rows.register_autograd(pad_rows_backward, setup_context=pad_rows_setup)
 
 
-@torch.library.custom_op("meshplan::moe_unpad_rows", mutates_args=())
-def _unpad_rows(y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op("meshplan::moeunpad_rows", mutates_args=())
+def unpad_rows(y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
     """``y.index_select(0, dest)`` for a ``dest`` naming each row of y at most once: the
     backward writes each gradient row back (``index_copy``) instead of accumulating it
     (``index_add``'s atomics)."""
     return y.index_select(0, dest)
 
 
-@_unpad_rows.register_fake
+@unpad_rows.register_fake
 def _(y, dest):
     return y.new_empty((dest.shape[0],) + tuple(y.shape[1:]))
 
 
-def _unpad_rows_setup(ctx, inputs, output):
+def unpad_rows_setup(ctx, inputs, output):
     y, dest = inputs
     ctx.save_for_backward(dest)
     ctx.rows = y.shape[0]
 
 
-def _unpad_rows_backward(ctx, grad):
+def unpad_rows_backward(ctx, grad):
     (dest,) = ctx.saved_tensors
     return grad.new_zeros((ctx.rows,) + tuple(grad.shape[1:])).index_copy(0, dest, grad), None
 
 
-_unpad_rows.register_autograd(_unpad_rows_backward, setup_context=_unpad_rows_setup)
+unpad_rows.register_autograd(unpad_rows_backward, setup_context=unpad_rows_setup)
 
 
 @torch.library.custom_op("meshplan::moe_dispatch_rows", mutates_args=())
@@ -516,4 +511,4 @@ class MoELayer(nn.Module):
 
 
 __all__ = ["MoELayer", "GroupedExperts", "SortedCopies", "combine", "dispatch",
-           "group_padding", "grouped_mm_usable", "sort_copies", "unpad_rows"]
+           "group_padding", "grouped_mm_usable", "pad_rows", "sort_copies", "unpad_rows"]
