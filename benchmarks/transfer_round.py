@@ -294,24 +294,38 @@ def without_corrections(names: tuple[str, ...]):
     return adjust
 
 
-def repredict(doc: dict, profile: str, gpu: str, *, leave_out: bool = False,
+def repredict(doc: dict, profile: str | None, gpu: str, *, leave_out: bool = False,
               adjust=None) -> list[dict]:
-    """Every record re-predicted on ``profile`` (models and jobs from the accuracy file).
+    """Every record re-predicted on ``profile`` (models and jobs from the accuracy file);
+    ``profile=None``: each model on the profile it was validated with (the file's
+    ``profiles``, e.g. each part's calibration in a merged round).
     ``leave_out``: each model on the profile less its own layer shape's rows — a calibration
     that timed the round's other models but not this one (the nearest-shape transfer).
     ``adjust``: a function of the profiled cluster returning the one to price on (e.g.
     :func:`without_corrections`)."""
     from transfer_analysis import without_own_rows
     nproc = int(doc.get("nproc") or 4)
-    cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1, gpus_per_node=nproc),
-                            profile)
-    if adjust is not None:
-        cluster = adjust(cluster)
+    clusters: dict[str, Cluster] = {}
+
+    def cluster_for(model_name: str) -> Cluster:
+        path = profile or (doc.get("profiles") or {}).get(model_name)
+        if not path:
+            raise SystemExit(f"re-predict: no profile recorded for {model_name!r} in the "
+                             f"accuracy file; give --profile PROFILE.toml")
+        if not Path(path).exists() and (ROOT / path).exists():
+            path = str(ROOT / path)
+        if path not in clusters:
+            cluster = apply_profile(Cluster.preset(cluster_preset(gpu), nodes=1,
+                                                   gpus_per_node=nproc), path)
+            clusters[path] = adjust(cluster) if adjust is not None else cluster
+        return clusters[path]
+
     set_dir = ROOT / "benchmarks" / "sets" / str(doc["set"])
     out = []
     for r in doc["records"]:
         model = ModelSpec.from_dict(json.loads((set_dir / "models" / f"{r['model']}.json")
                                                .read_text()))
+        cluster = cluster_for(r["model"])
         here = without_own_rows(cluster, model) if leave_out else cluster
         out.append(rescore(r, model, here, Job.from_dict(doc["jobs"][r["model"]])))
     return out
@@ -426,8 +440,6 @@ def main(argv=None) -> int:
         return 0
     if args.accuracy is None:
         ap.error("report needs --accuracy")
-    if (args.leave_out or args.without) and not args.profile:
-        ap.error("--leave-out and --without re-predict on a profile: give --profile PROFILE.toml")
     from meshplan.costmodel.registry import all_corrections
     known = sorted(c.name for c in all_corrections())
     bad = [n for n in args.without if n not in known]
@@ -436,12 +448,12 @@ def main(argv=None) -> int:
     doc = json.loads(args.accuracy.read_text())
     print(f"as run ({doc.get('profile') or 'datasheet'}):")
     print(_fmt(figures(doc["records"])))
-    if args.profile:
+    if args.profile or args.leave_out or args.without:
         again = repredict(doc, args.profile, args.gpu or str(doc.get("gpu_name")),
                           leave_out=args.leave_out,
                           adjust=without_corrections(tuple(args.without)) if args.without
                           else None)
-        print(f"\nre-predicted on {args.profile}"
+        print(f"\nre-predicted on {args.profile or 'the profiles it was validated with'}"
               f"{', each model without its own rows' if args.leave_out else ''}"
               f"{', without ' + ', '.join(args.without) if args.without else ''}:")
         print(_fmt(figures(again)))

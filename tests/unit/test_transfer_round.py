@@ -157,11 +157,23 @@ def test_leave_out_repredicts_round38_without_each_models_own_rows():
         assert without_own_rows(cluster, model).gpu.measured.layers
 
 
-def test_leave_out_without_a_profile_is_refused(capsys):
-    with pytest.raises(SystemExit) as exc:
-        tr.main(["report", "--accuracy",
-                 str(ROOT / "docs/benchmarks/data/transfer38_accuracy.json"), "--leave-out"])
-    assert exc.value.code == 2 and "--leave-out" in capsys.readouterr().err
+def test_without_a_profile_each_model_is_repredicted_on_the_profile_it_ran_with():
+    """Round 43 ran each part's layouts of all four models, each model priced on its own
+    part's calibration: re-predicted with no --profile, every record gets its as-run
+    prediction back; one part's profile for all would price the other part's models on rows
+    they never had."""
+    doc = json.loads((ROOT / "docs/benchmarks/data/transfer43_accuracy.json").read_text())
+    again = tr.repredict(doc, None, "NVIDIA H200")
+    assert len(again) == 24
+    for r, a in zip(doc["records"], again):
+        assert a["predicted"]["step_time_s"] == pytest.approx(r["predicted"]["step_time_s"],
+                                                              rel=1e-6)
+    one = tr.repredict(doc, doc["profiles"]["t43m01-gpt-mqa-2.45b"], "NVIDIA H200")
+    assert any(o["predicted"]["step_time_s"] != pytest.approx(
+        r["predicted"]["step_time_s"], rel=1e-3) for r, o in zip(doc["records"], one))
+    bare = dict(doc, profiles={})
+    with pytest.raises(SystemExit, match="no profile recorded"):
+        tr.repredict(bare, None, "NVIDIA H200")
 
 
 def test_without_repredicts_with_a_named_correction_switched_off(capsys):
