@@ -34,7 +34,8 @@ class CorrectionNumbers:
 
     ``disabled``: corrections switched off by name (what :func:`meshplan.costmodel.
     estimate` uses to tell how much each moved a prediction); ``source``: where the numbers
-    came from, for reports."""
+    came from, for reports; ``step_duty``: not a number of the profile but the state of an
+    estimate (the busy share of the step it priced)."""
 
     torch_p2p_slowdown_per_op: float
     torch_p2p_slowdown_vpp_exponent: float
@@ -49,8 +50,13 @@ class CorrectionNumbers:
     cp_ring_interference: float
     moe_load_imbalance: float
     sustained_clock_share: float
+    sustained_power_exponent: float
+    sustained_idle_power_share: float
     disabled: frozenset = frozenset()
     source: str = ""
+    # the GPU's busy share of the step, as the cost model found it (meshplan.costmodel.
+    # estimate sets it for the sustained clock's second pass; never read from a profile)
+    step_duty: float = 1.0
 
     def enabled(self, name: str) -> bool:
         return name not in self.disabled
@@ -66,7 +72,7 @@ class CorrectionNumbers:
 
 
 NUMBER_KEYS = tuple(f.name for f in fields(CorrectionNumbers)
-                    if f.name not in ("disabled", "source"))
+                    if f.name not in ("disabled", "source", "step_duty"))
 _INT_KEYS = ("torch_p2p_order_max_microbatches_per_rank",)
 
 

@@ -47,6 +47,10 @@ class MeasuredTables:
     # the share of the rows' sustained_ratio − 1 the lookups add to their GPU seconds (the
     # correction ``sustained_clock``, meshplan.costmodel.corrections); 0: as timed, in bursts
     sustained: float = 1.0
+    # what the step's duty cycle leaves of the ratio: the ratio is read as ratio × duty_scale
+    # (1: a GPU busy back to back, as the ratio was measured; meshplan.costmodel.corrections
+    # duty_scale)
+    duty_scale: float = 1.0
 
     def __post_init__(self) -> None:
         idx: dict[tuple, list] = {}
@@ -125,14 +129,14 @@ class MeasuredTables:
                               micro_batch) if rows else None
 
     def _at_clock(self, rows: list, r: Interpolated, micro_batch: int) -> Interpolated:
-        """``r``'s GPU seconds times 1 + share × (ratio − 1), the sustained ratio of the row
-        nearest ``micro_batch`` (a module's rows share one: :mod:`meshplan.calibrate.
-        sustained`); CPU seconds and bytes unchanged."""
+        """``r``'s GPU seconds times 1 + share × (max(1, ratio × duty_scale) − 1), the
+        sustained ratio of the row nearest ``micro_batch`` (a module's rows share one:
+        :mod:`meshplan.calibrate.sustained`); CPU seconds and bytes unchanged."""
         ratio = min(rows, key=lambda row: abs(row.micro_batch - micro_batch)).sustained_ratio
         # a ratio below 1 is not a clock (which only drops under load) but the loop's warm
         # caches (an embedding's gather back to back: 0.93), which a step's one pass per
         # micro-batch does not get
-        k = 1.0 + self.sustained * (max(1.0, ratio) - 1.0)
+        k = 1.0 + self.sustained * (max(1.0, max(1.0, ratio) * self.duty_scale) - 1.0)
         if k == 1.0:
             return r
         return replace(r, forward_s=r.forward_s * k, backward_s=r.backward_s * k,
@@ -144,14 +148,16 @@ class MeasuredTables:
         """Whether any row carries a measured sustained ratio other than 1."""
         return any(r.sustained_ratio != 1.0 for r in (*self.layers, *self.ends))
 
-    def at_share(self, share: float) -> "MeasuredTables":
+    def at_share(self, share: float, duty_scale: float = 1.0) -> "MeasuredTables":
         """These rows with ``share`` of their sustained ratio's excess applied (0: at the
-        clock they were timed at). A shallow copy: it shares the rows' index, which does not
-        depend on the share (the cost model asks for it on every tables lookup)."""
-        if share == self.sustained:
+        clock they were timed at), each ratio first scaled by ``duty_scale`` (a step that
+        idles part of the time). A shallow copy: it shares the rows' index, which depends on
+        neither (the cost model asks for it on every tables lookup)."""
+        if share == self.sustained and duty_scale == self.duty_scale:
             return self
         out = copy.copy(self)
         object.__setattr__(out, "sustained", float(share))
+        object.__setattr__(out, "duty_scale", float(duty_scale))
         return out
 
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
@@ -208,7 +214,7 @@ class MeasuredTables:
         return MeasuredTables(tuple(r for r in self.layers if r.shape != layer_key),
                               tuple(e for e in self.ends
                                     if not e.shape.startswith(layer_key + "-v")),
-                              self.sustained)
+                              self.sustained, self.duty_scale)
 
     def to_rows(self, *, compact: bool = False) -> dict[str, list[dict[str, Any]]]:
         """The rows as dicts (:func:`tables_from_rows` reads them back); ``compact`` leaves
