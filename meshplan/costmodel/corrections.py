@@ -226,10 +226,11 @@ def sustained_clock(numbers: CorrectionNumbers, tables):
 
 
 def duty_scale(numbers: CorrectionNumbers) -> float:
-    """What a step that keeps its GPU busy a share u < 1 of the time (``step_duty``: the
-    estimate's compute over its step — pipeline bubbles, exposed communication and the
-    optimizer count as idle) leaves of a row's sustained ratio: the ratio r is read as
-    r × (u / (1 − (1 − u) · p_idle))^(1/k), at least 1.
+    """What a step that keeps its GPU busy a share u < 1 of the time (``step_duty``, from
+    :func:`step_duty`: the busiest rank's passes over the step — pipeline bubbles, exposed
+    communication and the optimizer count as idle) leaves of a row's sustained ratio: the
+    ratio r is read as r × (u / (1 − (1 − u) · p_idle))^(1/k), at least 1 (u = 0: every
+    row at its burst clock).
 
     Mechanism: the power limiter holds the board's average power under its cap. A loop
     busy back to back settles where P(f_s) = cap, r being the clock's drop f_max / f_s; a
@@ -241,13 +242,14 @@ def duty_scale(numbers: CorrectionNumbers) -> float:
     faster at duty 0.85-0.67 than back to back, k = 2.4-3.0 from those points, and the
     limiter's average reaches at least 30 ms (in 150 ms chunks about half the relief);
     ``sustained_power_exponent`` (k) and ``sustained_idle_power_share`` (p_idle, 81.5 W of
-    700 W) are the profile's. Round 43's pipelined layouts (2 × H200, u = 0.56-0.72), priced
-    at the back-to-back ratio, ran 4-6 % faster than predicted (post hoc: 3.87 → 2.21 %
+    700 W) are the profile's. Round 43's pipelined layouts (2 × H200, u = 0.6-0.76), priced
+    at the back-to-back ratio, ran 4-6 % faster than predicted (post hoc: 3.87 → 2.22 %
     mean). 1 where switched off or u = 1."""
     u = numbers.step_duty
     if u >= 1.0 or not numbers.enabled(SUSTAINED_DUTY) or numbers.sustained_power_exponent <= 0:
         return 1.0
-    u = max(u, 1e-3)
+    if u <= 0.0:
+        return 0.0
     return (u / (1.0 - (1.0 - u) * numbers.sustained_idle_power_share)) ** (
         1.0 / numbers.sustained_power_exponent)
 
@@ -256,6 +258,31 @@ def _sustained_rows(t) -> bool:
     tables = getattr(t.parts.tables, "tables", t.parts.tables)  # TransferredTables wraps
     return (bool(t.parts.measured) and bool(getattr(tables, "has_sustained", False))
             and t.cluster.gpu.corrections.sustained_clock_share > 0)
+
+
+def step_duty(forward_s, backward_s, microbatches: int, pp: int, step_s: float) -> float:
+    """The GPU's busy share of a step, for :func:`duty_scale`: the busiest pipeline rank's
+    passes (``forward_s`` / ``backward_s`` per micro-batch and virtual stage, rank r holding
+    stages r, r + pp, ...) times the micro-batches, over the step; 1 at most.
+
+    Example: pp = 2, one stage each, f = (10, 13), b = (23, 27) ms, m = 2, step 118 ms →
+    rank 1 busy 2 · 40 = 80 ms, u = 0.68."""
+    if step_s <= 0:
+        return 1.0
+    busy = max(sum(forward_s[c] + backward_s[c] for c in range(r, len(forward_s), pp))
+               for r in range(pp))
+    return min(1.0, microbatches * busy / step_s)
+
+
+def at_duty(cluster, duty: float):
+    """``cluster`` with its corrections' ``step_duty`` set (0: every row at its burst
+    clock, the least any step's duty prices — the planner's lower bounds)."""
+    from dataclasses import replace
+    numbers = cluster.gpu.corrections
+    if numbers.step_duty == duty:
+        return cluster
+    return cluster.replace(gpu=replace(cluster.gpu, corrections=replace(numbers,
+                                                                          step_duty=duty)))
 
 
 def sustained_duty_applies(t) -> bool:
@@ -355,4 +382,4 @@ __all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
            "stage_slowdown", "p2p_order_applies", "zb_full_sets", "zb_full_w_passes",
            "fsdp_dp_only", "fsdp2_step_s", "cast_cache_ranks", "memory_rule",
            "ring_interference", "load_imbalance", "sustained_clock", "SUSTAINED_CLOCK",
-           "duty_scale", "sustained_duty_applies", "SUSTAINED_DUTY"]
+           "duty_scale", "step_duty", "at_duty", "sustained_duty_applies", "SUSTAINED_DUTY"]

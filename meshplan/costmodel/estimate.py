@@ -33,9 +33,9 @@ date and command in the file named):
 * held out on GPUs, calibrated on the same machine and models (docs/benchmarks/accuracy.md,
   round 26, 4 × H200, 16 layouts): 1.51 % / 4.78 %, memory within 5 % on 64 of 64 ranks;
 * held out on models never run before (docs/benchmarks/transfer.md, round 43, 2 × H200, 24
-  layouts as run): 3.87 % / 13.83 % calibrated on those models (2.20 % / 8.02 % post hoc with
+  layouts as run): 3.87 % / 13.83 % calibrated on those models (2.22 % / 8.02 % post hoc with
   the duty cycle's clock, ``sustained_clock_duty``), memory within 5 % on 48 of 48 ranks;
-  4.81 % / 16.26 % on a calibration that timed none of them (3.64 % / 10.57 % post hoc).
+  4.81 % / 16.26 % on a calibration that timed none of them (3.92 % / 10.57 % post hoc).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from meshplan.costmodel.caveats import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEAT
                                         HOST_BOUND_CAVEAT_SHARE, HOST_NEAR_LOAD,
                                         HOST_NEAR_LOAD_TEXT, host_caveats, is_host_bound)
 from meshplan.costmodel.corrections import (CAST_CACHE_SCHEDULES, SUSTAINED_CLOCK,  # noqa: F401
-                                            SUSTAINED_DUTY, stage_slowdown)
+                                            SUSTAINED_DUTY, at_duty, stage_slowdown,
+                                            step_duty)
 from meshplan.costmodel.data_parallel import (OPTIMIZER_BYTES_PER_PARAM,  # noqa: F401
                                               rank_state)
 from meshplan.costmodel.compute import sixteen_bit_precision
@@ -97,12 +98,11 @@ def _estimate(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     if SUSTAINED_CLOCK not in applied or not numbers.enabled(SUSTAINED_DUTY):
         return est, applied
     # the clock a step that idles part of the time keeps: priced once more at its duty
-    duty = min(1.0, est.time.compute_s / est.step_time_s) if est.step_time_s > 0 else 1.0
+    duty = step_duty(est.stage_forward_s, est.stage_backward_s, est.num_microbatches,
+                     layout.pp, est.step_time_s)
     if duty >= 1.0:
         return est, applied
-    at_duty = cluster.replace(gpu=replace(cluster.gpu, corrections=replace(
-        numbers, step_duty=duty)))
-    return _compose(model, at_duty, job, layout, stage_layers)
+    return _compose(model, at_duty(cluster, duty), job, layout, stage_layers)
 
 
 def _compose(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

@@ -29,7 +29,7 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.planner.bounds import Ticker
 from meshplan.planner.constraints import end_stage_min_layers
 from meshplan.planner.space import Config
-from meshplan.planner.tables import ConfigTables, build_tables
+from meshplan.planner.tables import ConfigTables, bound_cluster, build_tables
 
 from meshplan.planner.space import (EVEN_PARTITION_SCHEDULES,  # noqa: E402  (see space.py)
                                     interleaved_partitions)
@@ -270,6 +270,7 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
     out = Pruning()
     configs = list(configs)
     tick = Ticker(progress)
+    lo = bound_cluster(cluster)     # rows at their burst clock: bounds for any step's duty
     # (bound, exact?, order, config): configurations whose partition is fixed start with the
     # cheap busy-time bound and get their exact one (a pipeline evaluation) only when they
     # reach the front of the queue.
@@ -279,9 +280,9 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
         w = objective_weight(cfg, objective)
         if partition_candidates(cfg, model.num_layers, fixed_partition,
                                 min_layers) is not None and cfg.stages > 1:
-            queue.append((w * busy_lower_bound(model, cluster, job, cfg), False, i, cfg))
+            queue.append((w * busy_lower_bound(model, lo, job, cfg), False, i, cfg))
         else:
-            queue.append((w * time_lower_bound(model, cluster, job, cfg, min_layers,
+            queue.append((w * time_lower_bound(model, lo, job, cfg, min_layers,
                                                fixed_partition), True, i, cfg))
     out.configs = len(queue)
     heapq.heapify(queue)
@@ -295,7 +296,7 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
         if not exact:
             w = objective_weight(cfg, objective)
             heapq.heapreplace(queue, (max(lb, w * time_lower_bound(
-                model, cluster, job, cfg, min_layers, fixed_partition)), True, i, cfg))
+                model, lo, job, cfg, min_layers, fixed_partition)), True, i, cfg))
             continue
         heapq.heappop(queue)
         tick(lambda: f"bounding: {visited:,}/{out.configs:,} configurations priced, "
@@ -331,7 +332,7 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
                 out.least_memory = (peak, cfg)
             continue
         w = objective_weight(cfg, objective)
-        lb = max(lb, w * (lb / w + tail_lower_bound(model, cluster, job, t)))
+        lb = max(lb, w * (lb / w + tail_lower_bound(model, lo, job, t)))
         ub = w * t.step_time_s(part)
         if len(best_ubs) < top_k:
             heapq.heappush(best_ubs, -ub)

@@ -16,7 +16,7 @@ from meshplan.costmodel.measured import MeasuredTables
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.calibrated import apply_profile
 from meshplan.hardware_profiles.corrections import NUMBER_KEYS, builtin_corrections
-from meshplan.spec import Job, Layout, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec, default_stage_layers
 
 from test_sustained_clock import MODEL, _tables
 
@@ -68,9 +68,9 @@ def _without(cluster, name):
 
 def test_a_pipelined_step_is_priced_nearer_the_burst_clock_than_a_busy_one():
     """Round 43 (2 × H200, rows with sustained ratios): y06 (t43m01, pp 2 interleaved, two
-    micro-batches: the GPU idles through the bubble, busy ~73 % of the step) loses nearly
-    all of the sustained clock's excess, y03 (the same model at dp 2, busy ~93 %) under a
-    third of it."""
+    micro-batches: the GPU idles through the bubble, its busiest rank busy ~76 % of the
+    step) loses most of the sustained clock's excess, y03 (the same model at dp 2, busy
+    ~93 %) under a third of it."""
     moved = {}
     for name in ("y06", "y03"):
         model, cluster, job, lay = _round43(name)
@@ -86,7 +86,7 @@ def test_a_pipelined_step_is_priced_nearer_the_burst_clock_than_a_busy_one():
         assert duty.memory_delta_bytes == 0.0
         moved[name] = (full.step_time_s - est.step_time_s) / (full.step_time_s
                                                              - burst.step_time_s)
-    assert moved["y06"] > 0.9 and 0.0 < moved["y03"] < 0.4
+    assert moved["y06"] > 0.8 and 0.0 < moved["y03"] < 0.4
 
 
 def test_profiles_without_ratios_are_priced_once_and_unchanged():
@@ -95,3 +95,27 @@ def test_profiles_without_ratios_are_priced_once_and_unchanged():
     est = estimate(model, c, job, lay)
     assert est.step_time_s == estimate(model, _without(c, SUSTAINED_DUTY), job, lay).step_time_s
     assert SUSTAINED_DUTY not in [x.name for x in est.corrections]
+
+
+def _config(lay: Layout):
+    from meshplan.planner.space import Config
+    return Config(lay.dp, lay.pp, lay.tp, lay.micro_batch, lay.schedule, lay.vpp, lay.recompute,
+                  lay.zero, lay.sequence_parallel, lay.compile)
+
+
+@pytest.mark.parametrize("name", ["y06", "y10", "y12", "y22", "y23", "y01", "y09", "y13"])
+def test_the_planner_prices_a_configuration_at_its_duty_and_bounds_it_at_the_burst(name):
+    """The search's tables price the step as ``estimate`` does (the even partition's duty;
+    round 43's layouts run the even one) and its lower bounds stay under it."""
+    from meshplan.planner.search import time_lower_bound
+    from meshplan.planner.tables import bound_cluster, build_tables
+    model, cluster, job, lay = _round43(name)
+    cfg = _config(lay)
+    est = estimate(model, cluster, job, lay)
+    t = build_tables(model, cluster, job, cfg)
+    part = default_stage_layers(model.num_layers, cfg.stages)
+    assert t.step_time_s(part) == pytest.approx(est.step_time_s, rel=2e-3)
+    full = estimate(model, _without(cluster, SUSTAINED_DUTY), job, lay)
+    assert time_lower_bound(model, bound_cluster(cluster), job, cfg, 1) <= est.step_time_s
+    assert time_lower_bound(model, bound_cluster(cluster), job, cfg, 1) <= \
+        time_lower_bound(model, cluster, job, cfg, 1) <= full.step_time_s * (1 + 1e-9)
