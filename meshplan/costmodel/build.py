@@ -46,6 +46,31 @@ from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
 
+def synchronized_split_gpu(split: tuple[float, float], fused_s: float
+                           ) -> tuple[float, float]:
+    """The GPU seconds of a zero-bubble layer's I and W from their synchronized timings
+    (``meshplan calibrate``'s default split timing): scaled, in their measured proportion,
+    to one fused backward where their sum exceeds it.
+
+    A synchronized action's time runs from its launch to its end, CPU included, and torch's
+    split backward walks the autograd graph on the CPU once per ``torch.autograd.grad``
+    call (``stage_backward_input`` keeps the graph, ``stage_backward_weight`` makes one call
+    per parameter group: :mod:`meshplan.calibrate.bench_split`); the GPU runs the same
+    kernels as in one fused backward. Round 43's t43m06 at micro-batch 8: I 3.66 + W 2.41 =
+    6.06 ms against a fused 4.94 ms, and W longer at micro-batch 2 (4.23 ms) than at 8 — CPU
+    time. In a pipeline the CPU's walk overlaps the GPU's other actions, and the host bound
+    (the synchronized times, kept as the CPU's) prices it where it does not. Priced as GPU
+    time, every zero-bubble layout of rounds 38-43 calibrated this way was predicted slow
+    (+1.6 to +8.0 %); scaled (post hoc, docs/benchmarks/transfer.md "Zero-bubble's
+    synchronized split"): −3.8 to +3.3 %. Queued timings (``--split-timing queued``) are
+    GPU-busy times and are used as they are."""
+    total = split[0] + split[1]
+    if total <= fused_s or fused_s <= 0:
+        return split
+    k = fused_s / total
+    return split[0] * k, split[1] * k
+
+
 def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                 parts: LayerParts, links) -> dict:
     """A layer's forward / backward / weight-gradient seconds as the layout runs them, the
@@ -80,14 +105,16 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # measured B and W actions (their sum can exceed one fused backward). What grows
         # with the stage's depth (at its mean; uneven partitions are off by second-order
         # terms) is the CPU's graph walk: the CPU times where they were timed apart, else
-        # the synchronized ones, which then stand for both GPU and CPU
+        # the synchronized ones, which then stand for the CPU and, scaled to the fused
+        # backward, for the GPU
         depth = model.num_layers / (pp * v)
         measured_b, measured_depth, measured_cpu = measured_split
         if measured_cpu is not None:
             split = measured_b
             split_cpu = split_backward_at(measured_cpu, measured_depth, depth)
         else:
-            split = split_cpu = split_backward_at(measured_b, measured_depth, depth)
+            split_cpu = split_backward_at(measured_b, measured_depth, depth)
+            split = synchronized_split_gpu(split_cpu, layer_b)
         split_excess = sum(split) - layer_b
         layer_b, layer_w = sum(split), split[1]
     # zero-bubble with full recompute and no measured split: the weight pass's recomputes

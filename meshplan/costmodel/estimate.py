@@ -33,8 +33,9 @@ date and command in the file named):
 * held out on GPUs, calibrated on the same machine and models (docs/benchmarks/accuracy.md,
   round 26, 4 × H200, 16 layouts): 1.51 % / 4.78 %, memory within 5 % on 64 of 64 ranks;
 * held out on models never run before (docs/benchmarks/transfer.md, round 43, 2 × H200, 24
-  layouts as run): 3.87 % / 13.83 % calibrated on those models (2.22 % / 8.02 % post hoc with
-  the duty cycle's clock, ``sustained_clock_duty``), memory within 5 % on 48 of 48 ranks;
+  layouts as run): 3.87 % / 13.83 % calibrated on those models (1.76 % / 4.12 % post hoc with
+  the duty cycle's clock, ``sustained_clock_duty``, and zero-bubble's synchronized split at
+  the fused backward), memory within 5 % on 48 of 48 ranks;
   4.81 % / 16.26 % on a calibration that timed none of them (3.92 % / 10.57 % post hoc).
 """
 

@@ -164,8 +164,10 @@ def test_planner_tables_agree_with_estimate_under_torch_runtime(layout, cpu_time
 
 
 def test_zero_bubble_uses_the_measured_split_backward():
+    """Split timed queued (GPU-busy, its CPU dispatch apart): the GPU's I and W as measured."""
     split = MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, backward_input_s=1.5e-3,
-                                   backward_weight_s=4e-3),), ())
+                                   backward_weight_s=4e-3, backward_input_cpu_s=1e-3,
+                                   backward_weight_cpu_s=1e-3),), ())
     c = _cluster(split)
     zb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="zero-bubble"))
     fb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="1f1b"))
@@ -186,6 +188,26 @@ def test_zero_bubble_uses_the_measured_split_backward():
     assert zb.time.total_s == pytest.approx(zb.step_time_s)
 
 
+def test_a_synchronized_split_beyond_the_fused_backward_is_cpu_time():
+    """Split timed synchronized only (calibrate's default): I + W (5.5 ms) beyond the fused
+    backward (2 ms) is the CPU's graph walk; the GPU's split is the fused backward in the
+    measured proportion (costmodel.build.synchronized_split_gpu); the CPU keeps 5.5 ms
+    (tests/unit/test_zb_synchronized_split.py checks that on a calibrated profile)."""
+    split = MeasuredTables((_layer(1, 1e-3, 2e-3, 1e6, 0.0, backward_input_s=1.5e-3,
+                                   backward_weight_s=4e-3),), ())
+    c = _cluster(split)
+    from meshplan.costmodel.estimate import layer_tables
+    lay = Layout(pp=2, micro_batch=1, schedule="zero-bubble")
+    zb = estimate(MODEL, c, JOB, lay)
+    fb = estimate(MODEL, c, JOB, Layout(pp=2, micro_batch=1, schedule="1f1b"))
+    k = 1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP
+    assert zb.stage_backward_s[1] == pytest.approx(fb.stage_backward_s[1])
+    t = layer_tables(MODEL, c, JOB, lay)
+    assert t.layer_wgrad_s == pytest.approx(2e-3 * 4 / 5.5)
+    assert zb.stage_wgrad_s[1] == pytest.approx(k * (4 * 2e-3 * 4 / 5.5 + t.last_wgrad_s))
+    assert t.zb_split_excess_s == pytest.approx(0.0, abs=1e-15)
+
+
 def test_zero_bubble_split_backward_grows_with_the_stage_depth():
     # timed on 2 blocks; W per layer grows 0.25 ms per extra layer in the stack
     row = dict(backward_input_s=1.5e-3, backward_weight_s=4e-3, split_layers=2,
@@ -196,9 +218,12 @@ def test_zero_bubble_split_backward_grows_with_the_stage_depth():
         lay = Layout(pp=pp, micro_batch=1, schedule="zero-bubble")
         zb = estimate(MODEL, c, JOB, lay)
         w = 4e-3 + 2.5e-4 * (n - 2)
+        # timed synchronized: I + W beyond the fused 2 ms is the CPU's, the GPU's W its
+        # measured share of the fused backward (costmodel.build.synchronized_split_gpu)
+        w_gpu = 2e-3 * w / (1.5e-3 + w)
         last_w = layer_tables(MODEL, c, JOB, lay).last_wgrad_s    # the last stage's split
         assert zb.stage_wgrad_s[-1] == pytest.approx(
-            (n * w + last_w) * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
+            (n * w_gpu + last_w) * (1 + 2 * TORCH_P2P_SLOWDOWN_PER_OP))
     # one measured micro-batch: times scale with it, the timed stack and its growth do not
     one = MeasuredTables((_layer(2, 1e-3, 2e-3, 1e6, 0.0, **row),), ())
     r = one.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",

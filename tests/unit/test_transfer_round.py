@@ -161,13 +161,17 @@ def test_without_a_profile_each_model_is_repredicted_on_the_profile_it_ran_with(
     """Round 43 ran each part's layouts of all four models, each model priced on its own
     part's calibration: re-predicted with no --profile, every record gets its as-run
     prediction back (the code that ran it: without ``sustained_clock_duty``, which came after
-    the run); one part's profile for all would price the other part's models on rows they
-    never had."""
+    the run; its zero-bubble layouts moved with the synchronized split's pricing, also after
+    the run, so they are left out); one part's profile for all would price the other part's
+    models on rows they never had."""
     doc = json.loads((ROOT / "docs/benchmarks/data/transfer43_accuracy.json").read_text())
     as_run = tr.without_corrections(("sustained_clock_duty",))
     again = tr.repredict(doc, None, "NVIDIA H200", adjust=as_run)
     assert len(again) == 24
-    for r, a in zip(doc["records"], again):
+    same = [(r, a) for r, a in zip(doc["records"], again)
+            if r["layout"]["schedule"] != "zero-bubble"]
+    assert len(same) == 22
+    for r, a in same:
         assert a["predicted"]["step_time_s"] == pytest.approx(r["predicted"]["step_time_s"],
                                                               rel=1e-6)
     one = tr.repredict(doc, doc["profiles"]["t43m01-gpt-mqa-2.45b"], "NVIDIA H200",
