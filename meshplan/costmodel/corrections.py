@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from meshplan.costmodel import first_backward, torch_p2p
+from meshplan.costmodel.clock import (SUSTAINED_CLOCK, SUSTAINED_DUTY, duty_scale,
+                                      sustained_clock, sustained_duty_applies, sustained_rows)
 from meshplan.costmodel.runtime import (fsdp_accumulates_unsharded, p2p_ops_per_microbatch,
                                         torch_pipelined)
 from meshplan.hardware_profiles.corrections import CorrectionNumbers
@@ -48,8 +50,6 @@ END_OF_STEP = "end_of_step_merge"
 OUTPUT_PEAK = "pipelined_output_peak"
 CP_RING = "cp_ring_interference"
 MOE_IMBALANCE = "moe_load_imbalance"
-SUSTAINED_CLOCK = "sustained_clock"
-SUSTAINED_DUTY = "sustained_clock_duty"
 
 # GPipe and 1F1B ranks that run every forward before their first backward get the
 # cast-cache relief; interleaved and zero-bubble ranks do not (see cast_cache_ranks). A
@@ -201,97 +201,6 @@ def ring_interference(numbers: CorrectionNumbers) -> float:
     return numbers.cp_ring_interference if numbers.enabled(CP_RING) else 0.0
 
 
-# ---- measured rows at the sustained clock ------------------------------------------------
-def sustained_clock(numbers: CorrectionNumbers, tables):
-    """Runtime "torch", measured rows: a row's GPU seconds times 1 + share × (max(1, r) − 1),
-    where r is the row's ``sustained_ratio`` — its module's pass run back to back over the pass as
-    the row was timed (queued behind a spin kernel, the GPU busy under half the time) — and
-    share the profile's ``sustained_clock_share``. In a step the GPU is busy back to back;
-    where the blocks' work draws more than the board's power limit at the maximum SM clock,
-    the clock drops (software power cap) and compute-bound kernels slow down.
-    ``meshplan calibrate`` measures r per built module (:mod:`meshplan.calibrate.
-    sustained`); rows without it carry 1. Measured on 1 × H200 (2026-11-29,
-    docs/benchmarks/transfer.md "Sustained clock"): r = 1.09-1.13 for three GPT models'
-    blocks (SM clock 1,980 → 1,575-1,700 MHz), 1.02-1.04 for three Llama models'. Timed
-    block by block inside a training step in the same call, a GPT's layers ran at the loop's
-    per-layer time (within 0.5 %); but the loop's r moved by ± 1.5 % between calls (1.065 to
-    1.094 for one module), and one calibration's r overstated its validation's steps, so the
-    built-in share is 0.6, fitted post hoc on the step errors of rc47 and rc49 (0.5-0.6 best;
-    GPT mean error 4.7 → 1.5 %) and held out as run on rc50-rc52 (1.69 % mean, 3.23 % without).
-    Unchanged where switched off."""
-    if not tables:
-        return tables
-    on = numbers.enabled(SUSTAINED_CLOCK)
-    return tables.at_share(numbers.sustained_clock_share if on else 0.0, duty_scale(numbers))
-
-
-def duty_scale(numbers: CorrectionNumbers) -> float:
-    """What a step that keeps its GPU busy a share u < 1 of the time (``step_duty``, from
-    :func:`step_duty`: the busiest rank's passes over the step — pipeline bubbles, exposed
-    communication and the optimizer count as idle) leaves of a row's sustained ratio: the
-    ratio r is read as r × (u / (1 − (1 − u) · p_idle))^(1/k), at least 1 (u = 0: every
-    row at its burst clock).
-
-    Mechanism: the power limiter holds the board's average power under its cap. A loop
-    busy back to back settles where P(f_s) = cap, r being the clock's drop f_max / f_s; a
-    GPU busy a share u and idle (P_idle) otherwise may draw P(f) = (cap − (1 − u) P_idle) / u
-    while busy. With P ∝ f^k (dynamic power, f·V² with V rising with f), f / f_s =
-    ((1 − (1 − u) p_idle) / u)^(1/k), p_idle = P_idle / cap. Measured on 1 × H200
-    (benchmarks/duty_cycle_clock_gpu.py, 2026-11-29, docs/benchmarks/transfer.md "Duty cycle
-    and the power limiter"): a bf16 GEMM and a GPT block in 30 ms busy chunks ran 4-13 %
-    faster at duty 0.85-0.67 than back to back, k = 2.4-3.0 from those points, and the
-    limiter's average reaches at least 30 ms (in 150 ms chunks about half the relief);
-    ``sustained_power_exponent`` (k) and ``sustained_idle_power_share`` (p_idle, 81.5 W of
-    700 W) are the profile's. Round 43's pipelined layouts (2 × H200, u = 0.6-0.76), priced
-    at the back-to-back ratio, ran 4-6 % faster than predicted (post hoc: 3.87 → 2.22 %
-    mean). 1 where switched off or u = 1."""
-    u = numbers.step_duty
-    if u >= 1.0 or not numbers.enabled(SUSTAINED_DUTY) or numbers.sustained_power_exponent <= 0:
-        return 1.0
-    if u <= 0.0:
-        return 0.0
-    return (u / (1.0 - (1.0 - u) * numbers.sustained_idle_power_share)) ** (
-        1.0 / numbers.sustained_power_exponent)
-
-
-def _sustained_rows(t) -> bool:
-    tables = getattr(t.parts.tables, "tables", t.parts.tables)  # TransferredTables wraps
-    return (bool(t.parts.measured) and bool(getattr(tables, "has_sustained", False))
-            and t.cluster.gpu.corrections.sustained_clock_share > 0)
-
-
-def step_duty(forward_s, backward_s, microbatches: int, pp: int, step_s: float) -> float:
-    """The GPU's busy share of a step, for :func:`duty_scale`: the busiest pipeline rank's
-    passes (``forward_s`` / ``backward_s`` per micro-batch and virtual stage, rank r holding
-    stages r, r + pp, ...) times the micro-batches, over the step; 1 at most.
-
-    Example: pp = 2, one stage each, f = (10, 13), b = (23, 27) ms, m = 2, step 118 ms →
-    rank 1 busy 2 · 40 = 80 ms, u = 0.68."""
-    if step_s <= 0:
-        return 1.0
-    busy = max(sum(forward_s[c] + backward_s[c] for c in range(r, len(forward_s), pp))
-               for r in range(pp))
-    return min(1.0, microbatches * busy / step_s)
-
-
-def at_duty(cluster, duty: float):
-    """``cluster`` with its corrections' ``step_duty`` set (0: every row at its burst
-    clock, the least any step's duty prices — the planner's lower bounds)."""
-    from dataclasses import replace
-    numbers = cluster.gpu.corrections
-    if numbers.step_duty == duty:
-        return cluster
-    return cluster.replace(gpu=replace(cluster.gpu, corrections=replace(numbers,
-                                                                          step_duty=duty)))
-
-
-def sustained_duty_applies(t) -> bool:
-    """The sustained clock priced a step that idles part of the time (its second pass)."""
-    numbers = t.cluster.gpu.corrections
-    return (_sustained_rows(t) and numbers.enabled(SUSTAINED_CLOCK)
-            and duty_scale(numbers) < 1.0)
-
-
 # ---- mixture of experts: the busiest expert rank --------------------------------------------
 def load_imbalance(numbers: CorrectionNumbers, ep: int) -> float:
     """Mixture of experts with ep > 1 (both runtimes): the routed rows the busiest expert
@@ -360,7 +269,7 @@ CORRECTIONS: tuple[Correction, ...] = (
     Correction(MOE_IMBALANCE, "step time and memory", ("moe_load_imbalance",), _moe_layout,
                load_imbalance, runtimes=("torch", "megatron")),
     # and each row's own sustained_ratio ([[layers]] / [[ends]])
-    Correction(SUSTAINED_CLOCK, "step time", ("sustained_clock_share",), _sustained_rows,
+    Correction(SUSTAINED_CLOCK, "step time", ("sustained_clock_share",), sustained_rows,
                sustained_clock),
     Correction(SUSTAINED_DUTY, "step time",
                ("sustained_power_exponent", "sustained_idle_power_share"),
@@ -381,5 +290,4 @@ def unsharded_zb(job: Job, layout: Layout) -> bool:
 __all__ = ["Correction", "CORRECTIONS", "CAST_CACHE_SCHEDULES",
            "stage_slowdown", "p2p_order_applies", "zb_full_sets", "zb_full_w_passes",
            "fsdp_dp_only", "fsdp2_step_s", "cast_cache_ranks", "memory_rule",
-           "ring_interference", "load_imbalance", "sustained_clock", "SUSTAINED_CLOCK",
-           "duty_scale", "step_duty", "at_duty", "sustained_duty_applies", "SUSTAINED_DUTY"]
+           "ring_interference", "load_imbalance"]

@@ -15,7 +15,7 @@ It only composes, in this order (each step's formulas and sources are in its mod
 6. step = max(pipeline, host bound) + the slowest rank's tail; the breakdown and the
    communication volume (:mod:`.breakdown`); caveats (:mod:`.caveats`);
    where measured rows carry sustained ratios and the step idles its GPU part of the time,
-   1-6 once more at the clock that duty allows (:func:`.corrections.duty_scale`);
+   1-6 once more at the clock that duty allows (:func:`.clock.duty_scale`);
 7. which named corrections applied and how much each moved the step time and the peak
    memory (:mod:`.corrections`): ``Estimate.corrections``.
 
@@ -49,9 +49,8 @@ from meshplan.costmodel.caveats import (FSDP_DP_ONLY_CAVEAT, FSDP_OVER_TP_CAVEAT
                                         ZB_FSDP2_CAVEAT,
                                         HOST_BOUND_CAVEAT_SHARE, HOST_NEAR_LOAD,
                                         HOST_NEAR_LOAD_TEXT, host_caveats, is_host_bound)
-from meshplan.costmodel.corrections import (CAST_CACHE_SCHEDULES, SUSTAINED_CLOCK,  # noqa: F401
-                                            SUSTAINED_DUTY, at_duty, stage_slowdown,
-                                            step_duty)
+from meshplan.costmodel.clock import SUSTAINED_CLOCK, SUSTAINED_DUTY, at_duty, step_duty
+from meshplan.costmodel.corrections import CAST_CACHE_SCHEDULES, stage_slowdown  # noqa: F401
 from meshplan.costmodel.data_parallel import (OPTIMIZER_BYTES_PER_PARAM,  # noqa: F401
                                               rank_state)
 from meshplan.costmodel.compute import sixteen_bit_precision

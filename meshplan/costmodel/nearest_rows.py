@@ -49,7 +49,8 @@ import math
 from dataclasses import dataclass, replace
 
 from meshplan.costmodel.compute import layer_cost, logits_cost
-from meshplan.costmodel.corrections import Correction, sustained_clock
+from meshplan.costmodel.clock import sustained_clock
+from meshplan.costmodel.corrections import Correction
 from meshplan.costmodel.dispatch import layer_dispatch_ratio
 from meshplan.costmodel.row_scaling import (analytic_layer, end_groups, end_micro_batches,
                                             end_ratios, layer_groups, layer_micro_batches,

@@ -45,10 +45,10 @@ class MeasuredTables:
     layers: tuple[MeasuredLayer, ...] = ()
     ends: tuple[MeasuredEnd, ...] = ()
     # the share of the rows' sustained_ratio − 1 the lookups add to their GPU seconds (the
-    # correction ``sustained_clock``, meshplan.costmodel.corrections); 0: as timed, in bursts
+    # correction ``sustained_clock``, meshplan.costmodel.clock); 0: as timed, in bursts
     sustained: float = 1.0
     # what the step's duty cycle leaves of the ratio: the ratio is read as ratio × duty_scale
-    # (1: a GPU busy back to back, as the ratio was measured; meshplan.costmodel.corrections
+    # (1: a GPU busy back to back, as the ratio was measured; meshplan.costmodel.clock
     # duty_scale)
     duty_scale: float = 1.0
 

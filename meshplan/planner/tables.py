@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from meshplan.costmodel.corrections import SUSTAINED_CLOCK, SUSTAINED_DUTY, at_duty, step_duty
+from meshplan.costmodel.clock import SUSTAINED_CLOCK, SUSTAINED_DUTY, at_duty, step_duty
 from meshplan.costmodel.estimate import LayerTables, layer_tables
 from meshplan.spec import Job, ModelSpec, default_stage_layers
 from meshplan.hardware_profiles import Cluster

@@ -12,7 +12,7 @@ import pytest
 from meshplan.calibrate.layer_grid import Config
 from meshplan.calibrate.sustained import ratio_rows
 from meshplan.costmodel import estimate
-from meshplan.costmodel.corrections import SUSTAINED_CLOCK
+from meshplan.costmodel.clock import SUSTAINED_CLOCK
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key, tables_from_rows)
 from meshplan.errors import ProfileError

@@ -1,4 +1,4 @@
-"""The sustained clock at a step's duty cycle: ``corrections.duty_scale`` (the power
+"""The sustained clock at a step's duty cycle: ``clock.duty_scale`` (the power
 limiter's average, P ∝ f^k) and the estimate's second pass that prices a step which idles
 its GPU part of the time at the clock that leaves it."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.costmodel import estimate
-from meshplan.costmodel.corrections import SUSTAINED_CLOCK, SUSTAINED_DUTY, duty_scale
+from meshplan.costmodel.clock import SUSTAINED_CLOCK, SUSTAINED_DUTY, duty_scale
 from meshplan.costmodel.measured import MeasuredTables
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.calibrated import apply_profile
