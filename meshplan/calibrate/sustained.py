@@ -22,7 +22,8 @@ largest micro-batch without recomputation, after ``heat_s`` seconds of the same 
 to back, over ``time_s`` more; every row of that module carries it
 (``MeasuredLayer.sustained_ratio``; ends likewise) and the cost model multiplies the rows'
 GPU seconds by 1 + share × (max(1, ratio) − 1), the named correction ``sustained_clock``
-(:mod:`meshplan.costmodel.corrections`) with the profile's ``sustained_clock_share``
+(:mod:`meshplan.costmodel.clock`; read at the step's duty cycle, ``sustained_clock_duty``)
+with the profile's ``sustained_clock_share``
 (built-in 0.6: timed block by block inside a training step, a GPT's layers ran at this loop's
 speed, but the loop's ratio moved by ± 1.5 % between calls and one calibration overstated its
 validation's steps; the share was fitted post hoc on rc47/rc49). CPU seconds are not scaled:
