@@ -505,8 +505,10 @@ class MoELayer(nn.Module):
         in_splits, out_splits = torch.stack([send.sum(1), recv.sum(1)]).tolist()
         got = _AllToAll.apply(rows, out_splits, in_splits, group)
         regroup = _expert_major_index(recv, sum(out_splits))
-        out = self.experts(got.index_select(0, regroup), recv.sum(0))
-        back = out.index_select(0, torch.argsort(regroup))
+        # both reorders are permutations: unpad_rows' backward writes each row back by
+        # index instead of index_select's accumulating (atomic) index_add
+        out = self.experts(unpad_rows(got, regroup), recv.sum(0))
+        back = unpad_rows(out, torch.argsort(regroup))
         return _AllToAll.apply(back, in_splits, out_splits, group)
 
 
