@@ -62,8 +62,11 @@ def synchronized_split_gpu(split: tuple[float, float], fused_s: float
     (the synchronized times, kept as the CPU's) prices it where it does not. Priced as GPU
     time, every zero-bubble layout of rounds 38-43 calibrated this way was predicted slow
     (+1.6 to +8.0 %); scaled (post hoc, docs/benchmarks/transfer.md "Zero-bubble's
-    synchronized split"): −3.8 to +3.3 %. Queued timings (``--split-timing queued``) are
-    GPU-busy times and are used as they are."""
+    synchronized split"): −3.8 to +3.3 %; the analytical weight-gradient share that
+    :mod:`~meshplan.costmodel.nearest_rows` uses for transferred rows left them at −1.2 to
+    +8.2 %. Weak where W's synchronized time is mostly the CPU's (small micro-batches: the
+    proportion overstates W). Queued timings (``--split-timing queued``) are GPU-busy times
+    and are used as they are."""
     total = split[0] + split[1]
     if total <= fused_s or fused_s <= 0:
         return split
