@@ -118,12 +118,13 @@ def permute_bytes(tokens: int, top_k: int, hidden: int, elem_bytes: int) -> floa
 
 def bench_permute(tokens: int, top_k: int, num_experts: int, hidden: int,
                   device: torch.device) -> dict[str, Any]:
-    """Forward + backward of the executor's permutation (``executor/moe.py``: ``sort_copies``,
-    ``dispatch``, ``group_padding``, ``pad_rows`` / ``unpad_rows``, ``combine`` — what ``MoELayer._routed``
-    and ``GroupedExperts._grouped`` run) on T tokens with balanced random top-k routing; the
-    expert GEMMs between them are left out (an identity)."""
-    from meshplan.executor.moe import (combine, dispatch, group_padding, pad_rows, sort_copies,
-                                       unpad_rows)
+    """Forward + backward of the executor's permutation (``executor/moe_permute.py``:
+    ``sort_copies``, ``dispatch``, ``group_padding``, ``pad_rows`` / ``unpad_rows``,
+    ``combine`` — what ``MoELayer._routed`` and ``GroupedExperts._grouped`` run) on T tokens
+    with balanced random top-k routing; the expert GEMMs between them are left out (an
+    identity)."""
+    from meshplan.executor.moe_permute import (combine, dispatch, group_padding, pad_rows,
+                                               sort_copies, unpad_rows)
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(0)
     experts = torch.rand(tokens, num_experts, generator=gen).topk(top_k, -1).indices.reshape(-1)
