@@ -346,6 +346,18 @@ def _fmt(f: dict) -> str:
     return "\n".join(lines)
 
 
+def _per_layout(records: list[dict], again: list[dict] | None) -> str:
+    """One line a layout: name, layout, model, step-time error as run (→ re-predicted)."""
+    def err(r):
+        e = r.get("step_time_error_pct")
+        return "n/a" if e is None else f"{e:+.1f} %"
+    lines = []
+    for i, r in enumerate(records):
+        tail = f" → {err(again[i])}" if again is not None else ""
+        lines.append(f"{r['name']:>5}  {r.get('short', ''):<52} {r['model']:<28} {err(r)}{tail}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["calibrate", "validate", "generic", "merge", "report"])
@@ -393,6 +405,9 @@ def main(argv=None) -> int:
     ap.add_argument("--leave-out", action="store_true",
                     help="report: re-predict each model on --profile less its own layer rows "
                          "(a calibration that timed the other models only)")
+    ap.add_argument("--per-layout", action="store_true",
+                    help="report: also each layout's step-time error (as run, and re-predicted "
+                         "where the report re-predicts)")
     args = ap.parse_args(argv)
     if args.budget is None:
         args.budget = {"calibrate": 540.0, "validate": 470.0, "generic": 150.0}.get(args.what, 0)
@@ -457,6 +472,11 @@ def main(argv=None) -> int:
               f"{', each model without its own rows' if args.leave_out else ''}"
               f"{', without ' + ', '.join(args.without) if args.without else ''}:")
         print(_fmt(figures(again)))
+    else:
+        again = None
+    if args.per_layout:
+        print()
+        print(_per_layout(doc["records"], again))
     return 0
 
 

@@ -201,3 +201,17 @@ def test_without_repredicts_with_a_named_correction_switched_off(capsys):
         tr.main(["report", "--accuracy", str(ROOT / "docs/benchmarks/data/rc52_accuracy.json"),
                  "--profile", profile, "--without", "bogus"])
     assert exc.value.code == 2 and "not a named correction" in capsys.readouterr().err
+
+
+def test_per_layout_prints_each_layouts_error_as_run_and_re_predicted(capsys):
+    acc = str(ROOT / "docs/benchmarks/data/transfer43_accuracy.json")
+    assert tr.main(["report", "--accuracy", acc, "--per-layout"]) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if "t43m" in l and "%" in l and "Spearman" not in l]
+    assert len(lines) == 24 and "→" not in out
+    assert [l.split()[0] for l in lines] == [f"y{i:02d}" for i in range(1, 25)]
+    assert tr.main(["report", "--accuracy", acc, "--per-layout", "--without",
+                    "sustained_clock_duty"]) == 0
+    out = capsys.readouterr().out
+    moved = [l for l in out.splitlines() if "→" in l]
+    assert len(moved) == 24 and any(l.split()[0] == "y23" and "+13.8 % →" in l for l in moved)
