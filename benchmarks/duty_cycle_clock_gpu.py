@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sustained_clock_gpu import _model_and_mb, _smi  # noqa: E402
+from sustained_clock_gpu import _smi, build_block  # noqa: E402
 
 
 def run_phase(unit, device, duty: float, chunk_s: float, seconds: float) -> dict:
@@ -113,16 +113,9 @@ def main(argv=None) -> int:
                                      args.seconds, marks))
         del a, b
         for set_dir in args.set:
-            from meshplan.calibrate.bench_layers import LAYERS_CPU, LAYERS_CUDA
-            from meshplan.calibrate.layer_build import _build, _layer_amp
-            from meshplan.calibrate.layer_grid import Config
-            from meshplan.calibrate.layer_ranks import _Groups
+            from meshplan.calibrate.layer_build import _layer_amp
             from meshplan.calibrate.layer_run import _layer_step
-            spec, seq, mb = _model_and_mb(set_dir, args.tiny)
-            cfg = Config(model=spec, seq_len=seq, tp=1, sequence_parallel=False,
-                         micro_batch=mb, recompute="none")
-            layers = LAYERS_CUDA if device.type == "cuda" else LAYERS_CPU
-            m, _ = _build(cfg, layers, device, _Groups(1, 0, device.type))
+            spec, seq, mb, cfg, layers, m = build_block(set_dir, device, args.tiny)
             x, grad, reset, forward, backward = _layer_step(cfg, m, device)
 
             def unit():

@@ -57,6 +57,23 @@ def _model_and_mb(set_dir: Path, tiny: bool) -> tuple[ModelSpec, int, int]:
     return spec, seq, mb
 
 
+def build_block(set_dir: Path, device, tiny: bool):
+    """The set's first model's calibration block as ``meshplan calibrate`` builds it (tp 1,
+    no recomputation, its largest no-recompute micro-batch): (spec, seq, mb, cfg, layers,
+    module)."""
+    from meshplan.calibrate.bench_layers import LAYERS_CPU, LAYERS_CUDA
+    from meshplan.calibrate.layer_build import _build
+    from meshplan.calibrate.layer_grid import Config
+    from meshplan.calibrate.layer_ranks import _Groups
+
+    spec, seq, mb = _model_and_mb(set_dir, tiny)
+    cfg = Config(model=spec, seq_len=seq, tp=1, sequence_parallel=False, micro_batch=mb,
+                 recompute="none")
+    layers = LAYERS_CUDA if device.type == "cuda" else LAYERS_CPU
+    m, _ = _build(cfg, layers, device, _Groups(1, 0, device.type))
+    return spec, seq, mb, cfg, layers, m
+
+
 def _sustained(forward, backward, reset, device, seconds: float) -> dict:
     """Forward + backward back to back for ``seconds``; one CUDA event pair per iteration."""
     import torch
@@ -113,18 +130,11 @@ def _sustained(forward, backward, reset, device, seconds: float) -> dict:
 def probe_model(set_dir: Path, device, seconds: float, tiny: bool, marks: list) -> dict:
     import torch
 
-    from meshplan.calibrate.bench_layers import LAYERS_CPU, LAYERS_CUDA
-    from meshplan.calibrate.layer_build import _build, _free, _layer_amp
-    from meshplan.calibrate.layer_grid import Config
-    from meshplan.calibrate.layer_ranks import _Groups
+    from meshplan.calibrate.layer_build import _free, _layer_amp
     from meshplan.calibrate.layer_run import _layer_step, _run_layer
     from meshplan.calibrate.layer_timing import _Queue
 
-    spec, seq, mb = _model_and_mb(set_dir, tiny)
-    cfg = Config(model=spec, seq_len=seq, tp=1, sequence_parallel=False, micro_batch=mb,
-                 recompute="none")
-    layers = LAYERS_CUDA if device.type == "cuda" else LAYERS_CPU
-    m, _ = _build(cfg, layers, device, _Groups(1, 0, device.type))
+    spec, seq, mb, cfg, layers, m = build_block(set_dir, device, tiny)
     queue = _Queue(device, lambda v: v) if device.type == "cuda" else None
     out: dict = {"set": set_dir.name, "model": spec.name, "seq_len": seq, "micro_batch": mb,
                  "layers": layers}

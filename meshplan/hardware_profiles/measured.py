@@ -135,8 +135,8 @@ class MeasuredTables:
         ratio = min(rows, key=lambda row: abs(row.micro_batch - micro_batch)).sustained_ratio
         # a ratio below 1 is not a clock (which only drops under load) but the loop's warm
         # caches (an embedding's gather back to back: 0.93), which a step's one pass per
-        # micro-batch does not get
-        k = 1.0 + self.sustained * (max(1.0, max(1.0, ratio) * self.duty_scale) - 1.0)
+        # micro-batch does not get (duty_scale ≤ 1 only lowers it further)
+        k = 1.0 + self.sustained * (max(1.0, ratio * self.duty_scale) - 1.0)
         if k == 1.0:
             return r
         return replace(r, forward_s=r.forward_s * k, backward_s=r.backward_s * k,

@@ -45,9 +45,11 @@ def build_tables(model: ModelSpec, cluster: Cluster, job: Job, cfg: Config) -> C
 
 
 def bound_cluster(cluster: Cluster) -> Cluster:
-    """``cluster`` with every measured row at its burst clock where the duty cycle's
-    correction could price it so (the search's lower bounds hold for any duty)."""
-    return at_duty(cluster, 0.0) if cluster.gpu.corrections.enabled(SUSTAINED_DUTY) else cluster
+    """``cluster`` with every measured row at its burst clock (the search's lower bounds hold
+    for any duty); the cluster itself where no row carries a sustained ratio, so that the
+    bounds share its cached tables (``duty_scale`` is 1 where the correction is off)."""
+    has_ratios = getattr(cluster.gpu.measured, "has_sustained", False)
+    return at_duty(cluster, 0.0) if has_ratios else cluster
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -97,12 +97,6 @@ def test_profiles_without_ratios_are_priced_once_and_unchanged():
     assert SUSTAINED_DUTY not in [x.name for x in est.corrections]
 
 
-def _config(lay: Layout):
-    from meshplan.planner.space import Config
-    return Config(lay.dp, lay.pp, lay.tp, lay.micro_batch, lay.schedule, lay.vpp, lay.recompute,
-                  lay.zero, lay.sequence_parallel, lay.compile)
-
-
 @pytest.mark.parametrize("name", ["y06", "y10", "y12", "y22", "y23", "y01", "y09", "y13"])
 def test_the_planner_prices_a_configuration_at_its_duty_and_bounds_it_at_the_burst(name):
     """The search's tables price the step as ``estimate`` does (the even partition's duty;
@@ -110,7 +104,8 @@ def test_the_planner_prices_a_configuration_at_its_duty_and_bounds_it_at_the_bur
     from meshplan.planner.search import time_lower_bound
     from meshplan.planner.tables import bound_cluster, build_tables
     model, cluster, job, lay = _round43(name)
-    cfg = _config(lay)
+    from meshplan.planner.space import Config
+    cfg = Config.of(lay)
     est = estimate(model, cluster, job, lay)
     t = build_tables(model, cluster, job, cfg)
     part = default_stage_layers(model.num_layers, cfg.stages)
