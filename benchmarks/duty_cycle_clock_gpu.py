@@ -95,6 +95,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args(argv)
+    if any(not 0 < d <= 1 for d in args.duties):
+        ap.error(f"--duties {args.duties}: each must be in (0, 1] (the busy share of a phase)")
+    if any(c <= 0 for c in args.chunk_ms) or args.seconds <= 0 or args.gemm <= 0:
+        ap.error("--chunk-ms, --seconds and --gemm must be > 0")
     import torch
     device = torch.device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,9 @@ class CorrectionNumbers:
 NUMBER_KEYS = tuple(f.name for f in fields(CorrectionNumbers)
                     if f.name not in ("disabled", "source", "step_duty"))
 _INT_KEYS = ("torch_p2p_order_max_microbatches_per_rank",)
+# shares of a whole, below 1 (the idle GPU draws less than the limit: duty_scale divides by
+# 1 - (1 - u) * share)
+_BELOW_ONE_KEYS = ("sustained_idle_power_share",)
 
 
 @lru_cache(maxsize=None)
@@ -124,6 +127,9 @@ def corrections_from_table(table: Mapping[str, Any], where: str, *,
         if not isinstance(value, kind) or isinstance(value, bool) or value < 0:
             raise ProfileError(f"{where}: correction key {key!r} must be a non-negative "
                                f"{'integer' if key in _INT_KEYS else 'number'}, got {value!r}")
+        if key in _BELOW_ONE_KEYS and value >= 1:
+            raise ProfileError(f"{where}: correction key {key!r} must be in [0, 1) (the idle "
+                               f"GPU's power over its limit), got {value!r}")
         values[key] = value if key in _INT_KEYS else float(value)
     src = source if source is not None else str(table.get("source", where))
     if base is None:

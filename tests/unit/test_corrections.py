@@ -63,6 +63,10 @@ def test_profile_corrections_table_replaces_keys_and_errors_name_the_key(tmp_pat
         load_profile(bad)
     with pytest.raises(ProfileError, match="non-negative"):
         corrections_from_table({"host_near_load": -1}, "x")
+    with pytest.raises(ProfileError, match=r"'sustained_idle_power_share' must be in \[0, 1\)"):
+        corrections_from_table({"sustained_idle_power_share": 1.2}, "x")
+    assert corrections_from_table({"sustained_idle_power_share": 0.2},
+                                  "x").sustained_idle_power_share == 0.2
 
 
 def test_calibrate_writes_the_corrections_table_it_does_not_measure():

@@ -39,3 +39,12 @@ def test_a_phase_idles_for_its_duty(monkeypatch):
     n = len(slept)
     assert probe.run_phase(lambda: None, torch.device("cpu"), 1.0, 0.02, 0.05)["units"] > 0
     assert len(slept) == n          # duty 1.0: no gap
+
+
+def test_bad_duties_and_chunks_are_refused(tmp_path, capsys):
+    import pytest
+    for bad in (["--duties", "0"], ["--duties", "1.5"], ["--chunk-ms", "0"], ["--seconds", "-1"]):
+        with pytest.raises(SystemExit) as exc:
+            probe.main(["--out", str(tmp_path), "--device", "cpu", *bad])
+        assert exc.value.code == 2
+    assert "(0, 1]" in capsys.readouterr().err
