@@ -86,6 +86,26 @@ SETS["drawn-2x"] = [(f"mb{2 * lay.micro_batch}{name.removeprefix(f'mb{lay.micro_
                      lay.replace(micro_batch=2 * lay.micro_batch)) for name, lay in SETS["drawn"]]
 
 
+def draw_layouts(seed: int, count: int = 6) -> list[tuple[str, Layout]]:
+    """``count`` distinct one-GPU layouts drawn uniformly from a seed: micro-batch 1-16,
+    recompute none / selective / full, compiled or eager (moeh3 on: unseen layouts as well as
+    an unseen model, where moeh1 and moeh2 ran one hand-picked set)."""
+    import random
+    rng, drawn = random.Random(seed), []
+    while len(drawn) < count:
+        lay = Layout(micro_batch=rng.choice((1, 2, 4, 8, 16)),
+                     recompute=rng.choice(("none", "selective", "full")),
+                     compile=rng.random() < 0.5)
+        if lay not in drawn:
+            drawn.append(lay)
+    return [(f"mb{lay.micro_batch}"
+             + ("" if lay.recompute == "none" else f"-{lay.recompute}")
+             + ("-compiled" if lay.compile else ""), lay) for lay in drawn]
+
+
+SETS["drawn-3803"] = draw_layouts(3803)
+
+
 def _cluster(profile: str | None):
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
@@ -203,6 +223,11 @@ def run(args) -> int:
         {"current": ROOT}
     preds = json.loads((Path(args.plans) / "predictions.json").read_text())
     names = list(preds["layouts"])
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            raise SystemExit(f"--only {unknown}: not among the plans' layouts {names}")
+        names = [n for n in names if n in args.only]
     import torch
     results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                "predictions": preds, "runs": {}}
@@ -276,6 +301,8 @@ def main(argv=None) -> int:
     b.add_argument("--work", default="/tmp/moe_sync/runs")
     b.add_argument("--budget", type=float, default=420.0)
     b.add_argument("--timeout", type=float, default=120.0)
+    b.add_argument("--only", nargs="+", default=None, metavar="LAYOUT",
+                   help="run only these layouts of the plans (default all)")
     b.add_argument("--trace", nargs="?", const="", default=None, metavar="LAYOUT",
                    help="also trace one run of LAYOUT (default the first) per tree")
     c = sub.add_parser("table")
