@@ -217,6 +217,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small stand-in model (CPU wiring)")
     args = ap.parse_args(argv)
+    if not args.seconds > 1.0:
+        ap.error(f"--seconds {args.seconds:g}: the sustained clock is read after each "
+                 "phase's first second; give more than 1 (default 8)")
+    if args.cool_s < 0 or args.gemm < 0:
+        ap.error(f"--cool-s {args.cool_s:g} and --gemm {args.gemm} must be >= 0")
 
     import torch
     device = torch.device(args.device)

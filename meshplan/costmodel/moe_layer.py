@@ -58,7 +58,10 @@ Measured error: docs/moe.md "GPU check" (4 × H200, 8 layouts of a 1.9B MoE: sav
 23.6 % mean step-time error post hoc, datasheet 53.9 %); on one H200 from profiles with
 MoE layer rows, never-run models as run: moeh1 5.6 % mean / 8.0 % max (compiled layouts
 6 % fast: the executor's skew-sensitive count, since removed; post hoc 1.7 / 3.6 %), moeh2
-4.7 % / 17.3 % (the max host-bound), memory within 0.4 %; and docs/benchmarks/published.md.
+4.7 % / 17.3 % (the max host-bound), memory within 0.4 %; moeh3 at drawn layouts 4.7 % /
+11.4 % (the two host-bound layouts 9-11 % slow), memory within 0.3 % on 4 of 6 (post hoc 6 of
+6 within 1.3 %: the experts' gradients in the first-backward relief); and
+docs/benchmarks/published.md.
 """
 
 from __future__ import annotations

@@ -35,8 +35,12 @@ fastest: etp's ranks 1 apart, ep's etp apart, edp's ep·etp apart (:func:`expert
 under ``rank_order = "tp-pp-dp"`` a group reaching past the stage's tp·cp block takes the
 block's outer stride.
 
+The first-backward relief (:mod:`meshplan.costmodel.memory_reliefs`, runtime torch) counts
+the experts' gradients with the layer's: moeh3 (1 × H200, 2026-11-29, post hoc) ran its two
+one-micro-batch layouts 7-13 % under the prediction that left them out, −1.3 / +0.1 % with them.
+
 Measured error: whole estimates only (published MoE runs: docs/benchmarks/published.md,
-19.9 % mean over 7 runs on datasheet profiles, 2026-11-29).
+19.6 % mean over 8 runs on datasheet profiles, 2026-11-29; moeh1-3: docs/moe.md).
 """
 
 from __future__ import annotations
@@ -155,6 +159,11 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
     expert_state = states(terms.params_per_layer, terms.edp) + terms.copy_bytes(
         terms.params_per_layer, job, zero)
     z3e = terms.zero3
+    if f.get("relief_layer_grad_bytes"):
+        # a layer's gradients appear in its first backward of the step, its experts' too
+        # (zero_grad(set_to_none=True) covers every parameter: memory_reliefs)
+        f["relief_layer_grad_bytes"] += state_bytes_at_peak(
+            terms.params_per_layer, job, zero, terms.edp, pp)[1]
     f.update(experts=terms, layer_state_bytes=f["layer_state_bytes"] + expert_state,
              layer_forward_s=f["layer_forward_s"] + z3e.forward_s,
              layer_backward_s=f["layer_backward_s"] + z3e.backward_s)

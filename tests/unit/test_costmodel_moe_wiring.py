@@ -136,6 +136,28 @@ def test_expert_states_shard_over_edp_and_dense_ones_over_dp_cp():
     assert est.memory[0].weights_bytes == pytest.approx((dense + experts) * per.weights)
 
 
+def test_one_micro_batch_relief_counts_the_experts_gradients():
+    """Runtime torch, one micro-batch a step: every gradient, the routed experts' included,
+    appears in the only backward (moeh3, 2026-11-29: the relief had left the experts out)."""
+    spec = replace(MIXTRAL, num_layers=2, hidden_size=512, num_heads=8, num_kv_heads=8,
+                   ffn_hidden_size=1024, moe_ffn_hidden_size=1024, vocab_size=1024)
+    cl = mp.Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1)
+    job = mp.Job(global_batch=8, seq_len=1024, runtime="torch")
+    lay = mp.Layout(micro_batch=8)                      # m = 1
+    est = estimate(spec, cl, job, lay)
+    relief = -next(c.memory_delta_bytes for c in est.corrections
+                   if c.name == "first_backward_relief")
+    grads = est.memory[0].grads_bytes
+    experts = 2 * moe.moe_params_per_rank(spec, lay).experts * state_bytes_per_param(job).grads
+    # one micro-batch's activations exceed the gradients here: the relief is all of them
+    assert est.memory[0].activations_bytes > grads
+    assert relief == pytest.approx(grads, rel=1e-9) and relief > experts
+    # two micro-batches: the second forward runs with every gradient allocated
+    two = estimate(spec, cl, job, lay.replace(micro_batch=4))
+    assert not [c for c in two.corrections
+                if c.name == "first_backward_relief" and c.memory_delta_bytes]
+
+
 def test_dense_layers_sit_on_the_first_stages():
     t = layer_tables(MINI_V3, H100, JOB, mp.Layout(dp=4, pp=4, ep=4, zero=1))
     assert t.dense_counts([2, 2, 2, 2]) == [2, 0, 0, 0]

@@ -48,3 +48,16 @@ def test_bad_duties_and_chunks_are_refused(tmp_path, capsys):
             probe.main(["--out", str(tmp_path), "--device", "cpu", *bad])
         assert exc.value.code == 2
     assert "(0, 1]" in capsys.readouterr().err
+
+
+def test_sustained_probe_refuses_a_phase_too_short_to_read(tmp_path, capsys):
+    """benchmarks/sustained_clock_gpu.py reads each phase after its first second: --seconds
+    at or below 1 is refused up front (it used to crash on its summary)."""
+    import pytest
+    import sustained_clock_gpu as sustained
+    for bad in (["--seconds", "0.5"], ["--seconds", "1"], ["--cool-s", "-1"], ["--gemm", "-8"]):
+        with pytest.raises(SystemExit) as exc:
+            sustained.main(["--out", str(tmp_path), "--device", "cpu", "--set", "x", *bad])
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--seconds 0.5" in err and "more than 1" in err and "--cool-s -1" in err
