@@ -81,7 +81,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
     layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
     z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp,
-                     cluster.gpu.overlap_interference)
+                     cluster.gpu.dp_overlap_interference)
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1

@@ -18,8 +18,13 @@
   parameter all-gather behind the next forward; DDP's last bucket is always exposed (Li et
   al. 2020, arXiv 2006.15704 §3.2.3); the hidden part still costs the profile's
   ``overlap_interference`` (Rashidi et al. 2021, ISCA §3), or for DDP's gradient all-reduce
-  ``GPUSpec.dp_overlap_interference`` (calibrate's probe on the executor's blocks,
-  ``calibrate/bench_ddp_overlap.py``; round 41 of issue 36): :func:`exposed_dp_s`.
+  and FSDP2's per-layer collectives ``GPUSpec.dp_overlap_interference`` (calibrate's probe
+  on the executor's blocks, ``calibrate/bench_ddp_overlap.py``; round 41 of issue 36):
+  :func:`exposed_dp_s`, :func:`zero3_layer`. Square GEMMs beside an all-gather (the
+  ``overlap_interference`` probe) leave NCCL no SMs and read 1.0-1.3 on H200; the blocks,
+  with their memory-bound kernels and attention, 0.2-0.5. FSDP2 layouts composed from plain
+  rows with the GEMM probe's share: rounds 41/43 +6.6..+14.8 % slow; with the blocks' share
+  −2.8..+3.3 % (post hoc, 2026-11-29; docs/benchmarks/transfer.md "FSDP2's overlap").
 * Optimizer: fused Adam is memory-bound, 32 bytes per local parameter, at the calibrated
   optimizer bandwidth or the HBM model: :func:`rank_state`.
 
@@ -93,7 +98,8 @@ def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Jo
 
     Runtime "torch" (FSDP2 with bf16 compute and fp32 reduction): 16-bit weights are
     gathered and fp32 gradients reduce-scattered; its ZeRO-2 gathers once per micro-batch
-    (kept from forward to backward) instead of twice.
+    (kept from forward to backward) instead of twice. ``interference``: the share of the
+    hidden part that still costs (callers pass ``GPUSpec.dp_overlap_interference``).
     """
     if not fsdp_per_microbatch(job, zero, pp) or dp == 1:
         return Zero3Layer()

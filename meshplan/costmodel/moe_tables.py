@@ -138,7 +138,7 @@ def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, l
     params = moe.moe_params_per_rank(model, layout).experts
     edp = layout.tp * layout.dp // (layout.ep * layout.etp)
     z3 = zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
-                     cluster.gpu.overlap_interference) if edp > 1 else Zero3Layer()
+                     cluster.gpu.dp_overlap_interference) if edp > 1 else Zero3Layer()
     return ExpertTerms(params, edp, links.edp, z3, tuple(model.dense_layers),
                        dense_layer_extra_params(model, layout.tp), copies_in_rows)
 

@@ -122,7 +122,8 @@ class GPUSpec:
 
     @property
     def dp_overlap_interference(self) -> float:
-        """The interference DDP's gradient all-reduce pays beside the backward: the probe
+        """The interference data parallelism's collectives pay beside the executor's blocks
+        (DDP's gradient all-reduce; FSDP2's per-layer gathers and reduce-scatters): the probe
         on the executor's blocks where calibrate ran it, else :attr:`overlap_interference`."""
         if self.ddp_overlap_interference is None:
             return self.overlap_interference

@@ -66,6 +66,24 @@ def test_ddp_allreduce_is_priced_with_the_ddp_probe_where_the_profile_has_it():
     assert c.gpu.dp_overlap_interference == c.gpu.overlap_interference
 
 
+def test_fsdp2_layer_collectives_are_priced_with_the_blocks_probe_too():
+    """FSDP2's per-layer gathers and reduce-scatters overlap the same blocks as DDP's
+    all-reduce: without FSDP2 rows they take the blocks' share, not the GEMM probe's."""
+    c = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    job = Job(global_batch=16, seq_len=2048, runtime="torch")
+    for zero in (2, 3):
+        lay = Layout(dp=4, micro_batch=2, zero=zero)
+        gemm = estimate(MODEL, _with(c, overlap_interference=1.0), job, lay)
+        blocks = estimate(MODEL, _with(c, overlap_interference=1.0,
+                                       ddp_overlap_interference=0.0), job, lay)
+        same = estimate(MODEL, _with(c, overlap_interference=0.0,
+                                     ddp_overlap_interference=0.0), job, lay)
+        assert blocks.time.zero3_gather_s < gemm.time.zero3_gather_s
+        assert blocks.step_time_s < gemm.step_time_s
+        # the GEMM probe's share no longer reaches them where the blocks' is measured
+        assert blocks.time.zero3_gather_s == pytest.approx(same.time.zero3_gather_s)
+
+
 def test_profile_reads_and_checks_ddp_overlap_interference(tmp_path):
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.tomlfile import dumps
