@@ -22,7 +22,8 @@ def compute_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def bench_gemm(shape: GemmShape, device: torch.device) -> dict[str, Any]:
+def bench_gemm(shape: GemmShape, device: torch.device, *, queued: bool = False
+               ) -> dict[str, Any]:
     dt = compute_dtype(device)
     x = torch.randn(shape.m, shape.k, device=device, dtype=dt, requires_grad=True)
     w = torch.randn(shape.n, shape.k, device=device, dtype=dt, requires_grad=True)
@@ -33,12 +34,13 @@ def bench_gemm(shape: GemmShape, device: torch.device) -> dict[str, Any]:
         y.backward(g)
         x.grad = w.grad = None
 
-    t = time_fn(step, device=device)
+    t = time_fn(step, device=device, queued=queued)
     return {"label": shape.label, "m": shape.m, "k": shape.k, "n": shape.n,
             "seconds": t.median_s, "iters": t.iters}
 
 
-def bench_attention(shape: AttentionShape, device: torch.device) -> dict[str, Any]:
+def bench_attention(shape: AttentionShape, device: torch.device, *, queued: bool = False
+                    ) -> dict[str, Any]:
     dt = compute_dtype(device)
     b, s, nh, hd = shape.batch, shape.seq, shape.heads, shape.head_dim
     qkv = torch.randn(b, s, 3, nh, hd, device=device, dtype=dt, requires_grad=True)
@@ -50,7 +52,7 @@ def bench_attention(shape: AttentionShape, device: torch.device) -> dict[str, An
         y.backward(g)
         qkv.grad = None
 
-    t = time_fn(step, device=device)
+    t = time_fn(step, device=device, queued=queued)
     return {"batch": b, "seq": s, "heads": nh, "head_dim": hd, "seconds": t.median_s,
             "iters": t.iters}
 
@@ -92,7 +94,8 @@ def _membound_ops(n: int, hidden: int, device: torch.device) -> list[tuple[str, 
     return ops
 
 
-def bench_optimizer(numel: int, device: torch.device) -> dict[str, Any]:
+def bench_optimizer(numel: int, device: torch.device, *, queued: bool = False
+                    ) -> dict[str, Any]:
     """AdamW step on fp32 parameters (fused on CUDA, foreach on CPU), 32 B/param as the
     cost model counts it (read+write master, m, v; read grad; write weight)."""
     from meshplan.costmodel.estimate import OPTIMIZER_BYTES_PER_PARAM
@@ -101,20 +104,21 @@ def bench_optimizer(numel: int, device: torch.device) -> dict[str, Any]:
         p.grad = torch.randn_like(p)
     kw = {"fused": True} if device.type == "cuda" else {"foreach": True}
     opt = torch.optim.AdamW(chunks, lr=1e-4, **kw)
-    t = time_fn(opt.step, device=device)
+    t = time_fn(opt.step, device=device, queued=queued)
     total = sum(p.numel() for p in chunks)
     return {"op": "adamw", "elements": total, "model_bytes": OPTIMIZER_BYTES_PER_PARAM * total,
             "seconds": t.median_s, "iters": t.iters}
 
 
-def bench_membound(numel: int, device: torch.device) -> list[dict[str, Any]]:
+def bench_membound(numel: int, device: torch.device, *, queued: bool = False
+                   ) -> list[dict[str, Any]]:
     hidden = 4096 if device.type == "cuda" else 512
     rows = []
     for name, nbytes, step in _membound_ops(numel, hidden, device):
-        t = time_fn(step, device=device)
+        t = time_fn(step, device=device, queued=queued)
         rows.append({"op": name, "elements": numel, "model_bytes": float(nbytes),
                      "seconds": t.median_s, "iters": t.iters})
-    rows.append(bench_optimizer(numel, device))
+    rows.append(bench_optimizer(numel, device, queued=queued))
     return rows
 
 
