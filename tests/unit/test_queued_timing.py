@@ -1,0 +1,46 @@
+"""calibrate.timing.time_fn's queued mode and benchmarks/queued_microbench_gpu.py on CPU
+(wiring: the spin exists on CUDA only, where a queued call is timed behind it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from meshplan.calibrate import bench_compute  # noqa: E402
+from meshplan.calibrate.shapes import GemmShape  # noqa: E402
+from meshplan.calibrate.timing import time_fn  # noqa: E402
+
+
+def test_queued_on_cpu_times_the_call_as_synchronized():
+    calls = []
+    t = time_fn(lambda: calls.append(1), device="cpu", warmup=2, iters=5, queued=True)
+    assert t.iters == 5 and len(calls) == 7 and t.median_s >= 0.0
+
+
+def test_benches_take_the_queued_switch():
+    dev = torch.device("cpu")
+    g = bench_compute.bench_gemm(GemmShape(label="t", m=32, k=16, n=8), dev, queued=True)
+    assert g["seconds"] > 0 and (g["m"], g["k"], g["n"]) == (32, 16, 8)
+    rows = bench_compute.bench_membound(2 ** 14, dev, queued=True)
+    assert {r["op"] for r in rows} >= {"layernorm", "residual-add", "gelu", "swiglu", "adamw"}
+    assert all(r["seconds"] > 0 for r in rows)
+
+
+def test_script_writes_both_modes(tmp_path):
+    import queued_microbench_gpu as qm
+    assert qm.main(["--out", str(tmp_path), "--device", "cpu", "--quick"]) == 0
+    doc = json.loads((tmp_path / "queued_microbench.json").read_text())
+    assert set(doc["modes"]) == {"sync", "queued"}
+    for mode in doc["modes"].values():
+        assert mode["rows"]["gemm"] and mode["rows"]["attention"] and mode["rows"]["membound"]
+    # the same shapes both ways, in the same order
+    sync, queued = (doc["modes"][m]["rows"]["gemm"] for m in ("sync", "queued"))
+    assert [(r["m"], r["k"], r["n"]) for r in sync] == [(r["m"], r["k"], r["n"]) for r in queued]
