@@ -1,0 +1,117 @@
+"""The kernels of one calibration block, as ``meshplan calibrate`` builds and times it: which
+GPU work a layer's forward and backward run, by operator, beside the pieces the analytical
+layer (``costmodel.compute.layer_cost``) prices (GEMMs, attention core, memory-bound ops).
+
+Why: layers composed from GPU-alone microbenchmark curves come out 10-25 % below their
+measured rows (docs/calibrate.md, "Compute microbenchmarks"); the trace names the work the
+composition does not count.
+
+    python benchmarks/layer_kernels_gpu.py --out $OUT \\
+        --model benchmarks/sets/transfer43/models/t43m06-gpt-mha-0.59b.json --seq 2048 --mb 4
+    python benchmarks/layer_kernels_gpu.py --out DIR --device cpu --tiny      # wiring
+
+Writes ``layer_kernels_<model>.json``: per operator (``key_averages`` by aten op) its
+self device time per layer per iteration, the layers, iterations, and the queued
+forward / backward times of the same block (CUDA events, as calibrate's rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from meshplan.spec import ModelSpec  # noqa: E402
+
+ITERS = 3
+
+
+def trace_block(spec: ModelSpec, seq: int, mb: int, device_name: str, recompute: str) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from meshplan.calibrate.bench_layers import LAYERS_CPU, LAYERS_CUDA
+    from meshplan.calibrate.layer_build import _build, _layer_amp
+    from meshplan.calibrate.layer_grid import Config
+    from meshplan.calibrate.layer_ranks import _Groups
+    from meshplan.calibrate.layer_run import _layer_step, _run_layer
+    from meshplan.calibrate.layer_timing import _Queue
+
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    cfg = Config(model=spec, seq_len=seq, tp=1, sequence_parallel=False, micro_batch=mb,
+                 recompute=recompute)
+    layers = LAYERS_CUDA if cuda else LAYERS_CPU
+    m, _ = _build(cfg, layers, device, _Groups(1, 0, device.type))
+    queue = _Queue(device, lambda v: v) if cuda else None
+    timed = _run_layer(cfg, m, layers, device, iters=4, barrier=lambda: None, queue=queue)
+    _, _, reset, forward, backward = _layer_step(cfg, m, device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with _layer_amp(cfg, device):
+        for _ in range(2):
+            reset()
+            backward(forward())
+        if cuda:
+            torch.cuda.synchronize(device)
+        with profile(activities=acts) as prof:
+            for _ in range(ITERS):
+                reset()
+                backward(forward())
+            if cuda:
+                torch.cuda.synchronize(device)
+    ops = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "self_device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(e, "self_cuda_time_total", 0.0)
+        if not cuda:
+            dev_us = e.self_cpu_time_total
+        if dev_us > 0:
+            ops.append({"op": e.key, "count": e.count // ITERS,
+                        "device_ms_per_layer": dev_us / 1e3 / ITERS / layers})
+    ops.sort(key=lambda o: -o["device_ms_per_layer"])
+    return {"model": spec.name, "spec": spec.to_dict(), "seq_len": seq, "micro_batch": mb,
+            "recompute": recompute, "layers": layers, "iters": ITERS,
+            "queued_forward_ms_per_layer": timed[0] * 1e3,
+            "queued_backward_ms_per_layer": timed[1] * 1e3,
+            "traced_ms_per_layer": sum(o["device_ms_per_layer"] for o in ops
+                                       if not o["op"].startswith("ProfilerStep")),
+            "ops": ops[:80]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", type=Path, action="append", default=[])
+    ap.add_argument("--seq", type=int, action="append", default=[])
+    ap.add_argument("--mb", type=int, action="append", default=[])
+    ap.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--tiny", action="store_true", help="a small stand-in of each model")
+    args = ap.parse_args(argv)
+    if not args.model or not (len(args.model) == len(args.seq) == len(args.mb)):
+        ap.error("give --model, --seq and --mb once per model (same counts), got "
+                 f"{len(args.model)} / {len(args.seq)} / {len(args.mb)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    for path, seq, mb in zip(args.model, args.seq, args.mb):
+        spec = ModelSpec.from_dict(json.loads(path.read_text()))
+        if args.tiny:
+            spec = replace(spec, hidden_size=128, num_heads=4, num_kv_heads=4,
+                           ffn_hidden_size=256, head_dim=32, vocab_size=512, max_seq_len=64)
+            seq, mb = 64, 2
+        doc = trace_block(spec, seq, mb, args.device, args.recompute)
+        (args.out / f"layer_kernels_{spec.name}.json").write_text(json.dumps(doc, indent=1))
+        print(f"{spec.name} mb {mb}: queued {doc['queued_forward_ms_per_layer']:.3f} + "
+              f"{doc['queued_backward_ms_per_layer']:.3f} ms a layer, traced "
+              f"{doc['traced_ms_per_layer']:.3f} ms; top: "
+              + ", ".join(f"{o['op']} {o['device_ms_per_layer']:.3f}" for o in doc["ops"][:8]),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
