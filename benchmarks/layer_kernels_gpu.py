@@ -57,7 +57,7 @@ def trace_block(spec: ModelSpec, seq: int, mb: int, device_name: str, recompute:
             backward(forward())
         if cuda:
             torch.cuda.synchronize(device)
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, record_shapes=True) as prof:
             for _ in range(ITERS):
                 reset()
                 backward(forward())
@@ -74,13 +74,24 @@ def trace_block(spec: ModelSpec, seq: int, mb: int, device_name: str, recompute:
             ops.append({"op": e.key, "count": e.count // ITERS,
                         "device_ms_per_layer": dev_us / 1e3 / ITERS / layers})
     ops.sort(key=lambda o: -o["device_ms_per_layer"])
+    shaped = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        dev_us = getattr(e, "self_device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(e, "self_cuda_time_total", 0.0)
+        if not cuda:
+            dev_us = e.self_cpu_time_total
+        if dev_us > 0 and e.key.startswith("aten::"):
+            shaped.append({"op": e.key, "shapes": str(e.input_shapes), "count": e.count // ITERS,
+                           "device_ms_per_layer": dev_us / 1e3 / ITERS / layers})
+    shaped.sort(key=lambda o: -o["device_ms_per_layer"])
     return {"model": spec.name, "spec": spec.to_dict(), "seq_len": seq, "micro_batch": mb,
             "recompute": recompute, "layers": layers, "iters": ITERS,
             "queued_forward_ms_per_layer": timed[0] * 1e3,
             "queued_backward_ms_per_layer": timed[1] * 1e3,
             "traced_ms_per_layer": sum(o["device_ms_per_layer"] for o in ops
                                        if not o["op"].startswith("ProfilerStep")),
-            "ops": ops[:80]}
+            "ops": ops[:80], "ops_by_shape": shaped[:120]}
 
 
 def main(argv=None) -> int:
