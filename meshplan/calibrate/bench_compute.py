@@ -57,8 +57,12 @@ def bench_attention(shape: AttentionShape, device: torch.device, *, queued: bool
             "iters": t.iters}
 
 
-def _membound_ops(n: int, hidden: int, device: torch.device) -> list[tuple[str, float, Callable]]:
-    """(name, bytes as the cost model counts them for forward + backward, step)."""
+def _membound_ops(n: int, hidden: int, device: torch.device, *, as_run: bool = False
+                  ) -> list[tuple[str, float, Callable]]:
+    """(name, bytes as the cost model counts them for forward + backward, step).
+    ``as_run``: also the executor's LayerNorm and RoPE as its step runs them (ops
+    "layernorm-autocast", "rope"; docs/calibrate.md "Compute microbenchmarks"), which no
+    profile key reads yet."""
     dt = compute_dtype(device)
     e = torch.finfo(dt).bits // 8
     tokens = n // hidden
@@ -88,10 +92,41 @@ def _membound_ops(n: int, hidden: int, device: torch.device) -> list[tuple[str, 
     except ImportError:  # executor absent: LayerNorm alone stands for the norms
         pass
     ops.append(("residual-add", 3 * 3 * n * e, run(lambda: x + y, x, y)))
+    if as_run:
+        ops.extend(_as_run_ops(x, ln_w, ln_b, n, hidden, tokens, e, dt, device, run))
     ops.append(("gelu", 3 * 2 * n * e, run(lambda: F.gelu(x, approximate="tanh"), x)))
     ops.append(("swiglu", 3 * 3 * n * e,
                 run(lambda: (lambda a, b: F.silu(a) * b)(*two.chunk(2, dim=-1)), two)))
     return ops
+
+
+def _as_run_ops(x, ln_w, ln_b, n: int, hidden: int, tokens: int, e: int, dt, device, run
+                ) -> list[tuple[str, float, Callable]]:
+    """The executor's LayerNorm (fp32 parameters under the step's autocast, which runs
+    layer_norm in fp32; the next linear casts its output down) and its RoPE on q and k as
+    ``Attention.forward`` runs them (strided (b, nh, s, hd) views of the fused projection);
+    bytes: the fused count (RoPE: read and write q and k once each way)."""
+    from meshplan.executor.model import apply_rope, rope_tables
+
+    def layer_norm():
+        if device.type != "cuda":
+            return F.layer_norm(x, (hidden,), ln_w, ln_b)
+        with torch.autocast("cuda", dtype=dt):
+            return F.layer_norm(x, (hidden,), ln_w, ln_b).to(dt)
+    hd = 128 if hidden >= 128 else hidden
+    heads = max(1, hidden // hd)
+    qkv = torch.randn(1, tokens, 3 * heads * hd, device=device, dtype=dt, requires_grad=True)
+    cos, sin = rope_tables(tokens, hd, device=device)
+    g = torch.randn(1, 2 * heads, tokens, hd, device=device, dtype=dt)
+
+    def rope_step():
+        q, k, _ = qkv.split((heads * hd,) * 3, dim=-1)
+        q = q.view(1, tokens, heads, hd).transpose(1, 2)
+        k = k.view(1, tokens, heads, hd).transpose(1, 2)
+        torch.cat((apply_rope(q, cos, sin), apply_rope(k, cos, sin)), dim=1).backward(g)
+        qkv.grad = None
+    return [("layernorm-autocast", 3 * 2 * n * e, run(layer_norm, x, ln_w, ln_b)),
+            ("rope", 3 * 2 * 2 * n * e, rope_step)]
 
 
 def bench_optimizer(numel: int, device: torch.device, *, queued: bool = False
@@ -110,11 +145,11 @@ def bench_optimizer(numel: int, device: torch.device, *, queued: bool = False
             "seconds": t.median_s, "iters": t.iters}
 
 
-def bench_membound(numel: int, device: torch.device, *, queued: bool = False
-                   ) -> list[dict[str, Any]]:
+def bench_membound(numel: int, device: torch.device, *, queued: bool = False,
+                   as_run: bool = False) -> list[dict[str, Any]]:
     hidden = 4096 if device.type == "cuda" else 512
     rows = []
-    for name, nbytes, step in _membound_ops(numel, hidden, device):
+    for name, nbytes, step in _membound_ops(numel, hidden, device, as_run=as_run):
         t = time_fn(step, device=device, queued=queued)
         rows.append({"op": name, "elements": numel, "model_bytes": float(nbytes),
                      "seconds": t.median_s, "iters": t.iters})
