@@ -72,10 +72,9 @@ def run(device_name: str, quick: bool) -> dict:
         props = torch.cuda.get_device_properties(device)
         base = builtin_gpu(detect_base_gpu(props.name, props.total_memory))
     for mode, r in rows.items():
-        # the as-run ops stay out of the keys calibrate writes (no profile key reads them)
-        plain = dict(r, membound=[x for x in r["membound"]
-                                  if x["op"] not in ("layernorm-autocast", "rope")])
-        keys = (build_profile(measurements=plain, base=base, device=device.type,
+        # the keys a --queued-microbench calibration writes from these rows (synchronized
+        # ones beside them for comparison)
+        keys = (build_profile(measurements=r, base=base, device=device.type,
                               provenance={})["gpu"] if base is not None else {})
         out["modes"][mode] = {"rows": r, "gpu": {k: keys[k] for k in (
             "gemm_efficiency", "attention_efficiency", "hbm_efficiency",

@@ -60,9 +60,9 @@ def bench_attention(shape: AttentionShape, device: torch.device, *, queued: bool
 def _membound_ops(n: int, hidden: int, device: torch.device, *, as_run: bool = False
                   ) -> list[tuple[str, float, Callable]]:
     """(name, bytes as the cost model counts them for forward + backward, step).
-    ``as_run``: also the executor's LayerNorm and RoPE as its step runs them (ops
-    "layernorm-autocast", "rope"; docs/calibrate.md "Compute microbenchmarks"), which no
-    profile key reads yet."""
+    ``as_run``: the executor's LayerNorm as its step runs it (fp32 parameters under
+    autocast) in place of a bf16 one, and its RoPE ("rope"; docs/calibrate.md "Compute
+    microbenchmarks"), as ``--queued-microbench`` calibrations time them."""
     dt = compute_dtype(device)
     e = torch.finfo(dt).bits // 8
     tokens = n // hidden
@@ -83,8 +83,10 @@ def _membound_ops(n: int, hidden: int, device: torch.device, *, as_run: bool = F
 
     # forward bytes per element: norm 2 (read, write), add 3, gelu 2, swiglu 3 (two in, one out);
     # backward moves twice the forward bytes (meshplan/costmodel/compute.py).
-    ops.append(("layernorm", 3 * 2 * n * e,
-                run(lambda: F.layer_norm(x, (hidden,), ln_w.to(dt), ln_b.to(dt)), x, ln_w, ln_b)))
+    if not as_run:
+        ops.append(("layernorm", 3 * 2 * n * e,
+                    run(lambda: F.layer_norm(x, (hidden,), ln_w.to(dt), ln_b.to(dt)),
+                        x, ln_w, ln_b)))
     try:
         from meshplan.executor.model import RMSNorm
         rms = RMSNorm(hidden).to(device)
@@ -125,7 +127,7 @@ def _as_run_ops(x, ln_w, ln_b, n: int, hidden: int, tokens: int, e: int, dt, dev
         k = k.view(1, tokens, heads, hd).transpose(1, 2)
         torch.cat((apply_rope(q, cos, sin), apply_rope(k, cos, sin)), dim=1).backward(g)
         qkv.grad = None
-    return [("layernorm-autocast", 3 * 2 * n * e, run(layer_norm, x, ln_w, ln_b)),
+    return [("layernorm", 3 * 2 * n * e, run(layer_norm, x, ln_w, ln_b)),
             ("rope", 3 * 2 * 2 * n * e, rope_step)]
 
 

@@ -60,6 +60,11 @@ class CalibrateOptions:
     # its rows' sustained_ratio (meshplan.calibrate.sustained); None: 2.5 s on a GPU,
     # 0 (off) on CPU; 0: off
     sustained_s: float | None = None
+    # time the compute microbenchmarks GPU-alone, behind a spin kernel, with the executor's
+    # LayerNorm and RoPE as its step runs them (--queued-microbench; the profile says
+    # microbench_timing = "queued" and the cost model adds the work such curves lack:
+    # docs/calibrate.md "Compute microbenchmarks")
+    queued_microbench: bool = False
 
     def __post_init__(self) -> None:
         # checked here as well as by the CLI: torchrun children would fail one by one
@@ -311,7 +316,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         prog.step(f"cpu peak {cpu_peak:.3f} TFLOP/s, copy {cpu_bw:.1f} GB/s")
     for g in gemms:
-        r = bench_compute.bench_gemm(g, device)
+        r = bench_compute.bench_gemm(g, device, queued=options.queued_microbench)
         rows["gemm"].append(r)
         prog.step(f"gemm {g.m}x{g.k}x{g.n} {g.label}: "
                   f"{6 * g.m * g.k * g.n / r['seconds'] / 1e12:.2f} TFLOP/s")
@@ -325,12 +330,13 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                   f"{', '.join(ran) or 'none'}), {len(part['fp8_cast'])} casts in "
                   f"{time.perf_counter() - t0:.0f} s")
     for a in attn:
-        r = bench_compute.bench_attention(a, device)
+        r = bench_compute.bench_attention(a, device, queued=options.queued_microbench)
         rows["attention"].append(r)
         prog.step(f"attention b{a.batch} s{a.seq} h{a.heads} d{a.head_dim}: "
                   f"{r['seconds'] * 1e3:.3f} ms")
     rows["membound"] = bench_compute.bench_membound(shapes.membound_elements(options.quick, kind),
-                                                    device)
+                                                    device, queued=options.queued_microbench,
+                                                    as_run=options.queued_microbench)
     prog.step("memory-bound ops: " + ", ".join(
         f"{r['op']} {r['model_bytes'] / r['seconds'] / 1e9:.0f} GB/s" for r in rows["membound"]))
     like = options.models[0] if options.models else None
@@ -399,6 +405,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                             layers=layers, ends=ends)
         from meshplan.calibrate.moe_profile import add_moe_keys
         add_moe_keys(doc, base, kind)
+        if options.queued_microbench and kind == "cuda":
+            doc["gpu"]["microbench_timing"] = "queued"
         path = write_text_atomic(options.out, dumps(doc))
         prog.note(f"wrote {path} (measured: {', '.join(doc['measured'])}) in "
                   f"{time.perf_counter() - t_start:.1f} s")

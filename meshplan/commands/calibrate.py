@@ -82,6 +82,11 @@ def add_arguments(p) -> None:
                         "blocks, hidden 1792 and 3072): a model planned without being timed "
                         "borrows the nearest one's rows instead of the analytical layer "
                         "(docs/calibrate.md; about a --model's time each)")
+    p.add_argument("--queued-microbench", action="store_true",
+                   help="time the GEMM, attention and memory-bound benchmarks GPU-alone "
+                        "(queued behind a spin kernel) with the executor's LayerNorm and RoPE "
+                        "as it runs them; the cost model then adds the eager layer's gradient "
+                        "work these curves lack (experimental: docs/calibrate.md)")
     p.add_argument("--nproc", type=positive_int, default=None,
                    help="spawn torchrun with this many local processes (one per GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
@@ -99,7 +104,8 @@ def main(args) -> int:
                                layer_rounds=args.rounds, time_budget_s=args.time_budget,
                                fp8=not args.no_fp8, compile_rows=args.compile_rows or (),
                                fp8_rows=args.fp8_rows or "", layer_grid=args.layer_grid,
-                               sustained_s=args.sustained_s)
+                               sustained_s=args.sustained_s,
+                               queued_microbench=args.queued_microbench)
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     calibrate(options)
@@ -135,6 +141,8 @@ def child_argv(args) -> list[str]:
         out.append("--no-fp8")
     if args.layer_grid:
         out.append("--layer-grid")
+    if args.queued_microbench:
+        out.append("--queued-microbench")
     if args.quick:
         out.append("--quick")
     if args.no_progress:

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.costmodel.memory import _layer_tp_params
 from meshplan.hardware_profiles import GPUSpec
 from meshplan.spec import ModelSpec
 
@@ -162,9 +163,39 @@ def eager_layer_s(model: ModelSpec, gpu: GPUSpec, *, tokens: int, tp: int,
         measured = _fused_s(gpu, op, fused)
         f_s, b_s = measured if measured else (counted[0] / plain, counted[1] / plain)
         fwd, bwd = fwd + f_s, bwd + b_s
+    if gpu.microbench_timing == "queued":
+        # GPU-alone curves (GPUSpec.microbench_timing): the work synchronized and datasheet
+        # curves hold implicitly is added — the weights' gradient work, and RoPE's products
+        # at the executor's RoPE rate (strided q/k views) where calibrate timed it
+        bwd += weight_grad_bytes(model, tokens=tokens, tp=tp, mlp_width=mlp_width, e=e) / copy
+        rope = (_fused_s(gpu, "rope", 2 * e * tokens * (model.q_dim + model.kv_dim) / tp)
+                if model.position_embedding == "rope" else None)
+        if rope is not None:
+            products = 10 * e * tokens * (model.q_dim + model.kv_dim) / tp
+            fwd += rope[0] - products / copy
+            bwd += rope[1] - products / copy
     fwd += eb.copies_fwd / copy
     bwd += eb.copies_bwd / copy
     return fwd, bwd, eb.core_fwd / copy, eb.core_bwd / copy
 
 
-__all__ = ["EagerBytes", "STAT_BYTES", "eager_layer_bytes", "eager_layer_s"]
+def weight_grad_bytes(model: ModelSpec, *, tokens: int, tp: int, mlp_width: int,
+                      e: int) -> float:
+    """What a layer's parameters' gradients move per micro-batch outside the GEMMs: each
+    16-bit gradient cast to the fp32 parameter's dtype (autocast's cast backward: read e,
+    write 4) and added into ``.grad`` (read 4 + 4, write 4; a calibration row accumulates
+    on every iteration, a step's first micro-batch assigns instead: counted the same), and
+    each bias's gradient summed over the tokens (the output gradient read once). Traced on
+    1 × H200 (docs/calibrate.md, "What the composition misses"): 0.25 ms a layer for a
+    0.59 B GPT at micro-batch 4, 0.62 ms for a 2.68 B Llama at micro-batch 8."""
+    a = STAT_BYTES
+    per_param = (e + a if e != a else 0) + 3 * a
+    biased = 0.0
+    if model.bias:
+        biased = ((model.q_dim + 2 * model.kv_dim + model.ffn_matrices * mlp_width) / tp
+                  + model.hidden_size * (2 if mlp_width else 1))
+    return _layer_tp_params(model, tp, mlp_width) * per_param + tokens * biased * e
+
+
+__all__ = ["EagerBytes", "STAT_BYTES", "eager_layer_bytes", "eager_layer_s",
+           "weight_grad_bytes"]

@@ -52,7 +52,8 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "overlap_interference", "ddp_overlap_interference", "membound_efficiency",
              "fp8_gemm_efficiency",
              *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS,
-             "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency")
+             "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency",
+             "microbench_timing")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +206,7 @@ def bound_split_cpu(row: Any) -> Any:
     return out
 
 
-MEMBOUND_OPS = ("layernorm", "rmsnorm", "residual-add", "gelu", "swiglu")
+MEMBOUND_OPS = ("layernorm", "rmsnorm", "residual-add", "gelu", "swiglu", "rope")
 
 
 def membound_op_efficiency(rows: Iterable[Mapping[str, Any]], cap: float = 1.0

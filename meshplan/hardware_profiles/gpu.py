@@ -92,6 +92,12 @@ class GPUSpec:
     # for every head dim, as on calibrated profiles, which time the model's own head dim)
     attention_head_dim: int = 0
     attention_head_dim_ratio: tuple[tuple[int, Curve], ...] = ()
+    # how the compute curves were timed: "queued" = the GPU alone (``meshplan calibrate
+    # --queued-microbench``); "" = synchronized calibrations, whose cheap ops read the host's
+    # launch time, and datasheet curves fitted to end-to-end runs. The eager layer's
+    # gradient work and RoPE's strided products (costmodel.torch_membound) are added to
+    # GPU-alone curves only: the others hold that time already (docs/calibrate.md)
+    microbench_timing: str = ""
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -183,4 +189,5 @@ class GPUSpec:
                 "attention_head_dim_ratio": [[d, c.to_list()]
                                              for d, c in self.attention_head_dim_ratio]}
                if self.attention_head_dim_ratio else {}),
+            **({"microbench_timing": self.microbench_timing} if self.microbench_timing else {}),
         }

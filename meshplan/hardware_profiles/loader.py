@@ -126,7 +126,20 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
                                      if "nvlink_broadcast_efficiency" in t else None),
         nvlink_all_to_all_efficiency=(curve(t, "nvlink_all_to_all_efficiency", where)
                                       if "nvlink_all_to_all_efficiency" in t else None),
+        microbench_timing=_timing(t, where),
     )
+
+
+MICROBENCH_TIMINGS = ("", "queued")
+
+
+def _timing(t: Mapping[str, Any], where: str) -> str:
+    """``microbench_timing`` (GPUSpec): "queued", or absent."""
+    v = t.get("microbench_timing", "")
+    if v not in MICROBENCH_TIMINGS:
+        raise ProfileError(f"{where}: microbench_timing must be \"queued\" or absent "
+                           f"(synchronized timings), got {v!r}")
+    return str(v)
 
 
 def attention_curve(t: Mapping[str, Any], where: str) -> Curve:
