@@ -246,7 +246,7 @@ def _param_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, float]
     norm = h * (2 if model.norm == "layernorm" else 1)
     pos = model.max_seq_len * h if model.position_embedding == "learned" else 0
     if model.is_moe:
-        per_layer = _layer_tp_params(model, tp, model.num_shared_experts
+        per_layer = layer_tp_params(model, tp, model.num_shared_experts
                                      * (model.shared_expert_ffn_hidden_size or 0)) \
             + model.router_params()
         return per_layer, model.vocab_size * h / tp, pos, norm
@@ -257,7 +257,7 @@ def _param_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, float]
     return per_layer, model.vocab_size * h / tp, pos, norm
 
 
-def _layer_tp_params(model: ModelSpec, tp: int, mlp_width: int) -> float:
+def layer_tp_params(model: ModelSpec, tp: int, mlp_width: int) -> float:
     """A layer's attention, norms and a dense MLP of ``mlp_width`` on one tp rank (matmuls
     and column-parallel biases split, norms, MLA's latent norms and row-parallel biases
     replicated; Shoeybi et al. 2019 §3)."""
@@ -276,4 +276,4 @@ def _layer_tp_params(model: ModelSpec, tp: int, mlp_width: int) -> float:
 def dense_layer_extra_params(model: ModelSpec, tp: int) -> float:
     """An MoE model's dense layer (``dense_layers``) less its MoE layer without experts, on
     one tp rank: the dense MLP instead of the shared experts and the router."""
-    return _layer_tp_params(model, tp, model.ffn_hidden_size) - _param_parts(model, tp)[0]
+    return layer_tp_params(model, tp, model.ffn_hidden_size) - _param_parts(model, tp)[0]

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.costmodel.memory import _layer_tp_params
+from meshplan.costmodel.memory import layer_tp_params
 from meshplan.hardware_profiles import GPUSpec
 from meshplan.spec import ModelSpec
 
@@ -194,7 +194,7 @@ def weight_grad_bytes(model: ModelSpec, *, tokens: int, tp: int, mlp_width: int,
     if model.bias:
         biased = ((model.q_dim + 2 * model.kv_dim + model.ffn_matrices * mlp_width) / tp
                   + model.hidden_size * (2 if mlp_width else 1))
-    return _layer_tp_params(model, tp, mlp_width) * per_param + tokens * biased * e
+    return layer_tp_params(model, tp, mlp_width) * per_param + tokens * biased * e
 
 
 __all__ = ["EagerBytes", "STAT_BYTES", "eager_layer_bytes", "eager_layer_s",

@@ -10,6 +10,7 @@ import pytest
 
 import meshplan as mp
 from meshplan.costmodel import torch_membound as tm
+from meshplan.costmodel.memory import layer_tp_params
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles import Cluster
 
@@ -32,11 +33,11 @@ def _s(model, gpu, tokens=512):
 def test_gradient_bytes_by_hand():
     # 18 B a parameter in bf16 (cast 2 + 4, accumulate 4 + 4 + 4), 12 in fp32; biases'
     # gradients read the output gradient once
-    p = tm._layer_tp_params(GPT, 1, GPT.ffn_hidden_size)
+    p = layer_tp_params(GPT, 1, GPT.ffn_hidden_size)
     biased = 3 * 256 + 1024 + 2 * 256          # qkv, MLP up; attention out, MLP down
     assert tm.weight_grad_bytes(GPT, tokens=512, tp=1, mlp_width=1024, e=2) == \
         pytest.approx(18 * p + 512 * biased * 2)
-    q = tm._layer_tp_params(LLAMA, 2, 768)
+    q = layer_tp_params(LLAMA, 2, 768)
     assert tm.weight_grad_bytes(LLAMA, tokens=512, tp=2, mlp_width=768, e=4) == \
         pytest.approx(12 * q)
 
@@ -46,7 +47,7 @@ def test_the_count_covers_the_executors_block_parameters():
     from meshplan.executor.model import Block
     for spec in (GPT, LLAMA):
         n = sum(p.numel() for p in Block(spec).parameters())
-        assert tm._layer_tp_params(spec, 1, spec.ffn_hidden_size) == n
+        assert layer_tp_params(spec, 1, spec.ffn_hidden_size) == n
     del torch
 
 
