@@ -52,3 +52,49 @@ def test_script_writes_both_modes(tmp_path):
     # the same shapes both ways, in the same order
     sync, queued = (doc["modes"][m]["rows"]["gemm"] for m in ("sync", "queued"))
     assert [(r["m"], r["k"], r["n"]) for r in sync] == [(r["m"], r["k"], r["n"]) for r in queued]
+
+
+class _FakeEvent:
+    """torch.cuda.Event stand-in: elapsed_time 2 ms; query() answers from a shared script
+    (True: the GPU reached the start event before the CPU had queued everything)."""
+
+    script: list[bool] = []
+
+    def __init__(self, enable_timing=True):
+        self.recorded = False
+
+    def record(self):
+        self.recorded = True
+
+    def query(self):
+        return _FakeEvent.script.pop(0) if _FakeEvent.script else False
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 2.0
+
+
+def test_queued_timing_spins_and_retries_behind_a_longer_spin(monkeypatch):
+    """The queued path without a GPU: a spin before each timed call, sized from the
+    warm-up; a call the GPU caught up with is timed again behind a spin three times as
+    long; the samples are the events' times."""
+    import meshplan.calibrate.timing as timing
+    spins: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles),
+                        raising=False)
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)     # cycles per second
+    _FakeEvent.script = [False, True, False, False]                  # the 2nd call caught up
+    calls = []
+    t = timing.time_fn(lambda: calls.append(1), device="cuda", warmup=2, iters=3, queued=True)
+    assert t.iters == 3 and t.median_s == pytest.approx(2e-3)
+    assert len(calls) == 2 + 4                   # warm-up, three samples and one retry
+    assert len(spins) == 4
+    # the spin after the caught-up call is three times the one before it
+    assert spins[2] == pytest.approx(3 * spins[1], rel=1e-6)
+    # sized from the warm-up's synchronized wall time: at least 1 ms at 1e9 cycles/s
+    assert spins[0] >= 1e6
+    _FakeEvent.script = []
