@@ -99,3 +99,28 @@ def test_calibrate_passes_the_flag_to_its_children():
     args = p.parse_args(["--out", "x.toml", "--queued-microbench"])
     assert args.queued_microbench and "--queued-microbench" in child_argv(args)
     assert "--queued-microbench" not in child_argv(p.parse_args(["--out", "x.toml"]))
+
+
+def test_queued_repredict_swaps_the_keys_and_sets_the_flag(tmp_path):
+    import json
+    import sys
+    import tomllib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import queued_repredict as qr
+    data = root / "docs" / "benchmarks" / "data"
+    qmb = json.loads((data / "queued_microbench_h200_20261129_branch.json").read_text())
+    made = qr.queued_profiles(data / "profiles" / "round43", qmb, tmp_path)
+    assert set(made) == {"profile_part1of2.toml", "profile_part2of2.toml",
+                         "generic_layer_grid.toml"}
+    doc = tomllib.loads(made["profile_part1of2.toml"].read_text())
+    keys = qmb["modes"]["queued"]["gpu"]
+    assert doc["gpu"]["microbench_timing"] == "queued"
+    assert doc["gpu"]["membound_efficiency"] == pytest.approx(keys["membound_efficiency"])
+    assert "rope" in doc["gpu"]["membound_efficiency"]
+    # the rows stay the round's own
+    old = tomllib.loads((data / "profiles" / "round43" / "profile_part1of2.toml").read_text())
+    assert len(doc["layers"]) == len(old["layers"])
+    from meshplan.hardware_profiles.calibrated import load_profile
+    assert load_profile(str(made["profile_part1of2.toml"])).gpu.microbench_timing == "queued"
