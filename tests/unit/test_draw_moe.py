@@ -51,3 +51,21 @@ def test_the_committed_moeh1_model_is_seed_3801s_first_draw():
     committed = ModelSpec.from_dict(json.loads(
         (ROOT / "benchmarks" / "sets" / "moeh1" / "m01.json").read_text()))
     assert committed == dmoe.draw_moe_model(random.Random(3801), "m01")
+
+
+def test_the_committed_moeh3_draw_model_and_layouts():
+    """moeh3 (2026-11-29): seed 3803's model, and six distinct layouts drawn from the same
+    seed — the set the committed plans ran."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh3" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3803), "m01")
+    drawn = msg.draw_layouts(3803)
+    assert drawn == msg.draw_layouts(3803) and drawn != msg.draw_layouts(3804)
+    names = [n for n, _ in drawn]
+    assert len(set(names)) == len({lay for _, lay in drawn}) == 6
+    assert names == ["mb8-compiled", "mb4-selective-compiled", "mb16-full-compiled",
+                     "mb16-compiled", "mb2-selective", "mb2-compiled"]
+    plans = json.loads((ROOT / "benchmarks" / "plans" / "moeh3_h200x1" / "predictions.json")
+                       .read_text())
+    assert list(plans["layouts"]) == names and plans["set"] == "drawn-3803"
