@@ -63,27 +63,19 @@ def trace_block(spec: ModelSpec, seq: int, mb: int, device_name: str, recompute:
                 backward(forward())
             if cuda:
                 torch.cuda.synchronize(device)
-    ops = []
-    for e in prof.key_averages():
-        dev_us = getattr(e, "self_device_time_total", None)
-        if dev_us is None:
-            dev_us = getattr(e, "self_cuda_time_total", 0.0)
-        if not cuda:
-            dev_us = e.self_cpu_time_total
-        if dev_us > 0:
-            ops.append({"op": e.key, "count": e.count // ITERS,
-                        "device_ms_per_layer": dev_us / 1e3 / ITERS / layers})
+    def per_layer_ms(e) -> float:
+        """An entry's self device time (CPU time on CPU) per layer and iteration."""
+        us = (getattr(e, "self_device_time_total", None)
+              or getattr(e, "self_cuda_time_total", 0.0)) if cuda else e.self_cpu_time_total
+        return us / 1e3 / ITERS / layers
+
+    ops = [{"op": e.key, "count": e.count // ITERS, "device_ms_per_layer": per_layer_ms(e)}
+           for e in prof.key_averages() if per_layer_ms(e) > 0]
     ops.sort(key=lambda o: -o["device_ms_per_layer"])
-    shaped = []
-    for e in prof.key_averages(group_by_input_shape=True):
-        dev_us = getattr(e, "self_device_time_total", None)
-        if dev_us is None:
-            dev_us = getattr(e, "self_cuda_time_total", 0.0)
-        if not cuda:
-            dev_us = e.self_cpu_time_total
-        if dev_us > 0 and e.key.startswith("aten::"):
-            shaped.append({"op": e.key, "shapes": str(e.input_shapes), "count": e.count // ITERS,
-                           "device_ms_per_layer": dev_us / 1e3 / ITERS / layers})
+    shaped = [{"op": e.key, "shapes": str(e.input_shapes), "count": e.count // ITERS,
+               "device_ms_per_layer": per_layer_ms(e)}
+              for e in prof.key_averages(group_by_input_shape=True)
+              if e.key.startswith("aten::") and per_layer_ms(e) > 0]
     shaped.sort(key=lambda o: -o["device_ms_per_layer"])
     return {"model": spec.name, "spec": spec.to_dict(), "seq_len": seq, "micro_batch": mb,
             "recompute": recompute, "layers": layers, "iters": ITERS,

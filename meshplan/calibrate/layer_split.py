@@ -133,7 +133,7 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
     zeros for other recompute modes or where not measured)).
 
     Always synchronized: queued, a deep stack's weight pass can queue more kernels than
-    CUDA's launch queue holds (see :data:`~meshplan.calibrate.layer_timing.SPIN_MAX_S`)."""
+    CUDA's launch queue holds (see :data:`~meshplan.calibrate.timing.SPIN_MAX_S`)."""
     from meshplan.calibrate.split_memory import split_memory_per_layer
     values, oom, mem = [0.0] * 4, 0.0, [0.0] * 4
     try:

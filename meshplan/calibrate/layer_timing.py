@@ -12,12 +12,9 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from meshplan.calibrate.layer_rows import Sample
+from meshplan.calibrate.timing import SPIN_MAX_S, spin_rate
 
 WARMUP = 2            # the first iteration allocates the parameter gradients
-# A longer spin cannot help: when thousands of kernels are queued, CUDA's launch queue fills
-# and the CPU waits for the GPU whatever the spin (seen with zero-bubble's weight pass of a
-# fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
-SPIN_MAX_S = 2.0
 
 
 def _nbytes(t) -> float:
@@ -33,16 +30,8 @@ class _Queue:
     model needs the two separately (:mod:`meshplan.costmodel.estimate`)."""
 
     def __init__(self, device, agree: Callable[[list[float]], list[float]]):
-        import torch
         self.agree = agree     # element-wise max over ranks (every rank must queue alike)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        cycles = 20_000_000
-        e0.record()
-        torch.cuda._sleep(cycles)
-        e1.record()
-        e1.synchronize()
-        rate = cycles / max(1e-6, e0.elapsed_time(e1) / 1e3)   # spin cycles per second
+        rate = spin_rate(device, 20_000_000)
         self.cycles_per_s = agree([-rate])[0] * -1.0           # the slowest rank's rate
 
     def sleep(self, seconds: float) -> None:

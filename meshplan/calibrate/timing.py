@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-SPIN_MAX_S = 2.0      # a spin this long outlasts any single op's dispatch
+# A longer spin cannot help: when thousands of kernels are queued, CUDA's launch queue fills
+# and the CPU waits for the GPU whatever the spin (seen with zero-bubble's weight pass of a
+# fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
+SPIN_MAX_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,10 +31,10 @@ class Timing:
     iters: int
 
 
-def spin_rate(device) -> float:
-    """Cycles per second of ``torch.cuda._sleep`` on ``device`` (one short spin, timed)."""
+def spin_rate(device, cycles: int = 5_000_000) -> float:
+    """Cycles per second of ``torch.cuda._sleep`` on ``device`` (one spin of ``cycles``,
+    timed)."""
     import torch
-    cycles = 5_000_000
     torch.cuda.synchronize(device)
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()

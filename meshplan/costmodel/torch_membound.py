@@ -92,6 +92,7 @@ class EagerBytes:
     copies_bwd: float        # RoPE and the q/k/v split
     core_fwd: float          # the core's GQA repeat
     core_bwd: float
+    rope_products: float = 0.0   # RoPE's neg/cat/products/add on q and k, inside copies_*
 
     @property
     def forward(self) -> float:
@@ -121,15 +122,18 @@ def eager_layer_bytes(model: ModelSpec, *, tokens: int, tp: int, sequence_parall
         act_f, act_b = 2 * e * f_el, 3 * e * f_el
     q, k = tokens * model.q_dim / tp, tokens * model.kv_dim / tp
     copies_f, copies_b = 0.0, 2 * e * (q + 2 * k)
+    products = 0.0
     if model.position_embedding == "rope":
         table = tokens * model.head_dim
-        copies_f += 10 * e * (q + k) + 2 * (2 * c * (a + e) + 2 * e) * table
-        copies_b += 10 * e * (q + k) + 2 * 2 * e * table
+        products = 10 * e * (q + k)
+        copies_f += products + 2 * (2 * c * (a + e) + 2 * e) * table
+        copies_b += products + 2 * 2 * e * table
     rep = model.num_heads // model.num_kv_heads
     core = 2 * e * (k + q) if rep > 1 else 0.0
     return EagerBytes(norm_fwd=norm_f, norm_bwd=norm_b, residual_fwd=2 * 3 * e * n,
                       residual_bwd=2 * 3 * e * n, act_fwd=act_f, act_bwd=act_b,
-                      copies_fwd=copies_f, copies_bwd=copies_b, core_fwd=core, core_bwd=core)
+                      copies_fwd=copies_f, copies_bwd=copies_b, core_fwd=core, core_bwd=core,
+                      rope_products=products)
 
 
 def _fused_s(gpu: GPUSpec, op: str, fused_fwd_bytes: float) -> tuple[float, float] | None:
@@ -171,9 +175,8 @@ def eager_layer_s(model: ModelSpec, gpu: GPUSpec, *, tokens: int, tp: int,
         rope = (_fused_s(gpu, "rope", 2 * e * tokens * (model.q_dim + model.kv_dim) / tp)
                 if model.position_embedding == "rope" else None)
         if rope is not None:
-            products = 10 * e * tokens * (model.q_dim + model.kv_dim) / tp
-            fwd += rope[0] - products / copy
-            bwd += rope[1] - products / copy
+            fwd += rope[0] - eb.rope_products / copy
+            bwd += rope[1] - eb.rope_products / copy
     fwd += eb.copies_fwd / copy
     bwd += eb.copies_bwd / copy
     return fwd, bwd, eb.core_fwd / copy, eb.core_bwd / copy
