@@ -21,6 +21,9 @@ from typing import Callable
 # and the CPU waits for the GPU whatever the spin (seen with zero-bubble's weight pass of a
 # fully recomputed 6-block stack queued, 2026-11-26: tripling without a bound ran for minutes)
 SPIN_MAX_S = 2.0
+# ``budget_s`` counts the timed calls; spins and synchronizations around them may take this
+# many times as long before sampling stops (a bound on wall time, not a measured number)
+WALL_BUDGET_FACTOR = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +55,10 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
     ``before`` runs before each timed call, outside the timed region (e.g. a barrier).
     ``queued`` (CUDA, where torch has ``torch.cuda._sleep``): each timed call is queued
     behind a spin longer than its dispatch (module docstring); a call the GPU reached before
-    the CPU had queued all of it is timed again behind a spin three times as long.
+    the CPU had queued all of it is timed again behind a spin three times as long. The spin
+    is sized from the last warm-up call, so a first call's one-time work does not hold every
+    sample behind a long spin; sampling also stops once the loop's wall time passes
+    ``WALL_BUDGET_FACTOR × budget_s`` (with at least three samples).
     """
     import torch
     cuda = torch.device(device).type == "cuda"
@@ -65,7 +71,9 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
         fn()
         if queued:
             torch.cuda.synchronize()
-            spin_s = min(SPIN_MAX_S, max(spin_s, 1.5 * (time.perf_counter() - t0) + 1e-3))
+            # the last warm-up call sizes the spin: a first call's one-time work (kernel
+            # loading, autotuning) ran 60 s once and held every sample behind SPIN_MAX_S
+            spin_s = min(SPIN_MAX_S, 1.5 * (time.perf_counter() - t0) + 1e-3)
     if cuda:
         torch.cuda.synchronize()
     rate = spin_rate(device) if queued else 0.0
@@ -74,6 +82,7 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
     spent = 0.0
     retries = 0
     i = 0
+    loop_t0 = time.perf_counter()
     while i < n:
         if before:
             before()
@@ -98,7 +107,8 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
         samples.append(dt)
         spent += dt
         i += 1
-        if iters is None and i >= 3 and spent > budget_s:
+        if iters is None and i >= 3 and (spent > budget_s
+                                         or time.perf_counter() - loop_t0 > WALL_BUDGET_FACTOR * budget_s):
             break
     return Timing(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
                   iters=len(samples))

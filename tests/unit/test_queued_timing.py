@@ -98,3 +98,52 @@ def test_queued_timing_spins_and_retries_behind_a_longer_spin(monkeypatch):
     # sized from the warm-up's synchronized wall time: at least 1 ms at 1e9 cycles/s
     assert spins[0] >= 1e6
     _FakeEvent.script = []
+
+
+def test_queued_spin_is_sized_from_the_last_warm_up_call(monkeypatch):
+    """A first call that does one-time work (kernel loading: 60 s once on an H200 in
+    `calibrate --quick --queued-microbench`) must not size the spin: every sample used to
+    wait behind SPIN_MAX_S, 50 samples × 2 s for one attention size."""
+    import time as _time
+
+    import meshplan.calibrate.timing as timing
+    spins: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles),
+                        raising=False)
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)
+    _FakeEvent.script = []
+    calls = []
+
+    def fn():
+        if not calls:
+            _time.sleep(0.2)                      # the one-time first call
+        calls.append(1)
+
+    timing.time_fn(fn, device="cuda", warmup=3, iters=3, queued=True)
+    assert len(spins) == 3
+    # 1.5 × a fast call + 1 ms, not 1.5 × 0.2 s
+    assert max(spins) < 0.05e9
+
+
+def test_queued_sampling_stops_at_its_wall_bound(monkeypatch):
+    """With spins far longer than the timed calls, sampling stops after its wall bound
+    (WALL_BUDGET_FACTOR × budget_s), not after max_iters spins."""
+    import meshplan.calibrate.timing as timing
+    clock = [0.0]
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+
+    def sleep(cycles):                            # the spin advances the fake clock
+        clock[0] += cycles / 1e9
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep, raising=False)
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+
+    def fn():
+        clock[0] += 0.1                           # a 0.1 s dispatch: a 0.151 s spin
+    _FakeEvent.script = []
+    t = timing.time_fn(fn, device="cuda", warmup=2, budget_s=0.05, max_iters=50, queued=True)
+    # each sample's events read 2 ms (the fake); wall per sample ≈ 0.25 s: 1 s bound
+    assert 3 <= t.iters <= 5
