@@ -125,20 +125,25 @@ def test_the_gpu_check_pairs_head_dims_at_equal_width_and_flops(load_benchmark):
     ah = load_benchmark("attention_head_dim_gpu")
     rows = [{"batch": s.batch, "seq": s.seq, "heads": s.heads, "head_dim": s.head_dim,
              "efficiency": 0.5 if s.head_dim == 128 else 0.4} for s in ah.shapes()]
-    assert len(rows) == 14
-    pairs = {}
+    # 7 (width, seq) groups of heads of 64 and 128, 3 of heads of 64, 80, 96 and 128
+    assert len(rows) == 7 * 2 + 3 * 4
+    groups = {}
     for r in rows:
-        pairs.setdefault((r["batch"], r["seq"], r["heads"] * r["head_dim"]), []).append(r)
-    assert all(len(p) == 2 and ah.flops_forward(p[0]) == ah.flops_forward(p[1])
-               for p in pairs.values())
-    lines = ah.compare({"rows": rows}).splitlines()[1:]
-    assert len(lines) == 7
+        groups.setdefault((r["batch"], r["seq"], r["heads"] * r["head_dim"]), []).append(r)
+    assert sorted(len(g) for g in groups.values()) == [2] * 7 + [4] * 3
+    assert all(len({ah.flops_forward(r) for r in g}) == 1 for g in groups.values())
+    lines = ah.compare({"rows": rows, "kernels": {"64": ["k64"], "80": []}}).splitlines()[1:]
+    assert lines[-2:] == ["head dim 64: k64", "head dim 80: no attention kernel named"]
+    lines = lines[:-2]
+    assert len(lines) == 7 + 3 * 3
     gpu = builtin_gpu(H200)
-    for ln in lines:       # measured 0.8 against the sheet's ratio at that E
-        e, ratio = float(ln.split()[3]), ln.split()[-1]
+    for ln in lines:       # measured 0.8 against the sheet's ratio at that E and head dim
+        d, e, ratio = int(ln.split()[3]), float(ln.split()[4]), ln.split()[-1]
         assert ratio.startswith("0.800/")
-        assert float(ratio.split("/")[1]) == pytest.approx(
-            gpu.attention_head_dim_ratio[0][1](e), abs=1.5e-3)
+        sheet = gpu.attention_efficiency_at(e, d) / gpu.attention_efficiency_at(e, 128)
+        assert float(ratio.split("/")[1]) == pytest.approx(sheet, abs=1.5e-3)
+        if d == 64:
+            assert sheet == pytest.approx(gpu.attention_head_dim_ratio[0][1](e), abs=1.5e-3)
 
 
 def test_a_calibrated_profile_carries_no_ratio():
