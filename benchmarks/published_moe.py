@@ -220,8 +220,9 @@ def section(b_lines, z_lines, skip_lines, s, runs, bridge) -> list[str]:
         "for the Bridge rows: the ZeRO stage (zero "
         f"{MOE_DEFAULTS['zero']}: their recipes use the distributed optimizer). "
         "DeepSeek-V3's own run (FP8 on "
-        "H800: no H800 profile), NVIDIA's FP8 MoE rows and the NeMo AutoModel BF16 H100 table "
-        "(PyTorch FSDP2 with DeepEP: neither of meshplan's runtimes) are left out.", "",
+        "H800: no H800 profile) and the NeMo AutoModel BF16 H100 table "
+        "(PyTorch FSDP2 with DeepEP: neither of meshplan's runtimes) are left out; "
+        "NVIDIA's FP8 / MXFP8 MoE rows have their own section below.", "",
         *b_lines, "",
         f"**{s[BRIDGE]}**", "",
         f"- {s[BRIDGE + ' dgx-h100']}",

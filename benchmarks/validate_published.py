@@ -32,7 +32,7 @@ from meshplan.errors import ConfigError  # noqa: E402
 from published_moe import moe_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
                             NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS, korthikanti2022,
-                            llama3_2024, megatron_core_h100, mlperf_gpt3_fp8,
+                            llama3_2024, megatron_core_h100, mlperf_gpt3_fp8, moe_fp8_runs,
                             narayanan2021, nemo_h100_fp8, shoeybi2019)
 
 CALCULON_START = "<!-- calculon_compare.py: start -->"
@@ -195,8 +195,10 @@ def main(argv=None) -> int:
     fp8_name = "NeMo H100 FP8 2024"
     mlperf_name = "MLPerf Training v3.1 GPT-3 175B, H100 FP8"
     mlperf40_name = "MLPerf Training v4.0 GPT-3 175B, H100 FP8"
+    moe8_name = "MoE, FP8 / MXFP8, Megatron-Bridge tables (DGX-H100, DGX-B200)"
+    moe8_runs, moe8_skipped = moe_fp8_runs()
     for name, runs in ((fp8_name, nemo_h100_fp8()), (mlperf_name, mlperf_gpt3_fp8()),
-                       (mlperf40_name, mlperf_gpt3_fp8(("v4.0",)))):
+                       (mlperf40_name, mlperf_gpt3_fp8(("v4.0",))), (moe8_name, moe8_runs)):
         tables[name], errs = fp8_table(runs)
         if errs:
             summaries[name] = summarize(name, errs)
@@ -321,6 +323,31 @@ def main(argv=None) -> int:
             "does not model — parameters all-gathered in fp8 (`FP8_PARAMS`), per-layer CUDA "
             "graphs, NCCL SHARP, larger DP buckets. The pp 6 layouts' deeper bubble (5 / 48 of "
             "the step against v3.1's 7 / 96) is priced; the runs were faster regardless.", "",
+            "## Mixture-of-experts pre-training, FP8 / MXFP8 (Megatron-Bridge 25.11 and 26.02)", "",
+            "Every MoE row of Megatron-Bridge's 25.11 and 26.02 pre-training tables at FP8 on "
+            "DGX-H100 (TransformerEngine's per-tensor current scaling: `fp8_recipe = "
+            "\"tensorwise\"`) and at MXFP8 on DGX-B200 (`\"mxfp8\"`), each read as its "
+            "container's performance recipe ran it (`tests/validation/data/"
+            "moe_fp8_2025_2026.csv`, whose header cites the recipe files and commits): the "
+            "distributed optimizer, forced-balanced dropless routing, all-to-all dispatch, no "
+            "recompute, SP where tp > 1, Qwen3-235B's account-for-embedding/loss pipeline "
+            "split; the 25.11 rows as printed, which match the recipes of before Megatron-"
+            "Bridge PR #1348 (no expert-parallel all-to-all overlap). Step time = GBS·seq / "
+            "(tokens/s/GPU · GPUs). Datasheet profiles; no number here was fitted on these "
+            "rows, which were added on 2026-11-29, after every mechanism they are priced "
+            "with.", "",
+            *tables[moe8_name], "",
+            *[f"- {label}: not predicted — {why}" for label, why in moe8_skipped], "",
+            f"**{summaries.get(moe8_name, moe8_name + ': no row predicted')}** — "
+            "fine-grained experts are where the cost model fails: Qwen3-30B-A3B (128 experts "
+            "of width 768, top-8, 3.3 B active) took 2.5-3.0 times the predicted step on both "
+            "GPUs (errors −59 to −66 %), Qwen3-235B-A22B (width 1536) is predicted 32-42 % "
+            "fast on B200 and 32 % slow on H100. The published speeds are themselves low (118-223 TFLOP/s a GPU for the 30B "
+            "model): what costs there — small per-expert GEMMs, permutation, the router, the "
+            "host's kernel launches, which Megatron-Core's MoE report (arXiv 2603.07685) "
+            "names the compute wall of fine-grained MoE — is what datasheet profiles do not "
+            "price (docs/moe.md). Two predicted rows do not fit although they ran (the 30B "
+            "H100 row at 85 GiB of 80, the 25.11 235B B200 row at 185 GiB of 180).", "",
             "## Shoeybi et al. 2019, weak scaling (DGX-2H V100)", "",
             "Scaling efficiency = predicted TFLOP/s per GPU (recompute included) over the "
             "predicted single-GPU baseline. Goal: baseline ≈ 39 TFLOP/s, 8.3B at 8 and 512 "

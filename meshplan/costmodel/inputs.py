@@ -29,8 +29,8 @@ from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKE
                                                with_cp_attention)
 from meshplan.costmodel.data_parallel import Groups, group_links
 from meshplan.costmodel.moe_rows import MOE_ROWS_CAVEAT, measured_moe_parts, rows_apply
-from meshplan.costmodel.moe_tables import (MOE_CAVEAT, expert_links, expert_terms,
-                                           moe_fields, moe_mlp_width, moe_parts)
+from meshplan.costmodel.moe_tables import (MOE_CAVEAT, MOE_DATASHEET_CAVEAT, expert_links,
+                                           expert_terms, moe_fields, moe_mlp_width, moe_parts)
 from meshplan.costmodel.parts import LayerParts, layer_parts
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
@@ -69,7 +69,8 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
         if measured is not None:
             return measured
     caveats = ((CP_UNCHECKED_CAVEAT,) if cp > 1 else ()) + \
-        ((MOE_CAVEAT,) if is_moe else ())
+        ((MOE_CAVEAT,) if is_moe else ()) + \
+        ((MOE_DATASHEET_CAVEAT,) if is_moe and not cluster.gpu.measured else ())
     if cluster.gpu.measured:
         caveats += (CP_ANALYTICAL_CAVEAT if not is_moe else MEASURED_ROWS_CAVEAT,)
         cluster = cluster.replace(gpu=replace(cluster.gpu, measured=None))

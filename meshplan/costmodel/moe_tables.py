@@ -65,6 +65,17 @@ MOE_CAVEAT = (
     "rank (moe_load_imbalance) is assumed and the grouped expert GEMMs use the dense GEMM "
     "curve unless the profile has a grouped_gemm_efficiency curve")
 
+# Published Megatron-Core / Megatron-Bridge MoE runs against datasheet predictions
+# (docs/benchmarks/published.md, 2026-11-29): BF16 8 rows 19.6 % mean, FP8 / MXFP8 6 rows
+# 49.6 %; 11 of the 14 ran slower than predicted, Qwen3-30B-A3B at 2.5-3.0x.
+MOE_DATASHEET_CAVEAT = (
+    "mixture of experts on a profile without measured rows: published Megatron MoE runs took "
+    "longer than such predictions in 11 of 14 cases (BF16: 19.6 % mean error; FP8: 49.6 %), "
+    "fine-grained experts most (Qwen3-30B-A3B, 128 experts of width 768: 2.5-3.0 times the "
+    "predicted step; docs/benchmarks/published.md): small expert GEMMs, permutation, the "
+    "router and host launches cost more than their FLOPs and bytes say. Read this step as "
+    "optimistic; `meshplan calibrate --model` times the model's MoE layer")
+
 
 @dataclass(frozen=True)
 class ExpertTerms:
@@ -197,5 +208,5 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
     return f
 
 
-__all__ = ["ExpertTerms", "MOE_CAVEAT", "expert_links", "expert_terms", "moe_fields",
+__all__ = ["ExpertTerms", "MOE_CAVEAT", "MOE_DATASHEET_CAVEAT", "expert_links", "expert_terms", "moe_fields",
            "moe_mlp_width", "moe_parts"]

@@ -193,3 +193,19 @@ def test_two_ranks_time_moe_rows_at_tp2_as_the_executor_splits_them(tmp_path):
     assert key.endswith("-moe4k2f64s1x64")
     assert {tuple(r[1:3]) for r in got} == {(1, False), (2, False), (2, True)}
     assert all(r[0] == key and r[4] == 0 for r in got)       # MoE rows only, no FSDP2 rows
+
+
+def test_a_datasheet_moe_estimate_says_published_runs_took_longer():
+    """Without measured rows an MoE step is priced from the curves, which published Megatron
+    MoE runs mostly outran in time (docs/benchmarks/published.md): the estimate says so;
+    a profile with the model's MoE row, or any measured rows, does not add it, nor does a
+    dense model."""
+    from meshplan.costmodel.moe_tables import MOE_DATASHEET_CAVEAT
+    lay = Layout(dp=4, micro_batch=1)
+    datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    assert MOE_DATASHEET_CAVEAT in estimate(MOE, datasheet, JOB, lay).caveats
+    assert MOE_DATASHEET_CAVEAT not in estimate(DENSE, datasheet, JOB, lay).caveats
+    assert MOE_DATASHEET_CAVEAT not in estimate(MOE, _cluster(_row()), JOB, lay).caveats
+    # measured rows of another shape: priced from the curves, with the rows' caveat instead
+    other = estimate(MOE, _cluster(_row(model=DENSE)), JOB, lay)
+    assert MOE_DATASHEET_CAVEAT not in other.caveats and MEASURED_ROWS_CAVEAT in other.caveats

@@ -314,32 +314,63 @@ def moe_runs() -> list[PublishedRun]:
     (:func:`meshplan.costmodel.flops.model_flops_per_step`, active experts only) over
     TFLOP/s × GPUs.
     """
-    from meshplan.costmodel.flops import model_flops_per_step
     runs = []
     for d in read_rows("moe_bf16_2024_2026.csv"):
-        model = ModelSpec.preset(d["model"])
-        tp, pp, cp, vp, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "gpus"))
-        ep = int(d["ep_as_run"] or d["ep"])
-        batch, seq = int(d["global_batch"]), int(d["seq_len"])
-        modules = recompute_modules(d["recompute_modules"])
-        layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
-                        micro_batch=int(d["micro_batch"]), vpp=vp,
-                        schedule="interleaved-1f1b" if vp > 1 else "1f1b",
-                        sequence_parallel=tp > 1,
-                        **{**MOE_DEFAULTS, "recompute": "selective" if modules else "none"})
-        job = Job(global_batch=batch, seq_len=seq, precision="bf16",
-                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]], recompute_modules=modules)
-        cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
-        if d["tokens_per_s_per_gpu"]:
-            step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
-        else:
-            step_s = (model_flops_per_step(model, batch, seq)
-                      / (float(d["model_tflops_per_gpu"]) * 1e12 * gpus))
         as_run = f" (table: ep {d['ep']})" if d["ep_as_run"] else ""
-        label = (f"{model.name} {d['source']} {d['system']} ep {ep}{as_run} "
-                 f"{d['dispatcher']} ({gpus} GPUs)")
-        runs.append(PublishedRun(label, model, cluster, job, layout, step_s, d))
+        runs.append(_bridge_moe_run(d, int(d["ep_as_run"] or d["ep"]), as_run))
     return runs
+
+
+def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> PublishedRun:
+    """One row of a Megatron-Core / Megatron-Bridge MoE table as :func:`moe_runs` and
+    :func:`moe_fp8_runs` read it (``job_fields``: the precision and fp8 recipe)."""
+    from meshplan.costmodel.flops import model_flops_per_step
+    model = ModelSpec.preset(d["model"])
+    tp, pp, cp, vp, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "gpus"))
+    batch, seq = int(d["global_batch"]), int(d["seq_len"])
+    modules = recompute_modules(d.get("recompute_modules", ""))
+    split = d.get("stage_split") == "embedding_loss" and pp > 1
+    layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
+                    micro_batch=int(d["micro_batch"]), vpp=vp,
+                    schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                    sequence_parallel=tp > 1,
+                    stage_layers=llama3_stage_layers(model.num_layers, pp, vp) if split else None,
+                    **{**MOE_DEFAULTS, "recompute": "selective" if modules else "none"})
+    job = Job(global_batch=batch, seq_len=seq, moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
+              recompute_modules=modules, **{"precision": "bf16", **job_fields})
+    cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
+    if d["tokens_per_s_per_gpu"]:
+        step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
+    else:
+        step_s = (model_flops_per_step(model, batch, seq)
+                  / (float(d["model_tflops_per_gpu"]) * 1e12 * gpus))
+    precision = f" {job.fp8_recipe}" if job.precision == "fp8" else ""
+    label = (f"{model.name} {d['source']} {d['system']}{precision} ep {ep}{note} "
+             f"{d['dispatcher']} ({gpus} GPUs)")
+    return PublishedRun(label, model, cluster, job, layout, step_s, d)
+
+
+def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """Published FP8 / MXFP8 MoE pre-training runs (``moe_fp8_2025_2026.csv``, Megatron-Bridge
+    25.11 and 26.02 tables; how each ran, from its container's recipes, in the file's
+    header): (runs predicted, [(label, why not), ...]).
+
+    Read as :func:`moe_runs` reads the BF16 rows (the distributed optimizer, SP where
+    tp > 1, the interleaved schedule where VP > 1, forced-balanced routing, the dispatcher),
+    at ``precision = "fp8"`` with the row's recipe (TransformerEngine's per-tensor current
+    scaling, ``"tensorwise"``, on H100; ``"mxfp8"`` on B200), no recompute (the performance
+    scripts cancel the recipes'), and Megatron's account-for-embedding/loss pipeline split
+    where the recipe keeps it (``stage_split``). Rows whose run used a mechanism the cost
+    model does not model (``not_predicted``) come back with that reason instead.
+    """
+    runs, skipped = [], []
+    for d in read_rows("moe_fp8_2025_2026.csv"):
+        run = _bridge_moe_run(d, int(d["ep"]), precision="fp8", fp8_recipe=d["fp8_recipe"])
+        if d["not_predicted"]:
+            skipped.append((run.label, d["not_predicted"]))
+        else:
+            runs.append(run)
+    return runs, skipped
 
 
 MODELZOO_RECOMPUTE = {"": "none", "norm+act": "selective", "full": "full"}

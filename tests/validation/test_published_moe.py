@@ -10,7 +10,7 @@ from meshplan.costmodel import comm, estimate
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.flops import model_flops_per_step
 
-from published_runs import MOE_DISPATCHER, moe_modelzoo_runs, moe_runs
+from published_runs import MOE_DISPATCHER, moe_fp8_runs, moe_modelzoo_runs, moe_runs
 
 
 def _runs():
@@ -153,3 +153,49 @@ def test_modelzoo_shapes_list_every_row_with_its_expert_gemms():
     assert (fsdp[6], fsdp[7], fsdp[8], fsdp[9]) == ("8192", "16", "4096", "276")
     tp4 = next(c for c in cells if c[1] == "4")
     assert (tp4[6], tp4[7], tp4[8], tp4[9]) == ("1024", "16", "512", "167")
+
+
+def test_fp8_rows_read_as_published_with_their_recipe_and_split():
+    """The FP8 / MXFP8 Megatron-Bridge rows (``moe_fp8_2025_2026.csv``): the table's layout,
+    the system's recipe (H100 per-tensor current scaling, B200 MXFP8), no recompute, forced
+    balance, the published tokens/s as a step, and Qwen3-235B's account-for-embedding/loss
+    split; rows run with a mechanism the cost model lacks come back with the reason."""
+    runs, skipped = moe_fp8_runs()
+    assert len(runs) == 6 and len(skipped) == 3
+    for r in runs:
+        lay, d, job = r.layout, r.row, r.job
+        assert lay.num_gpus == int(d["gpus"]) and lay.ep == int(d["ep"])
+        assert (lay.tp, lay.pp, lay.micro_batch, lay.vpp) == tuple(
+            int(d[k]) for k in ("tp", "pp", "micro_batch", "vp"))
+        assert job.precision == "fp8" and job.fp8_recipe == (
+            "tensorwise" if d["system"] == "dgx-h100" else "mxfp8")
+        assert lay.recompute == "none" and lay.zero == 1
+        assert lay.sequence_parallel == (lay.tp > 1)
+        assert r.cluster.gpu.corrections.moe_load_imbalance == 1.0
+        assert r.published == pytest.approx(
+            job.global_batch * job.seq_len / (float(d["tokens_per_s_per_gpu"]) * lay.num_gpus))
+        if d["stage_split"] == "embedding_loss":
+            # 94 layers + embedding + loss over pp * vpp chunks, the ends one layer short
+            chunks = lay.pp * lay.vpp
+            assert len(lay.stage_layers) == chunks and sum(lay.stage_layers) == 94
+            assert lay.stage_layers[0] == lay.stage_layers[-1] == 96 // chunks - 1
+        else:
+            assert lay.stage_layers is None
+        assert f" {job.fp8_recipe} ep {lay.ep} " in r.label
+    reasons = dict(skipped)
+    assert sum("moe_a2a_overlap" in why for why in reasons.values()) == 2
+    assert any(label.startswith("deepseek-v3") and "multi-token" in why
+               for label, why in skipped)
+
+
+def test_fp8_rows_predicted_without_error_and_bf16_labels_unchanged():
+    """Every predicted FP8 row prices (the table's errors are the published figures'), and
+    the BF16 rows, read by the same row reader, keep their labels."""
+    runs, _ = moe_fp8_runs()
+    for r in runs:
+        e = estimate(r.model, r.cluster, r.job, r.layout)
+        assert e.step_time_s > 0 and e.num_gpus == r.layout.num_gpus
+    labels = [r.label for r in moe_runs()]
+    assert "gpt-oss-120b megatron-bridge-26.02 dgx-h100 ep 8 alltoall (64 GPUs)" in labels
+    assert all(" tensorwise " not in x and " mxfp8 " not in x for x in labels)
+
