@@ -1,8 +1,9 @@
 """Re-predict a transfer round with GPU-alone compute curves (the `--queued-microbench`
 keys): the round's profiles copied with the ``[gpu]`` curves of a
 ``queued_microbench_gpu.py`` run swapped in and ``microbench_timing = "queued"`` set, then
-``transfer_round.py report`` on each — own profiles, leave-out and every generic profile of
-the round — beside the same reports on the profiles as they are.
+every record re-predicted on them (``transfer_round.repredict``: own profiles, leave-out and
+every generic profile of the round) beside the same re-predictions on the profiles as they
+are.
 
     python benchmarks/queued_repredict.py --round 45 --qmb OUT/qmb/queued_microbench.json
     python benchmarks/queued_repredict.py --round 43 \\
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import tomllib
@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 KEYS = ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "membound_efficiency")
 
@@ -45,15 +46,10 @@ def queued_profiles(round_dir: Path, qmb: dict, out: Path) -> dict[str, Path]:
     return made
 
 
-def report(accuracy: Path, *extra: str) -> str:
-    """The re-predicted step-time line of ``transfer_round.py report``."""
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "transfer_round.py"),
-                          "report", "--accuracy", str(accuracy), *extra],
-                         capture_output=True, text=True, cwd=ROOT, check=False)
-    lines = res.stdout.splitlines()
-    after = lines[next((i for i, x in enumerate(lines) if x.startswith("re-predicted")),
-                       len(lines)):]
-    return next((x for x in after if x.startswith("step time")), res.stderr.strip()[-200:])
+def step_line(records: list[dict]) -> str:
+    """The step-time line ``transfer_round.py report`` prints for ``records``."""
+    from transfer_round import _fmt, figures
+    return next(x for x in _fmt(figures(records)).splitlines() if x.startswith("step time"))
 
 
 def main(argv=None) -> int:
@@ -67,24 +63,21 @@ def main(argv=None) -> int:
     for need in (accuracy, round_dir, args.qmb):
         if not need.exists():
             raise SystemExit(f"queued_repredict: {need} does not exist")
+    from transfer_round import repredict
     doc = json.loads(accuracy.read_text())
+    gpu = str(doc.get("gpu_name"))
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        made = queued_profiles(round_dir, json.loads(args.qmb.read_text()), tmp)
-        rel = str(round_dir.relative_to(ROOT))
-        queued_doc = dict(doc, profiles={m: str(p).replace(rel, str(tmp))
+        made = queued_profiles(round_dir, json.loads(args.qmb.read_text()), Path(tmp))
+        queued_doc = dict(doc, profiles={m: str(made[Path(p).name])
                                          for m, p in (doc.get("profiles") or {}).items()})
-        queued_acc = tmp / accuracy.name
-        queued_acc.write_text(json.dumps(queued_doc))
-        rows = [("own profiles", (), ()), ("leave-out", ("--leave-out",), ("--leave-out",))]
-        rows += [(name, ("--profile", str(round_dir / name)), ("--profile", str(made[name])))
+        rows = [("own profiles", (doc, None, False), (queued_doc, None, False)),
+                ("leave-out", (doc, None, True), (queued_doc, None, True))]
+        rows += [(name, (doc, str(round_dir / name), False), (doc, str(made[name]), False))
                  for name in made if name.startswith("generic")]
-        # own: any re-prediction switch; a correction that never applies to these rounds
-        own = ("--without", "cp_ring_interference")
         print(f"round {args.round}: as they are | with the queued keys")
-        for label, plain, queued in rows:
-            plain, queued = plain or own, queued or own
-            print(f"  {label}: {report(accuracy, *plain)} | {report(queued_acc, *queued)}")
+        for label, (d0, p0, lo0), (d1, p1, lo1) in rows:
+            print(f"  {label}: {step_line(repredict(d0, p0, gpu, leave_out=lo0))} | "
+                  f"{step_line(repredict(d1, p1, gpu, leave_out=lo1))}")
     return 0
 
 
