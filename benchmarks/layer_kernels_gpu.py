@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from meshplan.spec import ModelSpec  # noqa: E402
+from sustained_clock_gpu import calibration_block, tiny_spec  # noqa: E402
 
 ITERS = 3
 
@@ -34,19 +35,13 @@ def trace_block(spec: ModelSpec, seq: int, mb: int, device_name: str, recompute:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from meshplan.calibrate.bench_layers import LAYERS_CPU, LAYERS_CUDA
-    from meshplan.calibrate.layer_build import _build, _layer_amp
-    from meshplan.calibrate.layer_grid import Config
-    from meshplan.calibrate.layer_ranks import _Groups
+    from meshplan.calibrate.layer_build import _layer_amp
     from meshplan.calibrate.layer_run import _layer_step, _run_layer
     from meshplan.calibrate.layer_timing import _Queue
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
-    cfg = Config(model=spec, seq_len=seq, tp=1, sequence_parallel=False, micro_batch=mb,
-                 recompute=recompute)
-    layers = LAYERS_CUDA if cuda else LAYERS_CPU
-    m, _ = _build(cfg, layers, device, _Groups(1, 0, device.type))
+    cfg, layers, m = calibration_block(spec, seq, mb, device, recompute)
     queue = _Queue(device, lambda v: v) if cuda else None
     timed = _run_layer(cfg, m, layers, device, iters=4, barrier=lambda: None, queue=queue)
     _, _, reset, forward, backward = _layer_step(cfg, m, device)
@@ -103,9 +98,7 @@ def main(argv=None) -> int:
     for path, seq, mb in zip(args.model, args.seq, args.mb):
         spec = ModelSpec.from_dict(json.loads(path.read_text()))
         if args.tiny:
-            spec = replace(spec, hidden_size=128, num_heads=4, num_kv_heads=4,
-                           ffn_hidden_size=256, head_dim=32, vocab_size=512, max_seq_len=64)
-            seq, mb = 64, 2
+            spec, seq, mb = tiny_spec(spec), 64, 2
         doc = trace_block(spec, seq, mb, args.device, args.recompute)
         (args.out / f"layer_kernels_{spec.name}.json").write_text(json.dumps(doc, indent=1))
         print(f"{spec.name} mb {mb}: queued {doc['queued_forward_ms_per_layer']:.3f} + "

@@ -51,27 +51,36 @@ def _model_and_mb(set_dir: Path, tiny: bool) -> tuple[ModelSpec, int, int]:
     mbs = [lay["micro_batch"] for lay in entry["layouts"] if lay["recompute"] == "none"]
     mb = max(mbs) if mbs else max(lay["micro_batch"] for lay in entry["layouts"])
     if tiny:
-        spec = replace(spec, hidden_size=128, num_heads=4, num_kv_heads=4,
-                       ffn_hidden_size=256, head_dim=32, vocab_size=512, max_seq_len=64)
-        seq, mb = 64, 2
+        spec, seq, mb = tiny_spec(spec), 64, 2
     return spec, seq, mb
 
 
-def build_block(set_dir: Path, device, tiny: bool):
-    """The set's first model's calibration block as ``meshplan calibrate`` builds it (tp 1,
-    no recomputation, its largest no-recompute micro-batch): (spec, seq, mb, cfg, layers,
+def tiny_spec(spec: ModelSpec) -> ModelSpec:
+    """A small stand-in of ``spec`` (its family, tiny widths) for CPU wiring runs at seq 64."""
+    return replace(spec, hidden_size=128, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
+                   head_dim=32, vocab_size=512, max_seq_len=64)
+
+
+def calibration_block(spec: ModelSpec, seq: int, mb: int, device, recompute: str = "none"):
+    """``spec``'s calibration block as ``meshplan calibrate`` builds it at tp 1: (cfg, layers,
     module)."""
     from meshplan.calibrate.bench_layers import LAYERS_CPU, LAYERS_CUDA
     from meshplan.calibrate.layer_build import _build
     from meshplan.calibrate.layer_grid import Config
     from meshplan.calibrate.layer_ranks import _Groups
 
-    spec, seq, mb = _model_and_mb(set_dir, tiny)
     cfg = Config(model=spec, seq_len=seq, tp=1, sequence_parallel=False, micro_batch=mb,
-                 recompute="none")
+                 recompute=recompute)
     layers = LAYERS_CUDA if device.type == "cuda" else LAYERS_CPU
     m, _ = _build(cfg, layers, device, _Groups(1, 0, device.type))
-    return spec, seq, mb, cfg, layers, m
+    return cfg, layers, m
+
+
+def build_block(set_dir: Path, device, tiny: bool):
+    """The set's first model's calibration block (no recomputation, its largest
+    no-recompute micro-batch): (spec, seq, mb, cfg, layers, module)."""
+    spec, seq, mb = _model_and_mb(set_dir, tiny)
+    return (spec, seq, mb, *calibration_block(spec, seq, mb, device))
 
 
 def _sustained(forward, backward, reset, device, seconds: float) -> dict:
