@@ -107,8 +107,9 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
         samples.append(dt)
         spent += dt
         i += 1
+        wall_s = time.perf_counter() - loop_t0
         if iters is None and i >= 3 and (spent > budget_s
-                                         or time.perf_counter() - loop_t0 > WALL_BUDGET_FACTOR * budget_s):
+                                         or wall_s > WALL_BUDGET_FACTOR * budget_s):
             break
     return Timing(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
                   iters=len(samples))

@@ -247,7 +247,7 @@ def _param_parts(model: ModelSpec, tp: int) -> tuple[float, float, float, float]
     pos = model.max_seq_len * h if model.position_embedding == "learned" else 0
     if model.is_moe:
         per_layer = layer_tp_params(model, tp, model.num_shared_experts
-                                     * (model.shared_expert_ffn_hidden_size or 0)) \
+                                    * (model.shared_expert_ffn_hidden_size or 0)) \
             + model.router_params()
         return per_layer, model.vocab_size * h / tp, pos, norm
     col_bias = (model.q_dim + 2 * model.kv_dim + model.ffn_matrices * model.ffn_hidden_size

@@ -208,5 +208,5 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
     return f
 
 
-__all__ = ["ExpertTerms", "MOE_CAVEAT", "MOE_DATASHEET_CAVEAT", "expert_links", "expert_terms", "moe_fields",
-           "moe_mlp_width", "moe_parts"]
+__all__ = ["ExpertTerms", "MOE_CAVEAT", "MOE_DATASHEET_CAVEAT", "expert_links", "expert_terms",
+           "moe_fields", "moe_mlp_width", "moe_parts"]
