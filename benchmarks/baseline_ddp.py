@@ -6,26 +6,45 @@ training loop differ), fp32 weights under ``torch.autocast(bfloat16)``, fused Ad
 ``DistributedDataParallel`` with gradient bucket views, gradient accumulation under
 ``no_sync`` when a rank's share of the batch takes several micro-batches, and with
 ``--compile`` the whole DDP model under ``torch.compile`` (DDPOptimizer splits the graph at
-the gradient buckets so the all-reduces still overlap the backward pass).
+the gradient buckets so the all-reduces still overlap the backward pass). ``--recompute
+full`` checkpoints every block (``torch.utils.checkpoint``, non-reentrant), as under
+``--fsdp``.
+
+DDP's gradient accumulation keeps one fp32 copy of the gradients, as a user short of memory
+would: the ``no_sync`` micro-batches add into DDP's bucket views in place
+(``zero_grad(set_to_none=False)``) instead of into fresh ``.grad`` tensors that sit beside
+the buckets until the last micro-batch copies them in (4 bytes a parameter more at that
+backward's peak). For that the gradients must already be bucket views, which DDP makes
+them only in a synchronised backward: the first two steps reduce every micro-batch instead
+(the same gradients: all-reducing an already-averaged sum plus a new micro-batch's
+gradient adds only that micro-batch's mean). DDP reduces its first synchronised backward as
+one whole-model bucket and builds its real buckets at the next forward; the first step's
+gradients (possibly views of that bucket) are dropped and the GPU drained after it, so
+that the old bucket is not held beside the new ones once the optimizer state exists. Both
+steps are warm-up steps at the default ``--warmup``. With one micro-batch a rank none of
+this applies (as before).
 
 ``--fsdp``: FSDP2 instead, as torchtitan applies it to a Llama (``fully_shard`` on every
 block, then on the root, parameters resharded after the forward, ``MixedPrecisionPolicy``
 bf16 parameters with fp32 gradient reduction, no autocast), with ``--compile`` each block
-compiled before it is sharded (torchtitan's per-block compile), ``--recompute full``
-checkpointing every block, and a gradient reduce-scatter every micro-batch (torchtitan's
-gradient accumulation). ``--model`` (a preset or ModelSpec JSON), ``--global-batch`` and
-``--seq-len`` set the model and job (default the 1.3 B GPT, 16 × 2048).
+compiled before it is sharded (torchtitan's per-block compile), and a gradient
+reduce-scatter every micro-batch (torchtitan's gradient accumulation). ``--model`` (a
+preset or ModelSpec JSON), ``--global-batch`` and ``--seq-len`` set the model and job
+(default the 1.3 B GPT, 16 × 2048).
 
     torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --out ddp.json
     torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --compile --out ddpc.json
     torchrun --standalone --nproc-per-node 8 benchmarks/baseline_ddp.py --fsdp --compile \\
         --model llama3-8b --global-batch 32 --seq-len 4096 --micro-batch 1 --out f.json
+    torchrun --standalone --nproc-per-node 4 benchmarks/baseline_ddp.py --compile \\
+        --recompute full --model llama3-8b --micro-batch 1 --out ddp_full.json
     torchrun --standalone --nproc-per-node 2 benchmarks/baseline_ddp.py --tiny --out t.json  # CPU
 
-Rank 0 writes ``--out`` (JSON): the median step (CUDA events), tokens/s, MFU with the
-executor's FLOP count (``meshplan.costmodel.flops.model_flops_per_step``: Narayanan et al.
-2021 eq. 3, attention not halved for the causal mask) and with the causal count (attention
-halved), peak memory, and the environment.
+Rank 0 writes ``--out`` (JSON): the median step (CUDA events) of the steps after
+``--warmup``, tokens/s, MFU with the executor's FLOP count
+(``meshplan.costmodel.flops.model_flops_per_step``: Narayanan et al. 2021 eq. 3, attention
+not halved for the causal mask) and with the causal count (attention halved), peak memory
+(after the warm-up), and the environment.
 """
 
 from __future__ import annotations
@@ -92,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (ZeRO-3) instead of DDP")
     p.add_argument("--recompute", default="none", choices=["none", "full"],
-                   help="--fsdp: checkpoint every block [none]")
+                   help="full: checkpoint every block (DDP or FSDP2) [none]")
     p.add_argument("--model", default=None, help="a preset or ModelSpec JSON [gpt3-1.3b]")
     p.add_argument("--global-batch", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=None)
@@ -134,8 +153,12 @@ def main(argv=None) -> int:
     if args.fsdp:
         model = ddp = wrap_fsdp(m, compile=args.compile, recompute=args.recompute, bf16=bf16)
     else:
+        for block in m.layers.values():
+            block.recompute_block = args.recompute == "full"
         ddp = DDP(m, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
         model = torch.compile(ddp) if args.compile else ddp
+    # DDP with several micro-batches: accumulate in the bucket views (module docstring)
+    in_buckets = not args.fsdp and n_micro > 1
     opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             **({"fused": True} if cuda else {}))
     # FSDP2 casts the parameters itself (MixedPrecisionPolicy); DDP trains under autocast
@@ -152,15 +175,21 @@ def main(argv=None) -> int:
         x, y = batch[:, :-1], batch[:, 1:]
         total = torch.zeros((), device=device)
         for k in range(n_micro):
-            sync = k == n_micro - 1
-            # FSDP2 reduce-scatters every micro-batch (as torchtitan); DDP syncs the last
+            # FSDP2 reduce-scatters every micro-batch (as torchtitan); DDP syncs the last, and
+            # every one in the first two steps where it accumulates in the bucket views
+            sync = k == n_micro - 1 or (in_buckets and i < 2)
             no_sync = contextlib.nullcontext() if sync or args.fsdp else ddp.no_sync()
             with no_sync, amp:
                 loss = cross_entropy(model(x[k * mb:(k + 1) * mb]), y[k * mb:(k + 1) * mb])
                 (loss / n_micro).backward()
             total += loss.detach()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        # in the bucket views from the second step on; the first step's are views of the
+        # bucket DDP drops when it rebuilds its buckets, so they go, and the GPU drains
+        opt.zero_grad(set_to_none=not in_buckets or i == 0)
+        if in_buckets and i == 0 and cuda:
+            torch.cuda.synchronize(device)
+            time.sleep(0.25)
         return total / n_micro
 
     times, losses = [], []
@@ -196,6 +225,7 @@ def main(argv=None) -> int:
                "recompute": args.recompute,
                "model": model_spec.to_dict(), "job": job.to_dict(), "world": world,
                "micro_batch": mb, "num_microbatches": n_micro, "compile": args.compile,
+               "grads_accumulate_in_buckets": in_buckets,
                "step_time_s": step_s, "step_times_s": times,
                "tokens_per_s": job.tokens_per_step / step_s,
                "model_flops_per_step": flops, "causal_flops_per_step": causal,
@@ -218,7 +248,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    rc = main()
+    try:
+        rc = main()
+    except Exception:           # e.g. out of memory: say so and leave at once, rather than
+        import traceback        # tear NCCL down while the other ranks wait in a collective
+        traceback.print_exc()
+        rc = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # skip interpreter teardown: on CPU about one FSDP2 run in four aborted there after its

@@ -36,3 +36,21 @@ def test_fsdp2_baseline_matches_the_ddp_baseline(tmp_path):
     assert fsdp["loss_per_step"] == pytest.approx(ddp["loss_per_step"], rel=1e-5)
     # the optimizer moved the weights: the third loss is not the first
     assert abs(fsdp["loss_per_step"][2] - fsdp["loss_per_step"][0]) > 1e-3
+
+
+def test_ddp_recompute_full_and_bucket_accumulation_train_the_same(tmp_path):
+    """DDP with every block checkpointed trains as DDP without, and both as FSDP2: four
+    steps, so the last loss follows a step whose two micro-batches were accumulated in
+    DDP's bucket views under no_sync (the first two steps reduce every micro-batch)."""
+    pytest.importorskip("torch")
+    steps = ("--steps", "3")
+    ddp = _run(tmp_path, "ddp4", *steps)
+    full = _run(tmp_path, "ddp4_full", *steps, "--recompute", "full")
+    fsdp = _run(tmp_path, "fsdp4", *steps, "--fsdp")
+    assert full["name"] == "baseline-ddp" and full["recompute"] == "full"
+    assert full["grads_accumulate_in_buckets"] and ddp["grads_accumulate_in_buckets"]
+    assert not fsdp["grads_accumulate_in_buckets"]
+    assert len(full["loss_per_step"]) == len(ddp["loss_per_step"]) == 4
+    assert full["loss_per_step"] == pytest.approx(ddp["loss_per_step"], rel=1e-5)
+    assert fsdp["loss_per_step"] == pytest.approx(ddp["loss_per_step"], rel=1e-5)
+    assert abs(ddp["loss_per_step"][3] - ddp["loss_per_step"][2]) > 1e-4
