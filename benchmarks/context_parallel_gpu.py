@@ -113,7 +113,7 @@ def summary(row: dict, case: Case, job: Job, pred: dict) -> dict:
             "environment": doc.get("environment")}
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], host_note: str = "") -> str:
     env = next((r["environment"] for r in rows if r.get("environment")), {}) or {}
     lines = [f"# Context parallelism on {env.get('world_size', '?')} × "
              f"{env.get('gpu_name', '?')} (torch {env.get('torch', '?')})", "",
@@ -123,7 +123,8 @@ def markdown(rows: list[dict]) -> str:
              "estimate of the layout as run (error = predicted / measured − 1)", "",
              "Two predictions, both fixed before the run: *datasheet* (the GPU's preset "
              "profile) and *saved profile* (the newest saved 4-GPU calibration of this GPU "
-             "type, `executor_gpu.SAVED_PROFILES`; the model itself was never timed there).", "",
+             "type, `executor_gpu.SAVED_PROFILES`; the model itself was never timed there)."
+             + host_note, "",
              "| layout | seq_len | step s | predicted s datasheet | error | predicted s "
              "saved profile | error | tokens/s | MFU | peak GiB (min-max over ranks) | "
              "predicted GiB | error | status |",
@@ -166,6 +167,9 @@ def main(argv=None) -> int:
     p.add_argument("--allow-gpu-mismatch", action="store_true")
     p.add_argument("--profile", action="store_true",
                    help="also record each layout's kernel times per op (cp_gpu_top_ops.tar.gz)")
+    p.add_argument("--host-json", default=None,
+                   help="benchmarks/cp_host_gpu.py's output: its measured host_comm_op_s "
+                        "goes on the cluster of the predictions")
     args = p.parse_args(argv)
     args.compile = False                           # what executor_gpu.run_case reads
     model, todo = (MODEL, cases()) if args.set is None else load_set(args.set)
@@ -173,6 +177,13 @@ def main(argv=None) -> int:
         model = TINY
     cluster = eg.cluster_for(args.device if not args.estimate else "cpu", 4)
     todo = eg.select(p, todo, args.only)
+    host_note = ""
+    if args.host_json:
+        comm_s = json.loads(Path(args.host_json).read_text())["host_comm_op_s"]
+        cluster = cluster.replace(gpu=dataclasses.replace(cluster.gpu, host_comm_op_s=comm_s))
+        print(f"host_comm_op_s {comm_s * 1e6:.1f} us from {args.host_json}", flush=True)
+        host_note = (f" The datasheet prediction carries host_comm_op_s = {comm_s * 1e6:.1f} us "
+                     f"measured before the layouts ran ({args.host_json}).")
     if args.estimate:
         for c in todo:
             pred = eg.predict(model, cluster, job_for(c, args.tiny), c.layout)
@@ -198,7 +209,7 @@ def main(argv=None) -> int:
             row = eg.run_case(c, args, model, job, cluster, work)
         rows.append(summary(row, c, job, pred))
         (out / "cp_gpu.json").write_text(json.dumps(rows, indent=1))
-        (out / "cp_gpu.md").write_text(markdown(rows))
+        (out / "cp_gpu.md").write_text(markdown(rows, host_note))
     if args.profile:
         tables = sorted((work / "profiles").glob("*/top_ops_rank*.txt"))
         with tarfile.open(out / "cp_gpu_top_ops.tar.gz", "w:gz") as tar:

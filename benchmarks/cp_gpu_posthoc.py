@@ -44,8 +44,6 @@ def with_long_attention(cluster: Cluster, points_file: str) -> Cluster:
     """``cluster`` with its GPU's attention curve re-fitted from the measured points of
     ``benchmarks/attention_points_gpu.py`` (calibrate's own benchmark and formula) joined to
     the curve's points below their smallest FLOP count."""
-    from dataclasses import replace
-
     from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points
     rows = json.loads(Path(points_file).read_text())["rows"]
     new = merge_points((r["flops_forward"], r["efficiency"]) for r in rows)
@@ -86,10 +84,15 @@ def main(argv=None) -> int:
                         "replace the first file's rows of the same name")
     p.add_argument("--set", default=None,
                    help="the set (benchmarks/cp_draw.py) the run drew its model from")
+    p.add_argument("--host-comm-op-s", type=float, default=None,
+                   help="the CPU seconds of one c10d call to price the cp cores' with "
+                        "(costmodel.cp_host; default: the GPU preset's, else one operator's)")
     args = p.parse_args(argv)
     model = cg.MODEL if args.set is None else cg.load_set(args.set)[0]
     rows = merged_rows(args.results, args.rerun)
     cluster = Cluster.preset(f"dgx-{args.gpu.lower()}", nodes=1, gpus_per_node=4)
+    if args.host_comm_op_s is not None:
+        cluster = replace(cluster, gpu=replace(cluster.gpu, host_comm_op_s=args.host_comm_op_s))
     one_curve = without_head_dim_ratio(cluster)
     print(f"{'layout':30s} {'meas s':>7s} {'as-run':>7s} {'err':>7s} {'one curve':>9s} {'err':>7s}"
           f" {'now':>7s} {'err':>7s} {'saved now':>9s} {'err':>7s}")

@@ -3,7 +3,8 @@ group rank 0, as torch's ZeroRedundancyOptimizer syncs parameters) and p2p by me
 size and group size, on groups of consecutive ranks inside one node, and the latency probe:
 a 256-byte all-reduce on the smallest (2 ranks) and the largest group of the node, whose
 two times split a call's latency into a per-call base and a per-ring-step part
-(:func:`meshplan.hardware_profiles.collective_latency.split_latency`).
+(:func:`meshplan.hardware_profiles.collective_latency.split_latency`); and on the largest
+group the CPU cost of a c10d call (:mod:`meshplan.calibrate.bench_host_comm`).
 
 Every rank runs this (collectives and ``new_group`` are collective calls); only rank 0's
 timings are returned. Iteration counts are fixed, never adaptive, so that all ranks issue
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshplan.calibrate.bench_host_comm import bench_host_comm
 from meshplan.calibrate.timing import time_fn
 
 COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
@@ -51,7 +53,7 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
                       progress=None) -> dict[str, list[dict[str, Any]]]:
     world, rank = dist.get_world_size(), dist.get_rank()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    rows: dict[str, list[dict[str, Any]]] = {"collectives": [], "latency": []}
+    rows: dict[str, list[dict[str, Any]]] = {"collectives": [], "latency": [], "host_comm": []}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     esize = torch.finfo(dtype).bits // 8
     groups = node_group_sizes(world, local_world)
@@ -93,6 +95,12 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
                 progress.step(f"{op} n={n} {nbytes / 2**20:.2f} MiB")
         if n == 2:
             _bench_p2p(sizes_bytes, device, dtype, esize, iters, rows, progress, group)
+    if groups:
+        host = bench_host_comm(device, groups[-1])
+        if host is not None:
+            rows["host_comm"].append(host)
+        if progress is not None:
+            progress.step(f"host cost of a c10d call n={groups[-1]}")
     return rows
 
 
@@ -119,4 +127,4 @@ def count_steps(world: int, local_world: int, n_sizes: int) -> int:
     probes = latency_sizes(groups)
     return sum(len(COLLECTIVE_OPS) * n_sizes + (1 if n in probes else 0)
                + (n_sizes if n == 2 else 0)
-               for n in groups)
+               for n in groups) + (1 if groups else 0)

@@ -27,6 +27,7 @@ from typing import Callable, NamedTuple
 from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKED_CAVEAT,
                                                cp_equivalent, cp_group_links,
                                                with_cp_attention)
+from meshplan.costmodel.cp_host import comm_assumed_caveat
 from meshplan.costmodel.data_parallel import Groups, group_links
 from meshplan.costmodel.moe_rows import MOE_ROWS_CAVEAT, measured_moe_parts, rows_apply
 from meshplan.costmodel.moe_tables import (MOE_CAVEAT, MOE_DATASHEET_CAVEAT, expert_links,
@@ -89,6 +90,9 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
         return with_cp_attention(p, model, cluster, job, layout, links.cp) if cp > 1 else p
 
     parts = parts_at(moe_mlp_width(model))
+    if cp > 1:
+        caveats += comm_assumed_caveat(model, job, layout, cluster.gpu,
+                                       parts.layer.forward.total_s)
     if not is_moe:
         return TableInputs(cluster, local_job, local_layout, links, parts, caveats)
     parts = moe_parts(model, cluster, local_job, layout, links, parts)

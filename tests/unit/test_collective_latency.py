@@ -241,7 +241,11 @@ def test_probe_runs_on_2_ranks_and_the_whole_node_and_splits(tmp_path):
     got = run_gloo_ranks(_probe_worker, 4, tmp_path)
     assert all(g["steps"] == g["expected_steps"] for g in got)
     rows = got[0]["rows"]
-    assert all(g["rows"] == {"collectives": [], "latency": []} for g in got[1:])  # rank 0 reports
+    empty = {"collectives": [], "latency": [], "host_comm": []}
+    assert all(g["rows"] == empty for g in got[1:])  # rank 0 reports
+    # and the CPU cost of the ring's exchange on the whole node (bench_host_comm)
+    assert [(r["group_size"], r["calls"]) for r in rows["host_comm"]] == [(4, 4)]
+    assert rows["host_comm"][0]["seconds"] > 0
     probes = rows["latency"]
     assert sorted(r["group_size"] for r in probes) == [2, 4]
     assert all(r["nbytes"] == 256 and r["iters"] == 50 and r["seconds"] > 0 for r in probes)
