@@ -7,8 +7,9 @@
 # "NAME rc=RC WALL s" in $W/runs.txt; returns its exit status.
 # titan_install CARRY SITE: pip-installs the wheels carried in CARRY/wheels (torchtitan and what
 # it needs that the device lacks) into SITE, which only the torchtitan runs put on PYTHONPATH.
-# titan_cmd SITE LAUNCHER: sets $TT, the torchtitan benchmark (benchmarks/torchtitan_bench.py on
-# the 1.3 B config) under LAUNCHER (a torchrun command line) with SITE's packages; add options.
+# titan_cmd SITE LAUNCHER [TOML]: sets $TT, the torchtitan benchmark (benchmarks/torchtitan_bench.py
+# on TOML, default the 1.3 B config) under LAUNCHER (a torchrun command line) with SITE's
+# packages; add options.
 mfu_setup() {
   W=$1; rm -rf "$W"; mkdir -p "$W" "$OUT"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -48,5 +49,6 @@ titan_install() {
 
 titan_cmd() {
   TT="env PYTHONPATH=$1:$PYTHONPATH HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $2 \
-  benchmarks/torchtitan_bench.py --warmup 5 --job.config_file benchmarks/torchtitan_gpt3_1.3b.toml"
+  benchmarks/torchtitan_bench.py --warmup 5 \
+  --job.config_file ${3:-benchmarks/torchtitan_gpt3_1.3b.toml}"
 }

@@ -17,6 +17,14 @@ code:
   fixed batches per rank drawn once, so the data path costs as little as in the other runs;
 * a step timer: CUDA events around ``Trainer.train_step`` (the median of the steps after
   ``--warmup``), peak ``max_memory_allocated`` after the warm-up, and on rank 0 a JSON file.
+  torchtitan's metrics logger resets the peak counters after every step it logs, the last
+  one included; the peak of the timed steps is kept across those resets (before 2026-11-29
+  it was not, and the 1.3 B JSON's ``memory_peak_bytes`` is the memory held after the last
+  step: the sharded weights, gradients and Adam states, without activations).
+
+torchtitan's own flavors run as they are: ``benchmarks/torchtitan_llama3_8b.toml`` takes its
+``8B`` (meshplan's llama3-8b preset, vocabulary 128256: ``--preset llama3-8b`` checks the
+built model field by field into the JSON's ``preset_check``).
 
 torchtitan's ``llama3`` module imports Hugging Face ``datasets`` (for the loader replaced
 here) and its metrics module ``torch.utils.tensorboard`` (logging to TensorBoard is off); where
@@ -36,9 +44,10 @@ the JSON too.
         --model.flavor tiny --training.seq_len 64 --training.steps 3   # CPU, gloo
 
 Every option that is not this script's (``--out``, ``--warmup``, ``--peak-tflops``,
-``--cpu-check``) goes to torchtitan's own config parser. ``--cpu-check`` makes torchtitan
-run on the CPU with gloo (it assumes a GPU otherwise) and stands in for its MoE Triton kernel
-module (the dense model never calls it): a check of this harness, not a measurement.
+``--preset``, ``--cpu-check``) goes to torchtitan's own config parser. ``--cpu-check`` makes
+torchtitan run on the CPU with gloo (it assumes a GPU otherwise) and stands in for its MoE
+Triton kernel module (the dense model never calls it): a check of this harness, not a
+measurement.
 """
 
 from __future__ import annotations
@@ -59,11 +68,13 @@ SPEC_NAME = "llama3_synthetic"
 
 
 def llama_shape_spec(*, num_layers=24, hidden_size=2048, num_heads=16, vocab_size=51200,
-                     ffn_hidden_size=5632, name="gpt3-1.3b-llama-shape"):
-    """meshplan's ModelSpec of the torchtitan flavor (the executor runs the same shape)."""
+                     ffn_hidden_size=5632, num_kv_heads=None, name="gpt3-1.3b-llama-shape"):
+    """meshplan's ModelSpec of the torchtitan flavor (the executor runs the same shape);
+    ``num_kv_heads`` None is multi-head attention (grouped-query where fewer)."""
     from meshplan.spec import ModelSpec
     return ModelSpec(name=name, num_layers=num_layers, hidden_size=hidden_size,
-                     num_heads=num_heads, vocab_size=vocab_size, ffn_hidden_size=ffn_hidden_size,
+                     num_heads=num_heads, num_kv_heads=num_kv_heads, vocab_size=vocab_size,
+                     ffn_hidden_size=ffn_hidden_size,
                      max_seq_len=2048, activation="swiglu", norm="rmsnorm",
                      position_embedding="rope", tied_embeddings=False, bias=False)
 
@@ -159,12 +170,31 @@ def register_spec() -> None:
 
 
 def shape_of(model_args, model, flavor: str) -> object:
-    """meshplan's ModelSpec of what torchtitan built (the SwiGLU width read off the model)."""
+    """meshplan's ModelSpec of what torchtitan built (the SwiGLU width read off the model,
+    the KV heads from the flavor: torchtitan's 8B has 8)."""
     w1 = model.layers["0"].feed_forward.w1.weight
     return llama_shape_spec(num_layers=model_args.n_layers, hidden_size=model_args.dim,
                             num_heads=model_args.n_heads, vocab_size=model_args.vocab_size,
                             ffn_hidden_size=int(w1.shape[0]),
+                            num_kv_heads=getattr(model_args, "n_kv_heads", None),
                             name=f"torchtitan-llama3-{flavor}")
+
+
+# the fields of a ModelSpec that set its size and FLOPs (not its name or max_seq_len)
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                "ffn_hidden_size", "vocab_size", "activation", "norm", "position_embedding",
+                "tied_embeddings", "bias", "num_experts")
+
+
+def preset_check(spec, preset: str) -> dict:
+    """Whether the model torchtitan built has meshplan preset ``preset``'s shape, field by
+    field, and both parameter counts."""
+    from meshplan.spec import ModelSpec
+    ref = ModelSpec.preset(preset)
+    diff = {f: [getattr(spec, f), getattr(ref, f)] for f in SHAPE_FIELDS
+            if getattr(spec, f) != getattr(ref, f)}
+    return {"preset": preset, "same_shape": not diff, "differences [built, preset]": diff,
+            "params": spec.num_params(), "preset_params": ref.num_params()}
 
 
 def timed_trainer_class(ours: argparse.Namespace, stand_ins: list[str]):
@@ -178,6 +208,19 @@ def timed_trainer_class(ours: argparse.Namespace, stand_ins: list[str]):
             self.step_times_s: list[float] = []
             self.host_times_s: list[float] = []
             self.cuda = self.device.type == "cuda"
+            # torchtitan's MetricsProcessor.log resets the peak memory counters after each
+            # step it logs (1 and every log_freq-th, the last step included): keep the
+            # timed steps' peak across those resets
+            self.peak_seen = 0
+            monitor = self.metrics_processor.device_memory_monitor
+            reset = monitor.reset_peak_stats
+
+            def reset_keeping_peak():
+                if self.cuda and self.step > ours.warmup:
+                    self.peak_seen = max(self.peak_seen,
+                                         torch.cuda.max_memory_allocated(self.device))
+                reset()
+            monitor.reset_peak_stats = reset_keeping_peak
 
         def train_step(self, data_iterator):
             t0 = time.perf_counter()
@@ -210,7 +253,8 @@ def timed_trainer_class(ours: argparse.Namespace, stand_ins: list[str]):
             from baseline_ddp import causal_flops_per_step
             jc = self.job_config
             world = dist.get_world_size()
-            peak_mem = float(torch.cuda.max_memory_allocated(self.device)) if self.cuda else None
+            peak_mem = (float(max(self.peak_seen, torch.cuda.max_memory_allocated(self.device)))
+                        if self.cuda else None)
             mems = [None] * world
             dist.all_gather_object(mems, peak_mem)
             if dist.get_rank() != 0:
@@ -250,7 +294,11 @@ def timed_trainer_class(ours: argparse.Namespace, stand_ins: list[str]):
                                    * job.tokens_per_step / step / world / peak),
                 "peak_tflops_per_gpu": ours.peak_tflops,
                 "memory_peak_bytes": max((m for m in mems if m is not None), default=None),
-                "memory_per_rank_bytes": mems, "stand_ins": stand_ins,
+                "memory_per_rank_bytes": mems, "memory_peak_what": (
+                    "max_memory_allocated over the timed steps (torchtitan's per-log resets "
+                    "bridged)"),
+                "preset_check": preset_check(spec, ours.preset) if ours.preset else None,
+                "stand_ins": stand_ins,
                 "environment": {"torch": torch.__version__,
                                 "cuda": torch.version.cuda if self.cuda else None,
                                 "gpu": torch.cuda.get_device_name(self.device)
@@ -303,6 +351,9 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=5, help="steps not timed [5]")
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="dense bf16 peak per GPU for MFU [989: H100 / H200 SXM datasheet]")
+    p.add_argument("--preset", default=None,
+                   help="a meshplan model preset the built model should match (llama3-8b); "
+                        "the JSON's preset_check says field by field")
     p.add_argument("--cpu-check", action="store_true",
                    help="run torchtitan on the CPU with gloo (a harness check)")
     ours, rest = p.parse_known_args(argv)
