@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CORES = (("ring", 8, 2), ("ring", 8, 8), ("all-to-all", 8, 2))
+CORES = (("ring", 8, 2), ("ring", 8, 8), ("all-to-all", 8, 4))   # a2a: kv heads % cp == 0
 
 
 def time_core(core, device, heads: int, kv: int, iters: int = 20) -> tuple[float, float]:
