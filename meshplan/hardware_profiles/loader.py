@@ -176,6 +176,7 @@ def attention_head_dims(t: Mapping[str, Any], where: str) -> dict[str, Any]:
     names = _names(t, "attention_published_head_dims", where)
     if not names:
         return {}
+    measured = _measured_head_dims(t, where)
     if "attention_published" not in t:
         raise ProfileError(f"{where}: attention_published_head_dims needs attention_published "
                            f"(the reference table the others are ratios to)")
@@ -196,7 +197,20 @@ def attention_head_dims(t: Mapping[str, Any], where: str) -> dict[str, Any]:
                                f"{d} (each table must add a new head dim)")
         ratios.append((d, head_dim_ratio(kernels[n], kernels[ref_name], tw[n],
                                          tw[ref_name])))
+    ratios = [r for r in ratios if r[0] not in measured] + list(measured.items())
     return {"attention_head_dim": ref_dim, "attention_head_dim_ratio": tuple(sorted(ratios))}
+
+
+def _measured_head_dims(t: Mapping[str, Any], where: str) -> dict[int, Any]:
+    """``attention_head_dim_ratio_measured``: [head_dim, [[flops, ratio], ...]] pairs measured
+    on the GPU itself against its head dim of the reference table (benchmarks/
+    attention_head_dim_gpu.py), added to (or replacing) the published ratios."""
+    rows = get(t, "attention_head_dim_ratio_measured", list, where, [])
+    if not all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) for r in rows):
+        raise ProfileError(f"{where}: key 'attention_head_dim_ratio_measured' must be a list of "
+                           f"[head_dim, [[flops, ratio], ...]] pairs, got {rows!r}")
+    return {d: curve({"r": c}, "r", f"{where} attention_head_dim_ratio_measured[{d}]")
+            for d, c in rows}
 
 
 def _names(t: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
