@@ -57,7 +57,10 @@ profiles, layouts partly published (docs/benchmarks/published.md): the Llama 3 4
 two cp 2 FP8 rows (Llama 3 8B and 70B at 8k tokens) −2.3 % and +4.1 % (post hoc: −13.8
 and −5.0 % while the cp attention of an fp8 job was priced at the fp8 peak). Calibrated
 profiles' measured layer rows are for cp = 1: a cp layout is priced from the datasheet curves of its
-profile (a caveat says so).
+profile (a caveat says so). Held-out sets as run on 4 × H200 (2026-11-29): cp41 16.6 % mean /
+54.5 % max (two CPU-bound cp 4 layouts at 4,096 tokens a rank, −51 / −55 %; since priced by
+:mod:`meshplan.costmodel.cp_host`, which explains about a third of them), cp42 14.1 / 24.0 %
+(head dim 80, all too fast; POST HOC with the measured head-dim ratio: 4.5 / 17.7 %).
 """
 
 from __future__ import annotations
@@ -79,11 +82,11 @@ from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
-    "context parallelism was compared on 4 x H200 only (26 layouts of three models at "
-    "16k-64k tokens on the datasheet profile; the two held-out sets as run 11.2 % and "
-    "16.6 % mean step-time error, the second's misses CPU-bound cp 4 layouts at 4k tokens "
-    "a rank; docs/context_parallel.md); how much the ring's transfers slow the block "
-    "attention they overlap (cp_ring_interference) is assumed")
+    "context parallelism was compared on 4 x H200 only (34 layouts of four models at "
+    "16k-64k tokens on the datasheet profile; three held-out sets as run 11.2, 16.6 and "
+    "14.1 % mean step-time error, misses at head dims outside 64/128 and CPU-bound cp 4 "
+    "layouts at 4k tokens a rank; docs/context_parallel.md); how much the ring's transfers "
+    "slow the block attention they overlap (cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
     "rows are for cp = 1")
