@@ -12,8 +12,8 @@ projection, calibrate's timer, bf16) in pairs of the same width and FLOPs, heads
 against heads of 128: the paper's setup (2048 = 32·64 = 16·128, batch × seq = 16k tokens,
 seq 4k-16k) and the cp40 model's (2176 = 34·64 = 17·128, batch 1, seq 8k-64k: the lengths
 its all-to-all cores and rings ran), and width 1920 = 30·64 = 24·80 = 20·96 = 15·128 (16k
-tokens, seq 2k-8k: the drawn GPT models' head dims 80 and 96, e.g. transfer45's t45m03 and
-t45m07, transfer47's t47m03 and t47m05). The GPU run also records the kernels one call of
+tokens, seq 2k-8k, and batch 1 at 16k and 32k: the drawn GPT models' head dims 80 and 96,
+e.g. transfer45's t45m03 and t45m07, transfer47's t47m03 and t47m05, cp42's model). The GPU run also records the kernels one call of
 each head dim launched (``torch.profiler``: which SDPA backend, which tile), since the
 padding of a head dim the kernel does not instantiate (FlashAttention-2 runs 80 in its
 96-wide kernel) depends on it. Efficiency as calibrate counts it,
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # (width, tokens per call or None for batch 1, seqs, head dims): each head dim of each width
 SETUPS = ((2048, 16384, (4096, 8192, 16384), (64, 128)),
           (2176, None, (8192, 16384, 32768, 65536), (64, 128)),
-          (1920, 16384, (2048, 4096, 8192), (64, 80, 96, 128)))
+          (1920, 16384, (2048, 4096, 8192), (64, 80, 96, 128)),
+          (1920, None, (16384, 32768), (80, 96, 128)))
 
 
 def shapes():
