@@ -100,7 +100,6 @@ class CpHostTerms(NamedTuple):
     backward_s: float
     cpu_forward_s: float
     cpu_backward_s: float
-    comm_assumed: bool
 
 
 def layer_cpu_s(model: ModelSpec, job: Job, layout: Layout, gpu) -> tuple[float, float, float]:
@@ -145,7 +144,7 @@ def cp_host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, *, forward_s:
     Full recomputation: the re-run forward and the backward proper are compared apart, the
     host falling behind in either."""
     if job.runtime != "torch" or gpu.host_op_dispatch_s <= 0 or layout.cp == 1:
-        return CpHostTerms(0.0, 0.0, 0.0, 0.0, False)
+        return CpHostTerms(0.0, 0.0, 0.0, 0.0)
     cpu_f, cpu_b, cpu_rerun = layer_cpu_s(model, job, layout, gpu)
     fwd_extra = max(0.0, cpu_f - forward_s)
     if layout.recompute == "full":
@@ -153,8 +152,7 @@ def cp_host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, *, forward_s:
                      + max(0.0, cpu_b - (backward_s - rerun_s)))
     else:
         bwd_extra = max(0.0, cpu_b + cpu_rerun - backward_s)
-    return CpHostTerms(fwd_extra, bwd_extra, cpu_f, cpu_b + cpu_rerun,
-                       gpu.host_comm_op_s <= 0 and (fwd_extra > 0 or bwd_extra > 0))
+    return CpHostTerms(fwd_extra, bwd_extra, cpu_f, cpu_b + cpu_rerun)
 
 
 __all__ = ["HOST_COMM_ASSUMED_CAVEAT", "CoreOps", "CpHostTerms", "comm_assumed_caveat",

@@ -174,9 +174,13 @@ def attention_head_dims(t: Mapping[str, Any], where: str) -> dict[str, Any]:
             (d, curve({"r": c}, "r", f"{where} attention_head_dim_ratio[{d}]"))
             for d, c in rows)}
     names = _names(t, "attention_published_head_dims", where)
-    if not names:
-        return {}
     measured = _measured_head_dims(t, where)
+    if not names:
+        if measured:
+            raise ProfileError(f"{where}: attention_head_dim_ratio_measured needs "
+                               f"attention_published_head_dims (the ratios are to the "
+                               f"published reference head dim)")
+        return {}
     if "attention_published" not in t:
         raise ProfileError(f"{where}: attention_published_head_dims needs attention_published "
                            f"(the reference table the others are ratios to)")

@@ -127,17 +127,18 @@ def test_the_gpu_check_pairs_head_dims_at_equal_width_and_flops(load_benchmark):
     ah = load_benchmark("attention_head_dim_gpu")
     rows = [{"batch": s.batch, "seq": s.seq, "heads": s.heads, "head_dim": s.head_dim,
              "efficiency": 0.5 if s.head_dim == 128 else 0.4} for s in ah.shapes()]
-    # 7 (width, seq) groups of heads of 64 and 128, 3 of heads of 64, 80, 96 and 128
-    assert len(rows) == 7 * 2 + 3 * 4
+    # 7 (width, seq) groups of heads of 64 and 128, 3 of heads of 64, 80, 96 and 128, 2 of
+    # 80, 96 and 128 (batch 1 at 16k and 32k)
+    assert len(rows) == 7 * 2 + 3 * 4 + 2 * 3
     groups = {}
     for r in rows:
         groups.setdefault((r["batch"], r["seq"], r["heads"] * r["head_dim"]), []).append(r)
-    assert sorted(len(g) for g in groups.values()) == [2] * 7 + [4] * 3
+    assert sorted(len(g) for g in groups.values()) == [2] * 7 + [3] * 2 + [4] * 3
     assert all(len({ah.flops_forward(r) for r in g}) == 1 for g in groups.values())
     lines = ah.compare({"rows": rows, "kernels": {"64": ["k64"], "80": []}}).splitlines()[1:]
     assert lines[-2:] == ["head dim 64: k64", "head dim 80: no attention kernel named"]
     lines = lines[:-2]
-    assert len(lines) == 7 + 3 * 3
+    assert len(lines) == 7 + 3 * 3 + 2 * 2
     gpu = builtin_gpu(H200)
     for ln in lines:       # measured 0.8 against the sheet's ratio at that E and head dim
         d, e, ratio = int(ln.split()[3]), float(ln.split()[4]), ln.split()[-1]

@@ -101,13 +101,16 @@ def test_host_terms_are_what_the_cpu_exceeds():
     t = ch.cp_host_terms(SPEC, job, lay, gpu, forward_s=cpu_f / 2, backward_s=10.0,
                          rerun_s=0.1)
     assert t.forward_s == pytest.approx(cpu_f / 2) and t.backward_s == 0.0
-    assert not t.comm_assumed
+    assert (t.cpu_forward_s, t.cpu_backward_s) == pytest.approx((cpu_f, cpu_b + rerun))
     assert ch.cp_host_terms(SPEC, replace(job, runtime="megatron"), lay, gpu, forward_s=0.0,
                             backward_s=0.0, rerun_s=0.0).forward_s == 0.0
     assert ch.cp_host_terms(SPEC, job, lay, _gpu(t_op=0.0), forward_s=0.0, backward_s=0.0,
                             rerun_s=0.0).forward_s == 0.0
-    assert ch.cp_host_terms(SPEC, job, lay, _gpu(t_comm=0.0), forward_s=0.0, backward_s=1.0,
-                            rerun_s=0.0).comm_assumed
+    # the caveat where the call cost is assumed and the CPU comes near the GPU's forward
+    assert ch.comm_assumed_caveat(SPEC, job, lay, _gpu(), forward_s=cpu_f) == (
+        ch.HOST_COMM_ASSUMED_CAVEAT,)
+    assert ch.comm_assumed_caveat(SPEC, job, lay, _gpu(), forward_s=100 * cpu_f) == ()
+    assert ch.comm_assumed_caveat(SPEC, job, lay, gpu, forward_s=cpu_f) == ()
 
 
 def test_full_recompute_compares_the_rerun_and_the_backward_apart():

@@ -39,3 +39,10 @@ def test_a_measured_head_dim_replaces_the_published_one():
 def test_a_malformed_measured_ratio_is_refused_by_name(bad):
     with pytest.raises(ProfileError, match="attention_head_dim_ratio_measured"):
         attention_head_dims(_table(bad), "t")
+
+
+def test_measured_ratios_need_the_published_reference():
+    t = _table([[80, [[1e11, 0.7]]]])
+    del t["attention_published_head_dims"]
+    with pytest.raises(ProfileError, match="needs attention_published_head_dims"):
+        attention_head_dims(t, "t")
