@@ -127,7 +127,9 @@ def test_full_recompute_compares_the_rerun_and_the_backward_apart():
 
 def test_estimate_grows_where_the_ring_is_host_bound():
     """cp 4 at 16k tokens (4,096 a rank) slows with the call cost; at 64k it does not."""
-    cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+    h200 = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+    assert h200.gpu.host_comm_op_s == pytest.approx(28.6e-6)     # measured (gpus.toml)
+    cluster = h200.replace(gpu=replace(h200.gpu, host_comm_op_s=0.0))   # call cost assumed
     slow = cluster.replace(gpu=replace(cluster.gpu, host_comm_op_s=150e-6))
     lay = mp.Layout(cp=4, recompute="selective", zero=1)
     short, long_ = (mp.Job(global_batch=131072 // s, seq_len=s, runtime="torch")
