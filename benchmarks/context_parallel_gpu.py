@@ -179,11 +179,14 @@ def main(argv=None) -> int:
     todo = eg.select(p, todo, args.only)
     host_note = ""
     if args.host_json:
-        comm_s = json.loads(Path(args.host_json).read_text())["host_comm_op_s"]
-        cluster = cluster.replace(gpu=dataclasses.replace(cluster.gpu, host_comm_op_s=comm_s))
+        host = json.loads(Path(args.host_json).read_text())
+        comm_s, a2a_s = host["host_comm_op_s"], host.get("host_all_to_all_s") or 0.0
+        cluster = cluster.replace(gpu=dataclasses.replace(
+            cluster.gpu, host_comm_op_s=comm_s, host_all_to_all_s=a2a_s))
         print(f"host_comm_op_s {comm_s * 1e6:.1f} us from {args.host_json}", flush=True)
         host_note = (f" The datasheet prediction carries host_comm_op_s = {comm_s * 1e6:.1f} us "
-                     f"measured before the layouts ran ({args.host_json}).")
+                     f"and host_all_to_all_s = {a2a_s * 1e6:.1f} us measured before the "
+                     f"layouts ran ({args.host_json}).")
     if args.estimate:
         for c in todo:
             pred = eg.predict(model, cluster, job_for(c, args.tiny), c.layout)

@@ -7,7 +7,8 @@ against ``operators × host_op_dispatch_s + c10d calls × host_comm_op_s``.
     torchrun --standalone --nproc-per-node 4 benchmarks/cp_host_gpu.py --out host.json
     torchrun --standalone --nproc-per-node 2 benchmarks/cp_host_gpu.py --out h.json --device cpu
 
-Rank 0 writes ``--out``: ``host_comm_op_s`` (the median over the group sizes 2 .. world),
+Rank 0 writes ``--out``: ``host_comm_op_s`` and ``host_all_to_all_s`` (each the median over
+the group sizes 2 .. world; calibrate measures the node's largest group only),
 the raw exchange rows, and per core (style, cp, heads / kv heads) the measured CPU seconds
 of a forward and of a backward (median of 20 after 5 warm-up calls) beside the counted
 prediction with the GPU preset's ``host_op_dispatch_s`` (``--op-s`` to override).
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    from meshplan.calibrate.bench_host_comm import bench_host_comm, host_comm_op_s
+    from meshplan.calibrate.bench_host_comm import (bench_host_comm, host_all_to_all_s,
+                                                    host_comm_op_s)
     from meshplan.costmodel.cp_host import cp_core_ops
     from meshplan.executor.context_parallel import AllToAllAttentionCore, RingAttentionCore
     from meshplan.hardware_profiles.loader import builtin_gpu
@@ -84,8 +86,9 @@ def main(argv=None) -> int:
         dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     sizes = [n for n in (2, 4, 8) if n <= world]
-    rows = [r for r in (bench_host_comm(device, n) for n in sizes) if r is not None]
+    rows = [r for n in sizes for r in (bench_host_comm(device, n) or [])]
     t_comm = host_comm_op_s(rows) if rank == 0 else None
+    t_a2a = host_all_to_all_s(rows) if rank == 0 else None
     t_op = args.op_s if args.op_s is not None else builtin_gpu(args.gpu).host_op_dispatch_s
     cores = []
     for n in sizes:
@@ -100,8 +103,9 @@ def main(argv=None) -> int:
                 spec = ModelSpec(name="h", num_layers=1, hidden_size=64 * heads,
                                  num_heads=heads, num_kv_heads=kv, vocab_size=16)
                 of, ob = cp_core_ops(spec, Layout(cp=n, cp_style=style))
-                price = {"forward_s": of.aten * t_op + of.comm * t_comm,
-                         "backward_s": ob.aten * t_op + ob.comm * t_comm}
+                t_c = t_comm if style == "ring" else t_a2a
+                price = {"forward_s": of.aten * t_op + of.comm * t_c,
+                         "backward_s": ob.aten * t_op + ob.comm * t_c}
                 cores.append({"style": style, "cp": n, "heads": heads, "kv_heads": kv,
                               "forward_s": f_s, "backward_s": b_s,
                               "ops": {"forward": list(of), "backward": list(ob)},
@@ -111,13 +115,14 @@ def main(argv=None) -> int:
                       f"{b_s * 1e6:7.0f} us (counted {price['backward_s'] * 1e6:7.0f})",
                       flush=True)
     if rank == 0:
-        doc = {"host_comm_op_s": t_comm, "host_op_dispatch_s": t_op, "exchanges": rows,
+        doc = {"host_comm_op_s": t_comm, "host_all_to_all_s": t_a2a,
+               "host_op_dispatch_s": t_op, "exchanges": rows,
                "cores": cores, "device": (torch.cuda.get_device_name(device)
                                           if device.type == "cuda" else "cpu"),
                "torch": torch.__version__, "world": world}
         Path(args.out).write_text(json.dumps(doc, indent=1))
-        print(f"host_comm_op_s {t_comm * 1e6:.1f} us (per c10d call), t_op {t_op * 1e6:.1f} us",
-              flush=True)
+        print(f"host_comm_op_s {t_comm * 1e6:.1f} us (per send or receive), host_all_to_all_s "
+              f"{t_a2a * 1e6:.1f} us, t_op {t_op * 1e6:.1f} us", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0

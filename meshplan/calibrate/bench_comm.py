@@ -98,7 +98,7 @@ def bench_collectives(sizes_bytes: list[int], device: torch.device, *, iters: in
     if groups:
         host = bench_host_comm(device, groups[-1])
         if host is not None:
-            rows["host_comm"].append(host)
+            rows["host_comm"].extend(host)
         if progress is not None:
             progress.step(f"host cost of a c10d call n={groups[-1]}")
     return rows

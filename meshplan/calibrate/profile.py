@@ -40,7 +40,7 @@ from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.calibrated import membound_op_efficiency
 from meshplan.hardware_profiles.calibrated import SCHEMA, VERSION
 from meshplan.hardware_profiles.corrections import builtin_corrections
-from meshplan.calibrate.bench_host_comm import host_comm_op_s
+from meshplan.calibrate.bench_host_comm import host_all_to_all_s, host_comm_op_s
 from meshplan.hardware_profiles import collective_latency as lat_model
 from meshplan.hardware_profiles.curve_fit import (MAX_EFFICIENCY, extend_with_base,
                                                   merge_points, sig)
@@ -181,10 +181,12 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         if a2a is not None:
             gpu["nvlink_all_to_all_efficiency"] = a2a.to_list()
             measured.append("nvlink_all_to_all_efficiency")
-    comm_s = host_comm_op_s(rows.get("host_comm", []))
-    if comm_s is not None:
-        gpu["host_comm_op_s"] = comm_s
-        measured.append("host_comm_op_s")
+    for key, per_call in (("host_comm_op_s", host_comm_op_s),
+                          ("host_all_to_all_s", host_all_to_all_s)):
+        value = per_call(rows.get("host_comm", []))
+        if value is not None:
+            gpu[key] = value
+            measured.append(key)
     for kind in ("layer_overhead_s", "microbatch_overhead_s"):
         vals = [r["seconds"] for r in rows.get("overheads", []) if r["kind"] == kind]
         if vals:

@@ -14,10 +14,12 @@ cp rank therefore dispatches, per micro-batch,
 
 with ``ops(layer)`` :func:`meshplan.costmodel.dispatch.layer_dispatch_ops`, t_op the
 profile's ``host_op_dispatch_s`` and t_comm its ``host_comm_op_s`` (one c10d operation —
-``send``, ``recv_``, ``alltoall_base_`` — with its Python wrapping: ``P2POp``,
-``batch_isend_irecv``'s coalescing, the work's ``wait``; :mod:`meshplan.calibrate.bench_comm`
-measures it; t_op where a profile lacks it, an assumption a caveat names). What the host
-adds to a pass is max(0, CPU − GPU) (:func:`cp_host_terms`).
+``send``, ``recv_`` — with its Python wrapping: ``P2POp``, ``batch_isend_irecv``'s
+coalescing, the work's ``wait``) or, for the all-to-all core's ``alltoall_base_`` calls,
+its ``host_all_to_all_s`` where measured (NCCL runs one as grouped sends and receives to
+every peer); :mod:`meshplan.calibrate.bench_host_comm` measures both; t_op where a profile
+lacks them, an assumption a caveat names. What the host adds to a pass is max(0, CPU − GPU)
+(:func:`cp_host_terms`).
 
 Operator counts of the cores (aten and c10d operators a ``TorchDispatchMode`` sees on the
 busiest rank — the ring's ranks differ by up to cp − 1 views, and each step waits for the
@@ -107,6 +109,8 @@ def layer_cpu_s(model: ModelSpec, job: Job, layout: Layout, gpu) -> tuple[float,
     per micro-batch (module docstring), the backward without the re-run forward."""
     t_op = gpu.host_op_dispatch_s
     t_comm = gpu.host_comm_op_s if gpu.host_comm_op_s > 0 else t_op
+    if layout.cp_style != "ring" and gpu.host_all_to_all_s > 0:
+        t_comm = gpu.host_all_to_all_s
     autocast = layout.zero < 2 and job.precision != "fp32"
     dense_f, dense_b = layer_dispatch_ops(model, tp=layout.tp,
                                           sequence_parallel=layout.sequence_parallel,

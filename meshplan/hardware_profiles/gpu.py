@@ -22,7 +22,7 @@ from meshplan.hardware_profiles.curve import Curve
 DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 
 
-HOST_KEYS = ("host_op_dispatch_s", "host_sync_s", "host_comm_op_s")
+HOST_KEYS = ("host_op_dispatch_s", "host_sync_s", "host_comm_op_s", "host_all_to_all_s")
 FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps")
 
 
@@ -87,6 +87,7 @@ class GPUSpec:
     host_op_dispatch_s: float = 0.0
     host_sync_s: float = 0.0
     host_comm_op_s: float = 0.0         # CPU cost of one c10d call (costmodel/cp_host.py)
+    host_all_to_all_s: float = 0.0      # ... of one all_to_all_single (0: host_comm_op_s)
     # head-dim dependence of attention (hardware_profiles/attention_published.py eq. (5)):
     # the head dim attention_efficiency describes, and per other published head dim the
     # ratio of its efficiency to attention_efficiency's by forward FLOPs (empty: one curve

@@ -162,11 +162,30 @@ def test_bench_host_comm_writes_the_profile_key(tmp_path):
     from _gloo import run_gloo_ranks
     from meshplan.calibrate.bench_host_comm import host_comm_op_s
     from meshplan.calibrate.profile import build_profile
-    rows = run_gloo_ranks(_bench_worker, 2, tmp_path)
-    assert rows[1] is None and rows[0]["calls"] == 4 and rows[0]["seconds"] > 0
-    per_call = host_comm_op_s([rows[0]])
+    from meshplan.calibrate.bench_host_comm import host_all_to_all_s
+    ranks = run_gloo_ranks(_bench_worker, 2, tmp_path)
+    rows = ranks[0]
+    assert ranks[1] is None
+    assert [(r["kind"], r["calls"]) for r in rows] == [("p2p", 4), ("all_to_all", 1)]
+    assert all(r["seconds"] > 0 for r in rows)
+    per_call = host_comm_op_s(rows)
     assert per_call == pytest.approx(rows[0]["seconds"] / 4)
+    assert host_all_to_all_s(rows) == pytest.approx(rows[1]["seconds"])
     base = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4).gpu
-    doc = build_profile(measurements={"host_comm": [rows[0]]}, base=base, device="cuda",
+    doc = build_profile(measurements={"host_comm": rows}, base=base, device="cuda",
                         provenance={})
     assert doc["gpu"]["host_comm_op_s"] == pytest.approx(per_call)
+    assert doc["gpu"]["host_all_to_all_s"] == pytest.approx(rows[1]["seconds"])
+
+
+def test_the_all_to_all_core_prices_its_calls_at_the_all_to_all_cost():
+    """The ring's sends and receives at host_comm_op_s, the all-to-all core's 4 calls a pass
+    at host_all_to_all_s where measured (else host_comm_op_s)."""
+    job = mp.Job(global_batch=8, seq_len=16384, runtime="torch")
+    a2a, ring = (mp.Layout(cp=2, cp_style=s, zero=1) for s in ("all-to-all", "ring"))
+    gpu = _gpu(t_comm=30e-6)
+    dear = replace(gpu, host_all_to_all_s=230e-6)
+    f0, b0, _ = ch.layer_cpu_s(SPEC, job, a2a, gpu)
+    f1, b1, _ = ch.layer_cpu_s(SPEC, job, a2a, dear)
+    assert (f1 - f0, b1 - b0) == pytest.approx((4 * 200e-6, 4 * 200e-6))
+    assert ch.layer_cpu_s(SPEC, job, ring, dear) == ch.layer_cpu_s(SPEC, job, ring, gpu)
