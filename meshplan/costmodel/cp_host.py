@@ -62,10 +62,11 @@ from meshplan.costmodel.dispatch import layer_dispatch_ops
 from meshplan.spec import Job, Layout, ModelSpec
 
 HOST_COMM_ASSUMED_CAVEAT = (
-    "the CPU cost of the cp core's communication calls is assumed equal to one operator's "
-    "dispatch (the profile has no host_comm_op_s: `meshplan calibrate --nproc N` measures "
-    "it); where the core's dispatch, not the GPU, sets the layer's time the step may be "
-    "longer than predicted")
+    "the CPU cost of the cp core's communication calls is assumed (the profile has no "
+    "host_comm_op_s for the ring's sends and receives, or no host_all_to_all_s for the "
+    "all-to-all core's calls: `meshplan calibrate --nproc N` measures both); where the "
+    "core's dispatch, not the GPU, sets the layer's time the step may be longer than "
+    "predicted")
 
 
 class CoreOps(NamedTuple):
@@ -130,11 +131,13 @@ def layer_cpu_s(model: ModelSpec, job: Job, layout: Layout, gpu) -> tuple[float,
 
 def comm_assumed_caveat(model: ModelSpec, job: Job, layout: Layout, gpu,
                         forward_s: float, *, near: float = 0.5) -> tuple[str, ...]:
-    """:data:`HOST_COMM_ASSUMED_CAVEAT` where the profile lacks ``host_comm_op_s`` and the
-    layer's priced CPU forward reaches ``near`` of its forward (``forward_s``, host share
+    """:data:`HOST_COMM_ASSUMED_CAVEAT` where the profile lacks the call cost of the layout's
+    core (``host_comm_op_s`` for the ring, ``host_all_to_all_s`` for the all-to-all core) and
+    the layer's priced CPU forward reaches ``near`` of its forward (``forward_s``, host share
     included): where an unmeasured call cost could set the step."""
+    measured = (gpu.host_comm_op_s if layout.cp_style == "ring" else gpu.host_all_to_all_s)
     if (job.runtime != "torch" or layout.cp == 1 or gpu.host_op_dispatch_s <= 0
-            or gpu.host_comm_op_s > 0):
+            or measured > 0):
         return ()
     cpu_f = layer_cpu_s(model, job, layout, gpu)[0]
     return (HOST_COMM_ASSUMED_CAVEAT,) if cpu_f >= near * forward_s else ()
@@ -160,5 +163,4 @@ def cp_host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, *, forward_s:
 
 
 __all__ = ["HOST_COMM_ASSUMED_CAVEAT", "CoreOps", "CpHostTerms", "comm_assumed_caveat",
-           "cp_core_ops",
-           "cp_host_terms", "layer_cpu_s", "plain_core_ops"]
+           "cp_core_ops", "cp_host_terms", "layer_cpu_s", "plain_core_ops"]

@@ -111,6 +111,13 @@ def test_host_terms_are_what_the_cpu_exceeds():
         ch.HOST_COMM_ASSUMED_CAVEAT,)
     assert ch.comm_assumed_caveat(SPEC, job, lay, _gpu(), forward_s=100 * cpu_f) == ()
     assert ch.comm_assumed_caveat(SPEC, job, lay, gpu, forward_s=cpu_f) == ()
+    # the all-to-all core's calls need their own cost measured
+    a2a = mp.Layout(cp=2, cp_style="all-to-all", zero=1)
+    a2a_f = ch.layer_cpu_s(SPEC, job, a2a, gpu)[0]
+    assert ch.comm_assumed_caveat(SPEC, job, a2a, gpu, forward_s=a2a_f) == (
+        ch.HOST_COMM_ASSUMED_CAVEAT,)
+    assert ch.comm_assumed_caveat(SPEC, job, a2a, replace(gpu, host_all_to_all_s=1e-4),
+                                  forward_s=a2a_f) == ()
 
 
 def test_full_recompute_compares_the_rerun_and_the_backward_apart():
