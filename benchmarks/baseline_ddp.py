@@ -59,6 +59,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from torchrun_group import init_torchrun_group  # noqa: E402
 
 from meshplan.spec import Job, ModelSpec  # noqa: E402
 
@@ -131,16 +134,10 @@ def main(argv=None) -> int:
     job = Job(global_batch=args.global_batch or job.global_batch,
               seq_len=args.seq_len or job.seq_len, precision=job.precision)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available() and not args.tiny
     if cuda:
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
         torch.backends.cuda.matmul.allow_tf32 = True
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = init_torchrun_group(cuda)
     share = job.global_batch // world
     mb = args.micro_batch or share
     n_micro = share // mb
@@ -155,7 +152,7 @@ def main(argv=None) -> int:
     else:
         for block in m.layers.values():
             block.recompute_block = args.recompute == "full"
-        ddp = DDP(m, device_ids=[local] if cuda else None, gradient_as_bucket_view=True)
+        ddp = DDP(m, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
         model = torch.compile(ddp) if args.compile else ddp
     # DDP with several micro-batches: accumulate in the bucket views (module docstring)
     in_buckets = not args.fsdp and n_micro > 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,6 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from torchrun_group import init_torchrun_group  # noqa: E402
 
 from meshplan.spec import ModelSpec  # noqa: E402
 
@@ -142,14 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.tiny
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = init_torchrun_group(cuda)
     spec = TINY if args.tiny else GPT_1_3B
     tp = dist.get_world_size()
     spec = replace(spec, vocab_size=-(-spec.vocab_size // tp) * tp)

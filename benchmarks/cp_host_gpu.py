@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from torchrun_group import init_torchrun_group  # noqa: E402
 
 CORES = (("ring", 8, 2), ("ring", 8, 8), ("all-to-all", 8, 4))   # a2a: kv heads % cp == 0
 
@@ -76,14 +78,7 @@ def main(argv=None) -> int:
                    "prices the operators [H200-SXM-141GB]")
     p.add_argument("--op-s", type=float, default=None, help="host_op_dispatch_s override")
     args = p.parse_args(argv)
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if args.device == "cuda":
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
+    device = init_torchrun_group(args.device == "cuda")
     world, rank = dist.get_world_size(), dist.get_rank()
     sizes = [n for n in (2, 4, 8) if n <= world]
     rows = [r for n in sizes for r in (bench_host_comm(device, n) or [])]
