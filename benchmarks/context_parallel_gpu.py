@@ -180,6 +180,9 @@ def main(argv=None) -> int:
     host_note = ""
     if args.host_json:
         host = json.loads(Path(args.host_json).read_text())
+        if not isinstance(host.get("host_comm_op_s"), (int, float)):
+            p.error(f"--host-json {args.host_json}: no host_comm_op_s number (expected "
+                    f"benchmarks/cp_host_gpu.py's output)")
         comm_s, a2a_s = host["host_comm_op_s"], host.get("host_all_to_all_s") or 0.0
         cluster = cluster.replace(gpu=dataclasses.replace(
             cluster.gpu, host_comm_op_s=comm_s, host_all_to_all_s=a2a_s))
