@@ -166,15 +166,12 @@ def attention_head_dims(t: Mapping[str, Any], where: str) -> dict[str, Any]:
     plan file stores them; empty where the table has neither."""
     if "attention_head_dim_ratio" in t:
         ref = get(t, "attention_head_dim", int, where)
-        rows = get(t, "attention_head_dim_ratio", list, where)
-        if not all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) for r in rows):
-            raise ProfileError(f"{where}: key 'attention_head_dim_ratio' must be a list of "
-                               f"[head_dim, [[flops, ratio], ...]] pairs, got {rows!r}")
         return {"attention_head_dim": ref, "attention_head_dim_ratio": tuple(
-            (d, curve({"r": c}, "r", f"{where} attention_head_dim_ratio[{d}]"))
-            for d, c in rows)}
+            _head_dim_curves(t, "attention_head_dim_ratio", where).items())}
     names = _names(t, "attention_published_head_dims", where)
-    measured = _measured_head_dims(t, where)
+    # head dims measured on the GPU itself against the reference table's (benchmarks/
+    # attention_head_dim_gpu.py), added to (or replacing) the published ratios
+    measured = _head_dim_curves(t, "attention_head_dim_ratio_measured", where)
     if not names:
         if measured:
             raise ProfileError(f"{where}: attention_head_dim_ratio_measured needs "
@@ -205,16 +202,14 @@ def attention_head_dims(t: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {"attention_head_dim": ref_dim, "attention_head_dim_ratio": tuple(sorted(ratios))}
 
 
-def _measured_head_dims(t: Mapping[str, Any], where: str) -> dict[int, Any]:
-    """``attention_head_dim_ratio_measured``: [head_dim, [[flops, ratio], ...]] pairs measured
-    on the GPU itself against its head dim of the reference table (benchmarks/
-    attention_head_dim_gpu.py), added to (or replacing) the published ratios."""
-    rows = get(t, "attention_head_dim_ratio_measured", list, where, [])
+def _head_dim_curves(t: Mapping[str, Any], key: str, where: str) -> dict[int, Any]:
+    """Key ``key``'s [head_dim, [[flops, ratio], ...]] pairs as {head dim: ratio curve}
+    (empty where the table has no such key)."""
+    rows = get(t, key, list, where, [])
     if not all(isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) for r in rows):
-        raise ProfileError(f"{where}: key 'attention_head_dim_ratio_measured' must be a list of "
+        raise ProfileError(f"{where}: key {key!r} must be a list of "
                            f"[head_dim, [[flops, ratio], ...]] pairs, got {rows!r}")
-    return {d: curve({"r": c}, "r", f"{where} attention_head_dim_ratio_measured[{d}]")
-            for d, c in rows}
+    return {d: curve({"r": c}, "r", f"{where} {key}[{d}]") for d, c in rows}
 
 
 def _names(t: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
