@@ -86,30 +86,71 @@ SETS["drawn-2x"] = [(f"mb{2 * lay.micro_batch}{name.removeprefix(f'mb{lay.micro_
                      lay.replace(micro_batch=2 * lay.micro_batch)) for name, lay in SETS["drawn"]]
 
 
-def draw_layouts(seed: int, count: int = 6) -> list[tuple[str, Layout]]:
-    """``count`` distinct one-GPU layouts drawn uniformly from a seed: micro-batch 1-16,
-    recompute none / selective / full, compiled or eager (moeh3 on: unseen layouts as well as
-    an unseen model, where moeh1 and moeh2 ran one hand-picked set)."""
+#: the two-GPU parallel shapes a drawn layout picks from (moeh4 on): every way the executor
+#: composes expert parallelism with dp, tp + SP and pp on two ranks (ep folds over dp or tp
+#: inside a stage, so pp 2 leaves ep 1)
+TWO_GPU_SHAPES = (dict(dp=2), dict(dp=2, ep=2), dict(tp=2, sequence_parallel=True),
+                  dict(tp=2, sequence_parallel=True, ep=2), dict(pp=2, schedule="1f1b"))
+
+
+def _layout_name(lay: Layout) -> str:
+    parts = [f"{k}{v}" for k, v in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp),
+                                     ("ep", lay.ep)) if v > 1]
+    if lay.dp > 1:
+        parts.append(f"z{lay.zero}")
+    parts.append(f"mb{lay.micro_batch}")
+    if lay.recompute != "none":
+        parts.append(lay.recompute)
+    if lay.compile:
+        parts.append("compiled")
+    return "-".join(parts)
+
+
+def draw_layouts(seed: int, count: int = 6, gpus: int = 1) -> list[tuple[str, Layout]]:
+    """``count`` distinct layouts drawn uniformly from a seed: micro-batch 1-16 (1-4 on two
+    GPUs), recompute none / selective / full, compiled or eager, and on two GPUs one of
+    ``TWO_GPU_SHAPES`` — each once, in a drawn order, then those with ep = 2 — with ZeRO 1-3
+    where dp = 2 (moeh3 on: unseen layouts as well as an
+    unseen model, where moeh1 and moeh2 ran one hand-picked set). One GPU keeps moeh3's
+    names (``mb8-compiled``); two name every degree above 1 (``dp2-ep2-z3-mb2-full``)."""
     import random
+    if gpus not in (1, 2):
+        raise ValueError(f"draw_layouts(gpus={gpus}): one or two GPUs")
     rng, drawn = random.Random(seed), []
+    # two GPUs: every shape once (in a drawn order), then shapes with ep = 2, the subject
+    shapes = rng.sample(TWO_GPU_SHAPES, len(TWO_GPU_SHAPES)) if gpus == 2 else []
     while len(drawn) < count:
-        lay = Layout(micro_batch=rng.choice((1, 2, 4, 8, 16)),
-                     recompute=rng.choice(("none", "selective", "full")),
-                     compile=rng.random() < 0.5)
+        if gpus == 1:
+            lay = Layout(micro_batch=rng.choice((1, 2, 4, 8, 16)),
+                         recompute=rng.choice(("none", "selective", "full")),
+                         compile=rng.random() < 0.5)
+        else:
+            shape = dict(shapes[len(drawn)] if len(drawn) < len(shapes) else
+                         rng.choice([s for s in TWO_GPU_SHAPES if s.get("ep") == 2]))
+            zero = rng.choice((1, 2, 3))
+            if shape.get("dp") == 2:
+                shape["zero"] = zero
+            lay = Layout(micro_batch=rng.choice((1, 2, 4)),
+                         recompute=rng.choice(("none", "selective", "full")),
+                         compile=rng.random() < 0.5, **shape)
         if lay not in drawn:
             drawn.append(lay)
-    return [(f"mb{lay.micro_batch}"
-             + ("" if lay.recompute == "none" else f"-{lay.recompute}")
-             + ("-compiled" if lay.compile else ""), lay) for lay in drawn]
+    if gpus == 1:
+        return [(f"mb{lay.micro_batch}"
+                 + ("" if lay.recompute == "none" else f"-{lay.recompute}")
+                 + ("-compiled" if lay.compile else ""), lay) for lay in drawn]
+    return [(_layout_name(lay), lay) for lay in drawn]
 
 
 SETS["drawn-3803"] = draw_layouts(3803)
+# moeh4 (2026-11-29): the first drawn set on two GPUs
+SETS["drawn2-3804"] = draw_layouts(3804, count=8, gpus=2)
 
 
-def _cluster(profile: str | None):
+def _cluster(profile: str | None, gpus: int = 1):
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
-    c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1)
+    c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
     return apply_profile(c, profile) if profile else c
 
 
@@ -156,7 +197,8 @@ def plans(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model, job = _model_job(args)
-    calibrated, datasheet = _cluster(args.profile), _cluster(None)
+    gpus = max(lay.num_gpus for _, lay in SETS[args.set])
+    calibrated, datasheet = _cluster(args.profile, gpus), _cluster(None, gpus)
     preds = {"model": model.name, "job": job.to_dict(), "profile": args.profile,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
     preds["set"] = args.set
@@ -184,11 +226,14 @@ def plans(args) -> int:
 
 def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
              profile_dir: Path | None) -> dict:
-    """The executor on ``plan`` (one GPU, 3 warm-up + 6 timed steps) from source ``tree``:
-    status, step, peak memory and rank 0's per-phase times, host step and host probe."""
+    """The executor on ``plan`` (its layout's GPUs, 3 warm-up + 6 timed steps) from source
+    ``tree``: status, step, peak memory and rank 0's per-phase times, host step and probe."""
     from meshplan.calibrate.validate_records import read_measurement
+    from meshplan.planner.planfile import load_plan_file
+    gpus = load_plan_file(plan).layout.num_gpus
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), NCCL_NVLS_ENABLE="0")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={gpus}",
            "-m", "meshplan.executor.run", "--plan", str(plan), "--out", str(res),
            "--steps", "6", "--warmup", "3", "--force", "--device", "cuda"]
     if profile_dir is not None:
@@ -202,7 +247,7 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
             rc = 124
     doc = json.loads(res.read_text()) if res.exists() else {}
     try:
-        meas = read_measurement(doc, 1)
+        meas = read_measurement(doc, gpus)
     except ValueError:      # no results, or no timed step
         meas = {}
 
