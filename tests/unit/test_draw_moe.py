@@ -69,3 +69,28 @@ def test_the_committed_moeh3_draw_model_and_layouts():
     plans = json.loads((ROOT / "benchmarks" / "plans" / "moeh3_h200x1" / "predictions.json")
                        .read_text())
     assert list(plans["layouts"]) == names and plans["set"] == "drawn-3803"
+
+
+def test_the_committed_moeh4_draw_model_and_two_gpu_layouts():
+    """moeh4 (2026-11-29): seed 3804's model, eight distinct two-GPU layouts drawn from the
+    same seed with every parallel shape present — the set the committed plans ran."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh4" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3804), "m01")
+    drawn = msg.draw_layouts(3804, count=8, gpus=2)
+    assert drawn == msg.SETS["drawn2-3804"]
+    layouts = [lay for _, lay in drawn]
+    assert len(set(layouts)) == 8 and all(lay.num_gpus == 2 for lay in layouts)
+    shapes = {(lay.dp, lay.tp, lay.pp, lay.ep) for lay in layouts}
+    assert shapes == {(2, 1, 1, 1), (2, 1, 1, 2), (1, 2, 1, 1), (1, 2, 1, 2), (1, 1, 2, 1)}
+    assert all(lay.sequence_parallel for lay in layouts if lay.tp == 2)
+    plans = json.loads((ROOT / "benchmarks" / "plans" / "moeh4_h200x2" / "predictions.json")
+                       .read_text())
+    assert list(plans["layouts"]) == [n for n, _ in drawn] and plans["set"] == "drawn2-3804"
+
+
+def test_draw_layouts_refuses_other_gpu_counts():
+    import moe_sync_gpu as msg
+    with pytest.raises(ValueError, match="one or two GPUs"):
+        msg.draw_layouts(1, gpus=4)
