@@ -97,6 +97,29 @@ LAYOUTS = [
     ("j04", L(micro_batch=4, recompute="selective")),
     ("j05", L(micro_batch=4, recompute="full")), ("j06", L(micro_batch=2, recompute="full")),
 ]
+
+
+def draw_two_gpu_layouts(seed: int, count: int = 4) -> list[tuple[str, Layout]]:
+    """``count`` distinct two-GPU layouts drawn from a seed (fp8h4 on: unseen layouts as well
+    as an unseen model): DDP + ZeRO-1, FSDP2 ZeRO-3, tp 2 + SP and pp 2 (1F1B) — each once,
+    in a drawn order, the parallelisms fp8 composes with — at micro-batch 4 or 8 and
+    recompute none / selective / full. Named k01, k02, ... in drawn order."""
+    import random
+    shapes = (dict(dp=2, zero=1), dict(dp=2, zero=3), dict(tp=2, sequence_parallel=True),
+              dict(pp=2, schedule="1f1b"))
+    rng, drawn = random.Random(seed), []
+    order = rng.sample(shapes, len(shapes))
+    while len(drawn) < count:
+        shape = order[len(drawn)] if len(drawn) < len(order) else rng.choice(shapes)
+        lay = L(micro_batch=rng.choice((4, 8)),
+                recompute=rng.choice(("none", "selective", "full")), **shape)
+        if lay not in drawn:
+            drawn.append(lay)
+    return [(f"k{i + 1:02d}", lay) for i, lay in enumerate(drawn)]
+
+
+# fp8h4 (2026-11-29, drawn before any run): a never-run model on two GPUs
+LAYOUTS += draw_two_gpu_layouts(4104)
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 
