@@ -350,6 +350,8 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
              else ())
             + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp2_step_s(numbers, job, layout) else ())
+            + ((cav.FSDP_UNMEASURED_CAVEAT,) if lt["fsdp"] and lt["fs"] is None
+               and job.runtime == "torch" and "layer" in parts.measured else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe

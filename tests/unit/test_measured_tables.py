@@ -1236,3 +1236,23 @@ def test_last_rank_output_kept_bytes_do_not_coexist_with_a_layers_backward():
                 recompute_buf_bytes=4.0 * gib)
     assert x.output_kept_bytes == pytest.approx(kept)
     assert x.output_kept_overlap_bytes == pytest.approx(2.0 * gib)
+
+
+def test_zero3_without_fsdp_rows_says_so():
+    """A profile with plain rows but none measured under FSDP2 at the layout's dp prices
+    ZeRO-2/3 analytically (fp8h4's k02 ran 29-37 % slower than that): the estimate says so;
+    with an FSDP2 row of that setting, or at ZeRO-1, or with no rows at all, it does not."""
+    from meshplan.costmodel.caveats import FSDP_UNMEASURED_CAVEAT
+    plain = MeasuredTables(
+        (_layer(1, 1e-3, 2e-3, 100e6, 50e6),),
+        (_end("embedding", 1, 1e-4, 2e-4, 1e6, 0.0), _end("output", 1, 5e-4, 9e-4, 400e6, 300e6)))
+    with_fsdp = MeasuredTables(
+        plain.layers + (_layer(1, 1.5e-3, 3.5e-3, 80e6, 60e6, zero=3, dp=2),), plain.ends)
+    z3 = Layout(dp=2, micro_batch=1, zero=3)
+    assert FSDP_UNMEASURED_CAVEAT in estimate(MODEL, _cluster(plain), JOB, z3).caveats
+    assert FSDP_UNMEASURED_CAVEAT not in estimate(MODEL, _cluster(with_fsdp), JOB, z3).caveats
+    assert FSDP_UNMEASURED_CAVEAT not in estimate(
+        MODEL, _cluster(plain), JOB, Layout(dp=2, micro_batch=1, zero=1)).caveats
+    from meshplan.hardware_profiles import Cluster
+    datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
+    assert FSDP_UNMEASURED_CAVEAT not in estimate(MODEL, datasheet, JOB, z3).caveats
