@@ -58,6 +58,10 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
         m.keep_part(0, 0, embeds_input=False, computes_logits=True)
     else:
         m.keep_part(0, layers, embeds_input=False, computes_logits=False)
+    experts = groups.experts(cfg.ep, cfg.tp) if cfg.ep > 1 else None
+    if experts is not None:     # this rank's share of the experts, as ParallelTrainer keeps
+        from meshplan.executor.expert_parallel import place_experts
+        place_experts(m, experts)
     m.to_empty(device=device)
     m.init_weights(SEED)
     tp_group = groups.tp(cfg.tp)
@@ -73,6 +77,9 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
                        tp_group=tp_group if cfg.tp > 1 else None,
                        tokens=cfg.micro_batch * cfg.seq_len)
     m.activation_dtype = torch.bfloat16 if cuda else None
+    if experts is not None:     # the ep group on every MoE layer (after tp, before compile)
+        from meshplan.executor.expert_parallel import configure_moe
+        configure_moe(m, experts, aux_divisor=1)
     if cfg.compile:
         for block in m.layers.values():
             block.compile()        # as ParallelTrainer does for Layout.compile

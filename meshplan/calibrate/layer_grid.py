@@ -36,12 +36,16 @@ class Config:
     # ParallelTrainer builds them for Job(precision="fp8") (meshplan.executor.fp8)
     precision: str = "bf16"
     fp8_recipe: str = ""
+    # an MoE layer with its experts over ``ep`` ranks (ep folded over the row's tp and
+    # data-parallel ranks, as the executor folds it): the dispatch and combine all-to-alls
+    # run inside the timed passes
+    ep: int = 1
 
     @property
     def communicates(self) -> bool:
-        """FSDP2 over dp > 1: gathers and reduce-scatters inside the timed passes (the
-        split backward of zero-bubble is timed only on rows that do not)."""
-        return self.zero >= 2 and self.dp > 1
+        """FSDP2 over dp > 1 or experts over ep > 1: collectives inside the timed passes
+        (the split backward of zero-bubble is timed only on rows without them)."""
+        return self.zero >= 2 and self.dp > 1 or self.ep > 1
 
     @property
     def build_key(self) -> tuple:
@@ -49,11 +53,13 @@ class Config:
         the micro-batch change nothing in the parameters)."""
         return (self.model.name, self.model, self.seq_len, self.part, self.tp,
                 self.sequence_parallel, self.zero, self.dp, self.compile, self.precision,
-                self.fp8_recipe)
+                self.fp8_recipe, self.ep)
 
     def label(self) -> str:
         what = self.part or "layer"
         par = f"tp{self.tp}{' sp' if self.sequence_parallel else ''}"
+        if self.ep > 1:
+            par += f" ep{self.ep}"
         if self.zero:
             par = f"zero{self.zero} dp{self.dp}" + (f" {par}" if self.tp > 1 else "")
         rc = f" rc={self.recompute}" if not self.part else ""
@@ -71,6 +77,16 @@ def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[in
         if tp > 1 and seq % tp == 0:
             out.append((tp, True))
     return out
+
+
+def expert_degrees(model: ModelSpec, world: int) -> tuple[int, ...]:
+    """The ep > 1 an MoE model's rows are timed at on ``world`` ranks: every divisor of the
+    world that divides the routed experts (the executor folds ep over a stage's tp·dp ranks,
+    so ep must divide them). Example: 16 experts on 4 ranks → (2, 4); 6 experts on 4 → (2,)."""
+    if not model.is_moe:
+        return ()
+    return tuple(e for e in range(2, world + 1)
+                 if world % e == 0 and model.num_experts % e == 0)
 
 
 def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
@@ -98,12 +114,16 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     linears: compiled at the ``compile_rows`` modes where those are given, else eager at
     recompute none.
 
+    An MoE model on more than one rank also has rows with its experts over each ep of
+    :func:`expert_degrees` (every tp and SP setting and recompute mode, eager and at the
+    ``compile_rows`` modes).
+
     The order puts what a model's estimates need most first, for every model before the
     next kind: each model's plain rows and its ends, then each model's compiled rows, its
-    fp8 rows, its FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
+    expert-parallel rows, its fp8 rows, its FSDP2 rows, then FSDP2's compute alone. A calibration that its ``--time-budget`` stops
     inside a round (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds
     the basic rows of every model rather than every row of the first."""
-    phases: list[list[Config]] = [[], [], [], [], [], []]
+    phases: list[list[Config]] = [[], [], [], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
@@ -134,6 +154,19 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
                     phases[2].append(Config(model=model, seq_len=seq, tp=tp,
                                             sequence_parallel=sp, recompute=rc,
                                             micro_batch=mb, compile=True))
+        # an MoE layer with its experts over ep ranks, eager and at the compiled modes:
+        # what expert parallelism adds (all-to-alls, the split exchange's host sync,
+        # regrouping) measured rather than priced from counts (moeh4, 2 x H200: the
+        # tp 2 · ep 2 layouts ran 7-19 % slower than the ep = 1 rows plus that price)
+        for ep in expert_degrees(model, world):
+            for tp, sp in tpsp:
+                for compiled in (False, True):
+                    modes = (r for r in RECOMPUTE if not compiled or r in compile_rows)
+                    for rc in modes:
+                        for mb in mbs:
+                            phases[6].append(Config(model=model, seq_len=seq, tp=tp,
+                                                    sequence_parallel=sp, recompute=rc,
+                                                    micro_batch=mb, compile=compiled, ep=ep))
         for tp, sp in tpsp if fp8_rows else ():
             for rc in (r for r in RECOMPUTE if r in (compile_rows or ("none",))):
                 for mb in mbs:
@@ -165,8 +198,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
             for mb in mbs:
                 phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
                                         recompute=rc, micro_batch=mb, zero=2, dp=1))
-    order = (0, 1, 2, 5, 3, 4)       # fp8 rows after the compiled ones
+    order = (0, 1, 2, 6, 5, 3, 4)    # expert-parallel, then fp8 rows after the compiled ones
     return [c for i in order for c in phases[i]]
 
 
-__all__ = ["Config", "micro_batch_sizes", "plan_grid", "RECOMPUTE", "FSDP_ZERO"]
+__all__ = ["Config", "expert_degrees", "micro_batch_sizes", "plan_grid", "RECOMPUTE",
+           "FSDP_ZERO"]

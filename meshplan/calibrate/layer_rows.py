@@ -173,7 +173,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         wgrad_memory_layers=int(split_memory[2]),
         wgrad_pending_stage_bytes=float(split_memory[3]),
         wgrad_transient_stage_bytes=float(split_memory[4]), compile=cfg.compile,
-        precision=cfg.precision, fp8_recipe=cfg.fp8_recipe))
+        precision=cfg.precision, fp8_recipe=cfg.fp8_recipe, ep=cfg.ep))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             # AOTAutograd compiles one backward; the fp8 linear computes both gradients in
             # one node (the executor refuses fp8 with zero-bubble): no split to time
             pass
-        elif cfg.zero == 0:
+        elif cfg.zero == 0 and not cfg.communicates:
             split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
                                      barrier=barrier, queue=queue if split_queued else None,
                                      forward=samples)

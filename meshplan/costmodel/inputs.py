@@ -29,7 +29,8 @@ from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKE
                                                with_cp_attention)
 from meshplan.costmodel.cp_host import comm_assumed_caveat
 from meshplan.costmodel.data_parallel import Groups, group_links
-from meshplan.costmodel.moe_rows import MOE_ROWS_CAVEAT, measured_moe_parts, rows_apply
+from meshplan.costmodel.moe_rows import (MOE_EP_ROWS_CAVEAT, MOE_ROWS_CAVEAT, measured_moe_parts,
+                                         rows_apply)
 from meshplan.costmodel.moe_tables import (MOE_CAVEAT, MOE_DATASHEET_CAVEAT, expert_links,
                                            expert_terms, moe_fields, moe_mlp_width, moe_parts)
 from meshplan.costmodel.parts import LayerParts, layer_parts
@@ -112,7 +113,8 @@ def _measured_moe_inputs(model: ModelSpec, cluster: Cluster, job: Job,
     if parts is None:
         return None
     terms = expert_terms(model, cluster, job, layout, links, parts.layer, copies_in_rows=True)
-    return TableInputs(cluster, job, layout, links, parts, (MOE_ROWS_CAVEAT,),
+    return TableInputs(cluster, job, layout, links, parts,
+                       (MOE_EP_ROWS_CAVEAT if "ep" in parts.measured else MOE_ROWS_CAVEAT,),
                        lambda f: moe_fields(model, cluster, job, layout, f, None, terms))
 
 

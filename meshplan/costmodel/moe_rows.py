@@ -24,7 +24,16 @@ rank at ep computes E/ep experts on ep times the rows each: the same FLOPs as th
 A compiled layout reads the compiled row at ep = 1 only: the executor's MoE block compiles
 as one graph there (docs/moe.md); with ep > 1 the all-to-all's splits are read on the host,
 which breaks the graph, so it is priced from the eager row (with the compile-as-eager
-caveats) until a compiled ep > 1 block is measured.
+caveats) — moeh4 measured that: compiled at ep 2 ran within 1 % of eager.
+
+Rows timed at the layout's ep (``meshplan calibrate --model M`` on more than one GPU times
+an MoE model's layer with its experts over each ep that divides the ranks and the experts,
+eager and compiled: :func:`meshplan.calibrate.layer_grid.expert_degrees`) replace all of
+that where the profile has them and the layout's ep group stays inside one node, as the
+calibration's did: the row holds the all-to-alls, the host syncs and the regrouping as the
+executor ran them; only the busiest rank's extra rows under load imbalance ρ > 1 are priced
+on top (the calibration's routing is near-balanced). Across nodes the ep = 1 row plus the
+formulas stands (the row's all-to-all crossed NVLink).
 
 Where it applies (:func:`rows_apply`): cp = 1, ZeRO-0/1 (FSDP2 runs the experts' bf16
 parameters without the per-call casts the row holds, and its gathers are priced
@@ -35,7 +44,9 @@ not measured); elsewhere the layer is priced from the curves with a caveat
 Measured error: docs/moe.md "MoE layer rows" (1 × H200, moe-1.9b, 7 layouts at ep 1, as run):
 11.8 % mean / 28.2 % max step time, within 4 % on the GPU-bound (compiled, micro-batch 4)
 ones; the misses are host-bound eager layouts whose CPU dispatch varied ±20 % between runs;
-peak memory within 5 % on 7 of 7. ep > 1 on rows is not yet measured.
+peak memory within 5 % on 7 of 7. ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 ×
+H200, as run): the four tp 2 · ep 2 layouts 7-19 % slower than predicted, all host-bound.
+Rows timed at ep > 1: not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -54,6 +65,10 @@ from meshplan.spec import Job, Layout, ModelSpec
 MOE_ROWS_CAVEAT = (
     "mixture of experts from the profile's measured MoE layer rows (timed at ep = 1); "
     "expert parallelism's all-to-alls, load imbalance and host syncs are priced on top")
+MOE_EP_ROWS_CAVEAT = (
+    "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
+    "and host syncs as timed on the calibrating node; only the busiest rank's extra rows "
+    "under load imbalance priced on top); not yet checked against a run on a GPU")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout) -> bool:
@@ -71,18 +86,49 @@ def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, time
     """The routed part at ``layout`` less the routed part as the row timed it."""
     at = routed_mlp(model, cluster, job, layout, links,
                     load_imbalance(cluster.gpu.corrections, layout.ep))
-    timed = routed_mlp(model, cluster, job, timed_layout, links, 1.0)
+    return _routed_minus(at, routed_mlp(model, cluster, job, timed_layout, links, 1.0))
+
+
+def _routed_minus(at: RoutedMlp, timed: RoutedMlp) -> RoutedMlp:
+    """``at`` less ``timed`` (``at``'s wire bytes and rows: what the layout sends and
+    computes)."""
     return RoutedMlp(_minus(at.forward, timed.forward), _minus(at.backward, timed.backward),
                      at.wgrad_s - timed.wgrad_s, at.pass_wire_bytes,
                      at.kept_bytes - timed.kept_bytes, at.work_bytes - timed.work_bytes,
                      at.rows, at.act_out_bytes - timed.act_out_bytes, at.act_s - timed.act_s)
 
 
+def _measured_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                    links) -> LayerParts | None:
+    """The layer from a row timed at the layout's ep (etp = 1, the ep group inside one node,
+    as the calibration ran it), the busiest rank's extra rows (ρ − 1) priced on top; None
+    where the profile has no such row."""
+    if layout.etp != 1 or links.ep is None or links.ep.nodes_spanned > 1:
+        return None
+    parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
+                        layout.sequence_parallel, layout.recompute, links.tp, links.pp,
+                        layout.compile, False, mlp_width=shared_width(model), ep=layout.ep)
+    if "layer" not in parts.measured:
+        return None
+    parts = replace(parts, measured=(*parts.measured, "ep"))   # says which rows priced it
+    rho = load_imbalance(cluster.gpu.corrections, layout.ep)
+    if rho == 1.0:
+        return parts
+    skew = _routed_minus(routed_mlp(model, cluster, job, layout, links, rho),
+                         routed_mlp(model, cluster, job, layout, links, 1.0))
+    return with_routed_mlp(parts, skew, layout.recompute, job.selective_modules)
+
+
 def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                        links) -> LayerParts | None:
-    """The MoE layer's parts from its measured row, ep > 1 priced on top (module
-    docstring); None where the profile has no row of this layer at the layout's tp,
-    sequence parallelism and recompute mode."""
+    """The MoE layer's parts from its measured row (module docstring): timed at the
+    layout's ep where the profile has that row, else at ep = 1 with ep > 1 priced on top;
+    None where the profile has no row of this layer at the layout's tp, sequence
+    parallelism and recompute mode."""
+    if layout.ep > 1:
+        at_ep = _measured_at_ep(model, cluster, job, layout, links)
+        if at_ep is not None:
+            return at_ep
     ep1 = layout.ep == 1 and layout.etp == 1
     # a compiled row is the block compiled as one graph, which it is at ep = 1 only (with
     # ep > 1 the all-to-all's host-read splits break it): ep > 1 reads the eager row (and
@@ -112,4 +158,4 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     return replace(parts, layer=lay)
 
 
-__all__ = ["MOE_ROWS_CAVEAT", "measured_moe_parts", "rows_apply"]
+__all__ = ["MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "measured_moe_parts", "rows_apply"]

@@ -165,8 +165,8 @@ class TransferredTables:
     # ---- layers --------------------------------------------------------------------------
     def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
               recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
-              compile: bool = False) -> Interpolated | None:
-        if compile:     # compiled rows are not transferred: the eager ones are, with a caveat
+              compile: bool = False, ep: int = 1) -> Interpolated | None:
+        if compile or ep > 1:    # neither is transferred: the eager ep = 1 rows are
             return None
         fsdp = zero >= 2 and dp > 1
         return self._layer(tp, sequence_parallel, recompute, micro_batch,

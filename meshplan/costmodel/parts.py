@@ -87,7 +87,7 @@ class LayerParts:
 def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, tp: int,
                 sequence_parallel: bool, recompute: str, tp_link, pp_link,
                 compile: bool = False, fsdp: bool = False,
-                mlp_width: int | None = None) -> LayerParts:
+                mlp_width: int | None = None, ep: int = 1) -> LayerParts:
     """Analytical pieces (compute.py, memory.py), replaced by the profile's measured layer
     and ends where it has them (:mod:`meshplan.costmodel.measured`): the measured time is
     split over the analytical categories in their proportions, so breakdowns stay readable.
@@ -97,7 +97,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     dp > 1 (fp8 casts read FSDP2's bf16 weights). An fp8 job's layer is priced as bf16,
     then moved to fp8 (:mod:`meshplan.costmodel.fp8_cost`), or taken from the profile's
     measured fp8 row where it has one (:mod:`meshplan.costmodel.fp8_rows`). ``mlp_width``: the layer's
-    dense MLP width (:func:`layer_cost`; MoE layers)."""
+    dense MLP width (:func:`layer_cost`; MoE layers). ``ep`` > 1: the MoE layer's rows timed
+    with its experts over ``ep`` ranks (:mod:`meshplan.costmodel.moe_rows`)."""
     mb, sp = micro_batch, sequence_parallel
     layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, tp_link=tp_link, mlp_width=mlp_width)
@@ -128,10 +129,11 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     extended: tuple[int, ...] = ()
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
-        ml = tables.layer(model, recompute=recompute, compile=True, **kw) if compile else None
+        ml = (tables.layer(model, recompute=recompute, compile=True, ep=ep, **kw) if compile
+              else None)
         compiled = ml is not None
         if ml is None:
-            ml = tables.layer(model, recompute=recompute, **kw)
+            ml = tables.layer(model, recompute=recompute, ep=ep, **kw)
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
@@ -157,8 +159,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
             measured.append("output")
         plain = ml if recompute == "none" else (
-            compiled and tables.layer(model, recompute="none", compile=True, **kw)
-            or tables.layer(model, recompute="none", **kw))
+            compiled and tables.layer(model, recompute="none", compile=True, ep=ep, **kw)
+            or tables.layer(model, recompute="none", ep=ep, **kw))
         if plain is not None:
             full_act = plain.activation_bytes
         if ml is not None and me is not None and mo is not None and all(

@@ -140,7 +140,7 @@ def scaled_row(row: Interpolated, k: Ratios, cpu: tuple[float, float]) -> Interp
 def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
     out: dict[tuple, set] = {}
     for r in tables.layers:
-        if r.compile or r.precision != "bf16":   # neither is transferred to other shapes
+        if r.compile or r.precision != "bf16" or r.ep > 1:   # none is transferred to others
             continue
         out.setdefault((r.tp, r.sequence_parallel, r.recompute, r.zero,
                         r.dp if r.zero >= 2 else 1), set()).add((r.shape, r.seq_len))
@@ -151,7 +151,7 @@ def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], .
 def layer_micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
     out: dict[tuple, set] = {}
     for r in tables.layers:
-        if r.compile or r.precision != "bf16":   # neither is transferred to other shapes
+        if r.compile or r.precision != "bf16" or r.ep > 1:   # none is transferred to others
             continue
         out.setdefault((r.shape, r.seq_len, r.tp, r.sequence_parallel, r.recompute, r.zero,
                         r.dp if r.zero >= 2 else 1), set()).add(r.micro_batch)

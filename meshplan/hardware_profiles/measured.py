@@ -68,16 +68,17 @@ class MeasuredTables:
 
     def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
               recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
-              compile: bool = False) -> Interpolated | None:
+              compile: bool = False, ep: int = 1) -> Interpolated | None:
         """The measured bf16 layer for these settings, or None (no row: use the analytical
         model).
 
         ``zero`` 2/3 with ``dp`` > 1 look for FSDP2 rows of that group size; ZeRO-0/1 (and
         ZeRO-2/3 with dp = 1) use the plain rows. ``compile``: the rows timed compiled.
+        ``ep`` > 1: an MoE layer timed with its experts over that many ranks.
         """
         fsdp = zero >= 2 and dp > 1
         return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
-                               zero if fsdp else 0, dp if fsdp else 1, compile)
+                               zero if fsdp else 0, dp if fsdp else 1, compile, ep=ep)
 
     def fp8_layer(self, model: ModelSpec, *, recipe: str, seq_len: int, tp: int,
                   sequence_parallel: bool, recompute: str, micro_batch: int,
@@ -105,7 +106,8 @@ class MeasuredTables:
         other shapes: :mod:`meshplan.costmodel.nearest_rows`)."""
         key = layer_shape_key(model)
         return frozenset((r.tp, r.sequence_parallel, r.recompute) for r in self.layers
-                         if r.compile and r.shape == key and r.seq_len == seq_len)
+                         if r.compile and r.shape == key and r.seq_len == seq_len
+                         and r.ep == 1)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
@@ -118,12 +120,12 @@ class MeasuredTables:
 
     def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int,
-                   compile: bool = False, precision: tuple[str, str] = ("bf16", "")
-                   ) -> Interpolated | None:
+                   compile: bool = False, precision: tuple[str, str] = ("bf16", ""),
+                   ep: int = 1) -> Interpolated | None:
         """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``;
         ``precision``: (precision, fp8 recipe)."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero, dp, bool(compile), *precision)
+               recompute, zero, dp, bool(compile), *precision, ep)
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return self._at_clock(rows, _interp(rows, micro_batch, "backward_peak_bytes"),
                               micro_batch) if rows else None

@@ -147,12 +147,16 @@ class MeasuredLayer:
     # lower, power-capped SM clock costs the GPU seconds above (meshplan.calibrate.sustained;
     # 1: not measured). The cost model multiplies the GPU-second fields by it
     sustained_ratio: float = 1.0
+    # an MoE layer timed with its experts spread over ``ep`` ranks, the executor's dispatch
+    # and combine all-to-alls inside the timed passes (`meshplan calibrate --model M` on
+    # more than one GPU; 1: the whole layer on each rank)
+    ep: int = 1
 
     @property
     def group(self) -> tuple:
         return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
                 self.zero, self.dp if self.zero >= 2 else 1, self.compile, self.precision,
-                self.fp8_recipe)
+                self.fp8_recipe, self.ep)
 
 
 @dataclass(frozen=True, kw_only=True)

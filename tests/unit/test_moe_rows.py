@@ -99,6 +99,69 @@ def test_ep2_adds_the_priced_all_to_alls_and_syncs_to_the_row():
     assert routed.forward.memory_bound_s > timed.forward.memory_bound_s   # regrouping
 
 
+def test_a_row_timed_at_the_layouts_ep_prices_it_as_timed():
+    """A row timed with the experts over ep = 2 (its all-to-alls and host syncs inside) is the
+    layer at ep 2: nothing priced on top at ρ = 1, only the busiest rank's extra rows at ρ > 1;
+    ep 4, or an ep group across nodes, fall back to the ep = 1 row plus the formulas."""
+    from meshplan.costmodel.moe_rows import MOE_EP_ROWS_CAVEAT
+    lay = Layout(dp=4, ep=2, micro_batch=1)
+    balanced = replace(JOB)
+    cl = _cluster(_row(), _row(fwd=3e-3, ep=2))
+    cl = replace(cl, gpu=replace(cl.gpu, corrections=replace(cl.gpu.corrections,
+                                                             moe_load_imbalance=1.0)))
+    links = replace(group_links(cl, lay), **expert_links(cl, lay))
+    at_ep = measured_moe_parts(MOE, cl, balanced, lay, links)
+    assert at_ep.layer.forward.total_s == pytest.approx(3e-3, rel=1e-9)
+    assert at_ep.layer.forward.ep_comm_s == 0          # the row's time holds them
+    e = estimate(MOE, cl, balanced, lay)
+    assert MOE_EP_ROWS_CAVEAT in e.caveats and MOE_ROWS_CAVEAT not in e.caveats
+    slower = _cluster(_row(), _row(fwd=4e-3, ep=2))
+    slower = replace(slower, gpu=replace(slower.gpu, corrections=cl.gpu.corrections))
+    # 8 layers × 4 micro-batches per rank, each forward 1 ms longer
+    assert (estimate(MOE, slower, balanced, lay).step_time_s - e.step_time_s
+            == pytest.approx(8 * 4 * 1e-3, rel=1e-6))
+    # ρ > 1: the busiest rank's extra rows on top of the row
+    skewed = _cluster(_row(), _row(fwd=3e-3, ep=2))
+    sk = measured_moe_parts(MOE, skewed, JOB, lay, links)
+    assert skewed.gpu.corrections.moe_load_imbalance > 1
+    rho = skewed.gpu.corrections.moe_load_imbalance
+    extra = (routed_mlp(MOE, skewed, JOB, lay, links, rho).forward.ep_comm_s
+             - routed_mlp(MOE, skewed, JOB, lay, links, 1.0).forward.ep_comm_s)
+    assert sk.layer.forward.total_s > 3e-3
+    assert sk.layer.forward.ep_comm_s == pytest.approx(extra, rel=1e-9)   # extra rows only
+    # no row at ep 4: the ep = 1 row plus the priced all-to-alls
+    lay4 = Layout(dp=4, ep=4, micro_batch=1)
+    e4 = estimate(MOE, cl, balanced, lay4)
+    assert MOE_ROWS_CAVEAT in e4.caveats and MOE_EP_ROWS_CAVEAT not in e4.caveats
+    # an ep group across two nodes: the row's NVLink all-to-all does not stand for it
+    two = Cluster.preset("dgx-h100", nodes=2, gpus_per_node=1)
+    two = replace(two, gpu=replace(two.gpu, measured=cl.gpu.measured,
+                                   corrections=cl.gpu.corrections))
+    lay2 = Layout(dp=2, ep=2, micro_batch=1)
+    assert MOE_ROWS_CAVEAT in estimate(MOE, two, balanced, lay2).caveats
+
+
+def test_calibration_times_moe_rows_at_every_ep_dividing_ranks_and_experts():
+    from meshplan.calibrate.layer_grid import expert_degrees
+    assert expert_degrees(MOE, 4) == (2, 4) and expert_degrees(MOE, 1) == ()
+    assert expert_degrees(replace(MOE, num_experts=6), 4) == (2,)
+    assert expert_degrees(DENSE, 4) == ()
+    grid = plan_grid([MOE, DENSE], 1024, 2, quick=False, micro_batches=(1, 2),
+                     compile_rows=("none",))
+    ep_rows = [c for c in grid if c.ep > 1]
+    assert ep_rows and all(c.model is MOE and c.ep == 2 and c.communicates for c in ep_rows)
+    # every tp / SP setting and recompute mode eager, and compiled at the asked modes
+    assert {(c.tp, c.sequence_parallel, c.recompute, c.compile) for c in ep_rows} == {
+        (tp, sp, rc, False) for tp, sp in ((1, False), (2, False), (2, True))
+        for rc in ("none", "selective", "full")} | {
+        (tp, sp, "none", True) for tp, sp in ((1, False), (2, False), (2, True))}
+    # after the plain and compiled rows of ep 1
+    first_ep = grid.index(ep_rows[0])
+    assert all(c.ep == 1 for c in grid[:first_ep])
+    assert any(c.compile for c in grid[:first_ep])
+    assert "ep2" in ep_rows[0].label()
+
+
 def test_rows_hold_the_experts_16bit_copies_so_they_are_not_added_again():
     cl = _cluster(_row())
     lay = Layout(dp=4, micro_batch=1)
@@ -180,19 +243,24 @@ def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     t = bench_layers.bench_layer_rows([TINY_MOE], 32, torch.device("cpu"), world, rank,
                                       quick=True, max_tp=2, micro_batches=(1,))
     write_rank_result(out_dir, rank, {"layers": [(r["shape"], r["tp"], r["sequence_parallel"],
-                                                  r["recompute"], r["zero"])
+                                                  r["recompute"], r["zero"], r["ep"],
+                                                  r["forward_s"], r["backward_s"])
                                                  for r in t.layers]})
 
 
 @pytest.mark.distributed
-def test_two_ranks_time_moe_rows_at_tp2_as_the_executor_splits_them(tmp_path):
+def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_path):
+    """Two gloo ranks: the MoE layer at tp 1, 2 and 2 + SP, each with its 4 experts on every
+    rank (ep 1) and spread over both (ep 2: the executor's all-to-alls in the timed passes)."""
     pytest.importorskip("torch")
     from _gloo import run_gloo_ranks
     got = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]["layers"]
     key = layer_shape_key(TINY_MOE)
     assert key.endswith("-moe4k2f64s1x64")
-    assert {tuple(r[1:3]) for r in got} == {(1, False), (2, False), (2, True)}
+    assert {(r[1], r[2], r[5]) for r in got} == {
+        (tp, sp, ep) for tp, sp in ((1, False), (2, False), (2, True)) for ep in (1, 2)}
     assert all(r[0] == key and r[4] == 0 for r in got)       # MoE rows only, no FSDP2 rows
+    assert all(r[6] > 0 and r[7] > 0 for r in got)
 
 
 def test_a_datasheet_moe_estimate_says_published_runs_took_longer():
