@@ -125,7 +125,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                      micro_batches: Sequence[int] | None = None, split_queued: bool = False,
                      rounds: int | None = None, budget: RoundBudget | None = None,
                      compile_rows: Sequence[str] = (), fp8_rows: str = "",
-                     sustained: tuple[float, float] = (0.0, 0.0)) -> LayerTables:
+                     sustained: tuple[float, float] = (0.0, 0.0),
+                     only=None) -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -141,11 +142,16 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     module's largest micro-batch (layers: without recomputation) is also run back to back,
     and every row of that module carries the ratio of its sustained to its timed pass
     (:mod:`meshplan.calibrate.sustained`; ``sustained_ratio`` 1 where it was not measured).
+
+    ``only``: a predicate on :class:`~meshplan.calibrate.layer_grid.Config` keeping part of
+    the grid (benchmarks that time a few rows, e.g. ``benchmarks/moe_ep_rows_gpu.py``).
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
                      micro_batches=micro_batches, compile_rows=compile_rows,
                      fp8_rows=fp8_rows)
+    if only is not None:
+        grid = [c for c in grid if only(c)]
     layers = LAYERS_CUDA if device.type == "cuda" and not quick else LAYERS_CPU
     iters = ITERS_QUICK if quick else ITERS
     groups = _Groups(world, rank, device.type)

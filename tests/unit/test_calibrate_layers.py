@@ -693,3 +693,14 @@ def test_two_rank_calibration_probes_ddp_overlap_on_the_model(two_rank_profile):
     assert 0.0 <= r["value"] <= 2.0
     assert doc["gpu"]["ddp_overlap_interference"] == pytest.approx(r["value"])
     assert "ddp_overlap_interference" in doc["measured"]
+
+
+def test_only_keeps_part_of_the_grid():
+    """``only`` (benchmarks that re-time a few rows): just the rows it keeps are timed."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    tables = bench_layers.bench_layer_rows(
+        [TINY], None, torch.device("cpu"), 1, 0, quick=True,
+        only=lambda c: not c.part and c.recompute == "full" and c.micro_batch == 1)
+    assert [(r["recompute"], r["micro_batch"]) for r in tables.layers] == [("full", 1)]
+    assert tables.ends == []
