@@ -18,7 +18,10 @@ minus the same at ep = etp = 1, ρ = 1): the dispatch and combine all-to-alls, t
 rank's extra rows (ρ − 1), the received rows' regrouping, the larger per-expert GEMMs, the
 dispatch buffers; and the host synchronisations ep > 1 adds
 (:func:`meshplan.costmodel.moe_host.torch_syncs`, at the profile's ``host_sync_s`` +
-``host_op_dispatch_s``, plus the count exchange's call latency). Under balanced routing a
+``host_op_dispatch_s``, plus the count exchange's call latency) on the GPU's timeline, and
+on the CPU's the operators :mod:`meshplan.costmodel.moe_host` counts for ep > 1 (33 forward,
+8 backward, at ``host_op_dispatch_s``) with each sync's wait — added after moeh4 (post hoc):
+without them its four tp 2 · ep 2 layouts, all host-bound, ran 7-19 % slower than predicted. Under balanced routing a
 rank at ep computes E/ep experts on ep times the rows each: the same FLOPs as the row.
 
 A compiled layout reads the compiled row at ep = 1 only: the executor's MoE block compiles
@@ -45,7 +48,8 @@ Measured error: docs/moe.md "MoE layer rows" (1 × H200, moe-1.9b, 7 layouts at 
 11.8 % mean / 28.2 % max step time, within 4 % on the GPU-bound (compiled, micro-batch 4)
 ones; the misses are host-bound eager layouts whose CPU dispatch varied ±20 % between runs;
 peak memory within 5 % on 7 of 7. ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 ×
-H200, as run): the four tp 2 · ep 2 layouts 7-19 % slower than predicted, all host-bound.
+H200, as run): the four tp 2 · ep 2 layouts 7-19 % slower than predicted, all host-bound;
+with the ep operators on the CPU's timeline (post hoc) +8.0 / −3.3 / −5.7 / +9.1 %.
 Rows timed at ep > 1: not yet measured on a GPU.
 """
 
@@ -56,7 +60,7 @@ from dataclasses import replace
 from meshplan.costmodel import comm
 from meshplan.costmodel.compute import PassCost
 from meshplan.costmodel.corrections import load_imbalance
-from meshplan.costmodel.moe_host import torch_syncs
+from meshplan.costmodel.moe_host import routed_ops, torch_syncs
 from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts, layer_parts
 from meshplan.hardware_profiles import Cluster
@@ -144,18 +148,38 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     parts = with_routed_mlp(parts, _ep_delta(model, cluster, job, layout, timed, links),
                             layout.recompute, job.selective_modules)
     gpu = cluster.gpu
+    full = layout.recompute == "full"
     syncs = torch_syncs(model, layout) - torch_syncs(model, timed)
+    parts = _with_ep_dispatch(parts, model, layout, timed, gpu, syncs, full)
     host_s = (syncs * (gpu.host_sync_s + gpu.host_op_dispatch_s)
               + (comm.call_latency_s(links.ep, "all_to_all") if layout.ep > 1 else 0.0))
     if host_s <= 0:
         return parts
     lay = parts.layer
     extra = PassCost(overhead_s=host_s)
-    full = layout.recompute == "full"
     lay = replace(lay, forward=lay.forward + extra,
                   backward=lay.backward + extra if full else lay.backward,
                   recompute=lay.recompute + extra if full else lay.recompute)
     return replace(parts, layer=lay)
+
+
+def _with_ep_dispatch(parts: LayerParts, model: ModelSpec, layout: Layout, timed: Layout, gpu,
+                      syncs: int, full: bool) -> LayerParts:
+    """The row's CPU dispatch (where it has one) plus what the executor dispatches at the
+    layout's ep beyond the ep = 1 row: the operators :mod:`meshplan.costmodel.moe_host`
+    counts for ep > 1 (the count exchange, its read-back, the row all-to-alls, the regroup
+    index and its inverse) at ``host_op_dispatch_s``, and each sync's wait; full
+    recomputation dispatches the forward's again in backward."""
+    if parts.cpu is None:
+        return parts
+    now = routed_ops(model, layout, autocast=False)
+    then = routed_ops(model, timed, autocast=False)
+    t_op = gpu.host_op_dispatch_s
+    cpu_f = (now[0] - then[0]) * t_op + syncs * (gpu.host_sync_s + t_op)
+    cpu_b = (now[1] - then[1]) * t_op + (cpu_f if full else 0.0)
+    if cpu_f <= 0 and cpu_b <= 0:
+        return parts
+    return replace(parts, cpu=(parts.cpu[0] + cpu_f, parts.cpu[1] + cpu_b, *parts.cpu[2:]))
 
 
 __all__ = ["MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "measured_moe_parts", "rows_apply"]

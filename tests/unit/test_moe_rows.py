@@ -99,6 +99,40 @@ def test_ep2_adds_the_priced_all_to_alls_and_syncs_to_the_row():
     assert routed.forward.memory_bound_s > timed.forward.memory_bound_s   # regrouping
 
 
+def test_ep2_from_the_ep1_row_dispatches_the_counted_ep_operators_on_the_cpu():
+    """A row with CPU dispatch: ep 2 adds the operators moe_host counts for ep > 1 (33
+    forward, 8 backward) at host_op_dispatch_s and its one sync's wait to the CPU timeline
+    (moeh4, post hoc: the tp 2 · ep 2 layouts' CPU ran ~1 ms a layer above the ep = 1 row);
+    full recomputation dispatches the forward's again in backward."""
+    from meshplan.costmodel.moe_host import ROUTED_OPS_EP
+    from meshplan.hardware_profiles.measured_rows import MeasuredEnd
+    row = _row(forward_cpu_s=3e-3, backward_cpu_s=2e-3)
+    ends = tuple(MeasuredEnd(shape=ends_shape_key(MOE), part=part, seq_len=1024, tp=1,
+                             sequence_parallel=False, micro_batch=1, forward_s=1e-4,
+                             backward_s=2e-4, activation_bytes=1e6, peak_bytes=1e6,
+                             forward_cpu_s=1e-4, backward_cpu_s=1e-4)
+                 for part in ("embedding", "output"))
+
+    def with_ends(r):
+        c = _cluster(r)
+        return replace(c, gpu=replace(c.gpu, measured=MeasuredTables((r,), ends)))
+    cl = with_ends(row)
+    gpu = cl.gpu
+    t_op, t_sync = gpu.host_op_dispatch_s, gpu.host_sync_s
+    assert t_op > 0 and t_sync > 0
+    for rc, again in (("none", 0), ("full", 1)):
+        lay = Layout(dp=4, ep=2, micro_batch=1, recompute=rc)
+        links = replace(group_links(cl, lay), **expert_links(cl, lay))
+        at1 = measured_moe_parts(MOE, with_ends(replace(row, recompute=rc)), JOB,
+                                 replace(lay, ep=1), links)
+        at2 = measured_moe_parts(MOE, with_ends(replace(row, recompute=rc)), JOB, lay, links)
+        fwd = ROUTED_OPS_EP[0] * t_op + (t_sync + t_op)
+        assert at2.cpu[0] - at1.cpu[0] == pytest.approx(fwd, rel=1e-9)
+        assert at2.cpu[1] - at1.cpu[1] == pytest.approx(ROUTED_OPS_EP[1] * t_op + again * fwd,
+                                                        rel=1e-9)
+        assert at2.cpu[2:] == at1.cpu[2:]
+
+
 def test_a_row_timed_at_the_layouts_ep_prices_it_as_timed():
     """A row timed with the experts over ep = 2 (its all-to-alls and host syncs inside) is the
     layer at ep 2: nothing priced on top at ρ = 1, only the busiest rank's extra rows at ρ > 1;
