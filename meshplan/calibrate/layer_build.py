@@ -84,6 +84,10 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
         for block in m.layers.values():
             block.compile()        # as ParallelTrainer does for Layout.compile
     if cfg.zero >= 2:
+        if cfg.model.is_moe:    # the experts sharded over edp first, as ParallelTrainer does
+            from meshplan.executor.expert_parallel import prepare_data_parallel
+            prepare_data_parallel(m, groups.experts(1, cfg.tp, cfg.dp), zero=cfg.zero,
+                                  bf16=cuda)
         m = wrap_data_parallel(m, zero=cfg.zero,
                                groups=_DPGroups(groups.dp_mesh(cfg.dp, cfg.tp), cfg.dp),
                                device=device, bf16=cuda, pipelined=False)

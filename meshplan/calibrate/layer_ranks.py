@@ -20,7 +20,7 @@ class _Groups:
         self.world, self.rank, self.device_type = world, rank, device_type
         self._tp: dict[int, Any] = {}
         self._dp: dict[int, Any] = {}
-        self._ep: dict[tuple[int, int], Any] = {}
+        self._ep: dict[tuple[int, int, int], Any] = {}
 
     def tp(self, size: int):
         import torch.distributed as dist
@@ -47,18 +47,20 @@ class _Groups:
         return self._dp[size, tp]
 
 
-    def experts(self, ep: int, tp: int = 1):
+    def experts(self, ep: int, tp: int = 1, dp: int | None = None):
         """The executor's expert groups (:class:`meshplan.executor.expert_parallel.
-        ExpertGroups`) of ``ep`` ranks folded over one pipeline stage of the whole world
-        laid out as (pp 1, dp world/tp, tp), the executor's mesh for that layout."""
-        if (ep, tp) not in self._ep:
+        ExpertGroups`) of ``ep`` ranks folded over a stage of ``dp`` × ``tp`` ranks (default:
+        the whole world), the world laid out as (stages, dp, tp) like :meth:`dp_mesh`, each
+        stage the executor's mesh for that layout (its experts' edp = dp·tp / ep)."""
+        dp = self.world // tp if dp is None else dp
+        if (ep, tp, dp) not in self._ep:
             from torch.distributed.device_mesh import init_device_mesh
 
             from meshplan.executor.expert_parallel import build_expert_groups
-            mesh = init_device_mesh(self.device_type, (1, self.world // tp, tp),
+            mesh = init_device_mesh(self.device_type, dp_mesh_shape(self.world, dp, tp),
                                     mesh_dim_names=("pp", "dp", "tp"))
-            self._ep[ep, tp] = build_expert_groups(mesh, ep, 1, self.device_type)
-        return self._ep[ep, tp]
+            self._ep[ep, tp, dp] = build_expert_groups(mesh, ep, 1, self.device_type)
+        return self._ep[ep, tp, dp]
 
 
 def dp_mesh_shape(world: int, dp: int, tp: int) -> tuple[int, int, int]:

@@ -66,7 +66,7 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
                             layout.sequence_parallel, layout.recompute, links.tp, links.pp,
                             layout.compile, fsdp)
         return TableInputs(cluster, job, layout, links, parts)
-    if rows_apply(model, cluster, layout):
+    if rows_apply(model, cluster, layout, job):
         measured = _measured_moe_inputs(model, cluster, job, layout)
         if measured is not None:
             return measured

@@ -38,11 +38,13 @@ executor ran them; only the busiest rank's extra rows under load imbalance ρ > 
 on top (the calibration's routing is near-balanced). Across nodes the ep = 1 row plus the
 formulas stands (the row's all-to-all crossed NVLink).
 
-Where it applies (:func:`rows_apply`): cp = 1, ZeRO-0/1 (FSDP2 runs the experts' bf16
-parameters without the per-call casts the row holds, and its gathers are priced
-analytically) and no dense layers (DeepSeek's first k: their difference to the MoE layer is
-not measured); elsewhere the layer is priced from the curves with a caveat
-(:mod:`meshplan.costmodel.inputs`).
+Where it applies (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
+difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 at ep 1 without a
+pipeline where the profile timed the layer under FSDP2 at the layout's dp (calibrations on
+≥ 2 GPUs, the experts sharded over edp as the executor shards them; the build's FSDP2
+lookup then takes its time, CPU and kept bytes, as for a dense layer). Without such a row
+FSDP2 runs the experts' bf16 parameters without the per-call casts the plain row holds, and
+the layer is priced from the curves with a caveat (:mod:`meshplan.costmodel.inputs`).
 
 Measured error: docs/moe.md "MoE layer rows" (1 × H200, moe-1.9b, 7 layouts at ep 1, as run):
 11.8 % mean / 28.2 % max step time, within 4 % on the GPU-bound (compiled, micro-batch 4)
@@ -75,10 +77,24 @@ MOE_EP_ROWS_CAVEAT = (
     "under load imbalance priced on top); not yet checked against a run on a GPU")
 
 
-def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout) -> bool:
-    """Whether an MoE layout may read measured MoE rows (module docstring)."""
-    return (model.is_moe and cluster.gpu.measured is not None and layout.cp == 1
-            and layout.zero < 2 and not model.dense_layers)
+def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,
+               job: Job | None = None) -> bool:
+    """Whether an MoE layout may read measured MoE rows (module docstring): ZeRO-2/3 only
+    where the profile timed this layer under FSDP2 at the layout's dp (``job`` given), ep 1
+    and no pipeline."""
+    tables = cluster.gpu.measured
+    if not (model.is_moe and tables is not None and layout.cp == 1
+            and not model.dense_layers):
+        return False
+    if layout.zero < 2:
+        return True
+    if job is None or layout.ep * layout.etp > 1 or layout.pp > 1 or layout.dp < 2:
+        return False
+    row, _ = tables.fsdp_layer(model, seq_len=job.seq_len, tp=layout.tp,
+                               sequence_parallel=layout.sequence_parallel,
+                               recompute=layout.recompute, micro_batch=layout.micro_batch,
+                               zero=layout.zero, dp=layout.dp)
+    return row is not None
 
 
 def _minus(a: PassCost, b: PassCost) -> PassCost:

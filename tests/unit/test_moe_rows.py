@@ -219,14 +219,32 @@ def test_where_rows_do_not_apply_the_layer_is_priced_from_the_curves(layout, mod
     assert MEASURED_ROWS_CAVEAT in e.caveats and MOE_ROWS_CAVEAT not in e.caveats
 
 
-def test_calibration_times_moe_layers_without_fsdp_rows():
+def test_calibration_times_moe_layers_and_their_fsdp_rows_at_ep1():
     deep = replace(MOE, dense_layers=(0, 1), mtp_layers=1)
     spec = _layer_spec(deep, 2, 1)
     assert spec.dense_layers == () and spec.mtp_layers == 0 and spec.num_layers == 2
     assert layer_shape_key(spec) == layer_shape_key(MOE)
     grid = plan_grid([MOE, DENSE], 1024, 2, quick=False, micro_batches=(1, 2))
-    assert not [c for c in grid if c.model is MOE and c.zero]
-    assert [c for c in grid if c.model is DENSE and c.zero]
+    moe_fsdp = [c for c in grid if c.model is MOE and c.zero]
+    assert moe_fsdp and all(c.ep == 1 for c in moe_fsdp)
+    assert ({(c.zero, c.dp) for c in moe_fsdp}
+            == {(c.zero, c.dp) for c in grid if c.model is DENSE and c.zero})
+
+
+def test_a_zero2_moe_layout_reads_its_fsdp_row_where_the_profile_has_one():
+    """ZeRO-2 at ep 1 with an FSDP2 row of the layer at the layout's dp: priced from the rows
+    (the FSDP2 row's time); without it, or at ep 2, or pipelined, from the curves."""
+    lay = Layout(dp=4, micro_batch=1, zero=2)
+    fsdp = _row(fwd=2.5e-3, bwd=5e-3, zero=2, dp=4)
+    with_row = estimate(MOE, _cluster(_row(), fsdp), JOB, lay)
+    assert MOE_ROWS_CAVEAT in with_row.caveats and MEASURED_ROWS_CAVEAT not in with_row.caveats
+    slower = estimate(MOE, _cluster(_row(), replace(fsdp, forward_s=3.5e-3)), JOB, lay)
+    # 8 layers × 4 micro-batches per rank, each forward 1 ms longer
+    assert slower.step_time_s - with_row.step_time_s == pytest.approx(8 * 4 * 1e-3, rel=1e-6)
+    for other in (Layout(dp=4, micro_batch=1, zero=3), Layout(dp=4, ep=2, micro_batch=1, zero=2),
+                  Layout(dp=2, pp=2, micro_batch=1, zero=2, schedule="1f1b")):
+        e = estimate(MOE, _cluster(_row(), fsdp), JOB, other)
+        assert MEASURED_ROWS_CAVEAT in e.caveats and MOE_ROWS_CAVEAT not in e.caveats
 
 
 def test_a_compiled_moe_row_prices_a_compiled_layout_without_the_eager_caveat():
@@ -285,15 +303,19 @@ def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
 @pytest.mark.distributed
 def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_path):
     """Two gloo ranks: the MoE layer at tp 1, 2 and 2 + SP, each with its 4 experts on every
-    rank (ep 1) and spread over both (ep 2: the executor's all-to-alls in the timed passes)."""
+    rank (ep 1) and spread over both (ep 2: the executor's all-to-alls in the timed passes),
+    and under FSDP2 at ep 1 (the experts sharded over edp as the executor shards them)."""
     pytest.importorskip("torch")
     from _gloo import run_gloo_ranks
     got = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]["layers"]
     key = layer_shape_key(TINY_MOE)
     assert key.endswith("-moe4k2f64s1x64")
-    assert {(r[1], r[2], r[5]) for r in got} == {
+    plain = [r for r in got if r[4] == 0]
+    assert {(r[1], r[2], r[5]) for r in plain} == {
         (tp, sp, ep) for tp, sp in ((1, False), (2, False), (2, True)) for ep in (1, 2)}
-    assert all(r[0] == key and r[4] == 0 for r in got)       # MoE rows only, no FSDP2 rows
+    # FSDP2 rows at ep 1 (ZeRO-2/3 over dp 2, and the 1-rank compute-alone ZeRO-2 rows)
+    assert {(r[4], r[5]) for r in got if r[4]} == {(2, 1), (3, 1)}
+    assert all(r[0] == key for r in got)
     assert all(r[6] > 0 and r[7] > 0 for r in got)
 
 
