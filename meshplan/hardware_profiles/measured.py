@@ -109,6 +109,14 @@ class MeasuredTables:
                          if r.compile and r.shape == key and r.seq_len == seq_len
                          and r.ep == 1)
 
+    def compiled_ep_settings(self, model: ModelSpec, seq_len: int) -> frozenset:
+        """The (tp, sequence parallel, recompute, ep) settings, ep > 1, at which the profile
+        timed this MoE model's layer compiled with its experts over ep ranks."""
+        key = layer_shape_key(model)
+        return frozenset((r.tp, r.sequence_parallel, r.recompute, r.ep) for r in self.layers
+                         if r.compile and r.shape == key and r.seq_len == seq_len
+                         and r.ep > 1)
+
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
                            ) -> Interpolated | None:

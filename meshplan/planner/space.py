@@ -232,6 +232,9 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     cps = cp_options(job, constraints, model)
     compiles = compile_options(cluster, fx, model, job.seq_len)
     compiled_at = None if "compile" in fx else compiled_settings(cluster, model, job.seq_len)
+    tables = cluster.gpu.measured
+    compiled_ep_at = (tables.compiled_ep_settings(model, job.seq_len) if tables
+                      else frozenset())
     for n in counts:
         for tp in tps:
             if n % tp or fx.get("tp", tp) != tp:
@@ -241,15 +244,17 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
                     continue
                 for style in cp_styles(model, constraints, tp, cp):
                     yield from _configs_at(model, job, constraints, n, tp, cp, style,
-                                           min_layers, compiles, compiled_at)
+                                           min_layers, compiles, compiled_at, compiled_ep_at)
 
 
 def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp: int,
                 cp: int, style: str, min_layers: int,
-                compiles: Sequence[bool], compiled_at: frozenset | None = None
-                ) -> Iterator[Config]:
+                compiles: Sequence[bool], compiled_at: frozenset | None = None,
+                compiled_ep_at: frozenset = frozenset()) -> Iterator[Config]:
     """The configurations of ``n`` GPUs at one (tp, cp, cp style); ``compile = True`` only at
-    the (tp, SP, recompute) settings in ``compiled_at`` (None: wherever ``compiles`` has it)."""
+    the (tp, SP, recompute) settings in ``compiled_at`` (None: wherever ``compiles`` has it),
+    and for an MoE model at ep > 1 only at the (tp, SP, recompute, ep) of ``compiled_ep_at``
+    (compiled rows timed at that ep; elsewhere its compiled layout is priced as eager)."""
     fx = constraints.fixed
     L, B = model.num_layers, job.global_batch
     plain = [s for s in constraints.schedules if s != "interleaved-1f1b"]
@@ -312,8 +317,9 @@ def _configs_at(model: ModelSpec, job: Job, constraints: Constraints, n: int, tp
                                     continue      # priced as eager: its eager twin's time
                                 for ep, etp in experts:
                                     if c and compiled_at is not None and \
-                                            model.is_moe and ep * etp > 1:
-                                        continue      # MoE rows price compile at ep 1 only
+                                            model.is_moe and ep * etp > 1 and \
+                                            (etp > 1 or (tp, sp, rc, ep) not in compiled_ep_at):
+                                        continue      # no compiled row at this ep: as eager
                                     yield Config(dp, pp, tp, mb, s, v, rc, z, sp, c, cp,
                                                  style, ep, etp)
 

@@ -269,13 +269,18 @@ def test_with_ep2_a_compiled_layout_reads_the_eager_row():
     assert COMPILE_MOE_CAVEAT in estimate(MOE, cl, JOB, replace(lay, compile=True)).caveats
 
 
-def test_the_planner_searches_compile_for_moe_at_ep1_only():
+def test_the_planner_searches_compile_for_moe_where_compiled_rows_of_that_ep_exist():
     from meshplan.planner.constraints import Constraints
     from meshplan.planner.space import enumerate_configs
     cl = _cluster(_row(), _row(fwd=1e-3, bwd=2e-3, compile=True))
     cfgs = list(enumerate_configs(MOE, cl, JOB, [4], Constraints()))
     assert {c.ep for c in cfgs} == {1, 2, 4}
     assert {c.ep for c in cfgs if c.compile} == {1}
+    # a compiled row timed at ep 2 (calibrations on several GPUs): compile at ep 2 too
+    cl2 = _cluster(_row(), _row(fwd=1e-3, bwd=2e-3, compile=True),
+                   _row(fwd=1.2e-3, bwd=2.2e-3, compile=True, ep=2))
+    cfgs = list(enumerate_configs(MOE, cl2, JOB, [4], Constraints()))
+    assert {c.ep for c in cfgs if c.compile} == {1, 2}
 
 
 TINY_MOE = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
