@@ -22,8 +22,9 @@ file carries the prediction of this tree's cost model on the calibrated profile;
     # --baseline)
     # measured MoE layer rows (plans --set rows): benchmarks/moe_rows_device.sh calibrates
     # moe-1.9b on one GPU and writes the plans (call 1), then runs them (call 2)
-    # CPU, after: the table
+    # CPU, after: the table; POST HOC, today's cost model on the same profile
     python benchmarks/moe_sync_gpu.py table --results moe_sync.json
+    python benchmarks/moe_sync_gpu.py repredict --results moe_sync.json
 
 ``--baseline DIR``: a directory holding the baseline ``meshplan`` package (e.g. ``git
 archive <commit> meshplan | tar -x -C DIR``).
@@ -327,6 +328,44 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def repredict(args) -> int:
+    """POST HOC: each run layout of a results file priced by today's cost model on the
+    profile its plans were made from, beside the prediction fixed before the run and the
+    measurement (nothing fitted: the cost model and the committed profile as they are)."""
+    from meshplan.costmodel import estimate
+    from meshplan.spec import ModelSpec
+    results = json.loads(Path(args.results).read_text())
+    preds = results["predictions"]
+    if not preds.get("profile"):
+        raise SystemExit(f"{args.results}: its predictions name no profile to re-predict on")
+    model = (ModelSpec.from_dict(preds["model_spec"]) if preds.get("model_spec") else MODEL)
+    job = Job.from_dict(preds["job"])
+    layouts = dict(SETS[preds["set"]])
+    cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()))
+    rows = ["| layout | step s | as run s (error) | today s (error) | today host s / measured |",
+            "|---|---|---|---|---|"]
+    errs: dict[str, list[float]] = {"as run": [], "today": []}
+    for name, p in preds["layouts"].items():
+        run = results["runs"].get(f"{name}/current", {})
+        meas = run.get("step_time_s")
+        if not meas:
+            continue
+        e = estimate(model, cluster, job, layouts[name])
+        errs["as run"].append(abs(p["calibrated_s"] / meas - 1))
+        errs["today"].append(abs(e.step_time_s / meas - 1))
+        host = run.get("host_step_s")
+        rows.append(f"| `{name}` | {meas:.3f} | {p['calibrated_s']:.3f} "
+                    f"({(p['calibrated_s'] / meas - 1) * 100:+.1f} %) | {e.step_time_s:.3f} "
+                    f"({(e.step_time_s / meas - 1) * 100:+.1f} %) | {e.host_dispatch_s:.3f} / "
+                    + ("—" if host is None else f"{host:.3f}") + " |")
+    for k, v in errs.items():
+        if v:
+            rows.append(f"\n{k}: mean {100 * sum(v) / len(v):.1f} %, max {100 * max(v):.1f} % "
+                        f"({len(v)} layouts)")
+    print("\n".join(rows))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -352,11 +391,15 @@ def main(argv=None) -> int:
                    help="also trace one run of LAYOUT (default the first) per tree")
     c = sub.add_parser("table")
     c.add_argument("--results", required=True)
+    d = sub.add_parser("repredict", help="POST HOC: today's cost model on the run's profile")
+    d.add_argument("--results", required=True)
     args = p.parse_args(argv)
     if args.cmd == "plans":
         return plans(args)
     if args.cmd == "run":
         return run(args)
+    if args.cmd == "repredict":
+        return repredict(args)
     print(table(json.loads(Path(args.results).read_text())))
     return 0
 

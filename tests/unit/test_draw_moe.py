@@ -94,3 +94,15 @@ def test_draw_layouts_refuses_other_gpu_counts():
     import moe_sync_gpu as msg
     with pytest.raises(ValueError, match="one or two GPUs"):
         msg.draw_layouts(1, gpus=4)
+
+
+def test_repredict_prices_every_measured_layout_of_a_committed_run(capsys):
+    """``moe_sync_gpu.py repredict`` (POST HOC): a row per measured layout, its as-run
+    prediction as committed, and the summary lines."""
+    import moe_sync_gpu as msg
+    data = ROOT / "docs" / "benchmarks" / "data" / "moe_drawn_h200x2_moeh4_20261129.json"
+    assert msg.main(["repredict", "--results", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("| `") for line in out.splitlines()) == 8
+    assert "| `tp2-ep2-mb1` | 4.469 | 4.101 (-8.2 %)" in out
+    assert "as run: mean 12.8 %, max 21.0 % (8 layouts)" in out and "today: mean" in out
