@@ -48,6 +48,17 @@ class Config:
         return self.zero >= 2 and self.dp > 1 or self.ep > 1
 
     @property
+    def syncs_on_host(self) -> bool:
+        """The executor's layer reads a device value on the host in its forward (the
+        all-to-all's split lists at ep > 1, a capacity factor's kept copies:
+        :mod:`meshplan.costmodel.moe_host`). Queued timing cannot time such a layer — the
+        read waits for the spin kernel the GPU is held by — so its row is timed
+        synchronized: max(CPU, GPU) seconds, no CPU fields (what a layer that drains the
+        queue costs)."""
+        return self.ep > 1 or (self.model.is_moe and self.model.capacity_factor is not None
+                               and not self.part)
+
+    @property
     def build_key(self) -> tuple:
         """Configurations with the same key share one built module (recompute flags and
         the micro-batch change nothing in the parameters)."""

@@ -32,10 +32,13 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
     (zero-bubble) is measured for rows without communication (ZeRO-0, FSDP2 on 1 rank) and
     is 0 where torch's split backward is
     unavailable: synchronized, or queued like the row with ``split_queued`` (then its CPU
-    fields are set); the CPU fields are 0 without ``queue``."""
+    fields are set); the CPU fields are 0 without ``queue``, and for a layer that reads
+    device values on the host (:attr:`Config.syncs_on_host`: timed synchronized)."""
     import torch
 
     cuda = device.type == "cuda"
+    if cfg.syncs_on_host:
+        queue = None       # a host read inside the pass would wait out the spin kernel
     x, grad, reset, forward, backward = _layer_step(cfg, m, device)
     if cfg.compile:
         # a fresh compilation per row, static shapes like the executor's one-setting run,

@@ -35,7 +35,10 @@ eager and compiled: :func:`meshplan.calibrate.layer_grid.expert_degrees`) replac
 that where the profile has them and the layout's ep group stays inside one node, as the
 calibration's did: the row holds the all-to-alls, the host syncs and the regrouping as the
 executor ran them; only the busiest rank's extra rows under load imbalance ρ > 1 are priced
-on top (the calibration's routing is near-balanced). Across nodes the ep = 1 row plus the
+on top (the calibration's routing is near-balanced). Such rows are synchronized timings —
+the layer's host read of the split lists drains the queue, which the calibration's queued
+timing cannot hold (``Config.syncs_on_host``) — so they carry max(CPU, GPU) per layer and no
+CPU fields, and the layout's step is their sum, without a separate host bound. Across nodes the ep = 1 row plus the
 formulas stands (the row's all-to-all crossed NVLink).
 
 Where it applies (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
@@ -73,8 +76,8 @@ MOE_ROWS_CAVEAT = (
     "expert parallelism's all-to-alls, load imbalance and host syncs are priced on top")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
-    "and host syncs as timed on the calibrating node; only the busiest rank's extra rows "
-    "under load imbalance priced on top); not yet checked against a run on a GPU")
+    "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
+    "extra rows under load imbalance priced on top); not yet checked against a run on a GPU")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,

@@ -339,3 +339,38 @@ def test_a_datasheet_moe_estimate_says_published_runs_took_longer():
     # measured rows of another shape: priced from the curves, with the rows' caveat instead
     other = estimate(MOE, _cluster(_row(model=DENSE)), JOB, lay)
     assert MOE_DATASHEET_CAVEAT not in other.caveats and MEASURED_ROWS_CAVEAT in other.caveats
+
+
+def test_layers_that_sync_on_the_host_are_timed_synchronized(monkeypatch):
+    """A forward that reads device values on the host (ep > 1's split lists, a capacity
+    factor's kept copies) would wait out the queued timing's spin kernel: such rows are timed
+    synchronized (no queue), the others queued as before."""
+    pytest.importorskip("torch")
+    import torch
+
+    from meshplan.calibrate import layer_run
+    from meshplan.calibrate.layer_grid import Config
+    base = dict(seq_len=32, tp=1, sequence_parallel=False, micro_batch=1)
+    assert Config(model=TINY_MOE, ep=2, **base).syncs_on_host
+    assert Config(model=replace(TINY_MOE, capacity_factor=1.25), **base).syncs_on_host
+    assert not Config(model=TINY_MOE, **base).syncs_on_host
+    assert not Config(model=DENSE, **base).syncs_on_host
+    assert not Config(model=replace(TINY_MOE, capacity_factor=1.25), part="output",
+                      **base).syncs_on_host
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def measure(*a, queue=None, **kw):
+        seen.append(queue)
+        raise Stop
+    monkeypatch.setattr(layer_run, "_measure", measure)
+    monkeypatch.setattr(layer_run, "_layer_step", lambda cfg, m, device: (None,) * 5)
+    sentinel = object()
+    for model, expect in ((replace(TINY_MOE, capacity_factor=1.25), None),
+                          (TINY_MOE, sentinel)):
+        with pytest.raises(Stop):
+            layer_run._run_layer(Config(model=model, **base), None, 2, torch.device("cpu"),
+                                 iters=1, barrier=lambda: None, queue=sentinel)
+        assert seen.pop() is expect
