@@ -157,8 +157,8 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
     return ()
 
 
-__all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT", "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT",
-           "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
+__all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
+           "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
            "nearest_shape_caveat"]

@@ -21,8 +21,9 @@ dispatch buffers; and the host synchronisations ep > 1 adds
 ``host_op_dispatch_s``, plus the count exchange's call latency) on the GPU's timeline, and
 on the CPU's the operators :mod:`meshplan.costmodel.moe_host` counts for ep > 1 (33 forward,
 8 backward, at ``host_op_dispatch_s``) with each sync's wait — added after moeh4 (post hoc):
-without them its four tp 2 · ep 2 layouts, all host-bound, ran 7-19 % slower than predicted. Under balanced routing a
-rank at ep computes E/ep experts on ep times the rows each: the same FLOPs as the row.
+without them its four tp 2 · ep 2 layouts, all host-bound, ran 7-19 % slower than
+predicted. Under balanced routing a rank at ep computes E/ep experts on ep times the rows
+each: the same FLOPs as the row.
 
 A compiled layout reads the compiled row at ep = 1 only: the executor's MoE block compiles
 as one graph there (docs/moe.md); with ep > 1 the all-to-all's splits are read on the host,
@@ -38,8 +39,8 @@ executor ran them; only the busiest rank's extra rows under load imbalance ρ > 
 on top (the calibration's routing is near-balanced). Such rows are synchronized timings —
 the layer's host read of the split lists drains the queue, which the calibration's queued
 timing cannot hold (``Config.syncs_on_host``) — so they carry max(CPU, GPU) per layer and no
-CPU fields, and the layout's step is their sum, without a separate host bound. Across nodes the ep = 1 row plus the
-formulas stands (the row's all-to-all crossed NVLink).
+CPU fields, and the layout's step is their sum, without a separate host bound. Across nodes
+the ep = 1 row plus the formulas stands (the row's all-to-all crossed NVLink).
 
 Where it applies (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
 difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 at ep 1 without a
