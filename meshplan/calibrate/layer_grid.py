@@ -132,8 +132,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     The order puts what a model's estimates need most first, for every model before the
     next kind: each model's plain rows and its ends, then each model's compiled rows, its
     expert-parallel rows, its fp8 rows, its FSDP2 rows, then FSDP2's compute alone. A
-    calibration that its ``--time-budget`` stops inside a round (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds
-    the basic rows of every model rather than every row of the first."""
+    calibration that its ``--time-budget`` stops inside a round
+    (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds the basic rows of
+    every model rather than every row of the first."""
     phases: list[list[Config]] = [[], [], [], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
