@@ -64,6 +64,10 @@ def test_grid_on_four_ranks_matches_the_spec():
         ((2, 1, False), (4, 1, False), (2, 2, False), (2, 2, True))}
     assert "zero2 dp2 tp2 sp" in next(c for c in fsdp if c.tp == 2 and c.sequence_parallel
                                        and c.zero == 2).label()
+    # the widest dp first, ZeRO-2 and 3 side by side (a short --time-budget ends in this
+    # phase: FSDP2 over the whole node is what one-node plans run)
+    order = list(dict.fromkeys((c.tp, c.sequence_parallel, c.dp, c.zero) for c in fsdp))
+    assert order[:4] == [(1, False, 4, 2), (1, False, 4, 3), (1, False, 2, 2), (1, False, 2, 3)]
     ends = [c for c in grid if c.part]
     assert len(ends) == 2 * 5 * 3
     assert all(c.seq_len == model.max_seq_len for c in grid)
