@@ -335,7 +335,11 @@ def repredict(args) -> int:
     from meshplan.costmodel import estimate
     from meshplan.spec import ModelSpec
     results = json.loads(Path(args.results).read_text())
-    preds = results["predictions"]
+    preds = dict(results["predictions"])
+    if args.profile:       # a later calibration of the same machine kind (e.g. with ep rows)
+        if not Path(args.profile).is_file():
+            raise SystemExit(f"--profile {args.profile!r}: no such file")
+        preds["profile"] = args.profile
     if not preds.get("profile"):
         raise SystemExit(f"{args.results}: its predictions name no profile to re-predict on")
     model = (ModelSpec.from_dict(preds["model_spec"]) if preds.get("model_spec") else MODEL)
@@ -393,6 +397,8 @@ def main(argv=None) -> int:
     c.add_argument("--results", required=True)
     d = sub.add_parser("repredict", help="POST HOC: today's cost model on the run's profile")
     d.add_argument("--results", required=True)
+    d.add_argument("--profile", default=None,
+                   help="re-predict on this profile instead of the one the plans were made on")
     args = p.parse_args(argv)
     if args.cmd == "plans":
         return plans(args)
