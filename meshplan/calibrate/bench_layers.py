@@ -77,13 +77,14 @@ and the ranks (:mod:`~meshplan.calibrate.layer_ranks`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from meshplan.calibrate.budget import RoundBudget
 from meshplan.calibrate.layer_budget import _budget_stops, _row_budget_stops
 from meshplan.calibrate.layer_build import _build, _free, _oom_types
-from meshplan.calibrate.layer_grid import Config, micro_batch_sizes, plan_grid
+from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_sizes, plan_grid,
+                                          untimed_summary)
 from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
 from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sample, _cpu_fields,
                                            combine_rounds, cpu_fixed, cpu_values, end_row,
@@ -118,6 +119,8 @@ class LayerTables:
     layers: list[dict[str, Any]]
     ends: list[dict[str, Any]]
     rounds: int          # rounds measured (fewer than asked for where the budget stopped them)
+    # rows of each kind the budget left untimed in the first round (layer_grid.row_kind)
+    untimed: dict[str, int] = field(default_factory=dict)
 
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
@@ -188,6 +191,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     ratio_at = ratio_rows(grid) if sum(sustained) > 0 else {}
     ratios: dict[tuple, float] = {}
     ran = 0
+    untimed: dict[str, int] = {}
     for rnd in range(rounds):
         t_round = time.perf_counter()
         first_only_s = 0.0   # the deep split, which later rounds do not repeat
@@ -318,6 +322,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         cpu_key = None
         _free(device)
         ran = rnd + 1 if stopped_at != 0 else rnd   # a round stopped before its first row
+        if stopped_at is not None and rnd == 0:
+            untimed = untimed_summary(grid[stopped_at:])
+            _note(progress, "not timed (--time-budget): " + "; ".join(
+                f"{n} {k} row{'s' if n > 1 else ''} — {MISSING_ROWS[k]}"
+                for k, n in untimed.items()))
         if stopped_at is not None:
             if progress is not None:   # keep [done/total] honest
                 progress.drop(len(grid) - stopped_at + len(grid) * (rounds - ran))
@@ -355,7 +364,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
         (end_rows if cfg.part else layer_rows)[-1]["sustained_ratio"] = float(
             ratios.get(cfg.build_key, 1.0))
-    return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran)
+    return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed)
 
 
 __all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",

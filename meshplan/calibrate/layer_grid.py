@@ -90,6 +90,42 @@ def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[in
     return out
 
 
+def row_kind(cfg: Config) -> str:
+    """The kind of row ``cfg`` is, as the calibration's summary names it."""
+    if cfg.part:
+        return "end"
+    if cfg.zero >= 2:
+        return "FSDP2" if cfg.dp > 1 else "FSDP2 compute-alone"
+    if cfg.precision == "fp8":
+        return "fp8"
+    if cfg.ep > 1:
+        return "expert-parallel"
+    return "compiled" if cfg.compile else "plain"
+
+
+#: what an estimate does where a kind of row is missing (the calibration's summary says it)
+MISSING_ROWS = {
+    "plain": "layouts at those settings are priced from the curves",
+    "end": "the embedding and output are priced from the curves",
+    "compiled": "compiled layouts at those settings are priced as eager",
+    "expert-parallel": "ep > 1 is priced from the ep = 1 rows plus the formulas",
+    "fp8": "fp8 layers are composed from the bf16 rows",
+    "FSDP2": "ZeRO-2/3 layouts are priced from the plain rows with analytical gathers "
+             "(measured: 29-37 % fast, fp8h4)",
+    "FSDP2 compute-alone": "pipelined ZeRO-2 stages are priced from the plain rows",
+}
+
+
+def untimed_summary(grid: Sequence[Config]) -> dict[str, int]:
+    """How many rows of each kind ``grid`` holds, in grid order (the rows a --time-budget
+    left untimed)."""
+    out: dict[str, int] = {}
+    for cfg in grid:
+        k = row_kind(cfg)
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
 def expert_degrees(model: ModelSpec, world: int) -> tuple[int, ...]:
     """The ep > 1 an MoE model's rows are timed at on ``world`` ranks: every divisor of the
     world that divides the routed experts (the executor folds ep over a stage's tp·dp ranks,
@@ -221,5 +257,5 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     return [c for i in order for c in phases[i]]
 
 
-__all__ = ["Config", "expert_degrees", "micro_batch_sizes", "plan_grid", "RECOMPUTE",
-           "FSDP_ZERO"]
+__all__ = ["Config", "expert_degrees", "micro_batch_sizes", "plan_grid", "row_kind",
+           "untimed_summary", "MISSING_ROWS", "RECOMPUTE", "FSDP_ZERO"]

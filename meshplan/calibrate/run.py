@@ -127,12 +127,14 @@ def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
 
 
 def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: int = 0,
-               host_probe_us: tuple[float, ...] = ()) -> dict[str, Any]:
+               host_probe_us: tuple[float, ...] = (),
+               rows_untimed: dict[str, int] | None = None) -> dict[str, Any]:
     """Where and how the profile was measured. ``layer_rounds``: the rounds the layer tables
     were measured in (0: no layer tables); ``time_budget_s`` only where one was given;
     ``host_probe_us``: rank 0's host dispatch probe (``executor.measure.
     host_dispatch_probe_us``) at the start and the end of the calibration, the host speed
-    its CPU dispatch times were taken at."""
+    its CPU dispatch times were taken at; ``rows_untimed``: the rows of each kind a
+    ``--time-budget`` left untimed (``layer_grid.row_kind``), only where it left some."""
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
@@ -172,6 +174,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         **({"host_probe_us": [round(v, 3) for v in host_probe_us]} if host_probe_us else {}),
         **({"time_budget_s": float(options.time_budget_s)}
            if options.time_budget_s is not None else {}),
+        **({"rows_untimed": dict(rows_untimed)} if rows_untimed else {}),
         "command": " ".join(sys.argv),
     }
 
@@ -358,6 +361,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     layers: list[dict[str, Any]] = []
     ends: list[dict[str, Any]] = []
     layer_rounds = 0
+    untimed: dict[str, int] = {}
     if grid:
         t0 = time.perf_counter()
         if world > 1:
@@ -371,6 +375,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             compile_rows=options.compile_rows, fp8_rows=fp8_rows,
             sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
+        untimed = tables.untimed
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")
     if world > 1:
@@ -400,7 +405,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                             provenance=provenance(
                                 device, options, world, layer_rounds=layer_rounds,
                                 host_probe_us=(probe_start_us,
-                                               host_dispatch_probe_us(device))),
+                                               host_dispatch_probe_us(device)),
+                                rows_untimed=untimed),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
         from meshplan.calibrate.moe_profile import add_moe_keys

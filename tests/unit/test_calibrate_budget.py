@@ -177,6 +177,9 @@ def test_the_budget_stops_the_first_round_between_rows(tmp_path, monkeypatch, ca
     assert len(tables.layers) == 3            # rows at t = 0-1, 1-2, 2-3; the 4th would end at 4
     assert {r["recompute"] for r in tables.layers} == {"none", "selective", "full"}
     assert not tables.ends
+    # what the budget left untimed, by kind (the calibration prints it and the profile's
+    # provenance keeps it)
+    assert tables.untimed == {"end": 2}
 
 
 def test_the_round_projects_its_longest_row_not_the_last(tmp_path, monkeypatch):

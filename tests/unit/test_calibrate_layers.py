@@ -708,3 +708,31 @@ def test_only_keeps_part_of_the_grid():
         only=lambda c: not c.part and c.recompute == "full" and c.micro_batch == 1)
     assert [(r["recompute"], r["micro_batch"]) for r in tables.layers] == [("full", 1)]
     assert tables.ends == []
+
+
+def test_untimed_rows_are_summarised_by_kind_with_what_their_absence_costs():
+    from meshplan.calibrate.layer_grid import MISSING_ROWS, row_kind, untimed_summary
+    moe = replace(GPTISH, vocab_size=128, num_experts=4, experts_per_token=2,
+                  moe_ffn_hidden_size=64)
+    grid = plan_grid([moe], None, 2, quick=True, compile_rows=("none",), fp8_rows="tensorwise")
+    kinds = {row_kind(c) for c in grid}
+    assert kinds == {"plain", "end", "compiled", "expert-parallel", "fp8", "FSDP2",
+                     "FSDP2 compute-alone"} == set(MISSING_ROWS)
+    summary = untimed_summary(grid)
+    assert sum(summary.values()) == len(grid)
+    assert list(summary)[:2] == ["plain", "end"]       # grid order
+    # the FSDP2 rows come last but one: a budget that stops at them leaves these
+    tail = untimed_summary([c for c in grid if c.zero])
+    assert tail == {"FSDP2": summary["FSDP2"],
+                    "FSDP2 compute-alone": summary["FSDP2 compute-alone"]}
+
+
+def test_provenance_keeps_the_rows_a_budget_left_untimed():
+    pytest.importorskip("torch")
+    import torch
+
+    from meshplan.calibrate.run import CalibrateOptions, provenance
+    opts = CalibrateOptions(out="x.toml", time_budget_s=100.0)
+    doc = provenance(torch.device("cpu"), opts, 1, rows_untimed={"FSDP2": 12})
+    assert doc["rows_untimed"] == {"FSDP2": 12} and doc["time_budget_s"] == 100.0
+    assert "rows_untimed" not in provenance(torch.device("cpu"), opts, 1)
