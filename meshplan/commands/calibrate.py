@@ -59,7 +59,10 @@ def add_arguments(p) -> None:
                    help="wall-clock budget for the whole calibration, from its launch (with --nproc: "
                         "torchrun's start-up included): layer rows and rounds run only while "
                         "projected to end, with the benchmarks after them, within SECONDS "
-                        "(for job time limits; docs/calibrate.md)")
+                        "(for job time limits). Rows run in priority order — plain, ends, "
+                        "compiled, expert-parallel, fp8, FSDP2 — and the calibration prints "
+                        "the kinds a budget left untimed and what estimates do without them "
+                        "(docs/calibrate.md)")
     p.add_argument("--compile-rows", nargs="?", const="none", default=None, type=_modes,
                    metavar="MODES",
                    help="also time the plain layer rows with every block torch.compile'd "
