@@ -38,13 +38,15 @@ HIDDEN_RANGE = (1024, 2560)
 
 
 def draw_moe_model(rng: random.Random, name: str, *, min_params: float = 1.0e9,
-                   max_params: float = 3.0e9) -> ModelSpec:
-    """One random MoE decoder (the module docstring gives each decision)."""
+                   max_params: float = 3.0e9, min_hidden: int = HIDDEN_RANGE[0]) -> ModelSpec:
+    """One random MoE decoder (the module docstring gives each decision); ``min_hidden``
+    raises the hidden size's floor (a GPU-bound draw: moeh4's hidden 1024 was host-bound at
+    two ranks)."""
     while True:
         heads = rng.randrange(8, 21, 2)
         head_dim = rng.choice((64, 128))
         hidden = heads * head_dim
-        if not HIDDEN_RANGE[0] <= hidden <= HIDDEN_RANGE[1]:
+        if not max(min_hidden, HIDDEN_RANGE[0]) <= hidden <= HIDDEN_RANGE[1]:
             continue
         kv = heads if rng.random() < 0.5 else rng.choice([d for d in (2, 4, 8)
                                                          if heads % d == 0 and d < heads])
@@ -77,14 +79,19 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=1)
     p.add_argument("--min-params", type=float, default=1.0e9)
     p.add_argument("--max-params", type=float, default=3.0e9)
+    p.add_argument("--min-hidden", type=int, default=HIDDEN_RANGE[0],
+                   help=f"floor of the hidden size (default {HIDDEN_RANGE[0]}; at most "
+                        f"{HIDDEN_RANGE[1]})")
     args = p.parse_args(argv)
+    if not HIDDEN_RANGE[0] <= args.min_hidden <= HIDDEN_RANGE[1]:
+        p.error(f"--min-hidden {args.min_hidden}: must be within {HIDDEN_RANGE}")
     if args.count < 1 or not 0 < args.min_params < args.max_params:
         p.error(f"--count {args.count} must be >= 1 and 0 < --min-params "
                 f"({args.min_params:g}) < --max-params ({args.max_params:g})")
     rng = random.Random(args.seed)
     for i in range(args.count):
         m = draw_moe_model(rng, f"m{i + 1:02d}", min_params=args.min_params,
-                           max_params=args.max_params)
+                           max_params=args.max_params, min_hidden=args.min_hidden)
         print(json.dumps(m.to_dict()), f"# {m.num_params() / 1e9:.2f} B, "
               f"{m.num_active_params() / 1e9:.2f} B active")
     return 0

@@ -92,6 +92,19 @@ SETS["drawn-2x"] = [(f"mb{2 * lay.micro_batch}{name.removeprefix(f'mb{lay.micro_
 #: inside a stage, so pp 2 leaves ep 1)
 TWO_GPU_SHAPES = (dict(dp=2), dict(dp=2, ep=2), dict(tp=2, sequence_parallel=True),
                   dict(tp=2, sequence_parallel=True, ep=2), dict(pp=2, schedule="1f1b"))
+#: four ranks (moeh5 on): ep 2 and 4 over dp, over dp × tp + SP, inside a pipeline stage;
+#: and the dense shapes around them
+FOUR_GPU_SHAPES = (dict(dp=4), dict(dp=4, ep=2), dict(dp=4, ep=4),
+                   dict(dp=2, tp=2, sequence_parallel=True, ep=2),
+                   dict(dp=2, tp=2, sequence_parallel=True, ep=4),
+                   dict(dp=2, pp=2, schedule="1f1b", ep=2),
+                   dict(pp=2, tp=2, sequence_parallel=True, schedule="1f1b"))
+#: a drawn layout predicted to dispatch more CPU than this share of its GPU time is left out
+#: (``plans --gpu-bound``; the transfer rounds' ``draw_holdout.py --max-host-load``)
+MAX_HOST_LOAD = 0.75
+#: per GPU count: (shapes, micro-batches drawn from); four ranks keep micro-batch 2, the one
+#: size their calibration can time in one call with ep and FSDP2 rows
+MULTI_GPU_DRAW = {2: (TWO_GPU_SHAPES, (1, 2, 4)), 4: (FOUR_GPU_SHAPES, (2,))}
 
 
 def _layout_name(lay: Layout) -> str:
@@ -109,17 +122,18 @@ def _layout_name(lay: Layout) -> str:
 
 def draw_layouts(seed: int, count: int = 6, gpus: int = 1) -> list[tuple[str, Layout]]:
     """``count`` distinct layouts drawn uniformly from a seed: micro-batch 1-16 (1-4 on two
-    GPUs), recompute none / selective / full, compiled or eager, and on two GPUs one of
-    ``TWO_GPU_SHAPES`` — each once, in a drawn order, then those with ep = 2 — with ZeRO 1-3
-    where dp = 2 (moeh3 on: unseen layouts as well as an
+    GPUs, 2 on four), recompute none / selective / full, compiled or eager, and on two (four)
+    GPUs one of ``TWO_GPU_SHAPES`` (``FOUR_GPU_SHAPES``) — each once, in a drawn order, then
+    those with ep > 1 — with ZeRO 1-3 where dp > 1 (moeh3 on: unseen layouts as well as an
     unseen model, where moeh1 and moeh2 ran one hand-picked set). One GPU keeps moeh3's
     names (``mb8-compiled``); two name every degree above 1 (``dp2-ep2-z3-mb2-full``)."""
     import random
-    if gpus not in (1, 2):
-        raise ValueError(f"draw_layouts(gpus={gpus}): one or two GPUs")
+    if gpus not in (1, *MULTI_GPU_DRAW):
+        raise ValueError(f"draw_layouts(gpus={gpus}): one, two or four GPUs")
     rng, drawn = random.Random(seed), []
-    # two GPUs: every shape once (in a drawn order), then shapes with ep = 2, the subject
-    shapes = rng.sample(TWO_GPU_SHAPES, len(TWO_GPU_SHAPES)) if gpus == 2 else []
+    # several GPUs: every shape once (in a drawn order), then shapes with ep > 1, the subject
+    pool, mbs = MULTI_GPU_DRAW.get(gpus, ((), ()))
+    shapes = rng.sample(pool, len(pool))
     while len(drawn) < count:
         if gpus == 1:
             lay = Layout(micro_batch=rng.choice((1, 2, 4, 8, 16)),
@@ -127,11 +141,11 @@ def draw_layouts(seed: int, count: int = 6, gpus: int = 1) -> list[tuple[str, La
                          compile=rng.random() < 0.5)
         else:
             shape = dict(shapes[len(drawn)] if len(drawn) < len(shapes) else
-                         rng.choice([s for s in TWO_GPU_SHAPES if s.get("ep") == 2]))
+                         rng.choice([s for s in pool if s.get("ep", 1) > 1]))
             zero = rng.choice((1, 2, 3))
-            if shape.get("dp") == 2:
+            if shape.get("dp", 1) > 1:
                 shape["zero"] = zero
-            lay = Layout(micro_batch=rng.choice((1, 2, 4)),
+            lay = Layout(micro_batch=rng.choice(mbs),
                          recompute=rng.choice(("none", "selective", "full")),
                          compile=rng.random() < 0.5, **shape)
         if lay not in drawn:
@@ -146,6 +160,9 @@ def draw_layouts(seed: int, count: int = 6, gpus: int = 1) -> list[tuple[str, La
 SETS["drawn-3803"] = draw_layouts(3803)
 # moeh4 (2026-11-29): the first drawn set on two GPUs
 SETS["drawn2-3804"] = draw_layouts(3804, count=8, gpus=2)
+# moeh5 (2026-11-29, for the next 4-GPU lease): sixteen candidates; `plans --gpu-bound 8`
+# keeps the first eight the call-1 profile predicts GPU-bound
+SETS["drawn4-3805"] = draw_layouts(3805, count=16, gpus=4)
 
 
 def _cluster(profile: str | None, gpus: int = 1):
@@ -205,9 +222,27 @@ def plans(args) -> int:
     preds["set"] = args.set
     if args.model:
         preds["model_spec"] = model.to_dict()
+    kept = 0
+    preds["excluded"] = {}
     for name, lay in SETS[args.set]:
-        write_plan_for_layout(out / f"{name}.json", model, job, lay, calibrated)
         e = estimate(model, calibrated, job, lay)
+        if args.gpu_bound is not None:
+            # the rule of every drawn round (draw_holdout.py --max-host-load): a layout whose
+            # predicted CPU dispatch exceeds 0.75 of its GPU time is left out, the next taken
+            if kept >= args.gpu_bound:
+                break
+            if e.host_load > MAX_HOST_LOAD:
+                preds["excluded"][name] = (f"predicted CPU {e.host_load:.0%} of the GPU's "
+                                           f"time (> {MAX_HOST_LOAD:.0%})")
+                print(name, "excluded:", preds["excluded"][name])
+                continue
+            if not e.fits:
+                preds["excluded"][name] = (f"predicted not to fit "
+                                           f"({e.memory_peak_bytes / 2**30:.1f} GiB)")
+                print(name, "excluded:", preds["excluded"][name])
+                continue
+            kept += 1
+        write_plan_for_layout(out / f"{name}.json", model, job, lay, calibrated)
         # the same profile without its measured rows: how this tree's MoE layers were
         # priced before the MoE rows (analytical layer, the profile's MoE keys)
         curves = calibrated.replace(gpu=dataclasses.replace(calibrated.gpu, measured=None))
@@ -221,6 +256,8 @@ def plans(args) -> int:
                                       if args.baseline else None),
             "memory_gib": e.memory_peak_bytes / 2**30}
         print(name, json.dumps(preds["layouts"][name]))
+    if args.gpu_bound is not None and kept < args.gpu_bound:
+        print(f"only {kept} of the set's layouts passed (--gpu-bound {args.gpu_bound})")
     (out / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n")
     return 0
 
@@ -382,6 +419,9 @@ def main(argv=None) -> int:
     a.add_argument("--seq-len", type=int, default=None, help="with --model: default its own")
     a.add_argument("--global-batch", type=int, default=None,
                    help=f"with --model: default {JOB.global_batch}")
+    a.add_argument("--gpu-bound", type=int, default=None, metavar="N",
+                   help="keep the first N layouts of the set the profile predicts GPU-bound "
+                        "and fitting (the others recorded as excluded, with the reason)")
     b = sub.add_parser("run")
     b.add_argument("--plans", required=True)
     b.add_argument("--baseline", default=None, help="a baseline tree to run beside this one")

@@ -92,8 +92,8 @@ def test_the_committed_moeh4_draw_model_and_two_gpu_layouts():
 
 def test_draw_layouts_refuses_other_gpu_counts():
     import moe_sync_gpu as msg
-    with pytest.raises(ValueError, match="one or two GPUs"):
-        msg.draw_layouts(1, gpus=4)
+    with pytest.raises(ValueError, match="one, two or four GPUs"):
+        msg.draw_layouts(1, gpus=3)
 
 
 def test_repredict_prices_every_measured_layout_of_a_committed_run(capsys):
@@ -106,3 +106,60 @@ def test_repredict_prices_every_measured_layout_of_a_committed_run(capsys):
     assert sum(line.startswith("| `") for line in out.splitlines()) == 8
     assert "| `tp2-ep2-mb1` | 4.469 | 4.101 (-8.2 %)" in out
     assert "as run: mean 12.8 %, max 21.0 % (8 layouts)" in out and "today: mean" in out
+
+
+def test_the_committed_moeh5_draw_model_and_four_gpu_candidates():
+    """moeh5 (2026-11-29, for the next 4-GPU lease): seed 3805's model at hidden ≥ 2048, and
+    sixteen distinct 4-GPU candidates drawn from the same seed, every shape present, all at
+    micro-batch 2 and runnable by the executor."""
+    import dataclasses
+
+    import moe_sync_gpu as msg
+    from meshplan.executor.parallelize import check_layout_runnable
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh5" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3805), "m01", max_params=4e9,
+                                            min_hidden=2048)
+    assert committed.hidden_size >= 2048
+    drawn = msg.draw_layouts(3805, count=16, gpus=4)
+    assert drawn == msg.SETS["drawn4-3805"]
+    layouts = [lay for _, lay in drawn]
+    assert len(set(layouts)) == 16 and all(lay.num_gpus == 4 for lay in layouts)
+    assert {lay.micro_batch for lay in layouts} == {2}
+    shapes = {(lay.dp, lay.tp, lay.pp, lay.ep) for lay in layouts}
+    assert shapes == {(4, 1, 1, 1), (4, 1, 1, 2), (4, 1, 1, 4), (2, 2, 1, 2), (2, 2, 1, 4),
+                      (2, 1, 2, 2), (1, 2, 2, 1)}
+    job = dataclasses.replace(msg.JOB, seq_len=4096, global_batch=32)
+    for lay in layouts:
+        check_layout_runnable(committed, job, lay)
+
+
+def test_draw_moe_min_hidden_keeps_the_default_draws_and_refuses_out_of_range():
+    assert dmoe.draw_moe_model(random.Random(3803), "m01") == dmoe.draw_moe_model(
+        random.Random(3803), "m01", min_hidden=dmoe.HIDDEN_RANGE[0])
+    with pytest.raises(SystemExit):
+        dmoe.main(["--seed", "1", "--min-hidden", "4096"])
+
+
+def test_plans_gpu_bound_keeps_the_first_layouts_predicted_gpu_bound(tmp_path):
+    """``plans --gpu-bound N``: in the set's order, the first N layouts the profile predicts
+    to fit with CPU dispatch ≤ 0.75 of their GPU time get plan files; those passed over are
+    recorded with the reason."""
+    import moe_sync_gpu as msg
+    profile = ROOT / "docs" / "benchmarks" / "data" / "profiles" / \
+        "profile_h200x2_moeh4_20261129.toml"
+    assert msg.main(["plans", "--set", "drawn2-3804", "--model",
+                     str(ROOT / "benchmarks" / "sets" / "moeh4" / "m01.json"),
+                     "--global-batch", "16", "--profile", str(profile), "--gpu-bound", "2",
+                     "--out", str(tmp_path)]) == 0
+    preds = json.loads((tmp_path / "predictions.json").read_text())
+    assert len(preds["layouts"]) == 2
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(
+        [f"{n}.json" for n in preds["layouts"]] + ["predictions.json"])
+    assert preds["excluded"] and all("GPU's time" in r or "not to fit" in r
+                                     for r in preds["excluded"].values())
+    # the host-bound tp 2 layouts of moeh4 are among the excluded, passed over in order
+    assert "tp2-mb1-selective" in preds["excluded"]
+    order = [n for n, _ in msg.SETS["drawn2-3804"]]
+    last = max(order.index(n) for n in preds["layouts"])
+    assert all(order.index(n) < last for n in preds["excluded"])

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Four-GPU calls for issue 38's moeh5 check (benchmarks/sets/moeh5/README.md): a never-run,
+# GPU-bound-sized MoE model at layouts drawn over dp / tp + SP / pp with ep 2 and 4.
+#
+#   PART=1 bash benchmarks/moeh5_device.sh  # calibrate moeh5 on 4 GPUs as a user would (~10 min)
+#   PART=2 bash benchmarks/moeh5_device.sh  # run the committed plans (~9 min)
+#
+# Between them, on the CPU: commit the profile, then
+#   python benchmarks/moe_sync_gpu.py plans --set drawn4-3805 \
+#       --model benchmarks/sets/moeh5/m01.json --global-batch 32 --gpu-bound 8 \
+#       --profile docs/benchmarks/data/profiles/<it> --out benchmarks/plans/moeh5_h200x4
+# and commit the plans.
+#
+# Files under $OUT: gpu.txt, profile_moeh5.toml, calibrate_moeh5.log, moeh5/moe_sync.json,
+# moeh5/logs.tgz.
+source "$(dirname "$0")/device_env.sh"
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > "$OUT/gpu.txt" 2>&1
+$PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
+
+case "${PART:?set PART=1 or 2}" in
+    1)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh5/m01.json \
+            --nproc 4 --seq-len 4096 --micro-batches 2 --max-tp 2 --rounds 1 \
+            --compile-rows none,selective,full --no-fp8 --time-budget 560 \
+            --out "$OUT/profile_moeh5.toml" > "$OUT/calibrate_moeh5.log" 2>&1
+        echo "rc $? calibrate moeh5 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
+        grep -E "not timed|wrote" "$OUT/calibrate_moeh5.log" | tee -a "$OUT/gpu.txt" ;;
+    2)  mkdir -p "$OUT/moeh5"
+        $PY benchmarks/moe_sync_gpu.py run --plans benchmarks/plans/moeh5_h200x4 \
+            --out "$OUT/moeh5" --work /tmp/moeh5/runs --budget 540 --timeout 150
+        echo "rc $? run moeh5 after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
+esac
+ls -la "$OUT" "$OUT"/*/
