@@ -120,6 +120,29 @@ def draw_two_gpu_layouts(seed: int, count: int = 4) -> list[tuple[str, Layout]]:
 
 # fp8h4 (2026-11-29, drawn before any run): a never-run model on two GPUs
 LAYOUTS += draw_two_gpu_layouts(4104)
+
+
+def draw_four_gpu_layouts(seed: int) -> list[tuple[str, Layout]]:
+    """Six four-GPU layouts drawn from a seed (fp8h5 on): DDP + ZeRO-1, FSDP2 ZeRO-3, dp 2 ·
+    tp 2 + SP (ZeRO-1 and ZeRO-2), dp 2 · pp 2 (1F1B) and pp 2 · tp 2 + SP — each once, in a
+    drawn order — at micro-batch 8 (one size, so that one call's calibration times every
+    row the layouts read, FSDP2's included; 8 k tokens of fp8h5's 1 k sequences, where
+    fp8h2/h3's arms were GPU-bound) and recompute none / selective / full drawn. Named
+    q01-q06 in drawn order."""
+    import random
+    shapes = (dict(dp=4, zero=1), dict(dp=4, zero=3),
+              dict(dp=2, tp=2, sequence_parallel=True, zero=1),
+              dict(dp=2, tp=2, sequence_parallel=True, zero=2),
+              dict(dp=2, pp=2, schedule="1f1b", zero=1),
+              dict(pp=2, tp=2, sequence_parallel=True, schedule="1f1b"))
+    rng = random.Random(seed)
+    return [(f"q{i + 1:02d}", L(micro_batch=8,
+                                recompute=rng.choice(("none", "selective", "full")), **shape))
+            for i, shape in enumerate(rng.sample(shapes, len(shapes)))]
+
+
+# fp8h5 (2026-11-29, drawn before any run, for the next 4-GPU lease)
+LAYOUTS += draw_four_gpu_layouts(4105)
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 

@@ -163,3 +163,30 @@ def test_plans_gpu_bound_keeps_the_first_layouts_predicted_gpu_bound(tmp_path):
     order = [n for n, _ in msg.SETS["drawn2-3804"]]
     last = max(order.index(n) for n in preds["layouts"])
     assert all(order.index(n) < last for n in preds["excluded"])
+
+
+def test_the_committed_fp8h5_draw_model_and_four_gpu_layouts():
+    """fp8h5 (2026-11-29, for the next 4-GPU lease): seed 4105's first dense model and six
+    4-GPU layouts drawn from the same seed, one per shape, micro-batch 8, runnable."""
+    import dataclasses
+
+    import draw_models as dm
+    import fp8_device as f8
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "fp8h5" / "m01.json").read_text()))
+    assert committed == dm.draw_model(random.Random(4105), "m01", min_params=1.0e9,
+                                      max_params=2.5e9)
+    drawn = f8.draw_four_gpu_layouts(4105)
+    assert [n for n, _ in drawn] == [f"q0{i}" for i in range(1, 7)]
+    assert all(dict(f8.LAYOUTS)[n] == lay for n, lay in drawn)
+    layouts = [lay for _, lay in drawn]
+    assert {(lay.dp, lay.tp, lay.pp, lay.zero) for lay in layouts} == {
+        (4, 1, 1, 1), (4, 1, 1, 3), (2, 2, 1, 1), (2, 2, 1, 2), (2, 1, 2, 1), (1, 2, 2, 0)}
+    assert {lay.micro_batch for lay in layouts} == {8}
+    for prec in ("bf16", "fp8"):
+        job = Job(global_batch=64, seq_len=1024, runtime="torch", precision=prec,
+                  **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
+        for lay in layouts:
+            check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
