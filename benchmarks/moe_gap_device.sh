@@ -18,8 +18,7 @@
 source "$(dirname "$0")/device_env.sh"
 PLANS=benchmarks/plans/moeh1_h200x1
 WORK=$(mktemp -d)
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
-$PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
+record_gpu name,driver_version,clocks.max.sm
 
 echo "== (a) forward gap probe" | tee -a "$OUT/run.log"
 timeout 200 $PY benchmarks/moe_forward_gap_gpu.py --model benchmarks/sets/moeh1/m01.json \

@@ -8,8 +8,7 @@
 # Files under $OUT: gpu.txt, profile_<set>.toml, calibrate_<set>.log, <set>/moe_sync.json,
 # <set>/logs.tgz.
 source "$(dirname "$0")/device_env.sh"
-nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-$PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
+record_gpu name,driver_version
 
 calibrate() {   # set seq-len micro-batches
     echo "== calibrate $1" | tee -a "$OUT/gpu.txt"

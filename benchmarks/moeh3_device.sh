@@ -10,8 +10,7 @@
 # Files under $OUT: gpu.txt, profile_moeh3.toml, calibrate_moeh3.log, moeh3/moe_sync.json,
 # moeh3/logs.tgz, moeh1/moe_sync.json, duty/*.json.
 source "$(dirname "$0")/device_env.sh"
-nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > "$OUT/gpu.txt" 2>&1
-$PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
+record_gpu
 
 case "${PART:?set PART=1, 2 or 3}" in
     1)  timeout 560 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh3/m01.json \

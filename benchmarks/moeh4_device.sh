@@ -11,9 +11,7 @@
 # Files under $OUT: gpu.txt, profile_moeh4.toml, calibrate_moeh4.log, moeh4/moe_sync.json,
 # moeh4/logs.tgz.
 source "$(dirname "$0")/device_env.sh"
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > "$OUT/gpu.txt" 2>&1
-$PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
+record_gpu
 
 case "${PART:?set PART=1, 2 or 3}" in
     1)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh4/m01.json \

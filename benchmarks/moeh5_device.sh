@@ -14,9 +14,7 @@
 # Files under $OUT: gpu.txt, profile_moeh5.toml, calibrate_moeh5.log, moeh5/moe_sync.json,
 # moeh5/logs.tgz.
 source "$(dirname "$0")/device_env.sh"
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > "$OUT/gpu.txt" 2>&1
-$PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
+record_gpu
 
 case "${PART:?set PART=1 or 2}" in
     1)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh5/m01.json \
