@@ -99,23 +99,31 @@ LAYOUTS = [
 ]
 
 
+def _draw_shapes(seed: int, shapes: tuple, count: int, micro_batches: tuple,
+                 prefix: str) -> list[tuple[str, Layout]]:
+    """``count`` distinct layouts drawn from a seed: ``shapes`` each once, in a drawn order,
+    then shapes drawn again; a micro-batch drawn from ``micro_batches`` (no draw where there
+    is one) and recompute none / selective / full. Named ``prefix``01, ... in drawn order."""
+    import random
+    rng, drawn = random.Random(seed), []
+    order = rng.sample(shapes, len(shapes))
+    while len(drawn) < count:
+        shape = order[len(drawn)] if len(drawn) < len(order) else rng.choice(shapes)
+        mb = rng.choice(micro_batches) if len(micro_batches) > 1 else micro_batches[0]
+        lay = L(micro_batch=mb, recompute=rng.choice(("none", "selective", "full")), **shape)
+        if lay not in drawn:
+            drawn.append(lay)
+    return [(f"{prefix}{i + 1:02d}", lay) for i, lay in enumerate(drawn)]
+
+
 def draw_two_gpu_layouts(seed: int, count: int = 4) -> list[tuple[str, Layout]]:
     """``count`` distinct two-GPU layouts drawn from a seed (fp8h4 on: unseen layouts as well
     as an unseen model): DDP + ZeRO-1, FSDP2 ZeRO-3, tp 2 + SP and pp 2 (1F1B) — each once,
     in a drawn order, the parallelisms fp8 composes with — at micro-batch 4 or 8 and
     recompute none / selective / full. Named k01, k02, ... in drawn order."""
-    import random
     shapes = (dict(dp=2, zero=1), dict(dp=2, zero=3), dict(tp=2, sequence_parallel=True),
               dict(pp=2, schedule="1f1b"))
-    rng, drawn = random.Random(seed), []
-    order = rng.sample(shapes, len(shapes))
-    while len(drawn) < count:
-        shape = order[len(drawn)] if len(drawn) < len(order) else rng.choice(shapes)
-        lay = L(micro_batch=rng.choice((4, 8)),
-                recompute=rng.choice(("none", "selective", "full")), **shape)
-        if lay not in drawn:
-            drawn.append(lay)
-    return [(f"k{i + 1:02d}", lay) for i, lay in enumerate(drawn)]
+    return _draw_shapes(seed, shapes, count, (4, 8), "k")
 
 
 # fp8h4 (2026-11-29, drawn before any run): a never-run model on two GPUs
@@ -129,16 +137,12 @@ def draw_four_gpu_layouts(seed: int) -> list[tuple[str, Layout]]:
     row the layouts read, FSDP2's included; 8 k tokens of fp8h5's 1 k sequences, where
     fp8h2/h3's arms were GPU-bound) and recompute none / selective / full drawn. Named
     q01-q06 in drawn order."""
-    import random
     shapes = (dict(dp=4, zero=1), dict(dp=4, zero=3),
               dict(dp=2, tp=2, sequence_parallel=True, zero=1),
               dict(dp=2, tp=2, sequence_parallel=True, zero=2),
               dict(dp=2, pp=2, schedule="1f1b", zero=1),
               dict(pp=2, tp=2, sequence_parallel=True, schedule="1f1b"))
-    rng = random.Random(seed)
-    return [(f"q{i + 1:02d}", L(micro_batch=8,
-                                recompute=rng.choice(("none", "selective", "full")), **shape))
-            for i, shape in enumerate(rng.sample(shapes, len(shapes)))]
+    return _draw_shapes(seed, shapes, len(shapes), (8,), "q")
 
 
 # fp8h5 (2026-11-29, drawn before any run, for the next 4-GPU lease)

@@ -266,7 +266,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if cfg.compile:   # first round only: not part of a later round's projection
                 first_only_s += time.perf_counter() - t_row
             fc, bc = _cpu_fields(cfg)
-            if rnd == 0 and not cfg.part and cfg.zero == 0 and cfg.ep == 1 and values[5] > 0:
+            if rnd == 0 and not cfg.part and cfg.zero == 0 and not cfg.communicates \
+                    and values[5] > 0:
                 # once per row, in the first round: that is the only round sure to run.
                 # Synchronized rows already hold the shallow split (combined over rounds
                 # below); queued ones need it again, right before the deep one

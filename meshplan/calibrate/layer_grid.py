@@ -7,10 +7,12 @@ back. What a row holds: :mod:`meshplan.calibrate.bench_layers`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
 from meshplan.calibrate.shapes import valid_tps
+from meshplan.costmodel.moe_host import syncs_at
 from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError
 
@@ -55,8 +57,7 @@ class Config:
         read waits for the spin kernel the GPU is held by — so its row is timed
         synchronized: max(CPU, GPU) seconds, no CPU fields (what a layer that drains the
         queue costs)."""
-        return self.ep > 1 or (self.model.is_moe and self.model.capacity_factor is not None
-                               and not self.part)
+        return not self.part and self.model.is_moe and syncs_at(self.model, self.ep) > 0
 
     @property
     def build_key(self) -> tuple:
@@ -119,11 +120,7 @@ MISSING_ROWS = {
 def untimed_summary(grid: Sequence[Config]) -> dict[str, int]:
     """How many rows of each kind ``grid`` holds, in grid order (the rows a --time-budget
     left untimed)."""
-    out: dict[str, int] = {}
-    for cfg in grid:
-        k = row_kind(cfg)
-        out[k] = out.get(k, 0) + 1
-    return out
+    return dict(Counter(row_kind(cfg) for cfg in grid))
 
 
 def expert_degrees(model: ModelSpec, world: int) -> tuple[int, ...]:

@@ -46,7 +46,6 @@ class _Groups:
             self._dp[size, tp] = mesh["dp"]
         return self._dp[size, tp]
 
-
     def experts(self, ep: int, tp: int = 1, dp: int | None = None):
         """The executor's expert groups (:class:`meshplan.executor.expert_parallel.
         ExpertGroups`) of ``ep`` ranks folded over a stage of ``dp`` × ``tp`` ranks (default:

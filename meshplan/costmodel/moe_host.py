@@ -86,12 +86,14 @@ class HostTerms(NamedTuple):
 
 def torch_syncs(model: ModelSpec, layout: Layout) -> int:
     """Host syncs per MoE layer forward in meshplan's executor (module docstring)."""
-    n = 0
-    if layout.ep > 1:
-        n += SYNCS_EP
-    if model.capacity_factor is not None:
-        n += SYNCS_CAPACITY
-    return n
+    return syncs_at(model, layout.ep)
+
+
+def syncs_at(model: ModelSpec, ep: int) -> int:
+    """:func:`torch_syncs` at expert-parallel degree ``ep`` (what the calibration's rows of
+    an MoE layer are timed at: ``calibrate.layer_grid.Config.syncs_on_host``)."""
+    return (SYNCS_EP if ep > 1 else 0) + (SYNCS_CAPACITY if model.capacity_factor is not None
+                                          else 0)
 
 
 def routed_ops(model: ModelSpec, layout: Layout, *, autocast: bool) -> tuple[int, int]:

@@ -104,18 +104,18 @@ class MeasuredTables:
         """The (tp, sequence parallel, recompute) settings at which the profile timed this
         model's layer shape compiled at ``seq_len`` (compiled rows are not transferred to
         other shapes: :mod:`meshplan.costmodel.nearest_rows`)."""
-        key = layer_shape_key(model)
-        return frozenset((r.tp, r.sequence_parallel, r.recompute) for r in self.layers
-                         if r.compile and r.shape == key and r.seq_len == seq_len
-                         and r.ep == 1)
+        return frozenset((r.tp, r.sequence_parallel, r.recompute)
+                         for r in self._compiled_rows(model, seq_len) if r.ep == 1)
 
     def compiled_ep_settings(self, model: ModelSpec, seq_len: int) -> frozenset:
         """The (tp, sequence parallel, recompute, ep) settings, ep > 1, at which the profile
         timed this MoE model's layer compiled with its experts over ep ranks."""
+        return frozenset((r.tp, r.sequence_parallel, r.recompute, r.ep)
+                         for r in self._compiled_rows(model, seq_len) if r.ep > 1)
+
+    def _compiled_rows(self, model: ModelSpec, seq_len: int):
         key = layer_shape_key(model)
-        return frozenset((r.tp, r.sequence_parallel, r.recompute, r.ep) for r in self.layers
-                         if r.compile and r.shape == key and r.seq_len == seq_len
-                         and r.ep > 1)
+        return (r for r in self.layers if r.compile and r.shape == key and r.seq_len == seq_len)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
