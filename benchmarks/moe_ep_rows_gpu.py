@@ -70,6 +70,18 @@ def main(argv=None) -> int:
         p.error("--base-profile and --profile-out go together")
     if args.base_profile and not Path(args.base_profile).is_file():
         p.error(f"--base-profile {args.base_profile!r}: no such file")
+    from meshplan.calibrate.layer_grid import RECOMPUTE
+    bad = [m for m in args.recompute.split(",") if m not in RECOMPUTE]
+    if bad:
+        p.error(f"--recompute {args.recompute!r}: {bad} not among {list(RECOMPUTE)}")
+    try:
+        mbs = [int(x) for x in args.micro_batches.split(",")]
+    except ValueError:
+        mbs = []
+    if not mbs or min(mbs) < 1:
+        p.error(f"--micro-batches {args.micro_batches!r}: comma-separated integers >= 1")
+    if args.tp < 1 or (args.sp and args.tp == 1):
+        p.error(f"--tp {args.tp}{' --sp' if args.sp else ''}: tp >= 1, and --sp needs tp > 1")
 
     import torch
 
@@ -83,8 +95,8 @@ def main(argv=None) -> int:
     device = init_torchrun_group(args.device == "cuda")
     rank, world = dist.get_rank(), dist.get_world_size()
     modes = tuple(args.recompute.split(","))
-    mbs = tuple(int(x) for x in args.micro_batches.split(","))
-    sp = bool(args.sp and args.tp > 1)
+    mbs = tuple(mbs)
+    sp = bool(args.sp)
 
     def only(cfg) -> bool:
         return (not cfg.part and not cfg.compile and cfg.zero == 0 and cfg.tp == args.tp

@@ -440,6 +440,8 @@ def main(argv=None) -> int:
     d.add_argument("--profile", default=None,
                    help="re-predict on this profile instead of the one the plans were made on")
     args = p.parse_args(argv)
+    if args.cmd == "plans" and args.gpu_bound is not None and args.gpu_bound < 1:
+        p.error(f"--gpu-bound {args.gpu_bound}: the number of layouts to keep, at least 1")
     if args.cmd == "plans":
         return plans(args)
     if args.cmd == "run":
