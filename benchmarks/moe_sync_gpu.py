@@ -120,19 +120,23 @@ def _layout_name(lay: Layout) -> str:
     return "-".join(parts)
 
 
-def draw_layouts(seed: int, count: int = 6, gpus: int = 1) -> list[tuple[str, Layout]]:
+def draw_layouts(seed: int, count: int = 6, gpus: int = 1,
+                 micro_batches: tuple[int, ...] | None = None) -> list[tuple[str, Layout]]:
     """``count`` distinct layouts drawn uniformly from a seed: micro-batch 1-16 (1-4 on two
     GPUs, 2 on four), recompute none / selective / full, compiled or eager, and on two (four)
     GPUs one of ``TWO_GPU_SHAPES`` (``FOUR_GPU_SHAPES``) — each once, in a drawn order, then
     those with ep > 1 — with ZeRO 1-3 where dp > 1 (moeh3 on: unseen layouts as well as an
     unseen model, where moeh1 and moeh2 ran one hand-picked set). One GPU keeps moeh3's
-    names (``mb8-compiled``); two name every degree above 1 (``dp2-ep2-z3-mb2-full``)."""
+    names (``mb8-compiled``); two name every degree above 1 (``dp2-ep2-z3-mb2-full``).
+    ``micro_batches`` (several GPUs): the sizes drawn from instead of ``MULTI_GPU_DRAW``'s,
+    e.g. the one size a one-call calibration with ep and FSDP2 rows can time."""
     import random
     if gpus not in (1, *MULTI_GPU_DRAW):
         raise ValueError(f"draw_layouts(gpus={gpus}): one, two or four GPUs")
     rng, drawn = random.Random(seed), []
     # several GPUs: every shape once (in a drawn order), then shapes with ep > 1, the subject
     pool, mbs = MULTI_GPU_DRAW.get(gpus, ((), ()))
+    mbs = tuple(micro_batches) if micro_batches else mbs
     shapes = rng.sample(pool, len(pool))
     while len(drawn) < count:
         if gpus == 1:
@@ -163,6 +167,9 @@ SETS["drawn2-3804"] = draw_layouts(3804, count=8, gpus=2)
 # moeh5 (2026-11-29, for the next 4-GPU lease): sixteen candidates; `plans --gpu-bound 8`
 # keeps the first eight the call-1 profile predicts GPU-bound
 SETS["drawn4-3805"] = draw_layouts(3805, count=16, gpus=4)
+# moeh6 (2026-11-29 night): a second two-GPU model, hidden 2048, at micro-batch 4 only (the
+# one size its one-call calibration with ep and FSDP2 rows times); `plans --gpu-bound 8`
+SETS["drawn2-3806"] = draw_layouts(3806, count=16, gpus=2, micro_batches=(4,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):
