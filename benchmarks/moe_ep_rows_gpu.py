@@ -102,10 +102,14 @@ def main(argv=None) -> int:
         return (not cfg.part and not cfg.compile and cfg.zero == 0 and cfg.tp == args.tp
                 and cfg.sequence_parallel == sp and cfg.recompute in modes
                 and cfg.ep in (1, world))
+    from meshplan.executor.gc_control import gc_paused
     t0 = time.perf_counter()
-    tables = bench_layers.bench_layer_rows([model], args.seq_len, device, world, rank,
-                                           quick=False, max_tp=args.tp, micro_batches=mbs,
-                                           rounds=1, only=only)
+    # the collector paused as `meshplan calibrate` pauses it (calibrate.run.calibrate): its
+    # pauses would otherwise land in the rows' CPU and synchronized times
+    with gc_paused():
+        tables = bench_layers.bench_layer_rows([model], args.seq_len, device, world, rank,
+                                               quick=False, max_tp=args.tp,
+                                               micro_batches=mbs, rounds=1, only=only)
     if rank == 0:
         doc = {"model": model.name, "seq_len": args.seq_len, "world": world,
                "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",

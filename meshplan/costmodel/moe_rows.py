@@ -78,7 +78,9 @@ MOE_ROWS_CAVEAT = (
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
-    "extra rows under load imbalance priced on top); not yet checked against a run on a GPU")
+    "extra rows under load imbalance priced on top); measured runs: tp 2 + SP · ep 2 on 2 x H200 "
+    "came out -0.4 to +22.7 % where the GPU set the pace (moeh6) and 15-27 % slow-priced "
+    "where the host did (moeh4, post hoc; docs/moe.md)")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,

@@ -3,7 +3,9 @@
 :class:`Interpolated` is what a lookup of
 :class:`~meshplan.hardware_profiles.measured.MeasuredTables` returns: a row's values linear
 in the micro-batch between the two nearest measured sizes, beyond them extrapolated from the
-two nearest (one point: proportional to the micro-batch). :func:`split_backward_at` and
+two nearest (one point: proportional to the micro-batch, except the CPU's dispatch, which
+the calibration pools over micro-batches because the CPU issues the same kernels whatever
+their size: held). :func:`split_backward_at` and
 :func:`wgrad_bytes_at` carry zero-bubble's split-backward seconds and memory, measured on one
 stack, to a stage of another depth.
 """
@@ -105,6 +107,11 @@ def wgrad_bytes_at(row: Interpolated, stage_layers: float) -> tuple[float, float
 _PER_STACK = ("split_layers", "backward_input_depth_s", "backward_weight_depth_s",
               "forward_cpu_fixed_s", "backward_cpu_fixed_s", "wgrad_memory_layers")
 # ... and the stage parts of the split memory scale with the micro-batch but may be negative
+# ... and the CPU's dispatch seconds: the same kernels whatever the micro-batch
+# (layer_rows.pooled_cpu stores one value for every micro-batch of a setting), so a single
+# timed size is held, not scaled (fp8h4's k04: an fp8 row timed at micro-batch 4 alone, its
+# CPU doubled at 8, put the step 73 % above the run)
+_PER_CALL = ("forward_cpu_s", "backward_cpu_s", "backward_input_cpu_s", "backward_weight_cpu_s")
 _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_stage_bytes",
            "wgrad_transient_stage_bytes")
 
@@ -120,7 +127,7 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
         return Interpolated(*vals(exact[0]))
     if len(rows) == 1:
         k = mb / rows[0].micro_batch
-        return Interpolated(*(v if n in _PER_STACK else v * k
+        return Interpolated(*(v if n in _PER_STACK + _PER_CALL else v * k
                               for n, v in zip(names, vals(rows[0]))),
                             extended_from=(rows[0].micro_batch,))
     below = [r for r in rows if r.micro_batch < mb]

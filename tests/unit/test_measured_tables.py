@@ -1256,3 +1256,14 @@ def test_zero3_without_fsdp_rows_says_so():
     from meshplan.hardware_profiles import Cluster
     datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
     assert FSDP_UNMEASURED_CAVEAT not in estimate(MODEL, datasheet, JOB, z3).caveats
+
+
+def test_one_timed_micro_batch_extends_gpu_time_but_holds_cpu_dispatch():
+    """A setting timed at one micro-batch only: its GPU seconds scale with the micro-batch,
+    its CPU dispatch (pooled over micro-batches by the calibration) does not."""
+    t = _cpu_tables()
+    r = t.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
+                micro_batch=4)
+    assert (r.forward_s, r.backward_s) == pytest.approx((4e-3, 8e-3))
+    assert (r.forward_cpu_s, r.backward_cpu_s) == (3e-3, 5e-3)
+    assert r.extended_from == (1,)
