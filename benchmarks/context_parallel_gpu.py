@@ -2,7 +2,7 @@
 Llama-style 1.26B model at 16k-64k tokens per sequence, cp 1/2/4 with tp, dp and pp,
 measured against the cost model's prediction as run (issue 39 item 5).
 
-Every layout trains 131072 tokens per step (global batch × seq_len), so step times compare
+Every layout trains 131072 tokens per step (a drawn set: its `tokens_per_step`, 65536 on two GPUs)
 across sequence lengths. Each plan carries the cost model's prediction for its layout (cp
 priced by meshplan.costmodel.context_tables on the cluster of the run); the results keep it
 beside the measurement (``prediction_step_time_s``, ``prediction_memory_peak_bytes``,
@@ -56,6 +56,7 @@ class Case:
     seq_len: int
     layout: Layout
     compile: bool = False
+    tokens_per_step: int = TOKENS_PER_STEP
 
 
 def cases() -> list[Case]:
@@ -79,8 +80,10 @@ def load_set(path: str) -> tuple[ModelSpec, list[Case]]:
     """A set drawn by benchmarks/cp_draw.py: its model and cases."""
     try:
         doc = json.loads(Path(path).read_text())
+        tokens = int(doc.get("tokens_per_step", TOKENS_PER_STEP))
         return ModelSpec.from_dict(doc["model"]), [
-            Case(c["name"], c["seq_len"], Layout.from_dict(c["layout"])) for c in doc["cases"]]
+            Case(c["name"], c["seq_len"], Layout.from_dict(c["layout"]),
+                 tokens_per_step=tokens) for c in doc["cases"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"--set {path}: not a set written by benchmarks/cp_draw.py "
                          f"(a JSON file with 'model' and 'cases'): {exc}") from None
@@ -90,7 +93,7 @@ def job_for(case: Case, tiny: bool) -> Job:
     if tiny:
         return Job(global_batch=8, seq_len=case.seq_len // 512, precision="fp32",
                    runtime="torch")
-    return Job(global_batch=TOKENS_PER_STEP // case.seq_len, seq_len=case.seq_len,
+    return Job(global_batch=case.tokens_per_step // case.seq_len, seq_len=case.seq_len,
                precision="bf16", runtime="torch")
 
 
@@ -175,8 +178,10 @@ def main(argv=None) -> int:
     model, todo = (MODEL, cases()) if args.set is None else load_set(args.set)
     if args.tiny:
         model = TINY
-    cluster = eg.cluster_for(args.device if not args.estimate else "cpu", 4)
     todo = eg.select(p, todo, args.only)
+    # the node of the set's layouts (a set drawn for two GPUs: cp_draw.py --gpus 2)
+    cluster = eg.cluster_for(args.device if not args.estimate else "cpu",
+                             max(c.layout.num_gpus for c in todo))
     host_note = ""
     if args.host_json:
         host = json.loads(Path(args.host_json).read_text())

@@ -3,6 +3,7 @@ at 16k-64k tokens, cp 1/2/4 mixed with tp, dp and pp, ring and all-to-all, from 
 
     PYTHONPATH=. python benchmarks/cp_draw.py --seed 40 --out benchmarks/sets/cp40/set.json
     python benchmarks/context_parallel_gpu.py --set benchmarks/sets/cp40/set.json --out $OUT
+    PYTHONPATH=. python benchmarks/cp_draw.py --seed 44 --gpus 2 --out benchmarks/sets/cp44/set.json
 
 The model is :func:`draw_models.draw_model`'s (GPT or Llama, MHA/GQA/MQA, 1.0-2.5 B
 parameters) with its context window raised to 64k. A layout is admissible when
@@ -13,6 +14,10 @@ the prediction misses). Every layout trains 131,072 tokens a step (``global_batc
 asks for cp 1 once or twice, cp 2 and cp 4 three times or more, and covers tp > 1, pp > 1 and
 both cp styles (a model whose heads allow no tp or no all-to-all is redrawn); it is written
 before any run and run as drawn.
+
+``--gpus 2`` (cp44 on, when only two GPUs were lent): the same on two GPUs — cp 1 two or
+three times, cp 2 for the rest — at half the tokens a step (65,536: the tokens a GPU of the
+four-GPU sets). Four GPUs draw exactly as before (cp40-cp43 reproduce).
 """
 
 from __future__ import annotations
@@ -33,22 +38,28 @@ from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
-TOKENS_PER_STEP = 131072
+TOKENS_PER_STEP = 131072       # on 4 GPUs; tokens_per_step() on others
 SEQS = (16384, 32768, 65536)
 MEMORY_SHARE = 0.70
 N_LAYOUTS = 8
 
 
-def layouts() -> list[tuple[int, Layout]]:
-    """Every (seq, layout) on 4 GPUs before admission: cp, tp, pp, cp style, ZeRO (stage 3
-    only without pp, none where dp·cp = 1) and recompute at micro-batch 1, SP with tp."""
+def tokens_per_step(gpus: int) -> int:
+    """The tokens a step trains on ``gpus`` GPUs: 32,768 a GPU."""
+    return TOKENS_PER_STEP * gpus // 4
+
+
+def layouts(gpus: int = 4) -> list[tuple[int, Layout]]:
+    """Every (seq, layout) on ``gpus`` GPUs before admission: cp, tp, pp, cp style, ZeRO
+    (stage 3 only without pp, none where dp·cp = 1) and recompute at micro-batch 1, SP with
+    tp."""
     out = []
     for seq, cp, tp, pp, style, zero, rc in itertools.product(
             SEQS, (1, 2, 4), (1, 2, 4), (1, 2), ("ring", "all-to-all"), (0, 1, 3),
             ("none", "selective", "full")):
-        if 4 % (cp * tp * pp) or style == "all-to-all" and cp == 1:
+        if gpus % (cp * tp * pp) or style == "all-to-all" and cp == 1:
             continue
-        dp = 4 // (cp * tp * pp)
+        dp = gpus // (cp * tp * pp)
         if zero and dp * cp == 1 or zero == 3 and pp > 1:
             continue
         out.append((seq, Layout(dp=dp, cp=cp, tp=tp, pp=pp, cp_style=style, zero=zero,
@@ -58,13 +69,14 @@ def layouts() -> list[tuple[int, Layout]]:
 
 
 def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, float]]:
-    """Every admissible (seq, layout, predicted peak bytes) on the 4 GPUs."""
+    """Every admissible (seq, layout, predicted peak bytes) on the cluster's GPUs."""
     from meshplan.costmodel import estimate
     from meshplan.executor.parallelize import check_layout_runnable
     from meshplan.spec.validate import check_layout
     out = []
-    for seq, lay in layouts():
-        job = Job(global_batch=TOKENS_PER_STEP // seq, seq_len=seq, precision="bf16",
+    gpus = cluster.num_gpus
+    for seq, lay in layouts(gpus):
+        job = Job(global_batch=tokens_per_step(gpus) // seq, seq_len=seq, precision="bf16",
                   runtime="torch")
         try:
             check_layout(model, cluster, job, lay)
@@ -83,26 +95,32 @@ def covers(layouts: list[Layout]) -> bool:
             and {lay.cp_style for lay in layouts if lay.cp > 1} == {"ring", "all-to-all"})
 
 
-def draw(seed: int) -> dict:
+def draw(seed: int, gpus: int = 4) -> dict:
+    if gpus not in (2, 4):
+        raise SystemExit(f"--gpus {gpus}: 2 or 4")
     rng = random.Random(seed)
-    cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=4)
+    cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
     for attempt in range(1, 51):
         base = draw_model(rng, f"c{seed}m{attempt:02d}", min_params=1.0e9, max_params=2.5e9)
         model = dataclasses.replace(base, max_seq_len=65536)
         pool = candidates(model, cluster)
         by_cp = {c: [p for p in pool if p[1].cp == c] for c in (1, 2, 4)}
-        if len(by_cp[1]) < 1 or len(by_cp[2]) < 3 or len(by_cp[4]) < 3:
+        if gpus == 2:
+            want = {1: rng.choice((2, 3))}
+            want[2] = N_LAYOUTS - want[1]
+        elif len(by_cp[1]) < 1 or len(by_cp[2]) < 3 or len(by_cp[4]) < 3:
             continue
-        want = {1: rng.choice((1, 2))}
-        want[2] = rng.choice((3, 4)) if want[1] == 1 else 3
-        want[4] = N_LAYOUTS - want[1] - want[2]
+        else:
+            want = {1: rng.choice((1, 2))}
+            want[2] = rng.choice((3, 4)) if want[1] == 1 else 3
+            want[4] = N_LAYOUTS - want[1] - want[2]
         if any(len(by_cp[c]) < want[c] for c in want):
             continue
         for _ in range(200):
-            chosen = [p for c in (1, 2, 4) for p in rng.sample(by_cp[c], want[c])]
+            chosen = [p for c in want for p in rng.sample(by_cp[c], want[c])]
             if covers([lay for _, lay, _ in chosen]):
                 return {"seed": seed, "attempt": attempt, "model": model.to_dict(),
-                        "tokens_per_step": TOKENS_PER_STEP, "pool": len(pool),
+                        "tokens_per_step": tokens_per_step(gpus), "pool": len(pool),
                         "cases": [{"name": f"c{seed}-{i + 1:02d}", "seq_len": seq,
                                    "layout": lay.to_dict(),
                                    "datasheet_peak_gib": round(peak / 2**30, 1)}
@@ -114,11 +132,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True, help="the set's JSON file")
+    ap.add_argument("--gpus", type=int, default=4, choices=(2, 4),
+                    help="GPUs of the node the set runs on (default 4)")
     args = ap.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists: a drawn set is not redrawn over (pick another "
                          f"--out or --seed)")
-    doc = draw(args.seed)
+    doc = draw(args.seed, args.gpus)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     m = ModelSpec.from_dict(doc["model"])

@@ -67,3 +67,26 @@ def test_context_parallel_gpu_reads_the_set_and_refuses_a_bad_one(tmp_path):
     for path in (bad, tmp_path / "missing.json"):
         with pytest.raises(SystemExit, match="not a set written by benchmarks/cp_draw.py"):
             cg.load_set(str(path))
+
+
+def test_committed_cp44_is_the_two_gpu_draw_of_its_seed():
+    """cp44 (two GPUs): the seed's draw, cp 1 and 2 only, 65,536 tokens a step, admissible."""
+    committed = json.loads((ROOT / "benchmarks/sets/cp44/set.json").read_text())
+    assert cp_draw.draw(44, gpus=2) == committed
+    assert committed["tokens_per_step"] == cp_draw.tokens_per_step(2) == 65536
+    model = ModelSpec.from_dict(committed["model"])
+    cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=2)
+    layouts = [Layout.from_dict(c["layout"]) for c in committed["cases"]]
+    cps = [lay.cp for lay in layouts]
+    assert len(layouts) == cp_draw.N_LAYOUTS and set(cps) == {1, 2} and cps.count(1) in (2, 3)
+    assert cp_draw.covers(layouts)
+    for case, lay in zip(committed["cases"], layouts):
+        assert lay.num_gpus == 2
+        check_layout(model, cluster, Job(global_batch=65536 // case["seq_len"],
+                                         seq_len=case["seq_len"], precision="bf16",
+                                         runtime="torch"), lay)
+
+
+def test_draw_refuses_other_gpu_counts():
+    with pytest.raises(SystemExit, match="--gpus 8"):
+        cp_draw.draw(44, gpus=8)
