@@ -93,9 +93,13 @@ class ExpertTerms:
 
     def copy_bytes(self, params: float, job: Job, zero: int) -> float:
         """16-bit compute copies of ``params`` expert parameters (runtime "torch"): autocast
-        or FSDP2's ZeRO-2 keep them, ZeRO-3 gathers two layers (a buffer); none beside a
-        measured row that holds them."""
-        if (zero == 3 and self.edp > 1) or (self.copies_in_rows and zero < 2):
+        or FSDP2's ZeRO-2 keep them, ZeRO-3 gathers two layers (a buffer) — at edp = 1 too,
+        since the executor shards the experts with FSDP2 over edp whatever its size
+        (``expert_parallel.prepare_data_parallel``: a one-rank mesh that still frees the
+        gathered copy after forward; moeh6, 2 × H200: its two ZeRO-3 layouts at ep 2 = dp,
+        priced with a copy kept, held 3.2 GiB less than predicted); none beside a measured
+        row that holds them."""
+        if zero == 3 or (self.copies_in_rows and zero < 2):
             return 0.0
         return params * compute_weight_bytes_per_param(job)
 
@@ -178,7 +182,7 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
     f.update(experts=terms, layer_state_bytes=f["layer_state_bytes"] + expert_state,
              layer_forward_s=f["layer_forward_s"] + z3e.forward_s,
              layer_backward_s=f["layer_backward_s"] + z3e.backward_s)
-    if zero == 3 and terms.edp > 1:   # two gathered layers' experts
+    if zero == 3:   # two gathered layers' experts (FSDP2 over edp, one rank included)
         f["buffer_bytes"] += 2 * terms.params_per_layer * (
             compute_weight_bytes_per_param(job) or per.weights)
     if dense is not None and terms.dense_layers:

@@ -374,3 +374,24 @@ def test_layers_that_sync_on_the_host_are_timed_synchronized(monkeypatch):
             layer_run._run_layer(Config(model=model, **base), None, 2, torch.device("cpu"),
                                  iters=1, barrier=lambda: None, queue=sentinel)
         assert seen.pop() is expect
+
+
+def test_zero3_frees_the_experts_gathered_copies_at_edp_1_too():
+    """ZeRO-3 holds no expert 16-bit copy from forward to backward whatever edp is (the
+    executor's FSDP2 shards the experts over edp, a one-rank mesh included, and reshards after
+    forward), but a two-layer gather buffer; ZeRO-2 keeps the copies."""
+    cl = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
+    z3, z2 = Layout(dp=2, ep=2, micro_batch=1, zero=3), Layout(dp=2, ep=2, micro_batch=1, zero=2)
+    for lay, copy in ((z3, 0.0), (z2, 2e6)):
+        links = replace(group_links(cl, lay), **expert_links(cl, lay))
+        layer = measured_moe_parts(MOE, cl, JOB, lay, links)
+        terms = expert_terms(MOE, cl, JOB, lay, links, layer and layer.layer)
+        assert terms.edp == 1 and terms.copy_bytes(1e6, JOB, lay.zero) == copy
+    e3, e2 = (estimate(MOE, cl, JOB, lay) for lay in (z3, z2))
+    per_layer = expert_terms(MOE, cl, JOB, z3, replace(group_links(cl, z3),
+                                                       **expert_links(cl, z3)), None)
+    copies = per_layer.params_per_layer * 2          # one layer's experts in bf16
+    # every layer's expert copies no longer held (ZeRO-2 holds them, and the dense ones too)
+    assert e2.memory[0].weights_bytes - e3.memory[0].weights_bytes >= MOE.num_layers * copies
+    # ... but two layers' gathered experts in the buffer (with the dense layers' two)
+    assert e3.memory[0].buffers_bytes - e2.memory[0].buffers_bytes >= 2 * copies
