@@ -303,7 +303,9 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
             "memory_peak_bytes": meas.get("memory_peak_bytes"),
             "phases": rank0("phase_median_ms_per_rank"),
             "host_step_s": rank0("host_step_median_s_per_rank"),
-            "host_probe_us": rank0("host_probe_us_per_rank")}
+            "host_probe_us": rank0("host_probe_us_per_rank"),
+            # ρ as run (eager ep > 1): against the profile's assumed moe_load_imbalance
+            "moe_routing": (doc.get("measured") or {}).get("moe_routing")}
 
 
 def run(args) -> int:
@@ -350,8 +352,8 @@ def run(args) -> int:
 def table(results: dict) -> str:
     preds = results["predictions"]["layouts"]
     rows = ["| layout | baseline s (pred.) | current s (pred.) | speed-up | current error | "
-            "curves s (error) | datasheet s | peak GiB (pred.) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "curves s (error) | datasheet s | peak GiB (pred.) | ρ as run |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, p in preds.items():
         b = results["runs"].get(f"{name}/baseline", {})
         c = results["runs"].get(f"{name}/current", {})
@@ -368,7 +370,8 @@ def table(results: dict) -> str:
         rows.append(f"| {name} `{p['short']}` | {f(bs)} ({f(p.get('baseline_calibrated_s'))}) | "
                     f"{f(cs)} ({f(p['calibrated_s'])}) | "
                     f"{(bs / cs if bs and cs else float('nan')):.3f} | {err} | "
-                    f"{curves} | {f(p['datasheet_s'])} | {mem} |")
+                    f"{curves} | {f(p['datasheet_s'])} | {mem} | "
+                    f"{f((c.get('moe_routing') or {}).get('busiest_over_mean'))} |")
     return "\n".join(rows)
 
 

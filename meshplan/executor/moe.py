@@ -197,6 +197,7 @@ class MoELayer(nn.Module):
         self.tp_group = None
         self.slice_tokens = False
         self.sequence_parallel = False
+        self.routing = None     # a moe_routing.RoutedRows the runner attaches at ep > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (b, s, h), or this tp rank's (b, s/tp, h) with sequence parallelism
@@ -270,6 +271,8 @@ class MoELayer(nn.Module):
         # the one synchronisation of the layer: all_to_all_single takes its splits as
         # host integers (both read back together)
         in_splits, out_splits = torch.stack([send.sum(1), recv.sum(1)]).tolist()
+        if self.routing is not None and not torch.compiler.is_compiling():
+            self.routing.add(sum(out_splits))    # the rows this rank computes: ρ as run
         got = _AllToAll.apply(rows, out_splits, in_splits, group)
         regroup = _expert_major_index(recv, sum(out_splits))
         # both reorders are permutations: unpad_rows' backward writes each row back by

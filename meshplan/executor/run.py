@@ -32,6 +32,8 @@ from meshplan.executor.failures import (collect_rank_errors, diagnose, error_fil
                                         install_term_handler, maybe_inject_failure,
                                         write_error)
 from meshplan.executor.gc_control import GcPolicy, gc_across_ranks
+from meshplan.executor.moe_routing import RoutedRows, imbalance
+from meshplan.executor.moe_routing import attach as attach_routing
 from meshplan.executor.run_args import (FIRST_STEP_SETTLE_S, build_parser,  # noqa: F401
                                         effective_plan, gpu_family, preflight)
 from meshplan.executor.run_extras import (checkpoint_summary, setup_checkpoints, start_profiler,
@@ -226,6 +228,10 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             from meshplan.executor.block_marks import add_block_marks
             add_block_marks(trainer, timer.mark)
         gc_policy = GcPolicy(args.gc, args.gc_period)
+        routed = RoutedRows()
+        routed_ranks = (dist.get_process_group_ranks(trainer.expert_groups.ep_group)
+                        if any([attach_routing(p.module, routed) for p in trainer.parts])
+                        else None)
         losses = []
         peak_after_step: list[float] = []   # running peak: shows which step set it
         host_probe_us = None                # the host's dispatch speed after the warm-up
@@ -248,6 +254,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             if step >= first_timed:
                 timer.start()
                 gc_policy.in_step()
+                routed.on = True
             maybe_inject_failure(rank, step)
             loss = trainer.step(batch, mark=mark)
             if step >= first_timed:
@@ -295,9 +302,14 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 "groups": _rank_groups(groups), "host": socket.gethostname(),
                 "node_rank": int(os.environ.get("GROUP_RANK", "0")),
                 "local_rank": local_rank,
-                "checkpoints": saver.summary() if saver is not None else []}
+                "checkpoints": saver.summary() if saver is not None else [],
+                # the MoE rows this rank computed per call at ep > 1 (moe_routing)
+                "routed": (routed_ranks, routed.rows) if routed_ranks else None}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)
+        routing = imbalance([r.pop("routed") for r in per_rank if r.get("routed")])
+        for r in per_rank:
+            r.pop("routed", None)
     except torch.cuda.OutOfMemoryError as exc:
         g = state["groups"]
         pred = stage_prediction_bytes(prediction, g.pp_rank) if g else None
@@ -339,6 +351,9 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
             "warmup": args.warmup,
             "num_microbatches": trainer.num_microbatches,
             "gc": gc_across_ranks([r["gc"] for r in per_rank]),
+            # ρ as run: the busiest ep rank's routed rows over the mean, per MoE call of the
+            # timed steps (eager ep > 1 only; the cost model assumes moe_load_imbalance)
+            "moe_routing": routing,
             "mfu_note": None if device_type == "cuda" else "MFU needs a GPU peak; CPU run",
         }
         if saver is not None:

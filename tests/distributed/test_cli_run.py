@@ -31,6 +31,7 @@ def test_meshplan_run_writes_results_and_refuses_overwrite(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["measured"]["step_time_s"] > 0 and doc["status"] == "ok"
     assert doc["measured"]["gc"]["mode"] == "manual"           # the default
+    assert doc["measured"]["moe_routing"] is None               # a dense model
     # one run for both options: a torchrun start is most of a run's time on CPU
     import os
 
@@ -52,3 +53,26 @@ def test_meshplan_run_writes_results_and_refuses_overwrite(tmp_path, capsys):
                "--out", str(out)])
     assert rc == 2 and "refusing to overwrite" in capsys.readouterr().err
     assert out.read_text() == before
+
+
+def test_moe_run_records_the_load_imbalance_it_ran_at(tmp_path):
+    """dp 2 · ep 2: every MoE call of the timed steps recorded on both ranks, ρ ≥ 1."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from meshplan.executor.planfiles import write_plan_for_layout
+    moe = replace(TINY, name="tiny-moe", num_experts=4, experts_per_token=2,
+                  moe_ffn_hidden_size=32)
+    plan = tmp_path / "plan.json"
+    job = mp.Job(global_batch=4, seq_len=16, precision="fp32")
+    write_plan_for_layout(plan, moe, job, mp.Layout(dp=2, ep=2, micro_batch=1),
+                          mp.Cluster.preset("dgx-h100", nodes=1))
+    out = tmp_path / "results.json"
+    assert main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    r = doc["measured"]["moe_routing"]
+    # 2 MoE layers × 2 micro-batches a rank × 2 timed steps, no recomputation
+    assert r["calls"] == 2 * 2 * 2 and r["ep"] == 2 and r["groups"] == 1
+    assert 1.0 <= r["busiest_over_mean"] <= r["max"] <= 2.0
+    assert all("routed" not in rank for rank in doc["measured"]["memory_per_rank"])

@@ -395,3 +395,21 @@ def test_zero3_frees_the_experts_gathered_copies_at_edp_1_too():
     assert e2.memory[0].weights_bytes - e3.memory[0].weights_bytes >= MOE.num_layers * copies
     # ... but two layers' gathered experts in the buffer (with the dense layers' two)
     assert e3.memory[0].buffers_bytes - e2.memory[0].buffers_bytes >= 2 * copies
+
+
+def test_imbalance_as_run_pairs_each_groups_calls():
+    from meshplan.executor.moe_routing import MAX_CALLS, RoutedRows, imbalance
+    # two ep groups of two ranks; per call the busiest over the mean
+    recs = [((0, 2), [30, 20]), ((0, 2), [10, 20]), ((1, 3), [20, 0]), ((1, 3), [20, 0]),
+            ((4,), [])]                               # a rank that recorded nothing
+    r = imbalance(recs)
+    assert r["calls"] == 2 and r["groups"] == 2 and r["ep"] == 2
+    assert r["busiest_over_mean"] == pytest.approx((1.5 + 1.0 + 1.0) / 3, abs=1e-4)
+    assert r["max"] == 1.5
+    assert imbalance([((0, 1), []), ((0, 1), [])]) is None
+    rec = RoutedRows()
+    rec.add(5)                    # off: the warm-up
+    rec.on = True
+    for _ in range(MAX_CALLS + 3):
+        rec.add(7)
+    assert len(rec.rows) == MAX_CALLS and rec.rows[0] == 7
