@@ -216,6 +216,29 @@ def _model_job(args):
                                       global_batch=args.global_batch or JOB.global_batch)
 
 
+def _with_load_imbalance(cluster, lay: Layout, how: str | None):
+    """``cluster`` with the load imbalance ρ this ep > 1 layout is priced at, and that ρ
+    (None: the profile's own). ``how``: a number, or "rows": the ρ the profile's ep rows of
+    this ep recorded of their own routing (``MeasuredLayer.routed_imbalance``) — the
+    executor's synthetic tokens through a fresh router, which is what a check of the
+    executor runs, where a user's training routes as its data does (moeh6: 1.04-1.05 as run
+    against the built-in 1.25)."""
+    if how is None or lay.ep == 1:
+        return cluster, None
+    if how == "rows":
+        tables = cluster.gpu.measured
+        got = [r.routed_imbalance for r in (tables.layers if tables else ())
+               if r.ep == lay.ep and r.routed_imbalance > 0]
+        if not got:
+            return cluster, None
+        rho = sum(got) / len(got)
+    else:
+        rho = float(how)
+    g = cluster.gpu
+    return cluster.replace(gpu=dataclasses.replace(g, corrections=dataclasses.replace(
+        g.corrections, moe_load_imbalance=rho))), rho
+
+
 def plans(args) -> int:
     from meshplan.costmodel import estimate
     from meshplan.executor.planfiles import write_plan_for_layout
@@ -231,7 +254,15 @@ def plans(args) -> int:
         preds["model_spec"] = model.to_dict()
     kept = 0
     preds["excluded"] = {}
+    preds["load_imbalance"] = {}
+    profiled = calibrated
     for name, lay in SETS[args.set]:
+        calibrated, rho = _with_load_imbalance(profiled, lay, args.load_imbalance)
+        if rho is not None:
+            preds["load_imbalance"][name] = rho
+        elif args.load_imbalance and lay.ep > 1:
+            print(f"{name}: no ep {lay.ep} row recorded its routing; the profile's "
+                  f"moe_load_imbalance prices it")
         e = estimate(model, calibrated, job, lay)
         if args.gpu_bound is not None:
             # the rule of every drawn round (draw_holdout.py --max-host-load): a layout whose
@@ -429,6 +460,10 @@ def main(argv=None) -> int:
     a.add_argument("--seq-len", type=int, default=None, help="with --model: default its own")
     a.add_argument("--global-batch", type=int, default=None,
                    help=f"with --model: default {JOB.global_batch}")
+    a.add_argument("--load-imbalance", default=None, metavar="RHO|rows",
+                   help="price ep > 1 layouts at this load imbalance, or at the one the "
+                        "profile's ep rows recorded of their own routing ('rows': the "
+                        "executor's synthetic routing); default the profile's")
     a.add_argument("--gpu-bound", type=int, default=None, metavar="N",
                    help="keep the first N layouts of the set the profile predicts GPU-bound "
                         "and fitting (the others recorded as excluded, with the reason)")
@@ -452,6 +487,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "plans" and args.gpu_bound is not None and args.gpu_bound < 1:
         p.error(f"--gpu-bound {args.gpu_bound}: the number of layouts to keep, at least 1")
+    if args.cmd == "plans" and args.load_imbalance not in (None, "rows"):
+        try:
+            ok = float(args.load_imbalance) >= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            p.error(f"--load-imbalance {args.load_imbalance!r}: a number >= 1 (the busiest "
+                    f"expert rank's routed rows over the mean) or 'rows'")
     if args.cmd == "plans":
         return plans(args)
     if args.cmd == "run":

@@ -8,6 +8,7 @@
 # Between them, on the CPU: commit the profile, then
 #   python benchmarks/moe_sync_gpu.py plans --set drawn4-3805 \
 #       --model benchmarks/sets/moeh5/m01.json --global-batch 32 --gpu-bound 8 \
+#       --load-imbalance rows \
 #       --profile docs/benchmarks/data/profiles/<it> --out benchmarks/plans/moeh5_h200x4
 # and commit the plans.
 #

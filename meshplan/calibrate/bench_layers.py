@@ -123,6 +123,44 @@ class LayerTables:
     untimed: dict[str, int] = field(default_factory=dict)
 
 
+def _records_routing(cfg: Config, rnd: int) -> bool:
+    """An eager ep > 1 row in the first round records the routing it is timed at (a
+    compiled block records nothing: moe_routing; its eager twin routes alike)."""
+    return cfg.ep > 1 and not cfg.part and not cfg.compile and rnd == 0
+
+
+def _routing_key(cfg: Config) -> tuple:
+    return (cfg.model.name, cfg.seq_len, cfg.tp, cfg.sequence_parallel, cfg.micro_batch,
+            cfg.ep)
+
+
+def _routing_recorder(module):
+    """A recorder on ``module``'s ep > 1 MoE layers, recording (None: it has none)."""
+    from meshplan.executor.moe_routing import RoutedRows, attach
+    rec = RoutedRows(on=True)
+    return rec if attach(module, rec) else None
+
+
+def _gathered_imbalance(module, recorder, world: int) -> float:
+    """ρ of the calls ``recorder`` saw, over the ranks of each ep group (every rank calls
+    this; a rank whose row failed sends nothing): the busiest rank's routed rows over the
+    mean, so that the cost model prices only the imbalance beyond it (moe_rows); 0 where
+    nothing was recorded."""
+    import torch.distributed as dist
+
+    from meshplan.executor.expert_parallel import moe_layers
+    from meshplan.executor.moe_routing import imbalance
+    layers = [m for m in moe_layers(module) if m.ep_group is not None] if module else []
+    for layer in layers:
+        layer.routing = None            # the next rows of this module record afresh
+    mine = ((tuple(dist.get_process_group_ranks(layers[0].ep_group)), recorder.rows)
+            if layers and recorder is not None else ((), []))
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    got = imbalance([r for r in every if r and r[0]])
+    return float(got["busiest_over_mean"]) if got else 0.0
+
+
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
                      rank: int, *, quick: bool, progress=None, max_tp: int = 8,
                      micro_batches: Sequence[int] | None = None, split_queued: bool = False,
@@ -190,6 +228,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     deep_key, deep_module = None, None
     ratio_at = ratio_rows(grid) if sum(sustained) > 0 else {}
     ratios: dict[tuple, float] = {}
+    routing: dict[tuple, float] = {}   # ρ of the routing an ep > 1 row was timed at
     ran = 0
     untimed: dict[str, int] = {}
     for rnd in range(rounds):
@@ -227,6 +266,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
             values, oom, failed = [0.0] * n_values, 0.0, ""
+            recorder = None
             t_row = time.perf_counter()
             try:
                 if module is None:
@@ -235,6 +275,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     values = list(_run_end(cfg, module, tp_group, device, iters=iters,
                                            barrier=barrier, queue=queue))
                 else:
+                    recorder = _routing_recorder(module) if _records_routing(cfg, rnd) \
+                        else None
                     values = list(_run_layer(cfg, module, layers, device, iters=iters,
                                              barrier=barrier, queue=queue,
                                              split_queued=split_queued))
@@ -252,6 +294,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 _free(device)
             values = _reduce([*values, oom], [*MEMORY_FIELDS, n_values - 1, n_values], device,
                              world)
+            if _records_routing(cfg, rnd):      # every rank, like _reduce
+                routing[_routing_key(cfg)] = _gathered_imbalance(module, recorder, world)
             if values.pop():
                 oom_at.add((cfg.build_key, cfg.recompute))
                 skipped.add(idx)
@@ -365,6 +409,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
         (end_rows if cfg.part else layer_rows)[-1]["sustained_ratio"] = float(
             ratios.get(cfg.build_key, 1.0))
+        if cfg.ep > 1 and not cfg.part:   # compiled rows route as their eager twin
+            layer_rows[-1]["routed_imbalance"] = routing.get(_routing_key(cfg), 0.0)
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed)
 
 

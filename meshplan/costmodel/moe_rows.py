@@ -35,8 +35,9 @@ an MoE model's layer with its experts over each ep that divides the ranks and th
 eager and compiled: :func:`meshplan.calibrate.layer_grid.expert_degrees`) replace all of
 that where the profile has them and the layout's ep group stays inside one node, as the
 calibration's did: the row holds the all-to-alls, the host syncs and the regrouping as the
-executor ran them; only the busiest rank's extra rows under load imbalance ρ > 1 are priced
-on top (the calibration's routing is near-balanced). Such rows are synchronized timings —
+executor ran them; only the busiest rank's extra rows under load imbalance ρ beyond the
+ρ the row's own routing had (recorded by the calibration, ``MeasuredLayer.routed_imbalance``:
+1.04-1.05 for moeh6's synthetic routing at ep 2) are priced on top. Such rows are synchronized timings —
 the layer's host read of the split lists drains the queue, which the calibration's queued
 timing cannot hold (``Config.syncs_on_host``) — so they carry max(CPU, GPU) per layer and no
 CPU fields, and the layout's step is their sum, without a separate host bound. Across nodes
@@ -127,8 +128,8 @@ def _routed_minus(at: RoutedMlp, timed: RoutedMlp) -> RoutedMlp:
 def _measured_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                     links) -> LayerParts | None:
     """The layer from a row timed at the layout's ep (etp = 1, the ep group inside one node,
-    as the calibration ran it), the busiest rank's extra rows (ρ − 1) priced on top; None
-    where the profile has no such row."""
+    as the calibration ran it), the busiest rank's extra rows beyond the row's own routing
+    (ρ − ρ_row) priced on top; None where the profile has no such row."""
     if layout.etp != 1 or links.ep is None or links.ep.nodes_spanned > 1:
         return None
     parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
@@ -138,11 +139,23 @@ def _measured_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout
         return None
     parts = replace(parts, measured=(*parts.measured, "ep"))   # says which rows priced it
     rho = load_imbalance(cluster.gpu.corrections, layout.ep)
-    if rho == 1.0:
+    timed_rho = _timed_imbalance(model, cluster, job, layout)
+    if rho <= timed_rho:
         return parts
     skew = _routed_minus(routed_mlp(model, cluster, job, layout, links, rho),
-                         routed_mlp(model, cluster, job, layout, links, 1.0))
+                         routed_mlp(model, cluster, job, layout, links, timed_rho))
     return with_routed_mlp(parts, skew, layout.recompute, job.selective_modules)
+
+
+def _timed_imbalance(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> float:
+    """ρ of the routing the layout's ep row was timed at (its time holds that much of the
+    busiest rank's extra rows: moeh6's rows ran at 1.04-1.05); 1 where the row did not
+    record it (calibrations before 2026-11-29 night)."""
+    row = cluster.gpu.measured.layer(
+        model, seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch, compile=layout.compile,
+        ep=layout.ep)
+    return max(1.0, row.routed_imbalance) if row is not None else 1.0
 
 
 def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

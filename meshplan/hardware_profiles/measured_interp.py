@@ -37,6 +37,7 @@ class Interpolated:
     wgrad_memory_layers: float = 0.0
     wgrad_pending_stage_bytes: float = 0.0
     wgrad_transient_stage_bytes: float = 0.0
+    routed_imbalance: float = 0.0      # ep > 1 rows: ρ of the routing timed (0: unknown)
     # the timed micro-batches a value was extended from, where the one asked for lies outside
     # them (the caveat :data:`meshplan.costmodel.caveats.extended_rows_caveat`); () inside
     extended_from: tuple[int, ...] = ()
@@ -111,7 +112,8 @@ _PER_STACK = ("split_layers", "backward_input_depth_s", "backward_weight_depth_s
 # (layer_rows.pooled_cpu stores one value for every micro-batch of a setting), so a single
 # timed size is held, not scaled (fp8h4's k04: an fp8 row timed at micro-batch 4 alone, its
 # CPU doubled at 8, put the step 73 % above the run)
-_PER_CALL = ("forward_cpu_s", "backward_cpu_s", "backward_input_cpu_s", "backward_weight_cpu_s")
+_PER_CALL = ("forward_cpu_s", "backward_cpu_s", "backward_input_cpu_s", "backward_weight_cpu_s",
+             "routed_imbalance")     # ... and a ratio, not an amount
 _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_stage_bytes",
            "wgrad_transient_stage_bytes")
 

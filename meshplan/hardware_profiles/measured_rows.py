@@ -151,6 +151,10 @@ class MeasuredLayer:
     # and combine all-to-alls inside the timed passes (`meshplan calibrate --model M` on
     # more than one GPU; 1: the whole layer on each rank)
     ep: int = 1
+    # ep > 1: the load imbalance the row's routing had (the busiest ep rank's routed rows
+    # over the mean, per call; meshplan.executor.moe_routing), which its time holds, so the
+    # cost model prices only the profile's moe_load_imbalance beyond it (0: not measured)
+    routed_imbalance: float = 0.0
 
     @property
     def group(self) -> tuple:

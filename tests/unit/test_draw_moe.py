@@ -190,3 +190,45 @@ def test_the_committed_fp8h5_draw_model_and_four_gpu_layouts():
                   **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
         for lay in layouts:
             check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
+
+
+def test_the_committed_moeh6_draw_and_plans():
+    """moeh6 (2026-11-29 night): seed 3806's model at hidden >= 2048, sixteen two-GPU
+    candidates at micro-batch 4, and the eight plans the GPU-bound rule kept, in order."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh6" / "m01.json").read_text()))
+    assert committed.hidden_size >= 2048 and committed.num_experts == 8
+    drawn = msg.SETS["drawn2-3806"]
+    assert drawn == msg.draw_layouts(3806, count=16, gpus=2, micro_batches=(4,))
+    assert len(drawn) == 16 and all(lay.micro_batch == 4 for _, lay in drawn)
+    plans = json.loads((ROOT / "benchmarks" / "plans" / "moeh6_h200x2" / "predictions.json")
+                       .read_text())
+    kept = list(plans["layouts"])
+    excluded = list(plans["excluded"])
+    names = [n for n, _ in drawn]
+    assert len(kept) == 8 and kept == [n for n in names if n in kept]
+    assert names[:len(kept) + len(excluded)] == sorted(kept + excluded, key=names.index)
+
+
+def test_load_imbalance_option_prices_ep_layouts_at_the_asked_or_the_rows_rho():
+    from dataclasses import replace
+
+    import moe_sync_gpu as msg
+    from meshplan.costmodel.measured import MeasuredLayer, MeasuredTables
+    from meshplan.spec import Layout
+    c = msg._cluster(None, 2)
+    row = MeasuredLayer(shape="s", seq_len=1, tp=1, sequence_parallel=False, recompute="none",
+                        micro_batch=1, forward_s=1.0, backward_s=1.0, activation_bytes=1.0,
+                        backward_peak_bytes=1.0, ep=2, routed_imbalance=1.06)
+    rows = replace(c, gpu=replace(c.gpu, measured=MeasuredTables((row,), ())))
+    ep2, ep1 = Layout(dp=2, ep=2), Layout(dp=2)
+    assert msg._with_load_imbalance(c, ep2, None) == (c, None)
+    assert msg._with_load_imbalance(c, ep1, "1.1") == (c, None)          # no experts split
+    got, rho = msg._with_load_imbalance(c, ep2, "1.1")
+    assert rho == 1.1 and got.gpu.corrections.moe_load_imbalance == 1.1
+    got, rho = msg._with_load_imbalance(rows, ep2, "rows")
+    assert rho == 1.06 and got.gpu.corrections.moe_load_imbalance == 1.06
+    assert msg._with_load_imbalance(c, ep2, "rows") == (c, None)         # nothing recorded
+    with pytest.raises(SystemExit):
+        msg.main(["plans", "--profile", "x", "--out", "/tmp/x", "--load-imbalance", "0.5"])

@@ -301,7 +301,8 @@ def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
                                       quick=True, max_tp=2, micro_batches=(1,))
     write_rank_result(out_dir, rank, {"layers": [(r["shape"], r["tp"], r["sequence_parallel"],
                                                   r["recompute"], r["zero"], r["ep"],
-                                                  r["forward_s"], r["backward_s"])
+                                                  r["forward_s"], r["backward_s"],
+                                                  r["routed_imbalance"], r["compile"])
                                                  for r in t.layers]})
 
 
@@ -323,6 +324,10 @@ def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_
     assert {(r[4], r[5]) for r in got if r[4]} == {(2, 1), (3, 1)}
     assert all(r[0] == key for r in got)
     assert all(r[6] > 0 and r[7] > 0 for r in got)
+    # the ep 2 rows recorded the routing they were timed at (ρ_row ≥ 1: the busiest rank's
+    # rows over the mean, 32 tokens top-2 over 2 ranks), the ep 1 rows none
+    assert all(1.0 <= r[8] <= 2.0 for r in got if r[5] == 2)
+    assert all(r[8] == 0.0 for r in got if r[5] == 1)
 
 
 def test_a_datasheet_moe_estimate_says_published_runs_took_longer():
@@ -413,3 +418,24 @@ def test_imbalance_as_run_pairs_each_groups_calls():
     for _ in range(MAX_CALLS + 3):
         rec.add(7)
     assert len(rec.rows) == MAX_CALLS and rec.rows[0] == 7
+
+
+def test_an_ep_row_holds_the_imbalance_it_was_routed_at():
+    """A row that recorded its routing's ρ_row: only ρ beyond it is priced on top; at or
+    below it, the row as timed."""
+    lay = Layout(dp=4, ep=2, micro_batch=1)
+    unknown = _cluster(_row(), _row(fwd=3e-3, ep=2))
+    timed = _cluster(_row(), _row(fwd=3e-3, ep=2, routed_imbalance=1.1))
+    links = replace(group_links(unknown, lay), **expert_links(unknown, lay))
+    rho = unknown.gpu.corrections.moe_load_imbalance
+    assert rho > 1.1
+    full = measured_moe_parts(MOE, unknown, JOB, lay, links).layer.forward.total_s
+    part = measured_moe_parts(MOE, timed, JOB, lay, links).layer.forward.total_s
+    assert 3e-3 < part < full
+    extra = (routed_mlp(MOE, timed, JOB, lay, links, rho).forward.total_s
+             - routed_mlp(MOE, timed, JOB, lay, links, 1.1).forward.total_s)
+    assert part == pytest.approx(3e-3 + extra, rel=1e-6)
+    balanced = replace(timed, gpu=replace(timed.gpu, corrections=replace(
+        timed.gpu.corrections, moe_load_imbalance=1.05)))
+    assert measured_moe_parts(MOE, balanced, JOB, lay, links).layer.forward.total_s == \
+        pytest.approx(3e-3, rel=1e-9)
