@@ -14,3 +14,24 @@ record_gpu() {
     nvidia-smi --query-gpu="${1:-name,driver_version,power.limit}" --format=csv > "$OUT/gpu.txt" 2>&1
     $PY -c "import torch; print(torch.__version__)" >> "$OUT/gpu.txt"
 }
+
+# calibrate_moe NAME MODEL NPROC SEQ MICRO_BATCHES COMPILE_ROWS: `meshplan calibrate` of an
+# MoE check's model as a user would (tp up to 2, one round, no fp8 benchmarks, a 560 s
+# budget) -> $OUT/profile_NAME.toml, $OUT/calibrate_NAME.log; what the budget left untimed
+# goes to gpu.txt
+calibrate_moe() {
+    timeout 585 $PY -m meshplan.cli calibrate --model "$2" --nproc "$3" --seq-len "$4" \
+        --micro-batches "$5" --max-tp 2 --rounds 1 --compile-rows "$6" --no-fp8 \
+        --time-budget 560 --out "$OUT/profile_$1.toml" > "$OUT/calibrate_$1.log" 2>&1
+    echo "rc $? calibrate $1 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
+    grep -E "not timed|wrote" "$OUT/calibrate_$1.log" | tee -a "$OUT/gpu.txt"
+}
+
+# run_moe_plans NAME PLANS: an MoE check's committed plans, 3 warm-up + 6 timed steps each
+# -> $OUT/NAME/moe_sync.json, $OUT/NAME/logs.tgz
+run_moe_plans() {
+    mkdir -p "$OUT/$1"
+    $PY benchmarks/moe_sync_gpu.py run --plans "$2" --out "$OUT/$1" --work "/tmp/$1/runs" \
+        --budget 540 --timeout 150
+    echo "rc $? run $1 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
+}

@@ -14,19 +14,8 @@ source "$(dirname "$0")/device_env.sh"
 record_gpu
 
 case "${PART:?set PART=1, 2 or 3}" in
-    1)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh4/m01.json \
-            --nproc 2 --seq-len 4096 --micro-batches 1,2,4 --max-tp 2 --rounds 1 \
-            --compile-rows none,selective --no-fp8 --time-budget 560 \
-            --out "$OUT/profile_moeh4.toml" > "$OUT/calibrate_moeh4.log" 2>&1
-        echo "rc $? calibrate moeh4 after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
-    3)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh4/m01.json \
-            --nproc 2 --seq-len 4096 --micro-batches 1,2,4 --max-tp 2 --rounds 1 \
-            --compile-rows none --no-fp8 --time-budget 560 \
-            --out "$OUT/profile_moeh4_rows.toml" > "$OUT/calibrate_moeh4_rows.log" 2>&1
-        echo "rc $? calibrate moeh4 with ep / FSDP2 rows after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
-    2)  mkdir -p "$OUT/moeh4"
-        $PY benchmarks/moe_sync_gpu.py run --plans benchmarks/plans/moeh4_h200x2 \
-            --out "$OUT/moeh4" --work /tmp/moeh4/runs --budget 540 --timeout 150
-        echo "rc $? run moeh4 after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
+    1)  calibrate_moe moeh4 benchmarks/sets/moeh4/m01.json 2 4096 1,2,4 none,selective ;;
+    3)  calibrate_moe moeh4_rows benchmarks/sets/moeh4/m01.json 2 4096 1,2,4 none ;;
+    2)  run_moe_plans moeh4 benchmarks/plans/moeh4_h200x2 ;;
 esac
 ls -la "$OUT" "$OUT"/*/

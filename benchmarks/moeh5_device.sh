@@ -18,15 +18,7 @@ source "$(dirname "$0")/device_env.sh"
 record_gpu
 
 case "${PART:?set PART=1 or 2}" in
-    1)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh5/m01.json \
-            --nproc 4 --seq-len 4096 --micro-batches 2 --max-tp 2 --rounds 1 \
-            --compile-rows none,selective,full --no-fp8 --time-budget 560 \
-            --out "$OUT/profile_moeh5.toml" > "$OUT/calibrate_moeh5.log" 2>&1
-        echo "rc $? calibrate moeh5 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
-        grep -E "not timed|wrote" "$OUT/calibrate_moeh5.log" | tee -a "$OUT/gpu.txt" ;;
-    2)  mkdir -p "$OUT/moeh5"
-        $PY benchmarks/moe_sync_gpu.py run --plans benchmarks/plans/moeh5_h200x4 \
-            --out "$OUT/moeh5" --work /tmp/moeh5/runs --budget 540 --timeout 150
-        echo "rc $? run moeh5 after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
+    1)  calibrate_moe moeh5 benchmarks/sets/moeh5/m01.json 4 4096 2 none,selective,full ;;
+    2)  run_moe_plans moeh5 benchmarks/plans/moeh5_h200x4 ;;
 esac
 ls -la "$OUT" "$OUT"/*/

@@ -26,15 +26,7 @@ case "${PART:?set PART=0, 1 or 2}" in
             --base-profile docs/benchmarks/data/profiles/profile_h200x2_moeh4_20261129.toml \
             --profile-out "$OUT/profile_moeh4_ep.toml" 2>&1 | tail -30
         echo "rc ${PIPESTATUS[0]} moeh4 ep rows after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
-    1)  timeout 585 $PY -m meshplan.cli calibrate --model benchmarks/sets/moeh6/m01.json \
-            --nproc 2 --seq-len 2048 --micro-batches 4 --max-tp 2 --rounds 1 \
-            --compile-rows none,selective,full --no-fp8 --time-budget 560 \
-            --out "$OUT/profile_moeh6.toml" > "$OUT/calibrate_moeh6.log" 2>&1
-        echo "rc $? calibrate moeh6 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
-        grep -E "not timed|wrote" "$OUT/calibrate_moeh6.log" | tee -a "$OUT/gpu.txt" ;;
-    2)  mkdir -p "$OUT/moeh6"
-        $PY benchmarks/moe_sync_gpu.py run --plans benchmarks/plans/moeh6_h200x2 \
-            --out "$OUT/moeh6" --work /tmp/moeh6/runs --budget 540 --timeout 150
-        echo "rc $? run moeh6 after ${SECONDS}s" | tee -a "$OUT/gpu.txt" ;;
+    1)  calibrate_moe moeh6 benchmarks/sets/moeh6/m01.json 2 2048 4 none,selective,full ;;
+    2)  run_moe_plans moeh6 benchmarks/plans/moeh6_h200x2 ;;
 esac
 ls -la "$OUT" "$OUT"/*/
