@@ -86,9 +86,27 @@ class MeasuredTables:
         """The plain (ZeRO-0) layer timed with the executor's fp8 linears of ``recipe``
         (``meshplan calibrate --fp8-rows``), compiled or not as ``compile`` asks, or None
         where the profile has no such row (the cost model then composes fp8 from the bf16
-        row: :mod:`meshplan.costmodel.fp8_cost`). Only rows of the same recipe match."""
-        return self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
-                               0, 1, compile, ("fp8", recipe))
+        row: :mod:`meshplan.costmodel.fp8_cost`). Only rows of the same recipe match.
+
+        Timed at one micro-batch only (a budget cut the others) and asked at another, its
+        GPU seconds grow as its bf16 twin's (same settings) grew between those micro-batches
+        where the twin was timed at both — the per-call part (launches, weight casts, small
+        GEMMs' efficiency) is the layer's, not proportional to the micro-batch (fp8h4's k04,
+        2 × H200: the bf16 row grew 1.55× from 4 to 8, the proportional extension 2×)."""
+        row = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
+                              0, 1, compile, ("fp8", recipe))
+        if row is None or len(row.extended_from) != 1:
+            return row
+        timed = row.extended_from[0]
+        twin = [self._layer_row(model, seq_len, tp, sequence_parallel, recompute, mb, 0, 1,
+                                compile) for mb in (timed, micro_batch)]
+        if None in twin or twin[1].extended_from or twin[0].forward_s <= 0 \
+                or twin[0].backward_s <= 0:
+            return row
+        at = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, timed, 0, 1,
+                             compile, ("fp8", recipe))
+        kf, kb = (twin[1].forward_s / twin[0].forward_s, twin[1].backward_s / twin[0].backward_s)
+        return replace(row, forward_s=at.forward_s * kf, backward_s=at.backward_s * kb)
 
     @property
     def has_fp8(self) -> bool:

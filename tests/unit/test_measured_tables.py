@@ -1267,3 +1267,21 @@ def test_one_timed_micro_batch_extends_gpu_time_but_holds_cpu_dispatch():
     assert (r.forward_s, r.backward_s) == pytest.approx((4e-3, 8e-3))
     assert (r.forward_cpu_s, r.backward_cpu_s) == (3e-3, 5e-3)
     assert r.extended_from == (1,)
+
+
+def test_an_fp8_row_timed_at_one_micro_batch_grows_as_its_bf16_twin():
+    """fp8 row at micro-batch 4 only, its bf16 twin at 4 and 8: at 8 the fp8 GPU seconds
+    grow by the twin's ratios (not 2×); CPU held; without a twin spanning 8, proportional."""
+    bf16 = (_layer(4, 2e-3, 4e-3, 1e8, 1e7, compile=True),
+            _layer(8, 3e-3, 7e-3, 2e8, 2e7, compile=True))
+    fp8 = _layer(4, 1.5e-3, 3e-3, 1e8, 1e7, compile=True, precision="fp8",
+                 fp8_recipe="tensorwise", forward_cpu_s=1e-3, backward_cpu_s=2e-3)
+    kw = dict(recipe="tensorwise", seq_len=1024, tp=1, sequence_parallel=False,
+              recompute="none", compile=True)
+    t = MeasuredTables((*bf16, fp8), ())
+    r = t.fp8_layer(MODEL, micro_batch=8, **kw)
+    assert (r.forward_s, r.backward_s) == pytest.approx((1.5e-3 * 1.5, 3e-3 * 1.75))
+    assert (r.forward_cpu_s, r.backward_cpu_s) == (1e-3, 2e-3)
+    assert t.fp8_layer(MODEL, micro_batch=4, **kw).forward_s == pytest.approx(1.5e-3)
+    alone = MeasuredTables((bf16[0], fp8), ()).fp8_layer(MODEL, micro_batch=8, **kw)
+    assert (alone.forward_s, alone.backward_s) == pytest.approx((3e-3, 6e-3))
