@@ -116,14 +116,17 @@ def _draw_shapes(seed: int, shapes: tuple, count: int, micro_batches: tuple,
     return [(f"{prefix}{i + 1:02d}", lay) for i, lay in enumerate(drawn)]
 
 
-def draw_two_gpu_layouts(seed: int, count: int = 4) -> list[tuple[str, Layout]]:
+def draw_two_gpu_layouts(seed: int, count: int = 4, micro_batches: tuple = (4, 8),
+                         prefix: str = "k") -> list[tuple[str, Layout]]:
     """``count`` distinct two-GPU layouts drawn from a seed (fp8h4 on: unseen layouts as well
     as an unseen model): DDP + ZeRO-1, FSDP2 ZeRO-3, tp 2 + SP and pp 2 (1F1B) — each once,
-    in a drawn order, the parallelisms fp8 composes with — at micro-batch 4 or 8 and
-    recompute none / selective / full. Named k01, k02, ... in drawn order."""
+    in a drawn order, the parallelisms fp8 composes with — at a micro-batch of
+    ``micro_batches`` (fp8h6: one size, so that one call's calibration times every row the
+    layouts read) and recompute none / selective / full. Named ``prefix``01, ... in drawn
+    order."""
     shapes = (dict(dp=2, zero=1), dict(dp=2, zero=3), dict(tp=2, sequence_parallel=True),
               dict(pp=2, schedule="1f1b"))
-    return _draw_shapes(seed, shapes, count, (4, 8), "k")
+    return _draw_shapes(seed, shapes, count, micro_batches, prefix)
 
 
 # fp8h4 (2026-11-29, drawn before any run): a never-run model on two GPUs
@@ -147,6 +150,8 @@ def draw_four_gpu_layouts(seed: int) -> list[tuple[str, Layout]]:
 
 # fp8h5 (2026-11-29, drawn before any run, for the next 4-GPU lease)
 LAYOUTS += draw_four_gpu_layouts(4105)
+# fp8h6 (2026-11-29 night, drawn before any run, for a 2-GPU lease): one micro-batch size
+LAYOUTS += draw_two_gpu_layouts(4106, micro_batches=(2,), prefix="n")
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 

@@ -192,6 +192,36 @@ def test_the_committed_fp8h5_draw_model_and_four_gpu_layouts():
             check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
 
 
+def test_the_committed_fp8h6_draw_model_and_two_gpu_layouts():
+    """fp8h6 (2026-11-29 night, for a 2-GPU lease): the first of seed 4106's models with tp 2
+    admissible and hidden >= 2048, and four two-GPU layouts at micro-batch 2, runnable; the
+    fp8h4 draw (k01-k04) unchanged by the new options."""
+    import dataclasses
+
+    import draw_models as dm
+    import fp8_device as f8
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    rng = random.Random(4106)
+    models = [dm.draw_model(rng, f"m{i:02d}", min_params=1.0e9, max_params=2.5e9)
+              for i in (1, 2, 3)]
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "fp8h6" / "m01.json").read_text()))
+    assert committed == models[2]
+    assert models[0].num_kv_heads % 2 and models[1].hidden_size < 2048   # why not those
+    drawn = f8.draw_two_gpu_layouts(4106, micro_batches=(2,), prefix="n")
+    assert [n for n, _ in drawn] == ["n01", "n02", "n03", "n04"]
+    assert all(dict(f8.LAYOUTS)[n] == lay for n, lay in drawn)
+    assert {lay.micro_batch for _, lay in drawn} == {2}
+    assert f8.draw_two_gpu_layouts(4104) == [(n, lay) for n, lay in f8.LAYOUTS
+                                             if n.startswith("k")]
+    for prec in ("bf16", "fp8"):
+        job = Job(global_batch=8, seq_len=4096, runtime="torch", precision=prec,
+                  **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
+        for _, lay in drawn:
+            check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
+
+
 def test_the_committed_moeh6_draw_and_plans():
     """moeh6 (2026-11-29 night): seed 3806's model at hidden >= 2048, sixteen two-GPU
     candidates at micro-batch 4, and the eight plans the GPU-bound rule kept, in order."""
