@@ -170,6 +170,9 @@ SETS["drawn4-3805"] = draw_layouts(3805, count=16, gpus=4)
 # moeh6 (2026-11-29 night): a second two-GPU model, hidden 2048, at micro-batch 4 only (the
 # one size its one-call calibration with ep and FSDP2 rows times); `plans --gpu-bound 8`
 SETS["drawn2-3806"] = draw_layouts(3806, count=16, gpus=2, micro_batches=(4,))
+# moeh7 (2026-11-29 night, for a 2-GPU lease): moeh6's design, 8 k tokens a micro-batch of
+# its 1 k sequences, priced at the calibration's recorded load imbalance (--load-imbalance rows)
+SETS["drawn2-3807"] = draw_layouts(3807, count=16, gpus=2, micro_batches=(8,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):

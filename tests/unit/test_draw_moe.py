@@ -262,3 +262,17 @@ def test_load_imbalance_option_prices_ep_layouts_at_the_asked_or_the_rows_rho():
     assert msg._with_load_imbalance(c, ep2, "rows") == (c, None)         # nothing recorded
     with pytest.raises(SystemExit):
         msg.main(["plans", "--profile", "x", "--out", "/tmp/x", "--load-imbalance", "0.5"])
+
+
+def test_the_committed_moeh7_draw():
+    """moeh7 (2026-11-29 night, for a 2-GPU lease): seed 3807's model at hidden >= 2048 and
+    sixteen two-GPU candidates at micro-batch 8 (8 k tokens of its 1 k sequences)."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh7" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3807), "m01", min_hidden=2048,
+                                            max_params=3e9)
+    drawn = msg.SETS["drawn2-3807"]
+    assert drawn == msg.draw_layouts(3807, count=16, gpus=2, micro_batches=(8,))
+    assert len({lay for _, lay in drawn}) == 16
+    assert all(lay.micro_batch == 8 and lay.num_gpus == 2 for _, lay in drawn)

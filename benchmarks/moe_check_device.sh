@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The two device calls of a drawn MoE check (issue 38), moeh7 on; each check's README says
+# what runs between them on the CPU (commit the profile; make and commit the plans):
+#
+#   CHECK=moeh7 PART=1 bash benchmarks/moe_check_device.sh  # calibrate the check's model on
+#                                                           # its GPUs as a user would
+#   CHECK=moeh7 PART=2 bash benchmarks/moe_check_device.sh  # run its committed plans
+#
+# A check: its set (benchmarks/sets/CHECK/m01.json) and, below, the calibration's GPUs,
+# sequence length, micro-batches and compiled recompute modes, and its plans' folder.
+# Files under $OUT: gpu.txt, profile_CHECK.toml, calibrate_CHECK.log, CHECK/moe_sync.json,
+# CHECK/logs.tgz.
+source "$(dirname "$0")/device_env.sh"
+record_gpu
+
+case "${CHECK:?set CHECK, e.g. moeh7}" in
+    moeh7) calibration=(2 1024 8 none,selective,full) plans=benchmarks/plans/moeh7_h200x2 ;;
+    *) echo "CHECK=$CHECK: not a check of this script (moeh7)" >&2; exit 2 ;;
+esac
+if [ "${PART:?set PART=1 or 2}" = 1 ]; then
+    calibrate_moe "$CHECK" "benchmarks/sets/$CHECK/m01.json" "${calibration[@]}"
+else
+    run_moe_plans "$CHECK" "$plans"
+fi
+ls -la "$OUT" "$OUT"/*/
