@@ -69,10 +69,12 @@ def test_context_parallel_gpu_reads_the_set_and_refuses_a_bad_one(tmp_path):
             cg.load_set(str(path))
 
 
-def test_committed_cp44_is_the_two_gpu_draw_of_its_seed():
-    """cp44 (two GPUs): the seed's draw, cp 1 and 2 only, 65,536 tokens a step, admissible."""
-    committed = json.loads((ROOT / "benchmarks/sets/cp44/set.json").read_text())
-    assert cp_draw.draw(44, gpus=2) == committed
+@pytest.mark.parametrize("seed", [44, 45])
+def test_committed_two_gpu_sets_are_the_draws_of_their_seeds(seed):
+    """cp44 (run) and cp45 (two GPUs): the seed's draw, cp 1 and 2 only, 65,536 tokens a
+    step, admissible."""
+    committed = json.loads((ROOT / f"benchmarks/sets/cp{seed}/set.json").read_text())
+    assert cp_draw.draw(seed, gpus=2) == committed
     assert committed["tokens_per_step"] == cp_draw.tokens_per_step(2) == 65536
     model = ModelSpec.from_dict(committed["model"])
     cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=2)
