@@ -37,11 +37,13 @@ that where the profile has them and the layout's ep group stays inside one node,
 calibration's did: the row holds the all-to-alls, the host syncs and the regrouping as the
 executor ran them; only the busiest rank's extra rows under load imbalance ρ beyond the
 ρ the row's own routing had (recorded by the calibration, ``MeasuredLayer.routed_imbalance``:
-1.04-1.05 for moeh6's synthetic routing at ep 2) are priced on top. Such rows are synchronized timings —
-the layer's host read of the split lists drains the queue, which the calibration's queued
-timing cannot hold (``Config.syncs_on_host``) — so they carry max(CPU, GPU) per layer and no
-CPU fields, and the layout's step is their sum, without a separate host bound. Across nodes
-the ep = 1 row plus the formulas stands (the row's all-to-all crossed NVLink).
+1.04-1.05 for moeh6's synthetic routing at ep 2) are priced on top. Such rows are
+synchronized timings — the layer's host read of the split lists drains the queue, which the
+calibration's queued timing cannot hold (``Config.syncs_on_host``) — so they carry max(CPU,
+GPU) per layer and no CPU fields, and the layout's step is their sum, without a separate
+host bound. Across nodes the ep = 1 row plus the formulas stands (the row's all-to-all
+crossed NVLink). Measured: moeh6 (2 × H200, GPU-bound) −0.4 to +22.7 % at tp 2 + SP · ep 2
+as run; moeh4 (host-bound) priced 15-27 % above its runs, post hoc (docs/moe.md).
 
 Where it applies (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
 difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 at ep 1 without a
@@ -79,9 +81,10 @@ MOE_ROWS_CAVEAT = (
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
-    "extra rows under load imbalance priced on top); measured runs: tp 2 + SP · ep 2 on 2 x H200 "
-    "came out -0.4 to +22.7 % where the GPU set the pace (moeh6) and 15-27 % slow-priced "
-    "where the host did (moeh4, post hoc; docs/moe.md)")
+    "extra rows beyond the load imbalance the row was routed at priced on top); measured "
+    "runs at tp 2 + SP · ep 2 on 2 x H200: predicted -0.4 to +22.7 % off where the GPU set "
+    "the pace (moeh6), 15-27 % above the runs where the host did (moeh4, post hoc; "
+    "docs/moe.md)")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,
