@@ -435,7 +435,8 @@ def repredict(args) -> int:
         meas = run.get("step_time_s")
         if not meas:
             continue
-        e = estimate(model, cluster, job, layouts[name])
+        priced, _ = _with_load_imbalance(cluster, layouts[name], args.load_imbalance)
+        e = estimate(model, priced, job, layouts[name])
         errs["as run"].append(abs(p["calibrated_s"] / meas - 1))
         errs["today"].append(abs(e.step_time_s / meas - 1))
         host = run.get("host_step_s")
@@ -487,10 +488,13 @@ def main(argv=None) -> int:
     d.add_argument("--results", required=True)
     d.add_argument("--profile", default=None,
                    help="re-predict on this profile instead of the one the plans were made on")
+    d.add_argument("--load-imbalance", default=None, metavar="RHO|rows",
+                   help="price ep > 1 layouts at this load imbalance (e.g. the ρ the runs "
+                        "recorded), as plans --load-imbalance")
     args = p.parse_args(argv)
     if args.cmd == "plans" and args.gpu_bound is not None and args.gpu_bound < 1:
         p.error(f"--gpu-bound {args.gpu_bound}: the number of layouts to keep, at least 1")
-    if args.cmd == "plans" and args.load_imbalance not in (None, "rows"):
+    if args.cmd in ("plans", "repredict") and args.load_imbalance not in (None, "rows"):
         try:
             ok = float(args.load_imbalance) >= 1.0
         except ValueError:
