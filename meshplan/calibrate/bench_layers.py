@@ -355,6 +355,12 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks {d[0] * 1e3:.3f} / "
                                 f"{d[1] * 1e3:.3f} ms, gpu {d[2] * 1e3:.3f} / "
                                 f"{d[3] * 1e3:.3f} ms")
+                else:
+                    # (moeh6's eager MoE rows, 2 x H200: every one; the per-call part then
+                    # stays spread over the row's blocks, its per-layer CPU reads high)
+                    cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks not timed (out of memory, "
+                                f"or the launch queue filled before the spin ended): no "
+                                f"per-call part split off")
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"
