@@ -452,6 +452,28 @@ def repredict(args) -> int:
     return 0
 
 
+def _load_imbalance(text: str) -> str:
+    """--load-imbalance's value: "rows", or a number >= 1."""
+    try:
+        ok = text == "rows" or float(text) >= 1.0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a number >= 1 (the busiest expert rank's routed rows over the mean) "
+            f"or 'rows'")
+    return text
+
+
+def _add_load_imbalance(parser) -> None:
+    parser.add_argument("--load-imbalance", default=None, type=_load_imbalance,
+                        metavar="RHO|rows",
+                        help="price ep > 1 layouts at this load imbalance (e.g. the ρ runs "
+                             "recorded), or at the one the profile's ep rows recorded of "
+                             "their own routing ('rows': the executor's synthetic routing); "
+                             "default the profile's")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -464,10 +486,7 @@ def main(argv=None) -> int:
     a.add_argument("--seq-len", type=int, default=None, help="with --model: default its own")
     a.add_argument("--global-batch", type=int, default=None,
                    help=f"with --model: default {JOB.global_batch}")
-    a.add_argument("--load-imbalance", default=None, metavar="RHO|rows",
-                   help="price ep > 1 layouts at this load imbalance, or at the one the "
-                        "profile's ep rows recorded of their own routing ('rows': the "
-                        "executor's synthetic routing); default the profile's")
+    _add_load_imbalance(a)
     a.add_argument("--gpu-bound", type=int, default=None, metavar="N",
                    help="keep the first N layouts of the set the profile predicts GPU-bound "
                         "and fitting (the others recorded as excluded, with the reason)")
@@ -488,20 +507,10 @@ def main(argv=None) -> int:
     d.add_argument("--results", required=True)
     d.add_argument("--profile", default=None,
                    help="re-predict on this profile instead of the one the plans were made on")
-    d.add_argument("--load-imbalance", default=None, metavar="RHO|rows",
-                   help="price ep > 1 layouts at this load imbalance (e.g. the ρ the runs "
-                        "recorded), as plans --load-imbalance")
+    _add_load_imbalance(d)
     args = p.parse_args(argv)
     if args.cmd == "plans" and args.gpu_bound is not None and args.gpu_bound < 1:
         p.error(f"--gpu-bound {args.gpu_bound}: the number of layouts to keep, at least 1")
-    if args.cmd in ("plans", "repredict") and args.load_imbalance not in (None, "rows"):
-        try:
-            ok = float(args.load_imbalance) >= 1.0
-        except ValueError:
-            ok = False
-        if not ok:
-            p.error(f"--load-imbalance {args.load_imbalance!r}: a number >= 1 (the busiest "
-                    f"expert rank's routed rows over the mean) or 'rows'")
     if args.cmd == "plans":
         return plans(args)
     if args.cmd == "run":
