@@ -270,7 +270,7 @@ def _row(cls, raw: Mapping[str, Any], where: str):
     for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s",
               "backward_input_cpu_s", "backward_weight_cpu_s", "backward_input_sync_s",
               "backward_weight_sync_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s",
-              "wgrad_pending_bytes", "wgrad_transient_bytes"):
+              "wgrad_pending_bytes", "wgrad_transient_bytes", "routed_imbalance"):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
@@ -290,8 +290,8 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0)
         if not isinstance(v, int) or v < 0:
             raise ProfileError(f"{where}: {k} must be an integer >= 0, got {v!r}")
-    for k in ("seq_len", "tp", "micro_batch"):
-        v = getattr(r, k)
+    for k in ("seq_len", "tp", "micro_batch", "ep"):
+        v = getattr(r, k, 1)
         if not isinstance(v, int) or v < 1:
             raise ProfileError(f"{where}: {k} must be an integer >= 1, got {v!r}")
     return r

@@ -1285,3 +1285,15 @@ def test_an_fp8_row_timed_at_one_micro_batch_grows_as_its_bf16_twin():
     assert t.fp8_layer(MODEL, micro_batch=4, **kw).forward_s == pytest.approx(1.5e-3)
     alone = MeasuredTables((bf16[0], fp8), ()).fp8_layer(MODEL, micro_batch=8, **kw)
     assert (alone.forward_s, alone.backward_s) == pytest.approx((3e-3, 6e-3))
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("ep", 0, "ep must be an integer >= 1"), ("ep", "2", "ep must be an integer >= 1"),
+    ("routed_imbalance", "even", "routed_imbalance must be a number >= 0"),
+    ("routed_imbalance", -1.0, "routed_imbalance must be a number >= 0")])
+def test_a_layer_rows_ep_and_routing_are_checked(field, bad, message):
+    from dataclasses import asdict
+    row = asdict(_layer(1, 1e-3, 2e-3, 1e6, 1e6, ep=2, routed_imbalance=1.05))
+    tables_from_rows([row], [], "p.toml")                  # the good row loads
+    with pytest.raises(ProfileError, match=rf"#1: {message}"):
+        tables_from_rows([{**row, field: bad}], [], "p.toml")
