@@ -409,6 +409,13 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def _peak_cell(measured_bytes: float | None, predicted_gib: float) -> str:
+    if not measured_bytes:
+        return f"— ({predicted_gib:.1f})"
+    meas = measured_bytes / 2 ** 30
+    return f"{meas:.1f} ({predicted_gib:.1f}, {(predicted_gib / meas - 1) * 100:+.1f} %)"
+
+
 def repredict(args) -> int:
     """POST HOC: each run layout of a results file priced by today's cost model on the
     profile its plans were made from, beside the prediction fixed before the run and the
@@ -427,8 +434,8 @@ def repredict(args) -> int:
     job = Job.from_dict(preds["job"])
     layouts = dict(SETS[preds["set"]])
     cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()))
-    rows = ["| layout | step s | as run s (error) | today s (error) | today host s / measured |",
-            "|---|---|---|---|---|"]
+    rows = ["| layout | step s | as run s (error) | today s (error) | today host s / measured "
+            "| peak GiB (today's prediction) |", "|---|---|---|---|---|---|"]
     errs: dict[str, list[float]] = {"as run": [], "today": []}
     for name, p in preds["layouts"].items():
         run = results["runs"].get(f"{name}/current", {})
@@ -443,7 +450,8 @@ def repredict(args) -> int:
         rows.append(f"| `{name}` | {meas:.3f} | {p['calibrated_s']:.3f} "
                     f"({(p['calibrated_s'] / meas - 1) * 100:+.1f} %) | {e.step_time_s:.3f} "
                     f"({(e.step_time_s / meas - 1) * 100:+.1f} %) | {e.host_dispatch_s:.3f} / "
-                    + ("—" if host is None else f"{host:.3f}") + " |")
+                    + ("—" if host is None else f"{host:.3f}") + " | "
+                    + _peak_cell(run.get("memory_peak_bytes"), e.memory_peak_gib) + " |")
     for k, v in errs.items():
         if v:
             rows.append(f"\n{k}: mean {100 * sum(v) / len(v):.1f} %, max {100 * max(v):.1f} % "

@@ -36,6 +36,7 @@ from meshplan.costmodel.parts import LayerParts, pipelined_zero2_row, ratio, sta
 from meshplan.costmodel.runtime import ddp_accumulates, fsdp_per_microbatch, torch_pipelined
 from meshplan.costmodel.stage_tables import inflight_table
 from meshplan.costmodel.moe_layer import shared_width
+from meshplan.costmodel.moe_rows import fsdp_kept_bytes
 from meshplan.costmodel.torch_activations import torch_layer_activations
 from meshplan.costmodel.torch_memory import (compute_copy_bytes, first_backward_relief_fields,
                                              logits_chunk_bytes, pipeline_kept_outputs,
@@ -88,11 +89,14 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     tables = parts.tables
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
     stage_row = pipelined_zero2_row(tables, model, job, layout)
-    # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them
+    # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them;
+    # an MoE layer's are timed at ep 1 (experts gathered over edp, no all-to-all), not the
+    # layer of an ep > 1 layout (costmodel.moe_rows)
     fsdp_row, composed = (tables.fsdp_layer(
         model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
         recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
-        if tables and layout.zero >= 2 and dp > 1 else (None, False))
+        if tables and layout.zero >= 2 and dp > 1
+        and not (model.is_moe and layout.ep * layout.etp > 1) else (None, False))
     # Layout.compile: those rows are timed eager only; compiled ones derived (compiled_rows)
     crows = compiled_layout_rows(tables, model, job, layout, fsdp_row, stage_row)
     fsdp_row, stage_row = crows.fsdp_row, crows.stage_row
@@ -141,6 +145,9 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
             act_bytes += parts.activation_bytes - torch_layer_activations(
                 model, job, layout.micro_batch, tp, layout.sequence_parallel,
                 **kw).stored(layout.recompute)
+    elif job.runtime == "torch" and layout.zero >= 2 and "ep" in parts.measured:
+        # an MoE row timed at the layout's ep, run under FSDP2 (no FSDP2 row at ep > 1)
+        act_bytes = fsdp_kept_bytes(model, job, layout, act_bytes)
     if fsdp_row is not None and job.runtime == "torch":
         # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32

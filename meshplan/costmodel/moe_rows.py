@@ -46,12 +46,20 @@ crossed NVLink). Measured: moeh6 (2 × H200, GPU-bound) −0.4 to +22.7 % at tp 
 as run; moeh4 (host-bound) priced 15-27 % above its runs, post hoc (docs/moe.md).
 
 Where it applies (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
-difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 at ep 1 without a
-pipeline where the profile timed the layer under FSDP2 at the layout's dp (calibrations on
-≥ 2 GPUs, the experts sharded over edp as the executor shards them; the build's FSDP2
-lookup then takes its time, CPU and kept bytes, as for a dense layer). Without such a row
-FSDP2 runs the experts' bf16 parameters without the per-call casts the plain row holds, and
-the layer is priced from the curves with a caveat (:mod:`meshplan.costmodel.inputs`).
+difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 without a
+pipeline: at ep 1 where the profile timed the layer under FSDP2 at the layout's dp
+(calibrations on ≥ 2 GPUs, the experts sharded over edp as the executor shards them; the
+build's FSDP2 lookup then takes its time, CPU and kept bytes, as for a dense layer); at
+ep > 1 where it timed the layer at that ep. FSDP2 rows are timed at ep 1 only, where the
+experts are gathered over edp and no all-to-all runs — not the layer of an ep > 1 layout —
+so there the ep row stands, FSDP2's gathers priced analytically and its hooks' CPU not at
+all (the build's caveat says so), its kept bytes as FSDP2 keeps them
+(:func:`fsdp_kept_bytes`). Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
+ep 2, priced from the curves, ran 17-30 % faster than predicted (+20.4 / +33.2 / +42.5 %);
+from the ep rows −14.1 / −11.7 / −38.3 %, and moeh6's four −5.1..+4.4 % (−8.7..+9.9 % from
+the curves). Elsewhere without a row the layer is priced from the curves with a caveat
+(:mod:`meshplan.costmodel.inputs`); the ep = 1 row plus the formulas does not stand for
+ZeRO-2/3 at ep > 1 (that row holds per-call expert casts FSDP2 does not make).
 
 Measured error: docs/moe.md "MoE layer rows" (1 × H200, moe-1.9b, 7 layouts at ep 1, as run):
 11.8 % mean / 28.2 % max step time, within 4 % on the GPU-bound (compiled, micro-batch 4)
@@ -69,9 +77,12 @@ from dataclasses import replace
 from meshplan.costmodel import comm
 from meshplan.costmodel.compute import PassCost
 from meshplan.costmodel.corrections import load_imbalance
+from meshplan.costmodel.memory import compute_weight_bytes_per_param
+from meshplan.costmodel.moe import moe_params_per_rank
 from meshplan.costmodel.moe_host import routed_ops, torch_syncs
 from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts, layer_parts
+from meshplan.costmodel.torch_activations import torch_layer_activations
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -90,16 +101,18 @@ MOE_EP_ROWS_CAVEAT = (
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,
                job: Job | None = None) -> bool:
     """Whether an MoE layout may read measured MoE rows (module docstring): ZeRO-2/3 only
-    where the profile timed this layer under FSDP2 at the layout's dp (``job`` given), ep 1
-    and no pipeline."""
+    without a pipeline (``job`` given), where the profile timed this layer under FSDP2 at
+    the layout's dp (ep 1) or timed it at the layout's ep (ep > 1)."""
     tables = cluster.gpu.measured
     if not (model.is_moe and tables is not None and layout.cp == 1
             and not model.dense_layers):
         return False
     if layout.zero < 2:
         return True
-    if job is None or layout.ep * layout.etp > 1 or layout.pp > 1 or layout.dp < 2:
+    if job is None or layout.pp > 1 or layout.dp < 2:
         return False
+    if layout.ep * layout.etp > 1:
+        return layout.etp == 1 and _ep_row(model, cluster, job, layout) is not None
     row, _ = tables.fsdp_layer(model, seq_len=job.seq_len, tp=layout.tp,
                                sequence_parallel=layout.sequence_parallel,
                                recompute=layout.recompute, micro_batch=layout.micro_batch,
@@ -150,15 +163,38 @@ def _measured_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout
     return with_routed_mlp(parts, skew, layout.recompute, job.selective_modules)
 
 
+def _ep_row(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout):
+    """The profile's row of this MoE layer timed at the layout's ep, or None."""
+    return cluster.gpu.measured.layer(
+        model, seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
+        recompute=layout.recompute, micro_batch=layout.micro_batch, compile=layout.compile,
+        ep=layout.ep)
+
+
 def _timed_imbalance(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> float:
     """ρ of the routing the layout's ep row was timed at (its time holds that much of the
     busiest rank's extra rows: moeh6's rows ran at 1.04-1.05); 1 where the row did not
     record it (calibrations before 2026-11-29 night)."""
-    row = cluster.gpu.measured.layer(
-        model, seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute, micro_batch=layout.micro_batch, compile=layout.compile,
-        ep=layout.ep)
+    row = _ep_row(model, cluster, job, layout)
     return max(1.0, row.routed_imbalance) if row is not None else 1.0
+
+
+def fsdp_kept_bytes(model: ModelSpec, job: Job, layout: Layout, row_bytes: float) -> float:
+    """The kept bytes of a layer priced from its row timed at the layout's ep (plainly, under
+    autocast), as FSDP2 (ZeRO-2/3) runs it in bf16 without autocast: less the rank's expert
+    weights' 16-bit copies, which the executor's per-call casts save for backward (none
+    under full recomputation; FSDP2's parameters are already 16-bit), and with the dense
+    part's kept bytes without autocast's fp32 copies (:mod:`meshplan.costmodel.
+    torch_activations`, as the curves' ZeRO-2/3 layers keep them). moeh7 (2 × H200,
+    post hoc): the FSDP2 row at ep 1 held 505 MiB a layer less than the plain one, the 16
+    experts' copies (504 MiB)."""
+    kw = dict(model=model, job=job, micro_batch=layout.micro_batch, tp=layout.tp,
+              sequence_parallel=layout.sequence_parallel, mlp_width=shared_width(model))
+    dense_delta = (torch_layer_activations(**kw, autocast=False).stored(layout.recompute)
+                   - torch_layer_activations(**kw).stored(layout.recompute))
+    copies = (0.0 if layout.recompute == "full" else
+              moe_params_per_rank(model, layout).experts * compute_weight_bytes_per_param(job))
+    return max(0.0, row_bytes + dense_delta - copies)
 
 
 def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
@@ -169,8 +205,8 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     parallelism and recompute mode."""
     if layout.ep > 1:
         at_ep = _measured_at_ep(model, cluster, job, layout, links)
-        if at_ep is not None:
-            return at_ep
+        if at_ep is not None or layout.zero >= 2:
+            return at_ep      # ZeRO-2/3: the ep = 1 row holds the per-call expert casts
     ep1 = layout.ep == 1 and layout.etp == 1
     # a compiled row is the block compiled as one graph, which it is at ep = 1 only (with
     # ep > 1 the all-to-all's host-read splits break it): ep > 1 reads the eager row (and
@@ -220,4 +256,5 @@ def _with_ep_dispatch(parts: LayerParts, model: ModelSpec, layout: Layout, timed
     return replace(parts, cpu=(parts.cpu[0] + cpu_f, parts.cpu[1] + cpu_b, *parts.cpu[2:]))
 
 
-__all__ = ["MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "measured_moe_parts", "rows_apply"]
+__all__ = ["MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "fsdp_kept_bytes", "measured_moe_parts",
+           "rows_apply"]

@@ -439,3 +439,38 @@ def test_an_ep_row_holds_the_imbalance_it_was_routed_at():
         timed.gpu.corrections, moe_load_imbalance=1.05)))
     assert measured_moe_parts(MOE, balanced, JOB, lay, links).layer.forward.total_s == \
         pytest.approx(3e-3, rel=1e-9)
+
+
+def test_zero2_and_3_at_ep2_read_the_ep_row_not_the_ep1_fsdp_row():
+    """FSDP2 rows are timed at ep = 1 (the experts gathered over edp, no all-to-alls): at
+    ep 2 the layer is the row timed at ep 2, run under FSDP2 — its time as timed (FSDP2's
+    gathers priced analytically, a caveat saying its hooks are not), its kept bytes less the
+    experts' 16-bit copies the per-call casts keep; without an ep row, the curves."""
+    from meshplan.costmodel.caveats import FSDP_UNMEASURED_CAVEAT
+    from meshplan.costmodel.moe import moe_params_per_rank
+    from meshplan.costmodel.moe_rows import MOE_EP_ROWS_CAVEAT, fsdp_kept_bytes
+    ep1_fsdp = _row(fwd=9e-3, bwd=9e-3, zero=2, dp=2)
+    for zero in (2, 3):
+        lay = Layout(dp=2, ep=2, micro_batch=1, zero=zero)
+        a = estimate(MOE, _cluster(_row(), ep1_fsdp, _row(fwd=3e-3, ep=2), gpus=2), JOB, lay)
+        b = estimate(MOE, _cluster(_row(), ep1_fsdp, _row(fwd=4e-3, ep=2), gpus=2), JOB, lay)
+        assert MOE_EP_ROWS_CAVEAT in a.caveats and FSDP_UNMEASURED_CAVEAT in a.caveats
+        assert MEASURED_ROWS_CAVEAT not in a.caveats
+        # 8 layers × 8 micro-batches per rank (global 16 over dp 2), each forward 1 ms longer
+        assert b.step_time_s - a.step_time_s == pytest.approx(8 * 8 * 1e-3, rel=1e-6)
+        # the ep 1 FSDP2 row does not stand in: the same step without it
+        alone = estimate(MOE, _cluster(_row(), _row(fwd=3e-3, ep=2), gpus=2), JOB, lay)
+        assert alone.step_time_s == a.step_time_s
+        none = estimate(MOE, _cluster(_row(), ep1_fsdp, gpus=2), JOB, lay)
+        assert MEASURED_ROWS_CAVEAT in none.caveats
+    # the copies are the rank's experts (E/ep of them, 2 bytes each): halved from ep 2 to 4,
+    # the dense part's bytes the same
+    copies = moe_params_per_rank(MOE, lay).experts * 2
+    assert copies > 0
+    for rc in ("none", "selective"):
+        at2, at4 = replace(lay, recompute=rc), replace(lay, recompute=rc, dp=4, ep=4)
+        assert (fsdp_kept_bytes(MOE, JOB, at4, 1e8) - fsdp_kept_bytes(MOE, JOB, at2, 1e8)
+                == pytest.approx(copies / 2, rel=1e-9))
+    full2, full4 = replace(lay, recompute="full"), replace(lay, recompute="full", dp=4, ep=4)
+    assert fsdp_kept_bytes(MOE, JOB, full2, 1e8) == fsdp_kept_bytes(MOE, JOB, full4, 1e8)
+
