@@ -152,6 +152,8 @@ def draw_four_gpu_layouts(seed: int) -> list[tuple[str, Layout]]:
 LAYOUTS += draw_four_gpu_layouts(4105)
 # fp8h6 (2026-11-29 night, drawn before any run, for a 2-GPU lease): one micro-batch size
 LAYOUTS += draw_two_gpu_layouts(4106, micro_batches=(2,), prefix="n")
+# fp8h7 (2026-11-30, drawn before any run, for a 2-GPU lease): 8 k-token sequences, one each
+LAYOUTS += draw_two_gpu_layouts(4107, micro_batches=(1,), prefix="p")
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 

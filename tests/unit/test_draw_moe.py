@@ -222,6 +222,33 @@ def test_the_committed_fp8h6_draw_model_and_two_gpu_layouts():
             check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
 
 
+def test_the_committed_fp8h7_draw_model_and_two_gpu_layouts():
+    """fp8h7 (2026-11-30, for a 2-GPU lease): the first of seed 4107's models with tp 2
+    admissible and hidden >= 2560, and four two-GPU layouts at micro-batch 1, runnable."""
+    import dataclasses
+
+    import draw_models as dm
+    import fp8_device as f8
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    rng = random.Random(4107)
+    models = [dm.draw_model(rng, f"m{i:02d}", min_params=1.5e9, max_params=3.0e9)
+              for i in (1, 2)]
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "fp8h7" / "m01.json").read_text()))
+    assert committed == models[1]
+    assert models[0].hidden_size < 2560                                  # why not m01
+    assert committed.hidden_size >= 2560 and committed.num_kv_heads % 2 == 0
+    drawn = f8.draw_two_gpu_layouts(4107, micro_batches=(1,), prefix="p")
+    assert [n for n, _ in drawn] == ["p01", "p02", "p03", "p04"]
+    assert all(dict(f8.LAYOUTS)[n] == lay for n, lay in drawn)
+    for prec in ("bf16", "fp8"):
+        job = Job(global_batch=4, seq_len=8192, runtime="torch", precision=prec,
+                  **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
+        for _, lay in drawn:
+            check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
+
+
 def test_the_committed_moeh6_draw_and_plans():
     """moeh6 (2026-11-29 night): seed 3806's model at hidden >= 2048, sixteen two-GPU
     candidates at micro-batch 4, and the eight plans the GPU-bound rule kept, in order."""
