@@ -303,3 +303,18 @@ def test_the_committed_moeh7_draw():
     assert drawn == msg.draw_layouts(3807, count=16, gpus=2, micro_batches=(8,))
     assert len({lay for _, lay in drawn}) == 16
     assert all(lay.micro_batch == 8 and lay.num_gpus == 2 for _, lay in drawn)
+
+
+def test_the_committed_moeh8_draw():
+    """moeh8 (2026-11-30, for a 2-GPU lease): seed 3808's model at hidden >= 2048 and sixteen
+    two-GPU candidates at micro-batch 2 (8 k tokens of its 4 k sequences)."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh8" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3808), "m01", min_hidden=2048,
+                                            max_params=3e9)
+    drawn = msg.SETS["drawn2-3808"]
+    assert drawn == msg.draw_layouts(3808, count=16, gpus=2, micro_batches=(2,))
+    assert len({lay for _, lay in drawn}) == 16
+    assert all(lay.micro_batch == 2 and lay.num_gpus == 2 for _, lay in drawn)
+
