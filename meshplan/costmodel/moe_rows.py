@@ -93,9 +93,9 @@ MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at tp 2 + SP · ep 2 on 2 x H200: predicted -0.4 to +22.7 % off where the GPU set "
-    "the pace (moeh6), 15-27 % above the runs where the host did (moeh4, post hoc; "
-    "docs/moe.md)")
+    "runs at ep 2 on 2 x H200: predicted -0.4 to +22.7 % off where the GPU set the pace "
+    "(moeh6, moeh7), 15-27 % above the runs where the host did (moeh4, post hoc); under "
+    "ZeRO-2/3 -38 to +4 % (post hoc; docs/moe.md)")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,
