@@ -55,6 +55,7 @@ from meshplan.costmodel.memory import (compute_weight_bytes_per_param, dense_lay
 from meshplan.costmodel.moe_host import host_terms
 from meshplan.costmodel.moe_layer import routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts
+from meshplan.costmodel.runtime import expert_grad_copies
 from meshplan.costmodel.torch_memory import state_bytes_at_peak
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
@@ -167,11 +168,12 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
     per = state_bytes_per_param(job)
     zero, pp, copies = layout.zero, layout.pp, f["grad_copies"]
 
-    def states(params: float, group: int) -> float:
+    def states(params: float, group: int, grad_copies: int = copies) -> float:
         return (sum(state_bytes_at_peak(params, job, zero, group, pp))
-                + (copies - 1) * params * per.grads)
+                + (grad_copies - 1) * params * per.grads)
 
-    expert_state = states(terms.params_per_layer, terms.edp) + terms.copy_bytes(
+    expert_state = states(terms.params_per_layer, terms.edp,
+                          expert_grad_copies(job, copies)) + terms.copy_bytes(
         terms.params_per_layer, job, zero)
     z3e = terms.zero3
     if f.get("relief_layer_grad_bytes"):

@@ -71,6 +71,17 @@ def ddp_accumulates(job: Job, layout: Layout, microbatches: int) -> bool:
     return torch_ddp(job, layout) and microbatches > 1
 
 
+def expert_grad_copies(job: Job, grad_copies: int) -> int:
+    """fp32 gradient copies of an MoE model's routed-expert parameters, where the dense ones
+    have ``grad_copies``: runtime "torch" leaves the experts out of DDP
+    (``executor.expert_parallel.prepare_data_parallel``) and all-reduces their ``.grad`` in
+    place (``reduce_expert_grads``), so DDP's accumulation copy (:func:`ddp_accumulates`)
+    is not theirs — one copy; other runtimes as the dense parameters. moeh7 (2 × H200, post
+    hoc): its two DDP layouts with 4 micro-batches held 7.8 and 3.5 GiB less than priced
+    with the copy (+19.6 / +14.7 %), −0.2 / −2.0 % without it."""
+    return 1 if job.runtime == "torch" else grad_copies
+
+
 def split_backward_rule(job: Job, layout: Layout) -> bool:
     """Whether a zero-bubble stage's memory follows torch's split backward pass by pass:
     runtime "torch", zero-bubble, no full recomputation (whose W re-runs the forwards and

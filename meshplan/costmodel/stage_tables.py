@@ -31,7 +31,8 @@ from meshplan.costmodel.data_parallel import (Groups, RankState, Zero3Layer, com
                                               exposed_dp_s, params_state, rank_state)
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
-from meshplan.costmodel.runtime import fsdp_per_microbatch, zb_first_stage_fused
+from meshplan.costmodel.runtime import (expert_grad_copies, fsdp_per_microbatch,
+                                        zb_first_stage_fused)
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -126,7 +127,8 @@ class TablesBase:
                 st = combined_state(st, params_state(
                     self.cluster, self.job, params, ex.edp, lay.pp, lay.zero,
                     self._fsdp_microbatches, ex.edp_link, layers - dense, ex.zero3,
-                    self.grad_copies, ex.copy_bytes(params, self.job, lay.zero)))
+                    expert_grad_copies(self.job, self.grad_copies),
+                    ex.copy_bytes(params, self.job, lay.zero)))
             self._states[key] = st  # type: ignore[attr-defined]
         return st
 

@@ -474,3 +474,21 @@ def test_zero2_and_3_at_ep2_read_the_ep_row_not_the_ep1_fsdp_row():
     full2, full4 = replace(lay, recompute="full"), replace(lay, recompute="full", dp=4, ep=4)
     assert fsdp_kept_bytes(MOE, JOB, full2, 1e8) == fsdp_kept_bytes(MOE, JOB, full4, 1e8)
 
+
+
+def test_ddp_accumulation_copies_the_dense_gradients_not_the_experts():
+    """The executor leaves the experts out of DDP and all-reduces their .grad in place, so
+    DDP's second fp32 gradient copy over several micro-batches (runtime.ddp_accumulates)
+    is the dense parameters' only."""
+    from meshplan.costmodel.memory import stage_params
+    from meshplan.costmodel.moe import moe_params_per_rank
+    cl = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
+    one = Job(global_batch=2, seq_len=1024, runtime="torch")       # 1 micro-batch a rank
+    four = Job(global_batch=8, seq_len=1024, runtime="torch")      # 4: DDP accumulates
+    lay = Layout(dp=2, micro_batch=1, zero=1)
+    extra = (estimate(MOE, cl, four, lay).memory[0].grads_bytes
+             - estimate(MOE, cl, one, lay).memory[0].grads_bytes)
+    dense = stage_params(MOE, MOE.num_layers, 1, first=True, last=True, pp=1)
+    experts = MOE.num_layers * moe_params_per_rank(MOE, lay).experts
+    assert experts > dense                       # the copy with the experts: over twice
+    assert extra == pytest.approx(4 * dense, rel=0.02)
