@@ -291,30 +291,19 @@ def test_load_imbalance_option_prices_ep_layouts_at_the_asked_or_the_rows_rho():
         msg.main(["plans", "--profile", "x", "--out", "/tmp/x", "--load-imbalance", "0.5"])
 
 
-def test_the_committed_moeh7_draw():
-    """moeh7 (2026-11-29 night, for a 2-GPU lease): seed 3807's model at hidden >= 2048 and
-    sixteen two-GPU candidates at micro-batch 8 (8 k tokens of its 1 k sequences)."""
+@pytest.mark.parametrize("check, seed, mb", [("moeh7", 3807, 8), ("moeh8", 3808, 2)])
+def test_the_committed_two_gpu_moe_draws(check, seed, mb):
+    """moeh7 (2026-11-29 night) and moeh8 (2026-11-30), for 2-GPU leases: the seed's model
+    at hidden >= 2048 and sixteen two-GPU candidates at one micro-batch size (8 k tokens of
+    the model's own sequences)."""
     import moe_sync_gpu as msg
     committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "moeh7" / "m01.json").read_text()))
-    assert committed == dmoe.draw_moe_model(random.Random(3807), "m01", min_hidden=2048,
+        (ROOT / "benchmarks" / "sets" / check / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(seed), "m01", min_hidden=2048,
                                             max_params=3e9)
-    drawn = msg.SETS["drawn2-3807"]
-    assert drawn == msg.draw_layouts(3807, count=16, gpus=2, micro_batches=(8,))
+    assert mb * committed.max_seq_len == 8192
+    drawn = msg.SETS[f"drawn2-{seed}"]
+    assert drawn == msg.draw_layouts(seed, count=16, gpus=2, micro_batches=(mb,))
     assert len({lay for _, lay in drawn}) == 16
-    assert all(lay.micro_batch == 8 and lay.num_gpus == 2 for _, lay in drawn)
-
-
-def test_the_committed_moeh8_draw():
-    """moeh8 (2026-11-30, for a 2-GPU lease): seed 3808's model at hidden >= 2048 and sixteen
-    two-GPU candidates at micro-batch 2 (8 k tokens of its 4 k sequences)."""
-    import moe_sync_gpu as msg
-    committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "moeh8" / "m01.json").read_text()))
-    assert committed == dmoe.draw_moe_model(random.Random(3808), "m01", min_hidden=2048,
-                                            max_params=3e9)
-    drawn = msg.SETS["drawn2-3808"]
-    assert drawn == msg.draw_layouts(3808, count=16, gpus=2, micro_batches=(2,))
-    assert len({lay for _, lay in drawn}) == 16
-    assert all(lay.micro_batch == 2 and lay.num_gpus == 2 for _, lay in drawn)
+    assert all(lay.micro_batch == mb and lay.num_gpus == 2 for _, lay in drawn)
 
