@@ -184,10 +184,10 @@ def fsdp_kept_bytes(model: ModelSpec, job: Job, layout: Layout, row_bytes: float
     autocast), as FSDP2 (ZeRO-2/3) runs it in bf16 without autocast: less the rank's expert
     weights' 16-bit copies, which the executor's per-call casts save for backward (none
     under full recomputation; FSDP2's parameters are already 16-bit), and with the dense
-    part's kept bytes without autocast's fp32 copies (:mod:`meshplan.costmodel.
-    torch_activations`, as the curves' ZeRO-2/3 layers keep them). moeh7 (2 × H200,
-    post hoc): the FSDP2 row at ep 1 held 505 MiB a layer less than the plain one, the 16
-    experts' copies (504 MiB)."""
+    part's kept bytes without autocast's fp32 copies
+    (:mod:`meshplan.costmodel.torch_activations`, as the curves' ZeRO-2/3 layers keep
+    them). moeh7 (2 × H200, post hoc): the FSDP2 row at ep 1 held 505 MiB a layer less than
+    the plain one, the 16 experts' copies (504 MiB)."""
     kw = dict(model=model, job=job, micro_batch=layout.micro_batch, tp=layout.tp,
               sequence_parallel=layout.sequence_parallel, mlp_width=shared_width(model))
     dense_delta = (torch_layer_activations(**kw, autocast=False).stored(layout.recompute)

@@ -78,7 +78,7 @@ def expert_grad_copies(job: Job, grad_copies: int) -> int:
     place (``reduce_expert_grads``), so DDP's accumulation copy (:func:`ddp_accumulates`)
     is not theirs — one copy; other runtimes as the dense parameters. moeh7 (2 × H200, post
     hoc): its two DDP layouts with 4 micro-batches held 7.8 and 3.5 GiB less than priced
-    with the copy (+19.6 / +14.7 %), −0.2 / −2.0 % without it."""
+    with the copy (+19.6 / +14.7 %), −0.1 / −2.1 % without it."""
     return 1 if job.runtime == "torch" else grad_copies
 
 
@@ -189,6 +189,6 @@ def moe_tokens_sliced_over_tp(job: Job, sequence_parallel: bool) -> bool:
     return not sequence_parallel
 
 
-__all__ = ["moe_dispatch_overlapped", "moe_tokens_sliced_over_tp", "fsdp_per_microbatch", "torch_pipelined", "fsdp_accumulates_unsharded",
+__all__ = ["expert_grad_copies", "moe_dispatch_overlapped", "moe_tokens_sliced_over_tp", "fsdp_per_microbatch", "torch_pipelined", "fsdp_accumulates_unsharded",
            "fsdp_active", "torch_ddp", "ddp_accumulates", "split_backward_rule",
            "chunks_receiving_sending", "p2p_ops_per_microbatch"]
