@@ -129,7 +129,8 @@ def merge_parts(paths: list[Path]) -> tuple[list[dict], dict]:
     meta["profiles"] = {k: v for d in docs for k, v in (d.get("profiles") or {}).items()}
     meta["profile"] = ", ".join(sorted({p for p in meta["profiles"].values() if p}))
     meta["jobs"] = {k: v for d in docs for k, v in (d.get("jobs") or {}).items()}
-    meta["command"] = " ; ".join(str(d.get("command", "")) for d in docs)
+    # each part's command once, in order (one outer command makes every part of a round)
+    meta["command"] = " ; ".join(dict.fromkeys(str(d.get("command", "")) for d in docs))
     meta["parts"] = [str(p) for p in paths]
     return records, meta
 

@@ -116,6 +116,11 @@ def test_merge_joins_the_parts_and_refuses_a_layout_in_two(tmp_path):
     records, meta = tr.merge_parts([tmp_path / "p2.json", tmp_path / "p1.json"])
     assert [r["name"] for r in records] == [r["name"] for r in run["records"]]
     assert meta["jobs"] == run["jobs"] and meta["command"] == "call 2 ; call 1"
+    # parts one outer command made (gpu8_round.py validate): that command once
+    for k in (1, 2):
+        part = json.loads((tmp_path / f"p{k}.json").read_text())
+        (tmp_path / f"p{k}.json").write_text(json.dumps({**part, "command": "round"}))
+    assert tr.merge_parts([tmp_path / "p2.json", tmp_path / "p1.json"])[1]["command"] == "round"
     with pytest.raises(SystemExit, match="t01 of t36m01-llama-mha-0.51b is in both"):
         tr.merge_parts([tmp_path / "p1.json", tmp_path / "p1.json"])
     assert tr.main(["merge", "--parts", str(tmp_path / "p1.json"), str(tmp_path / "p2.json"),
