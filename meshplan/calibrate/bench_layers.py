@@ -148,9 +148,8 @@ def _gathered_imbalance(module, recorder, world: int) -> float:
     nothing was recorded."""
     import torch.distributed as dist
 
-    from meshplan.executor.expert_parallel import moe_layers
-    from meshplan.executor.moe_routing import imbalance
-    layers = [m for m in moe_layers(module) if m.ep_group is not None] if module else []
+    from meshplan.executor.moe_routing import ep_layers, imbalance
+    layers = ep_layers(module) if module else []
     for layer in layers:
         layer.routing = None            # the next rows of this module record afresh
     mine = ((tuple(dist.get_process_group_ranks(layers[0].ep_group)), recorder.rows)

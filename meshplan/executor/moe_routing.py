@@ -38,10 +38,15 @@ class RoutedRows:
             self.rows.append(int(rows))
 
 
+def ep_layers(module) -> list:
+    """The MoE layers of ``module`` running at ep > 1 (those that read their splits)."""
+    from meshplan.executor.expert_parallel import moe_layers
+    return [m for m in moe_layers(module) if m.ep_group is not None]
+
+
 def attach(module, recorder: RoutedRows) -> bool:
     """Give every MoE layer of ``module`` running at ep > 1 the recorder; whether any does."""
-    from meshplan.executor.expert_parallel import moe_layers
-    layers = [m for m in moe_layers(module) if m.ep_group is not None]
+    layers = ep_layers(module)
     for layer in layers:
         layer.routing = recorder
     return bool(layers)
@@ -71,4 +76,4 @@ def imbalance(records: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict | 
             "max": round(max(ratios), 4)}
 
 
-__all__ = ["MAX_CALLS", "RoutedRows", "attach", "imbalance"]
+__all__ = ["MAX_CALLS", "RoutedRows", "attach", "ep_layers", "imbalance"]

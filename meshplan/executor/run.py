@@ -307,9 +307,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 "routed": (routed_ranks, routed.rows) if routed_ranks else None}
         per_rank = [None] * world
         dist.all_gather_object(per_rank, mine)
-        routing = imbalance([r.pop("routed") for r in per_rank if r.get("routed")])
-        for r in per_rank:
-            r.pop("routed", None)
+        routed_per_rank = [r.pop("routed") for r in per_rank]
+        routing = imbalance([r for r in routed_per_rank if r])
     except torch.cuda.OutOfMemoryError as exc:
         g = state["groups"]
         pred = stage_prediction_bytes(prediction, g.pp_rank) if g else None
