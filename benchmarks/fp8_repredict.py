@@ -58,8 +58,9 @@ def repredict(data: dict, profile: str, drop_compiled_sp: bool = False) -> list[
                         "before_gib": (before.get("memory_peak_bytes") or 0) / GIB or None,
                         "after_s": est.step_time_s, "after_gib": est.memory_peak_bytes / GIB}
         b, f = rec["bf16"], rec["fp8"]
-        for when in ("before", "after"):
-            rec[f"{when}_speedup"] = b[f"{when}_s"] / f[f"{when}_s"]
+        for when in ("before", "after"):     # an arm not predicted before (or not run): —
+            rec[f"{when}_speedup"] = (b[f"{when}_s"] / f[f"{when}_s"]
+                                      if b[f"{when}_s"] and f[f"{when}_s"] else None)
         if b["measured_s"] and f["measured_s"]:
             rec["measured_speedup"] = b["measured_s"] / f["measured_s"]
         out.append(rec)
@@ -99,8 +100,10 @@ def table(rows: list[dict]) -> str:
             for w, x in zip(("before", "after"), e):
                 if x is not None:
                     stats.setdefault(f"memory {w}", []).append(abs(x))
+            before = ("—" if e[0] is None else
+                      f"{a['before_gib']:.1f} ({e[0]:+.0f} %)")
             mem.append("—" if a["measured_gib"] is None else
-                       f"{a['measured_gib']:.1f} / {a['before_gib']:.1f} ({e[0]:+.0f} %) / "
+                       f"{a['measured_gib']:.1f} / {before} / "
                        f"{a['after_gib']:.1f} ({e[1]:+.0f} %)")
         fmt = lambda v: f"{v:.3f}" if v else "—"  # noqa: E731
         lines.append(f"| {r['name']} `{r['short']}` | {fmt(b['measured_s'])} | {c[0]} | {c[1]} "

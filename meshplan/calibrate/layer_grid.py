@@ -112,7 +112,7 @@ MISSING_ROWS = {
     "expert-parallel": "ep > 1 is priced from the ep = 1 rows plus the formulas",
     "fp8": "fp8 layers are composed from the bf16 rows",
     "FSDP2": "ZeRO-2/3 layouts are priced from the plain rows with analytical gathers "
-             "(measured: 29-37 % fast, fp8h4)",
+             "(measured: 29-37 % fast host-paced, fp8h4; within 3.2 % GPU-bound, fp8h7)",
     "FSDP2 compute-alone": "pipelined ZeRO-2 stages are priced from the plain rows",
 }
 

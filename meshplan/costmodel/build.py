@@ -39,10 +39,10 @@ from meshplan.costmodel.moe_layer import shared_width
 from meshplan.costmodel.moe_rows import fsdp_kept_bytes
 from meshplan.costmodel.torch_activations import torch_layer_activations
 from meshplan.costmodel.torch_memory import (compute_copy_bytes, first_backward_relief_fields,
-                                             logits_chunk_bytes, pipeline_kept_outputs,
-                                             pipeline_recv_buffers, pipelined_output_peak_bytes,
-                                             state_bytes_at_peak, wgrad_bytes,
-                                             zero_bubble_pending_w)
+                                             fsdp_plain_row_kept_bytes, logits_chunk_bytes,
+                                             pipeline_kept_outputs, pipeline_recv_buffers,
+                                             pipelined_output_peak_bytes, state_bytes_at_peak,
+                                             wgrad_bytes, zero_bubble_pending_w)
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -148,6 +148,14 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     elif job.runtime == "torch" and layout.zero >= 2 and "ep" in parts.measured:
         # an MoE row timed at the layout's ep, run under FSDP2 (no FSDP2 row at ep > 1)
         act_bytes = fsdp_kept_bytes(model, job, layout, act_bytes)
+    elif (job.runtime == "torch" and layout.zero >= 2 and dp > 1 and fsdp_row is None
+          and stage_row is None and not model.is_moe):
+        # a dense plain row (autocast), run under FSDP2 without an FSDP2 row; an fp8 layer's
+        # kept bytes hold no 16-bit weight copies (its row's linears read the fp32 weight,
+        # its composition took the copies off: fp8_cost.torch_memory)
+        act_bytes = fsdp_plain_row_kept_bytes(
+            model, job, layout, act_bytes,
+            compiled_copies=parts.compiled and parts.fp8 is None)
     if fsdp_row is not None and job.runtime == "torch":
         # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32
@@ -357,8 +365,10 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
              else ())
             + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp2_step_s(numbers, job, layout) else ())
+            # an MoE layer at ep > 1 never reads the (ep 1) FSDP2 rows: its caveat says so
             + ((cav.FSDP_UNMEASURED_CAVEAT,) if lt["fsdp"] and lt["fs"] is None
-               and job.runtime == "torch" and "layer" in parts.measured else ())
+               and job.runtime == "torch" and "layer" in parts.measured
+               and not (model.is_moe and layout.ep > 1) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe

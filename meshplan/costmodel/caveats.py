@@ -30,8 +30,9 @@ FSDP_UNMEASURED_CAVEAT = (
     "FSDP2 at this dp, tp and recompute mode (`meshplan calibrate --model` times FSDP2 rows "
     "after the plain, compiled and fp8 ones, so a --time-budget can stop before them), so "
     "FSDP2's per-micro-batch gathers are priced analytically and its hooks' CPU time not at "
-    "all; measured layouts priced so ran 29-37 % slower than predicted (fp8h4, 2 x H200, "
-    "docs/fp8.md): calibrate with a budget that reaches the FSDP2 rows")
+    "all; measured layouts priced so on 2 x H200 ran 29-37 % slower than predicted where the "
+    "host set the pace (fp8h4), within 3.2 % where the GPU did (fp8h7; docs/fp8.md): "
+    "calibrate with a budget that reaches the FSDP2 rows")
 
 
 FSDP_DP_ONLY_CAVEAT = (

@@ -193,18 +193,31 @@ class Fp8Layer:
     row_weight_copy_bytes: float = 0.0
     # where the layer was priced from a measured fp8 row: which (meshplan.costmodel.fp8_rows)
     row: str = ""
+    # where it was the bf16 row plus the fp8 difference timed at another recompute mode:
+    # the row it lacks and that mode (meshplan.costmodel.fp8_rows.sibling_delta)
+    sibling: tuple[str, str] = ()
 
     def apply(self, layer: LayerCost, recompute: str) -> LayerCost:
         """``layer`` (bf16, analytical or measured) with its linears in fp8: GEMM shares × r,
-        casts as memory-bound time; the recomputed
-        forward of full recomputation pays the forward's changes again."""
+        casts as memory-bound time; the recomputed forward of full recomputation pays the
+        forward's changes again.
+
+        That recomputed forward is the one ``layer``'s backward holds (its ``recompute``
+        part), moved like the forward — not the forward pass itself: a measured row's
+        backward carries its own recomputation, and its forward/backward split can be off
+        where its total is not (compiled rows with sequence parallelism put most of the
+        backward's GPU time in the forward: fp8h7's tp 2 + SP row, 7.2 / 2.8 ms at recompute
+        full, against 3.0 / 7.4 ms without SP), so replacing the held pass by the forward
+        priced fp8h7's p01 fp8 arm at 1.24 s where it ran 0.67 s (docs/fp8.md "fp8h7").
+        For an analytical layer the two are the same pass."""
         k = self.gemm_ratio
 
         def moved(p: PassCost, cast_s: float) -> PassCost:
             return PassCost(p.gemm_s * k, p.attention_s, p.memory_bound_s + cast_s,
                             p.tp_comm_s, p.overhead_s, p.zero3_s)
         forward = moved(layer.forward, self.forward_cast_s)
-        rc = forward if recompute == "full" else layer.recompute
+        rc = (moved(layer.recompute, self.forward_cast_s) if recompute == "full"
+              else layer.recompute)
         own = PassCost(*(a - b for a, b in zip(_fields(layer.backward),
                                                _fields(layer.recompute))))
         backward = moved(own, self.backward_cast_s) + rc
@@ -312,6 +325,9 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
     if parts_fp8.row:
         from meshplan.costmodel.fp8_rows import row_caveat
         return (row_caveat(parts_fp8.row), *out)     # the casts were timed, not priced
+    if parts_fp8.sibling:
+        from meshplan.costmodel.fp8_rows import sibling_caveat
+        return (sibling_caveat(*parts_fp8.sibling),)
     if rate.assumed:
         out.append(f"fp8 casts priced as {rate.how} (assumed, not measured"
                    + ("; meshplan calibrate times the executor's casts, not "

@@ -28,12 +28,25 @@ rescaled to the row's totals, as :func:`~meshplan.costmodel.parts.layer_parts` d
 rows). Rows that replace the plain layer later (FSDP2 rows, a pipelined ZeRO-2 stage's) get
 the measured fp8 − bf16 difference of the plain rows (``LayerParts.fp8_delta_s``).
 
+A layer with no fp8 row at its recompute mode, where the profile timed the fp8 row and its
+bf16 twin at another mode of the same tp, sequence parallelism, compile and recipe (a
+calibration budget cuts the last fp8 rows first), is the bf16 row at its own mode plus the
+fp8 − bf16 difference measured at that other mode (:func:`sibling_delta`): the casts and
+the fp8 GEMMs as the GPU ran them, rather than composed. Full recomputation runs the
+forward twice, so its backward's difference is the other mode's backward's plus (from full:
+minus) the forward's. This sums the forward/backward split of two rows, which compiled
+rows with sequence parallelism get wrong (they put most of the backward's GPU time in the
+forward: docs/fp8.md "fp8h7"); the totals are right, the full-recompute difference may
+be overstated there.
+
 Only runtime "torch": the rows are the executor's fp8 linears, not TransformerEngine's.
 fp8 rows are not transferred to other shapes (:mod:`meshplan.costmodel.nearest_rows`).
 
-Measured error: unknown when written — no profile with fp8 rows had been measured
-(``benchmarks/fp8_rows_repredict.py`` re-predicts the 2026-11-28 4 × H200 fp8 arms once
-one is).
+Measured error (2 × H200, compiled, rows timed at the arms' settings): fp8h6's pipeline and
+data-parallel pairs −2.6..−7.1 % (docs/fp8.md "fp8h6"), fp8h7's six arms with a row or the
+FSDP2 composition −1.4..−3.2 %; the sibling difference, post hoc on fp8h7's p01 (tp 2 + SP,
+recompute full, its fp8 row cut by the budget): composed +84.5 %, from the recompute-none
+pair −2.0 % (docs/fp8.md "fp8h7").
 """
 
 from __future__ import annotations
@@ -56,6 +69,41 @@ def fp8_row(tables, model: ModelSpec, job: Job, *, micro_batch: int, tp: int,
                   micro_batch=micro_batch, compile=compile)
 
 
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def sibling_delta(tables, model: ModelSpec, job: Job, *, micro_batch: int, tp: int,
+                  sequence_parallel: bool, recompute: str, compile: bool
+                  ) -> tuple[float, float, str] | None:
+    """(forward, backward) GPU seconds fp8 adds to the bf16 row at ``recompute``, from the
+    fp8 row and its bf16 twin timed at another recompute mode (module docstring), and that
+    mode; None where the profile has no such pair. A mode on the same side of full
+    recomputation is preferred (its backward holds the same passes)."""
+    if job.precision != "fp8" or job.runtime != "torch" or not tables \
+            or getattr(tables, "fp8_layer", None) is None:
+        return None
+    full = recompute == "full"
+    at = dict(micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
+              compile=compile)
+    for mode in sorted((m for m in RECOMPUTE_MODES if m != recompute),
+                       key=lambda m: (m == "full") != full):
+        f8 = fp8_row(tables, model, job, recompute=mode, **at)
+        bf16 = tables.layer(model, seq_len=job.seq_len, recompute=mode, **at) if f8 else None
+        if f8 is None or bf16 is None:
+            continue
+        d_f, d_b = f8.forward_s - bf16.forward_s, f8.backward_s - bf16.backward_s
+        if (mode == "full") != full:
+            d_b += d_f if full else -d_f
+        return d_f, d_b, mode
+    return None
+
+
+def sibling_caveat(label: str, mode: str) -> str:
+    return (f"fp8 layer: no fp8 row at {label}; priced as the bf16 row plus the fp8 − bf16 "
+            f"difference the profile timed at recompute {mode} (meshplan/costmodel/"
+            "fp8_rows.py); `meshplan calibrate` with a larger --time-budget times the row")
+
+
 def row_label(job: Job, *, micro_batch: int, tp: int, sequence_parallel: bool,
               recompute: str, compile: bool) -> str:
     """Which row priced the layer (for the estimate's caveat)."""
@@ -70,4 +118,4 @@ def row_caveat(label: str) -> str:
             "timed, not composed from the bf16 row (meshplan/costmodel/fp8_rows.py)")
 
 
-__all__ = ["fp8_row", "row_label", "row_caveat"]
+__all__ = ["fp8_row", "sibling_delta", "row_label", "row_caveat", "sibling_caveat"]

@@ -24,7 +24,7 @@ from meshplan.costmodel import comm
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
-from meshplan.costmodel.fp8_rows import fp8_row, row_label
+from meshplan.costmodel.fp8_rows import fp8_row, row_label, sibling_delta
 from meshplan.costmodel.measured import Interpolated
 from meshplan.costmodel.memory import (activation_bytes_per_element, layer_activations,
                                        logits_bytes)
@@ -193,6 +193,13 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             extended = row.extended_from
             measured = measured if "layer" in measured else ["layer", *measured]
             f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at))
+        elif "layer" in measured and mlp_width is None:
+            sib = sibling_delta(tables, model, job, **at)
+            if sib is not None:
+                d_f, d_b, mode = sib
+                moved = _scaled_layer(moved, max(0.0, layer.forward.total_s + d_f),
+                                      max(0.0, layer.backward.total_s + d_b))
+                f8 = replace(f8, sibling=(row_label(job, **at), mode))
         delta = (moved.forward.total_s - layer.forward.total_s,
                  moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
         layer = moved

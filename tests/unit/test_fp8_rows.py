@@ -117,6 +117,31 @@ def test_fp8_rows_price_only_their_recipe_runtime_and_recompute_mode():
     assert not any("fp8 row" in c for c in t.caveats)
 
 
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_a_missing_fp8_row_is_its_bf16_row_plus_the_difference_timed_at_another_mode(
+        recompute):
+    bf16 = [_row(2e-3, b, mb, recompute=rc) for mb in (1, 2)
+            for rc, b in (("none", 4e-3), ("selective", 4.5e-3), ("full", 6e-3))]
+    fp8 = [_fp8(1.5e-3, 3e-3, mb=mb) for mb in (1, 2)]        # at recompute none only
+    lay = Layout(dp=4, micro_batch=1, recompute=recompute)
+    t = layer_tables(MODEL, _cluster(*bf16, *fp8), _job(), lay)
+    own = {"selective": 4.5e-3, "full": 6e-3}[recompute]
+    # forward −0.5 ms, backward −1 ms; full recomputation runs the forward again: −0.5 more
+    assert t.layer_forward_s == pytest.approx(1.5e-3)
+    assert t.layer_backward_s == pytest.approx(own - 1e-3 - (0.5e-3 if recompute == "full"
+                                                                 else 0.0))
+    assert any("priced as the bf16 row plus the fp8 − bf16 difference the profile timed at "
+               "recompute none" in c for c in t.caveats)
+    # from a full-recompute pair to a mode without: the forward's difference comes off
+    fp8_full = [_fp8(1.5e-3, 4.5e-3, mb=mb, recompute="full") for mb in (1, 2)]
+    t = layer_tables(MODEL, _cluster(*bf16, *fp8_full), _job(), Layout(dp=4, micro_batch=1))
+    assert t.layer_backward_s == pytest.approx(4e-3 - 1e-3)
+    # no bf16 row at the layout's mode: composed, as before
+    none = [r for r in bf16 if r.recompute == "none"]
+    t = layer_tables(MODEL, _cluster(*none, *fp8), _job(), lay)
+    assert not any("difference the profile timed" in c for c in t.caveats)
+
+
 torch = pytest.importorskip("torch")
 
 

@@ -1258,6 +1258,40 @@ def test_zero3_without_fsdp_rows_says_so():
     assert FSDP_UNMEASURED_CAVEAT not in estimate(MODEL, datasheet, JOB, z3).caveats
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_zero3_from_a_plain_row_keeps_fsdp2s_bytes_not_autocasts(compiled):
+    """FSDP2 runs the block in bf16 without autocast: a plain row's kept bytes lose the
+    LayerNorms' fp32 input copies and, timed compiled, the 16-bit weight copies the graph
+    saves per call (none of either under full recomputation); an FSDP2 row is used as it
+    is, and ZeRO-1 keeps the row's bytes."""
+    from meshplan.costmodel.tables import layer_tables
+    from meshplan.costmodel.torch_activations import torch_layer_activations
+    act = 300e6
+    rows = tuple(_layer(1, 1e-3, 2e-3, act, 50e6, recompute=rc, compile=compiled)
+                 for rc in ("selective", "full"))
+    plain = MeasuredTables(rows, (_end("embedding", 1, 1e-4, 2e-4, 1e6, 0.0),
+                                  _end("output", 1, 5e-4, 9e-4, 400e6, 300e6)))
+    c = _cluster(plain)
+    kw = dict(model=MODEL, job=JOB, micro_batch=1, tp=1, sequence_parallel=False)
+    norms = (torch_layer_activations(**kw, autocast=False).stored("selective")
+             - torch_layer_activations(**kw).stored("selective"))
+    assert norms < 0
+    copies = 2 * stage_params(MODEL, 1, 1, first=False, last=False, pp=1) if compiled else 0
+    for zero in (2, 3):
+        z = Layout(dp=2, micro_batch=1, zero=zero, recompute="selective", compile=compiled)
+        assert layer_tables(MODEL, c, JOB, z).layer_activation_bytes == \
+            pytest.approx(act + norms - copies)
+    z1 = Layout(dp=2, micro_batch=1, zero=1, recompute="selective", compile=compiled)
+    assert layer_tables(MODEL, c, JOB, z1).layer_activation_bytes == pytest.approx(act)
+    full = Layout(dp=2, micro_batch=1, zero=3, recompute="full", compile=compiled)
+    assert layer_tables(MODEL, c, JOB, full).layer_activation_bytes == pytest.approx(act)
+    fsdp = MeasuredTables(rows + (_layer(1, 1.5e-3, 3.5e-3, 80e6, 60e6, zero=3, dp=2,
+                                         recompute="selective"),), plain.ends)
+    z3 = Layout(dp=2, micro_batch=1, zero=3, recompute="selective")
+    assert layer_tables(MODEL, _cluster(fsdp), JOB, z3).layer_activation_bytes == \
+        pytest.approx(80e6)
+
+
 def test_one_timed_micro_batch_extends_gpu_time_but_holds_cpu_dispatch():
     """A setting timed at one micro-batch only: its GPU seconds scale with the micro-batch,
     its CPU dispatch (pooled over micro-batches by the calibration) does not."""
