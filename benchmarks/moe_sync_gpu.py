@@ -176,6 +176,9 @@ SETS["drawn2-3807"] = draw_layouts(3807, count=16, gpus=2, micro_batches=(8,))
 # moeh8 (2026-11-30, for a 2-GPU lease): moeh7's design, 8 k tokens a micro-batch of its
 # 4 k sequences; ZeRO-2/3 at ep 2 from the ep rows (moeh7's post hoc change, before this draw)
 SETS["drawn2-3808"] = draw_layouts(3808, count=16, gpus=2, micro_batches=(2,))
+# moeh9 (2026-11-30, for a 2-GPU lease): moeh8's design on fine-grained experts (64 of width
+# 640, top-8), 8 k tokens a micro-batch of its 1 k sequences
+SETS["drawn2-3809"] = draw_layouts(3809, count=16, gpus=2, micro_batches=(8,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):

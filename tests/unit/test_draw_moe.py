@@ -249,6 +249,33 @@ def test_the_committed_fp8h7_draw_model_and_two_gpu_layouts():
             check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
 
 
+def test_the_committed_fp8h8_draw_model_and_two_gpu_layouts():
+    """fp8h8 (2026-11-30, for a 2-GPU lease): the first of seed 4108's models with tp 2
+    admissible and hidden >= 2560, and four two-GPU layouts at micro-batch 4, runnable."""
+    import dataclasses
+
+    import draw_models as dm
+    import fp8_device as f8
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    rng = random.Random(4108)
+    models = [dm.draw_model(rng, f"m{i:02d}", min_params=1.5e9, max_params=3.0e9)
+              for i in range(1, 5)]
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "fp8h8" / "m01.json").read_text()))
+    assert committed == models[3]
+    assert all(m.hidden_size < 2560 or m.num_kv_heads % 2 for m in models[:3])   # why m04
+    assert committed.hidden_size >= 2560 and committed.num_kv_heads % 2 == 0
+    drawn = f8.draw_two_gpu_layouts(4108, micro_batches=(4,), prefix="r")   # q: fp8h5's
+    assert [n for n, _ in drawn] == ["r01", "r02", "r03", "r04"]
+    assert all(dict(f8.LAYOUTS)[n] == lay for n, lay in drawn)
+    for prec in ("bf16", "fp8"):
+        job = Job(global_batch=16, seq_len=2048, runtime="torch", precision=prec,
+                  **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
+        for _, lay in drawn:
+            check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
+
+
 def test_the_committed_moeh6_draw_and_plans():
     """moeh6 (2026-11-29 night): seed 3806's model at hidden >= 2048, sixteen two-GPU
     candidates at micro-batch 4, and the eight plans the GPU-bound rule kept, in order."""
@@ -307,3 +334,17 @@ def test_the_committed_two_gpu_moe_draws(check, seed, mb):
     assert len({lay for _, lay in drawn}) == 16
     assert all(lay.micro_batch == mb and lay.num_gpus == 2 for _, lay in drawn)
 
+
+def test_the_committed_moeh9_draw():
+    """moeh9 (2026-11-30, for a 2-GPU lease): seed 3809's model at hidden >= 2048 (64
+    fine-grained experts, top-8) and sixteen two-GPU candidates at micro-batch 8."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh9" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3809), "m01", min_hidden=2048,
+                                            max_params=3e9)
+    assert (committed.num_experts, committed.experts_per_token) == (64, 8)
+    drawn = msg.SETS["drawn2-3809"]
+    assert drawn == msg.draw_layouts(3809, count=16, gpus=2, micro_batches=(8,))
+    assert len({lay for _, lay in drawn}) == 16
+    assert all(lay.micro_batch == 8 and lay.num_gpus == 2 for _, lay in drawn)
