@@ -222,55 +222,31 @@ def test_the_committed_fp8h6_draw_model_and_two_gpu_layouts():
             check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
 
 
-def test_the_committed_fp8h7_draw_model_and_two_gpu_layouts():
-    """fp8h7 (2026-11-30, for a 2-GPU lease): the first of seed 4107's models with tp 2
-    admissible and hidden >= 2560, and four two-GPU layouts at micro-batch 1, runnable."""
+@pytest.mark.parametrize("check, seed, pick, prefix, mb, seq, batch", [
+    ("fp8h7", 4107, 2, "p", 1, 8192, 4), ("fp8h8", 4108, 4, "r", 4, 2048, 16)])
+def test_the_committed_two_gpu_fp8_draws(check, seed, pick, prefix, mb, seq, batch):
+    """fp8h7, fp8h8 (2026-11-30, for 2-GPU leases): the first of the seed's models with tp 2
+    admissible (heads and kv heads even) and hidden >= 2560, and four two-GPU layouts at one
+    micro-batch, runnable compiled in both arms (prefix q is fp8h5's)."""
     import dataclasses
 
     import draw_models as dm
     import fp8_device as f8
     from meshplan.executor.parallelize import check_layout_runnable
     from meshplan.spec import Job
-    rng = random.Random(4107)
+    rng = random.Random(seed)
     models = [dm.draw_model(rng, f"m{i:02d}", min_params=1.5e9, max_params=3.0e9)
-              for i in (1, 2)]
+              for i in range(1, pick + 1)]
     committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "fp8h7" / "m01.json").read_text()))
-    assert committed == models[1]
-    assert models[0].hidden_size < 2560                                  # why not m01
+        (ROOT / "benchmarks" / "sets" / check / "m01.json").read_text()))
+    assert committed == models[-1]
+    assert all(m.hidden_size < 2560 or m.num_kv_heads % 2 for m in models[:-1])  # why not
     assert committed.hidden_size >= 2560 and committed.num_kv_heads % 2 == 0
-    drawn = f8.draw_two_gpu_layouts(4107, micro_batches=(1,), prefix="p")
-    assert [n for n, _ in drawn] == ["p01", "p02", "p03", "p04"]
+    drawn = f8.draw_two_gpu_layouts(seed, micro_batches=(mb,), prefix=prefix)
+    assert [n for n, _ in drawn] == [f"{prefix}0{i}" for i in range(1, 5)]
     assert all(dict(f8.LAYOUTS)[n] == lay for n, lay in drawn)
     for prec in ("bf16", "fp8"):
-        job = Job(global_batch=4, seq_len=8192, runtime="torch", precision=prec,
-                  **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
-        for _, lay in drawn:
-            check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
-
-
-def test_the_committed_fp8h8_draw_model_and_two_gpu_layouts():
-    """fp8h8 (2026-11-30, for a 2-GPU lease): the first of seed 4108's models with tp 2
-    admissible and hidden >= 2560, and four two-GPU layouts at micro-batch 4, runnable."""
-    import dataclasses
-
-    import draw_models as dm
-    import fp8_device as f8
-    from meshplan.executor.parallelize import check_layout_runnable
-    from meshplan.spec import Job
-    rng = random.Random(4108)
-    models = [dm.draw_model(rng, f"m{i:02d}", min_params=1.5e9, max_params=3.0e9)
-              for i in range(1, 5)]
-    committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "fp8h8" / "m01.json").read_text()))
-    assert committed == models[3]
-    assert all(m.hidden_size < 2560 or m.num_kv_heads % 2 for m in models[:3])   # why m04
-    assert committed.hidden_size >= 2560 and committed.num_kv_heads % 2 == 0
-    drawn = f8.draw_two_gpu_layouts(4108, micro_batches=(4,), prefix="r")   # q: fp8h5's
-    assert [n for n, _ in drawn] == ["r01", "r02", "r03", "r04"]
-    assert all(dict(f8.LAYOUTS)[n] == lay for n, lay in drawn)
-    for prec in ("bf16", "fp8"):
-        job = Job(global_batch=16, seq_len=2048, runtime="torch", precision=prec,
+        job = Job(global_batch=batch, seq_len=seq, runtime="torch", precision=prec,
                   **({"fp8_recipe": "tensorwise"} if prec == "fp8" else {}))
         for _, lay in drawn:
             check_layout_runnable(committed, job, dataclasses.replace(lay, compile=True))
@@ -318,10 +294,11 @@ def test_load_imbalance_option_prices_ep_layouts_at_the_asked_or_the_rows_rho():
         msg.main(["plans", "--profile", "x", "--out", "/tmp/x", "--load-imbalance", "0.5"])
 
 
-@pytest.mark.parametrize("check, seed, mb", [("moeh7", 3807, 8), ("moeh8", 3808, 2)])
+@pytest.mark.parametrize("check, seed, mb", [("moeh7", 3807, 8), ("moeh8", 3808, 2),
+                                             ("moeh9", 3809, 8)])
 def test_the_committed_two_gpu_moe_draws(check, seed, mb):
-    """moeh7 (2026-11-29 night) and moeh8 (2026-11-30), for 2-GPU leases: the seed's model
-    at hidden >= 2048 and sixteen two-GPU candidates at one micro-batch size (8 k tokens of
+    """moeh7 (2026-11-29 night), moeh8 and moeh9 (2026-11-30), for 2-GPU leases: the
+    seed's model at hidden >= 2048 and sixteen two-GPU candidates at one micro-batch size (8 k tokens of
     the model's own sequences)."""
     import moe_sync_gpu as msg
     committed = ModelSpec.from_dict(json.loads(
@@ -333,18 +310,3 @@ def test_the_committed_two_gpu_moe_draws(check, seed, mb):
     assert drawn == msg.draw_layouts(seed, count=16, gpus=2, micro_batches=(mb,))
     assert len({lay for _, lay in drawn}) == 16
     assert all(lay.micro_batch == mb and lay.num_gpus == 2 for _, lay in drawn)
-
-
-def test_the_committed_moeh9_draw():
-    """moeh9 (2026-11-30, for a 2-GPU lease): seed 3809's model at hidden >= 2048 (64
-    fine-grained experts, top-8) and sixteen two-GPU candidates at micro-batch 8."""
-    import moe_sync_gpu as msg
-    committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "moeh9" / "m01.json").read_text()))
-    assert committed == dmoe.draw_moe_model(random.Random(3809), "m01", min_hidden=2048,
-                                            max_params=3e9)
-    assert (committed.num_experts, committed.experts_per_token) == (64, 8)
-    drawn = msg.SETS["drawn2-3809"]
-    assert drawn == msg.draw_layouts(3809, count=16, gpus=2, micro_batches=(8,))
-    assert len({lay for _, lay in drawn}) == 16
-    assert all(lay.micro_batch == 8 and lay.num_gpus == 2 for _, lay in drawn)

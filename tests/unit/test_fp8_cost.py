@@ -236,15 +236,20 @@ def test_compiled_row_prices_fp8_from_its_gemm_share_compiled_casts_and_cpu():
     assert f.cpu == b.cpu and f.cpu[:2] == pytest.approx((1e-3, 2e-3))
 
 
+def _one_row_cluster(fwd, bwd, act, recompute="none"):
+    """CLUSTER with one measured layer row (tp 1, micro-batch 1, seq 1024)."""
+    row = MeasuredLayer(shape=layer_shape_key(MODEL), seq_len=1024, tp=1,
+                        sequence_parallel=False, recompute=recompute, micro_batch=1,
+                        forward_s=fwd, backward_s=bwd, activation_bytes=act,
+                        backward_peak_bytes=1e7)
+    return replace(CLUSTER, gpu=replace(GPU, measured=MeasuredTables((row,), ())))
+
+
 def test_full_recompute_moves_the_pass_the_rows_backward_holds_not_its_forward():
     # a compiled row with sequence parallelism can put backward GPU time in its forward
     # (fp8h7: 7.2 / 2.8 ms at recompute full); the recomputed forward fp8 moves is the one
     # the row's backward holds, so the fp8 layer does not pay the inflated forward twice
-    row = MeasuredLayer(shape=layer_shape_key(MODEL), seq_len=1024, tp=1,
-                        sequence_parallel=False, recompute="full", micro_batch=1,
-                        forward_s=6e-3, backward_s=2e-3, activation_bytes=1e6,
-                        backward_peak_bytes=1e7)
-    cl = replace(CLUSTER, gpu=replace(GPU, measured=MeasuredTables((row,), ())))
+    cl = _one_row_cluster(6e-3, 2e-3, 1e6, recompute="full")
     lay = Layout(dp=4, micro_batch=1, recompute="full")
     b, f = parts(job("bf16"), lay, cl), parts(job(), lay, cl)
     k = f.fp8.gemm_ratio
@@ -257,11 +262,7 @@ def test_full_recompute_moves_the_pass_the_rows_backward_holds_not_its_forward()
 
 
 def test_measured_bf16_row_keeps_its_non_gemm_time_and_scales_its_gemm_share():
-    row = MeasuredLayer(shape=layer_shape_key(MODEL), seq_len=1024, tp=1,
-                        sequence_parallel=False, recompute="none", micro_batch=1,
-                        forward_s=2e-3, backward_s=4e-3, activation_bytes=1e8,
-                        backward_peak_bytes=1e7)
-    cl = replace(CLUSTER, gpu=replace(GPU, measured=MeasuredTables((row,), ())))
+    cl = _one_row_cluster(2e-3, 4e-3, 1e8)
     b, f = parts(job("bf16"), cluster=cl), parts(job(), cluster=cl)
     assert b.layer.forward.total_s == pytest.approx(2e-3)
     k = f.fp8.gemm_ratio
