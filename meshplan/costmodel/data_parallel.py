@@ -34,7 +34,7 @@ the run-to-run spread on the measured sets (docs/benchmarks/accuracy.md, round 2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.costmodel import comm
@@ -131,6 +131,9 @@ class RankState:
     optimizer_s: float
     last_bucket_s: float     # the gradient bucket that can never overlap
     grad_copy_s: float = 0.0  # runtime "torch", pipelined: flattening the gradients to reduce
+    # reduced after the backward, outside DDP's overlapped buckets (runtime "torch": an MoE
+    # rank's experts under ZeRO-0/1, executor.expert_parallel.reduce_expert_grads)
+    after_backward_s: float = 0.0
 
 
 @lru_cache(maxsize=65536)
@@ -221,7 +224,18 @@ def combined_state(a: RankState, b: RankState) -> RankState:
                      a.optimizer_bytes + b.optimizer_bytes, a.dp_total_s + b.dp_total_s,
                      a.grad_reduce_s + b.grad_reduce_s, a.param_gather_s + b.param_gather_s,
                      a.dp_wire_bytes + b.dp_wire_bytes, a.optimizer_s + b.optimizer_s,
-                     max(a.last_bucket_s, b.last_bucket_s), a.grad_copy_s + b.grad_copy_s)
+                     max(a.last_bucket_s, b.last_bucket_s), a.grad_copy_s + b.grad_copy_s,
+                     a.after_backward_s + b.after_backward_s)
+
+
+def reduced_after_backward(st: RankState) -> RankState:
+    """``st`` with its gradient reduction run after the backward rather than in overlapped
+    buckets: the executor's ZeRO-0/1 all-reduce of an MoE rank's expert gradients over
+    edp, which it leaves out of DDP (``expert_parallel.prepare_data_parallel``) and reduces
+    once the step's backward is done (``reduce_expert_grads``), so none of it hides behind
+    a backward."""
+    return replace(st, grad_reduce_s=0.0, last_bucket_s=0.0,
+                   after_backward_s=st.after_backward_s + st.grad_reduce_s)
 
 
 def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
@@ -249,7 +263,7 @@ def exposed_dp_s(st: RankState, layout: Layout, job: Job, forward_s: float,
     k = interference
     if job.runtime == "torch":
         return max(st.last_bucket_s, exposed(st.grad_reduce_s, backward_s, k)) \
-            + st.param_gather_s
+            + st.after_backward_s + st.param_gather_s
     reduce = max(st.last_bucket_s, exposed(st.grad_reduce_s, backward_s, k))
     return reduce + exposed(st.param_gather_s, forward_s, k)
 
@@ -264,5 +278,5 @@ def root_reduce_s(params: float, bytes_per_param: float, dp_link) -> float:
 
 __all__ = ["DP_BUCKET_BYTES", "OPTIMIZER_BYTES_PER_PARAM", "GRAD_FLATTEN_PASSES", "Groups",
            "group_links", "Zero3Layer", "zero3_layer", "RankState", "rank_state", "params_state",
-           "combined_state",
+           "combined_state", "reduced_after_backward",
            "exposed_dp_s", "exposed", "root_gather_s", "root_reduce_s"]

@@ -14,7 +14,10 @@ routed part (:mod:`meshplan.costmodel.moe_layer`). On top (:func:`moe_fields`):
   (Megatron-Core's distributed optimizer over the expert-dp group; the executor's ZeRO-1
   and FSDP2 over edp); their gradients reduced over edp on its link
   (:func:`meshplan.costmodel.data_parallel.params_state`, after the dense ones:
-  :func:`meshplan.costmodel.data_parallel.combined_state`); ZeRO-3 (and FSDP2's per
+  :func:`meshplan.costmodel.data_parallel.combined_state`) — under runtime "torch" at
+  ZeRO-0/1 after the backward, none of it overlapped (the executor leaves the experts out of
+  DDP: :func:`~meshplan.costmodel.data_parallel.reduced_after_backward`; post hoc, moeh7's
+  and moeh8's ep 1 DDP layouts −8.0 / −6.2 % → −3.4 / −4.6 %); ZeRO-3 (and FSDP2's per
   micro-batch ZeRO-2) gathers them per layer over edp like the dense parameters over dp·cp;
 * **dense layers** (``ModelSpec.dense_layers``, DeepSeek's first k): per dense layer the
   difference to an MoE layer in time (forward, backward, weight gradient), kept

@@ -28,7 +28,8 @@ from functools import lru_cache
 
 from meshplan.costmodel import torch_p2p
 from meshplan.costmodel.data_parallel import (Groups, RankState, Zero3Layer, combined_state,
-                                              exposed_dp_s, params_state, rank_state)
+                                              exposed_dp_s, params_state, rank_state,
+                                              reduced_after_backward)
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.pipeline import closed_form_unchecked, inflight_microbatches
 from meshplan.costmodel.runtime import (expert_grad_copies, fsdp_per_microbatch,
@@ -124,11 +125,14 @@ class TablesBase:
                 dense * ex.dense_extra_params if dense else 0.0, compiled=self.compiled_layers)
             if ex is not None:      # the routed experts of its MoE layers, over edp
                 params = (layers - dense) * ex.params_per_layer
-                st = combined_state(st, params_state(
+                experts = params_state(
                     self.cluster, self.job, params, ex.edp, lay.pp, lay.zero,
                     self._fsdp_microbatches, ex.edp_link, layers - dense, ex.zero3,
                     expert_grad_copies(self.job, self.grad_copies),
-                    ex.copy_bytes(params, self.job, lay.zero)))
+                    ex.copy_bytes(params, self.job, lay.zero))
+                if self.job.runtime == "torch" and lay.zero < 2:
+                    experts = reduced_after_backward(experts)     # outside DDP
+                st = combined_state(st, experts)
             self._states[key] = st  # type: ignore[attr-defined]
         return st
 

@@ -136,6 +136,29 @@ def test_expert_states_shard_over_edp_and_dense_ones_over_dp_cp():
     assert est.memory[0].weights_bytes == pytest.approx((dense + experts) * per.weights)
 
 
+def test_torch_reduces_the_experts_gradients_after_the_backward_megatron_overlaps_them():
+    """The executor leaves an MoE rank's experts out of DDP and all-reduces their gradients
+    over edp once the backward is done (ZeRO-0/1): none of it hides behind a backward, so
+    the exposed data-parallel time holds all of it; Megatron's overlapped buckets keep it
+    overlappable; at edp 1 there is nothing to reduce."""
+    from meshplan.costmodel import data_parallel as dpm
+    lay = mp.Layout(dp=4, tp=2, ep=4, zero=1, sequence_parallel=True)   # edp = 2
+    torch_job = replace(JOB, runtime="torch")
+    t = layer_tables(MIXTRAL, H100, torch_job, lay)
+    st = t.rank_state(0, 32)
+    experts = 32 * moe.moe_params_per_rank(MIXTRAL, lay).experts
+    reduce_s = comm.all_reduce_s(expert_links(H100, lay)["edp"],
+                                 experts * state_bytes_per_param(torch_job).grads)
+    assert st.after_backward_s == pytest.approx(reduce_s, rel=1e-9) and reduce_s > 0
+    # whatever the backward hides of the dense reduction, the experts' all of it stays
+    assert dpm.exposed_dp_s(st, lay, torch_job, 1.0, 1.0, 0.0) == pytest.approx(
+        st.last_bucket_s + reduce_s + st.param_gather_s, rel=1e-9)
+    mega = layer_tables(MIXTRAL, H100, JOB, lay).rank_state(0, 32)
+    assert mega.after_backward_s == 0.0
+    ep8 = layer_tables(MIXTRAL, H100, torch_job, lay.replace(ep=8))    # edp 1
+    assert ep8.rank_state(0, 32).after_backward_s == 0.0
+
+
 def test_one_micro_batch_relief_counts_the_experts_gradients():
     """Runtime torch, one micro-batch a step: every gradient, the routed experts' included,
     appears in the only backward (moeh3, 2026-11-29: the relief had left the experts out)."""

@@ -669,7 +669,14 @@ def test_fsdp_layouts_take_their_activation_bytes_from_fsdp_rows():
         return layer_tables(MODEL, c, JOB, Layout(micro_batch=2, **kw)).layer_activation_bytes
     assert act(dp=2, zero=3) == pytest.approx(160e6)
     assert act(dp=2, zero=1) == pytest.approx(200e6)              # DDP: autocast, plain row
-    assert act(dp=4, zero=3) == pytest.approx(200e6)              # no FSDP row of dp 4
+    # no FSDP row of dp 4: the plain row without autocast's fp32 copies of the norms' inputs
+    # (torch_memory.fsdp_plain_row_kept_bytes)
+    from meshplan.costmodel.torch_activations import torch_layer_activations
+    kw = dict(model=MODEL, job=JOB, micro_batch=2, tp=1, sequence_parallel=False)
+    norms = (torch_layer_activations(**kw, autocast=False).stored("none")
+             - torch_layer_activations(**kw).stored("none"))
+    assert norms < 0
+    assert act(dp=4, zero=3) == pytest.approx(200e6 + norms)
     mega = Job(global_batch=JOB.global_batch, seq_len=1024)       # runtime megatron
     assert layer_tables(MODEL, c, mega, Layout(micro_batch=2, dp=2, zero=3)
                         ).layer_activation_bytes == pytest.approx(200e6)
