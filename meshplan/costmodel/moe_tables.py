@@ -52,13 +52,14 @@ from dataclasses import dataclass, replace
 
 from meshplan.costmodel import moe
 from meshplan.costmodel.corrections import load_imbalance
+from meshplan.costmodel.compute import hbm_s
 from meshplan.costmodel.data_parallel import Zero3Layer, zero3_layer
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, dense_layer_extra_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.moe_host import host_terms
 from meshplan.costmodel.moe_layer import routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts
-from meshplan.costmodel.runtime import expert_grad_copies
+from meshplan.costmodel.runtime import expert_grad_copies, fsdp_per_microbatch
 from meshplan.costmodel.torch_memory import state_bytes_at_peak
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
@@ -156,10 +157,46 @@ def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, l
     as if alone: optimistic where both are large)."""
     params = moe.moe_params_per_rank(model, layout).experts
     edp = layout.tp * layout.dp // (layout.ep * layout.etp)
-    z3 = zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
-                     cluster.gpu.dp_overlap_interference) if edp > 1 else Zero3Layer()
+    z3 = (zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
+                      cluster.gpu.dp_overlap_interference) if edp > 1
+          else one_rank_fsdp_copies(cluster, job, layout, params))
     return ExpertTerms(params, edp, links.edp, z3, tuple(model.dense_layers),
                        dense_layer_extra_params(model, layout.tp), copies_in_rows)
+
+
+#: bytes per expert parameter FSDP2 moves on the compute stream at each unshard over a
+#: 1-rank mesh: the fp32 shard cast to the bf16 all-gather input (4 read + 2 written) and
+#: copied into the unsharded parameter (2 + 2)
+ONE_RANK_UNSHARD_BYTES = 10.0
+#: and at each reduction, before its stream takes over: the bf16 gradient cast into the fp32
+#: reduce-scatter input (2 + 4)
+ONE_RANK_REDUCE_COPY_IN_BYTES = 6.0
+
+
+def one_rank_fsdp_copies(cluster: Cluster, job: Job, layout: Layout,
+                         params: float) -> Zero3Layer:
+    """What FSDP2 costs an MoE layer's experts per micro-batch where the executor shards them
+    over an expert data-parallel group of one rank (ZeRO-2/3 with edp = 1: it applies
+    ``fully_shard`` over edp whatever its size, ``executor.expert_parallel.
+    prepare_data_parallel``). No collective runs, but the bytes still move: torch's
+    ``FSDPParamGroup.unshard`` / ``wait_for_unshard`` on one rank cast the fp32 shard to the
+    bf16 all-gather input and copy it into the unsharded parameter, on the compute stream,
+    at each forward (and, ZeRO-3, again in the backward); ``foreach_reduce`` casts the bf16
+    gradients into its fp32 input on the compute stream before its own stream copies and
+    accumulates them (torch 2.11 / 2.13 ``_fsdp_param_group.py``, ``_fsdp_collectives.py``;
+    that stream's part is taken as hidden behind the next layer's backward). Memory-bound,
+    at the profile's HBM rate. Runtime "torch" only; nothing where FSDP2 is not per
+    micro-batch.
+
+    Read post hoc from moeh7 and moeh8 (2 × H200), whose ZeRO-2/3 ep 2 layouts ran 7-38 %
+    slower than the ep row priced them; moeh6's within 5 % (docs/moe.md "moeh8")."""
+    if job.runtime != "torch" or not fsdp_per_microbatch(job, layout.zero, layout.pp):
+        return Zero3Layer()
+    gpu = cluster.gpu
+    unshard = hbm_s(gpu, params * ONE_RANK_UNSHARD_BYTES)
+    copy_in = hbm_s(gpu, params * ONE_RANK_REDUCE_COPY_IN_BYTES)
+    backward = copy_in + (unshard if layout.zero == 3 else 0.0)
+    return Zero3Layer(unshard, backward, 0.0, unshard + backward)
 
 
 def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fields: dict,

@@ -402,6 +402,39 @@ def test_zero3_frees_the_experts_gathered_copies_at_edp_1_too():
     assert e3.memory[0].buffers_bytes - e2.memory[0].buffers_bytes >= 2 * copies
 
 
+def test_fsdp2_over_a_one_rank_expert_group_still_copies_the_experts():
+    """At edp = 1 the executor's FSDP2 runs no collective for the experts but casts and
+    copies them at each unshard (forward; ZeRO-3 again in backward) and casts their
+    gradients into its fp32 reduce input, on the compute stream: memory-bound time per layer
+    and micro-batch; none under the megatron runtime or at ZeRO-1."""
+    from meshplan.costmodel.compute import hbm_s
+    from meshplan.costmodel.moe_tables import (ONE_RANK_REDUCE_COPY_IN_BYTES,
+                                               ONE_RANK_UNSHARD_BYTES)
+    cl = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
+
+    def terms(lay, job=JOB):
+        links = replace(group_links(cl, lay), **expert_links(cl, lay))
+        return expert_terms(MOE, cl, job, lay, links, None)
+    z3, z2 = Layout(dp=2, ep=2, micro_batch=1, zero=3), Layout(dp=2, ep=2, micro_batch=1, zero=2)
+    t3, t2 = terms(z3), terms(z2)
+    p = t3.params_per_layer
+    assert t3.edp == 1 and p > 0
+    unshard = hbm_s(cl.gpu, p * ONE_RANK_UNSHARD_BYTES)
+    copy_in = hbm_s(cl.gpu, p * ONE_RANK_REDUCE_COPY_IN_BYTES)
+    assert t3.zero3.forward_s == pytest.approx(unshard) and unshard > 0
+    assert t3.zero3.backward_s == pytest.approx(unshard + copy_in)
+    assert t2.zero3.forward_s == pytest.approx(unshard)
+    assert t2.zero3.backward_s == pytest.approx(copy_in)
+    assert t3.zero3.wire_bytes == 0.0
+    mega = Job(global_batch=16, seq_len=1024)
+    assert terms(z3, mega).zero3.total_s == 0.0
+    assert terms(Layout(dp=2, ep=2, micro_batch=1, zero=1)).zero3.total_s == 0.0
+    # and the step pays it per layer and micro-batch
+    m = z3.num_microbatches(JOB.global_batch)
+    e3 = estimate(MOE, cl, JOB, z3)
+    assert e3.step_time_s > MOE.num_layers * m * (2 * unshard + copy_in)
+
+
 def test_imbalance_as_run_pairs_each_groups_calls():
     from meshplan.executor.moe_routing import MAX_CALLS, RoutedRows, imbalance
     # two ep groups of two ranks; per call the busiest over the mean
