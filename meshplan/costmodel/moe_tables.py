@@ -183,8 +183,10 @@ def one_rank_fsdp_copies(cluster: Cluster, job: Job, layout: Layout,
     bf16 all-gather input and copy it into the unsharded parameter, on the compute stream,
     at each forward (and, ZeRO-3, again in the backward); ``foreach_reduce`` casts the bf16
     gradients into its fp32 input on the compute stream before its own stream copies and
-    accumulates them (torch 2.11 / 2.13 ``_fsdp_param_group.py``, ``_fsdp_collectives.py``;
-    that stream's part is taken as hidden behind the next layer's backward). Memory-bound,
+    accumulates them (torch 2.13's ``_fsdp_param_group.py`` one-rank path and
+    ``_fsdp_collectives.py``; a torch without that path moves the same bytes through its
+    all-gather copy-in and copy-out; the reduce stream's part is taken as hidden behind the
+    next layer's backward). Memory-bound,
     at the profile's HBM rate. Runtime "torch" only; nothing where FSDP2 is not per
     micro-batch.
 
