@@ -25,6 +25,10 @@
   with their memory-bound kernels and attention, 0.2-0.5. FSDP2 layouts composed from plain
   rows with the GEMM probe's share: rounds 41/43 +6.6..+14.8 % slow; with the blocks' share
   −2.8..+3.3 % (post hoc, 2026-11-29; docs/benchmarks/transfer.md "FSDP2's overlap").
+  An MoE rank's experts under runtime "torch" at ZeRO-0/1 are reduced after the backward,
+  outside DDP, none of it hidden (:func:`reduced_after_backward`; moeh8's ep 1 DDP run:
+  41 ms a step in its gradient phase after the backward, now priced 31 ms + DDP's last
+  bucket, where the overlapped pricing left 8 ms; docs/moe.md "moeh8").
 * Optimizer: fused Adam is memory-bound, 32 bytes per local parameter, at the calibrated
   optimizer bandwidth or the HBM model: :func:`rank_state`.
 

@@ -43,7 +43,9 @@ the experts' gradients with the layer's: moeh3 (1 × H200, 2026-11-29, post hoc)
 one-micro-batch layouts 7-13 % under the prediction that left them out, −1.3 / +0.1 % with them.
 
 Measured error: whole estimates only (published MoE runs: docs/benchmarks/published.md,
-19.6 % mean over 8 runs on datasheet profiles, 2026-11-29; moeh1-3: docs/moe.md).
+19.6 % mean over 8 runs on datasheet profiles, 2026-11-29; calibrated never-run models on
+2 × H200 as run: moeh6 8.0 %, moeh7 16.0 %, moeh8 6.9 % mean; moeh1-3 on one GPU 4.7-5.6 %:
+docs/moe.md, docs/benchmarks/gpu_checks.md).
 """
 
 from __future__ import annotations
