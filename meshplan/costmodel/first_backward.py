@@ -109,6 +109,43 @@ def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]
     return max(0.0, most_act + sum(grad_bytes) - peak)
 
 
+@lru_cache(maxsize=4096)
+def backward_event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> tuple:
+    """:func:`backward_events` reduced to what :func:`relief_bytes_ends` reads, where every
+    local chunk holds the same layers and the rank's first and last chunks add its ends:
+    per forward state (in flight, of them the first chunk's, the last chunk's); per
+    backward state (in flight, first chunk's, last chunk's, chunks with gradients, first
+    chunk has them, last chunk has them, first backward of its chunk, chunk is the first,
+    chunk is the last). Distinct states only: the planner prices hundreds of layer counts
+    per layout on them (an interleaved rank's 40-90 states collapse to a few dozen)."""
+    fwd, bwd = backward_events(schedule, pp, vpp, m, rank)
+    last = (vpp if schedule == "interleaved-1f1b" else 1) - 1
+    f = {(sum(c), c[0], c[last]) for c in fwd}
+    b = {(sum(c), c[0], c[last], sum(on), int(on[0]), int(on[last]), int(first),
+          int(chunk == 0), int(chunk == last)) for c, on, chunk, first in bwd}
+    return tuple(sorted(f)), tuple(sorted(b)), last + 1
+
+
+def relief_bytes_ends(sums, act: float, grad: float, first_act: float = 0.0,
+                      first_grad: float = 0.0, last_act: float = 0.0,
+                      last_grad: float = 0.0) -> float:
+    """:func:`relief_bytes` on :func:`backward_event_sums`, for chunks of ``act`` / ``grad``
+    bytes each (one micro-batch's activations, the gradients) with ``first_*`` added to the
+    rank's first chunk and ``last_*`` to its last (the same chunk when it has one): equal
+    to ``relief_bytes(events, [act + ends…], [grad + ends…])``, in time independent of the
+    chunk count."""
+    fwd, bwd, v = sums
+    if not bwd:
+        return 0.0
+    most_act = max(act * n + first_act * n0 + last_act * nl for n, n0, nl in fwd)
+    peak = max(act * n + first_act * n0 + last_act * nl
+               + grad * na + first_grad * a0 + last_grad * al
+               + (max(0.0, (grad + first_grad * i0 + last_grad * il)
+                      - (act + first_act * i0 + last_act * il)) if first else 0.0)
+               for n, n0, nl, na, a0, al, first, i0, il in bwd)
+    return max(0.0, most_act + v * grad + first_grad + last_grad - peak)
+
+
 def zero_bubble_order(pp: int, m: int, rank: int) -> tuple[tuple[str, int], ...]:
     """Rank ``rank``'s passes under torch's zero-bubble schedule with one stage per rank
     (ZB1P, Qi et al. 2023, arXiv 2401.10241; ``ScheduleInterleavedZeroBubble`` with

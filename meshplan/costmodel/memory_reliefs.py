@@ -52,18 +52,17 @@ class MemoryReliefs:
         if out is None and self.layout.schedule == "zero-bubble":
             out = self._relief[key] = self._zero_bubble_relief(rank, layers)  # type: ignore[attr-defined]
         if out is None:
+            # the rank's layers evenly over its chunks (events: backward_event_sums)
             v = self.layout.vpp if self.layout.schedule == "interleaved-1f1b" else 1
-            act = [layers / v * self.layer_activation_bytes] * v
-            grads = [layers / v * self.relief_layer_grad_bytes] * v
-            if rank == 0:
-                act[0] += self.embedding_act_bytes
-                grads[0] += self.relief_first_grad_bytes
-            if rank == self.last_rank:
+            first, last = rank == 0, rank == self.last_rank
+            out = self._relief[key] = first_backward.relief_bytes_ends(  # type: ignore[attr-defined]
+                self.relief_events[rank], layers / v * self.layer_activation_bytes,
+                layers / v * self.relief_layer_grad_bytes,
+                first_act=self.embedding_act_bytes if first else 0.0,
+                first_grad=self.relief_first_grad_bytes if first else 0.0,
                 # one micro-batch's kept logits (GPipe keeps every micro-batch's)
-                act[-1] += self.output_kept_bytes
-                grads[-1] += self.relief_last_grad_bytes
-            out = self._relief[key] = first_backward.relief_bytes(  # type: ignore[attr-defined]
-                self.relief_events[rank], act, grads)
+                last_act=self.output_kept_bytes if last else 0.0,
+                last_grad=self.relief_last_grad_bytes if last else 0.0)
         return out
 
     def _zero_bubble_relief(self, rank: int, layers: int) -> float:

@@ -61,7 +61,8 @@ class RankMemory(MemoryReliefs, TablesBase):
     # runtime "torch": a chunk's gradients are None until its first backward of the step
     # (see first_backward_relief_bytes); gradient bytes per layer, of the first rank's and
     # the last rank's non-layer parameters, and per rank the schedule's memory events
-    # (first_backward.backward_events); 0 / () where that does not apply
+    # (first_backward.backward_event_sums, zero-bubble's zero_bubble_events); 0 / () where
+    # that does not apply
     relief_layer_grad_bytes: float = 0.0
     relief_first_grad_bytes: float = 0.0
     relief_last_grad_bytes: float = 0.0

@@ -226,8 +226,8 @@ def first_backward_relief_fields(job: Job, layout: Layout, microbatches: int,
         events = tuple(first_backward.zero_bubble_events(pp, microbatches, r)
                        for r in range(pp))
     else:
-        events = tuple(first_backward.backward_events(layout.schedule, pp, layout.vpp,
-                                                      microbatches, r) for r in range(pp))
+        events = tuple(first_backward.backward_event_sums(layout.schedule, pp, layout.vpp,
+                                                          microbatches, r) for r in range(pp))
     return {"relief_layer_grad_bytes": grads(layer_params),
             "relief_first_grad_bytes": grads(first_params),
             "relief_last_grad_bytes": grads(last_params), "relief_events": events}

@@ -1,7 +1,8 @@
 """The walk that finds which gradients a pipeline rank has not allocated at its peak."""
 import pytest
 
-from meshplan.costmodel.first_backward import backward_events, relief_bytes
+from meshplan.costmodel.first_backward import (backward_event_sums, backward_events,
+                                               relief_bytes, relief_bytes_ends)
 
 
 def _walk_peak(schedule, pp, v, m, rank, act, grad):
@@ -19,6 +20,29 @@ def _walk_peak(schedule, pp, v, m, rank, act, grad):
             counts[c] -= 1
             seen[c] = True
     return most + sum(grad) - peak
+
+
+@pytest.mark.parametrize("schedule,pp,v,m", [
+    ("gpipe", 4, 1, 6), ("1f1b", 2, 1, 2), ("1f1b", 4, 1, 8), ("interleaved-1f1b", 4, 2, 4),
+    ("interleaved-1f1b", 4, 8, 64), ("interleaved-1f1b", 2, 3, 8)])
+def test_the_reduced_events_give_the_walk_for_uniform_chunks_with_ends(schedule, pp, v, m):
+    """relief_bytes_ends on backward_event_sums equals relief_bytes on the full events for
+    equal chunks plus the ends on the first and last chunk (one chunk: both on it)."""
+    import random
+    rng = random.Random(7)
+    for rank in range(pp):
+        ev, sums = backward_events(schedule, pp, v, m, rank), \
+            backward_event_sums(schedule, pp, v, m, rank)
+        assert len(sums[0]) <= len(ev[0]) and len(sums[1]) <= len(ev[1])
+        for _ in range(20):
+            a, g, fa, fg, la, lg = (rng.uniform(0, 2) for _ in range(6))
+            act, grad = [a] * v, [g] * v
+            act[0] += fa
+            grad[0] += fg
+            act[-1] += la
+            grad[-1] += lg
+            assert relief_bytes_ends(sums, a, g, fa, fg, la, lg) == pytest.approx(
+                relief_bytes(ev, act, grad), abs=1e-12)
 
 
 @pytest.mark.parametrize("schedule,pp,v,m", [
