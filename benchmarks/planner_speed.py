@@ -3,6 +3,7 @@
     python benchmarks/planner_speed.py                  # the dense cases
     python benchmarks/planner_speed.py --long-context   # 128k tokens: cp searched (issue 39)
     python benchmarks/planner_speed.py --moe            # MoE models: ep/etp searched (issue 38)
+    python benchmarks/planner_speed.py --runtime torch  # any of them for meshplan's executor
 """
 
 import os
@@ -35,13 +36,16 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f} before")
     cases = LONG_CASES if "--long-context" in sys.argv else \
         MOE_CASES if "--moe" in sys.argv else CASES
+    runtime = sys.argv[sys.argv.index("--runtime") + 1] if "--runtime" in sys.argv else \
+        "megatron"
+    print(f"runtime {runtime}")
     print("| case | GPUs | goal s | wall s | configurations | layouts (with partitions) | "
           "tables built | CP-SAT candidates | partition models | all optimal | best | "
           "tokens/s | MFU |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, cl, nodes, batch, seq, goal in cases:
         model, cluster = mp.ModelSpec.preset(name), mp.Cluster.preset(cl, nodes=nodes)
-        job = mp.Job(global_batch=batch, seq_len=seq)
+        job = mp.Job(global_batch=batch, seq_len=seq, runtime=runtime)
         t = time.perf_counter()
         with warnings.catch_warnings():     # seq_len past a RoPE model's maximum
             warnings.simplefilter("ignore", mp.MeshplanWarning)

@@ -49,7 +49,6 @@ from meshplan.costmodel.pipeline_sim import rank_order
 WALKED_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
-@lru_cache(maxsize=4096)
 def backward_events(schedule: str, pp: int, vpp: int, m: int, rank: int
                     ) -> tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[bool, ...],
                                                              int, bool], ...], ...]:
@@ -109,7 +108,7 @@ def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]
     return max(0.0, most_act + sum(grad_bytes) - peak)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)        # a few hundred bytes each; a 3,072-GPU plan asks ~6,000
 def backward_event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> tuple:
     """:func:`backward_events` reduced to what :func:`relief_bytes_ends` reads, where every
     local chunk holds the same layers and the rank's first and last chunks add its ends:
@@ -120,10 +119,29 @@ def backward_event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> 
     per layout on them (an interleaved rank's 40-90 states collapse to a few dozen)."""
     fwd, bwd = backward_events(schedule, pp, vpp, m, rank)
     last = (vpp if schedule == "interleaved-1f1b" else 1) - 1
-    f = {(sum(c), c[0], c[last]) for c in fwd}
+    f = _pareto({(sum(c), c[0], c[last]) for c in fwd}, 3)
     b = {(sum(c), c[0], c[last], sum(on), int(on[0]), int(on[last]), int(first),
           int(chunk == 0), int(chunk == last)) for c, on, chunk, first in bwd}
-    return tuple(sorted(f)), tuple(sorted(b)), last + 1
+    # a state is never the peak where another has at least its counts and either the same
+    # (first, chunk kind) or no first-backward term of its own (that term is ≥ 0)
+    kept = _pareto(b, 6)
+    kept = [e for e in kept if e[6] or not any(
+        o != e and all(x >= y for x, y in zip(o[:6], e[:6]))
+        and (o[6] or o[:6] != e[:6] or o < e) for o in kept)]     # of equals, keep one
+    return tuple(sorted(f)), tuple(sorted(kept)), last + 1
+
+
+def _pareto(states: set, width: int) -> list:
+    """The states no other of the same tail (fields past ``width``) matches or exceeds in
+    each of its first ``width`` fields (the coefficients they meet are ≥ 0). In order of
+    falling field sums a dominating state comes first, so each is checked against the
+    kept ones only (a handful)."""
+    out: list = []
+    for e in sorted(states, key=lambda t: -sum(t[:width])):
+        if not any(o[width:] == e[width:] and all(x >= y for x, y in zip(o[:width], e[:width]))
+                   for o in out):
+            out.append(e)
+    return out
 
 
 def relief_bytes_ends(sums, act: float, grad: float, first_act: float = 0.0,
@@ -160,11 +178,13 @@ def zero_bubble_order(pp: int, m: int, rank: int) -> tuple[tuple[str, int], ...]
     return tuple((kinds[k], j) for k, _, j in rank_order("zero-bubble", pp, 1, m, rank))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def zero_bubble_events(pp: int, m: int, rank: int) -> tuple[tuple[int, int, bool, bool], ...]:
-    """The distinct memory states of a zero-bubble rank, for :func:`zero_bubble_relief`:
-    ``(activation sets, kept-gradient sets, gradients allocated, first W)`` after each
-    forward and I, and right before each W (``first W``: it allocates the gradients)."""
+    """The memory states of a zero-bubble rank that can be its peak, for
+    :func:`zero_bubble_relief`: ``(activation sets, kept-gradient sets, gradients allocated,
+    first W)`` after each forward and I, and right before each W (``first W``: it allocates
+    the gradients); of the states alike in the last two, those no other matches or exceeds
+    in both counts."""
     acts = kept = 0
     allocated = False
     out: dict[tuple[int, int, bool, bool], None] = {}
@@ -180,7 +200,7 @@ def zero_bubble_events(pp: int, m: int, rank: int) -> tuple[tuple[int, int, bool
             allocated = True
             continue
         out[(acts, kept, allocated, False)] = None
-    return tuple(out)
+    return tuple(sorted(_pareto(set(out), 2)))
 
 
 def zero_bubble_relief(events, act_bytes: float, kept_bytes: float, grad_bytes: float

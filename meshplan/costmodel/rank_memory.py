@@ -15,6 +15,7 @@ measured sets (docs/benchmarks/accuracy.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from meshplan.costmodel.memory_reliefs import MemoryReliefs
 from meshplan.costmodel.stage_tables import TablesBase
@@ -88,9 +89,10 @@ class RankMemory(MemoryReliefs, TablesBase):
             return max(0.0, min(layers, self.num_dense_layers) * per)
         return dense * per
 
-    @property
+    @cached_property
     def const_bytes(self) -> tuple[float, ...]:
-        """Per rank: memory that does not grow with its layer count."""
+        """Per rank: memory that does not grow with its layer count (computed once: the
+        planner asks for it at every layer count it tries)."""
         return tuple(self.buffer_bytes + (self.first_extra_bytes if r == 0 else 0.0)
                      + (self.last_extra_bytes - self.logits_bytes + self._output_const_bytes
                         if r == self.last_rank else 0.0)
