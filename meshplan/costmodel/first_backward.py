@@ -115,8 +115,9 @@ def backward_event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> 
     per forward state (in flight, of them the first chunk's, the last chunk's); per
     backward state (in flight, first chunk's, last chunk's, chunks with gradients, first
     chunk has them, last chunk has them, first backward of its chunk, chunk is the first,
-    chunk is the last). Distinct states only: the planner prices hundreds of layer counts
-    per layout on them (an interleaved rank's 40-90 states collapse to a few dozen)."""
+    chunk is the last). Only the states that can be the peak for some non-negative bytes:
+    the planner prices hundreds of layer counts per layout on them (an interleaved rank's
+    40-380 states come down to 2-10)."""
     fwd, bwd = backward_events(schedule, pp, vpp, m, rank)
     last = (vpp if schedule == "interleaved-1f1b" else 1) - 1
     f = _pareto({(sum(c), c[0], c[last]) for c in fwd}, 3)

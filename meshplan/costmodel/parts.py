@@ -193,7 +193,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             extended = row.extended_from
             measured = measured if "layer" in measured else ["layer", *measured]
             f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at))
-        elif "layer" in measured and mlp_width is None:
+        elif "layer" in measured and mlp_width is None and compiled == compile:
+            # (the difference was timed compiled or eager as the bf16 row it goes on)
             sib = sibling_delta(tables, model, job, **at)
             if sib is not None:
                 d_f, d_b, mode = sib
