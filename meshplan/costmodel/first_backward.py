@@ -108,7 +108,6 @@ def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]
     return max(0.0, most_act + sum(grad_bytes) - peak)
 
 
-@lru_cache(maxsize=65536)        # a few hundred bytes each; a 3,072-GPU plan asks ~6,000
 def backward_event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> tuple:
     """:func:`backward_events` reduced to what :func:`relief_bytes_ends` reads, where every
     local chunk holds the same layers and the rank's first and last chunks add its ends:
@@ -117,7 +116,21 @@ def backward_event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> 
     chunk has them, last chunk has them, first backward of its chunk, chunk is the first,
     chunk is the last). Only the states that can be the peak for some non-negative bytes:
     the planner prices hundreds of layer counts per layout on them (an interleaved rank's
-    40-380 states come down to 2-10)."""
+    40-380 states come down to 2-10).
+
+    A GPipe rank's step is every forward, then every backward, whatever its place; a 1F1B
+    rank's is fixed by its warm-up, min(pp − rank − 1, m) forwards, as on the first rank of
+    a pipeline pp − rank deep: both are computed once per such shape (checked against the
+    walk in tests/unit/test_first_backward.py)."""
+    if schedule == "gpipe":
+        pp, rank = 1, 0
+    elif schedule == "1f1b":
+        pp, rank = pp - rank, 0
+    return _event_sums(schedule, pp, vpp, m, rank)
+
+
+@lru_cache(maxsize=65536)        # a few hundred bytes each; a 3,072-GPU plan asks ~6,000
+def _event_sums(schedule: str, pp: int, vpp: int, m: int, rank: int) -> tuple:
     fwd, bwd = backward_events(schedule, pp, vpp, m, rank)
     last = (vpp if schedule == "interleaved-1f1b" else 1) - 1
     f = _pareto({(sum(c), c[0], c[last]) for c in fwd}, 3)

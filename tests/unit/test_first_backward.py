@@ -22,6 +22,20 @@ def _walk_peak(schedule, pp, v, m, rank, act, grad):
     return most + sum(grad) - peak
 
 
+def test_a_gpipe_or_1f1b_rank_walks_as_the_first_rank_of_a_pipeline_as_deep_as_its_rest():
+    """backward_event_sums computes a GPipe rank once per micro-batch count and a 1F1B rank
+    once per (pipeline depth left, micro-batches): their walks are the same."""
+    for pp in range(1, 13):
+        for m in range(1, 30):
+            for r in range(pp):
+                assert backward_events("1f1b", pp, 1, m, r) == \
+                    backward_events("1f1b", pp - r, 1, m, 0)
+                assert backward_events("gpipe", pp, 1, m, r) == \
+                    backward_events("gpipe", 1, 1, m, 0)
+                assert backward_event_sums("1f1b", pp, 1, m, r) == \
+                    backward_event_sums("1f1b", pp - r, 1, m, 0)
+
+
 @pytest.mark.parametrize("schedule,pp,v,m", [
     ("gpipe", 4, 1, 6), ("1f1b", 2, 1, 2), ("1f1b", 4, 1, 8), ("interleaved-1f1b", 4, 2, 4),
     ("interleaved-1f1b", 4, 8, 64), ("interleaved-1f1b", 2, 3, 8), ("gpipe", 2, 1, 3),
