@@ -89,7 +89,8 @@ from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
 from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sample, _cpu_fields,
                                            combine_rounds, cpu_fixed, cpu_values, end_row,
                                            end_values, layer_row, layer_values, pooled_cpu,
-                                           split_depth, split_memory_stage)
+                                           split_depth, split_memory_stage,
+                                           suspect_splits)
 from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
                                           _run_sustained)
 from meshplan.calibrate.layer_split import SPLIT_DEEP_LAYERS, _deep_split
@@ -416,6 +417,12 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             ratios.get(cfg.build_key, 1.0))
         if cfg.ep > 1 and not cfg.part:   # compiled rows route as their eager twin
             layer_rows[-1]["routed_imbalance"] = routing.get(_routing_key(cfg), 0.0)
+    suspect = suspect_splits(layer_rows)
+    if suspect:
+        _note(progress, "compiled rows whose backward timed shorter than their forward (the "
+                        "forward/backward split of compiled blocks that communicate inside; "
+                        "their totals are used, docs/calibrate.md \"Known defect\"): "
+                        + ", ".join(suspect))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed)
 
 

@@ -736,3 +736,19 @@ def test_provenance_keeps_the_rows_a_budget_left_untimed():
     doc = provenance(torch.device("cpu"), opts, 1, rows_untimed={"FSDP2": 12})
     assert doc["rows_untimed"] == {"FSDP2": 12} and doc["time_budget_s"] == 100.0
     assert "rows_untimed" not in provenance(torch.device("cpu"), opts, 1)
+
+
+def test_compiled_rows_whose_backward_timed_shorter_than_their_forward_are_named():
+    """The calibration names compiled rows without recomputation whose backward timed shorter
+    than their forward (compiled blocks that communicate inside: tp 2 + SP, ep 2), not the
+    eager ones, recomputing ones or plausible ones."""
+    from meshplan.calibrate.layer_rows import suspect_splits
+    base = dict(tp=2, sequence_parallel=True, micro_batch=1, ep=1, precision="bf16")
+    rows = [dict(base, compile=True, recompute="none", forward_s=7.94e-3, backward_s=0.55e-3),
+            dict(base, compile=True, recompute="none", forward_s=3e-3, backward_s=6e-3),
+            dict(base, compile=False, recompute="none", forward_s=7e-3, backward_s=1e-3),
+            dict(base, compile=True, recompute="full", forward_s=7e-3, backward_s=3e-3),
+            dict(base, compile=True, recompute="none", tp=1, sequence_parallel=False, ep=2,
+                 precision="fp8", forward_s=9e-3, backward_s=2.8e-3)]
+    assert suspect_splits(rows) == ["tp2 sp mb1 (7.94 / 0.55 ms)",
+                                    "tp1 ep2 fp8 mb1 (9.00 / 2.80 ms)"]
