@@ -192,8 +192,11 @@ def one_rank_fsdp_copies(cluster: Cluster, job: Job, layout: Layout,
     at the profile's HBM rate. Runtime "torch" only; nothing where FSDP2 is not per
     micro-batch.
 
-    Read post hoc from moeh7 and moeh8 (2 × H200), whose ZeRO-2/3 ep 2 layouts ran 7-38 %
-    slower than the ep row priced them; moeh6's within 5 % (docs/moe.md "moeh8")."""
+    Measured error (2 × H200, post hoc, docs/moe.md "moeh8"): the ZeRO-2/3 ep 2 layouts of
+    moeh8 −7.1 / −15.9 % → −1.5 / −4.4 %, of moeh7 −14.1 / −38.3 / −11.7 % → −7.6 / −21.9 /
+    +3.4 %, but of moeh6 −5.1 / −3.8 / −0.9 / +4.4 % → +1.6 / +5.7 / +15.2 / +21.1 % (its
+    ZeRO-3 layouts ran faster than its ZeRO-2 one; whether its GPU hid the copies is not
+    known). moeh9 tests it as run."""
     if job.runtime != "torch" or not fsdp_per_microbatch(job, layout.zero, layout.pp):
         return Zero3Layer()
     gpu = cluster.gpu
