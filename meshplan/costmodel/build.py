@@ -155,7 +155,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # its composition took the copies off: fp8_cost.torch_memory)
         act_bytes = fsdp_plain_row_kept_bytes(
             model, job, layout, act_bytes,
-            compiled_copies=parts.compiled and parts.fp8 is None)
+            copied_params=layer_params if parts.compiled and parts.fp8 is None else 0.0)
     if fsdp_row is not None and job.runtime == "torch":
         # the executor runs FSDP2 in bf16 without autocast (MixedPrecisionPolicy) and
         # ZeRO-0/1 under autocast, which keeps fp32 copies where it runs ops in fp32

@@ -77,12 +77,11 @@ from dataclasses import replace
 from meshplan.costmodel import comm
 from meshplan.costmodel.compute import PassCost
 from meshplan.costmodel.corrections import load_imbalance
-from meshplan.costmodel.memory import compute_weight_bytes_per_param
 from meshplan.costmodel.moe import moe_params_per_rank
 from meshplan.costmodel.moe_host import routed_ops, torch_syncs
 from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts, layer_parts
-from meshplan.costmodel.torch_activations import torch_layer_activations
+from meshplan.costmodel.torch_memory import fsdp_plain_row_kept_bytes
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -183,20 +182,15 @@ def _timed_imbalance(model: ModelSpec, cluster: Cluster, job: Job, layout: Layou
 
 def fsdp_kept_bytes(model: ModelSpec, job: Job, layout: Layout, row_bytes: float) -> float:
     """The kept bytes of a layer priced from its row timed at the layout's ep (plainly, under
-    autocast), as FSDP2 (ZeRO-2/3) runs it in bf16 without autocast: less the rank's expert
-    weights' 16-bit copies, which the executor's per-call casts save for backward (none
-    under full recomputation; FSDP2's parameters are already 16-bit), and with the dense
-    part's kept bytes without autocast's fp32 copies
-    (:mod:`meshplan.costmodel.torch_activations`, as the curves' ZeRO-2/3 layers keep
-    them). moeh7 (2 × H200, post hoc): the FSDP2 row at ep 1 held 505 MiB a layer less than
-    the plain one, the 16 experts' copies (504 MiB)."""
-    kw = dict(model=model, job=job, micro_batch=layout.micro_batch, tp=layout.tp,
-              sequence_parallel=layout.sequence_parallel, mlp_width=shared_width(model))
-    dense_delta = (torch_layer_activations(**kw, autocast=False).stored(layout.recompute)
-                   - torch_layer_activations(**kw).stored(layout.recompute))
-    copies = (0.0 if layout.recompute == "full" else
-              moe_params_per_rank(model, layout).experts * compute_weight_bytes_per_param(job))
-    return max(0.0, row_bytes + dense_delta - copies)
+    autocast), as FSDP2 (ZeRO-2/3) runs it in bf16 without autocast
+    (:func:`~meshplan.costmodel.torch_memory.fsdp_plain_row_kept_bytes`): less the rank's
+    expert weights' 16-bit copies, which the executor's per-call casts save for backward
+    (FSDP2's parameters are already 16-bit), the dense part without autocast's fp32 copies.
+    moeh7 (2 × H200, post hoc): the FSDP2 row at ep 1 held 505 MiB a layer less than the
+    plain one, the 16 experts' copies (504 MiB)."""
+    return fsdp_plain_row_kept_bytes(model, job, layout, row_bytes,
+                                     copied_params=moe_params_per_rank(model, layout).experts,
+                                     mlp_width=shared_width(model))
 
 
 def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

@@ -262,26 +262,26 @@ def compute_copy_bytes(model: ModelSpec, job: Job, zero: int, dp: int, tp: int, 
 
 
 def fsdp_plain_row_kept_bytes(model: ModelSpec, job: Job, layout: Layout, row_bytes: float,
-                              *, compiled_copies: bool) -> float:
-    """A dense layer's kept bytes under FSDP2 (ZeRO-2/3 over dp > 1) priced from its plain
-    row — the profile timed no FSDP2 row at this setting — which was timed under autocast:
+                              *, copied_params: float, mlp_width: int | None = None) -> float:
+    """A layer's kept bytes under FSDP2 (ZeRO-2/3) priced from a plain row — the profile
+    timed no FSDP2 row of this layer at this setting — which was timed under autocast:
     FSDP2 runs the block in bf16 without autocast (``MixedPrecisionPolicy``), so its
     LayerNorms keep their 16-bit inputs, not autocast's fp32 copies (the analytical
-    difference, :mod:`meshplan.costmodel.torch_activations`), and, where the row was timed
-    compiled (``compiled_copies``), there are no fp32 weights for the graph to cast and no
-    16-bit copies saved for the backward, which a compiled row's kept bytes hold (the rows'
-    intercept, :mod:`meshplan.costmodel.compiled_rows`; none under full recomputation,
-    which keeps the block input only). The FSDP2 rows that measure this directly:
-    GPT-0.54B's held 13 % less than its plain ones.
+    difference, :mod:`meshplan.costmodel.torch_activations`; ``mlp_width``: an MoE layer's
+    dense MLP, its shared experts), and the 16-bit weight copies the row saved for its
+    backward are not made — ``copied_params`` of them: a compiled row's layer weights (the
+    rows' intercept, :mod:`meshplan.costmodel.compiled_rows`), an MoE row's per-call expert
+    casts (:func:`meshplan.costmodel.moe_rows.fsdp_kept_bytes`); none under full
+    recomputation, which keeps the block input only. The FSDP2 rows that measure this
+    directly: GPT-0.54B's held 13 % less than its plain ones.
 
     fp8h7's p04 (2 × H200, ZeRO-3 compiled, recompute selective, no FSDP2 rows): the
     bf16 arm priced from the plain compiled row peaked 5.2 GiB (+14.4 %) under the
     prediction; with both terms −1.6 % (post hoc, docs/fp8.md "fp8h7")."""
     kw = dict(model=model, job=job, micro_batch=layout.micro_batch, tp=layout.tp,
-              sequence_parallel=layout.sequence_parallel)
+              sequence_parallel=layout.sequence_parallel, mlp_width=mlp_width)
     norms = (torch_layer_activations(**kw, autocast=False).stored(layout.recompute)
              - torch_layer_activations(**kw).stored(layout.recompute))
-    copies = (compute_weight_bytes_per_param(job)
-              * stage_params(model, 1, layout.tp, first=False, last=False, pp=1)
-              if compiled_copies and layout.recompute != "full" else 0.0)
+    copies = (0.0 if layout.recompute == "full"
+              else copied_params * compute_weight_bytes_per_param(job))
     return max(0.0, row_bytes + norms - copies)
