@@ -36,8 +36,13 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f} before")
     cases = LONG_CASES if "--long-context" in sys.argv else \
         MOE_CASES if "--moe" in sys.argv else CASES
-    runtime = sys.argv[sys.argv.index("--runtime") + 1] if "--runtime" in sys.argv else \
-        "megatron"
+    runtime = "megatron"
+    if "--runtime" in sys.argv:
+        at = sys.argv.index("--runtime") + 1
+        if at == len(sys.argv) or sys.argv[at] not in ("megatron", "torch"):
+            sys.exit(f"--runtime {' '.join(sys.argv[at:at + 1]) or '(missing)'}: "
+                     "'megatron' or 'torch'")
+        runtime = sys.argv[at]
     print(f"runtime {runtime}")
     print("| case | GPUs | goal s | wall s | configurations | layouts (with partitions) | "
           "tables built | CP-SAT candidates | partition models | all optimal | best | "

@@ -96,7 +96,11 @@ def relief_bytes(events, act_bytes: Sequence[float], grad_bytes: Sequence[float]
     micro-batch's activations and the gradients of local chunk ``c``. A backward holds what
     is in flight and the gradients allocated so far; a chunk's first backward allocates
     its gradients while it frees its micro-batch's activations (both layer by layer), so it
-    peaks ``max(0, G − A)`` above its start."""
+    peaks ``max(0, G − A)`` above its start.
+
+    The general form, per-chunk bytes of any kind; the cost model's tables, whose chunks
+    hold equal layers plus the rank's ends, use :func:`relief_bytes_ends`, checked against
+    this (tests/unit/test_first_backward.py)."""
     fwd, bwd = events
     if not bwd:
         return 0.0
