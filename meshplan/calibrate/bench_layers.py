@@ -125,9 +125,10 @@ class LayerTables:
 
 
 def _records_routing(cfg: Config, rnd: int) -> bool:
-    """An eager ep > 1 row in the first round records the routing it is timed at (a
-    compiled block records nothing: moe_routing; its eager twin routes alike)."""
-    return cfg.ep > 1 and not cfg.part and not cfg.compile and rnd == 0
+    """An eager plain ep > 1 row in the first round records the routing it is timed at (a
+    compiled block records nothing: moe_routing; its eager twin routes alike, and so do
+    the FSDP2 rows at that ep, which read the plain row's record by the same key)."""
+    return cfg.ep > 1 and not cfg.part and not cfg.compile and cfg.zero < 2 and rnd == 0
 
 
 def _routing_key(cfg: Config) -> tuple:

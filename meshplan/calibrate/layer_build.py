@@ -58,7 +58,8 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
         m.keep_part(0, 0, embeds_input=False, computes_logits=True)
     else:
         m.keep_part(0, layers, embeds_input=False, computes_logits=False)
-    experts = groups.experts(cfg.ep, cfg.tp) if cfg.ep > 1 else None
+    experts = groups.experts(cfg.ep, cfg.tp, cfg.dp if cfg.zero >= 2 else None) \
+        if cfg.ep > 1 else None
     if experts is not None:     # this rank's share of the experts, as ParallelTrainer keeps
         from meshplan.executor.expert_parallel import place_experts
         place_experts(m, experts)
@@ -85,9 +86,10 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
             block.compile()        # as ParallelTrainer does for Layout.compile
     if cfg.zero >= 2:
         if cfg.model.is_moe:    # the experts sharded over edp first, as ParallelTrainer does
+            # (at ep > 1 over the edp of the row's ep groups: one rank where ep = dp·tp)
             from meshplan.executor.expert_parallel import prepare_data_parallel
-            prepare_data_parallel(m, groups.experts(1, cfg.tp, cfg.dp), zero=cfg.zero,
-                                  bf16=cuda)
+            prepare_data_parallel(m, experts or groups.experts(1, cfg.tp, cfg.dp),
+                                  zero=cfg.zero, bf16=cuda)
         m = wrap_data_parallel(m, zero=cfg.zero,
                                groups=_DPGroups(groups.dp_mesh(cfg.dp, cfg.tp), cfg.dp),
                                device=device, bf16=cuda, pipelined=False)

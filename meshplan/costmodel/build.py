@@ -90,13 +90,14 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     measured_split = (parts.split_backward, parts.split_depth, parts.split_cpu)
     stage_row = pipelined_zero2_row(tables, model, job, layout)
     # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them;
-    # an MoE layer's are timed at ep 1 (experts gathered over edp, no all-to-all), not the
-    # layer of an ep > 1 layout (costmodel.moe_rows)
+    # an MoE layer's at the layout's ep (calibrations before 2026-11-30 timed them at ep 1
+    # only: an ep > 1 layout then has none, costmodel.moe_rows)
     fsdp_row, composed = (tables.fsdp_layer(
         model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp)
+        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp,
+        ep=layout.ep)
         if tables and layout.zero >= 2 and dp > 1
-        and not (model.is_moe and layout.ep * layout.etp > 1) else (None, False))
+        and not (model.is_moe and layout.etp > 1) else (None, False))
     # Layout.compile: those rows are timed eager only; compiled ones derived (compiled_rows)
     crows = compiled_layout_rows(tables, model, job, layout, fsdp_row, stage_row)
     fsdp_row, stage_row = crows.fsdp_row, crows.stage_row
@@ -146,7 +147,8 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                 model, job, layout.micro_batch, tp, layout.sequence_parallel,
                 **kw).stored(layout.recompute)
     elif job.runtime == "torch" and layout.zero >= 2 and "ep" in parts.measured:
-        # an MoE row timed at the layout's ep, run under FSDP2 (no FSDP2 row at ep > 1)
+        # an MoE row timed at the layout's ep, run under FSDP2 (without an FSDP2 row at that
+        # ep; with one, its kept bytes below)
         act_bytes = fsdp_kept_bytes(model, job, layout, act_bytes)
     elif (job.runtime == "torch" and layout.zero >= 2 and dp > 1 and fsdp_row is None
           and stage_row is None and not model.is_moe):

@@ -29,6 +29,9 @@ rest and per-call part move by the same ratio.
 Kept activations and a backward's working memory:
 
     act  = min(eager_act, plain_compiled_act − w),   w = 2 B × layer params / tp
+
+(an MoE layer's params: with the rank's routed experts, E/ep of them; its plain pair at the
+layout's ep, where an FSDP2 row at ep > 1 is derived)
     peak = eager_peak · plain_compiled_peak / plain_eager_peak
 
 ``w``: under autocast a compiled block casts its fp32 weights inside the graph and saves the
@@ -61,6 +64,7 @@ from dataclasses import dataclass, replace
 
 from meshplan.costmodel.measured import Interpolated
 from meshplan.costmodel.memory import stage_params
+from meshplan.costmodel.moe import moe_params_per_rank
 from meshplan.hardware_profiles.calibrated import LAYER_ROW_BLOCKS
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -144,7 +148,7 @@ def plain_pair(tables, model: ModelSpec, job: Job, layout: Layout
     """The plain (ZeRO-0) eager and compiled rows at the layout's tp, SP, recompute and
     micro-batch, or None where either is missing."""
     kw = dict(seq_len=job.seq_len, tp=layout.tp, sequence_parallel=layout.sequence_parallel,
-              recompute=layout.recompute, micro_batch=layout.micro_batch)
+              recompute=layout.recompute, micro_batch=layout.micro_batch, ep=layout.ep)
     eager = tables.layer(model, **kw)
     compiled = tables.layer(model, compile=True, **kw)
     return None if eager is None or compiled is None else (eager, compiled)
@@ -161,7 +165,8 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
     pair = plain_pair(tables, model, job, layout)
     if pair is None:
         return CompiledRows(fsdp_row, stage_row)
-    w = ROW_COPY_BYTES * stage_params(model, 1, layout.tp, first=False, last=False, pp=1)
+    w = ROW_COPY_BYTES * (stage_params(model, 1, layout.tp, first=False, last=False, pp=1)
+                          + _rank_experts(model, layout))
     ratios = CompileRatios.of(*pair, w).text()
     at = (f"tp {layout.tp}{' with SP' if layout.sequence_parallel and layout.tp > 1 else ''}, "
           f"recompute {layout.recompute}, micro-batch {layout.micro_batch}")
@@ -175,6 +180,13 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
     return CompiledRows(fsdp_row, stage_row, fsdp_row is not None, stage_row is not None,
                         tuple(f"{s} with its compute moved by the plain compiled/eager rows "
                               f"at {at} ({ratios})" for s in sources))
+
+
+def _rank_experts(model: ModelSpec, layout: Layout) -> float:
+    """An MoE layer's routed-expert parameters on one rank (0 for a dense model): the
+    executor casts them per call as it casts the layer's other weights, so a compiled MoE
+    row holds their 16-bit copies too (``stage_params`` counts an MoE layer without them)."""
+    return moe_params_per_rank(model, layout).experts if model.is_moe else 0.0
 
 
 def derived_caveat(sources: tuple[str, ...]) -> str:

@@ -29,7 +29,8 @@ from meshplan.costmodel.context_tables import (CP_ANALYTICAL_CAVEAT, CP_UNCHECKE
                                                with_cp_attention)
 from meshplan.costmodel.cp_host import comm_assumed_caveat
 from meshplan.costmodel.data_parallel import Groups, group_links
-from meshplan.costmodel.moe_rows import (MOE_EP_ROWS_CAVEAT, MOE_ROWS_CAVEAT, measured_moe_parts,
+from meshplan.costmodel.moe_rows import (MOE_EP_FSDP_ROWS_CAVEAT, MOE_EP_ROWS_CAVEAT,
+                                         MOE_ROWS_CAVEAT, fsdp_row_at_ep, measured_moe_parts,
                                          rows_apply)
 from meshplan.costmodel.moe_tables import (MOE_CAVEAT, MOE_DATASHEET_CAVEAT, expert_links,
                                            expert_terms, moe_fields, moe_mlp_width, moe_parts)
@@ -112,9 +113,12 @@ def _measured_moe_inputs(model: ModelSpec, cluster: Cluster, job: Job,
     parts = measured_moe_parts(model, cluster, job, layout, links)
     if parts is None:
         return None
-    terms = expert_terms(model, cluster, job, layout, links, parts.layer, copies_in_rows=True)
-    return TableInputs(cluster, job, layout, links, parts,
-                       (MOE_EP_ROWS_CAVEAT if "ep" in parts.measured else MOE_ROWS_CAVEAT,),
+    fsdp_at_ep = fsdp_row_at_ep(model, cluster, job, layout)
+    terms = expert_terms(model, cluster, job, layout, links, parts.layer, copies_in_rows=True,
+                         fsdp_measured=fsdp_at_ep)
+    caveat = (MOE_EP_FSDP_ROWS_CAVEAT if fsdp_at_ep else
+              MOE_EP_ROWS_CAVEAT if "ep" in parts.measured else MOE_ROWS_CAVEAT)
+    return TableInputs(cluster, job, layout, links, parts, (caveat,),
                        lambda f: moe_fields(model, cluster, job, layout, f, None, terms))
 
 

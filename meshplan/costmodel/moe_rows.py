@@ -88,6 +88,13 @@ from meshplan.spec import Job, Layout, ModelSpec
 MOE_ROWS_CAVEAT = (
     "mixture of experts from the profile's measured MoE layer rows (timed at ep = 1); "
     "expert parallelism's all-to-alls, load imbalance and host syncs are priced on top")
+MOE_EP_FSDP_ROWS_CAVEAT = (
+    "mixture of experts from the profile's MoE layer rows timed at this ep, plain and under "
+    "FSDP2 (their all-to-alls, host syncs, FSDP2's gathers, hooks and expert copies as timed "
+    "on the calibrating node, synchronized; only the busiest rank's extra rows beyond the "
+    "load imbalance the rows were routed at priced on top); ZeRO-2/3 at ep > 1 from such "
+    "rows has not yet been measured against a run (priced without them, moeh6-moeh9: "
+    "10.5 % mean error over 13 layouts; docs/moe.md)")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
@@ -181,6 +188,23 @@ def _timed_imbalance(model: ModelSpec, cluster: Cluster, job: Job, layout: Layou
     return max(1.0, row.routed_imbalance) if row is not None else 1.0
 
 
+def fsdp_row_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -> bool:
+    """Whether the profile timed this ep > 1 layer under FSDP2 at the layout's ZeRO stage
+    and dp (``meshplan calibrate`` on ≥ 2 GPUs since 2026-11-30): then the build reads that
+    row as for a dense layer, and what FSDP2 adds — the dense gathers, its hooks, its
+    copies of the experts over edp in place of autocast's casts — is the row's difference
+    to the ep row, not priced (:func:`meshplan.costmodel.moe_tables.expert_terms`)."""
+    tables = cluster.gpu.measured
+    if tables is None or layout.ep <= 1 or layout.etp != 1 or layout.zero < 2 \
+            or layout.dp < 2:
+        return False
+    row, _ = tables.fsdp_layer(model, seq_len=job.seq_len, tp=layout.tp,
+                               sequence_parallel=layout.sequence_parallel,
+                               recompute=layout.recompute, micro_batch=layout.micro_batch,
+                               zero=layout.zero, dp=layout.dp, ep=layout.ep)
+    return row is not None
+
+
 def fsdp_kept_bytes(model: ModelSpec, job: Job, layout: Layout, row_bytes: float) -> float:
     """The kept bytes of a layer priced from its row timed at the layout's ep (plainly, under
     autocast), as FSDP2 (ZeRO-2/3) runs it in bf16 without autocast
@@ -253,5 +277,5 @@ def _with_ep_dispatch(parts: LayerParts, model: ModelSpec, layout: Layout, timed
     return replace(parts, cpu=(parts.cpu[0] + cpu_f, parts.cpu[1] + cpu_b, *parts.cpu[2:]))
 
 
-__all__ = ["MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "fsdp_kept_bytes", "measured_moe_parts",
-           "rows_apply"]
+__all__ = ["MOE_EP_FSDP_ROWS_CAVEAT", "MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "fsdp_kept_bytes",
+           "fsdp_row_at_ep", "measured_moe_parts", "rows_apply"]

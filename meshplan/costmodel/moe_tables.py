@@ -153,13 +153,17 @@ def moe_mlp_width(model: ModelSpec) -> int | None:
 
 
 def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, links,
-                 moe_layer, *, copies_in_rows: bool = False) -> ExpertTerms:
+                 moe_layer, *, copies_in_rows: bool = False,
+                 fsdp_measured: bool = False) -> ExpertTerms:
     """``layout``: as the tables see it (dp·cp as dp); ``moe_layer``: its LayerCost. The
     experts' ZeRO-3 gathers overlap the same layer compute as the dense ones (each priced
-    as if alone: optimistic where both are large)."""
+    as if alone: optimistic where both are large). ``fsdp_measured``: the layer's FSDP2 row
+    at the layout's ep holds the experts' gathers and copies (the build reads it), so none
+    are priced here (:func:`meshplan.costmodel.moe_rows.fsdp_row_at_ep`)."""
     params = moe.moe_params_per_rank(model, layout).experts
     edp = layout.tp * layout.dp // (layout.ep * layout.etp)
-    z3 = (zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
+    z3 = (Zero3Layer() if fsdp_measured else
+          zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
                       cluster.gpu.dp_overlap_interference) if edp > 1
           else one_rank_fsdp_copies(cluster, job, layout, params))
     return ExpertTerms(params, edp, links.edp, z3, tuple(model.dense_layers),

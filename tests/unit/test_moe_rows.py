@@ -225,10 +225,32 @@ def test_calibration_times_moe_layers_and_their_fsdp_rows_at_ep1():
     assert spec.dense_layers == () and spec.mtp_layers == 0 and spec.num_layers == 2
     assert layer_shape_key(spec) == layer_shape_key(MOE)
     grid = plan_grid([MOE, DENSE], 1024, 2, quick=False, micro_batches=(1, 2))
-    moe_fsdp = [c for c in grid if c.model is MOE and c.zero]
-    assert moe_fsdp and all(c.ep == 1 for c in moe_fsdp)
+    moe_fsdp = [c for c in grid if c.model is MOE and c.zero and c.ep == 1]
+    assert moe_fsdp
     assert ({(c.zero, c.dp) for c in moe_fsdp}
             == {(c.zero, c.dp) for c in grid if c.model is DENSE and c.zero})
+
+
+def test_calibration_times_the_moe_layer_under_fsdp2_at_each_ep():
+    """FSDP2 rows at ep > 1: the whole stage (dp = world / tp), ZeRO-2 and 3, every recompute
+    mode, eager, the first two micro-batches, right after the ep rows; on 4 ranks ep 2 and 4
+    at tp 1 (dp 4) and at tp 2 + SP (dp 2), where the ep rows are timed too."""
+    from meshplan.calibrate.layer_grid import row_kind
+    grid = plan_grid([MOE, DENSE], 1024, 2, quick=False, micro_batches=(1, 2, 4),
+                     compile_rows=("none",))
+    rows = [c for c in grid if c.zero and c.ep > 1]
+    assert {(c.tp, c.dp, c.ep, c.zero, c.recompute, c.micro_batch, c.compile)
+            for c in rows} == {(1, 2, 2, z, rc, mb, False) for z in (2, 3)
+                               for rc in ("none", "selective", "full") for mb in (1, 2)}
+    assert all(c.model is MOE and c.communicates and c.syncs_on_host for c in rows)
+    assert {row_kind(c) for c in rows} == {"expert-parallel FSDP2"}
+    assert "zero2 dp2 tp1 ep2" in rows[0].label()
+    last_ep_row = max(i for i, c in enumerate(grid) if c.ep > 1 and not c.zero)
+    assert grid.index(rows[0]) == last_ep_row + 1
+    four = plan_grid([MOE], 1024, 4, quick=False, micro_batches=(1,), max_tp=2,
+                     compile_rows=("none",))
+    assert {(c.tp, c.dp, c.ep) for c in four if c.zero and c.ep > 1} == {
+        (1, 4, 2), (1, 4, 4), (2, 2, 2), (2, 2, 4)}
 
 
 def test_a_zero2_moe_layout_reads_its_fsdp_row_where_the_profile_has_one():
@@ -310,7 +332,8 @@ def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
 def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_path):
     """Two gloo ranks: the MoE layer at tp 1, 2 and 2 + SP with its 4 experts on every rank
     (ep 1), at tp 1 and 2 + SP spread over both (ep 2: the all-to-alls in the timed passes),
-    and under FSDP2 at ep 1 (the experts sharded over edp as the executor shards them)."""
+    and under FSDP2 at ep 1 (the experts sharded over edp as the executor shards them) and
+    at ep 2 (the experts over a one-rank edp, the dense part over dp 2)."""
     pytest.importorskip("torch")
     from _gloo import run_gloo_ranks
     got = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]["layers"]
@@ -321,11 +344,14 @@ def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_
         (tp, sp, 1) for tp, sp in ((1, False), (2, False), (2, True))} | {
         (1, False, 2), (2, True, 2)}
     # FSDP2 rows at ep 1 (ZeRO-2/3 over dp 2, and the 1-rank compute-alone ZeRO-2 rows)
-    assert {(r[4], r[5]) for r in got if r[4]} == {(2, 1), (3, 1)}
+    # and at ep 2 (tp 1: dp 2 · ep 2)
+    assert {(r[4], r[5]) for r in got if r[4]} == {(2, 1), (3, 1), (2, 2), (3, 2)}
+    assert {r[1] for r in got if r[4] and r[5] == 2} == {1}
     assert all(r[0] == key for r in got)
     assert all(r[6] > 0 and r[7] > 0 for r in got)
     # the ep 2 rows recorded the routing they were timed at (ρ_row ≥ 1: the busiest rank's
     # rows over the mean, 32 tokens top-2 over 2 ranks), the ep 1 rows none
+    # (the FSDP2 rows at ep 2 carry their plain twin's: they route alike)
     assert all(1.0 <= r[8] <= 2.0 for r in got if r[5] == 2)
     assert all(r[8] == 0.0 for r in got if r[5] == 1)
 
@@ -510,6 +536,50 @@ def test_zero2_and_3_at_ep2_read_the_ep_row_not_the_ep1_fsdp_row():
     full2, full4 = replace(lay, recompute="full"), replace(lay, recompute="full", dp=4, ep=4)
     assert fsdp_kept_bytes(MOE, JOB, full2, 1e8) == fsdp_kept_bytes(MOE, JOB, full4, 1e8)
 
+
+
+def test_zero2_and_3_at_ep2_read_the_fsdp2_row_timed_at_that_ep():
+    """With the layer timed under FSDP2 at the layout's ep (calibrations since 2026-11-30),
+    ZeRO-2/3 at ep 2 reads it as a dense layout reads its FSDP2 row: its time and kept
+    bytes, what FSDP2 adds being the row's difference to the ep row — no analytical
+    one-rank expert copies on top; the ep 1 FSDP2 row still does not stand in."""
+    from meshplan.costmodel.moe_rows import (MOE_EP_FSDP_ROWS_CAVEAT, MOE_EP_ROWS_CAVEAT,
+                                             fsdp_row_at_ep)
+    plain = _row(fwd=3e-3, bwd=6e-3, ep=2)
+    for zero in (2, 3):
+        lay = Layout(dp=2, ep=2, micro_batch=1, zero=zero)
+        fsdp = _row(fwd=3.5e-3, bwd=6e-3, ep=2, zero=zero, dp=2, activation_bytes=7e7)
+        without = estimate(MOE, _cluster(_row(), plain, gpus=2), JOB, lay)
+        cl = _cluster(_row(), plain, fsdp, gpus=2)
+        assert fsdp_row_at_ep(MOE, cl, JOB, lay)
+        assert not fsdp_row_at_ep(MOE, cl, JOB, replace(lay, zero=5 - zero))
+        a = estimate(MOE, cl, JOB, lay)
+        assert MOE_EP_FSDP_ROWS_CAVEAT in a.caveats and MOE_EP_ROWS_CAVEAT not in a.caveats
+        assert MOE_EP_ROWS_CAVEAT in without.caveats
+        slower = estimate(MOE, _cluster(_row(), plain, replace(fsdp, forward_s=4.5e-3),
+                                        gpus=2), JOB, lay)
+        # 8 layers × 8 micro-batches per rank, each forward 1 ms longer
+        assert slower.step_time_s - a.step_time_s == pytest.approx(8 * 8 * 1e-3, rel=1e-6)
+        # FSDP2 timed at no cost over the ep row: the step is the ep row's with nothing
+        # priced on top, below the estimate that adds the analytical gathers and copies
+        free = estimate(MOE, _cluster(_row(), plain, replace(fsdp, forward_s=3e-3), gpus=2),
+                        JOB, lay)
+        assert free.step_time_s < without.step_time_s
+        assert (free.step_time_s - estimate(MOE, _cluster(_row(), plain, replace(
+            fsdp, forward_s=3e-3, backward_s=7e-3), gpus=2), JOB, lay).step_time_s
+                == pytest.approx(-8 * 8 * 1e-3, rel=1e-6))
+        # the ep 1 FSDP2 row is not this layer: with it alone, the ep row as before
+        ep1 = _row(fwd=9e-3, bwd=9e-3, zero=zero, dp=2)
+        assert estimate(MOE, _cluster(_row(), plain, ep1, gpus=2), JOB, lay).step_time_s == \
+            without.step_time_s
+    # its kept bytes are the row's (ZeRO-2: the activations of 8 layers per micro-batch)
+    lay = Layout(dp=2, ep=2, micro_batch=1, zero=2)
+    small = estimate(MOE, _cluster(_row(), plain, _row(ep=2, zero=2, dp=2,
+                                                        activation_bytes=5e7), gpus=2), JOB, lay)
+    big = estimate(MOE, _cluster(_row(), plain, _row(ep=2, zero=2, dp=2,
+                                                      activation_bytes=6e7), gpus=2), JOB, lay)
+    assert big.memory[0].activations_bytes - small.memory[0].activations_bytes == \
+        pytest.approx(8 * 1e7, rel=1e-6)
 
 
 def test_ddp_accumulation_copies_the_dense_gradients_not_the_experts():
