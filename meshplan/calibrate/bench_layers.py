@@ -92,7 +92,7 @@ from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sampl
                                            split_depth, split_memory_stage,
                                            suspect_splits)
 from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
-                                          _run_sustained)
+                                          _run_sustained, _sync_deep)
 from meshplan.calibrate.layer_split import SPLIT_DEEP_LAYERS, _deep_split
 from meshplan.calibrate.layer_timing import _Queue
 from meshplan.calibrate.progress import _note, _step
@@ -217,6 +217,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             k = (cfg.build_key, cfg.recompute)
             smallest[k] = min(smallest.get(k, cfg.micro_batch), cfg.micro_batch)
     cpu_key, cpu_module = None, None
+    sync_deep_done: set[tuple] = set()   # build keys whose synchronized deep stack is timed
     skipped: set[int] = set()
     rounds = rounds_for(device, quick) if rounds is None else rounds
     require_positive_int("bench_layer_rows", "rounds", rounds)
@@ -362,6 +363,17 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks not timed (out of memory, "
                                 f"or the launch queue filled before the spin ended): no "
                                 f"per-call part split off")
+            if rnd == 0 and not cfg.part and cfg.syncs_on_host and cfg.zero < 2 \
+                    and cfg.build_key not in sync_deep_done:
+                # once per module, its first row: a diagnostic logged beside the row
+                sync_deep_done.add(cfg.build_key)
+                t_deep = time.perf_counter()
+                cpu_key, cpu_module, d = _sync_deep(cfg, cpu_key, cpu_module, device, groups,
+                                                    iters=iters, barrier=barrier, world=world)
+                first_only_s += time.perf_counter() - t_deep
+                cpu_note = (f", synchronized on {CPU_DEEP_LAYERS} blocks {d[0] * 1e3:.3f} / "
+                            f"{d[1] * 1e3:.3f} ms per layer" if d is not None else
+                            f", synchronized on {CPU_DEEP_LAYERS} blocks: out of memory")
             _step(progress, f"{tag}: fwd {values[0] * 1e3:.3f} ms, bwd {values[1] * 1e3:.3f}"
                             f" ms{' per layer' if not cfg.part else ''}"
                             + (f", act {values[2] / 2**20:.1f} MiB" if device.type == "cuda"

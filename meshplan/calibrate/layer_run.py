@@ -2,7 +2,8 @@
 
 :func:`_run_layer` times a row's blocks (with zero-bubble's split backward where it applies,
 :mod:`meshplan.calibrate.layer_split`), :func:`_run_end` the embedding or the output part,
-:func:`_cpu_deep` a row's CPU dispatch again on :data:`CPU_DEEP_LAYERS` blocks; the values
+:func:`_cpu_deep` a row's CPU dispatch again on :data:`CPU_DEEP_LAYERS` blocks,
+:func:`_sync_deep` a synchronized (host-syncing) row again on as many; the values
 they return become rows in :mod:`meshplan.calibrate.layer_rows`.
 """
 
@@ -100,6 +101,35 @@ def _layer_step(cfg: Config, m, device):
         y.backward(grad[0])
 
     return x, grad, reset, forward, backward
+
+
+def _sync_deep(cfg: Config, key, module, device, groups, *, iters: int, barrier,
+               world: int):
+    """A layer that syncs on the host (:attr:`Config.syncs_on_host`), timed synchronized
+    again on :data:`CPU_DEEP_LAYERS` blocks: (build key, deep module to reuse, (forward,
+    backward) GPU seconds per layer, the slowest rank's, or None where a rank ran out of
+    memory). Logged beside the row, not stored: a synchronized row carries the host's
+    dispatch up to each sync and the GPU's work after it in sequence, where a step overlaps
+    one layer's tail with the next one's dispatch; how much of that a 2-block row holds is
+    what the deeper stack shows (moeh9's compiled tp 2 + SP · ep 2 row read 12.4 ms a layer
+    against about 8.3 in its run: docs/moe.md "moeh9")."""
+    values, oom = [0.0, 0.0], 0.0
+    try:
+        module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)
+        if cfg.compile:
+            import torch._dynamo
+            torch._dynamo.reset()
+        _, _, reset, forward, backward = _layer_step(cfg, module, device)
+        with _layer_amp(cfg, device):
+            samples, _ = _measure(forward, backward, reset, device=device, warmup=WARMUP,
+                                  iters=iters, barrier=barrier)
+        values = [statistics.median(x.forward_s for x in samples) / CPU_DEEP_LAYERS,
+                  statistics.median(x.backward_s for x in samples) / CPU_DEEP_LAYERS]
+    except _oom_types():
+        oom, module = 1.0, None
+        _free(device)
+    lo = _reduce([*values, oom], [0, 1, 2], device, world)
+    return cfg.build_key, module, (None if lo[2] else (lo[0], lo[1]))
 
 
 def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *, iters: int,

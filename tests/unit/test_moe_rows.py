@@ -319,9 +319,16 @@ def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     from _gloo import write_rank_result
     from meshplan.calibrate import bench_layers
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    lines: list[str] = []
+
+    class Log:
+        def step(self, message):
+            lines.append(message)
+        note = step
     t = bench_layers.bench_layer_rows([TINY_MOE], 32, torch.device("cpu"), world, rank,
-                                      quick=True, max_tp=2, micro_batches=(1,))
-    write_rank_result(out_dir, rank, {"layers": [(r["shape"], r["tp"], r["sequence_parallel"],
+                                      quick=True, max_tp=2, micro_batches=(1,), progress=Log())
+    write_rank_result(out_dir, rank, {"lines": lines,
+                                      "layers": [(r["shape"], r["tp"], r["sequence_parallel"],
                                                   r["recompute"], r["zero"], r["ep"],
                                                   r["forward_s"], r["backward_s"],
                                                   r["routed_imbalance"], r["compile"])
@@ -336,8 +343,12 @@ def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_
     at ep 2 (the experts over a one-rank edp, the dense part over dp 2)."""
     pytest.importorskip("torch")
     from _gloo import run_gloo_ranks
-    got = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]["layers"]
+    out = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]
+    got = out["layers"]
     key = layer_shape_key(TINY_MOE)
+    # each plain ep 2 module's first row is timed again on 4 blocks, synchronized (logged)
+    deep = [m for m in out["lines"] if "synchronized on 4 blocks" in m]
+    assert len(deep) == 2 and all(" ep2 " in m and "zero" not in m for m in deep)
     assert key.endswith("-moe4k2f64s1x64")
     plain = [r for r in got if r[4] == 0]
     assert {(r[1], r[2], r[5]) for r in plain} == {
