@@ -179,6 +179,10 @@ SETS["drawn2-3808"] = draw_layouts(3808, count=16, gpus=2, micro_batches=(2,))
 # moeh9 (2026-11-30, for a 2-GPU lease): moeh8's design on fine-grained experts (64 of width
 # 640, top-8), 8 k tokens a micro-batch of its 1 k sequences
 SETS["drawn2-3809"] = draw_layouts(3809, count=16, gpus=2, micro_batches=(8,))
+# moeh10 (2026-11-30, for a 2-GPU lease): moeh9's design on 16 experts of width 2560, top-4,
+# calibrated with the FSDP2 rows at ep 2 (added after moeh9) and the 4-block synchronized
+# diagnostic of the ep rows
+SETS["drawn2-3810"] = draw_layouts(3810, count=16, gpus=2, micro_batches=(8,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):
