@@ -110,6 +110,17 @@ def test_the_estimate_reports_the_transfer_and_switches_it_off_by_name():
     assert base.host_dispatch_s == 0 < est.host_dispatch_s   # the CPU's dispatch came along
 
 
+def test_a_transferred_shape_prices_zero2_and_3_layouts():
+    """The transferred tables answer the build's FSDP2 lookup as the profile's own do (its
+    signature included: an ep keyword since FSDP2 rows are timed at ep > 1), here with no
+    FSDP2 row to lend: ZeRO-2/3 from the transferred plain row."""
+    c = _cluster(SOURCE)
+    for zero in (2, 3):
+        est = estimate(TARGET, c, JOB, Layout(dp=4, micro_batch=1, zero=zero))
+        assert est.step_time_s > 0
+        assert any("was not timed" in x for x in est.caveats)
+
+
 def test_another_family_lends_its_cpu_dispatch_only():
     c = _cluster(SOURCE)
     p = _parts(OTHER_FAMILY, c)
