@@ -50,11 +50,13 @@ difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 witho
 pipeline: at ep 1 where the profile timed the layer under FSDP2 at the layout's dp
 (calibrations on ≥ 2 GPUs, the experts sharded over edp as the executor shards them; the
 build's FSDP2 lookup then takes its time, CPU and kept bytes, as for a dense layer); at
-ep > 1 where it timed the layer at that ep. FSDP2 rows are timed at ep 1 only, where the
-experts are gathered over edp and no all-to-all runs — not the layer of an ep > 1 layout —
-so there the ep row stands, FSDP2's gathers priced analytically and its hooks' CPU not at
-all (the build's caveat says so), its kept bytes as FSDP2 keeps them
-(:func:`fsdp_kept_bytes`). Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
+ep > 1 where it timed the layer at that ep. Calibrations since 2026-11-30 also time the
+layer under FSDP2 at each ep (:func:`fsdp_row_at_ep`): the build reads that row as at ep 1
+and nothing of FSDP2 is priced on top (post hoc on moeh9, 2 × H200: its ZeRO-2 selective
+layout +12.0 → +3.5 %). Older profiles' FSDP2 rows are ep 1's, where the experts are
+gathered over edp and no all-to-all runs — not the layer of an ep > 1 layout — so there
+the ep row stands, FSDP2's gathers priced analytically and its hooks' CPU not at all (the
+build's caveat says so), its kept bytes as FSDP2 keeps them (:func:`fsdp_kept_bytes`). Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
 ep 2, priced from the curves, ran 17-30 % faster than predicted (+20.4 / +33.2 / +42.5 %);
 from the ep rows −14.1 / −11.7 / −38.3 %, and moeh6's four −5.1..+4.4 % (−8.7..+9.9 % from
 the curves). Elsewhere without a row the layer is priced from the curves with a caveat
@@ -67,7 +69,9 @@ ones; the misses are host-bound eager layouts whose CPU dispatch varied ±20 % b
 peak memory within 5 % on 7 of 7. ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 ×
 H200, as run): the four tp 2 · ep 2 layouts 7-19 % slower than predicted, all host-bound;
 with the ep operators on the CPU's timeline (post hoc) +8.0 / −3.3 / −5.7 / +9.1 %.
-Rows timed at ep > 1: not yet measured on a GPU.
+Rows timed at ep > 1 (2 × H200, never-run models as run, docs/moe.md): eager ZeRO-0/1
+layouts −7.4..+22.7 % (moeh6-moeh9); compiled up to +47 % (moeh9, whose calibration's
+compiled ep rows read 1.6× the same rows timed alone).
 """
 
 from __future__ import annotations
