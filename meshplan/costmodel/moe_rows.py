@@ -69,9 +69,9 @@ ones; the misses are host-bound eager layouts whose CPU dispatch varied ±20 % b
 peak memory within 5 % on 7 of 7. ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 ×
 H200, as run): the four tp 2 · ep 2 layouts 7-19 % slower than predicted, all host-bound;
 with the ep operators on the CPU's timeline (post hoc) +8.0 / −3.3 / −5.7 / +9.1 %.
-Rows timed at ep > 1 (2 × H200, never-run models as run, docs/moe.md): eager ZeRO-0/1
-layouts −7.4..+22.7 % (moeh6-moeh9); compiled up to +47 % (moeh9, whose calibration's
-compiled ep rows read 1.6× the same rows timed alone).
+Rows timed at ep > 1 (2 × H200, never-run models as run, docs/moe.md): the seven eager
+ZeRO-0/1 layouts of moeh6-moeh9 −7.4..+15.4 %, the six compiled ones −6.4..+47.1 % (moeh9's
++47.1 %: its calibration's compiled ep rows read 1.6× the same rows timed alone).
 """
 
 from __future__ import annotations
