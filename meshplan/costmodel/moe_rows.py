@@ -103,12 +103,12 @@ MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at ep 2 on 2 x H200: predicted -7.4 to +22.7 % off where the GPU set the pace "
-    "(moeh6, moeh7, moeh8), 15-27 % above the runs where the host did (moeh4, post hoc); "
-    "compiled, up to 47 % above (moeh9: its calibration's compiled ep rows read 1.6x the "
-    "same rows timed alone, cause not found); under ZeRO-2/3, FSDP2's gathers and one-rank copies priced "
-    "analytically and its hooks' CPU not at all (the profile's FSDP2 rows are ep 1's, not "
-    "this layer): -16 to +22 % as run (moeh8, moeh9; docs/moe.md)")
+    "runs at ep 2 on 2 x H200 (moeh6-moeh9): eager -7.4 to +15.4 %, compiled -6.4 to "
+    "+47 % (moeh9's calibration read its compiled ep rows 1.6x the same rows timed alone, "
+    "cause not found), 15-27 % above the runs where the host set the pace (moeh4, post hoc); "
+    "under ZeRO-2/3, FSDP2's gathers and one-rank copies priced analytically and its hooks' "
+    "CPU not at all (the profile's FSDP2 rows are ep 1's, not this layer): -16 to +22 % as "
+    "run (moeh8, moeh9; docs/moe.md)")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,
