@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     model = ModelSpec.from_dict(json.loads(Path(args.model).read_text()))
     if not model.is_moe:
         raise SystemExit(f"--model {args.model}: not a mixture-of-experts model")
+    if not torch.cuda.is_available():
+        raise SystemExit("ep_rows_probe.py times GPU rows: torch sees no CUDA device")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 2:
         raise SystemExit("launch with torchrun across at least 2 GPUs: the rows are at ep > 1")
