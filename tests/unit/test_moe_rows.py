@@ -593,6 +593,31 @@ def test_zero2_and_3_at_ep2_read_the_fsdp2_row_timed_at_that_ep():
         pytest.approx(8 * 1e7, rel=1e-6)
 
 
+def test_a_compiled_zero2_layout_at_ep2_derives_from_the_pair_at_that_ep():
+    """Compiled ZeRO-2 at ep 2: the eager FSDP2 row at ep 2 moved by the plain compiled /
+    eager pair timed at ep 2 (not ep 1's), its kept bytes at most the compiled row's less the
+    16-bit copies of the layer's weights and of the rank's experts."""
+    from meshplan.costmodel.compiled_rows import (ROW_COPY_BYTES, compiled_layout_rows)
+    from meshplan.costmodel.memory import stage_params
+    from meshplan.costmodel.moe import moe_params_per_rank
+    lay = Layout(dp=2, ep=2, micro_batch=1, zero=2, compile=True)
+    eager, comp = _row(fwd=3e-3, bwd=6e-3, ep=2), _row(fwd=2e-3, bwd=4e-3, ep=2, compile=True,
+                                                        activation_bytes=9e7)
+    fsdp = _row(fwd=3.5e-3, bwd=6e-3, ep=2, zero=2, dp=2, activation_bytes=8e7)
+    decoy = (_row(fwd=3e-3, bwd=6e-3), _row(fwd=1e-3, bwd=1e-3, compile=True))   # ep 1 pair
+    tables = _cluster(*decoy, eager, comp, fsdp, gpus=2).gpu.measured
+    row, _ = tables.fsdp_layer(MOE, seq_len=1024, tp=1, sequence_parallel=False,
+                               recompute="none", micro_batch=1, zero=2, dp=2, ep=2)
+    got = compiled_layout_rows(tables, MOE, JOB, lay, row, None)
+    assert got.fsdp_derived
+    # t = eager − min(plain eager, eager) · (1 − compiled / eager), per pass, at ep 2
+    assert got.fsdp_row.forward_s == pytest.approx(3.5e-3 - 3e-3 * (1 - 2 / 3))
+    assert got.fsdp_row.backward_s == pytest.approx(6e-3 - 6e-3 * (1 - 4 / 6))
+    w = ROW_COPY_BYTES * (stage_params(MOE, 1, 1, first=False, last=False, pp=1)
+                          + moe_params_per_rank(MOE, lay).experts)
+    assert got.fsdp_row.activation_bytes == pytest.approx(min(8e7, 9e7 - w))
+
+
 def test_ddp_accumulation_copies_the_dense_gradients_not_the_experts():
     """The executor leaves the experts out of DDP and all-reduces their .grad in place, so
     DDP's second fp32 gradient copy over several micro-batches (runtime.ddp_accumulates)
