@@ -168,7 +168,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                      rounds: int | None = None, budget: RoundBudget | None = None,
                      compile_rows: Sequence[str] = (), fp8_rows: str = "",
                      sustained: tuple[float, float] = (0.0, 0.0),
-                     only=None) -> LayerTables:
+                     only=None, sync_deep: bool = False) -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -363,9 +363,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                     cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks not timed (out of memory, "
                                 f"or the launch queue filled before the spin ended): no "
                                 f"per-call part split off")
-            if rnd == 0 and not cfg.part and cfg.syncs_on_host and cfg.zero < 2 \
-                    and cfg.build_key not in sync_deep_done:
+            if sync_deep and rnd == 0 and not cfg.part and cfg.syncs_on_host \
+                    and cfg.zero < 2 and cfg.build_key not in sync_deep_done:
                 # once per module, its first row: a diagnostic logged beside the row
+                # (benchmarks/moe_ep_rows_gpu.py --sync-deep; a calibration does not spend its
+                # budget on it)
                 sync_deep_done.add(cfg.build_key)
                 t_deep = time.perf_counter()
                 cpu_key, cpu_module, d = _sync_deep(cfg, cpu_key, cpu_module, device, groups,

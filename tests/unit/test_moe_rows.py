@@ -326,7 +326,8 @@ def _moe_rows_worker(rank: int, world: int, init: str, out_dir: str) -> None:
             lines.append(message)
         note = step
     t = bench_layers.bench_layer_rows([TINY_MOE], 32, torch.device("cpu"), world, rank,
-                                      quick=True, max_tp=2, micro_batches=(1,), progress=Log())
+                                      quick=True, max_tp=2, micro_batches=(1,), progress=Log(),
+                                      sync_deep=True)
     write_rank_result(out_dir, rank, {"lines": lines,
                                       "layers": [(r["shape"], r["tp"], r["sequence_parallel"],
                                                   r["recompute"], r["zero"], r["ep"],
@@ -346,7 +347,8 @@ def test_two_ranks_time_moe_rows_at_tp2_and_ep2_as_the_executor_splits_them(tmp_
     out = run_gloo_ranks(_moe_rows_worker, 2, tmp_path)[0]
     got = out["layers"]
     key = layer_shape_key(TINY_MOE)
-    # each plain ep 2 module's first row is timed again on 4 blocks, synchronized (logged)
+    # each plain ep 2 module's first row is timed again on 4 blocks, synchronized (logged;
+    # asked for: benchmarks/moe_ep_rows_gpu.py --sync-deep)
     deep = [m for m in out["lines"] if "synchronized on 4 blocks" in m]
     assert len(deep) == 2 and all(" ep2 " in m and "zero" not in m for m in deep)
     assert key.endswith("-moe4k2f64s1x64")
