@@ -15,6 +15,7 @@
 #       # the profile just written (when one call is all the device time left holds)
 #
 # NPROC=2 MAXTP=2: calibrate on two GPUs (fp8h4); the layouts' own GPU counts run them.
+# SP_ONLY=1: tp > 1 rows with sequence parallelism only (`calibrate --sp-only`; fp8h9).
 set -u
 . "$(dirname "$0")/device_env.sh"
 SET=${SET:-benchmarks/sets/fp8h1}
@@ -26,7 +27,7 @@ calibrate() {
     $PY -c "from meshplan.cli import main; raise SystemExit(main())" calibrate \
         --model "$MODEL" --nproc "${NPROC:-1}" --seq-len "$SEQ" --micro-batches "${MB:-1,2}" \
         --max-tp "${MAXTP:-1}" --rounds 1 --compile-rows "${COMPILE_ROWS:-none,selective,full}" \
-        --fp8-rows tensorwise \
+        --fp8-rows tensorwise ${SP_ONLY:+--sp-only} \
         --time-budget "${CAL_BUDGET:-440}" --out "$OUT/profile.toml" >> "$OUT/calibrate.log" 2>&1
     echo "calibrate rc $?" | tee -a "$OUT/calibrate.log"
     grep -E "layer|fp8" "$OUT/calibrate.log" | tail -30

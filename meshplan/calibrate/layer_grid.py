@@ -81,13 +81,19 @@ class Config:
                 + (f" fp8 {self.fp8_recipe}" if self.precision == "fp8" else ""))
 
 
-def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int) -> list[tuple[int, bool]]:
+def _tp_sp(model: ModelSpec, seq: int, world: int, max_tp: int,
+           sp_only: bool = False) -> list[tuple[int, bool]]:
+    """(tp, sequence parallel) settings of the rows: every tp dividing the world up to
+    ``max_tp``, without SP and (where the sequence splits over tp) with it; ``sp_only``: a
+    tp > 1 without SP only where the sequence does not split."""
     out = []
     for tp in valid_tps(model, min(world, max_tp)):
         if world % tp:
             continue
-        out.append((tp, False))
-        if tp > 1 and seq % tp == 0:
+        sp = tp > 1 and seq % tp == 0
+        if not (sp_only and sp):
+            out.append((tp, False))
+        if sp:
             out.append((tp, True))
     return out
 
@@ -154,7 +160,8 @@ def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
 
 def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
               max_tp: int = 8, micro_batches: Sequence[int] | None = None,
-              compile_rows: Sequence[str] = (), fp8_rows: str = "") -> list[Config]:
+              compile_rows: Sequence[str] = (), fp8_rows: str = "",
+              sp_only: bool = False) -> list[Config]:
     """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
     (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
     the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
@@ -163,6 +170,8 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     whose plain rows (every tp, SP and micro-batch) are also timed with the executor's fp8
     linears: compiled at the ``compile_rows`` modes where those are given, else eager at
     recompute none.
+    ``sp_only`` (``--sp-only``): tp > 1 rows with sequence parallelism only, where the
+    sequence splits over tp (plans that run tp without SP then price it from the curves).
 
     An MoE model on more than one rank also has rows with its experts over each ep of
     :func:`expert_degrees` (tp 1 and every tp > 1 with SP, every recompute mode, eager and at
@@ -181,7 +190,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         if seq > model.max_seq_len:
             raise ConfigError(f"--seq-len {seq} exceeds {model.name}'s max_seq_len "
                               f"{model.max_seq_len}; the executor cannot run it")
-        tpsp = _tp_sp(model, seq, world, max_tp)
+        tpsp = _tp_sp(model, seq, world, max_tp, sp_only)
         for tp, sp in tpsp:
             for rc in RECOMPUTE:
                 for mb in mbs:

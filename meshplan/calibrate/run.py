@@ -38,6 +38,8 @@ class CalibrateOptions:
     base_gpu: str | None = None
     max_tp: int = 8
     micro_batches: tuple[int, ...] | None = None   # layer-table sizes (None: the default set)
+    # tp > 1 layer rows with sequence parallelism only (--sp-only; layer_grid.plan_grid)
+    sp_only: bool = False
     split_timing: str = "synchronized"   # zero-bubble's split backward: synchronized | queued
     show_progress: bool = True
     # layer-table rounds at most (None: bench_layers.rounds_for, 3 on GPU)
@@ -166,6 +168,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
             options.quick, options.micro_batches))),
         "split_timing": options.split_timing,
         "compile_rows": ", ".join(options.compile_rows),
+        "sp_only": options.sp_only,
         "fp8_rows": options.fp8_rows,
         "sustained_s": round(sum(loop_seconds(options.sustained_s, device.type)), 3),
         "fp8": bool(options.fp8 and has_fp8_tensor_cores(device)),
@@ -286,7 +289,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     row_models = options.models + (layer_grid_models(kind) if options.layer_grid else ())
     grid = (bench_layers.plan_grid(row_models, options.seq_len, world, quick=options.quick,
                                    max_tp=options.max_tp, micro_batches=options.micro_batches,
-                                   compile_rows=options.compile_rows, fp8_rows=fp8_rows)
+                                   compile_rows=options.compile_rows, fp8_rows=fp8_rows,
+                                   sp_only=options.sp_only)
             if row_models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -372,7 +376,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             row_models, options.seq_len, device, world, rank, quick=options.quick,
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
             split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
-            compile_rows=options.compile_rows, fp8_rows=fp8_rows,
+            compile_rows=options.compile_rows, fp8_rows=fp8_rows, sp_only=options.sp_only,
             sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         untimed = tables.untimed

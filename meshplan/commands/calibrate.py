@@ -40,6 +40,12 @@ def add_arguments(p) -> None:
                         "device name)")
     p.add_argument("--max-tp", type=positive_int, default=8,
                    help="largest tensor-parallel degree whose shard shapes are timed")
+    p.add_argument("--sp-only", action="store_true",
+                   help="time tensor-parallel layer rows (tp > 1) with sequence parallelism "
+                        "only, where the sequence splits over tp: for plans that run tp with "
+                        "SP, as Megatron-style training does; layouts with tp but no SP are "
+                        "then priced from the curves. Saves about a third of the layer rows "
+                        "at --max-tp 2")
     p.add_argument("--micro-batches", type=_sizes, default=None, metavar="N,N,...",
                    help="micro-batch sizes the layer tables are timed at (default 1,2,4); "
                         "choose them around the micro-batches you will plan with")
@@ -102,7 +108,7 @@ def main(args) -> int:
     options = CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
                                max_tp=args.max_tp, micro_batches=args.micro_batches,
-                               split_timing=args.split_timing,
+                               sp_only=args.sp_only, split_timing=args.split_timing,
                                show_progress=not args.no_progress,
                                layer_rounds=args.rounds, time_budget_s=args.time_budget,
                                fp8=not args.no_fp8, compile_rows=args.compile_rows or (),
@@ -128,6 +134,8 @@ def child_argv(args) -> list[str]:
         out += ["--base-gpu", args.base_gpu]
     if args.micro_batches:
         out += ["--micro-batches", ",".join(map(str, args.micro_batches))]
+    if args.sp_only:
+        out += ["--sp-only"]
     if args.split_timing != "synchronized":
         out += ["--split-timing", args.split_timing]
     if args.rounds:

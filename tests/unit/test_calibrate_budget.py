@@ -107,6 +107,8 @@ def test_child_argv_passes_rounds_and_budget_on():
     assert again.rounds == 2 and again.time_budget == 540.5
     plain = child_argv(p.parse_args([]))
     assert "--rounds" not in plain and "--time-budget" not in plain   # defaults not repeated
+    assert "--sp-only" not in plain
+    assert p.parse_args(child_argv(p.parse_args(["--sp-only"]))[1:]).sp_only
 
 
 # ---- tiny CPU calibrations -------------------------------------------------------------------

@@ -253,6 +253,20 @@ def test_calibration_times_the_moe_layer_under_fsdp2_at_each_ep():
         (1, 4, 2), (1, 4, 4), (2, 2, 2), (2, 2, 4)}
 
 
+def test_sp_only_drops_the_tensor_parallel_rows_without_sp():
+    """--sp-only: every tp > 1 row (plain, compiled, ep, FSDP2) with sequence parallelism
+    where the sequence splits over tp; tp 1 rows as before; a sequence that does not split
+    keeps its tp > 1 rows without SP."""
+    kw = dict(quick=False, micro_batches=(1,), compile_rows=("none",))
+    full = plan_grid([MOE], 1024, 2, **kw)
+    sp = plan_grid([MOE], 1024, 2, sp_only=True, **kw)
+    assert {c for c in full if c.tp == 1 or c.sequence_parallel} == set(sp)
+    assert any(c.tp == 2 and not c.sequence_parallel for c in full)
+    odd = plan_grid([MOE], 1023, 2, sp_only=True, **kw)
+    assert any(c.tp == 2 and not c.sequence_parallel for c in odd)
+    assert not any(c.sequence_parallel for c in odd)
+
+
 def test_a_zero2_moe_layout_reads_its_fsdp_row_where_the_profile_has_one():
     """ZeRO-2 at ep 1 with an FSDP2 row of the layer at the layout's dp: priced from the rows
     (the FSDP2 row's time); without it, or at ep 2, or pipelined, from the curves."""
