@@ -220,8 +220,9 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # tp 2 · ep 2 layouts ran 7-19 % slower than the ep = 1 rows plus that price)
         # (tp > 1 with SP only, as plans with tp > 1 mostly run: without SP the ep = 1 row
         # plus the formulas price it; that keeps 8 ranks at 108 eager rows, not 189)
+        ep_tpsp = [(t, s) for t, s in tpsp if t == 1 or s]
         for ep in expert_degrees(model, world):
-            for tp, sp in [(t, s) for t, s in tpsp if t == 1 or s]:
+            for tp, sp in ep_tpsp:
                 for compiled in (False, True):
                     modes = (r for r in RECOMPUTE if not compiled or r in compile_rows)
                     for rc in modes:
@@ -235,10 +236,11 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # the experts over edp (one rank where ep = dp·tp) in place of autocast's casts —
         # measured rather than priced (moeh6-moeh9, 2 x H200: priced, 13 such layouts
         # 10.5 % mean error, −38 to +22 %, the sets disagreeing in sign)
+        # (ep divides the world, so it folds over any dp·tp = world)
         for ep in expert_degrees(model, world):
-            for tp, sp in [(t, s) for t, s in tpsp if t == 1 or s]:
+            for tp, sp in ep_tpsp:
                 dp = world // tp
-                if dp < 2 or (dp * tp) % ep:
+                if dp < 2:
                     continue
                 for zero in FSDP_ZERO:
                     for rc in RECOMPUTE:
