@@ -1,63 +1,36 @@
-"""Which allocations are live at a run's peak: the executor under torch's memory history.
+"""What is alive at a run's memory peak, for any plan file: the executor under torch's memory
+history, rank 0's trace replayed by ``memory_peak.peak_live_set``.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/memory_at_peak.py \
         --summary OUT.md -- --plan plan.json --out results.json --steps 3 --warmup 2 \
         --device cuda --allow-gpu-mismatch
 
-Everything after ``--`` goes to ``meshplan.executor.run``. Rank 0 records its CUDA
-allocator's history (``torch.cuda.memory._record_memory_history``, Python stacks), replays
-the trace after the run and writes the allocations live at the moment its allocated bytes
-peaked, grouped by the innermost frame in meshplan or in Inductor's generated code, largest
-groups first. A post hoc diagnosis tool for a memory miss (docs/fp8.md "fp8h9"); it slows
+Everything after ``--`` goes to ``meshplan.executor.run``. ``memory_walk.py --snapshot``
+does this for the layouts of a named set, step phase by phase; this runs one plan file as
+it is (an fp8 check's arm, a variant edited by hand) and writes rank 0's live set at its
+peak as a markdown table. A post hoc diagnosis tool (docs/fp8.md "fp8h9"): recording slows
 the run, so its step times are not measurements.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_peak import peak_live_set  # noqa: E402
 
 
-def _site(frames: list[dict]) -> str:
-    """The innermost frame worth naming: meshplan's own code or Inductor's output code."""
-    for f in frames:
-        name = f.get("filename", "")
-        if "/meshplan/" in name or "torchinductor" in name:
-            short = name.split("/meshplan/")[-1] if "/meshplan/" in name else name.split("/")[-1]
-            return f"{short}:{f.get('line')} {f.get('name')}"
-    return "(no meshplan frame) " + (f"{frames[0].get('filename', '')}:{frames[0].get('line')}"
-                                     if frames else "")
-
-
-def live_at_peak(trace: list[dict]) -> tuple[int, dict[int, tuple[int, str]]]:
-    """Replay one device's trace: the peak of allocated bytes and the blocks live then."""
-    live: dict[int, tuple[int, str]] = {}
-    total = peak = 0
-    at_peak: dict[int, tuple[int, str]] = {}
-    for ev in trace:
-        action = ev["action"]
-        if action == "alloc":
-            live[ev["addr"]] = (ev["size"], _site(ev.get("frames", [])))
-            total += ev["size"]
-            if total > peak:
-                peak, at_peak = total, dict(live)
-        elif action == "free_completed" and ev["addr"] in live:
-            total -= live.pop(ev["addr"])[0]
-    return peak, at_peak
-
-
-def summary(peak: int, blocks: dict[int, tuple[int, str]], top: int = 25) -> str:
-    groups: dict[str, list[int]] = defaultdict(list)
-    for size, site in blocks.values():
-        groups[site].append(size)
-    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:top]
-    out = [f"peak of the recorded trace: {peak / 2**30:.2f} GiB in {len(blocks)} blocks "
-           "(allocations made before recording started are not in it)", "",
-           "| GiB | blocks | largest MiB | site |", "|---|---|---|---|"]
-    for site, sizes in rows:
-        out.append(f"| {sum(sizes) / 2**30:.3f} | {len(sizes)} | {max(sizes) / 2**20:.1f} "
-                   f"| `{site}` |")
+def summary(live: dict, max_allocated_bytes: float) -> str:
+    out = [f"max_memory_allocated: {max_allocated_bytes / 2**30:.2f} GiB",
+           f"peak of the recorded trace: {live['peak_bytes'] / 2**30:.2f} GiB "
+           f"(complete trace: {live['complete']})", "",
+           "| GiB | blocks | site |", "|---|---|---|"]
+    out += [f"| {s['bytes'] / 2**30:.3f} | {s['blocks']} | `{s['site']}` |"
+            for s in live["sites"]]
     return "\n".join(out) + "\n"
 
 
@@ -68,24 +41,19 @@ def main() -> int:
     p.add_argument("--summary", required=True, help="markdown file rank 0 writes")
     p.add_argument("--max-entries", type=int, default=2_000_000)
     args = p.parse_args(argv[:split])
-    import os
-
     import torch
 
     from meshplan.executor import run
-    rank0 = os.environ.get("RANK", "0") == "0"
-    if rank0 and torch.cuda.is_available():
+    record = os.environ.get("RANK", "0") == "0" and torch.cuda.is_available()
+    if record:
         torch.cuda.memory._record_memory_history(max_entries=args.max_entries,
-                                                 context="alloc", stacks="python")
+                                                 stacks="python")
     rc = run.main(argv[split + 1:])
-    if rank0 and torch.cuda.is_available():
+    if record:
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        dev = torch.cuda.current_device()
-        peak, blocks = live_at_peak(snap["device_traces"][dev])
-        with open(args.summary, "w") as f:
-            f.write(f"max_memory_allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB\n")
-            f.write(summary(peak, blocks))
+        live = peak_live_set(snap["device_traces"][torch.cuda.current_device()])
+        Path(args.summary).write_text(summary(live, torch.cuda.max_memory_allocated()))
     return rc
 
 

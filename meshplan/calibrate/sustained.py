@@ -114,17 +114,31 @@ def loop_seconds(total_s: float | None, device_type: str) -> tuple[float, float]
     return total * HEAT_S / default, total * TIME_S / default
 
 
+# a module's recompute modes in the order its ratio prefers them: none first (its row's work
+# is the module's own passes), then the modes that rerun (part of) the forward
+_MODE_ORDER = {"none": 0, "selective": 1, "full": 2}
+
+
 def ratio_rows(grid) -> dict[tuple, int]:
     """Per build key, the grid index its ratio is measured on: the largest micro-batch
     without recomputation (layers) or the largest micro-batch (the output end) — the row
-    whose work draws the most power of what that module runs. The embedding is left out
-    (ratio 1): its gather is memory-bound (its loops read 0.93-1.00 on an H200)."""
+    whose work draws the most power of what that module runs. A module timed only with
+    recomputation (``--compile-rows selective,full``) takes its selective row, else its full
+    one: the same kernels at the same power density, the forward's partly twice; without
+    this its rows carried ratio 1 and its layouts ran 7-12 % slower than predicted where
+    the GPU set the pace (fp8h9's compiled tp 1 full layouts, 2 × H200, docs/fp8.md). The
+    embedding is left out (ratio 1): its gather is memory-bound (its loops read 0.93-1.00 on
+    an H200)."""
     best: dict[tuple, int] = {}
+
+    def rank(cfg) -> tuple[int, int]:
+        return (0 if cfg.part else _MODE_ORDER.get(cfg.recompute, len(_MODE_ORDER)),
+                -cfg.micro_batch)
     for idx, cfg in enumerate(grid):
-        if cfg.part == "embedding" or (not cfg.part and cfg.recompute != "none"):
+        if cfg.part == "embedding":
             continue
         cur = best.get(cfg.build_key)
-        if cur is None or grid[cur].micro_batch < cfg.micro_batch:
+        if cur is None or rank(cfg) < rank(grid[cur]):
             best[cfg.build_key] = idx
     return best
 

@@ -164,8 +164,8 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         # (LayerNorm's input): GPT-0.54B's FSDP rows hold 13 % less than its plain ones
         act_bytes = fsdp_row.activation_bytes
     if parts.fp8 is not None and reread:
-        # kept bytes re-read above (bf16 FSDP2 rows): fp8's change of the inputs kept
-        act_bytes = max(0.0, act_bytes + parts.fp8.activation_delta_bytes)
+        # kept bytes re-read above (bf16 FSDP2 rows): fp8's change of what a layer keeps
+        act_bytes = max(0.0, act_bytes + parts.fp8_delta_kept_bytes)
     if fs is not None and not composed:
         # measured with FSDP2 itself: what it adds to the plain layer is its gather/reduce
         z3 = Zero3Layer(fs.forward_s + d_f - layer_f, fs.backward_s + d_b - layer_b,

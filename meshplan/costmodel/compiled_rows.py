@@ -31,7 +31,7 @@ Kept activations and a backward's working memory:
     act  = min(eager_act, plain_compiled_act − w),   w = 2 B × layer params / tp
 
 (an MoE layer's params: with the rank's routed experts, E/ep of them; its plain pair at the
-layout's ep, where an FSDP2 row at ep > 1 is derived)
+layout's ep, where an FSDP2 row at ep > 1 is derived; w = 0 under full recomputation, below)
     peak = eager_peak · plain_compiled_peak / plain_eager_peak
 
 ``w``: under autocast a compiled block casts its fp32 weights inside the graph and saves the
@@ -41,7 +41,11 @@ compute_copy_bytes`). The compiled rows show it as an intercept of the kept byte
 micro-batch equal to the layer's 16-bit weights (4 × H200, 2026-11-28, recompute none:
 gpt3-1.3b tp 1 224 / 352 / 609 MiB at micro-batch 1 / 2 / 4 = 96 + 128·mb, its layer's
 weights 96 MiB; Llama-1.64B 121 + 160·mb against 120 MiB; tp 2: 48 and 61 against 48 and
-60). FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
+60). Under full recomputation the checkpointed block keeps only its input and casts again
+when it recomputes: every profile's tp 1 compiled full row keeps what its eager row keeps
+(14-112 MiB, the eleven profiles of 2026-11-29/30), so there w = 0 (with w the kept bytes
+came out 0: fp8h9's compiled ZeRO-3 full layout, 56 MiB a layer short, docs/fp8.md
+"fp8h9"). FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
 the compiled graph keeps, the same 16-bit tensors whatever the precision policy; what it
 no longer keeps under autocast is partly autocast's fp32 copies, which FSDP2's eager layers
 do not keep either (gpt3-1.3b: the plain eager row keeps 148 MiB per micro-batch, the FSDP2
@@ -165,8 +169,7 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
     pair = plain_pair(tables, model, job, layout)
     if pair is None:
         return CompiledRows(fsdp_row, stage_row)
-    w = ROW_COPY_BYTES * (stage_params(model, 1, layout.tp, first=False, last=False, pp=1)
-                          + _rank_experts(model, layout))
+    w = row_weight_copies(model, layout.tp, layout.recompute, _rank_experts(model, layout))
     ratios = CompileRatios.of(*pair, w).text()
     at = (f"tp {layout.tp}{' with SP' if layout.sequence_parallel and layout.tp > 1 else ''}, "
           f"recompute {layout.recompute}, micro-batch {layout.micro_batch}")
@@ -180,6 +183,18 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
     return CompiledRows(fsdp_row, stage_row, fsdp_row is not None, stage_row is not None,
                         tuple(f"{s} with its compute moved by the plain compiled/eager rows "
                               f"at {at} ({ratios})" for s in sources))
+
+
+def row_weight_copies(model: ModelSpec, tp: int, recompute: str,
+                      experts: float = 0.0) -> float:
+    """The 16-bit weight copies a compiled block under autocast keeps for its backward, per
+    layer and micro-batch (``w`` in the module docstring): 2 B × the layer's parameters on a
+    rank (``experts``: an MoE layer's routed-expert parameters there), 0 under full
+    recomputation."""
+    if recompute == "full":
+        return 0.0
+    return ROW_COPY_BYTES * (stage_params(model, 1, tp, first=False, last=False, pp=1)
+                             + experts)
 
 
 def _rank_experts(model: ModelSpec, layout: Layout) -> float:
@@ -199,4 +214,4 @@ def derived_caveat(sources: tuple[str, ...]) -> str:
 
 
 __all__ = ["CompileRatios", "CompiledRows", "ROW_COPY_BYTES", "compiled_layout_rows",
-           "derive_compiled", "derived_caveat", "plain_pair"]
+           "derive_compiled", "derived_caveat", "plain_pair", "row_weight_copies"]

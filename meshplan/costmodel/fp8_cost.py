@@ -62,8 +62,18 @@ keys:
     rstd) and the MLP-down input (from the up/gate output the activation's backward keeps)
     are not kept (−2 B each element; the attention output stays, flash attention keeps it).
     Under sequence parallelism the norm outputs reach the linears through an all-gather,
-    which is not recomputed: only the MLP-down input goes. Full recomputation keeps only
-    the layer input: nothing changes. Eager, the saved 16-bit inputs are bf16's.
+    which is not recomputed: only the MLP-down input goes. Eager, the saved 16-bit inputs
+    are bf16's. Under full recomputation a compiled fp8 block keeps, beside its input, the
+    16-bit outputs of the fp8 GEMMs that feed other operators — QKV, the attention
+    projection (whole width: after the tp all-reduce) and MLP up (gate and up for SwiGLU):
+    ``tokens × ((q + 2·kv + up) / tp + h) × 2 B`` a layer, where a bf16 block keeps its input
+    alone (Inductor's partitioner saves the fp8 GEMMs' outputs instead of recomputing
+    them). Found post hoc in the compiled full-recompute fp8 rows of every fp8 profile
+    (fp8h1-fp8h4, fp8h6, fp8h7, fp8h9, 2026-11-29/30: each row's bytes beyond its input,
+    exactly, at tp 1 and at tp 2 without SP; fp8h9's 360 MiB against bf16's 56, docs/fp8.md
+    "fp8h9"). Not priced under sequence parallelism (those compiled rows, bf16 too, keep
+    more than this accounts for; measured rows price them) and at tp > 1 the compiled bf16
+    row the term goes on keeps one more input copy than the fp8 block (fp8h4: 26 of 100 MiB).
 
   Measured: one Llama block (h 256, ffn 1024, 256 tokens) ``torch.compile``'d on CPU
   (torch 2.13, ``torch._scaled_mm``) saved 69.1 B per token·h in bf16 under autocast and
@@ -186,6 +196,7 @@ class Fp8Layer:
     weight_copy_bytes: float
     # per layer per micro-batch, with the kept activations (this recompute mode): TE's saved
     # fp8 inputs, or the 16-bit inputs a compiled fp8 block recomputes instead of keeping
+    # (−), or under full recomputation the GEMM outputs a compiled fp8 block keeps (+)
     activation_delta_bytes: float
     rate: CastRate
     # per layer per micro-batch: the 16-bit weight copies a compiled bf16 row keeps that the
@@ -288,19 +299,23 @@ def torch_memory(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     """The executor's memory terms against the bf16 arm (module docstring): the autocast
     weight copies its fp8 linears do not make (ZeRO-0/1: once per step eager, per
     micro-batch in a compiled row) and, compiled, the 16-bit linear inputs the partitioner
-    recomputes instead of keeping."""
+    recomputes instead of keeping, or under full recomputation the GEMM outputs it keeps."""
     copy = 0.0 if fsdp else compute_weight_bytes_per_param(job) * linear_params
     kept = recompute != "full"
-    inputs = 0.0
+    tokens = job.seq_len * micro_batch
+    width = model.ffn_hidden_size if mlp_width is None else mlp_width
+    e = activation_bytes_per_element(job)
+    delta = 0.0
     if compile and kept:
-        tokens = job.seq_len * micro_batch
-        width = model.ffn_hidden_size if mlp_width is None else mlp_width
-        e = activation_bytes_per_element(job)
         norms = 0.0 if sequence_parallel and tp > 1 else 2.0 * tokens * model.hidden_size
-        inputs = (norms + tokens * width / tp) * e
+        delta = -(norms + tokens * width / tp) * e
+    elif compile and not (sequence_parallel and tp > 1):
+        # full recomputation: the fp8 GEMMs' outputs that feed other operators are kept
+        up = (2 if model.activation == "swiglu" else 1) * width
+        delta = tokens * ((model.q_dim + 2 * model.kv_dim + up) / tp + model.hidden_size) * e
     return dict(weight_copy_bytes=0.0 if compiled_row else -copy,
                 row_weight_copy_bytes=-copy if compiled_row and kept else 0.0,
-                activation_delta_bytes=-inputs)
+                activation_delta_bytes=delta)
 
 
 def te_activation_delta_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.costmodel import comm
+from meshplan.costmodel.compiled_rows import row_weight_copies
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
@@ -78,6 +79,10 @@ class LayerParts:
     # the fp8 change of a layer's (forward, backward, weight-gradient) seconds, for rows that
     # replace ``layer`` later (FSDP2 rows, a pipelined ZeRO-2 stage's): (0, 0, 0) without fp8
     fp8_delta_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # the fp8 change of a layer's kept bytes for rows that replace it (FSDP2 rows, timed in
+    # bf16 without autocast): the measured fp8 row's less the bf16 row's it replaced, plus
+    # the autocast weight copies only the bf16 compiled row keeps; composed without a row
+    fp8_delta_kept_bytes: float = 0.0
     # the micro-batches the layer's measured row was extended from, where this layout's lies
     # outside those timed (measured.Interpolated.extended_from); () inside or analytical
     extended_from: tuple[int, ...] = ()
@@ -168,7 +173,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
                    mo.forward_cpu_s, mo.backward_cpu_s)
             cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
-    f8, delta = None, (0.0, 0.0, 0.0)
+    f8, delta, kept_delta = None, (0.0, 0.0, 0.0), 0.0
     if job.precision == "fp8":
         at = dict(micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=recompute,
                   compile=compile)
@@ -181,6 +186,13 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             # the measured fp8 layer (meshplan.costmodel.fp8_rows): its casts and kept bytes
             # are in the row; the composition gives only the breakdown's proportions
             moved = _scaled_layer(moved, row.forward_s, row.backward_s)
+            if "layer" in measured and compiled == compile:
+                # the measured difference, compiled full recomputation's extra kept GEMM
+                # outputs included (the composition assumes none: docs/fp8.md "fp8h9")
+                kept_delta = (row.activation_bytes - act_b
+                              + (row_weight_copies(model, tp, recompute) if compile else 0.0))
+            else:
+                kept_delta = f8.activation_delta_bytes
             act_b, bwd_buf = row.activation_bytes, row.peak_bytes
             full_act = row.activation_bytes if recompute == "none" else full_act
             split = split_depth = split_cpu = wgrad = None
@@ -205,6 +217,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                  moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
         layer = moved
         if row is None:
+            kept_delta = f8.activation_delta_bytes
             act_b = max(0.0, act_b + f8.activation_delta_bytes + f8.row_weight_copy_bytes)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
@@ -212,6 +225,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
                       wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
+                      fp8_delta_kept_bytes=kept_delta,
                       tables=tables, transferred_from=transferred, extended_from=extended)
 
 

@@ -10,7 +10,7 @@ from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.costmodel.autocast_cast import layer_cast_s
 from meshplan.costmodel import estimate
 from meshplan.costmodel.caveats import COMPILE_AS_EAGER_CAVEAT
-from meshplan.costmodel.compiled_rows import ROW_COPY_BYTES, derive_compiled
+from meshplan.costmodel.compiled_rows import ROW_COPY_BYTES, derive_compiled, row_weight_copies
 from meshplan.costmodel.memory import stage_params
 from meshplan.costmodel.measured import (Interpolated, MeasuredLayer, MeasuredTables,
                                          layer_shape_key, tables_from_rows)
@@ -199,3 +199,22 @@ def test_compiled_plain_layers_hold_their_weight_copies_in_the_row_not_the_cast_
     copies = 8 * stage_params(MODEL, 1, 1, first=False, last=False, pp=1) * 2
     assert eager.memory[0].weights_bytes - comp.memory[0].weights_bytes == \
         pytest.approx(copies, rel=1e-9)
+
+
+def test_full_recompute_rows_hold_no_weight_copies_so_none_are_taken_off():
+    """A checkpointed compiled block keeps only its input (every profile's tp 1 compiled
+    full row keeps what its eager row keeps): the derived FSDP2 row's kept bytes are the
+    smaller of the eager FSDP2 row's and the compiled row's, with no w taken off (fp8h9's
+    compiled ZeRO-3 full layout: with w its 56 MiB a layer came out 0)."""
+    assert row_weight_copies(MODEL, 1, "full") == 0.0
+    assert row_weight_copies(MODEL, 1, "selective") == pytest.approx(
+        ROW_COPY_BYTES * stage_params(MODEL, 1, 1, first=False, last=False, pp=1))
+    full = dict(recompute="full", activation_bytes=3e6)
+    cl = _cluster(_row(False, 2e-3, 6e-3, **full), _row(True, 1.5e-3, 4.5e-3, **full),
+                  _row(False, 2.5e-3, 7e-3, zero=3, dp=4, **full))
+    lay = Layout(dp=4, micro_batch=1, zero=3, recompute="full")
+    eager = estimate(MODEL, cl, JOB, lay)
+    comp = estimate(MODEL, cl, JOB, lay.replace(compile=True))
+    assert ROW_COPY_BYTES * stage_params(MODEL, 1, 1, first=False, last=False, pp=1) > 3e6
+    assert comp.memory[0].activations_bytes == pytest.approx(
+        eager.memory[0].activations_bytes) and eager.memory[0].activations_bytes >= 8 * 3e6

@@ -187,9 +187,20 @@ def test_compiled_fp8_keeps_neither_the_rows_weight_copies_nor_recomputable_inpu
         assert t8.layer_activation_bytes - t16.layer_activation_bytes == pytest.approx(want)
         # compiled rows hold the copies: nothing of them in the states of either arm
         assert t8.layer_state_bytes == pytest.approx(t16.layer_state_bytes)
-    # full recomputation keeps the layer input only: no change
+    # full recomputation: the bf16 block keeps its input only, the fp8 one also the 16-bit
+    # outputs of its GEMMs that feed other operators (QKV, attention projection, MLP up);
+    # the composition's term, exact on the rows of seven fp8 profiles (fp8_cost docstring)
     full = [_crow(c, 1e-3, 3e-3, recompute="full", activation_bytes=2e6) for c in (0, 1)]
-    lay = Layout(dp=4, micro_batch=1, recompute="full", compile=True)
+    up = (2 if MODEL.activation == "swiglu" else 1) * f
+    for tp in (1, 2):
+        lay = Layout(dp=4 // tp, tp=tp, micro_batch=1, recompute="full", compile=True)
+        t8, t16 = (layer_tables(MODEL, _compiled_cluster(*full), job(p), lay)
+                   for p in ("fp8", "bf16"))
+        outputs = 2 * s * ((MODEL.q_dim + 2 * MODEL.kv_dim + up) / tp + h)
+        assert t8.layer_activation_bytes - t16.layer_activation_bytes == pytest.approx(outputs)
+    # not priced under sequence parallelism (its compiled rows keep more than this explains)
+    lay = Layout(dp=2, tp=2, sequence_parallel=True, micro_batch=1, recompute="full",
+                 compile=True)
     t8, t16 = (layer_tables(MODEL, _compiled_cluster(*full), job(p), lay)
                for p in ("fp8", "bf16"))
     assert t8.layer_activation_bytes == pytest.approx(t16.layer_activation_bytes)

@@ -216,3 +216,30 @@ def test_fp8_rows_option_reaches_torchrun_children_and_bad_recipes_are_refused(t
     assert "--fp8-rows" not in child_argv(p.parse_args(["--out", "p.toml"]))
     with pytest.raises(ConfigError, match="'delayed': not a recipe the executor runs"):
         CalibrateOptions(out=tmp_path / "p.toml", fp8_rows="delayed")
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_an_fsdp2_layer_gets_the_measured_fp8_change_of_kept_bytes(recompute):
+    """FSDP2 rows are bf16: an fp8 ZeRO-3 layer keeps the derived bf16 FSDP2 row's bytes
+    plus what the measured fp8 row keeps beyond the bf16 row it replaced, plus the autocast
+    weight copies only the bf16 compiled row holds (none under full recomputation). fp8h9,
+    compiled ZeRO-3 at full recomputation: the fp8 row kept 360 MiB a layer against bf16's
+    56, the composition assumed no change and the layout peaked 17 % above its prediction."""
+    from meshplan.costmodel.compiled_rows import row_weight_copies
+    kw = dict(recompute=recompute, micro_batch=1)
+    at = {k: v for k, v in KW.items() if k != "recompute"}
+
+    def row(**x):
+        return MeasuredLayer(**{**dict(shape=layer_shape_key(MODEL), forward_s=2e-3,
+                                       backward_s=4e-3, backward_peak_bytes=1e7), **at, **kw,
+                                **x})
+    w = row_weight_copies(MODEL, 1, recompute)
+    bf16_eager, bf16_comp = row(activation_bytes=1e8), row(activation_bytes=1e8 + w,
+                                                           compile=True)
+    fsdp = row(activation_bytes=0.9e8, zero=3, dp=4)
+    fp8 = row(activation_bytes=4e8, compile=True, precision="fp8", fp8_recipe="tensorwise")
+    lay = Layout(dp=4, zero=3, compile=True, **kw)
+    t16 = layer_tables(MODEL, _cluster(bf16_eager, bf16_comp, fsdp), _job("bf16"), lay)
+    t8 = layer_tables(MODEL, _cluster(bf16_eager, bf16_comp, fsdp, fp8), _job(), lay)
+    assert t16.layer_activation_bytes == pytest.approx(0.9e8)
+    assert t8.layer_activation_bytes == pytest.approx(0.9e8 + 4e8 - (1e8 + w) + w)

@@ -118,6 +118,11 @@ def test_the_ratio_row_of_each_module_is_its_largest_micro_batch_without_recompu
             cfg(2, part="output"), cfg(2, part="embedding")]
     at = ratio_rows(grid)
     assert sorted(at.values()) == [2, 3, 5]      # the embedding (memory-bound) is left out
+    # a module timed only with recomputation (compiled rows at selective,full): its
+    # selective row, the largest micro-batch, rather than no ratio at all
+    only_rc = [cfg(1, "full"), cfg(4, "full"), cfg(2, "selective"), cfg(1, "selective")]
+    assert list(ratio_rows(only_rc).values()) == [2]
+    assert list(ratio_rows(only_rc[:2]).values()) == [1]
 
 
 def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
