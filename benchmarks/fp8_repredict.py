@@ -8,6 +8,10 @@ speed-up and peak memory (docs/fp8.md, "POST HOC").
     # how much the tp 2 + SP layouts lean on the profile's compiled SP rows: the same
     # without them (those layers then come from the eager SP rows)
     python benchmarks/fp8_repredict.py ... --drop-compiled-sp
+    # a module's sustained-clock ratio, where its rows carry none (1), from a later
+    # calibration of the same model that measured it; the rows' times as they were
+    # (docs/fp8.md "fp8h9")
+    python benchmarks/fp8_repredict.py ... --sustained-from OTHER.toml
 """
 
 from __future__ import annotations
@@ -27,17 +31,31 @@ from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 GIB = 2 ** 30
 
 
-def cluster_for(profile: str, gpu: str, nproc: int, drop_compiled_sp: bool):
+def _module(r) -> tuple:
+    """A row's built module: the rows one sustained ratio is measured for."""
+    return (r.shape, r.seq_len, r.tp, r.sequence_parallel, r.zero, r.dp, r.compile,
+            r.precision, r.fp8_recipe, r.ep)
+
+
+def cluster_for(profile: str, gpu: str, nproc: int, drop_compiled_sp: bool,
+                sustained_from: str | None = None):
     cluster = apply_profile(gpu_cluster(gpu, nproc), profile, override=True)
+    tables = cluster.gpu.measured
+    layers = tables.layers
     if drop_compiled_sp:
-        tables = cluster.gpu.measured
-        keep = tuple(r for r in tables.layers if not (r.compile and r.sequence_parallel))
+        layers = tuple(r for r in layers if not (r.compile and r.sequence_parallel))
+    if sustained_from:
+        ratio = {_module(r): r.sustained_ratio for r in load_profile(sustained_from).gpu.measured.layers}
+        layers = tuple(dataclasses.replace(r, sustained_ratio=ratio.get(_module(r), 1.0))
+                       if r.sustained_ratio == 1.0 else r for r in layers)
+    if layers != tables.layers:
         cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(
-            cluster.gpu, measured=dataclasses.replace(tables, layers=keep)))
+            cluster.gpu, measured=dataclasses.replace(tables, layers=layers)))
     return cluster
 
 
-def repredict(data: dict, profile: str, drop_compiled_sp: bool = False) -> list[dict]:
+def repredict(data: dict, profile: str, drop_compiled_sp: bool = False,
+              sustained_from: str | None = None) -> list[dict]:
     model = ModelSpec(**data["model"])
     job16 = Job(**data["job"])
     job8 = dataclasses.replace(job16, precision="fp8", fp8_recipe=data["recipe"])
@@ -46,7 +64,7 @@ def repredict(data: dict, profile: str, drop_compiled_sp: bool = False) -> list[
         layout = Layout(**row["layout"])
         # fp8_device.py's data name no machine: the GPU the profile was measured on
         gpu = data.get("machine") or load_profile(profile).device_name
-        cluster = cluster_for(profile, gpu, layout.num_gpus, drop_compiled_sp)
+        cluster = cluster_for(profile, gpu, layout.num_gpus, drop_compiled_sp, sustained_from)
         rec = {"name": row["name"], "short": row["short"]}
         for arm, job in (("bf16", job16), ("fp8", job8)):
             est = estimate(model, cluster, job, layout)
@@ -123,9 +141,13 @@ def main() -> int:
     p.add_argument("--data", required=True)
     p.add_argument("--profile", required=True)
     p.add_argument("--drop-compiled-sp", action="store_true")
+    p.add_argument("--sustained-from", default=None, metavar="PROFILE",
+                   help="rows carrying no sustained ratio (1) take this profile's ratio "
+                        "for the same module, where it has one")
     p.add_argument("--json", default=None, help="also write the rows here")
     a = p.parse_args()
-    rows = repredict(json.loads(Path(a.data).read_text()), a.profile, a.drop_compiled_sp)
+    rows = repredict(json.loads(Path(a.data).read_text()), a.profile, a.drop_compiled_sp,
+                     a.sustained_from)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print(table(rows))
