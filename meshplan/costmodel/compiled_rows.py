@@ -57,9 +57,10 @@ compiled prediction was 7.1 % under it, with the bound 0.0 %).
 A derived row has no zero-bubble split (AOTAutograd compiles one backward; compiled rows
 have none either). The estimate names the rows in a caveat (:func:`derived_caveat`).
 
-Measured error: unknown — no compiled FSDP2 layout had been measured with a profile holding
-compiled rows when this was written (the 2026-11-28 runs are re-predicted post hoc in
-``benchmarks/compile_repredict.py``; docs/costmodel.md, "Compiled layers").
+Measured error (as run, never-run models, 2 × H200): fp8h8's ZeRO-3 selective bf16 arm
++7.4 % (host-paced), fp8h9's ZeRO-3 full bf16 arm −11.5 % (post hoc with its compiled
+module's sustained clock −7.2 %: compile saved 7-8 % of the step, the derivation 12 %);
+the 2026-11-28 runs, post hoc, in ``benchmarks/compile_repredict.py`` (docs/costmodel.md).
 """
 
 from __future__ import annotations
