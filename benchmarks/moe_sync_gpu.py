@@ -183,6 +183,9 @@ SETS["drawn2-3809"] = draw_layouts(3809, count=16, gpus=2, micro_batches=(8,))
 # calibrated with the FSDP2 rows at ep 2 (added after moeh9) and the 4-block synchronized
 # diagnostic of the ep rows
 SETS["drawn2-3810"] = draw_layouts(3810, count=16, gpus=2, micro_batches=(8,))
+# moeh11 (2026-11-30, for a 2-GPU lease): moeh10's design on 32 experts of width 1664, top-4,
+# with a shared expert; all three compiled modes among its first ten candidates
+SETS["drawn2-3811"] = draw_layouts(3811, count=16, gpus=2, micro_batches=(8,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):
