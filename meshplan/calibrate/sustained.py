@@ -124,9 +124,10 @@ def ratio_rows(grid) -> dict[tuple, int]:
     without recomputation (layers) or the largest micro-batch (the output end) — the row
     whose work draws the most power of what that module runs. A module timed only with
     recomputation (``--compile-rows selective,full``) takes its selective row, else its full
-    one: the same kernels at the same power density, the forward's partly twice; without
-    this its rows carried ratio 1 and its layouts ran 7-12 % slower than predicted where
-    the GPU set the pace (fp8h9's compiled tp 1 full layouts, 2 × H200, docs/fp8.md). The
+    one: the same kernels at the same power density, the forward's partly twice. Without
+    this such a module's rows carried ratio 1: fp8h9's compiled bf16 tp 1 layouts (2 × H200)
+    ran 2.9-11.5 % slower than predicted; post hoc at the ratio then measured on the
+    selective row (1.117) 1.1-7.2 % (docs/fp8.md "fp8h9 post hoc"). The
     embedding is left out (ratio 1): its gather is memory-bound (its loops read 0.93-1.00 on
     an H200)."""
     best: dict[tuple, int] = {}
