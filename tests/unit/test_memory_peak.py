@@ -66,3 +66,15 @@ def test_block_lifetimes_place_large_blocks_between_markers():
     assert got[0]["free_site"] == "(no Python frame)"
     assert got[1]["free_site"] == "meshplan/executor/model.py:70 step"
     assert got[2]["site"] == "meshplan/executor/model.py:1 never" and got[2]["free_site"] is None
+
+
+def test_memory_at_peak_writes_the_live_set_as_a_table():
+    """benchmarks/memory_at_peak.py (one plan file under the memory history): its table is
+    peak_live_set's sites, largest first, in GiB."""
+    from memory_at_peak import summary
+    live = peak_live_set([_a(1, 3 * 2**30, "weights", 10), _a(2, 2**30, "act", 20)])
+    text = summary(live, max_allocated_bytes=4 * 2**30)
+    assert text.splitlines()[:2] == ["max_memory_allocated: 4.00 GiB",
+                                     "peak of the recorded trace: 4.00 GiB (complete trace: True)"]
+    assert "| 3.000 | 1 | `meshplan/executor/model.py:10 weights` |" in text
+    assert text.index("weights") < text.index("act")
