@@ -104,6 +104,8 @@ def row_kind(cfg: Config) -> str:
         return "end"
     if cfg.zero >= 2 and cfg.ep > 1:
         return "expert-parallel FSDP2"
+    if cfg.zero >= 2 and cfg.compile:
+        return "compiled FSDP2"
     if cfg.zero >= 2:
         return "FSDP2" if cfg.dp > 1 else "FSDP2 compute-alone"
     if cfg.precision == "fp8":
@@ -126,6 +128,9 @@ MISSING_ROWS = {
     "FSDP2": "ZeRO-2/3 layouts are priced from the plain rows with analytical gathers "
              "(measured: 29-37 % fast host-paced, fp8h4; within 3.2 % GPU-bound, fp8h7)",
     "FSDP2 compute-alone": "pipelined ZeRO-2 stages are priced from the plain rows",
+    "compiled FSDP2": "compiled ZeRO-2/3 layouts are priced from the eager FSDP2 rows with "
+                      "compile's change carried from the plain rows (fp8h9's ZeRO-3 layout "
+                      "7-12 % fast)",
 }
 
 
@@ -179,11 +184,12 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
 
     The order puts what a model's estimates need most first, for every model before the
     next kind: each model's plain rows and its ends, then each model's compiled rows, its
-    expert-parallel rows, its fp8 rows, its FSDP2 rows, then FSDP2's compute alone. A
+    expert-parallel rows, its fp8 rows, its FSDP2 rows, FSDP2's compute alone, then (a dense
+    model, with ``compile_rows``) its FSDP2 rows compiled over the widest dp. A
     calibration that its ``--time-budget`` stops inside a round
     (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds the basic rows of
     every model rather than every row of the first."""
-    phases: list[list[Config]] = [[], [], [], [], [], [], []]
+    phases: list[list[Config]] = [[], [], [], [], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
         seq = seq_len or model.max_seq_len
@@ -284,7 +290,23 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
             for mb in mbs:
                 phases[4].append(Config(model=model, seq_len=seq, tp=1, sequence_parallel=False,
                                         recompute=rc, micro_batch=mb, zero=2, dp=1))
-    order = (0, 1, 2, 6, 5, 3, 4)    # expert-parallel, then fp8 rows after the compiled ones
+        # FSDP2 over the widest dp with its blocks compiled, at the compiled modes, last (a
+        # budget that stops before them leaves compile's change derived from the plain pair,
+        # compiled_rows): the derivation put fp8h9's compiled ZeRO-3 layout 7-12 % fast,
+        # fp8h8's 7 % slow (2 x H200). Dense models only (MoE layers under FSDP2 compiled are
+        # derived as before)
+        for tp, sp in ([(1, False)] + [x for x in tpsp if x[0] > 1]) \
+                if fsdp and compile_rows and not model.is_moe else ():
+            dp = world // tp
+            if dp < 2:
+                continue
+            for zero in FSDP_ZERO:
+                for rc in (r for r in RECOMPUTE if r in compile_rows):
+                    for mb in mbs[:2]:
+                        phases[7].append(Config(model=model, seq_len=seq, tp=tp,
+                                                sequence_parallel=sp, recompute=rc,
+                                                micro_batch=mb, zero=zero, dp=dp, compile=True))
+    order = (0, 1, 2, 6, 5, 3, 4, 7)  # expert-parallel, then fp8 rows after the compiled ones
     return [c for i in order for c in phases[i]]
 
 

@@ -92,15 +92,23 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     # the profile's rows measured with FSDP2 itself (ZeRO-2/3 over dp > 1), if it has them;
     # an MoE layer's at the layout's ep (calibrations before 2026-11-30 timed them at ep 1
     # only: an ep > 1 layout then has none, costmodel.moe_rows)
-    fsdp_row, composed = (tables.fsdp_layer(
-        model, seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
-        recompute=layout.recompute, micro_batch=layout.micro_batch, zero=layout.zero, dp=dp,
-        ep=layout.ep)
-        if tables and layout.zero >= 2 and dp > 1
-        and not (model.is_moe and layout.etp > 1) else (None, False))
-    # Layout.compile: those rows are timed eager only; compiled ones derived (compiled_rows)
-    crows = compiled_layout_rows(tables, model, job, layout, fsdp_row, stage_row)
-    fsdp_row, stage_row = crows.fsdp_row, crows.stage_row
+    fsdp_kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=layout.sequence_parallel,
+                   recompute=layout.recompute, micro_batch=layout.micro_batch,
+                   zero=layout.zero, dp=dp, ep=layout.ep)
+    use_fsdp = bool(tables) and layout.zero >= 2 and dp > 1 and not (model.is_moe
+                                                                      and layout.etp > 1)
+    fsdp_row, composed = tables.fsdp_layer(model, **fsdp_kw) if use_fsdp else (None, False)
+    # Layout.compile: the FSDP2 row timed compiled where the profile has one (calibrations
+    # since 2026-11-30, dense models), else the eager row with compile's change derived
+    # from the plain pair (compiled_rows), as a pipelined ZeRO-2 stage's row always is
+    timed_compiled = (tables.fsdp_layer(model, compile=True, **fsdp_kw)[0]
+                      if use_fsdp and layout.compile else None)
+    crows = compiled_layout_rows(tables, model, job, layout,
+                                 fsdp_row if timed_compiled is None else None, stage_row)
+    fsdp_row = crows.fsdp_row if timed_compiled is None else timed_compiled
+    stage_row = crows.stage_row
+    if timed_compiled is not None:
+        composed = False
     d_f, d_b, d_w = parts.fp8_delta_s      # fp8's change, for the rows replacing the layer
     if stage_row is not None:
         k = ratio(stage_row.backward_s, layer_b - d_b)
@@ -183,7 +191,8 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
                 act_bytes=act_bytes, layer_params=layer_params,
                 compiled=(crows.stage_derived if stage_row is not None else
-                          crows.fsdp_derived if fs is not None else parts.compiled),
+                          crows.fsdp_derived or timed_compiled is not None if fs is not None
+                          else parts.compiled),
                 compiled_from=crows.sources)
 
 

@@ -2,8 +2,10 @@
 the plain rows' compiled/eager pair.
 
 ``meshplan calibrate --compile-rows`` times the executor's blocks ``torch.compile``'d on the
-plain (ZeRO-0) rows only; FSDP2's rows (ZeRO-2/3 over dp > 1) and FSDP2's compute alone (the
-1-rank ZeRO-2 row a pipelined ZeRO-2 stage runs at) are timed eager only
+plain (ZeRO-0) rows and, since 2026-11-30, on a dense model's FSDP2 rows over the widest dp
+(read as timed: ``build.layer_times``); MoE FSDP2 rows, FSDP2 rows at other dp, older
+profiles' FSDP2 rows and FSDP2's compute alone (the 1-rank ZeRO-2 row a pipelined ZeRO-2
+stage runs at) are timed eager only, and their compiled layouts priced as below
 (docs/calibrate.md, "Compiled rows").
 
 **Mechanism.** ``torch.compile`` changes a block's own compute: Inductor fuses its
@@ -207,11 +209,12 @@ def _rank_experts(model: ModelSpec, layout: Layout) -> float:
 
 def derived_caveat(sources: tuple[str, ...]) -> str:
     """The caution for a compiled layout priced from derived rows (module docstring)."""
-    return ("compile = True priced from " + "; and ".join(sources) + ": the calibration "
-            "times FSDP2 layers eager only, so compile's change is carried over from the plain "
+    return ("compile = True priced from " + "; and ".join(sources) + ": the profile has no "
+            "FSDP2 row timed compiled here (calibrations since 2026-11-30 time a dense "
+            "model's over the widest dp), so compile's change is carried over from the plain "
             "layers on the assumption that it moves the layer's compute and not FSDP2's "
-            "collectives; the error of this derivation has not been measured "
-            "(meshplan/costmodel/compiled_rows.py)")
+            "collectives; as run on 2 x H200 this put a compiled ZeRO-3 layout 7-12 % fast "
+            "and a host-paced one 7 % slow (fp8h9, fp8h8; meshplan/costmodel/compiled_rows.py)")
 
 
 __all__ = ["CompileRatios", "CompiledRows", "ROW_COPY_BYTES", "compiled_layout_rows",

@@ -181,11 +181,11 @@ class TransferredTables:
         return None     # fp8 rows are not transferred: fp8 is composed on the bf16 rows
 
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
-                   recompute: str, micro_batch: int, zero: int, dp: int, ep: int = 1
-                   ) -> tuple[Interpolated | None, bool]:
+                   recompute: str, micro_batch: int, zero: int, dp: int, ep: int = 1,
+                   compile: bool = False) -> tuple[Interpolated | None, bool]:
         return self.layer(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
                           recompute=recompute, micro_batch=micro_batch, zero=zero,
-                          dp=dp, ep=ep), False
+                          dp=dp, ep=ep, compile=compile), False
 
     def _layer(self, tp, sp, recompute, micro_batch, zero, dp) -> Interpolated | None:
         sp = bool(sp and tp > 1)

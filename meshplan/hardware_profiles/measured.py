@@ -189,10 +189,11 @@ class MeasuredTables:
         return out
 
     def fsdp_layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
-                   recompute: str, micro_batch: int, zero: int, dp: int, ep: int = 1
-                   ) -> tuple[Interpolated | None, bool]:
+                   recompute: str, micro_batch: int, zero: int, dp: int, ep: int = 1,
+                   compile: bool = False) -> tuple[Interpolated | None, bool]:
         """An FSDP2 layer (ZeRO-2/3 over ``dp`` > 1) and whether it was composed; ``ep`` > 1:
-        an MoE layer timed under FSDP2 with its experts over that many ranks.
+        an MoE layer timed under FSDP2 with its experts over that many ranks; ``compile``:
+        the profile's row timed with the blocks compiled, or None (never composed).
 
         The profile's own row where it has one. Calibrations before round 8 timed FSDP2 on
         tp = 1 only, so for tp > 1 (FSDP2 over dp of tensor-parallel layers, a 2-D mesh)
@@ -206,8 +207,9 @@ class MeasuredTables:
         caller adds the gather/reduce analytically (their bytes shrink with tp). (None,
         False) where a row is missing."""
         row = self.layer(model, seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel,
-                         recompute=recompute, micro_batch=micro_batch, zero=zero, dp=dp, ep=ep)
-        if row is not None or tp == 1:
+                         recompute=recompute, micro_batch=micro_batch, zero=zero, dp=dp, ep=ep,
+                         compile=compile)
+        if row is not None or tp == 1 or compile:
             return row, False
         kw = dict(seq_len=seq_len, recompute=recompute, micro_batch=micro_batch, ep=ep)
         fsdp1 = self.layer(model, tp=1, sequence_parallel=False, zero=zero, dp=dp, **kw)

@@ -719,17 +719,22 @@ def test_untimed_rows_are_summarised_by_kind_with_what_their_absence_costs():
     from meshplan.calibrate.layer_grid import MISSING_ROWS, row_kind, untimed_summary
     moe = replace(GPTISH, vocab_size=128, num_experts=4, experts_per_token=2,
                   moe_ffn_hidden_size=64)
-    grid = plan_grid([moe], None, 2, quick=True, compile_rows=("none",), fp8_rows="tensorwise")
+    # an MoE model and a dense one (only a dense model's FSDP2 rows are also compiled)
+    grid = plan_grid([moe, GPTISH], None, 2, quick=True, compile_rows=("none",),
+                     fp8_rows="tensorwise")
     kinds = {row_kind(c) for c in grid}
     assert kinds == {"plain", "end", "compiled", "expert-parallel", "expert-parallel FSDP2",
-                     "fp8", "FSDP2", "FSDP2 compute-alone"} == set(MISSING_ROWS)
+                     "fp8", "FSDP2", "FSDP2 compute-alone", "compiled FSDP2"} \
+        == set(MISSING_ROWS)
     summary = untimed_summary(grid)
     assert sum(summary.values()) == len(grid)
     assert list(summary)[:2] == ["plain", "end"]       # grid order
-    # the FSDP2 rows come last but one: a budget that stops at them leaves these
+    # the FSDP2 rows come last: a budget that stops at them leaves these
     tail = untimed_summary([c for c in grid if c.zero and c.ep == 1])
     assert tail == {"FSDP2": summary["FSDP2"],
-                    "FSDP2 compute-alone": summary["FSDP2 compute-alone"]}
+                    "FSDP2 compute-alone": summary["FSDP2 compute-alone"],
+                    "compiled FSDP2": summary["compiled FSDP2"]}
+    assert row_kind(grid[-1]) == "compiled FSDP2"
 
 
 def test_provenance_keeps_the_rows_a_budget_left_untimed():

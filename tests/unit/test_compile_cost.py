@@ -110,11 +110,22 @@ def test_calibrate_grid_adds_compiled_plain_rows_for_the_chosen_modes():
     extra = [c for c in grid if c.compile and not c.part]
     loss = [c for c in grid if c.compile and c.part]   # the compiled loss (test_compiled_loss_rows)
     assert len(grid) - len(base) == len(extra) + len(loss) and extra
-    assert {(c.recompute, c.zero, c.part) for c in extra} == {("none", 0, "")}
-    assert {(c.tp, c.sequence_parallel, c.micro_batch) for c in extra} == {
+    plain = [c for c in extra if c.zero == 0]
+    assert {(c.recompute, c.zero, c.part) for c in plain} == {("none", 0, "")}
+    assert {(c.tp, c.sequence_parallel, c.micro_batch) for c in plain} == {
         (c.tp, c.sequence_parallel, c.micro_batch) for c in base
         if not c.part and c.zero == 0 and c.recompute == "none"}
-    cfg = extra[0]
+    # FSDP2 over the widest dp compiled, ZeRO-2 and 3 at the chosen modes, after every
+    # eager row (a budget stopping before them leaves compile's change derived)
+    fsdp = [c for c in extra if c.zero >= 2]
+    assert {(c.zero, c.dp, c.tp, c.recompute) for c in fsdp} == {(2, 2, 1, "none"),
+                                                                 (3, 2, 1, "none")}
+    assert {c.micro_batch for c in fsdp} == {c.micro_batch for c in base if c.zero >= 2}
+    assert grid[-len(fsdp):] == fsdp
+    moe = replace(tiny, name="tm", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=64)
+    assert not [c for c in plan_grid([moe], 32, 2, quick=True, compile_rows=("none",))
+                if c.compile and c.zero >= 2]       # MoE layers: derived as before
+    cfg = plain[0]
     assert cfg.build_key != replace(cfg, compile=False).build_key and "compiled" in cfg.label()
     assert layer_row(cfg, (1e-3, 2e-3, 1e6, 2e6))["compile"] is True
 
@@ -218,3 +229,59 @@ def test_full_recompute_rows_hold_no_weight_copies_so_none_are_taken_off():
     assert ROW_COPY_BYTES * stage_params(MODEL, 1, 1, first=False, last=False, pp=1) > 3e6
     assert comp.memory[0].activations_bytes == pytest.approx(
         eager.memory[0].activations_bytes) and eager.memory[0].activations_bytes >= 8 * 3e6
+
+
+def test_a_compiled_fsdp2_row_is_read_as_timed_not_derived():
+    """Calibrations since 2026-11-30 time FSDP2 rows compiled too (dense models): a compiled
+    ZeRO-3 layout reads that row's time and kept bytes, with no derivation caveat; where the
+    profile lacks it the derivation stands."""
+    rows = (_row(False, 2e-3, 4e-3), _row(True, 1.5e-3, 3e-3),
+            _row(False, 2.5e-3, 5e-3, zero=3, dp=4, activation_bytes=8e7))
+    timed = _row(True, 2.3e-3, 4.6e-3, zero=3, dp=4, activation_bytes=7e7)
+    lay = Layout(dp=4, micro_batch=1, zero=3, compile=True)
+    derived = estimate(MODEL, _cluster(*rows), JOB, lay)
+    read = estimate(MODEL, _cluster(*rows, timed), JOB, lay)
+    assert any(c.startswith("compile = True priced from") for c in derived.caveats)
+    assert not any(c.startswith("compile = True priced from") for c in read.caveats)
+    assert COMPILE_AS_EAGER_CAVEAT not in read.caveats
+    # each layer's passes: the timed row's 2.3 + 4.6 ms against the derived 2.0 + 4.0
+    m = 16 // 4
+    assert read.step_time_s - derived.step_time_s == pytest.approx(8 * m * 0.9e-3, rel=1e-6)
+    # kept bytes: the timed row's 7e7 a layer, where the derivation took min(8e7, 1e8 − w)
+    w = ROW_COPY_BYTES * stage_params(MODEL, 1, 1, first=False, last=False, pp=1)
+    assert read.memory[0].activations_bytes - derived.memory[0].activations_bytes == \
+        pytest.approx(8 * (7e7 - min(8e7, 1e8 - w)), rel=1e-6)
+
+
+def _compiled_fsdp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from _gloo import write_rank_result
+    from meshplan.calibrate import bench_layers
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    t = bench_layers.bench_layer_rows([MODEL_TINY], 32, torch.device("cpu"), world, rank,
+                                      quick=True, max_tp=1, micro_batches=(1,),
+                                      compile_rows=("full",))
+    write_rank_result(out_dir, rank, {"layers": [
+        (r["zero"], r["dp"], r["recompute"], r["compile"], r["forward_s"], r["backward_s"])
+        for r in t.layers]})
+
+
+MODEL_TINY = ModelSpec(name="tiny-llama", num_layers=2, hidden_size=64, num_heads=4,
+                       num_kv_heads=2, ffn_hidden_size=128, vocab_size=128, max_seq_len=32,
+                       activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                       tied_embeddings=False, bias=False)
+
+
+@pytest.mark.distributed
+def test_two_ranks_time_fsdp2_rows_with_their_blocks_compiled(tmp_path):
+    """Two gloo ranks, --compile-rows full: the FSDP2 rows over dp 2 (ZeRO-2 and 3) are
+    also timed with the blocks compiled before FSDP2 wraps them, as ParallelTrainer builds
+    a compiled ZeRO-2/3 layout."""
+    pytest.importorskip("torch")
+    from _gloo import run_gloo_ranks
+    got = run_gloo_ranks(_compiled_fsdp_worker, 2, tmp_path)[0]["layers"]
+    compiled_fsdp = [r for r in got if r[0] >= 2 and r[3]]
+    assert {(r[0], r[1], r[2]) for r in compiled_fsdp} == {(2, 2, "full"), (3, 2, "full")}
+    assert all(r[4] > 0 and r[5] > 0 for r in compiled_fsdp)
