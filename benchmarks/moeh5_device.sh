@@ -18,7 +18,7 @@ source "$(dirname "$0")/device_env.sh"
 record_gpu
 
 case "${PART:?set PART=1 or 2}" in
-    1)  calibrate_moe moeh5 benchmarks/sets/moeh5/m01.json 4 4096 2 none,selective,full ;;
+    1)  calibrate_moe moeh5 benchmarks/sets/moeh5/m01.json 4 4096 2 none,selective,full --sp-only ;;
     2)  run_moe_plans moeh5 benchmarks/plans/moeh5_h200x4 ;;
 esac
 ls -la "$OUT" "$OUT"/*/
