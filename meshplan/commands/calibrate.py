@@ -66,17 +66,19 @@ def add_arguments(p) -> None:
                         "torchrun's start-up included): layer rows and rounds run only while "
                         "projected to end, with the benchmarks after them, within SECONDS "
                         "(for job time limits). Rows run in priority order — plain, ends, "
-                        "compiled, expert-parallel, fp8, FSDP2 — and the calibration prints "
+                        "compiled, expert-parallel, fp8, FSDP2, FSDP2 compiled — and the "
+                        "calibration prints "
                         "the kinds a budget left untimed and what estimates do without them "
                         "(docs/calibrate.md)")
     p.add_argument("--compile-rows", nargs="?", const="none", default=None, type=_modes,
                    metavar="MODES",
                    help="also time the plain layer rows with every block torch.compile'd "
                         "(what Layout.compile runs; the cost model prices compiled layouts "
-                        "from them and the planner searches compile only with them), for "
-                        "these recompute modes (comma-separated; default: none, i.e. no "
-                        "recomputation). First layer round only; each row compiles once "
-                        "(seconds to tens of seconds), so give --time-budget room for it")
+                        "from them and the planner searches compile only with them), and a "
+                        "dense model's FSDP2 rows over the widest dp, for these recompute "
+                        "modes (comma-separated; default: none, i.e. no recomputation). "
+                        "First layer round only; each row compiles once (seconds to tens "
+                        "of seconds), so give --time-budget room for it")
     p.add_argument("--fp8-rows", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
                    help="also time the plain layer rows with the executor's fp8 linears of "
                         "RECIPE (default tensorwise): compiled at the --compile-rows modes "
