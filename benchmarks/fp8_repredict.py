@@ -45,7 +45,8 @@ def cluster_for(profile: str, gpu: str, nproc: int, drop_compiled_sp: bool,
     if drop_compiled_sp:
         layers = tuple(r for r in layers if not (r.compile and r.sequence_parallel))
     if sustained_from:
-        ratio = {_module(r): r.sustained_ratio for r in load_profile(sustained_from).gpu.measured.layers}
+        later = load_profile(sustained_from).gpu.measured.layers
+        ratio = {_module(r): r.sustained_ratio for r in later}
         layers = tuple(dataclasses.replace(r, sustained_ratio=ratio.get(_module(r), 1.0))
                        if r.sustained_ratio == 1.0 else r for r in layers)
     if layers != tables.layers:

@@ -122,7 +122,8 @@ def main(argv=None) -> int:
         return "fsdp" if cfg.zero >= 2 else "compiled" if cfg.compile else "eager"
 
     def only(cfg) -> bool:
-        return (not cfg.part and kind(cfg) in kinds and cfg.tp == args.tp and cfg.sequence_parallel == sp
+        return (not cfg.part and kind(cfg) in kinds and cfg.tp == args.tp
+                and cfg.sequence_parallel == sp
                 and cfg.recompute in modes
                 and cfg.ep in ((world,) if args.no_ep1 else (1, world))
                 and (cfg.zero == 0 or cfg.dp * cfg.tp == world))

@@ -271,7 +271,8 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # one-node plans run, and a short --time-budget ends inside this phase — fp8h4's
         # ZeRO-3 pair, priced without its row, missed by 29-37 %)
         fsdp = world > 1
-        for tp, sp in ([(1, False)] + [x for x in tpsp if x[0] > 1]) if fsdp else ():
+        fsdp_tpsp = [(1, False)] + [x for x in tpsp if x[0] > 1] if fsdp else []
+        for tp, sp in fsdp_tpsp:
             for dp in sorted((d for d in range(2, world // tp + 1) if world % (d * tp) == 0),
                              reverse=True):
                 for zero in FSDP_ZERO:
@@ -295,8 +296,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # compiled_rows): the derivation put fp8h9's compiled ZeRO-3 layout 7-12 % fast,
         # fp8h8's 7 % slow (2 x H200). Dense models only (MoE layers under FSDP2 compiled are
         # derived as before)
-        for tp, sp in ([(1, False)] + [x for x in tpsp if x[0] > 1]) \
-                if fsdp and compile_rows and not model.is_moe else ():
+        for tp, sp in fsdp_tpsp if compile_rows and not model.is_moe else ():
             dp = world // tp
             if dp < 2:
                 continue

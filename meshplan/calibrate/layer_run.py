@@ -112,9 +112,9 @@ def _sync_deep(cfg: Config, key, module, device, groups, *, iters: int, barrier,
     moe_ep_rows_gpu.py --sync-deep``), logged beside the row, not stored: a synchronized row
     carries the host's dispatch up to each sync and the GPU's work after it in sequence,
     where a step overlaps one layer's tail with the next one's dispatch; how much of that a
-    2-block row holds is what the deeper stack shows. moeh9's rows timed alone (2 × H200, post hoc): 4-block within
-    4 % of 2-block, so that overlap is small there; its calibration's compiled ep rows were
-    inflated by something else (docs/moe.md "moeh9")."""
+    2-block row holds is what the deeper stack shows. moeh9's rows timed alone (2 × H200,
+    post hoc): 4-block within 4 % of 2-block, so that overlap is small there; its
+    calibration's compiled ep rows were inflated by something else (docs/moe.md "moeh9")."""
     values, oom = [0.0, 0.0], 0.0
     try:
         module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)

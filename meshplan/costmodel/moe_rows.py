@@ -57,7 +57,8 @@ layout +12.0 → +3.5 %; as run on moeh10's ZeRO-2 full layout, the first priced
 memory −0.1 %). Older profiles' FSDP2 rows are ep 1's, where the experts are
 gathered over edp and no all-to-all runs — not the layer of an ep > 1 layout — so there
 the ep row stands, FSDP2's gathers priced analytically and its hooks' CPU not at all (the
-build's caveat says so), its kept bytes as FSDP2 keeps them (:func:`fsdp_kept_bytes`). Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
+build's caveat says so), its kept bytes as FSDP2 keeps them (:func:`fsdp_kept_bytes`).
+Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
 ep 2, priced from the curves, ran 17-30 % faster than predicted (+20.4 / +33.2 / +42.5 %);
 from the ep rows −14.1 / −11.7 / −38.3 %, and moeh6's four −5.1..+4.4 % (−8.7..+9.9 % from
 the curves). Elsewhere without a row the layer is priced from the curves with a caveat

@@ -181,18 +181,17 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, compile=compile, fsdp=fsdp,
                        mlp_width=mlp_width, compiled_row=compile if row else compiled)
+        kept_delta = f8.activation_delta_bytes
         moved = f8.apply(layer, recompute)
         if row is not None:
             # the measured fp8 layer (meshplan.costmodel.fp8_rows): its casts and kept bytes
             # are in the row; the composition gives only the breakdown's proportions
             moved = _scaled_layer(moved, row.forward_s, row.backward_s)
             if "layer" in measured and compiled == compile:
-                # the measured difference, compiled full recomputation's extra kept GEMM
-                # outputs included (the composition assumes none: docs/fp8.md "fp8h9")
+                # the measured difference, compiled full recomputation's kept GEMM outputs
+                # included (docs/fp8.md "fp8h9")
                 kept_delta = (row.activation_bytes - act_b
                               + (row_weight_copies(model, tp, recompute) if compile else 0.0))
-            else:
-                kept_delta = f8.activation_delta_bytes
             act_b, bwd_buf = row.activation_bytes, row.peak_bytes
             full_act = row.activation_bytes if recompute == "none" else full_act
             split = split_depth = split_cpu = wgrad = None
@@ -217,7 +216,6 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                  moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
         layer = moved
         if row is None:
-            kept_delta = f8.activation_delta_bytes
             act_b = max(0.0, act_b + f8.activation_delta_bytes + f8.row_weight_copy_bytes)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
