@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from layout_sets import gpu_cluster  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
+from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
@@ -147,8 +148,11 @@ def main() -> int:
                         "for the same module, where it has one")
     p.add_argument("--json", default=None, help="also write the rows here")
     a = p.parse_args()
-    rows = repredict(json.loads(Path(a.data).read_text()), a.profile, a.drop_compiled_sp,
-                     a.sustained_from)
+    try:
+        rows = repredict(json.loads(Path(a.data).read_text()), a.profile, a.drop_compiled_sp,
+                         a.sustained_from)
+    except MeshplanError as exc:     # a missing or malformed profile: its message, no trace
+        p.error(str(exc))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print(table(rows))
