@@ -60,7 +60,10 @@ profiles' measured layer rows are for cp = 1: a cp layout is priced from the dat
 profile (a caveat says so). Held-out sets as run on 4 × H200 (2026-11-29): cp41 16.6 % mean /
 54.5 % max (two CPU-bound cp 4 layouts at 4,096 tokens a rank, −51 / −55 %; since priced by
 :mod:`meshplan.costmodel.cp_host`, which explains about a third of them), cp42 14.1 / 24.0 %
-(head dim 80, all too fast; POST HOC with the measured head-dim ratio: 4.5 / 17.7 %).
+(head dim 80, all too fast; POST HOC with the measured head-dim ratio: 4.5 / 17.7 %). On
+2 × H200 (cp 1/2, 2026-11-29/30): cp44 5.1 / 9.7 %, cp45 3.2 / 4.4 %, cp46 4.6 / 8.5 %; over
+their seventeen cp 2 layouts the error orders by the tokens a rank (8,192: −4.2..−9.7 %,
+16,384: −0.9..−4.8 %, 32,768: +2.2..+3.9 %), not priced.
 """
 
 from __future__ import annotations
@@ -82,11 +85,13 @@ from meshplan.hardware_profiles.topology import GroupLink
 from meshplan.spec import Job, Layout, ModelSpec
 
 CP_UNCHECKED_CAVEAT = (
-    "context parallelism was compared on 4 x H200 only (34 layouts of four models at "
-    "16k-64k tokens on the datasheet profile; three held-out sets as run 11.2, 16.6 and "
+    "context parallelism was compared on 2 and 4 x H200 only (58 layouts of seven models at "
+    "16k-64k tokens on the datasheet profile; held-out sets as run: 4 GPUs 11.2, 16.6 and "
     "14.1 % mean step-time error, misses at head dims outside 64/128 and CPU-bound cp 4 "
-    "layouts at 4k tokens a rank; docs/context_parallel.md); how much the ring's transfers "
-    "slow the block attention they overlap (cp_ring_interference) is assumed")
+    "layouts at 4k tokens a rank; 2 GPUs (cp 2) 5.1, 3.2 and 4.6 %, cp layouts at 8k tokens "
+    "a rank 4-10 % slower than predicted, at 32k 2-4 % faster; docs/context_parallel.md); "
+    "how much the ring's transfers slow the block attention they overlap "
+    "(cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (
     "context parallelism is priced from the profile's datasheet curves: its measured layer "
     "rows are for cp = 1")

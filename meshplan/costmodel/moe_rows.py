@@ -54,7 +54,7 @@ ep > 1 where it timed the layer at that ep. Calibrations since 2026-11-30 also t
 layer under FSDP2 at each ep (:func:`fsdp_row_at_ep`): the build reads that row as at ep 1
 and nothing of FSDP2 is priced on top (post hoc on moeh9, 2 × H200: its ZeRO-2 selective
 layout +12.0 → +3.5 %; as run on moeh10's ZeRO-2 full layout, the first priced so: +1.8 %,
-memory −0.1 %). Older profiles' FSDP2 rows are ep 1's, where the experts are
+memory −0.1 %; on moeh11's ZeRO-3 full layout +0.3 %, memory +3.6 %). Older profiles' FSDP2 rows are ep 1's, where the experts are
 gathered over edp and no all-to-all runs — not the layer of an ep > 1 layout — so there
 the ep row stands, FSDP2's gathers priced analytically and its hooks' CPU not at all (the
 build's caveat says so), its kept bytes as FSDP2 keeps them (:func:`fsdp_kept_bytes`).
@@ -75,7 +75,12 @@ Rows timed at ep > 1 (2 × H200, never-run models as run, docs/moe.md): the seve
 ZeRO-0/1 layouts of moeh6-moeh9 −7.4..+15.4 %, the six compiled ones −6.4..+47.1 % (moeh9's
 +47.1 %: its calibration's compiled ep rows read 1.6× the same rows timed alone); moeh10's
 three eager −3.2..+13.9 % and two compiled +5.3 / +11.8 % (its full-recompute pair the
-misses: their rows ~2.5 ms a layer and micro-batch above the runs).
+misses: their rows ~2.5 ms a layer and micro-batch above the runs); moeh11's four eager
+−4.5..+9.8 % and two compiled −1.4 / +8.8 % — its eager tp 2 + SP · ep 2 rows read a
+forward 6.8 (selective) and 7.4 ms (full) a layer in the calibration, 8.2 and 9.4 timed
+alone after the runs, ~6.3 and ~9.5 in the runs (ends included), backwards within 7 %: the host-paced
+forward of an eager ep layer, with its routing syncs, moves ±20 % reading to reading, the
+same spread as moeh10's full pair in the other direction.
 """
 
 from __future__ import annotations
@@ -101,13 +106,14 @@ MOE_EP_FSDP_ROWS_CAVEAT = (
     "FSDP2 (their all-to-alls, host syncs, FSDP2's gathers, hooks and expert copies as timed "
     "on the calibrating node, synchronized; only the busiest rank's extra rows beyond the "
     "load imbalance the rows were routed at priced on top); ZeRO-2/3 at ep > 1 from such "
-    "rows measured against one run so far (moeh10's dp2-ep2-z2-mb8-full, 2 x H200: +1.8 %; "
+    "rows measured against two runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
+    "moeh11's dp2-ep2-z3-mb8-full +0.3 %; "
     "priced without them, moeh6-moeh9: 10.5 % mean error over 13 layouts; docs/moe.md)")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at ep 2 on 2 x H200 (moeh6-moeh10): eager -7.4 to +15.4 %, compiled -6.4 to "
+    "runs at ep 2 on 2 x H200 (moeh6-moeh11): eager -7.4 to +15.4 %, compiled -6.4 to "
     "+47 % (moeh9's calibration read its compiled ep rows 1.6x the same rows timed alone, "
     "moeh10's 1.0-1.2x; cause not found), 15-27 % above the runs where the host set the pace "
     "(moeh4, post hoc); "
