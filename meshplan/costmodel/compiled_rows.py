@@ -62,6 +62,9 @@ have none either). The estimate names the rows in a caveat (:func:`derived_cavea
 Measured error (as run, never-run models, 2 × H200): fp8h8's ZeRO-3 selective bf16 arm
 +7.4 % (host-paced), fp8h9's ZeRO-3 full bf16 arm −11.5 % (post hoc with its compiled
 module's sustained clock −7.2 %: compile saved 7-8 % of the step, the derivation 12 %);
+re-run post hoc on profiles that also timed the compiled FSDP2 rows (2026-11-30, docs/fp8.md
+"Compiled FSDP2 rows on a GPU"): from the timed rows +1.5 % (s03 bf16), −0.9 % (s03 fp8),
++1.4 % (r03 bf16); derived on the same profiles −5.7, −10.0 and −21.2 %;
 the 2026-11-28 runs, post hoc, in ``benchmarks/compile_repredict.py`` (docs/costmodel.md).
 """
 
@@ -214,7 +217,9 @@ def derived_caveat(sources: tuple[str, ...]) -> str:
             "model's over the widest dp), so compile's change is carried over from the plain "
             "layers on the assumption that it moves the layer's compute and not FSDP2's "
             "collectives; as run on 2 x H200 this put a compiled ZeRO-3 layout 7-12 % fast "
-            "and a host-paced one 7 % slow (fp8h9, fp8h8; meshplan/costmodel/compiled_rows.py)")
+            "and a host-paced one 7 % slow (fp8h9, fp8h8), and on recalibrations 6-21 % fast "
+            "where the timed compiled FSDP2 rows came within 1.5 % "
+            "(meshplan/costmodel/compiled_rows.py)")
 
 
 __all__ = ["CompileRatios", "CompiledRows", "ROW_COPY_BYTES", "compiled_layout_rows",
