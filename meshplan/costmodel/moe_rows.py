@@ -80,7 +80,10 @@ misses: their rows ~2.5 ms a layer and micro-batch above the runs); moeh11's fou
 forward 6.8 (selective) and 7.4 ms (full) a layer in the calibration, 8.2 and 9.4 timed
 alone after the runs, ~6.3 and ~9.5 in the runs (ends included), backwards within 7 %: the host-paced
 forward of an eager ep layer, with its routing syncs, moves ±20 % reading to reading, the
-same spread as moeh10's full pair in the other direction.
+same spread as moeh10's full pair in the other direction. Over the 23 ZeRO-0/1 ep 2 layouts
+of moeh6-moeh11 (``benchmarks/moe_rows_vs_runs.py``) the eager rows came out 0.91-1.15 of the
+runs' own layers (median 0.99, σ 7 %: one calibration round each), the compiled 0.92-1.20
+and moeh9's 1.48.
 """
 
 from __future__ import annotations
