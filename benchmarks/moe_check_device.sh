@@ -19,7 +19,7 @@ case "${CHECK:?set CHECK, e.g. moeh7}" in
     moeh9) calibration=(2 1024 8 none,selective,full) plans=benchmarks/plans/moeh9_h200x2 ;;
     moeh10) calibration=(2 1024 8 selective,full --sp-only) plans=benchmarks/plans/moeh10_h200x2 ;;
     moeh11) calibration=(2 1024 8 none,selective,full --sp-only) plans=benchmarks/plans/moeh11_h200x2 ;;
-    moeh12) calibration=(2 1024 8 none,full --sp-only) plans=benchmarks/plans/moeh12_h200x2 ;;
+    moeh12) calibration=(2 4096 2 none,full --sp-only) plans=benchmarks/plans/moeh12_h200x2 ;;
     *) echo "CHECK=$CHECK: not a check of this script (moeh7-moeh12)" >&2; exit 2 ;;
 esac
 if [ "${PART:?set PART=1 or 2}" = 1 ]; then

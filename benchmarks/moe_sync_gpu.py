@@ -186,10 +186,11 @@ SETS["drawn2-3810"] = draw_layouts(3810, count=16, gpus=2, micro_batches=(8,))
 # moeh11 (2026-11-30, for a 2-GPU lease): moeh10's design on 32 experts of width 1664, top-4,
 # with a shared expert; all three compiled modes among its first ten candidates
 SETS["drawn2-3811"] = draw_layouts(3811, count=16, gpus=2, micro_batches=(8,))
-# moeh12 (2026-11-30, for a 2-GPU lease, drawn after moeh11 ran): moeh11's design; its first
-# ten compile at none and full, one a ZeRO-3 layout at ep 2 (priced from a derived compiled
-# FSDP2 row: MoE FSDP2 rows are timed eager)
-SETS["drawn2-3812"] = draw_layouts(3812, count=16, gpus=2, micro_batches=(8,))
+# moeh12 (2026-11-30, for a 2-GPU lease, drawn after moeh11 ran): moeh11's design at the
+# drawn model's own sequence length 4096, so 8 k tokens a micro-batch at micro-batch 2 (as
+# moeh8); its first ten compile at none and full, one a ZeRO-3 layout at ep 2 (priced from a
+# derived compiled FSDP2 row: MoE FSDP2 rows are timed eager)
+SETS["drawn2-3812"] = draw_layouts(3812, count=16, gpus=2, micro_batches=(2,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):
