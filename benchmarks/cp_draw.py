@@ -18,6 +18,11 @@ before any run and run as drawn.
 ``--gpus 2`` (cp44 on, when only two GPUs were lent): the same on two GPUs — cp 1 two or
 three times, cp 2 for the rest — at half the tokens a step (65,536: the tokens a GPU of the
 four-GPU sets). Four GPUs draw exactly as before (cp40-cp43 reproduce).
+
+``--gpus 8`` (issue 42's cp at 8 ranks): cp and tp up to 8, 262,144 tokens a step (32,768 a
+GPU, as the others); cp 1 once, cp 2 twice, cp 4 and cp 8 the rest, and among them at least
+one cp × tp layout, besides tp > 1, pp > 1 and both styles; admitted under 70 % of an H100's
+80 GB, since either 8-GPU kind may run it.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ def layouts(gpus: int = 4) -> list[tuple[int, Layout]]:
     (stage 3 only without pp, none where dp·cp = 1) and recompute at micro-batch 1, SP with
     tp."""
     out = []
+    degrees = (1, 2, 4, 8) if gpus == 8 else (1, 2, 4)
     for seq, cp, tp, pp, style, zero, rc in itertools.product(
-            SEQS, (1, 2, 4), (1, 2, 4), (1, 2), ("ring", "all-to-all"), (0, 1, 3),
+            SEQS, degrees, degrees, (1, 2), ("ring", "all-to-all"), (0, 1, 3),
             ("none", "selective", "full")):
         if gpus % (cp * tp * pp) or style == "all-to-all" and cp == 1:
             continue
@@ -66,6 +72,14 @@ def layouts(gpus: int = 4) -> list[tuple[int, Layout]]:
                                 recompute=rc, micro_batch=1, sequence_parallel=tp > 1,
                                 schedule="1f1b")))
     return out
+
+
+def memory_bytes(cluster: Cluster) -> float:
+    """The memory a drawn layout must fit: the node's GPU's; on 8 GPUs the smaller of an
+    H100's and an H200's, since either 8-GPU kind may run the set (docs/benchmarks/gpu8.md)."""
+    if cluster.num_gpus == 8:
+        return min(cluster.gpu.memory_bytes, Cluster.preset("dgx-h100").gpu.memory_bytes)
+    return cluster.gpu.memory_bytes
 
 
 def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, float]]:
@@ -84,30 +98,34 @@ def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, fl
             peak = estimate(model, cluster, job, lay).memory_peak_bytes
         except (MeshplanError, ValueError):
             continue
-        if peak <= MEMORY_SHARE * cluster.gpu.memory_bytes:
+        if peak <= MEMORY_SHARE * memory_bytes(cluster):
             out.append((seq, lay, peak))
     return out
 
 
-def covers(layouts: list[Layout]) -> bool:
-    """tp > 1, pp > 1 and both cp styles among the drawn layouts."""
+def covers(layouts: list[Layout], gpus: int = 4) -> bool:
+    """tp > 1, pp > 1 and both cp styles among the drawn layouts; on 8 GPUs also cp × tp."""
     return (any(lay.tp > 1 for lay in layouts) and any(lay.pp > 1 for lay in layouts)
-            and {lay.cp_style for lay in layouts if lay.cp > 1} == {"ring", "all-to-all"})
+            and {lay.cp_style for lay in layouts if lay.cp > 1} == {"ring", "all-to-all"}
+            and (gpus != 8 or any(lay.cp > 1 and lay.tp > 1 for lay in layouts)))
 
 
 def draw(seed: int, gpus: int = 4) -> dict:
-    if gpus not in (2, 4):
-        raise SystemExit(f"--gpus {gpus}: 2 or 4")
+    if gpus not in (2, 4, 8):
+        raise SystemExit(f"--gpus {gpus}: 2, 4 or 8")
     rng = random.Random(seed)
     cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
     for attempt in range(1, 51):
         base = draw_model(rng, f"c{seed}m{attempt:02d}", min_params=1.0e9, max_params=2.5e9)
         model = dataclasses.replace(base, max_seq_len=65536)
         pool = candidates(model, cluster)
-        by_cp = {c: [p for p in pool if p[1].cp == c] for c in (1, 2, 4)}
+        by_cp = {c: [p for p in pool if p[1].cp == c] for c in (1, 2, 4, 8)}
         if gpus == 2:
             want = {1: rng.choice((2, 3))}
             want[2] = N_LAYOUTS - want[1]
+        elif gpus == 8:
+            want = {1: 1, 2: 2, 4: rng.choice((2, 3))}
+            want[8] = N_LAYOUTS - sum(want.values())
         elif len(by_cp[1]) < 1 or len(by_cp[2]) < 3 or len(by_cp[4]) < 3:
             continue
         else:
@@ -118,7 +136,7 @@ def draw(seed: int, gpus: int = 4) -> dict:
             continue
         for _ in range(200):
             chosen = [p for c in want for p in rng.sample(by_cp[c], want[c])]
-            if covers([lay for _, lay, _ in chosen]):
+            if covers([lay for _, lay, _ in chosen], gpus):
                 return {"seed": seed, "attempt": attempt, "model": model.to_dict(),
                         "tokens_per_step": tokens_per_step(gpus), "pool": len(pool),
                         "cases": [{"name": f"c{seed}-{i + 1:02d}", "seq_len": seq,
@@ -132,7 +150,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True, help="the set's JSON file")
-    ap.add_argument("--gpus", type=int, default=4, choices=(2, 4),
+    ap.add_argument("--gpus", type=int, default=4, choices=(2, 4, 8),
                     help="GPUs of the node the set runs on (default 4)")
     args = ap.parse_args(argv)
     if args.out.exists():

@@ -168,7 +168,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                      rounds: int | None = None, budget: RoundBudget | None = None,
                      compile_rows: Sequence[str] = (), fp8_rows: str = "",
                      sustained: tuple[float, float] = (0.0, 0.0),
-                     only=None, sync_deep: bool = False, sp_only: bool = False) -> LayerTables:
+                     only=None, sync_deep: bool = False, sp_only: bool = False,
+                     ep_degrees: Sequence[int] | None = None) -> LayerTables:
     """Measure every configuration of :func:`plan_grid` in ``rounds`` rounds (default
     :func:`rounds_for`); with ``budget``, a round after the first runs only if
     :func:`~meshplan.calibrate.budget.next_round` projects the calibration to end within it.
@@ -191,7 +192,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
                      micro_batches=micro_batches, compile_rows=compile_rows,
-                     fp8_rows=fp8_rows, sp_only=sp_only)
+                     fp8_rows=fp8_rows, sp_only=sp_only, ep_degrees=ep_degrees)
     if only is not None:
         grid = [c for c in grid if only(c)]
     layers = LAYERS_CUDA if device.type == "cuda" and not quick else LAYERS_CPU

@@ -140,14 +140,37 @@ def untimed_summary(grid: Sequence[Config]) -> dict[str, int]:
     return dict(Counter(row_kind(cfg) for cfg in grid))
 
 
-def expert_degrees(model: ModelSpec, world: int) -> tuple[int, ...]:
+def expert_degrees(model: ModelSpec, world: int,
+                   only: Sequence[int] | None = None) -> tuple[int, ...]:
     """The ep > 1 an MoE model's rows are timed at on ``world`` ranks: every divisor of the
     world that divides the routed experts (the executor folds ep over a stage's tp·dp ranks,
-    so ep must divide them). Example: 16 experts on 4 ranks → (2, 4); 6 experts on 4 → (2,)."""
+    so ep must divide them). Example: 16 experts on 4 ranks → (2, 4); 6 experts on 4 → (2,).
+    ``only`` (``calibrate --ep``): those of them in it — the degrees the plans will run, so
+    that 8 ranks need not time ep 2, 4 and 8 each (:func:`check_expert_degrees` refuses a
+    degree no model can take)."""
     if not model.is_moe:
         return ()
     return tuple(e for e in range(2, world + 1)
-                 if world % e == 0 and model.num_experts % e == 0)
+                 if world % e == 0 and model.num_experts % e == 0
+                 and (only is None or e in only))
+
+
+def check_expert_degrees(models: Sequence[ModelSpec], world: int,
+                         only: Sequence[int] | None) -> None:
+    """``calibrate --ep``: every requested degree must be one some MoE model's rows can be
+    timed at on ``world`` ranks (:func:`expert_degrees`), and there must be an MoE model."""
+    if only is None:
+        return
+    moe = [m for m in models if m.is_moe]
+    if not moe:
+        raise ConfigError(f"--ep {','.join(map(str, only))}: no MoE --model to time at an "
+                          f"expert-parallel degree")
+    valid = sorted({e for m in moe for e in expert_degrees(m, world)})
+    bad = [e for e in only if e not in valid]
+    if bad:
+        raise ConfigError(f"--ep {','.join(map(str, only))}: {bad} cannot be timed on "
+                          f"{world} rank(s) for {', '.join(m.name for m in moe)} (ep must "
+                          f"divide the world and the routed experts); valid: {valid or 'none'}")
 
 
 def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
@@ -166,7 +189,7 @@ def micro_batch_sizes(quick: bool, micro_batches: Sequence[int] | None = None
 def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, quick: bool,
               max_tp: int = 8, micro_batches: Sequence[int] | None = None,
               compile_rows: Sequence[str] = (), fp8_rows: str = "",
-              sp_only: bool = False) -> list[Config]:
+              sp_only: bool = False, ep_degrees: Sequence[int] | None = None) -> list[Config]:
     """Every configuration, in run order (grouped by :attr:`Config.build_key`). FSDP2 rows
     (ZeRO-2/3 over dp) are timed at the two smallest micro-batch sizes only. ``compile_rows``:
     the recompute modes whose plain rows (every tp, SP and micro-batch) are also timed with
@@ -180,7 +203,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
 
     An MoE model on more than one rank also has rows with its experts over each ep of
     :func:`expert_degrees` (tp 1 and every tp > 1 with SP, every recompute mode, eager and at
-    the ``compile_rows`` modes).
+    the ``compile_rows`` modes); ``ep_degrees`` (``--ep``): those degrees only.
 
     The order puts what a model's estimates need most first, for every model before the
     next kind: each model's plain rows and its ends, then each model's compiled rows, its
@@ -189,6 +212,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
     calibration that its ``--time-budget`` stops inside a round
     (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows`) then holds the basic rows of
     every model rather than every row of the first."""
+    check_expert_degrees(models, world, ep_degrees)
     phases: list[list[Config]] = [[], [], [], [], [], [], [], []]
     mbs = micro_batch_sizes(quick, micro_batches)
     for model in models:
@@ -227,7 +251,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # (tp > 1 with SP only, as plans with tp > 1 mostly run: without SP the ep = 1 row
         # plus the formulas price it; that keeps 8 ranks at 108 eager rows, not 189)
         ep_tpsp = [(t, s) for t, s in tpsp if t == 1 or s]
-        for ep in expert_degrees(model, world):
+        for ep in expert_degrees(model, world, ep_degrees):
             for tp, sp in ep_tpsp:
                 for compiled in (False, True):
                     modes = (r for r in RECOMPUTE if not compiled or r in compile_rows)
@@ -243,7 +267,7 @@ def plan_grid(models: Sequence[ModelSpec], seq_len: int | None, world: int, *, q
         # measured rather than priced (moeh6-moeh9, 2 x H200: priced, 13 such layouts
         # 10.5 % mean error, −38 to +22 %, the sets disagreeing in sign)
         # (ep divides the world, so it folds over any dp·tp = world)
-        for ep in expert_degrees(model, world):
+        for ep in expert_degrees(model, world, ep_degrees):
             for tp, sp in ep_tpsp:
                 dp = world // tp
                 if dp < 2:

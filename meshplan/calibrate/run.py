@@ -40,6 +40,9 @@ class CalibrateOptions:
     micro_batches: tuple[int, ...] | None = None   # layer-table sizes (None: the default set)
     # tp > 1 layer rows with sequence parallelism only (--sp-only; layer_grid.plan_grid)
     sp_only: bool = False
+    # the expert-parallel degrees an MoE model's rows are timed at (--ep; None: every degree
+    # that divides the world and the experts: layer_grid.expert_degrees)
+    ep_degrees: tuple[int, ...] | None = None
     split_timing: str = "synchronized"   # zero-bubble's split backward: synchronized | queued
     show_progress: bool = True
     # layer-table rounds at most (None: bench_layers.rounds_for, 3 on GPU)
@@ -169,6 +172,8 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "split_timing": options.split_timing,
         "compile_rows": ", ".join(options.compile_rows),
         "sp_only": options.sp_only,
+        **({"ep_degrees": ", ".join(map(str, options.ep_degrees))}
+           if options.ep_degrees is not None else {}),
         "fp8_rows": options.fp8_rows,
         "sustained_s": round(sum(loop_seconds(options.sustained_s, device.type)), 3),
         "fp8": bool(options.fp8 and has_fp8_tensor_cores(device)),
@@ -290,7 +295,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     grid = (bench_layers.plan_grid(row_models, options.seq_len, world, quick=options.quick,
                                    max_tp=options.max_tp, micro_batches=options.micro_batches,
                                    compile_rows=options.compile_rows, fp8_rows=fp8_rows,
-                                   sp_only=options.sp_only)
+                                   sp_only=options.sp_only, ep_degrees=options.ep_degrees)
             if row_models else [])
     sizes = shapes.collective_sizes(options.quick, kind)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -377,6 +382,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             progress=prog, max_tp=options.max_tp, micro_batches=options.micro_batches,
             split_queued=options.split_timing == "queued", rounds=rounds, budget=budget,
             compile_rows=options.compile_rows, fp8_rows=fp8_rows, sp_only=options.sp_only,
+            ep_degrees=options.ep_degrees,
             sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         untimed = tables.untimed

@@ -46,6 +46,10 @@ def add_arguments(p) -> None:
                         "SP, as Megatron-style training does; layouts with tp but no SP are "
                         "then priced from the curves. Saves about a third of the layer rows "
                         "at --max-tp 2")
+    p.add_argument("--ep", type=_sizes, default=None, metavar="N,N,...",
+                   help="expert-parallel degrees an MoE model's layer rows are timed at "
+                        "(default: every degree > 1 that divides the ranks and the experts); "
+                        "name the ones your plans run, e.g. --ep 4,8 on 8 GPUs")
     p.add_argument("--micro-batches", type=_sizes, default=None, metavar="N,N,...",
                    help="micro-batch sizes the layer tables are timed at (default 1,2,4); "
                         "choose them around the micro-batches you will plan with")
@@ -110,13 +114,18 @@ def main(args) -> int:
     options = CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
                                max_tp=args.max_tp, micro_batches=args.micro_batches,
-                               sp_only=args.sp_only, split_timing=args.split_timing,
+                               sp_only=args.sp_only, ep_degrees=args.ep,
+                               split_timing=args.split_timing,
                                show_progress=not args.no_progress,
                                layer_rounds=args.rounds, time_budget_s=args.time_budget,
                                fp8=not args.no_fp8, compile_rows=args.compile_rows or (),
                                fp8_rows=args.fp8_rows or "", layer_grid=args.layer_grid,
                                sustained_s=args.sustained_s,
                                queued_microbench=args.queued_microbench)
+    if args.ep:
+        from meshplan.calibrate.layer_grid import check_expert_degrees
+        check_expert_degrees(models, int(os.environ.get("WORLD_SIZE", args.nproc or 1)),
+                             args.ep)
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
     calibrate(options)
@@ -138,6 +147,8 @@ def child_argv(args) -> list[str]:
         out += ["--micro-batches", ",".join(map(str, args.micro_batches))]
     if args.sp_only:
         out += ["--sp-only"]
+    if args.ep:
+        out += ["--ep", ",".join(map(str, args.ep))]
     if args.split_timing != "synchronized":
         out += ["--split-timing", args.split_timing]
     if args.rounds:

@@ -1,6 +1,7 @@
 """Measured MoE layer rows: their key, where the cost model reads them, and what expert
 parallelism adds on top (meshplan.costmodel.moe_rows)."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -650,3 +651,39 @@ def test_ddp_accumulation_copies_the_dense_gradients_not_the_experts():
     experts = MOE.num_layers * moe_params_per_rank(MOE, lay).experts
     assert experts > dense                       # the copy with the experts: over twice
     assert extra == pytest.approx(4 * dense, rel=0.02)
+
+
+def test_ep_option_times_only_the_named_expert_degrees():
+    """calibrate --ep: the ep rows (plain, compiled, FSDP2) at the named degrees only; the
+    rest of the grid as without it; a degree no model can take is a ConfigError naming the
+    valid ones, as is --ep with no MoE model."""
+    from meshplan.calibrate.layer_grid import check_expert_degrees, expert_degrees
+    from meshplan.errors import ConfigError
+    kw = dict(quick=False, micro_batches=(1,), max_tp=2, compile_rows=("none",))
+    every = plan_grid([MOE], 1024, 4, **kw)
+    four = plan_grid([MOE], 1024, 4, ep_degrees=(4,), **kw)
+    assert {c.ep for c in every} == {1, 2, 4} and {c.ep for c in four} == {1, 4}
+    assert [c for c in every if c.ep != 2] == four
+    assert expert_degrees(MOE, 8) == (2, 4, 8) and expert_degrees(MOE, 8, (4, 8)) == (4, 8)
+    with pytest.raises(ConfigError, match=r"\[3\] cannot be timed on 4 rank.*valid: \[2, 4\]"):
+        check_expert_degrees([MOE], 4, (3,))
+    with pytest.raises(ConfigError, match="no MoE --model"):
+        check_expert_degrees([DENSE], 4, (2,))
+
+
+def test_ep_option_reaches_the_torchrun_children_and_fails_before_them(tmp_path):
+    import argparse
+
+    from meshplan.cli import main as cli_main
+    from meshplan.commands.calibrate import add_arguments, child_argv
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    argv = child_argv(p.parse_args(["--ep", "4,8", "--nproc", "8"]))
+    assert argv[argv.index("--ep") + 1] == "4,8"
+    assert "--ep" not in child_argv(p.parse_args(["--nproc", "8"]))
+    spec = tmp_path / "moe.json"
+    spec.write_text(json.dumps(MOE.to_dict()))
+    # 3 divides neither 4 ranks nor the experts: refused before torchrun would start
+    assert cli_main(["calibrate", "--model", str(spec), "--nproc", "4", "--ep", "3",
+                     "--out", str(tmp_path / "p.toml")]) != 0
+    assert not (tmp_path / "p.toml").exists()
