@@ -46,7 +46,8 @@ import executor_gpu as eg  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
 MODEL = dataclasses.replace(eg.MODEL, max_seq_len=65536)   # 16 heads / 8 kv: a2a up to tp·cp 8
-TINY = dataclasses.replace(eg.TINY, max_seq_len=256)
+# 8 heads (of 8): an all-to-all cp of 8 ranks scatters them (gpu8cp42's c42-08)
+TINY = dataclasses.replace(eg.TINY, max_seq_len=256, num_heads=8, num_kv_heads=8)
 TOKENS_PER_STEP = 131072
 
 

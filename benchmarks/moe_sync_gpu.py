@@ -99,12 +99,21 @@ FOUR_GPU_SHAPES = (dict(dp=4), dict(dp=4, ep=2), dict(dp=4, ep=4),
                    dict(dp=2, tp=2, sequence_parallel=True, ep=4),
                    dict(dp=2, pp=2, schedule="1f1b", ep=2),
                    dict(pp=2, tp=2, sequence_parallel=True, schedule="1f1b"))
+#: eight ranks (issue 42's ep at 8 ranks): ep 4 and 8 over dp, over dp × tp + SP, inside a
+#: pipeline stage; and the dense shapes around them
+EIGHT_GPU_SHAPES = (dict(dp=8), dict(dp=8, ep=4), dict(dp=8, ep=8),
+                    dict(dp=4, tp=2, sequence_parallel=True, ep=4),
+                    dict(dp=4, tp=2, sequence_parallel=True, ep=8),
+                    dict(dp=4, pp=2, schedule="1f1b", ep=4),
+                    dict(dp=2, pp=2, tp=2, sequence_parallel=True, schedule="1f1b", ep=4),
+                    dict(dp=2, pp=2, tp=2, sequence_parallel=True, schedule="1f1b"))
 #: a drawn layout predicted to dispatch more CPU than this share of its GPU time is left out
 #: (``plans --gpu-bound``; the transfer rounds' ``draw_holdout.py --max-host-load``)
 MAX_HOST_LOAD = 0.75
 #: per GPU count: (shapes, micro-batches drawn from); four ranks keep micro-batch 2, the one
 #: size their calibration can time in one call with ep and FSDP2 rows
-MULTI_GPU_DRAW = {2: (TWO_GPU_SHAPES, (1, 2, 4)), 4: (FOUR_GPU_SHAPES, (2,))}
+MULTI_GPU_DRAW = {2: (TWO_GPU_SHAPES, (1, 2, 4)), 4: (FOUR_GPU_SHAPES, (2,)),
+                  8: (EIGHT_GPU_SHAPES, (2,))}
 
 
 def _layout_name(lay: Layout) -> str:
@@ -132,7 +141,7 @@ def draw_layouts(seed: int, count: int = 6, gpus: int = 1,
     e.g. the one size a one-call calibration with ep and FSDP2 rows can time."""
     import random
     if gpus not in (1, *MULTI_GPU_DRAW):
-        raise ValueError(f"draw_layouts(gpus={gpus}): one, two or four GPUs")
+        raise ValueError(f"draw_layouts(gpus={gpus}): one, two, four or eight GPUs")
     rng, drawn = random.Random(seed), []
     # several GPUs: every shape once (in a drawn order), then shapes with ep > 1, the subject
     pool, mbs = MULTI_GPU_DRAW.get(gpus, ((), ()))
@@ -191,6 +200,9 @@ SETS["drawn2-3811"] = draw_layouts(3811, count=16, gpus=2, micro_batches=(8,))
 # moeh8); its first ten compile at none and full, one a ZeRO-3 layout at ep 2 (priced from a
 # derived compiled FSDP2 row: MoE FSDP2 rows are timed eager)
 SETS["drawn2-3812"] = draw_layouts(3812, count=16, gpus=2, micro_batches=(2,))
+# issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
+# never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
+SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
 
 
 def _cluster(profile: str | None, gpus: int = 1):

@@ -90,5 +90,23 @@ def test_committed_two_gpu_sets_are_the_draws_of_their_seeds(seed):
 
 
 def test_draw_refuses_other_gpu_counts():
-    with pytest.raises(SystemExit, match="--gpus 8"):
-        cp_draw.draw(44, gpus=8)
+    with pytest.raises(SystemExit, match="--gpus 16"):
+        cp_draw.draw(44, gpus=16)
+
+
+def test_eight_gpus_draw_reproduces_the_committed_set():
+    """--gpus 8 (issue 42's cp at 8 ranks): cp 1 once, cp 2 twice, cp 4 and 8 the rest, a
+    cp × tp layout among them, every peak under 70 % of an H100's memory (either 8-GPU kind
+    may run it); the committed gpu8cp42 set is this draw."""
+    doc = cp_draw.draw(42, gpus=8)
+    lays = [Layout.from_dict(c["layout"]) for c in doc["cases"]]
+    cps = [lay.cp for lay in lays]
+    assert len(lays) == 8 and all(lay.num_gpus == 8 for lay in lays)
+    assert cps.count(1) == 1 and cps.count(2) == 2 and {4, 8} <= set(cps)
+    assert any(lay.cp > 1 and lay.tp > 1 for lay in lays) and cp_draw.covers(lays, 8)
+    h100 = Cluster.preset("dgx-h100").gpu.memory_bytes
+    assert all(c["datasheet_peak_gib"] * 2**30 <= 0.70 * h100 + 0.05 * 2**30
+               for c in doc["cases"])
+    assert doc["tokens_per_step"] == 262144
+    committed = json.loads((ROOT / "benchmarks/sets/gpu8cp42/set.json").read_text())
+    assert doc == committed

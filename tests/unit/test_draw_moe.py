@@ -92,8 +92,31 @@ def test_the_committed_moeh4_draw_model_and_two_gpu_layouts():
 
 def test_draw_layouts_refuses_other_gpu_counts():
     import moe_sync_gpu as msg
-    with pytest.raises(ValueError, match="one, two or four GPUs"):
+    with pytest.raises(ValueError, match="one, two, four or eight GPUs"):
         msg.draw_layouts(1, gpus=3)
+
+
+def test_eight_gpu_set_is_the_seed_draw_and_runnable():
+    """gpu8moe42 (issue 42's ep at 8 ranks, drawn 2026-11-30): seed 4242's model and sixteen
+    distinct 8-rank layouts with every EIGHT_GPU_SHAPES shape, ep 4 and 8 only, each one the
+    executor accepts for the model at its job (128 sequences of 2048)."""
+    import moe_sync_gpu as msg
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    model = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "gpu8moe42" / "m01.json").read_text()))
+    assert model == dmoe.draw_moe_model(random.Random(4242), "m01", min_hidden=2048,
+                                        max_params=6e9)
+    drawn = msg.SETS["drawn8-4242"]
+    assert drawn == msg.draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
+    layouts = [lay for _, lay in drawn]
+    assert len(set(layouts)) == 16 and all(lay.num_gpus == 8 for lay in layouts)
+    assert {lay.ep for lay in layouts} == {1, 4, 8}
+    assert len({(lay.dp, lay.tp, lay.pp, lay.ep) for lay in layouts}) == len(
+        msg.EIGHT_GPU_SHAPES)
+    job = Job(global_batch=128, seq_len=2048, precision="bf16", runtime="torch")
+    for lay in layouts:
+        check_layout_runnable(model, job, lay)
 
 
 def test_repredict_prices_every_measured_layout_of_a_committed_run(capsys):
