@@ -101,8 +101,8 @@ def rows_vs_runs(tags: list[str]) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| set | layout | row fwd + bwd ms | run's layer fwd + bwd ms | row / run | ρ row / run |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| set | layout | row fwd + bwd ms | run's layer fwd + bwd ms | row / run "
+             "| ρ row / run |", "|---|---|---|---|---|---|"]
     for r in rows:
         rho_run = f"{r['rho_run']:.2f}" if r["rho_run"] else "—"
         rho_row = f"{r['rho_row']:.2f}" if r["rho_row"] else "—"
