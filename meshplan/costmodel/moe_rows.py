@@ -55,9 +55,10 @@ layer under FSDP2 at each ep (:func:`fsdp_row_at_ep`): the build reads that row 
 and nothing of FSDP2 is priced on top (post hoc on moeh9, 2 × H200: its ZeRO-2 selective
 layout +12.0 → +3.5 %; as run on moeh10's ZeRO-2 full layout, the first priced so: +1.8 %,
 memory −0.1 %; on moeh11's ZeRO-3 full layout +0.3 %, memory +3.6 %). Older profiles'
-FSDP2 rows are ep 1's, where the experts are gathered over edp and no all-to-all runs — not the layer of an ep > 1 layout — so there
-the ep row stands, FSDP2's gathers priced analytically and its hooks' CPU not at all (the
-build's caveat says so), its kept bytes as FSDP2 keeps them (:func:`fsdp_kept_bytes`).
+FSDP2 rows are ep 1's, where the experts are gathered over edp and no all-to-all runs — not
+the layer of an ep > 1 layout — so there the ep row stands, FSDP2's gathers priced
+analytically and its hooks' CPU not at all (the build's caveat says so), its kept bytes as
+FSDP2 keeps them (:func:`fsdp_kept_bytes`).
 Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
 ep 2, priced from the curves, ran 17-30 % faster than predicted (+20.4 / +33.2 / +42.5 %);
 from the ep rows −14.1 / −11.7 / −38.3 %, and moeh6's four −5.1..+4.4 % (−8.7..+9.9 % from
@@ -80,10 +81,10 @@ misses: their rows ~2.5 ms a layer and micro-batch above the runs); moeh11's fou
 forward 6.8 (selective) and 7.4 ms (full) a layer in the calibration, 8.2 and 9.4 timed
 alone after the runs, ~6.3 and ~9.5 in the runs (ends included), backwards within 7 %: the
 host-paced forward of an eager ep layer, with its routing syncs, moves ±20 % reading to
-reading, the same spread as moeh10's full pair in the other direction. Over the 23 ZeRO-0/1 ep 2 layouts
-of moeh6-moeh11 (``benchmarks/moe_rows_vs_runs.py``) the eager rows came out 0.91-1.15 of the
-runs' own layers (median 0.99, σ 7 %: one calibration round each), the compiled 0.92-1.20
-and moeh9's 1.48.
+reading, the same spread as moeh10's full pair in the other direction. Over the 23
+ZeRO-0/1 ep 2 layouts of moeh6-moeh11 (``benchmarks/moe_rows_vs_runs.py``) the eager rows
+came out 0.91-1.15 of the runs' own layers (median 0.99, σ 7 %: one calibration round
+each), the compiled 0.92-1.20 and moeh9's 1.48.
 """
 
 from __future__ import annotations
