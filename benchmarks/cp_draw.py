@@ -89,6 +89,7 @@ def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, fl
     from meshplan.spec.validate import check_layout
     out = []
     gpus = cluster.num_gpus
+    cap = MEMORY_SHARE * memory_bytes(cluster)
     for seq, lay in layouts(gpus):
         job = Job(global_batch=tokens_per_step(gpus) // seq, seq_len=seq, precision="bf16",
                   runtime="torch")
@@ -98,7 +99,7 @@ def candidates(model: ModelSpec, cluster: Cluster) -> list[tuple[int, Layout, fl
             peak = estimate(model, cluster, job, lay).memory_peak_bytes
         except (MeshplanError, ValueError):
             continue
-        if peak <= MEMORY_SHARE * memory_bytes(cluster):
+        if peak <= cap:
             out.append((seq, lay, peak))
     return out
 

@@ -191,7 +191,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                 composed=composed, stage_row=stage_row, split_cpu=split_cpu,
                 act_bytes=act_bytes, layer_params=layer_params,
                 compiled=(crows.stage_derived if stage_row is not None else
-                          crows.fsdp_derived or timed_compiled is not None if fs is not None
+                          (crows.fsdp_derived or timed_compiled is not None) if fs is not None
                           else parts.compiled),
                 compiled_from=crows.sources)
 
