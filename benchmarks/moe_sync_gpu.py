@@ -374,6 +374,7 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
 
 def run(args) -> int:
     out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     trees = {"baseline": Path(args.baseline), "current": ROOT} if args.baseline else \
         {"current": ROOT}
