@@ -116,7 +116,40 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"{len(ratios)} layouts: row / run median {statistics.median(ratios):.3f}, "
                      f"range {ratios[0]:.3f}-{ratios[-1]:.3f}, standard deviation "
                      f"{statistics.pstdev(ratios):.3f}")
+    eager = [r for r in rows if not r["layout"].endswith("compiled")
+             and "-compiled" not in r["layout"]]
+    if len(eager) > 1:
+        e = sorted(r["ratio"] for r in eager)
+        lines.append(f"{len(e)} eager layouts: median {statistics.median(e):.3f}, range "
+                     f"{e[0]:.3f}-{e[-1]:.3f}, standard deviation {statistics.pstdev(e):.3f}")
+    fit = rho_trend(eager)
+    if fit is not None:
+        lines.append(f"eager row / run against ρ as run ({fit[0]} layouts): correlation "
+                     f"{fit[1]:+.2f}, slope {fit[2]:+.2f} per unit of ρ")
     return "\n".join(lines)
+
+
+def rho_trend(rows: list[dict]) -> tuple[int, float, float] | None:
+    """(layouts, Pearson correlation, least-squares slope) of row / run against the ρ
+    the run recorded, over the rows that recorded one; None with fewer than three or no
+    spread in ρ. A negative slope: the more unevenly a run routed, the slower its layer
+    than the row (timed at the calibration's own, near-even routing).
+
+    >>> rho_trend([{"rho_run": 1.0, "ratio": 1.0}, {"rho_run": 1.2, "ratio": 0.9},
+    ...            {"rho_run": 1.4, "ratio": 0.8}])
+    (3, -1.0, -0.5)
+    """
+    pts = [(r["rho_run"], r["ratio"]) for r in rows if r.get("rho_run")]
+    if len(pts) < 3:
+        return None
+    xs, ys = zip(*pts)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        return None
+    sxy = sum((x - mx) * (y - my) for x, y in pts)
+    return len(pts), round(sxy / (sxx * syy) ** 0.5, 6), round(sxy / sxx, 6)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,8 +217,10 @@ def derived_caveat(sources: tuple[str, ...]) -> str:
             "model's over the widest dp), so compile's change is carried over from the plain "
             "layers on the assumption that it moves the layer's compute and not FSDP2's "
             "collectives; as run on 2 x H200 this put a compiled ZeRO-3 layout 7-12 % fast "
-            "and a host-paced one 7 % slow (fp8h9, fp8h8), and on recalibrations 6-21 % fast "
-            "where the timed compiled FSDP2 rows came within 1.5 % "
+            "and a host-paced one 7 % slow (fp8h9, fp8h8), a compiled ZeRO-3 MoE layout at "
+            "ep 2 5 % fast (moeh12), and on recalibrations 6-21 % fast where the timed "
+            "compiled FSDP2 rows came within 1.5 % (and a never-run model's, fp8h10, within "
+            "2 %) "
             "(meshplan/costmodel/compiled_rows.py)")
 
 

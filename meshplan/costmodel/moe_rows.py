@@ -81,10 +81,14 @@ misses: their rows ~2.5 ms a layer and micro-batch above the runs); moeh11's fou
 forward 6.8 (selective) and 7.4 ms (full) a layer in the calibration, 8.2 and 9.4 timed
 alone after the runs, ~6.3 and ~9.5 in the runs (ends included), backwards within 7 %: the
 host-paced forward of an eager ep layer, with its routing syncs, moves ±20 % reading to
-reading, the same spread as moeh10's full pair in the other direction. Over the 23
-ZeRO-0/1 ep 2 layouts of moeh6-moeh11 (``benchmarks/moe_rows_vs_runs.py``) the eager rows
-came out 0.91-1.15 of the runs' own layers (median 0.99, σ 7 %: one calibration round
-each), the compiled 0.92-1.20 and moeh9's 1.48.
+reading, the same spread as moeh10's full pair in the other direction; moeh12's three
+eager −11.7..−14.5 % (its runs routed at ρ 1.29, its rows at 1.005; the tp 2 + SP row's
+forward read 4.4, 5.6 and 6.3 ms in three processes) and two compiled −1.5 / −7.9 %. Over the
+28 ZeRO-0/1 ep 2 layouts of moeh6-moeh12 (``benchmarks/moe_rows_vs_runs.py``) the 16 eager
+rows came out 0.85-1.15 of the runs' own layers (median 0.99, σ 9 %: one calibration round
+each), lower the more unevenly the run routed (correlation −0.73 with ρ as run; the
+busiest-rank term above prices a third of that slope: not settled, docs/moe.md), the
+compiled 0.91-1.20 and moeh9's 1.48.
 """
 
 from __future__ import annotations
@@ -117,9 +121,10 @@ MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at ep 2 on 2 x H200 (moeh6-moeh11; rows timed in one calibration round read "
-    "0.91-1.15 of the runs' own layers, so time them over calibrate's default 3 rounds): "
-    "eager -7.4 to +15.4 %, compiled -6.4 to "
+    "runs at ep 2 on 2 x H200 (moeh6-moeh12; rows timed in one calibration round read "
+    "0.85-1.15 of the runs' own layers, lower where the run routed more unevenly than the "
+    "row, so time them over calibrate's default 3 rounds): "
+    "eager -14.5 to +15.4 %, compiled -7.9 to "
     "+47 % (moeh9's calibration read its compiled ep rows 1.6x the same rows timed alone, "
     "moeh10's 1.0-1.2x; cause not found), 15-27 % above the runs where the host set the pace "
     "(moeh4, post hoc); "

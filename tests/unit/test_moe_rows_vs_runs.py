@@ -28,3 +28,22 @@ def test_unknown_set_is_a_usage_error(load_benchmark, capsys):
     with pytest.raises(SystemExit) as e:
         m.main(["--sets", "moeh99"])
     assert e.value.code == 2 and "moeh99" in capsys.readouterr().err
+
+
+def test_rho_trend(load_benchmark):
+    m = load_benchmark("moe_rows_vs_runs")
+    assert m.rho_trend([{"rho_run": 1.1, "ratio": 1.0}, {"rho_run": 1.2, "ratio": 0.9}]) is None
+    assert m.rho_trend([{"rho_run": 1.1, "ratio": 1.0}] * 3) is None      # no spread in ρ
+    n, corr, slope = m.rho_trend([{"rho_run": 1.0, "ratio": 1.1}, {"rho_run": 1.1, "ratio": 1.0},
+                                  {"rho_run": 1.3, "ratio": 0.8}, {"rho_run": None, "ratio": 5}])
+    assert n == 3 and corr == pytest.approx(-1.0) and slope == pytest.approx(-1.0)
+
+
+def test_moeh12_eager_rows_ran_uneven(load_benchmark):
+    m = load_benchmark("moe_rows_vs_runs")
+    rows = {r["layout"]: r for r in m.rows_vs_runs(["moeh12"])}
+    # the three eager ep 2 layouts: runs routed at ρ 1.29 against the rows' 1.005, and
+    # their layers 11-16 % longer than the rows (docs/moe.md "moeh12")
+    for name in ("dp2-ep2-z1-mb2-full", "tp2-ep2-mb2", "tp2-ep2-mb2-full"):
+        assert rows[name]["rho_run"] == pytest.approx(1.29, abs=0.01)
+        assert 0.84 < rows[name]["ratio"] < 0.89
