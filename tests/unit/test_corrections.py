@@ -220,6 +220,16 @@ def test_host_thresholds_move_caveats_only():
                         )[0].startswith("near")
 
 
+def test_balanced_host_load_says_it_is_not_priced():
+    from meshplan.costmodel.caveats import HOST_BALANCED_LOAD, host_caveats
+    below = host_caveats(0.0, 1.0, 0.9, 1.0, NUMBERS)[0]
+    at = host_caveats(0.0, 1.0, 1.01, 1.0, NUMBERS)[0]
+    assert HOST_BALANCED_LOAD == 0.95
+    assert below.startswith("near host-bound") and "each wait" not in below
+    assert at.startswith("near host-bound: the CPU needs 101%")
+    assert "each wait on the other in turn" in at and "8-14 % slower" in at
+
+
 # ---- tensor-parallel collectives ---------------------------------------------------------
 def _layer(job, sp, recompute="none"):
     links = group_links(CLUSTER, Layout(tp=4, dp=1, micro_batch=1))
