@@ -163,6 +163,9 @@ LAYOUTS += draw_two_gpu_layouts(4109, micro_batches=(8,), prefix="s")
 # fp8h10 (2026-11-30, drawn before any run, for a 2-GPU lease): 8 k tokens a micro-batch of
 # its 4 k sequences
 LAYOUTS += draw_two_gpu_layouts(4110, micro_batches=(2,), prefix="t")
+# fp8h11 (2026-11-30, drawn before any run, for a 2-GPU lease): 8 k tokens a micro-batch of
+# its 2 k sequences
+LAYOUTS += draw_two_gpu_layouts(4111, micro_batches=(4,), prefix="u")
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 

@@ -200,6 +200,10 @@ SETS["drawn2-3811"] = draw_layouts(3811, count=16, gpus=2, micro_batches=(8,))
 # moeh8); its first ten compile at none and full, one a ZeRO-3 layout at ep 2 (priced from a
 # derived compiled FSDP2 row: MoE FSDP2 rows are timed eager)
 SETS["drawn2-3812"] = draw_layouts(3812, count=16, gpus=2, micro_batches=(2,))
+# moeh13 (2026-11-30, for a 2-GPU lease, drawn after moeh12 ran): moeh12's design on
+# fine-grained experts (64 of width 768, top-8: moeh9's regime), 8 k tokens a micro-batch of
+# its 2 k sequences
+SETS["drawn2-3813"] = draw_layouts(3813, count=16, gpus=2, micro_batches=(4,))
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
