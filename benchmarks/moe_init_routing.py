@@ -16,7 +16,9 @@ model it grows. (A run's ρ also covers its training steps; this is the forward 
         --seq-len 4096 --micro-batch 2 --ep 2
 
 Prints one line per MoE layer (ρ of that layer's call, its busiest expert's share) and the
-mean over layers — the figure comparable with a run's ``busiest_over_mean``.
+mean over layers — the figure comparable with a run's ``busiest_over_mean``. Holds the
+model's fp32 weights (about 12 GB for the 2.96 B moeh12) and takes 1-2 minutes on two cores
+for 8 k tokens.
 """
 
 from __future__ import annotations
