@@ -117,19 +117,22 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD) 
     load: below 0.8, 146 layouts missed by 2.3 % mean; at 0.8 or more, 44 missed by 4.3 %
     and spread more within a run. Post hoc: chosen on these sets, not held out.
 
-    From :data:`HOST_BALANCED_LOAD` (0.95) on, the two sides need about the same time, and
-    the step is not the longer of the two: where the CPU falls behind (a slow dispatch, a
-    host sync) the GPU waits, and where the GPU falls behind the CPU's queue waits, so the
-    step takes more than either sum (the sum over a step's stretches of the longer side is
-    at least the longer of the two sums). Not priced; the caution says so with the two arms
-    measured there (2 × H200, compiled tp 2 + SP fp8: fp8h8 r04 at 1.00, −8.2 %; fp8h10
-    t04 at 1.01, −14.1 %, slower than bf16 where 1.10× faster was predicted; docs/fp8.md)."""
+    From :data:`HOST_BALANCED_LOAD` (0.95) on, the two sides need about the same time. The
+    two arms measured there ran well above the longer of the two (2 × H200, compiled tp 2 +
+    SP fp8: fp8h8 r04 at 1.00, −8.2 %; fp8h10 t04 at 1.01, −14.1 % and −14.8 % on a re-run,
+    slower than bf16 where 1.10× faster was predicted; docs/fp8.md). One reading: where the
+    CPU falls behind the GPU waits and where the GPU falls behind the CPU's queue waits, so
+    the step is the sum over its stretches of the longer side, not the longer of the two
+    sums — but at the pass level t04's rows are CPU-bound in both forward and backward
+    (3.65 / 2.20 ms of CPU against 3.38 / 1.95 of GPU a layer), which that reading does not
+    price either. Cause not settled, not priced; the caution gives the two misses."""
     text = f"{near_load * 100:g} %"
     balanced = ""
     if host_load >= HOST_BALANCED_LOAD:
-        balanced = (f"; at {HOST_BALANCED_LOAD:.0%} or more the CPU and the GPU each wait "
-                    "on the other in turn, which is not priced: the two such arms measured "
-                    "(2 x H200, fp8h8 r04, fp8h10 t04) ran 8-14 % slower than predicted")
+        balanced = (f"; at {HOST_BALANCED_LOAD:.0%} or more, where the CPU and the GPU "
+                    "need about the same time, the two arms measured (2 x H200, fp8h8 r04, "
+                    "fp8h10 t04, the latter twice) ran 8-15 % slower than predicted, a cost "
+                    "not priced")
     return (f"near host-bound: the CPU needs {host_load:.0%} of the GPU's time to dispatch "
             f"the step; measured layouts with {text} or more missed their "
             f"predictions by 4.3 % mean (2.3 % below {text}) and varied more "
