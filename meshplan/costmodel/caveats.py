@@ -2,8 +2,8 @@
 
 Plain sentences, each with the measurement behind it (docs/benchmarks/accuracy.md). The
 host-bound thresholds are numbers of the GPU profile (``host_bound_caveat_share``,
-``host_near_load``: :mod:`meshplan.hardware_profiles.corrections`); they move no
-prediction, only which caution a layout carries.
+``host_near_load``, ``host_balanced_load``: :mod:`meshplan.hardware_profiles.corrections`);
+they move no prediction, only which caution a layout carries.
 
 No formula and no measured error of its own: the thresholds come from the host-bound
 layouts' spread (−24 % to +36 % over 29 runs of 21 layouts, accuracy rounds 8-11:
@@ -17,6 +17,7 @@ from meshplan.hardware_profiles.corrections import CorrectionNumbers, builtin_co
 # the built-in thresholds, for callers without a profile (reports of measured runs)
 HOST_NEAR_LOAD = builtin_corrections().host_near_load
 HOST_BOUND_CAVEAT_SHARE = builtin_corrections().host_bound_caveat_share
+HOST_BALANCED_LOAD = builtin_corrections().host_balanced_load
 HOST_NEAR_LOAD_TEXT = f"{HOST_NEAR_LOAD * 100:g} %"     # as reports and caveats print it
 
 FSDP_OVER_TP_CAVEAT = (
@@ -104,12 +105,8 @@ def is_host_bound(host_wait_s: float, step_s: float,
     return host_wait_s > 0 and host_wait_s >= share * step_s
 
 
-#: host load (CPU dispatch over GPU time) from which a layout counts as balanced on the two:
-#: see :func:`near_host_bound_caveat`
-HOST_BALANCED_LOAD = 0.95
-
-
-def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD) -> str:
+def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD,
+                           balanced_load: float = HOST_BALANCED_LOAD) -> str:
     """The caution for a layout whose CPU dispatch takes ``host_load`` (≥ the profile's
     ``host_near_load``, < 1 or within the host-bound share) of its GPU time: predicted
     GPU-bound, but with little CPU headroom. Over the 16 measured sets of round 16 (190
@@ -117,7 +114,8 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD) 
     load: below 0.8, 146 layouts missed by 2.3 % mean; at 0.8 or more, 44 missed by 4.3 %
     and spread more within a run. Post hoc: chosen on these sets, not held out.
 
-    From :data:`HOST_BALANCED_LOAD` (0.95) on, the two sides need about the same time. The
+    From the profile's ``host_balanced_load`` (0.95 built in) on, the two sides need about
+    the same time. The
     two arms measured there ran well above the longer of the two (2 × H200, compiled tp 2 +
     SP fp8: fp8h8 r04 at 1.00, −8.2 %; fp8h10 t04 at 1.01, −14.1 % and −14.8 % on a re-run,
     slower than bf16 where 1.10× faster was predicted; docs/fp8.md). One reading: where the
@@ -128,8 +126,8 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD) 
     price either. Cause not settled, not priced; the caution gives the two misses."""
     text = f"{near_load * 100:g} %"
     balanced = ""
-    if host_load >= HOST_BALANCED_LOAD:
-        balanced = (f"; at {HOST_BALANCED_LOAD:.0%} or more, where the CPU and the GPU "
+    if host_load >= balanced_load:
+        balanced = (f"; at {balanced_load:.0%} or more, where the CPU and the GPU "
                     "need about the same time, the two arms measured (2 x H200, fp8h8 r04, "
                     "fp8h10 t04, the latter twice) ran 8-15 % slower than predicted, a cost "
                     "not priced")
@@ -175,13 +173,14 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
     if is_host_bound(host_wait_s, step_s, numbers):
         return (host_bound_caveat(host_wait_s, step_s),)
     if pipe_s > 0 and host_s >= numbers.host_near_load * pipe_s:
-        return (near_host_bound_caveat(host_s / pipe_s, numbers.host_near_load),)
+        return (near_host_bound_caveat(host_s / pipe_s, numbers.host_near_load,
+                                       numbers.host_balanced_load),)
     return ()
 
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
            "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
-           "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE", "HOST_BALANCED_LOAD",
-           "is_host_bound",
+           "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
+           "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
            "nearest_shape_caveat"]

@@ -47,6 +47,7 @@ class CorrectionNumbers:
     fsdp2_dp_only_step_s: float
     host_bound_caveat_share: float
     host_near_load: float
+    host_balanced_load: float
     cp_ring_interference: float
     moe_load_imbalance: float
     sustained_clock_share: float

@@ -228,6 +228,9 @@ def test_balanced_host_load_says_it_is_not_priced():
     assert below.startswith("near host-bound") and "about the same time" not in below
     assert at.startswith("near host-bound: the CPU needs 101%")
     assert "about the same time" in at and "8-15 % slower than predicted" in at
+    # the threshold is the profile's number, as its two siblings are
+    later = host_caveats(0.0, 1.0, 1.01, 1.0, replace(NUMBERS, host_balanced_load=1.05))[0]
+    assert later.startswith("near host-bound") and "about the same time" not in later
 
 
 # ---- tensor-parallel collectives ---------------------------------------------------------
