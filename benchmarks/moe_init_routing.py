@@ -72,13 +72,9 @@ def routing_at_init(model_path: str, seq_len: int, micro_batch: int, ep: int,
         found: list[tuple[float, float]] = []
 
         def hook(mod, args, out):
-            x = args[0]
-            logits = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(),
-                                                mod.router.weight.float(),
-                                                None if mod.router.bias is None
-                                                else mod.router.bias.float())
-            probs = torch.sigmoid(logits) if mod.sigmoid else torch.softmax(logits, -1)
-            found.append(layer_rho(probs.topk(mod.top_k, dim=-1).indices, mod.num_experts, ep))
+            b, s, h = args[0].shape     # the layer's own routing of its input, once more
+            _, experts, _, _ = mod._route(args[0].reshape(b * s, h), b, s)
+            found.append(layer_rho(experts, mod.num_experts, ep))
         for m in model.modules():
             if isinstance(m, MoELayer):
                 m.register_forward_hook(hook)

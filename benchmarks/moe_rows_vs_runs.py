@@ -93,7 +93,8 @@ def rows_vs_runs(tags: list[str]) -> list[dict]:
                    for p in ("forward", "backward")}
             run_f = (med["forward"] - end_f) / layers
             run_b = (med["backward"] - end_b) / layers
-            out.append({"set": tag, "layout": name, "row_f": row["forward_s"],
+            out.append({"set": tag, "layout": name, "compiled": lay.compile,
+                        "row_f": row["forward_s"],
                         "row_b": row["backward_s"], "run_f": run_f, "run_b": run_b,
                         "ratio": (row["forward_s"] + row["backward_s"]) / (run_f + run_b),
                         "rho_row": row.get("routed_imbalance", 0.0),
@@ -116,8 +117,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"{len(ratios)} layouts: row / run median {statistics.median(ratios):.3f}, "
                      f"range {ratios[0]:.3f}-{ratios[-1]:.3f}, standard deviation "
                      f"{statistics.pstdev(ratios):.3f}")
-    eager = [r for r in rows if not r["layout"].endswith("compiled")
-             and "-compiled" not in r["layout"]]
+    eager = [r for r in rows if not r["compiled"]]
     if len(eager) > 1:
         e = sorted(r["ratio"] for r in eager)
         lines.append(f"{len(e)} eager layouts: median {statistics.median(e):.3f}, range "
