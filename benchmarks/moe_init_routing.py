@@ -93,6 +93,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if min(a.seq_len, a.micro_batch, a.ep) < 1:
         p.error("--seq-len, --micro-batch and --ep are at least 1")
+    if not Path(a.model).is_file():
+        p.error(f"--model {a.model!r}: no such file (an MoE ModelSpec JSON)")
     t0 = time.perf_counter()
     rows = routing_at_init(a.model, a.seq_len, a.micro_batch, a.ep, a.seed)
     for i, (rho, top) in enumerate(rows):

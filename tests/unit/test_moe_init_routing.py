@@ -41,3 +41,10 @@ def test_bad_arguments_are_usage_errors(load_benchmark, tmp_path):
         m.routing_at_init(str(path), seq_len=16, micro_batch=1, ep=3)
     with pytest.raises(SystemExit, match="above the model's 32"):
         m.routing_at_init(str(path), seq_len=64, micro_batch=1, ep=2)
+
+
+def test_missing_model_file_is_a_usage_error(load_benchmark, tmp_path, capsys):
+    m = load_benchmark("moe_init_routing")
+    with pytest.raises(SystemExit) as e:
+        m.main(["--model", str(tmp_path / "none.json"), "--seq-len", "16"])
+    assert e.value.code == 2 and "no such file" in capsys.readouterr().err
