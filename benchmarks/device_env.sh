@@ -16,15 +16,16 @@ record_gpu() {
 }
 
 # calibrate_moe NAME MODEL NPROC SEQ MICRO_BATCHES COMPILE_ROWS [--sp-only]: `meshplan calibrate` of an
-# MoE check's model as a user would (tp up to 2, one round, no fp8 benchmarks, a 560 s
-# budget) -> $OUT/profile_NAME.toml, $OUT/calibrate_NAME.log; what the budget left untimed
-# goes to gpu.txt
+# MoE check's model as a user would (tp up to 2, no fp8 benchmarks, a 560 s budget: the
+# whole grid once, and in the rounds a whole one no longer fits, the ep rows alone again —
+# moeh14 on — where moeh7-moeh13 ran --rounds 1) -> $OUT/profile_NAME.toml,
+# $OUT/calibrate_NAME.log; what the budget left untimed goes to gpu.txt
 calibrate_moe() {
     timeout 585 $PY -m meshplan.cli calibrate --model "$2" --nproc "$3" --seq-len "$4" \
-        --micro-batches "$5" --max-tp 2 --rounds 1 --compile-rows "$6" --no-fp8 ${7:-} \
+        --micro-batches "$5" --max-tp 2 --rounds ${ROUNDS:-3} --compile-rows "$6" --no-fp8 ${7:-} \
         --time-budget 560 --out "$OUT/profile_$1.toml" > "$OUT/calibrate_$1.log" 2>&1
     echo "rc $? calibrate $1 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
-    grep -E "not timed|wrote" "$OUT/calibrate_$1.log" | tee -a "$OUT/gpu.txt"
+    grep -E "not timed|re-time only|layer tables|wrote" "$OUT/calibrate_$1.log" | tee -a "$OUT/gpu.txt"
 }
 
 # run_moe_plans NAME PLANS: an MoE check's committed plans, 3 warm-up + 6 timed steps each

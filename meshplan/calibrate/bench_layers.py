@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from meshplan.calibrate.budget import RoundBudget
-from meshplan.calibrate.layer_budget import _budget_stops, _row_budget_stops
+from meshplan.calibrate.layer_budget import _budget_stops, _reread_fits, _row_budget_stops
 from meshplan.calibrate.layer_build import _build, _free, _oom_types
 from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_sizes, plan_grid,
                                           untimed_summary)
@@ -120,6 +120,9 @@ class LayerTables:
     layers: list[dict[str, Any]]
     ends: list[dict[str, Any]]
     rounds: int          # rounds measured (fewer than asked for where the budget stopped them)
+    # rounds after those that re-timed only the rows timed synchronized (Config.syncs_on_host),
+    # where a whole round did not fit the budget (:func:`bench_layer_rows`)
+    reread_rounds: int = 0
     # rows of each kind the budget left untimed in the first round (layer_grid.row_kind)
     untimed: dict[str, int] = field(default_factory=dict)
 
@@ -188,6 +191,15 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
 
     ``only``: a predicate on :class:`~meshplan.calibrate.layer_grid.Config` keeping part of
     the grid (benchmarks that time a few rows, e.g. ``benchmarks/moe_ep_rows_gpu.py``).
+
+    Rows timed synchronized (:attr:`Config.syncs_on_host`: an MoE layer at ep > 1) are the
+    ones whose single reading spreads: the host-paced forward of moeh12's ep 2 row read 4.44,
+    5.60 and 6.27 ms in three processes, moeh13's recompute-full ep 2 rows 15-30 % above two
+    re-readings, and each set's mean error fell by about half with every row the median of
+    three (2 x H200, docs/moe.md "moeh12", "moeh13"), where queued GPU-paced rows repeat
+    within 1 %. So where the budget stops a whole round after the first, the rounds left
+    re-time those rows alone, if their first-round time fits; compiled ones included (the
+    reason compiled rows are timed once — their GPU time repeats — does not hold for them).
     """
     import torch.distributed as dist
     grid = plan_grid(models, seq_len, world, quick=quick, max_tp=max_tp,
@@ -232,22 +244,28 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     ratio_at = ratio_rows(grid) if sum(sustained) > 0 else {}
     ratios: dict[tuple, float] = {}
     routing: dict[tuple, float] = {}   # ρ of the routing an ep > 1 row was timed at
-    ran = 0
+    ran = reread_rounds = 0
     untimed: dict[str, int] = {}
+    active = list(range(len(grid)))            # the rows this round times
+    synced = [i for i, c in enumerate(grid) if c.syncs_on_host]
+    first_s: dict[int, float] = {}             # each row's time in the first round
     for rnd in range(rounds):
         t_round = time.perf_counter()
         first_only_s = 0.0   # the deep split, which later rounds do not repeat
         built_key, module, tp_group = None, None, None
         oom_at: set[tuple] = set()   # (build key, recompute) whose smaller micro-batch ran out
-        t_row, stopped_at = None, None
+        t_row, stopped_at, last_idx = None, None, None
         longest_row_s = 0.0   # the next row may build a module and time its splits anew
-        for idx, cfg in enumerate(grid):
+        for pos, idx in enumerate(active):
+            cfg = grid[idx]
             tag = f"round {rnd + 1}: {cfg.label()}"
             if t_row is not None:
                 longest_row_s = max(longest_row_s, time.perf_counter() - t_row)
+                first_s.setdefault(last_idx, time.perf_counter() - t_row)
+            last_idx = idx
             if budget is not None and _row_budget_stops(budget, longest_row_s, device, world,
                                                         progress, tag):
-                stopped_at = idx
+                stopped_at = pos
                 break
             t_row = time.perf_counter()
             if cfg.build_key != built_key:
@@ -257,7 +275,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if idx in skipped:
                 _step(progress, f"{tag}: skipped (out of memory or failed in an earlier round)")
                 continue
-            if cfg.compile and rnd > 0:
+            if cfg.compile and rnd > 0 and not cfg.syncs_on_host:
                 # compiling each row again costs more than the rounds' median gains (GPU
                 # times repeat within 1 %, docs/calibrate.md): first round only
                 _step(progress, f"{tag}: compiled rows are timed in the first round only")
@@ -310,7 +328,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                 + ", skipped")
                 continue
             measured.setdefault(idx, []).append(values)
-            if cfg.compile:   # first round only: not part of a later round's projection
+            if cfg.compile and not cfg.syncs_on_host:
+                # first round only: not part of a later round's projection
                 first_only_s += time.perf_counter() - t_row
             fc, bc = _cpu_fields(cfg)
             if rnd == 0 and not cfg.part and cfg.zero == 0 and not cfg.communicates \
@@ -385,25 +404,38 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                                if values[bc] > 0 else "")
                             + cpu_note
                             + (f", {values[-1]:.0f} samples not queued" if values[-1] else ""))
+        if t_row is not None and stopped_at is None:
+            first_s.setdefault(last_idx, time.perf_counter() - t_row)
         module = tp_group = deep_module = cpu_module = None
         cpu_key = None
         _free(device)
-        ran = rnd + 1 if stopped_at != 0 else rnd   # a round stopped before its first row
+        whole = len(active) == len(grid)
+        if stopped_at != 0:   # a round stopped before its first row does not count
+            ran, reread_rounds = (ran + 1, reread_rounds) if whole else (ran, reread_rounds + 1)
         if stopped_at is not None and rnd == 0:
-            untimed = untimed_summary(grid[stopped_at:])
+            untimed = untimed_summary([grid[i] for i in active[stopped_at:]])
             _note(progress, "not timed (--time-budget): " + "; ".join(
                 f"{n} {k} row{'s' if n > 1 else ''} — {MISSING_ROWS[k]}"
                 for k, n in untimed.items()))
         if stopped_at is not None:
             if progress is not None:   # keep [done/total] honest
-                progress.drop(len(grid) - stopped_at + len(grid) * (rounds - ran))
+                progress.drop(len(active) - stopped_at + len(active) * (rounds - rnd - 1))
             break
-        if budget is not None and _budget_stops(
-                ran, rounds, budget, time.perf_counter() - t_round - first_only_s, device,
+        if budget is None or not _budget_stops(
+                rnd + 1, rounds, budget, time.perf_counter() - t_round - first_only_s, device,
                 world, progress):
+            continue
+        again = [i for i in synced if i in measured and i not in skipped]
+        if whole and again and rnd + 1 < rounds and _reread_fits(
+                rnd + 1, rounds, budget, sum(first_s.get(i, 0.0) for i in again), len(again),
+                device, world, progress):
             if progress is not None:
-                progress.drop(len(grid) * (rounds - ran))   # keep [done/total] honest
-            break
+                progress.drop((len(grid) - len(again)) * (rounds - rnd - 1))
+            active = again
+            continue
+        if progress is not None:
+            progress.drop(len(active) * (rounds - rnd - 1))   # keep [done/total] honest
+        break
     cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []
@@ -439,7 +471,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                         "forward/backward split of compiled blocks that communicate inside; "
                         "their totals are used, docs/calibrate.md \"Known defect\"): "
                         + ", ".join(suspect))
-    return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed)
+    return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed,
+                       reread_rounds=reread_rounds)
 
 
 __all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",

@@ -60,3 +60,17 @@ def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, d
                     f" ~{budget.allowance_s:.0f} s to come after the layer tables): layer "
                     f"tables from {done} of {rounds} rounds")
     return True
+
+
+def _reread_fits(done: int, rounds: int, budget: RoundBudget, rows_s: float, n_rows: int,
+                 device, world: int, progress) -> bool:
+    """After ``done`` whole rounds that ``budget`` stops: whether a round of only the
+    ``n_rows`` rows timed synchronized, taking ``rows_s`` (their first-round time), still
+    fits (:func:`~meshplan.calibrate.bench_layers.bench_layer_rows` says why those rows).
+    Collective, like :func:`_budget_stops`."""
+    decision, _, last_s = _agreed(budget, rows_s, device, world)
+    if decision.run:
+        _note(progress, f"instead, the rounds left (up to {rounds - done}) re-time only the "
+                        f"{n_rows} rows timed synchronized (MoE layers at ep > 1: a single "
+                        f"reading spreads), {last_s:.0f} s a round")
+    return decision.run

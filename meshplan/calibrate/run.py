@@ -133,13 +133,16 @@ def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
 
 def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: int = 0,
                host_probe_us: tuple[float, ...] = (),
-               rows_untimed: dict[str, int] | None = None) -> dict[str, Any]:
+               rows_untimed: dict[str, int] | None = None,
+               reread_rounds: int = 0) -> dict[str, Any]:
     """Where and how the profile was measured. ``layer_rounds``: the rounds the layer tables
     were measured in (0: no layer tables); ``time_budget_s`` only where one was given;
     ``host_probe_us``: rank 0's host dispatch probe (``executor.measure.
     host_dispatch_probe_us``) at the start and the end of the calibration, the host speed
     its CPU dispatch times were taken at; ``rows_untimed``: the rows of each kind a
-    ``--time-budget`` left untimed (``layer_grid.row_kind``), only where it left some."""
+    ``--time-budget`` left untimed (``layer_grid.row_kind``), only where it left some;
+    ``layer_reread_rounds``: the rounds after those that re-timed only the rows timed
+    synchronized (``bench_layers.LayerTables.reread_rounds``), only where there were any."""
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
@@ -183,6 +186,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         **({"time_budget_s": float(options.time_budget_s)}
            if options.time_budget_s is not None else {}),
         **({"rows_untimed": dict(rows_untimed)} if rows_untimed else {}),
+        **({"layer_reread_rounds": reread_rounds} if reread_rounds else {}),
         "command": " ".join(sys.argv),
     }
 
@@ -369,7 +373,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                   "to measure them)")
     layers: list[dict[str, Any]] = []
     ends: list[dict[str, Any]] = []
-    layer_rounds = 0
+    layer_rounds = reread_rounds = 0
     untimed: dict[str, int] = {}
     if grid:
         t0 = time.perf_counter()
@@ -385,9 +389,12 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             ep_degrees=options.ep_degrees,
             sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
-        untimed = tables.untimed
+        untimed, reread_rounds = tables.untimed, tables.reread_rounds
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
-                  f"{layer_rounds} of {rounds} rounds in {time.perf_counter() - t0:.1f} s")
+                  f"{layer_rounds} of {rounds} rounds"
+                  + (f" (the rows timed synchronized re-timed in {reread_rounds} more)"
+                     if reread_rounds else "")
+                  + f" in {time.perf_counter() - t0:.1f} s")
     if world > 1:
         dist.barrier()
         r = bench_pipeline.bench_pipeline_action_s(device, world)
@@ -416,7 +423,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                                 device, options, world, layer_rounds=layer_rounds,
                                 host_probe_us=(probe_start_us,
                                                host_dispatch_probe_us(device)),
-                                rows_untimed=untimed),
+                                rows_untimed=untimed, reread_rounds=reread_rounds),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
         from meshplan.calibrate.moe_profile import add_moe_keys

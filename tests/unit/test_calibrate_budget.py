@@ -211,6 +211,69 @@ def test_the_round_projects_its_longest_row_not_the_last(tmp_path, monkeypatch):
     assert len(tables.layers) == 2
 
 
+def test_where_a_whole_round_does_not_fit_the_synchronized_rows_are_timed_again(monkeypatch):
+    """Two dense models and an MoE one with a capacity factor (its rows read its kept
+    copies on the host, so they are timed synchronized, as ep > 1 rows are): after round 1
+    a whole round does not fit the budget but one of the MoE rows alone does, so rounds 2
+    and 3 re-time only those, each row the median of its three readings; the dense rows
+    keep their one. A fake clock: each layer row takes 1 s."""
+    pytest.importorskip("torch")
+    import torch
+    from dataclasses import replace
+    from meshplan.calibrate import bench_layers
+    from meshplan.spec import ModelSpec
+    clock = {"t": 0.0}
+    monkeypatch.setattr(bench_layers.time, "perf_counter", lambda: clock["t"])
+    real_run = bench_layers._run_layer
+    reads: dict[str, int] = {}
+
+    def run(cfg, *args, **kwargs):
+        clock["t"] += 1.0
+        values = list(real_run(cfg, *args, **kwargs))
+        n = reads[cfg.label()] = reads.get(cfg.label(), 0) + 1
+        if cfg.syncs_on_host:
+            values[0] = (3e-3, 1e-3, 2e-3)[n - 1]     # forward 3, 1, 2 ms: median 2
+        return values
+    monkeypatch.setattr(bench_layers, "_run_layer", run)
+    dense = ModelSpec(**TINY)
+    other = replace(dense, name="tiny-llama-2", hidden_size=96, num_heads=6, num_kv_heads=2)
+    moe = replace(dense, name="tiny-moe", num_experts=4, experts_per_token=2,
+                  moe_ffn_hidden_size=32, capacity_factor=1.25)
+    lines: list[str] = []
+    count = {"steps": 0, "dropped": 0}
+
+    class Log:
+        def step(self, message):
+            lines.append(message)
+            count["steps"] += 1
+
+        def note(self, message):
+            lines.append(message)
+
+        def drop(self, steps):
+            count["dropped"] += steps
+    grid = bench_layers.plan_grid([dense, other, moe], None, 1, quick=True, micro_batches=(1,))
+    n_synced = sum(c.syncs_on_host for c in grid)
+    n_rows = sum(not c.part for c in grid)
+    assert n_synced and n_rows > 2 * n_synced + 1     # a whole round costs more than two of them
+    budget = bench_layers.RoundBudget(budget_s=n_rows + 2 * n_synced + 0.5, started_s=0.0,
+                                      allowance_s=0.0)
+    tables = bench_layers.bench_layer_rows([dense, other, moe], None, torch.device("cpu"), 1, 0,
+                                           quick=True, micro_batches=(1,), rounds=3,
+                                           budget=budget, progress=Log())
+    assert (tables.rounds, tables.reread_rounds) == (1, 2)
+    synced = {c.label() for c in grid if c.syncs_on_host}
+    assert {k for k, n in reads.items() if n == 3} == synced
+    assert all(n == 1 for k, n in reads.items() if k not in synced)
+    moe_rows = [r for r in tables.layers if r["model"] == "tiny-moe"]
+    assert len(moe_rows) == n_synced and all(r["forward_s"] == 2e-3 for r in moe_rows)
+    assert any("re-time only the" in m and f"{n_synced} rows timed synchronized" in m
+               for m in lines)
+    assert not any(m.startswith("round 2: layer tiny-llama") for m in lines)
+    # the progress total stays honest: every row of the three rounds counted or dropped
+    assert count["steps"] + count["dropped"] == 3 * len(grid)
+
+
 def test_the_budget_counts_from_the_launch():
     """The torchrun children start the budget at the launcher's start (wall clock), not at
     their own: 30 s of start-up is already spent; a missing, unparsable or future value
