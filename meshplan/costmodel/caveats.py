@@ -123,7 +123,10 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD,
     the step is the sum over its stretches of the longer side, not the longer of the two
     sums — but at the pass level t04's rows are CPU-bound in both forward and backward
     (3.65 / 2.20 ms of CPU against 3.38 / 1.95 of GPU a layer), which that reading does not
-    price either. Cause not settled, not priced; the caution gives the two misses."""
+    price either. Past the balance point the CPU's priced dispatch did set the step: fp8h11's
+    compiled tp 2 + SP pair, predicted host-bound at 1.09 and 1.31, ran within 0.4 and 2.5 %
+    (2 x H200, docs/fp8.md "fp8h11"). Cause not settled, not priced; the caution gives the
+    two misses."""
     text = f"{near_load * 100:g} %"
     balanced = ""
     if host_load >= balanced_load:

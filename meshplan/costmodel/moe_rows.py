@@ -83,12 +83,16 @@ alone after the runs, ~6.3 and ~9.5 in the runs (ends included), backwards withi
 host-paced forward of an eager ep layer, with its routing syncs, moves ±20 % reading to
 reading, the same spread as moeh10's full pair in the other direction; moeh12's three
 eager −11.7..−14.5 % (its runs routed at ρ 1.29, its rows at 1.005; the tp 2 + SP row's
-forward read 4.4, 5.6 and 6.3 ms in three processes) and two compiled −1.5 / −7.9 %. Over the
-28 ZeRO-0/1 ep 2 layouts of moeh6-moeh12 (``benchmarks/moe_rows_vs_runs.py``) the 16 eager
-rows came out 0.85-1.15 of the runs' own layers (median 0.99, σ 9 %: one calibration round
-each), lower the more unevenly the run routed (correlation −0.73 with ρ as run; the
-busiest-rank term above prices a third of that slope: not settled, docs/moe.md), the
-compiled 0.91-1.20 and moeh9's 1.48.
+forward read 4.4, 5.6 and 6.3 ms in three processes) and two compiled −1.5 / −7.9 %; moeh13's
+recompute-full pair +26.3 % eager, +27.2 % compiled (their rows' one calibration reading
+15-30 % above two later ones, which came within 4 % of the run's layer). Over the 31 ZeRO-0/1
+ep 2 layouts of moeh6-moeh13 (``benchmarks/moe_rows_vs_runs.py``) the 18 eager rows came out
+0.85-1.29 of the runs' own layers (median 0.99, σ 11 %: one calibration round each), lower
+the more unevenly the run routed (correlation −0.66 with ρ as run; the busiest-rank term
+above prices a third of that slope: not settled, docs/moe.md), the compiled 0.91-1.20,
+moeh13's 1.30 and moeh9's 1.48. So ``meshplan calibrate`` now re-times these rows in the
+rounds a budget leaves (``calibrate.bench_layers``): moeh12 and moeh13 with each row the
+median of its readings re-predict at 5.2 and 4.8 % mean, 7.2 and 12.3 % as run (post hoc).
 """
 
 from __future__ import annotations
@@ -114,17 +118,19 @@ MOE_EP_FSDP_ROWS_CAVEAT = (
     "FSDP2 (their all-to-alls, host syncs, FSDP2's gathers, hooks and expert copies as timed "
     "on the calibrating node, synchronized; only the busiest rank's extra rows beyond the "
     "load imbalance the rows were routed at priced on top); ZeRO-2/3 at ep > 1 from such "
-    "rows measured against two runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
-    "moeh11's dp2-ep2-z3-mb8-full +0.3 %; "
+    "rows measured against six runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
+    "moeh11's dp2-ep2-z3-mb8-full +0.3 %, moeh12's compiled ZeRO-3 -5.4 %, moeh13's ZeRO-2 "
+    "+2.6 % and its two recompute-full ZeRO-3 +18.8 / +21.4 %, from rows whose one "
+    "calibration reading ran 15-20 % above two later ones; "
     "priced without them, moeh6-moeh9: 10.5 % mean error over 13 layouts; docs/moe.md)")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at ep 2 on 2 x H200 (moeh6-moeh12; rows timed in one calibration round read "
-    "0.85-1.15 of the runs' own layers, lower where the run routed more unevenly than the "
-    "row, so time them over calibrate's default 3 rounds): "
-    "eager -14.5 to +15.4 %, compiled -7.9 to "
+    "runs at ep 2 on 2 x H200 (moeh6-moeh13; rows timed in one calibration round read "
+    "0.85-1.29 of the runs' own layers, lower where the run routed more unevenly than the "
+    "row; calibrate re-times them in the rounds a budget leaves, each the median): "
+    "eager -14.5 to +26.3 %, compiled -7.9 to "
     "+47 % (moeh9's calibration read its compiled ep rows 1.6x the same rows timed alone, "
     "moeh10's 1.0-1.2x; cause not found), 15-27 % above the runs where the host set the pace "
     "(moeh4, post hoc); "
