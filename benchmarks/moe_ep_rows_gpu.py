@@ -19,6 +19,12 @@ and the progress lines to ``--out``.
         --recompute none,full --micro-batches 1,2 --out $OUT/ep_rows.json \\
         --base-profile docs/benchmarks/data/profiles/profile_h200x2_moeh4_20261129.toml \\
         --profile-out $OUT/profile_ep.toml
+    # the ep rows read three times in one process, as a budget-bound calibration re-times
+    # them (moeh13)
+    torchrun --standalone --nproc-per-node 2 benchmarks/moe_ep_rows_gpu.py \\
+        --model benchmarks/sets/moeh13/m01.json --seq-len 2048 --tp 2 --sp \\
+        --recompute none,full --micro-batches 4 --kinds eager,compiled --no-ep1 --rounds 3 \\
+        --out $OUT/ep_rows.json
     # the compiled ep rows alone, as a check's calibration times them (moeh10)
     torchrun --standalone --nproc-per-node 2 benchmarks/moe_ep_rows_gpu.py \\
         --model benchmarks/sets/moeh10/m01.json --seq-len 1024 --tp 2 --sp \\
@@ -74,6 +80,9 @@ def main(argv=None) -> int:
                    help="comma-separated: eager (plain rows), compiled (plain rows, "
                         "torch.compile'd), fsdp (ZeRO-2/3 rows, eager)")
     p.add_argument("--no-ep1", action="store_true", help="only the rows at ep = world")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time the rows this many times in this process, each row the median "
+                        "(every reading logged; compiled ep rows recompiled each round)")
     p.add_argument("--sync-deep", action="store_true",
                    help="each plain ep module's first row timed again on 4 blocks (logged)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -100,6 +109,8 @@ def main(argv=None) -> int:
     kinds = set(args.kinds.split(","))
     if not kinds or kinds - {"eager", "compiled", "fsdp"}:
         p.error(f"--kinds {args.kinds!r}: comma-separated among eager, compiled, fsdp")
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: an integer >= 1")
     if args.tp < 1 or (args.sp and args.tp == 1):
         p.error(f"--tp {args.tp}{' --sp' if args.sp else ''}: tp >= 1, and --sp needs tp > 1")
 
@@ -142,7 +153,7 @@ def main(argv=None) -> int:
     with gc_paused():
         tables = bench_layers.bench_layer_rows(
             [model], args.seq_len, device, world, rank, quick=False, max_tp=args.tp,
-            micro_batches=mbs, rounds=1, only=only, progress=Log(),
+            micro_batches=mbs, rounds=args.rounds, only=only, progress=Log(),
             compile_rows=modes if "compiled" in kinds else (), sync_deep=args.sync_deep)
     if rank == 0:
         doc = {"model": model.name, "seq_len": args.seq_len, "world": world,
