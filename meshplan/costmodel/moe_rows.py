@@ -85,14 +85,16 @@ reading, the same spread as moeh10's full pair in the other direction; moeh12's 
 eager −11.7..−14.5 % (its runs routed at ρ 1.29, its rows at 1.005; the tp 2 + SP row's
 forward read 4.4, 5.6 and 6.3 ms in three processes) and two compiled −1.5 / −7.9 %; moeh13's
 recompute-full pair +26.3 % eager, +27.2 % compiled (their rows' one calibration reading
-15-30 % above two later ones, which came within 4 % of the run's layer). Over the 31 ZeRO-0/1
+15-30 % above two later ones, which came within 4 % of the run's layer; a third process read
+the tp 2 + SP row 19 % above it, median of three). Over the 31 ZeRO-0/1
 ep 2 layouts of moeh6-moeh13 (``benchmarks/moe_rows_vs_runs.py``) the 18 eager rows came out
 0.85-1.29 of the runs' own layers (median 0.99, σ 11 %: one calibration round each), lower
 the more unevenly the run routed (correlation −0.66 with ρ as run; the busiest-rank term
 above prices a third of that slope: not settled, docs/moe.md), the compiled 0.91-1.20,
 moeh13's 1.30 and moeh9's 1.48. So ``meshplan calibrate`` now re-times these rows in the
 rounds a budget leaves (``calibrate.bench_layers``): moeh12 and moeh13 with each row the
-median of its readings re-predict at 5.2 and 4.8 % mean, 7.2 and 12.3 % as run (post hoc).
+median of its readings in three processes re-predict at 5.2 and 4.8 % mean, 7.2 and 12.3 %
+as run (post hoc; readings within one process take out less, docs/moe.md "moeh13").
 """
 
 from __future__ import annotations
