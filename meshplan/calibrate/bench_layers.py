@@ -13,8 +13,9 @@ that is what the isolated GEMM/attention curves miss.
 Row semantics (one GPU, one micro-batch; every rank runs the same configuration at the
 same time; times are the mean over ranks of each rank's median, memory the largest over
 ranks; the whole grid is measured :data:`ROUNDS_CUDA` times (``--rounds``; fewer where
-``--time-budget`` stops them, :mod:`meshplan.calibrate.budget`), spread over the run, and
-each time is the median over rounds):
+``--time-budget`` stops them, :mod:`meshplan.calibrate.budget`, the rows timed synchronized
+then re-timed alone in the rounds left where they fit: :func:`bench_layer_rows`), spread over
+the run, and each time is the median over rounds):
 
 * layers (``L`` = :data:`LAYERS_CUDA` blocks on GPU, :data:`LAYERS_CPU` on CPU):
   ``forward_s`` / ``backward_s`` = GPU-busy time of the L-block forward / backward over L,
