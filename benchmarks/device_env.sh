@@ -25,7 +25,7 @@ calibrate_moe() {
         --micro-batches "$5" --max-tp 2 --rounds ${ROUNDS:-3} --compile-rows "$6" --no-fp8 ${7:-} \
         --time-budget 560 --out "$OUT/profile_$1.toml" > "$OUT/calibrate_$1.log" 2>&1
     echo "rc $? calibrate $1 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
-    grep -E "not timed|re-time only|layer tables|wrote" "$OUT/calibrate_$1.log" | tee -a "$OUT/gpu.txt"
+    grep -E "not timed|re-time only|synchronized read|layer tables|wrote" "$OUT/calibrate_$1.log" | tee -a "$OUT/gpu.txt"
 }
 
 # run_moe_plans NAME PLANS: an MoE check's committed plans, 3 warm-up + 6 timed steps each

@@ -89,6 +89,7 @@ from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_siz
 from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
 from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sample, _cpu_fields,
                                            combine_rounds, cpu_fixed, cpu_values, end_row,
+                                           reading_spread,
                                            end_values, layer_row, layer_values, pooled_cpu,
                                            split_depth, split_memory_stage,
                                            suspect_splits)
@@ -164,6 +165,21 @@ def _gathered_imbalance(module, recorder, world: int) -> float:
     dist.all_gather_object(every, mine)
     got = imbalance([r for r in every if r and r[0]])
     return float(got["busiest_over_mean"]) if got else 0.0
+
+
+def _note_synced_spread(progress, grid: Sequence[Config], readings: dict[int, list]) -> None:
+    """Say how far apart the rows timed synchronized read, where any was read more than
+    once: the spread a single reading of them carries (each row is the median)."""
+    spreads = {i: reading_spread(r) for i, r in readings.items() if len(r) > 1}
+    if not spreads:
+        return
+    worst = max(spreads, key=spreads.get)
+    ordered = sorted(spreads.values())
+    _note(progress, f"{len(spreads)} rows timed synchronized read up to "
+                    f"{max(len(readings[i]) for i in spreads)} times: forward + backward "
+                    f"readings {ordered[len(ordered) // 2]:.0%} apart at the median row, "
+                    f"{spreads[worst]:.0%} at the widest ({grid[worst].label()}); each row "
+                    f"is the median of its readings")
 
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
@@ -439,6 +455,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if progress is not None:
             progress.drop(len(active) * (rounds - rnd - 1))   # keep [done/total] honest
         break
+    _note_synced_spread(progress, grid, {i: measured[i] for i in synced
+                                         if i in measured and i not in skipped})
     cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []

@@ -112,6 +112,14 @@ def combine_rounds(rounds: Sequence[Sequence[float]], memory_fields: Iterable[in
             for j, col in enumerate(zip(*rounds))]
 
 
+
+def reading_spread(rounds: Sequence[Sequence[float]]) -> float:
+    """How far a row's readings (``values`` lists, forward and backward seconds first) lie
+    apart: the largest forward + backward over the smallest, less 1 (0 for one reading)."""
+    totals = [r[0] + r[1] for r in rounds]
+    return max(totals) / min(totals) - 1.0 if len(totals) > 1 and min(totals) > 0 else 0.0
+
+
 def split_depth(shallow: Sequence[float], deep: Sequence[float], shallow_layers: int,
                 deep_layers: int) -> tuple[float, float]:
     """(B, W) growth per layer per extra layer in the stack, from the per-layer split
@@ -237,5 +245,6 @@ def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]]
 
 
 __all__ = ["Sample", "layer_values", "end_values", "cpu_values", "cpu_fixed", "combine_rounds",
+           "reading_spread",
            "split_depth", "split_memory_stage", "layer_row", "end_row", "pooled_cpu",
            "NO_SPLIT_MEMORY", "MEMORY_FIELDS", "suspect_splits"]

@@ -272,6 +272,15 @@ def test_where_a_whole_round_does_not_fit_the_synchronized_rows_are_timed_again(
     assert not any(m.startswith("round 2: layer tiny-llama") for m in lines)
     # the progress total stays honest: every row of the three rounds counted or dropped
     assert count["steps"] + count["dropped"] == 3 * len(grid)
+    # and the calibration says how far apart those rows' readings lay
+    spread = [m for m in lines if "rows timed synchronized read up to 3 times" in m]
+    assert len(spread) == 1 and "at the widest (layer tiny-moe" in spread[0]
+
+
+def test_a_rows_reading_spread_is_its_largest_total_over_its_smallest():
+    from meshplan.calibrate.layer_rows import reading_spread
+    assert reading_spread([[3e-3, 1e-3], [1e-3, 1e-3], [2e-3, 1e-3]]) == pytest.approx(1.0)
+    assert reading_spread([[3e-3, 1e-3]]) == 0.0          # one reading: no spread to tell
 
 
 def test_the_budget_counts_from_the_launch():
