@@ -216,7 +216,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     three (2 x H200, docs/moe.md "moeh12", "moeh13"), where queued GPU-paced rows repeat
     within 1 %. So where the budget stops a whole round after the first, the rounds left
     re-time those rows alone, if their first-round time fits (a single reading's excess goes;
-    a process's level stays: moeh13's rows read three times in one later process spread 2-17 %
+    a process's level stays: moeh13's rows read three times in one later process spread 2-20 %
     there, the tp 2 + SP row's median 23 % above two other processes'); compiled ones included (the
     reason compiled rows are timed once — their GPU time repeats — does not hold for them).
     """
