@@ -442,7 +442,9 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             break
         if budget is None or not _budget_stops(
                 rnd + 1, rounds, budget, time.perf_counter() - t_round - first_only_s, device,
-                world, progress):
+                world, progress, outcome=None if whole else (
+                    f"layer tables from {ran} of {rounds} rounds, the rows timed synchronized "
+                    f"read {ran + reread_rounds} times")):
             continue
         again = [i for i in synced if i in measured and i not in skipped]
         if whole and again and rnd + 1 < rounds and _reread_fits(

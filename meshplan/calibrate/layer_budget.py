@@ -25,8 +25,9 @@ def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, pro
     """Before the next row of a round: whether it, taking as long as the longest row of
     the round so far (``row_s``, with what that row measured beside it: a row that builds
     a new module and times its splits takes several times one that reuses it), would end
-    past ``budget`` with what still follows the layer tables. Then the round stops there, the first one too: its rows
-    so far are kept and the profile is written within the budget (round 36's calibration
+    past ``budget`` with what still follows the layer tables. Then the round stops there,
+    the first one too: its rows so far are kept and the profile is written within the
+    budget (round 36's calibration
     of two 2.3-2.7 B models ran its first round 40 s past ``--time-budget 463`` and was
     killed, writing nothing; docs/benchmarks/transfer.md). Collective, like
     :func:`_budget_stops`: all ranks decide from the largest elapsed and row times."""
@@ -41,12 +42,13 @@ def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, pro
 
 
 def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, device,
-                  world: int, progress) -> bool:
+                  world: int, progress, outcome: str | None = None) -> bool:
     """After ``done`` of at most ``rounds`` layer rounds, the last of which took ``round_s``
     (without what only the first round measures): whether ``budget`` stops them here.
     Collective: every rank must call it; all decide from the largest elapsed and round
     times over ranks, so they agree (ranks that disagreed would deadlock in the next
-    round's collectives)."""
+    round's collectives). ``outcome``: what the note says the layer tables end with (by
+    default, whole rounds: ``done`` of ``rounds``)."""
     decision, elapsed_s, last_s = _agreed(budget, round_s, device, world)
     if done == 1 and elapsed_s + budget.allowance_s > budget.budget_s:
         _note(progress, f"round 1 ended {elapsed_s:.0f} s into the calibration: with "
@@ -57,8 +59,8 @@ def _budget_stops(done: int, rounds: int, budget: RoundBudget, round_s: float, d
         return False
     _note(progress, f"round {done + 1} skipped: projected {decision.projected_end_s:.0f} s > "
                     f"--time-budget {budget.budget_s:g} s (round {done} took {last_s:.0f} s,"
-                    f" ~{budget.allowance_s:.0f} s to come after the layer tables): layer "
-                    f"tables from {done} of {rounds} rounds")
+                    f" ~{budget.allowance_s:.0f} s to come after the layer tables): "
+                    + (outcome or f"layer tables from {done} of {rounds} rounds"))
     return True
 
 
