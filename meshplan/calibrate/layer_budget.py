@@ -73,6 +73,6 @@ def _reread_fits(done: int, rounds: int, budget: RoundBudget, rows_s: float, n_r
     decision, _, last_s = _agreed(budget, rows_s, device, world)
     if decision.run:
         _note(progress, f"instead, the rounds left (up to {rounds - done}) re-time only the "
-                        f"{n_rows} rows timed synchronized (MoE layers at ep > 1: a single "
-                        f"reading spreads), {last_s:.0f} s a round")
+                        f"{n_rows} rows timed synchronized (MoE layers at ep > 1 or with a "
+                        f"capacity factor: a single reading spreads), {last_s:.0f} s a round")
     return decision.run
