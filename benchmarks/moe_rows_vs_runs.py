@@ -143,13 +143,10 @@ def rho_trend(rows: list[dict]) -> tuple[int, float, float] | None:
     if len(pts) < 3:
         return None
     xs, ys = zip(*pts)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx == 0 or syy == 0:
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
         return None
-    sxy = sum((x - mx) * (y - my) for x, y in pts)
-    return len(pts), round(sxy / (sxx * syy) ** 0.5, 6), round(sxy / sxx, 6)
+    return (len(pts), round(statistics.correlation(xs, ys), 6),
+            round(statistics.linear_regression(xs, ys).slope, 6))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,9 +89,8 @@ from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_siz
 from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
 from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sample, _cpu_fields,
                                            combine_rounds, cpu_fixed, cpu_values, end_row,
-                                           reading_spread,
                                            end_values, layer_row, layer_values, pooled_cpu,
-                                           split_depth, split_memory_stage,
+                                           reading_spread, split_depth, split_memory_stage,
                                            suspect_splits)
 from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
                                           _run_sustained, _sync_deep)

@@ -29,8 +29,8 @@ def _row_budget_stops(budget: RoundBudget, row_s: float, device, world: int, pro
     the first one too: its rows so far are kept and the profile is written within the
     budget (round 36's calibration of two 2.3-2.7 B models ran its first round 40 s past
     ``--time-budget 463`` and was killed, writing nothing; docs/benchmarks/transfer.md).
-    Collective, like
-    :func:`_budget_stops`: all ranks decide from the largest elapsed and row times."""
+    Collective, like :func:`_budget_stops`: all ranks decide from the largest elapsed and
+    row times."""
     decision, _, last_s = _agreed(budget, row_s, device, world)
     if decision.run:
         return False

@@ -112,7 +112,6 @@ def combine_rounds(rounds: Sequence[Sequence[float]], memory_fields: Iterable[in
             for j, col in enumerate(zip(*rounds))]
 
 
-
 def reading_spread(rounds: Sequence[Sequence[float]]) -> float:
     """How far a row's readings (``values`` lists, forward and backward seconds first) lie
     apart: the largest forward + backward over the smallest, less 1 (0 for one reading)."""

@@ -115,10 +115,10 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD,
     and spread more within a run. Post hoc: chosen on these sets, not held out.
 
     From the profile's ``host_balanced_load`` (0.95 built in) on, the two sides need about
-    the same time. The
-    two arms measured there ran well above the longer of the two (2 × H200, compiled tp 2 +
-    SP fp8: fp8h8 r04 at 1.00, −8.2 %; fp8h10 t04 at 1.01, −14.1 % and −14.8 % on a re-run,
-    slower than bf16 where 1.10× faster was predicted; docs/fp8.md). One reading: where the
+    the same time. The two arms measured there ran well above the longer of the two
+    (2 × H200, compiled tp 2 + SP fp8: fp8h8 r04 at 1.00, −8.2 %; fp8h10 t04 at 1.01,
+    −14.1 % and −14.8 % on a re-run, slower than bf16 where 1.10× faster was predicted;
+    docs/fp8.md). One reading: where the
     CPU falls behind the GPU waits and where the GPU falls behind the CPU's queue waits, so
     the step is the sum over its stretches of the longer side, not the longer of the two
     sums — but at the pass level t04's rows are CPU-bound in both forward and backward
