@@ -1,7 +1,7 @@
 """The calibration's MoE layer rows at ep > 1 against the layers of the runs they priced
 (issue 38; CPU only, from committed data).
 
-For every drawn 2-GPU MoE set that ran (moeh6-moeh13) and each of its ZeRO-0/1, unpipelined
+For every drawn 2-GPU MoE set that ran (moeh6-moeh14) and each of its ZeRO-0/1, unpipelined
 layouts at ep > 1: the layer row the profile timed at that layout's tp, SP, recompute,
 micro-batch, compile and ep, against the run's own forward and backward phases (medians over
 the measured steps' micro-batches, the profile's embedding and output rows taken off, over
@@ -33,7 +33,8 @@ DATA = ROOT / "docs/benchmarks/data"
 #: set tag -> the layout set its README names (benchmarks/moe_sync_gpu.py SETS)
 SETS = {"moeh6": "drawn2-3806", "moeh7": "drawn2-3807", "moeh8": "drawn2-3808",
         "moeh9": "drawn2-3809", "moeh10": "drawn2-3810", "moeh11": "drawn2-3811",
-        "moeh12": "drawn2-3812", "moeh13": "drawn2-3813"}
+        "moeh12": "drawn2-3812", "moeh13": "drawn2-3813",
+        "moeh14": "drawn2-3814"}
 
 
 def _one(paths: list[str], what: str) -> str:
