@@ -94,7 +94,11 @@ above prices a third of that slope: not settled, docs/moe.md), the compiled 0.91
 moeh13's 1.30 and moeh9's 1.48. So ``meshplan calibrate`` now re-times these rows in the
 rounds a budget leaves (``calibrate.bench_layers``): moeh12 and moeh13 with each row the
 median of its readings in three processes re-predict at 5.2 and 4.8 % mean, 7.2 and 12.3 %
-as run (post hoc; readings within one process take out less, docs/moe.md "moeh13").
+as run (post hoc; readings within one process take out less, docs/moe.md "moeh13"). moeh14,
+the first check calibrated so (each ep row the median of three readings in the calibration's
+process), ran at 5.4 % mean, 15.6 % max, where the same rows' first readings alone give
+11.5 / 37.5 %; its four ZeRO-0/1 ep 2 rows read 0.99-1.19 of the runs' layers, and three of
+its layouts run a second time moved 3-10 % (docs/moe.md "moeh14").
 """
 
 from __future__ import annotations
@@ -120,19 +124,21 @@ MOE_EP_FSDP_ROWS_CAVEAT = (
     "FSDP2 (their all-to-alls, host syncs, FSDP2's gathers, hooks and expert copies as timed "
     "on the calibrating node, synchronized; only the busiest rank's extra rows beyond the "
     "load imbalance the rows were routed at priced on top); ZeRO-2/3 at ep > 1 from such "
-    "rows measured against six runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
+    "rows measured against nine runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
     "moeh11's dp2-ep2-z3-mb8-full +0.3 %, moeh12's compiled ZeRO-3 -5.4 %, moeh13's ZeRO-2 "
     "+2.6 % and its two recompute-full ZeRO-3 +18.8 / +21.4 %, from rows whose one "
-    "calibration reading ran 15-20 % above two later ones; "
+    "calibration reading ran 15-20 % above two later ones; moeh14's, from rows each the "
+    "median of three readings, ZeRO-3 +2.5 / -6.9 %, compiled ZeRO-2 -1.8 %; "
     "priced without them, moeh6-moeh9: 10.5 % mean error over 13 layouts; docs/moe.md)")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at ep 2 on 2 x H200 (moeh6-moeh13; rows timed in one calibration round read "
+    "runs at ep 2 on 2 x H200 (moeh6-moeh14; rows timed in one calibration round read "
     "0.85-1.29 of the runs' own layers, lower where the run routed more unevenly than the "
-    "row; calibrate re-times them in the rounds a budget leaves, each the median): "
-    "eager -14.5 to +26.3 %, compiled -7.9 to "
+    "row; calibrate re-times them in the rounds a budget leaves, each the median: moeh14 "
+    "so, +0.4 to +15.6 %, where its first readings alone gave -14.2 to +7.3 %; a layout "
+    "run twice moved 3-10 %): eager -14.5 to +26.3 %, compiled -7.9 to "
     "+47 % (moeh9's calibration read its compiled ep rows 1.6x the same rows timed alone, "
     "moeh10's 1.0-1.2x; cause not found), 15-27 % above the runs where the host set the pace "
     "(moeh4, post hoc); "
