@@ -32,8 +32,9 @@ Kept activations and a backward's working memory:
 
     act  = min(eager_act, plain_compiled_act − w),   w = 2 B × layer params / tp
 
-(an MoE layer's params: with the rank's routed experts, E/ep of them; its plain pair at the
-layout's ep, where an FSDP2 row at ep > 1 is derived; w = 0 under full recomputation, below)
+(an MoE layer's params: at ep 1 with its E routed experts; at ep > 1 without the rank's
+E/ep, below; its plain pair at the layout's ep, where an FSDP2 row at ep > 1 is derived;
+w = 0 under full recomputation, below)
     peak = eager_peak · plain_compiled_peak / plain_eager_peak
 
 ``w``: under autocast a compiled block casts its fp32 weights inside the graph and saves the
@@ -47,7 +48,16 @@ weights 96 MiB; Llama-1.64B 121 + 160·mb against 120 MiB; tp 2: 48 and 61 again
 when it recomputes: every profile's tp 1 compiled full row keeps what its eager row keeps
 (14-112 MiB, the eleven profiles of 2026-11-29/30), so there w = 0 (with w the kept bytes
 came out 0: fp8h9's compiled ZeRO-3 full layout, 56 MiB a layer short, docs/fp8.md
-"fp8h9"). FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
+"fp8h9"). An MoE layer's compiled row keeps its experts' copies at ep 1 only (the executor
+casts them per call; moeh2's and moeh3's ep 1 rows: intercepts 163 / 425 MiB against
+161 / 424 MiB of 16-bit weights). At ep > 1 it keeps none: on the six MoE profiles of
+2 x H200 with both (moeh6, 7, 9, 11, 12, 14; tp 1, recompute none or selective) the eager
+row at ep 2 keeps the E/2 experts' copies less than at ep 1 (within 9 MiB), the compiled
+row all E's less (less 28-30 MiB; moeh8's and moeh10's more still); moeh14's and moeh6's
+compiled tp 2 + SP rows at ep 2 keep 268 / 274 MiB, below the 279 / 286 MiB that w with
+the rank's experts would take off. With them in w, moeh14's compiled ZeRO-2 ep 2 layout
+was predicted 12.3 % under its measured peak (28.0 GiB), without them 4.8 % (post hoc).
+FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
 the compiled graph keeps, the same 16-bit tensors whatever the precision policy; what it
 no longer keeps under autocast is partly autocast's fp32 copies, which FSDP2's eager layers
 do not keep either (gpt3-1.3b: the plain eager row keeps 148 MiB per micro-batch, the FSDP2
@@ -204,10 +214,14 @@ def row_weight_copies(model: ModelSpec, tp: int, recompute: str,
 
 
 def _rank_experts(model: ModelSpec, layout: Layout) -> float:
-    """An MoE layer's routed-expert parameters on one rank (0 for a dense model): the
-    executor casts them per call as it casts the layer's other weights, so a compiled MoE
-    row holds their 16-bit copies too (``stage_params`` counts an MoE layer without them)."""
-    return moe_params_per_rank(model, layout).experts if model.is_moe else 0.0
+    """An MoE layer's routed-expert parameters whose 16-bit copies its compiled plain row
+    holds (0 for a dense model): at ep 1 all of them (the executor casts them per call as
+    it casts the layer's other weights; ``stage_params`` counts an MoE layer without them),
+    at ep > 1 none (the compiled rows at ep > 1 show no copies of the rank's experts: the
+    module docstring)."""
+    if not model.is_moe or layout.ep > 1:
+        return 0.0
+    return moe_params_per_rank(model, layout).experts
 
 
 def derived_caveat(sources: tuple[str, ...]) -> str:

@@ -613,14 +613,15 @@ def test_zero2_and_3_at_ep2_read_the_fsdp2_row_timed_at_that_ep():
 def test_a_compiled_zero2_layout_at_ep2_derives_from_the_pair_at_that_ep():
     """Compiled ZeRO-2 at ep 2: the eager FSDP2 row at ep 2 moved by the plain compiled /
     eager pair timed at ep 2 (not ep 1's), its kept bytes at most the compiled row's less the
-    16-bit copies of the layer's weights and of the rank's experts."""
+    16-bit copies of the layer's dense weights: a compiled row at ep > 1 keeps no copies of
+    the rank's experts (moeh14's tp 2 + SP row keeps 268 MiB, less than its 4 experts' 270)."""
     from meshplan.costmodel.compiled_rows import (ROW_COPY_BYTES, compiled_layout_rows)
     from meshplan.costmodel.memory import stage_params
     from meshplan.costmodel.moe import moe_params_per_rank
     lay = Layout(dp=2, ep=2, micro_batch=1, zero=2, compile=True)
     eager, comp = _row(fwd=3e-3, bwd=6e-3, ep=2), _row(fwd=2e-3, bwd=4e-3, ep=2, compile=True,
                                                         activation_bytes=9e7)
-    fsdp = _row(fwd=3.5e-3, bwd=6e-3, ep=2, zero=2, dp=2, activation_bytes=8e7)
+    fsdp = _row(fwd=3.5e-3, bwd=6e-3, ep=2, zero=2, dp=2, activation_bytes=1e8)
     decoy = (_row(fwd=3e-3, bwd=6e-3), _row(fwd=1e-3, bwd=1e-3, compile=True))   # ep 1 pair
     tables = _cluster(*decoy, eager, comp, fsdp, gpus=2).gpu.measured
     row, _ = tables.fsdp_layer(MOE, seq_len=1024, tp=1, sequence_parallel=False,
@@ -630,8 +631,30 @@ def test_a_compiled_zero2_layout_at_ep2_derives_from_the_pair_at_that_ep():
     # t = eager − min(plain eager, eager) · (1 − compiled / eager), per pass, at ep 2
     assert got.fsdp_row.forward_s == pytest.approx(3.5e-3 - 3e-3 * (1 - 2 / 3))
     assert got.fsdp_row.backward_s == pytest.approx(6e-3 - 6e-3 * (1 - 4 / 6))
-    w = ROW_COPY_BYTES * (stage_params(MOE, 1, 1, first=False, last=False, pp=1)
-                          + moe_params_per_rank(MOE, lay).experts)
+    w = ROW_COPY_BYTES * stage_params(MOE, 1, 1, first=False, last=False, pp=1)
+    assert got.fsdp_row.activation_bytes == pytest.approx(9e7 - w)     # below the bound
+    experts = ROW_COPY_BYTES * moe_params_per_rank(MOE, lay).experts    # E/ep: not taken off
+    assert experts > 0 and got.fsdp_row.activation_bytes > 9e7 - w - experts
+
+
+def test_a_compiled_zero2_layout_at_ep1_takes_all_experts_copies_off_the_compiled_row():
+    """At ep 1 the compiled row keeps the 16-bit copies of the layer's dense weights and of
+    all E experts (moeh2's and moeh3's intercepts): both come off before the bound."""
+    from meshplan.costmodel.compiled_rows import (ROW_COPY_BYTES, compiled_layout_rows)
+    from meshplan.costmodel.memory import stage_params
+    from meshplan.costmodel.moe import moe_params_per_rank
+    lay = Layout(dp=2, micro_batch=1, zero=2, compile=True)
+    eager, comp = _row(fwd=3e-3, bwd=6e-3), _row(fwd=2e-3, bwd=4e-3, compile=True,
+                                                  activation_bytes=9e7)
+    fsdp = _row(fwd=3.5e-3, bwd=6e-3, zero=2, dp=2, activation_bytes=8e7)
+    tables = _cluster(eager, comp, fsdp, gpus=2).gpu.measured
+    row, _ = tables.fsdp_layer(MOE, seq_len=1024, tp=1, sequence_parallel=False,
+                               recompute="none", micro_batch=1, zero=2, dp=2, ep=1)
+    got = compiled_layout_rows(tables, MOE, JOB, lay, row, None)
+    assert got.fsdp_derived
+    experts = moe_params_per_rank(MOE, lay).experts
+    assert experts == pytest.approx(MOE.num_experts * 3 * 1024 * 704)
+    w = ROW_COPY_BYTES * (stage_params(MOE, 1, 1, first=False, last=False, pp=1) + experts)
     assert got.fsdp_row.activation_bytes == pytest.approx(min(8e7, 9e7 - w))
 
 
