@@ -28,11 +28,12 @@ calibrate_moe() {
     grep -E "not timed|re-time only|synchronized read|layer tables|wrote" "$OUT/calibrate_$1.log" | tee -a "$OUT/gpu.txt"
 }
 
-# run_moe_plans NAME PLANS: an MoE check's committed plans, 3 warm-up + 6 timed steps each
-# -> $OUT/NAME/moe_sync.json, $OUT/NAME/logs.tgz
+# run_moe_plans NAME PLANS: an MoE check's committed plans, 3 warm-up + 6 timed steps each,
+# then each once more in a fresh process in the budget left (moeh15 on: moeh14's layouts
+# moved 3-10 % run to run) -> $OUT/NAME/moe_sync.json, $OUT/NAME/logs.tgz
 run_moe_plans() {
     mkdir -p "$OUT/$1"
     $PY benchmarks/moe_sync_gpu.py run --plans "$2" --out "$OUT/$1" --work "/tmp/$1/runs" \
-        --budget 540 --timeout 150
+        --budget 540 --timeout 150 --second-pass
     echo "rc $? run $1 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
 }

@@ -333,3 +333,40 @@ def test_the_committed_two_gpu_moe_draws(check, seed, mb):
     assert drawn == msg.draw_layouts(seed, count=16, gpus=2, micro_batches=(mb,))
     assert len({lay for _, lay in drawn}) == 16
     assert all(lay.micro_batch == mb and lay.num_gpus == 2 for _, lay in drawn)
+
+
+def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_path,
+                                                                         monkeypatch, capsys):
+    """``run --second-pass``: every layout once, then each once more in a fresh process
+    (key LAYOUT/current2), in the set's order; the table adds the second run's error and the
+    summary each run's and their mean's. A spent budget skips, it does not fail."""
+    import moe_sync_gpu as msg
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    preds = {"layouts": {n: {"short": n, "calibrated_s": 1.1, "curves_s": None,
+                             "datasheet_s": 0.5, "memory_gib": 10.0}
+                         for n in ("a", "b")}}
+    (plans / "predictions.json").write_text(json.dumps(preds))
+    steps = iter([1.0, 1.0, 1.2, 0.8])
+    calls = []
+
+    def fake_run_one(plan, tree, res, log, timeout_s, profile_dir):
+        calls.append((plan.stem, res.stem))
+        return {"status": "ok", "step_time_s": next(steps), "wall_s": 1.0,
+                "memory_peak_bytes": None}
+    monkeypatch.setattr(msg, "_run_one", fake_run_one)
+    out = tmp_path / "out"
+    assert msg.main(["run", "--plans", str(plans), "--out", str(out), "--work",
+                     str(tmp_path / "work"), "--second-pass"]) == 0
+    assert calls == [("a", "a_current"), ("b", "b_current"), ("a", "a_current2"),
+                     ("b", "b_current2")]
+    doc = json.loads((out / "moe_sync.json").read_text())
+    assert doc["runs"]["b/current2"]["step_time_s"] == 0.8
+    text = capsys.readouterr().out
+    assert "| 1.200 (-8.3 %) |" in text and "| 0.800 (+37.5 %) |" in text
+    assert "first run: mean 10.0 %, max 10.0 % (2 layouts)" in text
+    assert "mean of both runs: mean 11.1 %, max 22.2 % (2 layouts)" in text   # 1.1, 0.9
+    assert msg.main(["run", "--plans", str(plans), "--out", str(out), "--work",
+                     str(tmp_path / "work"), "--second-pass", "--budget", "0"]) == 0
+    doc = json.loads((out / "moe_sync.json").read_text())
+    assert doc["runs"]["a/current2"] == {"status": "skipped: budget"}
