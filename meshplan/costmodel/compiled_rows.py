@@ -57,6 +57,8 @@ row all E's less (less 28-30 MiB; moeh8's and moeh10's more still); moeh14's and
 compiled tp 2 + SP rows at ep 2 keep 268 / 274 MiB, below the 279 / 286 MiB that w with
 the rank's experts would take off. With them in w, moeh14's compiled ZeRO-2 ep 2 layout
 was predicted 12.3 % under its measured peak (28.0 GiB), without them 4.8 % (post hoc).
+Why is not found: on the CPU (Inductor, bf16 autocast, grouped GEMM, ep 2 over gloo) the
+compiled layer saves its experts' copies at ep 1 and 2 alike, so this rests on GPU rows.
 FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
 the compiled graph keeps, the same 16-bit tensors whatever the precision policy; what it
 no longer keeps under autocast is partly autocast's fp32 copies, which FSDP2's eager layers
