@@ -3,7 +3,7 @@ ep = 1, with what expert parallelism adds priced on top.
 
 ``meshplan calibrate --model M`` with an MoE model times its MoE layer as the executor builds
 it (router, permutation, grouped expert GEMMs, shared experts, attention; eager, and compiled
-with ``--compile-rows``) on one GPU, keyed by the layer's shape *and* its experts
+with ``--compile-rows``), keyed by the layer's shape *and* its experts
 (:func:`meshplan.hardware_profiles.measured_rows.moe_key_suffix`). Where such a row exists
 for the layout's tp, sequence parallelism, recompute mode and micro-batch, it replaces the
 analytical layer (:func:`meshplan.costmodel.parts.layer_parts`: the layer's GPU seconds, CPU
@@ -11,94 +11,62 @@ dispatch, kept bytes and backward working memory), the same mechanism as a dense
 rows. The analytical MoE host terms (:mod:`meshplan.costmodel.moe_host`) are not added: the
 row's own CPU dispatch is in it.
 
-With ep > 1 (or etp > 1) the row is the layer as timed at ep = etp = 1 plus the difference
-the routed part's formulas give between the layout and that timed one
-(:func:`meshplan.costmodel.moe_layer.routed_mlp` at the layout's ep, etp and load imbalance ρ
-minus the same at ep = etp = 1, ρ = 1): the dispatch and combine all-to-alls, the busiest
-rank's extra rows (ρ − 1), the received rows' regrouping, the larger per-expert GEMMs, the
-dispatch buffers; and the host synchronisations ep > 1 adds
-(:func:`meshplan.costmodel.moe_host.torch_syncs`, at the profile's ``host_sync_s`` +
-``host_op_dispatch_s``, plus the count exchange's call latency) on the GPU's timeline, and
-on the CPU's the operators :mod:`meshplan.costmodel.moe_host` counts for ep > 1 (33 forward,
-8 backward, at ``host_op_dispatch_s``) with each sync's wait — added after moeh4 (post hoc):
-without them its four tp 2 · ep 2 layouts, all host-bound, ran 7-19 % slower than
-predicted. Under balanced routing a rank at ep computes E/ep experts on ep times the rows
-each: the same FLOPs as the row.
+**ep > 1 from the ep = 1 row.** The row plus the difference the routed part's formulas give
+between the layout and the timed layer (:func:`meshplan.costmodel.moe_layer.routed_mlp` at
+the layout's ep, etp and load imbalance ρ minus the same at ep = etp = 1, ρ = 1): the
+dispatch and combine all-to-alls, the busiest rank's extra rows (ρ − 1), the received rows'
+regrouping, the larger per-expert GEMMs, the dispatch buffers; the host synchronisations
+ep > 1 adds (:func:`meshplan.costmodel.moe_host.torch_syncs`, at the profile's
+``host_sync_s`` + ``host_op_dispatch_s``, plus the count exchange's call latency) on the
+GPU's timeline, and on the CPU's the operators :mod:`meshplan.costmodel.moe_host` counts for
+ep > 1 (33 forward, 8 backward) with each sync's wait. Under balanced routing a rank at ep
+computes E/ep experts on ep times the rows each: the same FLOPs as the row. A compiled
+layout reads the compiled row at ep = 1 only: with ep > 1 the all-to-all's splits are read
+on the host, which breaks the graph, so it is priced from the eager row with the
+compile-as-eager caveats (moeh4: compiled at ep 2 ran within 1 % of eager).
 
-A compiled layout reads the compiled row at ep = 1 only: the executor's MoE block compiles
-as one graph there (docs/moe.md); with ep > 1 the all-to-all's splits are read on the host,
-which breaks the graph, so it is priced from the eager row (with the compile-as-eager
-caveats) — moeh4 measured that: compiled at ep 2 ran within 1 % of eager.
+**Rows timed at the layout's ep** (calibrations on more than one GPU time the layer over each
+ep that divides the ranks and the experts, eager and compiled:
+:func:`meshplan.calibrate.layer_grid.expert_degrees`) replace all of that where the profile
+has them and the ep group stays inside one node, as the calibration's did: the row holds the
+all-to-alls, the host syncs and the regrouping as the executor ran them; only the busiest
+rank's extra rows beyond the ρ the row's own routing had (``MeasuredLayer.routed_imbalance``)
+are priced on top. Such rows are synchronized timings — the host read of the split lists
+drains the queue (``Config.syncs_on_host``) — so they carry max(CPU, GPU) per layer and no
+CPU fields, and the layout's step is their sum, without a separate host bound. Across nodes
+the ep = 1 row plus the formulas stands (the row's all-to-all crossed NVLink).
 
-Rows timed at the layout's ep (``meshplan calibrate --model M`` on more than one GPU times
-an MoE model's layer with its experts over each ep that divides the ranks and the experts,
-eager and compiled: :func:`meshplan.calibrate.layer_grid.expert_degrees`) replace all of
-that where the profile has them and the layout's ep group stays inside one node, as the
-calibration's did: the row holds the all-to-alls, the host syncs and the regrouping as the
-executor ran them; only the busiest rank's extra rows under load imbalance ρ beyond the
-ρ the row's own routing had (recorded by the calibration, ``MeasuredLayer.routed_imbalance``:
-1.04-1.05 for moeh6's synthetic routing at ep 2) are priced on top. Such rows are
-synchronized timings — the layer's host read of the split lists drains the queue, which the
-calibration's queued timing cannot hold (``Config.syncs_on_host``) — so they carry max(CPU,
-GPU) per layer and no CPU fields, and the layout's step is their sum, without a separate
-host bound. Across nodes the ep = 1 row plus the formulas stands (the row's all-to-all
-crossed NVLink). Measured: moeh6 (2 × H200, GPU-bound) −0.4 to +22.7 % at tp 2 + SP · ep 2
-as run; moeh4 (host-bound) priced 15-27 % above its runs, post hoc (docs/moe.md).
+**Where it applies** (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
+difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 without a pipeline
+where the profile timed the layer under FSDP2 at the layout's dp (the experts sharded over
+edp as the executor shards them) and ep: at ep 1 the build's FSDP2 lookup takes that row's
+time, CPU and kept bytes as for a dense layer; at ep > 1 the FSDP2 row timed at that ep
+(:func:`fsdp_row_at_ep`) is read the same way. Older profiles' FSDP2 rows are ep 1's (the
+experts gathered over edp, no all-to-all: not the layer of an ep > 1 layout), so there the
+ep row stands with FSDP2's gathers priced analytically, its hooks' CPU not at all (the
+caveat says so), and its kept bytes as FSDP2 keeps them (:func:`fsdp_kept_bytes`). The
+ep = 1 row plus the formulas does not stand for ZeRO-2/3 at ep > 1 (that row holds per-call
+expert casts FSDP2 does not make); without a row the layer is priced from the curves with a
+caveat (:mod:`meshplan.costmodel.inputs`).
 
-Where it applies (:func:`rows_apply`): cp = 1, no dense layers (DeepSeek's first k: their
-difference to the MoE layer is not measured), and ZeRO-0/1 — or ZeRO-2/3 without a
-pipeline: at ep 1 where the profile timed the layer under FSDP2 at the layout's dp
-(calibrations on ≥ 2 GPUs, the experts sharded over edp as the executor shards them; the
-build's FSDP2 lookup then takes its time, CPU and kept bytes, as for a dense layer); at
-ep > 1 where it timed the layer at that ep. Calibrations since 2026-11-30 also time the
-layer under FSDP2 at each ep (:func:`fsdp_row_at_ep`): the build reads that row as at ep 1
-and nothing of FSDP2 is priced on top (post hoc on moeh9, 2 × H200: its ZeRO-2 selective
-layout +12.0 → +3.5 %; as run on moeh10's ZeRO-2 full layout, the first priced so: +1.8 %,
-memory −0.1 %; on moeh11's ZeRO-3 full layout +0.3 %, memory +3.6 %). Older profiles'
-FSDP2 rows are ep 1's, where the experts are gathered over edp and no all-to-all runs — not
-the layer of an ep > 1 layout — so there the ep row stands, FSDP2's gathers priced
-analytically and its hooks' CPU not at all (the build's caveat says so), its kept bytes as
-FSDP2 keeps them (:func:`fsdp_kept_bytes`).
-Added after moeh7 (post hoc): its three ZeRO-2/3 layouts at
-ep 2, priced from the curves, ran 17-30 % faster than predicted (+20.4 / +33.2 / +42.5 %);
-from the ep rows −14.1 / −11.7 / −38.3 %, and moeh6's four −5.1..+4.4 % (−8.7..+9.9 % from
-the curves). Elsewhere without a row the layer is priced from the curves with a caveat
-(:mod:`meshplan.costmodel.inputs`); the ep = 1 row plus the formulas does not stand for
-ZeRO-2/3 at ep > 1 (that row holds per-call expert casts FSDP2 does not make).
+Measured error (as run on never-run models unless said; docs/moe.md, per set in
+docs/benchmarks/gpu_checks.md):
 
-Measured error: docs/moe.md "MoE layer rows" (1 × H200, moe-1.9b, 7 layouts at ep 1, as run):
-11.8 % mean / 28.2 % max step time, within 4 % on the GPU-bound (compiled, micro-batch 4)
-ones; the misses are host-bound eager layouts whose CPU dispatch varied ±20 % between runs;
-peak memory within 5 % on 7 of 7. ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 ×
-H200, as run): the four tp 2 · ep 2 layouts 7-19 % slower than predicted, all host-bound;
-with the ep operators on the CPU's timeline (post hoc) +8.0 / −3.3 / −5.7 / +9.1 %.
-Rows timed at ep > 1 (2 × H200, never-run models as run, docs/moe.md): the seven eager
-ZeRO-0/1 layouts of moeh6-moeh9 −7.4..+15.4 %, the six compiled ones −6.4..+47.1 % (moeh9's
-+47.1 %: its calibration's compiled ep rows read 1.6× the same rows timed alone); moeh10's
-three eager −3.2..+13.9 % and two compiled +5.3 / +11.8 % (its full-recompute pair the
-misses: their rows ~2.5 ms a layer and micro-batch above the runs); moeh11's four eager
-−4.5..+9.8 % and two compiled −1.4 / +8.8 % — its eager tp 2 + SP · ep 2 rows read a
-forward 6.8 (selective) and 7.4 ms (full) a layer in the calibration, 8.2 and 9.4 timed
-alone after the runs, ~6.3 and ~9.5 in the runs (ends included), backwards within 7 %: the
-host-paced forward of an eager ep layer, with its routing syncs, moves ±20 % reading to
-reading, the same spread as moeh10's full pair in the other direction; moeh12's three
-eager −11.7..−14.5 % (its runs routed at ρ 1.29, its rows at 1.005; the tp 2 + SP row's
-forward read 4.4, 5.6 and 6.3 ms in three processes) and two compiled −1.5 / −7.9 %; moeh13's
-recompute-full pair +26.3 % eager, +27.2 % compiled (their rows' one calibration reading
-15-30 % above two later ones, which came within 4 % of the run's layer; a third process read
-the tp 2 + SP row 19 % above it, median of three). Over the 31 ZeRO-0/1
-ep 2 layouts of moeh6-moeh13 (``benchmarks/moe_rows_vs_runs.py``) the 18 eager rows came out
-0.85-1.29 of the runs' own layers (median 0.99, σ 11 %: one calibration round each), lower
-the more unevenly the run routed (correlation −0.66 with ρ as run; the busiest-rank term
-above prices a third of that slope: not settled, docs/moe.md), the compiled 0.91-1.20,
-moeh13's 1.30 and moeh9's 1.48. So ``meshplan calibrate`` now re-times these rows in the
-rounds a budget leaves (``calibrate.bench_layers``): moeh12 and moeh13 with each row the
-median of its readings in three processes re-predict at 5.2 and 4.8 % mean, 7.2 and 12.3 %
-as run (post hoc; readings within one process take out less, docs/moe.md "moeh13"). moeh14,
-the first check calibrated so (each ep row the median of three readings in the calibration's
-process), ran at 5.4 % mean, 15.6 % max, where the same rows' first readings alone give
-11.5 / 37.5 %; its four ZeRO-0/1 ep 2 rows read 0.99-1.19 of the runs' layers, and three of
-its layouts run a second time moved 3-10 % (docs/moe.md "moeh14").
+- ep 1 rows, 1 × H200 (moe-1.9b, 7 layouts): 11.8 % mean, 28.2 % max, the GPU-bound layouts
+  within 4 % (the misses host-bound eager layouts whose dispatch varied ±20 % run to run);
+  memory within 5 % on 7 of 7.
+- ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 × H200): four host-bound tp 2 · ep 2
+  layouts 7-19 % slower than predicted; with the ep operators on the CPU's timeline
+  −5.7..+9.1 % (post hoc: why those terms exist).
+- Rows timed at ep 2 (2 × H200, moeh6-moeh14, eight layouts a set): set means 3.6-16.0 %.
+  ZeRO-2/3 from FSDP2 rows at ep: nine runs −6.9..+21.4 % (from the curves, moeh7: +20 to
+  +43 %). What limits it is the rows' reading: over 19 eager ZeRO-0/1 layouts the rows read
+  0.85-1.29 of the runs' own layers (median 0.99, σ 11 %; ``benchmarks/moe_rows_vs_runs.py``),
+  partly following the run's routing (correlation −0.65 with ρ as run; the busiest-rank term
+  prices a third of that slope), the compiled rows 0.91-1.48. So ``meshplan calibrate``
+  re-times them in the rounds a budget leaves (``calibrate.bench_layers``), each the median:
+  moeh14, the first check calibrated so, ran at 5.4 % mean, 15.6 % max, where its rows' first
+  readings alone give 11.5 / 37.5 %; a layout run twice in fresh processes moved 3-10 %.
 """
 
 from __future__ import annotations
