@@ -108,12 +108,16 @@ keys:
 
 Measured error: on one H100 (2026-11-28, docs/benchmarks/data/fp8_micro_h100.json) the
 eager cast term with its fitted keys gives the executor's fp8 linear (fwd + bwd) at 10 %
-mean / 33 % max error over the 36 timed shapes (post hoc: the keys were fitted on them).
-The datasheet fp8 curve's factor is the median of those shapes' ratios (quartiles
-0.78-0.94). No fp8 training step has been compared with a prediction yet (issue 41's
-device check, benchmarks/fp8_device.py). The published NeMo 24.07 FP8 runs on H100
-(runtime "megatron", recipe ``delayed``, datasheet profile; docs/benchmarks/published.md):
-5.1 % mean / 13.3 % max over 7 runs, 3.3 % / 5.9 % over the five at cp = 1.
+mean / 33 % max error over the 36 timed shapes (post hoc: the keys were fitted on them;
+``meshplan calibrate`` measures them per GPU). The datasheet fp8 curve's factor is the
+median of those shapes' ratios (quartiles 0.78-0.94). Training steps, as run on never-run
+models with calibrated profiles (runtime "torch", tensorwise; docs/fp8.md, per set in
+docs/benchmarks/gpu_checks.md): fp8 / bf16 speed-up error on 2 × H200 10.9-14.6 % mean
+for fp8h4, fp8h6 and fp8h7, then 1.6-4.9 % mean for fp8h8-fp8h12 (maxima 2.1-14.5 %, the
+largest host-paced arms at the balance point); 4 × H200 31.6 % (2026-11-28, before every
+fix; not re-run). Published runs on datasheet profiles (runtime "megatron", recipe ``delayed``;
+docs/benchmarks/published.md): NeMo 24.07 on H100 3.3 % mean / 5.8 % max over 7 runs,
+MLPerf GPT-3 v3.1 4.3 / 7.8 %, v4.0 12.9 / 13.1 %.
 """
 
 from __future__ import annotations
