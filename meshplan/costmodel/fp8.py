@@ -78,8 +78,8 @@ and tile-quantization costs, so small GEMMs gain less than 2× (Megatron-LM issu
 (:mod:`meshplan.calibrate.bench_fp8` measures it); this module takes it as a callable.
 
 Measured error: the cast traffic with the fitted eager rate reproduces the executor's fp8
-linear on one H100 within 10 % mean (post hoc; :mod:`meshplan.costmodel.fp8_cost`); no fp8
-training step has been compared yet (issue 41's device check is pending).
+linear on one H100 within 10 % mean (post hoc); whole training steps against GPU runs and
+published runs: :mod:`meshplan.costmodel.fp8_cost`.
 """
 
 from __future__ import annotations
