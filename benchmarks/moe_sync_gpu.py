@@ -36,8 +36,10 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -504,6 +506,14 @@ def repredict(args) -> int:
         preds["profile"] = args.profile
     if not preds.get("profile"):
         raise SystemExit(f"{args.results}: its predictions name no profile to re-predict on")
+    if args.ep_reading:
+        if not args.readings or not Path(args.readings).is_file():
+            raise SystemExit(f"--ep-reading {args.ep_reading} needs --readings, a file of the "
+                             f"calibration's readings (moe_ep_rows_reread_*.json); got "
+                             f"{args.readings!r}")
+        preds["profile"] = str(profile_at_reading(
+            Path(preds["profile"]), json.loads(Path(args.readings).read_text()),
+            args.ep_reading, Path(tempfile.mkdtemp()) / "profile.toml"))
     model = (ModelSpec.from_dict(preds["model_spec"]) if preds.get("model_spec") else MODEL)
     job = Job.from_dict(preds["job"])
     layouts = dict(SETS[preds["set"]])
@@ -532,6 +542,43 @@ def repredict(args) -> int:
                         f"({len(v)} layouts)")
     print("\n".join(rows))
     return 0
+
+
+_READING_KEY = re.compile(r"^(?:zero(\d) dp(\d+) )?tp(\d+)( sp)? ep(\d+) rc=(\w+) "
+                          r"mb(\d+)( compiled)?$")
+
+
+def profile_at_reading(profile: Path, readings: dict, which: str, out: Path) -> Path:
+    """POST HOC: ``profile`` with each ep > 1 row's forward and backward set to one of the
+    calibration's readings of it (``readings["readings"]["calibration"]``, keyed as the
+    calibration's progress names a row, e.g. ``zero2 dp2 tp1 ep2 rc=none mb4 compiled``):
+    ``first`` (what a calibration of one round keeps), ``last`` or ``median`` (each phase's,
+    as the profile keeps it), written to ``out``. A row without readings is left as is."""
+    import statistics
+    import tomllib
+
+    from meshplan.calibrate.tomlfile import dumps, write_text_atomic
+    from meshplan.hardware_profiles.calibrated import load_profile
+    pick = {"first": lambda v: v[0], "last": lambda v: v[-1], "median": statistics.median}[which]
+    by_key = {}
+    for key, reads in readings["readings"]["calibration"].items():
+        m = _READING_KEY.match(key)
+        if m is None:
+            raise SystemExit(f"readings: {key!r} is not a row key such as "
+                             f"'zero2 dp2 tp1 ep2 rc=none mb4 compiled'")
+        z, dp, tp, sp, ep, rc, mb, comp = m.groups()
+        by_key[(int(z or 0), int(dp or 1), int(tp), bool(sp), int(ep), rc, int(mb),
+                bool(comp))] = (pick([r["forward_ms"] for r in reads]) / 1e3,
+                                pick([r["backward_ms"] for r in reads]) / 1e3)
+    doc = tomllib.loads(profile.read_text())
+    for row in doc.get("layers", []):
+        key = (row.get("zero", 0), row.get("dp", 1), row["tp"], row["sequence_parallel"],
+               row.get("ep", 1), row["recompute"], row["micro_batch"], row.get("compile", False))
+        if key in by_key:
+            row["forward_s"], row["backward_s"] = by_key[key]
+    write_text_atomic(out, dumps(doc))
+    load_profile(out)
+    return out
 
 
 def _load_imbalance(text: str) -> str:
@@ -593,6 +640,11 @@ def main(argv=None) -> int:
     d.add_argument("--results", required=True)
     d.add_argument("--profile", default=None,
                    help="re-predict on this profile instead of the one the plans were made on")
+    d.add_argument("--readings", default=None, metavar="JSON",
+                   help="the calibration's readings of the ep rows (moe_ep_rows_reread_*.json)")
+    d.add_argument("--ep-reading", default=None, choices=("first", "median", "last"),
+                   help="with --readings: each ep row at this reading of it (first: what a "
+                        "one-round calibration keeps)")
     _add_load_imbalance(d)
     args = p.parse_args(argv)
     if args.cmd == "plans" and args.gpu_bound is not None and args.gpu_bound < 1:

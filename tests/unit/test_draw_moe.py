@@ -370,3 +370,20 @@ def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_p
                      str(tmp_path / "work"), "--second-pass", "--budget", "0"]) == 0
     doc = json.loads((out / "moe_sync.json").read_text())
     assert doc["runs"]["a/current2"] == {"status": "skipped: budget"}
+
+
+def test_repredict_at_one_reading_of_the_ep_rows(capsys):
+    """``repredict --readings F --ep-reading first|median`` (POST HOC): moeh14's ep rows at
+    the calibration's first reading (what one round keeps) or at the median it kept — the
+    median re-predicts the committed profile's figures exactly."""
+    import moe_sync_gpu as msg
+    data = ROOT / "docs" / "benchmarks" / "data"
+    args = ["repredict", "--results", str(data / "moe_drawn_h200x2_moeh14_20261130.json"),
+            "--load-imbalance", "rows", "--readings",
+            str(data / "moe_ep_rows_reread_h200x2_moeh14_20261130.json"), "--ep-reading"]
+    assert msg.main(args + ["median"]) == 0
+    assert "today: mean 5.4 %, max 15.6 % (8 layouts)" in capsys.readouterr().out
+    assert msg.main(args + ["first"]) == 0
+    assert "today: mean 11.5 %, max 37.5 % (8 layouts)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="needs --readings"):
+        msg.main(args[:5] + ["--ep-reading", "first"])
