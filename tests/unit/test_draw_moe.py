@@ -387,3 +387,23 @@ def test_repredict_at_one_reading_of_the_ep_rows(capsys):
     assert "today: mean 11.5 %, max 37.5 % (8 layouts)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="needs --readings"):
         msg.main(args[:5] + ["--ep-reading", "first"])
+
+
+def test_a_second_run_starts_only_if_it_ends_within_the_budget(tmp_path, monkeypatch):
+    """A layout whose first run took longer than the budget left is not run again (a device
+    call must not outlast its limit); the first pass itself is not held back."""
+    import moe_sync_gpu as msg
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    (plans / "predictions.json").write_text(json.dumps({"layouts": {"a": {
+        "short": "a", "calibrated_s": 1.0, "curves_s": None, "datasheet_s": 0.5,
+        "memory_gib": 1.0}}}))
+    monkeypatch.setattr(msg, "_run_one", lambda *a: {"status": "ok", "step_time_s": 1.0,
+                                                      "wall_s": 500.0,
+                                                      "memory_peak_bytes": None})
+    out = tmp_path / "out"
+    assert msg.main(["run", "--plans", str(plans), "--out", str(out), "--work",
+                     str(tmp_path / "work"), "--second-pass", "--budget", "300"]) == 0
+    runs = json.loads((out / "moe_sync.json").read_text())["runs"]
+    assert runs["a/current"]["status"] == "ok"
+    assert runs["a/current2"] == {"status": "skipped: budget"}
