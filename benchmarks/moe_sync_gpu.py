@@ -513,9 +513,10 @@ def repredict(args) -> int:
             raise SystemExit(f"--ep-reading {args.ep_reading} needs --readings, a file of the "
                              f"calibration's readings (moe_ep_rows_reread_*.json); got "
                              f"{args.readings!r}")
+        scratch = tempfile.TemporaryDirectory()     # removed when repredict returns
         preds["profile"] = str(profile_at_reading(
             Path(preds["profile"]), json.loads(Path(args.readings).read_text()),
-            args.ep_reading, Path(tempfile.mkdtemp()) / "profile.toml"))
+            args.ep_reading, Path(scratch.name) / "profile.toml"))
     model = (ModelSpec.from_dict(preds["model_spec"]) if preds.get("model_spec") else MODEL)
     job = Job.from_dict(preds["job"])
     layouts = dict(SETS[preds["set"]])
