@@ -511,11 +511,11 @@ def repredict(args) -> int:
     if args.ep_reading:
         if not args.readings or not Path(args.readings).is_file():
             raise SystemExit(f"--ep-reading {args.ep_reading} needs --readings, a file of the "
-                             f"calibration's readings (moe_ep_rows_reread_*.json); got "
-                             f"{args.readings!r}")
+                             f"calibration's readings (its profile, or a "
+                             f"moe_ep_rows_reread_*.json); got {args.readings!r}")
         scratch = tempfile.TemporaryDirectory()     # removed when repredict returns
         preds["profile"] = str(profile_at_reading(
-            Path(preds["profile"]), json.loads(Path(args.readings).read_text()),
+            Path(preds["profile"]), calibration_readings(Path(args.readings)),
             args.ep_reading, Path(scratch.name) / "profile.toml"))
     model = (ModelSpec.from_dict(preds["model_spec"]) if preds.get("model_spec") else MODEL)
     job = Job.from_dict(preds["job"])
@@ -551,12 +551,30 @@ _READING_KEY = re.compile(r"^(?:zero(\d) dp(\d+) )?tp(\d+)( sp)? ep(\d+) rc=(\w+
                           r"mb(\d+)( compiled)?$")
 
 
+def calibration_readings(path: Path) -> dict[str, list[tuple[float, float]]]:
+    """Every reading the calibration took of each row it read more than once, as (forward_s,
+    backward_s) per layer in order, keyed as its progress names the row: from a profile's
+    ``[provenance.synced_readings]`` (calibrations since moeh15) or, for earlier checks, a
+    ``moe_ep_rows_reread_*.json`` of readings taken from the calibration's log."""
+    import tomllib
+    if path.suffix == ".toml":
+        got = tomllib.loads(path.read_text()).get("provenance", {}).get("synced_readings")
+        if not got:
+            raise SystemExit(f"{path}: its provenance holds no synced_readings (a "
+                             f"calibration that read no row more than once)")
+        return {k: [(f, b) for f, b in v] for k, v in got.items()}
+    doc = json.loads(path.read_text())
+    return {k: [(r["forward_ms"] / 1e3, r["backward_ms"] / 1e3) for r in v]
+            for k, v in doc["readings"]["calibration"].items()}
+
+
 def profile_at_reading(profile: Path, readings: dict, which: str, out: Path) -> Path:
     """POST HOC: ``profile`` with each ep > 1 row's forward and backward set to one of the
-    calibration's readings of it (``readings["readings"]["calibration"]``, keyed as the
-    calibration's progress names a row, e.g. ``zero2 dp2 tp1 ep2 rc=none mb4 compiled``):
-    ``first`` (what a calibration of one round keeps), ``last`` or ``median`` (each phase's,
-    as the profile keeps it), written to ``out``. A row without readings is left as is."""
+    calibration's readings of it (:func:`calibration_readings`; keyed as the calibration's
+    progress names a row, e.g. ``layer M s2048 zero2 dp2 tp1 ep2 rc=none mb4 compiled``, the
+    ``layer M sS`` part optional): ``first`` (what a calibration of one round keeps),
+    ``last`` or ``median`` (each phase's, as the profile keeps it), written to ``out``. A row
+    without readings is left as is."""
     import statistics
     import tomllib
 
@@ -564,15 +582,14 @@ def profile_at_reading(profile: Path, readings: dict, which: str, out: Path) -> 
     from meshplan.hardware_profiles.calibrated import load_profile
     pick = {"first": lambda v: v[0], "last": lambda v: v[-1], "median": statistics.median}[which]
     by_key = {}
-    for key, reads in readings["readings"]["calibration"].items():
-        m = _READING_KEY.match(key)
+    for key, reads in readings.items():
+        m = _READING_KEY.match(re.sub(r"^layer \S+ s\d+ ", "", key))
         if m is None:
             raise SystemExit(f"readings: {key!r} is not a row key such as "
                              f"'zero2 dp2 tp1 ep2 rc=none mb4 compiled'")
         z, dp, tp, sp, ep, rc, mb, comp = m.groups()
         by_key[(int(z or 0), int(dp or 1), int(tp), bool(sp), int(ep), rc, int(mb),
-                bool(comp))] = (pick([r["forward_ms"] for r in reads]) / 1e3,
-                                pick([r["backward_ms"] for r in reads]) / 1e3)
+                bool(comp))] = (pick([f for f, _ in reads]), pick([b for _, b in reads]))
     doc = tomllib.loads(profile.read_text())
     for row in doc.get("layers", []):
         key = (row.get("zero", 0), row.get("dp", 1), row["tp"], row["sequence_parallel"],
@@ -643,8 +660,10 @@ def main(argv=None) -> int:
     d.add_argument("--results", required=True)
     d.add_argument("--profile", default=None,
                    help="re-predict on this profile instead of the one the plans were made on")
-    d.add_argument("--readings", default=None, metavar="JSON",
-                   help="the calibration's readings of the ep rows (moe_ep_rows_reread_*.json)")
+    d.add_argument("--readings", default=None, metavar="FILE",
+                   help="the calibration's readings of the ep rows: its profile (their "
+                        "provenance, calibrations since moeh15) or a "
+                        "moe_ep_rows_reread_*.json")
     d.add_argument("--ep-reading", default=None, choices=("first", "median", "last"),
                    help="with --readings: each ep row at this reading of it (first: what a "
                         "one-round calibration keeps)")

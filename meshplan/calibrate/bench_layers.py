@@ -126,6 +126,9 @@ class LayerTables:
     reread_rounds: int = 0
     # rows of each kind the budget left untimed in the first round (layer_grid.row_kind)
     untimed: dict[str, int] = field(default_factory=dict)
+    # each row timed synchronized and read more than once: its label -> [forward_s,
+    # backward_s] per layer of every reading, in order (the row keeps each phase's median)
+    synced_readings: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
 def _records_routing(cfg: Config, rnd: int) -> bool:
@@ -456,8 +459,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if progress is not None:
             progress.drop(len(active) * (rounds - rnd - 1))   # keep [done/total] honest
         break
-    _note_synced_spread(progress, grid, {i: measured[i] for i in synced
-                                         if i in measured and i not in skipped})
+    reread = {i: measured[i] for i in synced if i in measured and i not in skipped}
+    _note_synced_spread(progress, grid, reread)
     cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []
@@ -494,7 +497,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                         "their totals are used, docs/calibrate.md \"Known defect\"): "
                         + ", ".join(suspect))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed,
-                       reread_rounds=reread_rounds)
+                       reread_rounds=reread_rounds,
+                       synced_readings={grid[i].label(): [[float(v[0]), float(v[1])]
+                                                          for v in r]
+                                        for i, r in reread.items() if len(r) > 1})
 
 
 __all__ = ["Config", "Sample", "plan_grid", "micro_batch_sizes", "layer_values", "end_values",

@@ -134,7 +134,9 @@ def detect_base_gpu(device_name: str, memory_bytes: int) -> str:
 def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: int = 0,
                host_probe_us: tuple[float, ...] = (),
                rows_untimed: dict[str, int] | None = None,
-               reread_rounds: int = 0) -> dict[str, Any]:
+               reread_rounds: int = 0,
+               synced_readings: dict[str, list[list[float]]] | None = None
+               ) -> dict[str, Any]:
     """Where and how the profile was measured. ``layer_rounds``: the rounds the layer tables
     were measured in (0: no layer tables); ``time_budget_s`` only where one was given;
     ``host_probe_us``: rank 0's host dispatch probe (``executor.measure.
@@ -142,7 +144,10 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
     its CPU dispatch times were taken at; ``rows_untimed``: the rows of each kind a
     ``--time-budget`` left untimed (``layer_grid.row_kind``), only where it left some;
     ``layer_reread_rounds``: the rounds after those that re-timed only the rows timed
-    synchronized (``bench_layers.LayerTables.reread_rounds``), only where there were any."""
+    synchronized (``bench_layers.LayerTables.reread_rounds``), only where there were any;
+    ``synced_readings``: every reading of each row timed synchronized and read more than
+    once (its label -> [forward_s, backward_s] per layer, in order; the row keeps each
+    phase's median), so that what one reading would have given stays answerable."""
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
@@ -187,6 +192,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
            if options.time_budget_s is not None else {}),
         **({"rows_untimed": dict(rows_untimed)} if rows_untimed else {}),
         **({"layer_reread_rounds": reread_rounds} if reread_rounds else {}),
+        **({"synced_readings": dict(synced_readings)} if synced_readings else {}),
         "command": " ".join(sys.argv),
     }
 
@@ -375,6 +381,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     ends: list[dict[str, Any]] = []
     layer_rounds = reread_rounds = 0
     untimed: dict[str, int] = {}
+    synced_readings: dict[str, list[list[float]]] = {}
     if grid:
         t0 = time.perf_counter()
         if world > 1:
@@ -390,6 +397,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         untimed, reread_rounds = tables.untimed, tables.reread_rounds
+        synced_readings = tables.synced_readings
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds"
                   + (f" (the rows timed synchronized re-timed in {reread_rounds} more)"
@@ -423,7 +431,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                                 device, options, world, layer_rounds=layer_rounds,
                                 host_probe_us=(probe_start_us,
                                                host_dispatch_probe_us(device)),
-                                rows_untimed=untimed, reread_rounds=reread_rounds),
+                                rows_untimed=untimed, reread_rounds=reread_rounds,
+                                synced_readings=synced_readings),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
         from meshplan.calibrate.moe_profile import add_moe_keys

@@ -269,6 +269,10 @@ def test_where_a_whole_round_does_not_fit_the_synchronized_rows_are_timed_again(
     moe_rows = [r for r in tables.layers if r["model"] == "tiny-moe"]
     # forward 3, 1 (median 2) or 3, 1, 2 ms (median 2)
     assert len(moe_rows) == n_synced and all(r["forward_s"] == 2e-3 for r in moe_rows)
+    # every reading kept, in order, for the profile's provenance
+    assert set(tables.synced_readings) == synced
+    assert all([f for f, _ in r] == [3e-3, 1e-3, 2e-3][:1 + rereads]
+               for r in tables.synced_readings.values())
     assert any("re-time only the" in m and f"{n_synced} rows timed synchronized" in m
                for m in lines)
     assert not any(m.startswith("round 2: layer tiny-llama") for m in lines)

@@ -748,6 +748,27 @@ def test_provenance_keeps_the_rows_a_budget_left_untimed():
     assert "rows_untimed" not in provenance(torch.device("cpu"), opts, 1)
 
 
+def test_provenance_keeps_every_reading_of_the_rows_read_again(tmp_path):
+    """The readings of the rows timed synchronized and read more than once go into the
+    profile's provenance (label -> [forward, backward] per reading), written as TOML that
+    reads back; none where no row was read again."""
+    pytest.importorskip("torch")
+    import tomllib
+
+    import torch
+
+    from meshplan.calibrate.run import CalibrateOptions, provenance
+    from meshplan.calibrate.tomlfile import dumps
+    opts = CalibrateOptions(out="x.toml")
+    label = "layer tiny-moe s64 tp2 sp ep2 rc=none mb1 compiled"
+    readings = {label: [[3e-3, 1e-3], [1e-3, 1e-3], [2e-3, 1.5e-3]]}
+    doc = provenance(torch.device("cpu"), opts, 2, reread_rounds=2, synced_readings=readings)
+    assert doc["synced_readings"] == readings and doc["layer_reread_rounds"] == 2
+    back = tomllib.loads(dumps({"provenance": doc}))["provenance"]["synced_readings"]
+    assert back == readings
+    assert "synced_readings" not in provenance(torch.device("cpu"), opts, 2)
+
+
 def test_compiled_rows_whose_backward_timed_shorter_than_their_forward_are_named():
     """The calibration names compiled rows without recomputation whose backward timed shorter
     than their forward (compiled blocks that communicate inside: tp 2 + SP, ep 2), not the

@@ -389,6 +389,33 @@ def test_repredict_at_one_reading_of_the_ep_rows(capsys):
         msg.main(args[:5] + ["--ep-reading", "first"])
 
 
+def test_repredict_reads_the_readings_from_a_profiles_provenance(tmp_path, capsys):
+    """Calibrations since moeh15 keep every reading of the rows they read again in the
+    profile's provenance (``synced_readings``, labelled as the progress names a row):
+    ``--readings <profile>`` takes them from there, as from moeh14's readings file."""
+    import tomllib
+
+    import moe_sync_gpu as msg
+    from meshplan.calibrate.tomlfile import dumps
+    data = ROOT / "docs" / "benchmarks" / "data"
+    readings = msg.calibration_readings(data / "moe_ep_rows_reread_h200x2_moeh14_20261130.json")
+    profile = data / "profiles" / "profile_h200x2_moeh14_20261130.toml"
+    doc = tomllib.loads(profile.read_text())
+    doc["provenance"]["synced_readings"] = {f"layer m01-moe8x1-2.47b s2048 {k}": [
+        list(r) for r in v] for k, v in readings.items()}
+    with_readings = tmp_path / "profile.toml"
+    with_readings.write_text(dumps(doc))
+    assert msg.calibration_readings(with_readings) == {
+        f"layer m01-moe8x1-2.47b s2048 {k}": v for k, v in readings.items()}
+    assert msg.main(["repredict", "--results", str(data / "moe_drawn_h200x2_moeh14_"
+                                                          "20261130.json"),
+                     "--load-imbalance", "rows", "--readings", str(with_readings),
+                     "--ep-reading", "first"]) == 0
+    assert "today: mean 11.5 %, max 37.5 % (8 layouts)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="holds no synced_readings"):
+        msg.calibration_readings(profile)
+
+
 def test_a_second_run_starts_only_if_it_ends_within_the_budget(tmp_path, monkeypatch):
     """A layout whose first run took longer than the budget left is not run again (a device
     call must not outlast its limit); the first pass itself is not held back."""
