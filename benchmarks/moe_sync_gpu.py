@@ -574,7 +574,7 @@ def profile_at_reading(profile: Path, readings: dict, which: str, out: Path) -> 
     progress names a row, e.g. ``layer M s2048 zero2 dp2 tp1 ep2 rc=none mb4 compiled``, the
     ``layer M sS`` part optional): ``first`` (what a calibration of one round keeps),
     ``last`` or ``median`` (each phase's, as the profile keeps it), written to ``out``. A row
-    without readings is left as is."""
+    without readings, and a reading of a row that is not an ep row, are left as they are."""
     import statistics
     import tomllib
 
@@ -584,9 +584,8 @@ def profile_at_reading(profile: Path, readings: dict, which: str, out: Path) -> 
     by_key = {}
     for key, reads in readings.items():
         m = _READING_KEY.match(re.sub(r"^layer \S+ s\d+ ", "", key))
-        if m is None:
-            raise SystemExit(f"readings: {key!r} is not a row key such as "
-                             f"'zero2 dp2 tp1 ep2 rc=none mb4 compiled'")
+        if m is None:       # not an ep row (a capacity-factor row at ep 1, an fp8 row)
+            continue
         z, dp, tp, sp, ep, rc, mb, comp = m.groups()
         by_key[(int(z or 0), int(dp or 1), int(tp), bool(sp), int(ep), rc, int(mb),
                 bool(comp))] = (pick([f for f, _ in reads]), pick([b for _, b in reads]))
