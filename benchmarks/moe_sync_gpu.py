@@ -449,8 +449,13 @@ def error_summary(results: dict) -> list[str]:
                             ("mean of both runs", sum(steps) / 2 if all(steps) else None)):
             if step:
                 errs[label].append(abs(p["calibrated_s"] / step - 1))
-    return [f"{label}: mean {100 * sum(v) / len(v):.1f} %, max {100 * max(v):.1f} % "
-            f"({len(v)} layouts)" for label, v in errs.items() if v]
+    return [_error_line(label, v) for label, v in errs.items() if v]
+
+
+def _error_line(label: str, errors: list[float]) -> str:
+    """``label: mean M %, max X % (N layouts)`` of absolute relative errors."""
+    return (f"{label}: mean {100 * sum(errors) / len(errors):.1f} %, "
+            f"max {100 * max(errors):.1f} % ({len(errors)} layouts)")
 
 
 def table(results: dict) -> str:
@@ -541,8 +546,7 @@ def repredict(args) -> int:
                     + _peak_cell(run.get("memory_peak_bytes"), e.memory_peak_gib) + " |")
     for k, v in errs.items():
         if v:
-            rows.append(f"\n{k}: mean {100 * sum(v) / len(v):.1f} %, max {100 * max(v):.1f} % "
-                        f"({len(v)} layouts)")
+            rows.append("\n" + _error_line(k, v))
     print("\n".join(rows))
     return 0
 
