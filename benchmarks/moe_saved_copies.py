@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     spec = ModelSpec.from_dict(json.loads(Path(a.model).read_text()))
     if not spec.is_moe:
         p.error(f"--model {a.model}: {spec.name} has no routed experts")
+    if a.seq_len < 1 or a.micro_batch < 1:
+        p.error(f"--seq-len {a.seq_len} --micro-batch {a.micro_batch}: both integers >= 1")
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     if spec.num_experts % world:

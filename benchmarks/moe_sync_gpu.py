@@ -567,9 +567,14 @@ def calibration_readings(path: Path) -> dict[str, list[tuple[float, float]]]:
             raise SystemExit(f"{path}: its provenance holds no synced_readings (a "
                              f"calibration that read no row more than once)")
         return {k: [(f, b) for f, b in v] for k, v in got.items()}
-    doc = json.loads(path.read_text())
-    return {k: [(r["forward_ms"] / 1e3, r["backward_ms"] / 1e3) for r in v]
-            for k, v in doc["readings"]["calibration"].items()}
+    try:
+        doc = json.loads(path.read_text())
+        return {k: [(r["forward_ms"] / 1e3, r["backward_ms"] / 1e3) for r in v]
+                for k, v in doc["readings"]["calibration"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SystemExit(f"{path}: not a profile (.toml) nor a readings file with "
+                         f"readings.calibration.<row>: [{{forward_ms, backward_ms}}, ...] "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def profile_at_reading(profile: Path, readings: dict, which: str, out: Path) -> Path:

@@ -414,6 +414,10 @@ def test_repredict_reads_the_readings_from_a_profiles_provenance(tmp_path, capsy
     assert "today: mean 11.5 %, max 37.5 % (8 layouts)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="holds no synced_readings"):
         msg.calibration_readings(profile)
+    bad = tmp_path / "readings.json"
+    bad.write_text(json.dumps({"readings": {}}))
+    with pytest.raises(SystemExit, match="not a profile .* nor a readings file"):
+        msg.calibration_readings(bad)
 
 
 def test_a_second_run_starts_only_if_it_ends_within_the_budget(tmp_path, monkeypatch):

@@ -53,3 +53,13 @@ def test_a_dense_model_is_refused_by_name(tmp_path):
                           "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 2 and "has no routed experts" in run.stderr
+
+
+def test_a_sequence_or_micro_batch_below_one_is_refused_by_name(tmp_path):
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(TINY))
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_saved_copies.py"),
+                          "--device", "cpu", "--model", str(model), "--seq-len", "0",
+                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 2 and "--seq-len 0" in run.stderr
