@@ -1,7 +1,7 @@
 """The calibration's MoE layer rows at ep > 1 against the layers of the runs they priced
 (issue 38; CPU only, from committed data).
 
-For every drawn 2-GPU MoE set that ran (moeh6-moeh14) and each of its ZeRO-0/1, unpipelined
+For every drawn 2-GPU MoE set that ran (moeh6-moeh15) and each of its ZeRO-0/1, unpipelined
 layouts at ep > 1: the layer row the profile timed at that layout's tp, SP, recompute,
 micro-batch, compile and ep, against the run's own forward and backward phases (medians over
 the measured steps' micro-batches, the profile's embedding and output rows taken off, over
@@ -12,6 +12,7 @@ run (busiest rank over the mean) is shown beside the row's, since a busier rank'
 take longer than the row's.
 
     python benchmarks/moe_rows_vs_runs.py            # the table and its summary (markdown)
+    python benchmarks/moe_rows_vs_runs.py --second-runs   # with the fresh-process reruns
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ DATA = ROOT / "docs/benchmarks/data"
 SETS = {"moeh6": "drawn2-3806", "moeh7": "drawn2-3807", "moeh8": "drawn2-3808",
         "moeh9": "drawn2-3809", "moeh10": "drawn2-3810", "moeh11": "drawn2-3811",
         "moeh12": "drawn2-3812", "moeh13": "drawn2-3813",
-        "moeh14": "drawn2-3814"}
+        "moeh14": "drawn2-3814", "moeh15": "drawn2-3815"}
 
 
 def _one(paths: list[str], what: str) -> str:
@@ -70,7 +71,9 @@ def _ends_s(profile: dict, lay) -> tuple[float, float]:
     return fwd, bwd
 
 
-def rows_vs_runs(tags: list[str]) -> list[dict]:
+def rows_vs_runs(tags: list[str], second_runs: bool = False) -> list[dict]:
+    """Each set's first runs; with ``second_runs`` also the layouts run again in a fresh
+    process (``moe_sync_gpu.py run --second-pass``, moeh15 on), named ``LAYOUT (2nd)``."""
     out = []
     for tag in tags:
         layouts = dict(msg.SETS[SETS[tag]])
@@ -80,7 +83,10 @@ def rows_vs_runs(tags: list[str]) -> list[dict]:
                                     "run file")).read_text())["runs"]
         layers = json.loads((ROOT / f"benchmarks/sets/{tag}/m01.json").read_text())["num_layers"]
         for key, run in runs.items():
-            name = key.split("/")[0]
+            name, arm = key.split("/")
+            second = arm == msg.SECOND_RUN
+            if second and not second_runs:
+                continue
             lay = layouts.get(name)
             phases = run.get("phases") or {}
             if lay is None or lay.ep < 2 or lay.zero > 1 or lay.pp > 1 or not phases:
@@ -94,7 +100,8 @@ def rows_vs_runs(tags: list[str]) -> list[dict]:
                    for p in ("forward", "backward")}
             run_f = (med["forward"] - end_f) / layers
             run_b = (med["backward"] - end_b) / layers
-            out.append({"set": tag, "layout": name, "compiled": lay.compile,
+            out.append({"set": tag, "layout": name + (" (2nd)" if second else ""),
+                        "compiled": lay.compile,
                         "row_f": row["forward_s"],
                         "row_b": row["backward_s"], "run_f": run_f, "run_b": run_b,
                         "ratio": (row["forward_s"] + row["backward_s"]) / (run_f + run_b),
@@ -154,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", default=",".join(SETS),
                    help=f"comma-separated set tags (default: {','.join(SETS)})")
+    p.add_argument("--second-runs", action="store_true",
+                   help="also the layouts run a second time in a fresh process (moeh15 on)")
     args = p.parse_args(argv)
     tags = [t for t in args.sets.split(",") if t]
     unknown = [t for t in tags if t not in SETS]
     if unknown:
         p.error(f"--sets: unknown {unknown}; valid: {', '.join(SETS)}")
-    print(markdown(rows_vs_runs(tags)))
+    print(markdown(rows_vs_runs(tags, second_runs=args.second_runs)))
     return 0
 
 
