@@ -172,6 +172,8 @@ LAYOUTS += draw_two_gpu_layouts(4112, micro_batches=(8,), prefix="v")
 # fp8h13 (2026-11-30, drawn before any run, for a 2-GPU lease): 8 k tokens a micro-batch of
 # its 1 k sequences; a 128 k vocabulary, untied
 LAYOUTS += draw_two_gpu_layouts(4113, micro_batches=(8,), prefix="w")
+# fp8h14 (2026-11-30, drawn before any run, for a 2-GPU lease): 8 k-token sequences, one each
+LAYOUTS += draw_two_gpu_layouts(4114, micro_batches=(1,), prefix="x")
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 

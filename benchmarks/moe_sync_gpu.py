@@ -216,6 +216,10 @@ SETS["drawn2-3814"] = draw_layouts(3814, count=16, gpus=2, micro_batches=(4,))
 # (64 of width 640, top-8) with a shared expert, GQA and a 100 k vocabulary, 8 k tokens a
 # micro-batch of its 2 k sequences; calibrated with the ep rows re-timed, as moeh14
 SETS["drawn2-3815"] = draw_layouts(3815, count=16, gpus=2, micro_batches=(4,))
+# moeh16 (2026-11-30, for a 2-GPU lease, drawn after moeh15 ran): coarse top-1 experts (8 of
+# width 6272) with a shared expert as wide, GQA, 8 k tokens a micro-batch of its 4 k sequences;
+# calibrated with the ep rows re-timed, each layout run twice, as moeh15
+SETS["drawn2-3816"] = draw_layouts(3816, count=16, gpus=2, micro_batches=(2,))
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
