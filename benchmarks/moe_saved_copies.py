@@ -11,7 +11,10 @@ experts; no attention), at the model's hidden size, experts, sequence and micro-
 For each (ep, compiled) it records the bytes autograd saves (``saved_tensors_hooks``, each
 storage once, parameters apart), the part of them that are 16-bit tensors of an expert
 weight's shape (the copies), and on CUDA the allocator's growth over the forward less the
-output (as the calibration's rows read ``activation_bytes``). Rank 0 writes ``--out``.
+output (as the calibration's rows read ``activation_bytes``); and, per ep, how far the
+compiled layer's gradients (the input's, every parameter's) are from eager's, from the same
+weights, tokens and upstream gradient — a routed part left out of the compiled backward
+would show as a gap near 1 or "missing". Rank 0 writes ``--out``.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/moe_saved_copies.py \\
         --model benchmarks/sets/moeh14/m01.json --seq-len 2048 --micro-batch 4 \\
@@ -53,8 +56,9 @@ def _layer(spec: ModelSpec, ep: int, rank: int, device: torch.device) -> MoELaye
 
 
 def saved(spec: ModelSpec, tokens: tuple[int, int], ep: int, compile_backend: str | None,
-          device: torch.device) -> dict:
-    """One forward and backward of the layer: what autograd saved, and the copies in it."""
+          device: torch.device) -> tuple[dict, dict]:
+    """One forward and backward of the layer: what autograd saved and the copies in it, and
+    the gradients (name -> tensor or None) of the last pass."""
     rank = dist.get_rank()
     layer = _layer(spec, ep, rank, device)
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
@@ -83,7 +87,11 @@ def saved(spec: ModelSpec, tokens: tuple[int, int], ep: int, compile_backend: st
                 y = run(x)
         grown = (torch.cuda.memory_allocated(device) - before - y.untyped_storage().nbytes()
                  if cuda else None)
-        y.float().sum().backward()
+        torch.manual_seed(2)      # one upstream gradient for eager and compiled alike
+        (y.float() * torch.randn(y.shape, device=device)).sum().backward()
+        grads = {"input": x.grad.detach().float().clone()}
+        grads.update({n: None if q.grad is None else q.grad.detach().float().clone()
+                      for n, q in layer.named_parameters()})
         x.grad = None
         layer.zero_grad(set_to_none=True)
     copies = [v for v in seen.values() if v[1] == "torch.bfloat16" and v[2] in expert_shapes]
@@ -92,7 +100,20 @@ def saved(spec: ModelSpec, tokens: tuple[int, int], ep: int, compile_backend: st
             "expert_copy_bytes": sum(v[0] for v in copies),
             "expert_weight_bf16_bytes": 2 * sum(p.numel() for p in layer.experts.parameters()),
             "forward_growth_bytes": grown,
-            "largest_saved": sorted(seen.values(), reverse=True)[:8]}
+            "largest_saved": sorted(seen.values(), reverse=True)[:8]}, grads
+
+
+def grad_gaps(eager: dict, compiled: dict) -> dict:
+    """Per gradient (the input's, each parameter's): max |compiled − eager| over max |eager|,
+    or "missing" where one side has none — whether compile keeps the backward whole."""
+    out = {}
+    for name, e in eager.items():
+        c = compiled.get(name)
+        if e is None or c is None:
+            out[name] = "missing" if (e is None) != (c is None) else "none"
+        else:
+            out[name] = float((c - e).abs().max() / e.abs().max().clamp_min(1e-30))
+    return out
 
 
 def main(argv=None) -> int:
@@ -119,15 +140,21 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
     rows = []
     for ep in sorted({1, world}):
+        grads = {}
         for backend in (None, a.backend):
             torch._dynamo.reset()
-            rows.append(saved(spec, (a.micro_batch, a.seq_len), ep, backend, device))
+            row, grads[backend] = saved(spec, (a.micro_batch, a.seq_len), ep, backend, device)
+            rows.append(row)
             if rank == 0:
-                r = rows[-1]
                 print(f"ep {ep} {'compiled' if backend else 'eager   '}: saved "
-                      f"{r['saved_bytes'] / 2**20:.3f} MiB, experts' 16-bit copies "
-                      f"{r['expert_copy_bytes'] / 2**20:.3f} of "
-                      f"{r['expert_weight_bf16_bytes'] / 2**20:.3f} MiB", flush=True)
+                      f"{row['saved_bytes'] / 2**20:.3f} MiB, experts' 16-bit copies "
+                      f"{row['expert_copy_bytes'] / 2**20:.3f} of "
+                      f"{row['expert_weight_bf16_bytes'] / 2**20:.3f} MiB", flush=True)
+        rows[-1]["grad_gap_vs_eager"] = grad_gaps(grads[None], grads[a.backend])
+        if rank == 0:
+            print(f"ep {ep} compiled gradients against eager (max |diff| / max |eager|): "
+                  + ", ".join(f"{n} {g if isinstance(g, str) else f'{g:.3g}'}"
+                              for n, g in rows[-1]["grad_gap_vs_eager"].items()), flush=True)
     if rank == 0:
         Path(a.out).write_text(json.dumps(
             {"model": spec.name, "seq_len": a.seq_len, "micro_batch": a.micro_batch,

@@ -32,8 +32,8 @@ Kept activations and a backward's working memory:
 
     act  = min(eager_act, plain_compiled_act − w),   w = 2 B × layer params / tp
 
-(an MoE layer's params: at ep 1 with its E routed experts; at ep > 1 without the rank's
-E/ep, below; its plain pair at the layout's ep, where an FSDP2 row at ep > 1 is derived;
+(an MoE layer's params: at ep 1 with its E routed experts; at ep > 1 act = eager_act,
+below; its plain pair at the layout's ep, where an FSDP2 row at ep > 1 is derived;
 w = 0 under full recomputation, below)
     peak = eager_peak · plain_compiled_peak / plain_eager_peak
 
@@ -50,15 +50,18 @@ when it recomputes: every profile's tp 1 compiled full row keeps what its eager 
 came out 0: fp8h9's compiled ZeRO-3 full layout, 56 MiB a layer short, docs/fp8.md
 "fp8h9"). An MoE layer's compiled row keeps its experts' copies at ep 1 only (the executor
 casts them per call; moeh2's and moeh3's ep 1 rows: intercepts 163 / 425 MiB against
-161 / 424 MiB of 16-bit weights). At ep > 1 it keeps none: on the six MoE profiles of
-2 x H200 with both (moeh6, 7, 9, 11, 12, 14; tp 1, recompute none or selective) the eager
-row at ep 2 keeps the E/2 experts' copies less than at ep 1 (within 9 MiB), the compiled
-row all E's less (less 28-30 MiB; moeh8's and moeh10's more still); moeh14's and moeh6's
-compiled tp 2 + SP rows at ep 2 keep 268 / 274 MiB, below the 279 / 286 MiB that w with
-the rank's experts would take off. With them in w, moeh14's compiled ZeRO-2 ep 2 layout
-was predicted 12.3 % under its measured peak (28.0 GiB), without them 4.8 % (post hoc).
-Why is not found: on the CPU (Inductor, bf16 autocast, grouped GEMM, ep 2 over gloo) the
-compiled layer saves its experts' copies at ep 1 and 2 alike, so this rests on GPU rows.
+161 / 424 MiB of 16-bit weights). At ep > 1 the compiled plain row is no guide, and the
+eager FSDP2 row's kept bytes stand: on 2 x H200 (torch 2.11, Inductor) the compiled MoE layer
+at ep 2 saves its rank's experts' copies but *none of its routed rows' activations* (the
+expert input, fc1's output, the activation's; ``benchmarks/moe_saved_copies.py`` on moeh14's
+layer: 367 MiB saved against eager's 767, the allocator agreeing), while the compiled FSDP2
+layouts at ep 2 peaked as if they kept them: priced from the compiled row less the dense
+weights' copies, moeh14's compiled ZeRO-2 and moeh15's ZeRO-3 came out 4.8 % and 10.8 %
+under their measured peaks; from the eager FSDP2 row, +2.8 % and −4.8 % (post hoc, fitted on
+those two; the compiled rows' copies rule before it gave −12.3 % on moeh14). Why the plain
+compiled layer drops them is not found: on the CPU (torch 2.13, Inductor or
+aot_eager_decomp_partition, gloo) the compiled layer at ep 2 saves them as eager does and
+its gradients match eager's, so this rests on GPU rows.
 FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
 the compiled graph keeps, the same 16-bit tensors whatever the precision policy; what it
 no longer keeps under autocast is partly autocast's fp32 copies, which FSDP2's eager layers
@@ -116,7 +119,7 @@ class CompileRatios:
 
     @classmethod
     def of(cls, eager: Interpolated, compiled: Interpolated,
-           weight_copy_bytes: float) -> "CompileRatios":
+           weight_copy_bytes: float | None) -> "CompileRatios":
         def cpu(r: Interpolated, per_layer: str, fixed: str) -> float:
             return getattr(r, per_layer) + getattr(r, fixed) / LAYER_ROW_BLOCKS
         cpu_known = eager.cpu_measured and compiled.cpu_measured
@@ -124,20 +127,25 @@ class CompileRatios:
                    _r(compiled.backward_s, eager.backward_s),
                    *(_r(cpu(compiled, *n), cpu(eager, *n)) if cpu_known else 1.0
                      for n in _CPU),
-                   _r(max(0.0, compiled.activation_bytes - weight_copy_bytes),
-                      eager.activation_bytes),
+                   (1.0 if weight_copy_bytes is None else
+                    _r(max(0.0, compiled.activation_bytes - weight_copy_bytes),
+                       eager.activation_bytes)),
                    _r(compiled.peak_bytes, eager.peak_bytes))
 
-    def text(self) -> str:
+    def text(self, kept_from_compiled: bool = True) -> str:
+        kept = (f"the compiled row's less its weight copies (x{self.activation_bytes:.2f} the "
+                "eager row's), at most the eager FSDP2 row's" if kept_from_compiled else
+                "the eager FSDP2 row's (a compiled MoE row at ep > 1 is no guide to them)")
         return (f"GPU forward x{self.forward_s:.2f}, backward x{self.backward_s:.2f}; CPU "
-                f"x{self.forward_cpu_s:.2f} / x{self.backward_cpu_s:.2f}; kept activations: the "
-                f"compiled row's less its weight copies (x{self.activation_bytes:.2f} the eager "
-                "row's), at most the eager FSDP2 row's")
+                f"x{self.forward_cpu_s:.2f} / x{self.backward_cpu_s:.2f}; kept activations: "
+                f"{kept}")
 
 
 def derive_compiled(eager: Interpolated, plain_eager: Interpolated,
-                    plain_compiled: Interpolated, weight_copy_bytes: float) -> Interpolated:
-    """``eager`` (a layer row timed eager) as compiled: the module docstring's formulas."""
+                    plain_compiled: Interpolated, weight_copy_bytes: float | None
+                    ) -> Interpolated:
+    """``eager`` (a layer row timed eager) as compiled: the module docstring's formulas;
+    ``weight_copy_bytes`` None keeps the eager row's activations (an MoE row at ep > 1)."""
     k = CompileRatios.of(plain_eager, plain_compiled, weight_copy_bytes)
 
     def moved(name: str, ratio: float) -> float:
@@ -147,8 +155,9 @@ def derive_compiled(eager: Interpolated, plain_eager: Interpolated,
     if eager.cpu_measured:
         for (per_layer, fixed), ratio in zip(_CPU, (k.forward_cpu_s, k.backward_cpu_s)):
             out[per_layer], out[fixed] = moved(per_layer, ratio), moved(fixed, ratio)
-    kept = min(eager.activation_bytes, max(0.0, plain_compiled.activation_bytes
-                                             - weight_copy_bytes))
+    kept = (eager.activation_bytes if weight_copy_bytes is None else
+            min(eager.activation_bytes, max(0.0, plain_compiled.activation_bytes
+                                                - weight_copy_bytes)))
     return replace(eager, **out, activation_bytes=kept,
                    peak_bytes=eager.peak_bytes * k.peak_bytes, **_SPLIT_ZERO)
 
@@ -187,8 +196,8 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
     pair = plain_pair(tables, model, job, layout)
     if pair is None:
         return CompiledRows(fsdp_row, stage_row)
-    w = row_weight_copies(model, layout.tp, layout.recompute, _rank_experts(model, layout))
-    ratios = CompileRatios.of(*pair, w).text()
+    w = compiled_row_copies(model, layout)
+    ratios = CompileRatios.of(*pair, w).text(kept_from_compiled=w is not None)
     at = (f"tp {layout.tp}{' with SP' if layout.sequence_parallel and layout.tp > 1 else ''}, "
           f"recompute {layout.recompute}, micro-batch {layout.micro_batch}")
     sources = []
@@ -215,15 +224,18 @@ def row_weight_copies(model: ModelSpec, tp: int, recompute: str,
                              + experts)
 
 
-def _rank_experts(model: ModelSpec, layout: Layout) -> float:
-    """An MoE layer's routed-expert parameters whose 16-bit copies its compiled plain row
-    holds (0 for a dense model): at ep 1 all of them (the executor casts them per call as
-    it casts the layer's other weights; ``stage_params`` counts an MoE layer without them),
-    at ep > 1 none (the compiled rows at ep > 1 show no copies of the rank's experts: the
-    module docstring)."""
-    if not model.is_moe or layout.ep > 1:
-        return 0.0
-    return moe_params_per_rank(model, layout).experts
+def compiled_row_copies(model: ModelSpec, layout: Layout) -> float | None:
+    """``w`` for the layout's plain compiled row: the 16-bit copies of the layer's weights,
+    an MoE layer's with all its experts at ep 1 (the executor casts them per call as it
+    casts the layer's other weights; ``stage_params`` counts an MoE layer without them);
+    None for an MoE layer at ep > 1, whose compiled row does not say what a compiled FSDP2
+    layer keeps (the module docstring)."""
+    if not model.is_moe:
+        return row_weight_copies(model, layout.tp, layout.recompute)
+    if layout.ep > 1:
+        return None
+    return row_weight_copies(model, layout.tp, layout.recompute,
+                             moe_params_per_rank(model, layout).experts)
 
 
 def derived_caveat(sources: tuple[str, ...]) -> str:

@@ -19,8 +19,9 @@ TINY = {"name": "tiny-moe", "num_layers": 1, "hidden_size": 64, "num_heads": 4,
 @pytest.mark.distributed
 def test_two_cpu_ranks_record_the_experts_copies_eager_and_compiled_at_ep1_and_2(tmp_path):
     """On the CPU the layer keeps its experts' 16-bit copies eager and compiled, at ep 1 and
-    2 alike (every local expert's: the GPU profiles' compiled ep 2 rows do not show them,
-    which this script, run on a GPU, is to explain)."""
+    2 alike, and the compiled layer's gradients are eager's at both (on 2 x H200 the
+    compiled layer at ep 2 saved none of its routed rows' activations: this script, run on a
+    GPU, also says whether its gradients then still match)."""
     pytest.importorskip("torch")
     model = tmp_path / "tiny.json"
     model.write_text(json.dumps(TINY))
@@ -41,6 +42,12 @@ def test_two_cpu_ranks_record_the_experts_copies_eager_and_compiled_at_ep1_and_2
         assert r["expert_weight_bf16_bytes"] == 2 * experts * 4 // ep
         assert r["expert_copy_bytes"] == r["expert_weight_bf16_bytes"]
         assert r["saved_bytes"] > r["expert_copy_bytes"] and r["forward_growth_bytes"] is None
+    for ep in (1, 2):
+        gaps = rows[(ep, True)]["grad_gap_vs_eager"]
+        # the input's and every parameter's, experts' included; bf16 autocast's rounding only
+        assert {"input", "router.weight"} <= set(gaps) and any("expert" in n for n in gaps)
+        assert all(isinstance(g, float) and g < 0.05 for g in gaps.values()), gaps
+    assert "grad_gap_vs_eager" not in rows[(2, False)]
 
 
 def test_a_dense_model_is_refused_by_name(tmp_path):
