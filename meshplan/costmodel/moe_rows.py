@@ -58,15 +58,18 @@ docs/benchmarks/gpu_checks.md):
 - ep 2 from the ep = 1 rows plus the formulas (moeh4, 2 × H200): four host-bound tp 2 · ep 2
   layouts 7-19 % slower than predicted; with the ep operators on the CPU's timeline
   −5.7..+9.1 % (post hoc: why those terms exist).
-- Rows timed at ep 2 (2 × H200, moeh6-moeh14, eight layouts a set): set means 3.6-16.0 %.
-  ZeRO-2/3 from FSDP2 rows at ep: nine runs −6.9..+21.4 % (from the curves, moeh7: +20 to
-  +43 %). What limits it is the rows' reading: over 19 eager ZeRO-0/1 layouts the rows read
-  0.85-1.29 of the runs' own layers (median 0.99, σ 11 %; ``benchmarks/moe_rows_vs_runs.py``),
-  partly following the run's routing (correlation −0.65 with ρ as run; the busiest-rank term
-  prices a third of that slope), the compiled rows 0.91-1.48. So ``meshplan calibrate``
-  re-times them in the rounds a budget leaves (``calibrate.bench_layers``), each the median:
+- Rows timed at ep 2 (2 × H200, moeh6-moeh15, eight layouts a set): set means 3.6-16.0 %.
+  ZeRO-2/3 from FSDP2 rows at ep: eleven runs −6.9..+21.4 % (from the curves, moeh7: +20 to
+  +43 %). What limits it is the rows' reading: over 23 eager ZeRO-0/1 layouts the rows read
+  0.85-1.29 of the runs' own layers (median 1.00, σ 11 %; ``benchmarks/moe_rows_vs_runs.py``),
+  partly following the run's routing (correlation −0.56 with ρ as run; the busiest-rank term
+  prices a third of that slope), the compiled rows 0.91-1.48; fine-grained experts' tp 2 +
+  SP rows read high even where their readings agree (moeh15: 1.20-1.25, readings 3 % apart).
+  So ``meshplan calibrate`` re-times them in the rounds a budget leaves
+  (``calibrate.bench_layers``), each the median of its readings:
   moeh14, the first check calibrated so, ran at 5.4 % mean, 15.6 % max, where its rows' first
-  readings alone give 11.5 / 37.5 %; a layout run twice in fresh processes moved 3-10 %.
+  readings alone give 11.5 / 37.5 %; moeh15 (two readings each) 7.0 / 23.2 %. A layout run
+  twice in fresh processes moved 3-13 % (moeh14, moeh15).
 """
 
 from __future__ import annotations
@@ -92,21 +95,24 @@ MOE_EP_FSDP_ROWS_CAVEAT = (
     "FSDP2 (their all-to-alls, host syncs, FSDP2's gathers, hooks and expert copies as timed "
     "on the calibrating node, synchronized; only the busiest rank's extra rows beyond the "
     "load imbalance the rows were routed at priced on top); ZeRO-2/3 at ep > 1 from such "
-    "rows measured against nine runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
+    "rows measured against eleven runs so far (2 x H200: moeh10's dp2-ep2-z2-mb8-full +1.8 %, "
     "moeh11's dp2-ep2-z3-mb8-full +0.3 %, moeh12's compiled ZeRO-3 -5.4 %, moeh13's ZeRO-2 "
     "+2.6 % and its two recompute-full ZeRO-3 +18.8 / +21.4 %, from rows whose one "
     "calibration reading ran 15-20 % above two later ones; moeh14's, from rows each the "
-    "median of three readings, ZeRO-3 +2.5 / -6.9 %, compiled ZeRO-2 -1.8 %; "
+    "median of three readings, ZeRO-3 +2.5 / -6.9 %, compiled ZeRO-2 -1.8 %; moeh15's "
+    "ZeRO-3 +2.2 %, compiled ZeRO-3 +0.0 %; "
     "priced without them, moeh6-moeh9: 10.5 % mean error over 13 layouts; docs/moe.md)")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
     "extra rows beyond the load imbalance the row was routed at priced on top); measured "
-    "runs at ep 2 on 2 x H200 (moeh6-moeh14; rows timed in one calibration round read "
+    "runs at ep 2 on 2 x H200 (moeh6-moeh15; rows timed in one calibration round read "
     "0.85-1.29 of the runs' own layers, lower where the run routed more unevenly than the "
     "row; calibrate re-times them in the rounds a budget leaves, each the median: moeh14 "
-    "so, +0.4 to +15.6 %, where its first readings alone gave -14.2 to +7.3 %; a layout "
-    "run twice moved 3-10 %): eager -14.5 to +26.3 %, compiled -7.9 to "
+    "so, +0.4 to +15.6 %, where its first readings alone gave -14.2 to +7.3 %; moeh15's "
+    "fine-grained tp 2 + SP rows, two readings 3 % apart, 1.20-1.25 of the runs' layers, "
+    "+16.6 / +23.2 %; a layout run twice moved 3-13 %): eager -14.5 to +26.3 %, compiled "
+    "-7.9 to "
     "+47 % (moeh9's calibration read its compiled ep rows 1.6x the same rows timed alone, "
     "moeh10's 1.0-1.2x; cause not found), 15-27 % above the runs where the host set the pace "
     "(moeh4, post hoc); "
