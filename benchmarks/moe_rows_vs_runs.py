@@ -13,6 +13,7 @@ take longer than the row's.
 
     python benchmarks/moe_rows_vs_runs.py            # the table and its summary (markdown)
     python benchmarks/moe_rows_vs_runs.py --second-runs   # with the fresh-process reruns
+    python benchmarks/moe_rows_vs_runs.py --host     # and the runs' host time a layer
 """
 
 from __future__ import annotations
@@ -95,30 +96,36 @@ def rows_vs_runs(tags: list[str], second_runs: bool = False) -> list[dict]:
             if row is None:
                 continue
             end_f, end_b = _ends_s(profile, lay)
-            med = {p: statistics.median(v["device_ms"] for k, v in phases.items()
-                                        if k.startswith(p)) / 1e3
-                   for p in ("forward", "backward")}
-            run_f = (med["forward"] - end_f) / layers
-            run_b = (med["backward"] - end_b) / layers
+            med = {(p, clock): statistics.median(v[clock] for k, v in phases.items()
+                                                 if k.startswith(p)) / 1e3
+                   for p in ("forward", "backward") for clock in ("device_ms", "host_ms")}
+            run_f = (med["forward", "device_ms"] - end_f) / layers
+            run_b = (med["backward", "device_ms"] - end_b) / layers
             out.append({"set": tag, "layout": name + (" (2nd)" if second else ""),
                         "compiled": lay.compile,
                         "row_f": row["forward_s"],
                         "row_b": row["backward_s"], "run_f": run_f, "run_b": run_b,
+                        "host_f": (med["forward", "host_ms"] - end_f) / layers,
+                        "host_b": (med["backward", "host_ms"] - end_b) / layers,
                         "ratio": (row["forward_s"] + row["backward_s"]) / (run_f + run_b),
                         "rho_row": row.get("routed_imbalance", 0.0),
                         "rho_run": (run.get("moe_routing") or {}).get("busiest_over_mean")})
     return out
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| set | layout | row fwd + bwd ms | run's layer fwd + bwd ms | row / run "
-             "| ρ row / run |", "|---|---|---|---|---|---|"]
+def markdown(rows: list[dict], host: bool = False) -> str:
+    """The table and its summary; ``host`` adds the run's host time a layer (the same phases
+    on the CPU's clock, the profile's end rows taken off as for the GPU's)."""
+    lines = ["| set | layout | row fwd + bwd ms | run's layer fwd + bwd ms | "
+             + ("run's host fwd + bwd ms | " if host else "") + "row / run | ρ row / run |",
+             "|---|---|---|---|---|---|" + ("---|" if host else "")]
     for r in rows:
         rho_run = f"{r['rho_run']:.2f}" if r["rho_run"] else "—"
         rho_row = f"{r['rho_row']:.2f}" if r["rho_row"] else "—"
+        cpu = f"{r['host_f'] * 1e3:.2f} + {r['host_b'] * 1e3:.2f} | " if host else ""
         lines.append(f"| {r['set']} | `{r['layout']}` | {r['row_f'] * 1e3:.2f} + "
                      f"{r['row_b'] * 1e3:.2f} | {r['run_f'] * 1e3:.2f} + {r['run_b'] * 1e3:.2f} | "
-                     f"{r['ratio']:.3f} | {rho_row} / {rho_run} |")
+                     f"{cpu}{r['ratio']:.3f} | {rho_row} / {rho_run} |")
     ratios = sorted(r["ratio"] for r in rows)
     if ratios:
         lines.append("")
@@ -163,12 +170,14 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated set tags (default: {','.join(SETS)})")
     p.add_argument("--second-runs", action="store_true",
                    help="also the layouts run a second time in a fresh process (moeh15 on)")
+    p.add_argument("--host", action="store_true",
+                   help="add the runs' host time a layer beside their GPU time")
     args = p.parse_args(argv)
     tags = [t for t in args.sets.split(",") if t]
     unknown = [t for t in tags if t not in SETS]
     if unknown:
         p.error(f"--sets: unknown {unknown}; valid: {', '.join(SETS)}")
-    print(markdown(rows_vs_runs(tags, second_runs=args.second_runs)))
+    print(markdown(rows_vs_runs(tags, second_runs=args.second_runs), host=args.host))
     return 0
 
 

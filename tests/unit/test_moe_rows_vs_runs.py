@@ -61,3 +61,18 @@ def test_second_runs_are_kept_apart(load_benchmark):
     one, two = both["tp2-ep2-mb4"], both["tp2-ep2-mb4 (2nd)"]
     assert one["row_f"] == two["row_f"]
     assert two["run_f"] < one["run_f"] < one["row_f"]
+
+
+def test_the_runs_host_time_beside_the_gpus(load_benchmark):
+    m = load_benchmark("moe_rows_vs_runs")
+    rows = {r["layout"]: r for r in m.rows_vs_runs(["moeh15"])}
+    none = rows["tp2-ep2-mb4"]
+    # the run's forward host-paced (8.05 ms a layer on the CPU's clock, 5.37 on the GPU's),
+    # its backward the other way (docs/moe.md "moeh15")
+    assert none["host_f"] * 1e3 == pytest.approx(8.05, abs=0.01)
+    assert none["run_f"] * 1e3 == pytest.approx(5.37, abs=0.01)
+    assert none["host_b"] < none["run_b"]
+    table = m.markdown([none], host=True).splitlines()
+    assert "run's host fwd + bwd ms" in table[0] and table[1].count("|") == 8
+    assert "| 8.05 + 3.66 |" in table[2]
+    assert "host" not in m.markdown([none]).splitlines()[0]
