@@ -246,9 +246,12 @@ def test_the_committed_fp8h6_draw_model_and_two_gpu_layouts():
 
 
 @pytest.mark.parametrize("check, seed, pick, prefix, mb, seq, batch", [
-    ("fp8h7", 4107, 2, "p", 1, 8192, 4), ("fp8h8", 4108, 4, "r", 4, 2048, 16)])
+    ("fp8h7", 4107, 2, "p", 1, 8192, 4), ("fp8h8", 4108, 4, "r", 4, 2048, 16),
+    ("fp8h9", 4109, 5, "s", 8, 1024, 32), ("fp8h10", 4110, 1, "t", 2, 4096, 8),
+    ("fp8h11", 4111, 3, "u", 4, 2048, 16), ("fp8h12", 4112, 3, "v", 8, 1024, 32),
+    ("fp8h13", 4113, 3, "w", 8, 1024, 32), ("fp8h14", 4114, 2, "x", 1, 8192, 4)])
 def test_the_committed_two_gpu_fp8_draws(check, seed, pick, prefix, mb, seq, batch):
-    """fp8h7, fp8h8 (2026-11-30, for 2-GPU leases): the first of the seed's models with tp 2
+    """fp8h7 to fp8h14 (2026-11-30, for 2-GPU leases): the first of the seed's models with tp 2
     admissible (heads and kv heads even) and hidden >= 2560, and four two-GPU layouts at one
     micro-batch, runnable compiled in both arms (prefix q is fp8h5's)."""
     import dataclasses
@@ -317,11 +320,13 @@ def test_load_imbalance_option_prices_ep_layouts_at_the_asked_or_the_rows_rho():
         msg.main(["plans", "--profile", "x", "--out", "/tmp/x", "--load-imbalance", "0.5"])
 
 
-@pytest.mark.parametrize("check, seed, mb", [("moeh7", 3807, 8), ("moeh8", 3808, 2),
-                                             ("moeh9", 3809, 8)])
+@pytest.mark.parametrize("check, seed, mb", [
+    ("moeh7", 3807, 8), ("moeh8", 3808, 2), ("moeh9", 3809, 8), ("moeh10", 3810, 8),
+    ("moeh11", 3811, 8), ("moeh12", 3812, 2), ("moeh13", 3813, 4), ("moeh14", 3814, 4),
+    ("moeh15", 3815, 4), ("moeh16", 3816, 2)])
 def test_the_committed_two_gpu_moe_draws(check, seed, mb):
-    """moeh7 (2026-11-29 night), moeh8 and moeh9 (2026-11-30), for 2-GPU leases: the
-    seed's model at hidden >= 2048 and sixteen two-GPU candidates at one micro-batch size (8 k tokens of
+    """moeh7 (2026-11-29 night) to moeh16 (2026-11-30), for 2-GPU leases: the seed's model
+    at hidden >= 2048 and sixteen two-GPU candidates at one micro-batch size (8 k tokens of
     the model's own sequences)."""
     import moe_sync_gpu as msg
     committed = ModelSpec.from_dict(json.loads(
