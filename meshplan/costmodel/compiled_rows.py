@@ -114,7 +114,7 @@ class CompileRatios:
     backward_s: float
     forward_cpu_s: float
     backward_cpu_s: float
-    activation_bytes: float
+    activation_bytes: float | None      # None: the eager row's kept bytes stand (MoE, ep > 1)
     peak_bytes: float
 
     @classmethod
@@ -127,15 +127,16 @@ class CompileRatios:
                    _r(compiled.backward_s, eager.backward_s),
                    *(_r(cpu(compiled, *n), cpu(eager, *n)) if cpu_known else 1.0
                      for n in _CPU),
-                   (1.0 if weight_copy_bytes is None else
+                   (None if weight_copy_bytes is None else
                     _r(max(0.0, compiled.activation_bytes - weight_copy_bytes),
                        eager.activation_bytes)),
                    _r(compiled.peak_bytes, eager.peak_bytes))
 
-    def text(self, kept_from_compiled: bool = True) -> str:
-        kept = (f"the compiled row's less its weight copies (x{self.activation_bytes:.2f} the "
-                "eager row's), at most the eager FSDP2 row's" if kept_from_compiled else
-                "the eager FSDP2 row's (a compiled MoE row at ep > 1 is no guide to them)")
+    def text(self) -> str:
+        kept = ("the eager FSDP2 row's (a compiled MoE row at ep > 1 is no guide to them)"
+                if self.activation_bytes is None else
+                f"the compiled row's less its weight copies (x{self.activation_bytes:.2f} the "
+                "eager row's), at most the eager FSDP2 row's")
         return (f"GPU forward x{self.forward_s:.2f}, backward x{self.backward_s:.2f}; CPU "
                 f"x{self.forward_cpu_s:.2f} / x{self.backward_cpu_s:.2f}; kept activations: "
                 f"{kept}")
@@ -197,7 +198,7 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
     if pair is None:
         return CompiledRows(fsdp_row, stage_row)
     w = compiled_row_copies(model, layout)
-    ratios = CompileRatios.of(*pair, w).text(kept_from_compiled=w is not None)
+    ratios = CompileRatios.of(*pair, w).text()
     at = (f"tp {layout.tp}{' with SP' if layout.sequence_parallel and layout.tp > 1 else ''}, "
           f"recompute {layout.recompute}, micro-batch {layout.micro_batch}")
     sources = []

@@ -50,23 +50,24 @@ def test_two_cpu_ranks_record_the_experts_copies_eager_and_compiled_at_ep1_and_2
     assert "grad_gap_vs_eager" not in rows[(2, False)]
 
 
+def _refused(tmp_path, spec: dict, seq_len: str) -> subprocess.CompletedProcess:
+    """The script (no torchrun) on ``spec`` at ``--seq-len seq_len``: input it must refuse
+    before it starts any process group."""
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(spec))
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_saved_copies.py"),
+                           "--device", "cpu", "--model", str(model), "--seq-len", seq_len,
+                           "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_a_dense_model_is_refused_by_name(tmp_path):
     dense = {k: v for k, v in TINY.items()
              if k not in ("num_experts", "experts_per_token", "moe_ffn_hidden_size")}
-    model = tmp_path / "dense.json"
-    model.write_text(json.dumps(dense))
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_saved_copies.py"),
-                          "--device", "cpu", "--model", str(model), "--seq-len", "8",
-                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = _refused(tmp_path, dense, "8")
     assert run.returncode == 2 and "has no routed experts" in run.stderr
 
 
 def test_a_sequence_or_micro_batch_below_one_is_refused_by_name(tmp_path):
-    model = tmp_path / "tiny.json"
-    model.write_text(json.dumps(TINY))
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_saved_copies.py"),
-                          "--device", "cpu", "--model", str(model), "--seq-len", "0",
-                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = _refused(tmp_path, TINY, "0")
     assert run.returncode == 2 and "--seq-len 0" in run.stderr
