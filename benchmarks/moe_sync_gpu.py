@@ -358,8 +358,10 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
     """The executor on ``plan`` (its layout's GPUs, 3 warm-up + 6 timed steps) from source
     ``tree``: status, step, peak memory and rank 0's per-phase times, host step and probe."""
     from meshplan.calibrate.validate_records import read_measurement
+    from meshplan.executor.gpu_busy import wait_for_idle_gpus
     from meshplan.planner.planfile import load_plan_file
     gpus = load_plan_file(plan).layout.num_gpus
+    busy = wait_for_idle_gpus()     # a run beside another process measures it too
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), NCCL_NVLS_ENABLE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={gpus}",
@@ -389,7 +391,8 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
             "host_step_s": rank0("host_step_median_s_per_rank"),
             "host_probe_us": rank0("host_probe_us_per_rank"),
             # ρ as run (eager ep > 1): against the profile's assumed moe_load_imbalance
-            "moe_routing": (doc.get("measured") or {}).get("moe_routing")}
+            "moe_routing": (doc.get("measured") or {}).get("moe_routing"),
+            "gpu_busy_at_start": busy}
 
 
 def run(args) -> int:
@@ -453,7 +456,10 @@ def error_summary(results: dict) -> list[str]:
                             ("mean of both runs", sum(steps) / 2 if all(steps) else None)):
             if step:
                 errs[label].append(abs(p["calibrated_s"] / step - 1))
-    return [_error_line(label, v) for label, v in errs.items() if v]
+    busy = sorted(k for k, r in results["runs"].items() if r.get("gpu_busy_at_start"))
+    return [_error_line(label, v) for label, v in errs.items() if v] + (
+        [f"started with another process still on the GPUs (counted above; their times "
+         f"include it): {', '.join(busy)}"] if busy else [])
 
 
 def _error_line(label: str, errors: list[float]) -> str:

@@ -151,6 +151,13 @@ def _run_one(model, cluster, job, layout, est, d: Path, options: ValidateOptions
     if options.device == "cpu":
         # ranks share the cores: one thread each keeps them from fighting over them
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    busy = []
+    if options.device != "cpu":
+        from meshplan.executor.gpu_busy import wait_for_idle_gpus
+        busy = wait_for_idle_gpus()
+        if busy:
+            options.log(f"warning: processes still on the GPUs before this run (its time "
+                        f"includes theirs): {busy}")
     t0 = time.perf_counter()
     log_path = d / "log.txt"
     try:
@@ -163,7 +170,8 @@ def _run_one(model, cluster, job, layout, est, d: Path, options: ValidateOptions
                 "wall_s": time.perf_counter() - t0, "command": " ".join(cmd)}
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
-    base = {"wall_s": wall, "command": " ".join(cmd), "log": str(log_path)}
+    base = {"wall_s": wall, "command": " ".join(cmd), "log": str(log_path),
+            **({"gpu_busy_at_start": busy} if busy else {})}
     if rc != 0 or not results.exists():
         status = "oom" if _OOM.search(text) else "failed"
         return {**base, "status": status, "returncode": rc, "error": _error_line(text)}

@@ -11,7 +11,12 @@
 * A rank that dies without a word (SIGKILL, the kernel's OOM killer, a segfault) writes
   nothing; the launcher names it from torchrun's failure report.
 * Each rank asks the kernel for SIGTERM when its parent (torchrun) dies
-  (``PR_SET_PDEATHSIG``), so a killed launcher leaves no orphan ranks.
+  (``PR_SET_PDEATHSIG``). Python runs that signal's handler only between bytecodes of the
+  main thread, so a rank blocked in C++ (a collective waiting for a hung peer, a device
+  sync) would outlive a SIGKILLed torchrun by up to ``--timeout-s`` with its GPU busy; a
+  thread waiting on the parent's exit (:func:`exit_when_orphaned`) records where the main
+  thread was and ends the rank ``ORPHAN_GRACE_S`` later. A killed launcher, or a harness's
+  ``subprocess.run(timeout=...)`` killing torchrun, leaves no orphan ranks.
 
 :func:`diagnose` turns the reports into one sentence: the root cause first.
 """
@@ -22,7 +27,9 @@ import json
 import os
 import re
 import signal
+import select
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -175,6 +182,62 @@ def die_with_parent() -> None:
         pass
 
 
+ORPHAN_GRACE_S = 10.0
+
+
+def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
+                       grace_s: float = ORPHAN_GRACE_S) -> threading.Thread:
+    """End this rank ``grace_s`` after its parent (torchrun) has died, if it is still alive.
+
+    :func:`die_with_parent`'s SIGTERM reaches a rank blocked in C++ only when the call
+    returns; until then the rank keeps its GPU. Seen on 2 x H200 (2026-11-30): a hung
+    layout's two ranks, left by a harness that SIGKILLed their torchrun at its 150 s
+    timeout, spun both GPUs at 100 % for the ten minutes of NCCL's timeout and slowed every
+    run after them 1.4-3.5x (docs/benchmarks/gpu_checks.md). The thread blocks on the
+    parent's exit (a pidfd; polling ``getppid`` each second where there is none), gives the
+    signal handler ``grace_s`` to end the rank, then writes the rank's "terminated" record
+    with the main thread's stack and ends it with ``os._exit`` (nothing else can interrupt
+    the main thread)."""
+    def watch():
+        _wait_for_exit(parent_pid)
+        time.sleep(grace_s)
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        message = (f"rank {rank}: its torchrun (pid {parent_pid}) ended and {grace_s:g} s "
+                   f"later the rank was still blocked outside Python (a collective or a device "
+                   f"sync, where SIGTERM's handler cannot run): ended")
+        if not state.get("failed"):
+            write_error(out, rank, {
+                "rank": rank, "kind": "terminated", "phase": state.get("phase"),
+                "step": state.get("step"), "progress": [state.get("step"), state.get("marks", 0)],
+                "message": message,
+                "stack": "".join(traceback.format_stack(frame)[-8:]) if frame else ""})
+        sys.stderr.write(f"[meshplan.executor] {message}\n")
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)
+
+    t = threading.Thread(target=watch, name="meshplan-orphan-watch", daemon=True)
+    t.start()
+    return t
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Block until process ``pid`` (this process's parent) has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):   # no pidfd here, or the parent is already gone
+        fd = None
+    if fd is not None:
+        try:
+            select.select([fd], [], [])
+            return
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    while os.getppid() == pid:
+        time.sleep(1.0)
+
+
 def install_term_handler(rank: int, out: Path, state: dict, on_exit) -> None:
     """On SIGTERM/SIGHUP: record where this rank was (and its stack), then ``on_exit``."""
     def handler(signum, frame):
@@ -205,7 +268,10 @@ def maybe_inject_failure(rank: int, step: int) -> None:
     """Test hook: MESHPLAN_EXECUTOR_INJECT="RANK:STEP:KIND" makes that rank fail at that step.
 
     KIND: oom (raises torch.cuda.OutOfMemoryError), error (RuntimeError), kill (SIGKILL to
-    itself: dies without a report), hang (sleeps until it is stopped)."""
+    itself: dies without a report), hang (sleeps until it is stopped), block (the main
+    thread waits outside the interpreter with SIGTERM and SIGHUP masked, so the signals go
+    to another thread and their Python handler never runs: what a device sync waiting on a
+    hung collective does)."""
     spec = os.environ.get("MESHPLAN_EXECUTOR_INJECT")
     if not spec:
         return
@@ -220,6 +286,9 @@ def maybe_inject_failure(rank: int, step: int) -> None:
     if kind == "hang":
         while True:
             time.sleep(1.0)
+    if kind == "block":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+        threading.Event().wait()
     if kind == "error":
         raise RuntimeError("injected failure (test hook)")
 
@@ -281,6 +350,6 @@ def _gib(v) -> str:
 
 
 __all__ = ["error_file", "collect_rank_errors", "diagnose", "torchrun_failures", "classify",
-           "set_group_timeouts", "die_with_parent", "install_term_handler", "write_error",
-           "maybe_inject_failure", "checkpoint_crash_hook", "smaller_alternative",
+           "set_group_timeouts", "die_with_parent", "exit_when_orphaned", "install_term_handler",
+           "write_error", "maybe_inject_failure", "checkpoint_crash_hook", "smaller_alternative",
            "oom_message"]

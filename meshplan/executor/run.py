@@ -29,8 +29,8 @@ from typing import Any
 from meshplan.errors import MeshplanError
 from meshplan.executor.affinity import pin_local_rank
 from meshplan.executor.failures import (collect_rank_errors, diagnose, error_file,  # noqa: F401
-                                        install_term_handler, maybe_inject_failure,
-                                        write_error)
+                                        exit_when_orphaned, install_term_handler,
+                                        maybe_inject_failure, write_error)
 from meshplan.executor.gc_control import GcPolicy, gc_across_ranks
 from meshplan.executor.moe_routing import RoutedRows, imbalance
 from meshplan.executor.moe_routing import attach as attach_routing
@@ -199,6 +199,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         _flush_and_exit(EXIT_FAILED)
 
     install_term_handler(rank, out, state, on_term)
+    if "TORCHELASTIC_RUN_ID" in os.environ:   # a rank blocked in C++ must still end with it
+        exit_when_orphaned(rank, out, state, os.getppid())
 
     try:
         groups = build_mesh(layout, device_type, rank_order=plan.cluster.rank_order,

@@ -6,6 +6,10 @@
   survives (torchrun gets the signal or PDEATHSIG, the ranks die with torchrun).
 * A rank that hangs: the others time out after --timeout-s, every rank exits, and the
   results file names the hung rank.
+* torchrun itself SIGKILLed (as ``subprocess.run(timeout=...)`` in a harness does) while a
+  rank is blocked in native code, deaf to SIGTERM (as a device sync waiting for a hung
+  collective is): both ranks end within seconds, not after --timeout-s, and the blocked
+  one records where it was.
 """
 
 from __future__ import annotations
@@ -146,3 +150,42 @@ def test_a_hung_rank_is_named_and_every_rank_exits(tmp_path):
     # the timeout, torchrun noticing and stopping rank 1, start-up: well under a minute more
     assert took < timeout_s + 90, took
     assert not _processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.distributed
+def test_a_rank_blocked_in_a_collective_ends_when_its_torchrun_is_killed(tmp_path):
+    from meshplan.executor.failures import ORPHAN_GRACE_S, error_file
+    plan = write_plan_for_layout(tmp_path / "plan.json", M, JOB, mp.Layout(dp=2),
+                                 predict=False)
+    import meshplan
+    root = str(Path(meshplan.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "MESHPLAN_EXECUTOR_INJECT": "0:3:block"}
+    out = tmp_path / "r.json"
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as fh:
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc-per-node=2", "-m", "meshplan.executor.run", "--plan", str(plan),
+             "--out", str(out), "--steps", "6", "--warmup", "1", "--device", "cpu",
+             "--timeout-s", "900"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        # a step's loss is logged once the next has started: rank 0 blocks as step 3 starts
+        assert _wait_for(lambda: "step 1: loss" in log.read_text(), 180), \
+            log.read_text()[-3000:]
+        time.sleep(5)
+        torchrun.kill()
+        torchrun.wait(timeout=30)
+        t0 = time.monotonic()
+        assert _wait_for(lambda: not _processes_mentioning(str(tmp_path)),
+                         ORPHAN_GRACE_S + 45), \
+            f"survivors: {_processes_mentioning(str(tmp_path))}\n{log.read_text()[-3000:]}"
+        assert time.monotonic() - t0 < ORPHAN_GRACE_S + 45
+    finally:
+        for pid in _processes_mentioning(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    blocked = json.loads(error_file(out, 0).read_text())
+    assert blocked["kind"] == "terminated" and "still blocked" in blocked["message"], blocked
+    assert blocked["step"] == 3 and "maybe_inject_failure" in blocked["stack"], blocked
+    # rank 1 waits for rank 0 in a gloo collective: its handler ran, or it was ended so too
+    waiting = json.loads(error_file(out, 1).read_text())
+    assert waiting["kind"] == "terminated" and waiting["step"] == 3, waiting

@@ -443,3 +443,15 @@ def test_a_second_run_starts_only_if_it_ends_within_the_budget(tmp_path, monkeyp
     runs = json.loads((out / "moe_sync.json").read_text())["runs"]
     assert runs["a/current"]["status"] == "ok"
     assert runs["a/current2"] == {"status": "skipped: budget"}
+
+
+def test_error_summary_names_runs_started_beside_another_process():
+    import moe_sync_gpu as msg
+    results = {"predictions": {"layouts": {"a": {"calibrated_s": 1.0},
+                                           "b": {"calibrated_s": 1.0}}},
+               "runs": {"a/current": {"step_time_s": 2.0, "gpu_busy_at_start": [
+                            {"pid": 769, "used_mib": 40358}]},
+                        "b/current": {"step_time_s": 1.0, "gpu_busy_at_start": []}}}
+    lines = msg.error_summary(results)
+    assert lines[0] == "first run: mean 25.0 %, max 50.0 % (2 layouts)"
+    assert lines[-1].endswith("their times include it): a/current")
