@@ -357,6 +357,7 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
              profile_dir: Path | None) -> dict:
     """The executor on ``plan`` (its layout's GPUs, 3 warm-up + 6 timed steps) from source
     ``tree``: status, step, peak memory and rank 0's per-phase times, host step and probe."""
+    from meshplan.calibrate.validate import collective_timeout_s
     from meshplan.calibrate.validate_records import read_measurement
     from meshplan.executor.gpu_busy import wait_for_idle_gpus
     from meshplan.planner.planfile import load_plan_file
@@ -366,7 +367,8 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={gpus}",
            "-m", "meshplan.executor.run", "--plan", str(plan), "--out", str(res),
-           "--steps", "6", "--warmup", "3", "--force", "--device", "cuda"]
+           "--steps", "6", "--warmup", "3", "--force", "--device", "cuda",
+           "--timeout-s", f"{collective_timeout_s(timeout_s):g}"]
     if profile_dir is not None:
         cmd += ["--profile", str(profile_dir)]
     t0 = time.time()

@@ -135,6 +135,12 @@ def _log_run(options: ValidateOptions, i: int, n: int, rec: dict[str, Any], est,
                 f"[{run.get('wall_s', 0):.0f} s]")
 
 
+def collective_timeout_s(layout_timeout_s: float) -> float:
+    """The run's ``--timeout-s`` under a layout timeout: four fifths of it, at least 30 s
+    (the executor's own default, 600 s, outlasts any layout timeout)."""
+    return max(30.0, 0.8 * layout_timeout_s)
+
+
 def _run_one(model, cluster, job, layout, est, d: Path, options: ValidateOptions
              ) -> dict[str, Any]:
     d.mkdir(parents=True, exist_ok=True)
@@ -146,7 +152,12 @@ def _run_one(model, cluster, job, layout, est, d: Path, options: ValidateOptions
            f"--nproc-per-node={n}", "-m", options.runner_module, "--plan", str(plan),
            "--out", str(results), "--steps", str(options.steps), "--warmup", str(options.warmup),
            *(["--device", options.device] if options.device else []),
-           *(["--profile", str(d / "trace")] if options.trace else []), *options.extra_args]
+           *(["--profile", str(d / "trace")] if options.trace else []),
+           # a hung collective fails inside the run (NCCL names it; every rank reports where
+           # it was) before this layout's timeout kills torchrun
+           *([] if "--timeout-s" in options.extra_args
+             else ["--timeout-s", f"{collective_timeout_s(options.timeout_s):g}"]),
+           *options.extra_args]
     env = child_env()
     if options.device == "cpu":
         # ranks share the cores: one thread each keeps them from fighting over them
@@ -195,7 +206,7 @@ def _error_line(text: str) -> str:
     return " | ".join(text.strip().splitlines()[-3:])[:500]
 
 
-__all__ = ["ValidateOptions", "run_layouts", "enumerate_layouts", "pick_spread",
+__all__ = ["ValidateOptions", "collective_timeout_s", "run_layouts", "enumerate_layouts", "pick_spread",
            "layouts_from_json", "predicted_memory_per_rank", "predicted_record", "score",
            "rescore", "merge_runs", "read_measurement", "summarize", "bound_split_text",
            "by_model", "write_accuracy"]

@@ -62,7 +62,7 @@ STAND_IN = '''
 """Stand-in executor for the validate plumbing test: reads the plan, writes results."""
 import argparse, json, os, sys
 p = argparse.ArgumentParser()
-for a in ("--plan", "--out", "--steps", "--warmup", "--device"):
+for a in ("--plan", "--out", "--steps", "--warmup", "--device", "--timeout-s"):
     p.add_argument(a)
 a = p.parse_args()
 plan = json.load(open(a.plan))
@@ -93,6 +93,8 @@ def test_validate_reports_oom_and_continues(tmp_path):
     finally:
         os.environ["PYTHONPATH"] = env_path
     assert [r["status"] for r in records] == ["ok", "oom", "ok"]
+    # a hung collective fails inside the run, before the layout's 60 s timeout kills it
+    assert "--timeout-s 48 " in records[0]["command"] + " "
     assert records[0]["step_time_error_pct"] == pytest.approx(100 * (1 / 1.05 - 1))
     assert records[0]["memory_error_pct_per_rank"][0] == pytest.approx(100 * (1 / 1.02 - 1))
     paths = write_accuracy(tmp_path / "out", records, {"device": "cpu"})
