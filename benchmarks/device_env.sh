@@ -30,9 +30,15 @@ calibrate_moe() {
 
 # run_moe_plans NAME PLANS: an MoE check's committed plans, 3 warm-up + 6 timed steps each,
 # then each once more in a fresh process in the budget left (moeh15 on: moeh14's layouts
-# moved 3-10 % run to run) -> $OUT/NAME/moe_sync.json, $OUT/NAME/logs.tgz
+# moved 3-10 % run to run) -> $OUT/NAME/moe_sync.json, $OUT/NAME/logs.tgz. NCCL's flight
+# recorder keeps each rank's last collectives and dumps them into the logs when a collective
+# times out (moeh16's compiled ZeRO-3 ep 2 layout hung at step 7 of 9 on 2026-11-30, cause
+# unknown; torchtitan records so by default)
 run_moe_plans() {
-    mkdir -p "$OUT/$1"
+    mkdir -p "$OUT/$1" "/tmp/$1/runs"
+    TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
+    TORCH_FR_DUMP_TEMP_FILE="/tmp/$1/runs/nccl_trace_rank_" \
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/$1/runs/nccl_trace_rank_" \
     $PY benchmarks/moe_sync_gpu.py run --plans "$2" --out "$OUT/$1" --work "/tmp/$1/runs" \
         --budget 540 --timeout 150 --second-pass
     echo "rc $? run $1 after ${SECONDS}s" | tee -a "$OUT/gpu.txt"
