@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -201,4 +200,6 @@ def _spawn(args) -> int:
     from meshplan.calibrate.budget import LAUNCHED_AT_ENV
     env[LAUNCHED_AT_ENV] = repr(time.time())   # the budget counts torchrun's start-up
     print("meshplan calibrate: " + " ".join(cmd), file=sys.stderr)
-    return subprocess.call(cmd, env=env)
+    # as `meshplan run`: signals forwarded to torchrun, which never outlives this process
+    from meshplan.executor.launch import supervise
+    return supervise(cmd, env)[0]

@@ -133,13 +133,13 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     # the ranks import the same meshplan as this process, installed or not
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    rc, stderr_tail = _supervise(cmd, env)
+    rc, stderr_tail = supervise(cmd, env)
     if rc != 0:
         _write_failure(plan, out, nproc, rc, cmd, stderr_tail, extra)
     return rc
 
 
-def _supervise(cmd: list[str], env: dict) -> tuple[int, str]:
+def supervise(cmd: list[str], env: dict) -> tuple[int, str]:
     """Run ``cmd`` in its own session, forwarding signals; never leave it running."""
     from meshplan.executor.failures import die_with_parent
     tail: list[str] = []
@@ -226,4 +226,4 @@ def _write_failure(plan, out: Path, world: int, rc: int, cmd: list[str], stderr_
     write_json_atomic(out, doc, overwrite=True)
 
 
-__all__ = ["run_local", "torchrun_command", "check_machine", "STOP_GRACE_S"]
+__all__ = ["run_local", "torchrun_command", "check_machine", "supervise", "STOP_GRACE_S"]

@@ -306,8 +306,9 @@ def test_the_budget_counts_from_the_launch():
 
 def test_the_launcher_passes_its_start_to_the_children(monkeypatch):
     from meshplan.commands import calibrate as cmd
+    from meshplan.executor import launch
     seen = {}
-    monkeypatch.setattr(cmd.subprocess, "call", lambda argv, env: seen.update(env=env) or 0)
+    monkeypatch.setattr(launch, "supervise", lambda argv, env: (seen.update(env=env) or 0, ""))
     args = argparse.ArgumentParser()
     add_arguments(args)
     before = time.time()
