@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import select
+import signal
 import sys
 import threading
 import time
@@ -193,7 +193,7 @@ def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
     returns; until then the rank keeps its GPU. Seen on 2 x H200 (2026-11-30): a hung
     layout's two ranks, left by a harness that SIGKILLed their torchrun at its 150 s
     timeout, spun both GPUs at 100 % for the ten minutes of NCCL's timeout and slowed every
-    run after them 1.4-3.5x (docs/benchmarks/gpu_checks.md). The thread blocks on the
+    run after them 1.7-3.5x (docs/benchmarks/gpu_checks.md). The thread blocks on the
     parent's exit (a pidfd; polling ``getppid`` each second where there is none), gives the
     signal handler ``grace_s`` to end the rank, then writes the rank's "terminated" record
     with the main thread's stack and ends it with ``os._exit`` (nothing else can interrupt

@@ -2,7 +2,7 @@
 
 A run timed beside another process measures that process too. On 2 x H200 (2026-11-30) a
 layout that hung left its two ranks spinning both GPUs at 100 % for ten minutes after its
-harness had killed their torchrun, and every run after them measured 1.4-3.5x slow
+harness had killed their torchrun, and every run after them measured 1.7-3.5x slow
 (docs/moe.md "moeh16"). ``meshplan validate`` and the benchmark harnesses wait for idle
 GPUs before each run and record whatever is still there beside the measurement.
 """
@@ -34,7 +34,7 @@ def gpu_processes() -> list[dict[str, int]]:
 def wait_for_idle_gpus(timeout_s: float = 60.0, poll_s: float = 2.0) -> list[dict[str, int]]:
     """Wait up to ``timeout_s`` for no process to be left on the GPUs; returns those still
     there. A run timed beside another process measures that process too: on 2 x H200
-    (2026-11-30) two ranks left by a killed run made every run after them 1.4-3.5x slow."""
+    (2026-11-30) two ranks left by a killed run made every run after them 1.7-3.5x slow."""
     end = time.monotonic() + timeout_s
     busy = gpu_processes()
     while busy and time.monotonic() < end:
