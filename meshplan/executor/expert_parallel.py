@@ -103,14 +103,29 @@ class ExpertGroups:
 
 
 def build_expert_groups(mesh, ep: int, etp: int, device_type: str) -> ExpertGroups:
-    """The expert mesh of ``mesh`` (the dense DeviceMesh); collective over the world."""
+    """The expert mesh of ``mesh`` (the dense DeviceMesh); collective over the world.
+
+    The ep groups are communicators of their own, never the DeviceMesh's: DeviceMesh hands
+    out the default group for a dimension that spans the world (dp 2 · ep 2 on two GPUs:
+    dp, ep and the world one communicator), and then FSDP2's gathers and reduce-scatters,
+    tp's collectives and the experts' all-to-alls share one sequence of operations, which
+    deadlocks as soon as two ranks issue them in different orders. Under ``torch.compile``
+    the all-to-all and its backward run inside compiled graphs while FSDP2's collectives fire
+    from eager hooks, and ranks that compiled different graphs (each recompiles on its own
+    split sizes) may interleave them differently: PrimeIntellect-ai/prime-rl#3195 found two
+    ranks stuck at one NCCL sequence number, one in FSDP's reduce-scatter, the other in an
+    all-to-all, under FSDP × compile; moeh16's compiled ZeRO-3 ep 2 layout hung so on
+    2 x H200 (2026-11-30, docs/moe.md "moeh16"). On its own communicator the all-to-all's
+    order cannot cross FSDP2's."""
     from torch.distributed.device_mesh import DeviceMesh
     table = stage_rank_table(mesh)
     grid = torch.tensor([expert_rank_grid(stage, ep, etp) for stage in table], dtype=torch.int)
     emesh = DeviceMesh(device_type, grid, mesh_dim_names=("stage", "edp", "ep", "etp"))
     _, edp_rank, ep_rank, _ = emesh.get_coordinate()
+    # every rank creates every ep group, in the same order (new_group's contract)
+    ep_group, _ = dist.new_subgroups_by_enumeration(expert_groups(table, ep, etp, "ep"))
     return ExpertGroups(ep=ep, etp=etp, edp=grid.shape[1], ep_rank=ep_rank, edp_rank=edp_rank,
-                        ep_group=emesh.get_group("ep"), edp_group=emesh.get_group("edp"),
+                        ep_group=ep_group, edp_group=emesh.get_group("edp"),
                         edp_mesh=emesh["edp"])
 
 

@@ -146,9 +146,10 @@ def _signal_name(n: int) -> str:
 
 
 # ---- in the ranks ---------------------------------------------------------------------------
-def set_group_timeouts(groups, seconds: float) -> None:
-    """Give every group of the mesh (and the world) the run's timeout; subgroups otherwise
-    keep the backend's default (gloo 30 min, NCCL 10 min)."""
+def set_group_timeouts(groups, seconds: float, extra: tuple = ()) -> None:
+    """Give every group of the mesh (and the world), and ``extra`` groups (the expert
+    groups), the run's timeout; subgroups otherwise keep the backend's default (gloo 30
+    min, NCCL 10 min)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     setter = getattr(c10d, "_set_pg_timeout", None)
@@ -156,7 +157,8 @@ def set_group_timeouts(groups, seconds: float) -> None:
         return
     t = timedelta(seconds=seconds)
     seen = set()
-    for g in (None, groups.dp_group, groups.pp_group, groups.tp_group, groups.embed_group):
+    for g in (None, groups.dp_group, groups.pp_group, groups.tp_group, groups.embed_group,
+              *extra):
         if g is not None and id(g) in seen:
             continue
         seen.add(id(g))

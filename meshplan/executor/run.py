@@ -211,6 +211,9 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                                   optimizer=OptimizerConfig(lr=args.lr),
                                   compile=layout.compile)
         state["stages"] = trainer.stage_indices()
+        if trainer.expert_groups is not None:
+            set_group_timeouts(groups, args.timeout_s, extra=(trainer.expert_groups.ep_group,
+                                                              trainer.expert_groups.edp_group))
         saver, start, resumed = setup_checkpoints(args, plan, trainer, groups, rank, world,
                                                    device, _log)
         # the first step after a restart pays for allocation and compilation: never timed
