@@ -207,7 +207,6 @@ def _error_line(text: str) -> str:
 
 
 __all__ = ["ValidateOptions", "collective_timeout_s", "run_layouts", "enumerate_layouts",
-           "pick_spread",
-           "layouts_from_json", "predicted_memory_per_rank", "predicted_record", "score",
-           "rescore", "merge_runs", "read_measurement", "summarize", "bound_split_text",
+           "pick_spread", "layouts_from_json", "predicted_memory_per_rank", "predicted_record",
+           "score", "rescore", "merge_runs", "read_measurement", "summarize", "bound_split_text",
            "by_model", "write_accuracy"]
