@@ -128,6 +128,14 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
         error_file(out, r).unlink(missing_ok=True)
     cmd = torchrun_command(plan_path, nproc=nproc, steps=steps, warmup=warmup, out=out,
                            force=force, extra_args=extra)
+    if device == "cuda":
+        from meshplan.executor.gpu_busy import gpu_processes
+        busy = gpu_processes()
+        if busy:
+            listed = ", ".join(f"pid {b['pid']}: {b['used_mib']} MiB" for b in busy)
+            print(f"meshplan run: warning: {len(busy)} process(es) already on the GPUs "
+                  f"({listed}); the measured step time will include their load",
+                  file=sys.stderr, flush=True)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     env = os.environ.copy()
     # the ranks import the same meshplan as this process, installed or not

@@ -31,3 +31,22 @@ def test_idle_gpus_and_no_nvidia_smi_read_as_no_process(tmp_path, monkeypatch):
     assert gpu_processes() == []
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert gpu_processes() == []
+
+
+def test_meshplan_run_warns_when_the_gpus_are_busy(tmp_path, monkeypatch, capsys):
+    import meshplan as mp
+    from meshplan.executor import launch
+    from meshplan.executor.planfiles import write_plan_for_layout
+    m = mp.ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64,
+                     max_seq_len=16)
+    plan = write_plan_for_layout(tmp_path / "plan.json", m,
+                                 mp.Job(global_batch=8, seq_len=16, precision="fp32"),
+                                 mp.Layout(dp=2), predict=False)
+    _fake_smi(tmp_path, monkeypatch, "769, 40358\n")
+    # this CPU machine stands in for a GPU node; nothing is launched
+    monkeypatch.setattr(launch, "check_machine", lambda plan, **kw: "cuda")
+    monkeypatch.setattr(launch, "supervise", lambda cmd, env: (0, ""))
+    assert launch.run_local(plan, out=tmp_path / "r.json") == 0
+    err = capsys.readouterr().err
+    assert ("warning: 1 process(es) already on the GPUs (pid 769: 40358 MiB); the measured "
+            "step time will include their load") in err
