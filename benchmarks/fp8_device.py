@@ -318,7 +318,8 @@ def layouts(args, out: Path, keep: Path, deadline: float) -> None:
             rec = run_layouts(model, cluster, arm_job, [layout], opts, names=[name])[0]
             row[arm] = {k: rec.get(k) for k in ("status", "error", "measured", "predicted",
                                                 "step_time_error_pct",
-                                                "memory_error_pct_per_rank")}
+                                                "memory_error_pct_per_rank",
+                                                "gpu_busy_at_start")}
             row[arm]["wall_s"] = time.perf_counter() - t0
             row[arm]["predicted_datasheet"] = datasheet_prediction(model, datasheet,
                                                                    arm_job, layout)
@@ -403,6 +404,11 @@ def summary_table(table: list[dict], recipe: str, source: str) -> str:
     if errs:
         lines += ["", f"Speed-up error over {len(errs)} layouts: mean {sum(errs) / len(errs):.1f} "
                       f"%, max {max(errs):.1f} % (issue 41's goal: within 5 %)."]
+    busy = [f"{r['name']} {a}" for r in table for a in ("bf16", "fp8")
+            if (r.get(a) or {}).get("gpu_busy_at_start")]
+    if busy:
+        lines += ["", "Started with another process still on the GPUs (counted above; their "
+                      f"times include it): {', '.join(busy)}."]
     return "\n".join(lines) + "\n"
 
 

@@ -455,3 +455,17 @@ def test_error_summary_names_runs_started_beside_another_process():
     lines = msg.error_summary(results)
     assert lines[0] == "first run: mean 25.0 %, max 50.0 % (2 layouts)"
     assert lines[-1].endswith("their times include it): a/current")
+
+
+def test_fp8_summary_names_arms_started_beside_another_process():
+    import fp8_device as f8
+
+    def arm(step, busy):
+        return {"status": "ok", "predicted": {"step_time_s": 1.0},
+                "measured": {"step_time_s": step}, "gpu_busy_at_start": busy}
+    row = {"name": "x01", "short": "dp2", "bf16": arm(2.0, [{"pid": 769, "used_mib": 1}]),
+           "fp8": arm(1.0, [])}
+    row.update(f8.speedups(row))
+    text = f8.summary_table([row], "tensorwise", "p.toml")
+    assert "Speed-up error over 1 layouts: mean 50.0 %, max 50.0 %" in text
+    assert text.rstrip().endswith("their times include it): x01 bf16.")
