@@ -187,7 +187,7 @@ def die_with_parent() -> None:
 ORPHAN_GRACE_S = 10.0
 
 
-def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
+def exit_when_orphaned(rank: int, out: Path | None, state: dict, parent_pid: int,
                        grace_s: float = ORPHAN_GRACE_S) -> threading.Thread:
     """End this rank ``grace_s`` after its parent (torchrun) has died, if it is still alive.
 
@@ -198,8 +198,8 @@ def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
     run after them 1.7-3.5x (docs/benchmarks/gpu_checks.md). The thread blocks on the
     parent's exit (a pidfd; polling ``getppid`` each second where there is none), gives the
     signal handler ``grace_s`` to end the rank, then writes the rank's "terminated" record
-    with the main thread's stack and ends it with ``os._exit`` (nothing else can interrupt
-    the main thread)."""
+    with the main thread's stack (``out`` None: no record; `meshplan calibrate`'s ranks) and
+    ends it with ``os._exit`` (nothing else can interrupt the main thread)."""
     def watch():
         _wait_for_exit(parent_pid)
         time.sleep(grace_s)
@@ -207,7 +207,7 @@ def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
         message = (f"rank {rank}: its torchrun (pid {parent_pid}) ended and {grace_s:g} s "
                    f"later the rank was still blocked outside Python (a collective or a device "
                    f"sync, where SIGTERM's handler cannot run): ended")
-        if not state.get("failed"):
+        if out is not None and not state.get("failed"):
             write_error(out, rank, {
                 "rank": rank, "kind": "terminated", "phase": state.get("phase"),
                 "step": state.get("step"), "progress": [state.get("step"), state.get("marks", 0)],
