@@ -9,13 +9,17 @@ GPUs before each run and record whatever is still there beside the measurement.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from pathlib import Path
 
 
 def gpu_processes() -> list[dict[str, int]]:
-    """Processes on this node's GPUs now, ``{"pid", "used_mib"}`` each (``nvidia-smi``);
-    ``[]`` where there is no ``nvidia-smi``."""
+    """Other processes on this node's GPUs now, ``{"pid", "used_mib"}`` each
+    (``nvidia-smi``); ``[]`` where there is no ``nvidia-smi``. This process and its
+    ancestors are left out: a harness that asked torch for the GPU's name may hold a CUDA
+    context of its own."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
                               "--format=csv,noheader,nounits"],
@@ -23,12 +27,26 @@ def gpu_processes() -> list[dict[str, int]]:
     except (OSError, subprocess.SubprocessError):
         return []
     found = []
+    ours = _self_and_ancestors()
     for line in out.stdout.splitlines() if out.returncode == 0 else []:
         parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
+        if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) not in ours:
             found.append({"pid": int(parts[0]),
                           "used_mib": int(parts[1]) if parts[1].isdigit() else -1})
     return found
+
+
+def _self_and_ancestors() -> set[int]:
+    """This process's pid and its ancestors' (``/proc``; just this pid where there is none)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])   # the field after the state
+    return pids
 
 
 def wait_for_idle_gpus(timeout_s: float = 60.0, poll_s: float = 2.0) -> list[dict[str, int]]:

@@ -50,3 +50,9 @@ def test_meshplan_run_warns_when_the_gpus_are_busy(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert ("warning: 1 process(es) already on the GPUs (pid 769: 40358 MiB); the measured "
             "step time will include their load") in err
+
+
+def test_this_process_and_its_ancestors_are_not_other_processes(tmp_path, monkeypatch):
+    # a harness that asked torch for the GPU's name may hold a CUDA context itself
+    _fake_smi(tmp_path, monkeypatch, f"{os.getpid()}, 500\n{os.getppid()}, 400\n769, 40358\n")
+    assert gpu_processes() == [{"pid": 769, "used_mib": 40358}]
