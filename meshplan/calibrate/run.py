@@ -211,10 +211,11 @@ def _init_distributed(device_kind: str):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1 and "TORCHELASTIC_RUN_ID" in os.environ:
-        # end with torchrun, even blocked in a collective (as the executor's ranks)
-        from meshplan.executor.failures import die_with_parent, exit_when_orphaned
+        # end with torchrun: with no handler of SIGTERM here, its default action ends the
+        # rank even blocked in a collective (the executor's ranks, which record where they
+        # were, need exit_when_orphaned for that)
+        from meshplan.executor.failures import die_with_parent
         die_with_parent()
-        exit_when_orphaned(int(os.environ.get("RANK", "0")), None, {}, os.getppid())
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)

@@ -187,7 +187,7 @@ def die_with_parent() -> None:
 ORPHAN_GRACE_S = 10.0
 
 
-def exit_when_orphaned(rank: int, out: Path | None, state: dict, parent_pid: int,
+def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
                        grace_s: float = ORPHAN_GRACE_S) -> threading.Thread:
     """End this rank ``grace_s`` after its parent (torchrun) has died, if it is still alive.
 
@@ -198,8 +198,8 @@ def exit_when_orphaned(rank: int, out: Path | None, state: dict, parent_pid: int
     run after them 1.7-3.5x (docs/benchmarks/gpu_checks.md). The thread blocks on the
     parent's exit (a pidfd; polling ``getppid`` each second where there is none), gives the
     signal handler ``grace_s`` to end the rank, then writes the rank's "terminated" record
-    with the main thread's stack (``out`` None: no record; `meshplan calibrate`'s ranks) and
-    ends it with ``os._exit`` (nothing else can interrupt the main thread)."""
+    with the main thread's stack and ends it with ``os._exit`` (nothing else can interrupt
+    the main thread)."""
     def watch():
         _wait_for_exit(parent_pid)
         time.sleep(grace_s)
@@ -207,12 +207,8 @@ def exit_when_orphaned(rank: int, out: Path | None, state: dict, parent_pid: int
         message = (f"rank {rank}: its torchrun (pid {parent_pid}) ended and {grace_s:g} s "
                    f"later the rank was still blocked outside Python (a collective or a device "
                    f"sync, where SIGTERM's handler cannot run): ended")
-        if out is not None and not state.get("failed"):
-            write_error(out, rank, {
-                "rank": rank, "kind": "terminated", "phase": state.get("phase"),
-                "step": state.get("step"), "progress": [state.get("step"), state.get("marks", 0)],
-                "message": message,
-                "stack": "".join(traceback.format_stack(frame)[-8:]) if frame else ""})
+        if not state.get("failed"):
+            write_error(out, rank, _terminated(rank, state, message, frame))
         sys.stderr.write(f"[meshplan.executor] {message}\n")
         sys.stderr.flush()
         os._exit(128 + signal.SIGTERM)
@@ -245,17 +241,22 @@ def install_term_handler(rank: int, out: Path, state: dict, on_exit) -> None:
     def handler(signum, frame):
         err = None
         if not state.get("failed"):
-            err = {"rank": rank, "kind": "terminated", "phase": state.get("phase"),
-                   "step": state.get("step"), "progress": [state.get("step"),
-                                                           state.get("marks", 0)],
-                   "message": f"rank {rank} received {_signal_name(signum)} at "
+            err = _terminated(rank, state,
+                              f"rank {rank} received {_signal_name(signum)} at "
                               f"{state.get('phase')} step {state.get('step')} (torchrun stops "
-                              f"the other ranks when one fails)",
-                   "stack": "".join(traceback.format_stack(frame)[-8:])}
+                              f"the other ranks when one fails)", frame)
             write_error(out, rank, err)
         on_exit(err)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, handler)
+
+
+def _terminated(rank: int, state: dict, message: str, frame) -> dict:
+    """A "terminated" rank record: where the rank was (``state``) and the stack at ``frame``."""
+    return {"rank": rank, "kind": "terminated", "phase": state.get("phase"),
+            "step": state.get("step"), "progress": [state.get("step"), state.get("marks", 0)],
+            "message": message,
+            "stack": "".join(traceback.format_stack(frame)[-8:]) if frame else ""}
 
 
 def write_error(out: Path, rank: int, err: dict) -> None:
