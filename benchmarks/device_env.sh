@@ -32,8 +32,9 @@ calibrate_moe() {
 # then each once more in a fresh process in the budget left (moeh15 on: moeh14's layouts
 # moved 3-10 % run to run) -> $OUT/NAME/moe_sync.json, $OUT/NAME/logs.tgz. NCCL's flight
 # recorder keeps each rank's last collectives and dumps them into the logs when a collective
-# times out (moeh16's compiled ZeRO-3 ep 2 layout hung at step 7 of 9 on 2026-11-30, cause
-# unknown; torchtitan records so by default)
+# times out (moeh16's compiled ZeRO-3 ep 2 layout hung at step 7 of 9 on 2026-11-30; its
+# likely cause, a communicator shared with FSDP2, is fixed but not confirmed on a GPU;
+# torchtitan records so by default)
 run_moe_plans() {
     mkdir -p "$OUT/$1" "/tmp/$1/runs"
     TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 \
