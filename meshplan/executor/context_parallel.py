@@ -61,6 +61,7 @@ from torch.nn.attention import SDPBackend
 
 from meshplan.errors import ConfigError
 from meshplan.executor.data import load_balanced_positions
+from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.model import AttentionCore, Transformer
 
 aten = torch.ops.aten
@@ -309,10 +310,9 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
-    x = x.contiguous()           # the exchange reads and writes flat memory
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    return out
+    # functional: an in-place exchange lost this function's backward when compiled under
+    # torch 2.11 (meshplan.executor.functional_comm)
+    return all_to_all(x, group)
 
 
 def seq_to_heads(t: torch.Tensor, group, cp: int) -> torch.Tensor:

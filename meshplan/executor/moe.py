@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.mlp import MLP, seeded_normal
 from meshplan.executor.moe_permute import (GROUP_ALIGN_ROWS, SortedCopies, _count,  # noqa: F401
                                            _expert_major_index, _rank_within_key, combine,
@@ -141,21 +142,19 @@ class GroupedExperts(nn.Module):
 
 
 class _AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` of rows with uneven splits; backward sends the gradients back."""
+    """``all_to_all_single`` of rows with uneven splits; backward sends the gradients back.
+    Functional (:mod:`meshplan.executor.functional_comm`): filling a buffer in place cost
+    the experts their gradients when compiled under torch 2.11."""
 
     @staticmethod
     def forward(ctx, x, out_splits, in_splits, group):
         ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
+        return all_to_all(x, group, out_splits, in_splits)
 
     @staticmethod
     def backward(ctx, grad):
         out_splits, in_splits = ctx.splits
-        gx = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(gx, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return gx, None, None, None
+        return all_to_all(grad, ctx.group, in_splits, out_splits), None, None, None
 
 
 class _AuxLossGrad(torch.autograd.Function):

@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from meshplan.errors import ExecutorError
+from meshplan.executor.functional_comm import all_reduce
 from meshplan.executor.tp_collectives import (SEQ_DIM, copy_to_tp,  # noqa: F401
                                               gather_from_slices, gather_from_sp,
                                               reduce_from_tp, reduce_scatter_to_sp,
@@ -160,8 +161,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, vocab_start, group):
         # logits: (N, V/tp); targets: (N,)
         logits = logits.float()
-        vmax = logits.max(dim=-1).values
-        dist.all_reduce(vmax, op=dist.ReduceOp.MAX, group=group)
+        vmax = all_reduce(logits.max(dim=-1).values, group, "max")
         logits = logits - vmax.unsqueeze(-1)
         n_local = logits.shape[-1]
         local_t = targets - vocab_start
@@ -170,8 +170,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         target_logit = logits.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
         exp = logits.exp_()
         sum_exp = exp.sum(dim=-1)
-        both = torch.stack((target_logit, sum_exp))       # one all-reduce for both
-        dist.all_reduce(both, group=group)
+        both = all_reduce(torch.stack((target_logit, sum_exp)), group)   # one for both
         target_logit, sum_exp = both[0], both[1]
         loss = torch.log(sum_exp) - target_logit           # (N,)
         exp.div_(sum_exp.unsqueeze(-1))                    # softmax, kept for backward

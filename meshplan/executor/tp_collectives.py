@@ -8,7 +8,9 @@ backward (:func:`gather_from_sp`), and ``g`` a reduce-scatter, all-gather backwa
 (:func:`reduce_scatter_to_sp`). The layers built on them:
 :mod:`meshplan.executor.tensor_parallel`.
 
-Activations are ``[batch, seq, hidden]``; the sequence dimension is 1.
+Activations are ``[batch, seq, hidden]``; the sequence dimension is 1. The collectives are
+functional (:mod:`meshplan.executor.functional_comm` says why: compiled under torch 2.11,
+in-place ones lost the backward of the reduce-scatter).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.errors import ExecutorError
+from meshplan.executor.functional_comm import all_gather_dim0, all_reduce, reduce_scatter_dim0
 
 SEQ_DIM = 1
 
@@ -31,11 +34,7 @@ warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_
 # ---- collectives along the sequence dimension ------------------------------------------
 def _all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     n = dist.get_world_size(group)
-    x = x.contiguous()
-    # gloo wants the concatenated shape (tp·b, ...); NCCL accepts it too
-    out = torch.empty((n * x.shape[0],) + x.shape[1:], dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x, group=group)
-    out = out.view((n,) + x.shape)                                      # (tp, b, s/tp, h)
+    out = all_gather_dim0(x, group).view((n,) + x.shape)               # (tp, b, s/tp, h)
     return out.transpose(0, 1).flatten(1, 2)                           # (b, s, h)
 
 
@@ -45,15 +44,15 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     if s % n:
         raise ExecutorError(f"sequence parallel needs seq_len divisible by tp; got seq_len "
                             f"{s}, tp {n}")
-    chunks = x.reshape(b, n, s // n, *x.shape[2:]).transpose(0, 1).contiguous()  # (tp, b, s/tp, h)
-    out = torch.empty(chunks.shape[1:], dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
-    return out                                                          # (b, s/tp, h)
+    chunks = x.reshape(b, n, s // n, *x.shape[2:]).transpose(0, 1)    # (tp, b, s/tp, h)
+    return reduce_scatter_dim0(chunks.flatten(0, 1), group)             # (b, s/tp, h)
 
 
 def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    return x.chunk(n, dim=SEQ_DIM)[r].contiguous()
+    # a copy even where the slice is contiguous (batch 1): compiled under torch 2.11, a
+    # function returning a view of its input lost its backward (functional_comm's test)
+    return x.chunk(n, dim=SEQ_DIM)[r].clone(memory_format=torch.contiguous_format)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -66,9 +65,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return all_reduce(grad, ctx.group), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
@@ -76,9 +73,7 @@ class _ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
+        return all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad):
