@@ -59,9 +59,11 @@ layouts at ep 2 peaked as if they kept them: priced from the compiled row less t
 weights' copies, moeh14's compiled ZeRO-2 and moeh15's ZeRO-3 came out 4.8 % and 10.8 %
 under their measured peaks; from the eager FSDP2 row, +2.8 % and −4.8 % (post hoc, fitted on
 those two; the compiled rows' copies rule before it gave −12.3 % on moeh14). Why the plain
-compiled layer drops them is not found: on the CPU (torch 2.13, Inductor or
-aot_eager_decomp_partition, gloo) the compiled layer at ep 2 saves them as eager does and
-its gradients match eager's, so this rests on GPU rows.
+compiled layer dropped them, found 2026-11-30: under torch 2.11 its experts' all-to-all
+compiled to a zero gradient, so nothing needed them (the probe's compiled gradients 1.0
+away from eager's; fixed in the executor, docs/benchmarks/compiled_grads.md). A correct
+compiled step keeps them, as the eager FSDP2 row does; this rule's evidence, those runs, is
+of the defective step and is to be re-measured.
 FSDP2 runs its layers in bf16 without autocast, with no cast to save. The rest is what
 the compiled graph keeps, the same 16-bit tensors whatever the precision policy; what it
 no longer keeps under autocast is partly autocast's fp32 copies, which FSDP2's eager layers
@@ -133,7 +135,8 @@ class CompileRatios:
                    _r(compiled.peak_bytes, eager.peak_bytes))
 
     def text(self) -> str:
-        kept = ("the eager FSDP2 row's (a compiled MoE row at ep > 1 is no guide to them)"
+        kept = ("the eager FSDP2 row's (compiled MoE rows at ep > 1 timed before 2026-11-30 "
+                "ran without their experts' backward: docs/benchmarks/compiled_grads.md)"
                 if self.activation_bytes is None else
                 f"the compiled row's less its weight copies (x{self.activation_bytes:.2f} the "
                 "eager row's), at most the eager FSDP2 row's")
