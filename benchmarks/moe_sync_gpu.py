@@ -220,6 +220,10 @@ SETS["drawn2-3815"] = draw_layouts(3815, count=16, gpus=2, micro_batches=(4,))
 # width 6272) with a shared expert as wide, GQA, 8 k tokens a micro-batch of its 4 k sequences;
 # calibrated with the ep rows re-timed, each layout run twice, as moeh15
 SETS["drawn2-3816"] = draw_layouts(3816, count=16, gpus=2, micro_batches=(2,))
+# moeh17 (2026-11-30, for a 2-GPU lease, drawn after the compiled-gradient fix): fine-grained
+# experts (32 of width 1280, top-4) with GQA at 4 k sequences, 8 k tokens a micro-batch; the
+# first check whose compiled ep layouts train their experts (docs/benchmarks/compiled_grads.md)
+SETS["drawn2-3817"] = draw_layouts(3817, count=16, gpus=2, micro_batches=(2,))
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -323,9 +323,9 @@ def test_load_imbalance_option_prices_ep_layouts_at_the_asked_or_the_rows_rho():
 @pytest.mark.parametrize("check, seed, mb", [
     ("moeh7", 3807, 8), ("moeh8", 3808, 2), ("moeh9", 3809, 8), ("moeh10", 3810, 8),
     ("moeh11", 3811, 8), ("moeh12", 3812, 2), ("moeh13", 3813, 4), ("moeh14", 3814, 4),
-    ("moeh15", 3815, 4), ("moeh16", 3816, 2)])
+    ("moeh15", 3815, 4), ("moeh16", 3816, 2), ("moeh17", 3817, 2)])
 def test_the_committed_two_gpu_moe_draws(check, seed, mb):
-    """moeh7 (2026-11-29 night) to moeh16 (2026-11-30), for 2-GPU leases: the seed's model
+    """moeh7 (2026-11-29 night) to moeh17 (2026-11-30), for 2-GPU leases: the seed's model
     at hidden >= 2048 and sixteen two-GPU candidates at one micro-batch size (8 k tokens of
     the model's own sequences)."""
     import moe_sync_gpu as msg
