@@ -21,37 +21,69 @@ their forward (docs/calibrate.md). DeepSpeed met it in its Ulysses all-to-all
 (deepspeedai/DeepSpeed#8491). A functional collective is an op Dynamo models as producing
 its output from its input, so the function's own backward is kept, in 2.11 and 2.13 alike.
 
-In eager mode a functional collective returns an ``AsyncCollectiveTensor``; these wait for it
-and return the plain tensor, as the blocking c10d call did.
+Only the traced path changes: while Dynamo traces (``torch.compiler.is_compiling()``) these
+issue the functional collective; in eager mode the same blocking c10d call as before, so
+eager steps, the calibration's memory accounting (a functional collective's eager result is
+an ``AsyncCollectiveTensor`` subclass) and the cost model's counts of the ops a layer
+dispatches are unchanged. ``group=None`` is the default group, as for c10d.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 
-def _done(t: torch.Tensor) -> torch.Tensor:
-    return t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+def _traced() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _group(group):
+    return dist.group.WORLD if group is None else group
 
 
 def all_reduce(x: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
-    """``op`` ("sum", "max", ...) of ``x`` over ``group``; ``x`` itself is left as it was."""
-    return _done(funcol.all_reduce(x.contiguous(), op, group))
+    """``op`` ("sum" or "max") of ``x`` over ``group``; ``x`` itself is left as it was when
+    traced, and reduced in place (and returned) in eager mode where it is contiguous."""
+    if _traced():
+        return funcol.all_reduce(x.contiguous(), op, _group(group))
+    x = x.contiguous()
+    dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
+                    group=group)
+    return x
 
 
 def all_gather_dim0(x: torch.Tensor, group) -> torch.Tensor:
     """The ranks' ``x`` concatenated along dim 0, in group-rank order."""
-    return _done(funcol.all_gather_tensor(x.contiguous(), 0, group))
+    x = x.contiguous()
+    if _traced():
+        return funcol.all_gather_tensor(x, 0, _group(group))
+    n = dist.get_world_size(group)
+    out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
+    dist.all_gather_into_tensor(out, x, group=group)
+    return out
 
 
 def reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
     """Sum of ``x`` over ``group``, this rank's 1/n slice of dim 0."""
-    return _done(funcol.reduce_scatter_tensor(x.contiguous(), "sum", 0, group))
+    x = x.contiguous()
+    if _traced():
+        return funcol.reduce_scatter_tensor(x, "sum", 0, _group(group))
+    n = dist.get_world_size(group)
+    out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x, group=group)
+    return out
 
 
 def all_to_all(x: torch.Tensor, group, out_splits: list[int] | None = None,
                in_splits: list[int] | None = None) -> torch.Tensor:
     """Rows of ``x`` (dim 0) exchanged: ``in_splits[j]`` rows to rank j, ``out_splits[j]``
     rows from it (equal parts where both are None)."""
-    return _done(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group))
+    x = x.contiguous()
+    if _traced():
+        return funcol.all_to_all_single(x, out_splits, in_splits, _group(group))
+    rows = x.shape[0] if out_splits is None else sum(out_splits)
+    out = x.new_empty((rows,) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    return out

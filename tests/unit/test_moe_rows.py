@@ -631,7 +631,7 @@ def test_a_compiled_zero2_layout_at_ep2_derives_from_the_pair_at_that_ep():
     assert got.fsdp_row.backward_s == pytest.approx(6e-3 - 6e-3 * (1 - 4 / 6))
     # the eager FSDP2 row's, not the compiled row's less any copies (9e7 - w < 1e8)
     assert got.fsdp_row.activation_bytes == pytest.approx(1e8)
-    assert "the eager FSDP2 row's (a compiled MoE row at ep > 1" in got.sources[0]
+    assert "the eager FSDP2 row's (compiled MoE rows at ep > 1" in got.sources[0]
     # a dense model or an MoE one at ep 1 still reads the compiled row (the next test)
 
 
