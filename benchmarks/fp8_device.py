@@ -174,6 +174,9 @@ LAYOUTS += draw_two_gpu_layouts(4112, micro_batches=(8,), prefix="v")
 LAYOUTS += draw_two_gpu_layouts(4113, micro_batches=(8,), prefix="w")
 # fp8h14 (2026-11-30, drawn before any run, for a 2-GPU lease): 8 k-token sequences, one each
 LAYOUTS += draw_two_gpu_layouts(4114, micro_batches=(1,), prefix="x")
+# fp8h15 (2026-11-30, drawn before any run, for a 2-GPU lease, after the compiled-gradient
+# fix): 8 k tokens a micro-batch of its 2 k sequences
+LAYOUTS += draw_two_gpu_layouts(4115, micro_batches=(4,), prefix="y")
 CPU_LAYOUTS = [("c01", L(dp=2, micro_batch=2)), ("c02", L(tp=2, micro_batch=2,
                                                          sequence_parallel=True))]
 

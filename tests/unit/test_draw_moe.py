@@ -249,9 +249,10 @@ def test_the_committed_fp8h6_draw_model_and_two_gpu_layouts():
     ("fp8h7", 4107, 2, "p", 1, 8192, 4), ("fp8h8", 4108, 4, "r", 4, 2048, 16),
     ("fp8h9", 4109, 5, "s", 8, 1024, 32), ("fp8h10", 4110, 1, "t", 2, 4096, 8),
     ("fp8h11", 4111, 3, "u", 4, 2048, 16), ("fp8h12", 4112, 3, "v", 8, 1024, 32),
-    ("fp8h13", 4113, 3, "w", 8, 1024, 32), ("fp8h14", 4114, 2, "x", 1, 8192, 4)])
+    ("fp8h13", 4113, 3, "w", 8, 1024, 32), ("fp8h14", 4114, 2, "x", 1, 8192, 4),
+    ("fp8h15", 4115, 2, "y", 4, 2048, 16)])
 def test_the_committed_two_gpu_fp8_draws(check, seed, pick, prefix, mb, seq, batch):
-    """fp8h7 to fp8h14 (2026-11-30, for 2-GPU leases): the first of the seed's models with tp 2
+    """fp8h7 to fp8h15 (2026-11-30, for 2-GPU leases): the first of the seed's models with tp 2
     admissible (heads and kv heads even) and hidden >= 2560, and four two-GPU layouts at one
     micro-batch, runnable compiled in both arms (prefix q is fp8h5's)."""
     import dataclasses
