@@ -172,6 +172,9 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "cuda": torch.version.cuda or "" if cuda else "", "nccl": nccl,
         "cpu_threads": torch.get_num_threads(),
         "python": platform.python_version(), "meshplan": __version__,
+        # the executor's compiled collectives keep their backward (docs/benchmarks/
+        # compiled_grads.md); profiles without this mark may hold defective compiled rows
+        "compiled_collectives": "functional when traced",
         "quick": options.quick, "model": ", ".join(m.name for m in options.models),
         **({"layer_grid": ", ".join(m.name for m in layer_grid_models(device.type))}
            if options.layer_grid else {}),

@@ -279,6 +279,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     prov = get(doc, "provenance", dict, where, {})
     layers = get(doc, "layers", list, where, [])
     ends = get(doc, "ends", list, where, [])
+    _warn_defective_compiled_rows(prov, layers, where)
     if prov.get("device") == "cuda":
         if version == 1:
             layers = [_v1_layer_row(r) for r in layers]
@@ -307,6 +308,32 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     return CalibratedProfile(path=where, gpu=gpu, base_gpu=base, provenance=dict(prov),
                              measured=tuple(str(m) for m in measured), **lats,
                              network_efficiency=net, collective_rows=coll)
+
+
+def _torch_before_2_13(version: str) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return m is not None and (int(m.group(1)), int(m.group(2))) < (2, 13)
+
+
+def _warn_defective_compiled_rows(prov: dict, layers: list, where: str) -> None:
+    """Warn where a GPU profile holds compiled layer rows at tp + SP or ep > 1 timed by an
+    executor whose collectives lost their backward when compiled (torch before 2.13, and no
+    ``compiled_collectives`` mark in the provenance: docs/benchmarks/compiled_grads.md)."""
+    if prov.get("device") != "cuda" or prov.get("compiled_collectives"):
+        return
+    if not _torch_before_2_13(str(prov.get("torch", ""))):
+        return
+    bad = sum(1 for r in layers if isinstance(r, dict) and r.get("compile")
+              and ((r.get("tp", 1) > 1 and r.get("sequence_parallel")) or r.get("ep", 1) > 1))
+    if bad:
+        import warnings
+
+        from meshplan.errors import MeshplanWarning
+        warnings.warn(MeshplanWarning(
+            f"{where}: {bad} compiled layer row(s) at tp + SP or ep > 1 were timed under torch "
+            f"{prov.get('torch')} by an executor whose compiled collectives skipped part of "
+            "the backward (docs/benchmarks/compiled_grads.md); layouts priced from them are "
+            "too fast. Recalibrate with this meshplan (`meshplan calibrate`)."), stacklevel=3)
 
 
 def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]:
