@@ -14,7 +14,10 @@ weight's shape (the copies), and on CUDA the allocator's growth over the forward
 output (as the calibration's rows read ``activation_bytes``); and, per ep, how far the
 compiled layer's gradients (the input's, every parameter's) are from eager's, from the same
 weights, tokens and upstream gradient — a routed part left out of the compiled backward
-would show as a gap near 1 or "missing". Rank 0 writes ``--out``.
+would show as a gap near 1 or "missing". Rank 0 writes ``--out``. On 2 x H200 (torch 2.11,
+2026-11-30) it did: gap 1.0 at ep 2, the experts' all-to-all compiled to a zero gradient —
+the defect docs/benchmarks/compiled_grads.md describes, since fixed; the copies' question
+above had the same answer (nothing needed the routed rows' activations).
 
     torchrun --standalone --nproc-per-node 2 benchmarks/moe_saved_copies.py \\
         --model benchmarks/sets/moeh14/m01.json --seq-len 2048 --micro-batch 4 \\
