@@ -10,7 +10,8 @@ torch 2.13, where that code passed too; run this where torch 2.11 is, the device
     torchrun --standalone --nproc-per-node 2 benchmarks/compiled_grads_check.py \\
         --device cuda --backend inductor --out $OUT/compiled_grads_cuda.json
 
-fp32 throughout; a gap above 1e-5 is a defect (tests/distributed/test_compiled_collective_grads.py).
+fp32 throughout; a gap above 1e-5 is a defect
+(tests/distributed/test_compiled_collective_grads.py).
 """
 
 from __future__ import annotations
@@ -31,39 +32,33 @@ from meshplan.executor.context_parallel import (RingAttentionCore, heads_to_seq,
 from meshplan.executor.moe import _AllToAll  # noqa: E402
 from meshplan.executor.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
 
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-p.add_argument("--backend", default="aot_eager", help="torch.compile backend")
-p.add_argument("--out", required=True)
-a = p.parse_args()
-dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
-dev = torch.device("cpu")
-if a.device == "cuda":
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(dev)
-    torch.set_default_device(dev)
-W, r = dist.group.WORLD, dist.get_rank()
-# the experts' exchange, uneven: rank 0 keeps 5 of its 8 rows and sends 3, rank 1 sends 4
-IN, OUT = ([5, 3], [5, 4]) if r == 0 else ([4, 4], [3, 4])
-targets = torch.tensor([[1, 6, 3, 0]], device=dev) + r  # vocabulary 8; rank r: rows 4r..4r+3
-CASES = {
-    "copy_to_tp": lambda x: tc.copy_to_tp(x, W),
-    "reduce_from_tp": lambda x: tc.reduce_from_tp(x, W),
-    "gather_from_sp": lambda x: tc.gather_from_sp(x, W),
-    "reduce_scatter_to_sp": lambda x: tc.reduce_scatter_to_sp(x, W),
-    "scatter_to_sp": lambda x: tc.scatter_to_sp(x, W),
-    "gather_from_slices": lambda x: tc.gather_from_slices(x, W),
-    "ulysses_all_to_all": lambda x: heads_to_seq(
-        seq_to_heads(x.reshape(1, 4, 4, 2), W, 2) * 3, W, 2),
-    "experts_all_to_all": lambda x: _AllToAll.apply(
-        _AllToAll.apply(x.reshape(8, 4), OUT, IN, W) * 3, IN, OUT, W),
-    "vocab_parallel_cross_entropy": lambda x: vocab_parallel_cross_entropy(
-        x.reshape(1, 4, 8)[..., :4], targets, 4 * r, W),
-    "ring_attention": lambda x: RingAttentionCore(W, kernel="math")(
-        *(x.reshape(1, 2, 2, 8)[..., 2 * i:2 * i + 2] for i in range(3))),
-}
-out = {}
-for name, fn in CASES.items():
+def cases(dev: torch.device) -> dict:
+    """Each communicating autograd function, as a map of the (1, 4, 8) activation."""
+    W, r = dist.group.WORLD, dist.get_rank()
+    # the experts' exchange, uneven: rank 0 keeps 5 of its 8 rows and sends 3, rank 1 sends 4
+    IN, OUT = ([5, 3], [5, 4]) if r == 0 else ([4, 4], [3, 4])
+    targets = torch.tensor([[1, 6, 3, 0]], device=dev) + r  # vocabulary 8; rank r: 4r..4r+3
+    return {
+        "copy_to_tp": lambda x: tc.copy_to_tp(x, W),
+        "reduce_from_tp": lambda x: tc.reduce_from_tp(x, W),
+        "gather_from_sp": lambda x: tc.gather_from_sp(x, W),
+        "reduce_scatter_to_sp": lambda x: tc.reduce_scatter_to_sp(x, W),
+        "scatter_to_sp": lambda x: tc.scatter_to_sp(x, W),
+        "gather_from_slices": lambda x: tc.gather_from_slices(x, W),
+        "ulysses_all_to_all": lambda x: heads_to_seq(
+            seq_to_heads(x.reshape(1, 4, 4, 2), W, 2) * 3, W, 2),
+        "experts_all_to_all": lambda x: _AllToAll.apply(
+            _AllToAll.apply(x.reshape(8, 4), OUT, IN, W) * 3, IN, OUT, W),
+        "vocab_parallel_cross_entropy": lambda x: vocab_parallel_cross_entropy(
+            x.reshape(1, 4, 8)[..., :4], targets, 4 * r, W),
+        "ring_attention": lambda x: RingAttentionCore(W, kernel="math")(
+            *(x.reshape(1, 2, 2, 8)[..., 2 * i:2 * i + 2] for i in range(3))),
+    }
+
+
+def gap(fn, dev: torch.device, backend: str) -> dict:
+    """The gradient of a weight feeding ``fn``, eager and compiled, from the same inputs."""
+    r = dist.get_rank()
     grads = []
     for compiled in (False, True):
         torch._dynamo.reset()
@@ -71,19 +66,42 @@ for name, fn in CASES.items():
         w = torch.randn(8, 8, device=dev, requires_grad=True)
         x = torch.randn(4, 8, device=dev)
 
-        def step(x, fn=fn, w=w):
+        def step(x, w=w):
             y = fn((x @ w).reshape(1, 4, 8))
             return (y.float() ** 2).sum() if y.dim() else y
 
-        run = torch.compile(step, backend=a.backend) if compiled else step
+        run = torch.compile(step, backend=backend) if compiled else step
         run(x).backward()
         grads.append(w.grad.clone())
     eager, comp = grads
-    out[name] = {"eager_max": eager.abs().max().item(),
-                 "gap": ((comp - eager).abs().max() / eager.abs().max()).item()}
-    if r == 0:
-        print(f"{name:30s} compiled vs eager: {out[name]['gap']:.3g}", flush=True)
-if r == 0:
-    Path(a.out).write_text(json.dumps({"torch": torch.__version__, "device": a.device,
-                                       "backend": a.backend, "cases": out}, indent=1) + "\n")
-dist.destroy_process_group()
+    return {"eager_max": eager.abs().max().item(),
+            "gap": ((comp - eager).abs().max() / eager.abs().max()).item()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", default="aot_eager", help="torch.compile backend")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    dist.init_process_group("gloo" if a.device == "cpu" else "nccl")
+    dev = torch.device("cpu")
+    if a.device == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(dev)
+        torch.set_default_device(dev)
+    rank0 = dist.get_rank() == 0
+    out = {}
+    for name, fn in cases(dev).items():
+        out[name] = gap(fn, dev, a.backend)
+        if rank0:
+            print(f"{name:30s} compiled vs eager: {out[name]['gap']:.3g}", flush=True)
+    if rank0:
+        Path(a.out).write_text(json.dumps({"torch": torch.__version__, "device": a.device,
+                                           "backend": a.backend, "cases": out}, indent=1) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -302,17 +302,11 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return _all_to_all(x, group)
+        return all_to_all(x, group)
 
     @staticmethod
     def backward(ctx, g):
-        return _all_to_all(g, ctx.group), None
-
-
-def _all_to_all(x: torch.Tensor, group) -> torch.Tensor:
-    # functional: an in-place exchange lost this function's backward when compiled under
-    # torch 2.11 (meshplan.executor.functional_comm)
-    return all_to_all(x, group)
+        return all_to_all(g, ctx.group), None
 
 
 def seq_to_heads(t: torch.Tensor, group, cp: int) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 Every collective inside a ``torch.autograd.Function`` of the executor (tensor and sequence
 parallelism's conjugate operators, Ulysses' and the experts' all-to-alls, the
-vocabulary-parallel cross-entropy) goes through these: each returns a new tensor computed
-from its input (a functional collective, ``torch.distributed._functional_collectives``)
-instead of filling a buffer in place (``dist.all_to_all_single(out, x)``).
+vocabulary-parallel cross-entropy) goes through these: while traced, each returns a new
+tensor computed from its input (a functional collective,
+``torch.distributed._functional_collectives``) instead of filling a buffer in place
+(``dist.all_to_all_single(out, x)``).
 
 Why: torch 2.11's Dynamo, tracing such a function inside a compiled region, differentiates
 the forward it traced when the function returns a fresh buffer a c10d collective filled in
@@ -13,9 +14,10 @@ backward never runs. The forward is right and nothing warns. Measured on 2 gloo 
 (``tests/distributed/test_compiled_collective_grads.py`` run under torch 2.11): the compiled
 gradient through the sequence-parallel reduce-scatter, Ulysses' all-to-all and the experts'
 all-to-all was exactly 0 (eager's nonzero); through the in-place all-gather and all-reduce
-it was right; torch 2.13 got every one right. (The same test found a fourth: ``scatter_to_sp``
-returning a view of its input at batch 1, now a copy: ``tp_collectives._split_seq``.) On 2 x H200 (torch 2.11) the same defect left
-the experts of a compiled ep 2 MoE layer without gradients (``benchmarks/moe_saved_copies.py``,
+it was right; torch 2.13 got every one right. (The same test found a fourth:
+``scatter_to_sp`` returning a view of its input at batch 1, now a copy:
+``tp_collectives._split_seq``.) On 2 x H200 (torch 2.11) the same defect left the experts of
+a compiled ep 2 MoE layer without gradients (``benchmarks/moe_saved_copies.py``,
 2026-11-30: gap 1.0) and made compiled tp 2 + SP layer rows time a backward shorter than
 their forward (docs/calibrate.md). DeepSpeed met it in its Ulysses all-to-all
 (deepspeedai/DeepSpeed#8491). A functional collective is an op Dynamo models as producing
@@ -30,9 +32,16 @@ dispatches are unchanged. ``group=None`` is the default group, as for c10d.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+
+# torch >= 2.12 renamed the *_tensor collectives; the old names exist in every version we
+# support (2.11 lacks the new ones), so keep them and silence the rename notice.
+warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)"
+                        r".* is deprecated", category=FutureWarning)
 
 
 def _traced() -> bool:

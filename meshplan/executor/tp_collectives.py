@@ -8,14 +8,12 @@ backward (:func:`gather_from_sp`), and ``g`` a reduce-scatter, all-gather backwa
 (:func:`reduce_scatter_to_sp`). The layers built on them:
 :mod:`meshplan.executor.tensor_parallel`.
 
-Activations are ``[batch, seq, hidden]``; the sequence dimension is 1. The collectives are
-functional (:mod:`meshplan.executor.functional_comm` says why: compiled under torch 2.11,
-in-place ones lost the backward of the reduce-scatter).
+Activations are ``[batch, seq, hidden]``; the sequence dimension is 1. The collectives go
+through :mod:`meshplan.executor.functional_comm` (functional while traced: compiled under
+torch 2.11, in-place ones lost the backward of the reduce-scatter).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -24,11 +22,6 @@ from meshplan.errors import ExecutorError
 from meshplan.executor.functional_comm import all_gather_dim0, all_reduce, reduce_scatter_dim0
 
 SEQ_DIM = 1
-
-# torch >= 2.12 renamed the *_tensor collectives; the old names exist in every version we
-# support (2.11 lacks the new ones), so keep them and silence the rename notice.
-warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)"
-                        r".* is deprecated", category=FutureWarning)
 
 
 # ---- collectives along the sequence dimension ------------------------------------------

@@ -279,7 +279,6 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     prov = get(doc, "provenance", dict, where, {})
     layers = get(doc, "layers", list, where, [])
     ends = get(doc, "ends", list, where, [])
-    _warn_defective_compiled_rows(prov, layers, where)
     if prov.get("device") == "cuda":
         if version == 1:
             layers = [_v1_layer_row(r) for r in layers]
@@ -287,6 +286,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
+        _warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
     corr = get(doc, "corrections", dict, where, None)
     if corr is not None:
         gpu = replace(gpu, corrections=corrections_from_table(
