@@ -14,7 +14,6 @@ the same sequence of collectives.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from meshplan.calibrate.bench_host_comm import bench_host_comm
 from meshplan.calibrate.timing import time_fn
+from meshplan.executor.functional_comm import silence_collective_rename_notice
 
 COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 LATENCY_PROBE_BYTES = 256
@@ -29,10 +29,7 @@ LATENCY_PROBE_BYTES = 256
 # than the bandwidth rows (still well under a second)
 LATENCY_PROBE_ITERS = 50
 
-# torch >= 2.12 renamed the *_tensor collectives; torch 2.11 (the GPU machines) lacks the
-# new names, so the old ones stay and the rename notice is silenced.
-warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)"
-                        r".* is deprecated", category=FutureWarning)
+silence_collective_rename_notice()
 
 
 def node_group_sizes(world: int, local_world: int) -> list[int]:
