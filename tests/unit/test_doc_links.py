@@ -1,5 +1,6 @@
-"""Every relative link in README.md and docs/**/*.md resolves: the file (or folder) exists,
-and a ``#fragment`` into a Markdown file names one of its headings (GitHub's anchors)."""
+"""Every relative link in README.md, benchmarks/README.md and docs/**/*.md resolves: the
+file (or folder) exists, and a ``#fragment`` into a Markdown file names one of its headings
+(GitHub's anchors)."""
 
 import re
 from pathlib import Path
@@ -7,7 +8,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+DOCS = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md",
+               *(ROOT / "docs").rglob("*.md")])
 # [text](target) and ![alt](target), the target up to the first space or ")"; and
 # reference definitions "[label]: target"
 INLINE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
