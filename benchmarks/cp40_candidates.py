@@ -1,5 +1,5 @@
 """Why the cp40 held-out rows ran slower than predicted: each candidate mechanism priced on
-the rows themselves, post hoc (docs/context_parallel.md, "cp40: why the held-out rows ran
+the rows themselves, post hoc (docs/benchmarks/cp_checks.md, "cp40: why the held-out rows ran
 11 % slow").
 
     python benchmarks/cp40_candidates.py /work/devdata/cp40_call4/cp/cp_gpu_logs.tar.gz \

@@ -7,7 +7,7 @@ model's predictions, and fp8 kernels.
    Llama-1.64B linear at tp 1/2/4, as run on 2026-11-28) -> micro.json.
 2. Layouts: Llama-1.64B layouts, each run twice with the executor — bf16, then fp8 with
    recipe R — compiled (``Layout.compile``; ``--eager`` to run without: the eager fp8
-   linear is 3-11x slower than bf16, docs/fp8.md), through
+   linear is 3-11x slower than bf16, docs/benchmarks/fp8_checks.md), through
    meshplan.calibrate.validate.run_layouts. Each arm's plan carries its own prediction
    (``estimate`` of the fp8 or bf16 job, on the saved 4-GPU profile of the GPU type found —
    ``--profile auto`` — whose Llama-1.64B rows are eager bf16 rows: the predictions say in

@@ -1,5 +1,5 @@
 """POST HOC: where f01's fp8 arm lost its time, checked against the 2026-11-28 4 × H200 data
-with the measured fp8 rows (docs/fp8.md, "f01").
+with the measured fp8 rows (docs/benchmarks/fp8_checks.md, "f01").
 
 For every as-run arm (the 4-GPU compile profile with the 1-GPU fp8 rows beside it, as
 ``fp8_rows_repredict.py``): the predicted GPU critical path, the CPU's dispatch from the rows'

@@ -1,5 +1,5 @@
 """Where f01's fp8 step lost 31 %: one f01-like step on one GPU, blocks compiled whole or
-split the way DDP splits them, in bf16 and fp8 (issue 41; docs/fp8.md, "f01").
+split the way DDP splits them, in bf16 and fp8 (issue 41; docs/benchmarks/fp8_checks.md, "f01").
 
 f01 (4 × H200, 2026-11-28: Llama-1.64B, dp 4, ZeRO-1, micro-batch 2, 4 micro-batches a
 step, compiled) ran fp8 at 0.76× bf16, while the compiled fp8 layer timed alone is 1.08×
@@ -262,7 +262,7 @@ def run_arm(arm: str, args, model: ModelSpec, device) -> dict:
 
 
 def verdict(arms: dict[str, dict]) -> dict:
-    """What the arms say (numbers only; docs/fp8.md reads them)."""
+    """What the arms say (numbers only; docs/benchmarks/fp8_checks.md reads them)."""
     out: dict = {}
     for mode in ("split", "whole", "plain"):
         b, f = arms.get(f"bf16-{mode}"), arms.get(f"fp8-{mode}")

@@ -1,6 +1,6 @@
 """POST HOC: re-predict the as-run arms of an fp8 layouts check (fp8_device.py's data) with
 another profile and today's cost model; before/after errors of step time, fp8/bf16
-speed-up and peak memory (docs/fp8.md, "POST HOC").
+speed-up and peak memory (docs/benchmarks/fp8_checks.md, "POST HOC").
 
     python benchmarks/fp8_repredict.py \\
         --data docs/benchmarks/data/fp8_layouts_h200_20261128.json \\
@@ -10,7 +10,7 @@ speed-up and peak memory (docs/fp8.md, "POST HOC").
     python benchmarks/fp8_repredict.py ... --drop-compiled-sp
     # a module's sustained-clock ratio, where its rows carry none (1), from a later
     # calibration of the same model that measured it; the rows' times as they were
-    # (docs/fp8.md "fp8h9")
+    # (docs/benchmarks/fp8_checks.md "fp8h9")
     python benchmarks/fp8_repredict.py ... --sustained-from OTHER.toml
 """
 

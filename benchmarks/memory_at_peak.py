@@ -8,8 +8,8 @@ history, rank 0's trace replayed by ``memory_peak.peak_live_set``.
 Everything after ``--`` goes to ``meshplan.executor.run``. ``memory_walk.py --snapshot``
 does this for the layouts of a named set, step phase by phase; this runs one plan file as
 it is (an fp8 check's arm, a variant edited by hand) and writes rank 0's live set at its
-peak as a markdown table. A post hoc diagnosis tool (docs/fp8.md "fp8h9"): recording slows
-the run, so its step times are not measurements.
+peak as a markdown table. A post hoc diagnosis tool (docs/benchmarks/fp8_checks.md "fp8h9"):
+recording slows the run, so its step times are not measurements.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ and micro-batches, at ep 1 and ep = world (``--no-ep1``: ep = world only), of th
 3 over the rest of the world, eager) — with ``--sync-deep`` each plain ep module's first
 row timed again on 4 blocks (logged). The same code and the same paused collector as
 ``meshplan calibrate``, in a fresh process: moeh9's compiled ep rows, timed so after its
-runs, read 7.8 ms a layer where its calibration read 12.4 (docs/moe.md "moeh9"). Each rank
-writes nothing; rank 0 writes the rows (the profile's ``[[layers]]`` fields, with ``ep``)
+runs, read 7.8 ms a layer where its calibration read 12.4 (docs/benchmarks/moe_checks.md "moeh9").
+Each rank writes nothing; rank 0 writes the rows (the profile's ``[[layers]]`` fields, with ``ep``)
 and the progress lines to ``--out``.
 
     torchrun --standalone --nproc-per-node 2 benchmarks/moe_ep_rows_gpu.py \\

@@ -1,6 +1,6 @@
 """Diagnostic (issue 38): which kernels make a compiled MoE block's forward slower inside a
 training step than in its calibration row (moeh1: 3.5-4.1 ms a block in the step against the
-row's 3.29 ms at micro-batch 2; backward within 4 %; docs/moe.md).
+row's 3.29 ms at micro-batch 2; backward within 4 %; docs/benchmarks/moe_checks.md).
 
 One process, one GPU, the executor's model built as the executor builds it (seeded init,
 bf16 autocast, each block compiled). The forward's CUDA kernels are profiled in two regimes

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on one GPU (issue 38): why moeh1's compiled layouts ran 6-8 % slower than their
-# rows predict while the eager one matched (docs/moe.md, "A never-run MoE model"). About
+# rows predict while the eager one matched (docs/benchmarks/moe_checks.md, "A never-run MoE model"). About
 # 5 minutes:
 #
 #   bash benchmarks/moe_gap_device.sh        # writes $OUT (<= 8 files)

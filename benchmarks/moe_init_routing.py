@@ -5,8 +5,8 @@ The drawn MoE checks price their ep > 1 layouts at the load imbalance ρ the cal
 rows recorded (random activations through a fresh router: ρ 1.00-1.02), and their runs
 record the ρ they routed at (``meshplan.executor.moe_routing``: the busiest ep rank's rows
 over the mean, per MoE call, averaged): 1.09-1.23 on moeh7-moeh11, 1.28-1.30 on moeh12
-(docs/moe.md "The ep rows against the runs"). This script runs the executor's own model —
-``Transformer.init_weights(seed)``, ``SyntheticTokens`` step 0, the runner's defaults — in
+(docs/benchmarks/moe_checks.md "The ep rows against the runs"). This script runs the executor's own
+model — ``Transformer.init_weights(seed)``, ``SyntheticTokens`` step 0, the runner's defaults — in
 one process and reads each MoE layer's top-k choices, splitting the experts over ``ep``
 ranks as the executor does (rank r keeps experts r·E/ep .. (r+1)·E/ep − 1), to see whether
 the runs' routing is already there before any training step, and where in the depth of the

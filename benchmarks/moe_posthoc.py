@@ -1,6 +1,7 @@
-"""POST HOC re-prediction of the as-run MoE GPU check (docs/moe.md "GPU check"): the layouts
-of a saved ``moe_gpu.json`` priced by today's cost model on the datasheet profile and on
-saved calibrations, beside the measurements and the predictions fixed before the run.
+"""POST HOC re-prediction of the as-run MoE GPU check (docs/benchmarks/moe_checks.md
+"GPU check"): the layouts of a saved ``moe_gpu.json`` priced by today's cost model on the
+datasheet profile and on saved calibrations, beside the measurements and the predictions
+fixed before the run.
 
     python benchmarks/moe_posthoc.py                       # the 4 x H200 run of 2026-11-28
     python benchmarks/moe_posthoc.py --data run.json --markdown

@@ -215,8 +215,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     ones whose single reading spreads: the host-paced forward of moeh12's ep 2 row read 4.44,
     5.60 and 6.27 ms in three processes, moeh13's recompute-full ep 2 rows 15-30 % above two
     re-readings, and each set's mean error fell by about half with every row the median of
-    three (2 x H200, docs/moe.md "moeh12", "moeh13"), where queued GPU-paced rows repeat
-    within 1 %. So where the budget stops a whole round after the first, the rounds left
+    three (2 x H200, docs/benchmarks/moe_checks.md "moeh12", "moeh13"), where queued GPU-paced rows
+    repeat within 1 %. So where the budget stops a whole round after the first, the rounds left
     re-time those rows alone, if their first-round time fits (a single reading's excess goes;
     a process's level stays: moeh13's rows read three times in one later process spread 2-20 %
     there, the tp 2 + SP row's median 23 % above two other processes'); compiled ones included (the

@@ -114,7 +114,8 @@ def _sync_deep(cfg: Config, key, module, device, groups, *, iters: int, barrier,
     where a step overlaps one layer's tail with the next one's dispatch; how much of that a
     2-block row holds is what the deeper stack shows. moeh9's rows timed alone (2 × H200,
     post hoc): 4-block within 4 % of 2-block, so that overlap is small there; its
-    calibration's compiled ep rows were inflated by something else (docs/moe.md "moeh9")."""
+    calibration's compiled ep rows were inflated by something else (docs/benchmarks/moe_checks.md
+    "moeh9")."""
     values, oom = [0.0, 0.0], 0.0
     try:
         module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)

@@ -92,7 +92,7 @@ def long_context_attention_shapes(model: ModelSpec | None, seq_len: int, device:
 
     Why: the efficiency curve is clamped beyond its largest point, and context-parallel plans
     run kernels 10-100x larger than a 2k-token calibration times. The 4 x H200 check
-    (docs/context_parallel.md) priced 16k-64k attention 1.8x too slow from a profile whose
+    (docs/benchmarks/cp_checks.md) priced 16k-64k attention 1.8x too slow from a profile whose
     largest point was 3.4e10 FLOPs at 0.18 of peak, where cuDNN ran at about 0.45. Two
     points cost well under a second of GPU time (flash/cuDNN memory is linear in tokens)."""
     if device != "cuda" or quick:

@@ -127,7 +127,7 @@ def ratio_rows(grid) -> dict[tuple, int]:
     one: the same kernels at the same power density, the forward's partly twice. Without
     this such a module's rows carried ratio 1: fp8h9's compiled bf16 tp 1 layouts (2 × H200)
     ran 2.9-11.5 % slower than predicted; post hoc at the ratio then measured on the
-    selective row (1.117) 1.1-7.2 % (docs/fp8.md "fp8h9 post hoc"). The
+    selective row (1.117) 1.1-7.2 % (docs/benchmarks/fp8_checks.md "fp8h9 post hoc"). The
     embedding is left out (ratio 1): its gather is memory-bound (its loops read 0.93-1.00 on
     an H200)."""
     best: dict[tuple, int] = {}

@@ -32,8 +32,8 @@ FSDP_UNMEASURED_CAVEAT = (
     "after the plain, compiled and fp8 ones, so a --time-budget can stop before them), so "
     "FSDP2's per-micro-batch gathers are priced analytically and its hooks' CPU time not at "
     "all; measured layouts priced so on 2 x H200 ran 29-37 % slower than predicted where the "
-    "host set the pace (fp8h4), within 3.2 % where the GPU did (fp8h7; docs/fp8.md): "
-    "calibrate with a budget that reaches the FSDP2 rows")
+    "host set the pace (fp8h4), within 3.2 % where the GPU did (fp8h7; "
+    "docs/benchmarks/fp8_checks.md): calibrate with a budget that reaches the FSDP2 rows")
 
 
 FSDP_DP_ONLY_CAVEAT = (
@@ -70,15 +70,16 @@ COMPILE_AS_EAGER_CAVEAT = (
 COMPILE_MOE_CAVEAT = (
     "compile = True on an MoE model: the executor's whole MoE block compiles as one graph at "
     "ep = 1 and ran 1.38-1.47x faster than eager on one H200 (moe-1.9b, micro-batch 2-4; "
-    "docs/moe.md), a speed-up this eager price does not hold (`meshplan calibrate --model M "
-    "--compile-rows` times the compiled MoE layer: costmodel/moe_rows.py)")
+    "docs/benchmarks/moe_checks.md), a speed-up this eager price does not hold "
+    "(`meshplan calibrate --model M --compile-rows` times the compiled MoE layer: "
+    "costmodel/moe_rows.py)")
 
 def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
     """The caution for a layer priced from measured rows carried beyond the micro-batches
     they were timed at (linear in the micro-batch from the two nearest: a fixed part of the
     row stays fixed, the kernels' efficiency at the new size is not measured). On 1 × H200
-    (docs/fp8.md, fp8h2 and fp8h3): rows of micro-batch 1-2 extended to 4 and 8 put the
-    step 1.3-4.0 % off and the fp8/bf16 speed-up −5.8 / −5.3 %; rows timed at 4 and 8 gave
+    (docs/benchmarks/fp8_checks.md, fp8h2 and fp8h3): rows of micro-batch 1-2 extended to 4 and 8
+    put the step 1.3-4.0 % off and the fp8/bf16 speed-up −5.8 / −5.3 %; rows timed at 4 and 8 gave
     −4.4 / −3.7 % on the same runs, and a never-run model calibrated at its layouts'
     micro-batches 1.1 % / 2.5 % (step) and 1.2 % / 2.4 % (speed-up)."""
     timed_s = ", ".join(str(m) for m in sorted(timed))
@@ -86,7 +87,7 @@ def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
             f"to {micro_batch}: where fp8h2's were (1 x H200), the steps were 1.3-4 % off and the "
             f"fp8/bf16 speed-up about 2 points against rows timed at the micro-batch; "
             f"`meshplan calibrate --micro-batches ...,{micro_batch}` times it "
-            f"(docs/fp8.md, fp8h3)")
+            f"(docs/benchmarks/fp8_checks.md, fp8h3)")
 
 
 P2P_ORDER_CAVEAT = (
@@ -118,15 +119,15 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD,
     the same time. The two arms measured there ran well above the longer of the two
     (2 × H200, compiled tp 2 + SP fp8: fp8h8 r04 at 1.00, −8.2 %; fp8h10 t04 at 1.01,
     −14.1 % and −14.8 % on a re-run, slower than bf16 where 1.10× faster was predicted;
-    docs/fp8.md). One reading: where the
+    docs/benchmarks/fp8_checks.md). One reading: where the
     CPU falls behind the GPU waits and where the GPU falls behind the CPU's queue waits, so
     the step is the sum over its stretches of the longer side, not the longer of the two
     sums — but at the pass level t04's rows are CPU-bound in both forward and backward
     (3.65 / 2.20 ms of CPU against 3.38 / 1.95 of GPU a layer), which that reading does not
     price either. Past the balance point the CPU's priced dispatch did set the step: fp8h11's
     compiled tp 2 + SP pair, predicted host-bound at 1.09 and 1.31, ran within 0.4 and 2.5 %
-    (2 x H200, docs/fp8.md "fp8h11"). Cause not settled, not priced; the caution gives the
-    two misses."""
+    (2 x H200, docs/benchmarks/fp8_checks.md "fp8h11"). Cause not settled, not priced; the caution
+    gives the two misses."""
     text = f"{near_load * 100:g} %"
     balanced = ""
     if host_load >= balanced_load:

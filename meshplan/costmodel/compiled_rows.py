@@ -47,7 +47,7 @@ weights 96 MiB; Llama-1.64B 121 + 160·mb against 120 MiB; tp 2: 48 and 61 again
 60). Under full recomputation the checkpointed block keeps only its input and casts again
 when it recomputes: every profile's tp 1 compiled full row keeps what its eager row keeps
 (14-112 MiB, the eleven profiles of 2026-11-29/30), so there w = 0 (with w the kept bytes
-came out 0: fp8h9's compiled ZeRO-3 full layout, 56 MiB a layer short, docs/fp8.md
+came out 0: fp8h9's compiled ZeRO-3 full layout, 56 MiB a layer short, docs/benchmarks/fp8_checks.md
 "fp8h9"). An MoE layer's compiled row keeps its experts' copies at ep 1 only (the executor
 casts them per call; moeh2's and moeh3's ep 1 rows: intercepts 163 / 425 MiB against
 161 / 424 MiB of 16-bit weights). At ep > 1 the compiled plain row is no guide, and the
@@ -79,9 +79,9 @@ have none either). The estimate names the rows in a caveat (:func:`derived_cavea
 Measured error (as run, never-run models, 2 × H200): fp8h8's ZeRO-3 selective bf16 arm
 +7.4 % (host-paced), fp8h9's ZeRO-3 full bf16 arm −11.5 % (post hoc with its compiled
 module's sustained clock −7.2 %: compile saved 7-8 % of the step, the derivation 12 %);
-re-run post hoc on profiles that also timed the compiled FSDP2 rows (2026-11-30, docs/fp8.md
-"Compiled FSDP2 rows on a GPU"): from the timed rows +1.5 % (s03 bf16), −0.9 % (s03 fp8),
-+1.4 % (r03 bf16); derived on the same profiles −5.7, −10.0 and −21.2 %;
+re-run post hoc on profiles that also timed the compiled FSDP2 rows (2026-11-30,
+docs/benchmarks/fp8_checks.md "Compiled FSDP2 rows on a GPU"): from the timed rows +1.5 % (s03
+bf16), −0.9 % (s03 fp8), +1.4 % (r03 bf16); derived on the same profiles −5.7, −10.0 and −21.2 %;
 the 2026-11-28 runs, post hoc, in ``benchmarks/compile_repredict.py`` (docs/costmodel.md).
 """
 

@@ -12,7 +12,7 @@
   arXiv 2407.08608, Fig. 5-6; :mod:`meshplan.hardware_profiles.attention_published`), at
   the model's head dim where the figures publish several (head dim 64 runs 0.82-0.87 of
   head dim 128's efficiency at the same FLOPs; ``GPUSpec.attention_efficiency_at``; post
-  hoc on the cp40 check, docs/context_parallel.md).
+  hoc on the cp40 check, docs/benchmarks/cp_checks.md).
   Sliding-window layers run only the tiles of their band (:mod:`meshplan.costmodel.window`).
   Unfused attention runs the full s² batched GEMMs plus softmax/dropout memory traffic.
 * Memory-bound ops (norms, residual adds, activation functions, dropout, RoPE, softmax):

@@ -41,7 +41,7 @@ all-to-all core its copies and GQA repeat (:mod:`meshplan.costmodel.a2a_memory`,
 and both the output's layout copy (eq. 11).
 
 Measured error. GPU check, 4 × H200, torch 2.11, the 1.26B model at 16k-64k tokens, 10
-layouts (docs/context_parallel.md): first run (data cp_gpu_h200.json), datasheet, step time
+layouts (docs/benchmarks/cp_checks.md): first run (data cp_gpu_h200.json), datasheet, step time
 15.6 % mean / 33.3 % max, ring layouts −21..−33 % (the ring ran flash-attention 2, SDPA
 cuDNN); second run of the five ring layouts with eq. 7-8 priced and the ring on SDPA's
 kernel choice (now the default; cp_gpu_h200_ring_sdpa_20261128.json), as run: all ten
@@ -89,7 +89,7 @@ CP_UNCHECKED_CAVEAT = (
     "16k-64k tokens on the datasheet profile; held-out sets as run: 4 GPUs 11.2, 16.6 and "
     "14.1 % mean step-time error, misses at head dims outside 64/128 and CPU-bound cp 4 "
     "layouts at 4k tokens a rank; 2 GPUs (cp 2) 5.1, 3.2 and 4.6 %, cp layouts at 8k tokens "
-    "a rank 4-10 % slower than predicted, at 32k 2-4 % faster; docs/context_parallel.md); "
+    "a rank 4-10 % slower than predicted, at 32k 2-4 % faster; docs/benchmarks/cp_checks.md); "
     "how much the ring's transfers slow the block attention they overlap "
     "(cp_ring_interference) is assumed")
 CP_ANALYTICAL_CAVEAT = (

@@ -43,7 +43,7 @@ not counted. The all-to-all core's count moves by up to 3 operators with the hea
 backward over the plain core's, counted at 2 and 4 ranks, MHA and GQA. Selective recomputation re-runs the core (its
 exchanges too); full recomputation the whole forward.
 
-Source of the mechanism: cp41 (docs/context_parallel.md), 4 × H200: cp 4 at 16k tokens
+Source of the mechanism: cp41 (docs/benchmarks/cp_checks.md), 4 × H200: cp 4 at 16k tokens
 (4,096 a rank) ran its forward in 145 ms a micro-batch where its GPU work was priced at 70
 ms, while at 32k / 64k the same layouts ran within 0-13 % of their GPU price. Measured
 (4 × H200, same day): ``host_comm_op_s`` 28.6 µs; the cores alone at tiny shapes cost their
@@ -51,7 +51,7 @@ count at cp 4 with GQA (1,700 against 1,712 µs forward, +9 % backward) and 1.3-
 ring cp 2, ring cp 4 MHA and the all-to-all core (a fixed cost per call the per-operator
 price misses); with the measured key cp41's two CPU-bound layouts are predicted −30 / −42 %
 (−51 / −55 % without the term): it explains about a third of their miss (POST HOC,
-docs/context_parallel.md).
+docs/benchmarks/cp_checks.md).
 """
 
 from __future__ import annotations

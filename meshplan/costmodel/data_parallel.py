@@ -28,7 +28,8 @@
   An MoE rank's experts under runtime "torch" at ZeRO-0/1 are reduced after the backward,
   outside DDP, none of it hidden (:func:`reduced_after_backward`; moeh8's ep 1 DDP run:
   41 ms a step in its gradient phase after the backward, now priced 31 ms + DDP's last
-  bucket, where the overlapped pricing exposed 22 ms of the reduction; docs/moe.md "moeh8").
+  bucket, where the overlapped pricing exposed 22 ms of the reduction; docs/benchmarks/moe_checks.md
+  "moeh8").
 * Optimizer: fused Adam is memory-bound, 32 bytes per local parameter, at the calibrated
   optimizer bandwidth or the HBM model: :func:`rank_state`.
 

@@ -57,7 +57,7 @@ column-parallel input and row-parallel grad output it all-gathers in fp8 under s
 parallelism); neither runtime priced here gathers fp8 over tp, so none is priced. A
 per-micro-batch amax all-reduce would be more than its latency: each one is a rank
 synchronisation point, which waits for the slowest rank's host on a host-bound layout
-(issue 41's g02 trace, docs/fp8.md: 239 µs a 4-byte all-reduce on 2 × H200).
+(issue 41's g02 trace, docs/benchmarks/fp8_checks.md: 239 µs a 4-byte all-reduce on 2 × H200).
 
 Memory (:func:`fp8_weight_copy_bytes`): the executor and torchao re-cast weights per use, so
 only the layer running holds an fp8 weight and its transpose (2 bytes per parameter of one

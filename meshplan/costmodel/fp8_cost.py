@@ -70,21 +70,22 @@ keys:
     alone (Inductor's partitioner saves the fp8 GEMMs' outputs instead of recomputing
     them). Found post hoc in the compiled full-recompute fp8 rows of every fp8 profile
     (fp8h1-fp8h4, fp8h6, fp8h7, fp8h9, 2026-11-29/30: each row's bytes beyond its input,
-    exactly, at tp 1 and at tp 2 without SP; fp8h9's 360 MiB against bf16's 56, docs/fp8.md
-    "fp8h9"). Not priced under sequence parallelism (those compiled rows, bf16 too, keep
-    more than this accounts for; measured rows price them) and at tp > 1 the compiled bf16
-    row the term goes on keeps one more input copy than the fp8 block (fp8h4: 26 of 100 MiB).
+    exactly, at tp 1 and at tp 2 without SP; fp8h9's 360 MiB against bf16's 56,
+    docs/benchmarks/fp8_checks.md "fp8h9"). Not priced under sequence parallelism (those compiled
+    rows, bf16 too, keep more than this accounts for; measured rows price them) and at tp > 1 the
+    compiled bf16 row the term goes on keeps one more input copy than the fp8 block (fp8h4: 26 of
+    100 MiB).
 
   Measured: one Llama block (h 256, ffn 1024, 256 tokens) ``torch.compile``'d on CPU
   (torch 2.13, ``torch._scaled_mm``) saved 69.1 B per token·h in bf16 under autocast and
   27.1 in fp8: 30.0 of it the weight copies and 12.0 the norm outputs and MLP-down input,
   each to < 0.01 % (``benchmarks/fp8_saved_bytes.py``); eager, fp8 saved exactly the
   weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise; post hoc,
-  docs/fp8.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the measured on five of
-  seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
+  docs/benchmarks/fp8_checks.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the measured on
+  five of seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
   against −4.90 predicted (its blocks were split by DDP's graph cuts, which keep more in
-  fp8 than in bf16; the executor has compiled them whole since: docs/fp8.md, "f01"), and
-  tp 4 (peak outside the backward) 0 against −0.66.
+  fp8 than in bf16; the executor has compiled them whole since: docs/benchmarks/fp8_checks.md,
+  "f01"), and tp 4 (peak outside the backward) 0 against −0.66.
 * **Memory, runtime "megatron"**: TE caches each fp8 linear's weight and its
   transpose through the step (2 bytes per linear parameter of every layer on the GPU, on
   top of the 16-bit weights that stay — the "FP8 uses more memory" of TE issues 257 and
@@ -111,8 +112,8 @@ eager cast term with its fitted keys gives the executor's fp8 linear (fwd + bwd)
 mean / 33 % max error over the 36 timed shapes (post hoc: the keys were fitted on them;
 ``meshplan calibrate`` measures them per GPU). The datasheet fp8 curve's factor is the
 median of those shapes' ratios (quartiles 0.78-0.94). Training steps, as run on never-run
-models with calibrated profiles (runtime "torch", tensorwise; docs/fp8.md, per set in
-docs/benchmarks/gpu_checks.md): fp8 / bf16 speed-up error on 2 × H200 10.9-14.6 % mean
+models with calibrated profiles (runtime "torch", tensorwise; docs/benchmarks/fp8_checks.md, per set
+in docs/benchmarks/gpu_checks.md): fp8 / bf16 speed-up error on 2 × H200 10.9-14.6 % mean
 for fp8h4, fp8h6 and fp8h7, then 1.6-4.9 % mean for fp8h8-fp8h12 (maxima 2.1-14.5 %, the
 largest host-paced arms at the balance point); 4 × H200 31.6 % (2026-11-28, before every
 fix; not re-run). Published runs on datasheet profiles (runtime "megatron", recipe ``delayed``;
@@ -223,8 +224,8 @@ class Fp8Layer:
         where its total is not (compiled rows with sequence parallelism put most of the
         backward's GPU time in the forward: fp8h7's tp 2 + SP row, 7.2 / 2.8 ms at recompute
         full, against 3.0 / 7.4 ms without SP), so replacing the held pass by the forward
-        priced fp8h7's p01 fp8 arm at 1.24 s where it ran 0.67 s (docs/fp8.md "fp8h7").
-        For an analytical layer the two are the same pass."""
+        priced fp8h7's p01 fp8 arm at 1.24 s where it ran 0.67 s (docs/benchmarks/fp8_checks.md
+        "fp8h7"). For an analytical layer the two are the same pass."""
         k = self.gemm_ratio
 
         def moved(p: PassCost, cast_s: float) -> PassCost:
@@ -356,7 +357,7 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
         out.append("fp8 without compile: the executor's eager casts cost "
                    f"{rate.pass_s * 1e6:.0f} µs a pass plus their bytes at {rate.gbps:.0f} "
                    "GB/s; on one H100 the eager fp8 linear ran 3-11× slower than bf16 "
-                   "(docs/fp8.md) — use Layout(compile=True)")
+                   "(docs/benchmarks/fp8_checks.md) — use Layout(compile=True)")
     return tuple(out)
 
 

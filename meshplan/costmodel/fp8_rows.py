@@ -36,17 +36,17 @@ the fp8 GEMMs as the GPU ran them, rather than composed. Full recomputation runs
 forward twice, so its backward's difference is the other mode's backward's plus (from full:
 minus) the forward's. This sums the forward/backward split of two rows, which compiled
 rows with sequence parallelism get wrong (they put most of the backward's GPU time in the
-forward: docs/fp8.md "fp8h7"); the totals are right, the full-recompute difference may
-be overstated there.
+forward: docs/benchmarks/fp8_checks.md "fp8h7"); the totals are right, the full-recompute difference
+may be overstated there.
 
 Only runtime "torch": the rows are the executor's fp8 linears, not TransformerEngine's.
 fp8 rows are not transferred to other shapes (:mod:`meshplan.costmodel.nearest_rows`).
 
 Measured error (2 × H200, compiled, rows timed at the arms' settings): fp8h6's pipeline and
-data-parallel pairs −2.6..−7.1 % (docs/fp8.md "fp8h6"), fp8h7's six arms with a row or the
-FSDP2 composition −1.4..−3.2 %; the sibling difference, post hoc on fp8h7's p01 (tp 2 + SP,
-recompute full, its fp8 row cut by the budget): composed +84.5 %, from the recompute-none
-pair −2.0 % (docs/fp8.md "fp8h7").
+data-parallel pairs −2.6..−7.1 % (docs/benchmarks/fp8_checks.md "fp8h6"), fp8h7's six arms with a
+row or the FSDP2 composition −1.4..−3.2 %; the sibling difference, post hoc on fp8h7's p01 (tp 2 +
+SP, recompute full, its fp8 row cut by the budget): composed +84.5 %, from the recompute-none
+pair −2.0 % (docs/benchmarks/fp8_checks.md "fp8h7").
 """
 
 from __future__ import annotations

@@ -48,10 +48,10 @@ host splits. One sync per forward, priced as its latency plus one operator's dis
 kernel the GPU then waits for); Megatron's fused permutation kernels are not counted
 operator by operator.
 
-Measured error: post hoc against the 8 as-run layouts of docs/moe.md "GPU check" (4 × H200,
-2026-11-28, the executor with 5-8 syncs a layer); see the POST HOC table there. The syncs
-explained a small part of the gap. The executor without them: docs/moe.md, "Without the
-syncs".
+Measured error: post hoc against the 8 as-run layouts of docs/benchmarks/moe_checks.md "GPU check"
+(4 × H200, 2026-11-28, the executor with 5-8 syncs a layer); see the POST HOC table there. The syncs
+explained a small part of the gap. The executor without them: docs/benchmarks/moe_checks.md,
+"Without the syncs".
 """
 
 from __future__ import annotations

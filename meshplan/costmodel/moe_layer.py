@@ -54,8 +54,8 @@ Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and mic
 (:func:`meshplan.costmodel.compute.layer_cost`) and, with "moe_act", the routed experts'
 activation function, whose output (R·f_e/etp elements) is then not kept.
 
-Measured error: docs/moe.md "GPU check" (4 × H200, 8 layouts of a 1.9B MoE: saved profile
-23.6 % mean step-time error post hoc, datasheet 53.9 %); on one H200 from profiles with
+Measured error: docs/benchmarks/moe_checks.md "GPU check" (4 × H200, 8 layouts of a 1.9B MoE: saved
+profile 23.6 % mean step-time error post hoc, datasheet 53.9 %); on one H200 from profiles with
 MoE layer rows, never-run models as run: moeh1 5.6 % mean / 8.0 % max (compiled layouts
 6 % fast: the executor's skew-sensitive count, since removed; post hoc 1.7 / 3.6 %), moeh2
 4.7 % / 17.3 % (the max host-bound), memory within 0.4 %; moeh3 at drawn layouts 4.7 % /

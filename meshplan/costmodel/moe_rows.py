@@ -49,7 +49,7 @@ ep = 1 row plus the formulas does not stand for ZeRO-2/3 at ep > 1 (that row hol
 expert casts FSDP2 does not make); without a row the layer is priced from the curves with a
 caveat (:mod:`meshplan.costmodel.inputs`).
 
-Measured error (as run on never-run models unless said; docs/moe.md, per set in
+Measured error (as run on never-run models unless said; docs/benchmarks/moe_checks.md, per set in
 docs/benchmarks/gpu_checks.md):
 
 - ep 1 rows, 1 × H200 (moe-1.9b, 7 layouts): 11.8 % mean, 28.2 % max, the GPU-bound layouts
@@ -101,7 +101,8 @@ MOE_EP_FSDP_ROWS_CAVEAT = (
     "calibration reading ran 15-20 % above two later ones; moeh14's, from rows each the "
     "median of three readings, ZeRO-3 +2.5 / -6.9 %, compiled ZeRO-2 -1.8 %; moeh15's "
     "ZeRO-3 +2.2 %, compiled ZeRO-3 +0.0 %; "
-    "priced without them, moeh6-moeh9: 10.5 % mean error over 13 layouts; docs/moe.md)")
+    "priced without them, moeh6-moeh9: 10.5 % mean error over 13 layouts; "
+    "docs/benchmarks/moe_checks.md)")
 MOE_EP_ROWS_CAVEAT = (
     "mixture of experts from the profile's MoE layer rows timed at this ep (its all-to-alls "
     "and host syncs as timed on the calibrating node, synchronized; only the busiest rank's "
@@ -120,7 +121,7 @@ MOE_EP_ROWS_CAVEAT = (
     "(moeh4, post hoc); "
     "under ZeRO-2/3, FSDP2's gathers and one-rank copies priced analytically and its hooks' "
     "CPU not at all (the profile's FSDP2 rows are ep 1's, not this layer): -16 to +22 % as "
-    "run (moeh8, moeh9; docs/moe.md)")
+    "run (moeh8, moeh9; docs/benchmarks/moe_checks.md)")
 
 
 def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,

@@ -45,7 +45,7 @@ one-micro-batch layouts 7-13 % under the prediction that left them out, −1.3 /
 Measured error: whole estimates only (published MoE runs: docs/benchmarks/published.md,
 19.6 % mean over 8 runs on datasheet profiles, 2026-11-29; calibrated never-run models on
 2 × H200 as run: moeh6 8.0 %, moeh7 16.0 %, moeh8 6.9 % mean; moeh1-3 on one GPU 4.7-5.6 %:
-docs/moe.md, docs/benchmarks/gpu_checks.md).
+docs/benchmarks/moe_checks.md, docs/benchmarks/gpu_checks.md).
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ from meshplan.spec import Job, Layout, ModelSpec
 
 MOE_CAVEAT = (
     "mixture of experts: measured runs of meshplan's executor came out 4-20 % from their "
-    "calibrated predictions (docs/moe.md, GPU check); the routed load of the busiest expert "
-    "rank (moe_load_imbalance) is assumed and the grouped expert GEMMs use the dense GEMM "
-    "curve unless the profile has a grouped_gemm_efficiency curve")
+    "calibrated predictions (docs/benchmarks/moe_checks.md, GPU check); the routed load of "
+    "the busiest expert rank (moe_load_imbalance) is assumed and the grouped expert GEMMs "
+    "use the dense GEMM curve unless the profile has a grouped_gemm_efficiency curve")
 
 # Published Megatron-Core / Megatron-Bridge MoE runs against datasheet predictions
 # (docs/benchmarks/published.md, 2026-11-29): BF16 8 rows 19.6 % mean, FP8 / MXFP8 6 rows
@@ -196,9 +196,9 @@ def one_rank_fsdp_copies(cluster: Cluster, job: Job, layout: Layout,
     at the profile's HBM rate. Runtime "torch" only; nothing where FSDP2 is not per
     micro-batch.
 
-    Measured error (2 × H200, post hoc, docs/moe.md "moeh8"): the ZeRO-2/3 ep 2 layouts of
-    moeh8 −7.1 / −15.9 % → −1.5 / −4.4 %, of moeh7 −14.1 / −38.3 / −11.7 % → −7.6 / −21.9 /
-    +3.4 %, but of moeh6 −5.1 / −3.8 / −0.9 / +4.4 % → +1.6 / +5.7 / +15.2 / +21.1 % (its
+    Measured error (2 × H200, post hoc, docs/benchmarks/moe_checks.md "moeh8"): the ZeRO-2/3 ep 2
+    layouts of moeh8 −7.1 / −15.9 % → −1.5 / −4.4 %, of moeh7 −14.1 / −38.3 / −11.7 % → −7.6 / −21.9
+    / +3.4 %, but of moeh6 −5.1 / −3.8 / −0.9 / +4.4 % → +1.6 / +5.7 / +15.2 / +21.1 % (its
     ZeRO-3 layouts ran faster than its ZeRO-2 one; whether its GPU hid the copies is not
     known). As run on moeh9 (drawn before the term): +12.0 / +22.1 / +7.8 / +14.1 %, without
     it +2.6 / +14.8 / −10.4 / +7.3 %; over the 13 ZeRO-2/3 ep 2 layouts of moeh6-moeh9,

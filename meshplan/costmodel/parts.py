@@ -189,7 +189,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             moved = _scaled_layer(moved, row.forward_s, row.backward_s)
             if "layer" in measured and compiled == compile:
                 # the measured difference, compiled full recomputation's kept GEMM outputs
-                # included (docs/fp8.md "fp8h9")
+                # included (docs/benchmarks/fp8_checks.md "fp8h9")
                 kept_delta = (row.activation_bytes - act_b
                               + (row_weight_copies(model, tp, recompute) if compile else 0.0))
             act_b, bwd_buf = row.activation_bytes, row.peak_bytes

@@ -10,7 +10,7 @@ K and V to the query heads, and backward concatenates the q/k/v and gate/up grad
 the 1.26B Llama-style model of the context-parallel GPU check (hidden 2048, 16 heads / 8 kv,
 SwiGLU 5632, bf16) that is 0.95 MB per token and layer where the fused count says 0.26 MB:
 0.14 s of each step's 131,072 tokens on 4 × H200 at 0.8 × 4.8 TB/s — what the GPU check's
-rows missed (docs/context_parallel.md, "Outside attention").
+rows missed (docs/benchmarks/cp_checks.md, "Outside attention").
 
 Source: the executor's code, counted; ``tests/unit/test_torch_membound.py`` runs one
 :class:`meshplan.executor.model.Block` (and GELU alone) forward and backward under
@@ -58,7 +58,7 @@ is the attention core's traffic (it runs inside what selective recompute re-runs
 context-parallel cores replace it: :mod:`meshplan.costmodel.ring_memory`).
 
 Measured error: GPU check, 4 × H200, 10 layouts at 16k-64k tokens, runtime "torch",
-datasheet profile (docs/context_parallel.md, "Outside attention", POST HOC: the
+datasheet profile (docs/benchmarks/cp_checks.md, "Outside attention", POST HOC: the
 measurements were known): step time 9.3 % mean / 16.2 % max, all ten too fast, before this
 count; 2.0 % / 4.3 % after (with the all-to-all core's copies, :mod:`.a2a_memory`), the
 forward of a micro-batch within 2 ms of the measured one on the 16k-32k rows. The 0.8 HBM

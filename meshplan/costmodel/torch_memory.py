@@ -277,7 +277,7 @@ def fsdp_plain_row_kept_bytes(model: ModelSpec, job: Job, layout: Layout, row_by
 
     fp8h7's p04 (2 × H200, ZeRO-3 compiled, recompute selective, no FSDP2 rows): the
     bf16 arm priced from the plain compiled row peaked 5.2 GiB (+14.4 %) under the
-    prediction; with both terms −1.6 % (post hoc, docs/fp8.md "fp8h7")."""
+    prediction; with both terms −1.6 % (post hoc, docs/benchmarks/fp8_checks.md "fp8h7")."""
     kw = dict(model=model, job=job, micro_batch=layout.micro_batch, tp=layout.tp,
               sequence_parallel=layout.sequence_parallel, mlp_width=mlp_width)
     norms = (torch_layer_activations(**kw, autocast=False).stored(layout.recompute)

@@ -41,7 +41,7 @@ where SDPA prefers it — Hopper and Blackwell with cuDNN > 9.15 (torch's sdp_ut
 ``context_parallel`` calls. On 1 × H200 (``benchmarks/cp_ring_kernels_gpu.py``, 2026-11-28)
 cuDNN's block took 26 ms where flash-attention 2 took 48 ms at 16k local tokens, with the
 same numerics against fp32; ``MESHPLAN_RING_KERNEL=flash`` forces flash-attention 2, the
-kernel of the first GPU check (docs/context_parallel.md). The ring thus runs the kernel
+kernel of the first GPU check (docs/benchmarks/cp_checks.md). The ring thus runs the kernel
 the rest of the model's attention (and the cost model's attention curve) runs. On CPU the
 CPU flash kernel; else (CUDA fp32) an explicit math kernel. torch's ``context_parallel`` itself is not used: it handles only the
 CUDA SDPA ops (so the CPU gloo tests could not exercise the code the GPUs run), its

@@ -64,9 +64,9 @@ def wrap_data_parallel(module: nn.Module, *, zero: int, groups, device: torch.de
         from torch.nn.parallel import DistributedDataParallel as DDP
         # Dynamo's DDPOptimizer would cut each compiled block at DDP's bucket boundaries —
         # under ZeroRedundancyOptimizer's bucket views after every parameter (6 pieces a
-        # Llama block). Measured on 1 x H200 (docs/fp8.md, fp8_probe.py): fp8 steps 199.6 ms
-        # split against 126.4 ms whole, bf16 124.9 against 124.2. Blocks are compiled one by
-        # one, so whole blocks still let DDP reduce a block's gradients as its backward ends;
+        # Llama block). Measured on 1 x H200 (docs/benchmarks/fp8_checks.md, fp8_probe.py): fp8
+        # steps 199.6 ms split against 126.4 ms whole, bf16 124.9 against 124.2. Blocks are compiled
+        # one by one, so whole blocks still let DDP reduce a block's gradients as its backward ends;
         # and the calibrated compiled rows time whole blocks.
         # bound as ``dynamo``: ``import torch._dynamo`` would make ``torch`` a local name of
         # the whole function, unbound in the FSDP2 branch above

@@ -115,8 +115,8 @@ def build_expert_groups(mesh, ep: int, etp: int, device_type: str) -> ExpertGrou
     split sizes) may interleave them differently: PrimeIntellect-ai/prime-rl#3195 found two
     ranks stuck at one NCCL sequence number, one in FSDP's reduce-scatter, the other in an
     all-to-all, under FSDP × compile; moeh16's compiled ZeRO-3 ep 2 layout hung on 2 x H200
-    with both GPUs spinning, likely so (2026-11-30, not confirmed: docs/moe.md "moeh16"). On
-    its own communicator the all-to-all's order cannot cross FSDP2's."""
+    with both GPUs spinning, likely so (2026-11-30, not confirmed: docs/benchmarks/moe_checks.md
+    "moeh16"). On its own communicator the all-to-all's order cannot cross FSDP2's."""
     from torch.distributed.device_mesh import DeviceMesh
     table = stage_rank_table(mesh)
     grid = torch.tensor([expert_rank_grid(stage, ep, etp) for stage in table], dtype=torch.int)

@@ -41,8 +41,8 @@ or larger: each element's rounding error is bounded as before (≤ 2⁻⁴ relat
 normals) and fewer small values fall into the subnormals. What it gives up is that tp 2
 casts bit-for-bit as tp 1 (tests/distributed/test_fp8_world2.py states the tolerance).
 The all-reduce it replaces was a rank synchronisation point, 8 per layer per micro-batch:
-on 2 × H200 (g02, docs/fp8.md) each 4-byte all-reduce took 239 µs on the GPU, waiting for
-the other rank's host.
+on 2 × H200 (g02, docs/benchmarks/fp8_checks.md) each 4-byte all-reduce took 239 µs on the GPU,
+waiting for the other rank's host.
 
 Not run: ``delayed`` (TransformerEngine's amax history: its gain is TE's fused kernels,
 and recomputation would update the history twice) and ``mxfp8`` on GPUs (needs Blackwell's

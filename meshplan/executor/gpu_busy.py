@@ -3,8 +3,8 @@
 A run timed beside another process measures that process too. On 2 x H200 (2026-11-30) a
 layout that hung left its two ranks spinning both GPUs at 100 % for ten minutes after its
 harness had killed their torchrun, and every run after them measured 1.7-3.5x slow
-(docs/moe.md "moeh16"). ``meshplan validate`` and the benchmark harnesses wait for idle
-GPUs before each run and record whatever is still there beside the measurement.
+(docs/benchmarks/moe_checks.md "moeh16"). ``meshplan validate`` and the benchmark harnesses wait for
+idle GPUs before each run and record whatever is still there beside the measurement.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ calibrate``'s permutation bench, :mod:`meshplan.calibrate.bench_moe`).
 
 Token movement without atomics: the routed copies are gathered into expert order with
 ``index_select``, whose autograd backward is an ``index_add`` — bf16 atomics, 0.69 ms a call
-at 65,536 rows of 1,280 on an H200 (docs/moe.md, "The compiled forward gap"), as was the
-combine's ``index_add``. Here each direction is a gather: the dispatch's backward and the
+at 65,536 rows of 1,280 on an H200 (docs/benchmarks/moe_checks.md, "The compiled forward gap"), as
+was the combine's ``index_add``. Here each direction is a gather: the dispatch's backward and the
 combine's forward sum each token's k copies with ``embedding_bag`` (mode "sum", the gates as
 per-sample weights: one read of the k rows, fp32 accumulation), the combine's backward and
 the padding copy's backward read rows back by index. The per-expert counts are int32:

@@ -38,7 +38,7 @@ carries no ratio (calibrate times attention at the model's own head dim). cuDNN 
 head dim 64: r = 0.87 at 512 tokens (E = 3.4·10¹⁰), 0.82-0.83 from 4k to 16k
 (2.7·10¹¹-1.1·10¹²).
 
-Measured error (post hoc, docs/context_parallel.md): on 1 × H200 (cuDNN 9.19, torch 2.11)
+Measured error (post hoc, docs/benchmarks/cp_checks.md): on 1 × H200 (cuDNN 9.19, torch 2.11)
 calibrate's own attention benchmark ran 0.52-0.55 of peak at 1.1e12-1.8e13 FLOPs (16k-64k
 tokens), where the curve from the FlashAttention-3 paper's cuDNN bars holds 0.491 (6-11 %
 slow), and −8..+19 % of the curve at 3.4e10-5.5e11. The GPU check's ten cp layouts (4 × H200,

@@ -1,7 +1,7 @@
-"""Compiled blocks under DDP (docs/fp8.md, "f01"): on CPU the mechanism — a block compiled
-through Dynamo's DDPOptimizer is cut per parameter and keeps more for its backward, and the
-probe's split arm (benchmarks/fp8_probe.py, the executor's own DDP + ZeRO-1) is split where
-its whole arm is not — and the executor's DDP compiling blocks whole since."""
+"""Compiled blocks under DDP (docs/benchmarks/fp8_checks.md, "f01"): on CPU the mechanism — a
+block compiled through Dynamo's DDPOptimizer is cut per parameter and keeps more for its
+backward, and the probe's split arm (benchmarks/fp8_probe.py, the executor's own DDP + ZeRO-1)
+is split where its whole arm is not — and the executor's DDP compiling blocks whole since."""
 
 import json
 import os

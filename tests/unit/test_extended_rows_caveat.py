@@ -1,5 +1,6 @@
 """A layer priced from measured rows carried beyond the micro-batches they were timed at says
-so (costmodel/caveats.extended_rows_caveat; measured values: docs/fp8.md, fp8h2/fp8h3)."""
+so (costmodel/caveats.extended_rows_caveat; measured values: docs/benchmarks/fp8_checks.md,
+fp8h2/fp8h3)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """benchmarks/fp8_repredict.py --sustained-from: a post hoc tool that gives rows carrying no
 sustained-clock ratio (1: not measured) the ratio a later calibration measured for the same
-module, and leaves every measured ratio as it was (docs/fp8.md "fp8h9 post hoc")."""
+module, and leaves every measured ratio as it was (docs/benchmarks/fp8_checks.md "fp8h9 post
+hoc")."""
 
 from pathlib import Path
 

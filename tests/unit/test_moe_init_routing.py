@@ -1,5 +1,5 @@
 """benchmarks/moe_init_routing.py: the executor's routing of synthetic tokens at init, per
-MoE layer (docs/moe.md "The ep rows against the runs")."""
+MoE layer (docs/benchmarks/moe_checks.md "The ep rows against the runs")."""
 
 import json
 

@@ -1,5 +1,5 @@
 """benchmarks/moe_rows_vs_runs.py: the calibration's ep rows against the runs' own layers,
-from the committed MoE sets (docs/moe.md "The ep rows against the runs")."""
+from the committed MoE sets (docs/benchmarks/moe_checks.md "The ep rows against the runs")."""
 
 import pytest
 
@@ -43,7 +43,7 @@ def test_moeh12_eager_rows_ran_uneven(load_benchmark):
     m = load_benchmark("moe_rows_vs_runs")
     rows = {r["layout"]: r for r in m.rows_vs_runs(["moeh12"])}
     # the three eager ep 2 layouts: runs routed at ρ 1.29 against the rows' 1.005, and
-    # their layers 11-16 % longer than the rows (docs/moe.md "moeh12")
+    # their layers 11-16 % longer than the rows (docs/benchmarks/moe_checks.md "moeh12")
     for name in ("dp2-ep2-z1-mb2-full", "tp2-ep2-mb2", "tp2-ep2-mb2-full"):
         assert rows[name]["rho_run"] == pytest.approx(1.29, abs=0.01)
         assert 0.84 < rows[name]["ratio"] < 0.89
@@ -68,7 +68,7 @@ def test_the_runs_host_time_beside_the_gpus(load_benchmark):
     rows = {r["layout"]: r for r in m.rows_vs_runs(["moeh15"])}
     none = rows["tp2-ep2-mb4"]
     # the run's forward host-paced (8.05 ms a layer on the CPU's clock, 5.37 on the GPU's),
-    # its backward the other way (docs/moe.md "moeh15")
+    # its backward the other way (docs/benchmarks/moe_checks.md "moeh15")
     assert none["host_f"] * 1e3 == pytest.approx(8.05, abs=0.01)
     assert none["run_f"] * 1e3 == pytest.approx(5.37, abs=0.01)
     assert none["host_b"] < none["run_b"]
