@@ -9,25 +9,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import Job, Layout  # noqa: E402
 
 from _harness import Case  # noqa: E402
+from _cases import GPT_MOE, LLAMA_MOE  # noqa: E402
 from _checks import make_tests  # noqa: E402
 
-# Llama style, first layer dense, 4 experts top-2 of width 24 plus one shared expert of 16;
-# a large balance-loss weight so that a wrong load-balancing gradient shows.
-LLAMA_MOE = ModelSpec(name="tiny-llama-moe", num_layers=4, hidden_size=32, num_heads=4,
-                      num_kv_heads=2, ffn_hidden_size=48, vocab_size=128, max_seq_len=16,
-                      activation="swiglu", norm="rmsnorm", position_embedding="rope",
-                      tied_embeddings=False, bias=False, num_experts=4, experts_per_token=2,
-                      moe_ffn_hidden_size=24, num_shared_experts=1,
-                      shared_expert_ffn_hidden_size=16, dense_layers=(0,),
-                      router_aux_loss_coeff=0.1)
-# GPT style (biases on experts and router, tied embeddings), sigmoid gates, top-1 with a
-# capacity factor of 1: copies beyond ceil(16 · 1 / 4) = 4 per expert and sequence drop.
-GPT_MOE = ModelSpec(name="tiny-gpt-moe", num_layers=4, hidden_size=32, num_heads=4,
-                    vocab_size=128, max_seq_len=16, num_experts=4, experts_per_token=1,
-                    router="sigmoid", capacity_factor=1.0, router_aux_loss_coeff=0.1)
 JOB = Job(global_batch=8, seq_len=16, precision="fp32")
 JOB16 = Job(global_batch=16, seq_len=16, precision="fp32")
 
