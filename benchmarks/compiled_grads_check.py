@@ -10,6 +10,10 @@ torch 2.13, where that code passed too; run this where torch 2.11 is, the device
     torchrun --standalone --nproc-per-node 2 benchmarks/compiled_grads_check.py \\
         --device cuda --backend inductor --out $OUT/compiled_grads_cuda.json
 
+Each case also runs eagerly as if traced (``functional_comm._traced`` patched to True) with
+c10d's in-place collectives recorded: any such call is a defect under every torch, so CI on
+torch 2.13 catches an autograd function that bypasses ``functional_comm``.
+
 fp32 throughout; a gap above 1e-5 (``MAX_GAP``) is a defect: every rank checks its own
 gradients and exits 1 after ``--out`` is written, so torchrun's status says it
 (tests/distributed/test_compiled_collective_grads.py reads the cases;
@@ -23,6 +27,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -35,6 +40,10 @@ from meshplan.executor.moe import _AllToAll  # noqa: E402
 from meshplan.executor.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
 
 MAX_GAP = 1e-5
+# c10d collectives that fill a buffer in place: what Dynamo under torch 2.11 differentiated to
+# a zero gradient inside an autograd function (functional_comm.py)
+IN_PLACE_C10D = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                 "all_to_all_single")
 
 def cases(dev: torch.device) -> dict:
     """Each communicating autograd function, as a map of the (1, 4, 8) activation."""
@@ -82,6 +91,41 @@ def gap(fn, dev: torch.device, backend: str) -> dict:
             "gap": ((comp - eager).abs().max() / eager.abs().max()).item()}
 
 
+class _Waited:
+    """``funcol`` with each result waited for: eager calls return an AsyncCollectiveTensor
+    whose work c10d otherwise reports as unwaited at exit."""
+
+    def __getattr__(self, name):
+        from torch.distributed import _functional_collectives as funcol
+        f = getattr(funcol, name)
+
+        def call(*args, **kwargs):
+            out = f(*args, **kwargs)
+            return out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
+        return call
+
+
+def c10d_when_traced(fn, dev: torch.device) -> list[str]:
+    """The in-place c10d collectives ``fn``'s forward and backward call when
+    ``functional_comm`` believes Dynamo is tracing (none, where every collective goes through
+    it): run eagerly, the calls recorded and still made so the ranks stay in step. This holds
+    under any torch, so CI (torch 2.13, which traced the old code right) still catches an
+    autograd function that bypasses ``functional_comm``."""
+    from meshplan.executor import functional_comm
+    spies = {op: mock.patch.object(dist, op, wraps=getattr(dist, op)) for op in IN_PLACE_C10D}
+    with mock.patch.object(functional_comm, "_traced", return_value=True), \
+            mock.patch.object(functional_comm, "funcol", _Waited()):
+        mocks = {op: p.start() for op, p in spies.items()}
+        try:
+            x = torch.randn(4, 8, device=dev, requires_grad=True)
+            y = fn(x.reshape(1, 4, 8))
+            ((y.float() ** 2).sum() if y.dim() else y).backward()
+        finally:
+            for p in spies.values():
+                p.stop()
+    return sorted(op for op, m in mocks.items() if m.called)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -98,8 +142,10 @@ def main(argv=None) -> int:
     out = {}
     for name, fn in cases(dev).items():
         out[name] = gap(fn, dev, a.backend)
+        out[name]["c10d_when_traced"] = c10d_when_traced(fn, dev)
         if rank == 0:
-            print(f"{name:30s} compiled vs eager: {out[name]['gap']:.3g}", flush=True)
+            print(f"{name:30s} compiled vs eager: {out[name]['gap']:.3g}; in-place c10d "
+                  f"calls when traced: {out[name]['c10d_when_traced'] or 'none'}", flush=True)
     if rank == 0:
         Path(a.out).write_text(json.dumps({"torch": torch.__version__, "device": a.device,
                                            "backend": a.backend, "cases": out}, indent=1) + "\n")
@@ -108,7 +154,10 @@ def main(argv=None) -> int:
     if bad:
         print(f"rank {rank}: compiled gradients off eager's above {MAX_GAP}: {bad}",
               file=sys.stderr)
-    return 1 if bad else 0
+    c10d = {k: c["c10d_when_traced"] for k, c in out.items() if c["c10d_when_traced"]}
+    if c10d:
+        print(f"rank {rank}: in-place c10d collectives while traced: {c10d}", file=sys.stderr)
+    return 1 if bad or c10d else 0
 
 
 if __name__ == "__main__":

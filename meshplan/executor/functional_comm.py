@@ -40,11 +40,12 @@ import torch.distributed._functional_collectives as funcol
 
 
 def silence_collective_rename_notice() -> None:
-    """torch >= 2.12 renamed the ``*_tensor`` collectives; the old names exist in every
-    version we support (2.11 lacks the new ones), so they stay and the notice is silenced.
+    """torch >= 2.12 renamed the ``*_tensor`` collectives (c10d's and the functional ones);
+    the old names exist in every version we support (2.11 lacks the new ones), so they stay
+    and the notice is silenced.
     Called at import here and by ``meshplan.calibrate.bench_comm``."""
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*(reduce_scatter_tensor"
-                            r"|all_gather_into_tensor).* is deprecated")
+                            r"|all_gather_into_tensor|all_gather_tensor).* is deprecated")
 
 
 silence_collective_rename_notice()

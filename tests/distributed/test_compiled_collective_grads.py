@@ -7,7 +7,11 @@ Ulysses' all-to-all and the experts' all-to-all was exactly zero while they fill
 in place (meshplan/executor/functional_comm.py); this test failed on those three cases with
 torch 2.11 before they became functional collectives, and passes on 2.11 and 2.13 since.
 CI runs torch 2.13, where the old code passed too: run it under torch 2.11 as
-docs/executor.md says ("Compiled gradients") when torch or a collective changes.
+docs/executor.md says ("Compiled gradients") when torch or a collective changes. What CI
+does check under 2.13 is the fix's contract: no case calls an in-place c10d collective while
+``functional_comm`` believes Dynamo traces (with that path removed from
+``functional_comm.all_to_all``, the gaps under 2.13 stay 0 and this contract fails on the
+Ulysses and experts' all-to-alls).
 """
 
 from __future__ import annotations
@@ -41,3 +45,6 @@ def test_every_communicating_autograd_function_keeps_its_backward_when_compiled(
         assert c["eager_max"] > 0, name             # a gradient there is to compare
         # fp32 on both sides; only the order of a few sums may differ
         assert c["gap"] < 1e-5, (name, c)
+        # the fix's contract, checked under any torch (CI's 2.13 traced the old code right):
+        # no collective that fills a buffer in place while Dynamo traces
+        assert c["c10d_when_traced"] == [], (name, c)
