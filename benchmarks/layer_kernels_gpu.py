@@ -3,8 +3,8 @@ GPU work a layer's forward and backward run, by operator, beside the pieces the 
 layer (``costmodel.compute.layer_cost``) prices (GEMMs, attention core, memory-bound ops).
 
 Why: layers composed from GPU-alone microbenchmark curves come out 10-25 % below their
-measured rows (docs/calibrate.md, "Compute microbenchmarks"); the trace names the work the
-composition does not count.
+measured rows (docs/benchmarks/calibration_checks.md, "Compute microbenchmarks"); the trace names
+the work the composition does not count.
 
     python benchmarks/layer_kernels_gpu.py --out $OUT \\
         --model benchmarks/sets/transfer43/models/t43m06-gpt-mha-0.59b.json --seq 2048 --mb 4

@@ -189,8 +189,8 @@ def weight_grad_bytes(model: ModelSpec, *, tokens: int, tp: int, mlp_width: int,
     write 4) and added into ``.grad`` (read 4 + 4, write 4; a calibration row accumulates
     on every iteration, a step's first micro-batch assigns instead: counted the same), and
     each bias's gradient summed over the tokens (the output gradient read once). Traced on
-    1 × H200 (docs/calibrate.md, "What the composition misses"): 0.25 ms a layer for a
-    0.59 B GPT at micro-batch 4, 0.62 ms for a 2.68 B Llama at micro-batch 8."""
+    1 × H200 (docs/benchmarks/calibration_checks.md, "What the composition misses"): 0.25 ms a layer
+    for a 0.59 B GPT at micro-batch 4, 0.62 ms for a 2.68 B Llama at micro-batch 8."""
     a = STAT_BYTES
     per_param = (e + a if e != a else 0) + 3 * a
     biased = 0.0

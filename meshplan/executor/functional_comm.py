@@ -19,7 +19,7 @@ it was right; torch 2.13 got every one right. (The same test found a fourth:
 ``tp_collectives._split_seq``.) On 2 x H200 (torch 2.11) the same defect left the experts of
 a compiled ep 2 MoE layer without gradients (``benchmarks/moe_saved_copies.py``,
 2026-11-30: gap 1.0) and made compiled tp 2 + SP layer rows time a backward shorter than
-their forward (docs/calibrate.md). DeepSpeed met it in its Ulysses all-to-all
+their forward (docs/benchmarks/calibration_checks.md). DeepSpeed met it in its Ulysses all-to-all
 (deepspeedai/DeepSpeed#8491). A functional collective is an op Dynamo models as producing
 its output from its input, so the function's own backward is kept, in 2.11 and 2.13 alike.
 

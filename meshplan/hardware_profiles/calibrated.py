@@ -161,8 +161,8 @@ def drop_split_depth(row: Any) -> Any:
     per extra layer (``bench_layers.split_depth``), which the cost model would extend to
     the stage's depth (:func:`meshplan.costmodel.measured.split_backward_at`, up to 22
     extra layers). On one CPU thread the growth is real (tiny Llama blocks, W per layer
-    0.47 ms on 2 blocks, 1.03 ms on 12; docs/calibrate.md). On the GPUs it is a difference
-    of two noisy timings: over the six calibrations of rounds 4-9 single rows range from
+    0.47 ms on 2 blocks, 1.03 ms on 12; docs/benchmarks/calibration_checks.md). On the GPUs it is a
+    difference of two noisy timings: over the six calibrations of rounds 4-9 single rows range from
     −2.2 to +1.0 ms per layer, around per-model medians of −0.06 to −0.02 ms (B) and −0.01
     to +0.16 ms (W), and the held-out zero-bubble layouts came out better without it in
     rounds 4, 5 and 9 — post hoc on the eight measured sets, the twelve zero-bubble layouts'
