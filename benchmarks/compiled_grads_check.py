@@ -45,6 +45,7 @@ MAX_GAP = 1e-5
 IN_PLACE_C10D = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
                  "all_to_all_single")
 
+
 def cases(dev: torch.device) -> dict:
     """Each communicating autograd function, as a map of the (1, 4, 8) activation."""
     W, r = dist.group.WORLD, dist.get_rank()
