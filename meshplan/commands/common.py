@@ -69,6 +69,9 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
                         "(docs/fp8.md) [bf16]")
     g.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
                    help="how fp8 operands are scaled (with --precision fp8) [tensorwise]")
+    g.add_argument("--fp8-param-gather", action="store_true",
+                   help="keep and all-gather the linears' weights in fp8 (Megatron-LM's "
+                        "--fp8-param-gather; with --precision fp8, runtime megatron)")
     g.add_argument("--recompute-modules", default=None,
                    help="what a layout's selective recompute re-runs, comma-separated: "
                         "core_attn, layernorm, moe_act (Megatron-Core's --recompute-modules; "
@@ -124,6 +127,7 @@ def job_from_args(args) -> Job:
     modules = getattr(args, "recompute_modules", None)
     return Job(global_batch=args.global_batch, seq_len=args.seq_len, precision=args.precision,
                **({"fp8_recipe": recipe} if recipe else {}),
+               fp8_param_gather=getattr(args, "fp8_param_gather", False),
                recompute_modules=(tuple(m.strip() for m in modules.split(","))
                                   if modules is not None else None),
                tokens=args.tokens, flash_attention=not args.no_flash_attention,

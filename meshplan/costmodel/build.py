@@ -28,7 +28,7 @@ from meshplan.costmodel.autocast_cast import head_cast_s, layer_cast_s
 from meshplan.costmodel.compiled_rows import compiled_layout_rows, derived_caveat
 from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
                                               root_reduce_s, zero3_layer)
-from meshplan.costmodel.fp8_cost import fp8_caveats
+from meshplan.costmodel.fp8_cost import fp8_caveats, fp8_gathered_params
 from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
@@ -82,7 +82,7 @@ def layer_times(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     dp, pp, tp, v = layout.dp, layout.pp, layout.tp, layout.vpp
     layer_params = stage_params(model, 1, tp, first=False, last=False, pp=pp)
     z3 = zero3_layer(parts.layer, layer_params, links.dp, dp, layout.zero, job, pp,
-                     cluster.gpu.dp_overlap_interference)
+                     cluster.gpu.dp_overlap_interference, fp8_gathered_params(model, job, tp))
     layer_f, layer_b = parts.layer.forward.total_s, parts.layer.backward.total_s
     layer_w = parts.layer.wgrad_s
     fsdp = fsdp_per_microbatch(job, layout.zero, pp) and dp > 1

@@ -45,8 +45,9 @@ from functools import lru_cache
 from meshplan.costmodel import comm
 from meshplan.costmodel.comm import exposed
 from meshplan.costmodel.compute import hbm_s
-from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
-                                       state_bytes_per_param)
+from meshplan.costmodel.fp8_cost import fp8_gathered_params
+from meshplan.costmodel.memory import (compute_weight_bytes_per_param, param_gather_bytes,
+                                       stage_params, state_bytes_per_param)
 from meshplan.costmodel.runtime import fsdp_per_microbatch, torch_pipelined
 from meshplan.costmodel.torch_memory import compute_copy_bytes, state_bytes_at_peak
 from meshplan.hardware_profiles import Cluster
@@ -96,7 +97,7 @@ class Zero3Layer:
 
 
 def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Job,
-                pp: int, interference: float) -> Zero3Layer:
+                pp: int, interference: float, fp8_params: float = 0.0) -> Zero3Layer:
     """Parameters gathered per layer per micro-batch (forward and backward), gradients
     reduce-scattered; FSDP prefetches the next layer's gather behind this layer's compute
     (Zhao et al. 2023, arXiv 2304.11277 §3.3), so only what compute cannot cover is exposed.
@@ -105,11 +106,14 @@ def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Jo
     gathered and fp32 gradients reduce-scattered; its ZeRO-2 gathers once per micro-batch
     (kept from forward to backward) instead of twice. ``interference``: the share of the
     hidden part that still costs (callers pass ``GPUSpec.dp_overlap_interference``).
+    ``fp8_params``: those of ``layer_params`` gathered at 1 byte (``Job.fp8_param_gather``,
+    runtime "megatron": :func:`~meshplan.costmodel.memory.param_gather_bytes`).
     """
     if not fsdp_per_microbatch(job, zero, pp) or dp == 1:
         return Zero3Layer()
     per = state_bytes_per_param(job)
-    gather_b = layer_params * (compute_weight_bytes_per_param(job) or per.weights)
+    cw = compute_weight_bytes_per_param(job)
+    gather_b = layer_params * cw if cw else param_gather_bytes(job, layer_params, fp8_params)
     reduce_b = layer_params * per.grads
     ag = comm.all_gather_s(dp_link, gather_b)
     rs = comm.reduce_scatter_s(dp_link, reduce_b)
@@ -161,23 +165,28 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     gradient copies (:func:`ddp_accumulates`). ``extra_params``: parameters beyond
     ``layers`` equal layers (an MoE model's dense layers, :mod:`meshplan.costmodel.
     moe_tables`), with their compute copies. ``compiled``: the layers are priced from compiled
-    rows, which hold their weights' 16-bit copies (:func:`compute_copy_bytes`).
+    rows, which hold their weights' 16-bit copies (:func:`compute_copy_bytes`). With
+    ``Job.fp8_param_gather`` the layers' linears and the extra (MLP) parameters are gathered
+    in fp8 (:func:`~meshplan.costmodel.fp8_cost.fp8_gathered_params`).
     """
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp) + extra_params
+    fp8_params = (layers * fp8_gathered_params(model, job, tp) + extra_params
+                  if job.fp8_param_gather else 0.0)
     copies = (compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last,
                                  compiled=compiled)
               + (extra_params * compute_weight_bytes_per_param(job)
                  if extra_params and not (zero == 3 and dp > 1) else 0.0))
     return params_state(cluster, job, params, dp, pp, zero, num_microbatches, dp_link,
-                        layers, z3, grad_copies, copies)
+                        layers, z3, grad_copies, copies, fp8_params)
 
 
 def params_state(cluster: Cluster, job: Job, params: float, dp: int, pp: int, zero: int,
                  num_microbatches: int, dp_link, layers: int, z3: Zero3Layer,
-                 grad_copies: int, copy_bytes: float) -> RankState:
+                 grad_copies: int, copy_bytes: float, fp8_params: float = 0.0) -> RankState:
     """:func:`rank_state` for ``params`` parameters reduced over ``dp`` ranks on ``dp_link``
     (``layers`` of them per ZeRO-3 gather ``z3``), ``copy_bytes`` of 16-bit compute copies
-    counted with the weights; MoE experts use it with their own group (edp)."""
+    counted with the weights, ``fp8_params`` of them all-gathered in fp8
+    (``Job.fp8_param_gather``); MoE experts use it with their own group (edp)."""
     m = num_microbatches
     per = state_bytes_per_param(job)
     w, g, o = state_bytes_at_peak(params, job, zero, dp, pp)
@@ -202,13 +211,13 @@ def params_state(cluster: Cluster, job: Job, params: float, dp: int, pp: int, ze
         elif zero in (1, 2) and not fsdp_per_microbatch(job, zero, pp):
             # runtime "torch" (FSDP2 ZeRO-2 under a pipeline): the 16-bit compute weights
             # are gathered, the fp32 gradients reduce-scattered, once per step
-            gather_bpp = (compute_weight_bytes_per_param(job) or per.weights) if torch_rt \
-                else per.weights
+            gather_b = (params * (compute_weight_bytes_per_param(job) or per.weights)
+                        if torch_rt else param_gather_bytes(job, params, fp8_params))
             red = comm.reduce_scatter_s(dp_link, grad_bytes)
-            gat = comm.all_gather_s(dp_link, params * gather_bpp)
+            gat = comm.all_gather_s(dp_link, gather_b)
             dp_s = red + gat
             wire = comm.wire_bytes_gather(dp, grad_bytes) + comm.wire_bytes_gather(
-                dp, params * gather_bpp)
+                dp, gather_b)
         else:
             dp_s = m * layers * z3.total_s
             wire = m * layers * z3.wire_bytes

@@ -185,6 +185,21 @@ def _state_bytes(precision: str, optimizer: str, runtime: str = "megatron") -> S
     return StateBytesPerParam(2.0, 2.0, opt)
 
 
+#: bytes of a weight kept and all-gathered in fp8 (``Job.fp8_param_gather``)
+FP8_PARAM_BYTES = 1.0
+
+
+def param_gather_bytes(job: Job, params: float, fp8_params: float = 0.0) -> float:
+    """Bytes of ``params`` 16-bit weights as a ZeRO parameter all-gather moves them (runtime
+    "megatron"); with ``Job.fp8_param_gather`` the ``fp8_params`` of them that are fp8
+    linears' weights move at 1 byte (Megatron-LM ``--fp8-param-gather``: "keep the compute
+    param in fp8 ... and perform the param all-gather in fp8")."""
+    per = state_bytes_per_param(job).weights
+    if job.fp8_param_gather:
+        return (params - fp8_params) * per + fp8_params * FP8_PARAM_BYTES
+    return params * per
+
+
 def compute_weight_bytes_per_param(job: Job) -> float:
     """Bytes of the 16-bit copy of a weight that compute uses when the stored weight is fp32
     (``runtime="torch"``: autocast's cached cast for ZeRO-0/1, FSDP2's unsharded parameter

@@ -82,6 +82,11 @@ GATE_INDEX_BYTES = 8     # torch.topk returns int64 indices
 ROUTER_PROB_BYTES = 4    # router logits and probabilities in fp32 (Megatron-Core's default)
 
 
+def shared_width(model: ModelSpec) -> int:
+    """The shared experts' total width: the dense MLP an MoE layer keeps (0 without)."""
+    return model.num_shared_experts * (model.shared_expert_ffn_hidden_size or 0)
+
+
 def _require_moe(model: ModelSpec) -> None:
     if not model.is_moe:
         raise ConfigError(f"{model.name!r} is a dense model (num_experts = 0); the MoE cost "
@@ -344,8 +349,8 @@ def all_to_alls_per_layer(recompute: str) -> int:
     return 6 if recompute == "full" else 4
 
 
-__all__ = ["MoEFlops", "MoEParams", "MoEActivations", "moe_forward_flops_per_token",
-           "moe_model_flops_per_step",
+__all__ = ["shared_width", "MoEFlops", "MoEParams", "MoEActivations",
+           "moe_forward_flops_per_token", "moe_model_flops_per_step",
            "mla_forward_flops_per_token", "expert_capacity", "routed_tokens_per_rank",
            "max_routed_rows", "moe_params_per_rank", "expert_state_bytes",
            "expert_grad_reduce_bytes", "moe_activation_bytes", "dispatch_bytes_per_rank",

@@ -69,6 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshplan.costmodel import comm, moe, moe_dispatch, moe_torch_memory
+from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.compute import LayerCost, PassCost, gemm_s, hbm_s
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
@@ -94,11 +95,6 @@ class RoutedMlp:
     rows: float               # routed rows the busiest expert rank computes
     act_out_bytes: float = 0.0   # the activation function's output, within kept_bytes
     act_s: float = 0.0           # the activation function's forward (memory-bound)
-
-
-def shared_width(model: ModelSpec) -> int:
-    """The shared experts' total width: the dense MLP an MoE layer keeps (0 without)."""
-    return model.num_shared_experts * (model.shared_expert_ffn_hidden_size or 0)
 
 
 def expert_gemm_s(cluster: Cluster, peak: float, flops: float) -> float:

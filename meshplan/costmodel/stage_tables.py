@@ -23,7 +23,7 @@ Measured error: these sums equal ``estimate``'s step time on random partitions
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.costmodel import torch_p2p
@@ -129,10 +129,17 @@ class TablesBase:
                     self.cluster, self.job, params, ex.edp, lay.pp, lay.zero,
                     self._fsdp_microbatches, ex.edp_link, layers - dense, ex.zero3,
                     expert_grad_copies(self.job, self.grad_copies),
-                    ex.copy_bytes(params, self.job, lay.zero))
+                    ex.copy_bytes(params, self.job, lay.zero),
+                    params if self.job.fp8_param_gather else 0.0)
                 if self.job.runtime == "torch" and lay.zero < 2:
                     experts = reduced_after_backward(experts)     # outside DDP
                 st = combined_state(st, experts)
+            f8 = self.parts.fp8
+            if f8 is not None and f8.weight_copy_bytes:
+                # fp8's weight copies per layer (TransformerEngine's fp8 weight cache; the
+                # executor's fp8 linears, no autocast copy): with the weights, as
+                # layer_state_bytes counts them, so estimate() and the planner agree
+                st = replace(st, weights_bytes=st.weights_bytes + layers * f8.weight_copy_bytes)
             self._states[key] = st  # type: ignore[attr-defined]
         return st
 

@@ -129,7 +129,8 @@ def override_precision(plan: PlanRecord, precision: str | None,
         raise ExecutorError(f"--fp8-recipe {fp8_recipe} needs --precision fp8 (the plan's "
                             f"precision is {job.precision!r})")
     recipe = fp8_recipe or (job.fp8_recipe if precision == "fp8" else FP8_RECIPES[0])
-    new = dataclasses.replace(job, precision=precision, fp8_recipe=recipe)
+    new = dataclasses.replace(job, precision=precision, fp8_recipe=recipe,
+                              fp8_param_gather=job.fp8_param_gather and precision == "fp8")
     if new == job:
         return plan
     return dataclasses.replace(plan, job=new, prediction={})

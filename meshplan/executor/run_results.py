@@ -28,8 +28,9 @@ def prediction_of(plan: PlanRecord) -> dict[str, Any]:
         return dict(plan.prediction)
     try:
         from meshplan.costmodel import estimate
-        pred = estimate(plan.model, plan.cluster, dataclasses.replace(plan.job, runtime="torch"),
-                        plan.layout).to_dict()
+        # the executor keeps 16-bit-cast weights and gathers them so (no fp8 weight gather)
+        job = dataclasses.replace(plan.job, runtime="torch", fp8_param_gather=False)
+        pred = estimate(plan.model, plan.cluster, job, plan.layout).to_dict()
     except Exception as exc:  # no prediction is not a reason to refuse a measurement
         log(f"the cost model failed to predict this run (runtime 'torch'): {exc}")
         return dict(plan.prediction)

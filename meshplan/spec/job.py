@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from meshplan.errors import ConfigError, require_choice, require_positive_int
+from meshplan.errors import ConfigError, require_bool, require_choice, require_positive_int
 from meshplan.spec._dicts import from_dict
 from meshplan.spec.choices import (FP8_RECIPES, MOE_DISPATCHERS, OPTIMIZERS, PRECISIONS,
                                    RECOMPUTE_MODULES, RUNTIMES)
@@ -54,6 +54,13 @@ class Job:
     ``fp8_recipe`` is only meaningful with ``precision="fp8"``; another value with another
     precision is refused rather than ignored.
 
+    ``fp8_param_gather`` (``precision="fp8"``, runtime "megatron"): the transformer linears'
+    weights are kept in fp8 and all-gathered in fp8 (Megatron-LM's ``--fp8-param-gather``,
+    TransformerEngine's fp8 model parameters, NeMo's ``FP8_PARAMS``): the ZeRO-1/2 parameter
+    all-gather and ZeRO-3's per-layer gathers move those weights at 1 byte a parameter, and
+    the fp8 weight (with its transpose) takes the place of the 16-bit weight and its fp8
+    cache. The executor does not run it.
+
     ``moe_dispatcher`` (mixture-of-experts models with ep > 1): ``"alltoall"`` (default)
     sends one copy of a token per routed expert (Megatron-Core's
     ``MoEAlltoAllTokenDispatcher``, meshplan's executor); ``"deepep"`` one per expert-parallel
@@ -80,6 +87,7 @@ class Job:
     overlap_tp_comm: bool = False
     runtime: str = "megatron"
     fp8_recipe: str = "tensorwise"
+    fp8_param_gather: bool = False
     moe_dispatcher: str = "alltoall"
     recompute_modules: tuple[str, ...] | None = None
 
@@ -94,6 +102,12 @@ class Job:
             raise ConfigError(f"Job.fp8_recipe = {self.fp8_recipe!r} applies only with "
                               f"precision = 'fp8', got precision = {self.precision!r}; use "
                               f"precision='fp8' or leave fp8_recipe at {FP8_RECIPES[0]!r}")
+        require_bool("Job", "fp8_param_gather", self.fp8_param_gather)
+        if self.fp8_param_gather and (self.precision != "fp8" or self.runtime != "megatron"):
+            raise ConfigError(f"Job.fp8_param_gather = True needs precision = 'fp8' and runtime "
+                              f"= 'megatron' (Megatron-LM's --fp8-param-gather), got precision "
+                              f"= {self.precision!r}, runtime = {self.runtime!r}; use "
+                              f"fp8_param_gather=False")
         require_choice("Job", "moe_dispatcher", self.moe_dispatcher, MOE_DISPATCHERS)
         if self.moe_dispatcher != MOE_DISPATCHERS[0] and self.runtime != "megatron":
             raise ConfigError(f"Job.moe_dispatcher = {self.moe_dispatcher!r} needs runtime = "
