@@ -197,6 +197,11 @@ def linear_shapes(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     return attn + mlp
 
 
+def linear_params(model: ModelSpec, job: Job, tp: int, mlp_width: int | None = None) -> float:
+    """Weights of a layer's linears on one tp rank (:func:`linear_shapes`' k·n summed)."""
+    return float(sum(k * n for (_, k, n), _ in linear_shapes(model, job, 1, tp, mlp_width)))
+
+
 def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
                sequence_parallel: bool, recompute: str, tp_link: GroupLink,
                mlp_width: int | None = None) -> LayerCost:

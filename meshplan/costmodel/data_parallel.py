@@ -106,8 +106,9 @@ def zero3_layer(layer, layer_params: float, dp_link, dp: int, zero: int, job: Jo
     gathered and fp32 gradients reduce-scattered; its ZeRO-2 gathers once per micro-batch
     (kept from forward to backward) instead of twice. ``interference``: the share of the
     hidden part that still costs (callers pass ``GPUSpec.dp_overlap_interference``).
-    ``fp8_params``: those of ``layer_params`` gathered at 1 byte (``Job.fp8_param_gather``,
-    runtime "megatron": :func:`~meshplan.costmodel.memory.param_gather_bytes`).
+    ``fp8_params``: those of ``layer_params`` that are fp8 linears' weights, gathered at 1
+    byte where ``Job.fp8_param_gather`` is set (runtime "megatron":
+    :func:`~meshplan.costmodel.memory.param_gather_bytes`).
     """
     if not fsdp_per_microbatch(job, zero, pp) or dp == 1:
         return Zero3Layer()
@@ -170,8 +171,7 @@ def rank_state(model: ModelSpec, cluster: Cluster, job: Job, dp: int, pp: int, t
     in fp8 (:func:`~meshplan.costmodel.fp8_cost.fp8_gathered_params`).
     """
     params = stage_params(model, layers, tp, first=first, last=last, pp=pp) + extra_params
-    fp8_params = (layers * fp8_gathered_params(model, job, tp) + extra_params
-                  if job.fp8_param_gather else 0.0)
+    fp8_params = layers * fp8_gathered_params(model, job, tp) + extra_params
     copies = (compute_copy_bytes(model, job, zero, dp, tp, pp, layers, first=first, last=last,
                                  compiled=compiled)
               + (extra_params * compute_weight_bytes_per_param(job)
@@ -185,8 +185,9 @@ def params_state(cluster: Cluster, job: Job, params: float, dp: int, pp: int, ze
                  grad_copies: int, copy_bytes: float, fp8_params: float = 0.0) -> RankState:
     """:func:`rank_state` for ``params`` parameters reduced over ``dp`` ranks on ``dp_link``
     (``layers`` of them per ZeRO-3 gather ``z3``), ``copy_bytes`` of 16-bit compute copies
-    counted with the weights, ``fp8_params`` of them all-gathered in fp8
-    (``Job.fp8_param_gather``); MoE experts use it with their own group (edp)."""
+    counted with the weights, ``fp8_params`` of them fp8 linears' weights (all-gathered in
+    fp8 where ``Job.fp8_param_gather`` is set); MoE experts use it with their own group
+    (edp)."""
     m = num_microbatches
     per = state_bytes_per_param(job)
     w, g, o = state_bytes_at_peak(params, job, zero, dp, pp)

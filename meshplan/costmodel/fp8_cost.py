@@ -128,8 +128,8 @@ from dataclasses import dataclass
 
 from meshplan.costmodel import fp8
 from meshplan.costmodel.moe import shared_width
-from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, linear_shapes,
-                                        sixteen_bit_precision)
+from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, linear_params,
+                                        linear_shapes, sixteen_bit_precision)
 from meshplan.costmodel.memory import (activation_bytes_per_element,
                                        compute_weight_bytes_per_param)
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
@@ -278,10 +278,10 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
         cast["b"] += t(c.backward_passes, c.backward_bytes) + (0.0 if te else w_b)
         cast["w"] += (w_f + w_b) if te else 0.0
         working = max(working, 2.0 * m * n + n * k + m * k)
-    linear_params = sum(k * n for (_, k, n), _ in linear_shapes(model, job, 1, tp, mlp_width))
-    mem = (te_memory(model, job, micro_batch, tp, sequence_parallel, recompute, linear_params)
+    lp = linear_params(model, job, tp, mlp_width)
+    mem = (te_memory(model, job, micro_batch, tp, sequence_parallel, recompute, lp)
            if te else torch_memory(model, job, micro_batch, tp, sequence_parallel, recompute,
-                                   linear_params, compile=compile, fsdp=fsdp,
+                                   lp, compile=compile, fsdp=fsdp,
                                    compiled_row=compiled_row, mlp_width=mlp_width))
     return Fp8Layer(
         gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
@@ -295,8 +295,7 @@ def fp8_gathered_params(model: ModelSpec, job: Job, tp: int) -> float:
     weights; 0 without the option."""
     if not job.fp8_param_gather:
         return 0.0
-    width = shared_width(model) if model.is_moe else None
-    return float(sum(k * n for (_, k, n), _ in linear_shapes(model, job, 1, tp, width)))
+    return linear_params(model, job, tp, shared_width(model) if model.is_moe else None)
 
 
 def te_memory(model: ModelSpec, job: Job, micro_batch: int, tp: int,

@@ -164,8 +164,7 @@ def expert_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, l
     edp = layout.tp * layout.dp // (layout.ep * layout.etp)
     z3 = (Zero3Layer() if fsdp_measured else
           zero3_layer(moe_layer, params, links.edp, edp, layout.zero, job, layout.pp,
-                      cluster.gpu.dp_overlap_interference,
-                      params if job.fp8_param_gather else 0.0) if edp > 1
+                      cluster.gpu.dp_overlap_interference, params) if edp > 1
           else one_rank_fsdp_copies(cluster, job, layout, params))
     return ExpertTerms(params, edp, links.edp, z3, tuple(model.dense_layers),
                        dense_layer_extra_params(model, layout.tp), copies_in_rows)

@@ -129,8 +129,7 @@ class TablesBase:
                     self.cluster, self.job, params, ex.edp, lay.pp, lay.zero,
                     self._fsdp_microbatches, ex.edp_link, layers - dense, ex.zero3,
                     expert_grad_copies(self.job, self.grad_copies),
-                    ex.copy_bytes(params, self.job, lay.zero),
-                    params if self.job.fp8_param_gather else 0.0)
+                    ex.copy_bytes(params, self.job, lay.zero), params)
                 if self.job.runtime == "torch" and lay.zero < 2:
                     experts = reduced_after_backward(experts)     # outside DDP
                 st = combined_state(st, experts)
