@@ -74,8 +74,8 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
                         "--fp8-param-gather; with --precision fp8, runtime megatron)")
     g.add_argument("--recompute-modules", default=None,
                    help="what a layout's selective recompute re-runs, comma-separated: "
-                        "core_attn, layernorm, moe_act (Megatron-Core's --recompute-modules; "
-                        "runtime megatron) [core_attn]")
+                        "core_attn, layernorm, moe_act, mla_up_proj (Megatron-Core's "
+                        "--recompute-modules; runtime megatron) [core_attn]")
     g.add_argument("--tokens", type=positive_float, default=None,
                    help="tokens of the whole training run (for time-to-train and cost)")
     g.add_argument("--no-flash-attention", action="store_true",

@@ -296,13 +296,18 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         wire = 3 * wire_pass
     elif recompute == "selective":
         # what job.recompute_modules re-runs: the attention core (Korthikanti et al. 2022
-        # §5), the two norms (memory-bound, their forward traffic again)
+        # §5), the two norms (memory-bound, their forward traffic again), MLA's
+        # up-projections and RoPE (meshplan.costmodel.mla)
         mods = job.selective_modules
         rc = PassCost()
         if recomputes_core_attention(job):
             rc += PassCost(attention_s=fwd_attn, memory_bound_s=hbm_s(gpu, softmax_bytes))
         if "layernorm" in mods:
             rc += PassCost(memory_bound_s=hbm_s(gpu, hidden_elems * e * 4, model.norm))
+        if "mla_up_proj" in mods and model.is_mla:
+            rc += PassCost(gemm_s=sum(gemm_s(gpu, peak, 2.0 * m * k * n)
+                                      for m, k, n in mla.up_proj_shapes(model, tokens, t)),
+                           memory_bound_s=hbm_s(gpu, rope))
         wire = 2 * wire_pass
     else:
         rc = PassCost()

@@ -234,8 +234,10 @@ class Fp8Layer:
             return PassCost(p.gemm_s * k, p.attention_s, p.memory_bound_s + cast_s,
                             p.tp_comm_s, p.overhead_s, p.zero3_s)
         forward = moved(layer.forward, self.forward_cast_s)
-        rc = (moved(layer.recompute, self.forward_cast_s) if recompute == "full"
-              else layer.recompute)
+        # selective recomputation's GEMMs (MLA's up-projections) run in fp8 as well
+        # (Megatron-Core's CheckpointWithoutOutput(fp8=...)); their inputs' casts are not
+        # counted again
+        rc = moved(layer.recompute, self.forward_cast_s if recompute == "full" else 0.0)
         own = PassCost(*(a - b for a, b in zip(_fields(layer.backward),
                                                _fields(layer.recompute))))
         backward = moved(own, self.backward_cast_s) + rc

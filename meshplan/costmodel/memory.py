@@ -52,6 +52,9 @@ class LayerActivations:
     input_bytes: float        # the layer input: all full recompute keeps
     norm_output_bytes: float = 0.0  # the two norms' outputs, inside replicated_bytes
     selective_modules: tuple[str, ...] = ("core_attn",)   # what selective re-runs (Job)
+    # multi-head latent attention's q, k, v, inside sharded_bytes (already divided):
+    # what "mla_up_proj" re-makes instead of keeping (meshplan.costmodel.mla)
+    mla_up_proj_bytes: float = 0.0
 
     def stored(self, recompute: str) -> float:
         if recompute == "full":
@@ -62,6 +65,8 @@ class LayerActivations:
                 kept -= self.attention_core_bytes
             if "layernorm" in self.selective_modules:
                 kept -= self.norm_output_bytes
+            if "mla_up_proj" in self.selective_modules:
+                kept -= self.mla_up_proj_bytes
         return kept
 
     @property
@@ -93,11 +98,13 @@ def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     f = model.ffn_hidden_size if mlp_width is None else mlp_width
     replicated = sb * h * (2 * e + 2 * e) + (2 * sb * h * MASK_BYTES if drop else 0)
     mlp = e * f * (3 if model.activation == "swiglu" else 2)
+    up_proj = 0.0
     if model.is_mla:
         from meshplan.costmodel import mla
         rep, split = mla.kept_elements(model, 1)
         replicated += sb * e * rep
         sharded = sb * (e * split + mlp)
+        up_proj = sb * e * mla.up_proj_output_elements(model, 1)
     else:
         sharded = sb * (e * (model.q_dim + 2 * model.kv_dim)     # Q, K, V
                         + e * model.q_dim                        # attention output = out-proj input
@@ -114,7 +121,7 @@ def layer_activations(model: ModelSpec, job: Job, micro_batch: int, tp: int,
         norm_outputs /= t
     layer_input = e * sb * h / (t if sequence_parallel else 1)
     return LayerActivations(replicated, sharded / t, core / t, layer_input, norm_outputs,
-                            job.selective_modules)
+                            job.selective_modules, up_proj / t)
 
 
 def split_backward_kept_grad_bytes(model: ModelSpec, job: Job, micro_batch: int, tp: int,

@@ -16,6 +16,13 @@ value head dim, r_q / r_kv the query / key-value latent ranks, T tokens, t = tp.
   rotary key (replicated), q and k at n_h(d_n + d_r), v and the output at n_h·d_v (split
   over tp); the up-projections' inputs are the latents already counted.
 * RoPE (memory-bound): the rotary parts only, n_h·d_r of q and d_r of the shared key.
+* Selective recomputation of the up-projections (Megatron-Core ``--recompute-modules
+  mla_up_proj``, ``MLASelfAttention.get_query_key_value_tensors``: the query up-projection
+  — the whole query projection without ``q_lora_rank`` —, the key-value up-projection and
+  RoPE run under ``CheckpointWithoutOutput``, their outputs freed once the core has run and
+  re-made before its backward): q, k (n_h(d_n + d_r) each) and v (n_h·d_v) are not kept
+  (:func:`up_proj_output_elements`); backward re-runs those two GEMMs
+  (:func:`up_proj_shapes`) and RoPE's forward.
 
 Measured error: none (no MLA model has been run); checked against the spec's parameter
 counts (``ModelSpec.attention_matmul_params``) in tests/unit/test_costmodel_moe_wiring.py.
@@ -41,6 +48,24 @@ def gemm_shapes(model: ModelSpec, tokens: float, tp: int) -> tuple[tuple[float, 
     return q + kv + ((tokens, nh * dv / t, h),)
 
 
+def up_proj_shapes(model: ModelSpec, tokens: float, tp: int
+                   ) -> tuple[tuple[float, float, float], ...]:
+    """(m, k, n) of the GEMMs ``mla_up_proj`` recomputation re-runs on one tp rank: the
+    query's (its up-projection, or the whole projection without ``q_lora_rank``) and the
+    key-value up-projection — :func:`gemm_shapes`' first and fourth (third without
+    ``q_lora_rank``)."""
+    shapes = gemm_shapes(model, tokens, tp)
+    return shapes[0], shapes[-2]
+
+
+def up_proj_output_elements(model: ModelSpec, tp: int) -> float:
+    """Elements per token of what ``mla_up_proj`` recomputation does not keep on a tp rank:
+    q and k at n_h(d_n + d_r), v at n_h·d_v (the core's inputs)."""
+    nh = model.num_heads
+    return (2 * nh * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+            + nh * model.v_head_dim) / tp
+
+
 def pair_flops(model: ModelSpec, tp: int) -> float:
     """Forward FLOPs of one query-key pair over a tp rank's heads."""
     return 2.0 * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) \
@@ -61,4 +86,5 @@ def rope_elements(model: ModelSpec, tp: int) -> float:
     return model.num_heads * model.qk_rope_head_dim / tp + model.qk_rope_head_dim
 
 
-__all__ = ["gemm_shapes", "pair_flops", "kept_elements", "rope_elements"]
+__all__ = ["gemm_shapes", "pair_flops", "kept_elements", "rope_elements", "up_proj_shapes",
+           "up_proj_output_elements"]

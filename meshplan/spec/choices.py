@@ -7,8 +7,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 RECOMPUTE = ("none", "selective", "full")
 #: what Layout.recompute = "selective" re-runs (Job.recompute_modules; Megatron-Core's
 #: --recompute-modules names): the attention core, the two norms, the routed experts'
-#: activation function
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
+#: activation function, multi-head latent attention's up-projections and RoPE
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 #: how fp8 GEMM operands are scaled (docs/fp8.md; meshplan.costmodel.fp8 gives each one's costs)
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")

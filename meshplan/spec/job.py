@@ -73,8 +73,10 @@ class Job:
     the attention core (Korthikanti et al. 2022's selective recomputation, the default),
     ``"layernorm"`` the two norms (their outputs, the QKV and MLP / router inputs, are not
     kept), ``"moe_act"`` the routed experts' activation function (its output, the second
-    expert GEMM's input, is not kept). None = ``("core_attn",)``. Megatron-Bridge's MoE
-    recipes run ``("layernorm", "moe_act")``. Runtime "torch" re-runs the attention core only.
+    expert GEMM's input, is not kept), ``"mla_up_proj"`` multi-head latent attention's query
+    and key-value up-projections and RoPE (the attention core's q, k, v are not kept; an MLA
+    model only). None = ``("core_attn",)``. Megatron-Bridge's MoE recipes run
+    ``("layernorm", "moe_act")``. Runtime "torch" re-runs the attention core only.
     """
 
     global_batch: int

@@ -74,6 +74,16 @@ def check_model_modelled(model: ModelSpec) -> None:
     return None
 
 
+def check_recompute_modules(model: ModelSpec, job: Job) -> None:
+    """Selective recompute modules the model has (Megatron-Core refuses ``mla_up_proj``
+    without multi-head latent attention: ``TransformerConfig.__post_init__``)."""
+    if "mla_up_proj" in job.selective_modules and not model.is_mla:
+        raise ConfigError(f"Job.recompute_modules {list(job.selective_modules)} names "
+                          f"'mla_up_proj', but {model.name!r} has no multi-head latent "
+                          f"attention; leave it out (valid here: 'core_attn', 'layernorm', "
+                          f"'moe_act')")
+
+
 def check_experts(model: ModelSpec, layout: Layout) -> None:
     """Expert-parallel degrees that fit the model (DESIGN: ep divides the routed experts)."""
     if not model.is_moe:
@@ -142,6 +152,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
     check_context_parallel(model, job, layout)
     check_modelled(layout, model)
     check_experts(model, layout)
+    check_recompute_modules(model, job)
     n = layout.num_gpus
     if n > cluster.num_gpus or (exact_gpus and n != cluster.num_gpus):
         rel = "≠" if exact_gpus else ">"

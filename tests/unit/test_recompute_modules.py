@@ -1,5 +1,6 @@
 """Job.recompute_modules: what Layout.recompute = "selective" re-runs (Megatron-Core's
---recompute-modules core_attn / layernorm / moe_act) — memory dropped, time added, FLOPs."""
+--recompute-modules core_attn / layernorm / moe_act / mla_up_proj) — memory dropped, time
+added, FLOPs."""
 
 import json
 from dataclasses import replace
@@ -8,7 +9,8 @@ import pytest
 
 import meshplan as mp
 from meshplan.costmodel import estimate
-from meshplan.costmodel.compute import hbm_s, layer_cost
+from meshplan.costmodel import mla
+from meshplan.costmodel.compute import gemm_s, hbm_s, layer_cost
 from meshplan.costmodel.memory import activation_bytes_per_element, layer_activations
 from meshplan.costmodel.moe_layer import routed_mlp, with_routed_mlp
 from meshplan.costmodel.parts import layer_parts
@@ -16,6 +18,7 @@ from meshplan.costmodel.inputs import table_inputs
 
 LLAMA = mp.ModelSpec.preset("llama3-8b")
 MIXTRAL = mp.ModelSpec.preset("mixtral-8x7b")
+DSV3 = mp.ModelSpec.preset("deepseek-v3")
 H100 = mp.Cluster.preset("dgx-h100", nodes=2)
 JOB = mp.Job(global_batch=32, seq_len=4096)
 NORMS = mp.Job(global_batch=32, seq_len=4096, recompute_modules=("core_attn", "layernorm"))
@@ -155,3 +158,77 @@ def test_the_executor_refuses_a_plan_whose_selective_recompute_it_cannot_run():
     assert check_layout_runnable(tiny, megatron, mp.Layout(recompute="full")) == 2
     assert check_layout_runnable(tiny, mp.Job(global_batch=2, seq_len=64),
                                  mp.Layout(recompute="selective")) == 2
+
+
+UP = mp.Job(global_batch=32, seq_len=4096, recompute_modules=("mla_up_proj",))
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_mla_up_proj_drops_q_k_v(tp):
+    """MLA's up-projection outputs q, k (heads·(d_n + d_r) each) and v (heads·d_v) are not
+    kept (Megatron-Core's CheckpointWithoutOutput around the up-projections and RoPE)."""
+    e, mb = activation_bytes_per_element(UP), 1
+    plain = layer_activations(DSV3, JOB, mb, tp, True)
+    up = layer_activations(DSV3, UP, mb, tp, True)
+    nh = DSV3.num_heads
+    per_token = (2 * nh * (DSV3.qk_nope_head_dim + DSV3.qk_rope_head_dim)
+                 + nh * DSV3.v_head_dim) / tp
+    assert per_token == 2 * 128 * 192 / tp + 128 * 128 / tp
+    want = e * UP.seq_len * mb * per_token
+    # the attention core's bytes stay (core_attn is not among the modules)
+    assert (plain.stored("selective") + plain.attention_core_bytes
+            - up.stored("selective")) == pytest.approx(want)
+    assert up.stored("none") == plain.stored("none")
+
+
+def test_mla_up_proj_reruns_the_two_up_projections_and_rope():
+    tp = 2
+    link = table_inputs(DSV3, H100, UP, mp.Layout(tp=tp, ep=8, dp=8)).links.tp
+    kw = dict(micro_batch=1, tp=tp, sequence_parallel=True, tp_link=link, mlp_width=0)
+    up = layer_cost(DSV3, H100, UP, recompute="selective", **kw)
+    none = layer_cost(DSV3, H100, UP, recompute="none", **kw)
+    gpu, tokens = H100.gpu, UP.seq_len
+    peak = gpu.peak_flops("bf16")
+    (mq, kq, nq), (mkv, kkv, nkv) = mla.up_proj_shapes(DSV3, tokens, tp)
+    assert (kq, nq) == (DSV3.q_lora_rank, 128 * 192 / tp)
+    assert (kkv, nkv) == (DSV3.kv_lora_rank, 128 * (128 + 128) / tp)
+    gemms = gemm_s(gpu, peak, 2.0 * mq * kq * nq) + gemm_s(gpu, peak, 2.0 * mkv * kkv * nkv)
+    rope = hbm_s(gpu, 2 * tokens * mla.rope_elements(DSV3, tp) * 2)
+    assert up.recompute.gemm_s == pytest.approx(gemms) and up.recompute.attention_s == 0
+    assert up.recompute.total_s == pytest.approx(gemms + rope)
+    assert up.backward.total_s - none.backward.total_s == pytest.approx(gemms + rope)
+
+
+def test_mla_up_proj_in_fp8_reruns_its_gemms_in_fp8():
+    from meshplan.costmodel.fp8_cost import fp8_layer
+    b200 = mp.Cluster.preset("dgx-b200", nodes=1)
+    fp8 = mp.Job(global_batch=32, seq_len=4096, precision="fp8", fp8_recipe="mxfp8",
+                 recompute_modules=("mla_up_proj",))
+    lay = mp.Layout(dp=8, ep=8, recompute="selective")
+    link = table_inputs(DSV3, b200, fp8, lay).links.tp
+    kw = dict(micro_batch=1, tp=1, sequence_parallel=False, tp_link=link, mlp_width=0)
+    bf = layer_cost(DSV3, b200, fp8, recompute="selective", **kw)
+    f = fp8_layer(DSV3, b200, fp8, micro_batch=1, tp=1, sequence_parallel=False,
+                  recompute="selective", compile=False, fsdp=False)
+    moved = f.apply(bf, "selective")
+    assert 0 < f.gemm_ratio < 1
+    assert moved.recompute.gemm_s == pytest.approx(bf.recompute.gemm_s * f.gemm_ratio)
+
+
+def test_mla_up_proj_needs_latent_attention():
+    lay = mp.Layout(dp=2, pp=2, tp=4, recompute="selective")
+    with pytest.raises(mp.ConfigError, match="'mla_up_proj'.*no multi-head latent"):
+        estimate(LLAMA, H100, UP, lay)
+
+
+def test_deepseek_recipe_fits_where_plain_selective_does_not():
+    """DeepSeek-V3 at Megatron-Bridge's B200 layout (pp 16, ep 8, the recipe's 4-layer
+    chunks): mla_up_proj keeps ~29 GiB fewer activations on the first stage."""
+    b200 = mp.Cluster.preset("dgx-b200", nodes=32)
+    lay = mp.Layout(dp=16, pp=16, ep=8, recompute="selective", zero=1,
+                    stage_layers=(4,) * 15 + (1,))
+    core = mp.Job(global_batch=4096, seq_len=4096)
+    a, b = estimate(DSV3, b200, core, lay), estimate(DSV3, b200, replace(
+        core, recompute_modules=("mla_up_proj",)), lay)
+    assert a.memory_peak_bytes - b.memory_peak_bytes > 20 * 2**30
+    assert b.step_time_s > estimate(DSV3, b200, core, replace(lay, recompute="none")).step_time_s

@@ -332,11 +332,12 @@ def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> Published
     batch, seq = int(d["global_batch"]), int(d["seq_len"])
     modules = recompute_modules(d.get("recompute_modules", ""))
     split = d.get("stage_split") == "embedding_loss" and pp > 1
+    stages = (tuple(int(n) for n in d["stage_layers"].split()) if d.get("stage_layers")
+              else llama3_stage_layers(model.num_layers, pp, vp) if split else None)
     layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
                     micro_batch=int(d["micro_batch"]), vpp=vp,
                     schedule="interleaved-1f1b" if vp > 1 else "1f1b",
-                    sequence_parallel=tp > 1,
-                    stage_layers=llama3_stage_layers(model.num_layers, pp, vp) if split else None,
+                    sequence_parallel=tp > 1, stage_layers=stages,
                     **{**MOE_DEFAULTS, "recompute": "selective" if modules else "none"})
     job = Job(global_batch=batch, seq_len=seq, moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
               recompute_modules=modules, **{"precision": "bf16", **job_fields})
@@ -360,10 +361,12 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     Read as :func:`moe_runs` reads the BF16 rows (the distributed optimizer, SP where
     tp > 1, the interleaved schedule where VP > 1, forced-balanced routing, the dispatcher),
     at ``precision = "fp8"`` with the row's recipe (TransformerEngine's per-tensor current
-    scaling, ``"tensorwise"``, on H100; ``"mxfp8"`` on B200), no recompute (the performance
-    scripts cancel the recipes'), and Megatron's account-for-embedding/loss pipeline split
-    where the recipe keeps it (``stage_split``). Rows whose run used a mechanism the cost
-    model does not model (``not_predicted``) come back with that reason instead.
+    scaling, ``"tensorwise"``, on H100; ``"mxfp8"`` on B200), no recompute (the Qwen3
+    performance scripts cancel the recipes') or the recipe's selective modules
+    (``recompute_modules``: DeepSeek-V3's ``mla_up_proj``), and Megatron's
+    account-for-embedding/loss pipeline split where the recipe keeps it (``stage_split``) or
+    the recipe's own pipeline layout (``stage_layers``). Rows whose run used a mechanism the
+    cost model does not model (``not_predicted``) come back with that reason instead.
     """
     runs, skipped = [], []
     for d in read_rows("moe_fp8_2025_2026.csv"):
@@ -378,7 +381,7 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
 MODELZOO_RECOMPUTE = {"": "none", "norm+act": "selective", "full": "full"}
 # the data files' recompute module lists -> Job.recompute_modules (Megatron's names)
 RECOMPUTE_MODULE_NAMES = {"layernorm": "layernorm", "norm": "layernorm", "moe_act": "moe_act",
-                          "act": "moe_act"}
+                          "act": "moe_act", "mla_up_proj": "mla_up_proj"}
 
 
 def recompute_modules(cell: str) -> tuple[str, ...] | None:

@@ -161,7 +161,7 @@ def test_fp8_rows_read_as_published_with_their_recipe_and_split():
     balance, the published tokens/s as a step, and Qwen3-235B's account-for-embedding/loss
     split; rows run with a mechanism the cost model lacks come back with the reason."""
     runs, skipped = moe_fp8_runs()
-    assert len(runs) == 6 and len(skipped) == 3
+    assert len(runs) == 7 and len(skipped) == 2
     for r in runs:
         lay, d, job = r.layout, r.row, r.job
         assert lay.num_gpus == int(d["gpus"]) and lay.ep == int(d["ep"])
@@ -169,7 +169,12 @@ def test_fp8_rows_read_as_published_with_their_recipe_and_split():
             int(d[k]) for k in ("tp", "pp", "micro_batch", "vp"))
         assert job.precision == "fp8" and job.fp8_recipe == (
             "tensorwise" if d["system"] == "dgx-h100" else "mxfp8")
-        assert lay.recompute == "none" and lay.zero == 1
+        assert lay.zero == 1
+        if d["recompute_modules"]:
+            assert lay.recompute == "selective"
+            assert job.recompute_modules == tuple(d["recompute_modules"].split("+"))
+        else:
+            assert lay.recompute == "none"
         assert lay.sequence_parallel == (lay.tp > 1)
         assert r.cluster.gpu.corrections.moe_load_imbalance == 1.0
         assert r.published == pytest.approx(
@@ -179,13 +184,18 @@ def test_fp8_rows_read_as_published_with_their_recipe_and_split():
             chunks = lay.pp * lay.vpp
             assert len(lay.stage_layers) == chunks and sum(lay.stage_layers) == 94
             assert lay.stage_layers[0] == lay.stage_layers[-1] == 96 // chunks - 1
+        elif d["stage_layers"]:
+            assert lay.stage_layers == tuple(int(n) for n in d["stage_layers"].split())
         else:
             assert lay.stage_layers is None
         assert f" {job.fp8_recipe} ep {lay.ep} " in r.label
     reasons = dict(skipped)
     assert sum("moe_a2a_overlap" in why for why in reasons.values()) == 2
-    assert any(label.startswith("deepseek-v3") and "multi-token" in why
-               for label, why in skipped)
+    # DeepSeek-V3 as its recipe ran: MTP, HybridEP, mla_up_proj, [emb + 4] + 14 x [4] + [1]
+    ds = next(r for r in runs if r.model.name == "deepseek-v3")
+    assert ds.model.mtp_layers == 1 and ds.job.moe_dispatcher == "deepep"
+    assert ds.job.recompute_modules == ("mla_up_proj",) and ds.layout.recompute == "selective"
+    assert ds.layout.stage_layers == (4,) * 15 + (1,) and ds.layout.pp == 16
 
 
 def test_fp8_rows_predicted_without_error_and_bf16_labels_unchanged():
