@@ -56,7 +56,10 @@ from moe_expert_gemm_gpu import case_record, device_cluster  # noqa: E402
 
 # the Model Zoo's Qwen3-235B FSDP row as its table prints it (tp 2, ep 8, mb 4: T = 8192,
 # rows = 8·8192·8/128): 16 local experts at 276 TFLOP/s a GPU, the table's fastest
-CASES = PUBLISHED_CASES + [("qwen3-235b-a22b H100 tp2 ep8 mb4 fsdp", 16, 4096, 4096, 1536)]
+# and Megatron-Bridge's later Qwen3-30B-A3B B200 rows (26.02.01 on: micro-batch 4, 2.8x the
+# tokens/s of 26.02's micro-batch 1 at the same ep 8; rows = 8·4·4096·8/128)
+CASES = PUBLISHED_CASES + [("qwen3-235b-a22b H100 tp2 ep8 mb4 fsdp", 16, 4096, 4096, 1536),
+                           ("qwen3-30b-a3b B200 ep8 mb4 (26.02.01+)", 16, 8192, 2048, 768)]
 VARIANTS = ("grouped", "loop1", "stream4", "stream4_acc_bf16", "stream4_acc_fp32")
 STREAMS = 4     # TransformerEngine's num_compute_streams
 

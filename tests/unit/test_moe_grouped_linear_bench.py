@@ -36,8 +36,12 @@ def test_estimate_writes_every_case_with_its_flops(tmp_path):
     assert bench.main(["--estimate", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "moe_grouped_linear.json").read_text())
     assert [c["case"] for c in data["cases"]] == [c[0] for c in bench.CASES]
-    fsdp = data["cases"][-1]
+    fsdp = next(c for c in data["cases"] if c["case"].endswith("fsdp"))
     assert (fsdp["experts"], fsdp["rows_per_expert"]) == (16, 8 * 8192 * 8 // 128)
     # fc1 gated (h -> 2f) and fc2 (f -> h), forward + 2 backward GEMMs each
     assert fsdp["flops"] == 3 * 16 * (2.0 * 4096 * 4096 * 3072 + 2.0 * 4096 * 1536 * 4096)
+    # Qwen3-30B-A3B at micro-batch 4: 8 · 4 · 4096 · 8 / 128 rows an expert, 16 a rank
+    mb4 = data["cases"][-1]
+    assert (mb4["experts"], mb4["rows_per_expert"]) == (16, 8 * 4 * 4096 * 8 // 128)
+    assert mb4["flops"] == 3 * 16 * (2.0 * 8192 * 2048 * 1536 + 2.0 * 8192 * 768 * 2048)
     assert all("gpu_s" not in json.dumps(c) for c in data["cases"])
