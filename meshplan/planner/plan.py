@@ -156,7 +156,8 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
     from meshplan.planner import diagnose
     from meshplan.planner.bounds import check_memory_floor, config_memory_lower_bound
     from meshplan.planner.search import prune
-    from meshplan.planner.space import check_global, enumerate_configs, gpu_counts
+    from meshplan.planner.space import (check_global, check_options, enumerate_configs,
+                                        gpu_counts)
 
     if not isinstance(model, ModelSpec) or not isinstance(cluster, Cluster) or \
             not isinstance(job, Job):
@@ -180,6 +181,7 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
         raise ConfigError(f"constraints must be a meshplan.planner.Constraints, got "
                           f"{type(constraints).__name__}")
     check_global(model, cluster, job)
+    check_options(model, job, constraints)
     counts = gpu_counts(cluster, gpus, objective, constraints)
     capacity = cluster.usable_memory_bytes * (1 - constraints.memory_headroom)
     fixed_partition = constraints.fixed.get("stage_layers")

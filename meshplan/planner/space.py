@@ -358,3 +358,30 @@ def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
     check_model_modelled(model)
     check_fp8_supported(job, cluster.gpu)
     check_seq_len(model, job)
+
+
+def check_options(model: ModelSpec, job: Job, constraints: Constraints) -> None:
+    """Constraint values no layout can take, named before the search (instead of an empty
+    space explained by the wrong rule): ep / etp above 1 for a dense model, and ep or cp
+    lists none of whose degrees the model or the sequence allows."""
+    fx = constraints.fixed
+    experts = [f"{k} options {list(v)}" for k, v in (("ep", constraints.ep),
+                                                       ("etp", constraints.etp))
+               if v is not None and any(d > 1 for d in v)]
+    experts += [f"fixed {k} = {fx[k]}" for k in ("ep", "etp") if fx.get(k, 1) > 1]
+    if experts and not model.is_moe:
+        raise ConfigError(f"{', '.join(experts)}: expert parallelism needs a "
+                          f"mixture-of-experts model, and {model.name!r} is dense; leave ep "
+                          f"and etp at 1")
+    if model.is_moe and constraints.ep is not None \
+            and not any(model.num_experts % e == 0 for e in constraints.ep):
+        raise ConfigError(f"Constraints.ep {list(constraints.ep)}: none divides the "
+                          f"{model.num_experts} routed experts of {model.name!r}; valid ep: "
+                          f"{divisors(model.num_experts)}")
+    s = job.seq_len
+    if constraints.cp is not None and not (model.is_moe and job.runtime == "torch") \
+            and not any(c == 1 or s % (2 * c) == 0 for c in constraints.cp):
+        valid = [c for c in divisors(s // 2) if c & (c - 1) == 0] if s % 2 == 0 else [1]
+        raise ConfigError(f"Constraints.cp {list(constraints.cp)}: seq_len = {s} is not "
+                          f"divisible by 2·cp for any of them (each sequence is cut into "
+                          f"2·cp chunks); cp that would do: {valid}")

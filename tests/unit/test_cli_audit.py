@@ -1,0 +1,40 @@
+"""Bad input a user meets on the command line (and its Python twins): each error is one
+``meshplan CMD: error: ...`` line naming the value at fault and what would be valid, found
+before any long work, and no user file is replaced without being asked."""
+
+import pytest
+
+import meshplan as mp
+from meshplan.cli import main
+from meshplan.planner import Constraints
+
+PLAN = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb", "--nodes", "1",
+        "--global-batch", "64", "--seq-len", "2048", "--top-k", "3", "--quiet"]
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"meshplan {argv[0]}: error: "), err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("option", [["--ep-options", "2"], ["--fix", "ep=2"],
+                                    ["--fix", "etp=2"]])
+def test_expert_parallel_options_on_a_dense_model(capsys, option):
+    err = _error(capsys, PLAN + option)
+    assert "dense" in err and "gpt-1.7b" in err and "internal planner error" not in err
+
+
+def test_ep_options_none_of_which_divides_the_experts():
+    model = mp.ModelSpec.preset("mixtral-8x7b")
+    with pytest.raises(mp.ConfigError, match=r"none divides the 8 routed experts.*\[1, 2, 4, 8\]"):
+        mp.plan(model, mp.Cluster.preset("dgx-h100", nodes=2),
+                mp.Job(global_batch=64, seq_len=4096), constraints=Constraints(ep=(3,)))
+
+
+def test_cp_options_the_sequence_cannot_be_cut_into(capsys):
+    err = _error(capsys, PLAN + ["--cp-options", "3"])
+    assert "seq_len = 2048" in err and "2·cp" in err and "[1, 2, 4, 8" in err
+    assert "global_batch" not in err      # not the empty space's batch explanation
