@@ -94,7 +94,11 @@ def _fixed(items) -> dict:
         elif k in ("schedule", "recompute", "cp_style"):
             out[k] = v
         elif k == "stage_layers":
-            out[k] = tuple(int(x) for x in v.split(","))
+            try:
+                out[k] = tuple(int(x) for x in v.split(","))
+            except ValueError:
+                raise ConfigError(f"--fix {item!r}: stage_layers needs comma-separated "
+                                  f"integers, e.g. stage_layers=9,10,10,9") from None
         else:
             try:
                 out[k] = int(v)

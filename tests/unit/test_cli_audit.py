@@ -38,3 +38,8 @@ def test_cp_options_the_sequence_cannot_be_cut_into(capsys):
     err = _error(capsys, PLAN + ["--cp-options", "3"])
     assert "seq_len = 2048" in err and "2·cp" in err and "[1, 2, 4, 8" in err
     assert "global_batch" not in err      # not the empty space's batch explanation
+
+
+def test_fix_stage_layers_not_integers(capsys):
+    err = _error(capsys, PLAN + ["--fix", "stage_layers=12,x"])
+    assert "'stage_layers=12,x'" in err and "comma-separated integers" in err
