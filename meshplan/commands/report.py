@@ -78,7 +78,7 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     from meshplan.report.build import build_report
     model = load_model(args.model)
-    cluster = load_cluster(args.cluster, args.nodes, args.profile)
+    cluster = load_cluster(args.cluster, args.nodes, args.profile, args.profile_override)
     r = build_report(model, cluster, job_from_args(args), gpus=args.gpus, out_dir=args.out,
                      objective=args.objective, top_k=args.top_k, main_gpus=args.main_gpus,
                      price_per_gpu_hour=args.price_per_gpu_hour,

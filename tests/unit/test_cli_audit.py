@@ -2,6 +2,8 @@
 ``meshplan CMD: error: ...`` line naming the value at fault and what would be valid, found
 before any long work, and no user file is replaced without being asked."""
 
+from pathlib import Path
+
 import pytest
 
 import meshplan as mp
@@ -10,6 +12,8 @@ from meshplan.planner import Constraints
 
 PLAN = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb", "--nodes", "1",
         "--global-batch", "64", "--seq-len", "2048", "--top-k", "3", "--quiet"]
+H100_PROFILE = (Path(__file__).resolve().parents[2]
+                / "docs/benchmarks/data/profiles/profile_h100x2_round12.toml")
 
 
 def _error(capsys, argv) -> str:
@@ -43,3 +47,21 @@ def test_cp_options_the_sequence_cannot_be_cut_into(capsys):
 def test_fix_stage_layers_not_integers(capsys):
     err = _error(capsys, PLAN + ["--fix", "stage_layers=12,x"])
     assert "'stage_layers=12,x'" in err and "comma-separated integers" in err
+
+
+def test_report_applies_profile_override(tmp_path, monkeypatch, capsys):
+    """--profile-override was parsed and dropped: a profile of another GPU was refused."""
+    import meshplan.report.build as build
+    seen = {}
+
+    def fake_build_report(model, cluster, job, **kw):
+        seen["gpu"] = cluster.gpu
+        raise mp.ConfigError("stop here")
+    monkeypatch.setattr(build, "build_report", fake_build_report)
+    argv = ["report", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb", "--gpus", "8",
+            "--global-batch", "64", "--seq-len", "2048", "--profile", str(H100_PROFILE),
+            "-o", str(tmp_path / "r")]
+    err = _error(capsys, argv)
+    assert "measured on 'H100-SXM5-80GB'" in err and "--profile-override" in err
+    err = _error(capsys, argv + ["--profile-override"])
+    assert "stop here" in err and "H100" in seen["gpu"].provenance
