@@ -99,6 +99,27 @@ def _what_if(name: str, values) -> tuple[int, ...]:
     return vals
 
 
+def _check_precisions(job: Job, cluster: Cluster, precisions, compare) -> None:
+    """A precision a GPU of the report cannot run (fp8 on an A100, say) fails before any
+    planning, not after the plans that come before its section."""
+    from meshplan.costmodel.fp8_cost import check_fp8_supported
+    check_fp8_supported(job, cluster.gpu)
+    if precisions:
+        from meshplan.report.precision import precision_job
+    for prec, recipe in precisions:
+        try:
+            check_fp8_supported(precision_job(job, prec, recipe), cluster.gpu)
+        except ConfigError as exc:
+            raise ConfigError(f"compare_precision {prec}{':' + recipe if recipe else ''} on "
+                              f"{cluster.name!r}: {exc}") from None
+    for preset in compare:
+        try:
+            check_fp8_supported(job, Cluster.preset(preset).gpu)
+        except ConfigError as exc:
+            raise ConfigError(f"compare_gpus {preset!r} with precision {job.precision}: "
+                              f"{exc}") from None
+
+
 def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None = None, *,
                  gpus: int | Sequence[int], out_dir: str | Path | None = None,
                  global_batch: int | None = None, seq_len: int | None = None,
@@ -146,6 +167,7 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     if compare_gpus:
         from meshplan.report.gpu_names import parse_gpu_list
         compare = parse_gpu_list(compare_gpus)
+    _check_precisions(job, cluster, precisions, compare)
     out = None
     if out_dir is not None:  # refuse a bad directory before minutes of planning
         from meshplan.report.render import check_output_dir

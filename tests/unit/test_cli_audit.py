@@ -65,3 +65,16 @@ def test_report_applies_profile_override(tmp_path, monkeypatch, capsys):
     assert "measured on 'H100-SXM5-80GB'" in err and "--profile-override" in err
     err = _error(capsys, argv + ["--profile-override"])
     assert "stop here" in err and "H100" in seen["gpu"].provenance
+
+
+@pytest.mark.parametrize("cluster, kw", [
+    ("dgx-a100-80gb", {"compare_precision": "bf16,fp8"}),
+    ("dgx-h100", {"compare_gpus": "h100,a100", "job": mp.Job(global_batch=64, seq_len=2048,
+                                                              precision="fp8")}),
+    ("dgx-a100-80gb", {"job": mp.Job(global_batch=64, seq_len=2048, precision="fp8")})])
+def test_report_fp8_on_a_gpu_without_it_fails_before_planning(cluster, kw):
+    said = []
+    kw = {"global_batch": 64, "seq_len": 2048, **kw}
+    with pytest.raises(mp.ConfigError, match="A100-SXM4-80GB' has no fp8 peak"):
+        mp.report("gpt-1.7b", cluster, gpus=[8, 16], progress=said.append, **kw)
+    assert said == []                       # not one plan made before the error
