@@ -23,6 +23,8 @@ from meshplan.commands.common import (load_model, non_negative_float, positive_f
 
 def add_arguments(p) -> None:
     p.add_argument("--out", default="profile.toml", help="profile TOML to write (atomically)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file (refused by default, before measuring)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer, smaller sizes (smoke test)")
     p.add_argument("--model", action="append", default=None,
@@ -108,6 +110,10 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     from meshplan.calibrate.run import CalibrateOptions, calibrate
+    from meshplan.planner.planfile import check_output_file
+    # before minutes of measuring, not when the profile is written (each torchrun rank
+    # checks too, before any of them writes)
+    check_output_file(args.out, overwrite=args.force, what="profile", flag="--force")
     models = tuple(load_model(m) for m in args.model or ())
     # bad options fail here, once, before torchrun starts its children
     options = CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
@@ -170,6 +176,8 @@ def child_argv(args) -> list[str]:
         out.append("--quick")
     if args.no_progress:
         out.append("--no-progress")
+    if args.force:
+        out.append("--force")
     return out
 
 

@@ -78,3 +78,24 @@ def test_report_fp8_on_a_gpu_without_it_fails_before_planning(cluster, kw):
     with pytest.raises(mp.ConfigError, match="A100-SXM4-80GB' has no fp8 peak"):
         mp.report("gpt-1.7b", cluster, gpus=[8, 16], progress=said.append, **kw)
     assert said == []                       # not one plan made before the error
+
+
+def test_calibrate_refuses_an_existing_profile_before_measuring(tmp_path, capsys):
+    out = tmp_path / "profile.toml"
+    out.write_text("# a profile that took an hour of GPU time\n")
+    err = _error(capsys, ["calibrate", "--device", "cpu", "--quick", "--nproc", "2",
+                          "--out", str(out)])
+    assert "exists; refusing to overwrite it" in err and "--force" in err
+    assert out.read_text() == "# a profile that took an hour of GPU time\n"
+    err = _error(capsys, ["calibrate", "--device", "cpu", "--out", str(tmp_path)])
+    assert "is a directory" in err
+
+
+def test_calibrate_passes_force_on_to_its_ranks():
+    import argparse
+
+    from meshplan.commands.calibrate import add_arguments, child_argv
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert "--force" in child_argv(p.parse_args(["--force", "--nproc", "2"]))
+    assert "--force" not in child_argv(p.parse_args(["--nproc", "2"]))
