@@ -13,7 +13,7 @@ measured | error for step time, tokens/s, MFU and peak memory, and writes ``resu
 
 from __future__ import annotations
 
-from meshplan.commands.common import positive_int
+from meshplan.commands.common import positive_float, positive_int
 from meshplan.executor.affinity import AFFINITY_MODES
 from meshplan.executor.gc_control import GC_MODES
 
@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
                    help="manual: Python's garbage collector off during the timed steps, a "
                         "collection every 50 steps (as torchtitan); auto: CPython's own "
                         "[manual]")
-    p.add_argument("--timeout-s", type=float, default=None,
+    p.add_argument("--timeout-s", type=positive_float, default=None,
                    help="seconds a collective waits for a dead or hung rank [600]")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", default=None, metavar="DIR")

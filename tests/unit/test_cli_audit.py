@@ -99,3 +99,14 @@ def test_calibrate_passes_force_on_to_its_ranks():
     add_arguments(p)
     assert "--force" in child_argv(p.parse_args(["--force", "--nproc", "2"]))
     assert "--force" not in child_argv(p.parse_args(["--nproc", "2"]))
+
+
+@pytest.mark.parametrize("value", ["-4", "0", "nan"])
+def test_run_timeout_checked_before_torchrun(tmp_path, capsys, value):
+    """Was checked only by each torchrun rank: a wall of torchrun tracebacks and a failed
+    results file."""
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(tmp_path / "plan.json"), "--timeout-s", value])
+    assert exc.value.code == 2
+    assert "--timeout-s" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
