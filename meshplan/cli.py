@@ -8,6 +8,7 @@ that ``meshplan estimate`` never imports torch or ortools.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 import warnings
@@ -44,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unrecognized(parser, getattr(args, "command", None), unknown)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
@@ -65,6 +68,25 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print(f"meshplan {args.command}: interrupted", file=sys.stderr)
             return 130
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str | None,
+                  unknown: list[str]) -> None:
+    """Exit 2 as argparse does, but from the subcommand (its usage, ``meshplan CMD: error``)
+    and with the closest options to each unknown one."""
+    sub = parser
+    if command:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub = action.choices[command]
+    options = [o for o in sub._option_string_actions if o.startswith("--")]
+    hints = []
+    for arg in unknown:
+        if arg.startswith("--"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=2, cutoff=0.6)
+            if close:
+                hints.append(f"{arg.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}"
+              + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def _show_warning(command: str):

@@ -110,3 +110,18 @@ def test_run_timeout_checked_before_torchrun(tmp_path, capsys, value):
     assert exc.value.code == 2
     assert "--timeout-s" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("typo, hint", [(["--dpp", "2"], "did you mean --pp or --dp?"),
+                                        (["--sequence-paralel"], "--sequence-parallel"),
+                                        (["--zerro=1"], "did you mean --zero?")])
+def test_misspelt_option_named_by_the_subcommand_with_the_closest(capsys, typo, hint):
+    argv = ["estimate", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb",
+            "--global-batch", "64", "--seq-len", "2048", *typo]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: meshplan estimate" in err        # the subcommand's usage, not meshplan's
+    assert f"meshplan estimate: error: unrecognized arguments: {' '.join(typo)}" in err
+    assert hint in err
