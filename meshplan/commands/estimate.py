@@ -12,6 +12,7 @@ import json
 from meshplan.commands.common import (add_job_args, add_layout_args, add_model_cluster_args,
                                       job_from_args, layout_from_args, model_cluster_from_args)
 from meshplan.commands.format import format_estimate
+from meshplan.errors import ConfigError
 
 
 def add_arguments(p) -> None:
@@ -25,6 +26,11 @@ def main(args) -> int:
     from meshplan.costmodel import estimate
     model, cluster = model_cluster_from_args(args)
     job, layout = job_from_args(args), layout_from_args(args)
+    if args.nodes is None and layout.num_gpus > cluster.num_gpus:
+        raise ConfigError(f"the layout uses dp·pp·tp·cp = {layout.num_gpus} GPUs; cluster "
+                          f"{cluster.name!r} has {cluster.num_gpus} (--nodes not given: "
+                          f"{cluster.nodes} node(s) of {cluster.gpus_per_node}); pass --nodes "
+                          f"{-(-layout.num_gpus // cluster.gpus_per_node)}")
     est = estimate(model, cluster, job, layout)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))

@@ -125,3 +125,11 @@ def test_misspelt_option_named_by_the_subcommand_with_the_closest(capsys, typo, 
     assert "usage: meshplan estimate" in err        # the subcommand's usage, not meshplan's
     assert f"meshplan estimate: error: unrecognized arguments: {' '.join(typo)}" in err
     assert hint in err
+
+
+def test_estimate_larger_than_the_default_node_says_pass_nodes(capsys):
+    argv = ["estimate", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb",
+            "--global-batch", "64", "--seq-len", "2048", "--dp", "16"]
+    err = _error(capsys, argv)
+    assert "16 GPUs" in err and "--nodes not given" in err and "pass --nodes 2" in err
+    assert main(argv + ["--nodes", "2"]) == 0
