@@ -28,7 +28,8 @@ def format_estimate(est: Estimate) -> str:
     rows = [[str(m.stage), str(m.layers), f"{m.weights_bytes / g:.2f}", f"{m.grads_bytes / g:.2f}",
              f"{m.optimizer_bytes / g:.2f}", f"{m.activations_bytes / g:.2f}",
              f"{m.embedding_logits_bytes / g:.2f}", f"{m.buffers_bytes / g:.2f}",
-             f"{m.inflight_microbatches:g}", f"{m.total_bytes / g:.2f}"] for m in est.memory]
+             f"{round(m.inflight_microbatches, 2):g}", f"{m.total_bytes / g:.2f}"]
+            for m in est.memory]
     if len(rows) > 12:  # long pipelines: first, worst and last stages
         worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total_bytes)
         keep = sorted({0, 1, worst, len(rows) - 2, len(rows) - 1})

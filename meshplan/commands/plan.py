@@ -159,7 +159,8 @@ def main(args) -> int:
           f"({cluster.nodes}×{cluster.gpus_per_node} {cluster.gpu.name}); batch "
           f"{job.global_batch}×{job.seq_len}; objective {args.objective}\n")
     print(_table(p))
-    print(f"\nbest: {p.best.layout.short()}  stage_layers={list(p.best.layout.stage_layers)}")
+    # short() ends with the stage partition, run-length coded ("layers 2×40", not 40 numbers)
+    print(f"\nbest: {p.best.layout.short()}")
     if st.get("host_bound_preferred_over"):
         print(f"(ranked ahead of the host-bound {st['host_bound_preferred_over']}, predicted "
               f"faster by less than --host-bound-margin {args.host_bound_margin:g})")

@@ -133,3 +133,20 @@ def test_estimate_larger_than_the_default_node_says_pass_nodes(capsys):
     err = _error(capsys, argv)
     assert "16 GPUs" in err and "--nodes not given" in err and "pass --nodes 2" in err
     assert main(argv + ["--nodes", "2"]) == 0
+
+
+def test_plan_best_line_without_the_long_stage_list(capsys):
+    assert main(PLAN) == 0
+    best = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("best: "))
+    assert "stage_layers=[" not in best and " layers " in best     # short()'s partition
+
+
+def test_in_flight_micro_batches_rounded():
+    import dataclasses
+
+    from meshplan.commands.format import format_estimate
+    est = mp.estimate(mp.ModelSpec.preset("gpt-1.7b"), mp.Cluster.preset("dgx-a100-80gb"),
+                      mp.Job(global_batch=64, seq_len=2048), mp.Layout(dp=8))
+    stage = dataclasses.replace(est.memory[0], inflight_microbatches=8 + 7 / 12)
+    text = format_estimate(dataclasses.replace(est, memory=(stage,)))
+    assert " 8.58 " in text and "8.583" not in text
