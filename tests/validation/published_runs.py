@@ -328,7 +328,10 @@ def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> Published
     :func:`moe_fp8_runs` read it (``job_fields``: the precision and fp8 recipe)."""
     from meshplan.costmodel.flops import model_flops_per_step
     model = ModelSpec.preset(d["model"])
-    tp, pp, cp, vp, gpus = (int(d[k]) for k in ("tp", "pp", "cp", "vp", "gpus"))
+    tp, cp, gpus = (int(d[k]) for k in ("tp", "cp", "gpus"))
+    # pp and vp as the container's recipe ran them where the table prints others (the FP8
+    # file's pp_as_run / vp_as_run; the table's stay in the row)
+    pp, vp = (int(d.get(f"{k}_as_run") or d[k]) for k in ("pp", "vp"))
     batch, seq = int(d["global_batch"]), int(d["seq_len"])
     modules = recompute_modules(d.get("recompute_modules", ""))
     split = d.get("stage_split") == "embedding_loss" and pp > 1
@@ -355,7 +358,7 @@ def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> Published
 
 def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     """Published FP8 / MXFP8 MoE pre-training runs (``moe_fp8_2025_2026.csv``, Megatron-Bridge
-    25.11 and 26.02 tables; how each ran, from its container's recipes, in the file's
+    25.11 to 26.06 tables; how each ran, from its container's recipes, in the file's
     header): (runs predicted, [(label, why not), ...]).
 
     Read as :func:`moe_runs` reads the BF16 rows (the distributed optimizer, SP where
@@ -365,12 +368,21 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     performance scripts cancel the recipes') or the recipe's selective modules
     (``recompute_modules``: DeepSeek-V3's ``mla_up_proj``), and Megatron's
     account-for-embedding/loss pipeline split where the recipe keeps it (``stage_split``) or
-    the recipe's own pipeline layout (``stage_layers``). Rows whose run used a mechanism the
-    cost model does not model (``not_predicted``) come back with that reason instead.
+    the recipe's own pipeline layout (``stage_layers``). Where the table's pp / vp / ep
+    disagree with its container's recipe, the recipe's (``pp_as_run``, ``vp_as_run``,
+    ``ep_as_run``; evidence in the file's header; the label says the table's). Rows whose run
+    used a mechanism the cost model does not model (``not_predicted``) come back with that
+    reason instead.
     """
     runs, skipped = [], []
     for d in read_rows("moe_fp8_2025_2026.csv"):
-        run = _bridge_moe_run(d, int(d["ep"]), precision="fp8", fp8_recipe=d["fp8_recipe"])
+        as_run = [k for k in ("pp", "vp", "ep") if d[f"{k}_as_run"]]
+        note = (f" (table: {' '.join(f'{k} {d[k]}' for k in as_run)})" if as_run else "")
+        # a skipped row is built for its label only: its recompute modules may be ones
+        # Job.recompute_modules cannot express (e.g. "mlp", the reason it is skipped)
+        row = {**d, "recompute_modules": ""} if d["not_predicted"] else d
+        run = _bridge_moe_run(row, int(d["ep_as_run"] or d["ep"]), note, precision="fp8",
+                              fp8_recipe=d["fp8_recipe"])
         if d["not_predicted"]:
             skipped.append((run.label, d["not_predicted"]))
         else:

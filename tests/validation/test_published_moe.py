@@ -156,19 +156,24 @@ def test_modelzoo_shapes_list_every_row_with_its_expert_gemms():
 
 
 def test_fp8_rows_read_as_published_with_their_recipe_and_split():
-    """The FP8 / MXFP8 Megatron-Bridge rows (``moe_fp8_2025_2026.csv``): the table's layout,
-    the system's recipe (H100 per-tensor current scaling, B200 MXFP8), no recompute, forced
-    balance, the published tokens/s as a step, and Qwen3-235B's account-for-embedding/loss
-    split; rows run with a mechanism the cost model lacks come back with the reason."""
+    """The FP8 / MXFP8 Megatron-Bridge rows (``moe_fp8_2025_2026.csv``): the table's layout
+    (or, where it contradicts its container's recipe, the recipe's), the system's recipe
+    (H100 per-tensor current scaling, B200 MXFP8), no recompute or the recipe's modules,
+    forced balance, the dispatcher, the published tokens/s as a step, and Qwen3-235B's
+    account-for-embedding/loss split; rows run with a mechanism the cost model lacks come back
+    with the reason."""
     runs, skipped = moe_fp8_runs()
-    assert len(runs) == 7 and len(skipped) == 2
+    assert len(runs) == 18 and len(skipped) == 6
     for r in runs:
         lay, d, job = r.layout, r.row, r.job
-        assert lay.num_gpus == int(d["gpus"]) and lay.ep == int(d["ep"])
-        assert (lay.tp, lay.pp, lay.micro_batch, lay.vpp) == tuple(
-            int(d[k]) for k in ("tp", "pp", "micro_batch", "vp"))
+        # the table's pp / vp / ep, unless the container's recipe ran others (*_as_run)
+        assert lay.num_gpus == int(d["gpus"]) and lay.ep == int(d["ep_as_run"] or d["ep"])
+        assert (lay.tp, lay.pp, lay.micro_batch, lay.vpp) == (
+            int(d["tp"]), int(d["pp_as_run"] or d["pp"]), int(d["micro_batch"]),
+            int(d["vp_as_run"] or d["vp"]))
         assert job.precision == "fp8" and job.fp8_recipe == (
             "tensorwise" if d["system"] == "dgx-h100" else "mxfp8")
+        assert job.moe_dispatcher == MOE_DISPATCHER[d["dispatcher"]]
         assert lay.zero == 1
         if d["recompute_modules"]:
             assert lay.recompute == "selective"
@@ -186,16 +191,47 @@ def test_fp8_rows_read_as_published_with_their_recipe_and_split():
             assert lay.stage_layers[0] == lay.stage_layers[-1] == 96 // chunks - 1
         elif d["stage_layers"]:
             assert lay.stage_layers == tuple(int(n) for n in d["stage_layers"].split())
+            assert len(lay.stage_layers) == lay.pp * lay.vpp
         else:
             assert lay.stage_layers is None
         assert f" {job.fp8_recipe} ep {lay.ep} " in r.label
+    assert len({r.label for r in runs} | {label for label, _ in skipped}) == 24
     reasons = dict(skipped)
-    assert sum("moe_a2a_overlap" in why for why in reasons.values()) == 2
-    # DeepSeek-V3 as its recipe ran: MTP, HybridEP, mla_up_proj, [emb + 4] + 14 x [4] + [1]
-    ds = next(r for r in runs if r.model.name == "deepseek-v3")
-    assert ds.model.mtp_layers == 1 and ds.job.moe_dispatcher == "deepep"
-    assert ds.job.recompute_modules == ("mla_up_proj",) and ds.layout.recompute == "selective"
-    assert ds.layout.stage_layers == (4,) * 15 + (1,) and ds.layout.pp == 16
+    assert sum("moe_a2a_overlap" in why for why in reasons.values()) == 6
+    # 26.04.01's DeepSeek-V3 B200 preset also recomputes "mlp", which is not priced
+    assert [label for label, why in skipped if "recompute of mlp" in why] == [
+        "deepseek-v3 megatron-bridge-26.04.01 dgx-b200 mxfp8 ep 32 deepep (256 GPUs)"]
+    # DeepSeek-V3 as its recipes ran: MTP, mla_up_proj, [emb + 4] + 14 x [4] + [1 + MTP + loss]
+    # over pp 16; HybridEP from 26.02, the provider's all-to-all in 25.11
+    ds = {r.row["source"]: r for r in runs if r.model.name == "deepseek-v3"}
+    assert sorted(ds) == ["megatron-bridge-25.11", "megatron-bridge-26.02",
+                          "megatron-bridge-26.02.01", "megatron-bridge-26.04"]
+    for source, r in ds.items():
+        assert r.model.mtp_layers == 1 and r.layout.pp == 16 and r.layout.vpp == 1
+        assert r.job.recompute_modules == ("mla_up_proj",) and r.layout.recompute == "selective"
+        assert r.layout.stage_layers == (4,) * 15 + (1,)
+        assert r.job.moe_dispatcher == ("alltoall" if source.endswith("25.11") else "deepep")
+
+
+def test_fp8_recipe_layout_is_recorded_beside_the_table():
+    """26.02.01's Qwen3-30B H100 row: the table's PP 2, VP 12, EP 8 stay in the row, the
+    container's recipe (v0.3.1: PP 1, EP 16, HybridEP) is run, and the label says both; no
+    other row disagrees with its recipe."""
+    runs, skipped = moe_fp8_runs()
+    as_run = [r for r in runs if r.row["ep_as_run"] or r.row["pp_as_run"] or r.row["vp_as_run"]]
+    assert len(as_run) == 1
+    r = as_run[0]
+    assert (r.row["source"], r.row["system"], r.model.name) == (
+        "megatron-bridge-26.02.01", "dgx-h100", "qwen3-30b-a3b")
+    assert (r.row["pp"], r.row["vp"], r.row["ep"]) == ("2", "12", "8")
+    assert (r.layout.pp, r.layout.vpp, r.layout.ep, r.layout.dp) == (1, 1, 16, 16)
+    assert r.layout.schedule == "1f1b" and r.job.moe_dispatcher == "deepep"
+    assert "ep 16 (table: pp 2 vp 12 ep 8) hybridep" in r.label
+    # the later containers' rows of the same preset print its layout
+    same = [x for x in runs if x.model.name == "qwen3-30b-a3b" and x.row["system"] == "dgx-h100"
+            and x is not r and x.row["source"] != "megatron-bridge-25.11"]
+    assert len(same) == 3
+    assert all((x.layout.pp, x.layout.vpp, x.layout.ep) == (1, 1, 16) for x in same)
 
 
 def test_fp8_rows_predicted_without_error_and_bf16_labels_unchanged():
