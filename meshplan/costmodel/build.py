@@ -346,7 +346,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
                            + (grad_copies - 1) * layer_params * per.grads
                            + compute_copy_bytes(model, layers=1, first=False, last=False,
                                                 **copy_kw)
-                           + (f8.weight_copy_bytes if f8 is not None else 0.0)),
+                           + (f8.weight_copy_bytes + f8.expert_weight_copy_bytes
+                              if f8 is not None else 0.0)),
         layer_activation_bytes=lt["act_bytes"], buffer_bytes=base_buf,
         first_extra_bytes=first_extra, last_extra_bytes=last_extra,
         embedding_act_bytes=emb_act, logits_bytes=logits_b,

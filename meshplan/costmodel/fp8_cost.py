@@ -209,6 +209,9 @@ class Fp8Layer:
     # per layer per micro-batch: the 16-bit weight copies a compiled bf16 row keeps that the
     # fp8 block does not (−; only where the layer's kept bytes come from a compiled row)
     row_weight_copy_bytes: float = 0.0
+    # per MoE layer, with the weights: TransformerEngine's fp8 weight + transpose cache of
+    # the rank's routed experts (meshplan.costmodel.fp8_experts; dense layers have none)
+    expert_weight_copy_bytes: float = 0.0
     # where the layer was priced from a measured fp8 row: which (meshplan.costmodel.fp8_rows)
     row: str = ""
     # where it was the bf16 row plus the fp8 difference timed at another recompute mode:

@@ -28,8 +28,12 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   many small GEMMs at a small GEMM's efficiency); the activation function memory-bound on
   R·(m + 1)·f_e/etp elements (at the dense activation's measured efficiency where the
   profile has one). ``meshplan calibrate --model`` with an MoE model times the grouped
-  GEMMs at the model's expert shapes and writes the curve. Backward 2× the GEMMs (Narayanan et al. 2021 §5.1) and the
-  memory traffic; the weight-gradient GEMMs (zero-bubble's W) one forward's worth.
+  GEMMs at the model's expert shapes and writes the curve. Backward 2× the GEMMs
+  (Narayanan et al. 2021 §5.1) and the memory traffic; the weight-gradient GEMMs
+  (zero-bubble's W) one forward's worth. The experts and the router are priced at the
+  16-bit peak; an fp8 job under runtime "megatron" moves the experts to fp8 as the dense
+  linears (TransformerEngine's grouped linears: :mod:`meshplan.costmodel.fp8_experts`),
+  the executor's experts stay 16-bit.
 * **Dispatch and combine**: 2 all-to-alls per pass on the ep group's link
   (:func:`meshplan.costmodel.moe.all_to_all_s`: inside a node at NVLink's bus bandwidth,
   across nodes the other nodes' share at the rank's share of its node's NICs), each moving
@@ -70,7 +74,9 @@ from dataclasses import dataclass, replace
 
 from meshplan.costmodel import comm, moe, moe_dispatch, moe_torch_memory
 from meshplan.costmodel.moe import shared_width
-from meshplan.costmodel.compute import LayerCost, PassCost, gemm_s, hbm_s
+from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, hbm_s,
+                                        sixteen_bit_precision)
+from meshplan.costmodel.fp8_experts import Fp8Experts, fp8_experts
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
@@ -95,6 +101,7 @@ class RoutedMlp:
     rows: float               # routed rows the busiest expert rank computes
     act_out_bytes: float = 0.0   # the activation function's output, within kept_bytes
     act_s: float = 0.0           # the activation function's forward (memory-bound)
+    fp8: Fp8Experts | None = None   # fp8 experts' per-step and per-layer terms (TE)
 
 
 def expert_gemm_s(cluster: Cluster, peak: float, flops: float) -> float:
@@ -114,7 +121,7 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     """The routed experts of one MoE layer; ``job`` holds the rank's tokens per sequence
     (s/cp under context parallelism), ``links`` the tp, ep and etp groups."""
     gpu = cluster.gpu
-    peak = gpu.peak_flops(job.precision)
+    peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     h, k, n_exp = model.hidden_size, model.experts_per_token, model.num_experts
     tp, ep, etp = layout.tp, layout.ep, layout.etp
@@ -126,6 +133,10 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     experts_s = local * (expert_gemm_s(cluster, peak, 2.0 * per_expert * h
                                        * model.ffn_matrices * f_loc)
                          + expert_gemm_s(cluster, peak, 2.0 * per_expert * f_loc * h))
+    f8 = fp8_experts(cluster, job, rows_per_expert=per_expert, local_experts=local, hidden=h,
+                     fc1_width=model.ffn_matrices * f_loc, fc2_width=f_loc)
+    if f8 is not None:
+        experts_s *= f8.gemm_ratio
     router_s = gemm_s(gpu, peak, 2.0 * tokens * h * n_exp)
     # runtime "torch" with ep > 1 regroups the received rows by expert and back, besides
     # the grouped GEMM's padding copies (executor/moe.py ``_run_experts``)
@@ -155,16 +166,20 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                  if tp > 1 and moe_tokens_sliced_over_tp(job, layout.sequence_parallel)
                  else 0.0)
     wire = 2 * (sent if ep > 1 else 0.0) + 2 * comm.wire_bytes_gather(etp, rows * h * e)
-    fwd = PassCost(gemm_s=experts_s + router_s, memory_bound_s=fwd_mb, tp_comm_s=tp_gather,
-                   ep_comm_s=ep_s)
-    bwd = PassCost(gemm_s=2 * (experts_s + router_s), memory_bound_s=2 * fwd_mb,
+    cast_f, cast_b = (f8.forward_cast_s, f8.backward_cast_s) if f8 is not None else (0.0, 0.0)
+    fwd = PassCost(gemm_s=experts_s + router_s, memory_bound_s=fwd_mb + cast_f,
+                   tp_comm_s=tp_gather, ep_comm_s=ep_s)
+    bwd = PassCost(gemm_s=2 * (experts_s + router_s), memory_bound_s=2 * fwd_mb + cast_b,
                    ep_comm_s=ep_s)
     acts = (moe_torch_memory.routed_activations(model, job, layout, tokens, rows)
             if job.runtime == "torch" else
             moe.moe_activation_bytes(model, job, layout, tokens, imbalance=imbalance))
-    return RoutedMlp(fwd, bwd, experts_s + router_s, wire, acts.router_bytes
-                     + acts.expert_bytes, acts.dispatch_bytes, rows,
-                     act_out_bytes=rows * f_loc * e, act_s=act_s)
+    kept, act_out = acts.router_bytes + acts.expert_bytes, rows * f_loc * e
+    if f8 is not None:      # TE saves the two GEMMs' inputs in fp8
+        kept += f8.fc1_input_delta_bytes + f8.fc2_input_delta_bytes
+        act_out += f8.fc2_input_delta_bytes
+    return RoutedMlp(fwd, bwd, experts_s + router_s, wire, kept, acts.dispatch_bytes, rows,
+                     act_out_bytes=act_out, act_s=act_s, fp8=f8)
 
 
 def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
@@ -186,6 +201,11 @@ def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
                       cp_wire_bytes=lay.cp_wire_bytes,
                       ep_wire_bytes=routed.pass_wire_bytes * (3 if full else 2))
     kept = routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0)
+    if routed.fp8 is not None and parts.fp8 is not None:
+        parts = replace(parts, fp8=replace(
+            parts.fp8, weight_cast_step_s=parts.fp8.weight_cast_step_s
+            + routed.fp8.weight_cast_step_s,
+            expert_weight_copy_bytes=routed.fp8.weight_copy_bytes))
     return replace(parts, layer=layer,
                    activation_bytes=parts.activation_bytes + (0.0 if full else kept),
                    full_act_bytes=parts.full_act_bytes + routed.kept_bytes,

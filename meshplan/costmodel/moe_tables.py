@@ -250,7 +250,9 @@ def moe_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, fie
             dense_delta_backward_s=dense.layer.backward.total_s - moe_layer.backward.total_s,
             dense_delta_wgrad_s=dense.layer.wgrad_s - moe_layer.wgrad_s,
             dense_delta_activation_bytes=dense.activation_bytes - f["parts"].activation_bytes,
-            dense_delta_state_bytes=states(extra, layout.dp) + extra * copy_b - expert_state)
+            # a dense layer has no routed experts, nor their fp8 weight cache
+            dense_delta_state_bytes=states(extra, layout.dp) + extra * copy_b - expert_state
+            - (f["parts"].fp8.expert_weight_copy_bytes if f["parts"].fp8 is not None else 0.0))
     if model.mtp_layers:
         n, parts = model.mtp_layers, f["parts"]
         lf, lb, lw = parts.logits

@@ -134,11 +134,14 @@ class TablesBase:
                     experts = reduced_after_backward(experts)     # outside DDP
                 st = combined_state(st, experts)
             f8 = self.parts.fp8
-            if f8 is not None and f8.weight_copy_bytes:
-                # fp8's weight copies per layer (TransformerEngine's fp8 weight cache; the
-                # executor's fp8 linears, no autocast copy): with the weights, as
-                # layer_state_bytes counts them, so estimate() and the planner agree
-                st = replace(st, weights_bytes=st.weights_bytes + layers * f8.weight_copy_bytes)
+            if f8 is not None and (f8.weight_copy_bytes or f8.expert_weight_copy_bytes):
+                # fp8's weight copies per layer (TransformerEngine's fp8 weight cache, its
+                # routed experts' on MoE layers; the executor's fp8 linears, no autocast
+                # copy): with the weights, as layer_state_bytes counts them, so estimate()
+                # and the planner agree
+                copies = (layers * f8.weight_copy_bytes
+                          + (layers - dense) * f8.expert_weight_copy_bytes)
+                st = replace(st, weights_bytes=st.weights_bytes + copies)
             self._states[key] = st  # type: ignore[attr-defined]
         return st
 

@@ -1,0 +1,90 @@
+"""FP8 routed experts (meshplan.costmodel.fp8_experts): TransformerEngine's grouped linears run
+their GEMMs in fp8 with casts and a weight cache (runtime "megatron"); the executor's experts
+stay 16-bit (runtime "torch"); the router stays 16-bit in both."""
+
+import pytest
+
+import meshplan as mp
+from meshplan.costmodel import fp8
+from meshplan.costmodel.compute import gemm_s, linear_shapes
+from meshplan.costmodel.fp8_experts import fp8_experts
+from meshplan.costmodel.inputs import table_inputs
+from meshplan.costmodel.moe_layer import routed_mlp
+from meshplan.costmodel.tables import layer_tables
+
+MODEL = mp.ModelSpec(name="moe", num_layers=4, hidden_size=1024, num_heads=16,
+                     vocab_size=32000, max_seq_len=2048, activation="swiglu", norm="rmsnorm",
+                     position_embedding="rope", num_experts=16, experts_per_token=2,
+                     moe_ffn_hidden_size=512)
+CLUSTER = mp.Cluster.preset("dgx-h100", nodes=1)
+LAYOUT = mp.Layout(dp=8, ep=4, micro_batch=2, zero=1)
+
+
+def job(precision="fp8", runtime="megatron", gather=False):
+    return mp.Job(global_batch=64, seq_len=2048, precision=precision, runtime=runtime,
+                  fp8_param_gather=gather)
+
+
+def routed(j):
+    return routed_mlp(MODEL, CLUSTER, j, LAYOUT, table_inputs(MODEL, CLUSTER, j, LAYOUT).links,
+                      1.0)
+
+
+def test_the_executor_keeps_experts_and_router_16_bit():
+    bf, f8 = routed(job("bf16", "torch")), routed(job("fp8", "torch"))
+    assert f8.forward == bf.forward and f8.backward == bf.backward and f8.fp8 is None
+    assert f8.kept_bytes == bf.kept_bytes
+
+
+def test_transformer_engine_experts_run_fp8_gemms_with_casts():
+    bf, f8 = routed(job("bf16")), routed(job("fp8"))
+    e = f8.fp8
+    assert e is not None and 0.5 < e.gemm_ratio < 1.0
+    # rows of one expert: ρ = 1 here, k·T·ep / E with T = mb·s
+    rows = 2 * 2 * 2048 * 4 / 16
+    gpu = CLUSTER.gpu
+    want = 0.0
+    for k, n in ((1024, 2 * 512), (512, 1024)):
+        flops = 2.0 * rows * k * n
+        want += fp8.fp8_gemm_time_s(flops, gpu.peak_flops("fp8"), gpu.fp8_gemm_efficiency)
+    bf16 = sum(gemm_s(gpu, gpu.peak_flops("bf16"), 2.0 * rows * k * n)
+               for k, n in ((1024, 1024), (512, 1024)))
+    assert e.gemm_ratio == pytest.approx(want / bf16)
+    router = gemm_s(gpu, gpu.peak_flops("bf16"), 2.0 * 2 * 2048 * 1024 * 16)
+    assert f8.forward.gemm_s - router == pytest.approx((bf.forward.gemm_s - router)
+                                                       * e.gemm_ratio)
+    assert f8.forward.memory_bound_s == pytest.approx(bf.forward.memory_bound_s
+                                                      + e.forward_cast_s)
+    assert f8.backward.memory_bound_s == pytest.approx(bf.backward.memory_bound_s
+                                                       + e.backward_cast_s)
+    assert e.forward_cast_s > 0 and e.backward_cast_s > e.forward_cast_s
+    # the saved fc1 and fc2 inputs in fp8: a byte less per element
+    local = 16 / 4
+    assert bf.kept_bytes - f8.kept_bytes == pytest.approx(local * rows * (1024 + 512))
+
+
+def test_weight_cache_and_casts_once_a_step_unless_gathered_in_fp8():
+    local_params = 16 / 4 * 1024 * (2 * 512 + 512)
+    e = routed(job()).fp8
+    assert e.weight_copy_bytes == 2.0 * local_params and e.weight_cast_step_s > 0
+    g = routed(job(gather=True)).fp8
+    assert g.weight_copy_bytes == 0.0 and g.weight_cast_step_s == 0.0
+
+
+def test_estimate_counts_the_experts_cache_per_moe_layer():
+    lay = mp.Layout(dp=4, pp=2, ep=4, micro_batch=1, zero=1)
+    e8, e16 = (mp.estimate(MODEL, CLUSTER, job(p), lay) for p in ("fp8", "bf16"))
+    local_params = 16 / 4 * 1024 * (2 * 512 + 512)
+    dense = sum(k * n for (_, k, n), _ in linear_shapes(MODEL, job(), 1, 1, 0))
+    for r in range(2):      # 2 layers a stage: the dense linears' and the experts' caches
+        assert e8.memory[r].weights_bytes - e16.memory[r].weights_bytes == pytest.approx(
+            2 * 2.0 * (dense + local_params))
+    # the planner's per-layer state counts the experts' cache too
+    t8, t16 = (layer_tables(MODEL, CLUSTER, job(p), lay) for p in ("fp8", "bf16"))
+    assert t8.layer_state_bytes - t16.layer_state_bytes == pytest.approx(
+        2.0 * (dense + local_params))
+
+
+def test_none_outside_fp8():
+    assert fp8_experts(CLUSTER, job("bf16"), rows_per_expert=64, local_experts=4, hidden=64,
+                       fc1_width=128, fc2_width=64) is None
