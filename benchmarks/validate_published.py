@@ -142,6 +142,21 @@ def fp8_table(runs) -> tuple[list[str], list[float]]:
     return lines, errs
 
 
+def moe_fp8_groups(runs, errs: list[float]) -> dict[str, str]:
+    """The FP8 / MXFP8 MoE rows' errors by container line (the 25.11 / 26.02 software and
+    the later containers) and by model."""
+    early = ("megatron-bridge-25.11", "megatron-bridge-26.02")
+    groups = {
+        "containers 25.11 and 26.02": [e for r, e in zip(runs, errs)
+                                       if r.row["source"] in early],
+        "containers 26.02.01 to 26.06": [e for r, e in zip(runs, errs)
+                                         if r.row["source"] not in early]}
+    for model in dict.fromkeys(r.model.name for r in runs):
+        groups[model] = [e for r, e in zip(runs, errs) if r.model.name == model]
+    return {f"moe8 {g}": summarize(f"MoE FP8 / MXFP8, {g}", sub)
+            for g, sub in groups.items() if sub}
+
+
 def kept_section(path: Path) -> list[str]:
     """The calculon_compare.py section of an existing published.md (or a placeholder)."""
     if path.exists():
@@ -202,6 +217,9 @@ def main(argv=None) -> int:
         tables[name], errs = fp8_table(runs)
         if errs:
             summaries[name] = summarize(name, errs)
+        if name == moe8_name and errs:
+            moe8_groups = moe_fp8_groups(moe8_runs, errs)
+            summaries.update(moe8_groups)
         print("\n".join(tables[name]))
         print(summaries.get(name, ""))
         print()
@@ -330,35 +348,53 @@ def main(argv=None) -> int:
             "same time there than v3.1 with what its configs add and meshplan does not model — "
             "per-layer CUDA graphs, NCCL SHARP, larger DP buckets. The pp 6 layouts' deeper "
             "bubble (5 / 48 of the step against v3.1's 7 / 96) is priced.", "",
-            "## Mixture-of-experts pre-training, FP8 / MXFP8 (Megatron-Bridge 25.11 and 26.02)", "",
-            "Every MoE row of Megatron-Bridge's 25.11 and 26.02 pre-training tables at FP8 on "
-            "DGX-H100 (TransformerEngine's per-tensor current scaling: `fp8_recipe = "
-            "\"tensorwise\"`) and at MXFP8 on DGX-B200 (`\"mxfp8\"`), each read as its "
+            "## Mixture-of-experts pre-training, FP8 / MXFP8 (Megatron-Bridge 25.11 to 26.06)", "",
+            "Every MoE row of Megatron-Bridge's pre-training tables from the 25.11 to the 26.06 "
+            "container at FP8 on DGX-H100 (TransformerEngine's per-tensor current scaling: "
+            "`fp8_recipe = \"tensorwise\"`) and at MXFP8 on DGX-B200 (`\"mxfp8\"`) for a "
+            "model meshplan has a preset of (Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3; the "
+            "26.06.01 and 26.08 tables have none on these systems), each read as its "
             "container's performance recipe ran it (`tests/validation/data/"
-            "moe_fp8_2025_2026.csv`, whose header cites the recipe files and commits): the "
-            "distributed optimizer, forced-balanced dropless routing, all-to-all dispatch, no "
-            "recompute, SP where tp > 1, Qwen3-235B's account-for-embedding/loss pipeline "
-            "split; the 25.11 rows as printed, which match the recipes of before Megatron-"
-            "Bridge PR #1348 (no expert-parallel all-to-all overlap). Step time = GBS·seq / "
-            "(tokens/s/GPU · GPUs). Datasheet profiles; no number here was fitted on these "
-            "rows, which were added on 2026-11-29, after every mechanism they are priced "
-            "with.", "",
+            "moe_fp8_2025_2026.csv`, whose header cites the releases, recipe files and "
+            "commits): the distributed optimizer with the fp8 weights kept and gathered in "
+            "fp8 (`Job.fp8_param_gather`: both recipes set it), forced-balanced dropless "
+            "routing, the recipe's dispatcher (all-to-all, or HybridEP: `Job.moe_dispatcher = "
+            "\"deepep\"`), its recompute modules (DeepSeek-V3's `mla_up_proj`; none for "
+            "Qwen3), SP where tp > 1, Qwen3-235B's account-for-embedding/loss pipeline split, "
+            "DeepSeek-V3's own layout ([embedding + 4] + 14 × [4] + [1 + MTP + loss]); the "
+            "25.11 rows as printed, which match the recipes of before Megatron-Bridge PR "
+            "#1348; 26.02.01's Qwen3-30B H100 row as its release ran it (PP 1, EP 16; its "
+            "table repeats 26.02's PP 2 / VP 12 / EP 8). Step time = GBS·seq / (tokens/s/GPU · "
+            "GPUs). Datasheet profiles; no number here was fitted on these rows.", "",
+            "As run and post hoc: the six Qwen3 rows of 25.11 and 26.02 were added on "
+            "2026-11-29 (−59.5 / +32.2 / −66.2 / −42.3 / −64.8 / −32.5 %: 49.6 % mean). On "
+            "2026-12-01, after those errors were known: the routed experts moved to fp8 as "
+            "TransformerEngine runs them (`costmodel/fp8_experts.py`; until then they were "
+            "priced at the fp8 peak on the bf16 curve, without casts or weight cache), the "
+            "26.02 DeepSeek-V3 row (left out as if ModelSpec had no MTP) was predicted with "
+            "`mla_up_proj` recomputation, then the other DeepSeek-V3 and the 26.02.01-26.06 "
+            "rows were added and first predicted with that model (their errors before any "
+            "change: −30.0 / −16.1 / −4.2 / −22.6 / −15.4 / −3.6 / −24.0 / −2.6 / −23.5 / "
+            "−24.5 / −24.6 %), and then, POST HOC for every row, the recipes' fp8 parameter "
+            "gather (at most 0.4 points of step time; 4-9 GiB less memory).", "",
             *tables[moe8_name], "",
             *[f"- {label}: not predicted — {why}" for label, why in moe8_skipped], "",
-            f"**{summaries.get(moe8_name, moe8_name + ': no row predicted')}** — "
-            "fine-grained experts are where the cost model fails: Qwen3-30B-A3B (128 experts "
-            "of width 768, top-8, 3.3 B active) took 2.5-3.0 times the predicted step on both "
-            "GPUs (errors −59 to −66 %), Qwen3-235B-A22B (width 1536) is predicted 32-42 % "
-            "fast on B200 and 32 % slow on H100, where its EP 32 all-to-alls cross 4 nodes and "
-            "are priced at 18.0 of the 27.5 s (4.2 s of it call latency, counted as sequential "
-            "ring steps: an upper bound; the Model Zoo's BF16 row of that layout with DeepEP "
-            "is priced at 5.9 s of all-to-all and within 1.3 %). The published speeds are "
-            "themselves low (118-223 TFLOP/s a GPU for the 30B "
-            "model): what costs there — small per-expert GEMMs, permutation, the router, the "
-            "host's kernel launches, which Megatron-Core's MoE report (arXiv 2603.07685) "
-            "names the compute wall of fine-grained MoE — is what datasheet profiles do not "
-            "price (docs/moe.md). Two predicted rows do not fit although they ran (the 30B "
-            "H100 row at 86 GiB of 80, the 25.11 235B B200 row at 186 GiB of 180).", "",
+            f"**{summaries.get(moe8_name, moe8_name + ': no row predicted')}**", "",
+            *[f"- {summaries[k]}" for k in summaries if k.startswith("moe8 ")], "",
+            "Reading. The same model on the same GPUs ran 2.8× faster in the later containers: "
+            "Qwen3-30B-A3B on 8 B200 at micro-batch 4 with HybridEP (26.02.01 on, within 2.7-"
+            "4.2 % of the prediction) against micro-batch 1 with all-to-all (25.11 / 26.02, "
+            "2.5-2.6× the prediction). One H200 timing TransformerEngine's per-expert GEMM "
+            "sequence at these shapes (docs/benchmarks/moe_checks.md) puts the micro-batch-1 "
+            "layer's host enqueue at 3.3× its GPU time (16 local experts of 2,048 rows) — a "
+            "host-bound layer, which datasheet profiles do not price — and the cost model "
+            "prices the GPU work the later software reaches. What is left: the Qwen3-30B H100 "
+            "rows at EP 16 over two nodes (23-25 % fast), DeepSeek-V3 (16-30 % fast: its "
+            "HybridEP rows 16-19 %), Qwen3-235B (24-35 % fast on B200, 39 % slow on H100 "
+            "where its EP 32 all-to-alls cross 4 nodes, priced with per-step call latency as "
+            "sequential ring steps: an upper bound). Megatron-Core's MoE report (arXiv "
+            "2603.07685) names host overhead — many small kernels — the compute wall of "
+            "fine-grained MoE; datasheet profiles carry no host numbers (docs/moe.md).", "",
             "## Shoeybi et al. 2019, weak scaling (DGX-2H V100)", "",
             "Scaling efficiency = predicted TFLOP/s per GPU (recompute included) over the "
             "predicted single-GPU baseline. Goal: baseline ≈ 39 TFLOP/s, 8.3B at 8 and 512 "

@@ -308,8 +308,9 @@ def moe_runs() -> list[PublishedRun]:
     recompute where the recipe names no modules), the recipe's selective recompute modules
     (``recompute_modules``: Megatron-Bridge's "layernorm" and "moe_act" as
     ``Job.recompute_modules`` with ``recompute = "selective"``), sequence parallelism where
-    tp > 1 (Megatron-Core requires it for MoE), the interleaved schedule where VP > 1 and 1F1B otherwise, the recipe's dispatcher
-    (``dispatcher``: ``Job.moe_dispatcher``) and, where the table's EP disagrees with its
+    tp > 1 (Megatron-Core requires it for MoE), the interleaved schedule where VP > 1 and
+    1F1B otherwise, the recipe's dispatcher (``dispatcher``: ``Job.moe_dispatcher``) and,
+    where the table's EP disagrees with its
     container's recipe, the recipe's (``ep_as_run``, evidence in the file's header).
     ``balanced`` rows ran with forced-balanced routing (:func:`_balanced`). ``published`` =
     GBS·seq / (tokens/s/GPU · GPUs), or where only TFLOP/s is published, the model FLOPs
@@ -368,7 +369,10 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     performance scripts cancel the recipes') or the recipe's selective modules
     (``recompute_modules``: DeepSeek-V3's ``mla_up_proj``), and Megatron's
     account-for-embedding/loss pipeline split where the recipe keeps it (``stage_split``) or
-    the recipe's own pipeline layout (``stage_layers``). Where the table's pp / vp / ep
+    the recipe's own pipeline layout (``stage_layers``), and the fp8 weights both recipes
+    keep and all-gather (``Job.fp8_param_gather``: Megatron-Bridge's
+    ``bf16_with_fp8_current_scaling_mixed`` and ``bf16_with_mxfp8_mixed`` set
+    ``fp8_param_gather = True``; applied since 2026-12-01, post hoc). Where the table's pp / vp / ep
     disagree with its container's recipe, the recipe's (``pp_as_run``, ``vp_as_run``,
     ``ep_as_run``; evidence in the file's header; the label says the table's). Rows whose run
     used a mechanism the cost model does not model (``not_predicted``) come back with that
@@ -382,7 +386,7 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
         # Job.recompute_modules cannot express (e.g. "mlp", the reason it is skipped)
         row = {**d, "recompute_modules": ""} if d["not_predicted"] else d
         run = _bridge_moe_run(row, int(d["ep_as_run"] or d["ep"]), note, precision="fp8",
-                              fp8_recipe=d["fp8_recipe"])
+                              fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
         if d["not_predicted"]:
             skipped.append((run.label, d["not_predicted"]))
         else:

@@ -171,6 +171,7 @@ def test_fp8_rows_read_as_published_with_their_recipe_and_split():
         assert (lay.tp, lay.pp, lay.micro_batch, lay.vpp) == (
             int(d["tp"]), int(d["pp_as_run"] or d["pp"]), int(d["micro_batch"]),
             int(d["vp_as_run"] or d["vp"]))
+        assert job.fp8_param_gather      # both recipes keep and gather fp8 weights
         assert job.precision == "fp8" and job.fp8_recipe == (
             "tensorwise" if d["system"] == "dgx-h100" else "mxfp8")
         assert job.moe_dispatcher == MOE_DISPATCHER[d["dispatcher"]]
