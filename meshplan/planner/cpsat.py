@@ -64,6 +64,9 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
     order = sorted(range(len(survivors)), key=lambda i: survivors[i].lower_bound)
     tick = Ticker(progress)
     for visited, i in enumerate(order):
+        # before the solve, not after it: an infeasible model skips the loop's end
+        tick(lambda: f"CP-SAT partitions: {visited + 1}/{len(survivors)} candidate "
+                     f"configurations, {stats['partition_models']} partition models")
         s = survivors[i]
         kth = heapq.nsmallest(top_k, known.values())[-1] if len(known) >= top_k else None
         if kth == math.inf:
@@ -109,8 +112,6 @@ def solve(model: ModelSpec, cluster: Cluster, job: Job, survivors: Sequence[Surv
             part = tuple(int(solver.Value(nv)) for nv in n)
         found[i] = (value, part, opt)
         known[i] = value / UNITS_PER_S
-        tick(lambda: f"CP-SAT partitions: {visited + 1}/{len(survivors)} candidate "
-                     f"configurations, {stats['partition_models']} partition models")
     if not found:
         raise MeshplanError(f"CP-SAT found no solution among {len(survivors)} candidate "
                             f"configurations")

@@ -287,13 +287,16 @@ def prune(model: ModelSpec, cluster: Cluster, job: Job, configs: Iterable[Config
     out.configs = len(queue)
     heapq.heapify(queue)
     best_ubs: list[float] = []       # max-heap (negated) of the k smallest upper bounds
-    visited = 0
+    visited = refined = 0
     while queue:
         lb, exact, i, cfg = queue[0]
         if len(best_ubs) >= top_k and lb > -best_ubs[0] * (1 + 1e-9):
             out.pruned_by_bound += len(queue)
             break
         if not exact:
+            refined += 1     # a pipeline evaluation each: seconds in all for large spaces
+            tick(lambda: f"bounding: exact time bounds of {refined:,} pipelined "
+                         f"configurations, {visited:,}/{out.configs:,} priced")
             w = objective_weight(cfg, objective)
             heapq.heapreplace(queue, (max(lb, w * time_lower_bound(
                 model, lo, job, cfg, min_layers, fixed_partition)), True, i, cfg))
