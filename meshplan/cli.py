@@ -27,7 +27,8 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meshplan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="meshplan",   # the docstring's line, without its RST
+                                     description=__doc__.splitlines()[0].replace("``", ""))
     from meshplan import __version__
     parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

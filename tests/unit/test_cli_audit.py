@@ -168,3 +168,10 @@ def test_planner_phases_report_progress_from_their_first_step(monkeypatch, fixed
     assert first.startswith(phase), said
     if phase.startswith("CP-SAT"):
         assert first.endswith(" 0 partition models")    # said before the first solve
+
+
+def test_top_level_help_without_rst_markup(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "The meshplan command line: meshplan plan | estimate" in out and "``" not in out
