@@ -15,13 +15,15 @@ ranks, T tokens:
 * Core (``compute.layer_cost``'s ``attention_s``): causal, 2(d_n + d_r + d_v) FLOPs a
   query-key pair and head (``mla.pair_flops``), half the pairs executed, at the GPU's one
   attention curve (``compute.kernel_head_dim``: None for MLA), backward 2.5x.
-* RoPE (memory-bound, ``mla.rope_elements``): the n·d_r rotary query elements and the d_r
-  shared key, read and written once; taken from ``compute.layer_cost`` as the difference
-  between the model's memory-bound forward and the same model's without RoPE.
-* The two latent RMSNorms (c_Q, c_KV) are not in the cost model's layer time (memory.py
-  counts their weights only): priced here from ``compute.hbm_s`` at the profile's norm
-  efficiency, each latent element read and written once in bf16 as compute.py prices the
-  layer's norms, backward 2x, and kept out of the layer's price.
+* RoPE (memory-bound, ``mla.rope_elements``): q's rotary part in place, and since
+  2026-12-01 the key / value split Megatron-Core's fused kernel makes (the kv
+  up-projection's output and the shared rotary key read, the key — rotary key broadcast to
+  the heads — and the value written); taken from ``compute.layer_cost`` as the difference
+  between the model's memory-bound forward and the same model's without RoPE. Measured:
+  the eager rotate-half alone ("rope") and the splits and concatenations within "glue".
+* The two latent RMSNorms (c_Q, c_KV; ``mla.latent_norm_elements``, in the layer's time
+  since 2026-12-01, before: not priced): ``compute.hbm_s`` at the profile's norm
+  efficiency, backward 2x, shown apart and kept out of the attention part's price.
 
 The attention part's price is the cost model's: ``layer_cost(..., mlp_width=0)``'s GEMMs
 and core plus its RoPE term (no tp communication, no layer overhead, no hidden-size norms
@@ -169,10 +171,10 @@ def prices(model: ModelSpec, cluster: Cluster, tp: int, seq: int,
             + bwd.memory_bound_s - no_rope.backward.memory_bound_s)
     pieces.append(_piece("rope", "heads", *rope, None, True))
     e = activation_bytes_per_element(job)
-    latents = (model.q_lora_rank or 0) + model.kv_lora_rank
-    norms = compute.hbm_s(gpu, 2 * e * micro_batch * seq * latents, model.norm)
+    norms = compute.hbm_s(gpu, e * micro_batch * seq * mla.latent_norm_elements(model),
+                          model.norm)
     pieces.append(_piece("latent_norms", "replicated", norms, norms * (1 + mb_bwd), None,
-                         False, note="composed here: not in the cost model's layer time"))
+                         False, note="in the layer's time, not in the attention part's"))
     in_layer = [p for p in pieces if p["in_layer_price"]]
     attention = {
         "predicted_fwd_s": fwd.gemm_s + fwd.attention_s + rope[0],

@@ -376,7 +376,9 @@ def main(argv=None) -> int:
             "rows were added and first predicted with that model (their errors before any "
             "change: −30.0 / −16.1 / −4.2 / −22.6 / −15.4 / −3.6 / −24.0 / −2.6 / −23.5 / "
             "−24.5 / −24.6 %), and then, POST HOC for every row, the recipes' fp8 parameter "
-            "gather (at most 0.4 points of step time; 4-9 GiB less memory).", "",
+            "gather (at most 0.4 points of step time; 4-9 GiB less memory), and the MLA key / "
+            "value split and latent norms one H200's MLA timing showed missing (DeepSeek-V3 "
+            "rows 0.8-1.0 points slower; docs/benchmarks/moe_checks.md \"MLA on one H200\").", "",
             *tables[moe8_name], "",
             *[f"- {label}: not predicted — {why}" for label, why in moe8_skipped], "",
             f"**{summaries.get(moe8_name, moe8_name + ': no row predicted')}**", "",
@@ -389,8 +391,8 @@ def main(argv=None) -> int:
             "layer's host enqueue at 3.3× its GPU time (16 local experts of 2,048 rows) — a "
             "host-bound layer, which datasheet profiles do not price — and the cost model "
             "prices the GPU work the later software reaches. What is left: the Qwen3-30B H100 "
-            "rows at EP 16 over two nodes (23-25 % fast), DeepSeek-V3 (16-30 % fast: its "
-            "HybridEP rows 16-19 %), Qwen3-235B (24-35 % fast on B200, 39 % slow on H100 "
+            "rows at EP 16 over two nodes (23-25 % fast), DeepSeek-V3 (15-30 % fast: its "
+            "HybridEP rows 15-19 %), Qwen3-235B (24-35 % fast on B200, 39 % slow on H100 "
             "where its EP 32 all-to-alls cross 4 nodes, priced with per-step call latency as "
             "sequential ring steps: an upper bound). Megatron-Core's MoE report (arXiv "
             "2603.07685) names host overhead — many small kernels — the compute wall of "

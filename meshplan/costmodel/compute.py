@@ -256,7 +256,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     act_in = (2 if model.activation == "swiglu" else 1) * tokens * f / t
     rope = 0.0
     if model.position_embedding == "rope" and model.is_mla:
-        rope = 2 * tokens * mla.rope_elements(model, t) * e
+        rope = tokens * mla.rope_elements(model, t) * e
     elif model.position_embedding == "rope":
         rope = 2 * tokens * (model.q_dim + model.kv_dim) / t * e
     other += softmax_bytes
@@ -269,7 +269,10 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         fwd_mb, bwd_mb = fwd_mb + hbm_s(gpu, other), bwd_mb + 2 * hbm_s(gpu, other)
         fwd_attn, bwd_attn = fwd_attn + core_f, bwd_attn + core_b
     else:
+        latent_norms = (hbm_s(gpu, tokens * mla.latent_norm_elements(model) * e, model.norm)
+                        if model.is_mla else 0.0)
         fwd_mb = (hbm_s(gpu, hidden_elems * e * 4, model.norm)             # two norms
+                  + latent_norms
                   + hbm_s(gpu, hidden_elems * e * 6, "residual-add")      # two residual adds
                   + hbm_s(gpu, (act_in + tokens * f / t) * e, model.activation)
                   + hbm_s(gpu, other + rope))

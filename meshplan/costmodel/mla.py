@@ -15,7 +15,14 @@ value head dim, r_q / r_kv the query / key-value latent ranks, T tokens, t = tp.
 * Activations kept (Korthikanti et al. 2022 §4.1 bookkeeping): the latents c_Q, c_KV and the
   rotary key (replicated), q and k at n_h(d_n + d_r), v and the output at n_h·d_v (split
   over tp); the up-projections' inputs are the latents already counted.
-* RoPE (memory-bound): the rotary parts only, n_h·d_r of q and d_r of the shared key.
+* RoPE and the key / value split (memory-bound; Megatron-Core's fused kernels,
+  ``megatron/core/fusions/fused_mla_yarn_rope_apply.py``): the query's RoPE in place on its
+  rotary part (n_h·d_r read and written), the key-value up-projection's output
+  (n_h(d_n + d_v)) and the shared rotary key (d_r) read once and written as the key
+  (n_h(d_n + d_r): the rotary key broadcast to every head) and the value (n_h·d_v)
+  (:func:`rope_elements`).
+* The latents' RMSNorms (memory-bound): c_Q (r_q) and c_KV (r_kv) read and written, on
+  every tp rank (:func:`latent_norm_elements`).
 * Selective recomputation of the up-projections (Megatron-Core ``--recompute-modules
   mla_up_proj``, ``MLASelfAttention.get_query_key_value_tensors``: the query up-projection
   — the whole query projection without ``q_lora_rank`` —, the key-value up-projection and
@@ -24,8 +31,15 @@ value head dim, r_q / r_kv the query / key-value latent ranks, T tokens, t = tp.
   (:func:`up_proj_output_elements`); backward re-runs those two GEMMs
   (:func:`up_proj_shapes`) and RoPE's forward.
 
-Measured error: none (no MLA model has been run); checked against the spec's parameter
-counts (``ModelSpec.attention_matmul_params``) in tests/unit/test_costmodel_moe_wiring.py.
+Measured error: one tp rank's attention part timed in plain torch on one H200
+(``benchmarks/mla_layer_gpu.py``, datasheet H200 profile, 2026-12-01, before the key / value
+split and the latent norms were priced): forward + backward 8-23 % slower than priced over
+DeepSeek-V3 at tp 1-8 and seq 4k-8k, V2 and V2-Lite, 5-20 % with them (post hoc) — the
+GEMMs 12-39 % faster than the datasheet curve, cuDNN's core at head dims 192 / 128 within
+−18 to 0 %, the eager RoPE and concatenations (unfused: about 10× the fused price) the gap
+(docs/benchmarks/moe_checks.md "MLA on one H200, and TE's expert sequence at micro-batch
+4"). Checked against the spec's parameter counts (``ModelSpec.attention_matmul_params``) in
+tests/unit/test_costmodel_moe_wiring.py.
 """
 
 from __future__ import annotations
@@ -82,9 +96,20 @@ def kept_elements(model: ModelSpec, tp: int) -> tuple[float, float]:
 
 
 def rope_elements(model: ModelSpec, tp: int) -> float:
-    """Elements RoPE reads and writes per token (the rotary parts of q and the shared k)."""
-    return model.num_heads * model.qk_rope_head_dim / tp + model.qk_rope_head_dim
+    """Elements per token RoPE and the key / value split read and write on a tp rank
+    (module docstring): q's rotary part in place, the key-value up-projection's output and
+    the shared rotary key in, the key and the value out."""
+    nh, dn, dr, dv = (model.num_heads, model.qk_nope_head_dim, model.qk_rope_head_dim,
+                      model.v_head_dim)
+    q_rope = 2 * nh * dr / tp
+    kv_split = nh * (dn + dv) / tp + dr + nh * (dn + dr) / tp + nh * dv / tp
+    return q_rope + kv_split
+
+
+def latent_norm_elements(model: ModelSpec) -> float:
+    """Elements per token the latents' RMSNorms read and write (replicated over tp)."""
+    return 2 * ((model.q_lora_rank or 0) + model.kv_lora_rank)
 
 
 __all__ = ["gemm_shapes", "pair_flops", "kept_elements", "rope_elements", "up_proj_shapes",
-           "up_proj_output_elements"]
+           "up_proj_output_elements", "latent_norm_elements"]

@@ -73,15 +73,16 @@ MOE_CAVEAT = (
     "use the dense GEMM curve unless the profile has a grouped_gemm_efficiency curve")
 
 # Published Megatron-Core / Megatron-Bridge MoE runs against datasheet predictions
-# (docs/benchmarks/published.md, 2026-11-29): BF16 8 rows 19.6 % mean, FP8 / MXFP8 6 rows
-# 49.6 %; 11 of the 14 ran slower than predicted, Qwen3-30B-A3B at 2.5-3.0x.
+# (docs/benchmarks/published.md, 2026-12-01): BF16 8 rows 19.6 % mean, FP8 / MXFP8 18 rows
+# 26.8 %; 23 of the 26 ran slower than predicted, Qwen3-30B-A3B at micro-batch 1 2.5-2.6x.
 MOE_DATASHEET_CAVEAT = (
     "mixture of experts on a profile without measured rows: published Megatron MoE runs took "
-    "longer than such predictions in 11 of 14 cases (BF16: 19.6 % mean error; FP8: 49.6 %), "
-    "fine-grained experts most (Qwen3-30B-A3B, 128 experts of width 768: 2.5-3.0 times the "
-    "predicted step; docs/benchmarks/published.md): small expert GEMMs, permutation, the "
-    "router and host launches cost more than their FLOPs and bytes say. Read this step as "
-    "optimistic; `meshplan calibrate --model` times the model's MoE layer")
+    "longer than such predictions in 23 of 26 cases (BF16: 19.6 % mean error; FP8 / MXFP8: "
+    "26.8 %), fine-grained experts at small micro-batches most (Qwen3-30B-A3B, 128 experts of "
+    "width 768, at micro-batch 1: 2.5-2.6 times the predicted step, at micro-batch 4 in later "
+    "software within 3-4 %; docs/benchmarks/published.md): small expert GEMMs, permutation, "
+    "the router and host launches cost more than their FLOPs and bytes say. Read this step "
+    "as optimistic; `meshplan calibrate --model` times the model's MoE layer")
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ def test_mla_up_proj_reruns_the_two_up_projections_and_rope():
     assert (kq, nq) == (DSV3.q_lora_rank, 128 * 192 / tp)
     assert (kkv, nkv) == (DSV3.kv_lora_rank, 128 * (128 + 128) / tp)
     gemms = gemm_s(gpu, peak, 2.0 * mq * kq * nq) + gemm_s(gpu, peak, 2.0 * mkv * kkv * nkv)
-    rope = hbm_s(gpu, 2 * tokens * mla.rope_elements(DSV3, tp) * 2)
+    rope = hbm_s(gpu, tokens * mla.rope_elements(DSV3, tp) * 2)
     assert up.recompute.gemm_s == pytest.approx(gemms) and up.recompute.attention_s == 0
     assert up.recompute.total_s == pytest.approx(gemms + rope)
     assert up.backward.total_s - none.backward.total_s == pytest.approx(gemms + rope)
