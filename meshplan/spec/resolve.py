@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from meshplan.errors import ConfigError, MeshplanError
+from meshplan.errors import ConfigError, MeshplanError, UnknownPresetError, unknown_name_error
 from meshplan.spec.model import ModelSpec
 
 
@@ -15,8 +15,15 @@ def load_model(text: str) -> ModelSpec:
     """A preset name, a Hugging Face ``config.json`` (or a model directory holding one), or a
     meshplan ModelSpec JSON file (an object with ``name``, ``num_layers`` and
     ``hidden_size`` and no ``model_type`` / ``architectures``, as ``ModelSpec.to_dict``
-    writes it)."""
-    if text.endswith(".json") or os.path.sep in text:
+    writes it).
+
+    ``text`` is a path when it ends in ``.json``, holds a path separator, or is an existing
+    directory that is not a preset's name (``mymodel`` as well as ``./mymodel``). A bare
+    name that is both a preset and a directory is the preset; write ``./NAME`` for the
+    directory."""
+    from meshplan.spec.presets import MODEL_PRESETS
+    if (text.endswith(".json") or os.path.sep in text
+            or (text not in MODEL_PRESETS and Path(text).is_dir())):
         path = Path(text)
         if path.is_dir():
             return ModelSpec.from_hf_config(path)   # a model directory: its config.json
@@ -40,7 +47,12 @@ def load_model(text: str) -> ModelSpec:
                 raise ConfigError(f"model file {text!r} is not a valid meshplan ModelSpec: "
                                   f"{exc}") from None
         return ModelSpec.from_hf_config(path)
-    return ModelSpec.preset(text)
+    if text in MODEL_PRESETS:
+        return ModelSpec.preset(text)
+    error = unknown_name_error("model preset", text, MODEL_PRESETS)
+    raise UnknownPresetError(f"{error} (a model can also be a directory holding a config.json, "
+                             f"a Hugging Face config.json or a ModelSpec JSON file; no "
+                             f"directory {text!r} exists)")
 
 
 def _is_modelspec_json(data: dict) -> bool:

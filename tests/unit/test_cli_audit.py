@@ -175,3 +175,40 @@ def test_top_level_help_without_rst_markup(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "The meshplan command line: meshplan plan | estimate" in out and "``" not in out
+
+
+def _model_dir(path: Path, layers: int) -> Path:
+    import json
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "num_hidden_layers": layers, "hidden_size": 256,
+         "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000,
+         "max_position_embeddings": 4096}))
+    return path
+
+
+def test_model_directory_named_without_a_slash(tmp_path, monkeypatch, capsys):
+    """``--model mymodel`` (a directory here holding config.json) said "unknown model preset
+    'mymodel'"; ``mymodel/`` and ``./mymodel`` worked."""
+    from meshplan.spec.resolve import load_model
+    _model_dir(tmp_path / "mymodel", layers=4)
+    monkeypatch.chdir(tmp_path)
+    assert load_model("mymodel").num_layers == 4
+    assert main(["estimate", "--model", "mymodel", "--cluster", "dgx-h100", "--nodes", "1",
+                 "--dp", "8", "--global-batch", "64", "--seq-len", "2048"]) == 0
+
+
+def test_model_preset_wins_over_a_directory_of_its_name(tmp_path, monkeypatch):
+    from meshplan.spec.resolve import load_model
+    _model_dir(tmp_path / "gpt-1.7b", layers=3)
+    monkeypatch.chdir(tmp_path)
+    assert load_model("gpt-1.7b") == mp.ModelSpec.preset("gpt-1.7b")
+    assert load_model("./gpt-1.7b").num_layers == 3         # the directory, asked for as one
+
+
+def test_unknown_model_names_presets_and_paths(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    err = _error(capsys, ["estimate", "--model", "mymodel", "--cluster", "dgx-h100",
+                          "--global-batch", "64", "--seq-len", "2048"])
+    assert "unknown model preset 'mymodel'" in err and "gpt-1.7b" in err
+    assert "directory holding a config.json" in err and "no directory 'mymodel'" in err
