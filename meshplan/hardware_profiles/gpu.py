@@ -145,14 +145,10 @@ class GPUSpec:
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (mixed precision uses 16-bit GEMMs;
         ``"fp8"``: the fp8 tensor-core peak, which only the fp8 GEMMs run at)."""
-        key = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8"}[precision]
-        peak = float(self.peak_tflops.get(key, 0.0))
-        if peak <= 0:
-            # V100 has no bf16 units: a bf16 job there runs fp16 math.
-            peak = float(self.peak_tflops.get("fp16", 0.0)) if key == "bf16" else 0.0
+        peak = _peak_tflops(self.peak_tflops, precision)
         if peak <= 0:
             raise ConfigError(f"GPU {self.name!r} has no {precision} peak in its profile; "
-                              f"known: {dict(self.peak_tflops)}")
+                              f"{_precision_hint(self.peak_tflops, precision)}")
         return peak * 1e12
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,3 +189,33 @@ class GPUSpec:
                if self.attention_head_dim_ratio else {}),
             **({"microbench_timing": self.microbench_timing} if self.microbench_timing else {}),
         }
+
+
+def _peak_tflops(peaks: Mapping[str, float], precision: str) -> float:
+    """The dense peak (TFLOP/s) a ``precision`` job's GEMMs run at; 0: none in ``peaks``."""
+    key = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "fp8": "fp8"}[precision]
+    peak = float(peaks.get(key, 0.0))
+    if peak <= 0 and key == "bf16":
+        # V100 has no bf16 units: a bf16 job there runs fp16 math.
+        peak = float(peaks.get("fp16", 0.0))
+    return peak
+
+
+def _precision_hint(peaks: Mapping[str, float], precision: str) -> str:
+    """What would run: the precisions this GPU has a peak for, and the built-in GPUs (with
+    the cluster presets built of them) that have ``precision``."""
+    from meshplan.hardware_profiles.loader import builtin_table
+    from meshplan.spec.choices import PRECISIONS
+    own = [p for p in PRECISIONS if _peak_tflops(peaks, p) > 0]
+    clusters: dict[str, list[str]] = {}
+    for cname, ct in builtin_table("clusters.toml").items():
+        clusters.setdefault(str(ct.get("gpu")), []).append(cname)
+    gpus = [f"{g} ({', '.join(clusters[g])})" if g in clusters else g
+            for g, t in builtin_table("gpus.toml").items()
+            if _peak_tflops(t.get("peak_tflops", {}), precision) > 0]
+    hint = (f"it has {', '.join(own)} (--precision {own[0]})" if own
+            else f"it has no peak for any of {', '.join(PRECISIONS)}")
+    where = (f"built-in GPUs with a peak for {precision}: {', '.join(gpus)}" if gpus
+             else f"no built-in GPU has a peak for {precision}")
+    return f"{hint}; {where}"
+

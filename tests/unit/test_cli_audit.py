@@ -212,3 +212,19 @@ def test_unknown_model_names_presets_and_paths(tmp_path, monkeypatch, capsys):
                           "--global-batch", "64", "--seq-len", "2048"])
     assert "unknown model preset 'mymodel'" in err and "gpt-1.7b" in err
     assert "directory holding a config.json" in err and "no directory 'mymodel'" in err
+
+
+def test_precision_without_a_peak_names_gpus_that_have_it_and_what_this_one_has(capsys):
+    """Said only "GPU 'A100-SXM4-80GB' has no fp8 peak in its profile; known: {...}"."""
+    from meshplan.hardware_profiles.loader import builtin_table
+    err = _error(capsys, ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb",
+                          "--nodes", "1", "--dp", "8", "--global-batch", "64",
+                          "--seq-len", "2048", "--precision", "fp8"])
+    assert "'A100-SXM4-80GB' has no fp8 peak" in err
+    assert "it has bf16, fp16, fp32 (--precision bf16)" in err
+    fp8_gpus = [g for g, t in builtin_table("gpus.toml").items()
+                if t["peak_tflops"].get("fp8", 0) > 0]
+    assert "H100-SXM5-80GB" in fp8_gpus and "A100-SXM4-80GB" not in fp8_gpus
+    listed = err.split("built-in GPUs with a peak for fp8: ")[1]
+    assert all(g in listed for g in fp8_gpus) and "A100" not in listed
+    assert "H100-SXM5-80GB (dgx-h100)" in listed                 # the cluster preset to use
