@@ -54,6 +54,9 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency", *HOST_KEYS,
              "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency",
              "microbench_timing")
+# [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: a
+# calibrated attention curve is one curve for every head dim (GPUSpec.attention_head_dim)
+_GPU_KEYS_NOT_READ = ("attention_head_dim", "attention_head_dim_ratio")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +267,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     gwhere = f"{where} [gpu]"
     name = get(g, "name", str, gwhere)
     base = get(g, "base", str, gwhere, "") or None
+    _warn_unknown_gpu_keys(g, gwhere)
     table = {k: g[k] for k in _GPU_KEYS if k in g}
     if "membound_efficiency" not in table:
         rows = doc.get("measurements", {}).get("membound", [])
@@ -308,6 +312,25 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     return CalibratedProfile(path=where, gpu=gpu, base_gpu=base, provenance=dict(prov),
                              measured=tuple(str(m) for m in measured), **lats,
                              network_efficiency=net, collective_rows=coll)
+
+
+def _warn_unknown_gpu_keys(g: Mapping[str, Any], where: str) -> None:
+    """Warn for each ``[gpu]`` key the loader neither reads nor knows calibrate to write (a
+    misspelt optional key, ``layer_overhed_s``, was dropped and its default used)."""
+    known = ("name", "base", *_GPU_KEYS)
+    unknown = [k for k in g if k not in known and k not in _GPU_KEYS_NOT_READ]
+    if not unknown:
+        return
+    import warnings
+
+    from meshplan.errors import MeshplanWarning, closest_names
+    for k in unknown:
+        close = closest_names(k, known)
+        hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
+                else f"the keys read are {', '.join(sorted(known))}")
+        warnings.warn(MeshplanWarning(
+            f"{where}: unknown key {k!r} is ignored (its value is not used); {hint}"),
+            stacklevel=3)
 
 
 def _torch_before_2_13(version: str) -> bool:

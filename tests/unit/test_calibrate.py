@@ -184,6 +184,26 @@ def test_load_profile_rejects_foreign_and_broken_files(tmp_path):
         load_profile(bad)
 
 
+def test_misspelt_gpu_key_warns_with_the_closest_known_keys(tmp_path):
+    """``layer_overhed_s`` was dropped without a word and the default 0 used."""
+    import warnings
+
+    from meshplan.errors import MeshplanWarning
+    path = _write_gpu_profile(tmp_path / "ok.toml")
+    doc = tomllib.loads(path.read_text())
+    assert {"attention_head_dim", "attention_head_dim_ratio"} <= set(doc["gpu"])   # written
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MeshplanWarning)
+        load_profile(path)                  # what calibrate writes loads without a warning
+    doc["gpu"]["layer_overhed_s"] = doc["gpu"].pop("layer_overhead_s")
+    bad = write_text_atomic(tmp_path / "typo.toml", dumps(doc))
+    with pytest.warns(MeshplanWarning, match=r"typo.toml \[gpu\]: unknown key "
+                      r"'layer_overhed_s' is ignored.*did you mean 'layer_overhead_s'") as rec:
+        p = load_profile(bad)
+    assert p.gpu.layer_overhead_s == 0.0 and len(rec) == 1
+    assert rec[0].filename == __file__                  # points at the caller's line
+
+
 def test_version_1_cuda_layer_rows_lose_their_second_input(tmp_path):
     """Version 1 counted a ZeRO-0 CUDA layer row's input twice (once in the fresh-input
     reading, once added): loading removes input / L; other rows and version 2 stay."""
