@@ -159,7 +159,8 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
         dims = "dp·pp·tp" + ("·cp" if layout.cp > 1 else "")
         sizes = "·".join(str(d) for d in (dp, pp, tp) + ((layout.cp,) if layout.cp > 1 else ()))
         raise ConfigError(f"{dims} = {sizes} = {n} {rel} {cluster.num_gpus} GPUs of cluster "
-                          f"{cluster.name!r} ({cluster.nodes} nodes × {cluster.gpus_per_node})")
+                          f"{cluster.name!r} ({cluster.nodes} node{'s' * (cluster.nodes != 1)} × "
+                          f"{cluster.gpus_per_node})")
     if model.num_heads % tp or model.num_kv_heads % tp:
         raise ConfigError(
             f"tp = {tp} must divide the attention heads ({model.num_heads}) and the key/value "
@@ -169,9 +170,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
         raise ConfigError(f"tp = {tp} must divide ffn_hidden_size = {model.ffn_hidden_size} "
                           f"of {model.name!r}")
     if job.global_batch % (dp * layout.micro_batch):
-        raise ConfigError(
-            f"global_batch = {job.global_batch} is not divisible by dp·micro_batch = "
-            f"{dp}·{layout.micro_batch} = {dp * layout.micro_batch}")
+        raise ConfigError(_batch_not_divisible(job.global_batch, dp, layout.micro_batch))
     check_seq_len(model, job)
     if job.runtime == "torch" and zero_bubble_under_zero3(layout.schedule, layout.zero, dp, pp):
         raise ConfigError(ZB_ZERO3_UNSUPPORTED)
@@ -220,6 +219,24 @@ def check_types(model: object, cluster: object, job: object, layout: object) -> 
                 if isinstance(cluster, dict) else "")
         raise ConfigError(f"cluster must be a meshplan Cluster, got {type(cluster).__name__}"
                           + hint)
+
+
+def _batch_not_divisible(global_batch: int, dp: int, micro_batch: int) -> str:
+    """The error for a global batch that dp·micro_batch does not divide, with the multiples
+    of dp·micro_batch nearest it and the micro-batches that would divide it at this dp."""
+    per = dp * micro_batch
+    below = [k * per for k in range(max(1, global_batch // per - 1), global_batch // per + 1)]
+    above = [k * per for k in range(global_batch // per + 1, global_batch // per + 3)]
+    near = ", ".join(str(b) for b in below + above)
+    if global_batch % dp:
+        other = f"no micro_batch fits at dp = {dp}, which does not divide {global_batch}"
+    else:
+        mbs = [m for m in range(1, global_batch // dp + 1) if (global_batch // dp) % m == 0]
+        shown = ", ".join(map(str, mbs[:8])) + (", ..." if len(mbs) > 8 else "")
+        other = f"or keep {global_batch} with micro_batch ∈ {{{shown}}} at dp = {dp}"
+    return (f"global_batch = {global_batch} is not divisible by dp·micro_batch = "
+            f"{dp}·{micro_batch} = {per}; valid global batches near {global_batch} (multiples "
+            f"of {per}): {near}; {other}")
 
 
 def _divisors_of_both(a: int, b: int) -> list[int]:

@@ -228,3 +228,27 @@ def test_precision_without_a_peak_names_gpus_that_have_it_and_what_this_one_has(
     listed = err.split("built-in GPUs with a peak for fp8: ")[1]
     assert all(g in listed for g in fp8_gpus) and "A100" not in listed
     assert "H100-SXM5-80GB (dgx-h100)" in listed                 # the cluster preset to use
+
+
+def test_gpu_count_error_says_node_for_one_node(capsys):
+    err = _error(capsys, ["estimate", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb",
+                          "--nodes", "1", "--dp", "16", "--global-batch", "64",
+                          "--seq-len", "2048"])
+    assert "16 > 8 GPUs of cluster 'dgx-a100-80gb' (1 node × 8)" in err
+    with pytest.raises(mp.ConfigError, match=r"\(2 nodes × 8\)"):
+        mp.estimate(mp.ModelSpec.preset("gpt-1.7b"), mp.Cluster.preset("dgx-a100-80gb", nodes=2),
+                    mp.Job(global_batch=64, seq_len=2048), mp.Layout(dp=32))
+
+
+@pytest.mark.parametrize("gb, mb, words", [
+    (100, 2, ["dp·micro_batch = 8·2 = 16", "near 100 (multiples of 16): 80, 96, 112, 128",
+              "no micro_batch fits at dp = 8, which does not divide 100"]),
+    (1000, 3, ["8·3 = 24", "near 1000 (multiples of 24): 960, 984, 1008, 1032",
+               "or keep 1000 with micro_batch ∈ {1, 5, 25, 125} at dp = 8"]),
+    (4, 1, ["8·1 = 8", "near 4 (multiples of 8): 8, 16;"])])
+def test_batch_not_divisible_lists_valid_batches_and_micro_batches(capsys, gb, mb, words):
+    err = _error(capsys, ["estimate", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb",
+                          "--nodes", "1", "--dp", "8", "--global-batch", str(gb),
+                          "--micro-batch", str(mb), "--seq-len", "2048"])
+    assert f"global_batch = {gb} is not divisible by dp·micro_batch" in err
+    assert all(w in err for w in words), err
