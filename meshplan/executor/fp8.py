@@ -259,9 +259,11 @@ PROBE_RTOL = 2e-2
 def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
                    tokens: int | None = None) -> int:
     """Make the linears of every transformer block of ``model`` (qkv, attention output,
-    MLP in and out; not the embedding or the logits head, which stay 16-bit as in
-    torchao's and TransformerEngine's recipes) run fp8 GEMMs. Tensor-parallel layers keep
-    their collectives and get an fp8 ``matmul``; plain ``nn.Linear`` become
+    MLP in and out — an MoE layer's shared-expert MLP; not the embedding or the logits
+    head, which stay 16-bit as in torchao's and TransformerEngine's recipes, nor an MoE
+    layer's router and routed experts, whose grouped GEMM stays 16-bit: the cost model
+    prices them so, ``costmodel/fp8_experts.py``) run fp8 GEMMs. Tensor-parallel layers
+    keep their collectives and get an fp8 ``matmul``; plain ``nn.Linear`` become
     :class:`Fp8Linear`. ``tokens``: per micro-batch (the weight-gradient GEMM contracts
     over them, so the kernel needs them aligned too). Returns the number converted."""
     from meshplan.executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -272,8 +274,7 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
     plan = Fp8Plan(recipe=r, emulate=emulate)
     count = 0
     for block in model.layers.values():
-        for parent, attr in ((block.attn, "qkv"), (block.attn, "proj"), (block.mlp, "fc"),
-                             (block.mlp, "proj")):
+        for parent, attr in _fp8_linears(block):
             layer = getattr(parent, attr)
             if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
                 kind = "column" if isinstance(layer, ColumnParallelLinear) else "row"
@@ -287,6 +288,15 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
                 _check_kernel_shape(r, tuple(getattr(parent, attr).weight.shape), attr, tokens)
             count += 1
     return count
+
+
+def _fp8_linears(block) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of a block's linears that run fp8: attention's two, and
+    the dense MLP's two — in an MoE layer its shared experts' MLP, if any."""
+    from meshplan.executor.moe import MoELayer
+    mlp = block.mlp.shared if isinstance(block.mlp, MoELayer) else block.mlp
+    return [(block.attn, "qkv"), (block.attn, "proj")] + (
+        [(mlp, "fc"), (mlp, "proj")] if mlp is not None else [])
 
 
 def _check_block_alignment(r: Fp8Recipe, layer, kind: str, group) -> None:
