@@ -103,7 +103,6 @@ def _kernel_scale(t: Fp8Tensor, *, first: bool) -> torch.Tensor:
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, plan: Fp8Plan):
-        r = plan.recipe
         out_dtype = _compute_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             x2 = x.reshape(-1, x.shape[-1]).contiguous()   # the kernel's row-major operand
