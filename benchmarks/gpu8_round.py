@@ -121,6 +121,7 @@ def calibrate(args) -> int:
     models = tr.part_models(doc, part)
     name = tr.profile_name(part)
     raw = args.out / "calibrate.raw"
+    tr.drop_stale_profile(name, args.keep, args.out)     # a re-run's profile is its own
     t0 = time.perf_counter()
     rc = tr._run(calibrate_cmd(models, args.keep / name, budget_s=max(args.budget - START_S, 30),
                                rounds=args.rounds, device=args.device, quick=args.tiny,

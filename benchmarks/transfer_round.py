@@ -179,6 +179,15 @@ def cluster_preset(gpu: str) -> str:
     return "dgx-h200" if "H200" in gpu else "dgx-h100"
 
 
+def drop_stale_profile(name: str, *dirs: Path) -> None:
+    """Remove an earlier call's profile ``name`` from ``dirs`` (the kept one and its copy in
+    --out) before a calibrate call writes it again: ``meshplan calibrate --out`` refuses an
+    existing file, and whatever is there after the call is copied and read as this call's
+    profile, so a re-run (or a call that wrote nothing) would pass the old one on."""
+    for d in dirs:
+        (d / name).unlink(missing_ok=True)
+
+
 def calibrate_cmd(models: list[dict], out: Path, *, nproc: int, budget_s: float,
                   micro_batches: str | None, layer_grid: bool = False) -> list[str]:
     """``meshplan calibrate`` with the models (none: the generic grid, no layer tables
@@ -438,6 +447,7 @@ def main(argv=None) -> int:
         for models, name, log, cap in jobs:
             left = args.budget - (time.perf_counter() - t0)
             limit = min(left, cap) if cap else left
+            drop_stale_profile(name, args.keep, args.out)
             # calibrate's --time-budget counts torchrun's start-up (launch time); 25 s
             # for writing, tearing down and the last row's overrun
             rc = _run(calibrate_cmd(models, args.keep / name, nproc=args.nproc,

@@ -146,3 +146,34 @@ def test_validate_gives_each_model_its_own_parts_profile_however_the_set_is_cut(
     calls.clear()
     g8r.main(["validate", "--part", "1/2", "--keep", str(keep), "--out", str(tmp_path / "o1")])
     assert [(c[0][:6], c[1]) for c in calls] == [("g42m01", "profile_part1of2.toml")]
+
+
+@pytest.mark.parametrize("writes", [True, False])
+def test_calibrate_rerun_does_not_pass_on_the_earlier_profile(tmp_path, monkeypatch, writes):
+    """calibrate refuses an existing --out: a re-run would have copied and summarized the
+    earlier call's profile as this call's."""
+    keep, out = tmp_path / "keep", tmp_path / "out"
+    profile = (ROOT / "docs/benchmarks/data/profiles/profile_h100x2_round12.toml").read_text()
+    for d in (keep, out):
+        d.mkdir()
+        (d / "profile_part1of2.toml").write_text("# stale\n")
+    calls = []
+
+    def fake_run(cmd, log, timeout_s):
+        dest = Path(cmd[cmd.index("--out") + 1])
+        calls.append(dest.name)
+        if dest.exists() and "--force" not in cmd:
+            return 2                       # meshplan calibrate: refusing to overwrite it
+        if writes:
+            dest.write_text(profile)
+        return 0 if writes else 124
+    monkeypatch.setattr(tr, "_run", fake_run)
+    monkeypatch.setattr(g8r, "host_info", lambda path: None)
+    rc = g8r.main(["calibrate", "--part", "1/2", "--keep", str(keep), "--out", str(out)])
+    assert calls == ["profile_part1of2.toml"]
+    if writes:
+        assert rc == 0 and (out / "profile_part1of2.toml").read_text() == profile
+        assert (out / "calibrate_summary.json").exists()
+    else:
+        assert rc == 124 and not (out / "profile_part1of2.toml").exists()
+        assert not (keep / "profile_part1of2.toml").exists()

@@ -220,3 +220,41 @@ def test_per_layout_prints_each_layouts_error_as_run_and_re_predicted(capsys):
     out = capsys.readouterr().out
     moved = [l for l in out.splitlines() if "→" in l]
     assert len(moved) == 24 and any(l.split()[0] == "y23" and "+13.8 % →" in l for l in moved)
+
+
+def _fake_calibrate(calls, *, writes=True):
+    """``_run`` as ``meshplan calibrate`` answers: an existing --out refused (rc 2) unless
+    --force, else the profile written (``writes``) and rc 0."""
+    def run(cmd, log, timeout_s):
+        out = Path(cmd[cmd.index("--out") + 1])
+        calls.append(out.name)
+        if out.exists() and "--force" not in cmd:
+            return 2
+        if not writes:
+            return 124
+        out.write_text(f"# new {out.name}\n")
+        return 0
+    return run
+
+
+@pytest.mark.parametrize("writes", [True, False])
+def test_calibrate_rerun_does_not_pass_on_the_earlier_profile(tmp_path, monkeypatch, writes):
+    """calibrate refuses an existing --out: a re-run into the same --keep would have copied
+    the earlier call's profile to --out as this call's (and validate would have used it)."""
+    keep, out = tmp_path / "keep", tmp_path / "out"
+    for d in (keep, out):
+        d.mkdir()
+        for name in ("generic.toml", "profile_part1of2.toml"):
+            (d / name).write_text("# stale\n")
+    calls = []
+    monkeypatch.setattr(tr, "_run", _fake_calibrate(calls, writes=writes))
+    rc = tr.main(["calibrate", "--set", str(SET), "--part", "1/2", "--generic-first",
+                  "--keep", str(keep), "--out", str(out), "--nproc", "4"])
+    assert calls == ["generic.toml", "profile_part1of2.toml"]
+    for name in ("generic.toml", "profile_part1of2.toml"):
+        for d in (keep, out):
+            if writes:
+                assert (d / name).read_text() == f"# new {name}\n"
+            else:
+                assert not (d / name).exists()       # nothing from the earlier call
+    assert rc == (0 if writes else 124)
