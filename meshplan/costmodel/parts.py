@@ -105,8 +105,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     dense MLP width (:func:`layer_cost`; MoE layers). ``ep`` > 1: the MoE layer's rows timed
     with its experts over ``ep`` ranks (:mod:`meshplan.costmodel.moe_rows`)."""
     mb, sp = micro_batch, sequence_parallel
-    layer = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                       recompute=recompute, tp_link=tp_link, mlp_width=mlp_width)
+    layer = analytical = layer_cost(model, cluster, job, micro_batch=mb, tp=tp,
+                                    sequence_parallel=sp, recompute=recompute,
+                                    tp_link=tp_link, mlp_width=mlp_width)
     emb = embedding_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                          tp_link=tp_link)
     logit = logits_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
@@ -182,7 +183,13 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                        recompute=recompute, compile=compile, fsdp=fsdp,
                        mlp_width=mlp_width, compiled_row=compile if row else compiled)
         kept_delta = f8.activation_delta_bytes
-        moved = f8.apply(layer, recompute)
+        if "layer" in measured and model.is_moe and mlp_width is not None:
+            # a measured MoE row holds the routed experts, which stay 16-bit (the executor's
+            # grouped GEMM; costmodel/fp8_experts.py): fp8 moves only the analytical dense
+            # part (attention, shared experts), added to the row, not scaling all of it
+            moved = _plus_delta(layer, f8.apply(analytical, recompute), analytical)
+        else:
+            moved = f8.apply(layer, recompute)
         if row is not None:
             # the measured fp8 layer (meshplan.costmodel.fp8_rows): its casts and kept bytes
             # are in the row; the composition gives only the breakdown's proportions
@@ -236,6 +243,16 @@ def _scaled(p: PassCost, measured_s: float) -> PassCost:
     if p.total_s <= 0:
         return PassCost(overhead_s=measured_s)
     return p.scaled(measured_s / p.total_s)
+
+
+def _plus_delta(layer: LayerCost, new: LayerCost, old: LayerCost) -> LayerCost:
+    """``layer`` plus what ``old`` → ``new`` changes, pass by pass."""
+    def d(p: PassCost, a: PassCost, b: PassCost) -> PassCost:
+        return p + a + b.scaled(-1.0)
+    return replace(layer, forward=d(layer.forward, new.forward, old.forward),
+                   backward=d(layer.backward, new.backward, old.backward),
+                   recompute=d(layer.recompute, new.recompute, old.recompute),
+                   wgrad_s=layer.wgrad_s + new.wgrad_s - old.wgrad_s)
 
 
 def _scaled_layer(an: LayerCost, forward_s: float, backward_s: float) -> LayerCost:

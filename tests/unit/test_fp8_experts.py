@@ -88,3 +88,34 @@ def test_estimate_counts_the_experts_cache_per_moe_layer():
 def test_none_outside_fp8():
     assert fp8_experts(CLUSTER, job("bf16"), rows_per_expert=64, local_experts=4, hidden=64,
                        fc1_width=128, fc2_width=64) is None
+
+
+def test_a_measured_moe_row_moves_only_its_dense_part_to_fp8():
+    """The executor's measured MoE layer (routed experts inside, bf16) plus the analytical
+    dense part's fp8 change — not the whole row scaled by the dense linears' fp8 ratio."""
+    import json
+    from pathlib import Path
+    from meshplan.costmodel.compute import layer_cost
+    from meshplan.costmodel.fp8_cost import fp8_layer
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    root = Path(__file__).resolve().parents[2]
+    model = mp.ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh3/m01.json")
+                                              .read_text()))
+    cluster = apply_profile(mp.Cluster.preset("dgx-h200", nodes=1), root / "docs/benchmarks/data"
+                            / "profiles/profile_h200x1_moeh3_20261129.toml")
+    lay = mp.Layout(micro_batch=8, recompute="none")
+    b16, f8j = (mp.Job(global_batch=16, seq_len=2048, precision=p, runtime="torch")
+                for p in ("bf16", "fp8"))
+    p16, p8 = (table_inputs(model, cluster, j, lay).parts for j in (b16, f8j))
+    assert "layer" in p16.measured and "layer" in p8.measured
+    link = table_inputs(model, cluster, b16, lay).links.tp
+    kw = dict(micro_batch=8, tp=1, sequence_parallel=False, recompute="none", tp_link=link,
+              mlp_width=0)
+    dense = layer_cost(model, cluster, f8j, **kw)
+    moved = fp8_layer(model, cluster, f8j, micro_batch=8, tp=1, sequence_parallel=False,
+                      recompute="none", compile=False, fsdp=False, mlp_width=0).apply(dense,
+                                                                                     "none")
+    assert p8.layer.forward.total_s - p16.layer.forward.total_s == pytest.approx(
+        moved.forward.total_s - dense.forward.total_s, rel=1e-9)
+    assert p8.layer.backward.total_s - p16.layer.backward.total_s == pytest.approx(
+        moved.backward.total_s - dense.backward.total_s, rel=1e-9)
