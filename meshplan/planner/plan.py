@@ -14,6 +14,7 @@ from meshplan.errors import ConfigError, MeshplanError, PlanFileError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import OBJECTIVES, Constraints
 from meshplan.planner.planfile import load_plan_file, save_plan_file
+from meshplan.spec.validate import seq_len_warned
 
 SOLVERS = ("cp-sat", "exhaustive")
 
@@ -205,10 +206,11 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
     results = []   # (config, partition)
     if solver == "exhaustive":
         from meshplan.planner import exhaustive
-        ranked, evaluated = exhaustive.search(
-            model, cluster, job, configs, objective=objective, top_k=top_k,
-            capacity_bytes=capacity, min_layers=min_layers, fixed_partition=fixed_partition,
-            progress=progress)
+        with seq_len_warned():          # check_global warned for a long sequence once
+            ranked, evaluated = exhaustive.search(
+                model, cluster, job, configs, objective=objective, top_k=top_k,
+                capacity_bytes=capacity, min_layers=min_layers,
+                fixed_partition=fixed_partition, progress=progress)
         stats["layouts_evaluated"] = evaluated
         results = [(cfg, p) for _, cfg, p, _ in ranked]
     else:
@@ -236,7 +238,8 @@ def plan(model: ModelSpec, cluster: Cluster, job: Job, *, gpus: int | Iterable[i
     cands = []
     for cfg, part in results:
         lay = cfg.layout(part)
-        est = estimate(model, cluster, job, lay)   # the Plan reports estimate's numbers
+        with seq_len_warned():          # check_global warned for a long sequence once
+            est = estimate(model, cluster, job, lay)   # the Plan reports estimate's numbers
         if est.memory_peak_bytes > capacity * (1 + 1e-12) or constraints.allows(lay):
             raise MeshplanError(f"internal planner error: {lay.short()} {part} violates the "
                                 f"constraints ({constraints.allows(lay) or 'memory'})")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Iterator
 
 from meshplan.errors import ConfigError, MeshplanWarning
 from meshplan.spec.job import Job
@@ -27,6 +31,21 @@ def zero_bubble_under_zero3(schedule: str, zero: int, dp: int, pp: int) -> bool:
     return schedule == "zero-bubble" and zero == 3 and dp > 1 and pp > 1
 
 
+_SEQ_LEN_WARNED: ContextVar[bool] = ContextVar("meshplan_seq_len_warned", default=False)
+
+
+@contextmanager
+def seq_len_warned() -> Iterator[None]:
+    """Inside: :func:`check_seq_len` does not warn (errors still raise). For a function that
+    ran the check itself and then estimates layouts of the same job (``mp.plan``): one user
+    call, one warning, whatever filters the imports on the way reset."""
+    token = _SEQ_LEN_WARNED.set(True)
+    try:
+        yield
+    finally:
+        _SEQ_LEN_WARNED.reset(token)
+
+
 def check_seq_len(model: ModelSpec, job: Job) -> None:
     """A sequence past the model's maximum: an error with learned position embeddings (no
     row exists for those positions), a :class:`MeshplanWarning` otherwise (RoPE runs, but the
@@ -37,13 +56,30 @@ def check_seq_len(model: ModelSpec, job: Job) -> None:
         raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
                           f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run "
                           f"it: use seq_len <= {model.max_seq_len}")
+    if _SEQ_LEN_WARNED.get():
+        return
     warnings.warn(
         f"seq_len = {job.seq_len} exceeds {model.name!r}'s maximum sequence length "
         f"(max_seq_len = {model.max_seq_len}, a config's max_position_embeddings): memory and "
         f"time are predicted, but the model was not trained on such sequences (RoPE scaling "
         f"needed); use seq_len <= {model.max_seq_len}, or --strict / "
         f"warnings.simplefilter('error', MeshplanWarning) to refuse", MeshplanWarning,
-        stacklevel=3)
+        stacklevel=_user_stacklevel())
+
+
+# meshplan's own files, spelt as their code objects spell them (both from the import path)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside meshplan for a ``warnings.warn`` in the
+    function that calls this: the user's ``mp.estimate`` / ``mp.plan`` / ... line, however
+    deep inside meshplan the check ran (estimate -> check_layout, plan -> check_global, a
+    report's plans ...)."""
+    frame, level = sys._getframe(2), 2        # 1: the warning function's own frame
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_modelled(layout: Layout, model: ModelSpec | None = None) -> None:

@@ -252,3 +252,26 @@ def test_batch_not_divisible_lists_valid_batches_and_micro_batches(capsys, gb, m
                           "--micro-batch", str(mb), "--seq-len", "2048"])
     assert f"global_batch = {gb} is not divisible by dp·micro_batch" in err
     assert all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("solver", ["cp-sat", "exhaustive"])
+def test_long_sequence_warns_once_per_call_at_the_callers_line(solver):
+    """The warning pointed at estimate.py:77 / plan.py:183, and docs/context_parallel.md's
+    example (one estimate, one plan) printed it three times: plan warned again from the
+    estimates of its best layouts."""
+    import warnings
+    model, cluster = mp.ModelSpec.preset("llama3-8b"), mp.Cluster.preset("dgx-h100", nodes=4)
+    job, pp1 = mp.Job(global_batch=32, seq_len=131072), Constraints(fixed={"pp": 1})
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        mp.estimate(model, cluster, job, mp.Layout(dp=2, cp=16, zero=2)); est_line = _line()
+        mp.plan(model, cluster, job, top_k=3, solver=solver, constraints=pp1); plan_line = _line()
+    long = [w for w in rec if issubclass(w.category, mp.MeshplanWarning)
+            and "exceeds 'llama3-8b''s maximum sequence length" in str(w.message)]
+    assert [(w.filename, w.lineno) for w in long] == [(__file__, est_line),
+                                                       (__file__, plan_line)]
+
+
+def _line() -> int:
+    import sys
+    return sys._getframe(1).f_lineno
