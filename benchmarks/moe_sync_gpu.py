@@ -224,6 +224,11 @@ SETS["drawn2-3816"] = draw_layouts(3816, count=16, gpus=2, micro_batches=(2,))
 # experts (32 of width 1280, top-4) with GQA at 4 k sequences, 8 k tokens a micro-batch; the
 # first check whose compiled ep layouts train their experts (docs/benchmarks/compiled_grads.md)
 SETS["drawn2-3817"] = draw_layouts(3817, count=16, gpus=2, micro_batches=(2,))
+# moeh18 (2026-12-01, one GPU): a fine-grained never-run model (64 experts of width 768,
+# top-8, no shared expert) in bf16 and in fp8 (attention's linears fp8, experts bf16): does
+# the cost model say when fp8 does not pay? `plans --gpu-bound 4` on the bf16 arm, the fp8
+# arm at the same layouts (`plans --only`)
+SETS["drawn-3818"] = draw_layouts(3818, count=8, gpus=1)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
@@ -269,8 +274,11 @@ def _model_job(args):
         raise SystemExit(f"--model {args.model!r}: no such file (a ModelSpec JSON, e.g. "
                          f"benchmarks/sets/moeh1/m01.json)")
     model = ModelSpec.from_dict(json.loads(Path(args.model).read_text()))
+    fp8 = getattr(args, "fp8_recipe", None)
     return model, dataclasses.replace(JOB, seq_len=args.seq_len or model.max_seq_len,
-                                      global_batch=args.global_batch or JOB.global_batch)
+                                      global_batch=args.global_batch or JOB.global_batch,
+                                      precision="fp8" if fp8 else JOB.precision,
+                                      fp8_recipe=fp8 or JOB.fp8_recipe)
 
 
 def _with_load_imbalance(cluster, lay: Layout, how: str | None):
@@ -313,7 +321,13 @@ def plans(args) -> int:
     preds["excluded"] = {}
     preds["load_imbalance"] = {}
     profiled = calibrated
-    for name, lay in SETS[args.set]:
+    chosen = SETS[args.set]
+    if args.only:
+        unknown = sorted(set(args.only) - {n for n, _ in chosen})
+        if unknown:
+            raise SystemExit(f"--only {unknown}: not in set {args.set!r}")
+        chosen = [(n, lay) for n, lay in chosen if n in args.only]
+    for name, lay in chosen:
         calibrated, rho = _with_load_imbalance(profiled, lay, args.load_imbalance)
         if rho is not None:
             preds["load_imbalance"][name] = rho
@@ -659,7 +673,12 @@ def main(argv=None) -> int:
     a.add_argument("--seq-len", type=int, default=None, help="with --model: default its own")
     a.add_argument("--global-batch", type=int, default=None,
                    help=f"with --model: default {JOB.global_batch}")
+    a.add_argument("--fp8-recipe", default=None, choices=("tensorwise", "rowwise"),
+                   help="with --model: the plans train in fp8 with this recipe (attention's "
+                        "and shared experts' linears; the routed experts stay bf16)")
     _add_load_imbalance(a)
+    a.add_argument("--only", nargs="+", default=None, metavar="LAYOUT",
+                   help="write these layouts of the set only (e.g. another arm's picks)")
     a.add_argument("--gpu-bound", type=int, default=None, metavar="N",
                    help="keep the first N layouts of the set the profile predicts GPU-bound "
                         "and fitting (the others recorded as excluded, with the reason)")
