@@ -130,16 +130,22 @@ def test_precision_override_drops_the_other_precisions_prediction(tmp_path):
         override_precision(plan, None, "rowwise")
 
 
-def test_run_with_precision_fp8_end_to_end(tmp_path, monkeypatch):
+def _run_fp8(tmp_path, monkeypatch, spec: ModelSpec, recipe: str):
+    """``meshplan run`` of a one-process CPU plan of ``spec`` with ``--precision fp8``:
+    (the plan file, the results document)."""
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(k, raising=False)
     job = Job(global_batch=4, seq_len=16, precision="fp32")
-    plan = write_plan_for_layout(tmp_path / "p.json", TINY, job, Layout(micro_batch=2))
+    plan = write_plan_for_layout(tmp_path / "p.json", spec, job, Layout(micro_batch=2))
     out = tmp_path / "r.json"
     rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "2",
-               "--warmup", "1", "--precision", "fp8", "--fp8-recipe", "rowwise"])
+               "--warmup", "1", "--precision", "fp8", "--fp8-recipe", recipe])
     assert rc == 0
-    doc = json.loads(out.read_text())
+    return plan, json.loads(out.read_text())
+
+
+def test_run_with_precision_fp8_end_to_end(tmp_path, monkeypatch):
+    plan, doc = _run_fp8(tmp_path, monkeypatch, TINY, "rowwise")
     assert doc["status"] == "ok"
     # rowwise: a recipe the cost model prices under runtime "torch" on the plan's H100
     assert (doc["job"]["precision"], doc["job"]["fp8_recipe"]) == ("fp8", "rowwise")
@@ -186,14 +192,6 @@ def test_moe_blocks_run_attention_and_shared_expert_in_fp8(shared):
 
 
 def test_run_an_moe_plan_with_precision_fp8(tmp_path, monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(k, raising=False)
-    job = Job(global_batch=4, seq_len=16, precision="fp32")
-    plan = write_plan_for_layout(tmp_path / "p.json", TINY_MOE, job, Layout(micro_batch=2))
-    out = tmp_path / "r.json"
-    rc = main(["--plan", str(plan), "--device", "cpu", "--out", str(out), "--steps", "2",
-               "--warmup", "1", "--precision", "fp8", "--fp8-recipe", "tensorwise"])
-    assert rc == 0
-    doc = json.loads(out.read_text())
+    _, doc = _run_fp8(tmp_path, monkeypatch, TINY_MOE, "tensorwise")
     assert doc["status"] == "ok" and doc["job"]["precision"] == "fp8"
     assert len(doc["measured"]["loss_per_step"]) == 3
