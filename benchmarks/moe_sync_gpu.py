@@ -229,6 +229,9 @@ SETS["drawn2-3817"] = draw_layouts(3817, count=16, gpus=2, micro_batches=(2,))
 # the cost model say when fp8 does not pay? `plans --gpu-bound 4` on the bf16 arm, the fp8
 # arm at the same layouts (`plans --only`)
 SETS["drawn-3818"] = draw_layouts(3818, count=8, gpus=1)
+# moeh19 (2026-12-01, one GPU): moeh18's design on a model with a shared expert (16 of width
+# 2816, top-4), the first three GPU-bound layouts
+SETS["drawn-3822"] = draw_layouts(3822, count=8, gpus=1)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
