@@ -204,7 +204,7 @@ def _peak_tflops(peaks: Mapping[str, float], precision: str) -> float:
 def _precision_hint(peaks: Mapping[str, float], precision: str) -> str:
     """What would run: the precisions this GPU has a peak for, and the built-in GPUs (with
     the cluster presets built of them) that have ``precision``."""
-    from meshplan.hardware_profiles.loader import builtin_table
+    from meshplan.hardware_profiles.builtin_data import builtin_table
     from meshplan.spec.choices import PRECISIONS
     own = [p for p in PRECISIONS if _peak_tflops(peaks, p) > 0]
     clusters: dict[str, list[str]] = {}

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -16,6 +14,7 @@ else:  # pragma: no cover
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.attention_published import (head_dim_of, head_dim_ratio,
                                                             published_attention_curve)
+from meshplan.hardware_profiles.builtin_data import builtin_table
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import (DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, HOST_KEYS,
                                            GPUSpec)
@@ -41,12 +40,6 @@ def read_toml(path: str | Path, what: str = "profile file") -> dict[str, Any]:
         raise ProfileError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ProfileError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
-
-
-@lru_cache(maxsize=None)
-def builtin_table(filename: str) -> dict[str, Any]:
-    with resources.files("meshplan.hardware_profiles").joinpath("data", filename).open("rb") as fh:
-        return tomllib.load(fh)
 
 
 def get(table: Mapping[str, Any], key: str, kind: type | tuple, where: str,
