@@ -257,7 +257,7 @@ PROBE_RTOL = 2e-2
 # ---- applying it to a model -------------------------------------------------------------------
 def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
                    tokens: int | None = None) -> int:
-    """Make the linears of every transformer block of ``model`` (qkv, attention output,
+    """Make the linears of every transformer block of ``model`` (qkv or MLA's, attention output,
     MLP in and out — an MoE layer's shared-expert MLP; not the embedding or the logits
     head, which stay 16-bit as in torchao's and TransformerEngine's recipes, nor an MoE
     layer's router and routed experts, whose grouped GEMM stays 16-bit: the cost model
@@ -290,11 +290,13 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
 
 
 def _fp8_linears(block) -> list[tuple[nn.Module, str]]:
-    """(parent module, attribute) of a block's linears that run fp8: attention's two, and
-    the dense MLP's two — in an MoE layer its shared experts' MLP, if any."""
+    """(parent module, attribute) of a block's linears that run fp8: attention's two (MLA's
+    four or five, the replicated down-projections included), and the dense MLP's two — in
+    an MoE layer its shared experts' MLP, if any."""
     from meshplan.executor.moe import MoELayer
     mlp = block.mlp.shared if isinstance(block.mlp, MoELayer) else block.mlp
-    return [(block.attn, "qkv"), (block.attn, "proj")] + (
+    attn = getattr(block.attn, "linear_names", ("qkv", "proj"))
+    return [(block.attn, name) for name in attn] + (
         [(mlp, "fc"), (mlp, "proj")] if mlp is not None else [])
 
 

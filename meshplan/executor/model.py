@@ -14,13 +14,15 @@ Layout of activations: ``[batch, seq, hidden]``. Attention is
 ``F.scaled_dot_product_attention(is_causal=True)`` (flash / memory-efficient kernels on GPU).
 Architectures: GPT-2 (Radford et al. 2019: learned positions, LayerNorm, GELU MLP, biases,
 tied embeddings) and Llama (Touvron et al. 2023, arXiv 2302.13971: RMSNorm, SwiGLU,
-RoPE of Su et al. 2021, arXiv 2104.09864; GQA of Ainslie et al. 2023, arXiv 2305.13245).
+RoPE of Su et al. 2021, arXiv 2104.09864; GQA of Ainslie et al. 2023, arXiv 2305.13245),
+with DeepSeek's multi-head latent attention (:mod:`meshplan.executor.mla`) where the spec
+has ``kv_lora_rank``. The norms, RoPE and the attention core both attentions share are in
+:mod:`meshplan.executor.attention_core`.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 
 import torch
 import torch.nn as nn
@@ -28,6 +30,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import ExecutorError
+from meshplan.executor.attention_core import (AttentionCore, RMSNorm,  # noqa: F401
+                                              _RecomputedCore, apply_rope, rope_tables)
+from meshplan.executor.mla import MLAttention
 from meshplan.executor.mlp import MLP, seeded_normal  # noqa: F401  (re-exported)
 from meshplan.executor.moe import MoELayer
 from meshplan.spec import ModelSpec
@@ -35,95 +40,10 @@ from meshplan.spec import ModelSpec
 INIT_STD = 0.02
 
 
-class RMSNorm(nn.Module):
-    """Zhang & Sennrich 2019 (arXiv 1910.07467), eq. 4: x / rms(x) · g, statistics in fp32."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        # cast before the gain so bf16 activations stay bf16 under autocast (fp32 gain)
-        return y.to(x.dtype) * self.weight.to(x.dtype)
-
-
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
         return RMSNorm(spec.hidden_size)
     return nn.LayerNorm(spec.hidden_size, eps=1e-5, bias=spec.bias)
-
-
-def rope_tables(seq_len: int, head_dim: int, *, base: float = 10000.0,
-                device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of rotary position embeddings (Su et al. 2021, arXiv 2104.09864, eq. 34).
-
-    Pairs are (i, i + head_dim/2) ("rotate half"), as in GPT-NeoX and Hugging Face Llama.
-    """
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device,
-                                             dtype=torch.float32) / head_dim))
-    t = torch.arange(seq_len, device=device, dtype=torch.float32)
-    freqs = torch.outer(t, inv_freq)               # (s, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)        # (s, hd)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (b, nh, s, hd); cos/sin: (s, hd)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
-
-
-class AttentionCore(nn.Module):
-    """softmax(QKᵀ/√d)V with a causal mask; the part selective recompute re-runs.
-
-    Korthikanti et al. 2022 (arXiv 2205.05198) §4.2: the attention core holds the
-    5·a·s²·b activation bytes per layer that are cheap to recompute.
-    """
-
-    def forward(self, q, k, v):
-        # q: (b, nh, s, hd); k, v: (b, nkv, s, hd)
-        if k.shape[1] != q.shape[1]:
-            rep = q.shape[1] // k.shape[1]
-            k = k.repeat_interleave(rep, dim=1)    # (b, nh, s, hd)
-            v = v.repeat_interleave(rep, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-class _RecomputedCore(torch.autograd.Function):
-    """Selective recomputation of the attention core: forward without keeping the core's
-    intermediates, re-run it in backward from the saved q, k, v.
-
-    Not ``torch.utils.checkpoint``: its recompute enters and leaves ``torch.autocast`` on the
-    autograd engine's thread, where autocast's nesting count is 0, and leaving clears
-    autocast's weight-cast cache, which every thread shares. Under a pipeline the next
-    forward then casts every weight again while each in-flight micro-batch keeps its own
-    casts (one extra copy of the stage's 16-bit weights per micro-batch in flight; measured
-    2.1 GiB on a Llama-1.64B pp 2 rank, docs/benchmarks/accuracy.md round 12). The core
-    has no weights and its inputs are already in the compute dtype, so the recompute here
-    needs no autocast context at all.
-    """
-
-    @staticmethod
-    def forward(ctx, core, q, k, v):
-        ctx.core = core
-        ctx.save_for_backward(q, k, v)
-        with torch.no_grad():
-            return core(q, k, v)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        inputs = [t.detach().requires_grad_(need)
-                  for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
-        with torch.enable_grad():
-            out = ctx.core(*inputs)
-        wanted = [t for t in inputs if t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad_out) if wanted else ())
-        return (None, *(next(grads) if t.requires_grad else None for t in inputs))
 
 
 class Attention(nn.Module):
@@ -165,12 +85,13 @@ class Attention(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x)); the MLP of an
-    MoE layer (``spec.is_moe_layer(layer)``) is :class:`meshplan.executor.moe.MoELayer`."""
+    MoE layer (``spec.is_moe_layer(layer)``) is :class:`meshplan.executor.moe.MoELayer`, the
+    attention of an MLA model (``spec.is_mla``) :class:`meshplan.executor.mla.MLAttention`."""
 
     def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.attn_norm = make_norm(spec)
-        self.attn = Attention(spec)
+        self.attn = MLAttention(spec) if spec.is_mla else Attention(spec)
         self.mlp_norm = make_norm(spec)
         if spec.is_moe_layer(layer):
             self.mlp = MoELayer(spec)
@@ -203,10 +124,10 @@ class Transformer(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        if spec.is_mla or spec.mtp_layers:
-            raise ExecutorError(f"the executor's model has no multi-head latent attention or "
-                                f"multi-token prediction yet; {spec.name!r} has kv_lora_rank = "
-                                f"{spec.kv_lora_rank}, mtp_layers = {spec.mtp_layers}")
+        if spec.mtp_layers:
+            raise ExecutorError(f"the executor's model has no multi-token prediction yet: "
+                                f"{spec.name!r} has mtp_layers = {spec.mtp_layers}; run it "
+                                f"with mtp_layers = 0 (the cost model and planner price MTP)")
         self.spec = spec
         h = spec.hidden_size
         self.tok_embeddings = nn.Embedding(spec.vocab_size, h)
@@ -281,7 +202,9 @@ class Transformer(nn.Module):
     def reset_buffers(self) -> None:
         if self.spec.position_embedding == "rope":
             dev = next(self.parameters()).device
-            cos, sin = rope_tables(self.spec.max_seq_len, self.spec.head_dim, device=dev)
+            # MLA rotates only its d_r-wide rotary part of each query and the shared key
+            dim = self.spec.qk_rope_head_dim if self.spec.is_mla else self.spec.head_dim
+            cos, sin = rope_tables(self.spec.max_seq_len, dim, device=dev)
             if self.position_ids is not None:
                 pos = self.position_ids.to(dev)
                 cos, sin = cos[pos], sin[pos]
@@ -323,5 +246,5 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-__all__ = ["Transformer", "Block", "Attention", "AttentionCore", "MLP", "RMSNorm",
-           "PositionEmbedding", "cross_entropy", "rope_tables", "seeded_normal"]
+__all__ = ["Transformer", "Block", "Attention", "AttentionCore", "MLAttention", "MLP",
+           "RMSNorm", "PositionEmbedding", "cross_entropy", "rope_tables", "seeded_normal"]

@@ -35,6 +35,7 @@ from meshplan.executor.data import shard_sequence
 from meshplan.executor.data_parallel import (OptimizerConfig, allreduce_grads, build_optimizer,
                                              wrap_data_parallel)
 from meshplan.executor.mesh import MeshGroups
+from meshplan.executor.mla import check_mla_runnable
 from meshplan.executor.model import Transformer, cross_entropy
 from meshplan.executor.pipeline import (PartSpec, build_schedule, build_stage, check_schedule,
                                         local_parts)
@@ -60,6 +61,7 @@ def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
                             f"attention on every layer)")
     check_context_parallel(model, job, layout)
     check_moe_runnable(model, job, layout)
+    check_mla_runnable(model, job, layout)
     per = layout.dp * layout.micro_batch
     if job.global_batch % per:
         raise ExecutorError(f"Job.global_batch = {job.global_batch} is not divisible by "

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from meshplan.errors import ExecutorError
 from meshplan.executor.functional_comm import all_reduce
+from meshplan.executor.mla import MLAttention
 from meshplan.executor.tp_collectives import (SEQ_DIM, copy_to_tp,  # noqa: F401
                                               gather_from_slices, gather_from_sp,
                                               reduce_from_tp, reduce_scatter_to_sp,
@@ -229,17 +230,22 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool,
     shards: dict[str, ShardSpec] = {}
     for lname, block in model.layers.items():
         attn, mlp = block.attn, block.mlp
-        sections = (spec.q_dim, spec.kv_dim, spec.kv_dim)
-        attn.qkv = ColumnParallelLinear(attn.qkv, group, sequence_parallel=sequence_parallel,
-                                        sections=sections)
-        attn.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
-        attn.num_heads //= size
-        attn.num_kv_heads //= size
         p = f"layers.{lname}."
-        shards[p + "attn.qkv.weight"] = attn.qkv.weight_spec
-        shards[p + "attn.proj.weight"] = attn.proj.weight_spec
-        if spec.bias:
-            shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
+        if isinstance(attn, MLAttention):
+            shards.update(parallelize_mla(attn, group, sequence_parallel=sequence_parallel,
+                                          prefix=p + "attn."))
+        else:
+            sections = (spec.q_dim, spec.kv_dim, spec.kv_dim)
+            attn.qkv = ColumnParallelLinear(attn.qkv, group,
+                                            sequence_parallel=sequence_parallel,
+                                            sections=sections)
+            attn.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sequence_parallel)
+            attn.num_heads //= size
+            attn.num_kv_heads //= size
+            shards[p + "attn.qkv.weight"] = attn.qkv.weight_spec
+            shards[p + "attn.proj.weight"] = attn.proj.weight_spec
+            if spec.bias:
+                shards[p + "attn.qkv.bias"] = attn.qkv.weight_spec
         if hasattr(mlp, "experts"):    # an MoE layer: its shared experts, token slicing
             if moe is None:
                 raise ExecutorError(
@@ -270,6 +276,53 @@ def apply_tensor_parallel(model, group, *, sequence_parallel: bool,
     return shards
 
 
+class EnterTensorParallel(nn.Module):
+    """``f`` on its own, for a replicated activation that a tp-split region reads without a
+    column-parallel linear of its own (MLA's shared rotary key): identity forward and
+    all-reduce backward, or with sequence parallelism all-gather forward, reduce-scatter
+    backward (:func:`copy_to_tp`, :func:`gather_from_sp`)."""
+
+    def __init__(self, group, *, sequence_parallel: bool):
+        super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
+
+    def forward(self, x):
+        x = to_compute_dtype(x)
+        if self.sequence_parallel:    # a split of kv_down's output: gather a packed copy
+            return gather_from_sp(x.contiguous(), self.group)
+        return copy_to_tp(x, self.group)
+
+
+def parallelize_mla(attn: MLAttention, group, *, sequence_parallel: bool,
+                    prefix: str) -> dict[str, ShardSpec]:
+    """Multi-head latent attention over tp (Megatron-Core's ``MLASelfAttention``): the query
+    up-projection (or the whole query projection without ``q_lora_rank``) and the key-value
+    up-projection column-parallel by heads — their rows go head by head
+    (:mod:`meshplan.executor.mla`), so a contiguous 1/tp is whole heads —, ``proj``
+    row-parallel; the down-projections and the latent norms stay replicated.
+
+    Gradients of the replicated part: each latent enters the split region through its
+    up-projection's ``f`` and the shared rotary key through :class:`EnterTensorParallel`,
+    whose backward sums the ranks' partial gradients (each rank's heads' share). Without
+    sequence parallelism every rank then holds the whole dL/d(latent) and dL/d(k_rope), so
+    the down-projections' and norms' weight gradients come out whole and identical on every
+    rank, and nothing more is summed. With it the down-projections and norms run on this
+    rank's 1/tp of the sequence (as Megatron-Core's do), so their gradients are partial
+    sums over the sequence: :func:`sequence_parallel_param_names` lists them for
+    :func:`allreduce_sequence_parallel_grads`."""
+    sp = sequence_parallel
+    shards: dict[str, ShardSpec] = {}
+    for name in ("q_up" if attn.q_lora else "q", "kv_up"):
+        layer = ColumnParallelLinear(getattr(attn, name), group, sequence_parallel=sp)
+        setattr(attn, name, layer)
+        shards[prefix + name + ".weight"] = layer.weight_spec
+    attn.proj = RowParallelLinear(attn.proj, group, sequence_parallel=sp)
+    shards[prefix + "proj.weight"] = attn.proj.weight_spec
+    attn.shared_key_to_tp = EnterTensorParallel(group, sequence_parallel=sp)
+    attn.num_heads //= dist.get_world_size(group)
+    return shards
+
+
 def parallelize_mlp(mlp, group, width: int, spec, *, sequence_parallel: bool,
                     prefix: str) -> dict[str, ShardSpec]:
     """An MLP of ``width`` as column-parallel fc (gate | up split section by section) and
@@ -292,6 +345,8 @@ def sequence_parallel_param_names(model) -> list[str]:
             names.append(name)
         elif name.endswith("proj.bias"):      # row-parallel biases, added after the reduction
             names.append(name)
+        elif name.endswith(("attn.q_down.weight", "attn.kv_down.weight")):
+            names.append(name)                # MLA's down-projections (parallelize_mla)
     return names
 
 
@@ -324,4 +379,4 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"
            "vocab_parallel_cross_entropy", "sequence_parallel_param_names",
            "allreduce_sequence_parallel_grads", "copy_to_tp", "reduce_from_tp",
            "gather_from_sp", "reduce_scatter_to_sp", "scatter_to_sp", "gather_from_slices",
-           "parallelize_mlp"]
+           "parallelize_mlp", "parallelize_mla", "EnterTensorParallel"]

@@ -34,10 +34,11 @@ def test_parameter_count_matches_modelspec(spec):
     assert isinstance(m.layers["1"].mlp, MoELayer)
 
 
-def test_executor_refuses_latent_attention():
+def test_executor_refuses_multi_token_prediction():
+    # MLA itself runs (tests/unit/test_executor_mla.py); MTP is refused by name
     spec = dataclasses.replace(MOE, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=8,
-                               v_head_dim=8, head_dim=None, num_kv_heads=None)
-    with pytest.raises(ExecutorError, match="multi-head latent attention"):
+                               v_head_dim=8, head_dim=None, num_kv_heads=None, mtp_layers=1)
+    with pytest.raises(ExecutorError, match="mtp_layers = 1"):
         Transformer(spec)
 
 
