@@ -385,6 +385,10 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
             + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe
                and job.runtime == "torch" and not lt["compiled"] else ())
+            # compute.layer_cost prices MLA's memory-bound work as Megatron's fused kernels
+            # under every runtime; a measured layer row already holds the executor's
+            + ((cav.MLA_TORCH_CAVEAT,) if model.is_mla and job.runtime == "torch"
+               and "layer" not in parts.measured else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
             + ((cav.extended_rows_caveat(parts.extended_from, layout.micro_batch),)
                if parts.extended_from else ())

@@ -74,6 +74,16 @@ COMPILE_MOE_CAVEAT = (
     "(`meshplan calibrate --model M --compile-rows` times the compiled MoE layer: "
     "costmodel/moe_rows.py)")
 
+MLA_TORCH_CAVEAT = (
+    "multi-head latent attention under runtime \"torch\" without a measured layer row: its "
+    "memory-bound work (RoPE, the key / value split, the latents' norms) is priced as "
+    "Megatron-Core's fused kernels run it, but the executor runs it eagerly — the eager RoPE "
+    "alone about 10x the fused price, the splits and concatenations 6-15 % of the attention "
+    "part (one H200, plain torch: docs/benchmarks/moe_checks.md \"MLA on one H200\") — so "
+    "expect the layer slower than priced; `meshplan calibrate --model M` times the "
+    "executor's own MLA layer")
+
+
 def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
     """The caution for a layer priced from measured rows carried beyond the micro-batches
     they were timed at (linear in the micro-batch from the two nearest: a fixed part of the
@@ -184,6 +194,7 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
            "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
+           "MLA_TORCH_CAVEAT",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
            "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
