@@ -229,3 +229,25 @@ def test_estimate_cautions_mla_under_runtime_torch():
         job = Job(global_batch=32, seq_len=2048, runtime=runtime)
         caveats = estimate(model, cluster, job, layout).caveats
         assert (MLA_TORCH_CAVEAT in caveats) == cautioned, (model.name, runtime)
+
+
+def test_calibrate_times_the_mla_layer_and_its_row_lifts_the_caveat(tmp_path):
+    """`meshplan calibrate --model` (one process, --quick) times the executor's MLA layer;
+    an estimate priced from that row carries no MLA caveat (the row holds the eager ops)."""
+    from meshplan.cli import main as cli_main
+    from meshplan.costmodel import estimate
+    from meshplan.costmodel.caveats import MLA_TORCH_CAVEAT
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    spec = replace(MLA, max_seq_len=32, head_dim=None)
+    (tmp_path / "mla.json").write_text(json.dumps(spec.to_dict()))
+    out = tmp_path / "p.toml"
+    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model",
+                     str(tmp_path / "mla.json"), "--micro-batches", "1", "--seq-len", "32",
+                     "--out", str(out), "--no-progress"]) == 0
+    plain = Cluster.preset("dgx-h100", nodes=1)
+    cluster = apply_profile(plain, out, override=True)
+    job, layout = Job(global_batch=2, seq_len=32, runtime="torch"), Layout(micro_batch=1, dp=2)
+    assert MLA_TORCH_CAVEAT in estimate(spec, plain, job, layout).caveats
+    est = estimate(spec, cluster, job, layout)
+    assert est.step_time_s > 0 and MLA_TORCH_CAVEAT not in est.caveats
