@@ -174,11 +174,12 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
 def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = None) -> list[int]:
     """Context-parallel degrees to search: the constraint's, or automatically every power
     of two with 2·cp dividing ``seq_len`` from ``cp_min_seq_len`` tokens on (cp = 1 below);
-    always those the sequence can be cut into (:func:`check_context_parallel`). An MoE
-    ``model`` under runtime "torch": cp = 1 (what the executor runs)."""
+    always those the sequence can be cut into (:func:`check_context_parallel`). An MoE or
+    multi-head-latent-attention ``model`` under runtime "torch": cp = 1 (what the executor
+    runs)."""
     s = job.seq_len
-    if model is not None and model.is_moe and job.runtime == "torch":
-        return [1]     # the executor refuses MoE with cp > 1 (executor/parallelize.py)
+    if model is not None and (model.is_moe or model.is_mla) and job.runtime == "torch":
+        return [1]     # the executor refuses MoE and MLA with cp > 1 (executor/parallelize.py)
     if constraints.cp is not None:
         cps = constraints.cp
     elif s < constraints.cp_min_seq_len:

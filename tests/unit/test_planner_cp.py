@@ -58,3 +58,16 @@ def test_constraints_check_cp_values():
         Constraints(cp=(1, 2), fixed={"cp": 4})
     assert Constraints(fixed={"ep": 8}).fixed["ep"] == 8
     assert Constraints(cp=(1, 4)).allows(mp.Layout(cp=2)) == "cp 2 not in [1, 4]"
+
+
+@pytest.mark.parametrize("runtime,want_cp", [("torch", [1]), ("megatron", [1, 2, 4, 8])])
+def test_mla_models_search_cp_only_where_the_runtime_runs_it(runtime, want_cp):
+    """The executor refuses cp > 1 for multi-head latent attention (executor/mla.py), so
+    runtime "torch" plans keep cp = 1; Megatron's runs search it."""
+    mla = replace(mp.ModelSpec.preset("deepseek-v3"), max_seq_len=131072)
+    dense_mla = replace(mla, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=None,
+                        num_shared_experts=0, shared_expert_ffn_hidden_size=None,
+                        dense_layers=(), mtp_layers=0)
+    assert dense_mla.is_mla and not dense_mla.is_moe
+    job = replace(LONG, runtime=runtime)
+    assert cp_options(job, Constraints(), dense_mla)[:len(want_cp)] == want_cp
