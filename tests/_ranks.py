@@ -32,3 +32,24 @@ def start_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
     import torch.multiprocessing as mp
     multiprocessing.set_forkserver_preload(PRELOAD)   # read when the server starts
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def run_and_save(jobs, out: str, rank: int) -> None:
+    """On a rank of an initialised gloo world: run ``jobs`` ([(name, callable)]) in order,
+    recording each result or, at the first exception, its traceback and stop (the group may
+    be out of step; later jobs are reported as not run); save the results to
+    ``{out}.rank{rank}``, meet the other ranks and close the process group."""
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+    results = {}
+    for name, run in jobs:
+        try:
+            results[name] = run()
+        except Exception:
+            results[name] = {"error": f"rank {rank}: {traceback.format_exc()}"}
+            break
+    torch.save(results, f"{out}.rank{rank}")
+    dist.barrier()
+    dist.destroy_process_group()

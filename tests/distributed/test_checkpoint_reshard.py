@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 
 from _cases import GPT, JOB, LLAMA, RTOL, L  # noqa: E402
 from _harness import OPT, SEED, reference  # noqa: E402
-from _ranks import start_ranks  # noqa: E402
+from _ranks import run_and_save, start_ranks  # noqa: E402
 
 K, N = 2, 4
 PAIRS = [
@@ -85,16 +84,9 @@ def _worker(rank, world, store, root, out):
                             world_size=world, timeout=timedelta(seconds=120))
     from meshplan.executor.checkpoint import checkpoint_group
     group = checkpoint_group(world)
-    results = {}
-    for name, model, a, b in PAIRS:
-        try:
-            results[name] = _pair(name, model, a, b, Path(root), rank, world, group)
-        except Exception:
-            results[name] = {"error": f"rank {rank}: {traceback.format_exc()}"}
-            break
-    torch.save(results, f"{out}.rank{rank}")
-    dist.barrier()
-    dist.destroy_process_group()
+    run_and_save([(name, lambda p=(name, model, a, b): _pair(*p, Path(root), rank, world,
+                                                             group))
+                  for name, model, a, b in PAIRS], out, rank)
 
 
 @pytest.fixture(scope="module")

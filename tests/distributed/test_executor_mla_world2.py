@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import traceback
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -29,24 +28,14 @@ import torch.distributed as dist  # noqa: E402
 
 from _cases import ATOL, JOB, RTOL, L  # noqa: E402
 from _harness import Case, compare, reference  # noqa: E402
-from _ranks import start_ranks  # noqa: E402
-from meshplan.spec import ModelSpec  # noqa: E402
+from _ranks import run_and_save, start_ranks  # noqa: E402
 
-# DeepSeek-V2 style, tiny: query latent 24, key-value latent 16, head dims d_n 8, d_r 4 and
-# d_v 6 (v narrower than q/k, as the core must allow)
-MLA = ModelSpec(name="tiny-mla", num_layers=2, hidden_size=32, num_heads=4, vocab_size=128,
-                ffn_hidden_size=64, max_seq_len=16, activation="swiglu", norm="rmsnorm",
-                position_embedding="rope", tied_embeddings=False, bias=False,
-                q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
-                v_head_dim=6)
-# DeepSeek-V2-Lite style: no query latent, v wider than q/k
-MLA_NOQ = replace(MLA, name="tiny-mla-noq", q_lora_rank=None, qk_nope_head_dim=4,
-                  qk_rope_head_dim=4, v_head_dim=10, head_dim=None)
-# the first layer dense, then 4 routed experts top-2 and one shared expert
-MLA_MOE = replace(MLA, name="tiny-mla-moe", num_experts=4, experts_per_token=2,
-                  moe_ffn_hidden_size=24, num_shared_experts=1,
-                  shared_expert_ffn_hidden_size=16, dense_layers=(0,),
-                  router_aux_loss_coeff=0.1, head_dim=None)
+from _mla_models import MLA as _MLA, MLA_MOE as _MLA_MOE, MLA_NOQ as _MLA_NOQ  # noqa: E402
+
+# the unit tests' tiny models (tests/_mla_models.py) at a 128-token vocabulary, the MoE one
+# with a stronger balance loss
+MLA, MLA_NOQ = (replace(m, vocab_size=128) for m in (_MLA, _MLA_NOQ))
+MLA_MOE = replace(_MLA_MOE, vocab_size=128, router_aux_loss_coeff=0.1)
 
 CASES = [
     Case("tp2-mla", MLA, JOB, L(tp=2)),
@@ -68,18 +57,9 @@ def _worker(rank, world, store, root, out):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
     group = checkpoint_group(world)
-    results = {}
     jobs = [(c.name, lambda c=c: _run_case(c)) for c in CASES]
     jobs.append((PAIR[0], lambda: _pair(*PAIR, Path(root), rank, world, group)))
-    for name, run in jobs:
-        try:
-            results[name] = run()
-        except Exception:
-            results[name] = {"error": f"rank {rank}: {traceback.format_exc()}"}
-            break    # the group may be out of step; later ones are reported as not run
-    torch.save(results, f"{out}.rank{rank}")
-    dist.barrier()
-    dist.destroy_process_group()
+    run_and_save(jobs, out, rank)
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,8 @@ from meshplan.executor.mla import MLAttention  # noqa: E402
 from meshplan.executor.model import Transformer, cross_entropy  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
 
-MLA = ModelSpec(name="tiny-mla", num_layers=2, hidden_size=32, num_heads=4, vocab_size=64,
-                ffn_hidden_size=64, max_seq_len=16, activation="swiglu", norm="rmsnorm",
-                position_embedding="rope", tied_embeddings=False, bias=False,
-                q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
-                v_head_dim=6)
-MLA_NOQ = replace(MLA, name="tiny-mla-noq", q_lora_rank=None, qk_nope_head_dim=4,
-                  qk_rope_head_dim=4, v_head_dim=10, head_dim=None)
-MLA_MOE = replace(MLA, name="tiny-mla-moe", num_experts=4, experts_per_token=2,
-                  moe_ffn_hidden_size=24, num_shared_experts=1,
-                  shared_expert_ffn_hidden_size=16, dense_layers=(0,), head_dim=None)
+from _mla_models import MLA, MLA_MOE, MLA_NOQ  # noqa: E402
+
 # GPT-style positions: MLA's rotary parts stay unrotated, as Attention's q and k would
 MLA_LEARNED = replace(MLA, name="tiny-mla-learned", position_embedding="learned",
                       tied_embeddings=True, head_dim=None)
