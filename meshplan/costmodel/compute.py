@@ -87,6 +87,9 @@ class PassCost:
                         self.overhead_s + o.overhead_s, self.zero3_s + o.zero3_s,
                         self.cp_comm_s + o.cp_comm_s, self.ep_comm_s + o.ep_comm_s)
 
+    def __sub__(self, o: "PassCost") -> "PassCost":
+        return self + o.scaled(-1.0)
+
     def scaled(self, k: float) -> "PassCost":
         return PassCost(self.gemm_s * k, self.attention_s * k, self.memory_bound_s * k,
                         self.tp_comm_s * k, self.overhead_s * k, self.zero3_s * k,

@@ -124,7 +124,7 @@ its configs ran; 12.9 / 13.1 % before).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.costmodel import fp8
 from meshplan.costmodel.moe import shared_width
@@ -234,22 +234,15 @@ class Fp8Layer:
         k = self.gemm_ratio
 
         def moved(p: PassCost, cast_s: float) -> PassCost:
-            return PassCost(p.gemm_s * k, p.attention_s, p.memory_bound_s + cast_s,
-                            p.tp_comm_s, p.overhead_s, p.zero3_s)
+            return replace(p, gemm_s=p.gemm_s * k, memory_bound_s=p.memory_bound_s + cast_s)
         forward = moved(layer.forward, self.forward_cast_s)
         # selective recomputation's GEMMs (MLA's up-projections) run in fp8 as well
         # (Megatron-Core's CheckpointWithoutOutput(fp8=...)); their inputs' casts are not
         # counted again
         rc = moved(layer.recompute, self.forward_cast_s if recompute == "full" else 0.0)
-        own = PassCost(*(a - b for a, b in zip(_fields(layer.backward),
-                                               _fields(layer.recompute))))
-        backward = moved(own, self.backward_cast_s) + rc
+        backward = moved(layer.backward - layer.recompute, self.backward_cast_s) + rc
         return LayerCost(forward, backward, rc, layer.wgrad_s * k, layer.tp_wire_bytes,
                          layer.wgrad_gather_s, layer.wgrad_gather_wire_bytes)
-
-
-def _fields(p: PassCost) -> tuple[float, ...]:
-    return (p.gemm_s, p.attention_s, p.memory_bound_s, p.tp_comm_s, p.overhead_s, p.zero3_s)
 
 
 def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,

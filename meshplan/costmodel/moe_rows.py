@@ -146,10 +146,6 @@ def rows_apply(model: ModelSpec, cluster: Cluster, layout: Layout,
     return row is not None
 
 
-def _minus(a: PassCost, b: PassCost) -> PassCost:
-    return a + b.scaled(-1.0)
-
-
 def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, timed_layout,
               links) -> RoutedMlp:
     """The routed part at ``layout`` less the routed part as the row timed it."""
@@ -161,7 +157,7 @@ def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, time
 def _routed_minus(at: RoutedMlp, timed: RoutedMlp) -> RoutedMlp:
     """``at`` less ``timed`` (``at``'s wire bytes and rows: what the layout sends and
     computes)."""
-    return RoutedMlp(_minus(at.forward, timed.forward), _minus(at.backward, timed.backward),
+    return RoutedMlp(at.forward - timed.forward, at.backward - timed.backward,
                      at.wgrad_s - timed.wgrad_s, at.pass_wire_bytes,
                      at.kept_bytes - timed.kept_bytes, at.work_bytes - timed.work_bytes,
                      at.rows, at.act_out_bytes - timed.act_out_bytes, at.act_s - timed.act_s)

@@ -247,11 +247,9 @@ def _scaled(p: PassCost, measured_s: float) -> PassCost:
 
 def _plus_delta(layer: LayerCost, new: LayerCost, old: LayerCost) -> LayerCost:
     """``layer`` plus what ``old`` → ``new`` changes, pass by pass."""
-    def d(p: PassCost, a: PassCost, b: PassCost) -> PassCost:
-        return p + a + b.scaled(-1.0)
-    return replace(layer, forward=d(layer.forward, new.forward, old.forward),
-                   backward=d(layer.backward, new.backward, old.backward),
-                   recompute=d(layer.recompute, new.recompute, old.recompute),
+    return replace(layer, forward=layer.forward + (new.forward - old.forward),
+                   backward=layer.backward + (new.backward - old.backward),
+                   recompute=layer.recompute + (new.recompute - old.recompute),
                    wgrad_s=layer.wgrad_s + new.wgrad_s - old.wgrad_s)
 
 
