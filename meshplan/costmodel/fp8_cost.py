@@ -147,6 +147,10 @@ class CastRate:
     how: str             # for caveats and reports
     assumed: bool        # not measured: stated in the estimate's caveats
 
+    def seconds(self, passes: int, nbytes: float) -> float:
+        """``passes`` cast passes moving ``nbytes`` in all."""
+        return passes * self.pass_s + nbytes / (self.gbps * 1e9)
+
 
 def cast_rate(gpu: GPUSpec, job: Job, compile: bool) -> CastRate:
     """The cast rate of ``job`` on ``gpu`` (see the module docstring)."""
@@ -260,9 +264,7 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
     bf16_s = fp8_s = 0.0
     cast = {"f": 0.0, "b": 0.0, "w": 0.0}
     working = 0.0
-
-    def t(passes: int, nbytes: float) -> float:
-        return passes * rate.pass_s + nbytes / (rate.gbps * 1e9)
+    t = rate.seconds
     for (m, k, n), _ in linear_shapes(model, job, micro_batch, tp, mlp_width):
         flops = 2.0 * m * k * n
         bf16_s += gemm_s(gpu, peak16, flops)

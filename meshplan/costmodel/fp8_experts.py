@@ -77,9 +77,9 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         fp8_s += fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency)
         c = fp8.linear_cast_traffic(m, k, n, job.fp8_recipe, act_bytes=2, weight_bytes=wbytes,
                                     fused_cast_transpose=rate.fused)
-        cast_f += c.forward_passes * rate.pass_s + c.forward_bytes / (rate.gbps * 1e9)
-        cast_b += c.backward_passes * rate.pass_s + c.backward_bytes / (rate.gbps * 1e9)
-        cast_w += c.weight_passes * rate.pass_s + c.weight_bytes / (rate.gbps * 1e9)
+        cast_f += rate.seconds(c.forward_passes, c.forward_bytes)
+        cast_b += rate.seconds(c.backward_passes, c.backward_bytes)
+        cast_w += rate.seconds(c.weight_passes, c.weight_bytes)
     params = local_experts * hidden * (fc1_width + fc2_width)
     gathered = job.fp8_param_gather
     return Fp8Experts(
