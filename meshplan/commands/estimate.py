@@ -29,7 +29,7 @@ def main(args) -> int:
     if args.nodes is None and layout.num_gpus > cluster.num_gpus:
         raise ConfigError(f"the layout uses dp·pp·tp·cp = {layout.num_gpus} GPUs; cluster "
                           f"{cluster.name!r} has {cluster.num_gpus} (--nodes not given: "
-                          f"{cluster.nodes} node(s) of {cluster.gpus_per_node}); pass --nodes "
+                          f"{cluster.shape}); pass --nodes "
                           f"{-(-layout.num_gpus // cluster.gpus_per_node)}")
     est = estimate(model, cluster, job, layout)
     if args.json:

@@ -86,6 +86,12 @@ class Cluster:
         return self.gpus_per_node * self.nodes
 
     @property
+    def shape(self) -> str:
+        """``"2 nodes × 8"``, ``"1 node × 8"``: the cluster's nodes and GPUs per node, for
+        messages."""
+        return f"{self.nodes} node{'s' * (self.nodes != 1)} × {self.gpus_per_node}"
+
+    @property
     def usable_memory_bytes(self) -> float:
         """GPU memory a training process can fill: capacity less the documented reserve."""
         cap = self.gpu.memory_bytes

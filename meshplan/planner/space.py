@@ -151,8 +151,7 @@ def gpu_counts(cluster: Cluster, gpus: int | Iterable[int] | None, objective: st
             raise ConfigError(f"gpus: {n!r} is not a positive GPU count")
         if n > total:
             raise ConfigError(f"gpus: {n} GPUs asked for, but cluster {cluster.name!r} has "
-                              f"{total} ({cluster.nodes} node{'s' if cluster.nodes != 1 else ''}"
-                              f" × {cluster.gpus_per_node}); "
+                              f"{total} ({cluster.shape}); "
                               f"use at most {total} or a cluster with more nodes")
     return sorted(set(counts))
 

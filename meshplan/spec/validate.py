@@ -195,8 +195,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
         dims = "dp·pp·tp" + ("·cp" if layout.cp > 1 else "")
         sizes = "·".join(str(d) for d in (dp, pp, tp) + ((layout.cp,) if layout.cp > 1 else ()))
         raise ConfigError(f"{dims} = {sizes} = {n} {rel} {cluster.num_gpus} GPUs of cluster "
-                          f"{cluster.name!r} ({cluster.nodes} node{'s' * (cluster.nodes != 1)} × "
-                          f"{cluster.gpus_per_node})")
+                          f"{cluster.name!r} ({cluster.shape})")
     if model.num_heads % tp or model.num_kv_heads % tp:
         raise ConfigError(
             f"tp = {tp} must divide the attention heads ({model.num_heads}) and the key/value "
