@@ -170,6 +170,13 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
     return out
 
 
+def cp_runs(model: ModelSpec, job: Job) -> bool:
+    """Whether ``job``'s runtime runs ``model`` with cp > 1: the executor (runtime "torch")
+    refuses MoE and multi-head latent attention with cp > 1 (executor/parallelize.py,
+    executor/mla.py)."""
+    return not ((model.is_moe or model.is_mla) and job.runtime == "torch")
+
+
 def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = None) -> list[int]:
     """Context-parallel degrees to search: the constraint's, or automatically every power
     of two with 2·cp dividing ``seq_len`` from ``cp_min_seq_len`` tokens on (cp = 1 below);
@@ -177,8 +184,8 @@ def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = Non
     multi-head-latent-attention ``model`` under runtime "torch": cp = 1 (what the executor
     runs)."""
     s = job.seq_len
-    if model is not None and (model.is_moe or model.is_mla) and job.runtime == "torch":
-        return [1]     # the executor refuses MoE and MLA with cp > 1 (executor/parallelize.py)
+    if model is not None and not cp_runs(model, job):
+        return [1]
     if constraints.cp is not None:
         cps = constraints.cp
     elif s < constraints.cp_min_seq_len:
@@ -380,7 +387,7 @@ def check_options(model: ModelSpec, job: Job, constraints: Constraints) -> None:
                           f"{model.num_experts} routed experts of {model.name!r}; valid ep: "
                           f"{divisors(model.num_experts)}")
     s = job.seq_len
-    if constraints.cp is not None and not (model.is_moe and job.runtime == "torch") \
+    if constraints.cp is not None and cp_runs(model, job) \
             and not any(c == 1 or s % (2 * c) == 0 for c in constraints.cp):
         valid = [c for c in divisors(s // 2) if c & (c - 1) == 0] if s % 2 == 0 else [1]
         raise ConfigError(f"Constraints.cp {list(constraints.cp)}: seq_len = {s} is not "

@@ -71,3 +71,18 @@ def test_mla_models_search_cp_only_where_the_runtime_runs_it(runtime, want_cp):
     assert dense_mla.is_mla and not dense_mla.is_moe
     job = replace(LONG, runtime=runtime)
     assert cp_options(job, Constraints(), dense_mla)[:len(want_cp)] == want_cp
+
+
+def test_cp_options_no_runtime_runs_are_not_refused_for_the_sequence():
+    """Under runtime "torch" an MLA (or MoE) model plans at cp = 1 whatever the cp options
+    say, so options the sequence cannot take are no error there (check_options and
+    cp_options read the same rule, space.cp_runs); elsewhere they are named."""
+    from meshplan.planner.space import check_options
+    mla = replace(mp.ModelSpec.preset("deepseek-v3"), num_experts=0, experts_per_token=0,
+                  moe_ffn_hidden_size=None, num_shared_experts=0,
+                  shared_expert_ffn_hidden_size=None, dense_layers=(), mtp_layers=0)
+    odd = replace(LONG, seq_len=4100)
+    check_options(mla, replace(odd, runtime="torch"), Constraints(cp=(4,)))
+    assert cp_options(replace(odd, runtime="torch"), Constraints(cp=(4,)), mla) == [1]
+    with pytest.raises(mp.ConfigError, match="not divisible by 2·cp"):
+        check_options(mla, odd, Constraints(cp=(4,)))
