@@ -14,7 +14,7 @@ from typing import Sequence
 
 from meshplan.costmodel import estimate
 from meshplan.spec import SCHEDULES, Job, Layout, ModelSpec
-from meshplan.spec.validate import check_layout
+from meshplan.spec.validate import check_layout, divisors
 from meshplan.errors import ConfigError, MeshplanError
 from meshplan.hardware_profiles import Cluster
 
@@ -23,8 +23,8 @@ def enumerate_layouts(model: ModelSpec, cluster: Cluster, job: Job, nproc: int, 
                       micro_batches: Sequence[int] = (1, 2)) -> list[Layout]:
     """Every layout of ``nproc`` ranks the cost model accepts and predicts to fit."""
     out = []
-    for tp in _divisors(nproc):
-        for pp in _divisors(nproc // tp):
+    for tp in divisors(nproc):
+        for pp in divisors(nproc // tp):
             dp = nproc // (tp * pp)
             for mb in micro_batches:
                 for sched, vpp in _schedules(pp):
@@ -47,10 +47,6 @@ def pick_spread(model, cluster, job, layouts: list[Layout], n: int) -> list[Layo
     ranked = sorted(layouts, key=lambda l: estimate(model, cluster, job, l).step_time_s)
     idx = sorted({round(i * (len(ranked) - 1) / max(1, n - 1)) for i in range(n)})
     return [ranked[i] for i in idx]
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _schedules(pp: int) -> list[tuple[str, int]]:

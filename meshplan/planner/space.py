@@ -29,7 +29,8 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 from meshplan.spec import (Job, Layout, ModelSpec, default_stage_layers,
                            embedding_loss_stage_layers)
 from meshplan.costmodel.fp8_cost import check_fp8_supported
-from meshplan.spec.validate import check_model_modelled, check_seq_len, zero_bubble_under_zero3
+from meshplan.spec.validate import (check_model_modelled, check_seq_len, divisors,
+                                    zero_bubble_under_zero3)
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints, stage_min_layers
@@ -110,18 +111,6 @@ class Config(NamedTuple):
                    layout.vpp, layout.recompute, layout.zero, layout.sequence_parallel,
                    layout.compile, layout.cp, layout.cp_style if layout.cp > 1 else "ring", layout.ep,
                    layout.etp)
-
-
-def divisors(n: int) -> list[int]:
-    small, large = [], []
-    d = 1
-    while d * d <= n:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return small + large[::-1]
 
 
 def gpu_counts(cluster: Cluster, gpus: int | Iterable[int] | None, objective: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -266,7 +267,7 @@ def _batch_not_divisible(global_batch: int, dp: int, micro_batch: int) -> str:
     if global_batch % dp:
         other = f"no micro_batch fits at dp = {dp}, which does not divide {global_batch}"
     else:
-        mbs = [m for m in range(1, global_batch // dp + 1) if (global_batch // dp) % m == 0]
+        mbs = divisors(global_batch // dp)
         shown = ", ".join(map(str, mbs[:8])) + (", ..." if len(mbs) > 8 else "")
         other = f"or keep {global_batch} with micro_batch ∈ {{{shown}}} at dp = {dp}"
     return (f"global_batch = {global_batch} is not divisible by dp·micro_batch = "
@@ -274,5 +275,18 @@ def _batch_not_divisible(global_batch: int, dp: int, micro_batch: int) -> str:
             f"of {per}): {near}; {other}")
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
 def _divisors_of_both(a: int, b: int) -> list[int]:
-    return [d for d in range(1, min(a, b) + 1) if a % d == 0 and b % d == 0]
+    return divisors(math.gcd(a, b))
