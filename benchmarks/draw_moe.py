@@ -14,6 +14,15 @@ Each decision follows the released MoE families:
 - every layer an MoE layer; layers a multiple of 4 such that the total parameters fall in
   [--min-params, --max-params] (the default fits one 141 GB GPU with Adam).
 
+``--mla``: DeepSeek-style attention instead of Llama's — multi-head latent attention with the
+per-head dimensions every released MLA model keeps (DeepSeek-V2, arXiv 2405.04434 §2.1 and
+its Lite model, DeepSeek-V3, Moonlight, Kimi K2: key-value latent 512, no-RoPE query/key 128,
+RoPE 64, value 128), the query either not compressed (V2-Lite, Moonlight) or through a 1536
+latent (V2, V3), one head per drawn head, and half of the time a dense first layer of the
+dense MLP's width (V2-Lite's and Moonlight's ``first_k_dense_replace = 1``). The drawn hidden
+size is the same draw as without ``--mla``; the rng draws the MLA choices after the rest, so
+a seed's draw without ``--mla`` is unchanged.
+
     PYTHONPATH=. python benchmarks/draw_moe.py --seed 3801 --count 1
 """
 
@@ -37,11 +46,25 @@ SEQS = (1024, 2048, 4096)
 HIDDEN_RANGE = (1024, 2560)
 
 
+#: MLA's per-head and latent dimensions (the module docstring's sources)
+MLA_DIMS = dict(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+MLA_Q_LORA = (None, 1536)
+
+
+def _mla_fields(rng: random.Random, heads: int, dense_ffn: float) -> dict:
+    """The attention and first-layer fields of an MLA draw (module docstring)."""
+    dense_first = rng.random() < 0.5
+    return dict(num_kv_heads=heads, q_lora_rank=rng.choice(MLA_Q_LORA), **MLA_DIMS,
+                dense_layers=(0,) if dense_first else (),
+                ffn_hidden_size=round(dense_ffn / 128) * 128 if dense_first else None)
+
+
 def draw_moe_model(rng: random.Random, name: str, *, min_params: float = 1.0e9,
-                   max_params: float = 3.0e9, min_hidden: int = HIDDEN_RANGE[0]) -> ModelSpec:
+                   max_params: float = 3.0e9, min_hidden: int = HIDDEN_RANGE[0],
+                   mla: bool = False) -> ModelSpec:
     """One random MoE decoder (the module docstring gives each decision); ``min_hidden``
     raises the hidden size's floor (a GPU-bound draw: moeh4's hidden 1024 was host-bound at
-    two ranks)."""
+    two ranks); ``mla``: DeepSeek's multi-head latent attention (``--mla``)."""
     while True:
         heads = rng.randrange(8, 21, 2)
         head_dim = rng.choice((64, 128))
@@ -62,14 +85,19 @@ def draw_moe_model(rng: random.Random, name: str, *, min_params: float = 1.0e9,
                       num_experts=experts, experts_per_token=top_k,
                       moe_ffn_hidden_size=width, num_shared_experts=int(shared),
                       **LLAMA_STYLE)
-        one = ModelSpec(name=name, num_layers=1, **fields)
-        base, per = one.num_params() - one.layer_params(0), one.layer_params(0)
+        if mla:
+            extra = _mla_fields(rng, heads, dense_ffn)
+            fields.update(extra, ffn_hidden_size=extra["ffn_hidden_size"] or width)
+        # layer 1 is an MoE layer; layer 0 may be dense (an MLA draw's first layer)
+        two = ModelSpec(name=name, num_layers=2, **fields)
+        per = two.layer_params(1)
+        base = two.num_params() - 2 * per
         layers = [n for n in range(8, 65, 4) if min_params <= base + n * per <= max_params]
         if not layers:
             continue
         n = rng.choice(layers)
         total = (base + n * per) / 1e9
-        tag = f"moe{experts}x{top_k}{'s' if shared else ''}"
+        tag = f"{'mla-' if mla else ''}moe{experts}x{top_k}{'s' if shared else ''}"
         return ModelSpec(name=f"{name}-{tag}-{total:.2f}b", num_layers=n, **fields)
 
 
@@ -82,6 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--min-hidden", type=int, default=HIDDEN_RANGE[0],
                    help=f"floor of the hidden size (default {HIDDEN_RANGE[0]}; at most "
                         f"{HIDDEN_RANGE[1]})")
+    p.add_argument("--mla", action="store_true",
+                   help="multi-head latent attention (DeepSeek-V2/V3 style; module docstring)")
     args = p.parse_args(argv)
     if not HIDDEN_RANGE[0] <= args.min_hidden <= HIDDEN_RANGE[1]:
         p.error(f"--min-hidden {args.min_hidden}: must be within {HIDDEN_RANGE}")
@@ -91,7 +121,8 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     for i in range(args.count):
         m = draw_moe_model(rng, f"m{i + 1:02d}", min_params=args.min_params,
-                           max_params=args.max_params, min_hidden=args.min_hidden)
+                           max_params=args.max_params, min_hidden=args.min_hidden,
+                           mla=args.mla)
         print(json.dumps(m.to_dict()), f"# {m.num_params() / 1e9:.2f} B, "
               f"{m.num_active_params() / 1e9:.2f} B active")
     return 0

@@ -232,6 +232,10 @@ SETS["drawn-3818"] = draw_layouts(3818, count=8, gpus=1)
 # moeh19 (2026-12-01, one GPU): moeh18's design on a model with a shared expert (16 of width
 # 2816, top-4), the first three GPU-bound layouts
 SETS["drawn-3822"] = draw_layouts(3822, count=8, gpus=1)
+# moeh20 (2026-12-01, one GPU): moeh18's design on a never-run model with DeepSeek's
+# multi-head latent attention (draw_moe.py --mla; 8 experts of 5504, top-2, + a shared one):
+# the first timed check of the executor's MLA; the first four GPU-bound layouts
+SETS["drawn-3823"] = draw_layouts(3823, count=8, gpus=1)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -470,3 +470,45 @@ def test_fp8_summary_names_arms_started_beside_another_process():
     text = f8.summary_table([row], "tensorwise", "p.toml")
     assert "Speed-up error over 1 layouts: mean 50.0 %, max 50.0 %" in text
     assert text.rstrip().endswith("their times include it): x01 bf16.")
+
+
+def test_mla_draws_are_deepseek_style_and_leave_the_llama_style_draws_unchanged():
+    """``--mla``: every draw has MLA's released per-head dimensions, one head per drawn head,
+    a query latent of None or 1536, and sometimes a dense first layer of the dense MLP's
+    width whose parameters the drawn total counts; the same seed without ``--mla`` draws what
+    it drew before the option existed (its rng calls come after the others)."""
+    rng = random.Random(7)
+    models = [dmoe.draw_moe_model(rng, f"m{i}", mla=True) for i in range(12)]
+    assert all(m.is_mla and m.kv_lora_rank == 512 and m.head_dim == 192
+               and m.v_head_dim == 128 and m.num_kv_heads == m.num_heads for m in models)
+    assert {m.q_lora_rank for m in models} == {None, 1536}
+    dense_first = [m for m in models if m.dense_layers]
+    assert dense_first and all(m.dense_layers == (0,) and not m.is_moe_layer(0)
+                               and m.ffn_hidden_size % 128 == 0 for m in dense_first)
+    for m in models:
+        assert 1.0e9 <= m.num_params() <= 3.0e9
+        assert m.name.endswith(f"-{m.num_params() / 1e9:.2f}b") and "-mla-" in m.name
+    assert dmoe.draw_moe_model(random.Random(3822), "m01", min_hidden=2048,
+                               max_params=3e9).to_dict() == json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh19" / "m01.json").read_text())
+
+
+def test_the_committed_moeh20_mla_draw_and_its_one_gpu_layouts():
+    """moeh20 (2026-12-01): seed 3823's MLA draw, committed before any run, and its eight
+    one-GPU layouts, each runnable by the executor in bf16 and fp8 rowwise."""
+    import dataclasses
+
+    import moe_sync_gpu as msg
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh20" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3823), "m01", min_hidden=2048,
+                                            max_params=3e9, mla=True)
+    drawn = msg.SETS["drawn-3823"]
+    assert drawn == msg.draw_layouts(3823, count=8, gpus=1) and len(drawn) == 8
+    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": "rowwise"})):
+        job = Job(global_batch=16, seq_len=committed.max_seq_len, runtime="torch",
+                  precision=prec, **extra)
+        for _, lay in drawn:
+            check_layout_runnable(committed, job, dataclasses.replace(lay))
