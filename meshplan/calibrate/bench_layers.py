@@ -461,7 +461,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         break
     reread = {i: measured[i] for i in synced if i in measured and i not in skipped}
     _note_synced_spread(progress, grid, reread)
-    cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped})
+    cpu = pooled_cpu(grid, {i: v for i, v in measured.items() if i not in skipped}, iters)
     layer_rows: list[dict[str, Any]] = []
     end_rows: list[dict[str, Any]] = []
     for idx, cfg in enumerate(grid):

@@ -72,9 +72,15 @@ def end_values(samples: Sequence[Sample], *, input_bytes: float, output_bytes: f
 
 
 def cpu_values(samples: Sequence[Sample], *, layers: int = 1) -> tuple[float, float]:
-    """Median CPU dispatch seconds (forward, backward) per layer; 0 where not measured."""
-    return (statistics.median(s.forward_cpu_s for s in samples) / layers,
-            statistics.median(s.backward_cpu_s for s in samples) / layers)
+    """Median CPU dispatch seconds (forward, backward) per layer; 0 where not measured.
+
+    Over the samples that passed the queued check where any did: a sample that failed it
+    waited for the GPU inside its dispatch, so its CPU seconds hold the spin it waited out
+    (moeh20's eager full-recompute rows, 1 × H200, 2026-12-01: 774 ms a layer against
+    10-12 ms at the micro-batches that queued)."""
+    kept = [s for s in samples if s.queued_ok] or list(samples)
+    return (statistics.median(s.forward_cpu_s for s in kept) / layers,
+            statistics.median(s.backward_cpu_s for s in kept) / layers)
 
 
 def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shallow_layers: int,
@@ -218,14 +224,20 @@ def _cpu_fields(cfg: Config) -> tuple[int, int]:
     return (4, 5) if cfg.part else (6, 7)
 
 
-def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]]
-               ) -> dict[int, tuple[float, float]]:
+def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]],
+               iters: int | None = None) -> dict[int, tuple[float, float]]:
     """CPU dispatch per row, pooled over the micro-batch sizes of the same setting.
 
     The CPU issues the same kernels whatever the micro-batch, and its timings are far
     noisier than the GPU's (measured on 4 × H200, 2026-11-26: the three rounds of a row
     differ by 13% median in CPU time, 0.8% in GPU time), so the median over every round of
-    every micro-batch of a setting is the better estimate for each of them."""
+    every micro-batch of a setting is the better estimate for each of them.
+
+    ``iters``: samples a reading holds. A reading none of whose samples passed the queued
+    check (its last value, the failed count, equals ``iters``) has no dispatch time in it
+    (:func:`cpu_values`) and is left out of the pool where the setting has another; moeh20's
+    two such readings of four made the pool's median 393 ms a layer where the two that
+    queued read 10-12 ms (1 × H200, 2026-12-01)."""
     groups: dict[tuple, list[int]] = {}
     for idx in measured:
         cfg = grid[idx]
@@ -233,8 +245,10 @@ def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]]
     out: dict[int, tuple[float, float]] = {}
     for members in groups.values():
         f, b = _cpu_fields(grid[members[0]])
-        fs = [v[f] for i in members for v in measured[i]]
-        bs = [v[b] for i in members for v in measured[i]]
+        readings = [v for i in members for v in measured[i]]
+        queued = [v for v in readings if iters is None or v[-1] < iters]
+        fs = [v[f] for v in queued or readings]
+        bs = [v[b] for v in queued or readings]
         if min(fs + bs, default=0.0) <= 0:
             continue                      # not measured (CPU device): leave the rows as they are
         pooled = (statistics.median(fs), statistics.median(bs))

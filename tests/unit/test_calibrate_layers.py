@@ -475,6 +475,29 @@ def test_rounds_combine_by_median_and_cpu_pools_over_micro_batches():
     assert pooled_cpu(grid, {idx[0]: [[0.0] * 9]}) == {}
 
 
+def test_cpu_pool_leaves_out_readings_that_never_queued():
+    """A reading whose samples all failed the queued check (moeh20's eager full-recompute
+    rows: the CPU waited out the spin, 774 ms a layer) is left out of the setting's pool
+    where another reading queued; a sample that failed is left out of its reading's median
+    where another passed; with nothing queued the readings are all there is."""
+    from meshplan.calibrate.bench_layers import pooled_cpu
+    from meshplan.calibrate.layer_rows import Sample, cpu_values
+    grid = plan_grid([TINY], None, 1, quick=False)
+    idx = [i for i, c in enumerate(grid) if not c.part and c.tp == 1
+           and c.recompute == "none"]                       # micro-batch 1, 2, 4
+    # values: fwd, bwd, act, peak, B, W, fwd cpu, bwd cpu, failed samples (of 4)
+    ok = {idx[0]: [[0, 0, 0, 0, 0, 0, 6e-3, 10e-3, 0]],
+          idx[1]: [[0, 0, 0, 0, 0, 0, 7e-3, 12e-3, 1]]}
+    never = {idx[2]: [[0, 0, 0, 0, 0, 0, 6e-3, 0.774, 4]]}
+    pooled = pooled_cpu(grid, {**ok, **never}, iters=4)
+    assert all(pooled[i] == pytest.approx((6.5e-3, 11e-3)) for i in idx)
+    assert pooled_cpu(grid, never, iters=4)[idx[2]] == pytest.approx((6e-3, 0.774))
+    good, bad = Sample(1.0, 2.0, forward_cpu_s=5e-3, backward_cpu_s=9e-3), \
+        Sample(1.0, 2.0, forward_cpu_s=0.3, backward_cpu_s=0.8, queued_ok=False)
+    assert cpu_values([good, bad, bad]) == pytest.approx((5e-3, 9e-3))
+    assert cpu_values([bad, bad], layers=2) == pytest.approx((0.15, 0.4))
+
+
 def test_queued_split_backward_subtracts_the_rows_forward():
     """The queued path (CUDA) times forward+B and W; B is that minus the row's forward. On
     CPU the same code runs synchronized, which is enough to check the arithmetic."""
