@@ -8,7 +8,10 @@ Rows for a GPU profile (``meshplan calibrate`` runs them on GPUs of compute capa
   pure fp8 GEMM time, whose ``3·2·m·k·n / (fp8 peak · seconds)`` is the fp8 efficiency
   curve (:func:`fp8_gemm_efficiency_points`); the whole fp8 linear, forward and backward
   with its casts, as the executor runs it (:func:`meshplan.executor.fp8.fp8_linear`); and
-  the bf16 ``F.linear`` of the same shape, so each row carries the measured speed-up.
+  the bf16 ``F.linear`` of the same shape, so each row carries the measured speed-up; on
+  CUDA also the three queued (:func:`~meshplan.calibrate.timing.time_queued_split`): the
+  GEMMs' and the fp8 linear's GPU-busy seconds and the fp8 and bf16 linears' CPU dispatch,
+  which split the eager casts into their GPU and host parts.
 * ``fp8_cast``: per block kind, one cast of a bf16 tensor (amax, scale and cast, as
   :func:`meshplan.executor.fp8_quant.quantize` does it) and one fp8 transpose, with the
   bytes :mod:`meshplan.costmodel.fp8` counts for them, so ``bytes / seconds`` is the
@@ -27,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.calibrate.shapes import GemmShape
-from meshplan.calibrate.timing import time_fn
+from meshplan.calibrate.timing import time_fn, time_queued_split
 from meshplan.costmodel.fp8 import SCALE_BYTES, scale_count
 from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable, fp8_linear
 from meshplan.executor.fp8_quant import quantize
@@ -75,10 +78,18 @@ def bench_fp8_gemm(shape: GemmShape, recipe_name: str, device: torch.device) -> 
     t_gemm = time_fn(gemms, device=device)
     t_fp8 = time_fn(linear_fp8, device=device)
     t_bf16 = time_fn(linear_bf16, device=device)
-    return {"label": shape.label, "m": m, "k": k, "n": n, "recipe": recipe_name,
-            "flops": 6.0 * m * k * n, "gemm_seconds": t_gemm.median_s,
-            "linear_seconds": t_fp8.median_s, "bf16_seconds": t_bf16.median_s,
-            "speedup": t_bf16.median_s / t_fp8.median_s, "iters": t_fp8.iters}
+    row = {"label": shape.label, "m": m, "k": k, "n": n, "recipe": recipe_name,
+           "flops": 6.0 * m * k * n, "gemm_seconds": t_gemm.median_s,
+           "linear_seconds": t_fp8.median_s, "bf16_seconds": t_bf16.median_s,
+           "speedup": t_bf16.median_s / t_fp8.median_s, "iters": t_fp8.iters}
+    if device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
+        # the same three queued: the GPU's busy time and the host's dispatch apart (a
+        # synchronized eager fp8 linear reads its CPU's time: fp8_profile.eager_cast_split_fit)
+        row["gemm_gpu_seconds"], _ = time_queued_split(gemms, device=device)
+        row["linear_gpu_seconds"], row["linear_cpu_seconds"] = time_queued_split(
+            linear_fp8, device=device)
+        _, row["bf16_cpu_seconds"] = time_queued_split(linear_bf16, device=device)
+    return row
 
 
 def cast_bytes(rows: int, cols: int, block: tuple[int, int], hp_bytes: int) -> float:

@@ -15,6 +15,13 @@ the benchmark it came from:
   the rows of every recipe (:func:`eager_cast_fit`; the datasheet default came from the
   same fit on one H100, data/gpus.toml). A fit with a negative term falls back to the
   bandwidth alone (pass_s = 0).
+* ``fp8_cast_eager_gpu_pass_s``, ``fp8_cast_eager_gpu_gbps``, ``fp8_cast_eager_host_pass_s``
+  (rows timed on CUDA): the synchronized linear reads max(GPU, CPU) — on the H200 hosts its
+  CPU's ~2 ms whatever the shape — so the rows also time it queued: the same line through
+  the fp8 linear's GPU-busy time less its GEMMs' (the GPU's part), and the median over rows
+  of (fp8 linear's CPU dispatch − bf16 linear's) / passes (the host's), which the cost model
+  puts on the CPU's timeline (:func:`eager_cast_split_fit`; costmodel/fp8_cost.py, "Eager
+  casts: GPU and host apart").
 * ``fp8_cast_compiled_gbps``: Σ bytes / Σ seconds of the compiled cast rows.
 * ``fp8_torch_recipes``: the recipes with at least one timed row (a recipe this torch or
   GPU cannot run leaves one row with its ``error``).
@@ -22,6 +29,7 @@ the benchmark it came from:
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 from meshplan.costmodel.fp8 import linear_cast_traffic
@@ -46,17 +54,22 @@ def timed_recipes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def eager_cast_fit(rows: Iterable[Mapping[str, Any]]) -> tuple[float, float] | None:
+def _traffic(r: Mapping[str, Any]):
+    return linear_cast_traffic(r["m"], r["k"], r["n"], r["recipe"], act_bytes=2,
+                               weight_bytes=EAGER_WEIGHT_BYTES)
+
+
+def eager_cast_fit(rows: Iterable[Mapping[str, Any]], linear: str = "linear_seconds",
+                   gemm: str = "gemm_seconds") -> tuple[float, float] | None:
     """(seconds per pass, GB/s) of the eager casts (module docstring), or None without a
-    usable row."""
+    usable row. ``linear``, ``gemm``: the row fields fitted (synchronized by default; the
+    queued GPU-busy pair for :func:`eager_cast_split_fit`)."""
     pts = []
     for r in rows:
-        if not (r.get("linear_seconds") and r.get("gemm_seconds")):
+        if not (r.get(linear) and r.get(gemm)):
             continue
-        c = linear_cast_traffic(r["m"], r["k"], r["n"], r["recipe"], act_bytes=2,
-                                weight_bytes=EAGER_WEIGHT_BYTES)
-        pts.append((float(c.kernels), c.per_microbatch_bytes,
-                    max(0.0, r["linear_seconds"] - r["gemm_seconds"])))
+        c = _traffic(r)
+        pts.append((float(c.kernels), c.per_microbatch_bytes, max(0.0, r[linear] - r[gemm])))
     if not pts or sum(p[2] for p in pts) <= 0:
         return None
     pass_s, s_per_byte = _least_squares(pts)
@@ -64,6 +77,20 @@ def eager_cast_fit(rows: Iterable[Mapping[str, Any]]) -> tuple[float, float] | N
         bandwidth = sum(p[1] for p in pts) / sum(p[2] for p in pts)
         return 0.0, bandwidth / 1e9
     return pass_s, 1.0 / s_per_byte / 1e9
+
+
+def eager_cast_split_fit(rows: Iterable[Mapping[str, Any]]
+                         ) -> tuple[float, float, float] | None:
+    """(GPU seconds per pass, GPU GB/s, host seconds per pass) of the eager casts from the
+    rows' queued timings (module docstring), or None without them."""
+    rows = [r for r in rows if r.get("linear_gpu_seconds") and r.get("gemm_gpu_seconds")
+            and r.get("linear_cpu_seconds") and r.get("bf16_cpu_seconds")]
+    gpu = eager_cast_fit(rows, "linear_gpu_seconds", "gemm_gpu_seconds")
+    if gpu is None:
+        return None
+    host = statistics.median(max(0.0, r["linear_cpu_seconds"] - r["bf16_cpu_seconds"])
+                             / _traffic(r).kernels for r in rows)
+    return gpu[0], gpu[1], host
 
 
 def _least_squares(pts: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
@@ -89,4 +116,5 @@ def compiled_cast_gbps(rows: Iterable[Mapping[str, Any]]) -> float | None:
 
 
 __all__ = ["fp8_gemm_efficiency_points", "timed_recipes", "eager_cast_fit",
+           "eager_cast_split_fit",
            "compiled_cast_gbps", "EAGER_WEIGHT_BYTES"]

@@ -172,7 +172,7 @@ def _end_step(cfg: Config, m, tp_group, device):
     import torch.distributed as dist
 
     from meshplan.executor import tensor_parallel as tpm
-    from meshplan.executor.model import cross_entropy
+    from meshplan.executor.model import cross_entropy as eager_cross_entropy
     cuda = device.type == "cuda"
     act = torch.bfloat16 if cuda else torch.float32
     mb, seq, h, vocab = cfg.micro_batch, cfg.seq_len, cfg.model.hidden_size, cfg.model.vocab_size
@@ -196,6 +196,8 @@ def _end_step(cfg: Config, m, tp_group, device):
     if cfg.compile and cfg.tp == 1:    # as ParallelTrainer with Layout.compile
         from meshplan.executor.parallelize import compiled_cross_entropy
         cross_entropy = compiled_cross_entropy()
+    else:
+        cross_entropy = eager_cross_entropy
     s = seq // cfg.tp if cfg.sequence_parallel else seq
     x = torch.randn(mb, s, h, device=device, dtype=act, requires_grad=True)
     # as ParallelTrainer.vocab_start: this tp rank's first vocabulary row

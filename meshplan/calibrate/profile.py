@@ -290,6 +290,10 @@ def fp8_keys(rows: Mapping[str, list[dict[str, Any]]], base: GPUSpec,
     fit = fp8p.eager_cast_fit(gemm)
     if fit is not None:
         out["fp8_cast_eager_pass_s"], out["fp8_cast_eager_gbps"] = fit
+    split = fp8p.eager_cast_split_fit(gemm)
+    if split is not None:
+        (out["fp8_cast_eager_gpu_pass_s"], out["fp8_cast_eager_gpu_gbps"],
+         out["fp8_cast_eager_host_pass_s"]) = split
     compiled = fp8p.compiled_cast_gbps(casts)
     if compiled is not None:
         out["fp8_cast_compiled_gbps"] = compiled

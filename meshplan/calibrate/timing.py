@@ -113,3 +113,37 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
             break
     return Timing(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples),
                   iters=len(samples))
+
+
+def time_queued_split(fn: Callable[[], object], *, device, iters: int = 9) -> tuple[float, float]:
+    """(GPU-busy seconds, CPU dispatch seconds) of ``fn``: medians over ``iters`` calls, each
+    queued behind a spin kernel three times its synchronized time (a call the GPU reached
+    before the CPU had queued it all is timed again behind a spin three times as long, up
+    to ``SPIN_MAX_S``). CUDA only: the split a synchronized timing, max(GPU, CPU), hides
+    (:func:`time_fn`'s ``queued`` keeps the GPU's part alone)."""
+    import torch
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize(device)
+    spin_s = min(SPIN_MAX_S, 3 * (time.perf_counter() - t0) + 2e-3)
+    rate = spin_rate(device)
+    gpu: list[float] = []
+    cpu: list[float] = []
+    while len(gpu) < iters:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(spin_s * rate))
+        start.record()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        end.record()
+        if start.query() and spin_s < SPIN_MAX_S:
+            end.synchronize()
+            spin_s = min(SPIN_MAX_S, 3 * spin_s)
+            continue
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) / 1e3)
+        cpu.append(t1 - t0)
+    return statistics.median(gpu), statistics.median(cpu)
+

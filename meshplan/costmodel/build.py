@@ -209,7 +209,8 @@ def host_dispatch(cluster: Cluster, layout: Layout, parts: LayerParts, lt: dict)
     if cpu is not None and stage_row is not None and stage_row.cpu_measured:
         cpu = (stage_row.forward_cpu_s, stage_row.backward_cpu_s, *cpu[2:])
         cpu_fixed = (stage_row.forward_cpu_fixed_s, stage_row.backward_cpu_fixed_s)
-    cpu_layer = (cpu[0] + cpu[1]) if cpu else 0.0
+    # an eager fp8 layer's casts dispatch on top of its bf16 row's (fp8_cost, "Eager casts")
+    cpu_layer = (cpu[0] + cpu[1] + sum(parts.fp8_cpu_s)) if cpu else 0.0
     # the weight pass's recomputes (corrections.zb_full_w_passes) dispatch the forward again
     cpu_w_extra = lt["zb_w_passes"] * cpu[0] if cpu else 0.0
     cpu_layer += cpu_w_extra

@@ -24,6 +24,20 @@ keys:
   and TransformerEngine's fused cast-transpose kernels (runtime "megatron": HBM ×
   ``hbm_efficiency``, assumed, amax from history for ``delayed``). The casts are
   memory-bound time (``PassCost.memory_bound_s``).
+* **Eager casts: GPU and host apart.** That eager fit comes from synchronized timings,
+  which read max(GPU, CPU): on an H200 host the executor's fp8 linear read ~2 ms whatever
+  its size, its CPU's dispatch. Timed queued (benchmarks/fp8_eager_cast_gpu.py, 1 × H200,
+  2026-12-01), a pass costs the GPU 9.4 µs plus its bytes at 598 GB/s, and the host 133 µs
+  more than a bf16 linear's dispatch. Where the profile has that split
+  (``fp8_cast_eager_gpu_pass_s``, ``fp8_cast_eager_gpu_gbps``, ``fp8_cast_eager_host_pass_s``)
+  and the estimate has the CPU's dispatch (a calibrated profile's layer rows), the GPU part
+  goes on the GPU's timeline and the host part on the CPU's (:attr:`Fp8Layer.
+  forward_cast_cpu_s`, added to the layer's dispatch by :func:`meshplan.costmodel.build.
+  host_dispatch`), so a GPU-bound step hides it and a host-bound one pays it; without
+  either, the synchronized pair on the GPU's timeline as before. Measured: every eager
+  fp8 arm ran faster than the synchronized pricing (fp8h3 eager +11..+22 %, moeh18 +8 %,
+  moeh19 +8 %, moeh20 +29 %, as run; docs/benchmarks/fp8_checks.md "Eager casts: GPU or
+  host", with the errors after, post hoc).
 * **Weight casts.** The executor re-casts W in every forward and backward (torchao does the
   same): per micro-batch, reading fp32 parameters under ZeRO-0/1 and FSDP2's bf16 gathered
   ones under ZeRO-2/3 (:func:`~meshplan.costmodel.runtime.fp8_weight_source_bytes`).
@@ -146,14 +160,17 @@ class CastRate:
     fused: bool          # TE's cast-transpose: one pass writes both orientations
     how: str             # for caveats and reports
     assumed: bool        # not measured: stated in the estimate's caveats
+    host_pass_s: float = 0.0   # the host's dispatch per pass, on the CPU's timeline
 
     def seconds(self, passes: int, nbytes: float) -> float:
-        """``passes`` cast passes moving ``nbytes`` in all."""
+        """``passes`` cast passes moving ``nbytes`` in all (the GPU's timeline)."""
         return passes * self.pass_s + nbytes / (self.gbps * 1e9)
 
 
-def cast_rate(gpu: GPUSpec, job: Job, compile: bool) -> CastRate:
-    """The cast rate of ``job`` on ``gpu`` (see the module docstring)."""
+def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False) -> CastRate:
+    """The cast rate of ``job`` on ``gpu`` (see the module docstring). ``host_measured``:
+    the estimate has the CPU's dispatch, so eager casts split GPU and host where ``gpu``
+    has the split."""
     hbm = gpu.hbm_gbps * gpu.hbm_efficiency
     if fp8_transformer_engine(job):
         return CastRate(0.0, hbm, True, "TransformerEngine's fused cast-transpose kernels at "
@@ -164,6 +181,13 @@ def cast_rate(gpu: GPUSpec, job: Job, compile: bool) -> CastRate:
                             "compiled casts at the profile's fp8_cast_compiled_gbps", False)
         return CastRate(0.0, hbm, False, "compiled casts at HBM bandwidth × hbm_efficiency",
                         True)
+    if host_measured and gpu.fp8_cast_eager_gpu_gbps > 0:
+        return CastRate(gpu.fp8_cast_eager_gpu_pass_s, gpu.fp8_cast_eager_gpu_gbps, False,
+                        "eager casts: the GPU's part at the profile's fp8_cast_eager_gpu_pass_s "
+                        "and fp8_cast_eager_gpu_gbps, the host's dispatch at "
+                        "fp8_cast_eager_host_pass_s", False,
+                        host_pass_s=(gpu.fp8_cast_eager_host_pass_s
+                                     or gpu.fp8_cast_eager_pass_s))
     if gpu.fp8_cast_eager_gbps > 0:
         return CastRate(gpu.fp8_cast_eager_pass_s, gpu.fp8_cast_eager_gbps, False,
                         "eager casts at the profile's fp8_cast_eager_pass_s and "
@@ -221,6 +245,16 @@ class Fp8Layer:
     # where it was the bf16 row plus the fp8 difference timed at another recompute mode:
     # the row it lacks and that mode (meshplan.costmodel.fp8_rows.sibling_delta)
     sibling: tuple[str, str] = ()
+    # the host's dispatch the eager casts add per micro-batch (CPU's timeline; 0 where the
+    # cast rate has no host part: CastRate.host_pass_s)
+    forward_cast_cpu_s: float = 0.0
+    backward_cast_cpu_s: float = 0.0
+
+    def cast_cpu_s(self, recompute: str) -> tuple[float, float]:
+        """(forward, backward) host dispatch the casts add to a layer's; full recomputation
+        dispatches the forward's casts again in the backward."""
+        again = self.forward_cast_cpu_s if recompute == "full" else 0.0
+        return self.forward_cast_cpu_s, self.backward_cast_cpu_s + again
 
     def apply(self, layer: LayerCost, recompute: str) -> LayerCost:
         """``layer`` (bf16, analytical or measured) with its linears in fp8: GEMM shares × r,
@@ -251,18 +285,21 @@ class Fp8Layer:
 
 def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int, tp: int,
               sequence_parallel: bool, recompute: str, compile: bool, fsdp: bool,
-              mlp_width: int | None = None, compiled_row: bool = False) -> Fp8Layer:
+              mlp_width: int | None = None, compiled_row: bool = False,
+              host_measured: bool = False) -> Fp8Layer:
     """fp8's terms for one layer (module docstring). ``fsdp``: ZeRO-2/3 over dp > 1 (the
     weight the casts read is FSDP2's bf16 one). ``compiled_row``: the bf16 layer's kept
-    bytes come from a compiled measured row (its 16-bit weight copies included)."""
+    bytes come from a compiled measured row (its 16-bit weight copies included).
+    ``host_measured``: the estimate has the CPU's dispatch (:func:`cast_rate`)."""
     gpu = cluster.gpu
     check_fp8_supported(job, gpu)
-    rate = cast_rate(gpu, job, compile)
+    rate = cast_rate(gpu, job, compile, host_measured)
     te = fp8_transformer_engine(job)
     wbytes = fp8_weight_source_bytes(job, 2 if fsdp else 0, 2 if fsdp else 1)
     peak16, peak8 = gpu.peak_flops(sixteen_bit_precision(job)), gpu.peak_flops("fp8")
     bf16_s = fp8_s = 0.0
     cast = {"f": 0.0, "b": 0.0, "w": 0.0}
+    host = {"f": 0.0, "b": 0.0}
     working = 0.0
     t = rate.seconds
     for (m, k, n), _ in linear_shapes(model, job, micro_batch, tp, mlp_width):
@@ -277,6 +314,9 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
         cast["f"] += t(c.forward_passes, c.forward_bytes) + (0.0 if te else w_f)
         cast["b"] += t(c.backward_passes, c.backward_bytes) + (0.0 if te else w_b)
         cast["w"] += (w_f + w_b) if te else 0.0
+        host["f"] += rate.host_pass_s * (c.forward_passes + c.weight_forward_passes)
+        host["b"] += rate.host_pass_s * (c.kernels - c.forward_passes
+                                         - c.weight_forward_passes)
         working = max(working, 2.0 * m * n + n * k + m * k)
     lp = linear_params(model, job, tp, mlp_width)
     mem = (te_memory(model, job, micro_batch, tp, sequence_parallel, recompute, lp)
@@ -286,7 +326,8 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
     return Fp8Layer(
         gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
         forward_cast_s=cast["f"], backward_cast_s=cast["b"], weight_cast_step_s=cast["w"],
-        working_bytes=0.0 if te else working, rate=rate, **mem)
+        working_bytes=0.0 if te else working, rate=rate,
+        forward_cast_cpu_s=host["f"], backward_cast_cpu_s=host["b"], **mem)
 
 
 def fp8_gathered_params(model: ModelSpec, job: Job, tp: int) -> float:

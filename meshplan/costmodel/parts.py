@@ -83,6 +83,10 @@ class LayerParts:
     # bf16 without autocast): the measured fp8 row's less the bf16 row's it replaced, plus
     # the autocast weight copies only the bf16 compiled row keeps; composed without a row
     fp8_delta_kept_bytes: float = 0.0
+    # the host dispatch an eager fp8 layer's casts add to its measured bf16 row's (forward,
+    # backward) per micro-batch (Fp8Layer.cast_cpu_s; build.host_dispatch adds it); (0, 0)
+    # without fp8, from a measured fp8 row, or without the CPU's dispatch
+    fp8_cpu_s: tuple[float, float] = (0.0, 0.0)
     # the micro-batches the layer's measured row was extended from, where this layout's lies
     # outside those timed (measured.Interpolated.extended_from); () inside or analytical
     extended_from: tuple[int, ...] = ()
@@ -174,14 +178,15 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
                    mo.forward_cpu_s, mo.backward_cpu_s)
             cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
-    f8, delta, kept_delta = None, (0.0, 0.0, 0.0), 0.0
+    f8, delta, kept_delta, f8_cpu = None, (0.0, 0.0, 0.0), 0.0, (0.0, 0.0)
     if job.precision == "fp8":
         at = dict(micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=recompute,
                   compile=compile)
         row = None if mlp_width is not None else fp8_row(tables, model, job, **at)
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, compile=compile, fsdp=fsdp,
-                       mlp_width=mlp_width, compiled_row=compile if row else compiled)
+                       mlp_width=mlp_width, compiled_row=compile if row else compiled,
+                       host_measured=cpu is not None)
         kept_delta = f8.activation_delta_bytes
         if "layer" in measured and model.is_moe and mlp_width is not None:
             # a measured MoE row holds the routed experts, which stay 16-bit (the executor's
@@ -224,13 +229,14 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         layer = moved
         if row is None:
             act_b = max(0.0, act_b + f8.activation_delta_bytes + f8.row_weight_copy_bytes)
+            f8_cpu = f8.cast_cpu_s(recompute)
     # Activation sent between stages; scatter/gather over tp (Narayanan et al. 2021 §4.1).
     msg = job.seq_len * mb * model.hidden_size * e / tp
     return LayerParts(layer, emb, logit, act_b, bwd_buf, emb_act, logit_b, out_peak, msg,
                       comm.p2p_s(pp_link, msg), tuple(measured), split, cpu, full_act,
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
                       wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
-                      fp8_delta_kept_bytes=kept_delta,
+                      fp8_delta_kept_bytes=kept_delta, fp8_cpu_s=f8_cpu,
                       tables=tables, transferred_from=transferred, extended_from=extended)
 
 

@@ -23,7 +23,9 @@ DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 
 
 HOST_KEYS = ("host_op_dispatch_s", "host_sync_s", "host_comm_op_s", "host_all_to_all_s")
-FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps")
+FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps",
+                 "fp8_cast_eager_gpu_pass_s", "fp8_cast_eager_gpu_gbps",
+                 "fp8_cast_eager_host_pass_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,12 @@ class GPUSpec:
     fp8_cast_eager_pass_s: float = 0.0
     fp8_cast_eager_gbps: float = 0.0
     fp8_cast_compiled_gbps: float = 0.0
+    # the eager casts split (timed queued): the GPU's busy time per pass and bandwidth, and
+    # the host's extra dispatch per pass over a bf16 linear's (0: not measured; the
+    # synchronized pair above then prices them on the GPU's timeline)
+    fp8_cast_eager_gpu_pass_s: float = 0.0
+    fp8_cast_eager_gpu_gbps: float = 0.0
+    fp8_cast_eager_host_pass_s: float = 0.0
     # the fp8 recipes whose torch._scaled_mm kernel ran on this GPU with the executor (runtime
     # "torch"; empty: not known, nothing refused)
     fp8_torch_recipes: tuple[str, ...] = ()

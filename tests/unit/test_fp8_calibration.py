@@ -92,3 +92,56 @@ def test_datasheet_eager_keys_reproduce_the_h100_fit():
     pass_s, gbps = eager_cast_fit(json.loads(data.read_text())["fp8_gemm"])
     assert pass_s == pytest.approx(H100.fp8_cast_eager_pass_s, rel=0.01)
     assert gbps == pytest.approx(H100.fp8_cast_eager_gbps, rel=0.01)
+
+
+def _split_rows(gpu_pass_s=1e-5, gpu_gbps=600.0, host_pass_s=1.3e-4, recipe="rowwise"):
+    """Rows as calibrate times them on CUDA: synchronized (the host's ~2 ms) and queued."""
+    out = []
+    for r in _rows(recipe=recipe):
+        c = linear_cast_traffic(r["m"], r["k"], r["n"], recipe, act_bytes=2, weight_bytes=4)
+        gemm = r["gemm_seconds"]
+        out.append(dict(r, linear_seconds=2e-3, gemm_gpu_seconds=gemm,
+                        linear_gpu_seconds=gemm + c.kernels * gpu_pass_s
+                        + c.per_microbatch_bytes / (gpu_gbps * 1e9),
+                        bf16_cpu_seconds=4e-4,
+                        linear_cpu_seconds=4e-4 + c.kernels * host_pass_s))
+    return out
+
+
+def test_split_fit_recovers_the_gpu_and_host_parts_and_the_profile_writes_them(tmp_path):
+    """The queued timings give the casts' GPU part (the line through the fp8 linear's
+    GPU-busy time less its GEMMs') and the host's extra dispatch per pass; rows timed only
+    synchronized (CPU, older calibrations) give no split."""
+    from meshplan.calibrate.fp8_profile import eager_cast_split_fit
+    rows = _split_rows() + _split_rows(recipe="tensorwise")
+    assert eager_cast_split_fit(rows) == pytest.approx((1e-5, 600.0, 1.3e-4), rel=1e-6)
+    assert eager_cast_split_fit(_rows()) is None
+    doc = prof.build_profile(measurements={"fp8_gemm": rows}, base=H100, device="cuda",
+                             provenance={"machine": "t", "gpu_name": "NVIDIA H100"})
+    keys = {"fp8_cast_eager_gpu_pass_s", "fp8_cast_eager_gpu_gbps",
+            "fp8_cast_eager_host_pass_s"}
+    assert keys <= set(doc["measured"])
+    gpu = load_profile(write_text_atomic(tmp_path / "p.toml", dumps(doc))).gpu
+    assert (gpu.fp8_cast_eager_gpu_pass_s, gpu.fp8_cast_eager_gpu_gbps,
+            gpu.fp8_cast_eager_host_pass_s) == pytest.approx((1e-5, 600.0, 1.3e-4), rel=1e-6)
+    doc = prof.build_profile(measurements={"fp8_gemm": _rows()}, base=H100, device="cuda",
+                             provenance={})
+    assert not keys & set(doc["measured"])
+
+
+def test_datasheet_h200_split_keys_reproduce_the_h200_probe():
+    """data/gpus.toml's H200 split keys are the fit over the committed 2026-12-01 probe
+    (benchmarks/fp8_eager_cast_gpu.py, both recipes)."""
+    import json
+    from pathlib import Path
+    from meshplan.calibrate.fp8_profile import eager_cast_split_fit
+    h200 = builtin_gpu("H200-SXM-141GB")
+    data = Path(__file__).resolve().parents[2] / \
+        "docs/benchmarks/data/fp8_eager_cast_h200x1_20261201.json"
+    rows = [dict(r, linear_gpu_seconds=r["fp8_gpu_s"], gemm_gpu_seconds=r["gemms_gpu_s"],
+                 linear_cpu_seconds=r["fp8_cpu_s"], bf16_cpu_seconds=r["bf16_cpu_s"])
+            for r in json.loads(data.read_text())["rows"]]
+    g, gbps, host = eager_cast_split_fit(rows)
+    assert g == pytest.approx(h200.fp8_cast_eager_gpu_pass_s, rel=0.01)
+    assert gbps == pytest.approx(h200.fp8_cast_eager_gpu_gbps, rel=0.01)
+    assert host == pytest.approx(h200.fp8_cast_eager_host_pass_s, rel=0.01)

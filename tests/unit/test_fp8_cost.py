@@ -302,3 +302,47 @@ def test_fp8_layer_needs_a_curve():
     with pytest.raises(Exception, match="no fp8_gemm_efficiency curve"):
         fp8_layer(MODEL, replace(CLUSTER, gpu=gpu), job(), micro_batch=1, tp=1,
                   sequence_parallel=False, recompute="none", compile=False, fsdp=False)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_eager_casts_split_gpu_and_host_where_the_cpu_dispatch_is_measured(recompute):
+    """With the split keys and a row whose CPU dispatch is measured, the eager casts put
+    passes × gpu_pass_s + bytes / gpu_gbps on the GPU's timeline and passes × host_pass_s
+    on the CPU's (full recomputation dispatches the forward's again); the step's host
+    dispatch grows by exactly that. Without a measured CPU (or without the split keys) the
+    synchronized pair prices them on the GPU, as before."""
+    split = dict(fp8_cast_eager_gpu_pass_s=9e-6, fp8_cast_eager_gpu_gbps=600.0,
+                 fp8_cast_eager_host_pass_s=130e-6)
+    rows = (_crow(False, 2e-3, 4e-3, recompute=recompute),)
+    ends = (_end("embedding"), _end("output"))
+    measured = MeasuredTables(rows, ends)
+    with_split = replace(CLUSTER, gpu=replace(GPU, measured=measured, **split))
+    lay = Layout(dp=4, micro_batch=1, recompute=recompute)
+    f = parts(job(), lay, with_split)
+    tr = _traffic(job(), 4)
+    fwd_passes = sum(c.forward_passes + c.weight_forward_passes for c in tr)
+    all_passes = sum(c.kernels for c in tr)
+    fwd_gpu = sum(c.forward_passes + c.weight_forward_passes for c in tr) * 9e-6 + sum(
+        c.forward_bytes + c.weight_forward_bytes for c in tr) / 600e9
+    assert f.fp8.rate.host_pass_s == 130e-6 and f.fp8.rate.pass_s == 9e-6
+    assert f.fp8.forward_cast_s == pytest.approx(fwd_gpu)
+    again = fwd_passes if recompute == "full" else 0
+    assert f.fp8_cpu_s == pytest.approx((fwd_passes * 130e-6,
+                                         (all_passes - fwd_passes + again) * 130e-6))
+    b16 = estimate(MODEL, with_split, job("bf16"), lay)
+    f8 = estimate(MODEL, with_split, job(), lay)
+    n_mb = 16 // 4
+    assert f8.host_dispatch_s - b16.host_dispatch_s == pytest.approx(
+        n_mb * MODEL.num_layers * sum(f.fp8_cpu_s))
+    # no measured CPU: the synchronized pair, on the GPU's timeline
+    datasheet = replace(CLUSTER, gpu=replace(GPU, **split))
+    d = parts(job(), lay, datasheet)
+    assert d.fp8_cpu_s == (0.0, 0.0) and d.fp8.rate.host_pass_s == 0.0
+    assert (d.fp8.rate.pass_s, d.fp8.rate.gbps) == (GPU.fp8_cast_eager_pass_s,
+                                                    GPU.fp8_cast_eager_gbps)
+    # no split keys (H100's data): as before, whatever the CPU
+    old = parts(job(), lay, replace(CLUSTER, gpu=replace(GPU, measured=measured)))
+    assert old.fp8_cpu_s == (0.0, 0.0) and old.fp8.rate.pass_s == GPU.fp8_cast_eager_pass_s
+    # compiled casts have no host part
+    comp = parts(job(), replace(lay, compile=True), with_split)
+    assert comp.fp8_cpu_s == (0.0, 0.0)

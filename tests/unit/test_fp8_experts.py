@@ -113,8 +113,8 @@ def test_a_measured_moe_row_moves_only_its_dense_part_to_fp8():
               mlp_width=0)
     dense = layer_cost(model, cluster, f8j, **kw)
     moved = fp8_layer(model, cluster, f8j, micro_batch=8, tp=1, sequence_parallel=False,
-                      recompute="none", compile=False, fsdp=False, mlp_width=0).apply(dense,
-                                                                                     "none")
+                      recompute="none", compile=False, fsdp=False, mlp_width=0,
+                      host_measured=True).apply(dense, "none")
     assert p8.layer.forward.total_s - p16.layer.forward.total_s == pytest.approx(
         moved.forward.total_s - dense.forward.total_s, rel=1e-9)
     assert p8.layer.backward.total_s - p16.layer.backward.total_s == pytest.approx(
