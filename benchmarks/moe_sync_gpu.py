@@ -236,6 +236,11 @@ SETS["drawn-3822"] = draw_layouts(3822, count=8, gpus=1)
 # multi-head latent attention (draw_moe.py --mla; 8 experts of 5504, top-2, + a shared one):
 # the first timed check of the executor's MLA; the first four GPU-bound layouts
 SETS["drawn-3823"] = draw_layouts(3823, count=8, gpus=1)
+# fp8h16 (2026-12-01, one GPU): a never-run dense GPT (draw_models.py seed 4116) in bf16 and
+# fp8 tensorwise, eager and compiled as drawn, priced by composition (no fp8 rows): the
+# eager casts' GPU / host split checked as run; the first five predicted to fit, host-bound
+# or not (`plans --gpu-bound 5 --max-host-load inf`)
+SETS["drawn-4116"] = draw_layouts(4116, count=8, gpus=1)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
@@ -347,9 +352,9 @@ def plans(args) -> int:
             # predicted CPU dispatch exceeds 0.75 of its GPU time is left out, the next taken
             if kept >= args.gpu_bound:
                 break
-            if e.host_load > MAX_HOST_LOAD:
+            if e.host_load > args.max_host_load:
                 preds["excluded"][name] = (f"predicted CPU {e.host_load:.0%} of the GPU's "
-                                           f"time (> {MAX_HOST_LOAD:.0%})")
+                                           f"time (> {args.max_host_load:.0%})")
                 print(name, "excluded:", preds["excluded"][name])
                 continue
             if not e.fits:
@@ -370,7 +375,7 @@ def plans(args) -> int:
             "datasheet_s": estimate(model, datasheet, job, lay).step_time_s,
             "baseline_calibrated_s": (_baseline_step_s(Path(args.baseline), args.profile, lay)
                                       if args.baseline else None),
-            "memory_gib": e.memory_peak_bytes / 2**30}
+            "memory_gib": e.memory_peak_bytes / 2**30, "host_load": e.host_load}
         print(name, json.dumps(preds["layouts"][name]))
     if args.gpu_bound is not None and kept < args.gpu_bound:
         print(f"only {kept} of the set's layouts passed (--gpu-bound {args.gpu_bound})")
@@ -689,6 +694,10 @@ def main(argv=None) -> int:
     a.add_argument("--gpu-bound", type=int, default=None, metavar="N",
                    help="keep the first N layouts of the set the profile predicts GPU-bound "
                         "and fitting (the others recorded as excluded, with the reason)")
+    a.add_argument("--max-host-load", type=float, default=MAX_HOST_LOAD, metavar="X",
+                   help=f"with --gpu-bound: the predicted CPU / GPU share above which a "
+                        f"layout is passed over (default {MAX_HOST_LOAD}; inf: the first N "
+                        f"predicted to fit, host-bound or not)")
     b = sub.add_parser("run")
     b.add_argument("--plans", required=True)
     b.add_argument("--baseline", default=None, help="a baseline tree to run beside this one")

@@ -512,3 +512,26 @@ def test_the_committed_moeh20_mla_draw_and_its_one_gpu_layouts():
                   precision=prec, **extra)
         for _, lay in drawn:
             check_layout_runnable(committed, job, dataclasses.replace(lay))
+
+
+def test_the_committed_fp8h16_draw_and_its_one_gpu_layouts():
+    """fp8h16 (2026-12-01): draw_models.py seed 4116's first model, committed before any run,
+    and moe_sync_gpu.py's eight one-GPU layouts of seed 4116, each runnable by the executor
+    in bf16 and fp8 tensorwise."""
+    import dataclasses
+
+    import draw_models as dm
+    import moe_sync_gpu as msg
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "fp8h16" / "m01.json").read_text()))
+    assert committed == dm.draw_model(random.Random(4116), "m01", min_params=1.5e9,
+                                      max_params=3.0e9)
+    drawn = msg.SETS["drawn-4116"]
+    assert drawn == msg.draw_layouts(4116, count=8, gpus=1)
+    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": "tensorwise"})):
+        job = Job(global_batch=16, seq_len=committed.max_seq_len, runtime="torch",
+                  precision=prec, **extra)
+        for _, lay in drawn:
+            check_layout_runnable(committed, job, dataclasses.replace(lay))
