@@ -161,6 +161,7 @@ class CastRate:
     how: str             # for caveats and reports
     assumed: bool        # not measured: stated in the estimate's caveats
     host_pass_s: float = 0.0   # the host's dispatch per pass, on the CPU's timeline
+    compiled: bool = False     # the executor's casts under torch.compile
 
     def seconds(self, passes: int, nbytes: float) -> float:
         """``passes`` cast passes moving ``nbytes`` in all (the GPU's timeline)."""
@@ -178,9 +179,10 @@ def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False
     if compile:
         if gpu.fp8_cast_compiled_gbps > 0:
             return CastRate(0.0, gpu.fp8_cast_compiled_gbps, False,
-                            "compiled casts at the profile's fp8_cast_compiled_gbps", False)
+                            "compiled casts at the profile's fp8_cast_compiled_gbps", False,
+                            compiled=True)
         return CastRate(0.0, hbm, False, "compiled casts at HBM bandwidth × hbm_efficiency",
-                        True)
+                        True, compiled=True)
     if host_measured and gpu.fp8_cast_eager_gpu_gbps > 0:
         return CastRate(gpu.fp8_cast_eager_gpu_pass_s, gpu.fp8_cast_eager_gpu_gbps, False,
                         "eager casts: the GPU's part at the profile's fp8_cast_eager_gpu_pass_s "
@@ -408,13 +410,26 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
                       "TransformerEngine's)" if rate.fused else
                       ": `meshplan calibrate` on this GPU measures them)"))
     if job.runtime == "torch" and rate.pass_s > 0:
+        host = (f" of GPU time, and {rate.host_pass_s * 1e6:.0f} µs a pass of the host's "
+                f"dispatch" if rate.host_pass_s > 0 else "")
         out.append("fp8 without compile: the executor's eager casts cost "
                    f"{rate.pass_s * 1e6:.0f} µs a pass plus their bytes at {rate.gbps:.0f} "
-                   "GB/s; on one H100 the eager fp8 linear ran 3-11× slower than bf16 "
+                   f"GB/s{host}; on one H100 the eager fp8 linear ran 3-11× slower than bf16 "
                    "(docs/benchmarks/fp8_checks.md) — use Layout(compile=True)")
+    if job.runtime == "torch" and rate.compiled:
+        out.append(COMPOSED_COMPILED_CAVEAT)
     return tuple(out)
+
+
+#: compiled fp8 priced from the bf16 rows plus fp8's terms (no measured fp8 row)
+COMPOSED_COMPILED_CAVEAT = (
+    "compiled fp8 composed from bf16 rows (no measured fp8 layer row): its casts are priced "
+    "as separate passes, which Inductor fuses with the kernels around them — on one H200 "
+    "seven such arms of four never-run models ran 1-38 % faster than this price "
+    "(docs/benchmarks/fp8_checks.md \"fp8h16\"); `meshplan calibrate --fp8-rows` times the "
+    "compiled fp8 layer itself (fp8h11-fp8h14, 2 × H200: speed-up within 1.0-1.9 % mean)")
 
 
 __all__ = ["CastRate", "cast_rate", "check_fp8_supported", "Fp8Layer", "fp8_layer",
            "fp8_gathered_params", "te_memory", "torch_memory", "te_activation_delta_bytes",
-           "fp8_caveats"]
+           "fp8_caveats", "COMPOSED_COMPILED_CAVEAT"]

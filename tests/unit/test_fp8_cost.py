@@ -346,3 +346,21 @@ def test_eager_casts_split_gpu_and_host_where_the_cpu_dispatch_is_measured(recom
     # compiled casts have no host part
     comp = parts(job(), replace(lay, compile=True), with_split)
     assert comp.fp8_cpu_s == (0.0, 0.0)
+
+
+def test_caveats_name_the_eager_host_part_and_composed_compiled_fp8():
+    """An eager split says the host's share; compiled fp8 composed from bf16 rows (no fp8
+    row) says how far such arms ran from the price and how to measure the row."""
+    from meshplan.costmodel.fp8_cost import COMPOSED_COMPILED_CAVEAT
+    split = dict(fp8_cast_eager_gpu_pass_s=9e-6, fp8_cast_eager_gpu_gbps=600.0,
+                 fp8_cast_eager_host_pass_s=130e-6)
+    rows = (_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3))
+    cl = replace(CLUSTER, gpu=replace(GPU, measured=MeasuredTables(
+        rows, (_end("embedding"), _end("output"))), **split))
+    eager = estimate(MODEL, cl, job(), Layout(dp=4, micro_batch=1))
+    assert any("130 µs a pass of the host's dispatch" in c for c in eager.caveats)
+    assert COMPOSED_COMPILED_CAVEAT not in eager.caveats
+    compiled = estimate(MODEL, cl, job(), Layout(dp=4, micro_batch=1, compile=True))
+    assert COMPOSED_COMPILED_CAVEAT in compiled.caveats
+    assert COMPOSED_COMPILED_CAVEAT not in estimate(
+        MODEL, cl, job(runtime="megatron"), Layout(dp=4, micro_batch=1)).caveats
