@@ -57,36 +57,11 @@ def kernels_per_call(fn) -> int:
 
 def one_row(label: str, m: int, k: int, n: int, recipe: str) -> dict:
     import torch
-    import torch.nn.functional as F
+    from meshplan.calibrate.bench_fp8 import linear_calls
     from meshplan.calibrate.timing import time_fn, time_queued_split
     from meshplan.costmodel.fp8 import linear_cast_traffic
-    from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable, fp8_linear
     dev = torch.device("cuda")
-    plan = Fp8Plan(recipe=check_recipe_runnable(recipe, dev), emulate=False)
-    dt = torch.bfloat16
-    x = torch.randn(m, k, device=dev, dtype=dt, requires_grad=True)
-    w = torch.randn(n, k, device=dev, dtype=torch.float32, requires_grad=True)
-    w16 = w.detach().to(dt).requires_grad_()
-    dy = torch.randn(m, n, device=dev, dtype=dt)
-    xq, wq = plan.cast(x.detach(), "x_fwd"), plan.cast(w.detach(), "w_fwd")
-    dyq = plan.cast(dy, "dy_dgrad")
-    wq_d = plan.cast(w.detach(), "w_dgrad").contiguous_t().t()
-    dyq_w = plan.cast(dy, "dy_wgrad").contiguous_t()
-    xq_w = plan.cast(x.detach(), "x_wgrad").contiguous_t().t()
-
-    def gemms():
-        plan.gemm(xq, wq.t(), dt, "forward")
-        plan.gemm(dyq, wq_d, dt, "dgrad")
-        plan.gemm(dyq_w, xq_w, dt, "wgrad")
-
-    def fp8():
-        fp8_linear(x, w, None, plan).backward(dy)
-        x.grad = w.grad = None
-
-    def bf16():
-        F.linear(x, w16).backward(dy)
-        x.grad = w16.grad = None
-
+    gemms, fp8, bf16 = linear_calls(m, k, n, recipe, dev)
     row = {"label": label, "m": m, "k": k, "n": n, "recipe": recipe}
     for name, fn in (("gemms", gemms), ("fp8", fp8), ("bf16", bf16)):
         row[f"{name}_sync_s"] = time_fn(fn, device=dev, iters=9).median_s

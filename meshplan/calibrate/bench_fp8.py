@@ -44,12 +44,13 @@ def _dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def bench_fp8_gemm(shape: GemmShape, recipe_name: str, device: torch.device) -> dict[str, Any]:
-    """One row: pure fp8 GEMMs, the fp8 linear with casts, and bf16, for ``shape``."""
+def linear_calls(m: int, k: int, n: int, recipe_name: str, device: torch.device):
+    """(gemms, fp8, bf16): callables running one ``m × k`` by ``k × n`` linear's three fp8
+    GEMMs on operands cast beforehand, the executor's fp8 linear forward + backward with its
+    casts (fp32 weight, as ZeRO-0/1 runs it), and the bf16 ``F.linear`` forward + backward."""
     r = check_recipe_runnable(recipe_name, device)
     plan = Fp8Plan(recipe=r, emulate=device.type != "cuda")
     dt = _dtype(device)
-    m, k, n = shape.m, shape.k, shape.n
     x = torch.randn(m, k, device=device, dtype=dt, requires_grad=True)
     w = torch.randn(n, k, device=device, dtype=torch.float32, requires_grad=True)
     w16 = w.detach().to(dt).requires_grad_()
@@ -75,6 +76,13 @@ def bench_fp8_gemm(shape: GemmShape, recipe_name: str, device: torch.device) -> 
         F.linear(x, w16).backward(dy)
         x.grad = w16.grad = None
 
+    return gemms, linear_fp8, linear_bf16
+
+
+def bench_fp8_gemm(shape: GemmShape, recipe_name: str, device: torch.device) -> dict[str, Any]:
+    """One row: pure fp8 GEMMs, the fp8 linear with casts, and bf16, for ``shape``."""
+    m, k, n = shape.m, shape.k, shape.n
+    gemms, linear_fp8, linear_bf16 = linear_calls(m, k, n, recipe_name, device)
     t_gemm = time_fn(gemms, device=device)
     t_fp8 = time_fn(linear_fp8, device=device)
     t_bf16 = time_fn(linear_bf16, device=device)
@@ -180,5 +188,5 @@ def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     return {r["op"]: r["bytes"] / r["seconds"] / 1e9 for r in rows}
 
 
-__all__ = ["bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled", "fp8_rows",
+__all__ = ["linear_calls", "bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled", "fp8_rows",
            "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS", "RUNNABLE_RECIPES"]
