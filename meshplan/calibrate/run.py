@@ -103,6 +103,16 @@ def has_fp8_tensor_cores(device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+def fp8_rows_hint(layer_rows: bool, fp8_rows: str) -> str | None:
+    """What a calibration of a model's layer rows on an fp8 GPU says when it times no fp8
+    rows: its fp8 estimates will be composed from the bf16 rows."""
+    if not layer_rows or fp8_rows:
+        return None
+    return ("no fp8 layer rows (--fp8-rows RECIPE times them): fp8 estimates of these models "
+            "will be the bf16 rows plus fp8's terms; compiled fp8 priced that way ran 1-38 % "
+            "faster than priced on seven 1-GPU arms (docs/benchmarks/fp8_checks.md \"fp8h16\")")
+
+
 def runnable_fp8_rows(recipe: str, device) -> tuple[str, str]:
     """(``recipe``, "") where this device runs the executor's fp8 linears of ``recipe``
     (emulated on CPU; on a GPU its kernel probe passes), else ("", why not): the fp8 rows
@@ -360,6 +370,9 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         prog.step(f"fp8: {len(part['fp8_gemm'])} GEMM rows (recipes that ran: "
                   f"{', '.join(ran) or 'none'}), {len(part['fp8_cast'])} casts in "
                   f"{time.perf_counter() - t0:.0f} s")
+        hint = fp8_rows_hint(bool(grid), fp8_rows)
+        if hint:
+            prog.note(hint)
     for a in attn:
         r = bench_compute.bench_attention(a, device, queued=options.queued_microbench)
         rows["attention"].append(r)

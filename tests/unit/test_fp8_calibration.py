@@ -145,3 +145,11 @@ def test_datasheet_h200_split_keys_reproduce_the_h200_probe():
     assert g == pytest.approx(h200.fp8_cast_eager_gpu_pass_s, rel=0.01)
     assert gbps == pytest.approx(h200.fp8_cast_eager_gpu_gbps, rel=0.01)
     assert host == pytest.approx(h200.fp8_cast_eager_host_pass_s, rel=0.01)
+
+
+def test_a_calibration_of_layer_rows_without_fp8_rows_says_what_fp8_estimates_will_be():
+    from meshplan.calibrate.run import fp8_rows_hint
+    hint = fp8_rows_hint(True, "")
+    assert "--fp8-rows" in hint and "bf16 rows plus fp8's terms" in hint
+    assert fp8_rows_hint(True, "tensorwise") is None      # fp8 rows asked for
+    assert fp8_rows_hint(False, "") is None               # no model, no layer rows
