@@ -20,7 +20,10 @@ keys:
   (:func:`cast_rate`): the executor's eager casts (runtime "torch" without compile:
   ``fp8_cast_eager_pass_s`` + ``fp8_cast_eager_gbps``, H100 fit: 117 µs per pass and
   1089 GB/s, data/gpus.toml), Inductor-fused casts (compile: ``fp8_cast_compiled_gbps``
-  where calibrated, else HBM × ``hbm_efficiency`` — an assumption, stated in the caveats),
+  where calibrated, else HBM × ``hbm_efficiency`` — an assumption, stated in the caveats;
+  inside a compiled block × ``fp8_cast_compiled_block_share``, H200 0.332: fitted on 54
+  compiled fp8 rows of 14 models against their bf16 twins composed, 24.1 → 4.7 % mean,
+  ``benchmarks/fp8_composed_rows.py``),
   and TransformerEngine's fused cast-transpose kernels (runtime "megatron": HBM ×
   ``hbm_efficiency``, assumed, amax from history for ``delayed``). The casts are
   memory-bound time (``PassCost.memory_bound_s``).
@@ -162,6 +165,7 @@ class CastRate:
     assumed: bool        # not measured: stated in the estimate's caveats
     host_pass_s: float = 0.0   # the host's dispatch per pass, on the CPU's timeline
     compiled: bool = False     # the executor's casts under torch.compile
+    block_share: float = 0.0   # compiled: the profile's fp8_cast_compiled_block_share (0: none)
 
     def seconds(self, passes: int, nbytes: float) -> float:
         """``passes`` cast passes moving ``nbytes`` in all (the GPU's timeline)."""
@@ -178,6 +182,13 @@ def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False
                         "HBM bandwidth × hbm_efficiency", True)
     if compile:
         if gpu.fp8_cast_compiled_gbps > 0:
+            share = gpu.fp8_cast_compiled_block_share
+            if share > 0:
+                return CastRate(0.0, gpu.fp8_cast_compiled_gbps / share, False,
+                                f"compiled casts at the profile's fp8_cast_compiled_gbps, "
+                                f"{share:g} of them inside a block "
+                                f"(fp8_cast_compiled_block_share)", False, compiled=True,
+                                block_share=share)
             return CastRate(0.0, gpu.fp8_cast_compiled_gbps, False,
                             "compiled casts at the profile's fp8_cast_compiled_gbps", False,
                             compiled=True)
@@ -251,6 +262,10 @@ class Fp8Layer:
     # cast rate has no host part: CastRate.host_pass_s)
     forward_cast_cpu_s: float = 0.0
     backward_cast_cpu_s: float = 0.0
+    # the executor's compiled block under full recomputation saves its fp8 GEMMs' outputs
+    # (Inductor's partitioner), so the recomputed forward runs none of the linears' GEMMs
+    # nor their casts (apply)
+    recompute_keeps_gemm_outputs: bool = False
 
     def cast_cpu_s(self, recompute: str) -> tuple[float, float]:
         """(forward, backward) host dispatch the casts add to a layer's; full recomputation
@@ -270,7 +285,16 @@ class Fp8Layer:
         backward's GPU time in the forward: fp8h7's tp 2 + SP row, 7.2 / 2.8 ms at recompute
         full, against 3.0 / 7.4 ms without SP), so replacing the held pass by the forward
         priced fp8h7's p01 fp8 arm at 1.24 s where it ran 0.67 s (docs/benchmarks/fp8_checks.md
-        "fp8h7"). For an analytical layer the two are the same pass."""
+        "fp8h7"). For an analytical layer the two are the same pass.
+
+        The executor's compiled fp8 block under full recomputation keeps its fp8 GEMMs'
+        16-bit outputs instead of recomputing them (the memory term of :func:`torch_memory`,
+        found in every compiled full-recompute fp8 row's bytes), so its recomputed forward
+        runs no linear GEMM and no cast (:attr:`recompute_keeps_gemm_outputs`). Post hoc on
+        the 30 compiled full-recompute fp8 rows of fp8h1-fp8h15 (the bf16 row composed to
+        fp8 against the measured fp8 row): 46.9 → 25.3 % mean error, the rest the casts'
+        price shared with the rows without recomputation (docs/benchmarks/fp8_checks.md,
+        "Compiled fp8 composed from bf16 rows")."""
         k = self.gemm_ratio
 
         def moved(p: PassCost, cast_s: float) -> PassCost:
@@ -280,6 +304,8 @@ class Fp8Layer:
         # (Megatron-Core's CheckpointWithoutOutput(fp8=...)); their inputs' casts are not
         # counted again
         rc = moved(layer.recompute, self.forward_cast_s if recompute == "full" else 0.0)
+        if recompute == "full" and self.recompute_keeps_gemm_outputs:
+            rc = replace(layer.recompute, gemm_s=0.0)
         backward = moved(layer.backward - layer.recompute, self.backward_cast_s) + rc
         return LayerCost(forward, backward, rc, layer.wgrad_s * k, layer.tp_wire_bytes,
                          layer.wgrad_gather_s, layer.wgrad_gather_wire_bytes)
@@ -329,7 +355,8 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
         gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
         forward_cast_s=cast["f"], backward_cast_s=cast["b"], weight_cast_step_s=cast["w"],
         working_bytes=0.0 if te else working, rate=rate,
-        forward_cast_cpu_s=host["f"], backward_cast_cpu_s=host["b"], **mem)
+        forward_cast_cpu_s=host["f"], backward_cast_cpu_s=host["b"],
+        recompute_keeps_gemm_outputs=compile and not te and recompute == "full", **mem)
 
 
 def fp8_gathered_params(model: ModelSpec, job: Job, tp: int) -> float:
@@ -417,19 +444,29 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
                    f"GB/s{host}; on one H100 the eager fp8 linear ran 3-11× slower than bf16 "
                    "(docs/benchmarks/fp8_checks.md) — use Layout(compile=True)")
     if job.runtime == "torch" and rate.compiled:
-        out.append(COMPOSED_COMPILED_CAVEAT)
+        out.append(COMPOSED_COMPILED_SHARE_CAVEAT if rate.block_share
+                   else COMPOSED_COMPILED_CAVEAT)
     return tuple(out)
 
 
-#: compiled fp8 priced from the bf16 rows plus fp8's terms (no measured fp8 row)
+#: compiled fp8 priced from the bf16 rows plus fp8's terms (no measured fp8 row), the casts
+#: at their price cast alone
 COMPOSED_COMPILED_CAVEAT = (
-    "compiled fp8 composed from bf16 rows (no measured fp8 layer row): its casts are priced "
-    "as separate passes, which Inductor fuses with the kernels around them — on one H200 "
-    "seven such arms of four never-run models ran 1-38 % faster than this price "
-    "(docs/benchmarks/fp8_checks.md \"fp8h16\"); `meshplan calibrate --fp8-rows` times the "
-    "compiled fp8 layer itself (fp8h11-fp8h14, 2 × H200: speed-up within 1.0-1.9 % mean)")
+    "compiled fp8 composed from bf16 rows (no measured fp8 layer row), its casts priced as "
+    "if cast alone, which Inductor fuses with the kernels around them — on one H200 seven "
+    "such arms of four never-run models ran 1-38 % faster than that price "
+    "(docs/benchmarks/fp8_checks.md \"fp8h16\"); this GPU's profile has no "
+    "fp8_cast_compiled_block_share; `meshplan calibrate --fp8-rows` times the compiled fp8 "
+    "layer itself (fp8h11-fp8h14, 2 × H200: speed-up within 1.0-1.9 % mean)")
+#: the same with the casts at the profile's fp8_cast_compiled_block_share
+COMPOSED_COMPILED_SHARE_CAVEAT = (
+    "compiled fp8 composed from bf16 rows (no measured fp8 layer row), its casts at the "
+    "profile's fp8_cast_compiled_block_share of their price cast alone: fitted on 54 compiled "
+    "fp8 rows of 14 models (H200), 4.7 % mean / 12.9 % max there; seven step arms of four "
+    "other never-run models 3.6 % mean (post hoc; docs/benchmarks/fp8_checks.md \"Compiled "
+    "fp8 composed from bf16 rows\"); `meshplan calibrate --fp8-rows` times the layer itself")
 
 
 __all__ = ["CastRate", "cast_rate", "check_fp8_supported", "Fp8Layer", "fp8_layer",
            "fp8_gathered_params", "te_memory", "torch_memory", "te_activation_delta_bytes",
-           "fp8_caveats", "COMPOSED_COMPILED_CAVEAT"]
+           "fp8_caveats", "COMPOSED_COMPILED_CAVEAT", "COMPOSED_COMPILED_SHARE_CAVEAT"]

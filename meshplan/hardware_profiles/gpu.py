@@ -25,7 +25,7 @@ DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 HOST_KEYS = ("host_op_dispatch_s", "host_sync_s", "host_comm_op_s", "host_all_to_all_s")
 FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps",
                  "fp8_cast_eager_gpu_pass_s", "fp8_cast_eager_gpu_gbps",
-                 "fp8_cast_eager_host_pass_s")
+                 "fp8_cast_eager_host_pass_s", "fp8_cast_compiled_block_share")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +85,10 @@ class GPUSpec:
     fp8_cast_eager_gpu_pass_s: float = 0.0
     fp8_cast_eager_gpu_gbps: float = 0.0
     fp8_cast_eager_host_pass_s: float = 0.0
+    # compiled casts inside a compiled block cost this share of the same bytes cast alone at
+    # fp8_cast_compiled_gbps (Inductor fuses them with the kernels around them); 0: not known,
+    # priced as cast alone
+    fp8_cast_compiled_block_share: float = 0.0
     # the fp8 recipes whose torch._scaled_mm kernel ran on this GPU with the executor (runtime
     # "torch"; empty: not known, nothing refused)
     fp8_torch_recipes: tuple[str, ...] = ()

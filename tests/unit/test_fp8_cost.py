@@ -361,6 +361,51 @@ def test_caveats_name_the_eager_host_part_and_composed_compiled_fp8():
     assert any("130 µs a pass of the host's dispatch" in c for c in eager.caveats)
     assert COMPOSED_COMPILED_CAVEAT not in eager.caveats
     compiled = estimate(MODEL, cl, job(), Layout(dp=4, micro_batch=1, compile=True))
-    assert COMPOSED_COMPILED_CAVEAT in compiled.caveats
+    assert COMPOSED_COMPILED_CAVEAT in compiled.caveats        # H100: no block share
+    from meshplan.costmodel.fp8_cost import COMPOSED_COMPILED_SHARE_CAVEAT
+    shared = replace(cl, gpu=replace(cl.gpu, fp8_cast_compiled_block_share=0.33))
+    assert COMPOSED_COMPILED_SHARE_CAVEAT in estimate(
+        MODEL, shared, job(), Layout(dp=4, micro_batch=1, compile=True)).caveats
     assert COMPOSED_COMPILED_CAVEAT not in estimate(
         MODEL, cl, job(runtime="megatron"), Layout(dp=4, micro_batch=1)).caveats
+
+
+def test_compiled_full_recompute_fp8_recomputes_no_linear_gemm_nor_cast():
+    """The executor's compiled fp8 block under full recomputation keeps its fp8 GEMMs'
+    outputs (Inductor's partitioner), so the backward's recomputed forward runs no linear
+    GEMM and no cast; eager, and TransformerEngine's layers, recompute them in fp8."""
+    rows = (_crow(True, 1.5e-3, 3e-3, recompute="full"),)
+    cl = _compiled_cluster(*rows)
+    lay = Layout(dp=4, micro_batch=1, recompute="full", compile=True)
+    b, f = parts(job("bf16"), lay, cl), parts(job(), lay, cl)
+    assert f.fp8.recompute_keeps_gemm_outputs
+    assert f.layer.recompute.gemm_s == 0.0
+    assert f.layer.recompute.memory_bound_s == pytest.approx(b.layer.recompute.memory_bound_s)
+    eager = parts(job(), replace(lay, compile=False), cl)
+    assert not eager.fp8.recompute_keeps_gemm_outputs
+    assert eager.layer.recompute.gemm_s > 0
+    te = parts(job(runtime="megatron"), lay, cl)
+    assert not te.fp8.recompute_keeps_gemm_outputs
+
+
+def test_compiled_casts_inside_a_block_cost_the_profiles_share():
+    """fp8_cast_compiled_block_share prices the compiled casts at that share of the same bytes
+    cast alone; the H200 datasheet's share is the fit benchmarks/fp8_composed_rows.py makes
+    over the committed fp8h1-fp8h15 rows, which it brings within 5 % mean."""
+    import sys
+    from pathlib import Path
+    from meshplan.hardware_profiles import builtin_gpu
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import fp8_composed_rows as fcr
+    h200 = builtin_gpu("H200-SXM-141GB")
+    rate = cast_rate(h200, job(), True)
+    assert rate.gbps == pytest.approx(h200.fp8_cast_compiled_gbps
+                                      / h200.fp8_cast_compiled_block_share)
+    assert cast_rate(GPU, job(), True).gbps == GPU.fp8_cast_compiled_gbps   # H100: no share
+    alone = fcr.rows(0.0)
+    assert len(alone) >= 50
+    share = fcr.fit_share(alone)
+    assert share == pytest.approx(h200.fp8_cast_compiled_block_share, abs=0.002)
+    fitted = fcr.rows(share)
+    errors = [abs(r["composed_s"] / r["measured_s"] - 1) for r in fitted]
+    assert sum(errors) / len(errors) < 0.05

@@ -1,0 +1,136 @@
+"""Compiled fp8 layers composed from bf16 rows against the measured fp8 rows of the same
+profiles (issue 41; CPU, seconds; docs/benchmarks/fp8_checks.md, "Compiled fp8 composed
+from bf16 rows").
+
+Every profile calibrated with ``--fp8-rows`` holds, at each setting, the compiled bf16 layer
+row and the compiled fp8 row the executor measured. Without the fp8 row the cost model
+composes fp8 from the bf16 row (``costmodel/fp8_cost.py``: the linears' GEMMs at the fp8
+curve, the casts at ``fp8_cast_compiled_gbps``). This re-prices each fp8 row that way, the
+profile's fp8 rows removed, and fits the one number the comparison leaves: the share of the
+casts' price, timed cast alone, that they cost inside a compiled block (least squares through
+the origin of the measured minus the composed-without-casts time against the casts' price;
+``fp8_cast_compiled_block_share``). Rows with sequence parallelism are left out: their
+compiled rows were timed by an executor whose compiled collectives skipped part of the
+backward (docs/benchmarks/compiled_grads.md), bf16 and fp8 alike.
+
+    python benchmarks/fp8_composed_rows.py            # the fp8h1-fp8h15 profiles
+    python benchmarks/fp8_composed_rows.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from meshplan.costmodel.data_parallel import group_links  # noqa: E402
+from meshplan.costmodel.parts import layer_parts  # noqa: E402
+from meshplan.hardware_profiles import Cluster  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
+
+PROFILES = "docs/benchmarks/data/profiles/profile_h200x*_fp8h*_2026*.toml"
+
+
+def _sets() -> list[tuple[Path, ModelSpec, int]]:
+    """(profile, its set's model, GPUs) of every fp8hN set's own calibration."""
+    out = []
+    for f in sorted(ROOT.glob(PROFILES)):
+        m = re.fullmatch(r"profile_h200x(\d)_(fp8h\d+)_2026\d{4}\.toml", f.name)
+        model = ROOT / "benchmarks" / "sets" / (m.group(2) if m else "") / "m01.json"
+        if m and model.is_file():
+            out.append((f, ModelSpec.from_dict(json.loads(model.read_text())), int(m.group(1))))
+    return out
+
+
+def total(parts) -> float:
+    return parts.layer.forward.total_s + parts.layer.backward.total_s
+
+
+def rows(share: float = 0.0) -> list[dict]:
+    """Per compiled fp8 row (no SP, no dp, ep 1): measured, composed with the casts priced at
+    ``share`` (0: cast alone), composed without casts, and the casts' price cast alone."""
+    out = []
+    for path, model, gpus in _sets():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
+                                    path)
+        meas = cluster.gpu.measured
+        fp8_rows = [r for r in meas.layers if r.precision == "fp8" and r.compile
+                    and not r.sequence_parallel and not r.zero and r.dp == 1 and r.ep == 1
+                    and r.shape == next(x.shape for x in meas.layers if x.precision == "fp8")]
+        without = dataclasses.replace(meas, layers=tuple(r for r in meas.layers
+                                                         if r.precision != "fp8"))
+
+        def composed(s: float):
+            gpu = dataclasses.replace(cluster.gpu, measured=without,
+                                      fp8_cast_compiled_block_share=s)
+            return dataclasses.replace(cluster, gpu=gpu)
+        alone, priced = composed(0.0), composed(share)
+        for r in fp8_rows:
+            job = Job(global_batch=64, seq_len=r.seq_len, runtime="torch", precision="fp8",
+                      fp8_recipe=r.fp8_recipe or "tensorwise")
+            lay = Layout(tp=r.tp, micro_batch=r.micro_batch, recompute=r.recompute,
+                         compile=True)
+            links = group_links(cluster, lay)
+            at = (r.micro_batch, r.tp, False, r.recompute, links.tp, links.pp, True, False)
+            bf16 = layer_parts(model, alone, dataclasses.replace(job, precision="bf16"), *at)
+            if not bf16.compiled:
+                continue
+            # the measured fp8 row as the cost model reads it (its clock and sustained terms,
+            # as the composed layers get them)
+            measured = layer_parts(model, cluster, job, *at)
+            p_alone = layer_parts(model, alone, job, *at)
+            p_share = layer_parts(model, priced, job, *at)
+            casts = p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s
+            out.append(dict(set=path.name.split("_")[2], tp=r.tp, recompute=r.recompute,
+                            micro_batch=r.micro_batch, measured_s=total(measured),
+                            composed_s=total(p_share), casts_alone_s=casts,
+                            composed_without_casts_s=total(p_alone) - casts,
+                            bf16_s=total(bf16)))
+    return out
+
+
+def fit_share(rs: list[dict]) -> float:
+    """Least squares through the origin: measured − composed-without-casts = share × casts."""
+    num = sum((r["measured_s"] - r["composed_without_casts_s"]) * r["casts_alone_s"] for r in rs)
+    return num / sum(r["casts_alone_s"] ** 2 for r in rs)
+
+
+def _errors(rs: list[dict], key: str) -> str:
+    e = [r[key] / r["measured_s"] - 1 for r in rs]
+    return (f"mean {100 * statistics.mean(map(abs, e)):.1f} %, max "
+            f"{100 * max(map(abs, e)):.1f} %, signed {100 * statistics.mean(e):+.1f} %")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    before = rows(0.0)
+    share = fit_share(before)
+    after = rows(share)
+    print(f"{len(before)} compiled fp8 rows of {len({r['set'] for r in before})} models")
+    print(f"composed, casts priced alone: {_errors(before, 'composed_s')}")
+    print(f"fitted fp8_cast_compiled_block_share = {share:.3f}")
+    print(f"composed at that share: {_errors(after, 'composed_s')}")
+    for rc in ("none", "selective", "full"):
+        sub = [r for r in after if r["recompute"] == rc]
+        if sub:
+            print(f"  recompute {rc} ({len(sub)}): {_errors(sub, 'composed_s')}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"share": share, "rows": after}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
