@@ -98,8 +98,8 @@ keys:
   27.1 in fp8: 30.0 of it the weight copies and 12.0 the norm outputs and MLP-down input,
   each to < 0.01 % (``benchmarks/fp8_saved_bytes.py``); eager, fp8 saved exactly the
   weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise; post hoc,
-  docs/benchmarks/fp8_checks.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the measured on
-  five of seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
+  docs/benchmarks/fp8_checks.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the
+  measured on five of seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
   against −4.90 predicted (its blocks were split by DDP's graph cuts, which keep more in
   fp8 than in bf16; the executor has compiled them whole since: docs/benchmarks/fp8_checks.md,
   "f01"), and tp 4 (peak outside the backward) 0 against −0.66.
