@@ -20,7 +20,6 @@ backward (docs/benchmarks/compiled_grads.md), bf16 and fp8 alike.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import statistics
@@ -31,11 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from meshplan.costmodel.data_parallel import group_links  # noqa: E402
-from meshplan.costmodel.parts import layer_parts  # noqa: E402
+from meshplan.calibrate.fp8_block_share import composed_rows, fit_share  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
-from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
 
 PROFILES = "docs/benchmarks/data/profiles/profile_h200x*_fp8h*_2026*.toml"
 
@@ -51,59 +49,18 @@ def _sets() -> list[tuple[Path, ModelSpec, int]]:
     return out
 
 
-def total(parts) -> float:
-    return parts.layer.forward.total_s + parts.layer.backward.total_s
-
-
 def rows(share: float = 0.0) -> list[dict]:
-    """Per compiled fp8 row (no SP, no dp, ep 1): measured, composed with the casts priced at
-    ``share`` (0: cast alone), composed without casts, and the casts' price cast alone."""
+    """Every set's compiled fp8 rows (meshplan.calibrate.fp8_block_share.composed_rows), the
+    casts composed at ``share`` (0: cast alone)."""
     out = []
     for path, model, gpus in _sets():
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore")    # the void compiled SP rows: left out anyway
             cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
                                     path)
-        meas = cluster.gpu.measured
-        fp8_rows = [r for r in meas.layers if r.precision == "fp8" and r.compile
-                    and not r.sequence_parallel and not r.zero and r.dp == 1 and r.ep == 1
-                    and r.shape == next(x.shape for x in meas.layers if x.precision == "fp8")]
-        without = dataclasses.replace(meas, layers=tuple(r for r in meas.layers
-                                                         if r.precision != "fp8"))
-
-        def composed(s: float):
-            gpu = dataclasses.replace(cluster.gpu, measured=without,
-                                      fp8_cast_compiled_block_share=s)
-            return dataclasses.replace(cluster, gpu=gpu)
-        alone, priced = composed(0.0), composed(share)
-        for r in fp8_rows:
-            job = Job(global_batch=64, seq_len=r.seq_len, runtime="torch", precision="fp8",
-                      fp8_recipe=r.fp8_recipe or "tensorwise")
-            lay = Layout(tp=r.tp, micro_batch=r.micro_batch, recompute=r.recompute,
-                         compile=True)
-            links = group_links(cluster, lay)
-            at = (r.micro_batch, r.tp, False, r.recompute, links.tp, links.pp, True, False)
-            bf16 = layer_parts(model, alone, dataclasses.replace(job, precision="bf16"), *at)
-            if not bf16.compiled:
-                continue
-            # the measured fp8 row as the cost model reads it (its clock and sustained terms,
-            # as the composed layers get them)
-            measured = layer_parts(model, cluster, job, *at)
-            p_alone = layer_parts(model, alone, job, *at)
-            p_share = layer_parts(model, priced, job, *at)
-            casts = p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s
-            out.append(dict(set=path.name.split("_")[2], tp=r.tp, recompute=r.recompute,
-                            micro_batch=r.micro_batch, measured_s=total(measured),
-                            composed_s=total(p_share), casts_alone_s=casts,
-                            composed_without_casts_s=total(p_alone) - casts,
-                            bf16_s=total(bf16)))
+        out += [dict(r, set=path.name.split("_")[2]) for r in composed_rows(model, cluster,
+                                                                            share)]
     return out
-
-
-def fit_share(rs: list[dict]) -> float:
-    """Least squares through the origin: measured − composed-without-casts = share × casts."""
-    num = sum((r["measured_s"] - r["composed_without_casts_s"]) * r["casts_alone_s"] for r in rs)
-    return num / sum(r["casts_alone_s"] ** 2 for r in rs)
 
 
 def _errors(rs: list[dict], key: str) -> str:

@@ -464,6 +464,15 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         if options.queued_microbench and kind == "cuda":
             doc["gpu"]["microbench_timing"] = "queued"
         path = write_text_atomic(options.out, dumps(doc))
+        if kind == "cuda" and fp8_rows and layers:
+            # the compiled fp8 rows also say what casts cost inside a block, for the layouts
+            # they do not cover (calibrate/fp8_block_share.py); read off the written profile
+            from meshplan.calibrate.fp8_block_share import measure_from_profile
+            share = measure_from_profile(path, row_models, world)
+            if share is not None:
+                doc["gpu"]["fp8_cast_compiled_block_share"] = share
+                doc["measured"].append("fp8_cast_compiled_block_share")
+                path = write_text_atomic(options.out, dumps(doc))
         prog.note(f"wrote {path} (measured: {', '.join(doc['measured'])}) in "
                   f"{time.perf_counter() - t_start:.1f} s")
     if dist.is_initialized():

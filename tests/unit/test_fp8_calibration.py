@@ -153,3 +153,32 @@ def test_a_calibration_of_layer_rows_without_fp8_rows_says_what_fp8_estimates_wi
     assert "--fp8-rows" in hint and "bf16 rows plus fp8's terms" in hint
     assert fp8_rows_hint(True, "tensorwise") is None      # fp8 rows asked for
     assert fp8_rows_hint(False, "") is None               # no model, no layer rows
+
+
+def test_a_profile_with_compiled_fp8_rows_measures_its_block_share():
+    """calibrate --fp8-rows on a GPU reads fp8_cast_compiled_block_share off the profile it
+    wrote: the fit of its own compiled fp8 rows against their bf16 twins composed (here
+    fp8h3's committed calibration, whose measured share is far below the datasheet's pooled
+    0.332: the share is the model's, which is why calibrate measures it); a profile without
+    fp8 rows measures none."""
+    import json
+    from pathlib import Path
+    from meshplan.calibrate.fp8_block_share import (composed_rows, fit_share,
+                                                    measure_from_profile)
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    from meshplan.spec import ModelSpec
+    root = Path(__file__).resolve().parents[2]
+    model = ModelSpec.from_dict(json.loads((root / "benchmarks/sets/fp8h3/m01.json").read_text()))
+    prof = root / "docs/benchmarks/data/profiles/profile_h200x1_fp8h3_20261129.toml"
+    share = measure_from_profile(prof, [model], 1)
+    assert 0 < share < 0.332
+    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof)
+    rows = composed_rows(model, cluster)
+    assert len(rows) == 6 and fit_share(rows) == pytest.approx(share)
+    at_share = composed_rows(model, cluster, share)
+    alone = [abs(r["composed_s"] / r["measured_s"] - 1) for r in rows]
+    fitted = [abs(r["composed_s"] / r["measured_s"] - 1) for r in at_share]
+    assert sum(fitted) < sum(alone)
+    plain = root / "docs/benchmarks/data/profiles/profile_h200x1_moeh20_20261201.toml"
+    assert measure_from_profile(plain, [model], 1) is None

@@ -1,0 +1,116 @@
+"""``fp8_cast_compiled_block_share``: what the executor's fp8 casts cost inside a compiled block,
+as a share of the same casts timed alone (pure Python over a written profile; no torch).
+
+A compiled fp8 layer with no measured fp8 row is composed from its bf16 row
+(:mod:`meshplan.costmodel.fp8_cost`): the linears' GEMMs at the fp8 curve, the casts at
+``fp8_cast_compiled_gbps`` — the rate of one compiled cast of one tensor. Inside a block
+Inductor fuses the casts with the kernels around them, so they cost less. A profile holding
+compiled fp8 rows (``meshplan calibrate --fp8-rows``) measures by how much: each fp8 row is
+priced as an estimate would without it (the profile's fp8 rows removed), and
+
+    measured − composed without casts = share × casts priced alone
+
+is fitted through the origin over the rows (least squares). Rows with sequence parallelism,
+data parallelism or ep > 1 are left out (their compiled collectives, gathers and
+all-to-alls are not what the share describes).
+
+Measured: over the 54 such rows of the fp8h1-fp8h15 calibrations (14 models, 1-2 × H200,
+2026-11-29/30) the fit is 0.332, bringing the composed rows from 24.1 % to 4.7 % mean error
+(12.9 % max), one number for every recompute mode (signed −2.1 / −0.2 / +0.9 % for none /
+selective / full); the H200 datasheet carries it (data/gpus.toml). Post hoc, seven held-out
+compiled fp8 steps composed this way (moeh18-20, fp8h16) went from 14.5 % to 3.6 % mean
+(docs/benchmarks/fp8_checks.md, "Compiled fp8 composed from bf16 rows").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from meshplan.costmodel.data_parallel import group_links
+from meshplan.costmodel.parts import layer_parts
+from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.measured_rows import layer_shape_key
+from meshplan.spec import Job, Layout, ModelSpec
+
+#: fewer compiled fp8 rows than this give no share (a fit through one row is its own error)
+MIN_ROWS = 2
+
+
+def _total_s(parts) -> float:
+    return parts.layer.forward.total_s + parts.layer.backward.total_s
+
+
+def composed_rows(model: ModelSpec, cluster: Cluster, share: float = 0.0) -> list[dict]:
+    """Per compiled fp8 row of ``model`` in ``cluster``'s profile (no SP, dp 1, ep 1): the
+    measured seconds (as the cost model reads the row), the row composed from its bf16 twin
+    with the casts at ``share`` (0: cast alone), composed without casts, and the casts'
+    price alone."""
+    meas = cluster.gpu.measured
+    if meas is None:
+        return []
+    shape = layer_shape_key(model)
+    fp8_rows = [r for r in meas.layers if r.precision == "fp8" and r.compile
+                and r.shape == shape and not r.sequence_parallel and not r.zero
+                and r.dp == 1 and r.ep == 1]
+    without = dataclasses.replace(meas, layers=tuple(r for r in meas.layers
+                                                     if r.precision != "fp8"))
+
+    def composed(s: float) -> Cluster:
+        return cluster.with_gpu(dataclasses.replace(
+            cluster.gpu, measured=without, fp8_cast_compiled_block_share=s))
+    alone, priced = composed(0.0), composed(share)
+    out = []
+    for r in fp8_rows:
+        job = Job(global_batch=r.micro_batch * 2, seq_len=r.seq_len, runtime="torch",
+                  precision="fp8", fp8_recipe=r.fp8_recipe or "tensorwise")
+        lay = Layout(tp=r.tp, micro_batch=r.micro_batch, recompute=r.recompute, compile=True)
+        links = group_links(cluster, lay)
+        at = (r.micro_batch, r.tp, False, r.recompute, links.tp, links.pp, True, False)
+        if not layer_parts(model, alone, dataclasses.replace(job, precision="bf16"),
+                           *at).compiled:
+            continue        # no compiled bf16 twin to compose from
+        p_alone = layer_parts(model, alone, job, *at)
+        casts = p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s
+        out.append(dict(model=model.name, tp=r.tp, recompute=r.recompute,
+                        micro_batch=r.micro_batch,
+                        measured_s=_total_s(layer_parts(model, cluster, job, *at)),
+                        composed_s=_total_s(layer_parts(model, priced, job, *at)),
+                        composed_without_casts_s=_total_s(p_alone) - casts,
+                        casts_alone_s=casts))
+    return out
+
+
+def fit_share(rows: Sequence[dict]) -> float | None:
+    """Least squares through the origin: measured − composed-without-casts = share × casts
+    priced alone; None with fewer than :data:`MIN_ROWS` rows or no cast time."""
+    den = sum(r["casts_alone_s"] ** 2 for r in rows)
+    if len(rows) < MIN_ROWS or den <= 0:
+        return None
+    return sum((r["measured_s"] - r["composed_without_casts_s"]) * r["casts_alone_s"]
+               for r in rows) / den
+
+
+def profile_block_share(cluster: Cluster, models: Sequence[ModelSpec]) -> float | None:
+    """The share a calibrated ``cluster`` (its GPU a profile with compiled fp8 rows) measures
+    over its models' rows, kept within (0, 1]; None without enough rows."""
+    rows = [r for m in models for r in composed_rows(m, cluster)]
+    share = fit_share(rows)
+    return None if share is None else min(1.0, max(1e-3, share))
+
+
+def measure_from_profile(path, models: Sequence[ModelSpec], gpus: int) -> float | None:
+    """:func:`profile_block_share` of the profile just written at ``path`` (its own GPU on a
+    one-node cluster of ``gpus``; the links do not enter the share)."""
+    import warnings
+
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cluster = apply_profile(Cluster.preset("dgx-h100", nodes=1, gpus_per_node=max(1, gpus)),
+                                path, override=True)
+    return profile_block_share(cluster, models)
+
+
+__all__ = ["composed_rows", "fit_share", "profile_block_share", "measure_from_profile",
+           "MIN_ROWS"]
