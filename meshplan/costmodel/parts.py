@@ -186,7 +186,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, compile=compile, fsdp=fsdp,
                        mlp_width=mlp_width, compiled_row=compile if row else compiled,
-                       host_measured=cpu is not None)
+                       # FSDP2 layouts take their CPU from FSDP2 rows, where there are any
+                       # (build.host_dispatch): their casts stay priced on the GPU's timeline
+                       host_measured=cpu is not None and not fsdp)
         kept_delta = f8.activation_delta_bytes
         if "layer" in measured and model.is_moe and mlp_width is not None:
             # a measured MoE row holds the routed experts, which stay 16-bit (the executor's
