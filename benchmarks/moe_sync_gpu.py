@@ -241,6 +241,11 @@ SETS["drawn-3823"] = draw_layouts(3823, count=8, gpus=1)
 # eager casts' GPU / host split checked as run; the first five predicted to fit, host-bound
 # or not (`plans --gpu-bound 5 --max-host-load inf`)
 SETS["drawn-4116"] = draw_layouts(4116, count=8, gpus=1)
+# fp8h17 (drawn 2026-12-01, for the next lease of any size): the compiled fp8 composition
+# fixed post hoc that day (full recomputation, casts inside a block) checked as run on a
+# never-run model (draw_models.py seed 4117): the compiled ones of sixteen one-GPU draws
+SETS["drawn-4117c"] = [(n, lay) for n, lay in draw_layouts(4117, count=16, gpus=1)
+                       if lay.compile]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

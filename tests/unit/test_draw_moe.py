@@ -535,3 +535,25 @@ def test_the_committed_fp8h16_draw_and_its_one_gpu_layouts():
                   precision=prec, **extra)
         for _, lay in drawn:
             check_layout_runnable(committed, job, dataclasses.replace(lay))
+
+
+def test_the_committed_fp8h17_draw_and_its_compiled_layouts():
+    """fp8h17 (drawn 2026-12-01 for the next lease): draw_models.py seed 4117's first model
+    and the compiled ones of sixteen one-GPU layouts of seed 4117, runnable in bf16 and fp8."""
+    import draw_models as dm
+    import moe_sync_gpu as msg
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "fp8h17" / "m01.json").read_text()))
+    assert committed == dm.draw_model(random.Random(4117), "m01", min_params=1.5e9,
+                                      max_params=3.0e9)
+    drawn = msg.SETS["drawn-4117c"]
+    assert [n for n, _ in drawn] == ["mb2-full-compiled", "mb2-selective-compiled",
+                                     "mb16-full-compiled", "mb1-compiled", "mb1-full-compiled",
+                                     "mb16-compiled"]
+    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": "tensorwise"})):
+        job = Job(global_batch=16, seq_len=committed.max_seq_len, runtime="torch",
+                  precision=prec, **extra)
+        for _, lay in drawn:
+            check_layout_runnable(committed, job, lay)
