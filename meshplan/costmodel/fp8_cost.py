@@ -133,7 +133,12 @@ models with calibrated profiles (runtime "torch", tensorwise; docs/benchmarks/fp
 in docs/benchmarks/gpu_checks.md): fp8 / bf16 speed-up error on 2 × H200 10.9-14.6 % mean
 for fp8h4, fp8h6 and fp8h7, then 1.6-4.9 % mean for fp8h8-fp8h12 (maxima 2.1-14.5 %, the
 largest host-paced arms at the balance point); 4 × H200 31.6 % (2026-11-28, before every
-fix; not re-run). Published runs on datasheet profiles (runtime "megatron", recipe ``delayed``;
+fix; not re-run). On 1 × H200, fp8 composed from bf16 rows (no fp8 rows): moeh20 and fp8h16
+as run 18.7 and 15.9 % mean speed-up error (the eager casts on the GPU's timeline, the compiled
+casts priced as if cast alone); post hoc, the eager split and the compiled block share, the
+eager arms of fp8h3, moeh18-20 1.3 / 2.5 % and the compiled arms of moeh18-20, fp8h16 3.6 /
+5.7 % step error (mean / max; fp8h16's host-bound eager arm, +28 %, is not among them: its
+casts' dispatch in the step read two thirds of the linear's alone). Published runs on datasheet profiles (runtime "megatron", recipe ``delayed``;
 docs/benchmarks/published.md): NeMo 24.07 on H100 3.3 % mean / 5.8 % max over 7 runs,
 MLPerf GPT-3 v3.1 4.3 / 7.8 %, v4.0 7.1 / 12.2 % (post hoc with ``Job.fp8_param_gather``, as
 its configs ran; 12.9 / 13.1 % before).
