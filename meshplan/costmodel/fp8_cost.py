@@ -99,10 +99,11 @@ keys:
   each to < 0.01 % (``benchmarks/fp8_saved_bytes.py``); eager, fp8 saved exactly the
   weight copies less. On 4 × H200 (2026-11-28, compiled, tensorwise; post hoc,
   docs/benchmarks/fp8_checks.md) the predicted fp8 − bf16 peak is within 0.2 GiB of the
-  measured on five of seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1 measured −3.75 GiB
-  against −4.90 predicted (its blocks were split by DDP's graph cuts, which keep more in
-  fp8 than in bf16; the executor has compiled them whole since: docs/benchmarks/fp8_checks.md,
-  "f01"), and tp 4 (peak outside the backward) 0 against −0.66.
+  measured on five of seven layouts (ZeRO-1/2/3, tp 1/2, pp 1/2); ZeRO-1 dp 4 at tp 1
+  measured −3.75 GiB against −4.90 predicted (its blocks were split by DDP's graph cuts,
+  which keep more in fp8 than in bf16; the executor has compiled them whole since:
+  docs/benchmarks/fp8_checks.md, "f01"), and tp 4 (peak outside the backward) 0 against
+  −0.66.
 * **Memory, runtime "megatron"**: TE caches each fp8 linear's weight and its
   transpose through the step (2 bytes per linear parameter of every layer on the GPU, on
   top of the 16-bit weights that stay — the "FP8 uses more memory" of TE issues 257 and
@@ -138,10 +139,11 @@ as run 18.7 and 15.9 % mean speed-up error (the eager casts on the GPU's timelin
 casts priced as if cast alone); post hoc, the eager split and the compiled block share, the
 eager arms of fp8h3, moeh18-20 1.3 / 2.5 % and the compiled arms of moeh18-20, fp8h16 3.6 /
 5.7 % step error (mean / max; fp8h16's host-bound eager arm, +28 %, is not among them: its
-casts' dispatch in the step read two thirds of the linear's alone). Published runs on datasheet profiles (runtime "megatron", recipe ``delayed``;
-docs/benchmarks/published.md): NeMo 24.07 on H100 3.3 % mean / 5.8 % max over 7 runs,
-MLPerf GPT-3 v3.1 4.3 / 7.8 %, v4.0 7.1 / 12.2 % (post hoc with ``Job.fp8_param_gather``, as
-its configs ran; 12.9 / 13.1 % before).
+casts' dispatch in the step read two thirds of the linear's alone). Published runs on
+datasheet profiles (runtime "megatron", recipe ``delayed``; docs/benchmarks/published.md):
+NeMo 24.07 on H100 3.3 % mean / 5.8 % max over 7 runs, MLPerf GPT-3 v3.1 4.3 / 7.8 %, v4.0
+7.1 / 12.2 % (post hoc with ``Job.fp8_param_gather``, as its configs ran; 12.9 / 13.1 %
+before).
 """
 
 from __future__ import annotations
