@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -55,7 +56,30 @@ def kernels_per_call(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def one_row(label: str, m: int, k: int, n: int, recipe: str) -> dict:
+def chained_calls(m: int, k: int, n: int, recipe: str, dev, depth: int):
+    """(fp8, bf16): ``depth`` uses of one linear in one autograd graph and one backward call,
+    as a training step runs them — the per-``backward()`` work a linear timed alone pays is
+    shared by ``depth`` (fp8h16's host-bound eager arm dispatched its casts at two thirds of
+    the cost timed on one linear alone)."""
+    import torch
+    import torch.nn.functional as F
+    from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable, fp8_linear
+    plan = Fp8Plan(recipe=check_recipe_runnable(recipe, dev), emulate=dev.type != "cuda")
+    xs = [torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+          for _ in range(depth)]
+    w = torch.randn(n, k, device=dev, dtype=torch.float32, requires_grad=True)
+    w16 = w.detach().to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+
+    def run(linear, weight):
+        torch.autograd.backward([linear(x, weight) for x in xs], [dy] * depth)
+        for t in (*xs, weight):
+            t.grad = None
+    return (lambda: run(lambda x, wt: fp8_linear(x, wt, None, plan), w),
+            lambda: run(F.linear, w16))
+
+
+def one_row(label: str, m: int, k: int, n: int, recipe: str, chain: int = 0) -> dict:
     import torch
     from meshplan.calibrate.bench_fp8 import linear_calls
     from meshplan.calibrate.timing import time_fn, time_queued_split
@@ -66,6 +90,11 @@ def one_row(label: str, m: int, k: int, n: int, recipe: str) -> dict:
     for name, fn in (("gemms", gemms), ("fp8", fp8), ("bf16", bf16)):
         row[f"{name}_sync_s"] = time_fn(fn, device=dev, iters=9).median_s
         row[f"{name}_gpu_s"], row[f"{name}_cpu_s"] = time_queued_split(fn, device=dev)
+    if chain > 1:
+        fp8_chain, bf16_chain = chained_calls(m, k, n, recipe, dev, chain)
+        for name, fn in (("fp8_chain", fp8_chain), ("bf16_chain", bf16_chain)):
+            gpu_s, cpu_s = time_queued_split(fn, device=dev)
+            row[f"{name}_gpu_s"], row[f"{name}_cpu_s"] = gpu_s / chain, cpu_s / chain
     row["fp8_kernels"] = kernels_per_call(fp8)
     row["bf16_kernels"] = kernels_per_call(bf16)
     c = linear_cast_traffic(m, k, n, recipe, act_bytes=2, weight_bytes=4)
@@ -86,6 +115,11 @@ def fit(rows: list[dict]) -> dict:
         out[recipe] = {"sync_pass_s_gbps": eager_cast_fit(rs),
                        "split_gpu_pass_s_gpu_gbps_host_pass_s": eager_cast_split_fit(rs),
                        "kernels_per_linear": sorted({r["fp8_kernels"] for r in rs})}
+        chained = [r for r in rs if "fp8_chain_cpu_s" in r]
+        if chained:
+            out[recipe]["host_pass_s_chained"] = statistics.median(
+                (r["fp8_chain_cpu_s"] - r["bf16_chain_cpu_s"]) / r["cast_passes"]
+                for r in chained)
     return out
 
 
@@ -93,6 +127,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--recipes", default=",".join(RECIPES))
+    p.add_argument("--chain", type=int, default=8, metavar="N",
+                   help="also time N uses of each linear in one backward call, per use "
+                        "(0: not; default 8)")
     args = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -100,7 +137,7 @@ def main(argv=None) -> int:
     rows = []
     for recipe in args.recipes.split(","):
         for label, m, k, n in SHAPES:
-            rows.append(one_row(label, m, k, n, recipe))
+            rows.append(one_row(label, m, k, n, recipe, args.chain))
             r = rows[-1]
             print(f"{recipe:10s} {label:24s} fp8 sync {r['fp8_sync_s'] * 1e3:.3f} gpu "
                   f"{r['fp8_gpu_s'] * 1e3:.3f} cpu {r['fp8_cpu_s'] * 1e3:.3f} | gemms gpu "
