@@ -182,3 +182,11 @@ def test_a_profile_with_compiled_fp8_rows_measures_its_block_share():
     assert sum(fitted) < sum(alone)
     plain = root / "docs/benchmarks/data/profiles/profile_h200x1_moeh20_20261201.toml"
     assert measure_from_profile(plain, [model], 1) is None
+
+
+def test_queued_split_keeps_the_samples_that_queued():
+    from meshplan.calibrate.timing import split_medians
+    assert split_medians([(1e-3, 2e-3, True), (1e-3, 0.7, False), (3e-3, 4e-3, True)]) == \
+        pytest.approx((2e-3, 3e-3))
+    assert split_medians([(1e-3, 0.5, False), (2e-3, 0.7, False), (3e-3, 0.9, False)]) == \
+        pytest.approx((2e-3, 0.7))
