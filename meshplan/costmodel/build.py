@@ -390,6 +390,7 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
             # under every runtime; a measured layer row already holds the executor's
             + ((cav.MLA_TORCH_CAVEAT,) if model.is_mla and job.runtime == "torch"
                and "layer" not in parts.measured else ())
+            + ((cav.MTP_TORCH_CAVEAT,) if model.mtp_layers and job.runtime == "torch" else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
             + ((cav.extended_rows_caveat(parts.extended_from, layout.micro_batch),)
                if parts.extended_from else ())

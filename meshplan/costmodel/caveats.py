@@ -84,6 +84,12 @@ MLA_TORCH_CAVEAT = (
     "steps 9-24 % slower than this datasheet price); `meshplan calibrate --model M` times "
     "the executor's own MLA layer (moeh20 calibrated: within 1.1 %)")
 
+MTP_TORCH_CAVEAT = (
+    "multi-token prediction under runtime \"torch\": priced (DeepSeek-V3 §2.2: a layer like "
+    "the last, its 2h → h projection and its own logits on the last stage), but meshplan's "
+    "executor does not run it — `meshplan run` refuses the plan; set mtp_layers = 0 to run "
+    "the model without it, or plan it for runtime \"megatron\"")
+
 
 def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
     """The caution for a layer priced from measured rows carried beyond the micro-batches
@@ -195,7 +201,7 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
            "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
-           "MLA_TORCH_CAVEAT",
+           "MLA_TORCH_CAVEAT", "MTP_TORCH_CAVEAT",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
            "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",

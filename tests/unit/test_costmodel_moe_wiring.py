@@ -242,3 +242,15 @@ def test_planner_searches_ep_and_etp():
     assert all(c.layout.ep in (4, 8) for c in p.candidates)
     assert list(p.table["ep"]) == [c.layout.ep for c in p.candidates]
     assert "ep" in p.best.layout.short() and p.best.estimate.fits
+
+
+def test_mtp_under_runtime_torch_says_the_executor_does_not_run_it():
+    from meshplan.costmodel.caveats import MTP_TORCH_CAVEAT
+    lay = mp.Layout(dp=8, ep=8, micro_batch=1)
+    torch_job = mp.Job(global_batch=16, seq_len=1024, runtime="torch")
+    assert MTP_TORCH_CAVEAT in estimate(MINI_V3, H100, torch_job, lay).caveats
+    assert MTP_TORCH_CAVEAT not in estimate(replace(MINI_V3, mtp_layers=0), H100, torch_job,
+                                            lay).caveats
+    assert MTP_TORCH_CAVEAT not in estimate(MINI_V3, H100, replace(torch_job,
+                                                                   runtime="megatron"),
+                                            lay).caveats
