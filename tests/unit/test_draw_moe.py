@@ -493,48 +493,46 @@ def test_mla_draws_are_deepseek_style_and_leave_the_llama_style_draws_unchanged(
         (ROOT / "benchmarks" / "sets" / "moeh19" / "m01.json").read_text())
 
 
+def _committed(set_name: str) -> ModelSpec:
+    return ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / set_name / "m01.json").read_text()))
+
+
+def _runnable_in_bf16_and_fp8(model: ModelSpec, layouts, recipe: str) -> None:
+    """Each layout passes the executor's preflight in bf16 and in fp8 ``recipe``."""
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": recipe})):
+        job = Job(global_batch=16, seq_len=model.max_seq_len, runtime="torch",
+                  precision=prec, **extra)
+        for _, lay in layouts:
+            check_layout_runnable(model, job, lay)
+
+
 def test_the_committed_moeh20_mla_draw_and_its_one_gpu_layouts():
     """moeh20 (2026-12-01): seed 3823's MLA draw, committed before any run, and its eight
     one-GPU layouts, each runnable by the executor in bf16 and fp8 rowwise."""
-    import dataclasses
-
     import moe_sync_gpu as msg
-    from meshplan.executor.parallelize import check_layout_runnable
-    from meshplan.spec import Job
-    committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "moeh20" / "m01.json").read_text()))
+    committed = _committed("moeh20")
     assert committed == dmoe.draw_moe_model(random.Random(3823), "m01", min_hidden=2048,
                                             max_params=3e9, mla=True)
     drawn = msg.SETS["drawn-3823"]
     assert drawn == msg.draw_layouts(3823, count=8, gpus=1) and len(drawn) == 8
-    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": "rowwise"})):
-        job = Job(global_batch=16, seq_len=committed.max_seq_len, runtime="torch",
-                  precision=prec, **extra)
-        for _, lay in drawn:
-            check_layout_runnable(committed, job, dataclasses.replace(lay))
+    _runnable_in_bf16_and_fp8(committed, drawn, "rowwise")
 
 
 def test_the_committed_fp8h16_draw_and_its_one_gpu_layouts():
     """fp8h16 (2026-12-01): draw_models.py seed 4116's first model, committed before any run,
     and moe_sync_gpu.py's eight one-GPU layouts of seed 4116, each runnable by the executor
     in bf16 and fp8 tensorwise."""
-    import dataclasses
-
     import draw_models as dm
     import moe_sync_gpu as msg
-    from meshplan.executor.parallelize import check_layout_runnable
-    from meshplan.spec import Job
-    committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "fp8h16" / "m01.json").read_text()))
+    committed = _committed("fp8h16")
     assert committed == dm.draw_model(random.Random(4116), "m01", min_params=1.5e9,
                                       max_params=3.0e9)
     drawn = msg.SETS["drawn-4116"]
     assert drawn == msg.draw_layouts(4116, count=8, gpus=1)
-    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": "tensorwise"})):
-        job = Job(global_batch=16, seq_len=committed.max_seq_len, runtime="torch",
-                  precision=prec, **extra)
-        for _, lay in drawn:
-            check_layout_runnable(committed, job, dataclasses.replace(lay))
+    _runnable_in_bf16_and_fp8(committed, drawn, "tensorwise")
 
 
 def test_the_committed_fp8h17_draw_and_its_compiled_layouts():
@@ -542,18 +540,11 @@ def test_the_committed_fp8h17_draw_and_its_compiled_layouts():
     and the compiled ones of sixteen one-GPU layouts of seed 4117, runnable in bf16 and fp8."""
     import draw_models as dm
     import moe_sync_gpu as msg
-    from meshplan.executor.parallelize import check_layout_runnable
-    from meshplan.spec import Job
-    committed = ModelSpec.from_dict(json.loads(
-        (ROOT / "benchmarks" / "sets" / "fp8h17" / "m01.json").read_text()))
+    committed = _committed("fp8h17")
     assert committed == dm.draw_model(random.Random(4117), "m01", min_params=1.5e9,
                                       max_params=3.0e9)
     drawn = msg.SETS["drawn-4117c"]
     assert [n for n, _ in drawn] == ["mb2-full-compiled", "mb2-selective-compiled",
                                      "mb16-full-compiled", "mb1-compiled", "mb1-full-compiled",
                                      "mb16-compiled"]
-    for prec, extra in (("bf16", {}), ("fp8", {"fp8_recipe": "tensorwise"})):
-        job = Job(global_batch=16, seq_len=committed.max_seq_len, runtime="torch",
-                  precision=prec, **extra)
-        for _, lay in drawn:
-            check_layout_runnable(committed, job, lay)
+    _runnable_in_bf16_and_fp8(committed, drawn, "tensorwise")
