@@ -51,12 +51,13 @@ MLA_DIMS = dict(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_h
 MLA_Q_LORA = (None, 1536)
 
 
-def _mla_fields(rng: random.Random, heads: int, dense_ffn: float) -> dict:
-    """The attention and first-layer fields of an MLA draw (module docstring)."""
+def _mla_fields(rng: random.Random, heads: int, dense_ffn: float, width: int) -> dict:
+    """The attention and first-layer fields of an MLA draw (module docstring); ``width``:
+    the routed experts', which ``ffn_hidden_size`` keeps without a dense layer."""
     dense_first = rng.random() < 0.5
     return dict(num_kv_heads=heads, q_lora_rank=rng.choice(MLA_Q_LORA), **MLA_DIMS,
                 dense_layers=(0,) if dense_first else (),
-                ffn_hidden_size=round(dense_ffn / 128) * 128 if dense_first else None)
+                ffn_hidden_size=round(dense_ffn / 128) * 128 if dense_first else width)
 
 
 def draw_moe_model(rng: random.Random, name: str, *, min_params: float = 1.0e9,
@@ -86,8 +87,7 @@ def draw_moe_model(rng: random.Random, name: str, *, min_params: float = 1.0e9,
                       moe_ffn_hidden_size=width, num_shared_experts=int(shared),
                       **LLAMA_STYLE)
         if mla:
-            extra = _mla_fields(rng, heads, dense_ffn)
-            fields.update(extra, ffn_hidden_size=extra["ffn_hidden_size"] or width)
+            fields.update(_mla_fields(rng, heads, dense_ffn, width))
         # layer 1 is an MoE layer; layer 0 may be dense (an MLA draw's first layer)
         two = ModelSpec(name=name, num_layers=2, **fields)
         per = two.layer_params(1)

@@ -190,15 +190,11 @@ def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False
     if compile:
         if gpu.fp8_cast_compiled_gbps > 0:
             share = gpu.fp8_cast_compiled_block_share
-            if share > 0:
-                return CastRate(0.0, gpu.fp8_cast_compiled_gbps / share, False,
-                                f"compiled casts at the profile's fp8_cast_compiled_gbps, "
-                                f"{share:g} of them inside a block "
-                                f"(fp8_cast_compiled_block_share)", False, compiled=True,
-                                block_share=share)
-            return CastRate(0.0, gpu.fp8_cast_compiled_gbps, False,
-                            "compiled casts at the profile's fp8_cast_compiled_gbps", False,
-                            compiled=True)
+            inside = (f", {share:g} of them inside a block (fp8_cast_compiled_block_share)"
+                      if share > 0 else "")
+            return CastRate(0.0, gpu.fp8_cast_compiled_gbps / (share or 1.0), False,
+                            "compiled casts at the profile's fp8_cast_compiled_gbps" + inside,
+                            False, compiled=True, block_share=share)
         return CastRate(0.0, hbm, False, "compiled casts at HBM bandwidth × hbm_efficiency",
                         True, compiled=True)
     if host_measured and gpu.fp8_cast_eager_gpu_gbps > 0:
@@ -310,9 +306,10 @@ class Fp8Layer:
         # selective recomputation's GEMMs (MLA's up-projections) run in fp8 as well
         # (Megatron-Core's CheckpointWithoutOutput(fp8=...)); their inputs' casts are not
         # counted again
-        rc = moved(layer.recompute, self.forward_cast_s if recompute == "full" else 0.0)
         if recompute == "full" and self.recompute_keeps_gemm_outputs:
             rc = replace(layer.recompute, gemm_s=0.0)
+        else:
+            rc = moved(layer.recompute, self.forward_cast_s if recompute == "full" else 0.0)
         backward = moved(layer.backward - layer.recompute, self.backward_cast_s) + rc
         return LayerCost(forward, backward, rc, layer.wgrad_s * k, layer.tp_wire_bytes,
                          layer.wgrad_gather_s, layer.wgrad_gather_wire_bytes)
