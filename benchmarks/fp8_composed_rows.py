@@ -63,6 +63,31 @@ def rows(share: float = 0.0) -> list[dict]:
     return out
 
 
+def dispatch_deltas() -> list[dict]:
+    """Per compiled fp8 setting of every set's profile (no SP, dp 1, ep 1, ZeRO-0; the CPU
+    pooled per setting, so one entry per recompute mode and tp): the host's dispatch of the
+    fp8 block and of its bf16 twin, forward + backward per layer per micro-batch — what the
+    composition, which keeps the bf16 dispatch, leaves out."""
+    out = {}
+    for path, model, gpus in _sets():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            meas = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
+                                 path).gpu.measured
+        rows = [r for r in meas.layers if r.compile and r.forward_cpu_s > 0 and r.dp == 1
+                and r.ep == 1 and not r.sequence_parallel and not r.zero]
+        for r in (r for r in rows if r.precision == "fp8"):
+            twin = next((b for b in rows if b.precision == "bf16" and (
+                b.shape, b.seq_len, b.tp, b.recompute, b.micro_batch) == (
+                r.shape, r.seq_len, r.tp, r.recompute, r.micro_batch)), None)
+            if twin is not None:
+                out[(path.name, r.tp, r.recompute)] = dict(
+                    set=path.name.split("_")[2], tp=r.tp, recompute=r.recompute,
+                    fp8_cpu_s=r.forward_cpu_s + r.backward_cpu_s,
+                    bf16_cpu_s=twin.forward_cpu_s + twin.backward_cpu_s)
+    return list(out.values())
+
+
 def _errors(rs: list[dict], key: str) -> str:
     e = [r[key] / r["measured_s"] - 1 for r in rs]
     return (f"mean {100 * statistics.mean(map(abs, e)):.1f} %, max "
@@ -84,8 +109,16 @@ def main(argv=None) -> int:
         sub = [r for r in after if r["recompute"] == rc]
         if sub:
             print(f"  recompute {rc} ({len(sub)}): {_errors(sub, 'composed_s')}")
+    host = dispatch_deltas()
+    d = [r["fp8_cpu_s"] - r["bf16_cpu_s"] for r in host]
+    print(f"host dispatch, fp8 block minus its bf16 twin, per layer per micro-batch "
+          f"({len(host)} settings of {len({r['set'] for r in host})} models): "
+          f"{1e3 * min(d):.2f} to {1e3 * max(d):.2f} ms, mean {1e3 * statistics.mean(d):.2f} "
+          f"ms, {statistics.mean(x / r['bf16_cpu_s'] for x, r in zip(d, host)):.2f}x the "
+          f"bf16 block's mean (not in the composition)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"share": share, "rows": after}, indent=1))
+        Path(args.json).write_text(json.dumps({"share": share, "rows": after,
+                                               "dispatch": host}, indent=1))
     return 0
 
 

@@ -112,7 +112,8 @@ def fp8_rows_hint(layer_rows: bool, fp8_rows: str) -> str | None:
             "will be the bf16 rows plus fp8's terms — on H200 within 4.7 % mean of measured "
             "compiled fp8 rows, elsewhere their casts priced as if cast alone, 1-38 % slow on "
             "seven H200 arms (docs/benchmarks/fp8_checks.md \"Compiled fp8 composed from bf16 "
-            "rows\")")
+            "rows\"), and without the extra host dispatch of compiled fp8, which host-bound "
+            "layouts pay (fp8h17: up to 19 % slower than priced)")
 
 
 def runnable_fp8_rows(recipe: str, device) -> tuple[str, str]:

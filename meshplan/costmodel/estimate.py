@@ -56,6 +56,7 @@ from meshplan.costmodel.data_parallel import (OPTIMIZER_BYTES_PER_PARAM,  # noqa
                                               rank_state)
 from meshplan.costmodel.compute import sixteen_bit_precision
 from meshplan.costmodel.flops import flops_recompute, hardware_flops_per_step, model_flops_per_step
+from meshplan.costmodel.fp8_cost import composed_compiled_host_caveats
 from meshplan.costmodel.parts import layer_parts  # noqa: F401
 from meshplan.costmodel.result import AppliedCorrection, Estimate, StageMemories
 from meshplan.costmodel.runtime import (fsdp_accumulates_unsharded,  # noqa: F401
@@ -131,6 +132,7 @@ def _compose(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     # MFU against the 16-bit peak for fp8 jobs too (one yardstick, as the executor reports)
     peak_flops = gpu.peak_flops(sixteen_bit_precision(job))
     usable = cluster.usable_memory_bytes
+    host = host_caveats(time.host_wait_s, step, host_s, pipe.total_s, gpu.corrections)
     est = Estimate(
         step_time_s=step,
         tokens_per_s=job.tokens_per_step / step,
@@ -145,8 +147,7 @@ def _compose(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         p2p_s=t.p2p_s, pipeline_s=pipe.total_s,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
         host_dispatch_s=host_s,
-        caveats=t.caveats + host_caveats(time.host_wait_s, step, host_s, pipe.total_s,
-                                         gpu.corrections)
+        caveats=t.caveats + host + composed_compiled_host_caveats(t.caveats, host)
         + breakdown.pipeline_caveats(pipe))
     # 7. the named corrections that applied (their effects: estimate())
     return est, t.corrections

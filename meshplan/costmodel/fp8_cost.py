@@ -41,6 +41,17 @@ keys:
   fp8 arm ran faster than the synchronized pricing (fp8h3 eager +11..+22 %, moeh18 +8 %,
   moeh19 +8 %, moeh20 +29 %, as run; docs/benchmarks/fp8_checks.md "Eager casts: GPU or
   host", with the errors after, post hoc).
+* **Compiled fp8's host dispatch: not priced.** A compiled fp8 block launches the amax,
+  scale and cast kernels around each fp8 GEMM, so the host dispatches more than for its bf16
+  twin: over the committed compiled fp8 rows of fp8h1-fp8h15 (43 settings, 14 models, one
+  H200 host) −0.1 to 3.5 ms a layer per micro-batch, 1.3 ms mean (0.48× the bf16 block's;
+  ``benchmarks/fp8_composed_rows.py``). Too scattered across models for one datasheet
+  number: at that mean, fp8h17's host-bound fp8 arms would have read about +10 to +49 % where
+  unpriced they read −19 to +4 %. A composition keeps the bf16 row's dispatch and says so on
+  a host-bound or near-host-bound layout (:data:`COMPOSED_COMPILED_HOST_CAVEAT`); a measured
+  fp8 row (``meshplan calibrate --fp8-rows``) carries its own dispatch — fp8h17 with its own
+  fp8 rows, post hoc: fp8 9.9 % mean, speed-up 8.2 % (docs/benchmarks/fp8_checks.md
+  "fp8h17").
 * **Weight casts.** The executor re-casts W in every forward and backward (torchao does the
   same): per micro-batch, reading fp32 parameters under ZeRO-0/1 and FSDP2's bf16 gathered
   ones under ZeRO-2/3 (:func:`~meshplan.costmodel.runtime.fp8_weight_source_bytes`).
@@ -468,9 +479,31 @@ COMPOSED_COMPILED_SHARE_CAVEAT = (
     "profile's fp8_cast_compiled_block_share of their price cast alone: fitted on 54 compiled "
     "fp8 rows of 14 models (H200), 4.7 % mean / 12.9 % max there; seven step arms of four "
     "other never-run models 3.6 % mean (post hoc; docs/benchmarks/fp8_checks.md \"Compiled "
-    "fp8 composed from bf16 rows\"); `meshplan calibrate --fp8-rows` times the layer itself")
+    "fp8 composed from bf16 rows\"); as run on a fifth (fp8h17), its GPU-bound arm +12.2 %, "
+    "that model's own share 0.14; `meshplan calibrate --fp8-rows` times the layer itself")
+
+
+#: compiled fp8 composed from bf16 rows on a layout whose CPU sets, or nearly sets, the step
+COMPOSED_COMPILED_HOST_CAVEAT = (
+    "compiled fp8 composed from bf16 rows, and this layout's CPU sets or nearly sets its "
+    "step: a compiled fp8 block dispatches more than its bf16 twin (the amax, scale and cast "
+    "kernels around each fp8 GEMM), which the composition does not price — over the "
+    "committed compiled fp8 rows of 14 models on one H200 host, -0.1 to 3.5 ms a layer per "
+    "micro-batch (1.3 ms mean, 0.48x the bf16 block's dispatch); fp8h17's host-bound fp8 arms "
+    "ran up to 19 % slower than priced (docs/benchmarks/fp8_checks.md \"fp8h17\"). `meshplan "
+    "calibrate --fp8-rows` times the compiled fp8 block's dispatch with its GPU time")
+
+
+def composed_compiled_host_caveats(caveats: tuple[str, ...],
+                                   host_caveats: tuple[str, ...]) -> tuple[str, ...]:
+    """:data:`COMPOSED_COMPILED_HOST_CAVEAT` where an estimate's compiled fp8 was composed
+    from bf16 rows (its ``caveats`` say so) and it carries a host-bound or near-host-bound
+    caution (``host_caveats``, :func:`meshplan.costmodel.caveats.host_caveats`)."""
+    composed = COMPOSED_COMPILED_CAVEAT in caveats or COMPOSED_COMPILED_SHARE_CAVEAT in caveats
+    return (COMPOSED_COMPILED_HOST_CAVEAT,) if composed and host_caveats else ()
 
 
 __all__ = ["CastRate", "cast_rate", "check_fp8_supported", "Fp8Layer", "fp8_layer",
            "fp8_gathered_params", "te_memory", "torch_memory", "te_activation_delta_bytes",
-           "fp8_caveats", "COMPOSED_COMPILED_CAVEAT", "COMPOSED_COMPILED_SHARE_CAVEAT"]
+           "fp8_caveats", "COMPOSED_COMPILED_CAVEAT", "COMPOSED_COMPILED_SHARE_CAVEAT",
+           "COMPOSED_COMPILED_HOST_CAVEAT", "composed_compiled_host_caveats"]

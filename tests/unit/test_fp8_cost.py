@@ -370,6 +370,34 @@ def test_caveats_name_the_eager_host_part_and_composed_compiled_fp8():
         MODEL, cl, job(runtime="megatron"), Layout(dp=4, micro_batch=1)).caveats
 
 
+def test_composed_compiled_fp8_on_a_host_bound_layout_says_its_dispatch_is_not_priced():
+    """Compiled fp8 composed from bf16 rows adds no host dispatch (the committed fp8 rows
+    dispatch 1.3 ms a layer more, fp8h17's host-bound arms ran up to 19 % slow): a layout
+    the CPU sets says so; a GPU-bound one, or one priced from a measured fp8 row, does not."""
+    from meshplan.costmodel.fp8_cost import COMPOSED_COMPILED_HOST_CAVEAT
+    ends = (_end("embedding"), _end("output"))
+    lay = Layout(dp=4, micro_batch=1, compile=True)
+    host_bound = _compiled_cluster(_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3),
+                                   ends=ends)
+    est = estimate(MODEL, host_bound, job(), lay)
+    assert est.time.host_wait_s > 0
+    assert COMPOSED_COMPILED_HOST_CAVEAT in est.caveats
+    assert COMPOSED_COMPILED_HOST_CAVEAT not in estimate(MODEL, host_bound, job("bf16"),
+                                                         lay).caveats
+    quick = dict(forward_cpu_s=1e-4, backward_cpu_s=1e-4)
+    gpu_bound = _compiled_cluster(_crow(False, 2e-3, 4e-3, **quick),
+                                  _crow(True, 1.5e-3, 3e-3, **quick), ends=ends)
+    est = estimate(MODEL, gpu_bound, job(), lay)
+    assert est.time.host_wait_s == 0
+    assert COMPOSED_COMPILED_HOST_CAVEAT not in est.caveats
+    timed = _compiled_cluster(_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3),
+                              _crow(True, 1.2e-3, 2.5e-3, precision="fp8",
+                                    fp8_recipe="tensorwise"), ends=ends)
+    est = estimate(MODEL, timed, job(), lay)
+    assert est.time.host_wait_s > 0
+    assert COMPOSED_COMPILED_HOST_CAVEAT not in est.caveats
+
+
 def test_compiled_full_recompute_fp8_recomputes_no_linear_gemm_nor_cast():
     """The executor's compiled fp8 block under full recomputation keeps its fp8 GEMMs'
     outputs (Inductor's partitioner), so the backward's recomputed forward runs no linear
