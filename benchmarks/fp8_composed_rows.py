@@ -14,6 +14,7 @@ compiled rows were timed by an executor whose compiled collectives skipped part 
 backward (docs/benchmarks/compiled_grads.md), bf16 and fp8 alike.
 
     python benchmarks/fp8_composed_rows.py            # the fp8h1-fp8h15 profiles
+    python benchmarks/fp8_composed_rows.py --through 18   # and the later sets' own
     python benchmarks/fp8_composed_rows.py --json out.json
 """
 
@@ -36,24 +37,27 @@ from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.spec import ModelSpec  # noqa: E402
 
 PROFILES = "docs/benchmarks/data/profiles/profile_h200x*_fp8h*_2026*.toml"
+#: the sets the H200 datasheet's share was fitted on (fp8h1-fp8h15); later sets are checks
+FIT_THROUGH = 15
 
 
-def _sets() -> list[tuple[Path, ModelSpec, int]]:
-    """(profile, its set's model, GPUs) of every fp8hN set's own calibration."""
+def _sets(through: int = FIT_THROUGH) -> list[tuple[Path, ModelSpec, int]]:
+    """(profile, its set's model, GPUs) of every fp8hN set's own calibration, N ≤
+    ``through``."""
     out = []
     for f in sorted(ROOT.glob(PROFILES)):
         m = re.fullmatch(r"profile_h200x(\d)_(fp8h\d+)_2026\d{4}\.toml", f.name)
         model = ROOT / "benchmarks" / "sets" / (m.group(2) if m else "") / "m01.json"
-        if m and model.is_file():
+        if m and model.is_file() and int(m.group(2).removeprefix("fp8h")) <= through:
             out.append((f, ModelSpec.from_dict(json.loads(model.read_text())), int(m.group(1))))
     return out
 
 
-def rows(share: float = 0.0) -> list[dict]:
+def rows(share: float = 0.0, through: int = FIT_THROUGH) -> list[dict]:
     """Every set's compiled fp8 rows (meshplan.calibrate.fp8_block_share.composed_rows), the
     casts composed at ``share`` (0: cast alone)."""
     out = []
-    for path, model, gpus in _sets():
+    for path, model, gpus in _sets(through):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")    # the void compiled SP rows: left out anyway
             cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
@@ -63,13 +67,13 @@ def rows(share: float = 0.0) -> list[dict]:
     return out
 
 
-def dispatch_deltas() -> list[dict]:
+def dispatch_deltas(through: int = FIT_THROUGH) -> list[dict]:
     """Per compiled fp8 setting of every set's profile (no SP, dp 1, ep 1, ZeRO-0; the CPU
     pooled per setting, so one entry per recompute mode and tp): the host's dispatch of the
     fp8 block and of its bf16 twin, forward + backward per layer per micro-batch — what the
     composition, which keeps the bf16 dispatch, leaves out."""
     out = {}
-    for path, model, gpus in _sets():
+    for path, model, gpus in _sets(through):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             meas = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
@@ -97,10 +101,13 @@ def _errors(rs: list[dict], key: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--through", type=int, default=FIT_THROUGH, metavar="N",
+                   help=f"the sets fp8h1..fp8hN (default {FIT_THROUGH}: the datasheet's fit; "
+                        "later sets are held out)")
     args = p.parse_args(argv)
-    before = rows(0.0)
+    before = rows(0.0, args.through)
     share = fit_share(before)
-    after = rows(share)
+    after = rows(share, args.through)
     print(f"{len(before)} compiled fp8 rows of {len({r['set'] for r in before})} models")
     print(f"composed, casts priced alone: {_errors(before, 'composed_s')}")
     print(f"fitted fp8_cast_compiled_block_share = {share:.3f}")
@@ -109,7 +116,7 @@ def main(argv=None) -> int:
         sub = [r for r in after if r["recompute"] == rc]
         if sub:
             print(f"  recompute {rc} ({len(sub)}): {_errors(sub, 'composed_s')}")
-    host = dispatch_deltas()
+    host = dispatch_deltas(args.through)
     d = [r["fp8_cpu_s"] - r["bf16_cpu_s"] for r in host]
     print(f"host dispatch, fp8 block minus its bf16 twin, per layer per micro-batch "
           f"({len(host)} settings of {len({r['set'] for r in host})} models): "
