@@ -479,8 +479,10 @@ COMPOSED_COMPILED_SHARE_CAVEAT = (
     "profile's fp8_cast_compiled_block_share of their price cast alone: fitted on 54 compiled "
     "fp8 rows of 14 models (H200), 4.7 % mean / 12.9 % max there; seven step arms of four "
     "other never-run models 3.6 % mean (post hoc; docs/benchmarks/fp8_checks.md \"Compiled "
-    "fp8 composed from bf16 rows\"); as run on a fifth (fp8h17), its GPU-bound arm +12.2 %, "
-    "that model's own share 0.14; `meshplan calibrate --fp8-rows` times the layer itself")
+    "fp8 composed from bf16 rows\"); the share varies by model (0.07-0.74 per calibration: "
+    "fp8h17's GPU-bound arm ran 12.2 % faster than priced, its own share 0.14); `meshplan "
+    "calibrate --fp8-rows` times the layer itself (fp8h18 so, as run: fp8 / bf16 speed-up "
+    "within 1.3 % mean)")
 
 
 #: compiled fp8 composed from bf16 rows on a layout whose CPU sets, or nearly sets, the step
