@@ -28,7 +28,8 @@ from meshplan.costmodel.autocast_cast import head_cast_s, layer_cast_s
 from meshplan.costmodel.compiled_rows import compiled_layout_rows, derived_caveat
 from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_gather_s,
                                               root_reduce_s, zero3_layer)
-from meshplan.costmodel.fp8_cost import fp8_caveats, fp8_gathered_params
+from meshplan.costmodel.fp8_caveats import fp8_caveats
+from meshplan.costmodel.fp8_cost import fp8_gathered_params
 from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)

@@ -56,7 +56,7 @@ from meshplan.costmodel.data_parallel import (OPTIMIZER_BYTES_PER_PARAM,  # noqa
                                               rank_state)
 from meshplan.costmodel.compute import sixteen_bit_precision
 from meshplan.costmodel.flops import flops_recompute, hardware_flops_per_step, model_flops_per_step
-from meshplan.costmodel.fp8_cost import composed_compiled_host_caveats
+from meshplan.costmodel.fp8_caveats import composed_compiled_host_caveats
 from meshplan.costmodel.parts import layer_parts  # noqa: F401
 from meshplan.costmodel.result import AppliedCorrection, Estimate, StageMemories
 from meshplan.costmodel.runtime import (fsdp_accumulates_unsharded,  # noqa: F401

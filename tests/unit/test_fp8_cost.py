@@ -351,7 +351,7 @@ def test_eager_casts_split_gpu_and_host_where_the_cpu_dispatch_is_measured(recom
 def test_caveats_name_the_eager_host_part_and_composed_compiled_fp8():
     """An eager split says the host's share; compiled fp8 composed from bf16 rows (no fp8
     row) says how far such arms ran from the price and how to measure the row."""
-    from meshplan.costmodel.fp8_cost import COMPOSED_COMPILED_CAVEAT
+    from meshplan.costmodel.fp8_caveats import COMPOSED_COMPILED_CAVEAT
     split = dict(fp8_cast_eager_gpu_pass_s=9e-6, fp8_cast_eager_gpu_gbps=600.0,
                  fp8_cast_eager_host_pass_s=130e-6)
     rows = (_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3))
@@ -362,7 +362,7 @@ def test_caveats_name_the_eager_host_part_and_composed_compiled_fp8():
     assert COMPOSED_COMPILED_CAVEAT not in eager.caveats
     compiled = estimate(MODEL, cl, job(), Layout(dp=4, micro_batch=1, compile=True))
     assert COMPOSED_COMPILED_CAVEAT in compiled.caveats        # H100: no block share
-    from meshplan.costmodel.fp8_cost import COMPOSED_COMPILED_SHARE_CAVEAT
+    from meshplan.costmodel.fp8_caveats import COMPOSED_COMPILED_SHARE_CAVEAT
     shared = replace(cl, gpu=replace(cl.gpu, fp8_cast_compiled_block_share=0.33))
     assert COMPOSED_COMPILED_SHARE_CAVEAT in estimate(
         MODEL, shared, job(), Layout(dp=4, micro_batch=1, compile=True)).caveats
@@ -374,7 +374,7 @@ def test_composed_compiled_fp8_on_a_host_bound_layout_says_its_dispatch_is_not_p
     """Compiled fp8 composed from bf16 rows adds no host dispatch (the committed fp8 rows
     dispatch 1.3 ms a layer more, fp8h17's host-bound arms ran up to 19 % slow): a layout
     the CPU sets says so; a GPU-bound one, or one priced from a measured fp8 row, does not."""
-    from meshplan.costmodel.fp8_cost import COMPOSED_COMPILED_HOST_CAVEAT
+    from meshplan.costmodel.fp8_caveats import COMPOSED_COMPILED_HOST_CAVEAT
     ends = (_end("embedding"), _end("output"))
     lay = Layout(dp=4, micro_batch=1, compile=True)
     host_bound = _compiled_cluster(_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3),
