@@ -340,7 +340,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     z3_resident = (layer_params * copy_b if torch_pipelined(job, pp) and layout.zero == 3
                    and dp > 1 and numbers.enabled(corr.Z3_RESIDENT) else 0.0)
     return dict(
-        grad_copies=grad_copies, compiled_layers=lt["compiled"], recv_buffers=recv, wgrad_pending=pending,
+        grad_copies=grad_copies, compiled_layers=lt["compiled"], recv_buffers=recv,
+        wgrad_pending=pending,
         microbatches=float(m),
         **wgrad_bytes(model, job, layout, parts.full_act_bytes if any(pending) else 0.0,
                       numbers, parts.wgrad_measured, model.num_layers / (pp * v)),
