@@ -87,17 +87,19 @@ def time_fn(fn: Callable[[], object], *, device, warmup: int = 3, iters: int | N
         if before:
             before()
         if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if queued:
-                torch.cuda._sleep(int(spin_s * rate))
-            start.record()
-            fn()
-            end.record()
-            if queued and start.query() and retries < 4:
-                # the GPU was idle before the CPU had queued everything: not GPU time alone
-                end.synchronize()
-                spin_s, retries = min(SPIN_MAX_S, 3 * spin_s), retries + 1
-                continue
+                start, end, _, ok = _queued_call(fn, spin_s, rate)
+                if not ok and retries < 4:
+                    # the GPU was idle before the CPU had queued everything: not GPU time alone
+                    end.synchronize()
+                    spin_s, retries = _longer_spin(spin_s), retries + 1
+                    continue
+            else:
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
+                start.record()
+                fn()
+                end.record()
             end.synchronize()
             dt = start.elapsed_time(end) / 1e3
         else:
@@ -130,21 +132,36 @@ def time_queued_split(fn: Callable[[], object], *, device, iters: int = 9) -> tu
     rate = spin_rate(device)
     samples: list[tuple[float, float, bool]] = []
     while len(samples) < iters:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(spin_s * rate))
-        start.record()
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        end.record()
-        queued = not start.query()
+        start, end, cpu_s, queued = _queued_call(fn, spin_s, rate)
         if not queued and spin_s < SPIN_MAX_S:
             end.synchronize()
-            spin_s = min(SPIN_MAX_S, 3 * spin_s)
+            spin_s = _longer_spin(spin_s)
             continue
         end.synchronize()
-        samples.append((start.elapsed_time(end) / 1e3, t1 - t0, queued))
+        samples.append((start.elapsed_time(end) / 1e3, cpu_s, queued))
     return split_medians(samples)
+
+
+def _queued_call(fn: Callable[[], object], spin_s: float, rate: float):
+    """One call of ``fn`` queued behind a spin kernel of ``spin_s`` (``rate``: the spin's
+    cycles a second): its (start, end) CUDA events, the CPU seconds it took to dispatch, and
+    whether the CPU had queued all of it before the GPU reached the start event (False: the
+    events hold some of the CPU's time, not the GPU's alone)."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(spin_s * rate))
+    start.record()
+    t0 = time.perf_counter()
+    fn()
+    cpu_s = time.perf_counter() - t0
+    end.record()
+    return start, end, cpu_s, not start.query()
+
+
+def _longer_spin(spin_s: float) -> float:
+    """The spin a call the GPU caught up with is timed again behind: three times as long,
+    up to :data:`SPIN_MAX_S`."""
+    return min(SPIN_MAX_S, 3 * spin_s)
 
 
 def split_medians(samples: list[tuple[float, float, bool]]) -> tuple[float, float]:

@@ -100,6 +100,33 @@ def test_queued_timing_spins_and_retries_behind_a_longer_spin(monkeypatch):
     _FakeEvent.script = []
 
 
+def test_queued_split_retries_behind_longer_spins_and_keeps_the_cpu_seconds(monkeypatch):
+    """time_queued_split shares time_fn's queued call: a call the GPU caught up with is
+    timed again behind a spin three times as long (until SPIN_MAX_S, where it is kept and
+    marked not queued); each sample has the events' GPU time and the call's own CPU time."""
+    import meshplan.calibrate.timing as timing
+    spins: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles),
+                        raising=False)
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)
+    _FakeEvent.script = [True, False, False, False]                  # the first caught up
+    calls = []
+    gpu_s, cpu_s = timing.time_queued_split(lambda: calls.append(1), device="cuda", iters=3)
+    assert gpu_s == pytest.approx(2e-3) and 0 <= cpu_s < 0.05
+    assert len(calls) == 1 + 4 and len(spins) == 4  # the sizing call, one retry, 3 samples
+    assert spins[1] == pytest.approx(3 * spins[0], rel=1e-6)
+    # never queued, even behind the longest spin: kept, and split_medians leaves it out
+    # only where another sample queued
+    _FakeEvent.script = [True] * 40
+    spins.clear()
+    gpu_s, _ = timing.time_queued_split(lambda: None, device="cuda", iters=2)
+    assert gpu_s == pytest.approx(2e-3)
+    assert max(spins) == pytest.approx(timing.SPIN_MAX_S * 1e9, rel=1e-6)
+    _FakeEvent.script = []
+
+
 def test_queued_spin_is_sized_from_the_last_warm_up_call(monkeypatch):
     """A first call that does one-time work (kernel loading: 60 s once on an H200 in
     `calibrate --quick --queued-microbench`) must not size the spin: every sample used to
