@@ -467,7 +467,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         path = write_text_atomic(options.out, dumps(doc))
         if kind == "cuda" and fp8_rows and layers:
             # the compiled fp8 rows also say what casts cost inside a block, for the layouts
-            # they do not cover (calibrate/fp8_block_share.py); read off the written profile
+            # they do not cover (calibrate/fp8_block_share.py); read off the written profile,
+            # which is on disk first so that this optional reading cannot cost it
             from meshplan.calibrate.fp8_block_share import measure_from_profile
             share = measure_from_profile(path, row_models, world)
             if share is not None:
