@@ -250,6 +250,10 @@ SETS["drawn-4117c"] = [(n, lay) for n, lay in draw_layouts(4117, count=16, gpus=
 # a never-run model (draw_models.py seed 4118): compiled fp8 priced from its own fp8 rows
 SETS["drawn-4118c"] = [(n, lay) for n, lay in draw_layouts(4118, count=16, gpus=1)
                        if lay.compile]
+# fp8h19 (drawn 2026-12-01, for the next lease of any size): fp8h18's path (`--fp8-rows`) on
+# another never-run model (draw_models.py seed 4119), four compiled draws
+SETS["drawn-4119c"] = [(n, lay) for n, lay in draw_layouts(4119, count=16, gpus=1)
+                       if lay.compile]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
