@@ -535,16 +535,25 @@ def test_the_committed_fp8h16_draw_and_its_one_gpu_layouts():
     _runnable_in_bf16_and_fp8(committed, drawn, "tensorwise")
 
 
-def test_the_committed_fp8h17_draw_and_its_compiled_layouts():
-    """fp8h17 (drawn 2026-12-01 for the next lease): draw_models.py seed 4117's first model
-    and the compiled ones of sixteen one-GPU layouts of seed 4117, runnable in bf16 and fp8."""
+@pytest.mark.parametrize("check, seed, names", [
+    ("fp8h17", 4117, ["mb2-full-compiled", "mb2-selective-compiled", "mb16-full-compiled",
+                      "mb1-compiled", "mb1-full-compiled", "mb16-compiled"]),
+    ("fp8h18", 4118, ["mb4-selective-compiled", "mb8-selective-compiled", "mb16-full-compiled",
+                      "mb1-compiled", "mb1-selective-compiled", "mb8-compiled",
+                      "mb2-compiled", "mb2-full-compiled", "mb16-compiled", "mb4-compiled"]),
+    ("fp8h19", 4119, ["mb1-selective-compiled", "mb8-full-compiled", "mb4-full-compiled",
+                      "mb8-selective-compiled", "mb16-selective-compiled", "mb4-compiled",
+                      "mb4-selective-compiled", "mb16-compiled"]),
+])
+def test_the_committed_compiled_fp8_draws(check, seed, names):
+    """fp8h17-fp8h19 (drawn 2026-12-01, each before its runs): draw_models.py's first model of
+    the set's seed and the compiled ones of sixteen one-GPU layouts of that seed, in drawn
+    order, runnable in bf16 and fp8 tensorwise."""
     import draw_models as dm
     import moe_sync_gpu as msg
-    committed = _committed("fp8h17")
-    assert committed == dm.draw_model(random.Random(4117), "m01", min_params=1.5e9,
+    committed = _committed(check)
+    assert committed == dm.draw_model(random.Random(seed), "m01", min_params=1.5e9,
                                       max_params=3.0e9)
-    drawn = msg.SETS["drawn-4117c"]
-    assert [n for n, _ in drawn] == ["mb2-full-compiled", "mb2-selective-compiled",
-                                     "mb16-full-compiled", "mb1-compiled", "mb1-full-compiled",
-                                     "mb16-compiled"]
+    drawn = msg.SETS[f"drawn-{seed}c"]
+    assert [n for n, _ in drawn] == names
     _runnable_in_bf16_and_fp8(committed, drawn, "tensorwise")
