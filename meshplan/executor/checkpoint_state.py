@@ -149,10 +149,37 @@ def tensor_pieces(t: torch.Tensor, spec, tp_rank: int, tp: int):
     return full, out
 
 
+def expert_cut(full, pieces, first: int, total: int):
+    """(full shape, pieces) of one rank's routed experts ``first .. first + count - 1`` (dim 0
+    of the stacked expert weights, :class:`meshplan.executor.moe.GroupedExperts`) placed in
+    the layer's ``total`` experts: the expert-parallel cut, applied after the others (FSDP2
+    shards the rank's own experts over edp)."""
+    return ((total, *full[1:]),
+            [((off[0] + first, *off[1:]), view) for off, view in pieces])
+
+
 # ---- the training state -------------------------------------------------------------------
-def _inner_optimizer(optimizer):
-    # ZeroRedundancyOptimizer keeps its partition's AdamW in .optim
-    return getattr(optimizer, "optim", optimizer)
+def _inner_optimizers(optimizer) -> list:
+    """The AdamW instances behind ``optimizer``: itself, ZeroRedundancyOptimizer's partition
+    (``.optim``), or each of an MoE model's optimizers (``JointOptimizer``: the dense weights
+    over dp, the experts over edp)."""
+    joint = getattr(optimizer, "optimizers", None)
+    if joint is not None:
+        return [inner for o in joint for inner in _inner_optimizers(o)]
+    return [getattr(optimizer, "optim", optimizer)]
+
+
+def _expert_cuts(trainer) -> dict[str, tuple[int, int]]:
+    """``{parameter name: (first expert, experts in the layer)}`` of this rank's routed
+    experts (empty for a dense model)."""
+    from meshplan.executor.moe import GroupedExperts
+    out = {}
+    for part in trainer.parts:
+        for mod_name, mod in part.module.named_modules():
+            if isinstance(mod, GroupedExperts):
+                for pname, _ in mod.named_parameters(recurse=False):
+                    out[f"{mod_name}.{pname}"] = (mod.first, mod.total)
+    return out
 
 
 def named_params(trainer) -> Iterator[tuple[str, torch.nn.Parameter]]:
@@ -167,12 +194,13 @@ def named_params(trainer) -> Iterator[tuple[str, torch.nn.Parameter]]:
 def ensure_optimizer_state(optimizer) -> None:
     """Create AdamW's per-parameter state (step, exp_avg, exp_avg_sq) where it does not exist
     yet, as ``torch.optim.AdamW`` does at its first step, so a checkpoint can load into it."""
-    inner = _inner_optimizer(optimizer)
-    if not isinstance(inner, torch.optim.AdamW):
-        raise ExecutorError(f"checkpointing knows AdamW's state; the optimizer is "
-                            f"{type(inner).__name__}")
+    inners = _inner_optimizers(optimizer)
+    for inner in inners:
+        if not isinstance(inner, torch.optim.AdamW):
+            raise ExecutorError(f"checkpointing knows AdamW's state; the optimizer is "
+                                f"{type(inner).__name__}")
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    for group in inner.param_groups:
+    for inner, group in ((o, g) for o in inners for g in o.param_groups):
         on_device = bool(group.get("fused") or group.get("capturable"))
         for p in group["params"]:
             st = inner.state[p]
@@ -193,7 +221,8 @@ def training_state(trainer, *, copy_to_cpu: bool) -> dict[str, Any]:
     are written); otherwise the pieces are views of the live tensors (loading in place).
     """
     g = trainer.groups
-    inner = _inner_optimizer(trainer.optimizer)
+    inners = _inner_optimizers(trainer.optimizer)
+    cuts = _expert_cuts(trainer)
     out: dict[str, Any] = {}
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -205,20 +234,23 @@ def training_state(trainer, *, copy_to_cpu: bool) -> dict[str, Any]:
         copies.append((host, t))
         return host
 
-    def add(key: str, t: torch.Tensor, spec) -> None:
+    def add(key: str, t: torch.Tensor, spec, cut) -> None:
         if t.dim() == 0:
             out[key] = stage(t.detach())
             return
         full, pieces = tensor_pieces(t, spec, g.tp_rank, g.tp)
+        if cut is not None:
+            full, pieces = expert_cut(full, pieces, *cut)
         if pieces:
             out[key] = Pieces(full, t.dtype, [(off, stage(v)) for off, v in pieces])
 
     for name, p in named_params(trainer):
-        spec = trainer.shards.get(name)
-        add(f"model.{name}", p, spec)
-        for k, v in inner.state.get(p, {}).items():
+        spec, cut = trainer.shards.get(name), cuts.get(name)
+        add(f"model.{name}", p, spec, cut)
+        state = next((o.state[p] for o in inners if p in o.state), {})
+        for k, v in state.items():
             if isinstance(v, torch.Tensor):
-                add(f"optim.{name}.{k}", v, spec)
+                add(f"optim.{name}.{k}", v, spec, cut)
     with torch.no_grad():
         for host, t in copies:
             host.copy_(t, non_blocking=True)
@@ -252,5 +284,6 @@ def set_rng_state(state: dict[str, torch.Tensor], rank: int, device: torch.devic
         torch.cuda.set_rng_state(state[f"rng.rank{rank}.cuda"], device)
 
 
-__all__ = ["Pieces", "tensor_pieces", "tp_segments", "training_state", "ensure_optimizer_state",
-           "state_bytes", "rng_state", "set_rng_state", "named_params"]
+__all__ = ["Pieces", "tensor_pieces", "tp_segments", "expert_cut", "training_state",
+           "ensure_optimizer_state", "state_bytes", "rng_state", "set_rng_state",
+           "named_params"]
