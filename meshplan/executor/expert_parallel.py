@@ -166,11 +166,14 @@ def apply_tensor_parallel_moe(layer, group, spec, *, sequence_parallel: bool,
                            prefix=prefix + "shared.")
 
 
-def configure_moe(module, eg: ExpertGroups | None, *, aux_divisor: int) -> None:
-    """Install the ep group; the load-balancing gradient per micro-batch is α / aux_divisor
+def configure_moe(module, eg: ExpertGroups | None, *, aux_divisor: int,
+                  cp_group=None) -> None:
+    """Install the ep group, and the cp group (cp > 1: each rank routes its chunks of every
+    sequence; None: cp 1); the load-balancing gradient per micro-batch is α / aux_divisor
     (the number the trainer divides each micro-batch's loss by)."""
     for layer in moe_layers(module):
         layer.ep_group = eg.ep_group if eg is not None and eg.ep > 1 else None
+        layer.cp_group = cp_group
         layer.aux_grad_scale = layer.aux_grad_scale / aux_divisor
 
 

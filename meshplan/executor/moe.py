@@ -179,7 +179,8 @@ class MoELayer(nn.Module):
     Parallel settings, installed by :mod:`meshplan.executor.expert_parallel`: ``ep_group``
     (None: all experts local), ``tp_group`` with ``slice_tokens`` (tp > 1 without sequence
     parallelism: the routed part runs on this rank's 1/tp of the sequence) or
-    ``sequence_parallel`` (the input already is this rank's slice).
+    ``sequence_parallel`` (the input already is this rank's slice), ``cp_group`` (cp > 1:
+    the input is this cp rank's chunks of each sequence).
     """
 
     def __init__(self, spec: ModelSpec):
@@ -196,6 +197,7 @@ class MoELayer(nn.Module):
         self.tp_group = None
         self.slice_tokens = False
         self.sequence_parallel = False
+        self.cp_group = None
         self.routing = None     # a moe_routing.RoutedRows the runner attaches at ep > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -213,7 +215,14 @@ class MoELayer(nn.Module):
 
     def _route(self, x2d: torch.Tensor, b: int, s: int):
         """Gate values and experts of every copy (N·k), the kept-copy mask (or None) and
-        the load-balancing loss of these b sequence slices of s tokens."""
+        the load-balancing loss of these b sequence slices of s tokens.
+
+        Where a sequence's tokens are cut over ranks (tp slices, cp chunks) the counts per
+        (sequence, expert) are added up over them, so the balance loss and the capacity see
+        the whole sequence. Each rank's loss is then its tokens' share of the sequence's
+        (the probabilities summed over its tokens): shares over tp are summed with the
+        routers' gradients (the trainer adds them up), shares over cp are averaged with every
+        replicated parameter's, hence × cp."""
         e, k = self.num_experts, self.top_k
         with torch.autocast(device_type=x2d.device.type, enabled=False):
             bias = None if self.router.bias is None else self.router.bias.float()
@@ -232,6 +241,11 @@ class MoELayer(nn.Module):
             dist.all_gather_into_tensor(every, counts, group=self.tp_group)
             every = every.view(n, -1)
             full, earlier, seq_len = every.sum(0), every[:r].sum(0), s * n
+        cp = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
+        if cp > 1:      # capacity needs positions across the chunks: refused with cp > 1
+            every = full.new_empty((cp * full.numel(),))
+            dist.all_gather_into_tensor(every, full.contiguous(), group=self.cp_group)
+            full, seq_len = every.view(cp, -1).sum(0), seq_len * cp
         keep = None
         if self.capacity_factor is not None:
             cap = math.ceil(self.capacity_factor * seq_len * k / e)
@@ -240,7 +254,8 @@ class MoELayer(nn.Module):
         if torch.is_grad_enabled() and self.aux_grad_scale > 0:
             p = probs / probs.sum(-1, keepdim=True) if self.sigmoid else probs
             p_sum = p.view(b, s, e).sum(1)                                      # (b, E)
-            aux = (full.view(b, e).to(p_sum.dtype) * p_sum).sum(-1) * (e / (seq_len ** 2 * k))
+            aux = (full.view(b, e).to(p_sum.dtype) * p_sum).sum(-1) * (e * cp
+                                                                       / (seq_len ** 2 * k))
             aux = aux.mean()
         return gates.reshape(-1), idx.reshape(-1), keep, aux
 

@@ -98,10 +98,12 @@ def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         raise ExecutorError(str(exc)) from None
     if not model.is_moe:
         return
-    if layout.cp > 1:
-        raise ExecutorError(f"MoE layers with cp = {layout.cp} are not implemented: the "
-                            f"per-sequence balance loss and capacity would have to add up the "
-                            f"counts of the cp ranks' chunks; use cp = 1")
+    if layout.cp > 1 and model.capacity_factor is not None:
+        raise ExecutorError(f"MoE layers with a capacity (ModelSpec.capacity_factor = "
+                            f"{model.capacity_factor}) and cp = {layout.cp} are not implemented: "
+                            f"which copies an expert drops depends on their positions across "
+                            f"the cp ranks' chunks; use cp = 1, or a dropless model "
+                            f"(capacity_factor = None)")
     if layout.tp > 1 and job.seq_len % layout.tp:
         raise ExecutorError(f"MoE layers route this tp rank's 1/tp of the sequence; seq_len "
                             f"{job.seq_len} must be divisible by tp = {layout.tp}")
@@ -183,7 +185,8 @@ class ParallelTrainer:
             if self.expert_groups is not None:
                 # a pipeline schedule scales gradients by 1/micro-batches itself
                 epm.configure_moe(m, self.expert_groups,
-                                  aux_divisor=1 if layout.pp > 1 else self.num_microbatches)
+                                  aux_divisor=1 if layout.pp > 1 else self.num_microbatches,
+                                  cp_group=groups.cp_group if layout.cp > 1 else None)
                 epm.prepare_data_parallel(m, self.expert_groups, zero=layout.zero,
                                           bf16=self.bf16)
             wrapped = wrap_data_parallel(m, zero=layout.zero, groups=groups.grad_groups,

@@ -161,17 +161,18 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
 
 def cp_runs(model: ModelSpec, job: Job) -> bool:
     """Whether ``job``'s runtime runs ``model`` with cp > 1: the executor (runtime "torch")
-    refuses MoE and multi-head latent attention with cp > 1 (executor/parallelize.py,
-    executor/mla.py)."""
-    return not ((model.is_moe or model.is_mla) and job.runtime == "torch")
+    refuses multi-head latent attention, and MoE layers with a capacity (which copies they
+    drop depends on positions across the cp chunks), with cp > 1 (executor/mla.py,
+    executor/parallelize.py); dropless MoE layers run."""
+    return not (job.runtime == "torch" and (
+        model.is_mla or (model.is_moe and model.capacity_factor is not None)))
 
 
 def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = None) -> list[int]:
     """Context-parallel degrees to search: the constraint's, or automatically every power
     of two with 2·cp dividing ``seq_len`` from ``cp_min_seq_len`` tokens on (cp = 1 below);
-    always those the sequence can be cut into (:func:`check_context_parallel`). An MoE or
-    multi-head-latent-attention ``model`` under runtime "torch": cp = 1 (what the executor
-    runs)."""
+    always those the sequence can be cut into (:func:`check_context_parallel`). A ``model``
+    the executor does not run with cp > 1 under runtime "torch" (:func:`cp_runs`): cp = 1."""
     s = job.seq_len
     if model is not None and not cp_runs(model, job):
         return [1]

@@ -1,13 +1,14 @@
 """Context parallelism over 2 ranks trains like one process (cp = 1): losses of 3 steps and
 the first step's full gradients within rtol 1e-5, atol 1e-6 (_cases.RTOL / ATOL), every
 replica over cp identical. Both styles, GQA and MHA, RoPE and learned positions, with
-recomputation and with ZeRO-3 sharding over the cp ranks."""
+recomputation and with ZeRO-3 sharding over the cp ranks; a dropless MoE model with its
+experts whole on each cp rank and spread over them (ep 2: the expert mesh folds over cp)."""
 
 import pytest
 
 pytest.importorskip("torch")
 
-from _cases import GPT, JOB, LLAMA, L  # noqa: E402
+from _cases import GPT, JOB, LLAMA, LLAMA_MOE, L  # noqa: E402
 from _checks import make_tests  # noqa: E402
 from _harness import Case  # noqa: E402
 
@@ -20,6 +21,8 @@ CP_WORLD2 = [
     Case("cp2-ring-selective", LLAMA, JOB, L(cp=2, recompute="selective")),
     Case("cp2-ring-full-gpt", GPT, JOB, L(cp=2, recompute="full")),
     Case("cp2-ring-zero3", LLAMA, JOB, L(cp=2, zero=3)),
+    Case("cp2-ring-moe", LLAMA_MOE, JOB, L(cp=2)),
+    Case("cp2-a2a-moe-ep2", LLAMA_MOE, JOB, L(cp=2, ep=2, cp_style=A2A)),
 ]
 
 results, test_matches_single_process = make_tests(2, CP_WORLD2)

@@ -208,7 +208,8 @@ def test_measured_flops_of_an_moe_model_count_the_active_experts():
 
 @pytest.mark.parametrize("model,layout,match", [
     (MOE, dict(dp=2, ep=2, etp=2, tp=2), "etp = 2"),
-    (MOE, dict(dp=4, cp=2, ep=2), "MoE layers with cp = 2 are not implemented"),
+    (dataclasses.replace(MOE, capacity_factor=1.0), dict(dp=4, cp=2, ep=2),
+     r"capacity \(ModelSpec.capacity_factor = 1.0\) and cp = 2 are not implemented"),
     (MOE, dict(dp=3, ep=3), r"ep = 3 must divide the 4 routed experts"),
     (dataclasses.replace(MOE, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=None,
                          num_shared_experts=0, shared_expert_ffn_hidden_size=None,

@@ -73,10 +73,25 @@ def test_mla_models_search_cp_only_where_the_runtime_runs_it(runtime, want_cp):
     assert cp_options(job, Constraints(), dense_mla)[:len(want_cp)] == want_cp
 
 
+def test_dropless_moe_models_search_cp_under_the_executor_capacity_ones_do_not():
+    """The executor runs a dropless MoE model with cp > 1 (each cp rank routes its chunks,
+    the balance loss adds the counts up over cp), not one with a capacity: which copies an
+    expert drops depends on their positions across the chunks."""
+    from meshplan.planner.space import cp_runs
+    moe = replace(mp.ModelSpec.preset("mixtral-8x7b"), max_seq_len=131072)
+    assert moe.is_moe and moe.capacity_factor is None
+    job = replace(LONG, runtime="torch")
+    assert cp_runs(moe, job) and len(cp_options(job, Constraints(), moe)) > 1
+    capped = replace(moe, capacity_factor=1.25)
+    assert not cp_runs(capped, job) and cp_options(job, Constraints(), capped) == [1]
+    assert cp_runs(capped, replace(job, runtime="megatron"))
+
+
 def test_cp_options_no_runtime_runs_are_not_refused_for_the_sequence():
-    """Under runtime "torch" an MLA (or MoE) model plans at cp = 1 whatever the cp options
-    say, so options the sequence cannot take are no error there (check_options and
-    cp_options read the same rule, space.cp_runs); elsewhere they are named."""
+    """Under runtime "torch" an MLA model (or an MoE one with a capacity) plans at cp = 1
+    whatever the cp options say, so options the sequence cannot take are no error there
+    (check_options and cp_options read the same rule, space.cp_runs); elsewhere they are
+    named."""
     from meshplan.planner.space import check_options
     mla = replace(mp.ModelSpec.preset("deepseek-v3"), num_experts=0, experts_per_token=0,
                   moe_ffn_hidden_size=None, num_shared_experts=0,
