@@ -169,16 +169,18 @@ def _inner_optimizers(optimizer) -> list:
     return [getattr(optimizer, "optim", optimizer)]
 
 
-def _expert_cuts(trainer) -> dict[str, tuple[int, int]]:
-    """``{parameter name: (first expert, experts in the layer)}`` of this rank's routed
-    experts (empty for a dense model)."""
+def _expert_cuts(trainer) -> dict[str, tuple]:
+    """``{parameter name: (first expert, experts in the layer, width spec or None, etp
+    rank, etp)}`` of this rank's routed experts (empty for a dense model)."""
     from meshplan.executor.moe import GroupedExperts
     out = {}
     for part in trainer.parts:
         for mod_name, mod in part.module.named_modules():
             if isinstance(mod, GroupedExperts):
                 for pname, _ in mod.named_parameters(recurse=False):
-                    out[f"{mod_name}.{pname}"] = (mod.first, mod.total)
+                    spec = mod.width_spec(pname) if mod.etp > 1 else None
+                    out[f"{mod_name}.{pname}"] = (mod.first, mod.total, spec, mod.etp_rank,
+                                                  mod.etp)
     return out
 
 
@@ -238,9 +240,11 @@ def training_state(trainer, *, copy_to_cpu: bool) -> dict[str, Any]:
         if t.dim() == 0:
             out[key] = stage(t.detach())
             return
-        full, pieces = tensor_pieces(t, spec, g.tp_rank, g.tp)
-        if cut is not None:
-            full, pieces = expert_cut(full, pieces, *cut)
+        if cut is None:
+            full, pieces = tensor_pieces(t, spec, g.tp_rank, g.tp)
+        else:     # the experts' width over etp, then their place among the layer's
+            first, total, width, etp_rank, etp = cut
+            full, pieces = expert_cut(*tensor_pieces(t, width, etp_rank, etp), first, total)
         if pieces:
             out[key] = Pieces(full, t.dtype, [(off, stage(v)) for off, v in pieces])
 

@@ -24,8 +24,10 @@ experts, each fed disjoint tokens, so an expert's gradient is the sum over edp o
 replicas' gradients; divided by dp it is the mean over the dp ranks' losses, as for every
 other parameter (every token of the stage reaches exactly one replica of its experts).
 
-The executor runs etp = 1 (expert weights whole on each rank); the groups above are
-computed for any etp.
+With etp > 1 each expert's width is split over the etp group as a dense MLP's over tp
+(:meth:`meshplan.executor.moe.GroupedExperts.keep_width`), the layer gathering the group's
+rows and adding the partial outputs up (:meth:`meshplan.executor.moe.MoELayer._local_experts`);
+the edp group then holds replicas of the same width shard.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class ExpertGroups:
     ep_group: object
     edp_group: object
     edp_mesh: object            # 1-D DeviceMesh over edp (FSDP2 shards experts on it)
+    etp_rank: int = 0
+    etp_group: object = None    # etp > 1: the ranks that split each expert's width
 
 
 def build_expert_groups(mesh, ep: int, etp: int, device_type: str) -> ExpertGroups:
@@ -121,12 +125,14 @@ def build_expert_groups(mesh, ep: int, etp: int, device_type: str) -> ExpertGrou
     table = stage_rank_table(mesh)
     grid = torch.tensor([expert_rank_grid(stage, ep, etp) for stage in table], dtype=torch.int)
     emesh = DeviceMesh(device_type, grid, mesh_dim_names=("stage", "edp", "ep", "etp"))
-    _, edp_rank, ep_rank, _ = emesh.get_coordinate()
-    # every rank creates every ep group, in the same order (new_group's contract)
+    _, edp_rank, ep_rank, etp_rank = emesh.get_coordinate()
+    # every rank creates every ep (and etp) group, in the same order (new_group's contract)
     ep_group, _ = dist.new_subgroups_by_enumeration(expert_groups(table, ep, etp, "ep"))
+    etp_group = (dist.new_subgroups_by_enumeration(expert_groups(table, ep, etp, "etp"))[0]
+                 if etp > 1 else None)
     return ExpertGroups(ep=ep, etp=etp, edp=grid.shape[1], ep_rank=ep_rank, edp_rank=edp_rank,
                         ep_group=ep_group, edp_group=emesh.get_group("edp"),
-                        edp_mesh=emesh["edp"])
+                        edp_mesh=emesh["edp"], etp_rank=etp_rank, etp_group=etp_group)
 
 
 # ---- hooks on a model part -------------------------------------------------------------------
@@ -136,10 +142,12 @@ def moe_layers(module) -> list:
 
 
 def place_experts(module, eg: ExpertGroups) -> None:
-    """Keep this ep rank's contiguous share of every MoE layer's experts (meta device)."""
+    """Keep this ep rank's contiguous share of every MoE layer's experts, and with etp > 1
+    this etp rank's share of their width (meta device)."""
     for layer in moe_layers(module):
         per = layer.num_experts // eg.ep
         layer.experts.keep_experts(eg.ep_rank * per, per)
+        layer.experts.keep_width(eg.etp_rank, eg.etp)
 
 
 def expert_param_names(module) -> list[str]:
@@ -173,6 +181,7 @@ def configure_moe(module, eg: ExpertGroups | None, *, aux_divisor: int,
     (the number the trainer divides each micro-batch's loss by)."""
     for layer in moe_layers(module):
         layer.ep_group = eg.ep_group if eg is not None and eg.ep > 1 else None
+        layer.etp_group = eg.etp_group if eg is not None else None
         layer.cp_group = cp_group
         layer.aux_grad_scale = layer.aux_grad_scale / aux_divisor
 
@@ -255,30 +264,37 @@ def gather_expert_params(trainer, kind: str) -> dict[str, torch.Tensor] | None:
             t = p if kind == "param" else p.grad
             if t is not None and hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            first = _owner_first(part.module, layer_name)
-            mine.append((layer_name, first, None if t is None else t.detach().float().cpu()))
+            owner, pname = _owner(part.module, layer_name)
+            spec = owner.width_spec(pname) if owner.etp > 1 else None
+            mine.append((layer_name, owner.first, spec,
+                         None if t is None else t.detach().float().cpu()))
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object((eg.edp_rank, mine), gathered, dst=0)
+    dist.gather_object((eg.edp_rank, eg.etp_rank, mine), gathered, dst=0)
     if dist.get_rank() != 0:
         return None
-    by_name: dict[str, dict[int, list]] = {}
-    for edp_rank, items in gathered:
-        for name, first, t in items:
-            by_name.setdefault(name, {}).setdefault(edp_rank, []).append((first, t))
+    by_name: dict[str, dict[int, dict]] = {}
+    for edp_rank, etp_rank, items in gathered:
+        for name, first, spec, t in items:
+            by_first = by_name.setdefault(name, {}).setdefault(edp_rank, {})
+            by_first.setdefault(first, (spec, {}))[1][etp_rank] = t
     out = {}
     for name, replicas in by_name.items():
-        for d, pieces in sorted(replicas.items()):
-            pieces = sorted({f: t for f, t in pieces}.items())
-            full = (None if any(t is None for _, t in pieces)
-                    else torch.cat([t for _, t in pieces]))
+        for d, by_first in sorted(replicas.items()):
+            blocks = []
+            for _, (spec, shards) in sorted(by_first.items()):
+                ts = [shards[r] for r in sorted(shards)]
+                blocks.append(None if any(t is None for t in ts)
+                              else spec.unshard(ts) if spec is not None else ts[0])
+            full = None if any(b is None for b in blocks) else torch.cat(blocks)
             out[f"{name}@edp{d}"] = full
             out.setdefault(name, full)
     return out
 
 
-def _owner_first(module, param_name: str) -> int:
-    owner = module.get_submodule(param_name.rsplit(".", 1)[0])
-    return owner.first
+def _owner(module, param_name: str):
+    """(the GroupedExperts holding ``param_name``, the parameter's own name)."""
+    owner_name, pname = param_name.rsplit(".", 1)
+    return module.get_submodule(owner_name), pname
 
 
 __all__ = ["expert_coords", "expert_rank_grid", "expert_groups", "stage_rank_table",

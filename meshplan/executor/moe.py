@@ -70,7 +70,10 @@ def grouped_mm_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 class GroupedExperts(nn.Module):
     """Routed experts ``first .. first + count - 1`` of a layer, weights stacked:
-    ``w_in`` [count, m·f, h] (SwiGLU's gate | up, or fc1), ``w_out`` [count, h, f]."""
+    ``w_in`` [count, m·f, h] (SwiGLU's gate | up, or fc1), ``w_out`` [count, h, f]; with
+    expert tensor parallelism (:meth:`keep_width`) this rank's 1/etp of every expert's
+    width f, as a dense MLP under tp (``w_in`` column-parallel per section, ``w_out``
+    row-parallel): the layer adds the etp ranks' partial outputs up."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -82,6 +85,28 @@ class GroupedExperts(nn.Module):
         self.b_in = nn.Parameter(torch.empty(self.count, spec.ffn_matrices * f)) if spec.bias else None
         self.b_out = nn.Parameter(torch.empty(self.count, h)) if spec.bias else None
         self.backend = "auto"     # "auto" | "loop" | "grouped"
+        self.etp_rank, self.etp = 0, 1
+        self.sections = spec.ffn_matrices
+
+    def width_spec(self, name: str):
+        """How parameter ``name`` is cut over etp: a :class:`~meshplan.executor.
+        tensor_parallel.ShardSpec` of one expert's tensor (dim 0: ``w_in``'s rows per
+        section; dim 1: ``w_out``'s columns)."""
+        from meshplan.executor.tensor_parallel import ShardSpec
+        f = self.w_out.shape[2] * self.etp
+        return (ShardSpec(1, (f,) * self.sections) if name == "w_in"
+                else ShardSpec(2))
+
+    def keep_width(self, rank: int, size: int) -> None:
+        """Keep this etp rank's 1/size of every expert's width (meta device, after
+        :meth:`keep_experts`); the experts' biases are not cut (refused with etp > 1)."""
+        if size == 1:
+            return
+        for name in ("w_in", "w_out"):
+            p = getattr(self, name)
+            setattr(self, name, nn.Parameter(self.width_spec(name).shard(p.detach(), rank,
+                                                                         size).clone()))
+        self.etp_rank, self.etp = rank, size
 
     def keep_experts(self, first: int, count: int) -> None:
         """Keep only experts first .. first + count - 1 (call on the meta device, before the
@@ -99,8 +124,16 @@ class GroupedExperts(nn.Module):
             g = self.first + e
             for name, s in (("w_in", std), ("w_out", proj_std)):
                 p = getattr(self, name)
-                p[e].copy_(seeded_normal(p.shape[1:], s, seed, f"{prefix}.{name}.{g}",
-                                         p.device, p.dtype))
+                full = list(p.shape[1:])
+                if self.etp > 1:
+                    d = self.width_spec(name).dim - 1
+                    full[d] *= self.etp
+                w = seeded_normal(tuple(full), s, seed, f"{prefix}.{name}.{g}", p.device,
+                                  p.dtype)
+                if self.etp > 1:
+                    w = self.width_spec(name).shard(w.unsqueeze(0), self.etp_rank,
+                                                    self.etp)[0]
+                p[e].copy_(w)
         for b in (self.b_in, self.b_out):
             if b is not None:
                 b.zero_()
@@ -198,6 +231,7 @@ class MoELayer(nn.Module):
         self.slice_tokens = False
         self.sequence_parallel = False
         self.cp_group = None
+        self.etp_group = None
         self.routing = None     # a moe_routing.RoutedRows the runner attaches at ep > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -272,12 +306,36 @@ class MoELayer(nn.Module):
             y = _AuxLossGrad.apply(y, aux, self.aux_grad_scale)
         return y.view(b, s, h)
 
+    def _local_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by local expert (``counts`` per expert) through this rank's experts.
+        With etp > 1 each rank of the etp group holds 1/etp of every expert's width: the
+        group's rows are gathered (an all-to-all sending this rank's rows to every rank),
+        run through the local width in (expert, source) order, and each rank gets back the
+        sum of the partial outputs of its own rows (an all-to-all returning each source's
+        part, then a sum) — Megatron-Core's all-gather / reduce-scatter around its expert
+        tensor parallel MLP, with uneven row counts."""
+        group = self.etp_group
+        if group is None:
+            return self.experts(rows, counts)
+        n = dist.get_world_size(group)
+        every = counts.new_empty((n * counts.numel(),))
+        dist.all_gather_into_tensor(every, counts.contiguous(), group=group)
+        every = every.view(n, -1)
+        sizes = every.sum(1).tolist()
+        mine = sizes[dist.get_rank(group)]
+        got = _AllToAll.apply(rows.repeat(n, 1), sizes, [mine] * n, group)
+        order = _expert_major_index(every, sum(sizes))
+        out = unpad_rows(self.experts(unpad_rows(got, order), every.sum(0)),
+                         torch.argsort(order))
+        back = _AllToAll.apply(out, [mine] * n, sizes, group)
+        return back.view(n, mine, -1).sum(0)
+
     def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows sorted by expert (``counts`` per expert, all E) through their experts,
         wherever those live in the ep group; returns the outputs in the same order."""
         group = self.ep_group
         if group is None or dist.get_world_size(group) == 1:
-            return self.experts(rows, counts)
+            return self._local_experts(rows, counts)
         ep = dist.get_world_size(group)
         send = counts.view(ep, self.num_experts // ep)
         recv = torch.empty_like(send)
@@ -291,7 +349,7 @@ class MoELayer(nn.Module):
         regroup = _expert_major_index(recv, sum(out_splits))
         # both reorders are permutations: unpad_rows' backward writes each row back by
         # index instead of index_select's accumulating (atomic) index_add
-        out = self.experts(unpad_rows(got, regroup), recv.sum(0))
+        out = self._local_experts(unpad_rows(got, regroup), recv.sum(0))
         back = unpad_rows(out, torch.argsort(regroup))
         return _AllToAll.apply(back, in_splits, out_splits, group)
 

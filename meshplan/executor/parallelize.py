@@ -44,9 +44,6 @@ from meshplan.executor import tensor_parallel as tpm
 
 def check_layout_runnable(model: ModelSpec, job: Job, layout: Layout) -> int:
     """Checks that need no process group; returns the number of micro-batches per step."""
-    if layout.etp > 1:
-        raise ExecutorError(f"the executor does not run etp = {layout.etp} (expert tensor "
-                            f"parallelism) yet; use etp = 1")
     if layout.recompute == "selective" and job.selective_modules != ("core_attn",):
         raise ExecutorError(f"Job.recompute_modules = {list(job.selective_modules)}: the "
                             f"executor's selective recompute re-runs the attention core only "
@@ -98,6 +95,10 @@ def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         raise ExecutorError(str(exc)) from None
     if not model.is_moe:
         return
+    if layout.etp > 1 and model.bias:
+        raise ExecutorError(f"etp = {layout.etp} with expert biases (ModelSpec.bias = True) is "
+                            f"not implemented: each bias would be added once to the etp ranks' "
+                            f"summed partial outputs; use etp = 1")
     if layout.cp > 1 and model.capacity_factor is not None:
         raise ExecutorError(f"MoE layers with a capacity (ModelSpec.capacity_factor = "
                             f"{model.capacity_factor}) and cp = {layout.cp} are not implemented: "

@@ -28,6 +28,8 @@ from _harness import Case, run_cases  # noqa: E402
 JOB = Job(global_batch=8, seq_len=16, precision="fp32")
 LAYOUTS = {"moe-dp2-ep2": (LLAMA_MOE, dict(dp=2, ep=2)),
            "moe-tp2-sp-ep2": (LLAMA_MOE, dict(tp=2, sequence_parallel=True, ep=2)),
+           "moe-tp2-etp2": (LLAMA_MOE, dict(tp=2, etp=2)),
+           "moe-cp2-ring": (LLAMA_MOE, dict(cp=2)),
            "cp2-a2a": (LLAMA, dict(cp=2, cp_style="all-to-all")),
            "cp2-ring": (LLAMA, dict(cp=2))}
 CASES = [Case(f"{name}-{'compiled' if c else 'eager'}", model, JOB,

@@ -1,6 +1,6 @@
-"""Expert parallelism trains like one process: MoE models under ep 1, 2 and 4 with dp, tp
-(with and without sequence parallelism), pp (GPipe, 1F1B, interleaved, zero-bubble), ZeRO
-0-3 and full recomputation give the single-process losses of 3 steps and first-step
+"""Expert parallelism trains like one process: MoE models under ep 1, 2 and 4 and etp 2
+with dp, tp (with and without sequence parallelism), pp (GPipe, 1F1B, interleaved,
+zero-bubble), ZeRO 0-3 and full recomputation give the single-process losses of 3 steps and first-step
 gradients, rtol 1e-5 / atol 1e-6 as the dense layouts (tests/distributed/_cases.py), in
 one spawned group of 4 ranks. The reference is one process, ep 1, the whole batch at once:
 the per-sequence balance loss and capacity make routing independent of the cut."""
@@ -40,6 +40,11 @@ MOE_WORLD4 = [
                                                             schedule="zero-bubble")),
     Case("moe-dp2-pp2-ep2-interleaved-zero3", LLAMA_MOE, JOB16,
          L(dp=2, pp=2, ep=2, zero=3, schedule="interleaved-1f1b", vpp=2)),
+    # expert tensor parallelism: each expert's width over etp 2 (over tp, and over dp)
+    Case("moe-dp2-tp2-sp-ep2-etp2", LLAMA_MOE, JOB, L(dp=2, tp=2, ep=2, etp=2,
+                                                       sequence_parallel=True)),
+    Case("moe-dp4-ep2-etp2-zero3", LLAMA_MOE, JOB, L(dp=4, ep=2, etp=2, zero=3)),
+    Case("moe-tp2-pp2-etp2-1f1b", LLAMA_MOE, JOB, L(tp=2, pp=2, etp=2, micro_batch=1)),
 ]
 
 results, test_matches_single_process = make_tests(4, MOE_WORLD4)

@@ -5,8 +5,9 @@ Each rank holds its ep share of every layer's routed experts (dim 0 of the stack
 weights) and, under ZeRO-2/3, FSDP2's shard of that share over edp; the optimizer is two
 AdamWs (dense weights over dp, experts over edp). A: dp 2 · ep 2 · ZeRO-1 trains 4 steps,
 saving at step 2. B resumes it in the same layout: losses equal to A's bit for bit. C resumes
-it as dp 2 · ep 1 · ZeRO-3 (the experts whole on each ep rank, FSDP2-sharded over edp 2) and
-D as one process: equal to A within rtol 1e-5, the tolerance of the layout tests.
+it as dp 2 · ep 1 · ZeRO-3 (the experts whole on each ep rank, FSDP2-sharded over edp 2), D
+as tp 2 · etp 2 (each expert's width split over the two ranks) and E as one process: equal to
+A within rtol 1e-5, the tolerance of the layout tests.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def test_moe_checkpoint_resumes_in_its_layout_and_reshards_over_ep_and_fsdp(tmp_
 
     assert resume("same", ep2) == (2, full[2:])                    # bit for bit
     for name, layout in (("fsdp", Layout(dp=2, zero=3, micro_batch=2)),
+                         ("etp", Layout(tp=2, etp=2, sequence_parallel=True, micro_batch=2)),
                          ("one", Layout(micro_batch=4))):
         start, other = resume(name, plan(name, layout))
         assert start == 2 and other == pytest.approx(full[2:], rel=1e-5), name
+
+    # written from width shards: tp 2 · etp 2 saves, one process resumes
+    etp = plan("etp-a", Layout(tp=2, etp=2, micro_batch=2))
+    ck, out = tmp_path / "etp-ck", tmp_path / "etp-a-out.json"
+    assert run_local(etp, steps=STEPS, warmup=WARMUP, out=out,
+                     extra_args=[*RUN, "--checkpoint-dir", str(ck),
+                                 "--checkpoint-every", "2"]) == 0
+    _, etp_full = _losses(out)
+    assert etp_full == pytest.approx(full, rel=1e-5)
+    shutil.rmtree(dict(committed_checkpoints(ck))[4])
+    start, other = resume("etp-one", plan("etp-one", Layout(micro_batch=4)))
+    assert start == 2 and other == pytest.approx(etp_full[2:], rel=1e-5)
