@@ -158,6 +158,12 @@ def router_param_names(module) -> list[str]:
     return [n for n, _ in module.named_parameters() if ".router." in n]
 
 
+def etp_summed_param_names(module) -> list[str]:
+    """The routed experts' output biases: whole on every etp rank, each rank's gradient
+    covering its own rows (summed over the etp group by the trainer)."""
+    return [n for n, _ in module.named_parameters() if n.endswith(".experts.b_out")]
+
+
 def apply_tensor_parallel_moe(layer, group, spec, *, sequence_parallel: bool,
                               prefix: str) -> dict:
     """tp for an MoE layer: shared experts split like a dense MLP; the routed part runs on
@@ -301,4 +307,5 @@ __all__ = ["expert_coords", "expert_rank_grid", "expert_groups", "stage_rank_tab
            "ExpertGroups", "build_expert_groups", "place_experts", "configure_moe",
            "apply_tensor_parallel_moe", "prepare_data_parallel", "reduce_expert_grads",
            "build_expert_optimizer", "JointOptimizer", "gather_expert_params",
-           "expert_param_names", "router_param_names", "moe_layers"]
+           "expert_param_names", "router_param_names", "etp_summed_param_names",
+           "moe_layers"]

@@ -89,24 +89,31 @@ class GroupedExperts(nn.Module):
         self.sections = spec.ffn_matrices
 
     def width_spec(self, name: str):
-        """How parameter ``name`` is cut over etp: a :class:`~meshplan.executor.
-        tensor_parallel.ShardSpec` of one expert's tensor (dim 0: ``w_in``'s rows per
-        section; dim 1: ``w_out``'s columns)."""
+        """How parameter ``name`` (stacked over the experts) is cut over etp: a
+        :class:`~meshplan.executor.tensor_parallel.ShardSpec` — ``w_in``'s rows and ``b_in``
+        per section, ``w_out``'s columns — or None for ``b_out``, whole on every etp rank
+        (added once, to the summed outputs: :meth:`MoELayer._local_experts`)."""
         from meshplan.executor.tensor_parallel import ShardSpec
         f = self.w_out.shape[2] * self.etp
-        return (ShardSpec(1, (f,) * self.sections) if name == "w_in"
-                else ShardSpec(2))
+        return {"w_in": ShardSpec(1, (f,) * self.sections), "b_in": ShardSpec(1, (f,) *
+                                                                              self.sections),
+                "w_out": ShardSpec(2)}.get(name)
 
     def keep_width(self, rank: int, size: int) -> None:
         """Keep this etp rank's 1/size of every expert's width (meta device, after
-        :meth:`keep_experts`); the experts' biases are not cut (refused with etp > 1)."""
+        :meth:`keep_experts`)."""
         if size == 1:
             return
-        for name in ("w_in", "w_out"):
-            p = getattr(self, name)
-            setattr(self, name, nn.Parameter(self.width_spec(name).shard(p.detach(), rank,
-                                                                         size).clone()))
+        for name in ("w_in", "b_in", "w_out"):
+            p, spec = getattr(self, name), self.width_spec(name)
+            if p is not None:
+                setattr(self, name, nn.Parameter(spec.shard(p.detach(), rank, size).clone()))
         self.etp_rank, self.etp = rank, size
+
+    def _out_bias(self):
+        """``b_out`` where the experts add it themselves (etp 1); with etp > 1 the layer adds
+        it after summing the partial outputs."""
+        return self.b_out if self.etp == 1 else None
 
     def keep_experts(self, first: int, count: int) -> None:
         """Keep only experts first .. first + count - 1 (call on the meta device, before the
@@ -156,8 +163,9 @@ class GroupedExperts(nn.Module):
         outs = []
         for e, rows in enumerate(x.split(counts.tolist())):
             h = F.linear(rows, self.w_in[e], None if self.b_in is None else self.b_in[e])
+            b_out = self._out_bias()
             outs.append(F.linear(self._act(h), self.w_out[e],
-                                 None if self.b_out is None else self.b_out[e]))
+                                 None if b_out is None else b_out[e]))
         return torch.cat(outs)
 
     def _grouped(self, x, counts, dtype):
@@ -169,8 +177,9 @@ class GroupedExperts(nn.Module):
         if self.b_in is not None:
             h = h + torch.repeat_interleave(self.b_in.to(dtype), padded, dim=0, output_size=total)
         y = mm(self._act(h), self.w_out.to(dtype).transpose(-2, -1), offs=offs)
-        if self.b_out is not None:
-            y = y + torch.repeat_interleave(self.b_out.to(dtype), padded, dim=0, output_size=total)
+        b_out = self._out_bias()
+        if b_out is not None:
+            y = y + torch.repeat_interleave(b_out.to(dtype), padded, dim=0, output_size=total)
         return unpad_rows(y, dest)
 
 
@@ -328,7 +337,13 @@ class MoELayer(nn.Module):
         out = unpad_rows(self.experts(unpad_rows(got, order), every.sum(0)),
                          torch.argsort(order))
         back = _AllToAll.apply(out, [mine] * n, sizes, group)
-        return back.view(n, mine, -1).sum(0)
+        y = back.view(n, mine, back.shape[-1]).sum(0)     # mine may be 0
+        if self.experts.b_out is not None:
+            # each rank's own rows: its b_out gradient is a partial sum over the etp group
+            # (expert_parallel.ETP_SUMMED_PARAMS: the trainer adds them up)
+            y = y + torch.repeat_interleave(self.experts.b_out.to(y.dtype), counts, dim=0,
+                                            output_size=mine)
+        return y
 
     def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows sorted by expert (``counts`` per expert, all E) through their experts,

@@ -95,10 +95,6 @@ def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         raise ExecutorError(str(exc)) from None
     if not model.is_moe:
         return
-    if layout.etp > 1 and model.bias:
-        raise ExecutorError(f"etp = {layout.etp} with expert biases (ModelSpec.bias = True) is "
-                            f"not implemented: each bias would be added once to the etp ranks' "
-                            f"summed partial outputs; use etp = 1")
     if layout.cp > 1 and model.capacity_factor is not None:
         raise ExecutorError(f"MoE layers with a capacity (ModelSpec.capacity_factor = "
                             f"{model.capacity_factor}) and cp = {layout.cp} are not implemented: "
@@ -206,13 +202,17 @@ class ParallelTrainer:
         self.expert_param_names = [n for part in self.parts
                                    for n in epm.expert_param_names(part.module)]
         self.expert_params, params, self.router_params = [], [], []
+        self.etp_summed_params = []
         for part in self.parts:
             experts = set(epm.expert_param_names(part.module))
             routers = set(epm.router_param_names(part.module)) if layout.tp > 1 else set()
+            summed = set(epm.etp_summed_param_names(part.module)) if layout.etp > 1 else set()
             for name, p in part.module.named_parameters():
                 (self.expert_params if name in experts else params).append(p)
                 if name in routers:
                     self.router_params.append(p)
+                if name in summed:
+                    self.etp_summed_params.append(p)
         self.optimizer = build_optimizer(params, zero=layout.zero, groups=groups.grad_groups,
                                          device=device, config=optimizer)
         if self.expert_params:
@@ -313,6 +313,9 @@ class ParallelTrainer:
             tpm.allreduce_sequence_parallel_grads(self.sp_params, self.groups.tp_group)
         if self.router_params:   # routers saw only this tp rank's tokens
             tpm.allreduce_sequence_parallel_grads(self.router_params, self.groups.tp_group)
+        if self.etp_summed_params:   # experts' output biases saw only this rank's rows
+            tpm.allreduce_sequence_parallel_grads(self.etp_summed_params,
+                                                  self.expert_groups.etp_group)
         if self.embed_params:
             for p in self.embed_params:
                 if p.grad is not None:

@@ -204,8 +204,8 @@ def expert_options(model: ModelSpec, job: Job, constraints: Constraints, tp: int
                    dp: int) -> list[tuple[int, int]]:
     """(ep, etp) pairs for an MoE model (``[(1, 1)]`` for a dense one): ep dividing the
     routed experts, etp 1 or tp (Megatron-Core's usual settings; runtime "torch": 1 unless
-    the constraints ask — the executor runs etp > 1 for experts without biases, checked on
-    CPU ranks, not yet timed on GPUs) dividing the expert widths, ep·etp dividing the stage's tp·cp·dp
+    the constraints ask — the executor runs etp > 1, checked on CPU ranks, not yet timed on
+    GPUs) dividing the expert widths, ep·etp dividing the stage's tp·cp·dp
     ranks (Layout's folding rule and :func:`meshplan.spec.validate.check_experts`); or the
     constraints' ``ep`` / ``etp`` lists."""
     if not model.is_moe:

@@ -45,6 +45,9 @@ MOE_WORLD4 = [
                                                        sequence_parallel=True)),
     Case("moe-dp4-ep2-etp2-zero3", LLAMA_MOE, JOB, L(dp=4, ep=2, etp=2, zero=3)),
     Case("moe-tp2-pp2-etp2-1f1b", LLAMA_MOE, JOB, L(tp=2, pp=2, etp=2, micro_batch=1)),
+    # biased experts: b_in cut with the width, b_out added once to the summed outputs
+    Case("moe-gpt-dp2-tp2-etp2-capacity", GPT_MOE, JOB, L(dp=2, tp=2, etp=2)),
+    Case("moe-gpt-dp4-ep2-etp2-zero2", GPT_MOE, JOB, L(dp=4, ep=2, etp=2, zero=2)),
 ]
 
 results, test_matches_single_process = make_tests(4, MOE_WORLD4)

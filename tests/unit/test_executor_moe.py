@@ -207,8 +207,6 @@ def test_measured_flops_of_an_moe_model_count_the_active_experts():
 
 
 @pytest.mark.parametrize("model,layout,match", [
-    (dataclasses.replace(MOE, bias=True), dict(dp=2, ep=2, etp=2, tp=2),
-     r"etp = 2 with expert biases \(ModelSpec.bias = True\) is not implemented"),
     (dataclasses.replace(MOE, capacity_factor=1.0), dict(dp=4, cp=2, ep=2),
      r"capacity \(ModelSpec.capacity_factor = 1.0\) and cp = 2 are not implemented"),
     (MOE, dict(dp=3, ep=3), r"ep = 3 must divide the 4 routed experts"),
