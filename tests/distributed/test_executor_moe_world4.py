@@ -45,6 +45,8 @@ MOE_WORLD4 = [
                                                        sequence_parallel=True)),
     Case("moe-dp4-ep2-etp2-zero3", LLAMA_MOE, JOB, L(dp=4, ep=2, etp=2, zero=3)),
     Case("moe-tp2-pp2-etp2-1f1b", LLAMA_MOE, JOB, L(tp=2, pp=2, etp=2, micro_batch=1)),
+    Case("moe-dp2-pp2-etp2-zero-bubble", LLAMA_MOE, JOB16, L(dp=2, pp=2, etp=2,
+                                                             schedule="zero-bubble")),
     # biased experts: b_in cut with the width, b_out added once to the summed outputs
     Case("moe-gpt-dp2-tp2-etp2-capacity", GPT_MOE, JOB, L(dp=2, tp=2, etp=2)),
     Case("moe-gpt-dp4-ep2-etp2-zero2", GPT_MOE, JOB, L(dp=4, ep=2, etp=2, zero=2)),
