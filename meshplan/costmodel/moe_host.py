@@ -18,9 +18,11 @@ GEMM's buffer from host-known bounds):
 
 * ep > 1: the exchanged counts read back as the split lists ``all_to_all_single`` takes
   (one ``.tolist()`` of both): 1;
+* etp > 1: the etp group's gathered row counts read back as the split lists of its two
+  all-to-alls (``MoELayer._local_experts``): 1;
 * a capacity factor: the kept copies' ``nonzero()``: 1.
 
-So none per forward with ep = 1 and no capacity factor. The backward has none (the
+So none per forward with ep = etp = 1 and no capacity factor. The backward has none (the
 all-to-alls reuse the forward's split lists); full recomputation repeats the forward's in
 backward. A sync drains the queue: the GPU runs dry while the host waits, then waits for the
 host to dispatch the next kernel, so each costs its latency plus one operator's dispatch,
@@ -36,7 +38,10 @@ checks ep = 1 against torch on CPU): forward
 bias, bf16 weights; renormalisation off −2 / −8, balance loss off −9 / −12, sigmoid gates
 +2 / +8, biases +7 / +10, autocast +2 / +2; ep > 1 (the count exchange, its read-back, the
 row all-to-alls, the regroup index and its inverse) +33 / +8, counted the same way on two
-gloo ranks. The dense part of the layer (norms, attention, shared experts) counts as
+gloo ranks; etp > 1 (the counts' all-gather and read-back, the rows' gather and return
+all-to-alls, the regroup, the partial outputs' sum) +34 / +14 and cp > 1 (the counts'
+all-gather over cp and their sum) +4 / 0, counted the same way
+(tests/unit/test_moe_host.py). The dense part of the layer (norms, attention, shared experts) counts as
 :func:`meshplan.costmodel.dispatch.layer_dispatch_ops` with the MLP taken out (or the shared
 experts' MLP kept).
 
@@ -70,7 +75,10 @@ ROUTED_OPS_SIGMOID = (2, 8)
 ROUTED_OPS_BIAS = (7, 10)
 ROUTED_OPS_AUTOCAST = (2, 2)
 ROUTED_OPS_EP = (33, 8)
+ROUTED_OPS_ETP = (34, 14)
+ROUTED_OPS_CP = (4, 0)
 SYNCS_EP = 1
+SYNCS_ETP = 1
 SYNCS_CAPACITY = 1
 MEGATRON_SYNCS = 1
 
@@ -86,7 +94,7 @@ class HostTerms(NamedTuple):
 
 def torch_syncs(model: ModelSpec, layout: Layout) -> int:
     """Host syncs per MoE layer forward in meshplan's executor (module docstring)."""
-    return syncs_at(model, layout.ep)
+    return syncs_at(model, layout.ep) + (SYNCS_ETP if layout.etp > 1 else 0)
 
 
 def syncs_at(model: ModelSpec, ep: int) -> int:
@@ -102,7 +110,8 @@ def routed_ops(model: ModelSpec, layout: Layout, *, autocast: bool) -> tuple[int
     adds = [(not model.router_norm_topk, ROUTED_OPS_NO_RENORM),
             (model.router_aux_loss_coeff <= 0, ROUTED_OPS_NO_AUX),
             (model.router == "sigmoid", ROUTED_OPS_SIGMOID), (bool(model.bias), ROUTED_OPS_BIAS),
-            (autocast, ROUTED_OPS_AUTOCAST), (layout.ep > 1, ROUTED_OPS_EP)]
+            (autocast, ROUTED_OPS_AUTOCAST), (layout.ep > 1, ROUTED_OPS_EP),
+            (layout.etp > 1, ROUTED_OPS_ETP), (layout.cp > 1, ROUTED_OPS_CP)]
     for on, (df, db) in adds:
         if on:
             f, b = f + df, b + db
@@ -139,8 +148,8 @@ def host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, links, *, forwar
     n = torch_syncs(model, layout)
     rf, rb = routed_ops(model, layout, autocast=autocast)
     df, db = dense_ops(model, layout, autocast=autocast)
-    # the count exchange: one more all-to-all call, on the GPU's path before the sync
-    count_a2a = comm.call_latency_s(links.ep, "all_to_all") if layout.ep > 1 else 0.0
+    # the count exchanges: one more collective call each, on the GPU's path before the syncs
+    count_a2a = count_exchange_s(layout, links)
     fwd_time = max((df + rf) * t_op, forward_s + count_a2a) + n * (t_sync + t_op)
     fwd_extra = max(0.0, fwd_time - forward_s)
     # no sync in backward: the host can fall behind only where its dispatch exceeds the GPU
@@ -149,4 +158,14 @@ def host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, links, *, forwar
     return HostTerms(fwd_extra, bwd_extra, n, n if full else 0)
 
 
-__all__ = ["HostTerms", "host_terms", "torch_syncs", "routed_ops", "dense_ops"]
+def count_exchange_s(layout: Layout, links) -> float:
+    """Latency of the executor's count exchanges before its syncs: the ep group's
+    all-to-all (ep > 1) and the etp group's all-gather (etp > 1), one call each."""
+    out = comm.call_latency_s(links.ep, "all_to_all") if layout.ep > 1 else 0.0
+    if layout.etp > 1:
+        out += comm.call_latency_s(links.etp or links.tp, "all_gather")
+    return out
+
+
+__all__ = ["HostTerms", "host_terms", "torch_syncs", "routed_ops", "dense_ops",
+           "count_exchange_s"]

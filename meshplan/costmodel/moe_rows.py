@@ -76,11 +76,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.costmodel import comm
 from meshplan.costmodel.compute import PassCost
 from meshplan.costmodel.corrections import load_imbalance
 from meshplan.costmodel.moe import moe_params_per_rank
-from meshplan.costmodel.moe_host import routed_ops, torch_syncs
+from meshplan.costmodel.moe_host import count_exchange_s, routed_ops, torch_syncs
 from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
 from meshplan.costmodel.parts import LayerParts, layer_parts
 from meshplan.costmodel.torch_memory import fsdp_plain_row_kept_bytes
@@ -260,7 +259,7 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     syncs = torch_syncs(model, layout) - torch_syncs(model, timed)
     parts = _with_ep_dispatch(parts, model, layout, timed, gpu, syncs, full)
     host_s = (syncs * (gpu.host_sync_s + gpu.host_op_dispatch_s)
-              + (comm.call_latency_s(links.ep, "all_to_all") if layout.ep > 1 else 0.0))
+              + count_exchange_s(layout, links))
     if host_s <= 0:
         return parts
     lay = parts.layer

@@ -73,22 +73,28 @@ def _ep2_worker(rank, world, init_method, out_dir):
     from _gloo import write_rank_result
     from meshplan.executor.moe import MoELayer
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    group = dist.new_group([0, 1])
     counts = {}
-    for ep in (1, 2):
+    for kind in ("1", "2", "etp2", "cp2"):
         torch.manual_seed(0)
         layer = MoELayer(BASE)
         for q in layer.parameters():
             torch.nn.init.normal_(q, std=0.02)
-        if ep == 2:   # as expert_parallel installs it: this rank's half of the experts
+        if kind == "2":   # as expert_parallel installs it: this rank's half of the experts
             layer.experts.keep_experts(rank * 4, 4)
-            layer.ep_group = dist.new_group([0, 1])
+            layer.ep_group = group
+        elif kind == "etp2":    # this rank's half of every expert's width
+            layer.experts.keep_width(rank, 2)
+            layer.etp_group = group
+        elif kind == "cp2":
+            layer.cp_group = group
         layer.experts.backend = "grouped"
         layer.to(torch.bfloat16)
         torch.manual_seed(1 + rank)
         x = torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
         layer(x)                       # warm
         f, b = _counted(layer, x)
-        counts[ep] = [f, b]
+        counts[kind] = [f, b]
     write_rank_result(out_dir, rank, counts)
 
 
@@ -101,23 +107,29 @@ def _counted(layer, x):
 
 
 def test_expert_parallel_operator_counts_match_torch_on_two_ranks(tmp_path):
-    """ROUTED_OPS_EP: what ep = 2 adds to the routed part's operators (the splits' exchange,
-    both all-to-alls and the regrouping), counted on two gloo ranks against ep = 1."""
+    """ROUTED_OPS_EP / _ETP / _CP: what ep = 2 (the splits' exchange, both all-to-alls and
+    the regrouping), etp = 2 (the counts' all-gather, the rows' gather and return, the
+    partial sums) and cp = 2 (the counts' all-gather) add to the routed part's operators,
+    counted on two gloo ranks against ep = etp = cp = 1."""
     import torch.nn.functional as F
     if getattr(F, "grouped_mm", None) is None and getattr(torch, "_grouped_mm", None) is None:
         pytest.skip("this torch has no grouped_mm")
     from _gloo import run_gloo_ranks
     got = run_gloo_ranks(_ep2_worker, 2, tmp_path)
-    one = moe_host.routed_ops(BASE, mp.Layout(dp=2), autocast=False)
-    two = moe_host.routed_ops(BASE, mp.Layout(dp=2, ep=2), autocast=False)
+    want = {k: moe_host.routed_ops(BASE, mp.Layout(dp=2, **kw), autocast=False)
+            for k, kw in (("1", {}), ("2", dict(ep=2)), ("etp2", dict(etp=2)),
+                          ("cp2", dict(cp=2)))}
     for rank in got:
-        assert rank["1"][0] == one[0] and rank["2"][0] == two[0]
-        # backward: autograd's node order varies by one or two operators between runs
-        assert abs(rank["1"][1] - one[1]) <= 2 and abs(rank["2"][1] - two[1]) <= 2
+        for k, (f, b) in want.items():
+            assert rank[k][0] == f, k
+            # backward: autograd's node order varies by one or two operators between runs
+            assert abs(rank[k][1] - b) <= 2, k
 
 
 def test_sync_counts_from_the_executor_code():
     assert moe_host.torch_syncs(BASE, mp.Layout(dp=2)) == 0
+    assert moe_host.torch_syncs(BASE, mp.Layout(dp=2, etp=2)) == 1
+    assert moe_host.torch_syncs(BASE, mp.Layout(dp=4, ep=2, etp=2)) == 2
     assert moe_host.torch_syncs(BASE, mp.Layout(dp=2, ep=2)) == 1
     assert moe_host.torch_syncs(replace(BASE, capacity_factor=1.25), mp.Layout(dp=2, ep=2)) == 2
     assert moe_host.torch_syncs(replace(BASE, capacity_factor=1.25), mp.Layout(dp=2)) == 1
