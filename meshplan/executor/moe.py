@@ -94,10 +94,8 @@ class GroupedExperts(nn.Module):
         per section, ``w_out``'s columns — or None for ``b_out``, whole on every etp rank
         (added once, to the summed outputs: :meth:`MoELayer._local_experts`)."""
         from meshplan.executor.tensor_parallel import ShardSpec
-        f = self.w_out.shape[2] * self.etp
-        return {"w_in": ShardSpec(1, (f,) * self.sections), "b_in": ShardSpec(1, (f,) *
-                                                                              self.sections),
-                "w_out": ShardSpec(2)}.get(name)
+        per_section = ShardSpec(1, (self.w_out.shape[2] * self.etp,) * self.sections)
+        return {"w_in": per_section, "b_in": per_section, "w_out": ShardSpec(2)}.get(name)
 
     def keep_width(self, rank: int, size: int) -> None:
         """Keep this etp rank's 1/size of every expert's width (meta device, after
@@ -160,10 +158,9 @@ class GroupedExperts(nn.Module):
         return self._grouped(x, counts, dtype) if grouped else self._loop(x, counts)
 
     def _loop(self, x, counts):
-        outs = []
+        outs, b_out = [], self._out_bias()
         for e, rows in enumerate(x.split(counts.tolist())):
             h = F.linear(rows, self.w_in[e], None if self.b_in is None else self.b_in[e])
-            b_out = self._out_bias()
             outs.append(F.linear(self._act(h), self.w_out[e],
                                  None if b_out is None else b_out[e]))
         return torch.cat(outs)
