@@ -76,6 +76,18 @@ class _FakeEvent:
         return 2.0
 
 
+def _fake_cuda(monkeypatch, timing) -> list[int]:
+    """torch.cuda without a GPU for ``timing``: events from :class:`_FakeEvent`, a spin
+    rate of 1e9 cycles a second; returns the list each spin's cycles are appended to."""
+    spins: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles),
+                        raising=False)
+    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)
+    return spins
+
+
 def test_queued_timing_spins_and_retries_behind_a_longer_spin(monkeypatch):
     """The queued path without a GPU: a spin before each timed call, sized from the
     warm-up; a call the GPU caught up with is timed again behind a spin three times as
@@ -105,12 +117,7 @@ def test_queued_split_retries_behind_longer_spins_and_keeps_the_cpu_seconds(monk
     timed again behind a spin three times as long (until SPIN_MAX_S, where it is kept and
     marked not queued); each sample has the events' GPU time and the call's own CPU time."""
     import meshplan.calibrate.timing as timing
-    spins: list[int] = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles),
-                        raising=False)
-    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)
+    spins = _fake_cuda(monkeypatch, timing)
     _FakeEvent.script = [True, False, False, False]                  # the first caught up
     calls = []
     gpu_s, cpu_s = timing.time_queued_split(lambda: calls.append(1), device="cuda", iters=3)
@@ -134,12 +141,7 @@ def test_queued_spin_is_sized_from_the_last_warm_up_call(monkeypatch):
     import time as _time
 
     import meshplan.calibrate.timing as timing
-    spins: list[int] = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: spins.append(cycles),
-                        raising=False)
-    monkeypatch.setattr(timing, "spin_rate", lambda device: 1e9)
+    spins = _fake_cuda(monkeypatch, timing)
     _FakeEvent.script = []
     calls = []
 
