@@ -91,6 +91,30 @@ MTP_TORCH_CAVEAT = (
     "the model without it, or plan it for runtime \"megatron\"")
 
 
+#: the executor's newest MoE layouts, checked for correctness on CPU ranks only
+MOE_UNTIMED_TORCH_CAVEAT = (
+    "MoE with {what} under runtime \"torch\": the executor runs it (since 2026-12-01; it "
+    "trains like one process on CPU gloo ranks) but no GPU run has timed it yet, so this "
+    "price of its extra collectives and host syncs ({how}) is unchecked "
+    "(docs/moe.md)")
+
+
+def moe_untimed_torch_caveats(model, job, layout) -> tuple[str, ...]:
+    """:data:`MOE_UNTIMED_TORCH_CAVEAT` for an MoE layout under runtime "torch" at etp > 1 or
+    cp > 1."""
+    if not model.is_moe or job.runtime != "torch":
+        return ()
+    out = []
+    if layout.etp > 1:
+        out.append(MOE_UNTIMED_TORCH_CAVEAT.format(
+            what=f"etp = {layout.etp}", how="the routed rows gathered over etp and their partial "
+            "outputs returned, one more sync a layer"))
+    if layout.cp > 1:
+        out.append(MOE_UNTIMED_TORCH_CAVEAT.format(
+            what=f"cp = {layout.cp}", how="the routing counts' all-gather over cp"))
+    return tuple(out)
+
+
 def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
     """The caution for a layer priced from measured rows carried beyond the micro-batches
     they were timed at (linear in the micro-batch from the two nearest: a fixed part of the
@@ -201,7 +225,8 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
            "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
-           "MLA_TORCH_CAVEAT", "MTP_TORCH_CAVEAT",
+           "MLA_TORCH_CAVEAT", "MTP_TORCH_CAVEAT", "MOE_UNTIMED_TORCH_CAVEAT",
+           "moe_untimed_torch_caveats",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
            "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",

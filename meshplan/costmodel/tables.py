@@ -22,6 +22,7 @@ from functools import lru_cache
 
 from meshplan.costmodel import registry
 from meshplan.costmodel.build import build_fields
+from meshplan.costmodel.caveats import moe_untimed_torch_caveats
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.host import HostDispatch
 from meshplan.costmodel.rank_memory import RankMemory
@@ -62,6 +63,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
         fields = inp.finish(fields)
     if inp.layout is not layout or inp.caveats:
         fields.update(given_layout=layout, caveats=fields["caveats"] + inp.caveats)
+    # the layout as given (cp > 1 reaches build_fields as its per-rank equivalent)
+    fields["caveats"] = fields["caveats"] + moe_untimed_torch_caveats(model, job, layout)
     t = LayerTables(**fields)
     applied = registry.applied(t)
     if applied:

@@ -191,3 +191,24 @@ def test_host_terms_lengthen_the_step_only_with_host_numbers():
     meg0 = mp.estimate(m, bare, replace(job, runtime="megatron"), lay).step_time_s
     assert meg - meg0 == pytest.approx(
         4 * 2 * (cl.gpu.host_sync_s + cl.gpu.host_op_dispatch_s), rel=0.05)
+
+
+def test_executor_moe_layouts_no_gpu_has_timed_say_so():
+    """etp > 1 and cp > 1 of an MoE model under runtime "torch" (run by the executor since
+    2026-12-01, checked on CPU ranks only) carry a caution; runtime "megatron" and the
+    timed layouts do not."""
+    from meshplan.costmodel.caveats import MOE_UNTIMED_TORCH_CAVEAT
+    head = MOE_UNTIMED_TORCH_CAVEAT.split("{")[0]
+    m = replace(mp.ModelSpec.preset("mixtral-8x7b"), max_seq_len=32768)
+    job = mp.Job(global_batch=64, seq_len=32768, runtime="torch")
+    c = mp.Cluster.preset("dgx-h100", nodes=4)
+
+    def said(layout, j=job):
+        return sorted(x.split(" under")[0] for x in mp.estimate(m, c, j, layout).caveats
+                      if x.startswith(head))
+    kw = dict(tp=4, ep=8, dp=2, zero=1, micro_batch=1, recompute="full",
+              sequence_parallel=True)
+    assert said(mp.Layout(cp=4, etp=4, **kw)) == ["MoE with cp = 4", "MoE with etp = 4"]
+    assert said(mp.Layout(cp=4, **kw)) == ["MoE with cp = 4"]
+    assert said(mp.Layout(**{**kw, "dp": 8})) == []
+    assert said(mp.Layout(cp=4, etp=4, **kw), replace(job, runtime="megatron")) == []
