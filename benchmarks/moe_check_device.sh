@@ -25,10 +25,12 @@ case "${CHECK:?set CHECK, e.g. moeh7}" in
     moeh15) calibration=(2 2048 4 none,full --sp-only) plans=benchmarks/plans/moeh15_h200x2 ;;
     moeh16) calibration=(2 4096 2 none,selective,full --sp-only) plans=benchmarks/plans/moeh16_h200x2 ;;
     moeh17) calibration=(2 4096 2 none,selective,full --sp-only) plans=benchmarks/plans/moeh17_h200x2 ;;
+    # the executor's new MoE paths (etp 2, MoE at cp 2): every drawn layout eager
+    moeh21) calibration=(2 2048 4 none "--sp-only --ep 2") plans=benchmarks/plans/moeh21_h200x2 ;;
     # issue 42's ep at 8 ranks (an 8-GPU kind, H100 or H200): ep rows at 4 and 8 only
     gpu8moe42) calibration=(8 2048 4 none,selective,full "--sp-only --ep 4,8")
                plans=benchmarks/plans/gpu8moe42 ;;
-    *) echo "CHECK=$CHECK: not a check of this script (moeh7-moeh17, gpu8moe42)" >&2; exit 2 ;;
+    *) echo "CHECK=$CHECK: not a check of this script (moeh7-moeh17, moeh21, gpu8moe42)" >&2; exit 2 ;;
 esac
 if [ "${PART:?set PART=1 or 2}" = 1 ]; then
     calibrate_moe "$CHECK" "benchmarks/sets/$CHECK/m01.json" "${calibration[@]}"

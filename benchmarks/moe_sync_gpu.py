@@ -111,6 +111,10 @@ EIGHT_GPU_SHAPES = (dict(dp=8), dict(dp=8, ep=4), dict(dp=8, ep=8),
                     dict(dp=4, pp=2, schedule="1f1b", ep=4),
                     dict(dp=2, pp=2, tp=2, sequence_parallel=True, schedule="1f1b", ep=4),
                     dict(dp=2, pp=2, tp=2, sequence_parallel=True, schedule="1f1b"))
+#: two ranks, the executor's MoE paths of 2026-12-01 (moeh21): etp 2 over tp 2 + SP, dropless
+#: MoE at cp 2 (ep 1 and 2), beside the ep 2 shapes timed before
+TWO_GPU_MOE_PATHS = (dict(tp=2, sequence_parallel=True, etp=2), dict(cp=2), dict(cp=2, ep=2),
+                     dict(tp=2, sequence_parallel=True, ep=2), dict(dp=2, ep=2))
 #: a drawn layout predicted to dispatch more CPU than this share of its GPU time is left out
 #: (``plans --gpu-bound``; the transfer rounds' ``draw_holdout.py --max-host-load``)
 MAX_HOST_LOAD = 0.75
@@ -122,7 +126,7 @@ MULTI_GPU_DRAW = {2: (TWO_GPU_SHAPES, (1, 2, 4)), 4: (FOUR_GPU_SHAPES, (2,)),
 
 def _layout_name(lay: Layout) -> str:
     parts = [f"{k}{v}" for k, v in (("dp", lay.dp), ("tp", lay.tp), ("pp", lay.pp),
-                                     ("ep", lay.ep)) if v > 1]
+                                     ("cp", lay.cp), ("ep", lay.ep), ("etp", lay.etp)) if v > 1]
     if lay.dp > 1:
         parts.append(f"z{lay.zero}")
     parts.append(f"mb{lay.micro_batch}")
@@ -134,7 +138,8 @@ def _layout_name(lay: Layout) -> str:
 
 
 def draw_layouts(seed: int, count: int = 6, gpus: int = 1,
-                 micro_batches: tuple[int, ...] | None = None) -> list[tuple[str, Layout]]:
+                 micro_batches: tuple[int, ...] | None = None, shapes=None,
+                 subject=lambda shape: shape.get("ep", 1) > 1) -> list[tuple[str, Layout]]:
     """``count`` distinct layouts drawn uniformly from a seed: micro-batch 1-16 (1-4 on two
     GPUs, 2 on four), recompute none / selective / full, compiled or eager, and on two (four)
     GPUs one of ``TWO_GPU_SHAPES`` (``FOUR_GPU_SHAPES``) — each once, in a drawn order, then
@@ -142,13 +147,16 @@ def draw_layouts(seed: int, count: int = 6, gpus: int = 1,
     unseen model, where moeh1 and moeh2 ran one hand-picked set). One GPU keeps moeh3's
     names (``mb8-compiled``); two name every degree above 1 (``dp2-ep2-z3-mb2-full``).
     ``micro_batches`` (several GPUs): the sizes drawn from instead of ``MULTI_GPU_DRAW``'s,
-    e.g. the one size a one-call calibration with ep and FSDP2 rows can time."""
+    e.g. the one size a one-call calibration with ep and FSDP2 rows can time. ``shapes``:
+    the pool of shapes instead of the GPU count's, and ``subject`` the shapes drawn again
+    once every shape has been (default: ep > 1)."""
     import random
     if gpus not in (1, *MULTI_GPU_DRAW):
         raise ValueError(f"draw_layouts(gpus={gpus}): one, two, four or eight GPUs")
     rng, drawn = random.Random(seed), []
     # several GPUs: every shape once (in a drawn order), then shapes with ep > 1, the subject
     pool, mbs = MULTI_GPU_DRAW.get(gpus, ((), ()))
+    pool = tuple(shapes) if shapes else pool
     mbs = tuple(micro_batches) if micro_batches else mbs
     shapes = rng.sample(pool, len(pool))
     while len(drawn) < count:
@@ -158,7 +166,7 @@ def draw_layouts(seed: int, count: int = 6, gpus: int = 1,
                          compile=rng.random() < 0.5)
         else:
             shape = dict(shapes[len(drawn)] if len(drawn) < len(shapes) else
-                         rng.choice([s for s in pool if s.get("ep", 1) > 1]))
+                         rng.choice([s for s in pool if subject(s)]))
             zero = rng.choice((1, 2, 3))
             if shape.get("dp", 1) > 1:
                 shape["zero"] = zero
@@ -254,6 +262,11 @@ SETS["drawn-4118c"] = [(n, lay) for n, lay in draw_layouts(4118, count=16, gpus=
 # another never-run model (draw_models.py seed 4119), four compiled draws
 SETS["drawn-4119c"] = [(n, lay) for n, lay in draw_layouts(4119, count=16, gpus=1)
                        if lay.compile]
+# moeh21 (drawn 2026-12-01, for a 2-GPU lease): the executor's new MoE paths (etp 2, dropless
+# MoE at cp 2) timed for the first time, on a never-run model (draw_moe.py seed 3824)
+SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
+                                   shapes=TWO_GPU_MOE_PATHS,
+                                   subject=lambda s: s.get("etp", 1) > 1 or s.get("cp", 1) > 1)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

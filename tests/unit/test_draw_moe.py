@@ -535,6 +535,28 @@ def test_the_committed_fp8h16_draw_and_its_one_gpu_layouts():
     _runnable_in_bf16_and_fp8(committed, drawn, "tensorwise")
 
 
+def test_the_committed_moeh21_draw_of_the_new_moe_paths():
+    """moeh21 (drawn 2026-12-01, before any run): draw_moe.py seed 3824's dropless model and
+    eight two-GPU layouts of the executor's new MoE paths (etp 2, cp 2) beside ep 2, each
+    runnable by the executor; the draws of the earlier sets are unchanged by the new
+    ``shapes`` / ``subject`` arguments (moeh17's set above)."""
+    import draw_moe as dm
+    import moe_sync_gpu as msg
+    from meshplan.executor.parallelize import check_layout_runnable
+    from meshplan.spec import Job
+    committed = _committed("moeh21")
+    assert committed == dm.draw_moe_model(random.Random(3824), "m01", min_hidden=2048,
+                                          max_params=3e9)
+    assert committed.capacity_factor is None
+    drawn = msg.SETS["drawn2-3824"]
+    assert [n for n, _ in drawn] == [
+        "dp2-ep2-z3-mb4", "cp2-ep2-mb4-selective", "tp2-etp2-mb4-selective", "cp2-mb4-full",
+        "tp2-ep2-mb4-selective", "tp2-etp2-mb4-full", "cp2-mb4", "cp2-ep2-mb4-full"]
+    job = Job(global_batch=16, seq_len=2048, runtime="torch")
+    for _, lay in drawn:
+        check_layout_runnable(committed, job, lay)
+
+
 @pytest.mark.parametrize("check, seed, names", [
     ("fp8h17", 4117, ["mb2-full-compiled", "mb2-selective-compiled", "mb16-full-compiled",
                       "mb1-compiled", "mb1-full-compiled", "mb16-compiled"]),
