@@ -44,6 +44,7 @@ MOE_WORLD4 = [
     Case("moe-dp2-tp2-sp-ep2-etp2", LLAMA_MOE, JOB, L(dp=2, tp=2, ep=2, etp=2,
                                                        sequence_parallel=True)),
     Case("moe-dp4-ep2-etp2-zero3", LLAMA_MOE, JOB, L(dp=4, ep=2, etp=2, zero=3)),
+    Case("moe-dp4-etp2-zero1", LLAMA_MOE, JOB, L(dp=4, etp=2, zero=1)),
     Case("moe-tp2-pp2-etp2-1f1b", LLAMA_MOE, JOB, L(tp=2, pp=2, etp=2, micro_batch=1)),
     Case("moe-dp2-pp2-etp2-zero-bubble", LLAMA_MOE, JOB16, L(dp=2, pp=2, etp=2,
                                                              schedule="zero-bubble")),
