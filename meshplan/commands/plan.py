@@ -59,6 +59,9 @@ def add_arguments(p) -> None:
     g.add_argument("--cp-styles", default=None, help="comma list of cp styles (ring,all-to-all)")
     g.add_argument("--ep-options", default=None,
                    help="comma list of expert-parallel degrees (MoE; default: automatic)")
+    g.add_argument("--etp-options", default=None,
+                   help="comma list of expert-tensor-parallel degrees (MoE; default: 1 and "
+                        "tp, or 1 under runtime torch)")
     g.add_argument("--max-micro-batch", type=positive_int, default=16)
     g.add_argument("--memory-headroom", type=float, default=0.0,
                    help="fraction of usable memory to keep free (e.g. 0.1)")
@@ -118,7 +121,8 @@ def constraints_from_args(args):
                             ("zero", args.zero_options, int),
                             ("cp", getattr(args, "cp_options", None), int),
                             ("cp_styles", getattr(args, "cp_styles", None), str),
-                            ("ep", getattr(args, "ep_options", None), int)):
+                            ("ep", getattr(args, "ep_options", None), int),
+                            ("etp", getattr(args, "etp_options", None), int)):
         try:
             val = _split(text, cast)
         except ValueError:

@@ -213,7 +213,8 @@ def expert_options(model: ModelSpec, job: Job, constraints: Constraints, tp: int
     fx = constraints.fixed
     ranks = tp * cp * dp
     eps = constraints.ep or [d for d in divisors(model.num_experts) if ranks % d == 0]
-    etps = constraints.etp or sorted({1, tp} if job.runtime != "torch" else {1})
+    etps = constraints.etp or ([fx["etp"]] if "etp" in fx else
+                               sorted({1, tp} if job.runtime != "torch" else {1}))
     widths = [w for w in (model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
               if w is not None]
     return [(ep, etp) for ep in eps for etp in etps

@@ -237,6 +237,12 @@ def test_planner_searches_ep_and_etp():
                           Constraints(), 2, 1, 8) == [(1, 1), (2, 1), (4, 1), (8, 1)]
     assert expert_options(mp.ModelSpec.preset("llama3-8b"), JOB, Constraints(), 2, 1, 8) == \
         [(1, 1)]
+    # runtime torch runs etp > 1 where asked: by the options, or pinned with --fix etp=2
+    torch_job = mp.Job(global_batch=8, seq_len=64, runtime="torch")
+    assert expert_options(MIXTRAL, torch_job, Constraints(etp=(2,)), 2, 1, 8) == [
+        (1, 2), (2, 2), (4, 2), (8, 2)]
+    assert expert_options(MIXTRAL, torch_job, Constraints(fixed={"etp": 2}), 2, 1, 8) == [
+        (1, 2), (2, 2), (4, 2), (8, 2)]
     p = mp.plan(MINI_V3, H100, JOB, top_k=3, constraints=Constraints(
         ep=(4, 8), schedules=("1f1b",), recompute=("none",), max_micro_batch=1))
     assert all(c.layout.ep in (4, 8) for c in p.candidates)
