@@ -188,5 +188,5 @@ def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     return {r["op"]: r["bytes"] / r["seconds"] / 1e9 for r in rows}
 
 
-__all__ = ["linear_calls", "bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled", "fp8_rows",
-           "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS", "RUNNABLE_RECIPES"]
+__all__ = ["linear_calls", "bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled",
+           "fp8_rows", "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS", "RUNNABLE_RECIPES"]

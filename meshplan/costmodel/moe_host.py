@@ -41,9 +41,9 @@ row all-to-alls, the regroup index and its inverse) +33 / +8, counted the same w
 gloo ranks; etp > 1 (the counts' all-gather and read-back, the rows' gather and return
 all-to-alls, the regroup, the partial outputs' sum) +34 / +14 and cp > 1 (the counts'
 all-gather over cp and their sum) +4 / 0, counted the same way
-(tests/unit/test_moe_host.py). The dense part of the layer (norms, attention, shared experts) counts as
-:func:`meshplan.costmodel.dispatch.layer_dispatch_ops` with the MLP taken out (or the shared
-experts' MLP kept).
+(tests/unit/test_moe_host.py). The dense part of the layer (norms, attention, shared experts)
+counts as :func:`meshplan.costmodel.dispatch.layer_dispatch_ops` with the MLP taken out (or the
+shared experts' MLP kept).
 
 **Runtime "megatron"**: Megatron-Core's ``MoEAlltoAllTokenDispatcher`` (dropless) copies the
 split sizes to the host on a side stream and synchronises once per dispatch at its

@@ -1,7 +1,7 @@
 """Expert parallelism trains like one process: MoE models under ep 1, 2 and 4 and etp 2
 with dp, tp (with and without sequence parallelism), pp (GPipe, 1F1B, interleaved,
-zero-bubble), ZeRO 0-3 and full recomputation give the single-process losses of 3 steps and first-step
-gradients, rtol 1e-5 / atol 1e-6 as the dense layouts (tests/distributed/_cases.py), in
+zero-bubble), ZeRO 0-3 and full recomputation give the single-process losses of 3 steps and
+first-step gradients, rtol 1e-5 / atol 1e-6 as the dense layouts (tests/distributed/_cases.py), in
 one spawned group of 4 ranks. The reference is one process, ep 1, the whole batch at once:
 the per-sequence balance loss and capacity make routing independent of the cut."""
 
