@@ -147,7 +147,7 @@ def _compose(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
         p2p_s=t.p2p_s, pipeline_s=pipe.total_s,
         model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
         host_dispatch_s=host_s,
-        caveats=t.caveats + host + composed_compiled_host_caveats(t.caveats, host)
+        caveats=t.caveats + host + composed_compiled_host_caveats(t.parts.fp8, job, host)
         + breakdown.pipeline_caveats(pipe))
     # 7. the named corrections that applied (their effects: estimate())
     return est, t.corrections

@@ -36,10 +36,17 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
                    f"{rate.pass_s * 1e6:.0f} µs a pass plus their bytes at {rate.gbps:.0f} "
                    f"GB/s{host}; on one H100 the eager fp8 linear ran 3-11× slower than bf16 "
                    "(docs/benchmarks/fp8_checks.md) — use Layout(compile=True)")
-    if job.runtime == "torch" and rate.compiled:
+    if composed_compiled(parts_fp8, job):
         out.append(COMPOSED_COMPILED_SHARE_CAVEAT if rate.block_share
                    else COMPOSED_COMPILED_CAVEAT)
     return tuple(out)
+
+
+def composed_compiled(parts_fp8: Fp8Layer | None, job: Job) -> bool:
+    """Whether the executor's compiled fp8 layer was composed from bf16 rows: runtime
+    "torch", compiled casts, and neither a measured fp8 row nor its sibling difference."""
+    return (parts_fp8 is not None and job.runtime == "torch" and parts_fp8.rate.compiled
+            and not parts_fp8.row and not parts_fp8.sibling)
 
 
 #: compiled fp8 priced from the bf16 rows plus fp8's terms (no measured fp8 row), the casts
@@ -74,14 +81,14 @@ COMPOSED_COMPILED_HOST_CAVEAT = (
     "calibrate --fp8-rows` times the compiled fp8 block's dispatch with its GPU time")
 
 
-def composed_compiled_host_caveats(caveats: tuple[str, ...],
+def composed_compiled_host_caveats(parts_fp8: Fp8Layer | None, job: Job,
                                    host_caveats: tuple[str, ...]) -> tuple[str, ...]:
     """:data:`COMPOSED_COMPILED_HOST_CAVEAT` where an estimate's compiled fp8 was composed
-    from bf16 rows (its ``caveats`` say so) and it carries a host-bound or near-host-bound
+    from bf16 rows (:func:`composed_compiled`) and it carries a host-bound or near-host-bound
     caution (``host_caveats``, :func:`meshplan.costmodel.caveats.host_caveats`)."""
-    composed = COMPOSED_COMPILED_CAVEAT in caveats or COMPOSED_COMPILED_SHARE_CAVEAT in caveats
-    return (COMPOSED_COMPILED_HOST_CAVEAT,) if composed and host_caveats else ()
+    return ((COMPOSED_COMPILED_HOST_CAVEAT,) if host_caveats
+            and composed_compiled(parts_fp8, job) else ())
 
 
 __all__ = ["fp8_caveats", "COMPOSED_COMPILED_CAVEAT", "COMPOSED_COMPILED_SHARE_CAVEAT",
-           "COMPOSED_COMPILED_HOST_CAVEAT", "composed_compiled_host_caveats"]
+           "COMPOSED_COMPILED_HOST_CAVEAT", "composed_compiled", "composed_compiled_host_caveats"]
