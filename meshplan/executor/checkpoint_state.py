@@ -169,19 +169,12 @@ def _inner_optimizers(optimizer) -> list:
     return [getattr(optimizer, "optim", optimizer)]
 
 
-def _expert_cuts(trainer) -> dict[str, tuple]:
-    """``{parameter name: (first expert, experts in the layer, width spec or None, etp
-    rank, etp)}`` of this rank's routed experts (empty for a dense model)."""
-    from meshplan.executor.moe import GroupedExperts
-    out = {}
-    for part in trainer.parts:
-        for mod_name, mod in part.module.named_modules():
-            if isinstance(mod, GroupedExperts):
-                for pname, _ in mod.named_parameters(recurse=False):
-                    spec = mod.width_spec(pname) if mod.etp > 1 else None
-                    out[f"{mod_name}.{pname}"] = (mod.first, mod.total, spec, mod.etp_rank,
-                                                  mod.etp)
-    return out
+def _expert_cuts(trainer) -> dict:
+    """``{parameter name: ExpertCut}`` of this rank's routed experts (empty for a dense
+    model; :func:`meshplan.executor.expert_parallel.expert_cut_of`)."""
+    from meshplan.executor.expert_parallel import expert_cut_of, expert_param_names
+    return {name: expert_cut_of(part.module, name) for part in trainer.parts
+            for name in expert_param_names(part.module)}
 
 
 def named_params(trainer) -> Iterator[tuple[str, torch.nn.Parameter]]:
@@ -243,8 +236,8 @@ def training_state(trainer, *, copy_to_cpu: bool) -> dict[str, Any]:
         if cut is None:
             full, pieces = tensor_pieces(t, spec, g.tp_rank, g.tp)
         else:     # the experts' width over etp, then their place among the layer's
-            first, total, width, etp_rank, etp = cut
-            full, pieces = expert_cut(*tensor_pieces(t, width, etp_rank, etp), first, total)
+            full, pieces = expert_cut(*tensor_pieces(t, cut.width, cut.etp_rank, cut.etp),
+                                      cut.first, cut.total)
         if pieces:
             out[key] = Pieces(full, t.dtype, [(off, stage(v)) for off, v in pieces])
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -270,9 +270,8 @@ def gather_expert_params(trainer, kind: str) -> dict[str, torch.Tensor] | None:
             t = p if kind == "param" else p.grad
             if t is not None and hasattr(t, "full_tensor"):
                 t = t.full_tensor()
-            owner, pname = _owner(part.module, layer_name)
-            spec = owner.width_spec(pname) if owner.etp > 1 else None
-            mine.append((layer_name, owner.first, spec,
+            cut = expert_cut_of(part.module, layer_name)
+            mine.append((layer_name, cut.first, cut.width,
                          None if t is None else t.detach().float().cpu()))
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((eg.edp_rank, eg.etp_rank, mine), gathered, dst=0)
@@ -297,10 +296,27 @@ def gather_expert_params(trainer, kind: str) -> dict[str, torch.Tensor] | None:
     return out
 
 
-def _owner(module, param_name: str):
-    """(the GroupedExperts holding ``param_name``, the parameter's own name)."""
+class ExpertCut(NamedTuple):
+    """Where a rank's piece of a routed-expert parameter sits in the layer's full tensor:
+    experts ``first`` .. of ``total`` (dim 0), and with etp > 1 the width shard ``width``
+    (a :class:`~meshplan.executor.tensor_parallel.ShardSpec`, None where whole) of rank
+    ``etp_rank`` of ``etp``."""
+
+    first: int
+    total: int
+    width: object
+    etp_rank: int
+    etp: int
+
+
+def expert_cut_of(module, param_name: str) -> ExpertCut:
+    """The :class:`ExpertCut` of ``module``'s routed-expert parameter ``param_name`` (one of
+    :func:`expert_param_names`)."""
     owner_name, pname = param_name.rsplit(".", 1)
-    return module.get_submodule(owner_name), pname
+    owner = module.get_submodule(owner_name)
+    return ExpertCut(owner.first, owner.total,
+                     owner.width_spec(pname) if owner.etp > 1 else None, owner.etp_rank,
+                     owner.etp)
 
 
 __all__ = ["expert_coords", "expert_rank_grid", "expert_groups", "stage_rank_table",
@@ -308,4 +324,5 @@ __all__ = ["expert_coords", "expert_rank_grid", "expert_groups", "stage_rank_tab
            "apply_tensor_parallel_moe", "prepare_data_parallel", "reduce_expert_grads",
            "build_expert_optimizer", "JointOptimizer", "gather_expert_params",
            "expert_param_names", "router_param_names", "etp_summed_param_names",
+           "ExpertCut", "expert_cut_of",
            "moe_layers"]
