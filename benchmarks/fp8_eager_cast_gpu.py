@@ -131,6 +131,9 @@ def main(argv=None) -> int:
                    help="also time N uses of each linear in one backward call, per use "
                         "(0: not; default 8)")
     args = p.parse_args(argv)
+    if args.chain < 0:
+        p.error(f"--chain {args.chain}: the uses of a linear per backward call, 0 (not timed) "
+                f"or more")
     import torch
     if not torch.cuda.is_available():
         raise SystemExit("fp8_eager_cast_gpu.py times CUDA kernels: no GPU here")
