@@ -362,7 +362,7 @@ def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:
 
 def check_options(model: ModelSpec, job: Job, constraints: Constraints) -> None:
     """Constraint values no layout can take, named before the search (instead of an empty
-    space explained by the wrong rule): ep / etp above 1 for a dense model, and ep or cp
+    space explained by the wrong rule): ep / etp above 1 for a dense model, and ep, etp or cp
     lists none of whose degrees the model or the sequence allows."""
     fx = constraints.fixed
     experts = [f"{k} options {list(v)}" for k, v in (("ep", constraints.ep),
@@ -378,6 +378,13 @@ def check_options(model: ModelSpec, job: Job, constraints: Constraints) -> None:
         raise ConfigError(f"Constraints.ep {list(constraints.ep)}: none divides the "
                           f"{model.num_experts} routed experts of {model.name!r}; valid ep: "
                           f"{divisors(model.num_experts)}")
+    widths = [w for w in (model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size)
+              if w is not None]
+    if model.is_moe and constraints.etp is not None \
+            and not any(all(w % e == 0 for w in widths) for e in constraints.etp):
+        valid = [d for d in divisors(widths[0]) if all(w % d == 0 for w in widths)]
+        raise ConfigError(f"Constraints.etp {list(constraints.etp)}: none divides the expert "
+                          f"widths {widths} of {model.name!r}; valid etp: {valid}")
     s = job.seq_len
     if constraints.cp is not None and cp_runs(model, job) \
             and not any(c == 1 or s % (2 * c) == 0 for c in constraints.cp):

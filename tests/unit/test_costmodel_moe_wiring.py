@@ -243,6 +243,11 @@ def test_planner_searches_ep_and_etp():
         (1, 2), (2, 2), (4, 2), (8, 2)]
     assert expert_options(MIXTRAL, torch_job, Constraints(fixed={"etp": 2}), 2, 1, 8) == [
         (1, 2), (2, 2), (4, 2), (8, 2)]
+    from meshplan.planner.space import check_options
+    with pytest.raises(mp.ConfigError, match=r"Constraints.etp \[3\]: none divides the expert "
+                                             r"widths \[14336\]"):
+        check_options(MIXTRAL, torch_job, Constraints(etp=(3,)))
+    check_options(MIXTRAL, torch_job, Constraints(etp=(3, 2)))
     p = mp.plan(MINI_V3, H100, JOB, top_k=3, constraints=Constraints(
         ep=(4, 8), schedules=("1f1b",), recompute=("none",), max_micro_batch=1))
     assert all(c.layout.ep in (4, 8) for c in p.candidates)
