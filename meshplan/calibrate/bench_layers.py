@@ -97,7 +97,7 @@ from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, 
 from meshplan.calibrate.layer_split import SPLIT_DEEP_LAYERS, _deep_split
 from meshplan.calibrate.layer_timing import _Queue
 from meshplan.calibrate.progress import _note, _step
-from meshplan.calibrate.sustained import ratio_rows
+from meshplan.calibrate.sustained import ratio_fallbacks, ratio_rows
 from meshplan.spec import ModelSpec
 from meshplan.errors import require_positive_int
 
@@ -371,14 +371,25 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 # (a layer that syncs on the host is paced by it, not by the SM clock)
                 # once per module, in the first round (compiled modules run only then)
                 t_sus = time.perf_counter()
-                ratios[cfg.build_key], info = _run_sustained(
-                    cfg, module, tp_group, layers, device, burst_pass_s=values[0] + values[1],
-                    burst_cpu_s=values[fc] + values[bc], world=world, heat_s=sustained[0],
-                    time_s=sustained[1])
+                for at in [idx, *ratio_fallbacks(grid, idx, measured)]:
+                    got = _run_sustained(
+                        grid[at], module, tp_group, layers, device,
+                        burst_pass_s=measured[at][-1][0] + measured[at][-1][1],
+                        burst_cpu_s=measured[at][-1][fc] + measured[at][-1][bc], world=world,
+                        heat_s=sustained[0], time_s=sustained[1])
+                    where = "" if at == idx else f" (on micro-batch {grid[at].micro_batch})"
+                    if got is None:
+                        _step(progress, f"{tag}: sustained loop out of memory{where}")
+                        continue
+                    ratios[cfg.build_key], info = got
+                    _step(progress, f"{tag}: sustained pass x {ratios[cfg.build_key]:.3f} of "
+                                    f"the timed one{where}"
+                                    + (" (host-paced: 1)" if info.get("host_paced") else ""))
+                    break
+                else:
+                    _step(progress, f"{tag}: no sustained-clock ratio for this module (ratio "
+                                    f"1: its rows read at the burst clock)")
                 first_only_s += time.perf_counter() - t_sus
-                _step(progress, f"{tag}: sustained pass x {ratios[cfg.build_key]:.3f} of the "
-                                f"timed one" + (" (host-paced: 1)" if info.get("host_paced")
-                                                else ""))
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA). Compiled rows
             # too: their backward carries a per-call part of ~1.4 ms that a 2-block row

@@ -232,19 +232,30 @@ def _run_end(cfg: Config, m, tp_group, device, *, iters: int, barrier,
 
 def _run_sustained(cfg: Config, m, tp_group, layers: int, device, *, burst_pass_s: float,
                    burst_cpu_s: float, world: int, heat_s: float, time_s: float
-                   ) -> tuple[float, dict]:
+                   ) -> tuple[float, dict] | None:
     """:func:`meshplan.calibrate.sustained.sustained_ratio` of a built row's module at
     ``cfg`` (``burst_pass_s`` / ``burst_cpu_s``: the row's forward + backward GPU seconds and
-    CPU dispatch per layer, or per end), averaged over ranks as the rows' times are."""
-    if cfg.part:
-        _, reset, forward, backward = _end_step(cfg, m, tp_group, device)
-        amp, stack = _end_amp(device), 1
-    else:
-        _, _, reset, forward, backward = _layer_step(cfg, m, device)
-        amp, stack = _layer_amp(cfg, device), layers
-    with amp:
-        ratio, info = sustained_ratio(
-            forward, backward, reset, device=device, burst_pass_s=burst_pass_s * stack,
-            burst_cpu_s=burst_cpu_s * stack, heat_s=heat_s, time_s=time_s,
-            agree_max=lambda v: _reduce(v, range(len(v)), device, world))
-    return _reduce([ratio], [], device, world)[0], info
+    CPU dispatch per layer, or per end), averaged over ranks as the rows' times are; None
+    where the loop ran out of memory on some rank (the ranks agree, as on a row)."""
+    def loop() -> tuple[float, dict]:
+        if cfg.part:
+            _, reset, forward, backward = _end_step(cfg, m, tp_group, device)
+            amp, stack = _end_amp(device), 1
+        else:
+            _, _, reset, forward, backward = _layer_step(cfg, m, device)
+            amp, stack = _layer_amp(cfg, device), layers
+        with amp:
+            return sustained_ratio(
+                forward, backward, reset, device=device, burst_pass_s=burst_pass_s * stack,
+                burst_cpu_s=burst_cpu_s * stack, heat_s=heat_s, time_s=time_s,
+                agree_max=lambda v: _reduce(v, range(len(v)), device, world))
+
+    (ratio, info), oom = (1.0, {}), 0.0
+    try:
+        ratio, info = loop()
+    except _oom_types():
+        oom = 1.0
+    if oom:
+        _free(device)   # here, not in the handler: the loop's frame and tensors are gone
+    ratio, oom = _reduce([ratio, oom], [1], device, world)
+    return None if oom else (ratio, info)

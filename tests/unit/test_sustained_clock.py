@@ -153,6 +153,49 @@ def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
     assert all(r["sustained_ratio"] == 1.0 for r in doc["layers"])
 
 
+def test_a_loop_out_of_memory_falls_back_to_a_smaller_micro_batch(tmp_path, capsys,
+                                                                   monkeypatch):
+    """fp8h19 (1 x H200): the module's largest micro-batch row was timed, the loop on it ran
+    out of memory, and the calibration died without writing a profile. Now the next smaller
+    micro-batch's row measures the module's ratio; where every loop runs out, ratio 1."""
+    torch = pytest.importorskip("torch")
+    import meshplan.calibrate.layer_run as layer_run
+    from meshplan.calibrate.sustained import ratio_fallbacks
+    from meshplan.cli import main as cli_main
+
+    def cfg(mb, rc="none", part="", tp=1):
+        return Config(model=TINY_LLAMA, seq_len=64, tp=tp, sequence_parallel=False,
+                      micro_batch=mb, recompute=rc, part=part)
+    grid = [cfg(1), cfg(2), cfg(4), cfg(2, "full"), cfg(2, tp=2), cfg(2, part="output")]
+    assert ratio_fallbacks(grid, 2, measured=[0, 1, 2, 3, 4, 5]) == [1, 0]
+    assert ratio_fallbacks(grid, 2, measured=[0, 2]) == [0]     # only rows timed already
+    assert ratio_fallbacks(grid, 0, measured=[0, 1, 2]) == []
+    spec = tmp_path / "tiny.json"
+    spec.write_text(json.dumps(TINY_DICT))
+    calls = []
+
+    def loop(forward, backward, reset, *, burst_pass_s, **kw):
+        calls.append(burst_pass_s)
+        if len(calls) == 1 or fail_all:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        return 1.234, {}
+    monkeypatch.setattr(layer_run, "sustained_ratio", loop)
+    for fail_all, want in ((False, 1.234), (True, 1.0)):
+        calls.clear()
+        out = tmp_path / f"p{fail_all}.toml"
+        assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                         "--micro-batches", "1,2", "--sustained-s", "0.05", "--out",
+                         str(out)]) == 0
+        err = capsys.readouterr().err
+        doc = tomllib.loads(out.read_text())
+        assert "mb2: sustained loop out of memory" in err
+        assert {r["sustained_ratio"] for r in doc["layers"] if r["tp"] == 1} == {want}
+        if fail_all:
+            assert "no sustained-clock ratio for this module" in err
+        else:
+            assert "x 1.234 of the timed one (on micro-batch 1)" in err
+
+
 def test_bad_sustained_seconds_are_refused(tmp_path, capsys):
     from meshplan.calibrate.run import CalibrateOptions
     from meshplan.cli import main as cli_main
