@@ -83,7 +83,7 @@ from typing import Any, Sequence
 
 from meshplan.calibrate.budget import RoundBudget
 from meshplan.calibrate.layer_budget import _budget_stops, _reread_fits, _row_budget_stops
-from meshplan.calibrate.layer_build import _build, _free, _oom_types
+from meshplan.calibrate.layer_build import _allocated_note, _build, _free, _oom_types
 from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_sizes, plan_grid,
                                           untimed_summary)
 from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
@@ -182,6 +182,37 @@ def _note_synced_spread(progress, grid: Sequence[Config], readings: dict[int, li
                     f"readings {ordered[len(ordered) // 2]:.0%} apart at the median row, "
                     f"{spreads[worst]:.0%} at the widest ({grid[worst].label()}); each row "
                     f"is the median of its readings")
+
+
+def _module_ratio(grid: Sequence[Config], idx: int, candidates: Sequence[int],
+                  measured: dict, module, tp_group, layers: int, device, groups, *,
+                  world: int, sustained: tuple[float, float], progress, tag: str):
+    """(sustained-clock ratio or None, module, tp group) of the module of row ``idx`` (its
+    :func:`ratio_rows` row), the loop run on the first of ``candidates`` (grid indices of
+    rows timed this round) that does not run out of memory; the module is built again
+    where ``module`` is None (its ratio row ran out of memory and dropped it) and returned
+    for the module's next rows. None: no candidate fitted, the rows read at the burst
+    clock (ratio 1)."""
+    fc, bc = _cpu_fields(grid[idx])
+    for at in candidates:
+        values = measured[at][-1]
+        if module is None:
+            module, tp_group = _build(grid[at], layers, device, groups)
+        got = _run_sustained(grid[at], module, tp_group, layers, device,
+                             burst_pass_s=values[0] + values[1],
+                             burst_cpu_s=values[fc] + values[bc], world=world,
+                             heat_s=sustained[0], time_s=sustained[1])
+        where = "" if at == idx else f" (on micro-batch {grid[at].micro_batch})"
+        if got is None:
+            _step(progress, f"{tag}: sustained loop out of memory{where}"
+                            + _allocated_note(device))
+            continue
+        _step(progress, f"{tag}: sustained pass x {got[0]:.3f} of the timed one{where}"
+                        + (" (host-paced: 1)" if got[1].get("host_paced") else ""))
+        return got[0], module, tp_group
+    _step(progress, f"{tag}: no sustained-clock ratio for this module (ratio 1: its rows "
+                    f"read at the burst clock)")
+    return None, module, tp_group
 
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
@@ -290,7 +321,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 break
             t_row = time.perf_counter()
             if cfg.build_key != built_key:
+                # the deep stacks too: the grid is grouped by build key, so they would only
+                # be rebuilt, and kept they held their parameters, gradients and whatever a
+                # failed pass left on them through every later module's rows
                 module = tp_group = None
+                deep_key = deep_module = cpu_key = cpu_module = None
                 _free(device)
                 built_key = cfg.build_key
             if idx in skipped:
@@ -321,7 +356,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                         else None
                     values = list(_run_layer(cfg, module, layers, device, iters=iters,
                                              barrier=barrier, queue=queue,
-                                             split_queued=split_queued))
+                                             split_queued=split_queued, world=world))
             except _oom_types():
                 oom = 1.0
             except Exception as exc:  # noqa: BLE001 — only the rows below, see there
@@ -346,7 +381,18 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 _free(device)
                 _step(progress, f"{tag}: "
                                 + (f"failed ({failed})" if failed else "out of memory on some rank")
-                                + ", skipped")
+                                + ", skipped" + _allocated_note(device))
+                if rnd == 0 and ratio_at.get(cfg.build_key) == idx and not failed \
+                        and not cfg.syncs_on_host:
+                    # the module's ratio row did not fit: a smaller timed one measures it
+                    t_sus = time.perf_counter()
+                    got, module, tp_group = _module_ratio(
+                        grid, idx, ratio_fallbacks(grid, idx, measured), measured, None, None,
+                        layers, device, groups, world=world, sustained=sustained,
+                        progress=progress, tag=tag)
+                    if got is not None:
+                        ratios[cfg.build_key] = got
+                    first_only_s += time.perf_counter() - t_sus
                 continue
             measured.setdefault(idx, []).append(values)
             if cfg.compile and not cfg.syncs_on_host:
@@ -371,24 +417,12 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 # (a layer that syncs on the host is paced by it, not by the SM clock)
                 # once per module, in the first round (compiled modules run only then)
                 t_sus = time.perf_counter()
-                for at in [idx, *ratio_fallbacks(grid, idx, measured)]:
-                    got = _run_sustained(
-                        grid[at], module, tp_group, layers, device,
-                        burst_pass_s=measured[at][-1][0] + measured[at][-1][1],
-                        burst_cpu_s=measured[at][-1][fc] + measured[at][-1][bc], world=world,
-                        heat_s=sustained[0], time_s=sustained[1])
-                    where = "" if at == idx else f" (on micro-batch {grid[at].micro_batch})"
-                    if got is None:
-                        _step(progress, f"{tag}: sustained loop out of memory{where}")
-                        continue
-                    ratios[cfg.build_key], info = got
-                    _step(progress, f"{tag}: sustained pass x {ratios[cfg.build_key]:.3f} of "
-                                    f"the timed one{where}"
-                                    + (" (host-paced: 1)" if info.get("host_paced") else ""))
-                    break
-                else:
-                    _step(progress, f"{tag}: no sustained-clock ratio for this module (ratio "
-                                    f"1: its rows read at the burst clock)")
+                got, module, tp_group = _module_ratio(
+                    grid, idx, [idx, *ratio_fallbacks(grid, idx, measured)], measured, module,
+                    tp_group, layers, device, groups, world=world, sustained=sustained,
+                    progress=progress, tag=tag)
+                if got is not None:
+                    ratios[cfg.build_key] = got
                 first_only_s += time.perf_counter() - t_sus
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA). Compiled rows

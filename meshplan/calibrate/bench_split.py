@@ -18,19 +18,37 @@ from typing import Callable
 
 def split_functions():
     """torch's (stage_backward_input, stage_backward_weight), or None where this torch has
-    no split backward (a private API)."""
+    no split backward (a private API).
+
+    B raises out of memory as ``torch.cuda.OutOfMemoryError``: torch's re-raises every
+    failure of its autograd call as a RuntimeError, which the callers' out-of-memory
+    handling missed (the split-memory pass of a full-recompute row then stopped the
+    calibration)."""
     try:
-        from torch.distributed.pipelining._backward import (stage_backward_input,
+        from torch.distributed.pipelining._backward import (stage_backward_input as torch_b,
                                                             stage_backward_weight)
     except ImportError:
         return None
+    import torch
+
+    def stage_backward_input(*args, **kwargs):
+        try:
+            return torch_b(*args, **kwargs)
+        except RuntimeError as exc:
+            if isinstance(exc.__cause__, torch.cuda.OutOfMemoryError):
+                raise torch.cuda.OutOfMemoryError(str(exc.__cause__)) from exc
+            raise
     return stage_backward_input, stage_backward_weight
 
 
 def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, iters: int = 3
                      ) -> tuple[float, float] | None:
     """Median (B seconds, W seconds) of ``iters`` split backwards, or None when this torch
-    has no split backward (private API) or it fails.
+    has no split backward (private API) or it fails. Out of memory propagates, so that
+    the caller drops the module the pass ran on and frees memory, and every rank agrees:
+    read as "no split", the module stayed (GPT 2.82 B, seq 8192, 1 x H200: after the
+    6-block deep split at micro-batch 16 the round's later rows ran out of memory as if
+    some 110 GiB, about that stack's activations and B's gradients, were still taken).
 
     ``run_forward()`` returns ``(output, grad_output, input)`` of a fresh forward pass whose
     ``input`` requires grad.
@@ -67,6 +85,8 @@ def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, 
                 bs.append(b)
                 ws.append(w)
             del y, g, x, groups
+    except torch.cuda.OutOfMemoryError:
+        raise
     except Exception:  # private API changed shape between torch versions: no measurement
         return None
     return statistics.median(bs), statistics.median(ws)

@@ -159,6 +159,15 @@ def _free(device) -> None:
         torch.cuda.empty_cache()
 
 
+def _allocated_note(device) -> str:
+    """On CUDA, what this process still holds after a failed row was freed (its weights
+    and little else; more is memory a failed pass left alive), for the log."""
+    import torch
+    if device.type != "cuda":
+        return ""
+    return f" ({torch.cuda.memory_allocated(device) / 2**30:.1f} GiB still allocated)"
+
+
 def _oom_types() -> tuple[type, ...]:
     import torch
     return (torch.cuda.OutOfMemoryError,)

@@ -26,15 +26,16 @@ CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many b
 
 
 def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
-               queue: _Queue | None = None, split_queued: bool = False) -> tuple[float, ...]:
+               queue: _Queue | None = None, split_queued: bool = False, world: int = 1
+               ) -> tuple[float, ...]:
     """(forward_s, backward_s, activation_bytes, backward_peak_bytes, backward_input_s,
     backward_weight_s, forward_cpu_s, backward_cpu_s, backward_input_cpu_s,
     backward_weight_cpu_s, samples failing the queue check) per layer; the split backward
     (zero-bubble) is measured for rows without communication (ZeRO-0, FSDP2 on 1 rank) and
-    is 0 where torch's split backward is
-    unavailable: synchronized, or queued like the row with ``split_queued`` (then its CPU
-    fields are set); the CPU fields are 0 without ``queue``, and for a layer that reads
-    device values on the host (:attr:`Config.syncs_on_host`: timed synchronized)."""
+    is 0 where torch's split backward is unavailable or ran out of memory
+    (:func:`_row_split`): synchronized, or queued like the row with ``split_queued`` (then
+    its CPU fields are set); the CPU fields are 0 without ``queue``, and for a layer that
+    reads device values on the host (:attr:`Config.syncs_on_host`: timed synchronized)."""
     import torch
 
     cuda = device.type == "cuda"
@@ -62,15 +63,10 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
             # AOTAutograd compiles one backward; the fp8 linear computes both gradients in
             # one node (the executor refuses fp8 with zero-bubble): no split to time
             pass
-        elif cfg.zero == 0 and not cfg.communicates:
-            split = _split_per_layer(m, x, grad[0], layers, device, iters=iters,
-                                     barrier=barrier, queue=queue if split_queued else None,
-                                     forward=samples)
         elif not cfg.communicates:
-            split = _fsdp_split_per_layer(m, x, grad[0], layers, device, iters=iters,
-                                          barrier=barrier,
-                                          queue=queue if split_queued else None,
-                                          forward=samples)
+            split = _row_split(cfg, m, x, grad[0], layers, device, iters=iters,
+                               barrier=barrier, queue=queue if split_queued else None,
+                               forward=samples, world=world)
     held = 0.0
     if cfg.zero == 2 and cuda:
         # FSDP2 with reshard_after_forward=False keeps every block's unsharded bf16
@@ -80,6 +76,24 @@ def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
                           output_bytes=out_bytes, held_bytes=held, memory=cuda,
                           kept_bytes=kept), *split[:2], *cpu_values(samples, layers=layers),
             *split[2:], _bad(samples))
+
+
+def _row_split(cfg: Config, m, x, grad, layers: int, device, *, iters: int, barrier,
+               queue: _Queue | None, forward, world: int) -> tuple[float, ...]:
+    """The row's split backward (:func:`_split_per_layer`, FSDP2's through
+    :func:`_fsdp_split_per_layer`), or zeros — not measured — where it ran out of memory on
+    some rank: B keeps the graph for W, so it can fail where the row's own passes fit, and
+    the row is kept for the schedules that do not split (the ranks agree, as on a row)."""
+    split, oom = (0.0, 0.0, 0.0, 0.0), 0.0
+    fn = _split_per_layer if cfg.zero == 0 else _fsdp_split_per_layer
+    try:
+        split = fn(m, x, grad, layers, device, iters=iters, barrier=barrier, queue=queue,
+                   forward=forward)
+    except _oom_types():
+        oom = 1.0
+    if oom:
+        _free(device)   # here, not in the handler: the failed pass's frames are gone
+    return (0.0, 0.0, 0.0, 0.0) if _reduce([oom], [0], device, world)[0] else split
 
 
 def _layer_step(cfg: Config, m, device):
@@ -129,8 +143,10 @@ def _sync_deep(cfg: Config, key, module, device, groups, *, iters: int, barrier,
         values = [statistics.median(x.forward_s for x in samples) / CPU_DEEP_LAYERS,
                   statistics.median(x.backward_s for x in samples) / CPU_DEEP_LAYERS]
     except _oom_types():
-        oom, module = 1.0, None
-        _free(device)
+        oom = 1.0
+    if oom:
+        module = None
+        _free(device)   # here, not in the handler: the failed pass's frames are gone
     lo = _reduce([*values, oom], [0, 1, 2], device, world)
     return cfg.build_key, module, (None if lo[2] else (lo[0], lo[1]))
 
@@ -158,8 +174,10 @@ def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *,
                   statistics.median(x.backward_s for x in samples) / CPU_DEEP_LAYERS,
                   _bad(samples)]
     except _oom_types():
-        oom, module = 1.0, None
-        _free(device)
+        oom = 1.0
+    if oom:
+        module = None
+        _free(device)   # here, not in the handler: the failed pass's frames are gone
     lo = _reduce([*values, oom], [4, 5], device, world)
     if lo[4] or lo[5] or min(lo[:2]) <= 0:
         return cfg.build_key, module, None

@@ -33,7 +33,8 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
     stage forward and B together and W alone; B is that minus the row's own ``forward``
     samples (the same forward, timed the same way). Without ``queue``: synchronized B and W
     (:func:`meshplan.calibrate.bench_split.split_backward_s`) and no CPU fields.
-    ``grad``: the output gradient (None: a random one)."""
+    ``grad``: the output gradient (None: a random one). Out of memory propagates, either
+    way: the row keeps no split, the deep split drops its stack (every rank must agree)."""
     import torch
 
     from meshplan.calibrate.bench_split import split_backward_s, split_functions
@@ -65,7 +66,6 @@ def _split_per_layer(m, x, grad, layers: int, device, *, iters: int, barrier,
 
     def w(_y):
         backward_weight(iter(params), groups.pop())
-    # out-of-memory propagates to the row's handling (every rank must agree on skipping)
     samples, _ = _measure(forward_and_b, w, lambda: None, device=device, warmup=WARMUP,
                           iters=iters, barrier=barrier, queue=queue)
     med = statistics.median
@@ -151,7 +151,11 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
                     mem[:2] = split_memory_per_layer(
                         row_module, lambda: _layer_input(cfg, device), layers, device)
     except _oom_types():
-        oom, module = 1.0, None
+        oom = 1.0
+    if oom:
+        # the stack goes with what the failed pass left on it; freed here, not in the
+        # handler, whose traceback still holds that pass's frames and tensors
+        module = None
         _free(device)
     measured = values if shallow is not None else values[2:]
     lo = _reduce([*values, oom, -min(measured), *mem], range(4, 10), device, world)

@@ -196,6 +196,44 @@ def test_a_loop_out_of_memory_falls_back_to_a_smaller_micro_batch(tmp_path, caps
             assert "x 1.234 of the timed one (on micro-batch 1)" in err
 
 
+def test_a_ratio_row_out_of_memory_hands_the_ratio_to_a_smaller_micro_batch(tmp_path, capsys,
+                                                                          monkeypatch):
+    """fp8h19 (1 x H200): the compiled module's largest micro-batch without recomputation
+    ran out of memory as a row, and every row of that module carried ratio 1 (its bf16 arms
+    then ran 0.8-8.8 % slower than predicted). The next smaller timed row measures it."""
+    torch = pytest.importorskip("torch")
+    import meshplan.calibrate.bench_layers as bench_layers
+    import meshplan.calibrate.layer_run as layer_run
+    from meshplan.cli import main as cli_main
+    spec = tmp_path / "tiny.json"
+    spec.write_text(json.dumps(TINY_DICT))
+    real_row = bench_layers._run_layer
+    loops = []
+
+    def row(cfg, *a, **kw):
+        if cfg.micro_batch == 2 and cfg.recompute == "none":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        return real_row(cfg, *a, **kw)
+
+    def loop(forward, backward, reset, *, burst_pass_s, **kw):
+        loops.append(burst_pass_s)
+        return 1.234, {}
+    monkeypatch.setattr(bench_layers, "_run_layer", row)
+    monkeypatch.setattr(layer_run, "sustained_ratio", loop)
+    out = tmp_path / "p.toml"
+    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
+                     "--micro-batches", "1,2", "--sustained-s", "0.05", "--out",
+                     str(out)]) == 0
+    err = capsys.readouterr().err
+    doc = tomllib.loads(out.read_text())
+    assert "rc=none mb2: out of memory on some rank, skipped" in err
+    assert "x 1.234 of the timed one (on micro-batch 1)" in err
+    layers = [r for r in doc["layers"] if r["tp"] == 1]
+    assert {(r["recompute"], r["micro_batch"]) for r in layers} >= {("none", 1),
+                                                                   ("selective", 2)}
+    assert {r["sustained_ratio"] for r in layers} == {1.234}
+
+
 def test_bad_sustained_seconds_are_refused(tmp_path, capsys):
     from meshplan.calibrate.run import CalibrateOptions
     from meshplan.cli import main as cli_main

@@ -1,0 +1,151 @@
+"""What calibrate's layer rows leave alive: memory of a module's deep stacks and of attempts
+that ran out of memory must not reach the next rows (on a GPU it made later rows of a
+GPT 2.82 B at seq 8192 run out of memory, 1 x H200)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from meshplan.calibrate import bench_layers, layer_run  # noqa: E402
+from meshplan.calibrate.bench_split import split_functions  # noqa: E402
+from meshplan.calibrate.layer_grid import Config  # noqa: E402
+from meshplan.calibrate.layer_ranks import _Groups  # noqa: E402
+from meshplan.calibrate.layer_rows import NO_SPLIT_MEMORY  # noqa: E402
+from meshplan.calibrate.layer_split import _deep_split  # noqa: E402
+from meshplan.calibrate.split_memory import _live_bytes_mode  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
+
+from conftest import TINY_LLAMA  # noqa: E402
+
+TINY = ModelSpec(**TINY_LLAMA)
+CPU = torch.device("cpu")
+needs_split = pytest.mark.skipif(split_functions() is None,
+                                 reason="this torch has no split backward")
+
+
+@needs_split
+def test_deep_stacks_do_not_outlive_their_module_rows(monkeypatch):
+    """The deep split's and the CPU-dispatch stacks belong to one build key: by the next
+    module's rows (here the ends) they and what hangs on them are gone."""
+    real_measure = layer_run._measure
+
+    def measure(*a, **kw):     # CPU fields as a queued CUDA row has them: _cpu_deep runs
+        samples, out = real_measure(*a, **kw)
+        return [replace(s, forward_cpu_s=s.forward_s, backward_cpu_s=s.backward_s)
+                for s in samples], out
+
+    stacks: list[weakref.ref] = []
+
+    def keep_ref(fn):
+        def run(*a, **kw):
+            got = fn(*a, **kw)
+            if got[1] is not None:
+                stacks.append(weakref.ref(got[1]))
+            return got
+        return run
+
+    alive_at_ends: list[int] = []
+
+    class Progress:
+        def step(self, message: str) -> None:
+            if "embedding" in message or "output" in message:
+                gc.collect()
+                alive_at_ends.append(sum(r() is not None for r in stacks))
+
+        note = step
+
+        def drop(self, n: int) -> None:
+            pass
+
+    monkeypatch.setattr(layer_run, "_measure", measure)
+    monkeypatch.setattr(bench_layers, "_deep_split", keep_ref(bench_layers._deep_split))
+    monkeypatch.setattr(bench_layers, "_cpu_deep", keep_ref(bench_layers._cpu_deep))
+    bench_layers.bench_layer_rows([TINY], None, CPU, 1, 0, quick=True, progress=Progress(),
+                                  micro_batches=(1,), max_tp=1)
+    assert len(stacks) >= 2 and len(alive_at_ends) == 2     # both stacks built; two ends
+    assert alive_at_ends == [0, 0]
+
+
+def _b_runs_out_of_memory(monkeypatch, from_call: int = 1) -> list[int]:
+    """torch's stage_backward_input running out of memory inside its autograd call from its
+    ``from_call``-th call on: torch re-raises that as a RuntimeError from the out-of-memory
+    error. Returns the count of calls."""
+    from torch.distributed.pipelining import _backward
+    real = _backward.stage_backward_input
+    calls = [0]
+
+    def backward_input(outputs, grads, inputs, weights):
+        def oom(_grad):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+        calls[0] += 1
+        if calls[0] >= from_call:
+            outputs[0].register_hook(oom)
+        return real(outputs, grads, inputs, weights)
+    monkeypatch.setattr(_backward, "stage_backward_input", backward_input)
+    return calls
+
+
+@needs_split
+@pytest.mark.parametrize("recompute, from_call", [("none", 1), ("full", 1), ("full", 4)])
+def test_deep_split_out_of_memory_frees_its_stack(monkeypatch, recompute, from_call):
+    """Out of memory in the deep split's B is out of memory (not "no split", not a crash):
+    the deep stack is dropped and every tensor of the attempt is freed. Its timed split
+    makes three calls of B (iters 2 and a warm-up); the fourth is the split-memory pass of
+    a full-recompute row."""
+    calls = _b_runs_out_of_memory(monkeypatch, from_call)
+    cfg = Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False, micro_batch=2,
+                 recompute=recompute)
+    mode = _live_bytes_mode()
+    with mode:
+        gc.collect()
+        before = mode.cur
+        key, module, split, memory = _deep_split(cfg, None, None, None, 2, CPU,
+                                                 _Groups(1, 0, "cpu"), iters=2,
+                                                 barrier=lambda: None, world=1)
+        gc.collect()
+        left = mode.cur - before
+    assert calls[0] == from_call       # the timed split stopped at its first failed B
+    assert key == cfg.build_key and split is None and memory == NO_SPLIT_MEMORY
+    assert module is None
+    assert left == 0
+
+
+@needs_split
+def test_a_row_whose_split_runs_out_of_memory_keeps_its_times_without_a_split(monkeypatch):
+    """B keeps the graph for W, so it can run out of memory where the row's own passes fit:
+    the row is kept, its split zero (not measured), and what the failed split allocated is
+    freed."""
+    _b_runs_out_of_memory(monkeypatch)
+    messages: list[str] = []
+
+    class Progress:
+        def step(self, message: str) -> None:
+            messages.append(message)
+
+        note = step
+
+        def drop(self, n: int) -> None:
+            pass
+
+    mode = _live_bytes_mode()
+    with mode:
+        gc.collect()
+        before = mode.cur
+        tables = bench_layers.bench_layer_rows([TINY], None, CPU, 1, 0, quick=True,
+                                               progress=Progress(), micro_batches=(1, 2),
+                                               max_tp=1, only=lambda c: not c.part)
+        gc.collect()
+        left = mode.cur - before
+    assert not any("out of memory" in m for m in messages)
+    assert {(r["recompute"], r["micro_batch"]) for r in tables.layers} == {
+        (rc, mb) for rc in ("none", "selective", "full") for mb in (1, 2)}
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in tables.layers)
+    assert all(r["backward_input_s"] == 0 and r["backward_weight_s"] == 0
+               for r in tables.layers)
+    assert left == 0
