@@ -408,7 +408,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 deep_key, deep_module, split, wmem = _deep_split(
                     cfg, deep_key, deep_module, module if split_queued else None, layers,
                     device, groups, iters=iters, barrier=barrier, world=world,
-                    row_module=module)
+                    row_module=module, activation_bytes=values[2])
                 first_only_s += time.perf_counter() - t_deep
                 if split is not None:
                     deep[idx] = split

@@ -120,8 +120,27 @@ def _sync_split(cfg: Config, m, layers: int, device, *, iters: int, barrier
                                 iters=iters, barrier=barrier)[:2]
 
 
+def deep_split_fits(activation_bytes: float, device) -> bool:
+    """Whether :data:`SPLIT_DEEP_LAYERS` blocks of a row whose layers keep
+    ``activation_bytes`` each (its measured activations) can run the split backward here:
+    B keeps the forward's activations for W and each intermediate's gradient beside them,
+    up to as much again, so twice the stack's activations must fit in the memory this
+    process can still allocate. A split that runs out of memory inside B is not only lost:
+    its forward's activations stayed allocated after every reference meshplan held was
+    dropped (GPT 2.82 B at seq 8192, micro-batch 16, 1 x H200, 2026-12-01: 110 GiB still
+    allocated, the calibration's next rows out of memory; the allocations traced to the
+    stack's forward), so a stack that cannot fit is not run. True off CUDA."""
+    import torch
+    if device.type != "cuda" or activation_bytes <= 0:
+        return True
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return 2 * SPLIT_DEEP_LAYERS * activation_bytes <= free_bytes + cached
+
+
 def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, *,
-                iters: int, barrier, world: int, row_module=None):
+                iters: int, barrier, world: int, row_module=None,
+                activation_bytes: float = 0.0):
     """Zero-bubble's split backward of ``cfg``, synchronized, on :data:`SPLIT_DEEP_LAYERS`
     blocks (built once per build key) and, if given, right before it on the row's
     ``layers``-block module ``shallow``, averaged over ranks: (build key, deep module to
@@ -133,9 +152,14 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
     zeros for other recompute modes or where not measured)).
 
     Always synchronized: queued, a deep stack's weight pass can queue more kernels than
-    CUDA's launch queue holds (see :data:`~meshplan.calibrate.timing.SPIN_MAX_S`)."""
+    CUDA's launch queue holds (see :data:`~meshplan.calibrate.timing.SPIN_MAX_S`). Not run
+    (None, as out of memory) where :func:`deep_split_fits` says the stack cannot fit on
+    some rank (``activation_bytes``: the row's per layer; 0: not checked)."""
     from meshplan.calibrate.split_memory import split_memory_per_layer
     values, oom, mem = [0.0] * 4, 0.0, [0.0] * 4
+    if _reduce([0.0 if deep_split_fits(activation_bytes, device) else 1.0], [0], device,
+               world)[0]:
+        return cfg.build_key, module if key == cfg.build_key else None, None, NO_SPLIT_MEMORY
     try:
         module = _deep_module(cfg, key, module, SPLIT_DEEP_LAYERS, device, groups)
         values = [*(_sync_split(cfg, shallow, layers, device, iters=iters, barrier=barrier)

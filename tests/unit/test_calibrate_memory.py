@@ -149,3 +149,33 @@ def test_a_row_whose_split_runs_out_of_memory_keeps_its_times_without_a_split(mo
     assert all(r["backward_input_s"] == 0 and r["backward_weight_s"] == 0
                for r in tables.layers)
     assert left == 0
+
+
+def test_a_deep_split_that_cannot_fit_is_not_run(monkeypatch):
+    """Out of memory inside B left its forward's activations allocated on an H200 after
+    every reference was dropped; a stack whose split cannot fit (twice its activations, B's
+    intermediate gradients beside them) is not run."""
+    from types import SimpleNamespace
+
+    from meshplan.calibrate import layer_split
+    gib = 2**30
+    cuda = SimpleNamespace(type="cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (100 * gib, 139 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 20 * gib)
+    # 110 GiB can be allocated: 2 x 6 x 9 GiB fits, 2 x 6 x 10 GiB does not
+    assert layer_split.deep_split_fits(9 * gib, cuda)
+    assert not layer_split.deep_split_fits(10 * gib, cuda)
+    assert layer_split.deep_split_fits(0.0, cuda)             # not checked
+    assert layer_split.deep_split_fits(1e15, CPU)             # CPU: not checked
+    built = []
+    monkeypatch.setattr(layer_split, "deep_split_fits", lambda a, d: a < 1e9)
+    monkeypatch.setattr(layer_split, "_deep_module", lambda *a, **k: built.append(a))
+    cfg = Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False, micro_batch=2,
+                 recompute="none")
+    key, module, split, memory = _deep_split(cfg, None, None, None, 2, CPU,
+                                             _Groups(1, 0, "cpu"), iters=2,
+                                             barrier=lambda: None, world=1,
+                                             activation_bytes=2e9)
+    assert (key, module, split, memory) == (cfg.build_key, None, None, NO_SPLIT_MEMORY)
+    assert built == []
