@@ -38,22 +38,32 @@ def _module(r) -> tuple:
             r.precision, r.fp8_recipe, r.ep)
 
 
+def with_layers(cluster, layers: tuple):
+    """``cluster`` with its profile's layer rows replaced by ``layers``."""
+    tables = cluster.gpu.measured
+    if layers == tables.layers:
+        return cluster
+    return dataclasses.replace(cluster, gpu=dataclasses.replace(
+        cluster.gpu, measured=dataclasses.replace(tables, layers=layers)))
+
+
+def with_sustained_from(cluster, sustained_from: str):
+    """``cluster`` whose layer rows carrying no sustained ratio (1) take the ratio
+    ``sustained_from``'s rows of the same module carry, where they have one."""
+    later = load_profile(sustained_from).gpu.measured.layers
+    ratio = {_module(r): r.sustained_ratio for r in later}
+    return with_layers(cluster, tuple(
+        dataclasses.replace(r, sustained_ratio=ratio.get(_module(r), 1.0))
+        if r.sustained_ratio == 1.0 else r for r in cluster.gpu.measured.layers))
+
+
 def cluster_for(profile: str, gpu: str, nproc: int, drop_compiled_sp: bool,
                 sustained_from: str | None = None):
     cluster = apply_profile(gpu_cluster(gpu, nproc), profile, override=True)
-    tables = cluster.gpu.measured
-    layers = tables.layers
     if drop_compiled_sp:
-        layers = tuple(r for r in layers if not (r.compile and r.sequence_parallel))
-    if sustained_from:
-        later = load_profile(sustained_from).gpu.measured.layers
-        ratio = {_module(r): r.sustained_ratio for r in later}
-        layers = tuple(dataclasses.replace(r, sustained_ratio=ratio.get(_module(r), 1.0))
-                       if r.sustained_ratio == 1.0 else r for r in layers)
-    if layers != tables.layers:
-        cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(
-            cluster.gpu, measured=dataclasses.replace(tables, layers=layers)))
-    return cluster
+        cluster = with_layers(cluster, tuple(r for r in cluster.gpu.measured.layers
+                                             if not (r.compile and r.sequence_parallel)))
+    return with_sustained_from(cluster, sustained_from) if sustained_from else cluster
 
 
 def repredict(data: dict, profile: str, drop_compiled_sp: bool = False,

@@ -574,6 +574,11 @@ def repredict(args) -> int:
     from meshplan.costmodel import estimate
     from meshplan.spec import ModelSpec
     results = json.loads(Path(args.results).read_text())
+    if args.arm:      # a check's data file holding each arm's results under its name
+        if args.arm not in results:
+            raise SystemExit(f"--arm {args.arm!r}: not in {args.results} (it holds "
+                             f"{sorted(k for k, v in results.items() if isinstance(v, dict))})")
+        results = results[args.arm]
     preds = dict(results["predictions"])
     if args.profile:       # a later calibration of the same machine kind (e.g. with ep rows)
         if not Path(args.profile).is_file():
@@ -594,6 +599,9 @@ def repredict(args) -> int:
     job = Job.from_dict(preds["job"])
     layouts = dict(SETS[preds["set"]])
     cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()))
+    if args.sustained_from:
+        from fp8_repredict import with_sustained_from
+        cluster = with_sustained_from(cluster, args.sustained_from)
     rows = ["| layout | step s | as run s (error) | today s (error) | today host s / measured "
             "| peak GiB (today's prediction) |", "|---|---|---|---|---|---|"]
     errs: dict[str, list[float]] = {"as run": [], "today": []}
@@ -752,6 +760,12 @@ def main(argv=None) -> int:
     d.add_argument("--ep-reading", default=None, choices=("first", "median", "last"),
                    help="with --readings: each ep row at this reading of it (first: what a "
                         "one-round calibration keeps)")
+    d.add_argument("--arm", default=None, metavar="NAME",
+                   help="the results of this arm of a check's data file (e.g. bf16 in "
+                        "docs/benchmarks/data/fp8_h200x1_fp8h19_20261201.json)")
+    d.add_argument("--sustained-from", default=None, metavar="PROFILE",
+                   help="rows carrying no sustained-clock ratio (1) take this profile's "
+                        "ratio for the same module, where it has one")
     _add_load_imbalance(d)
     args = p.parse_args(argv)
     if args.cmd == "plans" and args.gpu_bound is not None and args.gpu_bound < 1:

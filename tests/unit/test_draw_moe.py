@@ -131,6 +131,29 @@ def test_repredict_prices_every_measured_layout_of_a_committed_run(capsys):
     assert "as run: mean 12.8 %, max 21.0 % (8 layouts)" in out and "today: mean" in out
 
 
+def test_repredict_one_arm_of_a_check_with_a_later_sustained_ratio(capsys):
+    """``repredict --arm bf16 --sustained-from P`` (POST HOC, fp8h19): the check's data file
+    holds each arm's results under its name; the compiled bf16 rows, which carried no
+    sustained-clock ratio as run, take the later calibration's and price slower, while the
+    fp8 rows keep their own ratio and their arms their prediction. A name the file lacks
+    is refused with what it holds."""
+    import moe_sync_gpu as msg
+    data = str(ROOT / "docs/benchmarks/data/fp8_h200x1_fp8h19_20261201.json")
+    later = str(ROOT / "docs/benchmarks/data/profiles/profile_h200x1_fp8h19_check_20261201.toml")
+    today = {}
+    for arm in ("bf16", "fp8"):
+        assert msg.main(["repredict", "--results", data, "--arm", arm,
+                         "--sustained-from", later]) == 0
+        rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+                if line.startswith("| `")]
+        assert len(rows) == 4
+        today[arm] = [(float(r[2].split()[0]), float(r[3].split()[0])) for r in rows]
+    assert all(now > then for then, now in today["bf16"])
+    assert all(now == then for then, now in today["fp8"])
+    with pytest.raises(SystemExit, match=r"--arm 'fp16': not in .* \['bf16', 'fp8'\]"):
+        msg.main(["repredict", "--results", data, "--arm", "fp16"])
+
+
 def test_the_committed_moeh5_draw_model_and_four_gpu_candidates():
     """moeh5 (2026-11-29, for the next 4-GPU lease): seed 3805's model at hidden ≥ 2048, and
     sixteen distinct 4-GPU candidates drawn from the same seed, every shape present, all at
