@@ -129,7 +129,8 @@ def deep_split_fits(activation_bytes: float, device) -> bool:
     its forward's activations stayed allocated after every reference meshplan held was
     dropped (GPT 2.82 B at seq 8192, micro-batch 16, 1 x H200, 2026-12-01: 110 GiB still
     allocated, the calibration's next rows out of memory; the allocations traced to the
-    stack's forward), so a stack that cannot fit is not run. True off CUDA."""
+    stack's forward; torch's open issue pytorch/pytorch#82218, "OOM during backward() leads
+    to memory leaks"), so a stack that cannot fit is not run. True off CUDA."""
     import torch
     if device.type != "cuda" or activation_bytes <= 0:
         return True
