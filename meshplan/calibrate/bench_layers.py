@@ -83,21 +83,22 @@ from typing import Any, Sequence
 
 from meshplan.calibrate.budget import RoundBudget
 from meshplan.calibrate.layer_budget import _budget_stops, _reread_fits, _row_budget_stops
-from meshplan.calibrate.layer_build import _allocated_note, _build, _free, _oom_types
+from meshplan.calibrate.layer_build import (_allocated_note, _build, _free, _oom_types,
+                                            allocatable_bytes)
 from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_sizes, plan_grid,
                                           untimed_summary)
 from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
 from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sample, _cpu_fields,
                                            combine_rounds, cpu_fixed, cpu_values, end_row,
                                            end_values, layer_row, layer_values, pooled_cpu,
-                                           reading_spread, split_depth, split_memory_stage,
-                                           suspect_splits)
+                                           reading_spread, row_need_bytes, smaller_timed_rows,
+                                           split_depth, split_memory_stage, suspect_splits)
 from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
                                           _run_sustained, _sync_deep)
 from meshplan.calibrate.layer_split import SPLIT_DEEP_LAYERS, _deep_split
 from meshplan.calibrate.layer_timing import _Queue
 from meshplan.calibrate.progress import _note, _step
-from meshplan.calibrate.sustained import ratio_fallbacks, ratio_rows
+from meshplan.calibrate.sustained import ratio_rows
 from meshplan.spec import ModelSpec
 from meshplan.errors import require_positive_int
 
@@ -342,30 +343,39 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                       f"{tag}: skipped (a smaller micro-batch ran out of memory or failed)")
                 continue
             n_values = 7 if cfg.part else 11     # the last: samples failing the queue check
-            values, oom, failed = [0.0] * n_values, 0.0, ""
+            values, oom, failed, short = [0.0] * n_values, 0.0, "", ""
             recorder = None
             t_row = time.perf_counter()
-            try:
-                if module is None:
-                    module, tp_group = _build(cfg, layers, device, groups)
-                if cfg.part:
-                    values = list(_run_end(cfg, module, tp_group, device, iters=iters,
-                                           barrier=barrier, queue=queue))
-                else:
-                    recorder = _routing_recorder(module) if _records_routing(cfg, rnd) \
-                        else None
-                    values = list(_run_layer(cfg, module, layers, device, iters=iters,
-                                             barrier=barrier, queue=queue,
-                                             split_queued=split_queued, world=world))
-            except _oom_types():
-                oom = 1.0
-            except Exception as exc:  # noqa: BLE001 — only the rows below, see there
-                if cfg.part or cfg.zero < 2 or cfg.communicates:
-                    raise
-                # FSDP2's 1-rank rows (round 18; not yet run on GPUs when written): a failure
-                # costs the row, not the calibration. Every rank runs the same 1-rank work
-                # and fails alike; the row is then skipped like one that ran out of memory
-                oom, failed = 1.0, f"{type(exc).__name__}: {exc}"
+            need, room = row_need_bytes(grid, idx, measured, layers), allocatable_bytes(device)
+            if need is not None and need > room:
+                # out of memory inside a backward leaves its graph's tensors allocated
+                # (pytorch/pytorch#82218) and later rows short: a row that cannot fit is not
+                # run. Every rank decides on its own memory and the ranks agree below
+                oom, short = 1.0, (f"needs about {need / 2**30:.1f} GiB by its smaller "
+                                   f"micro-batch, {room / 2**30:.1f} GiB allocatable: not run")
+            else:
+                try:
+                    if module is None:
+                        module, tp_group = _build(cfg, layers, device, groups)
+                    if cfg.part:
+                        values = list(_run_end(cfg, module, tp_group, device, iters=iters,
+                                               barrier=barrier, queue=queue))
+                    else:
+                        recorder = _routing_recorder(module) if _records_routing(cfg, rnd) \
+                            else None
+                        values = list(_run_layer(cfg, module, layers, device, iters=iters,
+                                                 barrier=barrier, queue=queue,
+                                                 split_queued=split_queued, world=world))
+                except _oom_types():
+                    oom = 1.0
+                except Exception as exc:  # noqa: BLE001 — only the rows below, see there
+                    if cfg.part or cfg.zero < 2 or cfg.communicates:
+                        raise
+                    # FSDP2's 1-rank rows (round 18; not yet run on GPUs when written): a
+                    # failure costs the row, not the calibration. Every rank runs the same
+                    # 1-rank work and fails alike; the row is then skipped like one that ran
+                    # out of memory
+                    oom, failed = 1.0, f"{type(exc).__name__}: {exc}"
             if oom:
                 module = tp_group = None    # FSDP/autograd state of a failed step: rebuild
                 _free(device)
@@ -380,14 +390,15 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 module = None
                 _free(device)
                 _step(progress, f"{tag}: "
-                                + (f"failed ({failed})" if failed else "out of memory on some rank")
+                                + (f"failed ({failed})" if failed else short
+                                   or "out of memory on some rank")
                                 + ", skipped" + _allocated_note(device))
                 if rnd == 0 and ratio_at.get(cfg.build_key) == idx and not failed \
                         and not cfg.syncs_on_host:
                     # the module's ratio row did not fit: a smaller timed one measures it
                     t_sus = time.perf_counter()
                     got, module, tp_group = _module_ratio(
-                        grid, idx, ratio_fallbacks(grid, idx, measured), measured, None, None,
+                        grid, idx, smaller_timed_rows(grid, idx, measured), measured, None, None,
                         layers, device, groups, world=world, sustained=sustained,
                         progress=progress, tag=tag)
                     if got is not None:
@@ -418,7 +429,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 # once per module, in the first round (compiled modules run only then)
                 t_sus = time.perf_counter()
                 got, module, tp_group = _module_ratio(
-                    grid, idx, [idx, *ratio_fallbacks(grid, idx, measured)], measured, module,
+                    grid, idx, [idx, *smaller_timed_rows(grid, idx, measured)], measured, module,
                     tp_group, layers, device, groups, world=world, sustained=sustained,
                     progress=progress, tag=tag)
                 if got is not None:

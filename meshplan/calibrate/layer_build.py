@@ -159,6 +159,17 @@ def _free(device) -> None:
         torch.cuda.empty_cache()
 
 
+def allocatable_bytes(device) -> float:
+    """What this process can still allocate on ``device``: the GPU's free memory and what
+    the caching allocator holds unused; unbounded off CUDA (nothing is checked there)."""
+    import torch
+    if device.type != "cuda":
+        return float("inf")
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return float(free_bytes + torch.cuda.memory_reserved(device)
+                 - torch.cuda.memory_allocated(device))
+
+
 def _allocated_note(device) -> str:
     """On CUDA, what this process still holds after a failed row was freed (its weights
     and little else; more is memory a failed pass left alive), for the log."""

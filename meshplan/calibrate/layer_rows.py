@@ -71,6 +71,32 @@ def end_values(samples: Sequence[Sample], *, input_bytes: float, output_bytes: f
     return fwd, bwd, act, peak
 
 
+def smaller_timed_rows(grid, idx: int, measured) -> list[int]:
+    """The rows timed already (``measured``: their grid indices) of row ``idx``'s module,
+    part and recompute mode at a smaller micro-batch, largest first: the same kernels on
+    fewer tokens."""
+    cfg = grid[idx]
+    same = [j for j in measured if j != idx and grid[j].build_key == cfg.build_key
+            and grid[j].part == cfg.part and grid[j].recompute == cfg.recompute
+            and grid[j].micro_batch < cfg.micro_batch]
+    return sorted(same, key=lambda j: -grid[j].micro_batch)
+
+
+def row_need_bytes(grid, idx: int, measured: dict, layers: int) -> float | None:
+    """What row ``idx`` should allocate above what is allocated before it, from the
+    largest of :func:`smaller_timed_rows` (``measured``: grid index -> its values per
+    round, :func:`layer_values` / :func:`end_values` first): the blocks' activations (the
+    ``layers`` blocks' of a layer row) and the backward's working memory above them, both
+    in proportion to the micro-batch. None: no smaller row timed."""
+    cfg = grid[idx]
+    smaller = smaller_timed_rows(grid, idx, measured)
+    if not smaller:
+        return None
+    values = measured[smaller[0]][-1]
+    kept = values[2] * (1 if cfg.part else layers)
+    return (kept + values[3]) * cfg.micro_batch / grid[smaller[0]].micro_batch
+
+
 def cpu_values(samples: Sequence[Sample], *, layers: int = 1) -> tuple[float, float]:
     """Median CPU dispatch seconds (forward, backward) per layer; 0 where not measured.
 

@@ -13,7 +13,7 @@ import statistics
 from typing import Sequence
 
 from meshplan.calibrate.layer_build import (_deep_module, _free, _layer_amp, _layer_input,
-                                            _oom_types, _set_recompute)
+                                            _oom_types, _set_recompute, allocatable_bytes)
 from meshplan.calibrate.layer_grid import Config
 from meshplan.calibrate.layer_ranks import _reduce
 from meshplan.calibrate.layer_rows import NO_SPLIT_MEMORY, Sample, split_memory_stage
@@ -131,12 +131,8 @@ def deep_split_fits(activation_bytes: float, device) -> bool:
     allocated, the calibration's next rows out of memory; the allocations traced to the
     stack's forward; torch's open issue pytorch/pytorch#82218, "OOM during backward() leads
     to memory leaks"), so a stack that cannot fit is not run. True off CUDA."""
-    import torch
-    if device.type != "cuda" or activation_bytes <= 0:
-        return True
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return 2 * SPLIT_DEEP_LAYERS * activation_bytes <= free_bytes + cached
+    return activation_bytes <= 0 or \
+        2 * SPLIT_DEEP_LAYERS * activation_bytes <= allocatable_bytes(device)
 
 
 def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, *,

@@ -144,19 +144,4 @@ def ratio_rows(grid) -> dict[tuple, int]:
     return best
 
 
-def ratio_fallbacks(grid, idx: int, measured) -> list[int]:
-    """Where the loop on row ``idx`` (a :func:`ratio_rows` row) ran out of memory, the rows
-    that may measure its module's ratio instead: the same module, part and recompute mode at
-    a smaller micro-batch, timed already (``measured``: their grid indices), largest first.
-    The same kernels at a lower power density: a ratio read there is closer to the module's
-    than none. (fp8h19's GPT 2.82 B at seq 8192, 1 × H200: its micro-batch 16 row was timed
-    but the loop on it ran out of memory, and the calibration failed without a profile.)"""
-    cfg = grid[idx]
-    same = [j for j in measured if j != idx and grid[j].build_key == cfg.build_key
-            and grid[j].part == cfg.part and grid[j].recompute == cfg.recompute
-            and grid[j].micro_batch < cfg.micro_batch]
-    return sorted(same, key=lambda j: -grid[j].micro_batch)
-
-
-__all__ = ["HEAT_S", "TIME_S", "HOST_PACED", "sustained_ratio", "loop_seconds", "ratio_rows",
-           "ratio_fallbacks"]
+__all__ = ["HEAT_S", "TIME_S", "HOST_PACED", "sustained_ratio", "loop_seconds", "ratio_rows"]

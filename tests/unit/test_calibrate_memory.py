@@ -179,3 +179,48 @@ def test_a_deep_split_that_cannot_fit_is_not_run(monkeypatch):
                                              activation_bytes=2e9)
     assert (key, module, split, memory) == (cfg.build_key, None, None, NO_SPLIT_MEMORY)
     assert built == []
+
+
+def test_a_row_that_cannot_fit_by_its_smaller_micro_batch_is_not_run(monkeypatch):
+    """A row's memory grows with its micro-batch: what its module's largest smaller timed
+    row allocated (the blocks' activations and the backward's working memory) scaled up.
+    Where that exceeds what can be allocated the row is not run (an out of memory inside
+    its backward would leak, pytorch/pytorch#82218) and its larger micro-batches are
+    skipped as after any out of memory."""
+    from meshplan.calibrate.layer_rows import row_need_bytes
+
+    def cfg(mb, rc="none", part=""):
+        return Config(model=TINY, seq_len=32, tp=1, sequence_parallel=False, micro_batch=mb,
+                      recompute=rc, part=part)
+    grid = [cfg(1), cfg(2), cfg(8), cfg(4, "full"), cfg(2, part="output"),
+            cfg(8, part="output")]
+    measured = {0: [[0.1, 0.2, 3.0, 1.0]], 1: [[0.1, 0.2, 5.0, 2.0]],
+                4: [[0.1, 0.2, 7.0, 1.0]]}
+    assert row_need_bytes(grid, 2, measured, layers=2) == (2 * 5.0 + 2.0) * 8 / 2
+    assert row_need_bytes(grid, 5, measured, layers=2) == (7.0 + 1.0) * 8 / 2   # an end
+    assert row_need_bytes(grid, 3, measured, layers=2) is None    # no smaller full row
+    assert row_need_bytes(grid, 0, measured, layers=2) is None
+    need = {1: None, 2: 10.0 * 2**30, 4: 30.0 * 2**30}
+    monkeypatch.setattr(bench_layers, "row_need_bytes",
+                        lambda g, i, m, n: need[g[i].micro_batch] if not g[i].part else None)
+    monkeypatch.setattr(bench_layers, "allocatable_bytes", lambda d: 20.0 * 2**30)
+    messages: list[str] = []
+
+    class Progress:
+        def step(self, message: str) -> None:
+            messages.append(message)
+
+        note = step
+
+        def drop(self, n: int) -> None:
+            pass
+
+    tables = bench_layers.bench_layer_rows([TINY], None, CPU, 1, 0, quick=True,
+                                           progress=Progress(), micro_batches=(1, 2, 4),
+                                           max_tp=1, only=lambda c: not c.part)
+    assert {(r["recompute"], r["micro_batch"]) for r in tables.layers} == {
+        (rc, mb) for rc in ("none", "selective", "full") for mb in (1, 2)}
+    not_run = [m for m in messages if "not run" in m]
+    assert len(not_run) == 3 and all(
+        "mb4: needs about 30.0 GiB by its smaller micro-batch, 20.0 GiB allocatable: not run, "
+        "skipped" in m for m in not_run)

@@ -160,16 +160,16 @@ def test_a_loop_out_of_memory_falls_back_to_a_smaller_micro_batch(tmp_path, caps
     micro-batch's row measures the module's ratio; where every loop runs out, ratio 1."""
     torch = pytest.importorskip("torch")
     import meshplan.calibrate.layer_run as layer_run
-    from meshplan.calibrate.sustained import ratio_fallbacks
+    from meshplan.calibrate.layer_rows import smaller_timed_rows
     from meshplan.cli import main as cli_main
 
     def cfg(mb, rc="none", part="", tp=1):
         return Config(model=TINY_LLAMA, seq_len=64, tp=tp, sequence_parallel=False,
                       micro_batch=mb, recompute=rc, part=part)
     grid = [cfg(1), cfg(2), cfg(4), cfg(2, "full"), cfg(2, tp=2), cfg(2, part="output")]
-    assert ratio_fallbacks(grid, 2, measured=[0, 1, 2, 3, 4, 5]) == [1, 0]
-    assert ratio_fallbacks(grid, 2, measured=[0, 2]) == [0]     # only rows timed already
-    assert ratio_fallbacks(grid, 0, measured=[0, 1, 2]) == []
+    assert smaller_timed_rows(grid, 2, measured=[0, 1, 2, 3, 4, 5]) == [1, 0]
+    assert smaller_timed_rows(grid, 2, measured=[0, 2]) == [0]     # only rows timed already
+    assert smaller_timed_rows(grid, 0, measured=[0, 1, 2]) == []
     spec = tmp_path / "tiny.json"
     spec.write_text(json.dumps(TINY_DICT))
     calls = []
