@@ -83,18 +83,28 @@ def smaller_timed_rows(grid, idx: int, measured) -> list[int]:
 
 
 def row_need_bytes(grid, idx: int, measured: dict, layers: int) -> float | None:
-    """What row ``idx`` should allocate above what is allocated before it, from the
-    largest of :func:`smaller_timed_rows` (``measured``: grid index -> its values per
-    round, :func:`layer_values` / :func:`end_values` first): the blocks' activations (the
-    ``layers`` blocks' of a layer row) and the backward's working memory above them, both
-    in proportion to the micro-batch. None: no smaller row timed."""
+    """What row ``idx`` should allocate above what is allocated before it, from
+    :func:`smaller_timed_rows` (``measured``: grid index -> its values per round,
+    :func:`layer_values` / :func:`end_values` first): the blocks' activations (the
+    ``layers`` blocks' of a layer row) plus the backward's working memory above them,
+    extrapolated to the row's micro-batch on the line through the two largest smaller rows
+    (a part that does not grow with the micro-batch, such as the weight gradients in
+    flight, is then not scaled up), or in proportion to the micro-batch from the one
+    smaller row there is. None: no smaller row timed."""
     cfg = grid[idx]
     smaller = smaller_timed_rows(grid, idx, measured)
     if not smaller:
         return None
-    values = measured[smaller[0]][-1]
-    kept = values[2] * (1 if cfg.part else layers)
-    return (kept + values[3]) * cfg.micro_batch / grid[smaller[0]].micro_batch
+
+    def total(j: int) -> float:
+        values = measured[j][-1]
+        return values[2] * (1 if cfg.part else layers) + values[3]
+    m1, t1 = grid[smaller[0]].micro_batch, total(smaller[0])
+    if len(smaller) == 1:
+        return t1 * cfg.micro_batch / m1
+    m2, t2 = grid[smaller[1]].micro_batch, total(smaller[1])
+    slope = max(0.0, (t1 - t2) / (m1 - m2))
+    return max(t1 + slope * (cfg.micro_batch - m1), 0.0)
 
 
 def cpu_values(samples: Sequence[Sample], *, layers: int = 1) -> tuple[float, float]:
