@@ -125,12 +125,13 @@ def deep_split_fits(activation_bytes: float, device) -> bool:
     ``activation_bytes`` each (its measured activations) can run the split backward here:
     B keeps the forward's activations for W and each intermediate's gradient beside them,
     up to as much again, so twice the stack's activations must fit in the memory this
-    process can still allocate. A split that runs out of memory inside B is not only lost:
-    its forward's activations stayed allocated after every reference meshplan held was
-    dropped (GPT 2.82 B at seq 8192, micro-batch 16, 1 x H200, 2026-12-01: 110 GiB still
-    allocated, the calibration's next rows out of memory; the allocations traced to the
-    stack's forward; torch's open issue pytorch/pytorch#82218, "OOM during backward() leads
-    to memory leaks"), so a stack that cannot fit is not run. True off CUDA."""
+    process can still allocate. A split that runs out of memory inside B is not only lost
+    time: under torch 2.11 its forward's activations stayed allocated (GPT 2.82 B at seq
+    8192, micro-batch 16, 1 x H200, 2026-12-01: 110 GiB, and the calibration's next rows
+    ran out of memory), the hooks B left on the graph holding it
+    (:func:`~meshplan.calibrate.bench_split._drop_hooks` now removes them), and out of
+    memory inside a backward can leak so elsewhere too (torch's open issue
+    pytorch/pytorch#82218): a stack that cannot fit is not run. True off CUDA."""
     return activation_bytes <= 0 or \
         2 * SPLIT_DEEP_LAYERS * activation_bytes <= allocatable_bytes(device)
 
