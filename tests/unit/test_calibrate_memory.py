@@ -29,6 +29,21 @@ needs_split = pytest.mark.skipif(split_functions() is None,
                                  reason="this torch has no split backward")
 
 
+class _Recorded:
+    """A calibration progress that keeps its messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def step(self, message: str) -> None:
+        self.messages.append(message)
+
+    note = step
+
+    def drop(self, n: int) -> None:
+        pass
+
+
 @needs_split
 def test_deep_stacks_do_not_outlive_their_module_rows(monkeypatch):
     """The deep split's and the CPU-dispatch stacks belong to one build key: by the next
@@ -52,16 +67,13 @@ def test_deep_stacks_do_not_outlive_their_module_rows(monkeypatch):
 
     alive_at_ends: list[int] = []
 
-    class Progress:
+    class Progress(_Recorded):
         def step(self, message: str) -> None:
             if "embedding" in message or "output" in message:
                 gc.collect()
                 alive_at_ends.append(sum(r() is not None for r in stacks))
 
         note = step
-
-        def drop(self, n: int) -> None:
-            pass
 
     monkeypatch.setattr(layer_run, "_measure", measure)
     monkeypatch.setattr(bench_layers, "_deep_split", keep_ref(bench_layers._deep_split))
@@ -122,23 +134,15 @@ def test_a_row_whose_split_runs_out_of_memory_keeps_its_times_without_a_split(mo
     the row is kept, its split zero (not measured), and what the failed split allocated is
     freed."""
     _b_runs_out_of_memory(monkeypatch)
-    messages: list[str] = []
-
-    class Progress:
-        def step(self, message: str) -> None:
-            messages.append(message)
-
-        note = step
-
-        def drop(self, n: int) -> None:
-            pass
+    progress = _Recorded()
+    messages = progress.messages
 
     mode = _live_bytes_mode()
     with mode:
         gc.collect()
         before = mode.cur
         tables = bench_layers.bench_layer_rows([TINY], None, CPU, 1, 0, quick=True,
-                                               progress=Progress(), micro_batches=(1, 2),
+                                               progress=progress, micro_batches=(1, 2),
                                                max_tp=1, only=lambda c: not c.part)
         gc.collect()
         left = mode.cur - before
@@ -208,19 +212,11 @@ def test_a_row_that_cannot_fit_by_its_smaller_micro_batch_is_not_run(monkeypatch
     monkeypatch.setattr(bench_layers, "row_need_bytes",
                         lambda g, i, m, n: need[g[i].micro_batch] if not g[i].part else None)
     monkeypatch.setattr(bench_layers, "allocatable_bytes", lambda d: 20.0 * 2**30)
-    messages: list[str] = []
-
-    class Progress:
-        def step(self, message: str) -> None:
-            messages.append(message)
-
-        note = step
-
-        def drop(self, n: int) -> None:
-            pass
+    progress = _Recorded()
+    messages = progress.messages
 
     tables = bench_layers.bench_layer_rows([TINY], None, CPU, 1, 0, quick=True,
-                                           progress=Progress(), micro_batches=(1, 2, 4),
+                                           progress=progress, micro_batches=(1, 2, 4),
                                            max_tp=1, only=lambda c: not c.part)
     assert {(r["recompute"], r["micro_batch"]) for r in tables.layers} == {
         (rc, mb) for rc in ("none", "selective", "full") for mb in (1, 2)}
