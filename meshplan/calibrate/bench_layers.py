@@ -127,6 +127,10 @@ class LayerTables:
     reread_rounds: int = 0
     # rows of each kind the budget left untimed in the first round (layer_grid.row_kind)
     untimed: dict[str, int] = field(default_factory=dict)
+    # each row skipped as out of memory (or failed): its label -> why, e.g. "out of
+    # memory", "not run: needs about 96.0 GiB, 80.1 allocatable", "a smaller micro-batch
+    # did not fit"; the profile's provenance keeps it beside the log
+    skipped: dict[str, str] = field(default_factory=dict)
     # each row timed synchronized and read more than once: its label -> [forward_s,
     # backward_s] per layer of every reading, in order (the row keeps each phase's median)
     synced_readings: dict[str, list[list[float]]] = field(default_factory=dict)
@@ -303,6 +307,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     routing: dict[tuple, float] = {}   # ρ of the routing an ep > 1 row was timed at
     ran = reread_rounds = 0
     untimed: dict[str, int] = {}
+    why: dict[str, str] = {}                   # LayerTables.skipped
     active = list(range(len(grid)))            # the rows this round times
     synced = [i for i, c in enumerate(grid) if c.syncs_on_host]
     first_s: dict[int, float] = {}             # each row's time in the first round
@@ -343,6 +348,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 continue
             if (cfg.build_key, cfg.recompute) in oom_at:   # every rank agreed on that OOM
                 skipped.add(idx)
+                why[cfg.label()] = "a smaller micro-batch did not fit"
                 _step(progress,
                       f"{tag}: skipped (a smaller micro-batch ran out of memory or failed)")
                 continue
@@ -390,6 +396,8 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if values.pop():
                 oom_at.add((cfg.build_key, cfg.recompute))
                 skipped.add(idx)
+                why[cfg.label()] = (f"failed: {failed}" if failed else short
+                                    or "out of memory")
                 measured.pop(idx, None)
                 module = None
                 _free(device)
@@ -557,7 +565,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                         "their totals are used, docs/calibrate.md \"Known defect\"): "
                         + ", ".join(suspect))
     return LayerTables(layers=layer_rows, ends=end_rows, rounds=ran, untimed=untimed,
-                       reread_rounds=reread_rounds,
+                       skipped=why, reread_rounds=reread_rounds,
                        synced_readings={grid[i].label(): [[float(v[0]), float(v[1])]
                                                           for v in r]
                                         for i, r in reread.items() if len(r) > 1})

@@ -148,7 +148,8 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
                host_probe_us: tuple[float, ...] = (),
                rows_untimed: dict[str, int] | None = None,
                reread_rounds: int = 0,
-               synced_readings: dict[str, list[list[float]]] | None = None
+               synced_readings: dict[str, list[list[float]]] | None = None,
+               rows_skipped: dict[str, str] | None = None
                ) -> dict[str, Any]:
     """Where and how the profile was measured. ``layer_rounds``: the rounds the layer tables
     were measured in (0: no layer tables); ``time_budget_s`` only where one was given;
@@ -160,7 +161,9 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
     synchronized (``bench_layers.LayerTables.reread_rounds``), only where there were any;
     ``synced_readings``: every reading of each row timed synchronized and read more than
     once (its label -> [forward_s, backward_s] per layer, in order; the row keeps each
-    phase's median), so that what one reading would have given stays answerable."""
+    phase's median), so that what one reading would have given stays answerable;
+    ``rows_skipped``: each layer row skipped as out of memory or failed, and why
+    (``bench_layers.LayerTables.skipped``), only where there were any."""
     import torch
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
@@ -209,6 +212,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         **({"rows_untimed": dict(rows_untimed)} if rows_untimed else {}),
         **({"layer_reread_rounds": reread_rounds} if reread_rounds else {}),
         **({"synced_readings": dict(synced_readings)} if synced_readings else {}),
+        **({"rows_skipped": dict(rows_skipped)} if rows_skipped else {}),
         "command": " ".join(sys.argv),
     }
 
@@ -407,6 +411,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     layer_rounds = reread_rounds = 0
     untimed: dict[str, int] = {}
     synced_readings: dict[str, list[list[float]]] = {}
+    skipped: dict[str, str] = {}
     if grid:
         t0 = time.perf_counter()
         if world > 1:
@@ -422,7 +427,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
             sustained=loop_seconds(options.sustained_s, device.type))
         layers, ends, layer_rounds = tables.layers, tables.ends, tables.rounds
         untimed, reread_rounds = tables.untimed, tables.reread_rounds
-        synced_readings = tables.synced_readings
+        synced_readings, skipped = tables.synced_readings, tables.skipped
         prog.note(f"layer tables: {len(layers)} layer and {len(ends)} end rows from "
                   f"{layer_rounds} of {rounds} rounds"
                   + (f" (the rows timed synchronized re-timed in {reread_rounds} more)"
@@ -457,7 +462,7 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
                                 host_probe_us=(probe_start_us,
                                                host_dispatch_probe_us(device)),
                                 rows_untimed=untimed, reread_rounds=reread_rounds,
-                                synced_readings=synced_readings),
+                                synced_readings=synced_readings, rows_skipped=skipped),
                             cpu_peak_tflops=cpu_peak, cpu_memory_gbps=cpu_bw, memory_bytes=mem,
                             layers=layers, ends=ends)
         from meshplan.calibrate.moe_profile import add_moe_keys

@@ -220,6 +220,8 @@ def test_a_row_that_cannot_fit_by_its_smaller_micro_batch_is_not_run(monkeypatch
                                            max_tp=1, only=lambda c: not c.part)
     assert {(r["recompute"], r["micro_batch"]) for r in tables.layers} == {
         (rc, mb) for rc in ("none", "selective", "full") for mb in (1, 2)}
+    assert sorted(tables.skipped.values()) == 3 * [
+        "needs about 30.0 GiB by its smaller micro-batch, 20.0 GiB allocatable: not run"]
     not_run = [m for m in messages if "not run" in m]
     assert len(not_run) == 3 and all(
         "mb4: needs about 30.0 GiB by its smaller micro-batch, 20.0 GiB allocatable: not run, "

@@ -228,6 +228,10 @@ def test_a_ratio_row_out_of_memory_hands_the_ratio_to_a_smaller_micro_batch(tmp_
     doc = tomllib.loads(out.read_text())
     assert "rc=none mb2: out of memory on some rank, skipped" in err
     assert "x 1.234 of the timed one (on micro-batch 1)" in err
+    # the profile says which rows are missing and why, beside the log
+    skipped = doc["provenance"]["rows_skipped"]
+    assert [why for label, why in skipped.items() if "rc=none mb2" in label] == [
+        "out of memory"]
     layers = [r for r in doc["layers"] if r["tp"] == 1]
     assert {(r["recompute"], r["micro_batch"]) for r in layers} >= {("none", 1),
                                                                    ("selective", 2)}
