@@ -125,17 +125,23 @@ def test_the_ratio_row_of_each_module_is_its_largest_micro_batch_without_recompu
     assert list(ratio_rows(only_rc[:2]).values()) == [1]
 
 
-def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
-    pytest.importorskip("torch")
+def _tiny_calibration(tmp_path, capsys, name: str = "p") -> tuple[dict, str]:
+    """(profile, stderr) of a quick CPU calibration of the tiny Llama at micro-batches 1
+    and 2 with a 0.05 s sustained loop per module."""
     from meshplan.cli import main as cli_main
     spec = tmp_path / "tiny.json"
     spec.write_text(json.dumps(TINY_DICT))
-    out = tmp_path / "p.toml"
+    out = tmp_path / f"{name}.toml"
     assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
                      "--micro-batches", "1,2", "--sustained-s", "0.05", "--out",
                      str(out)]) == 0
-    doc = tomllib.loads(out.read_text())
-    err = capsys.readouterr().err
+    return tomllib.loads(out.read_text()), capsys.readouterr().err
+
+
+def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from meshplan.cli import main as cli_main
+    doc, err = _tiny_calibration(tmp_path, capsys)
     assert doc["provenance"]["sustained_s"] == 0.05
     assert "sustained pass x" in err
     ratios = {(r["tp"], r["recompute"], r["micro_batch"]): r["sustained_ratio"]
@@ -146,8 +152,9 @@ def test_a_cpu_calibration_writes_each_modules_ratio(tmp_path, capsys):
     assert all(e["sustained_ratio"] > 0 for e in doc["ends"])
     assert all(e["sustained_ratio"] == 1.0 for e in doc["ends"] if e["part"] == "embedding")
     off = tmp_path / "off.toml"
-    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
-                     "--micro-batches", "1", "--out", str(off)]) == 0
+    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model",
+                     str(tmp_path / "tiny.json"), "--micro-batches", "1", "--out",
+                     str(off)]) == 0
     doc = tomllib.loads(off.read_text())
     assert doc["provenance"]["sustained_s"] == 0.0          # the CPU default: off
     assert all(r["sustained_ratio"] == 1.0 for r in doc["layers"])
@@ -161,7 +168,6 @@ def test_a_loop_out_of_memory_falls_back_to_a_smaller_micro_batch(tmp_path, caps
     torch = pytest.importorskip("torch")
     import meshplan.calibrate.layer_run as layer_run
     from meshplan.calibrate.layer_rows import smaller_timed_rows
-    from meshplan.cli import main as cli_main
 
     def cfg(mb, rc="none", part="", tp=1):
         return Config(model=TINY_LLAMA, seq_len=64, tp=tp, sequence_parallel=False,
@@ -170,8 +176,6 @@ def test_a_loop_out_of_memory_falls_back_to_a_smaller_micro_batch(tmp_path, caps
     assert smaller_timed_rows(grid, 2, measured=[0, 1, 2, 3, 4, 5]) == [1, 0]
     assert smaller_timed_rows(grid, 2, measured=[0, 2]) == [0]     # only rows timed already
     assert smaller_timed_rows(grid, 0, measured=[0, 1, 2]) == []
-    spec = tmp_path / "tiny.json"
-    spec.write_text(json.dumps(TINY_DICT))
     calls = []
 
     def loop(forward, backward, reset, *, burst_pass_s, **kw):
@@ -182,12 +186,7 @@ def test_a_loop_out_of_memory_falls_back_to_a_smaller_micro_batch(tmp_path, caps
     monkeypatch.setattr(layer_run, "sustained_ratio", loop)
     for fail_all, want in ((False, 1.234), (True, 1.0)):
         calls.clear()
-        out = tmp_path / f"p{fail_all}.toml"
-        assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
-                         "--micro-batches", "1,2", "--sustained-s", "0.05", "--out",
-                         str(out)]) == 0
-        err = capsys.readouterr().err
-        doc = tomllib.loads(out.read_text())
+        doc, err = _tiny_calibration(tmp_path, capsys, f"p{fail_all}")
         assert "mb2: sustained loop out of memory" in err
         assert {r["sustained_ratio"] for r in doc["layers"] if r["tp"] == 1} == {want}
         if fail_all:
@@ -204,28 +203,16 @@ def test_a_ratio_row_out_of_memory_hands_the_ratio_to_a_smaller_micro_batch(tmp_
     torch = pytest.importorskip("torch")
     import meshplan.calibrate.bench_layers as bench_layers
     import meshplan.calibrate.layer_run as layer_run
-    from meshplan.cli import main as cli_main
-    spec = tmp_path / "tiny.json"
-    spec.write_text(json.dumps(TINY_DICT))
     real_row = bench_layers._run_layer
-    loops = []
 
     def row(cfg, *a, **kw):
         if cfg.micro_batch == 2 and cfg.recompute == "none":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
         return real_row(cfg, *a, **kw)
 
-    def loop(forward, backward, reset, *, burst_pass_s, **kw):
-        loops.append(burst_pass_s)
-        return 1.234, {}
     monkeypatch.setattr(bench_layers, "_run_layer", row)
-    monkeypatch.setattr(layer_run, "sustained_ratio", loop)
-    out = tmp_path / "p.toml"
-    assert cli_main(["calibrate", "--device", "cpu", "--quick", "--model", str(spec),
-                     "--micro-batches", "1,2", "--sustained-s", "0.05", "--out",
-                     str(out)]) == 0
-    err = capsys.readouterr().err
-    doc = tomllib.loads(out.read_text())
+    monkeypatch.setattr(layer_run, "sustained_ratio", lambda *a, **kw: (1.234, {}))
+    doc, err = _tiny_calibration(tmp_path, capsys)
     assert "rc=none mb2: out of memory on some rank, skipped" in err
     assert "x 1.234 of the timed one (on micro-batch 1)" in err
     # the profile says which rows are missing and why, beside the log
