@@ -189,4 +189,5 @@ def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
 
 
 __all__ = ["linear_calls", "bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled",
-           "fp8_rows", "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS", "RUNNABLE_RECIPES"]
+           "fp8_rows", "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS",
+           "RUNNABLE_RECIPES"]

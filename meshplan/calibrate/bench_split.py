@@ -66,10 +66,9 @@ def split_backward_s(run_forward: Callable[[], tuple], params: list, *, device, 
                      ) -> tuple[float, float] | None:
     """Median (B seconds, W seconds) of ``iters`` split backwards, or None when this torch
     has no split backward (private API) or it fails. Out of memory propagates, so that
-    the caller drops the module the pass ran on and frees memory, and every rank agrees:
-    read as "no split", the module stayed (GPT 2.82 B, seq 8192, 1 x H200: after the
-    6-block deep split at micro-batch 16 the round's later rows ran out of memory as if
-    some 110 GiB, about that stack's activations and B's gradients, were still taken).
+    the caller drops the module the pass ran on, frees memory and has every rank agree;
+    read as "no split", the module stayed for the next rows (what kept the failed pass's
+    graph allocated is :func:`_drop_hooks`'s).
 
     ``run_forward()`` returns ``(output, grad_output, input)`` of a fresh forward pass whose
     ``input`` requires grad.
