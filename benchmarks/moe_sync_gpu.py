@@ -605,7 +605,12 @@ def repredict(args) -> int:
     cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()))
     if args.sustained_from:
         from fp8_repredict import with_sustained_from
-        cluster = with_sustained_from(cluster, args.sustained_from)
+
+        from meshplan.errors import MeshplanError
+        try:
+            cluster = with_sustained_from(cluster, args.sustained_from)
+        except MeshplanError as exc:
+            raise SystemExit(f"--sustained-from {args.sustained_from!r}: {exc}") from None
     rows = ["| layout | step s | as run s (error) | today s (error) | today host s / measured "
             "| peak GiB (today's prediction) |", "|---|---|---|---|---|---|"]
     errs: dict[str, list[float]] = {"as run": [], "today": []}

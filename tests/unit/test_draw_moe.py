@@ -152,6 +152,9 @@ def test_repredict_one_arm_of_a_check_with_a_later_sustained_ratio(capsys):
     assert all(now == then for then, now in today["fp8"])
     with pytest.raises(SystemExit, match=r"--arm 'fp16': not in .* \['bf16', 'fp8'\]"):
         msg.main(["repredict", "--results", data, "--arm", "fp16"])
+    with pytest.raises(SystemExit, match=r"--sustained-from 'nope.toml': .*does not exist"):
+        msg.main(["repredict", "--results", data, "--arm", "bf16", "--sustained-from",
+                  "nope.toml"])
 
 
 def test_the_committed_moeh5_draw_model_and_four_gpu_candidates():
