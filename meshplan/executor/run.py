@@ -28,6 +28,7 @@ from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.executor.affinity import pin_local_rank
+from meshplan.executor.child_env import allocator_setting
 from meshplan.executor.failures import (collect_rank_errors, diagnose, error_file,  # noqa: F401
                                         exit_when_orphaned, install_term_handler,
                                         maybe_inject_failure, write_error)
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
         # before anything imports torch: threads inherit the affinity of the thread that
         # starts them, and CUDA / NCCL start theirs at initialization
         args.pinned_cpus = pin_local_rank(args.cpu_affinity, local_rank, local_world)
+        if args.device != "cpu":   # torch reads it when CUDA starts, in preflight
+            allocator_setting(os.environ)
         device_type = preflight(plan, args, world, local_world)
     except MeshplanError as exc:
         if rank == 0:
