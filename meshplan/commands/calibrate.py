@@ -133,6 +133,9 @@ def main(args) -> int:
                              args.ep)
     if args.nproc and "WORLD_SIZE" not in os.environ:
         return _spawn(args)
+    if args.device != "cpu":   # as the executor's ranks; torch reads it when CUDA starts
+        from meshplan.executor.child_env import allocator_setting
+        allocator_setting(os.environ)
     calibrate(options)
     return 0
 

@@ -228,3 +228,22 @@ def test_block_marks_refuse_a_pipeline(tmp_path, capsys, monkeypatch):
     assert rc == EXIT_BAD_INPUT
     assert "--block-marks" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+
+def test_gpu_runs_get_expandable_segments_before_cuda_starts(tmp_path, monkeypatch, capsys):
+    """Set before preflight (which starts CUDA): refused here for want of a GPU, with the
+    allocator's environment already set. A CPU run leaves it alone."""
+    import os
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(v, raising=False)
+    plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")      # refused in preflight: the results file exists
+    assert main(["--plan", str(plan), "--device", "cpu", "--out", str(kept)]) == EXIT_BAD_INPUT
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    rc = main(["--plan", str(plan), "--device", "cuda", "--out", str(tmp_path / "r.json")])
+    assert rc == EXIT_BAD_INPUT and "no CUDA device" in capsys.readouterr().err
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
