@@ -94,7 +94,7 @@ from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sampl
                                            reading_spread, row_need_bytes, smaller_timed_rows,
                                            split_depth, split_memory_stage, suspect_splits)
 from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
-                                          _run_sustained, _sync_deep)
+                                          _run_sustained, _sync_deep, steady_cpu_layers)
 from meshplan.calibrate.layer_split import SPLIT_DEEP_LAYERS, _deep_split
 from meshplan.calibrate.layer_timing import _Queue
 from meshplan.calibrate.progress import _note, _step
@@ -283,8 +283,9 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
     measured: dict[int, list[list[float]]] = {}
     deep: dict[int, tuple[float, float]] = {}      # split backward on SPLIT_DEEP_LAYERS blocks
     deep_mem: dict[int, tuple] = {}  # its split memory (split_memory_stage)
-    # CPU per layer on 2 and CPU_DEEP_LAYERS blocks, per setting (its smallest micro-batch)
-    cpu_deep: dict[tuple, list[tuple[float, float, float, float]]] = {}
+    # CPU per layer on 2 blocks and on the deeper stack, and its blocks, per setting (its
+    # smallest micro-batch)
+    cpu_deep: dict[tuple, list[tuple[float, float, float, float, int]]] = {}
     smallest: dict[tuple, int] = {}
     for cfg in grid:
         if not cfg.part:
@@ -455,17 +456,24 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if not cfg.part and values[bc] > 0 \
                     and cfg.micro_batch == smallest[(cfg.build_key, cfg.recompute)]:
                 t_deep = time.perf_counter()
+                steady = steady_cpu_layers(cfg, row_cpu_s=values[fc] + values[bc],
+                                           row_gpu_s=values[0] + values[1])
                 cpu_key, cpu_module, d = _cpu_deep(cfg, cpu_key, cpu_module, device, groups,
                                                    queue, iters=iters, barrier=barrier,
-                                                   world=world)
+                                                   world=world, steady_layers=steady,
+                                                   activation_bytes=values[2])
                 if cfg.compile:   # compiled rows run in the first round only
                     first_only_s += time.perf_counter() - t_deep
                 if d is not None:
                     cpu_deep.setdefault((cfg.build_key, cfg.recompute), []).append(
-                        (values[fc], values[bc], d[0], d[1]))
-                    cpu_note = (f", cpu on {CPU_DEEP_LAYERS} blocks {d[0] * 1e3:.3f} / "
+                        (values[fc], values[bc], d[0], d[1], d[4]))
+                    cpu_note = (f", cpu steady on {d[4]} blocks {d[0] * 1e3:.3f} / "
+                                f"{d[1] * 1e3:.3f} ms" if d[4] != CPU_DEEP_LAYERS else
+                                f", cpu on {CPU_DEEP_LAYERS} blocks {d[0] * 1e3:.3f} / "
                                 f"{d[1] * 1e3:.3f} ms, gpu {d[2] * 1e3:.3f} / "
                                 f"{d[3] * 1e3:.3f} ms")
+                    if steady and d[4] == CPU_DEEP_LAYERS:
+                        cpu_note += f" (not steady on {steady}: GPU-paced or no room)"
                 else:
                     # (moeh6's eager MoE rows, 2 x H200: every one; the per-call part then
                     # stays spread over the row's blocks, its per-layer CPU reads high)

@@ -119,12 +119,17 @@ def cpu_values(samples: Sequence[Sample], *, layers: int = 1) -> tuple[float, fl
             statistics.median(s.backward_cpu_s for s in kept) / layers)
 
 
+def _depth(sample: Sequence[float], default: int) -> int:
+    return int(sample[4]) if len(sample) > 4 else default
+
+
 def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shallow_layers: int,
               deep_layers: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """Split a setting's CPU dispatch into a per-layer and a per-call part.
 
     ``samples``: (forward, backward) CPU per layer timed on ``shallow_layers`` blocks, then
-    on ``deep_layers`` blocks, back to back; ``pooled``: the setting's (forward, backward)
+    on ``deep_layers`` blocks (or a fifth element's, where a sample has one: the deeper
+    stack's blocks), back to back; ``pooled``: the setting's (forward, backward)
     per layer on ``shallow_layers`` blocks (:func:`pooled_cpu`). If a call costs
     ``fixed + n * per_layer`` on n blocks, per layer it is ``per_layer + fixed / n``, so
     ``fixed = (s - d) * S * D / (D - S)`` for per-layer times s on S blocks and d on D
@@ -137,7 +142,8 @@ def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shall
     for j, p in enumerate(pooled):
         fixed = statistics.median(
             two_depth_fit(shallow_layers, shallow_layers * row[j],
-                          deep_layers, deep_layers * row[2 + j])[0] for row in samples)
+                          _depth(row, deep_layers), _depth(row, deep_layers) * row[2 + j])[0]
+            for row in samples)
         fixed = min(max(0.0, fixed), shallow_layers * p)
         per_layer.append(p - fixed / shallow_layers)
         per_call.append(fixed)

@@ -2,7 +2,8 @@
 
 :func:`_run_layer` times a row's blocks (with zero-bubble's split backward where it applies,
 :mod:`meshplan.calibrate.layer_split`), :func:`_run_end` the embedding or the output part,
-:func:`_cpu_deep` a row's CPU dispatch again on :data:`CPU_DEEP_LAYERS` blocks,
+:func:`_cpu_deep` a row's CPU dispatch again on a deeper stack (steady, or queued on
+:data:`CPU_DEEP_LAYERS` blocks),
 :func:`_sync_deep` a synchronized (host-syncing) row again on as many; the values
 they return become rows in :mod:`meshplan.calibrate.layer_rows`.
 """
@@ -11,18 +12,24 @@ from __future__ import annotations
 
 import statistics
 
-from meshplan.calibrate.layer_build import (SEED, _deep_module, _end_amp, _free, _layer_amp,
-                                            _layer_input,
-                                            _oom_types, _set_recompute)
+from meshplan.calibrate.layer_build import (SEED, _build, _deep_module, _end_amp, _free,
+                                            _layer_amp, _layer_input, _oom_types,
+                                            _set_recompute)
 from meshplan.calibrate.layer_grid import Config
 from meshplan.calibrate.layer_ranks import _reduce
 from meshplan.calibrate.layer_rows import cpu_values, end_values, layer_values
 from meshplan.calibrate.layer_split import _fsdp_split_per_layer, _split_per_layer
-from meshplan.calibrate.layer_timing import WARMUP, _bad, _kept_bytes, _measure, _nbytes, _Queue
+from meshplan.calibrate.layer_timing import (WARMUP, _bad, _kept_bytes, _measure, _nbytes, _Queue,
+                                             steady_cpu)
 from meshplan.calibrate.sustained import sustained_ratio
 
 CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many blocks (8 Llama
 #                        blocks overfill CUDA's launch queue: 2026-11-26, 2 x H200)
+CPU_STEADY_LAYERS = 16  # or, host-bound rows, steady on up to this many (steady_cpu_layers)
+STEADY_HOST_MARGIN = 1.1      # a row's CPU over its GPU time to be read steady
+STEADY_PACED_MAX = 1.05       # the GPU's span over the CPU's for a steady reading to count
+# a stack's state per parameter: fp32 weight and gradient, autocast's bf16 copy, fp8's copy
+STACK_STATE_BYTES_PER_PARAM = 12
 
 
 def _run_layer(cfg: Config, m, layers: int, device, *, iters: int, barrier,
@@ -151,17 +158,93 @@ def _sync_deep(cfg: Config, key, module, device, groups, *, iters: int, barrier,
     return cfg.build_key, module, (None if lo[2] else (lo[0], lo[1]))
 
 
+def steady_cpu_layers(cfg: Config, *, row_cpu_s: float, row_gpu_s: float) -> int:
+    """Blocks to read ``cfg``'s CPU dispatch on steady (:func:`_cpu_steady`), 0 for the
+    queued :data:`CPU_DEEP_LAYERS`-block reading: steady where the row (``row_cpu_s`` /
+    ``row_gpu_s``: its 2-block queued CPU and GPU seconds a layer) is host-bound by
+    :data:`STEADY_HOST_MARGIN` — else the CPU runs ahead of the GPU, fills CUDA's launch
+    queue and waits on it, and the reading is the GPU's — with more layers than
+    :data:`CPU_DEEP_LAYERS` and no ZeRO-2/3 (FSDP2's hooks, not read so yet)."""
+    depth = min(cfg.model.num_layers, CPU_STEADY_LAYERS)
+    if depth <= CPU_DEEP_LAYERS or cfg.zero >= 2 or cfg.part:
+        return 0
+    return depth if row_cpu_s > STEADY_HOST_MARGIN * row_gpu_s > 0 else 0
+
+
+def steady_stack_fits(cfg: Config, layers: int, activation_bytes: float,
+                      free_bytes: float) -> bool:
+    """Whether ``layers`` blocks of ``cfg`` (their parameters' state,
+    :data:`STACK_STATE_BYTES_PER_PARAM` a parameter of this tp rank's share, and
+    ``activation_bytes`` a layer, the row's measured) fit in ``free_bytes``."""
+    params = cfg.model.layer_params() / cfg.tp
+    return layers * (STACK_STATE_BYTES_PER_PARAM * params + activation_bytes) <= free_bytes
+
+
+def _cpu_steady(cfg: Config, key, module, layers: int, device, groups, *, iters: int,
+                barrier, world: int, activation_bytes: float):
+    """``cfg``'s forward / backward CPU dispatch per layer read steady on ``layers``
+    blocks (:func:`~meshplan.calibrate.layer_timing.steady_cpu`, ``iters`` passes counted),
+    averaged over ranks: (stack key, stack to reuse, (forward, backward) or None where
+    any rank lacked the memory, ran out of it, or found the GPU pacing the passes)."""
+    import torch
+    want = (cfg.build_key, layers)
+    if key != want:
+        module, key = None, None
+        _free(device)
+    from meshplan.calibrate.layer_build import allocatable_bytes
+    fits = module is not None or steady_stack_fits(cfg, layers, activation_bytes,
+                                                   allocatable_bytes(device))
+    if _reduce([0.0 if fits else 1.0], [0], device, world)[0]:
+        return key, module, None
+    values, bad = [0.0, 0.0], 0.0
+    try:
+        if module is None:
+            module, _ = _build(cfg, layers, device, groups)
+            key = want
+        if cfg.compile:
+            import torch._dynamo
+            torch._dynamo.reset()
+        _, _, reset, forward, backward = _layer_step(cfg, module, device)
+        with _layer_amp(cfg, device):
+            for _ in range(WARMUP):        # compiles, and allocates the gradients
+                reset()
+                y = forward()
+                backward(y)
+                del y
+            f, b, ratio = steady_cpu(forward, backward, reset, device=device, barrier=barrier,
+                                     micro_batches=iters + 1)
+        values = [f / layers, b / layers]
+        bad = float(ratio > STEADY_PACED_MAX)
+    except _oom_types():
+        bad = 1.0
+        module, key = None, None
+    if module is None:
+        _free(device)   # here, not in the handler: the failed pass's frames are gone
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    lo = _reduce([*values, bad], [2], device, world)
+    return key, module, (None if lo[2] else (lo[0], lo[1]))
+
+
 def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *, iters: int,
-              barrier, world: int):
-    """The row's forward / backward CPU dispatch per layer, queued, on
-    :data:`CPU_DEEP_LAYERS` blocks (built once per build key), averaged over ranks: (build
-    key, deep module to reuse, (forward CPU, backward CPU, forward GPU, backward GPU) per
-    layer or None where any rank ran out of memory or a sample failed the queue check).
+              barrier, world: int, steady_layers: int = 0, activation_bytes: float = 0.0):
+    """The row's forward / backward CPU dispatch per layer on a deeper stack, averaged over
+    ranks: read steady on ``steady_layers`` blocks where given (:func:`steady_cpu_layers`)
+    and it counts (:func:`_cpu_steady`), else queued on :data:`CPU_DEEP_LAYERS` blocks
+    (built once per build key): (stack key, stack to reuse, (forward CPU, backward CPU,
+    forward GPU, backward GPU, blocks) per layer — the GPU seconds 0 when read steady — or
+    None where any rank ran out of memory or a sample failed the queue check).
     With the row's own 2-block timing the CPU times split a call into a per-call and a
     per-layer part (:func:`~meshplan.calibrate.layer_rows.cpu_fixed`); the GPU times are
     logged only: for FSDP2 rows they say how a layer's cost beside its neighbours' gathers
     and reduce-scatters changes with the stack (round 18 of docs/benchmarks/accuracy.md),
     for the cost model to use once measured sets show it helps."""
+    if steady_layers:
+        key, module, got = _cpu_steady(cfg, key, module, steady_layers, device, groups,
+                                       iters=iters, barrier=barrier, world=world,
+                                       activation_bytes=activation_bytes)
+        if got is not None:
+            return key, module, (*got, 0.0, 0.0, steady_layers)
     values, oom = [0.0] * 5, 0.0
     try:
         module = _deep_module(cfg, key, module, CPU_DEEP_LAYERS, device, groups)
@@ -181,7 +264,7 @@ def _cpu_deep(cfg: Config, key, module, device, groups, queue: _Queue | None, *,
     lo = _reduce([*values, oom], [4, 5], device, world)
     if lo[4] or lo[5] or min(lo[:2]) <= 0:
         return cfg.build_key, module, None
-    return cfg.build_key, module, tuple(lo[:4])
+    return cfg.build_key, module, (*lo[:4], CPU_DEEP_LAYERS)
 
 
 def _end_step(cfg: Config, m, tp_group, device):

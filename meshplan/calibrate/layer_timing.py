@@ -2,11 +2,13 @@
 
 :class:`_Queue` and :func:`_measure` give GPU-busy and CPU-dispatch seconds apart, with the
 allocator's readings (why a step needs both: :mod:`meshplan.calibrate.bench_layers`);
+:func:`steady_cpu` the CPU's dispatch of passes run back to back, as in a step;
 :func:`_kept_bytes` is what one more micro-batch in flight keeps alive.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -113,6 +115,57 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
             samples.append(s)
         i += 1
     return samples, out_bytes
+
+
+def steady_cpu(forward: Callable[[], Any], backward: Callable[[Any], None],
+               reset: Callable[[], None], *, device, barrier, micro_batches: int
+               ) -> tuple[float, float, float]:
+    """(forward, backward) CPU dispatch seconds of a stack run as a step runs it, and how
+    long the GPU took over the same passes relative to the CPU.
+
+    ``micro_batches`` forward + backward passes back to back with nothing holding the GPU;
+    the first (it starts on an empty queue) is dropped, the others' medians are returned.
+    The reading is the host's dispatch only where the GPU waited for it: the third value,
+    the device's span of the counted passes over the host's, is then about 1 or below; well
+    above 1 the CPU ran ahead and may have waited for room in CUDA's launch queue. 0 off
+    CUDA. On a deep stack this reads what a step dispatches where the 2- and 4-block queued
+    readings, fitted, under-subtract a call's own part (docs/benchmarks/host.md, section 6:
+    1 x H200, fp8h20's model, compiled, 16 blocks: backward 7-21 % below the fit, within
+    3 % of the step's for its fp8 module)."""
+    import torch
+    if micro_batches < 2:
+        raise ValueError(f"steady_cpu: micro_batches={micro_batches}, at least 2 (the first "
+                         f"is dropped)")
+    cuda = device.type == "cuda"
+    forwards: list[float] = []
+    backwards: list[float] = []
+    barrier()
+    if cuda:
+        torch.cuda.synchronize(device)
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    t_start = time.perf_counter()
+    for i in range(micro_batches):
+        reset()
+        if i == 1:
+            if cuda:
+                start.record()
+            t_start = time.perf_counter()
+        t0 = time.perf_counter()
+        y = forward()
+        t1 = time.perf_counter()
+        backward(y)
+        t2 = time.perf_counter()
+        del y
+        if i:
+            forwards.append(t1 - t0)
+            backwards.append(t2 - t1)
+    host_s = time.perf_counter() - t_start
+    ratio = 0.0
+    if cuda:
+        end.record()
+        end.synchronize()
+        ratio = start.elapsed_time(end) / 1e3 / max(host_s, 1e-9)
+    return statistics.median(forwards), statistics.median(backwards), ratio
 
 
 def _bad(samples: Sequence[Sample]) -> float:

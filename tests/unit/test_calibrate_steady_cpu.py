@@ -1,0 +1,132 @@
+"""Calibrate's CPU dispatch read steady on a deep stack: passes back to back as a step runs
+them, where a row is host-bound (docs/benchmarks/host.md, section 6), else queued on
+CPU_DEEP_LAYERS blocks as before."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from meshplan.calibrate import bench_layers, layer_build, layer_run  # noqa: E402
+from meshplan.calibrate.layer_grid import Config  # noqa: E402
+from meshplan.calibrate.layer_rows import cpu_fixed  # noqa: E402
+from meshplan.calibrate.layer_timing import steady_cpu  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
+
+from conftest import TINY_LLAMA  # noqa: E402
+
+DEEP8 = replace(ModelSpec(**TINY_LLAMA), num_layers=8)
+CPU = torch.device("cpu")
+
+
+class _Recorder:
+    def __init__(self):
+        self.messages: list[str] = []
+
+    def step(self, message: str) -> None:
+        self.messages.append(message)
+
+    note = step
+
+
+def _cfg(model=DEEP8, **kw) -> Config:
+    return Config(model=model, seq_len=32, tp=1, sequence_parallel=False, micro_batch=1, **kw)
+
+
+def test_steady_cpu_counts_every_pass_but_the_first():
+    calls = []
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+
+    def forward():
+        calls.append("f")
+        return lin(x).sum()
+
+    f, b, ratio = steady_cpu(forward, lambda y: y.backward(), lambda: None, device=CPU,
+                             barrier=lambda: calls.append("barrier"), micro_batches=4)
+    assert calls == ["barrier", "f", "f", "f", "f"]
+    assert f > 0 and b > 0 and ratio == 0.0      # no GPU to compare with
+    with pytest.raises(ValueError, match="micro_batches=1, at least 2"):
+        steady_cpu(forward, lambda y: y.backward(), lambda: None, device=CPU,
+                   barrier=lambda: None, micro_batches=1)
+
+
+@pytest.mark.parametrize("layers,cpu_s,gpu_s,zero,want", [
+    (36, 4.5e-3, 2.1e-3, 0, 16),     # fp8h20's compiled fp8 row at micro-batch 1
+    (10, 4.5e-3, 2.1e-3, 0, 10),     # fewer layers than CPU_STEADY_LAYERS: all of them
+    (36, 2.2e-3, 2.1e-3, 0, 0),      # not host-bound by the margin: the GPU would pace it
+    (4, 4.5e-3, 2.1e-3, 0, 0),       # no deeper than the queued stack
+    (36, 4.5e-3, 2.1e-3, 3, 0),      # FSDP2 rows stay queued
+    (36, 4.5e-3, 0.0, 0, 0),         # no GPU time measured
+])
+def test_which_rows_are_read_steady(layers, cpu_s, gpu_s, zero, want):
+    cfg = _cfg(replace(DEEP8, num_layers=layers), zero=zero)
+    assert layer_run.steady_cpu_layers(cfg, row_cpu_s=cpu_s, row_gpu_s=gpu_s) == want
+
+
+def test_steady_stack_fits_counts_parameters_state_and_activations():
+    cfg = _cfg()
+    per_layer = layer_run.STACK_STATE_BYTES_PER_PARAM * DEEP8.layer_params() + 1000.0
+    assert layer_run.steady_stack_fits(cfg, 8, 1000.0, 8 * per_layer)
+    assert not layer_run.steady_stack_fits(cfg, 8, 1000.0, 8 * per_layer - 1)
+    tp2 = replace(cfg, tp=2)           # a tp rank holds its share of the parameters
+    assert layer_run.steady_stack_fits(tp2, 8, 1000.0, 8 * (per_layer + 1000.0) / 2)
+
+
+def test_cpu_fixed_fits_each_sample_at_its_own_depth():
+    # 1 ms a call + 1.5 ms a layer: 2.0 ms a layer on 2 blocks, 1.5625 on 16, 1.75 on 4
+    steady = (2e-3, 2e-3, 1.5625e-3, 1.5625e-3, 16)
+    queued = (2e-3, 2e-3, 1.75e-3, 1.75e-3)
+    for samples in ([steady], [queued], [steady, queued, steady]):
+        per_layer, per_call = cpu_fixed(samples, (2e-3, 2e-3), 2, 4)
+        assert per_layer == pytest.approx((1.5e-3, 1.5e-3))
+        assert per_call == pytest.approx((1e-3, 1e-3))
+
+
+def _host_bound_rows(monkeypatch):
+    """CPU rows with CPU fields twice their (wall) time: host-bound, as queued CUDA rows of
+    a small model at micro-batch 1 read."""
+    real = layer_run._measure
+
+    def measure(*a, **kw):
+        samples, out = real(*a, **kw)
+        return [replace(s, forward_cpu_s=2 * s.forward_s, backward_cpu_s=2 * s.backward_s)
+                for s in samples], out
+    monkeypatch.setattr(layer_run, "_measure", measure)
+
+
+def test_host_bound_rows_are_read_steady_on_the_deep_stack(monkeypatch):
+    _host_bound_rows(monkeypatch)
+    prog = _Recorder()
+    layers = bench_layers.bench_layer_rows([DEEP8], None, CPU, 1, 0, quick=False,
+                                           progress=prog, micro_batches=(1, 2)).layers
+    steady = [m for m in prog.messages if "cpu steady on 8 blocks" in m]
+    assert len(steady) == 3 and all("mb1" in m for m in steady)   # one per recompute mode
+    assert all(re.search(r"cpu steady on 8 blocks [\d.]+ / [\d.]+ ms", m) for m in steady)
+    assert not any("cpu on 4 blocks" in m for m in prog.messages)
+    fields = ("forward_cpu_s", "backward_cpu_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s")
+    assert all(r[k] >= 0 for r in layers for k in fields)
+    for rc in ("none", "selective", "full"):   # the 2-block call's total is unchanged
+        rows = [r for r in layers if r["recompute"] == rc]
+        totals = {round(2 * r["forward_cpu_s"] + r["forward_cpu_fixed_s"], 12) for r in rows}
+        assert len(totals) == 1 and totals.pop() > 0
+
+
+def test_no_room_for_the_deep_stack_falls_back_to_the_queued_one(monkeypatch):
+    _host_bound_rows(monkeypatch)
+    monkeypatch.setattr(layer_build, "allocatable_bytes", lambda device: 0.0)
+    built = []
+    real = layer_run._build
+    monkeypatch.setattr(layer_run, "_build",
+                        lambda cfg, n, *a: built.append(n) or real(cfg, n, *a))
+    prog = _Recorder()
+    bench_layers.bench_layer_rows([DEEP8], None, CPU, 1, 0, quick=False, progress=prog,
+                                  micro_batches=(1,))
+    fell_back = [m for m in prog.messages if "cpu on 4 blocks" in m]
+    assert len(fell_back) == 3
+    assert all("(not steady on 8: GPU-paced or no room)" in m for m in fell_back)
+    assert 8 not in built                    # nothing was built that could not fit
