@@ -266,6 +266,11 @@ SETS["drawn-4119c"] = [(n, lay) for n, lay in draw_layouts(4119, count=16, gpus=
 # never-run model (draw_models.py seed 4120), six compiled draws
 SETS["drawn-4120c"] = [(n, lay) for n, lay in draw_layouts(4120, count=16, gpus=1)
                        if lay.compile]
+# fp8h21 (drawn 2026-12-01, for the next lease of any size): the same path on a fourth
+# never-run model (draw_models.py seed 4121), four compiled draws, after calibrate's steady
+# CPU reading (host.md, section 6)
+SETS["drawn-4121c"] = [(n, lay) for n, lay in draw_layouts(4121, count=16, gpus=1)
+                       if lay.compile]
 # moeh21 (drawn 2026-12-01, for a 2-GPU lease): the executor's new MoE paths (etp 2, dropless
 # MoE at cp 2) timed for the first time, on a never-run model (draw_moe.py seed 3824)
 SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
