@@ -11,9 +11,8 @@ micro-batch) one module per depth is built with calibrate's own ``_build`` and t
 * ``q2`` / ``q4``: calibrate's queued timing (``layer_timing._measure`` with ``_Queue``) on
   2 and 4 blocks — exactly the readings ``cpu_values`` / ``cpu_fixed`` use;
 * ``sD``: steady on ``--deep`` blocks (default: the model's layers): ``--mbs`` micro-batches
-  back to back without synchronizing, the first dropped; CUDA events give the GPU-busy time,
-  and a reading counts only if the GPU waited for the CPU (GPU busy < CPU wall), i.e. the
-  host paced it as in a host-bound step.
+  back to back without synchronizing, the first dropped (calibrate's ``steady_cpu``); a
+  reading counts only if the GPU waited for the CPU, as calibrate counts it.
 
 Reports per layer (forward / backward ms): q2, q4, sD, calibrate's split (per layer and
 per call from q2/q4), the split from q2/sD, and their spread over rounds.
@@ -34,41 +33,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def steady(torch, forward, backward, reset, mbs: int, cuda: bool):
-    """(forward CPU s, backward CPU s, GPU-busy s of those passes, host-paced?) of ``mbs``
-    back-to-back micro-batches, the first dropped."""
-    fs, bs = [], []
-    if cuda:
-        torch.cuda.synchronize()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    t_start = None
-    for i in range(mbs):
-        reset()
-        if i == 1 and cuda:
-            ev[0].record()
-        t0 = time.perf_counter()
-        if i == 1:
-            t_start = t0
-        y = forward()
-        t1 = time.perf_counter()
-        backward(y)
-        t2 = time.perf_counter()
-        del y
-        if i:
-            fs.append(t1 - t0)
-            bs.append(t2 - t1)
-    wall = time.perf_counter() - t_start
-    gpu = None
-    if cuda:
-        ev[1].record()
-        torch.cuda.synchronize()
-        gpu = ev[0].elapsed_time(ev[1]) / 1e3   # device span of the counted micro-batches
-    # host-paced: the device span is no longer than the host's (the GPU waited on the CPU);
-    # a GPU-paced run ends on the device well after the CPU returned
-    paced = gpu is None or gpu <= 1.05 * wall
-    return statistics.median(fs), statistics.median(bs), gpu, paced
 
 
 def main(argv=None) -> int:
@@ -93,7 +57,8 @@ def main(argv=None) -> int:
     from meshplan.calibrate.layer_ranks import _Groups
     from meshplan.calibrate.layer_rows import cpu_fixed, cpu_values
     from meshplan.calibrate.layer_run import _layer_step
-    from meshplan.calibrate.layer_timing import WARMUP, _measure, _Queue
+    from meshplan.calibrate.layer_run import STEADY_PACED_MAX
+    from meshplan.calibrate.layer_timing import WARMUP, _measure, _Queue, steady_cpu
     from meshplan.spec import ModelSpec
 
     path, _, seq = args.model.rpartition(":")
@@ -150,9 +115,10 @@ def main(argv=None) -> int:
                     rec = {"mode": f"q{depth}", "f": f, "b": b,
                            "bad": sum(not x.queued_ok for x in samples)}
                 else:
-                    f, b, gpu, paced = steady(torch, forward, backward, reset, args.mbs, cuda)
+                    f, b, ratio = steady_cpu(forward, backward, reset, device=device,
+                                             barrier=lambda: None, micro_batches=args.mbs)
                     rec = {"mode": f"s{depth}", "f": f / depth, "b": b / depth,
-                           "gpu_s": gpu, "paced": paced}
+                           "gpu_over_host": ratio, "paced": ratio <= STEADY_PACED_MAX}
             rec.update(setting=s, round=rnd, t=time.time())
             doc["readings"].append(rec)
             print(json.dumps(rec), flush=True)
