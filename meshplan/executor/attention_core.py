@@ -98,4 +98,23 @@ class _RecomputedCore(torch.autograd.Function):
         return (None, *(next(grads) if t.requires_grad else None for t in inputs))
 
 
-__all__ = ["RMSNorm", "rope_tables", "apply_rope", "AttentionCore", "_RecomputedCore"]
+def recomputed_core(core: nn.Module, q, k, v):
+    """``core(q, k, v)`` with its intermediates recomputed in backward (selective recompute).
+
+    Inside ``torch.compile`` (a compiled block) and for the plain :class:`AttentionCore`, as
+    ``torch.utils.checkpoint``, which dynamo traces into the block's one graph: the
+    recompute then runs inside the compiled backward, with no autocast context entered or
+    left at run time, so the cache :class:`_RecomputedCore` protects is not touched. Through
+    :class:`_RecomputedCore` dynamo cannot trace the backward's ``torch.autograd.grad`` and
+    splits the block into 5 graphs with the core eager, and the block's forward dispatched
+    1.1-2.4 x the host time of the block without recomputation (22 compiled modules' rows,
+    docs/benchmarks/host.md section 6). Eager, and for context parallelism's cores (their
+    collectives), :class:`_RecomputedCore`."""
+    if type(core) is AttentionCore and torch.compiler.is_compiling():
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(core, q, k, v, use_reentrant=False)
+    return _RecomputedCore.apply(core, q, k, v)
+
+
+__all__ = ["RMSNorm", "rope_tables", "apply_rope", "AttentionCore", "_RecomputedCore",
+           "recomputed_core"]

@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 
 from meshplan.errors import ExecutorError
-from meshplan.executor.attention_core import AttentionCore, RMSNorm, _RecomputedCore, apply_rope
+from meshplan.executor.attention_core import AttentionCore, RMSNorm, apply_rope, recomputed_core
 from meshplan.spec import Job, Layout, ModelSpec
 
 
@@ -103,7 +103,7 @@ class MLAttention(nn.Module):
         # memory-efficient fallback's backward ran 6-8x slower there (padding v cost
         # 1.4-1.6x: docs/benchmarks/moe_checks.md "MLA on one H200"). CPU: SDPA's kernels.
         if self.recompute_core:
-            y = _RecomputedCore.apply(self.core, q, k, v)
+            y = recomputed_core(self.core, q, k, v)
         else:
             y = self.core(q, k, v)                 # (b, nh, s, dv)
         y = y.transpose(1, 2).reshape(b, s, nh * dv)

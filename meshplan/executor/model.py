@@ -31,7 +31,8 @@ from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import ExecutorError
 from meshplan.executor.attention_core import (AttentionCore, RMSNorm,  # noqa: F401
-                                              _RecomputedCore, apply_rope, rope_tables)
+                                              _RecomputedCore, apply_rope, recomputed_core,
+                                              rope_tables)
 from meshplan.executor.mla import MLAttention
 from meshplan.executor.mlp import MLP, seeded_normal  # noqa: F401  (re-exported)
 from meshplan.executor.moe import MoELayer
@@ -76,7 +77,7 @@ class Attention(nn.Module):
             cos, sin = rope[0][:s], rope[1][:s]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.recompute_core:
-            y = _RecomputedCore.apply(self.core, q, k, v)
+            y = recomputed_core(self.core, q, k, v)
         else:
             y = self.core(q, k, v)                 # (b, nh, s, hd)
         y = y.transpose(1, 2).reshape(b, s, nq)    # (b, s, nh·hd)
