@@ -130,3 +130,37 @@ def test_no_room_for_the_deep_stack_falls_back_to_the_queued_one(monkeypatch):
     assert len(fell_back) == 3
     assert all("(not steady on 8: GPU-paced or no room)" in m for m in fell_back)
     assert 8 not in built                    # nothing was built that could not fit
+
+
+# ---- two tensor-parallel ranks (gloo): every rank takes the same steady decisions -----------
+def _steady_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.calibrate import layer_build, layer_run
+    from meshplan.calibrate.layer_ranks import _Groups
+    from _gloo import write_rank_result
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    cfg = Config(model=DEEP8, seq_len=32, tp=2, sequence_parallel=False, micro_batch=1)
+    groups = _Groups(world, rank, "cpu")
+    cpu = torch.device("cpu")
+    out = {}
+    for case, room in (("room", float("inf")), ("rank1_full", 0.0 if rank == 1 else 1e18)):
+        layer_build.allocatable_bytes = lambda device, room=room: room
+        key, module, got = layer_run._cpu_steady(cfg, None, None, 8, cpu, groups, iters=2,
+                                                 barrier=dist.barrier, world=world,
+                                                 activation_bytes=0.0)
+        out[case] = {"got": got, "built": module is not None, "key": list(map(str, key or ()))}
+    write_rank_result(out_dir, rank, out)
+
+
+@pytest.mark.distributed
+def test_steady_reading_agrees_over_tensor_parallel_ranks(tmp_path):
+    from _gloo import run_gloo_ranks
+    got = run_gloo_ranks(_steady_tp_worker, 2, tmp_path)
+    # with room: both ranks read (averaged over ranks: the same values on each)
+    assert got[0]["room"]["got"] == got[1]["room"]["got"]
+    assert all(v > 0 for v in got[0]["room"]["got"])
+    # one rank without room: neither builds nor reads (no rank left in a collective alone)
+    assert got[0]["rank1_full"] == got[1]["rank1_full"] == {"got": None, "built": False,
+                                                            "key": []}
