@@ -132,6 +132,9 @@ def test_rounds_2_measures_the_layer_tables_twice(tmp_path, capsys):
     # the host's dispatch speed at the start and the end (executor.measure)
     probe = doc["provenance"]["host_probe_us"]
     assert len(probe) == 2 and all(0 < v < 10_000 for v in probe)
+    # what measured the rows, for a later reader to tell profiles of older code apart
+    assert doc["provenance"]["compiled_selective"] == "core checkpointed in the block's graph"
+    assert doc["provenance"]["cpu_deep"].startswith("steady on up to 16 blocks")
     assert "round 2: layer tiny-llama" in err and "round 3:" not in err
     assert "from 2 of 2 rounds" in err
     assert doc["layers"] and all(r["forward_s"] > 0 for r in doc["layers"])
