@@ -31,7 +31,11 @@ LAYOUTS = {"moe-dp2-ep2": (LLAMA_MOE, dict(dp=2, ep=2)),
            "moe-tp2-etp2": (LLAMA_MOE, dict(tp=2, etp=2)),
            "moe-cp2-ring": (LLAMA_MOE, dict(cp=2)),
            "cp2-a2a": (LLAMA, dict(cp=2, cp_style="all-to-all")),
-           "cp2-ring": (LLAMA, dict(cp=2))}
+           "cp2-ring": (LLAMA, dict(cp=2)),
+           # selective recompute in a compiled block checkpoints the attention core in the
+           # block's graph (eager: the executor's autograd Function); also under pp 1f1b
+           "tp2-selective": (LLAMA, dict(tp=2, recompute="selective")),
+           "pp2-1f1b-selective": (LLAMA, dict(pp=2, schedule="1f1b", recompute="selective"))}
 CASES = [Case(f"{name}-{'compiled' if c else 'eager'}", model, JOB,
               Layout(micro_batch=2, compile=c, **kw))
          for name, (model, kw) in LAYOUTS.items() for c in (True, False)]
