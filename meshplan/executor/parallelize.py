@@ -224,6 +224,7 @@ class ParallelTrainer:
         self.has_last = any(p.spec.is_last for p in self.parts)
         self.has_first = any(p.spec.is_first for p in self.parts)
         self.schedule = None
+        self._retains_graph = compile and layout.schedule == "zero-bubble"
         if layout.pp > 1:
             self.stages = [self._make_stage(p) for p in self.parts]
             self.schedule = build_schedule(layout, self.stages, self.num_microbatches,
@@ -294,11 +295,25 @@ class ParallelTrainer:
     def _step_pipeline(self, x, y) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         args = (x,) if self.has_first else ()
-        if self.has_last:
-            self.schedule.step(*args, target=y, losses=losses)
-            return torch.stack([l.detach().float() for l in losses]).mean()
-        self.schedule.step(*args)
+        with self._compile_config():
+            if self.has_last:
+                self.schedule.step(*args, target=y, losses=losses)
+                return torch.stack([l.detach().float() for l in losses]).mean()
+            self.schedule.step(*args)
         return torch.zeros((), device=self.device)
+
+    def _compile_config(self):
+        """Zero-bubble's input pass (B) keeps the graph for the weight pass (W): it calls
+        ``autograd.grad`` with ``retain_graph=True``, which a compiled block's backward
+        refuses where AOTAutograd donated its saved buffers ("compiled with non-empty donated
+        buffers which requires ... retain_graph=False"; on by default since torch 2.6). So
+        compiled blocks under zero-bubble are compiled — at their first pass, inside the
+        schedule's step — without donated buffers. Found on CPU (gloo, 2 ranks): rank 1
+        raised it and rank 0 waited out its receive timeout."""
+        if self._retains_graph:
+            import torch._functorch.config as functorch_config
+            return functorch_config.patch(donated_buffer=False)
+        return contextlib.nullcontext()
 
     def _finish_grads(self) -> None:
         replicas = self.groups.grad_groups     # dp × cp

@@ -1,7 +1,8 @@
 """Compiled blocks whose collectives sit inside the executor's autograd functions train like
 eager ones, a whole step at a time (CPU, gloo, 2 ranks, fp32): an MoE model at ep 2 over dp 2
 and over tp 2 with sequence parallelism, a dense one at cp 2 with all-to-all (Ulysses) and
-ring attention. (tp 2 + SP on a dense model: test_compile_sp_world2.py.)
+ring attention, with selective recompute at tp 2 and pp 2, and under zero-bubble. (tp 2 +
+SP on a dense model: test_compile_sp_world2.py.)
 
 Why: under torch 2.11 (the GPU machines') Dynamo traced the experts' all-to-all and the
 sequence-parallel reduce-scatter and Ulysses' all-to-all to a zero gradient, so every
@@ -35,7 +36,12 @@ LAYOUTS = {"moe-dp2-ep2": (LLAMA_MOE, dict(dp=2, ep=2)),
            # selective recompute in a compiled block checkpoints the attention core in the
            # block's graph (eager: the executor's autograd Function); also under pp 1f1b
            "tp2-selective": (LLAMA, dict(tp=2, recompute="selective")),
-           "pp2-1f1b-selective": (LLAMA, dict(pp=2, schedule="1f1b", recompute="selective"))}
+           "pp2-1f1b-selective": (LLAMA, dict(pp=2, schedule="1f1b", recompute="selective")),
+           # zero-bubble's split passes keep the graph between B and W: compiled blocks
+           # without donated buffers (ParallelTrainer._compile_config); they hung before
+           "pp2-zero-bubble": (LLAMA, dict(pp=2, schedule="zero-bubble")),
+           "pp2-zero-bubble-selective": (LLAMA, dict(pp=2, schedule="zero-bubble",
+                                                     recompute="selective"))}
 CASES = [Case(f"{name}-{'compiled' if c else 'eager'}", model, JOB,
               Layout(micro_batch=2, compile=c, **kw))
          for name, (model, kw) in LAYOUTS.items() for c in (True, False)]
