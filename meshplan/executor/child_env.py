@@ -19,7 +19,7 @@ moe_checks.md).
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from types import MappingProxyType
 
 NO_MULTICAST_ENV = MappingProxyType({"NCCL_NVLS_ENABLE": "0",
@@ -29,12 +29,17 @@ ALLOCATOR_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 DEFAULT_ALLOCATOR_CONF = "expandable_segments:True"
 
 
+def allocator_vars(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allocator variables ``environ`` sets (what a run records)."""
+    return {v: environ[v] for v in ALLOCATOR_VARS if environ.get(v)}
+
+
 def allocator_setting(environ: MutableMapping[str, str]) -> dict[str, str]:
     """Give ``environ`` expandable segments unless it sets the allocator; returns the
-    allocator variables in force (what a run records)."""
-    if not any(environ.get(v) for v in ALLOCATOR_VARS):
+    allocator variables in force (:func:`allocator_vars`)."""
+    if not allocator_vars(environ):
         environ[ALLOCATOR_VARS[0]] = DEFAULT_ALLOCATOR_CONF
-    return {v: environ[v] for v in ALLOCATOR_VARS if environ.get(v)}
+    return allocator_vars(environ)
 
 
 def child_env(**extra: str) -> dict[str, str]:

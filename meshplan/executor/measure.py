@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from meshplan.costmodel.flops import hardware_flops_per_step, model_flops_per_step
-from meshplan.executor.child_env import ALLOCATOR_VARS
+from meshplan.executor.child_env import allocator_vars
 
 
 class StepTimer:
@@ -159,7 +159,7 @@ def environment(device: torch.device, world_size: int) -> dict[str, Any]:
         except Exception:  # NCCL missing from this build
             env["nccl"] = None
         env["driver"] = _driver_version()
-        env["allocator"] = {v: os.environ[v] for v in ALLOCATOR_VARS if os.environ.get(v)}
+        env["allocator"] = allocator_vars(os.environ)
     else:
         env["gpu_name"] = None
         env["cpu"] = platform.processor() or platform.machine()
