@@ -87,3 +87,9 @@ def _reduce(values: Iterable[float], max_fields: Iterable[int], device, world: i
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     dist.all_reduce(mx, op=dist.ReduceOp.MAX)
     return [float(mx[j]) if j in hi else float(t[j]) / world for j in range(len(vals))]
+
+
+def _any_rank(flag: bool, device, world: int) -> bool:
+    """Whether ``flag`` holds on any rank (every rank must call it): what lets the ranks
+    take the same branch before a collective, e.g. skip a stack one of them cannot fit."""
+    return bool(_reduce([1.0 if flag else 0.0], [0], device, world)[0])

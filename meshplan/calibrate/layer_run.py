@@ -14,9 +14,9 @@ import statistics
 
 from meshplan.calibrate.layer_build import (SEED, _build, _deep_module, _end_amp, _free,
                                             _layer_amp, _layer_input, _oom_types,
-                                            _set_recompute)
+                                            _set_recompute, allocatable_bytes)
 from meshplan.calibrate.layer_grid import Config
-from meshplan.calibrate.layer_ranks import _reduce
+from meshplan.calibrate.layer_ranks import _any_rank, _reduce
 from meshplan.calibrate.layer_rows import cpu_values, end_values, layer_values
 from meshplan.calibrate.layer_split import _fsdp_split_per_layer, _split_per_layer
 from meshplan.calibrate.layer_timing import (WARMUP, _bad, _kept_bytes, _measure, _nbytes, _Queue,
@@ -100,7 +100,7 @@ def _row_split(cfg: Config, m, x, grad, layers: int, device, *, iters: int, barr
         oom = 1.0
     if oom:
         _free(device)   # here, not in the handler: the failed pass's frames are gone
-    return (0.0, 0.0, 0.0, 0.0) if _reduce([oom], [0], device, world)[0] else split
+    return (0.0, 0.0, 0.0, 0.0) if _any_rank(bool(oom), device, world) else split
 
 
 def _layer_step(cfg: Config, m, device):
@@ -186,15 +186,13 @@ def _cpu_steady(cfg: Config, key, module, layers: int, device, groups, *, iters:
     blocks (:func:`~meshplan.calibrate.layer_timing.steady_cpu`, ``iters`` passes counted),
     averaged over ranks: (stack key, stack to reuse, (forward, backward) or None where
     any rank lacked the memory, ran out of it, or found the GPU pacing the passes)."""
-    import torch
     want = (cfg.build_key, layers)
     if key != want:
         module, key = None, None
         _free(device)
-    from meshplan.calibrate.layer_build import allocatable_bytes
     fits = module is not None or steady_stack_fits(cfg, layers, activation_bytes,
                                                    allocatable_bytes(device))
-    if _reduce([0.0 if fits else 1.0], [0], device, world)[0]:
+    if _any_rank(not fits, device, world):
         return key, module, None
     values, bad = [0.0, 0.0], 0.0
     try:
@@ -206,13 +204,8 @@ def _cpu_steady(cfg: Config, key, module, layers: int, device, groups, *, iters:
             torch._dynamo.reset()
         _, _, reset, forward, backward = _layer_step(cfg, module, device)
         with _layer_amp(cfg, device):
-            for _ in range(WARMUP):        # compiles, and allocates the gradients
-                reset()
-                y = forward()
-                backward(y)
-                del y
             f, b, ratio = steady_cpu(forward, backward, reset, device=device, barrier=barrier,
-                                     micro_batches=iters + 1)
+                                     warmup=WARMUP, micro_batches=iters + 1)
         values = [f / layers, b / layers]
         bad = float(ratio > STEADY_PACED_MAX)
     except _oom_types():
@@ -220,8 +213,6 @@ def _cpu_steady(cfg: Config, key, module, layers: int, device, groups, *, iters:
         module, key = None, None
     if module is None:
         _free(device)   # here, not in the handler: the failed pass's frames are gone
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     lo = _reduce([*values, bad], [2], device, world)
     return key, module, (None if lo[2] else (lo[0], lo[1]))
 

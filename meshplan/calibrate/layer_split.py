@@ -15,7 +15,7 @@ from typing import Sequence
 from meshplan.calibrate.layer_build import (_deep_module, _free, _layer_amp, _layer_input,
                                             _oom_types, _set_recompute, allocatable_bytes)
 from meshplan.calibrate.layer_grid import Config
-from meshplan.calibrate.layer_ranks import _reduce
+from meshplan.calibrate.layer_ranks import _any_rank, _reduce
 from meshplan.calibrate.layer_rows import NO_SPLIT_MEMORY, Sample, split_memory_stage
 from meshplan.calibrate.layer_timing import WARMUP, _measure, _Queue
 
@@ -155,8 +155,7 @@ def _deep_split(cfg: Config, key, module, shallow, layers: int, device, groups, 
     some rank (``activation_bytes``: the row's per layer; 0: not checked)."""
     from meshplan.calibrate.split_memory import split_memory_per_layer
     values, oom, mem = [0.0] * 4, 0.0, [0.0] * 4
-    if _reduce([0.0 if deep_split_fits(activation_bytes, device) else 1.0], [0], device,
-               world)[0]:
+    if _any_rank(not deep_split_fits(activation_bytes, device), device, world):
         return cfg.build_key, module if key == cfg.build_key else None, None, NO_SPLIT_MEMORY
     try:
         module = _deep_module(cfg, key, module, SPLIT_DEEP_LAYERS, device, groups)

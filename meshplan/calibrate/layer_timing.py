@@ -118,11 +118,12 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
 
 
 def steady_cpu(forward: Callable[[], Any], backward: Callable[[Any], None],
-               reset: Callable[[], None], *, device, barrier, micro_batches: int
-               ) -> tuple[float, float, float]:
+               reset: Callable[[], None], *, device, barrier, micro_batches: int,
+               warmup: int = 0) -> tuple[float, float, float]:
     """(forward, backward) CPU dispatch seconds of a stack run as a step runs it, and how
     long the GPU took over the same passes relative to the CPU.
 
+    ``warmup`` passes first (they compile and allocate the gradients), then
     ``micro_batches`` forward + backward passes back to back with nothing holding the GPU;
     the first (it starts on an empty queue) is dropped, the others' medians are returned.
     The reading is the host's dispatch only where the GPU waited for it: the third value,
@@ -137,6 +138,11 @@ def steady_cpu(forward: Callable[[], Any], backward: Callable[[Any], None],
         raise ValueError(f"steady_cpu: micro_batches={micro_batches}, at least 2 (the first "
                          f"is dropped)")
     cuda = device.type == "cuda"
+    for _ in range(warmup):
+        reset()
+        y = forward()
+        backward(y)
+        del y
     forwards: list[float] = []
     backwards: list[float] = []
     barrier()

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.calibrate import bench_layers, layer_build, layer_run  # noqa: E402
+from meshplan.calibrate import bench_layers, layer_run  # noqa: E402
 from meshplan.calibrate.layer_grid import Config  # noqa: E402
 from meshplan.calibrate.layer_rows import cpu_fixed  # noqa: E402
 from meshplan.calibrate.layer_timing import steady_cpu  # noqa: E402
@@ -50,6 +50,10 @@ def test_steady_cpu_counts_every_pass_but_the_first():
                              barrier=lambda: calls.append("barrier"), micro_batches=4)
     assert calls == ["barrier", "f", "f", "f", "f"]
     assert f > 0 and b > 0 and ratio == 0.0      # no GPU to compare with
+    calls.clear()                                # warm-up passes come before the barrier
+    steady_cpu(forward, lambda y: y.backward(), lambda: None, device=CPU,
+               barrier=lambda: calls.append("barrier"), micro_batches=2, warmup=2)
+    assert calls == ["f", "f", "barrier", "f", "f"]
     with pytest.raises(ValueError, match="micro_batches=1, at least 2"):
         steady_cpu(forward, lambda y: y.backward(), lambda: None, device=CPU,
                    barrier=lambda: None, micro_batches=1)
@@ -118,7 +122,7 @@ def test_host_bound_rows_are_read_steady_on_the_deep_stack(monkeypatch):
 
 def test_no_room_for_the_deep_stack_falls_back_to_the_queued_one(monkeypatch):
     _host_bound_rows(monkeypatch)
-    monkeypatch.setattr(layer_build, "allocatable_bytes", lambda device: 0.0)
+    monkeypatch.setattr(layer_run, "allocatable_bytes", lambda device: 0.0)
     built = []
     real = layer_run._build
     monkeypatch.setattr(layer_run, "_build",
@@ -137,7 +141,7 @@ def _steady_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from meshplan.calibrate import layer_build, layer_run
+    from meshplan.calibrate import layer_run
     from meshplan.calibrate.layer_ranks import _Groups
     from _gloo import write_rank_result
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -146,7 +150,7 @@ def _steady_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     cpu = torch.device("cpu")
     out = {}
     for case, room in (("room", float("inf")), ("rank1_full", 0.0 if rank == 1 else 1e18)):
-        layer_build.allocatable_bytes = lambda device, room=room: room
+        layer_run.allocatable_bytes = lambda device, room=room: room
         key, module, got = layer_run._cpu_steady(cfg, None, None, 8, cpu, groups, iters=2,
                                                  barrier=dist.barrier, world=world,
                                                  activation_bytes=0.0)
