@@ -271,6 +271,11 @@ SETS["drawn-4120c"] = [(n, lay) for n, lay in draw_layouts(4120, count=16, gpus=
 # CPU reading (host.md, section 6)
 SETS["drawn-4121c"] = [(n, lay) for n, lay in draw_layouts(4121, count=16, gpus=1)
                        if lay.compile]
+# host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
+# layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
+# micro-batches 1 and 2, eager or compiled
+SETS["drawn-4122s"] = [(n, lay) for n, lay in draw_layouts(4122, count=16, gpus=1)
+                       if lay.micro_batch <= 2]
 # moeh21 (drawn 2026-12-01, for a 2-GPU lease): the executor's new MoE paths (etp 2, dropless
 # MoE at cp 2) timed for the first time, on a never-run model (draw_moe.py seed 3824)
 SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
