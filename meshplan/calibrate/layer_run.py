@@ -28,6 +28,10 @@ CPU_DEEP_LAYERS = 4    # queued rows' CPU dispatch is timed again on this many b
 CPU_STEADY_LAYERS = 16  # or, host-bound rows, steady on up to this many (steady_cpu_layers)
 STEADY_HOST_MARGIN = 1.1      # a row's CPU over its GPU time to be read steady
 STEADY_PACED_MAX = 1.05       # the GPU's span over the CPU's for a steady reading to count
+# the steady reading's windows and the idle seconds between them: spread over a few seconds,
+# as a step's passes are, where one window reads the host's speed of that tenth of a second
+STEADY_WINDOWS = 5
+STEADY_GAP_S = 0.5
 # a stack's state per parameter: fp32 weight and gradient, autocast's bf16 copy, fp8's copy
 STACK_STATE_BYTES_PER_PARAM = 12
 
@@ -183,7 +187,8 @@ def steady_stack_fits(cfg: Config, layers: int, activation_bytes: float,
 def _cpu_steady(cfg: Config, key, module, layers: int, device, groups, *, iters: int,
                 barrier, world: int, activation_bytes: float):
     """``cfg``'s forward / backward CPU dispatch per layer read steady on ``layers``
-    blocks (:func:`~meshplan.calibrate.layer_timing.steady_cpu`, ``iters`` passes counted),
+    blocks (:func:`~meshplan.calibrate.layer_timing.steady_cpu`, ``iters`` passes counted in
+    each of :data:`STEADY_WINDOWS` windows :data:`STEADY_GAP_S` apart),
     averaged over ranks: (stack key, stack to reuse, (forward, backward) or None where
     any rank lacked the memory, ran out of it, or found the GPU pacing the passes)."""
     want = (cfg.build_key, layers)
@@ -205,7 +210,8 @@ def _cpu_steady(cfg: Config, key, module, layers: int, device, groups, *, iters:
         _, _, reset, forward, backward = _layer_step(cfg, module, device)
         with _layer_amp(cfg, device):
             f, b, ratio = steady_cpu(forward, backward, reset, device=device, barrier=barrier,
-                                     warmup=WARMUP, micro_batches=iters + 1)
+                                     warmup=WARMUP, micro_batches=iters + 1,
+                                     windows=STEADY_WINDOWS, gap_s=STEADY_GAP_S)
         values = [f / layers, b / layers]
         bad = float(ratio > STEADY_PACED_MAX)
     except _oom_types():

@@ -119,13 +119,21 @@ def _measure(forward: Callable[[], Any], backward: Callable[[Any], None],
 
 def steady_cpu(forward: Callable[[], Any], backward: Callable[[Any], None],
                reset: Callable[[], None], *, device, barrier, micro_batches: int,
-               warmup: int = 0) -> tuple[float, float, float]:
+               warmup: int = 0, windows: int = 1, gap_s: float = 0.0
+               ) -> tuple[float, float, float]:
     """(forward, backward) CPU dispatch seconds of a stack run as a step runs it, and how
     long the GPU took over the same passes relative to the CPU.
 
-    ``warmup`` passes first (they compile and allocate the gradients), then
-    ``micro_batches`` forward + backward passes back to back with nothing holding the GPU;
-    the first (it starts on an empty queue) is dropped, the others' medians are returned.
+    ``warmup`` passes first (they compile and allocate the gradients), then ``windows``
+    windows ``gap_s`` apart, each of ``micro_batches`` forward + backward passes back to
+    back with nothing holding the GPU; a window's first pass (it starts on an empty queue)
+    is dropped and its others' medians kept. Returned: the windows' mean forward and
+    backward, and the median of their third values. Several windows because the host's
+    speed moves from one second to the next: one 4-pass window (about 0.1 s) of an eager
+    8-block stack read its backward anywhere in 2.2-3.6 ms a layer over six windows a second
+    apart, where the training step, which spans seconds, dispatched about 3.0-3.3
+    (docs/benchmarks/host.md, section 7); a step's host time is a sum over its passes,
+    hence the mean.
     The reading is the host's dispatch only where the GPU waited for it: the third value,
     the device's span of the counted passes over the host's, is then about 1 or below; well
     above 1 the CPU ran ahead and may have waited for room in CUDA's launch queue. 0 off
@@ -133,16 +141,33 @@ def steady_cpu(forward: Callable[[], Any], backward: Callable[[Any], None],
     readings, fitted, under-subtract a call's own part (docs/benchmarks/host.md, section 6:
     1 x H200, fp8h20's model, compiled, 16 blocks: backward 7-21 % below the fit, within
     3 % of the step's for its fp8 module)."""
-    import torch
     if micro_batches < 2:
         raise ValueError(f"steady_cpu: micro_batches={micro_batches}, at least 2 (the first "
                          f"is dropped)")
-    cuda = device.type == "cuda"
+    if windows < 1:
+        raise ValueError(f"steady_cpu: windows={windows}, at least 1")
     for _ in range(warmup):
         reset()
         y = forward()
         backward(y)
         del y
+    readings = []
+    for w in range(windows):
+        if w and gap_s > 0:
+            time.sleep(gap_s)
+        readings.append(_steady_window(forward, backward, reset, device=device,
+                                       barrier=barrier, micro_batches=micro_batches))
+    return (statistics.fmean(r[0] for r in readings),
+            statistics.fmean(r[1] for r in readings),
+            statistics.median(r[2] for r in readings))
+
+
+def _steady_window(forward, backward, reset, *, device, barrier,
+                   micro_batches: int) -> tuple[float, float, float]:
+    """One window of :func:`steady_cpu`: its passes' median forward and backward CPU
+    seconds (the first pass dropped) and the GPU's span over the CPU's (0 off CUDA)."""
+    import torch
+    cuda = device.type == "cuda"
     forwards: list[float] = []
     backwards: list[float] = []
     barrier()

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.calibrate.budget import check_time_budget, started_perf_counter
-from meshplan.calibrate.layer_run import CPU_DEEP_LAYERS, CPU_STEADY_LAYERS
+from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, CPU_STEADY_LAYERS, STEADY_GAP_S,
+                                         STEADY_WINDOWS)
 from meshplan.calibrate.sustained import loop_seconds
 from meshplan.spec import ModelSpec
 from meshplan.errors import ConfigError, require_positive_int
@@ -195,9 +196,11 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         # what measured the rows, where the executor or the reading changed (2026-12-01):
         # compiled blocks' selective recompute in their one graph (4656ba4; before, the
         # core outside it read 1.1-2.4x the host time), and the per-call CPU part fitted
-        # from a steady deep stack where host-bound (docs/benchmarks/host.md, section 6)
+        # from a steady deep stack where host-bound, over several windows (docs/benchmarks/
+        # host.md, sections 6 and 7)
         "compiled_selective": "core checkpointed in the block's graph",
-        "cpu_deep": f"steady on up to {CPU_STEADY_LAYERS} blocks where host-bound, else "
+        "cpu_deep": f"steady on up to {CPU_STEADY_LAYERS} blocks where host-bound "
+                    f"({STEADY_WINDOWS} windows {STEADY_GAP_S:g} s apart, averaged), else "
                     f"queued on {CPU_DEEP_LAYERS}",
         "quick": options.quick, "model": ", ".join(m.name for m in options.models),
         **({"layer_grid": ", ".join(m.name for m in layer_grid_models(device.type))}

@@ -59,6 +59,61 @@ def test_steady_cpu_counts_every_pass_but_the_first():
                    barrier=lambda: None, micro_batches=1)
 
 
+class _Clock:
+    """perf_counter and sleep for layer_timing: forward passes advance it by the current
+    window's cost, sleeps by their seconds."""
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_steady_cpu_averages_windows_spread_by_the_gap(monkeypatch):
+    from meshplan.calibrate import layer_timing
+    clock = _Clock()
+    monkeypatch.setattr(layer_timing, "time", clock)
+    costs = iter([1e-3] * 3 + [1e-3] * 3 + [7e-3] * 3)   # three windows of three passes
+    barriers = []
+
+    def forward():
+        clock.now += next(costs)
+        return None
+
+    def backward(y):
+        clock.now += 2e-3
+
+    f, b, ratio = steady_cpu(forward, backward, lambda: None, device=CPU,
+                             barrier=lambda: barriers.append(clock.now), micro_batches=3,
+                             windows=3, gap_s=0.5)
+    assert f == pytest.approx(3e-3)          # the windows' mean, not their median (1 ms)
+    assert b == pytest.approx(2e-3) and ratio == 0.0
+    assert clock.slept == [0.5, 0.5] and len(barriers) == 3   # a barrier a window
+    with pytest.raises(ValueError, match="windows=0, at least 1"):
+        steady_cpu(forward, backward, lambda: None, device=CPU, barrier=lambda: None,
+                   micro_batches=2, windows=0)
+
+
+def test_calibrate_reads_host_bound_rows_in_spread_windows(monkeypatch):
+    seen = {}
+    real = layer_run.steady_cpu
+
+    def spy(*a, **kw):
+        seen.update(kw)
+        return real(*a, **{**kw, "gap_s": 0.0})
+    monkeypatch.setattr(layer_run, "steady_cpu", spy)
+    from meshplan.calibrate.layer_ranks import _Groups
+    got = layer_run._cpu_steady(_cfg(), None, None, 8, CPU, _Groups(1, 0, "cpu"), iters=2,
+                                barrier=lambda: None, world=1, activation_bytes=0.0)[2]
+    assert got is not None and all(v > 0 for v in got)
+    assert seen["windows"] == layer_run.STEADY_WINDOWS > 1
+    assert seen["gap_s"] == layer_run.STEADY_GAP_S > 0
+
+
 @pytest.mark.parametrize("layers,cpu_s,gpu_s,zero,want", [
     (36, 4.5e-3, 2.1e-3, 0, 16),     # fp8h20's compiled fp8 row at micro-batch 1
     (10, 4.5e-3, 2.1e-3, 0, 10),     # fewer layers than CPU_STEADY_LAYERS: all of them
@@ -101,6 +156,7 @@ def _host_bound_rows(monkeypatch):
         return [replace(s, forward_cpu_s=2 * s.forward_s, backward_cpu_s=2 * s.backward_s)
                 for s in samples], out
     monkeypatch.setattr(layer_run, "_measure", measure)
+    monkeypatch.setattr(layer_run, "STEADY_GAP_S", 0.0)     # the windows, without the waits
 
 
 def test_host_bound_rows_are_read_steady_on_the_deep_stack(monkeypatch):
@@ -148,6 +204,7 @@ def _steady_tp_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     cfg = Config(model=DEEP8, seq_len=32, tp=2, sequence_parallel=False, micro_batch=1)
     groups = _Groups(world, rank, "cpu")
     cpu = torch.device("cpu")
+    layer_run.STEADY_GAP_S = 0.0          # a spawned process: its own module, nothing shared
     out = {}
     for case, room in (("room", float("inf")), ("rank1_full", 0.0 if rank == 1 else 1e18)):
         layer_run.allocatable_bytes = lambda device, room=room: room
