@@ -239,7 +239,7 @@ def probe_kernel(r: Fp8Recipe, device: torch.device, size: int = 256) -> float:
                                 f"no fp8 kernel for its scales here: "
                                 f"{str(exc).splitlines()[0]}; use 'tensorwise' or "
                                 f"'rowwise'") from None
-        outs.append([t.float() for t in (y, x.grad, w.grad)])
+        outs.append([t.detach().float() for t in (y, x.grad, w.grad)])
     worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
                 for a, b in zip(*outs))
     if not worst < PROBE_RTOL:
