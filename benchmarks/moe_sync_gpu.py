@@ -276,6 +276,11 @@ SETS["drawn-4121c"] = [(n, lay) for n, lay in draw_layouts(4121, count=16, gpus=
 # micro-batches 1 and 2, eager or compiled
 SETS["drawn-4122s"] = [(n, lay) for n, lay in draw_layouts(4122, count=16, gpus=1)
                        if lay.micro_batch <= 2]
+# host23 (drawn 2026-12-01, for the next lease of any size): the windowed steady CPU reading
+# as run, on a never-run 0.24 B model (draw_models.py seed 4123) host-bound at micro-batches
+# 1 and 2, eager or compiled
+SETS["drawn-4123s"] = [(n, lay) for n, lay in draw_layouts(4123, count=16, gpus=1)
+                       if lay.micro_batch <= 2]
 # moeh21 (drawn 2026-12-01, for a 2-GPU lease): the executor's new MoE paths (etp 2, dropless
 # MoE at cp 2) timed for the first time, on a never-run model (draw_moe.py seed 3824)
 SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
