@@ -12,6 +12,8 @@ HBM bandwidth × ``hbm_efficiency`` of the GPU profile, with the core's kernel.
 Notation, per rank and micro-batch, with t = tp: Q = b·(s/cp)·q_dim/t elements (q, the
 output), K = b·(s/cp)·kv_dim/t (k or v) — an all-to-all keeps a rank's element count —,
 H_x = the tensor's heads on the rank (q: heads/t, k and v: kv_heads/t), rep = heads/kv_heads,
+(multi-head latent attention's v and output, d_v wide a head, are counted at Q's and K's
+d_n + d_r here: at most (d_n + d_r)/d_v of their share, not checked by an op count),
 e bytes per activation element, [p] = 1 where p holds:
 
 Forward (eq. 9):

@@ -39,7 +39,10 @@ block against the K/V it holds (c queries × 2c keys or 2c queries × c keys: 2c
 step 0 is the causal local block (2c² + c pairs). Bytes per exchange (K and V of the local
 tokens, key/value heads only):
 
-    (3) kv_bytes = 2 · b · (s/cp) · kv_dim/t · e
+    (3) kv_bytes = b · (s/cp) · (kv_dim + v_dim)/t · e
+
+(v_dim = kv_dim but for multi-head latent attention, whose values are d_v wide a head
+where its keys are d_n + d_r: DeepSeek-V3 128 against 192.)
 
 Backward runs the ring again: cp−1 K/V exchanges and cp exchanges of the dK/dV
 accumulators (same element count, at the accumulation width: fp32 in torch's ring and
@@ -60,7 +63,8 @@ next rank.
 per attention per pass — forward q, k, v to (all tokens, heads/cp) and the output back;
 backward the adjoints (dO to heads, dQ, dK, dV back). Each rank's buffer:
 
-    (5) q and output: b·(s/cp)·q_dim/t·e;  k and v: b·(s/cp)·kv_dim/t·e
+    (5) q: b·(s/cp)·q_dim/t·e;  k: b·(s/cp)·kv_dim/t·e;  v: b·(s/cp)·v_dim/t·e;
+        output: b·(s/cp)·attn_out_dim/t·e      (q_dim and kv_dim but for MLA, as in (3))
 
 of which it sends (cp−1)/cp. The attention needs the exchanged tensors, so they are not
 overlapped: all four are exposed per pass. Requires (heads and kv heads) divisible by t·cp.
@@ -139,7 +143,8 @@ def ring_step_pairs(seq_len: int, cp: int) -> float:
 def ring_kv_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, cp: int,
                   bytes_per_element: float) -> float:
     """Eq. (3): K and V of one rank's tokens, key/value heads only — one ring exchange."""
-    return 2.0 * micro_batch * (seq_len / cp) * model.kv_dim / tp * bytes_per_element
+    return (micro_batch * (seq_len / cp) * (model.kv_dim + model.v_dim) / tp
+            * bytes_per_element)
 
 
 def ring_dkv_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, cp: int,
@@ -200,10 +205,9 @@ def all_to_all_buffers_bytes(model: ModelSpec, seq_len: int, micro_batch: int, t
                              cp: int, bytes_per_element: float) -> tuple[float, ...]:
     """Eq. (5): each rank's buffer of the 4 all-to-alls of one attention pass, in the order
     q, k, v, output (forward) — the backward's adjoints move the same bytes."""
-    tokens = micro_batch * seq_len / cp
-    q = tokens * model.q_dim / tp * bytes_per_element
-    kv = tokens * model.kv_dim / tp * bytes_per_element
-    return (q, kv, kv, q)
+    per_width = micro_batch * seq_len / cp / tp * bytes_per_element
+    return tuple(per_width * w for w in (model.q_dim, model.kv_dim, model.v_dim,
+                                         model.attn_out_dim))
 
 
 def all_to_all_sent_bytes(buffer_bytes: float, cp: int) -> float:

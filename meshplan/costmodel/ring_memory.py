@@ -11,6 +11,9 @@ the time is the bytes at the HBM bandwidth × ``hbm_efficiency`` of the GPU prof
 Notation, per rank and micro-batch, with t = tp: Q = b·(s/cp)·q_dim/t elements (q, the
 output, dout), K = b·(s/cp)·kv_dim/t (k or v), L = b·(s/cp)·heads/t (the log-sum-exp),
 rep = heads/kv_heads, e bytes per activation element, a = 4 (fp32 accumulation).
+Multi-head latent attention's v, output and dout are d_v wide a head, not the d_n + d_r of
+its q and k; they are counted at Q's and K's width here — at most (d_n + d_r)/d_v of their
+share (DeepSeek-V3: 1.5x), not checked by an op count.
 A step's query and key/value fractions (f_q, f_k) are (1, 1) at step 0; after it a rank
 computes either all its queries over half the block (1, ½: the block's owner precedes it)
 or half its queries over the whole block (½, 1); at every step i ≥ 1 of cp ≥ 2 some rank

@@ -59,7 +59,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.attention import SDPBackend
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, ExecutorError
 from meshplan.executor.data import load_balanced_positions
 from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.model import AttentionCore, Transformer
@@ -154,21 +154,39 @@ KERNELS = {"math": _MathKernel, "cpu": _CpuKernel, "flash": _FlashKernel,
 RING_KERNEL_ENV = "MESHPLAN_RING_KERNEL"
 
 
-def block_kernel(q: torch.Tensor):
+def block_kernel(q: torch.Tensor, v: torch.Tensor | None = None):
     """The block kernel for ``q``'s device and dtype. On CUDA in bf16/fp16: the kernel SDPA
     itself would pick for the local block (cuDNN's where torch prefers it: 1.85x as fast as
-    flash-attention 2 on H200), or flash-attention 2 with ``MESHPLAN_RING_KERNEL=flash``."""
+    flash-attention 2 on H200), or flash-attention 2 with ``MESHPLAN_RING_KERNEL=flash``.
+
+    ``v`` (the block's values) matters where its head dim differs from q's — multi-head
+    latent attention's d_v against d_n + d_r: neither flash kernel (CPU or CUDA) takes that,
+    so on CPU the explicit math kernel runs, and on CUDA cuDNN's where SDPA picks it for
+    these dims (it ran MLA's natively on one H200: docs/benchmarks/moe_checks.md "MLA on one
+    H200"); otherwise an :class:`ExecutorError` names the all-to-all style, whose core is
+    SDPA itself."""
     choice_env = os.environ.get(RING_KERNEL_ENV, "sdpa")
     if choice_env not in ("sdpa", "flash"):
         raise ConfigError(f"{RING_KERNEL_ENV}={choice_env!r}: expected 'sdpa' (default) "
                           "or 'flash'")
+    uneven = v is not None and v.shape[-1] != q.shape[-1]
     if q.device.type == "cpu":
-        return _CpuKernel()
+        return _MathKernel() if uneven else _CpuKernel()
     if q.device.type == "cuda" and q.dtype in (torch.bfloat16, torch.float16):
         if choice_env == "sdpa":
-            choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
+            # q's shape with v's head dim: the choice reads shapes, dtypes and strides only
+            vq = q.new_empty(*q.shape[:-1], v.shape[-1]) if uneven else q
+            choice = torch._fused_sdp_choice(q, q, vq, is_causal=True)
             if int(choice) == int(SDPBackend.CUDNN_ATTENTION.value):
                 return _CudnnKernel()
+        if uneven:
+            raise ExecutorError(
+                f"ring attention: the value head dim {v.shape[-1]} differs from the query "
+                f"and key head dim {q.shape[-1]} (multi-head latent attention), which "
+                f"flash-attention 2 does not take, and "
+                + (f"{RING_KERNEL_ENV}=flash forces it" if choice_env == "flash" else
+                   "SDPA does not pick cuDNN's attention for these dims here")
+                + "; use Layout(cp_style='all-to-all'), whose core is SDPA itself")
         return _FlashKernel()
     return _MathKernel()
 
@@ -224,7 +242,7 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, ring: _Ring, kernel):
-        kernel = kernel or block_kernel(q)
+        kernel = kernel or block_kernel(q, v)
         rep, half, acc = q.shape[1] // k.shape[1], q.shape[2] // 2, _acc_dtype(q)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         kv, out, lse = [k, v], None, None

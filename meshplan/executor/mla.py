@@ -34,6 +34,8 @@ see it either).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 
@@ -111,17 +113,21 @@ class MLAttention(nn.Module):
 
 
 def check_mla_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
-    """What the executor's MLA needs of the layout (no process group needed)."""
-    if not model.is_mla:
+    """What the executor's MLA needs of the layout (no process group needed): under
+    context parallelism the ring's block kernel must take a value head dim unlike the
+    query-key one, which flash-attention 2 does not (``MESHPLAN_RING_KERNEL=flash``
+    forces it; :func:`~meshplan.executor.context_parallel.block_kernel` picks cuDNN's or,
+    on CPU, the math kernel); the all-to-all style runs SDPA on whole sequences."""
+    if not model.is_mla or layout.cp == 1 or layout.cp_style != "ring":
         return
-    if layout.cp > 1:
-        # the ring's CUDA block kernels (flash-attention 2) need one head dim for q, k and
-        # v, and neither cp core has been checked against MLA's d_v ≠ d_n + d_r
-        raise ExecutorError(f"multi-head latent attention with cp = {layout.cp} is not "
-                            f"implemented in the executor (its value head dim "
-                            f"{model.v_head_dim} differs from the query-key head dim "
-                            f"{model.qk_nope_head_dim + model.qk_rope_head_dim}, which the "
-                            f"context-parallel cores do not handle); use cp = 1")
+    from meshplan.executor.context_parallel import RING_KERNEL_ENV
+    dqk, dv = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    if dqk != dv and os.environ.get(RING_KERNEL_ENV) == "flash":
+        raise ExecutorError(f"multi-head latent attention with ring cp = {layout.cp}: its "
+                            f"value head dim {dv} differs from the query-key head dim {dqk}, "
+                            f"which flash-attention 2 ({RING_KERNEL_ENV}=flash) does not "
+                            f"take; unset {RING_KERNEL_ENV}, or use "
+                            f"Layout(cp_style='all-to-all')")
 
 
 __all__ = ["MLAttention", "check_mla_runnable"]

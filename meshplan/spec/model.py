@@ -144,6 +144,22 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def value_head_dim(self) -> int:
+        """A head's value (and attention output) width: ``head_dim``, or MLA's d_v."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the values the attention core reads: ``kv_dim``, or MLA's n_h·d_v (its
+        keys, ``kv_dim``, are d_n + d_r wide a head)."""
+        return self.num_kv_heads * self.value_head_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention core's output: ``q_dim``, or MLA's n_h·d_v."""
+        return self.num_heads * self.value_head_dim
+
+    @property
     def ffn_matrices(self) -> int:
         """Weight matrices of width ffn_hidden_size entering the MLP (2 for SwiGLU: gate, up)."""
         return 2 if self.activation == "swiglu" else 1

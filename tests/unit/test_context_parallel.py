@@ -120,6 +120,21 @@ def test_cudnn_kernel_calls_fit_the_cuda_ops_schemas():
     assert type(block_kernel(torch.empty(1, 2, 4, 8))).__name__ == "_CpuKernel"
 
 
+def test_block_kernel_for_a_value_head_dim_unlike_the_query_one():
+    """Multi-head latent attention's blocks (d_v ≠ d_n + d_r): the CPU flash kernel refuses
+    them, so the math kernel runs, and it matches SDPA, which takes them."""
+    from meshplan.executor.context_parallel import block_kernel
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 8, 12, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 2, 8, 6, generator=g, dtype=torch.float64)
+    assert type(block_kernel(q, q)).__name__ == "_CpuKernel"
+    kernel = block_kernel(q, v)
+    assert type(kernel).__name__ == "_MathKernel"
+    out, _ = kernel.forward(q, k, v, True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, want)
+
+
 # ---- the cores over 4 ranks -----------------------------------------------------------------
 def _attention_worker(rank: int, world: int, init: str, out_dir: str) -> None:
     import torch.distributed as dist

@@ -106,6 +106,17 @@ def test_all_to_all_bytes_and_time_by_hand():
     assert cx.all_to_all_s(q, 1, bandwidth_bytes_per_s=100e9) == 0.0
 
 
+def test_mla_values_and_output_are_d_v_wide():
+    # DeepSeek-V3: 128 heads, keys d_n + d_r = 192 wide a head, values and output d_v = 128
+    ds = mp.ModelSpec.preset("deepseek-v3")
+    assert (ds.kv_dim, ds.v_dim, ds.q_dim, ds.attn_out_dim) == (24576, 16384, 24576, 16384)
+    tokens = 131072 // 4
+    assert cx.ring_kv_bytes(ds, 131072, 1, 8, 4, 2) == tokens * (24576 + 16384) / 8 * 2
+    assert cx.all_to_all_buffers_bytes(ds, 131072, 1, 8, 4, 2) == tuple(
+        tokens * w / 8 * 2 for w in (24576, 24576, 16384, 16384))
+    assert (L8.v_dim, L8.attn_out_dim) == (L8.kv_dim, L8.q_dim)   # not MLA: as before
+
+
 def test_gradient_group_and_rank_strides():
     assert cx.gradient_reduction_ranks(8, 16) == 128
     assert cx.rank_strides(8, 4, 2, 2, "tp-dp-pp") == {"tp": 1, "cp": 8, "dp": 32, "pp": 64}

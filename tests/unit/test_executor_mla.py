@@ -158,11 +158,19 @@ def test_recomputation_gives_the_same_gradients(recompute):
         torch.testing.assert_close(g1[n], g0[n], rtol=0, atol=0, msg=lambda m: n + m)
 
 
-def test_context_parallel_and_mtp_are_refused():
+def test_ring_cp_with_forced_flash_and_mtp_are_refused(monkeypatch):
+    from meshplan.executor.context_parallel import RING_KERNEL_ENV
     from meshplan.executor.parallelize import check_layout_runnable
     job = Job(global_batch=8, seq_len=16, precision="fp32")
-    with pytest.raises(ExecutorError, match="latent attention with cp = 2"):
+    # context parallelism runs (tests/distributed/test_context_parallel_world2.py), but
+    # not with flash-attention 2 forced on the ring: it wants one head dim for q, k and v
+    assert check_layout_runnable(MLA, job, Layout(micro_batch=1, cp=2)) == 8
+    monkeypatch.setenv(RING_KERNEL_ENV, "flash")
+    with pytest.raises(ExecutorError, match="ring cp = 2: its value head dim 6 differs "
+                                            "from the query-key head dim 12"):
         check_layout_runnable(MLA, job, Layout(micro_batch=1, cp=2))
+    assert check_layout_runnable(MLA, job, Layout(micro_batch=1, cp=2,
+                                                  cp_style="all-to-all")) == 8
     assert check_layout_runnable(MLA, job, Layout(micro_batch=2, tp=2,
                                                   sequence_parallel=True)) == 4
     with pytest.raises(ExecutorError, match="mtp_layers = 1"):
