@@ -19,6 +19,13 @@ before any run and run as drawn.
 three times, cp 2 for the rest — at half the tokens a step (65,536: the tokens a GPU of the
 four-GPU sets). Four GPUs draw exactly as before (cp40-cp43 reproduce).
 
+``--mla`` (the executor's multi-head latent attention under cp, first timed): the drawn
+model is a Llama-style one (``draw_model(family="llama")``) with its attention replaced by
+DeepSeek's MLA at ``draw_moe.py``'s dimensions (key-value latent 512, query-key 128 + 64,
+value 128, the query through a 1536 latent or not; one MLA head per drawn head) — a dense
+MLA decoder, as MiniCPM3-4B is. The rng draws the MLA choice after the model, so the draws
+without ``--mla`` are unchanged.
+
 ``--gpus 8`` (issue 42's cp at 8 ranks): cp and tp up to 8, 262,144 tokens a step (32,768 a
 GPU, as the others); cp 1 once, cp 2 twice, cp 4 and cp 8 the rest, and among them at least
 one cp × tp layout, besides tp > 1, pp > 1 and both styles; admitted under 70 % of an H100's
@@ -39,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from draw_models import draw_model  # noqa: E402
+from draw_moe import MLA_DIMS, MLA_Q_LORA  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.spec import Job, Layout, ModelSpec  # noqa: E402
@@ -111,13 +119,24 @@ def covers(layouts: list[Layout], gpus: int = 4) -> bool:
             and (gpus != 8 or any(lay.cp > 1 and lay.tp > 1 for lay in layouts)))
 
 
-def draw(seed: int, gpus: int = 4) -> dict:
+def with_mla(rng: random.Random, model: ModelSpec) -> ModelSpec:
+    """``model`` with DeepSeek's multi-head latent attention, one head per head (``--mla``)."""
+    m = dataclasses.replace(model, num_kv_heads=model.num_heads, head_dim=None,
+                            q_lora_rank=rng.choice(MLA_Q_LORA), **MLA_DIMS)
+    return dataclasses.replace(m, name=f"{model.name.split('-')[0]}-mla-"
+                                       f"{m.num_params() / 1e9:.2f}b")
+
+
+def draw(seed: int, gpus: int = 4, mla: bool = False) -> dict:
     if gpus not in (2, 4, 8):
         raise SystemExit(f"--gpus {gpus}: 2, 4 or 8")
     rng = random.Random(seed)
     cluster = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
     for attempt in range(1, 51):
-        base = draw_model(rng, f"c{seed}m{attempt:02d}", min_params=1.0e9, max_params=2.5e9)
+        base = draw_model(rng, f"c{seed}m{attempt:02d}", min_params=1.0e9, max_params=2.5e9,
+                          family="llama" if mla else None)
+        if mla:
+            base = with_mla(rng, base)
         model = dataclasses.replace(base, max_seq_len=65536)
         pool = candidates(model, cluster)
         by_cp = {c: [p for p in pool if p[1].cp == c] for c in (1, 2, 4, 8)}
@@ -153,11 +172,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the set's JSON file")
     ap.add_argument("--gpus", type=int, default=4, choices=(2, 4, 8),
                     help="GPUs of the node the set runs on (default 4)")
+    ap.add_argument("--mla", action="store_true",
+                    help="a dense model with multi-head latent attention (module docstring)")
     args = ap.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists: a drawn set is not redrawn over (pick another "
                          f"--out or --seed)")
-    doc = draw(args.seed, args.gpus)
+    doc = draw(args.seed, args.gpus, args.mla)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     m = ModelSpec.from_dict(doc["model"])
