@@ -21,6 +21,25 @@ def test_committed_cp40_is_what_the_seed_draws():
     assert cp_draw.draw(40) == committed
 
 
+def test_committed_cp47_is_the_mla_draw_of_its_seed():
+    """--mla: the committed set is the seed's draw, a dense model with DeepSeek's attention
+    (one MLA head per drawn head), and the executor takes each layout (MLA at cp 2 too)."""
+    from meshplan.executor.parallelize import check_layout_runnable
+    committed = json.loads((ROOT / "benchmarks/sets/cp47/set.json").read_text())
+    assert cp_draw.draw(47, 2, mla=True) == committed
+    model = ModelSpec.from_dict(committed["model"])
+    assert model.is_mla and not model.is_moe and model.num_kv_heads == model.num_heads
+    assert (model.kv_lora_rank, model.qk_nope_head_dim, model.qk_rope_head_dim,
+            model.v_head_dim) == (512, 128, 64, 128)
+    styles = {Layout.from_dict(c["layout"]).cp_style for c in committed["cases"]
+              if c["layout"]["cp"] > 1}
+    assert styles == {"ring", "all-to-all"}
+    for case in committed["cases"]:
+        job = Job(global_batch=cp_draw.tokens_per_step(2) // case["seq_len"],
+                  seq_len=case["seq_len"], precision="bf16", runtime="torch")
+        check_layout_runnable(model, job, Layout.from_dict(case["layout"]))
+
+
 def test_draw_covers_and_admits():
     doc = json.loads((ROOT / "benchmarks/sets/cp40/set.json").read_text())
     model = ModelSpec.from_dict(doc["model"])
