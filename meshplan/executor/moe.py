@@ -20,8 +20,8 @@ the loss; ``aux_grad_scale`` is α over whatever the trainer divides the loss by
 Capacity (GShard, Lepikhin et al. 2020, arXiv 2006.16668 §2.2; Switch eq. 3): with
 ``capacity_factor`` cf each expert takes at most C = ceil(cf·T·k/E) of a sequence's copies,
 earlier positions first; a dropped copy contributes nothing (the token keeps its residual).
-Per sequence too, so the same copies are dropped under any ep, tp or micro-batching (a tp
-slice counts the copies of the slices before it).
+Per sequence too, so the same copies are dropped under any ep, tp, cp or micro-batching (a
+rank counts the copies of every earlier piece of the sequence: :func:`sequence_pieces`).
 
 Dispatch and combine (GShard §2.2; Megatron-Core's MoEAlltoAllTokenDispatcher): the kept
 copies are sorted by expert; the counts per expert are exchanged with ``all_to_all_single``
@@ -212,6 +212,34 @@ class _AuxLossGrad(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
+def sequence_pieces(s: int, tp_rank: int, tp: int, cp_rank: int, cp: int, *,
+                    device=None) -> tuple[torch.Tensor, int]:
+    """(the piece of the whole sequence each of this rank's ``s`` tokens lies in, the number
+    of pieces): the sequence cut into equal runs of positions such that each lies whole on
+    one (tp, cp) rank, in sequence order. A cp rank holds chunks r and 2·cp−1−r of 2·cp
+    (:func:`meshplan.executor.data.shard_sequence`) and a tp rank the t-th 1/tp of those
+    tokens (sequence parallelism's slice); a piece is a chunk, or the tp slice where that
+    is shorter.
+
+    Example: cp 2, tp 2, a 16-token sequence: chunks of 4; cp rank 1 holds positions 4-7
+    and 8-11, its tp rank 1 the second half of that, positions 8-11: piece 2 of 4."""
+    local = s * tp                                  # this cp rank's tokens of a sequence
+    chunk = local // 2 if cp > 1 else local
+    length = min(chunk, s)
+    if (cp > 1 and local % 2) or chunk % length or s % length:
+        from meshplan.errors import ExecutorError
+        raise ExecutorError(f"MoE capacity at tp = {tp}, cp = {cp}: a tp slice of {s} tokens "
+                            f"does not line up with the cp chunks of {chunk}; use a tp that "
+                            f"divides 2·(the chunk's tokens) evenly (1, or an even tp)")
+    j = tp_rank * s + torch.arange(s, device=device)    # index among the cp rank's tokens
+    if cp > 1:
+        first = j < chunk
+        which = torch.where(first, torch.full_like(j, cp_rank),
+                            torch.full_like(j, 2 * cp - 1 - cp_rank))
+        j = which * chunk + j % chunk                   # the position in the sequence
+    return j // length, local * cp // length
+
+
 class MoELayer(nn.Module):
     """An MoE layer's MLP: shared experts (one MLP of width S·f_s) plus routed experts.
 
@@ -274,22 +302,21 @@ class MoELayer(nn.Module):
         seq = torch.arange(x2d.shape[0], device=x2d.device) // s
         key = (seq.unsqueeze(1) * e + idx).reshape(-1)          # (sequence, expert) per copy
         counts = _count(key, b * e)
-        full, earlier, seq_len = counts, torch.zeros_like(counts), s
-        if self._tp_split():
-            n, r = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
-            every = counts.new_empty((n * counts.numel(),))
+        full, seq_len = counts, s
+        tp = dist.get_world_size(self.tp_group) if self._tp_split() else 1
+        if tp > 1:
+            every = counts.new_empty((tp * counts.numel(),))
             dist.all_gather_into_tensor(every, counts, group=self.tp_group)
-            every = every.view(n, -1)
-            full, earlier, seq_len = every.sum(0), every[:r].sum(0), s * n
+            full, seq_len = every.view(tp, -1).sum(0), s * tp
         cp = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
-        if cp > 1:      # capacity needs positions across the chunks: refused with cp > 1
+        if cp > 1:
             every = full.new_empty((cp * full.numel(),))
             dist.all_gather_into_tensor(every, full.contiguous(), group=self.cp_group)
             full, seq_len = every.view(cp, -1).sum(0), seq_len * cp
         keep = None
         if self.capacity_factor is not None:
             cap = math.ceil(self.capacity_factor * seq_len * k / e)
-            keep = (_rank_within_key(key, counts) + earlier[key]) < cap
+            keep = self._copies_before(key, b, s, tp, cp) < cap
         aux = None
         if torch.is_grad_enabled() and self.aux_grad_scale > 0:
             p = probs / probs.sum(-1, keepdim=True) if self.sigmoid else probs
@@ -298,6 +325,29 @@ class MoELayer(nn.Module):
                                                                        / (seq_len ** 2 * k))
             aux = aux.mean()
         return gates.reshape(-1), idx.reshape(-1), keep, aux
+
+    def _copies_before(self, key: torch.Tensor, b: int, s: int, tp: int,
+                       cp: int) -> torch.Tensor:
+        """For each copy (``key``: its (sequence, expert)), how many copies of the same key
+        sit at earlier positions of the whole sequence, on any tp or cp rank. Each rank's
+        tokens are cut into the sequence's pieces (:func:`sequence_pieces`); the copies per
+        (piece, key) are summed over the tp and cp groups (each piece lies on one rank), so
+        a copy's count is its rank among its piece's copies of its key plus the copies of
+        that key in every earlier piece."""
+        tp_rank = dist.get_rank(self.tp_group) if tp > 1 else 0
+        cp_rank = dist.get_rank(self.cp_group) if cp > 1 else 0
+        piece, pieces = sequence_pieces(s, tp_rank, tp, cp_rank, cp, device=key.device)
+        width = b * self.num_experts
+        # copies are token-major (token t's k experts), tokens sequence-major
+        pkey = piece.repeat(b).repeat_interleave(self.top_k) * width + key
+        local = _count(pkey, pieces * width)
+        every = local.clone()
+        for group, n in ((self.tp_group, tp), (self.cp_group, cp)):
+            if n > 1:
+                dist.all_reduce(every, group=group)
+        every = every.view(pieces, width)
+        before = (every.cumsum(0) - every).reshape(-1)
+        return _rank_within_key(pkey, local) + before[pkey]
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         from meshplan.executor.tensor_parallel import to_compute_dtype

@@ -95,12 +95,13 @@ def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         raise ExecutorError(str(exc)) from None
     if not model.is_moe:
         return
-    if layout.cp > 1 and model.capacity_factor is not None:
+    if (layout.cp > 1 and model.capacity_factor is not None and layout.tp > 1
+            and layout.tp % 2):
         raise ExecutorError(f"MoE layers with a capacity (ModelSpec.capacity_factor = "
-                            f"{model.capacity_factor}) and cp = {layout.cp} are not implemented: "
-                            f"which copies an expert drops depends on their positions across "
-                            f"the cp ranks' chunks; use cp = 1, or a dropless model "
-                            f"(capacity_factor = None)")
+                            f"{model.capacity_factor}) at cp = {layout.cp}: an odd tp = "
+                            f"{layout.tp} slices the cp chunks across their boundary, and "
+                            f"which copies an expert drops is counted per chunk; use an even "
+                            f"tp or tp = 1")
     if layout.tp > 1 and job.seq_len % layout.tp:
         raise ExecutorError(f"MoE layers route this tp rank's 1/tp of the sequence; seq_len "
                             f"{job.seq_len} must be divisible by tp = {layout.tp}")

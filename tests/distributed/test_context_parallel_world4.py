@@ -3,13 +3,15 @@ sequence parallelism), dp (ZeRO-1, ZeRO-3 over dp × cp) and pp (1F1B with tied 
 interleaved), trains like one process: losses of 3 steps and the first step's full
 gradients within rtol 1e-5, atol 1e-6 (_cases.RTOL / ATOL). A dropless MoE model with cp 2 ×
 tp 2, its tokens cut over both (with and without sequence parallelism), experts over ep 4
-and over ep 2 with dp 2 around it."""
+and over ep 2 with dp 2 around it. A model with a capacity (experts drop copies beyond it,
+earlier positions first) at cp 2 × tp 2, its tokens cut over both: each rank counts the
+copies of every earlier piece of the sequence (executor.moe.sequence_pieces)."""
 
 import pytest
 
 pytest.importorskip("torch")
 
-from _cases import GPT, JOB, LLAMA, LLAMA_MOE, L  # noqa: E402
+from _cases import GPT, GPT_MOE, JOB, LLAMA, LLAMA_MOE, L  # noqa: E402
 from _checks import make_tests  # noqa: E402
 from _harness import Case  # noqa: E402
 
@@ -30,6 +32,9 @@ CP_WORLD4 = [
                                                       sequence_parallel=True)),
     Case("cp2-tp2-ring-moe-ep2", LLAMA_MOE, JOB, L(cp=2, tp=2, ep=2)),
     Case("cp2-dp2-zero1-ring-moe-ep2", LLAMA_MOE, JOB, L(cp=2, dp=2, ep=2, zero=1)),
+    Case("cp2-tp2-sp-ring-moe-capacity-ep2", GPT_MOE, JOB, L(cp=2, tp=2, ep=2,
+                                                             sequence_parallel=True)),
+    Case("cp2-tp2-a2a-moe-capacity", GPT_MOE, JOB, L(cp=2, tp=2, cp_style=A2A)),
 ]
 
 results, test_matches_single_process = make_tests(4, CP_WORLD4)

@@ -207,8 +207,8 @@ def test_measured_flops_of_an_moe_model_count_the_active_experts():
 
 
 @pytest.mark.parametrize("model,layout,match", [
-    (dataclasses.replace(MOE, capacity_factor=1.0), dict(dp=4, cp=2, ep=2),
-     r"capacity \(ModelSpec.capacity_factor = 1.0\) and cp = 2 are not implemented"),
+    (dataclasses.replace(MOE, capacity_factor=1.0), dict(tp=3, cp=2),
+     r"capacity \(ModelSpec.capacity_factor = 1.0\) at cp = 2: an odd tp = 3"),
     (MOE, dict(dp=3, ep=3), r"ep = 3 must divide the 4 routed experts"),
     (dataclasses.replace(MOE, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=None,
                          num_shared_experts=0, shared_expert_ffn_hidden_size=None,
@@ -220,6 +220,27 @@ def test_executor_refuses_what_its_moe_layers_cannot_run(model, layout, match):
     with pytest.raises(ExecutorError, match=match):
         check_layout_runnable(model, Job(global_batch=24, seq_len=16, precision="fp32"),
                               Layout(**layout))
+
+
+def test_sequence_pieces_follow_positions_over_tp_and_cp():
+    from meshplan.executor.moe import sequence_pieces
+    # the docstring's example: cp 2, tp 2, 16 tokens; cp rank 1 holds positions 4-7, 8-11
+    piece, n = sequence_pieces(4, 1, 2, 1, 2)
+    assert piece.tolist() == [2, 2, 2, 2] and n == 4
+    # every (tp, cp) rank's tokens, in position order, cover the pieces once each
+    for tp, cp, s in ((1, 1, 16), (2, 1, 8), (1, 2, 8), (2, 2, 4), (4, 2, 2), (2, 4, 2)):
+        held = {}
+        for c in range(cp):
+            for t in range(tp):
+                got, n = sequence_pieces(s, t, tp, c, cp)
+                for p in got.tolist():
+                    held.setdefault(p, set()).add((t, c))
+        assert sorted(held) == list(range(n)) and all(len(r) == 1 for r in held.values())
+    # cp 2 alone: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2
+    assert sequence_pieces(8, 0, 1, 0, 2)[0].tolist() == [0] * 4 + [3] * 4
+    assert sequence_pieces(8, 0, 1, 1, 2)[0].tolist() == [1] * 4 + [2] * 4
+    with pytest.raises(ExecutorError, match="tp = 3, cp = 2: a tp slice of 4 tokens"):
+        sequence_pieces(4, 0, 3, 0, 2)
 
 
 @pytest.mark.parametrize("capacity", [False, True])
