@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 from meshplan.spec import Job, Layout  # noqa: E402
 
-from _cases import LLAMA, LLAMA_MOE  # noqa: E402
+from _cases import GPT_MOE, LLAMA, LLAMA_MOE  # noqa: E402
 import torch  # noqa: E402
 
 from _harness import Case, run_cases  # noqa: E402
@@ -31,6 +31,8 @@ LAYOUTS = {"moe-dp2-ep2": (LLAMA_MOE, dict(dp=2, ep=2)),
            "moe-tp2-sp-ep2": (LLAMA_MOE, dict(tp=2, sequence_parallel=True, ep=2)),
            "moe-tp2-etp2": (LLAMA_MOE, dict(tp=2, etp=2)),
            "moe-cp2-ring": (LLAMA_MOE, dict(cp=2)),
+           # a capacity at cp 2: the copies per piece of the sequence summed over cp
+           "moe-capacity-cp2-ring": (GPT_MOE, dict(cp=2)),
            "cp2-a2a": (LLAMA, dict(cp=2, cp_style="all-to-all")),
            "cp2-ring": (LLAMA, dict(cp=2)),
            # selective recompute in a compiled block checkpoints the attention core in the
