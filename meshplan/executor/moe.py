@@ -48,6 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from meshplan.errors import ExecutorError
 from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.mlp import MLP, seeded_normal
 from meshplan.executor.moe_permute import (GROUP_ALIGN_ROWS, SortedCopies, _count,  # noqa: F401
@@ -227,10 +228,8 @@ def sequence_pieces(s: int, tp_rank: int, tp: int, cp_rank: int, cp: int, *,
     chunk = local // 2 if cp > 1 else local
     length = min(chunk, s)
     if (cp > 1 and local % 2) or chunk % length or s % length:
-        from meshplan.errors import ExecutorError
         raise ExecutorError(f"MoE capacity at tp = {tp}, cp = {cp}: a tp slice of {s} tokens "
-                            f"does not line up with the cp chunks of {chunk}; use a tp that "
-                            f"divides 2·(the chunk's tokens) evenly (1, or an even tp)")
+                            f"straddles the cp chunks of {chunk}; use tp = 1 or an even tp")
     j = tp_rank * s + torch.arange(s, device=device)    # index among the cp rank's tokens
     if cp > 1:
         first = j < chunk
