@@ -13,6 +13,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+#: environment variable: ``flash`` forces flash-attention 2 for the context-parallel ring's
+#: CUDA bf16/fp16 blocks instead of SDPA's own kernel choice (the default, ``sdpa``);
+#: :mod:`meshplan.executor.context_parallel` reads it, the MLA check refuses it
+RING_KERNEL_ENV = "MESHPLAN_RING_KERNEL"
+
 class RMSNorm(nn.Module):
     """Zhang & Sennrich 2019 (arXiv 1910.07467), eq. 4: x / rms(x) · g, statistics in fp32."""
 

@@ -60,6 +60,7 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend
 
 from meshplan.errors import ConfigError, ExecutorError
+from meshplan.executor.attention_core import RING_KERNEL_ENV
 from meshplan.executor.data import load_balanced_positions
 from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.model import AttentionCore, Transformer
@@ -148,10 +149,6 @@ class _CudnnKernel:
 KERNELS = {"math": _MathKernel, "cpu": _CpuKernel, "flash": _FlashKernel,
            "cudnn": _CudnnKernel}
 
-
-#: environment variable: ``flash`` forces flash-attention 2 for the ring's CUDA bf16/fp16
-#: blocks instead of SDPA's own kernel choice (the default, ``sdpa``)
-RING_KERNEL_ENV = "MESHPLAN_RING_KERNEL"
 
 
 def block_kernel(q: torch.Tensor, v: torch.Tensor | None = None):

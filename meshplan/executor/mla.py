@@ -40,7 +40,8 @@ import torch
 import torch.nn as nn
 
 from meshplan.errors import ExecutorError
-from meshplan.executor.attention_core import AttentionCore, RMSNorm, apply_rope, recomputed_core
+from meshplan.executor.attention_core import (RING_KERNEL_ENV, AttentionCore, RMSNorm, apply_rope,
+                                              recomputed_core)
 from meshplan.spec import Job, Layout, ModelSpec
 
 
@@ -120,7 +121,6 @@ def check_mla_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
     on CPU, the math kernel); the all-to-all style runs SDPA on whole sequences."""
     if not model.is_mla or layout.cp == 1 or layout.cp_style != "ring":
         return
-    from meshplan.executor.context_parallel import RING_KERNEL_ENV
     dqk, dv = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
     if dqk != dv and os.environ.get(RING_KERNEL_ENV) == "flash":
         raise ExecutorError(f"multi-head latent attention with ring cp = {layout.cp}: its "
