@@ -159,23 +159,21 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
     return out
 
 
-def cp_runs(model: ModelSpec, job: Job) -> bool:
-    """Whether ``job``'s runtime runs ``model`` with cp > 1: the executor (runtime "torch")
-    refuses multi-head latent attention, and MoE layers with a capacity (which copies they
-    drop depends on positions across the cp chunks), with cp > 1 (executor/mla.py,
-    executor/parallelize.py); dropless MoE layers run."""
-    return not (job.runtime == "torch" and (
-        model.is_mla or (model.is_moe and model.capacity_factor is not None)))
+def cp_runs(model: ModelSpec, job: Job, tp: int = 1) -> bool:
+    """Whether ``job``'s runtime runs ``model`` with cp > 1 at ``tp``: the executor (runtime
+    "torch") refuses MoE layers with a capacity at an odd tp > 1, whose slices would cut a
+    cp chunk where the capacity counts copies per chunk (executor/parallelize.py
+    ``check_moe_runnable``); multi-head latent attention and every other model run."""
+    return not (job.runtime == "torch" and model.is_moe and model.capacity_factor is not None
+                and tp > 1 and tp % 2)
 
 
-def cp_options(job: Job, constraints: Constraints, model: ModelSpec | None = None) -> list[int]:
+def cp_options(job: Job, constraints: Constraints) -> list[int]:
     """Context-parallel degrees to search: the constraint's, or automatically every power
     of two with 2·cp dividing ``seq_len`` from ``cp_min_seq_len`` tokens on (cp = 1 below);
-    always those the sequence can be cut into (:func:`check_context_parallel`). A ``model``
-    the executor does not run with cp > 1 under runtime "torch" (:func:`cp_runs`): cp = 1."""
+    always those the sequence can be cut into (:func:`check_context_parallel`). What the
+    runtime does not run at a tp (:func:`cp_runs`) is left out where tp and cp meet."""
     s = job.seq_len
-    if model is not None and not cp_runs(model, job):
-        return [1]
     if constraints.cp is not None:
         cps = constraints.cp
     elif s < constraints.cp_min_seq_len:
@@ -229,7 +227,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
     fx = constraints.fixed
     min_layers = max(1, constraints.min_layers_per_stage)
     tps = tp_options(model, cluster, constraints)
-    cps = cp_options(job, constraints, model)
+    cps = cp_options(job, constraints)
     compiles = compile_options(cluster, fx, model, job.seq_len)
     compiled_at = None if "compile" in fx else compiled_settings(cluster, model, job.seq_len)
     tables = cluster.gpu.measured
@@ -240,7 +238,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
             if n % tp or fx.get("tp", tp) != tp:
                 continue
             for cp in cps:
-                if (n // tp) % cp:
+                if (n // tp) % cp or (cp > 1 and not cp_runs(model, job, tp)):
                     continue
                 for style in cp_styles(model, constraints, tp, cp):
                     yield from _configs_at(model, job, constraints, n, tp, cp, style,
@@ -386,7 +384,7 @@ def check_options(model: ModelSpec, job: Job, constraints: Constraints) -> None:
         raise ConfigError(f"Constraints.etp {list(constraints.etp)}: none divides the expert "
                           f"widths {widths} of {model.name!r}; valid etp: {valid}")
     s = job.seq_len
-    if constraints.cp is not None and cp_runs(model, job) \
+    if constraints.cp is not None \
             and not any(c == 1 or s % (2 * c) == 0 for c in constraints.cp):
         valid = [c for c in divisors(s // 2) if c & (c - 1) == 0] if s % 2 == 0 else [1]
         raise ConfigError(f"Constraints.cp {list(constraints.cp)}: seq_len = {s} is not "

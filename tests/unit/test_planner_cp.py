@@ -60,44 +60,51 @@ def test_constraints_check_cp_values():
     assert Constraints(cp=(1, 4)).allows(mp.Layout(cp=2)) == "cp 2 not in [1, 4]"
 
 
-@pytest.mark.parametrize("runtime,want_cp", [("torch", [1]), ("megatron", [1, 2, 4, 8])])
-def test_mla_models_search_cp_only_where_the_runtime_runs_it(runtime, want_cp):
-    """The executor refuses cp > 1 for multi-head latent attention (executor/mla.py), so
-    runtime "torch" plans keep cp = 1; Megatron's runs search it."""
-    mla = replace(mp.ModelSpec.preset("deepseek-v3"), max_seq_len=131072)
-    dense_mla = replace(mla, num_experts=0, experts_per_token=0, moe_ffn_hidden_size=None,
-                        num_shared_experts=0, shared_expert_ffn_hidden_size=None,
-                        dense_layers=(), mtp_layers=0)
+def _dense_mla():
+    return replace(mp.ModelSpec.preset("deepseek-v3"), max_seq_len=131072, num_experts=0,
+                   experts_per_token=0, moe_ffn_hidden_size=None, num_shared_experts=0,
+                   shared_expert_ffn_hidden_size=None, dense_layers=(), mtp_layers=0)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "megatron"])
+def test_mla_models_search_cp_under_either_runtime(runtime):
+    """The executor runs multi-head latent attention with cp > 1 (since 2026-12-01), so
+    runtime "torch" plans search cp as Megatron's do."""
+    dense_mla = _dense_mla()
     assert dense_mla.is_mla and not dense_mla.is_moe
     job = replace(LONG, runtime=runtime)
-    assert cp_options(job, Constraints(), dense_mla)[:len(want_cp)] == want_cp
+    assert cp_options(job, Constraints())[:4] == [1, 2, 4, 8]
+    plan = mp.plan(dense_mla, mp.Cluster.preset("dgx-h100", nodes=2), job,
+                   constraints=Constraints(cp=(2, 4), schedules=("1f1b",)))
+    assert plan.best.layout.cp in (2, 4)
 
 
-def test_dropless_moe_models_search_cp_under_the_executor_capacity_ones_do_not():
-    """The executor runs a dropless MoE model with cp > 1 (each cp rank routes its chunks,
-    the balance loss adds the counts up over cp), not one with a capacity: which copies an
-    expert drops depends on their positions across the chunks."""
-    from meshplan.planner.space import cp_runs
+def test_moe_models_with_a_capacity_run_cp_except_at_an_odd_tp():
+    """The executor runs MoE layers with cp > 1, dropless or with a capacity (each rank
+    counts the copies of every earlier piece of the sequence); with a capacity an odd tp > 1
+    would cut a cp chunk, which it refuses, and so the planner leaves that out under runtime
+    "torch"."""
+    from meshplan.planner.space import cp_runs, enumerate_configs
     moe = replace(mp.ModelSpec.preset("mixtral-8x7b"), max_seq_len=131072)
-    assert moe.is_moe and moe.capacity_factor is None
-    job = replace(LONG, runtime="torch")
-    assert cp_runs(moe, job) and len(cp_options(job, Constraints(), moe)) > 1
     capped = replace(moe, capacity_factor=1.25)
-    assert not cp_runs(capped, job) and cp_options(job, Constraints(), capped) == [1]
-    assert cp_runs(capped, replace(job, runtime="megatron"))
+    job = replace(LONG, runtime="torch")
+    assert cp_runs(moe, job, 3) and cp_runs(capped, job, 2) and cp_runs(capped, job, 1)
+    assert not cp_runs(capped, job, 3) and cp_runs(capped, replace(job, runtime="megatron"), 3)
+    tiny = replace(capped, num_heads=6, num_kv_heads=6, hidden_size=384, ffn_hidden_size=768,
+                   moe_ffn_hidden_size=768, num_layers=6, vocab_size=1024)
+    cluster = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=6)
+    six = replace(job, global_batch=12)      # dp 3 divides it: tp 1 · cp 2 and tp 2 · cp 1
+    seen = {(c.tp, c.cp) for c in enumerate_configs(tiny, cluster, six, [6], Constraints())}
+    assert (3, 2) not in seen and {(1, 2), (2, 1), (3, 1)} <= seen
+    megatron = replace(six, runtime="megatron")
+    assert (3, 2) in {(c.tp, c.cp) for c in enumerate_configs(tiny, cluster, megatron, [6],
+                                                              Constraints())}
 
 
-def test_cp_options_no_runtime_runs_are_not_refused_for_the_sequence():
-    """Under runtime "torch" an MLA model (or an MoE one with a capacity) plans at cp = 1
-    whatever the cp options say, so options the sequence cannot take are no error there
-    (check_options and cp_options read the same rule, space.cp_runs); elsewhere they are
-    named."""
+def test_constraints_cp_the_sequence_cannot_take_are_named():
+    """A cp option the sequence cannot be cut into is named, for every model and runtime."""
     from meshplan.planner.space import check_options
-    mla = replace(mp.ModelSpec.preset("deepseek-v3"), num_experts=0, experts_per_token=0,
-                  moe_ffn_hidden_size=None, num_shared_experts=0,
-                  shared_expert_ffn_hidden_size=None, dense_layers=(), mtp_layers=0)
     odd = replace(LONG, seq_len=4100)
-    check_options(mla, replace(odd, runtime="torch"), Constraints(cp=(4,)))
-    assert cp_options(replace(odd, runtime="torch"), Constraints(cp=(4,)), mla) == [1]
-    with pytest.raises(mp.ConfigError, match="not divisible by 2·cp"):
-        check_options(mla, odd, Constraints(cp=(4,)))
+    for runtime in ("torch", "megatron"):
+        with pytest.raises(mp.ConfigError, match="not divisible by 2·cp"):
+            check_options(_dense_mla(), replace(odd, runtime=runtime), Constraints(cp=(4,)))
