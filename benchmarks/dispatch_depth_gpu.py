@@ -56,8 +56,7 @@ def main(argv=None) -> int:
     from meshplan.calibrate.layer_grid import Config
     from meshplan.calibrate.layer_ranks import _Groups
     from meshplan.calibrate.layer_rows import cpu_fixed, cpu_values
-    from meshplan.calibrate.layer_run import _layer_step
-    from meshplan.calibrate.layer_run import STEADY_PACED_MAX
+    from meshplan.calibrate.layer_run import STEADY_PACED_MAX, _layer_step
     from meshplan.calibrate.layer_timing import WARMUP, _measure, _Queue, steady_cpu
     from meshplan.spec import ModelSpec
 

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from meshplan.spec import Job, Layout, ModelSpec
-from meshplan.spec.validate import check_context_parallel, check_experts
+from meshplan.spec.validate import (capacity_cuts_cp_chunks, check_context_parallel,
+                                    check_experts)
 from meshplan.errors import ConfigError, ExecutorError
 from meshplan.executor import expert_parallel as epm
 from meshplan.executor.data import shard_sequence
@@ -95,8 +96,7 @@ def check_moe_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         raise ExecutorError(str(exc)) from None
     if not model.is_moe:
         return
-    if (layout.cp > 1 and model.capacity_factor is not None and layout.tp > 1
-            and layout.tp % 2):
+    if capacity_cuts_cp_chunks(model, layout.tp, layout.cp):
         raise ExecutorError(f"MoE layers with a capacity (ModelSpec.capacity_factor = "
                             f"{model.capacity_factor}) at cp = {layout.cp}: an odd tp = "
                             f"{layout.tp} slices the cp chunks across their boundary, and "

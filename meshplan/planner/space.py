@@ -29,8 +29,8 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 from meshplan.spec import (Job, Layout, ModelSpec, default_stage_layers,
                            embedding_loss_stage_layers)
 from meshplan.costmodel.fp8_cost import check_fp8_supported
-from meshplan.spec.validate import (check_model_modelled, check_seq_len, divisors,
-                                    zero_bubble_under_zero3)
+from meshplan.spec.validate import (capacity_cuts_cp_chunks, check_model_modelled,
+                                    check_seq_len, divisors, zero_bubble_under_zero3)
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster
 from meshplan.planner.constraints import Constraints, stage_min_layers
@@ -159,13 +159,12 @@ def tp_options(model: ModelSpec, cluster: Cluster, constraints: Constraints) -> 
     return out
 
 
-def cp_runs(model: ModelSpec, job: Job, tp: int = 1) -> bool:
-    """Whether ``job``'s runtime runs ``model`` with cp > 1 at ``tp``: the executor (runtime
-    "torch") refuses MoE layers with a capacity at an odd tp > 1, whose slices would cut a
-    cp chunk where the capacity counts copies per chunk (executor/parallelize.py
-    ``check_moe_runnable``); multi-head latent attention and every other model run."""
-    return not (job.runtime == "torch" and model.is_moe and model.capacity_factor is not None
-                and tp > 1 and tp % 2)
+def cp_runs(model: ModelSpec, job: Job, tp: int = 1, cp: int = 2) -> bool:
+    """Whether ``job``'s runtime runs ``model`` at ``tp`` and ``cp`` (by default some
+    cp > 1): under runtime "torch" not where the executor refuses a capacity there
+    (:func:`~meshplan.spec.validate.capacity_cuts_cp_chunks`); multi-head latent attention
+    and every other model run."""
+    return not (job.runtime == "torch" and capacity_cuts_cp_chunks(model, tp, cp))
 
 
 def cp_options(job: Job, constraints: Constraints) -> list[int]:
@@ -238,7 +237,7 @@ def enumerate_configs(model: ModelSpec, cluster: Cluster, job: Job, counts: Sequ
             if n % tp or fx.get("tp", tp) != tp:
                 continue
             for cp in cps:
-                if (n // tp) % cp or (cp > 1 and not cp_runs(model, job, tp)):
+                if (n // tp) % cp or not cp_runs(model, job, tp, cp):
                     continue
                 for style in cp_styles(model, constraints, tp, cp):
                     yield from _configs_at(model, job, constraints, n, tp, cp, style,

@@ -139,6 +139,16 @@ def check_experts(model: ModelSpec, layout: Layout) -> None:
                               f"{width} of {model.name!r}")
 
 
+def capacity_cuts_cp_chunks(model: ModelSpec, tp: int, cp: int) -> bool:
+    """Whether meshplan's executor refuses MoE layers with a capacity at this tp and cp: it
+    counts the copies a rank keeps per piece of the sequence, a cp chunk or a tp slice of
+    one (``executor/moe.py`` ``sequence_pieces``), which an odd tp > 1 does not give at
+    cp > 1 (its slices straddle the chunks). The executor refuses it, the planner leaves it
+    out under runtime "torch"."""
+    return (model.is_moe and model.capacity_factor is not None and cp > 1 and tp > 1
+            and tp % 2 == 1)
+
+
 def check_context_parallel(model: ModelSpec, job: Job, layout: Layout) -> None:
     """Raise :class:`ConfigError` if the sequence or the heads cannot be cut ``cp`` ways.
 
