@@ -192,12 +192,13 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
     machine (t05), and the 29 runs of 21 host-bound layouts missed their predictions by
     −24 % to +36 %, while GPU-bound layouts repeated within 1.6 %; on one lent H200
     (docs/benchmarks/host.md, 2026-11-29) compiled host-bound arms missed by −22 % to +30 %
-    as run and the same plan ran 32 % apart on two leases (+58 % against the repeat). The
+    as run and the same plan ran 32 % apart on two leases (+58 % against the repeat); host23's
+    six arms (host.md, section 8) ran −25 % to +9 % against their predictions. The
     planner still ranks them by the prediction; this says how far to trust it."""
     share = host_wait_s / step_s if step_s > 0 else 0.0
     return (f"host-bound: the GPUs wait {host_wait_s * 1e3:.0f} ms ({share:.0%} of the step) "
             "for the CPU's kernel launches; measured host-bound layouts missed their "
-            "predictions by -24 % to +58 % and ran up to 49 % apart between runs "
+            "predictions by -25 % to +58 % and ran up to 49 % apart between runs "
             "(docs/benchmarks/accuracy.md, host.md; GPU-bound ones repeated within 2 %). "
             "Calibrate on the training host, and where a GPU-bound layout is within a few "
             "percent, prefer it")
