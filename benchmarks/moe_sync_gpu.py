@@ -286,6 +286,10 @@ SETS["drawn-4123s"] = [(n, lay) for n, lay in draw_layouts(4123, count=16, gpus=
 SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
                                    shapes=TWO_GPU_MOE_PATHS,
                                    subject=lambda s: s.get("etp", 1) > 1 or s.get("cp", 1) > 1)
+# moeh22 (drawn 2026-12-01, one GPU): moeh20's design on another never-run MLA MoE model
+# (draw_moe.py --mla seed 3825; 32 experts of 1536, top-4, + a shared one): moeh20's post-hoc
+# fp8 fixes as run; the first four GPU-bound layouts
+SETS["drawn-3825"] = draw_layouts(3825, count=8, gpus=1)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
