@@ -175,12 +175,25 @@ def steady_cpu_layers(cfg: Config, *, row_cpu_s: float, row_gpu_s: float) -> int
     return depth if row_cpu_s > STEADY_HOST_MARGIN * row_gpu_s > 0 else 0
 
 
+def rank_layer_params(cfg: Config) -> float:
+    """One rank's parameters of the layer ``cfg``'s row builds. An MoE model's rows build its
+    MoE layer: the MoE MLP (routed and shared experts) counted over ``ep`` only — at etp 1
+    tp does not cut the experts, and counting the shared one whole errs on the safe side —
+    the rest over tp."""
+    model = cfg.model
+    if not model.is_moe:
+        return model.layer_params() / cfg.tp
+    layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
+    moe = model.moe_mlp_params()
+    return (model.layer_params(layer) - moe) / cfg.tp + moe / cfg.ep
+
+
 def steady_stack_fits(cfg: Config, layers: int, activation_bytes: float,
                       free_bytes: float) -> bool:
     """Whether ``layers`` blocks of ``cfg`` (their parameters' state,
     :data:`STACK_STATE_BYTES_PER_PARAM` a parameter of this tp rank's share, and
     ``activation_bytes`` a layer, the row's measured) fit in ``free_bytes``."""
-    params = cfg.model.layer_params() / cfg.tp
+    params = rank_layer_params(cfg)
     return layers * (STACK_STATE_BYTES_PER_PARAM * params + activation_bytes) <= free_bytes
 
 

@@ -136,6 +136,20 @@ def test_steady_stack_fits_counts_parameters_state_and_activations():
     assert layer_run.steady_stack_fits(tp2, 8, 1000.0, 8 * (per_layer + 1000.0) / 2)
 
 
+def test_steady_stack_of_an_moe_row_counts_its_moe_layer():
+    # an MoE model's rows build its MoE layer: the experts whole at ep 1, over ep at ep 2
+    moe = ModelSpec.preset("mixtral-8x7b")
+    cfg = replace(_cfg(), model=moe)
+    layer = next(i for i in range(moe.num_layers) if moe.is_moe_layer(i))
+    assert layer_run.rank_layer_params(cfg) == moe.layer_params(layer)
+    ep2 = replace(cfg, ep=2)
+    experts = moe.moe_mlp_params()
+    assert layer_run.rank_layer_params(ep2) == moe.layer_params(layer) - experts / 2
+    per_layer = layer_run.STACK_STATE_BYTES_PER_PARAM * moe.layer_params(layer) + 1000.0
+    assert layer_run.steady_stack_fits(cfg, 8, 1000.0, 8 * per_layer)
+    assert not layer_run.steady_stack_fits(cfg, 8, 1000.0, 8 * per_layer - 1)
+
+
 def test_cpu_fixed_fits_each_sample_at_its_own_depth():
     # 1 ms a call + 1.5 ms a layer: 2.0 ms a layer on 2 blocks, 1.5625 on 16, 1.75 on 4
     steady = (2e-3, 2e-3, 1.5625e-3, 1.5625e-3, 16)
