@@ -184,6 +184,26 @@ def test_a_profile_with_compiled_fp8_rows_measures_its_block_share():
     assert measure_from_profile(plain, [model], 1) is None
 
 
+def test_block_share_reads_rowwise_rows(tmp_path):
+    """A calibration's rowwise fp8 rows are composed from their bf16 twins like tensorwise
+    ones (their bf16 twin's job drops the recipe: a rowwise recipe under bf16 is refused)."""
+    import json
+    from pathlib import Path
+    from meshplan.calibrate.fp8_block_share import composed_rows
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    from meshplan.spec import ModelSpec
+    root = Path(__file__).resolve().parents[2]
+    model = ModelSpec.from_dict(json.loads((root / "benchmarks/sets/fp8h3/m01.json").read_text()))
+    text = (root / "docs/benchmarks/data/profiles/profile_h200x1_fp8h3_20261129.toml").read_text()
+    assert 'fp8_recipe = "tensorwise"' in text
+    prof = tmp_path / "rowwise.toml"
+    prof.write_text(text.replace('fp8_recipe = "tensorwise"', 'fp8_recipe = "rowwise"'))
+    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof)
+    rows = composed_rows(model, cluster)
+    assert len(rows) == 6 and all(r["casts_alone_s"] > 0 for r in rows)
+
+
 def test_queued_split_keeps_the_samples_that_queued():
     from meshplan.calibrate.timing import split_medians
     assert split_medians([(1e-3, 2e-3, True), (1e-3, 0.7, False), (3e-3, 4e-3, True)]) == \
