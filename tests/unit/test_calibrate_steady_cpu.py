@@ -98,7 +98,13 @@ def test_steady_cpu_averages_windows_spread_by_the_gap(monkeypatch):
                    micro_batches=2, windows=0)
 
 
-def test_calibrate_reads_host_bound_rows_in_spread_windows(monkeypatch):
+DEEP8_MOE = replace(DEEP8, name="tiny-moe-8", num_experts=4, experts_per_token=2,
+                    moe_ffn_hidden_size=64)
+
+
+@pytest.mark.parametrize("model", [DEEP8, DEEP8_MOE], ids=["dense", "moe"])
+def test_calibrate_reads_host_bound_rows_in_spread_windows(monkeypatch, model):
+    # the MoE model's row builds its MoE layer (moeh22's calibration stopped here once)
     seen = {}
     real = layer_run.steady_cpu
 
@@ -107,7 +113,7 @@ def test_calibrate_reads_host_bound_rows_in_spread_windows(monkeypatch):
         return real(*a, **{**kw, "gap_s": 0.0})
     monkeypatch.setattr(layer_run, "steady_cpu", spy)
     from meshplan.calibrate.layer_ranks import _Groups
-    got = layer_run._cpu_steady(_cfg(), None, None, 8, CPU, _Groups(1, 0, "cpu"), iters=2,
+    got = layer_run._cpu_steady(_cfg(model), None, None, 8, CPU, _Groups(1, 0, "cpu"), iters=2,
                                 barrier=lambda: None, world=1, activation_bytes=0.0)[2]
     assert got is not None and all(v > 0 for v in got)
     assert seen["windows"] == layer_run.STEADY_WINDOWS > 1
