@@ -167,8 +167,22 @@ def run_cases(world: int, cases: list[Case]) -> dict[str, dict]:
     return results
 
 
+_REFERENCES: dict[tuple, dict] = {}
+
+
 def reference(model: ModelSpec, job: Job, steps: int = STEPS) -> dict:
-    """One process, whole global batch, plain AdamW, ``steps`` optimizer steps."""
+    """One process, whole global batch, plain AdamW, ``steps`` optimizer steps.
+
+    Deterministic (fixed seeds, synthetic data), so it is computed once per (model, job,
+    steps) in a test process and shared by every case of that model: a world's cases mostly
+    use two or three models. Callers only read it (:func:`compare`)."""
+    key = (model, job, steps)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _reference(model, job, steps)
+    return _REFERENCES[key]
+
+
+def _reference(model: ModelSpec, job: Job, steps: int) -> dict:
     torch.manual_seed(0)
     m = Transformer(model)
     m.init_weights(SEED)
