@@ -51,5 +51,5 @@ def test_a_failing_rank_is_named_in_results(plan, tmp_path, monkeypatch):
     assert (first["rank"], first["kind"], first["step"]) == (1, "out_of_memory", 2)
     assert "pipeline stage 1" in first["where"] and "predicted peak" in first["message"]
 
-# --cpu-affinity split (ranks pinned to their own cores) is checked in the second run of
+# --cpu-affinity split (ranks pinned to their own cores) is checked in the MoE run of
 # test_cli_run.py, through `meshplan run`'s option, to start one torchrun less.
