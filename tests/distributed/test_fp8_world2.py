@@ -74,8 +74,10 @@ CASES = [  # (name, model, recipe, sequence parallel)
 TP2 = [Case(n, m, _job(r), _L(tp=2, sequence_parallel=sp)) for n, m, r, sp in CASES]
 MISALIGNED = Case("blockwise-misaligned", LLAMA, _job("blockwise"), _L(tp=2))
 TP1 = [Case(n, m, _job(r), _L()) for n, m, r, _ in CASES]
-FP32 = [Case(n + "-fp32", m, Job(global_batch=8, seq_len=16, precision="fp32"), _L())
-        for n, m, _, _ in CASES]
+# the fp32 model at tp 1, once per model (two recipes share each): the same run either way
+MODELS = {n: m for n, m, _, _ in CASES}
+FP32 = [Case(m.name + "-fp32", m, Job(global_batch=8, seq_len=16, precision="fp32"), _L())
+        for m in dict.fromkeys(MODELS.values())]
 
 
 def _spans_tp_split(name: str) -> bool:
@@ -89,7 +91,11 @@ def _spans_tp_split(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def results():
-    return run_cases(2, TP2 + [MISALIGNED]), run_cases(1, TP1 + FP32)
+    """(tp 2 runs, tp 1 runs): one spawned world of each size for the module, the compiled
+    cases (COMPILED, below) included; the misaligned case, refused, last (a case that fails
+    ends its world's run)."""
+    return (run_cases(2, TP2 + COMPILED[:1] + [MISALIGNED]),
+            run_cases(1, TP1 + FP32 + COMPILED[1:]))
 
 
 def _grads_by_name(run: dict, ref: dict) -> list[tuple[str, torch.Tensor]]:
@@ -105,7 +111,8 @@ def _grads_by_name(run: dict, ref: dict) -> list[tuple[str, torch.Tensor]]:
 @pytest.mark.distributed
 @pytest.mark.parametrize("name,recipe_name", [(c[0], c[2]) for c in CASES])
 def test_tp2_fp8_matches_tp1_fp8(results, name, recipe_name):
-    tp2, tp1, fp32 = results[0][name], results[1][name], results[1][name + "-fp32"]
+    tp2, tp1 = results[0][name], results[1][name]
+    fp32 = results[1][MODELS[name].name + "-fp32"]
     for run in (tp2, tp1, fp32):
         assert "error" not in run, run.get("error")
     l2, l1 = (torch.tensor(r["losses"], dtype=torch.float64) for r in (tp2, tp1))
@@ -144,9 +151,9 @@ COMPILED = [Case("tensorwise-llama-compiled-rc", LLAMA, _job("tensorwise"),
 
 
 @pytest.mark.distributed
-def test_compiled_tp2_full_recompute_fp8_trains_like_tp1():
-    tp2 = run_cases(2, COMPILED[:1])[COMPILED[0].name]
-    tp1 = run_cases(1, COMPILED[1:])[COMPILED[1].name]
+def test_compiled_tp2_full_recompute_fp8_trains_like_tp1(results):
+    tp2 = results[0][COMPILED[0].name]
+    tp1 = results[1][COMPILED[1].name]
     for run in (tp2, tp1):
         assert "error" not in run, run.get("error")
     l2, l1 = (torch.tensor(r["losses"], dtype=torch.float64) for r in (tp2, tp1))
