@@ -50,24 +50,30 @@ def test_two_cpu_ranks_record_the_experts_copies_eager_and_compiled_at_ep1_and_2
     assert "grad_gap_vs_eager" not in rows[(2, False)]
 
 
-def _refused(tmp_path, spec: dict, seq_len: str) -> subprocess.CompletedProcess:
-    """The script (no torchrun) on ``spec`` at ``--seq-len seq_len``: input it must refuse
-    before it starts any process group."""
+def _refused(tmp_path, spec: dict, seq_len: str, load_benchmark, capsys) -> tuple[int, str]:
+    """(exit code, stderr) of the script's main (no torchrun) on ``spec`` at ``--seq-len
+    seq_len``: input it must refuse before it starts any process group. Called in this
+    process (argparse's refusal is a SystemExit): the same main a fresh interpreter runs,
+    without importing torch again."""
     model = tmp_path / "model.json"
     model.write_text(json.dumps(spec))
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_saved_copies.py"),
-                           "--device", "cpu", "--model", str(model), "--seq-len", seq_len,
-                           "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    script = load_benchmark("moe_saved_copies")
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--device", "cpu", "--model", str(model), "--seq-len", seq_len,
+                     "--out", str(tmp_path / "x.json")])
+    return exit_.value.code, capsys.readouterr().err
 
 
-def test_a_dense_model_is_refused_by_name(tmp_path):
+def test_a_dense_model_is_refused_by_name(tmp_path, load_benchmark, capsys):
+    pytest.importorskip("torch")
     dense = {k: v for k, v in TINY.items()
              if k not in ("num_experts", "experts_per_token", "moe_ffn_hidden_size")}
-    run = _refused(tmp_path, dense, "8")
-    assert run.returncode == 2 and "has no routed experts" in run.stderr
+    code, err = _refused(tmp_path, dense, "8", load_benchmark, capsys)
+    assert code == 2 and "has no routed experts" in err
 
 
-def test_a_sequence_or_micro_batch_below_one_is_refused_by_name(tmp_path):
-    run = _refused(tmp_path, TINY, "0")
-    assert run.returncode == 2 and "--seq-len 0" in run.stderr
+def test_a_sequence_or_micro_batch_below_one_is_refused_by_name(tmp_path, load_benchmark,
+                                                                capsys):
+    pytest.importorskip("torch")
+    code, err = _refused(tmp_path, TINY, "0", load_benchmark, capsys)
+    assert code == 2 and "--seq-len 0" in err
