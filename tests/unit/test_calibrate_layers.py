@@ -525,25 +525,22 @@ def test_queued_split_backward_subtracts_the_rows_forward():
     assert b > 0 and w > 0 and b_cpu == 0.0 == w_cpu
 
 
-def test_queued_split_rows_keep_the_synchronized_split_beside_it():
+def test_queued_split_rows_keep_the_synchronized_split_beside_it(plain_tables):
     """With ``split_queued`` a row's split comes from the queued path, and the synchronized
     2-block split timed for the depth growth is kept beside it (for comparison); a
-    synchronized calibration leaves those fields 0. CPU runs both paths synchronized."""
+    synchronized calibration (the module's plain one) leaves those fields 0. CPU runs both
+    paths synchronized."""
     torch = pytest.importorskip("torch")
     from meshplan.calibrate import bench_layers
-    from meshplan.calibrate.bench_split import split_functions
     from meshplan.costmodel.measured import tables_from_rows
-    if split_functions() is None:
-        pytest.skip("this torch has no split backward")
-    kw = dict(quick=False, micro_batches=(1,))
     queued = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
-                                           split_queued=True, **kw).layers
+                                           split_queued=True, quick=False,
+                                           micro_batches=(1,)).layers
     split_rows = [r for r in queued if r["backward_input_s"] > 0]
     assert split_rows
     assert all(r["backward_input_sync_s"] > 0 and r["backward_weight_sync_s"] > 0
                for r in split_rows)
-    tables = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0, **kw)
-    plain, ends = tables.layers, tables.ends
+    plain, ends = plain_tables.layers, plain_tables.ends
     assert all(r["backward_input_sync_s"] == 0 == r["backward_weight_sync_s"] for r in plain)
     tables_from_rows(queued, ends, "test")          # the new fields parse
 
@@ -664,17 +661,25 @@ def test_fsdp_rows_of_tensor_parallel_layers_build_and_run_on_four_ranks(tmp_pat
         assert got["z2"]["x_shape"] == [1, 32, 128]     # sequence-parallel input: s / tp
 
 
-def test_split_memory_rows_for_full_recompute_only():
-    """The deep split stack of a full-recompute row measures what a micro-batch keeps
-    between B and W and what W needs (on CPU through LiveBytes); other rows leave 0."""
+@pytest.fixture(scope="module")
+def plain_tables():
+    """One plain (synchronized, unpatched) single-rank calibration of TINY's full grid at
+    micro-batches 1 and 2, shared by the tests that read an unpatched calibration."""
     torch = pytest.importorskip("torch")
     from meshplan.calibrate import bench_layers
     from meshplan.calibrate.bench_split import split_functions
-    from meshplan.costmodel.measured import tables_from_rows
     if split_functions() is None:
         pytest.skip("this torch has no split backward")
-    tables = bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
-                                           quick=False, micro_batches=(1, 2))
+    return bench_layers.bench_layer_rows([TINY], None, torch.device("cpu"), 1, 0,
+                                         quick=False, micro_batches=(1, 2))
+
+
+def test_split_memory_rows_for_full_recompute_only(plain_tables):
+    """The deep split stack of a full-recompute row measures what a micro-batch keeps
+    between B and W and what W needs (on CPU through LiveBytes); other rows leave 0."""
+    from meshplan.calibrate import bench_layers
+    from meshplan.costmodel.measured import tables_from_rows
+    tables = plain_tables
     by_rc = {}
     for r in tables.layers:
         if r["tp"] == 1 and r["backward_weight_s"] > 0:
