@@ -158,6 +158,10 @@ class GroupedExperts(nn.Module):
                                                 and grouped_mm_usable(x.device, dtype))
         return self._grouped(x, counts, dtype) if grouped else self._loop(x, counts)
 
+    # eager under torch.compile: the row counts are data, so a compiled loop breaks its graph
+    # at .tolist() and recompiles for every new count until dynamo's limit sends the frame
+    # eager anyway (the compiled-steps test compiled 66 graphs, most of them this loop's)
+    @torch.compiler.disable
     def _loop(self, x, counts):
         outs, b_out = [], self._out_bias()
         for e, rows in enumerate(x.split(counts.tolist())):
