@@ -17,7 +17,6 @@ side-by-side section that ``benchmarks/calculon_compare.py`` writes into the sam
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import platform
 import sys
@@ -132,8 +131,7 @@ def fp8_table(runs) -> tuple[list[str], list[float]]:
         except ConfigError as exc:
             lines.append(head + f"not predicted: {str(exc).split(';')[0]} | | | | | |")
             continue
-        b = estimate(r.model, r.cluster, dataclasses.replace(
-            r.job, precision="bf16", fp8_recipe="tensorwise", fp8_param_gather=False), lay)
+        b = estimate(r.model, r.cluster, r.job.with_precision("bf16"), lay)
         err = (e.step_time_s - r.published) / r.published * 100
         errs.append(err)
         lines.append(head + f"{e.step_time_s:.2f} | {err:+.1f}% | {b.step_time_s:.2f} | "

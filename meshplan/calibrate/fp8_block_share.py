@@ -67,8 +67,7 @@ def composed_rows(model: ModelSpec, cluster: Cluster, share: float = 0.0) -> lis
         lay = Layout(tp=r.tp, micro_batch=r.micro_batch, recompute=r.recompute, compile=True)
         links = group_links(cluster, lay)
         at = (r.micro_batch, r.tp, False, r.recompute, links.tp, links.pp, True, False)
-        bf16 = dataclasses.replace(job, precision="bf16", fp8_recipe="tensorwise")
-        if not layer_parts(model, alone, bf16, *at).compiled:
+        if not layer_parts(model, alone, job.with_precision("bf16"), *at).compiled:
             continue        # no compiled bf16 twin to compose from
         p_alone = layer_parts(model, alone, job, *at)
         casts = p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s

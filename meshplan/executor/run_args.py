@@ -128,9 +128,7 @@ def override_precision(plan: PlanRecord, precision: str | None,
     if fp8_recipe is not None and precision != "fp8":
         raise ExecutorError(f"--fp8-recipe {fp8_recipe} needs --precision fp8 (the plan's "
                             f"precision is {job.precision!r})")
-    recipe = fp8_recipe or (job.fp8_recipe if precision == "fp8" else FP8_RECIPES[0])
-    new = dataclasses.replace(job, precision=precision, fp8_recipe=recipe,
-                              fp8_param_gather=job.fp8_param_gather and precision == "fp8")
+    new = job.with_precision(precision, fp8_recipe)
     if new == job:
         return plan
     return dataclasses.replace(plan, job=new, prediction={})

@@ -9,7 +9,6 @@ precision's step time over each one's, and the cost per million tokens as in
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 from meshplan.costmodel import estimate
@@ -44,11 +43,7 @@ def parse_precisions(text: str | Sequence[str]) -> tuple[tuple[str, str | None],
 def precision_job(job: Job, precision: str, recipe: str | None) -> Job:
     """``job`` in ``precision``: fp8 keeps the job's own recipe (and fp8 weight gather) unless
     one is named."""
-    if precision != "fp8":
-        return dataclasses.replace(job, precision=precision, fp8_recipe=FP8_RECIPES[0],
-                                   fp8_param_gather=False)
-    own = job.fp8_recipe if job.precision == "fp8" else FP8_RECIPES[0]
-    return dataclasses.replace(job, precision="fp8", fp8_recipe=recipe or own)
+    return job.with_precision(precision, recipe)
 
 
 def precision_label(job: Job) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 from meshplan.errors import ConfigError, require_bool, require_choice, require_positive_int
@@ -148,6 +148,15 @@ class Job:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
+
+    def with_precision(self, precision: str, fp8_recipe: str | None = None) -> "Job":
+        """This job in ``precision``: fp8 keeps this job's own recipe (and fp8 weight gather)
+        unless ``fp8_recipe`` names one; any other precision takes the default recipe and no
+        fp8 weight gather, which only fp8 allows."""
+        if precision != "fp8":
+            return replace(self, precision=precision, fp8_recipe=FP8_RECIPES[0],
+                           fp8_param_gather=False)
+        return replace(self, precision="fp8", fp8_recipe=fp8_recipe or self.fp8_recipe)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
