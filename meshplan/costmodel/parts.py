@@ -182,7 +182,11 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     if job.precision == "fp8":
         at = dict(micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=recompute,
                   compile=compile)
-        row = None if mlp_width is not None else fp8_row(tables, model, job, **at)
+        # an MoE layer's fp8 rows are its measured block at ep = 1 (attention's linears
+        # fp8, the routed experts 16-bit, as the executor runs them), read as a dense
+        # layer's; its other widths (DeepSeek's dense first layers) have none
+        rows_fp8 = mlp_width is None or (model.is_moe and ep == 1 and "layer" in measured)
+        row = fp8_row(tables, model, job, **at) if rows_fp8 else None
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
                        recompute=recompute, compile=compile, fsdp=fsdp,
                        mlp_width=mlp_width, compiled_row=compile if row else compiled,
@@ -218,7 +222,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             extended = row.extended_from
             measured = measured if "layer" in measured else ["layer", *measured]
             f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at))
-        elif "layer" in measured and mlp_width is None and compiled == compile:
+        elif "layer" in measured and rows_fp8 and compiled == compile:
             # (the difference was timed compiled or eager as the bf16 row it goes on)
             sib = sibling_delta(tables, model, job, **at)
             if sib is not None:

@@ -16,6 +16,7 @@ from meshplan.costmodel.measured import (MeasuredLayer, MeasuredTables, ends_sha
 from meshplan.costmodel.moe_layer import routed_mlp
 from meshplan.costmodel.moe_rows import MOE_ROWS_CAVEAT, measured_moe_parts
 from meshplan.costmodel.moe_tables import expert_links, expert_terms
+from meshplan.costmodel.tables import layer_tables
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -295,6 +296,37 @@ def test_a_compiled_moe_row_prices_a_compiled_layout_without_the_eager_caveat():
     # without a compiled row both caveats say the compiled layout is priced as eager
     only_eager = estimate(MOE, _cluster(_row()), JOB, replace(lay, compile=True))
     assert COMPILE_MOE_CAVEAT in only_eager.caveats
+
+
+def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top():
+    # moeh23 (1 x H200): `calibrate --fp8-rows` timed the MoE block in fp8, and the plans
+    # composed fp8 on the bf16 row anyway; the fp8 row is the layer as the executor runs it
+    fp8_job = replace(JOB, precision="fp8", fp8_recipe="rowwise")
+    bf16 = [_row(fwd=2e-3, bwd=4e-3, micro_batch=mb) for mb in (1, 2)]
+    fp8 = [_row(fwd=1.5e-3, bwd=3.5e-3, micro_batch=mb, precision="fp8", fp8_recipe="rowwise",
+                activation_bytes=0.9e8) for mb in (1, 2)]
+    lay = Layout(dp=4, micro_batch=1)
+    t = layer_tables(MOE, _cluster(*bf16, *fp8), fp8_job, lay)
+    composed = layer_tables(MOE, _cluster(*bf16), fp8_job, lay)
+    assert t.layer_forward_s == pytest.approx(1.5e-3)
+    assert t.layer_backward_s == pytest.approx(3.5e-3)
+    assert t.layer_activation_bytes == pytest.approx(0.9e8)
+    assert composed.layer_forward_s != pytest.approx(1.5e-3)
+    assert any("measured fp8 row (rowwise" in c for c in t.caveats)
+    assert not any("measured fp8 row" in c for c in composed.caveats)
+    # ep 2 without a row at ep 2: the fp8 row plus what ep adds, as the bf16 row gets it
+    ep2 = replace(lay, ep=2)
+    d16 = (layer_tables(MOE, _cluster(*bf16), JOB, ep2).layer_forward_s
+           - layer_tables(MOE, _cluster(*bf16), JOB, lay).layer_forward_s)
+    d8 = (layer_tables(MOE, _cluster(*bf16, *fp8), fp8_job, ep2).layer_forward_s
+          - t.layer_forward_s)
+    assert d8 == pytest.approx(d16, rel=1e-6) and d8 > 0
+    # a missing mode: the bf16 row there plus the fp8 − bf16 difference timed at none
+    full = [_row(fwd=2e-3, bwd=6e-3, micro_batch=mb, recompute="full") for mb in (1, 2)]
+    t = layer_tables(MOE, _cluster(*bf16, *fp8, *full), fp8_job,
+                     replace(lay, recompute="full"))
+    assert t.layer_forward_s == pytest.approx(1.5e-3)
+    assert t.layer_backward_s == pytest.approx(6e-3 - 0.5e-3 - 0.5e-3)
 
 
 def test_with_ep2_a_compiled_layout_reads_the_eager_row():
