@@ -260,19 +260,33 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
     """Make the linears of every transformer block of ``model`` (qkv or MLA's, attention output,
     MLP in and out — an MoE layer's shared-expert MLP; not the embedding or the logits
     head, which stay 16-bit as in torchao's and TransformerEngine's recipes, nor an MoE
-    layer's router and routed experts, whose grouped GEMM stays 16-bit: the cost model
-    prices them so, ``costmodel/fp8_experts.py``) run fp8 GEMMs. Tensor-parallel layers
-    keep their collectives and get an fp8 ``matmul``; plain ``nn.Linear`` become
-    :class:`Fp8Linear`. ``tokens``: per micro-batch (the weight-gradient GEMM contracts
-    over them, so the kernel needs them aligned too). Returns the number converted."""
+    layer's router) run fp8 GEMMs, and an MoE layer's routed experts fp8 grouped GEMMs
+    (:mod:`meshplan.executor.fp8_grouped`; recipes ``tensorwise`` and ``rowwise``, on CPU or
+    compute capability 9.0+: elsewhere they stay 16-bit, :func:`experts_run_fp8`).
+    Tensor-parallel layers keep their collectives and get an fp8 ``matmul``; plain
+    ``nn.Linear`` become :class:`Fp8Linear`. ``tokens``: per micro-batch (the
+    weight-gradient GEMM contracts over them, so the kernel needs them aligned too). Returns
+    the number converted (a layer's routed experts count as their two grouped linears)."""
+    from meshplan.executor.moe import MoELayer
     from meshplan.executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     r = check_recipe_runnable(name, device)
     emulate = device.type != "cuda"
     if not emulate:
         probe_kernel(r, device)
     plan = Fp8Plan(recipe=r, emulate=emulate)
+    experts = experts_run_fp8(r.name, device) and any(
+        isinstance(b.mlp, MoELayer) for b in model.layers.values())
+    if experts and not emulate:
+        probe_grouped_kernel(r, device)
     count = 0
     for block in model.layers.values():
+        if experts and isinstance(block.mlp, MoELayer):
+            ex = block.mlp.experts
+            if not emulate:
+                for w in (ex.w_in, ex.w_out):
+                    _check_kernel_shape(r, tuple(w.shape[1:]), "the routed experts", None)
+            ex.fp8 = plan
+            count += 2
         for parent, attr in _fp8_linears(block):
             layer = getattr(parent, attr)
             if isinstance(layer, (ColumnParallelLinear, RowParallelLinear)):
@@ -287,6 +301,47 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
                 _check_kernel_shape(r, tuple(getattr(parent, attr).weight.shape), attr, tokens)
             count += 1
     return count
+
+
+def experts_run_fp8(name: str, device: torch.device) -> bool:
+    """Whether an MoE layer's routed experts run fp8 under recipe ``name`` on ``device``: a
+    recipe the grouped kernel takes (:func:`~meshplan.executor.fp8_grouped.grouped_fp8_recipe`)
+    and a device that has it (Hopper or later; emulated on CPU)."""
+    from meshplan.executor.fp8_grouped import grouped_fp8_recipe
+    if not grouped_fp8_recipe(name):
+        return False
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def probe_grouped_kernel(r: Fp8Recipe, device: torch.device, groups: int = 4,
+                         size: int = 256) -> float:
+    """:func:`probe_kernel` for the experts' fp8 grouped GEMM: forward and backward of four
+    uneven groups on the kernel and emulated; the largest relative difference, or an
+    :class:`ExecutorError` naming what the kernel refused or where it differs."""
+    from meshplan.executor.fp8_grouped import FP8_GROUP_ALIGN_ROWS, fp8_grouped_linear
+    g = torch.Generator(device="cpu").manual_seed(0)
+    sizes = [FP8_GROUP_ALIGN_ROWS * (i + 1) for i in range(groups)]
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(device, torch.int32)
+    x0 = torch.randn(sum(sizes), size, generator=g).to(device, torch.bfloat16)
+    w0 = torch.randn(groups, size, size, generator=g).to(device) * 0.05
+    outs = []
+    for emulate in (False, True):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        try:
+            y = fp8_grouped_linear(x, w, offs, Fp8Plan(recipe=r, emulate=emulate))
+            y.float().square().sum().backward()
+        except RuntimeError as exc:
+            raise ExecutorError(f"fp8_recipe {r.name!r}: this torch ({torch.__version__}) "
+                                f"has no fp8 grouped GEMM for the routed experts here: "
+                                f"{str(exc).splitlines()[0]}; use 'rowwise'") from None
+        outs.append([t.detach().float() for t in (y, x.grad, w.grad)])
+    worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+                for a, b in zip(*outs))
+    if not worst < PROBE_RTOL:
+        raise ExecutorError(f"fp8_recipe {r.name!r}: the experts' fp8 grouped GEMM differs "
+                            f"from the emulation by {worst:.3g} (relative; tolerance "
+                            f"{PROBE_RTOL}); its scale layout is not what this torch expects")
+    return worst
 
 
 def _fp8_linears(block) -> list[tuple[nn.Module, str]]:
@@ -333,4 +388,5 @@ def _check_kernel_shape(r: Fp8Recipe, shape: tuple[int, int], name: str,
 
 
 __all__ = ["Fp8Plan", "Fp8Linear", "Fp8Matmul", "fp8_linear", "recipe", "convert_to_fp8",
-           "check_layout_fp8", "check_recipe_runnable", "probe_kernel"]
+           "check_layout_fp8", "check_recipe_runnable", "experts_run_fp8", "probe_kernel",
+           "probe_grouped_kernel"]

@@ -86,6 +86,7 @@ class GroupedExperts(nn.Module):
         self.b_in = nn.Parameter(torch.empty(self.count, spec.ffn_matrices * f)) if spec.bias else None
         self.b_out = nn.Parameter(torch.empty(self.count, h)) if spec.bias else None
         self.backend = "auto"     # "auto" | "loop" | "grouped"
+        self.fp8 = None           # an fp8.Fp8Plan: fp8 grouped GEMMs (executor/fp8_grouped.py)
         self.etp_rank, self.etp = 0, 1
         self.sections = spec.ffn_matrices
 
@@ -154,8 +155,8 @@ class GroupedExperts(nn.Module):
         """Rows ``x`` grouped by expert, ``counts[e]`` rows for local expert e."""
         dtype = (torch.get_autocast_dtype(x.device.type)
                  if torch.is_autocast_enabled(x.device.type) else self.w_in.dtype)
-        grouped = self.backend == "grouped" or (self.backend == "auto"
-                                                and grouped_mm_usable(x.device, dtype))
+        grouped = self.fp8 is not None or self.backend == "grouped" or (
+            self.backend == "auto" and grouped_mm_usable(x.device, dtype))
         return self._grouped(x, counts, dtype) if grouped else self._loop(x, counts)
 
     # eager under torch.compile: the row counts are data, so a compiled loop breaks its graph
@@ -171,14 +172,21 @@ class GroupedExperts(nn.Module):
         return torch.cat(outs)
 
     def _grouped(self, x, counts, dtype):
-        dest, padded, total = group_padding(counts, x.shape[0])
+        from meshplan.executor.fp8_grouped import FP8_GROUP_ALIGN_ROWS, fp8_grouped_linear
+        align = GROUP_ALIGN_ROWS if self.fp8 is None else FP8_GROUP_ALIGN_ROWS
+        dest, padded, total = group_padding(counts, x.shape[0], align)
         xp = pad_rows(x.to(dtype), dest, total)
         offs = torch.cumsum(padded, 0).to(torch.int32)
-        mm = _grouped_mm_fn()
-        h = mm(xp, self.w_in.to(dtype).transpose(-2, -1), offs=offs)
+        if self.fp8 is None:
+            def mm(a, w):
+                return _grouped_mm_fn()(a, w.to(dtype).transpose(-2, -1), offs=offs)
+        else:
+            def mm(a, w):
+                return fp8_grouped_linear(a, w, offs, self.fp8)
+        h = mm(xp, self.w_in)
         if self.b_in is not None:
             h = h + torch.repeat_interleave(self.b_in.to(dtype), padded, dim=0, output_size=total)
-        y = mm(self._act(h), self.w_out.to(dtype).transpose(-2, -1), offs=offs)
+        y = mm(self._act(h), self.w_out)
         b_out = self._out_bias()
         if b_out is not None:
             y = y + torch.repeat_interleave(b_out.to(dtype), padded, dim=0, output_size=total)

@@ -28,14 +28,14 @@ import torch.nn.functional as F
 GROUP_ALIGN_ROWS = 8    # 16-byte alignment of bf16 token groups for grouped_mm's backward
 
 
-def group_padding(counts: torch.Tensor, rows: int):
+def group_padding(counts: torch.Tensor, rows: int, align: int = GROUP_ALIGN_ROWS):
     """Where ``rows`` rows grouped by expert (``counts`` each) go when every group is padded
-    to ``GROUP_ALIGN_ROWS``: (dest [rows], padded sizes [experts], total rows). The total is
+    to ``align`` rows: (dest [rows], padded sizes [experts], total rows). The total is
     sized on the host from what the host knows (rows + the most padding any group can take)
     and its slack goes to the last group as zero rows: reading the padded total back
     (``int(padded.sum())``) would be a device-to-host synchronisation a layer
     (costmodel/moe_host.py)."""
-    a = GROUP_ALIGN_ROWS
+    a = align
     total = -(-(rows + counts.numel() * (a - 1)) // a) * a
     padded = (counts + a - 1) // a * a
     starts = torch.cumsum(padded, 0) - padded

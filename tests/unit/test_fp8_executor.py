@@ -166,22 +166,25 @@ TINY_MOE = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4,
                      num_shared_experts=1, shared_expert_ffn_hidden_size=64)
 
 
-@pytest.mark.parametrize("shared", [1, 0])
-def test_moe_blocks_run_attention_and_shared_expert_in_fp8(shared):
-    """An MoE block: attention's and the shared experts' linears become fp8, the router and
-    the routed experts' grouped GEMM stay 16-bit (as the cost model prices them); the
-    converted model trains (was an AttributeError on the MoE layer's missing ``fc``)."""
+@pytest.mark.parametrize("shared,name", [(1, "rowwise"), (0, "rowwise"), (1, "blockwise")])
+def test_moe_blocks_run_attention_shared_and_routed_experts_in_fp8(shared, name):
+    """An MoE block: attention's and the shared experts' linears become fp8, the routed
+    experts' grouped GEMMs too under a recipe the grouped kernel takes (rowwise,
+    tensorwise; blockwise keeps them 16-bit), the router stays 16-bit; the converted model
+    trains (was an AttributeError on the MoE layer's missing ``fc``)."""
     from dataclasses import replace
     spec = replace(TINY_MOE, num_shared_experts=shared,
                    shared_expert_ffn_hidden_size=64 if shared else None)
     torch.manual_seed(0)
     m = Transformer(spec)
     m.init_weights(1)
-    assert convert_to_fp8(m, "rowwise", device=CPU) == (2 + 2 * shared) * spec.num_layers
+    experts = name != "blockwise"
+    assert convert_to_fp8(m, name, device=CPU) == (2 + 2 * shared + 2 * experts) \
+        * spec.num_layers
     for block in m.layers.values():
         assert isinstance(block.attn.qkv, Fp8Linear)
         assert type(block.mlp.router) is torch.nn.Linear
-        assert not any(isinstance(x, Fp8Linear) for x in block.mlp.experts.modules())
+        assert (block.mlp.experts.fp8 is not None) == experts
         if shared:
             assert isinstance(block.mlp.shared.fc, Fp8Linear)
     batch = torch.randint(0, spec.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))

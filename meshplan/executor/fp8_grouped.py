@@ -1,0 +1,163 @@
+"""FP8 routed experts: an MoE layer's grouped expert GEMMs in fp8, forward and both backward
+GEMMs, as :mod:`meshplan.executor.fp8` runs a dense linear.
+
+Per expert g, y_g = x_g·W_gᵀ (x_g: the rows routed to g, W_g: out × in), all experts in one
+grouped GEMM over rows grouped by expert (``offs``: each group's end row, every group padded
+to :data:`FP8_GROUP_ALIGN_ROWS`). The kernel is ``torch._scaled_grouped_mm`` (CUTLASS
+fp8 grouped GEMM with one fp32 scale per row of each operand; CUDA compute capability 9.0),
+the same three products torchao's ``moe_training`` forms for its fp8 rowwise recipe
+(``torchao/prototype/moe_training/scaled_grouped_mm.py``):
+
+* forward, 2-d × 3-d: x (rows × in) scaled per row, W (experts × out × in) per expert and
+  output row; y = x·Wᵀ per group;
+* data gradient, 2-d × 3-d: dy (rows × out) per row, W per expert and *input* column (the
+  contracted dimension is now ``out``); dx = dy·W per group;
+* weight gradient, 2-d × 2-d, contracted over each group's rows: dyᵀ (out × rows) and x
+  (rows × in) each scaled per group and column, ``scale_a`` laid out group-major
+  ([g·out + o], as torchao's ``triton_fp8_per_group_colwise_scales`` writes it);
+  dW_g = dy_gᵀ·x_g. The rows of a group are the contracted dimension here, so a group's row
+  count must be a multiple of 16 (16-byte fp8 alignment): groups are padded to 16 rows, not
+  bf16's 8.
+
+A recipe's operand formats are kept (rowwise: e4m3 throughout; tensorwise: dy in e5m2). A
+``tensorwise`` operand has one scale, given to the kernel repeated to its row-scale shape.
+Like the dense fp8 linear, the 16-bit input and the weight are what is saved for backward;
+the weight is cast from its stored dtype (autocast's fp32 master, FSDP2's bf16), so no 16-bit
+copy of the experts is made or kept. Fast accumulation in all three GEMMs, as torchao's
+grouped recipe has it. On CPU the products are emulated: the same fp8 values and scales,
+dequantized and multiplied with ``grouped_mm`` in fp32.
+
+Not run in fp8: ``blockwise`` and ``mxfp8`` (no Hopper grouped kernel for their scales: the
+experts stay 16-bit, :func:`grouped_fp8_recipe`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from meshplan.executor.fp8_quant import FP8_DTYPES, scale_from_amax
+
+FP8_GROUP_ALIGN_ROWS = 16    # the weight gradient contracts over a group's rows: 16 B in fp8
+#: recipes whose operands the grouped kernel takes: one scale per row, or per tensor
+GROUPED_RECIPES = ("tensorwise", "rowwise")
+
+
+def grouped_fp8_recipe(name: str) -> bool:
+    """Whether the executor runs an MoE layer's routed experts in fp8 under this recipe
+    (else they stay 16-bit: the kernel has no layout for the recipe's block scales)."""
+    return name in GROUPED_RECIPES
+
+
+def _cast(t: torch.Tensor, op, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 data, scale_inv) of ``t`` with one scale per slice along ``dim`` (amax over
+    ``dim``, kept as size 1), or one for the whole tensor where the operand is per tensor."""
+    dtype = FP8_DTYPES[op.fmt]
+    fmax = torch.finfo(dtype).max
+    a = t.abs()
+    if op.block == (0, 0):
+        amax = torch.linalg.vector_norm(a, float("inf")).float()
+        amax = amax.reshape([1] * t.dim()).expand(*t.shape[:dim], 1, *t.shape[dim + 1:])
+    else:
+        amax = a.amax(dim=dim, keepdim=True).float()
+    scale = scale_from_amax(amax, op.fmt)
+    data = torch.mul(t, scale).clamp(-fmax, fmax).to(dtype)
+    return data, scale.reciprocal().squeeze(dim).contiguous()
+
+
+def _cast_jagged(t: torch.Tensor, group: torch.Tensor, groups: int, op
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 data, scale_inv [groups·cols]) of ``t`` (rows × cols) with one scale per
+    (group, column), the groups' rows given by ``group`` (a row's group index)."""
+    dtype = FP8_DTYPES[op.fmt]
+    fmax = torch.finfo(dtype).max
+    a = t.abs().float()
+    if op.block == (0, 0):
+        amax = torch.linalg.vector_norm(a, float("inf")).expand(groups, t.shape[1])
+    else:
+        amax = torch.zeros(groups, t.shape[1], dtype=torch.float32, device=t.device)
+        amax = amax.scatter_reduce(0, group[:, None].expand_as(a), a, "amax")
+    scale = scale_from_amax(amax, op.fmt)
+    data = torch.mul(t, scale[group]).clamp(-fmax, fmax).to(dtype)
+    return data, scale.reciprocal().reshape(-1).contiguous()
+
+
+def group_of_rows(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """Each row's group, from the groups' end rows ``offs``."""
+    return torch.searchsorted(offs, torch.arange(rows, device=offs.device, dtype=offs.dtype),
+                              right=True)
+
+
+def scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                      scale_b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype,
+                      emulate: bool) -> torch.Tensor:
+    """``torch._scaled_grouped_mm`` (a row-major, b column-major, scales the reciprocals),
+    or its emulation: 2-d × 3-d (a: rows × k, b: groups × k × n, scale_a [rows],
+    scale_b [groups, n]) or 2-d × 2-d (a: m × rows, b: rows × n, scale_a [groups·m],
+    scale_b [groups·n]; out groups × m × n)."""
+    if not emulate:
+        return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=out_dtype,
+                                        use_fast_accum=True)
+    return _emulated(a, b, scale_a, scale_b, offs, out_dtype)
+
+
+# eager under torch.compile (as the experts' 16-bit loop): grouped_mm's tracing rule takes
+# bf16 operands only, and the emulation multiplies in fp32
+@torch.compiler.disable
+def _emulated(a, b, scale_a, scale_b, offs, out_dtype):
+    mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
+    if b.dim() == 3:
+        a32 = a.float() * scale_a[:, None]
+        b32 = b.float() * scale_b[:, None, :]
+    else:
+        g = group_of_rows(offs, a.shape[1])
+        groups = offs.numel()
+        a32 = a.float() * scale_a.reshape(groups, -1)[g].t()
+        b32 = b.float() * scale_b.reshape(groups, -1)[g]
+    return mm(a32, b32, offs=offs).to(out_dtype)
+
+
+class _Fp8GroupedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, offs, plan):
+        # x: rows × in (the compute dtype), grouped by ``offs``; weight: experts × out × in
+        with torch.autocast(x.device.type, enabled=False):
+            r = plan.recipe
+            xq, sx = _cast(x, r.x_fwd, dim=1)
+            wq, sw = _cast(weight, r.w_fwd, dim=2)
+            y = scaled_grouped_mm(xq, wq.transpose(-2, -1), sx, sw, offs, x.dtype, plan.emulate)
+        ctx.plan = plan
+        ctx.save_for_backward(x, weight, offs)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, offs = ctx.saved_tensors
+        plan, r = ctx.plan, ctx.plan.recipe
+        dy = dy.contiguous()
+        dx = dw = None
+        with torch.autocast(dy.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                dyq, sdy = _cast(dy, r.dy_dgrad, dim=1)
+                # W scaled per input column; the kernel reads it column-major (out contracted)
+                wq, sw = _cast(weight, r.w_dgrad, dim=1)
+                wq = wq.transpose(-2, -1).contiguous().transpose(-2, -1)
+                dx = scaled_grouped_mm(dyq, wq, sdy, sw, offs, dy.dtype, plan.emulate)
+            if ctx.needs_input_grad[1]:
+                g = group_of_rows(offs, x.shape[0])
+                dyq, sdy = _cast_jagged(dy, g, offs.numel(), r.dy_wgrad)
+                xq, sx = _cast_jagged(x, g, offs.numel(), r.x_wgrad)
+                dw = scaled_grouped_mm(dyq.t().contiguous(), xq.t().contiguous().t(), sdy, sx,
+                                       offs, dy.dtype, plan.emulate).to(weight.dtype)
+        return dx, dw, None, None
+
+
+def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor,
+                       plan) -> torch.Tensor:
+    """Per group g of ``x``'s rows (ending at ``offs[g]``, each a multiple of
+    :data:`FP8_GROUP_ALIGN_ROWS` rows), x_g·weight[g]ᵀ with fp8 GEMMs (module docstring)."""
+    return _Fp8GroupedLinear.apply(x, weight, offs, plan)
+
+
+__all__ = ["FP8_GROUP_ALIGN_ROWS", "GROUPED_RECIPES", "fp8_grouped_linear", "grouped_fp8_recipe",
+           "group_of_rows", "scaled_grouped_mm"]
