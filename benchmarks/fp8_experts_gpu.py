@@ -1,7 +1,7 @@
 """The routed experts' fp8 grouped GEMMs (meshplan.executor.fp8_grouped) on a GPU: does the
 kernel agree with the CPU emulation, and what does it buy over the 16-bit grouped GEMM.
 
-For each recipe the grouped kernel takes (rowwise, tensorwise): ``probe_grouped_kernel``'s
+For the recipe the grouped kernel takes (rowwise): ``probe_grouped_kernel``'s
 largest relative difference kernel vs emulation (or the kernel's refusal). Then, at expert
 shapes of models the checks ran (moeh23: 8 experts of 6400 at hidden 2048; moeh18: 64 of 768;
 moeh19: 16 of 2816), the experts' forward and backward (fc1, activation, fc2, as
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "probe": {},
            "cases": []}
-    for name in ("rowwise", "tensorwise"):
+    for name in ("rowwise",):
         try:
             out["probe"][name] = probe_grouped_kernel(recipe(name), device)
         except ExecutorError as exc:

@@ -261,8 +261,8 @@ def convert_to_fp8(model, name: str, *, device: torch.device, tp_group=None,
     MLP in and out — an MoE layer's shared-expert MLP; not the embedding or the logits
     head, which stay 16-bit as in torchao's and TransformerEngine's recipes, nor an MoE
     layer's router) run fp8 GEMMs, and an MoE layer's routed experts fp8 grouped GEMMs
-    (:mod:`meshplan.executor.fp8_grouped`; recipes ``tensorwise`` and ``rowwise``, on CPU or
-    compute capability 9.0+: elsewhere they stay 16-bit, :func:`experts_run_fp8`).
+    (:mod:`meshplan.executor.fp8_grouped`; recipe ``rowwise``, on CPU or compute capability
+    9.0+: otherwise they stay 16-bit, :func:`experts_run_fp8`).
     Tensor-parallel layers keep their collectives and get an fp8 ``matmul``; plain
     ``nn.Linear`` become :class:`Fp8Linear`. ``tokens``: per micro-batch (the
     weight-gradient GEMM contracts over them, so the kernel needs them aligned too). Returns
@@ -330,7 +330,7 @@ def probe_grouped_kernel(r: Fp8Recipe, device: torch.device, groups: int = 4,
         try:
             y = fp8_grouped_linear(x, w, offs, Fp8Plan(recipe=r, emulate=emulate))
             y.float().square().sum().backward()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:
             raise ExecutorError(f"fp8_recipe {r.name!r}: this torch ({torch.__version__}) "
                                 f"has no fp8 grouped GEMM for the routed experts here: "
                                 f"{str(exc).splitlines()[0]}; use 'rowwise'") from None

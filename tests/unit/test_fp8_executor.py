@@ -169,8 +169,8 @@ TINY_MOE = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4,
 @pytest.mark.parametrize("shared,name", [(1, "rowwise"), (0, "rowwise"), (1, "blockwise")])
 def test_moe_blocks_run_attention_shared_and_routed_experts_in_fp8(shared, name):
     """An MoE block: attention's and the shared experts' linears become fp8, the routed
-    experts' grouped GEMMs too under a recipe the grouped kernel takes (rowwise,
-    tensorwise; blockwise keeps them 16-bit), the router stays 16-bit; the converted model
+    experts' grouped GEMMs too under the recipe the grouped kernel takes (rowwise; blockwise
+    keeps them 16-bit), the router stays 16-bit; the converted model
     trains (was an AttributeError on the MoE layer's missing ``fc``)."""
     from dataclasses import replace
     spec = replace(TINY_MOE, num_shared_experts=shared,

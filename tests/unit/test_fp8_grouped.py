@@ -51,26 +51,24 @@ def test_rowwise_grouped_gemms_are_the_dense_fp8_linear_per_expert():
     assert torch.allclose(dx, torch.cat(dxs), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["rowwise", "tensorwise"])
-def test_grouped_fp8_is_the_fp32_product_within_fp8_rounding(name):
+def test_grouped_fp8_is_the_fp32_product_within_fp8_rounding():
     x0, w0, dy, offs = _inputs()
-    y, dx, dw = _grouped(x0, w0, dy, offs, Fp8Plan(recipe=recipe(name), emulate=True))
+    y, dx, dw = _grouped(x0, w0, dy, offs, Fp8Plan(recipe=recipe("rowwise"), emulate=True))
     ends = offs.tolist()
     bounds = list(zip([0] + ends[:-1], ends))
     ref_y = torch.cat([x0[s:e] @ w0[g].t() for g, (s, e) in enumerate(bounds)])
     ref_dx = torch.cat([dy[s:e] @ w0[g] for g, (s, e) in enumerate(bounds)])
     ref_dw = torch.stack([dy[s:e].t() @ x0[s:e] for s, e in bounds])
-    # e4m3 keeps 3 mantissa bits (2^-4 relative per element), e5m2 2 (tensorwise's dy)
-    tol = 0.06 if name == "rowwise" else 0.12
+    # e4m3 keeps 3 mantissa bits: 2^-4 relative per element at most
     for got, ref in ((y, ref_y), (dx, ref_dx), (dw, ref_dw)):
-        assert float((got - ref).abs().max() / ref.abs().max()) < tol
+        assert float((got - ref).abs().max() / ref.abs().max()) < 0.0625
 
 
 def test_rows_know_their_group_and_only_scalable_recipes_run_grouped():
     offs = torch.tensor([16, 16, 64, 96], dtype=torch.int32)
     assert group_of_rows(offs, 96).tolist() == [0] * 16 + [2] * 48 + [3] * 32
-    assert grouped_fp8_recipe("rowwise") and grouped_fp8_recipe("tensorwise")
-    assert not grouped_fp8_recipe("blockwise") and not grouped_fp8_recipe("mxfp8")
+    assert grouped_fp8_recipe("rowwise")
+    assert not any(map(grouped_fp8_recipe, ("tensorwise", "blockwise", "mxfp8")))
     assert FP8_GROUP_ALIGN_ROWS == 16
 
 
