@@ -50,6 +50,25 @@ def _experts(torch, experts: int, hidden: int, width: int, fp8: bool, device):
     return ex
 
 
+def _syncs(torch, experts, hidden, width, x, counts, dy, device) -> str:
+    """The first device-to-host synchronisation of one eager fp8 forward + backward
+    (``torch.cuda.set_sync_debug_mode("error")``), or "none"."""
+    ex = _experts(torch, experts, hidden, width, True, device)
+    ex(x, counts).float().sum().backward()          # warm-up outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = ex(x, counts)
+        y.backward(dy)
+        return "none"
+    except RuntimeError as exc:
+        import traceback
+        return " | ".join(traceback.format_exc().splitlines()[-12:])[:1500] or str(exc)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def _time(torch, fn, iters: int) -> tuple[float, float]:
     """(GPU ms, host ms) of one ``fn()`` (forward + backward)."""
     for _ in range(3):
@@ -73,6 +92,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--cases", nargs="*", help="only these cases (default: all)")
     args = ap.parse_args(argv)
     import torch
     from meshplan.errors import ExecutorError
@@ -87,11 +107,14 @@ def main(argv=None) -> int:
             out["probe"][name] = str(exc)
         print("probe", name, out["probe"][name], flush=True)
     for case, experts, hidden, width, rows in CASES:
+        if args.cases and case not in args.cases:
+            continue
         counts = torch.full((experts,), rows // experts, dtype=torch.int64, device=device)
         x = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(rows, hidden, device=device, dtype=torch.bfloat16)
         rec = {"case": case, "experts": experts, "hidden": hidden, "width": width,
-               "rows": rows}
+               "rows": rows, "fp8_eager_host_syncs": _syncs(torch, experts, hidden, width,
+                                                            x, counts, dy, device)}
         for compiled in (False, True):
             for fp8 in (False, True):
                 ex = _experts(torch, experts, hidden, width, fp8, device)
