@@ -54,7 +54,9 @@ def _syncs(torch, experts, hidden, width, x, counts, dy, device) -> str:
     """The first device-to-host synchronisation of one eager fp8 forward + backward
     (``torch.cuda.set_sync_debug_mode("error")``), or "none"."""
     ex = _experts(torch, experts, hidden, width, True, device)
-    ex(x, counts).float().sum().backward()          # warm-up outside the check
+    with torch.autocast("cuda", dtype=torch.bfloat16):     # warm-up outside the check
+        y = ex(x, counts)
+    y.backward(dy)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
