@@ -28,6 +28,10 @@ import dataclasses
 from typing import Sequence
 
 from meshplan.costmodel.data_parallel import group_links
+from meshplan.costmodel.fp8_experts import torch_experts_fp8
+from meshplan.costmodel.moe_layer import routed_mlp, shared_width
+from meshplan.costmodel.moe_rows import fp8_experts_on_bf16_row
+from meshplan.costmodel.moe_tables import expert_links
 from meshplan.costmodel.parts import layer_parts
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured_rows import layer_shape_key
@@ -45,7 +49,10 @@ def composed_rows(model: ModelSpec, cluster: Cluster, share: float = 0.0) -> lis
     """Per compiled fp8 row of ``model`` in ``cluster``'s profile (no SP, dp 1, ep 1): the
     measured seconds (as the cost model reads the row), the row composed from its bf16 twin
     with the casts at ``share`` (0: cast alone), composed without casts, and the casts'
-    price alone."""
+    price alone. An MoE layer is composed as the cost model composes it
+    (:func:`meshplan.costmodel.moe_rows.measured_moe_parts`): the bf16 MoE row, its dense
+    part moved to fp8, and its routed experts' fp8 terms where the row ran them in fp8
+    (``MeasuredLayer.fp8_experts``; rows timed with 16-bit experts are composed so)."""
     meas = cluster.gpu.measured
     if meas is None:
         return []
@@ -65,19 +72,49 @@ def composed_rows(model: ModelSpec, cluster: Cluster, share: float = 0.0) -> lis
         job = Job(global_batch=r.micro_batch * 2, seq_len=r.seq_len, runtime="torch",
                   precision="fp8", fp8_recipe=r.fp8_recipe or "tensorwise")
         lay = Layout(tp=r.tp, micro_batch=r.micro_batch, recompute=r.recompute, compile=True)
-        links = group_links(cluster, lay)
-        at = (r.micro_batch, r.tp, False, r.recompute, links.tp, links.pp, True, False)
-        if not layer_parts(model, alone, job.with_precision("bf16"), *at).compiled:
+        if not _layer(model, alone, job.with_precision("bf16"), lay, False).compiled:
             continue        # no compiled bf16 twin to compose from
-        p_alone = layer_parts(model, alone, job, *at)
-        casts = p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s
+        # the row as the cost model reads it: labelled as the executor runs its experts now
+        now = torch_experts_fp8(model, job)
+        read = cluster.with_gpu(dataclasses.replace(cluster.gpu, measured=dataclasses.replace(
+            meas, layers=tuple(dataclasses.replace(x, fp8_experts=now) if x is r else x
+                               for x in meas.layers))))
+        p_alone = _layer(model, alone, job, lay, r.fp8_experts)
+        casts = (p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s
+                 + _expert_casts(model, alone, job, lay, r.fp8_experts))
         out.append(dict(model=model.name, tp=r.tp, recompute=r.recompute,
                         micro_batch=r.micro_batch,
-                        measured_s=_total_s(layer_parts(model, cluster, job, *at)),
-                        composed_s=_total_s(layer_parts(model, priced, job, *at)),
+                        measured_s=_total_s(_layer(model, read, job, lay, False)),
+                        composed_s=_total_s(_layer(model, priced, job, lay, r.fp8_experts)),
                         composed_without_casts_s=_total_s(p_alone) - casts,
                         casts_alone_s=casts))
     return out
+
+
+def _layer(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout, experts: bool):
+    """The layer's parts as an estimate reads them at ``lay`` (ep 1); an MoE layer with the
+    shared experts as its MLP, the routed experts' fp8 terms added where ``experts``."""
+    links = group_links(cluster, lay)
+    at = (lay.micro_batch, lay.tp, False, lay.recompute, links.tp, links.pp, True, False)
+    if not model.is_moe:
+        return layer_parts(model, cluster, job, *at)
+    parts = layer_parts(model, cluster, job, *at, mlp_width=shared_width(model))
+    if not experts:
+        return parts
+    return fp8_experts_on_bf16_row(parts, model, cluster, job, lay, _moe_links(cluster, lay))
+
+
+def _expert_casts(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout,
+                  experts: bool) -> float:
+    """The routed experts' cast seconds (forward + backward), where they ran in fp8."""
+    if not (experts and model.is_moe):
+        return 0.0
+    f8 = routed_mlp(model, cluster, job, lay, _moe_links(cluster, lay), 1.0).fp8
+    return 0.0 if f8 is None else f8.forward_cast_s + f8.backward_cast_s
+
+
+def _moe_links(cluster: Cluster, lay: Layout):
+    return dataclasses.replace(group_links(cluster, lay), **expert_links(cluster, lay))
 
 
 def fit_share(rows: Sequence[dict]) -> float | None:

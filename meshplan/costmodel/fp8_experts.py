@@ -23,13 +23,39 @@ expert's fc1 (h → m·f_e/etp) and fc2 (f_e/etp → h) is priced as
 
 The router's GEMM stays 16-bit (Megatron-Core's ``TopKRouter`` is not a TE linear).
 
-Runtime "torch": meshplan's executor converts ``nn.Linear`` modules to fp8
-(:mod:`meshplan.executor.fp8`); its experts are grouped weight tensors run by a grouped
-GEMM in 16 bits, so they stay bf16-priced (:func:`fp8_experts` returns None).
+Runtime "torch": meshplan's executor runs the local experts' stacked weights as fp8 grouped
+GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
+:data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`; other recipes keep them 16-bit and :func:`fp8_experts`
+returns None). Per micro-batch:
 
-Measured error: none of its own. The published FP8 / MXFP8 MoE rows
-(docs/benchmarks/published.md) were priced before 2026-12-01 with the experts at the fp8
-peak on the bf16 curve and no casts; the change is reported there as post hoc.
+* **GEMMs**: the experts' bf16 time × the same r_e;
+* **casts**, at the executor's cast rate (eager, or compiled under ``Layout.compile``:
+  :func:`meshplan.costmodel.fp8_cost.cast_rate`), each over all local experts at once (one
+  pass, not one per expert): the rows' and gradients' casts of fc1 and fc2
+  (:func:`meshplan.costmodel.fp8.linear_cast_traffic` at the rank's R rows) and the
+  stacked weights' casts — forward along the input, backward along the output — every
+  micro-batch (no cache), from the fp32 master under ZeRO-0/1 or FSDP2's bf16 copy;
+* **memory**: the 16-bit inputs are saved as in bf16, except that compiled (Layout.compile)
+  fc2's input, the activation's output, is not kept: Inductor's partitioner recomputes it
+  from fc1's output, which the activation's backward keeps anyway (the dense fp8 linear's
+  MLP-down input the same way: :mod:`meshplan.costmodel.fp8_cost`); the autocast copies of
+  the experts' weights that the 16-bit grouped GEMM makes (and keeps for its backward) are
+  not made —
+  under ZeRO-0/1 the per-layer copy :class:`meshplan.costmodel.moe_tables.ExpertTerms`
+  counts comes off (``weight_copy_bytes`` < 0), and a layer priced from a bf16 MoE row,
+  whose kept bytes hold the copies per micro-batch, loses them there
+  (:func:`meshplan.costmodel.moe_rows.fp8_experts_on_bf16_row`).
+
+A GPU before Hopper runs the experts in 16 bits (no grouped fp8 kernel); the cost model does
+not know the GPU's generation and prices them fp8.
+
+Measured (1 × H200, 2026-12-02, docs/benchmarks/fp8_checks.md "fp8 routed experts"): at
+moeh23's experts (8 of width 6400, 65,536 rows) the fp8 grouped GEMMs took 11.6 ms against
+bf16's 20.6 (1.77×), the casts about 9.5 ms, the compiled experts 25.2 ms against 25.9; the
+model's step 0.692 s against 0.754 (bf16) and 0.736 (fp8 with 16-bit experts). Published
+FP8 / MXFP8 MoE rows (docs/benchmarks/published.md) were priced before 2026-12-01 with the
+experts at the fp8 peak on the bf16 curve and no casts; the change is reported there as post
+hoc.
 """
 
 from __future__ import annotations
@@ -41,7 +67,14 @@ from meshplan.costmodel.compute import gemm_s, sixteen_bit_precision
 from meshplan.costmodel.fp8_cost import cast_rate, check_fp8_supported
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.hardware_profiles import Cluster
-from meshplan.spec import Job
+from meshplan.spec import Job, ModelSpec
+from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
+
+
+def torch_experts_fp8(model: ModelSpec, job: Job) -> bool:
+    """Whether meshplan's executor runs ``model``'s routed experts in fp8 for ``job``."""
+    return (model.is_moe and job.precision == "fp8" and job.runtime == "torch"
+            and job.fp8_recipe in TORCH_FP8_EXPERT_RECIPES)
 
 
 @dataclass(frozen=True)
@@ -55,40 +88,66 @@ class Fp8Experts:
     weight_copy_bytes: float     # per layer: TE's fp8 weight + transpose of the local experts
     fc1_input_delta_bytes: float  # per micro-batch: fc1's saved input at 1 B instead of 2
     fc2_input_delta_bytes: float  # ... fc2's (the activation output)
+    # per micro-batch (runtime "torch", ZeRO-0/1): the 16-bit expert weight copies a bf16
+    # grouped GEMM saves for its backward, which a bf16 MoE row's kept bytes hold and the
+    # fp8 experts do not make
+    saved_copy_bytes: float = 0.0
 
 
 def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_experts: float,
-                hidden: int, fc1_width: float, fc2_width: float) -> Fp8Experts | None:
-    """The routed experts' fp8 terms (module docstring); None where they stay 16-bit
-    (not fp8, or runtime "torch"). ``fc1_width``: fc1's output width on this rank
-    (m·f_e/etp), ``fc2_width``: fc2's input width (f_e/etp)."""
-    if job.precision != "fp8" or not fp8_transformer_engine(job):
+                hidden: int, fc1_width: float, fc2_width: float, compile: bool = False,
+                zero: int = 0) -> Fp8Experts | None:
+    """The routed experts' fp8 terms (module docstring); None where they stay 16-bit (not
+    fp8, or runtime "torch" under a recipe its grouped kernel does not take).
+    ``fc1_width``: fc1's output width on this rank (m·f_e/etp), ``fc2_width``: fc2's input
+    width (f_e/etp); ``compile`` (Layout.compile) and ``zero``: runtime "torch" only."""
+    te = fp8_transformer_engine(job)
+    if job.precision != "fp8" or not (te or job.fp8_recipe in TORCH_FP8_EXPERT_RECIPES):
         return None
     gpu = cluster.gpu
     check_fp8_supported(job, gpu)
-    rate = cast_rate(gpu, job, False)
+    rate = cast_rate(gpu, job, compile and not te)
     peak16, peak8 = gpu.peak_flops(sixteen_bit_precision(job)), gpu.peak_flops("fp8")
-    wbytes = fp8_weight_source_bytes(job, 1, 1)
+    # the executor's experts: FSDP2's bf16 weights at ZeRO-2/3 (over edp, one rank included)
+    wbytes = fp8_weight_source_bytes(job, 1, 1) if te or zero < 2 else 2
     m, h = int(round(rows_per_expert)), hidden
+    # TE casts per expert; the executor casts all local experts' rows and weights at once
+    rows, per_cast = (m, local_experts) if te else (int(round(m * local_experts)), 1.0)
     bf16_s = fp8_s = cast_f = cast_b = cast_w = 0.0
     for k, n in ((h, int(fc1_width)), (int(fc2_width), h)):
         flops = 2.0 * m * k * n
         bf16_s += gemm_s(gpu, peak16, flops)
         fp8_s += fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency)
-        c = fp8.linear_cast_traffic(m, k, n, job.fp8_recipe, act_bytes=2, weight_bytes=wbytes,
-                                    fused_cast_transpose=rate.fused)
+        c = fp8.linear_cast_traffic(rows, k, n, job.fp8_recipe, act_bytes=2,
+                                    weight_bytes=wbytes, fused_cast_transpose=rate.fused)
         cast_f += rate.seconds(c.forward_passes, c.forward_bytes)
         cast_b += rate.seconds(c.backward_passes, c.backward_bytes)
-        cast_w += rate.seconds(c.weight_passes, c.weight_bytes)
+        if te:
+            cast_w += rate.seconds(c.weight_passes, c.weight_bytes)
+        else:       # every micro-batch: the stacked weights, forward and backward casts
+            cast_f += rate.seconds(c.weight_forward_passes,
+                                   local_experts * c.weight_forward_bytes)
+            cast_b += rate.seconds(c.weight_passes - c.weight_forward_passes,
+                                   local_experts * (c.weight_bytes - c.weight_forward_bytes))
     params = local_experts * hidden * (fc1_width + fc2_width)
+    ratio = fp8_s / bf16_s if bf16_s > 0 else 1.0
+    if not te:
+        copies = 2.0 * params if zero < 2 else 0.0    # the autocast copies not made
+        # compiled, fc2's input (the activation's output) is recomputed from fc1's output,
+        # which the activation's backward keeps anyway
+        act_out = -rows * fc2_width * 2.0 if compile else 0.0
+        return Fp8Experts(gemm_ratio=ratio, forward_cast_s=cast_f, backward_cast_s=cast_b,
+                          weight_cast_step_s=0.0, weight_copy_bytes=-copies,
+                          fc1_input_delta_bytes=0.0, fc2_input_delta_bytes=act_out,
+                          saved_copy_bytes=copies)
     gathered = job.fp8_param_gather
     return Fp8Experts(
-        gemm_ratio=fp8_s / bf16_s if bf16_s > 0 else 1.0,
-        forward_cast_s=local_experts * cast_f, backward_cast_s=local_experts * cast_b,
+        gemm_ratio=ratio,
+        forward_cast_s=per_cast * cast_f, backward_cast_s=per_cast * cast_b,
         weight_cast_step_s=0.0 if gathered else local_experts * cast_w,
         weight_copy_bytes=0.0 if gathered else 2.0 * params,
         fc1_input_delta_bytes=-local_experts * rows_per_expert * hidden,
         fc2_input_delta_bytes=-local_experts * rows_per_expert * fc2_width)
 
 
-__all__ = ["Fp8Experts", "fp8_experts"]
+__all__ = ["Fp8Experts", "TORCH_FP8_EXPERT_RECIPES", "fp8_experts", "torch_experts_fp8"]

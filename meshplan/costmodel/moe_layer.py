@@ -31,9 +31,9 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   GEMMs at the model's expert shapes and writes the curve. Backward 2× the GEMMs
   (Narayanan et al. 2021 §5.1) and the memory traffic; the weight-gradient GEMMs
   (zero-bubble's W) one forward's worth. The experts and the router are priced at the
-  16-bit peak; an fp8 job under runtime "megatron" moves the experts to fp8 as the dense
-  linears (TransformerEngine's grouped linears: :mod:`meshplan.costmodel.fp8_experts`),
-  the executor's experts stay 16-bit.
+  16-bit peak; an fp8 job moves the experts to fp8 (:mod:`meshplan.costmodel.fp8_experts`:
+  TransformerEngine's grouped linears under runtime "megatron", the executor's fp8 grouped
+  GEMMs under "torch" with recipe ``rowwise``).
 * **Dispatch and combine**: 2 all-to-alls per pass on the ep group's link
   (:func:`meshplan.costmodel.moe.all_to_all_s`: inside a node at NVLink's bus bandwidth,
   across nodes the other nodes' share at the rank's share of its node's NICs), each moving
@@ -134,7 +134,8 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                                        * model.ffn_matrices * f_loc)
                          + expert_gemm_s(cluster, peak, 2.0 * per_expert * f_loc * h))
     f8 = fp8_experts(cluster, job, rows_per_expert=per_expert, local_experts=local, hidden=h,
-                     fc1_width=model.ffn_matrices * f_loc, fc2_width=f_loc)
+                     fc1_width=model.ffn_matrices * f_loc, fc2_width=f_loc,
+                     compile=layout.compile, zero=layout.zero)
     if f8 is not None:
         experts_s *= f8.gemm_ratio
     router_s = gemm_s(gpu, peak, 2.0 * tokens * h * n_exp)

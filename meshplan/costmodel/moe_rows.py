@@ -78,6 +78,7 @@ from dataclasses import replace
 
 from meshplan.costmodel.compute import PassCost
 from meshplan.costmodel.corrections import load_imbalance
+from meshplan.costmodel.fp8_experts import torch_experts_fp8
 from meshplan.costmodel.moe import moe_params_per_rank
 from meshplan.costmodel.moe_host import count_exchange_s, routed_ops, torch_syncs
 from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
@@ -235,7 +236,40 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     """The MoE layer's parts from its measured row (module docstring): timed at the
     layout's ep where the profile has that row, else at ep = 1 with ep > 1 priced on top;
     None where the profile has no row of this layer at the layout's tp, sequence
-    parallelism and recompute mode."""
+    parallelism and recompute mode. An fp8 job read from a bf16 row gets its routed
+    experts' fp8 terms on top (:func:`fp8_experts_on_bf16_row`)."""
+    parts = _measured_moe_parts(model, cluster, job, layout, links)
+    return None if parts is None else fp8_experts_on_bf16_row(parts, model, cluster, job,
+                                                                layout, links)
+
+
+def fp8_experts_on_bf16_row(parts: LayerParts, model: ModelSpec, cluster: Cluster, job: Job,
+                            layout: Layout, links) -> LayerParts:
+    """``parts`` of an fp8 job whose layer came from a bf16 MoE row, with what the
+    executor's fp8 routed experts change (:mod:`meshplan.costmodel.fp8_experts`): the
+    routed part priced for the job less the same for its bf16 twin — the grouped GEMMs at
+    the fp8 / bf16 ratio, the casts — and the 16-bit expert weight copies the row's kept
+    bytes hold per micro-batch taken off. Also in the fp8 difference the build gives rows
+    that replace the layer later (FSDP2's). Unchanged where the layer came from an fp8 row
+    that ran the experts in fp8, or its sibling difference, or the experts stay 16-bit."""
+    if parts.fp8 is None or parts.fp8.row or parts.fp8.sibling \
+            or not torch_experts_fp8(model, job):
+        return parts
+    rho = load_imbalance(cluster.gpu.corrections, layout.ep)
+    at = routed_mlp(model, cluster, job, layout, links, rho)
+    delta = _routed_minus(at, routed_mlp(model, cluster, job.with_precision("bf16"), layout,
+                                         links, rho))
+    delta = replace(delta, kept_bytes=delta.kept_bytes - at.fp8.saved_copy_bytes)
+    out = with_routed_mlp(parts, delta, layout.recompute, job.selective_modules)
+    d_f, d_b, d_w = parts.fp8_delta_s
+    lay, was = out.layer, parts.layer
+    return replace(out, fp8_delta_s=(
+        d_f + lay.forward.total_s - was.forward.total_s,
+        d_b + lay.backward.total_s - was.backward.total_s, d_w + lay.wgrad_s - was.wgrad_s))
+
+
+def _measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
+                        links) -> LayerParts | None:
     if layout.ep > 1:
         at_ep = _measured_at_ep(model, cluster, job, layout, links)
         if at_ep is not None or layout.zero >= 2:
@@ -290,4 +324,4 @@ def _with_ep_dispatch(parts: LayerParts, model: ModelSpec, layout: Layout, timed
 
 
 __all__ = ["MOE_EP_FSDP_ROWS_CAVEAT", "MOE_EP_ROWS_CAVEAT", "MOE_ROWS_CAVEAT", "fsdp_kept_bytes",
-           "fsdp_row_at_ep", "measured_moe_parts", "rows_apply"]
+           "fp8_experts_on_bf16_row", "fsdp_row_at_ep", "measured_moe_parts", "rows_apply"]

@@ -37,17 +37,17 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.executor.fp8_quant import FP8_DTYPES, scale_from_amax
+from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 
 FP8_GROUP_ALIGN_ROWS = 16    # the weight gradient contracts over a group's rows: 16 B in fp8
-#: recipes whose operands the grouped kernel takes: e4m3 with one scale per row (torch 2.11's
-#: kernel refused tensorwise's e5m2 gradient on an H200: "Expected mat_a to be Float8_e4m3")
-GROUPED_RECIPES = ("rowwise",)
 
 
 def grouped_fp8_recipe(name: str) -> bool:
     """Whether the executor runs an MoE layer's routed experts in fp8 under this recipe
-    (else they stay 16-bit: the kernel has no layout for the recipe's block scales)."""
-    return name in GROUPED_RECIPES
+    (:data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`: e4m3 with one scale per row;
+    torch 2.11's kernel refused tensorwise's e5m2 gradient on an H200, "Expected mat_a to be
+    Float8_e4m3", and has no layout for block scales)."""
+    return name in TORCH_FP8_EXPERT_RECIPES
 
 
 def _cast(t: torch.Tensor, op, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,5 +160,5 @@ def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor
     return _Fp8GroupedLinear.apply(x, weight, offs, plan)
 
 
-__all__ = ["FP8_GROUP_ALIGN_ROWS", "GROUPED_RECIPES", "fp8_grouped_linear", "grouped_fp8_recipe",
+__all__ = ["FP8_GROUP_ALIGN_ROWS", "fp8_grouped_linear", "grouped_fp8_recipe",
            "group_of_rows", "scaled_grouped_mm"]

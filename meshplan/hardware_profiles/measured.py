@@ -30,6 +30,7 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, Iterable, Mapping
 
 from meshplan.spec import FP8_RECIPES, ModelSpec
+from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.measured_interp import (Interpolated, _interp,
                                                         split_backward_at, wgrad_bytes_at)
@@ -93,8 +94,10 @@ class MeasuredTables:
         where the twin was timed at both — the per-call part (launches, weight casts, small
         GEMMs' efficiency) is the layer's, not proportional to the micro-batch (fp8h4's k04,
         2 × H200: the bf16 row grew 1.55× from 4 to 8, the proportional extension 2×)."""
+        # an MoE layer's row counts where its experts ran as the executor runs them now
+        experts = model.is_moe and recipe in TORCH_FP8_EXPERT_RECIPES
         row = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
-                              0, 1, compile, ("fp8", recipe))
+                              0, 1, compile, ("fp8", recipe), experts=experts)
         if row is None or len(row.extended_from) != 1:
             return row
         timed = row.extended_from[0]
@@ -104,7 +107,7 @@ class MeasuredTables:
                 or twin[0].backward_s <= 0:
             return row
         at = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, timed, 0, 1,
-                             compile, ("fp8", recipe))
+                             compile, ("fp8", recipe), experts=experts)
         kf, kb = (twin[1].forward_s / twin[0].forward_s, twin[1].backward_s / twin[0].backward_s)
         return replace(row, forward_s=at.forward_s * kf, backward_s=at.backward_s * kb)
 
@@ -147,11 +150,11 @@ class MeasuredTables:
     def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int,
                    compile: bool = False, precision: tuple[str, str] = ("bf16", ""),
-                   ep: int = 1) -> Interpolated | None:
+                   ep: int = 1, experts: bool = False) -> Interpolated | None:
         """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``;
-        ``precision``: (precision, fp8 recipe)."""
+        ``precision``: (precision, fp8 recipe); ``experts``: their fp8_experts."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero, dp, bool(compile), *precision, ep)
+               recompute, zero, dp, bool(compile), *precision, ep, experts)
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return self._at_clock(rows, _interp(rows, micro_batch, "backward_peak_bytes"),
                               micro_batch) if rows else None
@@ -285,8 +288,10 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)):
             raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
-    if not isinstance(getattr(r, "compile", False), bool):
-        raise ProfileError(f"{where}: compile must be true or false, got {r.compile!r}")
+    for k in ("compile", "fp8_experts"):
+        v = getattr(r, k, False)
+        if not isinstance(v, bool):
+            raise ProfileError(f"{where}: {k} must be true or false, got {v!r}")
     if cls is MeasuredLayer:
         _check_precision(r, where)
     for k in ("split_layers", "wgrad_memory_layers"):

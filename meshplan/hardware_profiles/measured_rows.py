@@ -155,12 +155,16 @@ class MeasuredLayer:
     # over the mean, per call; meshplan.executor.moe_routing), which its time holds, so the
     # cost model prices only the profile's moe_load_imbalance beyond it (0: not measured)
     routed_imbalance: float = 0.0
+    # an MoE layer's fp8 row whose routed experts ran fp8 grouped GEMMs
+    # (meshplan.executor.fp8_grouped); False: 16-bit experts, as every fp8 MoE row timed
+    # before 2026-12-02 (the cost model no longer reads those: the executor changed)
+    fp8_experts: bool = False
 
     @property
     def group(self) -> tuple:
         return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
                 self.zero, self.dp if self.zero >= 2 else 1, self.compile, self.precision,
-                self.fp8_recipe, self.ep)
+                self.fp8_recipe, self.ep, self.fp8_experts)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -210,3 +210,32 @@ def test_queued_split_keeps_the_samples_that_queued():
         pytest.approx((2e-3, 3e-3))
     assert split_medians([(1e-3, 0.5, False), (2e-3, 0.7, False), (3e-3, 0.9, False)]) == \
         pytest.approx((2e-3, 0.7))
+
+
+def test_an_moe_models_block_share_composes_its_rows_as_the_cost_model_does():
+    """moeh23's calibration (1 x H200, 16-bit experts in its fp8 rows) wrote a share of 1.0:
+    its MoE rows were composed as a dense layer (the whole measured row scaled by the dense
+    linears' fp8 ratio). Composed as an estimate composes an MoE layer (the bf16 row, its
+    dense part moved to fp8), the rows fit 0.48, and each row composed at that share is
+    closer to its measurement than at 1.0."""
+    import json
+    from pathlib import Path
+    from meshplan.calibrate.fp8_block_share import composed_rows, fit_share
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    from meshplan.spec import ModelSpec
+    root = Path(__file__).resolve().parents[2]
+    model = ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh23/m01.json")
+                                           .read_text()))
+    prof = root / "docs/benchmarks/data/profiles/profile_h200x1_moeh23_20261201.toml"
+    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof,
+                            override=True)
+    assert cluster.gpu.fp8_cast_compiled_block_share == 1.0       # as the calibration wrote
+    rows = composed_rows(model, cluster)
+    assert len(rows) == 4
+    share = fit_share(rows)
+    assert 0.3 < share < 0.7
+    for fitted, one in zip(composed_rows(model, cluster, share),
+                           composed_rows(model, cluster, 1.0)):
+        assert abs(fitted["composed_s"] - fitted["measured_s"]) \
+            < abs(one["composed_s"] - one["measured_s"])

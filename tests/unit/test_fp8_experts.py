@@ -1,6 +1,7 @@
 """FP8 routed experts (meshplan.costmodel.fp8_experts): TransformerEngine's grouped linears run
-their GEMMs in fp8 with casts and a weight cache (runtime "megatron"); the executor's experts
-stay 16-bit (runtime "torch"); the router stays 16-bit in both."""
+their GEMMs in fp8 with casts and a weight cache (runtime "megatron"); the executor's run fp8
+grouped GEMMs under recipe rowwise, cast every micro-batch, without the 16-bit weight copies
+(runtime "torch"), and stay 16-bit under the other recipes; the router stays 16-bit."""
 
 import pytest
 
@@ -20,9 +21,9 @@ CLUSTER = mp.Cluster.preset("dgx-h100", nodes=1)
 LAYOUT = mp.Layout(dp=8, ep=4, micro_batch=2, zero=1)
 
 
-def job(precision="fp8", runtime="megatron", gather=False):
+def job(precision="fp8", runtime="megatron", gather=False, recipe=None):
     return mp.Job(global_batch=64, seq_len=2048, precision=precision, runtime=runtime,
-                  fp8_param_gather=gather)
+                  fp8_param_gather=gather, **({"fp8_recipe": recipe} if recipe else {}))
 
 
 def routed(j):
@@ -30,10 +31,38 @@ def routed(j):
                       1.0)
 
 
-def test_the_executor_keeps_experts_and_router_16_bit():
-    bf, f8 = routed(job("bf16", "torch")), routed(job("fp8", "torch"))
+def test_the_executor_keeps_experts_16_bit_outside_rowwise():
+    bf, f8 = routed(job("bf16", "torch")), routed(job("fp8", "torch", recipe="tensorwise"))
     assert f8.forward == bf.forward and f8.backward == bf.backward and f8.fp8 is None
     assert f8.kept_bytes == bf.kept_bytes
+
+
+def test_the_executors_rowwise_experts_cast_every_micro_batch_and_copy_no_weights():
+    bf, f8 = routed(job("bf16", "torch")), routed(job("fp8", "torch", recipe="rowwise"))
+    e = f8.fp8
+    assert e is not None and 0.5 < e.gemm_ratio < 1.0
+    assert e.forward_cast_s > 0 and e.backward_cast_s > e.forward_cast_s
+    assert e.weight_cast_step_s == 0.0            # no cache: in the micro-batch's casts
+    local_params = 16 / 4 * 1024 * (2 * 512 + 512)
+    # the autocast copies the 16-bit grouped GEMM makes, not made (ZeRO-1 here)
+    assert e.weight_copy_bytes == -2.0 * local_params == -e.saved_copy_bytes
+    assert f8.kept_bytes == bf.kept_bytes         # the 16-bit inputs are saved as in bf16
+    assert f8.forward.memory_bound_s == pytest.approx(bf.forward.memory_bound_s
+                                                      + e.forward_cast_s)
+    # under FSDP2 the experts' weights are its bf16 copies either way
+    z2 = routed_mlp(MODEL, CLUSTER, job("fp8", "torch", recipe="rowwise"),
+                    mp.Layout(dp=8, ep=4, micro_batch=2, zero=2),
+                    table_inputs(MODEL, CLUSTER, job("fp8", "torch", recipe="rowwise"),
+                                 LAYOUT).links, 1.0).fp8
+    assert z2.weight_copy_bytes == 0.0 and z2.backward_cast_s < e.backward_cast_s
+    # the casts move all local experts at once: one pass each, not one per expert
+    one = fp8_experts(CLUSTER, job("fp8", "torch", recipe="rowwise"), rows_per_expert=512,
+                      local_experts=1, hidden=1024, fc1_width=1024, fc2_width=512)
+    four = fp8_experts(CLUSTER, job("fp8", "torch", recipe="rowwise"), rows_per_expert=128,
+                       local_experts=4, hidden=1024, fc1_width=1024, fc2_width=512)
+    rows = fp8.linear_cast_traffic(512, 1024, 1024, "rowwise")
+    assert four.forward_cast_s > one.forward_cast_s   # the same rows, four experts' weights
+    assert rows.forward_passes + rows.weight_forward_passes > 0
 
 
 def test_transformer_engine_experts_run_fp8_gemms_with_casts():
@@ -119,3 +148,41 @@ def test_a_measured_moe_row_moves_only_its_dense_part_to_fp8():
         moved.forward.total_s - dense.forward.total_s, rel=1e-9)
     assert p8.layer.backward.total_s - p16.layer.backward.total_s == pytest.approx(
         moved.backward.total_s - dense.backward.total_s, rel=1e-9)
+
+
+def test_a_bf16_moe_row_priced_for_rowwise_fp8_gets_the_experts_fp8_terms(monkeypatch):
+    """The executor's measured MoE layer (16-bit experts inside) for a rowwise fp8 job: the
+    dense part's fp8 change, plus the routed experts' (their GEMMs and casts), and the
+    16-bit expert copies the row keeps per micro-batch taken off its kept bytes."""
+    import json
+    from pathlib import Path
+    from meshplan.costmodel import moe_rows
+    from meshplan.costmodel.moe import moe_params_per_rank
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    root = Path(__file__).resolve().parents[2]
+    model = mp.ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh3/m01.json")
+                                              .read_text()))
+    cluster = apply_profile(mp.Cluster.preset("dgx-h200", nodes=1), root / "docs/benchmarks/data"
+                            / "profiles/profile_h200x1_moeh3_20261129.toml")
+    lay = mp.Layout(micro_batch=8, recompute="none")
+    rw = mp.Job(global_batch=16, seq_len=2048, precision="fp8", runtime="torch",
+                fp8_recipe="rowwise")
+    t_in = table_inputs(model, cluster, rw, lay)
+    p_rw = t_in.parts
+    assert "layer" in p_rw.measured and not p_rw.fp8.row
+    with monkeypatch.context() as m:     # the same layer with the experts left 16-bit
+        m.setattr(moe_rows, "torch_experts_fp8", lambda *_: False)
+        dense_only = table_inputs(model, cluster, rw, lay).parts
+    copies = 2.0 * moe_params_per_rank(model, lay).experts
+    assert dense_only.activation_bytes - p_rw.activation_bytes == pytest.approx(copies)
+    f8 = routed_mlp(model, cluster, rw, lay, t_in.links, 1.0)
+    b16 = routed_mlp(model, cluster, rw.with_precision("bf16"), lay, t_in.links, 1.0)
+    for got, was, want in ((p_rw.layer.forward, dense_only.layer.forward,
+                            f8.forward.total_s - b16.forward.total_s),
+                           (p_rw.layer.backward, dense_only.layer.backward,
+                            f8.backward.total_s - b16.backward.total_s)):
+        assert got.total_s - was.total_s == pytest.approx(want, rel=1e-9)
+    assert f8.forward.total_s != pytest.approx(b16.forward.total_s)
+    # what FSDP2 rows replacing the layer later are given: the experts' change too
+    assert p_rw.fp8_delta_s[0] - dense_only.fp8_delta_s[0] == pytest.approx(
+        f8.forward.total_s - b16.forward.total_s, rel=1e-9)

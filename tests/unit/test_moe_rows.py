@@ -304,7 +304,7 @@ def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top()
     fp8_job = replace(JOB, precision="fp8", fp8_recipe="rowwise")
     bf16 = [_row(fwd=2e-3, bwd=4e-3, micro_batch=mb) for mb in (1, 2)]
     fp8 = [_row(fwd=1.5e-3, bwd=3.5e-3, micro_batch=mb, precision="fp8", fp8_recipe="rowwise",
-                activation_bytes=0.9e8) for mb in (1, 2)]
+                activation_bytes=0.9e8, fp8_experts=True) for mb in (1, 2)]
     lay = Layout(dp=4, micro_batch=1)
     t = layer_tables(MOE, _cluster(*bf16, *fp8), fp8_job, lay)
     composed = layer_tables(MOE, _cluster(*bf16), fp8_job, lay)
@@ -314,13 +314,23 @@ def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top()
     assert composed.layer_forward_s != pytest.approx(1.5e-3)
     assert any("measured fp8 row (rowwise" in c for c in t.caveats)
     assert not any("measured fp8 row" in c for c in composed.caveats)
-    # ep 2 without a row at ep 2: the fp8 row plus what ep adds, as the bf16 row gets it
+    # ep 2 without a row at ep 2: the fp8 row plus what ep adds, as the bf16 row gets it,
+    # the routed part's ep difference priced for each job (fp8 experts' GEMMs and casts)
+    from meshplan.costmodel.moe_rows import _ep_delta
     ep2 = replace(lay, ep=2)
     d16 = (layer_tables(MOE, _cluster(*bf16), JOB, ep2).layer_forward_s
            - layer_tables(MOE, _cluster(*bf16), JOB, lay).layer_forward_s)
     d8 = (layer_tables(MOE, _cluster(*bf16, *fp8), fp8_job, ep2).layer_forward_s
           - t.layer_forward_s)
-    assert d8 == pytest.approx(d16, rel=1e-6) and d8 > 0
+    cl = _cluster(*bf16, *fp8)
+    links = replace(group_links(cl, ep2), **expert_links(cl, ep2))
+    routed = [_ep_delta(MOE, cl, j, ep2, lay, links).forward.total_s for j in (fp8_job, JOB)]
+    assert d8 - d16 == pytest.approx(routed[0] - routed[1], rel=1e-6) and d8 > 0
+    # the fp8 rows a calibration timed with 16-bit experts (before the executor ran them
+    # in fp8) price nothing now: composed from the bf16 row
+    stale = [replace(r, fp8_experts=False) for r in fp8]
+    assert layer_tables(MOE, _cluster(*bf16, *stale), fp8_job, lay).layer_forward_s == \
+        pytest.approx(composed.layer_forward_s)
     # a missing mode: the bf16 row there plus the fp8 − bf16 difference timed at none
     full = [_row(fwd=2e-3, bwd=6e-3, micro_batch=mb, recompute="full") for mb in (1, 2)]
     t = layer_tables(MOE, _cluster(*bf16, *fp8, *full), fp8_job,
@@ -740,3 +750,23 @@ def test_ep_option_reaches_the_torchrun_children_and_fails_before_them(tmp_path)
     assert cli_main(["calibrate", "--model", str(spec), "--nproc", "4", "--ep", "3",
                      "--out", str(tmp_path / "p.toml")]) != 0
     assert not (tmp_path / "p.toml").exists()
+
+
+def test_a_calibrations_fp8_moe_rows_say_their_experts_ran_fp8():
+    # the executor runs the routed experts in fp8 under rowwise only: the rows say so, and
+    # only such rows price an fp8 MoE job (the earlier, 16-bit-expert rows do not)
+    from meshplan.calibrate.layer_grid import Config
+    from meshplan.calibrate.layer_rows import layer_row
+    values = (2e-3, 4e-3, 1e8, 1e7)
+    kw = dict(seq_len=1024, tp=1, sequence_parallel=False, micro_batch=1)
+    rw = layer_row(Config(model=MOE, precision="fp8", fp8_recipe="rowwise", **kw), values)
+    tw = layer_row(Config(model=MOE, precision="fp8", fp8_recipe="tensorwise", **kw), values)
+    dense = layer_row(Config(model=DENSE, precision="fp8", fp8_recipe="rowwise", **kw), values)
+    bf16 = layer_row(Config(model=MOE, **kw), values)
+    assert rw["fp8_experts"] and not tw["fp8_experts"]
+    assert not dense["fp8_experts"] and not bf16["fp8_experts"]
+    from meshplan.costmodel.measured import tables_from_rows
+    from meshplan.errors import ProfileError
+    assert tables_from_rows([rw], [], "p.toml").layers[0].fp8_experts
+    with pytest.raises(ProfileError, match="fp8_experts must be true or false, got 'yes'"):
+        tables_from_rows([{**rw, "fp8_experts": "yes"}], [], "p.toml")
