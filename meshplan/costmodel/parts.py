@@ -182,9 +182,9 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     if job.precision == "fp8":
         at = dict(micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=recompute,
                   compile=compile)
-        # an MoE layer's fp8 rows are its measured block at ep = 1 (attention's linears
-        # fp8, the routed experts 16-bit, as the executor runs them), read as a dense
-        # layer's; its other widths (DeepSeek's dense first layers) have none
+        # an MoE layer's fp8 rows are its measured block at ep = 1 as the executor runs it
+        # (MeasuredLayer.fp8_experts: its routed experts too under rowwise), read as a
+        # dense layer's; its other widths (DeepSeek's dense first layers) have none
         rows_fp8 = mlp_width is None or (model.is_moe and ep == 1 and "layer" in measured)
         row = fp8_row(tables, model, job, **at) if rows_fp8 else None
         f8 = fp8_layer(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
@@ -195,9 +195,10 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                        host_measured=cpu is not None and not fsdp)
         kept_delta = f8.activation_delta_bytes
         if "layer" in measured and model.is_moe and mlp_width is not None:
-            # a measured MoE row holds the routed experts, which stay 16-bit (the executor's
-            # grouped GEMM; costmodel/fp8_experts.py): fp8 moves only the analytical dense
-            # part (attention, shared experts), added to the row, not scaling all of it
+            # a measured MoE row holds the routed experts (16-bit in a bf16 row): fp8 moves
+            # the analytical dense part (attention, shared experts) here, added to the row,
+            # not scaling all of it; the experts' own fp8 terms come on top where the
+            # executor runs them in fp8 (moe_rows.fp8_experts_on_bf16_row)
             moved = _plus_delta(layer, f8.apply(analytical, recompute), analytical)
         else:
             moved = f8.apply(layer, recompute)
