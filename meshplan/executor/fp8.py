@@ -228,24 +228,33 @@ def probe_kernel(r: Fp8Recipe, device: torch.device, size: int = 256) -> float:
     g = torch.Generator(device="cpu").manual_seed(0)
     x0 = torch.randn(size, size, generator=g).to(device, torch.bfloat16)
     w0 = torch.randn(size, size, generator=g).to(device) * 0.05
+    return _kernel_vs_emulation(
+        r, lambda x, w, plan: fp8_linear(x, w, None, plan), x0, w0,
+        "fp8 kernel for its scales", "the fp8 kernel", "'tensorwise' or 'rowwise'")
+
+
+def _kernel_vs_emulation(r: Fp8Recipe, fn, x0: torch.Tensor, w0: torch.Tensor, kernel: str,
+                         name: str, instead: str) -> float:
+    """``fn(x, w, plan)`` forward and backward on the fp8 kernel and emulated, from the same
+    inputs; the largest relative difference of output and gradients, or an
+    :class:`ExecutorError` (the kernel refused, or differs by :data:`PROBE_RTOL` or more)."""
     outs = []
     for emulate in (False, True):
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         try:
-            y = fp8_linear(x, w, None, Fp8Plan(recipe=r, emulate=emulate))
+            y = fn(x, w, Fp8Plan(recipe=r, emulate=emulate))
             y.float().square().sum().backward()
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:
             raise ExecutorError(f"fp8_recipe {r.name!r}: this torch ({torch.__version__}) has "
-                                f"no fp8 kernel for its scales here: "
-                                f"{str(exc).splitlines()[0]}; use 'tensorwise' or "
-                                f"'rowwise'") from None
+                                f"no {kernel} here: {str(exc).splitlines()[0]}; use "
+                                f"{instead}") from None
         outs.append([t.detach().float() for t in (y, x.grad, w.grad)])
     worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
                 for a, b in zip(*outs))
     if not worst < PROBE_RTOL:
-        raise ExecutorError(f"fp8_recipe {r.name!r}: the fp8 kernel differs from the "
-                            f"emulation by {worst:.3g} (relative; tolerance {PROBE_RTOL}); "
-                            f"its scale layout is not what this torch expects")
+        raise ExecutorError(f"fp8_recipe {r.name!r}: {name} differs from the emulation by "
+                            f"{worst:.3g} (relative; tolerance {PROBE_RTOL}); its scale layout "
+                            f"is not what this torch expects")
     return worst
 
 
@@ -324,24 +333,10 @@ def probe_grouped_kernel(r: Fp8Recipe, device: torch.device, groups: int = 4,
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(device, torch.int32)
     x0 = torch.randn(sum(sizes), size, generator=g).to(device, torch.bfloat16)
     w0 = torch.randn(groups, size, size, generator=g).to(device) * 0.05
-    outs = []
-    for emulate in (False, True):
-        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-        try:
-            y = fp8_grouped_linear(x, w, offs, Fp8Plan(recipe=r, emulate=emulate))
-            y.float().square().sum().backward()
-        except (RuntimeError, ValueError) as exc:
-            raise ExecutorError(f"fp8_recipe {r.name!r}: this torch ({torch.__version__}) "
-                                f"has no fp8 grouped GEMM for the routed experts here: "
-                                f"{str(exc).splitlines()[0]}; use 'rowwise'") from None
-        outs.append([t.detach().float() for t in (y, x.grad, w.grad)])
-    worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
-                for a, b in zip(*outs))
-    if not worst < PROBE_RTOL:
-        raise ExecutorError(f"fp8_recipe {r.name!r}: the experts' fp8 grouped GEMM differs "
-                            f"from the emulation by {worst:.3g} (relative; tolerance "
-                            f"{PROBE_RTOL}); its scale layout is not what this torch expects")
-    return worst
+    return _kernel_vs_emulation(
+        r, lambda x, w, plan: fp8_grouped_linear(x, w, offs, plan), x0, w0,
+        "fp8 grouped GEMM for the routed experts", "the experts' fp8 grouped GEMM",
+        "'rowwise'")
 
 
 def _fp8_linears(block) -> list[tuple[nn.Module, str]]:

@@ -115,3 +115,30 @@ def test_an_moe_model_with_fp8_experts_trains_as_its_16_bit_twin():
     assert l8 == pytest.approx(l16, rel=1e-3)
     for n in g16:
         assert float((g8[n] - g16[n]).norm() / g16[n].norm()) < 0.1, n
+
+
+def test_the_kernel_probe_names_a_refusal_and_a_wrong_scale_layout():
+    # the probe on a GPU runs each fp8 GEMM on the kernel and emulated; here a stand-in
+    # "kernel" that refuses, or that reads its scales wrong (a factor 2 off: the loss y², so
+    # the gradients 4 times the emulation's, 3 relative)
+    from meshplan.errors import ExecutorError
+    from meshplan.executor.fp8 import _kernel_vs_emulation
+    x0, w0, _, offs = _inputs()
+    r = recipe("rowwise")
+
+    def refuses(x, w, plan):
+        if not plan.emulate:
+            raise ValueError("Expected mat_a to be Float8_e4m3 matrix got Float8_e5m2")
+        return fp8_grouped_linear(x, w, offs, plan)
+
+    def off_by_two(x, w, plan):
+        y = fp8_grouped_linear(x, w, offs, Fp8Plan(recipe=r, emulate=True))
+        return y if plan.emulate else 2 * y
+    with pytest.raises(ExecutorError, match="has no the grouped GEMM here: Expected mat_a"):
+        _kernel_vs_emulation(r, refuses, x0.bfloat16(), w0, "the grouped GEMM", "it",
+                             "'rowwise'")
+    with pytest.raises(ExecutorError, match="it differs from the emulation by 3 "):
+        _kernel_vs_emulation(r, off_by_two, x0.bfloat16(), w0, "k", "it", "'rowwise'")
+    same = _kernel_vs_emulation(r, lambda x, w, p: fp8_grouped_linear(
+        x, w, offs, Fp8Plan(recipe=r, emulate=True)), x0.bfloat16(), w0, "k", "it", "x")
+    assert same == 0.0
