@@ -119,19 +119,25 @@ def test_none_outside_fp8():
                        fc1_width=128, fc2_width=64) is None
 
 
-def test_a_measured_moe_row_moves_only_its_dense_part_to_fp8():
-    """The executor's measured MoE layer (routed experts inside, bf16) plus the analytical
-    dense part's fp8 change — not the whole row scaled by the dense linears' fp8 ratio."""
+def _moeh3():
+    """moeh3's never-run MoE model and its 1 x H200 calibration (measured MoE rows, bf16)."""
     import json
     from pathlib import Path
-    from meshplan.costmodel.compute import layer_cost
-    from meshplan.costmodel.fp8_cost import fp8_layer
     from meshplan.hardware_profiles.calibrated import apply_profile
     root = Path(__file__).resolve().parents[2]
     model = mp.ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh3/m01.json")
                                               .read_text()))
     cluster = apply_profile(mp.Cluster.preset("dgx-h200", nodes=1), root / "docs/benchmarks/data"
                             / "profiles/profile_h200x1_moeh3_20261129.toml")
+    return model, cluster
+
+
+def test_a_measured_moe_row_moves_only_its_dense_part_to_fp8():
+    """The executor's measured MoE layer (routed experts inside, bf16) plus the analytical
+    dense part's fp8 change — not the whole row scaled by the dense linears' fp8 ratio."""
+    from meshplan.costmodel.compute import layer_cost
+    from meshplan.costmodel.fp8_cost import fp8_layer
+    model, cluster = _moeh3()
     lay = mp.Layout(micro_batch=8, recompute="none")
     b16, f8j = (mp.Job(global_batch=16, seq_len=2048, precision=p, runtime="torch")
                 for p in ("bf16", "fp8"))
@@ -154,16 +160,9 @@ def test_a_bf16_moe_row_priced_for_rowwise_fp8_gets_the_experts_fp8_terms(monkey
     """The executor's measured MoE layer (16-bit experts inside) for a rowwise fp8 job: the
     dense part's fp8 change, plus the routed experts' (their GEMMs and casts), and the
     16-bit expert copies the row keeps per micro-batch taken off its kept bytes."""
-    import json
-    from pathlib import Path
     from meshplan.costmodel import moe_rows
     from meshplan.costmodel.moe import moe_params_per_rank
-    from meshplan.hardware_profiles.calibrated import apply_profile
-    root = Path(__file__).resolve().parents[2]
-    model = mp.ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh3/m01.json")
-                                              .read_text()))
-    cluster = apply_profile(mp.Cluster.preset("dgx-h200", nodes=1), root / "docs/benchmarks/data"
-                            / "profiles/profile_h200x1_moeh3_20261129.toml")
+    model, cluster = _moeh3()
     lay = mp.Layout(micro_batch=8, recompute="none")
     rw = mp.Job(global_batch=16, seq_len=2048, precision="fp8", runtime="torch",
                 fp8_recipe="rowwise")
