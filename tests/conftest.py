@@ -20,8 +20,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 def pytest_configure(config):
-    # pytest-xdist (--dist loadfile, the test command of README.md and .ci/run) hands out whole files; by default
-    # it orders them by their number of tests, which puts the long single-test files last,
+    # pytest-xdist (--dist loadfile, the test command of README.md and .ci/run) hands out
+    # whole files; by default it orders them by their number of tests, which puts the long single-test files last,
     # where one worker runs them while the other has nothing left. Keep the order below.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False

@@ -25,8 +25,8 @@ The router's GEMM stays 16-bit (Megatron-Core's ``TopKRouter`` is not a TE linea
 
 Runtime "torch": meshplan's executor runs the local experts' stacked weights as fp8 grouped
 GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
-:data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`; other recipes keep them 16-bit and :func:`fp8_experts`
-returns None). Per micro-batch:
+:data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`; other recipes keep them 16-bit and
+:func:`fp8_experts` returns None). Per micro-batch:
 
 * **GEMMs**: the experts' bf16 time × the same r_e;
 * **casts**, at the executor's cast rate (eager, or compiled under ``Layout.compile``:
