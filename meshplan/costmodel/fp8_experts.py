@@ -49,10 +49,12 @@ GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
 A GPU before Hopper runs the experts in 16 bits (no grouped fp8 kernel); the cost model does
 not know the GPU's generation and prices them fp8.
 
-Measured (1 × H200, 2026-12-02, docs/benchmarks/fp8_checks.md "fp8 routed experts"): at
+Measured (1 × H200, 2026-12-02, docs/fp8.md "FP8 routed experts in the executor"): at
 moeh23's experts (8 of width 6400, 65,536 rows) the fp8 grouped GEMMs took 11.6 ms against
 bf16's 20.6 (1.77×), the casts about 9.5 ms, the compiled experts 25.2 ms against 25.9; the
-model's step 0.692 s against 0.754 (bf16) and 0.736 (fp8 with 16-bit experts). Published
+model's step 0.692 s against 0.754 (bf16) and 0.736 (fp8 with 16-bit experts), priced post
+hoc from its bf16 rows +21.7 % (−1.8 % with the block share re-fitted on the MoE rows),
+memory +0.5 %; no held-out check yet (benchmarks/sets/moeh24). Published
 FP8 / MXFP8 MoE rows (docs/benchmarks/published.md) were priced before 2026-12-01 with the
 experts at the fp8 peak on the bf16 curve and no casts; the change is reported there as post
 hoc.

@@ -74,7 +74,7 @@ def test_rows_know_their_group_and_only_scalable_recipes_run_grouped():
 
 def test_the_grouped_function_runs_under_torch_compile():
     # the casts are traced; the CPU emulation's products run eager (grouped_mm traces bf16
-    # operands only), the GPU kernel is traced (checked on one H200: fp8_checks.md)
+    # operands only), the GPU kernel is traced (compiled on one H200: docs/fp8.md)
     x0, w0, dy, offs = _inputs()
     plan = Fp8Plan(recipe=recipe("rowwise"), emulate=True)
     eager = _grouped(x0, w0, dy, offs, plan)
