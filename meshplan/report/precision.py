@@ -96,8 +96,10 @@ def precision_section(outcomes: Sequence[PlanOutcome], model, main: PlanOutcome)
               f"each (time, peak memory and cost of its best plan; speed-up over the first "
               f"row), and the recommended plan's own layout estimated in each (\"main "
               f"layout\"). fp8 runs the transformer linears' GEMMs in fp8 and pays their "
-              f"casts; attention, norms and the logits stay bf16 (docs/fp8.md). MFU is against "
-              f"the bf16 peak in every row." + ("\n\nCautions: " + " ".join(caveats)
+              f"casts (an MoE layer's routed experts too, except under runtime torch with a "
+              f"recipe other than rowwise); attention, norms, the router and the logits stay "
+              f"bf16 (docs/fp8.md). MFU is against the bf16 peak in every row."
+              + ("\n\nCautions: " + " ".join(caveats)
                                                  if caveats else "")),
         tables=(Table(name="precision_comparison", title="", raw=df,
                       display=display_precision(df), notes=stage_notes(df)),))
