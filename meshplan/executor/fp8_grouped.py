@@ -27,8 +27,14 @@ copy of the experts is made or kept. Fast accumulation in all three GEMMs, as to
 grouped recipe has it. On CPU the products are emulated: the same fp8 values and scales,
 dequantized and multiplied with ``grouped_mm`` in fp32.
 
-Not run in fp8: ``blockwise`` and ``mxfp8`` (no Hopper grouped kernel for their scales: the
-experts stay 16-bit, :func:`grouped_fp8_recipe`).
+Not run in fp8 (the experts stay 16-bit, :func:`grouped_fp8_recipe`): ``tensorwise`` (the
+kernel refused its e5m2 gradient) and ``blockwise`` / ``mxfp8`` (no Hopper grouped kernel for
+their scales).
+
+Measured (1 × H200, torch 2.11, 2026-12-02; docs/fp8.md "FP8 routed experts in the
+executor"): the kernel agrees with the emulation to 1.6 % (relative, output and both
+gradients: :func:`meshplan.executor.fp8.probe_grouped_kernel`); at 8 experts of width 6400 and
+65,536 rows the fp8 GEMMs ran 1.77× bf16's and the compiled experts, casts included, 1.03×.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def grouped_fp8_recipe(name: str) -> bool:
     return name in TORCH_FP8_EXPERT_RECIPES
 
 
-def _cast(t: torch.Tensor, op, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _cast(t: torch.Tensor, op, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 data, scale_inv) of ``t`` with one scale per slice along ``dim`` (its amax over
     ``dim``)."""
     dtype = FP8_DTYPES[op.fmt]
