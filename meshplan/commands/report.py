@@ -59,8 +59,9 @@ def add_arguments(p) -> None:
     g.add_argument("--compare-gpus", default=None,
                    help="GPU types to compare at the main count, e.g. a100-80gb,h100,h200")
     g.add_argument("--compare-precision", default=None, metavar="P1,P2",
-                   help="precisions to compare at the main count, e.g. bf16,fp8 (fp8:rowwise "
-                        "for another recipe): time, memory and cost of each")
+                   help="precisions to compare at the main count, e.g. bf16,fp8 (fp8:rowwise, "
+                        "or --fp8-recipe rowwise, for another recipe): time, memory and cost "
+                        "of each")
     g.add_argument("--measurements", nargs="+", default=[], metavar="RESULTS_JSON",
                    help="executor results.json files for the measured-vs-predicted section")
     g.add_argument("--no-sensitivity", action="store_true",
@@ -75,10 +76,23 @@ def add_arguments(p) -> None:
                         "never deletes other files)")
 
 
+def _fp8_recipe_to_compared(args) -> None:
+    """``--fp8-recipe R`` beside ``--compare-precision`` with a job that is not fp8 itself:
+    R is the compared fp8's recipe (``fp8`` → ``fp8:R``), not the bf16 job's, which would
+    refuse it."""
+    recipe = getattr(args, "fp8_recipe", None)
+    if not (recipe and args.compare_precision and args.precision != "fp8"):
+        return
+    args.compare_precision = ",".join(f"fp8:{recipe}" if p.strip() == "fp8" else p.strip()
+                                      for p in args.compare_precision.split(","))
+    args.fp8_recipe = None
+
+
 def main(args) -> int:
     from meshplan.report.build import build_report
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.nodes, args.profile, args.profile_override)
+    _fp8_recipe_to_compared(args)
     r = build_report(model, cluster, job_from_args(args), gpus=args.gpus, out_dir=args.out,
                      objective=args.objective, top_k=args.top_k, main_gpus=args.main_gpus,
                      price_per_gpu_hour=args.price_per_gpu_hour,

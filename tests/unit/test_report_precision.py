@@ -46,3 +46,16 @@ def test_cli_refuses_a_bad_precision_list(capsys, tmp_path):
                    "--global-batch", "64", "--seq-len", "2048", "--compare-precision", "bf16",
                    "-o", str(tmp_path / "r")])
     assert rc != 0 and "at least two precisions" in capsys.readouterr().err
+
+
+def test_cli_fp8_recipe_names_the_compared_fp8s_recipe(tmp_path):
+    # `--fp8-recipe rowwise --compare-precision bf16,fp8` with a bf16 job: the recipe is the
+    # compared fp8's (the bf16 job refused it: "applies only with precision = 'fp8'")
+    import pandas as pd
+    out = tmp_path / "r"
+    rc = cli_main(["report", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--gpus", "8",
+                   "--global-batch", "64", "--seq-len", "2048", "--compare-precision",
+                   "bf16,fp8", "--fp8-recipe", "rowwise", "--no-sensitivity", "-o", str(out)])
+    assert rc == 0
+    df = pd.read_csv(out / "precision_comparison.csv")
+    assert list(df["precision"]) == ["bf16", "fp8 (rowwise)"]
