@@ -66,9 +66,11 @@ def add_arguments(p) -> None:
                    help="executor results.json files for the measured-vs-predicted section")
     g.add_argument("--no-sensitivity", action="store_true",
                    help="skip the global-batch and sequence-length what-ifs (faster)")
-    g.add_argument("--what-if-global-batch", type=int_list("global batch"), default=None, metavar="B1,B2",
+    g.add_argument("--what-if-global-batch", type=int_list("global batch"), default=None,
+                   metavar="B1,B2",
                    help="global batches for the sensitivity section (default ×¼, ×½, ×2, ×4)")
-    g.add_argument("--what-if-seq-len", type=int_list("sequence length"), default=None, metavar="S1,S2",
+    g.add_argument("--what-if-seq-len", type=int_list("sequence length"), default=None,
+                   metavar="S1,S2",
                    help="sequence lengths for the sensitivity section (default ×½, ×2)")
     g.add_argument("-o", "--out", required=True, help="output directory")
     g.add_argument("--force", action="store_true",
