@@ -69,14 +69,14 @@ from meshplan.costmodel.compute import gemm_s, sixteen_bit_precision
 from meshplan.costmodel.fp8_cost import cast_rate, check_fp8_supported
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.measured_rows import ran_fp8_experts
 from meshplan.spec import Job, ModelSpec
 from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 
 
 def torch_experts_fp8(model: ModelSpec, job: Job) -> bool:
     """Whether meshplan's executor runs ``model``'s routed experts in fp8 for ``job``."""
-    return (model.is_moe and job.precision == "fp8" and job.runtime == "torch"
-            and job.fp8_recipe in TORCH_FP8_EXPERT_RECIPES)
+    return job.runtime == "torch" and ran_fp8_experts(model, job.precision, job.fp8_recipe)
 
 
 @dataclass(frozen=True)
@@ -152,4 +152,4 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         fc2_input_delta_bytes=-local_experts * rows_per_expert * fc2_width)
 
 
-__all__ = ["Fp8Experts", "TORCH_FP8_EXPERT_RECIPES", "fp8_experts", "torch_experts_fp8"]
+__all__ = ["Fp8Experts", "fp8_experts", "torch_experts_fp8"]

@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from meshplan.errors import ExecutorError
+from meshplan.executor.fp8_grouped import FP8_GROUP_ALIGN_ROWS, fp8_grouped_linear
 from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.mlp import MLP, seeded_normal
 from meshplan.executor.moe_permute import (GROUP_ALIGN_ROWS, SortedCopies, _count,  # noqa: F401
@@ -172,7 +173,6 @@ class GroupedExperts(nn.Module):
         return torch.cat(outs)
 
     def _grouped(self, x, counts, dtype):
-        from meshplan.executor.fp8_grouped import FP8_GROUP_ALIGN_ROWS, fp8_grouped_linear
         align = GROUP_ALIGN_ROWS if self.fp8 is None else FP8_GROUP_ALIGN_ROWS
         dest, padded, total = group_padding(counts, x.shape[0], align)
         xp = pad_rows(x.to(dtype), dest, total)

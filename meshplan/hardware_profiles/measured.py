@@ -30,13 +30,12 @@ from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, Iterable, Mapping
 
 from meshplan.spec import FP8_RECIPES, ModelSpec
-from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles.measured_interp import (Interpolated, _interp,
                                                         split_backward_at, wgrad_bytes_at)
 from meshplan.hardware_profiles.measured_rows import (ENDS, MeasuredEnd, MeasuredLayer,
                                                       ends_shape_key, layer_shape_key,
-                                                      model_from_shape_key)
+                                                      model_from_shape_key, ran_fp8_experts)
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class MeasuredTables:
         GEMMs' efficiency) is the layer's, not proportional to the micro-batch (fp8h4's k04,
         2 × H200: the bf16 row grew 1.55× from 4 to 8, the proportional extension 2×)."""
         # an MoE layer's row counts where its experts ran as the executor runs them now
-        experts = model.is_moe and recipe in TORCH_FP8_EXPERT_RECIPES
+        experts = ran_fp8_experts(model, "fp8", recipe)
         row = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
                               0, 1, compile, ("fp8", recipe), experts=experts)
         if row is None or len(row.extended_from) != 1:

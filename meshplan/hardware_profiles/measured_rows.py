@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from meshplan.spec import ModelSpec
+from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 from meshplan.errors import MeshplanError
 
 ENDS = ("embedding", "output")
@@ -71,6 +72,13 @@ def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
                          tied_embeddings=m["tied"] != "untied")
     except (MeshplanError, TypeError, ValueError):
         return None
+
+
+def ran_fp8_experts(model: ModelSpec, precision: str, fp8_recipe: str) -> bool:
+    """Whether meshplan's executor runs ``model``'s routed experts in fp8 at this precision
+    and recipe (:data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`): what a calibration
+    writes in :attr:`MeasuredLayer.fp8_experts` and what the lookups of fp8 rows ask for."""
+    return model.is_moe and precision == "fp8" and fp8_recipe in TORCH_FP8_EXPERT_RECIPES
 
 
 def ends_shape_key(model: ModelSpec) -> str:
@@ -196,4 +204,5 @@ class MeasuredEnd:
 
 
 __all__ = ["ENDS", "MeasuredLayer", "MeasuredEnd", "model_from_shape_key", "layer_shape_key",
+           "ran_fp8_experts",
            "ends_shape_key"]
