@@ -7,7 +7,9 @@ shapes of models the checks ran (moeh23: 8 experts of 6400 at hidden 2048; moeh1
 moeh19: 16 of 2816), the experts' forward and backward (fc1, activation, fc2, as
 ``GroupedExperts`` runs them, rows spread evenly) in bf16 and in fp8 rowwise, eager and
 compiled: GPU milliseconds (CUDA events, median of ``--iters`` after warm-ups) and host
-milliseconds to enqueue one pass (no sync), and the fp8 / bf16 speed-up.
+milliseconds to enqueue one pass (no sync), and the fp8 / bf16 speed-up. Also fp8 with the
+weights cast once a step (``Fp8ExpertWeights``: ``fp8_cached_*``, the pass without weight
+casts) and that once-a-step cast itself (``refresh_*``), eager and compiled.
 
     python benchmarks/fp8_experts_gpu.py --out $OUT          # 1 GPU of compute capability 9.0
 
@@ -26,7 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: (name, experts, hidden, expert width, routed rows per micro-batch)
-CASES = (("moeh23-mb8", 8, 2048, 6400, 8 * 4096 * 2),
+CASES = (("moeh24-mb4", 8, 2048, 6144, 4 * 1024 * 1),
+         ("moeh25-mb2", 8, 2048, 6528, 2 * 4096 * 1),
+         ("moeh23-mb8", 8, 2048, 6400, 8 * 4096 * 2),
          ("moeh23-mb4", 8, 2048, 6400, 4 * 4096 * 2),
          ("moeh19-mb4", 16, 2048, 2816, 4 * 2048 * 4),
          ("moeh18-mb4", 64, 2048, 768, 4 * 2048 * 8))
@@ -90,6 +94,34 @@ def _time(torch, fn, iters: int) -> tuple[float, float]:
     return statistics.median(gpu), statistics.median(host)
 
 
+def _cached(torch, rec, experts, hidden, width, x, counts, dy, device, compiled: bool,
+            iters: int) -> None:
+    """fp8 experts whose weights are cast once a step: the pass, and the cast."""
+    mode = "compiled" if compiled else "eager"
+    ex = _experts(torch, experts, hidden, width, True, device)
+    casts = ex.cache_fp8_weights(compiled=compiled)
+    call = torch.compile(ex) if compiled else ex
+
+    def refresh():
+        for c in casts:
+            c.refresh()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = call(x, counts)
+        y.backward(dy)
+    try:
+        refresh()
+        rec[f"fp8_cached_{mode}_gpu_ms"], rec[f"fp8_cached_{mode}_host_ms"] = _time(
+            torch, step, iters)
+        rec[f"refresh_{mode}_gpu_ms"], rec[f"refresh_{mode}_host_ms"] = _time(
+            torch, refresh, iters)
+    except Exception as exc:
+        rec[f"fp8_cached_{mode}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    print(rec["case"], "cached", mode, {k: v for k, v in rec.items()
+                                        if k.startswith(("fp8_cached", "refresh"))}, flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -135,6 +167,8 @@ def main(argv=None) -> int:
                       flush=True)
                 del ex, call
                 torch.cuda.empty_cache()
+            _cached(torch, rec, experts, hidden, width, x, counts, dy, device, compiled,
+                    args.iters)
         for mode in ("eager", "compiled"):
             b, f = rec.get(f"bf16_{mode}_gpu_ms"), rec.get(f"fp8_{mode}_gpu_ms")
             if b and f:

@@ -33,8 +33,12 @@ GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
   :func:`meshplan.costmodel.fp8_cost.cast_rate`), each over all local experts at once (one
   pass, not one per expert): the rows' and gradients' casts of fc1 and fc2
   (:func:`meshplan.costmodel.fp8.linear_cast_traffic` at the rank's R rows) and the
-  stacked weights' casts — forward along the input, backward along the output — every
-  micro-batch (no cache), from the fp32 master under ZeRO-0/1 or FSDP2's bf16 copy;
+  stacked weights' casts — forward along the input, backward along the output — in every
+  pass, from the fp32 master under ZeRO-0/1 or FSDP2's bf16 copy; where the executor casts
+  them once a step instead (:func:`expert_weights_cached`: ZeRO-0/1 and more than one
+  forward a step), :func:`meshplan.costmodel.moe_layer.with_cached_expert_weights` moves
+  them from every pass to once a step (``weight_cast_step_s``, as TE's cache) and adds the
+  two fp8 copies' 2 B a parameter (``weight_cache_bytes``), on a layer composed or timed;
 * **memory**: the 16-bit inputs are saved as in bf16, except that compiled (Layout.compile)
   fc2's input, the activation's output, is not kept: Inductor's partitioner recomputes it
   from fc1's output, which the activation's backward keeps anyway (the dense fp8 linear's
@@ -94,6 +98,22 @@ class Fp8Experts:
     # grouped GEMM saves for its backward, which a bf16 MoE row's kept bytes hold and the
     # fp8 experts do not make
     saved_copy_bytes: float = 0.0
+    # runtime "torch", per micro-batch and within forward_ / backward_cast_s: the stacked
+    # weights' casts (forward; backward's dgrad layout), which a step casts once instead
+    # where expert_weights_cached (with_cached_expert_weights); and the bytes per layer its
+    # two fp8 copies hold then
+    weight_forward_cast_s: float = 0.0
+    weight_backward_cast_s: float = 0.0
+    weight_cache_bytes: float = 0.0
+
+
+def expert_weights_cached(zero: int, num_microbatches: int, recompute: str) -> bool:
+    """Whether meshplan's executor casts its fp8 routed experts' weights once a step rather
+    than in every pass (:class:`meshplan.executor.fp8_grouped.Fp8ExpertWeights`): where a
+    step would cast them more than once — several micro-batches, or full recompute's second
+    forward — and they are plain parameters (ZeRO-0/1; FSDP2 gathers them for each pass).
+    The executor and the cost model both ask this function."""
+    return zero < 2 and (num_microbatches > 1 or recompute == "full")
 
 
 def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_experts: float,
@@ -115,7 +135,7 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
     m, h = int(round(rows_per_expert)), hidden
     # TE casts per expert; the executor casts all local experts' rows and weights at once
     rows, per_cast = (m, local_experts) if te else (int(round(m * local_experts)), 1.0)
-    bf16_s = fp8_s = cast_f = cast_b = cast_w = 0.0
+    bf16_s = fp8_s = cast_f = cast_b = cast_w = weight_f = weight_b = 0.0
     for k, n in ((h, int(fc1_width)), (int(fc2_width), h)):
         flops = 2.0 * m * k * n
         bf16_s += gemm_s(gpu, peak16, flops)
@@ -126,11 +146,11 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         cast_b += rate.seconds(c.backward_passes, c.backward_bytes)
         if te:
             cast_w += rate.seconds(c.weight_passes, c.weight_bytes)
-        else:       # every micro-batch: the stacked weights, forward and backward casts
-            cast_f += rate.seconds(c.weight_forward_passes,
-                                   local_experts * c.weight_forward_bytes)
-            cast_b += rate.seconds(c.weight_passes - c.weight_forward_passes,
-                                   local_experts * (c.weight_bytes - c.weight_forward_bytes))
+        else:       # every pass: the stacked weights, forward and backward casts
+            weight_f += rate.seconds(c.weight_forward_passes,
+                                     local_experts * c.weight_forward_bytes)
+            weight_b += rate.seconds(c.weight_passes - c.weight_forward_passes,
+                                     local_experts * (c.weight_bytes - c.weight_forward_bytes))
     params = local_experts * hidden * (fc1_width + fc2_width)
     ratio = fp8_s / bf16_s if bf16_s > 0 else 1.0
     if not te:
@@ -138,10 +158,12 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         # compiled, fc2's input (the activation's output) is recomputed from fc1's output,
         # which the activation's backward keeps anyway
         act_out = -rows * fc2_width * 2.0 if compile else 0.0
-        return Fp8Experts(gemm_ratio=ratio, forward_cast_s=cast_f, backward_cast_s=cast_b,
+        return Fp8Experts(gemm_ratio=ratio, forward_cast_s=cast_f + weight_f,
+                          backward_cast_s=cast_b + weight_b,
                           weight_cast_step_s=0.0, weight_copy_bytes=-copies,
                           fc1_input_delta_bytes=0.0, fc2_input_delta_bytes=act_out,
-                          saved_copy_bytes=copies)
+                          saved_copy_bytes=copies, weight_forward_cast_s=weight_f,
+                          weight_backward_cast_s=weight_b, weight_cache_bytes=2.0 * params)
     gathered = job.fp8_param_gather
     return Fp8Experts(
         gemm_ratio=ratio,
@@ -152,4 +174,4 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         fc2_input_delta_bytes=-local_experts * rows_per_expert * fc2_width)
 
 
-__all__ = ["Fp8Experts", "fp8_experts", "torch_experts_fp8"]
+__all__ = ["Fp8Experts", "expert_weights_cached", "fp8_experts", "torch_experts_fp8"]

@@ -52,6 +52,10 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   output and expert output; the send and receive buffers of the dispatch (2·R·h·e) are
   working memory of the layer's passes.
 
+Named correction, :func:`with_cached_expert_weights`: the executor's fp8 routed experts cast
+their weights once a step where :func:`meshplan.costmodel.fp8_experts.expert_weights_cached`
+says so, while a layer composed here or timed by the calibration casts them in every pass.
+
 Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
 :func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs what
 ``Job.recompute_modules`` names: the attention core (default), the norms
@@ -76,7 +80,8 @@ from meshplan.costmodel import comm, moe, moe_dispatch, moe_torch_memory
 from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, hbm_s,
                                         sixteen_bit_precision)
-from meshplan.costmodel.fp8_experts import Fp8Experts, fp8_experts
+from meshplan.costmodel.fp8_experts import (Fp8Experts, expert_weights_cached, fp8_experts,
+                                            torch_experts_fp8)
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
@@ -214,4 +219,30 @@ def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
                    + (routed.kept_bytes if full else 0.0))
 
 
-__all__ = ["RoutedMlp", "routed_mlp", "with_routed_mlp", "shared_width", "expert_gemm_s"]
+def with_cached_expert_weights(parts: LayerParts, model: ModelSpec, job: Job, layout: Layout,
+                               f8: Fp8Experts | None) -> LayerParts:
+    """``parts`` (composed, or from a row that cast the experts' weights in every pass) as
+    the executor runs fp8 routed experts whose weights it casts once a step
+    (:func:`~meshplan.costmodel.fp8_experts.expert_weights_cached`): ``f8``'s weight casts
+    come off each forward (and full recompute's second one) and each backward and go on
+    once a step (``weight_cast_step_s``, spread over the micro-batches by the build), and
+    the two fp8 copies' bytes are held with the weights. Unchanged otherwise."""
+    if (f8 is None or parts.fp8 is None or not torch_experts_fp8(model, job)
+            or not expert_weights_cached(layout.zero, layout.num_microbatches(job.global_batch),
+                                         layout.recompute)):
+        return parts
+    lay = parts.layer
+    fwd = PassCost(memory_bound_s=f8.weight_forward_cast_s)
+    rerun = fwd if layout.recompute == "full" else PassCost()
+    layer = replace(lay, forward=lay.forward - fwd,
+                    backward=lay.backward - PassCost(memory_bound_s=f8.weight_backward_cast_s)
+                    - rerun, recompute=lay.recompute - rerun)
+    fp8 = replace(parts.fp8, weight_cast_step_s=parts.fp8.weight_cast_step_s
+                  + f8.weight_forward_cast_s + f8.weight_backward_cast_s,
+                  expert_weight_copy_bytes=parts.fp8.expert_weight_copy_bytes
+                  + f8.weight_cache_bytes)
+    return replace(parts, layer=layer, fp8=fp8)
+
+
+__all__ = ["RoutedMlp", "routed_mlp", "with_routed_mlp", "with_cached_expert_weights",
+           "shared_width", "expert_gemm_s"]

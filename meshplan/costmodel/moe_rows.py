@@ -90,7 +90,8 @@ from meshplan.costmodel.corrections import load_imbalance
 from meshplan.costmodel.fp8_experts import torch_experts_fp8
 from meshplan.costmodel.moe import moe_params_per_rank
 from meshplan.costmodel.moe_host import count_exchange_s, routed_ops, torch_syncs
-from meshplan.costmodel.moe_layer import RoutedMlp, routed_mlp, shared_width, with_routed_mlp
+from meshplan.costmodel.moe_layer import (RoutedMlp, routed_mlp, shared_width,
+                                          with_cached_expert_weights, with_routed_mlp)
 from meshplan.costmodel.parts import LayerParts, layer_parts
 from meshplan.costmodel.torch_memory import fsdp_plain_row_kept_bytes
 from meshplan.hardware_profiles import Cluster
@@ -248,8 +249,14 @@ def measured_moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     parallelism and recompute mode. An fp8 job read from a bf16 row gets its routed
     experts' fp8 terms on top (:func:`fp8_experts_on_bf16_row`)."""
     parts = _measured_moe_parts(model, cluster, job, layout, links)
-    return None if parts is None else fp8_experts_on_bf16_row(parts, model, cluster, job,
-                                                                layout, links)
+    if parts is None:
+        return None
+    parts = fp8_experts_on_bf16_row(parts, model, cluster, job, layout, links)
+    if parts.fp8 is None:
+        return parts
+    rho = load_imbalance(cluster.gpu.corrections, layout.ep)
+    return with_cached_expert_weights(parts, model, job, layout, routed_mlp(
+        model, cluster, job, layout, links, rho).fp8)
 
 
 def fp8_experts_on_bf16_row(parts: LayerParts, model: ModelSpec, cluster: Cluster, job: Job,

@@ -59,7 +59,8 @@ from meshplan.costmodel.data_parallel import Zero3Layer, zero3_layer
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, dense_layer_extra_params,
                                        state_bytes_per_param)
 from meshplan.costmodel.moe_host import host_terms
-from meshplan.costmodel.moe_layer import routed_mlp, shared_width, with_routed_mlp
+from meshplan.costmodel.moe_layer import (routed_mlp, shared_width, with_cached_expert_weights,
+                                          with_routed_mlp)
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.runtime import expert_grad_copies, fsdp_per_microbatch
 from meshplan.costmodel.torch_memory import state_bytes_at_peak
@@ -136,6 +137,7 @@ def moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, link
     rho = load_imbalance(cluster.gpu.corrections, layout.ep)
     routed = routed_mlp(model, cluster, job, layout, links, rho)
     parts = with_routed_mlp(shared, routed, layout.recompute, job.selective_modules)
+    parts = with_cached_expert_weights(parts, model, job, layout, routed.fp8)
     lay = parts.layer
     host = host_terms(model, job, layout, cluster.gpu, links, forward_s=lay.forward.total_s,
                       backward_s=lay.backward.total_s)

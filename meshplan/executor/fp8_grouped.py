@@ -23,9 +23,20 @@ The recipe is ``rowwise`` (e4m3 throughout, one scale per row along the contract
 dimension), the one whose scales the kernel takes as they are.
 Like the dense fp8 linear, the 16-bit input and the weight are what is saved for backward;
 the weight is cast from its stored dtype (autocast's fp32 master, FSDP2's bf16), so no 16-bit
-copy of the experts is made or kept. Fast accumulation in all three GEMMs, as torchao's
-grouped recipe has it. On CPU the products are emulated: the same fp8 values and scales,
-dequantized and multiplied with ``grouped_mm`` in fp32.
+copy of the experts is made or kept.
+
+Weight casts once a step (:class:`Fp8ExpertWeights`): the weights change only at the
+optimizer step, yet a step casts them in every micro-batch's forward (and again in a full
+recompute's) and, along the other dimension, in every backward. The trainer
+(:class:`meshplan.executor.parallelize.ParallelTrainer`) casts both once per step, before its
+first micro-batch, where a step would cast them more than once and the weights are plain
+parameters (ZeRO-0/1); the GEMMs then read the cast copies. TransformerEngine does the same
+(``is_first_microbatch``: its fp8 weight and transpose cache). Cost: the two fp8 copies, 2
+bytes per expert parameter, kept from step to step. Same values as casting in each pass.
+
+Fast accumulation in all three GEMMs, as torchao's grouped recipe has it. On CPU the products
+are emulated: the same fp8 values and scales, dequantized and multiplied with ``grouped_mm``
+in fp32.
 
 Not run in fp8 (the experts stay 16-bit, :func:`grouped_fp8_recipe`): ``tensorwise`` (the
 kernel refused its e5m2 gradient) and ``blockwise`` / ``mxfp8`` (no Hopper grouped kernel for
@@ -42,6 +53,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from meshplan.errors import ExecutorError
 from meshplan.executor.fp8_quant import FP8_DTYPES, scale_from_amax
 from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 
@@ -125,46 +137,102 @@ def _emulated(a, b, scale_a, scale_b, offs, out_dtype):
     return mm(a32, b32, offs=offs).to(out_dtype)
 
 
+def _forward_weight(weight: torch.Tensor, op) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward GEMM's W: per expert and output row (contracted over ``in``)."""
+    return _cast(weight, op, dim=2)
+
+
+def _dgrad_weight(weight: torch.Tensor, op) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data gradient's W: per expert and input column, column-major (the kernel's second
+    operand, contracted over ``out``)."""
+    wq, sw = _cast(weight, op, dim=1)
+    return wq.transpose(-2, -1).contiguous().transpose(-2, -1), sw
+
+
+def _weight_casts(weight: torch.Tensor, r) -> tuple[torch.Tensor, ...]:
+    return (*_forward_weight(weight, r.w_fwd), *_dgrad_weight(weight, r.w_dgrad))
+
+
+class Fp8ExpertWeights:
+    """One stacked expert weight's two fp8 casts, made by :meth:`refresh` once per optimizer
+    step and read by every micro-batch's GEMMs (module docstring). Refreshed in place, so a
+    compiled block reads the new values through the same tensors. ``compiled``: the casts
+    themselves under ``torch.compile`` (fused: one read of the weight per amax and per
+    cast), as the blocks are — eager, ``abs``, ``amax``, ``mul``, ``clamp`` and ``to`` each
+    pass over the fp32 weight: on 1 × H200 that made moeh24's compiled steps 7-19 % slower
+    than casting in every pass (docs/fp8.md)."""
+
+    def __init__(self, weight: torch.nn.Parameter, plan, *, compiled: bool = False):
+        self.weight, self.plan = weight, plan
+        self.forward = self.forward_scale = self.dgrad = self.dgrad_scale = None
+        self.version: int | None = None    # the weight's version counter at the last refresh
+        self._casts = torch.compile(_weight_casts, dynamic=False) if compiled else _weight_casts
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        with torch.autocast(self.weight.device.type, enabled=False):
+            cast = self._casts(self.weight, self.plan.recipe)
+        if self.forward is None:
+            self.forward, self.forward_scale, self.dgrad, self.dgrad_scale = cast
+        else:
+            for mine, new in zip((self.forward, self.forward_scale, self.dgrad,
+                                  self.dgrad_scale), cast):
+                mine.copy_(new)
+        self.version = self.weight._version
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """(forward W, its scales, dgrad W, its scales); an :class:`ExecutorError` if the
+        weight changed since the last :meth:`refresh` (checked outside torch.compile)."""
+        if self.forward is None or (not torch.compiler.is_compiling()
+                                    and self.weight._version != self.version):
+            raise ExecutorError("internal: the experts' fp8 weights were not refreshed after "
+                                "their weights changed (Fp8ExpertWeights.refresh once a step, "
+                                "before the first micro-batch)")
+        return self.forward, self.forward_scale, self.dgrad, self.dgrad_scale
+
+
 class _Fp8GroupedLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, offs, plan):
-        # x: rows × in (the compute dtype), grouped by ``offs``; weight: experts × out × in
+    def forward(ctx, x, weight, offs, plan, *cached):
+        # x: rows × in (the compute dtype), grouped by ``offs``; weight: experts × out × in;
+        # cached: () or Fp8ExpertWeights.tensors()
         with torch.autocast(x.device.type, enabled=False):
             r = plan.recipe
             xq, sx = _cast(x, r.x_fwd, dim=1)
-            wq, sw = _cast(weight, r.w_fwd, dim=2)
+            wq, sw = cached[:2] if cached else _forward_weight(weight, r.w_fwd)
             y = scaled_grouped_mm(xq, wq.transpose(-2, -1), sx, sw, offs, x.dtype, plan.emulate)
         ctx.plan = plan
-        ctx.save_for_backward(x, weight, offs)
+        ctx.save_for_backward(x, weight, offs, *cached[2:])
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, offs = ctx.saved_tensors
+        x, weight, offs, *cached = ctx.saved_tensors
         plan, r = ctx.plan, ctx.plan.recipe
         dy = dy.contiguous()
         dx = dw = None
         with torch.autocast(dy.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
                 dyq, sdy = _cast(dy, r.dy_dgrad, dim=1)
-                # W scaled per input column; the kernel reads it column-major (out contracted)
-                wq, sw = _cast(weight, r.w_dgrad, dim=1)
-                wq = wq.transpose(-2, -1).contiguous().transpose(-2, -1)
+                wq, sw = cached if cached else _dgrad_weight(weight, r.w_dgrad)
                 dx = scaled_grouped_mm(dyq, wq, sdy, sw, offs, dy.dtype, plan.emulate)
             if ctx.needs_input_grad[1]:
                 dyq, sdy = _cast_jagged(dy, offs, r.dy_wgrad)
                 xq, sx = _cast_jagged(x, offs, r.x_wgrad)
                 dw = scaled_grouped_mm(dyq.t().contiguous(), xq.t().contiguous().t(), sdy, sx,
                                        offs, dy.dtype, plan.emulate).to(weight.dtype)
-        return dx, dw, None, None
+        return (dx, dw, None, None) + (None,) * (4 if cached else 0)
 
 
 def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor,
-                       plan) -> torch.Tensor:
+                       plan, cached: Fp8ExpertWeights | None = None) -> torch.Tensor:
     """Per group g of ``x``'s rows (ending at ``offs[g]``, each a multiple of
-    :data:`FP8_GROUP_ALIGN_ROWS` rows), x_g·weight[g]ᵀ with fp8 GEMMs (module docstring)."""
-    return _Fp8GroupedLinear.apply(x, weight, offs, plan)
+    :data:`FP8_GROUP_ALIGN_ROWS` rows), x_g·weight[g]ᵀ with fp8 GEMMs (module docstring);
+    ``cached``: ``weight``'s casts made once a step (else cast here)."""
+    if cached is None:
+        return _Fp8GroupedLinear.apply(x, weight, offs, plan)
+    return _Fp8GroupedLinear.apply(x, weight, offs, plan, *cached.tensors())
 
 
-__all__ = ["FP8_GROUP_ALIGN_ROWS", "fp8_grouped_linear", "grouped_fp8_recipe",
-           "group_of_rows", "scaled_grouped_mm"]
+__all__ = ["FP8_GROUP_ALIGN_ROWS", "Fp8ExpertWeights", "fp8_grouped_linear",
+           "grouped_fp8_recipe", "group_of_rows", "scaled_grouped_mm"]

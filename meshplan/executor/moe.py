@@ -49,7 +49,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from meshplan.errors import ExecutorError
-from meshplan.executor.fp8_grouped import FP8_GROUP_ALIGN_ROWS, fp8_grouped_linear
+from meshplan.executor.fp8_grouped import (FP8_GROUP_ALIGN_ROWS, Fp8ExpertWeights,
+                                           fp8_grouped_linear)
 from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.mlp import MLP, seeded_normal
 from meshplan.executor.moe_permute import (GROUP_ALIGN_ROWS, SortedCopies, _count,  # noqa: F401
@@ -88,6 +89,7 @@ class GroupedExperts(nn.Module):
         self.b_out = nn.Parameter(torch.empty(self.count, h)) if spec.bias else None
         self.backend = "auto"     # "auto" | "loop" | "grouped"
         self.fp8 = None           # an fp8.Fp8Plan: fp8 grouped GEMMs (executor/fp8_grouped.py)
+        self.fp8_weights = None   # (w_in's, w_out's) Fp8ExpertWeights: cast once a step
         self.etp_rank, self.etp = 0, 1
         self.sections = spec.ffn_matrices
 
@@ -110,6 +112,16 @@ class GroupedExperts(nn.Module):
             if p is not None:
                 setattr(self, name, nn.Parameter(spec.shard(p.detach(), rank, size).clone()))
         self.etp_rank, self.etp = rank, size
+
+    def cache_fp8_weights(self, *, compiled: bool = False) -> list[Fp8ExpertWeights]:
+        """Cast ``w_in`` and ``w_out`` to fp8 once a step instead of in every pass (fp8
+        experts only; the caller refreshes the returned casts whenever the weights change:
+        :class:`~meshplan.executor.fp8_grouped.Fp8ExpertWeights`, ``compiled`` its casts)."""
+        if self.fp8 is None:
+            raise ExecutorError("internal: cache_fp8_weights on experts that do not run fp8")
+        self.fp8_weights = (Fp8ExpertWeights(self.w_in, self.fp8, compiled=compiled),
+                            Fp8ExpertWeights(self.w_out, self.fp8, compiled=compiled))
+        return list(self.fp8_weights)
 
     def _out_bias(self):
         """``b_out`` where the experts add it themselves (etp 1); with etp > 1 the layer adds
@@ -178,15 +190,19 @@ class GroupedExperts(nn.Module):
         xp = pad_rows(x.to(dtype), dest, total)
         offs = torch.cumsum(padded, 0).to(torch.int32)
         if self.fp8 is None:
-            def mm(a, w):
+            cached = (None, None)
+
+            def mm(a, w, c):
                 return _grouped_mm_fn()(a, w.to(dtype).transpose(-2, -1), offs=offs)
         else:
-            def mm(a, w):
-                return fp8_grouped_linear(a, w, offs, self.fp8)
-        h = mm(xp, self.w_in)
+            cached = self.fp8_weights or (None, None)
+
+            def mm(a, w, c):
+                return fp8_grouped_linear(a, w, offs, self.fp8, c)
+        h = mm(xp, self.w_in, cached[0])
         if self.b_in is not None:
             h = h + torch.repeat_interleave(self.b_in.to(dtype), padded, dim=0, output_size=total)
-        y = mm(self._act(h), self.w_out)
+        y = mm(self._act(h), self.w_out, cached[1])
         b_out = self._out_bias()
         if b_out is not None:
             y = y + torch.repeat_interleave(b_out.to(dtype), padded, dim=0, output_size=total)

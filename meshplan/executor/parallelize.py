@@ -22,11 +22,13 @@ embedding copies), then AdamW.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from meshplan.costmodel.fp8_experts import expert_weights_cached
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.spec.validate import (capacity_cuts_cp_chunks, check_context_parallel,
                                     check_experts)
@@ -118,6 +120,33 @@ class _Part:
     wrapped: torch.nn.Module       # what is called (DDP / FSDP / the module itself)
 
 
+#: the environment variable naming the ``torch.compile`` backend of the executor's compiled
+#: blocks and loss (:func:`compile_backend`)
+COMPILE_BACKEND_ENV = "MESHPLAN_COMPILE_BACKEND"
+#: the backends it may name: Inductor (the default, what every GPU run uses) and the graph-only
+#: backends the CPU test suite uses (tests/conftest.py): Dynamo, AOTAutograd (and with
+#: ``aot_eager_decomp_partition`` Inductor's decompositions and min-cut partitioner) without
+#: Inductor's code generation
+COMPILE_BACKENDS = ("inductor", "aot_eager_decomp_partition", "aot_eager", "eager")
+
+
+def compile_backend() -> str:
+    """The ``torch.compile`` backend of the executor's compiled blocks and loss: the value of
+    ``MESHPLAN_COMPILE_BACKEND``, read at each compile (unset or empty: "inductor").
+
+    Why: on CPU, Inductor compiles each fused kernel with a C++ compiler (1.5-2 s of CPU
+    each), most of the test suite's time, while the CPU tests of compiled layouts check the
+    graph (Dynamo's tracing, AOTAutograd's backward and partition, collectives under compile,
+    numerics against eager), which ``aot_eager_decomp_partition`` runs without code
+    generation. GPU runs leave it unset. Any other value is refused (ExecutorError)."""
+    name = os.environ.get(COMPILE_BACKEND_ENV, "") or "inductor"
+    if name not in COMPILE_BACKENDS:
+        raise ExecutorError(f"{COMPILE_BACKEND_ENV}={name!r} is not a torch.compile backend the "
+                            f"executor runs; valid: {', '.join(COMPILE_BACKENDS)} "
+                            f"(unset: inductor)")
+    return name
+
+
 def compiled_cross_entropy():
     """:func:`~meshplan.executor.model.cross_entropy` under ``torch.compile`` (what
     ``Layout.compile`` adds to the compiled blocks when tp = 1; the vocabulary-parallel
@@ -130,8 +159,8 @@ def compiled_cross_entropy():
     (head GEMM + loss, eager) takes 5.1 + 7.6 ms at micro-batch 4, of which the GEMMs are
     about 2.5 + 5 ms. Compiled, the upcast, log-sum-exp and the gradient fuse into passes
     over the 16-bit logits and nothing fp32 of logit size is kept. Same math in fp32 (the
-    reduction order may differ, as in the compiled blocks)."""
-    return torch.compile(cross_entropy, dynamic=False)
+    reduction order may differ, as in the compiled blocks). Backend: :func:`compile_backend`."""
+    return torch.compile(cross_entropy, dynamic=False, backend=compile_backend())
 
 
 class ParallelTrainer:
@@ -175,11 +204,12 @@ class ParallelTrainer:
                                tp_group=groups.tp_group if layout.tp > 1 else None,
                                tokens=layout.micro_batch * job.seq_len // layout.cp)
             m.activation_dtype = act_dtype if self.bf16 else None
+            backend = compile_backend() if compile else None
             for block in m.layers.values():
                 block.recompute_block = layout.recompute == "full"
                 block.attn.recompute_core = layout.recompute == "selective"
                 if compile:
-                    block.compile()
+                    block.compile(backend=backend)
             if self.expert_groups is not None:
                 # a pipeline schedule scales gradients by 1/micro-batches itself
                 epm.configure_moe(m, self.expert_groups,
@@ -220,6 +250,7 @@ class ParallelTrainer:
             self.optimizer = epm.JointOptimizer([self.optimizer, epm.build_expert_optimizer(
                 self.expert_params, self.expert_groups, zero=layout.zero, device=device,
                 config=optimizer)])
+        self.fp8_weight_casts = self._cache_fp8_expert_weights(compile)
         self.vocab_start = groups.tp_rank * (model.vocab_size // layout.tp)
         self._cross_entropy = compiled_cross_entropy() if compile else cross_entropy
         self.has_last = any(p.spec.is_last for p in self.parts)
@@ -235,6 +266,18 @@ class ParallelTrainer:
     def _make_stage(self, part: _Part):
         return build_stage(part.wrapped, part.spec, device=self.device,
                            group=self.groups.pp_group)
+
+    def _cache_fp8_expert_weights(self, compile: bool) -> list:
+        """fp8 routed experts cast their weights once a step, not in every pass
+        (:class:`~meshplan.executor.fp8_grouped.Fp8ExpertWeights`), where
+        :func:`~meshplan.costmodel.fp8_experts.expert_weights_cached` says (the rule the
+        cost model prices)."""
+        layout = self.layout
+        if not expert_weights_cached(layout.zero, self.num_microbatches, layout.recompute):
+            return []
+        return [w for part in self.parts for moe in epm.moe_layers(part.module)
+                if moe.experts.fp8 is not None
+                for w in moe.experts.cache_fp8_weights(compiled=compile)]
 
     # ---- training ----------------------------------------------------------------------
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -261,6 +304,8 @@ class ParallelTrainer:
         """
         mark = mark or (lambda name: None)
         self.optimizer.zero_grad(set_to_none=True)
+        for w in self.fp8_weight_casts:    # the weights changed at the last optimizer step
+            w.refresh()
         cp, cp_rank = self.layout.cp, self.groups.cp_rank
         x = shard_sequence(batch[:, :-1], cp, cp_rank).contiguous()
         y = shard_sequence(batch[:, 1:], cp, cp_rank).contiguous()
@@ -411,4 +456,5 @@ def gather_full(trainer: ParallelTrainer, kind: str) -> dict[str, torch.Tensor] 
     return out
 
 
-__all__ = ["ParallelTrainer", "check_layout_runnable", "compiled_cross_entropy", "gather_full"]
+__all__ = ["COMPILE_BACKENDS", "COMPILE_BACKEND_ENV", "ParallelTrainer", "check_layout_runnable",
+           "compile_backend", "compiled_cross_entropy", "gather_full"]

@@ -142,3 +142,69 @@ def test_the_kernel_probe_names_a_refusal_and_a_wrong_scale_layout():
     same = _kernel_vs_emulation(r, lambda x, w, p: fp8_grouped_linear(
         x, w, offs, Fp8Plan(recipe=r, emulate=True)), x0.bfloat16(), w0, "k", "it", "x")
     assert same == 0.0
+
+
+def _tiny_moe():
+    from meshplan.spec import ModelSpec
+    return ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4,
+                     num_kv_heads=2, ffn_hidden_size=128, vocab_size=128, max_seq_len=32,
+                     activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                     tied_embeddings=False, bias=False, num_experts=4, experts_per_token=2,
+                     moe_ffn_hidden_size=32)
+
+
+def _train_fp8_experts(cached: bool, compile: bool = False, steps: int = 3):
+    # steps of two micro-batches each, AdamW between steps: with ``cached`` the experts'
+    # weights are cast once a step (refreshed before the first micro-batch, as the trainer
+    # does), else in every pass
+    from meshplan.executor.model import Transformer, cross_entropy
+    torch.manual_seed(0)
+    m = Transformer(_tiny_moe())
+    m.init_weights(1)
+    casts = []
+    for block in m.layers.values():
+        ex = block.mlp.experts
+        ex.backend = "grouped"
+        ex.fp8 = Fp8Plan(recipe=recipe("rowwise"), emulate=True)
+        if cached:
+            casts += ex.cache_fp8_weights(compiled=compile)
+        if compile:
+            block.compile()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(2)
+    losses = []
+    for _ in range(steps):
+        for c in casts:
+            c.refresh()
+        opt.zero_grad()
+        for _ in range(2):
+            batch = torch.randint(0, 128, (2, 17), generator=gen)
+            loss = cross_entropy(m(batch[:, :-1]), batch[:, 1:])
+            (loss / 2).backward()
+            losses.append(loss.item())
+        opt.step()
+    return losses, m
+
+
+def test_weights_cast_once_a_step_train_exactly_as_cast_in_every_pass():
+    # the same fp8 values either way, so the same losses over three optimizer steps
+    assert _train_fp8_experts(True)[0] == _train_fp8_experts(False)[0]
+
+
+def test_a_compiled_block_reads_the_refreshed_casts():
+    # refreshed in place: a compiled block must see the new values, not the first step's
+    # (a stale cast would keep step 1's weights in steps 2 and 3)
+    compiled, _ = _train_fp8_experts(True, compile=True)
+    eager, _ = _train_fp8_experts(False)
+    assert compiled == pytest.approx(eager, rel=1e-5)
+
+
+def test_experts_used_after_their_weights_changed_without_a_refresh_fail_clearly():
+    from meshplan.errors import ExecutorError
+    _, m = _train_fp8_experts(True, steps=1)     # the optimizer stepped after the refresh
+    with pytest.raises(ExecutorError, match="not refreshed after their weights changed"):
+        m(torch.zeros(1, 16, dtype=torch.long))
+    ex = next(iter(m.layers.values())).mlp.experts
+    ex.fp8 = None
+    with pytest.raises(ExecutorError, match="experts that do not run fp8"):
+        ex.cache_fp8_weights()

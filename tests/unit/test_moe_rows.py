@@ -308,10 +308,13 @@ def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top()
     lay = Layout(dp=4, micro_batch=1)
     t = layer_tables(MOE, _cluster(*bf16, *fp8), fp8_job, lay)
     composed = layer_tables(MOE, _cluster(*bf16), fp8_job, lay)
-    assert t.layer_forward_s == pytest.approx(1.5e-3)
-    assert t.layer_backward_s == pytest.approx(3.5e-3)
+    # 4 micro-batches a step: the executor casts the experts' weights once a step, which
+    # the row (timed a pass at a time) cast in each pass
+    wf, wb = _weight_casts(_cluster(*bf16, *fp8), fp8_job, lay)
+    assert t.layer_forward_s == pytest.approx(1.5e-3 - wf + (wf + wb) / 4)
+    assert t.layer_backward_s == pytest.approx(3.5e-3 - wb)
     assert t.layer_activation_bytes == pytest.approx(0.9e8)
-    assert composed.layer_forward_s != pytest.approx(1.5e-3)
+    assert composed.layer_forward_s != pytest.approx(t.layer_forward_s)
     assert any("measured fp8 row (rowwise" in c for c in t.caveats)
     assert not any("measured fp8 row" in c for c in composed.caveats)
     # ep 2 without a row at ep 2: the fp8 row plus what ep adds, as the bf16 row gets it,
@@ -325,7 +328,10 @@ def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top()
     cl = _cluster(*bf16, *fp8)
     links = replace(group_links(cl, ep2), **expert_links(cl, ep2))
     routed = [_ep_delta(MOE, cl, j, ep2, lay, links).forward.total_s for j in (fp8_job, JOB)]
-    assert d8 - d16 == pytest.approx(routed[0] - routed[1], rel=1e-6) and d8 > 0
+    # and the once-a-step weight casts of ep 2's 4 local experts, not ep 1's 8
+    wf2, wb2 = _weight_casts(cl, fp8_job, ep2)
+    cached = (-wf2 + (wf2 + wb2) / 4) - (-wf + (wf + wb) / 4)
+    assert d8 - d16 == pytest.approx(routed[0] - routed[1] + cached, rel=1e-6) and d8 > 0
     # the fp8 rows a calibration timed with 16-bit experts (before the executor ran them
     # in fp8) price nothing now: composed from the bf16 row
     stale = [replace(r, fp8_experts=False) for r in fp8]
@@ -335,8 +341,44 @@ def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top()
     full = [_row(fwd=2e-3, bwd=6e-3, micro_batch=mb, recompute="full") for mb in (1, 2)]
     t = layer_tables(MOE, _cluster(*bf16, *fp8, *full), fp8_job,
                      replace(lay, recompute="full"))
-    assert t.layer_forward_s == pytest.approx(1.5e-3)
-    assert t.layer_backward_s == pytest.approx(6e-3 - 0.5e-3 - 0.5e-3)
+    assert t.layer_forward_s == pytest.approx(1.5e-3 - wf + (wf + wb) / 4)
+    # full recompute's second forward casts no weights either
+    assert t.layer_backward_s == pytest.approx(6e-3 - 0.5e-3 - 0.5e-3 - wb - wf)
+
+
+def _weight_casts(cluster, job, layout) -> tuple[float, float]:
+    """The experts' weight casts of one forward and one backward, as priced."""
+    from meshplan.costmodel.corrections import load_imbalance
+    from meshplan.costmodel.moe_layer import routed_mlp
+    links = replace(group_links(cluster, layout), **expert_links(cluster, layout))
+    f8 = routed_mlp(MOE, cluster, job, layout, links,
+                    load_imbalance(cluster.gpu.corrections, layout.ep)).fp8
+    assert f8.weight_forward_cast_s > 0 and f8.weight_backward_cast_s > 0
+    return f8.weight_forward_cast_s, f8.weight_backward_cast_s
+
+
+def test_fp8_experts_cast_their_weights_once_a_step_where_the_executor_does():
+    """Several micro-batches (or full recompute) at ZeRO-0/1: the weight casts of every
+    pass come off the row and go on once a step, and the two fp8 copies are held; one
+    micro-batch without full recompute: the row as timed."""
+    from meshplan.costmodel.fp8_experts import expert_weights_cached
+    from meshplan.costmodel.moe import moe_params_per_rank
+    fp8_job = replace(JOB, precision="fp8", fp8_recipe="rowwise")
+    fp8 = [_row(fwd=1.5e-3, bwd=3.5e-3, micro_batch=mb, precision="fp8", fp8_recipe="rowwise",
+                fp8_experts=True) for mb in (1, 2, 4)]
+    cl = _cluster(*[_row(micro_batch=mb) for mb in (1, 2, 4)], *fp8)
+    one = Layout(dp=4, micro_batch=4)                   # 16 sequences: one micro-batch
+    assert not expert_weights_cached(one.zero, 1, one.recompute)
+    t1 = layer_tables(MOE, cl, fp8_job, one)
+    assert (t1.layer_forward_s, t1.layer_backward_s) == pytest.approx((1.5e-3, 3.5e-3))
+    four = Layout(dp=4, micro_batch=1)
+    wf, wb = _weight_casts(cl, fp8_job, four)
+    t4 = layer_tables(MOE, cl, fp8_job, four)
+    assert t4.layer_forward_s == pytest.approx(1.5e-3 - wf + (wf + wb) / 4)
+    assert t4.layer_backward_s == pytest.approx(3.5e-3 - wb)
+    e1, e4 = (estimate(MOE, cl, fp8_job, lay) for lay in (one, four))
+    cache = 2.0 * moe_params_per_rank(MOE, four).experts * MOE.num_layers
+    assert e4.memory[0].weights_bytes - e1.memory[0].weights_bytes == pytest.approx(cache)
 
 
 def test_with_ep2_a_compiled_layout_reads_the_eager_row():
