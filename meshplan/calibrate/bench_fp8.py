@@ -31,8 +31,9 @@ import torch.nn.functional as F
 
 from meshplan.calibrate.shapes import GemmShape
 from meshplan.calibrate.timing import time_fn, time_queued_split
-from meshplan.costmodel.fp8 import SCALE_BYTES, scale_count
-from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable, fp8_linear
+from meshplan.costmodel.fp8 import SCALE_BYTES, linear_cast_traffic, scale_count
+from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable, fp8_linear, recipe
+from meshplan.executor.fp8_grouped import Fp8ExpertWeights
 from meshplan.executor.fp8_quant import quantize
 
 #: the block kinds of the recipes the executor runs, by the cast they time
@@ -153,6 +154,41 @@ def bench_fp8_casts_compiled(rows: int, cols: int, device: torch.device,
     return out
 
 
+#: the stacked weight whose compiled cast calibrate times (experts × out × in, fp32): large
+#: enough to stream at HBM speed, as the fp8 routed experts' weights of the checked models
+WEIGHT_CAST_SHAPE = (8, 8192, 4096)
+
+
+def weight_cast_bytes(experts: int, out_features: int, in_features: int) -> float:
+    """What :func:`meshplan.costmodel.fp8.linear_cast_traffic` charges the casts of a stacked
+    fp32 weight to its forward and data-gradient fp8 layouts (recipe rowwise)."""
+    c = linear_cast_traffic(1, in_features, out_features, "rowwise", act_bytes=2,
+                            weight_bytes=4)
+    return experts * c.weight_bytes
+
+
+def bench_fp8_weight_cast(device: torch.device, shape: tuple[int, int, int] = WEIGHT_CAST_SHAPE
+                          ) -> dict[str, Any]:
+    """The compiled cast of a stacked fp32 weight to both fp8 layouts, as the executor's
+    fp8 routed experts cast theirs once a step
+    (:class:`meshplan.executor.fp8_grouped.Fp8ExpertWeights`): ``op`` "weight cast
+    compiled", or its ``error``."""
+    e, o, i = shape
+    row: dict[str, Any] = {"op": "weight cast compiled", "experts": e, "rows": o, "cols": i,
+                           "bytes": weight_cast_bytes(e, o, i)}
+    try:
+        w = torch.nn.Parameter(torch.randn(e, o, i, device=device) * 0.02)
+        plan = Fp8Plan(recipe=recipe("rowwise"), emulate=device.type != "cuda")
+        casts = Fp8ExpertWeights(w, plan, compiled=True)
+        torch._dynamo.reset()
+        t = time_fn(casts.refresh, device=device)
+        row.update(seconds=t.median_s, iters=t.iters)
+    except Exception as exc:   # noqa: BLE001 (a device that cannot cast to fp8 says so)
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    torch._dynamo.reset()
+    return row
+
+
 def fp8_rows(shapes: Iterable[GemmShape], device: torch.device, *,
              recipes: Sequence[str] = RUNNABLE_RECIPES,
              cast_shape: tuple[int, int] = (8192, 4096), compiled_casts: bool = False,
@@ -180,6 +216,7 @@ def fp8_rows(shapes: Iterable[GemmShape], device: torch.device, *,
     casts = bench_fp8_casts(*cast_shape, device)
     if compiled_casts:
         casts += bench_fp8_casts_compiled(*cast_shape, device)
+        casts.append(bench_fp8_weight_cast(device))
     return {"fp8_gemm": gemm_rows, "fp8_cast": casts}
 
 
@@ -189,5 +226,6 @@ def cast_gbps(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
 
 
 __all__ = ["linear_calls", "bench_fp8_gemm", "bench_fp8_casts", "bench_fp8_casts_compiled",
+           "bench_fp8_weight_cast", "weight_cast_bytes", "WEIGHT_CAST_SHAPE",
            "fp8_rows", "cast_gbps", "cast_bytes", "CAST_BLOCKS", "COMPILED_CAST_BLOCKS",
            "RUNNABLE_RECIPES"]

@@ -106,11 +106,17 @@ def _layer(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout, experts: b
 
 def _expert_casts(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout,
                   experts: bool) -> float:
-    """The routed experts' cast seconds (forward + backward), where they ran in fp8."""
+    """The routed experts' cast seconds (forward + backward) the block share scales, where
+    they ran in fp8: without their weights' casts where the profile prices those at its
+    measured ``fp8_cast_weight_gbps`` (no share)."""
     if not (experts and model.is_moe):
         return 0.0
     f8 = routed_mlp(model, cluster, job, lay, _moe_links(cluster, lay), 1.0).fp8
-    return 0.0 if f8 is None else f8.forward_cast_s + f8.backward_cast_s
+    if f8 is None:
+        return 0.0
+    weights = (f8.weight_forward_cast_s + f8.weight_backward_cast_s
+               if lay.compile and cluster.gpu.fp8_cast_weight_gbps > 0 else 0.0)
+    return f8.forward_cast_s + f8.backward_cast_s - weights
 
 
 def _moe_links(cluster: Cluster, lay: Layout):

@@ -23,6 +23,10 @@ the benchmark it came from:
   puts on the CPU's timeline (:func:`eager_cast_split_fit`; costmodel/fp8_cost.py, "Eager
   casts: GPU and host apart").
 * ``fp8_cast_compiled_gbps``: Σ bytes / Σ seconds of the compiled cast rows.
+* ``fp8_cast_weight_gbps``: the same of the compiled cast of a large stacked fp32 weight to
+  its forward and data-gradient layouts (:func:`meshplan.calibrate.bench_fp8.
+  bench_fp8_weight_cast`; bytes as ``linear_cast_traffic`` counts a weight's casts), the
+  rate :mod:`meshplan.costmodel.fp8_experts` prices fp8 routed experts' weight casts at.
 * ``fp8_torch_recipes``: the recipes with at least one timed row (a recipe this torch or
   GPU cannot run leaves one row with its ``error``).
 """
@@ -106,6 +110,16 @@ def _least_squares(pts: Sequence[tuple[float, float, float]]) -> tuple[float, fl
     return (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
 
 
+def weight_cast_gbps(rows: Iterable[Mapping[str, Any]]) -> float | None:
+    """Σ bytes / Σ seconds of the stacked weights' compiled cast rows ("weight cast
+    compiled"), GB/s (None: none timed)."""
+    done = [r for r in rows
+            if r.get("op") == "weight cast compiled" and r.get("seconds", 0) > 0]
+    if not done:
+        return None
+    return sum(r["bytes"] for r in done) / sum(r["seconds"] for r in done) / 1e9
+
+
 def compiled_cast_gbps(rows: Iterable[Mapping[str, Any]]) -> float | None:
     """Σ bytes / Σ seconds of the compiled cast rows, GB/s (None: none timed)."""
     done = [r for r in rows if str(r.get("op", "")).startswith("compiled cast")
@@ -117,4 +131,4 @@ def compiled_cast_gbps(rows: Iterable[Mapping[str, Any]]) -> float | None:
 
 __all__ = ["fp8_gemm_efficiency_points", "timed_recipes", "eager_cast_fit",
            "eager_cast_split_fit",
-           "compiled_cast_gbps", "EAGER_WEIGHT_BYTES"]
+           "compiled_cast_gbps", "weight_cast_gbps", "EAGER_WEIGHT_BYTES"]

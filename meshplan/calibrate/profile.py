@@ -297,6 +297,9 @@ def fp8_keys(rows: Mapping[str, list[dict[str, Any]]], base: GPUSpec,
     compiled = fp8p.compiled_cast_gbps(casts)
     if compiled is not None:
         out["fp8_cast_compiled_gbps"] = compiled
+    weights = fp8p.weight_cast_gbps(casts)
+    if weights is not None:
+        out["fp8_cast_weight_gbps"] = weights
     measured += list(out)
     return out
 

@@ -34,7 +34,10 @@ GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
   pass, not one per expert): the rows' and gradients' casts of fc1 and fc2
   (:func:`meshplan.costmodel.fp8.linear_cast_traffic` at the rank's R rows) and the
   stacked weights' casts — forward along the input, backward along the output — in every
-  pass, from the fp32 master under ZeRO-0/1 or FSDP2's bf16 copy; where the executor casts
+  pass, from the fp32 master under ZeRO-0/1 or FSDP2's bf16 copy (compiled, at the
+  profile's ``fp8_cast_weight_gbps`` where calibrate measured it: the compiled cast of a
+  large stacked weight, which the cast rate of activation-sized tensors and the block share
+  price 3× low — moeh24, docs/fp8.md); where the executor casts
   them once a step instead (:func:`expert_weights_cached`: ZeRO-0/1 and more than one
   forward a step), :func:`meshplan.costmodel.moe_layer.with_cached_expert_weights` moves
   them from every pass to once a step (``weight_cast_step_s``, as TE's cache) and adds the
@@ -147,10 +150,14 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         if te:
             cast_w += rate.seconds(c.weight_passes, c.weight_bytes)
         else:       # every pass: the stacked weights, forward and backward casts
-            weight_f += rate.seconds(c.weight_forward_passes,
-                                     local_experts * c.weight_forward_bytes)
-            weight_b += rate.seconds(c.weight_passes - c.weight_forward_passes,
-                                     local_experts * (c.weight_bytes - c.weight_forward_bytes))
+            f_bytes = local_experts * c.weight_forward_bytes
+            b_bytes = local_experts * (c.weight_bytes - c.weight_forward_bytes)
+            if compile and gpu.fp8_cast_weight_gbps > 0:
+                weight_f += f_bytes / (gpu.fp8_cast_weight_gbps * 1e9)
+                weight_b += b_bytes / (gpu.fp8_cast_weight_gbps * 1e9)
+            else:
+                weight_f += rate.seconds(c.weight_forward_passes, f_bytes)
+                weight_b += rate.seconds(c.weight_passes - c.weight_forward_passes, b_bytes)
     params = local_experts * hidden * (fc1_width + fc2_width)
     ratio = fp8_s / bf16_s if bf16_s > 0 else 1.0
     if not te:

@@ -25,7 +25,8 @@ DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 HOST_KEYS = ("host_op_dispatch_s", "host_sync_s", "host_comm_op_s", "host_all_to_all_s")
 FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps",
                  "fp8_cast_eager_gpu_pass_s", "fp8_cast_eager_gpu_gbps",
-                 "fp8_cast_eager_host_pass_s", "fp8_cast_compiled_block_share")
+                 "fp8_cast_eager_host_pass_s", "fp8_cast_compiled_block_share",
+                 "fp8_cast_weight_gbps")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +90,10 @@ class GPUSpec:
     # fp8_cast_compiled_gbps (Inductor fuses them with the kernels around them); 0: not known,
     # priced as cast alone
     fp8_cast_compiled_block_share: float = 0.0
+    # the compiled cast of a large stacked fp32 weight to both of its fp8 layouts (forward,
+    # data gradient), as fp8 routed experts cast theirs: bytes at this bandwidth (0: not
+    # measured, priced as the other compiled casts)
+    fp8_cast_weight_gbps: float = 0.0
     # the fp8 recipes whose torch._scaled_mm kernel ran on this GPU with the executor (runtime
     # "torch"; empty: not known, nothing refused)
     fp8_torch_recipes: tuple[str, ...] = ()

@@ -7,7 +7,8 @@ import pytest
 
 from meshplan.calibrate import profile as prof
 from meshplan.calibrate.fp8_profile import (compiled_cast_gbps, eager_cast_fit,
-                                            fp8_gemm_efficiency_points, timed_recipes)
+                                            fp8_gemm_efficiency_points, timed_recipes,
+                                            weight_cast_gbps)
 from meshplan.calibrate.tomlfile import dumps, write_text_atomic
 from meshplan.costmodel.fp8 import linear_cast_traffic
 from meshplan.hardware_profiles import builtin_gpu
@@ -57,6 +58,29 @@ def test_curve_points_recipes_and_compiled_casts():
              {"op": "compiled cast row", "bytes": 2e9, "seconds": 3e-3}]
     assert compiled_cast_gbps(casts) == pytest.approx(4e9 / 4e-3 / 1e9)
     assert compiled_cast_gbps(casts[:1]) is None
+    # the stacked weight's cast is its own key, not one of the compiled casts
+    weight = {"op": "weight cast compiled", "bytes": 6e9, "seconds": 2e-3}
+    assert compiled_cast_gbps(casts + [weight]) == pytest.approx(4e9 / 4e-3 / 1e9)
+    assert weight_cast_gbps(casts + [weight]) == pytest.approx(3000.0)
+    assert weight_cast_gbps(casts + [dict(weight, seconds=0, error="x")]) is None
+
+
+def test_the_weight_cast_row_times_the_experts_once_a_step_cast(tmp_path):
+    """calibrate's row (on CPU here, a small stack): bytes as the cost model counts a
+    weight's casts; written to the profile as fp8_cast_weight_gbps, which prices compiled
+    fp8 experts' weight casts at bytes / rate."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate.bench_fp8 import bench_fp8_weight_cast, weight_cast_bytes
+    row = bench_fp8_weight_cast(torch.device("cpu"), shape=(2, 64, 32))
+    assert "error" not in row and row["seconds"] > 0
+    c = linear_cast_traffic(1, 32, 64, "rowwise", act_bytes=2, weight_bytes=4)
+    assert row["bytes"] == weight_cast_bytes(2, 64, 32) == 2 * c.weight_bytes
+    assert c.weight_bytes > 2 * 64 * 32 * (2 * 4 + 1)      # both layouts, each read twice
+    doc = prof.build_profile(measurements={"fp8_cast": [dict(row, seconds=1e-3)]}, base=H100,
+                             device="cuda", provenance={"machine": "t"})
+    assert "fp8_cast_weight_gbps" in doc["measured"]
+    gpu = load_profile(write_text_atomic(tmp_path / "p.toml", dumps(doc))).gpu
+    assert gpu.fp8_cast_weight_gbps == pytest.approx(row["bytes"] / 1e-3 / 1e9)
 
 
 def test_profile_writes_the_fp8_keys_and_a_profile_without_them_inherits_the_base(tmp_path):

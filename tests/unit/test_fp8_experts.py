@@ -185,3 +185,30 @@ def test_a_bf16_moe_row_priced_for_rowwise_fp8_gets_the_experts_fp8_terms(monkey
     # what FSDP2 rows replacing the layer later are given: the experts' change too
     assert p_rw.fp8_delta_s[0] - dense_only.fp8_delta_s[0] == pytest.approx(
         f8.forward.total_s - b16.forward.total_s, rel=1e-9)
+
+
+def test_compiled_expert_weight_casts_at_the_measured_weight_cast_rate():
+    """A profile with fp8_cast_weight_gbps (calibrate's compiled cast of a large stacked
+    weight) prices compiled rowwise experts' weight casts at bytes / that rate; eager ones
+    and a profile without it as before."""
+    import dataclasses
+    j = job("fp8", "torch", recipe="rowwise")
+    gpu = dataclasses.replace(CLUSTER.gpu, fp8_cast_weight_gbps=3000.0)
+    kw = dict(rows_per_expert=512, local_experts=4, hidden=1024, fc1_width=1024,
+              fc2_width=512)
+    fast = fp8_experts(CLUSTER.with_gpu(gpu), j, compile=True, **kw)
+    f_bytes = b_bytes = 0.0
+    for k, n in ((1024, 1024), (512, 1024)):
+        c = fp8.linear_cast_traffic(4 * 512, k, n, "rowwise", act_bytes=2, weight_bytes=4)
+        f_bytes += 4 * c.weight_forward_bytes
+        b_bytes += 4 * (c.weight_bytes - c.weight_forward_bytes)
+    assert fast.weight_forward_cast_s == pytest.approx(f_bytes / 3e12)
+    assert fast.weight_backward_cast_s == pytest.approx(b_bytes / 3e12)
+    before = fp8_experts(CLUSTER, j, compile=True, **kw)
+    assert before.weight_forward_cast_s != pytest.approx(fast.weight_forward_cast_s)
+    # the rows' and gradients' casts are the same either way
+    assert (fast.forward_cast_s - fast.weight_forward_cast_s) == pytest.approx(
+        before.forward_cast_s - before.weight_forward_cast_s)
+    eager = [fp8_experts(c, j, compile=False, **kw)
+             for c in (CLUSTER, CLUSTER.with_gpu(gpu))]
+    assert eager[0] == eager[1]
