@@ -1,7 +1,7 @@
 """FP8 routed experts (meshplan.costmodel.fp8_experts): TransformerEngine's grouped linears run
 their GEMMs in fp8 with casts and a weight cache (runtime "megatron"); the executor's run fp8
-grouped GEMMs under recipe rowwise, cast every micro-batch, without the 16-bit weight copies
-(runtime "torch"), and stay 16-bit under the other recipes; the router stays 16-bit."""
+grouped GEMMs under recipe rowwise, cast in every pass (the weights once a step where the
+executor caches them), without the 16-bit weight copies (runtime "torch"), and stay 16-bit under the other recipes; the router stays 16-bit."""
 
 import pytest
 
