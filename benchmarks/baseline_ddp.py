@@ -101,7 +101,7 @@ def wrap_fsdp(m, *, compile: bool, recompute: str, bf16: bool):
     return m
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -240,19 +240,25 @@ def main(argv=None) -> int:
         print(f"{doc['name']}: {1e3 * step_s:.1f} ms/step, "
               f"{doc['tokens_per_s']:,.0f} tokens/s{mfu}", flush=True)
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    # leave here, while main's locals still hold DDP and the process group: their C++
+    # destructors hung at return about one gloo run in ten under CPU contention (the rank
+    # had written its results; found with faulthandler), and torchrun waited for it
+    _leave(0)
+
+
+def _leave(rc: int) -> None:
+    """Flush and end the process without interpreter teardown or destructors: on CPU about
+    one FSDP2 run in four aborted in teardown after its work ("terminate called without an
+    active exception": a C++ thread still joinable)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":
     try:
-        rc = main()
+        main()
     except Exception:           # e.g. out of memory: say so and leave at once, rather than
         import traceback        # tear NCCL down while the other ranks wait in a collective
         traceback.print_exc()
-        rc = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # skip interpreter teardown: on CPU about one FSDP2 run in four aborted there after its
-    # work ("terminate called without an active exception": a C++ thread still joinable)
-    os._exit(rc)
+        _leave(1)
