@@ -88,8 +88,9 @@ def _dist_env() -> tuple[int, int, int, int]:
 
 def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     """Run the plan; returns the exit code. ``hard_exit`` (the ``python -m`` entry point)
-    skips destroying the process group: gloo with FSDP2 aborts in its teardown ("terminate
-    called without an active exception", torch 2.13 CPU), and the process ends anyway."""
+    ends the process once the work is written, skipping the process group's and the model's
+    destruction: gloo with FSDP2 aborts in its teardown ("terminate called without an active
+    exception", torch 2.13 CPU), and a gloo DDP run's destructors hung one time in ten."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank, world, local_rank, local_world = _dist_env()
@@ -373,8 +374,9 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         print(format_table(measured, prediction, doc["errors_pct"]), flush=True)
         _log(f"wrote {out}")
     dist.barrier()
-    if not hard_exit:
-        dist.destroy_process_group()
+    if hard_exit:   # before _run's locals go: their C++ destructors can hang (baseline_ddp.py)
+        _flush_and_exit(0)
+    dist.destroy_process_group()
     return 0
 
 
