@@ -99,7 +99,7 @@ def _cached(torch, rec, experts, hidden, width, x, counts, dy, device, compiled:
     """fp8 experts whose weights are cast once a step: the pass, and the cast."""
     mode = "compiled" if compiled else "eager"
     ex = _experts(torch, experts, hidden, width, True, device)
-    casts = ex.cache_fp8_weights(compiled=compiled)
+    casts = ex.cache_fp8_weights(backend="inductor" if compiled else None)
     call = torch.compile(ex) if compiled else ex
 
     def refresh():

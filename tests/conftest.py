@@ -17,6 +17,11 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# The executor's compiled blocks and loss compile with the graph-only backend: Dynamo,
+# AOTAutograd's backward and partition and Inductor's decompositions, without Inductor's C++
+# code generation (1.5-2 s of CPU a kernel, most of the suite's time). A few tests keep
+# Inductor (Case(compile_backend="inductor")); meshplan.executor.parallelize.compile_backend.
+os.environ.setdefault("MESHPLAN_COMPILE_BACKEND", "aot_eager_decomp_partition")
 
 
 def pytest_configure(config):

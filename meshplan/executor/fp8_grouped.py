@@ -156,17 +156,18 @@ def _weight_casts(weight: torch.Tensor, r) -> tuple[torch.Tensor, ...]:
 class Fp8ExpertWeights:
     """One stacked expert weight's two fp8 casts, made by :meth:`refresh` once per optimizer
     step and read by every micro-batch's GEMMs (module docstring). Refreshed in place, so a
-    compiled block reads the new values through the same tensors. ``compiled``: the casts
-    themselves under ``torch.compile`` (fused: one read of the weight per amax and per
+    compiled block reads the new values through the same tensors. ``backend``: the casts
+    themselves under ``torch.compile`` with that backend, None eager (fused: one read of the weight per amax and per
     cast), as the blocks are — eager, ``abs``, ``amax``, ``mul``, ``clamp`` and ``to`` each
     pass over the fp32 weight: on 1 × H200 that made moeh24's compiled steps 7-19 % slower
     than casting in every pass (docs/fp8.md)."""
 
-    def __init__(self, weight: torch.nn.Parameter, plan, *, compiled: bool = False):
+    def __init__(self, weight: torch.nn.Parameter, plan, *, backend: str | None = None):
         self.weight, self.plan = weight, plan
         self.forward = self.forward_scale = self.dgrad = self.dgrad_scale = None
         self.version: int | None = None    # the weight's version counter at the last refresh
-        self._casts = torch.compile(_weight_casts, dynamic=False) if compiled else _weight_casts
+        self._casts = (_weight_casts if backend is None
+                       else torch.compile(_weight_casts, dynamic=False, backend=backend))
 
     @torch.no_grad()
     def refresh(self) -> None:

@@ -113,14 +113,15 @@ class GroupedExperts(nn.Module):
                 setattr(self, name, nn.Parameter(spec.shard(p.detach(), rank, size).clone()))
         self.etp_rank, self.etp = rank, size
 
-    def cache_fp8_weights(self, *, compiled: bool = False) -> list[Fp8ExpertWeights]:
+    def cache_fp8_weights(self, *, backend: str | None = None) -> list[Fp8ExpertWeights]:
         """Cast ``w_in`` and ``w_out`` to fp8 once a step instead of in every pass (fp8
         experts only; the caller refreshes the returned casts whenever the weights change:
-        :class:`~meshplan.executor.fp8_grouped.Fp8ExpertWeights`, ``compiled`` its casts)."""
+        :class:`~meshplan.executor.fp8_grouped.Fp8ExpertWeights`; ``backend`` the
+        ``torch.compile`` backend of its casts, None eager)."""
         if self.fp8 is None:
             raise ExecutorError("internal: cache_fp8_weights on experts that do not run fp8")
-        self.fp8_weights = (Fp8ExpertWeights(self.w_in, self.fp8, compiled=compiled),
-                            Fp8ExpertWeights(self.w_out, self.fp8, compiled=compiled))
+        self.fp8_weights = (Fp8ExpertWeights(self.w_in, self.fp8, backend=backend),
+                            Fp8ExpertWeights(self.w_out, self.fp8, backend=backend))
         return list(self.fp8_weights)
 
     def _out_bias(self):

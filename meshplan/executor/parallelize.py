@@ -277,7 +277,8 @@ class ParallelTrainer:
             return []
         return [w for part in self.parts for moe in epm.moe_layers(part.module)
                 if moe.experts.fp8 is not None
-                for w in moe.experts.cache_fp8_weights(compiled=compile)]
+                for w in moe.experts.cache_fp8_weights(
+                    backend=compile_backend() if compile else None)]
 
     # ---- training ----------------------------------------------------------------------
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

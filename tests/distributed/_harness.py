@@ -36,9 +36,26 @@ class Case:
     model: ModelSpec
     job: Job
     layout: Layout | None     # None: compare hand-written TP layers with DTensor's
+    #: torch.compile backend of a compiled layout (None: the session's, tests/conftest.py)
+    compile_backend: str | None = None
 
 
 def _run_case(case: Case):
+    from meshplan.executor.parallelize import COMPILE_BACKEND_ENV
+    if case.compile_backend is None:
+        return _train_case(case)
+    before = os.environ.get(COMPILE_BACKEND_ENV)
+    os.environ[COMPILE_BACKEND_ENV] = case.compile_backend
+    try:
+        return _train_case(case)
+    finally:
+        if before is None:
+            del os.environ[COMPILE_BACKEND_ENV]
+        else:
+            os.environ[COMPILE_BACKEND_ENV] = before
+
+
+def _train_case(case: Case):
     from meshplan.executor.mesh import build_mesh
     from meshplan.executor.parallelize import ParallelTrainer, gather_full
     groups = build_mesh(case.layout, "cpu", tied_embeddings=case.model.tied_embeddings)

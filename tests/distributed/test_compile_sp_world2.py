@@ -23,8 +23,10 @@ import torch  # noqa: E402
 from _harness import Case, run_cases  # noqa: E402
 
 JOB = Job(global_batch=8, seq_len=16, precision="fp32")
+# Inductor, as on a GPU: its generated kernels around the SP collectives are the question
 CASES = [Case(f"llama-tp2-sp-{'compiled' if c else 'eager'}", LLAMA, JOB,
-              Layout(tp=2, sequence_parallel=True, micro_batch=2, compile=c))
+              Layout(tp=2, sequence_parallel=True, micro_batch=2, compile=c),
+              compile_backend="inductor" if c else None)
          for c in (True, False)]
 
 

@@ -167,7 +167,7 @@ def _train_fp8_experts(cached: bool, compile: bool = False, steps: int = 3):
         ex.backend = "grouped"
         ex.fp8 = Fp8Plan(recipe=recipe("rowwise"), emulate=True)
         if cached:
-            casts += ex.cache_fp8_weights(compiled=compile)
+            casts += ex.cache_fp8_weights(backend="inductor" if compile else None)
         if compile:
             block.compile()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -193,10 +193,13 @@ def test_weights_cast_once_a_step_train_exactly_as_cast_in_every_pass():
 
 def test_a_compiled_block_reads_the_refreshed_casts():
     # refreshed in place: a compiled block must see the new values, not the first step's
-    # (a stale cast would keep step 1's weights in steps 2 and 3)
+    # (a stale cast keeps step 1's weights in steps 2 and 3: 3.2e-3 relative off in the
+    # last loss). The reference is the compiled block casting in every pass: Inductor's CPU
+    # kernels reassociate by the machine's vector width, which moved compiled against eager
+    # 1.5e-5 on one 2-core machine and not on CI's; like for like they agreed exactly
     compiled, _ = _train_fp8_experts(True, compile=True)
-    eager, _ = _train_fp8_experts(False)
-    assert compiled == pytest.approx(eager, rel=1e-5)
+    in_every_pass, _ = _train_fp8_experts(False, compile=True)
+    assert compiled == pytest.approx(in_every_pass, rel=1e-5)
 
 
 def test_experts_used_after_their_weights_changed_without_a_refresh_fail_clearly():
