@@ -29,7 +29,7 @@ from typing import Sequence
 
 from meshplan.costmodel.data_parallel import group_links
 from meshplan.costmodel.fp8_experts import torch_experts_fp8
-from meshplan.costmodel.moe_layer import routed_mlp, shared_width
+from meshplan.costmodel.moe_layer import routed_mlp, shared_width, with_cached_expert_weights
 from meshplan.costmodel.moe_rows import fp8_experts_on_bf16_row
 from meshplan.costmodel.moe_tables import expert_links
 from meshplan.costmodel.parts import layer_parts
@@ -79,21 +79,26 @@ def composed_rows(model: ModelSpec, cluster: Cluster, share: float = 0.0) -> lis
         read = cluster.with_gpu(dataclasses.replace(cluster.gpu, measured=dataclasses.replace(
             meas, layers=tuple(dataclasses.replace(x, fp8_experts=now) if x is r else x
                                for x in meas.layers))))
-        p_alone = _layer(model, alone, job, lay, r.fp8_experts)
+        cached = r.fp8_weights_cached
+        p_alone = _layer(model, alone, job, lay, r.fp8_experts, cached)
         casts = (p_alone.fp8.forward_cast_s + p_alone.fp8.backward_cast_s
-                 + _expert_casts(model, alone, job, lay, r.fp8_experts))
+                 + _expert_casts(model, alone, job, lay, r.fp8_experts, cached))
         out.append(dict(model=model.name, tp=r.tp, recompute=r.recompute,
                         micro_batch=r.micro_batch,
                         measured_s=_total_s(_layer(model, read, job, lay, False)),
-                        composed_s=_total_s(_layer(model, priced, job, lay, r.fp8_experts)),
+                        composed_s=_total_s(_layer(model, priced, job, lay, r.fp8_experts,
+                                                   cached)),
                         composed_without_casts_s=_total_s(p_alone) - casts,
                         casts_alone_s=casts))
     return out
 
 
-def _layer(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout, experts: bool):
+def _layer(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout, experts: bool,
+           cached: bool = False):
     """The layer's parts as an estimate reads them at ``lay`` (ep 1); an MoE layer with the
-    shared experts as its MLP, the routed experts' fp8 terms added where ``experts``."""
+    shared experts as its MLP, the routed experts' fp8 terms added where ``experts``,
+    without their weights' casts where the row was timed with them cast beforehand
+    (``cached``)."""
     links = group_links(cluster, lay)
     at = (lay.micro_batch, lay.tp, False, lay.recompute, links.tp, links.pp, True, False)
     if not model.is_moe:
@@ -101,21 +106,28 @@ def _layer(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout, experts: b
     parts = layer_parts(model, cluster, job, *at, mlp_width=shared_width(model))
     if not experts:
         return parts
-    return fp8_experts_on_bf16_row(parts, model, cluster, job, lay, _moe_links(cluster, lay))
+    parts = fp8_experts_on_bf16_row(parts, model, cluster, job, lay, _moe_links(cluster, lay))
+    if not cached:
+        return parts
+    # lay's step has two micro-batches at ZeRO-0: the casts come off each pass (the
+    # once-a-step cast goes to parts.fp8, outside the layer's passes compared here)
+    f8 = routed_mlp(model, cluster, job, lay, _moe_links(cluster, lay), 1.0).fp8
+    return with_cached_expert_weights(parts, model, job, lay, f8)
 
 
 def _expert_casts(model: ModelSpec, cluster: Cluster, job: Job, lay: Layout,
-                  experts: bool) -> float:
+                  experts: bool, cached: bool = False) -> float:
     """The routed experts' cast seconds (forward + backward) the block share scales, where
-    they ran in fp8: without their weights' casts where the profile prices those at its
-    measured ``fp8_cast_weight_gbps`` (no share)."""
+    they ran in fp8: without their weights' casts where the row cast them beforehand
+    (``cached``) or the profile prices them at its measured ``fp8_cast_weight_gbps`` (no
+    share)."""
     if not (experts and model.is_moe):
         return 0.0
     f8 = routed_mlp(model, cluster, job, lay, _moe_links(cluster, lay), 1.0).fp8
     if f8 is None:
         return 0.0
     weights = (f8.weight_forward_cast_s + f8.weight_backward_cast_s
-               if lay.compile and cluster.gpu.fp8_cast_weight_gbps > 0 else 0.0)
+               if cached or (lay.compile and cluster.gpu.fp8_cast_weight_gbps > 0) else 0.0)
     return f8.forward_cast_s + f8.backward_cast_s - weights
 
 

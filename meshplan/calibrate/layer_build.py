@@ -16,6 +16,7 @@ from typing import Any
 
 from meshplan.calibrate.layer_grid import Config
 from meshplan.calibrate.layer_ranks import _Groups
+from meshplan.hardware_profiles.measured_rows import ran_cached_expert_weights
 from meshplan.spec import ModelSpec
 
 SEED = 0
@@ -81,9 +82,13 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
     if experts is not None:     # the ep group on every MoE layer (after tp, before compile)
         from meshplan.executor.expert_parallel import configure_moe
         configure_moe(m, experts, aux_divisor=1)
+    from meshplan.executor.parallelize import compile_backend
+    backend = compile_backend() if cfg.compile else None
+    if ran_cached_expert_weights(cfg.model, cfg.precision, cfg.fp8_recipe, cfg.zero):
+        _cache_expert_weights(m, backend)
     if cfg.compile:
         for block in m.layers.values():
-            block.compile()        # as ParallelTrainer does for Layout.compile
+            block.compile(backend=backend)   # as ParallelTrainer does for Layout.compile
     if cfg.zero >= 2:
         if cfg.model.is_moe:    # the experts sharded over edp first, as ParallelTrainer does
             # (at ep > 1 over the edp of the row's ep groups: one rank where ep = dp·tp)
@@ -96,6 +101,17 @@ def _build(cfg: Config, layers: int, device, groups: _Groups):
         if not cfg.communicates:
             _hold_unsharded(m)
     return m, tp_group
+
+
+def _cache_expert_weights(m, backend: str | None) -> None:
+    """The fp8 routed experts' weights cast once, before any timed pass (the weights do not
+    change while a row is timed): the row holds what a step of several micro-batches runs
+    (:attr:`meshplan.costmodel.measured.MeasuredLayer.fp8_weights_cached`)."""
+    from meshplan.executor.expert_parallel import moe_layers
+    for moe in moe_layers(m):
+        if moe.experts.fp8 is not None:     # fp8 on this device (Hopper or later, or CPU)
+            for cast in moe.experts.cache_fp8_weights(backend=backend):
+                cast.refresh()
 
 
 def _hold_unsharded(m) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 from meshplan.calibrate.layer_grid import Config
 from meshplan.calibrate.stats import two_depth_fit
 from meshplan.costmodel.measured import MeasuredEnd, MeasuredLayer, ends_shape_key, layer_shape_key
-from meshplan.hardware_profiles.measured_rows import ran_fp8_experts
+from meshplan.hardware_profiles.measured_rows import ran_cached_expert_weights, ran_fp8_experts
 
 NO_SPLIT_MEMORY = (0.0, 0.0, 0, 0.0, 0.0)  # split_memory_stage where nothing was measured
 MEMORY_FIELDS = (2, 3)  # indices of the byte fields in a row's values (the rest: seconds)
@@ -249,7 +249,9 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         wgrad_transient_stage_bytes=float(split_memory[4]), compile=cfg.compile,
         precision=cfg.precision, fp8_recipe=cfg.fp8_recipe, ep=cfg.ep,
         # the executor's fp8 experts (executor.fp8.experts_run_fp8: on Hopper or later)
-        fp8_experts=ran_fp8_experts(cfg.model, cfg.precision, cfg.fp8_recipe)))
+        fp8_experts=ran_fp8_experts(cfg.model, cfg.precision, cfg.fp8_recipe),
+        fp8_weights_cached=ran_cached_expert_weights(cfg.model, cfg.precision, cfg.fp8_recipe,
+                                                     cfg.zero)))
 
 
 def end_row(cfg: Config, values: Sequence[float]) -> dict[str, Any]:

@@ -272,6 +272,10 @@ class Fp8Layer:
     # where it was the bf16 row plus the fp8 difference timed at another recompute mode:
     # the row it lacks and that mode (meshplan.costmodel.fp8_rows.sibling_delta)
     sibling: tuple[str, str] = ()
+    # that row (or the sibling's) timed the routed experts with their weights cast to fp8
+    # beforehand (MeasuredLayer.fp8_weights_cached): its passes hold none of those casts
+    # (meshplan.costmodel.moe_layer.with_cached_expert_weights)
+    row_expert_weights_cached: bool = False
     # the host's dispatch the eager casts add per micro-batch (CPU's timeline; 0 where the
     # cast rate has no host part: CastRate.host_pass_s)
     forward_cast_cpu_s: float = 0.0

@@ -74,11 +74,12 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 def sibling_delta(tables, model: ModelSpec, job: Job, *, micro_batch: int, tp: int,
                   sequence_parallel: bool, recompute: str, compile: bool
-                  ) -> tuple[float, float, str] | None:
+                  ) -> tuple[float, float, str, bool] | None:
     """(forward, backward) GPU seconds fp8 adds to the bf16 row at ``recompute``, from the
-    fp8 row and its bf16 twin timed at another recompute mode (module docstring), and that
-    mode; None where the profile has no such pair. A mode on the same side of full
-    recomputation is preferred (its backward holds the same passes)."""
+    fp8 row and its bf16 twin timed at another recompute mode (module docstring), that
+    mode, and whether the fp8 row cast its experts' weights beforehand
+    (``fp8_weights_cached``); None where the profile has no such pair. A mode on the same
+    side of full recomputation is preferred (its backward holds the same passes)."""
     if job.precision != "fp8" or job.runtime != "torch" or not tables \
             or getattr(tables, "fp8_layer", None) is None:
         return None
@@ -94,7 +95,7 @@ def sibling_delta(tables, model: ModelSpec, job: Job, *, micro_batch: int, tp: i
         d_f, d_b = f8.forward_s - bf16.forward_s, f8.backward_s - bf16.backward_s
         if (mode == "full") != full:
             d_b += d_f if full else -d_f
-        return d_f, d_b, mode
+        return d_f, d_b, mode, f8.fp8_weights_cached
     return None
 
 

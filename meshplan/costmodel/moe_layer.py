@@ -54,7 +54,9 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
 
 Named correction, :func:`with_cached_expert_weights`: the executor's fp8 routed experts cast
 their weights once a step where :func:`meshplan.costmodel.fp8_experts.expert_weights_cached`
-says so, while a layer composed here or timed by the calibration casts them in every pass.
+says so, else in every pass; a layer composed here casts them in every pass, a calibration
+row as it says (``MeasuredLayer.fp8_weights_cached``), and the correction moves the casts to
+where the layout runs them.
 
 Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
 :func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs what
@@ -221,27 +223,38 @@ def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
 
 def with_cached_expert_weights(parts: LayerParts, model: ModelSpec, job: Job, layout: Layout,
                                f8: Fp8Experts | None) -> LayerParts:
-    """``parts`` (composed, or from a row that cast the experts' weights in every pass) as
-    the executor runs fp8 routed experts whose weights it casts once a step
-    (:func:`~meshplan.costmodel.fp8_experts.expert_weights_cached`): ``f8``'s weight casts
-    come off each forward (and full recompute's second one) and each backward and go on
-    once a step (``weight_cast_step_s``, spread over the micro-batches by the build), and
-    the two fp8 copies' bytes are held with the weights. Unchanged otherwise."""
-    if (f8 is None or parts.fp8 is None or not torch_experts_fp8(model, job)
-            or not expert_weights_cached(layout.zero, layout.num_microbatches(job.global_batch),
-                                         layout.recompute)):
+    """``parts`` as the executor runs fp8 routed experts, whose weights it casts once a step
+    where :func:`~meshplan.costmodel.fp8_experts.expert_weights_cached` says, else in every
+    pass. ``parts`` is composed or from a row that cast them in every pass, or from a row
+    timed with them cast beforehand (``parts.fp8.row_expert_weights_cached``):
+
+    * cast once a step, from a row that cast in every pass (or composed): ``f8``'s weight
+      casts come off each forward (and full recompute's second one) and each backward;
+    * cast in every pass, from a row timed with them cast beforehand: they go on there;
+    * cast once a step either way: ``weight_cast_step_s`` goes on (spread over the
+      micro-batches by the build) and the two fp8 copies' bytes are held with the weights.
+
+    Unchanged where the experts do not run the executor's fp8 or the row timed as it runs."""
+    if f8 is None or parts.fp8 is None or not torch_experts_fp8(model, job):
         return parts
+    cached = expert_weights_cached(layout.zero, layout.num_microbatches(job.global_batch),
+                                   layout.recompute)
+    row_cached = parts.fp8.row_expert_weights_cached
     lay = parts.layer
-    fwd = PassCost(memory_bound_s=f8.weight_forward_cast_s)
-    rerun = fwd if layout.recompute == "full" else PassCost()
-    layer = replace(lay, forward=lay.forward - fwd,
-                    backward=lay.backward - PassCost(memory_bound_s=f8.weight_backward_cast_s)
-                    - rerun, recompute=lay.recompute - rerun)
+    if cached != row_cached:
+        sign = -1.0 if cached else 1.0
+        fwd = PassCost(memory_bound_s=sign * f8.weight_forward_cast_s)
+        rerun = fwd if layout.recompute == "full" else PassCost()
+        lay = replace(lay, forward=lay.forward + fwd, backward=lay.backward + rerun
+                      + PassCost(memory_bound_s=sign * f8.weight_backward_cast_s),
+                      recompute=lay.recompute + rerun)
+    if not cached:
+        return replace(parts, layer=lay)
     fp8 = replace(parts.fp8, weight_cast_step_s=parts.fp8.weight_cast_step_s
                   + f8.weight_forward_cast_s + f8.weight_backward_cast_s,
                   expert_weight_copy_bytes=parts.fp8.expert_weight_copy_bytes
                   + f8.weight_cache_bytes)
-    return replace(parts, layer=layer, fp8=fp8)
+    return replace(parts, layer=lay, fp8=fp8)
 
 
 __all__ = ["RoutedMlp", "routed_mlp", "with_routed_mlp", "with_cached_expert_weights",

@@ -222,15 +222,17 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             compiled = compile
             extended = row.extended_from
             measured = measured if "layer" in measured else ["layer", *measured]
-            f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at))
+            f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at),
+                         row_expert_weights_cached=row.fp8_weights_cached)
         elif "layer" in measured and rows_fp8 and compiled == compile:
             # (the difference was timed compiled or eager as the bf16 row it goes on)
             sib = sibling_delta(tables, model, job, **at)
             if sib is not None:
-                d_f, d_b, mode = sib
+                d_f, d_b, mode, cached = sib
                 moved = _scaled_layer(moved, max(0.0, layer.forward.total_s + d_f),
                                       max(0.0, layer.backward.total_s + d_b))
-                f8 = replace(f8, sibling=(row_label(job, **at), mode))
+                f8 = replace(f8, sibling=(row_label(job, **at), mode),
+                             row_expert_weights_cached=cached)
         delta = (moved.forward.total_s - layer.forward.total_s,
                  moved.backward.total_s - layer.backward.total_s, moved.wgrad_s - layer.wgrad_s)
         layer = moved

@@ -92,11 +92,19 @@ class MeasuredTables:
         GPU seconds grow as its bf16 twin's (same settings) grew between those micro-batches
         where the twin was timed at both — the per-call part (launches, weight casts, small
         GEMMs' efficiency) is the layer's, not proportional to the micro-batch (fp8h4's k04,
-        2 × H200: the bf16 row grew 1.55× from 4 to 8, the proportional extension 2×)."""
+        2 × H200: the bf16 row grew 1.55× from 4 to 8, the proportional extension 2×).
+
+        An MoE layer's rows timed with the experts' weights cast beforehand
+        (``fp8_weights_cached``) are preferred to rows that cast them in every pass; the
+        returned row says which it is."""
         # an MoE layer's row counts where its experts ran as the executor runs them now
         experts = ran_fp8_experts(model, "fp8", recipe)
-        row = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, micro_batch,
-                              0, 1, compile, ("fp8", recipe), experts=experts)
+        for cached in ((True, False) if experts else (False,)):
+            row = self._layer_row(model, seq_len, tp, sequence_parallel, recompute,
+                                  micro_batch, 0, 1, compile, ("fp8", recipe), experts=experts,
+                                  cached=cached)
+            if row is not None:
+                break
         if row is None or len(row.extended_from) != 1:
             return row
         timed = row.extended_from[0]
@@ -106,7 +114,7 @@ class MeasuredTables:
                 or twin[0].backward_s <= 0:
             return row
         at = self._layer_row(model, seq_len, tp, sequence_parallel, recompute, timed, 0, 1,
-                             compile, ("fp8", recipe), experts=experts)
+                             compile, ("fp8", recipe), experts=experts, cached=cached)
         kf, kb = (twin[1].forward_s / twin[0].forward_s, twin[1].backward_s / twin[0].backward_s)
         return replace(row, forward_s=at.forward_s * kf, backward_s=at.backward_s * kb)
 
@@ -149,11 +157,13 @@ class MeasuredTables:
     def _layer_row(self, model: ModelSpec, seq_len: int, tp: int, sequence_parallel: bool,
                    recompute: str, micro_batch: int, zero: int, dp: int,
                    compile: bool = False, precision: tuple[str, str] = ("bf16", ""),
-                   ep: int = 1, experts: bool = False) -> Interpolated | None:
+                   ep: int = 1, experts: bool = False,
+                   cached: bool = False) -> Interpolated | None:
         """The rows of exactly this group (:attr:`MeasuredLayer.group`) at ``micro_batch``;
-        ``precision``: (precision, fp8 recipe); ``experts``: their fp8_experts."""
+        ``precision``: (precision, fp8 recipe); ``experts``, ``cached``: their fp8_experts
+        and fp8_weights_cached."""
         key = (layer_shape_key(model), seq_len, tp, bool(sequence_parallel and tp > 1),
-               recompute, zero, dp, bool(compile), *precision, ep, experts)
+               recompute, zero, dp, bool(compile), *precision, ep, experts, cached)
         rows = self._index.get(key)  # type: ignore[attr-defined]
         return self._at_clock(rows, _interp(rows, micro_batch, "backward_peak_bytes"),
                               micro_batch) if rows else None
@@ -287,10 +297,13 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)):
             raise ProfileError(f"{where}: {k} must be a number, got {v!r}")
-    for k in ("compile", "fp8_experts"):
+    for k in ("compile", "fp8_experts", "fp8_weights_cached"):
         v = getattr(r, k, False)
         if not isinstance(v, bool):
             raise ProfileError(f"{where}: {k} must be true or false, got {v!r}")
+    if getattr(r, "fp8_weights_cached", False) and not r.fp8_experts:
+        raise ProfileError(f"{where}: fp8_weights_cached = true needs fp8_experts = true (only "
+                           "fp8 routed experts cache their weights' casts)")
     if cls is MeasuredLayer:
         _check_precision(r, where)
     for k in ("split_layers", "wgrad_memory_layers"):

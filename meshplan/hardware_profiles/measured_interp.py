@@ -41,6 +41,8 @@ class Interpolated:
     # the timed micro-batches a value was extended from, where the one asked for lies outside
     # them (the caveat :data:`meshplan.costmodel.caveats.extended_rows_caveat`); () inside
     extended_from: tuple[int, ...] = ()
+    # its rows timed fp8 experts with their weights cast beforehand (MeasuredLayer's field)
+    fp8_weights_cached: bool = False
 
     @property
     def cpu_measured(self) -> bool:
@@ -120,18 +122,21 @@ _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_s
 
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
-    names = [f.name for f in fields(Interpolated) if f.name != "extended_from"]
+    names = [f.name for f in fields(Interpolated)
+             if f.name not in ("extended_from", "fp8_weights_cached")]
+    # a flag of the rows' group (MeasuredLayer.group): the same on each, not interpolated
+    cached = bool(getattr(rows[0], "fp8_weights_cached", False))
 
     def vals(r):   # end rows lack the split fields: 0
         return [getattr(r, peak_field if n == "peak_bytes" else n, 0.0) for n in names]
     exact = [r for r in rows if r.micro_batch == mb]
     if exact:
-        return Interpolated(*vals(exact[0]))
+        return Interpolated(*vals(exact[0]), fp8_weights_cached=cached)
     if len(rows) == 1:
         k = mb / rows[0].micro_batch
         return Interpolated(*(v if n in _PER_STACK + _PER_CALL else v * k
                               for n, v in zip(names, vals(rows[0]))),
-                            extended_from=(rows[0].micro_batch,))
+                            extended_from=(rows[0].micro_batch,), fp8_weights_cached=cached)
     below = [r for r in rows if r.micro_batch < mb]
     above = [r for r in rows if r.micro_batch > mb]
     if below and above:
@@ -143,7 +148,8 @@ def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     w = (mb - a.micro_batch) / (b.micro_batch - a.micro_batch)
     outside = () if below and above else (a.micro_batch, b.micro_batch)
     return Interpolated(*(v if n in _SIGNED else max(0.0, v) for n, v in zip(
-        names, (x + w * (y - x) for x, y in zip(vals(a), vals(b))))), extended_from=outside)
+        names, (x + w * (y - x) for x, y in zip(vals(a), vals(b))))), extended_from=outside,
+        fp8_weights_cached=cached)
 
 
 __all__ = ["Interpolated", "split_backward_at", "wgrad_bytes_at"]

@@ -81,6 +81,16 @@ def ran_fp8_experts(model: ModelSpec, precision: str, fp8_recipe: str) -> bool:
     return model.is_moe and precision == "fp8" and fp8_recipe in TORCH_FP8_EXPERT_RECIPES
 
 
+def ran_cached_expert_weights(model: ModelSpec, precision: str, fp8_recipe: str,
+                              zero: int) -> bool:
+    """Whether a calibration row of ``model`` times its fp8 routed experts with their weights
+    cast beforehand (:attr:`MeasuredLayer.fp8_weights_cached`): as the executor runs a step
+    of several micro-batches at ZeRO-0/1
+    (:func:`meshplan.costmodel.fp8_experts.expert_weights_cached`), the layouts fp8 plans
+    mostly have; the cost model puts the casts back for a layout that casts in every pass."""
+    return ran_fp8_experts(model, precision, fp8_recipe) and zero < 2
+
+
 def ends_shape_key(model: ModelSpec) -> str:
     """The layer key (without an MoE model's experts, which the ends do not hold) plus what
     the embedding and output layer add (vocabulary, tying)."""
@@ -167,12 +177,17 @@ class MeasuredLayer:
     # (meshplan.executor.fp8_grouped); False: 16-bit experts, as every fp8 MoE row timed
     # before 2026-12-02 (the cost model no longer reads those: the executor changed)
     fp8_experts: bool = False
+    # fp8 experts timed with their weights cast to fp8 once before the timed passes
+    # (executor.fp8_grouped.Fp8ExpertWeights, as the executor runs them where
+    # costmodel.fp8_experts.expert_weights_cached): the passes hold none of the weights'
+    # casts. False: cast in every pass (every fp8 MoE row timed before 2026-12-02 night)
+    fp8_weights_cached: bool = False
 
     @property
     def group(self) -> tuple:
         return (self.shape, self.seq_len, self.tp, self.sequence_parallel, self.recompute,
                 self.zero, self.dp if self.zero >= 2 else 1, self.compile, self.precision,
-                self.fp8_recipe, self.ep, self.fp8_experts)
+                self.fp8_recipe, self.ep, self.fp8_experts, self.fp8_weights_cached)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,5 +219,5 @@ class MeasuredEnd:
 
 
 __all__ = ["ENDS", "MeasuredLayer", "MeasuredEnd", "model_from_shape_key", "layer_shape_key",
-           "ran_fp8_experts",
+           "ran_fp8_experts", "ran_cached_expert_weights",
            "ends_shape_key"]

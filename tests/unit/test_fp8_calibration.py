@@ -263,3 +263,44 @@ def test_an_moe_models_block_share_composes_its_rows_as_the_cost_model_does():
                            composed_rows(model, cluster, 1.0)):
         assert abs(fitted["composed_s"] - fitted["measured_s"]) \
             < abs(one["composed_s"] - one["measured_s"])
+
+
+def test_the_block_share_leaves_out_the_weight_casts_of_rows_timed_with_them_cast_beforehand():
+    """A row timed with the experts' weights cast beforehand holds none of their casts: its
+    composition drops them from every pass (full recompute's second forward too) and the
+    casts the share scales leave them out. moeh25's rows (cast in every pass), relabelled."""
+    import dataclasses
+    import json
+    from pathlib import Path
+    from meshplan.calibrate.fp8_block_share import _moe_links, composed_rows
+    from meshplan.costmodel.moe_layer import routed_mlp
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    from meshplan.spec import Job, Layout, ModelSpec
+    root = Path(__file__).resolve().parents[2]
+    model = ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh25/m01.json")
+                                           .read_text()))
+    prof = root / "docs/benchmarks/data/profiles/profile_h200x1_moeh25_20261202.toml"
+    cl = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof,
+                       override=True)
+    meas = cl.gpu.measured
+    relabelled = cl.with_gpu(dataclasses.replace(cl.gpu, measured=dataclasses.replace(
+        meas, layers=tuple(dataclasses.replace(r, fp8_weights_cached=True) if r.fp8_experts
+                           else r for r in meas.layers))))
+    every, cached = composed_rows(model, cl), composed_rows(model, relabelled)
+    # the casts as composed_rows prices them: alone, not at the profile's block share
+    alone = cl.with_gpu(dataclasses.replace(cl.gpu, fp8_cast_compiled_block_share=0.0))
+    assert len(every) == len(cached) == 4
+    assert {r["recompute"] for r in every} == {"none", "full"}
+    for a, b in zip(every, cached):
+        job = Job(global_batch=2 * a["micro_batch"], seq_len=4096, runtime="torch",
+                  precision="fp8", fp8_recipe="rowwise")
+        lay = Layout(micro_batch=a["micro_batch"], recompute=a["recompute"], compile=True)
+        f8 = routed_mlp(model, alone, job, lay, _moe_links(alone, lay), 1.0).fp8
+        weights = f8.weight_forward_cast_s + f8.weight_backward_cast_s
+        assert weights > 0
+        assert b["measured_s"] == a["measured_s"]
+        assert b["casts_alone_s"] == pytest.approx(a["casts_alone_s"] - weights)
+        rerun = f8.weight_forward_cast_s if a["recompute"] == "full" else 0.0
+        assert b["composed_without_casts_s"] == pytest.approx(
+            a["composed_without_casts_s"] - rerun)

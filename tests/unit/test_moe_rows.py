@@ -812,3 +812,90 @@ def test_a_calibrations_fp8_moe_rows_say_their_experts_ran_fp8():
     assert tables_from_rows([rw], [], "p.toml").layers[0].fp8_experts
     with pytest.raises(ProfileError, match="fp8_experts must be true or false, got 'yes'"):
         tables_from_rows([{**rw, "fp8_experts": "yes"}], [], "p.toml")
+
+
+def test_rows_timed_with_the_weights_cast_beforehand_put_the_casts_back_only_where_needed():
+    """A calibration times fp8 experts with their weights cast beforehand (as a step of
+    several micro-batches runs them): such a row is preferred to one that cast them in
+    every pass; a layout that caches takes only the once-a-step cast on top, one that casts
+    in every pass (one micro-batch) gets the casts of each pass back."""
+    fp8_job = replace(JOB, precision="fp8", fp8_recipe="rowwise")
+    f8 = dict(precision="fp8", fp8_recipe="rowwise", fp8_experts=True)
+    every = [_row(fwd=1.5e-3, bwd=3.5e-3, micro_batch=mb, **f8) for mb in (1, 2, 4)]
+    cached = [_row(fwd=1.4e-3, bwd=3.3e-3, micro_batch=mb, fp8_weights_cached=True, **f8)
+              for mb in (1, 2, 4)]
+    cl = _cluster(*[_row(micro_batch=mb) for mb in (1, 2, 4)], *every, *cached)
+    four, one = Layout(dp=4, micro_batch=1), Layout(dp=4, micro_batch=4)
+    wf, wb = _weight_casts(cl, fp8_job, four)
+    t4 = layer_tables(MOE, cl, fp8_job, four)
+    assert t4.layer_forward_s == pytest.approx(1.4e-3 + (wf + wb) / 4)
+    assert t4.layer_backward_s == pytest.approx(3.3e-3)
+    wf1, wb1 = _weight_casts(cl, fp8_job, one)
+    t1 = layer_tables(MOE, cl, fp8_job, one)
+    assert (t1.layer_forward_s, t1.layer_backward_s) == pytest.approx((1.4e-3 + wf1,
+                                                                       3.3e-3 + wb1))
+    # the held fp8 copies come with caching whichever row priced it
+    e = [estimate(MOE, c, fp8_job, four).memory[0].weights_bytes
+         for c in (cl, _cluster(*[_row(micro_batch=mb) for mb in (1, 2, 4)], *every))]
+    assert e[0] == pytest.approx(e[1])
+    # the bf16 row at full recompute plus the difference a cached row timed at none: the
+    # sibling is cached, so nothing comes off and the step's cast goes on
+    full = [_row(fwd=2e-3, bwd=6e-3, micro_batch=mb, recompute="full") for mb in (1, 2, 4)]
+    cl2 = _cluster(*[_row(micro_batch=mb) for mb in (1, 2, 4)], *cached, *full)
+    tf = layer_tables(MOE, cl2, fp8_job, replace(four, recompute="full"))
+    assert tf.layer_forward_s == pytest.approx(2e-3 - 0.6e-3 + (wf + wb) / 4)
+    assert tf.layer_backward_s == pytest.approx(6e-3 - 0.7e-3 - 0.6e-3)
+
+
+def test_a_calibration_row_says_whether_it_cast_the_experts_weights_beforehand():
+    from meshplan.calibrate.layer_grid import Config
+    from meshplan.calibrate.layer_rows import layer_row
+    from meshplan.costmodel.measured import tables_from_rows
+    from meshplan.errors import ProfileError
+    values = (2e-3, 4e-3, 1e8, 1e7)
+    kw = dict(model=MOE, seq_len=1024, tp=1, sequence_parallel=False, micro_batch=1,
+              precision="fp8", fp8_recipe="rowwise")
+    plain = layer_row(Config(**kw), values)
+    fsdp = layer_row(Config(zero=2, dp=2, **kw), values)
+    tensorwise = layer_row(Config(**{**kw, "fp8_recipe": "tensorwise"}), values)
+    assert plain["fp8_weights_cached"]
+    assert not fsdp["fp8_weights_cached"] and not tensorwise["fp8_weights_cached"]
+    assert tables_from_rows([plain], [], "p.toml").layers[0].fp8_weights_cached
+    with pytest.raises(ProfileError, match="fp8_weights_cached = true needs fp8_experts"):
+        tables_from_rows([{**tensorwise, "fp8_weights_cached": True}], [], "p.toml")
+
+
+def test_calibration_times_fp8_experts_with_their_weights_cast_once_beforehand(monkeypatch):
+    """On CPU (the experts' fp8 emulated): the fp8 MoE rows refresh each stacked weight's
+    casts once per build, and the timed passes read them (a stale cast would raise)."""
+    torch = pytest.importorskip("torch")
+    from meshplan.calibrate import bench_layers
+    from meshplan.executor import fp8_grouped
+    tiny = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=64, num_heads=4,
+                     num_kv_heads=2, ffn_hidden_size=128, vocab_size=128, max_seq_len=32,
+                     activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                     tied_embeddings=False, bias=False, num_experts=4, experts_per_token=2,
+                     moe_ffn_hidden_size=32)
+    refreshed, read = [], []
+    real_refresh, real_tensors = (fp8_grouped.Fp8ExpertWeights.refresh,
+                                  fp8_grouped.Fp8ExpertWeights.tensors)
+
+    def refresh(self):
+        refreshed.append(id(self))
+        return real_refresh(self)
+
+    def tensors(self):
+        read.append(id(self))
+        return real_tensors(self)
+    monkeypatch.setattr(fp8_grouped.Fp8ExpertWeights, "refresh", refresh)
+    monkeypatch.setattr(fp8_grouped.Fp8ExpertWeights, "tensors", tensors)
+    tables = bench_layers.bench_layer_rows(
+        [tiny], 32, torch.device("cpu"), 1, 0, quick=True, fp8_rows="rowwise",
+        only=lambda c: c.precision == "fp8" and not c.part and c.micro_batch == 1
+        and c.recompute == "none")
+    rows = tables.layers
+    assert rows and all(r["fp8_experts"] and r["fp8_weights_cached"] for r in rows)
+    assert all(r["forward_s"] > 0 and r["backward_s"] > 0 for r in rows)
+    # each stacked weight (w_in, w_out of every layer built) refreshed once, then read
+    assert refreshed and len(refreshed) == len(set(refreshed))
+    assert set(read) == set(refreshed)
