@@ -308,6 +308,12 @@ SETS["drawn-3827c"] = [(n, lay) for n, lay in draw_layouts(3827, count=16, gpus=
 # first three GPU-bound
 SETS["drawn-3828c"] = [(n, lay) for n, lay in draw_layouts(3828, count=16, gpus=1)
                        if lay.compile and lay.recompute != "selective"]
+# moeh26 (drawn 2026-12-02, for the next lease of any size): fp8 MoE rows timed with the
+# experts' weights cast beforehand (`fp8_weights_cached`) and the calibrated weight-cast rate,
+# on a never-run MoE model (draw_moe.py seed 3829; 16 experts of 3328, top-4, seq 2048): the
+# compiled draws without selective recompute, the first three GPU-bound
+SETS["drawn-3829c"] = [(n, lay) for n, lay in draw_layouts(3829, count=16, gpus=1)
+                       if lay.compile and lay.recompute != "selective"]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
