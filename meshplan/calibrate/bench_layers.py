@@ -191,17 +191,19 @@ def _note_synced_spread(progress, grid: Sequence[Config], readings: dict[int, li
 
 def _module_ratio(grid: Sequence[Config], idx: int, candidates: Sequence[int],
                   measured: dict, module, tp_group, layers: int, device, groups, *,
-                  world: int, sustained: tuple[float, float], progress, tag: str):
-    """(sustained-clock ratio or None, module, tp group) of the module of row ``idx`` (its
-    :func:`ratio_rows` row), the loop run on the first of ``candidates`` (grid indices of
-    rows timed this round) that does not run out of memory; the module is built again
-    where ``module`` is None (its ratio row ran out of memory and dropped it) and returned
-    for the module's next rows. None: no candidate fitted, the rows read at the burst
-    clock (ratio 1). A smaller micro-batch runs the same kernels at a lower power density:
+                  world: int, sustained: tuple[float, float], progress, tag: str,
+                  ratios: dict):
+    """The sustained-clock ratio of the module of row ``idx`` (its :func:`ratio_rows` row)
+    into ``ratios`` under the row's build key, the loop run on the first of ``candidates``
+    (grid indices of rows timed this round) that does not run out of memory; returns
+    (module, tp group, seconds spent): the module is built again where ``module`` is None
+    (its ratio row ran out of memory and dropped it) and returned for the module's next
+    rows. No candidate fitted: no ratio, the rows read at the burst clock (ratio 1). A smaller micro-batch runs the same kernels at a lower power density:
     its ratio is closer to the module's than none (fp8h19, GPT 2.82 B at seq 8192, 1 x
     H200: the compiled module's micro-batch 16 row ran out of memory, its rows carried 1
     and its bf16 arms ran 0.8-8.8 % slower than predicted; the loop on another module's
     row ran out and the calibration died without a profile)."""
+    t0 = time.perf_counter()
     fc, bc = _cpu_fields(grid[idx])
     for at in candidates:
         values = measured[at][-1]
@@ -218,10 +220,11 @@ def _module_ratio(grid: Sequence[Config], idx: int, candidates: Sequence[int],
             continue
         _step(progress, f"{tag}: sustained pass x {got[0]:.3f} of the timed one{where}"
                         + (" (host-paced: 1)" if got[1].get("host_paced") else ""))
-        return got[0], module, tp_group
+        ratios[grid[idx].build_key] = got[0]
+        return module, tp_group, time.perf_counter() - t0
     _step(progress, f"{tag}: no sustained-clock ratio for this module (ratio 1: its rows "
                     f"read at the burst clock)")
-    return None, module, tp_group
+    return module, tp_group, time.perf_counter() - t0
 
 
 def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, world: int,
@@ -409,14 +412,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
                 if rnd == 0 and ratio_at.get(cfg.build_key) == idx and not failed \
                         and not cfg.syncs_on_host:
                     # the module's ratio row did not fit: a smaller timed one measures it
-                    t_sus = time.perf_counter()
-                    got, module, tp_group = _module_ratio(
+                    module, tp_group, spent = _module_ratio(
                         grid, idx, smaller_timed_rows(grid, idx, measured), measured, None, None,
                         layers, device, groups, world=world, sustained=sustained,
-                        progress=progress, tag=tag)
-                    if got is not None:
-                        ratios[cfg.build_key] = got
-                    first_only_s += time.perf_counter() - t_sus
+                        progress=progress, tag=tag, ratios=ratios)
+                    first_only_s += spent
                 continue
             measured.setdefault(idx, []).append(values)
             if cfg.compile and not cfg.syncs_on_host:
@@ -440,14 +440,11 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if rnd == 0 and ratio_at.get(cfg.build_key) == idx and not cfg.syncs_on_host:
                 # (a layer that syncs on the host is paced by it, not by the SM clock)
                 # once per module, in the first round (compiled modules run only then)
-                t_sus = time.perf_counter()
-                got, module, tp_group = _module_ratio(
+                module, tp_group, spent = _module_ratio(
                     grid, idx, [idx, *smaller_timed_rows(grid, idx, measured)], measured, module,
                     tp_group, layers, device, groups, world=world, sustained=sustained,
-                    progress=progress, tag=tag)
-                if got is not None:
-                    ratios[cfg.build_key] = got
-                first_only_s += time.perf_counter() - t_sus
+                    progress=progress, tag=tag, ratios=ratios)
+                first_only_s += spent
             cpu_note = ""
             # CPU fields are > 0 only where the row was timed queued (CUDA). Compiled rows
             # too: their backward carries a per-call part of ~1.4 ms that a 2-block row

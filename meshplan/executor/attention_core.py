@@ -18,6 +18,19 @@ import torch.nn.functional as F
 #: :mod:`meshplan.executor.context_parallel` reads it, the MLA check refuses it
 RING_KERNEL_ENV = "MESHPLAN_RING_KERNEL"
 
+
+def uneven_ring_refusal(dqk: int, dv: int, why: str) -> str:
+    """The refusal of ring attention over a value head dim ``dv`` unlike the query-key one
+    ``dqk`` (multi-head latent attention), ``why`` no kernel here takes it; the preflight
+    check and the ring's kernel choice both word it so."""
+    return (f"ring attention: the value head dim {dv} differs from the query-key head dim "
+            f"{dqk} (multi-head latent attention), which flash-attention 2 does not take, "
+            f"and {why}; use Layout(cp_style='all-to-all'), whose core is SDPA itself")
+
+
+#: ``why`` of :func:`uneven_ring_refusal` where the environment forces flash-attention 2
+FORCED_FLASH = f"{RING_KERNEL_ENV}=flash forces it (unset it)"
+
 class RMSNorm(nn.Module):
     """Zhang & Sennrich 2019 (arXiv 1910.07467), eq. 4: x / rms(x) · g, statistics in fp32."""
 
@@ -122,4 +135,4 @@ def recomputed_core(core: nn.Module, q, k, v):
 
 
 __all__ = ["RMSNorm", "rope_tables", "apply_rope", "AttentionCore", "_RecomputedCore",
-           "recomputed_core"]
+           "recomputed_core", "RING_KERNEL_ENV", "FORCED_FLASH", "uneven_ring_refusal"]

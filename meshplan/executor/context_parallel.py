@@ -60,7 +60,7 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend
 
 from meshplan.errors import ConfigError, ExecutorError
-from meshplan.executor.attention_core import RING_KERNEL_ENV
+from meshplan.executor.attention_core import FORCED_FLASH, RING_KERNEL_ENV, uneven_ring_refusal
 from meshplan.executor.data import load_balanced_positions
 from meshplan.executor.functional_comm import all_to_all
 from meshplan.executor.model import AttentionCore, Transformer
@@ -177,13 +177,9 @@ def block_kernel(q: torch.Tensor, v: torch.Tensor | None = None):
             if int(choice) == int(SDPBackend.CUDNN_ATTENTION.value):
                 return _CudnnKernel()
         if uneven:
-            raise ExecutorError(
-                f"ring attention: the value head dim {v.shape[-1]} differs from the query "
-                f"and key head dim {q.shape[-1]} (multi-head latent attention), which "
-                f"flash-attention 2 does not take, and "
-                + (f"{RING_KERNEL_ENV}=flash forces it" if choice_env == "flash" else
-                   "SDPA does not pick cuDNN's attention for these dims here")
-                + "; use Layout(cp_style='all-to-all'), whose core is SDPA itself")
+            raise ExecutorError(uneven_ring_refusal(
+                q.shape[-1], v.shape[-1], FORCED_FLASH if choice_env == "flash" else
+                "SDPA does not pick cuDNN's attention for these dims here"))
         return _FlashKernel()
     return _MathKernel()
 

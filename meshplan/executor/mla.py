@@ -40,8 +40,9 @@ import torch
 import torch.nn as nn
 
 from meshplan.errors import ExecutorError
-from meshplan.executor.attention_core import (RING_KERNEL_ENV, AttentionCore, RMSNorm, apply_rope,
-                                              recomputed_core)
+from meshplan.executor.attention_core import (FORCED_FLASH, RING_KERNEL_ENV, AttentionCore,
+                                              RMSNorm, apply_rope, recomputed_core,
+                                              uneven_ring_refusal)
 from meshplan.spec import Job, Layout, ModelSpec
 
 
@@ -123,11 +124,7 @@ def check_mla_runnable(model: ModelSpec, job: Job, layout: Layout) -> None:
         return
     dqk, dv = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
     if dqk != dv and os.environ.get(RING_KERNEL_ENV) == "flash":
-        raise ExecutorError(f"multi-head latent attention with ring cp = {layout.cp}: its "
-                            f"value head dim {dv} differs from the query-key head dim {dqk}, "
-                            f"which flash-attention 2 ({RING_KERNEL_ENV}=flash) does not "
-                            f"take; unset {RING_KERNEL_ENV}, or use "
-                            f"Layout(cp_style='all-to-all')")
+        raise ExecutorError(f"cp = {layout.cp}: " + uneven_ring_refusal(dqk, dv, FORCED_FLASH))
 
 
 __all__ = ["MLAttention", "check_mla_runnable"]

@@ -329,22 +329,15 @@ class MoELayer(nn.Module):
             gates = gates / gates.sum(-1, keepdim=True)
         seq = torch.arange(x2d.shape[0], device=x2d.device) // s
         key = (seq.unsqueeze(1) * e + idx).reshape(-1)          # (sequence, expert) per copy
-        counts = _count(key, b * e)
-        full, seq_len = counts, s
         tp = dist.get_world_size(self.tp_group) if self._tp_split() else 1
-        if tp > 1:
-            every = counts.new_empty((tp * counts.numel(),))
-            dist.all_gather_into_tensor(every, counts, group=self.tp_group)
-            full, seq_len = every.view(tp, -1).sum(0), s * tp
         cp = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
-        if cp > 1:
-            every = full.new_empty((cp * full.numel(),))
-            dist.all_gather_into_tensor(every, full.contiguous(), group=self.cp_group)
-            full, seq_len = every.view(cp, -1).sum(0), seq_len * cp
+        seq_len = s * tp * cp
         keep = None
-        if self.capacity_factor is not None:
-            cap = math.ceil(self.capacity_factor * seq_len * k / e)
-            keep = self._copies_before(key, b, s, tp, cp) < cap
+        if self.capacity_factor is None:
+            full = self._whole_sequence_counts(_count(key, b * e), tp, cp)
+        else:   # the capacity's counts per piece of the sequence also give the whole's
+            before, full = self._copies_before(key, b, s, tp, cp)
+            keep = before < math.ceil(self.capacity_factor * seq_len * k / e)
         aux = None
         if torch.is_grad_enabled() and self.aux_grad_scale > 0:
             p = probs / probs.sum(-1, keepdim=True) if self.sigmoid else probs
@@ -354,14 +347,25 @@ class MoELayer(nn.Module):
             aux = aux.mean()
         return gates.reshape(-1), idx.reshape(-1), keep, aux
 
+    def _whole_sequence_counts(self, counts: torch.Tensor, tp: int, cp: int) -> torch.Tensor:
+        """This rank's copies per (sequence, expert) summed over the tp slices and cp chunks
+        of each sequence."""
+        for group, n in ((self.tp_group, tp), (self.cp_group, cp)):
+            if n > 1:
+                every = counts.new_empty((n * counts.numel(),))
+                dist.all_gather_into_tensor(every, counts.contiguous(), group=group)
+                counts = every.view(n, -1).sum(0)
+        return counts
+
     def _copies_before(self, key: torch.Tensor, b: int, s: int, tp: int,
-                       cp: int) -> torch.Tensor:
+                       cp: int) -> tuple[torch.Tensor, torch.Tensor]:
         """For each copy (``key``: its (sequence, expert)), how many copies of the same key
-        sit at earlier positions of the whole sequence, on any tp or cp rank. Each rank's
-        tokens are cut into the sequence's pieces (:func:`sequence_pieces`); the copies per
-        (piece, key) are summed over the tp and cp groups (each piece lies on one rank), so
-        a copy's count is its rank among its piece's copies of its key plus the copies of
-        that key in every earlier piece."""
+        sit at earlier positions of the whole sequence, on any tp or cp rank; and the
+        copies per key in the whole sequence. Each rank's tokens are cut into the
+        sequence's pieces (:func:`sequence_pieces`); the copies per (piece, key) are summed
+        over the tp and cp groups (each piece lies on one rank), so a copy's count is its
+        rank among its piece's copies of its key plus the copies of that key in every
+        earlier piece."""
         tp_rank = dist.get_rank(self.tp_group) if tp > 1 else 0
         cp_rank = dist.get_rank(self.cp_group) if cp > 1 else 0
         piece, pieces = sequence_pieces(s, tp_rank, tp, cp_rank, cp, device=key.device)
@@ -375,7 +379,7 @@ class MoELayer(nn.Module):
                 dist.all_reduce(every, group=group)
         every = every.view(pieces, width)
         before = (every.cumsum(0) - every).reshape(-1)
-        return _rank_within_key(pkey, local) + before[pkey]
+        return _rank_within_key(pkey, local) + before[pkey], every.sum(0)
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         from meshplan.executor.tensor_parallel import to_compute_dtype

@@ -166,8 +166,9 @@ def test_ring_cp_with_forced_flash_and_mtp_are_refused(monkeypatch):
     # not with flash-attention 2 forced on the ring: it wants one head dim for q, k and v
     assert check_layout_runnable(MLA, job, Layout(micro_batch=1, cp=2)) == 8
     monkeypatch.setenv(RING_KERNEL_ENV, "flash")
-    with pytest.raises(ExecutorError, match="ring cp = 2: its value head dim 6 differs "
-                                            "from the query-key head dim 12"):
+    with pytest.raises(ExecutorError, match="cp = 2: ring attention: the value head dim 6 "
+                                            "differs from the query-key head dim 12 .* "
+                                            "MESHPLAN_RING_KERNEL=flash forces it"):
         check_layout_runnable(MLA, job, Layout(micro_batch=1, cp=2))
     assert check_layout_runnable(MLA, job, Layout(micro_batch=1, cp=2,
                                                   cp_style="all-to-all")) == 8

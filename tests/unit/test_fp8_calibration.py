@@ -236,24 +236,28 @@ def test_queued_split_keeps_the_samples_that_queued():
         pytest.approx((2e-3, 0.7))
 
 
+def _drawn_moe_on_its_profile(set_name: str, profile: str):
+    """A drawn MoE set's model and the one-H200 cluster of its calibration's profile."""
+    import json
+    from pathlib import Path
+    from meshplan.hardware_profiles import Cluster
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    from meshplan.spec import ModelSpec
+    root = Path(__file__).resolve().parents[2]
+    model = ModelSpec.from_dict(json.loads((root / f"benchmarks/sets/{set_name}/m01.json")
+                                           .read_text()))
+    return model, apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1),
+                                root / "docs/benchmarks/data/profiles" / profile, override=True)
+
+
 def test_an_moe_models_block_share_composes_its_rows_as_the_cost_model_does():
     """moeh23's calibration (1 x H200, 16-bit experts in its fp8 rows) wrote a share of 1.0:
     its MoE rows were composed as a dense layer (the whole measured row scaled by the dense
     linears' fp8 ratio). Composed as an estimate composes an MoE layer (the bf16 row, its
     dense part moved to fp8), the rows fit 0.48, and each row composed at that share is
     closer to its measurement than at 1.0."""
-    import json
-    from pathlib import Path
     from meshplan.calibrate.fp8_block_share import composed_rows, fit_share
-    from meshplan.hardware_profiles import Cluster
-    from meshplan.hardware_profiles.calibrated import apply_profile
-    from meshplan.spec import ModelSpec
-    root = Path(__file__).resolve().parents[2]
-    model = ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh23/m01.json")
-                                           .read_text()))
-    prof = root / "docs/benchmarks/data/profiles/profile_h200x1_moeh23_20261201.toml"
-    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof,
-                            override=True)
+    model, cluster = _drawn_moe_on_its_profile("moeh23", "profile_h200x1_moeh23_20261201.toml")
     assert cluster.gpu.fp8_cast_compiled_block_share == 1.0       # as the calibration wrote
     rows = composed_rows(model, cluster)
     assert len(rows) == 4
@@ -270,19 +274,10 @@ def test_the_block_share_leaves_out_the_weight_casts_of_rows_timed_with_them_cas
     composition drops them from every pass (full recompute's second forward too) and the
     casts the share scales leave them out. moeh25's rows (cast in every pass), relabelled."""
     import dataclasses
-    import json
-    from pathlib import Path
     from meshplan.calibrate.fp8_block_share import _moe_links, composed_rows
     from meshplan.costmodel.moe_layer import routed_mlp
-    from meshplan.hardware_profiles import Cluster
-    from meshplan.hardware_profiles.calibrated import apply_profile
-    from meshplan.spec import Job, Layout, ModelSpec
-    root = Path(__file__).resolve().parents[2]
-    model = ModelSpec.from_dict(json.loads((root / "benchmarks/sets/moeh25/m01.json")
-                                           .read_text()))
-    prof = root / "docs/benchmarks/data/profiles/profile_h200x1_moeh25_20261202.toml"
-    cl = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof,
-                       override=True)
+    from meshplan.spec import Job, Layout
+    model, cl = _drawn_moe_on_its_profile("moeh25", "profile_h200x1_moeh25_20261202.toml")
     meas = cl.gpu.measured
     relabelled = cl.with_gpu(dataclasses.replace(cl.gpu, measured=dataclasses.replace(
         meas, layers=tuple(dataclasses.replace(r, fp8_weights_cached=True) if r.fp8_experts
