@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from torchrun_group import init_torchrun_group  # noqa: E402
 
+from meshplan.executor.run import flush_and_exit  # noqa: E402
 from meshplan.spec import Job, ModelSpec  # noqa: E402
 
 # GPT-3 XL (Brown et al. 2020, Table 2.1): 24 layers, d_model 2048, 16 heads of 128;
@@ -243,16 +244,7 @@ def main(argv=None) -> None:
     # leave here, while main's locals still hold DDP and the process group: their C++
     # destructors hung at return about one gloo run in ten under CPU contention (the rank
     # had written its results; found with faulthandler), and torchrun waited for it
-    _leave(0)
-
-
-def _leave(rc: int) -> None:
-    """Flush and end the process without interpreter teardown or destructors: on CPU about
-    one FSDP2 run in four aborted in teardown after its work ("terminate called without an
-    active exception": a C++ thread still joinable)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    flush_and_exit(0)
 
 
 if __name__ == "__main__":
@@ -261,4 +253,4 @@ if __name__ == "__main__":
     except Exception:           # e.g. out of memory: say so and leave at once, rather than
         import traceback        # tear NCCL down while the other ranks wait in a collective
         traceback.print_exc()
-        _leave(1)
+        flush_and_exit(1)

@@ -369,7 +369,5 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # as baseline_ddp.py: skip interpreter teardown once the work is done and written
-    os._exit(0)
+    from meshplan.executor.run import flush_and_exit
+    flush_and_exit(0)   # no interpreter teardown once the work is done and written

@@ -193,16 +193,16 @@ def _module_ratio(grid: Sequence[Config], idx: int, candidates: Sequence[int],
                   measured: dict, module, tp_group, layers: int, device, groups, *,
                   world: int, sustained: tuple[float, float], progress, tag: str,
                   ratios: dict):
-    """The sustained-clock ratio of the module of row ``idx`` (its :func:`ratio_rows` row)
-    into ``ratios`` under the row's build key, the loop run on the first of ``candidates``
-    (grid indices of rows timed this round) that does not run out of memory; returns
-    (module, tp group, seconds spent): the module is built again where ``module`` is None
-    (its ratio row ran out of memory and dropped it) and returned for the module's next
-    rows. No candidate fitted: no ratio, the rows read at the burst clock (ratio 1). A smaller micro-batch runs the same kernels at a lower power density:
-    its ratio is closer to the module's than none (fp8h19, GPT 2.82 B at seq 8192, 1 x
-    H200: the compiled module's micro-batch 16 row ran out of memory, its rows carried 1
-    and its bf16 arms ran 0.8-8.8 % slower than predicted; the loop on another module's
-    row ran out and the calibration died without a profile)."""
+    """The sustained-clock ratio of the module of row ``idx`` (its :func:`ratio_rows` row) into
+    ``ratios`` under the row's build key, the loop run on the first of ``candidates`` (grid
+    indices of rows timed this round) that does not run out of memory; returns (module, tp
+    group, seconds spent): the module is built again where ``module`` is None (its ratio row ran
+    out of memory and dropped it) and returned for the module's next rows. No candidate fitted:
+    no ratio, the rows read at the burst clock (ratio 1). A smaller micro-batch runs the same
+    kernels at a lower power density: its ratio is closer to the module's than none (fp8h19, GPT
+    2.82 B at seq 8192, 1 x H200: the compiled module's micro-batch 16 row ran out of memory,
+    its rows carried 1 and its bf16 arms ran 0.8-8.8 % slower than predicted; the loop on
+    another module's row ran out and the calibration died without a profile)."""
     t0 = time.perf_counter()
     fc, bc = _cpu_fields(grid[idx])
     for at in candidates:

@@ -31,6 +31,7 @@ def uneven_ring_refusal(dqk: int, dv: int, why: str) -> str:
 #: ``why`` of :func:`uneven_ring_refusal` where the environment forces flash-attention 2
 FORCED_FLASH = f"{RING_KERNEL_ENV}=flash forces it (unset it)"
 
+
 class RMSNorm(nn.Module):
     """Zhang & Sennrich 2019 (arXiv 1910.07467), eq. 4: x / rms(x) · g, statistics in fp32."""
 

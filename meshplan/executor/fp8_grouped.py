@@ -154,13 +154,13 @@ def _weight_casts(weight: torch.Tensor, r) -> tuple[torch.Tensor, ...]:
 
 
 class Fp8ExpertWeights:
-    """One stacked expert weight's two fp8 casts, made by :meth:`refresh` once per optimizer
-    step and read by every micro-batch's GEMMs (module docstring). Refreshed in place, so a
-    compiled block reads the new values through the same tensors. ``backend``: the casts
-    themselves under ``torch.compile`` with that backend, None eager (fused: one read of the weight per amax and per
-    cast), as the blocks are — eager, ``abs``, ``amax``, ``mul``, ``clamp`` and ``to`` each
-    pass over the fp32 weight: on 1 × H200 that made moeh24's compiled steps 7-19 % slower
-    than casting in every pass (docs/fp8.md)."""
+    """One stacked expert weight's two fp8 casts, made by :meth:`refresh` once per optimizer step
+    and read by every micro-batch's GEMMs (module docstring). Refreshed in place, so a compiled
+    block reads the new values through the same tensors. ``backend``: the casts themselves under
+    ``torch.compile`` with that backend, None eager (fused: one read of the weight per amax and
+    per cast), as the blocks are — eager, ``abs``, ``amax``, ``mul``, ``clamp`` and ``to`` each
+    pass over the fp32 weight: on 1 × H200 that made moeh24's compiled steps 7-19 % slower than
+    casting in every pass (docs/fp8.md)."""
 
     def __init__(self, weight: torch.nn.Parameter, plan, *, backend: str | None = None):
         self.weight, self.plan = weight, plan

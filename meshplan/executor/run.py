@@ -89,8 +89,7 @@ def _dist_env() -> tuple[int, int, int, int]:
 def main(argv: list[str] | None = None, *, hard_exit: bool = False) -> int:
     """Run the plan; returns the exit code. ``hard_exit`` (the ``python -m`` entry point)
     ends the process once the work is written, skipping the process group's and the model's
-    destruction: gloo with FSDP2 aborts in its teardown ("terminate called without an active
-    exception", torch 2.13 CPU), and a gloo DDP run's destructors hung one time in ten."""
+    destruction (:func:`flush_and_exit`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     rank, world, local_rank, local_world = _dist_env()
@@ -200,7 +199,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     def on_term(err: dict | None) -> None:   # torchrun stops the survivors when a rank fails
         if rank == 0:
             write_partial(err)
-        _flush_and_exit(EXIT_FAILED)
+        flush_and_exit(EXIT_FAILED)
 
     install_term_handler(rank, out, state, on_term)
     if "TORCHELASTIC_RUN_ID" in os.environ:   # a rank blocked in C++ must still end with it
@@ -329,13 +328,13 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                                           "capacity_bytes": cap})
         if rank == 0:
             write_partial(err)
-        _flush_and_exit(EXIT_OOM)
+        flush_and_exit(EXIT_OOM)
     except Exception as exc:
         msg = f"{type(exc).__name__}: {exc}"
         err = fail(classify(msg), msg, {"traceback": traceback.format_exc()})
         if rank == 0:
             write_partial(err)
-        _flush_and_exit(EXIT_FAILED)
+        flush_and_exit(EXIT_FAILED)
 
     if rank == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the results below are the real ones
@@ -374,18 +373,22 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         print(format_table(measured, prediction, doc["errors_pct"]), flush=True)
         _log(f"wrote {out}")
     dist.barrier()
-    if hard_exit:   # before _run's locals go: their C++ destructors can hang (baseline_ddp.py)
-        _flush_and_exit(0)
+    if hard_exit:   # before _run's locals go (flush_and_exit)
+        flush_and_exit(0)
     dist.destroy_process_group()
     return 0
 
 
 
 
-def _flush_and_exit(code: int) -> None:
+def flush_and_exit(code: int) -> None:
+    """Flush and end the process at once, without interpreter teardown or destructors: other
+    ranks may be blocked in collectives this rank left; gloo with FSDP2 aborted in teardown
+    ("terminate called without an active exception"), and a DDP model's and its gloo
+    group's destructors hung about one run in ten under CPU contention
+    (benchmarks/baseline_ddp.py). Also the benchmarks' way out."""
     sys.stdout.flush()
     sys.stderr.flush()
-    # skip interpreter teardown: other ranks may be blocked in collectives this rank left
     os._exit(code)
 
 
@@ -394,4 +397,4 @@ def _flush_and_exit(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _flush_and_exit(main(hard_exit=True))
+    flush_and_exit(main(hard_exit=True))
