@@ -148,14 +148,17 @@ def bench_optimizer(numel: int, device: torch.device, *, queued: bool = False
 
 
 def bench_membound(numel: int, device: torch.device, *, queued: bool = False,
-                   as_run: bool = False) -> list[dict[str, Any]]:
+                   as_run: bool = False, optimizer_numel: int | None = None
+                   ) -> list[dict[str, Any]]:
+    """The memory-bound ops on ``numel`` elements, then the AdamW step on
+    ``optimizer_numel`` (default ``numel``; ``shapes.optimizer_elements``)."""
     hidden = 4096 if device.type == "cuda" else 512
     rows = []
     for name, nbytes, step in _membound_ops(numel, hidden, device, as_run=as_run):
         t = time_fn(step, device=device, queued=queued)
         rows.append({"op": name, "elements": numel, "model_bytes": float(nbytes),
                      "seconds": t.median_s, "iters": t.iters})
-    rows.append(bench_optimizer(numel, device, queued=queued))
+    rows.append(bench_optimizer(optimizer_numel or numel, device, queued=queued))
     return rows
 
 

@@ -396,9 +396,13 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         rows["attention"].append(r)
         prog.step(f"attention b{a.batch} s{a.seq} h{a.heads} d{a.head_dim}: "
                   f"{r['seconds'] * 1e3:.3f} ms")
-    rows["membound"] = bench_compute.bench_membound(shapes.membound_elements(options.quick, kind),
-                                                    device, queued=options.queued_microbench,
-                                                    as_run=options.queued_microbench)
+    free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else None
+    rows["membound"] = bench_compute.bench_membound(
+        shapes.membound_elements(options.quick, kind), device,
+        queued=options.queued_microbench, as_run=options.queued_microbench,
+        optimizer_numel=shapes.optimizer_elements(options.quick, kind, free))
+    if kind == "cuda":
+        torch.cuda.empty_cache()    # the optimizer row's 8 GiB back before the layer rows
     prog.step("memory-bound ops: " + ", ".join(
         f"{r['op']} {r['model_bytes'] / r['seconds'] / 1e9:.0f} GB/s" for r in rows["membound"]))
     like = options.models[0] if options.models else None

@@ -119,6 +119,33 @@ def membound_elements(quick: bool, device: str) -> int:
     return (1 << 24) if quick else (1 << 25)
 
 
+#: the fused AdamW step's state an element: fp32 parameter, gradient and the two moments
+ADAMW_STATE_BYTES_PER_ELEMENT = 16
+#: the largest optimizer row on a GPU, 2^29 elements (8 GiB of state): 4.45 ms on an H200
+OPTIMIZER_MAX_ELEMENTS_LOG2 = 29
+
+
+def optimizer_elements(quick: bool, device: str, free_bytes: int | None = None) -> int:
+    """Elements of the fused AdamW step that ``optimizer_gbps`` is timed on.
+
+    On a GPU the step is timed where its rate no longer moves with size, as a model's
+    optimizer runs it: the largest power of two up to 2^29 elements whose state takes no
+    more than a quarter of ``free_bytes``, and at least the membound ops' 2^25. Small sizes
+    under-read the rate: one H200 timed 2,600 GB/s at 2^25, 3,300-3,670 at 2^27, 3,805 at
+    2^28 and 3,860 at 2^29 (docs/benchmarks/optimizer_rate.md); the executor's optimizer
+    phase ran at 3,820-3,995 GB/s on every 1-GPU check (0.24-2.99 B parameters).
+    ``quick`` stops at 2^26. On the CPU the membound size.
+    """
+    floor = membound_elements(quick, device)
+    if device == "cpu":
+        return floor
+    log2 = 26 if quick else OPTIMIZER_MAX_ELEMENTS_LOG2
+    if free_bytes is not None:
+        while log2 > 0 and (1 << log2) * ADAMW_STATE_BYTES_PER_ELEMENT * 4 > free_bytes:
+            log2 -= 1
+    return max(floor, 1 << log2)
+
+
 def collective_sizes(quick: bool, device: str) -> list[int]:
     """Message sizes in bytes, 64 KiB .. 256 MiB on GPU."""
     if device == "cpu":

@@ -21,3 +21,21 @@ def test_long_context_points_without_a_model_use_16_heads_of_128():
     assert {(a.heads, a.head_dim) for a in got} == {(16, 128)}
     assert max(a.seq for a in got) > max(
         a.seq for a in shapes.default_attention_shapes(False, "cuda"))
+
+
+def test_the_optimizer_row_is_timed_at_a_model_sized_step_on_a_gpu():
+    gib = 1 << 30
+    # 2^29 elements (8 GiB of AdamW state) once a quarter of the free memory holds them
+    assert shapes.optimizer_elements(False, "cuda", 139 * gib) == 1 << 29
+    assert shapes.optimizer_elements(False, "cuda", None) == 1 << 29
+    # a smaller GPU, or one mostly taken: the largest power of two within a quarter
+    assert shapes.optimizer_elements(False, "cuda", 20 * gib) == 1 << 28
+    assert shapes.optimizer_elements(False, "cuda", 10 * gib) == 1 << 27
+    assert (shapes.optimizer_elements(False, "cuda", 20 * gib)
+            * shapes.ADAMW_STATE_BYTES_PER_ELEMENT * 4 <= 20 * gib)
+    # never below the memory-bound ops' size, nor above 2^26 with --quick
+    assert shapes.optimizer_elements(False, "cuda", gib) == shapes.membound_elements(
+        False, "cuda")
+    assert shapes.optimizer_elements(True, "cuda", 139 * gib) == 1 << 26
+    assert shapes.optimizer_elements(False, "cpu", None) == shapes.membound_elements(
+        False, "cpu")

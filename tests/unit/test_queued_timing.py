@@ -37,6 +37,9 @@ def test_benches_take_the_queued_switch():
     assert [r["op"] for r in as_run].count("layernorm") == 1 and "rope" in {
         r["op"] for r in as_run}
     assert all(r["seconds"] > 0 for r in rows)
+    sized = bench_compute.bench_membound(2 ** 14, dev, optimizer_numel=2 ** 15)
+    assert [r["elements"] for r in sized if r["op"] == "adamw"] == [2 ** 15]
+    assert {r["elements"] for r in sized if r["op"] != "adamw"} == {2 ** 14}
 
 
 def test_script_writes_both_modes(tmp_path):
