@@ -314,6 +314,12 @@ SETS["drawn-3828c"] = [(n, lay) for n, lay in draw_layouts(3828, count=16, gpus=
 # compiled draws without selective recompute, the first three GPU-bound
 SETS["drawn-3829c"] = [(n, lay) for n, lay in draw_layouts(3829, count=16, gpus=1)
                        if lay.compile and lay.recompute != "selective"]
+# moeh27 (drawn 2026-12-02, one call of a 1-GPU lease): calibrate with the optimizer row timed
+# at a model-sized step, plans and arms in the same call, on a never-run fine-grained MoE model
+# (draw_moe.py seed 3830; 64 experts of 640, top-8, + a shared one, seq 2048): the compiled
+# draws without selective recompute, the first two GPU-bound
+SETS["drawn-3830c"] = [(n, lay) for n, lay in draw_layouts(3830, count=16, gpus=1)
+                       if lay.compile and lay.recompute != "selective"]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
