@@ -291,6 +291,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
         _warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
+    _warn_small_optimizer_row(prov, doc.get("measurements", {}).get("membound", []), where)
     corr = get(doc, "corrections", dict, where, None)
     if corr is not None:
         gpu = replace(gpu, corrections=corrections_from_table(
@@ -357,6 +358,31 @@ def _warn_defective_compiled_rows(prov: dict, layers: list, where: str) -> None:
             f"{prov.get('torch')} by an executor whose compiled collectives skipped part of "
             "the backward (docs/benchmarks/compiled_grads.md); layouts priced from them are "
             "too fast. Recalibrate with this meshplan (`meshplan calibrate`)."), stacklevel=3)
+
+
+#: below this many elements a GPU's fused AdamW row reads its rate low (one H200: 3,300-3,670
+#: GB/s at 2^27, 2,600 at 2^25, against 3,860 at 2^29: docs/benchmarks/optimizer_rate.md)
+SMALL_OPTIMIZER_ROW_ELEMENTS = 1 << 27
+
+
+def _warn_small_optimizer_row(prov: dict, membound: Any, where: str) -> None:
+    """Warn where a GPU profile's ``optimizer_gbps`` comes from an AdamW row on fewer than
+    :data:`SMALL_OPTIMIZER_ROW_ELEMENTS` elements (calibrations before 2026-12-02 timed it on
+    2^25): the optimizer step is then priced slow, 20-55 % on the H200 checks."""
+    if prov.get("device") != "cuda" or not isinstance(membound, list):
+        return
+    sizes = [r.get("elements") for r in membound if isinstance(r, dict)
+             and r.get("op") == "adamw" and isinstance(r.get("elements"), int)]
+    if sizes and max(sizes) < SMALL_OPTIMIZER_ROW_ELEMENTS:
+        import warnings
+
+        from meshplan.errors import MeshplanWarning
+        warnings.warn(MeshplanWarning(
+            f"{where}: optimizer_gbps was timed on a {max(sizes):,}-element AdamW step, too "
+            "small to reach the GPU's bandwidth: the optimizer step is priced slow (20-55 % "
+            "on H200 checks; docs/benchmarks/optimizer_rate.md). Recalibrate with this "
+            "meshplan (`meshplan calibrate`), which times it on up to 2^29 elements."),
+            stacklevel=3)
 
 
 def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]:

@@ -30,3 +30,16 @@ def test_no_warning_where_the_rows_are_not_the_defective_kind(prov, rows):
     with warnings.catch_warnings():
         warnings.simplefilter("error", MeshplanWarning)
         _warn_defective_compiled_rows(prov, rows, "p.toml")
+
+
+def test_a_gpu_profile_whose_optimizer_row_is_small_warns_by_name_and_size():
+    from meshplan.hardware_profiles.calibrated import _warn_small_optimizer_row
+    old = [{"op": "rmsnorm", "elements": 1 << 29}, {"op": "adamw", "elements": 1 << 25}]
+    with pytest.warns(MeshplanWarning, match=r"p\.toml: optimizer_gbps .*33,554,432-element"):
+        _warn_small_optimizer_row({"device": "cuda"}, old, "p.toml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MeshplanWarning)
+        _warn_small_optimizer_row({"device": "cuda"}, [{"op": "adamw", "elements": 1 << 29}],
+                                  "p.toml")
+        _warn_small_optimizer_row({"device": "cpu"}, old, "p.toml")     # the CPU's own size
+        _warn_small_optimizer_row({"device": "cuda"}, [], "p.toml")     # no row: datasheet
