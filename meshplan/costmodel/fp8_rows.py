@@ -46,10 +46,16 @@ Measured error (2 × H200, compiled, rows timed at the arms' settings): fp8h6's 
 data-parallel pairs −2.6..−7.1 % (docs/benchmarks/fp8_checks.md "fp8h6"), fp8h7's six arms with a
 row or the FSDP2 composition −1.4..−3.2 %; the sibling difference, post hoc on fp8h7's p01 (tp 2 +
 SP, recompute full, its fp8 row cut by the budget): composed +84.5 %, from the recompute-none
-pair −2.0 % (docs/benchmarks/fp8_checks.md "fp8h7").
+pair −2.0 % (docs/benchmarks/fp8_checks.md "fp8h7"). An fp8 row timed at one other
+micro-batch only enters the difference as the cost model prices it at this one
+(``priced``: :func:`meshplan.costmodel.parts.grown_fp8_row`); moeh27's fp8 arm at
+micro-batch 4 with full recompute, from its one row at micro-batch 2 without, +8.0 % as
+run, +2.1 % so (post hoc; docs/benchmarks/moe_checks.md "moeh27").
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from meshplan.costmodel.measured import Interpolated
 from meshplan.spec import Job, ModelSpec
@@ -73,13 +79,17 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def sibling_delta(tables, model: ModelSpec, job: Job, *, micro_batch: int, tp: int,
-                  sequence_parallel: bool, recompute: str, compile: bool
+                  sequence_parallel: bool, recompute: str, compile: bool,
+                  priced: Callable[[str], tuple[float, float]] | None = None
                   ) -> tuple[float, float, str, bool] | None:
     """(forward, backward) GPU seconds fp8 adds to the bf16 row at ``recompute``, from the
     fp8 row and its bf16 twin timed at another recompute mode (module docstring), that
     mode, and whether the fp8 row cast its experts' weights beforehand
     (``fp8_weights_cached``); None where the profile has no such pair. A mode on the same
-    side of full recomputation is preferred (its backward holds the same passes)."""
+    side of full recomputation is preferred (its backward holds the same passes).
+    ``priced(mode)``: the fp8 layer's (forward, backward) seconds at ``mode`` as the cost
+    model prices it here, used where that mode's fp8 row was timed at one other
+    micro-batch only."""
     if job.precision != "fp8" or job.runtime != "torch" or not tables \
             or getattr(tables, "fp8_layer", None) is None:
         return None
@@ -92,7 +102,11 @@ def sibling_delta(tables, model: ModelSpec, job: Job, *, micro_batch: int, tp: i
         bf16 = tables.layer(model, seq_len=job.seq_len, recompute=mode, **at) if f8 else None
         if f8 is None or bf16 is None:
             continue
-        d_f, d_b = f8.forward_s - bf16.forward_s, f8.backward_s - bf16.backward_s
+        # an fp8 row timed at another micro-batch only: as the cost model prices it at this
+        # one (parts.grown_fp8_row), where the caller can say
+        f_s, b_s = (priced(mode) if priced is not None and len(f8.extended_from) == 1
+                    else (f8.forward_s, f8.backward_s))
+        d_f, d_b = f_s - bf16.forward_s, b_s - bf16.backward_s
         if (mode == "full") != full:
             d_b += d_f if full else -d_f
         return d_f, d_b, mode, f8.fp8_weights_cached

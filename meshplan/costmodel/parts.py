@@ -90,6 +90,10 @@ class LayerParts:
     # the micro-batches the layer's measured row was extended from, where this layout's lies
     # outside those timed (measured.Interpolated.extended_from); () inside or analytical
     extended_from: tuple[int, ...] = ()
+    # precision "fp8": the layer's (forward, backward) seconds as composed on its bf16 row,
+    # before a measured fp8 row replaced them (grown_fp8_row reads them at another
+    # micro-batch); (0, 0) without fp8
+    fp8_composed_s: tuple[float, float] = (0.0, 0.0)
 
 
 @lru_cache(maxsize=8192)
@@ -202,10 +206,15 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             moved = _plus_delta(layer, f8.apply(analytical, recompute), analytical)
         else:
             moved = f8.apply(layer, recompute)
+        composed = (moved.forward.total_s, moved.backward.total_s)
+
+        def parts_at(micro_batch: int, mode: str = recompute) -> LayerParts:
+            return layer_parts(model, cluster, job, micro_batch, tp, sp, mode, tp_link,
+                               pp_link, compile, fsdp, mlp_width, ep)
         if row is not None:
             # the measured fp8 layer (meshplan.costmodel.fp8_rows): its casts and kept bytes
             # are in the row; the composition gives only the breakdown's proportions
-            moved = _scaled_layer(moved, row.forward_s, row.backward_s)
+            moved = _scaled_layer(moved, *grown_fp8_row(row, mb, composed, parts_at))
             if "layer" in measured and compiled == compile:
                 # the measured difference, compiled full recomputation's kept GEMM outputs
                 # included (docs/benchmarks/fp8_checks.md "fp8h9")
@@ -226,7 +235,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                          row_expert_weights_cached=row.fp8_weights_cached)
         elif "layer" in measured and rows_fp8 and compiled == compile:
             # (the difference was timed compiled or eager as the bf16 row it goes on)
-            sib = sibling_delta(tables, model, job, **at)
+            sib = sibling_delta(tables, model, job, **at, priced=lambda mode: totals(
+                parts_at(mb, mode).layer))
             if sib is not None:
                 d_f, d_b, mode, cached = sib
                 moved = _scaled_layer(moved, max(0.0, layer.forward.total_s + d_f),
@@ -246,7 +256,38 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
                       wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
                       fp8_delta_kept_bytes=kept_delta, fp8_cpu_s=f8_cpu,
-                      tables=tables, transferred_from=transferred, extended_from=extended)
+                      tables=tables, transferred_from=transferred, extended_from=extended,
+                      fp8_composed_s=composed if job.precision == "fp8" else (0.0, 0.0))
+
+
+def grown_fp8_row(row: Interpolated, micro_batch: int, composed: tuple[float, float],
+                  parts_at) -> tuple[float, float]:
+    """(forward, backward) seconds of an fp8 layer whose measured fp8 row was timed at one
+    other micro-batch only (a calibration budget cut the rest): that row grown as the fp8
+    layer composed on the bf16 rows grows between the two micro-batches, ``composed`` here
+    over :attr:`LayerParts.fp8_composed_s` there (``parts_at(timed)``); the row as the
+    tables extend it (its bf16 twin's growth) where the timed micro-batch has no composed
+    layer to read.
+
+    The composition knows what the bf16 twin does not: the fp8 GEMMs gain more from a larger
+    micro-batch than the 16-bit ones (the fp8 curve climbs later), and a cast costs a fixed
+    part a pass. Over the stored profiles' compiled fp8 rows (160-166 ordered pairs of rows
+    of one setting at two micro-batches, 12 fp8h profiles, 1-2 × H200), a row priced from
+    the other this way is within 3.1 % mean, 12.5 % max of the row timed there; grown as
+    its bf16 twin grew, 7.5 % / 22.0 %, growing up +9 % on average
+    (benchmarks/fp8_row_growth.py; docs/fp8.md "Rows the calibration's budget cut")."""
+    if len(row.extended_from) != 1 or row.extended_from[0] == micro_batch:
+        return row.forward_s, row.backward_s
+    at = parts_at(row.extended_from[0])
+    (cf, cb), timed = at.fp8_composed_s, at.layer
+    if at.fp8 is None or not at.fp8.row or cf <= 0 or cb <= 0:
+        return row.forward_s, row.backward_s
+    return (timed.forward.total_s * composed[0] / cf,
+            timed.backward.total_s * composed[1] / cb)
+
+
+def totals(layer: LayerCost) -> tuple[float, float]:
+    return layer.forward.total_s, layer.backward.total_s
 
 
 def ratio(measured_s: float, analytical_s: float) -> float:
