@@ -320,6 +320,12 @@ SETS["drawn-3829c"] = [(n, lay) for n, lay in draw_layouts(3829, count=16, gpus=
 # draws without selective recompute, the first two GPU-bound
 SETS["drawn-3830c"] = [(n, lay) for n, lay in draw_layouts(3830, count=16, gpus=1)
                        if lay.compile and lay.recompute != "selective"]
+# moeh28 (drawn 2026-12-02, for the next lease of any size): the optimizer row at a model-sized
+# step and fp8 rows grown as the composed layer grows, on a never-run MoE model (draw_moe.py
+# seed 3831; 32 experts of 1280, top-8, a 152 k vocabulary, seq 2048), calibrated at the full
+# budget: the compiled draws without selective recompute, the first three GPU-bound
+SETS["drawn-3831c"] = [(n, lay) for n, lay in draw_layouts(3831, count=16, gpus=1)
+                       if lay.compile and lay.recompute != "selective"]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

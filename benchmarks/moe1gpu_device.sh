@@ -1,0 +1,51 @@
+#!/bin/bash
+# A drawn 1-GPU MoE check (bf16 and fp8 rowwise pairs), on the device:
+#   CHECK=moeh28 SEED=3831 MBS=2,4 GPU_BOUND=3 PART=1 bash benchmarks/moe1gpu_device.sh
+#     calibrate (--time-budget ${BUDGET:-540}) and the plans; commit what comes back
+#   CHECK=moeh28 PART=2 bash benchmarks/moe1gpu_device.sh
+#     the pairs in drawn order from the committed plans, bf16 then fp8, each layout's
+#     pair tarred into $OUT as soon as it ran
+#   PART=all: both in one call (BUDGET 270 so they fit: moeh27's way)
+# The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
+set -u
+: "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
+M=benchmarks/sets/$CHECK/m01.json
+P=docs/benchmarks/data/profiles/profile_h200x1_${CHECK}_$(date +%Y%m%d).toml
+W=/tmp/$CHECK
+mkdir -p "$W"
+LOG=$OUT/log_$PART.txt
+nvidia-smi --query-gpu=name,power.limit,driver_version --format=csv,noheader > "$LOG"
+python -c "import torch; print(torch.__version__)" >> "$LOG"
+if [ "$PART" != 2 ]; then
+    : "${SEED:?SEED=the draw_layouts seed}" "${MBS:?MBS=2,4}"
+    budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
+    timeout $((budget + 60)) python -m meshplan.cli calibrate --model "$M" --nproc 1 \
+        --seq-len 2048 --micro-batches "$MBS" --max-tp 1 --rounds 1 --compile-rows none,full \
+        --fp8-rows rowwise --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
+    echo "calibrate rc $?" >> "$LOG"
+    tail -3 "$W/calibrate.log" >> "$LOG"
+    python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
+        --global-batch 16 --gpu-bound "${GPU_BOUND:-3}" --profile "$P" \
+        --out "benchmarks/plans/${CHECK}_bf16_h200x1" >> "$LOG" 2>&1
+    KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
+        "benchmarks/plans/${CHECK}_bf16_h200x1/predictions.json")
+    echo "kept: $KEPT" >> "$LOG"
+    python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
+        --global-batch 16 --fp8-recipe rowwise --only $KEPT --profile "$P" \
+        --out "benchmarks/plans/${CHECK}_fp8_h200x1" >> "$LOG" 2>&1
+    tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" \
+        "benchmarks/plans/${CHECK}_bf16_h200x1" "benchmarks/plans/${CHECK}_fp8_h200x1"
+fi
+[ "$PART" = 1 ] && exit 0
+KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
+    "benchmarks/plans/${CHECK}_bf16_h200x1/predictions.json")
+for n in $KEPT; do
+    for p in bf16 fp8; do
+        echo "== $p $n $(date +%T)" >> "$LOG"
+        timeout 140 python benchmarks/moe_sync_gpu.py run \
+            --plans "benchmarks/plans/${CHECK}_${p}_h200x1" --out "$W/${p}_$n" --only "$n" \
+            --budget 300 --timeout 130 >> "$LOG" 2>&1
+        echo "rc $?" >> "$LOG"
+    done
+    tar czf "$OUT/$n.tgz" -C "$W" "bf16_$n" "fp8_$n"
+done
