@@ -1,8 +1,8 @@
 #!/bin/bash
 # A drawn 1-GPU MoE check (bf16 and fp8 rowwise pairs), on the device:
-#   CHECK=moeh28 SEED=3831 MBS=2,4 GPU_BOUND=3 PART=1 bash benchmarks/moe1gpu_device.sh
+#   PYTHONPATH=. CHECK=moeh28 SEED=3831 MBS=2,4 GPU_BOUND=3 PART=1 bash benchmarks/moe1gpu_device.sh
 #     calibrate (--time-budget ${BUDGET:-540}) and the plans; commit what comes back
-#   CHECK=moeh28 PART=2 bash benchmarks/moe1gpu_device.sh
+#   PYTHONPATH=. CHECK=moeh28 PART=2 bash benchmarks/moe1gpu_device.sh
 #     the pairs in drawn order from the committed plans, bf16 then fp8, each layout's
 #     pair tarred into $OUT as soon as it ran
 #   PART=all: both in one call (BUDGET 270 so they fit: moeh27's way)
