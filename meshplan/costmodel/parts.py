@@ -271,11 +271,12 @@ def grown_fp8_row(row: Interpolated, micro_batch: int, composed: tuple[float, fl
 
     The composition knows what the bf16 twin does not: the fp8 GEMMs gain more from a larger
     micro-batch than the 16-bit ones (the fp8 curve climbs later), and a cast costs a fixed
-    part a pass. Over the stored profiles' compiled fp8 rows (160-166 ordered pairs of rows
-    of one setting at two micro-batches, 12 fp8h profiles, 1-2 × H200), a row priced from
-    the other this way is within 3.1 % mean, 12.5 % max of the row timed there; grown as
-    its bf16 twin grew, 7.5 % / 22.0 %, growing up +9 % on average
-    (benchmarks/fp8_row_growth.py; docs/fp8.md "Rows the calibration's budget cut")."""
+    part a pass. Over the stored profiles' compiled fp8 rows (166 ordered pairs of rows of
+    one setting at two micro-batches, the 12 fp8hN calibrations, 1-2 × H200), a row priced
+    from the other this way is within 5.4 % mean, 16.0 % max of the row timed there; grown
+    as its bf16 twin grew, 10.4 % / 32.4 %, growing up +15.7 % on average
+    (`python benchmarks/fp8_row_growth.py --cost-model`; docs/fp8.md "Rows timed at other
+    micro-batches")."""
     if len(row.extended_from) != 1 or row.extended_from[0] == micro_batch:
         return row.forward_s, row.backward_s
     at = parts_at(row.extended_from[0])
