@@ -36,6 +36,7 @@ of docs/benchmarks/published.md use it.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from meshplan.spec import ModelSpec
 
@@ -48,6 +49,7 @@ def keys_per_query(model: ModelSpec, layer: int, seq_len: int) -> int:
     return seq_len if w is None else min(w, seq_len)
 
 
+@lru_cache(maxsize=1024)        # a sum over s / 128 blocks, asked per layout by the search
 def executed_fraction(seq_len: int, window: int | None) -> float:
     """Share of the s × s score matrix a causal flash kernel computes: 1/2 for full causal
     attention (the cost model's convention), else the tiles a window of ``window`` keys
