@@ -117,26 +117,21 @@ def cost_model_pairs(through: int = 99):
     ep 1) priced with its setting's other fp8 rows removed but the one at micro-batch a;
     yields (set, tp, recompute, a, b, priced s, the tables' own growth s, timed s)."""
     import dataclasses
-    import json
-    import re
     import warnings
 
     sys.path.insert(0, str(ROOT))
+    from fp8_composed_rows import _sets     # the fp8hN sets' own calibrations and models
+
     from meshplan.costmodel.data_parallel import group_links
     from meshplan.costmodel.parts import layer_parts
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
-    from meshplan.spec import Job, Layout, ModelSpec
-    for path in sorted(ROOT.glob("docs/benchmarks/data/profiles/profile_h200x*_fp8h*.toml")):
-        m = re.fullmatch(r"profile_h200x(\d)_(fp8h(\d+))_2026\d{4}\.toml", path.name)
-        spec = ROOT / "benchmarks" / "sets" / (m.group(2) if m else "") / "m01.json"
-        if not m or not spec.is_file() or int(m.group(3)) > through:
-            continue
-        model = ModelSpec.from_dict(json.loads(spec.read_text()))
+    from meshplan.spec import Job, Layout
+    for path, model, gpus in _sets(through):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1,
-                                                   gpus_per_node=int(m.group(1))), path)
+            cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
+                                    path)
         meas = cluster.gpu.measured
         rows = [r for r in meas.layers if r.precision == "fp8" and r.compile
                 and not r.sequence_parallel and not r.zero and r.dp == 1 and r.ep == 1]
@@ -161,7 +156,7 @@ def cost_model_pairs(through: int = 99):
                 twin = kept.fp8_layer(model, recipe=recipe, seq_len=seq, tp=tp,
                                       sequence_parallel=False, recompute=mode,
                                       micro_batch=b, compile=True)
-                yield (m.group(2), tp, mode, a, b,
+                yield (path.name.split("_")[2], tp, mode, a, b,
                        parts.layer.forward.total_s + parts.layer.backward.total_s,
                        twin.forward_s + twin.backward_s,
                        by_mb[b].forward_s + by_mb[b].backward_s)

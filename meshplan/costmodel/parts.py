@@ -206,7 +206,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             moved = _plus_delta(layer, f8.apply(analytical, recompute), analytical)
         else:
             moved = f8.apply(layer, recompute)
-        composed = (moved.forward.total_s, moved.backward.total_s)
+        composed = totals(moved)
 
         def parts_at(micro_batch: int, mode: str = recompute) -> LayerParts:
             return layer_parts(model, cluster, job, micro_batch, tp, sp, mode, tp_link,

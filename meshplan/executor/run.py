@@ -379,8 +379,6 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
     return 0
 
 
-
-
 def flush_and_exit(code: int) -> None:
     """Flush and end the process at once, without interpreter teardown or destructors: other
     ranks may be blocked in collectives this rank left; gloo with FSDP2 aborted in teardown
@@ -390,10 +388,6 @@ def flush_and_exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-
-
 
 
 if __name__ == "__main__":

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import re
 import statistics
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from meshplan.errors import ProfileError
+from meshplan.errors import MeshplanWarning, ProfileError, closest_names
 from meshplan.hardware_profiles.cluster import Cluster
 from meshplan.hardware_profiles.collective_latency import (all_to_all_curve, broadcast_curve,
                                                            legacy_split,
@@ -269,9 +270,9 @@ def load_profile(path: str | Path) -> CalibratedProfile:
     base = get(g, "base", str, gwhere, "") or None
     _warn_unknown_gpu_keys(g, gwhere)
     table = {k: g[k] for k in _GPU_KEYS if k in g}
+    membound = doc.get("measurements", {}).get("membound", [])
     if "membound_efficiency" not in table:
-        rows = doc.get("measurements", {}).get("membound", [])
-        ops = membound_op_efficiency(r for r in rows if isinstance(r, dict))
+        ops = membound_op_efficiency(r for r in membound if isinstance(r, dict))
         if ops:
             table["membound_efficiency"] = ops
     gpu = with_base_fp8(gpu_from_table(name, table, gwhere), base)
@@ -291,7 +292,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
         _warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
-    _warn_small_optimizer_row(prov, doc.get("measurements", {}).get("membound", []), where)
+    _warn_small_optimizer_row(prov, membound, where)
     corr = get(doc, "corrections", dict, where, None)
     if corr is not None:
         gpu = replace(gpu, corrections=corrections_from_table(
@@ -322,9 +323,6 @@ def _warn_unknown_gpu_keys(g: Mapping[str, Any], where: str) -> None:
     unknown = [k for k in g if k not in known and k not in _GPU_KEYS_NOT_READ]
     if not unknown:
         return
-    import warnings
-
-    from meshplan.errors import MeshplanWarning, closest_names
     for k in unknown:
         close = closest_names(k, known)
         hint = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
@@ -350,9 +348,6 @@ def _warn_defective_compiled_rows(prov: dict, layers: list, where: str) -> None:
     bad = sum(1 for r in layers if isinstance(r, dict) and r.get("compile")
               and ((r.get("tp", 1) > 1 and r.get("sequence_parallel")) or r.get("ep", 1) > 1))
     if bad:
-        import warnings
-
-        from meshplan.errors import MeshplanWarning
         warnings.warn(MeshplanWarning(
             f"{where}: {bad} compiled layer row(s) at tp + SP or ep > 1 were timed under torch "
             f"{prov.get('torch')} by an executor whose compiled collectives skipped part of "
@@ -374,9 +369,6 @@ def _warn_small_optimizer_row(prov: dict, membound: Any, where: str) -> None:
     sizes = [r.get("elements") for r in membound if isinstance(r, dict)
              and r.get("op") == "adamw" and isinstance(r.get("elements"), int)]
     if sizes and max(sizes) < SMALL_OPTIMIZER_ROW_ELEMENTS:
-        import warnings
-
-        from meshplan.errors import MeshplanWarning
         warnings.warn(MeshplanWarning(
             f"{where}: optimizer_gbps was timed on a {max(sizes):,}-element AdamW step, too "
             "small to reach the GPU's bandwidth: the optimizer step is priced slow (20-55 % "
