@@ -9,6 +9,9 @@
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 set -u
 : "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
+case "$PART" in 1|2|all) ;; *) echo "PART=$PART: use 1, 2 or all" >&2; exit 2;; esac
+[ -f "benchmarks/sets/$CHECK/m01.json" ] || {
+    echo "CHECK=$CHECK: no benchmarks/sets/$CHECK/m01.json" >&2; exit 2; }
 M=benchmarks/sets/$CHECK/m01.json
 P=docs/benchmarks/data/profiles/profile_h200x1_${CHECK}_$(date +%Y%m%d).toml
 W=/tmp/$CHECK
