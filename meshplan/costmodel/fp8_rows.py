@@ -120,11 +120,14 @@ def sibling_caveat(label: str, mode: str) -> str:
 
 
 def row_label(job: Job, *, micro_batch: int, tp: int, sequence_parallel: bool,
-              recompute: str, compile: bool) -> str:
-    """Which row priced the layer (for the estimate's caveat)."""
+              recompute: str, compile: bool, timed_at: tuple[int, ...] = ()) -> str:
+    """Which row priced the layer (for the estimate's caveat); `timed_at` names the
+    micro-batches a row carried to this one was timed at."""
     sp = " with SP" if sequence_parallel and tp > 1 else ""
+    mb = (f"micro-batch {micro_batch}" if not timed_at or timed_at == (micro_batch,) else
+          f"timed at micro-batch {', '.join(map(str, timed_at))}, grown to {micro_batch}")
     return (f"{job.fp8_recipe}, {'compiled' if compile else 'eager'}, tp {tp}{sp}, recompute "
-            f"{recompute}, seq {job.seq_len}, micro-batch {micro_batch}")
+            f"{recompute}, seq {job.seq_len}, {mb}")
 
 
 def row_caveat(label: str) -> str:

@@ -231,7 +231,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             compiled = compile
             extended = row.extended_from
             measured = measured if "layer" in measured else ["layer", *measured]
-            f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at),
+            f8 = replace(f8, working_bytes=0.0, row=row_label(job, **at, timed_at=extended),
                          row_expert_weights_cached=row.fp8_weights_cached)
         elif "layer" in measured and rows_fp8 and compiled == compile:
             # (the difference was timed compiled or eager as the bf16 row it goes on)

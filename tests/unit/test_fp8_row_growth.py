@@ -48,3 +48,14 @@ def test_on_the_stored_rows_the_composed_growth_beats_the_bf16_twins():
     err = {j: [abs(r[j] / r[7] - 1) for r in got] for j in (5, 6)}
     assert statistics.mean(err[5]) < 0.75 * statistics.mean(err[6])
     assert max(err[5]) < max(err[6])
+
+
+def test_the_caveat_names_where_a_grown_row_was_timed():
+    from meshplan.costmodel.fp8_rows import row_label
+    from meshplan.spec import Job
+    job = Job(global_batch=16, seq_len=2048, precision="fp8", fp8_recipe="rowwise")
+    at = dict(micro_batch=8, tp=1, sequence_parallel=False, recompute="none", compile=True)
+    assert row_label(job, **at).endswith("seq 2048, micro-batch 8")
+    assert row_label(job, **at, timed_at=(8,)).endswith("seq 2048, micro-batch 8")
+    assert row_label(job, **at, timed_at=(2, 4)).endswith(
+        "timed at micro-batch 2, 4, grown to 8")
