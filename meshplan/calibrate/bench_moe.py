@@ -140,10 +140,15 @@ def bench_permute(tokens: int, top_k: int, num_experts: int, hidden: int,
         combine(unpad_rows(pad_rows(rows, dest, total), dest), gates, r).backward(g)
         x.grad = None
 
-    t = time_fn(step, device=device)
+    # queued behind a spin on a GPU: the permutation's GPU time, which the cost model prices
+    # by its bytes; timed in step with the host it read the CPU's dispatch of its ~30
+    # operators (1.2-2.0 ms whatever the bytes on 1 x H200), which moe_host prices apart
+    cuda = device.type == "cuda"
+    t = time_fn(step, device=device, queued=cuda)
     fwd = permute_bytes(tokens, top_k, hidden, torch.finfo(dt).bits // 8)
     return {"tokens": tokens, "top_k": top_k, "experts": num_experts, "hidden": hidden,
-            "model_bytes": 3.0 * fwd, "seconds": t.median_s, "iters": t.iters}
+            "model_bytes": 3.0 * fwd, "seconds": t.median_s, "iters": t.iters,
+            "stream": "queued" if cuda else "cpu"}
 
 
 def bench_host_sync(device: torch.device, *, count: int = 16, iters: int = HOST_ITERS

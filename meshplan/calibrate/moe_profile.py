@@ -8,8 +8,10 @@ Each key is defined so that the MoE cost model, fed it, reproduces the benchmark
   ``eff = 3·G·x / (peak · t_fwd+bwd)``. Outside the measured FLOPs the base profile's
   grouped curve (or its dense GEMM curve) continues, scaled to meet the nearest point.
 * ``membound_efficiency["moe-permute"]``: the permutation's bytes as the cost model counts
-  them (``bench_moe.permute_bytes``, forward; backward twice) over its time and the HBM
-  bandwidth: ``Σ bytes / (Σ t · hbm_gbps)``, at most ``MAX_EFFICIENCY``.
+  them (``bench_moe.permute_bytes``, forward; backward twice) over its GPU time (rows timed
+  queued behind a spin, ``stream = "queued"``) and the HBM bandwidth:
+  ``Σ bytes / (Σ t · hbm_gbps)``, at most ``MAX_EFFICIENCY``. Rows timed in step with the
+  host (calibrations before 2026-12-02) read its dispatch, not the bytes: not used.
 * ``host_sync_s``: the median of the queued rows (``.item()`` and ``.tolist()`` behind a
   spin: the gap from the end of the queued work to the host's return, launch of the next
   kernel included).
@@ -53,7 +55,8 @@ def moe_keys(rows: Mapping[str, list[dict[str, Any]]], *, peak_flops: float, hbm
     if pts:
         shape = None if base is None else (base.grouped_gemm_efficiency or base.gemm_efficiency)
         out["grouped_gemm_efficiency"] = extend_with_base(merge_points(pts), shape).to_list()
-    perm = [r for r in rows.get("moe_permute", []) if r.get("seconds", 0) > 0]
+    perm = [r for r in rows.get("moe_permute", []) if r.get("seconds", 0) > 0
+            and r.get("stream") == ("queued" if device == "cuda" else "cpu")]
     if perm:
         for r in perm:
             r["efficiency"] = r["model_bytes"] / r["seconds"] / 1e9 / hbm_gbps

@@ -77,6 +77,7 @@ docs/benchmarks/published.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from meshplan.costmodel import comm, moe, moe_dispatch, moe_torch_memory
 from meshplan.costmodel.moe import shared_width
@@ -85,11 +86,13 @@ from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, hbm_s,
 from meshplan.costmodel.fp8_experts import (Fp8Experts, expert_weights_cached, fp8_experts,
                                             torch_experts_fp8)
 from meshplan.costmodel.memory import activation_bytes_per_element
-from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.curve import op_curve
 from meshplan.spec import Job, Layout, ModelSpec
+
+if TYPE_CHECKING:      # parts reads the measured rows, whose scaling prices routed_mlp
+    from meshplan.costmodel.parts import LayerParts
 
 ROUTER_SCORE_BYTES = 12   # fp32 logits read, probabilities written, read again for top-k
 PERMUTE_OP = "moe-permute"   # the permutation's entry in the profile's membound_efficiency

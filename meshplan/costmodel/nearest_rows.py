@@ -34,6 +34,31 @@ sizes it was timed at (the analytical ratio extrapolates the rest). The estimate
 the ``nearest_shape_rows`` entry of ``Estimate.corrections`` (with how much it moved the
 step and the memory against the analytical layer) and a caveat naming the source.
 
+**MoE layers** (since 2026-12-02) read another MoE model's rows the same way: the source
+is the nearest MoE shape (an MoE layer never reads a dense shape's rows, nor a dense layer an
+MoE one's), by its experts' count, top-k and widths beside the trunk's; the analytical layer
+of the ratio is the layer with its shared experts as MLP plus the routed part at ep = 1
+(:func:`meshplan.costmodel.row_scaling.moe_analytic`: router, permutation, grouped expert
+GEMMs, activation, as :mod:`meshplan.costmodel.moe_layer` prices them). **Compiled rows**
+stand for compiled layouts (the source's compiled row, scaled by the same eager analytical
+ratio); where the source has none, the eager row and the compile-as-eager caveat, as before.
+fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
+priced on top of the carried ep = 1 row, :mod:`meshplan.costmodel.moe_rows`). Limitation:
+a shape key does not say whether the attention is multi-head latent attention, so an MLA
+model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
+transferred).
+
+Measured, MoE (post hoc, ``benchmarks/moe_profile_transfer.py``: the 34 bf16 and fp8 runs of
+the 1-GPU checks moeh23-moeh28 on 1 × H200, each priced from each of the five *other*
+checks' profiles, 85 pairs a precision): before, these layouts fell back to the profile's
+curves, eager: bf16 91.0 % mean, 46.5 % median step-time error, fp8 96.0 / 60.6 %; with
+MoE rows carried (and the permutation's host-timed efficiency no longer read,
+``hardware_profiles.calibrated``), bf16 11.3 % mean, 6.4 % median, 58.0 % max, fp8 16.0 /
+14.4 / 54.3 %. The datasheet profile: 12.0 / 30.6 % mean; the model's own calibration: 1.9 /
+2.9 %. Fine-grained targets (top-8) read from coarse sources (top-1 to top-4) price 20-60 %
+slow: the ratio's analytical routed part grows faster than the executor's. Held out:
+moeh29 (docs/benchmarks/moe_checks.md).
+
 Measured error (post hoc, benchmarks/transfer_analysis.py: every measured layout
 re-predicted with its own model's rows removed from its profile; docs/benchmarks/transfer.md,
 2026-11-28): over the 342 measured layouts (rounds 7-26 and 36) 11.4 % mean / 63.0 % max
@@ -48,13 +73,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from meshplan.costmodel.compute import layer_cost, logits_cost
+from meshplan.costmodel.compute import logits_cost
+from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.clock import sustained_clock
 from meshplan.costmodel.corrections import Correction
 from meshplan.costmodel.dispatch import layer_dispatch_ratio
-from meshplan.costmodel.row_scaling import (analytic_layer, end_groups, end_micro_batches,
-                                            end_ratios, layer_groups, layer_micro_batches,
-                                            layer_ratios, scaled_row)
+from meshplan.costmodel.row_scaling import (analytic, analytic_layer, end_groups,
+                                            end_micro_batches, end_ratios, layer_groups,
+                                            layer_micro_batches, layer_ratios, scaled_row)
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured import (Interpolated, MeasuredTables, layer_shape_key,
                                                  model_from_shape_key)
@@ -63,17 +89,26 @@ from meshplan.spec import Job, ModelSpec
 NEAREST_SHAPE = "nearest_shape_rows"   # its name in Estimate.corrections (and ``without``)
 
 def family(model: ModelSpec) -> tuple:
-    """What fixes a layer's kernel sequence apart from its widths."""
+    """What fixes a layer's kernel sequence apart from its widths (an MoE layer's router and
+    capacity rule too; its shared experts are an MLP's kernels, carried by the ratio)."""
+    moe = (model.router, model.capacity_factor is None) if model.is_moe else ()
     return (model.activation, model.norm, model.position_embedding, model.bias,
-            bool(model.dropout))
+            bool(model.dropout), *moe)
 
 
 def shape_distance(a: ModelSpec, a_seq: int, b: ModelSpec, b_seq: int) -> float:
-    """How far two layer shapes are apart: another family counts more than any width."""
+    """How far two layer shapes are apart: another family counts more than any width. Two
+    MoE layers by their experts (count, top-k, width over hidden, shared width over hidden)
+    instead of the dense MLP width, which an MoE layer does not run."""
     def lg(x, y):
         return abs(math.log(x / y))
-    d = (lg(a.hidden_size, b.hidden_size)
-         + lg(a.ffn_hidden_size / a.hidden_size, b.ffn_hidden_size / b.hidden_size)
+    if a.is_moe and b.is_moe:
+        mlp = (lg(a.num_experts, b.num_experts) + lg(a.experts_per_token, b.experts_per_token)
+               + lg(a.moe_ffn_hidden_size / a.hidden_size, b.moe_ffn_hidden_size / b.hidden_size)
+               + lg(1 + shared_width(a) / a.hidden_size, 1 + shared_width(b) / b.hidden_size))
+    else:
+        mlp = lg(a.ffn_hidden_size / a.hidden_size, b.ffn_hidden_size / b.hidden_size)
+    d = (lg(a.hidden_size, b.hidden_size) + mlp
          + lg(a.num_heads / a.num_kv_heads, b.num_heads / b.num_kv_heads)
          + lg(a.head_dim, b.head_dim) + lg(a_seq, b_seq))
     return d + (0.0 if family(a) == family(b) else 100.0)
@@ -102,8 +137,10 @@ def is_timed(tables: MeasuredTables, model: ModelSpec, seq_len: int) -> bool:
 
 
 def transferable(model: ModelSpec) -> bool:
-    """Dense decoders only: an MoE or MLA layer's work is not a dense shape's."""
-    return not getattr(model, "num_experts", 0) and getattr(model, "kv_lora_rank", None) is None
+    """Not multi-head latent attention (whose rows' shape keys do not say so: an MLA
+    profile's rows can stand for a plain-attention MoE layer, not the reverse). An MoE
+    layer reads MoE rows only, a dense layer dense rows (:meth:`TransferredTables._source`)."""
+    return getattr(model, "kv_lora_rank", None) is None
 
 
 class TransferredTables:
@@ -125,18 +162,19 @@ class TransferredTables:
 
     # ---- the source ----------------------------------------------------------------------
     def source_for(self, *, tp: int, sequence_parallel: bool, recompute: str, zero: int = 0,
-                   dp: int = 1) -> Source | None:
+                   dp: int = 1, compile: bool = False) -> Source | None:
         """The timed shape a layer at these knobs is read from (None: no row to read)."""
         fsdp = zero >= 2 and dp > 1
         return self._source(tp, bool(sequence_parallel and tp > 1), recompute,
-                            zero if fsdp else 0, dp if fsdp else 1)
+                            zero if fsdp else 0, dp if fsdp else 1, compile)
 
-    def _source(self, tp: int, sp: bool, recompute: str, zero: int, dp: int) -> Source | None:
+    def _source(self, tp: int, sp: bool, recompute: str, zero: int, dp: int,
+                compile: bool = False) -> Source | None:
         best = None
-        key = (tp, bool(sp and tp > 1), recompute, zero, dp if zero >= 2 else 1)
+        key = (tp, bool(sp and tp > 1), recompute, zero, dp if zero >= 2 else 1, compile)
         for shape, seq in layer_groups(self.tables).get(key, ()):
             src = model_from_shape_key(shape, num_layers=self.target.num_layers)
-            if src is None:
+            if src is None or src.is_moe != self.target.is_moe:
                 continue
             d = shape_distance(self.target, self.job.seq_len, src, seq)
             if best is None or d < best[0]:
@@ -166,11 +204,11 @@ class TransferredTables:
     def layer(self, model: ModelSpec, *, seq_len: int, tp: int, sequence_parallel: bool,
               recompute: str, micro_batch: int, zero: int = 0, dp: int = 1,
               compile: bool = False, ep: int = 1) -> Interpolated | None:
-        if compile or ep > 1:    # neither is transferred: the eager ep = 1 rows are
+        if ep > 1:    # not transferred: the ep = 1 row with ep's terms priced on top is
             return None
         fsdp = zero >= 2 and dp > 1
         return self._layer(tp, sequence_parallel, recompute, micro_batch,
-                           zero if fsdp else 0, dp if fsdp else 1)
+                           zero if fsdp else 0, dp if fsdp else 1, compile)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
@@ -187,20 +225,21 @@ class TransferredTables:
                           recompute=recompute, micro_batch=micro_batch, zero=zero,
                           dp=dp, ep=ep, compile=compile), False
 
-    def _layer(self, tp, sp, recompute, micro_batch, zero, dp) -> Interpolated | None:
+    def _layer(self, tp, sp, recompute, micro_batch, zero, dp,
+               compile: bool = False) -> Interpolated | None:
         sp = bool(sp and tp > 1)
-        src = self._source(tp, sp, recompute, zero, dp)
+        src = self._source(tp, sp, recompute, zero, dp, compile)
         if src is None:
             return None
-        key = (tp, sp, recompute, zero, dp)
+        key = (tp, sp, recompute, zero, dp, compile)
 
         def work(model, job, mb):
-            return layer_cost(model, self.cluster, job, micro_batch=mb, tp=tp,
-                              sequence_parallel=sp, recompute=recompute,
-                              tp_link=self.tp_link).forward.total_s
+            return analytic(model, job, mb, self.cluster, tp, sp, recompute, self.tp_link,
+                            zero < 2).forward_s
         mb_s = self._source_mb(src, key, micro_batch, work)
         row = self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
-                                recompute=recompute, micro_batch=mb_s, zero=zero, dp=dp) \
+                                recompute=recompute, micro_batch=mb_s, zero=zero, dp=dp,
+                                compile=compile) \
             if zero == 0 or dp > 1 else self.tables.fsdp_compute_layer(
                 src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
                 recompute=recompute, micro_batch=mb_s)

@@ -158,7 +158,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             measured.append("layer")
             if isinstance(tables, TransferredTables):
                 transferred = tables.source_for(tp=tp, sequence_parallel=sp,
-                                                recompute=recompute).label
+                                                recompute=recompute, compile=compiled).label
         me = tables.end(model, "embedding", **kw)
         if me is not None:
             emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from types import SimpleNamespace
 
 from meshplan.costmodel.compute import embedding_cost, layer_cost, logits_cost
 from meshplan.costmodel.memory import logits_bytes
+from meshplan.costmodel.moe_layer import routed_mlp, shared_width
 from meshplan.costmodel.torch_activations import torch_backward_work, torch_layer_activations
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured import Interpolated, MeasuredTables
-from meshplan.spec import Job, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 
 # the CPU's dispatch fields of a row: scaled by the forward's / the backward's operator
 # ratio (the per-call fixed parts do not grow with a layer's operators: kept)
@@ -49,24 +51,73 @@ def _r(a: float, b: float) -> float:
     return a / b if b > 0 else 1.0
 
 
+@dataclass(frozen=True)
+class Analytic:
+    """One layer's analytical pass times (s) and bytes, one micro-batch, as the rows hold them."""
+
+    forward_s: float
+    backward_s: float
+    wgrad_s: float
+    kept_bytes: float
+    work_bytes: float
+
+
 @lru_cache(maxsize=4096)
+def analytic(model: ModelSpec, job: Job, mb: float, cluster: Cluster, tp: int, sp: bool,
+             recompute: str, tp_link, autocast: bool) -> Analytic:
+    """The analytical layer a row is scaled by: :func:`~meshplan.costmodel.compute.
+    layer_cost` and the executor's tensors (:mod:`.torch_activations`: autocast for the
+    plain rows, ZeRO-0/1; bf16 for the FSDP2 ones); an MoE layer's routed part on top
+    (:func:`moe_analytic`)."""
+    if model.is_moe:
+        return moe_analytic(model, job, mb, cluster, tp, sp, recompute, tp_link, autocast)
+    a = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                   recompute=recompute, tp_link=tp_link)
+    acts = torch_layer_activations(model, job, mb, tp, sp, autocast=autocast)
+    return Analytic(a.forward.total_s, a.backward.total_s, a.wgrad_s, acts.stored(recompute),
+                    torch_backward_work(model, job, mb, tp, sp, recompute, autocast=autocast))
+
+
+def moe_analytic(model: ModelSpec, job: Job, mb: float, cluster: Cluster, tp: int, sp: bool,
+                 recompute: str, tp_link, autocast: bool) -> Analytic:
+    """An MoE layer as its rows time it (the executor's block at ep = 1, bf16, balanced
+    routing): the layer with its shared experts as MLP plus the routed part of
+    :func:`meshplan.costmodel.moe_layer.routed_mlp`, combined as
+    :func:`~meshplan.costmodel.moe_layer.with_routed_mlp` combines them (full recomputation
+    runs the routed forward again and keeps none of it)."""
+    bf16 = job.with_precision("bf16") if job.precision == "fp8" else job
+    width = shared_width(model)
+    a = layer_cost(model, cluster, bf16, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                   recompute=recompute, tp_link=tp_link, mlp_width=width)
+    acts = torch_layer_activations(model, bf16, mb, tp, sp, autocast=autocast, mlp_width=width)
+    work = torch_backward_work(model, bf16, mb, tp, sp, recompute, autocast=autocast,
+                               mlp_width=width)
+    # one micro-batch of mb sequences as one sequence of their tokens: the routed part
+    # depends on the tokens alone
+    tokens_job = replace(bf16, seq_len=max(1, round(mb * bf16.seq_len)))
+    r = routed_mlp(model, cluster, tokens_job,
+                   Layout(tp=tp, sequence_parallel=sp, recompute=recompute),
+                   SimpleNamespace(tp=tp_link), 1.0)   # ep = etp = 1: no ep or etp link read
+    full = recompute == "full"
+    act_rc = recompute == "selective" and "moe_act" in job.selective_modules
+    rerun = r.forward.total_s if full else r.act_s if act_rc else 0.0
+    kept = 0.0 if full else r.kept_bytes - (r.act_out_bytes if act_rc else 0.0)
+    return Analytic(a.forward.total_s + r.forward.total_s,
+                    a.backward.total_s + r.backward.total_s + rerun, a.wgrad_s + r.wgrad_s,
+                    acts.stored(recompute) + kept,
+                    work + r.work_bytes + (r.kept_bytes if full else 0.0))
+
+
 def layer_ratios(target: ModelSpec, job: Job, mb: float, source: ModelSpec, seq_s: int,
-                  mb_s: float, cluster: Cluster, tp: int, sp: bool, recompute: str,
-                  tp_link, autocast: bool) -> Ratios:
-    job_s = replace(job, seq_len=seq_s)
-    kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, tp_link=tp_link)
-    a = layer_cost(target, cluster, job, micro_batch=mb, **kw)
-    b = layer_cost(source, cluster, job_s, micro_batch=mb_s, **kw)
-    # the rows are the executor's (runtime "torch"): its own tensors, autocast for the
-    # plain rows (ZeRO-0/1), bf16 for the FSDP2 ones
-    at = torch_layer_activations(target, job, mb, tp, sp, autocast=autocast)
-    bt = torch_layer_activations(source, job_s, mb_s, tp, sp, autocast=autocast)
-    aw = torch_backward_work(target, job, mb, tp, sp, recompute, autocast=autocast)
-    bw = torch_backward_work(source, job_s, mb_s, tp, sp, recompute, autocast=autocast)
-    return Ratios(_r(a.forward.total_s, b.forward.total_s),
-                  _r(a.backward.total_s, b.backward.total_s), _r(a.wgrad_s, b.wgrad_s),
-                  _r(at.stored(recompute), bt.stored(recompute)), _r(aw, bw),
-                  _r(a.wgrad_s, a.backward.total_s) if a.backward.total_s > 0 else 0.0)
+                 mb_s: float, cluster: Cluster, tp: int, sp: bool, recompute: str,
+                 tp_link, autocast: bool) -> Ratios:
+    a = analytic(target, job, mb, cluster, tp, sp, recompute, tp_link, autocast)
+    b = analytic(source, replace(job, seq_len=seq_s), mb_s, cluster, tp, sp, recompute,
+                 tp_link, autocast)
+    return Ratios(_r(a.forward_s, b.forward_s), _r(a.backward_s, b.backward_s),
+                  _r(a.wgrad_s, b.wgrad_s), _r(a.kept_bytes, b.kept_bytes),
+                  _r(a.work_bytes, b.work_bytes),
+                  _r(a.wgrad_s, a.backward_s) if a.backward_s > 0 else 0.0)
 
 
 @lru_cache(maxsize=4096)
@@ -95,17 +146,13 @@ def end_ratios(part: str, target: ModelSpec, job: Job, mb: float, source: ModelS
 
 
 def analytic_layer(row: Interpolated, model: ModelSpec, job: Job, mb: float,
-                    cluster: Cluster, tp: int, sp: bool, recompute: str, tp_link,
-                    autocast: bool) -> Interpolated:
+                   cluster: Cluster, tp: int, sp: bool, recompute: str, tp_link,
+                   autocast: bool) -> Interpolated:
     """``row``'s CPU dispatch with the analytical layer's GPU seconds and bytes (and no
     zero-bubble split or split memory: the cost model splits the backward itself)."""
-    a = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                   recompute=recompute, tp_link=tp_link)
-    acts = torch_layer_activations(model, job, mb, tp, sp, autocast=autocast)
-    return replace(row, forward_s=a.forward.total_s, backward_s=a.backward.total_s,
-                   activation_bytes=acts.stored(recompute),
-                   peak_bytes=torch_backward_work(model, job, mb, tp, sp, recompute,
-                                                  autocast=autocast),
+    a = analytic(model, job, mb, cluster, tp, sp, recompute, tp_link, autocast)
+    return replace(row, forward_s=a.forward_s, backward_s=a.backward_s,
+                   activation_bytes=a.kept_bytes, peak_bytes=a.work_bytes,
                    backward_input_s=0.0, backward_weight_s=0.0, backward_input_cpu_s=0.0,
                    backward_weight_cpu_s=0.0, split_layers=0.0, backward_input_depth_s=0.0,
                    backward_weight_depth_s=0.0, wgrad_pending_bytes=0.0,
@@ -140,10 +187,10 @@ def scaled_row(row: Interpolated, k: Ratios, cpu: tuple[float, float]) -> Interp
 def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], ...]]:
     out: dict[tuple, set] = {}
     for r in tables.layers:
-        if r.compile or r.precision != "bf16" or r.ep > 1:   # none is transferred to others
+        if r.precision != "bf16" or r.ep > 1:   # neither is transferred to others
             continue
         out.setdefault((r.tp, r.sequence_parallel, r.recompute, r.zero,
-                        r.dp if r.zero >= 2 else 1), set()).add((r.shape, r.seq_len))
+                        r.dp if r.zero >= 2 else 1, r.compile), set()).add((r.shape, r.seq_len))
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
@@ -151,10 +198,10 @@ def layer_groups(tables: MeasuredTables) -> dict[tuple, tuple[tuple[str, int], .
 def layer_micro_batches(tables: MeasuredTables) -> dict[tuple, tuple[int, ...]]:
     out: dict[tuple, set] = {}
     for r in tables.layers:
-        if r.compile or r.precision != "bf16" or r.ep > 1:   # none is transferred to others
+        if r.precision != "bf16" or r.ep > 1:   # neither is transferred to others
             continue
         out.setdefault((r.shape, r.seq_len, r.tp, r.sequence_parallel, r.recompute, r.zero,
-                        r.dp if r.zero >= 2 else 1), set()).add(r.micro_batch)
+                        r.dp if r.zero >= 2 else 1, r.compile), set()).add(r.micro_batch)
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 

@@ -293,6 +293,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
         _warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
     _warn_small_optimizer_row(prov, membound, where)
+    gpu = _without_host_timed_permute(gpu, prov, doc.get("measurements", {}), where)
     corr = get(doc, "corrections", dict, where, None)
     if corr is not None:
         gpu = replace(gpu, corrections=corrections_from_table(
@@ -375,6 +376,28 @@ def _warn_small_optimizer_row(prov: dict, membound: Any, where: str) -> None:
             "on H200 checks; docs/benchmarks/optimizer_rate.md). Recalibrate with this "
             "meshplan (`meshplan calibrate`), which times it on up to 2^29 elements."),
             stacklevel=3)
+
+
+def _without_host_timed_permute(gpu: GPUSpec, prov: dict, measurements: Any,
+                                where: str) -> GPUSpec:
+    """``gpu`` without ``membound_efficiency["moe-permute"]`` where the profile's permutation
+    rows were timed in step with the host (calibrations before 2026-12-02): on 1 × H200 they
+    read 1.2-2.0 ms whatever their bytes (0.1-5.7 GB), the CPU's dispatch of the
+    permutation's operators, which :mod:`meshplan.costmodel.moe_host` prices apart. Read as
+    an HBM efficiency (0.018-0.35) it priced another model's permutation up to 20× its GPU
+    time (docs/moe.md, "Profiles of other models"); the pooled ``hbm_efficiency`` stands."""
+    if "moe-permute" not in gpu.membound_efficiency or prov.get("device") != "cuda":
+        return gpu
+    rows = measurements.get("moe_permute", []) if isinstance(measurements, dict) else []
+    if any(isinstance(r, dict) and r.get("stream") == "queued" for r in rows):
+        return gpu
+    warnings.warn(MeshplanWarning(
+        f"{where}: membound_efficiency 'moe-permute' was timed with the host in the loop (it "
+        "reads the CPU's dispatch, not the GPU's bytes) and is not read; the MoE "
+        "permutation is priced at the pooled hbm_efficiency. Recalibrate with this "
+        "meshplan (`meshplan calibrate --model ...`), which times it queued."), stacklevel=3)
+    ops = {k: v for k, v in gpu.membound_efficiency.items() if k != "moe-permute"}
+    return replace(gpu, membound_efficiency=ops)
 
 
 def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]:

@@ -35,8 +35,8 @@ def _trunk_key(model: ModelSpec) -> str:
 
 def moe_key_suffix(model: ModelSpec) -> str:
     """"" for a dense model; else the MoE layer's routed experts (count, top-k, width),
-    shared experts, router and capacity factor, e.g. ``-moe16k2f1408``. Keys with it are
-    not read back by :func:`model_from_shape_key` (no nearest-shape transfer of MoE rows)."""
+    shared experts, router and capacity factor, e.g. ``-moe16k2f1408``
+    (:func:`model_from_shape_key` reads it back)."""
     if not model.is_moe:
         return ""
     key = f"-moe{model.num_experts}k{model.experts_per_token}f{model.moe_ffn_hidden_size}"
@@ -51,17 +51,26 @@ def moe_key_suffix(model: ModelSpec) -> str:
 
 _SHAPE_KEY = re.compile(
     r"h(?P<h>\d+)-f(?P<f>\d+)-q(?P<q>\d+)-kv(?P<kv>\d+)-d(?P<d>\d+)-(?P<act>[a-z0-9]+)"
-    r"-(?P<norm>[a-z]+)-(?P<pos>[a-z]+)-(?P<bias>bias|nobias)-drop(?P<drop>[0-9.e+-]+)"
+    r"-(?P<norm>[a-z]+)-(?P<pos>[a-z]+)-(?P<bias>bias|nobias)-drop(?P<drop>[0-9.]+(?:e-?\d+)?)"
+    r"(?:-moe(?P<e>\d+)k(?P<k>\d+)f(?P<fe>\d+)(?:s(?P<s>\d+)x(?P<fs>\d+))?"
+    r"(?:-(?P<router>[a-z_]+))?(?:-cf(?P<cf>[0-9.]+))?)?"
     r"(?:-v(?P<v>\d+)-(?P<tied>tied|untied))?$")
 
 
 def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
-    """A ModelSpec of the layer (and, for an ends key, vocabulary) shape a row was timed at,
-    or None for a key this version does not read: what
-    :mod:`meshplan.costmodel.nearest_rows` scales another shape's rows from."""
+    """A ModelSpec of the layer (and, for an ends key, vocabulary) shape a row was timed at —
+    an MoE layer's experts too (:func:`moe_key_suffix`) — or None for a key this version
+    does not read: what :mod:`meshplan.costmodel.nearest_rows` scales another shape's rows
+    from."""
     m = _SHAPE_KEY.match(key)
     if m is None:
         return None
+    moe = {} if m["e"] is None else dict(
+        num_experts=int(m["e"]), experts_per_token=int(m["k"]),
+        moe_ffn_hidden_size=int(m["fe"]), router=m["router"] or "softmax",
+        capacity_factor=float(m["cf"]) if m["cf"] else None,
+        **({} if m["s"] is None else dict(num_shared_experts=int(m["s"]),
+                                          shared_expert_ffn_hidden_size=int(m["fs"]))))
     try:
         return ModelSpec(name=key, num_layers=num_layers, hidden_size=int(m["h"]),
                          ffn_hidden_size=int(m["f"]), num_heads=int(m["q"]),
@@ -69,7 +78,7 @@ def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
                          vocab_size=int(m["v"] or 32000), activation=m["act"],
                          norm=m["norm"], position_embedding=m["pos"],
                          bias=m["bias"] == "bias", dropout=float(m["drop"]) > 0,
-                         tied_embeddings=m["tied"] != "untied")
+                         tied_embeddings=m["tied"] != "untied", **moe)
     except (MeshplanError, TypeError, ValueError):
         return None
 

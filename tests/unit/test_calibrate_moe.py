@@ -4,6 +4,7 @@ model reproducing each benchmark's time from its key."""
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -83,7 +84,8 @@ def test_keys_reproduce_the_benchmarks():
     peak = gpu.peak_flops("bf16")
     gg = [{"groups": 8, "rows": 1024, "k": 2048, "n": 2816, "seconds": 2.0e-3},
           {"groups": 16, "rows": 128, "k": 1408, "n": 2048, "seconds": 0.9e-3}]
-    perm = [{"model_bytes": 3 * bench_moe.permute_bytes(4096, 2, 2048, 2), "seconds": 1.5e-3}]
+    perm = [{"model_bytes": 3 * bench_moe.permute_bytes(4096, 2, 2048, 2), "seconds": 1.5e-3,
+             "stream": "queued"}]
     keys = moe_keys({"grouped_gemm": gg, "moe_permute": perm}, peak_flops=peak,
                     hbm_gbps=gpu.hbm_gbps, base=gpu, device="cuda")
     assert set(keys) == {"grouped_gemm_efficiency", "membound_efficiency"}
@@ -127,10 +129,39 @@ def test_add_moe_keys_keeps_the_dense_ops(tmp_path):
     doc = {"gpu": {"peak_tflops": {"bf16": 989.0}, "hbm_gbps": 4800.0,
                    "membound_efficiency": {"rmsnorm": 0.06}},
            "measured": ["membound_efficiency"],
-           "measurements": {"moe_permute": [{"model_bytes": 4.8e9, "seconds": 2e-3}]}}
+           "measurements": {"moe_permute": [{"model_bytes": 4.8e9, "seconds": 2e-3,
+                                             "stream": "queued"}]}}
     names = add_moe_keys(doc, None, "cuda")
     assert names == [f"membound_efficiency.{PERMUTE_OP}"]
     assert doc["gpu"]["membound_efficiency"] == {"rmsnorm": 0.06, PERMUTE_OP: 0.5}
+
+
+def test_a_permutation_timed_with_the_host_in_the_loop_makes_no_key(tmp_path):
+    """On a GPU only rows timed queued (its GPU time) make the permutation's efficiency; a
+    profile written from rows timed in step with the host (before 2026-12-02: 1.2-2.0 ms
+    on 1 x H200 whatever their bytes) loads without it, with a warning."""
+    kw = dict(peak_flops=1e15, hbm_gbps=4800.0, base=None)
+    synced = [{"model_bytes": 4.8e9, "seconds": 2e-3}]
+    assert moe_keys({"moe_permute": synced}, device="cuda", **kw) == {}
+    assert PERMUTE_OP in moe_keys({"moe_permute": [{**synced[0], "stream": "cpu"}]},
+                                  device="cpu", **kw)["membound_efficiency"]
+    from meshplan.calibrate.profile import build_profile
+    from meshplan.calibrate.tomlfile import dumps
+    from meshplan.errors import MeshplanWarning
+    doc = build_profile(measurements={}, base=mp.Cluster.preset("dgx-h200").gpu,
+                        device="cuda", provenance={"machine": "test"})
+    doc["gpu"]["membound_efficiency"] = {"rmsnorm": 0.06, PERMUTE_OP: 0.02}
+    doc["provenance"]["device"] = "cuda"
+    for rows, kept in ((synced, False), ([{**synced[0], "stream": "queued"}], True)):
+        doc["measurements"] = {"moe_permute": rows}
+        path = tmp_path / f"p{kept}.toml"
+        path.write_text(dumps(doc))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            eff = load_profile(path).gpu.membound_efficiency
+        assert (PERMUTE_OP in eff) is kept and eff["rmsnorm"] == 0.06
+        assert any(issubclass(w.category, MeshplanWarning) and "moe-permute" in str(w.message)
+                   for w in seen) is not kept
 
 
 def test_moe_only_extends_a_profile_and_the_cost_model_reads_it(tmp_path):

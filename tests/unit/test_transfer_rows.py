@@ -269,3 +269,66 @@ def test_zero_bubble_full_recompute_weight_pass_reruns_the_forward():
     megatron = Job(global_batch=16, seq_len=2048)
     assert corr.zb_full_w_passes(BASE.gpu.corrections, megatron, lay, False) == 0.0
     assert corr.zb_full_w_passes(BASE.gpu.corrections, JOB, lay, True) == 0.0   # measured
+
+
+MOE_SOURCE = ModelSpec(name="moe-timed", num_layers=8, hidden_size=1024, num_heads=16,
+                       num_kv_heads=4, ffn_hidden_size=2816, vocab_size=32000,
+                       max_seq_len=2048, num_experts=8, experts_per_token=2,
+                       moe_ffn_hidden_size=2816, **LLAMA)
+MOE_TARGET = replace(MOE_SOURCE, name="moe-untimed", hidden_size=2048, num_heads=16,
+                     num_experts=32, experts_per_token=8, moe_ffn_hidden_size=1024)
+
+
+def test_moe_shape_keys_read_back_with_their_experts():
+    shared = replace(MOE_SOURCE, num_shared_experts=1, shared_expert_ffn_hidden_size=512,
+                     router="sigmoid", capacity_factor=1.25)
+    for m in (MOE_SOURCE, MOE_TARGET, shared):
+        back = model_from_shape_key(layer_shape_key(m))
+        assert back.is_moe and layer_shape_key(back) == layer_shape_key(m)
+    # an MoE layer is nearer another MoE layer's experts than a dense layer's MLP says
+    assert shape_distance(MOE_TARGET, 2048, MOE_SOURCE, 2048) < 100
+    assert family(MOE_SOURCE) != family(SOURCE)
+    assert family(replace(MOE_SOURCE, num_shared_experts=1,
+                          shared_expert_ffn_hidden_size=512)) == family(MOE_SOURCE)
+
+
+def test_an_untimed_moe_layer_reads_another_moe_models_rows_scaled():
+    """MoE rows stand for another MoE model's layer (the routed part in the analytical ratio,
+    row_scaling.moe_analytic), compiled rows for compiled layouts; a dense model never reads
+    MoE rows nor an MoE model dense ones."""
+    from meshplan.costmodel.row_scaling import analytic
+    layers, ends = _rows(MOE_SOURCE)
+    compiled = tuple(replace(r, compile=True, forward_s=r.forward_s / 2) for r in layers)
+    c = BASE.replace(gpu=replace(BASE.gpu, measured=MeasuredTables(layers + compiled, ends)))
+    links = group_links(c, Layout(dp=4))
+    def fwd(model, mb):
+        return analytic(model, JOB, mb, c, 1, False, "none", links.tp, True).forward_s
+    # the source's micro-batch whose analytical forward is the target's (one step)
+    m = min(max(fwd(MOE_TARGET, 1) / fwd(MOE_SOURCE, 1), 1), 4)
+    for compile, per_mb in ((False, 1e-3), (True, 0.5e-3)):
+        p = layer_parts(MOE_TARGET, c, JOB, 1, 1, False, "none", links.tp, links.pp,
+                        compile=compile, mlp_width=0)
+        assert "layer" in p.measured and p.transferred_from.startswith(
+            layer_shape_key(MOE_SOURCE))
+        assert p.layer.forward.total_s == pytest.approx(
+            per_mb * m * fwd(MOE_TARGET, 1) / fwd(MOE_SOURCE, m))
+    # the ratio holds the routed experts: 4x the top-k copies cost more than the trunk says
+    dense_only = layer_cost(MOE_TARGET, c, JOB, micro_batch=1, tp=1, sequence_parallel=False,
+                            recompute="none", tp_link=links.tp, mlp_width=0)
+    assert analytic(MOE_TARGET, JOB, 1, c, 1, False, "none", links.tp,
+                    True).forward_s > dense_only.forward.total_s
+    assert not _parts(TARGET, c).transferred_from           # dense target, MoE rows only
+    dense = _cluster(SOURCE)
+    assert not layer_parts(MOE_TARGET, dense, JOB, 1, 1, False, "none", links.tp, links.pp,
+                           mlp_width=0).transferred_from
+
+
+def test_the_estimate_of_an_untimed_moe_model_reads_the_transferred_rows():
+    layers, ends = _rows(MOE_SOURCE)
+    c = BASE.replace(gpu=replace(BASE.gpu, measured=MeasuredTables(layers, ends)))
+    est = estimate(MOE_TARGET, c, JOB, Layout(dp=4, micro_batch=1))
+    assert any("was not timed" in x and layer_shape_key(MOE_SOURCE) in x for x in est.caveats)
+    assert any(x.name == NEAREST_SHAPE and x.step_time_delta_s != 0 for x in est.corrections)
+    # ep > 1 from the transferred ep = 1 row, with ep's terms on top
+    ep = estimate(MOE_TARGET, c, JOB, Layout(dp=4, ep=4, micro_batch=1))
+    assert ep.time.ep_comm_s > 0 and any("was not timed" in x for x in ep.caveats)

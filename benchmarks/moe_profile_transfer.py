@@ -1,0 +1,132 @@
+"""Post hoc: the 1-GPU MoE checks priced from profiles that never timed their model.
+
+Every MoE check moeh18-moeh28 (1 × H200, bf16 and fp8) was predicted from a calibration of its
+own model (``meshplan calibrate --model``), as a user with that model would. A user planning a
+model they have not calibrated gets the profile of another: its layer rows carried to the new
+shape by the analytical ratio (:mod:`meshplan.costmodel.nearest_rows`), its GEMM, grouped-GEMM
+and memory-bound curves read at the new sizes. This takes each run of the named data files,
+finds the committed plan that priced it (the plan whose stored step time is the run's
+prediction, as ``optimizer_rate_posthoc.py`` does), and prices it again with each *other*
+check's profile (same machine type), nothing fitted: the error of that transfer beside the
+error with the model's own profile and with the datasheet profile, in today's tree.
+
+    python benchmarks/moe_profile_transfer.py docs/benchmarks/data/moe_fp8_h200x1_moeh2[3-8]_*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from optimizer_rate_posthoc import checks, plan_index  # noqa: E402
+
+from meshplan.costmodel import estimate  # noqa: E402
+from meshplan.errors import MeshplanError  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.planner.planfile import load_plan_file  # noqa: E402
+
+_CHECK = re.compile(r"_(moeh\d+)_\d{8}\.(json|toml)$")
+
+
+def check_name(path: str) -> str | None:
+    m = _CHECK.search(Path(path).name)
+    return m.group(1) if m else None
+
+
+def datasheet(cluster):
+    """The cluster's GPU as its built-in datasheet profile (no calibration)."""
+    from meshplan.hardware_profiles.loader import builtin_gpu
+    return cluster.replace(gpu=builtin_gpu(cluster.gpu.name))
+
+
+def runs(data: list[str], plans_glob: str):
+    """(check, arm precision, run key, measured s, plan record) of every run whose committed
+    plan is found."""
+    index = plan_index(plans_glob)
+    seen = set()
+    for path in data:
+        name = check_name(path)
+        for chk in checks(json.loads(Path(path).read_text())):
+            layouts = chk["predictions"]["layouts"]
+            for key, run in chk["runs"].items():
+                meas = run.get("step_time_s")
+                pred = (layouts.get(key.split("/")[0]) or {}).get("calibrated_s")
+                plan = index.get(round(pred, 9)) if pred else None
+                if not meas or plan is None or (plan, key) in seen:
+                    continue
+                seen.add((plan, key))
+                rec = load_plan_file(plan)
+                yield name, rec.job.precision, key, meas, rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data", nargs="+", help="check data files (docs/benchmarks/data/*.json)")
+    ap.add_argument("--plans", default=str(ROOT / "benchmarks/plans/*h200x1/*.json"))
+    ap.add_argument("--profiles", default=str(
+        ROOT / "docs/benchmarks/data/profiles/profile_h200x1_moeh*_2026*.toml"))
+    args = ap.parse_args(argv)
+    names = {check_name(p) for p in args.data} - {None}
+    profiles = {check_name(p): p for p in sorted(glob.glob(args.profiles))
+                if check_name(p) in names}
+    if not profiles:
+        raise SystemExit(f"no profile of {sorted(names)} matches {args.profiles}")
+    table = [f"| check | run | precision | meas. s | own profile (error) | datasheet | "
+             f"{len(profiles) - 1} others: mean / worst error | worst from |",
+             "|---|---|---|---|---|---|---|---|"]
+    own_e: dict[str, list[float]] = {"bf16": [], "fp8": []}
+    other_e: dict[str, list[float]] = {"bf16": [], "fp8": []}
+    sheet_e: dict[str, list[float]] = {"bf16": [], "fp8": []}
+    refused: dict[str, int] = {}
+    for name, prec, key, meas, rec in runs(args.data, args.plans):
+        if name not in profiles:
+            continue
+        own = estimate(rec.model, rec.cluster, rec.job, rec.layout).step_time_s / meas - 1
+        sheet = estimate(rec.model, datasheet(rec.cluster), rec.job,
+                         rec.layout).step_time_s / meas - 1
+        errs = {}
+        for other, path in profiles.items():
+            if other == name:
+                continue
+            try:
+                cl = apply_profile(rec.cluster, path)
+                errs[other] = estimate(rec.model, cl, rec.job, rec.layout).step_time_s / meas - 1
+            except MeshplanError as exc:
+                refused[type(exc).__name__] = refused.get(type(exc).__name__, 0) + 1
+        if not errs:
+            continue
+        worst = max(errs, key=lambda k: abs(errs[k]))
+        own_e[prec].append(abs(own))
+        sheet_e[prec].append(abs(sheet))
+        other_e[prec].extend(abs(e) for e in errs.values())
+        table.append(f"| {name} | `{key}` | {prec} | {meas:.3f} | {own * 100:+.1f} % | "
+                     f"{sheet * 100:+.1f} % | "
+                     f"{statistics.mean(abs(e) for e in errs.values()) * 100:.1f} % / "
+                     f"{errs[worst] * 100:+.1f} % | {worst} |")
+    print("\n".join(table))
+    print()
+    for prec in ("bf16", "fp8"):
+        if own_e[prec]:
+            print(f"{prec}: own profile {statistics.mean(own_e[prec]) * 100:.1f} % mean, "
+                  f"{max(own_e[prec]) * 100:.1f} % max ({len(own_e[prec])} runs); datasheet "
+                  f"{statistics.mean(sheet_e[prec]) * 100:.1f} % mean, "
+                  f"{max(sheet_e[prec]) * 100:.1f} % max; another "
+                  f"check's profile {statistics.mean(other_e[prec]) * 100:.1f} % mean, "
+                  f"{statistics.median(other_e[prec]) * 100:.1f} % median, "
+                  f"{max(other_e[prec]) * 100:.1f} % max ({len(other_e[prec])} pairs)")
+    if refused:
+        print(f"refused (profile did not apply): {refused}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
