@@ -326,6 +326,12 @@ SETS["drawn-3830c"] = [(n, lay) for n, lay in draw_layouts(3830, count=16, gpus=
 # budget: the compiled draws without selective recompute, the first three GPU-bound
 SETS["drawn-3831c"] = [(n, lay) for n, lay in draw_layouts(3831, count=16, gpus=1)
                        if lay.compile and lay.recompute != "selective"]
+# moeh29 (drawn 2026-12-02): the first MoE check predicted from a profile that never timed its
+# model (moeh28's: MoE rows carried to another MoE shape, costmodel/nearest_rows.py), on a
+# never-run model (draw_moe.py seed 3832; 32 experts of 1536, top-4, + a shared one, seq
+# 2048): the compiled draws without selective recompute, the first three GPU-bound
+SETS["drawn-3832c"] = [(n, lay) for n, lay in draw_layouts(3832, count=16, gpus=1)
+                       if lay.compile and lay.recompute != "selective"]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
