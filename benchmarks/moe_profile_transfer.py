@@ -8,7 +8,8 @@ and memory-bound curves read at the new sizes. This takes each run of the named 
 finds the committed plan that priced it (the plan whose stored step time is the run's
 prediction, as ``optimizer_rate_posthoc.py`` does), and prices it again with each *other*
 check's profile (same machine type), nothing fitted: the error of that transfer beside the
-error with the model's own profile and with the datasheet profile, in today's tree.
+error with the profile its plans were made on (its own calibration; moeh29's plans were made
+on moeh28's) and with the datasheet profile, in today's tree. Peak memory likewise.
 
     python benchmarks/moe_profile_transfer.py docs/benchmarks/data/moe_fp8_h200x1_moeh2[3-8]_*.json
 """
@@ -49,8 +50,8 @@ def datasheet(cluster):
 
 
 def runs(data: list[str], plans_glob: str):
-    """(check, arm precision, run key, measured s, plan record) of every run whose committed
-    plan is found."""
+    """(check, arm precision, run key, measured s, plan record, measured peak bytes) of every
+    run whose committed plan is found."""
     index = plan_index(plans_glob)
     seen = set()
     for path in data:
@@ -65,7 +66,7 @@ def runs(data: list[str], plans_glob: str):
                     continue
                 seen.add((plan, key))
                 rec = load_plan_file(plan)
-                yield name, rec.job.precision, key, meas, rec
+                yield name, rec.job.precision, key, meas, rec, run.get("memory_peak_bytes")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,22 +76,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default=str(
         ROOT / "docs/benchmarks/data/profiles/profile_h200x1_moeh*_2026*.toml"))
     args = ap.parse_args(argv)
-    names = {check_name(p) for p in args.data} - {None}
-    profiles = {check_name(p): p for p in sorted(glob.glob(args.profiles))
-                if check_name(p) in names}
+    profiles = {check_name(p): p for p in sorted(glob.glob(args.profiles)) if check_name(p)}
     if not profiles:
-        raise SystemExit(f"no profile of {sorted(names)} matches {args.profiles}")
-    table = [f"| check | run | precision | meas. s | own profile (error) | datasheet | "
-             f"{len(profiles) - 1} others: mean / worst error | worst from |",
+        raise SystemExit(f"no check's profile matches {args.profiles}")
+    table = ["| check | run | precision | meas. s | own profile (error) | datasheet | "
+             "other checks' profiles: mean / worst error | worst from |",
              "|---|---|---|---|---|---|---|---|"]
     own_e: dict[str, list[float]] = {"bf16": [], "fp8": []}
     other_e: dict[str, list[float]] = {"bf16": [], "fp8": []}
     sheet_e: dict[str, list[float]] = {"bf16": [], "fp8": []}
     refused: dict[str, int] = {}
-    for name, prec, key, meas, rec in runs(args.data, args.plans):
-        if name not in profiles:
-            continue
-        own = estimate(rec.model, rec.cluster, rec.job, rec.layout).step_time_s / meas - 1
+    mem_e: dict[str, list[float]] = {"own": [], "others": []}
+    for name, prec, key, meas, rec, peak in runs(args.data, args.plans):
+        est = estimate(rec.model, rec.cluster, rec.job, rec.layout)
+        own = est.step_time_s / meas - 1
+        if peak:
+            mem_e["own"].append(abs(est.memory_peak_bytes / peak - 1))
         sheet = estimate(rec.model, datasheet(rec.cluster), rec.job,
                          rec.layout).step_time_s / meas - 1
         errs = {}
@@ -99,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 cl = apply_profile(rec.cluster, path)
-                errs[other] = estimate(rec.model, cl, rec.job, rec.layout).step_time_s / meas - 1
+                e = estimate(rec.model, cl, rec.job, rec.layout)
+                errs[other] = e.step_time_s / meas - 1
+                if peak:
+                    mem_e["others"].append(abs(e.memory_peak_bytes / peak - 1))
             except MeshplanError as exc:
                 refused[type(exc).__name__] = refused.get(type(exc).__name__, 0) + 1
         if not errs:
@@ -123,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"check's profile {statistics.mean(other_e[prec]) * 100:.1f} % mean, "
                   f"{statistics.median(other_e[prec]) * 100:.1f} % median, "
                   f"{max(other_e[prec]) * 100:.1f} % max ({len(other_e[prec])} pairs)")
+    for k, v in mem_e.items():
+        if v:
+            print(f"peak memory, {k}: {statistics.mean(v) * 100:.1f} % mean, "
+                  f"{max(v) * 100:.1f} % max, within 5 % on {sum(x <= 0.05 for x in v)} of "
+                  f"{len(v)}")
     if refused:
         print(f"refused (profile did not apply): {refused}")
     return 0

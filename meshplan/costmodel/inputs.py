@@ -12,9 +12,10 @@ are completed.
   layers and multi-token prediction to the built fields.
 
 A calibrated profile's measured rows are for dense layers at cp = 1, and for an MoE model's
-MoE layer where the calibration timed that model (:mod:`meshplan.costmodel.moe_rows`: cp = 1,
-ZeRO-0/1, no dense layers); elsewhere with cp > 1 or an MoE model the layout is priced from
-the profile's curves (a caveat says so).
+MoE layer (:mod:`meshplan.costmodel.moe_rows`: cp = 1, ZeRO-0/1, no dense layers) where the
+calibration timed that model or another MoE model, whose rows are carried to this one's shape
+(:mod:`meshplan.costmodel.nearest_rows`); elsewhere with cp > 1 or an MoE model the layout is
+priced from the profile's curves (a caveat says so).
 
 No formula of its own (the modules named hold them, with their sources and measured errors).
 """

@@ -54,10 +54,14 @@ checks' profiles, 85 pairs a precision): before, these layouts fell back to the 
 curves, eager: bf16 91.0 % mean, 46.5 % median step-time error, fp8 96.0 / 60.6 %; with
 MoE rows carried (and the permutation's host-timed efficiency no longer read,
 ``hardware_profiles.calibrated``), bf16 11.3 % mean, 6.4 % median, 58.0 % max, fp8 16.0 /
-14.4 / 54.3 %. The datasheet profile: 12.0 / 30.6 % mean; the model's own calibration: 1.9 /
-2.9 %. Fine-grained targets (top-8) read from coarse sources (top-1 to top-4) price 20-60 %
-slow: the ratio's analytical routed part grows faster than the executor's. Held out:
-moeh29 (docs/benchmarks/moe_checks.md).
+14.4 / 54.3 %; with a compiled row's weight copies kept out of the scaling and the compiled
+output row (both found on moeh29), bf16 9.9 / 6.5 / 55.8 %, fp8 13.8 / 11.9 / 46.4 %, peak
+memory within 5 % on 115 of 170. The datasheet profile: 12.0 / 30.6 % mean; the model's own
+calibration: 1.9 / 2.9 %. Fine-grained targets (top-8) read from coarse sources (top-1 to
+top-4) price 20-60 % slow: the ratio's analytical routed part grows faster than the
+executor's. Held out, as run (moeh29, priced from moeh28's profile; before the last two
+fixes): bf16 6.6 % mean, fp8 11.8 %, the datasheet 16.4 / 39.1 %
+(docs/benchmarks/moe_checks.md).
 
 Measured error (post hoc, benchmarks/transfer_analysis.py: every measured layout
 re-predicted with its own model's rows removed from its profile; docs/benchmarks/transfer.md,
@@ -73,6 +77,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from meshplan.costmodel.compiled_rows import compiled_row_copies
 from meshplan.costmodel.compute import logits_cost
 from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.clock import sustained_clock
@@ -84,7 +89,7 @@ from meshplan.costmodel.row_scaling import (analytic, analytic_layer, end_groups
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured import (Interpolated, MeasuredTables, layer_shape_key,
                                                  model_from_shape_key)
-from meshplan.spec import Job, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 
 NEAREST_SHAPE = "nearest_shape_rows"   # its name in Estimate.corrections (and ``without``)
 
@@ -250,6 +255,16 @@ class TransferredTables:
         cpu = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
                                    recompute=recompute, autocast=zero < 2)
         out = scaled_row(row, k, cpu)
+        if compile and zero < 2:
+            # a compiled block under autocast keeps its 16-bit weight copies per micro-batch:
+            # an intercept of the kept bytes, the layer's weights', not the tokens' (as
+            # compiled_rows.row_weight_copies has it); the ratio scales the rest
+            lay = Layout(tp=tp, sequence_parallel=sp, recompute=recompute)
+            w_s = compiled_row_copies(src.model, lay) or 0.0
+            w_t = compiled_row_copies(self.target, lay) or 0.0
+            if row.activation_bytes > w_s:
+                out = replace(out, activation_bytes=(row.activation_bytes - w_s)
+                              * k.kept_bytes + w_t)
         if zero >= 2 and row.cpu_measured:
             out = self._fsdp_cpu(out, row, src, tp, sp, recompute, mb_s)
         if row.split_backward is not None and row.split_cpu is None:
@@ -298,8 +313,8 @@ class TransferredTables:
     def end(self, model: ModelSpec, part: str, *, seq_len: int, tp: int,
             sequence_parallel: bool, micro_batch: int,
             compile: bool = False) -> Interpolated | None:
-        """The nearest timed shape's eager end, scaled (compiled ends are not transferred,
-        like compiled layer rows: ``compile`` is accepted and read as eager)."""
+        """The nearest timed shape's end, scaled: with ``compile``, its output row timed with
+        the compiled loss where it has one (which keeps no fp32 logits), else the eager row."""
         sp = bool(sequence_parallel and tp > 1)
         best = None
         for shape, seq in end_groups(self.tables).get((part, tp, sp), ()):
@@ -324,7 +339,7 @@ class TransferredTables:
             mb_s *= at / a0 if at > 0 and a0 > 0 else 1.0
         mb_s = min(max(mb_s, min(mbs)), max(mbs)) if mbs else micro_batch
         row = self.tables.end(src, part, seq_len=seq, tp=tp, sequence_parallel=sp,
-                              micro_batch=mb_s)
+                              micro_batch=mb_s, compile=compile)
         if row is None:
             return None
         k = end_ratios(part, self.target, self.job, micro_batch, src, seq, mb_s,

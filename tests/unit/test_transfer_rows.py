@@ -312,6 +312,19 @@ def test_an_untimed_moe_layer_reads_another_moe_models_rows_scaled():
             layer_shape_key(MOE_SOURCE))
         assert p.layer.forward.total_s == pytest.approx(
             per_mb * m * fwd(MOE_TARGET, 1) / fwd(MOE_SOURCE, m))
+    # a compiled row's 16-bit weight copies are an intercept: kept out of the scaling
+    from meshplan.costmodel.compiled_rows import compiled_row_copies
+    lay = Layout(tp=1, recompute="none")
+    w_s, w_t = compiled_row_copies(MOE_SOURCE, lay), compiled_row_copies(MOE_TARGET, lay)
+    with_w = tuple(replace(r, activation_bytes=r.activation_bytes + w_s) for r in compiled)
+    cw = BASE.replace(gpu=replace(BASE.gpu, measured=MeasuredTables(layers + with_w, ends)))
+    p = layer_parts(MOE_TARGET, cw, JOB, 1, 1, False, "none", links.tp, links.pp,
+                    compile=True, mlp_width=0)
+
+    def kept(model, mb):
+        return analytic(model, JOB, mb, cw, 1, False, "none", links.tp, True).kept_bytes
+    assert p.activation_bytes == pytest.approx(5e7 * m * kept(MOE_TARGET, 1)
+                                               / kept(MOE_SOURCE, m) + w_t)
     # the ratio holds the routed experts: 4x the top-k copies cost more than the trunk says
     dense_only = layer_cost(MOE_TARGET, c, JOB, micro_batch=1, tp=1, sequence_parallel=False,
                             recompute="none", tp_link=links.tp, mlp_width=0)
