@@ -332,6 +332,12 @@ SETS["drawn-3831c"] = [(n, lay) for n, lay in draw_layouts(3831, count=16, gpus=
 # 2048): the compiled draws without selective recompute, the first three GPU-bound
 SETS["drawn-3832c"] = [(n, lay) for n, lay in draw_layouts(3832, count=16, gpus=1)
                        if lay.compile and lay.recompute != "selective"]
+# moeh30 (drawn 2026-12-02): moeh29's question again after the two fixes it found (a carried
+# compiled row's weight copies, the compiled output row), on a never-run model (draw_moe.py
+# seed 3833; 32 experts of 1280, top-8, + a shared one, seq 2048) priced from moeh28's
+# profile: the compiled draws without selective recompute, the first three GPU-bound
+SETS["drawn-3833c"] = [(n, lay) for n, lay in draw_layouts(3833, count=16, gpus=1)
+                       if lay.compile and lay.recompute != "selective"]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
