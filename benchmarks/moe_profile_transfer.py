@@ -1,4 +1,5 @@
-"""Post hoc: the 1-GPU MoE checks priced from profiles that never timed their model.
+"""Post hoc: the 1-GPU checks priced from profiles that never timed their model (the MoE
+checks moehN; the dense fp8hN checks alike).
 
 Every MoE check moeh18-moeh28 (1 × H200, bf16 and fp8) was predicted from a calibration of its
 own model (``meshplan calibrate --model``), as a user with that model would. A user planning a
@@ -12,6 +13,8 @@ error with the profile its plans were made on (its own calibration; moeh29's pla
 on moeh28's) and with the datasheet profile, in today's tree. Peak memory likewise.
 
     python benchmarks/moe_profile_transfer.py docs/benchmarks/data/moe_fp8_h200x1_moeh2[3-8]_*.json
+    python benchmarks/moe_profile_transfer.py docs/benchmarks/data/fp8_h200x1_fp8h*_2026*.json \
+        --profiles 'docs/benchmarks/data/profiles/profile_h200x1_fp8h*_2026*.toml'
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
-_CHECK = re.compile(r"_(moeh\d+)_\d{8}\.(json|toml)$")
+_CHECK = re.compile(r"_((?:moeh|fp8h)\d+)_\d{8}\.(json|toml)$")
 
 
 def check_name(path: str) -> str | None:
