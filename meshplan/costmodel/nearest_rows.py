@@ -43,14 +43,15 @@ GEMMs, activation, as :mod:`meshplan.costmodel.moe_layer` prices them). **Compil
 stand for compiled layouts (the source's compiled row, scaled by the same eager analytical
 ratio, its 16-bit weight copies kept out of the scaling; the output row timed with the
 compiled loss); where the source has none, the eager row and the compile-as-eager caveat, as
-before. Dense, post hoc (the 1-GPU checks fp8h16-fp8h21, each run from every other check's
-profile): bf16 25.9 → 16.4 % mean step-time error, fp8 33.9 → 24.0 %, peak memory within 5 %
-on 82 → 306 of 400 pairs.
-fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
+before. fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
 priced on top of the carried ep = 1 row, :mod:`meshplan.costmodel.moe_rows`). Limitation:
 a shape key does not say whether the attention is multi-head latent attention, so an MLA
 model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
 transferred).
+
+Measured, compiled dense rows (post hoc, ``benchmarks/moe_profile_transfer.py`` on the 1-GPU
+checks fp8h16-fp8h21, each run priced from every other check's profile): bf16 25.9 → 16.4 %
+mean step-time error, fp8 33.9 → 24.0 %, peak memory within 5 % on 82 → 306 of 400 pairs.
 
 Measured, MoE (post hoc, ``benchmarks/moe_profile_transfer.py``: the 34 bf16 and fp8 runs of
 the 1-GPU checks moeh23-moeh28 on 1 × H200, each priced from each of the five *other*
@@ -112,8 +113,10 @@ def shape_distance(a: ModelSpec, a_seq: int, b: ModelSpec, b_seq: int) -> float:
     def lg(x, y):
         return abs(math.log(x / y))
     if a.is_moe and b.is_moe:
+        def expert_ratio(m):
+            return m.moe_ffn_hidden_size / m.hidden_size
         mlp = (lg(a.num_experts, b.num_experts) + lg(a.experts_per_token, b.experts_per_token)
-               + lg(a.moe_ffn_hidden_size / a.hidden_size, b.moe_ffn_hidden_size / b.hidden_size)
+               + lg(expert_ratio(a), expert_ratio(b))
                + lg(1 + shared_width(a) / a.hidden_size, 1 + shared_width(b) / b.hidden_size))
     else:
         mlp = lg(a.ffn_hidden_size / a.hidden_size, b.ffn_hidden_size / b.hidden_size)
