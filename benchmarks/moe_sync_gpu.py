@@ -338,6 +338,12 @@ SETS["drawn-3832c"] = [(n, lay) for n, lay in draw_layouts(3832, count=16, gpus=
 # profile: the compiled draws without selective recompute, the first three GPU-bound
 SETS["drawn-3833c"] = [(n, lay) for n, lay in draw_layouts(3833, count=16, gpus=1)
                        if lay.compile and lay.recompute != "selective"]
+# moeh31 (drawn 2026-12-02, for the next lease of any size): an MoE model priced from a profile
+# that never timed it, the other way round from moeh29/30: a coarse model (draw_moe.py seed
+# 3834; 8 experts of 7040, top-2) from moeh28's fine-grained profile (32 of 1280, top-8): the
+# compiled draws without selective recompute, the first three GPU-bound
+SETS["drawn-3834c"] = [(n, lay) for n, lay in draw_layouts(3834, count=16, gpus=1)
+                       if lay.compile and lay.recompute != "selective"]
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
