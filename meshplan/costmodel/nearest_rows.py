@@ -88,6 +88,7 @@ from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.clock import sustained_clock
 from meshplan.costmodel.corrections import Correction
 from meshplan.costmodel.dispatch import layer_dispatch_ratio
+from meshplan.costmodel.moe_host import dense_ops, routed_ops
 from meshplan.costmodel.row_scaling import (analytic, analytic_layer, end_groups,
                                             end_micro_batches, end_ratios, layer_groups,
                                             layer_micro_batches, layer_ratios, scaled_row)
@@ -153,6 +154,26 @@ def transferable(model: ModelSpec) -> bool:
     profile's rows can stand for a plain-attention MoE layer, not the reverse). An MoE
     layer reads MoE rows only, a dense layer dense rows (:meth:`TransferredTables._source`)."""
     return getattr(model, "kv_lora_rank", None) is None
+
+
+def dispatch_ratio(target: ModelSpec, source: ModelSpec, *, tp: int, sequence_parallel: bool,
+                   recompute: str, autocast: bool = True) -> tuple[float, float]:
+    """(forward, backward) operators ``target``'s layer dispatches over ``source``'s at the
+    same knobs (:func:`meshplan.costmodel.dispatch.layer_dispatch_ratio`); two MoE layers
+    by their norms, attention and shared experts plus their routed part
+    (:mod:`meshplan.costmodel.moe_host`'s counts: a shared expert adds an MLP's operators)."""
+    if not (target.is_moe and source.is_moe):
+        return layer_dispatch_ratio(target, source, tp=tp, sequence_parallel=sequence_parallel,
+                                    recompute=recompute, autocast=autocast)
+    lay = Layout(tp=tp, sequence_parallel=sequence_parallel)
+
+    def ops(m: ModelSpec) -> tuple[int, int]:
+        (f, b), (rf, rb) = dense_ops(m, lay, autocast=autocast), routed_ops(m, lay,
+                                                                           autocast=autocast)
+        f, b = f + rf, b + rb
+        return f, b + (f if recompute == "full" else 1 if recompute == "selective" else 0)
+    (ft, bt), (fs, bs) = ops(target), ops(source)
+    return ft / fs, bt / bs
 
 
 class TransferredTables:
@@ -259,8 +280,8 @@ class TransferredTables:
             return None
         k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
                           self.cluster, tp, sp, recompute, self.tp_link, zero < 2)
-        cpu = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
-                                   recompute=recompute, autocast=zero < 2)
+        cpu = dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
+                             recompute=recompute, autocast=zero < 2)
         out = scaled_row(row, k, cpu)
         if compile and zero < 2:
             # a compiled block under autocast keeps its 16-bit weight copies per micro-batch:
@@ -307,7 +328,7 @@ class TransferredTables:
                                   recompute=recompute, micro_batch=mb_s)
         if plain is None or not plain.cpu_measured:
             return out
-        ops = layer_dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
+        ops = dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
                                    recompute=recompute, autocast=True)
 
         def split(name: str, k: float) -> float:
@@ -377,5 +398,6 @@ def _transferred(t) -> bool:
 NEAREST_SHAPE_CORRECTION = Correction(NEAREST_SHAPE, "step time and memory", (),
                                       _transferred, tables_for)
 
-__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "Source", "TransferredTables", "family",
-           "is_timed", "shape_distance", "tables_for", "timed_shapes", "transferable"]
+__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "Source", "TransferredTables",
+           "dispatch_ratio", "family", "is_timed", "shape_distance", "tables_for",
+           "timed_shapes", "transferable"]

@@ -345,3 +345,20 @@ def test_the_estimate_of_an_untimed_moe_model_reads_the_transferred_rows():
     # ep > 1 from the transferred ep = 1 row, with ep's terms on top
     ep = estimate(MOE_TARGET, c, JOB, Layout(dp=4, ep=4, micro_batch=1))
     assert ep.time.ep_comm_s > 0 and any("was not timed" in x for x in ep.caveats)
+
+
+def test_an_moe_layers_dispatch_counts_its_routed_part_and_shared_experts():
+    """Two MoE layers' CPU dispatch scales by moe_host's counts: the same routed part and
+    trunk dispatch alike at any width; a shared expert adds an MLP's operators."""
+    from meshplan.costmodel.moe_host import dense_ops, routed_ops
+    from meshplan.costmodel.nearest_rows import dispatch_ratio
+    kw = dict(tp=1, sequence_parallel=False, recompute="none")
+    assert dispatch_ratio(MOE_TARGET, MOE_SOURCE, **kw) == (1.0, 1.0)
+    shared = replace(MOE_TARGET, num_shared_experts=1, shared_expert_ffn_hidden_size=1024)
+    f, b = dispatch_ratio(shared, MOE_SOURCE, **kw)
+    lay = Layout()
+    base = [x + y for x, y in zip(dense_ops(MOE_SOURCE, lay, autocast=True),
+                                  routed_ops(MOE_SOURCE, lay, autocast=True))]
+    assert (f - 1) * base[0] == pytest.approx(11) and (b - 1) * base[1] == pytest.approx(23)
+    full = dispatch_ratio(shared, MOE_SOURCE, tp=1, sequence_parallel=False, recompute="full")
+    assert full[0] == pytest.approx(f) and 1 < full[1]
