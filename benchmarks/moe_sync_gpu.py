@@ -290,60 +290,60 @@ SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
 # (draw_moe.py --mla seed 3825; 32 experts of 1536, top-4, + a shared one): moeh20's post-hoc
 # fp8 fixes as run; the first four GPU-bound layouts
 SETS["drawn-3825"] = draw_layouts(3825, count=8, gpus=1)
+
+
+def compiled_draws(seed: int) -> list[tuple[str, Layout]]:
+    """The compiled layouts among sixteen 1-GPU draws of ``seed``, without selective
+    recompute, in drawn order (the 1-GPU MoE checks' sets since moeh23)."""
+    return [(n, lay) for n, lay in draw_layouts(seed, count=16, gpus=1)
+            if lay.compile and lay.recompute != "selective"]
+
+
 # moeh23 (drawn 2026-12-01, for the next lease of any size): the user's fp8 path (calibrate
 # --fp8-rows rowwise) on a never-run MoE model (draw_moe.py seed 3826; 8 experts of 6400,
 # top-2, seq 4096): the compiled draws without selective recompute, the first three GPU-bound
-SETS["drawn-3826c"] = [(n, lay) for n, lay in draw_layouts(3826, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3826c"] = compiled_draws(3826)
 # moeh24 (drawn 2026-12-02, for the next lease of any size): the executor's fp8 routed
 # experts (rowwise) as run, from `calibrate --fp8-rows rowwise` on a never-run MoE model
 # (draw_moe.py seed 3827; 8 experts of 6144, top-1, + a shared one, seq 1024): the compiled
 # draws without selective recompute, the first three GPU-bound
-SETS["drawn-3827c"] = [(n, lay) for n, lay in draw_layouts(3827, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3827c"] = compiled_draws(3827)
 # moeh25 (drawn 2026-12-02, for the next lease of any size): the executor's fp8 routed experts
 # with their weights cast once a step (a step of several micro-batches, or full recompute),
 # priced from `calibrate --fp8-rows rowwise` on a never-run MoE model (draw_moe.py seed 3828;
 # 8 experts of 6528, top-1, seq 4096): the compiled draws without selective recompute, the
 # first three GPU-bound
-SETS["drawn-3828c"] = [(n, lay) for n, lay in draw_layouts(3828, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3828c"] = compiled_draws(3828)
 # moeh26 (drawn 2026-12-02, for the next lease of any size): fp8 MoE rows timed with the
 # experts' weights cast beforehand (`fp8_weights_cached`) and the calibrated weight-cast rate,
 # on a never-run MoE model (draw_moe.py seed 3829; 16 experts of 3328, top-4, seq 2048): the
 # compiled draws without selective recompute, the first three GPU-bound
-SETS["drawn-3829c"] = [(n, lay) for n, lay in draw_layouts(3829, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3829c"] = compiled_draws(3829)
 # moeh27 (drawn 2026-12-02, one call of a 1-GPU lease): calibrate with the optimizer row timed
 # at a model-sized step, plans and arms in the same call, on a never-run fine-grained MoE model
 # (draw_moe.py seed 3830; 64 experts of 640, top-8, + a shared one, seq 2048): the compiled
 # draws without selective recompute, the first two GPU-bound
-SETS["drawn-3830c"] = [(n, lay) for n, lay in draw_layouts(3830, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3830c"] = compiled_draws(3830)
 # moeh28 (drawn 2026-12-02, for the next lease of any size): the optimizer row at a model-sized
 # step and fp8 rows grown as the composed layer grows, on a never-run MoE model (draw_moe.py
 # seed 3831; 32 experts of 1280, top-8, a 152 k vocabulary, seq 2048), calibrated at the full
 # budget: the compiled draws without selective recompute, the first three GPU-bound
-SETS["drawn-3831c"] = [(n, lay) for n, lay in draw_layouts(3831, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3831c"] = compiled_draws(3831)
 # moeh29 (drawn 2026-12-02): the first MoE check predicted from a profile that never timed its
 # model (moeh28's: MoE rows carried to another MoE shape, costmodel/nearest_rows.py), on a
 # never-run model (draw_moe.py seed 3832; 32 experts of 1536, top-4, + a shared one, seq
 # 2048): the compiled draws without selective recompute, the first three GPU-bound
-SETS["drawn-3832c"] = [(n, lay) for n, lay in draw_layouts(3832, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3832c"] = compiled_draws(3832)
 # moeh30 (drawn 2026-12-02): moeh29's question again after the two fixes it found (a carried
 # compiled row's weight copies, the compiled output row), on a never-run model (draw_moe.py
 # seed 3833; 32 experts of 1280, top-8, + a shared one, seq 2048) priced from moeh28's
 # profile: the compiled draws without selective recompute, the first three GPU-bound
-SETS["drawn-3833c"] = [(n, lay) for n, lay in draw_layouts(3833, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3833c"] = compiled_draws(3833)
 # moeh31 (drawn 2026-12-02, for the next lease of any size): an MoE model priced from a profile
 # that never timed it, the other way round from moeh29/30: a coarse model (draw_moe.py seed
 # 3834; 8 experts of 7040, top-2) from moeh28's fine-grained profile (32 of 1280, top-8): the
 # compiled draws without selective recompute, the first three GPU-bound
-SETS["drawn-3834c"] = [(n, lay) for n, lay in draw_layouts(3834, count=16, gpus=1)
-                       if lay.compile and lay.recompute != "selective"]
+SETS["drawn-3834c"] = compiled_draws(3834)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
