@@ -36,6 +36,7 @@ from optimizer_rate_posthoc import checks, plan_index  # noqa: E402
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
 _CHECK = re.compile(r"_((?:moeh|fp8h)\d+)_\d{8}\.(json|toml)$")
@@ -48,7 +49,6 @@ def check_name(path: str) -> str | None:
 
 def datasheet(cluster):
     """The cluster's GPU as its built-in datasheet profile (no calibration)."""
-    from meshplan.hardware_profiles.loader import builtin_gpu
     return cluster.replace(gpu=builtin_gpu(cluster.gpu.name))
 
 
@@ -93,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, prec, key, meas, rec, peak in runs(args.data, args.plans):
         est = estimate(rec.model, rec.cluster, rec.job, rec.layout)
         own = est.step_time_s / meas - 1
-        if peak:
-            mem_e["own"].append(abs(est.memory_peak_bytes / peak - 1))
         sheet = estimate(rec.model, datasheet(rec.cluster), rec.job,
                          rec.layout).step_time_s / meas - 1
         errs = {}
@@ -113,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         worst = max(errs, key=lambda k: abs(errs[k]))
         own_e[prec].append(abs(own))
+        if peak:
+            mem_e["own"].append(abs(est.memory_peak_bytes / peak - 1))
         sheet_e[prec].append(abs(sheet))
         other_e[prec].extend(abs(e) for e in errs.values())
         table.append(f"| {name} | `{key}` | {prec} | {meas:.3f} | {own * 100:+.1f} % | "

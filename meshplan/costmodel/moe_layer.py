@@ -77,7 +77,7 @@ docs/benchmarks/published.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from meshplan.costmodel import comm, moe, moe_dispatch, moe_torch_memory
 from meshplan.costmodel.moe import shared_width
@@ -193,35 +193,51 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                      act_out_bytes=act_out, act_s=act_s, fp8=f8)
 
 
-def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
-                    selective_modules: tuple[str, ...] = ("core_attn",)) -> LayerParts:
-    """``parts`` (a layer with the shared experts as its MLP) with the routed part added:
-    time in forward, backward (and its recomputed forward under full recomputation), bytes
-    sent, kept activations and working memory. Selective recomputation with "moe_act" among
+class RoutedAdded(NamedTuple):
+    """What the routed part adds to one layer beyond its forward and backward passes."""
+
+    rerun: PassCost           # its work re-run in backward (the recomputed forward's part)
+    kept_bytes: float         # kept for backward
+    work_bytes: float         # the backward's working memory
+
+
+def routed_added(routed: RoutedMlp, recompute: str,
+                 selective_modules: tuple[str, ...] = ("core_attn",)) -> RoutedAdded:
+    """Full recomputation re-runs the routed forward and keeps none of it (its kept bytes
+    become backward working memory); selective recomputation with "moe_act" among
     ``selective_modules`` (``Job.recompute_modules``, Megatron-Core's ``--recompute-modules
     moe_act``) keeps no activation output and re-runs the activation in backward."""
-    lay = parts.layer
     full = recompute == "full"
     act_rc = recompute == "selective" and "moe_act" in selective_modules
     rerun = (routed.forward if full else PassCost(memory_bound_s=routed.act_s) if act_rc
              else PassCost())
+    kept = 0.0 if full else routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0)
+    return RoutedAdded(rerun, kept,
+                       routed.work_bytes + (routed.kept_bytes if full else 0.0))
+
+
+def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,
+                    selective_modules: tuple[str, ...] = ("core_attn",)) -> LayerParts:
+    """``parts`` (a layer with the shared experts as its MLP) with the routed part added:
+    time in forward, backward (and what recomputation re-runs: :func:`routed_added`), bytes
+    sent, kept activations and working memory."""
+    lay = parts.layer
+    add = routed_added(routed, recompute, selective_modules)
     layer = LayerCost(lay.forward + routed.forward,
-                      lay.backward + routed.backward + rerun,
-                      lay.recompute + rerun, lay.wgrad_s + routed.wgrad_s, lay.tp_wire_bytes,
-                      lay.wgrad_gather_s, lay.wgrad_gather_wire_bytes,
+                      lay.backward + routed.backward + add.rerun,
+                      lay.recompute + add.rerun, lay.wgrad_s + routed.wgrad_s,
+                      lay.tp_wire_bytes, lay.wgrad_gather_s, lay.wgrad_gather_wire_bytes,
                       cp_wire_bytes=lay.cp_wire_bytes,
-                      ep_wire_bytes=routed.pass_wire_bytes * (3 if full else 2))
-    kept = routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0)
+                      ep_wire_bytes=routed.pass_wire_bytes * (3 if recompute == "full" else 2))
     if routed.fp8 is not None and parts.fp8 is not None:
         parts = replace(parts, fp8=replace(
             parts.fp8, weight_cast_step_s=parts.fp8.weight_cast_step_s
             + routed.fp8.weight_cast_step_s,
             expert_weight_copy_bytes=routed.fp8.weight_copy_bytes))
     return replace(parts, layer=layer,
-                   activation_bytes=parts.activation_bytes + (0.0 if full else kept),
+                   activation_bytes=parts.activation_bytes + add.kept_bytes,
                    full_act_bytes=parts.full_act_bytes + routed.kept_bytes,
-                   backward_buf_bytes=parts.backward_buf_bytes + routed.work_bytes
-                   + (routed.kept_bytes if full else 0.0))
+                   backward_buf_bytes=parts.backward_buf_bytes + add.work_bytes)
 
 
 def with_cached_expert_weights(parts: LayerParts, model: ModelSpec, job: Job, layout: Layout,

@@ -9,8 +9,9 @@ for the layout's tp, sequence parallelism, recompute mode and micro-batch, it re
 analytical layer (:func:`meshplan.costmodel.parts.layer_parts`: the layer's GPU seconds, CPU
 dispatch, kept bytes and backward working memory), the same mechanism as a dense model's
 rows; for an MoE model the calibration did not time, the nearest timed MoE shape's rows
-scaled by the analytical ratio (:mod:`meshplan.costmodel.nearest_rows`). The analytical MoE host terms (:mod:`meshplan.costmodel.moe_host`) are not added: the
-row's own CPU dispatch is in it.
+scaled by the analytical ratio (:mod:`meshplan.costmodel.nearest_rows`). The analytical MoE
+host terms (:mod:`meshplan.costmodel.moe_host`) are not added: the row's own CPU dispatch is
+in it.
 
 **ep > 1 from the ep = 1 row.** The row plus the difference the routed part's formulas give
 between the layout and the timed layer (:func:`meshplan.costmodel.moe_layer.routed_mlp` at

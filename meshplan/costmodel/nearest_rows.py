@@ -329,7 +329,7 @@ class TransferredTables:
         if plain is None or not plain.cpu_measured:
             return out
         ops = dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
-                                   recompute=recompute, autocast=True)
+                             recompute=recompute, autocast=True)
 
         def split(name: str, k: float) -> float:
             own, base = getattr(row, name), getattr(plain, name)

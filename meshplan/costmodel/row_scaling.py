@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 from meshplan.costmodel.compute import embedding_cost, layer_cost, logits_cost
 from meshplan.costmodel.memory import logits_bytes
-from meshplan.costmodel.moe_layer import routed_mlp, shared_width
+from meshplan.costmodel.moe_layer import routed_added, routed_mlp, shared_width
 from meshplan.costmodel.torch_activations import torch_backward_work, torch_layer_activations
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured import Interpolated, MeasuredTables
@@ -83,8 +83,8 @@ def moe_analytic(model: ModelSpec, job: Job, mb: float, cluster: Cluster, tp: in
     """An MoE layer as its rows time it (the executor's block at ep = 1, bf16, balanced
     routing): the layer with its shared experts as MLP plus the routed part of
     :func:`meshplan.costmodel.moe_layer.routed_mlp`, combined as
-    :func:`~meshplan.costmodel.moe_layer.with_routed_mlp` combines them (full recomputation
-    runs the routed forward again and keeps none of it)."""
+    :func:`~meshplan.costmodel.moe_layer.with_routed_mlp` combines them
+    (:func:`~meshplan.costmodel.moe_layer.routed_added`)."""
     bf16 = job.with_precision("bf16") if job.precision == "fp8" else job
     width = shared_width(model)
     a = layer_cost(model, cluster, bf16, micro_batch=mb, tp=tp, sequence_parallel=sp,
@@ -98,14 +98,11 @@ def moe_analytic(model: ModelSpec, job: Job, mb: float, cluster: Cluster, tp: in
     r = routed_mlp(model, cluster, tokens_job,
                    Layout(tp=tp, sequence_parallel=sp, recompute=recompute),
                    SimpleNamespace(tp=tp_link), 1.0)   # ep = etp = 1: no ep or etp link read
-    full = recompute == "full"
-    act_rc = recompute == "selective" and "moe_act" in job.selective_modules
-    rerun = r.forward.total_s if full else r.act_s if act_rc else 0.0
-    kept = 0.0 if full else r.kept_bytes - (r.act_out_bytes if act_rc else 0.0)
+    add = routed_added(r, recompute, job.selective_modules)
     return Analytic(a.forward.total_s + r.forward.total_s,
-                    a.backward.total_s + r.backward.total_s + rerun, a.wgrad_s + r.wgrad_s,
-                    acts.stored(recompute) + kept,
-                    work + r.work_bytes + (r.kept_bytes if full else 0.0))
+                    a.backward.total_s + r.backward.total_s + add.rerun.total_s,
+                    a.wgrad_s + r.wgrad_s, acts.stored(recompute) + add.kept_bytes,
+                    work + add.work_bytes)
 
 
 def layer_ratios(target: ModelSpec, job: Job, mb: float, source: ModelSpec, seq_s: int,
