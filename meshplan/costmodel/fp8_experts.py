@@ -77,7 +77,7 @@ from meshplan.costmodel.fp8_cost import cast_rate, check_fp8_supported
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.measured_rows import ran_fp8_experts
-from meshplan.spec import Job, ModelSpec
+from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
 
 
@@ -117,6 +117,22 @@ def expert_weights_cached(zero: int, num_microbatches: int, recompute: str) -> b
     forward — and they are plain parameters (ZeRO-0/1; FSDP2 gathers them for each pass).
     The executor and the cost model both ask this function."""
     return zero < 2 and (num_microbatches > 1 or recompute == "full")
+
+
+def recompute_keeps_expert_outputs(job: Job, layout: Layout) -> bool:
+    """Whether full recomputation re-runs none of the executor's fp8 routed experts' GEMMs
+    and their rows' casts (it re-runs their weights' casts, whose input, the parameter, is
+    at hand): the block compiled as one graph (``Layout.compile`` at ep = etp = 1;
+    with ep > 1 the all-to-all's host reads split it), where Inductor's partitioner keeps
+    the outputs of the fp8 grouped GEMMs' autograd Functions rather than re-running them,
+    as it keeps the dense fp8 linears' (:attr:`meshplan.costmodel.fp8_cost.Fp8Layer.
+    recompute_keeps_gemm_outputs`). Measured on the compiled rows of the 1-GPU checks with
+    fp8 experts (docs/fp8.md): the recomputation of an fp8 block re-ran 0.15-0.46 of what its
+    bf16 twin's re-ran (moeh24-26, moeh28); with 16-bit experts (moeh23's rows) 0.89-0.96.
+    Which casts are re-run was read post hoc off the same checks' full-recompute arms
+    (docs/benchmarks/moe_checks.md "Compiled fp8 full recomputation")."""
+    return (job.runtime == "torch" and layout.compile and layout.recompute == "full"
+            and layout.ep == 1 and layout.etp == 1)
 
 
 def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_experts: float,
@@ -181,4 +197,5 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         fc2_input_delta_bytes=-local_experts * rows_per_expert * fc2_width)
 
 
-__all__ = ["Fp8Experts", "expert_weights_cached", "fp8_experts", "torch_experts_fp8"]
+__all__ = ["Fp8Experts", "expert_weights_cached", "fp8_experts", "recompute_keeps_expert_outputs",
+           "torch_experts_fp8"]

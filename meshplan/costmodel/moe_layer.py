@@ -59,7 +59,9 @@ row as it says (``MeasuredLayer.fp8_weights_cached``), and the correction moves 
 where the layout runs them.
 
 Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
-:func:`meshplan.costmodel.moe.all_to_alls_per_layer`); selective recomputation re-runs what
+:func:`meshplan.costmodel.moe.all_to_alls_per_layer`), except, in a compiled block, the
+executor's fp8 expert GEMMs and their rows' casts, whose outputs Inductor keeps
+(:func:`meshplan.costmodel.fp8_experts.recompute_keeps_expert_outputs`); selective recomputation re-runs what
 ``Job.recompute_modules`` names: the attention core (default), the norms
 (:func:`meshplan.costmodel.compute.layer_cost`) and, with "moe_act", the routed experts'
 activation function, whose output (R·f_e/etp elements) is then not kept.
@@ -84,7 +86,7 @@ from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, hbm_s,
                                         sixteen_bit_precision)
 from meshplan.costmodel.fp8_experts import (Fp8Experts, expert_weights_cached, fp8_experts,
-                                            torch_experts_fp8)
+                                            recompute_keeps_expert_outputs, torch_experts_fp8)
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
 from meshplan.hardware_profiles import Cluster
@@ -112,6 +114,10 @@ class RoutedMlp:
     act_out_bytes: float = 0.0   # the activation function's output, within kept_bytes
     act_s: float = 0.0           # the activation function's forward (memory-bound)
     fp8: Fp8Experts | None = None   # fp8 experts' per-step and per-layer terms (TE)
+    # within ``forward``: what full recomputation does not re-run (the executor's compiled
+    # fp8 experts' GEMMs and their rows' casts: :func:`~meshplan.costmodel.fp8_experts.
+    # recompute_keeps_expert_outputs`)
+    not_rerun: PassCost = PassCost()
 
 
 def expert_gemm_s(cluster: Cluster, peak: float, flops: float) -> float:
@@ -180,6 +186,11 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     cast_f, cast_b = (f8.forward_cast_s, f8.backward_cast_s) if f8 is not None else (0.0, 0.0)
     fwd = PassCost(gemm_s=experts_s + router_s, memory_bound_s=fwd_mb + cast_f,
                    tp_comm_s=tp_gather, ep_comm_s=ep_s)
+    kept_outputs = f8 is not None and recompute_keeps_expert_outputs(job, layout)
+    # the rows' casts go with the GEMMs; the weights' casts are re-run (their input, the
+    # parameter, is at hand: the partitioner recomputes such a cast rather than keep it)
+    not_rerun = (PassCost(gemm_s=experts_s, memory_bound_s=cast_f - f8.weight_forward_cast_s)
+                 if kept_outputs else PassCost())
     bwd = PassCost(gemm_s=2 * (experts_s + router_s), memory_bound_s=2 * fwd_mb + cast_b,
                    ep_comm_s=ep_s)
     acts = (moe_torch_memory.routed_activations(model, job, layout, tokens, rows)
@@ -190,7 +201,7 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
         kept += f8.fc1_input_delta_bytes + f8.fc2_input_delta_bytes
         act_out += f8.fc2_input_delta_bytes
     return RoutedMlp(fwd, bwd, experts_s + router_s, wire, kept, acts.dispatch_bytes, rows,
-                     act_out_bytes=act_out, act_s=act_s, fp8=f8)
+                     act_out_bytes=act_out, act_s=act_s, fp8=f8, not_rerun=not_rerun)
 
 
 class RoutedAdded(NamedTuple):
@@ -203,14 +214,15 @@ class RoutedAdded(NamedTuple):
 
 def routed_added(routed: RoutedMlp, recompute: str,
                  selective_modules: tuple[str, ...] = ("core_attn",)) -> RoutedAdded:
-    """Full recomputation re-runs the routed forward and keeps none of it (its kept bytes
-    become backward working memory); selective recomputation with "moe_act" among
+    """Full recomputation re-runs the routed forward, less what it keeps
+    (``routed.not_rerun``), and keeps none of its activations (its kept bytes become
+    backward working memory); selective recomputation with "moe_act" among
     ``selective_modules`` (``Job.recompute_modules``, Megatron-Core's ``--recompute-modules
     moe_act``) keeps no activation output and re-runs the activation in backward."""
     full = recompute == "full"
     act_rc = recompute == "selective" and "moe_act" in selective_modules
-    rerun = (routed.forward if full else PassCost(memory_bound_s=routed.act_s) if act_rc
-             else PassCost())
+    rerun = (routed.forward - routed.not_rerun if full
+             else PassCost(memory_bound_s=routed.act_s) if act_rc else PassCost())
     kept = 0.0 if full else routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0)
     return RoutedAdded(rerun, kept,
                        routed.work_bytes + (routed.kept_bytes if full else 0.0))

@@ -163,7 +163,9 @@ def _ep_delta(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, time
     """The routed part at ``layout`` less the routed part as the row timed it."""
     at = routed_mlp(model, cluster, job, layout, links,
                     load_imbalance(cluster.gpu.corrections, layout.ep))
-    return _routed_minus(at, routed_mlp(model, cluster, job, timed_layout, links, 1.0))
+    # the row beneath is eager (with ep > 1 the block is not one graph): it re-ran all
+    delta = _routed_minus(at, routed_mlp(model, cluster, job, timed_layout, links, 1.0))
+    return replace(delta, not_rerun=at.not_rerun)
 
 
 def _routed_minus(at: RoutedMlp, timed: RoutedMlp) -> RoutedMlp:
@@ -172,7 +174,8 @@ def _routed_minus(at: RoutedMlp, timed: RoutedMlp) -> RoutedMlp:
     return RoutedMlp(at.forward - timed.forward, at.backward - timed.backward,
                      at.wgrad_s - timed.wgrad_s, at.pass_wire_bytes,
                      at.kept_bytes - timed.kept_bytes, at.work_bytes - timed.work_bytes,
-                     at.rows, at.act_out_bytes - timed.act_out_bytes, at.act_s - timed.act_s)
+                     at.rows, at.act_out_bytes - timed.act_out_bytes, at.act_s - timed.act_s,
+                     not_rerun=at.not_rerun - timed.not_rerun)
 
 
 def _measured_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

@@ -212,3 +212,35 @@ def test_compiled_expert_weight_casts_at_the_measured_weight_cast_rate():
     eager = [fp8_experts(c, j, compile=False, **kw)
              for c in (CLUSTER, CLUSTER.with_gpu(gpu))]
     assert eager[0] == eager[1]
+
+
+def test_compiled_full_recompute_reruns_no_fp8_expert_gemm():
+    """A compiled block at ep = 1 keeps its fp8 expert GEMMs' outputs under full
+    recomputation: the re-run routed forward holds the router, the permutation and the
+    weights' casts, not the expert GEMMs or their rows' casts; eager, with ep > 1, and in
+    bf16 it re-runs all of the routed forward."""
+    from meshplan.costmodel.moe_layer import routed_added
+    j = job("fp8", "torch", recipe="rowwise")
+    lay = mp.Layout(micro_batch=2, recompute="full", compile=True)
+    links = table_inputs(MODEL, CLUSTER, j, lay).links
+    r = routed_mlp(MODEL, CLUSTER, j, lay, links, 1.0)
+    e = r.fp8
+    rerun = routed_added(r, "full").rerun
+    kept_gemm = r.forward.gemm_s - rerun.gemm_s
+    assert 0 < kept_gemm < r.forward.gemm_s                 # the router's GEMM is re-run
+    assert rerun.memory_bound_s == pytest.approx(
+        r.forward.memory_bound_s - (e.forward_cast_s - e.weight_forward_cast_s))
+    assert e.weight_forward_cast_s > 0
+    for other, jj in ((mp.Layout(micro_batch=2, recompute="full"), j),
+                      (mp.Layout(micro_batch=2, recompute="full", compile=True),
+                       job("bf16", "torch"))):
+        o = routed_mlp(MODEL, CLUSTER, jj, other, links, 1.0)
+        assert routed_added(o, "full").rerun == o.forward
+    ep2 = mp.Layout(dp=8, ep=4, micro_batch=2, recompute="full", compile=True, zero=1)
+    o = routed_mlp(MODEL, CLUSTER, j, ep2, table_inputs(MODEL, CLUSTER, j, ep2).links, 1.0)
+    assert routed_added(o, "full").rerun == o.forward
+    # what is re-run of the GEMMs is the router's alone, the same as bf16's: the rest, the
+    # experts' bf16 GEMMs at the fp8 ratio, is kept
+    b16 = routed_mlp(MODEL, CLUSTER, job("bf16", "torch"), lay, links, 1.0)
+    router_s = rerun.gemm_s
+    assert kept_gemm == pytest.approx((b16.forward.gemm_s - router_s) * e.gemm_ratio)
