@@ -6,13 +6,16 @@ reads from a profile, timed with the executor's own kernels (``executor/moe.py``
   and backward through autograd, as ``GroupedExperts`` runs it (``torch._grouped_mm`` /
   ``F.grouped_mm`` with 8-row aligned groups on CUDA bf16 sm90+, else its per-expert loop).
   Shapes: the model's, at each ep dividing its experts and the world (E/ep local experts),
-  tp 1 and 2, micro-batches 1 and 2, balanced routing (rows = k·T·ep/E, T = b·s/tp).
+  tp 1 and 2, micro-batches 1 and 2 and the layer tables' (``--micro-batches``: the sizes
+  the layouts run), balanced routing (rows = k·T·ep/E, T = b·s/tp).
 * **Permutation** (``moe_permute`` rows): the executor's memory-bound token movement of one
   MoE layer at ep 1 — the gather of the k·T routed copies (``index_select``; backward the
   sum of each token's copies, ``embedding_bag``), the grouped GEMM's padding copy in and
   out (``index_copy`` / ``index_select``) and the gate-weighted combine (``embedding_bag``)
-  — forward and backward, at the model's T per micro-batch, with the executor's own
-  functions.
+  — forward and backward, at the model's T per micro-batch (the same micro-batches), with
+  the executor's own functions. Its efficiency grows with its size (1 × H200, moeh31's
+  model: 0.22 at 1 k tokens, 0.25 at 2 k; moeh30's at 8-16 k, 0.35-0.36), so it is timed at
+  the sizes the layouts run, not only at one or two sequences.
 * **Host synchronisation** (``host_sync`` rows): a device-to-host read (``.item()`` of a
   scalar, ``.tolist()`` of E counts) on an idle stream (wall time) and behind a queued
   spin kernel (``torch.cuda._sleep``): wall time from before the spin's launch to the
@@ -241,19 +244,28 @@ def bench_host_dispatch(model: ModelSpec, device: torch.device, sync_s: float, *
             "sync_s": sync_s if cuda else 0.0, "iters": iters}
 
 
+def moe_micro_batches(quick: bool, micro_batches: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The micro-batches the MoE rows are timed at: 1 and 2 (quick: 1) and the layer
+    tables' ``micro_batches``."""
+    return (1,) if quick else tuple(sorted({1, 2, *(micro_batches or ())}))
+
+
 def moe_rows(models: tuple[ModelSpec, ...], seq_len: int | None, device: torch.device,
-             world: int, *, quick: bool = False) -> dict[str, list[dict[str, Any]]]:
-    """Every MoE row for the models with routed experts (none: empty lists)."""
+             world: int, *, quick: bool = False, micro_batches: tuple[int, ...] | None = None
+             ) -> dict[str, list[dict[str, Any]]]:
+    """Every MoE row for the models with routed experts (none: empty lists), at
+    :func:`moe_micro_batches`."""
     moes = [m for m in models if m.num_experts]
     out: dict[str, list[dict[str, Any]]] = {"grouped_gemm": [], "moe_permute": [],
                                             "host_sync": [], "host_dispatch": []}
     if not moes:
         return out
     shapes, perms = set(), set()
+    mbs = moe_micro_batches(quick, micro_batches)
     for m in moes:
         seq = seq_len or m.max_seq_len
-        shapes.update(expert_gemm_shapes(m, seq, world, quick=quick))
-        for mb in (1,) if quick else (1, 2):
+        shapes.update(expert_gemm_shapes(m, seq, world, quick=quick, micro_batches=mbs))
+        for mb in mbs:
             perms.add((mb * seq, m.experts_per_token, m.num_experts, m.hidden_size))
     out["grouped_gemm"] = [bench_grouped_gemm(s, device) for s in sorted(shapes)]
     out["moe_permute"] = [bench_permute(*p, device) for p in sorted(perms)]
@@ -265,6 +277,6 @@ def moe_rows(models: tuple[ModelSpec, ...], seq_len: int | None, device: torch.d
     return out
 
 
-__all__ = ["GroupedGemmShape", "expert_gemm_shapes", "bench_grouped_gemm", "bench_permute",
+__all__ = ["GroupedGemmShape", "expert_gemm_shapes", "moe_micro_batches", "bench_grouped_gemm", "bench_permute",
            "permute_bytes", "bench_host_sync", "bench_host_dispatch", "moe_rows",
            "tiny_moe_spec"]

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from meshplan.calibrate.layer_grid import micro_batch_sizes
 from meshplan.errors import ConfigError
 
 
@@ -46,10 +47,11 @@ def _base_doc(base_profile: str | None, device) -> tuple[dict[str, Any], Any]:
 
 
 def run(models, *, seq_len: int | None, world: int, out: Path, base_profile: str | None,
-        device_kind: str = "auto", quick: bool = False) -> dict[str, Any]:
+        device_kind: str = "auto", quick: bool = False,
+        micro_batches: tuple[int, ...] | None = None) -> dict[str, Any]:
     import torch
 
-    from meshplan.calibrate.bench_moe import moe_rows
+    from meshplan.calibrate.bench_moe import moe_micro_batches, moe_rows
     from meshplan.calibrate.moe_profile import MOE_ROW_KINDS, add_moe_keys
     from meshplan.calibrate.tomlfile import dumps, write_text_atomic
     if not any(m.num_experts for m in models):
@@ -60,7 +62,8 @@ def run(models, *, seq_len: int | None, world: int, out: Path, base_profile: str
     device = torch.device("cuda:0" if device_kind == "cuda" else "cpu")
     t0 = time.perf_counter()
     doc, base = _base_doc(base_profile, device)
-    rows = moe_rows(tuple(models), seq_len, device, world, quick=quick)
+    rows = moe_rows(tuple(models), seq_len, device, world, quick=quick,
+                    micro_batches=micro_batches)
     meas = {k: v for k, v in doc.get("measurements", {}).items() if k not in MOE_ROW_KINDS}
     doc["measurements"] = {**meas, **{k: v for k, v in rows.items() if v}}
     keys = add_moe_keys(doc, base, device.type)
@@ -70,6 +73,7 @@ def run(models, *, seq_len: int | None, world: int, out: Path, base_profile: str
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "models": ", ".join(m.name for m in models),
         "seq_len": seq_len or 0, "world": world, "base_profile": base_profile or "datasheet",
+        "micro_batches": ", ".join(map(str, moe_micro_batches(quick, micro_batches))),
         "keys": keys, "seconds": round(time.perf_counter() - t0, 1),
         "command": " ".join(sys.argv)}
     doc["provenance"] = prov
@@ -89,14 +93,25 @@ def main(argv=None) -> int:
     ap.add_argument("--world", type=int, default=1, help="GPUs of the layouts to price")
     ap.add_argument("--base-profile", default=None)
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    ap.add_argument("--micro-batches", default=None,
+                    help="comma-separated micro-batch sizes the layouts run (the MoE rows are "
+                         "timed at 1, 2 and these)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.world < 1:
         ap.error(f"--world {a.world}: must be a positive integer")
+    mbs = None
+    if a.micro_batches:
+        try:
+            mbs = micro_batch_sizes(False, tuple(int(x) for x in a.micro_batches.split(",")))
+        except (ValueError, ConfigError) as exc:
+            ap.error(f"--micro-batches {a.micro_batches!r}: {exc}; give positive integers, "
+                     f"e.g. 2,8")
     models = [load_model(m) for m in a.model]
     res = run(models, seq_len=a.seq_len, world=a.world, out=Path(a.out),
-              base_profile=a.base_profile, device_kind=a.device, quick=a.quick)
+              base_profile=a.base_profile, device_kind=a.device, quick=a.quick,
+              micro_batches=mbs)
     print(f"wrote {a.out}: {res}")
     return 0
 

@@ -408,7 +408,10 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     like = options.models[0] if options.models else None
     if any(m.num_experts for m in options.models):
         from meshplan.calibrate.bench_moe import moe_rows
-        rows.update(moe_rows(options.models, options.seq_len, device, world, quick=options.quick))
+        from meshplan.calibrate.layer_grid import micro_batch_sizes
+        rows.update(moe_rows(options.models, options.seq_len, device, world, quick=options.quick,
+                             micro_batches=micro_batch_sizes(options.quick,
+                                                             options.micro_batches)))
         prog.step(f"MoE: {len(rows['grouped_gemm'])} grouped GEMMs, permutation, host syncs")
     rows["overheads"] = bench_overhead.bench_overheads(device, like,
                                                        iters=5 if options.quick else 10)

@@ -51,6 +51,28 @@ def test_expert_shapes_follow_balanced_routing():
     assert {s.groups for s in bench_moe.expert_gemm_shapes(six, 2048, 4)} == {6, 3}
 
 
+def test_moe_rows_are_timed_at_the_layouts_micro_batches(monkeypatch):
+    """The grouped GEMMs and the permutation are timed at micro-batches 1, 2 and the layer
+    tables' (the sizes the layouts run: the permutation's efficiency grows with its size),
+    quick at 1 alone."""
+    assert bench_moe.moe_micro_batches(False, None) == (1, 2)
+    assert bench_moe.moe_micro_batches(False, (4, 16)) == (1, 2, 4, 16)
+    assert bench_moe.moe_micro_batches(True, (4, 16)) == (1,)
+    timed = {"gemm": [], "perm": []}
+    monkeypatch.setattr(bench_moe, "bench_grouped_gemm",
+                        lambda shape, dev: timed["gemm"].append(shape) or {})
+    monkeypatch.setattr(bench_moe, "bench_permute",
+                        lambda *a: timed["perm"].append(a[:4]) or {})
+    monkeypatch.setattr(bench_moe, "bench_host_sync", lambda dev, iters: [])
+    monkeypatch.setattr(bench_moe, "bench_host_dispatch", lambda *a, **k: {})
+    bench_moe.moe_rows((TINY,), 16, CPU, 1, micro_batches=(4,))
+    assert sorted(t for t, *_ in timed["perm"]) == [16, 32, 64]
+    assert set(timed["gemm"]) == set(bench_moe.expert_gemm_shapes(TINY, 16, 1,
+                                                                  micro_batches=(1, 2, 4)))
+    # the 4-sequence rows are among them
+    assert max(s.rows for s in timed["gemm"]) == 2 * 64 // 4
+
+
 def test_benchmarks_run_on_cpu_and_record_what_they_timed():
     r = bench_moe.bench_grouped_gemm(bench_moe.GroupedGemmShape(4, 8, 32, 48), CPU)
     assert r["backend"] == "loop" and r["seconds"] > 0 and (r["groups"], r["rows"]) == (4, 8)
@@ -177,6 +199,10 @@ def test_moe_only_extends_a_profile_and_the_cost_model_reads_it(tmp_path):
     assert moe_only.main(["--model", str(model_file), "--world", "2", "--quick",
                           "--device", "cpu", "--base-profile", str(path),
                           "--out", str(out)]) == 0
+    with pytest.raises(SystemExit):
+        moe_only.main(["--model", str(model_file), "--micro-batches", "0,2", "--device", "cpu",
+                       "--base-profile", str(path), "--out", str(tmp_path / "bad.toml")])
+    assert not (tmp_path / "bad.toml").exists()
     prof = load_profile(out)
     assert prof.gpu.grouped_gemm_efficiency is not None
     assert PERMUTE_OP in prof.gpu.membound_efficiency
