@@ -277,6 +277,6 @@ def moe_rows(models: tuple[ModelSpec, ...], seq_len: int | None, device: torch.d
     return out
 
 
-__all__ = ["GroupedGemmShape", "expert_gemm_shapes", "moe_micro_batches", "bench_grouped_gemm", "bench_permute",
-           "permute_bytes", "bench_host_sync", "bench_host_dispatch", "moe_rows",
-           "tiny_moe_spec"]
+__all__ = ["GroupedGemmShape", "expert_gemm_shapes", "moe_micro_batches", "bench_grouped_gemm",
+           "bench_permute", "permute_bytes", "bench_host_sync", "bench_host_dispatch",
+           "moe_rows", "tiny_moe_spec"]

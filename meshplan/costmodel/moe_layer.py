@@ -61,10 +61,10 @@ where the layout runs them.
 Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
 :func:`meshplan.costmodel.moe.all_to_alls_per_layer`), except, in a compiled block, the
 executor's fp8 expert GEMMs and their rows' casts, whose outputs Inductor keeps
-(:func:`meshplan.costmodel.fp8_experts.recompute_keeps_expert_outputs`); selective recomputation re-runs what
-``Job.recompute_modules`` names: the attention core (default), the norms
-(:func:`meshplan.costmodel.compute.layer_cost`) and, with "moe_act", the routed experts'
-activation function, whose output (R·f_e/etp elements) is then not kept.
+(:func:`meshplan.costmodel.fp8_experts.recompute_keeps_expert_outputs`); selective
+recomputation re-runs what ``Job.recompute_modules`` names: the attention core (default), the
+norms (:func:`meshplan.costmodel.compute.layer_cost`) and, with "moe_act", the routed
+experts' activation function, whose output (R·f_e/etp elements) is then not kept.
 
 Measured error: docs/benchmarks/moe_checks.md "GPU check" (4 × H200, 8 layouts of a 1.9B MoE: saved
 profile 23.6 % mean step-time error post hoc, datasheet 53.9 %); on one H200 from profiles with
