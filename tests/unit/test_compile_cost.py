@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from meshplan.calibrate.bench_layers import Config, layer_row, plan_grid
+from meshplan.calibrate.bench_layers import layer_row, plan_grid
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.costmodel.autocast_cast import layer_cast_s
 from meshplan.costmodel import estimate

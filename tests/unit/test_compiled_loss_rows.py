@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from meshplan.calibrate.bench_layers import Config, plan_grid
+from meshplan.calibrate.bench_layers import plan_grid
 from meshplan.calibrate.layer_rows import end_row
 from meshplan.costmodel import estimate
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,

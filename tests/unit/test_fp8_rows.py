@@ -3,7 +3,6 @@ the cost model takes the layer from them instead of composing fp8 on the bf16 ro
 (meshplan.costmodel.fp8_rows), and `meshplan calibrate --fp8-rows` writes them on CPU."""
 
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import pytest
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PKG = Path(__file__).resolve().parents[2] / "meshplan"
 LAYERS = [{"errors", "_version"}, {"spec"}, {"hardware_profiles"}, {"costmodel"},
           {"planner"}, {"executor"}, {"calibrate", "report"}, {"commands"}, {"meshplan"},
