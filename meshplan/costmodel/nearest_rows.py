@@ -40,10 +40,12 @@ MoE one's), by its experts' count, top-k and widths beside the trunk's; the anal
 of the ratio is the layer with its shared experts as MLP plus the routed part at ep = 1
 (:func:`meshplan.costmodel.row_scaling.moe_analytic`: router, permutation, grouped expert
 GEMMs, activation, as :mod:`meshplan.costmodel.moe_layer` prices them). **Compiled rows**
-stand for compiled layouts (the source's compiled row, scaled by the same eager analytical
-ratio, its 16-bit weight copies kept out of the scaling; the output row timed with the
-compiled loss); where the source has none, the eager row and the compile-as-eager caveat, as
-before. fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
+stand for compiled layouts (the source's compiled row, its 16-bit weight copies kept out of
+the scaling; the output row timed with the compiled loss), scaled by the analytical ratio
+with both layers' memory-bound work at the share of its eager price the source's compiled
+row shows beside its eager twin (:func:`~meshplan.costmodel.row_scaling.compiled_share`;
+without a twin, the plain ratio); where the source has no compiled row, the eager row and the
+compile-as-eager caveat, as before. fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
 priced on top of the carried ep = 1 row, :mod:`meshplan.costmodel.moe_rows`). Limitation:
 a shape key does not say whether the attention is multi-head latent attention, so an MLA
 model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
@@ -66,7 +68,9 @@ calibration: 1.9 / 2.9 %. Fine-grained targets (top-8) read from coarse sources 
 top-4) price 20-60 % slow: the ratio's analytical routed part grows faster than the
 executor's. Held out, as run (moeh29, priced from moeh28's profile; before the last two
 fixes): bf16 6.6 % mean, fp8 11.8 %, the datasheet 16.4 / 39.1 %
-(docs/benchmarks/moe_checks.md).
+(docs/benchmarks/moe_checks.md). With the compiled share (2026-12-02, post hoc, moeh23-moeh33,
+428 pairs a precision): bf16 9.9 → 6.3 % mean, 7.3 → 4.3 % median (fine-grained targets 14.6
+→ 9.0 %), fp8 12.2 → 12.7 %; the dense compiled pairs of fp8h16-21 unchanged.
 
 Measured error (post hoc, benchmarks/transfer_analysis.py: every measured layout
 re-predicted with its own model's rows removed from its profile; docs/benchmarks/transfer.md,
@@ -278,8 +282,14 @@ class TransferredTables:
                 recompute=recompute, micro_batch=mb_s)
         if row is None:
             return None
+        twin = (self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
+                                  recompute=recompute, micro_batch=mb_s, zero=zero, dp=dp,
+                                  compile=False)
+                if compile and zero == 0 else None)
         k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
-                          self.cluster, tp, sp, recompute, self.tp_link, zero < 2)
+                          self.cluster, tp, sp, recompute, self.tp_link, zero < 2,
+                          *(((twin.forward_s, twin.backward_s), (row.forward_s, row.backward_s))
+                            if twin is not None else ()))
         cpu = dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
                              recompute=recompute, autocast=zero < 2)
         out = scaled_row(row, k, cpu)

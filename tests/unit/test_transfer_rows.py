@@ -305,13 +305,27 @@ def test_an_untimed_moe_layer_reads_another_moe_models_rows_scaled():
         return analytic(model, JOB, mb, c, 1, False, "none", links.tp, True).forward_s
     # the source's micro-batch whose analytical forward is the target's (one step)
     m = min(max(fwd(MOE_TARGET, 1) / fwd(MOE_SOURCE, 1), 1), 4)
-    for compile, per_mb in ((False, 1e-3), (True, 0.5e-3)):
-        p = layer_parts(MOE_TARGET, c, JOB, 1, 1, False, "none", links.tp, links.pp,
-                        compile=compile, mlp_width=0)
-        assert "layer" in p.measured and p.transferred_from.startswith(
-            layer_shape_key(MOE_SOURCE))
-        assert p.layer.forward.total_s == pytest.approx(
-            per_mb * m * fwd(MOE_TARGET, 1) / fwd(MOE_SOURCE, m))
+    p = layer_parts(MOE_TARGET, c, JOB, 1, 1, False, "none", links.tp, links.pp,
+                    compile=False, mlp_width=0)
+    assert "layer" in p.measured and p.transferred_from.startswith(layer_shape_key(MOE_SOURCE))
+    assert p.layer.forward.total_s == pytest.approx(
+        1e-3 * m * fwd(MOE_TARGET, 1) / fwd(MOE_SOURCE, m))
+    # a compiled row beside its eager twin: the memory-bound work (and fixed costs) of both
+    # analytical layers at the share of its eager price the source's compiled row shows,
+    # s = (C/E·(g + m) − g) / m within [0, 1], the GEMMs and attention as they are
+    p = layer_parts(MOE_TARGET, c, JOB, 1, 1, False, "none", links.tp, links.pp,
+                    compile=True, mlp_width=0)
+    assert "layer" in p.measured and p.transferred_from.startswith(layer_shape_key(MOE_SOURCE))
+    a_s = analytic(MOE_SOURCE, JOB, m, c, 1, False, "none", links.tp, True)
+    a_t = analytic(MOE_TARGET, JOB, 1, c, 1, False, "none", links.tp, True)
+    g_s, g_t = a_s.forward_s - a_s.forward_mem_s, a_t.forward_s - a_t.forward_mem_s
+    share = min(1.0, max(0.0, (0.5 * a_s.forward_s - g_s) / a_s.forward_mem_s))
+    assert p.layer.forward.total_s == pytest.approx(
+        0.5e-3 * m * (g_t + share * a_t.forward_mem_s) / (g_s + share * a_s.forward_mem_s))
+    # backward: compiled as eager here, so its share is 1 and the ratio the plain one
+    bwd = [analytic(x, JOB, mb, c, 1, False, "none", links.tp, True).backward_s
+           for x, mb in ((MOE_TARGET, 1), (MOE_SOURCE, m))]
+    assert p.layer.backward.total_s == pytest.approx(2e-3 * m * bwd[0] / bwd[1])
     # a compiled row's 16-bit weight copies are an intercept: kept out of the scaling
     from meshplan.costmodel.compiled_rows import compiled_row_copies
     lay = Layout(tp=1, recompute="none")
@@ -362,3 +376,18 @@ def test_an_moe_layers_dispatch_counts_its_routed_part_and_shared_experts():
     assert (f - 1) * base[0] == pytest.approx(11) and (b - 1) * base[1] == pytest.approx(23)
     full = dispatch_ratio(shared, MOE_SOURCE, tp=1, sequence_parallel=False, recompute="full")
     assert full[0] == pytest.approx(f) and 1 < full[1]
+
+
+def test_compiled_share_reads_the_fused_memory_bound_work_off_the_rows():
+    """s = (C/E·(g + m) − g) / m per pass, within [0, 1]; 1 where a pass has no memory-bound
+    work or a row is missing."""
+    from meshplan.costmodel.row_scaling import Analytic, compiled_share
+    b = Analytic(forward_s=3.0, backward_s=6.0, wgrad_s=2.0, kept_bytes=1.0, work_bytes=1.0,
+                 forward_mem_s=1.0, backward_mem_s=2.0)
+    # forward: compiled 2.5 of eager 3.0 (g = 2, m = 1): the memory-bound part at 0.5;
+    # backward: compiled 6.6 of 6.0 would be more than eager: held at 1
+    assert compiled_share(b, (3.0, 6.0), (2.5, 6.6)) == pytest.approx((0.5, 1.0))
+    # the compiled row below the GEMMs' own time: held at 0
+    assert compiled_share(b, (3.0, 6.0), (1.0, 3.0)) == (0.0, 0.0)
+    assert compiled_share(replace(b, forward_mem_s=0.0), (3.0, 6.0), (0.0, 5.0)) == (1.0, 0.5)
+    assert b.compiled((0.5, 1.0)) == pytest.approx((2.5, 6.0))
