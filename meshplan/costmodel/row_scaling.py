@@ -128,8 +128,8 @@ def compiled_share(b: Analytic, eager: tuple[float, float], compiled: tuple[floa
     way, so the compiled row's saving is the fused memory-bound ops'. s = (C/E·(g + m) − g)/m
     per pass, within [0, 1]. Measured (1 × H200, 2026-12-02, the MoE rows at 4 k tokens):
     forward 0.48, backward 0.23 (moeh31's model); eager, a fine-grained MoE block spends
-    1.8-1.94× its forward in backward, as a coarse one does, compiled 1.44-1.57× against the coarse
-    ones' 1.86-1.99× (docs/benchmarks/moe_checks.md)."""
+    1.80-1.94× its forward in backward, as a coarse one does, compiled 1.44-1.57× against the
+    coarse ones' 1.74-1.99× (docs/benchmarks/moe_checks.md)."""
     out = []
     for total, mem, e, c in ((b.forward_s, b.forward_mem_s, eager[0], compiled[0]),
                              (b.backward_s, b.backward_mem_s, eager[1], compiled[1])):
