@@ -274,22 +274,20 @@ class TransferredTables:
             return analytic(model, job, mb, self.cluster, tp, sp, recompute, self.tp_link,
                             zero < 2).forward_s
         mb_s = self._source_mb(src, key, micro_batch, work)
-        row = self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
-                                recompute=recompute, micro_batch=mb_s, zero=zero, dp=dp,
-                                compile=compile) \
-            if zero == 0 or dp > 1 else self.tables.fsdp_compute_layer(
-                src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
-                recompute=recompute, micro_batch=mb_s)
+
+        def timed(compiled: bool) -> Interpolated | None:
+            return self.tables.layer(src.model, seq_len=src.seq_len, tp=tp,
+                                     sequence_parallel=sp, recompute=recompute,
+                                     micro_batch=mb_s, zero=zero, dp=dp, compile=compiled)
+        row = timed(compile) if zero == 0 or dp > 1 else self.tables.fsdp_compute_layer(
+            src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
+            recompute=recompute, micro_batch=mb_s)
         if row is None:
             return None
-        twin = (self.tables.layer(src.model, seq_len=src.seq_len, tp=tp, sequence_parallel=sp,
-                                  recompute=recompute, micro_batch=mb_s, zero=zero, dp=dp,
-                                  compile=False)
-                if compile and zero == 0 else None)
+        eager = timed(False) if compile and zero == 0 else None
         k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
                           self.cluster, tp, sp, recompute, self.tp_link, zero < 2,
-                          *(((twin.forward_s, twin.backward_s), (row.forward_s, row.backward_s))
-                            if twin is not None else ()))
+                          compiled_twin=(eager, row) if eager is not None else None)
         cpu = dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
                              recompute=recompute, autocast=zero < 2)
         out = scaled_row(row, k, cpu)

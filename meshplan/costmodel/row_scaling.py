@@ -144,24 +144,22 @@ def compiled_share(b: Analytic, eager: tuple[float, float], compiled: tuple[floa
 def layer_ratios(target: ModelSpec, job: Job, mb: float, source: ModelSpec, seq_s: int,
                  mb_s: float, cluster: Cluster, tp: int, sp: bool, recompute: str,
                  tp_link, autocast: bool,
-                 eager_row: tuple[float, float] | None = None,
-                 compiled_row: tuple[float, float] | None = None) -> Ratios:
+                 compiled_twin: tuple[Interpolated, Interpolated] | None = None) -> Ratios:
     """target / source of the analytical layer; for a compiled row with the source's eager
-    twin (``eager_row``, ``compiled_row``: its forward and backward seconds), both analytical
-    layers with their memory-bound work at the source's :func:`compiled_share`."""
+    twin (``compiled_twin``: the eager row, the compiled row), both analytical layers with
+    their memory-bound work at the source's :func:`compiled_share`."""
     a = analytic(target, job, mb, cluster, tp, sp, recompute, tp_link, autocast)
     b = analytic(source, replace(job, seq_len=seq_s), mb_s, cluster, tp, sp, recompute,
                  tp_link, autocast)
-    if eager_row is not None and compiled_row is not None:
-        share = compiled_share(b, eager_row, compiled_row)
-        (af, ab), (bf, bb) = a.compiled(share), b.compiled(share)
-        return Ratios(_r(af, bf), _r(ab, bb), _r(a.wgrad_s, b.wgrad_s),
-                      _r(a.kept_bytes, b.kept_bytes), _r(a.work_bytes, b.work_bytes),
-                      _r(a.wgrad_s, ab) if ab > 0 else 0.0)
-    return Ratios(_r(a.forward_s, b.forward_s), _r(a.backward_s, b.backward_s),
-                  _r(a.wgrad_s, b.wgrad_s), _r(a.kept_bytes, b.kept_bytes),
-                  _r(a.work_bytes, b.work_bytes),
-                  _r(a.wgrad_s, a.backward_s) if a.backward_s > 0 else 0.0)
+    share = (1.0, 1.0)
+    if compiled_twin is not None:
+        eager, compiled = compiled_twin
+        share = compiled_share(b, (eager.forward_s, eager.backward_s),
+                               (compiled.forward_s, compiled.backward_s))
+    (af, ab), (bf, bb) = a.compiled(share), b.compiled(share)
+    return Ratios(_r(af, bf), _r(ab, bb), _r(a.wgrad_s, b.wgrad_s),
+                  _r(a.kept_bytes, b.kept_bytes), _r(a.work_bytes, b.work_bytes),
+                  _r(a.wgrad_s, ab) if ab > 0 else 0.0)
 
 
 @lru_cache(maxsize=4096)
