@@ -15,6 +15,11 @@ fc1 / fc2 grouped calls (all experts local) at several rows a group four ways:
 with the SM clock and power (``nvidia-smi``) read after each.
 
     PYTHONPATH=. python benchmarks/grouped_gemm_in_step_gpu.py --check moeh23 --out $OUT/x.json
+
+``--layer-rows moeh18,moeh19,...`` instead times only (4), for each named check's model at
+128 to 16,384 rows a group, and writes each call's kernels as a calibrate grouped-GEMM row
+(groups, rows, k, n, seconds: forward + both backward GEMMs), fc1 and fc2 told apart by their
+order (forward fc1, fc2; backward fc2's two, then fc1's).
 """
 
 from __future__ import annotations
@@ -41,6 +46,74 @@ def clock() -> str:
         return "?"
 
 
+GROUPED_KERNEL = "enable_3x_kernel_for_sm9x"   # torch's CUTLASS wrapper (GroupMM.cu)
+LAYER_ROWS = tuple(2 ** i for i in range(7, 15))
+
+
+def layer_kernel_rows(model, rows: int, dev, iters: int = 3) -> list[dict]:
+    """The executor's routed layer at k·T = E·rows routed rows: its grouped kernels' GPU time
+    per call (fc1, fc2), forward + backward, as calibrate grouped rows."""
+    import torch
+
+    from meshplan.executor.moe import MoELayer
+    e, h, f, k = (model.num_experts, model.hidden_size, model.moe_ffn_hidden_size,
+                  model.experts_per_token)
+    tokens = rows * e // k
+    layer = MoELayer(replace(model, num_layers=1, max_seq_len=tokens)).to(dev)
+    inp = torch.randn(1, tokens, h, device=dev, requires_grad=True)
+
+    def layer_step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = layer(inp)
+        y.float().sum().backward()
+        inp.grad = None
+        layer.zero_grad(set_to_none=True)
+    for _ in range(3):
+        layer_step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            layer_step()
+        torch.cuda.synchronize()
+    kernels = sorted((ev.time_range.start, ev.time_range.end - ev.time_range.start)
+                     for ev in prof.events() if GROUPED_KERNEL in ev.name
+                     and ev.device_type == torch.autograd.DeviceType.CUDA)
+    if len(kernels) != 6 * iters:
+        return []
+    fc1 = fc2 = 0.0
+    for i in range(iters):
+        d = [dur for _, dur in kernels[6 * i: 6 * i + 6]]
+        fc1 += d[0] + d[4] + d[5]
+        fc2 += d[1] + d[2] + d[3]
+    shapes = ((h, model.ffn_matrices * f, fc1), (f, h, fc2))
+    return [{"groups": e, "rows": rows, "k": kk, "n": nn, "seconds": us / iters / 1e6,
+             "backend": "grouped_mm", "timing": "in_layer"} for kk, nn, us in shapes]
+
+
+def layer_rows_main(checks: list[str], out_path: str) -> int:
+    import torch
+
+    from meshplan.spec.resolve import load_model
+    dev = torch.device("cuda:0")
+    out = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+           "grouped_gemm": {}}
+    t0 = time.perf_counter()
+    for check in checks:
+        model = load_model(str(ROOT / "benchmarks/sets" / check / "m01.json"))
+        e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
+        rows_out = []
+        for rows in LAYER_ROWS:
+            act = rows * e * (h * 4 + model.ffn_matrices * f * 6 + f * 4) * 3
+            if act > 60e9:
+                break
+            rows_out += layer_kernel_rows(model, rows, dev)
+            torch.cuda.empty_cache()
+        out["grouped_gemm"][check] = rows_out
+        print(f"{check}: {len(rows_out)} rows, {time.perf_counter() - t0:.0f} s", flush=True)
+    Path(out_path).write_text(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -52,7 +125,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", default="moeh23")
     ap.add_argument("--rows", default="1024,4096,8192,16384")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--layer-rows", default=None, help="comma-separated checks (docstring)")
     a = ap.parse_args(argv)
+    if a.layer_rows:
+        return layer_rows_main(a.layer_rows.split(","), a.out)
     dev = torch.device("cuda:0")
     model = load_model(str(ROOT / "benchmarks/sets" / a.check / "m01.json"))
     e, h, f, k = (model.num_experts, model.hidden_size, model.moe_ffn_hidden_size,
