@@ -25,6 +25,10 @@ docs/benchmarks/data/moe_recompute_memory_h200x1_moeh1_20261129.json.
 
     python benchmarks/moe_recompute_memory_gpu.py --model benchmarks/sets/moeh1/m01.json \
         --micro-batch 2 --out $OUT/moe_recompute_memory.json
+
+``--fp8 rowwise``: the block with the executor's fp8 linears and fp8 routed experts
+(moeh33's question: its fp8 full-recompute arm peaked 22 % above the prediction at 64 k
+tokens, moeh31's and moeh32's at 16 k did not).
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def _patch(variant: str, moe, torch):
     return undo
 
 
-def measure(spec, micro_batch: int, variant: str, torch, device: str) -> dict:
+def measure(spec, micro_batch: int, variant: str, torch, device: str,
+            fp8: str | None = None) -> dict:
     from meshplan.executor import moe
     from meshplan.executor.model import Block
     undo = _patch(variant, moe, torch)
@@ -72,6 +77,12 @@ def measure(spec, micro_batch: int, variant: str, torch, device: str) -> dict:
         for p in blk.parameters():
             torch.nn.init.normal_(p, std=0.02)
         blk.recompute_block = True
+        if fp8:     # the executor's fp8 linears and routed experts (executor/fp8.py)
+            from types import SimpleNamespace
+
+            from meshplan.executor.fp8 import convert_to_fp8
+            convert_to_fp8(SimpleNamespace(layers={"0": blk}), fp8,
+                           device=torch.device(device), tokens=micro_batch * spec.max_seq_len)
         blk.compile()
         dt = torch.bfloat16
         x = torch.randn(micro_batch, spec.max_seq_len, spec.hidden_size, device=device,
@@ -115,6 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--fp8", default=None, help="an fp8 recipe (e.g. rowwise): the block in fp8")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     spec = ModelSpec.from_dict(json.loads(Path(a.model).read_text()))
@@ -122,11 +134,12 @@ def main(argv=None) -> int:
         from dataclasses import replace
         spec = replace(spec, max_seq_len=a.seq_len)
     out = {"model": spec.name, "micro_batch": a.micro_batch, "torch": torch.__version__,
+           "seq_len": spec.max_seq_len, "fp8": a.fp8,
            "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu", "variants": {}}
     for v in a.variants.split(","):
         if v not in VARIANTS:
             raise SystemExit(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
-        r = measure(spec, a.micro_batch, v, torch, a.device)
+        r = measure(spec, a.micro_batch, v, torch, a.device, a.fp8)
         out["variants"][v] = r
         print(f"{v}: saved {r['saved_mib']:.1f} MiB, allocated after forward "
               f"{r['allocated_after_forward_mib']} MiB; largest "

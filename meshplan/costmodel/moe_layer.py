@@ -61,7 +61,8 @@ where the layout runs them.
 Full recomputation re-runs the forward (its all-to-alls too: 6 per layer and micro-batch,
 :func:`meshplan.costmodel.moe.all_to_alls_per_layer`), except, in a compiled block, the
 executor's fp8 expert GEMMs and their rows' casts, whose outputs Inductor keeps
-(:func:`meshplan.costmodel.fp8_experts.recompute_keeps_expert_outputs`); selective
+(:func:`meshplan.costmodel.fp8_experts.recompute_keeps_expert_outputs`) — and the layer
+then keeps those outputs, fc1's and fc2's (``RoutedMlp.kept_output_bytes``); selective
 recomputation re-runs what ``Job.recompute_modules`` names: the attention core (default), the
 norms (:func:`meshplan.costmodel.compute.layer_cost`) and, with "moe_act", the routed
 experts' activation function, whose output (R·f_e/etp elements) is then not kept.
@@ -118,6 +119,11 @@ class RoutedMlp:
     # fp8 experts' GEMMs and their rows' casts: :func:`~meshplan.costmodel.fp8_experts.
     # recompute_keeps_expert_outputs`)
     not_rerun: PassCost = PassCost()
+    # what that recomputation keeps instead: the fp8 grouped GEMMs' 16-bit outputs, fc1's
+    # (R·m·f_e/etp) and fc2's (R·h) — measured: moeh33's compiled fp8 block at 64 k tokens kept
+    # [131,200 × 10,240] and [131,200 × 2,048] bf16 besides its input
+    # (benchmarks/moe_recompute_memory_gpu.py --fp8 rowwise)
+    kept_output_bytes: float = 0.0
 
 
 def expert_gemm_s(cluster: Cluster, peak: float, flops: float) -> float:
@@ -191,6 +197,7 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     # parameter, is at hand: the partitioner recomputes such a cast rather than keep it)
     not_rerun = (PassCost(gemm_s=experts_s, memory_bound_s=cast_f - f8.weight_forward_cast_s)
                  if kept_outputs else PassCost())
+    kept_outputs_b = rows * (model.ffn_matrices * f_loc + h) * e if kept_outputs else 0.0
     bwd = PassCost(gemm_s=2 * (experts_s + router_s), memory_bound_s=2 * fwd_mb + cast_b,
                    ep_comm_s=ep_s)
     acts = (moe_torch_memory.routed_activations(model, job, layout, tokens, rows)
@@ -201,7 +208,8 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
         kept += f8.fc1_input_delta_bytes + f8.fc2_input_delta_bytes
         act_out += f8.fc2_input_delta_bytes
     return RoutedMlp(fwd, bwd, experts_s + router_s, wire, kept, acts.dispatch_bytes, rows,
-                     act_out_bytes=act_out, act_s=act_s, fp8=f8, not_rerun=not_rerun)
+                     act_out_bytes=act_out, act_s=act_s, fp8=f8, not_rerun=not_rerun,
+                     kept_output_bytes=kept_outputs_b)
 
 
 class RoutedAdded(NamedTuple):
@@ -215,15 +223,17 @@ class RoutedAdded(NamedTuple):
 def routed_added(routed: RoutedMlp, recompute: str,
                  selective_modules: tuple[str, ...] = ("core_attn",)) -> RoutedAdded:
     """Full recomputation re-runs the routed forward, less what it keeps
-    (``routed.not_rerun``), and keeps none of its activations (its kept bytes become
-    backward working memory); selective recomputation with "moe_act" among
+    (``routed.not_rerun``), and keeps none of its activations but those outputs
+    (``routed.kept_output_bytes``; the rest become backward working memory); selective
+    recomputation with "moe_act" among
     ``selective_modules`` (``Job.recompute_modules``, Megatron-Core's ``--recompute-modules
     moe_act``) keeps no activation output and re-runs the activation in backward."""
     full = recompute == "full"
     act_rc = recompute == "selective" and "moe_act" in selective_modules
     rerun = (routed.forward - routed.not_rerun if full
              else PassCost(memory_bound_s=routed.act_s) if act_rc else PassCost())
-    kept = 0.0 if full else routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0)
+    kept = (routed.kept_output_bytes if full
+            else routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0))
     return RoutedAdded(rerun, kept,
                        routed.work_bytes + (routed.kept_bytes if full else 0.0))
 

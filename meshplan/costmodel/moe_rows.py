@@ -175,7 +175,8 @@ def _routed_minus(at: RoutedMlp, timed: RoutedMlp) -> RoutedMlp:
                      at.wgrad_s - timed.wgrad_s, at.pass_wire_bytes,
                      at.kept_bytes - timed.kept_bytes, at.work_bytes - timed.work_bytes,
                      at.rows, at.act_out_bytes - timed.act_out_bytes, at.act_s - timed.act_s,
-                     not_rerun=at.not_rerun - timed.not_rerun)
+                     not_rerun=at.not_rerun - timed.not_rerun,
+                     kept_output_bytes=at.kept_output_bytes - timed.kept_output_bytes)
 
 
 def _measured_at_ep(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,

@@ -244,3 +244,27 @@ def test_compiled_full_recompute_reruns_no_fp8_expert_gemm():
     b16 = routed_mlp(MODEL, CLUSTER, job("bf16", "torch"), lay, links, 1.0)
     router_s = rerun.gemm_s
     assert kept_gemm == pytest.approx((b16.forward.gemm_s - router_s) * e.gemm_ratio)
+
+
+def test_compiled_full_recompute_keeps_the_fp8_expert_gemm_outputs():
+    """What it does not re-run it keeps: fc1's output (R × m·f_e) and fc2's (R × h), 16-bit,
+    where every other full recomputation keeps no routed activation (moeh33's compiled fp8
+    block at 64 k tokens kept [131,200 × 10,240] and [131,200 × 2,048] bf16 beside its
+    input; benchmarks/moe_recompute_memory_gpu.py --fp8 rowwise)."""
+    from meshplan.costmodel.moe_layer import routed_added
+    j = job("fp8", "torch", recipe="rowwise")
+    lay = mp.Layout(micro_batch=2, recompute="full", compile=True)
+    links = table_inputs(MODEL, CLUSTER, j, lay).links
+    r = routed_mlp(MODEL, CLUSTER, j, lay, links, 1.0)
+    rows = 2 * 2048 * MODEL.experts_per_token       # ep 1, balanced: k copies of b·s tokens
+    want = rows * (MODEL.ffn_matrices * MODEL.moe_ffn_hidden_size + MODEL.hidden_size) * 2
+    assert r.rows == pytest.approx(rows)
+    assert routed_added(r, "full").kept_bytes == pytest.approx(want)
+    for other, jj in ((mp.Layout(micro_batch=2, recompute="full"), j),
+                      (lay, job("bf16", "torch"))):
+        o = routed_mlp(MODEL, CLUSTER, jj, other, links, 1.0)
+        assert routed_added(o, "full").kept_bytes == 0
+    # without recomputation the layer keeps its routed activations, as before
+    none = mp.Layout(micro_batch=2, compile=True)
+    o = routed_mlp(MODEL, CLUSTER, j, none, links, 1.0)
+    assert routed_added(o, "none").kept_bytes == o.kept_bytes
