@@ -351,6 +351,10 @@ SETS["drawn-3835c"] = compiled_draws(3835)
 # moeh33 (drawn 2026-12-02): the next seed as drawn (draw_moe.py seed 3836; 8 experts of 5120,
 # top-2, seq 4096) priced from moeh31's calibration (seq 1024), no calibration of its own
 SETS["drawn-3836c"] = compiled_draws(3836)
+# moeh34 (drawn 2026-12-02): the first seed after 3836 whose draw is fine-grained (>= 32
+# experts: draw_moe.py seed 3840; 64 experts of 640, top-8, a shared one, seq 4096) priced from
+# moeh31's coarse calibration (8 experts of 7040, top-2, seq 1024), no calibration of its own
+SETS["drawn-3840c"] = compiled_draws(3840)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
