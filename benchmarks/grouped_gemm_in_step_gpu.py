@@ -50,17 +50,15 @@ GROUPED_KERNEL = "enable_3x_kernel_for_sm9x"   # torch's CUTLASS wrapper (GroupM
 LAYER_ROWS = tuple(2 ** i for i in range(7, 15))
 
 
-def layer_kernel_rows(model, rows: int, dev, iters: int = 3) -> list[dict]:
-    """The executor's routed layer at k·T = E·rows routed rows: its grouped kernels' GPU time
-    per call (fc1, fc2), forward + backward, as calibrate grouped rows."""
+def profiled_layer(model, rows: int, dev, iters: int = 3):
+    """``torch.profiler`` over ``iters`` forward + backward passes of the executor's routed
+    MoE layer (eager, bf16 autocast) at k·T = E·rows routed rows, after three warm-ups."""
     import torch
 
     from meshplan.executor.moe import MoELayer
-    e, h, f, k = (model.num_experts, model.hidden_size, model.moe_ffn_hidden_size,
-                  model.experts_per_token)
-    tokens = rows * e // k
+    tokens = rows * model.num_experts // model.experts_per_token
     layer = MoELayer(replace(model, num_layers=1, max_seq_len=tokens)).to(dev)
-    inp = torch.randn(1, tokens, h, device=dev, requires_grad=True)
+    inp = torch.randn(1, tokens, model.hidden_size, device=dev, requires_grad=True)
 
     def layer_step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -75,6 +73,16 @@ def layer_kernel_rows(model, rows: int, dev, iters: int = 3) -> list[dict]:
         for _ in range(iters):
             layer_step()
         torch.cuda.synchronize()
+    return prof
+
+
+def layer_kernel_rows(model, rows: int, dev, iters: int = 3) -> list[dict]:
+    """The executor's routed layer at k·T = E·rows routed rows: its grouped kernels' GPU time
+    per call (fc1, fc2), forward + backward, as calibrate grouped rows."""
+    import torch
+
+    e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
+    prof = profiled_layer(model, rows, dev, iters)
     kernels = sorted((ev.time_range.start, ev.time_range.end - ev.time_range.start)
                      for ev in prof.events() if GROUPED_KERNEL in ev.name
                      and ev.device_type == torch.autograd.DeviceType.CUDA)
@@ -119,7 +127,7 @@ def main(argv=None) -> int:
 
     from meshplan.calibrate.bench_moe import GroupedGemmShape, bench_grouped_gemm
     from meshplan.calibrate.timing import time_fn
-    from meshplan.executor.moe import MoELayer, _grouped_mm_fn
+    from meshplan.executor.moe import _grouped_mm_fn
     from meshplan.spec.resolve import load_model
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", default="moeh23")
@@ -131,8 +139,7 @@ def main(argv=None) -> int:
         return layer_rows_main(a.layer_rows.split(","), a.out)
     dev = torch.device("cuda:0")
     model = load_model(str(ROOT / "benchmarks/sets" / a.check / "m01.json"))
-    e, h, f, k = (model.num_experts, model.hidden_size, model.moe_ffn_hidden_size,
-                  model.experts_per_token)
+    e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
     from meshplan.hardware_profiles.loader import builtin_gpu
     peak = builtin_gpu("H200-SXM-141GB").peak_flops("bf16")
     out = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
@@ -170,24 +177,7 @@ def main(argv=None) -> int:
             x = w = g = None
             torch.cuda.empty_cache()
         # the executor's routed layer at the tokens giving these rows a group (balanced)
-        tokens = rows * e // k
-        spec = replace(model, num_layers=1, max_seq_len=tokens)
-        layer = MoELayer(spec).to(dev)
-        inp = torch.randn(1, tokens, h, device=dev, requires_grad=True)
-
-        def layer_step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                y = layer(inp)
-            y.float().sum().backward()
-            inp.grad = None
-            layer.zero_grad(set_to_none=True)
-        for _ in range(3):
-            layer_step()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                layer_step()
-            torch.cuda.synchronize()
+        prof = profiled_layer(model, rows, dev)
         gemm_us = sum(ev.device_time_total for ev in prof.key_averages()
                       if ("cutlass" in ev.key.lower() or "gemm" in ev.key.lower())
                       and ev.device_time_total > 0)
@@ -202,7 +192,6 @@ def main(argv=None) -> int:
                "top_kernels_us": top, "clock": clock()}
         out["rows"].append(rec)
         print(json.dumps(rec), flush=True)
-        layer = inp = None
         torch.cuda.empty_cache()
     Path(a.out).write_text(json.dumps(out, indent=1))
     return 0
