@@ -19,7 +19,8 @@ with the SM clock and power (``nvidia-smi``) read after each.
 ``--layer-rows moeh18,moeh19,...`` instead times only (4), for each named check's model at
 128 to 16,384 rows a group, and writes each call's kernels as a calibrate grouped-GEMM row
 (groups, rows, k, n, seconds: forward + both backward GEMMs), fc1 and fc2 told apart by their
-order (forward fc1, fc2; backward fc2's two, then fc1's).
+order (forward fc1, fc2; backward fc2's two, then fc1's); with ``--fp8 rowwise`` the
+experts' fp8 grouped GEMMs (a call whose kernels do not count six a step is left out).
 """
 
 from __future__ import annotations
@@ -50,14 +51,18 @@ GROUPED_KERNEL = "enable_3x_kernel_for_sm9x"   # torch's CUTLASS wrapper (GroupM
 LAYER_ROWS = tuple(2 ** i for i in range(7, 15))
 
 
-def profiled_layer(model, rows: int, dev, iters: int = 3):
+def profiled_layer(model, rows: int, dev, iters: int = 3, fp8: str | None = None):
     """``torch.profiler`` over ``iters`` forward + backward passes of the executor's routed
-    MoE layer (eager, bf16 autocast) at k·T = E·rows routed rows, after three warm-ups."""
+    MoE layer (eager, bf16 autocast; ``fp8``: its experts' grouped GEMMs under that recipe,
+    ``executor/fp8_grouped.py``) at k·T = E·rows routed rows, after three warm-ups."""
     import torch
 
     from meshplan.executor.moe import MoELayer
     tokens = rows * model.num_experts // model.experts_per_token
     layer = MoELayer(replace(model, num_layers=1, max_seq_len=tokens)).to(dev)
+    if fp8:
+        from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable
+        layer.experts.fp8 = Fp8Plan(recipe=check_recipe_runnable(fp8, dev), emulate=False)
     inp = torch.randn(1, tokens, model.hidden_size, device=dev, requires_grad=True)
 
     def layer_step():
@@ -76,13 +81,14 @@ def profiled_layer(model, rows: int, dev, iters: int = 3):
     return prof
 
 
-def layer_kernel_rows(model, rows: int, dev, iters: int = 3) -> list[dict]:
+def layer_kernel_rows(model, rows: int, dev, iters: int = 3,
+                      fp8: str | None = None) -> list[dict]:
     """The executor's routed layer at k·T = E·rows routed rows: its grouped kernels' GPU time
     per call (fc1, fc2), forward + backward, as calibrate grouped rows."""
     import torch
 
     e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
-    prof = profiled_layer(model, rows, dev, iters)
+    prof = profiled_layer(model, rows, dev, iters, fp8)
     kernels = sorted((ev.time_range.start, ev.time_range.end - ev.time_range.start)
                      for ev in prof.events() if GROUPED_KERNEL in ev.name
                      and ev.device_type == torch.autograd.DeviceType.CUDA)
@@ -95,10 +101,11 @@ def layer_kernel_rows(model, rows: int, dev, iters: int = 3) -> list[dict]:
         fc2 += d[1] + d[2] + d[3]
     shapes = ((h, model.ffn_matrices * f, fc1), (f, h, fc2))
     return [{"groups": e, "rows": rows, "k": kk, "n": nn, "seconds": us / iters / 1e6,
-             "backend": "grouped_mm", "timing": "in_layer"} for kk, nn, us in shapes]
+             "backend": "grouped_mm", "timing": "in_layer", "precision": fp8 or "bf16"}
+            for kk, nn, us in shapes]
 
 
-def layer_rows_main(checks: list[str], out_path: str) -> int:
+def layer_rows_main(checks: list[str], out_path: str, fp8: str | None = None) -> int:
     import torch
 
     from meshplan.spec.resolve import load_model
@@ -114,9 +121,14 @@ def layer_rows_main(checks: list[str], out_path: str) -> int:
             act = rows * e * (h * 4 + model.ffn_matrices * f * 6 + f * 4) * 3
             if act > 60e9:
                 break
-            rows_out += layer_kernel_rows(model, rows, dev)
+            rows_out += layer_kernel_rows(model, rows, dev, fp8=fp8)
             torch.cuda.empty_cache()
         out["grouped_gemm"][check] = rows_out
+        if not rows_out:      # what the layer ran instead, to tell its grouped kernels apart
+            prof = profiled_layer(model, 1024, dev, 1, fp8)
+            out.setdefault("kernels", {})[check] = sorted(
+                ((ev.device_time_total, ev.key[:160]) for ev in prof.key_averages()
+                 if ev.device_time_total > 0), reverse=True)[:16]
         print(f"{check}: {len(rows_out)} rows, {time.perf_counter() - t0:.0f} s", flush=True)
     Path(out_path).write_text(json.dumps(out, indent=1))
     return 0
@@ -134,9 +146,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1024,4096,8192,16384")
     ap.add_argument("--out", required=True)
     ap.add_argument("--layer-rows", default=None, help="comma-separated checks (docstring)")
+    ap.add_argument("--fp8", default=None, help="with --layer-rows: the experts in fp8 (rowwise)")
     a = ap.parse_args(argv)
     if a.layer_rows:
-        return layer_rows_main(a.layer_rows.split(","), a.out)
+        return layer_rows_main(a.layer_rows.split(","), a.out, a.fp8)
     dev = torch.device("cuda:0")
     model = load_model(str(ROOT / "benchmarks/sets" / a.check / "m01.json"))
     e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
