@@ -47,7 +47,9 @@ def clock() -> str:
         return "?"
 
 
-GROUPED_KERNEL = "enable_3x_kernel_for_sm9x"   # torch's CUTLASS wrapper (GroupMM.cu)
+# torch's grouped kernels: bf16's in its CUTLASS wrapper (GroupMM.cu); fp8 rowwise's a plain
+# CUTLASS GemmUniversal over a GroupProblemShape (seen on 1 x H200, torch 2.11)
+GROUPED_KERNELS = ("enable_3x_kernel_for_sm9x", "GroupProblemShape")
 LAYER_ROWS = tuple(2 ** i for i in range(7, 15))
 
 
@@ -90,7 +92,7 @@ def layer_kernel_rows(model, rows: int, dev, iters: int = 3,
     e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
     prof = profiled_layer(model, rows, dev, iters, fp8)
     kernels = sorted((ev.time_range.start, ev.time_range.end - ev.time_range.start)
-                     for ev in prof.events() if GROUPED_KERNEL in ev.name
+                     for ev in prof.events() if any(g in ev.name for g in GROUPED_KERNELS)
                      and ev.device_type == torch.autograd.DeviceType.CUDA)
     if len(kernels) != 6 * iters:
         return []
