@@ -224,7 +224,7 @@ def routed_added(routed: RoutedMlp, recompute: str,
                  selective_modules: tuple[str, ...] = ("core_attn",)) -> RoutedAdded:
     """Full recomputation re-runs the routed forward, less what it keeps
     (``routed.not_rerun``), and keeps none of its activations but those outputs
-    (``routed.kept_output_bytes``; the rest become backward working memory); selective
+    (``routed.kept_output_bytes``; the rest are rebuilt as backward working memory); selective
     recomputation with "moe_act" among
     ``selective_modules`` (``Job.recompute_modules``, Megatron-Core's ``--recompute-modules
     moe_act``) keeps no activation output and re-runs the activation in backward."""
@@ -234,8 +234,10 @@ def routed_added(routed: RoutedMlp, recompute: str,
              else PassCost(memory_bound_s=routed.act_s) if act_rc else PassCost())
     kept = (routed.kept_output_bytes if full
             else routed.kept_bytes - (routed.act_out_bytes if act_rc else 0.0))
-    return RoutedAdded(rerun, kept,
-                       routed.work_bytes + (routed.kept_bytes if full else 0.0))
+    # the recomputed layer rebuilds its activations as working memory, less the outputs it
+    # kept (already counted in ``kept``)
+    rebuilt = routed.kept_bytes - routed.kept_output_bytes if full else 0.0
+    return RoutedAdded(rerun, kept, routed.work_bytes + rebuilt)
 
 
 def with_routed_mlp(parts: LayerParts, routed: RoutedMlp, recompute: str,

@@ -260,6 +260,9 @@ def test_compiled_full_recompute_keeps_the_fp8_expert_gemm_outputs():
     want = rows * (MODEL.ffn_matrices * MODEL.moe_ffn_hidden_size + MODEL.hidden_size) * 2
     assert r.rows == pytest.approx(rows)
     assert routed_added(r, "full").kept_bytes == pytest.approx(want)
+    # the recomputed layer rebuilds the rest as working memory, not the kept outputs again
+    assert routed_added(r, "full").work_bytes == pytest.approx(
+        r.work_bytes + r.kept_bytes - want)
     for other, jj in ((mp.Layout(micro_batch=2, recompute="full"), j),
                       (lay, job("bf16", "torch"))):
         o = routed_mlp(MODEL, CLUSTER, jj, other, links, 1.0)
