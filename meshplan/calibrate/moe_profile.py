@@ -3,10 +3,12 @@
 Each key is defined so that the MoE cost model, fed it, reproduces the benchmark's time
 (``costmodel/moe_layer.py``, ``costmodel/moe_host.py``):
 
-* ``grouped_gemm_efficiency`` (curve by one expert's GEMM FLOPs x = 2·r·k·n): the cost model
-  charges G experts' GEMMs G·x / (peak·eff(x)) forward and twice that backward, so
-  ``eff = 3·G·x / (peak · t_fwd+bwd)``. Outside the measured FLOPs the base profile's
-  grouped curve (or its dense GEMM curve) continues, scaled to meet the nearest point.
+* ``grouped_gemm_efficiency`` (curve by the whole grouped call's FLOPs, each group's rows
+  padded to the grouped kernel's tile: x = 2·G·⌈r/256⌉·256·k·n,
+  :mod:`meshplan.hardware_profiles.grouped_gemm`): the cost model charges a call
+  x / (peak·eff(x)) forward and twice that backward, so ``eff = 3·x / (peak · t_fwd+bwd)``.
+  Outside the measured FLOPs the base profile's dense GEMM curve continues, scaled to meet
+  the nearest point.
 * ``membound_efficiency["moe-permute"]``: the permutation's bytes as the cost model counts
   them (``bench_moe.permute_bytes``, forward; backward twice) over its GPU time (rows timed
   queued behind a spin, ``stream = "queued"``) and the HBM bandwidth:
@@ -27,34 +29,25 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping
 
-from meshplan.hardware_profiles.curve_fit import MAX_EFFICIENCY, extend_with_base, merge_points
+from meshplan.hardware_profiles.curve_fit import MAX_EFFICIENCY
+from meshplan.hardware_profiles.grouped_gemm import grouped_curve, grouped_points
 from meshplan.hardware_profiles.gpu import GPUSpec
 
 from meshplan.costmodel.moe_layer import PERMUTE_OP
 MOE_ROW_KINDS = ("grouped_gemm", "moe_permute", "host_sync", "host_dispatch")
 
 
-def grouped_gemm_points(rows, peak_flops: float) -> list[tuple[float, float]]:
-    """(one expert's GEMM FLOPs, efficiency) of every timed row; each row gets its own."""
-    pts = []
-    for r in rows:
-        if r.get("seconds", 0) <= 0:
-            continue
-        x = 2.0 * r["rows"] * r["k"] * r["n"]
-        r["flops"] = x
-        r["efficiency"] = 3.0 * r["groups"] * x / (peak_flops * r["seconds"])
-        pts.append((x, r["efficiency"]))
-    return pts
-
-
 def moe_keys(rows: Mapping[str, list[dict[str, Any]]], *, peak_flops: float, hbm_gbps: float,
              base: GPUSpec | None, device: str) -> dict[str, Any]:
     """The ``[gpu]`` keys the MoE rows measure (module docstring); keys without rows absent."""
     out: dict[str, Any] = {}
-    pts = grouped_gemm_points(rows.get("grouped_gemm", []), peak_flops)
-    if pts:
-        shape = None if base is None else (base.grouped_gemm_efficiency or base.gemm_efficiency)
-        out["grouped_gemm_efficiency"] = extend_with_base(merge_points(pts), shape).to_list()
+    gg = rows.get("grouped_gemm", [])
+    for r, (x, eff) in zip((r for r in gg if r.get("seconds", 0) > 0),
+                           grouped_points(gg, peak_flops)):
+        r["flops"], r["efficiency"] = x, eff
+    grouped = grouped_curve(gg, peak_flops, None if base is None else base.gemm_efficiency)
+    if grouped is not None:
+        out["grouped_gemm_efficiency"] = grouped.to_list()
     perm = [r for r in rows.get("moe_permute", []) if r.get("seconds", 0) > 0
             and r.get("stream") == ("queued" if device == "cuda" else "cpu")]
     if perm:
@@ -95,4 +88,4 @@ def add_moe_keys(doc: dict[str, Any], base: GPUSpec | None, device: str) -> list
     return names
 
 
-__all__ = ["moe_keys", "add_moe_keys", "grouped_gemm_points", "PERMUTE_OP", "MOE_ROW_KINDS"]
+__all__ = ["moe_keys", "add_moe_keys", "PERMUTE_OP", "MOE_ROW_KINDS"]

@@ -76,6 +76,7 @@ from meshplan.costmodel.compute import gemm_s, sixteen_bit_precision
 from meshplan.costmodel.fp8_cost import cast_rate, check_fp8_supported
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles.grouped_gemm import grouped_call_flops
 from meshplan.hardware_profiles.measured_rows import ran_fp8_experts
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
@@ -156,7 +157,8 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
     rows, per_cast = (m, local_experts) if te else (int(round(m * local_experts)), 1.0)
     bf16_s = fp8_s = cast_f = cast_b = cast_w = weight_f = weight_b = 0.0
     for k, n in ((h, int(fc1_width)), (int(fc2_width), h)):
-        flops = 2.0 * m * k * n
+        # TE runs one GEMM per expert; the executor one grouped call over all of them
+        flops = 2.0 * m * k * n if te else grouped_call_flops(local_experts, m, k, n)
         bf16_s += gemm_s(gpu, peak16, flops)
         fp8_s += fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency)
         c = fp8.linear_cast_traffic(rows, k, n, job.fp8_recipe, act_bytes=2,

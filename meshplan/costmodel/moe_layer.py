@@ -92,6 +92,7 @@ from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.curve import op_curve
+from meshplan.hardware_profiles.grouped_gemm import grouped_call_s
 from meshplan.spec import Job, Layout, ModelSpec
 
 if TYPE_CHECKING:      # parts reads the measured rows, whose scaling prices routed_mlp
@@ -126,16 +127,18 @@ class RoutedMlp:
     kept_output_bytes: float = 0.0
 
 
-def expert_gemm_s(cluster: Cluster, peak: float, flops: float) -> float:
-    """One expert's GEMM inside a grouped GEMM: the profile's grouped curve, or the dense
-    curve at that per-expert GEMM (module docstring)."""
+def expert_gemm_s(cluster: Cluster, peak: float, groups: float, rows: float, k: float,
+                  n: float) -> float:
+    """The forward of one grouped GEMM of ``groups`` local experts, ``rows`` rows each
+    (k → n): the profile's grouped curve by the whole call's tile-padded FLOPs
+    (:mod:`meshplan.hardware_profiles.grouped_gemm`), or, where the profile has none, each
+    expert's GEMM on the dense curve at its own shape (module docstring)."""
     gpu = cluster.gpu
-    if flops <= 0:
+    if groups <= 0 or rows <= 0:
         return 0.0
-    curve = gpu.grouped_gemm_efficiency
-    if curve is None:
-        return gemm_s(gpu, peak, flops)
-    return flops / (peak * curve(flops))
+    if gpu.grouped_gemm_efficiency is None:
+        return groups * gemm_s(gpu, peak, 2.0 * rows * k * n)
+    return grouped_call_s(gpu.grouped_gemm_efficiency, peak, groups, rows, k, n)
 
 
 def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, links,
@@ -152,9 +155,8 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     local = n_exp / ep
     f_loc = model.moe_ffn_hidden_size / etp
     per_expert = rows / local
-    experts_s = local * (expert_gemm_s(cluster, peak, 2.0 * per_expert * h
-                                       * model.ffn_matrices * f_loc)
-                         + expert_gemm_s(cluster, peak, 2.0 * per_expert * f_loc * h))
+    experts_s = (expert_gemm_s(cluster, peak, local, per_expert, h, model.ffn_matrices * f_loc)
+                 + expert_gemm_s(cluster, peak, local, per_expert, f_loc, h))
     f8 = fp8_experts(cluster, job, rows_per_expert=per_expert, local_experts=local, hidden=h,
                      fc1_width=model.ffn_matrices * f_loc, fc2_width=f_loc,
                      compile=layout.compile, zero=layout.zero)
