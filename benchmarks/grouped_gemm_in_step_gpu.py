@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,68 +46,13 @@ def clock() -> str:
         return "?"
 
 
-# torch's grouped kernels: bf16's in its CUTLASS wrapper (GroupMM.cu); fp8 rowwise's a plain
-# CUTLASS GemmUniversal over a GroupProblemShape (seen on 1 x H200, torch 2.11)
-GROUPED_KERNELS = ("enable_3x_kernel_for_sm9x", "GroupProblemShape")
 LAYER_ROWS = tuple(2 ** i for i in range(7, 15))
-
-
-def profiled_layer(model, rows: int, dev, iters: int = 3, fp8: str | None = None):
-    """``torch.profiler`` over ``iters`` forward + backward passes of the executor's routed
-    MoE layer (eager, bf16 autocast; ``fp8``: its experts' grouped GEMMs under that recipe,
-    ``executor/fp8_grouped.py``) at k·T = E·rows routed rows, after three warm-ups."""
-    import torch
-
-    from meshplan.executor.moe import MoELayer
-    tokens = rows * model.num_experts // model.experts_per_token
-    layer = MoELayer(replace(model, num_layers=1, max_seq_len=tokens)).to(dev)
-    if fp8:
-        from meshplan.executor.fp8 import Fp8Plan, check_recipe_runnable
-        layer.experts.fp8 = Fp8Plan(recipe=check_recipe_runnable(fp8, dev), emulate=False)
-    inp = torch.randn(1, tokens, model.hidden_size, device=dev, requires_grad=True)
-
-    def layer_step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = layer(inp)
-        y.float().sum().backward()
-        inp.grad = None
-        layer.zero_grad(set_to_none=True)
-    for _ in range(3):
-        layer_step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            layer_step()
-        torch.cuda.synchronize()
-    return prof
-
-
-def layer_kernel_rows(model, rows: int, dev, iters: int = 3,
-                      fp8: str | None = None) -> list[dict]:
-    """The executor's routed layer at k·T = E·rows routed rows: its grouped kernels' GPU time
-    per call (fc1, fc2), forward + backward, as calibrate grouped rows."""
-    import torch
-
-    e, h, f = model.num_experts, model.hidden_size, model.moe_ffn_hidden_size
-    prof = profiled_layer(model, rows, dev, iters, fp8)
-    kernels = sorted((ev.time_range.start, ev.time_range.end - ev.time_range.start)
-                     for ev in prof.events() if any(g in ev.name for g in GROUPED_KERNELS)
-                     and ev.device_type == torch.autograd.DeviceType.CUDA)
-    if len(kernels) != 6 * iters:
-        return []
-    fc1 = fc2 = 0.0
-    for i in range(iters):
-        d = [dur for _, dur in kernels[6 * i: 6 * i + 6]]
-        fc1 += d[0] + d[4] + d[5]
-        fc2 += d[1] + d[2] + d[3]
-    shapes = ((h, model.ffn_matrices * f, fc1), (f, h, fc2))
-    return [{"groups": e, "rows": rows, "k": kk, "n": nn, "seconds": us / iters / 1e6,
-             "backend": "grouped_mm", "timing": "in_layer", "precision": fp8 or "bf16"}
-            for kk, nn, us in shapes]
 
 
 def layer_rows_main(checks: list[str], out_path: str, fp8: str | None = None) -> int:
     import torch
+
+    from meshplan.calibrate.bench_grouped_layer import grouped_rows_in_layer, profiled_layer
 
     from meshplan.spec.resolve import load_model
     dev = torch.device("cuda:0")
@@ -123,11 +67,10 @@ def layer_rows_main(checks: list[str], out_path: str, fp8: str | None = None) ->
             act = rows * e * (h * 4 + model.ffn_matrices * f * 6 + f * 4) * 3
             if act > 60e9:
                 break
-            rows_out += layer_kernel_rows(model, rows, dev, fp8=fp8)
-            torch.cuda.empty_cache()
+            rows_out += grouped_rows_in_layer(model, e, rows, dev, fp8=fp8)
         out["grouped_gemm"][check] = rows_out
         if not rows_out:      # what the layer ran instead, to tell its grouped kernels apart
-            prof = profiled_layer(model, 1024, dev, 1, fp8)
+            prof = profiled_layer(model, e, 1024, dev, iters=1, fp8=fp8)
             out.setdefault("kernels", {})[check] = sorted(
                 ((ev.device_time_total, ev.key[:160]) for ev in prof.key_averages()
                  if ev.device_time_total > 0), reverse=True)[:16]
@@ -139,6 +82,7 @@ def layer_rows_main(checks: list[str], out_path: str, fp8: str | None = None) ->
 def main(argv=None) -> int:
     import torch
 
+    from meshplan.calibrate.bench_grouped_layer import profiled_layer
     from meshplan.calibrate.bench_moe import GroupedGemmShape, bench_grouped_gemm
     from meshplan.calibrate.timing import time_fn
     from meshplan.executor.moe import _grouped_mm_fn
@@ -192,7 +136,7 @@ def main(argv=None) -> int:
             x = w = g = None
             torch.cuda.empty_cache()
         # the executor's routed layer at the tokens giving these rows a group (balanced)
-        prof = profiled_layer(model, rows, dev)
+        prof = profiled_layer(model, model.num_experts, rows, dev)
         gemm_us = sum(ev.device_time_total for ev in prof.key_averages()
                       if ("cutlass" in ev.key.lower() or "gemm" in ev.key.lower())
                       and ev.device_time_total > 0)

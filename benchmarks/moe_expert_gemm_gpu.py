@@ -51,8 +51,8 @@ def predicted_s(cluster: Cluster, experts: int, rows: int, h: int, f: int) -> fl
     """Forward + backward of the cases' expert GEMMs as ``moe_layer.routed_mlp`` prices
     them (backward = 2x forward)."""
     peak = cluster.gpu.peak_flops("bf16")
-    fwd = experts * (expert_gemm_s(cluster, peak, 2.0 * rows * h * 2 * f)
-                     + expert_gemm_s(cluster, peak, 2.0 * rows * f * h))
+    fwd = (expert_gemm_s(cluster, peak, experts, rows, h, 2 * f)
+           + expert_gemm_s(cluster, peak, experts, rows, f, h))
     return 3 * fwd
 
 

@@ -3,8 +3,11 @@ reads from a profile, timed with the executor's own kernels (``executor/moe.py``
 
 * **Grouped expert GEMMs** (``grouped_gemm`` rows): one weight of the stacked experts —
   fc1 (h → m·f) or fc2 (f → h) — on ``groups`` local experts of ``rows`` rows each, forward
-  and backward through autograd, as ``GroupedExperts`` runs it (``torch._grouped_mm`` /
-  ``F.grouped_mm`` with 8-row aligned groups on CUDA bf16 sm90+, else its per-expert loop).
+  and backward. With torch's grouped kernel on CUDA (bf16 sm90+) timed inside the
+  executor's MoE layer, bf16 and fp8 rowwise (:mod:`meshplan.calibrate.bench_grouped_layer`:
+  alone, the same calls ran at a lower clock); elsewhere alone through autograd, as
+  ``GroupedExperts`` runs it (``torch._grouped_mm`` / ``F.grouped_mm`` with 8-row aligned
+  groups, else its per-expert loop).
   Shapes: the model's, at each ep dividing its experts and the world (E/ep local experts),
   tp 1 and 2, micro-batches 1 and 2 and the layer tables' (``--micro-batches``: the sizes
   the layouts run), balanced routing (rows = k·T·ep/E, T = b·s/tp).
@@ -109,6 +112,42 @@ def bench_grouped_gemm(shape: GroupedGemmShape, device: torch.device) -> dict[st
     t = time_fn(step, device=device)
     return {"groups": shape.groups, "rows": shape.rows, "padded_rows": rows, "k": shape.k,
             "n": shape.n, "backend": backend, "seconds": t.median_s, "iters": t.iters}
+
+
+def fp8_grouped_runnable(device: torch.device) -> bool:
+    """Whether the executor runs fp8 grouped GEMMs here (recipe rowwise, on the fp8 kernel)."""
+    from meshplan.errors import ExecutorError
+    from meshplan.executor.fp8 import check_recipe_runnable
+    if device.type != "cuda":
+        return False
+    try:
+        check_recipe_runnable("rowwise", device)
+    except ExecutorError:
+        return False
+    return True
+
+
+def grouped_gemm_rows(models, shapes, device: torch.device) -> list[dict[str, Any]]:
+    """The ``grouped_gemm`` rows of ``shapes`` (each model's fc1 and fc2): on CUDA with
+    torch's grouped kernel timed inside the executor's MoE layer, bf16 and, where it runs,
+    fp8 rowwise (:mod:`meshplan.calibrate.bench_grouped_layer`; a shape the layer cannot
+    time falls back to the call alone, ``timing = "alone"``); elsewhere each call alone."""
+    from meshplan.calibrate.bench_grouped_layer import grouped_rows_in_layer
+    if device.type != "cuda" or grouped_backend(device) != "grouped_mm":
+        return [bench_grouped_gemm(s, device) for s in sorted(shapes)]
+    precisions = (None, "rowwise") if fp8_grouped_runnable(device) else (None,)
+    out: list[dict[str, Any]] = []
+    for m in models:
+        h, fc1 = m.hidden_size, m.ffn_matrices * m.moe_ffn_hidden_size
+        mine = {s for s in shapes if (s.k, s.n) in ((h, fc1), (m.moe_ffn_hidden_size, h))}
+        for groups, rows in sorted({(s.groups, s.rows) for s in mine}):
+            for fp8 in precisions:
+                got = grouped_rows_in_layer(m, groups, rows, device, fp8=fp8)
+                if not got and fp8 is None:
+                    got = [{**bench_grouped_gemm(s, device), "timing": "alone"}
+                           for s in sorted(mine) if (s.groups, s.rows) == (groups, rows)]
+                out += got
+    return out
 
 
 def permute_bytes(tokens: int, top_k: int, hidden: int, elem_bytes: int) -> float:
@@ -267,7 +306,7 @@ def moe_rows(models: tuple[ModelSpec, ...], seq_len: int | None, device: torch.d
         shapes.update(expert_gemm_shapes(m, seq, world, quick=quick, micro_batches=mbs))
         for mb in mbs:
             perms.add((mb * seq, m.experts_per_token, m.num_experts, m.hidden_size))
-    out["grouped_gemm"] = [bench_grouped_gemm(s, device) for s in sorted(shapes)]
+    out["grouped_gemm"] = grouped_gemm_rows(moes, shapes, device)
     out["moe_permute"] = [bench_permute(*p, device) for p in sorted(perms)]
     out["host_sync"] = bench_host_sync(device, iters=20 if quick else HOST_ITERS)
     queued = [r["seconds"] for r in out["host_sync"] if r["stream"] == "queued"]
@@ -278,5 +317,6 @@ def moe_rows(models: tuple[ModelSpec, ...], seq_len: int | None, device: torch.d
 
 
 __all__ = ["GroupedGemmShape", "expert_gemm_shapes", "moe_micro_batches", "bench_grouped_gemm",
+           "grouped_gemm_rows", "fp8_grouped_runnable",
            "bench_permute", "permute_bytes", "bench_host_sync", "bench_host_dispatch",
            "moe_rows", "tiny_moe_spec"]

@@ -5,10 +5,13 @@ runs too short for a whole ``meshplan calibrate --model`` (about 3 minutes on 4 
     python -m meshplan.calibrate.moe_only --model moe.json --seq-len 2048 --world 4 \\
         --base-profile docs/benchmarks/data/profiles/profile_h200x4_round26.toml --out p.toml
 
-The result is the base profile with ``grouped_gemm_efficiency``,
+The result is the base profile with ``grouped_gemm_efficiency`` (and its key; with
+``grouped_fp8_gemm_efficiency`` where the GPU runs fp8 grouped GEMMs),
 ``membound_efficiency["moe-permute"]``, ``host_sync_s`` and ``host_op_dispatch_s``
 replaced by this machine's (definitions: :mod:`meshplan.calibrate.moe_profile`), the raw
-rows under ``[measurements]`` and the run in ``[provenance] moe_calibration``; every other
+rows under ``[measurements]`` and the run in ``[provenance] moe_calibration``; where the
+base holds compiled fp8 rows of the models, ``fp8_cast_compiled_block_share`` re-measured
+under the new curves (it is what those rows take beyond the composed layer); every other
 key stays the base profile's. ``--world``: the GPUs the model's layouts will use (the ep
 values whose expert shapes are timed); the benchmarks themselves run on one device.
 """
@@ -46,6 +49,21 @@ def _base_doc(base_profile: str | None, device) -> tuple[dict[str, Any], Any]:
     return build_profile(measurements={}, base=base, device="cuda", provenance={}), base
 
 
+def _refit_block_share(doc: dict[str, Any], out: Path, models, world: int) -> float | None:
+    """The fp8 casts' compiled block share re-measured on the profile just written, where it
+    holds compiled fp8 rows of ``models``: the share is what the rows take beyond the
+    composed layer, whose fp8 expert GEMMs the new grouped curves price
+    (:mod:`meshplan.calibrate.fp8_block_share`); None (the base's share kept) elsewhere."""
+    from meshplan.calibrate.fp8_block_share import measure_from_profile
+    share = measure_from_profile(out, list(models), world)
+    if share is not None:
+        doc["gpu"]["fp8_cast_compiled_block_share"] = share
+        doc["measured"] = [*(k for k in doc.get("measured", [])
+                             if k != "fp8_cast_compiled_block_share"),
+                           "fp8_cast_compiled_block_share"]
+    return share
+
+
 def run(models, *, seq_len: int | None, world: int, out: Path, base_profile: str | None,
         device_kind: str = "auto", quick: bool = False,
         micro_batches: tuple[int, ...] | None = None) -> dict[str, Any]:
@@ -78,8 +96,13 @@ def run(models, *, seq_len: int | None, world: int, out: Path, base_profile: str
         "command": " ".join(sys.argv)}
     doc["provenance"] = prov
     write_text_atomic(out, dumps(doc))
+    share = _refit_block_share(doc, out, models, world)
+    if share is not None:
+        keys.append("fp8_cast_compiled_block_share")
+        write_text_atomic(out, dumps(doc))
     return {"keys": keys, "gpu": {k: doc["gpu"].get(k) for k in (
-        "grouped_gemm_efficiency", "host_sync_s", "host_op_dispatch_s")},
+        "grouped_gemm_efficiency", "grouped_fp8_gemm_efficiency", "host_sync_s",
+        "host_op_dispatch_s")},
         "permute": doc["gpu"].get("membound_efficiency", {}).get("moe-permute"),
         "seconds": prov["moe_calibration"]["seconds"]}
 

@@ -8,7 +8,10 @@ Each key is defined so that the MoE cost model, fed it, reproduces the benchmark
   :mod:`meshplan.hardware_profiles.grouped_gemm`): the cost model charges a call
   x / (peak·eff(x)) forward and twice that backward, so ``eff = 3·x / (peak · t_fwd+bwd)``.
   Outside the measured FLOPs the base profile's dense GEMM curve continues, scaled to meet
-  the nearest point.
+  the nearest point. Written with ``grouped_gemm_key = "call"`` (profiles without it were
+  keyed by one expert's FLOPs, and are read so).
+* ``grouped_fp8_gemm_efficiency``: the same from the fp8 rowwise rows (``precision``), at
+  the fp8 peak, continued by the base's dense fp8 curve.
 * ``membound_efficiency["moe-permute"]``: the permutation's bytes as the cost model counts
   them (``bench_moe.permute_bytes``, forward; backward twice) over its GPU time (rows timed
   queued behind a spin, ``stream = "queued"``) and the HBM bandwidth:
@@ -38,16 +41,25 @@ MOE_ROW_KINDS = ("grouped_gemm", "moe_permute", "host_sync", "host_dispatch")
 
 
 def moe_keys(rows: Mapping[str, list[dict[str, Any]]], *, peak_flops: float, hbm_gbps: float,
-             base: GPUSpec | None, device: str) -> dict[str, Any]:
+             base: GPUSpec | None, device: str, peak_fp8_flops: float = 0.0
+             ) -> dict[str, Any]:
     """The ``[gpu]`` keys the MoE rows measure (module docstring); keys without rows absent."""
     out: dict[str, Any] = {}
     gg = rows.get("grouped_gemm", [])
-    for r, (x, eff) in zip((r for r in gg if r.get("seconds", 0) > 0),
-                           grouped_points(gg, peak_flops)):
-        r["flops"], r["efficiency"] = x, eff
-    grouped = grouped_curve(gg, peak_flops, None if base is None else base.gemm_efficiency)
+    g16 = [r for r in gg if r.get("precision", "bf16") == "bf16"]
+    g8 = [r for r in gg if r.get("precision") == "rowwise"]
+    for part, peak in ((g16, peak_flops), (g8, peak_fp8_flops)):
+        for r, (x, eff) in zip((r for r in part if r.get("seconds", 0) > 0),
+                               grouped_points(part, peak)):
+            r["flops"], r["efficiency"] = x, eff
+    grouped = grouped_curve(g16, peak_flops, None if base is None else base.gemm_efficiency)
     if grouped is not None:
         out["grouped_gemm_efficiency"] = grouped.to_list()
+        out["grouped_gemm_key"] = "call"
+        grouped8 = (grouped_curve(g8, peak_fp8_flops, base.fp8_gemm_efficiency)
+                    if base is not None and peak_fp8_flops > 0 else None)
+        if grouped8 is not None:
+            out["grouped_fp8_gemm_efficiency"] = grouped8.to_list()
     perm = [r for r in rows.get("moe_permute", []) if r.get("seconds", 0) > 0
             and r.get("stream") == ("queued" if device == "cuda" else "cpu")]
     if perm:
@@ -75,11 +87,15 @@ def add_moe_keys(doc: dict[str, Any], base: GPUSpec | None, device: str) -> list
     gpu = doc["gpu"]
     peak = (base.peak_flops("bf16") if base is not None
             else float(gpu["peak_tflops"]["bf16"]) * 1e12)
+    peak8 = base.peak_flops("fp8") if base is not None and base.fp8_gemm_efficiency else 0.0
     keys = moe_keys(doc.get("measurements", {}), peak_flops=peak,
-                    hbm_gbps=float(gpu["hbm_gbps"]), base=base, device=device)
+                    hbm_gbps=float(gpu["hbm_gbps"]), base=base, device=device,
+                    peak_fp8_flops=peak8)
     if "membound_efficiency" in keys:
         keys["membound_efficiency"] = {**gpu.get("membound_efficiency", {}),
                                        **keys["membound_efficiency"]}
+    if "grouped_gemm_efficiency" in keys and "grouped_fp8_gemm_efficiency" not in keys:
+        gpu.pop("grouped_fp8_gemm_efficiency", None)    # a base profile's, of other rows
     gpu.update(keys)
     names = [k if k != "membound_efficiency" else f"membound_efficiency.{PERMUTE_OP}"
              for k in keys]

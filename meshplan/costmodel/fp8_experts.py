@@ -28,7 +28,14 @@ GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
 :data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`; other recipes keep them 16-bit and
 :func:`fp8_experts` returns None). Per micro-batch:
 
-* **GEMMs**: the experts' bf16 time × the same r_e;
+* **GEMMs**: the experts' bf16 time × r_e, here over one grouped call of all local experts:
+  the profile's grouped fp8 curve over its grouped bf16 curve at the call
+  (``grouped_fp8_gemm_efficiency``, :mod:`meshplan.hardware_profiles.grouped_gemm`) where
+  calibrate timed the fp8 grouped GEMMs in the layer, else the dense curves at the call's
+  FLOPs (at one expert's under a ``grouped_gemm_key = "expert"`` profile). The dense ratio
+  is optimistic for the grouped kernel: in the layer on one H200 the fp8 grouped calls
+  took 0.58-0.94 of bf16's time at 256-16,384 rows a group where the dense curves say 0.58
+  (docs/benchmarks/moe_checks.md "Grouped GEMMs keyed by the call");
 * **casts**, at the executor's cast rate (eager, or compiled under ``Layout.compile``:
   :func:`meshplan.costmodel.fp8_cost.cast_rate`), each over all local experts at once (one
   pass, not one per expert): the rows' and gradients' casts of fc1 and fc2
@@ -76,7 +83,7 @@ from meshplan.costmodel.compute import gemm_s, sixteen_bit_precision
 from meshplan.costmodel.fp8_cost import cast_rate, check_fp8_supported
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.hardware_profiles import Cluster
-from meshplan.hardware_profiles.grouped_gemm import grouped_call_flops
+from meshplan.hardware_profiles.grouped_gemm import grouped_call_flops, grouped_call_s
 from meshplan.hardware_profiles.measured_rows import ran_fp8_experts
 from meshplan.spec import Job, Layout, ModelSpec
 from meshplan.spec.choices import TORCH_FP8_EXPERT_RECIPES
@@ -136,6 +143,24 @@ def recompute_keeps_expert_outputs(job: Job, layout: Layout) -> bool:
             and layout.ep == 1 and layout.etp == 1)
 
 
+def _gemm_pair_s(gpu, te: bool, peak16: float, peak8: float, groups: float, m: int, k: int,
+                 n: int) -> tuple[float, float]:
+    """(16-bit, fp8) seconds of one expert GEMM (k → n, m rows an expert) whose ratio
+    prices the fp8 experts: TE's one GEMM per expert, or the executor's grouped call over
+    ``groups`` experts — on the profile's grouped curves where it measured the fp8 one, else
+    on the dense curves at the curve's key (module docstring)."""
+    if not te and gpu.grouped_fp8_gemm_efficiency is not None:
+        g16 = gpu.grouped_gemm_efficiency
+        flops = grouped_call_flops(groups, m, k, n)
+        return ((grouped_call_s(g16, peak16, groups, m, k, n) if g16 is not None
+                 else gemm_s(gpu, peak16, flops)),
+                grouped_call_s(gpu.grouped_fp8_gemm_efficiency, peak8, groups, m, k, n))
+    by_call = not te and gpu.grouped_gemm_key == "call"
+    flops = grouped_call_flops(groups, m, k, n) if by_call else 2.0 * m * k * n
+    return (gemm_s(gpu, peak16, flops),
+            fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency))
+
+
 def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_experts: float,
                 hidden: int, fc1_width: float, fc2_width: float, compile: bool = False,
                 zero: int = 0) -> Fp8Experts | None:
@@ -157,10 +182,8 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
     rows, per_cast = (m, local_experts) if te else (int(round(m * local_experts)), 1.0)
     bf16_s = fp8_s = cast_f = cast_b = cast_w = weight_f = weight_b = 0.0
     for k, n in ((h, int(fc1_width)), (int(fc2_width), h)):
-        # TE runs one GEMM per expert; the executor one grouped call over all of them
-        flops = 2.0 * m * k * n if te else grouped_call_flops(local_experts, m, k, n)
-        bf16_s += gemm_s(gpu, peak16, flops)
-        fp8_s += fp8.fp8_gemm_time_s(flops, peak8, gpu.fp8_gemm_efficiency)
+        b, f = _gemm_pair_s(gpu, te, peak16, peak8, local_experts, m, k, n)
+        bf16_s, fp8_s = bf16_s + b, fp8_s + f
         c = fp8.linear_cast_traffic(rows, k, n, job.fp8_recipe, act_bytes=2,
                                     weight_bytes=wbytes, fused_cast_transpose=rate.fused)
         cast_f += rate.seconds(c.forward_passes, c.forward_bytes)

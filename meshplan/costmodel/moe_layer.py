@@ -131,13 +131,17 @@ def expert_gemm_s(cluster: Cluster, peak: float, groups: float, rows: float, k: 
                   n: float) -> float:
     """The forward of one grouped GEMM of ``groups`` local experts, ``rows`` rows each
     (k → n): the profile's grouped curve by the whole call's tile-padded FLOPs
-    (:mod:`meshplan.hardware_profiles.grouped_gemm`), or, where the profile has none, each
-    expert's GEMM on the dense curve at its own shape (module docstring)."""
+    (:mod:`meshplan.hardware_profiles.grouped_gemm`; by one expert's FLOPs where the profile
+    says ``grouped_gemm_key = "expert"``), or, where the profile has none, each expert's GEMM
+    on the dense curve at its own shape (module docstring)."""
     gpu = cluster.gpu
     if groups <= 0 or rows <= 0:
         return 0.0
-    if gpu.grouped_gemm_efficiency is None:
-        return groups * gemm_s(gpu, peak, 2.0 * rows * k * n)
+    curve, one = gpu.grouped_gemm_efficiency, 2.0 * rows * k * n
+    if curve is None:
+        return groups * gemm_s(gpu, peak, one)
+    if gpu.grouped_gemm_key == "expert":
+        return groups * one / (peak * curve(one))
     return grouped_call_s(gpu.grouped_gemm_efficiency, peak, groups, rows, k, n)
 
 

@@ -60,9 +60,15 @@ class GPUSpec:
     # an op missing here runs at hbm_efficiency (all of them on a datasheet profile)
     membound_efficiency: Mapping[str, float] = field(default_factory=dict)
     measured: Any = None                # meshplan.costmodel.measured.MeasuredTables or None
-    # efficiency of one expert's GEMM inside a grouped GEMM (MoE), by that GEMM's FLOPs; None:
-    # the dense GEMM curve at the per-expert shape (meshplan.costmodel.moe_layer)
+    # efficiency of a grouped GEMM (MoE experts), by ``grouped_gemm_key``: "call", the whole
+    # call's tile-padded FLOPs (meshplan.hardware_profiles.grouped_gemm; what calibrate writes
+    # since 2026-12-03), or "expert", one expert's GEMM FLOPs (profiles and plan files written
+    # before, which carry no key); None: the dense GEMM curve at the per-expert shape
     grouped_gemm_efficiency: Curve | None = None
+    grouped_gemm_key: str = "expert"
+    # the executor's fp8 (rowwise) grouped GEMM, fraction of the fp8 peak, keyed by the call;
+    # None: the bf16 grouped time times the dense fp8 / bf16 ratio (costmodel.fp8_experts)
+    grouped_fp8_gemm_efficiency: Curve | None = None
     # NVLink efficiency of a broadcast (bus bytes = the buffer), by message size, where
     # ``meshplan calibrate`` timed broadcasts; None: nvlink_efficiency (meshplan.costmodel.comm)
     nvlink_broadcast_efficiency: Curve | None = None
@@ -193,8 +199,11 @@ class GPUSpec:
             **{k: getattr(self, k) for k in FP8_CAST_KEYS if getattr(self, k) > 0},
             **({"fp8_torch_recipes": list(self.fp8_torch_recipes)}
                if self.fp8_torch_recipes else {}),
-            **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list()}
+            **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list(),
+                "grouped_gemm_key": self.grouped_gemm_key}
                if self.grouped_gemm_efficiency is not None else {}),
+            **({"grouped_fp8_gemm_efficiency": self.grouped_fp8_gemm_efficiency.to_list()}
+               if self.grouped_fp8_gemm_efficiency is not None else {}),
             **({"nvlink_broadcast_efficiency": self.nvlink_broadcast_efficiency.to_list()}
                if self.nvlink_broadcast_efficiency is not None else {}),
             **({"nvlink_all_to_all_efficiency": self.nvlink_all_to_all_efficiency.to_list()}

@@ -26,6 +26,9 @@ from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points
 
 GROUP_TILE_ROWS = 256     # rows a cluster of torch's sm90 grouped kernel covers (docstring)
+# a profile's grouped_gemm_key: "call" (this module's x) or "expert" (one expert's GEMM FLOPs,
+# 2·r·k·n: profiles and plan files written before 2026-12-03, which carry no key)
+GROUPED_GEMM_KEYS = ("call", "expert")
 PASSES = 3                # forward, input gradient, weight gradient
 
 
@@ -66,5 +69,5 @@ def grouped_curve(rows: Iterable[Mapping[str, Any]], peak_flops: float,
     return extend_with_base(merge_points(pts), base) if pts else None
 
 
-__all__ = ["GROUP_TILE_ROWS", "grouped_call_flops", "grouped_call_s", "grouped_points",
+__all__ = ["GROUP_TILE_ROWS", "GROUPED_GEMM_KEYS", "grouped_call_flops", "grouped_call_s", "grouped_points",
            "grouped_curve"]

@@ -16,6 +16,7 @@ from meshplan.hardware_profiles.attention_published import (head_dim_of, head_di
                                                             published_attention_curve)
 from meshplan.hardware_profiles.builtin_data import builtin_table
 from meshplan.hardware_profiles.curve import Curve
+from meshplan.hardware_profiles.grouped_gemm import GROUPED_GEMM_KEYS
 from meshplan.hardware_profiles.gpu import (DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, HOST_KEYS,
                                            GPUSpec)
 
@@ -55,6 +56,18 @@ def get(table: Mapping[str, Any], key: str, kind: type | tuple, where: str,
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ProfileError(f"{where}: key {key!r} must be {names}, got {value!r}")
     return value
+
+
+def _grouped_key(table: Mapping[str, Any], where: str) -> str:
+    """``grouped_gemm_key``: absent (files written before it) means "expert" (GPUSpec)."""
+    key = get(table, "grouped_gemm_key", str, where, "expert")
+    if key not in GROUPED_GEMM_KEYS:
+        raise ProfileError(f"{where}: grouped_gemm_key must be one of "
+                           f"{', '.join(map(repr, GROUPED_GEMM_KEYS))}, got {key!r}")
+    if "grouped_fp8_gemm_efficiency" in table and key != "call":
+        raise ProfileError(f"{where}: grouped_fp8_gemm_efficiency is keyed by the call; it "
+                           f"needs grouped_gemm_key = \"call\", got {key!r}")
+    return key
 
 
 def curve(table: Mapping[str, Any], key: str, where: str) -> Curve:
@@ -115,6 +128,9 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
         grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),
+        grouped_gemm_key=_grouped_key(t, where),
+        grouped_fp8_gemm_efficiency=(curve(t, "grouped_fp8_gemm_efficiency", where)
+                                     if "grouped_fp8_gemm_efficiency" in t else None),
         nvlink_broadcast_efficiency=(curve(t, "nvlink_broadcast_efficiency", where)
                                      if "nvlink_broadcast_efficiency" in t else None),
         nvlink_all_to_all_efficiency=(curve(t, "nvlink_all_to_all_efficiency", where)

@@ -19,6 +19,7 @@ from meshplan.costmodel.moe_layer import expert_gemm_s, routed_mlp  # noqa: E402
 from meshplan.costmodel.tables import layer_tables  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile  # noqa: E402
 from meshplan.hardware_profiles.curve import Curve  # noqa: E402
+from meshplan.hardware_profiles.grouped_gemm import grouped_call_s  # noqa: E402
 
 CPU = torch.device("cpu")
 MOE = mp.ModelSpec(name="moe-1.9b", num_layers=12, hidden_size=2048, num_heads=16,
@@ -101,24 +102,31 @@ def test_permute_bytes_are_the_cost_models():
 
 
 def test_keys_reproduce_the_benchmarks():
-    """Fed the keys, the cost model prices each benchmark at its measured time."""
+    """Fed the keys, the cost model prices each benchmark at its measured time: the grouped
+    calls by the call (bf16 and fp8 rowwise rows apart), the permutation by its bytes."""
     gpu = H200.gpu
-    peak = gpu.peak_flops("bf16")
+    peak, peak8 = gpu.peak_flops("bf16"), gpu.peak_flops("fp8")
     gg = [{"groups": 8, "rows": 1024, "k": 2048, "n": 2816, "seconds": 2.0e-3},
           {"groups": 16, "rows": 128, "k": 1408, "n": 2048, "seconds": 0.9e-3}]
+    g8 = [{**r, "seconds": 0.7 * r["seconds"], "precision": "rowwise"} for r in gg]
     perm = [{"model_bytes": 3 * bench_moe.permute_bytes(4096, 2, 2048, 2), "seconds": 1.5e-3,
              "stream": "queued"}]
-    keys = moe_keys({"grouped_gemm": gg, "moe_permute": perm}, peak_flops=peak,
-                    hbm_gbps=gpu.hbm_gbps, base=gpu, device="cuda")
-    assert set(keys) == {"grouped_gemm_efficiency", "membound_efficiency"}
-    fitted = replace(gpu, grouped_gemm_efficiency=Curve(
-        keys["grouped_gemm_efficiency"]), membound_efficiency=keys["membound_efficiency"])
+    keys = moe_keys({"grouped_gemm": gg + g8, "moe_permute": perm}, peak_flops=peak,
+                    hbm_gbps=gpu.hbm_gbps, base=gpu, device="cuda", peak_fp8_flops=peak8)
+    assert set(keys) == {"grouped_gemm_efficiency", "grouped_gemm_key",
+                         "grouped_fp8_gemm_efficiency", "membound_efficiency"}
+    assert keys["grouped_gemm_key"] == "call"
+    fitted = replace(gpu, grouped_gemm_efficiency=Curve(keys["grouped_gemm_efficiency"]),
+                     grouped_gemm_key="call",
+                     grouped_fp8_gemm_efficiency=Curve(keys["grouped_fp8_gemm_efficiency"]),
+                     membound_efficiency=keys["membound_efficiency"])
     cl = H200.replace(gpu=fitted)
-    for r in gg:
-        x = 2.0 * r["rows"] * r["k"] * r["n"]
-        # forward + backward (2×) of every local expert's GEMM
-        assert 3 * r["groups"] * expert_gemm_s(cl, peak, x) == pytest.approx(r["seconds"],
-                                                                             rel=1e-3)
+    for r, r8 in zip(gg, g8):
+        args = (r["groups"], r["rows"], r["k"], r["n"])
+        # forward + backward (2×) of the one grouped call
+        assert 3 * expert_gemm_s(cl, peak, *args) == pytest.approx(r["seconds"], rel=1e-3)
+        assert 3 * grouped_call_s(fitted.grouped_fp8_gemm_efficiency, peak8, *args) == \
+            pytest.approx(r8["seconds"], rel=1e-3)
     eff = keys["membound_efficiency"][PERMUTE_OP]
     assert perm[0]["model_bytes"] / (gpu.hbm_gbps * 1e9 * eff) == pytest.approx(1.5e-3)
 
@@ -213,3 +221,30 @@ def test_moe_only_extends_a_profile_and_the_cost_model_reads_it(tmp_path):
     with pytest.raises(mp.errors.ConfigError, match="routed experts"):
         moe_only.run([mp.ModelSpec.preset("gpt-1.7b")], seq_len=None, world=1, out=out,
                      base_profile=str(path), device_kind="cpu")
+
+
+def test_grouped_rows_in_the_layer_from_its_kernels():
+    """Six grouped kernels a pass (forward fc1, fc2; backward fc2's two, fc1's two) give one
+    row per weight; any other count gives none (kernels not told apart)."""
+    from meshplan.calibrate.bench_grouped_layer import layer_for, rows_from_kernels
+    spec, tokens = layer_for(MOE, 4, 256)
+    assert (spec.num_experts, spec.experts_per_token, spec.num_layers) == (4, 2, 1)
+    assert tokens * spec.experts_per_token == 4 * 256 and spec.max_seq_len == tokens
+    assert layer_for(MOE, 1, 256)[0].experts_per_token == 1     # top-k no more than experts
+    times = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] * 2
+    fc1, fc2 = rows_from_kernels(MOE, 4, 256, times, 2, "rowwise")
+    assert (fc1["k"], fc1["n"], fc1["seconds"]) == (2048, 2 * 1408, 1.0 + 5.0 + 6.0)
+    assert (fc2["k"], fc2["n"], fc2["seconds"]) == (1408, 2048, 2.0 + 3.0 + 4.0)
+    assert fc1["timing"] == "in_layer" and fc1["precision"] == "rowwise"
+    assert rows_from_kernels(MOE, 4, 256, times[:-1], 2, "bf16") == []
+
+
+def test_grouped_rows_off_cuda_are_timed_alone(monkeypatch):
+    """Off CUDA (or without torch's grouped kernel) each call is timed alone, as before."""
+    alone = []
+    monkeypatch.setattr(bench_moe, "bench_grouped_gemm",
+                        lambda shape, dev: alone.append(shape) or {"seconds": 1.0})
+    shapes = bench_moe.expert_gemm_shapes(TINY, 16, 1)
+    rows = bench_moe.grouped_gemm_rows((TINY,), set(shapes), CPU)
+    assert sorted(alone) == sorted(shapes) and len(rows) == len(shapes)
+    assert not bench_moe.fp8_grouped_runnable(CPU)
