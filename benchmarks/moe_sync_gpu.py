@@ -355,6 +355,10 @@ SETS["drawn-3836c"] = compiled_draws(3836)
 # experts: draw_moe.py seed 3840; 64 experts of 640, top-8, a shared one, seq 4096) priced from
 # moeh31's coarse calibration (8 experts of 7040, top-2, seq 1024), no calibration of its own
 SETS["drawn-3840c"] = compiled_draws(3840)
+# moeh35 (drawn 2026-12-03): the first seed after 3840 (draw_moe.py seed 3841; 16 experts of
+# 2944, top-4, a shared one, seq 1024), priced from moeh31's calibration (8 experts of 7040,
+# top-2) under the grouped curves keyed by the call and timed in the MoE layer
+SETS["drawn-3841c"] = compiled_draws(3841)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -30,16 +30,21 @@ from meshplan.errors import ConfigError
 
 
 def _base_doc(base_profile: str | None, device) -> tuple[dict[str, Any], Any]:
-    """(profile document, base GPUSpec) to extend: the file's, else the built-in GPU's."""
+    """(profile document to extend, base GPUSpec): the file's, else the built-in GPU's
+    datasheet profile. The base is the built-in GPU the file extends where it has one, as
+    for ``meshplan calibrate``: its dense curves continue the measured grouped curves."""
     import tomllib
 
     from meshplan.calibrate.profile import build_profile
     from meshplan.calibrate.run import detect_base_gpu
     from meshplan.hardware_profiles import builtin_gpu
     from meshplan.hardware_profiles.calibrated import load_profile
+    from meshplan.hardware_profiles.loader import builtin_gpu_names
     if base_profile:
         doc = tomllib.loads(Path(base_profile).read_text())
-        return doc, load_profile(base_profile).gpu
+        prof = load_profile(base_profile)
+        return doc, (builtin_gpu(prof.base_gpu) if prof.base_gpu in builtin_gpu_names()
+                     else prof.gpu)
     import torch
     if device.type != "cuda":
         raise ConfigError("moe_only on CPU needs --base-profile (a CPU profile from "
