@@ -97,8 +97,9 @@ def add_moe_keys(doc: dict[str, Any], base: GPUSpec | None, device: str) -> list
     if "grouped_gemm_efficiency" in keys and "grouped_fp8_gemm_efficiency" not in keys:
         gpu.pop("grouped_fp8_gemm_efficiency", None)    # a base profile's, of other rows
     gpu.update(keys)
+    # the key says how to read the curve: not a measurement
     names = [k if k != "membound_efficiency" else f"membound_efficiency.{PERMUTE_OP}"
-             for k in keys]
+             for k in keys if k != "grouped_gemm_key"]
     doc["measured"] = list(doc.get("measured", [])) + [n for n in names
                                                         if n not in doc.get("measured", [])]
     return names
