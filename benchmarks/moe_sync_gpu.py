@@ -359,6 +359,10 @@ SETS["drawn-3840c"] = compiled_draws(3840)
 # 2944, top-4, a shared one, seq 1024), priced from moeh31's calibration (8 experts of 7040,
 # top-2) under the grouped curves keyed by the call and timed in the MoE layer
 SETS["drawn-3841c"] = compiled_draws(3841)
+# moeh36 (drawn 2026-12-03): the next seed (draw_moe.py seed 3842; 64 experts of 768, top-8,
+# a shared one, seq 2048), priced from moeh23's calibration (8 experts of 6400, top-2, seq
+# 4096) under the grouped curves keyed by the call
+SETS["drawn-3842c"] = compiled_draws(3842)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -1,10 +1,13 @@
-"""moeh35's committed plans priced from every stored 1-GPU MoE calibration, before the run:
-each stored profile as written (its grouped curve keyed by one expert's FLOPs) and the same
-profile rewritten with its model's grouped rows timed in the MoE layer, keyed by the call
-(``benchmarks/profiles_with_layer_rows.py``). Writes ``sources.json`` beside this file.
+"""A drawn 1-GPU MoE check's committed plans priced from every stored 1-GPU MoE calibration,
+before the run: each stored profile as written (its grouped curve keyed by one expert's FLOPs)
+and the same profile rewritten with its model's grouped rows timed in the MoE layer, keyed by
+the call (``benchmarks/profiles_with_layer_rows.py``), and the set's own source both ways
+(``--primary``). Writes ``benchmarks/sets/CHECK/sources.json``.
 
     python benchmarks/profiles_with_layer_rows.py --rows ... --rows ... --out /tmp/lr
-    python benchmarks/sets/moeh35/price_sources.py --layer-rows-profiles /tmp/lr
+    python benchmarks/price_from_sources.py --check moeh35 --layer-rows-profiles /tmp/lr \
+        --primary moeh31 profile_h200x1_moeh31_20261202_moe_sizes.toml \
+        profile_h200x1_moeh31_20261203_layer_rows.toml
 """
 
 import argparse
@@ -14,8 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -27,8 +29,6 @@ from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
 
 PROFILE_DIR = "docs/benchmarks/data/profiles"
-PRIMARY = {"expert": "profile_h200x1_moeh31_20261202_moe_sizes.toml",
-           "call": "profile_h200x1_moeh31_20261203_layer_rows.toml"}
 
 
 def price(rec, profile) -> dict:
@@ -40,11 +40,17 @@ def price(rec, profile) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--check", required=True)
     ap.add_argument("--layer-rows-profiles", required=True)
+    ap.add_argument("--primary", nargs=3, required=True, metavar=("SOURCE", "EXPERT", "CALL"),
+                    help="the set's source check and its two profiles (file names under "
+                         f"{PROFILE_DIR}): as stored and rewritten")
     a = ap.parse_args()
+    here = ROOT / "benchmarks/sets" / a.check
+    source, primary = a.primary[0], {"expert": a.primary[1], "call": a.primary[2]}
     out = {}
     for prec in ("bf16", "fp8"):
-        for plan in sorted(glob.glob(str(ROOT / f"benchmarks/plans/moeh35_{prec}_h200x1/mb*.json"))):
+        for plan in sorted(glob.glob(str(ROOT / f"benchmarks/plans/{a.check}_{prec}_h200x1/mb*.json"))):
             rec = load_plan_file(plan)
             row = out.setdefault(f"{Path(plan).stem}/{prec}", {})
             for path in sorted(glob.glob(str(ROOT / PROFILE_DIR / "profile_h200x1_moeh*.toml"))):
@@ -55,11 +61,10 @@ def main() -> int:
                                ("call", Path(a.layer_rows_profiles) / Path(path).name)):
                     if Path(p).exists():
                         row.setdefault(key, {})[check] = price(rec, p)
-            # the set's own source: moeh31's profile that priced moeh34, and the same rewritten
-            row["moeh31 primary"] = {key: price(rec, ROOT / PROFILE_DIR / name)
-                                     for key, name in PRIMARY.items()}
-    (HERE / "sources.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {HERE / 'sources.json'}: {len(out)} arms")
+            row[f"{source} primary"] = {key: price(rec, ROOT / PROFILE_DIR / name)
+                                        for key, name in primary.items()}
+    (here / "sources.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {here / 'sources.json'}: {len(out)} arms")
     return 0
 
 
