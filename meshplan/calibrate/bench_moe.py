@@ -127,11 +127,29 @@ def fp8_grouped_runnable(device: torch.device) -> bool:
     return True
 
 
+#: rows an expert also timed in the layer below a model's own smallest: the curve is keyed by
+#: the call, so another model's smaller calls read these points rather than the datasheet's
+#: continuation, which priced moeh36's 0.1-0.2 TFLOP calls (64 experts of 512 rows) from
+#: moeh23's calibration (smallest 0.4) 4-11 points fast (docs/benchmarks/moe_checks.md)
+SMALL_ROWS = (128, 256, 512)
+
+
+def in_layer_shapes(pairs) -> list[tuple[int, int]]:
+    """(groups, rows an expert) to time in the layer: the model's, and for each group count
+    the :data:`SMALL_ROWS` below its smallest rows."""
+    out = set(pairs)
+    for g in {g for g, _ in out}:
+        low = min(r for gg, r in out if gg == g)
+        out |= {(g, r) for r in SMALL_ROWS if r < low}
+    return sorted(out)
+
+
 def grouped_gemm_rows(models, shapes, device: torch.device) -> list[dict[str, Any]]:
     """The ``grouped_gemm`` rows of ``shapes`` (each model's fc1 and fc2): on CUDA with
     torch's grouped kernel timed inside the executor's MoE layer, bf16 and, where it runs,
     fp8 rowwise (:mod:`meshplan.calibrate.bench_grouped_layer`; a shape the layer cannot
-    time falls back to the call alone, ``timing = "alone"``); elsewhere each call alone."""
+    time falls back to the call alone, ``timing = "alone"``; in the layer also at
+    :data:`SMALL_ROWS`: :func:`in_layer_shapes`); elsewhere each call alone."""
     from meshplan.calibrate.bench_grouped_layer import grouped_rows_in_layer
     if device.type != "cuda" or grouped_backend(device) != "grouped_mm":
         return [bench_grouped_gemm(s, device) for s in sorted(shapes)]
@@ -140,7 +158,7 @@ def grouped_gemm_rows(models, shapes, device: torch.device) -> list[dict[str, An
     for m in models:
         h, fc1 = m.hidden_size, m.ffn_matrices * m.moe_ffn_hidden_size
         mine = {s for s in shapes if (s.k, s.n) in ((h, fc1), (m.moe_ffn_hidden_size, h))}
-        for groups, rows in sorted({(s.groups, s.rows) for s in mine}):
+        for groups, rows in in_layer_shapes({(s.groups, s.rows) for s in mine}):
             for fp8 in precisions:
                 got = grouped_rows_in_layer(m, groups, rows, device, fp8=fp8)
                 if not got and fp8 is None:
@@ -317,6 +335,6 @@ def moe_rows(models: tuple[ModelSpec, ...], seq_len: int | None, device: torch.d
 
 
 __all__ = ["GroupedGemmShape", "expert_gemm_shapes", "moe_micro_batches", "bench_grouped_gemm",
-           "grouped_gemm_rows", "fp8_grouped_runnable",
+           "grouped_gemm_rows", "fp8_grouped_runnable", "in_layer_shapes", "SMALL_ROWS",
            "bench_permute", "permute_bytes", "bench_host_sync", "bench_host_dispatch",
            "moe_rows", "tiny_moe_spec"]

@@ -248,3 +248,12 @@ def test_grouped_rows_off_cuda_are_timed_alone(monkeypatch):
     rows = bench_moe.grouped_gemm_rows((TINY,), set(shapes), CPU)
     assert sorted(alone) == sorted(shapes) and len(rows) == len(shapes)
     assert not bench_moe.fp8_grouped_runnable(CPU)
+
+
+def test_the_layer_also_times_smaller_calls_than_the_models_own():
+    """Keyed by the call, a profile prices other models' calls: in the layer it also times
+    128-512 rows an expert below each group count's smallest, and nothing else extra."""
+    got = bench_moe.in_layer_shapes({(8, 1024), (8, 2048), (4, 300)})
+    assert got == [(4, 128), (4, 256), (4, 300), (8, 128), (8, 256), (8, 512), (8, 1024),
+                   (8, 2048)]
+    assert bench_moe.in_layer_shapes({(16, 64)}) == [(16, 64)]
