@@ -6,7 +6,7 @@
 # 1. moe_only on benchmarks/sets/$SOURCE/m01.json over $BASE -> $OUT/profile_source.toml;
 # 2. the committed plans' layouts (benchmarks/plans/${CHECK}_{bf16,fp8}_h200x1) priced from
 #    it, before any run, into $OUT/predictions_device.tgz;
-# 3. the pairs, as moe1gpu_device.sh PART=2 runs them.
+# 3. the pairs: moe1gpu_device.sh PART=2.
 set -u
 : "${CHECK:?CHECK=moehNN}" "${SOURCE:?SOURCE=moehNN}" "${BASE:?BASE=a profile}" "${MBS:=4,8,16,32}"
 M=benchmarks/sets/$CHECK/m01.json
@@ -34,13 +34,4 @@ if [ -f "$P" ]; then
         --fp8-recipe rowwise --only $KEPT --profile "$P" --out "$W/plans/fp8" >> "$LOG" 2>&1
     tar czf "$OUT/predictions_device.tgz" -C "$W" plans moe_only.log
 fi
-for n in $KEPT; do
-    for p in bf16 fp8; do
-        echo "== $p $n $(date +%T)" >> "$LOG"
-        timeout 140 python benchmarks/moe_sync_gpu.py run \
-            --plans "benchmarks/plans/${CHECK}_${p}_h200x1" --out "$W/${p}_$n" --only "$n" \
-            --budget 300 --timeout 130 >> "$LOG" 2>&1
-        echo "rc $?" >> "$LOG"
-    done
-    tar czf "$OUT/$n.tgz" -C "$W" "bf16_$n" "fp8_$n"
-done
+CHECK=$CHECK PART=2 bash benchmarks/moe1gpu_device.sh     # the pairs: log_2.txt, LAYOUT.tgz
