@@ -363,6 +363,11 @@ SETS["drawn-3841c"] = compiled_draws(3841)
 # a shared one, seq 2048), priced from moeh23's calibration (8 experts of 6400, top-2, seq
 # 4096) under the grouped curves keyed by the call
 SETS["drawn-3842c"] = compiled_draws(3842)
+# moeh37 / moeh38 (drawn 2026-12-03): the next two seeds (3843: 64 experts of 768, top-8, a
+# shared one; 3844: 64 of 640, top-8; both seq 1024), priced from the profiles calibrate made
+# with the small in-layer rows (moeh23's and moeh28's, sources fixed before the draw)
+SETS["drawn-3843c"] = compiled_draws(3843)
+SETS["drawn-3844c"] = compiled_draws(3844)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
