@@ -32,20 +32,39 @@ class StepTimer:
     long the CPU took to dispatch the step, blocking included — about the step time when
     the CPU sets the pace, less when it runs ahead of the GPU)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, phase_memory: bool = False):
         self.cuda = device.type == "cuda"
+        #: on GPU with ``phase_memory``: each time point also reads the allocator's peak since
+        #: the previous point and resets it, so each phase gets its own peak; the run's peak
+        #: is then :attr:`peak_bytes`, the running maximum of every reading (torch's own
+        #: ``max_memory_allocated`` only covers the time since the last reset)
+        self.memory = phase_memory and self.cuda
+        self.peak_bytes = 0.0
+        self._device = device
         # per timed step, its time points in order: (phase name, device point, host
-        # perf_counter) — the start (name ""), each mark, the stop (name "")
-        self._steps: list[list[tuple[str, Any, float]]] = []
-        self._running: list[tuple[str, Any, float]] | None = None
+        # perf_counter, allocator peak since the previous point or None) — the start
+        # (name ""), each mark, the stop (name "")
+        self._steps: list[list[tuple[str, Any, float, float | None]]] = []
+        self._running: list[tuple[str, Any, float, float | None]] | None = None
 
-    def _point(self, name: str) -> tuple[str, Any, float]:
+    def _point(self, name: str) -> tuple[str, Any, float, float | None]:
         host = time.perf_counter()
+        peak = None
+        if self.memory:
+            # host-side allocator bookkeeping: no device synchronisation
+            peak = float(torch.cuda.max_memory_allocated(self._device))
+            torch.cuda.reset_peak_memory_stats(self._device)
+            self.peak_bytes = max(self.peak_bytes, peak)
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
-            return name, ev, host
-        return name, host, host
+            return name, ev, host, peak
+        return name, host, host, peak
+
+    def running_peak_bytes(self) -> float:
+        """With ``phase_memory``: the peak allocated bytes of the run so far (the readings'
+        maximum and the allocator's peak since the last one)."""
+        return max(self.peak_bytes, float(torch.cuda.max_memory_allocated(self._device)))
 
     def _elapsed_ms(self, a, b) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
@@ -84,15 +103,21 @@ class StepTimer:
             torch.cuda.synchronize()
         dev: dict[str, list[float]] = {}
         host: dict[str, list[float]] = {}
+        peak: dict[str, list[float]] = {}
         for pts in self._steps:
             seen: dict[str, int] = {}
-            for (_, d0, h0), (mark, d1, h1) in zip(pts, pts[1:-1]):
+            for (_, d0, h0, _), (mark, d1, h1, p1) in zip(pts, pts[1:-1]):
                 seen[mark] = seen.get(mark, 0) + 1
                 name = mark if seen[mark] == 1 else f"{mark} #{seen[mark]}"
                 dev.setdefault(name, []).append(self._elapsed_ms(d0, d1))
                 host.setdefault(name, []).append((h1 - h0) * 1e3)
-        return {name: {"device_ms": statistics.median(dev[name]),
-                       "host_ms": statistics.median(host[name])} for name in dev}
+                if p1 is not None:
+                    peak.setdefault(name, []).append(p1)
+        out = {name: {"device_ms": statistics.median(dev[name]),
+                      "host_ms": statistics.median(host[name])} for name in dev}
+        for name, values in peak.items():     # the phase's highest peak over the steps
+            out[name]["peak_allocated_bytes"] = max(values)
+        return out
 
 
 HOST_PROBE_CALLS = 20_000

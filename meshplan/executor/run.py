@@ -231,7 +231,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         if device_type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
-        timer = StepTimer(device)
+        timer = StepTimer(device, phase_memory=args.phase_memory)
         if args.block_marks:
             from meshplan.executor.block_marks import add_block_marks
             add_block_marks(trainer, timer.mark)
@@ -276,7 +276,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 settle_after_first_step(device, args.first_step_settle_s)
             losses.append(loss)
             if device_type == "cuda":
-                peak_after_step.append(float(torch.cuda.max_memory_allocated(device)))
+                peak_after_step.append(timer.running_peak_bytes() if timer.memory else
+                                       float(torch.cuda.max_memory_allocated(device)))
             if rank == 0 and step > start:   # one step behind: no sync on the step just queued
                 _log(f"step {step - 1}: loss {float(losses[-2]):.4f}")
             if saver is not None and saver.due(step + 1, last=step + 1 == steps_total):
@@ -293,6 +294,8 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
         times = timer.durations_s()
         loss_values = [float(l) for l in losses]
         mem = peak_memory(device)
+        if timer.memory:     # the phase readings reset torch's peak: the run's is theirs
+            mem["allocated_bytes"] = timer.running_peak_bytes()
         mine = {"rank": rank, "dp": groups.dp_rank, "pp": groups.pp_rank, "tp": groups.tp_rank,
                 "stages": trainer.stage_indices(), **mem, "peak_after_step": peak_after_step,
                 "host_probe_us": host_probe_us,

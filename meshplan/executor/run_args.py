@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the device (results' phase_median_ms gains 'block i forward' / "
                         "'block i backward'; pp = 1 layouts only; "
                         "meshplan/executor/block_marks.py)")
+    p.add_argument("--phase-memory", action="store_true",
+                   help="diagnostic (GPU): also the allocator's peak in each timed phase — "
+                        "results' phase_median_ms entries gain peak_allocated_bytes, which "
+                        "shows where the step's peak memory falls (forward, backward, "
+                        "optimizer; each block with --block-marks)")
     g = p.add_argument_group("checkpoints (meshplan/executor/checkpoint.py)")
     g.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="directory of the checkpoints (on a file system every node sees)")

@@ -166,6 +166,76 @@ def test_step_timer_numbers_a_phase_marked_twice_in_a_step():
     assert list(timer.phase_medians_ms()) == ["x", "y", "x #2", "x #3"]
 
 
+class _FakeAllocator:
+    """torch.cuda's peak bookkeeping on the host: allocations by hand, the peak since the
+    last reset, as the caching allocator keeps it."""
+
+    def __init__(self):
+        self.now = self.peak = 0.0
+
+    def alloc(self, n: float) -> None:
+        self.now += n
+        self.peak = max(self.peak, self.now)
+
+    def max_memory_allocated(self, device=None) -> float:
+        return self.peak
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        self.peak = self.now
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing=True):
+        self.t = 0.0
+
+    def record(self):
+        import time
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) * 1e3
+
+
+def test_phase_memory_gives_each_phase_its_peak_and_keeps_the_runs(monkeypatch):
+    import torch
+
+    from meshplan.executor.measure import StepTimer
+    fake = _FakeAllocator()
+    for name in ("max_memory_allocated", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    timer = StepTimer(torch.device("cuda"), phase_memory=True)
+    fake.alloc(50)
+    fake.alloc(-50)                        # warm-up's peak, before any timed step: 50
+    for step_peak in (30, 40):
+        timer.start()
+        fake.alloc(10)                     # forward: 10 held, a transient 20 above it
+        fake.alloc(20)
+        fake.alloc(-20)
+        timer.mark("forward")
+        fake.alloc(step_peak - 10)         # backward: up to the step's peak, then freed
+        fake.alloc(-(step_peak - 10) - 10)
+        timer.mark("backward")
+        timer.stop()
+    phases = timer.phase_medians_ms()
+    assert phases["forward"]["peak_allocated_bytes"] == 30
+    assert phases["backward"]["peak_allocated_bytes"] == 40     # the higher of the two steps
+    assert timer.running_peak_bytes() == 50                     # the warm-up's, kept
+
+
+def test_phase_memory_is_off_on_cpu_and_by_default():
+    import torch
+
+    from meshplan.executor.measure import StepTimer
+    for timer in (StepTimer(torch.device("cpu"), phase_memory=True),
+                  StepTimer(torch.device("cpu"))):
+        timer.start()
+        timer.mark("a")
+        timer.stop()
+        assert not timer.memory and "peak_allocated_bytes" not in timer.phase_medians_ms()["a"]
+
+
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_block_marks_time_every_block_inside_the_step(tmp_path, recompute):
     plan = write_plan_for_layout(tmp_path / "p.json", M, JOB,
