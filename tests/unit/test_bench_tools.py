@@ -156,3 +156,17 @@ def test_step_phases_blocks_put_each_blocks_time_beside_the_models_layer(load_be
     path.write_text(json.dumps(doc))
     assert tool.main([str(path), "--blocks", "--profile", str(bad)]) == 2
     assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_repredict_moe1gpu_reprices_a_committed_check(load_benchmark):
+    tool = load_benchmark("repredict_moe1gpu")
+    rows = tool.arms("moeh37")
+    assert {(r["precision"], r["layout"], r["microbatches"]) for r in rows} == {
+        ("bf16", "mb16-full-compiled", 1), ("fp8", "mb16-full-compiled", 1)}
+    for r in rows:       # measured as committed, re-priced within reach of them
+        assert r["step_s"] > 0 and 0.5 < r["priced_s"] / r["step_s"] < 2
+        assert 0.5 < r["priced_bytes"] / r["peak_bytes"] < 2
+    lines = tool.summary(rows)
+    assert lines[0].startswith("all: step") and "of 2 within 5 %" in lines[0]
+    assert lines[-1].startswith("fp8/bf16 speed-up") and "(1)" in lines[-1]
+    assert tool.main(["--only", "no-such-check"]) == 1
