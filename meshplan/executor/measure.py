@@ -62,8 +62,8 @@ class StepTimer:
         return name, host, host, peak
 
     def running_peak_bytes(self) -> float:
-        """With ``phase_memory``: the peak allocated bytes of the run so far (the readings'
-        maximum and the allocator's peak since the last one)."""
+        """On GPU: the peak allocated bytes of the run so far — the readings' maximum (with
+        ``phase_memory``; else none) and the allocator's peak since the last one."""
         return max(self.peak_bytes, float(torch.cuda.max_memory_allocated(self._device)))
 
     def _elapsed_ms(self, a, b) -> float:

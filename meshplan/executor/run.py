@@ -276,8 +276,7 @@ def _run(plan: PlanRecord, args, argv, rank, world, local_rank, device_type,
                 settle_after_first_step(device, args.first_step_settle_s)
             losses.append(loss)
             if device_type == "cuda":
-                peak_after_step.append(timer.running_peak_bytes() if timer.memory else
-                                       float(torch.cuda.max_memory_allocated(device)))
+                peak_after_step.append(timer.running_peak_bytes())
             if rank == 0 and step > start:   # one step behind: no sync on the step just queued
                 _log(f"step {step - 1}: loss {float(losses[-2]):.4f}")
             if saver is not None and saver.due(step + 1, last=step + 1 == steps_total):
