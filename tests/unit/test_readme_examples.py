@@ -41,6 +41,8 @@ def test_the_readme_has_the_lines_this_test_runs():
     assert {w[0] for w in LINES} == set(QUICK) and len(LINES) >= 5
 
 
+# slow: the 128k-token GPT-OSS plan prices about 90,000 configurations (~25 s on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", LINES, ids=[" ".join(w[:3]) for w in LINES])
 def test_readme_command_runs(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)               # a line may write plan.json (-o)
