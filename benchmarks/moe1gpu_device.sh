@@ -6,6 +6,9 @@
 #     the pairs in drawn order from the committed plans, bf16 then fp8, each layout's
 #     pair tarred into $OUT as soon as it ran
 #   PART=all: both in one call (BUDGET 270 so they fit: moeh27's way)
+#   SOURCES="a.json b.json" with PART=1: calibrate those models instead of the check's own
+#     (one profile of several other models; moeh40's way); the profile and its log come back
+#     at once and the plans are priced on the CPU from it (commit both before PART=2)
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 set -u
 : "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
@@ -22,11 +25,19 @@ python -c "import torch; print(torch.__version__)" >> "$LOG"
 if [ "$PART" != 2 ]; then
     : "${SEED:?SEED=the draw_layouts seed}" "${MBS:?MBS=2,4}"
     budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
-    timeout $((budget + 60)) python -m meshplan.cli calibrate --model "$M" --nproc 1 \
-        --seq-len 2048 --micro-batches "$MBS" --max-tp 1 --rounds 1 --compile-rows none,full \
+    if [ -n "${SOURCES:-}" ]; then
+        # each source at its own longest sequence (a shorter model refuses a longer one)
+        CAL=(); for s in $SOURCES; do CAL+=(--model "$s"); done
+    else
+        CAL=(--model "$M" --seq-len 2048)
+    fi
+    timeout $((budget + 60)) python -m meshplan.cli calibrate "${CAL[@]}" --nproc 1 \
+        --micro-batches "$MBS" --max-tp 1 --rounds 1 --compile-rows none,full \
         --fp8-rows rowwise --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
     echo "calibrate rc $?" >> "$LOG"
     tail -3 "$W/calibrate.log" >> "$LOG"
+    cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
+    [ -n "${SOURCES:-}" ] && exit 0
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
         --global-batch 16 --gpu-bound "${GPU_BOUND:-3}" --profile "$P" \
         --out "benchmarks/plans/${CHECK}_bf16_h200x1" >> "$LOG" 2>&1

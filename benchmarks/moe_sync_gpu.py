@@ -371,6 +371,10 @@ SETS["drawn-3844c"] = compiled_draws(3844)
 # moeh39 (drawn 2026-12-03): the next seed (3845: 64 experts of 640, top-8, seq 2048), priced
 # from moeh31's coarse small-row profile (and moeh28's) under the grouped curves keyed by the call
 SETS["drawn-3845c"] = compiled_draws(3845)
+# moeh40 (drawn 2026-12-03): the next seed (3846: 8 experts of 5760, top-2, a shared expert,
+# GQA, seq 2048), priced from one calibration of two other models (moeh28's fine-grained and
+# moeh31's coarse one): the profile's nearest-shape rule picks the source
+SETS["drawn-3846c"] = compiled_draws(3846)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
