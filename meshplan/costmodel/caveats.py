@@ -214,6 +214,25 @@ def nearest_shape_caveat(source: str) -> str:
             "--model` with this model for its own rows (docs/benchmarks/transfer.md)")
 
 
+def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: float,
+                          micro_batch: int) -> str:
+    """The caution for transferred rows read beyond the micro-batches their source timed
+    (:meth:`meshplan.costmodel.nearest_rows.TransferredTables.stretch_for`). Evidence
+    (moeh40, docs/benchmarks/moe_checks.md): one source's rows timed at micro-batches 4 and 8,
+    read at 1.2-4.7 times the largest, priced a never-run target 7-11 % slow in bf16 (11-17 %
+    in fp8); the same source timed at 4 and 16, read at up to 2.4 times, within 3.3 % (4.5 %)."""
+    timed_s = ", ".join(str(m) for m in timed)
+    edge = max(timed) if equivalent_mb > max(timed) else min(timed)
+    return (f"micro-batch {micro_batch} does the work of micro-batch {equivalent_mb:.1f} of "
+            f"{source}, whose rows were timed at micro-batch {timed_s}: the row at {edge} is "
+            f"carried {max(equivalent_mb / edge, edge / equivalent_mb):.1f} times further by "
+            "the analytical ratio, without the efficiency its kernels gain or lose with their "
+            "size (moeh40, 1 x H200: rows read 1.2-4.7 times beyond their largest priced the "
+            "step 7-17 % slow, the same source timed 4 times larger within 4.5 %); calibrate "
+            "with micro-batches nearer this work, or this model itself "
+            "(docs/benchmarks/moe_checks.md, moeh40)")
+
+
 def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float,
                  numbers: CorrectionNumbers) -> tuple[str, ...]:
     if is_host_bound(host_wait_s, step_s, numbers):
@@ -231,4 +250,4 @@ __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
            "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
-           "nearest_shape_caveat"]
+           "nearest_shape_caveat", "stretched_rows_caveat"]

@@ -32,7 +32,12 @@ distance in log hidden size, ffn ratio, query/kv-head ratio, head dim and sequen
 its micro-batch is the one with the target's tokens per micro-batch, within the micro-batch
 sizes it was timed at (the analytical ratio extrapolates the rest). The estimate says so:
 the ``nearest_shape_rows`` entry of ``Estimate.corrections`` (with how much it moved the
-step and the memory against the analytical layer) and a caveat naming the source.
+step and the memory against the analytical layer) and a caveat naming the source; where the
+target's work lies more than :data:`STRETCH_MARGIN` outside the source's timed micro-batches
+(:meth:`TransferredTables.stretch_for`), a second caveat says how far the row was carried —
+added after moeh40 (1 × H200, post hoc: no price changes): rows read 1.2-4.7 times beyond
+their largest priced a never-run model 7-17 % slow, the same source timed four times larger
+within 4.5 %.
 
 **MoE layers** (since 2026-12-02) read another MoE model's rows the same way: the source
 is the nearest MoE shape (an MoE layer never reads a dense shape's rows, nor a dense layer an
@@ -85,6 +90,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from meshplan.costmodel.compiled_rows import compiled_row_copies
 from meshplan.costmodel.compute import logits_cost
@@ -129,6 +135,19 @@ def shape_distance(a: ModelSpec, a_seq: int, b: ModelSpec, b_seq: int) -> float:
          + lg(a.num_heads / a.num_kv_heads, b.num_heads / b.num_kv_heads)
          + lg(a.head_dim, b.head_dim) + lg(a_seq, b_seq))
     return d + (0.0 if family(a) == family(b) else 100.0)
+
+
+class Stretch(NamedTuple):
+    """A carried row read beyond its sizes (:meth:`TransferredTables.stretch_for`)."""
+
+    source: str                    # the source's label
+    timed: tuple[int, ...]         # the micro-batches its rows were timed at
+    equivalent_mb: float           # the source micro-batch doing the target's work
+
+
+# how far outside its timed micro-batches a source row may be read before it counts as
+# stretched: the equivalent micro-batch is a continuous estimate, not a size that ran
+STRETCH_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -226,12 +245,47 @@ class TransferredTables:
         rows at 2 k tokens ran 2-3 x faster than the curves say, at 32 k tokens 0.9-1 x:
         docs/benchmarks/transfer.md)."""
         mbs = self._timed_mbs(src, key)
+        m = self._equivalent_mb(src, micro_batch, work)
+        return min(max(m, min(mbs)), max(mbs)) if mbs else micro_batch
+
+    def _equivalent_mb(self, src: Source, micro_batch: float, work) -> float:
+        """The source's micro-batch doing the target's analytical work, unclamped."""
         job_s = replace(self.job, seq_len=src.seq_len)
         m = micro_batch * self.job.seq_len / src.seq_len
         at, a0 = work(self.target, self.job, micro_batch), work(src.model, job_s, m)
         if at > 0 and a0 > 0:
             m *= at / a0   # one step: a pass's time is close to linear in its tokens
-        return min(max(m, min(mbs)), max(mbs)) if mbs else micro_batch
+        return m
+
+    def _work(self, tp: int, sp: bool, recompute: str, zero: int):
+        def work(model, job, mb):
+            return analytic(model, job, mb, self.cluster, tp, sp, recompute, self.tp_link,
+                            zero < 2).forward_s
+        return work
+
+    def stretch_for(self, *, tp: int, sequence_parallel: bool, recompute: str,
+                    micro_batch: int, zero: int = 0, dp: int = 1, compile: bool = False
+                    ) -> Stretch | None:
+        """Where the source micro-batch doing the target's work lies more than
+        :data:`STRETCH_MARGIN` outside the micro-batches the source was timed at: the row
+        read is the nearest timed one and the analytical ratio covers the rest, which misses
+        the efficiency the kernels gain or lose with their size (moeh40, 1 × H200: a source
+        timed at 4-8 k tokens a micro-batch priced a target running 8-32 k 7-17 % slow, the
+        same source timed up to 16 k within 4.5 %; docs/benchmarks/moe_checks.md). None
+        inside, or with no source."""
+        sp = bool(sequence_parallel and tp > 1)
+        fsdp = zero >= 2 and dp > 1
+        zero, dp = (zero, dp) if fsdp else (0, 1)
+        src = self._source(tp, sp, recompute, zero, dp, compile)
+        if src is None:
+            return None
+        mbs = self._timed_mbs(src, (tp, sp, recompute, zero, dp, compile))
+        if not mbs:
+            return None
+        m = self._equivalent_mb(src, micro_batch, self._work(tp, sp, recompute, zero))
+        if min(mbs) / STRETCH_MARGIN <= m <= max(mbs) * STRETCH_MARGIN:
+            return None
+        return Stretch(src.label, tuple(sorted(mbs)), m)
 
     def _timed_mbs(self, src: Source, key: tuple) -> tuple[int, ...]:
         return layer_micro_batches(self.tables).get((layer_shape_key(src.model), src.seq_len) + key,
@@ -269,11 +323,7 @@ class TransferredTables:
         if src is None:
             return None
         key = (tp, sp, recompute, zero, dp, compile)
-
-        def work(model, job, mb):
-            return analytic(model, job, mb, self.cluster, tp, sp, recompute, self.tp_link,
-                            zero < 2).forward_s
-        mb_s = self._source_mb(src, key, micro_batch, work)
+        mb_s = self._source_mb(src, key, micro_batch, self._work(tp, sp, recompute, zero))
 
         def timed(compiled: bool) -> Interpolated | None:
             return self.tables.layer(src.model, seq_len=src.seq_len, tp=tp,
@@ -406,6 +456,7 @@ def _transferred(t) -> bool:
 NEAREST_SHAPE_CORRECTION = Correction(NEAREST_SHAPE, "step time and memory", (),
                                       _transferred, tables_for)
 
-__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "Source", "TransferredTables",
+__all__ = ["NEAREST_SHAPE", "NEAREST_SHAPE_CORRECTION", "STRETCH_MARGIN", "Source", "Stretch",
+           "TransferredTables",
            "dispatch_ratio", "family", "is_timed", "shape_distance", "tables_for",
            "timed_shapes", "transferable"]

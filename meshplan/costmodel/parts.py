@@ -62,6 +62,9 @@ class LayerParts:
     # was so transferred, the shape it came from
     tables: object = None
     transferred_from: str = ""   # one layer's activations without recomputation
+    # a transferred row read beyond the micro-batches its source timed
+    # (nearest_rows.Stretch); None inside them, or not transferred
+    transferred_stretch: object = None
     split_depth: tuple[float, float, float] | None = None  # split_backward's growth with depth
     split_cpu: tuple[float, float] | None = None  # its B, W CPU dispatch (then B, W: GPU-busy)
     # CPU dispatch of one forward / backward call not growing with its layers (cpu's layer
@@ -138,7 +141,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     cpu, cpu_fixed = None, (0.0, 0.0)
     full_act = acts.full_bytes
     tables = tables_for(model, cluster, job, tp_link)
-    transferred = ""
+    transferred, stretch = "", None
     compiled = False
     extended: tuple[int, ...] = ()
     if tables:
@@ -159,6 +162,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             if isinstance(tables, TransferredTables):
                 transferred = tables.source_for(tp=tp, sequence_parallel=sp,
                                                 recompute=recompute, compile=compiled).label
+                stretch = tables.stretch_for(tp=tp, sequence_parallel=sp, recompute=recompute,
+                                             micro_batch=mb, compile=compiled)
         me = tables.end(model, "embedding", **kw)
         if me is not None:
             emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
@@ -256,7 +261,8 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                       split_depth=split_depth, split_cpu=split_cpu, cpu_fixed=cpu_fixed,
                       wgrad_measured=wgrad, compiled=compiled, fp8=f8, fp8_delta_s=delta,
                       fp8_delta_kept_bytes=kept_delta, fp8_cpu_s=f8_cpu,
-                      tables=tables, transferred_from=transferred, extended_from=extended,
+                      tables=tables, transferred_from=transferred,
+                      transferred_stretch=stretch, extended_from=extended,
                       fp8_composed_s=composed if job.precision == "fp8" else (0.0, 0.0))
 
 

@@ -14,7 +14,7 @@ from meshplan.costmodel.data_parallel import group_links
 from meshplan.costmodel.dispatch import layer_dispatch_ops, layer_dispatch_ratio
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key)
-from meshplan.costmodel.nearest_rows import NEAREST_SHAPE, family, shape_distance
+from meshplan.costmodel.nearest_rows import NEAREST_SHAPE, STRETCH_MARGIN, family, shape_distance
 from meshplan.costmodel.parts import layer_parts
 from meshplan.costmodel.tables import layer_tables
 from meshplan.costmodel.torch_activations import torch_layer_activations
@@ -108,6 +108,28 @@ def test_the_estimate_reports_the_transfer_and_switches_it_off_by_name():
     assert dt == pytest.approx(est.step_time_s - base.step_time_s) and dt != 0
     assert not any("was not timed" in x for x in base.caveats)
     assert base.host_dispatch_s == 0 < est.host_dispatch_s   # the CPU's dispatch came along
+
+
+def test_rows_read_beyond_the_sources_micro_batches_say_so():
+    """A target whose micro-batch does more work than the source's largest timed one reads
+    that row stretched by the analytical ratio (moeh40: 7-17 % slow): the estimate names
+    the source's micro-batches and how far; inside them, no such caveat."""
+    c = _cluster(SOURCE)                       # rows at micro-batch 1 and 4
+    lay = Layout(dp=4, micro_batch=1)
+    tables = _parts(TARGET, c).tables
+    far = tables.stretch_for(tp=1, sequence_parallel=False, recompute="none", micro_batch=1)
+    assert far.source.startswith(layer_shape_key(SOURCE)) and far.timed == (1, 4)
+    assert far.equivalent_mb > 4 * STRETCH_MARGIN       # 16 x the FLOPs a token
+    est = estimate(TARGET, c, JOB, lay)
+    (cav,) = [x for x in est.caveats if "does the work of micro-batch" in x]
+    assert "timed at micro-batch 1, 4" in cav and f"{far.equivalent_mb:.1f}" in cav
+    near = replace(SOURCE, name="near", num_kv_heads=8)    # about the source's work
+    for mb in (1, 2, 4):
+        assert _parts(near, c, mb=mb).transferred_stretch is None
+        assert not any("does the work of micro-batch" in x
+                       for x in estimate(near, c, JOB, Layout(dp=4, micro_batch=mb)).caveats)
+    # the profile's own shape is not transferred: nothing to stretch
+    assert _parts(SOURCE, c).transferred_stretch is None
 
 
 def test_a_transferred_shape_prices_zero2_and_3_layouts():
