@@ -199,6 +199,15 @@ def dispatch_ratio(target: ModelSpec, source: ModelSpec, *, tp: int, sequence_pa
     return ft / fs, bt / bs
 
 
+def _knobs(tp: int, sequence_parallel: bool, recompute: str, zero: int, dp: int,
+           compile: bool) -> tuple:
+    """The knobs a layer's rows are grouped by: sequence parallelism only at tp > 1, the
+    ZeRO stage and dp only for FSDP2 rows over dp > 1 (else the plain rows)."""
+    fsdp = zero >= 2 and dp > 1
+    return (tp, bool(sequence_parallel and tp > 1), recompute, zero if fsdp else 0,
+            dp if fsdp else 1, compile)
+
+
 class TransferredTables:
     """:class:`~meshplan.hardware_profiles.measured.MeasuredTables`' lookups for one model
     and job the profile did not time, answered from the nearest timed shape's rows scaled
@@ -212,6 +221,10 @@ class TransferredTables:
         self.cluster = cluster
         self.job = job
         self.tp_link = tp_link
+        # one layout's parts ask for the same source and micro-batch several times (the
+        # row, its compiled or eager twin, the caveats' source and stretch): each is
+        # searched and priced once per instance
+        self._memo: dict[tuple, object] = {}
 
     def __bool__(self) -> bool:
         return bool(self.tables)
@@ -220,14 +233,17 @@ class TransferredTables:
     def source_for(self, *, tp: int, sequence_parallel: bool, recompute: str, zero: int = 0,
                    dp: int = 1, compile: bool = False) -> Source | None:
         """The timed shape a layer at these knobs is read from (None: no row to read)."""
-        fsdp = zero >= 2 and dp > 1
-        return self._source(tp, bool(sequence_parallel and tp > 1), recompute,
-                            zero if fsdp else 0, dp if fsdp else 1, compile)
+        return self._source(*_knobs(tp, sequence_parallel, recompute, zero, dp, compile))
 
     def _source(self, tp: int, sp: bool, recompute: str, zero: int, dp: int,
                 compile: bool = False) -> Source | None:
-        best = None
         key = (tp, bool(sp and tp > 1), recompute, zero, dp if zero >= 2 else 1, compile)
+        if ("source", key) not in self._memo:
+            self._memo["source", key] = self._nearest(key)
+        return self._memo["source", key]
+
+    def _nearest(self, key: tuple) -> Source | None:
+        best = None
         for shape, seq in layer_groups(self.tables).get(key, ()):
             src = model_from_shape_key(shape, num_layers=self.target.num_layers)
             if src is None or src.is_moe != self.target.is_moe:
@@ -237,31 +253,34 @@ class TransferredTables:
                 best = (d, Source(src, seq, family(src) == family(self.target)))
         return best[1] if best else None
 
-    def _source_mb(self, src: Source, key: tuple, micro_batch: float, work) -> float:
-        """The source's micro-batch at which its analytical ``work`` (seconds of a pass, a
-        function of (model, job, micro-batch)) equals the target's, within the sizes it was
-        timed at: the efficiency curves' error depends on the kernels' size, so the source
-        row whose kernels are the target's size carries the right ratio (a 0.5 B model's
-        rows at 2 k tokens ran 2-3 x faster than the curves say, at 32 k tokens 0.9-1 x:
-        docs/benchmarks/transfer.md)."""
+    def _source_mb(self, src: Source, key: tuple, micro_batch: float) -> float:
+        """The source's micro-batch at which its analytical work equals the target's,
+        within the sizes it was timed at: the efficiency curves' error depends on the
+        kernels' size, so the source row whose kernels are the target's size carries the
+        right ratio (a 0.5 B model's rows at 2 k tokens ran 2-3 x faster than the curves
+        say, at 32 k tokens 0.9-1 x: docs/benchmarks/transfer.md)."""
         mbs = self._timed_mbs(src, key)
-        m = self._equivalent_mb(src, micro_batch, work)
+        m = self._equivalent_mb(src, key, micro_batch)
         return min(max(m, min(mbs)), max(mbs)) if mbs else micro_batch
 
-    def _equivalent_mb(self, src: Source, micro_batch: float, work) -> float:
-        """The source's micro-batch doing the target's analytical work, unclamped."""
+    def _equivalent_mb(self, src: Source, key: tuple, micro_batch: float) -> float:
+        """The source's micro-batch whose analytical forward (at the knobs of ``key``)
+        takes the target's at ``micro_batch``, unclamped."""
+        memo = ("mb", src, key, micro_batch)
+        if memo in self._memo:
+            return self._memo[memo]
+        tp, sp, recompute, zero = key[:4]
+
+        def work(model, job, mb):
+            return analytic(model, job, mb, self.cluster, tp, sp, recompute, self.tp_link,
+                            zero < 2).forward_s
         job_s = replace(self.job, seq_len=src.seq_len)
         m = micro_batch * self.job.seq_len / src.seq_len
         at, a0 = work(self.target, self.job, micro_batch), work(src.model, job_s, m)
         if at > 0 and a0 > 0:
             m *= at / a0   # one step: a pass's time is close to linear in its tokens
+        self._memo[memo] = m
         return m
-
-    def _work(self, tp: int, sp: bool, recompute: str, zero: int):
-        def work(model, job, mb):
-            return analytic(model, job, mb, self.cluster, tp, sp, recompute, self.tp_link,
-                            zero < 2).forward_s
-        return work
 
     def stretch_for(self, *, tp: int, sequence_parallel: bool, recompute: str,
                     micro_batch: int, zero: int = 0, dp: int = 1, compile: bool = False
@@ -273,16 +292,14 @@ class TransferredTables:
         timed at 4-8 k tokens a micro-batch priced a target running 8-32 k 7-17 % slow, the
         same source timed up to 16 k within 4.5 %; docs/benchmarks/moe_checks.md). None
         inside, or with no source."""
-        sp = bool(sequence_parallel and tp > 1)
-        fsdp = zero >= 2 and dp > 1
-        zero, dp = (zero, dp) if fsdp else (0, 1)
-        src = self._source(tp, sp, recompute, zero, dp, compile)
+        key = _knobs(tp, sequence_parallel, recompute, zero, dp, compile)
+        src = self._source(*key)
         if src is None:
             return None
-        mbs = self._timed_mbs(src, (tp, sp, recompute, zero, dp, compile))
+        mbs = self._timed_mbs(src, key)
         if not mbs:
             return None
-        m = self._equivalent_mb(src, micro_batch, self._work(tp, sp, recompute, zero))
+        m = self._equivalent_mb(src, key, micro_batch)
         if min(mbs) / STRETCH_MARGIN <= m <= max(mbs) * STRETCH_MARGIN:
             return None
         return Stretch(src.label, tuple(sorted(mbs)), m)
@@ -297,9 +314,9 @@ class TransferredTables:
               compile: bool = False, ep: int = 1) -> Interpolated | None:
         if ep > 1:    # not transferred: the ep = 1 row with ep's terms priced on top is
             return None
-        fsdp = zero >= 2 and dp > 1
-        return self._layer(tp, sequence_parallel, recompute, micro_batch,
-                           zero if fsdp else 0, dp if fsdp else 1, compile)
+        tp, sp, recompute, zero, dp, compile = _knobs(tp, sequence_parallel, recompute, zero,
+                                                      dp, compile)
+        return self._layer(tp, sp, recompute, micro_batch, zero, dp, compile)
 
     def fsdp_compute_layer(self, model: ModelSpec, *, seq_len: int, tp: int,
                            sequence_parallel: bool, recompute: str, micro_batch: int
@@ -323,7 +340,7 @@ class TransferredTables:
         if src is None:
             return None
         key = (tp, sp, recompute, zero, dp, compile)
-        mb_s = self._source_mb(src, key, micro_batch, self._work(tp, sp, recompute, zero))
+        mb_s = self._source_mb(src, key, micro_batch)
 
         def timed(compiled: bool) -> Interpolated | None:
             return self.tables.layer(src.model, seq_len=src.seq_len, tp=tp,
