@@ -42,6 +42,7 @@ def arms(only: str | None = None) -> list[dict]:
     """One record per measured arm that has a committed plan: check, precision, layout,
     micro-batches a step, measured and re-priced step seconds and peak bytes."""
     out = []
+    clusters: dict = {}    # (plan's cluster, profile) → the profiled cluster: each read once
     for path in sorted(DATA.glob("*_h200x1_*.json")):
         try:
             doc = json.loads(path.read_text())
@@ -64,8 +65,10 @@ def arms(only: str | None = None) -> list[dict]:
                 plan = load_plan_file(pdir / f"{layout}.json")
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    e = estimate(plan.model, apply_profile(plan.cluster, str(ROOT / profile)),
-                                 plan.job, plan.layout)
+                    key = (plan.cluster, profile)
+                    if key not in clusters:
+                        clusters[key] = apply_profile(plan.cluster, str(ROOT / profile))
+                    e = estimate(plan.model, clusters[key], plan.job, plan.layout)
                 lay = plan.layout
                 out.append(dict(check=check, precision=prec, layout=layout,
                                 microbatches=plan.job.global_batch // (lay.micro_batch * lay.dp),
