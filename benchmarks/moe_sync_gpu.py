@@ -375,6 +375,12 @@ SETS["drawn-3845c"] = compiled_draws(3845)
 # GQA, seq 2048), priced from one calibration of two other models (moeh28's fine-grained and
 # moeh31's coarse one): the profile's nearest-shape rule picks the source
 SETS["drawn-3846c"] = compiled_draws(3846)
+# moeh41 (drawn 2026-12-03, one GPU): a fine-grained never-run model (64 experts of 640,
+# top-8) priced from a two-model calibration timed where the stretch caveat asked
+SETS["drawn-3847c"] = compiled_draws(3847)
+# moeh42 (drawn 2026-12-03, one GPU): a never-run model (32 experts of 1536, top-8, a shared
+# expert, GQA, seq 4096) priced from the same two-model calibration
+SETS["drawn-3848c"] = compiled_draws(3848)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
