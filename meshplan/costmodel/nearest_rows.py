@@ -37,7 +37,9 @@ target's work lies more than :data:`STRETCH_MARGIN` outside the source's timed m
 (:meth:`TransferredTables.stretch_for`), a second caveat says how far the row was carried —
 added after moeh40 (1 × H200, post hoc: no price changes): rows read 1.2-4.7 times beyond
 their largest priced a never-run model 7-17 % slow, the same source timed four times larger
-within 4.5 %.
+within 4.5 %. As run on moeh41-42 (1 × H200): a row read 1.7 times below the smallest priced
+6-7 % fast, 2.3 % once timed at that size; the caveat does not size the error (an unflagged
+arm missed by 6.7-7.9 %, a row read 2.3 times past priced within 3.7 %).
 
 **MoE layers** (since 2026-12-02) read another MoE model's rows the same way: the source
 is the nearest MoE shape (an MoE layer never reads a dense shape's rows, nor a dense layer an
@@ -288,10 +290,11 @@ class TransferredTables:
         """Where the source micro-batch doing the target's work lies more than
         :data:`STRETCH_MARGIN` outside the micro-batches the source was timed at: the row
         read is the nearest timed one and the analytical ratio covers the rest, which misses
-        the efficiency the kernels gain or lose with their size (moeh40, 1 × H200: a source
-        timed at 4-8 k tokens a micro-batch priced a target running 8-32 k 7-17 % slow, the
-        same source timed up to 16 k within 4.5 %; docs/benchmarks/moe_checks.md). None
-        inside, or with no source."""
+        the efficiency the kernels gain or lose with their size (1 × H200,
+        docs/benchmarks/moe_checks.md: moeh40, a source timed at 4-8 k tokens a micro-batch
+        priced a target running 8-32 k 7-17 % slow, the same source timed up to 16 k within
+        4.5 %; moeh42, a row read 1.7 times below the smallest 6-7 % fast). None inside, or
+        with no source."""
         key = _knobs(tp, sequence_parallel, recompute, zero, dp, compile)
         src = self._source(*key)
         if src is None:

@@ -112,8 +112,9 @@ def test_the_estimate_reports_the_transfer_and_switches_it_off_by_name():
 
 def test_rows_read_beyond_the_sources_micro_batches_say_so():
     """A target whose micro-batch does more work than the source's largest timed one reads
-    that row stretched by the analytical ratio (moeh40: 7-17 % slow): the estimate names
-    the source's micro-batches and how far; inside them, no such caveat."""
+    that row stretched by the analytical ratio (moeh40: 7-17 % slow), one doing less than
+    its smallest reads the smallest (moeh42: 6-7 % fast): the estimate names the source's
+    micro-batches and how far; inside them, no such caveat."""
     c = _cluster(SOURCE)                       # rows at micro-batch 1 and 4
     lay = Layout(dp=4, micro_batch=1)
     tables = _parts(TARGET, c).tables
@@ -128,6 +129,15 @@ def test_rows_read_beyond_the_sources_micro_batches_say_so():
         assert _parts(near, c, mb=mb).transferred_stretch is None
         assert not any("does the work of micro-batch" in x
                        for x in estimate(near, c, JOB, Layout(dp=4, micro_batch=mb)).caveats)
+    # and below the smallest (moeh42: 6-7 % fast): the caveat names the row at 1
+    small = replace(SOURCE, name="small", hidden_size=256, num_heads=4, num_kv_heads=1,
+                    ffn_hidden_size=704)
+    low = _parts(small, c).tables.stretch_for(tp=1, sequence_parallel=False,
+                                              recompute="none", micro_batch=1)
+    assert low.timed == (1, 4) and low.equivalent_mb < 1 / STRETCH_MARGIN
+    (cav,) = [x for x in estimate(small, c, JOB, lay).caveats
+              if "does the work of micro-batch" in x]
+    assert "the row at 1 is carried" in cav
     # the profile's own shape is not transferred: nothing to stretch
     assert _parts(SOURCE, c).transferred_stretch is None
 
