@@ -381,6 +381,9 @@ SETS["drawn-3847c"] = compiled_draws(3847)
 # moeh42 (drawn 2026-12-03, one GPU): a never-run model (32 experts of 1536, top-8, a shared
 # expert, GQA, seq 4096) priced from the same two-model calibration
 SETS["drawn-3848c"] = compiled_draws(3848)
+# moeh43 (drawn 2026-12-03, one GPU): a coarse never-run model (8 experts of 6144, top-2,
+# a 100 k vocabulary) priced from the same two-model calibration
+SETS["drawn-3849c"] = compiled_draws(3849)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
