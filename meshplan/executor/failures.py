@@ -185,10 +185,12 @@ def die_with_parent() -> None:
 
 
 ORPHAN_GRACE_S = 10.0
+#: test hook: seconds of grace for ranks started by torchrun (default :data:`ORPHAN_GRACE_S`)
+ORPHAN_GRACE_ENV = "MESHPLAN_ORPHAN_GRACE_S"
 
 
 def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
-                       grace_s: float = ORPHAN_GRACE_S) -> threading.Thread:
+                       grace_s: float | None = None) -> threading.Thread:
     """End this rank ``grace_s`` after its parent (torchrun) has died, if it is still alive.
 
     :func:`die_with_parent`'s SIGTERM reaches a rank blocked in C++ only when the call
@@ -199,7 +201,13 @@ def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
     parent's exit (a pidfd; polling ``getppid`` each second where there is none), gives the
     signal handler ``grace_s`` to end the rank, then writes the rank's "terminated" record
     with the main thread's stack and ends it with ``os._exit`` (nothing else can interrupt
-    the main thread)."""
+    the main thread).
+
+    ``grace_s`` defaults to $MESHPLAN_ORPHAN_GRACE_S if set (tests set it small), else
+    :data:`ORPHAN_GRACE_S`."""
+    if grace_s is None:
+        grace_s = float(os.environ.get(ORPHAN_GRACE_ENV) or ORPHAN_GRACE_S)
+
     def watch():
         _wait_for_exit(parent_pid)
         time.sleep(grace_s)
