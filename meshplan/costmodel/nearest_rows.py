@@ -39,7 +39,8 @@ added after moeh40 (1 × H200, post hoc: no price changes): rows read 1.2-4.7 ti
 their largest priced a never-run model 7-17 % slow, the same source timed four times larger
 within 4.5 %. As run on moeh41-42 (1 × H200): a row read 1.7 times below the smallest priced
 6-7 % fast, 2.3 % once timed at that size; the caveat does not size the error (an unflagged
-arm missed by 6.7-7.9 %, a row read 2.3 times past priced within 3.7 %).
+arm missed by 6.7-7.9 %, a row read 2.3 times past priced within 3.7 %). moeh43 (held out,
+1 × H200): moeh31's rows read 2-4 times past priced 8-9 % slow in bf16, 19-21 % in fp8.
 
 **MoE layers** (since 2026-12-02) read another MoE model's rows the same way: the source
 is the nearest MoE shape (an MoE layer never reads a dense shape's rows, nor a dense layer an
