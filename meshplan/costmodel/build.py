@@ -378,7 +378,7 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
     numbers = cluster.gpu.corrections    # the FSDP2 caveat names the profile's per-step term
     return (((cav.nearest_shape_caveat(parts.transferred_from),) if parts.transferred_from
              else ())
-            + ((cav.stretched_rows_caveat(*parts.transferred_stretch, layout.micro_batch),)
+            + ((cav.stretched_rows_caveat(*parts.transferred_stretch),)
                if parts.transferred_stretch else ())
             + ((cav.FSDP_OVER_TP_CAVEAT,) if lt["composed"] and lt["fs"] is not None else ())
             + ((cav.FSDP_DP_ONLY_CAVEAT,) if corr.fsdp2_step_s(numbers, job, layout) else ())

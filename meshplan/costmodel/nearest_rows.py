@@ -34,13 +34,11 @@ sizes it was timed at (the analytical ratio extrapolates the rest). The estimate
 the ``nearest_shape_rows`` entry of ``Estimate.corrections`` (with how much it moved the
 step and the memory against the analytical layer) and a caveat naming the source; where the
 target's work lies more than :data:`STRETCH_MARGIN` outside the source's timed micro-batches
-(:meth:`TransferredTables.stretch_for`), a second caveat says how far the row was carried —
-added after moeh40 (1 × H200, post hoc: no price changes): rows read 1.2-4.7 times beyond
-their largest priced a never-run model 7-17 % slow, the same source timed four times larger
-within 4.5 %. As run on moeh41-42 (1 × H200): a row read 1.7 times below the smallest priced
-6-7 % fast, 2.3 % once timed at that size; the caveat does not size the error (an unflagged
-arm missed by 6.7-7.9 %, a row read 2.3 times past priced within 3.7 %). moeh43 (held out,
-1 × H200): moeh31's rows read 2-4 times past priced 8-9 % slow in bf16, 19-21 % in fp8.
+(:meth:`TransferredTables.stretch_for`), a second caveat says how far the row was carried.
+Measured on 1 × H200 (moeh40-moeh43; the figures in
+:func:`meshplan.costmodel.caveats.stretched_rows_caveat`): rows carried past their largest
+timed size price slow, below their smallest fast, and timed nearer the work within 7.1 %;
+the caveat says where a price comes from, not how far off it is.
 
 **MoE layers** (since 2026-12-02) read another MoE model's rows the same way: the source
 is the nearest MoE shape (an MoE layer never reads a dense shape's rows, nor a dense layer an
@@ -146,6 +144,7 @@ class Stretch(NamedTuple):
     source: str                    # the source's label
     timed: tuple[int, ...]         # the micro-batches its rows were timed at
     equivalent_mb: float           # the source micro-batch doing the target's work
+    micro_batch: int               # the target's micro-batch that reads it
 
 
 # how far outside its timed micro-batches a source row may be read before it counts as
@@ -291,11 +290,9 @@ class TransferredTables:
         """Where the source micro-batch doing the target's work lies more than
         :data:`STRETCH_MARGIN` outside the micro-batches the source was timed at: the row
         read is the nearest timed one and the analytical ratio covers the rest, which misses
-        the efficiency the kernels gain or lose with their size (1 × H200,
-        docs/benchmarks/moe_checks.md: moeh40, a source timed at 4-8 k tokens a micro-batch
-        priced a target running 8-32 k 7-17 % slow, the same source timed up to 16 k within
-        4.5 %; moeh42, a row read 1.7 times below the smallest 6-7 % fast). None inside, or
-        with no source."""
+        the efficiency the kernels gain or lose with their size (measured: the docstring of
+        :func:`meshplan.costmodel.caveats.stretched_rows_caveat`). None inside, or with no
+        source."""
         key = _knobs(tp, sequence_parallel, recompute, zero, dp, compile)
         src = self._source(*key)
         if src is None:
@@ -306,7 +303,7 @@ class TransferredTables:
         m = self._equivalent_mb(src, key, micro_batch)
         if min(mbs) / STRETCH_MARGIN <= m <= max(mbs) * STRETCH_MARGIN:
             return None
-        return Stretch(src.label, tuple(sorted(mbs)), m)
+        return Stretch(src.label, tuple(sorted(mbs)), m, micro_batch)
 
     def _timed_mbs(self, src: Source, key: tuple) -> tuple[int, ...]:
         return layer_micro_batches(self.tables).get((layer_shape_key(src.model), src.seq_len) + key,
