@@ -35,6 +35,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from meshplan.errors import ConfigError
+
 TIMEOUT_PATTERN = re.compile(r"timed? ?out|timeout|watchdog", re.IGNORECASE)
 PEER_LOST_PATTERN = re.compile(r"connection closed|connection reset|remote process exited|"
                                r"broken pipe|peer", re.IGNORECASE)
@@ -189,6 +191,21 @@ ORPHAN_GRACE_S = 10.0
 ORPHAN_GRACE_ENV = "MESHPLAN_ORPHAN_GRACE_S"
 
 
+def _orphan_grace_s() -> float:
+    """$MESHPLAN_ORPHAN_GRACE_S as seconds (unset or empty: :data:`ORPHAN_GRACE_S`)."""
+    raw = os.environ.get(ORPHAN_GRACE_ENV)
+    if not raw:
+        return ORPHAN_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"{ORPHAN_GRACE_ENV}={raw!r}: expected seconds >= 0, "
+                          f"e.g. {ORPHAN_GRACE_S:g}")
+    return value
+
+
 def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
                        grace_s: float | None = None) -> threading.Thread:
     """End this rank ``grace_s`` after its parent (torchrun) has died, if it is still alive.
@@ -206,7 +223,7 @@ def exit_when_orphaned(rank: int, out: Path, state: dict, parent_pid: int,
     ``grace_s`` defaults to $MESHPLAN_ORPHAN_GRACE_S if set (tests set it small), else
     :data:`ORPHAN_GRACE_S`."""
     if grace_s is None:
-        grace_s = float(os.environ.get(ORPHAN_GRACE_ENV) or ORPHAN_GRACE_S)
+        grace_s = _orphan_grace_s()
 
     def watch():
         _wait_for_exit(parent_pid)

@@ -65,3 +65,18 @@ def test_a_blocked_child_ends_after_its_parent_dies(tmp_path):
     doc = json.loads(out.with_name("results.json.rank3.error.json").read_text())
     assert doc["kind"] == "terminated" and doc["step"] == 7
     assert "still blocked" in doc["message"] and "in wait" in doc["stack"]
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1", "nan"])
+def test_a_bad_grace_in_the_environment_is_named(monkeypatch, raw):
+    """$MESHPLAN_ORPHAN_GRACE_S (the tests' hook) takes seconds >= 0; anything else is a
+    ConfigError naming the variable and its value, not a ValueError from float()."""
+    from meshplan.errors import ConfigError
+    from meshplan.executor.failures import ORPHAN_GRACE_ENV, ORPHAN_GRACE_S, _orphan_grace_s
+    monkeypatch.setenv(ORPHAN_GRACE_ENV, raw)
+    with pytest.raises(ConfigError, match=f"{ORPHAN_GRACE_ENV}='{raw}'"):
+        _orphan_grace_s()
+    monkeypatch.setenv(ORPHAN_GRACE_ENV, "2.5")
+    assert _orphan_grace_s() == 2.5
+    monkeypatch.delenv(ORPHAN_GRACE_ENV)
+    assert _orphan_grace_s() == ORPHAN_GRACE_S
