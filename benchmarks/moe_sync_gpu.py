@@ -271,6 +271,11 @@ SETS["drawn-4120c"] = [(n, lay) for n, lay in draw_layouts(4120, count=16, gpus=
 # CPU reading (host.md, section 6)
 SETS["drawn-4121c"] = [(n, lay) for n, lay in draw_layouts(4121, count=16, gpus=1)
                        if lay.compile]
+# fp8h22 (drawn 2026-12-03, one GPU): a never-run 5.52 B GPT (draw_models.py seed 4124,
+# 5-6.5 B) priced from fp8h21's calibration of a 1.46 B model, rows carried 3.8x in size:
+# the compiled ones of sixteen one-GPU draws, as fp8h21's set
+SETS["drawn-4124c"] = [(n, lay) for n, lay in draw_layouts(4124, count=16, gpus=1)
+                       if lay.compile]
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
