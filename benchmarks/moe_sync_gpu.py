@@ -276,6 +276,11 @@ SETS["drawn-4121c"] = [(n, lay) for n, lay in draw_layouts(4121, count=16, gpus=
 # the compiled ones of sixteen one-GPU draws, as fp8h21's set
 SETS["drawn-4124c"] = [(n, lay) for n, lay in draw_layouts(4124, count=16, gpus=1)
                        if lay.compile]
+# fp8h23 (drawn 2026-12-03, one GPU): a never-run 5.06 B Llama (draw_models.py seed 4125,
+# 5-6.5 B; 72 thin layers) priced from the nearest same-family dense profile by the
+# nearest-shape rule's own distance (fp8h18's Llama 1.71 B): fp8h22's question in depth
+SETS["drawn-4125c"] = [(n, lay) for n, lay in draw_layouts(4125, count=16, gpus=1)
+                       if lay.compile]
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
