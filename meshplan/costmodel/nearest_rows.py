@@ -60,10 +60,11 @@ transferred).
 Measured, compiled dense rows (post hoc, ``benchmarks/moe_profile_transfer.py`` on the 1-GPU
 checks fp8h16-fp8h21, each run priced from every other check's profile): bf16 25.9 → 16.4 %
 mean step-time error, fp8 33.9 → 24.0 %, peak memory within 5 % on 82 → 306 of 400 pairs.
-Held out in size, as run (fp8h22, 1 × H200: a 5.52 B GPT priced from fp8h21's 1.46 B rows,
-three compiled layouts): bf16 8.3 % mean, every arm fast (the carried row 6-10 % below the
-model's own), fp8 3.4 %, memory within 0.5 % at 87-124 GiB; its own calibration 2.8 / 1.7 %
-(docs/benchmarks/fp8_checks.md "fp8h22").
+Held out in size, as run (1 × H200, compiled layouts, docs/benchmarks/fp8_checks.md "fp8h22",
+"fp8h23"): a 5.52 B GPT from fp8h21's 1.46 B rows, bf16 8.3 % mean (every arm fast: the
+carried row 6-10 % below the model's own), fp8 3.4 %; a 72-layer 5.06 B Llama from fp8h18's
+1.71 B rows, bf16 1.7 %, fp8 4.2 % (the datasheet 36 / 59 %); memory within 0.5 % on all ten
+arms at 80-131 GiB.
 
 Measured, MoE (post hoc, ``benchmarks/moe_profile_transfer.py``: the 34 bf16 and fp8 runs of
 the 1-GPU checks moeh23-moeh28 on 1 × H200, each priced from each of the five *other*
