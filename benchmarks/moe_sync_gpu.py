@@ -182,6 +182,14 @@ def draw_layouts(seed: int, count: int = 6, gpus: int = 1,
     return [(_layout_name(lay), lay) for lay in drawn]
 
 
+def compiled_draws(seed: int, selective: bool = False) -> list[tuple[str, Layout]]:
+    """The compiled layouts among sixteen 1-GPU draws of ``seed``, in drawn order; without
+    selective recompute (the 1-GPU MoE checks' sets since moeh23) unless ``selective`` (the
+    dense fp8h sets)."""
+    return [(n, lay) for n, lay in draw_layouts(seed, count=16, gpus=1)
+            if lay.compile and (selective or lay.recompute != "selective")]
+
+
 SETS["drawn-3803"] = draw_layouts(3803)
 # moeh4 (2026-11-29): the first drawn set on two GPUs
 SETS["drawn2-3804"] = draw_layouts(3804, count=8, gpus=2)
@@ -252,35 +260,28 @@ SETS["drawn-4116"] = draw_layouts(4116, count=8, gpus=1)
 # fp8h17 (drawn 2026-12-01, for the next lease of any size): the compiled fp8 composition
 # fixed post hoc that day (full recomputation, casts inside a block) checked as run on a
 # never-run model (draw_models.py seed 4117): the compiled ones of sixteen one-GPU draws
-SETS["drawn-4117c"] = [(n, lay) for n, lay in draw_layouts(4117, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4117c"] = compiled_draws(4117, selective=True)
 # fp8h18 (drawn 2026-12-01): `meshplan calibrate --fp8-rows` as a user would run it, as run on
 # a never-run model (draw_models.py seed 4118): compiled fp8 priced from its own fp8 rows
-SETS["drawn-4118c"] = [(n, lay) for n, lay in draw_layouts(4118, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4118c"] = compiled_draws(4118, selective=True)
 # fp8h19 (drawn 2026-12-01, for the next lease of any size): fp8h18's path (`--fp8-rows`) on
 # another never-run model (draw_models.py seed 4119), four compiled draws
-SETS["drawn-4119c"] = [(n, lay) for n, lay in draw_layouts(4119, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4119c"] = compiled_draws(4119, selective=True)
 # fp8h20 (drawn 2026-12-01, for the next lease of any size): the same path on a third
 # never-run model (draw_models.py seed 4120), six compiled draws
-SETS["drawn-4120c"] = [(n, lay) for n, lay in draw_layouts(4120, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4120c"] = compiled_draws(4120, selective=True)
 # fp8h21 (drawn 2026-12-01, for the next lease of any size): the same path on a fourth
 # never-run model (draw_models.py seed 4121), four compiled draws, after calibrate's steady
 # CPU reading (host.md, section 6)
-SETS["drawn-4121c"] = [(n, lay) for n, lay in draw_layouts(4121, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4121c"] = compiled_draws(4121, selective=True)
 # fp8h22 (drawn 2026-12-03, one GPU): a never-run 5.52 B GPT (draw_models.py seed 4124,
 # 5-6.5 B) priced from fp8h21's calibration of a 1.46 B model, rows carried 3.8x in size:
 # the compiled ones of sixteen one-GPU draws, as fp8h21's set
-SETS["drawn-4124c"] = [(n, lay) for n, lay in draw_layouts(4124, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4124c"] = compiled_draws(4124, selective=True)
 # fp8h23 (drawn 2026-12-03, one GPU): a never-run 5.06 B Llama (draw_models.py seed 4125,
 # 5-6.5 B; 72 thin layers) priced from the nearest same-family dense profile by the
 # nearest-shape rule's own distance (fp8h18's Llama 1.71 B): fp8h22's question in depth
-SETS["drawn-4125c"] = [(n, lay) for n, lay in draw_layouts(4125, count=16, gpus=1)
-                       if lay.compile]
+SETS["drawn-4125c"] = compiled_draws(4125, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
@@ -300,13 +301,6 @@ SETS["drawn2-3824"] = draw_layouts(3824, count=8, gpus=2, micro_batches=(4,),
 # (draw_moe.py --mla seed 3825; 32 experts of 1536, top-4, + a shared one): moeh20's post-hoc
 # fp8 fixes as run; the first four GPU-bound layouts
 SETS["drawn-3825"] = draw_layouts(3825, count=8, gpus=1)
-
-
-def compiled_draws(seed: int) -> list[tuple[str, Layout]]:
-    """The compiled layouts among sixteen 1-GPU draws of ``seed``, without selective
-    recompute, in drawn order (the 1-GPU MoE checks' sets since moeh23)."""
-    return [(n, lay) for n, lay in draw_layouts(seed, count=16, gpus=1)
-            if lay.compile and lay.recompute != "selective"]
 
 
 # moeh23 (drawn 2026-12-01, for the next lease of any size): the user's fp8 path (calibrate
