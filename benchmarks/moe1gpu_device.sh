@@ -15,6 +15,8 @@
 set -u
 : "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
 case "$PART" in 1|2|all) ;; *) echo "PART=$PART: use 1, 2 or all" >&2; exit 2;; esac
+case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
+    echo "ARM_TIMEOUT=$ARM_TIMEOUT: whole seconds > 0, e.g. 200" >&2; exit 2;; esac
 [ -f "benchmarks/sets/$CHECK/m01.json" ] || {
     echo "CHECK=$CHECK: no benchmarks/sets/$CHECK/m01.json" >&2; exit 2; }
 M=benchmarks/sets/$CHECK/m01.json
