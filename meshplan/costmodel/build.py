@@ -387,7 +387,9 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
                and job.runtime == "torch" and "layer" in parts.measured
                and not (model.is_moe and layout.ep > 1) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
-            + ((cav.COMPILE_AS_EAGER_CAVEAT,) if layout.compile and not lt["compiled"] else ())
+            + (((cav.COMPILE_ANALYTICAL_CAVEAT if job.runtime == "torch" and lt["fs"] is None
+                 and "layer" not in parts.measured else cav.COMPILE_AS_EAGER_CAVEAT),)
+               if layout.compile and not lt["compiled"] else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe
                and job.runtime == "torch" and not lt["compiled"] else ())
             # compute.layer_cost prices MLA's memory-bound work as Megatron's fused kernels

@@ -67,6 +67,12 @@ COMPILE_AS_EAGER_CAVEAT = (
     "derived from the plain compiled/eager pair at their settings where the profile has it), "
     "so no speed-up from torch.compile is in this prediction")
 
+COMPILE_ANALYTICAL_CAVEAT = (
+    "compile = True priced from the analytical layer (the GPU profile has no layer rows for "
+    "this layout): its element-wise work at the fused count, one read and one write per "
+    "tensor, as Inductor's generated kernels move it, and no CPU dispatch; `meshplan "
+    "calibrate --model M --compile-rows` times the compiled block")
+
 COMPILE_MOE_CAVEAT = (
     "compile = True on an MoE model: the executor's whole MoE block compiles as one graph at "
     "ep = 1 and ran 1.38-1.47x faster than eager on one H200 (moe-1.9b, micro-batch 2-4; "
@@ -248,7 +254,8 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
-           "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT", "COMPILE_MOE_CAVEAT",
+           "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT",
+           "COMPILE_ANALYTICAL_CAVEAT", "COMPILE_MOE_CAVEAT",
            "MLA_TORCH_CAVEAT", "MTP_TORCH_CAVEAT", "MOE_UNTIMED_TORCH_CAVEAT",
            "moe_untimed_torch_caveats",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",

@@ -51,7 +51,12 @@ the scaling; the output row timed with the compiled loss), scaled by the analyti
 with both layers' memory-bound work at the share of its eager price the source's compiled
 row shows beside its eager twin (:func:`~meshplan.costmodel.row_scaling.compiled_share`;
 without a twin, the plain ratio); where the source has no compiled row, the eager row and the
-compile-as-eager caveat, as before. fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
+compile-as-eager caveat, as before. A compiled row lends its CPU dispatch unscaled: a compiled
+block dispatches one graph whose kernels (GEMMs, attention, a few fused element-wise ones)
+differ little between families — the GPT and Llama profiles' compiled rows of fp8h16-fp8h23
+timed 0.7-1.3 ms a forward alike where their eager rows differ 1.5-3 × — and another
+family's compiled layer is the analytical one at the fused count (:func:`~meshplan.costmodel.
+compute.layer_cost` ``compiled``), not its eager count. fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
 priced on top of the carried ep = 1 row, :mod:`meshplan.costmodel.moe_rows`). Limitation:
 a shape key does not say whether the attention is multi-head latent attention, so an MLA
 model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
@@ -60,6 +65,11 @@ transferred).
 Measured, compiled dense rows (post hoc, ``benchmarks/moe_profile_transfer.py`` on the 1-GPU
 checks fp8h16-fp8h21, each run priced from every other check's profile): bf16 25.9 → 16.4 %
 mean step-time error, fp8 33.9 → 24.0 %, peak memory within 5 % on 82 → 306 of 400 pairs.
+With another family's compiled layer at the fused count and its CPU unscaled (2026-12-03,
+post hoc, fp8h16-fp8h23, 254 / 290 pairs): bf16 16.7 → 8.0 % mean (median 8.1 → 6.9, max
+126.5 → 35.1 %), fp8 23.5 → 12.6 % (median 8.2 → 8.3 %): the Llama targets priced from GPT
+profiles had read +35 to +70 % (docs/benchmarks/fp8_checks.md "Compiled layers without their
+rows"); the MoE pairs (moeh18-moeh43) bf16 12.7 → 12.1 %, fp8 16.5 → 16.0 %.
 Held out in size, as run (1 × H200, compiled layouts, docs/benchmarks/fp8_checks.md "fp8h22",
 "fp8h23"): a 5.52 B GPT from fp8h21's 1.46 B rows, bf16 8.3 % mean (every arm fast: the
 carried row 6-10 % below the model's own), fp8 3.4 %; a 72-layer 5.06 B Llama from fp8h18's
@@ -361,8 +371,11 @@ class TransferredTables:
         k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
                           self.cluster, tp, sp, recompute, self.tp_link, zero < 2,
                           compiled_twin=(eager, row) if eager is not None else None)
-        cpu = dispatch_ratio(self.target, src.model, tp=tp, sequence_parallel=sp,
-                             recompute=recompute, autocast=zero < 2)
+        # a compiled block dispatches one graph whose generated kernels (GEMMs, attention, a
+        # few fused element-wise ones) differ little between families: no operator ratio
+        cpu = (1.0, 1.0) if compile else dispatch_ratio(
+            self.target, src.model, tp=tp, sequence_parallel=sp, recompute=recompute,
+            autocast=zero < 2)
         out = scaled_row(row, k, cpu)
         if compile and zero < 2:
             # a compiled block under autocast keeps its 16-bit weight copies per micro-batch:
@@ -389,9 +402,10 @@ class TransferredTables:
         if not src.same_family:
             # another family's kernels miss the curves differently (GPT-0.54B's rows ran
             # 0.7-0.8 x the analytical time, Llama-1.64B's 1.0-1.1 x at the same sizes):
-            # only the CPU's dispatch, which the operator count carries, is taken from it
+            # only the CPU's dispatch, which the operator count carries, is taken from it;
+            # a compiled layout's analytical layer at the fused count (compute.layer_cost)
             out = analytic_layer(out, self.target, self.job, micro_batch, self.cluster, tp,
-                                  sp, recompute, self.tp_link, zero < 2)
+                                  sp, recompute, self.tp_link, zero < 2, compiled=compile)
         return out
 
     def _fsdp_cpu(self, out: Interpolated, row: Interpolated, src: Source, tp: int, sp: bool,

@@ -187,6 +187,11 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             cpu = (ml.forward_cpu_s, ml.backward_cpu_s, me.forward_cpu_s, me.backward_cpu_s,
                    mo.forward_cpu_s, mo.backward_cpu_s)
             cpu_fixed = (ml.forward_cpu_fixed_s, ml.backward_cpu_fixed_s)
+    if compile and "layer" not in measured:
+        # no row to time the compiled block: the analytical layer at the fused count
+        layer = analytical = layer_cost(model, cluster, job, micro_batch=mb, tp=tp,
+                                        sequence_parallel=sp, recompute=recompute,
+                                        tp_link=tp_link, mlp_width=mlp_width, compiled=True)
     f8, delta, kept_delta, f8_cpu = None, (0.0, 0.0, 0.0), 0.0, (0.0, 0.0)
     if job.precision == "fp8":
         at = dict(micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=recompute,

@@ -77,7 +77,7 @@ def _mem(p) -> float:
 
 @lru_cache(maxsize=4096)
 def analytic(model: ModelSpec, job: Job, mb: float, cluster: Cluster, tp: int, sp: bool,
-             recompute: str, tp_link, autocast: bool) -> Analytic:
+             recompute: str, tp_link, autocast: bool, compiled: bool = False) -> Analytic:
     """The analytical layer a row is scaled by: :func:`~meshplan.costmodel.compute.
     layer_cost` and the executor's tensors (:mod:`.torch_activations`: autocast for the
     plain rows, ZeRO-0/1; bf16 for the FSDP2 ones); an MoE layer's routed part on top
@@ -85,7 +85,7 @@ def analytic(model: ModelSpec, job: Job, mb: float, cluster: Cluster, tp: int, s
     if model.is_moe:
         return moe_analytic(model, job, mb, cluster, tp, sp, recompute, tp_link, autocast)
     a = layer_cost(model, cluster, job, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                   recompute=recompute, tp_link=tp_link)
+                   recompute=recompute, tp_link=tp_link, compiled=compiled)
     acts = torch_layer_activations(model, job, mb, tp, sp, autocast=autocast)
     return Analytic(a.forward.total_s, a.backward.total_s, a.wgrad_s, acts.stored(recompute),
                     torch_backward_work(model, job, mb, tp, sp, recompute, autocast=autocast),
@@ -189,10 +189,10 @@ def end_ratios(part: str, target: ModelSpec, job: Job, mb: float, source: ModelS
 
 def analytic_layer(row: Interpolated, model: ModelSpec, job: Job, mb: float,
                    cluster: Cluster, tp: int, sp: bool, recompute: str, tp_link,
-                   autocast: bool) -> Interpolated:
+                   autocast: bool, compiled: bool = False) -> Interpolated:
     """``row``'s CPU dispatch with the analytical layer's GPU seconds and bytes (and no
     zero-bubble split or split memory: the cost model splits the backward itself)."""
-    a = analytic(model, job, mb, cluster, tp, sp, recompute, tp_link, autocast)
+    a = analytic(model, job, mb, cluster, tp, sp, recompute, tp_link, autocast, compiled)
     return replace(row, forward_s=a.forward_s, backward_s=a.backward_s,
                    activation_bytes=a.kept_bytes, peak_bytes=a.work_bytes,
                    backward_input_s=0.0, backward_weight_s=0.0, backward_input_cpu_s=0.0,

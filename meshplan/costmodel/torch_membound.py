@@ -128,12 +128,19 @@ def eager_layer_bytes(model: ModelSpec, *, tokens: int, tp: int, sequence_parall
         products = 10 * e * (q + k)
         copies_f += products + 2 * (2 * c * (a + e) + 2 * e) * table
         copies_b += products + 2 * 2 * e * table
-    rep = model.num_heads // model.num_kv_heads
-    core = 2 * e * (k + q) if rep > 1 else 0.0
+    core = gqa_repeat_bytes(model, tokens=tokens, tp=tp, e=e)
     return EagerBytes(norm_fwd=norm_f, norm_bwd=norm_b, residual_fwd=2 * 3 * e * n,
                       residual_bwd=2 * 3 * e * n, act_fwd=act_f, act_bwd=act_b,
                       copies_fwd=copies_f, copies_bwd=copies_b, core_fwd=core, core_bwd=core,
                       rope_products=products)
+
+
+def gqa_repeat_bytes(model: ModelSpec, *, tokens: int, tp: int, e: int) -> float:
+    """Bytes of the core's repeat of K and V to the query heads, each pass (0 without
+    grouped-query attention): 2e·(K + Q) of the module docstring."""
+    if model.num_heads // model.num_kv_heads <= 1:
+        return 0.0
+    return 2 * e * tokens * (model.kv_dim + model.q_dim) / tp
 
 
 def _fused_s(gpu: GPUSpec, op: str, fused_fwd_bytes: float) -> tuple[float, float] | None:

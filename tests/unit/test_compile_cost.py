@@ -9,7 +9,7 @@ from meshplan.calibrate.bench_layers import layer_row, plan_grid
 from meshplan.commands.calibrate import add_arguments, child_argv
 from meshplan.costmodel.autocast_cast import layer_cast_s
 from meshplan.costmodel import estimate
-from meshplan.costmodel.caveats import COMPILE_AS_EAGER_CAVEAT
+from meshplan.costmodel.caveats import COMPILE_ANALYTICAL_CAVEAT, COMPILE_AS_EAGER_CAVEAT
 from meshplan.costmodel.compiled_rows import ROW_COPY_BYTES, derive_compiled, row_weight_copies
 from meshplan.costmodel.memory import stage_params
 from meshplan.costmodel.measured import (Interpolated, MeasuredLayer, MeasuredTables,
@@ -57,14 +57,51 @@ def test_without_a_compiled_row_compile_is_priced_as_eager_and_says_so():
     eager = estimate(MODEL, cl, JOB, Layout(dp=4, micro_batch=1))
     comp = estimate(MODEL, cl, JOB, Layout(dp=4, micro_batch=1, compile=True))
     assert comp.step_time_s == eager.step_time_s and COMPILE_AS_EAGER_CAVEAT in comp.caveats
-    datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
-    assert COMPILE_AS_EAGER_CAVEAT in estimate(MODEL, datasheet, JOB,
-                                               Layout(dp=4, compile=True)).caveats
     # an FSDP2 layer whose recompute mode has no plain compiled row stays eager
     fsdp = _cluster(_row(False, 2e-3, 4e-3), _row(True, 1e-3, 2e-3),
                     _row(False, 2.5e-3, 5e-3, zero=3, dp=4, recompute="full"))
     assert COMPILE_AS_EAGER_CAVEAT in estimate(MODEL, fsdp, JOB, Layout(
         dp=4, micro_batch=1, zero=3, recompute="full", compile=True)).caveats
+
+
+LLAMA = ModelSpec(name="l", num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=4,
+                  vocab_size=32000, max_seq_len=1024, activation="swiglu", norm="rmsnorm",
+                  position_embedding="rope", tied_embeddings=False, bias=False)
+
+
+def test_without_any_layer_row_a_compiled_layer_moves_the_fused_count():
+    from meshplan.costmodel.compute import hbm_s, layer_cost
+    from meshplan.costmodel.torch_membound import gqa_repeat_bytes
+    datasheet = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=4)
+    kw = dict(micro_batch=2, tp=1, sequence_parallel=False, recompute="none", tp_link=None)
+    eager = layer_cost(LLAMA, datasheet, JOB, **kw)
+    comp = layer_cost(LLAMA, datasheet, JOB, compiled=True, **kw)
+    # Inductor's kernels: two norms (read, write), two residual adds (two reads, a write),
+    # SwiGLU (two reads, a write) and RoPE on q and k, one read and one write per element
+    n, f = 2 * 1024 * 1024, 2 * 1024 * LLAMA.ffn_hidden_size
+    fused = 2 * (4 * n + 6 * n + 3 * f + 2 * (LLAMA.q_dim + LLAMA.kv_dim) * 2048)
+    assert comp.forward.memory_bound_s == pytest.approx(hbm_s(datasheet.gpu, fused))
+    assert comp.backward.memory_bound_s == pytest.approx(2 * comp.forward.memory_bound_s)
+    assert comp.forward.memory_bound_s < eager.forward.memory_bound_s / 3
+    # the executor's GQA repeat stays a copy beside the attention kernel, as eager
+    no_gqa = layer_cost(replace(LLAMA, num_kv_heads=16), datasheet, JOB, compiled=True, **kw)
+    repeat = hbm_s(datasheet.gpu, gqa_repeat_bytes(LLAMA, tokens=2048, tp=1, e=2))
+    assert repeat > 0
+    assert comp.forward.attention_s == pytest.approx(eager.forward.attention_s)
+    assert comp.forward.attention_s - no_gqa.forward.attention_s == pytest.approx(repeat)
+    assert comp.forward.gemm_s == eager.forward.gemm_s
+    # Megatron's runtime already prices the fused kernels: compiled changes nothing there
+    meg = replace(JOB, runtime="megatron")
+    assert layer_cost(LLAMA, datasheet, meg, compiled=True, **kw) == layer_cost(
+        LLAMA, datasheet, meg, **kw)
+    # the estimate: a datasheet profile prices compile at the fused count and says so
+    lay = Layout(dp=4, micro_batch=2)
+    e_eager = estimate(LLAMA, datasheet, JOB, lay)
+    e_comp = estimate(LLAMA, datasheet, JOB, replace(lay, compile=True))
+    assert e_comp.step_time_s < e_eager.step_time_s
+    assert COMPILE_ANALYTICAL_CAVEAT in e_comp.caveats
+    assert COMPILE_AS_EAGER_CAVEAT not in e_comp.caveats
+    assert e_comp.memory_peak_bytes == e_eager.memory_peak_bytes
 
 
 def test_compile_is_part_of_a_rows_key_and_checked():

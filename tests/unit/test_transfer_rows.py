@@ -166,6 +166,24 @@ def test_another_family_lends_its_cpu_dispatch_only():
     assert f < 1 and b < 1      # a GPT layer dispatches fewer operators than a Llama one
 
 
+def test_another_familys_compiled_row_lends_its_cpu_unscaled_and_the_fused_count():
+    # a compiled block dispatches one graph, not the eager operators: GPT and Llama compiled
+    # rows timed at 0.7-1.3 ms a forward alike on 1 x H200 (fp8h16-fp8h23 profiles)
+    layers, ends = _rows(OTHER_FAMILY)
+    comp = tuple(replace(r, compile=True) for r in layers)
+    c = BASE.replace(gpu=replace(BASE.gpu, measured=MeasuredTables(layers + comp, ends)))
+    links = group_links(c, Layout(dp=4))
+    p = layer_parts(SOURCE, c, JOB, 1, 1, False, "none", links.tp, links.pp, compile=True)
+    assert p.transferred_from and p.compiled
+    assert p.cpu[:2] == pytest.approx((4e-4, 8e-4))
+    # the GPU time: the Llama layer's analytical time with its element-wise work fused,
+    # well under its eager count (fp32 RMSNorm, RoPE's five kernels, SwiGLU's three)
+    fused = layer_cost(SOURCE, c, JOB, micro_batch=1, tp=1, sequence_parallel=False,
+                       recompute="none", tp_link=links.tp, compiled=True)
+    assert p.layer.forward.total_s == pytest.approx(fused.forward.total_s)
+    assert p.layer.forward.total_s < _parts(SOURCE, c).layer.forward.total_s
+
+
 def test_dispatch_counts_grow_with_the_layer_pieces():
     kw = dict(tp=1, sequence_parallel=False, recompute="none", autocast=False)
     gpt, llama = layer_dispatch_ops(OTHER_FAMILY, **kw), layer_dispatch_ops(SOURCE, **kw)
