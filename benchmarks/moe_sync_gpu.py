@@ -282,6 +282,11 @@ SETS["drawn-4124c"] = compiled_draws(4124, selective=True)
 # 5-6.5 B; 72 thin layers) priced from the nearest same-family dense profile by the
 # nearest-shape rule's own distance (fp8h18's Llama 1.71 B): fp8h22's question in depth
 SETS["drawn-4125c"] = compiled_draws(4125, selective=True)
+# fp8h24 / fp8h25 (drawn 2026-12-03, one GPU): a never-run 2.36 B Llama and a 2.87 B GPT
+# (draw_models.py seed 4126, two models), each priced from the nearest profile of its own
+# family, of the other family and from the datasheet: compiled layers without their rows
+SETS["drawn-4126c"] = compiled_draws(4126, selective=True)
+SETS["drawn-4127c"] = compiled_draws(4127, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

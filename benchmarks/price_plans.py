@@ -1,0 +1,123 @@
+"""Price a check's committed plans with several GPU profiles before it runs (or after).
+
+A held-out check commits its predictions before any run. When the question is how a
+prediction depends on the profile it is read from (the model's nearest profile of its own
+family, another family's, the datasheet), one table per check says so, written before the
+run from the committed plan files and profiles; after the run the same command with
+``--results`` adds the measured step times and each column's error.
+
+    python benchmarks/price_plans.py benchmarks/plans/fp8h24_*_h200x1 \\
+        --profile own=docs/benchmarks/data/profiles/profile_h200x1_fp8h3_20261129.toml \\
+        --profile other=docs/benchmarks/data/profiles/profile_h200x1_fp8h20_20261201.toml
+    python benchmarks/price_plans.py ... --results docs/benchmarks/data/fp8_h200x1_fp8h24_*.json
+
+Columns: each ``--profile`` NAME=PATH (a profile applied to the plan's cluster), the
+built-in datasheet of the plan's GPU, and the mean over every profile matching ``--all``
+(each check's profile of the same machine type), nothing fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from meshplan.costmodel import estimate  # noqa: E402
+from meshplan.errors import MeshplanError, MeshplanWarning  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
+from meshplan.planner.planfile import load_plan_file  # noqa: E402
+
+
+def plan_files(dirs: list[str]) -> list[Path]:
+    """The plan files of each directory (its predictions.json left out), in name order."""
+    out = []
+    for d in dirs:
+        out += sorted(p for p in Path(d).glob("*.json") if p.name != "predictions.json")
+    if not out:
+        raise SystemExit(f"no plan files in {' '.join(dirs)}")
+    return out
+
+
+def measured(paths: list[str]) -> dict[tuple[str, str], float]:
+    """(precision, layout) -> measured step seconds of the data files' runs."""
+    out = {}
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for prec in ("bf16", "fp8"):
+            for key, run in ((doc.get(prec) or {}).get("runs") or {}).items():
+                if run.get("step_time_s"):
+                    out[prec, key.split("/")[0]] = run["step_time_s"]
+    return out
+
+
+def price(rec, cluster) -> float | None:
+    try:
+        return estimate(rec.model, cluster, rec.job, rec.layout).step_time_s
+    except MeshplanError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("plans", nargs="+", help="directories of committed plan files")
+    ap.add_argument("--profile", action="append", default=[], metavar="NAME=PATH",
+                    help="a named profile column (repeat)")
+    ap.add_argument("--all", default=str(
+        ROOT / "docs/benchmarks/data/profiles/profile_h200x1_fp8h*_2026*.toml"),
+                    help="glob of the profiles whose mean is the last column")
+    ap.add_argument("--results", nargs="*", default=[],
+                    help="data files of the run (keys bf16/fp8 → runs → layout/…)")
+    args = ap.parse_args(argv)
+    named = []
+    for item in args.profile:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"--profile {item!r}: use NAME=PATH of an existing profile")
+        named.append((name, path))
+    every = sorted(glob.glob(args.all))
+    meas = measured(args.results)
+    warnings.simplefilter("ignore", MeshplanWarning)
+    head = ["layout", "precision", *[n for n, _ in named], "datasheet",
+            f"mean of {len(every)} profiles"]
+    if meas:
+        head.insert(2, "measured s")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    errs: dict[str, list[float]] = {}
+    for path in plan_files(args.plans):
+        rec = load_plan_file(path)
+        prec = rec.job.precision
+        m = meas.get((prec, path.stem))
+        cols = [(n, price(rec, apply_profile(rec.cluster, p))) for n, p in named]
+        cols.append(("datasheet", price(rec, rec.cluster.replace(
+            gpu=builtin_gpu(rec.cluster.gpu.name)))))
+        all_s = [s for s in (price(rec, apply_profile(rec.cluster, p)) for p in every)
+                 if s is not None]
+        cols.append(("all", statistics.mean(all_s) if all_s else None))
+        cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}"] if meas else [])
+        for name, s in cols:
+            if s is None:
+                cells.append("refused")
+            elif m:
+                cells.append(f"{s:.3f} ({(s / m - 1) * 100:+.1f} %)")
+                errs.setdefault(f"{prec} {name}", []).append(abs(s / m - 1))
+            else:
+                cells.append(f"{s:.3f}")
+        print("| " + " | ".join(cells) + " |")
+    for key, v in errs.items():
+        print(f"\n{key}: {statistics.mean(v) * 100:.1f} % mean, {max(v) * 100:.1f} % max "
+              f"({len(v)} runs)", end="")
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
