@@ -46,15 +46,16 @@ def plan_files(dirs: list[str]) -> list[Path]:
     return out
 
 
-def measured(paths: list[str]) -> dict[tuple[str, str], float]:
-    """(precision, layout) -> measured step seconds of the data files' runs."""
-    out = {}
+def measured(paths: list[str]) -> dict[tuple[str, str], float | str]:
+    """(precision, layout) -> measured step seconds of the data files' runs, or the status
+    of a run that did not finish ("failed")."""
+    out: dict[tuple[str, str], float | str] = {}
     for path in paths:
         doc = json.loads(Path(path).read_text())
         for prec in ("bf16", "fp8"):
             for key, run in ((doc.get(prec) or {}).get("runs") or {}).items():
-                if run.get("step_time_s"):
-                    out[prec, key.split("/")[0]] = run["step_time_s"]
+                out[prec, key.split("/")[0]] = run.get("step_time_s") or run.get(
+                    "status", "failed")
     return out
 
 
@@ -95,18 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     for path in plan_files(args.plans):
         rec = load_plan_file(path)
         prec = rec.job.precision
-        m = meas.get((prec, path.stem))
+        m = meas.get((prec, path.stem), "not run")
         cols = [(n, price(rec, apply_profile(rec.cluster, p))) for n, p in named]
         cols.append(("datasheet", price(rec, rec.cluster.replace(
             gpu=builtin_gpu(rec.cluster.gpu.name)))))
         all_s = [s for s in (price(rec, apply_profile(rec.cluster, p)) for p in every)
                  if s is not None]
         cols.append(("all", statistics.mean(all_s) if all_s else None))
-        cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}"] if meas else [])
+        ran = isinstance(m, float)
+        cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
         for name, s in cols:
             if s is None:
                 cells.append("refused")
-            elif m:
+            elif ran:
                 cells.append(f"{s:.3f} ({(s / m - 1) * 100:+.1f} %)")
                 errs.setdefault(f"{prec} {name}", []).append(abs(s / m - 1))
             else:
