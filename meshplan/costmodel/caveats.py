@@ -230,17 +230,21 @@ def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: fl
     row read 1.7 times below the smallest priced 6-7 % fast, timed at 2 within 2.3 %; moeh43,
     rows read 2-4 times past priced 8-9 % slow in bf16 (19-21 % in fp8), the source's rows
     timed at 16 within 2.0 % (7.1 %). It does not predict the error's size: moeh42's row read
-    2.3 times past priced within 3.7 %, and its unflagged arm missed by 6.7-7.9 %."""
+    2.3 times past priced within 3.7 %, and its unflagged arm missed by 6.7-7.9 %. Nor its
+    sign for dense rows (docs/benchmarks/fp8_checks.md, fp8h24): a Llama's compiled rows read
+    1.8-3.6 times past the largest priced 9-11 % fast, 2.2 times below the smallest 17 %
+    slow."""
     timed_s = ", ".join(str(m) for m in timed)
     edge = max(timed) if equivalent_mb > max(timed) else min(timed)
     return (f"micro-batch {micro_batch} does the work of micro-batch {equivalent_mb:.1f} of "
             f"{source}, whose rows were timed at micro-batch {timed_s}: the row at {edge} is "
             f"carried {max(equivalent_mb / edge, edge / equivalent_mb):.1f} times further by "
             "the analytical ratio, without the efficiency its kernels gain or lose with their "
-            "size (1 x H200: rows carried 1.2-4.7 times past their largest priced never-run "
-            "models 7-21 % slow, 1.7 times below their smallest 6-7 % fast; timed nearer the "
-            "work, within 7.1 %); calibrate with micro-batches nearer this work, or this model "
-            "itself (docs/benchmarks/moe_checks.md, moeh40-moeh43)")
+            "size (1 x H200: rows carried 1.2-4.7 times past their largest priced never-run MoE "
+            "models 7-21 % slow, a dense one 9-11 % fast; below their smallest 6-7 % fast, "
+            "17 % slow; timed nearer the work, within 7.1 %); calibrate with micro-batches "
+            "nearer this work, or this model itself (docs/benchmarks/moe_checks.md, "
+            "moeh40-moeh43; fp8_checks.md, fp8h24)")
 
 
 def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float,
