@@ -287,6 +287,9 @@ SETS["drawn-4125c"] = compiled_draws(4125, selective=True)
 # family, of the other family and from the datasheet: compiled layers without their rows
 SETS["drawn-4126c"] = compiled_draws(4126, selective=True)
 SETS["drawn-4127c"] = compiled_draws(4127, selective=True)
+# fp8h26 (drawn 2026-12-03, one GPU): fp8h24's question on a second never-run Llama, the first
+# Llama-family model of draw_models.py seed 4128's two (a 2.61 B MQA at sequence 2048)
+SETS["drawn-4128c"] = compiled_draws(4128, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
