@@ -26,7 +26,8 @@
   add's), the GQA repeat of K and V kept as a copy. Measured (post hoc, 1 × H200, the 26
   compiled bf16 runs of fp8h16-fp8h23, docs/benchmarks/fp8_checks.md "Compiled layers without
   their rows"): the datasheet's bf16 error 17.0 → 10.9 % mean, 48.3 → 23.4 % max; held
-  out as run (fp8h24, a never-run 2.36 B Llama): 39.4 → 14.0 % (bf16), 60.6 → 28.9 % (fp8).
+  out as run on two never-run Llamas (fp8h24, fp8h26): 39.4 → 14.0 % and 31.8 → 11.2 %
+  (bf16), 60.6 → 28.9 % and 56.9 → 31.3 % (fp8).
 * Tensor-parallel collectives (:func:`tp_collectives`): without sequence parallelism two
   all-reduces of the layer's activations per pass (forward: after attention and after the
   MLP, the row-parallel outputs; backward: the conjugate ones, the column-parallel inputs'

@@ -70,9 +70,10 @@ post hoc, fp8h16-fp8h23, 254 / 290 pairs): bf16 16.7 → 8.0 % mean (median 8.1 
 126.5 → 35.1 %), fp8 23.5 → 12.6 % (median 8.2 → 8.3 %): the Llama targets priced from GPT
 profiles had read +35 to +70 % (docs/benchmarks/fp8_checks.md "Compiled layers without their
 rows"); the MoE pairs (moeh18-moeh43) bf16 12.7 → 12.1 %, fp8 16.5 → 16.0 %. Held out as
-run (fp8h24 / fp8h25, 1 × H200): a never-run Llama priced from a GPT profile 62.6 → 22.0 %
-(bf16), 83.2 → 38.5 % (fp8), still slow (+11-13 %, +43 % where the GPT rows' CPU paces
-the step); a never-run GPT from a Llama profile 4.9 → 5.0 %.
+run (fp8h24 / fp8h25 / fp8h26, 1 × H200): two never-run Llamas priced from GPT profiles
+62.6 → 22.0 % and 39.6 → 7.3 % (bf16), 83.2 → 38.5 % and 50.3 → 20.5 % (fp8), still slow
+(+43 % where the GPT rows' CPU paces the step); a never-run GPT from a Llama profile 4.9 →
+5.0 %.
 Held out in size, as run (1 × H200, compiled layouts, docs/benchmarks/fp8_checks.md "fp8h22",
 "fp8h23"): a 5.52 B GPT from fp8h21's 1.46 B rows, bf16 8.3 % mean (every arm fast: the
 carried row 6-10 % below the model's own), fp8 3.4 %; a 72-layer 5.06 B Llama from fp8h18's
