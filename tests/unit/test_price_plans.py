@@ -1,0 +1,75 @@
+"""benchmarks/price_plans.py, and the committed fp8h24-fp8h26 draws it priced before their runs."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import draw_models as dm  # noqa: E402
+import price_plans as pp  # noqa: E402
+from meshplan.spec import ModelSpec  # noqa: E402
+
+SETS = ROOT / "benchmarks" / "sets"
+PROFILES = ROOT / "docs" / "benchmarks" / "data" / "profiles"
+
+
+def _draw(seed, i):
+    """The i-th (0-based) model of ``draw_models.py --seed SEED --count 2 --min-params 1.2e9
+    --max-params 4.0e9``."""
+    rng = random.Random(seed)
+    models = [dm.draw_model(rng, f"m{k + 1:02d}", min_params=1.2e9, max_params=4.0e9)
+              for k in range(2)]
+    return models[i]
+
+
+@pytest.mark.parametrize("check, seed, i", [("fp8h24", 4126, 0), ("fp8h25", 4126, 1),
+                                            ("fp8h26", 4128, 1)])
+def test_the_committed_models_are_the_seeded_draws(check, seed, i):
+    committed = ModelSpec(**json.loads((SETS / check / "m01.json").read_text()))
+    assert committed == _draw(seed, i)
+
+
+def test_fp8h26_is_the_first_llama_of_its_draw():
+    assert _draw(4128, 0).activation == "gelu" and _draw(4128, 1).activation == "swiglu"
+
+
+def test_measured_reads_steps_and_the_status_of_runs_that_did_not_finish(tmp_path):
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps({
+        "bf16": {"runs": {"a/current": {"status": "ok", "step_time_s": 1.5}}},
+        "fp8": {"runs": {"a/current": {"status": "failed", "step_time_s": None}}}}))
+    assert pp.measured([str(data)]) == {("bf16", "a"): 1.5, ("fp8", "a"): "failed"}
+
+
+def test_the_table_prices_every_plan_and_reports_each_columns_error(capsys):
+    profile = PROFILES / "profile_h200x1_fp8h18_20261201.toml"
+    results = ROOT / "docs" / "benchmarks" / "data" / "fp8_h200x1_fp8h26_20261203.json"
+    plans = ROOT / "benchmarks" / "plans" / "fp8h26_bf16_h200x1"
+    assert pp.main([str(plans), "--profile", f"own={profile}", "--all", str(profile),
+                    "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    assert len(rows) == 3                                  # the set's three bf16 plans
+    measured = {("bf16", k.split("/")[0]): v["step_time_s"] for k, v in
+                json.loads(results.read_text())["bf16"]["runs"].items()}
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        meas = measured["bf16", cells[0].strip("`")]
+        assert cells[2] == f"{meas:.3f}"
+        # own, datasheet and the mean: each a price with its error against the measured step
+        for cell in cells[3:]:
+            price, err = cell.split(" (")
+            assert float(err.split(" %")[0]) == pytest.approx(
+                (float(price) / meas - 1) * 100, abs=0.1)
+    assert "bf16 own:" in out and "bf16 datasheet:" in out
+
+
+def test_a_profile_column_must_name_an_existing_file():
+    with pytest.raises(SystemExit, match="use NAME=PATH"):
+        pp.main([str(ROOT / "benchmarks" / "plans" / "fp8h26_bf16_h200x1"),
+                 "--profile", "own=/no/such.toml"])
