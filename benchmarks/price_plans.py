@@ -28,11 +28,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from moe_profile_transfer import datasheet  # noqa: E402
 
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import MeshplanError, MeshplanWarning  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
-from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
 
@@ -59,8 +61,12 @@ def measured(paths: list[str]) -> dict[tuple[str, str], float | str]:
     return out
 
 
-def price(rec, cluster) -> float | None:
+def price(rec, profile: str | None) -> float | None:
+    """The plan's step seconds with ``profile`` applied to its cluster (None: the datasheet),
+    or None where the profile does not apply or the estimate refuses the layout."""
     try:
+        cluster = datasheet(rec.cluster) if profile is None else apply_profile(rec.cluster,
+                                                                               profile)
         return estimate(rec.model, cluster, rec.job, rec.layout).step_time_s
     except MeshplanError:
         return None
@@ -97,11 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         rec = load_plan_file(path)
         prec = rec.job.precision
         m = meas.get((prec, path.stem), "not run")
-        cols = [(n, price(rec, apply_profile(rec.cluster, p))) for n, p in named]
-        cols.append(("datasheet", price(rec, rec.cluster.replace(
-            gpu=builtin_gpu(rec.cluster.gpu.name)))))
-        all_s = [s for s in (price(rec, apply_profile(rec.cluster, p)) for p in every)
-                 if s is not None]
+        cols = [(n, price(rec, p)) for n, p in named]
+        cols.append(("datasheet", price(rec, None)))
+        all_s = [s for s in (price(rec, p) for p in every) if s is not None]
         cols.append(("all", statistics.mean(all_s) if all_s else None))
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
