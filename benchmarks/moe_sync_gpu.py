@@ -290,6 +290,10 @@ SETS["drawn-4127c"] = compiled_draws(4127, selective=True)
 # fp8h26 (drawn 2026-12-03, one GPU): fp8h24's question on a second never-run Llama, the first
 # Llama-family model of draw_models.py seed 4128's two (a 2.61 B MQA at sequence 2048)
 SETS["drawn-4128c"] = compiled_draws(4128, selective=True)
+# fp8h27 / fp8h28 (drawn 2026-12-03, one GPU): the H200 datasheet's compiled fp8 cast rate
+# held out, on draw_models.py seed 4129's two models (a Llama 3.84 B, a GPT 2.48 B)
+SETS["drawn-4129c"] = compiled_draws(4129, selective=True)
+SETS["drawn-4130c"] = compiled_draws(4130, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
