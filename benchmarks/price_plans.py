@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     errs: dict[str, list[float]] = {}
+    prices: dict[tuple[str, str, str], float] = {}     # (column, precision, layout) -> s
     for path in plan_files(args.plans):
         rec = load_plan_file(path)
         prec = rec.job.precision
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
         for name, s in cols:
+            if s is not None:
+                prices[name, prec, path.stem] = s
             if s is None:
                 cells.append("refused")
             elif ran:
@@ -122,7 +125,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{key}: {statistics.mean(v) * 100:.1f} % mean, {max(v) * 100:.1f} % max "
               f"({len(v)} runs)", end="")
     print()
+    for line in speedup_lines(prices, meas):
+        print(line)
     return 0
+
+
+def speedup_lines(prices: dict[tuple[str, str, str], float],
+                  meas: dict[tuple[str, str], float | str]) -> list[str]:
+    """Per column, the error of the predicted fp8/bf16 speed-up (bf16 s / fp8 s) over the
+    layouts whose two arms both ran and were both priced."""
+    ran = {lay for (prec, lay), m in meas.items() if prec == "bf16" and isinstance(m, float)
+           and isinstance(meas.get(("fp8", lay)), float)}
+    out = []
+    for name in dict.fromkeys(c for c, _, _ in prices):
+        e = [prices[name, "bf16", lay] / prices[name, "fp8", lay]
+             / (meas["bf16", lay] / meas["fp8", lay]) - 1 for lay in sorted(ran)
+             if (name, "bf16", lay) in prices and (name, "fp8", lay) in prices]
+        if e:
+            out.append(f"fp8/bf16 speed-up {name}: {statistics.mean(map(abs, e)) * 100:.1f} % "
+                       f"mean, {max(map(abs, e)) * 100:.1f} % max ({len(e)} pairs; "
+                       + ", ".join(f"{x * 100:+.1f} %" for x in e) + ")")
+    return out
 
 
 if __name__ == "__main__":

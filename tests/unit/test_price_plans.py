@@ -1,4 +1,4 @@
-"""benchmarks/price_plans.py, and the committed fp8h24-fp8h26 draws it priced before their runs."""
+"""benchmarks/price_plans.py, and the committed fp8h24-fp8h28 draws it priced before their runs."""
 
 import json
 import random
@@ -28,7 +28,8 @@ def _draw(seed, i):
 
 
 @pytest.mark.parametrize("check, seed, i", [("fp8h24", 4126, 0), ("fp8h25", 4126, 1),
-                                            ("fp8h26", 4128, 1)])
+                                            ("fp8h26", 4128, 1), ("fp8h27", 4129, 0),
+                                            ("fp8h28", 4129, 1)])
 def test_the_committed_models_are_the_seeded_draws(check, seed, i):
     committed = ModelSpec(**json.loads((SETS / check / "m01.json").read_text()))
     assert committed == _draw(seed, i)
@@ -67,6 +68,15 @@ def test_the_table_prices_every_plan_and_reports_each_columns_error(capsys):
             assert float(err.split(" %")[0]) == pytest.approx(
                 (float(price) / meas - 1) * 100, abs=0.1)
     assert "bf16 own:" in out and "bf16 datasheet:" in out
+
+
+def test_speed_up_errors_pair_the_arms_that_both_ran():
+    prices = {("own", "bf16", "a"): 2.0, ("own", "fp8", "a"): 1.0,
+              ("own", "bf16", "b"): 3.0, ("own", "fp8", "b"): 2.0}
+    meas = {("bf16", "a"): 1.6, ("fp8", "a"): 1.0, ("bf16", "b"): 3.0, ("fp8", "b"): "failed"}
+    (line,) = pp.speedup_lines(prices, meas)
+    # a: predicted 2.0x, measured 1.6x -> +25 %; b: its fp8 arm did not run, left out
+    assert line == "fp8/bf16 speed-up own: 25.0 % mean, 25.0 % max (1 pairs; +25.0 %)"
 
 
 def test_a_profile_column_must_name_an_existing_file():
