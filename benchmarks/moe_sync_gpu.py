@@ -294,6 +294,10 @@ SETS["drawn-4128c"] = compiled_draws(4128, selective=True)
 # held out, on draw_models.py seed 4129's two models (a Llama 3.84 B, a GPT 2.48 B)
 SETS["drawn-4129c"] = compiled_draws(4129, selective=True)
 SETS["drawn-4130c"] = compiled_draws(4130, selective=True)
+# fp8h29 (drawn 2026-12-03, one GPU): compiled rows derived from another recompute mode's
+# compiled/eager pair, held out: the first Llama-family model of the seeds after 4130
+# (draw_models.py seed 4133's first) priced from fp8h18 (no compiled recompute-none rows)
+SETS["drawn-4133c"] = compiled_draws(4133, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

@@ -390,6 +390,8 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
             + (((cav.COMPILE_ANALYTICAL_CAVEAT if job.runtime == "torch" and lt["fs"] is None
                  and "layer" not in parts.measured else cav.COMPILE_AS_EAGER_CAVEAT),)
                if layout.compile and not lt["compiled"] else ())
+            + ((cav.compiled_pair_caveat(parts.compiled_from_mode),)
+               if layout.compile and lt["compiled"] and parts.compiled_from_mode else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe
                and job.runtime == "torch" and not lt["compiled"] else ())
             # compute.layer_cost prices MLA's memory-bound work as Megatron's fused kernels

@@ -220,6 +220,16 @@ def nearest_shape_caveat(source: str) -> str:
             "--model` with this model for its own rows (docs/benchmarks/transfer.md)")
 
 
+def compiled_pair_caveat(source: str) -> str:
+    """The caution for a compiled layer whose own compiled row the profile lacks, priced from
+    its eager row and another recompute mode's compiled/eager pair
+    (:func:`meshplan.costmodel.compiled_rows.compiled_from_pair`)."""
+    return (f"compile = True priced from {source}: the profile has no compiled layer row at "
+            "this recompute mode, so compile's change is carried from another mode's "
+            "(`meshplan calibrate --model M --compile-rows` times this one; "
+            "meshplan/costmodel/compiled_rows.py)")
+
+
 def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: float,
                           micro_batch: int) -> str:
     """The caution for transferred rows read beyond the micro-batches their source timed
@@ -265,4 +275,4 @@ __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
            "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
-           "nearest_shape_caveat", "stretched_rows_caveat"]
+           "nearest_shape_caveat", "stretched_rows_caveat", "compiled_pair_caveat"]

@@ -216,6 +216,62 @@ def compiled_layout_rows(tables, model: ModelSpec, job: Job, layout: Layout,
                               f"at {at} ({ratios})" for s in sources))
 
 
+#: for a recompute mode without a compiled row, the modes whose compiled/eager pair carries
+#: compile's change to its eager row, nearest first (selective is none with the attention
+#: core recomputed; full re-runs the whole forward)
+PAIR_MODES = {"none": ("selective", "full"), "selective": ("none", "full"),
+              "full": ("selective", "none")}
+
+
+def compiled_from_pair(tables, model: ModelSpec, eager: Interpolated, *, recompute: str,
+                       tp: int, ep: int = 1, **kw) -> tuple[Interpolated, str] | None:
+    """``eager`` (the layer's eager row at ``recompute``, where the profile has no compiled
+    one) as compiled, moved by the compiled/eager pair at the nearest other recompute mode
+    (:data:`PAIR_MODES`) at the same tp, SP, micro-batch and ep; with a sentence naming the
+    pair, or None where no mode has both rows.
+
+    Compile moves a block's element-wise work and its CPU dispatch by a ratio that depends on
+    the block's kernels, not on which of them recomputation re-runs, so each quantity is the
+    eager row's times the pair's compiled / eager ratio (the GPU forward and backward, the
+    CPU's). Kept bytes: the eager row's times the pair's ratio of what the compiled block
+    keeps beside its weight copies, plus this mode's copies (:func:`row_weight_copies`: 0
+    under full recomputation); an MoE row at ep > 1 keeps the eager row's (its compiled
+    rows do not say: module docstring). Peak: the eager row's times the pair's ratio.
+
+    Measured: POST HOC on fp8h26's compiled recompute-none arm, priced from fp8h18's eager
+    row under the compile-as-eager caveat +29.3 % (bf16) and +19.3 % (fp8), docs/benchmarks/
+    fp8_checks.md "Compiled rows from another recompute mode's pair"."""
+    for other in PAIR_MODES[recompute]:
+        at = dict(kw, tp=tp, ep=ep, recompute=other)
+        e, c = tables.layer(model, **at), tables.layer(model, compile=True, **at)
+        if e is None or c is None:
+            continue
+        w_pair, w_here = copies_at(model, tp, ep, other), copies_at(model, tp, ep, recompute)
+        k = CompileRatios.of(e, c, w_pair)
+        out = {"forward_s": eager.forward_s * k.forward_s,
+               "backward_s": eager.backward_s * k.backward_s}
+        if eager.cpu_measured:
+            for (per_layer, fixed), r in zip(_CPU, (k.forward_cpu_s, k.backward_cpu_s)):
+                out[per_layer], out[fixed] = getattr(eager, per_layer) * r, getattr(eager,
+                                                                                   fixed) * r
+        kept = (eager.activation_bytes if k.activation_bytes is None or w_here is None else
+                eager.activation_bytes * k.activation_bytes + w_here)
+        row = replace(eager, **out, activation_bytes=kept,
+                      peak_bytes=eager.peak_bytes * k.peak_bytes, **_SPLIT_ZERO)
+        return row, (f"the eager row at recompute {recompute} moved by the compiled/eager "
+                     f"rows at recompute {other} (GPU forward x{k.forward_s:.2f}, backward "
+                     f"x{k.backward_s:.2f}; CPU x{k.forward_cpu_s:.2f} / "
+                     f"x{k.backward_cpu_s:.2f})")
+    return None
+
+
+def copies_at(model: ModelSpec, tp: int, ep: int, recompute: str) -> float | None:
+    """:func:`compiled_row_copies` at tp, ep and a recompute mode."""
+    if model.is_moe and ep > 1:
+        return None
+    return compiled_row_copies(model, Layout(tp=tp, recompute=recompute))
+
+
 def row_weight_copies(model: ModelSpec, tp: int, recompute: str,
                       experts: float = 0.0) -> float:
     """The 16-bit weight copies a compiled block under autocast keeps for its backward, per
@@ -256,5 +312,6 @@ def derived_caveat(sources: tuple[str, ...]) -> str:
             "(meshplan/costmodel/compiled_rows.py)")
 
 
-__all__ = ["CompileRatios", "CompiledRows", "ROW_COPY_BYTES", "compiled_layout_rows",
-           "derive_compiled", "derived_caveat", "plain_pair", "row_weight_copies"]
+__all__ = ["CompileRatios", "CompiledRows", "PAIR_MODES", "ROW_COPY_BYTES", "compiled_from_pair",
+           "compiled_layout_rows", "copies_at", "derive_compiled", "derived_caveat", "plain_pair",
+           "row_weight_copies"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshplan.costmodel import comm
-from meshplan.costmodel.compiled_rows import row_weight_copies
+from meshplan.costmodel.compiled_rows import compiled_from_pair, row_weight_copies
 from meshplan.costmodel.compute import (LayerCost, PassCost, embedding_cost, layer_cost,
                                         logits_cost)
 from meshplan.costmodel.fp8_cost import Fp8Layer, fp8_layer
@@ -76,6 +76,10 @@ class LayerParts:
     # Layout.compile asked for: whether the layer came from a compiled measured row (False:
     # priced as eager, which the estimate's caveats say)
     compiled: bool = False
+    # a compiled layer priced from its eager row moved by another recompute mode's
+    # compiled/eager pair (compiled_rows.compiled_from_pair): the sentence naming it; ""
+    # where the compiled row was timed, or not compiled
+    compiled_from_mode: str = ""
     # precision "fp8": what the linears' fp8 GEMMs and casts changed in ``layer`` (already
     # applied) and the per-step and memory terms the layout adds (meshplan.costmodel.fp8_cost)
     fp8: Fp8Layer | None = None
@@ -143,6 +147,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     tables = tables_for(model, cluster, job, tp_link)
     transferred, stretch = "", None
     compiled = False
+    compiled_from_mode = ""
     extended: tuple[int, ...] = ()
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
@@ -151,6 +156,12 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
         compiled = ml is not None
         if ml is None:
             ml = tables.layer(model, recompute=recompute, ep=ep, **kw)
+            if compile and ml is not None:
+                # no compiled row at this recompute mode: compile's change carried from the
+                # compiled/eager pair at another mode (compiled_rows.compiled_from_pair)
+                got = compiled_from_pair(tables, model, ml, recompute=recompute, ep=ep, **kw)
+                if got is not None:
+                    (ml, compiled_from_mode), compiled = got, True
         if ml is not None:
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
@@ -160,10 +171,12 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                 wgrad = ml
             measured.append("layer")
             if isinstance(tables, TransferredTables):
+                timed_compiled = compiled and not compiled_from_mode
                 transferred = tables.source_for(tp=tp, sequence_parallel=sp,
-                                                recompute=recompute, compile=compiled).label
+                                                recompute=recompute,
+                                                compile=timed_compiled).label
                 stretch = tables.stretch_for(tp=tp, sequence_parallel=sp, recompute=recompute,
-                                             micro_batch=mb, compile=compiled)
+                                             micro_batch=mb, compile=timed_compiled)
         me = tables.end(model, "embedding", **kw)
         if me is not None:
             emb = (_scaled(emb[0], me.forward_s), _scaled(emb[1], me.backward_s))
@@ -268,6 +281,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                       fp8_delta_kept_bytes=kept_delta, fp8_cpu_s=f8_cpu,
                       tables=tables, transferred_from=transferred,
                       transferred_stretch=stretch, extended_from=extended,
+                      compiled_from_mode=compiled_from_mode,
                       fp8_composed_s=composed if job.precision == "fp8" else (0.0, 0.0))
 
 
