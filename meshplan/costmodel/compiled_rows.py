@@ -230,10 +230,14 @@ def compiled_from_pair(tables, model: ModelSpec, eager: Interpolated, *, recompu
     (:data:`PAIR_MODES`) at the same tp, SP, micro-batch and ep; with a sentence naming the
     pair, or None where no mode has both rows.
 
-    Compile moves a block's element-wise work and its CPU dispatch by a ratio that depends on
-    the block's kernels, not on which of them recomputation re-runs, so each quantity is the
-    eager row's times the pair's compiled / eager ratio (the GPU forward and backward, the
-    CPU's). Kept bytes: the eager row's times the pair's ratio of what the compiled block
+    Compile moves a block's element-wise work by a ratio that depends on the block's kernels,
+    not on which of them recomputation re-runs, so the GPU forward and backward are the eager
+    row's times the pair's compiled / eager ratio. The CPU dispatch stays the eager row's: a
+    compiled block's moves with how its recomputation is staged — compiled / eager CPU per
+    layer (forward; backward) over the committed dense one-H200 profiles fp8h1-fp8h22: 0.59-2.1
+    (0.64-1.25) at recompute none, 0.97-2.18 (0.80-1.43) at selective, 0.43-1.01 (0.38-0.79)
+    at full — so no mode's ratio carries another's; ratio 1 lies inside recompute none's range.
+    Kept bytes: the eager row's times the pair's ratio of what the compiled block
     keeps beside its weight copies, plus this mode's copies (:func:`row_weight_copies`: 0
     under full recomputation); an MoE row at ep > 1 keeps the eager row's (its compiled
     rows do not say: module docstring). Peak: the eager row's times the pair's ratio.
@@ -250,18 +254,13 @@ def compiled_from_pair(tables, model: ModelSpec, eager: Interpolated, *, recompu
         k = CompileRatios.of(e, c, w_pair)
         out = {"forward_s": eager.forward_s * k.forward_s,
                "backward_s": eager.backward_s * k.backward_s}
-        if eager.cpu_measured:
-            for (per_layer, fixed), r in zip(_CPU, (k.forward_cpu_s, k.backward_cpu_s)):
-                out[per_layer], out[fixed] = getattr(eager, per_layer) * r, getattr(eager,
-                                                                                   fixed) * r
         kept = (eager.activation_bytes if k.activation_bytes is None or w_here is None else
                 eager.activation_bytes * k.activation_bytes + w_here)
         row = replace(eager, **out, activation_bytes=kept,
                       peak_bytes=eager.peak_bytes * k.peak_bytes, **_SPLIT_ZERO)
         return row, (f"the eager row at recompute {recompute} moved by the compiled/eager "
                      f"rows at recompute {other} (GPU forward x{k.forward_s:.2f}, backward "
-                     f"x{k.backward_s:.2f}; CPU x{k.forward_cpu_s:.2f} / "
-                     f"x{k.backward_cpu_s:.2f})")
+                     f"x{k.backward_s:.2f}; CPU dispatch the eager row's)")
     return None
 
 

@@ -138,6 +138,14 @@ class MeasuredTables:
         return frozenset((r.tp, r.sequence_parallel, r.recompute)
                          for r in self._compiled_rows(model, seq_len) if r.ep == 1)
 
+    def eager_settings(self, model: ModelSpec, seq_len: int) -> frozenset:
+        """The (tp, sequence parallel, recompute) settings of this model's plain (ZeRO-0,
+        ep 1, bf16) layer rows timed eager at ``seq_len``."""
+        key = layer_shape_key(model)
+        return frozenset((r.tp, r.sequence_parallel, r.recompute) for r in self.layers
+                         if not r.compile and r.shape == key and r.seq_len == seq_len
+                         and r.zero == 0 and r.ep == 1 and r.precision == "bf16")
+
     def compiled_ep_settings(self, model: ModelSpec, seq_len: int) -> frozenset:
         """The (tp, sequence parallel, recompute, ep) settings, ep > 1, at which the profile
         timed this MoE model's layer compiled with its experts over ep ranks."""

@@ -12,9 +12,9 @@ and ``etp`` from :func:`expert_options`, ``micro_batch`` dividing ``global_batch
 ``max_micro_batch``), every allowed schedule (``interleaved-1f1b`` with ``vpp ≥ 2``,
 ``layers ≥ pp·vpp``, micro-batches a multiple of ``pp``: Narayanan et al. 2021 §2.2.2),
 recompute, ZeRO stage, sequence parallelism (only with ``tp > 1``, Korthikanti et al.
-2022 §4.2.2) and ``compile`` (only where the GPU profile has compiled layer rows of the
-model at the layout's tp, SP and recompute mode: :func:`compile_options`,
-:func:`compiled_settings`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
+2022 §4.2.2) and ``compile`` (only where the GPU profile prices it compiled: compiled
+layer rows of the model at the layout's tp, SP and recompute mode, or another mode's
+compiled/eager pair at that tp and SP: :func:`compile_options`, :func:`compiled_settings`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
 accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp·cp = 1`` (nothing
 to shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
 ``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
@@ -341,11 +341,19 @@ def compile_options(cluster: Cluster, fixed, model: ModelSpec | None = None,
 
 
 def compiled_settings(cluster: Cluster, model: ModelSpec, seq_len: int) -> frozenset:
-    """The (tp, sequence parallel, recompute) settings with compiled rows of ``model`` in the
-    GPU profile: where a compiled layout is priced compiled (its own rows, or FSDP2's derived
-    from them), so where searching ``compile = True`` can find something eager does not."""
+    """The (tp, sequence parallel, recompute) settings where a compiled layout of ``model`` is
+    priced compiled, so where searching ``compile = True`` can find something eager does not:
+    those with compiled rows in the GPU profile (their own rows, or FSDP2's derived from
+    them), and the recompute modes with an eager row at a (tp, SP) whose compiled/eager pair
+    at another mode carries compile to them
+    (:func:`meshplan.costmodel.compiled_rows.compiled_from_pair`)."""
     tables = cluster.gpu.measured
-    return tables.compiled_settings(model, seq_len) if tables else frozenset()
+    if not tables:
+        return frozenset()
+    timed = tables.compiled_settings(model, seq_len)
+    eager = tables.eager_settings(model, seq_len)
+    paired = {(tp, sp) for tp, sp, mode in timed & eager}
+    return timed | frozenset(s for s in eager if s[:2] in paired)
 
 
 def check_global(model: ModelSpec, cluster: Cluster, job: Job) -> None:

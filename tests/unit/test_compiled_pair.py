@@ -48,8 +48,8 @@ def test_the_eager_row_moves_by_the_other_modes_ratios():
     row, source = compiled_from_pair(tables, MODEL, eager, recompute="none", **AT)
     assert row.forward_s == pytest.approx(2e-3 * 1.1 / 2.2)
     assert row.backward_s == pytest.approx(4e-3 * 3 / 5)
-    assert row.forward_cpu_s == pytest.approx(1e-3 * 0.5)
-    assert row.backward_cpu_s == pytest.approx(2e-3 * 0.5)
+    # the CPU dispatch stays the eager row's: no other mode's ratio carries it
+    assert (row.forward_cpu_s, row.backward_cpu_s) == (1e-3, 2e-3)
     # kept: the eager row's bytes by the pair's ratio beside its weight copies, plus this
     # mode's copies (recompute none keeps them too)
     assert row.activation_bytes == pytest.approx(3e8 * 1e8 / 2e8 + copies_at(MODEL, 1, 1,
@@ -85,3 +85,15 @@ def test_the_estimate_prices_the_derived_row_and_names_it():
     timed = _row("none", True, 0.5e-3, 1e-3, 1e8)
     own = estimate(MODEL, _cluster(EAGER_NONE, timed, *PAIR), JOB, replace(lay, compile=True))
     assert not any("moved by the compiled/eager rows" in c for c in own.caveats)
+
+
+def test_the_planner_searches_compile_where_a_pair_carries_it():
+    from meshplan.planner.space import compiled_settings
+    # eager rows at none and selective, the pair at selective: none is searched compiled too
+    cl = _cluster(EAGER_NONE, *PAIR)
+    assert compiled_settings(cl, MODEL, 1024) == {(1, False, "selective"), (1, False, "none")}
+    # a compiled row without its eager twin is no pair: only its own mode
+    assert compiled_settings(_cluster(EAGER_NONE, PAIR[1]), MODEL, 1024) == {
+        (1, False, "selective")}
+    # no eager row at full: full is not searched compiled
+    assert (1, False, "full") not in compiled_settings(cl, MODEL, 1024)
