@@ -6,7 +6,9 @@ plain (ZeRO-0) rows and, since 2026-11-30, on a dense model's FSDP2 rows over th
 (read as timed: ``build.layer_times``); MoE FSDP2 rows, FSDP2 rows at other dp, older
 profiles' FSDP2 rows and FSDP2's compute alone (the 1-rank ZeRO-2 row a pipelined ZeRO-2
 stage runs at) are timed eager only, and their compiled layouts priced as below
-(docs/calibrate.md, "Compiled rows").
+(docs/calibrate.md, "Compiled rows"). A plain layer at a recompute mode the calibration did not
+compile takes its eager row moved by another mode's compiled/eager pair
+(:func:`compiled_from_pair`).
 
 **Mechanism.** ``torch.compile`` changes a block's own compute: Inductor fuses its
 element-wise kernels (norms, activations, residual adds, autocast's casts) into fewer
