@@ -376,6 +376,9 @@ def time_corrections(cluster: Cluster, job: Job, layout: Layout, m: int) -> dict
 def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lt: dict,
                   parts: LayerParts) -> tuple[str, ...]:
     numbers = cluster.gpu.corrections    # the FSDP2 caveat names the profile's per-step term
+    # a compiled layer priced from the analytical layer (no row applies: datasheet profiles)
+    analytical = (layout.compile and not lt["compiled"] and job.runtime == "torch"
+                  and lt["fs"] is None and "layer" not in parts.measured)
     return (((cav.nearest_shape_caveat(parts.transferred_from),) if parts.transferred_from
              else ())
             + ((cav.stretched_rows_caveat(*parts.transferred_stretch),)
@@ -387,9 +390,10 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
                and job.runtime == "torch" and "layer" in parts.measured
                and not (model.is_moe and layout.ep > 1) else ())
             + ((cav.ZB_FSDP2_CAVEAT,) if corr.unsharded_zb(job, layout) else ())
-            + (((cav.COMPILE_ANALYTICAL_CAVEAT if job.runtime == "torch" and lt["fs"] is None
-                 and "layer" not in parts.measured else cav.COMPILE_AS_EAGER_CAVEAT),)
+            + (((cav.COMPILE_ANALYTICAL_CAVEAT if analytical else cav.COMPILE_AS_EAGER_CAVEAT),)
                if layout.compile and not lt["compiled"] else ())
+            + ((cav.COMPILE_ANALYTICAL_FP8_CAVEAT,) if analytical and job.precision == "fp8"
+               else ())
             + ((cav.compiled_pair_caveat(parts.compiled_from_mode),)
                if layout.compile and lt["compiled"] and parts.compiled_from_mode else ())
             + ((cav.COMPILE_MOE_CAVEAT,) if layout.compile and model.is_moe

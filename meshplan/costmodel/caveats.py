@@ -73,6 +73,16 @@ COMPILE_ANALYTICAL_CAVEAT = (
     "tensor, as Inductor's generated kernels move it, and no CPU dispatch; `meshplan "
     "calibrate --model M --compile-rows` times the compiled block")
 
+COMPILE_ANALYTICAL_FP8_CAVEAT = (
+    "compiled fp8 without layer rows: a compiled fp8 block dispatches the amax, scale and "
+    "cast kernels around each GEMM beside its bf16 twin's (+1.3 ms a layer per micro-batch on "
+    "average over the fp8h1-fp8h15 rows, one H200 host), which this price leaves out with "
+    "the rest of the CPU's dispatch: where the host paces the step fp8 gains less than "
+    "priced, or loses (one H200, micro-batch 1-2 of 1.65-2.3 B models: 15-49 % faster "
+    "priced than run, fp8 up to 1.37x slower than bf16; docs/benchmarks/fp8_checks.md, "
+    "\"The H200 datasheet's compiled casts\"); `meshplan calibrate --model M --compile-rows "
+    "--fp8-rows` times it")
+
 COMPILE_MOE_CAVEAT = (
     "compile = True on an MoE model: the executor's whole MoE block compiles as one graph at "
     "ep = 1 and ran 1.38-1.47x faster than eager on one H200 (moe-1.9b, micro-batch 2-4; "
@@ -269,7 +279,7 @@ def host_caveats(host_wait_s: float, step_s: float, host_s: float, pipe_s: float
 
 __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT",
            "ZB_FSDP2_CAVEAT", "P2P_ORDER_CAVEAT", "COMPILE_AS_EAGER_CAVEAT",
-           "COMPILE_ANALYTICAL_CAVEAT", "COMPILE_MOE_CAVEAT",
+           "COMPILE_ANALYTICAL_CAVEAT", "COMPILE_ANALYTICAL_FP8_CAVEAT", "COMPILE_MOE_CAVEAT",
            "MLA_TORCH_CAVEAT", "MTP_TORCH_CAVEAT", "MOE_UNTIMED_TORCH_CAVEAT",
            "moe_untimed_torch_caveats",
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",

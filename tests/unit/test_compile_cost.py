@@ -322,3 +322,16 @@ def test_two_ranks_time_fsdp2_rows_with_their_blocks_compiled(tmp_path):
     compiled_fsdp = [r for r in got if r[0] >= 2 and r[3]]
     assert {(r[0], r[1], r[2]) for r in compiled_fsdp} == {(2, 2, "full"), (3, 2, "full")}
     assert all(r[4] > 0 and r[5] > 0 for r in compiled_fsdp)
+
+
+def test_a_datasheet_compiled_fp8_layout_says_its_casts_dispatch_is_not_priced():
+    from meshplan.costmodel.caveats import COMPILE_ANALYTICAL_FP8_CAVEAT
+    datasheet = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1)
+    fp8 = replace(JOB, global_batch=4, precision="fp8")
+    lay = Layout(micro_batch=2, compile=True)
+    assert COMPILE_ANALYTICAL_FP8_CAVEAT in estimate(LLAMA, datasheet, fp8, lay).caveats
+    # bf16, or fp8 from a profile's rows: not this caution
+    assert COMPILE_ANALYTICAL_FP8_CAVEAT not in estimate(
+        LLAMA, datasheet, replace(fp8, precision="bf16"), lay).caveats
+    assert COMPILE_ANALYTICAL_FP8_CAVEAT not in estimate(
+        LLAMA, datasheet, fp8, replace(lay, compile=False)).caveats
