@@ -244,9 +244,12 @@ def compiled_from_pair(tables, model: ModelSpec, eager: Interpolated, *, recompu
     under full recomputation); an MoE row at ep > 1 keeps the eager row's (its compiled
     rows do not say: module docstring). Peak: the eager row's times the pair's ratio.
 
-    Measured: POST HOC on fp8h26's compiled recompute-none arm, priced from fp8h18's eager
-    row under the compile-as-eager caveat +29.3 % (bf16) and +19.3 % (fp8), docs/benchmarks/
-    fp8_checks.md "Compiled rows from another recompute mode's pair"."""
+    Measured (1 × H200, docs/benchmarks/fp8_checks.md "Compiled rows from another recompute
+    mode's pair" and "fp8h29"): POST HOC on fp8h26's compiled recompute-none arm, priced from
+    fp8h18's eager row +29.3 % (bf16) and +19.3 % (fp8) as eager, −3.8 / +3.6 % so; held out
+    as run on fp8h29 (a never-run 1.87 B Llama from fp8h18's rows), the four derived arms
+    −0.8 to −5.8 % (3.6 % mean) where as eager +23.7 to +29.8 %, memory within 3.3 % where
+    +12.8 to +37.4 %."""
     for other in PAIR_MODES[recompute]:
         at = dict(kw, tp=tp, ep=ep, recompute=other)
         e, c = tables.layer(model, **at), tables.layer(model, compile=True, **at)
