@@ -111,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
         for name, s in cols:
-            if s is not None:
-                prices[name, prec, path.stem] = s
             if s is None:
                 cells.append("refused")
-            elif ran:
+                continue
+            prices[name, prec, path.stem] = s
+            if ran:
                 cells.append(f"{s:.3f} ({(s / m - 1) * 100:+.1f} %)")
                 errs.setdefault(f"{prec} {name}", []).append(abs(s / m - 1))
             else:

@@ -14,12 +14,13 @@ and ``etp`` from :func:`expert_options`, ``micro_batch`` dividing ``global_batch
 recompute, ZeRO stage, sequence parallelism (only with ``tp > 1``, Korthikanti et al.
 2022 §4.2.2) and ``compile`` (only where the GPU profile prices it compiled: compiled
 layer rows of the model at the layout's tp, SP and recompute mode, or another mode's
-compiled/eager pair at that tp and SP: :func:`compile_options`, :func:`compiled_settings`). These are exactly the layouts :func:`meshplan.spec.validate.check_layout`
-accepts. Three redundant encodings are left out: ZeRO stages > 0 when ``dp·cp = 1`` (nothing
-to shard over: the smallest allowed stage stands for all), ``interleaved-1f1b`` with
-``vpp = 1`` (it *is* 1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed
-(with one stage there is no bubble to fill: the cost model gives both the same time and
-the same in-flight activations).
+compiled/eager pair at that tp and SP: :func:`compile_options`, :func:`compiled_settings`).
+These are exactly the layouts :func:`meshplan.spec.validate.check_layout` accepts. Three
+redundant encodings are left out: ZeRO stages > 0 when ``dp·cp = 1`` (nothing to shard over:
+the smallest allowed stage stands for all), ``interleaved-1f1b`` with ``vpp = 1`` (it *is*
+1F1B) and ``zero-bubble`` with ``pp = 1`` when ``1f1b`` is allowed (with one stage there is
+no bubble to fill: the cost model gives both the same time and the same in-flight
+activations).
 """
 
 from __future__ import annotations
@@ -352,7 +353,7 @@ def compiled_settings(cluster: Cluster, model: ModelSpec, seq_len: int) -> froze
         return frozenset()
     timed = tables.compiled_settings(model, seq_len)
     eager = tables.eager_settings(model, seq_len)
-    paired = {(tp, sp) for tp, sp, mode in timed & eager}
+    paired = {setting[:2] for setting in timed & eager}      # (tp, SP) with a pair
     return timed | frozenset(s for s in eager if s[:2] in paired)
 
 
