@@ -238,7 +238,8 @@ def compiled_from_pair(tables, model: ModelSpec, eager: Interpolated, *, recompu
     compiled block's moves with how its recomputation is staged — compiled / eager CPU per
     layer (forward; backward) over the committed dense one-H200 profiles fp8h1-fp8h22: 0.59-2.1
     (0.64-1.25) at recompute none, 0.97-2.18 (0.80-1.43) at selective, 0.43-1.01 (0.38-0.79)
-    at full — so no mode's ratio carries another's; ratio 1 lies inside recompute none's range.
+    at full (``benchmarks/compiled_cpu_ratios.py``) — so no mode's ratio carries another's;
+    ratio 1 lies inside recompute none's range.
     Kept bytes: the eager row's times the pair's ratio of what the compiled block
     keeps beside its weight copies, plus this mode's copies (:func:`row_weight_copies`: 0
     under full recomputation); an MoE row at ep > 1 keeps the eager row's (its compiled
