@@ -10,12 +10,24 @@ a key changed) repeat its value, so equal values count once.
     python benchmarks/datasheet_from_profiles.py fp8_cast_compiled_gbps fp8_cast_weight_gbps
     python benchmarks/datasheet_from_profiles.py fp8_cast_compiled_gbps \\
         --profiles 'docs/benchmarks/data/profiles/profile_h200x*_*.toml' --gpu H200-SXM-141GB
+
+``--grouped`` prints the grouped-GEMM curves instead (``grouped_gemm_efficiency`` and
+``grouped_fp8_gemm_efficiency``, keyed by the call: :mod:`meshplan.hardware_profiles.
+grouped_gemm`): every distinct grouped GEMM the calibrations timed inside the MoE layer
+(``timing = "in_layer"``, what calibrate's curves are built from since 2026-12-03), pooled
+over the profiles, the median efficiency of each quarter decade of call FLOPs, continued
+below and above by the entry's dense curve (bf16) or fp8 curve, each point times the
+datasheet's derating (0.75: the dense curves' factor for sustained runs at scale, the
+comment at the top of gpus.toml), so the grouped and dense GEMMs of a layer are priced alike.
+
+    python benchmarks/datasheet_from_profiles.py --grouped
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import math
 import statistics
 import sys
 import tomllib
@@ -24,9 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from meshplan.hardware_profiles.curve_fit import extend_with_base, sig  # noqa: E402
+from meshplan.hardware_profiles.grouped_gemm import grouped_points  # noqa: E402
 from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 
 DEFAULT_PROFILES = str(ROOT / "docs/benchmarks/data/profiles/profile_h200x*_*.toml")
+DERATE = 0.75             # the datasheet GEMM curves' factor (gpus.toml, top comment)
+BIN_DECADES = 0.25
+GROUPED_KEYS = {"bf16": ("grouped_gemm_efficiency", "bf16", "gemm_efficiency"),
+                "rowwise": ("grouped_fp8_gemm_efficiency", "fp8", "fp8_gemm_efficiency")}
 
 
 def measured_values(paths: list[str], key: str, gpu: str | None = None) -> dict[float, list[str]]:
@@ -44,6 +62,60 @@ def measured_values(paths: list[str], key: str, gpu: str | None = None) -> dict[
     return out
 
 
+def grouped_rows(paths: list[str], precision: str, gpu: str | None = None
+                 ) -> dict[tuple, str]:
+    """Distinct grouped GEMMs timed in the MoE layer at ``precision`` ("bf16", "rowwise")
+    -> the first profile holding each (copies of one calibration repeat its rows; rows
+    written before calibrate recorded a precision are bf16)."""
+    out: dict[tuple, str] = {}
+    for path in paths:
+        doc = tomllib.loads(Path(path).read_text())
+        if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
+            continue
+        for r in doc.get("measurements", {}).get("grouped_gemm", []):
+            if r.get("timing") != "in_layer" or r.get("precision", "bf16") != precision:
+                continue
+            key = (r["groups"], r["rows"], r["k"], r["n"], round(r["seconds"], 9))
+            out.setdefault(key, Path(path).name)
+    return out
+
+
+def binned_medians(points: list[tuple[float, float]]) -> list[tuple[float, float, int]]:
+    """(x, median efficiency, count) of each :data:`BIN_DECADES` bin of log10 x (x: the
+    bin's centre)."""
+    bins: dict[float, list[float]] = {}
+    for x, eff in points:
+        bins.setdefault(round(math.log10(x) / BIN_DECADES) * BIN_DECADES, []).append(eff)
+    return [(10 ** b, statistics.median(v), len(v)) for b, v in sorted(bins.items())]
+
+
+def grouped_datasheet(paths: list[str], gpu_name: str, precision: str):
+    """(datasheet key, [(x, median, count)], derated curve points) for ``precision``."""
+    key, peak_dtype, base_key = GROUPED_KEYS[precision]
+    sheet = builtin_gpu(gpu_name)
+    rows = grouped_rows(paths, precision, gpu_name)
+    peak = sheet.peak_tflops[peak_dtype] * 1e12
+    pts = grouped_points([dict(groups=g, rows=r, k=k, n=n, seconds=s)
+                          for g, r, k, n, s in rows], peak)
+    med = binned_medians(pts)
+    curve = extend_with_base([(sig(x), sig(DERATE * e)) for x, e, _ in med],
+                             getattr(sheet, base_key))
+    return key, med, len(rows), len(set(rows.values())), curve
+
+
+def print_grouped(paths: list[str], gpu_name: str) -> None:
+    for precision in GROUPED_KEYS:
+        key, med, n, profiles, curve = grouped_datasheet(paths, gpu_name, precision)
+        print(f"{key}: {n} distinct grouped GEMMs timed in the layer ({precision}), "
+              f"{profiles} profiles")
+        print("| call FLOPs | calls | median efficiency | datasheet (x %.2f) |" % DERATE)
+        print("|---|---|---|---|")
+        for x, e, c in med:
+            print(f"| {x:.3g} | {c} | {e:.3f} | {DERATE * e:.3f} |")
+        print(f"{key} = {[[sig(x, 3), sig(y, 3)] for x, y in curve.points]}")
+        print()
+
+
 def summary(values: list[float]) -> dict[str, float]:
     """Median, quartiles and range of ``values`` (at least one)."""
     v = sorted(values)
@@ -53,7 +125,9 @@ def summary(values: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("keys", nargs="+", help="GPU profile keys (e.g. fp8_cast_compiled_gbps)")
+    ap.add_argument("keys", nargs="*", help="GPU profile keys (e.g. fp8_cast_compiled_gbps)")
+    ap.add_argument("--grouped", action="store_true",
+                    help="print the grouped-GEMM curves (module docstring)")
     ap.add_argument("--profiles", default=DEFAULT_PROFILES, help="glob of calibrated profiles")
     ap.add_argument("--gpu", default="H200-SXM-141GB",
                     help="built-in GPU entry to compare with (and profiles of that name)")
@@ -61,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = sorted(glob.glob(args.profiles))
     if not paths:
         raise SystemExit(f"no profile matches {args.profiles}")
+    if args.grouped:
+        print_grouped(paths, args.gpu)
+    if not args.keys:
+        return 0 if args.grouped else ap.error("name a key or give --grouped")
     sheet = builtin_gpu(args.gpu)
     print(f"| key | datasheet {args.gpu} | median of calibrations | quartiles | range | "
           f"calibrations (profiles) |")

@@ -407,6 +407,10 @@ SETS["drawn-3848c"] = compiled_draws(3848)
 # moeh43 (drawn 2026-12-03, one GPU): a coarse never-run model (8 experts of 6144, top-2,
 # a 100 k vocabulary) priced from the same two-model calibration
 SETS["drawn-3849c"] = compiled_draws(3849)
+# moeh44 / moeh45 (2026-12-03): the H200 datasheet's grouped curves held out, two never-run
+# models (benchmarks/sets/moeh44, moeh45)
+SETS["drawn-3850c"] = compiled_draws(3850)
+SETS["drawn-3851c"] = compiled_draws(3851)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
