@@ -19,11 +19,10 @@ over the profiles, the median efficiency of each quarter decade of call FLOPs, c
 below and above by the entry's dense curve (bf16) or fp8 curve, each point times the
 datasheet's derating (0.75: the dense curves' factor for sustained runs at scale, the
 comment at the top of gpus.toml), so the grouped and dense GEMMs of a layer are priced alike.
-These curves are not in the datasheet: held out on moeh44 / moeh45 they brought the fp8 / bf16
-speed-up from 11.7 % to 4.4 % mean error but the step from 8.5 % to 10.6 %, against the rule
-fixed before the run (docs/benchmarks/moe_checks.md, "moeh44 and moeh45").
+A dotted key reads inside a table (``membound_efficiency.moe-permute``: the executor's MoE
+permutation, counted only where calibrate timed it queued, as the profile loader reads it).
 
-    python benchmarks/datasheet_from_profiles.py --grouped
+    python benchmarks/datasheet_from_profiles.py --grouped membound_efficiency.moe-permute
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from meshplan.hardware_profiles.grouped_gemm import grouped_points  # noqa: E402
 from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 
 DEFAULT_PROFILES = str(ROOT / "docs/benchmarks/data/profiles/profile_h200x*_*.toml")
+PERMUTE_KEY = "membound_efficiency.moe-permute"
 DERATE = 0.75             # the datasheet GEMM curves' factor (gpus.toml, top comment)
 BIN_DECADES = 0.25
 GROUPED_KEYS = {"bf16": ("grouped_gemm_efficiency", "bf16", "gemm_efficiency"),
@@ -57,12 +57,27 @@ def measured_values(paths: list[str], key: str, gpu: str | None = None) -> dict[
     for path in paths:
         doc = tomllib.loads(Path(path).read_text())
         g = doc.get("gpu", {})
-        if key not in doc.get("measured", []) or key not in g:
+        value = nested(g, key)
+        if key not in doc.get("measured", []) or value is None:
             continue
         if gpu and g.get("name", gpu) != gpu:
             continue
-        out.setdefault(round(float(g[key]), 3), []).append(Path(path).name)
+        if key == PERMUTE_KEY and not any(
+                r.get("stream") == "queued"
+                for r in doc.get("measurements", {}).get("moe_permute", [])):
+            continue   # timed with the host in the loop: the loader does not read it either
+        out.setdefault(round(float(value), 3), []).append(Path(path).name)
     return out
+
+
+def nested(table: dict, key: str):
+    """``table[key]``, or for a dotted key (``membound_efficiency.moe-permute``, as a
+    profile's ``measured`` list names it) the value inside; None where absent."""
+    head, _, rest = key.partition(".")
+    value = table.get(key, table.get(head) if rest else None)
+    if rest and isinstance(value, dict):
+        return value.get(rest)
+    return None if isinstance(value, dict) else value
 
 
 def grouped_rows(paths: list[str], precision: str, gpu: str | None = None
@@ -149,10 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.keys:
         vals = measured_values(paths, key, args.gpu)
         if not vals:
-            print(f"| `{key}` | {getattr(sheet, key, '—')} | none measured | | | 0 |")
+            print(f"| `{key}` | — | none measured | | | 0 |")
             continue
         s = summary(list(vals))
-        print(f"| `{key}` | {getattr(sheet, key, '—'):.4g} | {s['median']:.4g} | "
+        sheet_value = nested(sheet.to_dict() if hasattr(sheet, "to_dict") else {}, key)
+        if sheet_value is None:
+            sheet_value = getattr(sheet, key, None)
+        shown = "—" if sheet_value is None else f"{sheet_value:.4g}"
+        print(f"| `{key}` | {shown} | {s['median']:.4g} | "
               f"{s['q1']:.4g}-{s['q3']:.4g} | {s['min']:.4g}-{s['max']:.4g} | "
               f"{s['n']} ({sum(map(len, vals.values()))}) |")
     return 0

@@ -411,6 +411,10 @@ SETS["drawn-3849c"] = compiled_draws(3849)
 # models (benchmarks/sets/moeh44, moeh45)
 SETS["drawn-3850c"] = compiled_draws(3850)
 SETS["drawn-3851c"] = compiled_draws(3851)
+# moeh46 / moeh47 (2026-12-03): the H200 datasheet's grouped curves with its permutation rate,
+# held out (benchmarks/sets/moeh46); seed 3852 skipped (printed while drawing moeh44)
+SETS["drawn-3853c"] = compiled_draws(3853)
+SETS["drawn-3854c"] = compiled_draws(3854)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
