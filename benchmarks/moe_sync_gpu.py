@@ -415,6 +415,9 @@ SETS["drawn-3851c"] = compiled_draws(3851)
 # held out (benchmarks/sets/moeh46); seed 3852 skipped (printed while drawing moeh44)
 SETS["drawn-3853c"] = compiled_draws(3853)
 SETS["drawn-3854c"] = compiled_draws(3854)
+# moeh48 (2026-12-03): the datasheet's one permutation rate on a top-8 model, held out
+# (benchmarks/sets/moeh48; seed 3856, the first top-8 draw from 3855)
+SETS["drawn-3856c"] = compiled_draws(3856)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
