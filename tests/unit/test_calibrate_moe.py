@@ -89,7 +89,8 @@ def test_benchmarks_run_on_cpu_and_record_what_they_timed():
 
 def test_permute_bytes_are_the_cost_models():
     """A profile whose permutation efficiency is X moves the routed forward's memory-bound
-    time by exactly permute_bytes · (1/X − 1/hbm_eff) / hbm (ep 1, tokens T = mb·s)."""
+    time by exactly permute_bytes · (1/X − 1/eff) / hbm, eff the rate it replaces (the
+    datasheet's own ``moe-permute`` where it has one; ep 1, tokens T = mb·s)."""
     lay = mp.Layout(dp=4, micro_batch=2, zero=1)
     links = layer_tables(MOE, H200, JOB, lay).links
     gpu = H200.gpu
@@ -98,7 +99,8 @@ def test_permute_bytes_are_the_cost_models():
     b = routed_mlp(MOE, slow, JOB, lay, links, 1.0).forward.memory_bound_s
     nbytes = bench_moe.permute_bytes(2 * 2048, 2, 2048, 2)
     assert b - a == pytest.approx(nbytes / (gpu.hbm_gbps * 1e9)
-                                  * (1 / 0.1 - 1 / gpu.hbm_efficiency), rel=1e-9)
+                                  * (1 / 0.1 - 1 / gpu.op_hbm_efficiency(PERMUTE_OP)),
+                                  rel=1e-9)
 
 
 def test_keys_reproduce_the_benchmarks():
