@@ -19,10 +19,13 @@ over the profiles, the median efficiency of each quarter decade of call FLOPs, c
 below and above by the entry's dense curve (bf16) or fp8 curve, each point times the
 datasheet's derating (0.75: the dense curves' factor for sustained runs at scale, the
 comment at the top of gpus.toml), so the grouped and dense GEMMs of a layer are priced alike.
-A dotted key reads inside a table (``membound_efficiency.moe-permute``: the executor's MoE
-permutation, counted only where calibrate timed it queued, as the profile loader reads it).
+``--permute`` prints the executor's MoE permutation rate by top-k
+(``moe_permute_efficiency_by_top_k``): each profile's queued permutation rows at one top-k
+read as calibrate reads them (bytes over time, ``calibrate/moe_profile.py``), the median of
+the distinct values at each top-k. A dotted key reads inside a table
+(``membound_efficiency.moe-permute``, a calibration's own rate at its model's top-k).
 
-    python benchmarks/datasheet_from_profiles.py --grouped membound_efficiency.moe-permute
+    python benchmarks/datasheet_from_profiles.py --grouped --permute
 """
 
 from __future__ import annotations
@@ -98,6 +101,25 @@ def grouped_rows(paths: list[str], precision: str, gpu: str | None = None
     return out
 
 
+def permute_by_top_k(paths: list[str], gpu: str | None = None) -> dict[int, list[float]]:
+    """top-k -> the distinct permutation rates of the profiles' queued rows at that top-k
+    (bytes over time per profile, as calibrate fits ``membound_efficiency["moe-permute"]``;
+    rows timed in step with the host are not read, as the profile loader does not)."""
+    out: dict[int, set[float]] = {}
+    for path in paths:
+        doc = tomllib.loads(Path(path).read_text())
+        g = doc.get("gpu", {})
+        if gpu and g.get("name", gpu) != gpu:
+            continue
+        rows = [r for r in doc.get("measurements", {}).get("moe_permute", [])
+                if r.get("stream") == "queued" and r.get("seconds", 0) > 0]
+        for k in {r["top_k"] for r in rows}:
+            at = [r for r in rows if r["top_k"] == k]
+            rate = sum(r["model_bytes"] for r in at) / sum(r["seconds"] for r in at)
+            out.setdefault(k, set()).add(round(rate / 1e9 / g["hbm_gbps"], 3))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def binned_medians(points: list[tuple[float, float]]) -> list[tuple[float, float, int]]:
     """(x, median efficiency, count) of each :data:`BIN_DECADES` bin of log10 x (x: the
     bin's centre)."""
@@ -146,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("keys", nargs="*", help="GPU profile keys (e.g. fp8_cast_compiled_gbps)")
     ap.add_argument("--grouped", action="store_true",
                     help="print the grouped-GEMM curves (module docstring)")
+    ap.add_argument("--permute", action="store_true",
+                    help="print the MoE permutation rate by top-k (module docstring)")
     ap.add_argument("--profiles", default=DEFAULT_PROFILES, help="glob of calibrated profiles")
     ap.add_argument("--gpu", default="H200-SXM-141GB",
                     help="built-in GPU entry to compare with (and profiles of that name)")
@@ -155,8 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no profile matches {args.profiles}")
     if args.grouped:
         print_grouped(paths, args.gpu)
+    if args.permute:
+        rates = permute_by_top_k(paths, args.gpu)
+        for k, v in rates.items():
+            print(f"top-{k}: {len(v)} distinct rates {v}, median {statistics.median(v):.3f}")
+        print("moe_permute_efficiency_by_top_k = "
+              f"{[[k, round(statistics.median(v), 3)] for k, v in rates.items()]}")
     if not args.keys:
-        return 0 if args.grouped else ap.error("name a key or give --grouped")
+        return 0 if args.grouped or args.permute else ap.error(
+            "name a key, or give --grouped or --permute")
     sheet = builtin_gpu(args.gpu)
     print(f"| key | datasheet {args.gpu} | median of calibrations | quartiles | range | "
           f"calibrations (profiles) |")

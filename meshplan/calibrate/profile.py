@@ -46,6 +46,10 @@ from meshplan.hardware_profiles.curve_fit import (MAX_EFFICIENCY, extend_with_ba
                                                   merge_points, sig)
 from meshplan.hardware_profiles.gpu import GPUSpec
 
+# built-in keys a calibration does not inherit from its base GPU (build_profile)
+DATASHEET_ONLY_KEYS = ("grouped_gemm_efficiency", "grouped_gemm_key",
+                       "grouped_fp8_gemm_efficiency")
+
 
 def gemm_efficiency(m: int, k: int, n: int, seconds: float, peak_flops: float) -> float:
     return 3.0 * (2.0 * m * k * n) / (peak_flops * seconds)
@@ -213,6 +217,11 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
 
     if base is not None:
         full = base.to_dict()
+        # a datasheet's grouped curves are derated like its dense ones (data/gpus.toml); a
+        # calibration's own GEMM curves are not, so its profile keeps only the grouped
+        # curves it timed (in ``gpu``), else it prices the experts as before they existed
+        for key in DATASHEET_ONLY_KEYS:
+            full.pop(key, None)
         name, base_name = base.name, base.name
     else:
         name, base_name = "cpu", ""

@@ -19,8 +19,10 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   combine's weighted sum (read k copies, write the token:
   (k + 1)·T·h·e), at the profile's ``membound_efficiency["moe-permute"]`` (``meshplan
   calibrate --model`` times the executor's gather, padding copies and combine, forward and
-  backward, at the model's shapes: ``calibrate/bench_moe.py``), else its pooled
-  ``hbm_efficiency``.
+  backward, at the model's shapes: ``calibrate/bench_moe.py``), else its rate at the model's
+  top-k (``moe_permute_efficiency_by_top_k``: the H200 datasheet's, 0.275 at top-2 and
+  0.374 at top-8 from calibrate's rows; held out on moeh46-moeh48,
+  docs/benchmarks/moe_checks.md), else its pooled ``hbm_efficiency``.
 * **Grouped expert GEMMs**: E/ep local experts, each on R·ep/E rows: fc1 (h → m·f_e/etp) and
   fc2 (f_e/etp → h), each at the profile's ``grouped_gemm_efficiency`` curve by one
   expert's GEMM FLOPs, or where the profile has none, the dense GEMM curve at that
@@ -127,6 +129,19 @@ class RoutedMlp:
     kept_output_bytes: float = 0.0
 
 
+def permute_efficiency(gpu, top_k: int) -> float:
+    """HBM efficiency of the permutation: the profile's measured ``membound_efficiency
+    ["moe-permute"]``, else its rate at the model's top-k
+    (``moe_permute_efficiency_by_top_k``: the H200 datasheet's, from calibrate's rows at
+    top-2 and top-8 — the bytes of k copies move faster per byte at larger k), else the
+    pooled ``hbm_efficiency``."""
+    if PERMUTE_OP in gpu.membound_efficiency:
+        return gpu.op_hbm_efficiency(PERMUTE_OP)
+    if gpu.moe_permute_efficiency_by_top_k is not None:
+        return gpu.moe_permute_efficiency_by_top_k(top_k)
+    return gpu.hbm_efficiency
+
+
 def expert_gemm_s(cluster: Cluster, peak: float, groups: float, rows: float, k: float,
                   n: float) -> float:
     """The forward of one grouped GEMM of ``groups`` local experts, ``rows`` rows each
@@ -174,7 +189,7 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                      + (k + 1) * tokens * h * e)
     act_s = hbm_s(gpu, rows * (model.ffn_matrices + 1) * f_loc * e, model.activation)
     fwd_mb = (hbm_s(gpu, tokens * n_exp * ROUTER_SCORE_BYTES)
-              + hbm_s(gpu, permute_bytes, PERMUTE_OP) + act_s)
+              + permute_bytes / (gpu.hbm_gbps * 1e9 * permute_efficiency(gpu, k)) + act_s)
     if ep > 1 and job.moe_dispatcher == "deepep":
         nvl_b, net_b = moe_dispatch.dedup_dispatch_bytes(model, job, links.ep, tokens)
         sent = nvl_b + net_b
@@ -307,4 +322,4 @@ def with_cached_expert_weights(parts: LayerParts, model: ModelSpec, job: Job, la
 
 
 __all__ = ["RoutedMlp", "routed_mlp", "with_routed_mlp", "with_cached_expert_weights",
-           "shared_width", "expert_gemm_s"]
+           "shared_width", "expert_gemm_s", "permute_efficiency"]

@@ -53,7 +53,8 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "overlap_interference", "ddp_overlap_interference", "membound_efficiency",
              "fp8_gemm_efficiency",
              *FP8_CAST_KEYS, "fp8_torch_recipes", "grouped_gemm_efficiency",
-             "grouped_gemm_key", "grouped_fp8_gemm_efficiency", *HOST_KEYS,
+             "grouped_gemm_key", "grouped_fp8_gemm_efficiency",
+             "moe_permute_efficiency_by_top_k", *HOST_KEYS,
              "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency",
              "microbench_timing")
 # [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: a

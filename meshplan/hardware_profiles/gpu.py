@@ -69,6 +69,10 @@ class GPUSpec:
     # the executor's fp8 (rowwise) grouped GEMM, fraction of the fp8 peak, keyed by the call;
     # None: the bf16 grouped time times the dense fp8 / bf16 ratio (costmodel.fp8_experts)
     grouped_fp8_gemm_efficiency: Curve | None = None
+    # HBM efficiency of the executor's MoE permutation by the model's top-k (interpolated in
+    # log k, clamped): datasheet entries; a profile's measured membound_efficiency
+    # ["moe-permute"] (timed at its own model's top-k) comes first (costmodel.moe_layer)
+    moe_permute_efficiency_by_top_k: Curve | None = None
     # NVLink efficiency of a broadcast (bus bytes = the buffer), by message size, where
     # ``meshplan calibrate`` timed broadcasts; None: nvlink_efficiency (meshplan.costmodel.comm)
     nvlink_broadcast_efficiency: Curve | None = None
@@ -204,6 +208,9 @@ class GPUSpec:
                if self.grouped_gemm_efficiency is not None else {}),
             **({"grouped_fp8_gemm_efficiency": self.grouped_fp8_gemm_efficiency.to_list()}
                if self.grouped_fp8_gemm_efficiency is not None else {}),
+            **({"moe_permute_efficiency_by_top_k":
+                self.moe_permute_efficiency_by_top_k.to_list()}
+               if self.moe_permute_efficiency_by_top_k is not None else {}),
             **({"nvlink_broadcast_efficiency": self.nvlink_broadcast_efficiency.to_list()}
                if self.nvlink_broadcast_efficiency is not None else {}),
             **({"nvlink_all_to_all_efficiency": self.nvlink_all_to_all_efficiency.to_list()}

@@ -70,6 +70,19 @@ def _grouped_key(table: Mapping[str, Any], where: str) -> str:
     return key
 
 
+def _permute_by_top_k(table: Mapping[str, Any], where: str) -> Curve | None:
+    """``moe_permute_efficiency_by_top_k`` (GPUSpec): [top-k, HBM efficiency] pairs, each
+    efficiency in (0, 1]; None where absent."""
+    key = "moe_permute_efficiency_by_top_k"
+    if key not in table:
+        return None
+    c = curve(table, key, where)
+    if not all(k >= 1 and 0 < e <= 1 for k, e in c.points):
+        raise ProfileError(f"{where}: {key} must pair a top-k >= 1 with an efficiency in "
+                           f"(0, 1], got {c.to_list()!r}")
+    return c
+
+
 def curve(table: Mapping[str, Any], key: str, where: str) -> Curve:
     pts = get(table, key, list, where)
     if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, _NUM) for v in p)
@@ -131,6 +144,7 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         grouped_gemm_key=_grouped_key(t, where),
         grouped_fp8_gemm_efficiency=(curve(t, "grouped_fp8_gemm_efficiency", where)
                                      if "grouped_fp8_gemm_efficiency" in t else None),
+        moe_permute_efficiency_by_top_k=_permute_by_top_k(t, where),
         nvlink_broadcast_efficiency=(curve(t, "nvlink_broadcast_efficiency", where)
                                      if "nvlink_broadcast_efficiency" in t else None),
         nvlink_all_to_all_efficiency=(curve(t, "nvlink_all_to_all_efficiency", where)

@@ -15,7 +15,8 @@ import meshplan as mp  # noqa: E402
 from meshplan.calibrate import bench_moe, moe_only  # noqa: E402
 from meshplan.calibrate.moe_profile import PERMUTE_OP, add_moe_keys, moe_keys  # noqa: E402
 from meshplan.costmodel.moe_host import routed_ops, torch_syncs  # noqa: E402
-from meshplan.costmodel.moe_layer import expert_gemm_s, routed_mlp  # noqa: E402
+from meshplan.costmodel.moe_layer import (expert_gemm_s, permute_efficiency,  # noqa: E402
+                                          routed_mlp)
 from meshplan.costmodel.tables import layer_tables  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile, load_profile  # noqa: E402
 from meshplan.hardware_profiles.curve import Curve  # noqa: E402
@@ -90,7 +91,7 @@ def test_benchmarks_run_on_cpu_and_record_what_they_timed():
 def test_permute_bytes_are_the_cost_models():
     """A profile whose permutation efficiency is X moves the routed forward's memory-bound
     time by exactly permute_bytes · (1/X − 1/eff) / hbm, eff the rate it replaces (the
-    datasheet's own ``moe-permute`` where it has one; ep 1, tokens T = mb·s)."""
+    datasheet's at the model's top-k where it has one; ep 1, tokens T = mb·s)."""
     lay = mp.Layout(dp=4, micro_batch=2, zero=1)
     links = layer_tables(MOE, H200, JOB, lay).links
     gpu = H200.gpu
@@ -99,7 +100,7 @@ def test_permute_bytes_are_the_cost_models():
     b = routed_mlp(MOE, slow, JOB, lay, links, 1.0).forward.memory_bound_s
     nbytes = bench_moe.permute_bytes(2 * 2048, 2, 2048, 2)
     assert b - a == pytest.approx(nbytes / (gpu.hbm_gbps * 1e9)
-                                  * (1 / 0.1 - 1 / gpu.op_hbm_efficiency(PERMUTE_OP)),
+                                  * (1 / 0.1 - 1 / permute_efficiency(gpu, MOE.experts_per_token)),
                                   rel=1e-9)
 
 

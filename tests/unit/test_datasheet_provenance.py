@@ -32,11 +32,29 @@ def test_grouped_curves_are_the_scripts(precision):
     assert flat == pytest.approx([v for point in derived for v in point], rel=1e-6)
 
 
-def test_permutation_rate_is_the_median_of_queued_calibrations():
-    vals = dfp.measured_values(PATHS, dfp.PERMUTE_KEY, H200)
-    assert len(vals) >= 5
-    median = dfp.summary(list(vals))["median"]
-    assert builtin_gpu(H200).membound_efficiency["moe-permute"] == pytest.approx(median)
+def test_permutation_rate_by_top_k_is_the_median_of_queued_calibrations():
+    rates = dfp.permute_by_top_k(PATHS, H200)
+    assert set(rates) >= {2, 8}
+    entry = builtin_gpu(H200).moe_permute_efficiency_by_top_k
+    assert [k for k, _ in entry.points] == sorted(rates)
+    for k, eff in entry.points:
+        assert eff == pytest.approx(round(dfp.statistics.median(rates[int(k)]), 3))
+
+
+def test_the_permutation_is_priced_at_the_models_top_k():
+    """The datasheet's rate at the model's top-k, interpolated between the timed ones; a
+    profile's own measured rate comes first."""
+    from dataclasses import replace
+
+    from meshplan.costmodel.moe_layer import PERMUTE_OP, permute_efficiency
+    gpu = builtin_gpu(H200)
+    at = {k: permute_efficiency(gpu, k) for k in (1, 2, 4, 8, 16)}
+    assert at[1] == at[2] == pytest.approx(0.275) and at[8] == at[16] == pytest.approx(0.374)
+    assert at[2] < at[4] < at[8]
+    own = replace(gpu, membound_efficiency={PERMUTE_OP: 0.2})
+    assert permute_efficiency(own, 8) == 0.2
+    bare = replace(gpu, moe_permute_efficiency_by_top_k=None)
+    assert permute_efficiency(bare, 8) == gpu.hbm_efficiency
 
 
 def test_nested_reads_dotted_keys():
@@ -53,3 +71,15 @@ def test_h200_fp8_experts_gain_less_than_the_dense_ratio(rows):
     peak16, peak8 = gpu.peak_tflops["bf16"] * 1e12, gpu.peak_tflops["fp8"] * 1e12
     t16, t8 = _gemm_pair_s(gpu, False, peak16, peak8, 16, rows, 2048, 2816)
     assert 0.9 < t16 / t8 < 1.6    # measured in the layer: 0.95-1.58x by call size
+
+
+def test_a_calibration_does_not_inherit_the_derated_grouped_curves():
+    """The datasheet's grouped curves carry its 0.75 derating; a profile whose GEMM curves
+    calibrate measured keeps only grouped curves it timed itself, and keeps the base's
+    permutation rates (rates, not derated curves)."""
+    from meshplan.calibrate import profile as prof
+    doc = prof.build_profile(measurements={}, base=builtin_gpu(H200), device="cuda",
+                             provenance={})
+    g = doc["gpu"]
+    assert not set(prof.DATASHEET_ONLY_KEYS) & set(g)
+    assert g["moe_permute_efficiency_by_top_k"] == [[2, 0.275], [8, 0.374]]
