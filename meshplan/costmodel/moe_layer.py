@@ -92,7 +92,7 @@ from meshplan.costmodel.fp8_experts import (Fp8Experts, expert_weights_cached, f
                                             recompute_keeps_expert_outputs, torch_experts_fp8)
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
-from meshplan.hardware_profiles import Cluster
+from meshplan.hardware_profiles import Cluster, GPUSpec
 from meshplan.hardware_profiles.curve import op_curve
 from meshplan.hardware_profiles.grouped_gemm import grouped_call_s
 from meshplan.spec import Job, Layout, ModelSpec
@@ -129,7 +129,7 @@ class RoutedMlp:
     kept_output_bytes: float = 0.0
 
 
-def permute_efficiency(gpu, top_k: int) -> float:
+def permute_efficiency(gpu: GPUSpec, top_k: int) -> float:
     """HBM efficiency of the permutation: the profile's measured ``membound_efficiency
     ["moe-permute"]``, else its rate at the model's top-k
     (``moe_permute_efficiency_by_top_k``: the H200 datasheet's, from calibrate's rows at
