@@ -31,6 +31,7 @@ the distinct values at each top-k. A dotted key reads inside a table
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import math
 import statistics
@@ -41,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from meshplan.hardware_profiles.calibrated import queued_permute_rows  # noqa: E402
 from meshplan.hardware_profiles.curve_fit import extend_with_base, sig  # noqa: E402
 from meshplan.hardware_profiles.grouped_gemm import grouped_points  # noqa: E402
 from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
@@ -53,21 +55,25 @@ GROUPED_KEYS = {"bf16": ("grouped_gemm_efficiency", "bf16", "gemm_efficiency"),
                 "rowwise": ("grouped_fp8_gemm_efficiency", "fp8", "fp8_gemm_efficiency")}
 
 
+@functools.lru_cache(maxsize=None)
+def read_doc(path: str) -> dict:
+    """A profile's TOML, parsed once whatever the number of keys and tables asked of it."""
+    return tomllib.loads(Path(path).read_text())
+
+
 def measured_values(paths: list[str], key: str, gpu: str | None = None) -> dict[float, list[str]]:
     """Distinct measured values of ``key`` -> the profiles holding each (``gpu``: only
     profiles of that GPU name; a profile that inherited the key is not counted)."""
     out: dict[float, list[str]] = {}
     for path in paths:
-        doc = tomllib.loads(Path(path).read_text())
+        doc = read_doc(path)
         g = doc.get("gpu", {})
         value = nested(g, key)
         if key not in doc.get("measured", []) or value is None:
             continue
         if gpu and g.get("name", gpu) != gpu:
             continue
-        if key == PERMUTE_KEY and not any(
-                r.get("stream") == "queued"
-                for r in doc.get("measurements", {}).get("moe_permute", [])):
+        if key == PERMUTE_KEY and not queued_permute_rows(doc.get("measurements", {})):
             continue   # timed with the host in the loop: the loader does not read it either
         out.setdefault(round(float(value), 3), []).append(Path(path).name)
     return out
@@ -90,7 +96,7 @@ def grouped_rows(paths: list[str], precision: str, gpu: str | None = None
     written before calibrate recorded a precision are bf16)."""
     out: dict[tuple, str] = {}
     for path in paths:
-        doc = tomllib.loads(Path(path).read_text())
+        doc = read_doc(path)
         if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
             continue
         for r in doc.get("measurements", {}).get("grouped_gemm", []):
@@ -107,12 +113,12 @@ def permute_by_top_k(paths: list[str], gpu: str | None = None) -> dict[int, list
     rows timed in step with the host are not read, as the profile loader does not)."""
     out: dict[int, set[float]] = {}
     for path in paths:
-        doc = tomllib.loads(Path(path).read_text())
+        doc = read_doc(path)
         g = doc.get("gpu", {})
         if gpu and g.get("name", gpu) != gpu:
             continue
-        rows = [r for r in doc.get("measurements", {}).get("moe_permute", [])
-                if r.get("stream") == "queued" and r.get("seconds", 0) > 0]
+        rows = [r for r in queued_permute_rows(doc.get("measurements", {}))
+                if r.get("seconds", 0) > 0]
         for k in {r["top_k"] for r in rows}:
             at = [r for r in rows if r["top_k"] == k]
             rate = sum(r["model_bytes"] for r in at) / sum(r["seconds"] for r in at)
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| `{key}` | — | none measured | | | 0 |")
             continue
         s = summary(list(vals))
-        sheet_value = nested(sheet.to_dict() if hasattr(sheet, "to_dict") else {}, key)
+        sheet_value = nested(sheet.to_dict(), key)
         if sheet_value is None:
             sheet_value = getattr(sheet, key, None)
         shown = "—" if sheet_value is None else f"{sheet_value:.4g}"

@@ -380,6 +380,13 @@ def _warn_small_optimizer_row(prov: dict, membound: Any, where: str) -> None:
             stacklevel=3)
 
 
+def queued_permute_rows(measurements: Any) -> list[dict]:
+    """A profile's MoE permutation rows timed queued behind a spin (calibrate since
+    2026-12-02), the only ones that read the GPU's bytes (:func:`_without_host_timed_permute`)."""
+    rows = measurements.get("moe_permute", []) if isinstance(measurements, dict) else []
+    return [r for r in rows if isinstance(r, dict) and r.get("stream") == "queued"]
+
+
 def _without_host_timed_permute(gpu: GPUSpec, prov: dict, measurements: Any,
                                 where: str) -> GPUSpec:
     """``gpu`` without ``membound_efficiency["moe-permute"]`` where the profile's permutation
@@ -390,8 +397,7 @@ def _without_host_timed_permute(gpu: GPUSpec, prov: dict, measurements: Any,
     time (docs/moe.md, "Profiles of other models"); the pooled ``hbm_efficiency`` stands."""
     if "moe-permute" not in gpu.membound_efficiency or prov.get("device") != "cuda":
         return gpu
-    rows = measurements.get("moe_permute", []) if isinstance(measurements, dict) else []
-    if any(isinstance(r, dict) and r.get("stream") == "queued" for r in rows):
+    if queued_permute_rows(measurements):
         return gpu
     warnings.warn(MeshplanWarning(
         f"{where}: membound_efficiency 'moe-permute' was timed with the host in the loop (it "
@@ -461,5 +467,5 @@ def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False)
 
 
 __all__ = ["CalibratedProfile", "load_profile", "apply_profile", "membound_op_efficiency",
-           "profile_latency",
+           "profile_latency", "queued_permute_rows",
            "SCHEMA", "VERSION", "READABLE_VERSIONS"]

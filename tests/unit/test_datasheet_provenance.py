@@ -4,6 +4,7 @@ as their provenance), and the grouped curves price the executor's fp8 experts be
 curves' 1.72x."""
 
 import glob
+import statistics
 import sys
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_permutation_rate_by_top_k_is_the_median_of_queued_calibrations():
     entry = builtin_gpu(H200).moe_permute_efficiency_by_top_k
     assert [k for k, _ in entry.points] == sorted(rates)
     for k, eff in entry.points:
-        assert eff == pytest.approx(round(dfp.statistics.median(rates[int(k)]), 3))
+        assert eff == pytest.approx(round(statistics.median(rates[int(k)]), 3))
 
 
 def test_the_permutation_is_priced_at_the_models_top_k():
