@@ -84,3 +84,15 @@ def test_a_calibration_does_not_inherit_the_derated_grouped_curves():
     g = doc["gpu"]
     assert not set(prof.DATASHEET_ONLY_KEYS) & set(g)
     assert g["moe_permute_efficiency_by_top_k"] == [[2, 0.275], [8, 0.374]]
+
+
+@pytest.mark.parametrize("points", [[[2, 1.5]], [[0.5, 0.3]], [[2, 0.0]], "fast"])
+def test_a_bad_permutation_rate_names_the_key(points):
+    from meshplan.errors import ProfileError
+    from meshplan.hardware_profiles.loader import gpu_from_table
+    table = {**builtin_gpu(H200).to_dict(), "moe_permute_efficiency_by_top_k": points}
+    with pytest.raises(ProfileError, match="moe_permute_efficiency_by_top_k"):
+        gpu_from_table("x", table, "p.toml [gpu]")
+    table["moe_permute_efficiency_by_top_k"] = [[2, 0.3], [8, 0.4]]
+    back = gpu_from_table("x", table, "p.toml [gpu]")
+    assert back.to_dict()["moe_permute_efficiency_by_top_k"] == [[2, 0.3], [8, 0.4]]
