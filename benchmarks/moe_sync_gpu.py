@@ -418,9 +418,12 @@ SETS["drawn-3854c"] = compiled_draws(3854)
 # moeh48 (2026-12-03): the datasheet's one permutation rate on a top-8 model, held out
 # (benchmarks/sets/moeh48; seed 3856, the first top-8 draw from 3855)
 SETS["drawn-3856c"] = compiled_draws(3856)
-# moeh49 (prepared 2026-12-03, not run): the permutation rate by top-k at top-4, where it is
-# interpolated (benchmarks/sets/moeh49; seed 3857, the next draw)
+# moeh49 (2026-12-03): the permutation rate by top-k at top-4, where it is interpolated
+# (benchmarks/sets/moeh49; seed 3857, the next draw)
 SETS["drawn-3857c"] = compiled_draws(3857)
+# moeh50 (2026-12-03): the gradient accumulation across micro-batches, held out
+# (benchmarks/sets/moeh50; seed 3858, the next draw)
+SETS["drawn-3858c"] = compiled_draws(3858)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -7,7 +7,9 @@
 3. a layer's pass times as the layout runs them (:func:`layer_times`: ZeRO-3 / FSDP2
    gathers, measured FSDP2 and pipelined ZeRO-2 rows, zero-bubble's split backward);
 4. the CPU's dispatch per micro-batch (:func:`host_dispatch`);
-5. the first and last stage's extra work (:func:`end_stage_times`);
+5. the first and last stage's extra work (:func:`end_stage_times`), and each backward's
+   share of the step's gradient accumulation
+   (:func:`~meshplan.costmodel.grad_accumulation.accumulation_terms`);
 6. memory: base terms, then the runtime's terms and memory corrections (:func:`memory_terms`);
 7. the named time corrections (:func:`time_corrections`) and the caveats.
 
@@ -30,6 +32,7 @@ from meshplan.costmodel.data_parallel import (DP_BUCKET_BYTES, Zero3Layer, root_
                                               root_reduce_s, zero3_layer)
 from meshplan.costmodel.fp8_caveats import fp8_caveats
 from meshplan.costmodel.fp8_cost import fp8_gathered_params
+from meshplan.costmodel.grad_accumulation import accumulation_terms
 from meshplan.costmodel.measured import split_backward_at
 from meshplan.costmodel.memory import (compute_weight_bytes_per_param, stage_params,
                                        state_bytes_per_param)
@@ -418,16 +421,20 @@ def build_fields(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     inflight = inflight_table(layout.schedule, pp, v, m)
     lt = layer_times(model, cluster, job, layout, parts, links)
     z3 = lt["z3"]
+    acc = accumulation_terms(model, cluster, job, layout, m, parts.measured)
+    ends = end_stage_times(model, job, layout, parts, links, lt["fsdp"], cluster.gpu)
+    ends["first_backward_s"] += acc.embedding_s
+    ends["last_backward_s"] += acc.output_s
     return dict(
         model=model, cluster=cluster, job=job, layout=layout, links=links, parts=parts,
         zero3=z3, num_layers=model.num_layers, num_microbatches=m, last_rank=last_rank,
         inflight=inflight,
         layer_forward_s=lt["layer_f"] + z3.forward_s,
-        layer_backward_s=lt["layer_b"] + z3.backward_s,
+        layer_backward_s=lt["layer_b"] + z3.backward_s + acc.layer_s,
         layer_wgrad_s=lt["layer_w"], zb_w_recompute_passes=lt["zb_w_passes"],
         zb_split_excess_s=lt["split_excess"],
         p2p_s=parts.p2p_s if pp > 1 else 0.0,
-        **end_stage_times(model, job, layout, parts, links, lt["fsdp"], cluster.gpu),
+        **ends,
         **host_dispatch(cluster, layout, parts, lt),
         **memory_terms(model, cluster, job, layout, parts, lt, m, inflight, last_rank),
         **time_corrections(cluster, job, layout, m),
