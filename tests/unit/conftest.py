@@ -88,3 +88,17 @@ def two_rank_profile(tmp_path_factory) -> dict:
         os.environ["PYTHONPATH"] = env_path
     assert rc == 0
     return tomllib.loads(out.read_text())
+
+
+@pytest.fixture
+def no_grad_accumulation(monkeypatch):
+    """The cost model without its gradient-accumulation term
+    (:mod:`meshplan.costmodel.grad_accumulation`), for tests of other mechanisms whose
+    expected numbers are a measured row passed through or a committed prediction made
+    before the term (tests/unit/test_grad_accumulation.py tests the term itself)."""
+    from meshplan.costmodel import build, grad_accumulation, tables
+    monkeypatch.setattr(build, "accumulation_terms",
+                        lambda *a, **k: grad_accumulation.AccumulationTerms())
+    tables._layer_tables.cache_clear()
+    yield
+    tables._layer_tables.cache_clear()

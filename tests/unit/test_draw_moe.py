@@ -131,6 +131,7 @@ def test_repredict_prices_every_measured_layout_of_a_committed_run(capsys):
     assert "as run: mean 12.8 %, max 21.0 % (8 layouts)" in out and "today: mean" in out
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_repredict_one_arm_of_a_check_with_a_later_sustained_ratio(capsys):
     """``repredict --arm bf16 --sustained-from P`` (POST HOC, fp8h19): the check's data file
     holds each arm's results under its name; the compiled bf16 rows, which carried no
@@ -404,6 +405,7 @@ def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_p
     assert doc["runs"]["a/current2"] == {"status": "skipped: budget"}
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_repredict_at_one_reading_of_the_ep_rows(capsys):
     """``repredict --readings F --ep-reading first|median`` (POST HOC): moeh14's ep rows at
     the calibration's first reading (what one round keeps) or at the median it kept — the
@@ -421,6 +423,7 @@ def test_repredict_at_one_reading_of_the_ep_rows(capsys):
         msg.main(args[:5] + ["--ep-reading", "first"])
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_repredict_reads_the_readings_from_a_profiles_provenance(tmp_path, capsys):
     """Calibrations since moeh15 keep every reading of the rows they read again in the
     profile's provenance (``synced_readings``, labelled as the progress names a row):

@@ -56,6 +56,7 @@ def test_timed_or_interpolated_micro_batches_carry_no_such_caveat(timed, mb):
     assert _extended(_cluster(timed), mb) == []
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_the_extension_it_names_is_linear_from_the_two_nearest_rows():
     e = estimate(MODEL, _cluster((1, 2)), JOB, Layout(micro_batch=4))
     # backward rows 2.3 and 4.3 ms at micro-batch 1 and 2: 8.3 ms a layer at 4, eight

@@ -77,6 +77,7 @@ def _cluster(*rows):
 
 
 @pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_an_fp8_row_replaces_the_composed_layer_time_bytes_and_dispatch(compile):
     bf16 = [_row(2e-3, 4e-3, mb, compile=c) for mb in (1, 2) for c in (False, True)]
     fp8 = [_fp8(1.2e-3 * mb, 2.5e-3 * mb, mb=mb, compile=compile, forward_cpu_s=6e-3,
@@ -117,6 +118,7 @@ def test_fp8_rows_price_only_their_recipe_runtime_and_recompute_mode():
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_a_missing_fp8_row_is_its_bf16_row_plus_the_difference_timed_at_another_mode(
         recompute):
     bf16 = [_row(2e-3, b, mb, recompute=rc) for mb in (1, 2)

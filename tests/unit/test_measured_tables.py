@@ -76,6 +76,7 @@ def test_torch_runtime_state_bytes_and_fsdp_sharding():
     assert model_state_bytes(1000, mega, 2, 4) == (2000, 500, 3000)
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_measured_layer_and_ends_replace_the_analytical_ones():
     c = _cluster(TABLES)
     est = estimate(MODEL, c, JOB, Layout(dp=1, micro_batch=1))
@@ -299,6 +300,7 @@ def test_cpu_fields_interpolate_and_are_optional():
                             recompute="none", micro_batch=1).cpu_measured
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_host_bound_sets_the_step_when_the_cpu_is_slower():
     c = _cluster(_cpu_tables())
     est = estimate(MODEL, c, JOB, Layout(micro_batch=1))
@@ -324,6 +326,7 @@ def test_host_bound_sets_the_step_when_the_cpu_is_slower():
     assert not any(c.startswith("host-bound") for c in e2.caveats)
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_near_host_bound_caveat_marks_little_cpu_headroom():
     """GPU-bound with the CPU's dispatch at 80 % or more of the GPU's time: the step is the
     GPU's, but the estimate says the CPU has little headroom (HOST_NEAR_LOAD)."""

@@ -298,6 +298,7 @@ def test_a_compiled_moe_row_prices_a_compiled_layout_without_the_eager_caveat():
     assert COMPILE_MOE_CAVEAT in only_eager.caveats
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_an_fp8_job_takes_the_moe_layers_own_fp8_row_at_ep1_and_adds_ep_on_top():
     # moeh23 (1 x H200): `calibrate --fp8-rows` timed the MoE block in fp8, and the plans
     # composed fp8 on the bf16 row anyway; the fp8 row is the layer as the executor runs it
@@ -357,6 +358,7 @@ def _weight_casts(cluster, job, layout) -> tuple[float, float]:
     return f8.weight_forward_cast_s, f8.weight_backward_cast_s
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_fp8_experts_cast_their_weights_once_a_step_where_the_executor_does():
     """Several micro-batches (or full recompute) at ZeRO-0/1: the weight casts of every
     pass come off the row and go on once a step, and the two fp8 copies are held; one
@@ -814,6 +816,7 @@ def test_a_calibrations_fp8_moe_rows_say_their_experts_ran_fp8():
         tables_from_rows([{**rw, "fp8_experts": "yes"}], [], "p.toml")
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_rows_timed_with_the_weights_cast_beforehand_put_the_casts_back_only_where_needed():
     """A calibration times fp8 experts with their weights cast beforehand (as a step of
     several micro-batches runs them): such a row is preferred to one that cast them in

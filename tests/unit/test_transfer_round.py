@@ -162,6 +162,7 @@ def test_leave_out_repredicts_round38_without_each_models_own_rows():
         assert without_own_rows(cluster, model).gpu.measured.layers
 
 
+@pytest.mark.usefixtures("no_grad_accumulation")
 def test_without_a_profile_each_model_is_repredicted_on_the_profile_it_ran_with():
     """Round 43 ran each part's layouts of all four models, each model priced on its own
     part's calibration: re-predicted with no --profile, every record gets its as-run
