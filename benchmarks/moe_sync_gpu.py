@@ -301,6 +301,9 @@ SETS["drawn-4133c"] = compiled_draws(4133, selective=True)
 # fp8h30 (drawn 2026-12-03, one GPU): fp8h27's question once more, on draw_models.py seed
 # 4134's first model (a Llama 1.77 B)
 SETS["drawn-4134c"] = compiled_draws(4134, selective=True)
+# fp8h31 (drawn 2026-12-03, one GPU): the gradient accumulation across micro-batches on a
+# dense never-run model, draw_models.py seed 4135's first (a GPT 1.61 B with MQA)
+SETS["drawn-4135c"] = compiled_draws(4135, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
