@@ -427,6 +427,9 @@ SETS["drawn-3857c"] = compiled_draws(3857)
 # moeh50 (2026-12-03): the gradient accumulation across micro-batches, held out
 # (benchmarks/sets/moeh50; seed 3858, the next draw)
 SETS["drawn-3858c"] = compiled_draws(3858)
+# moeh51 (2026-12-03): the gradient accumulation held out once more
+# (benchmarks/sets/moeh51; seed 3859, the next draw)
+SETS["drawn-3859c"] = compiled_draws(3859)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
