@@ -45,7 +45,9 @@ fp8h31 (docs/benchmarks/fp8_checks.md) its rule, on how the step grows with micr
 was not met: 7.8 % with the term, 7.2 % without (bf16 at eight micro-batches +0.9 → +4.8 %).
 The adds themselves, measured as each step's later backwards over its first (CUDA events,
 ``benchmarks/grad_accumulation_phases.py``): 0.92× the priced time over 119 MoE runs, 1.03×
-over 83 dense ones (medians).
+over 83 dense ones (medians). On moeh51's GPU-bound arms (held out, rule not met) the
+datasheet read 3.2 % with the term, 2.6 % without; over the twelve held-out MoE arms
+(moeh50, moeh51) 2.8 % with, 4.6 % without.
 """
 
 from __future__ import annotations
