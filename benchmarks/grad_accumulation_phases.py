@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                 ratios.append(db / add_ms)
                 print(f"| {name} | `{key}` | {prec} | {len(b)} | {db:+.1f} | {add_ms:.1f} | "
                       f"{df:+.1f} |")
-    if ratios:
-        print(f"\nmeasured / priced: median {statistics.median(ratios):.2f}, "
-              f"quartiles {statistics.quantiles(ratios, n=4)[0]:.2f}-"
-              f"{statistics.quantiles(ratios, n=4)[2]:.2f} ({len(ratios)} runs)")
+    if len(ratios) > 1:
+        q1, median, q3 = statistics.quantiles(ratios, n=4)
+        print(f"\nmeasured / priced: median {median:.2f}, quartiles {q1:.2f}-{q3:.2f} "
+              f"({len(ratios)} runs)")
     return 0
 
 

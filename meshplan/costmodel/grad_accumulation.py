@@ -104,15 +104,15 @@ def accumulation_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Lay
     # the dense part is priced per micro-batch by a row, or by the analytical eager layer
     dense_priced = m if row or not layout.compile else 0
     layer_s = per_microbatch(dense, dense_priced) + per_microbatch(experts, m if row else 0)
-    h = model.hidden_size
-    vocab = model.vocab_size * h / tp
-    pos = model.max_seq_len * h if model.position_embedding == "learned" else 0
+    # the embedding (vocabulary shard, learned positions) and the output layer (its own
+    # vocabulary shard, the final norm), each counted whole
+    emb_params = stage_params(model, 0, tp, first=True, last=False, pp=layout.pp)
+    out_params = stage_params(model, 0, tp, first=False, last=True, pp=layout.pp)
     # a tied weight on one stage: the output layer's gradient comes first in backward and
     # the embedding's adds to it in every micro-batch
     shared = model.tied_embeddings and layout.pp == 1
-    emb_s = per_microbatch(vocab + pos, m if "embedding" in measured else 0,
+    emb_s = per_microbatch(emb_params, m if "embedding" in measured else 0,
                            adds=m if shared else m - 1)
-    out_params = vocab + h * (2 if model.norm == "layernorm" else 1)
     out_s = per_microbatch(out_params, m if "output" in measured else 0)
     return AccumulationTerms(layer_s, emb_s, out_s)
 

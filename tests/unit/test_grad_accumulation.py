@@ -93,18 +93,14 @@ def test_nothing_where_gradients_are_not_kept_whole_by_the_executor(job, layout)
     assert acc == (0.0, 0.0, 0.0)
 
 
-def test_a_step_on_the_datasheet_adds_m_minus_1_accumulations_of_every_parameter(monkeypatch):
-    from meshplan.costmodel import build, grad_accumulation, tables
+def test_a_step_on_the_datasheet_adds_m_minus_1_accumulations_of_every_parameter(request):
     lay = mp.Layout(micro_batch=4, compile=True)
     with_term = estimate(MOE, H200, JOB, lay).step_time_s
-    monkeypatch.setattr(build, "accumulation_terms",
-                        lambda *a, **k: grad_accumulation.AccumulationTerms())
-    tables._layer_tables.cache_clear()
+    request.getfixturevalue("no_grad_accumulation")     # the same layout without the term
     without = estimate(MOE, H200, JOB, lay).step_time_s
     params = (MOE.num_layers * (stage_params(MOE, 1, 1, first=False, last=False, pp=1)
                                 + moe_params_per_rank(MOE, lay).experts)
               + stage_params(MOE, 0, 1, first=True, last=True, pp=1))
-    tables._layer_tables.cache_clear()
     assert with_term - without == pytest.approx(3 * _one_accumulation_s(params), rel=1e-6)
 
 
