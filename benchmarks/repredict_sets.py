@@ -3,6 +3,7 @@ profile its run used: the cost model's regression check against every measured l
 
     python benchmarks/repredict_sets.py                      # summary by shape
     python benchmarks/repredict_sets.py --only "pp1.*z[23]"  # and those layouts one by one
+    python benchmarks/repredict_sets.py --datasheet          # on the GPU's datasheet profile
 
 Reads ``docs/benchmarks/data/measured_sets.json`` (the measured layouts of ``SETS``: the sets
 whose runs had their own calibration, holdout7 on, as run) and re-scores every layout with
@@ -13,7 +14,9 @@ load (the model's ``host_load``: below 80 % of the GPU's time, or not), and prin
 absolute, mean signed and maximum step-time error for each, then for all layouts with the
 CPU below the GPU. Model changes are checked against every measured layout with it before
 they are made (docs/benchmarks/accuracy.md): a change fitted on these layouts is post hoc
-until a new held-out set has run.
+until a new held-out set has run. ``--datasheet`` prices every layout on its GPU's
+datasheet profile instead (no calibration: how far an uncalibrated user's prediction was),
+grouped the same way by the calibrated estimate's CPU load.
 """
 
 from __future__ import annotations
@@ -54,14 +57,17 @@ def load_measured(path: Path = MEASURED) -> dict[str, dict]:
     return json.loads(path.read_text())["sets"]
 
 
-def set_context(name: str, measured: dict[str, dict], data: Path = DATA):
-    """A measured set's (metadata and records, cluster on the profile its run used, job)."""
+def set_context(name: str, measured: dict[str, dict], data: Path = DATA,
+                datasheet: bool = False):
+    """A measured set's (metadata and records, cluster on the profile its run used, job);
+    ``datasheet``: the cluster on its GPU's datasheet profile instead."""
     if name not in measured:
         raise SystemExit(f"repredict_sets: no measured set {name!r} in {MEASURED}; known: "
                          f"{', '.join(measured)}")
     doc = measured[name]
-    cluster = apply_profile(gpu_cluster(doc["gpu_name"], int(doc["nproc"])),
-                            data / doc["profile"])
+    cluster = gpu_cluster(doc["gpu_name"], int(doc["nproc"]))
+    if not datasheet:
+        cluster = apply_profile(cluster, data / doc["profile"])
     return doc, as_run_executor(cluster, data / doc["profile"]), Job.from_dict(doc["job"])
 
 
@@ -76,12 +82,12 @@ def as_run_executor(cluster, profile: Path):
         gpu.corrections, fsdp2_dp_only_step_s=OLD_EXECUTOR_FSDP2_STEP_S)))
 
 
-def measured_records(sets, path: Path = MEASURED):
+def measured_records(sets, path: Path = MEASURED, datasheet: bool = False):
     """(set, cluster, job, record) for every layout that ran in ``sets``, the cluster on the
-    profile its run used."""
+    profile its run used (``datasheet``: on its GPU's datasheet profile)."""
     measured = load_measured(path)
     for name in sets:
-        doc, cluster, job = set_context(name, measured, path.parent)
+        doc, cluster, job = set_context(name, measured, path.parent, datasheet)
         for rec in doc["records"]:
             if rec.get("status") == "ok":
                 yield name, cluster, job, rec
@@ -98,11 +104,20 @@ def accuracy_doc(name: str, path: Path = MEASURED) -> dict:
             "records": records}
 
 
-def repredict(sets=SETS, path: Path = MEASURED) -> list[tuple[str, dict]]:
-    """(set, re-scored record) for every layout that ran, on its own profile."""
+def repredict(sets=SETS, path: Path = MEASURED, datasheet: bool = False
+              ) -> list[tuple[str, dict]]:
+    """(set, re-scored record) for every layout that ran, on its own profile; with
+    ``datasheet``, on its GPU's datasheet profile, the calibrated estimate's CPU load kept
+    as ``calibrated_host_load`` (the datasheet prices no CPU for these layouts)."""
     models = {m.name: m for m in (GPT_05B, LLAMA_16B)}
-    return [(name, rescore(rec, models[rec["model"]], cluster, job))
-            for name, cluster, job, rec in measured_records(sets, path)]
+    out = [(name, rescore(rec, models[rec["model"]], cluster, job))
+           for name, cluster, job, rec in measured_records(sets, path)]
+    if not datasheet:
+        return out
+    sheet = [rescore(rec, models[rec["model"]], cluster, job)
+             for _, cluster, job, rec in measured_records(sets, path, datasheet=True)]
+    return [(name, dict(x, calibrated_host_load=own["predicted"].get("host_load", 0.0)))
+            for (name, own), x in zip(out, sheet)]
 
 
 def shape(layout: dict) -> str:
@@ -132,31 +147,35 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None,
                     help="regular expression on 'model layout' (e.g. 'pp1.*z[23]'): print "
                          "the matching layouts one by one")
+    ap.add_argument("--datasheet", action="store_true",
+                    help="price every layout on its GPU's datasheet profile instead of the "
+                         "calibrated one its run used (grouped by the calibrated CPU load)")
     args = ap.parse_args(argv)
     try:
         pattern = re.compile(args.only) if args.only else None
     except re.error as exc:
         ap.error(f"--only {args.only!r} is not a regular expression: {exc}")
-    rows = repredict()
+    rows = repredict(datasheet=args.datasheet)
+
+    def load(x: dict) -> float:
+        return x.get("calibrated_host_load", x["predicted"].get("host_load", 0.0))
     if pattern:
         for name, x in rows:
             if pattern.search(f"{x['model']} {x['short']}"):
                 mem = " ".join(f"{e:+.1f}" for e in x["memory_error_pct_per_rank"])
                 print(f"{name:<10} {x['name']} {x['model']:<12} {x['short']:<50} "
-                      f"CPU {x['predicted'].get('host_load', 0):.2f} "
+                      f"CPU {load(x):.2f} "
                       f"step {x['step_time_error_pct']:+6.1f} %  memory {mem}")
         print()
     groups: dict[tuple, list[float]] = {}
     for _, x in rows:
-        load = x["predicted"].get("host_load", 0.0)
         key = (x["model"], shape(x["layout"]),
-               "CPU < 80 %" if load < NEAR_HOST_LOAD else "CPU >= 80 %")
+               "CPU < 80 %" if load(x) < NEAR_HOST_LOAD else "CPU >= 80 %")
         groups.setdefault(key, []).append(x["step_time_error_pct"])
     for key in sorted(groups):
         print(summary_line(" · ".join(key), groups[key]))
     print()
-    below = [x["step_time_error_pct"] for _, x in rows
-             if x["predicted"].get("host_load", 0.0) < 1.0]
+    below = [x["step_time_error_pct"] for _, x in rows if load(x) < 1.0]
     print(summary_line("all layouts with CPU below GPU", below))
     print(summary_line("all layouts", [x["step_time_error_pct"] for _, x in rows]))
     return 0

@@ -70,3 +70,17 @@ def test_shapes_and_summary(capsys):
     with pytest.raises(SystemExit):
         rs.main(["--only", "("])
     assert "not a regular expression" in capsys.readouterr().err
+
+
+def test_datasheet_reprices_on_the_gpus_datasheet_keeping_the_calibrated_load():
+    """``--datasheet``: the same records on the GPU's datasheet profile (no measured rows, so
+    no CPU priced), each with its calibrated estimate's CPU load for the grouping."""
+    own = [x for _, x in rs.repredict(("holdout22",))]
+    sheet = [x for _, x in rs.repredict(("holdout22",), datasheet=True)]
+    assert len(sheet) == len(own) == 16
+    assert [x["name"] for x in sheet] == [x["name"] for x in own]
+    assert all(x["predicted"]["host_load"] == 0.0 for x in sheet)
+    loads = [x["calibrated_host_load"] for x in sheet]
+    assert loads == [x["predicted"]["host_load"] for x in own] and any(x > 0 for x in loads)
+    assert ([x["step_time_error_pct"] for x in sheet]
+            != [x["step_time_error_pct"] for x in own])
