@@ -304,6 +304,9 @@ SETS["drawn-4134c"] = compiled_draws(4134, selective=True)
 # fp8h31 (drawn 2026-12-03, one GPU): the gradient accumulation across micro-batches on a
 # dense never-run model, draw_models.py seed 4135's first (a GPT 1.61 B with MQA)
 SETS["drawn-4135c"] = compiled_draws(4135, selective=True)
+# fp8h32 (2026-12-03): the gradient accumulation on a second dense never-run model,
+# draw_models.py seed 4136's second (the first, a GPT 1.25 B at seq 1024, host-bound)
+SETS["drawn-4136c"] = compiled_draws(4136, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
@@ -430,6 +433,9 @@ SETS["drawn-3858c"] = compiled_draws(3858)
 # moeh51 (2026-12-03): the gradient accumulation held out once more
 # (benchmarks/sets/moeh51; seed 3859, the next draw)
 SETS["drawn-3859c"] = compiled_draws(3859)
+# moeh52 (2026-12-03): the gradient accumulation held out a third time
+# (benchmarks/sets/moeh52; seed 3860, the next draw)
+SETS["drawn-3860c"] = compiled_draws(3860)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
