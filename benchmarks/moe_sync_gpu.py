@@ -307,6 +307,9 @@ SETS["drawn-4135c"] = compiled_draws(4135, selective=True)
 # fp8h32 (2026-12-03): the gradient accumulation on a second dense never-run model,
 # draw_models.py seed 4136's second (the first, a GPT 1.25 B at seq 1024, host-bound)
 SETS["drawn-4136c"] = compiled_draws(4136, selective=True)
+# fp8h33 (2026-12-03): fp8's speed-up on a third dense never-run model from its family's
+# profile, draw_models.py seed 4137 (benchmarks/sets/fp8h33)
+SETS["drawn-4137c"] = compiled_draws(4137, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
