@@ -310,6 +310,9 @@ SETS["drawn-4136c"] = compiled_draws(4136, selective=True)
 # fp8h33 (2026-12-03): fp8's speed-up on a third dense never-run model from its family's
 # profile, draw_models.py seed 4137 (benchmarks/sets/fp8h33)
 SETS["drawn-4137c"] = compiled_draws(4137, selective=True)
+# fp8h34 (2026-12-03): the same on a Llama, the first Llama of draw_models.py seed 4138
+# (benchmarks/sets/fp8h34)
+SETS["drawn-4138c"] = compiled_draws(4138, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
