@@ -313,6 +313,9 @@ SETS["drawn-4137c"] = compiled_draws(4137, selective=True)
 # fp8h34 (2026-12-03): the same on a Llama, the first Llama of draw_models.py seed 4138
 # (benchmarks/sets/fp8h34)
 SETS["drawn-4138c"] = compiled_draws(4138, selective=True)
+# fp8h35 (2026-12-03): a calibrated attention curve at another head dim, held out
+# (benchmarks/sets/fp8h35; draw_models.py seed 4139)
+SETS["drawn-4139c"] = compiled_draws(4139, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

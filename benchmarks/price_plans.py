@@ -50,14 +50,20 @@ def plan_files(dirs: list[str]) -> list[Path]:
 
 def measured(paths: list[str]) -> dict[tuple[str, str], float | str]:
     """(precision, layout) -> measured step seconds of the data files' runs, or the status
-    of a run that did not finish ("failed")."""
+    of a run that did not finish ("failed"). A data file holds, per precision, one
+    ``moe_sync.json`` of every layout (``{"runs": ...}``) or one per layout, by name (the
+    checks run an arm per call since fp8h31)."""
     out: dict[tuple[str, str], float | str] = {}
     for path in paths:
         doc = json.loads(Path(path).read_text())
         for prec in ("bf16", "fp8"):
-            for key, run in ((doc.get(prec) or {}).get("runs") or {}).items():
-                out[prec, key.split("/")[0]] = run.get("step_time_s") or run.get(
-                    "status", "failed")
+            part = doc.get(prec) or {}
+            syncs = [part] if "runs" in part else [v for v in part.values()
+                                                    if isinstance(v, dict)]
+            for sync in syncs:
+                for key, run in (sync.get("runs") or {}).items():
+                    out[prec, key.split("/")[0]] = run.get("step_time_s") or run.get(
+                        "status", "failed")
     return out
 
 

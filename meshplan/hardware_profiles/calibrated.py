@@ -57,8 +57,9 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "moe_permute_efficiency_by_top_k", *HOST_KEYS,
              "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency",
              "microbench_timing")
-# [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: a
-# calibrated attention curve is one curve for every head dim (GPUSpec.attention_head_dim)
+# [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: the
+# head-dim ratios come from the base GPU, referred to the head dim the calibration timed
+# (with_base_attention_head_dims)
 _GPU_KEYS_NOT_READ = ("attention_head_dim", "attention_head_dim_ratio")
 
 
@@ -254,6 +255,39 @@ def with_base_fp8(gpu: GPUSpec, base: str | None) -> GPUSpec:
     return replace(gpu, **changes) if changes else gpu
 
 
+def with_base_attention_head_dims(gpu: GPUSpec, base: str | None,
+                                  timed_head_dims: Iterable[int], curve_timed: bool) -> GPUSpec:
+    """``gpu`` with its base GPU's published head-dim ratios of attention efficiency
+    (:meth:`GPUSpec.attention_efficiency_at`), referred to the head dim its curve describes.
+
+    A calibration times attention at its models' head dims (``[[measurements.attention]]``);
+    a model of another head dim runs the same kernel at another efficiency (cuDNN at head
+    dim 64 reaches 0.82 of head dim 128's at 16k tokens on H100: Shah et al. 2024, Figures
+    5-6, ``attention_kernels.toml``). One timed head dim M: ratio(d) / ratio(M) at every
+    point of the base's ratio curves, so M reads its own curve and d its published share of
+    it. No attention timed (``curve_timed`` False): the curve is the base's, and so are its
+    ratios. Several head dims pooled in one curve: no ratio (one curve for every head dim,
+    as before 2026-12-03)."""
+    if not base or base not in builtin_gpu_names():
+        return gpu
+    ref = builtin_gpu(base)
+    if not ref.attention_head_dim_ratio:
+        return gpu
+    if not curve_timed:
+        return replace(gpu, attention_head_dim=ref.attention_head_dim,
+                       attention_head_dim_ratio=ref.attention_head_dim_ratio)
+    dims = set(timed_head_dims)
+    if len(dims) != 1:
+        return gpu
+    (m,) = dims
+    xs = sorted({x for _, c in ref.attention_head_dim_ratio for x, _ in c.points})
+    published = {ref.attention_head_dim, *(d for d, _ in ref.attention_head_dim_ratio)}
+    ratios = tuple((d, Curve(tuple((x, ref.attention_head_dim_factor(x, d)
+                                    / ref.attention_head_dim_factor(x, m)) for x in xs)))
+                   for d in sorted(published - {m}))
+    return replace(gpu, attention_head_dim=m, attention_head_dim_ratio=ratios)
+
+
 def load_profile(path: str | Path) -> CalibratedProfile:
     """Read and check a calibrated profile; errors name the file and the offending key."""
     path = Path(path)
@@ -278,6 +312,11 @@ def load_profile(path: str | Path) -> CalibratedProfile:
         if ops:
             table["membound_efficiency"] = ops
     gpu = with_base_fp8(gpu_from_table(name, table, gwhere), base)
+    attention = doc.get("measurements", {}).get("attention", [])
+    gpu = with_base_attention_head_dims(
+        gpu, base, (r["head_dim"] for r in attention
+                    if isinstance(r, dict) and isinstance(r.get("head_dim"), int)),
+        curve_timed="attention_efficiency" in get(doc, "measured", list, where, []))
     for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
               "overlap_interference", "ddp_overlap_interference"):
         v = getattr(gpu, k)

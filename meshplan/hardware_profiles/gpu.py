@@ -147,13 +147,20 @@ class GPUSpec:
         eff = self.attention_efficiency(flops)
         if not self.attention_head_dim_ratio or head_dim is None:
             return eff
+        return min(1.0, eff * self.attention_head_dim_factor(flops, head_dim))
+
+    def attention_head_dim_factor(self, flops: float, head_dim: int) -> float:
+        """The published ratio of ``head_dim``'s attention efficiency to
+        :attr:`attention_head_dim`'s at ``flops`` forward FLOPs (1 without ratios)."""
+        if not self.attention_head_dim_ratio:
+            return 1.0
         pts = sorted([(self.attention_head_dim, 1.0),
                       *((d, c(flops)) for d, c in self.attention_head_dim_ratio)])
         d = min(max(head_dim, pts[0][0]), pts[-1][0])        # clamped outside
         i = next(k for k in range(1, len(pts)) if d <= pts[k][0])
         (d_lo, r_lo), (d_hi, r_hi) = pts[i - 1], pts[i]
         w = (math.log2(d) - math.log2(d_lo)) / (math.log2(d_hi) - math.log2(d_lo))
-        return min(1.0, eff * ((1 - w) * r_lo + w * r_hi))
+        return (1 - w) * r_lo + w * r_hi
 
     @property
     def dp_overlap_interference(self) -> float:
