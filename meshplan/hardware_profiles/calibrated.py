@@ -220,12 +220,13 @@ def membound_op_efficiency(rows: Iterable[Mapping[str, Any]], cap: float = 1.0
                            ) -> dict[str, float]:
     """Each executor memory-bound op's own efficiency from its benchmark row (bytes as the
     cost model counts them over its time and the datasheet bandwidth, at most ``cap``): the
-    cost model prices a layer's norms, residual adds and activation each at its own (:meth:`meshplan.hardware_profiles.gpu.GPUSpec.
-    op_hbm_efficiency`). The pooled ``hbm_efficiency`` averages them: on 4 × H200 (round
-    26) it was 0.26 where LayerNorm ran at 0.35, GELU 0.69 and the residual add 0.87 but the
-    executor's fp32 RMSNorm at 0.058 and SwiGLU at 0.24, so it over-priced GPT-style layers
-    and under-priced Llama-style ones. Profiles written before the table existed carry the rows
-    only in ``[[measurements.membound]]``: :func:`load_profile` derives it from them."""
+    cost model prices a layer's norms, residual adds and activation each at its own
+    (:meth:`meshplan.hardware_profiles.gpu.GPUSpec.op_hbm_efficiency`). The pooled
+    ``hbm_efficiency`` averages them: on 4 × H200 (round 26) it was 0.26 where LayerNorm ran
+    at 0.35, GELU 0.69 and the residual add 0.87 but the executor's fp32 RMSNorm at 0.058 and
+    SwiGLU at 0.24, so it over-priced GPT-style layers and under-priced Llama-style ones.
+    Profiles written before the table existed carry the rows only in
+    ``[[measurements.membound]]``: :func:`load_profile` derives it from them."""
     out = {}
     for r in rows:
         if r.get("op") in MEMBOUND_OPS and r.get("seconds", 0) > 0 and "efficiency" in r:
@@ -267,7 +268,13 @@ def with_base_attention_head_dims(gpu: GPUSpec, base: str | None,
     point of the base's ratio curves, so M reads its own curve and d its published share of
     it. No attention timed (``curve_timed`` False): the curve is the base's, and so are its
     ratios. Several head dims pooled in one curve: no ratio (one curve for every head dim,
-    as before 2026-12-03)."""
+    as before 2026-12-03).
+
+    Measured: the H200 profiles' own timings at 1e12 forward FLOPs put head dims 64 / 80 /
+    96 at 0.79 / 0.68 / 0.77 of 128's (the published ratios 0.83 / 0.71 / 0.81). POST HOC
+    over 44 1-GPU checks the planning profiles' mean step error 5.70 → 5.73 % (better on 4,
+    worse on 3); held out on fp8h35 (a head-dim-128 model from a head-dim-64 calibration,
+    rule fixed before the run): 13.3 → 9.7 % (docs/benchmarks/fp8_checks.md)."""
     if not base or base not in builtin_gpu_names():
         return gpu
     ref = builtin_gpu(base)

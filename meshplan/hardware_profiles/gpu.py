@@ -118,7 +118,8 @@ class GPUSpec:
     # head-dim dependence of attention (hardware_profiles/attention_published.py eq. (5)):
     # the head dim attention_efficiency describes, and per other published head dim the
     # ratio of its efficiency to attention_efficiency's by forward FLOPs (empty: one curve
-    # for every head dim, as on calibrated profiles, which time the model's own head dim)
+    # for every head dim; a calibrated profile takes its base GPU's ratios referred to the
+    # head dim it timed: calibrated.with_base_attention_head_dims)
     attention_head_dim: int = 0
     attention_head_dim_ratio: tuple[tuple[int, Curve], ...] = ()
     # how the compute curves were timed: "queued" = the GPU alone (``meshplan calibrate
