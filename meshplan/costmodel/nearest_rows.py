@@ -275,14 +275,26 @@ class TransferredTables:
         return best[1] if best else None
 
     def _source_mb(self, src: Source, key: tuple, micro_batch: float) -> float:
-        """The source's micro-batch at which its analytical work equals the target's,
-        within the sizes it was timed at: the efficiency curves' error depends on the
-        kernels' size, so the source row whose kernels are the target's size carries the
-        right ratio (a 0.5 B model's rows at 2 k tokens ran 2-3 x faster than the curves
-        say, at 32 k tokens 0.9-1 x: docs/benchmarks/transfer.md)."""
+        """The source's micro-batch at which its analytical work equals the target's: the
+        efficiency curves' error depends on the kernels' size, so the source row whose
+        kernels are the target's size carries the right ratio (a 0.5 B model's rows at 2 k
+        tokens ran 2-3 x faster than the curves say, at 32 k tokens 0.9-1 x:
+        docs/benchmarks/transfer.md).
+
+        Below the smallest size timed it is that size (the analytical ratio carries the
+        rest: the curves see the efficiency small kernels lose). Above the largest it is
+        not clamped: the source's rows are extended linearly in the micro-batch from their
+        two largest sizes, as a model's own rows are (:mod:`meshplan.hardware_profiles.
+        measured_interp`), i.e. at the marginal cost the largest timed kernels showed,
+        where the ratio from the largest row read the calibrated curves' further climb,
+        which the layers' kernels did not make: post hoc over the 1-GPU checks'
+        transferred arms (1 x H200, docs/benchmarks/fp8_checks.md "Rows carried past their
+        largest size"), rows carried past their largest size 7.0 -> 2.7 % mean step-time
+        error (dense, 20 arms, were 4.8 % fast on average) and 6.1 -> 4.6 % (MoE, 56 arms);
+        extended linearly below the smallest too, the 14 MoE arms there went 5.8 -> 8.9 %."""
         mbs = self._timed_mbs(src, key)
         m = self._equivalent_mb(src, key, micro_batch)
-        return min(max(m, min(mbs)), max(mbs)) if mbs else micro_batch
+        return max(m, min(mbs)) if mbs else micro_batch
 
     def _equivalent_mb(self, src: Source, key: tuple, micro_batch: float) -> float:
         """The source's micro-batch whose analytical forward (at the knobs of ``key``)
@@ -464,6 +476,8 @@ class TransferredTables:
             a0 = logits_cost(src, self.cluster, replace(self.job, seq_len=seq),
                              micro_batch=mb_s, **kw)[0].total_s
             mb_s *= at / a0 if at > 0 and a0 > 0 else 1.0
+        # clamped both ways (unlike _source_mb: extended above, the 1-GPU checks went 4.78 ->
+        # 4.89 % mean)
         mb_s = min(max(mb_s, min(mbs)), max(mbs)) if mbs else micro_batch
         row = self.tables.end(src, part, seq_len=seq, tp=tp, sequence_parallel=sp,
                               micro_batch=mb_s, compile=compile)

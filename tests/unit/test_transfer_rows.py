@@ -81,20 +81,52 @@ def test_an_untimed_shape_reads_the_nearest_rows_scaled_by_the_analytical_ratio(
     p = _parts(TARGET, c, mb=1)
     assert "layer" in p.measured and p.transferred_from.startswith(layer_shape_key(SOURCE))
     links = group_links(c, Layout(dp=4))
-    # the source's micro-batch is the one whose analytical forward matches the target's,
-    # within the sizes it was timed at (here the largest, 4)
-    an = [layer_cost(m, c, JOB, micro_batch=mb, tp=1, sequence_parallel=False,
-                     recompute="none", tp_link=links.tp) for m, mb in ((TARGET, 1), (SOURCE, 4))]
-    assert p.layer.forward.total_s == pytest.approx(
-        4e-3 * an[0].forward.total_s / an[1].forward.total_s)
-    kept = [torch_layer_activations(m, JOB, mb, 1, False).stored("none")
-            for m, mb in ((TARGET, 1), (SOURCE, 4))]
-    assert p.activation_bytes == pytest.approx(2e8 * kept[0] / kept[1])
+
+    def an(m, mb):
+        return layer_cost(m, c, JOB, micro_batch=mb, tp=1, sequence_parallel=False,
+                          recompute="none", tp_link=links.tp).forward.total_s
+
+    # the source's micro-batch is the one whose analytical forward matches the target's
+    # (one step from the tokens' micro-batch); past the largest timed (4) the source's rows
+    # are extended linearly in the micro-batch, as a model's own rows are
+    m = an(TARGET, 1) / an(SOURCE, 1)
+    assert m > 4
+    assert p.layer.forward.total_s == pytest.approx(1e-3 * m * an(TARGET, 1) / an(SOURCE, m))
+    kept = [torch_layer_activations(mod, JOB, mb, 1, False).stored("none")
+            for mod, mb in ((TARGET, 1), (SOURCE, m))]
+    assert p.activation_bytes == pytest.approx(5e7 * m * kept[0] / kept[1])
     # same family: the CPU dispatch is the source's (the same operators)
     assert p.cpu[:2] == pytest.approx((4e-4, 8e-4))
     # the profile's own rows win where it timed the shape
     own = _parts(SOURCE, c)
     assert own.transferred_from == "" and own.layer.forward.total_s == pytest.approx(1e-3)
+
+
+def test_a_row_past_the_largest_timed_size_is_extended_below_the_smallest_clamped():
+    """Past the source's largest timed micro-batch its two largest rows set the marginal
+    cost (the curves' further climb, which the ratio from the largest row read, priced
+    dense transfers 4.8 % fast on 1 x H200); below its smallest, the smallest row and the
+    analytical ratio (extended linearly instead, MoE arms went 5.8 -> 8.9 %)."""
+    c = _cluster(SOURCE)
+    links = group_links(c, Layout(dp=4))
+
+    def an(m, mb):
+        return layer_cost(m, c, JOB, micro_batch=mb, tp=1, sequence_parallel=False,
+                          recompute="none", tp_link=links.tp).forward.total_s
+
+    # the rows make a source layer's time exactly linear in the micro-batch (1 ms each):
+    # extended, a target 16x the work prices at the equivalent micro-batch's 1 ms each,
+    # not at the largest row's 4 ms times the analytical 16x, which the curves' efficiency
+    # gain between micro-batch 4 and 16 would have lowered
+    p = _parts(TARGET, c, mb=1)
+    m = an(TARGET, 1) / an(SOURCE, 1)
+    clamped = 4e-3 * an(TARGET, 1) / an(SOURCE, 4)
+    assert p.layer.forward.total_s == pytest.approx(1e-3 * m * an(TARGET, 1) / an(SOURCE, m))
+    assert p.layer.forward.total_s != pytest.approx(clamped, rel=1e-3)
+    small = replace(SOURCE, name="small", hidden_size=256, num_heads=4, num_kv_heads=1,
+                    ffn_hidden_size=704)
+    q = _parts(small, c, mb=1)
+    assert q.layer.forward.total_s == pytest.approx(1e-3 * an(small, 1) / an(SOURCE, 1))
 
 
 def test_the_estimate_reports_the_transfer_and_switches_it_off_by_name():
@@ -112,9 +144,9 @@ def test_the_estimate_reports_the_transfer_and_switches_it_off_by_name():
 
 def test_rows_read_beyond_the_sources_micro_batches_say_so():
     """A target whose micro-batch does more work than the source's largest timed one reads
-    that row stretched by the analytical ratio (moeh40: 7-17 % slow), one doing less than
-    its smallest reads the smallest (moeh42: 6-7 % fast): the estimate names the source's
-    micro-batches and how far; inside them, no such caveat."""
+    the source's rows extended past it, one doing less than its smallest reads the smallest
+    (moeh42: 6-7 % fast): the estimate names the source's micro-batches and how far;
+    inside them, no such caveat."""
     c = _cluster(SOURCE)                       # rows at micro-batch 1 and 4
     lay = Layout(dp=4, micro_batch=1)
     tables = _parts(TARGET, c).tables
@@ -138,6 +170,8 @@ def test_rows_read_beyond_the_sources_micro_batches_say_so():
     (cav,) = [x for x in estimate(small, c, JOB, lay).caveats
               if "does the work of micro-batch" in x]
     assert "the row at 1 is carried" in cav
+    (cav,) = [x for x in est.caveats if "does the work of micro-batch" in x]
+    assert "extended linearly from micro-batch 1, 4" in cav and "2.7 %" in cav
     # the profile's own shape is not transferred: nothing to stretch
     assert _parts(SOURCE, c).transferred_stretch is None
 
