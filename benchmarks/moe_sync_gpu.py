@@ -316,6 +316,10 @@ SETS["drawn-4138c"] = compiled_draws(4138, selective=True)
 # fp8h35 (2026-12-03): a calibrated attention curve at another head dim, held out
 # (benchmarks/sets/fp8h35; draw_models.py seed 4139)
 SETS["drawn-4139c"] = compiled_draws(4139, selective=True)
+# fp8h36 / fp8h37 (2026-12-04): transferred rows extended past the source's largest timed
+# micro-batch, held out on two never-run models of draw_models.py seed 4140 (a GPT from
+# fp8h1's profile, a Llama from fp8h3's: benchmarks/sets/fp8h36, fp8h37)
+SETS["drawn-4140c"] = compiled_draws(4140, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

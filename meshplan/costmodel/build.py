@@ -407,8 +407,10 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
                and "layer" not in parts.measured else ())
             + ((cav.MTP_TORCH_CAVEAT,) if model.mtp_layers and job.runtime == "torch" else ())
             + ((derived_caveat(lt["compiled_from"]),) if lt["compiled_from"] else ())
+            # a transferred row extended past its source's sizes: the stretch caveat says so
+            # in the source's micro-batches
             + ((cav.extended_rows_caveat(parts.extended_from, layout.micro_batch),)
-               if parts.extended_from else ())
+               if parts.extended_from and not parts.transferred_from else ())
             + fp8_caveats(parts.fp8, job))
 
 
