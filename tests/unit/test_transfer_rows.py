@@ -475,3 +475,26 @@ def test_compiled_share_reads_the_fused_memory_bound_work_off_the_rows():
     assert compiled_share(b, (3.0, 6.0), (1.0, 3.0)) == (0.0, 0.0)
     assert compiled_share(replace(b, forward_mem_s=0.0), (3.0, 6.0), (0.0, 5.0)) == (1.0, 0.5)
     assert b.compiled((0.5, 1.0)) == pytest.approx((2.5, 6.0))
+
+
+def test_a_compiled_loss_without_its_own_output_row_keeps_the_compiled_share_of_the_eager_row():
+    """A profile whose output rows were timed eager only (calibrations before the compiled
+    loss had a row) prices a compiled layout's output layer at the eager row's bytes times
+    the compiled loss's share: 16-bit logits kept (e / 4 of the eager row's) and their
+    16-bit gradient as working memory (e / 8); the eager layout keeps the row as timed."""
+    c = _cluster(SOURCE)                 # eager output rows only: 1e8 B kept, 1e8 working
+    links = group_links(c, Layout(dp=4))
+
+    def parts(compile):
+        return layer_parts(SOURCE, c, JOB, 1, 1, False, "none", links.tp, links.pp,
+                           compile=compile)
+    eager, comp = parts(False), parts(True)
+    assert (eager.logits_bytes, eager.output_peak_bytes) == pytest.approx((1e8, 1e8))
+    assert (comp.logits_bytes, comp.output_peak_bytes) == pytest.approx((0.5e8, 0.25e8))
+    assert "output" in comp.measured
+    # tp > 1 (no row here: analytical): the vocabulary-parallel loss stays eager
+    from meshplan.costmodel.torch_activations import torch_output_bytes
+    tp2 = layer_parts(SOURCE, c, JOB, 1, 2, False, "none", links.tp, links.pp, compile=True)
+    assert "output" not in tp2.measured
+    assert (tp2.logits_bytes, tp2.output_peak_bytes) == pytest.approx(
+        torch_output_bytes(SOURCE, JOB, 1, 2))
