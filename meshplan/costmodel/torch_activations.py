@@ -132,7 +132,10 @@ def torch_output_bytes(model: ModelSpec, job: Job, micro_batch: float, tp: int,
     the fused loss keeps the 16-bit logits for its backward and writes their 16-bit
     gradient, nothing fp32 of logit size: e B kept, e B working. The H200 profiles'
     compiled output rows against their eager twins (fp8h2, fp8h3, fp8h21; 1-8 sequences):
-    kept 0.52-0.57 and working 0.25 of the eager row's, as e / 4 and e / 8 have it."""
+    kept 0.52-0.57 and working 0.25 of the eager row's, as e / 4 and e / 8 have it. A
+    profile with only the eager row reads it at this share (:mod:`.parts`): post hoc on
+    fp8h36 +17..+56 % -> within 0.7 % on six of eight arms; held out on fp8h38 (1 x H200),
+    within 4.8 % on six of six, against two of six without (docs/benchmarks/fp8_checks.md)."""
     e = activation_bytes_per_element(job)
     sbv = job.seq_len * micro_batch * model.vocab_size / tp
     if compiled and tp == 1:
