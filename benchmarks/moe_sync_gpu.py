@@ -452,6 +452,10 @@ SETS["drawn-3859c"] = compiled_draws(3859)
 # moeh52 (2026-12-03): the gradient accumulation held out a third time
 # (benchmarks/sets/moeh52; seed 3860, the next draw)
 SETS["drawn-3860c"] = compiled_draws(3860)
+# moeh53 (2026-12-04): transferred MoE rows extended past their source's largest timed
+# micro-batch, held out (draw_moe.py seed 3862, from moeh40's profile; seed 3861's draw
+# had no GPU-bound layout read past moeh40's sizes: benchmarks/sets/moeh53)
+SETS["drawn-3862c"] = compiled_draws(3862)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
