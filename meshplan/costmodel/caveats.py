@@ -248,8 +248,8 @@ def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: fl
     size as the largest row times the analytical ratio, rows priced never-run MoE models
     7-21 % slow (moeh40, moeh43) and dense ones 9-11 % fast (fp8h24, fp8h31-33); extended
     linearly from the two largest rows instead (since 2026-12-04, post hoc over the 76 such
-    arms: 7.0 -> 2.7 % dense, 6.1 -> 4.6 % MoE; held out on fp8h36-38, 1.15-30 times past:
-    3.1 % mean, 8.6 % max over 17 arms). Below the smallest, the smallest row and the
+    arms: 7.0 -> 2.7 % dense, 6.1 -> 4.6 % MoE; held out on fp8h36-38 and moeh53, 1.15-30
+    times past: 3.3 % mean, 8.8 % max over 23 arms). Below the smallest, the smallest row and the
     ratio: 6-7 % fast (moeh42), 17 % slow (fp8h24). Timed nearer the work: within 7.1 %.
     It does not predict the error's size (moeh42's unflagged arm missed by 6.7-7.9 %)."""
     timed_s = ", ".join(str(m) for m in timed)
@@ -265,8 +265,8 @@ def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: fl
     return (f"micro-batch {micro_batch} does the work of micro-batch {equivalent_mb:.1f} of "
             f"{source}, whose rows were timed at micro-batch {timed_s}: {how} (1 x H200: "
             "extended past their largest, rows priced never-run models within 2.7 % (dense) "
-            "and 4.6 % (MoE) on average, post hoc, and 3.1 % (max 8.6 %) held out "
-            "(dense, fp8h36-38); "
+            "and 4.6 % (MoE) on average, post hoc, and 3.3 % (max 8.8 %) held out "
+            "(fp8h36-38, moeh53); "
             "carried below their smallest 6-7 % fast, "
             "17 % slow; timed nearer the work, within 7.1 %); calibrate with micro-batches "
             "nearer this work, or this model itself (docs/benchmarks/moe_checks.md, "
