@@ -249,19 +249,21 @@ def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: fl
     7-21 % slow (moeh40, moeh43) and dense ones 9-11 % fast (fp8h24, fp8h31-33); extended
     linearly from the two largest rows instead (since 2026-12-04, post hoc over the 76 such
     arms: 7.0 -> 2.7 % dense, 6.1 -> 4.6 % MoE; held out on fp8h36-38 and moeh53, 1.15-30
-    times past: 3.3 % mean, 8.8 % max over 23 arms). Below the smallest, the smallest row and the
-    ratio: 6-7 % fast (moeh42), 17 % slow (fp8h24). Timed nearer the work: within 7.1 %.
+    times past: 3.3 % mean, 8.8 % max over 23 arms). Below the smallest, the smallest row and
+    the ratio: 6-7 % fast (moeh42), 17 % slow (fp8h24). Timed nearer the work: within 7.1 %.
     It does not predict the error's size (moeh42's unflagged arm missed by 6.7-7.9 %)."""
     timed_s = ", ".join(str(m) for m in timed)
-    if equivalent_mb > max(timed) and len(timed) > 1:
-        last = ", ".join(str(m) for m in sorted(timed)[-2:])
-        how = (f"its rows are extended linearly from micro-batch {last}, "
-               f"{equivalent_mb / max(timed):.1f} times past the largest")
+    if equivalent_mb > max(timed):
+        # measured_interp's extension: linear from the two largest rows, in proportion to
+        # the micro-batch from a single one
+        how = (f"its rows are extended linearly from micro-batch "
+               f"{', '.join(str(m) for m in sorted(timed)[-2:])}" if len(timed) > 1 else
+               f"its row at {max(timed)} is extended in proportion to the micro-batch")
+        how += f", {equivalent_mb / max(timed):.1f} times past the largest"
     else:
-        edge = max(timed) if equivalent_mb > max(timed) else min(timed)
-        how = (f"the row at {edge} is carried {max(equivalent_mb / edge, edge / equivalent_mb):.1f}"
-               " times further by the analytical ratio, without the efficiency its kernels "
-               "gain or lose with their size")
+        how = (f"the row at {min(timed)} is carried {min(timed) / equivalent_mb:.1f} times "
+               "further by the analytical ratio, without the efficiency its kernels lose "
+               "with their size")
     return (f"micro-batch {micro_batch} does the work of micro-batch {equivalent_mb:.1f} of "
             f"{source}, whose rows were timed at micro-batch {timed_s}: {how} (1 x H200: "
             "extended past their largest, rows priced never-run models within 2.7 % (dense) "

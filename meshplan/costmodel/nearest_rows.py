@@ -29,15 +29,17 @@ The source is the timed shape nearest to the target among those with rows for th
 knobs (tp, sequence parallelism, recompute mode, ZeRO stage and dp), the same family first
 (activation, norm, position embedding, bias, dropout: the same kernel sequence), then by
 distance in log hidden size, ffn ratio, query/kv-head ratio, head dim and sequence length;
-its micro-batch is the one with the target's tokens per micro-batch, within the micro-batch
-sizes it was timed at (the analytical ratio extrapolates the rest). The estimate says so:
+its micro-batch is the one doing the target's work (:meth:`TransferredTables._source_mb`):
+below the sizes it was timed at, the smallest (the analytical ratio carries the rest); past
+the largest, its rows extended linearly in the micro-batch. The estimate says so:
 the ``nearest_shape_rows`` entry of ``Estimate.corrections`` (with how much it moved the
 step and the memory against the analytical layer) and a caveat naming the source; where the
 target's work lies more than :data:`STRETCH_MARGIN` outside the source's timed micro-batches
 (:meth:`TransferredTables.stretch_for`), a second caveat says how far the row was carried.
 Measured on 1 × H200 (moeh40-moeh43; the figures in
 :func:`meshplan.costmodel.caveats.stretched_rows_caveat`): rows carried past their largest
-timed size price slow, below their smallest fast, and timed nearer the work within 7.1 %;
+timed size (as the largest row times the ratio, before 2026-12-04) price slow, below
+their smallest fast, and timed nearer the work within 7.1 %;
 the caveat says where a price comes from, not how far off it is.
 
 **MoE layers** (since 2026-12-02) read another MoE model's rows the same way: the source
@@ -328,11 +330,11 @@ class TransferredTables:
                     micro_batch: int, zero: int = 0, dp: int = 1, compile: bool = False
                     ) -> Stretch | None:
         """Where the source micro-batch doing the target's work lies more than
-        :data:`STRETCH_MARGIN` outside the micro-batches the source was timed at: the row
-        read is the nearest timed one and the analytical ratio covers the rest, which misses
-        the efficiency the kernels gain or lose with their size (measured: the docstring of
-        :func:`meshplan.costmodel.caveats.stretched_rows_caveat`). None inside, or with no
-        source."""
+        :data:`STRETCH_MARGIN` outside the micro-batches the source was timed at: below
+        them the smallest row and the analytical ratio, past them the rows extended
+        linearly (:meth:`_source_mb`), neither of which times the kernels at this size
+        (measured: the docstring of :func:`meshplan.costmodel.caveats.stretched_rows_caveat`).
+        None inside, or with no source."""
         key = _knobs(tp, sequence_parallel, recompute, zero, dp, compile)
         src = self._source(*key)
         if src is None:

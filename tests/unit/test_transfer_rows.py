@@ -17,7 +17,7 @@ from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTab
 from meshplan.costmodel.nearest_rows import NEAREST_SHAPE, STRETCH_MARGIN, family, shape_distance
 from meshplan.costmodel.parts import layer_parts
 from meshplan.costmodel.tables import layer_tables
-from meshplan.costmodel.torch_activations import torch_layer_activations
+from meshplan.costmodel.torch_activations import torch_layer_activations, torch_output_bytes
 from meshplan.errors import ProfileError
 from meshplan.hardware_profiles import Cluster
 from meshplan.hardware_profiles.loader import gpu_from_table
@@ -493,8 +493,21 @@ def test_a_compiled_loss_without_its_own_output_row_keeps_the_compiled_share_of_
     assert (comp.logits_bytes, comp.output_peak_bytes) == pytest.approx((0.5e8, 0.25e8))
     assert "output" in comp.measured
     # tp > 1 (no row here: analytical): the vocabulary-parallel loss stays eager
-    from meshplan.costmodel.torch_activations import torch_output_bytes
     tp2 = layer_parts(SOURCE, c, JOB, 1, 2, False, "none", links.tp, links.pp, compile=True)
     assert "output" not in tp2.measured
     assert (tp2.logits_bytes, tp2.output_peak_bytes) == pytest.approx(
         torch_output_bytes(SOURCE, JOB, 1, 2))
+
+
+def test_a_source_timed_at_one_size_is_extended_in_proportion_and_says_so():
+    """A source timed at one micro-batch only: past it, its row grows in proportion to the
+    micro-batch (measured_interp), and the caveat names that, not the analytical ratio."""
+    layers, ends = _rows(SOURCE, mbs=(2,))
+    c = BASE.replace(gpu=replace(BASE.gpu, measured=MeasuredTables(layers, ends)))
+    far = _parts(TARGET, c).tables.stretch_for(tp=1, sequence_parallel=False,
+                                               recompute="none", micro_batch=1)
+    assert far.timed == (2,) and far.equivalent_mb > 2 * STRETCH_MARGIN
+    (cav,) = [x for x in estimate(TARGET, c, JOB, Layout(dp=4, micro_batch=1)).caveats
+              if "does the work of micro-batch" in x]
+    assert "its row at 2 is extended in proportion to the micro-batch" in cav
+    assert f"{far.equivalent_mb / 2:.1f} times past the largest" in cav
