@@ -190,8 +190,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             kb = ratio(mo.backward_s, logit[1].total_s)
             logit = (_scaled(logit[0], mo.forward_s), logit[1].scaled(kb), logit[2] * kb)
             logit_b, out_peak = mo.activation_bytes, mo.peak_bytes
-            if compile and tp == 1 and job.runtime == "torch" \
-                    and mo == tables.end(model, "output", compile=False, **kw):
+            if compile and tp == 1 and job.runtime == "torch" and not mo.compiled_loss:
                 # no output row timed with the compiled loss (calibrations before it had
                 # one): the eager row's bytes at the compiled loss's share of them
                 # (fp8h36: +17..+56 % peak memory from fp8h1's eager row)

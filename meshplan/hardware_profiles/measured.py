@@ -254,12 +254,15 @@ class MeasuredTables:
             sequence_parallel: bool, micro_batch: int,
             compile: bool = False) -> Interpolated | None:
         """The measured embedding or output layer, or None. ``compile``: the output row
-        timed with the compiled loss where the profile has one, else the eager row."""
+        timed with the compiled loss where the profile has one (``compiled_loss`` set), else
+        the eager row."""
         key = (ends_shape_key(model), part, seq_len, tp, bool(sequence_parallel and tp > 1))
-        rows = (compile and self._index.get((*key, True))  # type: ignore[attr-defined]
-                or self._index.get((*key, False)))  # type: ignore[attr-defined]
-        return self._at_clock(rows, _interp(rows, micro_batch, "peak_bytes"),
-                              micro_batch) if rows else None
+        compiled = compile and self._index.get((*key, True))  # type: ignore[attr-defined]
+        rows = compiled or self._index.get((*key, False))  # type: ignore[attr-defined]
+        if not rows:
+            return None
+        row = self._at_clock(rows, _interp(rows, micro_batch, "peak_bytes"), micro_batch)
+        return replace(row, compiled_loss=True) if compiled else row
 
     def without_shape(self, layer_key: str) -> "MeasuredTables":
         """These tables less every row of the layer shape ``layer_key`` (its layers, and the

@@ -43,6 +43,9 @@ class Interpolated:
     extended_from: tuple[int, ...] = ()
     # its rows timed fp8 experts with their weights cast beforehand (MeasuredLayer's field)
     fp8_weights_cached: bool = False
+    # an output row timed with the compiled loss (MeasuredEnd.compile), not the eager row a
+    # compiled layout falls back to where the profile has none
+    compiled_loss: bool = False
 
     @property
     def cpu_measured(self) -> bool:
@@ -123,7 +126,7 @@ _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_s
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
     names = [f.name for f in fields(Interpolated)
-             if f.name not in ("extended_from", "fp8_weights_cached")]
+             if f.name not in ("extended_from", "fp8_weights_cached", "compiled_loss")]
     # a flag of the rows' group (MeasuredLayer.group): the same on each, not interpolated
     cached = bool(getattr(rows[0], "fp8_weights_cached", False))
 
