@@ -41,6 +41,7 @@ from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
 from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names, curve, get,
                                                gpu_from_table, read_toml)
+from meshplan.hardware_profiles.stale_rows import without_stale_rows
 
 SCHEMA = "meshplan.profile"
 # 2: CUDA layer rows count their input once (version 1 counted it twice; read_profile
@@ -336,6 +337,7 @@ def load_profile(path: str | Path) -> CalibratedProfile:
         if version == 1:
             layers = [_v1_layer_row(r) for r in layers]
         layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
+        layers = without_stale_rows(prov, layers, where)
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))

@@ -1,0 +1,75 @@
+"""Layer rows a profile holds that time an executor which no longer runs that way.
+
+A calibrated profile's layer rows time meshplan's own executor. Where the executor later runs
+a configuration differently, the rows of that configuration in older profiles price a step
+that no longer happens; the loader leaves them out (with a warning naming them and the
+remedy, recalibration), and the cost model prices the configuration as for a profile that
+never timed it.
+
+**Compiled selective recomputation, before commit 4656ba4 (2026-12-01 16:40 UTC).** Inside a
+compiled block the executor re-ran the attention core through a custom autograd function
+that dynamo cannot trace: the block was split into five graphs with the core eager between
+them, and the compiled backward lost its fusions. Since then the core is checkpointed inside
+the block's one graph (``executor.attention_core.recomputed_core``). Layer rows at tp 1, the
+compiled row's cost of selective recomputation over recompute none against the eager row's,
+the same model and micro-batch (``python`` over the committed 1 × H200 profiles):
+
+- timed before: fp8h1 +16.1 / +16.5 % compiled against +6.6 / +7.0 % eager; fp8h3 +7.6 /
+  +7.7 against +3.2 / +3.4; fp8h17 +4.2..+6.0 against +1.2..+1.5; fp8h19 +7.7..+11.4 against
+  +5.7..+7.6; fp8h20 +7.4..+9.2 against +5.4..+7.2;
+- timed after: fp8h20b (fp8h20's model again) +4.3..+4.7 against +5.2..+6.4; fp8h21 +4.0..+4.9
+  against +3.7..+4.5; fp8h22 +2.9 / +3.5 against +3.8 / +4.0; host22 +5.0 / +5.1 against
+  +5.6 / +5.9.
+
+The checks run by the later executor measured what the later rows show: fp8h35, fp8h36 and
+fp8h38 (never-run models priced from fp8h17's and fp8h1's rows) ran their compiled selective
+arms 2.5-4.0 % above recompute none where those rows priced 7.7-9.1 %
+(docs/benchmarks/fp8_checks.md, "Compiled selective rows of the earlier executor"). Without
+the rows a compiled selective layer is its eager selective row moved by the compiled/eager
+pair at recompute none (:func:`meshplan.costmodel.compiled_rows.compiled_from_pair`), which
+carries compile's gain and keeps the eager cost of the re-run, as the later rows do.
+"""
+
+from __future__ import annotations
+
+import warnings
+from datetime import datetime, timezone
+
+from meshplan.errors import MeshplanWarning
+
+#: the executor commit since which a compiled block checkpoints its attention core in one graph
+COMPILED_SELECTIVE_SINCE = datetime(2026, 12, 1, 16, 40, 46, tzinfo=timezone.utc)
+
+
+def _calibrated_at(prov: dict) -> datetime | None:
+    try:
+        at = datetime.fromisoformat(str(prov.get("date", "")))
+    except ValueError:
+        return None
+    return at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+
+
+def _stale_compiled_selective(row: object) -> bool:
+    return isinstance(row, dict) and bool(row.get("compile")) \
+        and row.get("recompute") == "selective"
+
+
+def without_stale_rows(prov: dict, layers: list, where: str) -> list:
+    """``layers`` less the rows that time an executor since changed (module docstring), with a
+    warning naming how many and why; unchanged for a profile calibrated since, on a CPU, or
+    with no readable date (nothing says when its rows were timed)."""
+    at = _calibrated_at(prov)
+    if prov.get("device") != "cuda" or at is None or at >= COMPILED_SELECTIVE_SINCE:
+        return layers
+    kept = [r for r in layers if not _stale_compiled_selective(r)]
+    if len(kept) < len(layers):
+        warnings.warn(MeshplanWarning(
+            f"{where}: {len(layers) - len(kept)} compiled layer row(s) at recompute "
+            f"'selective' timed on {at:%Y-%m-%d %H:%M} UTC by an executor that ran the "
+            "attention core eager between five compiled graphs (before 2026-12-01 16:40 UTC) "
+            "are not read: compiled selective recomputation is priced from the eager "
+            "selective rows moved by the compiled/eager rows at recompute 'none' (the old "
+            "rows priced it 4-9 % slow). Recalibrate with this meshplan (`meshplan "
+            "calibrate --compile-rows none,selective,full`) for rows of today's executor."),
+            stacklevel=4)
+    return kept

@@ -1,0 +1,73 @@
+"""Compiled selective-recompute rows timed by the executor before it checkpointed the
+attention core inside the compiled block (2026-12-01 16:40 UTC) are left out at load, with a
+warning by name; the layout is then priced from the eager selective row moved by the
+compiled/eager pair at recompute none (meshplan.hardware_profiles.stale_rows)."""
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from meshplan.costmodel import estimate
+from meshplan.errors import MeshplanWarning
+from meshplan.hardware_profiles.calibrated import apply_profile, load_profile
+from meshplan.hardware_profiles.stale_rows import without_stale_rows
+from meshplan.planner.planfile import load_plan_file
+
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE = {"device": "cuda", "date": "2026-11-29T06:47:37+00:00"}
+SEL_C = {"compile": True, "recompute": "selective", "micro_batch": 1}
+OTHERS = [{**SEL_C, "compile": False}, {**SEL_C, "recompute": "none"},
+          {**SEL_C, "recompute": "full"}]
+
+
+def test_compiled_selective_rows_timed_before_the_change_are_dropped_by_name():
+    with pytest.warns(MeshplanWarning, match=r"p\.toml: 2 compiled layer row\(s\) at recompute "
+                                             r"'selective' timed on 2026-11-29 06:47 UTC"):
+        kept = without_stale_rows(BEFORE, [SEL_C, {**SEL_C, "micro_batch": 2}, *OTHERS],
+                                  "p.toml")
+    assert kept == OTHERS
+
+
+@pytest.mark.parametrize("prov", [
+    {"device": "cuda", "date": "2026-12-01T18:30:54+00:00"},   # fp8h20b: after the change
+    {"device": "cpu", "date": "2026-11-29T06:47:37+00:00"},    # a CPU profile's own rows
+    {"device": "cuda"},                                          # no date: nothing to go by
+    {"device": "cuda", "date": "yesterday"},
+])
+def test_rows_are_kept_where_nothing_says_they_are_stale(prov):
+    rows = [SEL_C, *OTHERS]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MeshplanWarning)
+        assert without_stale_rows(prov, rows, "p.toml") == rows
+
+
+def test_a_naive_date_reads_as_utc():
+    with pytest.warns(MeshplanWarning):
+        kept = without_stale_rows({"device": "cuda", "date": "2026-12-01T16:40:00"}, [SEL_C],
+                                  "p.toml")
+    assert kept == []
+
+
+PROFILE = ROOT / "docs/benchmarks/data/profiles/profile_h200x1_fp8h1_20261129.toml"
+PLAN = ROOT / "benchmarks/plans/fp8h38_bf16_h200x1/mb8-selective-compiled.json"
+
+
+def test_a_stale_profile_prices_compiled_selective_from_the_pair_at_recompute_none():
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always", MeshplanWarning)
+        prof = load_profile(PROFILE)
+    assert any("at recompute 'selective'" in str(w.message) for w in got)
+    rows = prof.gpu.measured.layers
+    assert not [r for r in rows if r.compile and r.recompute == "selective"]
+    assert [r for r in rows if not r.compile and r.recompute == "selective"]
+    rec = load_plan_file(PLAN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MeshplanWarning)
+        cluster = apply_profile(rec.cluster, PROFILE)
+        est = estimate(rec.model, cluster, rec.job, rec.layout)
+        plain = estimate(rec.model, cluster, rec.job, replace(rec.layout, recompute="none"))
+    assert any("moved by the compiled/eager rows at recompute none" in c for c in est.caveats)
+    # the re-run's cost as the later executor's rows show it (fp8h20b-22: +3-5 %), not the
+    # stale rows' (fp8h1: +16 %, which priced this layout 8.1 % over recompute none)
+    assert 1.0 < est.step_time_s / plain.step_time_s < 1.05
