@@ -235,9 +235,10 @@ def compiled_pair_caveat(source: str) -> str:
     its eager row and another recompute mode's compiled/eager pair
     (:func:`meshplan.costmodel.compiled_rows.compiled_from_pair`)."""
     return (f"compile = True priced from {source}: the profile has no compiled layer row at "
-            "this recompute mode, so compile's change is carried from another mode's "
-            "(`meshplan calibrate --model M --compile-rows` times this one; "
-            "meshplan/costmodel/compiled_rows.py)")
+            "this recompute mode that is read (compiled selective rows of the executor before "
+            "2026-12-01 are not: meshplan/hardware_profiles/stale_rows.py), so compile's "
+            "change is carried from another mode's (`meshplan calibrate --model M "
+            "--compile-rows` times this one; meshplan/costmodel/compiled_rows.py)")
 
 
 def stretched_rows_caveat(source: str, timed: tuple[int, ...], equivalent_mb: float,
