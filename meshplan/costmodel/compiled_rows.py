@@ -262,12 +262,30 @@ def compiled_from_pair(tables, model: ModelSpec, eager: Interpolated, *, recompu
                "backward_s": eager.backward_s * k.backward_s}
         kept = (eager.activation_bytes if k.activation_bytes is None or w_here is None else
                 eager.activation_bytes * k.activation_bytes + w_here)
+        if recompute == "selective":
+            kept = max(0.0, kept - core_output_bytes(model, tp=tp, **kw))
         row = replace(eager, **out, activation_bytes=kept,
                       peak_bytes=eager.peak_bytes * k.peak_bytes, **_SPLIT_ZERO)
         return row, (f"the eager row at recompute {recompute} moved by the compiled/eager "
                      f"rows at recompute {other} (GPU forward x{k.forward_s:.2f}, backward "
                      f"x{k.backward_s:.2f}; CPU dispatch the eager row's)")
     return None
+
+
+def core_output_bytes(model: ModelSpec, *, tp: int, seq_len: int, micro_batch: float,
+                      **_) -> float:
+    """The attention core's output on one tp rank, per layer and micro-batch (16-bit): what an
+    eager block under selective recomputation keeps for the output projection and a compiled
+    one does not. Inside the compiled block the core is checkpointed in the block's one graph
+    (``executor.attention_core.recomputed_core``), and the partitioner re-runs it in the
+    backward ahead of the projection's weight gradient instead of saving its output. Rows of
+    today's executor, compiled selective against compiled none, per micro-batch, beside the
+    eager pair's difference: fp8h21 (MHA) 22.3 MiB more saved where the eager pair differs by
+    0.3 and this is 22.0; fp8h20b (GQA) and host22 (MQA) 30.3 and 26.5 where eager 20.3 and
+    17.8 and this 10.0 and 8.8; fp8h22 (MQA) 43 where eager 28.8 and this 28.5 (half of it).
+    Found on fp8h39's selective arms (+2.4..+6.0 % peak memory without it, within 0.8 % with
+    it: POST HOC, docs/benchmarks/fp8_checks.md "fp8h39"); held out on fp8h40."""
+    return 2.0 * micro_batch * seq_len * model.num_heads * model.value_head_dim / tp
 
 
 def copies_at(model: ModelSpec, tp: int, ep: int, recompute: str) -> float | None:
