@@ -284,7 +284,9 @@ def core_output_bytes(model: ModelSpec, *, tp: int, seq_len: int, micro_batch: f
     0.3 and this is 22.0; fp8h20b (GQA) and host22 (MQA) 30.3 and 26.5 where eager 20.3 and
     17.8 and this 10.0 and 8.8; fp8h22 (MQA) 43 where eager 28.8 and this 28.5 (half of it).
     Found on fp8h39's selective arms (+2.4..+6.0 % peak memory without it, within 0.8 % with
-    it: POST HOC, docs/benchmarks/fp8_checks.md "fp8h39"); held out on fp8h40."""
+    it: POST HOC, docs/benchmarks/fp8_checks.md "fp8h39"); held out on fp8h40 and fp8h41, the
+    selective arms' mean peak error from fp8h1's / fp8h2's rows 5.1 / 6.3 → 0.3 / 1.5 % and
+    2.3 / 3.0 → 1.5 / 0.9 %."""
     return 2.0 * micro_batch * seq_len * model.num_heads * model.value_head_dim / tp
 
 

@@ -28,6 +28,12 @@ arms 2.5-4.0 % above recompute none where those rows priced 7.7-9.1 %
 the rows a compiled selective layer is its eager selective row moved by the compiled/eager
 pair at recompute none (:func:`meshplan.costmodel.compiled_rows.compiled_from_pair`), which
 carries compile's gain and keeps the eager cost of the re-run, as the later rows do.
+Held out, as run (1 × H200, fp8h39-41 from fp8h1's and fp8h2's rows): the predicted selective
+/ none ratio nearer the measured on six of six profile-checks (4.9 → 1.0 points off on
+average), the selective arms' step error lower on three of six (fp8h39 8.8 → 3.1 % and 2.5 →
+1.4 %; fp8h41 from fp8h1 7.4 → 6.4 %); on fp8h40 (both profiles) and fp8h41 (fp8h2's) larger,
+where the profiles price the whole model 2-10 % fast and the stale rows' slow selective price
+had offset it.
 """
 
 from __future__ import annotations
