@@ -466,6 +466,9 @@ SETS["drawn-3860c"] = compiled_draws(3860)
 # micro-batch, held out (draw_moe.py seed 3862, from moeh40's profile; seed 3861's draw
 # had no GPU-bound layout read past moeh40's sizes: benchmarks/sets/moeh53)
 SETS["drawn-3862c"] = compiled_draws(3862)
+# moeh54 (2026-12-04): the next draw as run, a fine-grained model with a shared expert from
+# moeh40's two-model profile (draw_moe.py seed 3863; benchmarks/sets/moeh54)
+SETS["drawn-3863c"] = compiled_draws(3863)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
