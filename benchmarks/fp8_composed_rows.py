@@ -61,7 +61,7 @@ def rows(share: float = 0.0, through: int = FIT_THROUGH) -> list[dict]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")    # the void compiled SP rows: left out anyway
             cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
-                                    path)
+                                    path, keep_stale_rows=True)   # the rows the fit read
         out += [dict(r, set=path.name.split("_")[2]) for r in composed_rows(model, cluster,
                                                                             share)]
     return out
@@ -77,7 +77,7 @@ def dispatch_deltas(through: int = FIT_THROUGH) -> list[dict]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             meas = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus),
-                                 path).gpu.measured
+                                 path, keep_stale_rows=True).gpu.measured
         rows = [r for r in meas.layers if r.compile and r.forward_cpu_s > 0 and r.dp == 1
                 and r.ep == 1 and not r.sequence_parallel and not r.zero]
         for r in (r for r in rows if r.precision == "fp8"):

@@ -474,11 +474,11 @@ SETS["drawn-3863c"] = compiled_draws(3863)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
 
 
-def _cluster(profile: str | None, gpus: int = 1):
+def _cluster(profile: str | None, gpus: int = 1, keep_stale_rows: bool = False):
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
     c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
-    return apply_profile(c, profile) if profile else c
+    return apply_profile(c, profile, keep_stale_rows=keep_stale_rows) if profile else c
 
 
 def _baseline_step_s(baseline: Path, profile: str, layout: Layout) -> float | None:
@@ -800,7 +800,8 @@ def repredict(args) -> int:
     model = (ModelSpec.from_dict(preds["model_spec"]) if preds.get("model_spec") else MODEL)
     job = Job.from_dict(preds["job"])
     layouts = dict(SETS[preds["set"]])
-    cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()))
+    cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()),
+                       keep_stale_rows=args.rows_as_timed)
     if args.sustained_from:
         from fp8_repredict import with_sustained_from
 
@@ -970,6 +971,10 @@ def main(argv=None) -> int:
     d.add_argument("--arm", default=None, metavar="NAME",
                    help="the results of this arm of a check's data file (e.g. bf16 in "
                         "docs/benchmarks/data/fp8_h200x1_fp8h19_20261201.json)")
+    d.add_argument("--rows-as-timed", action="store_true",
+                   help="read every row the profile holds, those of an executor since changed "
+                        "too (a check run by that executor, re-predicted as it ran: "
+                        "meshplan/hardware_profiles/stale_rows.py)")
     d.add_argument("--sustained-from", default=None, metavar="PROFILE",
                    help="rows carrying no sustained-clock ratio (1) take this profile's "
                         "ratio for the same module, where it has one")

@@ -296,8 +296,13 @@ def with_base_attention_head_dims(gpu: GPUSpec, base: str | None,
     return replace(gpu, attention_head_dim=m, attention_head_dim_ratio=ratios)
 
 
-def load_profile(path: str | Path) -> CalibratedProfile:
-    """Read and check a calibrated profile; errors name the file and the offending key."""
+def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> CalibratedProfile:
+    """Read and check a calibrated profile; errors name the file and the offending key.
+
+    Layer rows that time an executor since changed are left out (with a warning:
+    :mod:`meshplan.hardware_profiles.stale_rows`) unless ``keep_stale_rows``: every row as
+    timed, for studies of the rows themselves and for re-pricing runs of the executor that
+    timed them."""
     path = Path(path)
     doc = read_toml(path)
     where = str(path)
@@ -337,7 +342,8 @@ def load_profile(path: str | Path) -> CalibratedProfile:
         if version == 1:
             layers = [_v1_layer_row(r) for r in layers]
         layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
-        layers = without_stale_rows(prov, layers, where)
+        if not keep_stale_rows:
+            layers = without_stale_rows(prov, layers, where)
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
@@ -491,16 +497,17 @@ def profile_latency(prof: CalibratedProfile, cluster: Cluster) -> dict[str, Any]
     return out
 
 
-def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False) -> Cluster:
+def apply_profile(cluster: Cluster, path: str | Path, *, override: bool = False,
+                  keep_stale_rows: bool = False) -> Cluster:
     """``cluster`` with the profile's GPU spec (and measured collective latency and network
     efficiency, where the profile has them: :func:`profile_latency`).
 
     The profile must come from the cluster's GPU type: its ``base`` (or its name) must equal
     ``cluster.gpu.name``. ``override=True`` applies it anyway (e.g. to predict a CPU run
     with a CPU profile on a GPU cluster's shape); the cluster then takes the profile's GPU
-    whole, memory size included.
+    whole, memory size included. ``keep_stale_rows``: as :func:`load_profile`.
     """
-    prof = load_profile(path)
+    prof = load_profile(path, keep_stale_rows=keep_stale_rows)
     profile_gpu = prof.base_gpu or prof.gpu.name
     if profile_gpu != cluster.gpu.name and not override:
         raise ProfileError(

@@ -416,18 +416,22 @@ def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_p
 def test_repredict_at_one_reading_of_the_ep_rows(capsys):
     """``repredict --readings F --ep-reading first|median`` (POST HOC): moeh14's ep rows at
     the calibration's first reading (what one round keeps) or at the median it kept — the
-    median re-predicts the committed profile's figures exactly."""
+    median re-predicts the committed profile's figures exactly (every row as timed: the
+    check ran the executor whose compiled selective rows the loader now leaves out)."""
     import moe_sync_gpu as msg
     data = ROOT / "docs" / "benchmarks" / "data"
     args = ["repredict", "--results", str(data / "moe_drawn_h200x2_moeh14_20261130.json"),
             "--load-imbalance", "rows", "--readings",
-            str(data / "moe_ep_rows_reread_h200x2_moeh14_20261130.json"), "--ep-reading"]
+            str(data / "moe_ep_rows_reread_h200x2_moeh14_20261130.json"), "--rows-as-timed",
+            "--ep-reading"]
     assert msg.main(args + ["median"]) == 0
     assert "today: mean 5.4 %, max 15.6 % (8 layouts)" in capsys.readouterr().out
     assert msg.main(args + ["first"]) == 0
     assert "today: mean 11.5 %, max 37.5 % (8 layouts)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="needs --readings"):
         msg.main(args[:5] + ["--ep-reading", "first"])
+    assert msg.main(args[:7] + ["--ep-reading", "median"]) == 0    # today's executor's rows
+    assert "today: mean 3.7 %, max 9.5 % (8 layouts)" in capsys.readouterr().out
 
 
 @pytest.mark.usefixtures("no_grad_accumulation")
@@ -452,7 +456,7 @@ def test_repredict_reads_the_readings_from_a_profiles_provenance(tmp_path, capsy
     assert msg.main(["repredict", "--results", str(data / "moe_drawn_h200x2_moeh14_"
                                                           "20261130.json"),
                      "--load-imbalance", "rows", "--readings", str(with_readings),
-                     "--ep-reading", "first"]) == 0
+                     "--rows-as-timed", "--ep-reading", "first"]) == 0
     assert "today: mean 11.5 %, max 37.5 % (8 layouts)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="holds no synced_readings"):
         msg.calibration_readings(profile)

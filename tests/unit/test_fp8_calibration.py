@@ -197,7 +197,9 @@ def test_a_profile_with_compiled_fp8_rows_measures_its_block_share():
     prof = root / "docs/benchmarks/data/profiles/profile_h200x1_fp8h3_20261129.toml"
     share = measure_from_profile(prof, [model], 1)
     assert 0 < share < 0.332
-    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof)
+    # every row as timed (measure_from_profile's way: fp8 and bf16 twins of one executor)
+    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof,
+                            keep_stale_rows=True)
     rows = composed_rows(model, cluster)
     assert len(rows) == 6 and fit_share(rows) == pytest.approx(share)
     at_share = composed_rows(model, cluster, share)
@@ -223,7 +225,8 @@ def test_block_share_reads_rowwise_rows(tmp_path):
     assert 'fp8_recipe = "tensorwise"' in text
     prof = tmp_path / "rowwise.toml"
     prof.write_text(text.replace('fp8_recipe = "tensorwise"', 'fp8_recipe = "rowwise"'))
-    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof)
+    cluster = apply_profile(Cluster.preset("dgx-h200", nodes=1, gpus_per_node=1), prof,
+                            keep_stale_rows=True)
     rows = composed_rows(model, cluster)
     assert len(rows) == 6 and all(r["casts_alone_s"] > 0 for r in rows)
 

@@ -71,3 +71,13 @@ def test_a_stale_profile_prices_compiled_selective_from_the_pair_at_recompute_no
     # the re-run's cost as the later executor's rows show it (fp8h20b-22: +3-5 %), not the
     # stale rows' (fp8h1: +16 %, which priced this layout 8.1 % over recompute none)
     assert 1.0 < est.step_time_s / plain.step_time_s < 1.05
+
+
+def test_keep_stale_rows_reads_every_row_as_timed():
+    """For studies of the rows themselves (calibrate's fp8 block share) and re-pricing runs
+    of the executor that timed them (`moe_sync_gpu.py repredict --rows-as-timed`)."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always", MeshplanWarning)
+        prof = load_profile(PROFILE, keep_stale_rows=True)
+    assert not any("at recompute 'selective'" in str(w.message) for w in got)
+    assert [r for r in prof.gpu.measured.layers if r.compile and r.recompute == "selective"]
