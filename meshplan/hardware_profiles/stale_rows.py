@@ -63,7 +63,9 @@ def _stale_compiled_selective(row: object) -> bool:
 def without_stale_rows(prov: dict, layers: list, where: str) -> list:
     """``layers`` less the rows that time an executor since changed (module docstring), with a
     warning naming how many and why; unchanged for a profile calibrated since, on a CPU, or
-    with no readable date (nothing says when its rows were timed)."""
+    with no readable date (nothing says when its rows were timed). The rule reads the
+    calibration's date: profiles record no commit, so a profile timed after the change by an
+    older checkout keeps its rows."""
     at = _calibrated_at(prov)
     if prov.get("device") != "cuda" or at is None or at >= COMPILED_SELECTIVE_SINCE:
         return layers
