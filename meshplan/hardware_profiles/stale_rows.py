@@ -39,20 +39,11 @@ had offset it.
 from __future__ import annotations
 
 import warnings
-from datetime import datetime, timezone
 
 from meshplan.errors import MeshplanWarning
 
-#: the executor commit since which a compiled block checkpoints its attention core in one graph
-COMPILED_SELECTIVE_SINCE = datetime(2026, 12, 1, 16, 40, 46, tzinfo=timezone.utc)
-
-
-def _calibrated_at(prov: dict) -> datetime | None:
-    try:
-        at = datetime.fromisoformat(str(prov.get("date", "")))
-    except ValueError:
-        return None
-    return at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+#: the provenance mark ``meshplan calibrate`` writes since the change (``calibrate/run.py``)
+COMPILED_SELECTIVE_MARK = "compiled_selective"
 
 
 def _stale_compiled_selective(row: object) -> bool:
@@ -62,22 +53,22 @@ def _stale_compiled_selective(row: object) -> bool:
 
 def without_stale_rows(prov: dict, layers: list, where: str) -> list:
     """``layers`` less the rows that time an executor since changed (module docstring), with a
-    warning naming how many and why; unchanged for a profile calibrated since, on a CPU, or
-    with no readable date (nothing says when its rows were timed). The rule reads the
-    calibration's date: profiles record no commit, so a profile timed after the change by an
-    older checkout keeps its rows."""
-    at = _calibrated_at(prov)
-    if prov.get("device") != "cuda" or at is None or at >= COMPILED_SELECTIVE_SINCE:
+    warning naming how many and why. A GPU profile's compiled selective rows are stale where
+    its provenance lacks the ``compiled_selective`` mark, which calibrate writes since the
+    change (its first marked profiles: 2026-12-01 16:55 UTC; every committed profile timed
+    before 16:40 lacks it, every one after has it); a CPU profile's rows are its own."""
+    if prov.get("device") != "cuda" or prov.get(COMPILED_SELECTIVE_MARK):
         return layers
     kept = [r for r in layers if not _stale_compiled_selective(r)]
     if len(kept) < len(layers):
+        when = f" (calibrated {prov['date']})" if prov.get("date") else ""
         warnings.warn(MeshplanWarning(
             f"{where}: {len(layers) - len(kept)} compiled layer row(s) at recompute "
-            f"'selective' timed on {at:%Y-%m-%d %H:%M} UTC by an executor that ran the "
-            "attention core eager between five compiled graphs (before 2026-12-01 16:40 UTC) "
-            "are not read: compiled selective recomputation is priced from the eager "
-            "selective rows moved by the compiled/eager rows at recompute 'none' (the old "
-            "rows priced it 4-9 % slow). Recalibrate with this meshplan (`meshplan "
-            "calibrate --compile-rows none,selective,full`) for rows of today's executor."),
-            stacklevel=4)
+            f"'selective'{when} were timed by an executor that ran the attention core eager "
+            "between five compiled graphs (no 'compiled_selective' mark in the provenance: "
+            "calibrations before 2026-12-01 16:55 UTC) and are not read: compiled selective "
+            "recomputation is priced from the eager selective rows moved by the "
+            "compiled/eager rows at recompute 'none' (the old rows priced it 4-9 % slow). "
+            "Recalibrate with this meshplan (`meshplan calibrate --compile-rows "
+            "none,selective,full`) for rows of today's executor."), stacklevel=4)
     return kept

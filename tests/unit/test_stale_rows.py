@@ -1,7 +1,8 @@
 """Compiled selective-recompute rows timed by the executor before it checkpointed the
-attention core inside the compiled block (2026-12-01 16:40 UTC) are left out at load, with a
-warning by name; the layout is then priced from the eager selective row moved by the
-compiled/eager pair at recompute none (meshplan.hardware_profiles.stale_rows)."""
+attention core inside the compiled block (profiles without calibrate's 'compiled_selective'
+mark) are left out at load, with a warning by name; the layout is then priced from the eager
+selective row moved by the compiled/eager pair at recompute none
+(meshplan.hardware_profiles.stale_rows)."""
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -23,30 +24,41 @@ OTHERS = [{**SEL_C, "compile": False}, {**SEL_C, "recompute": "none"},
 
 def test_compiled_selective_rows_timed_before_the_change_are_dropped_by_name():
     with pytest.warns(MeshplanWarning, match=r"p\.toml: 2 compiled layer row\(s\) at recompute "
-                                             r"'selective' timed on 2026-11-29 06:47 UTC"):
+                                             r"'selective' \(calibrated 2026-11-29T06:47:37"):
         kept = without_stale_rows(BEFORE, [SEL_C, {**SEL_C, "micro_batch": 2}, *OTHERS],
                                   "p.toml")
     assert kept == OTHERS
+    with pytest.warns(MeshplanWarning, match=r"'selective' were timed"):    # no date: no mark
+        assert without_stale_rows({"device": "cuda"}, [SEL_C], "p.toml") == []
 
 
 @pytest.mark.parametrize("prov", [
-    {"device": "cuda", "date": "2026-12-01T18:30:54+00:00"},   # fp8h20b: after the change
+    {"device": "cuda", "date": "2026-12-01T18:30:54+00:00",     # fp8h20b: after the change
+     "compiled_selective": "core checkpointed in the block's graph"},
     {"device": "cpu", "date": "2026-11-29T06:47:37+00:00"},    # a CPU profile's own rows
-    {"device": "cuda"},                                          # no date: nothing to go by
-    {"device": "cuda", "date": "yesterday"},
 ])
-def test_rows_are_kept_where_nothing_says_they_are_stale(prov):
+def test_rows_are_kept_where_the_profile_is_marked_or_of_the_cpu(prov):
     rows = [SEL_C, *OTHERS]
     with warnings.catch_warnings():
         warnings.simplefilter("error", MeshplanWarning)
         assert without_stale_rows(prov, rows, "p.toml") == rows
 
 
-def test_a_naive_date_reads_as_utc():
-    with pytest.warns(MeshplanWarning):
-        kept = without_stale_rows({"device": "cuda", "date": "2026-12-01T16:40:00"}, [SEL_C],
-                                  "p.toml")
-    assert kept == []
+def test_every_committed_gpu_profile_is_marked_exactly_when_timed_after_the_change():
+    """The mark and the calibration's date agree on every committed GPU profile: those timed
+    from 2026-12-01 16:40 UTC (commit 4656ba4) have it, those before do not."""
+    import tomllib
+    from datetime import datetime, timezone
+    cut = datetime(2026, 12, 1, 16, 40, 46, tzinfo=timezone.utc)
+    seen = 0
+    for path in sorted((ROOT / "docs/benchmarks/data/profiles").rglob("*.toml")):
+        prov = tomllib.loads(path.read_text()).get("provenance", {})
+        if prov.get("device") != "cuda" or "date" not in prov:
+            continue
+        seen += 1
+        timed_after = datetime.fromisoformat(prov["date"]) >= cut
+        assert bool(prov.get("compiled_selective")) == timed_after, path.name
+    assert seen > 100
 
 
 PROFILE = ROOT / "docs/benchmarks/data/profiles/profile_h200x1_fp8h1_20261129.toml"
