@@ -302,7 +302,9 @@ class TransferredTables:
         (every clamped arm fast); moeh53, an MoE model from moeh40's rows read 1.3-10.7 times
         past, 14.3 -> 3.8 % (every clamped arm slow). Over the four, 23 arms: 6.8 -> 3.3 %,
         the set's rule met on three. Post hoc, the MoE checks priced from every other MoE
-        profile went 10.7 -> 11.0 % (bf16) and 15.0 -> 15.9 % (fp8)."""
+        profile went 10.7 -> 11.0 % (bf16) and 15.0 -> 15.9 % (fp8), a mean the checks and
+        calibrations of earlier executors dominate: both from moeh28 on, 4.9 % and 5.1 %
+        (docs/benchmarks/moe_checks.md, "The MoE cross-profile pairs by when ...")."""
         mbs = self._timed_mbs(src, key)
         m = self._equivalent_mb(src, key, micro_batch)
         return max(m, min(mbs)) if mbs else micro_batch
