@@ -341,9 +341,9 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
     if prov.get("device") == "cuda":
         if version == 1:
             layers = [_v1_layer_row(r) for r in layers]
-        layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
-        if not keep_stale_rows:
+        if not keep_stale_rows:     # before the pooling: a row not read lends no CPU part
             layers = without_stale_rows(prov, layers, where)
+        layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
