@@ -41,7 +41,7 @@ from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
 from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names, curve, get,
                                                gpu_from_table, read_toml)
-from meshplan.hardware_profiles.stale_rows import without_stale_rows
+from meshplan.hardware_profiles.stale_rows import warn_defective_compiled_rows, without_stale_rows
 
 SCHEMA = "meshplan.profile"
 # 2: CUDA layer rows count their input once (version 1 counted it twice; read_profile
@@ -347,7 +347,7 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
-        _warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
+        warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
     _warn_small_optimizer_row(prov, membound, where)
     gpu = _without_host_timed_permute(gpu, prov, doc.get("measurements", {}), where)
     corr = get(doc, "corrections", dict, where, None)
@@ -387,29 +387,6 @@ def _warn_unknown_gpu_keys(g: Mapping[str, Any], where: str) -> None:
         warnings.warn(MeshplanWarning(
             f"{where}: unknown key {k!r} is ignored (its value is not used); {hint}"),
             stacklevel=3)
-
-
-def _torch_before_2_13(version: str) -> bool:
-    m = re.match(r"(\d+)\.(\d+)", version or "")
-    return m is not None and (int(m.group(1)), int(m.group(2))) < (2, 13)
-
-
-def _warn_defective_compiled_rows(prov: dict, layers: list, where: str) -> None:
-    """Warn where a GPU profile holds compiled layer rows at tp + SP or ep > 1 timed by an
-    executor whose collectives lost their backward when compiled (torch before 2.13, and no
-    ``compiled_collectives`` mark in the provenance: docs/benchmarks/compiled_grads.md)."""
-    if prov.get("device") != "cuda" or prov.get("compiled_collectives"):
-        return
-    if not _torch_before_2_13(str(prov.get("torch", ""))):
-        return
-    bad = sum(1 for r in layers if isinstance(r, dict) and r.get("compile")
-              and ((r.get("tp", 1) > 1 and r.get("sequence_parallel")) or r.get("ep", 1) > 1))
-    if bad:
-        warnings.warn(MeshplanWarning(
-            f"{where}: {bad} compiled layer row(s) at tp + SP or ep > 1 were timed under torch "
-            f"{prov.get('torch')} by an executor whose compiled collectives skipped part of "
-            "the backward (docs/benchmarks/compiled_grads.md); layouts priced from them are "
-            "too fast. Recalibrate with this meshplan (`meshplan calibrate`)."), stacklevel=3)
 
 
 #: below this many elements a GPU's fused AdamW row reads its rate low (one H200: 3,300-3,670

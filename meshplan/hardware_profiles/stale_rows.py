@@ -4,7 +4,8 @@ A calibrated profile's layer rows time meshplan's own executor. Where the execut
 a configuration differently, the rows of that configuration in older profiles price a step
 that no longer happens; the loader leaves them out (with a warning naming them and the
 remedy, recalibration), and the cost model prices the configuration as for a profile that
-never timed it.
+never timed it. Where no other pricing exists, the loader only warns
+(:func:`warn_defective_compiled_rows`).
 
 **Compiled selective recomputation, before commit 4656ba4 (2026-12-01 16:40 UTC).** Inside a
 compiled block the executor re-ran the attention core through a custom autograd function
@@ -38,6 +39,7 @@ had offset it.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 from meshplan.errors import MeshplanWarning
@@ -72,3 +74,26 @@ def without_stale_rows(prov: dict, layers: list, where: str) -> list:
             "Recalibrate with this meshplan (`meshplan calibrate --compile-rows "
             "none,selective,full`) for rows of today's executor."), stacklevel=4)
     return kept
+
+
+def _torch_before_2_13(version: str) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return m is not None and (int(m.group(1)), int(m.group(2))) < (2, 13)
+
+
+def warn_defective_compiled_rows(prov: dict, layers: list, where: str) -> None:
+    """Warn where a GPU profile holds compiled layer rows at tp + SP or ep > 1 timed by an
+    executor whose collectives lost their backward when compiled (torch before 2.13, and no
+    ``compiled_collectives`` mark in the provenance: docs/benchmarks/compiled_grads.md)."""
+    if prov.get("device") != "cuda" or prov.get("compiled_collectives"):
+        return
+    if not _torch_before_2_13(str(prov.get("torch", ""))):
+        return
+    bad = sum(1 for r in layers if isinstance(r, dict) and r.get("compile")
+              and ((r.get("tp", 1) > 1 and r.get("sequence_parallel")) or r.get("ep", 1) > 1))
+    if bad:
+        warnings.warn(MeshplanWarning(
+            f"{where}: {bad} compiled layer row(s) at tp + SP or ep > 1 were timed under torch "
+            f"{prov.get('torch')} by an executor whose compiled collectives skipped part of "
+            "the backward (docs/benchmarks/compiled_grads.md); layouts priced from them are "
+            "too fast. Recalibrate with this meshplan (`meshplan calibrate`)."), stacklevel=3)

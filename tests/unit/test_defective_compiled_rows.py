@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from meshplan.errors import MeshplanWarning
-from meshplan.hardware_profiles.calibrated import _warn_defective_compiled_rows
+from meshplan.hardware_profiles.stale_rows import warn_defective_compiled_rows
 
 OLD = {"device": "cuda", "torch": "2.11.0+cu130"}
 EP2 = {"compile": True, "tp": 1, "sequence_parallel": False, "ep": 2}
@@ -16,7 +16,7 @@ SP = {"compile": True, "tp": 2, "sequence_parallel": True, "ep": 1}
 
 def test_compiled_sp_and_ep_rows_from_an_unmarked_torch_2_11_profile_warn():
     with pytest.warns(MeshplanWarning, match=r"p\.toml: 2 compiled layer row\(s\).*2\.11"):
-        _warn_defective_compiled_rows(OLD, [EP2, SP, {**EP2, "compile": False}], "p.toml")
+        warn_defective_compiled_rows(OLD, [EP2, SP, {**EP2, "compile": False}], "p.toml")
 
 
 @pytest.mark.parametrize("prov, rows", [
@@ -29,7 +29,7 @@ def test_compiled_sp_and_ep_rows_from_an_unmarked_torch_2_11_profile_warn():
 def test_no_warning_where_the_rows_are_not_the_defective_kind(prov, rows):
     with warnings.catch_warnings():
         warnings.simplefilter("error", MeshplanWarning)
-        _warn_defective_compiled_rows(prov, rows, "p.toml")
+        warn_defective_compiled_rows(prov, rows, "p.toml")
 
 
 def test_a_gpu_profile_whose_optimizer_row_is_small_warns_by_name_and_size():
