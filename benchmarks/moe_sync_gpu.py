@@ -333,6 +333,9 @@ SETS["drawn-4144c"] = compiled_draws(4144, selective=True)
 # fp8h41 (2026-12-04): fp8h40's questions a third time, on a GPT from fp8h1's and fp8h2's
 # profiles (draw_models.py seed 4145, the next seed; benchmarks/sets/fp8h41)
 SETS["drawn-4145c"] = compiled_draws(4145, selective=True)
+# fp8h42 (2026-12-04): a never-run Llama priced from same-family profiles of two calibration
+# generations, no change under test (draw_models.py seed 4146; benchmarks/sets/fp8h42)
+SETS["drawn-4146c"] = compiled_draws(4146, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
