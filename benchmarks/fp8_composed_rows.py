@@ -16,6 +16,12 @@ backward (docs/benchmarks/compiled_grads.md), bf16 and fp8 alike.
     python benchmarks/fp8_composed_rows.py            # the fp8h1-fp8h15 profiles
     python benchmarks/fp8_composed_rows.py --through 18   # and the later sets' own
     python benchmarks/fp8_composed_rows.py --json out.json
+    python benchmarks/fp8_composed_rows.py --by-family   # the share per layer family too
+
+``--by-family`` fits the share per layer family (``measured_rows.cast_family``: GeLU /
+LayerNorm / biased GPT layers against SwiGLU / RMSNorm / unbiased Llama ones), the
+datasheet's ``fp8_cast_compiled_block_share_by_family``, and prices the later sets' rows
+(fp8h16 on) at the pooled and at their family's share.
 """
 
 from __future__ import annotations
@@ -98,9 +104,45 @@ def _errors(rs: list[dict], key: str) -> str:
             f"{100 * max(map(abs, e)):.1f} %, signed {100 * statistics.mean(e):+.1f} %")
 
 
+def _family(row: dict) -> str:
+    from meshplan.hardware_profiles.measured_rows import cast_family
+    return cast_family(_MODELS[row["set"]])
+
+
+_MODELS: dict[str, ModelSpec] = {}
+
+
+def _priced(rs: list[dict], share: float) -> list[dict]:
+    return [dict(r, composed_s=r["composed_without_casts_s"] + share * r["casts_alone_s"])
+            for r in rs]
+
+
+def by_family(fit_rows: list[dict], through: int) -> None:
+    """The share per layer family on ``fit_rows`` (the sets through ``through``), and the
+    rows of every later set priced at the pooled share and at their family's."""
+    for path, model, _ in _sets(99):
+        _MODELS[path.name.split("_")[2]] = model
+    pooled = fit_share(fit_rows)
+    later = [r for r in rows(0.0, 99) if int(r["set"].removeprefix("fp8h")) > through]
+    for fam in sorted({_family(r) for r in fit_rows}):
+        mine = [r for r in fit_rows if _family(r) == fam]
+        share = fit_share(mine)
+        sets = sorted({r["set"] for r in mine}, key=lambda x: int(x.removeprefix("fp8h")))
+        print(f"{fam}: {len(mine)} rows of {len(sets)} models, share {share:.3f}; in the "
+              f"fit {_errors(_priced(mine, share), 'composed_s')} (pooled "
+              f"{_errors(_priced(mine, pooled), 'composed_s')})")
+        out = [r for r in later if _family(r) == fam]
+        if out:
+            print(f"  later sets ({len(out)} rows of {len({r['set'] for r in out})} models): "
+                  f"at {share:.3f} {_errors(_priced(out, share), 'composed_s')}; at the "
+                  f"pooled {pooled:.3f} {_errors(_priced(out, pooled), 'composed_s')}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--by-family", action="store_true",
+                   help="fit the share per layer family and check it on the later sets")
     p.add_argument("--through", type=int, default=FIT_THROUGH, metavar="N",
                    help=f"the sets fp8h1..fp8hN (default {FIT_THROUGH}: the datasheet's fit; "
                         "later sets are held out)")
@@ -123,6 +165,8 @@ def main(argv=None) -> int:
           f"{1e3 * min(d):.2f} to {1e3 * max(d):.2f} ms, mean {1e3 * statistics.mean(d):.2f} "
           f"ms, {statistics.mean(x / r['bf16_cpu_s'] for x, r in zip(d, host)):.2f}x the "
           f"bf16 block's mean (not in the composition)")
+    if args.by_family:
+        by_family(before, args.through)
     if args.json:
         Path(args.json).write_text(json.dumps({"share": share, "rows": after,
                                                "dispatch": host}, indent=1))

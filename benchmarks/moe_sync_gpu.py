@@ -336,6 +336,10 @@ SETS["drawn-4145c"] = compiled_draws(4145, selective=True)
 # fp8h42 (2026-12-04): a never-run Llama priced from same-family profiles of two calibration
 # generations, no change under test (draw_models.py seed 4146; benchmarks/sets/fp8h42)
 SETS["drawn-4146c"] = compiled_draws(4146, selective=True)
+# fp8h43 / fp8h44 (2026-12-04): the compiled casts' block share per layer family held out on
+# a never-run Llama and GPT (draw_models.py seeds 4147, 4148; benchmarks/sets/fp8h43, fp8h44)
+SETS["drawn-4147c"] = compiled_draws(4147, selective=True)
+SETS["drawn-4148c"] = compiled_draws(4148, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

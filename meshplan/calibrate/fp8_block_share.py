@@ -34,7 +34,7 @@ from meshplan.costmodel.moe_rows import fp8_experts_on_bf16_row
 from meshplan.costmodel.moe_tables import expert_links
 from meshplan.costmodel.parts import layer_parts
 from meshplan.hardware_profiles import Cluster
-from meshplan.hardware_profiles.measured_rows import layer_shape_key
+from meshplan.hardware_profiles.measured_rows import cast_family, layer_shape_key
 from meshplan.spec import Job, Layout, ModelSpec
 
 #: fewer compiled fp8 rows than this give no share (a fit through one row is its own error)
@@ -64,8 +64,10 @@ def composed_rows(model: ModelSpec, cluster: Cluster, share: float = 0.0) -> lis
                                                      if r.precision != "fp8"))
 
     def composed(s: float) -> Cluster:
+        # the share under test as this model's family's (not the datasheet's by family)
         return cluster.with_gpu(dataclasses.replace(
-            cluster.gpu, measured=without, fp8_cast_compiled_block_share=s))
+            cluster.gpu, measured=without, fp8_cast_compiled_block_share=s,
+            fp8_cast_compiled_block_share_family=cast_family(model)))
     alone, priced = composed(0.0), composed(share)
     out = []
     for r in fp8_rows:

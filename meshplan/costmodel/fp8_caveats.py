@@ -64,10 +64,11 @@ COMPOSED_COMPILED_SHARE_CAVEAT = (
     "profile's fp8_cast_compiled_block_share of their price cast alone: fitted on 54 compiled "
     "fp8 rows of 14 models (H200), 4.7 % mean / 12.9 % max there; seven step arms of four "
     "other never-run models 3.6 % mean (post hoc; docs/benchmarks/fp8_checks.md \"Compiled "
-    "fp8 composed from bf16 rows\"); the share varies by model (0.07-0.74 per calibration: "
-    "fp8h17's GPU-bound arm ran 12.2 % faster than priced, its own share 0.14); `meshplan "
-    "calibrate --fp8-rows` times the layer itself (fp8h18 so, as run: fp8 / bf16 speed-up "
-    "within 1.3 % mean)")
+    "fp8 composed from bf16 rows\"); the share varies by layer family (GPT 0.32-0.74, Llama "
+    "0.07-0.21 per calibration: a profile's own share is read for its own family, the "
+    "datasheet's fp8_cast_compiled_block_share_by_family for another) and by model within "
+    "it; `meshplan calibrate --fp8-rows` times the layer itself (fp8h18 so, as run: fp8 / "
+    "bf16 speed-up within 1.3 % mean)")
 
 
 #: compiled fp8 composed from bf16 rows on a layout whose CPU sets, or nearly sets, the step

@@ -170,7 +170,9 @@ from meshplan.costmodel.memory import (activation_bytes_per_element,
 from meshplan.costmodel.runtime import fp8_transformer_engine, fp8_weight_source_bytes
 from meshplan.errors import ConfigError
 from meshplan.hardware_profiles import Cluster, GPUSpec
+from meshplan.hardware_profiles.measured_rows import cast_family
 from meshplan.spec import Job, ModelSpec
+
 
 @dataclass(frozen=True)
 class CastRate:
@@ -190,19 +192,49 @@ class CastRate:
         return passes * self.pass_s + nbytes / (self.gbps * 1e9)
 
 
-def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False) -> CastRate:
+def compiled_block_share(gpu: GPUSpec, model: ModelSpec | None) -> tuple[float, str]:
+    """(share, where it comes from) of the compiled casts' price, cast alone, that they cost
+    inside ``model``'s compiled block: the profile's own ``fp8_cast_compiled_block_share``
+    where it was measured on ``model``'s layer family
+    (:func:`~meshplan.hardware_profiles.measured_rows.cast_family`), else the GPU's
+    datasheet share for that family (``fp8_cast_compiled_block_share_by_family``), else the
+    profile's share as it stands.
+
+    Why per family: Inductor fuses the casts with the kernels around them, and how much it
+    hides depends on those kernels. Fitted per family on the 54 compiled fp8 rows of
+    fp8h1-fp8h15 (14 models, 1-2 × H200, the rows the pooled 0.332 was fitted on;
+    ``benchmarks/fp8_composed_rows.py --by-family``): GPT layers (GeLU, LayerNorm, biased
+    linears; 9 models) 0.419, Llama layers (SwiGLU, RMSNorm, no bias; 5 models) 0.142; each
+    of the 19 H200 profiles' own shares since lies in its family's range (GPT 0.32-0.74,
+    Llama 0.07-0.21), none in the other's. The 51 rows of fp8h18-fp8h22, not in the fit:
+    7.3 → 4.6 % mean (GPT), 7.1 → 5.0 % (Llama) against the pooled share (POST HOC, found
+    on fp8h42, docs/benchmarks/fp8_checks.md "fp8h42")."""
+    own = gpu.fp8_cast_compiled_block_share
+    if model is None:
+        return own, "fp8_cast_compiled_block_share"
+    fam = cast_family(model)
+    if gpu.fp8_cast_compiled_block_share_family == fam:
+        return own, f"fp8_cast_compiled_block_share, measured on {fam} layers"
+    table = dict(gpu.fp8_cast_compiled_block_share_by_family)
+    if fam in table:
+        return table[fam], f"fp8_cast_compiled_block_share_by_family[{fam}]"
+    return own, "fp8_cast_compiled_block_share"
+
+
+def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False,
+              model: ModelSpec | None = None) -> CastRate:
     """The cast rate of ``job`` on ``gpu`` (see the module docstring). ``host_measured``:
     the estimate has the CPU's dispatch, so eager casts split GPU and host where ``gpu``
-    has the split."""
+    has the split. ``model``: the layer whose casts these are (their share inside a compiled
+    block: :func:`compiled_block_share`)."""
     hbm = gpu.hbm_gbps * gpu.hbm_efficiency
     if fp8_transformer_engine(job):
         return CastRate(0.0, hbm, True, "TransformerEngine's fused cast-transpose kernels at "
                         "HBM bandwidth × hbm_efficiency", True)
     if compile:
         if gpu.fp8_cast_compiled_gbps > 0:
-            share = gpu.fp8_cast_compiled_block_share
-            inside = (f", {share:g} of them inside a block (fp8_cast_compiled_block_share)"
-                      if share > 0 else "")
+            share, source = compiled_block_share(gpu, model)
+            inside = (f", {share:g} of them inside a block ({source})" if share > 0 else "")
             return CastRate(0.0, gpu.fp8_cast_compiled_gbps / (share or 1.0), False,
                             "compiled casts at the profile's fp8_cast_compiled_gbps" + inside,
                             False, compiled=True, block_share=share)
@@ -340,7 +372,7 @@ def fp8_layer(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int,
     ``host_measured``: the estimate has the CPU's dispatch (:func:`cast_rate`)."""
     gpu = cluster.gpu
     check_fp8_supported(job, gpu)
-    rate = cast_rate(gpu, job, compile, host_measured)
+    rate = cast_rate(gpu, job, compile, host_measured, model)
     te = fp8_transformer_engine(job)
     wbytes = fp8_weight_source_bytes(job, 2 if fsdp else 0, 2 if fsdp else 1)
     peak16, peak8 = gpu.peak_flops(sixteen_bit_precision(job)), gpu.peak_flops("fp8")

@@ -61,7 +61,12 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
 # [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: the
 # head-dim ratios come from the base GPU, referred to the head dim the calibration timed
 # (with_base_attention_head_dims)
-_GPU_KEYS_NOT_READ = ("attention_head_dim", "attention_head_dim_ratio")
+_GPU_KEYS_NOT_READ = ("attention_head_dim", "attention_head_dim_ratio",
+                      # the datasheet's per-family shares are the base GPU's, and the
+                      # profile's own share's family is read off its rows (with_base_fp8,
+                      # block_share_family)
+                      "fp8_cast_compiled_block_share_family",
+                      "fp8_cast_compiled_block_share_by_family")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +259,30 @@ def with_base_fp8(gpu: GPUSpec, base: str | None) -> GPUSpec:
             changes[k] = getattr(ref, k)
     if not gpu.fp8_torch_recipes and ref.fp8_torch_recipes:
         changes["fp8_torch_recipes"] = ref.fp8_torch_recipes
+    if ref.fp8_cast_compiled_block_share_by_family:
+        changes["fp8_cast_compiled_block_share_by_family"] = (
+            ref.fp8_cast_compiled_block_share_by_family)
     return replace(gpu, **changes) if changes else gpu
+
+
+def block_share_family(gpu: GPUSpec, layers: Iterable[Mapping[str, Any]],
+                       measured: Iterable[str]) -> GPUSpec:
+    """``gpu`` with ``fp8_cast_compiled_block_share_family`` set to the family
+    (:func:`~meshplan.hardware_profiles.measured_rows.cast_family`) of the compiled fp8
+    layer rows its measured share was fitted on (``meshplan calibrate --fp8-rows``:
+    :mod:`meshplan.calibrate.fp8_block_share`), where they are all of one family; unchanged
+    where the share was not measured (the base GPU's) or its rows span several families."""
+    if "fp8_cast_compiled_block_share" not in set(measured):
+        return gpu
+    from meshplan.hardware_profiles.measured_rows import cast_family, model_from_shape_key
+    fams = set()
+    for r in layers:
+        if r.get("compile") is True and r.get("precision") == "fp8":
+            m = model_from_shape_key(str(r.get("shape", "")))
+            if m is not None:
+                fams.add(cast_family(m))
+    return replace(gpu, fp8_cast_compiled_block_share_family=fams.pop()) if len(
+        fams) == 1 else gpu
 
 
 def with_base_attention_head_dims(gpu: GPUSpec, base: str | None,
@@ -344,6 +372,7 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
         if not keep_stale_rows:     # before the pooling: a row not read lends no CPU part
             layers = without_stale_rows(prov, layers, where)
         layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
+    gpu = block_share_family(gpu, layers, get(doc, "measured", list, where, []))
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))

@@ -100,6 +100,12 @@ class GPUSpec:
     # fp8_cast_compiled_gbps (Inductor fuses them with the kernels around them); 0: not known,
     # priced as cast alone
     fp8_cast_compiled_block_share: float = 0.0
+    # the layer family (fp8_cost.cast_family) whose compiled fp8 rows measured that share
+    # ("": not one family's measurement: a datasheet fit, or several families' rows), and
+    # the datasheet's share per family (a calibrated profile takes its base GPU's:
+    # calibrated.with_base_fp8); fp8_cost.compiled_block_share reads the three
+    fp8_cast_compiled_block_share_family: str = ""
+    fp8_cast_compiled_block_share_by_family: tuple[tuple[str, float], ...] = ()
     # the compiled cast of a large stacked fp32 weight to both of its fp8 layouts (forward,
     # data gradient), as fp8 routed experts cast theirs: bytes at this bandwidth (0: not
     # measured, priced as the other compiled casts)
@@ -209,6 +215,12 @@ class GPUSpec:
             **({"fp8_gemm_efficiency": self.fp8_gemm_efficiency.to_list()}
                if self.fp8_gemm_efficiency is not None else {}),
             **{k: getattr(self, k) for k in FP8_CAST_KEYS if getattr(self, k) > 0},
+            **({"fp8_cast_compiled_block_share_family":
+                self.fp8_cast_compiled_block_share_family}
+               if self.fp8_cast_compiled_block_share_family else {}),
+            **({"fp8_cast_compiled_block_share_by_family":
+                [[f, v] for f, v in self.fp8_cast_compiled_block_share_by_family]}
+               if self.fp8_cast_compiled_block_share_by_family else {}),
             **({"fp8_torch_recipes": list(self.fp8_torch_recipes)}
                if self.fp8_torch_recipes else {}),
             **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list(),

@@ -139,6 +139,7 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
                              if "fp8_gemm_efficiency" in t else None),
         **optional,
         fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
+        **_block_shares(t, where),
         grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),
         grouped_gemm_key=_grouped_key(t, where),
@@ -151,6 +152,32 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
                                       if "nvlink_all_to_all_efficiency" in t else None),
         microbench_timing=_timing(t, where),
     )
+
+
+def _block_shares(t: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``fp8_cast_compiled_block_share_family`` (a string) and
+    ``fp8_cast_compiled_block_share_by_family`` (``[[family, share], ...]``, each share in
+    (0, 1]) of a GPU table, where present."""
+    out: dict[str, Any] = {}
+    fam = t.get("fp8_cast_compiled_block_share_family", "")
+    if not isinstance(fam, str):
+        raise ProfileError(f"{where}: fp8_cast_compiled_block_share_family must be a string "
+                           f"(a layer family such as \"swiglu-rmsnorm-nobias\"), got {fam!r}")
+    if fam:
+        out["fp8_cast_compiled_block_share_family"] = fam
+    pairs = t.get("fp8_cast_compiled_block_share_by_family")
+    if pairs is None:
+        return out
+    ok = isinstance(pairs, list) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+        and isinstance(p[1], _NUM) and not isinstance(p[1], bool) and 0 < p[1] <= 1
+        for p in pairs)
+    if not ok:
+        raise ProfileError(f"{where}: fp8_cast_compiled_block_share_by_family must be a list "
+                           f"of [family, share] pairs with each share in (0, 1], e.g. "
+                           f"[[\"gelu-layernorm-bias\", 0.42]], got {pairs!r}")
+    out["fp8_cast_compiled_block_share_by_family"] = tuple((f, float(v)) for f, v in pairs)
+    return out
 
 
 MICROBENCH_TIMINGS = ("", "queued")

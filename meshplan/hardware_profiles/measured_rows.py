@@ -83,6 +83,15 @@ def model_from_shape_key(key: str, *, num_layers: int = 1) -> ModelSpec | None:
         return None
 
 
+def cast_family(model: ModelSpec) -> str:
+    """The layer family a compiled fp8 block's casts fuse by (activation, norm, linear
+    bias; ``-moe`` for an MoE layer): ``fp8_cast_compiled_block_share`` is measured and
+    read per family (:func:`meshplan.costmodel.fp8_cost.compiled_block_share`). Example: a Llama
+    layer is ``"swiglu-rmsnorm-nobias"``, a GPT-2 one ``"gelu-layernorm-bias"``."""
+    return (f"{model.activation}-{model.norm}-{'bias' if model.bias else 'nobias'}"
+            + ("-moe" if model.is_moe else ""))
+
+
 def ran_fp8_experts(model: ModelSpec, precision: str, fp8_recipe: str) -> bool:
     """Whether meshplan's executor runs ``model``'s routed experts in fp8 at this precision
     and recipe (:data:`meshplan.spec.choices.TORCH_FP8_EXPERT_RECIPES`): what a calibration
@@ -227,6 +236,7 @@ class MeasuredEnd:
                 self.compile)
 
 
-__all__ = ["ENDS", "MeasuredLayer", "MeasuredEnd", "model_from_shape_key", "layer_shape_key",
+__all__ = ["cast_family", "ENDS", "MeasuredLayer", "MeasuredEnd", "model_from_shape_key",
+           "layer_shape_key",
            "ran_fp8_experts", "ran_cached_expert_weights",
            "ends_shape_key"]
