@@ -203,12 +203,15 @@ def compiled_block_share(gpu: GPUSpec, model: ModelSpec | None) -> tuple[float, 
     Why per family: Inductor fuses the casts with the kernels around them, and how much it
     hides depends on those kernels. Fitted per family on the 54 compiled fp8 rows of
     fp8h1-fp8h15 (14 models, 1-2 × H200, the rows the pooled 0.332 was fitted on;
-    ``benchmarks/fp8_composed_rows.py --by-family``): GPT layers (GeLU, LayerNorm, biased
-    linears; 9 models) 0.419, Llama layers (SwiGLU, RMSNorm, no bias; 5 models) 0.142; each
-    of the 19 H200 profiles' own shares since lies in its family's range (GPT 0.32-0.74,
-    Llama 0.07-0.21), none in the other's. The 51 rows of fp8h18-fp8h22, not in the fit:
-    7.3 → 4.6 % mean (GPT), 7.1 → 5.0 % (Llama) against the pooled share (POST HOC, found
-    on fp8h42, docs/benchmarks/fp8_checks.md "fp8h42")."""
+    ``benchmarks/fp8_composed_rows.py --by-family``): Llama layers (SwiGLU, RMSNorm, no
+    bias; 5 models) 0.142, GPT layers (GeLU, LayerNorm, biased linears; 9 models) 0.419;
+    each of the 19 H200 profiles' own shares lies in its family's range (Llama 0.07-0.21,
+    GPT 0.32-0.74), none in the other's; the later sets' rows, not in the fit: Llama 7.1 →
+    5.0 %, GPT 7.3 → 4.6 % mean (found on fp8h42, POST HOC). Held out on steps as run
+    (docs/benchmarks/fp8_checks.md "fp8h43 / fp8h44", 1 × H200): a never-run Llama's fp8
+    arms over the eight profiles the share moves 8.9 → 5.7 % mean (lower on 7 of 8); a
+    never-run GPT's 4.2 → 6.2 % (lower on 1 of 8). So the datasheet keeps the Llama share
+    only (POST HOC): a GPT layer reads the pooled share or a profile's own, as before."""
     own = gpu.fp8_cast_compiled_block_share
     if model is None:
         return own, "fp8_cast_compiled_block_share"
