@@ -35,6 +35,17 @@ average), the selective arms' step error lower on three of six (fp8h39 8.8 → 3
 1.4 %; fp8h41 from fp8h1 7.4 → 6.4 %); on fp8h40 (both profiles) and fp8h41 (fp8h2's) larger,
 where the profiles price the whole model 2-10 % fast and the stale rows' slow selective price
 had offset it.
+
+**Kept where they are a module's only compiled pair.** A module timed compiled at selective
+and full recomputation only (fp8h18, moeh18, fp8h6, fp8h9, fp8h15, moeh10) prices its
+compiled recompute-none layouts from its eager none row moved by a compiled/eager pair; without
+the selective rows that pair is the full one, whose blocks keep only their input either way,
+so it carries nothing of what compile keeps less at recompute none: fp8h29's derived arms
+(a never-run Llama from fp8h18's rows, 1 × H200) read their peak memory +12.8 to +37.4 % and
+their step 6-13 % fast that way, and within 3.3 % and 0.3-6.7 % fast from the selective pair
+(as run, before these rows were left out; POST HOC, docs/benchmarks/fp8_checks.md "fp8h43 /
+fp8h44"). Such a module keeps its stale selective rows: its compiled selective layouts then
+read them as timed (the earlier executor's rows priced those 4-9 % slow).
 """
 
 from __future__ import annotations
@@ -53,15 +64,27 @@ def _stale_compiled_selective(row: object) -> bool:
         and row.get("recompute") == "selective"
 
 
+def _module(row: dict) -> tuple:
+    """What one built module of a calibration shares: every key of a layer row but its
+    micro-batch, recompute mode and timings (the rows a compiled/eager pair is read from)."""
+    return tuple(row.get(k) for k in ("shape", "seq_len", "tp", "sequence_parallel", "zero",
+                                       "dp", "ep", "precision", "fp8_recipe"))
+
+
 def without_stale_rows(prov: dict, layers: list, where: str) -> list:
     """``layers`` less the rows that time an executor since changed (module docstring), with a
     warning naming how many and why. A GPU profile's compiled selective rows are stale where
     its provenance lacks the ``compiled_selective`` mark, which calibrate writes since the
     change (its first marked profiles: 2026-12-01 16:55 UTC; every committed profile timed
-    before 16:40 lacks it, every one after has it); a CPU profile's rows are its own."""
+    before 16:40 lacks it, every one after has it), and left out where their module has a
+    compiled recompute-none row (else they are its only pair: module docstring); a CPU
+    profile's rows are its own."""
     if prov.get("device") != "cuda" or prov.get(COMPILED_SELECTIVE_MARK):
         return layers
-    kept = [r for r in layers if not _stale_compiled_selective(r)]
+    with_none = {_module(r) for r in layers if isinstance(r, dict) and r.get("compile")
+                 and r.get("recompute") == "none"}
+    kept = [r for r in layers
+            if not (_stale_compiled_selective(r) and _module(r) in with_none)]
     if len(kept) < len(layers):
         when = f" (calibrated {prov['date']})" if prov.get("date") else ""
         warnings.warn(MeshplanWarning(
