@@ -1,6 +1,7 @@
 """Re-price every committed one-GPU MoE / FP8 pair with today's cost model, each arm on the
 profile its committed plan was priced from: the regression check of the 1-GPU checks
-(docs/benchmarks/moe_checks.md, moeh18 on), as :mod:`repredict_sets` is for the dense sets.
+(docs/benchmarks/moe_checks.md, moeh18 on; the dense fp8h16 on), as :mod:`repredict_sets` is for
+the dense sets.
 
     python benchmarks/repredict_moe1gpu.py                   # summary
     python benchmarks/repredict_moe1gpu.py --arms            # and every arm
@@ -38,6 +39,24 @@ DATA = ROOT / "docs" / "benchmarks" / "data"
 PLANS = ROOT / "benchmarks" / "plans"
 
 
+def _layout_runs(arms_of) -> list[tuple[str, dict]]:
+    """(layout, run) of one precision's measured arms: a record per layout (the checks
+    since fp8h31 and moeh18), or one record whose runs are keyed ``LAYOUT/current`` (the
+    dense checks before, fp8h16-fp8h30)."""
+    if not isinstance(arms_of, dict):
+        return []
+    runs = arms_of.get("runs")
+    if "predictions" in arms_of and isinstance(runs, dict):
+        return [(k.split("/")[0], r) for k, r in runs.items()
+                if k.endswith("/current") and isinstance(r, dict)]
+    out = []
+    for layout, rec in arms_of.items():
+        got = list(rec.get("runs", {}).values()) if isinstance(rec, dict) else []
+        if got:
+            out.append((layout, got[0]))
+    return out
+
+
 def arms(only: str | None = None) -> list[dict]:
     """One record per measured arm that has a committed plan: check, precision, layout,
     micro-batches a step, measured and re-priced step seconds and peak bytes."""
@@ -56,12 +75,9 @@ def arms(only: str | None = None) -> list[dict]:
             if not (pdir / "predictions.json").exists():
                 continue
             profile = json.loads((pdir / "predictions.json").read_text())["profile"]
-            arms_of = doc.get(prec)
-            for layout, rec in (arms_of.items() if isinstance(arms_of, dict) else ()):
-                runs = list(rec.get("runs", {}).values()) if isinstance(rec, dict) else []
-                if not runs or not (pdir / f"{layout}.json").exists():
+            for layout, run in _layout_runs(doc.get(prec)):
+                if not (pdir / f"{layout}.json").exists():
                     continue
-                run = runs[0]
                 plan = load_plan_file(pdir / f"{layout}.json")
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

@@ -170,3 +170,16 @@ def test_repredict_moe1gpu_reprices_a_committed_check(load_benchmark):
     assert lines[0].startswith("all: step") and "of 2 within 5 %" in lines[0]
     assert lines[-1].startswith("fp8/bf16 speed-up") and "(1)" in lines[-1]
     assert tool.main(["--only", "no-such-check"]) == 1
+
+
+def test_repredict_moe1gpu_reads_the_earlier_checks_one_record_files(load_benchmark):
+    """fp8h16-fp8h30 keep one record a precision whose runs are keyed LAYOUT/current: their
+    arms are re-priced too (fp8h29's were missing when a rule regressed them)."""
+    tool = load_benchmark("repredict_moe1gpu")
+    rows = tool.arms("fp8h29")
+    assert {(r["precision"], r["layout"]) for r in rows} == {
+        (p, lay) for p in ("bf16", "fp8")
+        for lay in ("mb16-compiled", "mb4-compiled", "mb4-full-compiled")}
+    for r in rows:
+        assert 0.8 < r["priced_s"] / r["step_s"] < 1.2
+        assert 0.9 < r["priced_bytes"] / r["peak_bytes"] < 1.1
