@@ -104,34 +104,27 @@ def _errors(rs: list[dict], key: str) -> str:
             f"{100 * max(map(abs, e)):.1f} %, signed {100 * statistics.mean(e):+.1f} %")
 
 
-def _family(row: dict) -> str:
-    from meshplan.hardware_profiles.measured_rows import cast_family
-    return cast_family(_MODELS[row["set"]])
-
-
-_MODELS: dict[str, ModelSpec] = {}
-
-
 def _priced(rs: list[dict], share: float) -> list[dict]:
     return [dict(r, composed_s=r["composed_without_casts_s"] + share * r["casts_alone_s"])
             for r in rs]
 
 
-def by_family(fit_rows: list[dict], through: int) -> None:
-    """The share per layer family on ``fit_rows`` (the sets through ``through``), and the
-    rows of every later set priced at the pooled share and at their family's."""
-    for path, model, _ in _sets(99):
-        _MODELS[path.name.split("_")[2]] = model
+def by_family(through: int) -> None:
+    """The share per layer family on the sets through ``through``, and the rows of every
+    later set priced at the pooled share and at their family's."""
+    from meshplan.hardware_profiles.measured_rows import cast_family
+    family = {p.name.split("_")[2]: cast_family(m) for p, m, _ in _sets(99)}
+    every = rows(0.0, 99)
+    fit_rows = [r for r in every if int(r["set"].removeprefix("fp8h")) <= through]
+    later = [r for r in every if int(r["set"].removeprefix("fp8h")) > through]
     pooled = fit_share(fit_rows)
-    later = [r for r in rows(0.0, 99) if int(r["set"].removeprefix("fp8h")) > through]
-    for fam in sorted({_family(r) for r in fit_rows}):
-        mine = [r for r in fit_rows if _family(r) == fam]
+    for fam in sorted({family[r["set"]] for r in fit_rows}):
+        mine = [r for r in fit_rows if family[r["set"]] == fam]
         share = fit_share(mine)
-        sets = sorted({r["set"] for r in mine}, key=lambda x: int(x.removeprefix("fp8h")))
-        print(f"{fam}: {len(mine)} rows of {len(sets)} models, share {share:.3f}; in the "
-              f"fit {_errors(_priced(mine, share), 'composed_s')} (pooled "
+        print(f"{fam}: {len(mine)} rows of {len({r['set'] for r in mine})} models, share "
+              f"{share:.3f}; in the fit {_errors(_priced(mine, share), 'composed_s')} (pooled "
               f"{_errors(_priced(mine, pooled), 'composed_s')})")
-        out = [r for r in later if _family(r) == fam]
+        out = [r for r in later if family[r["set"]] == fam]
         if out:
             print(f"  later sets ({len(out)} rows of {len({r['set'] for r in out})} models): "
                   f"at {share:.3f} {_errors(_priced(out, share), 'composed_s')}; at the "
@@ -166,7 +159,7 @@ def main(argv=None) -> int:
           f"ms, {statistics.mean(x / r['bf16_cpu_s'] for x, r in zip(d, host)):.2f}x the "
           f"bf16 block's mean (not in the composition)")
     if args.by_family:
-        by_family(before, args.through)
+        by_family(args.through)
     if args.json:
         Path(args.json).write_text(json.dumps({"share": share, "rows": after,
                                                "dispatch": host}, indent=1))

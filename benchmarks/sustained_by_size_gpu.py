@@ -24,7 +24,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -86,11 +85,6 @@ def probe_point(spec: ModelSpec, seq: int, mb: int, compiled: bool, device, *,
             "sustained_ratio": ratio, "details": info}
 
 
-def tiny(spec: ModelSpec) -> ModelSpec:
-    return replace(spec, hidden_size=128, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
-                   head_dim=32, vocab_size=512, max_seq_len=64)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", required=True, type=parse_point,
@@ -105,7 +99,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from sustained_clock_gpu import _smi  # beside this script
+    from sustained_clock_gpu import _smi, tiny_spec  # beside this script
     device = torch.device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     smi = _smi(args.out / "smi.csv") if device.type == "cuda" else None
@@ -114,7 +108,7 @@ def main(argv=None) -> int:
     for path, seq, mbs, modes in args.model:
         spec = ModelSpec(**json.loads(path.read_text()))
         if args.tiny:
-            spec, seq = tiny(spec), 64
+            spec, seq = tiny_spec(spec), 64
         todo += [(spec, seq, mb, mode == "compiled") for mode in modes for mb in mbs]
     if args.repeat and todo:
         todo.append(todo[0])

@@ -29,7 +29,7 @@ import statistics
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from meshplan.errors import MeshplanWarning, ProfileError, closest_names
 from meshplan.hardware_profiles.cluster import Cluster
@@ -266,13 +266,13 @@ def with_base_fp8(gpu: GPUSpec, base: str | None) -> GPUSpec:
 
 
 def block_share_family(gpu: GPUSpec, layers: Iterable[Mapping[str, Any]],
-                       measured: Iterable[str]) -> GPUSpec:
+                       measured: Sequence[str]) -> GPUSpec:
     """``gpu`` with ``fp8_cast_compiled_block_share_family`` set to the family
     (:func:`~meshplan.hardware_profiles.measured_rows.cast_family`) of the compiled fp8
     layer rows its measured share was fitted on (``meshplan calibrate --fp8-rows``:
     :mod:`meshplan.calibrate.fp8_block_share`), where they are all of one family; unchanged
     where the share was not measured (the base GPU's) or its rows span several families."""
-    if "fp8_cast_compiled_block_share" not in set(measured):
+    if "fp8_cast_compiled_block_share" not in measured:
         return gpu
     from meshplan.hardware_profiles.measured_rows import cast_family, model_from_shape_key
     fams = set()
@@ -353,11 +353,12 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
         if ops:
             table["membound_efficiency"] = ops
     gpu = with_base_fp8(gpu_from_table(name, table, gwhere), base)
+    measured = get(doc, "measured", list, where, [])
     attention = doc.get("measurements", {}).get("attention", [])
     gpu = with_base_attention_head_dims(
         gpu, base, (r["head_dim"] for r in attention
                     if isinstance(r, dict) and isinstance(r.get("head_dim"), int)),
-        curve_timed="attention_efficiency" in get(doc, "measured", list, where, []))
+        curve_timed="attention_efficiency" in measured)
     for k in ("layer_overhead_s", "microbatch_overhead_s", "pipeline_action_s", "optimizer_gbps",
               "overlap_interference", "ddp_overlap_interference"):
         v = getattr(gpu, k)
@@ -372,7 +373,7 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
         if not keep_stale_rows:     # before the pooling: a row not read lends no CPU part
             layers = without_stale_rows(prov, layers, where)
         layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
-    gpu = block_share_family(gpu, layers, get(doc, "measured", list, where, []))
+    gpu = block_share_family(gpu, layers, measured)
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))
@@ -383,7 +384,6 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
     if corr is not None:
         gpu = replace(gpu, corrections=corrections_from_table(
             corr, f"{where} [corrections]", source=str(corr.get("source") or where)))
-    measured = get(doc, "measured", list, where, [])
     c = get(doc, "cluster", dict, where, {})
     cwhere = f"{where} [cluster]"
     lats = {}

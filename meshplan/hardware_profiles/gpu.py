@@ -100,7 +100,7 @@ class GPUSpec:
     # fp8_cast_compiled_gbps (Inductor fuses them with the kernels around them); 0: not known,
     # priced as cast alone
     fp8_cast_compiled_block_share: float = 0.0
-    # the layer family (fp8_cost.cast_family) whose compiled fp8 rows measured that share
+    # the layer family (measured_rows.cast_family) whose compiled fp8 rows measured that share
     # ("": not one family's measurement: a datasheet fit, or several families' rows), and
     # the datasheet's share per family (a calibrated profile takes its base GPU's:
     # calibrated.with_base_fp8); fp8_cost.compiled_block_share reads the three
