@@ -340,6 +340,9 @@ SETS["drawn-4146c"] = compiled_draws(4146, selective=True)
 # a never-run Llama and GPT (draw_models.py seeds 4147, 4148; benchmarks/sets/fp8h43, fp8h44)
 SETS["drawn-4147c"] = compiled_draws(4147, selective=True)
 SETS["drawn-4148c"] = compiled_draws(4148, selective=True)
+# fp8h45 (2026-12-04): the stale-pair rule (kept stale compiled selective rows as a module's
+# only pair) held out on a never-run Llama (draw_models.py seed 4149; benchmarks/sets/fp8h45)
+SETS["drawn-4149c"] = compiled_draws(4149, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

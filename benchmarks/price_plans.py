@@ -10,6 +10,7 @@ run from the committed plan files and profiles; after the run the same command w
         --profile own=docs/benchmarks/data/profiles/profile_h200x1_fp8h3_20261129.toml \\
         --profile other=docs/benchmarks/data/profiles/profile_h200x1_fp8h20_20261201.toml
     python benchmarks/price_plans.py ... --results docs/benchmarks/data/fp8_h200x1_fp8h24_*.json
+    python benchmarks/price_plans.py ... --memory     # peak GiB a rank, not step seconds
 
 Columns: each ``--profile`` NAME=PATH (a profile applied to the plan's cluster), the
 built-in datasheet of the plan's GPU, and the mean over every profile matching ``--all``
@@ -48,9 +49,11 @@ def plan_files(dirs: list[str]) -> list[Path]:
     return out
 
 
-def measured(paths: list[str]) -> dict[tuple[str, str], float | str]:
-    """(precision, layout) -> measured step seconds of the data files' runs, or the status
-    of a run that did not finish ("failed"). A data file holds, per precision, one
+def measured(paths: list[str], key: str = "step_time_s",
+             scale: float = 1.0) -> dict[tuple[str, str], float | str]:
+    """(precision, layout) -> the data files' runs' ``key`` (step seconds, or peak bytes)
+    times ``scale``, or the status of a run that did not finish ("failed"). A data file
+    holds, per precision, one
     ``moe_sync.json`` of every layout (``{"runs": ...}``) or one per layout, by name (the
     checks run an arm per call since fp8h31)."""
     out: dict[tuple[str, str], float | str] = {}
@@ -61,21 +64,24 @@ def measured(paths: list[str]) -> dict[tuple[str, str], float | str]:
             syncs = [part] if "runs" in part else [v for v in part.values()
                                                     if isinstance(v, dict)]
             for sync in syncs:
-                for key, run in (sync.get("runs") or {}).items():
-                    out[prec, key.split("/")[0]] = run.get("step_time_s") or run.get(
-                        "status", "failed")
+                for name, run in (sync.get("runs") or {}).items():
+                    value = run.get(key)
+                    out[prec, name.split("/")[0]] = (value * scale if value
+                                                      else run.get("status", "failed"))
     return out
 
 
-def price(rec, profile: str | None) -> float | None:
-    """The plan's step seconds with ``profile`` applied to its cluster (None: the datasheet),
-    or None where the profile does not apply or the estimate refuses the layout."""
+def price(rec, profile: str | None, memory: bool = False) -> float | None:
+    """The plan's step seconds (``memory``: peak GiB a rank) with ``profile`` applied to its
+    cluster (None: the datasheet), or None where the profile does not apply or the estimate
+    refuses the layout."""
     try:
         cluster = datasheet(rec.cluster) if profile is None else apply_profile(rec.cluster,
                                                                                profile)
-        return estimate(rec.model, cluster, rec.job, rec.layout).step_time_s
+        est = estimate(rec.model, cluster, rec.job, rec.layout)
     except MeshplanError:
         return None
+    return est.memory_peak_bytes / 2**30 if memory else est.step_time_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="glob of the profiles whose mean is the last column")
     ap.add_argument("--results", nargs="*", default=[],
                     help="data files of the run (keys bf16/fp8 → runs → layout/…)")
+    ap.add_argument("--memory", action="store_true",
+                    help="peak GiB a rank (the runs' memory_peak_bytes), not step seconds")
     args = ap.parse_args(argv)
     named = []
     for item in args.profile:
@@ -96,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--profile {item!r}: use NAME=PATH of an existing profile")
         named.append((name, path))
     every = sorted(glob.glob(args.all))
-    meas = measured(args.results)
+    meas = (measured(args.results, "memory_peak_bytes", 2.0**-30) if args.memory
+            else measured(args.results))
     warnings.simplefilter("ignore", MeshplanWarning)
     head = ["layout", "precision", *[n for n, _ in named], "datasheet",
             f"mean of {len(every)} profiles"]
     if meas:
-        head.insert(2, "measured s")
+        head.insert(2, "measured GiB" if args.memory else "measured s")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     errs: dict[str, list[float]] = {}
@@ -110,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         rec = load_plan_file(path)
         prec = rec.job.precision
         m = meas.get((prec, path.stem), "not run")
-        cols = [(n, price(rec, p)) for n, p in named]
-        cols.append(("datasheet", price(rec, None)))
-        all_s = [s for s in (price(rec, p) for p in every) if s is not None]
+        cols = [(n, price(rec, p, args.memory)) for n, p in named]
+        cols.append(("datasheet", price(rec, None, args.memory)))
+        all_s = [s for s in (price(rec, p, args.memory) for p in every) if s is not None]
         cols.append(("all", statistics.mean(all_s) if all_s else None))
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{key}: {statistics.mean(v) * 100:.1f} % mean, {max(v) * 100:.1f} % max "
               f"({len(v)} runs)", end="")
     print()
-    for line in speedup_lines(prices, meas):
+    for line in ([] if args.memory else speedup_lines(prices, meas)):
         print(line)
     return 0
 

@@ -83,3 +83,22 @@ def test_a_profile_column_must_name_an_existing_file():
     with pytest.raises(SystemExit, match="use NAME=PATH"):
         pp.main([str(ROOT / "benchmarks" / "plans" / "fp8h26_bf16_h200x1"),
                  "--profile", "own=/no/such.toml"])
+
+
+def test_memory_mode_prices_peak_gib_against_the_runs_peak(capsys):
+    profile = PROFILES / "profile_h200x1_fp8h18_20261201.toml"
+    results = ROOT / "docs" / "benchmarks" / "data" / "fp8_h200x1_fp8h26_20261203.json"
+    plans = ROOT / "benchmarks" / "plans" / "fp8h26_bf16_h200x1"
+    assert pp.main([str(plans), "--profile", f"own={profile}", "--all", str(profile),
+                    "--results", str(results), "--memory"]) == 0
+    out = capsys.readouterr().out
+    assert "measured GiB" in out and "speed-up" not in out
+    peak = {k.split("/")[0]: v["memory_peak_bytes"] / 2**30 for k, v in
+            json.loads(results.read_text())["bf16"]["runs"].items()}
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    assert len(rows) == 3
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == f"{peak[cells[0].strip('`')]:.3f}"
+        own = float(cells[3].split(" (")[0])
+        assert 10 < own < 141                             # GiB on one H200, not seconds
