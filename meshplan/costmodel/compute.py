@@ -28,6 +28,13 @@
   their rows"): the datasheet's bf16 error 17.0 → 10.9 % mean, 48.3 → 23.4 % max; held
   out as run on two never-run Llamas (fp8h24, fp8h26): 39.4 → 14.0 % and 31.8 → 11.2 %
   (bf16), 60.6 → 28.9 % and 56.9 → 31.3 % (fp8).
+* Full recomputation re-runs the forward in the backward (Korthikanti et al. 2022 §5); a
+  compiled block (``compiled``) re-runs ``GPUSpec.compiled_full_rerun_share`` of it — the
+  executor checkpoints the block whole and Inductor's min-cut partitioner keeps part of the
+  forward's outputs — read off a profile's compiled rows at load (0.67-0.85 on 15 dense H200
+  profiles, the datasheet 0.742). Post hoc (docs/benchmarks/fp8_checks.md "The compiled
+  block's re-run under full recomputation"): another family's compiled full-recompute arms
+  bf16 10.9 → 6.4 %, fp8 14.4 → 11.2 % mean step error over 798 profile pairs; not held out.
 * Tensor-parallel collectives (:func:`tp_collectives`): without sequence parallelism two
   all-reduces of the layer's activations per pass (forward: after attention and after the
   MLP, the row-parallel outputs; backward: the conjugate ones, the column-parallel inputs'
@@ -320,7 +327,9 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     backward = PassCost(2 * fwd_gemm, bwd_attn, bwd_mb, tp_pass_exposed + tpc.wgrad_gather_s,
                         2 * overhead)
     if recompute == "full":
-        rc = forward
+        # a compiled block's backward re-runs only part of its forward (the partitioner
+        # saves the rest: GPUSpec.compiled_full_rerun_share, read off the profile's rows)
+        rc = forward.scaled(gpu.compiled_full_rerun_share or 1.0) if compiled else forward
         wire = 3 * wire_pass
     elif recompute == "selective":
         # what job.recompute_modules re-runs: the attention core (Korthikanti et al. 2022

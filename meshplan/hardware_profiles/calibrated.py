@@ -57,7 +57,7 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "grouped_gemm_key", "grouped_fp8_gemm_efficiency",
              "moe_permute_efficiency_by_top_k", *HOST_KEYS,
              "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency",
-             "microbench_timing")
+             "microbench_timing", "compiled_full_rerun_share")
 # [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: the
 # head-dim ratios come from the base GPU, referred to the head dim the calibration timed
 # (with_base_attention_head_dims)
@@ -285,6 +285,40 @@ def block_share_family(gpu: GPUSpec, layers: Iterable[Mapping[str, Any]],
         fams) == 1 else gpu
 
 
+def with_rerun_share(gpu: GPUSpec, layers: Iterable[Mapping[str, Any]],
+                     base: str | None) -> GPUSpec:
+    """``gpu`` with ``compiled_full_rerun_share`` read off its compiled bf16 rows: for each
+    dense layer timed compiled at recompute none and full (same shape, sequence, micro-batch;
+    tp 1, no ZeRO-2/3), (backward at full − backward at none) / forward at none — what the
+    full-recompute block's backward re-runs — and their median. Without such a pair, the
+    value its table holds, else the built-in base GPU's (data/gpus.toml).
+
+    Why a measurement: the executor's compiled block is checkpointed whole, and Inductor's
+    min-cut partitioner (Ansel et al. 2024, "PyTorch 2", ASPLOS, §4) saves some forward
+    outputs rather than recompute them, so the backward re-runs less than the forward. The
+    15 dense H200 profiles of fp8h1-fp8h22 read 0.67-0.85 (median 0.74; eager rows 0.78-1.0);
+    MoE blocks 0.73-0.94 (not read here: their routed part is priced apart)."""
+    idx: dict[tuple, Mapping[str, Any]] = {}
+    for r in layers:
+        if (r.get("compile") is True and r.get("precision", "bf16") == "bf16"
+                and r.get("ep", 1) == 1 and r.get("tp") == 1 and r.get("zero", 0) < 2
+                and "-moe" not in str(r.get("shape", ""))):
+            idx[(r.get("shape"), r.get("seq_len"), r.get("micro_batch"),
+                 r.get("recompute"))] = r
+    shares = []
+    for (shape, seq, mb, mode), r in idx.items():
+        none = idx.get((shape, seq, mb, "none"))
+        if mode == "full" and none is not None and none.get("forward_s", 0) > 0:
+            shares.append((r.get("backward_s", 0.0) - none.get("backward_s", 0.0))
+                          / none["forward_s"])
+    if shares:
+        share = min(1.0, max(0.0, statistics.median(shares)))
+        return replace(gpu, compiled_full_rerun_share=share)
+    if gpu.compiled_full_rerun_share <= 0 and base and base in builtin_gpu_names():
+        return replace(gpu, compiled_full_rerun_share=builtin_gpu(base).compiled_full_rerun_share)
+    return gpu
+
+
 def with_base_attention_head_dims(gpu: GPUSpec, base: str | None,
                                   timed_head_dims: Iterable[int], curve_timed: bool) -> GPUSpec:
     """``gpu`` with its base GPU's published head-dim ratios of attention efficiency
@@ -374,6 +408,7 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
             layers = without_stale_rows(prov, layers, where)
         layers = pool_cpu_fixed([drop_split_depth(bound_split_cpu(r)) for r in layers])
     gpu = block_share_family(gpu, layers, measured)
+    gpu = with_rerun_share(gpu, layers, base)
     if layers or ends:
         from meshplan.hardware_profiles.measured import tables_from_rows
         gpu = replace(gpu, measured=tables_from_rows(layers, ends, where))

@@ -106,6 +106,11 @@ class GPUSpec:
     # calibrated.with_base_fp8); fp8_cost.compiled_block_share reads the three
     fp8_cast_compiled_block_share_family: str = ""
     fp8_cast_compiled_block_share_by_family: tuple[tuple[str, float], ...] = ()
+    # under full recomputation a compiled bf16 block's backward re-runs this share of its
+    # forward's time (Inductor's partitioner saves some of what the forward made); 0: not
+    # known, the whole forward. Read off a profile's compiled rows at load
+    # (calibrated.with_rerun_share); costmodel.compute.layer_cost reads it
+    compiled_full_rerun_share: float = 0.0
     # the compiled cast of a large stacked fp32 weight to both of its fp8 layouts (forward,
     # data gradient), as fp8 routed experts cast theirs: bytes at this bandwidth (0: not
     # measured, priced as the other compiled casts)
@@ -221,6 +226,8 @@ class GPUSpec:
             **({"fp8_cast_compiled_block_share_by_family":
                 [[f, v] for f, v in self.fp8_cast_compiled_block_share_by_family]}
                if self.fp8_cast_compiled_block_share_by_family else {}),
+            **({"compiled_full_rerun_share": self.compiled_full_rerun_share}
+               if self.compiled_full_rerun_share > 0 else {}),
             **({"fp8_torch_recipes": list(self.fp8_torch_recipes)}
                if self.fp8_torch_recipes else {}),
             **({"grouped_gemm_efficiency": self.grouped_gemm_efficiency.to_list(),

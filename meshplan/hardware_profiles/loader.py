@@ -110,6 +110,10 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
     for k, v in optional.items():
         if v < 0:
             raise ProfileError(f"{where}: key {k!r} must be >= 0 (0: not measured), got {v!r}")
+    rerun = float(get(t, "compiled_full_rerun_share", _NUM, where, 0.0))
+    if not 0 <= rerun <= 1:
+        raise ProfileError(f"{where}: compiled_full_rerun_share must be in [0, 1] (0: not "
+                           f"measured, the whole forward re-run), got {rerun!r}")
     hbm_eff = get(t, "hbm_efficiency", _NUM, where)
     if not 0 < hbm_eff <= 1:
         raise ProfileError(f"{where}: hbm_efficiency must be in (0, 1], got {hbm_eff!r}")
@@ -140,6 +144,7 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         **optional,
         fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
         **_block_shares(t, where),
+        compiled_full_rerun_share=rerun,
         grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),
         grouped_gemm_key=_grouped_key(t, where),
