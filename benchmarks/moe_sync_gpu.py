@@ -343,6 +343,10 @@ SETS["drawn-4148c"] = compiled_draws(4148, selective=True)
 # fp8h45 (2026-12-04): the stale-pair rule (kept stale compiled selective rows as a module's
 # only pair) held out on a never-run Llama (draw_models.py seed 4149; benchmarks/sets/fp8h45)
 SETS["drawn-4149c"] = compiled_draws(4149, selective=True)
+# fp8h46 (2026-12-04): the compiled block's re-run share under full recomputation held out
+# on a never-run model priced from the other family's profiles (draw_models.py seed 4150;
+# benchmarks/sets/fp8h46)
+SETS["drawn-4150c"] = compiled_draws(4150, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
