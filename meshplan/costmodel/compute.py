@@ -34,7 +34,8 @@
   forward's outputs — read off a profile's compiled rows at load (0.67-0.85 on 15 dense H200
   profiles, the datasheet 0.742). Post hoc (docs/benchmarks/fp8_checks.md "The compiled
   block's re-run under full recomputation"): another family's compiled full-recompute arms
-  bf16 10.9 → 6.4 %, fp8 14.4 → 11.2 % mean step error over 798 profile pairs; not held out.
+  bf16 10.9 → 6.4 %, fp8 14.4 → 11.2 % mean step error over 798 profile pairs; held out as
+  run on fp8h46 (a never-run GPT from Llama rows, 1 × H200): 13.3 → 8.8 %, lower on 9 of 9.
 * Tensor-parallel collectives (:func:`tp_collectives`): without sequence parallelism two
   all-reduces of the layer's activations per pass (forward: after attention and after the
   MLP, the row-parallel outputs; backward: the conjugate ones, the column-parallel inputs'
