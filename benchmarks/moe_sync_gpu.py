@@ -347,6 +347,9 @@ SETS["drawn-4149c"] = compiled_draws(4149, selective=True)
 # on a never-run model priced from the other family's profiles (draw_models.py seed 4150;
 # benchmarks/sets/fp8h46)
 SETS["drawn-4150c"] = compiled_draws(4150, selective=True)
+# fp8h47 (2026-12-04): the same, the other direction: a never-run Llama priced from GPT
+# profiles (draw_models.py seed 4151; benchmarks/sets/fp8h47)
+SETS["drawn-4151c"] = compiled_draws(4151, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
