@@ -35,7 +35,8 @@
   profiles, the datasheet 0.742). Post hoc (docs/benchmarks/fp8_checks.md "The compiled
   block's re-run under full recomputation"): another family's compiled full-recompute arms
   bf16 10.9 → 6.4 %, fp8 14.4 → 11.2 % mean step error over 798 profile pairs; held out as
-  run on fp8h46 (a never-run GPT from Llama rows, 1 × H200): 13.3 → 8.8 %, lower on 9 of 9.
+  run on fp8h46 (a never-run GPT from Llama rows, 1 × H200): 13.3 → 8.8 %, lower on 9 of 9;
+  fp8h47 (a Llama from GPT rows, one bf16 arm): 24.5 → 17.3 %, lower on 14 of 14.
 * Tensor-parallel collectives (:func:`tp_collectives`): without sequence parallelism two
   all-reduces of the layer's activations per pass (forward: after attention and after the
   MLP, the row-parallel outputs; backward: the conjugate ones, the column-parallel inputs'
