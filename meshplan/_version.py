@@ -6,6 +6,7 @@ imports nothing of meshplan), so that any layer can stamp what it writes with it
 from __future__ import annotations
 
 import re
+import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -22,6 +23,25 @@ def _version() -> str:
     project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
     found = project and re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.M)
     return found.group(1) if found else "0+unknown"
+
+
+def source_commit(path: str | Path | None = None) -> str:
+    """The git commit of the checkout holding ``path`` (default: this package), abbreviated,
+    with ``+dirty`` where tracked files differ from it; ``""`` where there is no checkout or
+    no git (an installed wheel, a copied tree). What calibrate stamps a profile with, so that
+    a later reading can tell which executor and cost model produced its rows."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True,
+                             text=True, timeout=10, check=True)
+        return out.stdout.strip()
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"{commit}+dirty" if dirty else commit
 
 
 __version__ = _version()

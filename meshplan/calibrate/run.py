@@ -170,7 +170,7 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
 
     from meshplan.calibrate.bench_layers import micro_batch_sizes
     from meshplan.calibrate.generic_layers import layer_grid_models
-    from meshplan._version import __version__
+    from meshplan._version import __version__, source_commit
     cuda = device.type == "cuda"
     nccl = ""
     if cuda:
@@ -190,6 +190,8 @@ def provenance(device, options: CalibrateOptions, world: int, *, layer_rounds: i
         "cuda": torch.version.cuda or "" if cuda else "", "nccl": nccl,
         "cpu_threads": torch.get_num_threads(),
         "python": platform.python_version(), "meshplan": __version__,
+        # the checkout's commit, where calibrate ran from one ("" otherwise: not written)
+        **({"meshplan_commit": c} if (c := source_commit()) else {}),
         # the executor's compiled collectives keep their backward (docs/benchmarks/
         # compiled_grads.md); profiles without this mark may hold defective compiled rows
         "compiled_collectives": "functional when traced",
