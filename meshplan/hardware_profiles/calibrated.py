@@ -288,26 +288,28 @@ def block_share_family(gpu: GPUSpec, layers: Iterable[Mapping[str, Any]],
 def with_rerun_share(gpu: GPUSpec, layers: Iterable[Mapping[str, Any]],
                      base: str | None) -> GPUSpec:
     """``gpu`` with ``compiled_full_rerun_share`` read off its compiled bf16 rows: for each
-    dense layer timed compiled at recompute none and full (same shape, sequence, micro-batch;
-    tp 1, no ZeRO-2/3), (backward at full − backward at none) / forward at none — what the
-    full-recompute block's backward re-runs — and their median. Without such a pair, the
-    value its table holds, else the built-in base GPU's (data/gpus.toml).
+    dense layer timed compiled at recompute none and full (same shape, sequence, micro-batch
+    and ZeRO stage; tp 1, no ZeRO-2/3), (backward at full − backward at none) / forward at
+    none — what the full-recompute block's backward re-runs — and their median. Without such
+    a pair, the value its table holds, else the built-in base GPU's (data/gpus.toml).
 
     Why a measurement: the executor's compiled block is checkpointed whole, and Inductor's
     min-cut partitioner (Ansel et al. 2024, "PyTorch 2", ASPLOS, §4) saves some forward
     outputs rather than recompute them, so the backward re-runs less than the forward. The
     15 dense H200 profiles of fp8h1-fp8h22 read 0.67-0.85 (median 0.74; eager rows 0.78-1.0);
     MoE blocks 0.73-0.94 (not read here: their routed part is priced apart)."""
+    from meshplan.hardware_profiles.measured_rows import model_from_shape_key
     idx: dict[tuple, Mapping[str, Any]] = {}
     for r in layers:
         if (r.get("compile") is True and r.get("precision", "bf16") == "bf16"
-                and r.get("ep", 1) == 1 and r.get("tp") == 1 and r.get("zero", 0) < 2
-                and "-moe" not in str(r.get("shape", ""))):
-            idx[(r.get("shape"), r.get("seq_len"), r.get("micro_batch"),
-                 r.get("recompute"))] = r
+                and r.get("ep", 1) == 1 and r.get("tp") == 1 and r.get("zero", 0) < 2):
+            m = model_from_shape_key(str(r.get("shape", "")))
+            if m is not None and not m.is_moe:
+                idx[(r.get("shape"), r.get("seq_len"), r.get("micro_batch"), r.get("zero", 0),
+                     r.get("recompute"))] = r
     shares = []
-    for (shape, seq, mb, mode), r in idx.items():
-        none = idx.get((shape, seq, mb, "none"))
+    for (shape, seq, mb, zero, mode), r in idx.items():
+        none = idx.get((shape, seq, mb, zero, "none"))
         if mode == "full" and none is not None and none.get("forward_s", 0) > 0:
             shares.append((r.get("backward_s", 0.0) - none.get("backward_s", 0.0))
                           / none["forward_s"])

@@ -22,8 +22,11 @@ LLAMA = ModelSpec(name="l", num_layers=4, hidden_size=2048, num_heads=16, vocab_
                   position_embedding="rope", bias=False)
 
 
+SHAPE = "h2048-f5632-q16-kv16-d128-swiglu-rmsnorm-rope-nobias-drop0"
+
+
 def _row(mode, fwd, bwd, mb=2, **kw):
-    return {"shape": "h2048-x", "seq_len": 2048, "tp": 1, "sequence_parallel": False,
+    return {"shape": SHAPE, "seq_len": 2048, "tp": 1, "sequence_parallel": False,
             "zero": 0, "micro_batch": mb, "recompute": mode, "compile": True,
             "precision": "bf16", "forward_s": fwd, "backward_s": bwd, **kw}
 
@@ -35,7 +38,12 @@ def test_the_share_is_the_median_of_the_full_rows_extra_backward_over_the_forwar
             # not read: fp8, a tensor-parallel pair, a full row without its none twin
             _row("none", 1.0, 2.0, precision="fp8"), _row("full", 1.0, 2.1, precision="fp8"),
             _row("none", 1.0, 2.0, tp=2), _row("full", 1.0, 2.0, tp=2),
-            _row("full", 1.0, 9.0, mb=16)]
+            _row("full", 1.0, 9.0, mb=16),
+            # an MoE layer (its routed part is priced apart), and a ZeRO-1 full row whose
+            # none twin is ZeRO-0: not a pair
+            _row("none", 1.0, 2.0, shape=SHAPE + "-moe8k2f1024"),
+            _row("full", 1.0, 2.1, shape=SHAPE + "-moe8k2f1024"),
+            _row("full", 1.0, 9.0, mb=4, zero=1)]
     assert with_rerun_share(H200, rows, None).compiled_full_rerun_share == pytest.approx(0.8)
 
 
