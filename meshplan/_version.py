@@ -5,6 +5,7 @@ imports nothing of meshplan), so that any layer can stamp what it writes with it
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
@@ -25,11 +26,17 @@ def _version() -> str:
     return found.group(1) if found else "0+unknown"
 
 
+ENV_COMMIT = "MESHPLAN_SOURCE_COMMIT"
+
+
 def source_commit(path: str | Path | None = None) -> str:
     """The git commit of the checkout holding ``path`` (default: this package), abbreviated,
-    with ``+dirty`` where tracked files differ from it; ``""`` where there is no checkout or
-    no git (an installed wheel, a copied tree). What calibrate stamps a profile with, so that
-    a later reading can tell which executor and cost model produced its rows."""
+    with ``+dirty`` where tracked files differ from it. Where there is no checkout or no git
+    (an installed wheel, a tree copied to another machine without its ``.git``): the
+    environment's ``MESHPLAN_SOURCE_COMMIT`` as given, so whoever copied the tree can name
+    it (``MESHPLAN_SOURCE_COMMIT=$(git rev-parse --short=12 HEAD)`` on the copying side),
+    else ``""``. What calibrate stamps a profile with, so that a later reading can tell
+    which executor and cost model produced its rows."""
     where = Path(path) if path is not None else Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
@@ -40,7 +47,7 @@ def source_commit(path: str | Path | None = None) -> str:
         commit = git("rev-parse", "--short=12", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return ""
+        return os.environ.get(ENV_COMMIT, "").strip()
     return f"{commit}+dirty" if dirty else commit
 
 

@@ -35,8 +35,14 @@ def test_a_checkout_gives_its_commit_and_marks_changed_tracked_files(tmp_path):
     assert source_commit(tmp_path) == f"{head}+dirty"
 
 
-def test_no_checkout_gives_nothing(tmp_path):
+def test_no_checkout_gives_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("MESHPLAN_SOURCE_COMMIT", raising=False)
     assert source_commit(tmp_path) == ""
+
+
+def test_a_copied_tree_takes_the_commit_its_copier_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("MESHPLAN_SOURCE_COMMIT", " 0123456789ab+dirty\n")
+    assert source_commit(tmp_path) == "0123456789ab+dirty"
 
 
 def test_calibrate_stamps_the_commit_where_it_runs_from_a_checkout():
