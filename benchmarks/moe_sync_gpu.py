@@ -350,6 +350,9 @@ SETS["drawn-4150c"] = compiled_draws(4150, selective=True)
 # fp8h47 (2026-12-04): the same, the other direction: a never-run Llama priced from GPT
 # profiles (draw_models.py seed 4151; benchmarks/sets/fp8h47)
 SETS["drawn-4151c"] = compiled_draws(4151, selective=True)
+# fp8h48 / fp8h49 (2026-12-04): a GPT and a Llama from one calibration, each priced from
+# the other's rows (compiled blocks from GPU-alone curves)
+SETS["drawn-4152c"] = compiled_draws(4152, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

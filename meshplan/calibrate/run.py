@@ -351,11 +351,15 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
     rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
     fp8 = options.fp8 and has_fp8_tensor_cores(device)
+    # the GEMMs and attention also timed GPU-alone, beside synchronized main curves: what a
+    # compiled block's kernels run at (GPUSpec.gpu_alone; docs/calibrate.md)
+    alone = (kind == "cuda" and not options.queued_microbench
+             and hasattr(torch.cuda, "_sleep"))
     # DDP's overlap is probed on each dense model's blocks (a default shape without one)
     ddp_models = [m for m in row_models if not m.num_experts] or [None]
     total = (len(gemms) + len(attn) + 2 + n_comm + (1 if kind == "cpu" else 0)
              + len(grid) * rounds + (2 + len(ddp_models) if world > 1 else 0)
-             + (1 if fp8 else 0)
+             + (1 if fp8 else 0) + (1 if alone else 0)
              + (1 if any(m.num_experts for m in options.models) else 0))
     prog = Progress(total, enabled=options.show_progress and rank == 0)
     if fp8_rows_note:
@@ -398,6 +402,13 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
         rows["attention"].append(r)
         prog.step(f"attention b{a.batch} s{a.seq} h{a.heads} d{a.head_dim}: "
                   f"{r['seconds'] * 1e3:.3f} ms")
+    if alone:
+        t0 = time.perf_counter()
+        rows["gemm_alone"] = [bench_compute.bench_gemm(g, device, queued=True) for g in gemms]
+        rows["attention_alone"] = [bench_compute.bench_attention(a, device, queued=True)
+                                   for a in attn]
+        prog.step(f"GPU-alone: {len(gemms)} GEMMs, {len(attn)} attention sizes in "
+                  f"{time.perf_counter() - t0:.0f} s")
     free = torch.cuda.mem_get_info(device)[0] if kind == "cuda" else None
     rows["membound"] = bench_compute.bench_membound(
         shapes.membound_elements(options.quick, kind), device,
