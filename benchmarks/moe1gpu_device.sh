@@ -12,8 +12,8 @@
 #     (one profile of several other models; moeh40's way); the profile and its log come back
 #     at once and the plans are priced on the CPU from it (commit both before PART=2)
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
-# The device's copy of the tree has no .git: prefix MESHPLAN_SOURCE_COMMIT=<commit> so the
-#   profile's provenance names the commit it was calibrated with (docs/calibrate.md).
+# The device's copy of the tree carries no .git or another commit's: prefix
+#   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran (docs/calibrate.md).
 set -u
 : "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
 case "$PART" in 1|2|all) ;; *) echo "PART=$PART: use 1, 2 or all" >&2; exit 2;; esac

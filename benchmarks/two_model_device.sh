@@ -9,8 +9,8 @@
 #   PYTHONPATH=. CHECKS="fp8h48 fp8h49" PART=2 bash benchmarks/two_model_device.sh
 #     each check's committed plans (benchmarks/plans/<check>_bf16_h200x1) in drawn order,
 #     each arm tarred into $OUT as soon as it ran (ARM_TIMEOUT seconds, default 150)
-# The device's copy of the tree has no .git: prefix MESHPLAN_SOURCE_COMMIT=<commit> so the
-#   profile's provenance names the commit it was calibrated with (docs/calibrate.md).
+# The device's copy of the tree carries no .git or another commit's: prefix
+#   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran (docs/calibrate.md).
 set -u
 : "${CHECKS:?CHECKS=\"<check> <check>\"}" "${PART:?PART=1 or 2}"
 case "$PART" in 1|2) ;; *) echo "PART=$PART: use 1 or 2" >&2; exit 2;; esac

@@ -30,13 +30,17 @@ ENV_COMMIT = "MESHPLAN_SOURCE_COMMIT"
 
 
 def source_commit(path: str | Path | None = None) -> str:
-    """The git commit of the checkout holding ``path`` (default: this package), abbreviated,
-    with ``+dirty`` where tracked files differ from it. Where there is no checkout or no git
-    (an installed wheel, a tree copied to another machine without its ``.git``): the
-    environment's ``MESHPLAN_SOURCE_COMMIT`` as given, so whoever copied the tree can name
-    it (``MESHPLAN_SOURCE_COMMIT=$(git rev-parse --short=12 HEAD)`` on the copying side),
-    else ``""``. What calibrate stamps a profile with, so that a later reading can tell
+    """The commit of the code: the environment's ``MESHPLAN_SOURCE_COMMIT`` where set (whoever
+    launches a copied tree names it: ``MESHPLAN_SOURCE_COMMIT=$(git rev-parse --short=12
+    HEAD)`` on the copying side — a GPU machine's copy may carry another commit's ``.git``
+    under the working tree's files, which git would call that commit ``+dirty``), else the
+    git commit of the checkout holding ``path`` (default: this package), abbreviated, with
+    ``+dirty`` where tracked files differ from it; ``""`` where there is neither (an
+    installed wheel). What calibrate stamps a profile with, so that a later reading can tell
     which executor and cost model produced its rows."""
+    named = os.environ.get(ENV_COMMIT, "").strip()
+    if named:
+        return named
     where = Path(path) if path is not None else Path(__file__).resolve().parent
 
     def git(*args: str) -> str:
@@ -47,7 +51,7 @@ def source_commit(path: str | Path | None = None) -> str:
         commit = git("rev-parse", "--short=12", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get(ENV_COMMIT, "").strip()
+        return ""
     return f"{commit}+dirty" if dirty else commit
 
 

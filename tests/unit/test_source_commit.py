@@ -18,7 +18,8 @@ def _git(*args, cwd):
                         "PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(cwd)})
 
 
-def test_a_checkout_gives_its_commit_and_marks_changed_tracked_files(tmp_path):
+def test_a_checkout_gives_its_commit_and_marks_changed_tracked_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("MESHPLAN_SOURCE_COMMIT", raising=False)
     try:
         _git("init", "-q", cwd=tmp_path)
     except (OSError, subprocess.CalledProcessError):
@@ -33,6 +34,10 @@ def test_a_checkout_gives_its_commit_and_marks_changed_tracked_files(tmp_path):
     assert source_commit(tmp_path) == head
     (tmp_path / "a.txt").write_text("two\n")
     assert source_commit(tmp_path) == f"{head}+dirty"
+    # a name given by whoever launched the code wins over the checkout's (a GPU machine's
+    # copy can hold another commit's .git)
+    monkeypatch.setenv("MESHPLAN_SOURCE_COMMIT", "0123456789ab")
+    assert source_commit(tmp_path) == "0123456789ab"
 
 
 def test_no_checkout_gives_nothing(tmp_path, monkeypatch):
@@ -45,8 +50,9 @@ def test_a_copied_tree_takes_the_commit_its_copier_names(tmp_path, monkeypatch):
     assert source_commit(tmp_path) == "0123456789ab+dirty"
 
 
-def test_calibrate_stamps_the_commit_where_it_runs_from_a_checkout():
+def test_calibrate_stamps_the_commit_where_it_runs_from_a_checkout(monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.delenv("MESHPLAN_SOURCE_COMMIT", raising=False)
     import torch
 
     from meshplan.calibrate.run import CalibrateOptions, provenance
