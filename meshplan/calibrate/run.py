@@ -351,8 +351,8 @@ def _calibrate(options: CalibrateOptions) -> Path | None:
     n_comm = bench_comm.count_steps(world, local_world, len(sizes)) if world > 1 else 0
     rounds = options.layer_rounds or bench_layers.rounds_for(device, options.quick)
     fp8 = options.fp8 and has_fp8_tensor_cores(device)
-    # the GEMMs and attention also timed GPU-alone, beside synchronized main curves: what a
-    # compiled block's kernels run at (GPUSpec.gpu_alone; docs/calibrate.md)
+    # the GEMMs and attention also timed GPU-alone, beside the synchronized main curves:
+    # recorded for study, not priced (calibrate/profile.py; docs/calibrate.md)
     alone = (kind == "cuda" and not options.queued_microbench
              and hasattr(torch.cuda, "_sleep"))
     # DDP's overlap is probed on each dense model's blocks (a default shape without one)

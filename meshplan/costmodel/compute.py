@@ -236,11 +236,6 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     fused count (module docstring)."""
     gpu = cluster.gpu
     compiled = compiled and job.runtime == "torch"
-    # a compiled bf16 block's few kernels run queued back to back: its GEMMs and attention
-    # at the GPU-alone curves where the profile timed them, its weights' gradient work then
-    # counted (module docstring)
-    alone = gpu.gpu_alone() if compiled and job.precision != "fp8" else None
-    mm = alone or gpu
     peak = gpu.peak_flops(sixteen_bit_precision(job))
     e = activation_bytes_per_element(job)
     s, b, h, t = job.seq_len, micro_batch, model.hidden_size, tp
@@ -251,7 +246,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     linears = linear_shapes(model, job, micro_batch, tp, mlp_width)
     shapes = tuple(shape for shape, _ in linears)
     n_attn = len(shapes) - (2 if f else 0)
-    fwd_gemm = sum(gemm_s(mm, peak, 2.0 * m * k * n) for m, k, n in shapes)
+    fwd_gemm = sum(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in shapes)
 
     # Attention core.
     heads = model.num_heads / t
@@ -263,13 +258,13 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         # causal: masked blocks skipped; sliding-window layers skip all but their band
         # (meshplan.costmodel.window), each kind at the efficiency of its own FLOPs
         head_dim = kernel_head_dim(model)
-        fwd_attn = sum(share * executed / (peak * mm.attention_efficiency_at(executed, head_dim))
+        fwd_attn = sum(share * executed / (peak * gpu.attention_efficiency_at(executed, head_dim))
                        for share, executed in ((share, core_flops * frac)
                                                for share, frac in window.layer_mix(model, s)))
         bwd_attn = fwd_attn * FLASH_BACKWARD_FACTOR
         softmax_bytes = 0.0
     else:
-        fwd_attn = 2 * gemm_s(mm, peak, core_flops / 2)      # QKᵀ and PV batched GEMMs
+        fwd_attn = 2 * gemm_s(gpu, peak, core_flops / 2)     # QKᵀ and PV batched GEMMs
         bwd_attn = 2 * fwd_attn
         per = heads * s * s * b                              # score elements per GPU
         softmax_bytes = per * e * 2 + (per * (e * 2 + 1) if model.dropout else 0)
@@ -311,9 +306,6 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
                   + hbm_s(gpu, (act_in + tokens * f / t) * e, op(model.activation))
                   + hbm_s(gpu, other + rope, op("")))
         bwd_mb = 2 * fwd_mb
-        if alone is not None:
-            bwd_mb += hbm_s(gpu, torch_membound.weight_grad_bytes(
-                model, tokens=tokens, tp=t, mlp_width=f, e=e), "residual-add")
         if compiled and not model.is_mla:
             # the executor's GQA repeat of K and V stays a copy in the compiled graph
             core = torch_membound.gqa_repeat_bytes(model, tokens=tokens, tp=t, e=e)
@@ -324,7 +316,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
     act_bytes = tokens * h * e
     column = (shapes[0], shapes[n_attn]) if f else (shapes[0],)
     tpc = tp_collectives(cluster, job, tp_link, act_bytes, t, sequence_parallel,
-                         tuple(gemm_s(mm, peak, 2.0 * m * k * n) for m, k, n in column),
+                         tuple(gemm_s(gpu, peak, 2.0 * m * k * n) for m, k, n in column),
                          blocks=2 if f else 1)
     tp_pass, wire_pass = tpc.pass_s, tpc.pass_wire_bytes
     if job.overlap_tp_comm:
@@ -352,7 +344,7 @@ def layer_cost(model: ModelSpec, cluster: Cluster, job: Job, *, micro_batch: int
         if "layernorm" in mods:
             rc += PassCost(memory_bound_s=hbm_s(gpu, hidden_elems * e * 4, model.norm))
         if "mla_up_proj" in mods and model.is_mla:
-            rc += PassCost(gemm_s=sum(gemm_s(mm, peak, 2.0 * m * k * n)
+            rc += PassCost(gemm_s=sum(gemm_s(gpu, peak, 2.0 * m * k * n)
                                       for m, k, n in mla.up_proj_shapes(model, tokens, t)),
                            memory_bound_s=hbm_s(gpu, rope))
         wire = 2 * wire_pass

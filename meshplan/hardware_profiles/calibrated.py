@@ -38,7 +38,7 @@ from meshplan.hardware_profiles.collective_latency import (all_to_all_curve, bro
                                                            nvlink_curve)
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.gpu import ALONE_CURVE_KEYS, FP8_CAST_KEYS, HOST_KEYS, GPUSpec
+from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
 from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names, curve, get,
                                                gpu_from_table, read_toml)
 from meshplan.hardware_profiles.stale_rows import warn_defective_compiled_rows, without_stale_rows
@@ -57,7 +57,7 @@ _GPU_KEYS = ("peak_tflops", "memory_bytes", "hbm_gbps", "nvlink_gbps", "gemm_eff
              "grouped_gemm_key", "grouped_fp8_gemm_efficiency",
              "moe_permute_efficiency_by_top_k", *HOST_KEYS,
              "nvlink_broadcast_efficiency", "nvlink_all_to_all_efficiency",
-             "microbench_timing", "compiled_full_rerun_share", *ALONE_CURVE_KEYS)
+             "microbench_timing", "compiled_full_rerun_share")
 # [gpu] keys calibrate writes (its base GPU's to_dict) that load_profile does not read: the
 # head-dim ratios come from the base GPU, referred to the head dim the calibration timed
 # (with_base_attention_head_dims)
@@ -66,7 +66,10 @@ _GPU_KEYS_NOT_READ = ("attention_head_dim", "attention_head_dim_ratio",
                       # profile's own share's family is read off its rows (with_base_fp8,
                       # block_share_family)
                       "fp8_cast_compiled_block_share_family",
-                      "fp8_cast_compiled_block_share_by_family")
+                      "fp8_cast_compiled_block_share_by_family",
+                      # GPU-alone curves one calibration wrote (2026-12-04, fp8h48 / fp8h49)
+                      # while they were priced; their rows stay under [measurements]
+                      "gemm_efficiency_alone", "attention_efficiency_alone")
 
 
 @dataclass(frozen=True, kw_only=True)

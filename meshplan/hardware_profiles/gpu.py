@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from meshplan.errors import ConfigError
@@ -22,8 +22,6 @@ from meshplan.hardware_profiles.curve import Curve
 DEFAULT_OVERLAP_INTERFERENCE = float(builtin_number("overlap_interference"))
 
 
-# GPU-alone GEMM and attention curves a calibration may time beside its synchronized ones
-ALONE_CURVE_KEYS = ("gemm_efficiency_alone", "attention_efficiency_alone")
 HOST_KEYS = ("host_op_dispatch_s", "host_sync_s", "host_comm_op_s", "host_all_to_all_s")
 FP8_CAST_KEYS = ("fp8_cast_eager_pass_s", "fp8_cast_eager_gbps", "fp8_cast_compiled_gbps",
                  "fp8_cast_eager_gpu_pass_s", "fp8_cast_eager_gpu_gbps",
@@ -141,11 +139,6 @@ class GPUSpec:
     # gradient work and RoPE's strided products (costmodel.torch_membound) are added to
     # GPU-alone curves only: the others hold that time already (docs/calibrate.md)
     microbench_timing: str = ""
-    # the GEMM and attention curves timed GPU-alone (queued behind a spin kernel) beside
-    # synchronized main curves: what a compiled block's GEMMs and attention run at, its few
-    # kernels queued back to back (costmodel.compute.layer_cost); None: not timed
-    gemm_efficiency_alone: Curve | None = None
-    attention_efficiency_alone: Curve | None = None
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -180,20 +173,6 @@ class GPUSpec:
         (d_lo, r_lo), (d_hi, r_hi) = pts[i - 1], pts[i]
         w = (math.log2(d) - math.log2(d_lo)) / (math.log2(d_hi) - math.log2(d_lo))
         return (1 - w) * r_lo + w * r_hi
-
-    def gpu_alone(self) -> "GPUSpec | None":
-        """This GPU with its GEMM and attention curves as timed GPU-alone: itself where the
-        main curves were (``microbench_timing == "queued"``), a copy carrying
-        :attr:`gemm_efficiency_alone` and :attr:`attention_efficiency_alone` where the
-        profile timed both beside synchronized ones, else None (a datasheet GPU, an older
-        calibration)."""
-        if self.microbench_timing == "queued":
-            return self
-        if self.gemm_efficiency_alone is None or self.attention_efficiency_alone is None:
-            return None
-        return replace(self, gemm_efficiency=self.gemm_efficiency_alone,
-                       attention_efficiency=self.attention_efficiency_alone,
-                       microbench_timing="queued")
 
     @property
     def dp_overlap_interference(self) -> float:
@@ -269,8 +248,6 @@ class GPUSpec:
                                              for d, c in self.attention_head_dim_ratio]}
                if self.attention_head_dim_ratio else {}),
             **({"microbench_timing": self.microbench_timing} if self.microbench_timing else {}),
-            **{k: getattr(self, k).to_list() for k in ALONE_CURVE_KEYS
-               if getattr(self, k) is not None},
         }
 
 

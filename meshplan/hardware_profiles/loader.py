@@ -17,8 +17,8 @@ from meshplan.hardware_profiles.attention_published import (head_dim_of, head_di
 from meshplan.hardware_profiles.builtin_data import builtin_table
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.grouped_gemm import GROUPED_GEMM_KEYS
-from meshplan.hardware_profiles.gpu import (ALONE_CURVE_KEYS, DEFAULT_OVERLAP_INTERFERENCE,
-                                           FP8_CAST_KEYS, HOST_KEYS, GPUSpec)
+from meshplan.hardware_profiles.gpu import (DEFAULT_OVERLAP_INTERFERENCE, FP8_CAST_KEYS, HOST_KEYS,
+                                           GPUSpec)
 
 _NUM = (int, float)
 
@@ -156,7 +156,6 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
         nvlink_all_to_all_efficiency=(curve(t, "nvlink_all_to_all_efficiency", where)
                                       if "nvlink_all_to_all_efficiency" in t else None),
         microbench_timing=_timing(t, where),
-        **{k: curve(t, k, where) for k in ALONE_CURVE_KEYS if k in t},
     )
 
 
