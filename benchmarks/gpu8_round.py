@@ -191,6 +191,7 @@ def validate(args) -> int:
     if (args.keep / "val").is_dir():
         subprocess.run(["tar", "czf", str(args.out / "runs.tgz"), "-C", str(args.keep), "val"],
                        check=False)
+    tr.fail_if_nothing_ran(done, args.out / "validate.log")
     return 0
 
 

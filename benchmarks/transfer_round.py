@@ -214,7 +214,9 @@ def validate_cmd(m: dict, out: Path, *, profile: str | None, gpu: str, nproc: in
            "--steps", str(steps), "--warmup", str(warmup), "--timeout", f"{layout_timeout_s:g}",
            "--budget", f"{budget_s:.0f}",
            "--out", str(out)]
-    return cmd + (["--profile", profile] if profile else [])
+    # a CPU dry run prices the GPU cluster's shape with the CPU calibration's profile
+    override = ["--profile-override"] if device == "cpu" else []
+    return cmd + (["--profile", profile, *override] if profile else [])
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float) -> int:
@@ -246,18 +248,20 @@ def validate_set(doc: dict, args) -> Path:
                              f"or pass the profile they wrote")
         profiles[m["name"]] = args.profile or (str(kept) if kept else None)
     t0 = time.perf_counter()
-    records = []
+    records, failed = [], []
     for i, m in enumerate(models):
         left = args.budget - (time.perf_counter() - t0)
         share = max(0.0, left / (len(models) - i))
         d = args.keep / f"val{tag}" / m["name"]
-        _run(validate_cmd(m, d, profile=profiles[m["name"]], gpu=gpu, nproc=args.nproc,
-                          budget_s=share, device=args.device, steps=args.steps,
-                          warmup=args.warmup, layout_timeout_s=args.layout_timeout),
-             args.out / "validate.log", timeout_s=share + args.layout_timeout + 30)
+        rc = _run(validate_cmd(m, d, profile=profiles[m["name"]], gpu=gpu, nproc=args.nproc,
+                               budget_s=share, device=args.device, steps=args.steps,
+                               warmup=args.warmup, layout_timeout_s=args.layout_timeout),
+                  args.out / "validate.log", timeout_s=share + args.layout_timeout + 30)
         acc = d / "accuracy.json"
         if acc.exists():
             records += json.loads(acc.read_text())["records"]
+        else:
+            failed.append(f"{m['name']} (rc {rc})")
     meta = {"set": doc["set"], "seed": doc["seed"], "gpu_name": gpu, "nproc": args.nproc,
             "profile": ", ".join(sorted({p for p in profiles.values() if p})),
             "profiles": profiles, "device": args.device,
@@ -267,7 +271,18 @@ def validate_set(doc: dict, args) -> Path:
     paths = write_accuracy(args.out, records, meta)
     subprocess.run(["tar", "czf", str(args.out / f"runs{tag}.tgz"), "-C", str(args.keep),
                     f"val{tag}"], check=False)
+    if failed:      # kept in the file: the caller fails the call once all is written
+        doc_ = json.loads(paths["json"].read_text())
+        paths["json"].write_text(json.dumps({**doc_, "failed": failed}, indent=1))
     return paths["json"]
+
+
+def fail_if_nothing_ran(paths: list[Path], log: Path) -> None:
+    """Exit non-zero, naming them, where a model's ``meshplan validate`` wrote nothing (it ran
+    none of its layouts: a refused profile, a crash) — after every file is written."""
+    failed = [f for p in paths for f in json.loads(Path(p).read_text()).get("failed", [])]
+    if failed:
+        raise SystemExit(f"meshplan validate ran nothing for {', '.join(failed)}: see {log}")
 
 
 def figures(records: list[dict]) -> dict:
@@ -462,7 +477,9 @@ def main(argv=None) -> int:
         doc = load_set(args.set)
         if args.tiny:
             doc = tiny_set(doc, args.keep / "tiny")
-        print(f"wrote {validate_set(doc, args)}")
+        path = validate_set(doc, args)
+        print(f"wrote {path}")
+        fail_if_nothing_ran([path], args.out / "validate.log")
         return 0
     if args.accuracy is None:
         ap.error("report needs --accuracy")

@@ -59,6 +59,30 @@ def test_validate_runs_each_model_on_8_ranks_with_its_job():
         assert int(a["--global-batch"]) * int(a["--seq-len"]) == doc["tokens_per_step"]
 
 
+def test_a_cpu_dry_run_prices_the_gpu_cluster_with_the_cpu_profile():
+    (m, *_) = tr.load_set(SET)["models"]
+    cpu = tr.validate_cmd(m, Path("/k/val"), profile="/k/p.toml", gpu="cpu", nproc=8,
+                          budget_s=250, device="cpu")
+    assert "--profile-override" in cpu and _args(cpu)["--profile"] == "/k/p.toml"
+    gpu = tr.validate_cmd(m, Path("/k/val"), profile="/k/p.toml", gpu="NVIDIA H100", nproc=8,
+                          budget_s=250, device="cuda")
+    assert "--profile-override" not in gpu
+
+
+def test_a_model_whose_validate_ran_nothing_fails_the_call(tmp_path, monkeypatch):
+    keep, out = tmp_path / "keep", tmp_path / "out"
+    keep.mkdir()
+    (keep / "profile_part2of2.toml").write_text("")
+    def refused(cmd, log, timeout_s):             # as meshplan validate refusing a profile
+        log.write_text("$ " + " ".join(cmd) + "\nmeshplan validate: error: ...\n")
+        return 2
+    monkeypatch.setattr(tr, "_run", refused)
+    with pytest.raises(SystemExit, match="ran nothing for g42m13-llama-mha-5.44b \\(rc 2\\)"):
+        g8r.main(["validate", "--device", "cpu", "--only", "g09", "--keep", str(keep),
+                  "--out", str(out), "--budget", "10"])
+    assert json.loads((out / "accuracy.json").read_text())["records"] == []
+
+
 def test_summary_counts_what_8_ranks_add(tmp_path):
     p = tmp_path / "p.toml"
     p.write_text("""
