@@ -46,6 +46,8 @@ def test_bad_plan_file(tmp_path, capsys):
     assert "not a meshplan plan file" in capsys.readouterr().err
 
 
+# checks the executor's --gc on this process's collector (tests/conftest.py: unfrozen)
+@pytest.mark.gc_unfrozen
 def test_one_process_run_writes_results(tmp_path, capsys):
     plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
     out = tmp_path / "r.json"
@@ -87,6 +89,8 @@ def test_one_process_run_writes_results(tmp_path, capsys):
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+# checks the executor's --gc on this process's collector (tests/conftest.py: unfrozen)
+@pytest.mark.gc_unfrozen
 def test_gc_period_collects_inside_timed_steps(tmp_path):
     plan = write_plan_for_layout(tmp_path / "p.json", M, JOB, Layout(micro_batch=2))
     out = tmp_path / "r.json"
