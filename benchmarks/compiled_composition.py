@@ -36,37 +36,37 @@ sys.path.insert(0, str(ROOT))
 from meshplan import Cluster, Job  # noqa: E402
 from meshplan.costmodel.compute import hbm_s, layer_cost  # noqa: E402
 from meshplan.costmodel.torch_membound import weight_grad_bytes  # noqa: E402
+from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.hardware_profiles.calibrated import load_profile  # noqa: E402
 from meshplan.hardware_profiles.curve import Curve  # noqa: E402
 from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points  # noqa: E402
-from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
+from meshplan.hardware_profiles.loader import builtin_gpu, builtin_gpu_names  # noqa: E402
 from meshplan.hardware_profiles.measured_rows import model_from_shape_key  # noqa: E402
 
 
-KNOWN = ("H100-SXM5-80GB", "H200-SXM-141GB", "B200")
-
-
-def alone_curves(doc: dict, gpu) -> dict | None:
-    """The profile's GPU-alone GEMM and attention curves from its ``[measurements]`` rows
-    (extended past them by the datasheet curves' shapes, as calibrate extends its own), or
-    None where it has none."""
+def alone_curves(doc: dict, base_name: str | None) -> dict | None:
+    """The profile's GPU-alone GEMM and attention curves from its ``[measurements]`` rows,
+    extended past them by its base GPU's datasheet curves as calibrate extends its own
+    (``calibrate.profile.build_profile``), or None where it has none."""
     meas = doc.get("measurements", {})
     g, a = meas.get("gemm_alone"), meas.get("attention_alone")
     if not g or not a:
         return None
-    base = builtin_gpu(gpu.name if gpu.name in KNOWN else "H200-SXM-141GB")
+    base = builtin_gpu(base_name) if base_name in builtin_gpu_names() else None
     return {"gemm_efficiency": extend_with_base(
-                merge_points((r["flops"], r["efficiency"]) for r in g), base.gemm_efficiency),
+                merge_points((r["flops"], r["efficiency"]) for r in g),
+                base and base.gemm_efficiency),
             "attention_efficiency": extend_with_base(
                 merge_points((r["executed_flops"], r["efficiency"]) for r in a),
-                base.attention_efficiency)}
+                base and base.attention_efficiency)}
 
 
 def rows_errors(path: str, lent: dict | None = None) -> list[dict]:
     """One record per compiled bf16 tp-1 dense row of the profile at ``path``."""
+    prof = load_profile(path)       # a missing or malformed file: its ProfileError first
     doc = tomllib.loads(Path(path).read_text())
-    gpu = replace(load_profile(path).gpu, measured=None)
-    curves = lent or alone_curves(doc, gpu)
+    gpu = replace(prof.gpu, measured=None)
+    curves = lent or alone_curves(doc, prof.base_gpu)
     alone = replace(gpu, **curves) if curves else None
     cluster = Cluster.preset("dgx-h100", nodes=1, gpus_per_node=1)
     out = []
@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         q = json.loads(Path(args.curves).read_text())["modes"]["queued"]["gpu"]
         lent = {k: Curve(tuple(map(tuple, q[k])))
                 for k in ("gemm_efficiency", "attention_efficiency")}
-    recs = [r for p in args.profiles for r in rows_errors(p, lent)]
+    try:
+        recs = [r for p in args.profiles for r in rows_errors(p, lent)]
+    except MeshplanError as e:
+        raise SystemExit(f"compiled_composition.py: {e}")
     if not recs:
         raise SystemExit("no compiled bf16 tp-1 dense rows in these profiles")
     if args.rows:

@@ -122,14 +122,17 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         peak = base.peak_flops(precision)
 
     gpu: dict[str, Any] = {}
-    for r in rows.get("gemm", []):
+    # the GPU-alone rows (queued behind a spin kernel) are kept with their efficiencies under
+    # [measurements] for study (benchmarks/compiled_composition.py), with no [gpu] key:
+    # priced, they made held-out steps worse (docs/benchmarks/fp8_checks.md, fp8h48)
+    for r in rows.get("gemm", []) + rows.get("gemm_alone", []):
         r["flops"] = 2.0 * r["m"] * r["k"] * r["n"]
         r["efficiency"] = gemm_efficiency(r["m"], r["k"], r["n"], r["seconds"], peak)
     if rows.get("gemm"):
         pts = merge_points((r["flops"], r["efficiency"]) for r in rows["gemm"])
         gpu["gemm_efficiency"] = extend_with_base(pts, base and base.gemm_efficiency).to_list()
         measured.append("gemm_efficiency")
-    for r in rows.get("attention", []):
+    for r in rows.get("attention", []) + rows.get("attention_alone", []):
         r["executed_flops"] = attention_executed_flops(r["batch"], r["seq"], r["heads"],
                                                        r["head_dim"])
         r["efficiency"] = attention_efficiency(r["batch"], r["seq"], r["heads"], r["head_dim"],
@@ -139,17 +142,6 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
         gpu["attention_efficiency"] = extend_with_base(
             pts, base and base.attention_efficiency).to_list()
         measured.append("attention_efficiency")
-    # the same benchmarks timed GPU-alone (queued behind a spin kernel), kept with their
-    # efficiencies under [measurements] for study (benchmarks/compiled_composition.py); no
-    # [gpu] key: priced, they made held-out steps worse (docs/benchmarks/fp8_checks.md, fp8h48)
-    for r in rows.get("gemm_alone", []):
-        r["flops"] = 2.0 * r["m"] * r["k"] * r["n"]
-        r["efficiency"] = gemm_efficiency(r["m"], r["k"], r["n"], r["seconds"], peak)
-    for r in rows.get("attention_alone", []):
-        r["executed_flops"] = attention_executed_flops(r["batch"], r["seq"], r["heads"],
-                                                       r["head_dim"])
-        r["efficiency"] = attention_efficiency(r["batch"], r["seq"], r["heads"],
-                                               r["head_dim"], r["seconds"], peak)
     mb = rows.get("membound", [])
     for r in mb:
         r["achieved_gbps"] = r["model_bytes"] / r["seconds"] / 1e9
