@@ -494,11 +494,15 @@ SETS["drawn-3863c"] = compiled_draws(3863)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
 
 
-def _cluster(profile: str | None, gpus: int = 1, keep_stale_rows: bool = False):
+def _cluster(profile: str | None, gpus: int = 1, keep_stale_rows: bool = False,
+             override: bool = False):
+    """A one-node ``dgx-h200`` of ``gpus`` with ``profile`` applied (``override``: a profile
+    of another device too — a CPU dry run's, ``plans --profile-override``)."""
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
     c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
-    return apply_profile(c, profile, keep_stale_rows=keep_stale_rows) if profile else c
+    return (apply_profile(c, profile, keep_stale_rows=keep_stale_rows, override=override)
+            if profile else c)
 
 
 def _baseline_step_s(baseline: Path, profile: str, layout: Layout) -> float | None:
@@ -571,7 +575,8 @@ def plans(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model, job = _model_job(args)
     gpus = max(lay.num_gpus for _, lay in SETS[args.set])
-    calibrated, datasheet = _cluster(args.profile, gpus), _cluster(None, gpus)
+    calibrated = _cluster(args.profile, gpus, override=args.profile_override)
+    datasheet = _cluster(None, gpus)
     preds = {"model": model.name, "job": job.to_dict(), "profile": args.profile,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
     preds["set"] = args.set
@@ -632,20 +637,22 @@ def plans(args) -> int:
 
 
 def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
-             profile_dir: Path | None) -> dict:
+             profile_dir: Path | None, device: str = "cuda") -> dict:
     """The executor on ``plan`` (its layout's GPUs, 3 warm-up + 6 timed steps) from source
-    ``tree``: status, step, peak memory and rank 0's per-phase times, host step and probe."""
+    ``tree``: status, step, peak memory and rank 0's per-phase times, host step and probe.
+    ``device`` "cpu": as many gloo ranks instead (a dry run of the script, no timing)."""
     from meshplan.calibrate.validate import collective_timeout_s
     from meshplan.calibrate.validate_records import read_measurement
     from meshplan.executor.gpu_busy import wait_for_idle_gpus
     from meshplan.planner.planfile import load_plan_file
     gpus = load_plan_file(plan).layout.num_gpus
-    busy = wait_for_idle_gpus()     # a run beside another process measures it too
+    # a run beside another process measures it too
+    busy = wait_for_idle_gpus() if device == "cuda" else []
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()), NCCL_NVLS_ENABLE="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={gpus}",
            "-m", "meshplan.executor.run", "--plan", str(plan), "--out", str(res),
-           "--steps", "6", "--warmup", "3", "--force", "--device", "cuda",
+           "--steps", "6", "--warmup", "3", "--force", "--device", device,
            "--timeout-s", f"{collective_timeout_s(timeout_s):g}"]
     if profile_dir is not None:
         cmd += ["--profile", str(profile_dir)]
@@ -703,7 +710,7 @@ def run(args) -> int:
             results["runs"][key] = {"status": "skipped: budget"}
         else:
             r = _run_one(Path(args.plans) / f"{name}.json", tree, work / f"{name}_{tag}.json",
-                         work / f"{name}_{tag}.log", args.timeout, None)
+                         work / f"{name}_{tag}.log", args.timeout, None, args.device)
             results["runs"][key] = r
             print(key, json.dumps({k: r[k] for k in ("status", "step_time_s", "wall_s")}),
                   flush=True)
@@ -712,7 +719,7 @@ def run(args) -> int:
         for arm, tree in trees.items():
             _run_one(Path(args.plans) / f"{args.trace or names[0]}.json", tree,
                      work / f"trace_{arm}.json", work / f"trace_{arm}.log", args.timeout,
-                     work / f"trace_{arm}")
+                     work / f"trace_{arm}", args.device)
             top = work / f"trace_{arm}" / "top_ops_rank0.txt"
             if top.exists():
                 (out / f"top_ops_{arm}.txt").write_text(top.read_text())
@@ -941,6 +948,8 @@ def main(argv=None) -> int:
     a = sub.add_parser("plans")
     a.add_argument("--out", required=True)
     a.add_argument("--profile", required=True)
+    a.add_argument("--profile-override", action="store_true",
+                   help="price from a profile of another device (a CPU dry run's)")
     a.add_argument("--baseline", default=None)
     a.add_argument("--set", default="sync", choices=sorted(SETS))
     a.add_argument("--model", default=None, help="a ModelSpec JSON instead of moe-1.9b")
@@ -967,6 +976,8 @@ def main(argv=None) -> int:
     b.add_argument("--work", default="/tmp/moe_sync/runs")
     b.add_argument("--budget", type=float, default=420.0)
     b.add_argument("--timeout", type=float, default=120.0)
+    b.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="cpu: the plans on as many gloo ranks (a dry run of the script)")
     b.add_argument("--only", nargs="+", default=None, metavar="LAYOUT",
                    help="run only these layouts of the plans (default all)")
     b.add_argument("--second-pass", action="store_true",

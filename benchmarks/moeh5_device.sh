@@ -13,12 +13,13 @@
 # and commit the plans.
 #
 # Files under $OUT: gpu.txt, profile_moeh5.toml, calibrate_moeh5.log, moeh5/moe_sync.json,
-# moeh5/logs.tgz.
+# moeh5/logs.tgz. PLANS=DIR runs other plans than the committed ones; DRY_RUN=cpu runs either
+# part on the CPU with the model shrunk (benchmarks/dry_run_4gpu.sh chains the whole protocol).
 source "$(dirname "$0")/device_env.sh"
 record_gpu
 
 case "${PART:?set PART=1 or 2}" in
     1)  calibrate_moe moeh5 benchmarks/sets/moeh5/m01.json 4 4096 2 none,selective,full --sp-only ;;
-    2)  run_moe_plans moeh5 benchmarks/plans/moeh5_h200x4 ;;
+    2)  run_moe_plans moeh5 "${PLANS:-benchmarks/plans/moeh5_h200x4}" ;;
 esac
 ls -la "$OUT" "$OUT"/*/

@@ -51,6 +51,7 @@ from meshplan.calibrate.validate import by_model, rescore, summarize, write_accu
 from meshplan.hardware_profiles import Cluster  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.spec import Job, ModelSpec  # noqa: E402
+from shrink_model import SEQ_LEN as TINY_SEQ_LEN, tiny_spec  # noqa: E402
 
 # NVLink multicast off on the lent machines (KINDS.md), as benchmarks/device_accuracy.sh
 DEVICE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -153,16 +154,14 @@ def kept_profile(keep: Path, doc: dict, name: str) -> Path | None:
 
 def tiny_set(doc: dict, where: Path) -> dict:
     """The set with each model shrunk for a CPU dry run (gloo): the same layers, heads, kv
-    heads, family and layouts, head dim 8, ffn 2·hidden, vocab 512, seq 64."""
+    heads, family and layouts (``shrink_model.tiny_spec``: head dim 8, ffn 2·hidden, vocab
+    512, seq 64)."""
     (where / "models").mkdir(parents=True, exist_ok=True)
     for m in doc["models"]:
-        spec = dict(m["spec"], head_dim=None, vocab_size=512, max_seq_len=64)
-        spec["hidden_size"] = 8 * spec["num_heads"]
-        spec["ffn_hidden_size"] = 2 * spec["hidden_size"]
-        model = ModelSpec.from_dict(spec)
+        model = ModelSpec.from_dict(tiny_spec(m["spec"]))
         m["model_file"] = str(where / "models" / f"{m['name']}.json")
         Path(m["model_file"]).write_text(json.dumps(model.to_dict()))
-        m["job"] = dict(m["job"], seq_len=64)
+        m["job"] = dict(m["job"], seq_len=TINY_SEQ_LEN)
     return doc
 
 
