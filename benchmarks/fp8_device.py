@@ -230,14 +230,15 @@ def micro(device_kind: str, out: Path, budget_s: float, mode: str) -> None:
 def prediction_cluster(args, nproc: int, gpu: str | None = None) -> tuple[Cluster, str]:
     """The cluster the predictions use, and what it is: the saved profile of this GPU type
     (``--profile auto``), a given profile, or the datasheet. ``gpu``: the GPU's name (else
-    the local GPU's: read from torch)."""
+    the local GPU's: read from torch). On the CPU (a dry run) an H100's datasheet, or a
+    given profile applied to it whatever device measured it."""
     cpu = args.device == "cpu" and gpu is None
     name = gpu or ""
     if not cpu and not name:
         import torch
         name = torch.cuda.get_device_name(0)
     cluster = gpu_cluster(name or "H100", nproc)
-    if cpu or args.profile == "none":
+    if args.profile == "none" or (cpu and args.profile == "auto"):
         return cluster, "datasheet " + cluster.gpu.name
     if args.profile == "auto":
         profiled, source = saved_profile_cluster(cluster, AUTO_PROFILES)
@@ -258,7 +259,8 @@ def _model_job_layouts(args) -> tuple[ModelSpec, Job, list]:
                                       if v})
     todo = CPU_LAYOUTS if cpu else LAYOUTS
     if args.only:     # in the order given (the budget skips the last ones)
-        named = dict(todo)
+        # on the CPU any layout too: a dry run of a device protocol (fp8_rows_device.sh)
+        named = dict(LAYOUTS + CPU_LAYOUTS if cpu else LAYOUTS)
         unknown = [n for n in args.only.split(",") if n not in named]
         if unknown:
             raise SystemExit(f"--only {','.join(unknown)}: no such layout; known: "

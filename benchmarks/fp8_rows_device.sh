@@ -16,16 +16,18 @@
 #
 # NPROC=2 MAXTP=2: calibrate on two GPUs (fp8h4); the layouts' own GPU counts run them.
 # SP_ONLY=1: tp > 1 rows with sequence parallelism only (`calibrate --sp-only`; fp8h9).
+# DRY_RUN=cpu: either part on the CPU, the model shrunk (device_env.sh; dry_run_4gpu.sh).
 set -u
 . "$(dirname "$0")/device_env.sh"
 SET=${SET:-benchmarks/sets/fp8h1}
-MODEL=$SET/m01.json
-SEQ=${SEQ:-4096}
+MODEL=$(dry_model "$SET/m01.json") || exit 1
+SEQ=$(dry_seq "${SEQ:-4096}")
 GB=${GB:-8}
 calibrate() {
     { nvidia-smi --query-gpu=name,driver_version --format=csv 2>&1 || true; } > "$OUT/calibrate.log"
     $PY -c "from meshplan.cli import main; raise SystemExit(main())" calibrate \
         --model "$MODEL" --nproc "${NPROC:-1}" --seq-len "$SEQ" --micro-batches "${MB:-1,2}" \
+        --device "$DEVICE" \
         --max-tp "${MAXTP:-1}" --rounds 1 --compile-rows "${COMPILE_ROWS:-none,selective,full}" \
         --fp8-rows tensorwise ${SP_ONLY:+--sp-only} \
         --time-budget "${CAL_BUDGET:-440}" --out "$OUT/profile.toml" >> "$OUT/calibrate.log" 2>&1
@@ -36,6 +38,7 @@ run() {
     $PY benchmarks/fp8_device.py --out "$OUT" --budget "${RUN_BUDGET:-470}" --micro none \
         --profile "${PROFILE:?the committed profile}" --model "$MODEL" --seq-len "$SEQ" \
         --global-batch "$GB" --only "${ONLY:-h01,h02,h03,h04,h05,h06}" --timeout 120 --min-run-s 40 \
+        --device "$DEVICE" \
         --steps "${STEPS:-6}" --warmup "${WARMUP:-3}"
     cat "$OUT/layouts.md"
 }

@@ -390,9 +390,12 @@ def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_p
     steps = iter([1.0, 1.0, 1.2, 0.8])
     calls = []
 
-    def fake_run_one(plan, tree, res, log, timeout_s, profile_dir):
+    devices = []
+
+    def fake_run_one(plan, tree, res, log, timeout_s, profile_dir, device):
         calls.append((plan.stem, res.stem))
-        return {"status": "ok", "step_time_s": next(steps), "wall_s": 1.0,
+        devices.append(device)
+        return {"status": "ok", "step_time_s": next(steps, 1.0), "wall_s": 1.0,
                 "memory_peak_bytes": None}
     monkeypatch.setattr(msg, "_run_one", fake_run_one)
     out = tmp_path / "out"
@@ -410,6 +413,10 @@ def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_p
                      str(tmp_path / "work"), "--second-pass", "--budget", "0"]) == 0
     doc = json.loads((out / "moe_sync.json").read_text())
     assert doc["runs"]["a/current2"] == {"status": "skipped: budget"}
+    assert set(devices) == {"cuda"}
+    assert msg.main(["run", "--plans", str(plans), "--out", str(out), "--work",
+                     str(tmp_path / "work"), "--device", "cpu"]) == 0      # a dry run
+    assert devices[-2:] == ["cpu", "cpu"]
 
 
 @pytest.mark.usefixtures("no_grad_accumulation")
