@@ -353,6 +353,9 @@ SETS["drawn-4151c"] = compiled_draws(4151, selective=True)
 # fp8h48 / fp8h49 (2026-12-04): a GPT and a Llama from one calibration, each priced from
 # the other's rows (compiled blocks from GPU-alone curves)
 SETS["drawn-4152c"] = compiled_draws(4152, selective=True)
+# fp8h50 / fp8h51 (drawn 2026-12-04 before any run): the same protocol on seed 4153's first
+# GPT and first Llama (benchmarks/sets/fp8h50)
+SETS["drawn-4153c"] = compiled_draws(4153, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

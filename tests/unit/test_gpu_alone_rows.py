@@ -88,3 +88,18 @@ def test_the_committed_models_are_the_first_gpt_and_the_first_llama_of_the_draw(
     for check, model in (("fp8h48", models[0]), ("fp8h49", models[2])):
         path = ROOT / "benchmarks" / "sets" / check / "m01.json"
         assert ModelSpec(**json.loads(path.read_text())) == model
+
+
+def test_fp8h50_and_fp8h51_are_the_first_gpt_and_the_first_llama_of_seed_4153():
+    """``draw_models.py --seed 4153 --min-params 1.2e9 --max-params 4.0e9``: Llama, GPT, ...
+    in draw order; fp8h50 the GPT, fp8h51 the Llama, at layouts drawn from the same seed."""
+    rng = random.Random(4153)
+    models = [dm.draw_model(rng, f"m{k + 1:02d}", min_params=1.2e9, max_params=4.0e9)
+              for k in range(2)]
+    assert [m.activation for m in models] == ["swiglu", "gelu"]
+    for check, model in (("fp8h50", models[1]), ("fp8h51", models[0])):
+        path = ROOT / "benchmarks" / "sets" / check / "m01.json"
+        assert ModelSpec(**json.loads(path.read_text())) == model
+    import moe_sync_gpu as ms
+    assert [n for n, _ in ms.SETS["drawn-4153c"]][:4] == [
+        "mb8-compiled", "mb4-full-compiled", "mb1-full-compiled", "mb8-selective-compiled"]
