@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from optimizer_rate_posthoc import checks, plan_index  # noqa: E402
+from optimizer_rate_posthoc import checks, plan_index, plan_key  # noqa: E402
 
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
@@ -64,7 +64,8 @@ def runs(data: list[str], plans_glob: str):
             for key, run in chk["runs"].items():
                 meas = run.get("step_time_s")
                 pred = (layouts.get(key.split("/")[0]) or {}).get("calibrated_s")
-                plan = index.get(round(pred, 9)) if pred else None
+                prec = chk["predictions"].get("job", {}).get("precision", "bf16")
+                plan = index.get(plan_key(pred, prec)) if pred else None
                 if not meas or plan is None or (plan, key) in seen:
                     continue
                 seen.add((plan, key))

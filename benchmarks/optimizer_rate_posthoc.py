@@ -41,15 +41,21 @@ def checks(doc: dict):
             yield from checks(v)
 
 
-def plan_index(plans_glob: str) -> dict[float, Path]:
-    """Committed plan files by their stored step time (rounded to the nanosecond)."""
+def plan_index(plans_glob: str) -> dict[tuple[float, str], Path]:
+    """Committed plan files by their stored step time (rounded to the nanosecond) and
+    precision: a bf16 arm and its fp8 twin can store the same time (host-bound arms)."""
     out = {}
     for p in glob.glob(plans_glob):
         doc = json.loads(Path(p).read_text())
         step = (doc.get("prediction") or {}).get("step_time_s")
         if step:
-            out[round(step, 9)] = Path(p)
+            out[plan_key(step, (doc.get("job") or {}).get("precision", "bf16"))] = Path(p)
     return out
+
+
+def plan_key(step_s: float, precision: str) -> tuple[float, str]:
+    """The :func:`plan_index` key of a prediction of ``step_s`` at ``precision``."""
+    return round(step_s, 9), precision
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 name = key.split("/")[0]
                 meas = run.get("step_time_s")
                 pred = (layouts.get(name) or {}).get("calibrated_s")
-                plan = index.get(round(pred, 9)) if pred else None
+                prec = chk["predictions"].get("job", {}).get("precision", "bf16")
+                plan = index.get(plan_key(pred, prec)) if pred else None
                 if not meas or plan is None or (plan, key) in seen:
                     continue
                 seen.add((plan, key))
