@@ -40,11 +40,16 @@ from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
 _CHECK = re.compile(r"_((?:moeh|fp8h)\d+)_\d{8}\.(json|toml)$")
+_TAG = re.compile(r"(?:moeh|fp8h)\d+")
 
 
 def check_name(path: str) -> str | None:
-    m = _CHECK.search(Path(path).name)
-    return m.group(1) if m else None
+    """The check a data or profile file belongs to; None where it names none or several (a
+    two-model calibration, e.g. ``profile_h200x1_fp8h48_fp8h49_*.toml``: priced as one
+    check's profile it would carry the other check's own rows)."""
+    name = Path(path).name
+    m = _CHECK.search(name)
+    return m.group(1) if m and len(_TAG.findall(name)) == 1 else None
 
 
 def datasheet(cluster):
