@@ -3,8 +3,8 @@
 # of the device script under DRY_RUN=cpu (4 gloo ranks, the set's model shrunk by
 # benchmarks/shrink_model.py, 64-token sequences), and the CPU steps between the calls as the
 # set's README gives them, into $OUT. It checks that the scripts, flags and plans run end to
-# end; its times are not measurements (and the fp8 arms' predictions come from the datasheet:
-# a CPU profile has no fp8 peak).
+# end; its times are not measurements. The fp8 arms are predicted from a saved 4-GPU H200
+# profile (a CPU profile has no fp8 peak; DRY_PROFILE=PATH for another).
 #
 #   CHECK=moeh5 OUT=/tmp/dry bash benchmarks/dry_run_4gpu.sh   # ~18 min on 2 cores
 #   CHECK=fp8h5 OUT=/tmp/dry bash benchmarks/dry_run_4gpu.sh   # ~13 min on 2 cores (RUN_BUDGET)
