@@ -103,3 +103,14 @@ def test_fp8h50_and_fp8h51_are_the_first_gpt_and_the_first_llama_of_seed_4153():
     import moe_sync_gpu as ms
     assert [n for n, _ in ms.SETS["drawn-4153c"]][:4] == [
         "mb8-compiled", "mb4-full-compiled", "mb1-full-compiled", "mb8-selective-compiled"]
+
+
+def test_fp8h52_and_fp8h53_are_the_first_gpt_and_the_first_llama_of_seed_4154():
+    """``draw_models.py --seed 4154``: GPT, Llama, ... in draw order."""
+    rng = random.Random(4154)
+    models = [dm.draw_model(rng, f"m{k + 1:02d}", min_params=1.2e9, max_params=4.0e9)
+              for k in range(2)]
+    assert [m.activation for m in models] == ["gelu", "swiglu"]
+    for check, model in (("fp8h52", models[0]), ("fp8h53", models[1])):
+        path = ROOT / "benchmarks" / "sets" / check / "m01.json"
+        assert ModelSpec(**json.loads(path.read_text())) == model
