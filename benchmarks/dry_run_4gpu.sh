@@ -15,12 +15,23 @@ PY=${PY:-python3}
 export DRY_RUN=cpu PY PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 case "${CHECK:?CHECK=moeh5 or fp8h5}" in
 moeh5)
-    OUT=$OUT/moeh5_call1 PART=1 bash benchmarks/moeh5_device.sh
+    D=$OUT
+    OUT=$D/moeh5_call1 PART=1 bash benchmarks/moeh5_device.sh
     $PY benchmarks/moe_sync_gpu.py plans --set drawn4-3805 \
-        --model "$OUT/moeh5_call1/dry/m01.json" --global-batch 32 --gpu-bound 8 \
-        --max-host-load 1e9 --load-imbalance rows --profile "$OUT/moeh5_call1/profile_moeh5.toml" \
-        --profile-override --out "$OUT/moeh5_plans"
-    OUT=$OUT/moeh5_call2 PART=2 PLANS=$OUT/moeh5_plans bash benchmarks/moeh5_device.sh ;;
+        --model "$D/moeh5_call1/dry/m01.json" --global-batch 32 --gpu-bound 8 \
+        --max-host-load 1e9 --load-imbalance rows --profile "$D/moeh5_call1/profile_moeh5.toml" \
+        --profile-override --out "$D/moeh5_plans"
+    OUT=$D/moeh5_call2 PART=2 PLANS=$D/moeh5_plans bash benchmarks/moeh5_device.sh
+    # the device script lists what it wrote whatever ran: fail here unless every layout did
+    $PY - "$D/moeh5_call2/moeh5/moe_sync.json" <<'PYEOF'
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+bad = {k: v.get("status") for k, v in runs.items()
+       if v.get("status") != "ok" and not str(v.get("status")).startswith("skipped")}
+print(f"dry run: {sum(v.get('status') == 'ok' for v in runs.values())} runs ok, failed: {bad or 'none'}")
+sys.exit(1 if bad or not runs else 0)
+PYEOF
+    ;;
 fp8h5)
     SET=benchmarks/sets/fp8h5 SEQ=1024 GB=64
     PROFILE=${DRY_PROFILE:-docs/benchmarks/data/profiles/profile_h200x4_round26.toml}

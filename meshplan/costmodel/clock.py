@@ -7,8 +7,8 @@ the GPU busy back to back draws more than the board's power limit and runs at a 
 * ``sustained_clock`` (:func:`sustained_clock`): a row's GPU seconds × (1 + share ·
   (max(1, r) − 1)), r the row's ``sustained_ratio`` (its module back to back over its
   burst, :mod:`meshplan.calibrate.sustained`), share the profile's
-  ``sustained_clock_share`` (0.6: fitted post hoc on rc47 / rc49, 1 × H200; held out as
-  run on rc50-rc52: step 3.23 → 1.69 % mean).
+  ``sustained_clock_share`` (0.8 since 2026-12-04, held out on fp8h52 / fp8h53: own-profile
+  steps 4.3 → 2.4 % mean; 0.6 before, fitted post hoc on rc47 / rc49, 1 × H200).
 * ``sustained_clock_duty`` (:func:`duty_scale`, :func:`step_duty`): a step that idles its
   GPU a share 1 − u of the time keeps a higher clock — the power limiter's average, with
   P ∝ f^k: r is read as r · (u / (1 − (1 − u) p_idle))^(1/k); k and p_idle from
@@ -45,9 +45,13 @@ def sustained_clock(numbers: CorrectionNumbers, tables):
     block by block inside a training step in the same call, a GPT's layers ran at the loop's
     per-layer time (within 0.5 %); but the loop's r moved by ± 1.5 % between calls (1.065 to
     1.094 for one module), and one calibration's r overstated its validation's steps, so the
-    built-in share is 0.6, fitted post hoc on the step errors of rc47 and rc49 (0.5-0.6 best;
-    GPT mean error 4.7 → 1.5 %) and held out as run on rc50-rc52 (1.69 % mean, 3.23 % without).
-    Unchanged where switched off."""
+    share is below 1: 0.6 from 2026-11-29 (fitted post hoc on the step errors of rc47 and
+    rc49, 0.5-0.6 best then; held out as run on rc50-rc52, 1.69 % mean, 3.23 % without), 0.8
+    from 2026-12-04 — with the cost model as it had become, 0.8 read nearer on rc47-rc52
+    (fit 1.79 → 1.26 %, held out 1.46 → 0.89 %) and on the dense 1-GPU checks' compiled arms,
+    and held it out on fp8h52 / fp8h53 (own-profile steps 4.3 → 2.4 %, 6 of 6 nearer; the
+    other-family arms, whose layers carry no ratio, 4.3 → 4.2 %;
+    docs/benchmarks/fp8_checks.md). Unchanged where switched off."""
     if not tables:
         return tables
     on = numbers.enabled(SUSTAINED_CLOCK)
