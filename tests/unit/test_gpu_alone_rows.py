@@ -90,27 +90,23 @@ def test_the_committed_models_are_the_first_gpt_and_the_first_llama_of_the_draw(
         assert ModelSpec(**json.loads(path.read_text())) == model
 
 
-def test_fp8h50_and_fp8h51_are_the_first_gpt_and_the_first_llama_of_seed_4153():
-    """``draw_models.py --seed 4153 --min-params 1.2e9 --max-params 4.0e9``: Llama, GPT, ...
-    in draw order; fp8h50 the GPT, fp8h51 the Llama, at layouts drawn from the same seed."""
-    rng = random.Random(4153)
-    models = [dm.draw_model(rng, f"m{k + 1:02d}", min_params=1.2e9, max_params=4.0e9)
-              for k in range(2)]
-    assert [m.activation for m in models] == ["swiglu", "gelu"]
-    for check, model in (("fp8h50", models[1]), ("fp8h51", models[0])):
-        path = ROOT / "benchmarks" / "sets" / check / "m01.json"
-        assert ModelSpec(**json.loads(path.read_text())) == model
+@pytest.mark.parametrize("seed, gpt, llama, first_layouts", [
+    (4153, ("fp8h50", 1), ("fp8h51", 0),
+     ["mb8-compiled", "mb4-full-compiled", "mb1-full-compiled", "mb8-selective-compiled"]),
+    (4154, ("fp8h52", 0), ("fp8h53", 1),
+     ["mb8-selective-compiled", "mb16-full-compiled", "mb1-selective-compiled"])])
+def test_the_later_pairs_are_the_first_gpt_and_the_first_llama_of_their_seed(
+        seed, gpt, llama, first_layouts):
+    """fp8h50 / fp8h51 (seed 4153: Llama, GPT, ... in draw order) and fp8h52 / fp8h53 (seed
+    4154: GPT, Llama, ...): ``draw_models.py --seed N --min-params 1.2e9 --max-params 4.0e9``,
+    at the compiled layouts drawn from the same seed."""
     import moe_sync_gpu as ms
-    assert [n for n, _ in ms.SETS["drawn-4153c"]][:4] == [
-        "mb8-compiled", "mb4-full-compiled", "mb1-full-compiled", "mb8-selective-compiled"]
-
-
-def test_fp8h52_and_fp8h53_are_the_first_gpt_and_the_first_llama_of_seed_4154():
-    """``draw_models.py --seed 4154``: GPT, Llama, ... in draw order."""
-    rng = random.Random(4154)
+    rng = random.Random(seed)
     models = [dm.draw_model(rng, f"m{k + 1:02d}", min_params=1.2e9, max_params=4.0e9)
               for k in range(2)]
-    assert [m.activation for m in models] == ["gelu", "swiglu"]
-    for check, model in (("fp8h52", models[0]), ("fp8h53", models[1])):
+    for (check, k), activation in ((gpt, "gelu"), (llama, "swiglu")):
+        assert models[k].activation == activation
         path = ROOT / "benchmarks" / "sets" / check / "m01.json"
-        assert ModelSpec(**json.loads(path.read_text())) == model
+        assert ModelSpec(**json.loads(path.read_text())) == models[k]
+    drawn = [n for n, _ in ms.SETS[f"drawn-{seed}c"]]
+    assert drawn[:len(first_layouts)] == first_layouts
