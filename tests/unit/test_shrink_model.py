@@ -38,7 +38,7 @@ def test_the_moeh5_layouts_stay_runnable_on_the_shrunk_model():
         check_layout_runnable(tiny, job, lay)
 
 
-def test_fp8_device_on_the_cpu_takes_the_layouts_only_names(tmp_path):
+def test_fp8_device_on_the_cpu_takes_the_layouts_only_names():
     """A dry run of fp8h5's protocol asks the CPU for q01-q06, not its own c01/c02."""
     import fp8_device as f8
     args = argparse.Namespace(device="cpu", model=str(FP8H5), seq_len=64, global_batch=64,
