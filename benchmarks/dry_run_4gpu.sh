@@ -28,7 +28,8 @@ import json, sys
 runs = json.load(open(sys.argv[1]))["runs"]
 bad = {k: v.get("status") for k, v in runs.items()
        if v.get("status") != "ok" and not str(v.get("status")).startswith("skipped")}
-print(f"dry run: {sum(v.get('status') == 'ok' for v in runs.values())} runs ok, failed: {bad or 'none'}")
+ok = sum(v.get("status") == "ok" for v in runs.values())
+print(f"dry run: {ok} runs ok, failed: {bad or 'none'}")
 sys.exit(1 if bad or not runs else 0)
 PYEOF
     ;;

@@ -3,9 +3,9 @@
 Re-predicts every record of each set on its own profile (the rows carry the calibration's
 ``sustained_ratio``) with the correction ``sustained_clock`` at each share (0 = the rows
 as timed, in bursts; 1 = the full ratio), and prints the errors (predicted / measured − 1)
-per layout and the mean / max absolute over the sets. How the built-in share (0.6, 0.8 since
-2026-12-04: docs/benchmarks/fp8_checks.md "fp8h52 / fp8h53") was
-chosen and tested: docs/benchmarks/transfer.md, "Sustained clock".
+per layout and the mean / max absolute over the sets. How the built-in share was chosen and
+tested: docs/benchmarks/transfer.md, "Sustained clock" (0.6), and docs/benchmarks/
+fp8_checks.md, "fp8h52 / fp8h53" (0.8 since 2026-12-04).
 
     python benchmarks/sustained_share.py                       # fit sets, then held-out sets
     python benchmarks/sustained_share.py --sets rc50 rc52 --shares 0 0.6

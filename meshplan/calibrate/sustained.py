@@ -27,8 +27,8 @@ with the profile's ``sustained_clock_share``
 (built-in 0.8 since 2026-12-04, 0.6 before: timed block by block inside a training step, a
 GPT's layers ran at this loop's speed, but the loop's ratio moved by ± 1.5 % between calls and
 one calibration overstated its validation's steps; the share was fitted post hoc on rc47/rc49
-and changed to 0.8 after the held-out checks fp8h52 / fp8h53, :mod:`meshplan.costmodel.clock`). CPU seconds are not scaled:
-the host's clock is not the GPU's. Measured error, held out as run on two never-run models
+and changed to 0.8 after the held-out checks fp8h52 / fp8h53, :mod:`meshplan.costmodel.clock`).
+CPU seconds are not scaled: the host's clock is not the GPU's. Measured error, held out as run on two never-run models
 (rc50 Llama GQA 2.67 B, rc52 GPT MHA 1.23 B, rc51 Llama MHA 2.19 B; 1 × H200): step 1.69 %
 mean / 4.80 % max over fifteen one-GPU layouts, against 3.23 % / 8.40 % for the rows as
 timed — better on the GPT models, worse on rc51 (+2.1 % against 0.2 %)
