@@ -232,6 +232,60 @@ def mlperf_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]
     return runs
 
 
+def _nemo_llama_run(label: str, model: ModelSpec, d: dict, precision: str,
+                    split: bool) -> PublishedRun:
+    """One row of a NeMo 2 Llama run as :func:`mlperf_llama31_fp8` and :func:`dgxc_llama31_h100`
+    read it: the row's tp, pp, cp, vp and micro-batch, SP with overlapped TP communication where
+    tp > 1, the distributed optimizer (ZeRO-1) with overlapped DP communication, no recompute,
+    flash attention, at fp8 TE's delayed scaling with the weights gathered in fp8; ``split``:
+    Megatron's account-for-embedding/loss pipeline split (:func:`llama3_stage_layers`)."""
+    gpus, tp, pp, cp, vp = (int(d[k]) for k in ("gpus", "tp", "pp", "cp", "vp"))
+    dp = gpus // (tp * pp * cp)
+    stages = llama3_stage_layers(model.num_layers, pp, vp) if split and pp > 1 else None
+    layout = Layout(dp=dp, pp=pp, tp=tp, cp=cp, micro_batch=int(d["micro_batch"]),
+                    schedule="interleaved-1f1b" if vp > 1 else "1f1b", vpp=vp,
+                    sequence_parallel=tp > 1, zero=1, recompute="none", stage_layers=stages)
+    fp8 = dict(fp8_recipe="delayed", fp8_param_gather=True) if precision == "fp8" else {}
+    job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
+              precision=precision, flash_attention=True, overlap_dp_comm=True,
+              overlap_tp_comm=tp > 1, **fp8)
+    return PublishedRun(label, model, Cluster.preset("dgx-h100", nodes=max(1, gpus // 8)), job,
+                        layout, float(d["step_s"]), d)
+
+
+def mlperf_llama31_fp8() -> list[PublishedRun]:
+    """MLPerf Training v5.0's llama31_405b on DGX H100 (NVIDIA's closed-division submissions,
+    NeMo 25.01, 64-1,024 nodes; ``mlperf_training_v50_llama31_405b_h100.csv``, every setting
+    in its header): the same implementation facts as :func:`mlperf_gpt3_fp8` — runtime
+    "megatron", fp8 recipe "delayed" (TE ``DelayedScaling``), SP with overlapped TP
+    communication, the distributed optimizer (ZeRO-1) with overlapped DP communication, no
+    recompute, the weights all-gathered in fp8 (``FP8_PARAMS``: ``Job.fp8_param_gather``) — with
+    this benchmark's tp 8, pp 8, 8 virtual stages, cp 2 (ring), micro-batch 1, seq 8192 and the
+    account-for-embedding/loss pipeline split (``ASYM_PP_EMBED`` / ``ASYM_PP_LOSS``). The model:
+    the Llama 3.1 405B architecture (``llama3-405b`` preset) with the benchmark's vocabulary of
+    32,000 (the Mixtral 8x22B tokenizer; mlcommons/training's reference README). ``published``:
+    the median logged per-step ``train_step_time``."""
+    model = replace(ModelSpec.preset("llama3-405b"), name="llama3.1-405b-mlperf",
+                    vocab_size=32000)
+    return [_nemo_llama_run(f"llama3.1-405b MLPerf v5.0 ({d['gpus']} GPUs)", model, d, "fp8",
+                            True) for d in read_rows("mlperf_training_v50_llama31_405b_h100.csv")]
+
+
+def dgxc_llama31_h100() -> list[PublishedRun]:
+    """NVIDIA's DGX Cloud Benchmarking recipes, release 25.04: Llama 3.1 8B / 70B / 405B on
+    H100 at BF16 and FP8 (``dgxc_benchmarking_llama31_h100_2504.csv``, sources and settings in
+    its header; NeMo 25.02.01's performance recipes). Every row as printed (tp, pp, cp, dp, vp,
+    micro-batch, global batch) with the same implementation facts as :func:`mlperf_llama31_fp8`
+    (FP8 rows: TE delayed scaling, fp8 weight gather: ``bf16_with_fp8_mixed``'s
+    ``fp8_params``), the account-for-embedding/loss split for 405B only (its recipe) and the
+    ``llama3-8b`` / ``llama3-70b`` / ``llama3-405b`` presets (vocabulary 128,256).
+    ``published``: the README's step time (the last step of a 50-step run)."""
+    return [_nemo_llama_run(f"{d['model']} {d['precision']} DGXC 25.04 ({d['gpus']} GPUs)",
+                            ModelSpec.preset(d["model"]), d, d["precision"],
+                            d["model"] == "llama3-405b")
+            for d in read_rows("dgxc_benchmarking_llama31_h100_2504.csv")]
+
+
 LLAMA3_DEFAULTS = dict(micro_batch=1, schedule="interleaved-1f1b", vpp=2, recompute="none",
                        zero=1)
 
