@@ -8,8 +8,9 @@ published), the Llama 3 report's Table 4 (405B at 8k and 128k tokens with contex
 parallelism, layout partly published), published BF16 MoE runs (Megatron-Core's Mixtral 8x7B,
 Megatron-Bridge's GPT-OSS-120B on H100 and B200, the MoE Model Zoo's Qwen3-235B-A22B on H100:
 ``published_moe.py``), NeMo's FP8 H100 pre-training rows (2024), MLPerf Training v3.1's and
-v4.0's GPT-3 175B FP8 runs on 512-11,616 H100 (NVIDIA's submissions, 2023-2024), Shoeybi et
-al. 2019 scaling.
+v4.0's GPT-3 175B FP8 runs on 512-11,616 H100 (NVIDIA's submissions, 2023-2024), MLPerf Training
+v5.0's Llama 3.1 405B FP8 runs on 512-8,192 H100 (2025), NVIDIA's DGX Cloud Benchmarking 25.04
+Llama 3.1 8B / 70B / 405B H100 rows (BF16, FP8), Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
 """
@@ -30,9 +31,10 @@ from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import ConfigError  # noqa: E402
 from published_moe import moe_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
-                            NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS, korthikanti2022,
-                            llama3_2024, megatron_core_h100, mlperf_gpt3_fp8, moe_fp8_runs,
-                            narayanan2021, nemo_h100_fp8, shoeybi2019)
+                            NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS, dgxc_llama31_h100,
+                            korthikanti2022, llama3_2024, megatron_core_h100, mlperf_gpt3_fp8,
+                            mlperf_llama31_fp8, moe_fp8_runs, narayanan2021, nemo_h100_fp8,
+                            shoeybi2019)
 
 CALCULON_START = "<!-- calculon_compare.py: start -->"
 CALCULON_END = "<!-- calculon_compare.py: end -->"
@@ -208,16 +210,24 @@ def main(argv=None) -> int:
     fp8_name = "NeMo H100 FP8 2024"
     mlperf_name = "MLPerf Training v3.1 GPT-3 175B, H100 FP8"
     mlperf40_name = "MLPerf Training v4.0 GPT-3 175B, H100 FP8"
+    mlperf50_name = "MLPerf Training v5.0 Llama 3.1 405B, H100 FP8"
+    dgxc_name = "DGX Cloud Benchmarking 25.04 Llama 3.1 8B / 70B / 405B, H100 BF16 and FP8"
     moe8_name = "MoE, FP8 / MXFP8, Megatron-Bridge tables (DGX-H100, DGX-B200)"
     moe8_runs, moe8_skipped = moe_fp8_runs()
     for name, runs in ((fp8_name, nemo_h100_fp8()), (mlperf_name, mlperf_gpt3_fp8()),
-                       (mlperf40_name, mlperf_gpt3_fp8(("v4.0",))), (moe8_name, moe8_runs)):
+                       (mlperf40_name, mlperf_gpt3_fp8(("v4.0",))),
+                       (mlperf50_name, mlperf_llama31_fp8()), (dgxc_name, dgxc_llama31_h100()),
+                       (moe8_name, moe8_runs)):
         tables[name], errs = fp8_table(runs)
         if errs:
             summaries[name] = summarize(name, errs)
         if name == moe8_name and errs:
             moe8_groups = moe_fp8_groups(moe8_runs, errs)
             summaries.update(moe8_groups)
+        if name == dgxc_name and errs:
+            for key in dict.fromkeys((r.model.name, r.job.precision) for r in runs):
+                sub = [e for r, e in zip(runs, errs) if (r.model.name, r.job.precision) == key]
+                summaries["dgxc " + " ".join(key)] = summarize(f"DGXC 25.04, {' '.join(key)}", sub)
         print("\n".join(tables[name]))
         print(summaries.get(name, ""))
         print()
@@ -346,6 +356,58 @@ def main(argv=None) -> int:
             "same time there than v3.1 with what its configs add and meshplan does not model — "
             "per-layer CUDA graphs, NCCL SHARP, larger DP buckets. The pp 6 layouts' deeper "
             "bubble (5 / 48 of the step against v3.1's 7 / 96) is priced.", "",
+            "## MLPerf Training v5.0, Llama 3.1 405B on 512-8,192 H100 (FP8, 2025)", "",
+            "NVIDIA's closed-division `llama31_405b` submissions on DGX H100 (NeMo 25.01, "
+            "github.com/mlcommons/training_results_v5.0): every setting from the submissions' "
+            "configs and logs (the header of `tests/validation/data/"
+            "mlperf_training_v50_llama31_405b_h100.csv`): tp 8 · pp 8 with 8 virtual stages, "
+            "cp 2, micro-batch 1, seq 8192, SP with overlapped TP communication, the distributed "
+            "optimizer with overlapped DP communication and the weights gathered in fp8 "
+            "(`FP8_PARAMS`), TE's delayed-scaling fp8, no recompute, no CUDA graphs, Megatron's "
+            "account-for-embedding/loss pipeline split; the Llama 3.1 405B architecture with the "
+            "benchmark's 32,000-token vocabulary; global batch and micro-batches as logged. Step "
+            "time = the median logged per-step `train_step_time` of three runs per system, "
+            "without each run's first 10 steps. Not modelled: NCCL SHARP, deferred embedding "
+            "weight gradients, the e4m3-only fp8 format (meshplan's delayed recipe is priced the "
+            "same either way). No DGX B200 `llama31_405b` result of NVIDIA's is stored for v5.0 "
+            "or v5.1 (v5.1's are GB200 / GB300 NVL72 systems, which meshplan has no cluster "
+            "profile of). The model settings are the GPT-3 MLPerf rows', decided and committed "
+            "before the first prediction; no number fitted on these rows. As first run.", "",
+            *tables[mlperf50_name], "",
+            f"**{summaries[mlperf50_name]}** — every row predicted slow, +7.4..+8.7 % at 56-288 "
+            "micro-batches a step and +4.6 % at 8,192 GPUs (24 micro-batches); at 512 GPUs the "
+            "predicted step is 45.7 s of GEMMs, 7.0 s of attention, 5.3 s of memory-bound work "
+            "and 1.0 s of context-parallel exchange.", "",
+            "## DGX Cloud Benchmarking 25.04, Llama 3.1 8B / 70B / 405B on H100 (BF16 and FP8)",
+            "",
+            "NVIDIA's DGX Cloud Benchmarking recipes (github.com/NVIDIA/dgxc-benchmarking, release "
+            "25.04: NeMo 25.02.01's performance recipes) print each run's layout (TP, PP, CP, DP, "
+            "VP, MBS, GBS) and its step time on H100, at BF16 and FP8, for 8 to 2,048 GPUs "
+            "(`tests/validation/data/dgxc_benchmarking_llama31_h100_2504.csv`, settings from the "
+            "release's scripts and NeMo commit in its header). Predicted with the same "
+            "implementation facts as the MLPerf rows above (SP and TP overlap where tp > 1, the "
+            "distributed optimizer with overlapped DP communication, no recompute, no CUDA "
+            "graphs; FP8 rows: TE's delayed scaling with the weights gathered in fp8), the "
+            "account-for-embedding/loss split for 405B (its recipe), the `llama3-8b` / "
+            "`llama3-70b` / `llama3-405b` presets (vocabulary 128,256). The published step is the "
+            "last step of a 50-step run (the README's method), not a median. Decided and "
+            "committed before the first prediction; as first run. The BF16 rows' bf16 column is "
+            "their own prediction (speed-up 1.00×).", "",
+            *tables[dgxc_name], "",
+            f"**{summaries[dgxc_name]}**", "",
+            *[f"- {summaries[k]}" for k in summaries if k.startswith("dgxc ")], "",
+            "Reading. Every row is predicted slow. The error is flat across GPU counts within a "
+            "model and precision (the published steps grow by at most 2.9 % from the smallest to "
+            "the largest run, the predicted ones by at most 0.3 %). The 405B and 70B FP8 rows "
+            "read further off than their BF16 rows: 405B +9.0..+10.4 % against +2.4..+2.6 % on "
+            "the same layout, where the published FP8 speed-up at 512 GPUs is 1.60× (19.78 / "
+            "12.37 s) and the predicted one 1.49×; 70B +11.6..+14.9 % against +5.6..+5.8 % (FP8 "
+            "at pp 8, cp 1; BF16 at pp 4, cp 2). The 8B rows (tp 1, cp 2, no pipeline) are the "
+            "furthest off in BF16 (+14.4..+15.0 %) and FP8 (+11.4..+14.1 %), with the speed-up "
+            "as published (1.32×, predicted 1.33×). The 405B FP8 layout at 512 GPUs is the "
+            "MLPerf v5.0 one at 64 nodes: per micro-batch, 12.37 / 64 = 0.193 s here and "
+            "55.14 / 288 = 0.191 s in MLPerf, predicted 0.213 and 0.208 s (+10.4 % and +8.7 %). "
+            "Peak memory fits 80 GB on every row.", "",
             "## Mixture-of-experts pre-training, FP8 / MXFP8 (Megatron-Bridge 25.11 to 26.06)", "",
             "Every MoE row of Megatron-Bridge's pre-training tables from the 25.11 to the 26.06 "
             "container at FP8 on DGX-H100 (TransformerEngine's per-tensor current scaling: "

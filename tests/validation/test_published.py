@@ -11,9 +11,10 @@ from meshplan.costmodel.flops import (hardware_flops_per_step, model_flops_per_s
 from meshplan.costmodel.memory import layer_activations, model_state_bytes
 from meshplan.spec import Job
 
-from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, korthikanti2022, megatron_core_h100,
-                            megatron_model_flops, mlperf_gpt3_fp8, narayanan2021,
-                            nemo_h100_fp8, read_rows, shoeybi2019)
+from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, dgxc_llama31_h100, korthikanti2022,
+                            megatron_core_h100, megatron_model_flops, mlperf_gpt3_fp8,
+                            mlperf_llama31_fp8, narayanan2021, nemo_h100_fp8, read_rows,
+                            shoeybi2019)
 
 
 def _fits_and_within(run, bound: float) -> None:
@@ -256,3 +257,47 @@ def test_mlperf_rows_are_the_logged_runs():
 def test_mlperf_fp8_step_time_within_10pct(run):
     """The same bound as the NeMo FP8 rows (each run within 10 %), datasheet profile."""
     _fits_and_within(run, 0.10)
+
+
+# ---- MLPerf Training v5.0 Llama 3.1 405B, DGX Cloud Benchmarking 25.04 Llama 3.1 (H100) -------
+
+MLPERF_LLAMA = mlperf_llama31_fp8()
+DGXC_LLAMA = dgxc_llama31_h100()
+
+
+def test_mlperf_llama_rows_are_the_logged_runs_with_the_configs_settings():
+    """Five systems (64-1,024 nodes); GPUs = nodes · 8 = tp · pp · cp · dp, the logged global
+    batch = dp · micro-batches (gradient_accumulation_steps as logged), and the configs'
+    settings (tp 8, pp 8, vp 8, cp 2, delayed fp8 with the fp8 weight gather, the
+    account-for-embedding/loss split, vocabulary 32,000). No error bound: an as-run set."""
+    assert [int(r.row["nodes"]) for r in MLPERF_LLAMA] == [64, 256, 304, 320, 1024]
+    for r in MLPERF_LLAMA:
+        lay, job, d = r.layout, r.job, r.row
+        assert int(d["gpus"]) == 8 * int(d["nodes"]) == lay.num_gpus
+        assert (lay.tp, lay.pp, lay.vpp, lay.cp, lay.micro_batch) == (8, 8, 8, 2, 1)
+        assert lay.num_microbatches(job.global_batch) == int(d["micro_batches"])
+        assert lay.sequence_parallel and lay.zero == 1 and lay.recompute == "none"
+        assert lay.stage_layers[0] == lay.stage_layers[-1] == 1 and sum(lay.stage_layers) == 126
+        assert (job.precision, job.fp8_recipe, job.fp8_param_gather) == ("fp8", "delayed", True)
+        assert job.seq_len == 8192 and r.model.vocab_size == 32000
+        assert job.overlap_tp_comm and job.overlap_dp_comm and int(d["result_files"]) == 3
+
+
+def test_dgxc_llama_rows_are_the_printed_layouts():
+    """28 rows (8B and 70B at 5 and 6 GPU counts, 405B at 3, each in BF16 and FP8): the
+    printed DP and GA agree with GPUs and GBS; FP8 rows take delayed scaling and the fp8
+    weight gather, BF16 rows neither; only 405B takes the account-for-embedding/loss split."""
+    assert len(DGXC_LLAMA) == 28
+    for r in DGXC_LLAMA:
+        lay, job, d = r.layout, r.job, r.row
+        assert lay.tp * lay.pp * lay.cp * lay.dp == int(d["gpus"]) and lay.dp == int(d["dp"])
+        assert lay.num_microbatches(job.global_batch) == int(d["grad_accum"])
+        assert r.model.num_layers == int(d["layers"]) and job.precision == d["precision"]
+        assert job.fp8_param_gather == (d["precision"] == "fp8")
+        assert (lay.stage_layers is not None) == (r.model.name == "llama3-405b")
+
+
+@pytest.mark.parametrize("run", MLPERF_LLAMA + DGXC_LLAMA, ids=lambda r: r.label)
+def test_llama31_published_layouts_fit(run):
+    """The published layouts ran on 80 GB, so the prediction must fit them."""
+    assert estimate(run.model, run.cluster, run.job, run.layout).fits
