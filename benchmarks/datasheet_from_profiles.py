@@ -49,7 +49,8 @@ from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 
 DEFAULT_PROFILES = str(ROOT / "docs/benchmarks/data/profiles/profile_h200x*_*.toml")
 PERMUTE_KEY = "membound_efficiency.moe-permute"
-DERATE = 0.75             # the datasheet GEMM curves' factor (gpus.toml, top comment)
+DERATE = 0.75             # the grouped curves' factor: the dense curves' when these were set
+                          # (gpus.toml; the dense ones are 0.80 since 2026-12-04)
 BIN_DECADES = 0.25
 GROUPED_KEYS = {"bf16": ("grouped_gemm_efficiency", "bf16", "gemm_efficiency"),
                 "rowwise": ("grouped_fp8_gemm_efficiency", "fp8", "fp8_gemm_efficiency")}

@@ -244,7 +244,12 @@ def main(argv=None) -> int:
             "- data: `tests/validation/data/` (copies of the published tables, the source of "
             "each in its header); loaders in `tests/validation/published_runs.py`",
             "- profiles: the GPU and cluster datasheet presets (`dgx-a100-80gb`, `dgx-h100`, "
-            "`dgx-b200`, `dgx2h-v100`), no calibration, nothing tuned per row",
+            "`dgx-b200`, `dgx2h-v100`), no calibration, nothing tuned per row; the H100, H200 "
+            "and B200 GEMM curves at 0.80 of the cuBLAS microbenchmark shape since 2026-12-04 "
+            "(0.75 before: set on one Llama 3 run, moved by a rule read on the NeMo and MLPerf "
+            "GPT-3 rows and held out on the MLPerf v5.0 and DGX Cloud Llama 3.1 rows, "
+            "`benchmarks/sets/datasheet_derating/README.md`); a reading that quotes a figure "
+            "of before says so",
             "",
             "## Summary", "",
             *[f"- {s}" for s in summaries.values()], "",
@@ -334,11 +339,12 @@ def main(argv=None) -> int:
             "excluded). The same model settings as the NeMo rows above, decided before the "
             "first prediction; no number fitted on these rows.", "",
             *tables[mlperf_name], "",
-            f"**{summaries[mlperf_name]}** — every row predicted slow, by about 0.07 s a "
-            "step at 16 and 8 micro-batches (0.20 s at 128), so the error grows as the step "
-            "shortens (128 micro-batches: +1.6..+1.8 %, 16: +3.8..+4.2 %, 8: +7.4..+7.8 %); "
-            "the per-step terms priced there are the exposed DP collectives (0.16-0.18 s) and "
-            "the pipeline bubble (0.05 s). Read after the prediction; nothing changed for it.", "",
+            f"**{summaries[mlperf_name]}** — the error grows by about 7 points as the step "
+            "shortens (128 micro-batches a step: −3.4 / −3.6 %, 16: −0.2..−0.6 %, 8: +3.7 / "
+            "+4.1 %); the per-step terms priced there are the exposed DP collectives "
+            "(0.16-0.18 s) and the pipeline bubble (0.05 s). As first predicted (2026-11-30, the "
+            "datasheet curves at 0.75 of the microbenchmark shape) every row read slow: 4.3 % "
+            "mean, max 7.8 % (+1.6..+1.8 / +3.8..+4.2 / +7.4..+7.8 %).", "",
             "The same benchmark a round later (MLPerf Training v4.0, NeMo 24.04, 2024; "
             "`tests/validation/data/mlperf_training_v40_gpt3_h100.csv`): 64 nodes at pp 8 with "
             "4 virtual stages and micro-batch 2, 1,344 and 1,452 nodes at pp 6 with 8 virtual "
@@ -352,10 +358,11 @@ def main(argv=None) -> int:
             "(in the configs from the start, priced only after these errors were known: the "
             "rows read +12.7 / +13.1 / +13.1 % without it) takes about 0.08 s of exposed "
             "data-parallel gather off the 1,344- and 1,452-node steps and little off the "
-            "64-node one, whose 12 % stays: the round's software ran 13 % more tokens in the "
-            "same time there than v3.1 with what its configs add and meshplan does not model — "
-            "per-layer CUDA graphs, NCCL SHARP, larger DP buckets. The pp 6 layouts' deeper "
-            "bubble (5 / 48 of the step against v3.1's 7 / 96) is priced.", "",
+            "64-node one (+12.2 % at the curves of then, 0.75; +6.3 % at today's 0.80): the "
+            "round's software ran 13 % more tokens in the same time there than v3.1 with what "
+            "its configs add and meshplan does not model — per-layer CUDA graphs, NCCL SHARP, "
+            "larger DP buckets. The pp 6 layouts' deeper bubble (5 / 48 of the step against "
+            "v3.1's 7 / 96) is priced.", "",
             "## MLPerf Training v5.0, Llama 3.1 405B on 512-8,192 H100 (FP8, 2025)", "",
             "NVIDIA's closed-division `llama31_405b` submissions on DGX H100 (NeMo 25.01, "
             "github.com/mlcommons/training_results_v5.0): every setting from the submissions' "
@@ -374,10 +381,13 @@ def main(argv=None) -> int:
             "profile of). The model settings are the GPT-3 MLPerf rows', decided and committed "
             "before the first prediction; no number fitted on these rows. As first run.", "",
             *tables[mlperf50_name], "",
-            f"**{summaries[mlperf50_name]}** — every row predicted slow, +7.4..+8.7 % at 56-288 "
-            "micro-batches a step and +4.6 % at 8,192 GPUs (24 micro-batches); at 512 GPUs the "
-            "predicted step is 45.7 s of GEMMs, 7.0 s of attention, 5.3 s of memory-bound work "
-            "and 1.0 s of context-parallel exchange.", "",
+            f"**{summaries[mlperf50_name]}** — +2.4..+3.5 % at 56-288 micro-batches a step and "
+            "+0.0 % at 8,192 GPUs (24 micro-batches); at 512 GPUs the predicted step is 42.9 s of "
+            "GEMMs, 7.0 s of attention, 5.3 s of memory-bound work and 1.0 s of context-parallel "
+            "exchange. As first run (2026-12-04, the curves at 0.75): every row slow, 7.2 % mean, "
+            "max 8.7 % (+7.4..+8.7 %, +4.6 % at 8,192 GPUs) — these rows and the DGX Cloud ones "
+            "below were the held-out test of the curves' move to 0.80 "
+            "(`benchmarks/sets/datasheet_derating/README.md`).", "",
             "## DGX Cloud Benchmarking 25.04, Llama 3.1 8B / 70B / 405B on H100 (BF16 and FP8)",
             "",
             "NVIDIA's DGX Cloud Benchmarking recipes (github.com/NVIDIA/dgxc-benchmarking, release "
@@ -396,18 +406,21 @@ def main(argv=None) -> int:
             *tables[dgxc_name], "",
             f"**{summaries[dgxc_name]}**", "",
             *[f"- {summaries[k]}" for k in summaries if k.startswith("dgxc ")], "",
-            "Reading. Every row is predicted slow. The error is flat across GPU counts within a "
-            "model and precision (the published steps grow by at most 2.9 % from the smallest to "
-            "the largest run, the predicted ones by at most 0.3 %). The 405B and 70B FP8 rows "
-            "read further off than their BF16 rows: 405B +9.0..+10.4 % against +2.4..+2.6 % on "
-            "the same layout, where the published FP8 speed-up at 512 GPUs is 1.60× (19.78 / "
-            "12.37 s) and the predicted one 1.49×; 70B +11.6..+14.9 % against +5.6..+5.8 % (FP8 "
-            "at pp 8, cp 1; BF16 at pp 4, cp 2). The 8B rows (tp 1, cp 2, no pipeline) are the "
-            "furthest off in BF16 (+14.4..+15.0 %) and FP8 (+11.4..+14.1 %), with the speed-up "
-            "as published (1.32×, predicted 1.33×). The 405B FP8 layout at 512 GPUs is the "
-            "MLPerf v5.0 one at 64 nodes: per micro-batch, 12.37 / 64 = 0.193 s here and "
-            "55.14 / 288 = 0.191 s in MLPerf, predicted 0.213 and 0.208 s (+10.4 % and +8.7 %). "
-            "Peak memory fits 80 GB on every row.", "",
+            "Reading. The error is flat across GPU counts within a model and precision (the "
+            "published steps grow by at most 2.9 % from the smallest to the largest run, the "
+            "predicted ones by at most 0.3 %), so the 28 rows are 6 configurations. The 405B "
+            "and 70B FP8 rows read further off than their BF16 rows: 405B +3.9..+5.2 % against "
+            "−2.9..−3.1 % on the same layout, where the published FP8 speed-up at 512 GPUs is "
+            "1.60× (19.78 / 12.37 s) and the predicted one 1.48×; 70B +6.4..+9.6 % against "
+            "+0.2..+0.4 % (FP8 at pp 8, cp 1; BF16 at pp 4, cp 2). The 8B rows (tp 1, cp 2, no "
+            "pipeline) are the furthest off in BF16 (+9.1..+9.7 %) and FP8 (+7.3..+9.8 %), with "
+            "the speed-up as published (1.32×, predicted 1.31×). The 405B FP8 layout at 512 GPUs "
+            "is the MLPerf v5.0 one at 64 nodes: per micro-batch, 12.37 / 64 = 0.193 s here and "
+            "55.14 / 288 = 0.191 s in MLPerf, predicted 0.203 and 0.198 s (+5.2 % and +3.5 %). "
+            "Peak memory fits 80 GB on every row. As first run (the curves at 0.75, before the "
+            "held-out rule above was read): every row slow, 10.2 % mean, max 15.0 % (8B BF16 "
+            "+14.4..+15.0 %, 8B FP8 +11.4..+14.1 %, 70B BF16 +5.6..+5.8 %, 70B FP8 "
+            "+11.6..+14.9 %, 405B BF16 +2.4..+2.6 %, 405B FP8 +9.0..+10.4 %).", "",
             "## Mixture-of-experts pre-training, FP8 / MXFP8 (Megatron-Bridge 25.11 to 26.06)", "",
             "Every MoE row of Megatron-Bridge's pre-training tables from the 25.11 to the 26.06 "
             "container at FP8 on DGX-H100 (TransformerEngine's per-tensor current scaling: "
@@ -444,15 +457,16 @@ def main(argv=None) -> int:
             f"**{summaries.get(moe8_name, moe8_name + ': no row predicted')}**", "",
             *[f"- {summaries[k]}" for k in summaries if k.startswith("moe8 ")], "",
             "Reading. The same model on the same GPUs ran 2.8× faster in the later containers: "
-            "Qwen3-30B-A3B on 8 B200 at micro-batch 4 with HybridEP (26.02.01 on, within 2.7-"
-            "4.2 % of the prediction) against micro-batch 1 with all-to-all (25.11 / 26.02, "
+            "Qwen3-30B-A3B on 8 B200 at micro-batch 4 with HybridEP (26.02.01 on, within 4.3-"
+            "5.9 % of the prediction; 2.7-4.2 % at the dense curves' 0.75 derating of before "
+            "2026-12-04) against micro-batch 1 with all-to-all (25.11 / 26.02, "
             "2.5-2.6× the prediction). One H200 timing TransformerEngine's per-expert GEMM "
             "sequence at these shapes (docs/benchmarks/moe_checks.md) puts the micro-batch-1 "
             "layer's host enqueue at 3.3× its GPU time (16 local experts of 2,048 rows) — a "
             "host-bound layer, which datasheet profiles do not price — and the cost model "
             "prices the GPU work the later software reaches. What is left: the Qwen3-30B H100 "
-            "rows at EP 16 over two nodes (23-25 % fast), DeepSeek-V3 (15-30 % fast: its "
-            "HybridEP rows 15-19 %), Qwen3-235B (24-35 % fast on B200, 39 % slow on H100 "
+            "rows at EP 16 over two nodes (24-26 % fast), DeepSeek-V3 (18-32 % fast: its "
+            "HybridEP rows 18-22 %), Qwen3-235B (26-37 % fast on B200, 37 % slow on H100 "
             "where its EP 32 all-to-alls cross 4 nodes, priced with per-step call latency as "
             "sequential ring steps: an upper bound). Megatron-Core's MoE report (arXiv "
             "2603.07685) names host overhead — many small kernels — the compute wall of "

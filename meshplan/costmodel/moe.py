@@ -56,8 +56,8 @@ Measured error: these functions are checked against hand-computed numbers
 a calibrated profile's curves misses far more than the profile's timed MoE rows
 (:mod:`meshplan.costmodel.moe_rows`) — moeh14: 19.6 % mean, 82 % max from the curves against
 5.4 / 15.6 % from the rows (docs/benchmarks/moe_checks.md, the "curves" column of each set). Whole
-estimates of published BF16 MoE runs (datasheet profiles, docs/benchmarks/published.md): 19.6 % mean
-/ 37.0 % max over 8 runs; the four rows with 16 local experts 20-37 % fast (GPT-OSS-120B ep 8
+estimates of published BF16 MoE runs (datasheet profiles, docs/benchmarks/published.md): 20.5 % mean
+/ 39.1 % max over 8 runs; the four rows with 16 local experts 23-39 % fast (GPT-OSS-120B ep 8
 on H100 and B200, Qwen3-235B ep 8 at tp 2 and 4), not for their expert count: GPT-OSS misses
 as much time per layer and micro-batch at 2 experts a rank once the ep 64 all-to-all latency
 is set aside, and Qwen3's tp 4 row is the one with the least work per rank (published.md,

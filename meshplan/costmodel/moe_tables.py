@@ -43,7 +43,7 @@ the experts' gradients with the layer's: moeh3 (1 × H200, 2026-11-29, post hoc)
 one-micro-batch layouts 7-13 % under the prediction that left them out, −1.3 / +0.1 % with them.
 
 Measured error: whole estimates only (published MoE runs: docs/benchmarks/published.md,
-19.6 % mean over 8 runs on datasheet profiles, 2026-11-29; calibrated never-run models on
+20.5 % mean over 8 runs on datasheet profiles, 2026-12-04; calibrated never-run models on
 2 × H200 as run: moeh6 8.0 %, moeh7 16.0 %, moeh8 6.9 % mean; moeh1-3 on one GPU 4.7-5.6 %:
 docs/benchmarks/moe_checks.md, docs/benchmarks/gpu_checks.md).
 """
@@ -74,14 +74,14 @@ MOE_CAVEAT = (
     "use the dense GEMM curve unless the profile has a grouped_gemm_efficiency curve")
 
 # Published Megatron-Core / Megatron-Bridge MoE runs against datasheet predictions
-# (docs/benchmarks/published.md, 2026-12-01): BF16 8 rows 19.6 % mean, FP8 / MXFP8 18 rows
-# 26.8 %; 23 of the 26 ran slower than predicted, Qwen3-30B-A3B at micro-batch 1 2.5-2.6x.
+# (docs/benchmarks/published.md, 2026-12-04): BF16 8 rows 20.5 % mean, FP8 / MXFP8 18 rows
+# 28.5 %; 24 of the 26 ran slower than predicted, Qwen3-30B-A3B at micro-batch 1 2.5-2.6x.
 MOE_DATASHEET_CAVEAT = (
     "mixture of experts on a profile without measured rows: published Megatron MoE runs took "
-    "longer than such predictions in 23 of 26 cases (BF16: 19.6 % mean error; FP8 / MXFP8: "
-    "26.8 %), fine-grained experts at small micro-batches most (Qwen3-30B-A3B, 128 experts of "
+    "longer than such predictions in 24 of 26 cases (BF16: 20.5 % mean error; FP8 / MXFP8: "
+    "28.5 %), fine-grained experts at small micro-batches most (Qwen3-30B-A3B, 128 experts of "
     "width 768, at micro-batch 1: 2.5-2.6 times the predicted step, at micro-batch 4 in later "
-    "software within 3-4 %; docs/benchmarks/published.md): small expert GEMMs, permutation, "
+    "software within 4-6 %; docs/benchmarks/published.md): small expert GEMMs, permutation, "
     "the router and host launches cost more than their FLOPs and bytes say. Read this step "
     "as optimistic; `meshplan calibrate --model` times the model's MoE layer")
 
