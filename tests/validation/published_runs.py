@@ -232,25 +232,29 @@ def mlperf_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]
     return runs
 
 
-def _nemo_llama_run(label: str, model: ModelSpec, d: dict, precision: str,
-                    split: bool) -> PublishedRun:
-    """One row of a NeMo 2 Llama run as :func:`mlperf_llama31_fp8` and :func:`dgxc_llama31_h100`
-    read it: the row's tp, pp, cp, vp and micro-batch, SP with overlapped TP communication where
-    tp > 1, the distributed optimizer (ZeRO-1) with overlapped DP communication, no recompute,
-    flash attention, at fp8 TE's delayed scaling with the weights gathered in fp8; ``split``:
-    Megatron's account-for-embedding/loss pipeline split (:func:`llama3_stage_layers`)."""
+def _nemo_llama_run(label: str, model: ModelSpec, d: dict, precision: str, split: bool, *,
+                    fp8_recipe: str = "delayed", system: str = "dgx-h100",
+                    published: float | None = None) -> PublishedRun:
+    """One row of a NeMo 2 / Megatron-Bridge Llama run as :func:`mlperf_llama31_fp8`,
+    :func:`dgxc_llama31_h100` and :func:`bridge_dense_runs` read it: the row's tp, pp, cp, vp and
+    micro-batch, SP with overlapped TP communication where tp > 1, the distributed optimizer
+    (ZeRO-1) with overlapped DP communication, no recompute, flash attention, at fp8
+    ``fp8_recipe`` (default TE's delayed scaling) with the weights gathered in fp8; ``split``:
+    Megatron's account-for-embedding/loss pipeline split (:func:`llama3_stage_layers`);
+    ``system``: the cluster preset; ``published``: the step time (default the row's
+    ``step_s``)."""
     gpus, tp, pp, cp, vp = (int(d[k]) for k in ("gpus", "tp", "pp", "cp", "vp"))
     dp = gpus // (tp * pp * cp)
     stages = llama3_stage_layers(model.num_layers, pp, vp) if split and pp > 1 else None
     layout = Layout(dp=dp, pp=pp, tp=tp, cp=cp, micro_batch=int(d["micro_batch"]),
                     schedule="interleaved-1f1b" if vp > 1 else "1f1b", vpp=vp,
                     sequence_parallel=tp > 1, zero=1, recompute="none", stage_layers=stages)
-    fp8 = dict(fp8_recipe="delayed", fp8_param_gather=True) if precision == "fp8" else {}
+    fp8 = dict(fp8_recipe=fp8_recipe, fp8_param_gather=True) if precision == "fp8" else {}
     job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
               precision=precision, flash_attention=True, overlap_dp_comm=True,
               overlap_tp_comm=tp > 1, **fp8)
-    return PublishedRun(label, model, Cluster.preset("dgx-h100", nodes=max(1, gpus // 8)), job,
-                        layout, float(d["step_s"]), d)
+    return PublishedRun(label, model, Cluster.preset(system, nodes=max(1, gpus // 8)), job,
+                        layout, float(d["step_s"]) if published is None else published, d)
 
 
 def mlperf_llama31_fp8() -> list[PublishedRun]:
@@ -284,6 +288,43 @@ def dgxc_llama31_h100() -> list[PublishedRun]:
                             ModelSpec.preset(d["model"]), d, d["precision"],
                             d["model"] == "llama3-405b")
             for d in read_rows("dgxc_benchmarking_llama31_h100_2504.csv")]
+
+
+def bridge_dense_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """Published dense pre-training runs of Megatron-Bridge's performance tables on DGX-H100 and
+    DGX-B200 (``bridge_dense_2025_2026.csv``: the 25.11 to 26.06 containers' Llama 3 8B / 70B and
+    Llama 3.1 405B rows; how each ran, from its container's performance recipe, in the file's
+    header): (runs predicted, [(label, why not), ...]).
+
+    Every row as printed (tp, pp, cp, vp, micro-batch, global batch, GPUs) and read with the
+    implementation facts of :func:`_nemo_llama_run`: SP with overlapped TP communication where
+    tp > 1, the distributed optimizer (ZeRO-1) with overlapped DP communication, no recompute,
+    flash attention; at ``precision = "fp8"`` with the row's recipe (``fp8_recipe``: the "FP8-CS"
+    and H100 "FP8" rows TransformerEngine's per-tensor current scaling, ``"tensorwise"``; the
+    B200 "FP8-MX" rows ``"mxfp8"``) and the weights kept and gathered in fp8 (both recipes set
+    ``fp8_param_gather = True``); Megatron's account-for-embedding/loss pipeline split where the
+    recipe keeps it (``stage_split``: Llama 3.1 405B); the ``llama3-8b`` / ``llama3-70b`` /
+    ``llama3-405b`` presets (vocabulary 128,256; the runs' padding of it is not modelled) on
+    the ``dgx-h100`` / ``dgx-b200`` datasheet presets. Not modelled: CUDA graphs (the 8B B200
+    rows' full-iteration graphs; the cost model prices GPU time) and the 405B B200 FP8-MX run's
+    parameter all-gather without overlap (``param_gather_overlap = no``; meshplan's
+    ``Job.overlap_dp_comm`` overlaps both DP collectives or neither). ``published`` = GBS·seq /
+    (tokens/s/GPU · GPUs). Rows the loader cannot say how they ran (``not_predicted``) come back
+    with the reason instead."""
+    runs, skipped = [], []
+    for d in read_rows("bridge_dense_2025_2026.csv"):
+        gpus, batch, seq = int(d["gpus"]), int(d["global_batch"]), int(d["seq_len"])
+        label = (f"{d['model']} {d['source']} {d['system']} {d['precision']} "
+                 f"({gpus} GPUs)")
+        if d["not_predicted"]:
+            skipped.append((label, d["not_predicted"]))
+            continue
+        step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
+        runs.append(_nemo_llama_run(label, ModelSpec.preset(d["model"]), d, "fp8",
+                                    d["stage_split"] == "embedding_loss",
+                                    fp8_recipe=d["fp8_recipe"], system=d["system"],
+                                    published=step_s))
+    return runs, skipped
 
 
 LLAMA3_DEFAULTS = dict(micro_batch=1, schedule="interleaved-1f1b", vpp=2, recompute="none",
