@@ -200,19 +200,26 @@ def nemo_h100_fp8() -> list[PublishedRun]:
 
 
 MLPERF_GPT3_FILES = {"v3.1": "mlperf_training_v31_gpt3_h100.csv",
-                     "v4.0": "mlperf_training_v40_gpt3_h100.csv"}
+                     "v4.0": "mlperf_training_v40_gpt3_h100.csv",
+                     "v4.1": "mlperf_training_v41_gpt3.csv"}
 
 
 def mlperf_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]:
-    """MLPerf Training's GPT-3 175B on DGX H100 (NVIDIA's closed-division submissions: v3.1,
-    NeMo 23.09, 64-1,344 nodes; v4.0, NeMo 24.04, 64-1,452 nodes): every setting from the
+    """MLPerf Training's GPT-3 175B (NVIDIA's closed-division submissions: v3.1, NeMo 23.09 on
+    64-1,344 DGX H100; v4.0, NeMo 24.04 on 64-1,452 DGX H100; v4.1, NeMo 24.09 on 32 and 64 DGX
+    H100 and a NeMo preview container on 8 DGX B200, status Preview): every setting from the
     submissions' configs and logs (the CSVs' headers), the same for every row — runtime
-    "megatron", fp8 recipe "delayed" (TE ``DelayedScaling``, hybrid), tp 4, pp and virtual
-    stages and micro-batch as each config sets them, SP with overlapped TP communication,
-    the distributed optimizer (ZeRO-1) with overlapped DP communication, no recompute, no
-    dropout; v4.0's ``FP8_PARAMS``: the linears' weights kept and all-gathered in fp8
-    (``Job.fp8_param_gather``). ``published``: v3.1 the median logged ``train_step_timing``,
-    v4.0 (no per-step log) the median training block's time per step."""
+    "megatron", fp8 recipe "delayed" (TE ``DelayedScaling``, hybrid; the v4.1 file's
+    ``fp8_recipe`` column, delayed on every row, B200 included), tp 4, pp and virtual stages and
+    micro-batch as each config sets them, SP with overlapped TP communication, the distributed
+    optimizer (ZeRO-1) with overlapped DP communication, no recompute, no dropout; v4.0's and
+    v4.1's ``FP8_PARAMS``: the linears' weights kept and all-gathered in fp8
+    (``Job.fp8_param_gather``; v4.1: its ``fp8_params`` column). The cluster: ``dgx-h100``, or
+    the v4.1 file's ``preset`` column (``dgx-b200`` for the B200 row, whose sourced
+    ``config_common_blackwell.sh`` is not stored: the file's header says what that leaves
+    open). Not modelled: CUDA graphs, SHARP, DP bucket sizes. ``published``: v3.1 and v4.1 the
+    median logged ``train_step_timing``, v4.0 (no per-step log) the median training block's
+    time per step. Sources: github.com/mlcommons/training_results_v3.1, _v4.0, _v4.1."""
     model = replace(ModelSpec.preset("gpt3-175b"), dropout=False)
     runs = []
     rows = [(v, d) for v in versions for d in read_rows(MLPERF_GPT3_FILES[v])]
@@ -222,12 +229,15 @@ def mlperf_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]
         layout = Layout(dp=dp, pp=pp, tp=tp, micro_batch=int(d["micro_batch"]),
                         schedule="interleaved-1f1b", vpp=vp, sequence_parallel=True, zero=1,
                         recompute="none")
+        fp8_params = d["fp8_params"] == "True" if "fp8_params" in d else version == "v4.0"
         job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
-                  precision="fp8", fp8_recipe="delayed", flash_attention=True,
-                  overlap_dp_comm=True, overlap_tp_comm=True,
-                  fp8_param_gather=version == "v4.0")
-        runs.append(PublishedRun(f"gpt3-175b MLPerf {version} ({nodes * 8} GPUs)", model,
-                                 Cluster.preset("dgx-h100", nodes=nodes), job, layout,
+                  precision="fp8", fp8_recipe=d.get("fp8_recipe", "delayed"),
+                  flash_attention=True, overlap_dp_comm=True, overlap_tp_comm=True,
+                  fp8_param_gather=fp8_params)
+        preset = d.get("preset", "dgx-h100")
+        gpu = f" {preset.removeprefix('dgx-').upper()}" if "preset" in d else ""
+        runs.append(PublishedRun(f"gpt3-175b MLPerf {version}{gpu} ({nodes * 8} GPUs)", model,
+                                 Cluster.preset(preset, nodes=nodes), job, layout,
                                  float(d["step_s"]), d))
     return runs
 
