@@ -259,6 +259,36 @@ def test_mlperf_fp8_step_time_within_10pct(run):
     _fits_and_within(run, 0.10)
 
 
+MLPERF_V41 = mlperf_gpt3_fp8(("v4.1",))
+
+
+def test_mlperf_v41_rows_are_the_logged_runs_with_the_configs_settings():
+    """Three systems (8 DGX B200, 32 and 64 DGX H100); GPUs = nodes · 8 = tp · pp · dp, the
+    logged global batch = dp · micro-batches · micro-batch (gradient_accumulation_steps as
+    logged), and the configs' settings (tp 4, pp 8, vp 6, micro-batch 2, delayed fp8 with the
+    fp8 weight gather, SP, ZeRO-1, no recompute) on the row's preset. No error bound: an
+    as-run set."""
+    assert [(r.row["preset"], int(r.row["nodes"])) for r in MLPERF_V41] == [
+        ("dgx-b200", 8), ("dgx-h100", 32), ("dgx-h100", 64)]
+    for r in MLPERF_V41:
+        lay, job, d = r.layout, r.job, r.row
+        assert r.cluster.gpu.name.startswith("B200" if d["preset"] == "dgx-b200" else "H100")
+        assert int(d["gpus"]) == 8 * int(d["nodes"]) == lay.num_gpus == r.cluster.num_gpus
+        assert (lay.tp, lay.pp, lay.vpp, lay.micro_batch) == (4, 8, 6, 2)
+        assert lay.dp * int(d["micro_batches"]) * lay.micro_batch == job.global_batch == 2048
+        assert lay.num_microbatches(job.global_batch) == int(d["micro_batches"])
+        assert lay.sequence_parallel and lay.zero == 1 and lay.recompute == "none"
+        assert (job.precision, job.fp8_recipe, job.fp8_param_gather) == ("fp8", "delayed", True)
+        assert job.overlap_tp_comm and job.overlap_dp_comm and int(d["result_files"]) == 3
+        assert (d["cuda_graphs"] == "per-layer") == (d["preset"] == "dgx-b200")
+
+
+@pytest.mark.parametrize("run", MLPERF_V41, ids=lambda r: r.label)
+def test_mlperf_v41_published_layouts_fit(run):
+    """The published layouts ran (80 GB H100, 180 GB B200), so the prediction must fit them."""
+    assert estimate(run.model, run.cluster, run.job, run.layout).fits
+
+
 # ---- MLPerf Training v5.0 Llama 3.1 405B, DGX Cloud Benchmarking 25.04 Llama 3.1 (H100) -------
 
 MLPERF_LLAMA = mlperf_llama31_fp8()
