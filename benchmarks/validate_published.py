@@ -91,13 +91,15 @@ def llama3_sensitivity() -> list[str]:
 
 def span(errs: list[float]) -> str:
     """The signed range of a group's errors, e.g. ``−4.3..+5.4 %``."""
+    if len(errs) == 1:
+        return f"{errs[0]:+.1f} %".replace("-", "−")
     return f"{min(errs):+.1f}..{max(errs):+.1f} %".replace("-", "−")
 
 
 def summarize(name: str, errs: list[float]) -> str:
     absd = [abs(e) for e in errs]
     return (f"{name}: mean absolute error {sum(absd) / len(absd):.1f}%, "
-            f"max {max(absd):.1f}% ({len(errs)} runs)")
+            f"max {max(absd):.1f}% ({len(errs)} run{'s' if len(errs) != 1 else ''})")
 
 
 def shoeybi_table() -> tuple[list[str], dict]:
