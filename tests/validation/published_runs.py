@@ -244,7 +244,8 @@ def mlperf_gpt3_fp8(versions: tuple[str, ...] = ("v3.1",)) -> list[PublishedRun]
 
 def _nemo_llama_run(label: str, model: ModelSpec, d: dict, precision: str, split: bool, *,
                     fp8_recipe: str = "delayed", system: str = "dgx-h100",
-                    published: float | None = None) -> PublishedRun:
+                    published: float | None = None,
+                    overlap_tp: bool | None = None) -> PublishedRun:
     """One row of a NeMo 2 / Megatron-Bridge Llama run as :func:`mlperf_llama31_fp8`,
     :func:`dgxc_llama31_h100` and :func:`bridge_dense_runs` read it: the row's tp, pp, cp, vp and
     micro-batch, SP with overlapped TP communication where tp > 1, the distributed optimizer
@@ -252,7 +253,7 @@ def _nemo_llama_run(label: str, model: ModelSpec, d: dict, precision: str, split
     ``fp8_recipe`` (default TE's delayed scaling) with the weights gathered in fp8; ``split``:
     Megatron's account-for-embedding/loss pipeline split (:func:`llama3_stage_layers`);
     ``system``: the cluster preset; ``published``: the step time (default the row's
-    ``step_s``)."""
+    ``step_s``); ``overlap_tp``: TP communication overlap (default: where tp > 1)."""
     gpus, tp, pp, cp, vp = (int(d[k]) for k in ("gpus", "tp", "pp", "cp", "vp"))
     dp = gpus // (tp * pp * cp)
     stages = llama3_stage_layers(model.num_layers, pp, vp) if split and pp > 1 else None
@@ -262,7 +263,7 @@ def _nemo_llama_run(label: str, model: ModelSpec, d: dict, precision: str, split
     fp8 = dict(fp8_recipe=fp8_recipe, fp8_param_gather=True) if precision == "fp8" else {}
     job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
               precision=precision, flash_attention=True, overlap_dp_comm=True,
-              overlap_tp_comm=tp > 1, **fp8)
+              overlap_tp_comm=tp > 1 if overlap_tp is None else overlap_tp, **fp8)
     return PublishedRun(label, model, Cluster.preset(system, nodes=max(1, gpus // 8)), job,
                         layout, float(d["step_s"]) if published is None else published, d)
 
@@ -283,6 +284,49 @@ def mlperf_llama31_fp8() -> list[PublishedRun]:
                     vocab_size=32000)
     return [_nemo_llama_run(f"llama3.1-405b MLPerf v5.0 ({d['gpus']} GPUs)", model, d, "fp8",
                             True) for d in read_rows("mlperf_training_v50_llama31_405b_h100.csv")]
+
+
+MLPERF_LLAMA31_FILES = {"v5.0": "mlperf_training_v50_llama31_405b_h200.csv",
+                        "v5.1": "mlperf_training_v51_llama31_b200.csv"}
+
+
+def mlperf_llama31_model(benchmark: str) -> ModelSpec:
+    """The model of MLPerf's ``llama31_405b`` (the Llama 3.1 405B architecture with the
+    benchmark's Mixtral 8x22B tokenizer, vocabulary 32,000: :func:`mlperf_llama31_fp8`) or
+    ``llama31_8b`` (the ``llama3-8b`` preset: Llama 3.1 8B with its own tokenizer)."""
+    if benchmark == "llama31_405b":
+        return replace(ModelSpec.preset("llama3-405b"), name="llama3.1-405b-mlperf",
+                       vocab_size=32000)
+    return replace(ModelSpec.preset("llama3-8b"), name="llama3.1-8b-mlperf")
+
+
+def mlperf_llama31_partners(version: str) -> list[PublishedRun]:
+    """MLPerf Training's Llama 3.1 rows of other submitters on the H200 / B200 presets, as run
+    (``MLPERF_LLAMA31_FILES``; every setting, source and left-out row in the file's header):
+    v5.0, Nebius's llama31_405b on 64 and 128 HGX H200 nodes on InfiniBand (``dgx-h200``;
+    NVIDIA's v5.0 code: tp 4, pp 8, vp 8, cp 2, TE delayed scaling); v5.1, the University of
+    Florida's llama31_405b on 32 and 56 DGX B200 (tp 4, pp 8, vp 8, cp 2, TP communication
+    overlap off as its configs leave it) and llama31_8b on 1-32 DGX B200 (tp 1, cp 1 or 2,
+    micro-batch 2 or 1), both at TE per-tensor current scaling (``"tensorwise"``). Read with
+    :func:`_nemo_llama_run`'s facts (SP where tp > 1, ZeRO-1 with overlapped DP communication,
+    no recompute, flash attention, the weights gathered in fp8 — every row's ``fp8_params`` is
+    True), the row's ``fp8_recipe``, ``preset`` and ``tp_overlap``, the
+    account-for-embedding/loss split for llama31_405b (ASYM_PP_EMBED / ASYM_PP_LOSS) and
+    :func:`mlperf_llama31_model`. Not modelled: CUDA graphs (the v5.1 rows' full-iteration
+    graphs; the cost model prices GPU time), SHARP, deferred embedding weight gradients.
+    ``published``: the median logged ``train_step_time`` without each file's first 10 values.
+    Sources: github.com/mlcommons/training_results_v5.0 (0fdc28f), _v5.1 (441d65f)."""
+    runs = []
+    for d in read_rows(MLPERF_LLAMA31_FILES[version]):
+        benchmark = d.get("benchmark", "llama31_405b")
+        gpu = d["preset"].removeprefix("dgx-").upper()
+        label = (f"{benchmark} MLPerf {version} {d['submitter']} {gpu} "
+                 f"({d['gpus']} GPUs)")
+        runs.append(_nemo_llama_run(label, mlperf_llama31_model(benchmark), d, "fp8",
+                                    benchmark == "llama31_405b", fp8_recipe=d["fp8_recipe"],
+                                    system=d["preset"],
+                                    overlap_tp=d["tp_overlap"] == "True"))
+    return runs
 
 
 def dgxc_llama31_h100() -> list[PublishedRun]:
