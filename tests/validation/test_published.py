@@ -13,7 +13,8 @@ from meshplan.spec import Job
 
 from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, bridge_dense_runs, dgxc_llama31_h100,
                             korthikanti2022, megatron_core_h100, megatron_model_flops,
-                            mlperf_gpt3_fp8, mlperf_llama31_fp8, narayanan2021, nemo_h100_fp8,
+                            mlperf_gpt3_fp8, mlperf_llama31_fp8, mlperf_llama31_partners,
+                            narayanan2021, nemo_h100_fp8,
                             read_rows, shoeybi2019)
 
 
@@ -330,6 +331,46 @@ def test_dgxc_llama_rows_are_the_printed_layouts():
 @pytest.mark.parametrize("run", MLPERF_LLAMA + DGXC_LLAMA, ids=lambda r: r.label)
 def test_llama31_published_layouts_fit(run):
     """The published layouts ran on 80 GB, so the prediction must fit them."""
+    assert estimate(run.model, run.cluster, run.job, run.layout).fits
+
+
+# ---- MLPerf Training v5.0 / v5.1 Llama 3.1, other submitters (H200, B200) ---------------------
+
+MLPERF_PARTNERS = mlperf_llama31_partners("v5.0") + mlperf_llama31_partners("v5.1")
+
+
+def test_mlperf_partner_rows_are_the_logged_runs_with_the_configs_settings():
+    """Nebius's two v5.0 H200 405B systems and the University of Florida's two v5.1 B200 405B
+    and six 8B systems; GPUs = nodes · 8 = tp · pp · cp · dp, the logged global batch = dp ·
+    micro-batches · micro-batch (gradient_accumulation_steps as logged), and the configs'
+    settings (fp8 with the weights gathered in fp8 at the row's recipe, the 405B layout and
+    split, TP overlap as each config leaves it, no recompute). No error bound: an as-run set."""
+    assert [(r.row["preset"], int(r.row["nodes"])) for r in MLPERF_PARTNERS] == [
+        ("dgx-h200", 64), ("dgx-h200", 128)] + [("dgx-b200", n) for n in (32, 56, 1, 2, 4, 8,
+                                                                          16, 32)]
+    for r in MLPERF_PARTNERS:
+        lay, job, d = r.layout, r.job, r.row
+        big = d.get("benchmark", "llama31_405b") == "llama31_405b"
+        assert r.cluster.gpu.name.startswith("H200" if d["preset"] == "dgx-h200" else "B200")
+        assert int(d["gpus"]) == 8 * int(d["nodes"]) == lay.num_gpus == r.cluster.num_gpus
+        assert lay.dp * int(d["micro_batches"]) * lay.micro_batch == job.global_batch
+        assert lay.num_microbatches(job.global_batch) == int(d["micro_batches"])
+        assert lay.zero == 1 and lay.recompute == "none" and job.seq_len == 8192
+        assert (job.precision, job.fp8_param_gather) == ("fp8", True) and d["fp8_params"] == "True"
+        assert job.fp8_recipe == ("delayed" if d["preset"] == "dgx-h200" else "tensorwise")
+        assert job.overlap_tp_comm == (d["preset"] == "dgx-h200") and job.overlap_dp_comm
+        if big:
+            assert (lay.tp, lay.pp, lay.vpp, lay.cp, lay.micro_batch) == (4, 8, 8, 2, 1)
+            assert lay.stage_layers[0] == lay.stage_layers[-1] == 1
+            assert sum(lay.stage_layers) == 126 and r.model.vocab_size == 32000
+        else:
+            assert (lay.tp, lay.pp, lay.stage_layers, r.model.num_layers) == (1, 1, None, 32)
+            assert (lay.cp, lay.micro_batch) == ((1, 2) if lay.num_gpus <= 16 else (2, 1))
+
+
+@pytest.mark.parametrize("run", MLPERF_PARTNERS, ids=lambda r: r.label)
+def test_mlperf_partner_published_layouts_fit(run):
+    """The published layouts ran (141 GB H200, 180 GB B200), so the prediction must fit them."""
     assert estimate(run.model, run.cluster, run.job, run.layout).fits
 
 
