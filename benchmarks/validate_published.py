@@ -10,9 +10,10 @@ Megatron-Bridge's GPT-OSS-120B on H100 and B200, the MoE Model Zoo's Qwen3-235B-
 ``published_moe.py``), NeMo's FP8 H100 pre-training rows (2024), MLPerf Training v3.1's and
 v4.0's GPT-3 175B FP8 runs on 512-11,616 H100 (NVIDIA's submissions, 2023-2024) and v4.1's on 64
 B200 and 256-512 H100 (2024), MLPerf Training v5.0's Llama 3.1 405B FP8 runs on 512-8,192 H100
-(2025), NVIDIA's DGX Cloud Benchmarking 25.04 Llama 3.1 8B / 70B / 405B H100 rows (BF16, FP8),
-Megatron-Bridge's 25.11-26.06 dense Llama rows on DGX-H100 and DGX-B200 (FP8, MXFP8), Shoeybi et
-al. 2019 scaling.
+(2025) and other submitters' v5.0 / v5.1 Llama 3.1 runs on H200 and B200, NVIDIA's DGX Cloud
+Benchmarking 25.04 Llama 3.1 8B / 70B / 405B H100 rows (BF16, FP8) with their same-layout FP8 /
+BF16 speed-ups, Megatron-Bridge's 25.11-26.06 dense Llama rows on DGX-H100 and DGX-B200 (FP8,
+MXFP8), published FP8 / MXFP8 MoE runs, Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
 """
