@@ -543,6 +543,49 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     return runs, skipped
 
 
+def mlperf_gpt_oss_model(vocab_size: int) -> ModelSpec:
+    """MLPerf Training v6.0's ``gpt_oss_20b`` model: the ``gpt-oss-20b`` preset's architecture
+    (NVIDIA's pretrain.py: 24 layers, hidden 2880, 64 / 8 heads, 32 experts top-4, the
+    128-token window on alternate layers) with the benchmark's vocabulary (the logged 128,256)
+    and no auxiliary load-balancing loss (``moe_router_load_balancing_type 'none'``)."""
+    return replace(ModelSpec.preset("gpt-oss-20b"), name="gpt-oss-20b-mlperf",
+                   vocab_size=vocab_size, router_aux_loss_coeff=0.0)
+
+
+def mlperf_gpt_oss_20b() -> list[PublishedRun]:
+    """MLPerf Training v6.0's gpt_oss_20b on single 8x B200 nodes of other submitters
+    (``mlperf_training_v60_gpt_oss_20b.csv``: Lambda, Supermicro and Dell; every setting, the
+    files read and the rows left out with reasons in its header), read as logged: tp, pp, cp,
+    ep and etp 1 (dp 8), micro-batch 2, global batch 16, seq 8192, MXFP8 (``fp8_recipe
+    "mxfp8"``) with the weights gathered in fp8 (``fp8_param_gather``), the distributed
+    optimizer (ZeRO-1) with overlapped DP communication, no recompute, HybridEP
+    (``MOE_DISPATCHER``: ``"deepep"``; with ep 1 no token leaves its GPU), routing learned on
+    the real data (not forced-balanced: the profile's ρ, which ep 1 makes 1) and
+    :func:`mlperf_gpt_oss_model`. Not modelled: full-iteration CUDA graphs (the cost model
+    prices GPU time), HybridEP's static receive buffer (``moe_expert_rank_capacity_factor``
+    1.2; no token is dropped), the CuteDSL fused grouped MLP, the attention sinks.
+    ``published``: the median logged ``train_step_time`` (one value per 32 steps) in the file
+    span the header names. Source: github.com/Richardyu114/training_results_v6.0 (eabf23a)."""
+    runs = []
+    for d in read_rows("mlperf_training_v60_gpt_oss_20b.csv"):
+        gpus, tp, pp, cp, ep, etp, vp = (int(d[k]) for k in
+                                         ("gpus", "tp", "pp", "cp", "ep", "etp", "vp"))
+        layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep, etp=etp,
+                        micro_batch=int(d["micro_batch"]), vpp=vp,
+                        schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+                        sequence_parallel=tp > 1, **MOE_DEFAULTS)
+        job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
+                  precision="fp8", fp8_recipe=d["fp8_recipe"],
+                  fp8_param_gather=d["fp8_params"] == "True",
+                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]])
+        cluster = _balanced(Cluster.preset(d["preset"], nodes=int(d["nodes"])), d["balanced"])
+        label = (f"gpt_oss_20b MLPerf v6.0 {d['submitter']} B200 {d['fp8_recipe']} ep {ep} "
+                 f"{d['dispatcher']} ({gpus} GPUs)")
+        runs.append(PublishedRun(label, mlperf_gpt_oss_model(int(d["vocab_size"])), cluster,
+                                 job, layout, float(d["step_s"]), d))
+    return runs
+
+
 MODELZOO_RECOMPUTE = {"": "none", "norm+act": "selective", "full": "full"}
 # the data files' recompute module lists -> Job.recompute_modules (Megatron's names)
 RECOMPUTE_MODULE_NAMES = {"layernorm": "layernorm", "norm": "layernorm", "moe_act": "moe_act",
