@@ -13,7 +13,8 @@ B200 and 256-512 H100 (2024), MLPerf Training v5.0's Llama 3.1 405B FP8 runs on 
 (2025) and other submitters' v5.0 / v5.1 Llama 3.1 runs on H200 and B200, NVIDIA's DGX Cloud
 Benchmarking 25.04 Llama 3.1 8B / 70B / 405B H100 rows (BF16, FP8) with their same-layout FP8 /
 BF16 speed-ups, Megatron-Bridge's 25.11-26.06 dense Llama rows on DGX-H100 and DGX-B200 (FP8,
-MXFP8), published FP8 / MXFP8 MoE runs, Shoeybi et al. 2019 scaling.
+MXFP8), published FP8 / MXFP8 MoE runs, other submitters' MLPerf Training v6.0 gpt_oss_20b
+MXFP8 runs on one 8x B200 node, Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
 """
@@ -36,8 +37,9 @@ from published_moe import moe_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
                             NEMO_FP8_DEFAULTS, SHOEYBI_BASELINE_TFLOPS, bridge_dense_runs,
                             dgxc_llama31_h100, korthikanti2022, llama3_2024, megatron_core_h100,
-                            mlperf_gpt3_fp8, mlperf_llama31_fp8, mlperf_llama31_partners,
-                            moe_fp8_runs, narayanan2021, nemo_h100_fp8, shoeybi2019)
+                            mlperf_gpt3_fp8, mlperf_gpt_oss_20b, mlperf_llama31_fp8,
+                            mlperf_llama31_partners, moe_fp8_runs, narayanan2021,
+                            nemo_h100_fp8, shoeybi2019)
 
 CALCULON_START = "<!-- calculon_compare.py: start -->"
 CALCULON_END = "<!-- calculon_compare.py: end -->"
@@ -227,8 +229,9 @@ def mlperf_partner_groups(runs, errs: list[float]) -> dict[str, str]:
              f"{span(sub)}" for g, sub in groups.items()}
     lines["mlperf5x none"] = (
         "MLPerf v5.0 / v5.1 / v6.0, no row: H200 llama31_8b (HPE v5.1: no config stored; Cisco "
-        "v6.0: its sourced config_common*.sh not stored), gpt_oss_20b and deepseekv3_671b on "
-        "H100 / H200 / B200 (v6.0 only, not fetchable here; see the section)")
+        "v6.0: its sourced config_common*.sh not stored), gpt_oss_20b on H100 / H200 and "
+        "deepseekv3_671b on H100 / H200 / B200 (v6.0 only; see the sections; gpt_oss_20b on "
+        "B200: its own section)")
     return lines
 
 
@@ -296,12 +299,15 @@ def main(argv=None) -> int:
     dense_runs, dense_skipped = bridge_dense_runs()
     moe8_name = "MoE, FP8 / MXFP8, Megatron-Bridge tables (DGX-H100, DGX-B200)"
     moe8_runs, moe8_skipped = moe_fp8_runs()
+    gptoss_name = "MLPerf Training v6.0 gpt_oss_20b, other submitters, B200 MXFP8"
+    gptoss_runs = mlperf_gpt_oss_20b()
     for name, runs in ((fp8_name, nemo_h100_fp8()), (mlperf_name, mlperf_gpt3_fp8()),
                        (mlperf40_name, mlperf_gpt3_fp8(("v4.0",))),
                        (mlperf41_name, mlperf41_runs),
                        (mlperf50_name, mlperf_llama31_fp8()), (partners_name, partners_runs),
                        (dgxc_name, dgxc_llama31_h100()),
-                       (dense_name, dense_runs), (moe8_name, moe8_runs)):
+                       (dense_name, dense_runs), (moe8_name, moe8_runs),
+                       (gptoss_name, gptoss_runs)):
         tables[name], errs = fp8_table(runs)
         if errs:
             summaries[name] = summarize(name, errs)
@@ -311,6 +317,8 @@ def main(argv=None) -> int:
             summaries.update(mlperf_partner_groups(partners_runs, errs))
         if name == mlperf41_name and errs:
             summaries.update(mlperf_gpu_groups(mlperf41_runs, errs))
+        if name == gptoss_name and errs:
+            summaries[name] = f"{summarize(name, errs)}, {span(errs)}"
         if name == moe8_name and errs:
             moe8_groups = moe_fp8_groups(moe8_runs, errs)
             summaries.update(moe8_groups)
@@ -548,10 +556,9 @@ def main(argv=None) -> int:
             "`deepseekv3_671b` results are GB300 / GB200 NVL72 only; its `gpt_oss_20b` on these "
             "GPUs are Cisco's 16 H100 (RDMA over Ethernet: no preset; it also runs the "
             "expert-parallel all-to-all overlap, `MOE_EP_A2A_OVERLAP`, and a capacity factor "
-            "of 1.25), CoreWeave's 8×8 B200 (the three sourced config_common*.sh not stored), "
-            "Lambda's 1×8 B200 (config_common_cg.sh not stored) and Supermicro's 1×8 B200 — "
-            "ten ~90,000-character logs each, readable here only 16,000 characters a call, "
-            "not read within this session: no MoE row is predicted.", "",
+            "of 1.25), CoreWeave's 8×8 B200 and the 1×8 B200 rows of Lambda, Supermicro and "
+            "Dell: read since, in their own section below (the 1×8 B200 rows predicted, "
+            "CoreWeave's left out).", "",
             *tables[partners_name], "",
             f"**{summaries.get(partners_name, partners_name + ': no row predicted')}**", "",
             *[f"- {summaries[k]}" for k in summaries if k.startswith("mlperf5x ")], "",
@@ -709,6 +716,40 @@ def main(argv=None) -> int:
             "sequential ring steps: an upper bound). Megatron-Core's MoE report (arXiv "
             "2603.07685) names host overhead — many small kernels — the compute wall of "
             "fine-grained MoE; datasheet profiles carry no host numbers (docs/moe.md).", "",
+            "## MLPerf Training v6.0, gpt_oss_20b of other submitters on one 8×B200 node "
+            "(MXFP8, 2026)", "",
+            "Closed-division `gpt_oss_20b` (GPT-OSS 20B, 32 experts top-4) results of "
+            "Lambda, Supermicro and Dell on one HGX B200 node (`dgx-b200`), read file by file "
+            "from the fork Richardyu114/training_results_v6.0 at eabf23a (mlcommons/"
+            "training_results_v6.0 is not stored). All three ran NVIDIA's 1×8 B200 "
+            "configuration, as each log's configuration summary shows (Dell's own config file "
+            "says ep 2; its logs say ep 1): tp 1 · pp 1 · cp 1 · ep 1 · dp 8, micro-batch 2, "
+            "global batch 16, seq 8192, MXFP8 (`fp8_recipe = \"mxfp8\"`) with the weights "
+            "gathered in fp8, the distributed optimizer, HybridEP (`Job.moe_dispatcher = "
+            "\"deepep\"`; at ep 1 no token leaves its GPU), learned dropless routing on real "
+            "data (not forced-balanced; no auxiliary loss), no recompute, no expert-parallel "
+            "all-to-all overlap; the `gpt-oss-20b` preset with the benchmark's vocabulary of "
+            "128,256 (`tests/validation/data/mlperf_training_v60_gpt_oss_20b.csv`, whose "
+            "header cites every file read). Step time = the median logged `train_step_time` "
+            "(one value per 32 steps) in one 16,000-character mid-run span of one result file "
+            "per system (41-47 values; the other nine files per system not read). Not "
+            "modelled: full-iteration CUDA graphs (the cost model prices GPU time), HybridEP's "
+            "static receive buffer (`moe_expert_rank_capacity_factor` 1.2, no token dropped), "
+            "the CuteDSL fused grouped MLP, the attention sinks. Decided and committed before "
+            "the first prediction (f742e53e); as first run, its own table, not in the MoE "
+            "means above.", "",
+            "Left out: CoreWeave's 8×8 B200 (its config — cp 2, ep 4, micro-batch 1, global "
+            "batch 32 — contradicts its logs' global batch 64 at one micro-batch a step, and "
+            "the logs carry no configuration summary), Cisco's 8- and 16-node H100 (RDMA over "
+            "Ethernet: no preset), every B300 / GB200 / GB300 / AMD submission (no datasheet "
+            "profile); reasons and the submitters not judged in the file's header.", "",
+            *tables[gptoss_name], "",
+            f"**{summaries.get(gptoss_name, gptoss_name + ': no row predicted')}**", "",
+            "Reading. The three submissions of one configuration agree within 1.6 % "
+            "(0.451-0.458 s); the prediction is one number for all three, 0.373 s: GEMMs "
+            "0.172 s, attention 0.061 s, memory-bound work 0.115 s, exposed DP communication "
+            "0.011 s, optimizer 0.013 s; peak memory 164 GiB of the profile's usable 170 GiB.",
+            "",
             "## Shoeybi et al. 2019, weak scaling (DGX-2H V100)", "",
             "Scaling efficiency = predicted TFLOP/s per GPU (recompute included) over the "
             "predicted single-GPU baseline. Goal: baseline ≈ 39 TFLOP/s, 8.3B at 8 and 512 "

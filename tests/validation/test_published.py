@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import pytest
 
-from meshplan import ModelSpec
+from meshplan import Cluster, ModelSpec
 from meshplan.costmodel import estimate
 from meshplan.costmodel.flops import (hardware_flops_per_step, model_flops_per_step)
 from meshplan.costmodel.memory import layer_activations, model_state_bytes
@@ -13,8 +14,8 @@ from meshplan.spec import Job
 
 from published_runs import (DATA, SHOEYBI_BASELINE_TFLOPS, bridge_dense_runs, dgxc_llama31_h100,
                             korthikanti2022, megatron_core_h100, megatron_model_flops,
-                            mlperf_gpt3_fp8, mlperf_llama31_fp8, mlperf_llama31_partners,
-                            narayanan2021, nemo_h100_fp8,
+                            mlperf_gpt3_fp8, mlperf_gpt_oss_20b, mlperf_llama31_fp8,
+                            mlperf_llama31_partners, narayanan2021, nemo_h100_fp8,
                             read_rows, shoeybi2019)
 
 
@@ -371,6 +372,46 @@ def test_mlperf_partner_rows_are_the_logged_runs_with_the_configs_settings():
 @pytest.mark.parametrize("run", MLPERF_PARTNERS, ids=lambda r: r.label)
 def test_mlperf_partner_published_layouts_fit(run):
     """The published layouts ran (141 GB H200, 180 GB B200), so the prediction must fit them."""
+    assert estimate(run.model, run.cluster, run.job, run.layout).fits
+
+
+# ---- MLPerf Training v6.0 gpt_oss_20b, other submitters (one 8x B200 node) -------------------
+
+MLPERF_GPT_OSS = mlperf_gpt_oss_20b()
+
+
+def test_mlperf_gpt_oss_rows_are_the_logged_runs_with_the_configs_settings():
+    """Lambda's, Supermicro's and Dell's 1x8 B200 runs, as their logs' configuration summaries
+    give them (mlperf_training_v60_gpt_oss_20b.csv): GPUs = tp · pp · cp · dp = 8 with tp, pp,
+    cp, ep and etp 1, the logged global batch 16 = dp · micro-batch 2 (one micro-batch a step),
+    seq 8192, MXFP8 with the weights gathered in fp8, HybridEP (as "deepep"), learned routing
+    (the profile's ρ), ZeRO-1, no recompute, no all-to-all overlap; the gpt-oss-20b architecture
+    with vocabulary 128,256, no auxiliary loss, and the logged 20,495,244,864 parameters less the
+    24 x 64 attention sinks meshplan does not count. No error bound: an as-run set."""
+    assert [r.row["submitter"] for r in MLPERF_GPT_OSS] == ["Lambda", "Supermicro", "Dell"]
+    base = ModelSpec.preset("gpt-oss-20b")
+    for r in MLPERF_GPT_OSS:
+        lay, job, d, m = r.layout, r.job, r.row, r.model
+        assert r.cluster.gpu.name.startswith("B200") and r.cluster.num_gpus == 8
+        assert (lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp, lay.dp) == (1, 1, 1, 1, 1, 1, 8)
+        assert lay.num_microbatches(job.global_batch) == int(d["micro_batches"]) == 1
+        assert (job.global_batch, lay.micro_batch, job.seq_len) == (16, 2, 8192)
+        assert (job.precision, job.fp8_recipe, job.fp8_param_gather) == ("fp8", "mxfp8", True)
+        assert job.moe_dispatcher == "deepep" and d["dispatcher"] == "hybridep"
+        assert d["a2a_overlap"] == "False" and d["balanced"] == "no"
+        assert r.cluster.gpu.corrections.moe_load_imbalance == (
+            Cluster.preset("dgx-b200", nodes=1).gpu.corrections.moe_load_imbalance)
+        assert lay.zero == 1 and lay.recompute == "none" and not lay.sequence_parallel
+        assert (m.vocab_size, m.router_aux_loss_coeff) == (128256, 0.0)
+        assert m.num_params() == 20_495_244_864 - 24 * 64
+        assert replace(m, name=base.name, vocab_size=base.vocab_size,
+                       router_aux_loss_coeff=base.router_aux_loss_coeff) == base
+        assert 0.45 < r.published < 0.46
+
+
+@pytest.mark.parametrize("run", MLPERF_GPT_OSS, ids=lambda r: r.label)
+def test_mlperf_gpt_oss_published_layout_fits(run):
+    """The published layout ran on 180 GB B200s, so the prediction must fit it."""
     assert estimate(run.model, run.cluster, run.job, run.layout).fits
 
 
