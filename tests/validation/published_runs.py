@@ -474,10 +474,13 @@ def moe_runs() -> list[PublishedRun]:
 
 
 def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> PublishedRun:
-    """One row of a Megatron-Core / Megatron-Bridge MoE table as :func:`moe_runs` and
-    :func:`moe_fp8_runs` read it (``job_fields``: the precision and fp8 recipe)."""
+    """One row of a Megatron-Core / Megatron-Bridge MoE table as :func:`moe_runs`,
+    :func:`moe_fp8_runs` and :func:`moe_nemo_dgxc_runs` read it (``job_fields``: the precision
+    and fp8 recipe; optional columns ``etp``, ``capacity_factor`` and a printed ``step_s``)."""
     from meshplan.costmodel.flops import model_flops_per_step
     model = ModelSpec.preset(d["model"])
+    if d.get("capacity_factor"):   # token dropping (NeMo's MegatronTokenDropCallback)
+        model = replace(model, capacity_factor=float(d["capacity_factor"]))
     tp, cp, gpus = (int(d[k]) for k in ("tp", "cp", "gpus"))
     # pp and vp as the container's recipe ran them where the table prints others (the FP8
     # file's pp_as_run / vp_as_run; the table's stay in the row)
@@ -488,14 +491,16 @@ def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> Published
     stages = (tuple(int(n) for n in d["stage_layers"].split()) if d.get("stage_layers")
               else llama3_stage_layers(model.num_layers, pp, vp) if split else None)
     layout = Layout(dp=gpus // (tp * pp * cp), pp=pp, tp=tp, cp=cp, ep=ep,
-                    micro_batch=int(d["micro_batch"]), vpp=vp,
+                    etp=int(d.get("etp") or 1), micro_batch=int(d["micro_batch"]), vpp=vp,
                     schedule="interleaved-1f1b" if vp > 1 else "1f1b",
                     sequence_parallel=tp > 1, stage_layers=stages,
                     **{**MOE_DEFAULTS, "recompute": "selective" if modules else "none"})
     job = Job(global_batch=batch, seq_len=seq, moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
               recompute_modules=modules, **{"precision": "bf16", **job_fields})
     cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
-    if d["tokens_per_s_per_gpu"]:
+    if d.get("step_s"):
+        step_s = float(d["step_s"])
+    elif d["tokens_per_s_per_gpu"]:
         step_s = batch * seq / (float(d["tokens_per_s_per_gpu"]) * gpus)
     else:
         step_s = (model_flops_per_step(model, batch, seq)
@@ -541,6 +546,32 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
         else:
             runs.append(run)
     return runs, skipped
+
+
+def moe_nemo_dgxc_runs() -> list[PublishedRun]:
+    """MoE pre-training rows of NVIDIA's NeMo 25.02 performance summary (Mixtral 8x7B and 8x22B
+    on DGX-B200, FP8) and DGX Cloud Benchmarking 25.05 / 25.05.04 (DeepSeek-V3 on DGX-H100,
+    BF16): ``moe_nemo_dgxc_2025.csv``, sources, recipe files, commits and the rows left out
+    in its header. Settings fixed before the first prediction, the same for every row of a
+    source: tp, pp, cp, vp, ep, etp, micro-batch and global batch as printed; the distributed
+    optimizer (ZeRO-1) with overlapped DP communication, SP where tp > 1 without TP
+    communication overlap (NeMo's ``tp_comm_overlap`` off in both), the all-to-all dispatcher
+    (both recipes' config default), routing learned with an auxiliary loss (not forced: the
+    profile's ρ), NeMo's token dropping (``MegatronTokenDropCallback``: capacity factor 1.0,
+    padded to capacity: ``ModelSpec.capacity_factor``, whose bound caps the busiest expert at
+    the padded capacity); Mixtral at fp8 with TE's delayed scaling (NeMo 2.2's
+    ``bf16_with_fp8_mixed``) and the weights gathered in fp8 (its ``fp8_params``), no
+    recompute; DeepSeek-V3 at bf16 with its MTP layer (the preset's), selective recompute of
+    ``mla_up_proj`` and the recipe's uneven pipeline stages (``stage_layers``). Not modelled:
+    CUDA graphs (Mixtral 8x7B on B200), the precision-aware optimizer (DeepSeek-V3).
+    ``published``: the printed step time, else GBS·seq / (tokens/s/GPU · GPUs)."""
+    runs = []
+    for d in read_rows("moe_nemo_dgxc_2025.csv"):
+        fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
+               if d["precision"] == "fp8" else {})
+        note = f" cf {d['capacity_factor']}" if d["capacity_factor"] else ""
+        runs.append(_bridge_moe_run(d, int(d["ep"]), note, **fp8))
+    return runs
 
 
 def mlperf_gpt_oss_model(vocab_size: int) -> ModelSpec:
