@@ -14,7 +14,8 @@ B200 and 256-512 H100 (2024), MLPerf Training v5.0's Llama 3.1 405B FP8 runs on 
 Benchmarking 25.04 Llama 3.1 8B / 70B / 405B H100 rows (BF16, FP8) with their same-layout FP8 /
 BF16 speed-ups, Megatron-Bridge's 25.11-26.06 dense Llama rows on DGX-H100 and DGX-B200 (FP8,
 MXFP8), published FP8 / MXFP8 MoE runs, other submitters' MLPerf Training v6.0 gpt_oss_20b
-MXFP8 runs on one 8x B200 node, Shoeybi et al. 2019 scaling.
+MXFP8 runs on one 8x B200 node, the MoE rows of NeMo 25.02's performance summary and DGX
+Cloud Benchmarking 25.05 (``published_moe_nemo.py``), Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
 """
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests" / "validation"))
 from meshplan.costmodel import estimate  # noqa: E402
 from published_fp8 import fp8_report  # noqa: E402
 from published_moe import moe_report  # noqa: E402
+from published_moe_nemo import moe_nemo_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
                             SHOEYBI_BASELINE_TFLOPS, korthikanti2022, llama3_2024,
                             megatron_core_h100, narayanan2021, shoeybi2019)
@@ -162,6 +164,9 @@ def main(argv=None) -> int:
     fp8_summaries, fp8_stdout, fp8_section = fp8_report()
     summaries.update(fp8_summaries)
     print("\n".join(fp8_stdout))
+    nemo_summaries, nemo_stdout, nemo_section = moe_nemo_report(step_table)
+    summaries.update(nemo_summaries)
+    print("\n".join(nemo_stdout))
     sho, _ = shoeybi_table()
     print("\n".join(sho))
     if args.out:
@@ -239,6 +244,7 @@ def main(argv=None) -> int:
             "weights with FSDP, which `zero = 1` does not).", "",
             *moe_section,
             *fp8_section,
+            *nemo_section,
             "## Shoeybi et al. 2019, weak scaling (DGX-2H V100)", "",
             "Scaling efficiency = predicted TFLOP/s per GPU (recompute included) over the "
             "predicted single-GPU baseline. Goal: baseline ≈ 39 TFLOP/s, 8.3B at 8 and 512 "

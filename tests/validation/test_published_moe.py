@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan import Cluster
 from meshplan.costmodel import comm, estimate
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.flops import model_flops_per_step
 
-from published_runs import MOE_DISPATCHER, moe_fp8_runs, moe_modelzoo_runs, moe_runs
+from published_runs import (MOE_DISPATCHER, moe_fp8_runs, moe_modelzoo_runs,
+                            moe_nemo_dgxc_runs, moe_runs)
 
 
 def _runs():
@@ -246,3 +248,58 @@ def test_fp8_rows_predicted_without_error_and_bf16_labels_unchanged():
     assert "gpt-oss-120b megatron-bridge-26.02 dgx-h100 ep 8 alltoall (64 GPUs)" in labels
     assert all(" tensorwise " not in x and " mxfp8 " not in x for x in labels)
 
+
+
+# ---- NeMo 25.02 performance summary and DGX Cloud Benchmarking 25.05 (moe_nemo_dgxc_2025.csv) --
+
+NEMO_DGXC = moe_nemo_dgxc_runs()
+
+
+def test_nemo_dgxc_rows_read_as_printed_with_their_recipes():
+    """NeMo 25.02's DGX-B200 Mixtral rows (FP8) and DGX Cloud 25.05 / 25.05.04's DeepSeek-V3
+    DGX-H100 rows (BF16), as printed (GPUs = tp · pp · cp · dp, the printed GA = GBS / (dp ·
+    micro-batch), 8x22B's "1 | 64" read as GBS 64, MBS 1) with their recipes' settings: the
+    all-to-all dispatcher, learned routing (the profile's ρ), NeMo's token dropping at
+    capacity factor 1.0, ZeRO-1, SP where tp > 1 without TP overlap, etp 1; Mixtral at fp8
+    with delayed scaling and fp8 weights, no recompute; DeepSeek-V3 at bf16 with its MTP
+    layer, mla_up_proj recompute and the recipe's first / last stages of 64 / pp − 1 and
+    64 / pp − 2 layers. No error bound: an as-run set."""
+    got = [(r.model.name, r.row["source"], r.cluster.num_gpus) for r in NEMO_DGXC]
+    assert got == [("mixtral-8x7b", "nemo-25.02", 64), ("mixtral-8x22b", "nemo-25.02", 256),
+                   ("deepseek-v3", "dgxc-25.05", 1024), ("deepseek-v3", "dgxc-25.05.04", 512)]
+    ga = {"mixtral-8x7b": 2, "mixtral-8x22b": 16, "deepseek-v3": None}
+    for r in NEMO_DGXC:
+        lay, job, m = r.layout, r.job, r.model
+        assert lay.tp * lay.pp * lay.cp * lay.dp == r.cluster.num_gpus
+        assert (lay.etp, lay.zero, lay.sequence_parallel) == (1, 1, lay.tp > 1)
+        assert not job.overlap_tp_comm and job.overlap_dp_comm
+        assert job.moe_dispatcher == "alltoall" and m.capacity_factor == 1.0
+        assert r.cluster.gpu.corrections.moe_load_imbalance == Cluster.preset(
+            r.row["system"], nodes=1).gpu.corrections.moe_load_imbalance
+        if ga[m.name]:
+            assert lay.num_microbatches(job.global_batch) == ga[m.name]
+        if m.name.startswith("mixtral"):
+            assert r.cluster.gpu.name.startswith("B200")
+            assert (job.precision, job.fp8_recipe, job.fp8_param_gather) == ("fp8", "delayed",
+                                                                              True)
+            assert lay.recompute == "none"
+        else:
+            assert r.cluster.gpu.name.startswith("H100") and m.mtp_layers == 1
+            assert (lay.tp, lay.ep, lay.vpp, lay.micro_batch) == (2, 64, 1, 1)
+            assert job.global_batch == 8 * r.cluster.num_gpus and job.precision == "bf16"
+            assert lay.recompute == "selective" and job.recompute_modules == ("mla_up_proj",)
+            mid = 64 // lay.pp
+            assert lay.stage_layers == (mid - 1, *[mid] * (lay.pp - 2), mid - 2)
+    x7, x22 = NEMO_DGXC[0], NEMO_DGXC[1]
+    assert (x7.layout.ep, x7.layout.micro_batch, x7.job.global_batch, x7.job.seq_len) == (
+        8, 2, 256, 4096)
+    assert (x22.layout.tp, x22.layout.pp, x22.layout.cp, x22.layout.vpp, x22.layout.ep) == (
+        2, 4, 8, 14, 8)
+    assert (x22.layout.micro_batch, x22.job.global_batch, x22.job.seq_len) == (1, 64, 65536)
+    assert [round(r.published, 3) for r in NEMO_DGXC] == [1.06, 7.341, 52.04, 48.948]
+
+
+@pytest.mark.parametrize("run", NEMO_DGXC, ids=lambda r: r.label)
+def test_nemo_dgxc_published_layout_fits(run):
+    """Each layout ran on its GPUs (80 GB H100, 180 GB B200), so the prediction must fit."""
+    assert estimate(run.model, run.cluster, run.job, run.layout).fits
