@@ -75,11 +75,12 @@ MOE_CAVEAT = (
 
 # Published Megatron-Core / Megatron-Bridge MoE runs against datasheet predictions
 # (docs/benchmarks/published.md, 2026-12-04): BF16 8 rows 20.5 % mean, FP8 / MXFP8 18 rows
-# 28.5 %, MLPerf v6.0 GPT-OSS-20B on one B200 node 3 rows 17.8 %; 27 of the 29 ran slower than
-# predicted, Qwen3-30B-A3B at micro-batch 1 2.5-2.6x.
+# 28.5 %, MLPerf v6.0 GPT-OSS-20B on one B200 node 3 rows 17.8 %, NeMo / DGX Cloud Mixtral and
+# DeepSeek-V3 4 rows 11.2 %; 29 of the 33 ran slower than predicted, Qwen3-30B-A3B at
+# micro-batch 1 2.5-2.6x.
 MOE_DATASHEET_CAVEAT = (
     "mixture of experts on a profile without measured rows: published Megatron MoE runs took "
-    "longer than such predictions in 27 of 29 cases (BF16: 20.5 % mean error; FP8 / MXFP8: "
+    "longer than such predictions in 29 of 33 cases (BF16: 20.5 % mean error; FP8 / MXFP8: "
     "28.5 %; 17.8 % on one B200 node with CUDA graphs and no all-to-all), fine-grained "
     "experts at small micro-batches most (Qwen3-30B-A3B, 128 experts of width 768, at "
     "micro-batch 1: 2.5-2.6 times the predicted step, at micro-batch 4 in later software "
