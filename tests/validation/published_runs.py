@@ -307,7 +307,9 @@ def mlperf_llama31_partners(version: str) -> list[PublishedRun]:
     NVIDIA's v5.0 code: tp 4, pp 8, vp 8, cp 2, TE delayed scaling); v5.1, the University of
     Florida's llama31_405b on 32 and 56 DGX B200 (tp 4, pp 8, vp 8, cp 2, TP communication
     overlap off as its configs leave it) and llama31_8b on 1-32 DGX B200 (tp 1, cp 1 or 2,
-    micro-batch 2 or 1), both at TE per-tensor current scaling (``"tensorwise"``). Read with
+    micro-batch 2 or 1), and the other submitters' v5.1 llama31_8b on InfiniBand nodes of these
+    presets at FP8 (HPE's 8 HGX H200 nodes, ``dgx-h200``, and Verda's 8 HGX B200 nodes; tp 1,
+    cp 2, micro-batch 1), all at TE per-tensor current scaling (``"tensorwise"``). Read with
     :func:`_nemo_llama_run`'s facts (SP where tp > 1, ZeRO-1 with overlapped DP communication,
     no recompute, flash attention, the weights gathered in fp8 — every row's ``fp8_params`` is
     True), the row's ``fp8_recipe``, ``preset`` and ``tp_overlap``, the
