@@ -120,7 +120,7 @@ def mlperf_partner_groups(runs, errs: list[float]) -> dict[str, str]:
     lines = {f"mlperf5x {g}": f"{summarize(f'MLPerf v5.0 / v5.1 partners, {g} FP8', sub)}, "
              f"{span(sub)}" for g, sub in groups.items()}
     lines["mlperf5x none"] = (
-        "MLPerf v5.0 / v5.1 / v6.0, no row: H200 llama31_8b (HPE v5.1: no config stored; Cisco "
+        "MLPerf v5.0 / v5.1 / v6.0, no row: H200 llama31_8b other than HPE's v5.1 one (Cisco "
         "v6.0: its sourced config_common*.sh not stored), gpt_oss_20b on H100 / H200 and "
         "deepseekv3_671b on H100 / H200 / B200 (v6.0 only; see the sections; gpt_oss_20b on "
         "B200: its own section)")
@@ -320,9 +320,26 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "files identical), so they appear once. Decided and committed before the first "
         "prediction (b31960ca); as first run; the first published runs the H200 datasheet "
         "profile meets.", "",
-        "Not found or left out: no H200 `llama31_8b` row has both config and logs stored "
-        "(HPE's v5.1 XD670 n8: no config; Cisco's v6.0 2xC885A: the three config_common*.sh "
-        "its config sources are not stored, and its config says 1 node for a 2-node result). "
+        "Added later, the other submitters' v5.1 `llama31_8b` on InfiniBand nodes of these "
+        "presets (every v5.1 result directory read; settings from each config, the files it "
+        "sources and what every log prints, in the v5.1 file's header; committed before the "
+        "first prediction, 81a5a39c; as first run): HPE's 8 Cray XD670 nodes (HGX H200 with "
+        "InfiniBand NDR: `dgx-h200`) and Verda's 8 HGX B200 nodes on InfiniBand "
+        "(`dgx-b200`), both tp 1, cp 2, micro-batch 1, one micro-batch a step, TE's "
+        "`tensorwise` FP8 with the weights gathered in fp8, full-iteration CUDA graphs, TP "
+        "overlap off, bf16 attention as logged (HPE's stored config sources FP8_DPA=True; its "
+        "logs print `fp8_dot_product_attention=False`); ten result files each (2,078 and "
+        "1,850 values after each file's first 10). Not modelled beyond the rows above: "
+        "Verda's stated host network, \"100GbE InfiniBand\", is not the preset's 400 Gb/s a "
+        "GPU (the preset is used unchanged). Left out: every NVFP4 run (Nebius's 1, 2 "
+        "and 4 B200 nodes, Oracle's and Supermicro's single B200 nodes by their logs; Dell's "
+        "and Lenovo's single B200 nodes by their configs), RoCE clusters (Oracle's 8 B200 "
+        "nodes, Dell's 2xXE9685L), Dell's 2xXE9680L (FP8, cp 1; host network not stated), "
+        "B300, AMD, GB200 / GB300; no other submitter's v5.1 `llama31_405b`.", "",
+        "Not found or left out: the H200 `llama31_8b` rows other than HPE's v5.1 one "
+        "(Cisco's v6.0 2xC885A: the three config_common*.sh its config sources are not "
+        "stored, and its config says 1 node for a 2-node result; HPE's config, stored under "
+        "HPE/benchmarks/llama3_8b, was missed by the first reading and is a row now). "
         "MoE (`gpt_oss_20b`, `deepseekv3_671b`) is a v6.0 benchmark only; "
         "mlcommons/training_results_v6.0 could not be fetched here and the stored fork "
         "(Richardyu114/training_results_v6.0 at eabf23a) was read file by file: its "
@@ -335,7 +352,7 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         *tables[partners_name], "",
         f"**{summaries.get(partners_name, partners_name + ': no row predicted')}**", "",
         *[f"- {summaries[k]}" for k in summaries if k.startswith("mlperf5x ")], "",
-        "Reading. The H200 rows read slow by +3.8 / +3.3 %, the same sign and size as the "
+        "Reading. The H200 405B rows read slow by +3.8 / +3.3 %, the same sign and size as the "
         "v5.0 DGX H100 rows at tp 8 (+2.4..+3.5 %), on a profile with the H100's 989 "
         "TFLOP/s bf16 peak and 4.8 TB/s of HBM; peak memory 116 / 112 GiB of 140 GiB. "
         "The B200 405B rows read −0.1 / −1.0 % with "
@@ -344,7 +361,13 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "micro-batch 1 (32-256 GPUs) fast, −10.1 % to −23.6 %, growing with the GPU count "
         "as the published step grows from 0.188 to 0.221 s and the predicted one stays at "
         "0.169 s (one micro-batch a step; the prediction exposes 0.01 s of DP "
-        "communication on each of these rows).", "",
+        "communication on each of these rows). The other submitters' cp 2 rows ran at 64 "
+        "GPUs only, so none of them shows a GPU-count trend: Verda's 8 B200 nodes, on a "
+        "config identical to the University of Florida's 8-node one, log 0.191 s against "
+        "its 0.190 s and read −11.6 % (UF's −10.8 %); HPE's 8 H200 nodes read −4.8 % "
+        "(0.353 s published, 0.336 s predicted, 0.010 s of it exposed DP communication). "
+        "No other submitter's row is at 128 or 256 GPUs, where UF's rows read −12.5 / "
+        "−23.6 %.", "",
         "## DGX Cloud Benchmarking 25.04, Llama 3.1 8B / 70B / 405B on H100 (BF16 and FP8)",
         "",
         "NVIDIA's DGX Cloud Benchmarking recipes (github.com/NVIDIA/dgxc-benchmarking, release "
