@@ -13,7 +13,7 @@ from meshplan.errors import ConfigError
 from published_runs import (NEMO_FP8_DEFAULTS, bridge_dense_runs, dgxc_llama31_h100,
                             mlperf_gpt3_fp8, mlperf_gpt_oss_20b, mlperf_llama31_fp8,
                             mlperf_llama31_partners, moe_fp8_runs, nemo_h100_fp8)
-from published_summary import span, summarize
+from published_summary import by_group, summarize, summarize_signed
 
 
 def fp8_table(runs) -> tuple[list[str], list[float]]:
@@ -75,9 +75,8 @@ def moe_fp8_groups(runs, errs: list[float]) -> dict[str, str]:
         "containers 25.11 and 26.02": [e for r, e in zip(runs, errs)
                                        if r.row["source"] in early],
         "containers 26.02.01 to 26.06": [e for r, e in zip(runs, errs)
-                                         if r.row["source"] not in early]}
-    for model in dict.fromkeys(r.model.name for r in runs):
-        groups[model] = [e for r, e in zip(runs, errs) if r.model.name == model]
+                                         if r.row["source"] not in early],
+        **by_group(runs, errs, lambda r: r.model.name)}
     return {f"moe8 {g}": summarize(f"MoE FP8 / MXFP8, {g}", sub)
             for g, sub in groups.items() if sub}
 
@@ -87,24 +86,22 @@ def bridge_dense_groups(runs, errs: list[float]) -> dict[str, str]:
     "FP8-CS" are one recipe, per-tensor current scaling), and by system and model."""
     precision = {"FP8": "FP8 (current scaling)", "FP8-CS": "FP8 (current scaling)",
                  "FP8-MX": "MXFP8"}
-    by_precision: dict[str, list[float]] = {}
-    by_model: dict[str, list[float]] = {}
-    for r, e in sorted(zip(runs, errs), key=lambda x: x[0].row["system"], reverse=True):
-        system = r.row["system"].removeprefix("dgx-").upper()
-        by_precision.setdefault(f"{system} {precision[r.row['precision']]}", []).append(e)
-        by_model.setdefault(f"{system} {r.model.name}", []).append(e)
-    return {f"bridge dense {g}": f"{summarize(f'Megatron-Bridge dense, {g}', sub)}, {span(sub)}"
-            for g, sub in {**by_precision, **by_model}.items()}
+    runs, errs = zip(*sorted(zip(runs, errs), key=lambda x: x[0].row["system"], reverse=True))
+
+    def system(r):
+        return r.row["system"].removeprefix("dgx-").upper()
+    groups = {**by_group(runs, errs, lambda r: f"{system(r)} {precision[r.row['precision']]}"),
+              **by_group(runs, errs, lambda r: f"{system(r)} {r.model.name}")}
+    return {f"bridge dense {g}": summarize_signed(f"Megatron-Bridge dense, {g}", sub)
+            for g, sub in groups.items()}
 
 
 def mlperf_gpu_groups(runs, errs: list[float]) -> dict[str, str]:
     """The MLPerf v4.1 GPT-3 rows' errors by GPU type (the cluster preset of each row), and a
     line for H200, which no v4.0 or v4.1 submitter ran ``gpt3`` on."""
-    by_gpu: dict[str, list[float]] = {}
-    for r, e in zip(runs, errs):
-        by_gpu.setdefault(r.row["preset"].removeprefix("dgx-").upper(), []).append(e)
-    lines = {f"mlperf41 {g}": f"{summarize(f'MLPerf Training v4.1 GPT-3 175B, {g} FP8', sub)}, "
-             f"{span(sub)}" for g, sub in by_gpu.items()}
+    by_gpu = by_group(runs, errs, lambda r: r.row["preset"].removeprefix("dgx-").upper())
+    lines = {f"mlperf41 {g}": summarize_signed(f"MLPerf Training v4.1 GPT-3 175B, {g} FP8", sub)
+             for g, sub in by_gpu.items()}
     lines["mlperf41 H200"] = ("MLPerf Training v4.0 / v4.1 GPT-3 175B, H200: no run (no "
                               "submitter's gpt3 result on H200 in either round)")
     return lines
@@ -113,12 +110,10 @@ def mlperf_gpu_groups(runs, errs: list[float]) -> dict[str, str]:
 def mlperf_partner_groups(runs, errs: list[float]) -> dict[str, str]:
     """The MLPerf v5.0 / v5.1 partner Llama 3.1 rows' errors by GPU type and benchmark, and a
     line for each GPU type and benchmark of the brief with no row (why: the file headers)."""
-    groups: dict[str, list[float]] = {}
-    for r, e in zip(runs, errs):
-        gpu = r.row["preset"].removeprefix("dgx-").upper()
-        groups.setdefault(f"{gpu} {r.row.get('benchmark', 'llama31_405b')}", []).append(e)
-    lines = {f"mlperf5x {g}": f"{summarize(f'MLPerf v5.0 / v5.1 partners, {g} FP8', sub)}, "
-             f"{span(sub)}" for g, sub in groups.items()}
+    groups = by_group(runs, errs, lambda r: f"{r.row['preset'].removeprefix('dgx-').upper()} "
+                                            f"{r.row.get('benchmark', 'llama31_405b')}")
+    lines = {f"mlperf5x {g}": summarize_signed(f"MLPerf v5.0 / v5.1 partners, {g} FP8", sub)
+             for g, sub in groups.items()}
     lines["mlperf5x none"] = (
         "MLPerf v5.0 / v5.1 / v6.0, no row: H200 llama31_8b other than HPE's v5.1 one (Cisco "
         "v6.0: its sourced config_common*.sh not stored), gpt_oss_20b on H100 / H200 and "
@@ -142,7 +137,8 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
     partners_name = "MLPerf Training v5.0 / v5.1 Llama 3.1, other submitters, H200 and B200 FP8"
     partners_runs = mlperf_llama31_partners("v5.0") + mlperf_llama31_partners("v5.1")
     dgxc_name = "DGX Cloud Benchmarking 25.04 Llama 3.1 8B / 70B / 405B, H100 BF16 and FP8"
-    dgxc_speedups, dgxc_speedup_errs = speedup_pairs(dgxc_llama31_h100())
+    dgxc_runs = dgxc_llama31_h100()
+    dgxc_speedups, dgxc_speedup_errs = speedup_pairs(dgxc_runs)
     dense_name = "Megatron-Bridge 25.11-26.06 dense Llama rows, DGX-H100 and DGX-B200 (FP8, MXFP8)"
     dense_runs, dense_skipped = bridge_dense_runs()
     moe8_name = "MoE, FP8 / MXFP8, Megatron-Bridge tables (DGX-H100, DGX-B200)"
@@ -153,7 +149,7 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
                        (mlperf40_name, mlperf_gpt3_fp8(("v4.0",))),
                        (mlperf41_name, mlperf41_runs),
                        (mlperf50_name, mlperf_llama31_fp8()), (partners_name, partners_runs),
-                       (dgxc_name, dgxc_llama31_h100()),
+                       (dgxc_name, dgxc_runs),
                        (dense_name, dense_runs), (moe8_name, moe8_runs),
                        (gptoss_name, gptoss_runs)):
         tables[name], errs = fp8_table(runs)
@@ -166,14 +162,14 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         if name == mlperf41_name and errs:
             summaries.update(mlperf_gpu_groups(mlperf41_runs, errs))
         if name == gptoss_name and errs:
-            summaries[name] = f"{summarize(name, errs)}, {span(errs)}"
+            summaries[name] = summarize_signed(name, errs)
         if name == moe8_name and errs:
             moe8_groups = moe_fp8_groups(moe8_runs, errs)
             summaries.update(moe8_groups)
         if name == dgxc_name and errs:
-            for key in dict.fromkeys((r.model.name, r.job.precision) for r in runs):
-                sub = [e for r, e in zip(runs, errs) if (r.model.name, r.job.precision) == key]
-                summaries["dgxc " + " ".join(key)] = summarize(f"DGXC 25.04, {' '.join(key)}", sub)
+            for g, sub in by_group(runs, errs,
+                                   lambda r: f"{r.model.name} {r.job.precision}").items():
+                summaries[f"dgxc {g}"] = summarize(f"DGXC 25.04, {g}", sub)
         stdout += tables[name]
         stdout.append(summaries.get(name, ""))
         stdout.append("")

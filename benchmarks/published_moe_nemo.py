@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from published_fp8 import fp8_table
 from published_runs import moe_nemo_dgxc_runs
-from published_summary import span, summarize
+from published_summary import summarize_signed
 
 FP8_NAME = "MoE, FP8, NeMo 25.02 performance summary (Mixtral 8x7B / 8x22B, DGX-B200)"
 BF16_NAME = "MoE, BF16, DGX Cloud Benchmarking 25.05 (DeepSeek-V3, DGX-H100)"
@@ -27,9 +27,9 @@ def moe_nemo_report(step_table) -> tuple[dict[str, str], list[str], list[str]]:
     b_lines, b_errs = step_table(bf16_runs)
     s = {}
     if f_errs:
-        s[FP8_NAME] = f"{summarize(FP8_NAME, f_errs)}, {span(f_errs)}"
+        s[FP8_NAME] = summarize_signed(FP8_NAME, f_errs)
     if b_errs:
-        s[BF16_NAME] = f"{summarize(BF16_NAME, b_errs)}, {span(b_errs)}"
+        s[BF16_NAME] = summarize_signed(BF16_NAME, b_errs)
     stdout = [*f_lines, s.get(FP8_NAME, ""), "", *b_lines, s.get(BF16_NAME, ""), ""]
     return s, stdout, section(f_lines, b_lines, s)
 

@@ -16,3 +16,17 @@ def summarize(name: str, errs: list[float]) -> str:
     absd = [abs(e) for e in errs]
     return (f"{name}: mean absolute error {sum(absd) / len(absd):.1f}%, "
             f"max {max(absd):.1f}% ({len(errs)} run{'s' if len(errs) != 1 else ''})")
+
+
+def summarize_signed(name: str, errs: list[float]) -> str:
+    """:func:`summarize` followed by the signed range (:func:`span`)."""
+    return f"{summarize(name, errs)}, {span(errs)}"
+
+
+def by_group(runs, errs: list[float], key) -> dict[str, list[float]]:
+    """The signed errors of ``runs`` (paired with ``errs``) grouped by ``key(run)``, the groups
+    in the order their first run comes."""
+    groups: dict[str, list[float]] = {}
+    for r, e in zip(runs, errs):
+        groups.setdefault(key(r), []).append(e)
+    return groups

@@ -280,8 +280,7 @@ def mlperf_llama31_fp8() -> list[PublishedRun]:
     the Llama 3.1 405B architecture (``llama3-405b`` preset) with the benchmark's vocabulary of
     32,000 (the Mixtral 8x22B tokenizer; mlcommons/training's reference README). ``published``:
     the median logged per-step ``train_step_time``."""
-    model = replace(ModelSpec.preset("llama3-405b"), name="llama3.1-405b-mlperf",
-                    vocab_size=32000)
+    model = mlperf_llama31_model("llama31_405b")
     return [_nemo_llama_run(f"llama3.1-405b MLPerf v5.0 ({d['gpus']} GPUs)", model, d, "fp8",
                             True) for d in read_rows("mlperf_training_v50_llama31_405b_h100.csv")]
 
