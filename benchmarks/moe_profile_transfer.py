@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import re
 import statistics
 import sys
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from optimizer_rate_posthoc import checks, plan_index, plan_key  # noqa: E402
+from optimizer_rate_posthoc import matched_runs  # noqa: E402
 
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
@@ -60,22 +59,9 @@ def datasheet(cluster):
 def runs(data: list[str], plans_glob: str):
     """(check, arm precision, run key, measured s, plan record, measured peak bytes) of every
     run whose committed plan is found."""
-    index = plan_index(plans_glob)
-    seen = set()
-    for path in data:
-        name = check_name(path)
-        for chk in checks(json.loads(Path(path).read_text())):
-            layouts = chk["predictions"]["layouts"]
-            for key, run in chk["runs"].items():
-                meas = run.get("step_time_s")
-                pred = (layouts.get(key.split("/")[0]) or {}).get("calibrated_s")
-                prec = chk["predictions"].get("job", {}).get("precision", "bf16")
-                plan = index.get(plan_key(pred, prec)) if pred else None
-                if not meas or plan is None or (plan, key) in seen:
-                    continue
-                seen.add((plan, key))
-                rec = load_plan_file(plan)
-                yield name, rec.job.precision, key, meas, rec, run.get("memory_peak_bytes")
+    for path, key, run, meas, _, plan in matched_runs(data, plans_glob):
+        rec = load_plan_file(plan)
+        yield check_name(path), rec.job.precision, key, meas, rec, run.get("memory_peak_bytes")
 
 
 def main(argv: list[str] | None = None) -> int:

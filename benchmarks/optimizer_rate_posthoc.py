@@ -58,6 +58,26 @@ def plan_key(step_s: float, precision: str) -> tuple[float, str]:
     return round(step_s, 9), precision
 
 
+def matched_runs(data: list[str], plans_glob: str):
+    """(data file, run key, run record, measured s, predicted s, plan file) of every run of the
+    check data files whose committed plan is found (by stored step time and precision), each
+    plan and run once."""
+    index = plan_index(plans_glob)
+    seen = set()
+    for path in data:
+        for chk in checks(json.loads(Path(path).read_text())):
+            layouts = chk["predictions"]["layouts"]
+            prec = chk["predictions"].get("job", {}).get("precision", "bf16")
+            for key, run in chk["runs"].items():
+                meas = run.get("step_time_s")
+                pred = (layouts.get(key.split("/")[0]) or {}).get("calibrated_s")
+                plan = index.get(plan_key(pred, prec)) if pred else None
+                if not meas or plan is None or (plan, key) in seen:
+                    continue
+                seen.add((plan, key))
+                yield path, key, run, meas, pred, plan
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data", nargs="+", help="check data files (docs/benchmarks/data/*.json)")
@@ -65,26 +85,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="optimizer_gbps timed at a model-sized step")
     ap.add_argument("--plans", default=str(ROOT / "benchmarks/plans/*h200x1/*.json"))
     args = ap.parse_args(argv)
-    index = plan_index(args.plans)
-    rows, seen = [], set()
-    for path in args.data:
-        for chk in checks(json.loads(Path(path).read_text())):
-            layouts = chk["predictions"]["layouts"]
-            for key, run in chk["runs"].items():
-                name = key.split("/")[0]
-                meas = run.get("step_time_s")
-                pred = (layouts.get(name) or {}).get("calibrated_s")
-                prec = chk["predictions"].get("job", {}).get("precision", "bf16")
-                plan = index.get(plan_key(pred, prec)) if pred else None
-                if not meas or plan is None or (plan, key) in seen:
-                    continue
-                seen.add((plan, key))
-                rec = load_plan_file(plan)
-                before = estimate(rec.model, rec.cluster, rec.job, rec.layout)
-                gpu = dataclasses.replace(rec.cluster.gpu, optimizer_gbps=args.gbps)
-                after = estimate(rec.model, rec.cluster.replace(gpu=gpu), rec.job, rec.layout)
-                opt_ms = (run.get("phases") or {}).get("optimizer", {}).get("device_ms")
-                rows.append((plan.parent.name, key, meas, pred, before, after, opt_ms))
+    rows = []
+    for _, key, run, meas, pred, plan in matched_runs(args.data, args.plans):
+        rec = load_plan_file(plan)
+        before = estimate(rec.model, rec.cluster, rec.job, rec.layout)
+        gpu = dataclasses.replace(rec.cluster.gpu, optimizer_gbps=args.gbps)
+        after = estimate(rec.model, rec.cluster.replace(gpu=gpu), rec.job, rec.layout)
+        opt_ms = (run.get("phases") or {}).get("optimizer", {}).get("device_ms")
+        rows.append((plan.parent.name, key, meas, pred, before, after, opt_ms))
     if not rows:
         raise SystemExit("no run matched a committed plan")
     print(f"| plans | run | meas. s | as run s (error) | this tree s (error) | this tree, "
