@@ -249,7 +249,6 @@ def test_fp8_rows_predicted_without_error_and_bf16_labels_unchanged():
     assert all(" tensorwise " not in x and " mxfp8 " not in x for x in labels)
 
 
-
 # ---- NeMo 25.02 performance summary and DGX Cloud Benchmarking 25.05 (moe_nemo_dgxc_2025.csv) --
 
 NEMO_DGXC = moe_nemo_dgxc_runs()
