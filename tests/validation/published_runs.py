@@ -678,3 +678,30 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
         cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
         runs.append(PublishedRun(label, model, cluster, job, layout, float(d["step_s"]), d))
     return runs, skipped
+
+
+def moe_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """HELD-OUT MoE pre-training rows gathered 2026-12-05 (``moe_heldout_2026_12.csv``:
+    Megatron-Bridge's 26.02.01, 26.04 and 26.04.01 GPT-OSS-120B BF16 rows on DGX-H100 /
+    DGX-B200; sources, releases, recipe files, commits and every row left out with its reason
+    in the file's header), transcribed for a cost-model change and not predicted before that
+    change's rule is committed: (runs, [(label, why not), ...]).
+
+    Each row is read as :func:`_bridge_moe_run` reads the other Megatron-Bridge tables: tp,
+    pp, cp, vp, ep, etp, micro-batch and global batch as printed, the distributed optimizer
+    (ZeRO-1), SP where tp > 1, forced-balanced dropless routing (``balanced``), the
+    release's dispatcher (``dispatcher``: all-to-all or HybridEP) and selective recompute
+    modules (``recompute_modules``), at the row's ``precision`` (fp8 rows with their
+    ``fp8_recipe`` and fp8 weight gather, as :func:`moe_fp8_runs`). ``published`` = GBS·seq /
+    (tokens/s/GPU · GPUs) (the file's ``step_s_derived``). Rows with a ``left_out`` reason
+    are built for their label only and come back with it."""
+    runs, left_out = [], []
+    for d in read_rows("moe_heldout_2026_12.csv"):
+        fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
+               if d["precision"] == "fp8" else {})
+        run = _bridge_moe_run(d, int(d["ep"]), "", **fp8)
+        if d["left_out"]:
+            left_out.append((run.label, d["left_out"]))
+        else:
+            runs.append(run)
+    return runs, left_out
