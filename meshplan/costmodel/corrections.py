@@ -50,6 +50,7 @@ END_OF_STEP = "end_of_step_merge"
 OUTPUT_PEAK = "pipelined_output_peak"
 CP_RING = "cp_ring_interference"
 MOE_IMBALANCE = "moe_load_imbalance"
+MOE_HOST = "megatron_moe_host"
 
 # GPipe and 1F1B ranks that run every forward before their first backward get the
 # cast-cache relief; interleaved and zero-bubble ranks do not (see cast_cache_ranks). A
@@ -216,6 +217,35 @@ def load_imbalance(numbers: CorrectionNumbers, ep: int) -> float:
     return max(1.0, numbers.moe_load_imbalance)
 
 
+def megatron_moe_host_s(numbers: CorrectionNumbers, gpu, cuda_graphs: bool = False) -> float:
+    """Runtime "megatron", an MoE layer: the host's seconds per micro-batch (forward +
+    backward, half each), ``megatron_moe_layer_host_ops · host_op_dispatch_s``; 0 where
+    switched off, the profile has no host numbers, or the run replays CUDA graphs
+    (``Job.cuda_graphs``).
+
+    Megatron-Core runs its MoE layers eagerly (no CUDA graphs in the published recipes but
+    MLPerf's): router, permutation, the dispatcher's token counts read on the host, and
+    TransformerEngine's per-expert GEMM sequence with its Python and C++ launch path
+    (TE issue 1499: ``torch.split`` and 2 · num_gemms ``torch.empty`` calls a grouped
+    linear). The host cannot run ahead past the dispatcher's synchronisation, so where its
+    work exceeds the GPU's a pass costs the host's time
+    (:func:`meshplan.costmodel.moe_host.host_terms`). Megatron-Core's MoE report names
+    this host-boundedness the compute wall of fine-grained MoE (arXiv 2603.07685, §1).
+
+    The operator count is not read from Megatron's code: it is fitted on published
+    Megatron-Core / Megatron-Bridge MoE runs, and the host's speed is the profile's
+    ``host_op_dispatch_s`` (measured by ``meshplan calibrate``); its fit and its held-out
+    check: benchmarks/sets/megatron_moe_host/README.md."""
+    if not numbers.enabled(MOE_HOST) or cuda_graphs:
+        return 0.0
+    return numbers.megatron_moe_layer_host_ops * gpu.host_op_dispatch_s
+
+
+def _megatron_moe_host(t) -> bool:
+    return (t.model.is_moe and t.job.runtime == "megatron" and not t.job.cuda_graphs
+            and megatron_moe_host_s(t.cluster.gpu.corrections, t.cluster.gpu) > 0)
+
+
 def _moe_layout(t) -> bool:
     return t.model.is_moe and (t.given_layout or t.layout).ep > 1
 
@@ -268,6 +298,8 @@ CORRECTIONS: tuple[Correction, ...] = (
                ring_interference, runtimes=("torch", "megatron")),
     Correction(MOE_IMBALANCE, "step time and memory", ("moe_load_imbalance",), _moe_layout,
                load_imbalance, runtimes=("torch", "megatron")),
+    Correction(MOE_HOST, "step time", ("megatron_moe_layer_host_ops",), _megatron_moe_host,
+               megatron_moe_host_s, runtimes=("megatron",)),
     # and each row's own sustained_ratio ([[layers]] / [[ends]])
     Correction(SUSTAINED_CLOCK, "step time", ("sustained_clock_share",), sustained_rows,
                sustained_clock),

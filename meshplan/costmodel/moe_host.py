@@ -64,6 +64,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from meshplan.costmodel import comm
+from meshplan.costmodel.corrections import megatron_moe_host_s
 from meshplan.costmodel.dispatch import layer_dispatch_ops
 from meshplan.spec import Job, Layout, ModelSpec
 
@@ -141,9 +142,11 @@ def host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, links, *, forwar
         return HostTerms(0.0, 0.0, 0, 0)
     full = layout.recompute == "full"
     if job.runtime != "torch":
-        fwd = MEGATRON_SYNCS * (t_sync + t_op)
-        return HostTerms(fwd, fwd if full else 0.0, MEGATRON_SYNCS,
-                         MEGATRON_SYNCS if full else 0)
+        half = megatron_moe_host_s(gpu.corrections, gpu, job.cuda_graphs) / 2
+        fwd = max(0.0, half - forward_s) + MEGATRON_SYNCS * (t_sync + t_op)
+        bwd_gpu = backward_s - (forward_s if full else 0.0)
+        bwd = max(0.0, half - bwd_gpu) + (fwd if full else 0.0)
+        return HostTerms(fwd, bwd, MEGATRON_SYNCS, MEGATRON_SYNCS if full else 0)
     autocast = layout.zero < 2 and job.precision != "fp32"
     n = torch_syncs(model, layout)
     rf, rb = routed_ops(model, layout, autocast=autocast)

@@ -50,6 +50,7 @@ class CorrectionNumbers:
     host_balanced_load: float
     cp_ring_interference: float
     moe_load_imbalance: float
+    megatron_moe_layer_host_ops: float
     sustained_clock_share: float
     sustained_power_exponent: float
     sustained_idle_power_share: float

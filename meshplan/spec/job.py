@@ -68,6 +68,12 @@ class Job:
     over NVLink (DeepEP, and HybridEP: Megatron-Core's ``--moe-token-dispatcher-type flex``;
     runtime "megatron" only — the executor has no such dispatcher).
 
+    ``cuda_graphs`` (runtime "megatron"): the run captures its layers or its whole step in
+    CUDA graphs (Megatron-LM's ``--cuda-graph-impl``, MLPerf's full-iteration graphs), so the
+    host replays them instead of launching each kernel: the host's per-layer dispatch of an
+    eager MoE layer (docs/costmodel.md, "Megatron's host work per MoE layer") is off the
+    step's path. Default False (eager, as Megatron-Bridge's MoE recipes run).
+
     ``recompute_modules``: what a layout's ``recompute = "selective"`` re-runs in backward
     instead of keeping its outputs (Megatron-Core's ``--recompute-modules``): ``"core_attn"``
     the attention core (Korthikanti et al. 2022's selective recomputation, the default),
@@ -91,6 +97,7 @@ class Job:
     fp8_recipe: str = "tensorwise"
     fp8_param_gather: bool = False
     moe_dispatcher: str = "alltoall"
+    cuda_graphs: bool = False
     recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -116,6 +123,11 @@ class Job:
                               f"'megatron' (Megatron-Core's flex dispatcher); runtime = "
                               f"{self.runtime!r} dispatches with all-to-all: use "
                               f"moe_dispatcher='alltoall'")
+        require_bool("Job", "cuda_graphs", self.cuda_graphs)
+        if self.cuda_graphs and self.runtime != "megatron":
+            raise ConfigError(f"Job.cuda_graphs = True needs runtime = 'megatron'; runtime = "
+                              f"{self.runtime!r} (meshplan's executor) runs eagerly or "
+                              f"compiled (Layout.compile): use cuda_graphs=False")
         if self.recompute_modules is not None:
             self._check_recompute_modules()
         if self.tokens is not None and not (isinstance(self.tokens, (int, float))

@@ -114,7 +114,9 @@ def test_cross_node_dispatch_uses_each_rank_nic_share():
 
 
 def test_imbalance_is_a_profile_correction_with_ep():
-    lay = mp.Layout(dp=16, ep=8, zero=1)
+    # micro-batch 2: a GPU-bound MoE layer (at 1,024 tokens the host's work per layer sets
+    # its time and the routed load does not show: test_megatron_moe_host_*)
+    lay = mp.Layout(dp=16, ep=8, zero=1, micro_batch=2)
     est = estimate(MIXTRAL, H100, JOB, lay)
     (c,) = [c for c in est.corrections if c.name == "moe_load_imbalance"]
     assert c.step_time_delta_s > 0 and c.memory_delta_bytes > 0
@@ -265,3 +267,33 @@ def test_mtp_under_runtime_torch_says_the_executor_does_not_run_it():
     assert MTP_TORCH_CAVEAT not in estimate(MINI_V3, H100, replace(torch_job,
                                                                    runtime="megatron"),
                                             lay).caveats
+
+
+def _host_delta(est) -> float:
+    return sum(c.step_time_delta_s for c in est.corrections if c.name == "megatron_moe_host")
+
+
+def test_megatron_moe_host_bounds_a_small_eager_moe_layer():
+    """Runtime "megatron", eager: an MoE layer whose GPU work is below the host's
+    megatron_moe_layer_host_ops · host_op_dispatch_s costs the host's time; a GPU-bound one,
+    CUDA graphs, or the correction switched off cost the GPU's."""
+    lay = mp.Layout(dp=16, ep=8, zero=1)                     # 1,024 tokens a micro-batch
+    est = estimate(MIXTRAL, H100, JOB, lay)
+    gpu = H100.gpu
+    host_s = gpu.corrections.megatron_moe_layer_host_ops * gpu.host_op_dispatch_s
+    layer = est.stage_forward_s[0] + est.stage_backward_s[0]
+    per_layer = layer / MIXTRAL.num_layers
+    assert per_layer == pytest.approx(host_s, rel=0.05)
+    assert _host_delta(est) > 0
+    off = estimate(MIXTRAL, _numbers(H100, megatron_moe_layer_host_ops=0.0), JOB, lay)
+    assert off.step_time_s == pytest.approx(est.step_time_s - _host_delta(est))
+    graphs = estimate(MIXTRAL, H100, replace(JOB, cuda_graphs=True), lay)
+    assert graphs.step_time_s == pytest.approx(off.step_time_s)
+    assert not [c for c in graphs.corrections if c.name == "megatron_moe_host"]
+    big = lay.replace(micro_batch=8)                         # GPU-bound: nothing added
+    assert _host_delta(estimate(MIXTRAL, H100, replace(JOB, global_batch=128), big)) == 0
+
+
+def test_cuda_graphs_needs_runtime_megatron():
+    with pytest.raises(mp.ConfigError, match="cuda_graphs"):
+        mp.Job(global_batch=8, seq_len=1024, runtime="torch", cuda_graphs=True)

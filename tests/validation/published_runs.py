@@ -563,15 +563,17 @@ def moe_nemo_dgxc_runs() -> list[PublishedRun]:
     the padded capacity); Mixtral at fp8 with TE's delayed scaling (NeMo 2.2's
     ``bf16_with_fp8_mixed``) and the weights gathered in fp8 (its ``fp8_params``), no
     recompute; DeepSeek-V3 at bf16 with its MTP layer (the preset's), selective recompute of
-    ``mla_up_proj`` and the recipe's uneven pipeline stages (``stage_layers``). Not modelled:
-    CUDA graphs (Mixtral 8x7B on B200), the precision-aware optimizer (DeepSeek-V3).
+    ``mla_up_proj`` and the recipe's uneven pipeline stages (``stage_layers``); CUDA graphs
+    where the row ran them (``Job.cuda_graphs``: Mixtral 8x7B on B200). Not modelled: the
+    precision-aware optimizer (DeepSeek-V3).
     ``published``: the printed step time, else GBS·seq / (tokens/s/GPU · GPUs)."""
     runs = []
     for d in read_rows("moe_nemo_dgxc_2025.csv"):
         fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
                if d["precision"] == "fp8" else {})
         note = f" cf {d['capacity_factor']}" if d["capacity_factor"] else ""
-        runs.append(_bridge_moe_run(d, int(d["ep"]), note, **fp8))
+        runs.append(_bridge_moe_run(d, int(d["ep"]), note, **fp8,
+                                    cuda_graphs=d["cuda_graphs"] == "yes"))
     return runs
 
 
@@ -593,8 +595,8 @@ def mlperf_gpt_oss_20b() -> list[PublishedRun]:
     optimizer (ZeRO-1) with overlapped DP communication, no recompute, HybridEP
     (``MOE_DISPATCHER``: ``"deepep"``; with ep 1 no token leaves its GPU), routing learned on
     the real data (not forced-balanced: the profile's ρ, which ep 1 makes 1) and
-    :func:`mlperf_gpt_oss_model`. Not modelled: full-iteration CUDA graphs (the cost model
-    prices GPU time), HybridEP's static receive buffer (``moe_expert_rank_capacity_factor``
+    :func:`mlperf_gpt_oss_model`, full-iteration CUDA graphs (``Job.cuda_graphs``). Not
+    modelled: HybridEP's static receive buffer (``moe_expert_rank_capacity_factor``
     1.2; no token is dropped), the CuteDSL fused grouped MLP, the attention sinks.
     ``published``: the median logged ``train_step_time`` (one value per 32 steps) in the file
     span the header names. Source: github.com/Richardyu114/training_results_v6.0 (eabf23a)."""
@@ -609,7 +611,8 @@ def mlperf_gpt_oss_20b() -> list[PublishedRun]:
         job = Job(global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
                   precision="fp8", fp8_recipe=d["fp8_recipe"],
                   fp8_param_gather=d["fp8_params"] == "True",
-                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]])
+                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
+                  cuda_graphs=d["cuda_graphs"] == "full-iteration")
         cluster = _balanced(Cluster.preset(d["preset"], nodes=int(d["nodes"])), d["balanced"])
         label = (f"gpt_oss_20b MLPerf v6.0 {d['submitter']} B200 {d['fp8_recipe']} ep {ep} "
                  f"{d['dispatcher']} ({gpus} GPUs)")
