@@ -494,7 +494,10 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         *[f"- {label}: not predicted — {why}" for label, why in moe8_skipped], "",
         f"**{summaries.get(moe8_name, moe8_name + ': no row predicted')}**", "",
         *[f"- {summaries[k]}" for k in summaries if k.startswith("moe8 ")], "",
-        "Reading. The same model on the same GPUs ran 2.8× faster in the later containers: "
+        "Reading (the figures in this paragraph are those before 2026-12-05, without "
+        "Megatron's host work per MoE layer; with it, every Qwen3-30B-A3B row but the 25.11 "
+        "H100 one, which does not fit as priced, is within 6.6 %: the held-out section "
+        "below). The same model on the same GPUs ran 2.8× faster in the later containers: "
         "Qwen3-30B-A3B on 8 B200 at micro-batch 4 with HybridEP (26.02.01 on, within 4.3-"
         "5.9 % of the prediction; 2.7-4.2 % at the dense curves' 0.75 derating of before "
         "2026-12-04) against micro-batch 1 with all-to-all (25.11 / 26.02, "
@@ -508,7 +511,8 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "where its EP 32 all-to-alls cross 4 nodes, priced with per-step call latency as "
         "sequential ring steps: an upper bound). Megatron-Core's MoE report (arXiv "
         "2603.07685) names host overhead — many small kernels — the compute wall of "
-        "fine-grained MoE; datasheet profiles carry no host numbers (docs/moe.md).", "",
+        "fine-grained MoE; priced since 2026-12-05 as one fitted number a layer "
+        "(docs/costmodel.md, \"Megatron's host work per MoE layer\").", "",
         "## MLPerf Training v6.0, gpt_oss_20b of other submitters on one 8×B200 node "
         "(MXFP8, 2026)", "",
         "Closed-division `gpt_oss_20b` (GPT-OSS 20B, 32 experts top-4) results of "

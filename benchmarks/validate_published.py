@@ -15,7 +15,8 @@ Benchmarking 25.04 Llama 3.1 8B / 70B / 405B H100 rows (BF16, FP8) with their sa
 BF16 speed-ups, Megatron-Bridge's 25.11-26.06 dense Llama rows on DGX-H100 and DGX-B200 (FP8,
 MXFP8), published FP8 / MXFP8 MoE runs, other submitters' MLPerf Training v6.0 gpt_oss_20b
 MXFP8 runs on one 8x B200 node, the MoE rows of NeMo 25.02's performance summary and DGX
-Cloud Benchmarking 25.05 (``published_moe_nemo.py``), Shoeybi et al. 2019 scaling.
+Cloud Benchmarking 25.05 (``published_moe_nemo.py``), the held-out GPT-OSS-120B rows of
+Megatron's host work per MoE layer (``published_moe_heldout.py``), Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
 """
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "validation"))
 from meshplan.costmodel import estimate  # noqa: E402
 from published_fp8 import fp8_report  # noqa: E402
 from published_moe import moe_report  # noqa: E402
+from published_moe_heldout import moe_heldout_report  # noqa: E402
 from published_moe_nemo import moe_nemo_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
                             SHOEYBI_BASELINE_TFLOPS, korthikanti2022, llama3_2024,
@@ -167,6 +169,9 @@ def main(argv=None) -> int:
     nemo_summaries, nemo_stdout, nemo_section = moe_nemo_report(step_table)
     summaries.update(nemo_summaries)
     print("\n".join(nemo_stdout))
+    held_summaries, held_stdout, held_section = moe_heldout_report()
+    summaries.update(held_summaries)
+    print("\n".join(held_stdout))
     sho, _ = shoeybi_table()
     print("\n".join(sho))
     if args.out:
@@ -245,6 +250,7 @@ def main(argv=None) -> int:
             *moe_section,
             *fp8_section,
             *nemo_section,
+            *held_section,
             "## Shoeybi et al. 2019, weak scaling (DGX-2H V100)", "",
             "Scaling efficiency = predicted TFLOP/s per GPU (recompute included) over the "
             "predicted single-GPU baseline. Goal: baseline ≈ 39 TFLOP/s, 8.3B at 8 and 512 "
@@ -272,8 +278,9 @@ def main(argv=None) -> int:
             "GPT-3 on 512 H100 5.40 → 4.77 → 4.64 ms a sequence from MLPerf v3.1 to v4.1 "
             "(predicted 5.21 → 5.05 ms). One datasheet curve per GPU sits between releases.",
             "- Mixture of experts: the datasheet path prices the MoE layer's work below what "
-            "Megatron's runs took (29 of 33 published MoE runs slower than predicted). The host "
-            "is part of it (fine-grained experts at micro-batch 1), but not all: MLPerf v6.0's "
+            "Megatron's runs took (21 of 33 published MoE runs slower than predicted, 29 before "
+            "Megatron's host work per MoE layer was priced on 2026-12-05). The host is part of "
+            "it (fine-grained experts at micro-batch 1), but not all: MLPerf v6.0's "
             "GPT-OSS-20B on one B200 node, with whole-iteration CUDA graphs and ep 1 (no "
             "all-to-all), is still 17-19 % faster predicted than published.",
             "- Data parallelism at one micro-batch a step on many nodes: MLPerf v5.1's Llama 3.1 "

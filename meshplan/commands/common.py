@@ -72,6 +72,9 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
     g.add_argument("--fp8-param-gather", action="store_true",
                    help="keep and all-gather the linears' weights in fp8 (Megatron-LM's "
                         "--fp8-param-gather; with --precision fp8, runtime megatron)")
+    g.add_argument("--cuda-graphs", action="store_true",
+                   help="the run captures CUDA graphs (Megatron-LM's --cuda-graph-impl): no "
+                        "host work per MoE layer on the step's path (runtime megatron)")
     g.add_argument("--recompute-modules", default=None,
                    help="what a layout's selective recompute re-runs, comma-separated: "
                         "core_attn, layernorm, moe_act, mla_up_proj (Megatron-Core's "
@@ -128,6 +131,7 @@ def job_from_args(args) -> Job:
     return Job(global_batch=args.global_batch, seq_len=args.seq_len, precision=args.precision,
                **({"fp8_recipe": recipe} if recipe else {}),
                fp8_param_gather=getattr(args, "fp8_param_gather", False),
+               cuda_graphs=getattr(args, "cuda_graphs", False),
                recompute_modules=(tuple(m.strip() for m in modules.split(","))
                                   if modules is not None else None),
                tokens=args.tokens, flash_attention=not args.no_flash_attention,

@@ -51,7 +51,9 @@ split sizes to the host on a side stream and synchronises once per dispatch at i
 ``_maybe_dtoh_and_synchronize``: ``self.d2h_event.synchronize()``); the backward reuses the
 host splits. One sync per forward, priced as its latency plus one operator's dispatch (the
 kernel the GPU then waits for); Megatron's fused permutation kernels are not counted
-operator by operator.
+operator by operator. The host's whole work per layer is one fitted number instead
+(:func:`meshplan.costmodel.corrections.megatron_moe_host_s`): each pass costs at least half
+of it. A run that captures CUDA graphs (``Job.cuda_graphs``) has neither.
 
 Measured error: post hoc against the 8 as-run layouts of docs/benchmarks/moe_checks.md "GPU check"
 (4 × H200, 2026-11-28, the executor with 5-8 syncs a layer); see the POST HOC table there. The syncs
@@ -142,6 +144,8 @@ def host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, links, *, forwar
         return HostTerms(0.0, 0.0, 0, 0)
     full = layout.recompute == "full"
     if job.runtime != "torch":
+        if job.cuda_graphs:        # a captured graph has no host synchronisation either
+            return HostTerms(0.0, 0.0, 0, 0)
         half = megatron_moe_host_s(gpu.corrections, gpu, job.cuda_graphs) / 2
         fwd = max(0.0, half - forward_s) + MEGATRON_SYNCS * (t_sync + t_op)
         bwd_gpu = backward_s - (forward_s if full else 0.0)

@@ -55,3 +55,16 @@ def test_console_script_runs_without_torch_import():
             "assert 'ortools' not in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_cuda_graphs_flag_takes_megatrons_moe_host_work_off_the_step(capsys):
+    """An eager micro-batch-1 Mixtral layer at 1,024 tokens is host-bound under runtime
+    megatron (docs/costmodel.md, "Megatron's host work per MoE layer"); --cuda-graphs prices
+    the GPU's work alone."""
+    args = ["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "2",
+            "--dp", "16", "--ep", "8", "--global-batch", "32", "--seq-len", "1024", "--json"]
+    steps = []
+    for extra in ([], ["--cuda-graphs"]):
+        assert main(args + extra) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert steps[1] < steps[0]
