@@ -287,8 +287,9 @@ def test_megatron_moe_host_bounds_a_small_eager_moe_layer():
     assert _host_delta(est) > 0
     off = estimate(MIXTRAL, _numbers(H100, megatron_moe_layer_host_ops=0.0), JOB, lay)
     assert off.step_time_s == pytest.approx(est.step_time_s - _host_delta(est))
+    # CUDA graphs: neither the host's work nor the dispatcher's sync (which ``off`` keeps)
     graphs = estimate(MIXTRAL, H100, replace(JOB, cuda_graphs=True), lay)
-    assert graphs.step_time_s == pytest.approx(off.step_time_s)
+    assert graphs.step_time_s < off.step_time_s
     assert not [c for c in graphs.corrections if c.name == "megatron_moe_host"]
     big = lay.replace(micro_batch=8)                         # GPU-bound: nothing added
     assert _host_delta(estimate(MIXTRAL, H100, replace(JOB, global_batch=128), big)) == 0
