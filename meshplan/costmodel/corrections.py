@@ -217,14 +217,15 @@ def load_imbalance(numbers: CorrectionNumbers, ep: int) -> float:
     return max(1.0, numbers.moe_load_imbalance)
 
 
-def megatron_moe_host_s(numbers: CorrectionNumbers, gpu, cuda_graphs: bool = False) -> float:
+def megatron_moe_host_s(numbers: CorrectionNumbers, gpu) -> float:
     """Runtime "megatron", an MoE layer: the host's seconds per micro-batch (forward +
     backward, half each), ``megatron_moe_layer_host_ops · host_op_dispatch_s``; 0 where
-    switched off, the profile has no host numbers, or the run replays CUDA graphs
-    (``Job.cuda_graphs``).
+    switched off or the profile has no host numbers. Not applied to a run that replays CUDA
+    graphs (``Job.cuda_graphs``: :func:`meshplan.costmodel.moe_host.host_terms`).
 
-    Megatron-Core runs its MoE layers eagerly (no CUDA graphs in the published recipes but
-    MLPerf's): router, permutation, the dispatcher's token counts read on the host, and
+    Megatron-Core runs its MoE layers eagerly unless the run captures CUDA graphs (MLPerf's
+    runs and NeMo's Mixtral 8x7B on B200 did; Megatron-Bridge's recipes graph attention and
+    the router at most): router, permutation, the dispatcher's token counts read on the host, and
     TransformerEngine's per-expert GEMM sequence with its Python and C++ launch path
     (TE issue 1499: ``torch.split`` and 2 · num_gemms ``torch.empty`` calls a grouped
     linear). The host cannot run ahead past the dispatcher's synchronisation, so where its
@@ -236,7 +237,7 @@ def megatron_moe_host_s(numbers: CorrectionNumbers, gpu, cuda_graphs: bool = Fal
     Megatron-Core / Megatron-Bridge MoE runs, and the host's speed is the profile's
     ``host_op_dispatch_s`` (measured by ``meshplan calibrate``); its fit and its held-out
     check: benchmarks/sets/megatron_moe_host/README.md."""
-    if not numbers.enabled(MOE_HOST) or cuda_graphs:
+    if not numbers.enabled(MOE_HOST):
         return 0.0
     return numbers.megatron_moe_layer_host_ops * gpu.host_op_dispatch_s
 

@@ -146,7 +146,7 @@ def host_terms(model: ModelSpec, job: Job, layout: Layout, gpu, links, *, forwar
     if job.runtime != "torch":
         if job.cuda_graphs:        # a captured graph has no host synchronisation either
             return HostTerms(0.0, 0.0, 0, 0)
-        half = megatron_moe_host_s(gpu.corrections, gpu, job.cuda_graphs) / 2
+        half = megatron_moe_host_s(gpu.corrections, gpu) / 2
         fwd = max(0.0, half - forward_s) + MEGATRON_SYNCS * (t_sync + t_op)
         bwd_gpu = backward_s - (forward_s if full else 0.0)
         bwd = max(0.0, half - bwd_gpu) + (fwd if full else 0.0)

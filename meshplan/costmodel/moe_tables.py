@@ -30,7 +30,9 @@ routed part (:mod:`meshplan.costmodel.moe_layer`). On top (:func:`moe_fields`):
   logits counted with the output layer's bytes); its parameters' gradient reduction is left
   out (under 2 % of a 61-layer model's);
 * **host synchronisations** (:mod:`meshplan.costmodel.moe_host`): what the MoE layer's
-  device-to-host syncs add to its forward and backward (the passes' ``overhead_s``).
+  device-to-host syncs, and under runtime "megatron" its eager host work
+  (:func:`meshplan.costmodel.corrections.megatron_moe_host_s`), add to its forward and
+  backward (the passes' ``overhead_s``).
 
 Process groups (Megatron-Core "MoE parallel folding", Liu et al. 2025, arXiv 2504.14960):
 the expert mesh etp × ep × edp is laid over a stage's tp·cp·dp ranks in that order, etp
