@@ -286,7 +286,16 @@ def main(argv=None) -> int:
             "- Data parallelism at one micro-batch a step on many nodes: MLPerf v5.1's Llama 3.1 "
             "8B on DGX B200 at cp 2 reads −10.1 % at 32 GPUs and −23.6 % at 256, where the "
             "predicted step does not grow with the GPU count (0.07 s of DP collectives, 0.01 s "
-            "exposed); the collectives' per-bucket latency at that scale is not priced.",
+            "exposed); the collectives' per-bucket latency at that scale is not priced. Tried "
+            "post hoc on 2026-12-05 and not adopted: Megatron-Core's buckets (max(40 M, 1 M · "
+            "dp·cp) parameters, only on the first pipeline rank's first chunk; "
+            "`distributed_data_parallel.py`), each a reduce-scatter and an all-gather at the "
+            "ring latency of NCCL's tuning constants, bring these rows to −8.8..+5.4 % and "
+            "MLPerf v5.0 / v5.1's other-submitter set from 8.0 to 4.0 %, but make the "
+            "largest MLPerf GPT-3 rows (4,096-11,616 H100, which ran SHARP) 3-17 % slow (v3.1 "
+            "2.3 → 7.7 %, v4.0 2.7 → 11.7 %) and Megatron-Core's weak-scaling table 6.2 → 8.4 "
+            "%: the per-call latency at hundreds of nodes (a ring of n − 1 network steps of "
+            "14 µs) is the weak part, and in-network reduction is not modelled.",
             "",
         ])
         out.parent.mkdir(parents=True, exist_ok=True)
