@@ -14,6 +14,29 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 HOST_BOUND_NOTE = 0.1   # share of the step the GPUs wait for the CPU above which we say so
+MOE_HOST = "megatron_moe_host"
+
+
+def _corrections(est: Estimate) -> list[str]:
+    """The named corrections that moved this estimate (each: the estimate less the same
+    estimate with it switched off), and what to do where Megatron's MoE host work sets a
+    large part of the step."""
+    moved = [c for c in est.corrections if c.step_time_delta_s or c.memory_delta_bytes]
+    if not moved:
+        return []
+    rows = [[c.name, f"{c.step_time_delta_s:+.4f}", f"{c.memory_delta_bytes / 2**30:+.2f}"]
+            for c in moved]
+    out = ["\nnamed corrections that moved this estimate (docs/costmodel.md, "
+           "\"Named corrections\")",
+           _table(rows, ["correction", "step time s", "peak memory GiB"])]
+    host = sum(c.step_time_delta_s for c in moved if c.name == MOE_HOST)
+    if host > HOST_BOUND_NOTE * est.step_time_s:
+        out.append(f"note: Megatron's host work per MoE layer sets {host:.3f} s of this step "
+                   f"({host / est.step_time_s:.0%}): each layer's micro-batch costs the host "
+                   "more than the GPU; larger micro-batches amortise it, and a run that replays CUDA graphs does not pay it "
+                   "(--cuda-graphs). The number is fitted on published runs "
+                   "(docs/costmodel.md, \"Megatron's host work per MoE layer\")")
+    return out
 
 
 def format_estimate(est: Estimate) -> str:
@@ -62,6 +85,7 @@ def format_estimate(est: Estimate) -> str:
         out.append(f"CPU dispatch: {est.host_dispatch_s:.4f} s per step, {est.host_load:.0%} of "
                    f"the GPUs' time (at {HOST_NEAR_LOAD_TEXT} or more the step is near "
                    "host-bound)")
+    out.extend(_corrections(est))
     out.extend(f"caution: {c}" for c in est.caveats)
     rows = [[k, f"{v / g:.3f}"] for k, v in est.comm_bytes.items()]
     rows += [[f"on {k}", f"{v / g:.3f}"] for k, v in est.comm_bytes_by_link.items()]

@@ -68,3 +68,16 @@ def test_cuda_graphs_flag_takes_megatrons_moe_host_work_off_the_step(capsys):
         assert main(args + extra) == 0
         steps.append(json.loads(capsys.readouterr().out)["step_time_s"])
     assert steps[1] < steps[0]
+
+
+def test_estimate_lists_the_corrections_that_moved_it(capsys):
+    """A host-bound eager MoE layout under runtime megatron: the printout names the
+    correction with its share of the step and what to do about it."""
+    rc = main(["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "2",
+               "--dp", "16", "--ep", "8", "--global-batch", "32", "--seq-len", "1024"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "named corrections that moved this estimate" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("megatron_moe_host"))
+    assert float(line.split()[1]) > 0
+    assert "note: Megatron's host work per MoE layer sets" in out and "--cuda-graphs" in out
