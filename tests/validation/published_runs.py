@@ -708,3 +708,37 @@ def moe_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
         else:
             runs.append(run)
     return runs, left_out
+
+
+def dense_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """HELD-OUT dense pre-training rows gathered 2026-12-05 (``dense_heldout_2026_12.csv``:
+    DGX Cloud Benchmarking v25.05.01's Llama 3.1 405B on 512 H100 at BF16 and FP8, NeMo
+    25.04.01; and MLPerf v6.0 Cisco's 2-node H200 llama31_8b, left out; sources, commits,
+    settings and every candidate left out with its reason in the file's header), transcribed
+    for a cost-model change and not predicted before that change's rule is committed:
+    (runs, [(label, why not), ...]).
+
+    Each row is read with :func:`_nemo_llama_run`'s facts (SP where tp > 1, ZeRO-1 with
+    overlapped DP communication, no recompute, flash attention, fp8 rows with the row's
+    ``fp8_recipe`` and the weights gathered in fp8), the row's tp, pp, cp, vp, micro-batch,
+    global batch, ``system`` preset and ``tp_overlap``, the account-for-embedding/loss split
+    where ``stage_split`` says so; the model is the ``model`` preset, or
+    :func:`mlperf_llama31_model` for the MLPerf row. Not modelled: ``ddp_bucket_size``,
+    ``cuda_graphs``. ``published`` = ``step_s``. Rows with a ``left_out`` reason are built for
+    their label only and come back with it."""
+    runs, left_out = [], []
+    for d in read_rows("dense_heldout_2026_12.csv"):
+        mlperf = d["source"].startswith("mlperf")
+        model = (mlperf_llama31_model("llama31_8b") if mlperf and d["model"] == "llama3-8b"
+                 else ModelSpec.preset(d["model"]))
+        gpu = d["system"].removeprefix("dgx-").upper()
+        label = f"{d['model']} {d['source']} {gpu} {d['precision']} ({d['gpus']} GPUs)"
+        run = _nemo_llama_run(label, model, d, d["precision"],
+                              d["stage_split"] == "embedding_loss",
+                              fp8_recipe=d["fp8_recipe"] or "delayed", system=d["system"],
+                              overlap_tp=d["tp_overlap"] == "True")
+        if d["left_out"]:
+            left_out.append((run.label, d["left_out"]))
+        else:
+            runs.append(run)
+    return runs, left_out
