@@ -742,3 +742,42 @@ def dense_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
         else:
             runs.append(run)
     return runs, left_out
+
+
+# CUDA-graph scopes (a data file's ``cuda_graphs`` cell) that capture whole layers or the whole
+# step: only these take an eager MoE layer's host dispatch off the step (``Job.cuda_graphs``);
+# TransformerEngine graphs of attention / router / preprocessing leave the token dispatch and
+# the experts eager
+WHOLE_GRAPH_SCOPES = ("full", "full_iteration")
+
+
+def moe_user_report_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """MoE training runs reported outside the performance-summary tables, gathered 2026-12-05
+    (``moe_user_reports_2026_12.csv``: Megatron-Bridge's gpt-oss-20b verification card, full
+    SFT on one 8x H100 node, and Megatron-Bridge issue #4439, Qwen3-30B-A3B on one DGX B200 at
+    MXFP8 and BF16; sources, recipe files, commits and every candidate left out with its reason
+    in the file's header), transcribed and not predicted: (runs, [(label, why not), ...]).
+
+    Each row is read as :func:`_bridge_moe_run` reads the Megatron-Bridge tables: tp, pp, cp,
+    vp, ep, etp, micro-batch and global batch as read from the run's recipe, SP where tp > 1,
+    forced-balanced routing where ``balanced`` says so (else the profile's ρ), the dispatcher
+    (``dispatcher``), fp8 rows with their ``fp8_recipe`` and fp8 weight gather (as
+    :func:`moe_fp8_runs`); with the row's optimizer sharding (``zero``: 0 where the recipe runs
+    no distributed optimizer), its data-parallel overlap (``overlap_dp_comm``) and CUDA graphs
+    where the scope captures whole layers or the step (:data:`WHOLE_GRAPH_SCOPES`).
+    ``workload`` "sft-packed" rows are read as one causal sequence of ``seq_len`` (the packed
+    documents' own attention is not expressed). ``published`` = ``step_s`` (printed, or derived
+    in the header). Rows with a ``left_out`` reason are built for their label only."""
+    runs, left_out = [], []
+    for d in read_rows("moe_user_reports_2026_12.csv"):
+        fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
+               if d["precision"] == "fp8" else {})
+        run = _bridge_moe_run(d, int(d["ep"]), f" {d['workload']}", **fp8,
+                              overlap_dp_comm=d["overlap_dp_comm"] == "True",
+                              cuda_graphs=d["cuda_graphs"] in WHOLE_GRAPH_SCOPES)
+        run = replace(run, layout=replace(run.layout, zero=int(d["zero"])))
+        if d["left_out"]:
+            left_out.append((run.label, d["left_out"]))
+        else:
+            runs.append(run)
+    return runs, left_out
