@@ -79,7 +79,8 @@ MOE_CAVEAT = (
 # (docs/benchmarks/published.md, 2026-12-05, with Megatron's host work per MoE layer, fitted
 # post hoc on them): BF16 8 rows 14.4 % mean, FP8 / MXFP8 18 rows 13.5 %, MLPerf v6.0
 # GPT-OSS-20B on one B200 node 3 rows 17.8 %, NeMo / DGX Cloud Mixtral and DeepSeek-V3 4 rows
-# 11.2 %; 21 of the 33 ran slower than predicted; held out, GPT-OSS-120B 5 rows 29.8 %.
+# 11.2 %; 21 of the 33 ran slower than predicted; held out, GPT-OSS-120B 5 rows 29.8 %,
+# user-reported single-node runs 3 rows 19.3 %.
 MOE_DATASHEET_CAVEAT = (
     "mixture of experts on a profile without measured rows: published Megatron MoE runs took "
     "longer than such predictions in 21 of 33 cases (BF16: 14.4 % mean error; FP8 / MXFP8: "
