@@ -2,9 +2,11 @@
 MoE layer (``megatron_moe_layer_host_ops``, fitted post hoc on the other published MoE rows):
 Megatron-Bridge's 26.02.01 / 26.04 / 26.04.01 GPT-OSS-120B BF16 rows on DGX-H100 and
 DGX-B200, gathered while the number was fitted and predicted only after its rule was
-committed (``benchmarks/sets/megatron_moe_host/README.md``), with and without the correction.
-Data: ``tests/validation/data/moe_heldout_2026_12.csv``; loader
-``tests/validation/published_runs.py`` :func:`moe_heldout_runs`.
+committed (``benchmarks/sets/megatron_moe_host/README.md``), with and without the correction;
+then three runs reported outside NVIDIA's tables, gathered after it. Data:
+``tests/validation/data/moe_heldout_2026_12.csv`` and ``moe_user_reports_2026_12.csv``;
+loaders ``tests/validation/published_runs.py`` :func:`moe_heldout_runs`,
+:func:`moe_user_report_runs`.
 """
 
 from __future__ import annotations
