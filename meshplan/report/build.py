@@ -342,6 +342,10 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
                       display=tables.display_breakdown(breakdown),
                       notes=tables.stage_notes(breakdown)),)))
 
+    cautions = _cautions_section(main, n)
+    if cautions is not None:
+        secs.append(cautions)
+
     from meshplan.report.timeline import pipeline_seconds, simulate_plan
     lay = main.layout
     sim = simulate_plan(model, main.cluster, main.job, lay, est)
@@ -417,3 +421,24 @@ def _sections(model, cluster, job, objective, rec, summary, outcomes, main,
             tables=(Table(name="measurements", title="", raw=mdf,
                           display=tables.display_measurements(mdf)),)))
     return secs
+
+
+def _cautions_section(main, n: int) -> Section | None:
+    """The recommended plan's cautions (``Estimate.caveats``) and the named corrections that
+    moved its estimate (``Estimate.corrections``: the estimate less the same estimate with
+    each switched off); None where it has neither."""
+    est = main.estimate
+    moved = tables.corrections_table(est)
+    if not est.caveats and moved.empty:
+        return None
+    text = (f"What the cost model says about its own estimate of the recommended {n}-GPU "
+            f"plan ({label_with_split(main.layout)}).")
+    if est.caveats:
+        text += "\n\n" + "\n\n".join(f"Caution: {c}" for c in est.caveats)
+    if not moved.empty:
+        text += ("\n\nNamed corrections (docs/costmodel.md, \"Named corrections\"): empirical "
+                 "effects with their numbers in the GPU profile; each row is what switching "
+                 "it off would take away from the step time and the peak memory.")
+    return Section(anchor="cautions", title="Cautions and corrections", text=text,
+                   tables=((Table(name="corrections", title="", raw=moved, display=moved),)
+                           if not moved.empty else ()))

@@ -113,6 +113,17 @@ def memory_table(outcome: PlanOutcome):
     return df
 
 
+def corrections_table(est):
+    """The named corrections that moved ``est`` (step time in s, peak memory in GiB: the
+    estimate less the same with each switched off); empty where none did."""
+    import pandas as pd
+    rows = [{"correction": c.name, "step_time_delta_s": c.step_time_delta_s,
+             "peak_memory_delta_gib": c.memory_delta_bytes / GIB}
+            for c in est.corrections if c.step_time_delta_s or c.memory_delta_bytes]
+    return pd.DataFrame(rows, columns=["correction", "step_time_delta_s",
+                                       "peak_memory_delta_gib"])
+
+
 # ------------------------------------------------------------------------------ display
 
 def _fmt_col(df, col: str, fn) -> None:

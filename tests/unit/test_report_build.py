@@ -222,3 +222,27 @@ def test_cli_end_to_end(tmp_path, capsys):
     rc = cli_main(["report", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb", "--gpus", "8",
                    "--global-batch", "64", "--seq-len", "2048", "-o", str(out)])
     assert rc == 2 and "--force" in capsys.readouterr().err
+
+
+def test_cautions_section_names_the_corrections_that_moved_the_plan():
+    """A host-bound eager MoE plan (runtime megatron, 1,024 tokens a micro-batch): the
+    report's "Cautions and corrections" section carries its caveats and a table with the
+    host-work correction's share; a plan with neither gets no section."""
+    from types import SimpleNamespace
+
+    from meshplan.report.build import _cautions_section
+    model = mp.ModelSpec.preset("mixtral-8x7b")
+    cluster = mp.Cluster.preset("dgx-h100", nodes=2)
+    job = mp.Job(global_batch=32, seq_len=1024)
+    lay = mp.Layout(dp=16, ep=8, zero=1)
+    est = mp.estimate(model, cluster, job, lay)
+    sec = _cautions_section(SimpleNamespace(estimate=est, layout=lay), 16)
+    assert sec is not None and sec.anchor == "cautions"
+    assert all(f"Caution: {c}" in sec.text for c in est.caveats) and est.caveats
+    (table,) = sec.tables
+    row = table.raw.set_index("correction").loc["megatron_moe_host"]
+    assert row["step_time_delta_s"] > 0
+    dense = mp.ModelSpec.preset("gpt-1.7b")
+    plain = SimpleNamespace(estimate=mp.estimate(dense, cluster, job, mp.Layout(dp=16)),
+                            layout=mp.Layout(dp=16))
+    assert not plain.estimate.caveats and _cautions_section(plain, 16) is None
