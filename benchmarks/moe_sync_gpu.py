@@ -501,6 +501,9 @@ SETS["drawn-3864c"] = compiled_draws(3864)
 # moeh56 (2026-12-05): the draw after, in the same call (draw_moe.py seed 3865;
 # benchmarks/sets/moeh56): seed 3864's set left one GPU-bound layout
 SETS["drawn-3865c"] = compiled_draws(3865)
+# moeh57 (2026-12-05): the next draw, a fine-grained model at seq 4096 (draw_moe.py seed 3866;
+# benchmarks/sets/moeh57)
+SETS["drawn-3866c"] = compiled_draws(3866)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
