@@ -20,11 +20,14 @@ ZOO = "MoE, BF16, Megatron-Core MoE Model Zoo (Qwen3-235B-A22B, 256 H100)"
 ALL = "MoE, BF16, every predicted row"
 
 
-def error_pct(r, **cluster_gpu) -> float:
-    cl = r.cluster
-    if cluster_gpu:
-        gpu = cl.gpu
-        cl = cl.replace(gpu=replace(gpu, corrections=replace(gpu.corrections, **cluster_gpu)))
+def with_corrections(cluster, **numbers):
+    """``cluster`` with its GPU profile's correction ``numbers`` replaced."""
+    gpu = cluster.gpu
+    return cluster.replace(gpu=replace(gpu, corrections=replace(gpu.corrections, **numbers)))
+
+
+def error_pct(r, **numbers) -> float:
+    cl = with_corrections(r.cluster, **numbers) if numbers else r.cluster
     return (estimate(r.model, cl, r.job, r.layout).step_time_s - r.published) / r.published * 100
 
 

@@ -11,9 +11,8 @@ loaders ``tests/validation/published_runs.py`` :func:`moe_heldout_runs`,
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from meshplan.costmodel import estimate
+from published_moe import with_corrections
 from published_runs import moe_heldout_runs, moe_user_report_runs
 from published_summary import summarize_signed
 
@@ -24,13 +23,6 @@ USER = "MoE, held out for Megatron's host work per MoE layer, user-reported sing
 USER_OFF = USER + ", without the correction"
 
 
-def without_host(cluster):
-    """``cluster`` with the correction off (its number at 0)."""
-    gpu = cluster.gpu
-    return cluster.replace(gpu=replace(gpu, corrections=replace(
-        gpu.corrections, megatron_moe_layer_host_ops=0.0)))
-
-
 def heldout_table(runs) -> tuple[list[str], list[float], list[float]]:
     lines = ["| run | t·p·d | mb | published s | predicted s | error | without the correction s "
              "| error |", "|---|---|---|---|---|---|---|---|"]
@@ -38,7 +30,8 @@ def heldout_table(runs) -> tuple[list[str], list[float], list[float]]:
     for r in runs:
         lay = r.layout
         on = estimate(r.model, r.cluster, r.job, lay).step_time_s
-        off = estimate(r.model, without_host(r.cluster), r.job, lay).step_time_s
+        off = estimate(r.model, with_corrections(r.cluster, megatron_moe_layer_host_ops=0.0),
+                       r.job, lay).step_time_s
         e, e_off = ((t / r.published - 1) * 100 for t in (on, off))
         errs.append(e)
         errs_off.append(e_off)

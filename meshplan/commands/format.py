@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshplan.costmodel.corrections import MOE_HOST
 from meshplan.costmodel.estimate import HOST_NEAR_LOAD_TEXT
 from meshplan.costmodel.result import Estimate
 
@@ -14,14 +15,13 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 HOST_BOUND_NOTE = 0.1   # share of the step the GPUs wait for the CPU above which we say so
-MOE_HOST = "megatron_moe_host"
 
 
 def _corrections(est: Estimate) -> list[str]:
     """The named corrections that moved this estimate (each: the estimate less the same
     estimate with it switched off), and what to do where Megatron's MoE host work sets a
     large part of the step."""
-    moved = [c for c in est.corrections if c.step_time_delta_s or c.memory_delta_bytes]
+    moved = est.moved_corrections
     if not moved:
         return []
     rows = [[c.name, f"{c.step_time_delta_s:+.4f}", f"{c.memory_delta_bytes / 2**30:+.2f}"]
@@ -33,9 +33,10 @@ def _corrections(est: Estimate) -> list[str]:
     if host > HOST_BOUND_NOTE * est.step_time_s:
         out.append(f"note: Megatron's host work per MoE layer sets {host:.3f} s of this step "
                    f"({host / est.step_time_s:.0%}): each layer's micro-batch costs the host "
-                   "more than the GPU; larger micro-batches amortise it, and a run that replays CUDA graphs does not pay it "
-                   "(--cuda-graphs). The number is fitted on published runs "
-                   "(docs/costmodel.md, \"Megatron's host work per MoE layer\")")
+                   "more than the GPU; larger micro-batches amortise it, and a run that "
+                   "replays CUDA graphs does not pay it (--cuda-graphs). The number is fitted "
+                   "on published runs (docs/costmodel.md, \"Megatron's host work per MoE "
+                   "layer\")")
     return out
 
 

@@ -173,6 +173,12 @@ class Estimate:
         return self.host_dispatch_s / self.pipeline_s if self.pipeline_s > 0 else 0.0
 
     @property
+    def moved_corrections(self) -> tuple[AppliedCorrection, ...]:
+        """The corrections that moved this estimate's step time or peak memory (those that
+        applied with no effect left out), as ``meshplan estimate`` and reports list them."""
+        return tuple(c for c in self.corrections if c.step_time_delta_s or c.memory_delta_bytes)
+
+    @property
     def memory_peak_gib(self) -> float:
         return self.memory_peak_bytes / 2**30
 

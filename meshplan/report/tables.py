@@ -119,7 +119,7 @@ def corrections_table(est):
     import pandas as pd
     rows = [{"correction": c.name, "step_time_delta_s": c.step_time_delta_s,
              "peak_memory_delta_gib": c.memory_delta_bytes / GIB}
-            for c in est.corrections if c.step_time_delta_s or c.memory_delta_bytes]
+            for c in est.moved_corrections]
     return pd.DataFrame(rows, columns=["correction", "step_time_delta_s",
                                        "peak_memory_delta_gib"])
 

@@ -474,6 +474,19 @@ def moe_runs() -> list[PublishedRun]:
     return runs
 
 
+def _fp8_fields(d: dict) -> dict:
+    """The Job fields of an MoE data file's row at fp8: its recipe with the weights gathered in
+    fp8 (what every Megatron-Bridge / NeMo fp8 MoE recipe read here sets); none at bf16."""
+    return (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
+            if d["precision"] == "fp8" else {})
+
+
+def kept_and_left_out(pairs) -> tuple[list[PublishedRun], list[tuple[str, str]]]:
+    """(runs, [(label, reason), ...]) of (run, reason) pairs in file order: a run with a
+    reason is left out (built for its label only)."""
+    return ([r for r, why in pairs if not why], [(r.label, why) for r, why in pairs if why])
+
+
 def _bridge_moe_run(d: dict, ep: int, note: str = "", **job_fields) -> PublishedRun:
     """One row of a Megatron-Core / Megatron-Bridge MoE table as :func:`moe_runs`,
     :func:`moe_fp8_runs` and :func:`moe_nemo_dgxc_runs` read it (``job_fields``: the precision
@@ -533,7 +546,7 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     used a mechanism the cost model does not model (``not_predicted``) come back with that
     reason instead.
     """
-    runs, skipped = [], []
+    pairs = []
     for d in read_rows("moe_fp8_2025_2026.csv"):
         as_run = [k for k in ("pp", "vp", "ep") if d[f"{k}_as_run"]]
         note = (f" (table: {' '.join(f'{k} {d[k]}' for k in as_run)})" if as_run else "")
@@ -542,11 +555,8 @@ def moe_fp8_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
         row = {**d, "recompute_modules": ""} if d["not_predicted"] else d
         run = _bridge_moe_run(row, int(d["ep_as_run"] or d["ep"]), note, precision="fp8",
                               fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
-        if d["not_predicted"]:
-            skipped.append((run.label, d["not_predicted"]))
-        else:
-            runs.append(run)
-    return runs, skipped
+        pairs.append((run, d["not_predicted"]))
+    return kept_and_left_out(pairs)
 
 
 def moe_nemo_dgxc_runs() -> list[PublishedRun]:
@@ -569,10 +579,8 @@ def moe_nemo_dgxc_runs() -> list[PublishedRun]:
     ``published``: the printed step time, else GBS·seq / (tokens/s/GPU · GPUs)."""
     runs = []
     for d in read_rows("moe_nemo_dgxc_2025.csv"):
-        fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
-               if d["precision"] == "fp8" else {})
         note = f" cf {d['capacity_factor']}" if d["capacity_factor"] else ""
-        runs.append(_bridge_moe_run(d, int(d["ep"]), note, **fp8,
+        runs.append(_bridge_moe_run(d, int(d["ep"]), note, **_fp8_fields(d),
                                     cuda_graphs=d["cuda_graphs"] == "yes"))
     return runs
 
@@ -698,16 +706,10 @@ def moe_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     ``fp8_recipe`` and fp8 weight gather, as :func:`moe_fp8_runs`). ``published`` = GBS·seq /
     (tokens/s/GPU · GPUs) (the file's ``step_s_derived``). Rows with a ``left_out`` reason
     are built for their label only and come back with it."""
-    runs, left_out = [], []
+    pairs = []
     for d in read_rows("moe_heldout_2026_12.csv"):
-        fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
-               if d["precision"] == "fp8" else {})
-        run = _bridge_moe_run(d, int(d["ep"]), "", **fp8)
-        if d["left_out"]:
-            left_out.append((run.label, d["left_out"]))
-        else:
-            runs.append(run)
-    return runs, left_out
+        pairs.append((_bridge_moe_run(d, int(d["ep"]), "", **_fp8_fields(d)), d["left_out"]))
+    return kept_and_left_out(pairs)
 
 
 def dense_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
@@ -726,7 +728,7 @@ def dense_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     :func:`mlperf_llama31_model` for the MLPerf row. Not modelled: ``ddp_bucket_size``,
     ``cuda_graphs``. ``published`` = ``step_s``. Rows with a ``left_out`` reason are built for
     their label only and come back with it."""
-    runs, left_out = [], []
+    pairs = []
     for d in read_rows("dense_heldout_2026_12.csv"):
         mlperf = d["source"].startswith("mlperf")
         model = (mlperf_llama31_model("llama31_8b") if mlperf and d["model"] == "llama3-8b"
@@ -737,11 +739,8 @@ def dense_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
                               d["stage_split"] == "embedding_loss",
                               fp8_recipe=d["fp8_recipe"] or "delayed", system=d["system"],
                               overlap_tp=d["tp_overlap"] == "True")
-        if d["left_out"]:
-            left_out.append((run.label, d["left_out"]))
-        else:
-            runs.append(run)
-    return runs, left_out
+        pairs.append((run, d["left_out"]))
+    return kept_and_left_out(pairs)
 
 
 # CUDA-graph scopes (a data file's ``cuda_graphs`` cell) that capture whole layers or the whole
@@ -768,16 +767,11 @@ def moe_user_report_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     ``workload`` "sft-packed" rows are read as one causal sequence of ``seq_len`` (the packed
     documents' own attention is not expressed). ``published`` = ``step_s`` (printed, or derived
     in the header). Rows with a ``left_out`` reason are built for their label only."""
-    runs, left_out = [], []
+    pairs = []
     for d in read_rows("moe_user_reports_2026_12.csv"):
-        fp8 = (dict(precision="fp8", fp8_recipe=d["fp8_recipe"], fp8_param_gather=True)
-               if d["precision"] == "fp8" else {})
-        run = _bridge_moe_run(d, int(d["ep"]), f" {d['workload']}", **fp8,
+        run = _bridge_moe_run(d, int(d["ep"]), f" {d['workload']}", **_fp8_fields(d),
                               overlap_dp_comm=d["overlap_dp_comm"] == "True",
                               cuda_graphs=d["cuda_graphs"] in WHOLE_GRAPH_SCOPES)
-        run = replace(run, layout=replace(run.layout, zero=int(d["zero"])))
-        if d["left_out"]:
-            left_out.append((run.label, d["left_out"]))
-        else:
-            runs.append(run)
-    return runs, left_out
+        pairs.append((replace(run, layout=replace(run.layout, zero=int(d["zero"]))),
+                      d["left_out"]))
+    return kept_and_left_out(pairs)
