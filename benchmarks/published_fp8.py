@@ -269,7 +269,12 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "graphs; what the software gained there at micro-batch 2 the cost model prices in "
         "part. Per micro-batch on the same layout, the B200 run took 0.0708 s and the "
         "256-GPU H100 run 0.1436 s (2.03×), predicted 0.0702 and 0.1593 s (2.27×). Peak "
-        "memory fits every row (B200 87.5 GiB; H100 63.9 and 60.0 GiB).", "",
+        "memory fits every row (B200 87.5 GiB; H100 63.9 and 60.0 GiB). Since 2026-12-05 "
+        "(POST HOC) the B200 attention curve comes from NVIDIA's published cuDNN sweep on "
+        "B200 ('What limits the accuracy'): the B200 row reads +4.6 % (37.90 s; 0.0740 s a "
+        "micro-batch, the 256-GPU H100 run's predicted one 2.15× that), attention 1.49 → 3.44 s "
+        "of the step (calls of 5·10¹⁰ FLOPs, below the sweep's 2k-token point); the figures "
+        "above are as first run.", "",
         "## MLPerf Training v5.0, Llama 3.1 405B on 512-8,192 H100 (FP8, 2025)", "",
         "NVIDIA's closed-division `llama31_405b` submissions on DGX H100 (NeMo 25.01, "
         "github.com/mlcommons/training_results_v5.0): every setting from the submissions' "
@@ -365,7 +370,12 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "its 0.190 s and read −11.6 % (UF's −10.8 %); HPE's 8 H200 nodes read −4.8 % "
         "(0.353 s published, 0.336 s predicted, 0.010 s of it exposed DP communication). "
         "No other submitter's row is at 128 or 256 GPUs, where UF's rows read −12.5 / "
-        "−23.6 %.", "",
+        "−23.6 %. Those are the readings as first run. Since 2026-12-05 (POST HOC) the B200 "
+        "attention curve comes from NVIDIA's published cuDNN sweep on B200 ('What limits "
+        "the accuracy'), 0.18 of peak at its 2k-token point where the cp 2 rows' ring calls "
+        "sit: B200 405B +10.2 / +9.1 %, 8B at cp 1 +7.7 / +2.5 %, at cp 2 +10.9 / +10.0 / "
+        "+8.0 / −5.8 % (32-256 GPUs; predicted 0.208-0.209 s at every count, so the trend with "
+        "the GPU count stays) and Verda's +9.1 %.", "",
         "## DGX Cloud Benchmarking 25.04, Llama 3.1 8B / 70B / 405B on H100 (BF16 and FP8)",
         "",
         "NVIDIA's DGX Cloud Benchmarking recipes (github.com/NVIDIA/dgxc-benchmarking, release "
@@ -465,7 +475,11 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "same layout: 1.04× on 8B (predicted 1.04×), 1.06× on 405B (predicted 1.02×); the "
         "405B MXFP8 run's unoverlapped parameter gather is not priced — the DP time the "
         "prediction hides on that row is 0.14 s (0.31 s priced, 0.17 s exposed), which "
-        "would leave it at −7.1 % if all exposed. On H100 the 70B rows read slow in every "
+        "would leave it at −7.1 % if all exposed (as first run; since 2026-12-05, POST HOC, "
+        "with the B200 attention curve from NVIDIA's published cuDNN sweep on B200, 8B "
+        "+6.4 / +6.7 % with attention 1.14 of 4.56 s, 405B +3.9 / +0.3 % with attention "
+        "0.61 → 1.24 s of the step: every B200 row slow). On H100 the 70B rows read slow in "
+        "every "
         "container, +7.8..+10.7 %: one layout (tp 4 · pp 8, 5 virtual stages), the same "
         "predicted 0.170-0.173 s per micro-batch, while the published one moves from 0.160 "
         "s (25.11, GBS 128) to 0.158 (26.02) and 0.154 s (26.04.01); the DGX Cloud 25.04 "
@@ -562,7 +576,9 @@ def fp8_report() -> tuple[dict[str, str], list[str], list[str]]:
         "Reading. The three submissions of one configuration agree within 1.6 % "
         "(0.451-0.458 s); the prediction is one number for all three, 0.373 s: GEMMs "
         "0.172 s, attention 0.061 s, memory-bound work 0.115 s, exposed DP communication "
-        "0.011 s, optimizer 0.013 s; peak memory 164 GiB of the profile's usable 170 GiB.",
+        "0.011 s, optimizer 0.013 s; peak memory 164 GiB of the profile's usable 170 GiB. "
+        "With B200's attention curve from its published cuDNN sweep (2026-12-05, POST HOC): "
+        "0.374 s, attention 0.062 s.",
         "",
     ]
     return summaries, stdout, section

@@ -5,10 +5,15 @@ compute.py) is the efficiency of one causal fused-attention call, forward + back
 the forward's executed FLOPs ``E``: the call costs ``3.5·E / (peak · eff(E))`` (backward
 2.5 × forward, Dao 2022, arXiv 2205.14135 §3.1) — what ``meshplan calibrate`` measures
 (:mod:`meshplan.calibrate.profile`). A benchmark that prints TFLOP/s per pass over a
-sweep of sequence lengths ``s`` at ``T`` tokens (batch ``T/s``), ``h`` heads of ``d`` gives,
-per length (FLOPs counted as the FlashAttention papers count them):
+sweep of sequence lengths ``s``, ``h`` query heads of ``d``, either at ``T`` tokens a call
+(key ``tokens``: batch ``T/s``, the FlashAttention papers' sweeps) or at a fixed batch ``B``
+(key ``batch``: cuDNN frontend's sweeps), gives, per length (FLOPs counted as the
+FlashAttention papers and cuDNN frontend's benchmark count them; grouped-query attention's
+fewer K/V heads do not change them — every query head still does its s²/2 score and value
+products):
 
-    E(s)   = 4 · (T/s) · s² · h · d / 2 = 2·T·s·h·d                         (1)
+    E(s)   = 4 · (T/s) · s² · h · d / 2 = 2·T·s·h·d      (tokens)
+    E(s)   = 4 · B · s² · h · d / 2     = 2·B·s²·h·d     (batch)              (1)
     f(s)   = forward_causal_tflops / peak_tflops                             (2)
     b(s)   = backward_causal_tflops / peak_tflops, or, published unmasked only,
              backward_tflops / peak_tflops × forward_causal_tflops / forward_tflops   (3)
@@ -46,6 +51,18 @@ datasheet profile) move from 7.8 % mean / 17.8 % max to 9.3 % / 16.2 %, all too 
 they miss lies outside attention. The head-dim ratio (5), post hoc on the cp40 check (8
 layouts of a head-dim-64 model, 4 × H200, all too fast by 7-16 %, the gap 0.21 × their
 attention time): 11.2 % mean / 15.5 % max → 2.4 % / 6.6 %; head-dim-128 rows unchanged.
+
+**B200** (since 2026-12-05): NVIDIA's sweep of torch SDPA's cuDNN backend on one B200 in the
+cuDNN frontend repository (cuDNN 9.13, batch 1, 128 query heads and 8 K/V heads of 128;
+``[cudnn-b200-frontend]``, the ``batch`` form of (1)): 0.051 of peak at 8.6·10⁹ FLOPs (512
+tokens), 0.18 at 1.4·10¹¹ (2k), 0.44 at 2.2·10¹² (8k), 0.526 at 3.5·10¹³ (32k), then falling
+to 0.498 at 5.6·10¹⁴ (128k) as published. No head-dim-64 table for B200: no ratio (5), and
+H100's is not borrowed. POST HOC on the published B200 training runs (docs/benchmarks/
+published.md; every step time was known before): 14 dense rows 8.3 → 6.8 % mean, 23.6 →
+10.9 % max (3.9 % fast → 6.0 % slow on average), 24 MoE rows 16.3 → 15.3 %. The same table
+from NVIDIA's later GB200 sweep at cuDNN 9.22 (peak 2500, scratch, not adopted) reads 0.37
+at 2k and 0.48 at 4k, 2.1x and 1.5x this one, where these runs' calls sit (5·10¹⁰-10¹²
+FLOPs): dense 6.9 % mean / 24.3 % max, MoE 18.1 %; the curve stands for one cuDNN release.
 """
 
 from __future__ import annotations
@@ -57,8 +74,10 @@ from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.curve_fit import extend_with_base, sig
 
 FORWARD_BACKWARD_PASSES = 3.5     # forward 1 + backward 2.5 (Dao 2022 §3.1)
-_SIZES = ("tokens", "heads", "head_dim")
+_SIZES = ("heads", "head_dim")
 _REQUIRED = ("source", "peak_tflops", *_SIZES, "seq", "forward_causal_tflops")
+# the sweep's call size: exactly one of them (eq. (1))
+_CALL_SIZES = ("tokens", "batch")
 
 
 def _numbers(table: Mapping[str, Any], key: str, n: int, where: str) -> list[float]:
@@ -93,8 +112,13 @@ def published_points(table: Mapping[str, Any], where: str) -> list[tuple[float, 
             or seq != sorted(set(seq))):
         raise ProfileError(f"{where}: key 'seq' must be a strictly increasing list of positive "
                            f"integers, got {seq!r}")
-    peak, tokens, heads, head_dim = (_positive(table, k, where)
-                                     for k in ("peak_tflops", *_SIZES))
+    given = [k for k in _CALL_SIZES if k in table]
+    if len(given) != 1:
+        raise ProfileError(f"{where}: needs exactly one of 'tokens' (batch x sequence length, "
+                           f"fixed over the sweep) or 'batch' (fixed batch at every length), "
+                           f"got {given or 'neither'}")
+    call_size = _positive(table, given[0], where)
+    peak, heads, head_dim = (_positive(table, k, where) for k in ("peak_tflops", *_SIZES))
     n = len(seq)
     fwd = _numbers(table, "forward_causal_tflops", n, where)
     if "backward_causal_tflops" in table:
@@ -112,6 +136,7 @@ def published_points(table: Mapping[str, Any], where: str) -> list[tuple[float, 
         if eff > 1:
             raise ProfileError(f"{where}: at seq {s} the published TFLOP/s exceed "
                                f"peak_tflops {peak:g} (efficiency {eff:.3f})")
+        tokens = call_size if given[0] == "tokens" else call_size * s
         pts.append((2.0 * tokens * s * heads * head_dim, sig(eff, 4)))
     return pts
 
