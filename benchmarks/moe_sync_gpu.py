@@ -508,6 +508,9 @@ SETS["drawn-3866c"] = compiled_draws(3866)
 # moeh40's profile and from a new calibration of moeh56's and moeh57's models (draw_moe.py
 # seed 3867; benchmarks/sets/moeh58)
 SETS["drawn-3867c"] = compiled_draws(3867)
+# moeh59 (2026-12-05): the next draw, a fine-grained top-8 model with a shared expert, priced
+# from moeh40's and moeh58's profiles (draw_moe.py seed 3868; benchmarks/sets/moeh59)
+SETS["drawn-3868c"] = compiled_draws(3868)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
