@@ -20,9 +20,10 @@ R = ρ·k·T·etp rows (``routed_tokens_per_rank``), ρ the profile's ``moe_load
   (k + 1)·T·h·e), at the profile's ``membound_efficiency["moe-permute"]`` (``meshplan
   calibrate --model`` times the executor's gather, padding copies and combine, forward and
   backward, at the model's shapes: ``calibrate/bench_moe.py``), else its rate at the model's
-  top-k (``moe_permute_efficiency_by_top_k``: the H200 datasheet's, 0.275 at top-2 and
-  0.374 at top-8 from calibrate's rows; post hoc after moeh48, whose top-8 what-if was
-  fixed before it ran: docs/benchmarks/moe_checks.md), else its pooled ``hbm_efficiency``.
+  top-k (``moe_permute_efficiency_by_top_k``: the H200 datasheet's, 0.274 at top-2 and
+  0.373 at top-8, the medians of calibrate's rows; post hoc after moeh48, whose top-8
+  what-if was fixed before it ran: docs/benchmarks/moe_checks.md), else its pooled
+  ``hbm_efficiency``.
 * **Grouped expert GEMMs**: E/ep local experts, each on R·ep/E rows: fc1 (h → m·f_e/etp) and
   fc2 (f_e/etp → h), each at the profile's ``grouped_gemm_efficiency`` curve by one
   expert's GEMM FLOPs, or where the profile has none, the dense GEMM curve at that
