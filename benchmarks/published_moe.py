@@ -13,17 +13,12 @@ from dataclasses import replace
 from meshplan.costmodel import comm, estimate, moe
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.spec import ModelSpec
-from published_runs import MOE_DEFAULTS, moe_modelzoo_runs, moe_runs, read_rows
+from published_runs import (MOE_DEFAULTS, moe_modelzoo_runs, moe_runs, read_rows,
+                            with_corrections)
 
 BRIDGE = "MoE, BF16, Megatron-Core / Megatron-Bridge tables"
 ZOO = "MoE, BF16, Megatron-Core MoE Model Zoo (Qwen3-235B-A22B, 256 H100)"
 ALL = "MoE, BF16, every predicted row"
-
-
-def with_corrections(cluster, **numbers):
-    """``cluster`` with its GPU profile's correction ``numbers`` replaced."""
-    gpu = cluster.gpu
-    return cluster.replace(gpu=replace(gpu, corrections=replace(gpu.corrections, **numbers)))
 
 
 def error_pct(r, **numbers) -> float:

@@ -12,8 +12,7 @@ loaders ``tests/validation/published_runs.py`` :func:`moe_heldout_runs`,
 from __future__ import annotations
 
 from meshplan.costmodel import estimate
-from published_moe import with_corrections
-from published_runs import moe_heldout_runs, moe_user_report_runs
+from published_runs import moe_heldout_runs, moe_user_report_runs, with_corrections
 from published_summary import summarize_signed
 
 NAME = ("MoE, BF16, held out for Megatron's host work per MoE layer (GPT-OSS-120B, "

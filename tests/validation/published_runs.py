@@ -438,14 +438,18 @@ MOE_DISPATCHER = {"alltoall": "alltoall", "a2a": "alltoall", "deepep": "deepep",
                   "hybridep": "deepep"}
 
 
+def with_corrections(cluster: Cluster, **numbers) -> Cluster:
+    """``cluster`` with its GPU profile's correction ``numbers`` replaced."""
+    gpu = cluster.gpu
+    return cluster.replace(gpu=replace(gpu, corrections=replace(gpu.corrections, **numbers)))
+
+
 def _balanced(cluster: Cluster, balanced: str) -> Cluster:
     """Forced-balanced routing (a fact of the run, not a fit): the profile's
     ``moe_load_imbalance`` is 1; other rows keep the built-in ρ."""
     if balanced != "yes":
         return cluster
-    gpu = cluster.gpu
-    return cluster.replace(gpu=replace(gpu, corrections=replace(gpu.corrections,
-                                                                moe_load_imbalance=1.0)))
+    return with_corrections(cluster, moe_load_imbalance=1.0)
 
 
 def moe_runs() -> list[PublishedRun]:
