@@ -511,6 +511,12 @@ SETS["drawn-3867c"] = compiled_draws(3867)
 # moeh59 (2026-12-05): the next draw, a fine-grained top-8 model with a shared expert, priced
 # from moeh40's and moeh58's profiles (draw_moe.py seed 3868; benchmarks/sets/moeh59)
 SETS["drawn-3868c"] = compiled_draws(3868)
+# moeh60-62 (2026-12-05): the three draws the pre-registered untimed-shape rule is read on
+# (benchmarks/sets/moe_untimed_shape_rule), priced from moeh40's and moeh58's profiles and the
+# datasheet (draw_moe.py seeds 3869-3871; benchmarks/sets/moeh60, moeh61, moeh62)
+SETS["drawn-3869c"] = compiled_draws(3869)
+SETS["drawn-3870c"] = compiled_draws(3870)
+SETS["drawn-3871c"] = compiled_draws(3871)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
