@@ -89,6 +89,12 @@ keys:
     it: the two norm outputs (QKV and MLP-up inputs, from the residual input and the norms'
     rstd) and the MLP-down input (from the up/gate output the activation's backward keeps)
     are not kept (−2 B each element; the attention output stays, flash attention keeps it).
+    An MoE layer without shared experts has no MLP-up input: its second norm's output feeds
+    the router (an fp32 copy) and the dispatch, and neither arm keeps it, so only the QKV
+    input comes off (found post hoc, 2026-12-05: the moeh checks' compiled arms without
+    shared experts read 2·h B a token and layer fast, and a compiled CPU block of the
+    executor's MoE layer under ``saved_tensors_hooks`` keeps norm1's output in bf16 alone,
+    docs/benchmarks/moe_checks.md "Compiled fp8 MoE blocks keep less").
     Under sequence parallelism the norm outputs reach the linears through an all-gather,
     which is not recomputed: only the MLP-down input goes. Eager, the saved 16-bit inputs
     are bf16's. Under full recomputation a compiled fp8 block keeps, beside its input, the
@@ -449,7 +455,11 @@ def torch_memory(model: ModelSpec, job: Job, micro_batch: int, tp: int,
     e = activation_bytes_per_element(job)
     delta = 0.0
     if compile and kept:
-        norms = 0.0 if sequence_parallel and tp > 1 else 2.0 * tokens * model.hidden_size
+        # the QKV input, and the MLP-up input where the layer has a dense MLP: an MoE layer
+        # without shared experts feeds its second norm's output to the router and the
+        # dispatch only, and its bf16 twin does not keep it either
+        inputs = 2.0 if width > 0 else 1.0
+        norms = 0.0 if sequence_parallel and tp > 1 else inputs * tokens * model.hidden_size
         delta = -(norms + tokens * width / tp) * e
     elif compile and not (sequence_parallel and tp > 1):
         # full recomputation: the fp8 GEMMs' outputs that feed other operators are kept

@@ -52,7 +52,15 @@ GEMMs under recipe ``rowwise`` (:mod:`meshplan.executor.fp8_grouped`,
 * **memory**: the 16-bit inputs are saved as in bf16, except that compiled (Layout.compile)
   fc2's input, the activation's output, is not kept: Inductor's partitioner recomputes it
   from fc1's output, which the activation's backward keeps anyway (the dense fp8 linear's
-  MLP-down input the same way: :mod:`meshplan.costmodel.fp8_cost`); the autocast copies of
+  MLP-down input the same way: :mod:`meshplan.costmodel.fp8_cost`); and where the block is
+  one graph with its activations kept (:func:`keeps_fc1_cast`), fc1's input — the padded
+  rows, made by the executor's permutation ops, which the partitioner cannot re-run —
+  is kept as its weight-gradient cast (fp8 with per-group scales, 1 B an element) instead
+  of in 16 bits: the partitioner moves that cast into the forward, since the backward
+  reads the rows only through it (−R·h B a layer; found post hoc 2026-12-05 on the moeh
+  checks' compiled fp8 arms, which kept k·h B a token and layer less than priced, and read
+  off a compiled CPU block: docs/benchmarks/moe_checks.md "Compiled fp8 MoE blocks keep
+  less"); the autocast copies of
   the experts' weights that the 16-bit grouped GEMM makes (and keeps for its backward) are
   not made —
   under ZeRO-0/1 the per-layer copy :class:`meshplan.costmodel.moe_tables.ExpertTerms`
@@ -127,6 +135,15 @@ def expert_weights_cached(zero: int, num_microbatches: int, recompute: str) -> b
     return zero < 2 and (num_microbatches > 1 or recompute == "full")
 
 
+def keeps_fc1_cast(layout: Layout) -> bool:
+    """Whether the executor's fp8 routed experts keep fc1's input as its 1-byte
+    weight-gradient cast rather than in 16 bits (module docstring, "memory"): the block
+    compiled as one graph (``Layout.compile`` at ep = etp = 1) with its activations kept
+    (no full recomputation)."""
+    return (layout.compile and layout.ep == 1 and layout.etp == 1
+            and layout.recompute != "full")
+
+
 def recompute_keeps_expert_outputs(job: Job, layout: Layout) -> bool:
     """Whether full recomputation re-runs none of the executor's fp8 routed experts' GEMMs
     and their rows' casts (it re-runs their weights' casts, whose input, the parameter, is
@@ -163,11 +180,13 @@ def _gemm_pair_s(gpu, te: bool, peak16: float, peak8: float, groups: float, m: i
 
 def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_experts: float,
                 hidden: int, fc1_width: float, fc2_width: float, compile: bool = False,
-                zero: int = 0) -> Fp8Experts | None:
+                zero: int = 0, keeps_fc1_cast: bool = False) -> Fp8Experts | None:
     """The routed experts' fp8 terms (module docstring); None where they stay 16-bit (not
     fp8, or runtime "torch" under a recipe its grouped kernel does not take).
     ``fc1_width``: fc1's output width on this rank (m·f_e/etp), ``fc2_width``: fc2's input
-    width (f_e/etp); ``compile`` (Layout.compile) and ``zero``: runtime "torch" only."""
+    width (f_e/etp); ``compile`` (Layout.compile), ``zero`` and ``keeps_fc1_cast`` (the
+    block compiled as one graph and its activations kept: :func:`keeps_fc1_cast`): runtime
+    "torch" only."""
     te = fp8_transformer_engine(job)
     if job.precision != "fp8" or not (te or job.fp8_recipe in TORCH_FP8_EXPERT_RECIPES):
         return None
@@ -206,10 +225,12 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         # compiled, fc2's input (the activation's output) is recomputed from fc1's output,
         # which the activation's backward keeps anyway
         act_out = -rows * fc2_width * 2.0 if compile else 0.0
+        # ... and fc1's 16-bit input gives way to its 1-byte weight-gradient cast
+        fc1_in = -rows * hidden * 1.0 if keeps_fc1_cast else 0.0
         return Fp8Experts(gemm_ratio=ratio, forward_cast_s=cast_f + weight_f,
                           backward_cast_s=cast_b + weight_b,
                           weight_cast_step_s=0.0, weight_copy_bytes=-copies,
-                          fc1_input_delta_bytes=0.0, fc2_input_delta_bytes=act_out,
+                          fc1_input_delta_bytes=fc1_in, fc2_input_delta_bytes=act_out,
                           saved_copy_bytes=copies, weight_forward_cast_s=weight_f,
                           weight_backward_cast_s=weight_b, weight_cache_bytes=2.0 * params)
     gathered = job.fp8_param_gather
@@ -222,5 +243,5 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         fc2_input_delta_bytes=-local_experts * rows_per_expert * fc2_width)
 
 
-__all__ = ["Fp8Experts", "expert_weights_cached", "fp8_experts", "recompute_keeps_expert_outputs",
-           "torch_experts_fp8"]
+__all__ = ["Fp8Experts", "expert_weights_cached", "fp8_experts", "keeps_fc1_cast",
+           "recompute_keeps_expert_outputs", "torch_experts_fp8"]

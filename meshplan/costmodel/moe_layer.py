@@ -90,7 +90,8 @@ from meshplan.costmodel.moe import shared_width
 from meshplan.costmodel.compute import (LayerCost, PassCost, gemm_s, hbm_s,
                                         sixteen_bit_precision)
 from meshplan.costmodel.fp8_experts import (Fp8Experts, expert_weights_cached, fp8_experts,
-                                            recompute_keeps_expert_outputs, torch_experts_fp8)
+                                            keeps_fc1_cast, recompute_keeps_expert_outputs,
+                                            torch_experts_fp8)
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.runtime import moe_dispatch_overlapped, moe_tokens_sliced_over_tp
 from meshplan.hardware_profiles import Cluster, GPUSpec
@@ -179,7 +180,8 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
                  + expert_gemm_s(cluster, peak, local, per_expert, f_loc, h))
     f8 = fp8_experts(cluster, job, rows_per_expert=per_expert, local_experts=local, hidden=h,
                      fc1_width=model.ffn_matrices * f_loc, fc2_width=f_loc,
-                     compile=layout.compile, zero=layout.zero)
+                     compile=layout.compile, zero=layout.zero,
+                     keeps_fc1_cast=keeps_fc1_cast(layout))
     if f8 is not None:
         experts_s *= f8.gemm_ratio
     router_s = gemm_s(gpu, peak, 2.0 * tokens * h * n_exp)

@@ -6,7 +6,8 @@ import pytest
 
 from meshplan.costmodel import estimate, fp8
 from meshplan.costmodel.compute import gemm_s, linear_shapes
-from meshplan.costmodel.fp8_cost import cast_rate, fp8_layer, te_activation_delta_bytes
+from meshplan.costmodel.fp8_cost import (cast_rate, fp8_layer, te_activation_delta_bytes,
+                                         torch_memory)
 from meshplan.costmodel.measured import (MeasuredEnd, MeasuredLayer, MeasuredTables,
                                          ends_shape_key, layer_shape_key)
 from meshplan.costmodel.parts import layer_parts
@@ -437,3 +438,19 @@ def test_compiled_casts_inside_a_block_cost_the_profiles_share():
     fitted = fcr.rows(share)
     errors = [abs(r["composed_s"] / r["measured_s"] - 1) for r in fitted]
     assert sum(errors) / len(errors) < 0.05
+
+
+def test_compiled_fp8_drops_one_norm_output_where_the_layer_has_no_dense_mlp():
+    """Compiled with its activations kept, the executor's fp8 block keeps neither norm
+    output where bf16 keeps both (the QKV and MLP-up inputs); an MoE layer without shared
+    experts (mlp_width 0) feeds its second norm's output to the router and the dispatch
+    only, which bf16 does not keep either: one norm output comes off, not two."""
+    s, h, f = 1024, MODEL.hidden_size, MODEL.ffn_hidden_size
+    kw = dict(compile=True, fsdp=False, compiled_row=False)
+
+    def delta(width):
+        return torch_memory(MODEL, job(), 1, 1, False, "none", 0.0, mlp_width=width,
+                            **kw)["activation_delta_bytes"]
+    assert delta(None) == -(2 * s * h + s * f) * 2          # dense: both norms, MLP-down
+    assert delta(512) == -(2 * s * h + s * 512) * 2          # MoE with shared experts
+    assert delta(0) == -(s * h) * 2                          # MoE without: QKV input only

@@ -8,7 +8,7 @@ import pytest
 import meshplan as mp
 from meshplan.costmodel import fp8
 from meshplan.costmodel.compute import gemm_s, linear_shapes
-from meshplan.costmodel.fp8_experts import fp8_experts
+from meshplan.costmodel.fp8_experts import fp8_experts, keeps_fc1_cast
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.moe_layer import routed_mlp
 from meshplan.costmodel.tables import layer_tables
@@ -271,3 +271,27 @@ def test_compiled_full_recompute_keeps_the_fp8_expert_gemm_outputs():
     none = mp.Layout(micro_batch=2, compile=True)
     o = routed_mlp(MODEL, CLUSTER, j, none, links, 1.0)
     assert routed_added(o, "none").kept_bytes == o.kept_bytes
+
+
+def test_a_compiled_block_keeps_fc1s_input_as_its_one_byte_cast():
+    """Compiled as one graph with its activations kept (ep = etp = 1, no full recompute),
+    the executor's fp8 experts keep fc1's input as its 1-byte weight-gradient cast and not
+    fc2's input at all: R·h + 2·R·f_e bytes a layer less than bf16 (moe_checks.md
+    "Compiled fp8 MoE blocks keep less"); eager, with ep > 1 and under full recompute fc1's
+    input stays 16-bit."""
+    j, b = job("fp8", "torch", recipe="rowwise"), job("bf16", "torch")
+    lay = mp.Layout(micro_batch=2, compile=True)
+    assert keeps_fc1_cast(lay)
+    links = table_inputs(MODEL, CLUSTER, j, lay).links
+    f8, bf = (routed_mlp(MODEL, CLUSTER, x, lay, links, 1.0) for x in (j, b))
+    rows, h, f = f8.rows, 1024, 512
+    assert rows == 2 * 2 * 2048                  # k · micro-batch · seq at ρ = 1
+    assert f8.fp8.fc1_input_delta_bytes == -rows * h
+    assert bf.kept_bytes - f8.kept_bytes == pytest.approx(rows * h + 2.0 * rows * f)
+    for other in (mp.Layout(micro_batch=2), mp.Layout(micro_batch=2, compile=True,
+                                                        recompute="full"),
+                  mp.Layout(dp=8, ep=4, micro_batch=2, compile=True, zero=1)):
+        assert not keeps_fc1_cast(other)
+        o = routed_mlp(MODEL, CLUSTER, j, other,
+                       table_inputs(MODEL, CLUSTER, j, other).links, 1.0)
+        assert o.fp8.fc1_input_delta_bytes == 0.0
