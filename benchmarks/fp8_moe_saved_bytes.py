@@ -21,6 +21,7 @@ as on the GPU (the executor's own emulation is kept out of the graph, which woul
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path
@@ -34,13 +35,12 @@ from meshplan.executor.fp8 import Fp8Linear, Fp8Plan, convert_to_fp8  # noqa: E4
 from meshplan.executor.fp8_grouped import group_of_rows  # noqa: E402
 from meshplan.executor.model import Transformer, rope_tables  # noqa: E402
 
-_LIBS = []      # the registration lives as long as the process
-
-
-def register_cpu_scaled_grouped_mm() -> None:
-    """A CPU kernel for ``aten::_scaled_grouped_mm`` (2-D × 3-D forward and 2-D × 2-D weight
-    gradient, rowwise scales), where the installed torch has none."""
+@contextlib.contextmanager
+def cpu_scaled_grouped_mm():
+    """Within it, a CPU kernel for ``aten::_scaled_grouped_mm`` (2-D × 3-D forward and
+    2-D × 2-D weight gradient, rowwise scales) where the installed torch has none."""
     if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_grouped_mm", "CPU"):
+        yield
         return
 
     def kernel(a, b, scale_a, scale_b, offs=None, bias=None, scale_result=None,
@@ -56,7 +56,10 @@ def register_cpu_scaled_grouped_mm() -> None:
 
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("_scaled_grouped_mm", kernel, "CPU")
-    _LIBS.append(lib)
+    try:
+        yield
+    finally:
+        lib._destroy()
 
 
 def model_spec(a, top_k: int, shared: int) -> mp.ModelSpec:
@@ -110,6 +113,15 @@ def saved_bytes(spec: mp.ModelSpec, block, tokens: int, device: torch.device) ->
     return sum(seen.values())
 
 
+def per_token(spec: mp.ModelSpec, precision: str, tokens: tuple[int, int],
+              device: torch.device) -> float:
+    """The compiled block's saved bytes a token (the slope between ``tokens``)."""
+    torch._dynamo.reset()
+    block = compiled_block(spec, precision, device)
+    lo, hi = (saved_bytes(spec, block, t, device) for t in tokens)
+    return (hi - lo) / (tokens[1] - tokens[0])
+
+
 def predicted_per_token(spec: mp.ModelSpec, precision: str, tokens: tuple[int, int]) -> float:
     """The cost model's kept bytes a token of one layer (the slope between ``tokens``)."""
     cluster = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=1)
@@ -136,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(a.tokens) != 2 or a.tokens[0] >= a.tokens[1]:
         raise SystemExit(f"--tokens {a.tokens}: two increasing counts, e.g. 1024,2048")
     device = torch.device(a.device)
-    if device.type == "cpu":
-        register_cpu_scaled_grouped_mm()
     warnings.simplefilter("ignore")
-    span = a.tokens[1] - a.tokens[0]
     print(f"h {a.hidden}, {a.experts} experts of {a.ffn}, shared {a.shared_ffn}; "
           f"bytes a token, {device.type}, torch {torch.__version__}")
     print("| top-k | shared | bf16 | fp8 | fp8 − bf16 | cost model's fp8 − bf16 |")
@@ -147,12 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in (int(v) for v in a.top_k.split(",")):
         for shared in (0, 1):
             spec = model_spec(a, k, shared)
-            got = {}
-            for precision in ("bf16", "fp8"):
-                torch._dynamo.reset()
-                block = compiled_block(spec, precision, device)
-                lo, hi = (saved_bytes(spec, block, t, device) for t in a.tokens)
-                got[precision] = (hi - lo) / span
+            with cpu_scaled_grouped_mm() if device.type == "cpu" else contextlib.nullcontext():
+                got = {p: per_token(spec, p, a.tokens, device) for p in ("bf16", "fp8")}
             want = (predicted_per_token(spec, "fp8", a.tokens)
                     - predicted_per_token(spec, "bf16", a.tokens))
             print(f"| {k} | {shared} | {got['bf16']:.0f} | {got['fp8']:.0f} | "

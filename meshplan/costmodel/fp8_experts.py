@@ -180,11 +180,11 @@ def _gemm_pair_s(gpu, te: bool, peak16: float, peak8: float, groups: float, m: i
 
 def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_experts: float,
                 hidden: int, fc1_width: float, fc2_width: float, compile: bool = False,
-                zero: int = 0, keeps_fc1_cast: bool = False) -> Fp8Experts | None:
+                zero: int = 0, fc1_cast_kept: bool = False) -> Fp8Experts | None:
     """The routed experts' fp8 terms (module docstring); None where they stay 16-bit (not
     fp8, or runtime "torch" under a recipe its grouped kernel does not take).
     ``fc1_width``: fc1's output width on this rank (m·f_e/etp), ``fc2_width``: fc2's input
-    width (f_e/etp); ``compile`` (Layout.compile), ``zero`` and ``keeps_fc1_cast`` (the
+    width (f_e/etp); ``compile`` (Layout.compile), ``zero`` and ``fc1_cast_kept`` (the
     block compiled as one graph and its activations kept: :func:`keeps_fc1_cast`): runtime
     "torch" only."""
     te = fp8_transformer_engine(job)
@@ -226,7 +226,7 @@ def fp8_experts(cluster: Cluster, job: Job, *, rows_per_expert: float, local_exp
         # which the activation's backward keeps anyway
         act_out = -rows * fc2_width * 2.0 if compile else 0.0
         # ... and fc1's 16-bit input gives way to its 1-byte weight-gradient cast
-        fc1_in = -rows * hidden * 1.0 if keeps_fc1_cast else 0.0
+        fc1_in = -rows * hidden * 1.0 if fc1_cast_kept else 0.0
         return Fp8Experts(gemm_ratio=ratio, forward_cast_s=cast_f + weight_f,
                           backward_cast_s=cast_b + weight_b,
                           weight_cast_step_s=0.0, weight_copy_bytes=-copies,

@@ -181,7 +181,7 @@ def routed_mlp(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, lin
     f8 = fp8_experts(cluster, job, rows_per_expert=per_expert, local_experts=local, hidden=h,
                      fc1_width=model.ffn_matrices * f_loc, fc2_width=f_loc,
                      compile=layout.compile, zero=layout.zero,
-                     keeps_fc1_cast=keeps_fc1_cast(layout))
+                     fc1_cast_kept=keeps_fc1_cast(layout))
     if f8 is not None:
         experts_s *= f8.gemm_ratio
     router_s = gemm_s(gpu, peak, 2.0 * tokens * h * n_exp)
