@@ -71,6 +71,17 @@ def measured(paths: list[str], key: str = "step_time_s",
     return out
 
 
+def named_profiles(items: list[str]) -> list[tuple[str, str]]:
+    """``--profile NAME=PATH`` arguments as (name, path), each path an existing file."""
+    named = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"--profile {item!r}: use NAME=PATH of an existing profile")
+        named.append((name, path))
+    return named
+
+
 def price(rec, profile: str | None, memory: bool = False) -> float | None:
     """The plan's step seconds (``memory``: peak GiB a rank) with ``profile`` applied to its
     cluster (None: the datasheet), or None where the profile does not apply or the estimate
@@ -97,12 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", action="store_true",
                     help="peak GiB a rank (the runs' memory_peak_bytes), not step seconds")
     args = ap.parse_args(argv)
-    named = []
-    for item in args.profile:
-        name, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            raise SystemExit(f"--profile {item!r}: use NAME=PATH of an existing profile")
-        named.append((name, path))
+    named = named_profiles(args.profile)
     every = sorted(glob.glob(args.all))
     meas = (measured(args.results, "memory_peak_bytes", 2.0**-30) if args.memory
             else measured(args.results))

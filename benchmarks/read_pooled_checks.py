@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from price_plans import measured, plan_files, price  # noqa: E402
+from price_plans import measured, named_profiles, plan_files, price  # noqa: E402
 
 from meshplan.errors import MeshplanWarning  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
@@ -97,12 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rule", choices=["untimed-shape"],
                     help="read this pre-registered rule on the pooled step errors")
     args = ap.parse_args(argv)
-    named = []
-    for item in args.profile:
-        name, sep, path = item.partition("=")
-        if not sep or not Path(path).is_file():
-            raise SystemExit(f"--profile {item!r}: use NAME=PATH of an existing profile")
-        named.append((name, path))
+    named = named_profiles(args.profile)
     if args.rule and args.memory:
         raise SystemExit("--rule reads step times: leave out --memory")
     warnings.simplefilter("ignore", MeshplanWarning)
