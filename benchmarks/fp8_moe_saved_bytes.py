@@ -29,11 +29,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fp8_saved_bytes import saved_storages  # noqa: E402
+
 import meshplan as mp  # noqa: E402
 from meshplan.costmodel.tables import layer_tables  # noqa: E402
 from meshplan.executor.fp8 import Fp8Linear, Fp8Plan, convert_to_fp8  # noqa: E402
 from meshplan.executor.fp8_grouped import group_of_rows  # noqa: E402
 from meshplan.executor.model import Transformer, rope_tables  # noqa: E402
+
 
 @contextlib.contextmanager
 def cpu_scaled_grouped_mm():
@@ -89,28 +93,15 @@ def compiled_block(spec: mp.ModelSpec, precision: str, device: torch.device):
 
 
 def saved_bytes(spec: mp.ModelSpec, block, tokens: int, device: torch.device) -> int:
-    """Bytes of the distinct storages one forward saves (the second of two steps)."""
+    """Bytes of the distinct storages one forward saves, parameters apart (the second of two
+    steps: the first compiles)."""
     seqs = 2
     rope = rope_tables(tokens // seqs, spec.head_dim, device=device)
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     torch.manual_seed(0)
     x = torch.randn(seqs, tokens // seqs, spec.hidden_size, dtype=torch.bfloat16,
                     device=device, requires_grad=True)
-    seen: dict[int, int] = {}
-    for _ in range(2):
-        seen.clear()
-
-        def pack(t):
-            st = t.untyped_storage()
-            if st.data_ptr() not in params and st.data_ptr() != x.untyped_storage().data_ptr():
-                seen[st.data_ptr()] = st.nbytes()
-            return t
-
-        with torch.autocast(device.type, dtype=torch.bfloat16), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = block(x, rope)
-        y.float().sum().backward()
-    return sum(seen.values())
+    saved_storages(block, x, rope)
+    return sum(v[0] for v in saved_storages(block, x, rope).values() if not v[3])
 
 
 def per_token(spec: mp.ModelSpec, precision: str, tokens: tuple[int, int],

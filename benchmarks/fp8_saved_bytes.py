@@ -44,6 +44,26 @@ def split_backend(pieces: list[int]):
     return backend
 
 
+def saved_storages(block: torch.nn.Module, x: torch.Tensor, rope) -> dict:
+    """Every distinct storage autograd saves in one forward of ``block`` on ``x`` under bf16
+    autocast, the input's apart: data pointer -> (bytes, dtype, shape, whether a parameter's).
+    Runs the backward too (a step's, so a compiled block has its whole graph)."""
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    seen: dict = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() != x.untyped_storage().data_ptr():
+            seen[st.data_ptr()] = (st.nbytes(), str(t.dtype), tuple(t.shape),
+                                   st.data_ptr() in params)
+        return t
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = block(x, rope)
+    y.float().sum().backward()
+    return seen
+
+
 def saved_bytes(spec: ModelSpec, tokens: int, precision: str, compile: bool,
                 device: torch.device, split: bool = False) -> dict:
     torch.manual_seed(0)
@@ -58,21 +78,9 @@ def saved_bytes(spec: ModelSpec, tokens: int, precision: str, compile: bool,
     if compile:
         block.compile(**({"backend": split_backend(pieces)} if split else {}))
     rope = tuple(t.to(device) for t in rope_tables(tokens, spec.head_dim))
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     x = torch.randn(1, tokens, spec.hidden_size, dtype=torch.bfloat16, device=device,
                     requires_grad=True)
-    seen: dict = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() != x.untyped_storage().data_ptr():
-            seen[st.data_ptr()] = (st.nbytes(), str(t.dtype), tuple(t.shape),
-                                   st.data_ptr() in params)
-        return t
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = block(x, rope)
-    y.float().sum().backward()
+    seen = saved_storages(block, x, rope)
     kept = sum(v[0] for v in seen.values() if not v[3])
     return {"precision": precision, "compiled": compile, "pieces": max(pieces, default=1),
             "saved_bytes": kept,

@@ -71,6 +71,12 @@ def measured(paths: list[str], key: str = "step_time_s",
     return out
 
 
+def measured_values(paths: list[str], memory: bool = False
+                    ) -> dict[tuple[str, str], float | str]:
+    """:func:`measured` of the step seconds, or with ``memory`` the peak GiB."""
+    return measured(paths, "memory_peak_bytes", 2.0**-30) if memory else measured(paths)
+
+
 def named_profiles(items: list[str]) -> list[tuple[str, str]]:
     """``--profile NAME=PATH`` arguments as (name, path), each path an existing file."""
     named = []
@@ -110,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     named = named_profiles(args.profile)
     every = sorted(glob.glob(args.all))
-    meas = (measured(args.results, "memory_peak_bytes", 2.0**-30) if args.memory
-            else measured(args.results))
+    meas = measured_values(args.results, args.memory)
     warnings.simplefilter("ignore", MeshplanWarning)
     head = ["layout", "precision", *[n for n, _ in named], "datasheet",
             f"mean of {len(every)} profiles"]

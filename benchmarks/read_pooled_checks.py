@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from price_plans import measured, named_profiles, plan_files, price  # noqa: E402
+from price_plans import measured_values, named_profiles, plan_files, price  # noqa: E402
 
 from meshplan.errors import MeshplanWarning  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
@@ -60,8 +60,7 @@ def errors(checks: list[str], named: list[tuple[str, str]], memory: bool = False
         if data is None:
             pending.append(check)
             continue
-        meas = (measured([str(data)], "memory_peak_bytes", 2.0**-30) if memory
-                else measured([str(data)]))
+        meas = measured_values([str(data)], memory)
         for path in plan_files(dirs):
             rec = load_plan_file(path)
             m = meas.get((rec.job.precision, path.stem))
