@@ -125,6 +125,17 @@ def predicted_per_token(spec: mp.ModelSpec, precision: str, tokens: tuple[int, i
     return (kept[1] - kept[0]) / (tokens[1] - tokens[0])
 
 
+def _counts(option: str, text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive whole numbers."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) <= 0:
+        raise SystemExit(f"{option} {text!r}: positive whole numbers separated by commas")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -135,16 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top-k", default="1,2,4,8")
     ap.add_argument("--tokens", default="1024,2048", help="two token counts a micro-batch")
     a = ap.parse_args(argv)
-    a.tokens = tuple(int(t) for t in a.tokens.split(","))
+    a.tokens, top_k = _counts("--tokens", a.tokens), _counts("--top-k", a.top_k)
     if len(a.tokens) != 2 or a.tokens[0] >= a.tokens[1]:
         raise SystemExit(f"--tokens {a.tokens}: two increasing counts, e.g. 1024,2048")
+    if any(k > a.experts for k in top_k):
+        raise SystemExit(f"--top-k {a.top_k}: each at most --experts ({a.experts})")
     device = torch.device(a.device)
     warnings.simplefilter("ignore")
     print(f"h {a.hidden}, {a.experts} experts of {a.ffn}, shared {a.shared_ffn}; "
           f"bytes a token, {device.type}, torch {torch.__version__}")
     print("| top-k | shared | bf16 | fp8 | fp8 − bf16 | cost model's fp8 − bf16 |")
     print("|---|---|---|---|---|---|")
-    for k in (int(v) for v in a.top_k.split(",")):
+    for k in top_k:
         for shared in (0, 1):
             spec = model_spec(a, k, shared)
             with cpu_scaled_grouped_mm() if device.type == "cpu" else contextlib.nullcontext():
