@@ -76,16 +76,17 @@ MOE_CAVEAT = (
     "use the dense GEMM curve unless the profile has a grouped_gemm_efficiency curve")
 
 # Published Megatron-Core / Megatron-Bridge MoE runs against datasheet predictions
-# (docs/benchmarks/published.md, 2026-12-05, with Megatron's host work per MoE layer, fitted
-# post hoc on them): BF16 8 rows 14.4 % mean, FP8 / MXFP8 18 rows 13.5 %, MLPerf v6.0
-# GPT-OSS-20B on one B200 node 3 rows 17.8 %, NeMo / DGX Cloud Mixtral and DeepSeek-V3 4 rows
-# 11.2 %; 21 of the 33 ran slower than predicted; held out, GPT-OSS-120B 5 rows 29.8 %,
-# user-reported single-node runs 3 rows 19.3 %.
+# (docs/benchmarks/published.md's summary; tests/unit/test_moe_caveat_figures.py keeps the
+# caveat's figures equal to it): with Megatron's host work per MoE layer (fitted post hoc on
+# them) and B200's attention from NVIDIA's published cuDNN sweep, BF16 8 rows 14.1 % mean,
+# FP8 / MXFP8 18 rows 13.2 %, MLPerf v6.0 GPT-OSS-20B on one B200 node 3 rows 17.7 %,
+# NeMo / DGX Cloud Mixtral and DeepSeek-V3 4 rows 8.1 %; 21 of the 33 ran slower than
+# predicted; held out, GPT-OSS-120B 5 rows 29.5 %, user-reported single-node runs 3 rows 18.6 %.
 MOE_DATASHEET_CAVEAT = (
     "mixture of experts on a profile without measured rows: published Megatron MoE runs took "
-    "longer than such predictions in 21 of 33 cases (BF16: 14.4 % mean error; FP8 / MXFP8: "
-    "13.5 %; 17.8 % on one B200 node with CUDA graphs and no all-to-all; GPT-OSS-120B held "
-    "out: 29.8 %; docs/benchmarks/published.md), with Megatron's host work per eager MoE "
+    "longer than such predictions in 21 of 33 cases (BF16: 14.1 % mean error; FP8 / MXFP8: "
+    "13.2 %; 17.7 % on one B200 node with CUDA graphs and no all-to-all; GPT-OSS-120B held "
+    "out: 29.5 %; docs/benchmarks/published.md), with Megatron's host work per eager MoE "
     "layer priced as one number fitted on those runs: small expert GEMMs, permutation, "
     "the router and host launches cost more than their FLOPs and bytes say. Read this step "
     "as optimistic; `meshplan calibrate --model` times the model's MoE layer")
