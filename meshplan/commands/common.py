@@ -75,6 +75,10 @@ def add_job_args(p: argparse.ArgumentParser, *, global_batch: int | None = None,
     g.add_argument("--cuda-graphs", action="store_true",
                    help="the run captures CUDA graphs (Megatron-LM's --cuda-graph-impl): no "
                         "host work per MoE layer on the step's path (runtime megatron)")
+    g.add_argument("--moe-a2a-overlap", action="store_true",
+                   help="Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): "
+                        "one micro-batch's expert all-to-alls beside another's compute "
+                        "(runtime megatron; ep > 1, interleaved schedule when pp > 1)")
     g.add_argument("--recompute-modules", default=None,
                    help="what a layout's selective recompute re-runs, comma-separated: "
                         "core_attn, layernorm, moe_act, mla_up_proj (Megatron-Core's "
@@ -132,6 +136,7 @@ def job_from_args(args) -> Job:
                **({"fp8_recipe": recipe} if recipe else {}),
                fp8_param_gather=getattr(args, "fp8_param_gather", False),
                cuda_graphs=getattr(args, "cuda_graphs", False),
+               moe_a2a_overlap=getattr(args, "moe_a2a_overlap", False),
                recompute_modules=(tuple(m.strip() for m in modules.split(","))
                                   if modules is not None else None),
                tokens=args.tokens, flash_attention=not args.no_flash_attention,

@@ -63,6 +63,7 @@ from meshplan.costmodel.memory import (compute_weight_bytes_per_param, dense_lay
 from meshplan.costmodel.moe_host import host_terms
 from meshplan.costmodel.moe_layer import (routed_mlp, shared_width, with_cached_expert_weights,
                                           with_routed_mlp)
+from meshplan.costmodel.moe_overlap import a2a_overlapped, paired_share, with_a2a_overlap
 from meshplan.costmodel.parts import LayerParts
 from meshplan.costmodel.runtime import expert_grad_copies, fsdp_per_microbatch
 from meshplan.costmodel.torch_memory import state_bytes_at_peak
@@ -144,6 +145,13 @@ def moe_parts(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, link
     routed = routed_mlp(model, cluster, job, layout, links, rho)
     parts = with_routed_mlp(shared, routed, layout.recompute, job.selective_modules)
     parts = with_cached_expert_weights(parts, model, job, layout, routed.fp8)
+    if a2a_overlapped(job, layout):
+        share = paired_share(layout, layout.num_microbatches(job.global_batch))
+        fwd, bwd = with_a2a_overlap(parts.layer.forward, parts.layer.backward,
+                                    shared.layer.forward, shared.layer.backward,
+                                    routed.forward, routed.backward, share,
+                                    cluster.gpu.overlap_interference)
+        parts = replace(parts, layer=replace(parts.layer, forward=fwd, backward=bwd))
     lay = parts.layer
     host = host_terms(model, job, layout, cluster.gpu, links, forward_s=lay.forward.total_s,
                       backward_s=lay.backward.total_s)

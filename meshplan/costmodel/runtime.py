@@ -175,8 +175,10 @@ def moe_dispatch_overlapped(job: Job) -> bool:
     Megatron-Core's ``MoEAlltoAllTokenDispatcher`` runs them on the compute stream, and its
     overlap of one micro-batch's all-to-alls with another's compute
     (``--overlap-moe-expert-parallel-comm``, the DeepSeek-V3 "DualPipe"-style 1F1B
-    combination) and of the shared experts (``--moe-shared-expert-overlap``) are opt-in,
-    which the Job does not describe. So every all-to-all is exposed."""
+    combination: ``Job.moe_a2a_overlap``, priced across micro-batches by
+    :mod:`meshplan.costmodel.moe_overlap`, not here) and of the shared experts
+    (``--moe-shared-expert-overlap``, which the Job does not describe) are opt-in. So
+    within a layer every all-to-all is exposed."""
     return False
 
 

@@ -74,6 +74,13 @@ class Job:
     eager MoE layer (docs/costmodel.md, "Megatron's host work per MoE layer") is off the
     step's path. Default False (eager, as Megatron-Bridge's MoE recipes run).
 
+    ``moe_a2a_overlap`` (runtime "megatron"): Megatron-Core's combined 1F1B
+    (``--overlap-moe-expert-parallel-comm``, Megatron-Bridge's ``moe_a2a_overlap``): the
+    forward of one micro-batch runs beside the backward of another, layer by layer, so each
+    direction's expert-parallel all-to-alls run beside the other direction's compute
+    (:mod:`meshplan.costmodel.moe_overlap`). Megatron runs it only with ep > 1 and, with
+    pp > 1, the interleaved schedule; elsewhere it changes nothing. Default False.
+
     ``recompute_modules``: what a layout's ``recompute = "selective"`` re-runs in backward
     instead of keeping its outputs (Megatron-Core's ``--recompute-modules``): ``"core_attn"``
     the attention core (Korthikanti et al. 2022's selective recomputation, the default),
@@ -98,6 +105,7 @@ class Job:
     fp8_param_gather: bool = False
     moe_dispatcher: str = "alltoall"
     cuda_graphs: bool = False
+    moe_a2a_overlap: bool = False
     recompute_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -128,6 +136,12 @@ class Job:
             raise ConfigError(f"Job.cuda_graphs = True needs runtime = 'megatron'; runtime = "
                               f"{self.runtime!r} (meshplan's executor) runs eagerly or "
                               f"compiled (Layout.compile): use cuda_graphs=False")
+        require_bool("Job", "moe_a2a_overlap", self.moe_a2a_overlap)
+        if self.moe_a2a_overlap and self.runtime != "megatron":
+            raise ConfigError(f"Job.moe_a2a_overlap = True needs runtime = 'megatron' "
+                              f"(Megatron-Core's combined 1F1B); runtime = {self.runtime!r} "
+                              f"(meshplan's executor) waits on each all-to-all: use "
+                              f"moe_a2a_overlap=False")
         if self.recompute_modules is not None:
             self._check_recompute_modules()
         if self.tokens is not None and not (isinstance(self.tokens, (int, float))
