@@ -16,7 +16,8 @@ BF16 speed-ups, Megatron-Bridge's 25.11-26.06 dense Llama rows on DGX-H100 and D
 MXFP8), published FP8 / MXFP8 MoE runs, other submitters' MLPerf Training v6.0 gpt_oss_20b
 MXFP8 runs on one 8x B200 node, the MoE rows of NeMo 25.02's performance summary and DGX
 Cloud Benchmarking 25.05 (``published_moe_nemo.py``), the held-out GPT-OSS-120B rows of
-Megatron's host work per MoE layer (``published_moe_heldout.py``), Shoeybi et al. 2019 scaling.
+Megatron's host work per MoE layer (``published_moe_heldout.py``), the rows that ran Megatron's
+combined 1F1B (``published_moe_overlap.py``), Shoeybi et al. 2019 scaling.
 Prints the tables and, with --out, writes them as Markdown with the date and command. The
 side-by-side section that ``benchmarks/calculon_compare.py`` writes into the same file is kept.
 """
@@ -38,6 +39,7 @@ from published_fp8 import fp8_report  # noqa: E402
 from published_moe import moe_report  # noqa: E402
 from published_moe_heldout import moe_heldout_report  # noqa: E402
 from published_moe_nemo import moe_nemo_report  # noqa: E402
+from published_moe_overlap import moe_overlap_report  # noqa: E402
 from published_runs import (LLAMA3_DEFAULTS, MEGATRON_CORE_DEFAULTS,  # noqa: E402
                             SHOEYBI_BASELINE_TFLOPS, korthikanti2022, llama3_2024,
                             megatron_core_h100, narayanan2021, shoeybi2019)
@@ -172,6 +174,9 @@ def main(argv=None) -> int:
     held_summaries, held_stdout, held_section = moe_heldout_report()
     summaries.update(held_summaries)
     print("\n".join(held_stdout))
+    over_summaries, over_stdout, over_section = moe_overlap_report()
+    summaries.update(over_summaries)
+    print("\n".join(over_stdout))
     sho, _ = shoeybi_table()
     print("\n".join(sho))
     if args.out:
@@ -251,6 +256,7 @@ def main(argv=None) -> int:
             *fp8_section,
             *nemo_section,
             *held_section,
+            *over_section,
             "## Shoeybi et al. 2019, weak scaling (DGX-2H V100)", "",
             "Scaling efficiency = predicted TFLOP/s per GPU (recompute included) over the "
             "predicted single-GPU baseline. Goal: baseline ≈ 39 TFLOP/s, 8.3B at 8 and 512 "

@@ -660,9 +660,9 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     ``--account-for-embedding/loss-in-pipeline-split`` (:func:`llama3_stage_layers`: the
     first and last chunk one layer short). ``published`` = the step time as printed. Rows
     the cost model cannot take as printed are returned with the reason instead: the
-    one-micro-batch-ahead overlap of dispatch and compute ("+1f1b overlap", not modelled:
-    :func:`meshplan.costmodel.runtime.moe_dispatch_overlapped`), a layout its published
-    command contradicts, and a layout meshplan cannot express (the ConfigError's text).
+    one-micro-batch-ahead overlap of dispatch and compute ("+1f1b overlap": predicted apart
+    by :func:`moe_a2a_overlap_runs`), a layout its published command contradicts, and a
+    layout meshplan cannot express (the ConfigError's text).
     """
     runs, skipped = [], []
     for d in read_rows("moe_modelzoo_qwen3_h100_2025.csv"):
@@ -672,27 +672,59 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
                  f"{' fsdp' if d['fsdp'] == 'On' else ''} ({gpus} GPUs)")
         if "overlap" in d["notes"]:
             skipped.append((label, "dispatch/combine overlapped with another micro-batch's "
-                                   "compute (not modelled)"))
+                                   "compute: predicted apart, in the combined-1F1B section"))
             continue
         if d["command_matches"] != "yes":
             skipped.append((label, "the published command gives another layout"))
             continue
         try:
-            layout = Layout(dp=dp, pp=pp, tp=tp, ep=ep, micro_batch=int(d["mbs"]), vpp=vpp,
-                            schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
-                            sequence_parallel=tp > 1, recompute=MODELZOO_RECOMPUTE[d["recompute"]],
-                            zero=3 if d["fsdp"] == "On" else 1,
-                            stage_layers=(llama3_stage_layers(model.num_layers, pp, vpp)
-                                          if pp > 1 else None))
+            runs.append(_modelzoo_run(d, label))
         except ConfigError as exc:
             skipped.append((label, str(exc).split(";")[0]))
-            continue
-        job = Job(global_batch=int(d["gbs"]), seq_len=int(d["seq_len"]), precision="bf16",
-                  moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
-                  recompute_modules=recompute_modules(d["recompute"]))
-        cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
-        runs.append(PublishedRun(label, model, cluster, job, layout, float(d["step_s"]), d))
     return runs, skipped
+
+
+def _modelzoo_run(d: dict, label: str, **job_fields) -> PublishedRun:
+    """One row of the Model Zoo's Qwen3-235B table as :func:`moe_modelzoo_runs` reads it
+    (``job_fields``: e.g. ``moe_a2a_overlap``)."""
+    model = ModelSpec.preset(d["model"])
+    tp, ep, pp, vpp, dp, gpus = (int(d[k]) for k in ("tp", "ep", "pp", "vpp", "dp", "gpus"))
+    layout = Layout(dp=dp, pp=pp, tp=tp, ep=ep, micro_batch=int(d["mbs"]), vpp=vpp,
+                    schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                    sequence_parallel=tp > 1, recompute=MODELZOO_RECOMPUTE[d["recompute"]],
+                    zero=3 if d["fsdp"] == "On" else 1,
+                    stage_layers=(llama3_stage_layers(model.num_layers, pp, vpp)
+                                  if pp > 1 else None))
+    job = Job(global_batch=int(d["gbs"]), seq_len=int(d["seq_len"]), precision="bf16",
+              moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
+              recompute_modules=recompute_modules(d["recompute"]), **job_fields)
+    cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
+    return PublishedRun(label, model, cluster, job, layout, float(d["step_s"]), d)
+
+
+OVERLAP_ONLY = ("expert-parallel all-to-all overlapped with another micro-batch's compute "
+                "(moe_a2a_overlap): predicted apart")
+
+
+def moe_a2a_overlap_runs() -> list[PublishedRun]:
+    """The published MoE rows that ran Megatron-Core's combined 1F1B and nothing else the
+    cost model does not price, read as their tables' other rows are read
+    (:func:`moe_fp8_runs`, :func:`moe_modelzoo_runs`) with ``Job.moe_a2a_overlap = True``:
+    the Megatron-Bridge FP8 H100 rows whose ``not_predicted`` names only the overlap, and the
+    Model Zoo's "+1f1b overlap" row (its published command matching its table). The rule they
+    were first predicted under: ``benchmarks/sets/moe_a2a_overlap/README.md``."""
+    runs = []
+    for d in read_rows("moe_fp8_2025_2026.csv"):
+        if d["not_predicted"].startswith(OVERLAP_ONLY):
+            runs.append(_bridge_moe_run(d, int(d["ep_as_run"] or d["ep"]), " a2a overlap",
+                                        precision="fp8", fp8_recipe=d["fp8_recipe"],
+                                        fp8_param_gather=True, moe_a2a_overlap=True))
+    for d in read_rows("moe_modelzoo_qwen3_h100_2025.csv"):
+        if "overlap" in d["notes"] and d["command_matches"] == "yes":
+            label = (f"{d['model']} {d['dispatcher']} tp {d['tp']} ep {d['ep']} pp {d['pp']} "
+                     f"vpp {d['vpp']} a2a overlap ({d['gpus']} GPUs)")
+            runs.append(_modelzoo_run(d, label, moe_a2a_overlap=True))
+    return runs
 
 
 def moe_heldout_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
