@@ -86,4 +86,17 @@ def section(lines: list[str], s: dict[str, str]) -> list[str]:
         "Not folded into issue 38's means above (the rule): those stay over the 33 rows the "
         "host term was fitted on. DeepSeek-V3 26.04.01 on B200 also ran the overlap; it "
         "stays out, its \"mlp\" recomputation not priced.", "",
+        "Reading (2026-12-05, after the first run; nothing changed on it). (1) The four "
+        "Megatron-Bridge Qwen3-235B rows (tp 2, pp 8 · vp 4, ep 32 over 4 nodes) come within "
+        "1.7-8.0 %, all slow, where without the overlap they read 39-48 % slow. Part of that "
+        "is two errors meeting: their all-to-all across nodes is priced with the call "
+        "latency of 31 sequential ring steps (an upper bound: NCCL posts the sends at once), "
+        "and the same layout without the overlap in the 25.11 container reads +37.4 % (the "
+        "FP8 / MXFP8 section) — the overlap hides half of an all-to-all that may be priced "
+        "high. (2) The Model Zoo row (DeepEP, 2 nodes' worth of NIC traffic a token) comes "
+        "within −3.4 % (+10.1 % without). (3) Qwen3-30B-A3B at micro-batch 1 (pp 2 · vp 12, "
+        "ep 8 over 2 nodes) is host-bound as priced — Megatron's host work per MoE layer "
+        "exceeds its GPU time with or without the all-to-all — so the overlap moves nothing: "
+        "−40.2 % either way, the fine-grained model's miss at small micro-batches that the "
+        "FP8 / MXFP8 section shows for its 25.11 twin (−55.5 %).", "",
     ]
