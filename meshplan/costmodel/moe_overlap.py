@@ -26,9 +26,14 @@ tensor-parallel collectives, which contend for the same links). Not modelled apa
 recomputed forward's all-to-alls under full recomputation (left exposed), and the SMs the
 overlapped kernels share beyond the interference number.
 
-Measured error: first run on the published Megatron-Bridge and Model Zoo rows that ran it
-(docs/benchmarks/published.md, "Combined 1F1B"; the rule committed before they were
-predicted: benchmarks/sets/moe_a2a_overlap/README.md).
+"Attention" is the layer without its routed experts (attention, norms, shared experts).
+
+Measured error, as first run on the six published rows that ran it (datasheet profiles;
+docs/benchmarks/published.md, "Combined 1F1B"; the rule committed before they were
+predicted: benchmarks/sets/moe_a2a_overlap/README.md): 10.5 % mean step-time error, 37.4 %
+priced without the overlap — Megatron-Bridge's four Qwen3-235B-A22B FP8 H100 rows +1.7 to
++8.0 % (+39 to +48 % without), the Model Zoo's Qwen3-235B-A22B row −3.4 % (+10.1 %), and
+Qwen3-30B-A3B −40.2 % either way (host-bound as priced: the overlap moves nothing there).
 """
 
 from __future__ import annotations
