@@ -53,6 +53,27 @@ def a2a_overlapped(job: Job, layout: Layout) -> bool:
             and (layout.pp == 1 or layout.schedule == "interleaved-1f1b"))
 
 
+def overlap_caveats(model, job: Job, layout: Layout) -> tuple[str, ...]:
+    """What an estimate says of ``Job.moe_a2a_overlap``: where it applies, that it is priced
+    and how far it was checked; where it was asked for and does not apply, why not."""
+    if not job.moe_a2a_overlap:
+        return ()
+    if a2a_overlapped(job, layout) and model.is_moe:
+        return (OVERLAP_CAVEAT,)
+    why = ("the model has no routed experts" if not model.is_moe
+           else f"Layout.ep = {layout.ep}: there is no all-to-all" if layout.ep == 1
+           else f"pp = {layout.pp} without the interleaved schedule (Megatron runs it at "
+                f"pp > 1 only with virtual stages: schedule='interleaved-1f1b', vpp > 1)")
+    return (f"Job.moe_a2a_overlap has no effect on this layout: {why}",)
+
+
+OVERLAP_CAVEAT = (
+    "Megatron's combined 1F1B (Job.moe_a2a_overlap): each all-to-all priced behind the paired "
+    "micro-batch's compute at the profile's overlap_interference (the datasheet's 0.15 an "
+    "assumption); first run on six published runs, 10.5 % mean step-time error "
+    "(docs/benchmarks/published.md, \"Combined 1F1B\")")
+
+
 def paired_share(layout: Layout, num_microbatches: int) -> float:
     """The share of a rank's chunk passes that run paired: all but the first pipeline
     rank's warm-up forwards (and as many cool-down backwards)."""
@@ -92,4 +113,5 @@ def with_a2a_overlap(forward: PassCost, backward: PassCost, attention_fwd: PassC
             replace(backward, ep_comm_s=backward.ep_comm_s - experts_bwd.ep_comm_s + b))
 
 
-__all__ = ["a2a_overlapped", "paired_share", "overlapped_ep_s", "with_a2a_overlap"]
+__all__ = ["OVERLAP_CAVEAT", "a2a_overlapped", "overlap_caveats", "paired_share",
+           "overlapped_ep_s", "with_a2a_overlap"]

@@ -25,6 +25,7 @@ from meshplan.costmodel.build import build_fields
 from meshplan.costmodel.caveats import moe_untimed_torch_caveats
 from meshplan.costmodel.inputs import table_inputs
 from meshplan.costmodel.host import HostDispatch
+from meshplan.costmodel.moe_overlap import overlap_caveats
 from meshplan.costmodel.rank_memory import RankMemory
 from meshplan.costmodel.stage_tables import StageTimes
 from meshplan.hardware_profiles import Cluster
@@ -64,7 +65,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) 
     if inp.layout is not layout or inp.caveats:
         fields.update(given_layout=layout, caveats=fields["caveats"] + inp.caveats)
     # the layout as given (cp > 1 reaches build_fields as its per-rank equivalent)
-    fields["caveats"] = fields["caveats"] + moe_untimed_torch_caveats(model, job, layout)
+    fields["caveats"] = (fields["caveats"] + moe_untimed_torch_caveats(model, job, layout)
+                         + overlap_caveats(model, job, layout))
     t = LayerTables(**fields)
     applied = registry.applied(t)
     if applied:

@@ -54,6 +54,13 @@ def test_the_caveat_quotes_the_published_means():
         assert phrase.format(summary_mean(start)) in MOE_DATASHEET_CAVEAT, phrase
 
 
+def test_the_overlap_caveat_quotes_its_first_run():
+    from meshplan.costmodel.moe_overlap import OVERLAP_CAVEAT
+    mean = summary_mean("MoE, combined 1F1B (Megatron-Bridge FP8 H100, Model Zoo BF16 H100), "
+                        "as first run")
+    assert f"{mean} % mean step-time error" in OVERLAP_CAVEAT
+
+
 def test_the_caveat_counts_the_runs_slower_than_predicted():
     errors = [e for title in SECTIONS for e in section_errors(title)]
     slower = sum(e < 0 for e in errors)

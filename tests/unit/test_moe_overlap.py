@@ -62,6 +62,21 @@ def test_where_megatron_does_not_run_it_nothing_changes(layout):
     assert a.step_time_s == b.step_time_s and a.memory_peak_bytes == b.memory_peak_bytes
 
 
+def test_the_estimate_says_where_it_applies_and_where_it_does_not():
+    from meshplan.costmodel.moe_overlap import OVERLAP_CAVEAT
+    assert OVERLAP_CAVEAT in mp.estimate(MODEL, CLUSTER, job(True), INTERLEAVED).caveats
+    assert not any("moe_a2a_overlap" in c for c in
+                   mp.estimate(MODEL, CLUSTER, job(False), INTERLEAVED).caveats)
+    no_ep = mp.estimate(MODEL, CLUSTER, job(True), INTERLEAVED.replace(ep=1)).caveats
+    assert any("no effect on this layout: Layout.ep = 1" in c for c in no_ep)
+    plain = mp.Layout(dp=16, pp=2, ep=8, zero=1, micro_batch=1)
+    assert any("pp = 2 without the interleaved schedule" in c
+               for c in mp.estimate(MODEL, CLUSTER, job(True), plain).caveats)
+    dense = mp.estimate(mp.ModelSpec.preset("llama3-8b"), CLUSTER, job(True),
+                        mp.Layout(dp=32, micro_batch=1)).caveats
+    assert any("the model has no routed experts" in c for c in dense)
+
+
 def test_the_executor_does_not_run_it():
     with pytest.raises(mp.ConfigError, match="moe_a2a_overlap = True needs runtime = 'megatron'"):
         job(True, runtime="torch")
