@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from moe_profile_transfer import datasheet  # noqa: E402
 
+from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
+
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import MeshplanError, MeshplanWarning  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
@@ -88,13 +90,15 @@ def named_profiles(items: list[str]) -> list[tuple[str, str]]:
     return named
 
 
-def price(rec, profile: str | None, memory: bool = False) -> float | None:
+def price(rec, profile: str | None, memory: bool = False,
+          gpu: str | None = None) -> float | None:
     """The plan's step seconds (``memory``: peak GiB a rank) with ``profile`` applied to its
     cluster (None: the datasheet), or None where the profile does not apply or the estimate
-    refuses the layout."""
+    refuses the layout. ``gpu``: the plan's cluster with that built-in GPU instead of its own
+    (the same layouts run on another GPU type)."""
     try:
-        cluster = datasheet(rec.cluster) if profile is None else apply_profile(rec.cluster,
-                                                                               profile)
+        base = rec.cluster.replace(gpu=builtin_gpu(gpu)) if gpu else rec.cluster
+        cluster = datasheet(base) if profile is None else apply_profile(base, profile)
         est = estimate(rec.model, cluster, rec.job, rec.layout)
     except MeshplanError:
         return None
@@ -113,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="data files of the run (keys bf16/fp8 → runs → layout/…)")
     ap.add_argument("--memory", action="store_true",
                     help="peak GiB a rank (the runs' memory_peak_bytes), not step seconds")
+    ap.add_argument("--gpu", default=None, metavar="NAME",
+                    help="price the plans on this built-in GPU instead of their own (e.g. "
+                         "H100-SXM5-80GB: the same layouts run on another GPU type)")
     args = ap.parse_args(argv)
     named = named_profiles(args.profile)
     every = sorted(glob.glob(args.all))
@@ -130,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         rec = load_plan_file(path)
         prec = rec.job.precision
         m = meas.get((prec, path.stem), "not run")
-        cols = [(n, price(rec, p, args.memory)) for n, p in named]
-        cols.append(("datasheet", price(rec, None, args.memory)))
-        all_s = [s for s in (price(rec, p, args.memory) for p in every) if s is not None]
+        cols = [(n, price(rec, p, args.memory, args.gpu)) for n, p in named]
+        cols.append(("datasheet", price(rec, None, args.memory, args.gpu)))
+        all_s = [s for s in (price(rec, p, args.memory, args.gpu) for p in every)
+                 if s is not None]
         cols.append(("all", statistics.mean(all_s) if all_s else None))
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
