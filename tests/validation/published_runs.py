@@ -666,10 +666,7 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
     """
     runs, skipped = [], []
     for d in read_rows("moe_modelzoo_qwen3_h100_2025.csv"):
-        model = ModelSpec.preset(d["model"])
-        tp, ep, pp, vpp, dp, gpus = (int(d[k]) for k in ("tp", "ep", "pp", "vpp", "dp", "gpus"))
-        label = (f"{model.name} {d['dispatcher']} tp {tp} ep {ep} pp {pp} vpp {vpp}"
-                 f"{' fsdp' if d['fsdp'] == 'On' else ''} ({gpus} GPUs)")
+        label = _modelzoo_label(d)
         if "overlap" in d["notes"]:
             skipped.append((label, "dispatch/combine overlapped with another micro-batch's "
                                    "compute: predicted apart, in the combined-1F1B section"))
@@ -678,15 +675,20 @@ def moe_modelzoo_runs() -> tuple[list[PublishedRun], list[tuple[str, str]]]:
             skipped.append((label, "the published command gives another layout"))
             continue
         try:
-            runs.append(_modelzoo_run(d, label))
+            runs.append(_modelzoo_run(d))
         except ConfigError as exc:
             skipped.append((label, str(exc).split(";")[0]))
     return runs, skipped
 
 
-def _modelzoo_run(d: dict, label: str, **job_fields) -> PublishedRun:
+def _modelzoo_label(d: dict, note: str = "") -> str:
+    return (f"{d['model']} {d['dispatcher']} tp {d['tp']} ep {d['ep']} pp {d['pp']} "
+            f"vpp {d['vpp']}{' fsdp' if d['fsdp'] == 'On' else ''}{note} ({d['gpus']} GPUs)")
+
+
+def _modelzoo_run(d: dict, note: str = "", **job_fields) -> PublishedRun:
     """One row of the Model Zoo's Qwen3-235B table as :func:`moe_modelzoo_runs` reads it
-    (``job_fields``: e.g. ``moe_a2a_overlap``)."""
+    (``note`` in its label; ``job_fields``: e.g. ``moe_a2a_overlap``)."""
     model = ModelSpec.preset(d["model"])
     tp, ep, pp, vpp, dp, gpus = (int(d[k]) for k in ("tp", "ep", "pp", "vpp", "dp", "gpus"))
     layout = Layout(dp=dp, pp=pp, tp=tp, ep=ep, micro_batch=int(d["mbs"]), vpp=vpp,
@@ -699,7 +701,8 @@ def _modelzoo_run(d: dict, label: str, **job_fields) -> PublishedRun:
               moe_dispatcher=MOE_DISPATCHER[d["dispatcher"]],
               recompute_modules=recompute_modules(d["recompute"]), **job_fields)
     cluster = _balanced(Cluster.preset(d["system"], nodes=gpus // 8), d["balanced"])
-    return PublishedRun(label, model, cluster, job, layout, float(d["step_s"]), d)
+    return PublishedRun(_modelzoo_label(d, note), model, cluster, job, layout,
+                        float(d["step_s"]), d)
 
 
 OVERLAP_ONLY = ("expert-parallel all-to-all overlapped with another micro-batch's compute "
@@ -721,9 +724,7 @@ def moe_a2a_overlap_runs() -> list[PublishedRun]:
                                         fp8_param_gather=True, moe_a2a_overlap=True))
     for d in read_rows("moe_modelzoo_qwen3_h100_2025.csv"):
         if "overlap" in d["notes"] and d["command_matches"] == "yes":
-            label = (f"{d['model']} {d['dispatcher']} tp {d['tp']} ep {d['ep']} pp {d['pp']} "
-                     f"vpp {d['vpp']} a2a overlap ({d['gpus']} GPUs)")
-            runs.append(_modelzoo_run(d, label, moe_a2a_overlap=True))
+            runs.append(_modelzoo_run(d, " a2a overlap", moe_a2a_overlap=True))
     return runs
 
 
