@@ -49,7 +49,7 @@ from meshplan.spec import Job, Layout
 def a2a_overlapped(job: Job, layout: Layout) -> bool:
     """Whether the layout runs Megatron's combined 1F1B: asked for, ep > 1, and at pp > 1
     the interleaved schedule (Megatron refuses it otherwise; here it changes nothing)."""
-    return (job.moe_a2a_overlap and job.runtime == "megatron" and layout.ep > 1
+    return (job.moe_a2a_overlap and layout.ep > 1   # Job allows it under "megatron" only
             and (layout.pp == 1 or layout.schedule == "interleaved-1f1b"))
 
 
