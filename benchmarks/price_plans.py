@@ -33,11 +33,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from moe_profile_transfer import datasheet  # noqa: E402
 
-from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
-
 from meshplan.costmodel import estimate  # noqa: E402
 from meshplan.errors import MeshplanError, MeshplanWarning  # noqa: E402
 from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
 
@@ -121,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="price the plans on this built-in GPU instead of their own (e.g. "
                          "H100-SXM5-80GB: the same layouts run on another GPU type)")
     args = ap.parse_args(argv)
+    if args.gpu:
+        try:
+            builtin_gpu(args.gpu)
+        except MeshplanError as exc:    # a GPU the price would refuse on every column
+            raise SystemExit(f"--gpu: {exc}")
     named = named_profiles(args.profile)
     every = sorted(glob.glob(args.all))
     meas = measured_values(args.results, args.memory)

@@ -102,3 +102,12 @@ def test_memory_mode_prices_peak_gib_against_the_runs_peak(capsys):
         assert cells[2] == f"{peak[cells[0].strip('`')]:.3f}"
         own = float(cells[3].split(" (")[0])
         assert 10 < own < 141                             # GiB on one H200, not seconds
+
+
+def test_another_gpu_prices_the_same_plans_on_its_datasheet(capsys):
+    plans = ROOT / "benchmarks" / "plans" / "moeh61_bf16_h200x1"
+    with pytest.raises(SystemExit, match="--gpu: unknown GPU 'H101'"):
+        pp.main([str(plans), "--gpu", "H101"])
+    rec = pp.load_plan_file(plans / "mb4-compiled.json")
+    h200, h100 = pp.price(rec, None), pp.price(rec, None, gpu="H100-SXM5-80GB")
+    assert h100 > h200          # the same layout, less HBM bandwidth: slower, not refused
