@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from meshplan.executor.moe import MoELayer, grouped_mm_usable  # noqa: E402
+from meshplan.executor.run import flush_and_exit  # noqa: E402
 from meshplan.spec import ModelSpec  # noqa: E402
 
 
@@ -169,12 +170,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    rc = main()
-    # torch 2.13's compiled collectives keep the gloo group alive (an opaque object their
-    # traced graphs hold) into interpreter teardown, whose destructor order then now and
-    # then aborts both ranks after the output was written ("terminate called without an
-    # active exception", 2 CPU ranks, about 1 run in 20): once the work is done, leave
-    # without that teardown
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    # no interpreter teardown once the output is written: torch 2.13's compiled collectives
+    # keep the gloo group alive (an opaque object their traced graphs hold) into it, and it
+    # aborted both ranks about 1 run in 20 ("terminate called without an active exception")
+    flush_and_exit(main())
