@@ -37,6 +37,7 @@ from meshplan.executor import tp_collectives as tc  # noqa: E402
 from meshplan.executor.context_parallel import (RingAttentionCore, heads_to_seq,  # noqa: E402
                                                 seq_to_heads)
 from meshplan.executor.moe import _AllToAll  # noqa: E402
+from meshplan.executor.run import flush_and_exit  # noqa: E402
 from meshplan.executor.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
 
 MAX_GAP = 1e-5
@@ -162,4 +163,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # no interpreter teardown once the output is written: the compiled collectives keep the
+    # gloo group alive into it, where moe_saved_copies.py's ranks sometimes aborted
+    flush_and_exit(main())
