@@ -44,8 +44,8 @@ def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | N
                            cluster_default: str | None = None) -> None:
     g = p.add_argument_group("model and cluster")
     g.add_argument("--model", default=model_default, required=model_default is None,
-                   help="model preset name (see `meshplan profiles`) or path to a Hugging Face "
-                        "config.json")
+                   help="model preset name (see `meshplan profiles`), a Hugging Face "
+                        "config.json or a directory holding one, or a ModelSpec JSON file")
     g.add_argument("--cluster", default=cluster_default, required=cluster_default is None,
                    help="cluster preset name or path to a cluster TOML file")
     g.add_argument("--nodes", type=positive_int, default=None, help="number of nodes")

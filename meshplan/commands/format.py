@@ -58,9 +58,10 @@ def format_estimate(est: Estimate) -> str:
         worst = max(range(len(est.memory)), key=lambda i: est.memory[i].total_bytes)
         keep = sorted({0, 1, worst, len(rows) - 2, len(rows) - 1})
         rows = [rows[i] for i in keep]
-    out.append("\nmemory per GPU by pipeline stage (GiB)")
+    out.append("\nmemory per GPU by pipeline stage (GiB; mb held: micro-batches whose "
+               "activations the stage holds at its peak)")
     out.append(_table(rows, ["stage", "layers", "weights", "grads", "optim", "activ",
-                             "logits", "buffers", "in-flight", "total"]))
+                             "logits", "buffers", "mb held", "total"]))
     t = est.time
     parts = [("GEMM", t.gemm_s), ("attention", t.attention_s),
              ("memory-bound ops", t.memory_bound_s), ("fixed overheads", t.overhead_s),

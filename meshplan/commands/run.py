@@ -16,6 +16,7 @@ from __future__ import annotations
 from meshplan.commands.common import positive_float, positive_int
 from meshplan.executor.affinity import AFFINITY_MODES
 from meshplan.executor.gc_control import GC_MODES
+from meshplan.spec.choices import FP8_RECIPES
 
 
 def add_arguments(p) -> None:
@@ -25,12 +26,20 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="results.json", help="results file (JSON)")
     p.add_argument("--force", action="store_true", help="replace an existing results file")
     p.add_argument("--nproc", type=positive_int, default=None,
-                   help="processes to start (default: the plan's dp·pp·tp)")
+                   help="processes to start (default: the plan's GPUs, dp·pp·tp·cp)")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="default: cuda when available")
     p.add_argument("--allow-gpu-mismatch", action="store_true",
                    help="run even if this node's GPUs are not the plan's type")
     p.add_argument("--data", default=None, help="flat uint16/uint32 token file (memmap)")
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
+                   help="token type of --data (uint32 for vocabularies over 65,536) [uint16]")
+    p.add_argument("--seed", type=int, default=None, help="seed of weights and data [0]")
+    p.add_argument("--lr", type=positive_float, default=None, help="AdamW learning rate [3e-4]")
+    p.add_argument("--precision", choices=["bf16", "fp32", "fp8"], default=None,
+                   help="run in this precision instead of the plan's (docs/fp8.md)")
+    p.add_argument("--fp8-recipe", choices=list(FP8_RECIPES), default=None,
+                   help="with fp8: how fp8 operands are scaled [the plan's, else tensorwise]")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each block (also on where the plan's layout says so)")
     p.add_argument("--candidate", type=int, default=None, metavar="I",
@@ -64,8 +73,11 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     if args.launch_dir:
         from meshplan.planner.launch import write_launch_script
+        from meshplan.executor.run_results import warn_if_too_big
+        from meshplan.planner.planfile import load_plan_file
         script = write_launch_script(args.plan, args.launch_dir, args.launcher,
                                      overwrite=args.force)
+        warn_if_too_big(load_plan_file(args.plan))
         print(f"wrote {script} and {script.parent / 'plan.json'}")
         return 0
     try:
@@ -75,7 +87,10 @@ def main(args) -> int:
         raise ExecutorError(f"meshplan run needs PyTorch: pip install 'meshplan[executor]' "
                             f"({exc})") from None
     extra: list[str] = []
-    for flag, value in (("--data", args.data), ("--candidate", args.candidate),
+    for flag, value in (("--data", args.data), ("--data-dtype", args.data_dtype),
+                        ("--seed", args.seed), ("--lr", args.lr),
+                        ("--precision", args.precision), ("--fp8-recipe", args.fp8_recipe),
+                        ("--candidate", args.candidate),
                         ("--timeout-s", args.timeout_s), ("--checkpoint-dir", args.checkpoint_dir),
                         ("--checkpoint-every", args.checkpoint_every),
                         ("--checkpoint-keep", args.checkpoint_keep)):

@@ -115,6 +115,9 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     nproc = need if nproc is None else nproc
     device = check_machine(plan, nproc=nproc, device=device,
                            allow_gpu_mismatch=allow_gpu_mismatch, plan_path=plan_path)
+    if device == "cuda":
+        from meshplan.executor.run_results import warn_if_too_big
+        warn_if_too_big(plan)
     if "--device" not in extra:
         extra += ["--device", device]
     if allow_gpu_mismatch and "--allow-gpu-mismatch" not in extra:

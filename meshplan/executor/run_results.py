@@ -40,6 +40,24 @@ def prediction_of(plan: PlanRecord) -> dict[str, Any]:
     return pred
 
 
+def warn_if_too_big(plan) -> None:
+    """Warn on stderr when the plan, priced as this executor runs it (runtime "torch"), does
+    not fit the GPU: ``meshplan plan`` defaults to Megatron's runtime, whose model states take
+    less memory than the executor's (docs/executor.md, "Known limits")."""
+    pred = prediction_of(plan)
+    if pred.get("fits", True):
+        return
+    gib = 2.0 ** 30
+    peak, usable = pred.get("memory_peak_bytes"), pred.get("usable_memory_bytes")
+    sizes = (f" ({peak / gib:.1f} GiB a GPU at peak, {usable / gib:.1f} GiB usable)"
+             if isinstance(peak, (int, float)) and isinstance(usable, (int, float)) else "")
+    made = ("" if plan.job.runtime == "torch" else
+            f"; the plan was made for runtime {plan.job.runtime!r}: `meshplan plan --runtime "
+            f"torch` finds layouts that fit this executor")
+    print(f"meshplan run: warning: this layout is predicted not to fit under this executor"
+          f"{sizes}{made}", file=sys.stderr, flush=True)
+
+
 def stage_prediction_bytes(prediction: dict[str, Any], pp_rank: int) -> float | None:
     mem = prediction.get("memory")
     if isinstance(mem, list) and pp_rank < len(mem) and isinstance(mem[pp_rank], dict):

@@ -57,11 +57,12 @@ def precision_table(outcomes: Sequence[PlanOutcome], model, main_layout: Layout)
     rows = []
     for o in outcomes:
         same: dict = {"same_layout_step_time_s": float("nan"),
-                      "same_layout_memory_peak_gib": float("nan")}
+                      "same_layout_memory_peak_gib": float("nan"), "same_layout_fits": None}
         try:
             e = estimate(model, o.cluster, o.job, main_layout)
             same = {"same_layout_step_time_s": e.step_time_s,
-                    "same_layout_memory_peak_gib": e.memory_peak_bytes / 2**30}
+                    "same_layout_memory_peak_gib": e.memory_peak_bytes / 2**30,
+                    "same_layout_fits": bool(e.fits)}
         except MeshplanError:
             pass              # the main layout cannot run in this precision: left empty
         rows.append({"precision": precision_label(o.job), **_plan_numbers(o), **same})
@@ -78,8 +79,10 @@ def display_precision(df):
         out[col] = [f"{v:.2f}×" if v == v else "—" for v in df[col]]
     out["same_layout_step_time_s"] = [f"{v:.3f} s" if v == v else "—"
                                       for v in df["same_layout_step_time_s"]]
-    out["same_layout_memory_peak_gib"] = [f"{v:.1f} GiB" if v == v else "—"
-                                          for v in df["same_layout_memory_peak_gib"]]
+    out["same_layout_memory_peak_gib"] = [
+        "—" if v != v else f"{v:.1f} GiB" + (" (does not fit)" if fits is False else "")
+        for v, fits in zip(df["same_layout_memory_peak_gib"], df["same_layout_fits"])]
+    out = out.drop(columns=["same_layout_fits"], errors="ignore")
     return out.rename(columns={"speedup": "speed-up",
                                "same_layout_step_time_s": "main layout: step",
                                "same_layout_memory_peak_gib": "main layout: memory",
@@ -95,8 +98,8 @@ def precision_section(outcomes: Sequence[PlanOutcome], model, main: PlanOutcome)
         text=(f"The same model and job on {main.gpus} GPUs in each precision, re-planned for "
               f"each (time, peak memory and cost of its best plan; speed-up over the first "
               f"row), and the recommended plan's own layout estimated in each (\"main "
-              f"layout\"). fp8 runs the transformer linears' GEMMs in fp8 and pays their "
-              f"casts (an MoE layer's routed experts too, except under runtime torch with a "
+              f"layout\"; marked where it does not fit the GPU in that precision). fp8 "
+              f"runs the transformer linears' GEMMs in fp8 and pays their casts (an MoE layer's routed experts too, except under runtime torch with a "
               f"recipe other than rowwise); attention, norms, the router and the logits stay "
               f"bf16 (docs/fp8.md). MFU is against the bf16 peak in every row."
               + ("\n\nCautions: " + " ".join(caveats)

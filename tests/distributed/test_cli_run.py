@@ -1,5 +1,5 @@
-"""`meshplan run plan.json` end to end on CPU: 2 gloo ranks, tiny model; --gc auto and
---cpu-affinity split (each rank pinned to its own cores) reach the ranks."""
+"""`meshplan run plan.json` end to end on CPU: 2 gloo ranks, tiny model; --gc auto,
+--cpu-affinity split (each rank pinned to its own cores), --seed and --lr reach the ranks."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def moe_run(tmp_path_factory) -> dict:
     out = tmp_path / "results.json"
     split = _affinity_split_checkable()
     assert main(["run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1",
-                 "--out", str(out), "--gc", "auto",
+                 "--out", str(out), "--gc", "auto", "--seed", "3", "--lr", "0.001",
                  *(["--cpu-affinity", "split"] if split else [])]) == 0
     return json.loads(out.read_text())
 
@@ -71,6 +71,7 @@ def test_meshplan_run_writes_results_and_refuses_overwrite(tmp_path, capsys, moe
     from meshplan.executor.affinity import linux_siblings, rank_cpus
     doc = moe_run
     assert doc["status"] == "ok" and doc["measured"]["gc"]["mode"] == "auto"
+    assert "--seed 3" in doc["command"] and "--lr 0.001" in doc["command"]
     if _affinity_split_checkable():
         rank0 = rank_cpus(os.sched_getaffinity(0), 0, 2, linux_siblings)   # what rank 0 recorded
         assert doc["environment"]["cpu_affinity"] == f"split: {len(rank0)} CPUs per rank"

@@ -39,6 +39,19 @@ def test_report_compares_bf16_and_fp8_with_the_cost_models_numbers(tmp_path):
     assert df["speedup"].iloc[0] == 1.0 and df["step_time_s"].iloc[0] == pytest.approx(
         main.estimate.step_time_s)
     assert df["usd_per_million_tokens"].notna().all()
+    assert list(df["same_layout_fits"]) == [main.estimate.fits, same.fits]
+
+
+def test_a_main_layout_that_does_not_fit_in_a_precision_is_marked():
+    from meshplan.report.precision import display_precision
+    import pandas as pd
+    df = pd.DataFrame({"precision": ["bf16", "fp8 (tensorwise)"], "step_time_s": [2.0, 1.6],
+                       "speedup": [1.0, 1.25], "same_layout_step_time_s": [2.0, 1.5],
+                       "same_layout_memory_peak_gib": [70.0, 84.1],
+                       "same_layout_fits": [True, False], "same_layout_speedup": [1.0, 1.33]})
+    shown = display_precision(df)
+    assert list(shown["main layout: memory"]) == ["70.0 GiB", "84.1 GiB (does not fit)"]
+    assert "same_layout_fits" not in shown.columns
 
 
 def test_cli_refuses_a_bad_precision_list(capsys, tmp_path):

@@ -1,0 +1,43 @@
+"""`meshplan run` warns when a plan, priced as the executor runs it (runtime "torch"), does
+not fit the GPU: `meshplan plan` defaults to Megatron's runtime, whose model states are
+smaller than the executor's (docs/executor.md, "Known limits")."""
+
+from __future__ import annotations
+
+import meshplan as mp
+from meshplan.cli import main as cli_main
+from meshplan.executor.planfiles import write_plan_for_layout
+from meshplan.executor.run_results import warn_if_too_big
+from meshplan.planner.planfile import load_plan_file
+
+CLUSTER = mp.Cluster.preset("dgx-h100", nodes=4)
+LAYOUT = mp.Layout(dp=4, pp=1, tp=8, micro_batch=1, zero=1, recompute="full",
+                   sequence_parallel=True)
+
+
+def _plan(tmp_path, runtime: str):
+    job = mp.Job(global_batch=64, seq_len=4096, runtime=runtime)
+    return write_plan_for_layout(tmp_path / f"{runtime}.json", mp.ModelSpec.preset("llama3-70b"),
+                                 job, LAYOUT, CLUSTER)
+
+
+def test_a_megatron_plan_too_big_for_the_executor_is_named(tmp_path, capsys):
+    plan = _plan(tmp_path, "megatron")
+    assert load_plan_file(plan).prediction["fits"]          # fits as Megatron runs it
+    warn_if_too_big(load_plan_file(plan))
+    err = capsys.readouterr().err
+    assert "predicted not to fit under this executor" in err
+    assert "GiB usable" in err and "--runtime torch" in err
+    # the launch scripts are written all the same, with the warning
+    assert cli_main(["run", str(plan), "--launch-dir", str(tmp_path / "l")]) == 0
+    assert "predicted not to fit" in capsys.readouterr().err
+    assert (tmp_path / "l" / "run_torchrun.sh").exists()
+
+
+def test_a_plan_that_fits_the_executor_is_quiet(tmp_path, capsys):
+    small = mp.ModelSpec.preset("llama3-8b")
+    plan = write_plan_for_layout(tmp_path / "p.json", small,
+                                 mp.Job(global_batch=64, seq_len=4096, runtime="torch"),
+                                 LAYOUT, CLUSTER)
+    warn_if_too_big(load_plan_file(plan))
+    assert capsys.readouterr().err == ""
