@@ -212,7 +212,7 @@ def validate_cmd(m: dict, out: Path, *, profile: str | None, gpu: str, nproc: in
            "--layout-list", m["layout_file"], "--nproc", str(nproc), "--device", device,
            "--steps", str(steps), "--warmup", str(warmup), "--timeout", f"{layout_timeout_s:g}",
            "--budget", f"{budget_s:.0f}",
-           "--out", str(out)]
+           "--out", str(out), "--force"]   # its own scratch directory
     # a CPU dry run prices the GPU cluster's shape with the CPU calibration's profile
     override = ["--profile-override"] if device == "cpu" else []
     return cmd + (["--profile", profile, *override] if profile else [])

@@ -64,6 +64,9 @@ def closest_names(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
 def unknown_name_error(kind: str, name: str, choices: Iterable[str]) -> UnknownPresetError:
     """An :class:`UnknownPresetError` that suggests the closest known names."""
     choices = sorted(choices)
+    if not isinstance(name, str):
+        return UnknownPresetError(f"a {kind} is named by a string, got {name!r}; known "
+                                  f"{kind}s: {', '.join(choices)}")
     close = closest_names(name, choices)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return UnknownPresetError(

@@ -82,6 +82,10 @@ def layouts_from_json(path: Path) -> tuple[list[Layout], list[str] | None]:
         raise ConfigError(f"layout list {str(path)!r} is not valid JSON: {exc}") from None
     if not isinstance(data, list) or not data:
         raise ConfigError(f"layout list {str(path)!r} must be a non-empty JSON list of layouts")
-    names = [d.pop("name", None) if isinstance(d, dict) else None for d in data]
+    for i, d in enumerate(data):
+        if not isinstance(d, dict):
+            raise ConfigError(f"layout list {str(path)!r}: entry {i} is {d!r}, not a layout "
+                              f"object such as {{\"dp\": 2, \"tp\": 2, \"micro_batch\": 1}}")
+    names = [d.pop("name", None) for d in data]
     layouts = [Layout.from_dict(d) for d in data]
     return layouts, (names if all(names) else None)

@@ -113,7 +113,8 @@ def main(args) -> int:
     from meshplan.planner.planfile import check_output_file
     # before minutes of measuring, not when the profile is written (each torchrun rank
     # checks too, before any of them writes)
-    check_output_file(args.out, overwrite=args.force, what="profile", flag="--force")
+    check_output_file(args.out, overwrite=args.force, what="profile", flag="--force",
+                      example_name="profile.toml")
     models = tuple(load_model(m) for m in args.model or ())
     # bad options fail here, once, before torchrun starts its children
     options = CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,

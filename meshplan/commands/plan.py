@@ -92,8 +92,11 @@ def _fixed(items) -> dict:
             raise ConfigError(f"--fix {item!r} must be FIELD=VALUE")
         k, v = item.split("=", 1)
         k = k.strip().replace("-", "_")
-        if k in ("sequence_parallel",):
-            out[k] = v.lower() in ("1", "true", "yes")
+        if k in ("sequence_parallel", "compile"):
+            truth = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+            if v.strip().lower() not in truth:
+                raise ConfigError(f"--fix {item!r}: {k} needs true or false (also 1/0, yes/no)")
+            out[k] = truth[v.strip().lower()]
         elif k in ("schedule", "recompute", "cp_style"):
             out[k] = v
         elif k == "stage_layers":

@@ -26,7 +26,11 @@ def add_arguments(p) -> None:
     # the executor runs plain PyTorch: predict its conventions unless told otherwise
     add_job_args(p, global_batch=16, seq_len=2048, runtime="torch")
     g = p.add_argument_group("validation")
-    g.add_argument("--out", required=True, help="directory for plans, logs and accuracy.*")
+    g.add_argument("--out", required=True, help="directory for plans, logs and accuracy.* "
+                                                "(new or empty, unless --force)")
+    g.add_argument("--force", action="store_true",
+                   help="write into a --out that already holds files (an earlier validation's "
+                        "are replaced)")
     g.add_argument("--layouts", type=positive_int, default=16,
                    help="how many of the valid layouts to run, spread over the predicted range")
     g.add_argument("--layout-list", default=None,
@@ -71,6 +75,10 @@ def main(args) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} exists and is not a directory")
     check_creatable(out, f"--out {str(out)!r}")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise ConfigError(f"--out {str(out)!r} already holds files; validate writes its plans, "
+                          f"logs and accuracy.* there, over any of the same name: give a new or "
+                          f"empty directory, or pass --force")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.nodes, args.profile, args.profile_override)
     job = job_from_args(args)

@@ -123,6 +123,11 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     if allow_gpu_mismatch and "--allow-gpu-mismatch" not in extra:
         extra.append("--allow-gpu-mismatch")
     out = Path(out)
+    if out.is_dir():
+        raise ExecutorError(f"results file {str(out)!r} is a directory; give a file path such "
+                            f"as {str(out / 'results.json')!r}")
+    if args.data is not None:
+        check_token_file(args.data, args.data_dtype)
     if out.exists() and not force:
         raise ExecutorError(f"results file {str(out)!r} exists; refusing to overwrite it "
                             f"(pass --force to replace it)")
@@ -148,6 +153,18 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     if rc != 0:
         _write_failure(plan, out, nproc, rc, cmd, stderr_tail, extra)
     return rc
+
+
+def check_token_file(path: str, dtype: str) -> None:
+    """Refuse a token file the ranks could not read, before any of them starts."""
+    width = {"uint16": 2, "uint32": 4}[dtype]
+    p = Path(path)
+    if not p.is_file():
+        raise ExecutorError(f"--data {path!r}: no such file (a flat {dtype} token file)")
+    size = p.stat().st_size
+    if size == 0 or size % width:
+        raise ExecutorError(f"--data {path!r} holds {size:,} bytes, not a whole positive number "
+                            f"of {dtype} tokens ({width} bytes each); is --data-dtype right?")
 
 
 def supervise(cmd: list[str], env: dict) -> tuple[int, str]:

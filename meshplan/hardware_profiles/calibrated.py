@@ -39,8 +39,9 @@ from meshplan.hardware_profiles.collective_latency import (all_to_all_curve, bro
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
-from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names, curve, get,
-                                               gpu_from_table, read_toml)
+from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names,
+                                               efficiency_curve, get, gpu_from_table,
+                                               read_toml)
 from meshplan.hardware_profiles.stale_rows import warn_defective_compiled_rows, without_stale_rows
 
 SCHEMA = "meshplan.profile"
@@ -432,7 +433,7 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
         if v is not None and v < 0:
             raise ProfileError(f"{cwhere}: {key} must be >= 0, got {v!r}")
         lats[key] = None if v is None else float(v)
-    net = curve(c, "network_efficiency", cwhere) if "network_efficiency" in c else None
+    net = efficiency_curve(c, "network_efficiency", cwhere) if "network_efficiency" in c else None
     rows = get(doc.get("measurements", {}), "collectives", list, f"{where} [measurements]", [])
     coll = tuple(r for r in rows if isinstance(r, dict) and r.get("op") != "p2p"
                  and all(isinstance(r.get(k), (int, float)) for k in

@@ -10,8 +10,9 @@ from typing import Any, Mapping
 from meshplan.errors import ConfigError, ProfileError, require_positive_int, unknown_name_error
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import GPUSpec
-from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_table, curve, get,
-                                                gpu_from_table, read_toml)
+from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_table,
+                                                efficiency_curve, get, gpu_from_table,
+                                                read_toml)
 
 RANK_ORDERS = ("tp-dp-pp", "tp-pp-dp")
 
@@ -215,8 +216,31 @@ def _section_clusters(data: Mapping[str, Any], where: str) -> dict[str, Any] | N
     return tables
 
 
+_CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes", "intra_node", "network", "network_efficiency",
+                 "price_per_gpu_hour", "memory_reserve_bytes", "memory_reserve_fraction",
+                 "rank_order", "collective_base_latency_us")
+_INTRA_KEYS = ("fabric", "latency_us")
+_NETWORK_KEYS = ("nics_per_node", "nic_gbps", "latency_us", "topology", "oversubscription")
+
+
+def _known_keys(t: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
+    """A misspelt key would be dropped and its default used without a word: refuse it."""
+    odd = sorted(k for k in t if k not in known)
+    if odd:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(map(repr, odd))}; valid keys: "
+                           f"{', '.join(known)}")
+
+
+def _only(table: Mapping[str, Any], key: str, modelled: str, where: str, why: str) -> None:
+    value = get(table, key, str, where, modelled)
+    if value != modelled:
+        raise ProfileError(f"{where}: {key} = {value!r} is not modelled; only {modelled!r} "
+                           f"({why})")
+
+
 def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,
                         file_gpus: tuple[Mapping[str, Any], str] | None) -> Cluster:
+    _known_keys(t, _CLUSTER_KEYS, where)
     gname = get(t, "gpu", (str, dict), where)
     if isinstance(gname, dict):
         gpu = gpu_from_table(f"{name}-gpu", gname, f"{where}.gpu")
@@ -230,13 +254,19 @@ def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,
     intra = get(t, "intra_node", dict, where, {})
     net = get(t, "network", dict, where)
     nwhere = f"{where}.network"
+    _known_keys(intra, _INTRA_KEYS, f"{where}.intra_node")
+    _known_keys(net, _NETWORK_KEYS, nwhere)
+    _only(intra, "fabric", "nvswitch", f"{where}.intra_node",
+          "every GPU of a node reaches every other at the GPU's nvlink_gbps")
+    _only(net, "topology", "fat-tree", nwhere, "a non-blocking fat tree, thinned by "
+          "oversubscription")
     network = NetworkSpec(
         nics_per_node=get(net, "nics_per_node", int, nwhere),
         nic_gbps=float(get(net, "nic_gbps", _NUM, nwhere)),
         latency_us=float(get(net, "latency_us", _NUM, nwhere, 5.0)),
         topology=get(net, "topology", str, nwhere, "fat-tree"),
         oversubscription=float(get(net, "oversubscription", _NUM, nwhere, 1.0)),
-        efficiency=curve(t, "network_efficiency", where) if "network_efficiency" in t
+        efficiency=efficiency_curve(t, "network_efficiency", where) if "network_efficiency" in t
         else Curve(((1e9, 0.9),)),
     )
     if network.nics_per_node < 1 or network.nic_gbps <= 0 or network.oversubscription < 1:

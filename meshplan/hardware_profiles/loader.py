@@ -95,6 +95,17 @@ def curve(table: Mapping[str, Any], key: str, where: str) -> Curve:
         raise ProfileError(f"{where}: key {key!r}: {exc}") from None
 
 
+def efficiency_curve(table: Mapping[str, Any], key: str, where: str) -> Curve:
+    """:func:`curve` for a fraction of a peak: every value in (0, 1] (a 0 would price an
+    operation at infinite time, a value above 1 faster than the hardware)."""
+    c = curve(table, key, where)
+    outside = [v for _, v in c.points if not 0 < v <= 1]
+    if outside:
+        raise ProfileError(f"{where}: key {key!r} holds efficiencies, fractions of the peak in "
+                           f"(0, 1]; got {outside[0]!r} in {c.to_list()!r}")
+    return c
+
+
 def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
     peaks = get(t, "peak_tflops", dict, where)
     for k, v in peaks.items():
@@ -125,11 +136,11 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
     return GPUSpec(
         name=name, peak_tflops=dict(peaks), **positive,
         membound_efficiency={str(k): float(v) for k, v in ops.items()},
-        gemm_efficiency=curve(t, "gemm_efficiency", where),
+        gemm_efficiency=efficiency_curve(t, "gemm_efficiency", where),
         attention_efficiency=attention_curve(t, where),
         **attention_head_dims(t, where),
         hbm_efficiency=float(hbm_eff),
-        nvlink_efficiency=curve(t, "nvlink_efficiency", where),
+        nvlink_efficiency=efficiency_curve(t, "nvlink_efficiency", where),
         provenance=str(t.get("provenance", "datasheet")),
         layer_overhead_s=float(get(t, "layer_overhead_s", _NUM, where, 0.0)),
         microbatch_overhead_s=float(get(t, "microbatch_overhead_s", _NUM, where, 0.0)),
@@ -139,21 +150,21 @@ def gpu_from_table(name: str, t: Mapping[str, Any], where: str) -> GPUSpec:
                                        DEFAULT_OVERLAP_INTERFERENCE)),
         ddp_overlap_interference=(float(get(t, "ddp_overlap_interference", _NUM, where))
                                   if "ddp_overlap_interference" in t else None),
-        fp8_gemm_efficiency=(curve(t, "fp8_gemm_efficiency", where)
+        fp8_gemm_efficiency=(efficiency_curve(t, "fp8_gemm_efficiency", where)
                              if "fp8_gemm_efficiency" in t else None),
         **optional,
         fp8_torch_recipes=_names(t, "fp8_torch_recipes", where),
         **_block_shares(t, where),
         compiled_full_rerun_share=rerun,
-        grouped_gemm_efficiency=(curve(t, "grouped_gemm_efficiency", where)
+        grouped_gemm_efficiency=(efficiency_curve(t, "grouped_gemm_efficiency", where)
                                  if "grouped_gemm_efficiency" in t else None),
         grouped_gemm_key=_grouped_key(t, where),
-        grouped_fp8_gemm_efficiency=(curve(t, "grouped_fp8_gemm_efficiency", where)
+        grouped_fp8_gemm_efficiency=(efficiency_curve(t, "grouped_fp8_gemm_efficiency", where)
                                      if "grouped_fp8_gemm_efficiency" in t else None),
         moe_permute_efficiency_by_top_k=_permute_by_top_k(t, where),
-        nvlink_broadcast_efficiency=(curve(t, "nvlink_broadcast_efficiency", where)
+        nvlink_broadcast_efficiency=(efficiency_curve(t, "nvlink_broadcast_efficiency", where)
                                      if "nvlink_broadcast_efficiency" in t else None),
-        nvlink_all_to_all_efficiency=(curve(t, "nvlink_all_to_all_efficiency", where)
+        nvlink_all_to_all_efficiency=(efficiency_curve(t, "nvlink_all_to_all_efficiency", where)
                                       if "nvlink_all_to_all_efficiency" in t else None),
         microbench_timing=_timing(t, where),
     )
@@ -202,7 +213,7 @@ def attention_curve(t: Mapping[str, Any], where: str) -> Curve:
     (``attention_published``, a table of data/attention_kernels.toml), the curve derived
     from it with ``attention_efficiency`` as the shape below its range
     (:mod:`meshplan.hardware_profiles.attention_published`)."""
-    shape = curve(t, "attention_efficiency", where)
+    shape = efficiency_curve(t, "attention_efficiency", where)
     if "attention_published" not in t:
         return shape
     name = get(t, "attention_published", str, where)

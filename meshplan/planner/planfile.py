@@ -113,13 +113,15 @@ def with_gpu_profile(cluster: Cluster, data: Any, source: str) -> Cluster:
 
 
 def check_output_file(path: str | Path, *, overwrite: bool, what: str = "output file",
-                      flag: str = "--force / overwrite=True") -> Path:
-    """Refuse, before any work, a path that cannot receive a file: a directory, a parent
-    that is a file or not writable, or an existing file without ``overwrite``."""
+                      flag: str = "--force / overwrite=True",
+                      example_name: str = "plan.json") -> Path:
+    """Refuse, before any work, a path that cannot receive a file: a directory (the message
+    suggests ``example_name`` in it), a parent that is a file or not writable, or an existing
+    file without ``overwrite``."""
     path = Path(path)
     if path.is_dir():
         raise MeshplanError(f"{what} {str(path)!r} is a directory; give a file path such as "
-                            f"{str(path / 'plan.json')!r}")
+                            f"{str(path / example_name)!r}")
     if path.exists() and not overwrite:
         raise MeshplanError(f"{what} {str(path)!r} exists; refusing to overwrite it (pass "
                             f"{flag} to replace it)")

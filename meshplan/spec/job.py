@@ -119,7 +119,8 @@ class Job:
             raise ConfigError(f"Job.fp8_recipe = {self.fp8_recipe!r} applies only with "
                               f"precision = 'fp8', got precision = {self.precision!r}; use "
                               f"precision='fp8' or leave fp8_recipe at {FP8_RECIPES[0]!r}")
-        require_bool("Job", "fp8_param_gather", self.fp8_param_gather)
+        for f in ("flash_attention", "overlap_dp_comm", "overlap_tp_comm", "fp8_param_gather"):
+            require_bool("Job", f, getattr(self, f))
         if self.fp8_param_gather and (self.precision != "fp8" or self.runtime != "megatron"):
             raise ConfigError(f"Job.fp8_param_gather = True needs precision = 'fp8' and runtime "
                               f"= 'megatron' (Megatron-LM's --fp8-param-gather), got precision "

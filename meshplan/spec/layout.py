@@ -82,6 +82,10 @@ class Layout:
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("Layout.sequence_parallel=True needs tp > 1 (got tp=1)")
         if self.stage_layers is not None:
+            if not isinstance(self.stage_layers, (list, tuple)):
+                raise ConfigError(f"Layout.stage_layers must be a list of layer counts, one per "
+                                  f"pipeline chunk (e.g. (12, 12) for pp 2), got "
+                                  f"{self.stage_layers!r}")
             sl = tuple(self.stage_layers)
             object.__setattr__(self, "stage_layers", sl)
             if len(sl) != self.pp * self.vpp:

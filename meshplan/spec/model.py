@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshplan.errors import ConfigError, require_choice, require_positive_int, unknown_name_error
+from meshplan.errors import (ConfigError, require_bool, require_choice, require_positive_int,
+                             unknown_name_error)
 from meshplan.spec._dicts import from_dict
 from meshplan.spec._model_checks import check_mla_fields, check_moe_fields, check_window_fields
 from meshplan.spec.choices import ACTIVATIONS, NORMS, POSITIONS
@@ -101,6 +102,10 @@ class ModelSpec:
         for f in ("num_kv_heads", "ffn_hidden_size", "head_dim"):
             if getattr(self, f) is not None:
                 require_positive_int("ModelSpec", f, getattr(self, f))
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"ModelSpec.name must be a non-empty string, got {self.name!r}")
+        for f in ("tied_embeddings", "bias", "dropout"):
+            require_bool("ModelSpec", f, getattr(self, f))
         require_choice("ModelSpec", "activation", self.activation, ACTIVATIONS)
         require_choice("ModelSpec", "norm", self.norm, NORMS)
         require_choice("ModelSpec", "position_embedding", self.position_embedding, POSITIONS)
