@@ -76,7 +76,7 @@ def add_arguments(p) -> None:
     g.add_argument("--force", action="store_true", help="overwrite an existing plan file")
     g.add_argument("--launch-dir", default=None, metavar="DIR",
                    help="also write plan.json and a launch script for every node into DIR")
-    g.add_argument("--launcher", choices=["torchrun", "slurm"], default="torchrun",
+    g.add_argument("--launcher", choices=["torchrun", "slurm"], default=None,
                    help="launch script kind for --launch-dir [torchrun]")
     g.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -144,7 +144,10 @@ def main(args) -> int:
     if out is not None:   # before the search: a bad path fails in milliseconds
         check_output_file(out, overwrite=args.force, what="plan file", flag="--force")
     if args.launch_dir:
-        _check_launch_dir(args)
+        _check_launch_dir(args, out)
+    elif args.launcher:
+        raise ConfigError(f"--launcher {args.launcher} writes a launch script only with "
+                          f"--launch-dir DIR")
     constraints = constraints_from_args(args)
     gpus = _gpus(args.gpus) if args.gpus else None
     t0 = time.perf_counter()
@@ -178,8 +181,12 @@ def main(args) -> int:
     elif not args.launch_dir:
         print("\n(no plan file written; add -o plan.json to save it)")
     if args.launch_dir:
-        script = p.write_launch_script(args.launch_dir, args.launcher, overwrite=args.force)
+        script = p.write_launch_script(args.launch_dir, args.launcher or "torchrun",
+                                       overwrite=args.force)
         print(f"launch script written to {script} (with {script.parent / 'plan.json'})")
+        from meshplan.executor.run_results import warn_if_too_big
+        from meshplan.planner.planfile import load_plan_file
+        warn_if_too_big(load_plan_file(script.parent / "plan.json"), "meshplan plan")
     return 0
 
 
@@ -188,12 +195,15 @@ def _params(model) -> str:
     return f"{n / 1e9:.2f}B" if n < 1e13 else f"{n:.3g}"
 
 
-def _check_launch_dir(args) -> None:
+def _check_launch_dir(args, out: Path | None) -> None:
     """Refuse an existing script or plan in --launch-dir before the search, not after."""
     d = Path(args.launch_dir)
     if d.exists() and not d.is_dir():
         raise MeshplanError(f"--launch-dir {str(d)!r} exists and is not a directory")
-    name = "run_torchrun.sh" if args.launcher == "torchrun" else "run_slurm.sbatch"
+    if out is not None and out.resolve() == (d / "plan.json").resolve():
+        raise MeshplanError(f"-o {str(out)!r} is the plan file --launch-dir writes; drop -o "
+                            f"(the launch directory gets plan.json) or name another file")
+    name = "run_slurm.sbatch" if args.launcher == "slurm" else "run_torchrun.sh"
     for f in (d / name, d / "plan.json"):
         if f.exists() and not args.force:
             raise MeshplanError(f"{str(f)!r} exists; refusing to overwrite it (pass --force)")

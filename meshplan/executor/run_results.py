@@ -40,7 +40,7 @@ def prediction_of(plan: PlanRecord) -> dict[str, Any]:
     return pred
 
 
-def warn_if_too_big(plan) -> None:
+def warn_if_too_big(plan, prog: str = "meshplan run") -> None:
     """Warn on stderr when the plan, priced as this executor runs it (runtime "torch"), does
     not fit the GPU: ``meshplan plan`` defaults to Megatron's runtime, whose model states take
     less memory than the executor's (docs/executor.md, "Known limits")."""
@@ -54,7 +54,7 @@ def warn_if_too_big(plan) -> None:
     made = ("" if plan.job.runtime == "torch" else
             f"; the plan was made for runtime {plan.job.runtime!r}: `meshplan plan --runtime "
             f"torch` finds layouts that fit this executor")
-    print(f"meshplan run: warning: this layout is predicted not to fit under this executor"
+    print(f"{prog}: warning: this layout is predicted not to fit under this executor"
           f"{sizes}{made}", file=sys.stderr, flush=True)
 
 

@@ -286,5 +286,7 @@ def _cluster_from_table(name: str, t: Mapping[str, Any], where: str,
             collective_base_latency_us=float(get(t, "collective_base_latency_us", _NUM, where,
                                                  0.0)),
         )
+    except ProfileError:
+        raise                                    # already names the file and key
     except ConfigError as exc:
         raise ProfileError(f"{where}: {exc}") from None

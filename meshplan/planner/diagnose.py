@@ -205,6 +205,12 @@ def _more_gpus(model, cluster, job, constraints, n_now: int, tick: Ticker) -> st
     return None
 
 
+def _order(value) -> tuple:
+    """Numbers in numeric order, before anything else (booleans, names) in text order."""
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (0, value, "") if numeric else (1, 0, str(value))
+
+
 def _empty_space(model, cluster, job, counts, constraints, where) -> NoFeasiblePlan:
     reasons = []
     tps = tp_options(model, cluster, constraints)
@@ -214,8 +220,18 @@ def _empty_space(model, cluster, job, counts, constraints, where) -> NoFeasibleP
                        f"max_tp={constraints.max_tp} and the node size {cluster.gpus_per_node}")
     if constraints.fixed:
         free = dataclasses.replace(constraints, fixed={})
-        if next(iter(enumerate_configs(model, cluster, job, counts, free)), None) is not None:
-            reasons.append(f"the fixed values {dict(constraints.fixed)} rule out every layout")
+        seen: dict[str, set] = {k: set() for k in constraints.fixed}
+        for i, cfg in enumerate(enumerate_configs(model, cluster, job, counts, free)):
+            if i > 50_000:
+                break
+            lay = cfg.layout()
+            for k in seen:
+                seen[k].add(getattr(lay, k, None))
+        if any(seen.values()):
+            valid = "; ".join(f"{k}: {', '.join(map(str, sorted(v, key=_order)))}"
+                              for k, v in seen.items() if v)
+            reasons.append(f"the fixed values {dict(constraints.fixed)} rule out every layout "
+                           f"(values the layouts here take, each alone — {valid})")
     if not reasons:
         reasons.append(f"for every tp in {tps} and pp ≤ {model.num_layers} layers, dp = GPUs/"
                        f"(tp·pp) must divide global_batch = {job.global_batch} and "

@@ -54,13 +54,13 @@ def check_seq_len(model: ModelSpec, job: Job) -> None:
     if job.seq_len <= model.max_seq_len:
         return
     if model.position_embedding == "learned":
-        raise ConfigError(f"seq_len = {job.seq_len} exceeds {model.name!r}'s learned position "
-                          f"embeddings (max_seq_len = {model.max_seq_len}); no layout can run "
+        raise ConfigError(f"seq_len = {job.seq_len} exceeds the learned position embeddings of "
+                          f"{model.name!r} (max_seq_len = {model.max_seq_len}); no layout can run "
                           f"it: use seq_len <= {model.max_seq_len}")
     if _SEQ_LEN_WARNED.get():
         return
     warnings.warn(
-        f"seq_len = {job.seq_len} exceeds {model.name!r}'s maximum sequence length "
+        f"seq_len = {job.seq_len} exceeds the maximum sequence length of {model.name!r} "
         f"(max_seq_len = {model.max_seq_len}, a config's max_position_embeddings): memory and "
         f"time are predicted, but the model was not trained on such sequences (RoPE scaling "
         f"needed); use seq_len <= {model.max_seq_len}, or --strict / "
@@ -242,7 +242,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, *
         valid = [v for v in range(2, model.num_layers // pp + 1)
                  if model.num_layers % (pp * v) == 0]
         raise ConfigError(
-            f"vpp = {layout.vpp} does not divide {model.name!r}'s {model.num_layers} layers "
+            f"vpp = {layout.vpp} does not divide the {model.num_layers} layers of {model.name!r} "
             f"into pp·vpp = {pp}·{layout.vpp} = {stages} equal chunks ({per_rank:g} layers per "
             f"pipeline rank); valid vpp for pp = {pp}: {valid or 'none (use 1f1b)'}, or give "
             f"stage_layers explicitly")

@@ -101,6 +101,17 @@ def test_fix_reads_switches_strictly_and_sets_compile(capsys):
         "compile": True, "sequence_parallel": False}
 
 
+def test_launch_options_that_would_do_nothing_or_collide(tmp_path, capsys):
+    plan = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1",
+            "--global-batch", "64", "--seq-len", "2048", "--top-k", "1", "--quiet"]
+    assert main(plan + ["--launcher", "slurm"]) == 2
+    assert "only with --launch-dir" in capsys.readouterr().err
+    d = tmp_path / "d"
+    assert main(plan + ["-o", str(d / "plan.json"), "--launch-dir", str(d)]) == 2
+    assert "is the plan file --launch-dir writes" in capsys.readouterr().err
+    assert not d.exists()
+
+
 def test_preset_names_and_stage_layers_of_the_wrong_type():
     for call in (lambda: mp.ModelSpec.preset(None), lambda: mp.Cluster.preset(7)):
         with pytest.raises(UnknownPresetError, match="named by a string"):
@@ -150,3 +161,13 @@ def test_run_refuses_a_directory_as_results_and_a_bad_token_file(tmp_path):
             run_local(plan, out=tmp_path / "r.json", device="cpu",
                       extra_args=["--data", str(data)])
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_fixed_value_no_layout_takes_lists_the_values_that_would_do(capsys):
+    plan = ["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "2",
+            "--global-batch", "64", "--seq-len", "2048", "--quiet"]
+    assert main(plan + ["--fix", "tp=5"]) == 2
+    err = capsys.readouterr().err
+    assert "{'tp': 5} rule out every layout" in err and "tp: 1, 2, 4, 8" in err
+    assert main(plan + ["--fix", "dp=32", "--fix", "pp=3"]) == 2
+    assert "dp: 1, 2, 4, 8, 16" in capsys.readouterr().err

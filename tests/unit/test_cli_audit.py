@@ -272,7 +272,7 @@ def test_long_sequence_warns_once_per_call_at_the_callers_line(solver):
         mp.estimate(model, cluster, job, mp.Layout(dp=2, cp=16, zero=2)); est_line = _line()
         mp.plan(model, cluster, job, top_k=3, solver=solver, constraints=pp1); plan_line = _line()
     long = [w for w in rec if issubclass(w.category, mp.MeshplanWarning)
-            and "exceeds 'llama3-8b''s maximum sequence length" in str(w.message)]
+            and "exceeds the maximum sequence length of 'llama3-8b'" in str(w.message)]
     assert [(w.filename, w.lineno) for w in long] == [(__file__, est_line),
                                                        (__file__, plan_line)]
 

@@ -34,6 +34,17 @@ def test_a_megatron_plan_too_big_for_the_executor_is_named(tmp_path, capsys):
     assert (tmp_path / "l" / "run_torchrun.sh").exists()
 
 
+def test_plan_warns_when_its_launch_scripts_run_a_layout_too_big_for_the_executor(tmp_path,
+                                                                                  capsys):
+    argv = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "4",
+            "--global-batch", "64", "--seq-len", "4096", "--quiet", "--top-k", "1"]
+    assert cli_main(argv + ["--launch-dir", str(tmp_path / "m")]) == 0
+    err = capsys.readouterr().err
+    assert "meshplan plan: warning: this layout is predicted not to fit" in err
+    assert cli_main(argv + ["--runtime", "torch", "--launch-dir", str(tmp_path / "t")]) == 0
+    assert "not to fit" not in capsys.readouterr().err
+
+
 def test_a_plan_that_fits_the_executor_is_quiet(tmp_path, capsys):
     small = mp.ModelSpec.preset("llama3-8b")
     plan = write_plan_for_layout(tmp_path / "p.json", small,
