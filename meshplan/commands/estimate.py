@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from meshplan.commands.common import (add_job_args, add_layout_args, add_model_cluster_args,
                                       job_from_args, layout_from_args, model_cluster_from_args)
@@ -31,6 +32,10 @@ def main(args) -> int:
                           f"{cluster.name!r} has {cluster.num_gpus} (--nodes not given: "
                           f"{cluster.shape}); pass --nodes "
                           f"{-(-layout.num_gpus // cluster.gpus_per_node)}")
+    if job.recompute_modules and layout.recompute != "selective":
+        print(f"meshplan estimate: warning: --recompute-modules applies to --recompute "
+              f"selective only; this layout's recompute is {layout.recompute!r}, so it is "
+              f"not used", file=sys.stderr, flush=True)
     est = estimate(model, cluster, job, layout)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))

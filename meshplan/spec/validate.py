@@ -119,6 +119,11 @@ def check_recompute_modules(model: ModelSpec, job: Job) -> None:
                           f"'mla_up_proj', but {model.name!r} has no multi-head latent "
                           f"attention; leave it out (valid here: 'core_attn', 'layernorm', "
                           f"'moe_act')")
+    if "moe_act" in job.selective_modules and not model.is_moe:
+        raise ConfigError(f"Job.recompute_modules {list(job.selective_modules)} names "
+                          f"'moe_act', but {model.name!r} has no MoE layers; leave it out "
+                          f"(valid here: 'core_attn', 'layernorm'"
+                          + (", 'mla_up_proj')" if model.is_mla else ")"))
 
 
 def check_experts(model: ModelSpec, layout: Layout) -> None:

@@ -171,3 +171,12 @@ def test_a_fixed_value_no_layout_takes_lists_the_values_that_would_do(capsys):
     assert "{'tp': 5} rule out every layout" in err and "tp: 1, 2, 4, 8" in err
     assert main(plan + ["--fix", "dp=32", "--fix", "pp=3"]) == 2
     assert "dp: 1, 2, 4, 8, 16" in capsys.readouterr().err
+
+
+def test_recompute_modules_the_model_or_layout_does_not_use(capsys):
+    est = ["estimate", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--global-batch", "64",
+           "--seq-len", "2048", "--dp", "8", "--micro-batch", "1"]
+    assert main(est + ["--recompute", "selective", "--recompute-modules", "moe_act"]) == 2
+    assert "names 'moe_act', but 'gpt-1.7b' has no MoE layers" in capsys.readouterr().err
+    assert main(est + ["--recompute", "full", "--recompute-modules", "layernorm"]) == 0
+    assert "applies to --recompute selective only" in capsys.readouterr().err
