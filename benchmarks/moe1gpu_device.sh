@@ -6,6 +6,7 @@
 #     the pairs in drawn order from the committed plans, bf16 then fp8, each layout's
 #     pair tarred into $OUT as soon as it ran
 #   PART=all: both in one call (BUDGET 270 so they fit: moeh27's way)
+#   ALLOW_GPU_MISMATCH=1 with PART=2: run the h200x1 plans on another GPU (moeh61h100's H100)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
 #     and compile take about a minute of it)
 #   SOURCES="a.json b.json" with PART=1: calibrate those models instead of the check's own
@@ -64,7 +65,8 @@ for n in $KEPT; do
         echo "== $p $n $(date +%T)" >> "$LOG"
         timeout $((${ARM_TIMEOUT:-130} + 10)) python benchmarks/moe_sync_gpu.py run \
             --plans "benchmarks/plans/${CHECK}_${p}_h200x1" --out "$W/${p}_$n" --only "$n" \
-            --budget 300 --timeout "${ARM_TIMEOUT:-130}" >> "$LOG" 2>&1
+            --budget 300 --timeout "${ARM_TIMEOUT:-130}" \
+            ${ALLOW_GPU_MISMATCH:+--allow-gpu-mismatch} >> "$LOG" 2>&1
         echo "rc $?" >> "$LOG"
     done
     tar czf "$OUT/$n.tgz" -C "$W" "bf16_$n" "fp8_$n"

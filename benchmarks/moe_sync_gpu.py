@@ -665,7 +665,8 @@ def plans(args) -> int:
 
 
 def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
-             profile_dir: Path | None, device: str = "cuda") -> dict:
+             profile_dir: Path | None, device: str = "cuda",
+             allow_gpu_mismatch: bool = False) -> dict:
     """The executor on ``plan`` (its layout's GPUs, 3 warm-up + 6 timed steps) from source
     ``tree``: status, step, peak memory and rank 0's per-phase times, host step and probe.
     ``device`` "cpu": as many gloo ranks instead (a dry run of the script, no timing)."""
@@ -684,6 +685,8 @@ def _run_one(plan: Path, tree: Path, res: Path, log: Path, timeout_s: float,
            "--timeout-s", f"{collective_timeout_s(timeout_s):g}"]
     if profile_dir is not None:
         cmd += ["--profile", str(profile_dir)]
+    if allow_gpu_mismatch:      # plans made for one GPU type, run on another (moeh61h100)
+        cmd.append("--allow-gpu-mismatch")
     t0 = time.time()
     with open(log, "w") as fh:
         try:
@@ -738,7 +741,8 @@ def run(args) -> int:
             results["runs"][key] = {"status": "skipped: budget"}
         else:
             r = _run_one(Path(args.plans) / f"{name}.json", tree, work / f"{name}_{tag}.json",
-                         work / f"{name}_{tag}.log", args.timeout, None, args.device)
+                         work / f"{name}_{tag}.log", args.timeout, None, args.device,
+                         args.allow_gpu_mismatch)
             results["runs"][key] = r
             print(key, json.dumps({k: r[k] for k in ("status", "step_time_s", "wall_s")}),
                   flush=True)
@@ -747,7 +751,7 @@ def run(args) -> int:
         for arm, tree in trees.items():
             _run_one(Path(args.plans) / f"{args.trace or names[0]}.json", tree,
                      work / f"trace_{arm}.json", work / f"trace_{arm}.log", args.timeout,
-                     work / f"trace_{arm}", args.device)
+                     work / f"trace_{arm}", args.device, args.allow_gpu_mismatch)
             top = work / f"trace_{arm}" / "top_ops_rank0.txt"
             if top.exists():
                 (out / f"top_ops_{arm}.txt").write_text(top.read_text())
@@ -1003,6 +1007,8 @@ def main(argv=None) -> int:
     b.add_argument("--out", required=True)
     b.add_argument("--work", default="/tmp/moe_sync/runs")
     b.add_argument("--budget", type=float, default=420.0)
+    b.add_argument("--allow-gpu-mismatch", action="store_true",
+                   help="run plans made for another GPU type (the results record this one's)")
     b.add_argument("--timeout", type=float, default=120.0)
     b.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: the plans on as many gloo ranks (a dry run of the script)")
