@@ -99,7 +99,8 @@ def precision_section(outcomes: Sequence[PlanOutcome], model, main: PlanOutcome)
               f"each (time, peak memory and cost of its best plan; speed-up over the first "
               f"row), and the recommended plan's own layout estimated in each (\"main "
               f"layout\"; marked where it does not fit the GPU in that precision). fp8 "
-              f"runs the transformer linears' GEMMs in fp8 and pays their casts (an MoE layer's routed experts too, except under runtime torch with a "
+              f"runs the transformer linears' GEMMs in fp8 and pays their casts (an MoE "
+              f"layer's routed experts too, except under runtime torch with a "
               f"recipe other than rowwise); attention, norms, the router and the logits stay "
               f"bf16 (docs/fp8.md). MFU is against the bf16 peak in every row."
               + ("\n\nCautions: " + " ".join(caveats)

@@ -392,7 +392,8 @@ def test_run_second_pass_runs_each_layout_again_and_the_table_reports_both(tmp_p
 
     devices = []
 
-    def fake_run_one(plan, tree, res, log, timeout_s, profile_dir, device):
+    def fake_run_one(plan, tree, res, log, timeout_s, profile_dir, device,
+                     allow_gpu_mismatch=False):
         calls.append((plan.stem, res.stem))
         devices.append(device)
         return {"status": "ok", "step_time_s": next(steps, 1.0), "wall_s": 1.0,

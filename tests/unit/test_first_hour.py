@@ -230,8 +230,9 @@ def test_sequence_past_a_rope_models_maximum_warns():
     model = mp.ModelSpec.preset("llama3-8b")
     lay = mp.Layout(dp=2, tp=4, sequence_parallel=True, recompute="full")
     job = mp.Job(global_batch=8, seq_len=100_000)
-    with pytest.warns(MeshplanWarning, match=r"seq_len = 100000 exceeds 'llama3-8b'.*"
-                                             r"max_seq_len = 8192.*--strict"):
+    with pytest.warns(MeshplanWarning, match=r"seq_len = 100000 exceeds the maximum sequence "
+                                             r"length of 'llama3-8b'.*max_seq_len = 8192.*"
+                                             r"--strict"):
         mp.estimate(model, mp.Cluster.preset("dgx-h100"), job, lay)
     with warnings.catch_warnings():
         warnings.simplefilter("error", MeshplanWarning)
