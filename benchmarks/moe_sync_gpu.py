@@ -517,6 +517,10 @@ SETS["drawn-3868c"] = compiled_draws(3868)
 SETS["drawn-3869c"] = compiled_draws(3869)
 SETS["drawn-3870c"] = compiled_draws(3870)
 SETS["drawn-3871c"] = compiled_draws(3871)
+# moeh63h100 (2026-12-05): the next draw, run on one H100 and priced from H100 profiles only:
+# holds out the H100 datasheet's compiled casts taken from the H200's (post hoc on moeh61h100)
+# (draw_moe.py seed 3872; benchmarks/sets/moeh63h100)
+SETS["drawn-3872c"] = compiled_draws(3872)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
