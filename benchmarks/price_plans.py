@@ -67,8 +67,11 @@ def measured(paths: list[str], key: str = "step_time_s",
             for sync in syncs:
                 for name, run in (sync.get("runs") or {}).items():
                     value = run.get(key)
-                    out[prec, name.split("/")[0]] = (value * scale if value
-                                                      else run.get("status", "failed"))
+                    status = run.get("status", "failed")
+                    # a finished run without the value (e.g. read from a log): not measured
+                    out[prec, name.split("/")[0]] = (value * scale if value else
+                                                      "not recorded" if status == "ok"
+                                                      else status)
     return out
 
 
