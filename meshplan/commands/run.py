@@ -58,7 +58,8 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", default=None, metavar="DIR")
     g.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
-                   help="save after every N steps (and the last)")
+                   help="save after every N steps (and the last) [with --resume: the "
+                        "interval the checkpoint was saved with]")
     g.add_argument("--checkpoint-keep", type=positive_int, default=None, metavar="K",
                    help="keep the K newest checkpoints [all]")
     g.add_argument("--resume", action="store_true",

@@ -81,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory of the checkpoints (on a file system every node sees)")
     g.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save after every N optimizer steps and after the last one; 0: never "
-                        "[0]")
+                        "[0; with --resume, the interval the checkpoint was saved with]")
     g.add_argument("--checkpoint-keep", type=int, default=0, metavar="K",
-                   help="keep the K newest checkpoints, delete older ones; 0: keep all [0]")
+                   help="keep the K newest checkpoints, delete older ones; 0: keep all [0; "
+                        "with --resume, the checkpoint's own]")
     g.add_argument("--resume", action="store_true",
                    help="continue from the newest committed checkpoint in --checkpoint-dir "
                         "(any layout: the state is resharded on load)")
@@ -163,6 +164,12 @@ def check_checkpoint_args(plan: PlanRecord, args) -> None:
                             f"one is a step-NNNNNNNN directory holding meshplan.json)")
     marker = read_marker(found)
     check_resumable(marker, plan.model, plan.job, args.seed)
+    # a resumed run keeps saving as the run it continues did, unless told otherwise
+    saved = marker.get("checkpoint") or {}
+    if not args.checkpoint_every and isinstance(saved.get("every"), int):
+        args.checkpoint_every = saved["every"]
+    if not args.checkpoint_keep and isinstance(saved.get("keep"), int):
+        args.checkpoint_keep = saved["keep"]
     total = args.warmup + args.steps
     if marker.get("step", 0) >= total:
         raise ExecutorError(f"--resume: {found.name} has {marker.get('step')} steps done and "

@@ -27,7 +27,8 @@ def setup_checkpoints(args, plan, trainer, groups, rank, world, device, log):
               "data": {"path": args.data, "dtype": args.data_dtype},
               "model": plan.model.to_dict(), "job": plan.job.to_dict(),
               "layout": plan.layout.to_dict(), "world": world,
-              "optimizer": {"name": "AdamW", "lr": args.lr}}
+              "optimizer": {"name": "AdamW", "lr": args.lr},
+              "checkpoint": {"every": args.checkpoint_every, "keep": args.checkpoint_keep}}
     saver = ck.Checkpointer(directory=Path(args.checkpoint_dir), every=args.checkpoint_every,
                             rank=rank, world=world, group=group, run_id=run_id[0],
                             record=record, keep=args.checkpoint_keep,

@@ -70,6 +70,9 @@ def test_kill_resume_same_and_other_layout(tmp_path, monkeypatch):
     assert start == steps[-1] and resumed == full[start:]          # bit for bit
     doc = json.loads(c.read_text())
     assert doc["measured"]["resumed_from"]["step"] == start
+    # --resume alone keeps saving every 2 steps, as the run it continues did
+    saved = [s["step"] for s in doc["measured"]["checkpoints"]["saves"]]
+    assert saved == [s for s in (4, 6) if s > start], saved
 
     d = tmp_path / "d.json"
     r = subprocess.run([sys.executable, "-m", "meshplan.executor.run", "--plan", str(plan1),
