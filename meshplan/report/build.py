@@ -168,6 +168,15 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
         from meshplan.report.gpu_names import parse_gpu_list
         compare = parse_gpu_list(compare_gpus)
     _check_precisions(job, cluster, precisions, compare)
+    # the what-if values, before minutes of planning: a sequence no layout can run (past
+    # learned position embeddings) fails here, not after the main plans
+    if sensitivity and what_if_global_batch is not None:
+        _what_if("what_if_global_batch", what_if_global_batch)
+    if sensitivity and what_if_seq_len is not None:
+        from meshplan.spec.validate import check_seq_len
+        for s in _what_if("what_if_seq_len", what_if_seq_len):
+            if model.position_embedding == "learned":
+                check_seq_len(model, dataclasses.replace(job, seq_len=s))
     out = None
     if out_dir is not None:  # refuse a bad directory before minutes of planning
         from meshplan.report.render import check_output_dir

@@ -180,3 +180,16 @@ def test_recompute_modules_the_model_or_layout_does_not_use(capsys):
     assert "names 'moe_act', but 'gpt-1.7b' has no MoE layers" in capsys.readouterr().err
     assert main(est + ["--recompute", "full", "--recompute-modules", "layernorm"]) == 0
     assert "applies to --recompute selective only" in capsys.readouterr().err
+
+
+def test_a_what_if_sequence_no_layout_can_run_fails_before_any_planning(tmp_path, monkeypatch):
+    import meshplan.report.build as build
+
+    def no_planning(*a, **k):
+        raise AssertionError("planned before the what-if values were checked")
+    monkeypatch.setattr(build, "plan_outcome", no_planning)
+    with pytest.raises(ConfigError, match="seq_len = 999999 exceeds the learned position"):
+        mp.report(mp.ModelSpec.preset("gpt-1.7b"), mp.Cluster.preset("dgx-h100"), gpus=[8],
+                  global_batch=64, seq_len=2048, what_if_seq_len=[999999], progress=False,
+                  out_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
