@@ -36,6 +36,10 @@ def main(args) -> int:
         print(f"meshplan estimate: warning: --recompute-modules applies to --recompute "
               f"selective only; this layout's recompute is {layout.recompute!r}, so it is "
               f"not used", file=sys.stderr, flush=True)
+    if layout.schedule == "interleaved-1f1b" and layout.vpp == 1 and layout.pp > 1:
+        print("meshplan estimate: warning: --schedule interleaved-1f1b with --vpp 1 is plain "
+              "1F1B (one model chunk a pipeline rank); pass --vpp 2 or more to interleave",
+              file=sys.stderr, flush=True)
     est = estimate(model, cluster, job, layout)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))

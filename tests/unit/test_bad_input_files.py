@@ -182,6 +182,15 @@ def test_recompute_modules_the_model_or_layout_does_not_use(capsys):
     assert "applies to --recompute selective only" in capsys.readouterr().err
 
 
+def test_interleaving_without_chunks_is_named(capsys):
+    est = ["estimate", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--global-batch", "64",
+           "--seq-len", "2048", "--dp", "4", "--pp", "2", "--micro-batch", "1"]
+    assert main(est + ["--schedule", "interleaved-1f1b"]) == 0
+    assert "with --vpp 1 is plain 1F1B" in capsys.readouterr().err
+    assert main(est + ["--schedule", "interleaved-1f1b", "--vpp", "2"]) == 0
+    assert "plain 1F1B" not in capsys.readouterr().err
+
+
 def test_a_what_if_sequence_no_layout_can_run_fails_before_any_planning(tmp_path, monkeypatch):
     import meshplan.report.build as build
 
