@@ -47,7 +47,8 @@ def add_model_cluster_args(p: argparse.ArgumentParser, *, model_default: str | N
                    help="model preset name (see `meshplan profiles`), a Hugging Face "
                         "config.json or a directory holding one, or a ModelSpec JSON file")
     g.add_argument("--cluster", default=cluster_default, required=cluster_default is None,
-                   help="cluster preset name or path to a cluster TOML file")
+                   help="cluster preset name or path to a cluster TOML file (FILE.toml:NAME "
+                        "picks one of a file's several clusters)")
     g.add_argument("--nodes", type=positive_int, default=None, help="number of nodes")
     g.add_argument("--profile", default=None,
                    help="calibrated GPU profile TOML (from `meshplan calibrate`) to use")

@@ -141,7 +141,8 @@ class Cluster:
             raise ProfileError(f"{where_file}: [clusters] must hold at least one cluster table")
         if name is None:
             if len(clusters) > 1:
-                raise ProfileError(f"{where_file} defines clusters {sorted(clusters)}; pass name=")
+                raise ProfileError(f"{where_file} defines clusters {sorted(clusters)}; pick one "
+                                   f"with name= (Python) or --cluster {where_file}:NAME")
             name = next(iter(clusters))
         if name not in clusters:
             raise unknown_name_error(f"cluster in {where_file}", name, clusters)
@@ -216,9 +217,10 @@ def _section_clusters(data: Mapping[str, Any], where: str) -> dict[str, Any] | N
     return tables
 
 
+# "name" and "gpus" (the file's own GPU tables) sit beside a cluster written at top level
 _CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes", "intra_node", "network", "network_efficiency",
                  "price_per_gpu_hour", "memory_reserve_bytes", "memory_reserve_fraction",
-                 "rank_order", "collective_base_latency_us")
+                 "rank_order", "collective_base_latency_us", "name", "gpus")
 _INTRA_KEYS = ("fabric", "latency_us")
 _NETWORK_KEYS = ("nics_per_node", "nic_gbps", "latency_us", "topology", "oversubscription")
 

@@ -38,6 +38,23 @@ def test_a_good_cluster_file_prices(tmp_path, capsys):
     assert main(EST + ["--cluster", str(f)]) == 0
 
 
+def test_a_file_of_several_clusters_names_one_on_the_command_line(tmp_path, capsys):
+    body = CLUSTER_TOML.replace("price_per_gpu_hour = 3.0", "")
+    f = tmp_path / "two.toml"
+    f.write_text("[small]\n" + body + "price_per_gpu_hour = 2.0\n\n[big]\n" + body
+                 + "price_per_gpu_hour = 4.0\n")
+    assert main(EST + ["--cluster", str(f)]) == 2
+    assert f"--cluster {f}:NAME" in capsys.readouterr().err
+    assert main(EST + ["--cluster", f"{f}:big"]) == 0
+    from meshplan.hardware_profiles.resolve import load_cluster
+    assert load_cluster(f"{f}:small", None).price_per_gpu_hour == 2.0
+    # a cluster at top level may carry its name and its own GPU tables beside it
+    top = tmp_path / "top.toml"
+    top.write_text('name = "mine"\n' + CLUSTER_TOML.replace('gpu = "H100-SXM5-80GB"',
+                                                           'gpu = "H100-SXM5-80GB"'))
+    assert load_cluster(str(top), None).name == "mine"
+
+
 @pytest.mark.parametrize("value", ["0.0", "-0.5", "1.5"])
 def test_an_efficiency_outside_0_1_is_refused(tmp_path, capsys, value):
     text = CLUSTER_TOML.replace("[1e9, 0.92]", f"[1e9, {value}]")
