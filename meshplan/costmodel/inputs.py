@@ -42,6 +42,16 @@ from meshplan.spec import Job, Layout, ModelSpec
 MEASURED_ROWS_CAVEAT = (
     "priced from the profile's curves: its measured layer rows are for dense layers at "
     "cp = 1")
+#: a calibrated profile with no grouped curve, its GEMM curve timed one synchronised GEMM at
+#: a time (not "queued"): each routed expert's small GEMM pays that curve's per-call floor
+MOE_SYNC_CURVE_CAVEAT = (
+    "the routed experts' GEMMs are priced one by one on this profile's dense GEMM curve, "
+    "which calibrate timed with a synchronisation per GEMM: its small-GEMM points hold the "
+    "call's launch and sync (tens of µs), which the experts' back-to-back GEMMs do not pay "
+    "apiece. On one H100 a dense 4-GPU calibration priced a never-run 64-expert model 97-269 "
+    "% slow in bf16 where the datasheet read 5-7 % (moeh63h100, docs/benchmarks/"
+    "moe_checks.md); `meshplan calibrate --model` with this model writes the experts' "
+    "grouped curve")
 
 
 class TableInputs(NamedTuple):
@@ -75,6 +85,9 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
     caveats = ((CP_UNCHECKED_CAVEAT,) if cp > 1 else ()) + \
         ((MOE_CAVEAT,) if is_moe else ()) + \
         ((MOE_DATASHEET_CAVEAT,) if is_moe and not cluster.gpu.measured else ())
+    if is_moe and cluster.gpu.measured and cluster.gpu.grouped_gemm_efficiency is None \
+            and cluster.gpu.microbench_timing != "queued":
+        caveats += (MOE_SYNC_CURVE_CAVEAT,)
     if cluster.gpu.measured:
         caveats += (CP_ANALYTICAL_CAVEAT if not is_moe else MEASURED_ROWS_CAVEAT,)
         cluster = cluster.replace(gpu=replace(cluster.gpu, measured=None))
