@@ -7,6 +7,8 @@
 #     pair tarred into $OUT as soon as it ran
 #   PART=all: both in one call (BUDGET 270 so they fit: moeh27's way)
 #   ALLOW_GPU_MISMATCH=1 with PART=2: run the h200x1 plans on another GPU (moeh61h100's H100)
+#   ONLY="mb4-full-compiled" PRECISIONS=fp8 with PART=2: only those layouts / precisions (an
+#     arm a call cut short; the pair's tarball then holds what ran: its other arm is absent)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
 #     and compile take about a minute of it)
 #   SOURCES="a.json b.json" with PART=1: calibrate those models instead of the check's own
@@ -60,8 +62,11 @@ fi
 [ "$PART" = 1 ] && exit 0
 KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
     "benchmarks/plans/${CHECK}_bf16_h200x1/predictions.json")
-for n in $KEPT; do
-    for p in bf16 fp8; do
+for n in ${ONLY:-$KEPT}; do
+    case " $KEPT " in *" $n "*) ;;
+        *) echo "ONLY: $n is not a layout of $CHECK ($KEPT)" >&2; exit 2;; esac
+    for p in ${PRECISIONS:-bf16 fp8}; do
+        case "$p" in bf16|fp8) ;; *) echo "PRECISIONS: $p is not bf16 or fp8" >&2; exit 2;; esac
         echo "== $p $n $(date +%T)" >> "$LOG"
         timeout $((${ARM_TIMEOUT:-130} + 10)) python benchmarks/moe_sync_gpu.py run \
             --plans "benchmarks/plans/${CHECK}_${p}_h200x1" --out "$W/${p}_$n" --only "$n" \
@@ -69,5 +74,6 @@ for n in $KEPT; do
             ${ALLOW_GPU_MISMATCH:+--allow-gpu-mismatch} >> "$LOG" 2>&1
         echo "rc $?" >> "$LOG"
     done
-    tar czf "$OUT/$n.tgz" -C "$W" "bf16_$n" "fp8_$n"
+    ran=(); for p in bf16 fp8; do [ -d "$W/${p}_$n" ] && ran+=("${p}_$n"); done
+    tar czf "$OUT/$n.tgz" -C "$W" "${ran[@]}"
 done
