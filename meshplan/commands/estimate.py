@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 import json
-import sys
+import warnings
 
 from meshplan.commands.common import (add_job_args, add_layout_args, add_model_cluster_args,
                                       job_from_args, layout_from_args, model_cluster_from_args)
 from meshplan.commands.format import format_estimate
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, MeshplanWarning
 
 
 def add_arguments(p) -> None:
@@ -33,13 +33,13 @@ def main(args) -> int:
                           f"{cluster.shape}); pass --nodes "
                           f"{-(-layout.num_gpus // cluster.gpus_per_node)}")
     if job.recompute_modules and layout.recompute != "selective":
-        print(f"meshplan estimate: warning: --recompute-modules applies to --recompute "
-              f"selective only; this layout's recompute is {layout.recompute!r}, so it is "
-              f"not used", file=sys.stderr, flush=True)
+        warnings.warn(f"--recompute-modules applies to --recompute selective only; this "
+                      f"layout's recompute is {layout.recompute!r}, so it is not used",
+                      MeshplanWarning, stacklevel=2)
     if layout.schedule == "interleaved-1f1b" and layout.vpp == 1 and layout.pp > 1:
-        print("meshplan estimate: warning: --schedule interleaved-1f1b with --vpp 1 is plain "
-              "1F1B (one model chunk a pipeline rank); pass --vpp 2 or more to interleave",
-              file=sys.stderr, flush=True)
+        warnings.warn("--schedule interleaved-1f1b with --vpp 1 is plain 1F1B (one model chunk "
+                      "a pipeline rank); pass --vpp 2 or more to interleave",
+                      MeshplanWarning, stacklevel=2)
     est = estimate(model, cluster, job, layout)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2))

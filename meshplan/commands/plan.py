@@ -186,7 +186,7 @@ def main(args) -> int:
         print(f"launch script written to {script} (with {script.parent / 'plan.json'})")
         from meshplan.executor.run_results import warn_if_too_big
         from meshplan.planner.planfile import load_plan_file
-        warn_if_too_big(load_plan_file(script.parent / "plan.json"), "meshplan plan")
+        warn_if_too_big(load_plan_file(script.parent / "plan.json"))
     return 0
 
 

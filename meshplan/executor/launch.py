@@ -27,8 +27,8 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from meshplan.errors import ExecutorError
-from meshplan.planner.planfile import load_plan_file, write_json_atomic
+from meshplan.errors import ExecutorError, MeshplanError
+from meshplan.planner.planfile import check_output_file, load_plan_file, write_json_atomic
 
 #: how long torchrun may take to stop its workers after a forwarded signal before it is
 #: killed (torchrun itself waits 30 s for its workers before SIGKILL)
@@ -115,22 +115,20 @@ def run_local(plan_path: str | Path, *, nproc: int | None = None, steps: int = 3
     nproc = need if nproc is None else nproc
     device = check_machine(plan, nproc=nproc, device=device,
                            allow_gpu_mismatch=allow_gpu_mismatch, plan_path=plan_path)
-    if device == "cuda":
-        from meshplan.executor.run_results import warn_if_too_big
-        warn_if_too_big(plan)
     if "--device" not in extra:
         extra += ["--device", device]
     if allow_gpu_mismatch and "--allow-gpu-mismatch" not in extra:
         extra.append("--allow-gpu-mismatch")
-    out = Path(out)
-    if out.is_dir():
-        raise ExecutorError(f"results file {str(out)!r} is a directory; give a file path such "
-                            f"as {str(out / 'results.json')!r}")
+    try:   # the check every output file gets, raised as the run's error
+        out = check_output_file(out, overwrite=force, what="results file", flag="--force",
+                                example_name="results.json")
+    except MeshplanError as exc:
+        raise ExecutorError(str(exc)) from None
     if args.data is not None:
         check_token_file(args.data, args.data_dtype)
-    if out.exists() and not force:
-        raise ExecutorError(f"results file {str(out)!r} exists; refusing to overwrite it "
-                            f"(pass --force to replace it)")
+    if device == "cuda":   # after the cheap checks: it runs the cost model
+        from meshplan.executor.run_results import warn_if_too_big
+        warn_if_too_big(plan)
     from meshplan.executor.failures import error_file
     for r in range(nproc):   # stale error files of an earlier run would be misread
         error_file(out, r).unlink(missing_ok=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 from typing import Any
 
+from meshplan.errors import MeshplanWarning
 from meshplan.planner.planfile import PlanRecord
 
 RESULTS_SCHEMA = "meshplan.results"
@@ -40,10 +42,11 @@ def prediction_of(plan: PlanRecord) -> dict[str, Any]:
     return pred
 
 
-def warn_if_too_big(plan, prog: str = "meshplan run") -> None:
-    """Warn on stderr when the plan, priced as this executor runs it (runtime "torch"), does
-    not fit the GPU: ``meshplan plan`` defaults to Megatron's runtime, whose model states take
-    less memory than the executor's (docs/executor.md, "Known limits")."""
+def warn_if_too_big(plan) -> None:
+    """A :class:`MeshplanWarning` when the plan, priced as this executor runs it (runtime
+    "torch"), does not fit the GPU: ``meshplan plan`` defaults to Megatron's runtime, whose
+    model states take less memory than the executor's (docs/executor.md, "Known limits"); the
+    CLI prints it as ``meshplan CMD: warning: ...`` and ``--strict`` makes it an error."""
     pred = prediction_of(plan)
     if pred.get("fits", True):
         return
@@ -54,8 +57,8 @@ def warn_if_too_big(plan, prog: str = "meshplan run") -> None:
     made = ("" if plan.job.runtime == "torch" else
             f"; the plan was made for runtime {plan.job.runtime!r}: `meshplan plan --runtime "
             f"torch` finds layouts that fit this executor")
-    print(f"{prog}: warning: this layout is predicted not to fit under this executor"
-          f"{sizes}{made}", file=sys.stderr, flush=True)
+    warnings.warn(f"this layout is predicted not to fit under this executor{sizes}{made}",
+                  MeshplanWarning, stacklevel=2)
 
 
 def stage_prediction_bytes(prediction: dict[str, Any], pp_rank: int) -> float | None:

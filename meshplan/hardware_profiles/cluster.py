@@ -7,7 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshplan.errors import ConfigError, ProfileError, require_positive_int, unknown_name_error
+from meshplan.errors import (ConfigError, ProfileError, closest_names, require_positive_int,
+                             unknown_name_error)
 from meshplan.hardware_profiles.curve import Curve
 from meshplan.hardware_profiles.gpu import GPUSpec
 from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_table,
@@ -229,8 +230,10 @@ def _known_keys(t: Mapping[str, Any], known: tuple[str, ...], where: str) -> Non
     """A misspelt key would be dropped and its default used without a word: refuse it."""
     odd = sorted(k for k in t if k not in known)
     if odd:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(map(repr, odd))}; valid keys: "
-                           f"{', '.join(known)}")
+        close = sorted({c for k in odd for c in closest_names(k, known, n=1)})
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(map(repr, odd))}{hint}; valid "
+                           f"keys: {', '.join(known)}")
 
 
 def _only(table: Mapping[str, Any], key: str, modelled: str, where: str, why: str) -> None:

@@ -170,13 +170,14 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     _check_precisions(job, cluster, precisions, compare)
     # the what-if values, before minutes of planning: a sequence no layout can run (past
     # learned position embeddings) fails here, not after the main plans
-    if sensitivity and what_if_global_batch is not None:
-        _what_if("what_if_global_batch", what_if_global_batch)
-    if sensitivity and what_if_seq_len is not None:
+    what_if_batches = (_what_if("what_if_global_batch", what_if_global_batch)
+                       if sensitivity and what_if_global_batch is not None else None)
+    what_if_seqs = (_what_if("what_if_seq_len", what_if_seq_len)
+                    if sensitivity and what_if_seq_len is not None else None)
+    if what_if_seqs and model.position_embedding == "learned":
         from meshplan.spec.validate import check_seq_len
-        for s in _what_if("what_if_seq_len", what_if_seq_len):
-            if model.position_embedding == "learned":
-                check_seq_len(model, dataclasses.replace(job, seq_len=s))
+        for s in what_if_seqs:
+            check_seq_len(model, dataclasses.replace(job, seq_len=s))
     out = None
     if out_dir is not None:  # refuse a bad directory before minutes of planning
         from meshplan.report.render import check_output_dir
@@ -236,9 +237,8 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
     seq_outcomes: list[PlanOutcome] = []
     if sensitivity:
         batches = (sensitivity_values(job.global_batch, BATCH_FACTORS)
-                   if what_if_global_batch is None else
-                   tuple(sorted({job.global_batch, *_what_if("what_if_global_batch",
-                                                             what_if_global_batch)})))
+                   if what_if_batches is None else
+                   tuple(sorted({job.global_batch, *what_if_batches})))
         for gb in batches:
             jb = dataclasses.replace(job, global_batch=gb)
             batch_outcomes.append(main if gb == job.global_batch else
@@ -246,8 +246,8 @@ def build_report(model: ModelSpec | str, cluster: Cluster | str, job: Job | None
         high = model.max_seq_len   # past it: an error (learned positions) or a warning
         seqs = (sensitivity_values(job.seq_len, SEQ_FACTORS, low=min(128, job.seq_len),
                                    high=high)
-                if what_if_seq_len is None else
-                tuple(sorted({job.seq_len, *_what_if("what_if_seq_len", what_if_seq_len)})))
+                if what_if_seqs is None else
+                tuple(sorted({job.seq_len, *what_if_seqs})))
         for s in seqs:
             jb = dataclasses.replace(job, seq_len=s)
             seq_outcomes.append(main if s == job.seq_len else

@@ -63,7 +63,8 @@ def test_an_efficiency_outside_0_1_is_refused(tmp_path, capsys, value):
 
 
 @pytest.mark.parametrize("old, new, named", [
-    ("price_per_gpu_hour", "price_per_gpu_hr", "'price_per_gpu_hr'"),      # a misspelt key
+    ("price_per_gpu_hour", "price_per_gpu_hr",                           # a misspelt key
+     "'price_per_gpu_hr' (did you mean 'price_per_gpu_hour'?)"),
     ('fabric = "nvswitch"', 'fabric = "pcie"', "'pcie' is not modelled"),
     ('topology = "fat-tree"', 'topology = "torus"', "'torus' is not modelled"),
     ("latency_us = 14.0", "latncy_us = 14.0", "'latncy_us'"),

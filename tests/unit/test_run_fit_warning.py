@@ -4,8 +4,13 @@ smaller than the executor's (docs/executor.md, "Known limits")."""
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
+
 import meshplan as mp
 from meshplan.cli import main as cli_main
+from meshplan.errors import MeshplanWarning
 from meshplan.executor.planfiles import write_plan_for_layout
 from meshplan.executor.run_results import warn_if_too_big
 from meshplan.planner.planfile import load_plan_file
@@ -24,13 +29,15 @@ def _plan(tmp_path, runtime: str):
 def test_a_megatron_plan_too_big_for_the_executor_is_named(tmp_path, capsys):
     plan = _plan(tmp_path, "megatron")
     assert load_plan_file(plan).prediction["fits"]          # fits as Megatron runs it
-    warn_if_too_big(load_plan_file(plan))
-    err = capsys.readouterr().err
+    with pytest.warns(MeshplanWarning) as caught:
+        warn_if_too_big(load_plan_file(plan))
+    err = "".join(str(w.message) for w in caught)
     assert "predicted not to fit under this executor" in err
     assert "GiB usable" in err and "--runtime torch" in err
-    # the launch scripts are written all the same, with the warning
+    # the launch scripts are written all the same, with the warning, which the CLI prints
     assert cli_main(["run", str(plan), "--launch-dir", str(tmp_path / "l")]) == 0
-    assert "predicted not to fit" in capsys.readouterr().err
+    assert "meshplan run: warning: this layout is predicted not to fit" in (
+        capsys.readouterr().err)
     assert (tmp_path / "l" / "run_torchrun.sh").exists()
 
 
@@ -50,5 +57,7 @@ def test_a_plan_that_fits_the_executor_is_quiet(tmp_path, capsys):
     plan = write_plan_for_layout(tmp_path / "p.json", small,
                                  mp.Job(global_batch=64, seq_len=4096, runtime="torch"),
                                  LAYOUT, CLUSTER)
-    warn_if_too_big(load_plan_file(plan))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MeshplanWarning)
+        warn_if_too_big(load_plan_file(plan))
     assert capsys.readouterr().err == ""
