@@ -7,6 +7,8 @@
 #     pair tarred into $OUT as soon as it ran
 #   PART=all: both in one call (BUDGET 270 so they fit: moeh27's way)
 #   ALLOW_GPU_MISMATCH=1 with PART=2: run the h200x1 plans on another GPU (moeh61h100's H100)
+#   GPU_TAG=h100x1: the plans' and the profile's name tag (default h200x1; moeh64h100's plans,
+#     made for the H100, are benchmarks/plans/moeh64h100_{bf16,fp8}_h100x1)
 #   ONLY="mb4-full-compiled" PRECISIONS=fp8 with PART=2: only those layouts / precisions (an
 #     arm a call cut short; the pair's tarball then holds what ran: its other arm is absent)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
@@ -25,7 +27,8 @@ case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
 [ -f "benchmarks/sets/$CHECK/m01.json" ] || {
     echo "CHECK=$CHECK: no benchmarks/sets/$CHECK/m01.json" >&2; exit 2; }
 M=benchmarks/sets/$CHECK/m01.json
-P=docs/benchmarks/data/profiles/profile_h200x1_${CHECK}_$(date +%Y%m%d).toml
+T=${GPU_TAG:-h200x1}
+P=docs/benchmarks/data/profiles/profile_${T}_${CHECK}_$(date +%Y%m%d).toml
 W=/tmp/$CHECK
 mkdir -p "$W"
 LOG=$OUT/log_$PART.txt
@@ -49,19 +52,19 @@ if [ "$PART" != 2 ]; then
     [ -n "${SOURCES:-}" ] && exit 0
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
         --global-batch 16 --gpu-bound "${GPU_BOUND:-3}" --profile "$P" \
-        --out "benchmarks/plans/${CHECK}_bf16_h200x1" >> "$LOG" 2>&1
+        --out "benchmarks/plans/${CHECK}_bf16_$T" >> "$LOG" 2>&1
     KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
-        "benchmarks/plans/${CHECK}_bf16_h200x1/predictions.json")
+        "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
     echo "kept: $KEPT" >> "$LOG"
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
         --global-batch 16 --fp8-recipe rowwise --only $KEPT --profile "$P" \
-        --out "benchmarks/plans/${CHECK}_fp8_h200x1" >> "$LOG" 2>&1
+        --out "benchmarks/plans/${CHECK}_fp8_$T" >> "$LOG" 2>&1
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" \
-        "benchmarks/plans/${CHECK}_bf16_h200x1" "benchmarks/plans/${CHECK}_fp8_h200x1"
+        "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
 fi
 [ "$PART" = 1 ] && exit 0
 KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
-    "benchmarks/plans/${CHECK}_bf16_h200x1/predictions.json")
+    "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
 for n in ${ONLY:-$KEPT}; do
     case " $KEPT " in *" $n "*) ;;
         *) echo "ONLY: $n is not a layout of $CHECK ($KEPT)" >&2; exit 2;; esac
@@ -69,7 +72,7 @@ for n in ${ONLY:-$KEPT}; do
         case "$p" in bf16|fp8) ;; *) echo "PRECISIONS: $p is not bf16 or fp8" >&2; exit 2;; esac
         echo "== $p $n $(date +%T)" >> "$LOG"
         timeout $((${ARM_TIMEOUT:-130} + 10)) python benchmarks/moe_sync_gpu.py run \
-            --plans "benchmarks/plans/${CHECK}_${p}_h200x1" --out "$W/${p}_$n" --only "$n" \
+            --plans "benchmarks/plans/${CHECK}_${p}_$T" --out "$W/${p}_$n" --only "$n" \
             --budget 300 --timeout "${ARM_TIMEOUT:-130}" \
             ${ALLOW_GPU_MISMATCH:+--allow-gpu-mismatch} >> "$LOG" 2>&1
         echo "rc $?" >> "$LOG"

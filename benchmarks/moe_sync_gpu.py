@@ -521,18 +521,26 @@ SETS["drawn-3871c"] = compiled_draws(3871)
 # holds out the H100 datasheet's compiled casts taken from the H200's (post hoc on moeh61h100)
 # (draw_moe.py seed 3872; benchmarks/sets/moeh63h100)
 SETS["drawn-3872c"] = compiled_draws(3872)
+# moeh64h100 (2026-12-05): the first draw after it whose experts match no source's, priced
+# from one H100 calibration of moeh61's and moeh63h100's models (draw_moe.py seed 3874;
+# benchmarks/sets/moeh64h100)
+SETS["drawn-3874c"] = compiled_draws(3874)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
 
 
 def _cluster(profile: str | None, gpus: int = 1, keep_stale_rows: bool = False,
-             override: bool = False):
-    """A one-node ``dgx-h200`` of ``gpus`` with ``profile`` applied (``override``: a profile
-    of another device too — a CPU dry run's, ``plans --profile-override``)."""
+             override: bool = False, gpu: str | None = None):
+    """A one-node ``dgx-h200`` of ``gpus`` (with the built-in ``gpu`` instead of the H200:
+    ``plans --gpu``) with ``profile`` applied (``override``: a profile of another device
+    too — a CPU dry run's, ``plans --profile-override``)."""
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
+    from meshplan.hardware_profiles.loader import builtin_gpu
     c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
+    if gpu:
+        c = c.replace(gpu=builtin_gpu(gpu))
     return (apply_profile(c, profile, keep_stale_rows=keep_stale_rows, override=override)
             if profile else c)
 
@@ -607,9 +615,10 @@ def plans(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model, job = _model_job(args)
     gpus = max(lay.num_gpus for _, lay in SETS[args.set])
-    calibrated = _cluster(args.profile, gpus, override=args.profile_override)
-    datasheet = _cluster(None, gpus)
+    calibrated = _cluster(args.profile, gpus, override=args.profile_override, gpu=args.gpu)
+    datasheet = _cluster(None, gpus, gpu=args.gpu)
     preds = {"model": model.name, "job": job.to_dict(), "profile": args.profile,
+             "gpu": datasheet.gpu.name,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
     preds["set"] = args.set
     if args.model:
@@ -864,7 +873,7 @@ def repredict(args) -> int:
     job = Job.from_dict(preds["job"])
     layouts = dict(SETS[preds["set"]])
     cluster = _cluster(preds["profile"], max(lay.num_gpus for lay in layouts.values()),
-                       keep_stale_rows=args.rows_as_timed)
+                       keep_stale_rows=args.rows_as_timed, gpu=preds.get("gpu"))
     if args.sustained_from:
         from fp8_repredict import with_sustained_from
 
@@ -988,6 +997,8 @@ def main(argv=None) -> int:
                    help="price from a profile of another device (a CPU dry run's)")
     a.add_argument("--baseline", default=None)
     a.add_argument("--set", default="sync", choices=sorted(SETS))
+    a.add_argument("--gpu", default=None, metavar="NAME",
+                   help="a built-in GPU instead of the H200 (e.g. H100-SXM5-80GB: moeh64h100)")
     a.add_argument("--model", default=None, help="a ModelSpec JSON instead of moe-1.9b")
     a.add_argument("--seq-len", type=int, default=None, help="with --model: default its own")
     a.add_argument("--global-batch", type=int, default=None,
