@@ -627,3 +627,28 @@ def test_the_committed_compiled_fp8_draws(check, seed, names):
     drawn = msg.SETS[f"drawn-{seed}c"]
     assert [n for n, _ in drawn] == names
     _runnable_in_bf16_and_fp8(committed, drawn, "tensorwise")
+
+
+def test_moeh64h100_is_the_seed_draw_and_its_plans_name_the_h100(tmp_path):
+    """moeh64h100 (2026-12-05): seed 3874's model, and ``plans --gpu H100-SXM5-80GB`` prices
+    on the H100 (an H100 profile applies without an override) and writes plans that name it,
+    as the committed ones do."""
+    import moe_sync_gpu as msg
+    committed = ModelSpec.from_dict(json.loads(
+        (ROOT / "benchmarks" / "sets" / "moeh64h100" / "m01.json").read_text()))
+    assert committed == dmoe.draw_moe_model(random.Random(3874), "m01", min_hidden=2048,
+                                            max_params=3e9)
+    plans = ROOT / "benchmarks" / "plans" / "moeh64h100_bf16_h100x1"
+    preds = json.loads((plans / "predictions.json").read_text())
+    assert preds["gpu"] == "H100-SXM5-80GB"
+    out = tmp_path / "plans"
+    assert msg.main(["plans", "--set", "drawn-3874c", "--model",
+                     str(ROOT / "benchmarks" / "sets" / "moeh64h100" / "m01.json"),
+                     "--only", "mb4-compiled", "--gpu", "H100-SXM5-80GB",
+                     "--profile", str(ROOT / preds["profile"]), "--out", str(out)]) == 0
+    again = json.loads((out / "predictions.json").read_text())
+    assert again["gpu"] == "H100-SXM5-80GB"
+    assert (again["layouts"]["mb4-compiled"]["calibrated_s"]
+            == pytest.approx(preds["layouts"]["mb4-compiled"]["calibrated_s"], rel=1e-9))
+    plan = json.loads((out / "mb4-compiled.json").read_text())
+    assert plan["cluster"]["gpu"]["name"] == "H100-SXM5-80GB"
