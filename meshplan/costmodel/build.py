@@ -294,7 +294,10 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     else:
         gathered = 2 * layer_params * per.weights if layout.zero == 3 and dp > 1 else 0.0
         dp_buf = 2 * DP_BUCKET_BYTES if dp > 1 and layout.zero < 3 else 0.0
-    copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp, compiled=lt["compiled"])
+    # a compiled layer's 16-bit copies are in its kept bytes: its row's, or the compiled
+    # MoE block's (moe_torch_memory.with_compiled_block_memory)
+    copies_kept = lt["compiled"] or parts.kept_weight_copies
+    copy_kw = dict(job=job, zero=layout.zero, dp=dp, tp=tp, pp=pp, compiled=copies_kept)
     recv = tuple(a + b for a, b in zip(
         pipeline_recv_buffers(job, layout, m, model.hidden_size, inflight),
         pipeline_kept_outputs(job, layout, model.hidden_size, inflight)))
@@ -343,7 +346,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout,
     z3_resident = (layer_params * copy_b if torch_pipelined(job, pp) and layout.zero == 3
                    and dp > 1 and numbers.enabled(corr.Z3_RESIDENT) else 0.0)
     return dict(
-        grad_copies=grad_copies, compiled_layers=lt["compiled"], recv_buffers=recv,
+        grad_copies=grad_copies, compiled_layers=copies_kept, recv_buffers=recv,
         wgrad_pending=pending,
         microbatches=float(m),
         **wgrad_bytes(model, job, layout, parts.full_act_bytes if any(pending) else 0.0,

@@ -35,6 +35,8 @@ from meshplan.costmodel.moe_rows import (MOE_EP_FSDP_ROWS_CAVEAT, MOE_EP_ROWS_CA
                                          rows_apply)
 from meshplan.costmodel.moe_tables import (MOE_CAVEAT, MOE_DATASHEET_CAVEAT, expert_links,
                                            expert_terms, moe_fields, moe_mlp_width, moe_parts)
+from meshplan.costmodel.moe_torch_memory import (compiled_block_applies,
+                                                 with_compiled_block_memory)
 from meshplan.costmodel.parts import LayerParts, layer_parts
 from meshplan.hardware_profiles import Cluster
 from meshplan.spec import Job, Layout, ModelSpec
@@ -112,8 +114,12 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
     if not is_moe:
         return TableInputs(cluster, local_job, local_layout, links, parts, caveats)
     parts = moe_parts(model, cluster, local_job, layout, links, parts)
+    if compiled_block_applies(model, local_job, layout, cluster.gpu.corrections):
+        # one compiled graph: what Inductor's block keeps (named correction)
+        parts = with_compiled_block_memory(parts, model, local_job, layout)
     dense = parts_at(None) if model.dense_layers else None
-    terms = expert_terms(model, cluster, local_job, local_layout, links, parts.layer)
+    terms = expert_terms(model, cluster, local_job, local_layout, links, parts.layer,
+                         copies_in_rows=parts.kept_weight_copies)
     return TableInputs(cluster, local_job, local_layout, links, parts, caveats,
                        lambda f: moe_fields(model, cluster, local_job, local_layout, f, dense,
                                             terms))

@@ -28,15 +28,30 @@ with and without renormalisation, balance loss, biases and a capacity factor
 (tests/unit/test_moe_torch_memory.py). Megatron's count (2h + (m + 1)·f a row, no fp32
 router input) is 20 % / 31 % below these on moeh1's / moeh2's shapes (bf16, micro-batch 2 /
 4).
+
+A block compiled by ``Layout.compile`` keeps less than this eager count: Inductor's
+partitioner re-runs the cheap element-wise ops in the backward. The named memory correction
+``compiled_moe_block_kept`` (:func:`with_compiled_block_memory`, its formula in
+:func:`compiled_block_kept_bytes`) prices a compiled MoE layer that has no measured row
+with what the compiled block keeps, its 16-bit weight copies with it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from meshplan.costmodel.corrections import memory_rule
+from meshplan.costmodel.fp8_experts import torch_experts_fp8
 from meshplan.costmodel.memory import activation_bytes_per_element
-from meshplan.costmodel.moe import MoEActivations
+from meshplan.costmodel.moe import MoEActivations, moe_params_per_rank, shared_width
+from meshplan.costmodel.torch_activations import torch_layer_activations
+from meshplan.hardware_profiles.corrections import CorrectionNumbers
 from meshplan.spec import Job, Layout, ModelSpec
+
+if TYPE_CHECKING:
+    from meshplan.costmodel.parts import LayerParts
 
 INDEX_BYTES = 8          # int64 indices
 GROUP_ALIGN_ROWS = 8     # executor/moe.py pads each expert's rows to this (a test checks)
@@ -70,4 +85,173 @@ def routed_activations(model: ModelSpec, job: Job, layout: Layout, tokens: float
     return MoEActivations(router, expert, 0.0, 2 * rows * h * e)
 
 
-__all__ = ["routed_activations", "padded_rows"]
+# ---- compiled MoE blocks (named memory correction) ---------------------------------------
+COMPILED_MOE_BLOCK = "compiled_moe_block_kept"
+
+
+def compiled_block_applies(model: ModelSpec, job: Job, layout: Layout,
+                           numbers: CorrectionNumbers) -> bool:
+    """Whether :func:`compiled_block_kept_bytes` prices an MoE layer composed without a
+    measured row: runtime "torch", ``Layout.compile`` with the block one graph on one rank
+    (tp = cp = ep = etp = 1, no data parallelism, whose DDP would cut the graph), recompute
+    none or full, and the block family the formula was read on (RMSNorm, rotary, SwiGLU
+    experts without biases, a softmax router without capacity, no MLA, no dense layers),
+    in bf16 or in fp8 with the executor's fp8 routed experts (rowwise)."""
+    return (job.runtime == "torch" and layout.compile and model.is_moe
+            and numbers.enabled(COMPILED_MOE_BLOCK)
+            and layout.tp == layout.cp == layout.ep == layout.etp == layout.dp == 1
+            and layout.zero < 2 and layout.recompute in ("none", "full")
+            and model.norm == "rmsnorm" and model.position_embedding == "rope"
+            and model.activation == "swiglu" and not model.bias and not model.is_mla
+            and model.router == "softmax" and model.capacity_factor is None
+            and not model.dense_layers and not model.mtp_layers
+            and (job.precision == "bf16"
+                 or (job.precision == "fp8" and torch_experts_fp8(model, job))))
+
+
+def compiled_block_copy_bytes(model: ModelSpec, job: Job) -> float:
+    """The 16-bit weight copies one compiled MoE block saves per call (ep = tp = 1), in
+    bf16: e × its linears' and routed experts' parameters (autocast's casts of the QKV,
+    output and shared-expert weights, traced into the graph; the experts' ``w.to(dtype)``)
+    — not the router's, which runs in fp32, nor the norms' gains, whose casts the
+    partitioner re-runs. None in fp8, whose linears and routed experts read the fp32 weight
+    or its fp8 cast."""
+    if job.precision == "fp8":
+        return 0.0
+    h, fs = model.hidden_size, shared_width(model)
+    linears = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h \
+        + (model.ffn_matrices + 1) * h * fs
+    experts = moe_params_per_rank(model, Layout()).experts
+    return activation_bytes_per_element(job) * (linears + experts)
+
+
+def compiled_block_kept_bytes(model: ModelSpec, job: Job, tokens: float,
+                              rows: float) -> float:
+    """What one executor MoE block compiled by Inductor keeps for its backward per
+    micro-batch, its 16-bit weight copies apart (:func:`compiled_block_copy_bytes`), its own
+    input included (bf16 arm; fp8 moves it by :func:`meshplan.costmodel.fp8_cost.
+    torch_memory` and :mod:`meshplan.costmodel.fp8_experts` as for the eager count):
+    ``tokens`` T on the rank, ``rows`` R routed rows, e the compute dtype's bytes, q / k
+    the query / key-value widths, n heads, E experts, k top-k, f_e an expert's width,
+    f_s the shared experts' (0 without), m = 2 (SwiGLU):
+
+        T·[e·h·(3 + [f_s > 0]) + 8 + attn + 4n + (m + 1)·e·f_s
+           + 4E + 16k + 4k + 4·[norm top-k] + k·(16 + e·h)]
+        + R'·e·(h + m·f_e + f_e) + 2·s·d·e
+
+    attn = 4·e·q with grouped K/V, else e·(q + 2k) + 2·e·q + e·k. Per token: the block's
+    input, the QKV input, the residual after attention and (with shared experts) the MLP
+    input (e·h each); the two RMSNorms' fp32 rsqrt; the rotated Q, the K and V expanded to
+    the query heads and the attention output (grouped; multi-head: the fused QKV output,
+    which V views, the rotated Q and K and the output) and the log-sum-exp; the shared
+    experts' fc1 output and SwiGLU product; the router's probabilities, top-k indices and
+    copy slots (int64), gates and their sum; per routed copy its two int64 indices and the
+    expert output the combine keeps. Per padded row R' (:func:`padded_rows`) the grouped
+    GEMM's input, fc1's output and the SwiGLU product (fc2's input). Per position the
+    rotary cos / sin in 16 bits.
+
+    Source: the saved tensors of one executor block compiled by Inductor on CPU (torch
+    2.13, ``saved_tensors_hooks``: ``benchmarks/compiled_moe_saved_bytes.py``), tensor by
+    tensor. Eager autograd keeps what :func:`routed_activations` and
+    :func:`meshplan.costmodel.torch_activations.torch_layer_activations` count; Inductor's
+    min-cut partitioner (``torch/_functorch/partitioners.py``,
+    ``min_cut_rematerialization_partition``) re-runs the cheap element-wise ops in the
+    backward instead: the fp32 copies of the norms' and the router's inputs (12·h), the
+    norms' outputs before the gain, SiLU's output (R'·e·f_e, and e·f_s), one rotary table
+    cast, the top-k values and the padding index, and keeps the block's input to re-run
+    the first norm from. Checked against the compiled GPU rows (bf16, recompute none, ep 1)
+    of the stored 1-GPU MoE profiles (H200, and H100 moeh64h100's): per token within 0.1 %
+    on 15 of 17 block shapes — every profile from 2026-12-01 on — where the eager count
+    reads 27-49 % above them; the two of 2026-11-29 (moeh1, moeh2: an earlier executor)
+    read 16 % and 5 % above the formula (``compiled_moe_saved_bytes.py --rows``)."""
+    e = activation_bytes_per_element(job)
+    h, q, kv, n = model.hidden_size, model.q_dim, model.kv_dim, model.num_heads
+    k, fe, fs, m = (model.experts_per_token, model.moe_ffn_hidden_size, shared_width(model),
+                    model.ffn_matrices)
+    grouped = model.num_kv_heads < model.num_heads
+    attn = (4 * e * q if grouped else e * (q + 2 * kv) + 2 * e * q + e * kv) + 4 * n
+    router = (4 * model.num_experts + 2 * INDEX_BYTES * k + 4 * k
+              + (4 if model.router_norm_topk else 0))
+    per_token = (e * h * (3 + (1 if fs else 0)) + 2 * 4 + attn + (m + 1) * e * fs + router
+                 + k * (2 * INDEX_BYTES + e * h))
+    padded = padded_rows(rows, model.num_experts) * e * (h + m * fe + fe)
+    rope = 2 * job.seq_len * model.head_dim * e
+    return tokens * per_token + padded + rope
+
+
+def eager_block_kept_bytes(model: ModelSpec, job: Job, layout: Layout, tokens: float,
+                           rows: float) -> float:
+    """The eager count of the same block (16-bit arm, no recomputation): the layer with its
+    shared experts as the MLP (:func:`~meshplan.costmodel.torch_activations.
+    torch_layer_activations`) and the routed part (:func:`routed_activations`)."""
+    dense = torch_layer_activations(model, job, layout.micro_batch, layout.tp,
+                                    layout.sequence_parallel, mlp_width=shared_width(model))
+    routed = routed_activations(model, job, layout, tokens, rows)
+    return dense.full_bytes + routed.router_bytes + routed.expert_bytes
+
+
+def with_compiled_block_memory(parts: "LayerParts", model: ModelSpec, job: Job,
+                               layout: Layout) -> "LayerParts":
+    """Named memory correction ``compiled_moe_block_kept``: an MoE layer that
+    ``Layout.compile`` runs as one compiled graph, priced without a measured row, keeps what
+    the compiled block keeps (:func:`compiled_block_kept_bytes`), not the eager count, and
+    its 16-bit weight copies go with its kept bytes, not with the weights.
+
+    * Kept bytes: the layer's composed bytes (the eager count, with fp8's changes on it)
+      move by D = C − E, C the compiled block's (its input included), E the eager count
+      (:func:`eager_block_kept_bytes`): without recomputation what it keeps, under full
+      recomputation what its recomputed forward rebuilds in the backward (the working
+      memory) less the input it already keeps.
+    * 16-bit copies (bf16): a compiled block casts its weights inside the graph once per
+      call (``w.to(dtype)`` for the experts, autocast's casts traced for the linears) and
+      saves the copies for its backward, as the compiled rows' intercept shows
+      (:mod:`meshplan.costmodel.compiled_rows`). So they are kept per micro-batch in flight
+      without recomputation; under full recomputation the checkpointed forward keeps only
+      its input (the CPU block: its input, the rotary tables, no copy) and the copies exist
+      for the one layer being recomputed. The weights then count none
+      (``LayerParts.kept_weight_copies``; the experts' :class:`~meshplan.costmodel.
+      moe_tables.ExpertTerms` ``copies_in_rows``), where before every layer's were held
+      all step: (L − 1) layers' copies too many under full recomputation.
+
+    Measured effect, POST HOC (2026-12-05; the checks the overestimate was found on): the
+    datasheet's peak memory of the 1-GPU MoE checks moeh28-moeh60 (H200) and moeh61h100,
+    moeh63h100, moeh64h100 (H100), 98 bf16 and 99 fp8 compiled arms, mean absolute error
+    bf16 9.5 → 0.9 % (within 5 %: 19 → 95 of 98), fp8 5.1 → 0.4 % (67 → 99 of 99): bf16
+    full recomputation +9.5..+11.4 % mean by micro-batch → −0.7..+1.1 %, bf16 / fp8
+    without recomputation +2.8..+14.0 / +2.5..+17.7 % (growing with the micro-batch) →
+    −0.6..−0.1 %. Left: bf16 full recomputation at micro-batch 16, −6.2..+8.7 % on six
+    arms, as the calibrated profiles price them (their peak at the output layer and the
+    step's first backward, not a layer's). Step times do not move. A profile with the
+    model's compiled MoE rows is read as before (the rows hold all this)."""
+    tokens = job.seq_len * layout.micro_batch
+    rows = moe_rows_at_ep1(model, tokens)
+    compiled = compiled_block_kept_bytes(model, job, tokens, rows)
+    copies = compiled_block_copy_bytes(model, job)
+    d = compiled - eager_block_kept_bytes(model, job, layout, tokens, rows)
+    inp = tokens * model.hidden_size * activation_bytes_per_element(job)
+    if layout.recompute == "full":
+        return replace(parts, full_act_bytes=parts.full_act_bytes + d + copies,
+                       backward_buf_bytes=max(0.0, parts.backward_buf_bytes + d - inp + copies),
+                       kept_weight_copies=bool(copies))
+    return replace(parts, activation_bytes=max(0.0, parts.activation_bytes + d + copies),
+                   full_act_bytes=parts.full_act_bytes + d + copies,
+                   kept_weight_copies=bool(copies))
+
+
+def moe_rows_at_ep1(model: ModelSpec, tokens: float) -> float:
+    """R at ep = etp = 1 without a capacity: every routed copy, k·T."""
+    return model.experts_per_token * tokens
+
+
+def _compiled_block_layout(t) -> bool:
+    return compiled_block_applies(t.model, t.job, t.layout, t.cluster.gpu.corrections) \
+        and "layer" not in t.parts.measured
+
+
+COMPILED_MOE_BLOCK_CORRECTION = memory_rule(COMPILED_MOE_BLOCK, _compiled_block_layout,
+                                            with_compiled_block_memory)
+
+__all__ = ["routed_activations", "padded_rows", "COMPILED_MOE_BLOCK",
+           "COMPILED_MOE_BLOCK_CORRECTION", "compiled_block_applies",
+           "compiled_block_copy_bytes", "compiled_block_kept_bytes", "eager_block_kept_bytes",
+           "with_compiled_block_memory"]

@@ -101,6 +101,11 @@ class LayerParts:
     # before a measured fp8 row replaced them (grown_fp8_row reads them at another
     # micro-batch); (0, 0) without fp8
     fp8_composed_s: tuple[float, float] = (0.0, 0.0)
+    # the layer's kept bytes (or, under full recomputation, its backward's working memory)
+    # hold its 16-bit weight copies, so the weights count none: a compiled MoE block priced
+    # without a row (moe_torch_memory.with_compiled_block_memory); compiled rows say so by
+    # ``compiled``
+    kept_weight_copies: bool = False
 
 
 @lru_cache(maxsize=8192)

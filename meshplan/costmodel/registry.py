@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from meshplan.costmodel.corrections import CORRECTIONS, Correction
 from meshplan.costmodel.memory_reliefs import MEMORY_RULES
+from meshplan.costmodel.moe_torch_memory import COMPILED_MOE_BLOCK_CORRECTION
 from meshplan.costmodel.nearest_rows import NEAREST_SHAPE_CORRECTION
 
 
@@ -27,9 +28,11 @@ def _for_runtime(runtime: str) -> tuple[Correction, ...]:
 
 def all_corrections() -> tuple[Correction, ...]:
     """The registry: the numbered corrections, the memory rules
-    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`) and the transfer of measured
-    rows to a shape the profile did not time (:mod:`meshplan.costmodel.nearest_rows`)."""
-    return CORRECTIONS + MEMORY_RULES + (NEAREST_SHAPE_CORRECTION,)
+    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`, the compiled MoE block's kept
+    bytes: :mod:`meshplan.costmodel.moe_torch_memory`) and the transfer of measured rows to
+    a shape the profile did not time (:mod:`meshplan.costmodel.nearest_rows`)."""
+    return CORRECTIONS + MEMORY_RULES + (COMPILED_MOE_BLOCK_CORRECTION,
+                                         NEAREST_SHAPE_CORRECTION)
 
 
 __all__ = ["all_corrections", "applied"]
