@@ -9,6 +9,8 @@
 #   ALLOW_GPU_MISMATCH=1 with PART=2: run the h200x1 plans on another GPU (moeh61h100's H100)
 #   GPU_TAG=h100x1: the plans' and the profile's name tag (default h200x1; moeh64h100's plans,
 #     made for the H100, are benchmarks/plans/moeh64h100_{bf16,fp8}_h100x1)
+#   GPU=H100-SXM5-80GB with PART=1 or all: plan for that built-in GPU (moe_sync_gpu.py plans
+#     --gpu), the one the profile was measured on; default the H200
 #   ONLY="mb4-full-compiled" PRECISIONS=fp8 with PART=2: only those layouts / precisions (an
 #     arm a call cut short; the pair's tarball then holds what ran: its other arm is absent)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
@@ -51,18 +53,22 @@ if [ "$PART" != 2 ]; then
     cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
     [ -n "${SOURCES:-}" ] && exit 0
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
-        --global-batch 16 --gpu-bound "${GPU_BOUND:-3}" --profile "$P" \
-        --out "benchmarks/plans/${CHECK}_bf16_$T" >> "$LOG" 2>&1
+        --global-batch 16 --gpu-bound "${GPU_BOUND:-3}" --profile "$P" ${GPU:+--gpu "$GPU"} \
+        --out "benchmarks/plans/${CHECK}_bf16_$T" >> "$LOG" 2>&1 || {
+        echo "plans failed (log: $LOG)" >&2; exit 1; }
     KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
         "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
     echo "kept: $KEPT" >> "$LOG"
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
-        --global-batch 16 --fp8-recipe rowwise --only $KEPT --profile "$P" \
-        --out "benchmarks/plans/${CHECK}_fp8_$T" >> "$LOG" 2>&1
+        --global-batch 16 --fp8-recipe rowwise --only $KEPT --profile "$P" ${GPU:+--gpu "$GPU"} \
+        --out "benchmarks/plans/${CHECK}_fp8_$T" >> "$LOG" 2>&1 || {
+        echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" \
         "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
 fi
 [ "$PART" = 1 ] && exit 0
+[ -f "benchmarks/plans/${CHECK}_bf16_$T/predictions.json" ] || {
+    echo "no benchmarks/plans/${CHECK}_bf16_$T/predictions.json (GPU_TAG=$T)" >&2; exit 2; }
 KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
     "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
 for n in ${ONLY:-$KEPT}; do

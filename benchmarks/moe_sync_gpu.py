@@ -535,15 +535,18 @@ SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
 
 def _cluster(profile: str | None, gpus: int = 1, keep_stale_rows: bool = False,
              override: bool = False, gpu: str | None = None):
-    """A one-node ``dgx-h200`` of ``gpus`` (with the built-in ``gpu`` instead of the H200:
-    ``plans --gpu``) with ``profile`` applied (``override``: a profile of another device
-    too — a CPU dry run's, ``plans --profile-override``)."""
+    """A one-node ``dgx-h200`` of ``gpus`` (``plans --gpu``: the first built-in node of that
+    GPU instead, e.g. ``dgx-h100``) with ``profile`` applied (``override``: a profile of
+    another device too — a CPU dry run's, ``plans --profile-override``)."""
     from meshplan.hardware_profiles import Cluster
     from meshplan.hardware_profiles.calibrated import apply_profile
     from meshplan.hardware_profiles.loader import builtin_gpu
     c = Cluster.preset("dgx-h200", nodes=1, gpus_per_node=gpus)
-    if gpu:
-        c = c.replace(gpu=builtin_gpu(gpu))
+    if gpu and gpu != c.gpu.name:
+        # the built-in node of that GPU (its name and price), else the H200 node with it
+        same = [n for n in Cluster.preset_names() if Cluster.preset(n).gpu.name == gpu]
+        c = (Cluster.preset(same[0], nodes=1, gpus_per_node=gpus) if same
+             else c.replace(gpu=builtin_gpu(gpu)))
     return (apply_profile(c, profile, keep_stale_rows=keep_stale_rows, override=override)
             if profile else c)
 

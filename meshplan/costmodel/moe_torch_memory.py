@@ -93,13 +93,16 @@ def compiled_block_applies(model: ModelSpec, job: Job, layout: Layout,
                            numbers: CorrectionNumbers) -> bool:
     """Whether :func:`compiled_block_kept_bytes` prices an MoE layer composed without a
     measured row: runtime "torch", ``Layout.compile`` with the block one graph on one rank
-    (tp = cp = ep = etp = 1, no data parallelism, whose DDP would cut the graph), recompute
+    (tp = cp = ep = etp = 1, no data parallelism, whose DDP would cut the graph) in one
+    1F1B stage (pp = 1: the checks it was read on; with more micro-batches in flight, or
+    zero-bubble's deferred weight gradients, its copies' lifetime is unchecked), recompute
     none or full, and the block family the formula was read on (RMSNorm, rotary, SwiGLU
     experts without biases, a softmax router without capacity, no MLA, no dense layers),
     in bf16 or in fp8 with the executor's fp8 routed experts (rowwise)."""
     return (job.runtime == "torch" and layout.compile and model.is_moe
             and numbers.enabled(COMPILED_MOE_BLOCK)
             and layout.tp == layout.cp == layout.ep == layout.etp == layout.dp == 1
+            and layout.pp == 1 and layout.schedule == "1f1b"
             and layout.zero < 2 and layout.recompute in ("none", "full")
             and model.norm == "rmsnorm" and model.position_embedding == "rope"
             and model.activation == "swiglu" and not model.bias and not model.is_mla

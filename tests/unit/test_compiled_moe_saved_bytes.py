@@ -94,3 +94,31 @@ def test_a_compiled_moe_layout_without_rows_is_priced_as_the_compiled_block():
     moved = {c.name: c.memory_delta_bytes for c in e.corrections}
     assert COMPILED_MOE_BLOCK in moved and moved[COMPILED_MOE_BLOCK] < -6 * copies
     assert e.step_time_s == estimate(spec, off, job, full).step_time_s
+
+
+@pytest.mark.parametrize("change", [
+    dict(pp=2), dict(schedule="gpipe"), dict(dp=2), dict(recompute="selective"),
+    dict(compile=False)], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_the_compiled_moe_rule_stays_off_where_it_was_not_read(change):
+    """One 1F1B stage on one rank, recompute none or full, compiled: anywhere else (more
+    stages, GPipe's micro-batches in flight, DDP cutting the graph, selective recompute,
+    eager) the layout is priced as before, and the estimate names no such correction."""
+    import meshplan as mp
+    from meshplan.costmodel import estimate
+    from meshplan.costmodel.moe_torch_memory import COMPILED_MOE_BLOCK, compiled_block_applies
+    spec = mp.ModelSpec(
+        name="m", num_layers=8, hidden_size=1024, num_heads=8, num_kv_heads=2, head_dim=128,
+        ffn_hidden_size=512, vocab_size=32000, max_seq_len=2048, activation="swiglu",
+        norm="rmsnorm", position_embedding="rope", tied_embeddings=False, bias=False,
+        num_experts=16, experts_per_token=4, moe_ffn_hidden_size=512)
+    lay = mp.Layout(micro_batch=2, compile=True).replace(**change)
+    cluster = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=lay.num_gpus)
+    job = mp.Job(global_batch=16, seq_len=2048, runtime="torch")
+    base = mp.Layout(micro_batch=2, compile=True)
+    assert compiled_block_applies(spec, job, base, cluster.gpu.corrections)
+    assert not compiled_block_applies(spec, job, lay, cluster.gpu.corrections)
+    assert COMPILED_MOE_BLOCK not in {c.name for c in estimate(spec, cluster, job,
+                                                                lay).corrections}
+    tensorwise = mp.Job(global_batch=16, seq_len=2048, runtime="torch", precision="fp8",
+                        fp8_recipe="tensorwise")
+    assert not compiled_block_applies(spec, tensorwise, base, cluster.gpu.corrections)
