@@ -71,9 +71,11 @@ def compiled_block(spec: mp.ModelSpec, full: bool = False):
 def saved(block, spec: mp.ModelSpec, tokens: int) -> dict:
     """Storage -> (bytes, dtype, shape, "param" / "input" / "") of what one forward of
     ``tokens`` tokens (two sequences) saves under bf16 autocast; the second of two steps
-    (the first compiles), each with its backward."""
+    (the first compiles), each with its backward. Any executor block (dense ones too:
+    ``compiled_dense_saved_bytes.py``; no rotary tables with learned positions)."""
     def step():
-        rope = rope_tables(tokens // 2, spec.head_dim)
+        rope = (rope_tables(tokens // 2, spec.head_dim)
+                if spec.position_embedding == "rope" else None)
         torch.manual_seed(0)
         x = torch.randn(2, tokens // 2, spec.hidden_size, dtype=torch.bfloat16,
                         requires_grad=True)

@@ -35,6 +35,8 @@ from meshplan.costmodel.moe_rows import (MOE_EP_FSDP_ROWS_CAVEAT, MOE_EP_ROWS_CA
                                          rows_apply)
 from meshplan.costmodel.moe_tables import (MOE_CAVEAT, MOE_DATASHEET_CAVEAT, expert_links,
                                            expert_terms, moe_fields, moe_mlp_width, moe_parts)
+from meshplan.costmodel.compiled_block_memory import (compiled_dense_applies,
+                                                      with_compiled_dense_memory)
 from meshplan.costmodel.moe_torch_memory import (compiled_block_applies,
                                                  with_compiled_block_memory)
 from meshplan.costmodel.parts import LayerParts, layer_parts
@@ -79,6 +81,10 @@ def table_inputs(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout) -
         parts = layer_parts(model, cluster, job, layout.micro_batch, layout.tp,
                             layout.sequence_parallel, layout.recompute, links.tp, links.pp,
                             layout.compile, fsdp)
+        if compiled_dense_applies(model, job, layout, cluster.gpu.corrections) \
+                and "layer" not in parts.measured:
+            # one compiled graph without a measured row: what Inductor's block keeps
+            parts = with_compiled_dense_memory(parts, model, job, layout)
         return TableInputs(cluster, job, layout, links, parts)
     if rows_apply(model, cluster, layout, job):
         measured = _measured_moe_inputs(model, cluster, job, layout)

@@ -39,9 +39,10 @@ with what the compiled block keeps, its 16-bit weight copies with it.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from meshplan.costmodel.compiled_block_memory import (dense_part_per_token, linear_copy_bytes,
+                                                      rope_table_bytes, with_compiled_kept)
 from meshplan.costmodel.corrections import memory_rule
 from meshplan.costmodel.fp8_experts import torch_experts_fp8
 from meshplan.costmodel.memory import activation_bytes_per_element
@@ -119,13 +120,9 @@ def compiled_block_copy_bytes(model: ModelSpec, job: Job) -> float:
     — not the router's, which runs in fp32, nor the norms' gains, whose casts the
     partitioner re-runs. None in fp8, whose linears and routed experts read the fp32 weight
     or its fp8 cast."""
-    if job.precision == "fp8":
-        return 0.0
-    h, fs = model.hidden_size, shared_width(model)
-    linears = h * (model.q_dim + 2 * model.kv_dim) + model.q_dim * h \
-        + (model.ffn_matrices + 1) * h * fs
-    experts = moe_params_per_rank(model, Layout()).experts
-    return activation_bytes_per_element(job) * (linears + experts)
+    experts = 0.0 if job.precision == "fp8" else moe_params_per_rank(model, Layout()).experts
+    return linear_copy_bytes(model, job, shared_width(model)) \
+        + activation_bytes_per_element(job) * experts
 
 
 def compiled_block_kept_bytes(model: ModelSpec, job: Job, tokens: float,
@@ -168,18 +165,14 @@ def compiled_block_kept_bytes(model: ModelSpec, job: Job, tokens: float,
     reads 27-49 % above them; the two of 2026-11-29 (moeh1, moeh2: an earlier executor)
     read 16 % and 5 % above the formula (``compiled_moe_saved_bytes.py --rows``)."""
     e = activation_bytes_per_element(job)
-    h, q, kv, n = model.hidden_size, model.q_dim, model.kv_dim, model.num_heads
-    k, fe, fs, m = (model.experts_per_token, model.moe_ffn_hidden_size, shared_width(model),
-                    model.ffn_matrices)
-    grouped = model.num_kv_heads < model.num_heads
-    attn = (4 * e * q if grouped else e * (q + 2 * kv) + 2 * e * q + e * kv) + 4 * n
+    k, fe = model.experts_per_token, model.moe_ffn_hidden_size
     router = (4 * model.num_experts + 2 * INDEX_BYTES * k + 4 * k
               + (4 if model.router_norm_topk else 0))
-    per_token = (e * h * (3 + (1 if fs else 0)) + 2 * 4 + attn + (m + 1) * e * fs + router
-                 + k * (2 * INDEX_BYTES + e * h))
-    padded = padded_rows(rows, model.num_experts) * e * (h + m * fe + fe)
-    rope = 2 * job.seq_len * model.head_dim * e
-    return tokens * per_token + padded + rope
+    per_token = (dense_part_per_token(model, job, shared_width(model)) + router
+                 + k * (2 * INDEX_BYTES + e * model.hidden_size))
+    padded = padded_rows(rows, model.num_experts) * e * (model.hidden_size
+                                                         + model.ffn_matrices * fe + fe)
+    return tokens * per_token + padded + rope_table_bytes(model, job)
 
 
 def eager_block_kept_bytes(model: ModelSpec, job: Job, layout: Layout, tokens: float,
@@ -229,16 +222,10 @@ def with_compiled_block_memory(parts: "LayerParts", model: ModelSpec, job: Job,
     tokens = job.seq_len * layout.micro_batch
     rows = moe_rows_at_ep1(model, tokens)
     compiled = compiled_block_kept_bytes(model, job, tokens, rows)
-    copies = compiled_block_copy_bytes(model, job)
     d = compiled - eager_block_kept_bytes(model, job, layout, tokens, rows)
     inp = tokens * model.hidden_size * activation_bytes_per_element(job)
-    if layout.recompute == "full":
-        return replace(parts, full_act_bytes=parts.full_act_bytes + d + copies,
-                       backward_buf_bytes=max(0.0, parts.backward_buf_bytes + d - inp + copies),
-                       kept_weight_copies=bool(copies))
-    return replace(parts, activation_bytes=max(0.0, parts.activation_bytes + d + copies),
-                   full_act_bytes=parts.full_act_bytes + d + copies,
-                   kept_weight_copies=bool(copies))
+    return with_compiled_kept(parts, layout.recompute, d, compiled_block_copy_bytes(model, job),
+                              inp)
 
 
 def moe_rows_at_ep1(model: ModelSpec, tokens: float) -> float:

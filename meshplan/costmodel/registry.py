@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from meshplan.costmodel.corrections import CORRECTIONS, Correction
 from meshplan.costmodel.memory_reliefs import MEMORY_RULES
+from meshplan.costmodel.compiled_block_memory import COMPILED_DENSE_BLOCK_CORRECTION
 from meshplan.costmodel.moe_torch_memory import COMPILED_MOE_BLOCK_CORRECTION
 from meshplan.costmodel.nearest_rows import NEAREST_SHAPE_CORRECTION
 
@@ -28,10 +29,12 @@ def _for_runtime(runtime: str) -> tuple[Correction, ...]:
 
 def all_corrections() -> tuple[Correction, ...]:
     """The registry: the numbered corrections, the memory rules
-    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`, the compiled MoE block's kept
-    bytes: :mod:`meshplan.costmodel.moe_torch_memory`) and the transfer of measured rows to
+    (:data:`meshplan.costmodel.memory_reliefs.MEMORY_RULES`, the compiled MoE and dense
+    blocks' kept bytes: :mod:`meshplan.costmodel.moe_torch_memory`,
+    :mod:`meshplan.costmodel.compiled_block_memory`) and the transfer of measured rows to
     a shape the profile did not time (:mod:`meshplan.costmodel.nearest_rows`)."""
     return CORRECTIONS + MEMORY_RULES + (COMPILED_MOE_BLOCK_CORRECTION,
+                                         COMPILED_DENSE_BLOCK_CORRECTION,
                                          NEAREST_SHAPE_CORRECTION)
 
 
