@@ -33,10 +33,12 @@ widths, n heads, f the MLP's width, s the sequence length, d the head dimension
 - mlp: SwiGLU's fc1 output and product 3·e·f; GELU's input and output 2·e·f.
 
 Under full recomputation the checkpointed block keeps its input (e·h, as the eager count)
-and no 16-bit weight copy. Source: the saved tensors of one executor block compiled by
-Inductor on CPU (torch 2.13, ``saved_tensors_hooks``; ``benchmarks/compiled_dense_saved_bytes
-.py`` for dense blocks, ``benchmarks/compiled_moe_saved_bytes.py`` for MoE ones, whose
-attention and shared experts are this dense part with f = the shared experts' width).
+and no 16-bit weight copy. In fp8 (tensorwise) the count is the bf16 arm's, moved by the
+executor's fp8 terms as the eager count is (:func:`with_compiled_dense_memory`). Source:
+the saved tensors of one executor block compiled by Inductor on CPU (torch 2.13,
+``saved_tensors_hooks``; ``benchmarks/compiled_dense_saved_bytes.py`` for dense blocks,
+``benchmarks/compiled_moe_saved_bytes.py`` for MoE ones, whose attention and shared
+experts are this dense part with f = the shared experts' width).
 """
 
 from __future__ import annotations
@@ -135,16 +137,18 @@ def compiled_dense_applies(model: ModelSpec, job: Job, layout: Layout,
     """Whether :func:`with_compiled_dense_memory` prices a dense layer composed without a
     measured row: runtime "torch", ``Layout.compile`` with the block one graph on one rank
     (tp = cp = dp = 1: DDP would cut the graph) in one 1F1B stage (pp = 1), ZeRO < 2,
-    recompute none, selective or full, bf16 (fp8's compiled linears are not in the CPU
-    block: unchecked), the executor's dense block family read on CPU (RMSNorm + rotary +
-    SwiGLU without biases, or LayerNorm + learned positions + GELU, with or without
-    biases; no dropout, sliding window, MLA or multi-token prediction)."""
+    recompute none, selective or full, bf16 or fp8 with the tensorwise recipe (the one the
+    fp8 GPU rows it was checked on ran), the executor's dense block family read on CPU
+    (RMSNorm + rotary + SwiGLU without biases, or LayerNorm + learned positions + GELU,
+    with or without biases; no dropout, sliding window, MLA or multi-token prediction)."""
     family = ((model.norm == "rmsnorm" and model.position_embedding == "rope"
                and model.activation == "swiglu" and not model.bias)
               or (model.norm == "layernorm" and model.position_embedding == "learned"
                   and model.activation == "gelu"))
     return (job.runtime == "torch" and layout.compile and not model.is_moe
-            and numbers.enabled(COMPILED_DENSE_BLOCK) and job.precision == "bf16"
+            and numbers.enabled(COMPILED_DENSE_BLOCK)
+            and (job.precision == "bf16"
+                 or (job.precision == "fp8" and job.fp8_recipe == "tensorwise"))
             and layout.tp == layout.cp == layout.dp == layout.pp == 1
             and layout.schedule == "1f1b" and layout.zero < 2
             and layout.recompute in ("none", "selective", "full") and family
@@ -188,9 +192,21 @@ def with_compiled_dense_memory(parts: "LayerParts", model: ModelSpec, job: Job,
     +6.4..+10.0 % → −1.4..−0.1 % (one arm +5.7 %). Without or with selective
     recomputation all of it is the layers' kept bytes (L·(C − E), growing with the
     micro-batch; the copies move from the weights to the kept bytes unchanged); under full
-    recomputation all of it is the weights' 16-bit copies, (L − 1) layers' too many. fp8
-    arms are not priced by it (unchanged: 8.2 % mean). Step times do not move. A profile
-    with the model's compiled dense rows is read as before (the rows hold all this)."""
+    recomputation all of it is the weights' 16-bit copies, (L − 1) layers' too many.
+
+    fp8 (tensorwise): the compiled block's count in the bf16 arm, moved by the executor's
+    fp8 terms (:func:`meshplan.costmodel.fp8_cost.torch_memory`: the 16-bit linear inputs
+    the partitioner recomputes), as the composed eager count was; no 16-bit copies. Not
+    read on CPU (no fp8 GEMMs there), but the norms, SiLU and rotary ops the partitioner
+    re-runs are the bf16 block's, and the composition reads the compiled fp8 GPU rows
+    (tensorwise, tp 1) within 0.1 % a token on 7 of 9 shapes without recomputation (fp8h1
+    +0.4 %, fp8h2 −1.3 %: 2026-11-29) and on the 2 selective shapes from fp8h21 on (the 7
+    earlier ones' rows 7-15 % above). POST HOC on the same checks, 99 fp8 compiled arms:
+    8.2 → 0.6 % mean (within 5 %: 48 → 98; none +3.0..+16.7 % → −0.6..+0.4 % mean by
+    micro-batch, selective +3.9..+19.7 % → −2.2..−0.5 %, full recomputation −0.3..+0.6 % →
+    −0.3..+0.5 %).
+    Step times do not move. A profile with the model's compiled dense rows is read as
+    before (the rows hold all this)."""
     tokens = job.seq_len * layout.micro_batch
     eager = torch_layer_activations(model, job, layout.micro_batch, 1, False)
     d = compiled_dense_kept_bytes(model, job, tokens) - eager.full_bytes

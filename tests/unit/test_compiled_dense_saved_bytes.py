@@ -86,7 +86,8 @@ def test_a_compiled_dense_layout_without_rows_is_priced_as_the_compiled_block(re
 def test_the_compiled_dense_rule_stays_off_where_it_was_not_read(change):
     """One 1F1B stage on one rank, compiled, bf16: anywhere else (more stages, GPipe, DDP
     or FSDP2 cutting the graph, tp, eager) the layout is priced as before, and the estimate
-    names no such correction; nor in fp8, nor for an MoE model (its own rule)."""
+    names no such correction; nor in fp8 but under the tensorwise recipe it was checked
+    on, nor for an MoE model (its own rule)."""
     import meshplan as mp
     from meshplan.costmodel import estimate
     from meshplan.costmodel.compiled_block_memory import (COMPILED_DENSE_BLOCK,
@@ -101,7 +102,32 @@ def test_the_compiled_dense_rule_stays_off_where_it_was_not_read(change):
     assert not compiled_dense_applies(spec, job, lay, numbers)
     assert COMPILED_DENSE_BLOCK not in {c.name for c in estimate(spec, cluster, job,
                                                                   lay).corrections}
-    fp8 = mp.Job(global_batch=16, seq_len=2048, runtime="torch", precision="fp8")
-    assert not compiled_dense_applies(spec, fp8, base, numbers)
+    fp8 = mp.Job(global_batch=16, seq_len=2048, runtime="torch", precision="fp8",
+                 fp8_recipe="tensorwise")
+    assert compiled_dense_applies(spec, fp8, base, numbers)
+    rowwise = mp.Job(global_batch=16, seq_len=2048, runtime="torch", precision="fp8",
+                     fp8_recipe="rowwise")
+    assert not compiled_dense_applies(spec, rowwise, base, numbers)
     moe = _spec(num_experts=8, experts_per_token=2, moe_ffn_hidden_size=512)
     assert not compiled_dense_applies(moe, job, base, numbers)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_a_compiled_fp8_tensorwise_layout_is_the_compiled_block_moved_by_fp8(recompute):
+    """fp8 (tensorwise): the compiled block's bf16-arm count moved by the executor's fp8
+    terms (the 16-bit linear inputs the partitioner recomputes), no 16-bit copies."""
+    import meshplan as mp
+    from meshplan.costmodel.compiled_block_memory import compiled_dense_kept_bytes
+    from meshplan.costmodel.fp8_cost import torch_memory
+    from meshplan.costmodel.tables import layer_tables
+    spec = _spec()
+    job = mp.Job(global_batch=8, seq_len=2048, precision="fp8", fp8_recipe="tensorwise",
+                 runtime="torch")
+    lay = mp.Layout(micro_batch=4, compile=True, recompute=recompute)
+    t, t0 = layer_tables(spec, _cluster(), job, lay), layer_tables(spec, _cluster(True), job,
+                                                                  lay)
+    moved = torch_memory(spec, job, 4, 1, False, recompute, 0.0, compile=True, fsdp=False,
+                         compiled_row=False)["activation_delta_bytes"]
+    assert t.layer_activation_bytes == pytest.approx(
+        compiled_dense_kept_bytes(spec, job, 4 * 2048, recompute) + moved)
+    assert t.layer_activation_bytes < t0.layer_activation_bytes
