@@ -43,10 +43,11 @@ experts are this dense part with f = the shared experts' width).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel.corrections import memory_rule
+from meshplan.costmodel.corrections import Correction, memory_rule
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.torch_activations import torch_layer_activations
 from meshplan.hardware_profiles.corrections import CorrectionNumbers
@@ -217,14 +218,20 @@ def with_compiled_dense_memory(parts: "LayerParts", model: ModelSpec, job: Job,
     return with_compiled_kept(parts, layout.recompute, d, copies, inp, kept_d)
 
 
-def _compiled_dense_layout(t) -> bool:
-    return compiled_dense_applies(t.model, t.job, t.layout, t.cluster.gpu.corrections) \
-        and "layer" not in t.parts.measured
+def compiled_kept_rule(name: str, applies: Callable, effect: Callable) -> Correction:
+    """The named memory rule of a compiled block priced without a measured layer row:
+    ``applies(model, job, layout, corrections)``, and the profile timed no row of the
+    layer (a measured row already holds what the block keeps)."""
+    def without_row(t) -> bool:
+        return applies(t.model, t.job, t.layout, t.cluster.gpu.corrections) \
+            and "layer" not in t.parts.measured
+    return memory_rule(name, without_row, effect)
 
 
-COMPILED_DENSE_BLOCK_CORRECTION = memory_rule(COMPILED_DENSE_BLOCK, _compiled_dense_layout,
-                                              with_compiled_dense_memory)
+COMPILED_DENSE_BLOCK_CORRECTION = compiled_kept_rule(
+    COMPILED_DENSE_BLOCK, compiled_dense_applies, with_compiled_dense_memory)
 
 __all__ = ["COMPILED_DENSE_BLOCK", "COMPILED_DENSE_BLOCK_CORRECTION", "compiled_dense_applies",
-           "compiled_dense_kept_bytes", "dense_part_per_token", "linear_copy_bytes",
-           "rope_table_bytes", "with_compiled_dense_memory", "with_compiled_kept"]
+           "compiled_dense_kept_bytes", "compiled_kept_rule", "dense_part_per_token",
+           "linear_copy_bytes", "rope_table_bytes", "with_compiled_dense_memory",
+           "with_compiled_kept"]

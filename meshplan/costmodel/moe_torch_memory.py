@@ -41,9 +41,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from meshplan.costmodel.compiled_block_memory import (dense_part_per_token, linear_copy_bytes,
-                                                      rope_table_bytes, with_compiled_kept)
-from meshplan.costmodel.corrections import memory_rule
+from meshplan.costmodel.compiled_block_memory import (compiled_kept_rule, dense_part_per_token,
+                                                      linear_copy_bytes, rope_table_bytes,
+                                                      with_compiled_kept)
 from meshplan.costmodel.fp8_experts import torch_experts_fp8
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.moe import MoEActivations, moe_params_per_rank, shared_width
@@ -233,13 +233,8 @@ def moe_rows_at_ep1(model: ModelSpec, tokens: float) -> float:
     return model.experts_per_token * tokens
 
 
-def _compiled_block_layout(t) -> bool:
-    return compiled_block_applies(t.model, t.job, t.layout, t.cluster.gpu.corrections) \
-        and "layer" not in t.parts.measured
-
-
-COMPILED_MOE_BLOCK_CORRECTION = memory_rule(COMPILED_MOE_BLOCK, _compiled_block_layout,
-                                            with_compiled_block_memory)
+COMPILED_MOE_BLOCK_CORRECTION = compiled_kept_rule(COMPILED_MOE_BLOCK, compiled_block_applies,
+                                                   with_compiled_block_memory)
 
 __all__ = ["routed_activations", "padded_rows", "COMPILED_MOE_BLOCK",
            "COMPILED_MOE_BLOCK_CORRECTION", "compiled_block_applies",
