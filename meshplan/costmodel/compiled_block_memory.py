@@ -133,12 +133,21 @@ def with_compiled_kept(parts: "LayerParts", recompute: str, d: float, copies: fl
 COMPILED_DENSE_BLOCK = "compiled_dense_block_kept"
 
 
+def one_compiled_graph(job: Job, layout: Layout) -> bool:
+    """Where the compiled-block rules were read: runtime "torch", ``Layout.compile`` with the
+    block one graph on one rank (tp = cp = ep = etp = 1, no data parallelism, whose DDP
+    would cut the graph) in one 1F1B stage (pp = 1; with more micro-batches in flight, or
+    zero-bubble's deferred weight gradients, the copies' lifetime is unchecked), ZeRO < 2."""
+    return (job.runtime == "torch" and layout.compile
+            and layout.tp == layout.cp == layout.ep == layout.etp == layout.dp == 1
+            and layout.pp == 1 and layout.schedule == "1f1b" and layout.zero < 2)
+
+
 def compiled_dense_applies(model: ModelSpec, job: Job, layout: Layout,
                            numbers: CorrectionNumbers) -> bool:
     """Whether :func:`with_compiled_dense_memory` prices a dense layer composed without a
-    measured row: runtime "torch", ``Layout.compile`` with the block one graph on one rank
-    (tp = cp = dp = 1: DDP would cut the graph) in one 1F1B stage (pp = 1), ZeRO < 2,
-    recompute none, selective or full, bf16 or fp8 with the tensorwise recipe (the one the
+    measured row: one compiled graph (:func:`one_compiled_graph`), recompute none,
+    selective or full, bf16 or fp8 with the tensorwise recipe (the one the
     fp8 GPU rows it was checked on ran), the executor's dense block family read on CPU
     (RMSNorm + rotary + SwiGLU without biases, or LayerNorm + learned positions + GELU,
     with or without biases; no dropout, sliding window, MLA or multi-token prediction)."""
@@ -146,12 +155,10 @@ def compiled_dense_applies(model: ModelSpec, job: Job, layout: Layout,
                and model.activation == "swiglu" and not model.bias)
               or (model.norm == "layernorm" and model.position_embedding == "learned"
                   and model.activation == "gelu"))
-    return (job.runtime == "torch" and layout.compile and not model.is_moe
+    return (one_compiled_graph(job, layout) and not model.is_moe
             and numbers.enabled(COMPILED_DENSE_BLOCK)
             and (job.precision == "bf16"
                  or (job.precision == "fp8" and job.fp8_recipe == "tensorwise"))
-            and layout.tp == layout.cp == layout.dp == layout.pp == 1
-            and layout.schedule == "1f1b" and layout.zero < 2
             and layout.recompute in ("none", "selective", "full") and family
             and not model.dropout and model.sliding_window is None and not model.is_mla
             and not model.mtp_layers)
@@ -233,5 +240,5 @@ COMPILED_DENSE_BLOCK_CORRECTION = compiled_kept_rule(
 
 __all__ = ["COMPILED_DENSE_BLOCK", "COMPILED_DENSE_BLOCK_CORRECTION", "compiled_dense_applies",
            "compiled_dense_kept_bytes", "compiled_kept_rule", "dense_part_per_token",
-           "linear_copy_bytes", "rope_table_bytes", "with_compiled_dense_memory",
-           "with_compiled_kept"]
+           "linear_copy_bytes", "one_compiled_graph", "rope_table_bytes",
+           "with_compiled_dense_memory", "with_compiled_kept"]

@@ -42,8 +42,8 @@ import math
 from typing import TYPE_CHECKING
 
 from meshplan.costmodel.compiled_block_memory import (compiled_kept_rule, dense_part_per_token,
-                                                      linear_copy_bytes, rope_table_bytes,
-                                                      with_compiled_kept)
+                                                      linear_copy_bytes, one_compiled_graph,
+                                                      rope_table_bytes, with_compiled_kept)
 from meshplan.costmodel.fp8_experts import torch_experts_fp8
 from meshplan.costmodel.memory import activation_bytes_per_element
 from meshplan.costmodel.moe import MoEActivations, moe_params_per_rank, shared_width
@@ -93,18 +93,14 @@ COMPILED_MOE_BLOCK = "compiled_moe_block_kept"
 def compiled_block_applies(model: ModelSpec, job: Job, layout: Layout,
                            numbers: CorrectionNumbers) -> bool:
     """Whether :func:`compiled_block_kept_bytes` prices an MoE layer composed without a
-    measured row: runtime "torch", ``Layout.compile`` with the block one graph on one rank
-    (tp = cp = ep = etp = 1, no data parallelism, whose DDP would cut the graph) in one
-    1F1B stage (pp = 1: the checks it was read on; with more micro-batches in flight, or
-    zero-bubble's deferred weight gradients, its copies' lifetime is unchecked), recompute
-    none or full, and the block family the formula was read on (RMSNorm, rotary, SwiGLU
+    measured row: one compiled graph
+    (:func:`~meshplan.costmodel.compiled_block_memory.one_compiled_graph`), recompute none
+    or full, and the block family the formula was read on (RMSNorm, rotary, SwiGLU
     experts without biases, a softmax router without capacity, no MLA, no dense layers),
     in bf16 or in fp8 with the executor's fp8 routed experts (rowwise)."""
-    return (job.runtime == "torch" and layout.compile and model.is_moe
+    return (one_compiled_graph(job, layout) and model.is_moe
             and numbers.enabled(COMPILED_MOE_BLOCK)
-            and layout.tp == layout.cp == layout.ep == layout.etp == layout.dp == 1
-            and layout.pp == 1 and layout.schedule == "1f1b"
-            and layout.zero < 2 and layout.recompute in ("none", "full")
+            and layout.recompute in ("none", "full")
             and model.norm == "rmsnorm" and model.position_embedding == "rope"
             and model.activation == "swiglu" and not model.bias and not model.is_mla
             and model.router == "softmax" and model.capacity_factor is None
