@@ -28,8 +28,6 @@ a shape's micro-batches).
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
 import re
 import sys
 import warnings
@@ -42,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import meshplan as mp  # noqa: E402
-from compiled_moe_saved_bytes import kept, saved  # noqa: E402
+from compiled_moe_saved_bytes import kept, saved, slope_per_token, timed_rows  # noqa: E402
 from meshplan.costmodel.compiled_block_memory import (compiled_dense_kept_bytes,  # noqa: E402
                                                       linear_copy_bytes)
 from meshplan.costmodel.torch_activations import torch_layer_activations  # noqa: E402
@@ -113,35 +111,23 @@ def gpu_rows(pattern: str) -> list[tuple]:
     """(profile, shape, seq, recompute, micro-batches, measured, formula, eager) per token
     for every compiled bf16 dense row shape at tp 1, ZeRO 0, timed at two micro-batches
     (recompute none and selective: full keeps the input only)."""
-    import tomllib
-    out, seen = [], set()
-    for path in sorted(glob.glob(pattern)):
-        doc = tomllib.loads(Path(path).read_text())
-        rows = collections.defaultdict(dict)
-        for r in doc.get("layers", []):
-            if (_SHAPE.match(r["shape"]) and r.get("compile")
-                    and r.get("precision", "bf16") == "bf16" and r["recompute"] != "full"
-                    and r.get("zero", 0) == 0 and r.get("tp", 1) == 1):
-                rows[r["shape"], r["seq_len"], r["recompute"]][r["micro_batch"]] = \
-                    r["activation_bytes"]
-        for (shape, seq, mode), by_mb in rows.items():
-            if len(by_mb) < 2 or (shape, seq, mode) in seen:
-                continue
-            seen.add((shape, seq, mode))
-            m = _SHAPE.match(shape)
-            h, f, q, kv, d = (int(v) for v in m.groups()[:5])
-            spec = model_spec(gpt=m[6].startswith("gelu"), hidden=h, heads=q, kv_heads=kv,
-                              ffn=f, head_dim=d, seq=seq)
-            a, b = min(by_mb), max(by_mb)
-            job = mp.Job(global_batch=b, seq_len=seq, precision="bf16", runtime="torch")
-
-            def per_token(fn):
-                return (fn(b) - fn(a)) / ((b - a) * seq)
-            got = per_token(lambda mb: by_mb[mb])
-            want = per_token(lambda mb: compiled_dense_kept_bytes(spec, job, mb * seq, mode))
-            eager = per_token(lambda mb: torch_layer_activations(
-                spec, job, mb, 1, False).stored(mode))
-            out.append((Path(path).stem, shape, seq, mode, (a, b), got, want, eager))
+    out = []
+    for prof, (shape, seq, mode), by_mb in timed_rows(pattern, lambda r: (
+            _SHAPE.match(r["shape"]) and r.get("compile")
+            and r.get("precision", "bf16") == "bf16" and r["recompute"] != "full"
+            and r.get("zero", 0) == 0 and r.get("tp", 1) == 1),
+            key=lambda r: (r["shape"], r["seq_len"], r["recompute"])):
+        m = _SHAPE.match(shape)
+        h, f, q, kv, d = (int(v) for v in m.groups()[:5])
+        spec = model_spec(gpt=m[6].startswith("gelu"), hidden=h, heads=q, kv_heads=kv,
+                          ffn=f, head_dim=d, seq=seq)
+        job = mp.Job(global_batch=max(by_mb), seq_len=seq, precision="bf16", runtime="torch")
+        got = slope_per_token(lambda mb: by_mb[mb], by_mb, seq)
+        want = slope_per_token(lambda mb: compiled_dense_kept_bytes(spec, job, mb * seq, mode),
+                               by_mb, seq)
+        eager = slope_per_token(lambda mb: torch_layer_activations(
+            spec, job, mb, 1, False).stored(mode), by_mb, seq)
+        out.append((prof, shape, seq, mode, (min(by_mb), max(by_mb)), got, want, eager))
     return out
 
 

@@ -138,39 +138,49 @@ def _shape_spec(shape: str) -> mp.ModelSpec:
                       top_k=k, shared=ns, head_dim=d)
 
 
+def timed_rows(pattern: str, keep, key=lambda r: (r["shape"], r["seq_len"])):
+    """(profile, key, {micro-batch: activation bytes}) for every row ``key`` that the
+    profiles matching ``pattern`` timed at two micro-batches or more among the layer rows
+    ``keep`` admits (the first profile's, where several timed it)."""
+    import tomllib
+    seen = set()
+    for path in sorted(glob.glob(pattern)):
+        rows = collections.defaultdict(dict)
+        for r in tomllib.loads(Path(path).read_text()).get("layers", []):
+            if keep(r):
+                rows[key(r)][r["micro_batch"]] = r["activation_bytes"]
+        for k, by_mb in rows.items():
+            if len(by_mb) >= 2 and k not in seen:
+                seen.add(k)
+                yield Path(path).stem, k, by_mb
+
+
+def slope_per_token(fn, micro_batches, seq: int) -> float:
+    """``fn``'s bytes a token between the smallest and largest of ``micro_batches``."""
+    a, b = min(micro_batches), max(micro_batches)
+    return (fn(b) - fn(a)) / ((b - a) * seq)
+
+
 def gpu_rows(pattern: str) -> list[tuple]:
     """(profile, shape, seq, micro-batches, measured, formula, eager) per token for every
     compiled bf16 MoE row shape without recomputation at ep 1 timed at two micro-batches."""
-    import tomllib
-    out, seen = [], set()
-    for path in sorted(glob.glob(pattern)):
-        doc = tomllib.loads(Path(path).read_text())
-        rows = collections.defaultdict(dict)
-        for r in doc.get("layers", []):
-            if ("moe" in r["shape"] and r.get("compile") and r.get("precision") == "bf16"
-                    and r["recompute"] == "none" and r.get("ep", 1) == 1
-                    and r.get("zero", 0) == 0 and r.get("tp", 1) == 1):
-                rows[r["shape"], r["seq_len"]][r["micro_batch"]] = r["activation_bytes"]
-        for (shape, seq), by_mb in rows.items():
-            if len(by_mb) < 2 or (shape, seq) in seen:
-                continue
-            seen.add((shape, seq))
-            try:
-                spec = _shape_spec(shape)
-            except ValueError:
-                continue
-            a, b = min(by_mb), max(by_mb)
-            job = mp.Job(global_batch=b, seq_len=seq, precision="bf16", runtime="torch")
-
-            def per_token(fn):
-                return (fn(b) - fn(a)) / ((b - a) * seq)
-            got = per_token(lambda mb: by_mb[mb])
-            want = per_token(lambda mb: compiled_block_kept_bytes(
-                spec, job, mb * seq, spec.experts_per_token * mb * seq))
-            eager = per_token(lambda mb: eager_block_kept_bytes(
-                spec, job, mp.Layout(micro_batch=mb), mb * seq,
-                spec.experts_per_token * mb * seq))
-            out.append((Path(path).stem, shape, seq, (a, b), got, want, eager))
+    out = []
+    for prof, (shape, seq), by_mb in timed_rows(pattern, lambda r: (
+            "moe" in r["shape"] and r.get("compile") and r.get("precision") == "bf16"
+            and r["recompute"] == "none" and r.get("ep", 1) == 1
+            and r.get("zero", 0) == 0 and r.get("tp", 1) == 1)):
+        try:
+            spec = _shape_spec(shape)
+        except ValueError:
+            continue
+        job = mp.Job(global_batch=max(by_mb), seq_len=seq, precision="bf16", runtime="torch")
+        got = slope_per_token(lambda mb: by_mb[mb], by_mb, seq)
+        want = slope_per_token(lambda mb: compiled_block_kept_bytes(
+            spec, job, mb * seq, spec.experts_per_token * mb * seq), by_mb, seq)
+        eager = slope_per_token(lambda mb: eager_block_kept_bytes(
+            spec, job, mp.Layout(micro_batch=mb), mb * seq,
+            spec.experts_per_token * mb * seq), by_mb, seq)
+        out.append((prof, shape, seq, (min(by_mb), max(by_mb)), got, want, eager))
     return out
 
 
