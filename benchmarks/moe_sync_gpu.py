@@ -531,6 +531,9 @@ SETS["drawn-3875c"] = compiled_draws(3875)
 # moeh66h100 (2026-12-05, for the next H100 call): the next draw, priced with the compiled
 # MoE memory rule committed (draw_moe.py seed 3876; benchmarks/sets/moeh66h100)
 SETS["drawn-3876c"] = compiled_draws(3876)
+# moeh67h100 (2026-12-05, for the next H100 call): the next draw whose experts match no
+# source's (draw_moe.py seed 3878; 3877 matched moeh63h100's; benchmarks/sets/moeh67h100)
+SETS["drawn-3878c"] = compiled_draws(3878)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))
