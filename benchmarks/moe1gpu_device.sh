@@ -11,6 +11,8 @@
 #     made for the H100, are benchmarks/plans/moeh64h100_{bf16,fp8}_h100x1)
 #   GPU=H100-SXM5-80GB with PART=1 or all: plan for that built-in GPU (moe_sync_gpu.py plans
 #     --gpu), the one the profile was measured on; default the H200
+#   FP8_RECIPE=tensorwise with PART=1 or all: the fp8 plans' recipe (default rowwise, the MoE
+#     checks'; tensorwise: fp8h54h100's dense plans). The calibration's fp8 rows stay rowwise
 #   ONLY="mb4-full-compiled" PRECISIONS=fp8 with PART=2: only those layouts / precisions (an
 #     arm a call cut short; the pair's tarball then holds what ran: its other arm is absent)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
@@ -24,6 +26,8 @@
 set -u
 : "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
 case "$PART" in 1|2|all) ;; *) echo "PART=$PART: use 1, 2 or all" >&2; exit 2;; esac
+case "${FP8_RECIPE:-rowwise}" in rowwise|tensorwise) ;; *)
+    echo "FP8_RECIPE=$FP8_RECIPE: use rowwise or tensorwise" >&2; exit 2;; esac
 case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
     echo "ARM_TIMEOUT=$ARM_TIMEOUT: whole seconds > 0, e.g. 200" >&2; exit 2;; esac
 [ -f "benchmarks/sets/$CHECK/m01.json" ] || {
@@ -60,8 +64,8 @@ if [ "$PART" != 2 ]; then
         "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
     echo "kept: $KEPT" >> "$LOG"
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
-        --global-batch 16 --fp8-recipe rowwise --only $KEPT --profile "$P" ${GPU:+--gpu "$GPU"} \
-        --out "benchmarks/plans/${CHECK}_fp8_$T" >> "$LOG" 2>&1 || {
+        --global-batch 16 --fp8-recipe "${FP8_RECIPE:-rowwise}" --only $KEPT --profile "$P" \
+        ${GPU:+--gpu "$GPU"} --out "benchmarks/plans/${CHECK}_fp8_$T" >> "$LOG" 2>&1 || {
         echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" \
         "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"

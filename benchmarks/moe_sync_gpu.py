@@ -359,6 +359,9 @@ SETS["drawn-4153c"] = compiled_draws(4153, selective=True)
 # fp8h52 / fp8h53 (drawn 2026-12-04 before any run): the share test again, its rule on the
 # arms the share prices (benchmarks/sets/fp8h52)
 SETS["drawn-4154c"] = compiled_draws(4154, selective=True)
+# fp8h54h100 (2026-12-05, before any run): the compiled dense memory rule's first clean
+# hold-out, a never-run Llama on one H100 (draw_models.py seed 4155; benchmarks/sets/fp8h54h100)
+SETS["drawn-4155c"] = compiled_draws(4155, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

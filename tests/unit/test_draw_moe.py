@@ -652,3 +652,39 @@ def test_moeh64h100_is_the_seed_draw_and_its_plans_name_the_h100(tmp_path):
             == pytest.approx(preds["layouts"]["mb4-compiled"]["calibrated_s"], rel=1e-9))
     plan = json.loads((out / "mb4-compiled.json").read_text())
     assert plan["cluster"]["gpu"]["name"] == "H100-SXM5-80GB"
+
+
+def test_fp8h54h100_is_seed_4155s_first_draw_planned_from_the_h100_datasheet(tmp_path):
+    """fp8h54h100 (2026-12-05, before any run): draw_models.py's first model of seed 4155,
+    the first three compiled layouts of drawn-4155c the H100's datasheet predicts to fit at
+    sequence 1024, bf16 and fp8 tensorwise plans naming the H100 and no profile (the
+    transfer36 H100 profile, without compiled rows, priced every fitting layout host-bound),
+    each layout runnable in both arms; a fresh plan prices as the committed one."""
+    import draw_models as dm
+    import moe_sync_gpu as msg
+    committed = _committed("fp8h54h100")
+    assert committed == dm.draw_model(random.Random(4155), "m01", min_params=1.2e9,
+                                      max_params=4.0e9)
+    kept = ["mb1-compiled", "mb4-selective-compiled", "mb1-full-compiled"]
+    plans = ROOT / "benchmarks" / "plans"
+    for prec in ("bf16", "fp8"):
+        preds = json.loads((plans / f"fp8h54h100_{prec}_h100x1" / "predictions.json")
+                           .read_text())
+        assert (preds["gpu"], preds["profile"], preds["set"]) == ("H100-SXM5-80GB", "",
+                                                                  "drawn-4155c")
+        assert list(preds["layouts"]) == kept
+        assert preds["job"]["seq_len"] == 1024 and preds["job"]["precision"] == prec
+        assert preds["job"]["fp8_recipe"] == "tensorwise"
+    _runnable_in_bf16_and_fp8(committed, [(n, lay) for n, lay in msg.SETS["drawn-4155c"]
+                                          if n in kept], "tensorwise")
+    out = tmp_path / "plans"
+    assert msg.main(["plans", "--set", "drawn-4155c", "--model",
+                     str(ROOT / "benchmarks" / "sets" / "fp8h54h100" / "m01.json"),
+                     "--seq-len", "1024", "--global-batch", "16", "--fp8-recipe",
+                     "tensorwise", "--only", "mb4-selective-compiled", "--gpu",
+                     "H100-SXM5-80GB", "--profile", "", "--out", str(out)]) == 0
+    again = json.loads((out / "predictions.json").read_text())["layouts"]
+    was = json.loads((plans / "fp8h54h100_fp8_h100x1" / "predictions.json").read_text())
+    for key in ("datasheet_s", "memory_gib"):
+        assert again["mb4-selective-compiled"][key] == pytest.approx(
+            was["layouts"]["mb4-selective-compiled"][key], rel=1e-9)
