@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from moe_gpu_check import MODEL  # noqa: E402
 
+from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.spec import Job, Layout  # noqa: E402
 
 #: moe-1.9b's per-GPU work of the 2-GPU check (32 x 2048 tokens over dp 2) on one GPU
@@ -630,8 +631,11 @@ def plans(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model, job = _model_job(args)
     gpus = max(lay.num_gpus for _, lay in SETS[args.set])
+    try:
+        datasheet = _cluster(None, gpus, gpu=args.gpu)
+    except MeshplanError as exc:     # a GPU name no built-in knows: one line, not a traceback
+        raise SystemExit(f"--gpu: {exc}")
     calibrated = _cluster(args.profile, gpus, override=args.profile_override, gpu=args.gpu)
-    datasheet = _cluster(None, gpus, gpu=args.gpu)
     preds = {"model": model.name, "job": job.to_dict(), "profile": args.profile,
              "gpu": datasheet.gpu.name,
              "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "layouts": {}}
@@ -891,8 +895,6 @@ def repredict(args) -> int:
                        keep_stale_rows=args.rows_as_timed, gpu=preds.get("gpu"))
     if args.sustained_from:
         from fp8_repredict import with_sustained_from
-
-        from meshplan.errors import MeshplanError
         try:
             cluster = with_sustained_from(cluster, args.sustained_from)
         except MeshplanError as exc:

@@ -198,6 +198,20 @@ def test_draw_moe_min_hidden_keeps_the_default_draws_and_refuses_out_of_range():
         dmoe.main(["--seed", "1", "--min-hidden", "4096"])
 
 
+def test_plans_gpu_unknown_name_is_one_line_naming_the_known_gpus(tmp_path):
+    """``plans --gpu`` with a name no built-in GPU has stops with one line that names it and
+    the known GPUs (as ``price_plans.py --gpu`` does), before any plan file is written."""
+    import moe_sync_gpu as msg
+    with pytest.raises(SystemExit) as exc:
+        msg.main(["plans", "--set", "drawn-3878c", "--model",
+                  str(ROOT / "benchmarks" / "sets" / "moeh67h100" / "m01.json"),
+                  "--global-batch", "16", "--gpu", "H999", "--profile", "",
+                  "--out", str(tmp_path / "plans")])
+    assert "--gpu: unknown GPU 'H999'" in str(exc.value)
+    assert "H100-SXM5-80GB" in str(exc.value)
+    assert not (tmp_path / "plans" / "predictions.json").exists()
+
+
 def test_plans_gpu_bound_keeps_the_first_layouts_predicted_gpu_bound(tmp_path):
     """``plans --gpu-bound N``: in the set's order, the first N layouts the profile predicts
     to fit with CPU dispatch ≤ 0.75 of their GPU time get plan files; those passed over are
