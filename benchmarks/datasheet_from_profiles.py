@@ -26,6 +26,23 @@ the distinct values at each top-k. A dotted key reads inside a table
 (``membound_efficiency.moe-permute``, a calibration's own rate at its model's top-k).
 
     python benchmarks/datasheet_from_profiles.py --grouped --permute
+
+``--compiled-cpu`` prints the CPU dispatch of the executor's compiled blocks (the figures of
+a datasheet CPU bound for compiled layouts, read post hoc on 2026-12-05 and not adopted:
+docs/benchmarks/fp8_checks.md, "The datasheet's CPU dispatch for compiled blocks"): every
+compiled layer row at tp 1 (no sequence parallelism, ZeRO 0, dp 1,
+ep 1) whose calibration split its CPU into a per-layer and a per-call part (two stack
+depths: a per-call part above 0), grouped by block (dense, MoE), precision (bf16, or the
+fp8 recipe) and recompute mode; per group the median of each of the four parts over the
+distinct measurements (a calibration's rows of one shape at several micro-batches repeat
+its values, which count once), and the spread of their sum a micro-batch of a 1-layer
+stack; a group with fewer than :data:`MIN_CPU_CALIBRATIONS` is left out (bf16's stands
+in). The ends: the embedding rows and the output rows timed with the compiled loss of the
+same profiles, medians of their distinct values.
+
+    python benchmarks/datasheet_from_profiles.py --compiled-cpu
+    python benchmarks/datasheet_from_profiles.py --compiled-cpu --gpu H100-SXM5-80GB \\
+        --profiles 'docs/benchmarks/data/profiles/profile_h100x*_*.toml'
 """
 
 from __future__ import annotations
@@ -52,6 +69,7 @@ PERMUTE_KEY = "membound_efficiency.moe-permute"
 DERATE = 0.75             # the grouped curves' factor: the dense curves' when these were set
                           # (gpus.toml; the dense ones are 0.80 since 2026-12-04)
 BIN_DECADES = 0.25
+MIN_CPU_CALIBRATIONS = 3   # a compiled CPU group needs this many distinct measurements
 GROUPED_KEYS = {"bf16": ("grouped_gemm_efficiency", "bf16", "gemm_efficiency"),
                 "rowwise": ("grouped_fp8_gemm_efficiency", "fp8", "fp8_gemm_efficiency")}
 
@@ -170,6 +188,88 @@ def summary(values: list[float]) -> dict[str, float]:
     return dict(median=statistics.median(v), q1=q[0], q3=q[2], min=v[0], max=v[-1], n=len(v))
 
 
+def compiled_cpu_rows(paths: list[str], gpu: str | None = None
+                      ) -> dict[tuple[str, str, str], dict[tuple, str]]:
+    """(block, precision, recompute) -> distinct (forward, backward per layer, forward,
+    backward per call) CPU seconds of the compiled layer rows (module docstring) -> the
+    first profile holding each."""
+    out: dict[tuple[str, str, str], dict[tuple, str]] = {}
+    for path in paths:
+        doc = read_doc(path)
+        if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
+            continue
+        for r in doc.get("layers", []):
+            if not r.get("compile") or r.get("tp", 1) != 1 or r.get("sequence_parallel") \
+                    or r.get("zero", 0) or r.get("dp", 1) != 1 or r.get("ep", 1) != 1:
+                continue
+            parts = tuple(round(float(r.get(k, 0.0)), 7) for k in (
+                "forward_cpu_s", "backward_cpu_s", "forward_cpu_fixed_s",
+                "backward_cpu_fixed_s"))
+            if parts[2] + parts[3] <= 0 or parts[0] + parts[1] <= 0:
+                continue   # one stack depth: the per-layer value holds the per-call part
+            block = "moe" if "-moe" in r["shape"] else "dense"
+            prec = r.get("fp8_recipe") or "bf16" if r.get("precision") == "fp8" else "bf16"
+            out.setdefault((block, prec, r["recompute"]), {}).setdefault(
+                parts, Path(path).name)
+    return out
+
+
+def compiled_ends_cpu(paths: list[str], gpu: str | None = None) -> dict[str, list[tuple]]:
+    """"embedding" / "output" -> distinct (forward, backward) CPU seconds of the ends rows
+    (tp 1) of profiles with compiled layer rows; the output's timed with the compiled loss."""
+    out: dict[str, set[tuple]] = {"embedding": set(), "output": set()}
+    for path in paths:
+        doc = read_doc(path)
+        if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
+            continue
+        if not any(r.get("compile") for r in doc.get("layers", [])):
+            continue
+        for r in doc.get("ends", []):
+            if r.get("tp", 1) != 1 or r.get("sequence_parallel"):
+                continue
+            if r["part"] == "output" and not r.get("compile"):
+                continue
+            cpu = (round(float(r.get("forward_cpu_s", 0.0)), 7),
+                   round(float(r.get("backward_cpu_s", 0.0)), 7))
+            if sum(cpu) > 0:
+                out[r["part"]].add(cpu)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def print_compiled_cpu(paths: list[str], gpu_name: str) -> None:
+    groups = compiled_cpu_rows(paths, gpu_name)
+    print("| block | precision | recompute | measurements (profiles) | forward / backward "
+          "us a layer | forward / backward us a call | sum us (1 layer): median, quartiles, "
+          "range |")
+    print("|---|---|---|---|---|---|---|")
+    entries = []
+    for (block, prec, mode), vals in sorted(groups.items()):
+        med = [statistics.median(v[i] for v in vals) for i in range(4)]
+        s = summary([sum(v) for v in vals])
+        print(f"| {block} | {prec} | {mode} | {len(vals)} ({len(set(vals.values()))}) | "
+              f"{med[0] * 1e6:.0f} / {med[1] * 1e6:.0f} | {med[2] * 1e6:.0f} / "
+              f"{med[3] * 1e6:.0f} | {s['median'] * 1e6:.0f}, {s['q1'] * 1e6:.0f}-"
+              f"{s['q3'] * 1e6:.0f}, {s['min'] * 1e6:.0f}-{s['max'] * 1e6:.0f} |")
+        if len(vals) >= MIN_CPU_CALIBRATIONS:
+            entries.append(f'  ["{block}", "{prec}", "{mode}", '
+                           + ", ".join(f"{x * 1e6:.0f}e-6" for x in med) + "],")
+    ends = compiled_ends_cpu(paths, gpu_name)
+    for part, vals in ends.items():
+        if not vals:
+            continue
+        us = [[x * 1e6 for x in col] for col in zip(*vals)]
+        print(f"{part}: {len(vals)} distinct, forward {statistics.median(us[0]):.0f} us "
+              f"({min(us[0]):.0f}-{max(us[0]):.0f}), backward {statistics.median(us[1]):.0f} "
+              f"us ({min(us[1]):.0f}-{max(us[1]):.0f})")
+    print("compiled_block_cpu_s = [")
+    print("\n".join(entries))
+    print("]")
+    if all(ends.values()):
+        print("compiled_ends_cpu_s = ["
+              + ", ".join(f"{statistics.median(v[i] for v in ends[p]) * 1e6:.0f}e-6"
+                          for p in ("embedding", "output") for i in (0, 1)) + "]")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("keys", nargs="*", help="GPU profile keys (e.g. fp8_cast_compiled_gbps)")
@@ -177,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the grouped-GEMM curves (module docstring)")
     ap.add_argument("--permute", action="store_true",
                     help="print the MoE permutation rate by top-k (module docstring)")
+    ap.add_argument("--compiled-cpu", action="store_true",
+                    help="print the compiled blocks' CPU dispatch (module docstring)")
     ap.add_argument("--profiles", default=DEFAULT_PROFILES, help="glob of calibrated profiles")
     ap.add_argument("--gpu", default="H200-SXM-141GB",
                     help="built-in GPU entry to compare with (and profiles of that name)")
@@ -186,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no profile matches {args.profiles}")
     if args.grouped:
         print_grouped(paths, args.gpu)
+    if args.compiled_cpu:
+        print_compiled_cpu(paths, args.gpu)
     if args.permute:
         rates = permute_by_top_k(paths, args.gpu)
         for k, v in rates.items():
@@ -193,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         print("moe_permute_efficiency_by_top_k = "
               f"{[[k, round(statistics.median(v), 3)] for k, v in rates.items()]}")
     if not args.keys:
-        return 0 if args.grouped or args.permute else ap.error(
-            "name a key, or give --grouped or --permute")
+        return 0 if args.grouped or args.permute or args.compiled_cpu else ap.error(
+            "name a key, or give --grouped, --permute or --compiled-cpu")
     sheet = builtin_gpu(args.gpu)
     print(f"| key | datasheet {args.gpu} | median of calibrations | quartiles | range | "
           f"calibrations (profiles) |")

@@ -98,3 +98,28 @@ def test_a_bad_permutation_rate_names_the_key(points):
     table["moe_permute_efficiency_by_top_k"] = [[2, 0.3], [8, 0.4]]
     back = gpu_from_table("x", table, "p.toml [gpu]")
     assert back.to_dict()["moe_permute_efficiency_by_top_k"] == [[2, 0.3], [8, 0.4]]
+
+
+def test_compiled_cpu_rows_group_split_rows_and_count_repeats_once(tmp_path):
+    """``--compiled-cpu`` reads only compiled tp-1 rows whose CPU was split into per-layer
+    and per-call parts, groups them by block, precision (the fp8 recipe) and recompute, and
+    counts a calibration's repeated values (one shape at several micro-batches) once."""
+    row = ('[[layers]]\nshape = "{shape}"\ncompile = {compile}\ntp = {tp}\nrecompute = "none"\n'
+           'precision = "{prec}"\nfp8_recipe = "{recipe}"\nmicro_batch = {mb}\n'
+           'forward_cpu_s = 0.001\nbackward_cpu_s = 0.002\nforward_cpu_fixed_s = {fix}\n'
+           'backward_cpu_fixed_s = {fix}\n')
+    rows = [dict(shape="h64-moe8k2f32", compile="true", tp=1, prec="bf16", recipe="", mb=mb,
+                 fix=0.0004) for mb in (1, 2)]                              # one value, twice
+    rows += [dict(shape="h64", compile="true", tp=1, prec="fp8", recipe="tensorwise", mb=1,
+                  fix=0.0004),
+             dict(shape="h64", compile="false", tp=1, prec="bf16", recipe="", mb=1,
+                  fix=0.0004),                                              # eager: not read
+             dict(shape="h64", compile="true", tp=2, prec="bf16", recipe="", mb=1,
+                  fix=0.0004),                                              # tp 2: not read
+             dict(shape="h64", compile="true", tp=1, prec="bf16", recipe="", mb=1,
+                  fix=0.0)]                           # no per-call part: 1 depth, not read
+    path = tmp_path / "profile.toml"
+    path.write_text('[gpu]\nname = "X"\n' + "".join(row.format(**r) for r in rows))
+    got = dfp.compiled_cpu_rows([str(path)])
+    assert set(got) == {("moe", "bf16", "none"), ("dense", "tensorwise", "none")}
+    assert list(got[("moe", "bf16", "none")]) == [(0.001, 0.002, 0.0004, 0.0004)]
