@@ -1341,3 +1341,36 @@ def test_a_layer_rows_ep_and_routing_are_checked(field, bad, message):
     tables_from_rows([row], [], "p.toml")                  # the good row loads
     with pytest.raises(ProfileError, match=rf"#1: {message}"):
         tables_from_rows([{**row, field: bad}], [], "p.toml")
+
+
+@pytest.mark.usefixtures("no_grad_accumulation")
+def test_a_row_pooled_to_no_per_layer_cpu_keeps_its_host_bound():
+    """The profile's pooling caps a row's per-call CPU part at its whole 2-block call
+    (``pool_cpu_fixed``): a compiled recompute-none row pooled with a full-recompute row of
+    a far larger per-call part keeps its backward's CPU in the per-call part alone, per
+    layer 0 (moeh67h100, the H100 MoE profile's bf16 none rows). The row is still
+    CPU-measured: its host dispatch is priced, the host bound not dropped."""
+    from meshplan.hardware_profiles.calibrated import pool_cpu_fixed
+    ms = 1e-3
+    base = {"shape": "s", "compile": True, "precision": "bf16", "forward_cpu_s": 2.3 * ms,
+            "forward_cpu_fixed_s": 2.0 * ms}
+    none = {**base, "recompute": "none", "backward_cpu_s": 1.1 * ms,
+            "backward_cpu_fixed_s": 2.9 * ms}
+    full = {**base, "recompute": "full", "backward_cpu_s": 0.3 * ms,
+            "backward_cpu_fixed_s": 10.6 * ms}
+    pooled = pool_cpu_fixed([none, none, full, full])[0]
+    assert pooled["backward_cpu_s"] == 0.0                       # capped: all per call
+    assert pooled["backward_cpu_fixed_s"] == pytest.approx(2 * (1.1 + 2.9 / 2) * ms)
+    fixed = (pooled["forward_cpu_fixed_s"], pooled["backward_cpu_fixed_s"])
+    t = _cpu_tables(layer_cpu=(pooled["forward_cpu_s"], 0.0), fixed=fixed)
+    r = t.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
+                micro_batch=1)
+    assert r.backward_cpu_s == 0.0 and r.cpu_measured
+    est = estimate(MODEL, _cluster(t), JOB, Layout(micro_batch=1))
+    m = JOB.global_batch
+    cpu = m * (8 * pooled["forward_cpu_s"] + sum(fixed) + 3e-4 + 3e-4)
+    assert est.host_load > 0 and est.host_dispatch_s == pytest.approx(cpu)
+    # a row that timed no CPU at all is still not measured
+    assert not _cpu_tables(layer_cpu=(0.0, 0.0)).layer(
+        MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
+        micro_batch=1).cpu_measured
