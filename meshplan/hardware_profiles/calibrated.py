@@ -138,12 +138,19 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
     checkpoint and SP/tp module hooks of the call) varies far less between settings. A
     24-layer stage multiplies the per-layer rest's error by 24, so the per-call part is taken
     as the median over all rows of the same shape (and compiled or not), and each row's
-    per-layer rest re-derived
-    so that the ``blocks``-block call it was timed on costs what was measured (``p``
-    unchanged; the part capped at ``blocks·p``). Post hoc on five measured sets (two
-    machine types), step-time mean error 1.70→1.42, 3.86→2.55, 3.38→3.24, 11.03→10.74 and
-    6.92→4.50 % (docs/benchmarks/accuracy.md, round 8). Rows without a CPU dispatch time
-    are left alone."""
+    per-layer rest re-derived so that the ``blocks``-block call it was timed on costs what
+    was measured (``p`` unchanged). Post hoc on five measured sets (two machine types),
+    step-time mean error 1.70→1.42, 3.86→2.55, 3.38→3.24, 11.03→10.74 and 6.92→4.50 %
+    (docs/benchmarks/accuracy.md, round 8). Rows without a CPU dispatch time are left alone.
+
+    Where the pooled part exceeds a row's whole ``blocks``-block call it cannot be that
+    row's per-call cost, and the row keeps its own split. Capping the part at the call, as
+    first done, left such a row no per-layer CPU, so its host bound stopped growing with the
+    stage's depth: moeh67h100's compiled recompute-none rows, whose backward part (2.9 ms)
+    was pooled with full recomputation's (10.6 ms). Over the committed profiles 3 of 900
+    compiled rows and no eager one are such rows (2026-12-05); the post hoc effect is in
+    docs/benchmarks/moe_checks.md, "A row whose per-layer CPU pooled to 0 ...".
+    """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         cpu = r.get("forward_cpu_s", 0.0) if isinstance(r, dict) else 0.0
@@ -162,9 +169,12 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
             f = statistics.median(r.get(fixed, 0.0) for r in members)
             for r in members:
                 p = r.get(per_layer, 0.0) + r.get(fixed, 0.0) / blocks
-                part = min(f, blocks * p)
                 out = pooled.setdefault(id(r), dict(r))
-                out[per_layer], out[fixed] = p - part / blocks, part
+                if f > blocks * p:
+                    # the shape's pooled part exceeds this row's whole timed call, so it is
+                    # not this row's per-call cost: the row keeps its own split
+                    continue
+                out[per_layer], out[fixed] = p - f / blocks, f
     return [pooled.get(id(r), r) for r in rows]
 
 

@@ -1344,12 +1344,12 @@ def test_a_layer_rows_ep_and_routing_are_checked(field, bad, message):
 
 
 @pytest.mark.usefixtures("no_grad_accumulation")
-def test_a_row_pooled_to_no_per_layer_cpu_keeps_its_host_bound():
-    """The profile's pooling caps a row's per-call CPU part at its whole 2-block call
-    (``pool_cpu_fixed``): a compiled recompute-none row pooled with a full-recompute row of
-    a far larger per-call part keeps its backward's CPU in the per-call part alone, per
-    layer 0 (moeh67h100, the H100 MoE profile's bf16 none rows). The row is still
-    CPU-measured: its host dispatch is priced, the host bound not dropped."""
+def test_a_row_with_all_its_cpu_in_the_per_call_part_is_cpu_measured():
+    """A row whose per-layer CPU is 0 and whose per-call part holds its call's dispatch is
+    still CPU-measured (its host dispatch priced, not dropped), and the profile's pooling
+    no longer makes such rows: a compiled recompute-none row pooled with a full-recompute
+    row of a far larger per-call part keeps its own split (moeh67h100, the H100 MoE
+    profile's bf16 none rows), so its host bound grows with the stage's layers."""
     from meshplan.hardware_profiles.calibrated import pool_cpu_fixed
     ms = 1e-3
     base = {"shape": "s", "compile": True, "precision": "bf16", "forward_cpu_s": 2.3 * ms,
@@ -1358,17 +1358,18 @@ def test_a_row_pooled_to_no_per_layer_cpu_keeps_its_host_bound():
             "backward_cpu_fixed_s": 2.9 * ms}
     full = {**base, "recompute": "full", "backward_cpu_s": 0.3 * ms,
             "backward_cpu_fixed_s": 10.6 * ms}
-    pooled = pool_cpu_fixed([none, none, full, full])[0]
-    assert pooled["backward_cpu_s"] == 0.0                       # capped: all per call
-    assert pooled["backward_cpu_fixed_s"] == pytest.approx(2 * (1.1 + 2.9 / 2) * ms)
-    fixed = (pooled["forward_cpu_fixed_s"], pooled["backward_cpu_fixed_s"])
-    t = _cpu_tables(layer_cpu=(pooled["forward_cpu_s"], 0.0), fixed=fixed)
+    pooled = pool_cpu_fixed([none, none, full, full])
+    assert (pooled[0]["backward_cpu_s"], pooled[0]["backward_cpu_fixed_s"]) == (1.1 * ms,
+                                                                                2.9 * ms)
+    assert pooled[2]["backward_cpu_fixed_s"] == pytest.approx((2.9 + 10.6) / 2 * ms)
+    fixed = (2.0 * ms, 5.0 * ms)                # all the backward's call in its per-call part
+    t = _cpu_tables(layer_cpu=(2.3 * ms, 0.0), fixed=fixed)
     r = t.layer(MODEL, seq_len=1024, tp=1, sequence_parallel=False, recompute="none",
                 micro_batch=1)
     assert r.backward_cpu_s == 0.0 and r.cpu_measured
     est = estimate(MODEL, _cluster(t), JOB, Layout(micro_batch=1))
     m = JOB.global_batch
-    cpu = m * (8 * pooled["forward_cpu_s"] + sum(fixed) + 3e-4 + 3e-4)
+    cpu = m * (8 * 2.3 * ms + sum(fixed) + 3e-4 + 3e-4)
     assert est.host_load > 0 and est.host_dispatch_s == pytest.approx(cpu)
     # a row that timed no CPU at all is still not measured
     assert not _cpu_tables(layer_cpu=(0.0, 0.0)).layer(
