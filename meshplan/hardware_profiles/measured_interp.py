@@ -51,19 +51,11 @@ class Interpolated:
     def cpu_measured(self) -> bool:
         """Whether the row timed the CPU's dispatch of its forward and of its backward: a
         pass's per-layer part plus its per-call part above 0. The per-layer part alone is
-        not the test: the calibrated profile's pooling
-        (:func:`~meshplan.hardware_profiles.calibrated.pool_cpu_fixed`) caps a row's
-        per-call part at its whole timed call, which leaves the per-layer rest at 0 where
-        the pooled part exceeds it, the call's CPU all in the per-call part. Read as "not
-        measured", such a row dropped the host-dispatch bound (no CPU at all): moeh67h100's
-        compiled recompute-none layouts, priced from the H100 MoE profile (its bf16 none
-        rows' backward), came out at host load 0. Over the committed profiles 3 of 900
-        compiled rows and none of 4,572 eager ones pool to such a rest (2026-12-05). Post
-        hoc, the 479 measured arms of the 84 one-GPU checks on their plans' profiles: only
-        moeh67h100's ``mb1-compiled`` moved, −41.6 → −20.0 % (bf16) and −37.7 → −18.3 %
-        (fp8), host load 0 → 1.41 / 1.35 (the set 16.8 → 10.0 %, all arms 5.32 → 5.23 %
-        mean absolute). Its per-layer rest stays 0, so the bound does not grow with the
-        stage's depth: such a row's host bound is still low."""
+        not the test: a two-depth fit can put all of a call's CPU in the per-call part, per
+        layer 0. Read as "not measured", such a row would drop the host-dispatch bound
+        altogether (moeh67h100's compiled recompute-none layouts came out at host load 0 and
+        `mb1-compiled` 42 % fast: docs/benchmarks/moe_checks.md, "A row whose per-layer CPU
+        pooled to 0 stays CPU-measured")."""
         return (self.forward_cpu_s + self.forward_cpu_fixed_s > 0
                 and self.backward_cpu_s + self.backward_cpu_fixed_s > 0)
 
