@@ -147,9 +147,10 @@ def pool_cpu_fixed(rows: list, blocks: int = LAYER_ROW_BLOCKS) -> list:
     row's per-call cost, and the row keeps its own split. Capping the part at the call
     instead would leave such a row no per-layer CPU, and its host bound would stop growing
     with the stage's depth: moeh67h100's compiled recompute-none rows, whose backward part
-    (2.9 ms) was pooled with full recomputation's (10.6 ms), priced 20 % fast so. Over the committed profiles 3 of 900
-    compiled rows and no eager one are such rows (2026-12-05); the post hoc effect is in
-    docs/benchmarks/moe_checks.md, "A row whose per-layer CPU pooled to 0 ...".
+    (2.9 ms) was pooled with full recomputation's (10.6 ms), priced 20 % fast so. Over the
+    committed profiles 3 of 900 compiled rows and no eager one are such rows (2026-12-05);
+    the post hoc effect is in docs/benchmarks/moe_checks.md, "A row whose per-layer CPU
+    pooled to 0 ...".
     """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
