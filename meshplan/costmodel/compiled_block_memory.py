@@ -136,11 +136,26 @@ COMPILED_DENSE_BLOCK = "compiled_dense_block_kept"
 def one_compiled_graph(job: Job, layout: Layout) -> bool:
     """Where the compiled-block rules were read: runtime "torch", ``Layout.compile`` with the
     block one graph on one rank (tp = cp = ep = etp = 1, no data parallelism, whose DDP
-    would cut the graph) in one 1F1B stage (pp = 1; with more micro-batches in flight, or
-    zero-bubble's deferred weight gradients, the copies' lifetime is unchecked), ZeRO < 2."""
+    would cut the graph), ZeRO < 2, under 1F1B: one stage, or pp > 1 stages (each block
+    still one graph on its rank; each micro-batch in flight keeps its own kept bytes and
+    16-bit copies, as the composition counts them). Not GPipe, interleaved or zero-bubble
+    (the copies' lifetime with their micro-batches in flight or deferred weight gradients
+    unchecked).
+
+    pp > 1 (1F1B), POST HOC (2026-12-05; read on committed data, no new run): the
+    datasheet's peak memory of the compiled pp 2 arms of the 2-GPU checks fp8h4, fp8h6-14
+    and moeh4, moeh6-11, moeh16 (H200; 28 arms, void compiled tp + SP / ep arms apart,
+    compiled_grads.md), with the rules at pp 2 against without: mean absolute error
+    6.3 → 2.0 %, within 5 %: 13 → 25 of 28, no arm more than 1.5 points worse (fp8h11
+    u01 bf16, full recomputation, +0.4 → −1.9 %); per rank (the dense sets' two stages,
+    40 ranks) 6.9 → 1.4 %, within 5 %: 20 → 40 (``docs/benchmarks/moe_checks.md``, "The
+    compiled-block memory rules beyond one rank"). Left off by the same test: dp > 1 under
+    DDP (28 arms, 5.2 → 1.5 %, but the 4-GPU check of 2026-11-28's f01 fp8 arm +1.3 →
+    −8.7 %), FSDP2 (the build prices its own kept bytes: 2 of 25 arms move), tp > 1 (no
+    arm that is not void)."""
     return (job.runtime == "torch" and layout.compile
             and layout.tp == layout.cp == layout.ep == layout.etp == layout.dp == 1
-            and layout.pp == 1 and layout.schedule == "1f1b" and layout.zero < 2)
+            and layout.schedule == "1f1b" and layout.zero < 2)
 
 
 def compiled_dense_applies(model: ModelSpec, job: Job, layout: Layout,

@@ -81,11 +81,13 @@ def test_a_compiled_dense_layout_without_rows_is_priced_as_the_compiled_block(re
 
 
 @pytest.mark.parametrize("change", [
-    dict(pp=2), dict(schedule="gpipe"), dict(dp=2), dict(tp=2), dict(compile=False),
-    dict(zero=2, dp=2)], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+    dict(schedule="gpipe"), dict(pp=2, schedule="gpipe"), dict(pp=2, dp=2),
+    dict(pp=2, schedule="interleaved-1f1b", vpp=2), dict(dp=2), dict(tp=2),
+    dict(compile=False), dict(zero=2, dp=2)],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_the_compiled_dense_rule_stays_off_where_it_was_not_read(change):
-    """One 1F1B stage on one rank, compiled, bf16: anywhere else (more stages, GPipe, DDP
-    or FSDP2 cutting the graph, tp, eager) the layout is priced as before, and the estimate
+    """1F1B stages of one rank each, compiled, bf16: anywhere else (GPipe, interleaved,
+    DDP or FSDP2 cutting the graph, tp, eager) the layout is priced as before, and the estimate
     names no such correction; nor in fp8 but under the tensorwise recipe it was checked
     on, nor for an MoE model (its own rule)."""
     import meshplan as mp
@@ -131,3 +133,31 @@ def test_a_compiled_fp8_tensorwise_layout_is_the_compiled_block_moved_by_fp8(rec
     assert t.layer_activation_bytes == pytest.approx(
         compiled_dense_kept_bytes(spec, job, 4 * 2048, recompute) + moved)
     assert t.layer_activation_bytes < t0.layer_activation_bytes
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_the_compiled_dense_rule_applies_to_1f1b_stages(recompute):
+    """pp 2 under 1F1B (one rank a stage): the rule applies as on one stage (read POST HOC
+    on the 2-GPU checks' pp 2 arms, ``one_compiled_graph``): named in the estimate, the
+    first stage's memory below the eager count's, no stage's above (full recomputation: the
+    last stage's peak is at its output layer), step time unmoved."""
+    import dataclasses
+
+    import meshplan as mp
+    from meshplan.costmodel import estimate
+    from meshplan.costmodel.compiled_block_memory import (COMPILED_DENSE_BLOCK,
+                                                          compiled_dense_applies)
+    spec = _spec()
+    lay = mp.Layout(pp=2, micro_batch=2, compile=True, recompute=recompute)
+    on = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
+    off = on.replace(gpu=dataclasses.replace(
+        on.gpu, corrections=on.gpu.corrections.without(COMPILED_DENSE_BLOCK)))
+    job = mp.Job(global_batch=16, seq_len=2048, runtime="torch")
+    assert compiled_dense_applies(spec, job, lay, on.gpu.corrections)
+    e, e0 = estimate(spec, on, job, lay), estimate(spec, off, job, lay)
+    assert COMPILED_DENSE_BLOCK in {c.name for c in e.corrections}
+    assert COMPILED_DENSE_BLOCK not in {c.name for c in e0.corrections}
+    assert e.step_time_s == e0.step_time_s
+    assert e.memory[0].total_bytes < e0.memory[0].total_bytes
+    for s, s0 in zip(e.memory, e0.memory):
+        assert s.total_bytes <= s0.total_bytes

@@ -97,12 +97,13 @@ def test_a_compiled_moe_layout_without_rows_is_priced_as_the_compiled_block():
 
 
 @pytest.mark.parametrize("change", [
-    dict(pp=2), dict(schedule="gpipe"), dict(dp=2), dict(recompute="selective"),
-    dict(compile=False)], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+    dict(schedule="gpipe"), dict(pp=2, schedule="gpipe"), dict(pp=2, dp=2), dict(dp=2),
+    dict(recompute="selective"), dict(pp=2, recompute="selective"), dict(compile=False)],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_the_compiled_moe_rule_stays_off_where_it_was_not_read(change):
-    """One 1F1B stage on one rank, recompute none or full, compiled: anywhere else (more
-    stages, GPipe's micro-batches in flight, DDP cutting the graph, selective recompute,
-    eager) the layout is priced as before, and the estimate names no such correction."""
+    """1F1B stages of one rank each, recompute none or full, compiled: anywhere else
+    (GPipe's micro-batches in flight, DDP cutting the graph, selective recompute, eager)
+    the layout is priced as before, and the estimate names no such correction."""
     import meshplan as mp
     from meshplan.costmodel import estimate
     from meshplan.costmodel.moe_torch_memory import COMPILED_MOE_BLOCK, compiled_block_applies
@@ -122,3 +123,31 @@ def test_the_compiled_moe_rule_stays_off_where_it_was_not_read(change):
     tensorwise = mp.Job(global_batch=16, seq_len=2048, runtime="torch", precision="fp8",
                         fp8_recipe="tensorwise")
     assert not compiled_block_applies(spec, tensorwise, base, cluster.gpu.corrections)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_compiled_moe_rule_applies_to_1f1b_stages(recompute):
+    """pp 2 under 1F1B (one rank a stage): the rule applies as on one stage (read POST HOC
+    on the 2-GPU checks' pp 2 arms, ``one_compiled_graph``): named in the estimate, the
+    peak memory below the eager count's, step time unmoved."""
+    import dataclasses
+
+    import meshplan as mp
+    from meshplan.costmodel import estimate
+    from meshplan.costmodel.moe_torch_memory import COMPILED_MOE_BLOCK, compiled_block_applies
+    spec = mp.ModelSpec(
+        name="m", num_layers=8, hidden_size=1024, num_heads=8, num_kv_heads=2, head_dim=128,
+        ffn_hidden_size=512, vocab_size=32000, max_seq_len=2048, activation="swiglu",
+        norm="rmsnorm", position_embedding="rope", tied_embeddings=False, bias=False,
+        num_experts=16, experts_per_token=4, moe_ffn_hidden_size=512)
+    lay = mp.Layout(pp=2, micro_batch=2, compile=True, recompute=recompute)
+    on = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
+    off = on.replace(gpu=dataclasses.replace(
+        on.gpu, corrections=on.gpu.corrections.without(COMPILED_MOE_BLOCK)))
+    job = mp.Job(global_batch=16, seq_len=2048, runtime="torch")
+    assert compiled_block_applies(spec, job, lay, on.gpu.corrections)
+    e, e0 = estimate(spec, on, job, lay), estimate(spec, off, job, lay)
+    assert COMPILED_MOE_BLOCK in {c.name for c in e.corrections}
+    assert COMPILED_MOE_BLOCK not in {c.name for c in e0.corrections}
+    assert e.step_time_s == e0.step_time_s
+    assert e.memory_peak_bytes < e0.memory_peak_bytes
