@@ -135,8 +135,8 @@ COMPILED_DENSE_BLOCK = "compiled_dense_block_kept"
 
 def one_compiled_graph(job: Job, layout: Layout) -> bool:
     """Where the compiled-block rules were read: runtime "torch", ``Layout.compile`` with the
-    block one graph on one rank (tp = cp = ep = etp = 1, no data parallelism, whose DDP
-    would cut the graph), ZeRO < 2, under 1F1B: one stage, or pp > 1 stages (each block
+    block one graph on one rank (tp = cp = ep = etp = 1, no data parallelism: left off,
+    below), ZeRO < 2, under 1F1B: one stage, or pp > 1 stages (each block
     still one graph on its rank; each micro-batch in flight keeps its own kept bytes and
     16-bit copies, as the composition counts them). Not GPipe, interleaved or zero-bubble
     (the copies' lifetime with their micro-batches in flight or deferred weight gradients
