@@ -141,23 +141,11 @@ def test_the_compiled_dense_rule_applies_to_1f1b_stages(recompute):
     on the 2-GPU checks' pp 2 arms, ``one_compiled_graph``): named in the estimate, the
     first stage's memory below the eager count's, no stage's above (full recomputation: the
     last stage's peak is at its output layer), step time unmoved."""
-    import dataclasses
+    from _compiled_rules import rule_at_pp2
 
-    import meshplan as mp
-    from meshplan.costmodel import estimate
     from meshplan.costmodel.compiled_block_memory import (COMPILED_DENSE_BLOCK,
                                                           compiled_dense_applies)
-    spec = _spec()
-    lay = mp.Layout(pp=2, micro_batch=2, compile=True, recompute=recompute)
-    on = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
-    off = on.replace(gpu=dataclasses.replace(
-        on.gpu, corrections=on.gpu.corrections.without(COMPILED_DENSE_BLOCK)))
-    job = mp.Job(global_batch=16, seq_len=2048, runtime="torch")
-    assert compiled_dense_applies(spec, job, lay, on.gpu.corrections)
-    e, e0 = estimate(spec, on, job, lay), estimate(spec, off, job, lay)
-    assert COMPILED_DENSE_BLOCK in {c.name for c in e.corrections}
-    assert COMPILED_DENSE_BLOCK not in {c.name for c in e0.corrections}
-    assert e.step_time_s == e0.step_time_s
+    e, e0 = rule_at_pp2(_spec(), COMPILED_DENSE_BLOCK, compiled_dense_applies, recompute)
     assert e.memory[0].total_bytes < e0.memory[0].total_bytes
     for s, s0 in zip(e.memory, e0.memory):
         assert s.total_bytes <= s0.total_bytes

@@ -130,24 +130,14 @@ def test_the_compiled_moe_rule_applies_to_1f1b_stages(recompute):
     """pp 2 under 1F1B (one rank a stage): the rule applies as on one stage (read POST HOC
     on the 2-GPU checks' pp 2 arms, ``one_compiled_graph``): named in the estimate, the
     peak memory below the eager count's, step time unmoved."""
-    import dataclasses
+    from _compiled_rules import rule_at_pp2
 
     import meshplan as mp
-    from meshplan.costmodel import estimate
     from meshplan.costmodel.moe_torch_memory import COMPILED_MOE_BLOCK, compiled_block_applies
     spec = mp.ModelSpec(
         name="m", num_layers=8, hidden_size=1024, num_heads=8, num_kv_heads=2, head_dim=128,
         ffn_hidden_size=512, vocab_size=32000, max_seq_len=2048, activation="swiglu",
         norm="rmsnorm", position_embedding="rope", tied_embeddings=False, bias=False,
         num_experts=16, experts_per_token=4, moe_ffn_hidden_size=512)
-    lay = mp.Layout(pp=2, micro_batch=2, compile=True, recompute=recompute)
-    on = mp.Cluster.preset("dgx-h100", nodes=1, gpus_per_node=2)
-    off = on.replace(gpu=dataclasses.replace(
-        on.gpu, corrections=on.gpu.corrections.without(COMPILED_MOE_BLOCK)))
-    job = mp.Job(global_batch=16, seq_len=2048, runtime="torch")
-    assert compiled_block_applies(spec, job, lay, on.gpu.corrections)
-    e, e0 = estimate(spec, on, job, lay), estimate(spec, off, job, lay)
-    assert COMPILED_MOE_BLOCK in {c.name for c in e.corrections}
-    assert COMPILED_MOE_BLOCK not in {c.name for c in e0.corrections}
-    assert e.step_time_s == e0.step_time_s
+    e, e0 = rule_at_pp2(spec, COMPILED_MOE_BLOCK, compiled_block_applies, recompute)
     assert e.memory_peak_bytes < e0.memory_peak_bytes
