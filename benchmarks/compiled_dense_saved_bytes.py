@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import meshplan as mp  # noqa: E402
-from compiled_moe_saved_bytes import kept, saved, slope_per_token, timed_rows  # noqa: E402
+from compiled_moe_saved_bytes import (against_row, kept, saved,  # noqa: E402
+                                      slope_per_token, timed_rows)
 from meshplan.costmodel.compiled_block_memory import (compiled_dense_kept_bytes,  # noqa: E402
                                                       linear_copy_bytes)
 from meshplan.costmodel.torch_activations import torch_layer_activations  # noqa: E402
@@ -144,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| profile | block | seq | recompute | mb | row B/token | formula | eager |")
         print("|---|---|---|---|---|---|---|---|")
         for prof, shape, seq, mode, mbs, got, want, eager in gpu_rows(a.profiles):
-            print(f"| {prof} | {shape} | {seq} | {mode} | {mbs[0]}, {mbs[1]} | {got:,.0f} | "
-                  f"{want:,.0f} ({(want / got - 1) * 100:+.1f} %) | "
-                  f"{eager:,.0f} ({(eager / got - 1) * 100:+.1f} %) |")
+            print(f"| {prof} | {shape} | {seq} | {mode} | {mbs[0]}, {mbs[1]} | "
+                  + against_row(got, want, eager))
         return 0
     tokens = tuple(int(v) for v in a.tokens.split(","))
     cases = [("Llama h 160, q 4x64, kv 2, f 224", dict()),

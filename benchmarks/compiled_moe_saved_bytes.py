@@ -161,6 +161,13 @@ def slope_per_token(fn, micro_batches, seq: int) -> float:
     return (fn(b) - fn(a)) / ((b - a) * seq)
 
 
+def against_row(got: float, want: float, eager: float) -> str:
+    """A ``--rows`` table's last three cells: the row's bytes a token, then the formula's and
+    the eager count's, each with its difference from the row."""
+    return (f"{got:,.0f} | {want:,.0f} ({(want / got - 1) * 100:+.1f} %) | "
+            f"{eager:,.0f} ({(eager / got - 1) * 100:+.1f} %) |")
+
+
 def gpu_rows(pattern: str) -> list[tuple]:
     """(profile, shape, seq, micro-batches, measured, formula, eager) per token for every
     compiled bf16 MoE row shape without recomputation at ep 1 timed at two micro-batches."""
@@ -197,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| profile | block | seq | mb | row B/token | formula | eager count |")
         print("|---|---|---|---|---|---|---|")
         for prof, shape, seq, mbs, got, want, eager in gpu_rows(a.profiles):
-            print(f"| {prof} | {shape} | {seq} | {mbs[0]}, {mbs[1]} | {got:,.0f} | "
-                  f"{want:,.0f} ({(want / got - 1) * 100:+.1f} %) | "
-                  f"{eager:,.0f} ({(eager / got - 1) * 100:+.1f} %) |")
+            print(f"| {prof} | {shape} | {seq} | {mbs[0]}, {mbs[1]} | "
+                  + against_row(got, want, eager))
         return 0
     tokens = tuple(int(v) for v in a.tokens.split(","))
     if a.full:

@@ -80,17 +80,22 @@ def read_doc(path: str) -> dict:
     return tomllib.loads(Path(path).read_text())
 
 
+def profiles_of(paths: list[str], gpu: str | None = None):
+    """(path, parsed profile) of each of ``paths`` (``gpu``: only profiles of that GPU name;
+    one without a name counts as any)."""
+    for path in paths:
+        doc = read_doc(path)
+        if not gpu or doc.get("gpu", {}).get("name", gpu) == gpu:
+            yield path, doc
+
+
 def measured_values(paths: list[str], key: str, gpu: str | None = None) -> dict[float, list[str]]:
     """Distinct measured values of ``key`` -> the profiles holding each (``gpu``: only
     profiles of that GPU name; a profile that inherited the key is not counted)."""
     out: dict[float, list[str]] = {}
-    for path in paths:
-        doc = read_doc(path)
-        g = doc.get("gpu", {})
-        value = nested(g, key)
+    for path, doc in profiles_of(paths, gpu):
+        value = nested(doc.get("gpu", {}), key)
         if key not in doc.get("measured", []) or value is None:
-            continue
-        if gpu and g.get("name", gpu) != gpu:
             continue
         if key == PERMUTE_KEY and not queued_permute_rows(doc.get("measurements", {})):
             continue   # timed with the host in the loop: the loader does not read it either
@@ -114,10 +119,7 @@ def grouped_rows(paths: list[str], precision: str, gpu: str | None = None
     -> the first profile holding each (copies of one calibration repeat its rows; rows
     written before calibrate recorded a precision are bf16)."""
     out: dict[tuple, str] = {}
-    for path in paths:
-        doc = read_doc(path)
-        if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
-            continue
+    for path, doc in profiles_of(paths, gpu):
         for r in doc.get("measurements", {}).get("grouped_gemm", []):
             if r.get("timing") != "in_layer" or r.get("precision", "bf16") != precision:
                 continue
@@ -131,11 +133,8 @@ def permute_by_top_k(paths: list[str], gpu: str | None = None) -> dict[int, list
     (bytes over time per profile, as calibrate fits ``membound_efficiency["moe-permute"]``;
     rows timed in step with the host are not read, as the profile loader does not)."""
     out: dict[int, set[float]] = {}
-    for path in paths:
-        doc = read_doc(path)
+    for _, doc in profiles_of(paths, gpu):
         g = doc.get("gpu", {})
-        if gpu and g.get("name", gpu) != gpu:
-            continue
         rows = [r for r in queued_permute_rows(doc.get("measurements", {}))
                 if r.get("seconds", 0) > 0]
         for k in {r["top_k"] for r in rows}:
@@ -194,10 +193,7 @@ def compiled_cpu_rows(paths: list[str], gpu: str | None = None
     backward per call) CPU seconds of the compiled layer rows (module docstring) -> the
     first profile holding each."""
     out: dict[tuple[str, str, str], dict[tuple, str]] = {}
-    for path in paths:
-        doc = read_doc(path)
-        if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
-            continue
+    for path, doc in profiles_of(paths, gpu):
         for r in doc.get("layers", []):
             if not r.get("compile") or r.get("tp", 1) != 1 or r.get("sequence_parallel") \
                     or r.get("zero", 0) or r.get("dp", 1) != 1 or r.get("ep", 1) != 1:
@@ -208,7 +204,7 @@ def compiled_cpu_rows(paths: list[str], gpu: str | None = None
             if parts[2] + parts[3] <= 0 or parts[0] + parts[1] <= 0:
                 continue   # one stack depth: the per-layer value holds the per-call part
             block = "moe" if "-moe" in r["shape"] else "dense"
-            prec = r.get("fp8_recipe") or "bf16" if r.get("precision") == "fp8" else "bf16"
+            prec = (r.get("fp8_recipe") or "bf16") if r.get("precision") == "fp8" else "bf16"
             out.setdefault((block, prec, r["recompute"]), {}).setdefault(
                 parts, Path(path).name)
     return out
@@ -218,10 +214,7 @@ def compiled_ends_cpu(paths: list[str], gpu: str | None = None) -> dict[str, lis
     """"embedding" / "output" -> distinct (forward, backward) CPU seconds of the ends rows
     (tp 1) of profiles with compiled layer rows; the output's timed with the compiled loss."""
     out: dict[str, set[tuple]] = {"embedding": set(), "output": set()}
-    for path in paths:
-        doc = read_doc(path)
-        if gpu and doc.get("gpu", {}).get("name", gpu) != gpu:
-            continue
+    for _, doc in profiles_of(paths, gpu):
         if not any(r.get("compile") for r in doc.get("layers", [])):
             continue
         for r in doc.get("ends", []):
