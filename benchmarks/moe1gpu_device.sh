@@ -12,7 +12,10 @@
 #   GPU=H100-SXM5-80GB with PART=1 or all: plan for that built-in GPU (moe_sync_gpu.py plans
 #     --gpu), the one the profile was measured on; default the H200
 #   FP8_RECIPE=tensorwise with PART=1 or all: the fp8 plans' recipe (default rowwise, the MoE
-#     checks'; tensorwise: fp8h54h100's dense plans). The calibration's fp8 rows stay rowwise
+#     checks'; tensorwise: fp8h54h100's dense plans)
+#   CAL_FP8_ROWS=tensorwise COMPILE_ROWS=none,selective,full SEQ=1024 with PART=1 or all: the
+#     calibration's fp8 rows, compiled rows and sequence (defaults rowwise, none,full, 2048;
+#     fp8h56h100's dense model)
 #   ONLY="mb4-full-compiled" PRECISIONS=fp8 with PART=2: only those layouts / precisions (an
 #     arm a call cut short; the pair's tarball then holds what ran: its other arm is absent)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
@@ -47,11 +50,11 @@ if [ "$PART" != 2 ]; then
         # each source at its own longest sequence (a shorter model refuses a longer one)
         CAL=(); for s in $SOURCES; do CAL+=(--model "$s"); done
     else
-        CAL=(--model "$M" --seq-len 2048)
+        CAL=(--model "$M" --seq-len "${SEQ:-2048}")
     fi
     timeout $((budget + 60)) python -m meshplan.cli calibrate "${CAL[@]}" --nproc 1 \
-        --micro-batches "$MBS" --max-tp 1 --rounds 1 --compile-rows none,full \
-        --fp8-rows rowwise --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
+        --micro-batches "$MBS" --max-tp 1 --rounds 1 --compile-rows "${COMPILE_ROWS:-none,full}" \
+        --fp8-rows "${CAL_FP8_ROWS:-rowwise}" --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
     echo "calibrate rc $?" >> "$LOG"
     tail -3 "$W/calibrate.log" >> "$LOG"
     cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
