@@ -25,7 +25,8 @@
 #     at once and the plans are priced on the CPU from it (commit both before PART=2)
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 # The device's copy of the tree carries no .git or another commit's: prefix
-#   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran (docs/calibrate.md).
+#   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran
+#   (docs/calibrate.md).
 set -u
 : "${CHECK:?CHECK=moehNN}" "${PART:?PART=1, 2 or all}"
 case "$PART" in 1|2|all) ;; *) echo "PART=$PART: use 1, 2 or all" >&2; exit 2;; esac
@@ -53,8 +54,9 @@ if [ "$PART" != 2 ]; then
         CAL=(--model "$M" --seq-len "${SEQ:-2048}")
     fi
     timeout $((budget + 60)) python -m meshplan.cli calibrate "${CAL[@]}" --nproc 1 \
-        --micro-batches "$MBS" --max-tp 1 --rounds 1 --compile-rows "${COMPILE_ROWS:-none,full}" \
-        --fp8-rows "${CAL_FP8_ROWS:-rowwise}" --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
+        --micro-batches "$MBS" --max-tp 1 --rounds 1 \
+        --compile-rows "${COMPILE_ROWS:-none,full}" --fp8-rows "${CAL_FP8_ROWS:-rowwise}" \
+        --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
     echo "calibrate rc $?" >> "$LOG"
     tail -3 "$W/calibrate.log" >> "$LOG"
     cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
