@@ -18,6 +18,7 @@
 #     fp8h56h100's dense model)
 #   ONLY="mb4-full-compiled" PRECISIONS=fp8 with PART=2: only those layouts / precisions (an
 #     arm a call cut short; the pair's tarball then holds what ran: its other arm is absent)
+#   FIRST=2 with PART=2 or all: only the first two kept layouts (what the device time left holds)
 #   ARM_TIMEOUT=200 with PART=2: seconds an arm may take (default 130; a 5 B model's start-up
 #     and compile take about a minute of it)
 #   SOURCES="a.json b.json" with PART=1: calibrate those models instead of the check's own
@@ -80,7 +81,9 @@ fi
     echo "no benchmarks/plans/${CHECK}_bf16_$T/predictions.json (GPU_TAG=$T)" >&2; exit 2; }
 KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
     "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
-for n in ${ONLY:-$KEPT}; do
+SEL=${ONLY:-$KEPT}
+[ -n "${FIRST:-}" ] && SEL=$(echo $SEL | tr ' ' '\n' | head -n "$FIRST" | tr '\n' ' ')
+for n in $SEL; do
     case " $KEPT " in *" $n "*) ;;
         *) echo "ONLY: $n is not a layout of $CHECK ($KEPT)" >&2; exit 2;; esac
     for p in ${PRECISIONS:-bf16 fp8}; do
