@@ -33,6 +33,8 @@ set -u
 case "$PART" in 1|2|all) ;; *) echo "PART=$PART: use 1, 2 or all" >&2; exit 2;; esac
 case "${FP8_RECIPE:-rowwise}" in rowwise|tensorwise) ;; *)
     echo "FP8_RECIPE=$FP8_RECIPE: use rowwise or tensorwise" >&2; exit 2;; esac
+case "${FIRST:-1}" in ''|*[!0-9]*|0)
+    echo "FIRST=$FIRST: a whole number of layouts > 0, e.g. 2" >&2; exit 2;; esac
 case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
     echo "ARM_TIMEOUT=$ARM_TIMEOUT: whole seconds > 0, e.g. 200" >&2; exit 2;; esac
 [ -f "benchmarks/sets/$CHECK/m01.json" ] || {
