@@ -39,7 +39,21 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
     if composed_compiled(parts_fp8, job):
         out.append(COMPOSED_COMPILED_SHARE_CAVEAT if rate.block_share
                    else COMPOSED_COMPILED_CAVEAT)
+        if rate.share_family:
+            out.append(other_family_share_caveat(rate.share_family))
     return tuple(out)
+
+
+def other_family_share_caveat(measured_on: str) -> str:
+    """The caution of compiled fp8 composed with a block share measured on another layer
+    family (:func:`meshplan.costmodel.fp8_cost.share_from_another_family`)."""
+    return (f"the compiled fp8 casts' block share was measured on {measured_on} layers, "
+            "another family than this layer's, and the datasheet holds none for this one: "
+            "on one H100 a share measured on Llama layers (0.36) priced a never-run GPT's "
+            "fp8 arms 7-10 % fast, the GPT's own calibration measuring 0.74 "
+            "(docs/benchmarks/fp8_checks.md \"Why fp8h55h100's fp8 arms priced fast\"); "
+            "`meshplan calibrate --model` with a model of this family and `--fp8-rows` "
+            "measures its share and rows")
 
 
 def composed_compiled(parts_fp8: Fp8Layer | None, job: Job) -> bool:
@@ -92,4 +106,5 @@ def composed_compiled_host_caveats(parts_fp8: Fp8Layer | None, job: Job,
 
 
 __all__ = ["fp8_caveats", "COMPOSED_COMPILED_CAVEAT", "COMPOSED_COMPILED_SHARE_CAVEAT",
-           "COMPOSED_COMPILED_HOST_CAVEAT", "composed_compiled", "composed_compiled_host_caveats"]
+           "COMPOSED_COMPILED_HOST_CAVEAT", "composed_compiled", "composed_compiled_host_caveats",
+           "other_family_share_caveat"]

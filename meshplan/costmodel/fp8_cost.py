@@ -192,6 +192,9 @@ class CastRate:
     host_pass_s: float = 0.0   # the host's dispatch per pass, on the CPU's timeline
     compiled: bool = False     # the executor's casts under torch.compile
     block_share: float = 0.0   # compiled: the profile's fp8_cast_compiled_block_share (0: none)
+    #: compiled: the layer family ``block_share`` was measured on, where that is not the
+    #: layer's own and the datasheet holds no share for the layer's (a caveat says so)
+    share_family: str = ""
 
     def seconds(self, passes: int, nbytes: float) -> float:
         """``passes`` cast passes moving ``nbytes`` in all (the GPU's timeline)."""
@@ -230,6 +233,21 @@ def compiled_block_share(gpu: GPUSpec, model: ModelSpec | None) -> tuple[float, 
     return own, "fp8_cast_compiled_block_share"
 
 
+def share_from_another_family(gpu: GPUSpec, model: ModelSpec | None) -> str:
+    """The family the profile's block share was measured on, where
+    :func:`compiled_block_share` reads it for a layer of another family (no datasheet share
+    for the layer's), else "". On one H100 a share measured on Llama layers (0.36) priced a
+    never-run GPT's compiled fp8 arms 7-10 % fast; the GPT's own calibration measured 0.74
+    (docs/benchmarks/fp8_checks.md "Why fp8h55h100's fp8 arms priced fast")."""
+    measured_on = gpu.fp8_cast_compiled_block_share_family
+    if model is None or not measured_on or gpu.fp8_cast_compiled_block_share <= 0:
+        return ""
+    fam = cast_family(model)
+    if fam == measured_on or fam in dict(gpu.fp8_cast_compiled_block_share_by_family):
+        return ""
+    return measured_on
+
+
 def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False,
               model: ModelSpec | None = None) -> CastRate:
     """The cast rate of ``job`` on ``gpu`` (see the module docstring). ``host_measured``:
@@ -246,7 +264,8 @@ def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False
             inside = (f", {share:g} of them inside a block ({source})" if share > 0 else "")
             return CastRate(0.0, gpu.fp8_cast_compiled_gbps / (share or 1.0), False,
                             "compiled casts at the profile's fp8_cast_compiled_gbps" + inside,
-                            False, compiled=True, block_share=share)
+                            False, compiled=True, block_share=share,
+                            share_family=share_from_another_family(gpu, model))
         return CastRate(0.0, hbm, False, "compiled casts at HBM bandwidth × hbm_efficiency",
                         True, compiled=True)
     if host_measured and gpu.fp8_cast_eager_gpu_gbps > 0:

@@ -375,6 +375,35 @@ def test_caveats_name_the_eager_host_part_and_composed_compiled_fp8():
         MODEL, cl, job(runtime="megatron"), Layout(dp=4, micro_batch=1)).caveats
 
 
+def test_a_block_share_measured_on_another_family_is_named_in_a_caveat():
+    """A profile's block share read for a layer of another family, which the datasheet's
+    table does not hold (fp8h55h100: a Llama-measured 0.36 priced a GPT's fp8 7-10 % fast),
+    says so and which family it was measured on; the layer's own family, or one the table
+    holds, does not."""
+    from meshplan.costmodel.fp8_caveats import other_family_share_caveat
+    from meshplan.hardware_profiles.measured_rows import cast_family
+    rows = (_crow(False, 2e-3, 4e-3), _crow(True, 1.5e-3, 3e-3))
+    cl = _compiled_cluster(*rows, ends=(_end("embedding"), _end("output")))
+    lay = Layout(dp=4, micro_batch=1, compile=True)
+    llama = "swiglu-rmsnorm-nobias"
+    assert cast_family(MODEL) != llama               # MODEL is a GPT layer
+    other = replace(cl, gpu=replace(cl.gpu, fp8_cast_compiled_block_share=0.36,
+                                    fp8_cast_compiled_block_share_family=llama))
+    est = estimate(MODEL, other, job(), lay)
+    assert other_family_share_caveat(llama) in est.caveats
+    assert "measured on swiglu-rmsnorm-nobias layers" in other_family_share_caveat(llama)
+    own = replace(other, gpu=replace(other.gpu,
+                                     fp8_cast_compiled_block_share_family=cast_family(MODEL)))
+    tabled = replace(other, gpu=replace(other.gpu, fp8_cast_compiled_block_share_by_family=(
+        (cast_family(MODEL), 0.4),)))
+    unnamed = replace(other, gpu=replace(other.gpu, fp8_cast_compiled_block_share_family=""))
+    for cluster in (own, tabled, unnamed):
+        assert not any("another family" in c for c in estimate(MODEL, cluster, job(),
+                                                                 lay).caveats)
+    assert not any("another family" in c for c in estimate(MODEL, other, job("bf16"),
+                                                             lay).caveats)
+
+
 def test_composed_compiled_fp8_on_a_host_bound_layout_says_its_dispatch_is_not_priced():
     """Compiled fp8 composed from bf16 rows adds no host dispatch (the committed fp8 rows
     dispatch 1.3 ms a layer more, fp8h17's host-bound arms ran up to 19 % slow): a layout
