@@ -110,3 +110,33 @@ def test_the_later_pairs_are_the_first_gpt_and_the_first_llama_of_their_seed(
         assert ModelSpec(**json.loads(path.read_text())) == models[k]
     drawn = [n for n, _ in ms.SETS[f"drawn-{seed}c"]]
     assert drawn[:len(first_layouts)] == first_layouts
+
+
+def test_the_alone_rows_load_as_curves_that_only_the_carrying_ratio_reads():
+    """A profile with GPU-alone rows loads their curves beside (not instead of) the
+    synchronized ones; ``gpu_alone`` swaps them in for nearest_rows' ratio only."""
+    from meshplan import Cluster, Job
+    from meshplan.costmodel.nearest_rows import TransferredTables
+    from meshplan.hardware_profiles.calibrated import apply_profile
+    h100 = PROFILES / "profile_h100x1_moeh64h100_20261205.toml"
+    gpu = load_profile(h100).gpu
+    gemm, attention = gpu.alone_curves
+    doc = tomllib.loads(h100.read_text())
+    r = doc["measurements"]["gemm_alone"][0]
+    assert gemm(r["flops"]) == pytest.approx(r["efficiency"], rel=0.05)
+    alone = gpu.gpu_alone()
+    assert alone.gemm_efficiency is gemm and alone.attention_efficiency is attention
+    assert alone.microbench_timing == "queued" and alone.alone_curves is None
+    assert gpu.gemm_efficiency is not gemm and gpu.microbench_timing == ""
+    cluster = apply_profile(Cluster.preset("dgx-h100", nodes=1, gpus_per_node=1), h100)
+    model = ModelSpec(name="x", num_layers=2, hidden_size=1024, num_heads=8,
+                      ffn_hidden_size=4096, vocab_size=32000)
+    t = TransferredTables(cluster.gpu.measured, model, cluster,
+                          Job(global_batch=1, seq_len=2048), None)
+    assert t.cluster.gpu.gemm_efficiency == gpu.gemm_efficiency != gemm
+    assert t.ratio_cluster.gpu.gemm_efficiency == gemm
+
+
+def test_a_profile_without_alone_rows_carries_rows_at_its_synchronized_curves():
+    gpu = load_profile(PROFILES / "profile_h200x1_fp8h20_20261201.toml").gpu
+    assert gpu.alone_curves is None and gpu.gpu_alone() is gpu
