@@ -58,8 +58,9 @@ block dispatches one graph whose kernels (GEMMs, attention, a few fused element-
 differ little between families — the GPT and Llama profiles' compiled rows of fp8h16-fp8h23
 timed 0.7-1.3 ms a forward alike where their eager rows differ 1.5-3 × — and another
 family's compiled layer is the analytical one at the fused count (:func:`~meshplan.costmodel.
-compute.layer_cost` ``compiled``), not its eager count. fp8 rows and rows at ep > 1 are not carried (fp8 is composed on the carried bf16 row; ep > 1
-priced on top of the carried ep = 1 row, :mod:`meshplan.costmodel.moe_rows`). Limitation:
+compute.layer_cost` ``compiled``), not its eager count. fp8 rows and rows at ep > 1 are not
+carried (fp8 is composed on the carried bf16 row; ep > 1 priced on top of the carried ep = 1
+row, :mod:`meshplan.costmodel.moe_rows`). Limitation:
 a shape key does not say whether the attention is multi-head latent attention, so an MLA
 model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
 transferred).
