@@ -46,7 +46,7 @@ def fp8_caveats(parts_fp8: Fp8Layer | None, job: Job) -> tuple[str, ...]:
 
 def other_family_share_caveat(measured_on: str) -> str:
     """The caution of compiled fp8 composed with a block share measured on another layer
-    family (:func:`meshplan.costmodel.fp8_cost.share_from_another_family`)."""
+    family (``CastRate.share_family``, :mod:`meshplan.costmodel.fp8_cost`)."""
     return (f"the compiled fp8 casts' block share was measured on {measured_on} layers, "
             "another family than this layer's, and the datasheet holds none for this one: "
             "on one H100 a share measured on Llama layers (0.36) priced a never-run GPT's "

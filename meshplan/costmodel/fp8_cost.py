@@ -221,31 +221,28 @@ def compiled_block_share(gpu: GPUSpec, model: ModelSpec | None) -> tuple[float, 
     arms over the eight profiles the share moves 8.9 → 5.7 % mean (lower on 7 of 8); a
     never-run GPT's 4.2 → 6.2 % (lower on 1 of 8). So the datasheet keeps the Llama share
     only (POST HOC): a GPT layer reads the pooled share or a profile's own, as before."""
+    share, source, _ = _block_share_reading(gpu, model)
+    return share, source
+
+
+def _block_share_reading(gpu: GPUSpec, model: ModelSpec | None) -> tuple[float, str, str]:
+    """(share, where it comes from, the family it was measured on where that is another
+    than ``model``'s and the datasheet holds no share for ``model``'s, else ""): the reading
+    behind :func:`compiled_block_share` and :attr:`CastRate.share_family`. On one H100 a
+    share measured on Llama layers (0.36) priced a never-run GPT's compiled fp8 arms 7-10 %
+    fast; the GPT's own calibration measured 0.74 (docs/benchmarks/fp8_checks.md "Why
+    fp8h55h100's fp8 arms priced fast")."""
     own = gpu.fp8_cast_compiled_block_share
     if model is None:
-        return own, "fp8_cast_compiled_block_share"
+        return own, "fp8_cast_compiled_block_share", ""
     fam = cast_family(model)
-    if gpu.fp8_cast_compiled_block_share_family == fam:
-        return own, f"fp8_cast_compiled_block_share, measured on {fam} layers"
+    measured_on = gpu.fp8_cast_compiled_block_share_family
+    if measured_on == fam:
+        return own, f"fp8_cast_compiled_block_share, measured on {fam} layers", ""
     table = dict(gpu.fp8_cast_compiled_block_share_by_family)
     if fam in table:
-        return table[fam], f"fp8_cast_compiled_block_share_by_family[{fam}]"
-    return own, "fp8_cast_compiled_block_share"
-
-
-def share_from_another_family(gpu: GPUSpec, model: ModelSpec | None) -> str:
-    """The family the profile's block share was measured on, where
-    :func:`compiled_block_share` reads it for a layer of another family (no datasheet share
-    for the layer's), else "". On one H100 a share measured on Llama layers (0.36) priced a
-    never-run GPT's compiled fp8 arms 7-10 % fast; the GPT's own calibration measured 0.74
-    (docs/benchmarks/fp8_checks.md "Why fp8h55h100's fp8 arms priced fast")."""
-    measured_on = gpu.fp8_cast_compiled_block_share_family
-    if model is None or not measured_on or gpu.fp8_cast_compiled_block_share <= 0:
-        return ""
-    fam = cast_family(model)
-    if fam == measured_on or fam in dict(gpu.fp8_cast_compiled_block_share_by_family):
-        return ""
-    return measured_on
+        return table[fam], f"fp8_cast_compiled_block_share_by_family[{fam}]", ""
+    return own, "fp8_cast_compiled_block_share", measured_on if own > 0 else ""
 
 
 def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False,
@@ -260,12 +257,11 @@ def cast_rate(gpu: GPUSpec, job: Job, compile: bool, host_measured: bool = False
                         "HBM bandwidth × hbm_efficiency", True)
     if compile:
         if gpu.fp8_cast_compiled_gbps > 0:
-            share, source = compiled_block_share(gpu, model)
+            share, source, other = _block_share_reading(gpu, model)
             inside = (f", {share:g} of them inside a block ({source})" if share > 0 else "")
             return CastRate(0.0, gpu.fp8_cast_compiled_gbps / (share or 1.0), False,
                             "compiled casts at the profile's fp8_cast_compiled_gbps" + inside,
-                            False, compiled=True, block_share=share,
-                            share_family=share_from_another_family(gpu, model))
+                            False, compiled=True, block_share=share, share_family=other)
         return CastRate(0.0, hbm, False, "compiled casts at HBM bandwidth × hbm_efficiency",
                         True, compiled=True)
     if host_measured and gpu.fp8_cast_eager_gpu_gbps > 0:
