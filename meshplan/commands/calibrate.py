@@ -21,6 +21,9 @@ from meshplan.commands.common import (load_model, non_negative_float, positive_f
                                       positive_int)
 
 
+DEFAULT_MAX_TP = 8
+
+
 def add_arguments(p) -> None:
     p.add_argument("--out", default="profile.toml", help="profile TOML to write (atomically)")
     p.add_argument("--force", action="store_true",
@@ -39,8 +42,14 @@ def add_arguments(p) -> None:
     p.add_argument("--base-gpu", default=None,
                    help="built-in GPU profile the measurement extends (default: from the "
                         "device name)")
-    p.add_argument("--max-tp", type=positive_int, default=8,
-                   help="largest tensor-parallel degree whose shard shapes are timed")
+    p.add_argument("--for-plan", action="append", default=None, metavar="PLAN",
+                   help="a plan file (`meshplan plan -o plan.json`); repeatable. Times what "
+                        "prices it from its own model's rows: its model at its sequence "
+                        "length, micro-batches, compiled recompute modes, fp8 recipe, tp and "
+                        "ep (each option you also give wins; docs/calibrate.md)")
+    p.add_argument("--max-tp", type=positive_int, default=None,
+                   help="largest tensor-parallel degree whose shard shapes are timed "
+                        "(default 8, or the plans' largest tp with --for-plan)")
     p.add_argument("--sp-only", action="store_true",
                    help="time tensor-parallel layer rows (tp > 1) with sequence parallelism "
                         "only, where the sequence splits over tp: for plans that run tp with "
@@ -116,10 +125,12 @@ def main(args) -> int:
     check_output_file(args.out, overwrite=args.force, what="profile", flag="--force",
                       example_name="profile.toml")
     models = tuple(load_model(m) for m in args.model or ())
+    models += tuple(m for m in _apply_plans(args) if m not in models)
     # bad options fail here, once, before torchrun starts its children
     options = CalibrateOptions(out=Path(args.out), device=args.device, quick=args.quick,
                                models=models, seq_len=args.seq_len, base_gpu=args.base_gpu,
-                               max_tp=args.max_tp, micro_batches=args.micro_batches,
+                               max_tp=args.max_tp or DEFAULT_MAX_TP,
+                               micro_batches=args.micro_batches,
                                sp_only=args.sp_only, ep_degrees=args.ep,
                                split_timing=args.split_timing,
                                show_progress=not args.no_progress,
@@ -141,13 +152,44 @@ def main(args) -> int:
     return 0
 
 
+def _apply_plans(args) -> tuple:
+    """Fill the options ``--for-plan`` derives (:mod:`meshplan.calibrate.for_plan`) where
+    the user gave none, say what they are once, and return the plans' models."""
+    if not args.for_plan:
+        return ()
+    from meshplan.calibrate.for_plan import calibration_for_plans, load_plans
+    records, names = load_plans(args.for_plan)
+    cal = calibration_for_plans(records, names)
+    if args.seq_len is None:
+        args.seq_len = cal.seq_len
+    if args.micro_batches is None:
+        args.micro_batches = cal.micro_batches
+    if args.compile_rows is None and cal.compile_rows:
+        args.compile_rows = cal.compile_rows
+    if args.fp8_rows is None and cal.fp8_rows:
+        args.fp8_rows = cal.fp8_rows
+    if args.max_tp is None:
+        args.max_tp = cal.max_tp
+    args.sp_only = args.sp_only or cal.sp_only
+    if args.ep is None:
+        args.ep = cal.ep_degrees
+    if os.environ.get("RANK", "0") == "0":
+        print(f"meshplan calibrate: for {', '.join(names)}: {cal.options()}", file=sys.stderr)
+        for note in cal.notes:
+            print(f"meshplan calibrate: note: {note}", file=sys.stderr)
+    return cal.models
+
+
 def child_argv(args) -> list[str]:
     """The ``calibrate`` arguments each torchrun child gets: the parsed options without
     ``--nproc`` (rebuilt from ``args``, so it works when called as ``cli.main(argv)``)."""
-    out = ["calibrate", "--out", str(args.out), "--device", args.device,
-           "--max-tp", str(args.max_tp)]
+    out = ["calibrate", "--out", str(args.out), "--device", args.device]
+    if args.max_tp:
+        out += ["--max-tp", str(args.max_tp)]
     for m in args.model or ():
         out += ["--model", m]
+    for plan in args.for_plan or ():
+        out += ["--for-plan", str(plan)]
     if args.seq_len:
         out += ["--seq-len", str(args.seq_len)]
     if args.base_gpu:

@@ -1,0 +1,134 @@
+"""`meshplan calibrate --for-plan`: the options a plan file needs, derived from the plan, and
+`meshplan plan -o` naming that command where the plan was not priced from its model's rows."""
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibrate.for_plan import calibration_for_plans, load_plans
+from meshplan.cli import main as cli_main
+from meshplan.commands.calibrate import _apply_plans, add_arguments, child_argv
+from meshplan.commands.plan import calibrate_hint
+from meshplan.errors import ConfigError, PlanFileError
+
+ROOT = Path(__file__).parents[2]
+PLANS = ROOT / "benchmarks" / "plans"
+MOE_FP8 = PLANS / "moeh69h100_fp8_h100x1"       # mb16-full, mb4-full, mb8 (none), fp8 rowwise
+DENSE_BF16 = PLANS / "fp8h54h100_bf16_h100x1"   # mb1 (none), mb1-full, mb4-selective
+
+
+def _parser():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p
+
+
+def test_the_plans_micro_batches_compile_modes_and_recipe_are_timed():
+    records, names = load_plans(sorted(MOE_FP8.glob("mb*.json")))
+    cal = calibration_for_plans(records, names)
+    assert cal.models == (records[0].model,)
+    assert cal.seq_len == records[0].job.seq_len == 2048
+    assert cal.micro_batches == (4, 8, 16)
+    assert cal.compile_rows == ("none", "full")          # in RECOMPUTE's order
+    assert cal.fp8_rows == records[0].job.fp8_recipe == "rowwise"
+    assert cal.max_tp == 1 and not cal.sp_only and cal.ep_degrees is None
+    assert cal.options() == ("--model <the plans' model> --seq-len 2048 --micro-batches 4,8,16 "
+                             "--compile-rows none,full --fp8-rows rowwise --max-tp 1")
+
+
+def test_a_single_micro_batch_also_times_a_neighbour():
+    records, names = load_plans([DENSE_BF16 / "mb1-compiled.json"])
+    cal = calibration_for_plans(records, names)
+    assert cal.micro_batches == (1, 2) and cal.compile_rows == ("none",) and not cal.fp8_rows
+    lay = records[0].layout
+    eight = dataclasses.replace(records[0], layout=dataclasses.replace(lay, micro_batch=8))
+    assert calibration_for_plans([eight]).micro_batches == (4, 8)
+
+
+def test_tp_sp_and_ep_of_the_plans_set_the_parallel_rows():
+    rec = load_plans([DENSE_BF16 / "mb4-selective-compiled.json"])[0][0]
+    lay = rec.layout
+    sp = dataclasses.replace(rec, layout=dataclasses.replace(
+        lay, tp=2, sequence_parallel=True, dp=1, micro_batch=4))
+    cal = calibration_for_plans([rec, sp])
+    assert cal.max_tp == 2 and cal.sp_only
+    no_sp = dataclasses.replace(sp, layout=dataclasses.replace(sp.layout,
+                                                               sequence_parallel=False))
+    assert not calibration_for_plans([sp, no_sp]).sp_only
+    moe = load_plans([MOE_FP8 / "mb8-compiled.json"])[0][0]
+    ep2 = dataclasses.replace(moe, layout=dataclasses.replace(moe.layout, ep=2, dp=2))
+    assert calibration_for_plans([moe, ep2]).ep_degrees == (2,)
+
+
+def test_plans_one_calibration_cannot_serve_are_refused_by_name():
+    a = load_plans([DENSE_BF16 / "mb1-compiled.json"])[0][0]
+    b = dataclasses.replace(a, job=dataclasses.replace(a.job, seq_len=4096))
+    with pytest.raises(ConfigError, match=r"different sequence lengths \(a.json: 1024, "
+                                          r"b.json: 4096\)"):
+        calibration_for_plans([a, b], ("a.json", "b.json"))
+    f1 = dataclasses.replace(a, job=dataclasses.replace(a.job, precision="fp8",
+                                                        fp8_recipe="rowwise"))
+    f2 = dataclasses.replace(a, job=dataclasses.replace(a.job, precision="fp8",
+                                                        fp8_recipe="tensorwise"))
+    with pytest.raises(ConfigError, match=r"fp8 recipes \['rowwise', 'tensorwise'\]"):
+        calibration_for_plans([f1, f2])
+    with pytest.raises(ConfigError, match="no plan file given"):
+        calibration_for_plans([])
+
+
+def test_what_calibrate_does_not_time_is_said():
+    a = load_plans([DENSE_BF16 / "mb1-compiled.json"])[0][0]
+    te = dataclasses.replace(a, job=dataclasses.replace(a.job, precision="fp8",
+                                                        fp8_recipe="delayed",
+                                                        runtime="megatron"))
+    cal = calibration_for_plans([te])
+    assert cal.fp8_rows == ""
+    assert any("'delayed'" in n for n in cal.notes)
+    assert any("runtime 'megatron'" in n for n in cal.notes)
+
+
+def test_a_missing_plan_file_is_a_plan_file_error(tmp_path):
+    with pytest.raises(PlanFileError):
+        load_plans([tmp_path / "nope.json"])
+
+
+def test_the_command_fills_what_the_user_left_and_keeps_what_they_gave(capsys):
+    plans = [str(p) for p in sorted(MOE_FP8.glob("mb*.json"))]
+    args = _parser().parse_args(["--out", "x.toml", "--micro-batches", "8",
+                                 *sum((["--for-plan", p] for p in plans), [])])
+    models = _apply_plans(args)
+    assert len(models) == 1 and models[0].num_experts == 8
+    assert args.micro_batches == (8,)                       # given: kept
+    assert args.seq_len == 2048 and args.compile_rows == ("none", "full")
+    assert args.fp8_rows == "rowwise" and args.max_tp == 1
+    assert "--micro-batches 4,8,16" in capsys.readouterr().err
+    # torchrun's children get the plans and the filled options, and derive the same
+    argv = child_argv(args)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--for-plan"] == plans
+    again = _parser().parse_args(argv[1:])
+    _apply_plans(again)
+    for k in ("seq_len", "micro_batches", "compile_rows", "fp8_rows", "max_tp", "sp_only", "ep"):
+        assert getattr(again, k) == getattr(args, k)
+
+
+def test_without_plans_the_defaults_are_unchanged():
+    args = _parser().parse_args(["--out", "x.toml"])
+    assert _apply_plans(args) == () and args.max_tp is None
+    assert "--max-tp" not in child_argv(args)
+
+
+def test_plan_names_the_calibration_where_the_plan_was_not_priced_from_its_rows(tmp_path,
+                                                                                  capsys):
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--nodes", "1",
+                     "--global-batch", "64", "--seq-len", "2048", "--quiet",
+                     "-o", str(out)]) == 0
+    assert (f"meshplan calibrate --for-plan {out} --nproc 8 --out profile.toml"
+            in capsys.readouterr().out)
+    assert calibrate_hint(("rows read past the timed micro-batches: `meshplan calibrate "
+                           "--micro-batches` times them",), profile_given=True,
+                          plan_path=out, gpus_per_node=4)
+    assert calibrate_hint(("host-bound",), profile_given=True, plan_path=out,
+                          gpus_per_node=4) == ""
