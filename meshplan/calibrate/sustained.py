@@ -38,6 +38,12 @@ Where the host paces the work (the row's queued CPU dispatch is at least :data:`
 of its GPU time), the GPU idles between kernels and is not at its power limit; the same work
 in a step is host-bound too, so the ratio is 1 and the loop is not run. (The loop's own
 dispatch time cannot tell: CUDA's launch queue fills and blocks the host at the GPU's pace.)
+Limitation, measured: a step at a larger micro-batch than the module's largest timed one
+need not be host-paced. fp8h56h100 (1 × H100, 2026-12-06; docs/benchmarks/fp8_checks.md)
+calibrated at micro-batches 1-4, every module's loop host-paced and skipped, and ran its
+plans at 16, GPU-bound: the bf16 arms ran 6.4-6.8 % slower than priced, about what the
+ratio measured GPU-bound on other H100 profiles (compiled bf16 1.045-1.105) would add.
+Calibrating at the plans' micro-batches (``meshplan calibrate --for-plan``) avoids it.
 """
 
 from __future__ import annotations
