@@ -43,7 +43,8 @@ need not be host-paced. fp8h56h100 (1 × H100, 2026-12-06; docs/benchmarks/fp8_c
 calibrated at micro-batches 1-4, every module's loop host-paced and skipped, and ran its
 plans at 16, GPU-bound: the bf16 arms ran 6.4-6.8 % slower than priced, about what the
 ratio measured GPU-bound on other H100 profiles (compiled bf16 1.045-1.105) would add.
-Calibrating at the plans' micro-batches (``meshplan calibrate --for-plan``) avoids it for GPU-bound plans.
+Calibrating at the plans' micro-batches (``meshplan calibrate --for-plan``) avoids it for
+GPU-bound plans.
 """
 
 from __future__ import annotations
