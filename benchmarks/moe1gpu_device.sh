@@ -24,6 +24,10 @@
 #   SOURCES="a.json b.json" with PART=1: calibrate those models instead of the check's own
 #     (one profile of several other models; moeh40's way); the profile and its log come back
 #     at once and the plans are priced on the CPU from it (commit both before PART=2)
+#   FOR_PLAN=1 with PART=1 or all: the user's order instead — the plans first, on the GPU's
+#     datasheet (GPU=...), then `meshplan calibrate --for-plan` on them (their model, sequence,
+#     micro-batches, compiled modes and fp8 recipe; MBS, SEQ, COMPILE_ROWS, CAL_FP8_ROWS
+#     unused), then the same layouts priced from that profile (fp8h57h100's way)
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 # The device's copy of the tree carries no .git or another commit's: prefix
 #   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran
@@ -47,7 +51,39 @@ mkdir -p "$W"
 LOG=$OUT/log_$PART.txt
 nvidia-smi --query-gpu=name,power.limit,driver_version --format=csv,noheader > "$LOG"
 python -c "import torch; print(torch.__version__)" >> "$LOG"
-if [ "$PART" != 2 ]; then
+plans() {   # plans() PROFILE OUT [moe_sync_gpu.py plans options...]
+    local prof=$1 out=$2; shift 2
+    python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
+        --global-batch 16 --profile "$prof" ${GPU:+--gpu "$GPU"} --out "$out" "$@" >> "$LOG" 2>&1
+}
+kept() {
+    python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
+        "$1/predictions.json"
+}
+if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
+    : "${SEED:?SEED=the draw_layouts seed}"
+    budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
+    plans '' "$W/datasheet_bf16" --gpu-bound "${GPU_BOUND:-3}" || {
+        echo "datasheet plans failed (log: $LOG)" >&2; exit 1; }
+    KEPT=$(kept "$W/datasheet_bf16")
+    echo "kept on the datasheet: $KEPT" >> "$LOG"
+    plans '' "$W/datasheet_fp8" --fp8-recipe "${FP8_RECIPE:-rowwise}" --only $KEPT || {
+        echo "datasheet fp8 plans failed (log: $LOG)" >&2; exit 1; }
+    FP=(); for f in "$W"/datasheet_bf16/*.json "$W"/datasheet_fp8/*.json; do
+        case "$f" in */predictions.json) ;; *) FP+=(--for-plan "$f");; esac; done
+    timeout $((budget + 60)) python -m meshplan.cli calibrate "${FP[@]}" --nproc 1 \
+        --rounds 1 --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
+    echo "calibrate rc $?" >> "$LOG"
+    grep "for-plan\|for benchmarks\|for /tmp" "$W/calibrate.log" | head -2 >> "$LOG"
+    tail -3 "$W/calibrate.log" >> "$LOG"
+    cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
+    plans "$P" "benchmarks/plans/${CHECK}_bf16_$T" --only $KEPT || {
+        echo "plans failed (log: $LOG)" >&2; exit 1; }
+    plans "$P" "benchmarks/plans/${CHECK}_fp8_$T" --fp8-recipe "${FP8_RECIPE:-rowwise}" \
+        --only $KEPT || { echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
+    tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" "$W/datasheet_bf16" \
+        "$W/datasheet_fp8" "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
+elif [ "$PART" != 2 ]; then
     : "${SEED:?SEED=the draw_layouts seed}" "${MBS:?MBS=2,4}"
     budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
     if [ -n "${SOURCES:-}" ]; then

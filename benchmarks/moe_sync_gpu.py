@@ -366,6 +366,7 @@ SETS["drawn-4155c"] = compiled_draws(4155, selective=True)
 # fp8h55h100 and fp8h56h100 (2026-12-05, before any run): never-run dense models on one H100
 SETS["drawn-4156c"] = compiled_draws(4156, selective=True)
 SETS["drawn-4157c"] = compiled_draws(4157, selective=True)
+SETS["drawn-4158c"] = compiled_draws(4158, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

@@ -132,3 +132,37 @@ def test_plan_names_the_calibration_where_the_plan_was_not_priced_from_its_rows(
                           plan_path=out, gpus_per_node=4)
     assert calibrate_hint(("host-bound",), profile_given=True, plan_path=out,
                           gpus_per_node=4) == ""
+
+
+def test_fp8h57h100s_model_and_the_calibration_its_datasheet_plans_ask_for(tmp_path):
+    """The set committed before its run: its model is draw_models.py seed 4158's first, and
+    the datasheet plans of `drawn-4158c` ask --for-plan for the calibration its README
+    states."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "draw_models.py"),
+                          "--seed", "4158", "--count", "6", "--min-params", "1.2e9",
+                          "--max-params", "4.0e9"], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env=env)
+    first = json.loads(out.stdout.splitlines()[0].split(" # ")[0])
+    model_file = ROOT / "benchmarks" / "sets" / "fp8h57h100" / "m01.json"
+    assert json.loads(model_file.read_text()) == first
+    for precision in ("bf16", "fp8"):
+        extra = ["--fp8-recipe", "tensorwise", "--only", "mb1-full-compiled",
+                 "mb1-selective-compiled", "mb4-selective-compiled"] \
+            if precision == "fp8" else ["--gpu-bound", "3"]
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_sync_gpu.py"), "plans",
+                        "--set", "drawn-4158c", "--model", str(model_file),
+                        "--global-batch", "16", "--profile", "", "--gpu", "H100-SXM5-80GB",
+                        "--out", str(tmp_path / precision), *extra],
+                       capture_output=True, text=True, check=True, cwd=ROOT,
+                       env=env)
+    files = sorted(p for p in tmp_path.glob("*/*.json") if p.name != "predictions.json")
+    assert sorted({p.stem for p in files}) == ["mb1-full-compiled", "mb1-selective-compiled",
+                                               "mb4-selective-compiled"]
+    cal = calibration_for_plans(*load_plans(files))
+    assert cal.options() == ("--model <the plans' model> --seq-len 4096 --micro-batches 1,4 "
+                             "--compile-rows selective,full --fp8-rows tensorwise --max-tp 1")
