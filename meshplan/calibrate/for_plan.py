@@ -2,8 +2,8 @@
 
 A plan priced from another model's rows, or from the datasheet, is the weakest prediction
 meshplan makes; the same plan priced from its own model's rows is the strongest (one H100,
-docs/calibrate.md "Calibrate the model you will train": another model's rows 5.2-11.4 %
-mean step error, the model's own 1.0-2.0 %). This module reads plan files and says which
+docs/calibrate.md "Calibrate the model you will train": another model's rows 2.1-11.4 %
+mean step error, the model's own 1.0-3.9 %). This module reads plan files and says which
 layer rows price them: their model at their sequence length, at their micro-batches,
 compiled at their compiled layouts' recompute modes, in fp8 with their recipe, at their
 tensor- and expert-parallel degrees. Pure functions; the command fills every option the
