@@ -131,6 +131,16 @@ def moe_untimed_torch_caveats(model, job, layout) -> tuple[str, ...]:
     return tuple(out)
 
 
+UNCLOCKED_ROWS_CAVEAT = (
+    "the layer's measured rows carry no sustained-clock ratio although the profile measured "
+    "others: their module's back-to-back loop was skipped (host-paced at the timed "
+    "micro-batches, or out of memory), so they read at the burst clock. Where the step keeps "
+    "the GPU busy it runs at the power-capped clock: fp8h56h100 (1 x H100) calibrated at "
+    "micro-batches 1-4 and ran GPU-bound at 16, its bf16 arms 6.4-6.8 % slower than priced "
+    "(docs/benchmarks/fp8_checks.md); `meshplan calibrate --for-plan` times the plan's own "
+    "micro-batches")
+
+
 def extended_rows_caveat(timed: tuple[int, ...], micro_batch: int) -> str:
     """The caution for a layer priced from measured rows carried beyond the micro-batches
     they were timed at (linear in the micro-batch from the two nearest: a fixed part of the
@@ -295,4 +305,5 @@ __all__ = ["FSDP_OVER_TP_CAVEAT", "FSDP_DP_ONLY_CAVEAT", "FSDP_UNMEASURED_CAVEAT
            "HOST_NEAR_LOAD", "HOST_NEAR_LOAD_TEXT", "HOST_BOUND_CAVEAT_SHARE",
            "HOST_BALANCED_LOAD", "is_host_bound",
            "near_host_bound_caveat", "host_bound_caveat", "host_caveats",
-           "nearest_shape_caveat", "stretched_rows_caveat", "compiled_pair_caveat"]
+           "nearest_shape_caveat", "stretched_rows_caveat", "compiled_pair_caveat",
+           "UNCLOCKED_ROWS_CAVEAT", "extended_rows_caveat"]

@@ -97,6 +97,9 @@ class LayerParts:
     # the micro-batches the layer's measured row was extended from, where this layout's lies
     # outside those timed (measured.Interpolated.extended_from); () inside or analytical
     extended_from: tuple[int, ...] = ()
+    # the layer's measured row carries no sustained-clock ratio in a profile that measured
+    # them (measured.Interpolated.clock_unmeasured)
+    clock_unmeasured: bool = False
     # precision "fp8": the layer's (forward, backward) seconds as composed on its bf16 row,
     # before a measured fp8 row replaced them (grown_fp8_row reads them at another
     # micro-batch); (0, 0) without fp8
@@ -155,6 +158,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
     compiled = False
     compiled_from_mode = ""
     extended: tuple[int, ...] = ()
+    clock_unmeasured = False
     if tables:
         kw = dict(seq_len=job.seq_len, tp=tp, sequence_parallel=sp, micro_batch=mb)
         ml = (tables.layer(model, recompute=recompute, compile=True, ep=ep, **kw) if compile
@@ -172,6 +176,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
             layer = _scaled_layer(layer, ml.forward_s, ml.backward_s)
             act_b, bwd_buf = ml.activation_bytes, ml.peak_bytes
             extended = ml.extended_from
+            clock_unmeasured = ml.clock_unmeasured
             split, split_depth, split_cpu = ml.split_backward, ml.split_depth, ml.split_cpu
             if recompute == "full" and ml.wgrad_transient_bytes > 0:
                 wgrad = ml
@@ -295,6 +300,7 @@ def layer_parts(model: ModelSpec, cluster: Cluster, job: Job, micro_batch: int, 
                       fp8_delta_kept_bytes=kept_delta, fp8_cpu_s=f8_cpu,
                       tables=tables, transferred_from=transferred,
                       transferred_stretch=stretch, extended_from=extended,
+                      clock_unmeasured=clock_unmeasured,
                       compiled_from_mode=compiled_from_mode,
                       fp8_composed_s=composed if job.precision == "fp8" else (0.0, 0.0))
 

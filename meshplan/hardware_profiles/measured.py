@@ -59,6 +59,8 @@ class MeasuredTables:
         for rows in idx.values():
             rows.sort(key=lambda r: r.micro_batch)
         object.__setattr__(self, "_index", idx)
+        object.__setattr__(self, "_has_sustained",
+                           any(r.sustained_ratio != 1.0 for r in (*self.layers, *self.ends)))
 
     def __bool__(self) -> bool:
         return bool(self.layers or self.ends)
@@ -188,6 +190,8 @@ class MeasuredTables:
         # caches (an embedding's gather back to back: 0.93), which a step's one pass per
         # micro-batch does not get (duty_scale ≤ 1 only lowers it further)
         k = 1.0 + self.sustained * (max(1.0, ratio * self.duty_scale) - 1.0)
+        if ratio == 1.0 and self._has_sustained:  # type: ignore[attr-defined]
+            r = replace(r, clock_unmeasured=True)
         if k == 1.0:
             return r
         return replace(r, forward_s=r.forward_s * k, backward_s=r.backward_s * k,
@@ -197,7 +201,7 @@ class MeasuredTables:
     @property
     def has_sustained(self) -> bool:
         """Whether any row carries a measured sustained ratio other than 1."""
-        return any(r.sustained_ratio != 1.0 for r in (*self.layers, *self.ends))
+        return self._has_sustained  # type: ignore[attr-defined]
 
     def at_share(self, share: float, duty_scale: float = 1.0) -> "MeasuredTables":
         """These rows with ``share`` of their sustained ratio's excess applied (0: at the

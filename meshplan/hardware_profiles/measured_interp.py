@@ -46,6 +46,10 @@ class Interpolated:
     # an output row timed with the compiled loss (MeasuredEnd.compile), not the eager row a
     # compiled layout falls back to where the profile has none
     compiled_loss: bool = False
+    # the profile measured sustained-clock ratios, but not this row's module (its loop was
+    # skipped: host-paced at the timed micro-batches, or out of memory), so it reads at the
+    # burst clock (the caveat meshplan.costmodel.caveats.UNCLOCKED_ROWS_CAVEAT)
+    clock_unmeasured: bool = False
 
     @property
     def cpu_measured(self) -> bool:
@@ -134,7 +138,8 @@ _SIGNED = ("backward_input_depth_s", "backward_weight_depth_s", "wgrad_pending_s
 def _interp(rows: list, mb: int, peak_field: str) -> Interpolated:
     """Linear in the micro-batch between/beyond the two nearest measured sizes."""
     names = [f.name for f in fields(Interpolated)
-             if f.name not in ("extended_from", "fp8_weights_cached", "compiled_loss")]
+             if f.name not in ("extended_from", "fp8_weights_cached", "compiled_loss",
+                               "clock_unmeasured")]
     # a flag of the rows' group (MeasuredLayer.group): the same on each, not interpolated
     cached = bool(getattr(rows[0], "fp8_weights_cached", False))
 

@@ -263,3 +263,27 @@ def test_the_loop_runs_the_agreed_iterations_and_skips_alike():
     assert sustained_ratio(forward, lambda y: None, lambda: None, device="cpu",
                            burst_pass_s=1e-3, agree_max=lambda v: [*v[:2], 1.0])[0] == 1.0
     assert calls == []
+
+
+def test_a_layer_without_a_ratio_in_a_profile_that_measured_others_is_said():
+    """fp8h56h100 (1 x H100): every layer module's loop was host-paced at the timed
+    micro-batches and skipped (ratio 1) while an end row measured one; the steps ran at the
+    power-capped clock. The lookup flags such a row and the estimate says so; the price does
+    not move."""
+    from meshplan.costmodel.caveats import UNCLOCKED_ROWS_CAVEAT
+    kw = dict(seq_len=1024, tp=1, sequence_parallel=False, recompute="none", micro_batch=2)
+    t = _tables(1.0)
+    skipped = MeasuredTables(t.layers, tuple(replace(e, sustained_ratio=1.05) if
+                                            e.part == "output" else e for e in t.ends))
+    assert skipped.layer(MODEL, **kw).clock_unmeasured
+    assert not t.layer(MODEL, **kw).clock_unmeasured              # no ratio measured at all
+    assert not _tables(1.1).layer(MODEL, **kw).clock_unmeasured   # its own ratio
+    lay = Layout(micro_batch=2)
+    said = estimate(MODEL, _cluster(skipped), JOB, lay)
+    assert UNCLOCKED_ROWS_CAVEAT in said.caveats
+    assert UNCLOCKED_ROWS_CAVEAT not in estimate(MODEL, _cluster(t), JOB, lay).caveats
+    assert UNCLOCKED_ROWS_CAVEAT not in estimate(MODEL, _cluster(_tables(1.1)), JOB,
+                                                 lay).caveats
+    # the layer rows are priced as before (the end's own ratio moves only the end)
+    at_burst = MeasuredTables(t.layers, skipped.ends).at_share(0.0)
+    assert skipped.layer(MODEL, **kw).forward_s == at_burst.layer(MODEL, **kw).forward_s
