@@ -100,25 +100,19 @@ elif [ "$PART" != 2 ]; then
     tail -3 "$W/calibrate.log" >> "$LOG"
     cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
     [ -n "${SOURCES:-}" ] && exit 0
-    python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
-        --global-batch 16 --gpu-bound "${GPU_BOUND:-3}" --profile "$P" ${GPU:+--gpu "$GPU"} \
-        --out "benchmarks/plans/${CHECK}_bf16_$T" >> "$LOG" 2>&1 || {
+    plans "$P" "benchmarks/plans/${CHECK}_bf16_$T" --gpu-bound "${GPU_BOUND:-3}" || {
         echo "plans failed (log: $LOG)" >&2; exit 1; }
-    KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
-        "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
+    KEPT=$(kept "benchmarks/plans/${CHECK}_bf16_$T")
     echo "kept: $KEPT" >> "$LOG"
-    python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
-        --global-batch 16 --fp8-recipe "${FP8_RECIPE:-rowwise}" --only $KEPT --profile "$P" \
-        ${GPU:+--gpu "$GPU"} --out "benchmarks/plans/${CHECK}_fp8_$T" >> "$LOG" 2>&1 || {
-        echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
+    plans "$P" "benchmarks/plans/${CHECK}_fp8_$T" --fp8-recipe "${FP8_RECIPE:-rowwise}" \
+        --only $KEPT || { echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" \
         "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
 fi
 [ "$PART" = 1 ] && exit 0
 [ -f "benchmarks/plans/${CHECK}_bf16_$T/predictions.json" ] || {
     echo "no benchmarks/plans/${CHECK}_bf16_$T/predictions.json (GPU_TAG=$T)" >&2; exit 2; }
-KEPT=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
-    "benchmarks/plans/${CHECK}_bf16_$T/predictions.json")
+KEPT=$(kept "benchmarks/plans/${CHECK}_bf16_$T")
 SEL=${ONLY:-$KEPT}
 [ -n "${FIRST:-}" ] && SEL=$(echo $SEL | tr ' ' '\n' | head -n "$FIRST" | tr '\n' ' ')
 for n in $SEL; do

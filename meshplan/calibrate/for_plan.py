@@ -26,10 +26,7 @@ from pathlib import Path
 
 from meshplan.errors import ConfigError
 from meshplan.spec import ModelSpec
-from meshplan.spec.choices import RECOMPUTE
-
-# the executor's fp8 linears run every recipe but TransformerEngine's delayed scaling
-EXECUTOR_FP8_RECIPES_SKIPPED = ("delayed",)
+from meshplan.spec.choices import RECOMPUTE, TORCH_FP8_RECIPES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +92,7 @@ def calibration_for_plans(records, sources: tuple[str, ...] | None = None) -> Pl
         raise ConfigError(f"--for-plan: the plans run fp8 recipes {recipes}; one calibration "
                           "times one recipe's fp8 rows: calibrate once per recipe")
     fp8_rows = recipes[0] if recipes else ""
-    if fp8_rows in EXECUTOR_FP8_RECIPES_SKIPPED:
+    if fp8_rows and fp8_rows not in TORCH_FP8_RECIPES:
         notes.append(f"fp8 recipe {fp8_rows!r} is TransformerEngine's (runtime megatron): "
                      "meshplan's executor does not run it, so no fp8 layer rows are timed")
         fp8_rows = ""

@@ -88,8 +88,8 @@ class CalibrateOptions:
             raise ConfigError(f"CalibrateOptions.compile_rows {list(self.compile_rows)}: "
                               f"{bad} not a recompute mode; choose from {list(RECOMPUTE)}")
         if self.fp8_rows:
-            from meshplan.spec.choices import FP8_RECIPES
-            runs = [r for r in FP8_RECIPES if r != "delayed"]   # the executor refuses delayed
+            from meshplan.spec.choices import TORCH_FP8_RECIPES
+            runs = list(TORCH_FP8_RECIPES)
             if self.fp8_rows not in runs:
                 raise ConfigError(f"CalibrateOptions.fp8_rows {self.fp8_rows!r}: not a recipe "
                                   f"the executor runs; choose from {runs}")

@@ -415,7 +415,7 @@ def table_caveats(model: ModelSpec, cluster: Cluster, job: Job, layout: Layout, 
             + ((cav.extended_rows_caveat(parts.extended_from, layout.micro_batch),)
                if parts.extended_from and not parts.transferred_from else ())
             + ((cav.UNCLOCKED_ROWS_CAVEAT,) if parts.clock_unmeasured
-               and job.runtime == "torch" and "layer" in parts.measured else ())
+               and job.runtime == "torch" else ())
             + fp8_caveats(parts.fp8, job))
 
 

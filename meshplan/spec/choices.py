@@ -12,6 +12,9 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 #: how fp8 GEMM operands are scaled (docs/fp8.md; meshplan.costmodel.fp8 gives each one's costs)
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "blockwise", "mxfp8")
+#: the recipes runtime "torch" (meshplan's executor) runs: all but TransformerEngine's
+#: delayed scaling (executor/fp8.py check_recipe_runnable), so the ones calibrate can time
+TORCH_FP8_RECIPES = tuple(r for r in FP8_RECIPES if r != "delayed")
 #: the recipes under which runtime "torch" (meshplan's executor) runs an MoE layer's routed
 #: experts in fp8 (executor/fp8_grouped.py: the grouped kernel's scales are e4m3 per row;
 #: under the others the experts stay 16-bit)
