@@ -124,8 +124,8 @@ def build_profile(*, measurements: Mapping[str, list[dict[str, Any]]],
     gpu: dict[str, Any] = {}
     # the GPU-alone rows (queued behind a spin kernel) are kept with their efficiencies under
     # [measurements], with no [gpu] key: priced, they made held-out steps worse
-    # (docs/benchmarks/fp8_checks.md, fp8h48); the loader reads them only for the ratio that
-    # carries another shape's rows (hardware_profiles.calibrated.alone_curves)
+    # (docs/benchmarks/fp8_checks.md, fp8h48), and so did reading them in the ratio that
+    # carries another shape's rows (moe_checks.md, moeh70h100); benchmarks read them
     for r in rows.get("gemm", []) + rows.get("gemm_alone", []):
         r["flops"] = 2.0 * r["m"] * r["k"] * r["n"]
         r["efficiency"] = gemm_efficiency(r["m"], r["k"], r["n"], r["seconds"], peak)

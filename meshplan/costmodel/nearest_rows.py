@@ -65,19 +65,13 @@ a shape key does not say whether the attention is multi-head latent attention, s
 model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
 transferred).
 
-**GPU-alone ratio** (2026-12-05): the rows are GPU-alone times (queued behind a spin kernel),
-the profile's ``gemm_efficiency`` / ``attention_efficiency`` synchronized per call, which
-puts a per-call floor under small GEMMs; where the profile also timed the same benchmarks
-queued (``[measurements] gemm_alone`` / ``attention_alone``, :meth:`GPUSpec.gpu_alone`), the
-ratios that carry a row (and pick the source's micro-batch) compare the two analytical
-layers at those curves, with the gradient work such curves lack (``microbench_timing``
-"queued"); every absolute price, another family's analytical layer included, keeps the
-synchronized curves. Post hoc (the 1-GPU checks priced from a profile with such rows whose
-rows are carried: moeh64h100-moeh68h100 from moeh64h100's profile, fp8h54h100 / fp8h55h100
-from fp8h17src's, 1 × H100, 42 arms): 6.23 -> 5.66 % mean step-time error, moeh68h100 bf16
-8.0 -> 5.2 %, fp8 14.8 -> 11.4 % (the shared expert's dense GEMMs, whose synchronized curve
-read 10-28 % below the queued one), no set more than 0.7 point worse; fp8h55h100 (a GPT from
-Llama rows: another family, priced analytically) unmoved.
+**The ratios read the synchronized curves.** The rows are GPU-alone times (queued behind a
+spin kernel) and the profile's ``gemm_efficiency`` / ``attention_efficiency`` synchronized
+per call; comparing the analytical layers at the GPU-alone curves instead (``[measurements]
+gemm_alone`` / ``attention_alone``, which calibrate still records) was adopted post hoc on 42
+one-H100 arms (6.23 -> 5.66 % mean) and read worse on both held-out sets after it
+(moeh69h100 2.1 -> 3.7 %, moeh70h100 5.75 -> 6.08 % mean over six arms each), so the rule
+fixed before the second switched it off (docs/benchmarks/moe_checks.md, moeh70h100).
 
 Measured, compiled dense rows (post hoc, ``benchmarks/moe_profile_transfer.py`` on the 1-GPU
 checks fp8h16-fp8h21, each run priced from every other check's profile): bf16 25.9 → 16.4 %
@@ -259,9 +253,6 @@ class TransferredTables:
         self.cluster = cluster
         self.job = job
         self.tp_link = tp_link
-        # the ratios that carry rows compare the analytical layers at the GPU-alone curves
-        # where the profile timed them: the rows are GPU-alone times (module docstring)
-        self.ratio_cluster = replace(cluster, gpu=cluster.gpu.gpu_alone())
         # one layout's parts ask for the same source and micro-batch several times (the
         # row, its compiled or eager twin, the caveats' source and stretch): each is
         # searched and priced once per instance
@@ -336,7 +327,7 @@ class TransferredTables:
         tp, sp, recompute, zero = key[:4]
 
         def work(model, job, mb):
-            return analytic(model, job, mb, self.ratio_cluster, tp, sp, recompute,
+            return analytic(model, job, mb, self.cluster, tp, sp, recompute,
                             self.tp_link, zero < 2).forward_s
         job_s = replace(self.job, seq_len=src.seq_len)
         m = micro_batch * self.job.seq_len / src.seq_len
@@ -416,7 +407,7 @@ class TransferredTables:
             return None
         eager = timed(False) if compile and zero == 0 else None
         k = layer_ratios(self.target, self.job, micro_batch, src.model, src.seq_len, mb_s,
-                          self.ratio_cluster, tp, sp, recompute, self.tp_link, zero < 2,
+                          self.cluster, tp, sp, recompute, self.tp_link, zero < 2,
                           compiled_twin=(eager, row) if eager is not None else None)
         # a compiled block dispatches one graph whose generated kernels (GEMMs, attention, a
         # few fused element-wise ones) differ little between families: no operator ratio
@@ -502,9 +493,9 @@ class TransferredTables:
         mb_s = micro_batch * self.job.seq_len / seq
         if part == "output":   # the logits GEMM's size, as _source_mb does for layers
             kw = dict(tp=tp, sequence_parallel=sp, tp_link=self.tp_link)
-            at = logits_cost(self.target, self.ratio_cluster, self.job, micro_batch=micro_batch,
+            at = logits_cost(self.target, self.cluster, self.job, micro_batch=micro_batch,
                              **kw)[0].total_s
-            a0 = logits_cost(src, self.ratio_cluster, replace(self.job, seq_len=seq),
+            a0 = logits_cost(src, self.cluster, replace(self.job, seq_len=seq),
                              micro_batch=mb_s, **kw)[0].total_s
             mb_s *= at / a0 if at > 0 and a0 > 0 else 1.0
         # clamped both ways (unlike _source_mb: extended above, the 1-GPU checks went 4.78 ->
@@ -515,7 +506,7 @@ class TransferredTables:
         if row is None:
             return None
         k = end_ratios(part, self.target, self.job, micro_batch, src, seq, mb_s,
-                        self.ratio_cluster, tp, sp, self.tp_link)
+                        self.cluster, tp, sp, self.tp_link)
         return scaled_row(row, k, (1.0, 1.0))
 
 

@@ -38,7 +38,6 @@ from meshplan.hardware_profiles.collective_latency import (all_to_all_curve, bro
                                                            nvlink_curve)
 from meshplan.hardware_profiles.corrections import corrections_from_table
 from meshplan.hardware_profiles.curve import Curve
-from meshplan.hardware_profiles.curve_fit import extend_with_base, merge_points
 from meshplan.hardware_profiles.gpu import FP8_CAST_KEYS, HOST_KEYS, GPUSpec
 from meshplan.hardware_profiles.loader import (_NUM, builtin_gpu, builtin_gpu_names,
                                                efficiency_curve, get, gpu_from_table,
@@ -433,7 +432,6 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
         warn_defective_compiled_rows(prov, layers, where)     # the rows' fields checked now
     _warn_small_optimizer_row(prov, membound, where)
     gpu = _without_host_timed_permute(gpu, prov, doc.get("measurements", {}), where)
-    gpu = replace(gpu, alone_curves=alone_curves(doc.get("measurements", {}), base))
     corr = get(doc, "corrections", dict, where, None)
     if corr is not None:
         gpu = replace(gpu, corrections=corrections_from_table(
@@ -454,29 +452,6 @@ def load_profile(path: str | Path, *, keep_stale_rows: bool = False) -> Calibrat
     return CalibratedProfile(path=where, gpu=gpu, base_gpu=base, provenance=dict(prov),
                              measured=tuple(str(m) for m in measured), **lats,
                              network_efficiency=net, collective_rows=coll)
-
-
-def alone_curves(measurements: Any, base: str | None) -> tuple[Curve, Curve] | None:
-    """The (GEMM, attention) efficiency curves of the GPU-alone rows (``[measurements]``
-    ``gemm_alone`` / ``attention_alone``: the GEMM and attention benchmarks queued behind a
-    spin kernel, their efficiencies as calibrate wrote them, defined as the synchronized
-    rows' are), extended past them by the base GPU's curves as calibrate extends its own
-    (``calibrate.profile.build_profile``); None without both. Not priced: they carry another
-    shape's rows (:meth:`GPUSpec.gpu_alone`)."""
-    if not isinstance(measurements, dict):
-        return None
-    ref = builtin_gpu(base) if base and base in builtin_gpu_names() else None
-    curves = []
-    for key, size, base_curve in (
-            ("gemm_alone", "flops", ref and ref.gemm_efficiency),
-            ("attention_alone", "executed_flops", ref and ref.attention_efficiency)):
-        pts = merge_points((r[size], r["efficiency"]) for r in measurements.get(key, [])
-                           if isinstance(r, dict) and isinstance(r.get(size), _NUM)
-                           and isinstance(r.get("efficiency"), _NUM))
-        if not pts:
-            return None
-        curves.append(extend_with_base(pts, base_curve))
-    return curves[0], curves[1]
 
 
 def _warn_unknown_gpu_keys(g: Mapping[str, Any], where: str) -> None:

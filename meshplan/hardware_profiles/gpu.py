@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from meshplan.errors import ConfigError
@@ -139,20 +139,6 @@ class GPUSpec:
     # gradient work and RoPE's strided products (costmodel.torch_membound) are added to
     # GPU-alone curves only: the others hold that time already (docs/calibrate.md)
     microbench_timing: str = ""
-    # (GEMM, attention) efficiency curves of the same benchmarks timed queued, the GPU alone
-    # (a profile's ``[measurements] gemm_alone`` / ``attention_alone``): not priced, only the
-    # ratio that carries another shape's rows, which are GPU-alone times too
-    # (:meth:`gpu_alone`, :mod:`meshplan.costmodel.nearest_rows`); None: not timed
-    alone_curves: tuple[Curve, Curve] | None = None
-
-    def gpu_alone(self) -> GPUSpec:
-        """This GPU with its GPU-alone GEMM and attention curves (``microbench_timing``
-        "queued": the cost model adds the work such curves lack), or itself without them."""
-        if self.alone_curves is None:
-            return self
-        gemm, attention = self.alone_curves
-        return replace(self, gemm_efficiency=gemm, attention_efficiency=attention,
-                       microbench_timing="queued", alone_curves=None)
 
     def __hash__(self) -> int:  # Mapping fields are not hashable; the name identifies a profile
         return hash((self.name, self.provenance, self.memory_bytes))
@@ -163,8 +149,7 @@ class GPUSpec:
         if not isinstance(other, GPUSpec):
             return NotImplemented
         return (self.to_dict() == other.to_dict() and self.measured is other.measured
-                and self.corrections == other.corrections
-                and self.alone_curves == other.alone_curves)
+                and self.corrections == other.corrections)
 
     def attention_efficiency_at(self, flops: float, head_dim: int | None) -> float:
         """Efficiency of one causal attention call of ``flops`` forward FLOPs whose heads are

@@ -655,40 +655,20 @@ def test_moeh64h100_is_the_seed_draw_and_its_plans_name_the_h100(tmp_path):
     plans = ROOT / "benchmarks" / "plans" / "moeh64h100_bf16_h100x1"
     preds = json.loads((plans / "predictions.json").read_text())
     assert preds["gpu"] == "H100-SXM5-80GB"
-    # the committed price predates the GPU-alone carrying ratio (nearest_rows, 2026-12-05):
-    # the profile without its GPU-alone rows prices as committed, with them the ratio moves
+    # the committed price predates the GPU-alone carrying ratio, which moeh70h100's rule
+    # switched off (2026-12-06): the profile prices it as committed again
     profile = ROOT / preds["profile"]
-    sync_only = tmp_path / "sync_only.toml"
-    sync_only.write_text(_without_alone_rows(profile.read_text()))
-
-    def price(prof, name):
-        out = tmp_path / name
-        assert msg.main(["plans", "--set", "drawn-3874c", "--model",
-                         str(ROOT / "benchmarks" / "sets" / "moeh64h100" / "m01.json"),
-                         "--only", "mb4-compiled", "--gpu", "H100-SXM5-80GB",
-                         "--profile", str(prof), "--out", str(out)]) == 0
-        again = json.loads((out / "predictions.json").read_text())
-        assert again["gpu"] == "H100-SXM5-80GB"
-        plan = json.loads((out / "mb4-compiled.json").read_text())
-        assert plan["cluster"]["gpu"]["name"] == "H100-SXM5-80GB"
-        return again["layouts"]["mb4-compiled"]["calibrated_s"]
-
-    committed = preds["layouts"]["mb4-compiled"]["calibrated_s"]
-    assert price(sync_only, "sync") == pytest.approx(committed, rel=1e-9)
-    assert price(profile, "alone") != pytest.approx(committed, rel=1e-6)
-
-
-def _without_alone_rows(text: str) -> str:
-    """A profile's TOML without its ``[[measurements.gemm_alone]]`` and
-    ``[[measurements.attention_alone]]`` tables."""
-    out, skip = [], False
-    for line in text.splitlines(keepends=True):
-        if line.startswith("["):
-            skip = line.strip() in ("[[measurements.gemm_alone]]",
-                                    "[[measurements.attention_alone]]")
-        if not skip:
-            out.append(line)
-    return "".join(out)
+    out = tmp_path / "again"
+    assert msg.main(["plans", "--set", "drawn-3874c", "--model",
+                     str(ROOT / "benchmarks" / "sets" / "moeh64h100" / "m01.json"),
+                     "--only", "mb4-compiled", "--gpu", "H100-SXM5-80GB",
+                     "--profile", str(profile), "--out", str(out)]) == 0
+    again = json.loads((out / "predictions.json").read_text())
+    assert again["gpu"] == "H100-SXM5-80GB"
+    plan = json.loads((out / "mb4-compiled.json").read_text())
+    assert plan["cluster"]["gpu"]["name"] == "H100-SXM5-80GB"
+    assert again["layouts"]["mb4-compiled"]["calibrated_s"] == pytest.approx(
+        preds["layouts"]["mb4-compiled"]["calibrated_s"], rel=1e-9)
 
 
 def test_fp8h54h100_is_seed_4155s_first_draw_planned_from_the_h100_datasheet(tmp_path):
