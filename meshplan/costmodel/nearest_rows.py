@@ -65,13 +65,10 @@ a shape key does not say whether the attention is multi-head latent attention, s
 model's rows can stand for a plain-attention layer of the same widths (an MLA target is not
 transferred).
 
-**The ratios read the synchronized curves.** The rows are GPU-alone times (queued behind a
-spin kernel) and the profile's ``gemm_efficiency`` / ``attention_efficiency`` synchronized
-per call; comparing the analytical layers at the GPU-alone curves instead (``[measurements]
-gemm_alone`` / ``attention_alone``, which calibrate still records) was adopted post hoc on 42
-one-H100 arms (6.23 -> 5.66 % mean) and read worse on both held-out sets after it
-(moeh69h100 2.1 -> 3.7 %, moeh70h100 5.75 -> 6.08 % mean over six arms each), so the rule
-fixed before the second switched it off (docs/benchmarks/moe_checks.md, moeh70h100).
+**The ratios read the profile's synchronized curves**, though the rows are GPU-alone times:
+at the GPU-alone curves calibrate also records (``[measurements] gemm_alone`` /
+``attention_alone``) the two held-out H100 sets read worse (moeh69h100 2.1 -> 3.7 %,
+moeh70h100 5.75 -> 6.08 % mean step error; docs/benchmarks/moe_checks.md, moeh70h100).
 
 Measured, compiled dense rows (post hoc, ``benchmarks/moe_profile_transfer.py`` on the 1-GPU
 checks fp8h16-fp8h21, each run priced from every other check's profile): bf16 25.9 → 16.4 %
