@@ -27,7 +27,10 @@
 #   FOR_PLAN=1 with PART=1 or all: the user's order instead — the plans first, on the GPU's
 #     datasheet (GPU=...), then `meshplan calibrate --for-plan` on them (their model, sequence,
 #     micro-batches, compiled modes and fp8 recipe; MBS, SEQ, COMPILE_ROWS, CAL_FP8_ROWS
-#     unused), then the same layouts priced from that profile (fp8h57h100's way)
+#     unused), then the same layouts priced from that profile (fp8h57h100's way);
+#     LAYOUTS="a b c": plan those layouts of the set instead of the first GPU_BOUND the
+#     datasheet keeps (fp8h58h100: the first three predicted to fit in bf16 and fp8 both);
+#     ROUNDS=3: calibrate's rounds (default 1, the checks' budget; 3 is calibrate's own)
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 # The device's copy of the tree carries no .git or another commit's: prefix
 #   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran
@@ -39,6 +42,8 @@ case "${FP8_RECIPE:-rowwise}" in rowwise|tensorwise) ;; *)
     echo "FP8_RECIPE=$FP8_RECIPE: use rowwise or tensorwise" >&2; exit 2;; esac
 case "${FIRST:-1}" in ''|*[!0-9]*|0)
     echo "FIRST=$FIRST: a whole number of layouts > 0, e.g. 2" >&2; exit 2;; esac
+case "${ROUNDS:-1}" in ''|*[!0-9]*|0)
+    echo "ROUNDS=$ROUNDS: a whole number of rounds > 0, e.g. 3" >&2; exit 2;; esac
 case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
     echo "ARM_TIMEOUT=$ARM_TIMEOUT: whole seconds > 0, e.g. 200" >&2; exit 2;; esac
 [ -f "benchmarks/sets/$CHECK/m01.json" ] || {
@@ -63,7 +68,9 @@ kept() {
 if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
     : "${SEED:?SEED=the draw_layouts seed}"
     budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
-    plans '' "$W/datasheet_bf16" --gpu-bound "${GPU_BOUND:-3}" || {
+    if [ -n "${LAYOUTS:-}" ]; then SETPICK=(--only $LAYOUTS)
+    else SETPICK=(--gpu-bound "${GPU_BOUND:-3}"); fi
+    plans '' "$W/datasheet_bf16" "${SETPICK[@]}" || {
         echo "datasheet plans failed (log: $LOG)" >&2; exit 1; }
     KEPT=$(kept "$W/datasheet_bf16")
     echo "kept on the datasheet: $KEPT" >> "$LOG"
@@ -72,7 +79,7 @@ if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
     FP=(); for f in "$W"/datasheet_bf16/*.json "$W"/datasheet_fp8/*.json; do
         case "$f" in */predictions.json) ;; *) FP+=(--for-plan "$f");; esac; done
     timeout $((budget + 60)) python -m meshplan.cli calibrate "${FP[@]}" --nproc 1 \
-        --rounds 1 --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
+        --rounds "${ROUNDS:-1}" --time-budget "$budget" --out "$P" > "$W/calibrate.log" 2>&1
     echo "calibrate rc $?" >> "$LOG"
     grep "for-plan\|for benchmarks\|for /tmp" "$W/calibrate.log" | head -2 >> "$LOG"
     tail -3 "$W/calibrate.log" >> "$LOG"

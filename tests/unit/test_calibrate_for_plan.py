@@ -12,6 +12,7 @@ from meshplan.cli import main as cli_main
 from meshplan.commands.calibrate import _apply_plans, add_arguments, child_argv
 from meshplan.commands.plan import calibrate_hint
 from meshplan.errors import ConfigError, PlanFileError
+from meshplan.hardware_profiles.loader import builtin_gpu
 
 ROOT = Path(__file__).parents[2]
 PLANS = ROOT / "benchmarks" / "plans"
@@ -134,35 +135,46 @@ def test_plan_names_the_calibration_where_the_plan_was_not_priced_from_its_rows(
                           gpus_per_node=4) == ""
 
 
-def test_fp8h57h100s_model_and_the_calibration_its_datasheet_plans_ask_for(tmp_path):
-    """The set committed before its run: its model is draw_models.py seed 4158's first, and
-    the datasheet plans of `drawn-4158c` ask --for-plan for the calibration its README
-    states."""
+@pytest.mark.parametrize("check, seed, index, layouts, picked_by_fit, options", [
+    ("fp8h57h100", "4158", 0, ["mb1-full-compiled", "mb1-selective-compiled",
+                               "mb4-selective-compiled"], True,
+     "--seq-len 4096 --micro-batches 1,4 --compile-rows selective,full --fp8-rows tensorwise"),
+    # the first model of the draw whose first three layouts fit in bf16 and fp8 both
+    ("fp8h58h100", "4159", 1, ["mb2-full-compiled", "mb1-selective-compiled",
+                               "mb2-selective-compiled"], False,
+     "--seq-len 4096 --micro-batches 1,2 --compile-rows selective,full --fp8-rows tensorwise"),
+])
+def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
+        tmp_path, check, seed, index, layouts, picked_by_fit, options):
+    """A set committed before its run: its model is draw_models.py's model of the seed at
+    that place in draw order, and the datasheet plans of `drawn-<seed>c` ask --for-plan for
+    the calibration its README states."""
     import json
     import os
     import subprocess
     import sys
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "draw_models.py"),
-                          "--seed", "4158", "--count", "6", "--min-params", "1.2e9",
+                          "--seed", seed, "--count", "6", "--min-params", "1.2e9",
                           "--max-params", "4.0e9"], capture_output=True, text=True,
                          check=True, cwd=ROOT, env=env)
-    first = json.loads(out.stdout.splitlines()[0].split(" # ")[0])
-    model_file = ROOT / "benchmarks" / "sets" / "fp8h57h100" / "m01.json"
-    assert json.loads(model_file.read_text()) == first
+    drawn = json.loads(out.stdout.splitlines()[index].split(" # ")[0])
+    model_file = ROOT / "benchmarks" / "sets" / check / "m01.json"
+    assert json.loads(model_file.read_text()) == drawn
     for precision in ("bf16", "fp8"):
-        extra = ["--fp8-recipe", "tensorwise", "--only", "mb1-full-compiled",
-                 "mb1-selective-compiled", "mb4-selective-compiled"] \
-            if precision == "fp8" else ["--gpu-bound", "3"]
+        pick = ["--gpu-bound", "3"] if precision == "bf16" and picked_by_fit \
+            else ["--only", *layouts]
+        recipe = ["--fp8-recipe", "tensorwise"] if precision == "fp8" else []
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_sync_gpu.py"), "plans",
-                        "--set", "drawn-4158c", "--model", str(model_file),
+                        "--set", f"drawn-{seed}c", "--model", str(model_file),
                         "--global-batch", "16", "--profile", "", "--gpu", "H100-SXM5-80GB",
-                        "--out", str(tmp_path / precision), *extra],
+                        "--out", str(tmp_path / precision), *pick, *recipe],
                        capture_output=True, text=True, check=True, cwd=ROOT,
                        env=env)
+        preds = json.loads((tmp_path / precision / "predictions.json").read_text())
+        assert list(preds["layouts"]) == layouts
+        capacity_gib = builtin_gpu("H100-SXM5-80GB").memory_bytes / 2**30
+        assert all(v["memory_gib"] < capacity_gib for v in preds["layouts"].values())
     files = sorted(p for p in tmp_path.glob("*/*.json") if p.name != "predictions.json")
-    assert sorted({p.stem for p in files}) == ["mb1-full-compiled", "mb1-selective-compiled",
-                                               "mb4-selective-compiled"]
     cal = calibration_for_plans(*load_plans(files))
-    assert cal.options() == ("--model <the plans' model> --seq-len 4096 --micro-batches 1,4 "
-                             "--compile-rows selective,full --fp8-rows tensorwise --max-tp 1")
+    assert cal.options() == f"--model <the plans' model> {options} --max-tp 1"
