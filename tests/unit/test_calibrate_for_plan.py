@@ -135,18 +135,25 @@ def test_plan_names_the_calibration_where_the_plan_was_not_priced_from_its_rows(
                           gpus_per_node=4) == ""
 
 
-@pytest.mark.parametrize("check, seed, index, layouts, picked_by_fit, options", [
-    ("fp8h57h100", "4158", 0, ["mb1-full-compiled", "mb1-selective-compiled",
-                               "mb4-selective-compiled"], True,
+DENSE_DRAW = ("draw_models.py", "--count", "6", "--min-params", "1.2e9", "--max-params", "4.0e9")
+MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params", "3e9")
+
+
+@pytest.mark.parametrize("check, draw, seed, index, layouts, picked_by_fit, recipe, options", [
+    ("fp8h57h100", DENSE_DRAW, "4158", 0, ["mb1-full-compiled", "mb1-selective-compiled",
+                                           "mb4-selective-compiled"], True, "tensorwise",
      "--seq-len 4096 --micro-batches 1,4 --compile-rows selective,full --fp8-rows tensorwise"),
     # the first model of the draw whose first three layouts fit in bf16 and fp8 both
-    ("fp8h58h100", "4159", 1, ["mb2-full-compiled", "mb1-selective-compiled",
-                               "mb2-selective-compiled"], False,
+    ("fp8h58h100", DENSE_DRAW, "4159", 1, ["mb2-full-compiled", "mb1-selective-compiled",
+                                           "mb2-selective-compiled"], False, "tensorwise",
      "--seq-len 4096 --micro-batches 1,2 --compile-rows selective,full --fp8-rows tensorwise"),
+    ("moeh72h100", MOE_DRAW, "3883", 0, ["mb1-full-compiled", "mb8-full-compiled",
+                                         "mb4-full-compiled"], True, "rowwise",
+     "--seq-len 4096 --micro-batches 1,4,8 --compile-rows full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
-        tmp_path, check, seed, index, layouts, picked_by_fit, options):
-    """A set committed before its run: its model is draw_models.py's model of the seed at
+        tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
+    """A set committed before its run: its model is the draw script's model of the seed at
     that place in draw order, and the datasheet plans of `drawn-<seed>c` ask --for-plan for
     the calibration its README states."""
     import json
@@ -154,21 +161,20 @@ def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
     import subprocess
     import sys
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "draw_models.py"),
-                          "--seed", seed, "--count", "6", "--min-params", "1.2e9",
-                          "--max-params", "4.0e9"], capture_output=True, text=True,
-                         check=True, cwd=ROOT, env=env)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / draw[0]), "--seed", seed,
+                          *draw[1:]], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env=env)
     drawn = json.loads(out.stdout.splitlines()[index].split(" # ")[0])
     model_file = ROOT / "benchmarks" / "sets" / check / "m01.json"
     assert json.loads(model_file.read_text()) == drawn
     for precision in ("bf16", "fp8"):
         pick = ["--gpu-bound", "3"] if precision == "bf16" and picked_by_fit \
             else ["--only", *layouts]
-        recipe = ["--fp8-recipe", "tensorwise"] if precision == "fp8" else []
+        fp8 = ["--fp8-recipe", recipe] if precision == "fp8" else []
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_sync_gpu.py"), "plans",
                         "--set", f"drawn-{seed}c", "--model", str(model_file),
                         "--global-batch", "16", "--profile", "", "--gpu", "H100-SXM5-80GB",
-                        "--out", str(tmp_path / precision), *pick, *recipe],
+                        "--out", str(tmp_path / precision), *pick, *fp8],
                        capture_output=True, text=True, check=True, cwd=ROOT,
                        env=env)
         preds = json.loads((tmp_path / precision / "predictions.json").read_text())
