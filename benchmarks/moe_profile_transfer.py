@@ -38,7 +38,7 @@ from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
 from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 from meshplan.planner.planfile import load_plan_file  # noqa: E402
 
-_CHECK = re.compile(r"_((?:moeh|fp8h)\d+)_\d{8}\.(json|toml)$")
+_CHECK = re.compile(r"_((?:moeh|fp8h)\d+(?:h100)?)_\d{8}\.(json|toml)$")
 _TAG = re.compile(r"(?:moeh|fp8h)\d+")
 
 
