@@ -61,6 +61,10 @@ plans() {   # plans() PROFILE OUT [moe_sync_gpu.py plans options...]
     python benchmarks/moe_sync_gpu.py plans --set "drawn-${SEED}c" --model "$M" \
         --global-batch 16 --profile "$prof" ${GPU:+--gpu "$GPU"} --out "$out" "$@" >> "$LOG" 2>&1
 }
+fp8_plans() {   # fp8_plans PROFILE OUT: the fp8 twins of the layouts in $KEPT
+    plans "$1" "$2" --fp8-recipe "${FP8_RECIPE:-rowwise}" --only $KEPT || {
+        echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
+}
 kept() {
     python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
         "$1/predictions.json"
@@ -74,8 +78,7 @@ if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
         echo "datasheet plans failed (log: $LOG)" >&2; exit 1; }
     KEPT=$(kept "$W/datasheet_bf16")
     echo "kept on the datasheet: $KEPT" >> "$LOG"
-    plans '' "$W/datasheet_fp8" --fp8-recipe "${FP8_RECIPE:-rowwise}" --only $KEPT || {
-        echo "datasheet fp8 plans failed (log: $LOG)" >&2; exit 1; }
+    fp8_plans '' "$W/datasheet_fp8"
     FP=(); for f in "$W"/datasheet_bf16/*.json "$W"/datasheet_fp8/*.json; do
         case "$f" in */predictions.json) ;; *) FP+=(--for-plan "$f");; esac; done
     timeout $((budget + 60)) python -m meshplan.cli calibrate "${FP[@]}" --nproc 1 \
@@ -86,8 +89,7 @@ if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
     cp "$P" "$W/calibrate.log" "$OUT/" 2>/dev/null
     plans "$P" "benchmarks/plans/${CHECK}_bf16_$T" --only $KEPT || {
         echo "plans failed (log: $LOG)" >&2; exit 1; }
-    plans "$P" "benchmarks/plans/${CHECK}_fp8_$T" --fp8-recipe "${FP8_RECIPE:-rowwise}" \
-        --only $KEPT || { echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
+    fp8_plans "$P" "benchmarks/plans/${CHECK}_fp8_$T"
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" "$W/datasheet_bf16" \
         "$W/datasheet_fp8" "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
 elif [ "$PART" != 2 ]; then
@@ -111,8 +113,7 @@ elif [ "$PART" != 2 ]; then
         echo "plans failed (log: $LOG)" >&2; exit 1; }
     KEPT=$(kept "benchmarks/plans/${CHECK}_bf16_$T")
     echo "kept: $KEPT" >> "$LOG"
-    plans "$P" "benchmarks/plans/${CHECK}_fp8_$T" --fp8-recipe "${FP8_RECIPE:-rowwise}" \
-        --only $KEPT || { echo "fp8 plans failed (log: $LOG)" >&2; exit 1; }
+    fp8_plans "$P" "benchmarks/plans/${CHECK}_fp8_$T"
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" \
         "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
 fi
