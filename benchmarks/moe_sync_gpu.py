@@ -559,6 +559,10 @@ SETS["drawn-3882c"] = compiled_draws(3882)
 # moeh72h100 (2026-12-06, for the next H100 call): the user's order on an MoE model, plan on
 # the datasheet then calibrate --for-plan (draw_moe.py seed 3883; benchmarks/sets/moeh72h100)
 SETS["drawn-3883c"] = compiled_draws(3883)
+# moeh73h100 (2026-12-06, for the next H100 call): the user's order on an MoE model a second
+# time, plan on the datasheet then calibrate --for-plan (draw_moe.py seed 3884;
+# benchmarks/sets/moeh73h100)
+SETS["drawn-3884c"] = compiled_draws(3884)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -150,6 +150,9 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
     ("moeh72h100", MOE_DRAW, "3883", 0, ["mb1-full-compiled", "mb8-full-compiled",
                                          "mb4-full-compiled"], True, "rowwise",
      "--seq-len 4096 --micro-batches 1,4,8 --compile-rows full --fp8-rows rowwise"),
+    ("moeh73h100", MOE_DRAW, "3884", 0, ["mb16-compiled", "mb16-full-compiled",
+                                         "mb1-full-compiled"], True, "rowwise",
+     "--seq-len 1024 --micro-batches 1,16 --compile-rows none,full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
