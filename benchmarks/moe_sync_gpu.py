@@ -369,6 +369,9 @@ SETS["drawn-4157c"] = compiled_draws(4157, selective=True)
 SETS["drawn-4158c"] = compiled_draws(4158, selective=True)
 # fp8h58h100 (2026-12-06, before any run): --for-plan at calibrate's default three rounds
 SETS["drawn-4159c"] = compiled_draws(4159, selective=True)
+# fp8h59h100 (2026-12-06, before any run): the draw's smallest hidden size (the most
+# host-loaded), --for-plan calibrated twice in fresh processes
+SETS["drawn-4160c"] = compiled_draws(4160, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled

@@ -153,6 +153,11 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
     ("moeh73h100", MOE_DRAW, "3884", 0, ["mb16-compiled", "mb16-full-compiled",
                                          "mb1-full-compiled"], True, "rowwise",
      "--seq-len 1024 --micro-batches 1,16 --compile-rows none,full --fp8-rows rowwise"),
+    # the draw's smallest hidden size
+    ("fp8h59h100", DENSE_DRAW, "4160", 1, ["mb8-selective-compiled", "mb1-compiled",
+                                           "mb4-full-compiled"], True, "tensorwise",
+     "--seq-len 1024 --micro-batches 1,4,8 --compile-rows none,selective,full "
+     "--fp8-rows tensorwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
