@@ -69,7 +69,8 @@ def add_arguments(p) -> None:
                         "apart (experimental, docs/calibrate.md)")
     p.add_argument("--rounds", type=positive_int, default=None, metavar="N",
                    help="measure the layer tables at most N times (rows: the median over "
-                        "rounds; default 3 on GPU, 1 on CPU or with --quick)")
+                        "rounds; compiled rows are timed in the first round only; default 3 "
+                        "on GPU, 1 on CPU or with --quick)")
     p.add_argument("--sustained-s", type=non_negative_float, default=None, metavar="SECONDS",
                    help="seconds each built layer module also runs back to back (first round) "
                         "to measure how much slower its passes are at the sustained, "
