@@ -31,8 +31,9 @@
 #     LAYOUTS="a b c": plan those layouts of the set instead of the first GPU_BOUND the
 #     datasheet keeps (fp8h58h100: the first three predicted to fit in bf16 and fp8 both);
 #     ROUNDS=3: calibrate's rounds (default 1, the checks' budget; 3 is calibrate's own)
-#     CAL_TWICE=1: the same calibration again in a fresh process, to profile_<tag>_<check>-2
-#       (priced on the CPU before PART=2; fp8h59h100: how far two readings of the host apart)
+#   AGAIN=1 with PART=1: the committed plans' `--for-plan` calibration once more, in a fresh
+#     process, to profile_<tag>_<check>-2_<date>, and the plans priced from both profiles
+#     (prices2.md); nothing else (fp8h59h100: how far two calibrations' prices lie apart)
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 # The device's copy of the tree carries no .git or another commit's: prefix
 #   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran
@@ -72,6 +73,30 @@ kept() {
     python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
         "$1/predictions.json"
 }
+for_plan_calibrate() {   # for_plan_calibrate PROFILE LOGNAME, on the plans in FP
+    timeout $((budget + 60)) python -m meshplan.cli calibrate "${FP[@]}" --nproc 1 \
+        --rounds "${ROUNDS:-1}" --time-budget "$budget" --out "$1" > "$W/$2" 2>&1
+    echo "calibrate ($2) rc $?" >> "$LOG"
+    grep "for-plan\|for benchmarks\|for /tmp" "$W/$2" | head -2 >> "$LOG"
+    tail -3 "$W/$2" >> "$LOG"
+    cp "$1" "$W/$2" "$OUT/" 2>/dev/null
+}
+if [ -n "${AGAIN:-}" ]; then
+    [ "$PART" = 1 ] || { echo "AGAIN=1 goes with PART=1 (PART=$PART)" >&2; exit 2; }
+    budget=${BUDGET:-540}
+    FP=(); for f in benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T"/*.json; do
+        case "$f" in */predictions.json) ;; *) [ -f "$f" ] && FP+=(--for-plan "$f");; esac; done
+    FIRST_P=$(ls docs/benchmarks/data/profiles/profile_"${T}_${CHECK}"_*.toml 2>/dev/null | head -1)
+    [ ${#FP[@]} -gt 0 ] && [ -n "$FIRST_P" ] || {
+        echo "AGAIN=1: no committed plans or profile of $CHECK ($T) to calibrate again" >&2
+        exit 2; }
+    for_plan_calibrate "$P2" calibrate2.log
+    python benchmarks/price_plans.py benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T" \
+        ${GPU:+--gpu "$GPU"} --profile first="$FIRST_P" --profile second="$P2" \
+        > "$OUT/prices2.md" 2>&1
+    echo "prices rc $?" >> "$LOG"
+    exit 0
+fi
 if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
     : "${SEED:?SEED=the draw_layouts seed}"
     budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
@@ -84,26 +109,12 @@ if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
     fp8_plans '' "$W/datasheet_fp8"
     FP=(); for f in "$W"/datasheet_bf16/*.json "$W"/datasheet_fp8/*.json; do
         case "$f" in */predictions.json) ;; *) FP+=(--for-plan "$f");; esac; done
-    for_plan_calibrate() {   # for_plan_calibrate PROFILE LOGNAME
-        timeout $((budget + 60)) python -m meshplan.cli calibrate "${FP[@]}" --nproc 1 \
-            --rounds "${ROUNDS:-1}" --time-budget "$budget" --out "$1" > "$W/$2" 2>&1
-        echo "calibrate ($2) rc $?" >> "$LOG"
-        grep "for-plan\|for benchmarks\|for /tmp" "$W/$2" | head -2 >> "$LOG"
-        tail -3 "$W/$2" >> "$LOG"
-        cp "$1" "$W/$2" "$OUT/" 2>/dev/null
-    }
     for_plan_calibrate "$P" calibrate.log
-    AGAIN=()
-    if [ -n "${CAL_TWICE:-}" ]; then
-        for_plan_calibrate "$P2" calibrate2.log
-        [ -f "$P2" ] && AGAIN=("$P2" "$W/calibrate2.log")
-    fi
     plans "$P" "benchmarks/plans/${CHECK}_bf16_$T" --only $KEPT || {
         echo "plans failed (log: $LOG)" >&2; exit 1; }
     fp8_plans "$P" "benchmarks/plans/${CHECK}_fp8_$T"
     tar czf "$OUT/predictions.tgz" "$P" "$W/calibrate.log" "$W/datasheet_bf16" \
-        "$W/datasheet_fp8" "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T" \
-        ${AGAIN[@]+"${AGAIN[@]}"}
+        "$W/datasheet_fp8" "benchmarks/plans/${CHECK}_bf16_$T" "benchmarks/plans/${CHECK}_fp8_$T"
 elif [ "$PART" != 2 ]; then
     : "${SEED:?SEED=the draw_layouts seed}" "${MBS:?MBS=2,4}"
     budget=${BUDGET:-$([ "$PART" = all ] && echo 270 || echo 540)}
