@@ -541,28 +541,28 @@ SETS["drawn-3874c"] = compiled_draws(3874)
 # moeh65h100 (2026-12-05): the next draw whose experts match no source's, from the same H100
 # profile (draw_moe.py seed 3875; benchmarks/sets/moeh65h100)
 SETS["drawn-3875c"] = compiled_draws(3875)
-# moeh66h100 (2026-12-05, for the next H100 call): the next draw, priced with the compiled
+# moeh66h100 (2026-12-05, drawn before any run): the next draw, priced with the compiled
 # MoE memory rule committed (draw_moe.py seed 3876; benchmarks/sets/moeh66h100)
 SETS["drawn-3876c"] = compiled_draws(3876)
-# moeh67h100 (2026-12-05, for the next H100 call): the next draw whose experts match no
+# moeh67h100 (2026-12-05, drawn before any run): the next draw whose experts match no
 # source's (draw_moe.py seed 3878; 3877 matched moeh63h100's; benchmarks/sets/moeh67h100)
 SETS["drawn-3878c"] = compiled_draws(3878)
-# moeh68h100 (2026-12-05, for the next H100 call): the next draw, the first priced with the
+# moeh68h100 (2026-12-05, drawn before any run): the next draw, the first priced with the
 # CPU-pooling mend (draw_moe.py seed 3879; benchmarks/sets/moeh68h100)
 SETS["drawn-3879c"] = compiled_draws(3879)
-# moeh69h100 (2026-12-05, for the next H100 call): the next draw (draw_moe.py seed 3880;
+# moeh69h100 (2026-12-05, drawn before any run): the next draw (draw_moe.py seed 3880;
 # benchmarks/sets/moeh69h100)
 SETS["drawn-3880c"] = compiled_draws(3880)
-# moeh70h100 (2026-12-06, for the next H100 call): the next draw, the GPU-alone ratio's
+# moeh70h100 (2026-12-06, drawn before any run): the next draw, the GPU-alone ratio's
 # second hold-out (draw_moe.py seed 3881; benchmarks/sets/moeh70h100)
 SETS["drawn-3881c"] = compiled_draws(3881)
-# moeh71h100 (2026-12-06, for the next H100 call): the next draw, the MoE-only fp8 residual
+# moeh71h100 (2026-12-06, drawn before any run): the next draw, the MoE-only fp8 residual
 # trial's H100 hold-out (draw_moe.py seed 3882; benchmarks/sets/moeh71h100)
 SETS["drawn-3882c"] = compiled_draws(3882)
-# moeh72h100 (2026-12-06, for the next H100 call): the user's order on an MoE model, plan on
+# moeh72h100 (2026-12-06, drawn before any run): the user's order on an MoE model, plan on
 # the datasheet then calibrate --for-plan (draw_moe.py seed 3883; benchmarks/sets/moeh72h100)
 SETS["drawn-3883c"] = compiled_draws(3883)
-# moeh73h100 (2026-12-06, for the next H100 call): the user's order on an MoE model a second
+# moeh73h100 (2026-12-06, drawn before any run): the user's order on an MoE model a second
 # time, plan on the datasheet then calibrate --for-plan (draw_moe.py seed 3884;
 # benchmarks/sets/moeh73h100)
 SETS["drawn-3884c"] = compiled_draws(3884)
