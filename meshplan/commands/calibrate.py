@@ -78,8 +78,9 @@ def add_arguments(p) -> None:
                         "default 2.5 on a GPU, 0 = off; docs/calibrate.md)")
     p.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                    help="wall-clock budget for the whole calibration, from its launch "
-                        "(with --nproc: torchrun's start-up included): layer rows and rounds run only while "
-                        "projected to end, with the benchmarks after them, within SECONDS "
+                        "(with --nproc: torchrun's start-up included): layer rows and "
+                        "rounds run only while projected to end, with the benchmarks after "
+                        "them, within SECONDS "
                         "(for job time limits). Rows run in priority order — plain, ends, "
                         "compiled, expert-parallel, fp8, FSDP2, FSDP2 compiled — and the "
                         "calibration prints "
