@@ -73,6 +73,12 @@ kept() {
     python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['layouts']))" \
         "$1/predictions.json"
 }
+for_plan_args() {   # for_plan_args DIR...: FP=(--for-plan FILE ...), the plan files in DIRs
+    FP=(); local d f
+    for d in "$@"; do for f in "$d"/*.json; do
+        case "$f" in */predictions.json) ;; *) [ -f "$f" ] && FP+=(--for-plan "$f");; esac
+    done; done
+}
 for_plan_calibrate() {   # for_plan_calibrate PROFILE LOGNAME, on the plans in FP
     timeout $((budget + 60)) python -m meshplan.cli calibrate "${FP[@]}" --nproc 1 \
         --rounds "${ROUNDS:-1}" --time-budget "$budget" --out "$1" > "$W/$2" 2>&1
@@ -84,8 +90,7 @@ for_plan_calibrate() {   # for_plan_calibrate PROFILE LOGNAME, on the plans in F
 if [ -n "${AGAIN:-}" ]; then
     [ "$PART" = 1 ] || { echo "AGAIN=1 goes with PART=1 (PART=$PART)" >&2; exit 2; }
     budget=${BUDGET:-540}
-    FP=(); for f in benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T"/*.json; do
-        case "$f" in */predictions.json) ;; *) [ -f "$f" ] && FP+=(--for-plan "$f");; esac; done
+    for_plan_args benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T"
     FIRST_P=$(ls docs/benchmarks/data/profiles/profile_"${T}_${CHECK}"_*.toml 2>/dev/null | head -1)
     [ ${#FP[@]} -gt 0 ] && [ -n "$FIRST_P" ] || {
         echo "AGAIN=1: no committed plans or profile of $CHECK ($T) to calibrate again" >&2
@@ -107,8 +112,7 @@ if [ "$PART" != 2 ] && [ -n "${FOR_PLAN:-}" ]; then
     KEPT=$(kept "$W/datasheet_bf16")
     echo "kept on the datasheet: $KEPT" >> "$LOG"
     fp8_plans '' "$W/datasheet_fp8"
-    FP=(); for f in "$W"/datasheet_bf16/*.json "$W"/datasheet_fp8/*.json; do
-        case "$f" in */predictions.json) ;; *) FP+=(--for-plan "$f");; esac; done
+    for_plan_args "$W"/datasheet_bf16 "$W"/datasheet_fp8
     for_plan_calibrate "$P" calibrate.log
     plans "$P" "benchmarks/plans/${CHECK}_bf16_$T" --only $KEPT || {
         echo "plans failed (log: $LOG)" >&2; exit 1; }
