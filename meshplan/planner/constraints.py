@@ -37,9 +37,10 @@ class Constraints:
     ``host_bound_margin``: a layout the estimate calls host-bound (its CPU's dispatch sets
     the step, ``costmodel.caveats.is_host_bound``) ranks ahead of a GPU-bound one only when
     predicted more than this fraction faster (0: rank by the prediction alone). Host-bound
-    layouts on the lent VM hosts missed their predictions by −25 % to +58 % and ran up to
-    32-49 % apart between runs, GPU-bound ones repeated within 2 % (docs/benchmarks/host.md,
-    accuracy.md): within a few percent the GPU-bound layout is the safer pick. Only
+    layouts on the lent VM hosts missed their predictions by −47 % to +58 % and ran up to
+    2× apart between runs, GPU-bound ones repeated within 2 % (docs/benchmarks/host.md,
+    accuracy.md, fp8_checks.md "fp8h59h100"): within a few percent the GPU-bound layout is
+    the safer pick. Only
     profiles with measured CPU dispatch (``meshplan calibrate --model``) have host-bound
     layouts.
     """
