@@ -158,6 +158,13 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
                                            "mb4-full-compiled"], True, "tensorwise",
      "--seq-len 1024 --micro-batches 1,4,8 --compile-rows none,selective,full "
      "--fp8-rows tensorwise"),
+    # the draw's smallest hidden size; its first three layouts that fit in bf16 and fp8 both
+    ("fp8h60h100", DENSE_DRAW, "4161", 3, ["mb1-selective-compiled", "mb2-full-compiled",
+                                           "mb1-full-compiled"], False, "tensorwise",
+     "--seq-len 8192 --micro-batches 1,2 --compile-rows selective,full --fp8-rows tensorwise"),
+    ("moeh74h100", MOE_DRAW, "3885", 0, ["mb2-compiled", "mb1-compiled",
+                                         "mb1-full-compiled"], True, "rowwise",
+     "--seq-len 2048 --micro-batches 1,2 --compile-rows none,full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
