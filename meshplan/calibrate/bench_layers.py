@@ -89,8 +89,9 @@ from meshplan.calibrate.layer_grid import (MISSING_ROWS, Config, micro_batch_siz
                                           untimed_summary)
 from meshplan.calibrate.layer_ranks import _Groups, _reduce, dp_mesh_shape
 from meshplan.calibrate.layer_rows import (MEMORY_FIELDS, NO_SPLIT_MEMORY, Sample, _cpu_fields,
-                                           combine_rounds, cpu_fixed, cpu_values, end_row,
-                                           end_values, layer_row, layer_values, pooled_cpu,
+                                           combine_rounds, cpu_deep_reading, cpu_fixed,
+                                           cpu_values, end_row, end_values, layer_row,
+                                           layer_values, pooled_cpu,
                                            reading_spread, row_need_bytes, smaller_timed_rows,
                                            split_depth, split_memory_stage, suspect_splits)
 from meshplan.calibrate.layer_run import (CPU_DEEP_LAYERS, _cpu_deep, _run_end, _run_layer,
@@ -541,7 +542,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
         if idx in skipped or idx not in measured:
             continue
         values = combine_rounds(measured[idx], MEMORY_FIELDS)
-        fixed = (0.0, 0.0)
+        fixed, deep_cpu = (0.0, 0.0), (0.0, 0.0, 0)
         if idx in cpu:
             f, b = _cpu_fields(cfg)
             values[f], values[b] = cpu[idx]
@@ -549,6 +550,7 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             if samples and not cfg.part:
                 (values[f], values[b]), fixed = cpu_fixed(samples, cpu[idx], layers,
                                                           CPU_DEEP_LAYERS)
+                deep_cpu = cpu_deep_reading(samples, CPU_DEEP_LAYERS)
         if cfg.part:
             end_rows.append(end_row(cfg, values))
         elif idx in deep:
@@ -556,9 +558,10 @@ def bench_layer_rows(models: Sequence[ModelSpec], seq_len: int | None, device, w
             layer_rows.append(layer_row(cfg, values, split_layers=layers, depth=split_depth(
                 shallow, deep[idx][2:], layers, SPLIT_DEEP_LAYERS),
                 split_sync=shallow if split_queued else (0.0, 0.0), cpu_fixed=fixed,
-                split_memory=deep_mem.get(idx, NO_SPLIT_MEMORY)))
+                cpu_deep=deep_cpu, split_memory=deep_mem.get(idx, NO_SPLIT_MEMORY)))
         else:
-            layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed))
+            layer_rows.append(layer_row(cfg, values, split_layers=layers, cpu_fixed=fixed,
+                                        cpu_deep=deep_cpu))
         (end_rows if cfg.part else layer_rows)[-1]["sustained_ratio"] = float(
             ratios.get(cfg.build_key, 1.0))
         if cfg.ep > 1 and not cfg.part:   # compiled rows route as their eager twin

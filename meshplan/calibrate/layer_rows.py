@@ -151,6 +151,17 @@ def cpu_fixed(samples: Sequence[Sequence[float]], pooled: Sequence[float], shall
     return (per_layer[0], per_layer[1]), (per_call[0], per_call[1])
 
 
+def cpu_deep_reading(samples: Sequence[Sequence[float]], deep_layers: int
+                     ) -> tuple[float, float, int]:
+    """The setting's (forward, backward) CPU dispatch per layer on its deeper stack and that
+    stack's blocks: the median over the ``samples`` (as :func:`cpu_fixed` takes them) read
+    on the deepest stack any was read on."""
+    depth = max(_depth(row, deep_layers) for row in samples)
+    deep = [row for row in samples if _depth(row, deep_layers) == depth]
+    return (statistics.median(row[2] for row in deep),
+            statistics.median(row[3] for row in deep), depth)
+
+
 def combine_rounds(rounds: Sequence[Sequence[float]], memory_fields: Iterable[int]
                    ) -> list[float]:
     """One row from the same configuration measured in several rounds spread over the
@@ -217,6 +228,7 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
               depth: tuple[float, float] = (0.0, 0.0),
               split_sync: tuple[float, float] = (0.0, 0.0),
               cpu_fixed: tuple[float, float] = (0.0, 0.0),
+              cpu_deep: tuple[float, float, int] = (0.0, 0.0, 0),
               split_memory: Sequence[float] = NO_SPLIT_MEMORY) -> dict[str, Any]:
     """``values``: forward_s, backward_s, activation_bytes, backward_peak_bytes and
     optionally the split backward's input- and weight-gradient seconds, the forward /
@@ -225,10 +237,11 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
     (of the CPU times where they were measured); ``split_sync``: the split's synchronized
     B / W per layer on that stack where the split itself was timed queued (kept for
     comparison); ``cpu_fixed``: the forward / backward CPU dispatch per call (the CPU fields
-    then hold the per-layer rest; :func:`cpu_fixed`); ``split_memory``: what a micro-batch
-    waiting for its W keeps and what W needs while it runs, bytes per layer (full
-    recomputation; :mod:`meshplan.calibrate.split_memory`), the stack measured and their
-    stage parts (:func:`split_memory_stage`)."""
+    then hold the per-layer rest; :func:`cpu_fixed`); ``cpu_deep``: the forward / backward
+    CPU dispatch per layer read on the deeper stack and its blocks (:func:`cpu_deep_reading`);
+    ``split_memory``: what a micro-batch waiting for its W keeps and what W needs while it
+    runs, bytes per layer (full recomputation; :mod:`meshplan.calibrate.split_memory`), the
+    stack measured and their stage parts (:func:`split_memory_stage`)."""
     fwd, bwd, act, peak, b_in, b_w, f_cpu, b_cpu, bi_cpu, bw_cpu = (*values, *(0.0,) * 6)[:10]
     return asdict(MeasuredLayer(
         shape=layer_shape_key(cfg.model), seq_len=cfg.seq_len, tp=cfg.tp,
@@ -242,6 +255,8 @@ def layer_row(cfg: Config, values: Sequence[float], *, split_layers: int = 0,
         backward_input_depth_s=float(depth[0]), backward_weight_depth_s=float(depth[1]),
         backward_input_sync_s=float(split_sync[0]), backward_weight_sync_s=float(split_sync[1]),
         forward_cpu_fixed_s=float(cpu_fixed[0]), backward_cpu_fixed_s=float(cpu_fixed[1]),
+        forward_cpu_deep_s=float(cpu_deep[0]), backward_cpu_deep_s=float(cpu_deep[1]),
+        cpu_deep_layers=int(cpu_deep[2]),
         wgrad_pending_bytes=float(split_memory[0]),
         wgrad_transient_bytes=float(split_memory[1]),
         wgrad_memory_layers=int(split_memory[2]),
@@ -304,7 +319,7 @@ def pooled_cpu(grid: Sequence[Config], measured: dict[int, list[list[float]]],
     return out
 
 
-__all__ = ["Sample", "layer_values", "end_values", "cpu_values", "cpu_fixed", "combine_rounds",
-           "reading_spread",
+__all__ = ["Sample", "layer_values", "end_values", "cpu_values", "cpu_fixed", "cpu_deep_reading",
+           "combine_rounds", "reading_spread",
            "split_depth", "split_memory_stage", "layer_row", "end_row", "pooled_cpu",
            "NO_SPLIT_MEMORY", "MEMORY_FIELDS", "suspect_splits"]

@@ -303,10 +303,14 @@ def _row(cls, raw: Mapping[str, Any], where: str):
     for k in ("forward_s", "backward_s", "activation_bytes", "forward_cpu_s", "backward_cpu_s",
               "backward_input_cpu_s", "backward_weight_cpu_s", "backward_input_sync_s",
               "backward_weight_sync_s", "forward_cpu_fixed_s", "backward_cpu_fixed_s",
-              "wgrad_pending_bytes", "wgrad_transient_bytes", "routed_imbalance"):
+              "forward_cpu_deep_s", "backward_cpu_deep_s", "wgrad_pending_bytes",
+              "wgrad_transient_bytes", "routed_imbalance"):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
+    v = getattr(r, "cpu_deep_layers", 0)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ProfileError(f"{where}: cpu_deep_layers must be an integer >= 0, got {v!r}")
     v = getattr(r, "sustained_ratio", 1.0)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
         raise ProfileError(f"{where}: sustained_ratio must be a number > 0, got {v!r}")

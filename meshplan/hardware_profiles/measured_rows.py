@@ -160,6 +160,14 @@ class MeasuredLayer:
     # rest. 0: not measured (the per-layer fields then hold it, spread over the stack)
     forward_cpu_fixed_s: float = 0.0
     backward_cpu_fixed_s: float = 0.0
+    # the setting's forward / backward CPU dispatch per layer as read on the deeper stack
+    # (steady on up to 16 blocks where host-bound, else queued on 4), and that stack's
+    # blocks. Stored, not priced: the per-layer fields above are what the estimate reads;
+    # pricing a deep stage from this reading is held out (docs/benchmarks/fp8_checks.md,
+    # "Pricing the CPU from the deep reading"). 0: not stored (calibrations before 2026-12-06)
+    forward_cpu_deep_s: float = 0.0
+    backward_cpu_deep_s: float = 0.0
+    cpu_deep_layers: int = 0
     # zero-bubble with full recomputation, per layer: what a micro-batch keeps between its
     # B and its W, and what W needs while it runs (measured on the deep split stack,
     # meshplan/calibrate/split_memory.py; 0: not measured, the cost model's constants)

@@ -288,6 +288,35 @@ def test_loading_pools_the_per_call_cpu_part_per_layer_shape(tmp_path):
     assert loaded("cpu") == pytest.approx([0.0, 0.4 * ms, 2.0 * ms])
 
 
+def test_a_row_stores_its_deep_cpu_reading_and_loads_it_unpriced(tmp_path):
+    """The CPU per layer read on the deep stack (and its blocks) is stored with each row and
+    loaded as written; the estimate does not read it, so the per-layer price is unchanged.
+    A negative reading or a depth that is not a whole number is named."""
+    from meshplan.hardware_profiles.calibrated import pool_cpu_fixed
+    doc = tomllib.loads(_write_gpu_profile(tmp_path / "ok.toml").read_text())
+    row = {"shape": "h1280-f5120-q20-kv20-d64-gelu-layernorm-learned-bias-drop0",
+           "seq_len": 2048, "tp": 1, "sequence_parallel": False, "recompute": "none",
+           "micro_batch": 4, "zero": 0, "dp": 1, "forward_s": 1e-3, "backward_s": 2e-3,
+           "activation_bytes": 30 * 2**20, "backward_peak_bytes": 400 * 2**20,
+           "model": "gpt", "forward_cpu_s": 1e-3, "backward_cpu_s": 2e-3,
+           "forward_cpu_fixed_s": 0.5e-3, "backward_cpu_fixed_s": 1e-3}
+    deep = {**row, "forward_cpu_deep_s": 0.4e-3, "backward_cpu_deep_s": 0.9e-3,
+            "cpu_deep_layers": 16}
+    assert {k: v for k, v in pool_cpu_fixed([deep])[0].items() if k in row} \
+        == pool_cpu_fixed([row])[0]
+    path = tmp_path / "deep.toml"
+    path.write_text(dumps({**doc, "layers": [deep]}))
+    got = load_profile(path).gpu.measured.layers[0]
+    assert (got.forward_cpu_deep_s, got.backward_cpu_deep_s, got.cpu_deep_layers) \
+        == (0.4e-3, 0.9e-3, 16)
+    assert got.forward_cpu_s == 1e-3
+    for bad, name in (({"forward_cpu_deep_s": -1e-3}, "forward_cpu_deep_s"),
+                      ({"cpu_deep_layers": 2.5}, "cpu_deep_layers")):
+        path.write_text(dumps({**doc, "layers": [{**deep, **bad}]}))
+        with pytest.raises(ProfileError, match=name):
+            load_profile(path)
+
+
 def test_split_backward_cpu_is_bounded_by_its_synchronized_timing():
     """A queued CPU dispatch time far above the synchronized timing of the same call (which
     ends after its last launch) is lowered to it; timing spread below that, and rows without

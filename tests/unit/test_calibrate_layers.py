@@ -624,6 +624,12 @@ def test_compiled_rows_get_their_own_per_call_part(monkeypatch):
     compiled = [r for r in pool_cpu_fixed(layers) if r["compile"]]
     assert compiled and all(r["backward_cpu_fixed_s"] == pytest.approx(3e-3)
                             and r["backward_cpu_s"] == pytest.approx(1e-3) for r in compiled)
+    # every row also stores the per-layer reading on the deep stack as read, and its blocks
+    # (not priced: docs/benchmarks/fp8_checks.md, "Pricing the CPU from the deep reading")
+    n = bench_layers.CPU_DEEP_LAYERS
+    assert all(r["cpu_deep_layers"] == n and r["forward_cpu_deep_s"] == pytest.approx(
+        1e-3 + 3e-3 / n) and r["backward_cpu_deep_s"] == pytest.approx(1e-3 + 3e-3 / n)
+        for r in layers)
 
 
 # ---- FSDP2 over tensor-parallel layers: the row's module on four gloo ranks ------------------
