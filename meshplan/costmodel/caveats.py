@@ -221,10 +221,11 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
     as run and the same plan ran 32 % apart on two leases (+58 % against the repeat); host23's
     six arms (host.md, section 8) ran −25 % to +9 % against their predictions. fp8h59h100's
     arms (1 × H100, 2026-12-06) ran twice, on the held machine and on a fresh start of the
-    same kind: the GPU-bound arm repeated to 0.1 %, the three host-loaded ones (1.05-1.59)
-    ran 1.58-1.99× slower the second time and missed their own profile's price by −34 % to
-    −47 % (docs/benchmarks/fp8_checks.md, "fp8h59h100"). The planner still ranks them by the
-    prediction; this says how far to trust it."""
+    same kind: the most GPU-bound arm (host load 0.40) repeated to 0.1 %, two between (0.48,
+    0.64) ran 1.11 and 1.16× slower, the three host-loaded ones (1.05-1.59) 1.58-1.99×, and
+    these missed their own profile's price by −34 % to −47 % (docs/benchmarks/fp8_checks.md,
+    "fp8h59h100"). The planner still ranks them by the prediction; this says how far to
+    trust it."""
     share = host_wait_s / step_s if step_s > 0 else 0.0
     return (f"host-bound: the GPUs wait {host_wait_s * 1e3:.0f} ms ({share:.0%} of the step) "
             "for the CPU's kernel launches; measured host-bound layouts missed their "
