@@ -11,6 +11,7 @@ run from the committed plan files and profiles; after the run the same command w
         --profile other=docs/benchmarks/data/profiles/profile_h200x1_fp8h20_20261201.toml
     python benchmarks/price_plans.py ... --results docs/benchmarks/data/fp8_h200x1_fp8h24_*.json
     python benchmarks/price_plans.py ... --memory     # peak GiB a rank, not step seconds
+    python benchmarks/price_plans.py ... --host-load  # each profile's host load beside its price
 
 Columns: each ``--profile`` NAME=PATH (a profile applied to the plan's cluster), the
 built-in datasheet of the plan's GPU, and the mean over every profile matching ``--all``
@@ -92,19 +93,32 @@ def named_profiles(items: list[str]) -> list[tuple[str, str]]:
     return named
 
 
+def _estimate(rec, profile: str | None, gpu: str | None):
+    try:
+        base = rec.cluster.replace(gpu=builtin_gpu(gpu)) if gpu else rec.cluster
+        cluster = datasheet(base) if profile is None else apply_profile(base, profile)
+        return estimate(rec.model, cluster, rec.job, rec.layout)
+    except MeshplanError:
+        return None
+
+
 def price(rec, profile: str | None, memory: bool = False,
           gpu: str | None = None) -> float | None:
     """The plan's step seconds (``memory``: peak GiB a rank) with ``profile`` applied to its
     cluster (None: the datasheet), or None where the profile does not apply or the estimate
     refuses the layout. ``gpu``: the plan's cluster with that built-in GPU instead of its own
     (the same layouts run on another GPU type)."""
-    try:
-        base = rec.cluster.replace(gpu=builtin_gpu(gpu)) if gpu else rec.cluster
-        cluster = datasheet(base) if profile is None else apply_profile(base, profile)
-        est = estimate(rec.model, cluster, rec.job, rec.layout)
-    except MeshplanError:
+    est = _estimate(rec, profile, gpu)
+    if est is None:
         return None
     return est.memory_peak_bytes / 2**30 if memory else est.step_time_s
+
+
+def host_load(rec, profile: str | None, gpu: str | None = None) -> float | None:
+    """The estimate's host load (CPU dispatch over GPU time; 0 where the profile has no
+    measured CPU times, as the datasheet) with ``profile`` as in :func:`price`, or None."""
+    est = _estimate(rec, profile, gpu)
+    return None if est is None else est.host_load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="data files of the run (keys bf16/fp8 → runs → layout/…)")
     ap.add_argument("--memory", action="store_true",
                     help="peak GiB a rank (the runs' memory_peak_bytes), not step seconds")
+    ap.add_argument("--host-load", action="store_true",
+                    help="after each profile's price, its host load (CPU dispatch over GPU "
+                         "time; 0.8 or more: host-loaded)")
     ap.add_argument("--gpu", default=None, metavar="NAME",
                     help="price the plans on this built-in GPU instead of their own (e.g. "
                          "H100-SXM5-80GB: the same layouts run on another GPU type)")
@@ -151,16 +168,20 @@ def main(argv: list[str] | None = None) -> int:
         cols.append(("all", statistics.mean(all_s) if all_s else None))
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
+        loads = {n: host_load(rec, p, args.gpu) for n, p in named} \
+            if args.host_load and not args.memory else {}
         for name, s in cols:
             if s is None:
                 cells.append("refused")
                 continue
             prices[name, prec, path.stem] = s
+            load = f"host {loads[name]:.2f}" if loads.get(name) else ""
             if ran:
-                cells.append(f"{s:.3f} ({(s / m - 1) * 100:+.1f} %)")
+                err = f"{(s / m - 1) * 100:+.1f} %"
+                cells.append(f"{s:.3f} ({err}; {load})" if load else f"{s:.3f} ({err})")
                 errs.setdefault(f"{prec} {name}", []).append(abs(s / m - 1))
             else:
-                cells.append(f"{s:.3f}")
+                cells.append(f"{s:.3f} ({load})" if load else f"{s:.3f}")
         print("| " + " | ".join(cells) + " |")
     for key, v in errs.items():
         print(f"\n{key}: {statistics.mean(v) * 100:.1f} % mean, {max(v) * 100:.1f} % max "

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -111,3 +112,26 @@ def test_another_gpu_prices_the_same_plans_on_its_datasheet(capsys):
     rec = pp.load_plan_file(plans / "mb4-compiled.json")
     h200, h100 = pp.price(rec, None), pp.price(rec, None, gpu="H100-SXM5-80GB")
     assert h100 > h200          # the same layout, less HBM bandwidth: slower, not refused
+
+
+def test_host_load_is_shown_beside_each_profiles_price(capsys):
+    """``--host-load``: each named profile's cell carries the estimate's host load; the
+    datasheet's (no measured CPU) does not, and the prices themselves do not change."""
+    profile = PROFILES / "profile_h100x1_fp8h59h100_20261206.toml"
+    plans = ROOT / "benchmarks" / "plans" / "fp8h59h100_bf16_h100x1"
+    args = [str(plans), "--gpu", "H100-SXM5-80GB", "--profile", f"own={profile}",
+            "--all", str(profile)]
+    assert pp.main(args) == 0
+    plain = capsys.readouterr().out
+    assert pp.main([*args, "--host-load"]) == 0
+    loaded = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in loaded.splitlines() if line.startswith("| `")}
+    recs = {p.stem: pp.load_plan_file(p) for p in pp.plan_files([str(plans)])}
+    for name, cells in rows.items():
+        load = pp.host_load(recs[name.strip("`")], str(profile), "H100-SXM5-80GB")
+        assert load > 0 and cells[2].endswith(f"(host {load:.2f})")
+        assert "host" not in cells[3]                      # the datasheet times no CPU
+    # the host-bound micro-batch-1 plan reads as such
+    assert float(rows["`mb1-compiled`"][2].split("host ")[1].rstrip(")")) >= 1.0
+    assert re.sub(r" \(host [\d.]+\)", "", loaded) == plain   # the same prices
