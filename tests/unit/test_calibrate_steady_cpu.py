@@ -166,6 +166,17 @@ def test_cpu_fixed_fits_each_sample_at_its_own_depth():
         assert per_call == pytest.approx((1e-3, 1e-3))
 
 
+def test_the_stored_deep_reading_is_the_median_on_the_deepest_stack_read():
+    """``cpu_deep_reading``: the samples read on the deepest stack (a steady 16-block one over
+    the queued 4-block default), their median, and that depth; 4 where none names one."""
+    from meshplan.calibrate.layer_rows import cpu_deep_reading
+    steady = [(2e-3, 3e-3, 1.5e-3, 2.5e-3, 16), (2e-3, 3e-3, 1.7e-3, 2.9e-3, 16),
+              (2e-3, 3e-3, 1.6e-3, 2.6e-3, 16)]
+    queued = (2e-3, 3e-3, 1.75e-3, 2.75e-3)
+    assert cpu_deep_reading([queued, *steady], 4) == pytest.approx((1.6e-3, 2.6e-3, 16))
+    assert cpu_deep_reading([queued], 4) == pytest.approx((1.75e-3, 2.75e-3, 4))
+
+
 def _host_bound_rows(monkeypatch):
     """CPU rows with CPU fields twice their (wall) time: host-bound, as queued CUDA rows of
     a small model at micro-batch 1 read."""
