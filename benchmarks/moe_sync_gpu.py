@@ -373,7 +373,8 @@ SETS["drawn-4159c"] = compiled_draws(4159, selective=True)
 # host-loaded), --for-plan calibrated twice in fresh processes
 SETS["drawn-4160c"] = compiled_draws(4160, selective=True)
 # fp8h60h100 (2026-12-06, before any run): the draw's smallest hidden size again, the arms
-# run twice on the same held machine (draw_models.py seed 4161; benchmarks/sets/fp8h60h100)
+# run a second time where the budget allows (draw_models.py seed 4161;
+# benchmarks/sets/fp8h60h100)
 SETS["drawn-4161c"] = compiled_draws(4161, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated

@@ -102,23 +102,19 @@ def _estimate(rec, profile: str | None, gpu: str | None):
         return None
 
 
+def _value(est, memory: bool) -> float | None:
+    if est is None:
+        return None
+    return est.memory_peak_bytes / 2**30 if memory else est.step_time_s
+
+
 def price(rec, profile: str | None, memory: bool = False,
           gpu: str | None = None) -> float | None:
     """The plan's step seconds (``memory``: peak GiB a rank) with ``profile`` applied to its
     cluster (None: the datasheet), or None where the profile does not apply or the estimate
     refuses the layout. ``gpu``: the plan's cluster with that built-in GPU instead of its own
     (the same layouts run on another GPU type)."""
-    est = _estimate(rec, profile, gpu)
-    if est is None:
-        return None
-    return est.memory_peak_bytes / 2**30 if memory else est.step_time_s
-
-
-def host_load(rec, profile: str | None, gpu: str | None = None) -> float | None:
-    """The estimate's host load (CPU dispatch over GPU time; 0 where the profile has no
-    measured CPU times, as the datasheet) with ``profile`` as in :func:`price`, or None."""
-    est = _estimate(rec, profile, gpu)
-    return None if est is None else est.host_load
+    return _value(_estimate(rec, profile, gpu), memory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,14 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         rec = load_plan_file(path)
         prec = rec.job.precision
         m = meas.get((prec, path.stem), "not run")
-        cols = [(n, price(rec, p, args.memory, args.gpu)) for n, p in named]
+        # one estimate a named profile: its price and, with --host-load, its host load
+        ests = [(n, _estimate(rec, p, args.gpu)) for n, p in named]
+        cols = [(n, _value(e, args.memory)) for n, e in ests]
         cols.append(("datasheet", price(rec, None, args.memory, args.gpu)))
         all_s = [s for s in (price(rec, p, args.memory, args.gpu) for p in every)
                  if s is not None]
         cols.append(("all", statistics.mean(all_s) if all_s else None))
         ran = isinstance(m, float)
         cells = [f"`{path.stem}`", prec] + ([f"{m:.3f}" if ran else m] if meas else [])
-        loads = {n: host_load(rec, p, args.gpu) for n, p in named} \
+        loads = {n: e.host_load for n, e in ests if e is not None} \
             if args.host_load and not args.memory else {}
         for name, s in cols:
             if s is None:

@@ -308,9 +308,6 @@ def _row(cls, raw: Mapping[str, Any], where: str):
         v = getattr(r, k, 0.0)
         if not isinstance(v, (int, float)) or v < 0:
             raise ProfileError(f"{where}: {k} must be a number >= 0, got {v!r}")
-    v = getattr(r, "cpu_deep_layers", 0)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ProfileError(f"{where}: cpu_deep_layers must be an integer >= 0, got {v!r}")
     v = getattr(r, "sustained_ratio", 1.0)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
         raise ProfileError(f"{where}: sustained_ratio must be a number > 0, got {v!r}")
@@ -328,9 +325,9 @@ def _row(cls, raw: Mapping[str, Any], where: str):
                            "fp8 routed experts cache their weights' casts)")
     if cls is MeasuredLayer:
         _check_precision(r, where)
-    for k in ("split_layers", "wgrad_memory_layers"):
+    for k in ("split_layers", "wgrad_memory_layers", "cpu_deep_layers"):
         v = getattr(r, k, 0)
-        if not isinstance(v, int) or v < 0:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ProfileError(f"{where}: {k} must be an integer >= 0, got {v!r}")
     for k in ("seq_len", "tp", "micro_batch", "ep"):
         v = getattr(r, k, 1)

@@ -13,6 +13,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import draw_models as dm  # noqa: E402
 import price_plans as pp  # noqa: E402
+from meshplan.costmodel import estimate  # noqa: E402
+from meshplan.hardware_profiles.calibrated import apply_profile  # noqa: E402
+from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 from meshplan.spec import ModelSpec  # noqa: E402
 
 SETS = ROOT / "benchmarks" / "sets"
@@ -127,9 +130,12 @@ def test_host_load_is_shown_beside_each_profiles_price(capsys):
     loaded = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in loaded.splitlines() if line.startswith("| `")}
+    gpu = builtin_gpu("H100-SXM5-80GB")
     recs = {p.stem: pp.load_plan_file(p) for p in pp.plan_files([str(plans)])}
     for name, cells in rows.items():
-        load = pp.host_load(recs[name.strip("`")], str(profile), "H100-SXM5-80GB")
+        rec = recs[name.strip("`")]
+        load = estimate(rec.model, apply_profile(rec.cluster.replace(gpu=gpu), str(profile)),
+                        rec.job, rec.layout).host_load
         assert load > 0 and cells[2].endswith(f"(host {load:.2f})")
         assert "host" not in cells[3]                      # the datasheet times no CPU
     # the host-bound micro-batch-1 plan reads as such
