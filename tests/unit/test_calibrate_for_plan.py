@@ -165,6 +165,13 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
     ("moeh74h100", MOE_DRAW, "3885", 0, ["mb2-compiled", "mb1-compiled",
                                          "mb1-full-compiled"], True, "rowwise",
      "--seq-len 2048 --micro-batches 1,2 --compile-rows none,full --fp8-rows rowwise"),
+    # the draw's smallest hidden size x its own sequence length
+    ("fp8h61h100", DENSE_DRAW, "4162", 0, ["mb1-full-compiled", "mb1-compiled",
+                                           "mb4-compiled"], True, "tensorwise",
+     "--seq-len 1024 --micro-batches 1,4 --compile-rows none,full --fp8-rows tensorwise"),
+    ("moeh75h100", MOE_DRAW, "3886", 0, ["mb8-full-compiled", "mb4-full-compiled",
+                                         "mb2-compiled"], True, "rowwise",
+     "--seq-len 2048 --micro-batches 2,4,8 --compile-rows none,full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
