@@ -33,12 +33,13 @@ from meshplan.costmodel.grad_accumulation import ACCUMULATE_BYTES_PER_PARAM  # n
 from meshplan.hardware_profiles.loader import builtin_gpu  # noqa: E402
 
 
-def passes(run: dict, kind: str) -> list[float]:
-    """GPU milliseconds of each micro-batch's ``kind`` pass, in order."""
+def passes(run: dict, kind: str, timeline: str = "device_ms") -> list[float]:
+    """Milliseconds of each micro-batch's ``kind`` pass, in order, on the GPU's timeline
+    (``timeline`` "host_ms": the host's)."""
     ph = run.get("phases") or {}
     out, k = [], 0
     while f"{kind} {k}" in ph:
-        out.append(ph[f"{kind} {k}"]["device_ms"])
+        out.append(ph[f"{kind} {k}"][timeline])
         k += 1
     return out
 

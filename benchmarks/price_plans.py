@@ -93,11 +93,16 @@ def named_profiles(items: list[str]) -> list[tuple[str, str]]:
     return named
 
 
+def priced_cluster(rec, profile: str | None, gpu: str | None = None):
+    """The plan's cluster with ``profile`` applied (None: the datasheet); ``gpu``: on that
+    built-in GPU instead of the plan's own."""
+    base = rec.cluster.replace(gpu=builtin_gpu(gpu)) if gpu else rec.cluster
+    return datasheet(base) if profile is None else apply_profile(base, profile)
+
+
 def _estimate(rec, profile: str | None, gpu: str | None):
     try:
-        base = rec.cluster.replace(gpu=builtin_gpu(gpu)) if gpu else rec.cluster
-        cluster = datasheet(base) if profile is None else apply_profile(base, profile)
-        return estimate(rec.model, cluster, rec.job, rec.layout)
+        return estimate(rec.model, priced_cluster(rec, profile, gpu), rec.job, rec.layout)
     except MeshplanError:
         return None
 
