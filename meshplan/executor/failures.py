@@ -65,10 +65,25 @@ def collect_rank_errors(out: Path, world: int) -> list[dict]:
                 errs.append(json.loads(p.read_text()))
             except (OSError, json.JSONDecodeError):
                 errs.append({"rank": r, "kind": "error", "message": f"unreadable error file {p}"})
-    order = {"out_of_memory": 0, "died": 1, "error": 2, "collective_timeout": 3,
-             "peer_lost": 4, "terminated": 5}
-    errs.sort(key=lambda e: (order.get(e.get("kind"), 1), e.get("rank", 0)))
-    return errs
+    return root_cause_first(errs)
+
+
+_KIND_ORDER = {"out_of_memory": 0, "died": 1, "error": 2, "collective_timeout": 3,
+               "peer_lost": 4, "terminated": 5}
+
+
+def root_cause_first(errors: list[dict]) -> list[dict]:
+    """The reports in the order :func:`diagnose` reads them: by kind (out of memory, died,
+    error, timeouts, a lost peer, terminated), then, among ranks that died, one a signal
+    killed (torchrun's negative exit code) before one that exited with a code, then by
+    rank. A rank killed by a signal is the outside cause; a rank that exits with a code
+    (the executor's ``EXIT_FAILED`` when torchrun stops it after a peer's death) is its
+    consequence, and torchrun may list it first when the host is busy."""
+    def key(e: dict) -> tuple:
+        code = e.get("exitcode")
+        signalled = isinstance(code, int) and code < 0
+        return (_KIND_ORDER.get(e.get("kind"), 1), 0 if signalled else 1, e.get("rank", 0))
+    return sorted(errors, key=key)
 
 
 def diagnose(errors: list[dict], world: int, timeout_s: float | None = None) -> str:
@@ -377,7 +392,8 @@ def _gib(v) -> str:
     return "unknown" if not isinstance(v, (int, float)) else f"{v / 2**30:.2f} GiB"
 
 
-__all__ = ["error_file", "collect_rank_errors", "diagnose", "torchrun_failures", "classify",
+__all__ = ["error_file", "collect_rank_errors", "root_cause_first", "diagnose",
+           "torchrun_failures", "classify",
            "set_group_timeouts", "die_with_parent", "exit_when_orphaned", "install_term_handler",
            "write_error", "maybe_inject_failure", "checkpoint_crash_hook", "smaller_alternative",
            "oom_message"]

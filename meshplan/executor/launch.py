@@ -225,7 +225,8 @@ def _write_failure(plan, out: Path, world: int, rc: int, cmd: list[str], stderr_
                    extra: list[str]) -> None:
     """Write results.json for a failed run: every rank's report, torchrun's, a diagnosis.
     A results file of this run that says "ok" (the failure came after it) is kept."""
-    from meshplan.executor.failures import collect_rank_errors, diagnose, torchrun_failures
+    from meshplan.executor.failures import (collect_rank_errors, diagnose, root_cause_first,
+                                            torchrun_failures)
     from meshplan.executor.run import RESULTS_SCHEMA
     if out.exists():
         try:
@@ -235,9 +236,8 @@ def _write_failure(plan, out: Path, world: int, rc: int, cmd: list[str], stderr_
             pass
     errs = collect_rank_errors(out, world)
     reported = {e.get("rank") for e in errs}
-    errs += [e for e in torchrun_failures(stderr_tail) if e["rank"] not in reported]
-    order = {"out_of_memory": 0, "died": 1, "error": 2}
-    errs.sort(key=lambda e: (order.get(e.get("kind"), 3), e.get("rank", 0)))
+    errs = root_cause_first(
+        errs + [e for e in torchrun_failures(stderr_tail) if e["rank"] not in reported])
     from meshplan.executor.run_args import DEFAULT_TIMEOUT_S
     timeout = (float(extra[extra.index("--timeout-s") + 1]) if "--timeout-s" in extra
                else DEFAULT_TIMEOUT_S)

@@ -10,8 +10,8 @@ import meshplan as mp  # noqa: E402
 from meshplan.costmodel.checkpoint import (  # noqa: E402
     checkpoint_bytes, held_bytes_per_rank, predict_checkpoint)
 from meshplan.executor.checkpoint_state import _restrict, tensor_pieces  # noqa: E402
-from meshplan.executor.failures import (diagnose, oom_message, smaller_alternative,  # noqa: E402
-                                        torchrun_failures)
+from meshplan.executor.failures import (diagnose, oom_message, root_cause_first,  # noqa: E402
+                                        smaller_alternative, torchrun_failures)
 from meshplan.executor.tensor_parallel import ShardSpec  # noqa: E402
 
 
@@ -82,6 +82,23 @@ Root Cause (first observed failure):
     (e,) = torchrun_failures(text)
     assert (e["rank"], e["kind"], e["exitcode"]) == (1, "died", -9)
     assert "SIGKILL" in e["message"] and "received by PID 4242" in e["message"]
+
+
+def test_a_rank_killed_by_a_signal_is_named_before_one_that_exited_after_it():
+    # torchrun on a busy host (CI, 2026-12-06) listed rank 0, stopped after its peer's death
+    # with the executor's exit code 4, beside rank 1, SIGKILLed: the root cause is rank 1
+    stopped = {"rank": 0, "kind": "died", "exitcode": 4, "message": "exit code 4; torchrun: …"}
+    killed = {"rank": 1, "kind": "died", "exitcode": -9,
+              "message": "exit code -9 (signal 9: SIGKILL); torchrun: Signal 9 (SIGKILL)"}
+    ordered = root_cause_first([stopped, killed])
+    assert ordered == [killed, stopped]
+    assert diagnose(ordered, 2).startswith("rank 1 died: exit code -9 (signal 9: SIGKILL)")
+    # the kinds still come first: an out-of-memory report before any death, whatever its rank
+    oom = {"rank": 1, "kind": "out_of_memory", "message": "CUDA out of memory"}
+    assert root_cause_first([killed, dict(oom, rank=3)])[0]["kind"] == "out_of_memory"
+    # two signalled deaths: by rank
+    other = dict(killed, rank=0)
+    assert [e["rank"] for e in root_cause_first([killed, other])] == [0, 1]
 
 
 def test_oom_points_to_the_next_alternative_with_less_memory(tmp_path):
