@@ -172,6 +172,13 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
     ("moeh75h100", MOE_DRAW, "3886", 0, ["mb8-full-compiled", "mb4-full-compiled",
                                          "mb2-compiled"], True, "rowwise",
      "--seq-len 2048 --micro-batches 2,4,8 --compile-rows none,full --fp8-rows rowwise"),
+    # fp8h61h100's rule on the next seed: the draw's smallest hidden size x its own sequence
+    ("fp8h62h100", DENSE_DRAW, "4163", 1, ["mb16-full-compiled", "mb4-full-compiled",
+                                           "mb4-compiled"], True, "tensorwise",
+     "--seq-len 1024 --micro-batches 4,16 --compile-rows none,full --fp8-rows tensorwise"),
+    ("moeh76h100", MOE_DRAW, "3887", 0, ["mb16-full-compiled", "mb1-full-compiled",
+                                         "mb2-full-compiled"], True, "rowwise",
+     "--seq-len 1024 --micro-batches 1,2,16 --compile-rows full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
