@@ -228,14 +228,15 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
     "Where host-loaded prices miss"): over the 20 arm and own-profile pairs of five 1 × H100
     sets priced at host load 0.8 or more, the calibrated CPU dispatch per step read a median
     1.16× the CPU's own pace in the runs (quartiles 1.08-1.26), and 15 of the 20 ran at the
-    GPU's pace. The planner still ranks them by the prediction; this says how far to trust
-    it."""
+    GPU's pace; held out on fp8h61h100 (a median 1.13 over 11 pairs), the 31 pairs of six
+    sets read a median 1.15 (quartiles 1.06-1.26; bf16 1.25, fp8 1.13), 18 of them GPU-paced.
+    The planner still ranks them by the prediction; this says how far to trust it."""
     share = host_wait_s / step_s if step_s > 0 else 0.0
     return (f"host-bound: the GPUs wait {host_wait_s * 1e3:.0f} ms ({share:.0%} of the step) "
             "for the CPU's kernel launches; measured host-bound layouts missed their "
             "predictions by -47 % to +58 % and ran up to 2x apart between runs "
             "(docs/benchmarks/accuracy.md, host.md, fp8_checks.md; GPU-bound ones repeated "
-            "within 2 %; on one H100 the calibrated CPU dispatch read a median 16 % above "
+            "within 2 %; on one H100 the calibrated CPU dispatch read a median 15 % above "
             "the runs' own, so a step priced host-bound by less than that may run at the "
             "GPU's pace). "
             "Calibrate on the training host, and where a GPU-bound layout is within a few "
