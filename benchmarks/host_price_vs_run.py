@@ -248,6 +248,8 @@ def group_summary(name: str, rows: list[dict]) -> list[str]:
 
 
 def summary(rows: list[dict]) -> list[str]:
+    """The summary: host-loaded pairs, own-model and transferred apart (:func:`group_summary`),
+    then the own-model pairs priced below the host-loaded line."""
     loaded = [r for r in rows if r["load"] >= HOST_NEAR_LOAD]
     out = [f"## Summary: pairs priced host-loaded (host load ≥ {HOST_NEAR_LOAD})", ""]
     for name, own in (("own-model profiles", True), ("transferred profiles", False)):
