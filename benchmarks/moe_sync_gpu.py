@@ -384,6 +384,10 @@ SETS["drawn-4162c"] = compiled_draws(4162, selective=True)
 # size × its own sequence length) on the next seed, --for-plan calibrated twice in fresh
 # processes (draw_models.py seed 4163; benchmarks/sets/fp8h62h100)
 SETS["drawn-4163c"] = compiled_draws(4163, selective=True)
+# fp8h63h100 (2026-12-06, before any run): fp8h61h100's rule (the draw's smallest hidden
+# size × its own sequence length) on the next seed, --for-plan calibrated twice in fresh
+# processes (draw_models.py seed 4164; benchmarks/sets/fp8h63h100)
+SETS["drawn-4164c"] = compiled_draws(4164, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
@@ -588,6 +592,9 @@ SETS["drawn-3886c"] = compiled_draws(3886)
 # moeh76h100 (2026-12-06, drawn before any run): the user's order on an MoE model a fifth
 # time, calibrated twice in fresh processes (draw_moe.py seed 3887; benchmarks/sets/moeh76h100)
 SETS["drawn-3887c"] = compiled_draws(3887)
+# moeh77h100 (2026-12-06, drawn before any run): the user's order on an MoE model a sixth
+# time, calibrated twice in fresh processes (draw_moe.py seed 3888; benchmarks/sets/moeh77h100)
+SETS["drawn-3888c"] = compiled_draws(3888)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

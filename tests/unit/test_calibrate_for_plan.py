@@ -179,6 +179,13 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
     ("moeh76h100", MOE_DRAW, "3887", 0, ["mb16-full-compiled", "mb1-full-compiled",
                                          "mb2-full-compiled"], True, "rowwise",
      "--seq-len 1024 --micro-batches 1,2,16 --compile-rows full --fp8-rows rowwise"),
+    ("fp8h63h100", DENSE_DRAW, "4164", 2, ["mb1-full-compiled", "mb8-selective-compiled",
+                                           "mb8-compiled"], True, "tensorwise",
+     "--seq-len 1024 --micro-batches 1,8 --compile-rows none,selective,full "
+     "--fp8-rows tensorwise"),
+    ("moeh77h100", MOE_DRAW, "3888", 0, ["mb4-full-compiled", "mb2-full-compiled",
+                                         "mb1-compiled"], True, "rowwise",
+     "--seq-len 4096 --micro-batches 1,2,4 --compile-rows none,full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
