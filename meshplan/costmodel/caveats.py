@@ -180,7 +180,10 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD,
     GPU-bound, but with little CPU headroom. Over the 16 measured sets of round 16 (190
     layouts the model has GPU-bound, each with its own profile) the error grew with this
     load: below 0.8, 146 layouts missed by 2.3 % mean; at 0.8 or more, 44 missed by 4.3 %
-    and spread more within a run. Post hoc: chosen on these sets, not held out.
+    and spread more within a run. Post hoc: chosen on these sets, not held out. Between
+    machines: fp8h61h100's `mb4-compiled` pair (1 × H100, priced at 0.77-0.96, run at the
+    GPU's pace) ran 33 and 38 % slower on a freshly started H100 of the same kind, whose
+    host then set the step (docs/benchmarks/fp8_checks.md, "fp8h61h100's arms again").
 
     From the profile's ``host_balanced_load`` (0.95 built in) on, the two sides need about
     the same time. The two arms measured there ran well above the longer of the two
@@ -206,8 +209,10 @@ def near_host_bound_caveat(host_load: float, near_load: float = HOST_NEAR_LOAD,
             f"the step; measured layouts with {text} or more missed their "
             f"predictions by 4.3 % mean (2.3 % below {text}) and varied more "
             "from step to step, because the CPU's dispatch time varies between runs "
-            f"(docs/benchmarks/accuracy.md, round 16){balanced}; where a layout with more "
-            "CPU headroom is within a few percent, prefer it")
+            f"(docs/benchmarks/accuracy.md, round 16), and one pair at 84-96 % ran "
+            "33-38 % slower on a fresh start of the same H100 kind, its host then setting "
+            f"the step (fp8_checks.md){balanced}; where a layout with more CPU headroom is "
+            "within a few percent, prefer it")
 
 
 def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
@@ -228,8 +233,9 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
     "Where host-loaded prices miss"): over the 20 arm and own-profile pairs of five 1 × H100
     sets priced at host load 0.8 or more, the calibrated CPU dispatch per step read a median
     1.16× the CPU's own pace in the runs (quartiles 1.08-1.26), and 15 of the 20 ran at the
-    GPU's pace; held out on fp8h61h100 (a median 1.13 over 11 pairs), the 31 pairs of six
-    sets read a median 1.15 (quartiles 1.06-1.26; bf16 1.25, fp8 1.13), 18 of them GPU-paced.
+    GPU's pace; held out on fp8h61h100, fp8h62h100 and moeh76h100 (medians 1.13, 1.14, 1.22
+    over 11, 7 and 4 pairs), the 42 pairs of eight sets read a median 1.15 (quartiles
+    1.09-1.26; bf16 1.25, fp8 1.14), 27 of them GPU-paced.
     The planner still ranks them by the prediction; this says how far to trust it."""
     share = host_wait_s / step_s if step_s > 0 else 0.0
     return (f"host-bound: the GPUs wait {host_wait_s * 1e3:.0f} ms ({share:.0%} of the step) "
