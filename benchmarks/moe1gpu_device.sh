@@ -33,7 +33,9 @@
 #     ROUNDS=3: calibrate's rounds (default 1, the checks' budget; 3 is calibrate's own)
 #   AGAIN=1 with PART=1: the committed plans' `--for-plan` calibration once more, in a fresh
 #     process, to profile_<tag>_<check>-2_<date>, and the plans priced from both profiles
-#     (prices2.md); nothing else (fp8h59h100: how far two calibrations' prices lie apart)
+#     (prices2.md); nothing else (fp8h59h100: how far two calibrations' prices lie apart);
+#     AGAIN=3: the same to profile …-3_<date> (a third calibration; calibrate will not
+#     overwrite a committed -2, as moeh76h100's first try found), prices3.md
 # The model is benchmarks/sets/$CHECK/m01.json; the set moe_sync_gpu.py's drawn-${SEED}c.
 # The device's copy of the tree carries no .git or another commit's: prefix
 #   MESHPLAN_SOURCE_COMMIT=<commit> so the profile's provenance names the code it ran
@@ -54,7 +56,12 @@ case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
 M=benchmarks/sets/$CHECK/m01.json
 T=${GPU_TAG:-h200x1}
 P=docs/benchmarks/data/profiles/profile_${T}_${CHECK}_$(date +%Y%m%d).toml
-P2=docs/benchmarks/data/profiles/profile_${T}_${CHECK}-2_$(date +%Y%m%d).toml
+case "${AGAIN:-1}" in 1|3) ;; *)
+    echo "AGAIN=$AGAIN: use 1 (a second calibration, profile -2) or 3 (a third, -3)" >&2
+    exit 2;; esac
+N2=2; AGAIN_AS=second
+[ "${AGAIN:-1}" = 3 ] && { N2=3; AGAIN_AS=third; }
+P2=docs/benchmarks/data/profiles/profile_${T}_${CHECK}-${N2}_$(date +%Y%m%d).toml
 W=/tmp/$CHECK
 mkdir -p "$W"
 LOG=$OUT/log_$PART.txt
@@ -88,17 +95,17 @@ for_plan_calibrate() {   # for_plan_calibrate PROFILE LOGNAME, on the plans in F
     cp "$1" "$W/$2" "$OUT/" 2>/dev/null
 }
 if [ -n "${AGAIN:-}" ]; then
-    [ "$PART" = 1 ] || { echo "AGAIN=1 goes with PART=1 (PART=$PART)" >&2; exit 2; }
+    [ "$PART" = 1 ] || { echo "AGAIN=$AGAIN goes with PART=1 (PART=$PART)" >&2; exit 2; }
     budget=${BUDGET:-540}
     for_plan_args benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T"
     FIRST_P=$(ls docs/benchmarks/data/profiles/profile_"${T}_${CHECK}"_*.toml 2>/dev/null | head -1)
     [ ${#FP[@]} -gt 0 ] && [ -n "$FIRST_P" ] || {
         echo "AGAIN=1: no committed plans or profile of $CHECK ($T) to calibrate again" >&2
         exit 2; }
-    for_plan_calibrate "$P2" calibrate2.log
+    for_plan_calibrate "$P2" "calibrate$N2.log"
     python benchmarks/price_plans.py benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T" \
-        ${GPU:+--gpu "$GPU"} --profile first="$FIRST_P" --profile second="$P2" \
-        > "$OUT/prices2.md" 2>&1
+        ${GPU:+--gpu "$GPU"} --profile first="$FIRST_P" --profile "$AGAIN_AS=$P2" \
+        > "$OUT/prices$N2.md" 2>&1
     echo "prices rc $?" >> "$LOG"
     exit 0
 fi
