@@ -100,7 +100,7 @@ if [ -n "${AGAIN:-}" ]; then
     for_plan_args benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T"
     FIRST_P=$(ls docs/benchmarks/data/profiles/profile_"${T}_${CHECK}"_*.toml 2>/dev/null | head -1)
     [ ${#FP[@]} -gt 0 ] && [ -n "$FIRST_P" ] || {
-        echo "AGAIN=1: no committed plans or profile of $CHECK ($T) to calibrate again" >&2
+        echo "AGAIN=$AGAIN: no committed plans or profile of $CHECK ($T) to calibrate again" >&2
         exit 2; }
     for_plan_calibrate "$P2" "calibrate$N2.log"
     python benchmarks/price_plans.py benchmarks/plans/"${CHECK}"_{bf16,fp8}_"$T" \
