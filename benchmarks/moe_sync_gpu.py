@@ -388,6 +388,10 @@ SETS["drawn-4163c"] = compiled_draws(4163, selective=True)
 # size × its own sequence length) on the next seed, --for-plan calibrated twice in fresh
 # processes (draw_models.py seed 4164; benchmarks/sets/fp8h63h100)
 SETS["drawn-4164c"] = compiled_draws(4164, selective=True)
+# fp8h64h100 (2026-12-06, before any run): fp8h61h100's rule (the draw's smallest hidden
+# size × its own sequence length) on the next seed, --for-plan calibrated twice in fresh
+# processes (draw_models.py seed 4165; benchmarks/sets/fp8h64h100)
+SETS["drawn-4165c"] = compiled_draws(4165, selective=True)
 # host22 (drawn 2026-12-01, one GPU): calibrate's steady CPU reading as run, on host-bound
 # layouts of a never-run small model (draw_models.py seed 4122): the draws at the calibrated
 # micro-batches 1 and 2, eager or compiled
