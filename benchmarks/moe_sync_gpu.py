@@ -599,6 +599,10 @@ SETS["drawn-3887c"] = compiled_draws(3887)
 # moeh77h100 (2026-12-06, drawn before any run): the user's order on an MoE model a sixth
 # time, calibrated twice in fresh processes (draw_moe.py seed 3888; benchmarks/sets/moeh77h100)
 SETS["drawn-3888c"] = compiled_draws(3888)
+# moeh78h100 (2026-12-06, drawn before any run): the user's order on a fine-grained MoE
+# draw (64 experts, top-8), calibrated twice in fresh processes (draw_moe.py seed 3889;
+# benchmarks/sets/moeh78h100)
+SETS["drawn-3889c"] = compiled_draws(3889)
 # issue 42's expert parallelism at 8 ranks (2026-11-30, for an 8-GPU lease): a fine-grained
 # never-run model (64 experts of width 896, top-8) at seq 2048, micro-batch 4 (8 k tokens)
 SETS["drawn8-4242"] = draw_layouts(4242, count=16, gpus=8, micro_batches=(4,))

@@ -189,6 +189,9 @@ MOE_DRAW = ("draw_moe.py", "--count", "1", "--min-hidden", "2048", "--max-params
     ("fp8h64h100", DENSE_DRAW, "4165", 3, ["mb1-full-compiled", "mb2-compiled",
                                            "mb8-full-compiled"], True, "tensorwise",
      "--seq-len 1024 --micro-batches 1,2,8 --compile-rows none,full --fp8-rows tensorwise"),
+    ("moeh78h100", MOE_DRAW, "3889", 0, ["mb2-compiled", "mb8-compiled",
+                                         "mb4-full-compiled"], True, "rowwise",
+     "--seq-len 4096 --micro-batches 2,4,8 --compile-rows none,full --fp8-rows rowwise"),
 ])
 def test_a_for_plan_sets_model_and_the_calibration_its_datasheet_plans_ask_for(
         tmp_path, check, draw, seed, index, layouts, picked_by_fit, recipe, options):
