@@ -233,9 +233,9 @@ def host_bound_caveat(host_wait_s: float, step_s: float) -> str:
     "Where host-loaded prices miss"): over the 20 arm and own-profile pairs of five 1 × H100
     sets priced at host load 0.8 or more, the calibrated CPU dispatch per step read a median
     1.16× the CPU's own pace in the runs (quartiles 1.08-1.26), and 15 of the 20 ran at the
-    GPU's pace; held out on fp8h61h100, fp8h62h100 and moeh76h100 (medians 1.13, 1.14, 1.22
-    over 11, 7 and 4 pairs), the 42 pairs of eight sets read a median 1.15 (quartiles
-    1.09-1.26; bf16 1.25, fp8 1.14), 27 of them GPU-paced.
+    GPU's pace; held out on fp8h61h100, fp8h62h100, moeh76h100 and fp8h63h100 (medians 1.13,
+    1.14, 1.22, 1.14 over 11, 7, 4 and 4 pairs), the 46 pairs of nine sets read a median 1.15
+    (quartiles 1.09-1.26; bf16 1.23, fp8 1.13), 27 of them GPU-paced.
     The planner still ranks them by the prediction; this says how far to trust it."""
     share = host_wait_s / step_s if step_s > 0 else 0.0
     return (f"host-bound: the GPUs wait {host_wait_s * 1e3:.0f} ms ({share:.0%} of the step) "
