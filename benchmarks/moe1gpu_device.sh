@@ -11,6 +11,10 @@
 #     made for the H100, are benchmarks/plans/moeh64h100_{bf16,fp8}_h100x1)
 #   GPU=H100-SXM5-80GB with PART=1 or all: plan for that built-in GPU (moe_sync_gpu.py plans
 #     --gpu), the one the profile was measured on; default the H200
+#   GPU_TAG=auto: read the GPU's name (nvidia-smi) and set GPU_TAG and GPU to match, an H100
+#     h100x1 / H100-SXM5-80GB, an H200 h200x1 / H200-SXM-141GB (a run kind that may land on
+#     either); any other GPU, or a GPU= that disagrees, is refused. A later call on a machine
+#     of the other kind then finds no plans of its tag and stops.
 #   FP8_RECIPE=tensorwise with PART=1 or all: the fp8 plans' recipe (default rowwise, the MoE
 #     checks'; tensorwise: fp8h54h100's dense plans)
 #   CAL_FP8_ROWS=tensorwise COMPILE_ROWS=none,selective,full SEQ=1024 with PART=1 or all: the
@@ -54,6 +58,19 @@ case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
 [ -f "benchmarks/sets/$CHECK/m01.json" ] || {
     echo "CHECK=$CHECK: no benchmarks/sets/$CHECK/m01.json" >&2; exit 2; }
 M=benchmarks/sets/$CHECK/m01.json
+if [ "${GPU_TAG:-}" = auto ]; then
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    case "$name" in
+        *H100*) GPU_TAG=h100x1; found=H100-SXM5-80GB;;
+        *H200*) GPU_TAG=h200x1; found=H200-SXM-141GB;;
+        *) echo "GPU_TAG=auto: '$name' is neither an H100 nor an H200: give GPU_TAG and GPU" >&2
+           exit 2;;
+    esac
+    [ -n "${GPU:-}" ] && [ "$GPU" != "$found" ] && {
+        echo "GPU_TAG=auto: the GPU is '$name' ($found), not GPU=$GPU" >&2; exit 2; }
+    GPU=$found
+    echo "GPU_TAG=auto: $name -> GPU_TAG=$GPU_TAG GPU=$GPU" >&2
+fi
 T=${GPU_TAG:-h200x1}
 P=docs/benchmarks/data/profiles/profile_${T}_${CHECK}_$(date +%Y%m%d).toml
 case "${AGAIN:-1}" in 1|3) ;; *)
