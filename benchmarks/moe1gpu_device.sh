@@ -60,9 +60,11 @@ case "${ARM_TIMEOUT:-130}" in ''|*[!0-9]*|0)
 M=benchmarks/sets/$CHECK/m01.json
 if [ "${GPU_TAG:-}" = auto ]; then
     name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    case "$name" in
-        *H100*) GPU_TAG=h100x1; found=H100-SXM5-80GB;;
-        *H200*) GPU_TAG=h200x1; found=H200-SXM-141GB;;
+    found=$(python -c 'import sys; from meshplan.calibrate.run import DEVICE_NAME_TO_GPU as M
+print(next((gpu for frag, gpu in M if frag in sys.argv[1]), ""))' "$name")
+    case "$found" in
+        H100-*) GPU_TAG=h100x1;;
+        H200-*) GPU_TAG=h200x1;;
         *) echo "GPU_TAG=auto: '$name' is neither an H100 nor an H200: give GPU_TAG and GPU" >&2
            exit 2;;
     esac
